@@ -1,0 +1,178 @@
+// Backend: every op ampd runs, declared once and implemented per device
+// (kernels/cpu is the bit-faithful reference, kernels/cuda the GPU).
+//
+// Conventions every implementation follows, so that the CPU backend can be
+// the oracle the others are compared with:
+// - Tensors are row-major. Float math is done in fp32 and each result is
+//   rounded once, round-to-nearest-even, to the output tensor's dtype.
+// - Ops check dtypes and shapes and return InvalidArgument naming the operand;
+//   they never abort. Device errors become Internal with file and line.
+// - Scalars the step depends on (loss, found_inf, the squared grad norm) stay
+//   in one-element F32 tensors on the device, so the optimizer can decide to
+//   skip without a host round trip; the engine reads them once per step.
+// - Ops run in order on the backend's stream; CopyToHost waits for them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kernels/tensor.h"
+
+namespace ampd::kernels {
+
+enum class Activation : uint8_t { kReLU, kGELU, kTanh };
+
+// One parameter as the fused optimizer sees it.
+struct ParamRef {
+  Tensor* master;         // F32, the weights the optimizer updates
+  Tensor* working;        // F16/BF16 copy recast after the update; nullptr for fp32 jobs
+  const Tensor* grad;     // scaled gradient, working dtype (F32 for fp32 jobs), master's shape
+  Tensor* state0;         // F32: Adam's exp_avg (m) or SGD's momentum buffer; may be nullptr for plain SGD
+  Tensor* state1;         // F32: Adam's exp_avg_sq (v); nullptr for SGD
+};
+
+// PyTorch's torch.optim.Adam / AdamW formulas (eps outside the square root,
+// bias correction; AdamW decays the weights directly, Adam adds wd * w to g).
+struct AdamConfig {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  bool decoupled_weight_decay = true;  // true: AdamW, false: Adam
+};
+
+// PyTorch's torch.optim.SGD formulas.
+struct SgdConfig {
+  float lr = 1e-2f;
+  float momentum = 0.0f;
+  float dampening = 0.0f;
+  float weight_decay = 0.0f;
+  bool nesterov = false;
+};
+
+// What the fused update does with the gradient before the optimizer math:
+//   g = grad * inv_scale * clip_coef,  clip_coef = min(1, max_norm / (sqrt(norm_sq) + 1e-6))
+// (torch.nn.utils.clip_grad_norm_'s coefficient) when norm_sq is given and
+// max_grad_norm > 0, and the whole update (weights, state, working copy) is
+// skipped when found_inf[0] != 0. Both scalars are read on the device.
+struct GradTransform {
+  float inv_scale = 1.0f;
+  const Tensor* found_inf = nullptr;  // (1) F32, required
+  const Tensor* norm_sq = nullptr;    // (1) F32 squared L2 norm of unscaled grads, or nullptr
+  float max_grad_norm = 0.0f;         // <= 0: no clipping
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // "cpu" or "cuda:N".
+  virtual std::string name() const = 0;
+
+  // ---- memory -------------------------------------------------------------
+  // Contents are unspecified; Fill before reading.
+  virtual absl::StatusOr<Tensor> Allocate(DType dtype, const Shape& shape) = 0;
+  virtual absl::Status CopyFromHost(const void* src, size_t bytes, Tensor& dst) = 0;
+  // Waits for queued work, then copies dst.nbytes() == bytes out.
+  virtual absl::Status CopyToHost(const Tensor& src, void* dst, size_t bytes) = 0;
+  // Same dtype and element count.
+  virtual absl::Status Copy(const Tensor& src, Tensor& dst) = 0;
+  virtual absl::Status Fill(Tensor& dst, float value) = 0;  // float dtypes
+  // Between float dtypes, element counts equal; rounds RNE to dst's dtype.
+  virtual absl::Status Cast(const Tensor& src, Tensor& dst) = 0;
+  // Blocks until every queued op has finished.
+  virtual absl::Status Synchronize() = 0;
+  // Bytes this backend holds in live tensors (for the memory gauge/limits).
+  virtual int64_t BytesInUse() const = 0;
+
+  // ---- dense algebra ------------------------------------------------------
+  // c = alpha * op(a) @ op(b) + beta * c, op(x) = x^T when trans_x.
+  // a, b: 2-D, both F32, both F16 or both BF16; products are accumulated in
+  // fp32 and the sum rounded once to c's dtype (F32 or a's dtype).
+  // op(a): (M, K), op(b): (K, N), c: (M, N).
+  virtual absl::Status Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a,
+                            const Tensor& b, float beta, Tensor& c) = 0;
+  // y (N, C) += bias (C), broadcast over rows, in fp32 then rounded to y's dtype.
+  virtual absl::Status AddBias(const Tensor& bias, Tensor& y) = 0;
+  // dbias (C) = sum over rows of dy (N, C) + beta * dbias, accumulated in fp32.
+  virtual absl::Status BiasGrad(const Tensor& dy, float beta, Tensor& dbias) = 0;
+
+  // ---- activations (same dtype and shape in and out) ----------------------
+  // GELU is the exact erf form, 0.5 x (1 + erf(x / sqrt 2)), PyTorch's default.
+  virtual absl::Status ActivationForward(Activation act, const Tensor& x, Tensor& y) = 0;
+  // dx = dy * act'(x); x is the forward input.
+  virtual absl::Status ActivationBackward(Activation act, const Tensor& x, const Tensor& dy,
+                                          Tensor& dx) = 0;
+
+  // ---- normalisation ------------------------------------------------------
+  // x, y: (N, C) working dtype; gamma, beta: (C) working dtype or nullptr
+  // (no affine); mean, rstd: (N) F32 saved for backward. Statistics in fp32.
+  virtual absl::Status LayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta,
+                                        float eps, Tensor& y, Tensor& mean, Tensor& rstd) = 0;
+  // dx (N, C) is overwritten; dgamma, dbeta (C) get += (accumulated in fp32,
+  // then rounded to their dtype); pass nullptr when not affine.
+  virtual absl::Status LayerNormBackward(const Tensor& x, const Tensor* gamma, const Tensor& mean,
+                                         const Tensor& rstd, const Tensor& dy, Tensor& dx,
+                                         Tensor* dgamma, Tensor* dbeta) = 0;
+
+  // ---- embedding ----------------------------------------------------------
+  // ids (N) I32 or I64, each in [0, V); table (V, C); out (N, C) table's dtype.
+  // An out-of-range id is InvalidArgument.
+  virtual absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out) = 0;
+  // dtable (V, C) += scatter of dout (N, C) by ids.
+  virtual absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout,
+                                         Tensor& dtable) = 0;
+
+  // ---- losses (computed in fp32) ------------------------------------------
+  // loss (1) F32 = mean((pred - target)^2) over all elements, times multiplier.
+  // dpred = grad_scale * dloss/dpred, rounded to pred's dtype (grad_scale is
+  // the loss scale; the multiplier is already inside loss).
+  // pred (N, C) any float dtype; target (N, C) F32.
+  virtual absl::Status MseLoss(const Tensor& pred, const Tensor& target, float multiplier,
+                               float grad_scale, Tensor& loss, Tensor& dpred) = 0;
+  // loss (1) F32 = mean over rows of -log softmax(logits)[label], times
+  // multiplier; logits (N, V) any float dtype; labels (N) I32 or I64 in [0, V).
+  virtual absl::Status CrossEntropyLoss(const Tensor& logits, const Tensor& labels,
+                                        float multiplier, float grad_scale, Tensor& loss,
+                                        Tensor& dlogits) = 0;
+
+  // ---- loss scaling and the optimizer -------------------------------------
+  // One pass over every gradient tensor: found_inf (1) F32 is set to 1 if any
+  // element is inf or NaN (never cleared: the caller zeroes it per step);
+  // norm_sq, when given, gets += sum((g * inv_scale)^2) in fp32; when
+  // in_place, each element is replaced by g * inv_scale rounded to its dtype.
+  // In-place unscaling is for F32 gradients: an fp16 gradient unscaled in
+  // fp16 would underflow exactly as the loss scale was there to prevent, so
+  // fp16 jobs check here and unscale inside the fused optimizer instead.
+  virtual absl::Status UnscaleAndCheck(absl::Span<Tensor* const> grads, float inv_scale,
+                                       bool in_place, Tensor& found_inf, Tensor* norm_sq) = 0;
+
+  // Fused per parameter: read grad, transform it (GradTransform), update
+  // master and state in fp32, write the working copy; skip all of it on
+  // found_inf. step is the 1-based count of applied steps this update would
+  // make (bias correction).
+  virtual absl::Status AdamUpdate(absl::Span<const ParamRef> params, const AdamConfig& config,
+                                  int64_t step, const GradTransform& transform) = 0;
+  // first_step: the momentum buffer is initialised to g (PyTorch's rule).
+  virtual absl::Status SgdUpdate(absl::Span<const ParamRef> params, const SgdConfig& config,
+                                 bool first_step, const GradTransform& transform) = 0;
+
+  // ---- observability ------------------------------------------------------
+  // counts (kGradHistogramBins) I64 += histogram of log2|g| over every
+  // element of grads: bin 0 counts exact zeros, bin 1 values below 2^-30,
+  // bins 2.. one power of two each from [2^-30, 2^-29) up to [2^19, 2^20),
+  // the last bin |g| >= 2^20 and every inf or NaN.
+  virtual absl::Status GradLog2Histogram(absl::Span<const Tensor* const> grads,
+                                         Tensor& counts) = 0;
+};
+
+inline constexpr int kGradHistogramMinLog2 = -30;
+inline constexpr int kGradHistogramMaxLog2 = 20;
+// zero bin + underflow bin + one per octave + overflow bin
+inline constexpr int kGradHistogramBins = 2 + (kGradHistogramMaxLog2 - kGradHistogramMinLog2) + 1;
+
+}  // namespace ampd::kernels

@@ -1,0 +1,1 @@
+#include "server/engine/amp/grad_scaler.h"
