@@ -1,0 +1,38 @@
+// StateDirectory: one safetensors file per job under --state-dir, written
+// atomically (temp file in the same directory, fsync, rename, fsync of the
+// directory) so that a crash at any instant leaves either the previous
+// checkpoint or the new one, never a torn file. The server restores every
+// job listed here at start.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/engine/checkpoint/state_dict.h"
+
+namespace ampd::engine::checkpoint {
+
+class StateDirectory {
+ public:
+  // Creates the directory when missing; FailedPrecondition when it cannot be
+  // created or written, naming the path and the OS error.
+  static absl::StatusOr<StateDirectory> Open(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  // job_id must be a safe file name ([A-Za-z0-9_-]+), else InvalidArgument.
+  absl::Status Write(const std::string& job_id, const StateDict& state) const;
+  // NotFound when there is no checkpoint for job_id.
+  absl::StatusOr<StateDict> Read(const std::string& job_id) const;
+  // Removing an absent checkpoint is OK.
+  absl::Status Remove(const std::string& job_id) const;
+  // Job ids with a checkpoint, sorted; leftover temp files are ignored (and
+  // removed: they are the remains of a write a crash interrupted).
+  absl::StatusOr<std::vector<std::string>> ListJobs() const;
+
+ private:
+  explicit StateDirectory(std::string path) : path_(std::move(path)) {}
+  std::string path_;
+};
+
+}  // namespace ampd::engine::checkpoint

@@ -1,0 +1,20 @@
+// The one narrow interface through which the engine reports to the outside
+// (server/metrics implements it with prometheus-cpp; the engine never
+// includes prometheus). Called from job workers, concurrently across jobs.
+#pragma once
+
+#include <string>
+
+#include "server/engine/jobs/trainer.h"
+
+namespace ampd::engine {
+
+class JobObserver {
+ public:
+  virtual ~JobObserver() = default;
+  virtual void OnJobCreated(const std::string& job_id, const JobConfig& config) = 0;
+  virtual void OnStep(const std::string& job_id, const StepReport& report) = 0;
+  virtual void OnJobDeleted(const std::string& job_id) = 0;
+};
+
+}  // namespace ampd::engine

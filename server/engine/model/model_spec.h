@@ -1,0 +1,56 @@
+// The declarative model a job trains: a sequence of layers and a loss, sent
+// by the client (translated from protobuf by server/rpc) and validated here.
+// No code is ever loaded from a client; weights come from the job's seed or
+// a state dict.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "kernels/dtype.h"
+
+namespace ampd::engine::model {
+
+enum class Precision { kFp32, kFp16, kBf16 };
+
+absl::string_view PrecisionName(Precision precision);  // "fp32", "fp16", "bf16"
+// Dtype of the working copy, activations and gradients.
+kernels::DType WorkingDType(Precision precision);
+
+enum class LayerKind { kLinear, kReLU, kGELU, kTanh, kLayerNorm, kEmbedding };
+
+struct LayerSpec {
+  LayerKind kind = LayerKind::kLinear;
+  // Linear: y (N, out_features) = x (N, in_features) W^T + b.
+  int64_t in_features = 0;
+  int64_t out_features = 0;
+  bool bias = true;
+  // LayerNorm over the last dim.
+  int64_t normalized_shape = 0;
+  float eps = 1e-5f;
+  bool elementwise_affine = true;
+  // Embedding: ids (N) -> (N, embedding_dim). Only as the first layer.
+  int64_t num_embeddings = 0;
+  int64_t embedding_dim = 0;
+};
+
+enum class LossKind { kMse, kCrossEntropy };
+
+struct ModelSpec {
+  std::vector<LayerSpec> layers;
+  LossKind loss = LossKind::kMse;
+  // A constant the loss is multiplied by before scaling (seed 000's C).
+  float loss_multiplier = 1.0f;
+};
+
+// Checks that feature sizes chain from layer to layer, sizes are positive,
+// Embedding comes first if at all, eps and loss_multiplier are finite and
+// positive; the message names the layer index and field ("layers[2].in_features").
+absl::Status ValidateModelSpec(const ModelSpec& spec);
+
+// Parameter count of the model (weights and biases).
+int64_t ParameterCount(const ModelSpec& spec);
+
+}  // namespace ampd::engine::model
