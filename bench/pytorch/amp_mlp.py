@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""PyTorch reference for ampd's engine benchmark: the same MLP, timed per step.
+
+Model: 4 x (Linear 1024 -> 1024), GELU (exact erf) between them, batch 256,
+MSE loss, AdamW; fp16/bf16 under torch.amp.autocast with a GradScaler for
+fp16 (bf16 needs no loss scaling), fp32 without autocast. TF32 is disabled
+so the fp32 row is true fp32, as in ampd (whose Backend has no TF32 switch).
+
+Prints the median step time (forward + backward + optimizer step, measured
+with torch.cuda.synchronize around each step) per precision, so it can be
+set beside ampd's engine benchmark on the same GPU.
+
+Usage: python3 amp_mlp.py [--steps 200] [--warmup 20] [--device cuda]
+"""
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+from torch import nn
+
+WIDTH = 1024
+LAYERS = 4
+BATCH = 256
+
+
+def make_model(device: torch.device) -> nn.Module:
+    layers = []
+    for i in range(LAYERS):
+        layers.append(nn.Linear(WIDTH, WIDTH))
+        if i + 1 < LAYERS:
+            layers.append(nn.GELU())  # approximate='none': the erf form
+    return nn.Sequential(*layers).to(device)
+
+
+def time_precision(precision: str, device: torch.device, steps: int, warmup: int) -> float:
+    torch.manual_seed(0)
+    model = make_model(device)  # fp32 master weights, as ampd keeps them
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    dtype = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
+    scaler = torch.amp.GradScaler(device.type, enabled=(precision == "fp16"))
+    x = torch.randn(BATCH, WIDTH, device=device)
+    y = torch.randn(BATCH, WIDTH, device=device)
+    loss_fn = nn.MSELoss()
+    times = []
+    for i in range(warmup + steps):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = loss_fn(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--device", default="cuda")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("amp_mlp.py: no CUDA device visible; pass --device cpu to time on the CPU",
+              file=sys.stderr)
+        return 1
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"device: {name}  torch {torch.__version__}")
+    print(f"MLP {LAYERS} x Linear({WIDTH}) + GELU, batch {BATCH}, MSE, AdamW")
+    for precision in ("fp32", "fp16", "bf16"):
+        if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            print(f"{precision}: not supported on this device")
+            continue
+        median = time_precision(precision, device, args.steps, args.warmup)
+        print(f"{precision}: median step {median * 1e3:.3f} ms over {args.steps} steps")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

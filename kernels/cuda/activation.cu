@@ -1,0 +1,109 @@
+// Activations forward and backward, elementwise in fp32, one rounding per
+// store. GELU is the exact erf form (PyTorch's default approximate='none'):
+//   gelu(x)  = 0.5 x (1 + erf(x / sqrt 2))
+//   gelu'(x) = 0.5 (1 + erf(x / sqrt 2)) + x * exp(-x^2 / 2) / sqrt(2 pi)
+// Tanh's backward is computed from the forward input x, as the interface
+// passes x: dx = dy (1 - tanh(x)^2).
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device_common.cuh"
+#include "kernels/cuda/launchers.h"
+
+namespace ampd::kernels::cuda {
+namespace {
+
+constexpr float kInvSqrt2 = 0.7071067811865475f;
+constexpr float kInvSqrt2Pi = 0.3989422804014327f;
+
+__device__ __forceinline__ float Forward(Activation act, float x) {
+  switch (act) {
+    case Activation::kReLU:
+      // x <= 0 is false for NaN, so NaN propagates (as torch.relu does).
+      return x <= 0.0f ? 0.0f : x;
+    case Activation::kGELU:
+      return 0.5f * x * (1.0f + erff(x * kInvSqrt2));
+    case Activation::kTanh:
+      return tanhf(x);
+  }
+  return x;
+}
+
+__device__ __forceinline__ float Derivative(Activation act, float x) {
+  switch (act) {
+    case Activation::kReLU:
+      return x > 0.0f ? 1.0f : (x != x ? x : 0.0f);
+    case Activation::kGELU: {
+      const float cdf = 0.5f * (1.0f + erff(x * kInvSqrt2));
+      const float pdf = expf(-0.5f * x * x) * kInvSqrt2Pi;
+      return cdf + x * pdf;
+    }
+    case Activation::kTanh: {
+      const float t = tanhf(x);
+      return 1.0f - t * t;
+    }
+  }
+  return 1.0f;
+}
+
+template <typename T>
+__global__ void activation_forward_kernel(Activation act, const T* x, T* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    y[i] = FromFloat<T>(Forward(act, ToFloat(x[i])));
+  }
+}
+
+template <typename T>
+__global__ void activation_backward_kernel(Activation act, const T* x, const T* dy, T* dx,
+                                           int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    dx[i] = FromFloat<T>(ToFloat(dy[i]) * Derivative(act, ToFloat(x[i])));
+  }
+}
+
+template <typename T>
+absl::Status Forward(Activation act, const void* x, void* y, int64_t n, cudaStream_t stream) {
+  activation_forward_kernel<T>
+      <<<GridFor(n), kThreads, 0, stream>>>(act, static_cast<const T*>(x), static_cast<T*>(y), n);
+  AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status Backward(Activation act, const void* x, const void* dy, void* dx, int64_t n,
+                      cudaStream_t stream) {
+  activation_backward_kernel<T><<<GridFor(n), kThreads, 0, stream>>>(
+      act, static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx), n);
+  AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LaunchActivationForward(Activation act, const void* x, void* y, DType dtype, int64_t n,
+                                     cudaStream_t stream) {
+  if (n == 0) return absl::OkStatus();
+  switch (dtype) {
+    case DType::kF16:
+      return Forward<__half>(act, x, y, n, stream);
+    case DType::kBF16:
+      return Forward<__nv_bfloat16>(act, x, y, n, stream);
+    default:
+      return Forward<float>(act, x, y, n, stream);
+  }
+}
+
+absl::Status LaunchActivationBackward(Activation act, const void* x, const void* dy, void* dx,
+                                      DType dtype, int64_t n, cudaStream_t stream) {
+  if (n == 0) return absl::OkStatus();
+  switch (dtype) {
+    case DType::kF16:
+      return Backward<__half>(act, x, dy, dx, n, stream);
+    case DType::kBF16:
+      return Backward<__nv_bfloat16>(act, x, dy, dx, n, stream);
+    default:
+      return Backward<float>(act, x, dy, dx, n, stream);
+  }
+}
+
+}  // namespace ampd::kernels::cuda

@@ -1,0 +1,97 @@
+// RAII wrappers for CUDA objects (see cuda_raii.h). Destructors ignore the
+// release result: there is nobody to return it to, and a failed release
+// means the context is already lost.
+#include "kernels/cuda/cuda_raii.h"
+
+#include <utility>
+
+#include "kernels/cuda/cuda_status.h"
+
+namespace ampd::kernels::cuda {
+
+DeviceGuard::DeviceGuard(int device) {
+  if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+  if (previous_ != device) error_ = cudaSetDevice(device);
+}
+
+DeviceGuard::~DeviceGuard() {
+  int current = -1;
+  if (previous_ >= 0 && cudaGetDevice(&current) == cudaSuccess && current != previous_) {
+    (void)cudaSetDevice(previous_);
+  }
+}
+
+absl::StatusOr<Stream> Stream::Create() {
+  Stream s;
+  AMPD_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s.stream_, cudaStreamNonBlocking));
+  return s;
+}
+Stream::Stream(Stream&& other) noexcept : stream_(std::exchange(other.stream_, nullptr)) {}
+Stream& Stream::operator=(Stream&& other) noexcept {
+  std::swap(stream_, other.stream_);
+  return *this;
+}
+Stream::~Stream() {
+  if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+}
+
+absl::StatusOr<Event> Event::Create(bool timing) {
+  Event e;
+  AMPD_CUDA_RETURN_IF_ERROR(
+      cudaEventCreateWithFlags(&e.event_, timing ? cudaEventDefault : cudaEventDisableTiming));
+  return e;
+}
+Event::Event(Event&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
+Event& Event::operator=(Event&& other) noexcept {
+  std::swap(event_, other.event_);
+  return *this;
+}
+Event::~Event() {
+  if (event_ != nullptr) (void)cudaEventDestroy(event_);
+}
+
+absl::StatusOr<CublasHandle> CublasHandle::Create() {
+  CublasHandle h;
+  AMPD_CUBLAS_RETURN_IF_ERROR(cublasCreate(&h.handle_));
+  return h;
+}
+CublasHandle::CublasHandle(CublasHandle&& other) noexcept
+    : handle_(std::exchange(other.handle_, nullptr)) {}
+CublasHandle& CublasHandle::operator=(CublasHandle&& other) noexcept {
+  std::swap(handle_, other.handle_);
+  return *this;
+}
+CublasHandle::~CublasHandle() {
+  if (handle_ != nullptr) (void)cublasDestroy(handle_);
+}
+
+absl::StatusOr<MappedFlags> MappedFlags::Create() {
+  MappedFlags f;
+  void* host = nullptr;
+  AMPD_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&host, sizeof(int), cudaHostAllocMapped));
+  f.host_ = static_cast<int*>(host);
+  *f.host_ = 0;
+  void* device = nullptr;
+  AMPD_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&device, host, 0));
+  f.device_ = static_cast<int*>(device);
+  return f;
+}
+MappedFlags::MappedFlags(MappedFlags&& other) noexcept
+    : host_(std::exchange(other.host_, nullptr)), device_(std::exchange(other.device_, nullptr)) {}
+MappedFlags& MappedFlags::operator=(MappedFlags&& other) noexcept {
+  std::swap(host_, other.host_);
+  std::swap(device_, other.device_);
+  return *this;
+}
+MappedFlags::~MappedFlags() {
+  if (host_ != nullptr) (void)cudaFreeHost(host_);
+}
+int MappedFlags::TakeHostValue() {
+  // volatile: the GPU wrote this word behind the compiler's back.
+  volatile int* word = host_;
+  const int value = *word;
+  *word = 0;
+  return value;
+}
+
+}  // namespace ampd::kernels::cuda

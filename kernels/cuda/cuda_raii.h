@@ -1,0 +1,98 @@
+// RAII owners for the CUDA objects a backend holds: its stream, events, the
+// cuBLAS handle, the current-device switch and a small mapped host word the
+// kernels use to report bad indices. Each is created by a factory returning
+// StatusOr (constructors cannot fail visibly) and released in its destructor.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "absl/status/statusor.h"
+
+namespace ampd::kernels::cuda {
+
+// Makes `device` current for the calling thread and restores the previous
+// device on scope exit: backends for different GPUs may share a thread.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+  // The cudaSetDevice result: check it before launching anything.
+  cudaError_t error() const { return error_; }
+
+ private:
+  int previous_ = -1;
+  cudaError_t error_ = cudaSuccess;
+};
+
+class Stream {
+ public:
+  // Non-blocking: it never serialises with the legacy default stream.
+  static absl::StatusOr<Stream> Create();
+  Stream() = default;
+  Stream(Stream&& other) noexcept;
+  Stream& operator=(Stream&& other) noexcept;
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  ~Stream();
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+class Event {
+ public:
+  // timing=false creates a cheaper event that can only order work.
+  static absl::StatusOr<Event> Create(bool timing);
+  Event() = default;
+  Event(Event&& other) noexcept;
+  Event& operator=(Event&& other) noexcept;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  ~Event();
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+class CublasHandle {
+ public:
+  static absl::StatusOr<CublasHandle> Create();
+  CublasHandle() = default;
+  CublasHandle(CublasHandle&& other) noexcept;
+  CublasHandle& operator=(CublasHandle&& other) noexcept;
+  CublasHandle(const CublasHandle&) = delete;
+  CublasHandle& operator=(const CublasHandle&) = delete;
+  ~CublasHandle();
+  cublasHandle_t get() const { return handle_; }
+
+ private:
+  cublasHandle_t handle_ = nullptr;
+};
+
+// One int in pinned, mapped host memory. Kernels OR error bits into it
+// through device_ptr(); the host reads host_value() after a stream
+// synchronisation, so reporting a bad index costs no extra copy.
+class MappedFlags {
+ public:
+  static absl::StatusOr<MappedFlags> Create();
+  MappedFlags() = default;
+  MappedFlags(MappedFlags&& other) noexcept;
+  MappedFlags& operator=(MappedFlags&& other) noexcept;
+  MappedFlags(const MappedFlags&) = delete;
+  MappedFlags& operator=(const MappedFlags&) = delete;
+  ~MappedFlags();
+  int* device_ptr() const { return device_; }
+  // Reads and clears the word; call only when the stream is idle.
+  int TakeHostValue();
+
+ private:
+  int* host_ = nullptr;
+  int* device_ = nullptr;
+};
+
+}  // namespace ampd::kernels::cuda

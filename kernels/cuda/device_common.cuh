@@ -1,0 +1,168 @@
+// Device-side helpers shared by the kernels: fp32 loads and single-rounding
+// stores per dtype, warp/block sums, grid sizing, and the multi-tensor
+// "chunk" that lets one launch cover a list of tensors. CUDA C++17.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/dtype.h"
+
+namespace ampd::kernels::cuda {
+
+constexpr int kThreads = 256;
+// Grid-stride kernels need no more than this many blocks to fill an H100
+// (132 SMs x 8 resident blocks of 256 threads, with headroom).
+constexpr int64_t kMaxGridBlocks = 4096;
+
+inline unsigned GridFor(int64_t n, int64_t per_block = kThreads) {
+  const int64_t blocks = (n + per_block - 1) / per_block;
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min(blocks, kMaxGridBlocks)));
+}
+
+// ---- element access --------------------------------------------------------
+// Stores round once, nearest-even, like kernels/float16.h: __float2half_rn
+// and __float2bfloat16_rn are IEEE RNE with overflow to inf and subnormals.
+// Only NaN payloads may differ from the CPU (CUDA writes the canonical NaN).
+__device__ __forceinline__ float ToFloat(float v) { return v; }
+__device__ __forceinline__ float ToFloat(__half v) { return __half2float(v); }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T FromFloat(float v);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half FromFloat<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// Runtime-dtype access for kernels that are not worth a template per dtype:
+// the switch is uniform across the grid, so it never diverges.
+__device__ __forceinline__ float LoadAs(const void* p, int64_t i, DType dtype) {
+  switch (dtype) {
+    case DType::kF16:
+      return __half2float(static_cast<const __half*>(p)[i]);
+    case DType::kBF16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    default:
+      return static_cast<const float*>(p)[i];
+  }
+}
+
+__device__ __forceinline__ void StoreAs(void* p, int64_t i, DType dtype, float v) {
+  switch (dtype) {
+    case DType::kF16:
+      static_cast<__half*>(p)[i] = __float2half_rn(v);
+      break;
+    case DType::kBF16:
+      static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+      break;
+    default:
+      static_cast<float*>(p)[i] = v;
+      break;
+  }
+}
+
+__device__ __forceinline__ int64_t LoadIndex(const void* ids, int64_t i, DType dtype) {
+  return dtype == DType::kI32 ? static_cast<int64_t>(static_cast<const int32_t*>(ids)[i])
+                              : static_cast<const int64_t*>(ids)[i];
+}
+
+// ---- reductions ------------------------------------------------------------
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+__device__ __forceinline__ float WarpMax(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  }
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every
+// thread gets the result. Fixed reduction order: deterministic.
+__device__ __forceinline__ float BlockSum(float v) {
+  __shared__ float warp_sums[32];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  v = WarpSum(v);
+  __syncthreads();  // warp_sums may still be read by a previous call
+  if (lane == 0) warp_sums[warp] = v;
+  __syncthreads();
+  const int warps = static_cast<int>(blockDim.x >> 5);
+  float total = lane < warps ? warp_sums[lane] : 0.0f;
+  return WarpSum(total);
+}
+
+// ---- multi-tensor launches -------------------------------------------------
+// A chunk lists up to kChunkTensors tensors and, for each, the first block
+// that works on it; block b handles tile (b - block_start[t]) of tensor t.
+// It travels as a __grid_constant__ kernel parameter (< 4 KiB), so a list of
+// tensors costs one launch per kChunkTensors tensors and no host->device copy.
+constexpr int kChunkTensors = 24;
+
+template <typename Entry>
+struct TensorChunk {
+  int count = 0;
+  int block_start[kChunkTensors + 1] = {};
+  Entry entry[kChunkTensors];
+};
+
+template <typename Entry>
+__device__ __forceinline__ int ChunkTensorOf(const TensorChunk<Entry>& chunk, int block) {
+  int t = 0;
+  while (t + 1 < chunk.count && block >= chunk.block_start[t + 1]) ++t;
+  return t;
+}
+
+// Splits entries[0, count) (each with a member n) into chunks of tiles of
+// `tile` elements and calls launch(chunk) for each; empty tensors are skipped.
+template <typename Entry, typename LaunchFn>
+cudaError_t ForEachChunk(const Entry* entries, int count, int64_t tile, LaunchFn launch) {
+  constexpr int64_t kMaxBlocksPerLaunch = int64_t{1} << 30;
+  TensorChunk<Entry> chunk;
+  for (int i = 0; i < count; ++i) {
+    if (entries[i].n <= 0) continue;
+    const int64_t blocks = (entries[i].n + tile - 1) / tile;
+    if (chunk.count == kChunkTensors ||
+        (chunk.count > 0 && chunk.block_start[chunk.count] + blocks > kMaxBlocksPerLaunch)) {
+      const cudaError_t error = launch(chunk);
+      if (error != cudaSuccess) return error;
+      chunk.count = 0;
+    }
+    chunk.entry[chunk.count] = entries[i];
+    chunk.block_start[chunk.count + 1] = static_cast<int>(chunk.block_start[chunk.count] + blocks);
+    ++chunk.count;
+  }
+  return chunk.count > 0 ? launch(chunk) : cudaSuccess;
+}
+
+// Calls fn(T{}) with T the storage type of a float dtype.
+template <typename Fn>
+__device__ __forceinline__ void VisitFloat(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kF16:
+      fn(__half{});
+      break;
+    case DType::kBF16:
+      fn(__nv_bfloat16{});
+      break;
+    default:
+      fn(float{});
+      break;
+  }
+}
+
+}  // namespace ampd::kernels::cuda

@@ -1,0 +1,122 @@
+// Host entry points of the CUDA kernels, one per op file (fill.cu, cast.cu,
+// ...). They take raw device pointers already checked by cuda_backend.cc,
+// enqueue on `stream`, and report launch failures as Status with the file
+// and line of the launch. Included by .cu files: C++17 only.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/backend.h"
+#include "kernels/dtype.h"
+
+namespace ampd::kernels::cuda {
+
+// Bits the kernels OR into the backend's mapped error word.
+inline constexpr int kErrorEmbeddingId = 1;
+inline constexpr int kErrorCrossEntropyLabel = 2;
+
+// Partial sums of the two-stage (deterministic) loss reductions.
+inline constexpr int kMaxReductionBlocks = 1024;
+
+// One tensor of a multi-tensor op (UnscaleAndCheck, GradLog2Histogram).
+struct GradSpan {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+  int64_t n = 0;
+};
+
+// One parameter of a fused optimizer launch.
+struct ParamSpan {
+  float* master = nullptr;
+  void* working = nullptr;  // nullptr: no working copy (fp32 job)
+  const void* grad = nullptr;
+  float* state0 = nullptr;  // m, or the momentum buffer (may be nullptr for SGD)
+  float* state1 = nullptr;  // v
+  int64_t n = 0;
+  DType grad_dtype = DType::kF32;
+  DType working_dtype = DType::kF16;
+};
+
+// GradTransform as the kernels read it.
+struct TransformArgs {
+  float inv_scale = 1.0f;
+  const float* found_inf = nullptr;  // (1), required
+  const float* norm_sq = nullptr;    // (1) or nullptr
+  float max_grad_norm = 0.0f;
+};
+
+struct AdamArgs {
+  float lr, beta1, beta2, eps, weight_decay;
+  bool decoupled;
+  float step_size;              // lr / (1 - beta1^step), computed on the host in double
+  float bias_correction2_sqrt;  // sqrt(1 - beta2^step)
+};
+
+struct SgdArgs {
+  float lr, momentum, dampening, weight_decay;
+  bool nesterov;
+  bool first_step;
+};
+
+absl::Status LaunchFill(void* dst, DType dtype, int64_t n, float value, cudaStream_t stream);
+// y = alpha * y (used for GEMM with K == 0).
+absl::Status LaunchScale(void* y, DType dtype, int64_t n, float alpha, cudaStream_t stream);
+absl::Status LaunchCast(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n,
+                        cudaStream_t stream);
+
+// Row-major GEMM on cuBLAS (gemm.cc). c (m, n) = alpha op(a) op(b) + beta c.
+absl::Status LaunchGemm(cublasHandle_t handle, bool trans_a, bool trans_b, int m, int n, int k,
+                        float alpha, const void* a, int lda, const void* b, int ldb, DType ab_dtype,
+                        float beta, void* c, DType c_dtype);
+
+absl::Status LaunchAddBias(const void* bias, DType bias_dtype, void* y, DType y_dtype, int64_t rows,
+                           int64_t cols, cudaStream_t stream);
+absl::Status LaunchBiasGrad(const void* dy, DType dy_dtype, int64_t rows, int64_t cols, float beta,
+                            void* dbias, DType dbias_dtype, cudaStream_t stream);
+
+absl::Status LaunchActivationForward(Activation act, const void* x, void* y, DType dtype, int64_t n,
+                                     cudaStream_t stream);
+absl::Status LaunchActivationBackward(Activation act, const void* x, const void* dy, void* dx,
+                                      DType dtype, int64_t n, cudaStream_t stream);
+
+absl::Status LaunchLayerNormForward(const void* x, DType dtype, const void* gamma, const void* beta,
+                                    DType param_dtype, int64_t rows, int64_t cols, float eps,
+                                    void* y, float* mean, float* rstd, cudaStream_t stream);
+absl::Status LaunchLayerNormBackward(const void* x, DType dtype, const void* gamma,
+                                     DType gamma_dtype, const float* mean, const float* rstd,
+                                     const void* dy, void* dx, void* dgamma, DType dgamma_dtype,
+                                     void* dbeta, DType dbeta_dtype, int64_t rows, int64_t cols,
+                                     cudaStream_t stream);
+
+absl::Status LaunchEmbeddingForward(const void* ids, DType id_dtype, int64_t n, const void* table,
+                                    DType dtype, int64_t vocab, int64_t cols, void* out,
+                                    int* error_flags, cudaStream_t stream);
+// dtable (vocab, cols) F32 += scatter of dout (n, cols).
+absl::Status LaunchEmbeddingBackward(const void* ids, DType id_dtype, int64_t n, const void* dout,
+                                     DType dout_dtype, float* dtable, int64_t vocab, int64_t cols,
+                                     int* error_flags, cudaStream_t stream);
+
+// partials: kMaxReductionBlocks floats of scratch.
+absl::Status LaunchMseLoss(const void* pred, DType dtype, const float* target, int64_t n,
+                           float multiplier, float grad_scale, float* loss, void* dpred,
+                           float* partials, cudaStream_t stream);
+absl::Status LaunchCrossEntropy(const void* logits, DType dtype, const void* labels,
+                                DType label_dtype, int64_t rows, int64_t vocab, float multiplier,
+                                float grad_scale, float* loss, void* dlogits, float* partials,
+                                int* error_flags, cudaStream_t stream);
+
+absl::Status LaunchUnscaleAndCheck(const GradSpan* grads, int count, float inv_scale, bool in_place,
+                                   float* found_inf, float* norm_sq, cudaStream_t stream);
+absl::Status LaunchAdamUpdate(const ParamSpan* params, int count, const AdamArgs& args,
+                              const TransformArgs& transform, cudaStream_t stream);
+absl::Status LaunchSgdUpdate(const ParamSpan* params, int count, const SgdArgs& args,
+                             const TransformArgs& transform, cudaStream_t stream);
+// counts: kGradHistogramBins int64 on the device, incremented.
+absl::Status LaunchGradHistogram(const GradSpan* grads, int count, int64_t* counts,
+                                 cudaStream_t stream);
+
+}  // namespace ampd::kernels::cuda
