@@ -1,2 +1,188 @@
+// The CPU backend object: host memory (64-byte aligned, counted for
+// BytesInUse), the byte copies, and the forwarding of every Backend virtual
+// to the op family that implements it (cpu_*.cc). Ops run synchronously on
+// the calling thread, so Synchronize has nothing to wait for.
 #include "kernels/cpu/cpu_backend.h"
-namespace ampd::kernels { std::unique_ptr<Backend> CreateCpuBackend() { return nullptr; } }
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/cpu_internal.h"
+
+namespace ampd::kernels {
+namespace {
+
+// 64 bytes: one cache line, and the widest SIMD load (AVX-512) stays aligned.
+constexpr size_t kAlignment = 64;
+
+// Shared between the backend and every block it handed out, so a tensor
+// that outlives its backend still decrements a live counter.
+using ByteCounter = std::shared_ptr<std::atomic<int64_t>>;
+
+class HostMemory final : public Memory {
+ public:
+  HostMemory(void* data, size_t bytes, ByteCounter counter)
+      : data_(data), bytes_(bytes), counter_(std::move(counter)) {
+    counter_->fetch_add(static_cast<int64_t>(bytes_), std::memory_order_relaxed);
+  }
+  ~HostMemory() override {
+    counter_->fetch_sub(static_cast<int64_t>(bytes_), std::memory_order_relaxed);
+    std::free(data_);
+  }
+  HostMemory(const HostMemory&) = delete;
+  HostMemory& operator=(const HostMemory&) = delete;
+
+  void* data() override { return data_; }
+  size_t bytes() const override { return bytes_; }
+
+ private:
+  void* data_;
+  size_t bytes_;
+  ByteCounter counter_;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend() : bytes_in_use_(std::make_shared<std::atomic<int64_t>>(0)) {}
+
+  std::string name() const override { return "cpu"; }
+
+  absl::StatusOr<Tensor> Allocate(DType dtype, const Shape& shape) override {
+    int64_t numel = 1;
+    for (int64_t d : shape) {
+      if (d < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("Allocate: shape ", ShapeToString(shape), " has a negative dimension"));
+      }
+      // Guard the byte count against int64 overflow before multiplying.
+      if (d != 0 && numel > (int64_t{1} << 56) / d) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("Allocate: shape ", ShapeToString(shape), " is too large"));
+      }
+      numel *= d;
+    }
+    const size_t bytes = static_cast<size_t>(numel) * SizeOf(dtype);
+    // aligned_alloc wants a multiple of the alignment; a zero-element tensor
+    // still gets one line so data() is non-null and the tensor is not empty().
+    const size_t rounded =
+        bytes == 0 ? kAlignment : (bytes + kAlignment - 1) / kAlignment * kAlignment;
+    void* data = std::aligned_alloc(kAlignment, rounded);
+    if (data == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("Allocate: cannot allocate ", bytes,
+                                                       " bytes for ", DTypeName(dtype),
+                                                       ShapeToString(shape)));
+    }
+    return Tensor(std::make_unique<HostMemory>(data, bytes, bytes_in_use_), dtype, shape);
+  }
+
+  absl::Status CopyFromHost(const void* src, size_t bytes, Tensor& dst) override {
+    if (bytes != dst.nbytes()) {
+      return absl::InvalidArgumentError(absl::StrCat("CopyFromHost: dst is ", dst.DebugString(),
+                                                     " (", dst.nbytes(), " bytes) but ", bytes,
+                                                     " bytes were given"));
+    }
+    if (absl::Status s = cpu::CheckHasMemory("CopyFromHost", "dst", dst); !s.ok()) return s;
+    if (bytes != 0) std::memcpy(dst.data(), src, bytes);
+    return absl::OkStatus();
+  }
+
+  absl::Status CopyToHost(const Tensor& src, void* dst, size_t bytes) override {
+    if (bytes != src.nbytes()) {
+      return absl::InvalidArgumentError(absl::StrCat("CopyToHost: src is ", src.DebugString(), " (",
+                                                     src.nbytes(), " bytes) but ", bytes,
+                                                     " bytes were asked for"));
+    }
+    if (absl::Status s = cpu::CheckHasMemory("CopyToHost", "src", src); !s.ok()) return s;
+    if (bytes != 0) std::memcpy(dst, src.data(), bytes);
+    return absl::OkStatus();
+  }
+
+  absl::Status Copy(const Tensor& src, Tensor& dst) override {
+    if (absl::Status s = cpu::CheckSameDType("Copy", "dst", dst, "src", src); !s.ok()) return s;
+    if (absl::Status s = cpu::CheckSameNumel("Copy", "dst", dst, "src", src); !s.ok()) return s;
+    if (absl::Status s = cpu::CheckHasMemory("Copy", "src", src); !s.ok()) return s;
+    if (absl::Status s = cpu::CheckHasMemory("Copy", "dst", dst); !s.ok()) return s;
+    // memmove: src and dst may be the same tensor.
+    if (src.nbytes() != 0) std::memmove(dst.data(), src.data(), src.nbytes());
+    return absl::OkStatus();
+  }
+
+  absl::Status Fill(Tensor& dst, float value) override { return cpu::Fill(dst, value); }
+  absl::Status Cast(const Tensor& src, Tensor& dst) override { return cpu::Cast(src, dst); }
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+  int64_t BytesInUse() const override { return bytes_in_use_->load(std::memory_order_relaxed); }
+
+  absl::Status Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
+                    float beta, Tensor& c) override {
+    return cpu::Gemm(trans_a, trans_b, alpha, a, b, beta, c);
+  }
+  absl::Status AddBias(const Tensor& bias, Tensor& y) override { return cpu::AddBias(bias, y); }
+  absl::Status BiasGrad(const Tensor& dy, float beta, Tensor& dbias) override {
+    return cpu::BiasGrad(dy, beta, dbias);
+  }
+
+  absl::Status ActivationForward(Activation act, const Tensor& x, Tensor& y) override {
+    return cpu::ActivationForward(act, x, y);
+  }
+  absl::Status ActivationBackward(Activation act, const Tensor& x, const Tensor& dy,
+                                  Tensor& dx) override {
+    return cpu::ActivationBackward(act, x, dy, dx);
+  }
+
+  absl::Status LayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps,
+                                Tensor& y, Tensor& mean, Tensor& rstd) override {
+    return cpu::LayerNormForward(x, gamma, beta, eps, y, mean, rstd);
+  }
+  absl::Status LayerNormBackward(const Tensor& x, const Tensor* gamma, const Tensor& mean,
+                                 const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor* dgamma,
+                                 Tensor* dbeta) override {
+    return cpu::LayerNormBackward(x, gamma, mean, rstd, dy, dx, dgamma, dbeta);
+  }
+
+  absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out) override {
+    return cpu::EmbeddingForward(ids, table, out);
+  }
+  absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable) override {
+    return cpu::EmbeddingBackward(ids, dout, dtable);
+  }
+
+  absl::Status MseLoss(const Tensor& pred, const Tensor& target, float multiplier, float grad_scale,
+                       Tensor& loss, Tensor& dpred) override {
+    return cpu::MseLoss(pred, target, multiplier, grad_scale, loss, dpred);
+  }
+  absl::Status CrossEntropyLoss(const Tensor& logits, const Tensor& labels, float multiplier,
+                                float grad_scale, Tensor& loss, Tensor& dlogits) override {
+    return cpu::CrossEntropyLoss(logits, labels, multiplier, grad_scale, loss, dlogits);
+  }
+
+  absl::Status UnscaleAndCheck(absl::Span<Tensor* const> grads, float inv_scale, bool in_place,
+                               Tensor& found_inf, Tensor* norm_sq) override {
+    return cpu::UnscaleAndCheck(grads, inv_scale, in_place, found_inf, norm_sq);
+  }
+  absl::Status AdamUpdate(absl::Span<const ParamRef> params, const AdamConfig& config, int64_t step,
+                          const GradTransform& transform) override {
+    return cpu::AdamUpdate(params, config, step, transform);
+  }
+  absl::Status SgdUpdate(absl::Span<const ParamRef> params, const SgdConfig& config,
+                         bool first_step, const GradTransform& transform) override {
+    return cpu::SgdUpdate(params, config, first_step, transform);
+  }
+
+  absl::Status GradLog2Histogram(absl::Span<const Tensor* const> grads, Tensor& counts) override {
+    return cpu::GradLog2Histogram(grads, counts);
+  }
+
+ private:
+  ByteCounter bytes_in_use_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> CreateCpuBackend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace ampd::kernels

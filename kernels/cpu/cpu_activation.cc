@@ -1,0 +1,133 @@
+// Pointwise activations and their derivatives: ReLU, GELU (exact erf form,
+// PyTorch's default approximate='none') and Tanh. Same dtype and shape in
+// and out; math in fp32, one rounding per stored element. In-place use
+// (y aliasing x, dx aliasing dy) is safe: each element is read before it is
+// written.
+#include <cmath>
+
+#include "kernels/cpu/cpu_internal.h"
+
+namespace ampd::kernels::cpu {
+namespace {
+
+constexpr float kInvSqrt2 = 0.70710678118654752440f;
+constexpr float kInvSqrt2Pi = 0.39894228040143267794f;  // 1 / sqrt(2 pi), the normal pdf's factor
+
+inline float Relu(float x) {
+  // NaN propagates (x > 0 is false for NaN), as torch.relu does; the scaler
+  // must see a NaN produced upstream, not a silent zero.
+  return x > 0.0f ? x : (x != x ? x : 0.0f);
+}
+inline float Gelu(float x) { return 0.5f * x * (1.0f + std::erf(x * kInvSqrt2)); }
+// d/dx [x Phi(x)] = Phi(x) + x phi(x).
+inline float GeluGrad(float x) {
+  const float cdf = 0.5f * (1.0f + std::erf(x * kInvSqrt2));
+  const float pdf = kInvSqrt2Pi * std::exp(-0.5f * x * x);
+  return cdf + x * pdf;
+}
+
+template <typename Tag, Activation kAct>
+void ForwardLoop(const typename Tag::Storage* x, typename Tag::Storage* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = Tag::Load(x[i]);
+    float r;
+    if constexpr (kAct == Activation::kReLU) {
+      r = Relu(v);
+    } else if constexpr (kAct == Activation::kGELU) {
+      r = Gelu(v);
+    } else {
+      r = std::tanh(v);
+    }
+    y[i] = Tag::Store(r);
+  }
+}
+
+template <typename Tag, Activation kAct>
+void BackwardLoop(const typename Tag::Storage* x, const typename Tag::Storage* dy,
+                  typename Tag::Storage* dx, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = Tag::Load(x[i]);
+    const float g = Tag::Load(dy[i]);
+    float r;
+    if constexpr (kAct == Activation::kReLU) {
+      // Derivative 0 at x <= 0 (PyTorch's threshold_backward): the gradient
+      // is selected, not multiplied, so an inf/NaN dy at x <= 0 becomes 0.
+      r = v > 0.0f ? g : 0.0f;
+    } else if constexpr (kAct == Activation::kGELU) {
+      r = g * GeluGrad(v);
+    } else {
+      // tanh recomputed from x in fp32 (not the rounded forward output).
+      const float t = std::tanh(v);
+      r = g * (1.0f - t * t);
+    }
+    dx[i] = Tag::Store(r);
+  }
+}
+
+absl::Status CheckAct(absl::string_view op, Activation act) {
+  if (act != Activation::kReLU && act != Activation::kGELU && act != Activation::kTanh) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": unknown activation ", static_cast<int>(act)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ActivationForward(Activation act, const Tensor& x, Tensor& y) {
+  constexpr absl::string_view kOp = "ActivationForward";
+  if (absl::Status s = CheckAct(kOp, act); !s.ok()) return s;
+  if (absl::Status s = CheckFloat(kOp, "x", x); !s.ok()) return s;
+  if (absl::Status s = CheckFloat(kOp, "y", y); !s.ok()) return s;
+  if (absl::Status s = CheckSameDType(kOp, "y", y, "x", x); !s.ok()) return s;
+  if (absl::Status s = CheckSameShape(kOp, "y", y, "x", x); !s.ok()) return s;
+  return VisitFloat(x.dtype(), [&](auto tag) {
+    using Tag = decltype(tag);
+    const auto* in = Ptr<Tag>(x);
+    auto* out = Ptr<Tag>(y);
+    switch (act) {
+      case Activation::kReLU:
+        ForwardLoop<Tag, Activation::kReLU>(in, out, x.numel());
+        break;
+      case Activation::kGELU:
+        ForwardLoop<Tag, Activation::kGELU>(in, out, x.numel());
+        break;
+      case Activation::kTanh:
+        ForwardLoop<Tag, Activation::kTanh>(in, out, x.numel());
+        break;
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status ActivationBackward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) {
+  constexpr absl::string_view kOp = "ActivationBackward";
+  if (absl::Status s = CheckAct(kOp, act); !s.ok()) return s;
+  if (absl::Status s = CheckFloat(kOp, "x", x); !s.ok()) return s;
+  if (absl::Status s = CheckFloat(kOp, "dy", dy); !s.ok()) return s;
+  if (absl::Status s = CheckFloat(kOp, "dx", dx); !s.ok()) return s;
+  if (absl::Status s = CheckSameDType(kOp, "dy", dy, "x", x); !s.ok()) return s;
+  if (absl::Status s = CheckSameDType(kOp, "dx", dx, "x", x); !s.ok()) return s;
+  if (absl::Status s = CheckSameShape(kOp, "dy", dy, "x", x); !s.ok()) return s;
+  if (absl::Status s = CheckSameShape(kOp, "dx", dx, "x", x); !s.ok()) return s;
+  return VisitFloat(x.dtype(), [&](auto tag) {
+    using Tag = decltype(tag);
+    const auto* in = Ptr<Tag>(x);
+    const auto* grad_out = Ptr<Tag>(dy);
+    auto* grad_in = Ptr<Tag>(dx);
+    switch (act) {
+      case Activation::kReLU:
+        BackwardLoop<Tag, Activation::kReLU>(in, grad_out, grad_in, x.numel());
+        break;
+      case Activation::kGELU:
+        BackwardLoop<Tag, Activation::kGELU>(in, grad_out, grad_in, x.numel());
+        break;
+      case Activation::kTanh:
+        BackwardLoop<Tag, Activation::kTanh>(in, grad_out, grad_in, x.numel());
+        break;
+    }
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace ampd::kernels::cpu

@@ -1,0 +1,119 @@
+// Elementwise and broadcast ops: Fill, Cast between float dtypes, the Linear
+// layer's bias add and its gradient. Every value is computed in fp32 and
+// rounded once to the destination dtype.
+#include <vector>
+
+#include "kernels/cpu/cpu_internal.h"
+
+namespace ampd::kernels::cpu {
+
+absl::Status Fill(Tensor& dst, float value) {
+  if (absl::Status s = CheckFloat("Fill", "dst", dst); !s.ok()) return s;
+  return VisitFloat(dst.dtype(), [&](auto tag) {
+    using Tag = decltype(tag);
+    // Round once, then replicate the stored pattern.
+    const typename Tag::Storage stored = Tag::Store(value);
+    auto* out = Ptr<Tag>(dst);
+    for (int64_t i = 0; i < dst.numel(); ++i) out[i] = stored;
+    return absl::OkStatus();
+  });
+}
+
+namespace {
+
+template <typename SrcTag, typename DstTag>
+void CastLoop(const typename SrcTag::Storage* src, typename DstTag::Storage* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = DstTag::Store(SrcTag::Load(src[i]));
+}
+
+}  // namespace
+
+absl::Status Cast(const Tensor& src, Tensor& dst) {
+  if (absl::Status s = CheckFloat("Cast", "src", src); !s.ok()) return s;
+  if (absl::Status s = CheckFloat("Cast", "dst", dst); !s.ok()) return s;
+  if (absl::Status s = CheckSameNumel("Cast", "dst", dst, "src", src); !s.ok()) return s;
+  // Widening is exact and narrowing rounds once; fp16 <-> bf16 goes through
+  // fp32, which holds both exactly, so it too is a single rounding.
+  return VisitFloat(src.dtype(), [&](auto src_tag) {
+    using SrcTag = decltype(src_tag);
+    return VisitFloat(dst.dtype(), [&](auto dst_tag) {
+      using DstTag = decltype(dst_tag);
+      CastLoop<SrcTag, DstTag>(Ptr<SrcTag>(src), Ptr<DstTag>(dst), src.numel());
+      return absl::OkStatus();
+    });
+  });
+}
+
+absl::Status AddBias(const Tensor& bias, Tensor& y) {
+  if (absl::Status s = CheckFloat("AddBias", "y", y); !s.ok()) return s;
+  if (absl::Status s = CheckFloat("AddBias", "bias", bias); !s.ok()) return s;
+  if (absl::Status s = CheckRank("AddBias", "y", y, 2); !s.ok()) return s;
+  if (absl::Status s = CheckRank("AddBias", "bias", bias, 1); !s.ok()) return s;
+  if (bias.dim(0) != y.dim(1)) {
+    return absl::InvalidArgumentError(absl::StrCat("AddBias: bias is ", bias.DebugString(),
+                                                   " but y is ", y.DebugString(),
+                                                   "; bias length must equal y's columns"));
+  }
+  const int64_t rows = y.dim(0);  // N
+  const int64_t cols = y.dim(1);  // C
+  // The bias may be stored in any float dtype (the contract leaves it open);
+  // widen it once to fp32 rather than per row.
+  std::vector<float> b(static_cast<size_t>(cols));  // (C)
+  absl::Status widened = VisitFloat(bias.dtype(), [&](auto tag) {
+    using Tag = decltype(tag);
+    for (int64_t c = 0; c < cols; ++c) b[static_cast<size_t>(c)] = Tag::Load(Ptr<Tag>(bias)[c]);
+    return absl::OkStatus();
+  });
+  if (!widened.ok()) return widened;
+  return VisitFloat(y.dtype(), [&](auto tag) {
+    using Tag = decltype(tag);
+    auto* out = Ptr<Tag>(y);  // (N, C)
+    for (int64_t n = 0; n < rows; ++n) {
+      auto* row = out + n * cols;
+      for (int64_t c = 0; c < cols; ++c) {
+        row[c] = Tag::Store(Tag::Load(row[c]) + b[static_cast<size_t>(c)]);
+      }
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status BiasGrad(const Tensor& dy, float beta, Tensor& dbias) {
+  if (absl::Status s = CheckFloat("BiasGrad", "dy", dy); !s.ok()) return s;
+  if (absl::Status s = CheckFloat("BiasGrad", "dbias", dbias); !s.ok()) return s;
+  if (absl::Status s = CheckRank("BiasGrad", "dy", dy, 2); !s.ok()) return s;
+  if (absl::Status s = CheckRank("BiasGrad", "dbias", dbias, 1); !s.ok()) return s;
+  if (dbias.dim(0) != dy.dim(1)) {
+    return absl::InvalidArgumentError(absl::StrCat("BiasGrad: dbias is ", dbias.DebugString(),
+                                                   " but dy is ", dy.DebugString(),
+                                                   "; dbias length must equal dy's columns"));
+  }
+  const int64_t rows = dy.dim(0);  // N
+  const int64_t cols = dy.dim(1);  // C
+  // Column sums in fp32, rows added in order 0..N-1 for every column (the
+  // row-outer loop keeps the reads contiguous without changing that order).
+  std::vector<float> sum(static_cast<size_t>(cols), 0.0f);  // (C)
+  absl::Status summed = VisitFloat(dy.dtype(), [&](auto tag) {
+    using Tag = decltype(tag);
+    const auto* in = Ptr<Tag>(dy);  // (N, C)
+    for (int64_t n = 0; n < rows; ++n) {
+      const auto* row = in + n * cols;
+      for (int64_t c = 0; c < cols; ++c) sum[static_cast<size_t>(c)] += Tag::Load(row[c]);
+    }
+    return absl::OkStatus();
+  });
+  if (!summed.ok()) return summed;
+  return VisitFloat(dbias.dtype(), [&](auto tag) {
+    using Tag = decltype(tag);
+    auto* out = Ptr<Tag>(dbias);  // (C)
+    for (int64_t c = 0; c < cols; ++c) {
+      // BLAS convention: beta == 0 never reads dbias, so a freshly allocated
+      // (unspecified, possibly NaN) buffer is simply overwritten.
+      const float prev = beta == 0.0f ? 0.0f : beta * Tag::Load(out[c]);
+      out[c] = Tag::Store(sum[static_cast<size_t>(c)] + prev);
+    }
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace ampd::kernels::cpu

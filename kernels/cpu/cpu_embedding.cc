@@ -1,0 +1,86 @@
+// Embedding lookup and its gradient. Forward copies table rows bit for bit
+// (same dtype, so nothing to round). Backward scatters dout rows into
+// dtable: for each touched row the contributions are summed in fp32 in
+// batch order, added to the old value, and rounded once, so a token seen
+// many times in an fp16 batch is not rounded once per occurrence.
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "kernels/cpu/cpu_internal.h"
+
+namespace ampd::kernels::cpu {
+
+absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out) {
+  constexpr absl::string_view kOp = "EmbeddingForward";
+  if (absl::Status s = CheckIndex(kOp, "ids", ids); !s.ok()) return s;
+  if (absl::Status s = CheckRank(kOp, "ids", ids, 1); !s.ok()) return s;
+  if (absl::Status s = CheckFloat(kOp, "table", table); !s.ok()) return s;
+  if (absl::Status s = CheckRank(kOp, "table", table, 2); !s.ok()) return s;
+  if (absl::Status s = CheckSameDType(kOp, "out", out, "table", table); !s.ok()) return s;
+  if (absl::Status s = CheckHasMemory(kOp, "out", out); !s.ok()) return s;
+  if (out.rank() != 2 || out.dim(0) != ids.dim(0) || out.dim(1) != table.dim(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kOp, ": out is ", out.DebugString(), " but ids is ", ids.DebugString(), " and table is ",
+        table.DebugString(), "; expected (", ids.dim(0), ", ", table.dim(1), ")"));
+  }
+  if (absl::Status s = CheckIdsInRange(kOp, "ids", ids, table.dim(0)); !s.ok()) return s;
+  const size_t row_bytes = static_cast<size_t>(table.dim(1)) * SizeOf(table.dtype());
+  const auto* src = static_cast<const unsigned char*>(table.data());  // (V, C)
+  auto* dst = static_cast<unsigned char*>(out.data());                // (N, C)
+  for (int64_t n = 0; n < ids.dim(0); ++n) {
+    if (row_bytes == 0) break;
+    std::memcpy(dst + static_cast<size_t>(n) * row_bytes,
+                src + static_cast<size_t>(LoadIndex(ids, n)) * row_bytes, row_bytes);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
+  constexpr absl::string_view kOp = "EmbeddingBackward";
+  if (absl::Status s = CheckIndex(kOp, "ids", ids); !s.ok()) return s;
+  if (absl::Status s = CheckRank(kOp, "ids", ids, 1); !s.ok()) return s;
+  if (absl::Status s = CheckFloat(kOp, "dout", dout); !s.ok()) return s;
+  if (absl::Status s = CheckFloat(kOp, "dtable", dtable); !s.ok()) return s;
+  if (absl::Status s = CheckRank(kOp, "dtable", dtable, 2); !s.ok()) return s;
+  if (dout.rank() != 2 || dout.dim(0) != ids.dim(0) || dout.dim(1) != dtable.dim(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kOp, ": dout is ", dout.DebugString(), " but ids is ", ids.DebugString(), " and dtable is ",
+        dtable.DebugString(), "; expected (", ids.dim(0), ", ", dtable.dim(1), ")"));
+  }
+  if (absl::Status s = CheckIdsInRange(kOp, "ids", ids, dtable.dim(0)); !s.ok()) return s;
+  const int64_t count = ids.dim(0);    // N
+  const int64_t cols = dtable.dim(1);  // C
+  // Batch positions grouped by id, batch order kept within a group (stable),
+  // which fixes the fp32 summation order independently of threads or hashing.
+  std::vector<int64_t> order(static_cast<size_t>(count));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t l, int64_t r) { return LoadIndex(ids, l) < LoadIndex(ids, r); });
+  std::vector<float> acc(static_cast<size_t>(cols));  // (C) one table row's sum
+  return VisitFloat(dout.dtype(), [&](auto dout_tag) {
+    using DoutTag = decltype(dout_tag);
+    return VisitFloat(dtable.dtype(), [&](auto table_tag) {
+      using TableTag = decltype(table_tag);
+      const auto* grad = Ptr<DoutTag>(dout);  // (N, C)
+      auto* table = Ptr<TableTag>(dtable);    // (V, C)
+      size_t i = 0;
+      while (i < order.size()) {
+        const int64_t id = LoadIndex(ids, order[i]);
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (; i < order.size() && LoadIndex(ids, order[i]) == id; ++i) {
+          const auto* row = grad + order[i] * cols;
+          for (int64_t c = 0; c < cols; ++c) acc[static_cast<size_t>(c)] += DoutTag::Load(row[c]);
+        }
+        auto* trow = table + id * cols;
+        for (int64_t c = 0; c < cols; ++c) {
+          trow[c] = TableTag::Store(TableTag::Load(trow[c]) + acc[static_cast<size_t>(c)]);
+        }
+      }
+      return absl::OkStatus();
+    });
+  });
+}
+
+}  // namespace ampd::kernels::cpu

@@ -1,0 +1,122 @@
+// GEMM: c = alpha * op(a) @ op(b) + beta * c on OpenBLAS's cblas_sgemm.
+// F32 inputs go straight to BLAS. F16/BF16 inputs are widened to fp32
+// (exact), multiplied with fp32 accumulation, and the finished value
+// alpha * sum + beta * c is rounded once to c's dtype: the tensor-core
+// contract (fp16 in, fp32 accumulate, one rounding on the store).
+#include <cblas.h>
+
+#include <vector>
+
+#include "kernels/cpu/cpu_internal.h"
+
+namespace ampd::kernels::cpu {
+namespace {
+
+// Per-thread scratch reused across calls: a training step runs the same
+// shapes every time, so after the first step no GEMM allocates.
+std::vector<float>& Scratch(int which) {
+  thread_local std::vector<float> buffers[3];
+  return buffers[which];
+}
+
+// Widens a float tensor of any dtype into fp32 scratch.
+float* Widen(const Tensor& t, int which) {
+  std::vector<float>& buf = Scratch(which);
+  buf.resize(static_cast<size_t>(t.numel()));
+  float* out = buf.data();
+  (void)VisitFloat(t.dtype(), [&](auto tag) {
+    using Tag = decltype(tag);
+    const auto* in = Ptr<Tag>(t);
+    for (int64_t i = 0; i < t.numel(); ++i) out[i] = Tag::Load(in[i]);
+    return absl::OkStatus();
+  });
+  return out;
+}
+
+}  // namespace
+
+absl::Status Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
+                  float beta, Tensor& c) {
+  constexpr absl::string_view kOp = "Gemm";
+  if (absl::Status s = CheckFloat(kOp, "a", a); !s.ok()) return s;
+  if (absl::Status s = CheckFloat(kOp, "b", b); !s.ok()) return s;
+  if (absl::Status s = CheckFloat(kOp, "c", c); !s.ok()) return s;
+  if (absl::Status s = CheckRank(kOp, "a", a, 2); !s.ok()) return s;
+  if (absl::Status s = CheckRank(kOp, "b", b, 2); !s.ok()) return s;
+  if (absl::Status s = CheckRank(kOp, "c", c, 2); !s.ok()) return s;
+  if (absl::Status s = CheckSameDType(kOp, "b", b, "a", a); !s.ok()) return s;
+  if (c.dtype() != DType::kF32 && c.dtype() != a.dtype()) {
+    return absl::InvalidArgumentError(absl::StrCat("Gemm: c is ", c.DebugString(), " but a is ",
+                                                   a.DebugString(), "; c must be F32 or ",
+                                                   DTypeName(a.dtype())));
+  }
+  // op(a): (M, K), op(b): (K, N), c: (M, N).
+  const int64_t m = trans_a ? a.dim(1) : a.dim(0);
+  const int64_t k = trans_a ? a.dim(0) : a.dim(1);
+  const int64_t kb = trans_b ? b.dim(1) : b.dim(0);
+  const int64_t n = trans_b ? b.dim(0) : b.dim(1);
+  if (k != kb) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Gemm: b is ", b.DebugString(), (trans_b ? " (transposed)" : ""), " but a is ",
+                     a.DebugString(), (trans_a ? " (transposed)" : ""), "; inner dims differ (", k,
+                     " vs ", kb, ")"));
+  }
+  if (c.dim(0) != m || c.dim(1) != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Gemm: c is ", c.DebugString(), " but op(a) @ op(b) is (", m, ", ", n, ")"));
+  }
+  // BLAS takes int dimensions.
+  constexpr int64_t kMaxDim = 0x7fffffff;
+  if (m > kMaxDim || n > kMaxDim || k > kMaxDim) {
+    return absl::InvalidArgumentError(absl::StrCat("Gemm: a ", a.DebugString(), " or b ",
+                                                   b.DebugString(), " is too large for BLAS"));
+  }
+  if (m == 0 || n == 0) return absl::OkStatus();
+
+  // Row-major leading dimensions are the stored column counts.
+  const int lda = static_cast<int>(a.dim(1));
+  const int ldb = static_cast<int>(b.dim(1));
+  const int ldc = static_cast<int>(n);
+  const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
+  const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
+
+  const bool inputs_f32 = a.dtype() == DType::kF32;
+  const float* pa = inputs_f32 ? a.data_as<float>() : Widen(a, 0);
+  const float* pb = inputs_f32 ? b.data_as<float>() : Widen(b, 1);
+
+  // k == 0: the product is empty and c = beta * c; BLAS rejects lda == 0,
+  // so handle it here. Likewise beta == 0 never reads c (BLAS convention:
+  // a freshly allocated, unspecified c may hold NaN bit patterns).
+  auto run_sgemm = [&](float* out) {
+    if (k == 0) {
+      for (int64_t i = 0; i < m * n; ++i) out[i] = beta == 0.0f ? 0.0f : beta * out[i];
+      return;
+    }
+    cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), alpha, pa, lda, pb, ldb, beta, out, ldc);
+  };
+
+  if (c.dtype() == DType::kF32) {
+    run_sgemm(c.data_as<float>());
+    return absl::OkStatus();
+  }
+  // 16-bit c: accumulate into fp32 scratch holding beta * c (widened only
+  // when beta != 0), then round the finished value once.
+  float* acc;
+  if (beta != 0.0f) {
+    acc = Widen(c, 2);
+  } else {
+    std::vector<float>& buf = Scratch(2);
+    buf.resize(static_cast<size_t>(c.numel()));
+    acc = buf.data();
+  }
+  run_sgemm(acc);
+  return VisitFloat(c.dtype(), [&](auto tag) {
+    using Tag = decltype(tag);
+    auto* out = Ptr<Tag>(c);  // (M, N)
+    for (int64_t i = 0; i < m * n; ++i) out[i] = Tag::Store(acc[i]);
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace ampd::kernels::cpu

@@ -1,0 +1,59 @@
+// Histogram of log2|g| over a list of gradients, for the dashboards that
+// show how close gradients sit to fp16's underflow (2^-24) and overflow
+// (2^16) edges. Bins (kGradHistogramBins = 53): 0 exact zeros, 1 below
+// 2^-30, then one octave each from [2^-30, 2^-29) to [2^19, 2^20), and the
+// last |g| >= 2^20 together with inf and NaN. The octave is read from the
+// fp32 exponent field, which is exact (no log2 rounding at bin edges).
+#include <bit>
+#include <vector>
+
+#include "kernels/cpu/cpu_internal.h"
+
+namespace ampd::kernels::cpu {
+namespace {
+
+inline int Bin(float v) {
+  const uint32_t abs = std::bit_cast<uint32_t>(v) & 0x7fffffffu;
+  if (abs == 0) return 0;                                 // +0 and -0
+  if (abs >= 0x7f800000u) return kGradHistogramBins - 1;  // inf, NaN
+  // Subnormal floats have exponent field 0, i.e. below 2^-126: bin 1.
+  const int exponent = static_cast<int>(abs >> 23) - 127;  // floor(log2|v|) for normals
+  if (exponent < kGradHistogramMinLog2) return 1;
+  if (exponent >= kGradHistogramMaxLog2) return kGradHistogramBins - 1;
+  return 2 + (exponent - kGradHistogramMinLog2);
+}
+
+template <typename Tag>
+void Count(const typename Tag::Storage* g, int64_t n, int64_t* bins) {
+  for (int64_t i = 0; i < n; ++i) ++bins[Bin(Tag::Load(g[i]))];
+}
+
+}  // namespace
+
+absl::Status GradLog2Histogram(absl::Span<const Tensor* const> grads, Tensor& counts) {
+  constexpr absl::string_view kOp = "GradLog2Histogram";
+  if (absl::Status s = CheckDType(kOp, "counts", counts, DType::kI64); !s.ok()) return s;
+  if (counts.rank() != 1 || counts.dim(0) != kGradHistogramBins) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": counts is ", counts.DebugString(),
+                                                   "; expected I64(", kGradHistogramBins, ")"));
+  }
+  for (size_t t = 0; t < grads.size(); ++t) {
+    const std::string name = absl::StrCat("grads[", t, "]");
+    if (grads[t] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(kOp, ": ", name, " is null"));
+    }
+    if (absl::Status s = CheckFloat(kOp, name, *grads[t]); !s.ok()) return s;
+  }
+  int64_t* bins = counts.data_as<int64_t>();  // (kGradHistogramBins)
+  for (const Tensor* grad : grads) {
+    absl::Status s = VisitFloat(grad->dtype(), [&](auto tag) {
+      using Tag = decltype(tag);
+      Count<Tag>(Ptr<Tag>(*grad), grad->numel(), bins);
+      return absl::OkStatus();
+    });
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ampd::kernels::cpu

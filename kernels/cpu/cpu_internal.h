@@ -1,0 +1,244 @@
+// Shared plumbing of the CPU backend, private to kernels/cpu: per-dtype
+// element access (load as fp32, store with one RNE rounding), the dtype
+// dispatch that turns a runtime DType into a compile-time tag, the argument
+// checks every op uses to build its InvalidArgument messages, and the op
+// entry points each cpu_*.cc file implements (cpu_backend.cc forwards the
+// Backend virtuals to them).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "kernels/backend.h"
+#include "kernels/dtype.h"
+#include "kernels/float16.h"
+#include "kernels/tensor.h"
+
+namespace ampd::kernels::cpu {
+
+// ---- element access ---------------------------------------------------------
+// One tag per float dtype. Storage is what the tensor holds (raw bits for the
+// 16-bit types); Load widens exactly; Store rounds once, nearest-even. Kernels
+// are templates over the tag, so the inner loops have no per-element branch
+// on the dtype and no indirect call.
+struct F32Tag {
+  using Storage = float;
+  static constexpr DType kDType = DType::kF32;
+  static float Load(Storage v) { return v; }
+  static Storage Store(float v) { return v; }
+};
+struct F16Tag {
+  using Storage = uint16_t;
+  static constexpr DType kDType = DType::kF16;
+  static float Load(Storage v) { return HalfBitsToFloat(v); }
+  static Storage Store(float v) { return FloatToHalfBits(v); }
+};
+struct BF16Tag {
+  using Storage = uint16_t;
+  static constexpr DType kDType = DType::kBF16;
+  static float Load(Storage v) { return Bf16BitsToFloat(v); }
+  static Storage Store(float v) { return FloatToBf16Bits(v); }
+};
+
+template <typename Tag>
+const typename Tag::Storage* Ptr(const Tensor& t) {
+  return t.data_as<typename Tag::Storage>();
+}
+template <typename Tag>
+typename Tag::Storage* Ptr(Tensor& t) {
+  return t.data_as<typename Tag::Storage>();
+}
+
+// Calls fn(Tag{}) for a float dtype. Callers validate first; a non-float
+// dtype reaching here is a bug in this backend, reported as Internal.
+template <typename Fn>
+absl::Status VisitFloat(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kF32:
+      return std::forward<Fn>(fn)(F32Tag{});
+    case DType::kF16:
+      return std::forward<Fn>(fn)(F16Tag{});
+    case DType::kBF16:
+      return std::forward<Fn>(fn)(BF16Tag{});
+    case DType::kI32:
+    case DType::kI64:
+      break;
+  }
+  return absl::InternalError(
+      absl::StrCat("cpu backend: float op dispatched on ", DTypeName(dtype)));
+}
+
+// Index tensors (I32 or I64) read as int64.
+inline int64_t LoadIndex(const Tensor& ids, int64_t i) {
+  return ids.dtype() == DType::kI32 ? static_cast<int64_t>(ids.data_as<int32_t>()[i])
+                                    : ids.data_as<int64_t>()[i];
+}
+
+// ---- reductions --------------------------------------------------------------
+// fp32 sum in a fixed order: runs of kChunk elements are summed sequentially
+// and each run's total is added to the grand total. The rounding error grows
+// with kChunk + n / kChunk instead of n (a sequential sum of a million
+// squares would lose several digits), while staying fp32 and deterministic,
+// close to the two-level tree a GPU reduction uses.
+class ChunkedSum {
+ public:
+  static constexpr int kChunk = 1024;
+  void Add(float v) {
+    partial_ += v;
+    if (++count_ == kChunk) {
+      total_ += partial_;
+      partial_ = 0.0f;
+      count_ = 0;
+    }
+  }
+  float Total() const { return total_ + partial_; }
+
+ private:
+  float total_ = 0.0f;
+  float partial_ = 0.0f;
+  int count_ = 0;
+};
+
+// ---- argument checks --------------------------------------------------------
+// Each returns InvalidArgument "<Op>: <operand> is <dtype(shape)> ..." so the
+// engine can pass the message to the client unchanged.
+
+// A tensor with elements must own memory (a default-constructed Tensor has none).
+inline absl::Status CheckHasMemory(absl::string_view op, absl::string_view name, const Tensor& t) {
+  if (t.empty() && t.numel() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", name, " is ", t.DebugString(), " but holds no memory"));
+  }
+  return absl::OkStatus();
+}
+
+inline absl::Status CheckFloat(absl::string_view op, absl::string_view name, const Tensor& t) {
+  if (!IsFloating(t.dtype())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", name, " is ", t.DebugString(), "; expected F32, F16 or BF16"));
+  }
+  return CheckHasMemory(op, name, t);
+}
+
+inline absl::Status CheckDType(absl::string_view op, absl::string_view name, const Tensor& t,
+                               DType want) {
+  if (t.dtype() != want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", name, " is ", t.DebugString(), "; expected ", DTypeName(want)));
+  }
+  return CheckHasMemory(op, name, t);
+}
+
+inline absl::Status CheckIndex(absl::string_view op, absl::string_view name, const Tensor& t) {
+  if (t.dtype() != DType::kI32 && t.dtype() != DType::kI64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", name, " is ", t.DebugString(), "; expected I32 or I64"));
+  }
+  return CheckHasMemory(op, name, t);
+}
+
+inline absl::Status CheckRank(absl::string_view op, absl::string_view name, const Tensor& t,
+                              int64_t rank) {
+  if (t.rank() != rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", name, " is ", t.DebugString(), "; expected rank ", rank));
+  }
+  return absl::OkStatus();
+}
+
+inline absl::Status CheckSameShape(absl::string_view op, absl::string_view name, const Tensor& t,
+                                   absl::string_view ref_name, const Tensor& ref) {
+  if (t.shape() != ref.shape()) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " is ", t.DebugString(), " but ",
+                                                   ref_name, " is ", ref.DebugString(),
+                                                   "; shapes differ"));
+  }
+  return absl::OkStatus();
+}
+
+inline absl::Status CheckSameDType(absl::string_view op, absl::string_view name, const Tensor& t,
+                                   absl::string_view ref_name, const Tensor& ref) {
+  if (t.dtype() != ref.dtype()) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " is ", t.DebugString(), " but ",
+                                                   ref_name, " is ", ref.DebugString(),
+                                                   "; dtypes differ"));
+  }
+  return absl::OkStatus();
+}
+
+inline absl::Status CheckSameNumel(absl::string_view op, absl::string_view name, const Tensor& t,
+                                   absl::string_view ref_name, const Tensor& ref) {
+  if (t.numel() != ref.numel()) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " is ", t.DebugString(), " but ",
+                                                   ref_name, " is ", ref.DebugString(),
+                                                   "; element counts differ"));
+  }
+  return absl::OkStatus();
+}
+
+// A one-element F32 tensor (loss, found_inf, norm_sq).
+inline absl::Status CheckScalarF32(absl::string_view op, absl::string_view name, const Tensor& t) {
+  if (t.dtype() != DType::kF32 || t.numel() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", name, " is ", t.DebugString(), "; expected one F32 element"));
+  }
+  return CheckHasMemory(op, name, t);
+}
+
+// Every id in [0, limit); checked before an op writes anything, so a bad
+// batch leaves the outputs untouched.
+inline absl::Status CheckIdsInRange(absl::string_view op, absl::string_view name, const Tensor& ids,
+                                    int64_t limit) {
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    const int64_t id = LoadIndex(ids, i);
+    if (id < 0 || id >= limit) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": ", name, "[", i, "] = ", id, " is outside [0, ", limit, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ---- ops (one family per file) ---------------------------------------------
+// cpu_elementwise.cc
+absl::Status Fill(Tensor& dst, float value);
+absl::Status Cast(const Tensor& src, Tensor& dst);
+absl::Status AddBias(const Tensor& bias, Tensor& y);
+absl::Status BiasGrad(const Tensor& dy, float beta, Tensor& dbias);
+// cpu_activation.cc
+absl::Status ActivationForward(Activation act, const Tensor& x, Tensor& y);
+absl::Status ActivationBackward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx);
+// cpu_gemm.cc
+absl::Status Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
+                  float beta, Tensor& c);
+// cpu_layernorm.cc
+absl::Status LayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps,
+                              Tensor& y, Tensor& mean, Tensor& rstd);
+absl::Status LayerNormBackward(const Tensor& x, const Tensor* gamma, const Tensor& mean,
+                               const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor* dgamma,
+                               Tensor* dbeta);
+// cpu_embedding.cc
+absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out);
+absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable);
+// cpu_loss.cc
+absl::Status MseLoss(const Tensor& pred, const Tensor& target, float multiplier, float grad_scale,
+                     Tensor& loss, Tensor& dpred);
+absl::Status CrossEntropyLoss(const Tensor& logits, const Tensor& labels, float multiplier,
+                              float grad_scale, Tensor& loss, Tensor& dlogits);
+// cpu_unscale.cc
+absl::Status UnscaleAndCheck(absl::Span<Tensor* const> grads, float inv_scale, bool in_place,
+                             Tensor& found_inf, Tensor* norm_sq);
+// cpu_optimizer.cc
+absl::Status AdamUpdate(absl::Span<const ParamRef> params, const AdamConfig& config, int64_t step,
+                        const GradTransform& transform);
+absl::Status SgdUpdate(absl::Span<const ParamRef> params, const SgdConfig& config, bool first_step,
+                       const GradTransform& transform);
+// cpu_histogram.cc
+absl::Status GradLog2Histogram(absl::Span<const Tensor* const> grads, Tensor& counts);
+
+}  // namespace ampd::kernels::cpu

@@ -1,0 +1,72 @@
+// The loss scaler's fused pass over every gradient: detect inf/NaN, add the
+// squared norm of the unscaled gradients (for clipping), and optionally
+// unscale in place. One read of each gradient does all three, which is what
+// makes it worth fusing on a GPU; the CPU version keeps the same contract.
+#include <cmath>
+
+#include "kernels/cpu/cpu_internal.h"
+
+namespace ampd::kernels::cpu {
+namespace {
+
+// Returns whether any element is non-finite; adds (g * inv_scale)^2 to sum.
+template <typename Tag, bool kInPlace, bool kNorm>
+bool UnscaleLoop(typename Tag::Storage* g, int64_t n, float inv_scale, ChunkedSum& sum) {
+  bool nonfinite = false;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = Tag::Load(g[i]);
+    // Checked on the value as stored, before unscaling: an fp16 65504 is
+    // finite however it is scaled later, and an inf is caught even when
+    // inv_scale is 0.
+    nonfinite |= !std::isfinite(v);
+    const float u = v * inv_scale;
+    if constexpr (kNorm) sum.Add(u * u);
+    if constexpr (kInPlace) g[i] = Tag::Store(u);
+  }
+  return nonfinite;
+}
+
+}  // namespace
+
+absl::Status UnscaleAndCheck(absl::Span<Tensor* const> grads, float inv_scale, bool in_place,
+                             Tensor& found_inf, Tensor* norm_sq) {
+  constexpr absl::string_view kOp = "UnscaleAndCheck";
+  if (absl::Status s = CheckScalarF32(kOp, "found_inf", found_inf); !s.ok()) return s;
+  if (norm_sq != nullptr) {
+    if (absl::Status s = CheckScalarF32(kOp, "norm_sq", *norm_sq); !s.ok()) return s;
+  }
+  for (size_t t = 0; t < grads.size(); ++t) {
+    const std::string name = absl::StrCat("grads[", t, "]");
+    if (grads[t] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(kOp, ": ", name, " is null"));
+    }
+    if (absl::Status s = CheckFloat(kOp, name, *grads[t]); !s.ok()) return s;
+  }
+  bool nonfinite = false;
+  ChunkedSum sum;  // fp32, in tensor order then element order
+  for (Tensor* grad : grads) {
+    absl::Status s = VisitFloat(grad->dtype(), [&](auto tag) {
+      using Tag = decltype(tag);
+      auto* g = Ptr<Tag>(*grad);
+      const int64_t n = grad->numel();
+      if (in_place && norm_sq != nullptr) {
+        nonfinite |= UnscaleLoop<Tag, true, true>(g, n, inv_scale, sum);
+      } else if (in_place) {
+        nonfinite |= UnscaleLoop<Tag, true, false>(g, n, inv_scale, sum);
+      } else if (norm_sq != nullptr) {
+        nonfinite |= UnscaleLoop<Tag, false, true>(g, n, inv_scale, sum);
+      } else {
+        nonfinite |= UnscaleLoop<Tag, false, false>(g, n, inv_scale, sum);
+      }
+      return absl::OkStatus();
+    });
+    if (!s.ok()) return s;
+  }
+  // Set, never cleared: the caller zeroes found_inf once per step so several
+  // calls (e.g. one per parameter group) can share it.
+  if (nonfinite) found_inf.data_as<float>()[0] = 1.0f;
+  if (norm_sq != nullptr) norm_sq->data_as<float>()[0] += sum.Total();
+  return absl::OkStatus();
+}
+
+}  // namespace ampd::kernels::cpu
