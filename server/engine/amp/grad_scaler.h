@@ -4,6 +4,44 @@
 // found_inf per optimizer step and nothing of tensors or devices, which is
 // what lets a data-parallel job reduce found_inf across ranks first and feed
 // every rank's scaler the same answer.
+//
+// How the engine builds one:
+//   fp16 job:        GradScaler::Create(ScalerConfig::Defaults(policy)), then
+//                    override the fields the job sets.
+//   bf16/fp32 job:   GradScaler::Create(ScalerConfig::ForPrecisionDefault(dtype,
+//                    policy)): a static scale of 1 that still detects
+//                    non-finite gradients and skips those steps.
+// Each step: multiply the loss by scale(), run backward, unscale with
+// inv_scale = float(1.0 / double(scale())), reduce found_inf, call
+// Update(found_inf) and apply the optimizer step only when !skipped.
+//
+// Choices this file makes where SCALER.md leaves room (all deliberate):
+//  - Arithmetic per policy follows each framework's own code so traces match
+//    bit for bit: pytorch rounds a double product to float32
+//    (_amp_update_scale_ does float*double then static_cast<float>); paddle
+//    and megatron multiply in float32 by float32(factor) (Paddle's scale op
+//    has a float attribute; a float32 torch tensor times a Python scalar
+//    computes in float32); deepspeed divides/multiplies in double (a Python
+//    float) and stores the result as float32. With power-of-two factors all
+//    four agree.
+//  - deepspeed has a single scale_factor for both directions: on overflow it
+//    divides by growth_factor and ignores backoff_factor, exactly as
+//    DeepSpeed's DynamicLossScaler does (its state has no backoff key).
+//  - The "refuse growth to inf" guard of PyTorch PR 98876 applies to every
+//    policy: an inf scale makes every later step non-finite and backing off
+//    from inf stays inf, so the job could never recover. When growth is
+//    refused the counters still reset exactly as if it had grown.
+//  - max_scale caps growth (min(grown, max_scale)) before that guard, so a
+//    scaler with a cap climbs to the cap rather than stopping short of it.
+//  - min_scale floors every backoff (max(backed_off, min_scale)); bounds are
+//    compared as float32 values, as Megatron's min_scale tensor is.
+//  - init_scale outside [min_scale, max_scale] is rejected, not clamped, and
+//    so is a loaded scale outside them: a silent clamp would hide a config
+//    mistake.
+//  - dynamic=false freezes the whole state (scale and counters): Paddle's
+//    update() returns at once when use_dynamic_loss_scaling is false.
+//  - LoadStateDict rejects keys the policy does not name, so that a state
+//    saved under another policy fails loudly instead of half loading.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +52,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "kernels/dtype.h"
 
 namespace ampd::engine::amp {
 
@@ -33,19 +72,34 @@ struct ScalerConfig {
   // still detected and skipped (Paddle's use_dynamic_loss_scaling=False,
   // the `static` knob). bf16 and fp32 jobs default to this with scale 1.
   bool dynamic = true;
-  double init_scale = 65536.0;       // pytorch init_scale, paddle init_loss_scaling
-  double growth_factor = 2.0;        // pytorch growth_factor, paddle incr_ratio
-  double backoff_factor = 0.5;       // pytorch backoff_factor, paddle decr_ratio
-  int64_t growth_interval = 2000;    // pytorch growth_interval, paddle incr_every_n_steps,
-                                     // deepspeed loss_scale_window
-  int64_t hysteresis = 1;            // paddle decr_every_n_nan_or_inf, deepspeed/megatron hysteresis
+  double init_scale = 65536.0;     // pytorch init_scale, paddle init_loss_scaling,
+                                   // deepspeed 2^initial_scale_power, megatron initial_scale
+  double growth_factor = 2.0;      // pytorch growth_factor, paddle incr_ratio,
+                                   // deepspeed scale_factor (both directions)
+  double backoff_factor = 0.5;     // pytorch backoff_factor, paddle decr_ratio;
+                                   // unused by deepspeed (see the file comment)
+  int64_t growth_interval = 2000;  // pytorch growth_interval, paddle incr_every_n_steps,
+                                   // deepspeed loss_scale_window
+  int64_t hysteresis = 1;          // paddle decr_every_n_nan_or_inf, deepspeed/megatron hysteresis
   bool consecutive_hysteresis = false;  // deepspeed
   bool raise_at_min_scale = true;       // deepspeed: fail instead of looping at min_scale
   std::optional<double> min_scale;      // floor (deepspeed/megatron default 1.0)
   std::optional<double> max_scale;      // cap (none by default, Apex uses 2^24)
 
-  // The policy's documented defaults (paddle: 32768, 2, 0.5, 1000, 2).
+  // The policy's documented defaults:
+  //   pytorch:   65536, 2, 0.5, 2000, no floor, no cap.
+  //   paddle:    32768, 2, 0.5, 1000, decr_every_n_nan_or_inf 2 (seed 003).
+  //   deepspeed: 2^16 (initial_scale_power 16), 2, window 1000, hysteresis 2,
+  //              consecutive_hysteresis false, min_loss_scale 1, raise at min.
+  //   megatron:  2^32, 2, 0.5, window 1000, hysteresis 2, min_loss_scale 1.
   static ScalerConfig Defaults(ScalerPolicy policy);
+  // The default for a job whose working copy has `working_dtype`: fp16 gets
+  // Defaults(policy); bf16 and fp32 (whose range matches fp32, so scaling
+  // buys nothing) get a static scale of 1 under `policy`, which still checks
+  // and skips non-finite steps, as SCALER.md asks.
+  static ScalerConfig ForPrecisionDefault(kernels::DType working_dtype,
+                                          ScalerPolicy policy = ScalerPolicy::kPyTorch);
+  // InvalidArgument whose message starts with the bad field's name.
   absl::Status Validate() const;
 };
 
@@ -55,12 +109,20 @@ struct ScalerUpdate {
   float scale_after = 1.0f;
   bool found_inf = false;
   bool skipped = false;     // the optimizer step must not be applied
-  bool grew = false;
-  bool backed_off = false;
+  bool grew = false;        // scale_after > scale_before
+  bool backed_off = false;  // scale_after < scale_before
 };
 
 // state_dict values: scales are float32 values, counters integers and flags
-// 0/1, all exact in a double. Keys are the framework's own names.
+// 0/1, all exact in a double. Keys are the framework's own names:
+//   pytorch:   scale, growth_factor, backoff_factor, growth_interval, _growth_tracker
+//   paddle:    scale, incr_ratio, decr_ratio, incr_every_n_steps,
+//              decr_every_n_nan_or_inf, incr_count, decr_count, use_dynamic_loss_scaling
+//   deepspeed: cur_scale, cur_iter, last_overflow_iter, scale_factor, scale_window,
+//              min_scale, cur_hysteresis, delayed_shift, consecutive_hysteresis
+//   megatron:  scale, growth_tracker, hysteresis_tracker
+// As in each framework, the hyper-parameters a state carries replace the
+// config's on load (config() reflects them afterwards).
 using ScalerState = std::map<std::string, double>;
 
 class GradScaler {
@@ -71,24 +133,38 @@ class GradScaler {
   // S for the coming step (1.0 when disabled). float32, as PyTorch keeps it.
   float scale() const;
   // Advance one optimizer step. FailedPrecondition when the deepspeed policy
-  // overflows at min_scale with raise_at_min_scale (the job must stop).
+  // overflows at min_scale with raise_at_min_scale (the job must stop); the
+  // scaler's state is then left as it was.
   absl::StatusOr<ScalerUpdate> Update(bool found_inf);
 
   ScalerState StateDict() const;
   // Loads a state produced by this policy's StateDict (or the framework's
   // own); InvalidArgument naming the missing or bad key. Loading an empty
-  // state into an enabled scaler is an error.
+  // state into an enabled scaler is an error. A disabled scaler ignores any
+  // state, as PyTorch's does. All or nothing: on error nothing changes.
   absl::Status LoadStateDict(const ScalerState& state);
 
  private:
   explicit GradScaler(const ScalerConfig& config);
 
+  // One dynamic update per policy; they only touch the members below.
+  void UpdatePyTorch(bool found_inf);
+  void UpdatePaddle(bool found_inf);
+  absl::Status UpdateDeepSpeed(bool found_inf);
+  void UpdateMegatron(bool found_inf);
+  // scale_ * factor (or / factor for deepspeed backoff) with the policy's
+  // own rounding, then the floor or the cap and the finite guard.
+  float Grown() const;
+  float BackedOff() const;
+
   ScalerConfig config_;
   float scale_ = 1.0f;
-  int64_t growth_tracker_ = 0;   // pytorch _growth_tracker, paddle incr_count, megatron growth tracker
-  int64_t bad_steps_ = 0;        // paddle decr_count
-  int64_t hysteresis_left_ = 1;  // deepspeed cur_hysteresis, megatron hysteresis tracker
-  int64_t iteration_ = 0;        // deepspeed cur_iter
+  int64_t growth_tracker_ = 0;            // pytorch _growth_tracker, paddle incr_count,
+                                          // megatron growth_tracker
+  int64_t bad_steps_ = 0;                 // paddle decr_count
+  int64_t hysteresis_left_ = 1;           // deepspeed cur_hysteresis, megatron hysteresis_tracker
+                                          // (megatron's may go below 0, as Megatron's does)
+  int64_t iteration_ = 0;                 // deepspeed cur_iter: updates done so far
   int64_t last_overflow_iteration_ = -1;  // deepspeed last_overflow_iter
 };
 
