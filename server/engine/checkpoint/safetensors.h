@@ -3,20 +3,40 @@
 // {string: string}}), then the tensor bytes back to back. The format
 // Hugging Face's safetensors library reads, so `ampctl state export` files
 // open in Python with safetensors.torch.load_file.
+//
+// The header is written as the reference (Rust) implementation writes it:
+// compact JSON, "__metadata__" first (omitted when there is none), tensors in
+// StateDict order with their bytes in that same order, and the JSON padded
+// with spaces to a multiple of 8 bytes so the tensor bytes start 8-aligned.
 #pragma once
 
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "server/engine/checkpoint/state_dict.h"
 
 namespace ampd::engine::checkpoint {
 
+// Safetensors refuses headers above this size (the reference's
+// MAX_HEADER_SIZE), so a hostile length never drives an allocation.
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
+
+// OK when `state` can be encoded into a file DecodeSafetensors (and the
+// reference library) reads back unchanged: every tensor passes
+// HostTensor::Validate, names are unique, none is "__metadata__", and names
+// and metadata are valid UTF-8. InvalidArgument naming the culprit otherwise.
+absl::Status ValidateStateDict(const StateDict& state);
+
+// Precondition: ValidateStateDict(state) is OK. A tensor whose bytes do not
+// match its shape is written as given, and the result will not decode.
 std::string EncodeSafetensors(const StateDict& state);
 
 // InvalidArgument naming what is wrong (header length past the end, bad
 // JSON, unknown dtype, offsets that overlap, leave gaps or run past the end,
-// duplicate names) — never a crash on hostile bytes.
+// duplicate names) — never a crash on hostile bytes. Tensors come back in
+// header order, which must also be the order of their bytes.
 absl::StatusOr<StateDict> DecodeSafetensors(absl::string_view bytes);
 
 }  // namespace ampd::engine::checkpoint

@@ -20,14 +20,20 @@ class StateDirectory {
   static absl::StatusOr<StateDirectory> Open(const std::string& path);
 
   const std::string& path() const { return path_; }
-  // job_id must be a safe file name ([A-Za-z0-9_-]+), else InvalidArgument.
+  // job_id must be a safe file name ([A-Za-z0-9_-]{1,128}), else
+  // InvalidArgument; so must `state` (ValidateStateDict). The file is
+  // <path>/<job_id>.safetensors; OS errors come back as Internal naming the
+  // path and the OS error, with the temp file removed.
   absl::Status Write(const std::string& job_id, const StateDict& state) const;
-  // NotFound when there is no checkpoint for job_id.
+  // NotFound when there is no checkpoint for job_id; DataLoss, naming the
+  // file and the defect, when the file does not decode.
   absl::StatusOr<StateDict> Read(const std::string& job_id) const;
   // Removing an absent checkpoint is OK.
   absl::Status Remove(const std::string& job_id) const;
   // Job ids with a checkpoint, sorted; leftover temp files are ignored (and
-  // removed: they are the remains of a write a crash interrupted).
+  // removed: they are the remains of a write a crash interrupted). Because
+  // it removes them, call it when no Write is in flight (at start-up);
+  // a concurrent Write's rename would otherwise fail.
   absl::StatusOr<std::vector<std::string>> ListJobs() const;
 
  private:

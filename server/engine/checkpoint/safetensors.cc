@@ -1,0 +1,614 @@
+// safetensors encoder and a strict decoder. The JSON handled here is only the
+// subset safetensors headers use (objects, strings, non-negative integers,
+// arrays of integers), so the reader is schema-directed rather than a general
+// JSON parser: it never builds a tree, never recurses on input, and every
+// allocation is bounded by the size of the input.
+#include "server/engine/checkpoint/safetensors.h"
+
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace ampd::engine::checkpoint {
+namespace {
+
+using kernels::DType;
+
+constexpr absl::string_view kMetadataKey = "__metadata__";
+// The reference aligns the start of the byte buffer to 8 (the widest dtype).
+constexpr size_t kHeaderAlignment = 8;
+constexpr size_t kLengthPrefixBytes = 8;
+
+// ---------------------------------------------------------------- writing --
+
+// Escapes as serde_json does, so headers match the reference byte for byte:
+// '"' and '\\' and the short control escapes, other control characters as
+// \u00xx in lowercase hex, everything else (non-ASCII included) verbatim.
+void AppendJsonString(absl::string_view s, std::string* out) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  out->push_back('"');
+  for (char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"':
+        out->append("\\\"");
+        break;
+      case '\\':
+        out->append("\\\\");
+        break;
+      case '\b':
+        out->append("\\b");
+        break;
+      case '\f':
+        out->append("\\f");
+        break;
+      case '\n':
+        out->append("\\n");
+        break;
+      case '\r':
+        out->append("\\r");
+        break;
+      case '\t':
+        out->append("\\t");
+        break;
+      default:
+        if (c < 0x20) {
+          out->append("\\u00");
+          out->push_back(kHex[c >> 4]);
+          out->push_back(kHex[c & 0xf]);
+        } else {
+          out->push_back(ch);
+        }
+    }
+  }
+  out->push_back('"');
+}
+
+// ---------------------------------------------------------------- UTF-8 --
+
+// Strict UTF-8 (no overlong forms, no surrogates, nothing above U+10FFFF):
+// the reference rejects headers that are not valid UTF-8, and Python could
+// not hold such names as str.
+bool IsValidUtf8(absl::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len;
+    uint32_t cp;
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (s.size() - i < len) return false;
+    for (size_t k = 1; k < len; ++k) {
+      const auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10FFFF ||
+        (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
+void AppendUtf8(uint32_t cp, std::string* out) {
+  if (cp < 0x80) {
+    out->push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else if (cp < 0x10000) {
+    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else {
+    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+}
+
+// ---------------------------------------------------------------- reading --
+
+struct TensorEntry {
+  std::string name;
+  DType dtype = DType::kF32;
+  kernels::Shape shape;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
+struct Header {
+  std::vector<TensorEntry> tensors;  // in header order
+  std::map<std::string, std::string> metadata;
+};
+
+// Reads the header JSON with the expected schema built in. Errors carry the
+// byte position in the header so a broken file can be inspected by hand.
+class HeaderParser {
+ public:
+  explicit HeaderParser(absl::string_view text) : text_(text) {}
+
+  absl::StatusOr<Header> Parse() {
+    Header header;
+    // The reference insists the header starts with '{' (no leading spaces).
+    if (text_.empty() || text_[0] != '{') return Error("header does not start with '{'");
+    pos_ = 1;
+    std::set<std::string> names;
+    bool seen_metadata = false;
+    SkipWhitespace();
+    if (Peek() == '}') {
+      ++pos_;
+    } else {
+      while (true) {
+        SkipWhitespace();
+        std::string key;
+        if (absl::Status s = ParseString(&key); !s.ok()) return s;
+        if (absl::Status s = ExpectChar(':'); !s.ok()) return s;
+        if (key == kMetadataKey) {
+          if (seen_metadata) return Error("duplicate \"__metadata__\"");
+          seen_metadata = true;
+          if (absl::Status s = ParseMetadata(&header.metadata); !s.ok()) return s;
+        } else {
+          if (!names.insert(key).second) {
+            return Error(absl::StrCat("duplicate tensor name \"", key, "\""));
+          }
+          TensorEntry entry;
+          entry.name = std::move(key);
+          if (absl::Status s = ParseTensorInfo(&entry); !s.ok()) return s;
+          header.tensors.push_back(std::move(entry));
+        }
+        bool more = false;
+        if (absl::Status s = ParseSeparator('}', &more); !s.ok()) return s;
+        if (!more) break;
+      }
+    }
+    // The reference pads with spaces; anything else after the object is junk.
+    SkipWhitespace();
+    if (pos_ != text_.size()) return Error("unexpected bytes after the header's JSON object");
+    return header;
+  }
+
+ private:
+  absl::Status Error(absl::string_view what) const {
+    return absl::InvalidArgumentError(absl::StrCat("safetensors header, byte ", pos_, ": ", what));
+  }
+
+  // 0 at the end of input; the header is valid UTF-8 with no NUL needed
+  // anywhere a caller compares Peek() against a structural character.
+  char Peek() const { return pos_ < text_.size() ? text_[pos_] : '\0'; }
+
+  void SkipWhitespace() {
+    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' ||
+                                   text_[pos_] == '\n' || text_[pos_] == '\r')) {
+      ++pos_;
+    }
+  }
+
+  absl::Status ExpectChar(char c) {
+    SkipWhitespace();
+    if (pos_ >= text_.size())
+      return Error(absl::StrCat("expected '", std::string(1, c), "' but the header ended"));
+    if (text_[pos_] != c) {
+      return Error(absl::StrCat("expected '", std::string(1, c), "'"));
+    }
+    ++pos_;
+    return absl::OkStatus();
+  }
+
+  // After a member or element: ',' (more follow) or `close` (done).
+  absl::Status ParseSeparator(char close, bool* more) {
+    SkipWhitespace();
+    if (Peek() == ',') {
+      ++pos_;
+      *more = true;
+      return absl::OkStatus();
+    }
+    if (Peek() == close) {
+      ++pos_;
+      *more = false;
+      return absl::OkStatus();
+    }
+    return Error(absl::StrCat("expected ',' or '", std::string(1, close), "'"));
+  }
+
+  absl::Status ParseHex4(uint32_t* unit) {
+    if (text_.size() - pos_ < 4) return Error("truncated \\u escape");
+    uint32_t v = 0;
+    for (int k = 0; k < 4; ++k) {
+      const char c = text_[pos_++];
+      v <<= 4;
+      if (c >= '0' && c <= '9') {
+        v |= static_cast<uint32_t>(c - '0');
+      } else if (c >= 'a' && c <= 'f') {
+        v |= static_cast<uint32_t>(c - 'a' + 10);
+      } else if (c >= 'A' && c <= 'F') {
+        v |= static_cast<uint32_t>(c - 'A' + 10);
+      } else {
+        return Error("bad hex digit in \\u escape");
+      }
+    }
+    *unit = v;
+    return absl::OkStatus();
+  }
+
+  absl::Status ParseString(std::string* out) {
+    SkipWhitespace();
+    if (Peek() != '"') return Error("expected a string");
+    ++pos_;
+    out->clear();
+    while (true) {
+      if (pos_ >= text_.size()) return Error("unterminated string");
+      const char c = text_[pos_++];
+      if (c == '"') return absl::OkStatus();
+      if (static_cast<unsigned char>(c) < 0x20) return Error("control character in string");
+      if (c != '\\') {
+        out->push_back(c);  // the whole header was checked to be UTF-8
+        continue;
+      }
+      if (pos_ >= text_.size()) return Error("unterminated escape");
+      const char e = text_[pos_++];
+      switch (e) {
+        case '"':
+        case '\\':
+        case '/':
+          out->push_back(e);
+          break;
+        case 'b':
+          out->push_back('\b');
+          break;
+        case 'f':
+          out->push_back('\f');
+          break;
+        case 'n':
+          out->push_back('\n');
+          break;
+        case 'r':
+          out->push_back('\r');
+          break;
+        case 't':
+          out->push_back('\t');
+          break;
+        case 'u': {
+          uint32_t unit = 0;
+          if (absl::Status s = ParseHex4(&unit); !s.ok()) return s;
+          if (unit >= 0xDC00 && unit <= 0xDFFF) return Error("lone low surrogate in \\u escape");
+          if (unit >= 0xD800 && unit <= 0xDBFF) {
+            // A high surrogate must be followed by an escaped low one.
+            if (text_.size() - pos_ < 2 || text_[pos_] != '\\' || text_[pos_ + 1] != 'u') {
+              return Error("lone high surrogate in \\u escape");
+            }
+            pos_ += 2;
+            uint32_t low = 0;
+            if (absl::Status s = ParseHex4(&low); !s.ok()) return s;
+            if (low < 0xDC00 || low > 0xDFFF) return Error("lone high surrogate in \\u escape");
+            unit = 0x10000 + ((unit - 0xD800) << 10) + (low - 0xDC00);
+          }
+          AppendUtf8(unit, out);
+          break;
+        }
+        default:
+          return Error("bad escape in string");
+      }
+    }
+  }
+
+  // A JSON non-negative integer no larger than `max`: no sign, no leading
+  // zeros, no fraction or exponent (the reference reads these as usize).
+  absl::Status ParseUint(uint64_t max, uint64_t* out) {
+    SkipWhitespace();
+    if (Peek() == '-') return Error("negative number");
+    if (Peek() < '0' || Peek() > '9') return Error("expected a non-negative integer");
+    if (Peek() == '0' && pos_ + 1 < text_.size() && text_[pos_ + 1] >= '0' &&
+        text_[pos_ + 1] <= '9') {
+      return Error("number with a leading zero");
+    }
+    uint64_t v = 0;
+    while (Peek() >= '0' && Peek() <= '9') {
+      const auto digit = static_cast<uint64_t>(Peek() - '0');
+      if (v > (max - digit) / 10) return Error("number too large");
+      v = v * 10 + digit;
+      ++pos_;
+    }
+    if (Peek() == '.' || Peek() == 'e' || Peek() == 'E') return Error("number is not an integer");
+    *out = v;
+    return absl::OkStatus();
+  }
+
+  absl::Status ParseUintArray(uint64_t max, std::vector<uint64_t>* out) {
+    if (absl::Status s = ExpectChar('['); !s.ok()) return s;
+    SkipWhitespace();
+    if (Peek() == ']') {
+      ++pos_;
+      return absl::OkStatus();
+    }
+    while (true) {
+      uint64_t v = 0;
+      if (absl::Status s = ParseUint(max, &v); !s.ok()) return s;
+      out->push_back(v);
+      bool more = false;
+      if (absl::Status s = ParseSeparator(']', &more); !s.ok()) return s;
+      if (!more) return absl::OkStatus();
+    }
+  }
+
+  absl::Status ParseMetadata(std::map<std::string, std::string>* metadata) {
+    if (absl::Status s = ExpectChar('{'); !s.ok()) return s;
+    SkipWhitespace();
+    if (Peek() == '}') {
+      ++pos_;
+      return absl::OkStatus();
+    }
+    while (true) {
+      std::string key, value;
+      if (absl::Status s = ParseString(&key); !s.ok()) return s;
+      if (absl::Status s = ExpectChar(':'); !s.ok()) return s;
+      if (absl::Status s = ParseString(&value); !s.ok()) return s;
+      if (!metadata->emplace(key, std::move(value)).second) {
+        return Error(absl::StrCat("duplicate metadata key \"", key, "\""));
+      }
+      bool more = false;
+      if (absl::Status s = ParseSeparator('}', &more); !s.ok()) return s;
+      if (!more) return absl::OkStatus();
+    }
+  }
+
+  absl::Status ParseTensorInfo(TensorEntry* entry) {
+    const std::string where = absl::StrCat("tensor \"", entry->name, "\": ");
+    if (absl::Status s = ExpectChar('{'); !s.ok()) return s;
+    bool has_dtype = false, has_shape = false, has_offsets = false;
+    SkipWhitespace();
+    if (Peek() != '}') {
+      while (true) {
+        std::string key;
+        if (absl::Status s = ParseString(&key); !s.ok()) return s;
+        if (absl::Status s = ExpectChar(':'); !s.ok()) return s;
+        if (key == "dtype") {
+          if (has_dtype) return Error(absl::StrCat(where, "duplicate \"dtype\""));
+          has_dtype = true;
+          std::string name;
+          if (absl::Status s = ParseString(&name); !s.ok()) return s;
+          const std::optional<DType> dtype = kernels::DTypeFromName(name);
+          if (!dtype) return Error(absl::StrCat(where, "unknown dtype \"", name, "\""));
+          entry->dtype = *dtype;
+        } else if (key == "shape") {
+          if (has_shape) return Error(absl::StrCat(where, "duplicate \"shape\""));
+          has_shape = true;
+          std::vector<uint64_t> dims;
+          // Dims become int64 in kernels::Shape.
+          const auto max_dim = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+          if (absl::Status s = ParseUintArray(max_dim, &dims); !s.ok()) return s;
+          entry->shape.assign(dims.begin(), dims.end());
+        } else if (key == "data_offsets") {
+          if (has_offsets) return Error(absl::StrCat(where, "duplicate \"data_offsets\""));
+          has_offsets = true;
+          std::vector<uint64_t> offsets;
+          if (absl::Status s = ParseUintArray(std::numeric_limits<uint64_t>::max(), &offsets);
+              !s.ok()) {
+            return s;
+          }
+          if (offsets.size() != 2) {
+            return Error(
+                absl::StrCat(where, "data_offsets has ", offsets.size(), " entries, not 2"));
+          }
+          entry->begin = offsets[0];
+          entry->end = offsets[1];
+        } else {
+          return Error(absl::StrCat(where, "unknown field \"", key, "\""));
+        }
+        bool more = false;
+        if (absl::Status s = ParseSeparator('}', &more); !s.ok()) return s;
+        if (!more) break;
+      }
+    } else {
+      ++pos_;
+    }
+    if (!has_dtype) return Error(absl::StrCat(where, "missing \"dtype\""));
+    if (!has_shape) return Error(absl::StrCat(where, "missing \"shape\""));
+    if (!has_offsets) return Error(absl::StrCat(where, "missing \"data_offsets\""));
+    return absl::OkStatus();
+  }
+
+  absl::string_view text_;
+  size_t pos_ = 0;
+};
+
+// Byte size of a tensor, or nullopt when the element count overflows int64
+// (even with a zero dim, since kernels::NumElements multiplies left to right
+// and must not overflow on a shape we hand out).
+std::optional<uint64_t> TensorBytes(DType dtype, const kernels::Shape& shape) {
+  const auto max = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  uint64_t nonzero_product = 1;
+  bool has_zero = false;
+  for (int64_t d : shape) {
+    const auto ud = static_cast<uint64_t>(d);
+    if (ud == 0) {
+      has_zero = true;
+      continue;
+    }
+    if (nonzero_product > max / ud) return std::nullopt;
+    nonzero_product *= ud;
+  }
+  if (has_zero) return 0;
+  const uint64_t size = kernels::SizeOf(dtype);
+  if (nonzero_product > std::numeric_limits<uint64_t>::max() / size) return std::nullopt;
+  return nonzero_product * size;
+}
+
+std::string DescribeTensor(const TensorEntry& t) {
+  return absl::StrCat("tensor \"", t.name, "\" (", kernels::DTypeName(t.dtype),
+                      kernels::ShapeToString(t.shape), ")");
+}
+
+}  // namespace
+
+absl::Status ValidateStateDict(const StateDict& state) {
+  std::set<absl::string_view> names;
+  for (const NamedTensor& t : state.tensors) {
+    if (t.name == kMetadataKey) {
+      return absl::InvalidArgumentError("tensor name \"__metadata__\" is reserved by safetensors");
+    }
+    if (!IsValidUtf8(t.name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor name \"", t.name, "\" is not valid UTF-8"));
+    }
+    if (!names.insert(t.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("duplicate tensor name \"", t.name, "\""));
+    }
+    if (absl::Status s = t.tensor.Validate(absl::StrCat("tensor \"", t.name, "\"")); !s.ok()) {
+      return s;
+    }
+  }
+  for (const auto& [key, value] : state.metadata) {
+    if (!IsValidUtf8(key) || !IsValidUtf8(value)) {
+      return absl::InvalidArgumentError(absl::StrCat("metadata \"", key, "\" is not valid UTF-8"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string EncodeSafetensors(const StateDict& state) {
+  std::string header = "{";
+  bool first = true;
+  if (!state.metadata.empty()) {
+    // Metadata first, as the reference writes it.
+    header.append("\"__metadata__\":{");
+    for (const auto& [key, value] : state.metadata) {
+      if (!first) header.push_back(',');
+      first = false;
+      AppendJsonString(key, &header);
+      header.push_back(':');
+      AppendJsonString(value, &header);
+    }
+    header.push_back('}');
+    first = false;
+  }
+  uint64_t offset = 0;
+  size_t data_bytes = 0;
+  for (const NamedTensor& t : state.tensors) {
+    if (!first) header.push_back(',');
+    first = false;
+    AppendJsonString(t.name, &header);
+    absl::StrAppend(&header, ":{\"dtype\":\"", kernels::DTypeName(t.tensor.dtype), "\",\"shape\":[",
+                    absl::StrJoin(t.tensor.shape, ","), "],\"data_offsets\":[", offset, ",",
+                    offset + t.tensor.data.size(), "]}");
+    offset += t.tensor.data.size();
+    data_bytes += t.tensor.data.size();
+  }
+  header.push_back('}');
+  header.append((kHeaderAlignment - header.size() % kHeaderAlignment) % kHeaderAlignment, ' ');
+
+  std::string out;
+  out.reserve(kLengthPrefixBytes + header.size() + data_bytes);
+  const uint64_t n = header.size();
+  for (size_t i = 0; i < kLengthPrefixBytes; ++i) {
+    out.push_back(static_cast<char>((n >> (8 * i)) & 0xFF));  // little-endian
+  }
+  out.append(header);
+  for (const NamedTensor& t : state.tensors) out.append(t.tensor.data);
+  return out;
+}
+
+absl::StatusOr<StateDict> DecodeSafetensors(absl::string_view bytes) {
+  if (bytes.size() < kLengthPrefixBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "safetensors: ", bytes.size(), " bytes is shorter than the 8-byte header length"));
+  }
+  uint64_t n = 0;
+  for (size_t i = 0; i < kLengthPrefixBytes; ++i) {
+    n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+  }
+  if (n > kMaxSafetensorsHeaderBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("safetensors: header length ", n,
+                                                   " exceeds the limit of ",
+                                                   kMaxSafetensorsHeaderBytes, " bytes"));
+  }
+  if (n > bytes.size() - kLengthPrefixBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("safetensors: header length ", n,
+                                                   " runs past the end of the ", bytes.size(),
+                                                   "-byte input"));
+  }
+  const absl::string_view text = bytes.substr(kLengthPrefixBytes, n);
+  const absl::string_view buffer = bytes.substr(kLengthPrefixBytes + n);
+  if (!IsValidUtf8(text)) {
+    return absl::InvalidArgumentError("safetensors: header is not valid UTF-8");
+  }
+  absl::StatusOr<Header> header = HeaderParser(text).Parse();
+  if (!header.ok()) return header.status();
+
+  // Offsets are relative to the buffer; tensors must tile it exactly, in
+  // header order, so the file has one meaning and no hidden bytes.
+  uint64_t expected_begin = 0;
+  for (const TensorEntry& t : header->tensors) {
+    if (t.end < t.begin) {
+      return absl::InvalidArgumentError(absl::StrCat("safetensors: ", DescribeTensor(t),
+                                                     " has data_offsets [", t.begin, ", ", t.end,
+                                                     "] that end before they begin"));
+    }
+    if (t.begin != expected_begin) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("safetensors: ", DescribeTensor(t), " begins at ", t.begin, " but the ",
+                       expected_begin == 0 ? "buffer starts at 0" : "previous tensor ends at ",
+                       expected_begin == 0 ? "" : absl::StrCat(expected_begin),
+                       " (tensors must be contiguous, without gaps or overlaps, in header order)"));
+    }
+    const std::optional<uint64_t> nbytes = TensorBytes(t.dtype, t.shape);
+    if (!nbytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("safetensors: ", DescribeTensor(t), " has too many elements"));
+    }
+    if (*nbytes != t.end - t.begin) {
+      return absl::InvalidArgumentError(absl::StrCat("safetensors: ", DescribeTensor(t), " needs ",
+                                                     *nbytes, " bytes but data_offsets [", t.begin,
+                                                     ", ", t.end, "] span ", t.end - t.begin));
+    }
+    if (t.end > buffer.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("safetensors: ", DescribeTensor(t),
+                                                     " ends at ", t.end, ", past the end of the ",
+                                                     buffer.size(), "-byte buffer"));
+    }
+    expected_begin = t.end;
+  }
+  if (expected_begin != buffer.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("safetensors: ", buffer.size() - expected_begin,
+                                                   " trailing bytes after the last tensor"));
+  }
+
+  StateDict state;
+  state.metadata = std::move(header->metadata);
+  state.tensors.reserve(header->tensors.size());
+  for (TensorEntry& t : header->tensors) {
+    NamedTensor named;
+    named.name = std::move(t.name);
+    named.tensor.dtype = t.dtype;
+    named.tensor.shape = std::move(t.shape);
+    named.tensor.data = std::string(buffer.substr(t.begin, t.end - t.begin));
+    state.tensors.push_back(std::move(named));
+  }
+  return state;
+}
+
+}  // namespace ampd::engine::checkpoint

@@ -1,0 +1,237 @@
+// StateDirectory on POSIX calls rather than std::filesystem: atomic
+// replacement needs fsync of the file and of the directory, which the
+// standard library does not offer, and errors must name errno's text.
+#include "server/engine/checkpoint/state_directory.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "server/engine/checkpoint/safetensors.h"
+
+namespace ampd::engine::checkpoint {
+namespace {
+
+constexpr absl::string_view kSuffix = ".safetensors";
+// mkstemp replaces the six X's; ListJobs recognises leftovers by this infix.
+constexpr absl::string_view kTempInfix = ".safetensors.tmp-";
+constexpr size_t kMaxJobIdLength = 128;
+
+// std::error_code's message is strerror's text without strerror's shared
+// static buffer, so it is safe from any thread.
+std::string ErrnoText(int err) { return std::error_code(err, std::generic_category()).message(); }
+
+absl::Status OsError(absl::StatusCode code, absl::string_view what, const std::string& path,
+                     int err) {
+  return absl::Status(code, absl::StrCat(what, " ", path, ": ", ErrnoText(err)));
+}
+
+bool IsValidJobId(absl::string_view id) {
+  if (id.empty() || id.size() > kMaxJobIdLength) return false;
+  return std::all_of(id.begin(), id.end(), [](char c) {
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-';
+  });
+}
+
+absl::Status CheckJobId(const std::string& job_id) {
+  if (IsValidJobId(job_id)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("job id \"", job_id,
+                                                 "\" is not a safe file name ([A-Za-z0-9_-], 1 to ",
+                                                 kMaxJobIdLength, " characters)"));
+}
+
+// Closes the descriptor on every path out; Release() hands it back.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+  int Release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
+// A rename or unlink is durable only once the directory entry is on disk.
+absl::Status FsyncDirectory(const std::string& dir) {
+  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0) return OsError(absl::StatusCode::kInternal, "cannot open", dir, errno);
+  if (::fsync(fd.get()) != 0)
+    return OsError(absl::StatusCode::kInternal, "cannot fsync", dir, errno);
+  return absl::OkStatus();
+}
+
+absl::Status WriteAll(int fd, absl::string_view bytes, const std::string& path) {
+  while (!bytes.empty()) {
+    const ssize_t n = ::write(fd, bytes.data(), bytes.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return OsError(absl::StatusCode::kInternal, "cannot write", path, errno);
+    }
+    bytes.remove_prefix(static_cast<size_t>(n));  // short writes loop
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<StateDirectory> StateDirectory::Open(const std::string& path) {
+  if (path.empty()) return absl::InvalidArgumentError("state directory path is empty");
+  std::string dir = path;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+
+  // mkdir -p: create each missing component; EEXIST is fine here and the
+  // final stat decides whether what exists is a directory.
+  for (size_t i = 1; i <= dir.size(); ++i) {
+    if (i != dir.size() && dir[i] != '/') continue;
+    const std::string prefix = dir.substr(0, i);
+    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+      return OsError(absl::StatusCode::kFailedPrecondition, "cannot create state directory", prefix,
+                     errno);
+    }
+  }
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) {
+    return OsError(absl::StatusCode::kFailedPrecondition, "cannot stat state directory", dir,
+                   errno);
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("state directory ", dir, " exists and is not a directory"));
+  }
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    return OsError(absl::StatusCode::kFailedPrecondition, "cannot write to state directory", dir,
+                   errno);
+  }
+  return StateDirectory(std::move(dir));
+}
+
+absl::Status StateDirectory::Write(const std::string& job_id, const StateDict& state) const {
+  if (absl::Status s = CheckJobId(job_id); !s.ok()) return s;
+  if (absl::Status s = ValidateStateDict(state); !s.ok()) return s;
+  const std::string bytes = EncodeSafetensors(state);
+  const std::string final_path = absl::StrCat(path_, "/", job_id, kSuffix);
+  std::string temp_path = absl::StrCat(path_, "/", job_id, kTempInfix, "XXXXXX");
+
+  Fd fd(::mkstemp(temp_path.data()));
+  if (fd.get() < 0) {
+    return OsError(absl::StatusCode::kInternal, "cannot create temp file", temp_path, errno);
+  }
+  // Runs the steps that can fail; any failure unlinks the temp file so a
+  // failed write leaves the previous checkpoint and nothing else.
+  absl::Status status = [&]() -> absl::Status {
+    if (absl::Status s = WriteAll(fd.get(), bytes, temp_path); !s.ok()) return s;
+    if (::fsync(fd.get()) != 0) {
+      return OsError(absl::StatusCode::kInternal, "cannot fsync", temp_path, errno);
+    }
+    // close() can report a deferred write error (NFS); it must not be lost.
+    if (::close(fd.Release()) != 0) {
+      return OsError(absl::StatusCode::kInternal, "cannot close", temp_path, errno);
+    }
+    if (::rename(temp_path.c_str(), final_path.c_str()) != 0) {
+      return OsError(absl::StatusCode::kInternal, absl::StrCat("cannot rename ", temp_path, " to"),
+                     final_path, errno);
+    }
+    return absl::OkStatus();
+  }();
+  if (!status.ok()) {
+    ::unlink(temp_path.c_str());
+    return status;
+  }
+  return FsyncDirectory(path_);
+}
+
+absl::StatusOr<StateDict> StateDirectory::Read(const std::string& job_id) const {
+  if (absl::Status s = CheckJobId(job_id); !s.ok()) return s;
+  const std::string file = absl::StrCat(path_, "/", job_id, kSuffix);
+  Fd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    const int err = errno;
+    if (err == ENOENT) {
+      return absl::NotFoundError(absl::StrCat("no checkpoint for job ", job_id, " (", file, ")"));
+    }
+    return OsError(absl::StatusCode::kInternal, "cannot open", file, err);
+  }
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) {
+    return OsError(absl::StatusCode::kInternal, "cannot stat", file, errno);
+  }
+  std::string bytes;
+  bytes.reserve(static_cast<size_t>(st.st_size));
+  char chunk[1 << 16];
+  while (true) {
+    const ssize_t n = ::read(fd.get(), chunk, sizeof(chunk));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return OsError(absl::StatusCode::kInternal, "cannot read", file, errno);
+    }
+    if (n == 0) break;
+    bytes.append(chunk, static_cast<size_t>(n));
+  }
+  absl::StatusOr<StateDict> state = DecodeSafetensors(bytes);
+  if (!state.ok()) {
+    // A corrupt file is bad data on disk, not a bad request: DataLoss.
+    return absl::DataLossError(absl::StrCat(file, ": ", state.status().message()));
+  }
+  return state;
+}
+
+absl::Status StateDirectory::Remove(const std::string& job_id) const {
+  if (absl::Status s = CheckJobId(job_id); !s.ok()) return s;
+  const std::string file = absl::StrCat(path_, "/", job_id, kSuffix);
+  if (::unlink(file.c_str()) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return OsError(absl::StatusCode::kInternal, "cannot remove", file, errno);
+  }
+  return FsyncDirectory(path_);
+}
+
+absl::StatusOr<std::vector<std::string>> StateDirectory::ListJobs() const {
+  DIR* dir = ::opendir(path_.c_str());
+  if (dir == nullptr) return OsError(absl::StatusCode::kInternal, "cannot list", path_, errno);
+  std::vector<std::string> jobs;
+  std::vector<std::string> stale;
+  while (true) {
+    errno = 0;
+    const dirent* entry = ::readdir(dir);
+    if (entry == nullptr) {
+      const int err = errno;
+      ::closedir(dir);
+      if (err != 0) return OsError(absl::StatusCode::kInternal, "cannot list", path_, err);
+      break;
+    }
+    const absl::string_view name = entry->d_name;
+    if (absl::EndsWith(name, kSuffix)) {
+      const absl::string_view id = name.substr(0, name.size() - kSuffix.size());
+      if (IsValidJobId(id)) jobs.emplace_back(id);
+      continue;
+    }
+    const size_t infix = name.find(kTempInfix);
+    if (infix != absl::string_view::npos && IsValidJobId(name.substr(0, infix))) {
+      stale.emplace_back(name);
+    }
+  }
+  for (const std::string& name : stale) {
+    const std::string file = absl::StrCat(path_, "/", name);
+    if (::unlink(file.c_str()) != 0 && errno != ENOENT) {
+      return OsError(absl::StatusCode::kInternal, "cannot remove stale temp file", file, errno);
+    }
+  }
+  std::sort(jobs.begin(), jobs.end());
+  return jobs;
+}
+
+}  // namespace ampd::engine::checkpoint
