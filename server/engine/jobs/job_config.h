@@ -21,7 +21,16 @@ struct JobConfig {
   uint64_t seed = 0;
 };
 
-// Validates every part; the message names the field ("scaler.growth_factor").
+// Validates every part; the message names the field ("scaler.growth_factor",
+// "model.layers[2].in_features", "optimizer.adam.beta1", "display_name").
 absl::Status ValidateJobConfig(const JobConfig& config);
+
+// The defaults the service fills in for a job of this precision: AdamW with
+// PyTorch's defaults, and the scaler SCALER.md prescribes: the policy's
+// dynamic defaults for fp16; for bf16 and fp32 a static scale of 1 that
+// still detects non-finite gradients and skips those steps
+// (amp::ScalerConfig::ForPrecisionDefault). The model is left empty.
+JobConfig DefaultJobConfig(model::Precision precision,
+                           amp::ScalerPolicy policy = amp::ScalerPolicy::kPyTorch);
 
 }  // namespace ampd::engine

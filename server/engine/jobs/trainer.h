@@ -41,13 +41,13 @@ struct PhaseSeconds {
 };
 
 struct StepReport {
-  int64_t step = 0;           // 1-based number of this Step call in the job
-  int64_t applied_steps = 0;  // optimizer updates applied so far, this one included
-  float loss = 0;             // mean over micro-batches, unscaled fp32 (multiplier included)
-  amp::ScalerUpdate scaler;   // scale before/after, found_inf, skipped, grew, backed_off
+  int64_t step = 0;                // 1-based number of this Step call in the job
+  int64_t applied_steps = 0;       // optimizer updates applied so far, this one included
+  float loss = 0;                  // mean over micro-batches, unscaled fp32 (multiplier included)
+  amp::ScalerUpdate scaler;        // scale before/after, found_inf, skipped, grew, backed_off
   std::optional<float> grad_norm;  // L2 of unscaled grads, when clipping computed it
   PhaseSeconds seconds;
-  int64_t samples = 0;  // rows over all micro-batches
+  int64_t samples = 0;                  // rows over all micro-batches
   std::vector<int64_t> grad_histogram;  // kernels::kGradHistogramBins counts, when sampled
 };
 
@@ -55,8 +55,8 @@ class Trainer {
  public:
   // Validates config, builds the model on backend, initialises weights from
   // config.seed (PyTorch's default distributions), casts the working copy.
-  static absl::StatusOr<std::unique_ptr<Trainer>> Create(
-      const JobConfig& config, std::unique_ptr<kernels::Backend> backend);
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const JobConfig& config,
+                                                         std::unique_ptr<kernels::Backend> backend);
   ~Trainer();
 
   // One optimizer step over the micro-batches. InvalidArgument (naming

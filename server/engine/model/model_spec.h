@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "kernels/dtype.h"
 
 namespace ampd::engine::model {
@@ -20,6 +21,8 @@ absl::string_view PrecisionName(Precision precision);  // "fp32", "fp16", "bf16"
 kernels::DType WorkingDType(Precision precision);
 
 enum class LayerKind { kLinear, kReLU, kGELU, kTanh, kLayerNorm, kEmbedding };
+
+absl::string_view LayerKindName(LayerKind kind);  // "linear", "relu", ...
 
 struct LayerSpec {
   LayerKind kind = LayerKind::kLinear;
@@ -52,5 +55,12 @@ absl::Status ValidateModelSpec(const ModelSpec& spec);
 
 // Parameter count of the model (weights and biases).
 int64_t ParameterCount(const ModelSpec& spec);
+
+// For a valid spec: the width of a float input row (the first Linear's
+// in_features or LayerNorm's normalized_shape; 0 when the first layer is an
+// Embedding, whose input is (N) ids), and the width the last layer produces
+// (the MSE target width, or the class count for cross-entropy).
+int64_t InputFeatures(const ModelSpec& spec);
+int64_t OutputFeatures(const ModelSpec& spec);
 
 }  // namespace ampd::engine::model

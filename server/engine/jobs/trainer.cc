@@ -1,0 +1,483 @@
+// Trainer: SCALER.md's "one training step" on a Backend.
+//
+// Step, in device order:
+//   zero the += gradients (LayerNorm, Embedding); Linear grads are written
+//     by the first micro-batch with beta = 0
+//   per micro-batch k of K: upload, forward (working dtype, fp32 GEMM
+//     accumulation), loss with grad_scale = S / K (so K accumulated
+//     micro-batches give one big batch's gradient, times S), backward
+//     accumulating into the grads (beta = 1: an inf survives accumulation)
+//   [optional] GradLog2Histogram over the scaled grads
+//   UnscaleAndCheck over ALL grads, in_place = false (found_inf, and norm_sq
+//     when clipping): 16-bit grads must not be unscaled in 16 bits, and for
+//     fp32 grads leaving the unscale to the fused update saves a write pass
+//   fused Adam/SGD update with GradTransform{1/S, found_inf, norm_sq}; the
+//     device skips it entirely on found_inf and it recasts the working copy
+//   ONE CopyToHost of a packed (3, 1) F32 tensor [sum of micro-batch losses,
+//     found_inf, norm_sq], then scaler.Update(found_inf).
+// The packing uses EmbeddingBackward as a scatter-add: row r of the packed
+// tensor += a (1, 1) scalar via ids = [r]. Unlike a GEMM with a one-hot
+// matrix it never multiplies an inf by 0, so a non-finite loss cannot leak
+// into the found_inf slot, and it keeps the step at one device->host read.
+//
+// Bytes per parameter (AdamW, fp16 or bf16 grads; m, v, master F32):
+//   check pass (UnscaleAndCheck, not in place)        read grad 2           =  2 B
+//   fused update  read grad 2 + master 4 + m 4 + v 4,
+//                 write master 4 + m 4 + v 4 + working copy 2               = 28 B
+//   total 30 B/param against the 28 B minimum (grad once, master/m/v read
+//   and written, working copy written): the check pass's extra read of the
+//   2 B grad is the only overhead, +7%. It is what lets a skipped step write
+//   nothing at all: found_inf is known before the update touches anything.
+//   A skipped step moves 2 B/param (the check) plus the update's read of
+//   found_inf. Gradient zeroing costs nothing for Linear weights (beta = 0
+//   on the first micro-batch); LayerNorm/Embedding grads are zeroed (2 B).
+//   fp32 jobs: 4 B check + 4 + 12 + 12 update = 32 B against 28 B; SGD with
+//   momentum in fp16: 2 + (2 + 4 + 4 read, 4 + 4 + 2 write) = 22 B vs 20 B.
+//
+// Timing: PhaseSeconds are steady_clock intervals around the host calls. On
+// the CPU backend ops run synchronously, so they are the phases' real cost;
+// on CUDA forward/backward/unscale/optimizer are host-side launch times
+// (adding a sync per phase would stall the stream) and only `total`, which
+// ends after the CopyToHost that waits for the device, is wall time.
+#include "server/engine/jobs/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "server/engine/model/layers.h"
+#include "server/engine/model/status_macros.h"
+#include "server/engine/optim/optimizer_state.h"
+
+namespace ampd::engine {
+
+using kernels::DType;
+using kernels::Tensor;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int kPackedLoss = 0;
+constexpr int kPackedFoundInf = 1;
+constexpr int kPackedNormSq = 2;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+bool IsIndex(DType d) { return d == DType::kI32 || d == DType::kI64; }
+
+std::string Got(const HostTensor& t) {
+  return absl::StrCat(kernels::DTypeName(t.dtype), kernels::ShapeToString(t.shape));
+}
+
+int64_t LoadId(const HostTensor& t, int64_t i) {
+  if (t.dtype == DType::kI32) {
+    int32_t v;
+    std::memcpy(&v, t.data.data() + i * 4, 4);
+    return v;
+  }
+  int64_t v;
+  std::memcpy(&v, t.data.data() + i * 8, 8);
+  return v;
+}
+
+absl::Status CheckIds(const HostTensor& t, int64_t limit, absl::string_view what) {
+  for (int64_t i = 0; i < t.shape[0]; ++i) {
+    const int64_t id = LoadId(t, i);
+    if (id < 0 || id >= limit) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, "[", i, "]: ", id, " is outside [0, ", limit, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Everything Step checks before it touches any state.
+absl::Status ValidateStepInput(const model::ModelSpec& spec, const StepInput& input) {
+  if (input.micro_batches.empty()) {
+    return absl::InvalidArgumentError("micro_batches: at least one micro-batch is required");
+  }
+  if (input.learning_rate.has_value() &&
+      !(std::isfinite(*input.learning_rate) && *input.learning_rate >= 0.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("learning_rate: must be finite and >= 0, got ", *input.learning_rate));
+  }
+  const model::LayerSpec& first = spec.layers.front();
+  const bool ids_in = first.kind == model::LayerKind::kEmbedding;
+  const int64_t in = model::InputFeatures(spec);
+  const int64_t out = model::OutputFeatures(spec);
+  const bool ce = spec.loss == model::LossKind::kCrossEntropy;
+  for (size_t i = 0; i < input.micro_batches.size(); ++i) {
+    const MicroBatch& mb = input.micro_batches[i];
+    const std::string in_name = absl::StrCat("micro_batches[", i, "].inputs");
+    const std::string tg_name = absl::StrCat("micro_batches[", i, "].targets");
+    AMPD_RETURN_IF_ERROR(mb.inputs.Validate(in_name));
+    AMPD_RETURN_IF_ERROR(mb.targets.Validate(tg_name));
+    // Inputs fix N; N >= 1 since every loss is a mean.
+    int64_t rows = 0;
+    if (ids_in) {
+      if (!IsIndex(mb.inputs.dtype) || mb.inputs.shape.size() != 1 || mb.inputs.shape[0] < 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            in_name, ": expected I32 or I64 (N) ids with N >= 1, got ", Got(mb.inputs)));
+      }
+      rows = mb.inputs.shape[0];
+      AMPD_RETURN_IF_ERROR(CheckIds(mb.inputs, first.num_embeddings, in_name));
+    } else {
+      if (!kernels::IsFloating(mb.inputs.dtype) || mb.inputs.shape.size() != 2 ||
+          mb.inputs.shape[1] != in || mb.inputs.shape[0] < 1) {
+        return absl::InvalidArgumentError(absl::StrCat(in_name, ": expected F32, F16 or BF16 (N, ",
+                                                       in, ") with N >= 1, got ", Got(mb.inputs)));
+      }
+      rows = mb.inputs.shape[0];
+    }
+    if (ce) {
+      if (!IsIndex(mb.targets.dtype) || mb.targets.shape.size() != 1 ||
+          mb.targets.shape[0] != rows) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(tg_name, ": expected I32 or I64 (N) labels with N = ", rows,
+                         " (the inputs' rows), got ", Got(mb.targets)));
+      }
+      AMPD_RETURN_IF_ERROR(CheckIds(mb.targets, out, tg_name));
+    } else if (mb.targets.dtype != DType::kF32 || mb.targets.shape.size() != 2 ||
+               mb.targets.shape[1] != out || mb.targets.shape[0] != rows) {
+      return absl::InvalidArgumentError(absl::StrCat(tg_name, ": expected F32 (N, ", out,
+                                                     ") with N = ", rows,
+                                                     " (the inputs' rows), got ", Got(mb.targets)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Exact decimal text: integers as integers, float32 values with 9
+// significant digits (enough to round-trip any float32), anything else 17.
+std::string FormatScalerValue(double v) {
+  char buf[64];
+  if (std::isfinite(v) && v == std::trunc(v) && std::fabs(v) < 9007199254740992.0) {
+    std::snprintf(buf, sizeof(buf), "%lld", static_cast<long long>(v));
+  } else if (static_cast<double>(static_cast<float>(v)) == v) {
+    std::snprintf(buf, sizeof(buf), "%.9g", v);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.17g", v);
+  }
+  return buf;
+}
+
+absl::StatusOr<int64_t> ParseCount(const checkpoint::StateDict& state, const std::string& key) {
+  auto it = state.metadata.find(key);
+  if (it == state.metadata.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("metadata ", key, ": missing"));
+  }
+  int64_t v = 0;
+  if (!absl::SimpleAtoi(it->second, &v) || v < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metadata ", key, ": expected a count >= 0, got \"", it->second, "\""));
+  }
+  return v;
+}
+
+absl::StatusOr<Tensor> AllocScalar(kernels::Backend& b, const kernels::Shape& shape) {
+  absl::StatusOr<Tensor> t = b.Allocate(DType::kF32, shape);
+  if (!t.ok()) return t.status();
+  AMPD_RETURN_IF_ERROR(b.Fill(*t, 0.0f));
+  return t;
+}
+
+}  // namespace
+
+struct Trainer::Impl {
+  Impl(const JobConfig& c, std::unique_ptr<kernels::Backend> b, amp::GradScaler s)
+      : config(c), backend(std::move(b)), scaler(std::move(s)) {}
+
+  JobConfig config;
+  std::unique_ptr<kernels::Backend> backend;
+  std::unique_ptr<model::Model> model;
+  optim::OptimizerState optimizer;
+  amp::GradScaler scaler;
+  int64_t steps_run = 0;
+
+  // Views the Backend calls take, built once (the tensors never move:
+  // LoadState move-assigns into the same Tensor objects).
+  std::vector<kernels::ParamRef> refs;
+  std::vector<Tensor*> grads;
+  std::vector<const Tensor*> const_grads;
+
+  Tensor loss;       // (1, 1) F32, one micro-batch's loss
+  Tensor found_inf;  // (1, 1) F32
+  Tensor norm_sq;    // (1, 1) F32
+  Tensor no_inf;     // (1, 1) F32 zero: the update's found_inf when the scaler is disabled
+  Tensor packed;     // (3, 1) F32: [loss sum, found_inf, norm_sq], read back once
+  Tensor slot[3];    // (1) I32 ids 0, 1, 2 for the scatter into packed
+  Tensor histogram;  // (kGradHistogramBins) I64
+  std::vector<int64_t> zero_bins = std::vector<int64_t>(kernels::kGradHistogramBins, 0);
+
+  absl::Status Scatter(int row, const Tensor& scalar) {
+    return backend->EmbeddingBackward(slot[row], scalar, packed);
+  }
+};
+
+Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Trainer::~Trainer() = default;
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
+    const JobConfig& config, std::unique_ptr<kernels::Backend> backend) {
+  if (backend == nullptr) return absl::InvalidArgumentError("backend: null");
+  AMPD_RETURN_IF_ERROR(ValidateJobConfig(config));
+  absl::StatusOr<amp::GradScaler> scaler = amp::GradScaler::Create(config.scaler);
+  if (!scaler.ok()) return scaler.status();
+  auto impl = std::make_unique<Impl>(config, std::move(backend), *std::move(scaler));
+  kernels::Backend& b = *impl->backend;
+
+  absl::StatusOr<std::unique_ptr<model::Model>> m =
+      model::Model::Create(config.model, config.precision, config.seed, b);
+  if (!m.ok()) return m.status();
+  impl->model = *std::move(m);
+
+  std::vector<std::string> names;
+  std::vector<kernels::Shape> shapes;
+  for (const model::Parameter& p : impl->model->params()) {
+    names.push_back(p.name);
+    shapes.push_back(p.master.shape());
+  }
+  absl::StatusOr<optim::OptimizerState> opt =
+      optim::OptimizerState::Create(config.optimizer, names, shapes, b);
+  if (!opt.ok()) return opt.status();
+  impl->optimizer = *std::move(opt);
+
+  for (model::Parameter& p : impl->model->params()) {
+    kernels::ParamRef r{};
+    r.master = &p.master;
+    r.working = p.working.empty() ? nullptr : &p.working;
+    r.grad = &p.grad;
+    impl->refs.push_back(r);
+    impl->grads.push_back(&p.grad);
+    impl->const_grads.push_back(&p.grad);
+  }
+  impl->optimizer.Bind(impl->refs);
+
+  for (Tensor* t : {&impl->loss, &impl->found_inf, &impl->norm_sq, &impl->no_inf}) {
+    absl::StatusOr<Tensor> s = AllocScalar(b, {1, 1});
+    if (!s.ok()) return s.status();
+    *t = *std::move(s);
+  }
+  absl::StatusOr<Tensor> packed = AllocScalar(b, {3, 1});
+  if (!packed.ok()) return packed.status();
+  impl->packed = *std::move(packed);
+  for (int32_t r = 0; r < 3; ++r) {
+    absl::StatusOr<Tensor> id = b.Allocate(DType::kI32, {1});
+    if (!id.ok()) return id.status();
+    AMPD_RETURN_IF_ERROR(b.CopyFromHost(&r, sizeof(r), *id));
+    impl->slot[r] = *std::move(id);
+  }
+  absl::StatusOr<Tensor> hist = b.Allocate(DType::kI64, {kernels::kGradHistogramBins});
+  if (!hist.ok()) return hist.status();
+  impl->histogram = *std::move(hist);
+  return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
+}
+
+absl::StatusOr<StepReport> Trainer::Step(const StepInput& input) {
+  const Clock::time_point t_start = Clock::now();
+  Impl& m = *impl_;
+  AMPD_RETURN_IF_ERROR(ValidateStepInput(m.config.model, input));
+  kernels::Backend& b = *m.backend;
+  model::Model& net = *m.model;
+  StepReport report;
+
+  const float scale = m.scaler.scale();
+  const auto k = static_cast<int64_t>(input.micro_batches.size());
+  // d(S * mean_k L_k)/dw: each micro-batch's loss gradient carries S / K.
+  const float grad_scale = scale / static_cast<float>(k);
+  const float inv_scale = static_cast<float>(1.0 / static_cast<double>(scale));
+  const bool clip = m.config.optimizer.max_grad_norm > 0.0f;
+
+  AMPD_RETURN_IF_ERROR(net.ZeroGrads());
+  AMPD_RETURN_IF_ERROR(b.Fill(m.found_inf, 0.0f));
+  AMPD_RETURN_IF_ERROR(b.Fill(m.packed, 0.0f));
+  if (clip) AMPD_RETURN_IF_ERROR(b.Fill(m.norm_sq, 0.0f));
+
+  for (int64_t i = 0; i < k; ++i) {
+    const MicroBatch& mb = input.micro_batches[static_cast<size_t>(i)];
+    const int64_t rows = mb.inputs.shape[0];
+    report.samples += rows;
+    absl::StatusOr<model::Workspace*> ws = net.GetWorkspace(rows);
+    if (!ws.ok()) return ws.status();
+    const Clock::time_point t0 = Clock::now();
+    AMPD_RETURN_IF_ERROR(net.LoadBatch(mb.inputs, mb.targets, **ws));
+    AMPD_RETURN_IF_ERROR(net.Forward(**ws));
+    AMPD_RETURN_IF_ERROR(net.Loss(**ws, grad_scale, m.loss));
+    AMPD_RETURN_IF_ERROR(m.Scatter(kPackedLoss, m.loss));
+    const Clock::time_point t1 = Clock::now();
+    AMPD_RETURN_IF_ERROR(net.Backward(**ws, /*first_micro_batch=*/i == 0));
+    const Clock::time_point t2 = Clock::now();
+    report.seconds.forward += Seconds(t0, t1);
+    report.seconds.backward += Seconds(t1, t2);
+  }
+
+  if (input.sample_grad_histogram) {
+    // On the scaled grads: what the operator needs to see is where the
+    // values sit relative to fp16's range, i.e. what was actually stored.
+    AMPD_RETURN_IF_ERROR(
+        b.CopyFromHost(m.zero_bins.data(), m.zero_bins.size() * sizeof(int64_t), m.histogram));
+    AMPD_RETURN_IF_ERROR(b.GradLog2Histogram(m.const_grads, m.histogram));
+  }
+
+  const Clock::time_point t3 = Clock::now();
+  AMPD_RETURN_IF_ERROR(b.UnscaleAndCheck(m.grads, inv_scale, /*in_place=*/false, m.found_inf,
+                                         clip ? &m.norm_sq : nullptr));
+  AMPD_RETURN_IF_ERROR(m.Scatter(kPackedFoundInf, m.found_inf));
+  if (clip) AMPD_RETURN_IF_ERROR(m.Scatter(kPackedNormSq, m.norm_sq));
+  const Clock::time_point t4 = Clock::now();
+
+  // A disabled scaler (PyTorch's enabled=False) never skips, so the update
+  // reads a found_inf that is always 0.
+  const bool scaler_enabled = m.config.scaler.enabled;
+  kernels::GradTransform transform;
+  transform.inv_scale = inv_scale;
+  transform.found_inf = scaler_enabled ? &m.found_inf : &m.no_inf;
+  transform.norm_sq = clip ? &m.norm_sq : nullptr;
+  transform.max_grad_norm = m.config.optimizer.max_grad_norm;
+  AMPD_RETURN_IF_ERROR(m.optimizer.Apply(b, m.refs, input.learning_rate, transform));
+  const Clock::time_point t5 = Clock::now();
+
+  float host[3] = {0, 0, 0};  // [loss sum, found_inf, norm_sq]
+  AMPD_RETURN_IF_ERROR(b.CopyToHost(m.packed, host, sizeof(host)));
+  if (input.sample_grad_histogram) {
+    report.grad_histogram.resize(kernels::kGradHistogramBins);
+    AMPD_RETURN_IF_ERROR(b.CopyToHost(m.histogram, report.grad_histogram.data(),
+                                      report.grad_histogram.size() * sizeof(int64_t)));
+  }
+  const bool found_inf = host[kPackedFoundInf] != 0.0f;
+  absl::StatusOr<amp::ScalerUpdate> update = m.scaler.Update(found_inf);
+  if (!update.ok()) {
+    // deepspeed at min_scale: the device already skipped the update
+    // (found_inf was set), so the job's state is as it was.
+    return absl::FailedPreconditionError(update.status().message());
+  }
+  const bool applied = !(scaler_enabled && found_inf);
+  if (applied) m.optimizer.set_applied_steps(m.optimizer.applied_steps() + 1);
+  ++m.steps_run;
+
+  report.step = m.steps_run;
+  report.applied_steps = m.optimizer.applied_steps();
+  report.loss = host[kPackedLoss] / static_cast<float>(k);
+  report.scaler = *update;
+  if (clip) report.grad_norm = std::sqrt(host[kPackedNormSq]);
+  report.seconds.unscale = Seconds(t3, t4);
+  report.seconds.optimizer = Seconds(t4, t5);
+  report.seconds.total = Seconds(t_start, Clock::now());
+  return report;
+}
+
+absl::StatusOr<checkpoint::StateDict> Trainer::ExportState() const {
+  const Impl& m = *impl_;
+  checkpoint::StateDict state;
+  auto add = [&](const std::string& name, const Tensor& t) -> absl::Status {
+    HostTensor h;
+    h.dtype = DType::kF32;
+    h.shape = t.shape();
+    h.data.resize(t.nbytes());
+    AMPD_RETURN_IF_ERROR(m.backend->CopyToHost(t, h.data.data(), h.data.size()));
+    state.tensors.push_back({name, std::move(h)});
+    return absl::OkStatus();
+  };
+  const std::vector<model::Parameter>& params = m.model->params();
+  for (const model::Parameter& p : params) AMPD_RETURN_IF_ERROR(add(p.name, p.master));
+  const auto& names = m.optimizer.buffer_names();
+  for (size_t p = 0; p < params.size(); ++p) {
+    for (size_t i = 0; i < names.size(); ++i) {
+      AMPD_RETURN_IF_ERROR(add(absl::StrCat("optimizer.", params[p].name, ".", names[i]),
+                               m.optimizer.buffers()[p][i]));
+    }
+  }
+  for (const auto& [key, value] : m.scaler.StateDict()) {
+    state.metadata[absl::StrCat("scaler.", key)] = FormatScalerValue(value);
+  }
+  state.metadata["optimizer.step"] = absl::StrCat(m.optimizer.applied_steps());
+  state.metadata["ampd.step"] = absl::StrCat(m.steps_run);
+  return state;
+}
+
+absl::Status Trainer::LoadState(const checkpoint::StateDict& state) {
+  Impl& m = *impl_;
+  kernels::Backend& b = *m.backend;
+  std::vector<model::Parameter>& params = m.model->params();
+  const auto& buffer_names = m.optimizer.buffer_names();
+
+  // 1. Every expected tensor present with the right dtype, shape and bytes;
+  //    nothing unexpected (a state saved for another model or optimizer).
+  std::vector<std::pair<std::string, Tensor*>> targets;  // name -> live tensor it replaces
+  for (model::Parameter& p : params) targets.emplace_back(p.name, &p.master);
+  for (size_t p = 0; p < params.size(); ++p) {
+    for (size_t i = 0; i < buffer_names.size(); ++i) {
+      targets.emplace_back(absl::StrCat("optimizer.", params[p].name, ".", buffer_names[i]),
+                           &m.optimizer.buffers()[p][i]);
+    }
+  }
+  std::vector<const HostTensor*> sources;
+  for (const auto& [name, live] : targets) {
+    const HostTensor* h = state.Find(name);
+    if (h == nullptr) return absl::InvalidArgumentError(absl::StrCat(name, ": missing"));
+    AMPD_RETURN_IF_ERROR(h->Validate(name));
+    if (h->dtype != DType::kF32 || h->shape != live->shape()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ": expected F32", kernels::ShapeToString(live->shape()), ", got ", Got(*h)));
+    }
+    sources.push_back(h);
+  }
+  for (const checkpoint::NamedTensor& t : state.tensors) {
+    bool known = false;
+    for (const auto& target : targets) known = known || target.first == t.name;
+    if (!known) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(t.name, ": not a tensor of this job's model or optimizer"));
+    }
+  }
+  // 2. Counters and the scaler, into copies.
+  absl::StatusOr<int64_t> opt_step = ParseCount(state, "optimizer.step");
+  if (!opt_step.ok()) return opt_step.status();
+  absl::StatusOr<int64_t> job_step = ParseCount(state, "ampd.step");
+  if (!job_step.ok()) return job_step.status();
+  amp::ScalerState scaler_state;
+  for (const auto& [key, text] : state.metadata) {
+    if (!absl::StartsWith(key, "scaler.")) continue;
+    double v = 0;
+    if (!absl::SimpleAtod(text, &v)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("metadata ", key, ": not a decimal number: \"", text, "\""));
+    }
+    scaler_state[key.substr(7)] = v;
+  }
+  amp::GradScaler scaler = m.scaler;
+  if (absl::Status s = scaler.LoadStateDict(scaler_state); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("metadata scaler.", s.message()));
+  }
+  // 3. Device copies into fresh tensors, so a device error leaves the live
+  //    state whole; then commit by moving them into the live Tensor objects
+  //    (their addresses are what the cached ParamRefs point at).
+  std::vector<Tensor> fresh;
+  fresh.reserve(targets.size());
+  for (size_t i = 0; i < targets.size(); ++i) {
+    absl::StatusOr<Tensor> t = b.Allocate(DType::kF32, targets[i].second->shape());
+    if (!t.ok()) return t.status();
+    AMPD_RETURN_IF_ERROR(b.CopyFromHost(sources[i]->data.data(), sources[i]->data.size(), *t));
+    fresh.push_back(*std::move(t));
+  }
+  for (size_t i = 0; i < targets.size(); ++i) *targets[i].second = std::move(fresh[i]);
+  m.scaler = std::move(scaler);
+  m.optimizer.set_applied_steps(*opt_step);
+  m.steps_run = *job_step;
+  return m.model->CastWorking();
+}
+
+const JobConfig& Trainer::config() const { return impl_->config; }
+int64_t Trainer::steps_run() const { return impl_->steps_run; }
+int64_t Trainer::parameter_count() const { return impl_->model->parameter_count(); }
+kernels::Backend& Trainer::backend() { return *impl_->backend; }
+
+}  // namespace ampd::engine

@@ -1,0 +1,282 @@
+// Forward and backward of every layer kind through the Backend. The layer
+// math itself is in kernels/; this file wires activations, gradients and
+// parameters together in the order SCALER.md's step needs.
+#include "server/engine/model/layers.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/engine/model/init.h"
+#include "server/engine/model/status_macros.h"
+
+namespace ampd::engine::model {
+
+using kernels::DType;
+using kernels::Tensor;
+
+namespace {
+
+kernels::Activation ActivationOf(LayerKind kind) {
+  switch (kind) {
+    case LayerKind::kGELU:
+      return kernels::Activation::kGELU;
+    case LayerKind::kTanh:
+      return kernels::Activation::kTanh;
+    default:
+      return kernels::Activation::kReLU;
+  }
+}
+
+}  // namespace
+
+Model::Model(const ModelSpec& spec, Precision precision, kernels::Backend& backend)
+    : spec_(spec), working_dtype_(WorkingDType(precision)), backend_(backend) {}
+
+absl::Status Model::AddParameter(int64_t layer, const char* suffix, const kernels::Shape& shape,
+                                 std::vector<float> init) {
+  Parameter p;
+  p.name = absl::StrCat("model.", layer, ".", suffix);
+  absl::StatusOr<Tensor> master = backend_.Allocate(DType::kF32, shape);
+  if (!master.ok()) return master.status();
+  p.master = *std::move(master);
+  AMPD_RETURN_IF_ERROR(backend_.CopyFromHost(init.data(), init.size() * sizeof(float), p.master));
+  if (working_dtype_ != DType::kF32) {
+    absl::StatusOr<Tensor> working = backend_.Allocate(working_dtype_, shape);
+    if (!working.ok()) return working.status();
+    p.working = *std::move(working);
+  }
+  absl::StatusOr<Tensor> grad = backend_.Allocate(working_dtype_, shape);
+  if (!grad.ok()) return grad.status();
+  p.grad = *std::move(grad);
+  parameter_count_ += p.master.numel();
+  params_.push_back(std::move(p));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, Precision precision,
+                                                     uint64_t seed, kernels::Backend& backend) {
+  AMPD_RETURN_IF_ERROR(ValidateModelSpec(spec));
+  std::unique_ptr<Model> m(new Model(spec, precision, backend));
+  InitRng rng(seed);
+  int64_t width = InputFeatures(spec);
+  m->widths_.push_back(width);
+  for (size_t i = 0; i < spec.layers.size(); ++i) {
+    const LayerSpec& l = spec.layers[i];
+    const auto idx = static_cast<int64_t>(i);
+    LayerParams lp;
+    switch (l.kind) {
+      case LayerKind::kLinear: {
+        std::vector<float> w(static_cast<size_t>(l.out_features * l.in_features));
+        FillLinearUniform(rng, l.in_features, w);
+        lp.weight = static_cast<int>(m->params_.size());
+        AMPD_RETURN_IF_ERROR(
+            m->AddParameter(idx, "weight", {l.out_features, l.in_features}, std::move(w)));
+        if (l.bias) {
+          std::vector<float> b(static_cast<size_t>(l.out_features));
+          FillLinearUniform(rng, l.in_features, b);
+          lp.bias = static_cast<int>(m->params_.size());
+          AMPD_RETURN_IF_ERROR(m->AddParameter(idx, "bias", {l.out_features}, std::move(b)));
+        }
+        width = l.out_features;
+        break;
+      }
+      case LayerKind::kLayerNorm:
+        if (l.elementwise_affine) {
+          const auto c = static_cast<size_t>(l.normalized_shape);
+          lp.weight = static_cast<int>(m->params_.size());
+          AMPD_RETURN_IF_ERROR(
+              m->AddParameter(idx, "weight", {l.normalized_shape}, std::vector<float>(c, 1.0f)));
+          lp.bias = static_cast<int>(m->params_.size());
+          AMPD_RETURN_IF_ERROR(
+              m->AddParameter(idx, "bias", {l.normalized_shape}, std::vector<float>(c, 0.0f)));
+        }
+        width = l.normalized_shape;
+        if (lp.weight >= 0) m->plus_equal_grads_.push_back(lp.weight);
+        if (lp.bias >= 0) m->plus_equal_grads_.push_back(lp.bias);
+        break;
+      case LayerKind::kEmbedding: {
+        std::vector<float> w(static_cast<size_t>(l.num_embeddings * l.embedding_dim));
+        FillNormal(rng, w);
+        lp.weight = static_cast<int>(m->params_.size());
+        AMPD_RETURN_IF_ERROR(
+            m->AddParameter(idx, "weight", {l.num_embeddings, l.embedding_dim}, std::move(w)));
+        width = l.embedding_dim;
+        m->plus_equal_grads_.push_back(lp.weight);
+        break;
+      }
+      default:
+        break;  // element-wise: width unchanged, no parameters
+    }
+    m->layer_params_.push_back(lp);
+    m->widths_.push_back(width);
+  }
+  AMPD_RETURN_IF_ERROR(m->CastWorking());
+  return m;
+}
+
+absl::Status Model::CastWorking() {
+  if (working_dtype_ == DType::kF32) return absl::OkStatus();
+  for (Parameter& p : params_) AMPD_RETURN_IF_ERROR(backend_.Cast(p.master, p.working));
+  return absl::OkStatus();
+}
+
+absl::Status Model::ZeroGrads() {
+  for (int p : plus_equal_grads_) AMPD_RETURN_IF_ERROR(backend_.Fill(params_[p].grad, 0.0f));
+  return absl::OkStatus();
+}
+
+absl::Status Model::AllocateWorkspace(int64_t rows, Workspace& ws) {
+  const size_t n_layers = spec_.layers.size();
+  ws.rows = rows;
+  ws.acts.resize(n_layers + 1);
+  ws.grads.resize(n_layers + 1);
+  ws.mean.resize(n_layers);
+  ws.rstd.resize(n_layers);
+  const bool embedding_first = spec_.layers.front().kind == LayerKind::kEmbedding;
+  for (size_t i = 0; i <= n_layers; ++i) {
+    if (i == 0 && embedding_first) continue;  // ids: allocated in LoadBatch with the host dtype
+    absl::StatusOr<Tensor> act = backend_.Allocate(working_dtype_, {rows, widths_[i]});
+    if (!act.ok()) return act.status();
+    ws.acts[i] = *std::move(act);
+    // No gradient for the inputs, except the scratch dx a LayerNorm first
+    // layer's backward writes.
+    if (i == 0 && spec_.layers.front().kind != LayerKind::kLayerNorm) continue;
+    absl::StatusOr<Tensor> grad = backend_.Allocate(working_dtype_, {rows, widths_[i]});
+    if (!grad.ok()) return grad.status();
+    ws.grads[i] = *std::move(grad);
+  }
+  for (size_t i = 0; i < n_layers; ++i) {
+    if (spec_.layers[i].kind != LayerKind::kLayerNorm) continue;
+    absl::StatusOr<Tensor> mean = backend_.Allocate(DType::kF32, {rows});
+    if (!mean.ok()) return mean.status();
+    ws.mean[i] = *std::move(mean);
+    absl::StatusOr<Tensor> rstd = backend_.Allocate(DType::kF32, {rows});
+    if (!rstd.ok()) return rstd.status();
+    ws.rstd[i] = *std::move(rstd);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Workspace*> Model::GetWorkspace(int64_t rows) {
+  auto it = workspaces_.find(rows);
+  if (it != workspaces_.end()) return &it->second;
+  if (workspaces_.size() >= kMaxWorkspaces) workspaces_.clear();
+  Workspace ws;
+  AMPD_RETURN_IF_ERROR(AllocateWorkspace(rows, ws));
+  return &workspaces_.emplace(rows, std::move(ws)).first->second;
+}
+
+namespace {
+
+// Reallocates t when its dtype or shape differs from the wanted one (ids and
+// labels follow the client's I32/I64 choice; this happens once per change).
+absl::Status EnsureTensor(kernels::Backend& backend, DType dtype, const kernels::Shape& shape,
+                          Tensor& t) {
+  if (!t.empty() && t.dtype() == dtype && t.shape() == shape) return absl::OkStatus();
+  absl::StatusOr<Tensor> fresh = backend.Allocate(dtype, shape);
+  if (!fresh.ok()) return fresh.status();
+  t = *std::move(fresh);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Model::LoadBatch(const HostTensor& inputs, const HostTensor& targets, Workspace& ws) {
+  if (spec_.layers.front().kind == LayerKind::kEmbedding) {
+    AMPD_RETURN_IF_ERROR(EnsureTensor(backend_, inputs.dtype, inputs.shape, ws.acts[0]));
+    AMPD_RETURN_IF_ERROR(backend_.CopyFromHost(inputs.data.data(), inputs.data.size(), ws.acts[0]));
+  } else if (inputs.dtype == working_dtype_) {
+    AMPD_RETURN_IF_ERROR(backend_.CopyFromHost(inputs.data.data(), inputs.data.size(), ws.acts[0]));
+  } else {
+    AMPD_RETURN_IF_ERROR(EnsureTensor(backend_, inputs.dtype, inputs.shape, ws.staging));
+    AMPD_RETURN_IF_ERROR(backend_.CopyFromHost(inputs.data.data(), inputs.data.size(), ws.staging));
+    AMPD_RETURN_IF_ERROR(backend_.Cast(ws.staging, ws.acts[0]));
+  }
+  AMPD_RETURN_IF_ERROR(EnsureTensor(backend_, targets.dtype, targets.shape, ws.targets));
+  return backend_.CopyFromHost(targets.data.data(), targets.data.size(), ws.targets);
+}
+
+absl::Status Model::Forward(Workspace& ws) {
+  for (size_t i = 0; i < spec_.layers.size(); ++i) {
+    const LayerSpec& l = spec_.layers[i];
+    const LayerParams& lp = layer_params_[i];
+    const Tensor& x = ws.acts[i];  // (N, in)
+    Tensor& y = ws.acts[i + 1];    // (N, out)
+    switch (l.kind) {
+      case LayerKind::kLinear:
+        // y (N, out) = x (N, in) @ W^T, W (out, in); fp32 accumulation.
+        AMPD_RETURN_IF_ERROR(
+            backend_.Gemm(false, true, 1.0f, x, params_[lp.weight].value(), 0.0f, y));
+        if (lp.bias >= 0) AMPD_RETURN_IF_ERROR(backend_.AddBias(params_[lp.bias].value(), y));
+        break;
+      case LayerKind::kLayerNorm:
+        AMPD_RETURN_IF_ERROR(backend_.LayerNormForward(
+            x, lp.weight >= 0 ? &params_[lp.weight].value() : nullptr,
+            lp.bias >= 0 ? &params_[lp.bias].value() : nullptr, l.eps, y, ws.mean[i], ws.rstd[i]));
+        break;
+      case LayerKind::kEmbedding:
+        AMPD_RETURN_IF_ERROR(backend_.EmbeddingForward(x, params_[lp.weight].value(), y));
+        break;
+      default:
+        AMPD_RETURN_IF_ERROR(backend_.ActivationForward(ActivationOf(l.kind), x, y));
+        break;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::Loss(Workspace& ws, float grad_scale, Tensor& loss) {
+  const Tensor& pred = ws.acts.back();  // (N, out)
+  Tensor& dpred = ws.grads.back();      // (N, out)
+  if (spec_.loss == LossKind::kCrossEntropy) {
+    return backend_.CrossEntropyLoss(pred, ws.targets, spec_.loss_multiplier, grad_scale, loss,
+                                     dpred);
+  }
+  return backend_.MseLoss(pred, ws.targets, spec_.loss_multiplier, grad_scale, loss, dpred);
+}
+
+absl::Status Model::Backward(Workspace& ws, bool first_micro_batch) {
+  const float beta = first_micro_batch ? 0.0f : 1.0f;
+  for (size_t i = spec_.layers.size(); i-- > 0;) {
+    const LayerSpec& l = spec_.layers[i];
+    const LayerParams& lp = layer_params_[i];
+    const Tensor& x = ws.acts[i];                 // (N, in) layer input
+    const Tensor& dy = ws.grads[i + 1];           // (N, out)
+    Tensor* dx = i > 0 ? &ws.grads[i] : nullptr;  // (N, in); inputs need no gradient
+    switch (l.kind) {
+      case LayerKind::kLinear: {
+        // dW (out, in) = dy^T (out, N) @ x (N, in) + beta dW: beta = 1
+        // accumulates micro-batches in one rounding per element, so an inf
+        // from any micro-batch survives (inf + x = inf).
+        AMPD_RETURN_IF_ERROR(
+            backend_.Gemm(true, false, 1.0f, dy, x, beta, params_[lp.weight].grad));
+        if (lp.bias >= 0) AMPD_RETURN_IF_ERROR(backend_.BiasGrad(dy, beta, params_[lp.bias].grad));
+        // dx (N, in) = dy (N, out) @ W (out, in).
+        if (dx != nullptr) {
+          AMPD_RETURN_IF_ERROR(
+              backend_.Gemm(false, false, 1.0f, dy, params_[lp.weight].value(), 0.0f, *dx));
+        }
+        break;
+      }
+      case LayerKind::kLayerNorm:
+        // The backend always writes dx; a LayerNorm first layer writes it to
+        // grads[0], a scratch buffer allocated for exactly that.
+        AMPD_RETURN_IF_ERROR(backend_.LayerNormBackward(
+            x, lp.weight >= 0 ? &params_[lp.weight].value() : nullptr, ws.mean[i], ws.rstd[i], dy,
+            ws.grads[i], lp.weight >= 0 ? &params_[lp.weight].grad : nullptr,
+            lp.bias >= 0 ? &params_[lp.bias].grad : nullptr));
+        break;
+      case LayerKind::kEmbedding:
+        AMPD_RETURN_IF_ERROR(backend_.EmbeddingBackward(x, dy, params_[lp.weight].grad));
+        break;
+      default:
+        if (dx != nullptr) {
+          AMPD_RETURN_IF_ERROR(backend_.ActivationBackward(ActivationOf(l.kind), x, dy, *dx));
+        }
+        break;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ampd::engine::model

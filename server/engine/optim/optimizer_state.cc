@@ -1,0 +1,59 @@
+// Optimizer buffers and the dispatch to the Backend's fused Adam/SGD update.
+#include "server/engine/optim/optimizer_state.h"
+
+#include <utility>
+
+namespace ampd::engine::optim {
+
+absl::StatusOr<OptimizerState> OptimizerState::Create(const OptimizerSpec& spec,
+                                                      const std::vector<std::string>& param_names,
+                                                      const std::vector<kernels::Shape>& shapes,
+                                                      kernels::Backend& backend) {
+  if (absl::Status s = ValidateOptimizerSpec(spec); !s.ok()) return s;
+  if (param_names.size() != shapes.size()) {
+    return absl::InternalError("OptimizerState: one name per parameter shape expected");
+  }
+  OptimizerState state;
+  state.spec_ = spec;
+  if (spec.kind == OptimizerKind::kSgd) {
+    // PyTorch keeps no momentum_buffer when momentum == 0.
+    if (spec.sgd.momentum > 0.0f) state.buffer_names_ = {"momentum_buffer"};
+  } else {
+    state.buffer_names_ = {"exp_avg", "exp_avg_sq"};
+  }
+  state.buffers_.resize(shapes.size());
+  for (size_t p = 0; p < shapes.size(); ++p) {
+    for (size_t b = 0; b < state.buffer_names_.size(); ++b) {
+      absl::StatusOr<kernels::Tensor> t = backend.Allocate(kernels::DType::kF32, shapes[p]);
+      if (!t.ok()) return t.status();
+      if (absl::Status s = backend.Fill(*t, 0.0f); !s.ok()) return s;
+      state.buffers_[p].push_back(*std::move(t));
+    }
+  }
+  return state;
+}
+
+void OptimizerState::Bind(std::vector<kernels::ParamRef>& refs) {
+  for (size_t p = 0; p < refs.size() && p < buffers_.size(); ++p) {
+    refs[p].state0 = buffers_[p].empty() ? nullptr : &buffers_[p][0];
+    refs[p].state1 = buffers_[p].size() > 1 ? &buffers_[p][1] : nullptr;
+  }
+}
+
+absl::Status OptimizerState::Apply(kernels::Backend& backend,
+                                   absl::Span<const kernels::ParamRef> refs,
+                                   std::optional<float> lr,
+                                   const kernels::GradTransform& transform) const {
+  if (spec_.kind == OptimizerKind::kSgd) {
+    kernels::SgdConfig config = spec_.sgd;
+    if (lr.has_value()) config.lr = *lr;
+    // PyTorch initialises the momentum buffer to g on the first update.
+    return backend.SgdUpdate(refs, config, applied_steps_ == 0, transform);
+  }
+  kernels::AdamConfig config = spec_.adam;
+  config.decoupled_weight_decay = spec_.kind == OptimizerKind::kAdamW;
+  if (lr.has_value()) config.lr = *lr;
+  return backend.AdamUpdate(refs, config, applied_steps_ + 1, transform);
+}
+
+}  // namespace ampd::engine::optim

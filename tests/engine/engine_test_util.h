@@ -1,0 +1,121 @@
+// Helpers shared by the engine tests: host tensors, a deterministic data
+// generator (its own uniform draw, so data are identical everywhere), job
+// configs and a Trainer on the CPU backend.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/backend_factory.h"
+#include "server/engine/host_tensor.h"
+#include "server/engine/jobs/job_config.h"
+#include "server/engine/jobs/trainer.h"
+
+namespace ampd::engine::testing {
+
+inline HostTensor F32(kernels::Shape shape, const std::vector<float>& values) {
+  HostTensor t;
+  t.dtype = kernels::DType::kF32;
+  t.shape = std::move(shape);
+  t.data.resize(values.size() * sizeof(float));
+  std::memcpy(t.data.data(), values.data(), t.data.size());
+  return t;
+}
+
+inline HostTensor I32(kernels::Shape shape, const std::vector<int32_t>& values) {
+  HostTensor t;
+  t.dtype = kernels::DType::kI32;
+  t.shape = std::move(shape);
+  t.data.resize(values.size() * sizeof(int32_t));
+  std::memcpy(t.data.data(), values.data(), t.data.size());
+  return t;
+}
+
+inline std::vector<float> ToFloats(const HostTensor& t) {
+  std::vector<float> v(t.data.size() / sizeof(float));
+  std::memcpy(v.data(), t.data.data(), t.data.size());
+  return v;
+}
+
+class DataRng {
+ public:
+  explicit DataRng(uint64_t seed) : engine_(seed) {}
+  float Uniform(float lo, float hi) {
+    const double u = static_cast<double>(engine_() >> 11) * 0x1.0p-53;
+    return static_cast<float>(lo + (hi - lo) * u);
+  }
+  std::vector<float> UniformVector(size_t n, float lo, float hi) {
+    std::vector<float> v(n);
+    for (float& x : v) x = Uniform(lo, hi);
+    return v;
+  }
+  int32_t Index(int32_t limit) {
+    return static_cast<int32_t>(engine_() % static_cast<uint64_t>(limit));
+  }
+
+ private:
+  std::mt19937_64 engine_;
+};
+
+inline model::LayerSpec Linear(int64_t in, int64_t out, bool bias = true) {
+  model::LayerSpec l;
+  l.kind = model::LayerKind::kLinear;
+  l.in_features = in;
+  l.out_features = out;
+  l.bias = bias;
+  return l;
+}
+
+inline model::LayerSpec Act(model::LayerKind kind) {
+  model::LayerSpec l;
+  l.kind = kind;
+  return l;
+}
+
+inline model::LayerSpec LayerNorm(int64_t c, bool affine = true) {
+  model::LayerSpec l;
+  l.kind = model::LayerKind::kLayerNorm;
+  l.normalized_shape = c;
+  l.elementwise_affine = affine;
+  return l;
+}
+
+inline model::LayerSpec Embedding(int64_t v, int64_t c) {
+  model::LayerSpec l;
+  l.kind = model::LayerKind::kEmbedding;
+  l.num_embeddings = v;
+  l.embedding_dim = c;
+  return l;
+}
+
+inline std::unique_ptr<Trainer> MakeTrainer(const JobConfig& config) {
+  auto backend = kernels::CreateBackend("cpu");
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  auto trainer = Trainer::Create(config, *std::move(backend));
+  EXPECT_TRUE(trainer.ok()) << trainer.status();
+  return trainer.ok() ? *std::move(trainer) : nullptr;
+}
+
+// Bitwise equality of two state dicts (tensor names, dtypes, shapes, bytes
+// and every metadata entry); returns the first difference, or "".
+inline std::string StateDiff(const checkpoint::StateDict& a, const checkpoint::StateDict& b,
+                             bool compare_metadata = true) {
+  if (a.tensors.size() != b.tensors.size()) return "tensor count";
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    const auto& x = a.tensors[i];
+    const auto& y = b.tensors[i];
+    if (x.name != y.name) return "name " + x.name + " vs " + y.name;
+    if (x.tensor.dtype != y.tensor.dtype || x.tensor.shape != y.tensor.shape ||
+        x.tensor.data != y.tensor.data) {
+      return "tensor " + x.name;
+    }
+  }
+  if (compare_metadata && a.metadata != b.metadata) return "metadata";
+  return "";
+}
+
+}  // namespace ampd::engine::testing
