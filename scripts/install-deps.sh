@@ -9,6 +9,7 @@ packages=(
   libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev libopenblas-dev
   prometheus  # promtool and a real Prometheus for the metrics tests
+  python3-yaml  # tests/metrics/validate_deploy.py parses the compose and k8s YAML
   curl
 )
 

@@ -1,0 +1,336 @@
+// ServerMetrics: the families, the per-job series and the engine-bin to
+// Prometheus-bucket mapping of the gradient magnitude histogram. Names follow
+// Prometheus conventions (base units, _total on counters); the HELP strings
+// are the operator's documentation, so they say how each value is derived.
+#include "server/metrics/server_metrics.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <exception>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/backend.h"
+
+namespace ampd::metrics {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+using prometheus::Counter;
+using prometheus::Gauge;
+using prometheus::Histogram;
+
+constexpr int kMinLog2 = kernels::kGradHistogramMinLog2;  // -30
+constexpr int kMaxLog2 = kernels::kGradHistogramMaxLog2;  // 20
+constexpr int kEngineBins = kernels::kGradHistogramBins;  // 53
+// Prometheus buckets of ampd_grad_magnitude_log2: one per integer bound
+// -30..20 plus +Inf. Every engine bin but the zero bin lands in exactly one.
+constexpr int kLog2Buckets = (kMaxLog2 - kMinLog2 + 1) + 1;
+static_assert(kLog2Buckets == kEngineBins - 1,
+              "engine bins 1.. must map one to one onto the log2 buckets");
+
+constexpr std::array<const char*, 5> kPhases = {"forward", "backward", "unscale", "optimizer",
+                                                "total"};
+
+// Engine bins -> bucket increments for Histogram::ObserveMultiple, which
+// takes per-bucket (non-cumulative) counts and cumulates at scrape time.
+// Engine bin i >= 2 holds log2|g| in [i-32, i-31), so its upper bound is the
+// bucket le=i-31, index i-1; bin 1 (below 2^-30) is bucket le=-30, index 0;
+// the last bin (>= 2^20, inf, NaN) is the +Inf bucket, index 51. So
+// increments[j] = bins[j + 1]. The sum counts each element at the middle of
+// its octave; the open-ended end bins count at -30.5 and 20.5, since the
+// engine does not report how far past the range they lie.
+struct Log2Observation {
+  std::vector<double> increments;
+  double sum = 0;
+};
+
+Log2Observation EngineBinsToBuckets(const std::vector<int64_t>& bins) {
+  Log2Observation obs;
+  obs.increments.resize(kLog2Buckets);
+  for (int j = 0; j < kLog2Buckets; ++j) {
+    const double count = static_cast<double>(std::max<int64_t>(bins[j + 1], 0));
+    obs.increments[j] = count;
+    // Bucket j's upper bound is kMinLog2 + j; its octave's middle is 0.5
+    // below. Bucket 0 (underflow) and the +Inf bucket use the end values.
+    const double mid = (j == kLog2Buckets - 1) ? kMaxLog2 + 0.5 : kMinLog2 + j - 0.5;
+    obs.sum += count * mid;
+  }
+  return obs;
+}
+
+}  // namespace
+
+prometheus::Histogram::BucketBoundaries GradMagnitudeLog2Bounds() {
+  prometheus::Histogram::BucketBoundaries bounds;
+  for (int k = kMinLog2; k <= kMaxLog2; ++k) bounds.push_back(k);
+  return bounds;
+}
+
+prometheus::Histogram::BucketBoundaries DurationBounds() {
+  // A tiny CPU job steps in well under a millisecond, a large GPU step or a
+  // checkpointing RPC takes seconds: 1-2.5-5 per decade covers both.
+  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+          0.1,    0.25,    0.5,    1,     2.5,    5,     10,   25,    50};
+}
+
+// One job's series. mu serialises the job's updates with its removal, so an
+// OnStep that looked the job up just before OnJobDeleted never touches a
+// metric the family has already destroyed. Only the job's own worker takes
+// it on the step path, so it is uncontended there.
+struct ServerMetrics::JobSeries {
+  std::string job_id;
+  absl::Mutex mu;
+  bool removed ABSL_GUARDED_BY(mu) = false;
+  Gauge* loss_scale = nullptr;
+  Counter* steps = nullptr;
+  Counter* skipped_nonfinite = nullptr;
+  Counter* growths = nullptr;
+  Counter* backoffs = nullptr;
+  Gauge* loss = nullptr;
+  Gauge* grad_norm ABSL_GUARDED_BY(mu) = nullptr;  // created on the first reported norm
+  Histogram* grad_magnitude = nullptr;
+  Counter* grad_zero_elements = nullptr;
+  std::array<Histogram*, kPhases.size()> phase_seconds{};
+  Counter* samples = nullptr;
+};
+
+ServerMetrics::ServerMetrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      loss_scale_(BuildGauge()
+                      .Name("ampd_loss_scale")
+                      .Help("Loss scale S after the job's last step (1 when scaling is disabled).")
+                      .Register(*registry_)),
+      steps_(BuildCounter()
+                 .Name("ampd_steps_total")
+                 .Help("Step calls run by the job, applied and skipped.")
+                 .Register(*registry_)),
+      skipped_steps_(BuildCounter()
+                         .Name("ampd_skipped_steps_total")
+                         .Help("Steps whose optimizer update was skipped, by reason (nonfinite: "
+                               "inf or NaN in the scaled gradients).")
+                         .Register(*registry_)),
+      growths_(BuildCounter()
+                   .Name("ampd_loss_scale_growths_total")
+                   .Help("Steps after which the scaler grew the loss scale.")
+                   .Register(*registry_)),
+      backoffs_(BuildCounter()
+                    .Name("ampd_loss_scale_backoffs_total")
+                    .Help("Steps after which the scaler backed the loss scale off.")
+                    .Register(*registry_)),
+      loss_(BuildGauge()
+                .Name("ampd_loss")
+                .Help("Unscaled fp32 loss of the job's last step, mean over its micro-batches.")
+                .Register(*registry_)),
+      grad_norm_(BuildGauge()
+                     .Name("ampd_grad_norm")
+                     .Help("L2 norm of the unscaled gradients of the job's last step that "
+                           "computed one (gradient clipping); absent until then.")
+                     .Register(*registry_)),
+      grad_magnitude_(
+          BuildHistogram()
+              .Name("ampd_grad_magnitude_log2")
+              .Help("log2|g| of the scaled gradient elements on sampled steps. Bucket le=k "
+                    "counts |g| < 2^k (engine octaves are half-open): le=-30 holds everything "
+                    "below 2^-30, fp16 subnormals are below le=-14, fp16 underflows to zero "
+                    "below le=-24, fp16 overflows (max 65504) past le=16, and +Inf holds |g| "
+                    ">= 2^20 together with every inf and NaN element (the engine bins them "
+                    "together). Exact zeros are not observed here: see "
+                    "ampd_grad_zero_elements_total. _sum counts each element at its octave's "
+                    "middle (-30.5 and 20.5 for the open-ended ends).")
+              .Register(*registry_)),
+      grad_zero_elements_(BuildCounter()
+                              .Name("ampd_grad_zero_elements_total")
+                              .Help("Scaled gradient elements exactly zero on sampled steps "
+                                    "(underflow shows up here), kept out of "
+                                    "ampd_grad_magnitude_log2 because log2(0) is -inf.")
+                              .Register(*registry_)),
+      step_duration_(BuildHistogram()
+                         .Name("ampd_step_duration_seconds")
+                         .Help("Wall time of a step by phase: forward, backward, unscale "
+                               "(non-finite check and norm), optimizer, total.")
+                         .Register(*registry_)),
+      samples_(BuildCounter()
+                   .Name("ampd_samples_total")
+                   .Help("Rows trained on, over all micro-batches of all steps.")
+                   .Register(*registry_)),
+      jobs_family_(BuildGauge()
+                       .Name("ampd_jobs")
+                       .Help("Training jobs the server holds.")
+                       .Register(*registry_)),
+      jobs_(jobs_family_.Add({})),
+      device_memory_used_(BuildGauge()
+                              .Name("ampd_device_memory_used_bytes")
+                              .Help("Device memory in use, in bytes.")
+                              .Register(*registry_)
+                              .Add({})),
+      device_memory_total_(BuildGauge()
+                               .Name("ampd_device_memory_total_bytes")
+                               .Help("Device memory in total, in bytes.")
+                               .Register(*registry_)
+                               .Add({})),
+      rpc_requests_(BuildCounter()
+                        .Name("ampd_rpc_requests_total")
+                        .Help("Finished RPCs by method and gRPC status code.")
+                        .Register(*registry_)),
+      rpc_duration_(BuildHistogram()
+                        .Name("ampd_rpc_duration_seconds")
+                        .Help("Server-side RPC latency by method.")
+                        .Register(*registry_)) {}
+
+ServerMetrics::~ServerMetrics() = default;
+
+absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Start(
+    const std::string& listen_address) {
+  if (listen_address.empty()) {
+    return absl::InvalidArgumentError("metrics listen address is empty");
+  }
+  std::unique_ptr<ServerMetrics> metrics(new ServerMetrics());
+  try {
+    // civetweb throws (CivetException) when it cannot bind; nothing of the
+    // exception may escape into a server that reports errors as Status.
+    metrics->exposer_ = std::make_unique<prometheus::Exposer>(listen_address);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on ", listen_address, ": ", e.what()));
+  }
+  metrics->exposer_->RegisterCollectable(metrics->registry_);
+  // With port 0 civetweb binds an ephemeral port and reports the real one.
+  const std::vector<int> ports = metrics->exposer_->GetListeningPorts();
+  if (ports.empty() || ports.front() <= 0) {
+    return absl::UnavailableError(
+        absl::StrCat("metrics server on ", listen_address, " reports no bound port"));
+  }
+  metrics->port_ = ports.front();
+  return metrics;
+}
+
+std::shared_ptr<ServerMetrics::JobSeries> ServerMetrics::FindOrCreateJob(const std::string& job_id,
+                                                                         float initial_scale) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_by_id_.find(job_id);
+  if (it != jobs_by_id_.end()) return it->second;
+
+  auto series = std::make_shared<JobSeries>();
+  series->job_id = job_id;
+  const prometheus::Labels job{{"job", job_id}};
+  series->loss_scale = &loss_scale_.Add(job);
+  series->loss_scale->Set(initial_scale);
+  // Counters and histograms exist from creation at zero so that rate() and
+  // increase() see the job's first step as an increase.
+  series->steps = &steps_.Add(job);
+  series->skipped_nonfinite = &skipped_steps_.Add({{"job", job_id}, {"reason", "nonfinite"}});
+  series->growths = &growths_.Add(job);
+  series->backoffs = &backoffs_.Add(job);
+  series->loss = &loss_.Add(job);
+  series->grad_magnitude = &grad_magnitude_.Add(job, GradMagnitudeLog2Bounds());
+  series->grad_zero_elements = &grad_zero_elements_.Add(job);
+  for (size_t i = 0; i < kPhases.size(); ++i) {
+    series->phase_seconds[i] =
+        &step_duration_.Add({{"job", job_id}, {"phase", kPhases[i]}}, DurationBounds());
+  }
+  series->samples = &samples_.Add(job);
+  jobs_by_id_.emplace(job_id, series);
+  jobs_.Set(static_cast<double>(jobs_by_id_.size()));
+  return series;
+}
+
+void ServerMetrics::OnJobCreated(const std::string& job_id, const engine::JobConfig& config) {
+  const float initial_scale =
+      config.scaler.enabled ? static_cast<float>(config.scaler.init_scale) : 1.0f;
+  FindOrCreateJob(job_id, initial_scale);
+}
+
+void ServerMetrics::OnStep(const std::string& job_id, const engine::StepReport& report) {
+  std::shared_ptr<JobSeries> series = FindOrCreateJob(job_id, report.scaler.scale_before);
+  absl::MutexLock lock(&series->mu);
+  if (series->removed) return;  // deleted while this step was being reported
+
+  series->loss_scale->Set(report.scaler.scale_after);
+  series->steps->Increment();
+  if (report.scaler.skipped) series->skipped_nonfinite->Increment();
+  if (report.scaler.grew) series->growths->Increment();
+  if (report.scaler.backed_off) series->backoffs->Increment();
+  series->loss->Set(report.loss);
+  if (report.grad_norm.has_value()) {
+    if (series->grad_norm == nullptr) series->grad_norm = &grad_norm_.Add({{"job", job_id}});
+    series->grad_norm->Set(*report.grad_norm);
+  }
+  // Anything but the engine's documented bin count is a malformed report;
+  // ObserveMultiple would throw on a length mismatch inside a job worker.
+  if (report.grad_histogram.size() == static_cast<size_t>(kEngineBins)) {
+    const Log2Observation obs = EngineBinsToBuckets(report.grad_histogram);
+    series->grad_magnitude->ObserveMultiple(obs.increments, obs.sum);
+    const int64_t zeros = report.grad_histogram[0];
+    if (zeros > 0) series->grad_zero_elements->Increment(static_cast<double>(zeros));
+  }
+  const std::array<double, kPhases.size()> seconds = {
+      report.seconds.forward, report.seconds.backward, report.seconds.unscale,
+      report.seconds.optimizer, report.seconds.total};
+  for (size_t i = 0; i < kPhases.size(); ++i) {
+    // A clock that stepped backwards must not subtract from the sum.
+    series->phase_seconds[i]->Observe(std::max(seconds[i], 0.0));
+  }
+  if (report.samples > 0) series->samples->Increment(static_cast<double>(report.samples));
+}
+
+void ServerMetrics::RemoveSeries(JobSeries& series) {
+  absl::MutexLock lock(&series.mu);
+  series.removed = true;
+  loss_scale_.Remove(series.loss_scale);
+  steps_.Remove(series.steps);
+  skipped_steps_.Remove(series.skipped_nonfinite);
+  growths_.Remove(series.growths);
+  backoffs_.Remove(series.backoffs);
+  loss_.Remove(series.loss);
+  if (series.grad_norm != nullptr) grad_norm_.Remove(series.grad_norm);
+  grad_magnitude_.Remove(series.grad_magnitude);
+  grad_zero_elements_.Remove(series.grad_zero_elements);
+  for (Histogram* h : series.phase_seconds) step_duration_.Remove(h);
+  samples_.Remove(series.samples);
+}
+
+void ServerMetrics::OnJobDeleted(const std::string& job_id) {
+  std::shared_ptr<JobSeries> series;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_by_id_.find(job_id);
+    if (it == jobs_by_id_.end()) return;
+    series = std::move(it->second);
+    jobs_by_id_.erase(it);
+    jobs_.Set(static_cast<double>(jobs_by_id_.size()));
+  }
+  RemoveSeries(*series);
+}
+
+void ServerMetrics::RecordRpc(absl::string_view method, absl::string_view code, double seconds) {
+  Counter* requests;
+  Histogram* duration;
+  {
+    // Family::Add would build a throwaway Histogram on every call just to
+    // find the existing one, so the handles are cached per (method, code).
+    absl::MutexLock lock(&rpc_mu_);
+    RpcSeries& rpc = rpc_series_[absl::StrCat(method, "\n", code)];
+    if (rpc.requests == nullptr) {
+      rpc.requests =
+          &rpc_requests_.Add({{"method", std::string(method)}, {"code", std::string(code)}});
+      rpc.duration = &rpc_duration_.Add({{"method", std::string(method)}}, DurationBounds());
+    }
+    requests = rpc.requests;
+    duration = rpc.duration;
+  }
+  requests->Increment();
+  duration->Observe(std::isfinite(seconds) ? std::max(seconds, 0.0) : 0.0);
+}
+
+void ServerMetrics::SetDeviceMemory(int64_t in_use_bytes, int64_t total_bytes) {
+  device_memory_used_.Set(static_cast<double>(in_use_bytes));
+  device_memory_total_.Set(static_cast<double>(total_bytes));
+}
+
+}  // namespace ampd::metrics

@@ -1,0 +1,117 @@
+// ServerMetrics: ampd's Prometheus exposition. It is the engine's JobObserver
+// (per-job loss scale, skips, growths/backoffs, loss, grad norm, gradient
+// magnitude histogram, phase timings, samples) and the rpc layer's request
+// recorder, and it serves GET /metrics with prometheus-cpp's civetweb
+// exposer. The engine never includes this header; main.cc hands the engine a
+// JobObserver pointer to it.
+//
+// Thread-safe: OnStep runs concurrently on different jobs' workers. A job's
+// metric handles are created once (OnJobCreated) and looked up under a short
+// map lock; the updates themselves are prometheus-cpp atomics.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "server/engine/jobs/job_observer.h"
+
+namespace ampd::metrics {
+
+// Bucket upper bounds of ampd_grad_magnitude_log2: the integers
+// kGradHistogramMinLog2..kGradHistogramMaxLog2 (-30..20), one per engine
+// octave bin. Exposed for tests and for anyone decoding the buckets.
+prometheus::Histogram::BucketBoundaries GradMagnitudeLog2Bounds();
+// Bucket upper bounds of ampd_step_duration_seconds and
+// ampd_rpc_duration_seconds, in seconds (100 us .. 50 s, 1-2.5-5 steps).
+prometheus::Histogram::BucketBoundaries DurationBounds();
+
+class ServerMetrics final : public engine::JobObserver {
+ public:
+  // Serves GET /metrics on listen_address ("127.0.0.1:9464"; port 0 picks a
+  // free port). InvalidArgument for an empty address, Unavailable when the
+  // address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<ServerMetrics>> Start(const std::string& listen_address);
+  ~ServerMetrics() override;
+
+  ServerMetrics(const ServerMetrics&) = delete;
+  ServerMetrics& operator=(const ServerMetrics&) = delete;
+
+  int port() const { return port_; }  // the bound port
+
+  // Creates the job's series; the loss scale starts at the config's initial
+  // scale (1 when scaling is disabled) so a job that has not stepped yet
+  // already charts where it will start.
+  void OnJobCreated(const std::string& job_id, const engine::JobConfig& config) override;
+  // A job never announced through OnJobCreated (a wiring gap, e.g. a job
+  // restored from the state directory) gets its series on its first step
+  // rather than going unobserved. The engine must not report a job's step
+  // after its OnJobDeleted (its ordered worker is drained first), or the
+  // series would come back.
+  void OnStep(const std::string& job_id, const engine::StepReport& report) override;
+  void OnJobDeleted(const std::string& job_id) override;  // removes that job's series
+
+  // One finished RPC, e.g. ("Step", "OK", 0.004); code is the gRPC status
+  // code's canonical name.
+  void RecordRpc(absl::string_view method, absl::string_view code, double seconds);
+  void SetDeviceMemory(int64_t in_use_bytes, int64_t total_bytes);
+
+ private:
+  struct JobSeries;
+  struct RpcSeries {
+    prometheus::Counter* requests = nullptr;
+    prometheus::Histogram* duration = nullptr;
+  };
+
+  ServerMetrics();
+  // The job's series, created on first use. Takes mu_.
+  std::shared_ptr<JobSeries> FindOrCreateJob(const std::string& job_id, float initial_scale);
+  void RemoveSeries(JobSeries& series);
+
+  std::shared_ptr<prometheus::Registry> registry_;
+
+  // Per job (label job).
+  prometheus::Family<prometheus::Gauge>& loss_scale_;
+  prometheus::Family<prometheus::Counter>& steps_;
+  prometheus::Family<prometheus::Counter>& skipped_steps_;
+  prometheus::Family<prometheus::Counter>& growths_;
+  prometheus::Family<prometheus::Counter>& backoffs_;
+  prometheus::Family<prometheus::Gauge>& loss_;
+  prometheus::Family<prometheus::Gauge>& grad_norm_;
+  prometheus::Family<prometheus::Histogram>& grad_magnitude_;
+  prometheus::Family<prometheus::Counter>& grad_zero_elements_;
+  prometheus::Family<prometheus::Histogram>& step_duration_;
+  prometheus::Family<prometheus::Counter>& samples_;
+
+  // Server-wide.
+  prometheus::Family<prometheus::Gauge>& jobs_family_;
+  prometheus::Gauge& jobs_;
+  prometheus::Gauge& device_memory_used_;
+  prometheus::Gauge& device_memory_total_;
+  prometheus::Family<prometheus::Counter>& rpc_requests_;
+  prometheus::Family<prometheus::Histogram>& rpc_duration_;
+
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<JobSeries>> jobs_by_id_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex rpc_mu_;
+  // Keyed by method + '\n' + code; RPC series live as long as the server.
+  absl::flat_hash_map<std::string, RpcSeries> rpc_series_ ABSL_GUARDED_BY(rpc_mu_);
+
+  // Declared last so it is destroyed first: no scrape may read the registry
+  // while the families above are being torn down.
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int port_ = 0;
+};
+
+}  // namespace ampd::metrics

@@ -1,0 +1,59 @@
+// A stand-in for a live ampd's metrics endpoint: starts ServerMetrics, feeds
+// job "fixture-job" the steps the engine would report for an fp16 job whose
+// second step overflows (S 65536 -> 32768), plus an RPC and device memory so
+// every family has a series, prints the bound port on one line and serves
+// until stdin closes. prometheus_e2e_test.sh and validate_deploy.py scrape it.
+//
+//   metrics_fixture_server [listen_address]   (default 127.0.0.1:0)
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include "kernels/backend.h"
+#include "server/engine/jobs/job_config.h"
+#include "server/engine/jobs/trainer.h"
+#include "server/metrics/server_metrics.h"
+
+int main(int argc, char** argv) {
+  const std::string address = argc > 1 ? argv[1] : "127.0.0.1:0";
+  auto started = ampd::metrics::ServerMetrics::Start(address);
+  if (!started.ok()) {
+    std::cerr << "metrics_fixture_server: " << started.status() << "\n";
+    return 1;
+  }
+  ampd::metrics::ServerMetrics& metrics = **started;
+
+  ampd::engine::JobConfig config;  // fp16, pytorch policy, init_scale 65536
+  metrics.OnJobCreated("fixture-job", config);
+
+  ampd::engine::StepReport step;
+  step.step = 1;
+  step.applied_steps = 1;
+  step.loss = 0.75f;
+  step.scaler = {.scale_before = 65536, .scale_after = 65536};
+  step.grad_norm = 2.0f;
+  step.seconds = {
+      .forward = 0.002, .backward = 0.004, .unscale = 0.001, .optimizer = 0.001, .total = 0.008};
+  step.samples = 64;
+  step.grad_histogram.assign(ampd::kernels::kGradHistogramBins, 1);
+  metrics.OnStep("fixture-job", step);
+
+  step.step = 2;  // overflow: skipped, S halved
+  step.scaler = {.scale_before = 65536,
+                 .scale_after = 32768,
+                 .found_inf = true,
+                 .skipped = true,
+                 .backed_off = true};
+  step.grad_norm.reset();
+  metrics.OnStep("fixture-job", step);
+
+  metrics.RecordRpc("Step", "OK", 0.009);
+  metrics.SetDeviceMemory(int64_t{1} << 30, int64_t{80} << 30);
+
+  std::cout << metrics.port() << std::endl;  // endl: the reader waits for this line
+  // Serve until the parent closes our stdin (or dies, which closes it too).
+  std::string line;
+  while (std::getline(std::cin, line)) {
+  }
+  return 0;
+}

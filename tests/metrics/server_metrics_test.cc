@@ -1,0 +1,425 @@
+// ServerMetrics end to end within one process: steps are fed through the
+// engine's JobObserver interface exactly as the job workers will feed them,
+// and every assertion reads the exposition over a real loopback socket, the
+// way Prometheus reads it. promtool (AMPD_PROMTOOL) lints the scraped text.
+#include "server/metrics/server_metrics.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "server/engine/jobs/job_config.h"
+#include "server/engine/jobs/job_observer.h"
+#include "server/engine/jobs/trainer.h"
+
+namespace ampd::metrics {
+namespace {
+
+using engine::JobConfig;
+using engine::JobObserver;
+using engine::StepReport;
+
+// GET path from 127.0.0.1:port over HTTP/1.0 (no chunking, the server
+// closes the connection at the end of the body). Returns the body, or
+// nullopt with the reason in *error.
+std::optional<std::string> HttpGet(int port, const std::string& path, std::string* error) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) {
+    *error = "socket() failed";
+    return std::nullopt;
+  }
+  // Bounded: a server that never answers fails the test instead of hanging.
+  timeval timeout{.tv_sec = 10, .tv_usec = 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    *error = "connect() failed";
+    return std::nullopt;
+  }
+  const std::string request = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  size_t sent = 0;
+  while (sent < request.size()) {
+    const ssize_t n = send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) {
+      close(fd);
+      *error = "send() failed";
+      return std::nullopt;
+    }
+    sent += static_cast<size_t>(n);
+  }
+  std::string response;
+  char buf[8192];
+  while (true) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n == 0) break;
+    if (n < 0) {
+      close(fd);
+      *error = "recv() failed or timed out";
+      return std::nullopt;
+    }
+    response.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  const size_t header_end = response.find("\r\n\r\n");
+  if (header_end == std::string::npos || response.rfind("HTTP/1.", 0) != 0 ||
+      response.find(" 200 ") == std::string::npos ||
+      response.find(" 200 ") > response.find("\r\n")) {
+    *error = "not an HTTP 200 response: " + response.substr(0, 200);
+    return std::nullopt;
+  }
+  return response.substr(header_end + 4);
+}
+
+// Sample lines of a text exposition, keyed by the series exactly as written
+// (name{labels}); prometheus-cpp writes labels sorted by name, le last.
+std::map<std::string, double> ParseSamples(const std::string& text) {
+  std::map<std::string, double> samples;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t space = line.rfind(' ');
+    if (space == std::string::npos) continue;
+    samples[line.substr(0, space)] = std::strtod(line.c_str() + space + 1, nullptr);
+  }
+  return samples;
+}
+
+class ServerMetricsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto started = ServerMetrics::Start("127.0.0.1:0");
+    ASSERT_TRUE(started.ok()) << started.status();
+    metrics_ = *std::move(started);
+    ASSERT_GT(metrics_->port(), 0);
+  }
+
+  std::string Scrape() {
+    std::string error;
+    std::optional<std::string> body = HttpGet(metrics_->port(), "/metrics", &error);
+    EXPECT_TRUE(body.has_value()) << error;
+    return body.value_or("");
+  }
+
+  // The value of one series in a fresh scrape; fails the test when absent.
+  double Value(const std::string& series) {
+    const std::string text = Scrape();
+    const auto samples = ParseSamples(text);
+    auto it = samples.find(series);
+    EXPECT_NE(it, samples.end()) << series << " missing from:\n" << text;
+    return it == samples.end() ? std::nan("") : it->second;
+  }
+
+  JobObserver& observer() { return *metrics_; }
+
+  std::unique_ptr<ServerMetrics> metrics_;
+};
+
+JobConfig Fp16Config() {
+  JobConfig config;  // pytorch policy: init_scale 65536, backoff 0.5
+  config.precision = engine::model::Precision::kFp16;
+  return config;
+}
+
+// A step that applied its update at an unchanged scale.
+StepReport NormalStep(int64_t step, float scale) {
+  StepReport report;
+  report.step = step;
+  report.applied_steps = step;
+  report.loss = 0.5f;
+  report.scaler = {.scale_before = scale, .scale_after = scale};
+  report.grad_norm = 1.25f;
+  report.seconds = {
+      .forward = 0.002, .backward = 0.003, .unscale = 0.0005, .optimizer = 0.001, .total = 0.0065};
+  report.samples = 32;
+  return report;
+}
+
+// The overflow the scaler answers by skipping and halving S.
+StepReport OverflowStep(int64_t step, int64_t applied, float scale_before) {
+  StepReport report = NormalStep(step, scale_before);
+  report.applied_steps = applied;
+  report.scaler = {.scale_before = scale_before,
+                   .scale_after = scale_before / 2,
+                   .found_inf = true,
+                   .skipped = true,
+                   .backed_off = true};
+  report.grad_norm.reset();  // the norm is not computed once found_inf is set
+  return report;
+}
+
+// Engine bin of the octave [2^k, 2^(k+1)) (kernels/backend.h: bin 2 starts
+// at 2^-30).
+constexpr int OctaveBin(int k) { return k - kernels::kGradHistogramMinLog2 + 2; }
+
+TEST_F(ServerMetricsTest, ServesServerWideFamiliesBeforeAnyJob) {
+  const std::string text = Scrape();
+  EXPECT_NE(text.find("# TYPE ampd_jobs gauge"), std::string::npos) << text;
+  EXPECT_NE(text.find("# TYPE ampd_device_memory_total_bytes gauge"), std::string::npos) << text;
+  // prometheus-cpp writes no HELP/TYPE for a family without series.
+  EXPECT_EQ(text.find("ampd_loss_scale"), std::string::npos) << text;
+  const auto s = ParseSamples(text);
+  EXPECT_EQ(s.at("ampd_jobs"), 0);
+  EXPECT_EQ(s.at("ampd_device_memory_used_bytes"), 0);
+}
+
+TEST(ServerMetricsStartTest, RejectsEmptyAddress) {
+  auto started = ServerMetrics::Start("");
+  EXPECT_EQ(started.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ServerMetricsStartTest, ReportsAPortAlreadyInUseAsUnavailable) {
+  auto first = ServerMetrics::Start("127.0.0.1:0");
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = ServerMetrics::Start("127.0.0.1:" + std::to_string((*first)->port()));
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable) << second.status();
+}
+
+TEST_F(ServerMetricsTest, CreatedJobStartsAtItsInitialScale) {
+  observer().OnJobCreated("job-a", Fp16Config());
+  EXPECT_EQ(Value(R"(ampd_loss_scale{job="job-a"})"), 65536);
+  EXPECT_EQ(Value(R"(ampd_steps_total{job="job-a"})"), 0);
+  EXPECT_EQ(Value(R"(ampd_skipped_steps_total{job="job-a",reason="nonfinite"})"), 0);
+  EXPECT_EQ(Value("ampd_jobs"), 1);
+
+  JobConfig disabled = Fp16Config();
+  disabled.scaler.enabled = false;
+  observer().OnJobCreated("job-off", disabled);
+  EXPECT_EQ(Value(R"(ampd_loss_scale{job="job-off"})"), 1);
+  EXPECT_EQ(Value("ampd_jobs"), 2);
+}
+
+TEST_F(ServerMetricsTest, OverflowSkipsTheStepAndBacksTheScaleOff) {
+  observer().OnJobCreated("job-a", Fp16Config());
+  observer().OnStep("job-a", NormalStep(1, 65536));
+  EXPECT_EQ(Value(R"(ampd_loss_scale{job="job-a"})"), 65536);
+  EXPECT_EQ(Value(R"(ampd_loss_scale_backoffs_total{job="job-a"})"), 0);
+
+  observer().OnStep("job-a", OverflowStep(2, 1, 65536));
+  const std::string text = Scrape();
+  const auto s = ParseSamples(text);
+  EXPECT_EQ(s.at(R"(ampd_loss_scale{job="job-a"})"), 32768) << text;
+  EXPECT_EQ(s.at(R"(ampd_steps_total{job="job-a"})"), 2);
+  EXPECT_EQ(s.at(R"(ampd_skipped_steps_total{job="job-a",reason="nonfinite"})"), 1);
+  EXPECT_EQ(s.at(R"(ampd_loss_scale_backoffs_total{job="job-a"})"), 1);
+  EXPECT_EQ(s.at(R"(ampd_loss_scale_growths_total{job="job-a"})"), 0);
+  EXPECT_EQ(s.at(R"(ampd_samples_total{job="job-a"})"), 64);
+  EXPECT_EQ(s.at(R"(ampd_loss{job="job-a"})"), 0.5);
+  // The overflow step carried no norm: the gauge keeps the last one seen.
+  EXPECT_EQ(s.at(R"(ampd_grad_norm{job="job-a"})"), 1.25);
+  EXPECT_EQ(s.at(R"(ampd_step_duration_seconds_count{job="job-a",phase="total"})"), 2);
+  EXPECT_DOUBLE_EQ(s.at(R"(ampd_step_duration_seconds_sum{job="job-a",phase="forward"})"), 0.004);
+  // 0.0065 s lands in the 10 ms bucket, not the 5 ms one.
+  EXPECT_EQ(s.at(R"(ampd_step_duration_seconds_bucket{job="job-a",phase="total",le="0.005"})"), 0);
+  EXPECT_EQ(s.at(R"(ampd_step_duration_seconds_bucket{job="job-a",phase="total",le="0.01"})"), 2);
+}
+
+TEST_F(ServerMetricsTest, GrowthIsCounted) {
+  observer().OnJobCreated("job-a", Fp16Config());
+  StepReport grew = NormalStep(2000, 32768);
+  grew.scaler.scale_after = 65536;
+  grew.scaler.grew = true;
+  observer().OnStep("job-a", grew);
+  EXPECT_EQ(Value(R"(ampd_loss_scale_growths_total{job="job-a"})"), 1);
+  EXPECT_EQ(Value(R"(ampd_loss_scale{job="job-a"})"), 65536);
+}
+
+TEST_F(ServerMetricsTest, GradNormSeriesAppearsOnlyOnceReported) {
+  observer().OnJobCreated("job-a", Fp16Config());
+  StepReport no_norm = NormalStep(1, 65536);
+  no_norm.grad_norm.reset();
+  observer().OnStep("job-a", no_norm);
+  EXPECT_EQ(ParseSamples(Scrape()).count(R"(ampd_grad_norm{job="job-a"})"), 0u);
+  observer().OnStep("job-a", NormalStep(2, 65536));
+  EXPECT_EQ(Value(R"(ampd_grad_norm{job="job-a"})"), 1.25);
+}
+
+TEST_F(ServerMetricsTest, GradHistogramBinsBecomeCumulativeLog2Buckets) {
+  observer().OnJobCreated("job-a", Fp16Config());
+  StepReport report = NormalStep(1, 65536);
+  report.grad_histogram.assign(kernels::kGradHistogramBins, 0);
+  report.grad_histogram[0] = 7;               // exact zeros
+  report.grad_histogram[1] = 3;               // below 2^-30
+  report.grad_histogram[OctaveBin(-25)] = 5;  // [2^-25, 2^-24): fp16 rounds these to 0 or 2^-24
+  report.grad_histogram[OctaveBin(15)] = 11;  // [2^15, 2^16): just under fp16's 65504
+  report.grad_histogram[kernels::kGradHistogramBins - 1] = 2;  // >= 2^20, inf, NaN
+  observer().OnStep("job-a", report);
+
+  const std::string text = Scrape();
+  const auto s = ParseSamples(text);
+  auto bucket = [&](const std::string& le) {
+    const std::string key = R"(ampd_grad_magnitude_log2_bucket{job="job-a",le=")" + le + "\"}";
+    auto it = s.find(key);
+    EXPECT_NE(it, s.end()) << key << " missing from:\n" << text;
+    return it == s.end() ? -1.0 : it->second;
+  };
+  EXPECT_EQ(bucket("-30"), 3);
+  EXPECT_EQ(bucket("-29"), 3);
+  EXPECT_EQ(bucket("-25"), 3);  // the octave [2^-25, 2^-24) is below le=-24, not le=-25
+  EXPECT_EQ(bucket("-24"), 8);
+  EXPECT_EQ(bucket("15"), 8);
+  EXPECT_EQ(bucket("16"), 19);
+  EXPECT_EQ(bucket("20"), 19);
+  EXPECT_EQ(bucket("+Inf"), 21);
+  EXPECT_EQ(s.at(R"(ampd_grad_magnitude_log2_count{job="job-a"})"), 21);
+  EXPECT_DOUBLE_EQ(s.at(R"(ampd_grad_magnitude_log2_sum{job="job-a"})"),
+                   3 * -30.5 + 5 * -24.5 + 11 * 15.5 + 2 * 20.5);
+  EXPECT_EQ(s.at(R"(ampd_grad_zero_elements_total{job="job-a"})"), 7);
+
+  // Every bound -30..20 is exposed, so Grafana's heatmap has a fixed y axis.
+  for (int k = kernels::kGradHistogramMinLog2; k <= kernels::kGradHistogramMaxLog2; ++k) {
+    EXPECT_GE(bucket(std::to_string(k)), 0) << k;
+  }
+
+  // A second sampled step accumulates; a malformed histogram is ignored.
+  observer().OnStep("job-a", report);
+  StepReport malformed = NormalStep(3, 65536);
+  malformed.grad_histogram.assign(5, 100);
+  observer().OnStep("job-a", malformed);
+  EXPECT_EQ(Value(R"(ampd_grad_magnitude_log2_count{job="job-a"})"), 42);
+  EXPECT_EQ(Value(R"(ampd_grad_zero_elements_total{job="job-a"})"), 14);
+}
+
+TEST_F(ServerMetricsTest, DeletedJobsSeriesDisappear) {
+  observer().OnJobCreated("job-a", Fp16Config());
+  observer().OnJobCreated("job-b", Fp16Config());
+  StepReport report = NormalStep(1, 65536);
+  report.grad_histogram.assign(kernels::kGradHistogramBins, 1);
+  observer().OnStep("job-a", report);
+  observer().OnStep("job-b", report);
+  ASSERT_NE(Scrape().find(R"(job="job-a")"), std::string::npos);
+
+  observer().OnJobDeleted("job-a");
+  const std::string text = Scrape();
+  EXPECT_EQ(text.find(R"(job="job-a")"), std::string::npos) << text;
+  EXPECT_EQ(ParseSamples(text).at(R"(ampd_steps_total{job="job-b"})"), 1);
+  EXPECT_EQ(ParseSamples(text).at("ampd_jobs"), 1);
+
+  // Deleting twice, or an unknown job, changes nothing.
+  observer().OnJobDeleted("job-a");
+  observer().OnJobDeleted("never-created");
+  EXPECT_EQ(Value("ampd_jobs"), 1);
+}
+
+TEST_F(ServerMetricsTest, StepOfAnUnannouncedJobCreatesItsSeries) {
+  observer().OnStep("restored", OverflowStep(7, 6, 1024));
+  EXPECT_EQ(Value(R"(ampd_loss_scale{job="restored"})"), 512);
+  EXPECT_EQ(Value(R"(ampd_skipped_steps_total{job="restored",reason="nonfinite"})"), 1);
+  EXPECT_EQ(Value("ampd_jobs"), 1);
+}
+
+TEST_F(ServerMetricsTest, RpcsAndDeviceMemory) {
+  metrics_->RecordRpc("Step", "OK", 0.004);
+  metrics_->RecordRpc("Step", "OK", 0.002);
+  metrics_->RecordRpc("Step", "INVALID_ARGUMENT", 0.0001);
+  metrics_->RecordRpc("CreateJob", "OK", 0.3);
+  metrics_->SetDeviceMemory(int64_t{3} << 30, int64_t{80} << 30);
+  const std::string text = Scrape();
+  const auto s = ParseSamples(text);
+  EXPECT_EQ(s.at(R"(ampd_rpc_requests_total{code="OK",method="Step"})"), 2) << text;
+  EXPECT_EQ(s.at(R"(ampd_rpc_requests_total{code="INVALID_ARGUMENT",method="Step"})"), 1);
+  EXPECT_EQ(s.at(R"(ampd_rpc_requests_total{code="OK",method="CreateJob"})"), 1);
+  EXPECT_EQ(s.at(R"(ampd_rpc_duration_seconds_count{method="Step"})"), 3);
+  EXPECT_EQ(s.at(R"(ampd_rpc_duration_seconds_bucket{method="Step",le="0.0025"})"), 2);
+  EXPECT_EQ(s.at(R"(ampd_rpc_duration_seconds_bucket{method="CreateJob",le="0.25"})"), 0);
+  EXPECT_EQ(s.at("ampd_device_memory_used_bytes"), 3.0 * (1 << 30));
+  EXPECT_EQ(s.at("ampd_device_memory_total_bytes"), 80.0 * (1 << 30));
+}
+
+TEST_F(ServerMetricsTest, ConcurrentJobsCountExactly) {
+  constexpr int kJobs = 4;
+  constexpr int kSteps = 500;
+  std::vector<std::thread> workers;
+  for (int j = 0; j < kJobs; ++j) {
+    workers.emplace_back([this, j] {
+      const std::string id = "job-" + std::to_string(j);
+      observer().OnJobCreated(id, Fp16Config());
+      for (int i = 1; i <= kSteps; ++i) {
+        StepReport report =
+            (i % 10 == 0) ? OverflowStep(i, i - i / 10, 65536) : NormalStep(i, 65536);
+        observer().OnStep(id, report);
+      }
+    });
+  }
+  // A transient job created and deleted while the others step.
+  workers.emplace_back([this] {
+    for (int i = 0; i < 100; ++i) {
+      observer().OnJobCreated("transient", Fp16Config());
+      observer().OnStep("transient", NormalStep(1, 65536));
+      observer().OnJobDeleted("transient");
+    }
+  });
+  for (std::thread& t : workers) t.join();
+
+  const std::string text = Scrape();
+  const auto s = ParseSamples(text);
+  for (int j = 0; j < kJobs; ++j) {
+    const std::string job = "{job=\"job-" + std::to_string(j) + "\"}";
+    EXPECT_EQ(s.at("ampd_steps_total" + job), kSteps);
+    EXPECT_EQ(s.at("ampd_loss_scale_backoffs_total" + job), kSteps / 10);
+    EXPECT_EQ(s.at("ampd_samples_total" + job), 32 * kSteps);
+  }
+  EXPECT_EQ(text.find("transient"), std::string::npos);
+  EXPECT_EQ(s.at("ampd_jobs"), kJobs);
+}
+
+TEST_F(ServerMetricsTest, PromtoolAcceptsTheExposition) {
+  // Every family populated, so the lint sees every name, type and HELP.
+  observer().OnJobCreated("job-a", Fp16Config());
+  StepReport report = NormalStep(1, 65536);
+  report.grad_histogram.assign(kernels::kGradHistogramBins, 2);
+  observer().OnStep("job-a", report);
+  observer().OnStep("job-a", OverflowStep(2, 1, 65536));
+  metrics_->RecordRpc("Step", "OK", 0.004);
+  metrics_->SetDeviceMemory(1 << 20, 1 << 30);
+  const std::string text = Scrape();
+  ASSERT_FALSE(text.empty());
+
+  const std::filesystem::path file = std::filesystem::temp_directory_path() /
+                                     ("ampd_metrics_" + std::to_string(getpid()) + ".prom");
+  {
+    std::ofstream out(file);
+    out << text;
+  }
+  // promtool must exist in CI (scripts/install-deps.sh installs it): a
+  // missing binary fails here through the shell's exit status 127.
+  const std::string command =
+      std::string("'") + AMPD_PROMTOOL + "' check metrics < '" + file.string() + "' 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), pipe)) output.append(buf, n);
+  const int status = pclose(pipe);
+  std::filesystem::remove(file);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "promtool (" << AMPD_PROMTOOL << ") rejected the exposition:\n"
+      << output << "\n---\n"
+      << text;
+}
+
+}  // namespace
+}  // namespace ampd::metrics
