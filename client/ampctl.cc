@@ -1,0 +1,343 @@
+// ampctl: the command-line client of ampd.
+//   ampctl [--server=HOST:PORT] health
+//   ampctl jobs create|list|get ID|delete ID
+//   ampctl train --steps=N [--precision=fp16] [--scaler=pytorch --init-scale=..] [--json]
+//   ampctl state export --job=ID --out=FILE | state import --job=ID FILE
+// Flags may be spelled with dashes or underscores (--init-scale, --init_scale).
+#include <google/protobuf/util/json_util.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/client.h"
+#include "client/synthetic_task.h"
+
+ABSL_FLAG(std::string, server, "127.0.0.1:50051", "ampd address HOST:PORT");
+ABSL_FLAG(int64_t, deadline_ms, 60000, "Deadline of each call attempt");
+ABSL_FLAG(bool, json, false, "Machine-readable output (one JSON object per line)");
+ABSL_FLAG(std::string, job, "", "Job id (state export/import, jobs get/delete)");
+ABSL_FLAG(std::string, out, "", "Output file (state export)");
+// Job creation (jobs create, train).
+ABSL_FLAG(std::string, name, "", "Display name of the job");
+ABSL_FLAG(std::string, precision, "fp16", "fp32, fp16 or bf16");
+ABSL_FLAG(uint64_t, seed, 0, "Seed of the weights and of the synthetic task");
+ABSL_FLAG(std::string, optimizer, "adamw", "sgd, adam or adamw");
+ABSL_FLAG(std::optional<double>, lr, std::nullopt, "Learning rate (the optimizer's default)");
+ABSL_FLAG(std::optional<double>, weight_decay, std::nullopt, "Weight decay");
+ABSL_FLAG(std::optional<double>, momentum, std::nullopt, "SGD momentum");
+ABSL_FLAG(std::optional<double>, max_grad_norm, std::nullopt, "Clip the gradients' L2 norm");
+ABSL_FLAG(std::optional<double>, loss_multiplier, std::nullopt, "Constant the loss is scaled by");
+ABSL_FLAG(std::string, scaler, "pytorch",
+          "Loss-scaler policy: pytorch, paddle, deepspeed, megatron");
+ABSL_FLAG(std::optional<double>, init_scale, std::nullopt, "Initial loss scale");
+ABSL_FLAG(std::optional<double>, growth_factor, std::nullopt, "Scale growth factor");
+ABSL_FLAG(std::optional<double>, backoff_factor, std::nullopt, "Scale backoff factor");
+ABSL_FLAG(std::optional<int64_t>, growth_interval, std::nullopt, "Good steps between growths");
+ABSL_FLAG(std::optional<int64_t>, hysteresis, std::nullopt, "Overflows tolerated before backoff");
+ABSL_FLAG(std::optional<double>, min_scale, std::nullopt, "Scale floor");
+ABSL_FLAG(std::optional<double>, max_scale, std::nullopt, "Scale cap");
+ABSL_FLAG(std::optional<bool>, dynamic, std::nullopt,
+          "Dynamic scaling (false: a static scale that still skips non-finite steps)");
+ABSL_FLAG(std::optional<bool>, scaling, std::nullopt,
+          "Loss scaling enabled (the scaler's enabled)");
+// Training (train).
+ABSL_FLAG(int64_t, steps, 100, "Steps to run (train)");
+ABSL_FLAG(int64_t, batch_size, 64, "Rows per batch of the synthetic task");
+ABSL_FLAG(double, target_scale, 32.0,
+          "Magnitude of the synthetic task's targets (32: the first fp16 steps overflow at 65536)");
+ABSL_FLAG(bool, delete_after, false, "Delete the job when train ends");
+ABSL_FLAG(int32_t, page_size, 0, "jobs list: jobs per page (0: the server's default)");
+
+namespace {
+
+absl::Status Fail(const std::string& message) { return absl::InvalidArgumentError(message); }
+
+std::string ToJson(const google::protobuf::Message& message) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
+  return json;
+}
+
+absl::StatusOr<ampd::v1::CreateJobRequest> BuildCreateRequest(const ampd::SyntheticTask& task) {
+  ampd::v1::CreateJobRequest request;
+  ampd::v1::JobConfig* config = request.mutable_config();
+  config->set_display_name(absl::GetFlag(FLAGS_name));
+  config->set_seed(absl::GetFlag(FLAGS_seed));
+  *config->mutable_model() = task.Model();
+  if (auto m = absl::GetFlag(FLAGS_loss_multiplier))
+    config->mutable_model()->set_loss_multiplier(*m);
+
+  const std::string precision = absl::GetFlag(FLAGS_precision);
+  if (precision == "fp32")
+    config->set_precision(ampd::v1::PRECISION_FP32);
+  else if (precision == "fp16")
+    config->set_precision(ampd::v1::PRECISION_FP16);
+  else if (precision == "bf16")
+    config->set_precision(ampd::v1::PRECISION_BF16);
+  else
+    return Fail(absl::StrCat("--precision: expected fp32, fp16 or bf16, got ", precision));
+
+  ampd::v1::OptimizerConfig* o = config->mutable_optimizer();
+  const std::string optimizer = absl::GetFlag(FLAGS_optimizer);
+  if (optimizer == "sgd")
+    o->set_kind(ampd::v1::OPTIMIZER_SGD);
+  else if (optimizer == "adam")
+    o->set_kind(ampd::v1::OPTIMIZER_ADAM);
+  else if (optimizer == "adamw")
+    o->set_kind(ampd::v1::OPTIMIZER_ADAMW);
+  else
+    return Fail(absl::StrCat("--optimizer: expected sgd, adam or adamw, got ", optimizer));
+  if (auto v = absl::GetFlag(FLAGS_lr)) o->set_lr(static_cast<float>(*v));
+  if (auto v = absl::GetFlag(FLAGS_weight_decay)) o->set_weight_decay(static_cast<float>(*v));
+  if (auto v = absl::GetFlag(FLAGS_momentum)) o->set_momentum(static_cast<float>(*v));
+  if (auto v = absl::GetFlag(FLAGS_max_grad_norm)) o->set_max_grad_norm(static_cast<float>(*v));
+
+  ampd::v1::ScalerConfig* s = config->mutable_scaler();
+  const std::string policy = absl::GetFlag(FLAGS_scaler);
+  if (policy == "pytorch")
+    s->set_policy(ampd::v1::SCALER_POLICY_PYTORCH);
+  else if (policy == "paddle")
+    s->set_policy(ampd::v1::SCALER_POLICY_PADDLE);
+  else if (policy == "deepspeed")
+    s->set_policy(ampd::v1::SCALER_POLICY_DEEPSPEED);
+  else if (policy == "megatron")
+    s->set_policy(ampd::v1::SCALER_POLICY_MEGATRON);
+  else
+    return Fail(
+        absl::StrCat("--scaler: expected pytorch, paddle, deepspeed or megatron, got ", policy));
+  if (auto v = absl::GetFlag(FLAGS_init_scale)) s->set_init_scale(*v);
+  if (auto v = absl::GetFlag(FLAGS_growth_factor)) s->set_growth_factor(*v);
+  if (auto v = absl::GetFlag(FLAGS_backoff_factor)) s->set_backoff_factor(*v);
+  if (auto v = absl::GetFlag(FLAGS_growth_interval)) s->set_growth_interval(*v);
+  if (auto v = absl::GetFlag(FLAGS_hysteresis)) s->set_hysteresis(*v);
+  if (auto v = absl::GetFlag(FLAGS_min_scale)) s->set_min_scale(*v);
+  if (auto v = absl::GetFlag(FLAGS_max_scale)) s->set_max_scale(*v);
+  if (auto v = absl::GetFlag(FLAGS_dynamic)) s->set_dynamic(*v);
+  if (auto v = absl::GetFlag(FLAGS_scaling)) s->set_enabled(*v);
+  return request;
+}
+
+ampd::SyntheticTask MakeTask() {
+  ampd::SyntheticTaskOptions options;
+  options.batch_size = absl::GetFlag(FLAGS_batch_size);
+  options.target_scale = static_cast<float>(absl::GetFlag(FLAGS_target_scale));
+  options.seed = absl::GetFlag(FLAGS_seed);
+  return ampd::SyntheticTask(options);
+}
+
+std::string JsonNumber(double v) {
+  return std::isfinite(v) ? absl::StrFormat("%.9g", v) : std::string("null");
+}
+
+absl::Status Train(ampd::Client& client) {
+  const int64_t steps = absl::GetFlag(FLAGS_steps);
+  if (steps < 0) return Fail("--steps: must be >= 0");
+  if (absl::GetFlag(FLAGS_batch_size) < 1) return Fail("--batch_size: must be >= 1");
+  ampd::SyntheticTask task = MakeTask();
+  absl::StatusOr<ampd::v1::CreateJobRequest> request = BuildCreateRequest(task);
+  if (!request.ok()) return request.status();
+  absl::StatusOr<ampd::v1::Job> job = client.CreateJob(*request);
+  if (!job.ok()) return job.status();
+  const bool json = absl::GetFlag(FLAGS_json);
+  const ampd::v1::ScalerConfig& sc = job->config().scaler();
+  if (!json) {
+    std::printf("job %s: %lld parameters, %s, scaler %s (init_scale %g, growth_interval %lld)\n",
+                job->job_id().c_str(), static_cast<long long>(job->parameter_count()),
+                absl::GetFlag(FLAGS_precision).c_str(), absl::GetFlag(FLAGS_scaler).c_str(),
+                sc.init_scale(), static_cast<long long>(sc.growth_interval()));
+  }
+  int64_t skipped = 0;
+  for (int64_t i = 1; i <= steps; ++i) {
+    ampd::v1::StepRequest step;
+    step.set_job_id(job->job_id());
+    step.set_sequence(job->step() + i);
+    *step.add_micro_batches() = task.NextBatch();
+    absl::StatusOr<ampd::v1::StepResponse> r = client.Step(step);
+    if (!r.ok()) return r.status();
+    skipped += r->skipped() ? 1 : 0;
+    const double ms = r->timings().total_seconds() * 1e3;
+    if (json) {
+      std::printf(
+          "{\"job_id\":\"%s\",\"step\":%lld,\"loss\":%s,\"loss_scale\":%s,\"scale_before\":%s,"
+          "\"skipped\":%s,\"found_inf\":%s,\"grad_norm\":%s,\"applied_steps\":%lld,\"ms\":%s}\n",
+          job->job_id().c_str(), static_cast<long long>(r->global_step()),
+          JsonNumber(r->loss()).c_str(), JsonNumber(r->scale_after()).c_str(),
+          JsonNumber(r->scale_before()).c_str(), r->skipped() ? "true" : "false",
+          r->found_inf() ? "true" : "false",
+          r->has_grad_norm() ? JsonNumber(r->grad_norm()).c_str() : "null",
+          static_cast<long long>(r->applied_steps()), JsonNumber(ms).c_str());
+    } else {
+      std::string scale = absl::StrFormat("%g", r->scale_after());
+      if (r->scale_after() != r->scale_before()) {
+        scale = absl::StrFormat("%g -> %g", r->scale_before(), r->scale_after());
+      }
+      std::printf("step %4lld  loss %-12.6g scale %-18s %s  grad_norm %-10s %7.2f ms\n",
+                  static_cast<long long>(r->global_step()), r->loss(), scale.c_str(),
+                  r->skipped() ? "SKIPPED (overflow)" : "applied           ",
+                  r->has_grad_norm() ? absl::StrFormat("%.4g", r->grad_norm()).c_str() : "-", ms);
+    }
+    std::fflush(stdout);
+  }
+  if (!json) {
+    std::printf("job %s: %lld steps, %lld skipped\n", job->job_id().c_str(),
+                static_cast<long long>(steps), static_cast<long long>(skipped));
+  }
+  if (absl::GetFlag(FLAGS_delete_after)) return client.DeleteJob(job->job_id());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> JobArg(const std::vector<char*>& args, size_t index) {
+  if (!absl::GetFlag(FLAGS_job).empty()) return absl::GetFlag(FLAGS_job);
+  if (args.size() > index) return std::string(args[index]);
+  return Fail("give the job id as --job=ID");
+}
+
+absl::Status Jobs(ampd::Client& client, const std::vector<char*>& args) {
+  const std::string verb = args.size() > 2 ? args[2] : "";
+  if (verb == "create") {
+    ampd::SyntheticTask task = MakeTask();
+    absl::StatusOr<ampd::v1::CreateJobRequest> request = BuildCreateRequest(task);
+    if (!request.ok()) return request.status();
+    absl::StatusOr<ampd::v1::Job> job = client.CreateJob(*request);
+    if (!job.ok()) return job.status();
+    std::printf("%s\n", absl::GetFlag(FLAGS_json) ? ToJson(*job).c_str() : job->job_id().c_str());
+    return absl::OkStatus();
+  }
+  if (verb == "list") {
+    absl::StatusOr<std::vector<ampd::v1::Job>> jobs = client.ListAllJobs();
+    if (!jobs.ok()) return jobs.status();
+    for (const ampd::v1::Job& job : *jobs) {
+      if (absl::GetFlag(FLAGS_json)) {
+        std::printf("%s\n", ToJson(job).c_str());
+      } else {
+        std::printf("%s  step %-8lld scale %-10g %s\n", job.job_id().c_str(),
+                    static_cast<long long>(job.step()), job.loss_scale(),
+                    job.config().display_name().c_str());
+      }
+    }
+    return absl::OkStatus();
+  }
+  if (verb == "get") {
+    absl::StatusOr<std::string> id = JobArg(args, 3);
+    if (!id.ok()) return id.status();
+    absl::StatusOr<ampd::v1::Job> job = client.GetJob(*id);
+    if (!job.ok()) return job.status();
+    std::printf("%s\n", ToJson(*job).c_str());
+    return absl::OkStatus();
+  }
+  if (verb == "delete") {
+    absl::StatusOr<std::string> id = JobArg(args, 3);
+    if (!id.ok()) return id.status();
+    return client.DeleteJob(*id);
+  }
+  return Fail("usage: ampctl jobs create|list|get ID|delete ID");
+}
+
+absl::Status State(ampd::Client& client, const std::vector<char*>& args) {
+  const std::string verb = args.size() > 2 ? args[2] : "";
+  if (verb == "export") {
+    absl::StatusOr<std::string> id = JobArg(args, 99);
+    if (!id.ok()) return id.status();
+    std::string out = absl::GetFlag(FLAGS_out);
+    if (out.empty() && args.size() > 3) out = args[3];
+    if (out.empty()) return Fail("--out: give the output file");
+    absl::StatusOr<std::string> bytes = client.GetStateDict(*id);
+    if (!bytes.ok()) return bytes.status();
+    std::ofstream file(out, std::ios::binary | std::ios::trunc);
+    file.write(bytes->data(), static_cast<std::streamsize>(bytes->size()));
+    if (!file.good()) return absl::InternalError(absl::StrCat("--out: cannot write ", out));
+    std::printf("wrote %zu bytes to %s\n", bytes->size(), out.c_str());
+    return absl::OkStatus();
+  }
+  if (verb == "import") {
+    absl::StatusOr<std::string> id = JobArg(args, 99);
+    if (!id.ok()) return id.status();
+    if (args.size() < 4) return Fail("usage: ampctl state import --job=ID FILE");
+    std::ifstream file(args[3], std::ios::binary);
+    if (!file) return Fail(absl::StrCat("cannot read ", args[3]));
+    std::stringstream buffer;
+    buffer << file.rdbuf();
+    absl::StatusOr<ampd::v1::LoadStateDictResponse> r = client.LoadStateDict(*id, buffer.str());
+    if (!r.ok()) return r.status();
+    std::printf("loaded %lld tensors (%lld bytes) into %s\n", static_cast<long long>(r->tensors()),
+                static_cast<long long>(r->bytes()), id->c_str());
+    return absl::OkStatus();
+  }
+  return Fail("usage: ampctl state export --job=ID --out=FILE | state import --job=ID FILE");
+}
+
+absl::Status Health(ampd::Client& client) {
+  auto status = client.Health();
+  if (!status.ok()) return status.status();
+  const std::string name = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(*status);
+  std::printf("%s\n", name.c_str());
+  if (*status != grpc::health::v1::HealthCheckResponse::SERVING) {
+    return absl::UnavailableError(absl::StrCat("server is ", name));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "ampctl: command-line client of ampd.\n"
+      "  ampctl [--server=HOST:PORT] health\n"
+      "  ampctl jobs create|list|get ID|delete ID\n"
+      "  ampctl train --steps=N [--precision=fp16|bf16|fp32] [--scaler=pytorch --init-scale=..]"
+      " [--json]\n"
+      "  ampctl state export --job=ID --out=FILE\n"
+      "  ampctl state import --job=ID FILE");
+  // absl names flags with underscores; accept the dashed spelling too.
+  std::vector<std::string> raw(argv, argv + argc);
+  for (size_t i = 1; i < raw.size(); ++i) {
+    std::string& a = raw[i];
+    if (a == "--") break;
+    if (!absl::StartsWith(a, "--")) continue;
+    const size_t end = std::min(a.find('='), a.size());
+    for (size_t j = 2; j < end; ++j) {
+      if (a[j] == '-') a[j] = '_';
+    }
+  }
+  std::vector<char*> rewritten;
+  for (std::string& a : raw) rewritten.push_back(a.data());
+  std::vector<char*> args =
+      absl::ParseCommandLine(static_cast<int>(rewritten.size()), rewritten.data());
+
+  ampd::ClientOptions options;
+  options.deadline = absl::Milliseconds(absl::GetFlag(FLAGS_deadline_ms));
+  std::unique_ptr<ampd::Client> client =
+      ampd::Client::Connect(absl::GetFlag(FLAGS_server), options);
+  const std::string command = args.size() > 1 ? args[1] : "";
+  absl::Status status;
+  if (command == "health")
+    status = Health(*client);
+  else if (command == "jobs")
+    status = Jobs(*client, args);
+  else if (command == "train")
+    status = Train(*client);
+  else if (command == "state")
+    status = State(*client, args);
+  else
+    status = Fail("usage: ampctl health | jobs ... | train ... | state ... (see --help)");
+  if (!status.ok()) {
+    std::fprintf(stderr, "ampctl: %s\n", status.ToString().c_str());
+    return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  return 0;
+}

@@ -1,0 +1,185 @@
+// ampd::Client: deadlines, bounded retries with backoff, streaming helpers.
+#include "client/client.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+
+namespace ampd {
+namespace {
+
+// Codes after which a resend may succeed and cannot do harm (the callers of
+// WithRetries are the idempotent calls).
+bool Retryable(grpc::StatusCode code) {
+  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED ||
+         code == grpc::StatusCode::ABORTED;
+}
+
+std::string NewRequestId() {
+  absl::BitGen gen;
+  return absl::StrFormat("req-%016x%016x", absl::Uniform<uint64_t>(gen),
+                         absl::Uniform<uint64_t>(gen));
+}
+
+}  // namespace
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+std::unique_ptr<Client> Client::Connect(const std::string& target, ClientOptions options) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  args.SetMaxSendMessageSize(options.max_message_bytes);
+  return std::make_unique<Client>(
+      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args), options);
+}
+
+Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
+    : channel_(std::move(channel)),
+      options_(options),
+      stub_(v1::Trainer::NewStub(channel_)),
+      health_(grpc::health::v1::Health::NewStub(channel_)) {}
+
+void Client::Prepare(grpc::ClientContext& context) const {
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.deadline));
+}
+
+template <typename Fn>
+grpc::Status Client::WithRetries(Fn attempt) {
+  absl::Duration backoff = options_.initial_backoff;
+  absl::BitGen gen;
+  grpc::Status status;
+  for (int i = 0; i < std::max(1, options_.max_attempts); ++i) {
+    if (i > 0) {
+      // Full jitter keeps clients that failed together from retrying together.
+      absl::SleepFor(
+          absl::Milliseconds(absl::Uniform<double>(gen, 0.0, absl::ToDoubleMilliseconds(backoff))));
+      backoff = std::min(backoff * 2, options_.max_backoff);
+    }
+    grpc::ClientContext context;
+    Prepare(context);
+    status = attempt(context);
+    if (status.ok() || !Retryable(status.error_code())) return status;
+  }
+  return status;
+}
+
+absl::StatusOr<v1::Job> Client::CreateJob(v1::CreateJobRequest request) {
+  if (request.request_id().empty()) request.set_request_id(NewRequestId());
+  v1::CreateJobResponse response;
+  grpc::Status s = WithRetries(
+      [&](grpc::ClientContext& context) { return stub_->CreateJob(&context, request, &response); });
+  if (!s.ok()) return FromGrpcStatus(s);
+  return response.job();
+}
+
+absl::StatusOr<v1::Job> Client::GetJob(const std::string& job_id) {
+  v1::GetJobRequest request;
+  request.set_job_id(job_id);
+  v1::GetJobResponse response;
+  grpc::Status s = WithRetries(
+      [&](grpc::ClientContext& context) { return stub_->GetJob(&context, request, &response); });
+  if (!s.ok()) return FromGrpcStatus(s);
+  return response.job();
+}
+
+absl::StatusOr<v1::ListJobsResponse> Client::ListJobs(int page_size,
+                                                      const std::string& page_token) {
+  v1::ListJobsRequest request;
+  request.set_page_size(page_size);
+  request.set_page_token(page_token);
+  v1::ListJobsResponse response;
+  grpc::Status s = WithRetries(
+      [&](grpc::ClientContext& context) { return stub_->ListJobs(&context, request, &response); });
+  if (!s.ok()) return FromGrpcStatus(s);
+  return response;
+}
+
+absl::StatusOr<std::vector<v1::Job>> Client::ListAllJobs() {
+  std::vector<v1::Job> jobs;
+  std::string token;
+  do {
+    absl::StatusOr<v1::ListJobsResponse> page = ListJobs(0, token);
+    if (!page.ok()) return page.status();
+    jobs.insert(jobs.end(), page->jobs().begin(), page->jobs().end());
+    token = page->next_page_token();
+  } while (!token.empty());
+  return jobs;
+}
+
+absl::Status Client::DeleteJob(const std::string& job_id) {
+  v1::DeleteJobRequest request;
+  request.set_job_id(job_id);
+  v1::DeleteJobResponse response;
+  grpc::ClientContext context;
+  Prepare(context);
+  return FromGrpcStatus(stub_->DeleteJob(&context, request, &response));
+}
+
+absl::StatusOr<v1::StepResponse> Client::Step(const v1::StepRequest& request) {
+  v1::StepResponse response;
+  grpc::Status s = WithRetries(
+      [&](grpc::ClientContext& context) { return stub_->Step(&context, request, &response); });
+  if (!s.ok()) return FromGrpcStatus(s);
+  return response;
+}
+
+absl::StatusOr<std::string> Client::GetStateDict(const std::string& job_id) {
+  v1::GetStateDictRequest request;
+  request.set_job_id(job_id);
+  std::string bytes;
+  grpc::Status s = WithRetries([&](grpc::ClientContext& context) {
+    bytes.clear();
+    std::unique_ptr<grpc::ClientReader<v1::StateDictChunk>> reader =
+        stub_->GetStateDict(&context, request);
+    v1::StateDictChunk chunk;
+    while (reader->Read(&chunk)) bytes.append(chunk.data());
+    return reader->Finish();
+  });
+  if (!s.ok()) return FromGrpcStatus(s);
+  return bytes;
+}
+
+absl::StatusOr<v1::LoadStateDictResponse> Client::LoadStateDict(const std::string& job_id,
+                                                                absl::string_view safetensors) {
+  grpc::ClientContext context;
+  Prepare(context);
+  v1::LoadStateDictResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::LoadStateDictRequest>> writer =
+      stub_->LoadStateDict(&context, &response);
+  const size_t chunk = static_cast<size_t>(std::max<int64_t>(1, options_.state_chunk_bytes));
+  size_t offset = 0;
+  do {
+    v1::LoadStateDictRequest message;
+    if (offset == 0) message.set_job_id(job_id);
+    const size_t n = std::min(chunk, safetensors.size() - offset);
+    message.set_data(safetensors.data() + offset, n);
+    offset += n;
+    // A failed write means the server already finished the call; Finish says why.
+    if (!writer->Write(message)) break;
+  } while (offset < safetensors.size());
+  writer->WritesDone();
+  grpc::Status s = writer->Finish();
+  if (!s.ok()) return FromGrpcStatus(s);
+  return response;
+}
+
+absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> Client::Health(
+    const std::string& service) {
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  grpc::health::v1::HealthCheckResponse response;
+  grpc::Status s = WithRetries(
+      [&](grpc::ClientContext& context) { return health_->Check(&context, request, &response); });
+  if (!s.ok()) return FromGrpcStatus(s);
+  return response.status();
+}
+
+}  // namespace ampd

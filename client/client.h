@@ -1,0 +1,76 @@
+// ampd::Client: a C++ client for ampd.v1.Trainer with a deadline on every
+// call and bounded retries with exponential backoff where a retry is safe:
+// Step (the sequence number makes a resend exactly-once), GetJob/ListJobs/
+// GetStateDict (reads), CreateJob (a request_id, generated when the caller
+// gives none, makes a resend return the same job), and the health check.
+// DeleteJob and LoadStateDict are sent once.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "ampd/v1/trainer.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+
+namespace ampd {
+
+struct ClientOptions {
+  absl::Duration deadline = absl::Seconds(60);  // per attempt
+  int max_attempts = 5;                         // for the retryable calls
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  absl::Duration max_backoff = absl::Seconds(2);
+  int max_message_bytes = 256 << 20;  // send and receive
+  int64_t state_chunk_bytes = 1 << 20;
+};
+
+// gRPC status -> absl::Status (same code and message).
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+class Client {
+ public:
+  // target: "HOST:PORT". Connects lazily; no call is made here.
+  static std::unique_ptr<Client> Connect(const std::string& target, ClientOptions options = {});
+  // For tests and tools that bring their own channel.
+  Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options);
+
+  absl::StatusOr<v1::Job> CreateJob(v1::CreateJobRequest request);
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(int page_size, const std::string& page_token);
+  // Every page.
+  absl::StatusOr<std::vector<v1::Job>> ListAllJobs();
+  absl::Status DeleteJob(const std::string& job_id);
+  absl::StatusOr<v1::StepResponse> Step(const v1::StepRequest& request);
+  // The job's state as one safetensors file.
+  absl::StatusOr<std::string> GetStateDict(const std::string& job_id);
+  absl::StatusOr<v1::LoadStateDictResponse> LoadStateDict(const std::string& job_id,
+                                                          absl::string_view safetensors);
+  // grpc.health.v1 Check: the serving status ("" = the whole server).
+  absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> Health(
+      const std::string& service = "");
+
+  v1::Trainer::Stub& stub() { return *stub_; }
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+
+ private:
+  // Runs attempt(context) until it succeeds, fails with a code that is not
+  // worth retrying, or max_attempts is reached; each attempt gets a fresh
+  // context with the deadline.
+  template <typename Fn>
+  grpc::Status WithRetries(Fn attempt);
+  void Prepare(grpc::ClientContext& context) const;
+
+  std::shared_ptr<grpc::Channel> channel_;
+  ClientOptions options_;
+  std::unique_ptr<v1::Trainer::Stub> stub_;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health_;
+};
+
+}  // namespace ampd

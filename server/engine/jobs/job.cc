@@ -1,0 +1,390 @@
+// Job and WorkerPool: the strand that serialises one job's work, the
+// exactly-once step sequence, and checkpoints.
+#include "server/engine/jobs/job.h"
+
+#include <cmath>
+#include <cstdio>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "kernels/backend_factory.h"
+#include "server/engine/checkpoint/safetensors.h"
+
+namespace ampd::engine {
+
+// ---- WorkerPool -----------------------------------------------------------------
+
+WorkerPool::WorkerPool(int threads) {
+  if (threads < 1) threads = 1;
+  threads_.reserve(static_cast<size_t>(threads));
+  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
+}
+
+WorkerPool::~WorkerPool() { Shutdown(); }
+
+void WorkerPool::Post(std::function<void()> task) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return;
+  tasks_.push_back(std::move(task));
+}
+
+void WorkerPool::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  for (std::thread& t : threads_) {
+    if (t.joinable()) t.join();
+  }
+  threads_.clear();
+}
+
+void WorkerPool::Run() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](WorkerPool* p)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) { return p->stopping_ || !p->tasks_.empty(); },
+          this));
+      // Drain what is queued even when stopping: those tasks finish calls.
+      if (tasks_.empty()) return;
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    task();
+  }
+}
+
+// ---- helpers ----------------------------------------------------------------------
+
+int64_t EstimateJobBytes(const JobConfig& config) {
+  const int64_t params = model::ParameterCount(config.model);
+  const int64_t working =
+      static_cast<int64_t>(kernels::SizeOf(model::WorkingDType(config.precision)));
+  int64_t optimizer = 0;
+  switch (config.optimizer.kind) {
+    case optim::OptimizerKind::kSgd:
+      optimizer = config.optimizer.sgd.momentum > 0 ? 4 : 0;
+      break;
+    case optim::OptimizerKind::kAdam:
+    case optim::OptimizerKind::kAdamW:
+      optimizer = 8;  // exp_avg + exp_avg_sq
+      break;
+  }
+  // master fp32 + working copy + gradients + optimizer state.
+  return params * (4 + 2 * working + optimizer);
+}
+
+namespace {
+
+// The scale the next step uses, read from a state dict's scaler metadata
+// (pytorch/paddle/megatron call it "scale", deepspeed "cur_scale").
+std::optional<float> ScaleFromState(const checkpoint::StateDict& state) {
+  for (const char* key : {"scaler.scale", "scaler.cur_scale"}) {
+    auto it = state.metadata.find(key);
+    double v = 0;
+    if (it != state.metadata.end() && absl::SimpleAtod(it->second, &v)) {
+      return static_cast<float>(v);
+    }
+  }
+  return std::nullopt;
+}
+
+std::string HexFloat(double v) { return absl::StrFormat("%a", v); }
+
+bool ParseHexFloat(absl::string_view s, double* out) {
+  std::string copy(s);
+  char* end = nullptr;
+  *out = std::strtod(copy.c_str(), &end);
+  return end != nullptr && *end == '\0' && !copy.empty();
+}
+
+}  // namespace
+
+std::string EncodeStepReport(const StepReport& r) {
+  std::vector<std::string> parts = {
+      absl::StrCat("step=", r.step),
+      absl::StrCat("applied_steps=", r.applied_steps),
+      absl::StrCat("loss=", HexFloat(r.loss)),
+      absl::StrCat("scale_before=", HexFloat(r.scaler.scale_before)),
+      absl::StrCat("scale_after=", HexFloat(r.scaler.scale_after)),
+      absl::StrCat("found_inf=", r.scaler.found_inf ? 1 : 0),
+      absl::StrCat("skipped=", r.scaler.skipped ? 1 : 0),
+      absl::StrCat("grew=", r.scaler.grew ? 1 : 0),
+      absl::StrCat("backed_off=", r.scaler.backed_off ? 1 : 0),
+      absl::StrCat("forward=", HexFloat(r.seconds.forward)),
+      absl::StrCat("backward=", HexFloat(r.seconds.backward)),
+      absl::StrCat("unscale=", HexFloat(r.seconds.unscale)),
+      absl::StrCat("optimizer=", HexFloat(r.seconds.optimizer)),
+      absl::StrCat("total=", HexFloat(r.seconds.total)),
+      absl::StrCat("samples=", r.samples),
+  };
+  if (r.grad_norm.has_value()) parts.push_back(absl::StrCat("grad_norm=", HexFloat(*r.grad_norm)));
+  return absl::StrJoin(parts, ";");
+}
+
+absl::StatusOr<StepReport> DecodeStepReport(absl::string_view text) {
+  StepReport r;
+  for (absl::string_view part : absl::StrSplit(text, ';', absl::SkipEmpty())) {
+    std::pair<absl::string_view, absl::string_view> kv =
+        absl::StrSplit(part, absl::MaxSplits('=', 1));
+    double d = 0;
+    int64_t i = 0;
+    const bool is_int = absl::SimpleAtoi(kv.second, &i);
+    const bool is_float = ParseHexFloat(kv.second, &d);
+    const absl::string_view k = kv.first;
+    if (k == "step" && is_int)
+      r.step = i;
+    else if (k == "applied_steps" && is_int)
+      r.applied_steps = i;
+    else if (k == "samples" && is_int)
+      r.samples = i;
+    else if (k == "found_inf" && is_int)
+      r.scaler.found_inf = i != 0;
+    else if (k == "skipped" && is_int)
+      r.scaler.skipped = i != 0;
+    else if (k == "grew" && is_int)
+      r.scaler.grew = i != 0;
+    else if (k == "backed_off" && is_int)
+      r.scaler.backed_off = i != 0;
+    else if (k == "loss" && is_float)
+      r.loss = static_cast<float>(d);
+    else if (k == "scale_before" && is_float)
+      r.scaler.scale_before = static_cast<float>(d);
+    else if (k == "scale_after" && is_float)
+      r.scaler.scale_after = static_cast<float>(d);
+    else if (k == "grad_norm" && is_float)
+      r.grad_norm = static_cast<float>(d);
+    else if (k == "forward" && is_float)
+      r.seconds.forward = d;
+    else if (k == "backward" && is_float)
+      r.seconds.backward = d;
+    else if (k == "unscale" && is_float)
+      r.seconds.unscale = d;
+    else if (k == "optimizer" && is_float)
+      r.seconds.optimizer = d;
+    else if (k == "total" && is_float)
+      r.seconds.total = d;
+    else
+      return absl::InvalidArgumentError(absl::StrCat(kMetaLastReport, ": bad entry '", part, "'"));
+  }
+  return r;
+}
+
+// ---- Job ----------------------------------------------------------------------------
+
+Job::Job(std::string job_id, std::string request_id, JobConfig config, std::string create_request,
+         const JobContext* context)
+    : id_(std::move(job_id)),
+      request_id_(std::move(request_id)),
+      create_request_(std::move(create_request)),
+      context_(context),
+      estimated_bytes_(EstimateJobBytes(config)) {
+  absl::MutexLock lock(&mu_);
+  snapshot_.job_id = id_;
+  snapshot_.request_id = request_id_;
+  snapshot_.parameter_count = model::ParameterCount(config.model);
+  snapshot_.estimated_bytes = estimated_bytes_;
+  snapshot_.loss_scale =
+      config.scaler.enabled ? static_cast<float>(config.scaler.init_scale) : 1.0f;
+  snapshot_.config = std::move(config);
+}
+
+Job::~Job() = default;
+
+JobSnapshot Job::Snapshot() const {
+  absl::MutexLock lock(&mu_);
+  return snapshot_;
+}
+
+bool Job::closed() const {
+  absl::MutexLock lock(&mu_);
+  return closed_;
+}
+
+void Job::Post(std::function<void()> task) {
+  bool schedule = false;
+  {
+    absl::MutexLock lock(&queue_mu_);
+    queue_.push_back(std::move(task));
+    if (!scheduled_) scheduled_ = schedule = true;
+  }
+  if (schedule) context_->pool->Post([self = shared_from_this()] { self->RunOne(); });
+}
+
+// One task per pool turn, then the job queues itself again behind other jobs'
+// work, so a job with a long backlog cannot starve the others.
+void Job::RunOne() {
+  std::function<void()> task;
+  {
+    absl::MutexLock lock(&queue_mu_);
+    task = std::move(queue_.front());
+    queue_.pop_front();
+  }
+  task();
+  bytes_in_use_.store(trainer_ ? trainer_->backend().BytesInUse() : 0, std::memory_order_relaxed);
+  bool again = false;
+  {
+    absl::MutexLock lock(&queue_mu_);
+    if (queue_.empty()) {
+      scheduled_ = false;
+    } else {
+      again = true;
+    }
+  }
+  if (again) context_->pool->Post([self = shared_from_this()] { self->RunOne(); });
+}
+
+absl::Status Job::NotOpen() const {
+  return absl::NotFoundError(absl::StrCat("job_id: no job ", id_));
+}
+
+void Job::RefreshSnapshot(std::optional<float> scale) {
+  if (trainer_ != nullptr) {
+    snapshot_.config = trainer_->config();
+    snapshot_.parameter_count = trainer_->parameter_count();
+  }
+  if (scale.has_value()) snapshot_.loss_scale = *scale;
+}
+
+absl::Status Job::Initialize(const std::string& device) {
+  JobConfig config = Snapshot().config;
+  absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend(device);
+  if (!backend.ok()) return backend.status();
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(config, *std::move(backend));
+  if (!trainer.ok()) return trainer.status();
+  trainer_ = *std::move(trainer);
+  bytes_in_use_.store(trainer_->backend().BytesInUse(), std::memory_order_relaxed);
+  absl::MutexLock lock(&mu_);
+  RefreshSnapshot(std::nullopt);
+  return absl::OkStatus();
+}
+
+absl::Status Job::Restore(const std::string& device, const checkpoint::StateDict& state) {
+  if (absl::Status s = Initialize(device); !s.ok()) return s;
+  if (absl::Status s = trainer_->LoadState(state); !s.ok()) return s;
+  int64_t step = 0;
+  if (auto it = state.metadata.find(kMetaStep); it != state.metadata.end()) {
+    if (!absl::SimpleAtoi(it->second, &step) || step < 0) {
+      return absl::DataLossError(absl::StrCat(kMetaStep, ": not a step count: ", it->second));
+    }
+  }
+  int64_t applied = 0;
+  if (auto it = state.metadata.find("optimizer.step"); it != state.metadata.end()) {
+    (void)absl::SimpleAtoi(it->second, &applied);
+  }
+  if (auto it = state.metadata.find(kMetaLastReport); it != state.metadata.end()) {
+    absl::StatusOr<StepReport> report = DecodeStepReport(it->second);
+    if (report.ok() && report->step == step) last_report_ = *std::move(report);
+  }
+  absl::MutexLock lock(&mu_);
+  snapshot_.step = step;
+  snapshot_.applied_steps = applied;
+  RefreshSnapshot(ScaleFromState(state));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepReport> Job::Step(int64_t sequence, StepInput input) {
+  if (trainer_ == nullptr) return NotOpen();
+  const int64_t done = Snapshot().step;
+  if (sequence == done && done > 0) {
+    if (last_report_.has_value()) return *last_report_;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "sequence: step ", done,
+        " was applied before a restart and its response is lost; expected ", done + 1));
+  }
+  if (sequence != done + 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("sequence: expected ", done + 1, ", got ", sequence));
+  }
+  const int64_t every = context_->grad_histogram_every;
+  input.sample_grad_histogram = every > 0 && sequence % every == 0;
+  absl::StatusOr<StepReport> report = trainer_->Step(input);
+  if (!report.ok()) return report.status();
+  // The job's sequence is the protocol's, not the Trainer's count (which an
+  // imported state dict may have moved).
+  report->step = sequence;
+  last_report_ = *report;
+  {
+    absl::MutexLock lock(&mu_);
+    snapshot_.step = sequence;
+    snapshot_.applied_steps = report->applied_steps;
+    snapshot_.loss_scale = report->scaler.scale_after;
+  }
+  if (context_->observer != nullptr) context_->observer->OnStep(id_, *report);
+  if (context_->checkpoint_every > 0 && sequence % context_->checkpoint_every == 0) {
+    if (absl::Status s = Checkpoint(); !s.ok()) {
+      std::fprintf(stderr, "ampd: job %s checkpoint failed at step %lld: %s\n", id_.c_str(),
+                   static_cast<long long>(sequence), s.ToString().c_str());
+    }
+  }
+  return report;
+}
+
+absl::StatusOr<std::string> Job::ExportSafetensors() const {
+  if (trainer_ == nullptr) return NotOpen();
+  absl::StatusOr<checkpoint::StateDict> state = trainer_->ExportState();
+  if (!state.ok()) return state.status();
+  if (absl::Status s = checkpoint::ValidateStateDict(*state); !s.ok()) return s;
+  return checkpoint::EncodeSafetensors(*state);
+}
+
+absl::StatusOr<int64_t> Job::ImportSafetensors(absl::string_view bytes) {
+  if (trainer_ == nullptr) return NotOpen();
+  absl::StatusOr<checkpoint::StateDict> state = checkpoint::DecodeSafetensors(bytes);
+  if (!state.ok()) return state.status();
+  if (absl::Status s = trainer_->LoadState(*state); !s.ok()) return s;
+  int64_t applied = 0;
+  if (auto it = state->metadata.find("optimizer.step"); it != state->metadata.end()) {
+    (void)absl::SimpleAtoi(it->second, &applied);
+  }
+  // The recorded response belongs to the old weights; a retry of the last
+  // sequence after an import must not pretend it was computed on the new ones.
+  last_report_.reset();
+  absl::MutexLock lock(&mu_);
+  snapshot_.applied_steps = applied;
+  RefreshSnapshot(ScaleFromState(*state));
+  return static_cast<int64_t>(state->tensors.size());
+}
+
+absl::Status Job::Checkpoint() {
+  if (context_->state_dir == nullptr) return absl::OkStatus();
+  if (trainer_ == nullptr) return NotOpen();
+  absl::StatusOr<checkpoint::StateDict> state = trainer_->ExportState();
+  if (!state.ok()) return state.status();
+  const int64_t step = Snapshot().step;
+  state->metadata[kMetaCreateRequest] = absl::Base64Escape(create_request_);
+  state->metadata[kMetaStep] = absl::StrCat(step);
+  state->metadata[kMetaRequestId] = request_id_;
+  if (last_report_.has_value()) {
+    state->metadata[kMetaLastReport] = EncodeStepReport(*last_report_);
+  } else {
+    state->metadata.erase(kMetaLastReport);
+  }
+  if (absl::Status s = context_->state_dir->Write(id_, *state); !s.ok()) return s;
+  std::fprintf(stderr, "ampd: job %s checkpointed at step %lld\n", id_.c_str(),
+               static_cast<long long>(step));
+  return absl::OkStatus();
+}
+
+absl::Status Job::Close(bool remove_checkpoint) {
+  {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+  }
+  trainer_.reset();
+  last_report_.reset();
+  bytes_in_use_.store(0, std::memory_order_relaxed);
+  if (remove_checkpoint && context_->state_dir != nullptr) {
+    return context_->state_dir->Remove(id_);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ampd::engine

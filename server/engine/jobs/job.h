@@ -1,0 +1,155 @@
+// Job: one training job — its Trainer, its step sequence (exactly-once
+// Steps), its checkpoints — and the ordered worker that is the Trainer's only
+// caller. A job's work runs as tasks on a strand over a small shared
+// WorkerPool: one task of a job at a time, in post order, different jobs in
+// parallel. No gRPC or protobuf here; the rpc layer posts tasks and finishes
+// its calls from them.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/engine/checkpoint/state_dict.h"
+#include "server/engine/checkpoint/state_directory.h"
+#include "server/engine/jobs/job_config.h"
+#include "server/engine/jobs/job_observer.h"
+#include "server/engine/jobs/trainer.h"
+
+namespace ampd::engine {
+
+// A fixed set of threads running posted tasks in FIFO order. Shutdown runs
+// what is queued, then joins; Post after Shutdown runs nothing.
+class WorkerPool {
+ public:
+  explicit WorkerPool(int threads);
+  ~WorkerPool();
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+
+  void Post(std::function<void()> task);
+  void Shutdown();
+
+ private:
+  void Run();
+
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_;
+};
+
+// What GetJob/ListJobs report, readable from any thread.
+struct JobSnapshot {
+  std::string job_id;
+  std::string request_id;
+  JobConfig config;  // effective (defaults filled in)
+  int64_t step = 0;  // Step calls applied; the next sequence is step + 1
+  int64_t applied_steps = 0;
+  float loss_scale = 1.0f;  // the scale the next step uses
+  int64_t parameter_count = 0;
+  int64_t estimated_bytes = 0;
+};
+
+// Shared by every job of a registry; outlives them.
+struct JobContext {
+  WorkerPool* pool = nullptr;
+  const checkpoint::StateDirectory* state_dir = nullptr;  // nullptr: no checkpoints
+  JobObserver* observer = nullptr;                        // nullable
+  int64_t checkpoint_every = 0;                           // 0: only on shutdown
+  int64_t grad_histogram_every = 0;                       // 0: never sample
+  std::function<void()> on_memory_changed;                // nullable
+};
+
+// Metadata keys a job writes into its checkpoints (state_dict.h's ampd.*).
+inline constexpr char kMetaCreateRequest[] =
+    "ampd.create_request";  // base64 of the rpc layer's blob
+inline constexpr char kMetaStep[] = "ampd.step";
+inline constexpr char kMetaLastReport[] = "ampd.last_report";  // the last step's response
+inline constexpr char kMetaRequestId[] = "ampd.request_id";
+
+// Estimated bytes a job holds on its backend: fp32 masters, the working copy
+// and gradients in the working dtype, and the optimizer's fp32 state.
+// Activations depend on the batch and are not counted.
+int64_t EstimateJobBytes(const JobConfig& config);
+
+class Job : public std::enable_shared_from_this<Job> {
+ public:
+  // create_request: the opaque bytes the rpc layer recreates this job from
+  // after a restart (stored base64 in every checkpoint).
+  Job(std::string job_id, std::string request_id, JobConfig config, std::string create_request,
+      const JobContext* context);
+  ~Job();
+
+  const std::string& id() const { return id_; }
+  const std::string& request_id() const { return request_id_; }
+  JobSnapshot Snapshot() const;
+  int64_t estimated_bytes() const { return estimated_bytes_; }
+  // Backend bytes in use, refreshed by the worker after each task.
+  int64_t bytes_in_use() const { return bytes_in_use_.load(std::memory_order_relaxed); }
+
+  // Runs `task` on this job's strand, after every task posted before it.
+  void Post(std::function<void()> task);
+
+  // ---- strand-only (call from a posted task) ----------------------------------
+  // Builds the Trainer on a new backend for `device` from the job's config.
+  absl::Status Initialize(const std::string& device);
+  // Initialize, then load a checkpoint and continue its step sequence.
+  absl::Status Restore(const std::string& device, const checkpoint::StateDict& state);
+  // Exactly-once: sequence == step()+1 trains; sequence == step() returns the
+  // recorded report; anything else is FailedPrecondition naming the expected.
+  absl::StatusOr<StepReport> Step(int64_t sequence, StepInput input);
+  // The Trainer's state as safetensors bytes.
+  absl::StatusOr<std::string> ExportSafetensors() const;
+  // Replaces weights, optimizer and scaler state from safetensors bytes; the
+  // step sequence is the job's own and does not change.
+  absl::StatusOr<int64_t> ImportSafetensors(absl::string_view bytes);
+  // Writes the checkpoint when there is a state directory (no-op otherwise).
+  absl::Status Checkpoint();
+  // Releases the Trainer; later tasks see NotFound. Removes the checkpoint
+  // when remove_checkpoint.
+  absl::Status Close(bool remove_checkpoint);
+  bool closed() const;
+
+ private:
+  void RunOne();
+  void RefreshSnapshot(std::optional<float> scale) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status NotOpen() const;
+
+  const std::string id_;
+  const std::string request_id_;
+  const std::string create_request_;
+  const JobContext* const context_;
+  const int64_t estimated_bytes_;
+
+  // Strand queue.
+  absl::Mutex queue_mu_;
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(queue_mu_);
+  bool scheduled_ ABSL_GUARDED_BY(queue_mu_) = false;
+
+  // Owned by the strand (only tasks touch them).
+  std::unique_ptr<Trainer> trainer_;
+  std::optional<StepReport> last_report_;
+  std::atomic<int64_t> bytes_in_use_{0};
+
+  // Snapshot for readers on other threads.
+  mutable absl::Mutex mu_;
+  JobSnapshot snapshot_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// Text form of a StepReport for checkpoint metadata (exact: floats as hex).
+std::string EncodeStepReport(const StepReport& report);
+absl::StatusOr<StepReport> DecodeStepReport(absl::string_view text);
+
+}  // namespace ampd::engine

@@ -1,0 +1,331 @@
+// JobRegistry: the job table and the orchestration of jobs' strand tasks.
+#include "server/engine/jobs/job_registry.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <utility>
+
+#include "absl/random/random.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/blocking_counter.h"
+
+namespace ampd::engine {
+namespace {
+
+// One line per job event (never per step), on stderr.
+void LogEvent(const std::string& line) { std::fprintf(stderr, "ampd: %s\n", line.c_str()); }
+
+std::string NewJobId() {
+  static absl::Mutex mu(absl::kConstInit);
+  static absl::BitGen* gen = new absl::BitGen();
+  absl::MutexLock lock(&mu);
+  return absl::StrFormat("job-%012x", absl::Uniform<uint64_t>(*gen, 0, uint64_t{1} << 48));
+}
+
+}  // namespace
+
+JobRegistry::JobRegistry(RegistryOptions options) : options_(std::move(options)) {}
+
+absl::StatusOr<std::unique_ptr<JobRegistry>> JobRegistry::Create(RegistryOptions options) {
+  auto registry = std::unique_ptr<JobRegistry>(new JobRegistry(std::move(options)));
+  if (!registry->options_.state_dir.empty()) {
+    absl::StatusOr<checkpoint::StateDirectory> dir =
+        checkpoint::StateDirectory::Open(registry->options_.state_dir);
+    if (!dir.ok()) return dir.status();
+    registry->state_dir_.emplace(*std::move(dir));
+  }
+  registry->pool_ = std::make_unique<WorkerPool>(registry->options_.worker_threads);
+  registry->context_.pool = registry->pool_.get();
+  registry->context_.state_dir = registry->state_dir_ ? &*registry->state_dir_ : nullptr;
+  registry->context_.observer = registry->options_.observer;
+  registry->context_.checkpoint_every = registry->options_.checkpoint_every;
+  registry->context_.grad_histogram_every = registry->options_.grad_histogram_every;
+  return registry;
+}
+
+JobRegistry::~JobRegistry() { Shutdown(); }
+
+void JobRegistry::Shutdown() {
+  if (pool_) pool_->Shutdown();
+}
+
+int64_t JobRegistry::job_count() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(jobs_.size());
+}
+
+std::shared_ptr<Job> JobRegistry::Find(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? nullptr : it->second;
+}
+
+void JobRegistry::Remove(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return;
+  if (!it->second->request_id().empty()) by_request_id_.erase(it->second->request_id());
+  jobs_.erase(it);
+}
+
+void JobRegistry::ReportMemory() const {
+  if (!options_.on_device_memory) return;
+  int64_t total = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, job] : jobs_) total += job->bytes_in_use();
+  }
+  options_.on_device_memory(total);
+}
+
+absl::Status JobRegistry::CheckAdmission(const JobConfig& config) const {
+  if (options_.max_jobs > 0 && static_cast<int64_t>(jobs_.size()) >= options_.max_jobs) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("job_id: the server already holds ", jobs_.size(),
+                     " jobs (--max-jobs=", options_.max_jobs, "); delete one first"));
+  }
+  if (options_.max_memory_bytes > 0) {
+    int64_t used = 0;
+    for (const auto& [id, job] : jobs_) used += job->estimated_bytes();
+    const int64_t need = EstimateJobBytes(config);
+    if (used + need > options_.max_memory_bytes) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("config.model: the job needs an estimated ", need, " bytes and jobs hold ",
+                       used, " of --max-memory-bytes=", options_.max_memory_bytes));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void JobRegistry::CreateJob(JobConfig config, std::string request_id, std::string create_request,
+                            std::function<void(absl::StatusOr<JobSnapshot>)> done) {
+  if (absl::Status s = ValidateJobConfig(config); !s.ok()) {
+    done(s);
+    return;
+  }
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);
+    if (draining_) {
+      done(absl::UnavailableError("the server is shutting down"));
+      return;
+    }
+    if (!request_id.empty()) {
+      auto it = by_request_id_.find(request_id);
+      if (it != by_request_id_.end()) {
+        std::shared_ptr<Job> existing = jobs_.at(it->second);
+        // After the first creation's task: the job is built (or failed) by then.
+        existing->Post([existing, done = std::move(done)] {
+          if (existing->closed()) {
+            done(absl::AbortedError(
+                "request_id: the first CreateJob with this request_id failed; retry"));
+          } else {
+            done(existing->Snapshot());
+          }
+        });
+        return;
+      }
+    }
+    if (absl::Status s = CheckAdmission(config); !s.ok()) {
+      done(s);
+      return;
+    }
+    std::string id = NewJobId();
+    while (jobs_.contains(id)) id = NewJobId();
+    job = std::make_shared<Job>(id, request_id, std::move(config), std::move(create_request),
+                                &context_);
+    jobs_[id] = job;
+    if (!request_id.empty()) by_request_id_[request_id] = id;
+  }
+  job->Post([this, job, done = std::move(done)] {
+    absl::Status s = job->Initialize(options_.device);
+    if (s.ok()) s = job->Checkpoint();
+    if (!s.ok()) {
+      (void)job->Close(/*remove_checkpoint=*/true);
+      Remove(job->id());
+      LogEvent(absl::StrCat("job ", job->id(), " failed to create: ", s.ToString()));
+      done(s);
+      return;
+    }
+    JobSnapshot snapshot = job->Snapshot();
+    LogEvent(absl::StrCat("job ", job->id(), " created (", snapshot.parameter_count,
+                          " parameters, ", model::PrecisionName(snapshot.config.precision), ")"));
+    if (options_.observer != nullptr) options_.observer->OnJobCreated(job->id(), snapshot.config);
+    ReportMemory();
+    done(std::move(snapshot));
+  });
+}
+
+absl::StatusOr<JobSnapshot> JobRegistry::GetJob(const std::string& job_id) const {
+  std::shared_ptr<Job> job = Find(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
+  return job->Snapshot();
+}
+
+absl::StatusOr<JobPage> JobRegistry::ListJobs(int page_size, const std::string& page_token) const {
+  if (page_size < 0) return absl::InvalidArgumentError("page_size: must be >= 0");
+  const size_t size = page_size == 0 ? 100 : static_cast<size_t>(std::min(page_size, 1000));
+  std::vector<std::shared_ptr<Job>> page;
+  bool more = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = page_token.empty() ? jobs_.begin() : jobs_.upper_bound(page_token);
+    for (; it != jobs_.end(); ++it) {
+      if (page.size() == size) {
+        more = true;
+        break;
+      }
+      page.push_back(it->second);
+    }
+  }
+  JobPage result;
+  for (const auto& job : page) result.jobs.push_back(job->Snapshot());
+  if (more) result.next_page_token = page.back()->id();
+  return result;
+}
+
+void JobRegistry::DeleteJob(const std::string& job_id, std::function<void(absl::Status)> done) {
+  std::shared_ptr<Job> job = Find(job_id);
+  if (job == nullptr) {
+    done(absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'")));
+    return;
+  }
+  // Out of the table at once (no new work finds it); queued work runs first.
+  Remove(job_id);
+  job->Post([this, job, done = std::move(done)] {
+    absl::Status s = job->Close(/*remove_checkpoint=*/true);
+    if (options_.observer != nullptr) options_.observer->OnJobDeleted(job->id());
+    LogEvent(absl::StrCat("job ", job->id(), " deleted"));
+    ReportMemory();
+    done(s);
+  });
+}
+
+void JobRegistry::Step(const std::string& job_id, int64_t sequence, StepInput input,
+                       std::function<void(absl::StatusOr<StepReport>)> done) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (draining_) {
+      done(absl::UnavailableError("the server is shutting down"));
+      return;
+    }
+  }
+  std::shared_ptr<Job> job = Find(job_id);
+  if (job == nullptr) {
+    done(absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'")));
+    return;
+  }
+  auto shared_input = std::make_shared<StepInput>(std::move(input));
+  job->Post([this, job, sequence, shared_input, done = std::move(done)] {
+    absl::StatusOr<StepReport> report = job->Step(sequence, std::move(*shared_input));
+    if (report.ok()) {
+      ReportMemory();
+    } else if (report.status().code() != absl::StatusCode::kInvalidArgument &&
+               report.status().code() != absl::StatusCode::kFailedPrecondition &&
+               report.status().code() != absl::StatusCode::kNotFound) {
+      LogEvent(absl::StrCat("job ", job->id(), " step ", sequence,
+                            " failed: ", report.status().ToString()));
+    }
+    done(std::move(report));
+  });
+}
+
+void JobRegistry::ExportState(const std::string& job_id,
+                              std::function<void(absl::StatusOr<std::string>)> done) {
+  std::shared_ptr<Job> job = Find(job_id);
+  if (job == nullptr) {
+    done(absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'")));
+    return;
+  }
+  job->Post([job, done = std::move(done)] { done(job->ExportSafetensors()); });
+}
+
+void JobRegistry::ImportState(const std::string& job_id, std::string safetensors,
+                              std::function<void(absl::StatusOr<int64_t>)> done) {
+  std::shared_ptr<Job> job = Find(job_id);
+  if (job == nullptr) {
+    done(absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'")));
+    return;
+  }
+  auto bytes = std::make_shared<std::string>(std::move(safetensors));
+  job->Post([job, bytes, done = std::move(done)] {
+    absl::StatusOr<int64_t> tensors = job->ImportSafetensors(*bytes);
+    if (tensors.ok()) LogEvent(absl::StrCat("job ", job->id(), " state loaded"));
+    done(std::move(tensors));
+  });
+}
+
+absl::Status JobRegistry::RestoreAll(const CreateRequestDecoder& decode) {
+  if (!state_dir_) return absl::OkStatus();
+  absl::StatusOr<std::vector<std::string>> ids = state_dir_->ListJobs();
+  if (!ids.ok()) return ids.status();
+  for (const std::string& id : *ids) {
+    absl::StatusOr<checkpoint::StateDict> state = state_dir_->Read(id);
+    if (!state.ok()) {
+      LogEvent(absl::StrCat("job ", id, " failed to restore: ", state.status().ToString()));
+      continue;
+    }
+    auto it = state->metadata.find(kMetaCreateRequest);
+    std::string blob;
+    if (it == state->metadata.end() || !absl::Base64Unescape(it->second, &blob)) {
+      LogEvent(absl::StrCat("job ", id, " failed to restore: ", kMetaCreateRequest,
+                            " missing or not base64"));
+      continue;
+    }
+    absl::StatusOr<DecodedCreateRequest> request = decode(blob);
+    if (!request.ok()) {
+      LogEvent(absl::StrCat("job ", id, " failed to restore: ", request.status().ToString()));
+      continue;
+    }
+    auto job = std::make_shared<Job>(id, request->request_id, request->config, blob, &context_);
+    absl::Status s = job->Restore(options_.device, *state);
+    if (!s.ok()) {
+      (void)job->Close(/*remove_checkpoint=*/false);
+      LogEvent(absl::StrCat("job ", id, " failed to restore: ", s.ToString()));
+      continue;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      jobs_[id] = job;
+      if (!request->request_id.empty()) by_request_id_[request->request_id] = id;
+    }
+    JobSnapshot snapshot = job->Snapshot();
+    if (options_.observer != nullptr) options_.observer->OnJobCreated(id, snapshot.config);
+    LogEvent(absl::StrCat("job ", id, " restored at step ", snapshot.step));
+  }
+  ReportMemory();
+  return absl::OkStatus();
+}
+
+void JobRegistry::StartDraining() {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+}
+
+absl::Status JobRegistry::CheckpointAll() {
+  std::vector<std::shared_ptr<Job>> jobs;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, job] : jobs_) jobs.push_back(job);
+  }
+  absl::BlockingCounter pending(static_cast<int>(jobs.size()));
+  absl::Mutex status_mu;
+  absl::Status first_error;
+  for (const auto& job : jobs) {
+    job->Post([&, job] {
+      absl::Status s = job->closed() ? absl::OkStatus() : job->Checkpoint();
+      if (!s.ok()) {
+        LogEvent(absl::StrCat("job ", job->id(), " final checkpoint failed: ", s.ToString()));
+        absl::MutexLock lock(&status_mu);
+        if (first_error.ok()) first_error = s;
+      }
+      pending.DecrementCount();
+    });
+  }
+  pending.Wait();
+  return first_error;
+}
+
+}  // namespace ampd::engine

@@ -1,0 +1,104 @@
+// JobRegistry: every job of the server by id — creation (with request_id
+// deduplication and the --max-jobs / --max-memory-bytes limits), lookup,
+// paging, deletion, restore from the state directory at start, and the final
+// checkpoint at shutdown. Asynchronous calls take a completion that runs on
+// the job's strand, so the caller (a gRPC reaction) never blocks on training.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/engine/checkpoint/state_directory.h"
+#include "server/engine/jobs/job.h"
+
+namespace ampd::engine {
+
+struct RegistryOptions {
+  std::string device = "cpu";        // kernels::CreateBackend's device string
+  int64_t max_jobs = 0;              // 0: unlimited
+  int64_t max_memory_bytes = 0;      // 0: unlimited (vs the sum of EstimateJobBytes)
+  int64_t checkpoint_every = 0;      // 0: only at shutdown
+  int64_t grad_histogram_every = 0;  // 0: never
+  std::string state_dir;             // empty: no checkpoints
+  int worker_threads = 2;
+  JobObserver* observer = nullptr;  // nullable; must outlive the registry
+  // Called with the sum of the jobs' backend bytes after each change; nullable.
+  std::function<void(int64_t in_use_bytes)> on_device_memory;
+};
+
+// What the rpc layer recovers from a checkpoint's ampd.create_request.
+struct DecodedCreateRequest {
+  JobConfig config;
+  std::string request_id;
+};
+using CreateRequestDecoder =
+    std::function<absl::StatusOr<DecodedCreateRequest>(absl::string_view create_request)>;
+
+struct JobPage {
+  std::vector<JobSnapshot> jobs;
+  std::string next_page_token;
+};
+
+class JobRegistry {
+ public:
+  static absl::StatusOr<std::unique_ptr<JobRegistry>> Create(RegistryOptions options);
+  ~JobRegistry();  // Shutdown()
+
+  // Restores every job in the state directory (blocking; call at start).
+  // A checkpoint that cannot be restored is logged and left on disk.
+  absl::Status RestoreAll(const CreateRequestDecoder& decode);
+
+  // config must already carry its defaults. create_request: opaque bytes
+  // stored with each checkpoint. A non-empty request_id seen before returns
+  // the job it created (or that creation's error).
+  void CreateJob(JobConfig config, std::string request_id, std::string create_request,
+                 std::function<void(absl::StatusOr<JobSnapshot>)> done);
+  absl::StatusOr<JobSnapshot> GetJob(const std::string& job_id) const;
+  // Sorted by job id; page_token is the last id of the previous page.
+  absl::StatusOr<JobPage> ListJobs(int page_size, const std::string& page_token) const;
+  // Runs after the job's queued work; removes its checkpoint.
+  void DeleteJob(const std::string& job_id, std::function<void(absl::Status)> done);
+  void Step(const std::string& job_id, int64_t sequence, StepInput input,
+            std::function<void(absl::StatusOr<StepReport>)> done);
+  void ExportState(const std::string& job_id,
+                   std::function<void(absl::StatusOr<std::string>)> done);
+  void ImportState(const std::string& job_id, std::string safetensors,
+                   std::function<void(absl::StatusOr<int64_t>)> done);
+
+  // New creates and steps answer Unavailable from now on.
+  void StartDraining();
+  // Checkpoints every job after its queued work and waits for it. Blocking.
+  absl::Status CheckpointAll();
+  // Runs the queued work, then joins the workers. Blocking; idempotent.
+  void Shutdown();
+
+  int64_t job_count() const;
+
+ private:
+  explicit JobRegistry(RegistryOptions options);
+  std::shared_ptr<Job> Find(const std::string& job_id) const;
+  absl::Status CheckAdmission(const JobConfig& config) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Remove(const std::string& job_id);
+  void ReportMemory() const;
+
+  const RegistryOptions options_;
+  std::optional<checkpoint::StateDirectory> state_dir_;
+  std::unique_ptr<WorkerPool> pool_;
+  JobContext context_;
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> by_request_id_ ABSL_GUARDED_BY(mu_);
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace ampd::engine

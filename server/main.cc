@@ -1,0 +1,245 @@
+// ampd: the training server. Flags, wiring (metrics -> registry -> service ->
+// gRPC server), restore from --state-dir, and graceful shutdown: SIGTERM or
+// SIGINT is taken by a sigwait thread (no work in a signal handler), which
+// wakes main; main flips health to NOT_SERVING, drains in-flight calls,
+// checkpoints every job and exits 0.
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "kernels/backend_factory.h"
+#include "server/engine/jobs/job_registry.h"
+#include "server/metrics/server_metrics.h"
+#include "server/rpc/trainer_service.h"
+#include "server/rpc/translate.h"
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
+          "gRPC address HOST:PORT; port 0 picks a free one (printed as "
+          "'ampd: listening on HOST:PORT')");
+ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9464",
+          "Prometheus /metrics address HOST:PORT (port 0 picks one; empty disables)");
+ABSL_FLAG(std::string, state_dir, "",
+          "Directory of job checkpoints (one safetensors file per job); jobs found there are "
+          "restored at start. Empty: no checkpoints");
+ABSL_FLAG(std::string, device, "auto", "Backend for new jobs: auto, cpu, cuda or cuda:N");
+ABSL_FLAG(int64_t, checkpoint_every, 100,
+          "Checkpoint each job every N steps (0: only at shutdown); needs --state-dir");
+ABSL_FLAG(int64_t, max_jobs, 64, "Most jobs held at once (0: unlimited)");
+ABSL_FLAG(int64_t, max_memory_bytes, 0,
+          "Most estimated job bytes (weights, grads, optimizer state) held at once (0: unlimited)");
+ABSL_FLAG(int64_t, max_receive_message_bytes, 64 << 20,
+          "Largest request message accepted; larger ones fail with RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, grad_histogram_every, 10,
+          "Sample the gradient magnitude histogram every N steps (0: never)");
+ABSL_FLAG(int32_t, worker_threads, 0,
+          "Threads that run jobs' steps (each job in order, jobs in parallel); 0: one per core");
+ABSL_FLAG(int64_t, drain_grace_ms, 0,
+          "On SIGTERM, report NOT_SERVING this long before refusing new calls, so load "
+          "balancers notice");
+ABSL_FLAG(int64_t, shutdown_timeout_ms, 30000,
+          "On SIGTERM, how long in-flight calls may take to finish before they are cancelled");
+
+namespace {
+
+// Everything after the last ':' ("127.0.0.1:0" -> "127.0.0.1", "[::]:0" -> "[::]").
+std::string HostOf(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  return colon == std::string::npos ? address : address.substr(0, colon);
+}
+
+int g_signal_pipe[2] = {-1, -1};
+
+// Async-signal-safe: one write(2), nothing else.
+void OnShutdownSignal(int sig) {
+  const unsigned char byte = static_cast<unsigned char>(sig);
+  const int saved = errno;
+  (void)!write(g_signal_pipe[1], &byte, 1);
+  errno = saved;
+}
+
+int64_t HostMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page_size > 0 ? static_cast<int64_t>(pages) * page_size : 0;
+}
+
+int Run() {
+  // Shutdown signals go through a self-pipe: the handler only write()s the
+  // signal number, a thread reads it and wakes main. (sigwait would need the
+  // signals blocked in every thread, and libraries such as OpenBLAS start
+  // threads before main runs.)
+  if (pipe(g_signal_pipe) != 0) {
+    std::perror("ampd: pipe");
+    return 1;
+  }
+  struct sigaction action = {};
+  action.sa_handler = OnShutdownSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  std::unique_ptr<ampd::metrics::ServerMetrics> metrics;
+  if (const std::string address = absl::GetFlag(FLAGS_metrics_listen); !address.empty()) {
+    absl::StatusOr<std::unique_ptr<ampd::metrics::ServerMetrics>> started =
+        ampd::metrics::ServerMetrics::Start(address);
+    if (!started.ok()) {
+      std::fprintf(stderr, "ampd: --metrics_listen: %s\n", started.status().ToString().c_str());
+      return 1;
+    }
+    metrics = *std::move(started);
+    std::printf("ampd: metrics on %s:%d\n", HostOf(address).c_str(), metrics->port());
+  }
+
+  const std::string device = absl::GetFlag(FLAGS_device);
+  const bool on_gpu = device != "cpu" && ampd::kernels::CudaDeviceCount() > 0;
+  // The CPU backend's memory is host RAM; a GPU's total comes from its own backend.
+  const int64_t total_memory = on_gpu ? 0 : HostMemoryBytes();
+
+  ampd::engine::RegistryOptions options;
+  options.device = device;
+  options.max_jobs = absl::GetFlag(FLAGS_max_jobs);
+  options.max_memory_bytes = absl::GetFlag(FLAGS_max_memory_bytes);
+  options.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  options.grad_histogram_every = absl::GetFlag(FLAGS_grad_histogram_every);
+  options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  const int threads = absl::GetFlag(FLAGS_worker_threads);
+  options.worker_threads =
+      threads > 0 ? threads : std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
+  options.observer = metrics.get();
+  if (metrics != nullptr) {
+    ampd::metrics::ServerMetrics* m = metrics.get();
+    options.on_device_memory = [m, total_memory](int64_t in_use) {
+      m->SetDeviceMemory(in_use, total_memory);
+    };
+  }
+  if (options.max_jobs < 0 || options.max_memory_bytes < 0 || options.checkpoint_every < 0 ||
+      options.grad_histogram_every < 0) {
+    std::fprintf(stderr,
+                 "ampd: --max_jobs, --max_memory_bytes, --checkpoint_every and "
+                 "--grad_histogram_every must be >= 0\n");
+    return 1;
+  }
+  absl::StatusOr<std::unique_ptr<ampd::engine::JobRegistry>> registry =
+      ampd::engine::JobRegistry::Create(options);
+  if (!registry.ok()) {
+    std::fprintf(stderr, "ampd: --state_dir: %s\n", registry.status().ToString().c_str());
+    return 1;
+  }
+  if (absl::Status s = (*registry)->RestoreAll(ampd::rpc::DecodeCreateRequest); !s.ok()) {
+    std::fprintf(stderr, "ampd: restoring jobs: %s\n", s.ToString().c_str());
+    return 1;
+  }
+
+  ampd::rpc::RpcRecorder record;
+  if (metrics != nullptr) {
+    ampd::metrics::ServerMetrics* m = metrics.get();
+    record = [m](absl::string_view method, absl::string_view code, double seconds) {
+      m->RecordRpc(method, code, seconds);
+    };
+  }
+  ampd::rpc::ServiceOptions service_options;
+  if (options.max_memory_bytes > 0) service_options.max_state_dict_bytes = options.max_memory_bytes;
+  ampd::rpc::TrainerService service(registry->get(), record, service_options);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  int port = 0;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  const int64_t max_receive = absl::GetFlag(FLAGS_max_receive_message_bytes);
+  builder.SetMaxReceiveMessageSize(
+      static_cast<int>(std::min<int64_t>(std::max<int64_t>(max_receive, 1), INT32_MAX)));
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    std::fprintf(stderr, "ampd: --listen: cannot listen on %s\n", listen.c_str());
+    return 1;
+  }
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  health->SetServingStatus(true);
+  std::printf("ampd: listening on %s:%d\n", HostOf(listen).c_str(), port);
+  std::fflush(stdout);
+  std::fprintf(stderr, "ampd: serving on %s:%d with device %s, %lld job(s) restored\n",
+               HostOf(listen).c_str(), port, device.c_str(),
+               static_cast<long long>((*registry)->job_count()));
+
+  absl::Notification stop;
+  int received = 0;
+  std::thread waiter([&] {
+    unsigned char sig = 0;
+    while (read(g_signal_pipe[0], &sig, 1) < 0 && errno == EINTR) {
+    }
+    received = sig;
+    stop.Notify();
+  });
+  stop.WaitForNotification();
+  waiter.join();
+
+  std::fprintf(stderr, "ampd: %s received, draining\n", received == SIGINT ? "SIGINT" : "SIGTERM");
+  health->SetServingStatus(false);
+  if (const int64_t grace = absl::GetFlag(FLAGS_drain_grace_ms); grace > 0) {
+    absl::SleepFor(absl::Milliseconds(grace));
+  }
+  (*registry)->StartDraining();
+  // Waits for in-flight calls (their steps finish on the job workers).
+  server->Shutdown(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(absl::GetFlag(FLAGS_shutdown_timeout_ms)));
+  server->Wait();
+  const absl::Status checkpointed = (*registry)->CheckpointAll();
+  (*registry)->Shutdown();
+  std::fprintf(stderr, "ampd: stopped\n");
+  return checkpointed.ok() ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // --help lists this file's flags (absl matches files named after the binary,
+  // and this one is main.cc).
+  absl::FlagsUsageConfig usage_config;
+  usage_config.contains_help_flags = [](absl::string_view path) {
+    return absl::StrContains(path, "server/main.cc");
+  };
+  absl::SetFlagsUsageConfig(usage_config);
+  absl::SetProgramUsageMessage(
+      "ampd: mixed-precision (fp16/bf16) training service over gRPC (ampd.v1.Trainer).\n"
+      "Usage: ampd --listen=HOST:PORT [--state-dir=DIR] [--device=auto|cpu|cuda[:N]] ...");
+  // The documented spelling is --state-dir; absl flags are named state_dir.
+  // Accept both by rewriting dashes in flag names (not values) before parsing.
+  std::vector<std::string> args(argv, argv + argc);
+  for (size_t i = 1; i < args.size(); ++i) {
+    std::string& a = args[i];
+    if (a == "--") break;
+    if (!absl::StartsWith(a, "--")) continue;
+    const size_t end = std::min(a.find('='), a.size());
+    for (size_t j = 2; j < end; ++j) {
+      if (a[j] == '-') a[j] = '_';
+    }
+  }
+  std::vector<char*> rewritten;
+  for (std::string& a : args) rewritten.push_back(a.data());
+  absl::ParseCommandLine(static_cast<int>(rewritten.size()), rewritten.data());
+  return Run();
+}

@@ -1,0 +1,242 @@
+// TrainerService handlers and the two streaming reactors (state dict out and
+// in). Handlers only translate; the registry's completions finish the calls.
+#include "server/rpc/trainer_service.h"
+
+#include <algorithm>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/rpc/status_mapping.h"
+#include "server/rpc/translate.h"
+
+namespace ampd::rpc {
+namespace {
+
+// Streams one safetensors file in chunks. The export runs on the job's
+// worker; the writes are started from its completion and then from
+// OnWriteDone reactions, which only hand the next slice to gRPC.
+class StateDictWriter final : public grpc::ServerWriteReactor<v1::StateDictChunk> {
+ public:
+  StateDictWriter(const TrainerService* service, engine::JobRegistry* registry,
+                  const std::string& job_id, int64_t chunk_bytes)
+      : service_(service), chunk_bytes_(static_cast<size_t>(chunk_bytes)), start_(absl::Now()) {
+    registry->ExportState(job_id, [this](absl::StatusOr<std::string> bytes) {
+      if (!bytes.ok()) {
+        Done(ToGrpcStatus(bytes.status()));
+        return;
+      }
+      bytes_ = *std::move(bytes);
+      WriteNext();
+    });
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Done(grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading"));
+      return;
+    }
+    WriteNext();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void WriteNext() {
+    if (offset_ >= bytes_.size()) {
+      Done(grpc::Status::OK);
+      return;
+    }
+    const size_t n = std::min(chunk_bytes_, bytes_.size() - offset_);
+    chunk_.set_data(bytes_.data() + offset_, n);
+    offset_ += n;
+    StartWrite(&chunk_);
+  }
+  void Done(const grpc::Status& status) {
+    service_->Record("GetStateDict", status, start_);
+    Finish(status);
+  }
+
+  const TrainerService* service_;
+  const size_t chunk_bytes_;
+  const absl::Time start_;
+  std::string bytes_;
+  size_t offset_ = 0;
+  v1::StateDictChunk chunk_;
+};
+
+// Collects a client stream of chunks (the first message names the job), then
+// hands the whole file to the job's worker, which decodes and loads it.
+class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRequest> {
+ public:
+  StateDictReader(const TrainerService* service, engine::JobRegistry* registry,
+                  v1::LoadStateDictResponse* response, int64_t max_bytes)
+      : service_(service),
+        registry_(registry),
+        response_(response),
+        max_bytes_(max_bytes),
+        start_(absl::Now()) {
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // The client half-closed: the file is complete.
+      if (job_id_.empty()) {
+        Done(absl::InvalidArgumentError("job_id: the first message must name the job"));
+        return;
+      }
+      const int64_t size = static_cast<int64_t>(bytes_.size());
+      registry_->ImportState(job_id_, std::move(bytes_), [this, size](absl::StatusOr<int64_t> n) {
+        if (n.ok()) {
+          response_->set_bytes(size);
+          response_->set_tensors(*n);
+        }
+        Done(n.status());
+      });
+      return;
+    }
+    if (first_) {
+      first_ = false;
+      job_id_ = request_.job_id();
+      if (job_id_.empty()) {
+        Done(absl::InvalidArgumentError("job_id: the first message must name the job"));
+        return;
+      }
+    } else if (!request_.job_id().empty() && request_.job_id() != job_id_) {
+      Done(absl::InvalidArgumentError(absl::StrCat("job_id: later messages name job '",
+                                                   request_.job_id(), "' but the stream is for '",
+                                                   job_id_, "'")));
+      return;
+    }
+    if (static_cast<int64_t>(bytes_.size() + request_.data().size()) > max_bytes_) {
+      Done(absl::ResourceExhaustedError(absl::StrCat(
+          "data: the state dict exceeds the server's limit of ", max_bytes_, " bytes")));
+      return;
+    }
+    bytes_.append(request_.data());
+    StartRead(&request_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void Done(const absl::Status& status) {
+    const grpc::Status grpc_status = ToGrpcStatus(status);
+    service_->Record("LoadStateDict", grpc_status, start_);
+    Finish(grpc_status);
+  }
+
+  const TrainerService* service_;
+  engine::JobRegistry* registry_;
+  v1::LoadStateDictResponse* response_;
+  const int64_t max_bytes_;
+  const absl::Time start_;
+  v1::LoadStateDictRequest request_;
+  bool first_ = true;
+  std::string job_id_;
+  std::string bytes_;
+};
+
+}  // namespace
+
+TrainerService::TrainerService(engine::JobRegistry* registry, RpcRecorder record,
+                               ServiceOptions options)
+    : registry_(registry), record_(std::move(record)), options_(options) {}
+
+void TrainerService::Record(absl::string_view method, const grpc::Status& status,
+                            absl::Time start) const {
+  if (record_) {
+    record_(method, GrpcCodeName(status.error_code()), absl::ToDoubleSeconds(absl::Now() - start));
+  }
+}
+
+void TrainerService::FinishUnary(grpc::ServerUnaryReactor* reactor, absl::string_view method,
+                                 absl::Time start, const absl::Status& status) const {
+  const grpc::Status grpc_status = ToGrpcStatus(status);
+  Record(method, grpc_status, start);
+  reactor->Finish(grpc_status);
+}
+
+grpc::ServerUnaryReactor* TrainerService::CreateJob(grpc::CallbackServerContext* context,
+                                                    const v1::CreateJobRequest* request,
+                                                    v1::CreateJobResponse* response) {
+  const absl::Time start = absl::Now();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<engine::JobConfig> config = JobConfigFromProto(request->config());
+  if (!config.ok()) {
+    FinishUnary(reactor, "CreateJob", start, config.status());
+    return reactor;
+  }
+  registry_->CreateJob(*std::move(config), request->request_id(), request->SerializeAsString(),
+                       [this, reactor, response, start](absl::StatusOr<engine::JobSnapshot> job) {
+                         if (job.ok()) *response->mutable_job() = JobToProto(*job);
+                         FinishUnary(reactor, "CreateJob", start, job.status());
+                       });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* TrainerService::GetJob(grpc::CallbackServerContext* context,
+                                                 const v1::GetJobRequest* request,
+                                                 v1::GetJobResponse* response) {
+  const absl::Time start = absl::Now();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<engine::JobSnapshot> job = registry_->GetJob(request->job_id());
+  if (job.ok()) *response->mutable_job() = JobToProto(*job);
+  FinishUnary(reactor, "GetJob", start, job.status());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* TrainerService::ListJobs(grpc::CallbackServerContext* context,
+                                                   const v1::ListJobsRequest* request,
+                                                   v1::ListJobsResponse* response) {
+  const absl::Time start = absl::Now();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<engine::JobPage> page =
+      registry_->ListJobs(request->page_size(), request->page_token());
+  if (page.ok()) {
+    for (const engine::JobSnapshot& job : page->jobs) *response->add_jobs() = JobToProto(job);
+    response->set_next_page_token(page->next_page_token);
+  }
+  FinishUnary(reactor, "ListJobs", start, page.status());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* TrainerService::DeleteJob(grpc::CallbackServerContext* context,
+                                                    const v1::DeleteJobRequest* request,
+                                                    v1::DeleteJobResponse* /*response*/) {
+  const absl::Time start = absl::Now();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  registry_->DeleteJob(request->job_id(), [this, reactor, start](absl::Status s) {
+    FinishUnary(reactor, "DeleteJob", start, s);
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* TrainerService::Step(grpc::CallbackServerContext* context,
+                                               const v1::StepRequest* request,
+                                               v1::StepResponse* response) {
+  const absl::Time start = absl::Now();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  // Decoding copies the batch bytes once; it is linear and cheap next to a step.
+  absl::StatusOr<engine::StepInput> input = StepInputFromProto(*request);
+  if (!input.ok()) {
+    FinishUnary(reactor, "Step", start, input.status());
+    return reactor;
+  }
+  registry_->Step(request->job_id(), request->sequence(), *std::move(input),
+                  [this, reactor, response, start](absl::StatusOr<engine::StepReport> report) {
+                    if (report.ok()) StepReportToProto(*report, response);
+                    FinishUnary(reactor, "Step", start, report.status());
+                  });
+  return reactor;
+}
+
+grpc::ServerWriteReactor<v1::StateDictChunk>* TrainerService::GetStateDict(
+    grpc::CallbackServerContext* /*context*/, const v1::GetStateDictRequest* request) {
+  return new StateDictWriter(this, registry_, request->job_id(), options_.chunk_bytes);
+}
+
+grpc::ServerReadReactor<v1::LoadStateDictRequest>* TrainerService::LoadStateDict(
+    grpc::CallbackServerContext* /*context*/, v1::LoadStateDictResponse* response) {
+  return new StateDictReader(this, registry_, response, options_.max_state_dict_bytes);
+}
+
+}  // namespace ampd::rpc

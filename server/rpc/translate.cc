@@ -1,0 +1,445 @@
+// Protobuf <-> engine translation (see translate.h).
+#include "server/rpc/translate.h"
+
+#include <cmath>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace ampd::rpc {
+
+namespace amp = engine::amp;
+namespace model = engine::model;
+namespace optim = engine::optim;
+
+namespace {
+
+using engine::JobConfig;
+
+absl::Status FieldError(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+// NaN and infinities are never a meaningful hyperparameter; the engine's
+// range checks would let some through (NaN compares false both ways).
+absl::Status CheckFinite(absl::string_view field, double value) {
+  if (std::isfinite(value)) return absl::OkStatus();
+  return FieldError(field, absl::StrCat("must be finite, got ", value));
+}
+
+absl::StatusOr<model::Precision> PrecisionFromProto(v1::Precision p) {
+  switch (p) {
+    case v1::PRECISION_UNSPECIFIED:
+    case v1::PRECISION_FP16:
+      return model::Precision::kFp16;
+    case v1::PRECISION_FP32:
+      return model::Precision::kFp32;
+    case v1::PRECISION_BF16:
+      return model::Precision::kBf16;
+    default:
+      return FieldError("config.precision", absl::StrCat("unknown value ", p));
+  }
+}
+
+v1::Precision PrecisionToProto(model::Precision p) {
+  switch (p) {
+    case model::Precision::kFp32:
+      return v1::PRECISION_FP32;
+    case model::Precision::kFp16:
+      return v1::PRECISION_FP16;
+    case model::Precision::kBf16:
+      return v1::PRECISION_BF16;
+  }
+  return v1::PRECISION_UNSPECIFIED;
+}
+
+absl::StatusOr<amp::ScalerPolicy> PolicyFromProto(v1::ScalerPolicy p) {
+  switch (p) {
+    case v1::SCALER_POLICY_UNSPECIFIED:
+    case v1::SCALER_POLICY_PYTORCH:
+      return amp::ScalerPolicy::kPyTorch;
+    case v1::SCALER_POLICY_PADDLE:
+      return amp::ScalerPolicy::kPaddle;
+    case v1::SCALER_POLICY_DEEPSPEED:
+      return amp::ScalerPolicy::kDeepSpeed;
+    case v1::SCALER_POLICY_MEGATRON:
+      return amp::ScalerPolicy::kMegatron;
+    default:
+      return FieldError("config.scaler.policy", absl::StrCat("unknown value ", p));
+  }
+}
+
+v1::ScalerPolicy PolicyToProto(amp::ScalerPolicy p) {
+  switch (p) {
+    case amp::ScalerPolicy::kPyTorch:
+      return v1::SCALER_POLICY_PYTORCH;
+    case amp::ScalerPolicy::kPaddle:
+      return v1::SCALER_POLICY_PADDLE;
+    case amp::ScalerPolicy::kDeepSpeed:
+      return v1::SCALER_POLICY_DEEPSPEED;
+    case amp::ScalerPolicy::kMegatron:
+      return v1::SCALER_POLICY_MEGATRON;
+  }
+  return v1::SCALER_POLICY_UNSPECIFIED;
+}
+
+absl::Status ModelFromProto(const v1::ModelSpec& proto, model::ModelSpec* spec) {
+  for (int i = 0; i < proto.layers_size(); ++i) {
+    const v1::Layer& layer = proto.layers(i);
+    const std::string field = absl::StrCat("config.model.layers[", i, "]");
+    model::LayerSpec l;
+    switch (layer.kind_case()) {
+      case v1::Layer::kLinear:
+        l.kind = model::LayerKind::kLinear;
+        l.in_features = layer.linear().in_features();
+        l.out_features = layer.linear().out_features();
+        l.bias = layer.linear().has_bias() ? layer.linear().bias() : true;
+        break;
+      case v1::Layer::kRelu:
+        l.kind = model::LayerKind::kReLU;
+        break;
+      case v1::Layer::kGelu:
+        l.kind = model::LayerKind::kGELU;
+        break;
+      case v1::Layer::kTanh:
+        l.kind = model::LayerKind::kTanh;
+        break;
+      case v1::Layer::kLayerNorm: {
+        const v1::LayerNorm& ln = layer.layer_norm();
+        l.kind = model::LayerKind::kLayerNorm;
+        l.normalized_shape = ln.normalized_shape();
+        if (ln.has_eps()) {
+          if (absl::Status s = CheckFinite(absl::StrCat(field, ".layer_norm.eps"), ln.eps());
+              !s.ok()) {
+            return s;
+          }
+          l.eps = ln.eps();
+        }
+        if (ln.has_elementwise_affine()) l.elementwise_affine = ln.elementwise_affine();
+        break;
+      }
+      case v1::Layer::kEmbedding:
+        l.kind = model::LayerKind::kEmbedding;
+        l.num_embeddings = layer.embedding().num_embeddings();
+        l.embedding_dim = layer.embedding().embedding_dim();
+        break;
+      default:
+        return FieldError(field, "no layer kind set");
+    }
+    spec->layers.push_back(l);
+  }
+  switch (proto.loss()) {
+    case v1::LOSS_UNSPECIFIED:
+    case v1::LOSS_MSE:
+      spec->loss = model::LossKind::kMse;
+      break;
+    case v1::LOSS_CROSS_ENTROPY:
+      spec->loss = model::LossKind::kCrossEntropy;
+      break;
+    default:
+      return FieldError("config.model.loss", absl::StrCat("unknown value ", proto.loss()));
+  }
+  if (proto.has_loss_multiplier()) {
+    if (absl::Status s = CheckFinite("config.model.loss_multiplier", proto.loss_multiplier());
+        !s.ok()) {
+      return s;
+    }
+    spec->loss_multiplier = proto.loss_multiplier();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OptimizerFromProto(const v1::OptimizerConfig& proto, optim::OptimizerSpec* spec) {
+  switch (proto.kind()) {
+    case v1::OPTIMIZER_UNSPECIFIED:
+    case v1::OPTIMIZER_ADAMW:
+      spec->kind = optim::OptimizerKind::kAdamW;
+      break;
+    case v1::OPTIMIZER_ADAM:
+      spec->kind = optim::OptimizerKind::kAdam;
+      spec->adam.weight_decay = 0.0f;  // torch.optim.Adam's default (AdamW's is 1e-2)
+      break;
+    case v1::OPTIMIZER_SGD:
+      spec->kind = optim::OptimizerKind::kSgd;
+      break;
+    default:
+      return FieldError("config.optimizer.kind", absl::StrCat("unknown value ", proto.kind()));
+  }
+  spec->adam.decoupled_weight_decay = spec->kind == optim::OptimizerKind::kAdamW;
+  const bool sgd = spec->kind == optim::OptimizerKind::kSgd;
+  struct FloatField {
+    const char* name;
+    bool set;
+    float value;
+    float* target;
+  };
+  const FloatField fields[] = {
+      {"lr", proto.has_lr(), proto.lr(), sgd ? &spec->sgd.lr : &spec->adam.lr},
+      {"weight_decay", proto.has_weight_decay(), proto.weight_decay(),
+       sgd ? &spec->sgd.weight_decay : &spec->adam.weight_decay},
+      {"momentum", proto.has_momentum(), proto.momentum(), sgd ? &spec->sgd.momentum : nullptr},
+      {"dampening", proto.has_dampening(), proto.dampening(), sgd ? &spec->sgd.dampening : nullptr},
+      {"beta1", proto.has_beta1(), proto.beta1(), sgd ? nullptr : &spec->adam.beta1},
+      {"beta2", proto.has_beta2(), proto.beta2(), sgd ? nullptr : &spec->adam.beta2},
+      {"eps", proto.has_eps(), proto.eps(), sgd ? nullptr : &spec->adam.eps},
+      {"max_grad_norm", proto.has_max_grad_norm(), proto.max_grad_norm(), &spec->max_grad_norm},
+  };
+  for (const FloatField& f : fields) {
+    if (!f.set) continue;
+    const std::string name = absl::StrCat("config.optimizer.", f.name);
+    if (absl::Status s = CheckFinite(name, f.value); !s.ok()) return s;
+    if (f.target == nullptr) {
+      return FieldError(
+          name, absl::StrCat("does not apply to optimizer ", optim::OptimizerName(spec->kind)));
+    }
+    *f.target = f.value;
+  }
+  if (proto.has_nesterov()) {
+    if (!sgd) return FieldError("config.optimizer.nesterov", "applies to sgd only");
+    spec->sgd.nesterov = proto.nesterov();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ScalerFromProto(const v1::ScalerConfig& p, amp::ScalerConfig* c) {
+  for (const auto& [name, set, value] : {
+           std::tuple<const char*, bool, double>{"init_scale", p.has_init_scale(), p.init_scale()},
+           {"growth_factor", p.has_growth_factor(), p.growth_factor()},
+           {"backoff_factor", p.has_backoff_factor(), p.backoff_factor()},
+           {"min_scale", p.has_min_scale(), p.min_scale()},
+           {"max_scale", p.has_max_scale(), p.max_scale()},
+       }) {
+    if (set) {
+      if (absl::Status s = CheckFinite(absl::StrCat("config.scaler.", name), value); !s.ok()) {
+        return s;
+      }
+    }
+  }
+  if (p.has_enabled()) c->enabled = p.enabled();
+  if (p.has_dynamic()) c->dynamic = p.dynamic();
+  if (p.has_init_scale()) c->init_scale = p.init_scale();
+  if (p.has_growth_factor()) c->growth_factor = p.growth_factor();
+  if (p.has_backoff_factor()) c->backoff_factor = p.backoff_factor();
+  if (p.has_growth_interval()) c->growth_interval = p.growth_interval();
+  if (p.has_hysteresis()) c->hysteresis = p.hysteresis();
+  if (p.has_consecutive_hysteresis()) c->consecutive_hysteresis = p.consecutive_hysteresis();
+  if (p.has_raise_at_min_scale()) c->raise_at_min_scale = p.raise_at_min_scale();
+  if (p.has_min_scale()) c->min_scale = p.min_scale();
+  if (p.has_max_scale()) c->max_scale = p.max_scale();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<JobConfig> JobConfigFromProto(const v1::JobConfig& proto) {
+  absl::StatusOr<model::Precision> precision = PrecisionFromProto(proto.precision());
+  if (!precision.ok()) return precision.status();
+  absl::StatusOr<amp::ScalerPolicy> policy = PolicyFromProto(proto.scaler().policy());
+  if (!policy.ok()) return policy.status();
+  JobConfig config = engine::DefaultJobConfig(*precision, *policy);
+  config.display_name = proto.display_name();
+  config.seed = proto.seed();
+  if (absl::Status s = ModelFromProto(proto.model(), &config.model); !s.ok()) return s;
+  if (absl::Status s = OptimizerFromProto(proto.optimizer(), &config.optimizer); !s.ok()) return s;
+  if (absl::Status s = ScalerFromProto(proto.scaler(), &config.scaler); !s.ok()) return s;
+  if (absl::Status s = engine::ValidateJobConfig(config); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("config.", s.message()));
+  }
+  return config;
+}
+
+v1::JobConfig JobConfigToProto(const JobConfig& config) {
+  v1::JobConfig proto;
+  proto.set_display_name(config.display_name);
+  proto.set_seed(config.seed);
+  proto.set_precision(PrecisionToProto(config.precision));
+  v1::ModelSpec* m = proto.mutable_model();
+  for (const model::LayerSpec& l : config.model.layers) {
+    v1::Layer* layer = m->add_layers();
+    switch (l.kind) {
+      case model::LayerKind::kLinear:
+        layer->mutable_linear()->set_in_features(l.in_features);
+        layer->mutable_linear()->set_out_features(l.out_features);
+        layer->mutable_linear()->set_bias(l.bias);
+        break;
+      case model::LayerKind::kReLU:
+        layer->mutable_relu();
+        break;
+      case model::LayerKind::kGELU:
+        layer->mutable_gelu();
+        break;
+      case model::LayerKind::kTanh:
+        layer->mutable_tanh();
+        break;
+      case model::LayerKind::kLayerNorm:
+        layer->mutable_layer_norm()->set_normalized_shape(l.normalized_shape);
+        layer->mutable_layer_norm()->set_eps(l.eps);
+        layer->mutable_layer_norm()->set_elementwise_affine(l.elementwise_affine);
+        break;
+      case model::LayerKind::kEmbedding:
+        layer->mutable_embedding()->set_num_embeddings(l.num_embeddings);
+        layer->mutable_embedding()->set_embedding_dim(l.embedding_dim);
+        break;
+    }
+  }
+  m->set_loss(config.model.loss == model::LossKind::kCrossEntropy ? v1::LOSS_CROSS_ENTROPY
+                                                                  : v1::LOSS_MSE);
+  m->set_loss_multiplier(config.model.loss_multiplier);
+
+  v1::OptimizerConfig* o = proto.mutable_optimizer();
+  const optim::OptimizerSpec& spec = config.optimizer;
+  switch (spec.kind) {
+    case optim::OptimizerKind::kSgd:
+      o->set_kind(v1::OPTIMIZER_SGD);
+      o->set_lr(spec.sgd.lr);
+      o->set_momentum(spec.sgd.momentum);
+      o->set_dampening(spec.sgd.dampening);
+      o->set_nesterov(spec.sgd.nesterov);
+      o->set_weight_decay(spec.sgd.weight_decay);
+      break;
+    case optim::OptimizerKind::kAdam:
+    case optim::OptimizerKind::kAdamW:
+      o->set_kind(spec.kind == optim::OptimizerKind::kAdam ? v1::OPTIMIZER_ADAM
+                                                           : v1::OPTIMIZER_ADAMW);
+      o->set_lr(spec.adam.lr);
+      o->set_beta1(spec.adam.beta1);
+      o->set_beta2(spec.adam.beta2);
+      o->set_eps(spec.adam.eps);
+      o->set_weight_decay(spec.adam.weight_decay);
+      break;
+  }
+  o->set_max_grad_norm(spec.max_grad_norm);
+
+  v1::ScalerConfig* s = proto.mutable_scaler();
+  const amp::ScalerConfig& c = config.scaler;
+  s->set_policy(PolicyToProto(c.policy));
+  s->set_enabled(c.enabled);
+  s->set_dynamic(c.dynamic);
+  s->set_init_scale(c.init_scale);
+  s->set_growth_factor(c.growth_factor);
+  s->set_backoff_factor(c.backoff_factor);
+  s->set_growth_interval(c.growth_interval);
+  s->set_hysteresis(c.hysteresis);
+  s->set_consecutive_hysteresis(c.consecutive_hysteresis);
+  s->set_raise_at_min_scale(c.raise_at_min_scale);
+  if (c.min_scale.has_value()) s->set_min_scale(*c.min_scale);
+  if (c.max_scale.has_value()) s->set_max_scale(*c.max_scale);
+  return proto;
+}
+
+v1::Job JobToProto(const engine::JobSnapshot& snapshot) {
+  v1::Job job;
+  job.set_job_id(snapshot.job_id);
+  *job.mutable_config() = JobConfigToProto(snapshot.config);
+  job.set_step(snapshot.step);
+  job.set_applied_steps(snapshot.applied_steps);
+  job.set_loss_scale(snapshot.loss_scale);
+  job.set_parameter_count(snapshot.parameter_count);
+  job.set_estimated_bytes(snapshot.estimated_bytes);
+  job.set_request_id(snapshot.request_id);
+  return job;
+}
+
+absl::StatusOr<engine::HostTensor> TensorFromProto(const v1::Tensor& proto,
+                                                   absl::string_view field) {
+  engine::HostTensor t;
+  switch (proto.dtype()) {
+    case v1::DTYPE_F32:
+      t.dtype = kernels::DType::kF32;
+      break;
+    case v1::DTYPE_F16:
+      t.dtype = kernels::DType::kF16;
+      break;
+    case v1::DTYPE_BF16:
+      t.dtype = kernels::DType::kBF16;
+      break;
+    case v1::DTYPE_I32:
+      t.dtype = kernels::DType::kI32;
+      break;
+    case v1::DTYPE_I64:
+      t.dtype = kernels::DType::kI64;
+      break;
+    default:
+      return FieldError(absl::StrCat(field, ".dtype"),
+                        absl::StrCat("unset or unknown dtype ", proto.dtype()));
+  }
+  t.shape.assign(proto.shape().begin(), proto.shape().end());
+  // Check each dim before their product: a hostile shape must not overflow.
+  int64_t elements = 1;
+  for (int i = 0; i < proto.shape_size(); ++i) {
+    const int64_t d = proto.shape(i);
+    if (d < 0 || (d > 0 && elements > (int64_t{1} << 40) / d)) {
+      return FieldError(absl::StrCat(field, ".shape"),
+                        absl::StrCat("dim ", i, " = ", d, " is negative or too large"));
+    }
+    elements *= d;
+  }
+  const int64_t want = elements * static_cast<int64_t>(kernels::SizeOf(t.dtype));
+  if (static_cast<int64_t>(proto.data().size()) != want) {
+    return FieldError(
+        absl::StrCat(field, ".data"),
+        absl::StrCat("has ", proto.data().size(), " bytes, shape ", kernels::ShapeToString(t.shape),
+                     " of ", kernels::DTypeName(t.dtype), " needs ", want));
+  }
+  t.data = proto.data();
+  return t;
+}
+
+absl::StatusOr<engine::StepInput> StepInputFromProto(const v1::StepRequest& request) {
+  engine::StepInput input;
+  if (request.micro_batches_size() == 0) {
+    return FieldError("micro_batches", "at least one micro-batch is required");
+  }
+  for (int i = 0; i < request.micro_batches_size(); ++i) {
+    const v1::MicroBatch& mb = request.micro_batches(i);
+    const std::string field = absl::StrCat("micro_batches[", i, "]");
+    absl::StatusOr<engine::HostTensor> inputs =
+        TensorFromProto(mb.inputs(), absl::StrCat(field, ".inputs"));
+    if (!inputs.ok()) return inputs.status();
+    absl::StatusOr<engine::HostTensor> targets =
+        TensorFromProto(mb.targets(), absl::StrCat(field, ".targets"));
+    if (!targets.ok()) return targets.status();
+    input.micro_batches.push_back({*std::move(inputs), *std::move(targets)});
+  }
+  if (request.has_learning_rate()) {
+    const float lr = request.learning_rate();
+    if (!std::isfinite(lr) || lr < 0) {
+      return FieldError("learning_rate", absl::StrCat("must be finite and >= 0, got ", lr));
+    }
+    input.learning_rate = lr;
+  }
+  return input;
+}
+
+void StepReportToProto(const engine::StepReport& r, v1::StepResponse* response) {
+  response->set_global_step(r.step);
+  response->set_applied_steps(r.applied_steps);
+  response->set_loss(r.loss);
+  response->set_scale_before(r.scaler.scale_before);
+  response->set_scale_after(r.scaler.scale_after);
+  response->set_found_inf(r.scaler.found_inf);
+  response->set_skipped(r.scaler.skipped);
+  response->set_scale_grew(r.scaler.grew);
+  response->set_scale_backed_off(r.scaler.backed_off);
+  if (r.grad_norm.has_value()) response->set_grad_norm(*r.grad_norm);
+  v1::PhaseTimings* t = response->mutable_timings();
+  t->set_forward_seconds(r.seconds.forward);
+  t->set_backward_seconds(r.seconds.backward);
+  t->set_unscale_seconds(r.seconds.unscale);
+  t->set_optimizer_seconds(r.seconds.optimizer);
+  t->set_total_seconds(r.seconds.total);
+  response->set_samples(r.samples);
+}
+
+absl::StatusOr<engine::DecodedCreateRequest> DecodeCreateRequest(absl::string_view bytes) {
+  v1::CreateJobRequest request;
+  if (!request.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return absl::DataLossError("ampd.create_request: not a CreateJobRequest");
+  }
+  absl::StatusOr<JobConfig> config = JobConfigFromProto(request.config());
+  if (!config.ok()) return config.status();
+  return engine::DecodedCreateRequest{*std::move(config), request.request_id()};
+}
+
+}  // namespace ampd::rpc

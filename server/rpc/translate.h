@@ -1,0 +1,36 @@
+// Protobuf <-> engine translation: the rpc layer's whole vocabulary. Input
+// checks that only the wire can get wrong (unset enums, NaN in an optional
+// field, a tensor's byte length) happen here and name the request field
+// ("config.optimizer.lr", "micro_batches[1].targets"); everything else is the
+// engine's validation, its field names prefixed with "config.".
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "ampd/v1/trainer.pb.h"
+#include "server/engine/host_tensor.h"
+#include "server/engine/jobs/job_config.h"
+#include "server/engine/jobs/job_registry.h"
+#include "server/engine/jobs/trainer.h"
+
+namespace ampd::rpc {
+
+// The effective engine config: DefaultJobConfig(precision, policy) with every
+// field the request sets applied on top, validated.
+absl::StatusOr<engine::JobConfig> JobConfigFromProto(const v1::JobConfig& proto);
+// Every field set (the effective config CreateJob returns).
+v1::JobConfig JobConfigToProto(const engine::JobConfig& config);
+
+v1::Job JobToProto(const engine::JobSnapshot& snapshot);
+
+absl::StatusOr<engine::HostTensor> TensorFromProto(const v1::Tensor& proto,
+                                                   absl::string_view field);
+absl::StatusOr<engine::StepInput> StepInputFromProto(const v1::StepRequest& request);
+void StepReportToProto(const engine::StepReport& report, v1::StepResponse* response);
+
+// Recreates a job from the bytes stored in its checkpoint (a serialized
+// CreateJobRequest).
+absl::StatusOr<engine::DecodedCreateRequest> DecodeCreateRequest(absl::string_view bytes);
+
+}  // namespace ampd::rpc

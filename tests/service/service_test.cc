@@ -1,0 +1,626 @@
+// ampd end to end: each test starts the real `ampd` binary on 127.0.0.1:0
+// with --device=cpu and a temporary --state-dir, reads the bound port from
+// its "listening on" line, and talks to it over loopback TCP with the
+// generated stubs and ampd::Client. Every wait is on a condition with a
+// bounded deadline (a pipe read, a health answer, a child's exit).
+#include <fcntl.h>
+#include <grpcpp/grpcpp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <limits>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "client/synthetic_task.h"
+#include "gtest/gtest.h"
+#include "reflection_subset.grpc.pb.h"
+#include "server/engine/checkpoint/safetensors.h"
+
+namespace ampd {
+namespace {
+
+using engine::checkpoint::DecodeSafetensors;
+using engine::checkpoint::StateDict;
+
+constexpr auto kStartDeadline = std::chrono::seconds(30);
+constexpr auto kExitDeadline = std::chrono::seconds(60);
+
+// A running ampd child process with its own state directory.
+class ServerProcess {
+ public:
+  ServerProcess(std::string state_dir, std::vector<std::string> extra_flags)
+      : state_dir_(std::move(state_dir)) {
+    log_path_ = state_dir_ + ".log";
+    std::vector<std::string> args = {
+        AMPD_SERVER_BINARY, "--listen=127.0.0.1:0", "--metrics-listen=127.0.0.1:0",
+        "--device=cpu",     "--worker-threads=2",   "--state-dir=" + state_dir_};
+    args.insert(args.end(), extra_flags.begin(), extra_flags.end());
+    int out[2];
+    if (pipe(out) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(out[1], STDOUT_FILENO);
+      const int log = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (log >= 0) dup2(log, STDERR_FILENO);
+      close(out[0]);
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    close(out[1]);
+    stdout_fd_ = out[0];
+    port_ = ReadPort();
+  }
+  ~ServerProcess() {
+    if (pid_ > 0 && !exited_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (stdout_fd_ >= 0) close(stdout_fd_);
+  }
+
+  int port() const { return port_; }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  std::string Log() const {
+    std::ifstream f(log_path_);
+    std::stringstream s;
+    s << f.rdbuf();
+    return s.str();
+  }
+  void Signal(int sig) { kill(pid_, sig); }
+  // The exit status (or -1 on a deadline / signal death, with the signal in
+  // the low bits of `raw`).
+  int WaitExit(int* raw = nullptr) {
+    const pid_t pid = pid_;
+    auto done = std::async(std::launch::async, [pid] {
+      int status = 0;
+      waitpid(pid, &status, 0);
+      return status;
+    });
+    if (done.wait_for(kExitDeadline) != std::future_status::ready) {
+      kill(pid_, SIGKILL);
+    }
+    const int status = done.get();
+    exited_ = true;
+    if (raw != nullptr) *raw = status;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+ private:
+  // Reads stdout until "ampd: listening on HOST:PORT" or the deadline.
+  int ReadPort() {
+    const auto deadline = std::chrono::steady_clock::now() + kStartDeadline;
+    std::string buffer;
+    while (std::chrono::steady_clock::now() < deadline) {
+      pollfd p{stdout_fd_, POLLIN, 0};
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (poll(&p, 1, static_cast<int>(std::max<int64_t>(1, left.count()))) <= 0) break;
+      char chunk[256];
+      const ssize_t n = read(stdout_fd_, chunk, sizeof(chunk));
+      if (n <= 0) break;
+      buffer.append(chunk, static_cast<size_t>(n));
+      const std::string marker = "ampd: listening on 127.0.0.1:";
+      const size_t at = buffer.find(marker);
+      const size_t eol = at == std::string::npos ? at : buffer.find('\n', at);
+      if (eol != std::string::npos) {
+        int port = 0;
+        const size_t begin = at + marker.size();
+        if (absl::SimpleAtoi(buffer.substr(begin, eol - begin), &port)) return port;
+      }
+    }
+    return 0;
+  }
+
+  std::string state_dir_;
+  std::string log_path_;
+  pid_t pid_ = -1;
+  int stdout_fd_ = -1;
+  int port_ = 0;
+  bool exited_ = false;
+};
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    root_ = std::filesystem::temp_directory_path() /
+            absl::StrCat("ampd_service_test_", getpid(), "_", info->name());
+    std::filesystem::remove_all(root_);
+    std::filesystem::create_directories(root_);
+    state_dir_ = (root_ / "state").string();
+  }
+  void TearDown() override {
+    if (HasFailure() && server_ != nullptr)
+      std::fprintf(stderr, "ampd log:\n%s\n", server_->Log().c_str());
+    server_.reset();
+    client_.reset();
+    std::filesystem::remove_all(root_);
+  }
+
+  void Start(std::vector<std::string> flags = {}) {
+    server_ = std::make_unique<ServerProcess>(state_dir_, std::move(flags));
+    ASSERT_NE(server_->port(), 0) << "ampd did not report its port; log:\n" << server_->Log();
+    ClientOptions options;
+    options.deadline = absl::Seconds(30);
+    client_ = Client::Connect(server_->address(), options);
+  }
+
+  static v1::CreateJobRequest JobRequest(uint64_t seed, const std::string& precision = "fp16") {
+    SyntheticTaskOptions task_options;
+    task_options.batch_size = 16;
+    SyntheticTask task(task_options);
+    v1::CreateJobRequest request;
+    v1::JobConfig* config = request.mutable_config();
+    *config->mutable_model() = task.Model();
+    config->set_seed(seed);
+    config->set_display_name(absl::StrCat("test-", seed));
+    config->set_precision(precision == "bf16"   ? v1::PRECISION_BF16
+                          : precision == "fp32" ? v1::PRECISION_FP32
+                                                : v1::PRECISION_FP16);
+    config->mutable_optimizer()->set_kind(v1::OPTIMIZER_ADAMW);
+    config->mutable_optimizer()->set_lr(1e-2f);
+    config->mutable_scaler()->set_init_scale(1024);
+    config->mutable_scaler()->set_growth_interval(3);
+    return request;
+  }
+
+  // A batch of the synthetic task (batch 16, seed-determined).
+  static v1::MicroBatch Batch(uint64_t seed, int index) {
+    SyntheticTaskOptions task_options;
+    task_options.batch_size = 16;
+    task_options.seed = seed;
+    SyntheticTask task(task_options);
+    v1::MicroBatch batch;
+    for (int i = 0; i <= index; ++i) batch = task.NextBatch();
+    return batch;
+  }
+
+  static v1::StepRequest StepRequest(const std::string& job_id, int64_t sequence, int batch = 0) {
+    v1::StepRequest request;
+    request.set_job_id(job_id);
+    request.set_sequence(sequence);
+    *request.add_micro_batches() = Batch(7, batch);
+    return request;
+  }
+
+  std::string CreateJob(uint64_t seed, const std::string& precision = "fp16") {
+    absl::StatusOr<v1::Job> job = client_->CreateJob(JobRequest(seed, precision));
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? job->job_id() : "";
+  }
+
+  // Raw unary call through the stub, for exact status checks (no retries).
+  grpc::Status RawStep(const v1::StepRequest& request, v1::StepResponse* response) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    return client_->stub().Step(&context, request, response);
+  }
+  grpc::Status RawCreate(const v1::CreateJobRequest& request) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::CreateJobResponse response;
+    return client_->stub().CreateJob(&context, request, &response);
+  }
+
+  StateDict ReadCheckpoint(const std::string& job_id) {
+    std::ifstream f(std::filesystem::path(state_dir_) / (job_id + ".safetensors"),
+                    std::ios::binary);
+    std::stringstream s;
+    s << f.rdbuf();
+    absl::StatusOr<StateDict> state = DecodeSafetensors(s.str());
+    EXPECT_TRUE(state.ok()) << state.status();
+    return state.ok() ? *std::move(state) : StateDict{};
+  }
+
+  std::filesystem::path root_;
+  std::string state_dir_;
+  std::unique_ptr<ServerProcess> server_;
+  std::unique_ptr<Client> client_;
+};
+
+void ExpectSameTensors(const StateDict& a, const StateDict& b) {
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    EXPECT_EQ(a.tensors[i].name, b.tensors[i].name);
+    EXPECT_EQ(a.tensors[i].tensor.shape, b.tensors[i].tensor.shape) << a.tensors[i].name;
+    EXPECT_TRUE(a.tensors[i].tensor.data == b.tensors[i].tensor.data) << a.tensors[i].name;
+  }
+  for (const auto& [key, value] : a.metadata) {
+    if (!absl::StartsWith(key, "scaler.") && !absl::StartsWith(key, "optimizer.")) continue;
+    auto it = b.metadata.find(key);
+    ASSERT_NE(it, b.metadata.end()) << key;
+    EXPECT_EQ(it->second, value) << key;
+  }
+}
+
+TEST_F(ServiceTest, JobLifecycle) {
+  Start();
+  absl::StatusOr<v1::Job> job = client_->CreateJob(JobRequest(1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  // The effective config has the defaults filled in.
+  EXPECT_EQ(job->config().scaler().policy(), v1::SCALER_POLICY_PYTORCH);
+  EXPECT_EQ(job->config().scaler().init_scale(), 1024);
+  EXPECT_EQ(job->config().scaler().growth_factor(), 2.0);
+  EXPECT_EQ(job->config().scaler().backoff_factor(), 0.5);
+  EXPECT_EQ(job->config().optimizer().beta2(), 0.999f);
+  EXPECT_EQ(job->step(), 0);
+  EXPECT_GT(job->parameter_count(), 0);
+
+  std::vector<std::string> ids = {job->job_id(), CreateJob(2), CreateJob(3)};
+  // Paging: two pages of two and one, together every job once.
+  absl::StatusOr<v1::ListJobsResponse> page1 = client_->ListJobs(2, "");
+  ASSERT_TRUE(page1.ok()) << page1.status();
+  ASSERT_EQ(page1->jobs_size(), 2);
+  ASSERT_FALSE(page1->next_page_token().empty());
+  absl::StatusOr<v1::ListJobsResponse> page2 = client_->ListJobs(2, page1->next_page_token());
+  ASSERT_TRUE(page2.ok()) << page2.status();
+  ASSERT_EQ(page2->jobs_size(), 1);
+  EXPECT_TRUE(page2->next_page_token().empty());
+  std::vector<std::string> listed;
+  for (const auto& j : page1->jobs()) listed.push_back(j.job_id());
+  for (const auto& j : page2->jobs()) listed.push_back(j.job_id());
+  std::sort(ids.begin(), ids.end());
+  EXPECT_EQ(listed, ids);
+
+  for (int64_t s = 1; s <= 3; ++s) {
+    absl::StatusOr<v1::StepResponse> r =
+        client_->Step(StepRequest(job->job_id(), s, static_cast<int>(s)));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->global_step(), s);
+    EXPECT_TRUE(std::isfinite(r->loss()));
+    EXPECT_EQ(r->scale_before(), s == 1 ? 1024.0f : r->scale_before());
+  }
+  absl::StatusOr<v1::Job> got = client_->GetJob(job->job_id());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->step(), 3);
+  EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(state_dir_) /
+                                      (job->job_id() + ".safetensors")));
+
+  ASSERT_TRUE(client_->DeleteJob(job->job_id()).ok());
+  EXPECT_EQ(client_->GetJob(job->job_id()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client_->DeleteJob(job->job_id()).code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(state_dir_) /
+                                       (job->job_id() + ".safetensors")));
+  absl::StatusOr<std::vector<v1::Job>> all = client_->ListAllJobs();
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->size(), 2u);
+}
+
+TEST_F(ServiceTest, CreateWithSameRequestIdReturnsSameJob) {
+  Start();
+  v1::CreateJobRequest request = JobRequest(1);
+  request.set_request_id("create-once");
+  absl::StatusOr<v1::Job> a = client_->CreateJob(request);
+  absl::StatusOr<v1::Job> b = client_->CreateJob(request);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->job_id(), b->job_id());
+  absl::StatusOr<std::vector<v1::Job>> all = client_->ListAllJobs();
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->size(), 1u);
+}
+
+TEST_F(ServiceTest, Bf16DefaultsToStaticScaleOne) {
+  Start();
+  absl::StatusOr<v1::Job> job = client_->CreateJob([] {
+    v1::CreateJobRequest r = JobRequest(1, "bf16");
+    r.mutable_config()->clear_scaler();
+    return r;
+  }());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->config().scaler().init_scale(), 1.0);
+  EXPECT_FALSE(job->config().scaler().dynamic());
+  EXPECT_TRUE(job->config().scaler().enabled());
+}
+
+TEST_F(ServiceTest, StepIsExactlyOnce) {
+  Start();
+  const std::string id = CreateJob(1);
+  v1::StepResponse first, again;
+  ASSERT_TRUE(RawStep(StepRequest(id, 1), &first).ok());
+  ASSERT_TRUE(RawStep(StepRequest(id, 1), &again).ok());
+  EXPECT_EQ(first.SerializeAsString(), again.SerializeAsString());
+  absl::StatusOr<v1::Job> job = client_->GetJob(id);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->step(), 1);
+  EXPECT_EQ(job->applied_steps(), first.applied_steps());
+
+  v1::StepResponse response;
+  grpc::Status skip = RawStep(StepRequest(id, 3), &response);
+  EXPECT_EQ(skip.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_TRUE(absl::StrContains(skip.error_message(), "sequence")) << skip.error_message();
+  EXPECT_TRUE(absl::StrContains(skip.error_message(), "expected 2")) << skip.error_message();
+  grpc::Status zero = RawStep(StepRequest(id, 0), &response);
+  EXPECT_EQ(zero.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  ASSERT_TRUE(RawStep(StepRequest(id, 2), &response).ok());
+  EXPECT_EQ(response.global_step(), 2);
+}
+
+TEST_F(ServiceTest, BadInputIsAnsweredWithTheField) {
+  Start({"--max-receive-message-bytes=200000", "--max-jobs=3"});
+  const std::string id = CreateJob(1);
+  v1::StepResponse response;
+
+  grpc::Status s = RawStep(StepRequest("job-nope", 1), &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "job_id")) << s.error_message();
+
+  v1::StepRequest bytes = StepRequest(id, 1);
+  bytes.mutable_micro_batches(0)->mutable_inputs()->mutable_data()->resize(10);
+  s = RawStep(bytes, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "micro_batches[0].inputs")) << s.error_message();
+
+  v1::StepRequest shape = StepRequest(id, 1);
+  {  // Consistent bytes, wrong feature count for the model: the Trainer's check.
+    v1::Tensor* t = shape.mutable_micro_batches(0)->mutable_inputs();
+    t->set_shape(1, 8);
+    t->set_shape(0, 32);
+  }
+  s = RawStep(shape, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "micro_batches[0]")) << s.error_message();
+
+  v1::StepRequest dtype = StepRequest(id, 1);
+  dtype.mutable_micro_batches(0)->mutable_targets()->set_dtype(v1::DTYPE_UNSPECIFIED);
+  s = RawStep(dtype, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "micro_batches[0].targets.dtype"));
+
+  v1::StepRequest empty = StepRequest(id, 1);
+  empty.clear_micro_batches();
+  s = RawStep(empty, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "micro_batches"));
+
+  v1::StepRequest lr = StepRequest(id, 1);
+  lr.set_learning_rate(std::numeric_limits<float>::quiet_NaN());
+  s = RawStep(lr, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "learning_rate"));
+
+  // Oversize: gRPC itself refuses it.
+  v1::StepRequest big = StepRequest(id, 1);
+  {
+    v1::Tensor* t = big.mutable_micro_batches(0)->mutable_inputs();
+    t->set_shape(0, 4096);
+    t->mutable_data()->assign(4096 * 16 * 4, '\0');
+  }
+  s = RawStep(big, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+
+  // Config errors name the request field.
+  v1::CreateJobRequest nan_lr = JobRequest(2);
+  nan_lr.mutable_config()->mutable_optimizer()->set_lr(std::numeric_limits<float>::quiet_NaN());
+  s = RawCreate(nan_lr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "config.optimizer.lr")) << s.error_message();
+
+  v1::CreateJobRequest growth = JobRequest(2);
+  growth.mutable_config()->mutable_scaler()->set_growth_factor(0.5);
+  s = RawCreate(growth);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "scaler.growth_factor")) << s.error_message();
+
+  v1::CreateJobRequest beta = JobRequest(2);
+  beta.mutable_config()->mutable_optimizer()->set_beta1(1.5f);
+  s = RawCreate(beta);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "beta1")) << s.error_message();
+
+  v1::CreateJobRequest chain = JobRequest(2);
+  chain.mutable_config()->mutable_model()->mutable_layers(2)->mutable_linear()->set_in_features(7);
+  s = RawCreate(chain);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "config.model.layers[2]")) << s.error_message();
+
+  // Non-finite values inside a batch are not an error: the step is skipped.
+  v1::StepRequest inf = StepRequest(id, 1);
+  {
+    std::string* data = inf.mutable_micro_batches(0)->mutable_targets()->mutable_data();
+    const float big_value = std::numeric_limits<float>::infinity();
+    std::memcpy(data->data(), &big_value, sizeof(float));
+  }
+  ASSERT_TRUE(RawStep(inf, &response).ok());
+  EXPECT_TRUE(response.found_inf());
+  EXPECT_TRUE(response.skipped());
+  EXPECT_EQ(response.applied_steps(), 0);
+
+  // Too many jobs.
+  CreateJob(3);
+  CreateJob(4);
+  s = RawCreate(JobRequest(5));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "max-jobs")) << s.error_message();
+
+  // The job that saw all of this still trains.
+  ASSERT_TRUE(RawStep(StepRequest(id, 2), &response).ok());
+}
+
+TEST_F(ServiceTest, MemoryLimitRefusesLargeJobs) {
+  Start({"--max-memory-bytes=100000"});
+  v1::CreateJobRequest request = JobRequest(1);
+  v1::Linear* l = request.mutable_config()->mutable_model()->mutable_layers(0)->mutable_linear();
+  l->set_out_features(4096);
+  request.mutable_config()->mutable_model()->mutable_layers(2)->mutable_linear()->set_in_features(
+      4096);
+  grpc::Status s = RawCreate(request);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "config.model")) << s.error_message();
+  EXPECT_TRUE(RawCreate(JobRequest(2)).ok());
+}
+
+TEST_F(ServiceTest, RacingRetriesTrainOnceAndJobsRunInParallel) {
+  Start();
+  const std::string a = CreateJob(1);
+  const std::string b = CreateJob(2);
+  constexpr int kThreads = 6;
+  std::vector<v1::StepResponse> responses(kThreads);
+  std::vector<grpc::Status> statuses(kThreads);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] { statuses[i] = RawStep(StepRequest(a, 1), &responses[i]); });
+  }
+  // Meanwhile job b runs its own sequence.
+  std::thread other([&] {
+    for (int64_t s = 1; s <= 4; ++s) {
+      v1::StepResponse r;
+      EXPECT_TRUE(RawStep(StepRequest(b, s, static_cast<int>(s)), &r).ok());
+    }
+  });
+  for (std::thread& t : threads) t.join();
+  other.join();
+  for (int i = 0; i < kThreads; ++i) {
+    ASSERT_TRUE(statuses[i].ok()) << statuses[i].error_message();
+    EXPECT_EQ(responses[i].SerializeAsString(), responses[0].SerializeAsString());
+  }
+  absl::StatusOr<v1::Job> ja = client_->GetJob(a);
+  absl::StatusOr<v1::Job> jb = client_->GetJob(b);
+  ASSERT_TRUE(ja.ok() && jb.ok());
+  EXPECT_EQ(ja->step(), 1);
+  EXPECT_EQ(jb->step(), 4);
+}
+
+TEST_F(ServiceTest, StateDictRoundTrip) {
+  Start();
+  const std::string a = CreateJob(1);
+  for (int64_t s = 1; s <= 3; ++s)
+    ASSERT_TRUE(client_->Step(StepRequest(a, s, static_cast<int>(s))).ok());
+  absl::StatusOr<std::string> bytes = client_->GetStateDict(a);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  absl::StatusOr<StateDict> decoded = DecodeSafetensors(*bytes);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_NE(decoded->Find("model.0.weight"), nullptr);
+
+  const std::string b = CreateJob(99);  // different initial weights
+  absl::StatusOr<v1::LoadStateDictResponse> loaded = client_->LoadStateDict(b, *bytes);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->bytes(), static_cast<int64_t>(bytes->size()));
+  absl::StatusOr<std::string> b_bytes = client_->GetStateDict(b);
+  ASSERT_TRUE(b_bytes.ok());
+  absl::StatusOr<StateDict> b_decoded = DecodeSafetensors(*b_bytes);
+  ASSERT_TRUE(b_decoded.ok());
+  ExpectSameTensors(*decoded, *b_decoded);
+
+  absl::StatusOr<v1::StepResponse> next_a = client_->Step(StepRequest(a, 4, 9));
+  absl::StatusOr<v1::StepResponse> next_b = client_->Step(StepRequest(b, 1, 9));
+  ASSERT_TRUE(next_a.ok() && next_b.ok());
+  EXPECT_EQ(next_a->loss(), next_b->loss());
+  EXPECT_EQ(next_a->scale_before(), next_b->scale_before());
+
+  // A corrupt file is refused and the job is untouched.
+  absl::StatusOr<v1::LoadStateDictResponse> bad = client_->LoadStateDict(b, "not safetensors");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->LoadStateDict("job-nope", *bytes).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(ServiceTest, RestartAfterSigkillRestoresTheCheckpoint) {
+  Start({"--checkpoint-every=2"});
+  const std::string id = CreateJob(1);
+  for (int64_t s = 1; s <= 5; ++s)
+    ASSERT_TRUE(client_->Step(StepRequest(id, s, static_cast<int>(s))).ok());
+  server_->Signal(SIGKILL);
+  int raw = 0;
+  EXPECT_EQ(server_->WaitExit(&raw), -1);
+  EXPECT_TRUE(WIFSIGNALED(raw));
+
+  const StateDict saved = ReadCheckpoint(id);
+  ASSERT_EQ(saved.metadata.at("ampd.step"), "4");
+  EXPECT_TRUE(saved.metadata.contains("ampd.create_request"));
+
+  Start({"--checkpoint-every=2"});
+  absl::StatusOr<v1::Job> job = client_->GetJob(id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->step(), 4);
+  EXPECT_EQ(job->config().scaler().growth_interval(), 3);
+  absl::StatusOr<std::string> bytes = client_->GetStateDict(id);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  absl::StatusOr<StateDict> restored = DecodeSafetensors(*bytes);
+  ASSERT_TRUE(restored.ok());
+  ExpectSameTensors(saved, *restored);
+
+  // The sequence continues from the checkpoint; the last checkpointed step's
+  // response was recorded with it.
+  v1::StepResponse response;
+  grpc::Status wrong = RawStep(StepRequest(id, 6, 6), &response);
+  EXPECT_EQ(wrong.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_TRUE(absl::StrContains(wrong.error_message(), "expected 5")) << wrong.error_message();
+  ASSERT_TRUE(RawStep(StepRequest(id, 4, 4), &response).ok());
+  EXPECT_EQ(response.global_step(), 4);
+  ASSERT_TRUE(RawStep(StepRequest(id, 5, 5), &response).ok());
+  EXPECT_EQ(response.global_step(), 5);
+  EXPECT_TRUE(absl::StrContains(server_->Log(), "restored at step 4"));
+}
+
+TEST_F(ServiceTest, SigtermDrainsCheckpointsAndExitsZero) {
+  Start({"--checkpoint-every=100", "--drain-grace-ms=1500"});
+  absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> health = client_->Health();
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_EQ(*health, grpc::health::v1::HealthCheckResponse::SERVING);
+
+  const std::string id = CreateJob(1);
+  for (int64_t s = 1; s <= 3; ++s)
+    ASSERT_TRUE(client_->Step(StepRequest(id, s, static_cast<int>(s))).ok());
+  server_->Signal(SIGTERM);
+  // During the drain grace the server still answers, with NOT_SERVING.
+  bool saw_not_serving = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!saw_not_serving && std::chrono::steady_clock::now() < deadline) {
+    grpc::health::v1::HealthCheckRequest request;
+    grpc::health::v1::HealthCheckResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    auto stub = grpc::health::v1::Health::NewStub(client_->channel());
+    if (!stub->Check(&context, request, &response).ok()) break;
+    saw_not_serving = response.status() == grpc::health::v1::HealthCheckResponse::NOT_SERVING;
+  }
+  EXPECT_TRUE(saw_not_serving);
+  EXPECT_EQ(server_->WaitExit(), 0) << server_->Log();
+  const StateDict saved = ReadCheckpoint(id);
+  EXPECT_EQ(saved.metadata.at("ampd.step"), "3");
+}
+
+TEST_F(ServiceTest, ReflectionListsTheTrainerService) {
+  Start();
+  auto stub = grpc::reflection::v1alpha::ServerReflection::NewStub(client_->channel());
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto stream = stub->ServerReflectionInfo(&context);
+  grpc::reflection::v1alpha::ServerReflectionRequest request;
+  request.set_list_services("");
+  ASSERT_TRUE(stream->Write(request));
+  stream->WritesDone();
+  grpc::reflection::v1alpha::ServerReflectionResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  std::vector<std::string> names;
+  for (const auto& service : response.list_services_response().service()) {
+    names.push_back(service.name());
+  }
+  EXPECT_NE(std::find(names.begin(), names.end(), "ampd.v1.Trainer"), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), "grpc.health.v1.Health"), names.end());
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+}  // namespace
+}  // namespace ampd
