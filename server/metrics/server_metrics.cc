@@ -191,22 +191,11 @@ absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Start(
     return absl::InvalidArgumentError("metrics listen address is empty");
   }
   std::unique_ptr<ServerMetrics> metrics(new ServerMetrics());
-  try {
-    // civetweb throws (CivetException) when it cannot bind; nothing of the
-    // exception may escape into a server that reports errors as Status.
-    metrics->exposer_ = std::make_unique<prometheus::Exposer>(listen_address);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve metrics on ", listen_address, ": ", e.what()));
-  }
-  metrics->exposer_->RegisterCollectable(metrics->registry_);
-  // With port 0 civetweb binds an ephemeral port and reports the real one.
-  const std::vector<int> ports = metrics->exposer_->GetListeningPorts();
-  if (ports.empty() || ports.front() <= 0) {
-    return absl::UnavailableError(
-        absl::StrCat("metrics server on ", listen_address, " reports no bound port"));
-  }
-  metrics->port_ = ports.front();
+  absl::StatusOr<std::unique_ptr<HttpExposer>> exposer =
+      HttpExposer::Start(listen_address, metrics->registry_);
+  if (!exposer.ok()) return exposer.status();
+  metrics->exposer_ = *std::move(exposer);
+  metrics->port_ = metrics->exposer_->port();
   return metrics;
 }
 

@@ -1,9 +1,9 @@
 // ServerMetrics: ampd's Prometheus exposition. It is the engine's JobObserver
 // (per-job loss scale, skips, growths/backoffs, loss, grad norm, gradient
 // magnitude histogram, phase timings, samples) and the rpc layer's request
-// recorder, and it serves GET /metrics with prometheus-cpp's civetweb
-// exposer. The engine never includes this header; main.cc hands the engine a
-// JobObserver pointer to it.
+// recorder, and it serves GET /metrics (http_exposer.h says why not with
+// prometheus-cpp's civetweb exposer). The engine never includes this header; main.cc hands the
+// engine a JobObserver pointer to it.
 //
 // Thread-safe: OnStep runs concurrently on different jobs' workers. A job's
 // metric handles are created once (OnJobCreated) and looked up under a short
@@ -20,12 +20,12 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "prometheus/counter.h"
-#include "prometheus/exposer.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "server/engine/jobs/job_observer.h"
+#include "server/metrics/http_exposer.h"
 
 namespace ampd::metrics {
 
@@ -110,7 +110,7 @@ class ServerMetrics final : public engine::JobObserver {
 
   // Declared last so it is destroyed first: no scrape may read the registry
   // while the families above are being torn down.
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<HttpExposer> exposer_;
   int port_ = 0;
 };
 
