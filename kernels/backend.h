@@ -10,7 +10,8 @@
 // - Scalars the step depends on (loss, found_inf, the squared grad norm) stay
 //   in one-element F32 tensors on the device, so the optimizer can decide to
 //   skip without a host round trip; the engine reads them once per step.
-// - Ops run in order on the backend's stream; CopyToHost waits for them.
+// - Ops run in order on the backend's stream; CopyToHost and ReadScalars
+//   wait for them.
 #pragma once
 
 #include <cstdint>
@@ -27,11 +28,11 @@ enum class Activation : uint8_t { kReLU, kGELU, kTanh };
 
 // One parameter as the fused optimizer sees it.
 struct ParamRef {
-  Tensor* master;         // F32, the weights the optimizer updates
-  Tensor* working;        // F16/BF16 copy recast after the update; nullptr for fp32 jobs
-  const Tensor* grad;     // scaled gradient, working dtype (F32 for fp32 jobs), master's shape
-  Tensor* state0;         // F32: Adam's exp_avg (m) or SGD's momentum buffer; may be nullptr for plain SGD
-  Tensor* state1;         // F32: Adam's exp_avg_sq (v); nullptr for SGD
+  Tensor* master;      // F32, the weights the optimizer updates
+  Tensor* working;     // F16/BF16 copy recast after the update; nullptr for fp32 jobs
+  const Tensor* grad;  // scaled gradient, working dtype (F32 for fp32 jobs), master's shape
+  Tensor* state0;      // F32: Adam's exp_avg (m) or SGD's momentum; nullptr for plain SGD
+  Tensor* state1;      // F32: Adam's exp_avg_sq (v); nullptr for SGD
 };
 
 // PyTorch's torch.optim.Adam / AdamW formulas (eps outside the square root,
@@ -86,10 +87,21 @@ class Backend {
   virtual absl::Status Cast(const Tensor& src, Tensor& dst) = 0;
   // Blocks until every queued op has finished.
   virtual absl::Status Synchronize() = 0;
+  // The step's one host read: waits for queued work once, then out[i] =
+  // *scalars[i]. Each scalars[i] is a one-element F32 tensor and
+  // out.size() == scalars.size(); otherwise InvalidArgument naming
+  // scalars[i] (or out). Reading k scalars costs one round trip, not k.
+  virtual absl::Status ReadScalars(absl::Span<const Tensor* const> scalars,
+                                   absl::Span<float> out) = 0;
   // Bytes this backend holds in live tensors (for the memory gauge/limits).
   virtual int64_t BytesInUse() const = 0;
 
   // ---- dense algebra ------------------------------------------------------
+  // y += x elementwise, same shape; x and y any float dtypes (they may
+  // differ). The sum is formed in fp32 and rounded once to y's dtype. Used
+  // for residual connections and for summing per-micro-batch losses on the
+  // device.
+  virtual absl::Status Add(const Tensor& x, Tensor& y) = 0;
   // c = alpha * op(a) @ op(b) + beta * c, op(x) = x^T when trans_x.
   // a, b: 2-D, both F32, both F16 or both BF16; products are accumulated in
   // fp32 and the sum rounded once to c's dtype (F32 or a's dtype).
@@ -124,8 +136,7 @@ class Backend {
   // An out-of-range id is InvalidArgument.
   virtual absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out) = 0;
   // dtable (V, C) += scatter of dout (N, C) by ids.
-  virtual absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout,
-                                         Tensor& dtable) = 0;
+  virtual absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable) = 0;
 
   // ---- losses (computed in fp32) ------------------------------------------
   // loss (1) F32 = mean((pred - target)^2) over all elements, times multiplier.
@@ -166,8 +177,7 @@ class Backend {
   // element of grads: bin 0 counts exact zeros, bin 1 values below 2^-30,
   // bins 2.. one power of two each from [2^-30, 2^-29) up to [2^19, 2^20),
   // the last bin |g| >= 2^20 and every inf or NaN.
-  virtual absl::Status GradLog2Histogram(absl::Span<const Tensor* const> grads,
-                                         Tensor& counts) = 0;
+  virtual absl::Status GradLog2Histogram(absl::Span<const Tensor* const> grads, Tensor& counts) = 0;
 };
 
 inline constexpr int kGradHistogramMinLog2 = -30;

@@ -1,7 +1,7 @@
 // The CPU backend object: host memory (64-byte aligned, counted for
-// BytesInUse), the byte copies, and the forwarding of every Backend virtual
-// to the op family that implements it (cpu_*.cc). Ops run synchronously on
-// the calling thread, so Synchronize has nothing to wait for.
+// BytesInUse), the byte copies and scalar reads, and the forwarding of every
+// Backend virtual to the op family that implements it (cpu_*.cc). Ops run
+// synchronously on the calling thread, so Synchronize has nothing to wait for.
 #include "kernels/cpu/cpu_backend.h"
 
 #include <atomic>
@@ -9,6 +9,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -115,12 +116,35 @@ class CpuBackend final : public Backend {
   absl::Status Fill(Tensor& dst, float value) override { return cpu::Fill(dst, value); }
   absl::Status Cast(const Tensor& src, Tensor& dst) override { return cpu::Cast(src, dst); }
   absl::Status Synchronize() override { return absl::OkStatus(); }
+
+  absl::Status ReadScalars(absl::Span<const Tensor* const> scalars,
+                           absl::Span<float> out) override {
+    if (scalars.size() != out.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("ReadScalars: out has ", out.size(),
+                                                     " elements but scalars has ", scalars.size()));
+    }
+    // Every operand is checked before any is read, so a bad call leaves out
+    // untouched (the CUDA backend must validate before it enqueues copies).
+    for (size_t i = 0; i < scalars.size(); ++i) {
+      const std::string name = absl::StrCat("scalars[", i, "]");
+      if (scalars[i] == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat("ReadScalars: ", name, " is null"));
+      }
+      if (absl::Status s = cpu::CheckScalarF32("ReadScalars", name, *scalars[i]); !s.ok()) {
+        return s;
+      }
+    }
+    for (size_t i = 0; i < scalars.size(); ++i) out[i] = scalars[i]->data_as<float>()[0];
+    return absl::OkStatus();
+  }
+
   int64_t BytesInUse() const override { return bytes_in_use_->load(std::memory_order_relaxed); }
 
   absl::Status Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
                     float beta, Tensor& c) override {
     return cpu::Gemm(trans_a, trans_b, alpha, a, b, beta, c);
   }
+  absl::Status Add(const Tensor& x, Tensor& y) override { return cpu::Add(x, y); }
   absl::Status AddBias(const Tensor& bias, Tensor& y) override { return cpu::AddBias(bias, y); }
   absl::Status BiasGrad(const Tensor& dy, float beta, Tensor& dbias) override {
     return cpu::BiasGrad(dy, beta, dbias);

@@ -1,6 +1,7 @@
-// Elementwise and broadcast ops: Fill, Cast between float dtypes, the Linear
-// layer's bias add and its gradient. Every value is computed in fp32 and
-// rounded once to the destination dtype.
+// Elementwise and broadcast ops: Fill, Cast between float dtypes, the
+// same-shape Add (residuals, the step's loss sum), the Linear layer's bias
+// add and its gradient. Every value is computed in fp32 and rounded once to
+// the destination dtype.
 #include <vector>
 
 #include "kernels/cpu/cpu_internal.h"
@@ -39,6 +40,27 @@ absl::Status Cast(const Tensor& src, Tensor& dst) {
     return VisitFloat(dst.dtype(), [&](auto dst_tag) {
       using DstTag = decltype(dst_tag);
       CastLoop<SrcTag, DstTag>(Ptr<SrcTag>(src), Ptr<DstTag>(dst), src.numel());
+      return absl::OkStatus();
+    });
+  });
+}
+
+absl::Status Add(const Tensor& x, Tensor& y) {
+  if (absl::Status s = CheckFloat("Add", "x", x); !s.ok()) return s;
+  if (absl::Status s = CheckFloat("Add", "y", y); !s.ok()) return s;
+  if (absl::Status s = CheckSameShape("Add", "x", x, "y", y); !s.ok()) return s;
+  // Both loads are exact widenings, so the only rounding is the fp32 add
+  // and the store into y's dtype, whatever mix of dtypes x and y are.
+  return VisitFloat(x.dtype(), [&](auto x_tag) {
+    using XTag = decltype(x_tag);
+    return VisitFloat(y.dtype(), [&](auto y_tag) {
+      using YTag = decltype(y_tag);
+      const auto* in = Ptr<XTag>(x);  // same shape as y
+      auto* out = Ptr<YTag>(y);
+      // x may be y itself (y = 2y): each element is read before it is written.
+      for (int64_t i = 0; i < y.numel(); ++i) {
+        out[i] = YTag::Store(XTag::Load(in[i]) + YTag::Load(out[i]));
+      }
       return absl::OkStatus();
     });
   });

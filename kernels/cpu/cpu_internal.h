@@ -208,6 +208,7 @@ inline absl::Status CheckIdsInRange(absl::string_view op, absl::string_view name
 // cpu_elementwise.cc
 absl::Status Fill(Tensor& dst, float value);
 absl::Status Cast(const Tensor& src, Tensor& dst);
+absl::Status Add(const Tensor& x, Tensor& y);
 absl::Status AddBias(const Tensor& bias, Tensor& y);
 absl::Status BiasGrad(const Tensor& dy, float beta, Tensor& dbias);
 // cpu_activation.cc

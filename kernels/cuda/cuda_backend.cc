@@ -2,7 +2,8 @@
 // only: argument checks (the same InvalidArgument "<Op>: <operand> is ..."
 // messages as the CPU oracle), memory through the device's caching pool,
 // and dispatch to the launchers of the .cu files. Every op is enqueued on
-// the backend's own stream; only CopyToHost and Synchronize wait.
+// the backend's own stream; only CopyToHost, ReadScalars and Synchronize
+// wait.
 #include "kernels/cuda/cuda_backend.h"
 
 #include <atomic>
@@ -25,6 +26,10 @@ namespace {
 // cuBLAS's recommended workspace for Hopper; given from the pool so GEMMs
 // never allocate behind the pool's back.
 constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+
+// Scalars the pinned staging buffer holds from the start: the step reads 3
+// (loss sum, found_inf, norm_sq); a longer list grows it once.
+constexpr size_t kStagingScalars = 16;
 
 // ---- argument checks (messages match kernels/cpu) ----------------------------
 absl::Status CheckHasMemory(absl::string_view op, absl::string_view name, const Tensor& t) {
@@ -212,6 +217,10 @@ class CudaBackend final : public Backend {
     absl::StatusOr<Tensor> partials = backend->Allocate(DType::kF32, {kMaxReductionBlocks});
     if (!partials.ok()) return partials.status();
     backend->partials_ = *std::move(partials);
+    absl::StatusOr<PinnedHostBuffer> staging =
+        PinnedHostBuffer::Create(kStagingScalars * sizeof(float));
+    if (!staging.ok()) return staging.status();
+    backend->staging_ = *std::move(staging);
     // The workspace and scratch are the backend's, not the caller's tensors.
     backend->internal_bytes_ = backend->ctx_->bytes_in_use.load();
     return std::unique_ptr<Backend>(std::move(backend));
@@ -306,11 +315,59 @@ class CudaBackend final : public Backend {
     return TakeDeviceErrors();
   }
 
+  absl::Status ReadScalars(absl::Span<const Tensor* const> scalars,
+                           absl::Span<float> out) override {
+    constexpr absl::string_view kOp = "ReadScalars";
+    if (scalars.size() != out.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(kOp, ": out has ", out.size(),
+                                                     " elements but scalars has ", scalars.size()));
+    }
+    // Everything is checked before the first copy is queued, so a bad call
+    // enqueues nothing and leaves out untouched.
+    for (size_t i = 0; i < scalars.size(); ++i) {
+      const std::string name = absl::StrCat("scalars[", i, "]");
+      if (scalars[i] == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(kOp, ": ", name, " is null"));
+      }
+      AMPD_RETURN_IF_ERROR(CheckScalarF32(kOp, name, *scalars[i]));
+    }
+    AMPD_ENTER_DEVICE();
+    const size_t bytes = scalars.size() * sizeof(float);
+    if (bytes > staging_.bytes()) {
+      // The old buffer may still be the target of copies a failed call
+      // queued; drain them before it is freed.
+      AMPD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream()));
+      absl::StatusOr<PinnedHostBuffer> grown = PinnedHostBuffer::Create(bytes);
+      if (!grown.ok()) return grown.status();
+      staging_ = *std::move(grown);
+    }
+    // One small DMA per scalar into pinned memory: they stay queued behind
+    // the step's kernels, and the single synchronisation below is the
+    // step's only host round trip.
+    auto* staged = static_cast<float*>(staging_.data());
+    for (size_t i = 0; i < scalars.size(); ++i) {
+      AMPD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staged + i, scalars[i]->data(), sizeof(float),
+                                                cudaMemcpyDeviceToHost, stream()));
+    }
+    AMPD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream()));
+    for (size_t i = 0; i < scalars.size(); ++i) out[i] = staged[i];
+    return TakeDeviceErrors();
+  }
+
   int64_t BytesInUse() const override {
     return ctx_->bytes_in_use.load(std::memory_order_relaxed) - internal_bytes_;
   }
 
   // ---- dense algebra --------------------------------------------------------
+  absl::Status Add(const Tensor& x, Tensor& y) override {
+    constexpr absl::string_view kOp = "Add";
+    AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "x", x));
+    AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "y", y));
+    AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "x", x, "y", y));
+    AMPD_ENTER_DEVICE();
+    return LaunchAdd(x.data(), x.dtype(), y.data(), y.dtype(), y.numel(), stream());
+  }
+
   absl::Status Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
                     float beta, Tensor& c) override {
     constexpr absl::string_view kOp = "Gemm";
@@ -767,8 +824,9 @@ class CudaBackend final : public Backend {
   std::shared_ptr<StreamContext> ctx_;
   CublasHandle cublas_;
   MappedFlags flags_;
-  Tensor workspace_;  // (8M) F32: cuBLAS workspace, 32 MiB
-  Tensor partials_;   // (kMaxReductionBlocks) F32: loss reduction partial sums
+  Tensor workspace_;          // (8M) F32: cuBLAS workspace, 32 MiB
+  Tensor partials_;           // (kMaxReductionBlocks) F32: loss reduction partial sums
+  PinnedHostBuffer staging_;  // ReadScalars' landing area, >= kStagingScalars floats
   int64_t internal_bytes_ = 0;
 };
 

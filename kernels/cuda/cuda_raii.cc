@@ -94,4 +94,21 @@ int MappedFlags::TakeHostValue() {
   return value;
 }
 
+absl::StatusOr<PinnedHostBuffer> PinnedHostBuffer::Create(size_t bytes) {
+  PinnedHostBuffer b;
+  AMPD_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&b.data_, bytes, cudaHostAllocDefault));
+  b.bytes_ = bytes;
+  return b;
+}
+PinnedHostBuffer::PinnedHostBuffer(PinnedHostBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+PinnedHostBuffer& PinnedHostBuffer::operator=(PinnedHostBuffer&& other) noexcept {
+  std::swap(data_, other.data_);
+  std::swap(bytes_, other.bytes_);
+  return *this;
+}
+PinnedHostBuffer::~PinnedHostBuffer() {
+  if (data_ != nullptr) (void)cudaFreeHost(data_);
+}
+
 }  // namespace ampd::kernels::cuda

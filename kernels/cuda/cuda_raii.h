@@ -1,6 +1,7 @@
 // RAII owners for the CUDA objects a backend holds: its stream, events, the
-// cuBLAS handle, the current-device switch and a small mapped host word the
-// kernels use to report bad indices. Each is created by a factory returning
+// cuBLAS handle, the current-device switch, a small mapped host word the
+// kernels use to report bad indices and the pinned buffer scalar reads are
+// staged in. Each is created by a factory returning
 // StatusOr (constructors cannot fail visibly) and released in its destructor.
 #pragma once
 
@@ -93,6 +94,26 @@ class MappedFlags {
  private:
   int* host_ = nullptr;
   int* device_ = nullptr;
+};
+
+// Page-locked host memory. A device-to-host cudaMemcpyAsync into pageable
+// memory is staged and synchronous; into pinned memory it is a plain DMA
+// that stays queued, so several copies can share one stream synchronisation.
+class PinnedHostBuffer {
+ public:
+  static absl::StatusOr<PinnedHostBuffer> Create(size_t bytes);
+  PinnedHostBuffer() = default;
+  PinnedHostBuffer(PinnedHostBuffer&& other) noexcept;
+  PinnedHostBuffer& operator=(PinnedHostBuffer&& other) noexcept;
+  PinnedHostBuffer(const PinnedHostBuffer&) = delete;
+  PinnedHostBuffer& operator=(const PinnedHostBuffer&) = delete;
+  ~PinnedHostBuffer();
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
 };
 
 }  // namespace ampd::kernels::cuda

@@ -73,6 +73,9 @@ absl::Status LaunchGemm(cublasHandle_t handle, bool trans_a, bool trans_b, int m
                         float alpha, const void* a, int lda, const void* b, int ldb, DType ab_dtype,
                         float beta, void* c, DType c_dtype);
 
+// y (n) += x (n), rounded once to y_dtype.
+absl::Status LaunchAdd(const void* x, DType x_dtype, void* y, DType y_dtype, int64_t n,
+                       cudaStream_t stream);
 absl::Status LaunchAddBias(const void* bias, DType bias_dtype, void* y, DType y_dtype, int64_t rows,
                            int64_t cols, cudaStream_t stream);
 absl::Status LaunchBiasGrad(const void* dy, DType dy_dtype, int64_t rows, int64_t cols, float beta,

@@ -1,6 +1,7 @@
 // Each Backend op on cuda:0 compared with the CPU oracle on the same seeded
 // random inputs, for every float dtype. Elementwise ops that are one fp32
-// operation and one rounding (Fill, Cast, AddBias, ReLU) must match bitwise;
+// operation and one rounding (Fill, Cast, Add, AddBias, ReLU) and
+// ReadScalars must match bitwise;
 // the rest within a few ulps of the dtype (transcendentals and summation
 // order differ between CUDA and glibc/serial loops).
 #include <gtest/gtest.h>
@@ -113,6 +114,91 @@ TEST_P(CudaDTypeTest, AddBiasIsBitExact) {
   const absl::Status bad = gpu_->AddBias(short_bias, gy);
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Mentions(bad, "bias")) << bad;
+}
+
+TEST_P(CudaDTypeTest, AddIsBitExactFromEveryXDType) {
+  const DType y_dt = GetParam();
+  const int64_t rows = 33, cols = 70;
+  for (DType x_dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    auto xv = RandomValues(rows * cols, 24, -3, 3, x_dt);
+    auto yv = RandomValues(rows * cols, 25, -3, 3, y_dt);
+    // Exact cancellation, fp16 overflow, an fp16/bf16 tie (2049), fp16
+    // subnormals: the rounding edges where a second rounding would show.
+    xv[0] = 1.5f, yv[0] = -1.5f;
+    xv[1] = 40000.0f, yv[1] = 30000.0f;
+    xv[2] = 1.0f, yv[2] = 2048.0f;
+    xv[3] = std::ldexp(1.0f, -24), yv[3] = std::ldexp(3.0f, -24);
+    Tensor cx = Upload(*cpu_, x_dt, {rows, cols}, xv), gx = Upload(*gpu_, x_dt, {rows, cols}, xv);
+    Tensor cy = Upload(*cpu_, y_dt, {rows, cols}, yv), gy = Upload(*gpu_, y_dt, {rows, cols}, yv);
+    AMPD_EXPECT_OK(cpu_->Add(cx, cy));
+    AMPD_EXPECT_OK(gpu_->Add(gx, gy));
+    EXPECT_EQ(DownloadBytes(*cpu_, cy), DownloadBytes(*gpu_, gy))
+        << "x " << DTypeName(x_dt) << " y " << DTypeName(y_dt);
+    // Aliased: y += y.
+    AMPD_EXPECT_OK(cpu_->Add(cy, cy));
+    AMPD_EXPECT_OK(gpu_->Add(gy, gy));
+    EXPECT_EQ(DownloadBytes(*cpu_, cy), DownloadBytes(*gpu_, gy)) << "aliased";
+  }
+  Tensor transposed = *gpu_->Allocate(y_dt, {cols, rows});
+  Tensor y = *gpu_->Allocate(y_dt, {rows, cols});
+  const absl::Status bad = gpu_->Add(transposed, y);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Mentions(bad, "Add: x")) << bad;
+}
+
+TEST_F(CudaVsCpuTest, ReadScalarsMatchesCpuAfterQueuedWork) {
+  // More scalars than the staging buffer starts with, so it grows once;
+  // each is written by a queued op the read must wait for.
+  const int n = 40;
+  const auto v = RandomValues(n, 26, -100, 100, DType::kF32);
+  std::vector<Tensor> cs, gs;
+  for (int i = 0; i < n; ++i) {
+    const std::vector<float> one = {v[static_cast<size_t>(i)]};
+    cs.push_back(Upload(*cpu_, DType::kF32, {1, 1}, one));
+    gs.push_back(Upload(*gpu_, DType::kF32, {1, 1}, one));
+    AMPD_EXPECT_OK(cpu_->Add(cs[0], cs.back()));
+    AMPD_EXPECT_OK(gpu_->Add(gs[0], gs.back()));
+  }
+  std::vector<const Tensor*> cp, gp;
+  for (int i = 0; i < n; ++i) cp.push_back(&cs[static_cast<size_t>(i)]);
+  for (int i = 0; i < n; ++i) gp.push_back(&gs[static_cast<size_t>(i)]);
+  std::vector<float> want(n), got(n, 7.0f);
+  AMPD_EXPECT_OK(cpu_->ReadScalars(cp, absl::MakeSpan(want)));
+  AMPD_EXPECT_OK(gpu_->ReadScalars(gp, absl::MakeSpan(got)));
+  EXPECT_EQ(want, got);
+  // The step's three, through the grown buffer again.
+  float three[3] = {7, 7, 7};
+  const Tensor* const first[] = {gp[5], gp[0], gp[39]};
+  AMPD_EXPECT_OK(gpu_->ReadScalars(first, three));
+  EXPECT_EQ(three[0], want[5]);
+  EXPECT_EQ(three[1], want[0]);
+  EXPECT_EQ(three[2], want[39]);
+}
+
+TEST_F(CudaVsCpuTest, ReadScalarsNamesTheBadOperand) {
+  Tensor a = Upload(*gpu_, DType::kF32, {1}, {1.5f});
+  Tensor two = Upload(*gpu_, DType::kF32, {2}, {1.0f, 2.0f});
+  Tensor half = Upload(*gpu_, DType::kF16, {1}, {1.0f});
+  float out[3] = {7, 7, 7};
+  const Tensor* const short_list[] = {&a, &a};
+  absl::Status s = gpu_->ReadScalars(short_list, out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Mentions(s, "out")) << s;
+  const Tensor* const wide[] = {&a, &two, &a};
+  s = gpu_->ReadScalars(wide, out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Mentions(s, "scalars[1]")) << s;
+  const Tensor* const f16[] = {&a, &a, &half};
+  s = gpu_->ReadScalars(f16, out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Mentions(s, "scalars[2]")) << s;
+  const Tensor* const null[] = {nullptr, &a, &a};
+  s = gpu_->ReadScalars(null, out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Mentions(s, "scalars[0]")) << s;
+  EXPECT_EQ(out[0], 7.0f);
+  EXPECT_EQ(out[1], 7.0f);
+  EXPECT_EQ(out[2], 7.0f);
 }
 
 TEST_P(CudaDTypeTest, BiasGrad) {

@@ -1,5 +1,6 @@
 // Every non-GEMM, non-optimizer op of the CPU backend against float64
-// references: memory and casts, bias add and its gradient, activations
+// references: memory, scalar reads and casts, the elementwise add, bias add
+// and its gradient, activations
 // forward and backward, LayerNorm forward and backward, embedding forward and
 // backward, MSE and cross-entropy, and the log2 gradient histogram; plus the
 // InvalidArgument paths. Tolerances: half an ulp of the output dtype for the
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
@@ -125,6 +127,127 @@ TEST_F(CpuOpsTest, CastMatchesReferenceRounding) {
   Tensor ints = MakeTensor(*be_, DType::kI32, {static_cast<int64_t>(v.size())},
                            std::vector<double>(v.size(), 1.0));
   ExpectInvalid(be_->Cast(src, ints));
+}
+
+TEST_F(CpuOpsTest, ReadScalarsReadsEachOneElementTensor) {
+  // Any shape of one element: the trainer's are (1, 1), the losses' (1).
+  Tensor a = MakeTensor(*be_, DType::kF32, {1, 1}, {1.5});
+  Tensor b = MakeTensor(*be_, DType::kF32, {1}, {-0.0});
+  Tensor c = MakeTensor(*be_, DType::kF32, {1, 1, 1}, {std::ldexp(1.0, 127)});
+  Tensor inf = MakeTensor(*be_, DType::kF32, {1}, {INFINITY});
+  const Tensor* const scalars[] = {&a, &b, &c, &inf, &a};
+  float out[5] = {7, 7, 7, 7, 7};
+  ASSERT_TRUE(be_->ReadScalars(scalars, out).ok());
+  EXPECT_EQ(out[0], 1.5f);
+  EXPECT_EQ(out[1], 0.0f);
+  EXPECT_TRUE(std::signbit(out[1]));
+  EXPECT_EQ(out[2], std::ldexp(1.0f, 127));
+  EXPECT_EQ(out[3], INFINITY);
+  EXPECT_EQ(out[4], 1.5f);
+  EXPECT_TRUE(be_->ReadScalars({}, {}).ok());
+}
+
+TEST_F(CpuOpsTest, ReadScalarsNamesTheBadOperandAndWritesNothing) {
+  Tensor a = MakeTensor(*be_, DType::kF32, {1, 1}, {1.5});
+  Tensor two = MakeTensor(*be_, DType::kF32, {2}, {1.0, 2.0});
+  Tensor half = MakeTensor(*be_, DType::kF16, {1}, {1.0});
+  Tensor unallocated;
+  auto expect_names = [&](const absl::Status& s, const std::string& what) {
+    ExpectInvalid(s);
+    EXPECT_NE(std::string(s.message()).find(what), std::string::npos) << s;
+  };
+  float out[3] = {7, 7, 7};
+  {
+    const Tensor* const scalars[] = {&a, &a};
+    expect_names(be_->ReadScalars(scalars, out), "out");
+  }
+  {
+    const Tensor* const scalars[] = {&a, &two, &a};
+    expect_names(be_->ReadScalars(scalars, out), "scalars[1]");
+  }
+  {
+    const Tensor* const scalars[] = {&a, &a, &half};
+    expect_names(be_->ReadScalars(scalars, out), "scalars[2]");
+  }
+  {
+    const Tensor* const scalars[] = {nullptr, &a, &a};
+    expect_names(be_->ReadScalars(scalars, out), "scalars[0]");
+  }
+  {
+    // Tensor() has shape () and so one element, but no memory behind it.
+    const Tensor* const scalars[] = {&a, &unallocated, &a};
+    expect_names(be_->ReadScalars(scalars, out), "scalars[1]");
+  }
+  // Checked before anything is read: out still holds what the caller put there.
+  EXPECT_EQ(out[0], 7.0f);
+  EXPECT_EQ(out[1], 7.0f);
+  EXPECT_EQ(out[2], 7.0f);
+}
+
+// ---- elementwise add ------------------------------------------------------------
+
+TEST_F(CpuOpsTest, AddMatchesReferenceForEveryDTypePair) {
+  for (const DType y_dt : kFloatTypes) {
+    for (const DType x_dt : kFloatTypes) {
+      std::vector<double> x = RandomValues(rng_, x_dt, 6 * 11, -3.0, 3.0);
+      std::vector<double> y = RandomValues(rng_, y_dt, 6 * 11, -3.0, 3.0);
+      // Edges: exact cancellation to +0, a sum that overflows fp16, a tie
+      // in fp16 and bf16 (2049 rounds to even, 2048), fp16 subnormals, and a
+      // value that vanishes in the fp32 add itself.
+      x[0] = 1.5, y[0] = -1.5;
+      x[1] = RefStore(x_dt, 40000.0), y[1] = RefStore(y_dt, 30000.0);
+      x[2] = 1.0, y[2] = 2048.0;
+      x[3] = std::ldexp(1.0, -24), y[3] = std::ldexp(3.0, -24);
+      x[4] = std::ldexp(1.0, -20), y[4] = 1024.0;
+      Tensor xt = MakeTensor(*be_, x_dt, {6, 11}, x);
+      Tensor yt = MakeTensor(*be_, y_dt, {6, 11}, y);
+      ASSERT_TRUE(be_->Add(xt, yt).ok());
+      const std::vector<double> got = ReadTensor(*be_, yt);
+      for (size_t i = 0; i < got.size(); ++i) {
+        // The double sum of two floats is exact; RefF32 is the fp32 add's
+        // one rounding and RefStore the store's.
+        ASSERT_EQ(got[i], RefStore(y_dt, RefF32(x[i] + y[i])))
+            << "x " << DTypeName(x_dt) << " y " << DTypeName(y_dt) << " [" << i << "] " << x[i]
+            << " + " << y[i];
+      }
+      EXPECT_FALSE(std::signbit(got[0]));
+      if (y_dt == DType::kF16) {
+        EXPECT_EQ(got[1], INFINITY);
+      }
+      EXPECT_EQ(got[2], y_dt == DType::kF32 ? 2049.0 : 2048.0);
+      EXPECT_EQ(got[4], 1024.0);
+      // x is read unchanged.
+      EXPECT_EQ(ReadTensor(*be_, xt), x);
+    }
+  }
+}
+
+TEST_F(CpuOpsTest, AddAliasedDoubles) {
+  for (const DType dt : kFloatTypes) {
+    const std::vector<double> v = RandomValues(rng_, dt, 17, -3.0, 3.0);
+    Tensor t = MakeTensor(*be_, dt, {17}, v);
+    ASSERT_TRUE(be_->Add(t, t).ok());
+    const std::vector<double> got = ReadTensor(*be_, t);
+    for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(got[i], 2.0 * v[i]) << DTypeName(dt);
+  }
+}
+
+TEST_F(CpuOpsTest, AddRejectsShapeAndDTypeMismatches) {
+  // Same element count, different shape: still refused (a residual add of
+  // a transposed tensor is a bug, not a broadcast).
+  Tensor x = MakeTensor(*be_, DType::kF32, {2, 3}, std::vector<double>(6, 1.0));
+  Tensor y = MakeTensor(*be_, DType::kF16, {3, 2}, std::vector<double>(6, 2.0));
+  const absl::Status s = be_->Add(x, y);
+  ExpectInvalid(s);
+  EXPECT_NE(std::string(s.message()).find("Add: x"), std::string::npos) << s;
+  EXPECT_EQ(ReadTensor(*be_, y), std::vector<double>(6, 2.0));
+  Tensor short_y = MakeTensor(*be_, DType::kF32, {5}, std::vector<double>(5, 2.0));
+  ExpectInvalid(be_->Add(x, short_y));
+  Tensor ints = MakeTensor(*be_, DType::kI32, {2, 3}, std::vector<double>(6, 1.0));
+  ExpectInvalid(be_->Add(ints, x));
+  ExpectInvalid(be_->Add(x, ints));
+  Tensor unallocated;
+  ExpectInvalid(be_->Add(unallocated, x));
 }
 
 // ---- bias ---------------------------------------------------------------------

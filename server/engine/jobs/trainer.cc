@@ -2,23 +2,26 @@
 //
 // Step, in device order:
 //   zero the += gradients (LayerNorm, Embedding); Linear grads are written
-//     by the first micro-batch with beta = 0
+//     by the first micro-batch with beta = 0; zero found_inf and loss_sum
 //   per micro-batch k of K: upload, forward (working dtype, fp32 GEMM
 //     accumulation), loss with grad_scale = S / K (so K accumulated
-//     micro-batches give one big batch's gradient, times S), backward
-//     accumulating into the grads (beta = 1: an inf survives accumulation)
+//     micro-batches give one big batch's gradient, times S), Add it into
+//     loss_sum on the device, backward accumulating into the grads
+//     (beta = 1: an inf survives accumulation)
 //   [optional] GradLog2Histogram over the scaled grads
 //   UnscaleAndCheck over ALL grads, in_place = false (found_inf, and norm_sq
 //     when clipping): 16-bit grads must not be unscaled in 16 bits, and for
 //     fp32 grads leaving the unscale to the fused update saves a write pass
 //   fused Adam/SGD update with GradTransform{1/S, found_inf, norm_sq}; the
 //     device skips it entirely on found_inf and it recasts the working copy
-//   ONE CopyToHost of a packed (3, 1) F32 tensor [sum of micro-batch losses,
-//     found_inf, norm_sq], then scaler.Update(found_inf).
-// The packing uses EmbeddingBackward as a scatter-add: row r of the packed
-// tensor += a (1, 1) scalar via ids = [r]. Unlike a GEMM with a one-hot
-// matrix it never multiplies an inf by 0, so a non-finite loss cannot leak
-// into the found_inf slot, and it keeps the step at one device->host read.
+//   ONE ReadScalars of [loss_sum, found_inf, norm_sq], then
+//     scaler.Update(found_inf).
+// The three scalars stay on the device, each in its own (1, 1) F32 tensor,
+// until the end: ReadScalars waits for the device once and copies all three
+// together, so the step makes one device->host round trip, not one per
+// micro-batch (the losses are summed on the device with Add) or per scalar.
+// Keeping them in separate tensors also means a non-finite loss can never
+// reach found_inf: the scaler skips on bad gradients, not on a bad loss.
 //
 // Bytes per parameter (AdamW, fp16 or bf16 grads; m, v, master F32):
 //   check pass (UnscaleAndCheck, not in place)        read grad 2           =  2 B
@@ -38,7 +41,7 @@
 // the CPU backend ops run synchronously, so they are the phases' real cost;
 // on CUDA forward/backward/unscale/optimizer are host-side launch times
 // (adding a sync per phase would stall the stream) and only `total`, which
-// ends after the CopyToHost that waits for the device, is wall time.
+// ends after the ReadScalars that waits for the device, is wall time.
 #include "server/engine/jobs/trainer.h"
 
 #include <chrono>
@@ -63,9 +66,10 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr int kPackedLoss = 0;
-constexpr int kPackedFoundInf = 1;
-constexpr int kPackedNormSq = 2;
+// Positions in the step's one ReadScalars.
+constexpr int kReadLossSum = 0;
+constexpr int kReadFoundInf = 1;
+constexpr int kReadNormSq = 2;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -209,17 +213,12 @@ struct Trainer::Impl {
   std::vector<const Tensor*> const_grads;
 
   Tensor loss;       // (1, 1) F32, one micro-batch's loss
+  Tensor loss_sum;   // (1, 1) F32, sum of the step's micro-batch losses
   Tensor found_inf;  // (1, 1) F32
   Tensor norm_sq;    // (1, 1) F32
   Tensor no_inf;     // (1, 1) F32 zero: the update's found_inf when the scaler is disabled
-  Tensor packed;     // (3, 1) F32: [loss sum, found_inf, norm_sq], read back once
-  Tensor slot[3];    // (1) I32 ids 0, 1, 2 for the scatter into packed
   Tensor histogram;  // (kGradHistogramBins) I64
   std::vector<int64_t> zero_bins = std::vector<int64_t>(kernels::kGradHistogramBins, 0);
-
-  absl::Status Scatter(int row, const Tensor& scalar) {
-    return backend->EmbeddingBackward(slot[row], scalar, packed);
-  }
 };
 
 Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -261,19 +260,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   }
   impl->optimizer.Bind(impl->refs);
 
-  for (Tensor* t : {&impl->loss, &impl->found_inf, &impl->norm_sq, &impl->no_inf}) {
+  for (Tensor* t :
+       {&impl->loss, &impl->loss_sum, &impl->found_inf, &impl->norm_sq, &impl->no_inf}) {
     absl::StatusOr<Tensor> s = AllocScalar(b, {1, 1});
     if (!s.ok()) return s.status();
     *t = *std::move(s);
-  }
-  absl::StatusOr<Tensor> packed = AllocScalar(b, {3, 1});
-  if (!packed.ok()) return packed.status();
-  impl->packed = *std::move(packed);
-  for (int32_t r = 0; r < 3; ++r) {
-    absl::StatusOr<Tensor> id = b.Allocate(DType::kI32, {1});
-    if (!id.ok()) return id.status();
-    AMPD_RETURN_IF_ERROR(b.CopyFromHost(&r, sizeof(r), *id));
-    impl->slot[r] = *std::move(id);
   }
   absl::StatusOr<Tensor> hist = b.Allocate(DType::kI64, {kernels::kGradHistogramBins});
   if (!hist.ok()) return hist.status();
@@ -298,7 +289,7 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input) {
 
   AMPD_RETURN_IF_ERROR(net.ZeroGrads());
   AMPD_RETURN_IF_ERROR(b.Fill(m.found_inf, 0.0f));
-  AMPD_RETURN_IF_ERROR(b.Fill(m.packed, 0.0f));
+  AMPD_RETURN_IF_ERROR(b.Fill(m.loss_sum, 0.0f));
   if (clip) AMPD_RETURN_IF_ERROR(b.Fill(m.norm_sq, 0.0f));
 
   for (int64_t i = 0; i < k; ++i) {
@@ -311,7 +302,7 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input) {
     AMPD_RETURN_IF_ERROR(net.LoadBatch(mb.inputs, mb.targets, **ws));
     AMPD_RETURN_IF_ERROR(net.Forward(**ws));
     AMPD_RETURN_IF_ERROR(net.Loss(**ws, grad_scale, m.loss));
-    AMPD_RETURN_IF_ERROR(m.Scatter(kPackedLoss, m.loss));
+    AMPD_RETURN_IF_ERROR(b.Add(m.loss, m.loss_sum));
     const Clock::time_point t1 = Clock::now();
     AMPD_RETURN_IF_ERROR(net.Backward(**ws, /*first_micro_batch=*/i == 0));
     const Clock::time_point t2 = Clock::now();
@@ -330,8 +321,6 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input) {
   const Clock::time_point t3 = Clock::now();
   AMPD_RETURN_IF_ERROR(b.UnscaleAndCheck(m.grads, inv_scale, /*in_place=*/false, m.found_inf,
                                          clip ? &m.norm_sq : nullptr));
-  AMPD_RETURN_IF_ERROR(m.Scatter(kPackedFoundInf, m.found_inf));
-  if (clip) AMPD_RETURN_IF_ERROR(m.Scatter(kPackedNormSq, m.norm_sq));
   const Clock::time_point t4 = Clock::now();
 
   // A disabled scaler (PyTorch's enabled=False) never skips, so the update
@@ -345,14 +334,17 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input) {
   AMPD_RETURN_IF_ERROR(m.optimizer.Apply(b, m.refs, input.learning_rate, transform));
   const Clock::time_point t5 = Clock::now();
 
+  // norm_sq is read even without clipping (it then holds the 0 it was
+  // created with): one fixed list keeps this a single call.
+  const Tensor* const scalars[3] = {&m.loss_sum, &m.found_inf, &m.norm_sq};
   float host[3] = {0, 0, 0};  // [loss sum, found_inf, norm_sq]
-  AMPD_RETURN_IF_ERROR(b.CopyToHost(m.packed, host, sizeof(host)));
+  AMPD_RETURN_IF_ERROR(b.ReadScalars(scalars, host));
   if (input.sample_grad_histogram) {
     report.grad_histogram.resize(kernels::kGradHistogramBins);
     AMPD_RETURN_IF_ERROR(b.CopyToHost(m.histogram, report.grad_histogram.data(),
                                       report.grad_histogram.size() * sizeof(int64_t)));
   }
-  const bool found_inf = host[kPackedFoundInf] != 0.0f;
+  const bool found_inf = host[kReadFoundInf] != 0.0f;
   absl::StatusOr<amp::ScalerUpdate> update = m.scaler.Update(found_inf);
   if (!update.ok()) {
     // deepspeed at min_scale: the device already skipped the update
@@ -365,9 +357,9 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input) {
 
   report.step = m.steps_run;
   report.applied_steps = m.optimizer.applied_steps();
-  report.loss = host[kPackedLoss] / static_cast<float>(k);
+  report.loss = host[kReadLossSum] / static_cast<float>(k);
   report.scaler = *update;
-  if (clip) report.grad_norm = std::sqrt(host[kPackedNormSq]);
+  if (clip) report.grad_norm = std::sqrt(host[kReadNormSq]);
   report.seconds.unscale = Seconds(t3, t4);
   report.seconds.optimizer = Seconds(t4, t5);
   report.seconds.total = Seconds(t_start, Clock::now());
