@@ -2,6 +2,7 @@
 //   ampctl [--server=HOST:PORT] health
 //   ampctl jobs create|list|get ID|delete ID
 //   ampctl train --steps=N [--precision=fp16] [--scaler=pytorch --init-scale=..] [--json]
+//   ampctl train --batches=FILE --layers=SPEC [--loss=mse|cross_entropy] --steps=N ...
 //   ampctl state export --job=ID --out=FILE | state import --job=ID FILE
 // Flags may be spelled with dashes or underscores (--init-scale, --init_scale).
 #include <google/protobuf/util/json_util.h>
@@ -22,6 +23,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/batch_file.h"
 #include "client/client.h"
 #include "client/synthetic_task.h"
 
@@ -32,6 +34,12 @@ ABSL_FLAG(std::string, job, "", "Job id (state export/import, jobs get/delete)")
 ABSL_FLAG(std::string, out, "", "Output file (state export)");
 // Job creation (jobs create, train).
 ABSL_FLAG(std::string, name, "", "Display name of the job");
+ABSL_FLAG(std::string, layers, "",
+          "The job's model, comma-separated: linear:IN:OUT[:nobias], relu, gelu, tanh, "
+          "layer_norm:N, embedding:VOCAB:DIM (first only). Required with --batches; "
+          "default: the synthetic task's linear:16:64,gelu,linear:64:4");
+ABSL_FLAG(std::optional<std::string>, loss, std::nullopt,
+          "The model's loss with --layers: mse (default) or cross_entropy");
 ABSL_FLAG(std::string, precision, "fp16", "fp32, fp16 or bf16");
 ABSL_FLAG(uint64_t, seed, 0, "Seed of the weights and of the synthetic task");
 ABSL_FLAG(std::string, optimizer, "adamw", "sgd, adam or adamw");
@@ -55,6 +63,9 @@ ABSL_FLAG(std::optional<bool>, scaling, std::nullopt,
           "Loss scaling enabled (the scaler's enabled)");
 // Training (train).
 ABSL_FLAG(int64_t, steps, 100, "Steps to run (train)");
+ABSL_FLAG(std::string, batches, "",
+          "Train on this safetensors file's inputs.<i>/targets.<i> (i = 0..B-1), cycled over "
+          "--steps, instead of the synthetic task; needs --layers");
 ABSL_FLAG(int64_t, batch_size, 64, "Rows per batch of the synthetic task");
 ABSL_FLAG(double, target_scale, 32.0,
           "Magnitude of the synthetic task's targets (32: the first fp16 steps overflow at 65536)");
@@ -73,12 +84,35 @@ std::string ToJson(const google::protobuf::Message& message) {
   return json;
 }
 
-absl::StatusOr<ampd::v1::CreateJobRequest> BuildCreateRequest(const ampd::SyntheticTask& task) {
+// The model --layers/--loss give, or nullopt for the synthetic task's own
+// (whose targets are regression targets, so only mse fits it).
+absl::StatusOr<std::optional<ampd::engine::model::ModelSpec>> ModelFromFlags() {
+  const std::string layers = absl::GetFlag(FLAGS_layers);
+  const std::optional<std::string> loss = absl::GetFlag(FLAGS_loss);
+  if (layers.empty()) {
+    if (!absl::GetFlag(FLAGS_batches).empty()) {
+      return Fail(
+          "--batches: give the job's model too, e.g. --layers=linear:16:64,gelu,linear:64:8 "
+          "[--loss=mse|cross_entropy]");
+    }
+    if (loss.has_value() && *loss != "mse") {
+      return Fail(absl::StrCat("--loss=", *loss,
+                               ": give --layers too (the synthetic task's default model is mse)"));
+    }
+    return std::nullopt;
+  }
+  absl::StatusOr<ampd::engine::model::ModelSpec> spec =
+      ampd::ParseModelFlags(layers, loss.value_or("mse"));
+  if (!spec.ok()) return spec.status();
+  return *std::move(spec);
+}
+
+absl::StatusOr<ampd::v1::CreateJobRequest> BuildCreateRequest(const ampd::v1::ModelSpec& model) {
   ampd::v1::CreateJobRequest request;
   ampd::v1::JobConfig* config = request.mutable_config();
   config->set_display_name(absl::GetFlag(FLAGS_name));
   config->set_seed(absl::GetFlag(FLAGS_seed));
-  *config->mutable_model() = task.Model();
+  *config->mutable_model() = model;
   if (auto m = absl::GetFlag(FLAGS_loss_multiplier))
     config->mutable_model()->set_loss_multiplier(*m);
 
@@ -144,12 +178,67 @@ std::string JsonNumber(double v) {
   return std::isfinite(v) ? absl::StrFormat("%.9g", v) : std::string("null");
 }
 
+// Where train's batches come from: a batch file (cycled) or the synthetic
+// task. Everything is checked before the job is created, so a bad file or
+// model leaves nothing behind on the server.
+struct TrainData {
+  ampd::v1::ModelSpec model;
+  std::vector<ampd::v1::MicroBatch> file_batches;  // empty: the synthetic task
+  std::optional<ampd::SyntheticTask> task;
+
+  ampd::v1::MicroBatch Batch(int64_t step) {  // step: 1-based
+    if (task) return task->NextBatch();
+    return file_batches[static_cast<size_t>((step - 1) %
+                                            static_cast<int64_t>(file_batches.size()))];
+  }
+};
+
+absl::StatusOr<TrainData> PrepareTrainData() {
+  absl::StatusOr<std::optional<ampd::engine::model::ModelSpec>> spec = ModelFromFlags();
+  if (!spec.ok()) return spec.status();
+  TrainData data;
+  const std::string path = absl::GetFlag(FLAGS_batches);
+  if (!path.empty()) {
+    absl::StatusOr<std::string> bytes = ampd::ReadBatchFile(path);
+    if (!bytes.ok()) return bytes.status();
+    absl::StatusOr<std::vector<ampd::v1::MicroBatch>> batches =
+        ampd::BatchesFromSafetensors(*bytes, **spec);
+    if (!batches.ok()) {
+      return Fail(absl::StrCat("--batches=", path, ": ", batches.status().message()));
+    }
+    data.file_batches = *std::move(batches);
+    data.model = ampd::ModelSpecToProto(**spec);
+    return data;
+  }
+  if (absl::GetFlag(FLAGS_batch_size) < 1) return Fail("--batch_size: must be >= 1");
+  data.task.emplace(MakeTask());
+  if (!spec->has_value()) {
+    data.model = data.task->Model();
+    return data;
+  }
+  // A --layers model must take the synthetic task's shapes; a copy of the
+  // task draws the probe batch so the real batch stream is untouched.
+  ampd::SyntheticTask probe = *data.task;
+  const ampd::v1::MicroBatch batch = probe.NextBatch();
+  absl::StatusOr<ampd::engine::HostTensor> inputs = ampd::TensorFromProto(batch.inputs());
+  absl::StatusOr<ampd::engine::HostTensor> targets = ampd::TensorFromProto(batch.targets());
+  if (!inputs.ok()) return inputs.status();
+  if (!targets.ok()) return targets.status();
+  if (absl::Status s = ampd::CheckBatchFitsModel(
+          *inputs, *targets, **spec, "the synthetic task's inputs", "the synthetic task's targets");
+      !s.ok()) {
+    return Fail(absl::StrCat("--layers: ", s.message()));
+  }
+  data.model = ampd::ModelSpecToProto(**spec);
+  return data;
+}
+
 absl::Status Train(ampd::Client& client) {
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   if (steps < 0) return Fail("--steps: must be >= 0");
-  if (absl::GetFlag(FLAGS_batch_size) < 1) return Fail("--batch_size: must be >= 1");
-  ampd::SyntheticTask task = MakeTask();
-  absl::StatusOr<ampd::v1::CreateJobRequest> request = BuildCreateRequest(task);
+  absl::StatusOr<TrainData> data = PrepareTrainData();
+  if (!data.ok()) return data.status();
+  absl::StatusOr<ampd::v1::CreateJobRequest> request = BuildCreateRequest(data->model);
   if (!request.ok()) return request.status();
   absl::StatusOr<ampd::v1::Job> job = client.CreateJob(*request);
   if (!job.ok()) return job.status();
@@ -160,13 +249,17 @@ absl::Status Train(ampd::Client& client) {
                 job->job_id().c_str(), static_cast<long long>(job->parameter_count()),
                 absl::GetFlag(FLAGS_precision).c_str(), absl::GetFlag(FLAGS_scaler).c_str(),
                 sc.init_scale(), static_cast<long long>(sc.growth_interval()));
+    if (!data->file_batches.empty()) {
+      std::printf("training on %zu batches from %s\n", data->file_batches.size(),
+                  absl::GetFlag(FLAGS_batches).c_str());
+    }
   }
   int64_t skipped = 0;
   for (int64_t i = 1; i <= steps; ++i) {
     ampd::v1::StepRequest step;
     step.set_job_id(job->job_id());
     step.set_sequence(job->step() + i);
-    *step.add_micro_batches() = task.NextBatch();
+    *step.add_micro_batches() = data->Batch(i);
     absl::StatusOr<ampd::v1::StepResponse> r = client.Step(step);
     if (!r.ok()) return r.status();
     skipped += r->skipped() ? 1 : 0;
@@ -210,8 +303,10 @@ absl::StatusOr<std::string> JobArg(const std::vector<char*>& args, size_t index)
 absl::Status Jobs(ampd::Client& client, const std::vector<char*>& args) {
   const std::string verb = args.size() > 2 ? args[2] : "";
   if (verb == "create") {
-    ampd::SyntheticTask task = MakeTask();
-    absl::StatusOr<ampd::v1::CreateJobRequest> request = BuildCreateRequest(task);
+    absl::StatusOr<std::optional<ampd::engine::model::ModelSpec>> spec = ModelFromFlags();
+    if (!spec.ok()) return spec.status();
+    absl::StatusOr<ampd::v1::CreateJobRequest> request =
+        BuildCreateRequest(spec->has_value() ? ampd::ModelSpecToProto(**spec) : MakeTask().Model());
     if (!request.ok()) return request.status();
     absl::StatusOr<ampd::v1::Job> job = client.CreateJob(*request);
     if (!job.ok()) return job.status();
@@ -298,11 +393,27 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "ampctl: command-line client of ampd.\n"
       "  ampctl [--server=HOST:PORT] health\n"
-      "  ampctl jobs create|list|get ID|delete ID\n"
+      "  ampctl jobs create [--layers=SPEC --loss=mse|cross_entropy]|list|get ID|delete ID\n"
       "  ampctl train --steps=N [--precision=fp16|bf16|fp32] [--scaler=pytorch --init-scale=..]"
       " [--json]\n"
+      "  ampctl train --batches=FILE --layers=SPEC [--loss=mse|cross_entropy] --steps=N ...\n"
       "  ampctl state export --job=ID --out=FILE\n"
-      "  ampctl state import --job=ID FILE");
+      "  ampctl state import --job=ID FILE\n"
+      "\n"
+      "train runs the built-in synthetic regression task unless --batches names a safetensors\n"
+      "file holding inputs.<i> and targets.<i> for i = 0..B-1, used in order and cycled over\n"
+      "--steps (step s trains on batch (s-1) mod B):\n"
+      "  inputs.<i>   F32/F16/BF16 (N, IN), or I32/I64 (N) ids when the first layer is embedding\n"
+      "  targets.<i>  F32 (N, OUT) for --loss=mse, I32/I64 (N) labels for --loss=cross_entropy\n"
+      "--layers=SPEC is the job's model, comma-separated layers:\n"
+      "  linear:IN:OUT  linear:IN:OUT:nobias  relu  gelu  tanh  layer_norm:N  embedding:VOCAB:DIM\n"
+      "  e.g. --layers=linear:16:64,gelu,linear:64:8 --loss=mse\n"
+      "It is required with --batches and optional otherwise (the synthetic task is\n"
+      "linear:16:64,gelu,linear:64:4 with mse; a --layers model must map 16 -> 4). The file\n"
+      "and model are checked before the job is created; a missing or malformed tensor is\n"
+      "named in the error.\n"
+      "Exit status: 0 on success, 2 for invalid arguments (flags, batch file), 1 otherwise.");
+
   // absl names flags with underscores; accept the dashed spelling too.
   std::vector<std::string> raw(argv, argv + argc);
   for (size_t i = 1; i < raw.size(); ++i) {

@@ -1,0 +1,364 @@
+// Model flags and safetensors batch files for `ampctl train` (batch_file.h).
+#include "client/batch_file.h"
+
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "server/engine/checkpoint/safetensors.h"
+
+namespace ampd {
+namespace {
+
+using engine::HostTensor;
+using engine::model::LayerKind;
+using engine::model::LayerSpec;
+using engine::model::LossKind;
+using engine::model::ModelSpec;
+using kernels::DType;
+
+absl::Status Invalid(absl::string_view message) { return absl::InvalidArgumentError(message); }
+
+constexpr absl::string_view kLayersGrammar =
+    "expected comma-separated layers: linear:IN:OUT[:nobias], relu, gelu, tanh, layer_norm:N, "
+    "embedding:VOCAB:DIM";
+
+// One positive size of a layer item; names the item and which size it is.
+absl::StatusOr<int64_t> ParseSize(absl::string_view item, absl::string_view what,
+                                  absl::string_view text) {
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(text, &value) || value < 1) {
+    return Invalid(absl::StrCat("--layers: \"", item, "\": ", what,
+                                " must be a positive integer, got \"", text, "\""));
+  }
+  return value;
+}
+
+absl::StatusOr<LayerSpec> ParseLayer(absl::string_view item) {
+  const std::vector<absl::string_view> parts = absl::StrSplit(item, ':');
+  const std::string kind = absl::AsciiStrToLower(parts[0]);
+  auto arity = [&](size_t lo, size_t hi, absl::string_view form) -> absl::Status {
+    if (parts.size() - 1 < lo || parts.size() - 1 > hi) {
+      return Invalid(absl::StrCat("--layers: \"", item, "\": expected ", form));
+    }
+    return absl::OkStatus();
+  };
+  LayerSpec layer;
+  if (kind == "linear") {
+    if (absl::Status s = arity(2, 3, "linear:IN:OUT or linear:IN:OUT:nobias"); !s.ok()) return s;
+    layer.kind = LayerKind::kLinear;
+    absl::StatusOr<int64_t> in = ParseSize(item, "IN", parts[1]);
+    if (!in.ok()) return in.status();
+    absl::StatusOr<int64_t> out = ParseSize(item, "OUT", parts[2]);
+    if (!out.ok()) return out.status();
+    layer.in_features = *in;
+    layer.out_features = *out;
+    if (parts.size() == 4) {
+      if (parts[3] != "nobias") {
+        return Invalid(absl::StrCat(
+            "--layers: \"", item, "\": the only linear option is nobias, got \"", parts[3], "\""));
+      }
+      layer.bias = false;
+    }
+  } else if (kind == "relu" || kind == "gelu" || kind == "tanh") {
+    if (absl::Status s = arity(0, 0, kind); !s.ok()) return s;
+    layer.kind = kind == "relu"   ? LayerKind::kReLU
+                 : kind == "gelu" ? LayerKind::kGELU
+                                  : LayerKind::kTanh;
+  } else if (kind == "layer_norm" || kind == "layernorm") {
+    if (absl::Status s = arity(1, 1, "layer_norm:N"); !s.ok()) return s;
+    layer.kind = LayerKind::kLayerNorm;
+    absl::StatusOr<int64_t> n = ParseSize(item, "N", parts[1]);
+    if (!n.ok()) return n.status();
+    layer.normalized_shape = *n;
+  } else if (kind == "embedding") {
+    if (absl::Status s = arity(2, 2, "embedding:VOCAB:DIM"); !s.ok()) return s;
+    layer.kind = LayerKind::kEmbedding;
+    absl::StatusOr<int64_t> vocab = ParseSize(item, "VOCAB", parts[1]);
+    if (!vocab.ok()) return vocab.status();
+    absl::StatusOr<int64_t> dim = ParseSize(item, "DIM", parts[2]);
+    if (!dim.ok()) return dim.status();
+    layer.num_embeddings = *vocab;
+    layer.embedding_dim = *dim;
+  } else {
+    return Invalid(absl::StrCat("--layers: unknown layer \"", parts[0], "\" in \"", item, "\"; ",
+                                kLayersGrammar));
+  }
+  return layer;
+}
+
+bool IsIndex(DType d) { return d == DType::kI32 || d == DType::kI64; }
+
+std::string Describe(const HostTensor& t) {
+  return absl::StrCat(kernels::DTypeName(t.dtype), kernels::ShapeToString(t.shape));
+}
+
+int64_t LoadIndex(const HostTensor& t, int64_t i) {
+  if (t.dtype == DType::kI32) {
+    int32_t v;
+    std::memcpy(&v, t.data.data() + i * 4, 4);
+    return v;
+  }
+  int64_t v;
+  std::memcpy(&v, t.data.data() + i * 8, 8);
+  return v;
+}
+
+absl::Status CheckIndices(const HostTensor& t, int64_t limit, absl::string_view name,
+                          absl::string_view what) {
+  for (int64_t i = 0; i < t.shape[0]; ++i) {
+    const int64_t v = LoadIndex(t, i);
+    if (v < 0 || v >= limit) {
+      return Invalid(
+          absl::StrCat(name, "[", i, "]: ", what, " ", v, " is outside [0, ", limit, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// "inputs.12" -> ("inputs", 12). Digits only, no leading zeros, so each
+// index has exactly one spelling and "inputs.01" is not silently batch 1.
+std::optional<std::pair<std::string, int64_t>> SplitName(absl::string_view name) {
+  const size_t dot = name.find('.');
+  if (dot == absl::string_view::npos) return std::nullopt;
+  const absl::string_view role = name.substr(0, dot);
+  const absl::string_view digits = name.substr(dot + 1);
+  if (role != "inputs" && role != "targets") return std::nullopt;
+  if (digits.empty() || digits.size() > 9 || (digits.size() > 1 && digits[0] == '0')) {
+    return std::nullopt;
+  }
+  for (char c : digits) {
+    if (c < '0' || c > '9') return std::nullopt;
+  }
+  int64_t index = 0;
+  if (!absl::SimpleAtoi(digits, &index)) return std::nullopt;
+  return std::make_pair(std::string(role), index);
+}
+
+}  // namespace
+
+absl::StatusOr<ModelSpec> ParseModelFlags(absl::string_view layers, absl::string_view loss) {
+  ModelSpec spec;
+  if (absl::StripAsciiWhitespace(layers).empty()) {
+    return Invalid(absl::StrCat("--layers: empty; ", kLayersGrammar));
+  }
+  for (absl::string_view item : absl::StrSplit(layers, ',')) {
+    item = absl::StripAsciiWhitespace(item);
+    if (item.empty()) return Invalid(absl::StrCat("--layers: empty item in \"", layers, "\""));
+    absl::StatusOr<LayerSpec> layer = ParseLayer(item);
+    if (!layer.ok()) return layer.status();
+    spec.layers.push_back(*layer);
+  }
+  const std::string l = absl::AsciiStrToLower(loss);
+  if (l.empty() || l == "mse") {
+    spec.loss = LossKind::kMse;
+  } else if (l == "cross_entropy" || l == "cross-entropy" || l == "ce") {
+    spec.loss = LossKind::kCrossEntropy;
+  } else {
+    return Invalid(absl::StrCat("--loss: expected mse or cross_entropy, got \"", loss, "\""));
+  }
+  if (absl::Status s = engine::model::ValidateModelSpec(spec); !s.ok()) {
+    return Invalid(absl::StrCat("--layers: ", s.message()));
+  }
+  return spec;
+}
+
+v1::ModelSpec ModelSpecToProto(const ModelSpec& spec) {
+  v1::ModelSpec proto;
+  for (const LayerSpec& l : spec.layers) {
+    v1::Layer* layer = proto.add_layers();
+    switch (l.kind) {
+      case LayerKind::kLinear: {
+        v1::Linear* linear = layer->mutable_linear();
+        linear->set_in_features(l.in_features);
+        linear->set_out_features(l.out_features);
+        linear->set_bias(l.bias);
+        break;
+      }
+      case LayerKind::kReLU:
+        layer->mutable_relu();
+        break;
+      case LayerKind::kGELU:
+        layer->mutable_gelu();
+        break;
+      case LayerKind::kTanh:
+        layer->mutable_tanh();
+        break;
+      case LayerKind::kLayerNorm:
+        layer->mutable_layer_norm()->set_normalized_shape(l.normalized_shape);
+        break;
+      case LayerKind::kEmbedding:
+        layer->mutable_embedding()->set_num_embeddings(l.num_embeddings);
+        layer->mutable_embedding()->set_embedding_dim(l.embedding_dim);
+        break;
+    }
+  }
+  proto.set_loss(spec.loss == LossKind::kCrossEntropy ? v1::LOSS_CROSS_ENTROPY : v1::LOSS_MSE);
+  if (spec.loss_multiplier != 1.0f) proto.set_loss_multiplier(spec.loss_multiplier);
+  return proto;
+}
+
+absl::Status CheckBatchFitsModel(const HostTensor& inputs, const HostTensor& targets,
+                                 const ModelSpec& model, absl::string_view inputs_name,
+                                 absl::string_view targets_name) {
+  if (absl::Status s = inputs.Validate(inputs_name); !s.ok()) return s;
+  if (absl::Status s = targets.Validate(targets_name); !s.ok()) return s;
+  const LayerSpec& first = model.layers.front();
+  const int64_t in = engine::model::InputFeatures(model);
+  const int64_t out = engine::model::OutputFeatures(model);
+  int64_t rows = 0;
+  if (first.kind == LayerKind::kEmbedding) {
+    if (!IsIndex(inputs.dtype) || inputs.shape.size() != 1 || inputs.shape[0] < 1) {
+      return Invalid(absl::StrCat(inputs_name,
+                                  ": expected I32 or I64 (N) ids for the embedding layer, N >= 1, "
+                                  "got ",
+                                  Describe(inputs)));
+    }
+    rows = inputs.shape[0];
+    if (absl::Status s = CheckIndices(inputs, first.num_embeddings, inputs_name, "id"); !s.ok()) {
+      return s;
+    }
+  } else {
+    if (!kernels::IsFloating(inputs.dtype) || inputs.shape.size() != 2 || inputs.shape[1] != in ||
+        inputs.shape[0] < 1) {
+      return Invalid(absl::StrCat(inputs_name, ": expected F32, F16 or BF16 (N, ", in,
+                                  ") with N >= 1, got ", Describe(inputs)));
+    }
+    rows = inputs.shape[0];
+  }
+  if (model.loss == LossKind::kCrossEntropy) {
+    if (!IsIndex(targets.dtype) || targets.shape.size() != 1 || targets.shape[0] != rows) {
+      return Invalid(absl::StrCat(targets_name, ": expected I32 or I64 (", rows,
+                                  ") labels for cross_entropy (one per row of ", inputs_name,
+                                  "), got ", Describe(targets)));
+    }
+    return CheckIndices(targets, out, targets_name, "label");
+  }
+  if (targets.dtype != DType::kF32 || targets.shape.size() != 2 || targets.shape[0] != rows ||
+      targets.shape[1] != out) {
+    return Invalid(absl::StrCat(targets_name, ": expected F32 (", rows, ", ", out,
+                                ") for mse (rows of ", inputs_name, ", the model's output), got ",
+                                Describe(targets)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::MicroBatch>> BatchesFromSafetensors(absl::string_view bytes,
+                                                                   const ModelSpec& model) {
+  absl::StatusOr<engine::checkpoint::StateDict> state =
+      engine::checkpoint::DecodeSafetensors(bytes);
+  if (!state.ok())
+    return Invalid(absl::StrCat("not a safetensors file: ", state.status().message()));
+  // index -> (inputs, targets); a map so the indices come out sorted.
+  std::map<int64_t, std::pair<const HostTensor*, const HostTensor*>> found;
+  for (const engine::checkpoint::NamedTensor& t : state->tensors) {
+    const std::optional<std::pair<std::string, int64_t>> name = SplitName(t.name);
+    if (!name) {
+      return Invalid(absl::StrCat("unexpected tensor \"", t.name,
+                                  "\" (a batch file holds only inputs.<i> and targets.<i>, "
+                                  "i = 0, 1, ...)"));
+    }
+    auto& slot = found[name->second];
+    (name->first == "inputs" ? slot.first : slot.second) = &t.tensor;
+  }
+  if (found.empty()) return Invalid("no batches: the file holds no inputs.0 / targets.0");
+  const int64_t count = found.rbegin()->first + 1;
+  std::vector<v1::MicroBatch> batches;
+  batches.reserve(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) {
+    const std::string in_name = absl::StrCat("inputs.", i);
+    const std::string tg_name = absl::StrCat("targets.", i);
+    auto it = found.find(i);
+    const HostTensor* inputs = it == found.end() ? nullptr : it->second.first;
+    const HostTensor* targets = it == found.end() ? nullptr : it->second.second;
+    // Batches are numbered 0..B-1 by the highest index present, so a gap or
+    // a half batch is reported by the name that is absent.
+    if (inputs == nullptr || targets == nullptr) {
+      const std::string missing = inputs == nullptr && targets == nullptr
+                                      ? absl::StrCat(in_name, " and ", tg_name)
+                                  : inputs == nullptr ? in_name
+                                                      : tg_name;
+      return Invalid(absl::StrCat("batch ", i, ": ", missing,
+                                  inputs == nullptr && targets == nullptr ? " are" : " is",
+                                  " missing (the file has batches up to ", count - 1,
+                                  ", each needs inputs.<i> and targets.<i>)"));
+    }
+    if (absl::Status s = CheckBatchFitsModel(*inputs, *targets, model, in_name, tg_name); !s.ok()) {
+      return s;
+    }
+    v1::MicroBatch batch;
+    *batch.mutable_inputs() = TensorToProto(*inputs);
+    *batch.mutable_targets() = TensorToProto(*targets);
+    batches.push_back(std::move(batch));
+  }
+  return batches;
+}
+
+absl::StatusOr<std::string> ReadBatchFile(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) return Invalid(absl::StrCat("--batches: cannot open ", path));
+  std::stringstream buffer;
+  buffer << file.rdbuf();
+  if (file.bad()) return Invalid(absl::StrCat("--batches: cannot read ", path));
+  return buffer.str();
+}
+
+v1::Tensor TensorToProto(const HostTensor& tensor) {
+  v1::Tensor proto;
+  switch (tensor.dtype) {
+    case DType::kF32:
+      proto.set_dtype(v1::DTYPE_F32);
+      break;
+    case DType::kF16:
+      proto.set_dtype(v1::DTYPE_F16);
+      break;
+    case DType::kBF16:
+      proto.set_dtype(v1::DTYPE_BF16);
+      break;
+    case DType::kI32:
+      proto.set_dtype(v1::DTYPE_I32);
+      break;
+    case DType::kI64:
+      proto.set_dtype(v1::DTYPE_I64);
+      break;
+  }
+  for (int64_t d : tensor.shape) proto.add_shape(d);
+  proto.set_data(tensor.data);
+  return proto;
+}
+
+absl::StatusOr<HostTensor> TensorFromProto(const v1::Tensor& tensor) {
+  HostTensor t;
+  switch (tensor.dtype()) {
+    case v1::DTYPE_F32:
+      t.dtype = DType::kF32;
+      break;
+    case v1::DTYPE_F16:
+      t.dtype = DType::kF16;
+      break;
+    case v1::DTYPE_BF16:
+      t.dtype = DType::kBF16;
+      break;
+    case v1::DTYPE_I32:
+      t.dtype = DType::kI32;
+      break;
+    case v1::DTYPE_I64:
+      t.dtype = DType::kI64;
+      break;
+    default:
+      return Invalid(absl::StrCat("unknown dtype ", tensor.dtype()));
+  }
+  t.shape.assign(tensor.shape().begin(), tensor.shape().end());
+  t.data = tensor.data();
+  return t;
+}
+
+}  // namespace ampd

@@ -1,0 +1,620 @@
+// `ampctl train --batches=FILE`: batch files written with EncodeSafetensors
+// into a temporary directory, the real `ampd` (--device=cpu on 127.0.0.1:0,
+// its port read from the "listening on" line) and the real `ampctl` binary.
+// The losses ampctl prints must be the ones a Trainer run in this process on
+// the same batches, config and seed produces: the same CPU backend, so they
+// agree to the bit. Malformed files and flags must fail with exit status 2,
+// naming the tensor or layer, before any job exists. Every wait on a child is
+// bounded (a poll on its pipe, a future with a deadline).
+#include <fcntl.h>
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+#include <google/protobuf/util/message_differencer.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "client/batch_file.h"
+#include "client/client.h"
+#include "gtest/gtest.h"
+#include "kernels/backend_factory.h"
+#include "kernels/float16.h"
+#include "server/engine/checkpoint/safetensors.h"
+#include "server/engine/jobs/trainer.h"
+#include "server/rpc/translate.h"
+
+namespace ampd {
+namespace {
+
+using engine::HostTensor;
+using engine::checkpoint::EncodeSafetensors;
+using engine::checkpoint::StateDict;
+using kernels::DType;
+
+constexpr auto kStartDeadline = std::chrono::seconds(30);
+constexpr auto kExitDeadline = std::chrono::seconds(120);
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// Waits for `pid` at most kExitDeadline (then kills it); the exit status, or
+// -1 when it died of a signal.
+int WaitForExit(pid_t pid) {
+  auto done = std::async(std::launch::async, [pid] {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return status;
+  });
+  if (done.wait_for(kExitDeadline) != std::future_status::ready) kill(pid, SIGKILL);
+  const int status = done.get();
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// A running ampd with its own state directory, stderr in a log file.
+class ServerProcess {
+ public:
+  explicit ServerProcess(const std::filesystem::path& root) {
+    log_path_ = (root / "ampd.log").string();
+    std::vector<std::string> args = {
+        AMPD_SERVER_BINARY, "--listen=127.0.0.1:0", "--metrics-listen=127.0.0.1:0",
+        "--device=cpu",     "--worker-threads=2",   "--state-dir=" + (root / "state").string()};
+    int out[2];
+    if (pipe(out) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(out[1], STDOUT_FILENO);
+      const int log = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (log >= 0) dup2(log, STDERR_FILENO);
+      close(out[0]);
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    close(out[1]);
+    stdout_fd_ = out[0];
+    port_ = ReadPort();
+  }
+  ~ServerProcess() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (stdout_fd_ >= 0) close(stdout_fd_);
+  }
+
+  int port() const { return port_; }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  std::string Log() const { return ReadAll(log_path_); }
+
+ private:
+  // Reads stdout until "ampd: listening on 127.0.0.1:PORT" or the deadline.
+  int ReadPort() {
+    const auto deadline = std::chrono::steady_clock::now() + kStartDeadline;
+    const std::string marker = "ampd: listening on 127.0.0.1:";
+    std::string buffer;
+    while (std::chrono::steady_clock::now() < deadline) {
+      pollfd p{stdout_fd_, POLLIN, 0};
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (poll(&p, 1, static_cast<int>(std::max<int64_t>(1, left.count()))) <= 0) break;
+      char chunk[256];
+      const ssize_t n = read(stdout_fd_, chunk, sizeof(chunk));
+      if (n <= 0) break;
+      buffer.append(chunk, static_cast<size_t>(n));
+      const size_t at = buffer.find(marker);
+      const size_t eol = at == std::string::npos ? at : buffer.find('\n', at);
+      if (eol != std::string::npos) {
+        int port = 0;
+        const size_t begin = at + marker.size();
+        if (absl::SimpleAtoi(buffer.substr(begin, eol - begin), &port)) return port;
+      }
+    }
+    return 0;
+  }
+
+  std::string log_path_;
+  pid_t pid_ = -1;
+  int stdout_fd_ = -1;
+  int port_ = 0;
+};
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+// ---- tensors and batch files ----------------------------------------------------
+
+HostTensor F32(kernels::Shape shape, const std::vector<float>& v) {
+  HostTensor t{DType::kF32, std::move(shape), std::string(v.size() * 4, '\0')};
+  std::memcpy(t.data.data(), v.data(), t.data.size());
+  return t;
+}
+HostTensor Bf16(kernels::Shape shape, const std::vector<float>& v) {
+  HostTensor t{DType::kBF16, std::move(shape), std::string(v.size() * 2, '\0')};
+  for (size_t i = 0; i < v.size(); ++i) {
+    const uint16_t bits = kernels::FloatToBf16Bits(v[i]);
+    std::memcpy(t.data.data() + 2 * i, &bits, 2);
+  }
+  return t;
+}
+HostTensor I32(kernels::Shape shape, const std::vector<int32_t>& v) {
+  HostTensor t{DType::kI32, std::move(shape), std::string(v.size() * 4, '\0')};
+  std::memcpy(t.data.data(), v.data(), t.data.size());
+  return t;
+}
+HostTensor I64(kernels::Shape shape, const std::vector<int64_t>& v) {
+  HostTensor t{DType::kI64, std::move(shape), std::string(v.size() * 8, '\0')};
+  std::memcpy(t.data.data(), v.data(), t.data.size());
+  return t;
+}
+
+// Deterministic values that differ per batch and element; the magnitude
+// makes fp16 at PyTorch's init_scale overflow, so the scaler has work to do.
+std::vector<float> Values(size_t n, int batch, float magnitude) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    v[i] = magnitude * std::sin(0.37f * static_cast<float>(i) + 1.3f * static_cast<float>(batch));
+  }
+  return v;
+}
+
+// The regression file the happy-path test trains on: 3 batches of 8 rows,
+// 16 -> 8, with batch 1's inputs in BF16 (any float dtype is accepted).
+StateDict RegressionBatches() {
+  StateDict state;
+  for (int b = 0; b < 3; ++b) {
+    const std::vector<float> x = Values(8 * 16, b, 1.0f);
+    state.tensors.push_back(
+        {absl::StrCat("inputs.", b), b == 1 ? Bf16({8, 16}, x) : F32({8, 16}, x)});
+    state.tensors.push_back(
+        {absl::StrCat("targets.", b), F32({8, 8}, Values(8 * 8, b + 5, 48.0f))});
+  }
+  return state;
+}
+constexpr char kRegressionLayers[] = "linear:16:32,gelu,linear:32:8";
+
+HostTensor* Find(StateDict& state, const std::string& name) {
+  for (auto& t : state.tensors) {
+    if (t.name == name) return &t.tensor;
+  }
+  return nullptr;
+}
+
+// ---- the reference: the engine in this process ---------------------------------
+
+struct StepLine {
+  int64_t step = 0;
+  double loss = 0;
+  double loss_scale = 0;
+  bool skipped = false;
+  std::string job_id;
+};
+
+// One JSON object per line of ampctl's --json output, parsed with
+// protobuf's JSON parser into a Struct.
+std::vector<StepLine> ParseLines(const std::string& out) {
+  std::vector<StepLine> lines;
+  for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
+    google::protobuf::Struct s;
+    const auto status = google::protobuf::util::JsonStringToMessage(std::string(line), &s);
+    EXPECT_TRUE(status.ok()) << "not JSON: " << line;
+    if (!status.ok()) continue;
+    const auto& f = s.fields();
+    for (const char* key : {"step", "loss", "loss_scale", "skipped", "job_id"}) {
+      EXPECT_TRUE(f.contains(key)) << key << " missing in " << line;
+    }
+    if (!f.contains("step") || !f.contains("loss") || !f.contains("loss_scale") ||
+        !f.contains("skipped") || !f.contains("job_id")) {
+      continue;
+    }
+    StepLine l;
+    l.step = static_cast<int64_t>(f.at("step").number_value());
+    l.loss = f.at("loss").kind_case() == google::protobuf::Value::kNullValue
+                 ? NAN
+                 : f.at("loss").number_value();
+    l.loss_scale = f.at("loss_scale").number_value();
+    l.skipped = f.at("skipped").bool_value();
+    l.job_id = f.at("job_id").string_value();
+    lines.push_back(l);
+  }
+  return lines;
+}
+
+// What ampctl sends for these flags with the other options at their
+// defaults: adamw, the pytorch scaler policy, the given precision and seed.
+v1::JobConfig ExpectedConfig(const v1::ModelSpec& model, v1::Precision precision, uint64_t seed) {
+  v1::JobConfig config;
+  *config.mutable_model() = model;
+  config.set_precision(precision);
+  config.set_seed(seed);
+  config.mutable_optimizer()->set_kind(v1::OPTIMIZER_ADAMW);
+  config.mutable_scaler()->set_policy(v1::SCALER_POLICY_PYTORCH);
+  return config;
+}
+
+// The reports of `steps` Trainer steps on the batches, cycled.
+std::vector<engine::StepReport> ReferenceRun(const v1::JobConfig& proto, const StateDict& batches,
+                                             int steps) {
+  std::vector<engine::StepReport> reports;
+  absl::StatusOr<engine::JobConfig> config = rpc::JobConfigFromProto(proto);
+  EXPECT_TRUE(config.ok()) << config.status();
+  if (!config.ok()) return reports;
+  auto backend = kernels::CreateBackend("cpu");
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  if (!backend.ok()) return reports;
+  auto trainer = engine::Trainer::Create(*config, *std::move(backend));
+  EXPECT_TRUE(trainer.ok()) << trainer.status();
+  if (!trainer.ok()) return reports;
+  const size_t count = batches.tensors.size() / 2;
+  for (int s = 0; s < steps; ++s) {
+    const size_t b = static_cast<size_t>(s) % count;
+    engine::StepInput input;
+    engine::MicroBatch mb;
+    mb.inputs = *batches.Find(absl::StrCat("inputs.", b));
+    mb.targets = *batches.Find(absl::StrCat("targets.", b));
+    input.micro_batches.push_back(std::move(mb));
+    absl::StatusOr<engine::StepReport> report = (*trainer)->Step(input);
+    EXPECT_TRUE(report.ok()) << report.status();
+    if (!report.ok()) return reports;
+    reports.push_back(*report);
+  }
+  return reports;
+}
+
+class AmpctlTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    root_ = std::filesystem::temp_directory_path() /
+            absl::StrCat("ampd_ampctl_test_", getpid(), "_", info->name());
+    std::filesystem::remove_all(root_);
+    std::filesystem::create_directories(root_);
+  }
+  void TearDown() override {
+    if (HasFailure() && server_ != nullptr) {
+      std::fprintf(stderr, "ampd log:\n%s\n", server_->Log().c_str());
+    }
+    client_.reset();
+    server_.reset();
+    std::filesystem::remove_all(root_);
+  }
+
+  void StartServer() {
+    server_ = std::make_unique<ServerProcess>(root_);
+    ASSERT_NE(server_->port(), 0) << "ampd did not report its port; log:\n" << server_->Log();
+    ClientOptions options;
+    options.deadline = absl::Seconds(30);
+    client_ = Client::Connect(server_->address(), options);
+  }
+
+  std::string WriteBatches(const StateDict& state, const std::string& name = "batches") {
+    const std::string path = (root_ / (name + ".safetensors")).string();
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    const std::string bytes = EncodeSafetensors(state);
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    EXPECT_TRUE(f.good()) << path;
+    return path;
+  }
+
+  // Runs ampctl with `args` (and --server= the running ampd, or a closed
+  // port when none runs); stdout and stderr go to files read after exit.
+  CommandResult Ampctl(std::vector<std::string> args) {
+    const std::string server = server_ != nullptr ? server_->address() : std::string("127.0.0.1:1");
+    args.insert(args.begin(), {AMPCTL_BINARY, "--server=" + server});
+    const std::string out_path = (root_ / "ampctl.out").string();
+    const std::string err_path = (root_ / "ampctl.err").string();
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (out < 0 || err < 0) _exit(126);
+      dup2(out, STDOUT_FILENO);
+      dup2(err, STDERR_FILENO);
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    CommandResult run;
+    EXPECT_GT(pid, 0);
+    if (pid <= 0) return run;
+    run.exit_code = WaitForExit(pid);
+    run.out = ReadAll(out_path);
+    run.err = ReadAll(err_path);
+    return run;
+  }
+
+  // A malformed file or flag: exit status 2, the message naming `culprit`,
+  // and no job left on the server.
+  void ExpectUsageError(const std::vector<std::string>& args, const std::string& culprit) {
+    const CommandResult run = Ampctl(args);
+    EXPECT_EQ(run.exit_code, 2) << "stdout:\n" << run.out << "stderr:\n" << run.err;
+    EXPECT_TRUE(absl::StrContains(run.err, culprit)) << "stderr does not name " << culprit << ":\n"
+                                                     << run.err;
+    EXPECT_TRUE(run.out.empty()) << run.out;
+    if (client_ != nullptr) {
+      absl::StatusOr<std::vector<v1::Job>> jobs = client_->ListAllJobs();
+      ASSERT_TRUE(jobs.ok()) << jobs.status();
+      EXPECT_TRUE(jobs->empty()) << "a job was created for a rejected file";
+    }
+  }
+
+  // Trains through ampctl and checks every line against the reference, and
+  // the job's effective config against the expected one.
+  // Returns ampctl's lines (empty when a check failed early).
+  std::vector<StepLine> ExpectSameAsEngine(const StateDict& batches, const v1::JobConfig& expected,
+                                           std::vector<std::string> flags, int steps) {
+    const std::string path = WriteBatches(batches);
+    flags.insert(flags.begin(), {"train", "--batches=" + path, absl::StrCat("--steps=", steps),
+                                 absl::StrCat("--seed=", expected.seed()), "--json"});
+    const CommandResult run = Ampctl(flags);
+    EXPECT_EQ(run.exit_code, 0) << "stdout:\n" << run.out << "stderr:\n" << run.err;
+    const std::vector<StepLine> lines = ParseLines(run.out);
+    const std::vector<engine::StepReport> reports = ReferenceRun(expected, batches, steps);
+    EXPECT_EQ(lines.size(), static_cast<size_t>(steps)) << run.out;
+    EXPECT_EQ(reports.size(), static_cast<size_t>(steps));
+    if (lines.size() != static_cast<size_t>(steps) || reports.size() != lines.size()) return {};
+    for (size_t i = 0; i < lines.size(); ++i) {
+      SCOPED_TRACE(absl::StrCat("step ", i + 1));
+      EXPECT_EQ(lines[i].step, static_cast<int64_t>(i + 1));
+      // %.9g round-trips a float, so the printed loss is the float itself.
+      EXPECT_EQ(static_cast<float>(lines[i].loss), reports[i].loss);
+      EXPECT_EQ(static_cast<float>(lines[i].loss_scale), reports[i].scaler.scale_after);
+      EXPECT_EQ(lines[i].skipped, reports[i].scaler.skipped);
+      EXPECT_EQ(lines[i].job_id, lines[0].job_id);
+    }
+    // The job ampctl created has the model the flags describe, with the
+    // server's defaults filled in exactly as the reference's.
+    absl::StatusOr<v1::Job> job = client_->GetJob(lines[0].job_id);
+    EXPECT_TRUE(job.ok()) << job.status();
+    absl::StatusOr<engine::JobConfig> effective = rpc::JobConfigFromProto(expected);
+    EXPECT_TRUE(effective.ok()) << effective.status();
+    if (!job.ok() || !effective.ok()) return {};
+    v1::JobConfig want = rpc::JobConfigToProto(*effective);
+    v1::JobConfig got = job->config();
+    got.clear_display_name();
+    want.clear_display_name();
+    std::string diff;
+    google::protobuf::util::MessageDifferencer differencer;
+    differencer.ReportDifferencesToString(&diff);
+    EXPECT_TRUE(differencer.Compare(want, got)) << diff;
+    EXPECT_EQ(job->step(), steps);
+    return lines;
+  }
+
+  std::filesystem::path root_;
+  std::unique_ptr<ServerProcess> server_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_F(AmpctlTest, TrainsOnRegressionBatchesLikeTheEngine) {
+  StartServer();
+  absl::StatusOr<engine::model::ModelSpec> spec = ParseModelFlags(kRegressionLayers, "mse");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  // 5 steps over 3 batches: steps 4 and 5 reuse batches 0 and 1.
+  const std::vector<StepLine> lines = ExpectSameAsEngine(
+      RegressionBatches(), ExpectedConfig(ModelSpecToProto(*spec), v1::PRECISION_FP16, 3),
+      {absl::StrCat("--layers=", kRegressionLayers)}, 5);
+  // The targets' magnitude overflows fp16 at the first scale and later
+  // steps apply, so both the skip path and real AdamW updates are compared.
+  std::string pattern;
+  for (const StepLine& l : lines) pattern += l.skipped ? 'S' : 'A';
+  EXPECT_TRUE(absl::StrContains(pattern, "S") && absl::StrContains(pattern, "A")) << pattern;
+}
+
+TEST_F(AmpctlTest, TrainsAnEmbeddingClassifierFromIdsAndLabels) {
+  StartServer();
+  StateDict batches;
+  for (int b = 0; b < 2; ++b) {
+    std::vector<int64_t> ids(12);
+    std::vector<int32_t> labels(12);
+    for (int i = 0; i < 12; ++i) {
+      ids[static_cast<size_t>(i)] = (i * 7 + b * 3) % 10;
+      labels[static_cast<size_t>(i)] = (i + b) % 5;
+    }
+    batches.tensors.push_back({absl::StrCat("inputs.", b), I64({12}, ids)});
+    batches.tensors.push_back({absl::StrCat("targets.", b), I32({12}, labels)});
+  }
+  v1::ModelSpec model;
+  model.add_layers()->mutable_embedding()->set_num_embeddings(10);
+  model.mutable_layers(0)->mutable_embedding()->set_embedding_dim(8);
+  model.add_layers()->mutable_tanh();
+  model.add_layers()->mutable_linear()->set_in_features(8);
+  model.mutable_layers(2)->mutable_linear()->set_out_features(5);
+  model.set_loss(v1::LOSS_CROSS_ENTROPY);
+  ExpectSameAsEngine(
+      batches, ExpectedConfig(model, v1::PRECISION_BF16, 11),
+      {"--layers=embedding:10:8,tanh,linear:8:5", "--loss=cross_entropy", "--precision=bf16"}, 4);
+}
+
+TEST_F(AmpctlTest, MissingTargetsIsNamed) {
+  StartServer();
+  StateDict state = RegressionBatches();
+  std::erase_if(state.tensors, [](const auto& t) { return t.name == "targets.1"; });
+  ExpectUsageError({"train", "--batches=" + WriteBatches(state),
+                    absl::StrCat("--layers=", kRegressionLayers), "--steps=4", "--json"},
+                   "targets.1 is missing");
+}
+
+TEST_F(AmpctlTest, WrongDtypesAreNamed) {
+  StartServer();
+  {
+    StateDict state = RegressionBatches();
+    *Find(state, "targets.2") = I32({8}, std::vector<int32_t>(8, 1));  // labels, but mse
+    ExpectUsageError({"train", "--batches=" + WriteBatches(state, "labels"),
+                      absl::StrCat("--layers=", kRegressionLayers), "--steps=4"},
+                     "targets.2: expected F32 (8, 8)");
+  }
+  {
+    StateDict state = RegressionBatches();
+    *Find(state, "inputs.0") = I64({8}, std::vector<int64_t>(8, 1));  // ids, but no embedding
+    ExpectUsageError({"train", "--batches=" + WriteBatches(state, "ids"),
+                      absl::StrCat("--layers=", kRegressionLayers), "--steps=4"},
+                     "inputs.0: expected F32, F16 or BF16 (N, 16)");
+  }
+  {
+    StateDict state = RegressionBatches();
+    *Find(state, "inputs.1") = F32({8, 12}, Values(8 * 12, 1, 1.0f));  // wrong width
+    ExpectUsageError({"train", "--batches=" + WriteBatches(state, "width"),
+                      absl::StrCat("--layers=", kRegressionLayers), "--steps=4"},
+                     "inputs.1: expected F32, F16 or BF16 (N, 16)");
+  }
+}
+
+TEST_F(AmpctlTest, BadFilesAndFlagsAreUsageErrors) {
+  StartServer();
+  const std::string good = WriteBatches(RegressionBatches());
+  const std::string layers = absl::StrCat("--layers=", kRegressionLayers);
+  {
+    StateDict state = RegressionBatches();
+    state.tensors.push_back({"labels.0", F32({1}, {1.0f})});
+    ExpectUsageError({"train", "--batches=" + WriteBatches(state, "stray"), layers},
+                     "unexpected tensor \"labels.0\"");
+  }
+  {
+    StateDict state;
+    state.tensors.push_back({"inputs.0", F32({2, 16}, Values(32, 0, 1.0f))});
+    state.tensors.push_back({"targets.0", F32({3, 8}, Values(24, 0, 1.0f))});  // 3 rows, not 2
+    ExpectUsageError({"train", "--batches=" + WriteBatches(state, "rows"), layers},
+                     "targets.0: expected F32 (2, 8)");
+  }
+  {
+    StateDict state = RegressionBatches();
+    *Find(state, "targets.0") = I32({8}, std::vector<int32_t>(8, 9));  // class 9 of 8
+    ExpectUsageError(
+        {"train", "--batches=" + WriteBatches(state, "range"), layers, "--loss=cross_entropy"},
+        "targets.0[0]: label 9 is outside [0, 8)");
+  }
+  {
+    const std::string path = (root_ / "garbage.safetensors").string();
+    std::ofstream(path) << "not a safetensors file";
+    ExpectUsageError({"train", "--batches=" + path, layers}, "garbage.safetensors");
+  }
+  ExpectUsageError({"train", "--batches=" + (root_ / "absent").string(), layers}, "absent");
+  ExpectUsageError({"train", "--batches=" + good}, "--layers");
+  ExpectUsageError({"train", "--batches=" + good, "--layers=linear:16"}, "\"linear:16\"");
+  ExpectUsageError({"train", "--batches=" + good, "--layers=linear:16:32,swish"}, "swish");
+  ExpectUsageError({"train", "--batches=" + good, "--layers=linear:16:32,linear:64:8"},
+                   "layers[1]");
+  ExpectUsageError({"train", "--batches=" + good, layers, "--loss=hinge"}, "hinge");
+  // With the synthetic task, --layers must take its 16 inputs.
+  ExpectUsageError({"train", "--layers=linear:12:4", "--steps=1"}, "synthetic task's inputs");
+}
+
+TEST_F(AmpctlTest, SyntheticTaskAcceptsLayers) {
+  StartServer();
+  const CommandResult run = Ampctl(
+      {"train", "--layers=linear:16:8,relu,linear:8:4", "--steps=2", "--precision=fp32", "--json"});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const std::vector<StepLine> lines = ParseLines(run.out);
+  ASSERT_EQ(lines.size(), 2u) << run.out;
+  absl::StatusOr<v1::Job> job = client_->GetJob(lines[0].job_id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(job->config().model().layers_size(), 3);
+  EXPECT_EQ(job->config().model().layers(0).linear().out_features(), 8);
+  EXPECT_TRUE(job->config().model().layers(1).has_relu());
+  EXPECT_TRUE(std::isfinite(lines[1].loss));
+}
+
+TEST_F(AmpctlTest, HelpDocumentsBatchFiles) {
+  const CommandResult run = Ampctl({"--help"});
+  const std::string text = run.out + run.err;
+  EXPECT_TRUE(absl::StrContains(text, "--batches=FILE")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "inputs.<i>")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "linear:IN:OUT")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "cross_entropy")) << text;
+}
+
+// ---- the flag and file parsing, in process -----------------------------------------
+
+TEST(ParseModelFlagsTest, BuildsTheLayersInOrder) {
+  absl::StatusOr<engine::model::ModelSpec> spec =
+      ParseModelFlags("layer_norm:16, linear:16:32:nobias ,tanh,linear:32:3", "cross_entropy");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const v1::ModelSpec proto = ModelSpecToProto(*spec);
+  ASSERT_EQ(proto.layers_size(), 4);
+  EXPECT_EQ(proto.layers(0).layer_norm().normalized_shape(), 16);
+  EXPECT_EQ(proto.layers(1).linear().in_features(), 16);
+  EXPECT_EQ(proto.layers(1).linear().out_features(), 32);
+  EXPECT_FALSE(proto.layers(1).linear().bias());
+  EXPECT_TRUE(proto.layers(2).has_tanh());
+  EXPECT_EQ(proto.layers(3).linear().out_features(), 3);
+  EXPECT_TRUE(proto.layers(3).linear().bias());
+  EXPECT_EQ(proto.loss(), v1::LOSS_CROSS_ENTROPY);
+}
+
+TEST(ParseModelFlagsTest, RejectsMalformedItems) {
+  for (const char* bad :
+       {"", "linear", "linear:16", "linear:16:0", "linear:16:x", "linear:16:8:bias", "relu:3",
+        "gelu,,linear:1:1", "conv:3:3", "linear:4:4,embedding:10:4"}) {
+    absl::StatusOr<engine::model::ModelSpec> spec = ParseModelFlags(bad, "mse");
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_TRUE(absl::StartsWith(spec.status().message(), "--layers")) << spec.status();
+  }
+}
+
+TEST(BatchesFromSafetensorsTest, KeepsIndexOrderAndBytes) {
+  absl::StatusOr<engine::model::ModelSpec> spec = ParseModelFlags(kRegressionLayers, "mse");
+  ASSERT_TRUE(spec.ok());
+  StateDict state = RegressionBatches();
+  // Header order is not batch order: the file may list batch 2 first.
+  std::reverse(state.tensors.begin(), state.tensors.end());
+  absl::StatusOr<std::vector<v1::MicroBatch>> batches =
+      BatchesFromSafetensors(EncodeSafetensors(state), *spec);
+  ASSERT_TRUE(batches.ok()) << batches.status();
+  ASSERT_EQ(batches->size(), 3u);
+  for (int b = 0; b < 3; ++b) {
+    const v1::MicroBatch& mb = (*batches)[static_cast<size_t>(b)];
+    EXPECT_EQ(mb.inputs().dtype(), b == 1 ? v1::DTYPE_BF16 : v1::DTYPE_F32);
+    EXPECT_EQ(mb.inputs().data(), state.Find(absl::StrCat("inputs.", b))->data);
+    EXPECT_EQ(mb.targets().data(), state.Find(absl::StrCat("targets.", b))->data);
+  }
+}
+
+TEST(BatchesFromSafetensorsTest, NamesGapsAndLeadingZeros) {
+  absl::StatusOr<engine::model::ModelSpec> spec = ParseModelFlags(kRegressionLayers, "mse");
+  ASSERT_TRUE(spec.ok());
+  StateDict state = RegressionBatches();
+  std::erase_if(state.tensors, [](const auto& t) { return absl::EndsWith(t.name, ".1"); });
+  absl::StatusOr<std::vector<v1::MicroBatch>> gap =
+      BatchesFromSafetensors(EncodeSafetensors(state), *spec);
+  EXPECT_TRUE(absl::StrContains(gap.status().message(), "inputs.1 and targets.1 are missing"))
+      << gap.status();
+  state.tensors.push_back({"inputs.01", F32({8, 16}, Values(128, 1, 1.0f))});
+  absl::StatusOr<std::vector<v1::MicroBatch>> zero =
+      BatchesFromSafetensors(EncodeSafetensors(state), *spec);
+  EXPECT_TRUE(absl::StrContains(zero.status().message(), "unexpected tensor \"inputs.01\""))
+      << zero.status();
+  absl::StatusOr<std::vector<v1::MicroBatch>> empty =
+      BatchesFromSafetensors(EncodeSafetensors(StateDict{}), *spec);
+  EXPECT_TRUE(absl::StrContains(empty.status().message(), "no batches")) << empty.status();
+}
+
+}  // namespace
+}  // namespace ampd
