@@ -26,6 +26,7 @@
 #include "client/batch_file.h"
 #include "client/client.h"
 #include "client/synthetic_task.h"
+#include "common/dashed_flags.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "ampd address HOST:PORT");
 ABSL_FLAG(int64_t, deadline_ms, 60000, "Deadline of each call attempt");
@@ -414,21 +415,8 @@ int main(int argc, char** argv) {
       "named in the error.\n"
       "Exit status: 0 on success, 2 for invalid arguments (flags, batch file), 1 otherwise.");
 
-  // absl names flags with underscores; accept the dashed spelling too.
-  std::vector<std::string> raw(argv, argv + argc);
-  for (size_t i = 1; i < raw.size(); ++i) {
-    std::string& a = raw[i];
-    if (a == "--") break;
-    if (!absl::StartsWith(a, "--")) continue;
-    const size_t end = std::min(a.find('='), a.size());
-    for (size_t j = 2; j < end; ++j) {
-      if (a[j] == '-') a[j] = '_';
-    }
-  }
-  std::vector<char*> rewritten;
-  for (std::string& a : raw) rewritten.push_back(a.data());
-  std::vector<char*> args =
-      absl::ParseCommandLine(static_cast<int>(rewritten.size()), rewritten.data());
+  std::vector<std::string> arg_storage;
+  std::vector<char*> args = ampd::ParseDashedCommandLine(argc, argv, arg_storage);
 
   ampd::ClientOptions options;
   options.deadline = absl::Milliseconds(absl::GetFlag(FLAGS_deadline_ms));

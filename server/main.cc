@@ -26,6 +26,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/dashed_flags.h"
 #include "kernels/backend_factory.h"
 #include "server/engine/jobs/job_registry.h"
 #include "server/metrics/server_metrics.h"
@@ -226,20 +227,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "ampd: mixed-precision (fp16/bf16) training service over gRPC (ampd.v1.Trainer).\n"
       "Usage: ampd --listen=HOST:PORT [--state-dir=DIR] [--device=auto|cpu|cuda[:N]] ...");
-  // The documented spelling is --state-dir; absl flags are named state_dir.
-  // Accept both by rewriting dashes in flag names (not values) before parsing.
-  std::vector<std::string> args(argv, argv + argc);
-  for (size_t i = 1; i < args.size(); ++i) {
-    std::string& a = args[i];
-    if (a == "--") break;
-    if (!absl::StartsWith(a, "--")) continue;
-    const size_t end = std::min(a.find('='), a.size());
-    for (size_t j = 2; j < end; ++j) {
-      if (a[j] == '-') a[j] = '_';
-    }
-  }
-  std::vector<char*> rewritten;
-  for (std::string& a : args) rewritten.push_back(a.data());
-  absl::ParseCommandLine(static_cast<int>(rewritten.size()), rewritten.data());
+  std::vector<std::string> arg_storage;
+  ampd::ParseDashedCommandLine(argc, argv, arg_storage);
   return Run();
 }

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace ampd::engine::amp {
 namespace {
@@ -492,20 +493,14 @@ absl::Status GradScaler::LoadStateDict(const ScalerState& state) {
   int64_t iteration = 0;
   int64_t last_overflow_iteration = -1;
 
-#define AMPD_ASSIGN_OR_RETURN_(lhs, expr)         \
-  do {                                            \
-    auto value_or = (expr);                       \
-    if (!value_or.ok()) return value_or.status(); \
-    lhs = *value_or;                              \
-  } while (false)
 
   switch (config.policy) {
     case ScalerPolicy::kPyTorch: {
-      AMPD_ASSIGN_OR_RETURN_(scale_value, reader.Real("scale"));
-      AMPD_ASSIGN_OR_RETURN_(config.growth_factor, reader.Real("growth_factor"));
-      AMPD_ASSIGN_OR_RETURN_(config.backoff_factor, reader.Real("backoff_factor"));
-      AMPD_ASSIGN_OR_RETURN_(config.growth_interval, reader.Integer("growth_interval"));
-      AMPD_ASSIGN_OR_RETURN_(growth_tracker, reader.Integer("_growth_tracker"));
+      AMPD_ASSIGN_OR_RETURN(scale_value, reader.Real("scale"));
+      AMPD_ASSIGN_OR_RETURN(config.growth_factor, reader.Real("growth_factor"));
+      AMPD_ASSIGN_OR_RETURN(config.backoff_factor, reader.Real("backoff_factor"));
+      AMPD_ASSIGN_OR_RETURN(config.growth_interval, reader.Integer("growth_interval"));
+      AMPD_ASSIGN_OR_RETURN(growth_tracker, reader.Integer("_growth_tracker"));
       if (absl::Status s = CheckGrowthFactor(config.growth_factor, "'growth_factor'"); !s.ok()) {
         return PrefixState(s);
       }
@@ -525,14 +520,14 @@ absl::Status GradScaler::LoadStateDict(const ScalerState& state) {
       break;
     }
     case ScalerPolicy::kPaddle: {
-      AMPD_ASSIGN_OR_RETURN_(scale_value, reader.Real("scale"));
-      AMPD_ASSIGN_OR_RETURN_(config.growth_factor, reader.Real("incr_ratio"));
-      AMPD_ASSIGN_OR_RETURN_(config.backoff_factor, reader.Real("decr_ratio"));
-      AMPD_ASSIGN_OR_RETURN_(config.growth_interval, reader.Integer("incr_every_n_steps"));
-      AMPD_ASSIGN_OR_RETURN_(config.hysteresis, reader.Integer("decr_every_n_nan_or_inf"));
-      AMPD_ASSIGN_OR_RETURN_(growth_tracker, reader.Integer("incr_count"));
-      AMPD_ASSIGN_OR_RETURN_(bad_steps, reader.Integer("decr_count"));
-      AMPD_ASSIGN_OR_RETURN_(config.dynamic, reader.Flag("use_dynamic_loss_scaling"));
+      AMPD_ASSIGN_OR_RETURN(scale_value, reader.Real("scale"));
+      AMPD_ASSIGN_OR_RETURN(config.growth_factor, reader.Real("incr_ratio"));
+      AMPD_ASSIGN_OR_RETURN(config.backoff_factor, reader.Real("decr_ratio"));
+      AMPD_ASSIGN_OR_RETURN(config.growth_interval, reader.Integer("incr_every_n_steps"));
+      AMPD_ASSIGN_OR_RETURN(config.hysteresis, reader.Integer("decr_every_n_nan_or_inf"));
+      AMPD_ASSIGN_OR_RETURN(growth_tracker, reader.Integer("incr_count"));
+      AMPD_ASSIGN_OR_RETURN(bad_steps, reader.Integer("decr_count"));
+      AMPD_ASSIGN_OR_RETURN(config.dynamic, reader.Flag("use_dynamic_loss_scaling"));
       if (absl::Status s = CheckGrowthFactor(config.growth_factor, "'incr_ratio'"); !s.ok()) {
         return PrefixState(s);
       }
@@ -559,15 +554,15 @@ absl::Status GradScaler::LoadStateDict(const ScalerState& state) {
     case ScalerPolicy::kDeepSpeed: {
       scale_key = "cur_scale";
       double min_scale = 0.0;
-      AMPD_ASSIGN_OR_RETURN_(scale_value, reader.Real("cur_scale"));
-      AMPD_ASSIGN_OR_RETURN_(iteration, reader.Integer("cur_iter"));
-      AMPD_ASSIGN_OR_RETURN_(last_overflow_iteration, reader.Integer("last_overflow_iter"));
-      AMPD_ASSIGN_OR_RETURN_(config.growth_factor, reader.Real("scale_factor"));
-      AMPD_ASSIGN_OR_RETURN_(config.growth_interval, reader.Integer("scale_window"));
-      AMPD_ASSIGN_OR_RETURN_(min_scale, reader.Real("min_scale"));
-      AMPD_ASSIGN_OR_RETURN_(hysteresis_left, reader.Integer("cur_hysteresis"));
-      AMPD_ASSIGN_OR_RETURN_(config.hysteresis, reader.Integer("delayed_shift"));
-      AMPD_ASSIGN_OR_RETURN_(config.consecutive_hysteresis, reader.Flag("consecutive_hysteresis"));
+      AMPD_ASSIGN_OR_RETURN(scale_value, reader.Real("cur_scale"));
+      AMPD_ASSIGN_OR_RETURN(iteration, reader.Integer("cur_iter"));
+      AMPD_ASSIGN_OR_RETURN(last_overflow_iteration, reader.Integer("last_overflow_iter"));
+      AMPD_ASSIGN_OR_RETURN(config.growth_factor, reader.Real("scale_factor"));
+      AMPD_ASSIGN_OR_RETURN(config.growth_interval, reader.Integer("scale_window"));
+      AMPD_ASSIGN_OR_RETURN(min_scale, reader.Real("min_scale"));
+      AMPD_ASSIGN_OR_RETURN(hysteresis_left, reader.Integer("cur_hysteresis"));
+      AMPD_ASSIGN_OR_RETURN(config.hysteresis, reader.Integer("delayed_shift"));
+      AMPD_ASSIGN_OR_RETURN(config.consecutive_hysteresis, reader.Flag("consecutive_hysteresis"));
       config.min_scale = min_scale;
       if (absl::Status s = CheckGrowthFactor(config.growth_factor, "'scale_factor'"); !s.ok()) {
         return PrefixState(s);
@@ -605,9 +600,9 @@ absl::Status GradScaler::LoadStateDict(const ScalerState& state) {
       break;
     }
     case ScalerPolicy::kMegatron: {
-      AMPD_ASSIGN_OR_RETURN_(scale_value, reader.Real("scale"));
-      AMPD_ASSIGN_OR_RETURN_(growth_tracker, reader.Integer("growth_tracker"));
-      AMPD_ASSIGN_OR_RETURN_(hysteresis_left, reader.Integer("hysteresis_tracker"));
+      AMPD_ASSIGN_OR_RETURN(scale_value, reader.Real("scale"));
+      AMPD_ASSIGN_OR_RETURN(growth_tracker, reader.Integer("growth_tracker"));
+      AMPD_ASSIGN_OR_RETURN(hysteresis_left, reader.Integer("hysteresis_tracker"));
       if (absl::Status s = InRange(growth_tracker, 0, config.growth_interval - 1, "growth_tracker");
           !s.ok()) {
         return s;
@@ -622,7 +617,6 @@ absl::Status GradScaler::LoadStateDict(const ScalerState& state) {
       break;
     }
   }
-#undef AMPD_ASSIGN_OR_RETURN_
 
   if (absl::Status s = reader.NoUnknownKeys(); !s.ok()) return s;
   // PyTorch's fill_ into its float32 scale tensor rounds the same way. 0 is

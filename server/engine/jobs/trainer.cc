@@ -55,7 +55,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "server/engine/model/layers.h"
-#include "server/engine/model/status_macros.h"
+#include "common/status_macros.h"
 #include "server/engine/optim/optimizer_state.h"
 
 namespace ampd::engine {

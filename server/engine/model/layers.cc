@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/engine/model/init.h"
-#include "server/engine/model/status_macros.h"
+#include "common/status_macros.h"
 
 namespace ampd::engine::model {
 
