@@ -83,19 +83,6 @@ int64_t EstimateJobBytes(const JobConfig& config) {
 
 namespace {
 
-// The scale the next step uses, read from a state dict's scaler metadata
-// (pytorch/paddle/megatron call it "scale", deepspeed "cur_scale").
-std::optional<float> ScaleFromState(const checkpoint::StateDict& state) {
-  for (const char* key : {"scaler.scale", "scaler.cur_scale"}) {
-    auto it = state.metadata.find(key);
-    double v = 0;
-    if (it != state.metadata.end() && absl::SimpleAtod(it->second, &v)) {
-      return static_cast<float>(v);
-    }
-  }
-  return std::nullopt;
-}
-
 std::string HexFloat(double v) { return absl::StrFormat("%a", v); }
 
 bool ParseHexFloat(absl::string_view s, double* out) {
@@ -245,12 +232,11 @@ absl::Status Job::NotOpen() const {
   return absl::NotFoundError(absl::StrCat("job_id: no job ", id_));
 }
 
-void Job::RefreshSnapshot(std::optional<float> scale) {
-  if (trainer_ != nullptr) {
-    snapshot_.config = trainer_->config();
-    snapshot_.parameter_count = trainer_->parameter_count();
-  }
-  if (scale.has_value()) snapshot_.loss_scale = *scale;
+void Job::RefreshSnapshot() {
+  if (trainer_ == nullptr) return;
+  snapshot_.config = trainer_->config();
+  snapshot_.parameter_count = trainer_->parameter_count();
+  snapshot_.loss_scale = trainer_->loss_scale();
 }
 
 absl::Status Job::Initialize(const std::string& device) {
@@ -262,7 +248,7 @@ absl::Status Job::Initialize(const std::string& device) {
   trainer_ = *std::move(trainer);
   bytes_in_use_.store(trainer_->backend().BytesInUse(), std::memory_order_relaxed);
   absl::MutexLock lock(&mu_);
-  RefreshSnapshot(std::nullopt);
+  RefreshSnapshot();
   return absl::OkStatus();
 }
 
@@ -286,7 +272,7 @@ absl::Status Job::Restore(const std::string& device, const checkpoint::StateDict
   absl::MutexLock lock(&mu_);
   snapshot_.step = step;
   snapshot_.applied_steps = applied;
-  RefreshSnapshot(ScaleFromState(state));
+  RefreshSnapshot();
   return absl::OkStatus();
 }
 
@@ -349,7 +335,7 @@ absl::StatusOr<int64_t> Job::ImportSafetensors(absl::string_view bytes) {
   last_report_.reset();
   absl::MutexLock lock(&mu_);
   snapshot_.applied_steps = applied;
-  RefreshSnapshot(ScaleFromState(*state));
+  RefreshSnapshot();
   return static_cast<int64_t>(state->tensors.size());
 }
 

@@ -123,7 +123,7 @@ class Job : public std::enable_shared_from_this<Job> {
 
  private:
   void RunOne();
-  void RefreshSnapshot(std::optional<float> scale) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RefreshSnapshot() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status NotOpen() const;
 
   const std::string id_;

@@ -54,8 +54,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "server/engine/model/layers.h"
 #include "common/status_macros.h"
+#include "server/engine/model/layers.h"
 #include "server/engine/optim/optimizer_state.h"
 
 namespace ampd::engine {
@@ -469,6 +469,7 @@ absl::Status Trainer::LoadState(const checkpoint::StateDict& state) {
 
 const JobConfig& Trainer::config() const { return impl_->config; }
 int64_t Trainer::steps_run() const { return impl_->steps_run; }
+float Trainer::loss_scale() const { return impl_->scaler.scale(); }
 int64_t Trainer::parameter_count() const { return impl_->model->parameter_count(); }
 kernels::Backend& Trainer::backend() { return *impl_->backend; }
 

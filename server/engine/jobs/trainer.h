@@ -74,6 +74,8 @@ class Trainer {
 
   const JobConfig& config() const;
   int64_t steps_run() const;
+  // The loss scale the next step will use (1 when scaling is disabled).
+  float loss_scale() const;
   int64_t parameter_count() const;
   kernels::Backend& backend();
 
