@@ -112,8 +112,19 @@ int Run() {
     std::printf("ampd: metrics on %s:%d\n", HostOf(address).c_str(), metrics->port());
   }
 
-  const std::string device = absl::GetFlag(FLAGS_device);
-  const bool on_gpu = device != "cpu" && ampd::kernels::CudaDeviceCount() > 0;
+  // Resolve --device once ("auto" becomes "cuda:0" or "cpu") by creating a
+  // backend: a missing GPU fails here, clearly, instead of at the first job.
+  std::string device;
+  {
+    absl::StatusOr<std::unique_ptr<ampd::kernels::Backend>> probe =
+        ampd::kernels::CreateBackend(absl::GetFlag(FLAGS_device));
+    if (!probe.ok()) {
+      std::fprintf(stderr, "ampd: --device: %s\n", probe.status().ToString().c_str());
+      return 1;
+    }
+    device = (*probe)->name();
+  }
+  const bool on_gpu = device != "cpu";
   // The CPU backend's memory is host RAM; a GPU's total comes from its own backend.
   const int64_t total_memory = on_gpu ? 0 : HostMemoryBytes();
 
