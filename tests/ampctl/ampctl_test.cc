@@ -1,34 +1,28 @@
 // `ampctl train --batches=FILE`: batch files written with EncodeSafetensors
-// into a temporary directory, the real `ampd` (--device=cpu on 127.0.0.1:0,
-// its port read from the "listening on" line) and the real `ampctl` binary.
-// The losses ampctl prints must be the ones a Trainer run in this process on
-// the same batches, config and seed produces: the same CPU backend, so they
-// agree to the bit. Malformed files and flags must fail with exit status 2,
-// naming the tensor or layer, before any job exists. Every wait on a child is
-// bounded (a poll on its pipe, a future with a deadline).
-#include <fcntl.h>
+// into a temporary directory, the real `ampd` (tests/support's AmpdProcess:
+// --device=cpu on 127.0.0.1:0, its port read from the "listening on" line)
+// and the real `ampctl` binary. The losses ampctl prints must be the ones a
+// Trainer run in this process on the same batches, config and seed
+// produces: the same CPU backend, so they agree to the bit. Malformed files
+// and flags must fail with exit status 2, naming the tensor or layer, before
+// any job exists. Every wait on a child is bounded (a poll on its pipes
+// under a deadline, a future with a deadline).
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 #include <google/protobuf/util/message_differencer.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <future>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/batch_file.h"
@@ -39,6 +33,9 @@
 #include "server/engine/checkpoint/safetensors.h"
 #include "server/engine/jobs/trainer.h"
 #include "server/rpc/translate.h"
+#include "tests/support/ampd_process.h"
+#include "tests/support/subprocess.h"
+#include "tests/support/temp_dir.h"
 
 namespace ampd {
 namespace {
@@ -48,104 +45,12 @@ using engine::checkpoint::EncodeSafetensors;
 using engine::checkpoint::StateDict;
 using kernels::DType;
 
-constexpr auto kStartDeadline = std::chrono::seconds(30);
+using test_support::AmpdProcess;
+using test_support::CommandResult;
+using test_support::RunCommand;
+using test_support::TempDir;
+
 constexpr auto kExitDeadline = std::chrono::seconds(120);
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-// Waits for `pid` at most kExitDeadline (then kills it); the exit status, or
-// -1 when it died of a signal.
-int WaitForExit(pid_t pid) {
-  auto done = std::async(std::launch::async, [pid] {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return status;
-  });
-  if (done.wait_for(kExitDeadline) != std::future_status::ready) kill(pid, SIGKILL);
-  const int status = done.get();
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-// A running ampd with its own state directory, stderr in a log file.
-class ServerProcess {
- public:
-  explicit ServerProcess(const std::filesystem::path& root) {
-    log_path_ = (root / "ampd.log").string();
-    std::vector<std::string> args = {
-        AMPD_SERVER_BINARY, "--listen=127.0.0.1:0", "--metrics-listen=127.0.0.1:0",
-        "--device=cpu",     "--worker-threads=2",   "--state-dir=" + (root / "state").string()};
-    int out[2];
-    if (pipe(out) != 0) return;
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(out[1], STDOUT_FILENO);
-      const int log = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      if (log >= 0) dup2(log, STDERR_FILENO);
-      close(out[0]);
-      std::vector<char*> argv;
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    close(out[1]);
-    stdout_fd_ = out[0];
-    port_ = ReadPort();
-  }
-  ~ServerProcess() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    if (stdout_fd_ >= 0) close(stdout_fd_);
-  }
-
-  int port() const { return port_; }
-  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
-  std::string Log() const { return ReadAll(log_path_); }
-
- private:
-  // Reads stdout until "ampd: listening on 127.0.0.1:PORT" or the deadline.
-  int ReadPort() {
-    const auto deadline = std::chrono::steady_clock::now() + kStartDeadline;
-    const std::string marker = "ampd: listening on 127.0.0.1:";
-    std::string buffer;
-    while (std::chrono::steady_clock::now() < deadline) {
-      pollfd p{stdout_fd_, POLLIN, 0};
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      if (poll(&p, 1, static_cast<int>(std::max<int64_t>(1, left.count()))) <= 0) break;
-      char chunk[256];
-      const ssize_t n = read(stdout_fd_, chunk, sizeof(chunk));
-      if (n <= 0) break;
-      buffer.append(chunk, static_cast<size_t>(n));
-      const size_t at = buffer.find(marker);
-      const size_t eol = at == std::string::npos ? at : buffer.find('\n', at);
-      if (eol != std::string::npos) {
-        int port = 0;
-        const size_t begin = at + marker.size();
-        if (absl::SimpleAtoi(buffer.substr(begin, eol - begin), &port)) return port;
-      }
-    }
-    return 0;
-  }
-
-  std::string log_path_;
-  pid_t pid_ = -1;
-  int stdout_fd_ = -1;
-  int port_ = 0;
-};
-
-struct CommandResult {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
 
 // ---- tensors and batch files ----------------------------------------------------
 
@@ -288,32 +193,27 @@ std::vector<engine::StepReport> ReferenceRun(const v1::JobConfig& proto, const S
 
 class AmpctlTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    root_ = std::filesystem::temp_directory_path() /
-            absl::StrCat("ampd_ampctl_test_", getpid(), "_", info->name());
-    std::filesystem::remove_all(root_);
-    std::filesystem::create_directories(root_);
-  }
   void TearDown() override {
     if (HasFailure() && server_ != nullptr) {
-      std::fprintf(stderr, "ampd log:\n%s\n", server_->Log().c_str());
+      std::fprintf(stderr, "%s\n", server_->Describe().c_str());
     }
     client_.reset();
     server_.reset();
-    std::filesystem::remove_all(root_);
   }
 
   void StartServer() {
-    server_ = std::make_unique<ServerProcess>(root_);
-    ASSERT_NE(server_->port(), 0) << "ampd did not report its port; log:\n" << server_->Log();
+    server_ = std::make_unique<AmpdProcess>(
+        AMPD_SERVER_BINARY,
+        std::vector<std::string>{"--state-dir=" + (root_.path() / "state").string()},
+        root_.path() / "ampd.log");
+    ASSERT_NE(server_->port(), 0) << "ampd did not report its port; " << server_->Describe();
     ClientOptions options;
     options.deadline = absl::Seconds(30);
     client_ = Client::Connect(server_->address(), options);
   }
 
   std::string WriteBatches(const StateDict& state, const std::string& name = "batches") {
-    const std::string path = (root_ / (name + ".safetensors")).string();
+    const std::string path = (root_.path() / (name + ".safetensors")).string();
     std::ofstream f(path, std::ios::binary | std::ios::trunc);
     const std::string bytes = EncodeSafetensors(state);
     f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
@@ -322,31 +222,13 @@ class AmpctlTest : public ::testing::Test {
   }
 
   // Runs ampctl with `args` (and --server= the running ampd, or a closed
-  // port when none runs); stdout and stderr go to files read after exit.
+  // port when none runs), its stdout and stderr captured.
   CommandResult Ampctl(std::vector<std::string> args) {
     const std::string server = server_ != nullptr ? server_->address() : std::string("127.0.0.1:1");
     args.insert(args.begin(), {AMPCTL_BINARY, "--server=" + server});
-    const std::string out_path = (root_ / "ampctl.out").string();
-    const std::string err_path = (root_ / "ampctl.err").string();
-    const pid_t pid = fork();
-    if (pid == 0) {
-      const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (out < 0 || err < 0) _exit(126);
-      dup2(out, STDOUT_FILENO);
-      dup2(err, STDERR_FILENO);
-      std::vector<char*> argv;
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    CommandResult run;
-    EXPECT_GT(pid, 0);
-    if (pid <= 0) return run;
-    run.exit_code = WaitForExit(pid);
-    run.out = ReadAll(out_path);
-    run.err = ReadAll(err_path);
+    CommandResult run = RunCommand(args, kExitDeadline);
+    // A child that could not be started reports neither an exit nor a signal.
+    EXPECT_TRUE(run.status.exited || run.status.signaled()) << run.err;
     return run;
   }
 
@@ -354,7 +236,7 @@ class AmpctlTest : public ::testing::Test {
   // and no job left on the server.
   void ExpectUsageError(const std::vector<std::string>& args, const std::string& culprit) {
     const CommandResult run = Ampctl(args);
-    EXPECT_EQ(run.exit_code, 2) << "stdout:\n" << run.out << "stderr:\n" << run.err;
+    EXPECT_EQ(run.status.code, 2) << "stdout:\n" << run.out << "stderr:\n" << run.err;
     EXPECT_TRUE(absl::StrContains(run.err, culprit)) << "stderr does not name " << culprit << ":\n"
                                                      << run.err;
     EXPECT_TRUE(run.out.empty()) << run.out;
@@ -374,7 +256,7 @@ class AmpctlTest : public ::testing::Test {
     flags.insert(flags.begin(), {"train", "--batches=" + path, absl::StrCat("--steps=", steps),
                                  absl::StrCat("--seed=", expected.seed()), "--json"});
     const CommandResult run = Ampctl(flags);
-    EXPECT_EQ(run.exit_code, 0) << "stdout:\n" << run.out << "stderr:\n" << run.err;
+    EXPECT_EQ(run.status.code, 0) << "stdout:\n" << run.out << "stderr:\n" << run.err;
     const std::vector<StepLine> lines = ParseLines(run.out);
     const std::vector<engine::StepReport> reports = ReferenceRun(expected, batches, steps);
     EXPECT_EQ(lines.size(), static_cast<size_t>(steps)) << run.out;
@@ -408,8 +290,8 @@ class AmpctlTest : public ::testing::Test {
     return lines;
   }
 
-  std::filesystem::path root_;
-  std::unique_ptr<ServerProcess> server_;
+  TempDir root_{"ampd_ampctl_test"};
+  std::unique_ptr<AmpdProcess> server_;
   std::unique_ptr<Client> client_;
 };
 
@@ -512,11 +394,11 @@ TEST_F(AmpctlTest, BadFilesAndFlagsAreUsageErrors) {
         "targets.0[0]: label 9 is outside [0, 8)");
   }
   {
-    const std::string path = (root_ / "garbage.safetensors").string();
+    const std::string path = (root_.path() / "garbage.safetensors").string();
     std::ofstream(path) << "not a safetensors file";
     ExpectUsageError({"train", "--batches=" + path, layers}, "garbage.safetensors");
   }
-  ExpectUsageError({"train", "--batches=" + (root_ / "absent").string(), layers}, "absent");
+  ExpectUsageError({"train", "--batches=" + (root_.path() / "absent").string(), layers}, "absent");
   ExpectUsageError({"train", "--batches=" + good}, "--layers");
   ExpectUsageError({"train", "--batches=" + good, "--layers=linear:16"}, "\"linear:16\"");
   ExpectUsageError({"train", "--batches=" + good, "--layers=linear:16:32,swish"}, "swish");
@@ -531,7 +413,7 @@ TEST_F(AmpctlTest, SyntheticTaskAcceptsLayers) {
   StartServer();
   const CommandResult run = Ampctl(
       {"train", "--layers=linear:16:8,relu,linear:8:4", "--steps=2", "--precision=fp32", "--json"});
-  ASSERT_EQ(run.exit_code, 0) << run.err;
+  ASSERT_EQ(run.status.code, 0) << run.err;
   const std::vector<StepLine> lines = ParseLines(run.out);
   ASSERT_EQ(lines.size(), 2u) << run.out;
   absl::StatusOr<v1::Job> job = client_->GetJob(lines[0].job_id);

@@ -1,50 +1,44 @@
 // ampd's /metrics end to end against the real server process: each test
-// starts the `ampd` binary (--device=cpu, gRPC and metrics on 127.0.0.1:0,
-// the gradient histogram sampled on every step), trains through ampd::Client
-// and its stub, and reads the exposition over a real loopback socket the way
-// Prometheus does. Unlike tests/metrics/server_metrics_test.cc, which feeds
-// the exporter directly, this covers the wiring: engine -> JobObserver,
-// rpc layer -> RecordRpc, registry -> OnJobCreated/OnJobDeleted, main.cc's
-// ports. Every wait is bounded (a pipe read under a deadline, socket
-// timeouts, a child's exit).
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/time.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
+// starts the `ampd` binary (tests/support's AmpdProcess: --device=cpu, gRPC
+// and metrics on 127.0.0.1:0, here with the gradient histogram sampled on
+// every step), trains through ampd::Client and its stub, and reads the
+// exposition over a real loopback socket the way Prometheus does. Unlike
+// tests/metrics/server_metrics_test.cc, which feeds the exporter directly,
+// this covers the wiring: engine -> JobObserver, rpc layer -> RecordRpc,
+// registry -> OnJobCreated/OnJobDeleted, main.cc's ports. Every wait is
+// bounded (a pipe read under a deadline, socket timeouts, a child's exit).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <future>
 #include <limits>
 #include <map>
 #include <memory>
-#include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "client/synthetic_task.h"
 #include "gtest/gtest.h"
+#include "tests/support/ampd_process.h"
+#include "tests/support/exposition.h"
+#include "tests/support/http_get.h"
+#include "tests/support/subprocess.h"
+#include "tests/support/temp_dir.h"
 
 namespace ampd {
 namespace {
 
-constexpr auto kStartDeadline = std::chrono::seconds(30);
+using test_support::AmpdProcess;
+using test_support::CommandResult;
+using test_support::HttpGetBody;
+using test_support::ParseSamples;
+using test_support::RunCommand;
+using test_support::TempDir;
+
 constexpr auto kExitDeadline = std::chrono::seconds(30);
 constexpr int kBatchRows = 16;
 // Job A trains at a scale its gradients fit under and a growth interval it
@@ -53,174 +47,6 @@ constexpr int kBatchRows = 16;
 constexpr double kGoodInitScale = 1024;
 constexpr double kOverflowInitScale = 65536;
 constexpr int kGoodSteps = 3;
-
-// The port after `marker` in `buffer` once its line is complete, else 0.
-int PortAfter(const std::string& buffer, const std::string& marker) {
-  const size_t at = buffer.find(marker);
-  if (at == std::string::npos) return 0;
-  const size_t eol = buffer.find('\n', at);
-  if (eol == std::string::npos) return 0;
-  int port = 0;
-  const size_t begin = at + marker.size();
-  return absl::SimpleAtoi(buffer.substr(begin, eol - begin), &port) ? port : 0;
-}
-
-// A running ampd child process. Its stdout (the two port lines) is read
-// through a pipe; its stderr goes to a log file shown when a test fails.
-class ServerProcess {
- public:
-  explicit ServerProcess(const std::string& log_path) : log_path_(log_path) {
-    std::vector<std::string> args = {
-        AMPD_SERVER_BINARY, "--listen=127.0.0.1:0", "--metrics-listen=127.0.0.1:0",
-        "--device=cpu",     "--worker-threads=2",   "--grad-histogram-every=1"};
-    int out[2];
-    if (pipe(out) != 0) return;
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(out[1], STDOUT_FILENO);
-      const int log = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      if (log >= 0) dup2(log, STDERR_FILENO);
-      close(out[0]);
-      std::vector<char*> argv;
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    close(out[1]);
-    stdout_fd_ = out[0];
-    ReadPorts();
-  }
-  ~ServerProcess() {
-    if (pid_ > 0 && !exited_) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    if (stdout_fd_ >= 0) close(stdout_fd_);
-  }
-  ServerProcess(const ServerProcess&) = delete;
-  ServerProcess& operator=(const ServerProcess&) = delete;
-
-  int grpc_port() const { return grpc_port_; }
-  int metrics_port() const { return metrics_port_; }
-  std::string Log() const {
-    std::ifstream f(log_path_);
-    std::stringstream s;
-    s << f.rdbuf();
-    return s.str();
-  }
-  // SIGTERM, then the exit code (-1 on signal death or past the deadline).
-  int Terminate() {
-    kill(pid_, SIGTERM);
-    const pid_t pid = pid_;
-    auto done = std::async(std::launch::async, [pid] {
-      int status = 0;
-      waitpid(pid, &status, 0);
-      return status;
-    });
-    if (done.wait_for(kExitDeadline) != std::future_status::ready) kill(pid_, SIGKILL);
-    const int status = done.get();
-    exited_ = true;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-
- private:
-  // main.cc prints the metrics line first and flushes after the listening
-  // line, so both arrive by the time the listening line does.
-  void ReadPorts() {
-    const auto deadline = std::chrono::steady_clock::now() + kStartDeadline;
-    std::string buffer;
-    while (grpc_port_ == 0 && std::chrono::steady_clock::now() < deadline) {
-      pollfd p{stdout_fd_, POLLIN, 0};
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      if (poll(&p, 1, static_cast<int>(std::max<int64_t>(1, left.count()))) <= 0) break;
-      char chunk[256];
-      const ssize_t n = read(stdout_fd_, chunk, sizeof(chunk));
-      if (n <= 0) break;
-      buffer.append(chunk, static_cast<size_t>(n));
-      metrics_port_ = PortAfter(buffer, "ampd: metrics on 127.0.0.1:");
-      grpc_port_ = PortAfter(buffer, "ampd: listening on 127.0.0.1:");
-    }
-  }
-
-  std::string log_path_;
-  pid_t pid_ = -1;
-  int stdout_fd_ = -1;
-  int grpc_port_ = 0;
-  int metrics_port_ = 0;
-  bool exited_ = false;
-};
-
-// GET path from 127.0.0.1:port over HTTP/1.0 (no chunking; the server closes
-// the connection after the body). The body, or nullopt with *error set.
-std::optional<std::string> HttpGet(int port, const std::string& path, std::string* error) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) {
-    *error = "socket() failed";
-    return std::nullopt;
-  }
-  // Bounded: a server that never answers fails the test instead of hanging it.
-  timeval timeout{.tv_sec = 10, .tv_usec = 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    *error = absl::StrCat("connect() to 127.0.0.1:", port, " failed");
-    return std::nullopt;
-  }
-  const std::string request = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  size_t sent = 0;
-  while (sent < request.size()) {
-    const ssize_t n = send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) {
-      close(fd);
-      *error = "send() failed";
-      return std::nullopt;
-    }
-    sent += static_cast<size_t>(n);
-  }
-  std::string response;
-  char buf[8192];
-  while (true) {
-    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
-    if (n == 0) break;
-    if (n < 0) {
-      close(fd);
-      *error = "recv() failed or timed out";
-      return std::nullopt;
-    }
-    response.append(buf, static_cast<size_t>(n));
-  }
-  close(fd);
-  const size_t header_end = response.find("\r\n\r\n");
-  const size_t status_end = response.find("\r\n");
-  if (header_end == std::string::npos || !absl::StartsWith(response, "HTTP/1.") ||
-      response.substr(0, status_end).find(" 200 ") == std::string::npos) {
-    *error = "not an HTTP 200 response: " + response.substr(0, 200);
-    return std::nullopt;
-  }
-  return response.substr(header_end + 4);
-}
-
-// Sample lines keyed by the series exactly as written (name{labels});
-// prometheus-cpp writes labels sorted by name, le last.
-std::map<std::string, double> ParseSamples(const std::string& text) {
-  std::map<std::string, double> samples;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    const size_t space = line.rfind(' ');
-    if (space == std::string::npos) continue;
-    samples[line.substr(0, space)] = std::strtod(line.c_str() + space + 1, nullptr);
-  }
-  return samples;
-}
 
 // One scrape: the text and its samples.
 struct Scrape {
@@ -242,34 +68,29 @@ std::string JobLabel(const std::string& job_id) { return absl::StrCat("{job=\"",
 class LiveMetricsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    root_ = std::filesystem::temp_directory_path() /
-            absl::StrCat("ampd_live_metrics_", getpid(), "_", info->name());
-    std::filesystem::remove_all(root_);
-    std::filesystem::create_directories(root_);
-    server_ = std::make_unique<ServerProcess>((root_ / "ampd.log").string());
-    ASSERT_NE(server_->grpc_port(), 0) << "ampd reported no gRPC port; log:\n" << server_->Log();
-    ASSERT_NE(server_->metrics_port(), 0) << "ampd reported no metrics port; log:\n"
-                                          << server_->Log();
+    server_ = std::make_unique<AmpdProcess>(AMPD_SERVER_BINARY,
+                                            std::vector<std::string>{"--grad-histogram-every=1"},
+                                            root_.path() / "ampd.log");
+    ASSERT_NE(server_->port(), 0) << "ampd reported no gRPC port; " << server_->Describe();
+    ASSERT_NE(server_->metrics_port(), 0)
+        << "ampd reported no metrics port; " << server_->Describe();
     ClientOptions options;
     options.deadline = absl::Seconds(30);
-    client_ = Client::Connect(absl::StrCat("127.0.0.1:", server_->grpc_port()), options);
+    client_ = Client::Connect(server_->address(), options);
   }
   void TearDown() override {
     if (HasFailure() && server_ != nullptr) {
-      std::fprintf(stderr, "ampd log:\n%s\n", server_->Log().c_str());
+      std::fprintf(stderr, "%s\n", server_->Describe().c_str());
     }
     client_.reset();
     server_.reset();
-    std::filesystem::remove_all(root_);
   }
 
   Scrape ScrapeNow() {
-    std::string error;
-    std::optional<std::string> body = HttpGet(server_->metrics_port(), "/metrics", &error);
-    EXPECT_TRUE(body.has_value()) << error;
+    absl::StatusOr<std::string> body = HttpGetBody(server_->metrics_port(), "/metrics");
+    EXPECT_TRUE(body.ok()) << body.status();
     Scrape scrape;
-    scrape.text = body.value_or("");
+    scrape.text = body.ok() ? *body : "";
     scrape.samples = ParseSamples(scrape.text);
     return scrape;
   }
@@ -339,8 +160,8 @@ class LiveMetricsTest : public ::testing::Test {
     ASSERT_EQ(r->scale_after(), kOverflowInitScale / 2);
   }
 
-  std::filesystem::path root_;
-  std::unique_ptr<ServerProcess> server_;
+  TempDir root_{"ampd_live_metrics"};
+  std::unique_ptr<AmpdProcess> server_;
   std::unique_ptr<Client> client_;
 };
 
@@ -428,7 +249,7 @@ TEST_F(LiveMetricsTest, OverflowBackoffAndJobSeriesFollowTheServer) {
   // GOAWAY ping would go unanswered and the drain would wait out gRPC's
   // ping timeout (about 5 s) instead of exiting at once.
   client_.reset();
-  EXPECT_EQ(server_->Terminate(), 0);
+  EXPECT_EQ(server_->Terminate(kExitDeadline).code, 0);
 }
 
 TEST_F(LiveMetricsTest, LiveExpositionPassesPromtool) {
@@ -441,24 +262,15 @@ TEST_F(LiveMetricsTest, LiveExpositionPassesPromtool) {
       << "the lint would not see the histogram:\n"
       << scrape.text;
 
-  const std::filesystem::path file = root_ / "scrape.prom";
-  {
-    std::ofstream out(file);
-    out << scrape.text;
-  }
-  // promtool is found at configure time; a missing one fails here through
-  // the shell's exit status 127 rather than skipping the lint.
-  const std::string command =
-      absl::StrCat("'", AMPD_PROMTOOL, "' check metrics < '", file.string(), "' 2>&1");
-  FILE* pipe = popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string output;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), pipe)) output.append(buf, n);
-  const int status = pclose(pipe);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-      << "promtool (" << AMPD_PROMTOOL << ") rejected the live exposition:\n"
-      << output << "\n---\n"
+  // promtool is found at configure time; a missing one fails here (it
+  // cannot be started) rather than skipping the lint.
+  const CommandResult lint =
+      RunCommand({AMPD_PROMTOOL, "check", "metrics"}, kExitDeadline, scrape.text);
+  ASSERT_TRUE(lint.status.exited || lint.status.signaled()) << lint.err;
+  EXPECT_TRUE(lint.status.exited && lint.status.code == 0)
+      << "promtool (" << AMPD_PROMTOOL << ") rejected the live exposition ("
+      << lint.status.ToString() << "):\n"
+      << lint.out << lint.err << "\n---\n"
       << scrape.text;
 }
 

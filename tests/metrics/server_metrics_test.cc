@@ -4,22 +4,10 @@
 // way Prometheus reads it. promtool (AMPD_PROMTOOL) lints the scraped text.
 #include "server/metrics/server_metrics.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/time.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
+#include <chrono>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
-#include <optional>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,6 +17,9 @@
 #include "server/engine/jobs/job_config.h"
 #include "server/engine/jobs/job_observer.h"
 #include "server/engine/jobs/trainer.h"
+#include "tests/support/exposition.h"
+#include "tests/support/http_get.h"
+#include "tests/support/subprocess.h"
 
 namespace ampd::metrics {
 namespace {
@@ -36,77 +27,10 @@ namespace {
 using engine::JobConfig;
 using engine::JobObserver;
 using engine::StepReport;
-
-// GET path from 127.0.0.1:port over HTTP/1.0 (no chunking, the server
-// closes the connection at the end of the body). Returns the body, or
-// nullopt with the reason in *error.
-std::optional<std::string> HttpGet(int port, const std::string& path, std::string* error) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) {
-    *error = "socket() failed";
-    return std::nullopt;
-  }
-  // Bounded: a server that never answers fails the test instead of hanging.
-  timeval timeout{.tv_sec = 10, .tv_usec = 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    *error = "connect() failed";
-    return std::nullopt;
-  }
-  const std::string request = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  size_t sent = 0;
-  while (sent < request.size()) {
-    const ssize_t n = send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) {
-      close(fd);
-      *error = "send() failed";
-      return std::nullopt;
-    }
-    sent += static_cast<size_t>(n);
-  }
-  std::string response;
-  char buf[8192];
-  while (true) {
-    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
-    if (n == 0) break;
-    if (n < 0) {
-      close(fd);
-      *error = "recv() failed or timed out";
-      return std::nullopt;
-    }
-    response.append(buf, static_cast<size_t>(n));
-  }
-  close(fd);
-  const size_t header_end = response.find("\r\n\r\n");
-  if (header_end == std::string::npos || response.rfind("HTTP/1.", 0) != 0 ||
-      response.find(" 200 ") == std::string::npos ||
-      response.find(" 200 ") > response.find("\r\n")) {
-    *error = "not an HTTP 200 response: " + response.substr(0, 200);
-    return std::nullopt;
-  }
-  return response.substr(header_end + 4);
-}
-
-// Sample lines of a text exposition, keyed by the series exactly as written
-// (name{labels}); prometheus-cpp writes labels sorted by name, le last.
-std::map<std::string, double> ParseSamples(const std::string& text) {
-  std::map<std::string, double> samples;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    const size_t space = line.rfind(' ');
-    if (space == std::string::npos) continue;
-    samples[line.substr(0, space)] = std::strtod(line.c_str() + space + 1, nullptr);
-  }
-  return samples;
-}
+using test_support::CommandResult;
+using test_support::HttpGetBody;
+using test_support::ParseSamples;
+using test_support::RunCommand;
 
 class ServerMetricsTest : public ::testing::Test {
  protected:
@@ -118,10 +42,9 @@ class ServerMetricsTest : public ::testing::Test {
   }
 
   std::string Scrape() {
-    std::string error;
-    std::optional<std::string> body = HttpGet(metrics_->port(), "/metrics", &error);
-    EXPECT_TRUE(body.has_value()) << error;
-    return body.value_or("");
+    absl::StatusOr<std::string> body = HttpGetBody(metrics_->port(), "/metrics");
+    EXPECT_TRUE(body.ok()) << body.status();
+    return body.ok() ? *body : "";
   }
 
   // The value of one series in a fresh scrape; fails the test when absent.
@@ -398,26 +321,15 @@ TEST_F(ServerMetricsTest, PromtoolAcceptsTheExposition) {
   const std::string text = Scrape();
   ASSERT_FALSE(text.empty());
 
-  const std::filesystem::path file = std::filesystem::temp_directory_path() /
-                                     ("ampd_metrics_" + std::to_string(getpid()) + ".prom");
-  {
-    std::ofstream out(file);
-    out << text;
-  }
   // promtool must exist in CI (scripts/install-deps.sh installs it): a
-  // missing binary fails here through the shell's exit status 127.
-  const std::string command =
-      std::string("'") + AMPD_PROMTOOL + "' check metrics < '" + file.string() + "' 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string output;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), pipe)) output.append(buf, n);
-  const int status = pclose(pipe);
-  std::filesystem::remove(file);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-      << "promtool (" << AMPD_PROMTOOL << ") rejected the exposition:\n"
-      << output << "\n---\n"
+  // missing binary fails here, it cannot be started.
+  const CommandResult lint =
+      RunCommand({AMPD_PROMTOOL, "check", "metrics"}, std::chrono::seconds(30), text);
+  ASSERT_TRUE(lint.status.exited || lint.status.signaled()) << lint.err;
+  EXPECT_TRUE(lint.status.exited && lint.status.code == 0)
+      << "promtool (" << AMPD_PROMTOOL << ") rejected the exposition (" << lint.status.ToString()
+      << "):\n"
+      << lint.out << lint.err << "\n---\n"
       << text;
 }
 

@@ -1,38 +1,33 @@
 // ampd end to end: each test starts the real `ampd` binary on 127.0.0.1:0
-// with --device=cpu and a temporary --state-dir, reads the bound port from
-// its "listening on" line, and talks to it over loopback TCP with the
-// generated stubs and ampd::Client. Every wait is on a condition with a
-// bounded deadline (a pipe read, a health answer, a child's exit).
-#include <fcntl.h>
+// with --device=cpu and a temporary --state-dir (tests/support's
+// AmpdProcess reads the bound port from its "listening on" line), and talks
+// to it over loopback TCP with the generated stubs and ampd::Client. Every
+// wait is on a condition with a bounded deadline (a pipe read, a health
+// answer, a child's exit).
 #include <grpcpp/grpcpp.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <future>
 #include <limits>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "client/synthetic_task.h"
 #include "gtest/gtest.h"
 #include "reflection_subset.grpc.pb.h"
 #include "server/engine/checkpoint/safetensors.h"
+#include "tests/support/ampd_process.h"
+#include "tests/support/temp_dir.h"
 
 namespace ampd {
 namespace {
@@ -40,127 +35,29 @@ namespace {
 using engine::checkpoint::DecodeSafetensors;
 using engine::checkpoint::StateDict;
 
-constexpr auto kStartDeadline = std::chrono::seconds(30);
+using test_support::AmpdProcess;
+using test_support::ExitStatus;
+using test_support::ReadFile;
+using test_support::TempDir;
+
 constexpr auto kExitDeadline = std::chrono::seconds(60);
-
-// A running ampd child process with its own state directory.
-class ServerProcess {
- public:
-  ServerProcess(std::string state_dir, std::vector<std::string> extra_flags)
-      : state_dir_(std::move(state_dir)) {
-    log_path_ = state_dir_ + ".log";
-    std::vector<std::string> args = {
-        AMPD_SERVER_BINARY, "--listen=127.0.0.1:0", "--metrics-listen=127.0.0.1:0",
-        "--device=cpu",     "--worker-threads=2",   "--state-dir=" + state_dir_};
-    args.insert(args.end(), extra_flags.begin(), extra_flags.end());
-    int out[2];
-    if (pipe(out) != 0) return;
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(out[1], STDOUT_FILENO);
-      const int log = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      if (log >= 0) dup2(log, STDERR_FILENO);
-      close(out[0]);
-      std::vector<char*> argv;
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    close(out[1]);
-    stdout_fd_ = out[0];
-    port_ = ReadPort();
-  }
-  ~ServerProcess() {
-    if (pid_ > 0 && !exited_) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    if (stdout_fd_ >= 0) close(stdout_fd_);
-  }
-
-  int port() const { return port_; }
-  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
-  std::string Log() const {
-    std::ifstream f(log_path_);
-    std::stringstream s;
-    s << f.rdbuf();
-    return s.str();
-  }
-  void Signal(int sig) { kill(pid_, sig); }
-  // The exit status (or -1 on a deadline / signal death, with the signal in
-  // the low bits of `raw`).
-  int WaitExit(int* raw = nullptr) {
-    const pid_t pid = pid_;
-    auto done = std::async(std::launch::async, [pid] {
-      int status = 0;
-      waitpid(pid, &status, 0);
-      return status;
-    });
-    if (done.wait_for(kExitDeadline) != std::future_status::ready) {
-      kill(pid_, SIGKILL);
-    }
-    const int status = done.get();
-    exited_ = true;
-    if (raw != nullptr) *raw = status;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-
- private:
-  // Reads stdout until "ampd: listening on HOST:PORT" or the deadline.
-  int ReadPort() {
-    const auto deadline = std::chrono::steady_clock::now() + kStartDeadline;
-    std::string buffer;
-    while (std::chrono::steady_clock::now() < deadline) {
-      pollfd p{stdout_fd_, POLLIN, 0};
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      if (poll(&p, 1, static_cast<int>(std::max<int64_t>(1, left.count()))) <= 0) break;
-      char chunk[256];
-      const ssize_t n = read(stdout_fd_, chunk, sizeof(chunk));
-      if (n <= 0) break;
-      buffer.append(chunk, static_cast<size_t>(n));
-      const std::string marker = "ampd: listening on 127.0.0.1:";
-      const size_t at = buffer.find(marker);
-      const size_t eol = at == std::string::npos ? at : buffer.find('\n', at);
-      if (eol != std::string::npos) {
-        int port = 0;
-        const size_t begin = at + marker.size();
-        if (absl::SimpleAtoi(buffer.substr(begin, eol - begin), &port)) return port;
-      }
-    }
-    return 0;
-  }
-
-  std::string state_dir_;
-  std::string log_path_;
-  pid_t pid_ = -1;
-  int stdout_fd_ = -1;
-  int port_ = 0;
-  bool exited_ = false;
-};
 
 class ServiceTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    root_ = std::filesystem::temp_directory_path() /
-            absl::StrCat("ampd_service_test_", getpid(), "_", info->name());
-    std::filesystem::remove_all(root_);
-    std::filesystem::create_directories(root_);
-    state_dir_ = (root_ / "state").string();
-  }
+  void SetUp() override { state_dir_ = (root_.path() / "state").string(); }
   void TearDown() override {
     if (HasFailure() && server_ != nullptr)
-      std::fprintf(stderr, "ampd log:\n%s\n", server_->Log().c_str());
+      std::fprintf(stderr, "%s\n", server_->Describe().c_str());
     server_.reset();
     client_.reset();
-    std::filesystem::remove_all(root_);
   }
 
+  // Starts (or, after a kill, restarts) ampd on the test's state directory;
+  // a restart appends to the same log.
   void Start(std::vector<std::string> flags = {}) {
-    server_ = std::make_unique<ServerProcess>(state_dir_, std::move(flags));
-    ASSERT_NE(server_->port(), 0) << "ampd did not report its port; log:\n" << server_->Log();
+    flags.insert(flags.begin(), "--state-dir=" + state_dir_);
+    server_ = std::make_unique<AmpdProcess>(AMPD_SERVER_BINARY, flags, state_dir_ + ".log");
+    ASSERT_NE(server_->port(), 0) << "ampd did not report its port; " << server_->Describe();
     ClientOptions options;
     options.deadline = absl::Seconds(30);
     client_ = Client::Connect(server_->address(), options);
@@ -224,18 +121,15 @@ class ServiceTest : public ::testing::Test {
   }
 
   StateDict ReadCheckpoint(const std::string& job_id) {
-    std::ifstream f(std::filesystem::path(state_dir_) / (job_id + ".safetensors"),
-                    std::ios::binary);
-    std::stringstream s;
-    s << f.rdbuf();
-    absl::StatusOr<StateDict> state = DecodeSafetensors(s.str());
+    absl::StatusOr<StateDict> state =
+        DecodeSafetensors(ReadFile(std::filesystem::path(state_dir_) / (job_id + ".safetensors")));
     EXPECT_TRUE(state.ok()) << state.status();
     return state.ok() ? *std::move(state) : StateDict{};
   }
 
-  std::filesystem::path root_;
+  TempDir root_{"ampd_service_test"};
   std::string state_dir_;
-  std::unique_ptr<ServerProcess> server_;
+  std::unique_ptr<AmpdProcess> server_;
   std::unique_ptr<Client> client_;
 };
 
@@ -541,9 +435,9 @@ TEST_F(ServiceTest, RestartAfterSigkillRestoresTheCheckpoint) {
   for (int64_t s = 1; s <= 5; ++s)
     ASSERT_TRUE(client_->Step(StepRequest(id, s, static_cast<int>(s))).ok());
   server_->Signal(SIGKILL);
-  int raw = 0;
-  EXPECT_EQ(server_->WaitExit(&raw), -1);
-  EXPECT_TRUE(WIFSIGNALED(raw));
+  const ExitStatus killed = server_->Wait(kExitDeadline);
+  EXPECT_EQ(killed.code, -1);
+  EXPECT_TRUE(killed.signaled());
 
   const StateDict saved = ReadCheckpoint(id);
   ASSERT_EQ(saved.metadata.at("ampd.step"), "4");
@@ -596,7 +490,7 @@ TEST_F(ServiceTest, SigtermDrainsCheckpointsAndExitsZero) {
     saw_not_serving = response.status() == grpc::health::v1::HealthCheckResponse::NOT_SERVING;
   }
   EXPECT_TRUE(saw_not_serving);
-  EXPECT_EQ(server_->WaitExit(), 0) << server_->Log();
+  EXPECT_EQ(server_->Wait(kExitDeadline).code, 0) << server_->Log();
   const StateDict saved = ReadCheckpoint(id);
   EXPECT_EQ(saved.metadata.at("ampd.step"), "3");
 }
