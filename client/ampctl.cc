@@ -27,6 +27,7 @@
 #include "client/client.h"
 #include "client/synthetic_task.h"
 #include "common/dashed_flags.h"
+#include "server/engine/model/batch_check.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "ampd address HOST:PORT");
 ABSL_FLAG(int64_t, deadline_ms, 60000, "Deadline of each call attempt");
@@ -225,8 +226,8 @@ absl::StatusOr<TrainData> PrepareTrainData() {
   absl::StatusOr<ampd::engine::HostTensor> targets = ampd::TensorFromProto(batch.targets());
   if (!inputs.ok()) return inputs.status();
   if (!targets.ok()) return targets.status();
-  if (absl::Status s = ampd::CheckBatchFitsModel(
-          *inputs, *targets, **spec, "the synthetic task's inputs", "the synthetic task's targets");
+  if (absl::Status s = ampd::engine::model::CheckBatchFitsModel(
+          **spec, *inputs, *targets, "the synthetic task's inputs", "the synthetic task's targets");
       !s.ok()) {
     return Fail(absl::StrCat("--layers: ", s.message()));
   }

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "server/engine/checkpoint/safetensors.h"
+#include "server/engine/model/batch_check.h"
 
 namespace ampd {
 namespace {
@@ -93,35 +94,6 @@ absl::StatusOr<LayerSpec> ParseLayer(absl::string_view item) {
                                 kLayersGrammar));
   }
   return layer;
-}
-
-bool IsIndex(DType d) { return d == DType::kI32 || d == DType::kI64; }
-
-std::string Describe(const HostTensor& t) {
-  return absl::StrCat(kernels::DTypeName(t.dtype), kernels::ShapeToString(t.shape));
-}
-
-int64_t LoadIndex(const HostTensor& t, int64_t i) {
-  if (t.dtype == DType::kI32) {
-    int32_t v;
-    std::memcpy(&v, t.data.data() + i * 4, 4);
-    return v;
-  }
-  int64_t v;
-  std::memcpy(&v, t.data.data() + i * 8, 8);
-  return v;
-}
-
-absl::Status CheckIndices(const HostTensor& t, int64_t limit, absl::string_view name,
-                          absl::string_view what) {
-  for (int64_t i = 0; i < t.shape[0]; ++i) {
-    const int64_t v = LoadIndex(t, i);
-    if (v < 0 || v >= limit) {
-      return Invalid(
-          absl::StrCat(name, "[", i, "]: ", what, " ", v, " is outside [0, ", limit, ")"));
-    }
-  }
-  return absl::OkStatus();
 }
 
 // "inputs.12" -> ("inputs", 12). Digits only, no leading zeros, so each
@@ -206,51 +178,6 @@ v1::ModelSpec ModelSpecToProto(const ModelSpec& spec) {
   return proto;
 }
 
-absl::Status CheckBatchFitsModel(const HostTensor& inputs, const HostTensor& targets,
-                                 const ModelSpec& model, absl::string_view inputs_name,
-                                 absl::string_view targets_name) {
-  if (absl::Status s = inputs.Validate(inputs_name); !s.ok()) return s;
-  if (absl::Status s = targets.Validate(targets_name); !s.ok()) return s;
-  const LayerSpec& first = model.layers.front();
-  const int64_t in = engine::model::InputFeatures(model);
-  const int64_t out = engine::model::OutputFeatures(model);
-  int64_t rows = 0;
-  if (first.kind == LayerKind::kEmbedding) {
-    if (!IsIndex(inputs.dtype) || inputs.shape.size() != 1 || inputs.shape[0] < 1) {
-      return Invalid(absl::StrCat(inputs_name,
-                                  ": expected I32 or I64 (N) ids for the embedding layer, N >= 1, "
-                                  "got ",
-                                  Describe(inputs)));
-    }
-    rows = inputs.shape[0];
-    if (absl::Status s = CheckIndices(inputs, first.num_embeddings, inputs_name, "id"); !s.ok()) {
-      return s;
-    }
-  } else {
-    if (!kernels::IsFloating(inputs.dtype) || inputs.shape.size() != 2 || inputs.shape[1] != in ||
-        inputs.shape[0] < 1) {
-      return Invalid(absl::StrCat(inputs_name, ": expected F32, F16 or BF16 (N, ", in,
-                                  ") with N >= 1, got ", Describe(inputs)));
-    }
-    rows = inputs.shape[0];
-  }
-  if (model.loss == LossKind::kCrossEntropy) {
-    if (!IsIndex(targets.dtype) || targets.shape.size() != 1 || targets.shape[0] != rows) {
-      return Invalid(absl::StrCat(targets_name, ": expected I32 or I64 (", rows,
-                                  ") labels for cross_entropy (one per row of ", inputs_name,
-                                  "), got ", Describe(targets)));
-    }
-    return CheckIndices(targets, out, targets_name, "label");
-  }
-  if (targets.dtype != DType::kF32 || targets.shape.size() != 2 || targets.shape[0] != rows ||
-      targets.shape[1] != out) {
-    return Invalid(absl::StrCat(targets_name, ": expected F32 (", rows, ", ", out,
-                                ") for mse (rows of ", inputs_name, ", the model's output), got ",
-                                Describe(targets)));
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::vector<v1::MicroBatch>> BatchesFromSafetensors(absl::string_view bytes,
                                                                    const ModelSpec& model) {
   absl::StatusOr<engine::checkpoint::StateDict> state =
@@ -291,7 +218,9 @@ absl::StatusOr<std::vector<v1::MicroBatch>> BatchesFromSafetensors(absl::string_
                                   " missing (the file has batches up to ", count - 1,
                                   ", each needs inputs.<i> and targets.<i>)"));
     }
-    if (absl::Status s = CheckBatchFitsModel(*inputs, *targets, model, in_name, tg_name); !s.ok()) {
+    if (absl::Status s =
+            engine::model::CheckBatchFitsModel(model, *inputs, *targets, in_name, tg_name);
+        !s.ok()) {
       return s;
     }
     v1::MicroBatch batch;

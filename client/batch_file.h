@@ -35,14 +35,6 @@ absl::StatusOr<engine::model::ModelSpec> ParseModelFlags(absl::string_view layer
 // The wire form of a model spec (what CreateJob sends).
 v1::ModelSpec ModelSpecToProto(const engine::model::ModelSpec& spec);
 
-// OK when the batch fits `model` as a Step would require (dtypes, ranks,
-// widths, equal row counts, ids and labels in range). Messages name the
-// tensors by inputs_name / targets_name.
-absl::Status CheckBatchFitsModel(const engine::HostTensor& inputs,
-                                 const engine::HostTensor& targets,
-                                 const engine::model::ModelSpec& model,
-                                 absl::string_view inputs_name, absl::string_view targets_name);
-
 // The batches of a safetensors batch file's bytes, in index order, each
 // checked against `model`. InvalidArgument naming the missing, unexpected or
 // malformed tensor ("targets.1 is missing", "inputs.0: expected ...").

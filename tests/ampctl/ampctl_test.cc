@@ -351,7 +351,7 @@ TEST_F(AmpctlTest, WrongDtypesAreNamed) {
     *Find(state, "targets.2") = I32({8}, std::vector<int32_t>(8, 1));  // labels, but mse
     ExpectUsageError({"train", "--batches=" + WriteBatches(state, "labels"),
                       absl::StrCat("--layers=", kRegressionLayers), "--steps=4"},
-                     "targets.2: expected F32 (8, 8)");
+                     "targets.2: expected F32 (N, 8) with N = 8");
   }
   {
     StateDict state = RegressionBatches();
@@ -384,14 +384,14 @@ TEST_F(AmpctlTest, BadFilesAndFlagsAreUsageErrors) {
     state.tensors.push_back({"inputs.0", F32({2, 16}, Values(32, 0, 1.0f))});
     state.tensors.push_back({"targets.0", F32({3, 8}, Values(24, 0, 1.0f))});  // 3 rows, not 2
     ExpectUsageError({"train", "--batches=" + WriteBatches(state, "rows"), layers},
-                     "targets.0: expected F32 (2, 8)");
+                     "targets.0: expected F32 (N, 8) with N = 2");
   }
   {
     StateDict state = RegressionBatches();
     *Find(state, "targets.0") = I32({8}, std::vector<int32_t>(8, 9));  // class 9 of 8
     ExpectUsageError(
         {"train", "--batches=" + WriteBatches(state, "range"), layers, "--loss=cross_entropy"},
-        "targets.0[0]: label 9 is outside [0, 8)");
+        "targets.0[0]: 9 is outside [0, 8)");
   }
   {
     const std::string path = (root_.path() / "garbage.safetensors").string();

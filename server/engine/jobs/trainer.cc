@@ -55,6 +55,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "server/engine/model/batch_check.h"
 #include "server/engine/model/layers.h"
 #include "server/engine/optim/optimizer_state.h"
 
@@ -75,32 +76,8 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-bool IsIndex(DType d) { return d == DType::kI32 || d == DType::kI64; }
-
 std::string Got(const HostTensor& t) {
   return absl::StrCat(kernels::DTypeName(t.dtype), kernels::ShapeToString(t.shape));
-}
-
-int64_t LoadId(const HostTensor& t, int64_t i) {
-  if (t.dtype == DType::kI32) {
-    int32_t v;
-    std::memcpy(&v, t.data.data() + i * 4, 4);
-    return v;
-  }
-  int64_t v;
-  std::memcpy(&v, t.data.data() + i * 8, 8);
-  return v;
-}
-
-absl::Status CheckIds(const HostTensor& t, int64_t limit, absl::string_view what) {
-  for (int64_t i = 0; i < t.shape[0]; ++i) {
-    const int64_t id = LoadId(t, i);
-    if (id < 0 || id >= limit) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, "[", i, "]: ", id, " is outside [0, ", limit, ")"));
-    }
-  }
-  return absl::OkStatus();
 }
 
 // Everything Step checks before it touches any state.
@@ -113,48 +90,11 @@ absl::Status ValidateStepInput(const model::ModelSpec& spec, const StepInput& in
     return absl::InvalidArgumentError(
         absl::StrCat("learning_rate: must be finite and >= 0, got ", *input.learning_rate));
   }
-  const model::LayerSpec& first = spec.layers.front();
-  const bool ids_in = first.kind == model::LayerKind::kEmbedding;
-  const int64_t in = model::InputFeatures(spec);
-  const int64_t out = model::OutputFeatures(spec);
-  const bool ce = spec.loss == model::LossKind::kCrossEntropy;
   for (size_t i = 0; i < input.micro_batches.size(); ++i) {
     const MicroBatch& mb = input.micro_batches[i];
-    const std::string in_name = absl::StrCat("micro_batches[", i, "].inputs");
-    const std::string tg_name = absl::StrCat("micro_batches[", i, "].targets");
-    AMPD_RETURN_IF_ERROR(mb.inputs.Validate(in_name));
-    AMPD_RETURN_IF_ERROR(mb.targets.Validate(tg_name));
-    // Inputs fix N; N >= 1 since every loss is a mean.
-    int64_t rows = 0;
-    if (ids_in) {
-      if (!IsIndex(mb.inputs.dtype) || mb.inputs.shape.size() != 1 || mb.inputs.shape[0] < 1) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            in_name, ": expected I32 or I64 (N) ids with N >= 1, got ", Got(mb.inputs)));
-      }
-      rows = mb.inputs.shape[0];
-      AMPD_RETURN_IF_ERROR(CheckIds(mb.inputs, first.num_embeddings, in_name));
-    } else {
-      if (!kernels::IsFloating(mb.inputs.dtype) || mb.inputs.shape.size() != 2 ||
-          mb.inputs.shape[1] != in || mb.inputs.shape[0] < 1) {
-        return absl::InvalidArgumentError(absl::StrCat(in_name, ": expected F32, F16 or BF16 (N, ",
-                                                       in, ") with N >= 1, got ", Got(mb.inputs)));
-      }
-      rows = mb.inputs.shape[0];
-    }
-    if (ce) {
-      if (!IsIndex(mb.targets.dtype) || mb.targets.shape.size() != 1 ||
-          mb.targets.shape[0] != rows) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(tg_name, ": expected I32 or I64 (N) labels with N = ", rows,
-                         " (the inputs' rows), got ", Got(mb.targets)));
-      }
-      AMPD_RETURN_IF_ERROR(CheckIds(mb.targets, out, tg_name));
-    } else if (mb.targets.dtype != DType::kF32 || mb.targets.shape.size() != 2 ||
-               mb.targets.shape[1] != out || mb.targets.shape[0] != rows) {
-      return absl::InvalidArgumentError(absl::StrCat(tg_name, ": expected F32 (N, ", out,
-                                                     ") with N = ", rows,
-                                                     " (the inputs' rows), got ", Got(mb.targets)));
-    }
+    AMPD_RETURN_IF_ERROR(model::CheckBatchFitsModel(
+        spec, mb.inputs, mb.targets, absl::StrCat("micro_batches[", i, "].inputs"),
+        absl::StrCat("micro_batches[", i, "].targets")));
   }
   return absl::OkStatus();
 }

@@ -1,0 +1,24 @@
+// CheckBatchFitsModel: whether one micro-batch's inputs and targets fit a
+// model (dtypes, shapes, row counts, byte lengths, ids and labels in range).
+// The Trainer checks every Step with it before touching any state, and
+// ampctl checks batch files with it before creating a job, so both refuse
+// exactly the same batches with the same messages.
+#pragma once
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "server/engine/host_tensor.h"
+#include "server/engine/model/model_spec.h"
+
+namespace ampd::engine::model {
+
+// inputs: (N, in_features) F32/F16/BF16, or (N) I32/I64 ids in
+// [0, num_embeddings) when the first layer is Embedding; targets: (N, out)
+// F32 for MSE, (N) I32/I64 labels in [0, out) for cross-entropy; N >= 1.
+// InvalidArgument naming inputs_name / targets_name (and the element index
+// of an id or label out of range).
+absl::Status CheckBatchFitsModel(const ModelSpec& spec, const HostTensor& inputs,
+                                 const HostTensor& targets, absl::string_view inputs_name,
+                                 absl::string_view targets_name);
+
+}  // namespace ampd::engine::model
