@@ -77,6 +77,11 @@ class Backend {
   // ---- memory -------------------------------------------------------------
   // Contents are unspecified; Fill before reading.
   virtual absl::StatusOr<Tensor> Allocate(DType dtype, const Shape& shape) = 0;
+  // Copies bytes == dst.nbytes() from host memory into dst. The copy may
+  // only be enqueued (CUDA: an async copy on the backend's stream, which for
+  // pinned src reads it later): src must stay valid and unchanged until the
+  // next synchronising call (Synchronize, CopyToHost or ReadScalars), or
+  // the caller synchronises itself before reusing it.
   virtual absl::Status CopyFromHost(const void* src, size_t bytes, Tensor& dst) = 0;
   // Waits for queued work, then copies dst.nbytes() == bytes out.
   virtual absl::Status CopyToHost(const Tensor& src, void* dst, size_t bytes) = 0;

@@ -3,7 +3,10 @@
 //   gelu(x)  = 0.5 x (1 + erf(x / sqrt 2))
 //   gelu'(x) = 0.5 (1 + erf(x / sqrt 2)) + x * exp(-x^2 / 2) / sqrt(2 pi)
 // Tanh's backward is computed from the forward input x, as the interface
-// passes x: dx = dy (1 - tanh(x)^2).
+// passes x: dx = dy (1 - tanh(x)^2). ReLU's backward selects instead of
+// multiplying (PyTorch's threshold_backward, and the CPU oracle):
+// dx = x > 0 ? dy : 0, so an inf/NaN dy at x <= 0 gives 0 (not NaN) and a
+// negative dy gives +0 (not -0); it is therefore bitwise equal to the CPU.
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/launchers.h"
@@ -27,10 +30,11 @@ __device__ __forceinline__ float Forward(Activation act, float x) {
   return x;
 }
 
+// GELU and Tanh only: ReLU's gradient is a selection (see Backward below).
 __device__ __forceinline__ float Derivative(Activation act, float x) {
   switch (act) {
     case Activation::kReLU:
-      return x > 0.0f ? 1.0f : (x != x ? x : 0.0f);
+      break;
     case Activation::kGELU: {
       const float cdf = 0.5f * (1.0f + erff(x * kInvSqrt2));
       const float pdf = expf(-0.5f * x * x) * kInvSqrt2Pi;
@@ -57,7 +61,11 @@ __global__ void activation_backward_kernel(Activation act, const T* x, const T* 
                                            int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    dx[i] = FromFloat<T>(ToFloat(dy[i]) * Derivative(act, ToFloat(x[i])));
+    const float v = ToFloat(x[i]);
+    const float g = ToFloat(dy[i]);
+    // NaN x is not > 0, so it selects 0, as on the CPU.
+    const float r = act == Activation::kReLU ? (v > 0.0f ? g : 0.0f) : g * Derivative(act, v);
+    dx[i] = FromFloat<T>(r);
   }
 }
 

@@ -5,8 +5,9 @@
 //   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
 //   w = w - step_size * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 //   working = round(w) to the working dtype
-// Every block first reads found_inf[0] from device memory and returns when it
-// is set, so a skipped step is one tiny kernel with no host round trip and no
+// Every block first reads found_inf[0] and the backend's mapped error word
+// and returns when either is set (overflow, or a bad id/label earlier in the
+// step), so a skipped step is one tiny kernel with no host round trip and no
 // write at all. Traffic per element with fp16 grads and a working copy:
 // reads grad 2 + w 4 + m 4 + v 4, writes w 4 + m 4 + v 4 + working 2 = 28 B.
 #include "kernels/cuda/cuda_status.h"
@@ -47,7 +48,7 @@ __device__ __forceinline__ void AdamTile(const ParamSpan& p, int64_t begin, cons
 
 __global__ void adam_kernel(const __grid_constant__ TensorChunk<ParamSpan> chunk,
                             const AdamArgs args, const TransformArgs transform) {
-  if (transform.found_inf[0] != 0.0f) return;  // skipped step: write nothing
+  if (SkipStep(transform)) return;  // skipped step: write nothing
   const GradFactor factor = ReadGradFactor(transform);
   const int t = ChunkTensorOf(chunk, static_cast<int>(blockIdx.x));
   const ParamSpan& p = chunk.entry[t];

@@ -1,7 +1,8 @@
 // Cross-entropy over rows of logits (N, V), in fp32, one warp per row:
-//   lse = max + log(sum exp(x - max))      (max-shifted: no overflow)
-//   loss = multiplier * mean over rows of (lse - x[label])
-//   dlogits = grad_scale * multiplier / N * (softmax(x) - onehot(label))
+//   row loss = log(sum exp(x - max)) - (x[label] - max)   (max-shifted)
+//   loss = multiplier * (sum of row losses * (1/N))
+//   dlogits = (grad_scale * multiplier * (1/N)) (exp(x - max) * (1/sum) - onehot)
+// in the CPU oracle's operation order. dlogits may alias logits.
 // Row losses are summed per block in a fixed order, then by one block, so
 // the loss is reproducible. A label outside [0, V) sets
 // kErrorCrossEntropyLabel (reported by the backend at the next
@@ -36,18 +37,25 @@ __global__ void cross_entropy_kernel(const void* logits, DType dtype, const void
       for (int64_t c = lane; c < vocab; c += 32) StoreAs(dlogits, base + c, dtype, 0.0f);
       continue;
     }
+    // Read before the row's first store: dlogits may alias logits, and the
+    // lane that stores column `label` need not be the one reading it.
+    const float label_logit = LoadAs(logits, base + label, dtype);
     float mx = -INFINITY;
     for (int64_t c = lane; c < vocab; c += 32) mx = fmaxf(mx, LoadAs(logits, base + c, dtype));
     mx = WarpMax(mx);
     float sum = 0.0f;
     for (int64_t c = lane; c < vocab; c += 32) sum += expf(LoadAs(logits, base + c, dtype) - mx);
     sum = WarpSum(sum);
-    const float lse = mx + logf(sum);
+    // Every lane has read the whole row (max and sum above) before any lane
+    // stores below: WarpSum's shuffles synchronise the warp.
+    const float inv_sum = 1.0f / sum;
     for (int64_t c = lane; c < vocab; c += 32) {
-      const float p = expf(LoadAs(logits, base + c, dtype) - mx) / sum;
+      const float p = expf(LoadAs(logits, base + c, dtype) - mx) * inv_sum;
       StoreAs(dlogits, base + c, dtype, coef * (c == label ? p - 1.0f : p));
     }
-    loss_sum += lse - LoadAs(logits, base + label, dtype);
+    // log(sum) - (x[label] - max), not (max + log(sum)) - x[label]: the
+    // latter cancels catastrophically when the logits are large.
+    loss_sum += logf(sum) - (label_logit - mx);
   }
   if (lane == 0) warp_loss[warp] = loss_sum;
   __syncthreads();
@@ -67,12 +75,13 @@ absl::Status LaunchCrossEntropy(const void* logits, DType dtype, const void* lab
   const int blocks = static_cast<int>(
       std::min<int64_t>(std::max<int64_t>(1, (rows + kWarpsPerBlock - 1) / kWarpsPerBlock),
                         int64_t{kMaxReductionBlocks}));
-  const float fn = static_cast<float>(rows);
-  const float coef = grad_scale * multiplier / fn;
+  // Reciprocals as the CPU oracle multiplies by them (cpu_loss.cc).
+  const float inv_rows = 1.0f / static_cast<float>(rows);
+  const float coef = grad_scale * multiplier * inv_rows;
   cross_entropy_kernel<<<blocks, kThreads, 0, stream>>>(
       logits, dtype, labels, label_dtype, rows, vocab, coef, dlogits, partials, error_flags);
   AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();
-  finalize_loss_kernel<><<<1, kThreads, 0, stream>>>(partials, blocks, fn, multiplier, loss);
+  finalize_loss_kernel<><<<1, kThreads, 0, stream>>>(partials, blocks, inv_rows, multiplier, loss);
   AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }

@@ -153,9 +153,12 @@ struct StreamContext {
 
   ~StreamContext() {
     // Idle before destruction, so a later stream that happens to get the
-    // same handle never mistakes a pending block for its own.
+    // same handle never mistakes a pending block for its own. The stream is
+    // destroyed here, inside the guard, not after the body as a member
+    // would be: by then another device may be current.
     DeviceGuard guard(device);
     if (stream.get() != nullptr) (void)cudaStreamSynchronize(stream.get());
+    Stream released = std::move(stream);
   }
 };
 
@@ -227,10 +230,18 @@ class CudaBackend final : public Backend {
   }
 
   ~CudaBackend() override {
-    if (ctx_ != nullptr) {
-      DeviceGuard guard(ctx_->device);
-      (void)cudaStreamSynchronize(stream());
-    }
+    if (ctx_ == nullptr) return;
+    // Everything is released inside the guard, in this body, rather than
+    // by the member destructors after it, when the current device could be
+    // another GPU's. The cuBLAS handle goes before its workspace.
+    DeviceGuard guard(ctx_->device);
+    (void)cudaStreamSynchronize(stream());
+    { CublasHandle released = std::move(cublas_); }
+    { Tensor released = std::move(workspace_); }
+    { Tensor released = std::move(partials_); }
+    { PinnedHostBuffer released = std::move(staging_); }
+    { MappedFlags released = std::move(flags_); }
+    ctx_.reset();  // the stream too, unless a live tensor still holds it
   }
 
   std::string name() const override { return absl::StrCat("cuda:", ctx_->device); }
@@ -259,8 +270,11 @@ class CudaBackend final : public Backend {
     if (bytes == 0) return absl::OkStatus();
     if (src == nullptr) return absl::InvalidArgumentError("CopyFromHost: src is null");
     AMPD_ENTER_DEVICE();
-    // From pageable memory the call returns once src has been staged, so the
-    // caller may reuse src immediately; the device copy stays in stream order.
+    // The copy is only enqueued. From pageable memory the runtime usually
+    // returns once src has been staged, but that is not guaranteed (and from
+    // pinned memory the DMA reads src later), so the contract in backend.h
+    // is that src stays valid and unchanged until the next synchronising
+    // call (Synchronize, CopyToHost, ReadScalars).
     AMPD_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(dst.data(), src, bytes, cudaMemcpyHostToDevice, stream()));
     return absl::OkStatus();
@@ -432,8 +446,15 @@ class CudaBackend final : public Backend {
     AMPD_RETURN_IF_ERROR(CheckRank(kOp, "dy", dy, 2));
     AMPD_RETURN_IF_ERROR(CheckLength(kOp, "dbias", dbias, dy.dim(1), "dy's columns"));
     AMPD_ENTER_DEVICE();
+    const int64_t slabs = ColumnSumSlabs(dy.dim(0), dy.dim(1));
+    Tensor partials;  // per-slab column sums, when the rows are split
+    if (slabs > 1) {
+      absl::StatusOr<Tensor> scratch = Allocate(DType::kF32, {slabs * dy.dim(1)});
+      if (!scratch.ok()) return scratch.status();
+      partials = *std::move(scratch);
+    }
     return LaunchBiasGrad(dy.data(), dy.dtype(), dy.dim(0), dy.dim(1), beta, dbias.data(),
-                          dbias.dtype(), stream());
+                          dbias.dtype(), slabs > 1 ? partials.data_as<float>() : nullptr, stream());
   }
 
   // ---- activations ----------------------------------------------------------
@@ -480,6 +501,10 @@ class CudaBackend final : public Backend {
     if (!(eps >= 0.0f)) {
       return absl::InvalidArgumentError(absl::StrCat(kOp, ": eps is ", eps, "; expected >= 0"));
     }
+    if (x.dim(1) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kOp, ": x is ", x.DebugString(), "; cannot normalise zero columns"));
+    }
     AMPD_ENTER_DEVICE();
     return LaunchLayerNormForward(x.data(), x.dtype(), gamma ? gamma->data() : nullptr,
                                   beta ? beta->data() : nullptr, x.dtype(), x.dim(0), x.dim(1), eps,
@@ -503,12 +528,24 @@ class CudaBackend final : public Backend {
     AMPD_RETURN_IF_ERROR(CheckStat(kOp, "rstd", rstd, x));
     AMPD_RETURN_IF_ERROR(CheckParamGrad(kOp, "dgamma", dgamma, x));
     AMPD_RETURN_IF_ERROR(CheckParamGrad(kOp, "dbeta", dbeta, x));
+    if (dgamma != nullptr && gamma == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kOp, ": dgamma is ", dgamma->DebugString(), " but gamma is null"));
+    }
     AMPD_ENTER_DEVICE();
+    const int64_t slabs = ColumnSumSlabs(x.dim(0), x.dim(1));
+    Tensor partials;  // per-slab dgamma and dbeta column sums, when the rows are split
+    if (slabs > 1 && (dgamma != nullptr || dbeta != nullptr)) {
+      absl::StatusOr<Tensor> scratch = Allocate(DType::kF32, {2 * slabs * x.dim(1)});
+      if (!scratch.ok()) return scratch.status();
+      partials = *std::move(scratch);
+    }
     return LaunchLayerNormBackward(
         x.data(), x.dtype(), gamma ? gamma->data() : nullptr, x.dtype(), mean.data_as<float>(),
         rstd.data_as<float>(), dy.data(), dx.data(), dgamma ? dgamma->data() : nullptr,
         dgamma ? dgamma->dtype() : DType::kF32, dbeta ? dbeta->data() : nullptr,
-        dbeta ? dbeta->dtype() : DType::kF32, x.dim(0), x.dim(1), stream());
+        dbeta ? dbeta->dtype() : DType::kF32, x.dim(0), x.dim(1),
+        partials.empty() ? nullptr : partials.data_as<float>(), stream());
   }
 
   // ---- embedding ------------------------------------------------------------
@@ -543,25 +580,24 @@ class CudaBackend final : public Backend {
           kOp, ": dout is ", dout.DebugString(), "; expected (", ids.dim(0), ", ", dtable.dim(1),
           ") from ids ", ids.DebugString(), " and dtable ", dtable.DebugString()));
     }
+    if (ids.dim(0) == 0) return absl::OkStatus();  // nothing to scatter
     AMPD_ENTER_DEVICE();
-    const int64_t vocab = dtable.dim(0);
-    const int64_t cols = dtable.dim(1);
-    if (dtable.dtype() == DType::kF32) {
-      return LaunchEmbeddingBackward(ids.data(), ids.dtype(), ids.dim(0), dout.data(), dout.dtype(),
-                                     dtable.data_as<float>(), vocab, cols, flags_.device_ptr(),
-                                     stream());
+    // Scratch for the deterministic sort-and-segment scatter (embedding.cu);
+    // only rows of dtable that ids touch are read or written, whatever its
+    // dtype, so no full-table copy.
+    size_t scratch_bytes = 0;
+    AMPD_RETURN_IF_ERROR(EmbeddingBackwardScratchBytes(ids.dim(0), dtable.dim(0), &scratch_bytes));
+    Tensor scratch;
+    if (scratch_bytes > 0) {
+      absl::StatusOr<Tensor> allocated = Allocate(
+          DType::kF32, {static_cast<int64_t>((scratch_bytes + sizeof(float) - 1) / sizeof(float))});
+      if (!allocated.ok()) return allocated.status();
+      scratch = *std::move(allocated);
     }
-    // fp16/bf16 table: accumulate every repeated id in an fp32 copy and round
-    // once at the end, instead of rounding after each atomic add.
-    absl::StatusOr<Tensor> acc = Allocate(DType::kF32, dtable.shape());
-    if (!acc.ok()) return acc.status();
-    AMPD_RETURN_IF_ERROR(LaunchCast(dtable.data(), dtable.dtype(), acc->data(), DType::kF32,
-                                    acc->numel(), stream()));
-    AMPD_RETURN_IF_ERROR(LaunchEmbeddingBackward(ids.data(), ids.dtype(), ids.dim(0), dout.data(),
-                                                 dout.dtype(), acc->data_as<float>(), vocab, cols,
-                                                 flags_.device_ptr(), stream()));
-    return LaunchCast(acc->data(), DType::kF32, dtable.data(), dtable.dtype(), acc->numel(),
-                      stream());
+    return LaunchEmbeddingBackward(
+        ids.data(), ids.dtype(), ids.dim(0), dout.data(), dout.dtype(), dtable.data(),
+        dtable.dtype(), dtable.dim(0), dtable.dim(1), scratch.empty() ? nullptr : scratch.data(),
+        scratch.empty() ? 0 : scratch.nbytes(), flags_.device_ptr(), stream());
   }
 
   // ---- losses ---------------------------------------------------------------
@@ -575,6 +611,10 @@ class CudaBackend final : public Backend {
     AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "dpred", dpred, "pred", pred));
     AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "dpred", dpred));
     AMPD_RETURN_IF_ERROR(CheckScalarF32(kOp, "loss", loss));
+    if (pred.numel() == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kOp, ": pred is ", pred.DebugString(), "; the mean of no elements"));
+    }
     AMPD_ENTER_DEVICE();
     return LaunchMseLoss(pred.data(), pred.dtype(), target.data_as<float>(), pred.numel(),
                          multiplier, grad_scale, loss.data_as<float>(), dpred.data(),
@@ -596,9 +636,9 @@ class CudaBackend final : public Backend {
     AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "dlogits", dlogits, "logits", logits));
     AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "dlogits", dlogits));
     AMPD_RETURN_IF_ERROR(CheckScalarF32(kOp, "loss", loss));
-    if (logits.dim(1) == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(kOp, ": logits is ", logits.DebugString(), "; expected at least 1 class"));
+    if (logits.dim(0) == 0 || logits.dim(1) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(kOp, ": logits is ", logits.DebugString(),
+                                                     "; need at least one row and one class"));
     }
     AMPD_ENTER_DEVICE();
     return LaunchCrossEntropy(logits.data(), logits.dtype(), labels.data(), labels.dtype(),
@@ -616,9 +656,18 @@ class CudaBackend final : public Backend {
     std::vector<GradSpan> spans;
     AMPD_RETURN_IF_ERROR(CollectGrads(kOp, grads.data(), grads.size(), spans));
     AMPD_ENTER_DEVICE();
+    // One fp32 partial per block for the deterministic two-stage norm.
+    const int64_t blocks = UnscaleAndCheckBlocks(spans.data(), static_cast<int>(spans.size()));
+    Tensor partials;
+    if (norm_sq != nullptr && blocks > 0) {
+      absl::StatusOr<Tensor> scratch = Allocate(DType::kF32, {blocks});
+      if (!scratch.ok()) return scratch.status();
+      partials = *std::move(scratch);
+    }
     return LaunchUnscaleAndCheck(spans.data(), static_cast<int>(spans.size()), inv_scale, in_place,
                                  found_inf.data_as<float>(),
-                                 norm_sq ? norm_sq->data_as<float>() : nullptr, stream());
+                                 norm_sq ? norm_sq->data_as<float>() : nullptr,
+                                 partials.empty() ? nullptr : partials.data_as<float>(), stream());
   }
 
   absl::Status AdamUpdate(absl::Span<const ParamRef> params, const AdamConfig& config, int64_t step,
@@ -629,6 +678,7 @@ class CudaBackend final : public Backend {
     }
     TransformArgs targs;
     AMPD_RETURN_IF_ERROR(CheckTransform(kOp, transform, targs));
+    targs.error_flags = flags_.device_ptr();
     std::vector<ParamSpan> spans;
     spans.reserve(params.size());
     for (size_t i = 0; i < params.size(); ++i) {
@@ -657,6 +707,7 @@ class CudaBackend final : public Backend {
     constexpr absl::string_view kOp = "SgdUpdate";
     TransformArgs targs;
     AMPD_RETURN_IF_ERROR(CheckTransform(kOp, transform, targs));
+    targs.error_flags = flags_.device_ptr();
     const bool use_momentum = config.momentum != 0.0f;
     std::vector<ParamSpan> spans;
     spans.reserve(params.size());
@@ -679,10 +730,9 @@ class CudaBackend final : public Backend {
   absl::Status GradLog2Histogram(absl::Span<const Tensor* const> grads, Tensor& counts) override {
     constexpr absl::string_view kOp = "GradLog2Histogram";
     AMPD_RETURN_IF_ERROR(CheckDType(kOp, "counts", counts, DType::kI64));
-    if (counts.numel() != kGradHistogramBins) {
+    if (counts.rank() != 1 || counts.dim(0) != kGradHistogramBins) {
       return absl::InvalidArgumentError(absl::StrCat(kOp, ": counts is ", counts.DebugString(),
-                                                     "; expected ", kGradHistogramBins,
-                                                     " elements"));
+                                                     "; expected I64(", kGradHistogramBins, ")"));
     }
     std::vector<GradSpan> spans;
     AMPD_RETURN_IF_ERROR(CollectGrads(kOp, grads.data(), grads.size(), spans));

@@ -10,15 +10,16 @@
 namespace ampd::kernels::cuda {
 
 DeviceGuard::DeviceGuard(int device) {
-  if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-  if (previous_ != device) error_ = cudaSetDevice(device);
-}
-
-DeviceGuard::~DeviceGuard() {
   int current = -1;
-  if (previous_ >= 0 && cudaGetDevice(&current) == cudaSuccess && current != previous_) {
-    (void)cudaSetDevice(previous_);
+  if (cudaGetDevice(&current) != cudaSuccess) {
+    (void)cudaGetLastError();  // unknown: set it below, which reports the real problem
+    current = -1;
   }
+  if (current != device) error_ = cudaSetDevice(device);
+  // The result is kept in error_ (callers check it, or are destructors that
+  // cannot report it); clear the runtime's latched copy so that it does not
+  // resurface at the next launch check.
+  if (error_ != cudaSuccess) (void)cudaGetLastError();
 }
 
 absl::StatusOr<Stream> Stream::Create() {

@@ -12,19 +12,21 @@
 
 namespace ampd::kernels::cuda {
 
-// Makes `device` current for the calling thread and restores the previous
-// device on scope exit: backends for different GPUs may share a thread.
+// Makes `device` current for the calling thread, calling cudaSetDevice only
+// when another device is current. It deliberately does not restore the
+// previous device on scope exit: on a fresh thread the "previous" device is
+// the default 0, and switching back would create a context on GPU 0 in a
+// process that never uses it. Backends for different GPUs may still share a
+// thread, because every entry point (and every pool call) sets its own device.
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device);
-  ~DeviceGuard();
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
   // The cudaSetDevice result: check it before launching anything.
   cudaError_t error() const { return error_; }
 
  private:
-  int previous_ = -1;
   cudaError_t error_ = cudaSuccess;
 };
 

@@ -19,11 +19,15 @@ absl::Status CublasErrorToStatus(cublasStatus_t status, const char* expr, const 
 }  // namespace ampd::kernels::cuda
 
 // Returns from the enclosing function (which returns absl::Status or a
-// StatusOr) when the CUDA runtime call fails.
+// StatusOr) when the CUDA runtime call fails. The runtime also latches a
+// non-sticky error for cudaGetLastError; it is cleared here, since it is
+// already reported, so that the next launch check (which reads
+// cudaGetLastError) does not blame an unrelated, successful launch.
 #define AMPD_CUDA_RETURN_IF_ERROR(expr)                                                  \
   do {                                                                                   \
     const cudaError_t ampd_cuda_error_ = (expr);                                         \
     if (ampd_cuda_error_ != cudaSuccess) {                                               \
+      (void)cudaGetLastError();                                                          \
       return ::ampd::kernels::cuda::CudaErrorToStatus(ampd_cuda_error_, #expr, __FILE__, \
                                                       __LINE__);                         \
     }                                                                                    \

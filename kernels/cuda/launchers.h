@@ -7,6 +7,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -21,6 +22,29 @@ inline constexpr int kErrorCrossEntropyLabel = 2;
 
 // Partial sums of the two-stage (deterministic) loss reductions.
 inline constexpr int kMaxReductionBlocks = 1024;
+
+// Row slabs of the column-sum kernels (BiasGrad, LayerNorm's dgamma/dbeta).
+// Only ceil(C / 32) column blocks would leave most SMs idle for narrow,
+// tall inputs; gridDim.y slabs of rows each write a partial per column to
+// scratch, and a second pass adds the slabs in a fixed order. The count
+// depends on the shape only (never on the device), so results are
+// reproducible run to run and across GPUs. 1 means a single pass and no
+// scratch.
+inline constexpr int64_t kColumnSumColsPerBlock = 32;
+inline constexpr int64_t kColumnSumMinRowsPerSlab = 64;
+inline constexpr int64_t kColumnSumTargetBlocks = 1024;
+inline int64_t ColumnSumRowsPerSlab(int64_t rows, int64_t cols) {
+  const int64_t col_blocks = (cols + kColumnSumColsPerBlock - 1) / kColumnSumColsPerBlock;
+  const int64_t wanted =
+      (kColumnSumTargetBlocks + col_blocks - 1) / std::max<int64_t>(1, col_blocks);
+  const int64_t by_rows = (rows + kColumnSumMinRowsPerSlab - 1) / kColumnSumMinRowsPerSlab;
+  const int64_t slabs = std::max<int64_t>(1, std::min(wanted, by_rows));
+  return std::max<int64_t>(1, (rows + slabs - 1) / slabs);
+}
+inline int64_t ColumnSumSlabs(int64_t rows, int64_t cols) {
+  const int64_t per_slab = ColumnSumRowsPerSlab(rows, cols);
+  return std::max<int64_t>(1, (rows + per_slab - 1) / per_slab);
+}
 
 // One tensor of a multi-tensor op (UnscaleAndCheck, GradLog2Histogram).
 struct GradSpan {
@@ -47,6 +71,11 @@ struct TransformArgs {
   const float* found_inf = nullptr;  // (1), required
   const float* norm_sq = nullptr;    // (1) or nullptr
   float max_grad_norm = 0.0f;
+  // The backend's mapped error word (or nullptr). A bad id or label found
+  // earlier in the step is only reported at the next synchronisation; the
+  // optimizer reads the word first and skips the update, so a step with
+  // invalid input never reaches the weights.
+  const int* error_flags = nullptr;
 };
 
 struct AdamArgs {
@@ -78,8 +107,10 @@ absl::Status LaunchAdd(const void* x, DType x_dtype, void* y, DType y_dtype, int
                        cudaStream_t stream);
 absl::Status LaunchAddBias(const void* bias, DType bias_dtype, void* y, DType y_dtype, int64_t rows,
                            int64_t cols, cudaStream_t stream);
+// partials: ColumnSumSlabs(rows, cols) * cols floats of scratch when that
+// count is > 1, else unused (may be nullptr).
 absl::Status LaunchBiasGrad(const void* dy, DType dy_dtype, int64_t rows, int64_t cols, float beta,
-                            void* dbias, DType dbias_dtype, cudaStream_t stream);
+                            void* dbias, DType dbias_dtype, float* partials, cudaStream_t stream);
 
 absl::Status LaunchActivationForward(Activation act, const void* x, void* y, DType dtype, int64_t n,
                                      cudaStream_t stream);
@@ -89,19 +120,26 @@ absl::Status LaunchActivationBackward(Activation act, const void* x, const void*
 absl::Status LaunchLayerNormForward(const void* x, DType dtype, const void* gamma, const void* beta,
                                     DType param_dtype, int64_t rows, int64_t cols, float eps,
                                     void* y, float* mean, float* rstd, cudaStream_t stream);
+// partials: 2 * ColumnSumSlabs(rows, cols) * cols floats of scratch when
+// that count is > 1 and dgamma or dbeta is given, else unused.
 absl::Status LaunchLayerNormBackward(const void* x, DType dtype, const void* gamma,
                                      DType gamma_dtype, const float* mean, const float* rstd,
                                      const void* dy, void* dx, void* dgamma, DType dgamma_dtype,
                                      void* dbeta, DType dbeta_dtype, int64_t rows, int64_t cols,
-                                     cudaStream_t stream);
+                                     float* partials, cudaStream_t stream);
 
 absl::Status LaunchEmbeddingForward(const void* ids, DType id_dtype, int64_t n, const void* table,
                                     DType dtype, int64_t vocab, int64_t cols, void* out,
                                     int* error_flags, cudaStream_t stream);
-// dtable (vocab, cols) F32 += scatter of dout (n, cols).
+// dtable (vocab, cols) += scatter of dout (n, cols), deterministic: each
+// touched row becomes round(old + (c1 + c2 + ...)) with its contributions
+// summed in fp32 in batch order, as the CPU oracle does. Needs `scratch` of
+// EmbeddingBackwardScratchBytes(n, vocab) bytes (256-byte aligned).
+absl::Status EmbeddingBackwardScratchBytes(int64_t n, int64_t vocab, size_t* bytes);
 absl::Status LaunchEmbeddingBackward(const void* ids, DType id_dtype, int64_t n, const void* dout,
-                                     DType dout_dtype, float* dtable, int64_t vocab, int64_t cols,
-                                     int* error_flags, cudaStream_t stream);
+                                     DType dout_dtype, void* dtable, DType dtable_dtype,
+                                     int64_t vocab, int64_t cols, void* scratch,
+                                     size_t scratch_bytes, int* error_flags, cudaStream_t stream);
 
 // partials: kMaxReductionBlocks floats of scratch.
 absl::Status LaunchMseLoss(const void* pred, DType dtype, const float* target, int64_t n,
@@ -112,8 +150,14 @@ absl::Status LaunchCrossEntropy(const void* logits, DType dtype, const void* lab
                                 float grad_scale, float* loss, void* dlogits, float* partials,
                                 int* error_flags, cudaStream_t stream);
 
+// norm_sq (if not null) += sum of (g * inv_scale)^2, two-stage: each block
+// writes its partial to `partials` (UnscaleAndCheckBlocks(grads, count)
+// floats of scratch; unused when norm_sq is null), then one block adds them
+// in a fixed order, so the norm is bitwise reproducible.
+int64_t UnscaleAndCheckBlocks(const GradSpan* grads, int count);
 absl::Status LaunchUnscaleAndCheck(const GradSpan* grads, int count, float inv_scale, bool in_place,
-                                   float* found_inf, float* norm_sq, cudaStream_t stream);
+                                   float* found_inf, float* norm_sq, float* partials,
+                                   cudaStream_t stream);
 absl::Status LaunchAdamUpdate(const ParamSpan* params, int count, const AdamArgs& args,
                               const TransformArgs& transform, cudaStream_t stream);
 absl::Status LaunchSgdUpdate(const ParamSpan* params, int count, const SgdArgs& args,

@@ -1,6 +1,8 @@
 // The second stage of the deterministic loss reductions: one block adds the
 // per-block partial sums in a fixed order and writes
-//   loss[0] = (sum / count) * multiplier.
+//   loss[0] = multiplier * (sum * inv_count)
+// with inv_count = 1 / count rounded on the host: the CPU oracle's
+// (kernels/cpu/cpu_loss.cc) exact operation order.
 #pragma once
 
 #include "kernels/cuda/device_common.cuh"
@@ -9,12 +11,12 @@ namespace ampd::kernels::cuda {
 
 // A template so that the header may define it in every .cu that includes it.
 template <int kUnused = 0>
-__global__ void finalize_loss_kernel(const float* partials, int num_partials, float count,
+__global__ void finalize_loss_kernel(const float* partials, int num_partials, float inv_count,
                                      float multiplier, float* loss) {
   float sum = 0.0f;
   for (int i = threadIdx.x; i < num_partials; i += blockDim.x) sum += partials[i];
   sum = BlockSum(sum);
-  if (threadIdx.x == 0) loss[0] = sum / count * multiplier;
+  if (threadIdx.x == 0) loss[0] = multiplier * (sum * inv_count);
 }
 
 }  // namespace ampd::kernels::cuda

@@ -46,7 +46,14 @@ absl::StatusOr<DevicePool::Block*> DevicePool::Allocate(size_t bytes, cudaStream
     it->second.pop_back();
     stats_.cached_bytes -= static_cast<int64_t>(size);
     if (block->event_valid && block->last_stream != stream) {
-      AMPD_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, block->freed, 0));
+      const cudaError_t error = cudaStreamWaitEvent(stream, block->freed, 0);
+      if (error != cudaSuccess) {
+        // Not handed out: back on its list, or the pool would lose track of
+        // it (neither cached nor owned, never freed).
+        it->second.push_back(block);
+        stats_.cached_bytes += static_cast<int64_t>(size);
+        AMPD_CUDA_RETURN_IF_ERROR(error);
+      }
     }
     block->last_stream = stream;
     return block;

@@ -1,7 +1,8 @@
-// MSE loss: loss = multiplier * mean((pred - target)^2) and, in the same
-// pass, dpred = grad_scale * multiplier * 2 (pred - target) / n rounded to
-// pred's dtype. The sum is two-stage (per-block partials, then one block),
-// so the loss is bitwise reproducible run to run, unlike an atomicAdd.
+// MSE loss: loss = multiplier * (sum((pred - target)^2) * (1/n)) and, in the
+// same pass, dpred = (grad_scale * multiplier * 2 * (1/n)) (pred - target)
+// rounded to pred's dtype (the CPU oracle's operation order). n == 0 is
+// refused by the backend (the mean of no elements). The sum is two-stage (per-block partials, then
+// one block), so the loss is bitwise reproducible run to run, unlike an atomicAdd.
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/launchers.h"
@@ -30,11 +31,13 @@ absl::Status LaunchMseLoss(const void* pred, DType dtype, const float* target, i
                            float multiplier, float grad_scale, float* loss, void* dpred,
                            float* partials, cudaStream_t stream) {
   const int blocks = static_cast<int>(std::min<int64_t>(GridFor(n), int64_t{kMaxReductionBlocks}));
-  const float fn = static_cast<float>(n);
-  const float coef = grad_scale * multiplier * 2.0f / fn;
+  // Multiplied by the reciprocal in the CPU oracle's order, so that dpred
+  // (one product per element) is bitwise the CPU's.
+  const float inv_count = 1.0f / static_cast<float>(n);
+  const float coef = grad_scale * multiplier * 2.0f * inv_count;
   mse_loss_kernel<<<blocks, kThreads, 0, stream>>>(pred, dtype, target, n, coef, dpred, partials);
   AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();
-  finalize_loss_kernel<><<<1, kThreads, 0, stream>>>(partials, blocks, fn, multiplier, loss);
+  finalize_loss_kernel<><<<1, kThreads, 0, stream>>>(partials, blocks, inv_count, multiplier, loss);
   AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }

@@ -19,6 +19,17 @@ struct GradFactor {
   float clip;
 };
 
+// True when the step must write nothing: found_inf is set, or an earlier op
+// of this step raised a bit in the mapped error word (a bad embedding id or
+// label, not reported to the host until the next synchronisation). The word
+// is read volatile: it lives in host memory and is written by other kernels.
+__device__ __forceinline__ bool SkipStep(const TransformArgs& t) {
+  if (t.found_inf[0] != 0.0f) return true;
+  if (t.error_flags == nullptr) return false;
+  const volatile int* word = t.error_flags;
+  return *word != 0;
+}
+
 __device__ __forceinline__ GradFactor ReadGradFactor(const TransformArgs& t) {
   float clip = 1.0f;
   if (t.norm_sq != nullptr && t.max_grad_norm > 0.0f) {

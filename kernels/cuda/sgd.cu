@@ -3,7 +3,9 @@
 //   momentum != 0: buf = first_step ? g : momentum buf + (1 - dampening) g
 //                  g = nesterov ? g + momentum buf : buf
 //   w = w - lr g;  working = round(w)
-// Skipped entirely (no writes) when found_inf[0] != 0, read on the device.
+// Skipped entirely (no writes) when found_inf[0] != 0 or the backend's
+// mapped error word is set (a bad id/label earlier in the step), both read
+// on the device.
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/optimizer_common.cuh"
 
@@ -35,7 +37,7 @@ __device__ __forceinline__ void SgdTile(const ParamSpan& p, int64_t begin, const
 
 __global__ void sgd_kernel(const __grid_constant__ TensorChunk<ParamSpan> chunk, const SgdArgs args,
                            const TransformArgs transform) {
-  if (transform.found_inf[0] != 0.0f) return;  // skipped step: write nothing
+  if (SkipStep(transform)) return;  // skipped step: write nothing
   const GradFactor factor = ReadGradFactor(transform);
   const int t = ChunkTensorOf(chunk, static_cast<int>(blockIdx.x));
   const ParamSpan& p = chunk.entry[t];

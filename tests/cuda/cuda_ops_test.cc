@@ -1,12 +1,15 @@
 // Each Backend op on cuda:0 compared with the CPU oracle on the same seeded
 // random inputs, for every float dtype. Elementwise ops that are one fp32
-// operation and one rounding (Fill, Cast, Add, AddBias, ReLU) and
-// ReadScalars must match bitwise;
+// operation and one rounding (Fill, Cast, Add, AddBias, ReLU forward and
+// backward, MSE's gradient), the embedding gather and scatter (same order of
+// fp32 adds as the CPU) and ReadScalars must match bitwise; reductions must
+// be bitwise reproducible run to run;
 // the rest within a few ulps of the dtype (transcendentals and summation
 // order differ between CUDA and glibc/serial loops).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -217,6 +220,31 @@ TEST_P(CudaDTypeTest, BiasGrad) {
   }
 }
 
+TEST_P(CudaDTypeTest, BiasGradTallIsSplitIntoSlabsAndReproducible) {
+  // 6000 rows over 3 column blocks: the rows are split into slabs whose
+  // partials a second pass adds in a fixed order.
+  const DType dt = GetParam();
+  const int64_t rows = 6000, cols = 70;
+  const auto dyv = RandomValues(rows * cols, 32, -1, 1, dt);
+  const auto dbv = RandomValues(cols, 33, -1, 1, dt);
+  Tensor cdy = Upload(*cpu_, dt, {rows, cols}, dyv), gdy = Upload(*gpu_, dt, {rows, cols}, dyv);
+  Tensor cdb = Upload(*cpu_, dt, {cols}, dbv);
+  AMPD_EXPECT_OK(cpu_->BiasGrad(cdy, 0.5f, cdb));
+  std::vector<uint8_t> first;
+  for (int run = 0; run < 2; ++run) {
+    Tensor gdb = Upload(*gpu_, dt, {cols}, dbv);
+    AMPD_EXPECT_OK(gpu_->BiasGrad(gdy, 0.5f, gdb));
+    Tolerance tol = ElementwiseTolerance(dt);
+    tol.atol += static_cast<float>(rows) * 6e-8f;
+    EXPECT_TRUE(AllClose(Download(*cpu_, cdb), Download(*gpu_, gdb), tol));
+    if (run == 0) {
+      first = DownloadBytes(*gpu_, gdb);
+    } else {
+      EXPECT_EQ(DownloadBytes(*gpu_, gdb), first);
+    }
+  }
+}
+
 TEST_P(CudaDTypeTest, ActivationsForwardAndBackward) {
   const DType dt = GetParam();
   const int64_t n = 5000;
@@ -236,6 +264,32 @@ TEST_P(CudaDTypeTest, ActivationsForwardAndBackward) {
         << "forward " << static_cast<int>(act);
     EXPECT_TRUE(AllClose(Download(*cpu_, cdx), Download(*gpu_, gdx), tol))
         << "backward " << static_cast<int>(act);
+  }
+}
+
+TEST_P(CudaDTypeTest, ReluBackwardSelectsBitwiseLikeCpu) {
+  // dx = x > 0 ? dy : 0: an inf or NaN dy at x <= 0 gives 0 (a product
+  // would give NaN), a negative dy at x <= 0 gives +0 (not -0), NaN x gives 0.
+  const DType dt = GetParam();
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> xv = {-1.0f, 0.0f, -0.0f, -2.0f, -3.0f, nan, 2.0f, 1e-3f, -1e-3f};
+  std::vector<float> dyv = {inf, -inf, nan, -5.0f, -0.0f, 1.0f, -7.0f, inf, -2.0f};
+  const auto rx = RandomValues(1000, 42, -3, 3, dt);
+  const auto rdy = RandomValues(1000, 43, -3, 3, dt);
+  xv.insert(xv.end(), rx.begin(), rx.end());
+  dyv.insert(dyv.end(), rdy.begin(), rdy.end());
+  const int64_t n = static_cast<int64_t>(xv.size());
+  Tensor cx = Upload(*cpu_, dt, {n}, xv), gx = Upload(*gpu_, dt, {n}, xv);
+  Tensor cdy = Upload(*cpu_, dt, {n}, dyv), gdy = Upload(*gpu_, dt, {n}, dyv);
+  Tensor cdx = *cpu_->Allocate(dt, {n}), gdx = *gpu_->Allocate(dt, {n});
+  AMPD_EXPECT_OK(cpu_->ActivationBackward(Activation::kReLU, cx, cdy, cdx));
+  AMPD_EXPECT_OK(gpu_->ActivationBackward(Activation::kReLU, gx, gdy, gdx));
+  EXPECT_EQ(DownloadBytes(*cpu_, cdx), DownloadBytes(*gpu_, gdx));
+  const std::vector<float> got = Download(*gpu_, gdx);
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(got[i], 0.0f) << i;
+    EXPECT_FALSE(std::signbit(got[i])) << i;
   }
 }
 
@@ -280,6 +334,48 @@ TEST_P(CudaDTypeTest, LayerNormForwardAndBackward) {
   }
 }
 
+TEST_P(CudaDTypeTest, LayerNormBackwardTallSlabsAliasAndReproducible) {
+  // Enough rows for several row slabs in the dgamma/dbeta pass; dx written
+  // over dy (the column pass must have read dy first); the result the same
+  // bits as the non-aliased call, and the same bits on a second run.
+  const DType dt = GetParam();
+  const int64_t rows = 4000, cols = 96;
+  const auto xv = RandomValues(rows * cols, 55, -2, 4, dt);
+  const auto gv = RandomValues(cols, 56, 0.5f, 1.5f, dt);
+  const auto dyv = RandomValues(rows * cols, 57, -1, 1, dt);
+  const auto pgv = RandomValues(cols, 58, -1, 1, dt);
+  Tensor cx = Upload(*cpu_, dt, {rows, cols}, xv), gx = Upload(*gpu_, dt, {rows, cols}, xv);
+  Tensor cg = Upload(*cpu_, dt, {cols}, gv), gg = Upload(*gpu_, dt, {cols}, gv);
+  Tensor cy = *cpu_->Allocate(dt, {rows, cols}), gy = *gpu_->Allocate(dt, {rows, cols});
+  Tensor cm = *cpu_->Allocate(DType::kF32, {rows}), gm = *gpu_->Allocate(DType::kF32, {rows});
+  Tensor cr = *cpu_->Allocate(DType::kF32, {rows}), gr = *gpu_->Allocate(DType::kF32, {rows});
+  AMPD_EXPECT_OK(cpu_->LayerNormForward(cx, &cg, nullptr, 1e-5f, cy, cm, cr));
+  AMPD_EXPECT_OK(gpu_->LayerNormForward(gx, &gg, nullptr, 1e-5f, gy, gm, gr));
+  Tensor cdy = Upload(*cpu_, dt, {rows, cols}, dyv);
+  Tensor cdx = *cpu_->Allocate(dt, {rows, cols});
+  Tensor cdg = Upload(*cpu_, dt, {cols}, pgv), cdb = Upload(*cpu_, dt, {cols}, pgv);
+  AMPD_EXPECT_OK(cpu_->LayerNormBackward(cx, &cg, cm, cr, cdy, cdx, &cdg, &cdb));
+  std::vector<std::vector<uint8_t>> first;
+  for (bool aliased : {false, true}) {
+    Tensor gdy = Upload(*gpu_, dt, {rows, cols}, dyv);
+    Tensor separate = *gpu_->Allocate(dt, {rows, cols});
+    Tensor& gdx = aliased ? gdy : separate;
+    Tensor gdg = Upload(*gpu_, dt, {cols}, pgv), gdb = Upload(*gpu_, dt, {cols}, pgv);
+    AMPD_EXPECT_OK(gpu_->LayerNormBackward(gx, &gg, gm, gr, gdy, gdx, &gdg, &gdb));
+    Tolerance tol = ElementwiseTolerance(dt);
+    tol.atol += 1e-5f + static_cast<float>(rows) * 1e-6f;
+    EXPECT_TRUE(AllClose(Download(*cpu_, cdg), Download(*gpu_, gdg), tol)) << aliased;
+    EXPECT_TRUE(AllClose(Download(*cpu_, cdb), Download(*gpu_, gdb), tol)) << aliased;
+    std::vector<std::vector<uint8_t>> bits = {DownloadBytes(*gpu_, gdx), DownloadBytes(*gpu_, gdg),
+                                              DownloadBytes(*gpu_, gdb)};
+    if (!aliased) {
+      first = bits;
+    } else {
+      EXPECT_EQ(bits, first) << "aliased dx differs, or the reduction is not reproducible";
+    }
+  }
+}
+
 TEST_P(CudaDTypeTest, EmbeddingForwardAndBackward) {
   const DType dt = GetParam();
   const int64_t vocab = 50, cols = 40, n = 500;  // n >> vocab: ids repeat
@@ -297,9 +393,49 @@ TEST_P(CudaDTypeTest, EmbeddingForwardAndBackward) {
     Tensor cdo = Upload(*cpu_, dt, {n, cols}, dov), gdo = Upload(*gpu_, dt, {n, cols}, dov);
     AMPD_EXPECT_OK(cpu_->EmbeddingBackward(cid, cdo, ct));
     AMPD_EXPECT_OK(gpu_->EmbeddingBackward(gid, gdo, gt));
-    Tolerance tol = ElementwiseTolerance(dt);
-    tol.atol += 1e-5f;  // ~10 atomic adds per row in arbitrary order
-    EXPECT_TRUE(AllClose(Download(*cpu_, ct), Download(*gpu_, gt), tol)) << DTypeName(idt);
+    // Same fp32 adds in the same (batch) order per row, one rounding.
+    EXPECT_EQ(DownloadBytes(*cpu_, ct), DownloadBytes(*gpu_, gt)) << DTypeName(idt);
+  }
+}
+
+TEST_P(CudaDTypeTest, EmbeddingBackwardIsBitExactForEveryDoutDTypeAndSkewedIds) {
+  // A large vocabulary mostly untouched, one id repeated thousands of times
+  // (a padding token), others a few times; dout in every float dtype.
+  const DType dt = GetParam();
+  const int64_t vocab = 30000, cols = 200, n = 6000;
+  std::vector<int64_t> ids = RandomIds(n, 63, vocab);
+  for (int64_t i = 0; i < n; i += 2) ids[static_cast<size_t>(i)] = 7;
+  for (int64_t i = 1; i < n; i += 50) ids[static_cast<size_t>(i)] = vocab - 1;
+  const auto tv = RandomValues(vocab * cols, 64, -1, 1, dt);
+  for (DType dout_dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const auto dov = RandomValues(n * cols, 65, -1, 1, dout_dt);
+    Tensor cid = UploadIds(*cpu_, DType::kI64, {n}, ids);
+    Tensor gid = UploadIds(*gpu_, DType::kI64, {n}, ids);
+    Tensor ct = Upload(*cpu_, dt, {vocab, cols}, tv), gt = Upload(*gpu_, dt, {vocab, cols}, tv);
+    Tensor cdo = Upload(*cpu_, dout_dt, {n, cols}, dov);
+    Tensor gdo = Upload(*gpu_, dout_dt, {n, cols}, dov);
+    AMPD_EXPECT_OK(cpu_->EmbeddingBackward(cid, cdo, ct));
+    AMPD_EXPECT_OK(gpu_->EmbeddingBackward(gid, gdo, gt));
+    EXPECT_EQ(DownloadBytes(*cpu_, ct), DownloadBytes(*gpu_, gt)) << DTypeName(dout_dt);
+  }
+}
+
+TEST_F(CudaVsCpuTest, EmbeddingForwardCopiesRawBits) {
+  // NaN payloads survive the gather (a trip through fp32 would canonicalise
+  // them), like the CPU's memcpy.
+  for (DType dt : {DType::kF16, DType::kBF16, DType::kF32}) {
+    const int64_t cols = 4;
+    std::vector<uint8_t> raw(static_cast<size_t>(2 * cols) * SizeOf(dt));
+    for (size_t i = 0; i < raw.size(); ++i) raw[i] = static_cast<uint8_t>(0xFF - 3 * i);
+    Tensor ct = *cpu_->Allocate(dt, {2, cols}), gt = *gpu_->Allocate(dt, {2, cols});
+    AMPD_EXPECT_OK(cpu_->CopyFromHost(raw.data(), raw.size(), ct));
+    AMPD_EXPECT_OK(gpu_->CopyFromHost(raw.data(), raw.size(), gt));
+    Tensor cid = UploadIds(*cpu_, DType::kI32, {3}, {1, 0, 1});
+    Tensor gid = UploadIds(*gpu_, DType::kI32, {3}, {1, 0, 1});
+    Tensor co = *cpu_->Allocate(dt, {3, cols}), go = *gpu_->Allocate(dt, {3, cols});
+    AMPD_EXPECT_OK(cpu_->EmbeddingForward(cid, ct, co));
+    AMPD_EXPECT_OK(gpu_->EmbeddingForward(gid, gt, go));
+    EXPECT_EQ(DownloadBytes(*cpu_, co), DownloadBytes(*gpu_, go)) << DTypeName(dt);
   }
 }
 
@@ -338,7 +474,8 @@ TEST_P(CudaDTypeTest, MseLoss) {
   AMPD_EXPECT_OK(cpu_->MseLoss(cp, ct, 0.5f, 1024.0f, cl, cd));
   AMPD_EXPECT_OK(gpu_->MseLoss(gp, gt, 0.5f, 1024.0f, gl, gd));
   EXPECT_TRUE(AllClose(Download(*cpu_, cl), Download(*gpu_, gl), {1e-5f, 0.0f}));
-  EXPECT_TRUE(AllClose(Download(*cpu_, cd), Download(*gpu_, gd), ElementwiseTolerance(dt)));
+  // One subtraction and one multiply by the CPU's coefficient per element.
+  EXPECT_EQ(DownloadBytes(*cpu_, cd), DownloadBytes(*gpu_, gd));
 }
 
 TEST_P(CudaDTypeTest, CrossEntropyLoss) {
@@ -357,7 +494,80 @@ TEST_P(CudaDTypeTest, CrossEntropyLoss) {
     Tolerance tol = ElementwiseTolerance(dt);
     tol.atol += 65536.0f / rows * 1e-7f;
     EXPECT_TRUE(AllClose(Download(*cpu_, cd), Download(*gpu_, gd), tol)) << DTypeName(idt);
+    // In place (dlogits == logits): the label logit is read before any
+    // store, so loss and gradient are the non-aliased bits.
+    Tensor gl2 = *gpu_->Allocate(DType::kF32, {1});
+    AMPD_EXPECT_OK(gpu_->CrossEntropyLoss(gx, gy, 1.0f, 65536.0f, gl2, gx));
+    EXPECT_EQ(DownloadBytes(*gpu_, gl2), DownloadBytes(*gpu_, gl)) << "aliased loss";
+    EXPECT_EQ(DownloadBytes(*gpu_, gx), DownloadBytes(*gpu_, gd)) << "aliased dlogits";
   }
+}
+
+TEST_F(CudaVsCpuTest, CrossEntropyLossHasNoCancellationForLargeLogits) {
+  // Logits around 1e4: max + log(sum) - x[label] would lose every digit
+  // of the loss to cancellation; log(sum) - (x[label] - max) keeps them.
+  const std::vector<float> lv = {10000.0f, 10001.0f, 9999.0f, 10000.5f};
+  Tensor cx = Upload(*cpu_, DType::kF32, {1, 4}, lv), gx = Upload(*gpu_, DType::kF32, {1, 4}, lv);
+  Tensor cy = UploadIds(*cpu_, DType::kI64, {1}, {1}), gy = UploadIds(*gpu_, DType::kI64, {1}, {1});
+  Tensor cl = *cpu_->Allocate(DType::kF32, {1}), gl = *gpu_->Allocate(DType::kF32, {1});
+  Tensor cd = *cpu_->Allocate(DType::kF32, {1, 4}), gd = *gpu_->Allocate(DType::kF32, {1, 4});
+  AMPD_EXPECT_OK(cpu_->CrossEntropyLoss(cx, cy, 1.0f, 1.0f, cl, cd));
+  AMPD_EXPECT_OK(gpu_->CrossEntropyLoss(gx, gy, 1.0f, 1.0f, gl, gd));
+  EXPECT_TRUE(AllClose(Download(*cpu_, cl), Download(*gpu_, gl), {1e-5f, 0.0f}));
+}
+
+TEST_F(CudaVsCpuTest, DegenerateShapesAreRefusedWithTheCpuMessages) {
+  // Each case: the same InvalidArgument, word for word, on both backends.
+  auto expect_same = [](const absl::Status& cpu, const absl::Status& gpu, const char* what) {
+    EXPECT_EQ(cpu.code(), absl::StatusCode::kInvalidArgument) << what << ": " << cpu;
+    EXPECT_EQ(gpu.code(), absl::StatusCode::kInvalidArgument) << what << ": " << gpu;
+    EXPECT_EQ(gpu.message(), cpu.message()) << what;
+  };
+  std::vector<std::unique_ptr<Backend>*> both = {&cpu_, &gpu_};
+  std::vector<absl::Status> st;
+  // MseLoss on no elements.
+  for (auto* b : both) {
+    Tensor p = *(*b)->Allocate(DType::kF32, {0, 3}), t = *(*b)->Allocate(DType::kF32, {0, 3});
+    Tensor d = *(*b)->Allocate(DType::kF32, {0, 3}), l = *(*b)->Allocate(DType::kF32, {1});
+    st.push_back((*b)->MseLoss(p, t, 1.0f, 1.0f, l, d));
+  }
+  expect_same(st[0], st[1], "MseLoss");
+  st.clear();
+  // CrossEntropyLoss on no rows.
+  for (auto* b : both) {
+    Tensor x = *(*b)->Allocate(DType::kF32, {0, 5}), d = *(*b)->Allocate(DType::kF32, {0, 5});
+    Tensor y = *(*b)->Allocate(DType::kI64, {0}), l = *(*b)->Allocate(DType::kF32, {1});
+    st.push_back((*b)->CrossEntropyLoss(x, y, 1.0f, 1.0f, l, d));
+  }
+  expect_same(st[0], st[1], "CrossEntropyLoss");
+  st.clear();
+  // LayerNormForward on zero columns.
+  for (auto* b : both) {
+    Tensor x = *(*b)->Allocate(DType::kF32, {3, 0}), y = *(*b)->Allocate(DType::kF32, {3, 0});
+    Tensor m = *(*b)->Allocate(DType::kF32, {3}), r = *(*b)->Allocate(DType::kF32, {3});
+    st.push_back((*b)->LayerNormForward(x, nullptr, nullptr, 1e-5f, y, m, r));
+  }
+  expect_same(st[0], st[1], "LayerNormForward");
+  st.clear();
+  // LayerNormBackward asked for dgamma without gamma.
+  for (auto* b : both) {
+    Tensor x = Upload(**b, DType::kF32, {2, 4}, RandomValues(8, 66, -1, 1, DType::kF32));
+    Tensor dy = Upload(**b, DType::kF32, {2, 4}, RandomValues(8, 67, -1, 1, DType::kF32));
+    Tensor dx = *(*b)->Allocate(DType::kF32, {2, 4});
+    Tensor m = Upload(**b, DType::kF32, {2}, {0.0f, 0.0f});
+    Tensor r = Upload(**b, DType::kF32, {2}, {1.0f, 1.0f});
+    Tensor dg = Upload(**b, DType::kF32, {4}, {0.0f, 0.0f, 0.0f, 0.0f});
+    st.push_back((*b)->LayerNormBackward(x, nullptr, m, r, dy, dx, &dg, nullptr));
+  }
+  expect_same(st[0], st[1], "LayerNormBackward");
+  st.clear();
+  // GradLog2Histogram counts of the right size but rank 2.
+  for (auto* b : both) {
+    Tensor counts = *(*b)->Allocate(DType::kI64, {1, kGradHistogramBins});
+    const std::vector<const Tensor*> none;
+    st.push_back((*b)->GradLog2Histogram(none, counts));
+  }
+  expect_same(st[0], st[1], "GradLog2Histogram");
 }
 
 TEST_P(CudaDTypeTest, GradLog2HistogramCountsExactly) {

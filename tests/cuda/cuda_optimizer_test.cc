@@ -1,7 +1,8 @@
 // Loss-scaling and fused-optimizer ops on cuda:0 against the CPU oracle:
 // UnscaleAndCheck (norm, in-place, a single inf or NaN anywhere in a list of
-// tensors), Adam/AdamW and SGD with unscaling, clipping and working-copy
-// recast, and the skip path, which must leave every byte unchanged.
+// tensors; the norm bitwise reproducible), Adam/AdamW and SGD with
+// unscaling, clipping and working-copy recast, and the skip paths (found_inf,
+// or a bad id earlier in the step), which must leave every byte unchanged.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -213,6 +214,60 @@ TEST_P(CudaDTypeTest, SkippedStepLeavesEverythingBitwiseUnchanged) {
   sgd.momentum = 0.9f;
   AMPD_EXPECT_OK(gpu_->SgdUpdate(refs, sgd, false, t));
   EXPECT_EQ(Snapshot(*gpu_, g, working), before) << "SgdUpdate wrote on a skipped step";
+}
+
+TEST_P(CudaDTypeTest, NormSqIsBitwiseReproducible) {
+  // Two-stage reduction (per-block partials, then one fixed-order block):
+  // the same gradients must give the same bits every time, which a
+  // per-block atomicAdd does not guarantee. More than kChunkTensors (24)
+  // tensors, so the partials span several launches.
+  const DType dt = GetParam();
+  std::vector<Tensor> grads;
+  for (int i = 0; i < 30; ++i) {
+    const int64_t n = 70001 + 977 * i;
+    grads.push_back(
+        Upload(*gpu_, dt, {n}, RandomValues(n, 700 + static_cast<uint32_t>(i), -512, 512, dt)));
+  }
+  std::vector<Tensor*> ptrs;
+  for (Tensor& g : grads) ptrs.push_back(&g);
+  std::vector<uint8_t> first;
+  for (int run = 0; run < 3; ++run) {
+    Tensor found = Scalar(*gpu_, 0);
+    Tensor norm = Scalar(*gpu_, 0.25f);
+    AMPD_EXPECT_OK(gpu_->UnscaleAndCheck(ptrs, 1.0f / 1024, false, found, &norm));
+    const std::vector<uint8_t> bits = DownloadBytes(*gpu_, norm);
+    if (run == 0) {
+      first = bits;
+    } else {
+      EXPECT_EQ(bits, first) << "run " << run;
+    }
+  }
+}
+
+TEST_F(CudaVsCpuTest, BadEmbeddingIdSkipsTheFollowingOptimizerStep) {
+  // A bad id is reported only at the next synchronisation, but the fused
+  // optimizer reads the device error word and must not update on that step.
+  const DType dt = DType::kF16;
+  std::vector<Param> g = MakeParams(*gpu_, dt, true, 800);
+  const auto before = Snapshot(*gpu_, g, true);
+  Tensor table = Upload(*gpu_, DType::kF32, {4, 8}, RandomValues(32, 801, -1, 1, DType::kF32));
+  Tensor ids = UploadIds(*gpu_, DType::kI32, {2}, {1, 4});
+  Tensor out = *gpu_->Allocate(DType::kF32, {2, 8});
+  AMPD_EXPECT_OK(gpu_->EmbeddingForward(ids, table, out));  // queued; no error yet
+  Tensor found = Scalar(*gpu_, 0.0f);
+  const GradTransform t{1.0f / 1024, &found, nullptr, 0.0f};
+  auto refs = Refs(g, true, true);
+  AMPD_EXPECT_OK(gpu_->AdamUpdate(refs, AdamConfig{}, 1, t));
+  SgdConfig sgd;
+  sgd.momentum = 0.9f;
+  AMPD_EXPECT_OK(gpu_->SgdUpdate(refs, sgd, true, t));
+  const absl::Status s = gpu_->Synchronize();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Mentions(s, "ids")) << s;
+  EXPECT_EQ(Snapshot(*gpu_, g, true), before) << "an optimizer updated after a bad id";
+  // The word was cleared by the report: the next step updates again.
+  AMPD_EXPECT_OK(gpu_->AdamUpdate(refs, AdamConfig{}, 1, t));
+  EXPECT_NE(Snapshot(*gpu_, g, true), before);
 }
 
 TEST_F(CudaVsCpuTest, OptimizerValidationNamesTheOperand) {
