@@ -64,23 +64,10 @@ void BackwardLoop(const typename Tag::Storage* x, const typename Tag::Storage* d
   }
 }
 
-absl::Status CheckAct(absl::string_view op, Activation act) {
-  if (act != Activation::kReLU && act != Activation::kGELU && act != Activation::kTanh) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": unknown activation ", static_cast<int>(act)));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::Status ActivationForward(Activation act, const Tensor& x, Tensor& y) {
-  constexpr absl::string_view kOp = "ActivationForward";
-  if (absl::Status s = CheckAct(kOp, act); !s.ok()) return s;
-  if (absl::Status s = CheckFloat(kOp, "x", x); !s.ok()) return s;
-  if (absl::Status s = CheckFloat(kOp, "y", y); !s.ok()) return s;
-  if (absl::Status s = CheckSameDType(kOp, "y", y, "x", x); !s.ok()) return s;
-  if (absl::Status s = CheckSameShape(kOp, "y", y, "x", x); !s.ok()) return s;
+  if (absl::Status s = ValidateActivationForward(act, x, y); !s.ok()) return s;
   return VisitFloat(x.dtype(), [&](auto tag) {
     using Tag = decltype(tag);
     const auto* in = Ptr<Tag>(x);
@@ -101,15 +88,7 @@ absl::Status ActivationForward(Activation act, const Tensor& x, Tensor& y) {
 }
 
 absl::Status ActivationBackward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) {
-  constexpr absl::string_view kOp = "ActivationBackward";
-  if (absl::Status s = CheckAct(kOp, act); !s.ok()) return s;
-  if (absl::Status s = CheckFloat(kOp, "x", x); !s.ok()) return s;
-  if (absl::Status s = CheckFloat(kOp, "dy", dy); !s.ok()) return s;
-  if (absl::Status s = CheckFloat(kOp, "dx", dx); !s.ok()) return s;
-  if (absl::Status s = CheckSameDType(kOp, "dy", dy, "x", x); !s.ok()) return s;
-  if (absl::Status s = CheckSameDType(kOp, "dx", dx, "x", x); !s.ok()) return s;
-  if (absl::Status s = CheckSameShape(kOp, "dy", dy, "x", x); !s.ok()) return s;
-  if (absl::Status s = CheckSameShape(kOp, "dx", dx, "x", x); !s.ok()) return s;
+  if (absl::Status s = ValidateActivationBackward(act, x, dy, dx); !s.ok()) return s;
   return VisitFloat(x.dtype(), [&](auto tag) {
     using Tag = decltype(tag);
     const auto* in = Ptr<Tag>(x);

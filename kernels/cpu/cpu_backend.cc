@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/cpu_internal.h"
+#include "kernels/op_checks.h"
 
 namespace ampd::kernels {
 namespace {
@@ -54,20 +55,8 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
 
   absl::StatusOr<Tensor> Allocate(DType dtype, const Shape& shape) override {
-    int64_t numel = 1;
-    for (int64_t d : shape) {
-      if (d < 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("Allocate: shape ", ShapeToString(shape), " has a negative dimension"));
-      }
-      // Guard the byte count against int64 overflow before multiplying.
-      if (d != 0 && numel > (int64_t{1} << 56) / d) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("Allocate: shape ", ShapeToString(shape), " is too large"));
-      }
-      numel *= d;
-    }
-    const size_t bytes = static_cast<size_t>(numel) * SizeOf(dtype);
+    if (absl::Status s = ValidateAllocate(shape); !s.ok()) return s;
+    const size_t bytes = static_cast<size_t>(NumElements(shape)) * SizeOf(dtype);
     // aligned_alloc wants a multiple of the alignment; a zero-element tensor
     // still gets one line so data() is non-null and the tensor is not empty().
     const size_t rounded =
@@ -82,32 +71,19 @@ class CpuBackend final : public Backend {
   }
 
   absl::Status CopyFromHost(const void* src, size_t bytes, Tensor& dst) override {
-    if (bytes != dst.nbytes()) {
-      return absl::InvalidArgumentError(absl::StrCat("CopyFromHost: dst is ", dst.DebugString(),
-                                                     " (", dst.nbytes(), " bytes) but ", bytes,
-                                                     " bytes were given"));
-    }
-    if (absl::Status s = cpu::CheckHasMemory("CopyFromHost", "dst", dst); !s.ok()) return s;
+    if (absl::Status s = ValidateCopyFromHost(src, bytes, dst); !s.ok()) return s;
     if (bytes != 0) std::memcpy(dst.data(), src, bytes);
     return absl::OkStatus();
   }
 
   absl::Status CopyToHost(const Tensor& src, void* dst, size_t bytes) override {
-    if (bytes != src.nbytes()) {
-      return absl::InvalidArgumentError(absl::StrCat("CopyToHost: src is ", src.DebugString(), " (",
-                                                     src.nbytes(), " bytes) but ", bytes,
-                                                     " bytes were asked for"));
-    }
-    if (absl::Status s = cpu::CheckHasMemory("CopyToHost", "src", src); !s.ok()) return s;
+    if (absl::Status s = ValidateCopyToHost(src, dst, bytes); !s.ok()) return s;
     if (bytes != 0) std::memcpy(dst, src.data(), bytes);
     return absl::OkStatus();
   }
 
   absl::Status Copy(const Tensor& src, Tensor& dst) override {
-    if (absl::Status s = cpu::CheckSameDType("Copy", "dst", dst, "src", src); !s.ok()) return s;
-    if (absl::Status s = cpu::CheckSameNumel("Copy", "dst", dst, "src", src); !s.ok()) return s;
-    if (absl::Status s = cpu::CheckHasMemory("Copy", "src", src); !s.ok()) return s;
-    if (absl::Status s = cpu::CheckHasMemory("Copy", "dst", dst); !s.ok()) return s;
+    if (absl::Status s = ValidateCopy(src, dst); !s.ok()) return s;
     // memmove: src and dst may be the same tensor.
     if (src.nbytes() != 0) std::memmove(dst.data(), src.data(), src.nbytes());
     return absl::OkStatus();
@@ -119,21 +95,9 @@ class CpuBackend final : public Backend {
 
   absl::Status ReadScalars(absl::Span<const Tensor* const> scalars,
                            absl::Span<float> out) override {
-    if (scalars.size() != out.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("ReadScalars: out has ", out.size(),
-                                                     " elements but scalars has ", scalars.size()));
-    }
     // Every operand is checked before any is read, so a bad call leaves out
-    // untouched (the CUDA backend must validate before it enqueues copies).
-    for (size_t i = 0; i < scalars.size(); ++i) {
-      const std::string name = absl::StrCat("scalars[", i, "]");
-      if (scalars[i] == nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat("ReadScalars: ", name, " is null"));
-      }
-      if (absl::Status s = cpu::CheckScalarF32("ReadScalars", name, *scalars[i]); !s.ok()) {
-        return s;
-      }
-    }
+    // untouched.
+    if (absl::Status s = ValidateReadScalars(scalars, out.size()); !s.ok()) return s;
     for (size_t i = 0; i < scalars.size(); ++i) out[i] = scalars[i]->data_as<float>()[0];
     return absl::OkStatus();
   }

@@ -9,7 +9,7 @@
 namespace ampd::kernels::cpu {
 
 absl::Status Fill(Tensor& dst, float value) {
-  if (absl::Status s = CheckFloat("Fill", "dst", dst); !s.ok()) return s;
+  if (absl::Status s = ValidateFill(dst); !s.ok()) return s;
   return VisitFloat(dst.dtype(), [&](auto tag) {
     using Tag = decltype(tag);
     // Round once, then replicate the stored pattern.
@@ -30,9 +30,7 @@ void CastLoop(const typename SrcTag::Storage* src, typename DstTag::Storage* dst
 }  // namespace
 
 absl::Status Cast(const Tensor& src, Tensor& dst) {
-  if (absl::Status s = CheckFloat("Cast", "src", src); !s.ok()) return s;
-  if (absl::Status s = CheckFloat("Cast", "dst", dst); !s.ok()) return s;
-  if (absl::Status s = CheckSameNumel("Cast", "dst", dst, "src", src); !s.ok()) return s;
+  if (absl::Status s = ValidateCast(src, dst); !s.ok()) return s;
   // Widening is exact and narrowing rounds once; fp16 <-> bf16 goes through
   // fp32, which holds both exactly, so it too is a single rounding.
   return VisitFloat(src.dtype(), [&](auto src_tag) {
@@ -46,9 +44,7 @@ absl::Status Cast(const Tensor& src, Tensor& dst) {
 }
 
 absl::Status Add(const Tensor& x, Tensor& y) {
-  if (absl::Status s = CheckFloat("Add", "x", x); !s.ok()) return s;
-  if (absl::Status s = CheckFloat("Add", "y", y); !s.ok()) return s;
-  if (absl::Status s = CheckSameShape("Add", "x", x, "y", y); !s.ok()) return s;
+  if (absl::Status s = ValidateAdd(x, y); !s.ok()) return s;
   // Both loads are exact widenings, so the only rounding is the fp32 add
   // and the store into y's dtype, whatever mix of dtypes x and y are.
   return VisitFloat(x.dtype(), [&](auto x_tag) {
@@ -67,15 +63,7 @@ absl::Status Add(const Tensor& x, Tensor& y) {
 }
 
 absl::Status AddBias(const Tensor& bias, Tensor& y) {
-  if (absl::Status s = CheckFloat("AddBias", "y", y); !s.ok()) return s;
-  if (absl::Status s = CheckFloat("AddBias", "bias", bias); !s.ok()) return s;
-  if (absl::Status s = CheckRank("AddBias", "y", y, 2); !s.ok()) return s;
-  if (absl::Status s = CheckRank("AddBias", "bias", bias, 1); !s.ok()) return s;
-  if (bias.dim(0) != y.dim(1)) {
-    return absl::InvalidArgumentError(absl::StrCat("AddBias: bias is ", bias.DebugString(),
-                                                   " but y is ", y.DebugString(),
-                                                   "; bias length must equal y's columns"));
-  }
+  if (absl::Status s = ValidateAddBias(bias, y); !s.ok()) return s;
   const int64_t rows = y.dim(0);  // N
   const int64_t cols = y.dim(1);  // C
   // The bias may be stored in any float dtype (the contract leaves it open);
@@ -101,15 +89,7 @@ absl::Status AddBias(const Tensor& bias, Tensor& y) {
 }
 
 absl::Status BiasGrad(const Tensor& dy, float beta, Tensor& dbias) {
-  if (absl::Status s = CheckFloat("BiasGrad", "dy", dy); !s.ok()) return s;
-  if (absl::Status s = CheckFloat("BiasGrad", "dbias", dbias); !s.ok()) return s;
-  if (absl::Status s = CheckRank("BiasGrad", "dy", dy, 2); !s.ok()) return s;
-  if (absl::Status s = CheckRank("BiasGrad", "dbias", dbias, 1); !s.ok()) return s;
-  if (dbias.dim(0) != dy.dim(1)) {
-    return absl::InvalidArgumentError(absl::StrCat("BiasGrad: dbias is ", dbias.DebugString(),
-                                                   " but dy is ", dy.DebugString(),
-                                                   "; dbias length must equal dy's columns"));
-  }
+  if (absl::Status s = ValidateBiasGrad(dy, dbias); !s.ok()) return s;
   const int64_t rows = dy.dim(0);  // N
   const int64_t cols = dy.dim(1);  // C
   // Column sums in fp32, rows added in order 0..N-1 for every column (the

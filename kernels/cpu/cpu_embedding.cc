@@ -14,17 +14,7 @@ namespace ampd::kernels::cpu {
 
 absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out) {
   constexpr absl::string_view kOp = "EmbeddingForward";
-  if (absl::Status s = CheckIndex(kOp, "ids", ids); !s.ok()) return s;
-  if (absl::Status s = CheckRank(kOp, "ids", ids, 1); !s.ok()) return s;
-  if (absl::Status s = CheckFloat(kOp, "table", table); !s.ok()) return s;
-  if (absl::Status s = CheckRank(kOp, "table", table, 2); !s.ok()) return s;
-  if (absl::Status s = CheckSameDType(kOp, "out", out, "table", table); !s.ok()) return s;
-  if (absl::Status s = CheckHasMemory(kOp, "out", out); !s.ok()) return s;
-  if (out.rank() != 2 || out.dim(0) != ids.dim(0) || out.dim(1) != table.dim(1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        kOp, ": out is ", out.DebugString(), " but ids is ", ids.DebugString(), " and table is ",
-        table.DebugString(), "; expected (", ids.dim(0), ", ", table.dim(1), ")"));
-  }
+  if (absl::Status s = ValidateEmbeddingForward(ids, table, out); !s.ok()) return s;
   if (absl::Status s = CheckIdsInRange(kOp, "ids", ids, table.dim(0)); !s.ok()) return s;
   const size_t row_bytes = static_cast<size_t>(table.dim(1)) * SizeOf(table.dtype());
   const auto* src = static_cast<const unsigned char*>(table.data());  // (V, C)
@@ -39,16 +29,7 @@ absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& ou
 
 absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
   constexpr absl::string_view kOp = "EmbeddingBackward";
-  if (absl::Status s = CheckIndex(kOp, "ids", ids); !s.ok()) return s;
-  if (absl::Status s = CheckRank(kOp, "ids", ids, 1); !s.ok()) return s;
-  if (absl::Status s = CheckFloat(kOp, "dout", dout); !s.ok()) return s;
-  if (absl::Status s = CheckFloat(kOp, "dtable", dtable); !s.ok()) return s;
-  if (absl::Status s = CheckRank(kOp, "dtable", dtable, 2); !s.ok()) return s;
-  if (dout.rank() != 2 || dout.dim(0) != ids.dim(0) || dout.dim(1) != dtable.dim(1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        kOp, ": dout is ", dout.DebugString(), " but ids is ", ids.DebugString(), " and dtable is ",
-        dtable.DebugString(), "; expected (", ids.dim(0), ", ", dtable.dim(1), ")"));
-  }
+  if (absl::Status s = ValidateEmbeddingBackward(ids, dout, dtable); !s.ok()) return s;
   if (absl::Status s = CheckIdsInRange(kOp, "ids", ids, dtable.dim(0)); !s.ok()) return s;
   const int64_t count = ids.dim(0);    // N
   const int64_t cols = dtable.dim(1);  // C

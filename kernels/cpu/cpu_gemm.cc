@@ -37,40 +37,13 @@ float* Widen(const Tensor& t, int which) {
 
 absl::Status Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
                   float beta, Tensor& c) {
-  constexpr absl::string_view kOp = "Gemm";
-  if (absl::Status s = CheckFloat(kOp, "a", a); !s.ok()) return s;
-  if (absl::Status s = CheckFloat(kOp, "b", b); !s.ok()) return s;
-  if (absl::Status s = CheckFloat(kOp, "c", c); !s.ok()) return s;
-  if (absl::Status s = CheckRank(kOp, "a", a, 2); !s.ok()) return s;
-  if (absl::Status s = CheckRank(kOp, "b", b, 2); !s.ok()) return s;
-  if (absl::Status s = CheckRank(kOp, "c", c, 2); !s.ok()) return s;
-  if (absl::Status s = CheckSameDType(kOp, "b", b, "a", a); !s.ok()) return s;
-  if (c.dtype() != DType::kF32 && c.dtype() != a.dtype()) {
-    return absl::InvalidArgumentError(absl::StrCat("Gemm: c is ", c.DebugString(), " but a is ",
-                                                   a.DebugString(), "; c must be F32 or ",
-                                                   DTypeName(a.dtype())));
-  }
+  if (absl::Status s = ValidateGemm(trans_a, trans_b, a, b, c); !s.ok()) return s;
   // op(a): (M, K), op(b): (K, N), c: (M, N).
   const int64_t m = trans_a ? a.dim(1) : a.dim(0);
   const int64_t k = trans_a ? a.dim(0) : a.dim(1);
-  const int64_t kb = trans_b ? b.dim(1) : b.dim(0);
   const int64_t n = trans_b ? b.dim(0) : b.dim(1);
-  if (k != kb) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Gemm: b is ", b.DebugString(), (trans_b ? " (transposed)" : ""), " but a is ",
-                     a.DebugString(), (trans_a ? " (transposed)" : ""), "; inner dims differ (", k,
-                     " vs ", kb, ")"));
-  }
-  if (c.dim(0) != m || c.dim(1) != n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Gemm: c is ", c.DebugString(), " but op(a) @ op(b) is (", m, ", ", n, ")"));
-  }
-  // BLAS takes int dimensions.
-  constexpr int64_t kMaxDim = 0x7fffffff;
-  if (m > kMaxDim || n > kMaxDim || k > kMaxDim) {
-    return absl::InvalidArgumentError(absl::StrCat("Gemm: a ", a.DebugString(), " or b ",
-                                                   b.DebugString(), " is too large for BLAS"));
-  }
+  // ValidateGemm has matched op(b)'s rows to k and c to (M, N), and kept
+  // m, n and k within BLAS's int.
   if (m == 0 || n == 0) return absl::OkStatus();
 
   // Row-major leading dimensions are the stored column counts.

@@ -31,19 +31,7 @@ void Count(const typename Tag::Storage* g, int64_t n, int64_t* bins) {
 }  // namespace
 
 absl::Status GradLog2Histogram(absl::Span<const Tensor* const> grads, Tensor& counts) {
-  constexpr absl::string_view kOp = "GradLog2Histogram";
-  if (absl::Status s = CheckDType(kOp, "counts", counts, DType::kI64); !s.ok()) return s;
-  if (counts.rank() != 1 || counts.dim(0) != kGradHistogramBins) {
-    return absl::InvalidArgumentError(absl::StrCat(kOp, ": counts is ", counts.DebugString(),
-                                                   "; expected I64(", kGradHistogramBins, ")"));
-  }
-  for (size_t t = 0; t < grads.size(); ++t) {
-    const std::string name = absl::StrCat("grads[", t, "]");
-    if (grads[t] == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(kOp, ": ", name, " is null"));
-    }
-    if (absl::Status s = CheckFloat(kOp, name, *grads[t]); !s.ok()) return s;
-  }
+  if (absl::Status s = ValidateGradLog2Histogram(grads, counts); !s.ok()) return s;
   int64_t* bins = counts.data_as<int64_t>();  // (kGradHistogramBins)
   for (const Tensor* grad : grads) {
     absl::Status s = VisitFloat(grad->dtype(), [&](auto tag) {

@@ -1,9 +1,8 @@
 // Shared plumbing of the CPU backend, private to kernels/cpu: per-dtype
 // element access (load as fp32, store with one RNE rounding), the dtype
-// dispatch that turns a runtime DType into a compile-time tag, the argument
-// checks every op uses to build its InvalidArgument messages, and the op
-// entry points each cpu_*.cc file implements (cpu_backend.cc forwards the
-// Backend virtuals to them).
+// dispatch that turns a runtime DType into a compile-time tag, the id range
+// check that reads ids on the host, and the op entry points each cpu_*.cc
+// file implements (cpu_backend.cc forwards the Backend virtuals to them).
 #pragma once
 
 #include <cstdint>
@@ -17,6 +16,7 @@
 #include "kernels/backend.h"
 #include "kernels/dtype.h"
 #include "kernels/float16.h"
+#include "kernels/op_checks.h"
 #include "kernels/tensor.h"
 
 namespace ampd::kernels::cpu {
@@ -105,90 +105,8 @@ class ChunkedSum {
 };
 
 // ---- argument checks --------------------------------------------------------
-// Each returns InvalidArgument "<Op>: <operand> is <dtype(shape)> ..." so the
-// engine can pass the message to the client unchanged.
-
-// A tensor with elements must own memory (a default-constructed Tensor has none).
-inline absl::Status CheckHasMemory(absl::string_view op, absl::string_view name, const Tensor& t) {
-  if (t.empty() && t.numel() != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": ", name, " is ", t.DebugString(), " but holds no memory"));
-  }
-  return absl::OkStatus();
-}
-
-inline absl::Status CheckFloat(absl::string_view op, absl::string_view name, const Tensor& t) {
-  if (!IsFloating(t.dtype())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": ", name, " is ", t.DebugString(), "; expected F32, F16 or BF16"));
-  }
-  return CheckHasMemory(op, name, t);
-}
-
-inline absl::Status CheckDType(absl::string_view op, absl::string_view name, const Tensor& t,
-                               DType want) {
-  if (t.dtype() != want) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": ", name, " is ", t.DebugString(), "; expected ", DTypeName(want)));
-  }
-  return CheckHasMemory(op, name, t);
-}
-
-inline absl::Status CheckIndex(absl::string_view op, absl::string_view name, const Tensor& t) {
-  if (t.dtype() != DType::kI32 && t.dtype() != DType::kI64) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": ", name, " is ", t.DebugString(), "; expected I32 or I64"));
-  }
-  return CheckHasMemory(op, name, t);
-}
-
-inline absl::Status CheckRank(absl::string_view op, absl::string_view name, const Tensor& t,
-                              int64_t rank) {
-  if (t.rank() != rank) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": ", name, " is ", t.DebugString(), "; expected rank ", rank));
-  }
-  return absl::OkStatus();
-}
-
-inline absl::Status CheckSameShape(absl::string_view op, absl::string_view name, const Tensor& t,
-                                   absl::string_view ref_name, const Tensor& ref) {
-  if (t.shape() != ref.shape()) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " is ", t.DebugString(), " but ",
-                                                   ref_name, " is ", ref.DebugString(),
-                                                   "; shapes differ"));
-  }
-  return absl::OkStatus();
-}
-
-inline absl::Status CheckSameDType(absl::string_view op, absl::string_view name, const Tensor& t,
-                                   absl::string_view ref_name, const Tensor& ref) {
-  if (t.dtype() != ref.dtype()) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " is ", t.DebugString(), " but ",
-                                                   ref_name, " is ", ref.DebugString(),
-                                                   "; dtypes differ"));
-  }
-  return absl::OkStatus();
-}
-
-inline absl::Status CheckSameNumel(absl::string_view op, absl::string_view name, const Tensor& t,
-                                   absl::string_view ref_name, const Tensor& ref) {
-  if (t.numel() != ref.numel()) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " is ", t.DebugString(), " but ",
-                                                   ref_name, " is ", ref.DebugString(),
-                                                   "; element counts differ"));
-  }
-  return absl::OkStatus();
-}
-
-// A one-element F32 tensor (loss, found_inf, norm_sq).
-inline absl::Status CheckScalarF32(absl::string_view op, absl::string_view name, const Tensor& t) {
-  if (t.dtype() != DType::kF32 || t.numel() != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": ", name, " is ", t.DebugString(), "; expected one F32 element"));
-  }
-  return CheckHasMemory(op, name, t);
-}
+// The dtype and shape rules of every op live in kernels/op_checks.h, shared
+// with the CUDA backend. What stays here needs the data on the host.
 
 // Every id in [0, limit); checked before an op writes anything, so a bad
 // batch leaves the outputs untouched.

@@ -11,45 +11,6 @@
 namespace ampd::kernels::cpu {
 namespace {
 
-// gamma/beta when given: (C) of x's dtype.
-absl::Status CheckAffine(absl::string_view op, absl::string_view name, const Tensor* p,
-                         const Tensor& x) {
-  if (p == nullptr) return absl::OkStatus();
-  if (absl::Status s = CheckSameDType(op, name, *p, "x", x); !s.ok()) return s;
-  if (absl::Status s = CheckHasMemory(op, name, *p); !s.ok()) return s;
-  if (p->rank() != 1 || p->dim(0) != x.dim(1)) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " is ", p->DebugString(),
-                                                   " but x is ", x.DebugString(), "; expected (",
-                                                   x.dim(1), ")"));
-  }
-  return absl::OkStatus();
-}
-
-// mean/rstd: (N) F32.
-absl::Status CheckStat(absl::string_view op, absl::string_view name, const Tensor& t,
-                       const Tensor& x) {
-  if (absl::Status s = CheckDType(op, name, t, DType::kF32); !s.ok()) return s;
-  if (t.rank() != 1 || t.dim(0) != x.dim(0)) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " is ", t.DebugString(),
-                                                   " but x is ", x.DebugString(), "; expected (",
-                                                   x.dim(0), ")"));
-  }
-  return absl::OkStatus();
-}
-
-// dgamma/dbeta when given: (C), any float dtype (they are accumulated into).
-absl::Status CheckParamGrad(absl::string_view op, absl::string_view name, const Tensor* p,
-                            const Tensor& x) {
-  if (p == nullptr) return absl::OkStatus();
-  if (absl::Status s = CheckFloat(op, name, *p); !s.ok()) return s;
-  if (p->rank() != 1 || p->dim(0) != x.dim(1)) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " is ", p->DebugString(),
-                                                   " but x is ", x.DebugString(), "; expected (",
-                                                   x.dim(1), ")"));
-  }
-  return absl::OkStatus();
-}
-
 // p (C) += acc (C) in fp32, rounded once to p's dtype.
 void AccumulateInto(const std::vector<float>& acc, Tensor& p) {
   (void)VisitFloat(p.dtype(), [&](auto tag) {
@@ -64,19 +25,8 @@ void AccumulateInto(const std::vector<float>& acc, Tensor& p) {
 
 absl::Status LayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps,
                               Tensor& y, Tensor& mean, Tensor& rstd) {
-  constexpr absl::string_view kOp = "LayerNormForward";
-  if (absl::Status s = CheckFloat(kOp, "x", x); !s.ok()) return s;
-  if (absl::Status s = CheckRank(kOp, "x", x, 2); !s.ok()) return s;
-  if (absl::Status s = CheckSameDType(kOp, "y", y, "x", x); !s.ok()) return s;
-  if (absl::Status s = CheckSameShape(kOp, "y", y, "x", x); !s.ok()) return s;
-  if (absl::Status s = CheckHasMemory(kOp, "y", y); !s.ok()) return s;
-  if (absl::Status s = CheckAffine(kOp, "gamma", gamma, x); !s.ok()) return s;
-  if (absl::Status s = CheckAffine(kOp, "beta", beta, x); !s.ok()) return s;
-  if (absl::Status s = CheckStat(kOp, "mean", mean, x); !s.ok()) return s;
-  if (absl::Status s = CheckStat(kOp, "rstd", rstd, x); !s.ok()) return s;
-  if (x.dim(1) == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kOp, ": x is ", x.DebugString(), "; cannot normalise zero columns"));
+  if (absl::Status s = ValidateLayerNormForward(x, gamma, beta, y, mean, rstd); !s.ok()) {
+    return s;
   }
   const int64_t rows = x.dim(0);  // N
   const int64_t cols = x.dim(1);  // C
@@ -121,23 +71,9 @@ absl::Status LayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor
 absl::Status LayerNormBackward(const Tensor& x, const Tensor* gamma, const Tensor& mean,
                                const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor* dgamma,
                                Tensor* dbeta) {
-  constexpr absl::string_view kOp = "LayerNormBackward";
-  if (absl::Status s = CheckFloat(kOp, "x", x); !s.ok()) return s;
-  if (absl::Status s = CheckRank(kOp, "x", x, 2); !s.ok()) return s;
-  if (absl::Status s = CheckSameDType(kOp, "dy", dy, "x", x); !s.ok()) return s;
-  if (absl::Status s = CheckSameShape(kOp, "dy", dy, "x", x); !s.ok()) return s;
-  if (absl::Status s = CheckHasMemory(kOp, "dy", dy); !s.ok()) return s;
-  if (absl::Status s = CheckSameDType(kOp, "dx", dx, "x", x); !s.ok()) return s;
-  if (absl::Status s = CheckSameShape(kOp, "dx", dx, "x", x); !s.ok()) return s;
-  if (absl::Status s = CheckHasMemory(kOp, "dx", dx); !s.ok()) return s;
-  if (absl::Status s = CheckAffine(kOp, "gamma", gamma, x); !s.ok()) return s;
-  if (absl::Status s = CheckStat(kOp, "mean", mean, x); !s.ok()) return s;
-  if (absl::Status s = CheckStat(kOp, "rstd", rstd, x); !s.ok()) return s;
-  if (absl::Status s = CheckParamGrad(kOp, "dgamma", dgamma, x); !s.ok()) return s;
-  if (absl::Status s = CheckParamGrad(kOp, "dbeta", dbeta, x); !s.ok()) return s;
-  if (dgamma != nullptr && gamma == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kOp, ": dgamma is ", dgamma->DebugString(), " but gamma is null"));
+  if (absl::Status s = ValidateLayerNormBackward(x, gamma, mean, rstd, dy, dx, dgamma, dbeta);
+      !s.ok()) {
+    return s;
   }
   const int64_t rows = x.dim(0);                                   // N
   const int64_t cols = x.dim(1);                                   // C

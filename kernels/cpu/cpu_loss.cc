@@ -14,18 +14,7 @@ namespace ampd::kernels::cpu {
 
 absl::Status MseLoss(const Tensor& pred, const Tensor& target, float multiplier, float grad_scale,
                      Tensor& loss, Tensor& dpred) {
-  constexpr absl::string_view kOp = "MseLoss";
-  if (absl::Status s = CheckFloat(kOp, "pred", pred); !s.ok()) return s;
-  if (absl::Status s = CheckDType(kOp, "target", target, DType::kF32); !s.ok()) return s;
-  if (absl::Status s = CheckSameShape(kOp, "target", target, "pred", pred); !s.ok()) return s;
-  if (absl::Status s = CheckSameDType(kOp, "dpred", dpred, "pred", pred); !s.ok()) return s;
-  if (absl::Status s = CheckSameShape(kOp, "dpred", dpred, "pred", pred); !s.ok()) return s;
-  if (absl::Status s = CheckHasMemory(kOp, "dpred", dpred); !s.ok()) return s;
-  if (absl::Status s = CheckScalarF32(kOp, "loss", loss); !s.ok()) return s;
-  if (pred.numel() == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kOp, ": pred is ", pred.DebugString(), "; the mean of no elements"));
-  }
+  if (absl::Status s = ValidateMseLoss(pred, target, loss, dpred); !s.ok()) return s;
   const int64_t count = pred.numel();
   const float inv_count = 1.0f / static_cast<float>(count);
   // d/dp [m * mean((p - t)^2)] = 2 m (p - t) / count, times the loss scale.
@@ -51,25 +40,8 @@ absl::Status MseLoss(const Tensor& pred, const Tensor& target, float multiplier,
 absl::Status CrossEntropyLoss(const Tensor& logits, const Tensor& labels, float multiplier,
                               float grad_scale, Tensor& loss, Tensor& dlogits) {
   constexpr absl::string_view kOp = "CrossEntropyLoss";
-  if (absl::Status s = CheckFloat(kOp, "logits", logits); !s.ok()) return s;
-  if (absl::Status s = CheckRank(kOp, "logits", logits, 2); !s.ok()) return s;
-  if (absl::Status s = CheckIndex(kOp, "labels", labels); !s.ok()) return s;
-  if (labels.rank() != 1 || labels.dim(0) != logits.dim(0)) {
-    return absl::InvalidArgumentError(absl::StrCat(kOp, ": labels is ", labels.DebugString(),
-                                                   " but logits is ", logits.DebugString(),
-                                                   "; expected (", logits.dim(0), ")"));
-  }
-  if (absl::Status s = CheckSameDType(kOp, "dlogits", dlogits, "logits", logits); !s.ok()) {
+  if (absl::Status s = ValidateCrossEntropyLoss(logits, labels, loss, dlogits); !s.ok()) {
     return s;
-  }
-  if (absl::Status s = CheckSameShape(kOp, "dlogits", dlogits, "logits", logits); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = CheckHasMemory(kOp, "dlogits", dlogits); !s.ok()) return s;
-  if (absl::Status s = CheckScalarF32(kOp, "loss", loss); !s.ok()) return s;
-  if (logits.dim(0) == 0 || logits.dim(1) == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(kOp, ": logits is ", logits.DebugString(),
-                                                   "; need at least one row and one class"));
   }
   const int64_t rows = logits.dim(0);     // N
   const int64_t classes = logits.dim(1);  // V

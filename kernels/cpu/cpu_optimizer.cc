@@ -12,65 +12,6 @@
 namespace ampd::kernels::cpu {
 namespace {
 
-// Validates a ParamRef: master F32; grad float of master's element count;
-// working (optional) float; state tensors F32 when required or given.
-absl::Status CheckParam(absl::string_view op, size_t index, const ParamRef& p, bool need_state0,
-                        bool need_state1) {
-  const std::string prefix = absl::StrCat("params[", index, "].");
-  if (p.master == nullptr || p.grad == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": ", prefix, (p.master == nullptr ? "master" : "grad"), " is null"));
-  }
-  const Tensor& master = *p.master;
-  if (absl::Status s = CheckDType(op, prefix + "master", master, DType::kF32); !s.ok()) return s;
-  if (absl::Status s = CheckFloat(op, prefix + "grad", *p.grad); !s.ok()) return s;
-  if (absl::Status s = CheckSameNumel(op, prefix + "grad", *p.grad, prefix + "master", master);
-      !s.ok()) {
-    return s;
-  }
-  if (p.working != nullptr) {
-    if (absl::Status s = CheckFloat(op, prefix + "working", *p.working); !s.ok()) return s;
-    if (absl::Status s =
-            CheckSameNumel(op, prefix + "working", *p.working, prefix + "master", master);
-        !s.ok()) {
-      return s;
-    }
-  }
-  const struct {
-    Tensor* t;
-    bool needed;
-    const char* name;
-  } states[] = {{p.state0, need_state0, "state0"}, {p.state1, need_state1, "state1"}};
-  for (const auto& st : states) {
-    if (st.t == nullptr) {
-      if (st.needed) {
-        return absl::InvalidArgumentError(absl::StrCat(op, ": ", prefix, st.name, " is null"));
-      }
-      continue;
-    }
-    if (!st.needed) continue;  // an unused buffer is not touched, so not checked
-    if (absl::Status s = CheckDType(op, prefix + st.name, *st.t, DType::kF32); !s.ok()) return s;
-    if (absl::Status s = CheckSameNumel(op, prefix + st.name, *st.t, prefix + "master", master);
-        !s.ok()) {
-      return s;
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckTransform(absl::string_view op, const GradTransform& tr) {
-  if (tr.found_inf == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": transform.found_inf is null"));
-  }
-  if (absl::Status s = CheckScalarF32(op, "transform.found_inf", *tr.found_inf); !s.ok()) {
-    return s;
-  }
-  if (tr.norm_sq != nullptr) {
-    if (absl::Status s = CheckScalarF32(op, "transform.norm_sq", *tr.norm_sq); !s.ok()) return s;
-  }
-  return absl::OkStatus();
-}
-
 // torch.nn.utils.clip_grad_norm_'s coefficient, clamped to 1. A NaN norm
 // gives 1 (the comparison is false), but a NaN norm comes from a non-finite
 // gradient, which has set found_inf and skipped the step already.
@@ -111,15 +52,8 @@ bool Skip(const GradTransform& tr) { return tr.found_inf->data_as<float>()[0] !=
 
 absl::Status AdamUpdate(absl::Span<const ParamRef> params, const AdamConfig& config, int64_t step,
                         const GradTransform& transform) {
-  constexpr absl::string_view kOp = "AdamUpdate";
-  if (step < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(kOp, ": step is ", step, "; expected >= 1"));
-  }
-  if (absl::Status s = CheckTransform(kOp, transform); !s.ok()) return s;
   // Everything is validated before anything is written.
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (absl::Status s = CheckParam(kOp, i, params[i], true, true); !s.ok()) return s;
-  }
+  if (absl::Status s = ValidateAdamUpdate(params, step, transform); !s.ok()) return s;
   if (Skip(transform)) return absl::OkStatus();
 
   const float clip = ClipCoef(transform);
@@ -169,14 +103,10 @@ absl::Status AdamUpdate(absl::Span<const ParamRef> params, const AdamConfig& con
 
 absl::Status SgdUpdate(absl::Span<const ParamRef> params, const SgdConfig& config, bool first_step,
                        const GradTransform& transform) {
-  constexpr absl::string_view kOp = "SgdUpdate";
-  if (absl::Status s = CheckTransform(kOp, transform); !s.ok()) return s;
-  const bool use_momentum = config.momentum != 0.0f;
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (absl::Status s = CheckParam(kOp, i, params[i], use_momentum, false); !s.ok()) return s;
-  }
+  if (absl::Status s = ValidateSgdUpdate(params, config, transform); !s.ok()) return s;
   if (Skip(transform)) return absl::OkStatus();
 
+  const bool use_momentum = config.momentum != 0.0f;  // state0 was required exactly then
   const float clip = ClipCoef(transform);
   const float lr = config.lr;
   const float wd = config.weight_decay;

@@ -30,18 +30,7 @@ bool UnscaleLoop(typename Tag::Storage* g, int64_t n, float inv_scale, ChunkedSu
 
 absl::Status UnscaleAndCheck(absl::Span<Tensor* const> grads, float inv_scale, bool in_place,
                              Tensor& found_inf, Tensor* norm_sq) {
-  constexpr absl::string_view kOp = "UnscaleAndCheck";
-  if (absl::Status s = CheckScalarF32(kOp, "found_inf", found_inf); !s.ok()) return s;
-  if (norm_sq != nullptr) {
-    if (absl::Status s = CheckScalarF32(kOp, "norm_sq", *norm_sq); !s.ok()) return s;
-  }
-  for (size_t t = 0; t < grads.size(); ++t) {
-    const std::string name = absl::StrCat("grads[", t, "]");
-    if (grads[t] == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(kOp, ": ", name, " is null"));
-    }
-    if (absl::Status s = CheckFloat(kOp, name, *grads[t]); !s.ok()) return s;
-  }
+  if (absl::Status s = ValidateUnscaleAndCheck(grads, found_inf, norm_sq); !s.ok()) return s;
   bool nonfinite = false;
   ChunkedSum sum;  // fp32, in tensor order then element order
   for (Tensor* grad : grads) {

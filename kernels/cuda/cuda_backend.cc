@@ -1,9 +1,9 @@
 // CudaBackend: the Backend interface on one GPU. This file is host code
-// only: argument checks (the same InvalidArgument "<Op>: <operand> is ..."
-// messages as the CPU oracle), memory through the device's caching pool,
-// and dispatch to the launchers of the .cu files. Every op is enqueued on
-// the backend's own stream; only CopyToHost, ReadScalars and Synchronize
-// wait.
+// only: argument checks (kernels/op_checks.h, shared with the CPU oracle, so
+// both refuse a bad call with the same InvalidArgument), memory through the
+// device's caching pool, and dispatch to the launchers of the .cu files.
+// Every op is enqueued on the backend's own stream; only CopyToHost,
+// ReadScalars and Synchronize wait.
 #include "kernels/cuda/cuda_backend.h"
 
 #include <atomic>
@@ -15,10 +15,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/status_macros.h"
 #include "kernels/cuda/cuda_raii.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launchers.h"
 #include "kernels/cuda/memory_pool.h"
+#include "kernels/op_checks.h"
 
 namespace ampd::kernels::cuda {
 namespace {
@@ -30,111 +32,6 @@ constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 // Scalars the pinned staging buffer holds from the start: the step reads 3
 // (loss sum, found_inf, norm_sq); a longer list grows it once.
 constexpr size_t kStagingScalars = 16;
-
-// ---- argument checks (messages match kernels/cpu) ----------------------------
-absl::Status CheckHasMemory(absl::string_view op, absl::string_view name, const Tensor& t) {
-  if (t.empty() && t.numel() != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": ", name, " is ", t.DebugString(), " but holds no memory"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckFloat(absl::string_view op, absl::string_view name, const Tensor& t) {
-  if (!IsFloating(t.dtype())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": ", name, " is ", t.DebugString(), "; expected F32, F16 or BF16"));
-  }
-  return CheckHasMemory(op, name, t);
-}
-
-absl::Status CheckDType(absl::string_view op, absl::string_view name, const Tensor& t, DType want) {
-  if (t.dtype() != want) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": ", name, " is ", t.DebugString(), "; expected ", DTypeName(want)));
-  }
-  return CheckHasMemory(op, name, t);
-}
-
-absl::Status CheckIndex(absl::string_view op, absl::string_view name, const Tensor& t) {
-  if (t.dtype() != DType::kI32 && t.dtype() != DType::kI64) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": ", name, " is ", t.DebugString(), "; expected I32 or I64"));
-  }
-  return CheckHasMemory(op, name, t);
-}
-
-absl::Status CheckRank(absl::string_view op, absl::string_view name, const Tensor& t,
-                       int64_t rank) {
-  if (t.rank() != rank) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": ", name, " is ", t.DebugString(), "; expected rank ", rank));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckSameShape(absl::string_view op, absl::string_view name, const Tensor& t,
-                            absl::string_view ref_name, const Tensor& ref) {
-  if (t.shape() != ref.shape()) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " is ", t.DebugString(), " but ",
-                                                   ref_name, " is ", ref.DebugString(),
-                                                   "; shapes differ"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckSameDType(absl::string_view op, absl::string_view name, const Tensor& t,
-                            absl::string_view ref_name, const Tensor& ref) {
-  if (t.dtype() != ref.dtype()) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " is ", t.DebugString(), " but ",
-                                                   ref_name, " is ", ref.DebugString(),
-                                                   "; dtypes differ"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckSameNumel(absl::string_view op, absl::string_view name, const Tensor& t,
-                            absl::string_view ref_name, const Tensor& ref) {
-  if (t.numel() != ref.numel()) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " is ", t.DebugString(), " but ",
-                                                   ref_name, " is ", ref.DebugString(),
-                                                   "; element counts differ"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckScalarF32(absl::string_view op, absl::string_view name, const Tensor& t) {
-  if (t.dtype() != DType::kF32 || t.numel() != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": ", name, " is ", t.DebugString(), "; expected one F32 element"));
-  }
-  return CheckHasMemory(op, name, t);
-}
-
-absl::Status CheckLength(absl::string_view op, absl::string_view name, const Tensor& t,
-                         int64_t want, absl::string_view what) {
-  if (t.rank() != 1 || t.dim(0) != want) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " is ", t.DebugString(),
-                                                   "; expected (", want, ") to match ", what));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckActivation(absl::string_view op, Activation act) {
-  switch (act) {
-    case Activation::kReLU:
-    case Activation::kGELU:
-    case Activation::kTanh:
-      return absl::OkStatus();
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat(op, ": act is ", static_cast<int>(act), "; expected ReLU, GELU or Tanh"));
-}
-
-#define AMPD_RETURN_IF_ERROR(expr)                                    \
-  do {                                                                \
-    if (absl::Status ampd_s_ = (expr); !ampd_s_.ok()) return ampd_s_; \
-  } while (0)
 
 // Makes the backend's device current for the rest of the scope.
 #define AMPD_ENTER_DEVICE()                     \
@@ -247,12 +144,7 @@ class CudaBackend final : public Backend {
   std::string name() const override { return absl::StrCat("cuda:", ctx_->device); }
 
   absl::StatusOr<Tensor> Allocate(DType dtype, const Shape& shape) override {
-    for (int64_t d : shape) {
-      if (d < 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("Allocate: shape ", ShapeToString(shape), " has a negative dimension"));
-      }
-    }
+    AMPD_RETURN_IF_ERROR(ValidateAllocate(shape));
     const size_t bytes = static_cast<size_t>(NumElements(shape)) * SizeOf(dtype);
     AMPD_ENTER_DEVICE();
     absl::StatusOr<DevicePool::Block*> block = ctx_->pool->Allocate(bytes, stream());
@@ -261,14 +153,8 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status CopyFromHost(const void* src, size_t bytes, Tensor& dst) override {
-    AMPD_RETURN_IF_ERROR(CheckHasMemory("CopyFromHost", "dst", dst));
-    if (bytes != dst.nbytes()) {
-      return absl::InvalidArgumentError(absl::StrCat("CopyFromHost: dst is ", dst.DebugString(),
-                                                     " (", dst.nbytes(), " bytes) but ", bytes,
-                                                     " bytes were given"));
-    }
+    AMPD_RETURN_IF_ERROR(ValidateCopyFromHost(src, bytes, dst));
     if (bytes == 0) return absl::OkStatus();
-    if (src == nullptr) return absl::InvalidArgumentError("CopyFromHost: src is null");
     AMPD_ENTER_DEVICE();
     // The copy is only enqueued. From pageable memory the runtime usually
     // returns once src has been staged, but that is not guaranteed (and from
@@ -281,13 +167,7 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status CopyToHost(const Tensor& src, void* dst, size_t bytes) override {
-    AMPD_RETURN_IF_ERROR(CheckHasMemory("CopyToHost", "src", src));
-    if (bytes != src.nbytes()) {
-      return absl::InvalidArgumentError(absl::StrCat("CopyToHost: src is ", src.DebugString(), " (",
-                                                     src.nbytes(), " bytes) but ", bytes,
-                                                     " bytes were asked for"));
-    }
-    if (bytes > 0 && dst == nullptr) return absl::InvalidArgumentError("CopyToHost: dst is null");
+    AMPD_RETURN_IF_ERROR(ValidateCopyToHost(src, dst, bytes));
     AMPD_ENTER_DEVICE();
     if (bytes > 0) {
       AMPD_CUDA_RETURN_IF_ERROR(
@@ -298,10 +178,7 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status Copy(const Tensor& src, Tensor& dst) override {
-    AMPD_RETURN_IF_ERROR(CheckHasMemory("Copy", "src", src));
-    AMPD_RETURN_IF_ERROR(CheckHasMemory("Copy", "dst", dst));
-    AMPD_RETURN_IF_ERROR(CheckSameDType("Copy", "dst", dst, "src", src));
-    AMPD_RETURN_IF_ERROR(CheckSameNumel("Copy", "dst", dst, "src", src));
+    AMPD_RETURN_IF_ERROR(ValidateCopy(src, dst));
     if (src.nbytes() == 0 || src.data() == dst.data()) return absl::OkStatus();
     AMPD_ENTER_DEVICE();
     AMPD_CUDA_RETURN_IF_ERROR(
@@ -310,15 +187,13 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status Fill(Tensor& dst, float value) override {
-    AMPD_RETURN_IF_ERROR(CheckFloat("Fill", "dst", dst));
+    AMPD_RETURN_IF_ERROR(ValidateFill(dst));
     AMPD_ENTER_DEVICE();
     return LaunchFill(dst.data(), dst.dtype(), dst.numel(), value, stream());
   }
 
   absl::Status Cast(const Tensor& src, Tensor& dst) override {
-    AMPD_RETURN_IF_ERROR(CheckFloat("Cast", "src", src));
-    AMPD_RETURN_IF_ERROR(CheckFloat("Cast", "dst", dst));
-    AMPD_RETURN_IF_ERROR(CheckSameNumel("Cast", "dst", dst, "src", src));
+    AMPD_RETURN_IF_ERROR(ValidateCast(src, dst));
     AMPD_ENTER_DEVICE();
     return LaunchCast(src.data(), src.dtype(), dst.data(), dst.dtype(), src.numel(), stream());
   }
@@ -331,20 +206,9 @@ class CudaBackend final : public Backend {
 
   absl::Status ReadScalars(absl::Span<const Tensor* const> scalars,
                            absl::Span<float> out) override {
-    constexpr absl::string_view kOp = "ReadScalars";
-    if (scalars.size() != out.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(kOp, ": out has ", out.size(),
-                                                     " elements but scalars has ", scalars.size()));
-    }
     // Everything is checked before the first copy is queued, so a bad call
     // enqueues nothing and leaves out untouched.
-    for (size_t i = 0; i < scalars.size(); ++i) {
-      const std::string name = absl::StrCat("scalars[", i, "]");
-      if (scalars[i] == nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat(kOp, ": ", name, " is null"));
-      }
-      AMPD_RETURN_IF_ERROR(CheckScalarF32(kOp, name, *scalars[i]));
-    }
+    AMPD_RETURN_IF_ERROR(ValidateReadScalars(scalars, out.size()));
     AMPD_ENTER_DEVICE();
     const size_t bytes = scalars.size() * sizeof(float);
     if (bytes > staging_.bytes()) {
@@ -374,49 +238,19 @@ class CudaBackend final : public Backend {
 
   // ---- dense algebra --------------------------------------------------------
   absl::Status Add(const Tensor& x, Tensor& y) override {
-    constexpr absl::string_view kOp = "Add";
-    AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "x", x));
-    AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "y", y));
-    AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "x", x, "y", y));
+    AMPD_RETURN_IF_ERROR(ValidateAdd(x, y));
     AMPD_ENTER_DEVICE();
     return LaunchAdd(x.data(), x.dtype(), y.data(), y.dtype(), y.numel(), stream());
   }
 
   absl::Status Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
                     float beta, Tensor& c) override {
-    constexpr absl::string_view kOp = "Gemm";
-    AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "a", a));
-    AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "b", b));
-    AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "c", c));
-    AMPD_RETURN_IF_ERROR(CheckRank(kOp, "a", a, 2));
-    AMPD_RETURN_IF_ERROR(CheckRank(kOp, "b", b, 2));
-    AMPD_RETURN_IF_ERROR(CheckRank(kOp, "c", c, 2));
-    AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "b", b, "a", a));
-    if (c.dtype() != DType::kF32 && c.dtype() != a.dtype()) {
-      return absl::InvalidArgumentError(absl::StrCat("Gemm: c is ", c.DebugString(), " but a is ",
-                                                     a.DebugString(), "; c must be F32 or ",
-                                                     DTypeName(a.dtype())));
-    }
-    // op(a): (M, K), op(b): (K, N), c: (M, N)
+    AMPD_RETURN_IF_ERROR(ValidateGemm(trans_a, trans_b, a, b, c));
+    // op(a): (M, K), op(b): (K, N), c: (M, N); ValidateGemm has matched op(b)
+    // and c to them and kept all three within cuBLAS's int.
     const int64_t m = trans_a ? a.dim(1) : a.dim(0);
     const int64_t k = trans_a ? a.dim(0) : a.dim(1);
-    const int64_t kb = trans_b ? b.dim(1) : b.dim(0);
     const int64_t n = trans_b ? b.dim(0) : b.dim(1);
-    if (k != kb) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Gemm: b is ", b.DebugString(), (trans_b ? " (transposed)" : ""),
-                       " but a is ", a.DebugString(), (trans_a ? " (transposed)" : ""),
-                       "; inner dims differ (", k, " vs ", kb, ")"));
-    }
-    if (c.dim(0) != m || c.dim(1) != n) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Gemm: c is ", c.DebugString(), " but op(a) @ op(b) is (", m, ", ", n, ")"));
-    }
-    constexpr int64_t kMaxDim = 0x7fffffff;  // cuBLAS takes int dimensions
-    if (m > kMaxDim || n > kMaxDim || k > kMaxDim) {
-      return absl::InvalidArgumentError(absl::StrCat("Gemm: a ", a.DebugString(), " or b ",
-                                                     b.DebugString(), " is too large for cuBLAS"));
-    }
     if (m == 0 || n == 0) return absl::OkStatus();
     AMPD_ENTER_DEVICE();
     if (k == 0) {  // empty sum: c = beta * c (beta == 0 never reads c, as BLAS)
@@ -429,22 +263,14 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status AddBias(const Tensor& bias, Tensor& y) override {
-    constexpr absl::string_view kOp = "AddBias";
-    AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "y", y));
-    AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "bias", bias));
-    AMPD_RETURN_IF_ERROR(CheckRank(kOp, "y", y, 2));
-    AMPD_RETURN_IF_ERROR(CheckLength(kOp, "bias", bias, y.dim(1), "y's columns"));
+    AMPD_RETURN_IF_ERROR(ValidateAddBias(bias, y));
     AMPD_ENTER_DEVICE();
     return LaunchAddBias(bias.data(), bias.dtype(), y.data(), y.dtype(), y.dim(0), y.dim(1),
                          stream());
   }
 
   absl::Status BiasGrad(const Tensor& dy, float beta, Tensor& dbias) override {
-    constexpr absl::string_view kOp = "BiasGrad";
-    AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "dy", dy));
-    AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "dbias", dbias));
-    AMPD_RETURN_IF_ERROR(CheckRank(kOp, "dy", dy, 2));
-    AMPD_RETURN_IF_ERROR(CheckLength(kOp, "dbias", dbias, dy.dim(1), "dy's columns"));
+    AMPD_RETURN_IF_ERROR(ValidateBiasGrad(dy, dbias));
     AMPD_ENTER_DEVICE();
     const int64_t slabs = ColumnSumSlabs(dy.dim(0), dy.dim(1));
     Tensor partials;  // per-slab column sums, when the rows are split
@@ -459,27 +285,14 @@ class CudaBackend final : public Backend {
 
   // ---- activations ----------------------------------------------------------
   absl::Status ActivationForward(Activation act, const Tensor& x, Tensor& y) override {
-    constexpr absl::string_view kOp = "ActivationForward";
-    AMPD_RETURN_IF_ERROR(CheckActivation(kOp, act));
-    AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "x", x));
-    AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "y", y));
-    AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "y", y, "x", x));
-    AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "y", y, "x", x));
+    AMPD_RETURN_IF_ERROR(ValidateActivationForward(act, x, y));
     AMPD_ENTER_DEVICE();
     return LaunchActivationForward(act, x.data(), y.data(), x.dtype(), x.numel(), stream());
   }
 
   absl::Status ActivationBackward(Activation act, const Tensor& x, const Tensor& dy,
                                   Tensor& dx) override {
-    constexpr absl::string_view kOp = "ActivationBackward";
-    AMPD_RETURN_IF_ERROR(CheckActivation(kOp, act));
-    AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "x", x));
-    AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "dy", dy));
-    AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "dx", dx));
-    AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "dy", dy, "x", x));
-    AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "dx", dx, "x", x));
-    AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "dy", dy, "x", x));
-    AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "dx", dx, "x", x));
+    AMPD_RETURN_IF_ERROR(ValidateActivationBackward(act, x, dy, dx));
     AMPD_ENTER_DEVICE();
     return LaunchActivationBackward(act, x.data(), dy.data(), dx.data(), x.dtype(), x.numel(),
                                     stream());
@@ -488,23 +301,7 @@ class CudaBackend final : public Backend {
   // ---- normalisation --------------------------------------------------------
   absl::Status LayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps,
                                 Tensor& y, Tensor& mean, Tensor& rstd) override {
-    constexpr absl::string_view kOp = "LayerNormForward";
-    AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "x", x));
-    AMPD_RETURN_IF_ERROR(CheckRank(kOp, "x", x, 2));
-    AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "y", y, "x", x));
-    AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "y", y, "x", x));
-    AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "y", y));
-    AMPD_RETURN_IF_ERROR(CheckAffine(kOp, "gamma", gamma, x));
-    AMPD_RETURN_IF_ERROR(CheckAffine(kOp, "beta", beta, x));
-    AMPD_RETURN_IF_ERROR(CheckStat(kOp, "mean", mean, x));
-    AMPD_RETURN_IF_ERROR(CheckStat(kOp, "rstd", rstd, x));
-    if (!(eps >= 0.0f)) {
-      return absl::InvalidArgumentError(absl::StrCat(kOp, ": eps is ", eps, "; expected >= 0"));
-    }
-    if (x.dim(1) == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(kOp, ": x is ", x.DebugString(), "; cannot normalise zero columns"));
-    }
+    AMPD_RETURN_IF_ERROR(ValidateLayerNormForward(x, gamma, beta, y, mean, rstd));
     AMPD_ENTER_DEVICE();
     return LaunchLayerNormForward(x.data(), x.dtype(), gamma ? gamma->data() : nullptr,
                                   beta ? beta->data() : nullptr, x.dtype(), x.dim(0), x.dim(1), eps,
@@ -514,24 +311,7 @@ class CudaBackend final : public Backend {
   absl::Status LayerNormBackward(const Tensor& x, const Tensor* gamma, const Tensor& mean,
                                  const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor* dgamma,
                                  Tensor* dbeta) override {
-    constexpr absl::string_view kOp = "LayerNormBackward";
-    AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "x", x));
-    AMPD_RETURN_IF_ERROR(CheckRank(kOp, "x", x, 2));
-    AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "dy", dy, "x", x));
-    AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "dy", dy, "x", x));
-    AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "dy", dy));
-    AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "dx", dx, "x", x));
-    AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "dx", dx, "x", x));
-    AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "dx", dx));
-    AMPD_RETURN_IF_ERROR(CheckAffine(kOp, "gamma", gamma, x));
-    AMPD_RETURN_IF_ERROR(CheckStat(kOp, "mean", mean, x));
-    AMPD_RETURN_IF_ERROR(CheckStat(kOp, "rstd", rstd, x));
-    AMPD_RETURN_IF_ERROR(CheckParamGrad(kOp, "dgamma", dgamma, x));
-    AMPD_RETURN_IF_ERROR(CheckParamGrad(kOp, "dbeta", dbeta, x));
-    if (dgamma != nullptr && gamma == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(kOp, ": dgamma is ", dgamma->DebugString(), " but gamma is null"));
-    }
+    AMPD_RETURN_IF_ERROR(ValidateLayerNormBackward(x, gamma, mean, rstd, dy, dx, dgamma, dbeta));
     AMPD_ENTER_DEVICE();
     const int64_t slabs = ColumnSumSlabs(x.dim(0), x.dim(1));
     Tensor partials;  // per-slab dgamma and dbeta column sums, when the rows are split
@@ -550,18 +330,9 @@ class CudaBackend final : public Backend {
 
   // ---- embedding ------------------------------------------------------------
   absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out) override {
-    constexpr absl::string_view kOp = "EmbeddingForward";
-    AMPD_RETURN_IF_ERROR(CheckIndex(kOp, "ids", ids));
-    AMPD_RETURN_IF_ERROR(CheckRank(kOp, "ids", ids, 1));
-    AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "table", table));
-    AMPD_RETURN_IF_ERROR(CheckRank(kOp, "table", table, 2));
-    AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "out", out, "table", table));
-    AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "out", out));
-    if (out.rank() != 2 || out.dim(0) != ids.dim(0) || out.dim(1) != table.dim(1)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          kOp, ": out is ", out.DebugString(), "; expected (", ids.dim(0), ", ", table.dim(1),
-          ") from ids ", ids.DebugString(), " and table ", table.DebugString()));
-    }
+    // Ids outside [0, V) are caught on the device (flags_), not here: that
+    // would need the ids on the host.
+    AMPD_RETURN_IF_ERROR(ValidateEmbeddingForward(ids, table, out));
     AMPD_ENTER_DEVICE();
     return LaunchEmbeddingForward(ids.data(), ids.dtype(), ids.dim(0), table.data(), table.dtype(),
                                   table.dim(0), table.dim(1), out.data(), flags_.device_ptr(),
@@ -569,17 +340,7 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable) override {
-    constexpr absl::string_view kOp = "EmbeddingBackward";
-    AMPD_RETURN_IF_ERROR(CheckIndex(kOp, "ids", ids));
-    AMPD_RETURN_IF_ERROR(CheckRank(kOp, "ids", ids, 1));
-    AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "dout", dout));
-    AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "dtable", dtable));
-    AMPD_RETURN_IF_ERROR(CheckRank(kOp, "dtable", dtable, 2));
-    if (dout.rank() != 2 || dout.dim(0) != ids.dim(0) || dout.dim(1) != dtable.dim(1)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          kOp, ": dout is ", dout.DebugString(), "; expected (", ids.dim(0), ", ", dtable.dim(1),
-          ") from ids ", ids.DebugString(), " and dtable ", dtable.DebugString()));
-    }
+    AMPD_RETURN_IF_ERROR(ValidateEmbeddingBackward(ids, dout, dtable));
     if (ids.dim(0) == 0) return absl::OkStatus();  // nothing to scatter
     AMPD_ENTER_DEVICE();
     // Scratch for the deterministic sort-and-segment scatter (embedding.cu);
@@ -603,18 +364,7 @@ class CudaBackend final : public Backend {
   // ---- losses ---------------------------------------------------------------
   absl::Status MseLoss(const Tensor& pred, const Tensor& target, float multiplier, float grad_scale,
                        Tensor& loss, Tensor& dpred) override {
-    constexpr absl::string_view kOp = "MseLoss";
-    AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "pred", pred));
-    AMPD_RETURN_IF_ERROR(CheckDType(kOp, "target", target, DType::kF32));
-    AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "target", target, "pred", pred));
-    AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "dpred", dpred, "pred", pred));
-    AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "dpred", dpred, "pred", pred));
-    AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "dpred", dpred));
-    AMPD_RETURN_IF_ERROR(CheckScalarF32(kOp, "loss", loss));
-    if (pred.numel() == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(kOp, ": pred is ", pred.DebugString(), "; the mean of no elements"));
-    }
+    AMPD_RETURN_IF_ERROR(ValidateMseLoss(pred, target, loss, dpred));
     AMPD_ENTER_DEVICE();
     return LaunchMseLoss(pred.data(), pred.dtype(), target.data_as<float>(), pred.numel(),
                          multiplier, grad_scale, loss.data_as<float>(), dpred.data(),
@@ -623,23 +373,8 @@ class CudaBackend final : public Backend {
 
   absl::Status CrossEntropyLoss(const Tensor& logits, const Tensor& labels, float multiplier,
                                 float grad_scale, Tensor& loss, Tensor& dlogits) override {
-    constexpr absl::string_view kOp = "CrossEntropyLoss";
-    AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "logits", logits));
-    AMPD_RETURN_IF_ERROR(CheckRank(kOp, "logits", logits, 2));
-    AMPD_RETURN_IF_ERROR(CheckIndex(kOp, "labels", labels));
-    if (labels.rank() != 1 || labels.dim(0) != logits.dim(0)) {
-      return absl::InvalidArgumentError(absl::StrCat(kOp, ": labels is ", labels.DebugString(),
-                                                     "; expected (", logits.dim(0),
-                                                     ") to match logits ", logits.DebugString()));
-    }
-    AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "dlogits", dlogits, "logits", logits));
-    AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "dlogits", dlogits, "logits", logits));
-    AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "dlogits", dlogits));
-    AMPD_RETURN_IF_ERROR(CheckScalarF32(kOp, "loss", loss));
-    if (logits.dim(0) == 0 || logits.dim(1) == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(kOp, ": logits is ", logits.DebugString(),
-                                                     "; need at least one row and one class"));
-    }
+    // Labels outside [0, V) are caught on the device, as embedding ids are.
+    AMPD_RETURN_IF_ERROR(ValidateCrossEntropyLoss(logits, labels, loss, dlogits));
     AMPD_ENTER_DEVICE();
     return LaunchCrossEntropy(logits.data(), logits.dtype(), labels.data(), labels.dtype(),
                               logits.dim(0), logits.dim(1), multiplier, grad_scale,
@@ -650,11 +385,8 @@ class CudaBackend final : public Backend {
   // ---- loss scaling and the optimizer -----------------------------------------
   absl::Status UnscaleAndCheck(absl::Span<Tensor* const> grads, float inv_scale, bool in_place,
                                Tensor& found_inf, Tensor* norm_sq) override {
-    constexpr absl::string_view kOp = "UnscaleAndCheck";
-    AMPD_RETURN_IF_ERROR(CheckScalarF32(kOp, "found_inf", found_inf));
-    if (norm_sq != nullptr) AMPD_RETURN_IF_ERROR(CheckScalarF32(kOp, "norm_sq", *norm_sq));
-    std::vector<GradSpan> spans;
-    AMPD_RETURN_IF_ERROR(CollectGrads(kOp, grads.data(), grads.size(), spans));
+    AMPD_RETURN_IF_ERROR(ValidateUnscaleAndCheck(grads, found_inf, norm_sq));
+    const std::vector<GradSpan> spans = ToGradSpans(grads.data(), grads.size());
     AMPD_ENTER_DEVICE();
     // One fp32 partial per block for the deterministic two-stage norm.
     const int64_t blocks = UnscaleAndCheckBlocks(spans.data(), static_cast<int>(spans.size()));
@@ -672,19 +404,9 @@ class CudaBackend final : public Backend {
 
   absl::Status AdamUpdate(absl::Span<const ParamRef> params, const AdamConfig& config, int64_t step,
                           const GradTransform& transform) override {
-    constexpr absl::string_view kOp = "AdamUpdate";
-    if (step < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(kOp, ": step is ", step, "; expected >= 1"));
-    }
-    TransformArgs targs;
-    AMPD_RETURN_IF_ERROR(CheckTransform(kOp, transform, targs));
-    targs.error_flags = flags_.device_ptr();
-    std::vector<ParamSpan> spans;
-    spans.reserve(params.size());
-    for (size_t i = 0; i < params.size(); ++i) {
-      AMPD_RETURN_IF_ERROR(CheckParam(kOp, i, params[i], true, true));
-      spans.push_back(ToSpan(params[i], true, true));
-    }
+    AMPD_RETURN_IF_ERROR(ValidateAdamUpdate(params, step, transform));
+    const TransformArgs targs = ToTransformArgs(transform);
+    const std::vector<ParamSpan> spans = ToParamSpans(params, true, true);
     // Bias corrections in double on the host, as PyTorch computes them in
     // Python floats, then rounded once to fp32 (the CPU oracle does the same).
     const double bias_correction1 = 1.0 - std::pow(static_cast<double>(config.beta1), step);
@@ -704,17 +426,10 @@ class CudaBackend final : public Backend {
 
   absl::Status SgdUpdate(absl::Span<const ParamRef> params, const SgdConfig& config,
                          bool first_step, const GradTransform& transform) override {
-    constexpr absl::string_view kOp = "SgdUpdate";
-    TransformArgs targs;
-    AMPD_RETURN_IF_ERROR(CheckTransform(kOp, transform, targs));
-    targs.error_flags = flags_.device_ptr();
-    const bool use_momentum = config.momentum != 0.0f;
-    std::vector<ParamSpan> spans;
-    spans.reserve(params.size());
-    for (size_t i = 0; i < params.size(); ++i) {
-      AMPD_RETURN_IF_ERROR(CheckParam(kOp, i, params[i], use_momentum, false));
-      spans.push_back(ToSpan(params[i], use_momentum, false));
-    }
+    AMPD_RETURN_IF_ERROR(ValidateSgdUpdate(params, config, transform));
+    const TransformArgs targs = ToTransformArgs(transform);
+    const bool use_momentum = config.momentum != 0.0f;  // state0 was required exactly then
+    const std::vector<ParamSpan> spans = ToParamSpans(params, use_momentum, false);
     SgdArgs args{};
     args.lr = config.lr;
     args.momentum = config.momentum;
@@ -728,14 +443,8 @@ class CudaBackend final : public Backend {
 
   // ---- observability ----------------------------------------------------------
   absl::Status GradLog2Histogram(absl::Span<const Tensor* const> grads, Tensor& counts) override {
-    constexpr absl::string_view kOp = "GradLog2Histogram";
-    AMPD_RETURN_IF_ERROR(CheckDType(kOp, "counts", counts, DType::kI64));
-    if (counts.rank() != 1 || counts.dim(0) != kGradHistogramBins) {
-      return absl::InvalidArgumentError(absl::StrCat(kOp, ": counts is ", counts.DebugString(),
-                                                     "; expected I64(", kGradHistogramBins, ")"));
-    }
-    std::vector<GradSpan> spans;
-    AMPD_RETURN_IF_ERROR(CollectGrads(kOp, grads.data(), grads.size(), spans));
+    AMPD_RETURN_IF_ERROR(ValidateGradLog2Histogram(grads, counts));
+    const std::vector<GradSpan> spans = ToGradSpans(grads.data(), grads.size());
     AMPD_ENTER_DEVICE();
     return LaunchGradHistogram(spans.data(), static_cast<int>(spans.size()),
                                counts.data_as<int64_t>(), stream());
@@ -766,108 +475,48 @@ class CudaBackend final : public Backend {
         absl::StrCat(what, "; detected on the device, reported at the next synchronisation"));
   }
 
-  static absl::Status CheckAffine(absl::string_view op, absl::string_view name, const Tensor* p,
-                                  const Tensor& x) {
-    if (p == nullptr) return absl::OkStatus();
-    AMPD_RETURN_IF_ERROR(CheckSameDType(op, name, *p, "x", x));
-    AMPD_RETURN_IF_ERROR(CheckHasMemory(op, name, *p));
-    return CheckLength(op, name, *p, x.dim(1), "x's columns");
-  }
-
-  static absl::Status CheckStat(absl::string_view op, absl::string_view name, const Tensor& t,
-                                const Tensor& x) {
-    AMPD_RETURN_IF_ERROR(CheckDType(op, name, t, DType::kF32));
-    if (t.numel() != x.dim(0)) {
-      return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " is ", t.DebugString(),
-                                                     "; expected ", x.dim(0),
-                                                     " elements, one per row of x"));
-    }
-    return absl::OkStatus();
-  }
-
-  static absl::Status CheckParamGrad(absl::string_view op, absl::string_view name, const Tensor* p,
-                                     const Tensor& x) {
-    if (p == nullptr) return absl::OkStatus();
-    AMPD_RETURN_IF_ERROR(CheckFloat(op, name, *p));
-    return CheckLength(op, name, *p, x.dim(1), "x's columns");
-  }
-
-  static absl::Status CollectGrads(absl::string_view op, const Tensor* const* grads, size_t count,
-                                   std::vector<GradSpan>& spans) {
+  // Launcher views of arguments the op_checks validation has accepted.
+  static std::vector<GradSpan> ToGradSpans(const Tensor* const* grads, size_t count) {
+    std::vector<GradSpan> spans;
     spans.reserve(count);
     for (size_t t = 0; t < count; ++t) {
-      const std::string name = absl::StrCat("grads[", t, "]");
-      if (grads[t] == nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " is null"));
-      }
-      AMPD_RETURN_IF_ERROR(CheckFloat(op, name, *grads[t]));
       // The span's pointer is written only by in-place unscaling, whose
       // caller handed over mutable tensors.
       spans.push_back(
           GradSpan{const_cast<void*>(grads[t]->data()), grads[t]->dtype(), grads[t]->numel()});
     }
-    return absl::OkStatus();
+    return spans;
   }
 
-  static absl::Status CheckTransform(absl::string_view op, const GradTransform& tr,
-                                     TransformArgs& out) {
-    if (tr.found_inf == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(op, ": transform.found_inf is null"));
-    }
-    AMPD_RETURN_IF_ERROR(CheckScalarF32(op, "transform.found_inf", *tr.found_inf));
-    if (tr.norm_sq != nullptr) {
-      AMPD_RETURN_IF_ERROR(CheckScalarF32(op, "transform.norm_sq", *tr.norm_sq));
-    }
+  TransformArgs ToTransformArgs(const GradTransform& tr) {
+    TransformArgs out;
     out.inv_scale = tr.inv_scale;
     out.found_inf = tr.found_inf->data_as<float>();
     out.norm_sq = tr.norm_sq ? tr.norm_sq->data_as<float>() : nullptr;
     out.max_grad_norm = tr.max_grad_norm;
-    return absl::OkStatus();
+    out.error_flags = flags_.device_ptr();
+    return out;
   }
 
-  static absl::Status CheckParam(absl::string_view op, size_t index, const ParamRef& p,
-                                 bool need_state0, bool need_state1) {
-    const std::string prefix = absl::StrCat("params[", index, "].");
-    if (p.master == nullptr || p.grad == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(op, ": ", prefix, (p.master == nullptr ? "master" : "grad"), " is null"));
+  // State buffers the optimizer does not use are passed as nullptr: they
+  // were not validated, so they may be absent or of any shape.
+  static std::vector<ParamSpan> ToParamSpans(absl::Span<const ParamRef> params, bool use_state0,
+                                             bool use_state1) {
+    std::vector<ParamSpan> spans;
+    spans.reserve(params.size());
+    for (const ParamRef& p : params) {
+      ParamSpan s;
+      s.master = p.master->data_as<float>();
+      s.working = p.working ? p.working->data() : nullptr;
+      s.working_dtype = p.working ? p.working->dtype() : DType::kF32;
+      s.grad = p.grad->data();
+      s.grad_dtype = p.grad->dtype();
+      s.state0 = use_state0 ? p.state0->data_as<float>() : nullptr;
+      s.state1 = use_state1 ? p.state1->data_as<float>() : nullptr;
+      s.n = p.master->numel();
+      spans.push_back(s);
     }
-    const Tensor& master = *p.master;
-    AMPD_RETURN_IF_ERROR(CheckDType(op, prefix + "master", master, DType::kF32));
-    AMPD_RETURN_IF_ERROR(CheckFloat(op, prefix + "grad", *p.grad));
-    AMPD_RETURN_IF_ERROR(CheckSameNumel(op, prefix + "grad", *p.grad, prefix + "master", master));
-    if (p.working != nullptr) {
-      AMPD_RETURN_IF_ERROR(CheckFloat(op, prefix + "working", *p.working));
-      AMPD_RETURN_IF_ERROR(
-          CheckSameNumel(op, prefix + "working", *p.working, prefix + "master", master));
-    }
-    const struct {
-      Tensor* t;
-      bool needed;
-      const char* name;
-    } states[] = {{p.state0, need_state0, "state0"}, {p.state1, need_state1, "state1"}};
-    for (const auto& st : states) {
-      if (!st.needed) continue;  // an unused buffer is not touched, so not checked
-      if (st.t == nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat(op, ": ", prefix, st.name, " is null"));
-      }
-      AMPD_RETURN_IF_ERROR(CheckDType(op, prefix + st.name, *st.t, DType::kF32));
-      AMPD_RETURN_IF_ERROR(CheckSameNumel(op, prefix + st.name, *st.t, prefix + "master", master));
-    }
-    return absl::OkStatus();
-  }
-
-  static ParamSpan ToSpan(const ParamRef& p, bool use_state0, bool use_state1) {
-    ParamSpan s;
-    s.master = p.master->data_as<float>();
-    s.working = p.working ? p.working->data() : nullptr;
-    s.working_dtype = p.working ? p.working->dtype() : DType::kF32;
-    s.grad = p.grad->data();
-    s.grad_dtype = p.grad->dtype();
-    s.state0 = use_state0 ? p.state0->data_as<float>() : nullptr;
-    s.state1 = use_state1 ? p.state1->data_as<float>() : nullptr;
-    s.n = p.master->numel();
-    return s;
+    return spans;
   }
 
   // Declared first: destroyed last, after every tensor member below.

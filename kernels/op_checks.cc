@@ -1,0 +1,535 @@
+// The argument checks of kernels/op_checks.h. The messages are the CPU
+// oracle's, which the tests assert and the engine forwards to clients; the
+// order of checks inside each op fixes which error a call with several
+// faults reports, so both backends report the same one.
+#include "kernels/op_checks.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace ampd::kernels {
+namespace {
+
+// "<op>: <name> is <t>; expected <what>"
+absl::Status Expected(absl::string_view op, absl::string_view name, const Tensor& t,
+                      absl::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(op, ": ", name, " is ", t.DebugString(), "; expected ", what));
+}
+
+// "<op>: <name> is <t> but <ref_name> is <ref>; <what> differ"
+absl::Status Differs(absl::string_view op, absl::string_view name, const Tensor& t,
+                     absl::string_view ref_name, const Tensor& ref, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " is ", t.DebugString(), " but ",
+                                                 ref_name, " is ", ref.DebugString(), "; ", what,
+                                                 " differ"));
+}
+
+// A vector beside an (N, C) x must be (want): "<name> is ... but x is ...;
+// expected (want)".
+absl::Status CheckVectorBesideX(absl::string_view op, absl::string_view name, const Tensor& t,
+                                const Tensor& x, int64_t want) {
+  if (t.rank() != 1 || t.dim(0) != want) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " is ", t.DebugString(),
+                                                   " but x is ", x.DebugString(), "; expected (",
+                                                   want, ")"));
+  }
+  return absl::OkStatus();
+}
+
+// gamma/beta when given: (C) of x's dtype, with memory.
+absl::Status CheckAffine(absl::string_view op, absl::string_view name, const Tensor* p,
+                         const Tensor& x) {
+  if (p == nullptr) return absl::OkStatus();
+  AMPD_RETURN_IF_ERROR(CheckSameDType(op, name, *p, "x", x));
+  AMPD_RETURN_IF_ERROR(CheckHasMemory(op, name, *p));
+  return CheckVectorBesideX(op, name, *p, x, x.dim(1));
+}
+
+// mean/rstd: (N) F32, one statistic per row of x.
+absl::Status CheckStat(absl::string_view op, absl::string_view name, const Tensor& t,
+                       const Tensor& x) {
+  AMPD_RETURN_IF_ERROR(CheckDType(op, name, t, DType::kF32));
+  return CheckVectorBesideX(op, name, t, x, x.dim(0));
+}
+
+// dgamma/dbeta when given: (C), any float dtype (they are accumulated into).
+absl::Status CheckParamGrad(absl::string_view op, absl::string_view name, const Tensor* p,
+                            const Tensor& x) {
+  if (p == nullptr) return absl::OkStatus();
+  AMPD_RETURN_IF_ERROR(CheckFloat(op, name, *p));
+  return CheckVectorBesideX(op, name, *p, x, x.dim(1));
+}
+
+// A list of gradients, each present and float. A template because
+// UnscaleAndCheck hands mutable tensors and the histogram const ones, and a
+// span of Tensor* does not convert to one of const Tensor*.
+template <typename T>
+absl::Status CheckGradList(absl::string_view op, absl::Span<T* const> grads) {
+  for (size_t t = 0; t < grads.size(); ++t) {
+    const std::string name = absl::StrCat("grads[", t, "]");
+    if (grads[t] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " is null"));
+    }
+    AMPD_RETURN_IF_ERROR(CheckFloat(op, name, *grads[t]));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckTransform(absl::string_view op, const GradTransform& tr) {
+  if (tr.found_inf == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": transform.found_inf is null"));
+  }
+  AMPD_RETURN_IF_ERROR(CheckScalarF32(op, "transform.found_inf", *tr.found_inf));
+  if (tr.norm_sq != nullptr) {
+    AMPD_RETURN_IF_ERROR(CheckScalarF32(op, "transform.norm_sq", *tr.norm_sq));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckParam(absl::string_view op, size_t index, const ParamRef& p, bool needs_state0,
+                        bool needs_state1) {
+  const std::string prefix = absl::StrCat("params[", index, "].");
+  if (p.master == nullptr || p.grad == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", prefix, (p.master == nullptr ? "master" : "grad"), " is null"));
+  }
+  const Tensor& master = *p.master;
+  AMPD_RETURN_IF_ERROR(CheckDType(op, prefix + "master", master, DType::kF32));
+  AMPD_RETURN_IF_ERROR(CheckFloat(op, prefix + "grad", *p.grad));
+  AMPD_RETURN_IF_ERROR(CheckSameNumel(op, prefix + "grad", *p.grad, prefix + "master", master));
+  if (p.working != nullptr) {
+    AMPD_RETURN_IF_ERROR(CheckFloat(op, prefix + "working", *p.working));
+    AMPD_RETURN_IF_ERROR(
+        CheckSameNumel(op, prefix + "working", *p.working, prefix + "master", master));
+  }
+  const struct {
+    const Tensor* t;
+    bool needed;
+    const char* name;
+  } states[] = {{p.state0, needs_state0, "state0"}, {p.state1, needs_state1, "state1"}};
+  for (const auto& st : states) {
+    if (!st.needed) continue;  // an unused buffer is not touched, so not checked
+    if (st.t == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": ", prefix, st.name, " is null"));
+    }
+    AMPD_RETURN_IF_ERROR(CheckDType(op, prefix + st.name, *st.t, DType::kF32));
+    AMPD_RETURN_IF_ERROR(CheckSameNumel(op, prefix + st.name, *st.t, prefix + "master", master));
+  }
+  return absl::OkStatus();
+}
+
+// An Activation cast from an out-of-range integer (a corrupt spec, a newer
+// client) is refused rather than falling through a switch.
+absl::Status CheckActivation(absl::string_view op, Activation act) {
+  if (act != Activation::kReLU && act != Activation::kGELU && act != Activation::kTanh) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": unknown activation ", static_cast<int>(act)));
+  }
+  return absl::OkStatus();
+}
+
+// A float (C) vector beside a float (N, C) matrix: the bias and y of AddBias,
+// dbias and dy of BiasGrad (same rule, same wording).
+absl::Status CheckColumnVector(absl::string_view op, absl::string_view mat_name, const Tensor& mat,
+                               absl::string_view vec_name, const Tensor& vec) {
+  AMPD_RETURN_IF_ERROR(CheckFloat(op, mat_name, mat));
+  AMPD_RETURN_IF_ERROR(CheckFloat(op, vec_name, vec));
+  AMPD_RETURN_IF_ERROR(CheckRank(op, mat_name, mat, 2));
+  AMPD_RETURN_IF_ERROR(CheckRank(op, vec_name, vec, 1));
+  if (vec.dim(0) != mat.dim(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": ", vec_name, " is ", vec.DebugString(), " but ", mat_name, " is ", mat.DebugString(),
+        "; ", vec_name, " length must equal ", mat_name, "'s columns"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// ---- generic checks -----------------------------------------------------------
+
+absl::Status CheckHasMemory(absl::string_view op, absl::string_view name, const Tensor& t) {
+  if (t.empty() && t.numel() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", name, " is ", t.DebugString(), " but holds no memory"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckFloat(absl::string_view op, absl::string_view name, const Tensor& t) {
+  if (!IsFloating(t.dtype())) return Expected(op, name, t, "F32, F16 or BF16");
+  return CheckHasMemory(op, name, t);
+}
+
+absl::Status CheckDType(absl::string_view op, absl::string_view name, const Tensor& t, DType want) {
+  if (t.dtype() != want) return Expected(op, name, t, DTypeName(want));
+  return CheckHasMemory(op, name, t);
+}
+
+absl::Status CheckIndex(absl::string_view op, absl::string_view name, const Tensor& t) {
+  if (t.dtype() != DType::kI32 && t.dtype() != DType::kI64) {
+    return Expected(op, name, t, "I32 or I64");
+  }
+  return CheckHasMemory(op, name, t);
+}
+
+absl::Status CheckRank(absl::string_view op, absl::string_view name, const Tensor& t,
+                       int64_t rank) {
+  if (t.rank() != rank) return Expected(op, name, t, absl::StrCat("rank ", rank));
+  return absl::OkStatus();
+}
+
+absl::Status CheckSameShape(absl::string_view op, absl::string_view name, const Tensor& t,
+                            absl::string_view ref_name, const Tensor& ref) {
+  if (t.shape() != ref.shape()) return Differs(op, name, t, ref_name, ref, "shapes");
+  return absl::OkStatus();
+}
+
+absl::Status CheckSameDType(absl::string_view op, absl::string_view name, const Tensor& t,
+                            absl::string_view ref_name, const Tensor& ref) {
+  if (t.dtype() != ref.dtype()) return Differs(op, name, t, ref_name, ref, "dtypes");
+  return absl::OkStatus();
+}
+
+absl::Status CheckSameNumel(absl::string_view op, absl::string_view name, const Tensor& t,
+                            absl::string_view ref_name, const Tensor& ref) {
+  if (t.numel() != ref.numel()) return Differs(op, name, t, ref_name, ref, "element counts");
+  return absl::OkStatus();
+}
+
+absl::Status CheckScalarF32(absl::string_view op, absl::string_view name, const Tensor& t) {
+  if (t.dtype() != DType::kF32 || t.numel() != 1) return Expected(op, name, t, "one F32 element");
+  return CheckHasMemory(op, name, t);
+}
+
+// ---- memory -----------------------------------------------------------------------
+
+absl::Status ValidateAllocate(const Shape& shape) {
+  int64_t numel = 1;
+  for (int64_t d : shape) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Allocate: shape ", ShapeToString(shape), " has a negative dimension"));
+    }
+    // Caps the element count at 2^56 before multiplying, so neither the
+    // count nor its byte size (at most 8 bytes an element) overflows int64.
+    if (d != 0 && numel > (int64_t{1} << 56) / d) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Allocate: shape ", ShapeToString(shape), " is too large"));
+    }
+    numel *= d;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateCopyFromHost(const void* src, size_t bytes, const Tensor& dst) {
+  if (bytes != dst.nbytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("CopyFromHost: dst is ", dst.DebugString(), " (",
+                                                   dst.nbytes(), " bytes) but ", bytes,
+                                                   " bytes were given"));
+  }
+  AMPD_RETURN_IF_ERROR(CheckHasMemory("CopyFromHost", "dst", dst));
+  if (bytes != 0 && src == nullptr) return absl::InvalidArgumentError("CopyFromHost: src is null");
+  return absl::OkStatus();
+}
+
+absl::Status ValidateCopyToHost(const Tensor& src, const void* dst, size_t bytes) {
+  if (bytes != src.nbytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("CopyToHost: src is ", src.DebugString(), " (",
+                                                   src.nbytes(), " bytes) but ", bytes,
+                                                   " bytes were asked for"));
+  }
+  AMPD_RETURN_IF_ERROR(CheckHasMemory("CopyToHost", "src", src));
+  if (bytes != 0 && dst == nullptr) return absl::InvalidArgumentError("CopyToHost: dst is null");
+  return absl::OkStatus();
+}
+
+absl::Status ValidateCopy(const Tensor& src, const Tensor& dst) {
+  AMPD_RETURN_IF_ERROR(CheckSameDType("Copy", "dst", dst, "src", src));
+  AMPD_RETURN_IF_ERROR(CheckSameNumel("Copy", "dst", dst, "src", src));
+  AMPD_RETURN_IF_ERROR(CheckHasMemory("Copy", "src", src));
+  return CheckHasMemory("Copy", "dst", dst);
+}
+
+absl::Status ValidateFill(const Tensor& dst) { return CheckFloat("Fill", "dst", dst); }
+
+absl::Status ValidateCast(const Tensor& src, const Tensor& dst) {
+  AMPD_RETURN_IF_ERROR(CheckFloat("Cast", "src", src));
+  AMPD_RETURN_IF_ERROR(CheckFloat("Cast", "dst", dst));
+  return CheckSameNumel("Cast", "dst", dst, "src", src);
+}
+
+absl::Status ValidateReadScalars(absl::Span<const Tensor* const> scalars, size_t out_size) {
+  constexpr absl::string_view kOp = "ReadScalars";
+  if (scalars.size() != out_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": out has ", out_size, " elements but scalars has ", scalars.size()));
+  }
+  for (size_t i = 0; i < scalars.size(); ++i) {
+    const std::string name = absl::StrCat("scalars[", i, "]");
+    if (scalars[i] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(kOp, ": ", name, " is null"));
+    }
+    AMPD_RETURN_IF_ERROR(CheckScalarF32(kOp, name, *scalars[i]));
+  }
+  return absl::OkStatus();
+}
+
+// ---- dense algebra ----------------------------------------------------------------
+
+absl::Status ValidateAdd(const Tensor& x, const Tensor& y) {
+  AMPD_RETURN_IF_ERROR(CheckFloat("Add", "x", x));
+  AMPD_RETURN_IF_ERROR(CheckFloat("Add", "y", y));
+  return CheckSameShape("Add", "x", x, "y", y);
+}
+
+absl::Status ValidateGemm(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
+                          const Tensor& c) {
+  constexpr absl::string_view kOp = "Gemm";
+  AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "a", a));
+  AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "b", b));
+  AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "c", c));
+  AMPD_RETURN_IF_ERROR(CheckRank(kOp, "a", a, 2));
+  AMPD_RETURN_IF_ERROR(CheckRank(kOp, "b", b, 2));
+  AMPD_RETURN_IF_ERROR(CheckRank(kOp, "c", c, 2));
+  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "b", b, "a", a));
+  if (c.dtype() != DType::kF32 && c.dtype() != a.dtype()) {
+    return absl::InvalidArgumentError(absl::StrCat("Gemm: c is ", c.DebugString(), " but a is ",
+                                                   a.DebugString(), "; c must be F32 or ",
+                                                   DTypeName(a.dtype())));
+  }
+  // op(a): (M, K), op(b): (K, N), c: (M, N).
+  const int64_t m = trans_a ? a.dim(1) : a.dim(0);
+  const int64_t k = trans_a ? a.dim(0) : a.dim(1);
+  const int64_t kb = trans_b ? b.dim(1) : b.dim(0);
+  const int64_t n = trans_b ? b.dim(0) : b.dim(1);
+  if (k != kb) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Gemm: b is ", b.DebugString(), (trans_b ? " (transposed)" : ""), " but a is ",
+                     a.DebugString(), (trans_a ? " (transposed)" : ""), "; inner dims differ (", k,
+                     " vs ", kb, ")"));
+  }
+  if (c.dim(0) != m || c.dim(1) != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Gemm: c is ", c.DebugString(), " but op(a) @ op(b) is (", m, ", ", n, ")"));
+  }
+  // BLAS and cuBLAS take int dimensions (and int leading dimensions, which
+  // are the stored column counts of a and b, each one of m, n or k).
+  constexpr int64_t kMaxDim = 0x7fffffff;
+  if (m > kMaxDim || n > kMaxDim || k > kMaxDim) {
+    return absl::InvalidArgumentError(absl::StrCat("Gemm: a ", a.DebugString(), " or b ",
+                                                   b.DebugString(), " is too large for BLAS"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateAddBias(const Tensor& bias, const Tensor& y) {
+  return CheckColumnVector("AddBias", "y", y, "bias", bias);
+}
+
+absl::Status ValidateBiasGrad(const Tensor& dy, const Tensor& dbias) {
+  return CheckColumnVector("BiasGrad", "dy", dy, "dbias", dbias);
+}
+
+// ---- activations ------------------------------------------------------------------
+
+absl::Status ValidateActivationForward(Activation act, const Tensor& x, const Tensor& y) {
+  constexpr absl::string_view kOp = "ActivationForward";
+  AMPD_RETURN_IF_ERROR(CheckActivation(kOp, act));
+  AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "x", x));
+  AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "y", y));
+  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "y", y, "x", x));
+  return CheckSameShape(kOp, "y", y, "x", x);
+}
+
+absl::Status ValidateActivationBackward(Activation act, const Tensor& x, const Tensor& dy,
+                                        const Tensor& dx) {
+  constexpr absl::string_view kOp = "ActivationBackward";
+  AMPD_RETURN_IF_ERROR(CheckActivation(kOp, act));
+  AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "x", x));
+  AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "dy", dy));
+  AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "dx", dx));
+  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "dy", dy, "x", x));
+  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "dx", dx, "x", x));
+  AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "dy", dy, "x", x));
+  return CheckSameShape(kOp, "dx", dx, "x", x);
+}
+
+// ---- normalisation ----------------------------------------------------------------
+
+absl::Status ValidateLayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta,
+                                      const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+  constexpr absl::string_view kOp = "LayerNormForward";
+  AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "x", x));
+  AMPD_RETURN_IF_ERROR(CheckRank(kOp, "x", x, 2));
+  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "y", y, "x", x));
+  AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "y", y, "x", x));
+  AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "y", y));
+  AMPD_RETURN_IF_ERROR(CheckAffine(kOp, "gamma", gamma, x));
+  AMPD_RETURN_IF_ERROR(CheckAffine(kOp, "beta", beta, x));
+  AMPD_RETURN_IF_ERROR(CheckStat(kOp, "mean", mean, x));
+  AMPD_RETURN_IF_ERROR(CheckStat(kOp, "rstd", rstd, x));
+  // The mean of zero columns is 0/0: refused rather than saving NaN stats.
+  if (x.dim(1) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": x is ", x.DebugString(), "; cannot normalise zero columns"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateLayerNormBackward(const Tensor& x, const Tensor* gamma, const Tensor& mean,
+                                       const Tensor& rstd, const Tensor& dy, const Tensor& dx,
+                                       const Tensor* dgamma, const Tensor* dbeta) {
+  constexpr absl::string_view kOp = "LayerNormBackward";
+  AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "x", x));
+  AMPD_RETURN_IF_ERROR(CheckRank(kOp, "x", x, 2));
+  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "dy", dy, "x", x));
+  AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "dy", dy, "x", x));
+  AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "dy", dy));
+  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "dx", dx, "x", x));
+  AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "dx", dx, "x", x));
+  AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "dx", dx));
+  AMPD_RETURN_IF_ERROR(CheckAffine(kOp, "gamma", gamma, x));
+  AMPD_RETURN_IF_ERROR(CheckStat(kOp, "mean", mean, x));
+  AMPD_RETURN_IF_ERROR(CheckStat(kOp, "rstd", rstd, x));
+  AMPD_RETURN_IF_ERROR(CheckParamGrad(kOp, "dgamma", dgamma, x));
+  AMPD_RETURN_IF_ERROR(CheckParamGrad(kOp, "dbeta", dbeta, x));
+  // Without gamma the forward pass had no scale to differentiate.
+  if (dgamma != nullptr && gamma == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": dgamma is ", dgamma->DebugString(), " but gamma is null"));
+  }
+  return absl::OkStatus();
+}
+
+// ---- embedding --------------------------------------------------------------------
+
+absl::Status ValidateEmbeddingForward(const Tensor& ids, const Tensor& table, const Tensor& out) {
+  constexpr absl::string_view kOp = "EmbeddingForward";
+  AMPD_RETURN_IF_ERROR(CheckIndex(kOp, "ids", ids));
+  AMPD_RETURN_IF_ERROR(CheckRank(kOp, "ids", ids, 1));
+  AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "table", table));
+  AMPD_RETURN_IF_ERROR(CheckRank(kOp, "table", table, 2));
+  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "out", out, "table", table));
+  AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "out", out));
+  if (out.rank() != 2 || out.dim(0) != ids.dim(0) || out.dim(1) != table.dim(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kOp, ": out is ", out.DebugString(), " but ids is ", ids.DebugString(), " and table is ",
+        table.DebugString(), "; expected (", ids.dim(0), ", ", table.dim(1), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateEmbeddingBackward(const Tensor& ids, const Tensor& dout,
+                                       const Tensor& dtable) {
+  constexpr absl::string_view kOp = "EmbeddingBackward";
+  AMPD_RETURN_IF_ERROR(CheckIndex(kOp, "ids", ids));
+  AMPD_RETURN_IF_ERROR(CheckRank(kOp, "ids", ids, 1));
+  AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "dout", dout));
+  AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "dtable", dtable));
+  AMPD_RETURN_IF_ERROR(CheckRank(kOp, "dtable", dtable, 2));
+  if (dout.rank() != 2 || dout.dim(0) != ids.dim(0) || dout.dim(1) != dtable.dim(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kOp, ": dout is ", dout.DebugString(), " but ids is ", ids.DebugString(), " and dtable is ",
+        dtable.DebugString(), "; expected (", ids.dim(0), ", ", dtable.dim(1), ")"));
+  }
+  return absl::OkStatus();
+}
+
+// ---- losses -----------------------------------------------------------------------
+
+absl::Status ValidateMseLoss(const Tensor& pred, const Tensor& target, const Tensor& loss,
+                             const Tensor& dpred) {
+  constexpr absl::string_view kOp = "MseLoss";
+  AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "pred", pred));
+  AMPD_RETURN_IF_ERROR(CheckDType(kOp, "target", target, DType::kF32));
+  AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "target", target, "pred", pred));
+  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "dpred", dpred, "pred", pred));
+  AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "dpred", dpred, "pred", pred));
+  AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "dpred", dpred));
+  AMPD_RETURN_IF_ERROR(CheckScalarF32(kOp, "loss", loss));
+  if (pred.numel() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": pred is ", pred.DebugString(), "; the mean of no elements"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateCrossEntropyLoss(const Tensor& logits, const Tensor& labels,
+                                      const Tensor& loss, const Tensor& dlogits) {
+  constexpr absl::string_view kOp = "CrossEntropyLoss";
+  AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "logits", logits));
+  AMPD_RETURN_IF_ERROR(CheckRank(kOp, "logits", logits, 2));
+  AMPD_RETURN_IF_ERROR(CheckIndex(kOp, "labels", labels));
+  if (labels.rank() != 1 || labels.dim(0) != logits.dim(0)) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": labels is ", labels.DebugString(),
+                                                   " but logits is ", logits.DebugString(),
+                                                   "; expected (", logits.dim(0), ")"));
+  }
+  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "dlogits", dlogits, "logits", logits));
+  AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "dlogits", dlogits, "logits", logits));
+  AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "dlogits", dlogits));
+  AMPD_RETURN_IF_ERROR(CheckScalarF32(kOp, "loss", loss));
+  // A mean over no rows is 0/0, and a softmax over no classes has no label.
+  if (logits.dim(0) == 0 || logits.dim(1) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": logits is ", logits.DebugString(),
+                                                   "; need at least one row and one class"));
+  }
+  return absl::OkStatus();
+}
+
+// ---- loss scaling and the optimizer ----------------------------------------------
+
+absl::Status ValidateUnscaleAndCheck(absl::Span<Tensor* const> grads, const Tensor& found_inf,
+                                     const Tensor* norm_sq) {
+  constexpr absl::string_view kOp = "UnscaleAndCheck";
+  AMPD_RETURN_IF_ERROR(CheckScalarF32(kOp, "found_inf", found_inf));
+  if (norm_sq != nullptr) AMPD_RETURN_IF_ERROR(CheckScalarF32(kOp, "norm_sq", *norm_sq));
+  return CheckGradList(kOp, grads);
+}
+
+absl::Status ValidateOptimizerParams(absl::string_view op, absl::Span<const ParamRef> params,
+                                     bool needs_state0, bool needs_state1,
+                                     const GradTransform& transform) {
+  AMPD_RETURN_IF_ERROR(CheckTransform(op, transform));
+  for (size_t i = 0; i < params.size(); ++i) {
+    AMPD_RETURN_IF_ERROR(CheckParam(op, i, params[i], needs_state0, needs_state1));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateAdamUpdate(absl::Span<const ParamRef> params, int64_t step,
+                                const GradTransform& transform) {
+  constexpr absl::string_view kOp = "AdamUpdate";
+  // step is the bias-correction exponent: 1 - beta^0 would divide by zero.
+  if (step < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": step is ", step, "; expected >= 1"));
+  }
+  return ValidateOptimizerParams(kOp, params, /*needs_state0=*/true, /*needs_state1=*/true,
+                                 transform);
+}
+
+absl::Status ValidateSgdUpdate(absl::Span<const ParamRef> params, const SgdConfig& config,
+                               const GradTransform& transform) {
+  return ValidateOptimizerParams("SgdUpdate", params,
+                                 /*needs_state0=*/config.momentum != 0.0f,
+                                 /*needs_state1=*/false, transform);
+}
+
+// ---- observability ----------------------------------------------------------------
+
+absl::Status ValidateGradLog2Histogram(absl::Span<const Tensor* const> grads,
+                                       const Tensor& counts) {
+  constexpr absl::string_view kOp = "GradLog2Histogram";
+  AMPD_RETURN_IF_ERROR(CheckDType(kOp, "counts", counts, DType::kI64));
+  if (counts.rank() != 1 || counts.dim(0) != kGradHistogramBins) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": counts is ", counts.DebugString(),
+                                                   "; expected I64(", kGradHistogramBins, ")"));
+  }
+  return CheckGradList(kOp, grads);
+}
+
+}  // namespace ampd::kernels

@@ -1,0 +1,116 @@
+// Argument validation for every Backend op, written once for all backends.
+// Each backend calls the op's Validate* function before touching memory, so
+// a bad call is refused with the same InvalidArgument message whichever
+// device runs it ("<Op>: <operand> is <dtype(shape)>; expected ..."); the
+// engine passes that message to the client unchanged, and the CUDA tests
+// compare it word for word with the CPU oracle's.
+//
+// Only what can be decided from dtypes, shapes, pointers and scalar
+// arguments lives here. Checks that need the data (ids and labels inside
+// [0, V)) are each backend's own: the CPU backend reads them on the host,
+// the CUDA backend flags them on the device and reports at the next
+// synchronisation. Device independent: no CUDA headers, host C++17.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "kernels/backend.h"
+#include "kernels/dtype.h"
+#include "kernels/tensor.h"
+
+namespace ampd::kernels {
+
+// ---- generic checks -----------------------------------------------------------
+// Each names the op and the operand, so a message points at the bad argument.
+
+// A tensor with elements must own memory (a default-constructed Tensor has none).
+absl::Status CheckHasMemory(absl::string_view op, absl::string_view name, const Tensor& t);
+// F32, F16 or BF16, with memory.
+absl::Status CheckFloat(absl::string_view op, absl::string_view name, const Tensor& t);
+// Exactly `want`, with memory.
+absl::Status CheckDType(absl::string_view op, absl::string_view name, const Tensor& t, DType want);
+// I32 or I64 (ids, labels), with memory.
+absl::Status CheckIndex(absl::string_view op, absl::string_view name, const Tensor& t);
+absl::Status CheckRank(absl::string_view op, absl::string_view name, const Tensor& t, int64_t rank);
+absl::Status CheckSameShape(absl::string_view op, absl::string_view name, const Tensor& t,
+                            absl::string_view ref_name, const Tensor& ref);
+absl::Status CheckSameDType(absl::string_view op, absl::string_view name, const Tensor& t,
+                            absl::string_view ref_name, const Tensor& ref);
+absl::Status CheckSameNumel(absl::string_view op, absl::string_view name, const Tensor& t,
+                            absl::string_view ref_name, const Tensor& ref);
+// A one-element F32 tensor of any rank (loss, found_inf, norm_sq), with memory.
+absl::Status CheckScalarF32(absl::string_view op, absl::string_view name, const Tensor& t);
+
+// ---- one per Backend op ---------------------------------------------------------
+// Same arguments as the op (minus the plain float scalars no rule looks
+// at), same order of checks on every backend, so the first error reported
+// is the same too.
+
+// ---- memory
+// No negative dimension, and a byte count far from int64 overflow.
+absl::Status ValidateAllocate(const Shape& shape);
+// bytes == dst.nbytes(); src may be null only when there is nothing to copy.
+absl::Status ValidateCopyFromHost(const void* src, size_t bytes, const Tensor& dst);
+absl::Status ValidateCopyToHost(const Tensor& src, const void* dst, size_t bytes);
+absl::Status ValidateCopy(const Tensor& src, const Tensor& dst);
+absl::Status ValidateFill(const Tensor& dst);
+absl::Status ValidateCast(const Tensor& src, const Tensor& dst);
+// out_size is out.size(); every scalars[i] is checked before any is read.
+absl::Status ValidateReadScalars(absl::Span<const Tensor* const> scalars, size_t out_size);
+
+// ---- dense algebra
+absl::Status ValidateAdd(const Tensor& x, const Tensor& y);
+// Also refuses dims beyond int: BLAS and cuBLAS both take int dimensions.
+absl::Status ValidateGemm(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
+                          const Tensor& c);
+absl::Status ValidateAddBias(const Tensor& bias, const Tensor& y);
+absl::Status ValidateBiasGrad(const Tensor& dy, const Tensor& dbias);
+
+// ---- activations
+absl::Status ValidateActivationForward(Activation act, const Tensor& x, const Tensor& y);
+absl::Status ValidateActivationBackward(Activation act, const Tensor& x, const Tensor& dy,
+                                        const Tensor& dx);
+
+// ---- normalisation
+absl::Status ValidateLayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta,
+                                      const Tensor& y, const Tensor& mean, const Tensor& rstd);
+absl::Status ValidateLayerNormBackward(const Tensor& x, const Tensor* gamma, const Tensor& mean,
+                                       const Tensor& rstd, const Tensor& dy, const Tensor& dx,
+                                       const Tensor* dgamma, const Tensor* dbeta);
+
+// ---- embedding (the ids' range is the backend's to check)
+absl::Status ValidateEmbeddingForward(const Tensor& ids, const Tensor& table, const Tensor& out);
+absl::Status ValidateEmbeddingBackward(const Tensor& ids, const Tensor& dout, const Tensor& dtable);
+
+// ---- losses (the labels' range is the backend's to check)
+absl::Status ValidateMseLoss(const Tensor& pred, const Tensor& target, const Tensor& loss,
+                             const Tensor& dpred);
+absl::Status ValidateCrossEntropyLoss(const Tensor& logits, const Tensor& labels,
+                                      const Tensor& loss, const Tensor& dlogits);
+
+// ---- loss scaling and the optimizer
+absl::Status ValidateUnscaleAndCheck(absl::Span<Tensor* const> grads, const Tensor& found_inf,
+                                     const Tensor* norm_sq);
+// The transform's scalars, then every ParamRef: master F32; grad float of
+// master's element count; working (optional) float of the same count;
+// state0/state1 F32 of the same count when the optimizer needs them (an
+// unneeded state buffer is never touched, so it is not checked). Everything
+// is validated before anything is written.
+absl::Status ValidateOptimizerParams(absl::string_view op, absl::Span<const ParamRef> params,
+                                     bool needs_state0, bool needs_state1,
+                                     const GradTransform& transform);
+// step >= 1, then ValidateOptimizerParams with both moments required.
+absl::Status ValidateAdamUpdate(absl::Span<const ParamRef> params, int64_t step,
+                                const GradTransform& transform);
+// state0 (the momentum buffer) is required exactly when config.momentum != 0.
+absl::Status ValidateSgdUpdate(absl::Span<const ParamRef> params, const SgdConfig& config,
+                               const GradTransform& transform);
+
+// ---- observability
+absl::Status ValidateGradLog2Histogram(absl::Span<const Tensor* const> grads, const Tensor& counts);
+
+}  // namespace ampd::kernels

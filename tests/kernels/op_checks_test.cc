@@ -1,0 +1,129 @@
+// kernels/op_checks: the argument rules every backend shares. The CPU op
+// tests cover each op's refusals through the backend; these pin the rules
+// that were reconciled when the CPU and CUDA backends stopped keeping their
+// own copies (exact messages, null host pointers, oversized shapes), so a
+// backend that drifts from them shows up here without a GPU.
+#include "kernels/op_checks.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "tests/kernels/kernel_test_util.h"
+
+namespace ampd::kernels {
+namespace {
+
+class OpChecksTest : public ::testing::Test {
+ protected:
+  Tensor Make(DType dtype, const Shape& shape) { return *be_->Allocate(dtype, shape); }
+
+  std::unique_ptr<Backend> be_ = CreateCpuBackend();
+};
+
+void ExpectMessage(const absl::Status& s, const std::string& want) {
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(std::string(s.message()), want);
+}
+
+TEST_F(OpChecksTest, AllocateRefusesNegativeAndOverflowingShapes) {
+  EXPECT_TRUE(ValidateAllocate({}).ok());
+  EXPECT_TRUE(ValidateAllocate({0, int64_t{1} << 62}).ok());  // no elements, no bytes
+  ExpectMessage(ValidateAllocate({2, -1}), "Allocate: shape (2, -1) has a negative dimension");
+  ExpectMessage(ValidateAllocate({int64_t{1} << 30, int64_t{1} << 30}),
+                "Allocate: shape (1073741824, 1073741824) is too large");
+}
+
+TEST_F(OpChecksTest, HostCopiesRefuseANullHostPointerOnlyWhenThereAreBytes) {
+  Tensor t = Make(DType::kF32, {2});
+  float host[2] = {0, 0};
+  EXPECT_TRUE(ValidateCopyFromHost(host, 8, t).ok());
+  ExpectMessage(ValidateCopyFromHost(nullptr, 8, t), "CopyFromHost: src is null");
+  ExpectMessage(ValidateCopyToHost(t, nullptr, 8), "CopyToHost: dst is null");
+  Tensor none = Make(DType::kF32, {0});
+  EXPECT_TRUE(ValidateCopyFromHost(nullptr, 0, none).ok());
+  EXPECT_TRUE(ValidateCopyToHost(none, nullptr, 0).ok());
+  // The byte count is checked first: it names both sizes.
+  ExpectMessage(ValidateCopyFromHost(nullptr, 4, t),
+                "CopyFromHost: dst is F32(2) (8 bytes) but 4 bytes were given");
+  // Through the CPU backend too: refused, not a memcpy from null.
+  ExpectMessage(be_->CopyFromHost(nullptr, 8, t), "CopyFromHost: src is null");
+}
+
+TEST_F(OpChecksTest, CopyChecksDTypeAndCountBeforeMemory) {
+  Tensor src = Make(DType::kF32, {3});
+  Tensor empty;  // F32 scalar shape with no memory
+  Tensor half = Make(DType::kF16, {3});
+  ExpectMessage(ValidateCopy(src, half), "Copy: dst is F16(3) but src is F32(3); dtypes differ");
+  ExpectMessage(ValidateCopy(src, empty),
+                "Copy: dst is F32() but src is F32(3); element counts differ");
+  Tensor one = Make(DType::kF32, {1});
+  ExpectMessage(ValidateCopy(one, empty), "Copy: dst is F32() but holds no memory");
+}
+
+TEST_F(OpChecksTest, BiasLengthAndActivationMessagesAreTheOraclesOnes) {
+  Tensor y = Make(DType::kF32, {4, 3});
+  Tensor bias = Make(DType::kF32, {2});
+  ExpectMessage(ValidateAddBias(bias, y),
+                "AddBias: bias is F32(2) but y is F32(4, 3); bias length must equal y's columns");
+  ExpectMessage(ValidateBiasGrad(y, bias),
+                "BiasGrad: dbias is F32(2) but dy is F32(4, 3); dbias length must equal dy's "
+                "columns");
+  ExpectMessage(ValidateActivationForward(static_cast<Activation>(7), y, y),
+                "ActivationForward: unknown activation 7");
+}
+
+TEST_F(OpChecksTest, LayerNormStatisticsMustBeOnePerRow) {
+  Tensor x = Make(DType::kF32, {2, 4});
+  Tensor y = Make(DType::kF32, {2, 4});
+  Tensor stat = Make(DType::kF32, {2});
+  Tensor stat_2d = Make(DType::kF32, {2, 1});  // two elements, but not (N)
+  EXPECT_TRUE(ValidateLayerNormForward(x, nullptr, nullptr, y, stat, stat).ok());
+  ExpectMessage(ValidateLayerNormForward(x, nullptr, nullptr, y, stat_2d, stat),
+                "LayerNormForward: mean is F32(2, 1) but x is F32(2, 4); expected (2)");
+  Tensor gamma = Make(DType::kF32, {3});
+  ExpectMessage(ValidateLayerNormForward(x, &gamma, nullptr, y, stat, stat),
+                "LayerNormForward: gamma is F32(3) but x is F32(2, 4); expected (4)");
+}
+
+TEST_F(OpChecksTest, EmbeddingAndLabelShapesNameEveryOperand) {
+  Tensor ids = Make(DType::kI64, {3});
+  Tensor table = Make(DType::kF32, {10, 4});
+  Tensor out = Make(DType::kF32, {2, 4});
+  ExpectMessage(ValidateEmbeddingForward(ids, table, out),
+                "EmbeddingForward: out is F32(2, 4) but ids is I64(3) and table is F32(10, 4); "
+                "expected (3, 4)");
+  Tensor logits = Make(DType::kF32, {2, 5});
+  Tensor loss = Make(DType::kF32, {1});
+  ExpectMessage(ValidateCrossEntropyLoss(logits, ids, loss, logits),
+                "CrossEntropyLoss: labels is I64(3) but logits is F32(2, 5); expected (2)");
+}
+
+TEST_F(OpChecksTest, OptimizerChecksTheTransformThenEachParam) {
+  Tensor master = Make(DType::kF32, {4});
+  Tensor grad = Make(DType::kF16, {4});
+  Tensor m = Make(DType::kF32, {4});
+  Tensor found_inf = Make(DType::kF32, {1});
+  GradTransform tr;
+  tr.found_inf = &found_inf;
+  const ParamRef no_state{&master, nullptr, &grad, nullptr, nullptr};
+  const ParamRef with_m{&master, nullptr, &grad, &m, nullptr};
+  // Plain SGD needs no state; momentum needs state0; Adam needs both.
+  EXPECT_TRUE(ValidateSgdUpdate({&no_state, 1}, SgdConfig{}, tr).ok());
+  SgdConfig momentum;
+  momentum.momentum = 0.9f;
+  ExpectMessage(ValidateSgdUpdate({&no_state, 1}, momentum, tr),
+                "SgdUpdate: params[0].state0 is null");
+  EXPECT_TRUE(ValidateSgdUpdate({&with_m, 1}, momentum, tr).ok());
+  ExpectMessage(ValidateAdamUpdate({&with_m, 1}, 1, tr), "AdamUpdate: params[0].state1 is null");
+  ExpectMessage(ValidateAdamUpdate({&with_m, 1}, 0, tr), "AdamUpdate: step is 0; expected >= 1");
+  GradTransform missing;
+  ExpectMessage(ValidateOptimizerParams("SgdUpdate", {&no_state, 1}, false, false, missing),
+                "SgdUpdate: transform.found_inf is null");
+}
+
+}  // namespace
+}  // namespace ampd::kernels
