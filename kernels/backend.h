@@ -100,6 +100,9 @@ class Backend {
                                    absl::Span<float> out) = 0;
   // Bytes this backend holds in live tensors (for the memory gauge/limits).
   virtual int64_t BytesInUse() const = 0;
+  // Memory the device has in all (host RAM for the CPU backend, the GPU's
+  // global memory for CUDA); 0 when it cannot be read.
+  virtual int64_t MemoryCapacityBytes() const = 0;
 
   // ---- dense algebra ------------------------------------------------------
   // y += x elementwise, same shape; x and y any float dtypes (they may

@@ -77,12 +77,6 @@ void OnShutdownSignal(int sig) {
   errno = saved;
 }
 
-int64_t HostMemoryBytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page_size = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page_size > 0 ? static_cast<int64_t>(pages) * page_size : 0;
-}
-
 int Run() {
   // Shutdown signals go through a self-pipe: the handler only write()s the
   // signal number, a thread reads it and wakes main. (sigwait would need the
@@ -115,6 +109,7 @@ int Run() {
   // Resolve --device once ("auto" becomes "cuda:0" or "cpu") by creating a
   // backend: a missing GPU fails here, clearly, instead of at the first job.
   std::string device;
+  int64_t total_memory = 0;
   {
     absl::StatusOr<std::unique_ptr<ampd::kernels::Backend>> probe =
         ampd::kernels::CreateBackend(absl::GetFlag(FLAGS_device));
@@ -123,10 +118,8 @@ int Run() {
       return 1;
     }
     device = (*probe)->name();
+    total_memory = (*probe)->MemoryCapacityBytes();
   }
-  const bool on_gpu = device != "cpu";
-  // The CPU backend's memory is host RAM; a GPU's total comes from its own backend.
-  const int64_t total_memory = on_gpu ? 0 : HostMemoryBytes();
 
   ampd::engine::RegistryOptions options;
   options.device = device;

@@ -4,6 +4,8 @@
 // synchronously on the calling thread, so Synchronize has nothing to wait for.
 #include "kernels/cpu/cpu_backend.h"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -103,6 +105,11 @@ class CpuBackend final : public Backend {
   }
 
   int64_t BytesInUse() const override { return bytes_in_use_->load(std::memory_order_relaxed); }
+  int64_t MemoryCapacityBytes() const override {
+    const long pages = sysconf(_SC_PHYS_PAGES);
+    const long page_size = sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && page_size > 0 ? static_cast<int64_t>(pages) * page_size : 0;
+  }
 
   absl::Status Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
                     float beta, Tensor& c) override {

@@ -235,6 +235,14 @@ class CudaBackend final : public Backend {
   int64_t BytesInUse() const override {
     return ctx_->bytes_in_use.load(std::memory_order_relaxed) - internal_bytes_;
   }
+  int64_t MemoryCapacityBytes() const override {
+    cudaDeviceProp props;
+    if (cudaGetDeviceProperties(&props, ctx_->device) != cudaSuccess) {
+      (void)cudaGetLastError();  // reported as 0; keep it out of the next op's status
+      return 0;
+    }
+    return static_cast<int64_t>(props.totalGlobalMem);
+  }
 
   // ---- dense algebra --------------------------------------------------------
   absl::Status Add(const Tensor& x, Tensor& y) override {
