@@ -27,6 +27,7 @@
 #include "reflection_subset.grpc.pb.h"
 #include "server/engine/checkpoint/safetensors.h"
 #include "tests/support/ampd_process.h"
+#include "tests/support/subprocess.h"
 #include "tests/support/temp_dir.h"
 
 namespace ampd {
@@ -514,6 +515,25 @@ TEST_F(ServiceTest, ReflectionListsTheTrainerService) {
   EXPECT_NE(std::find(names.begin(), names.end(), "ampd.v1.Trainer"), names.end());
   EXPECT_NE(std::find(names.begin(), names.end(), "grpc.health.v1.Health"), names.end());
   EXPECT_TRUE(stream->Finish().ok());
+}
+
+// --device names a backend that must exist: ampd refuses to start, exit 1,
+// naming the device, instead of failing every job later. (cuda:64: no
+// machine has that many GPUs, so this holds with or without one.)
+TEST(AmpdStartup, AnAbsentOrUnknownDeviceFailsClearlyAtStart) {
+  for (const auto& [device, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"cuda:64", "device \"cuda:64\" requested but"},
+           {"tpu", "device \"tpu\": expected auto, cpu, cuda or cuda:N"}}) {
+    const test_support::CommandResult run =
+        test_support::RunCommand({AMPD_SERVER_BINARY, "--listen=127.0.0.1:0",
+                                  "--metrics-listen=", absl::StrCat("--device=", device)},
+                                 std::chrono::seconds(30));
+    EXPECT_TRUE(run.status.exited && run.status.code == 1)
+        << device << ": " << run.status.ToString() << "\n"
+        << run.err;
+    EXPECT_TRUE(absl::StrContains(run.err, expected)) << device << ": " << run.err;
+    EXPECT_FALSE(absl::StrContains(run.out, "listening on")) << device << ": " << run.out;
+  }
 }
 
 }  // namespace
