@@ -28,6 +28,7 @@
 #include "client/synthetic_task.h"
 #include "common/dashed_flags.h"
 #include "server/engine/model/batch_check.h"
+#include "server/rpc/wire.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "ampd address HOST:PORT");
 ABSL_FLAG(int64_t, deadline_ms, 60000, "Deadline of each call attempt");
@@ -209,7 +210,7 @@ absl::StatusOr<TrainData> PrepareTrainData() {
       return Fail(absl::StrCat("--batches=", path, ": ", batches.status().message()));
     }
     data.file_batches = *std::move(batches);
-    data.model = ampd::ModelSpecToProto(**spec);
+    data.model = ampd::rpc::ModelSpecToProto(**spec);
     return data;
   }
   if (absl::GetFlag(FLAGS_batch_size) < 1) return Fail("--batch_size: must be >= 1");
@@ -222,8 +223,10 @@ absl::StatusOr<TrainData> PrepareTrainData() {
   // task draws the probe batch so the real batch stream is untouched.
   ampd::SyntheticTask probe = *data.task;
   const ampd::v1::MicroBatch batch = probe.NextBatch();
-  absl::StatusOr<ampd::engine::HostTensor> inputs = ampd::TensorFromProto(batch.inputs());
-  absl::StatusOr<ampd::engine::HostTensor> targets = ampd::TensorFromProto(batch.targets());
+  absl::StatusOr<ampd::engine::HostTensor> inputs =
+      ampd::rpc::TensorFromProto(batch.inputs(), "inputs");
+  absl::StatusOr<ampd::engine::HostTensor> targets =
+      ampd::rpc::TensorFromProto(batch.targets(), "targets");
   if (!inputs.ok()) return inputs.status();
   if (!targets.ok()) return targets.status();
   if (absl::Status s = ampd::engine::model::CheckBatchFitsModel(
@@ -231,7 +234,7 @@ absl::StatusOr<TrainData> PrepareTrainData() {
       !s.ok()) {
     return Fail(absl::StrCat("--layers: ", s.message()));
   }
-  data.model = ampd::ModelSpecToProto(**spec);
+  data.model = ampd::rpc::ModelSpecToProto(**spec);
   return data;
 }
 
@@ -307,8 +310,8 @@ absl::Status Jobs(ampd::Client& client, const std::vector<char*>& args) {
   if (verb == "create") {
     absl::StatusOr<std::optional<ampd::engine::model::ModelSpec>> spec = ModelFromFlags();
     if (!spec.ok()) return spec.status();
-    absl::StatusOr<ampd::v1::CreateJobRequest> request =
-        BuildCreateRequest(spec->has_value() ? ampd::ModelSpecToProto(**spec) : MakeTask().Model());
+    absl::StatusOr<ampd::v1::CreateJobRequest> request = BuildCreateRequest(
+        spec->has_value() ? ampd::rpc::ModelSpecToProto(**spec) : MakeTask().Model());
     if (!request.ok()) return request.status();
     absl::StatusOr<ampd::v1::Job> job = client.CreateJob(*request);
     if (!job.ok()) return job.status();

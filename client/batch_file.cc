@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "server/engine/checkpoint/safetensors.h"
 #include "server/engine/model/batch_check.h"
+#include "server/rpc/wire.h"
 
 namespace ampd {
 namespace {
@@ -143,41 +144,6 @@ absl::StatusOr<ModelSpec> ParseModelFlags(absl::string_view layers, absl::string
   return spec;
 }
 
-v1::ModelSpec ModelSpecToProto(const ModelSpec& spec) {
-  v1::ModelSpec proto;
-  for (const LayerSpec& l : spec.layers) {
-    v1::Layer* layer = proto.add_layers();
-    switch (l.kind) {
-      case LayerKind::kLinear: {
-        v1::Linear* linear = layer->mutable_linear();
-        linear->set_in_features(l.in_features);
-        linear->set_out_features(l.out_features);
-        linear->set_bias(l.bias);
-        break;
-      }
-      case LayerKind::kReLU:
-        layer->mutable_relu();
-        break;
-      case LayerKind::kGELU:
-        layer->mutable_gelu();
-        break;
-      case LayerKind::kTanh:
-        layer->mutable_tanh();
-        break;
-      case LayerKind::kLayerNorm:
-        layer->mutable_layer_norm()->set_normalized_shape(l.normalized_shape);
-        break;
-      case LayerKind::kEmbedding:
-        layer->mutable_embedding()->set_num_embeddings(l.num_embeddings);
-        layer->mutable_embedding()->set_embedding_dim(l.embedding_dim);
-        break;
-    }
-  }
-  proto.set_loss(spec.loss == LossKind::kCrossEntropy ? v1::LOSS_CROSS_ENTROPY : v1::LOSS_MSE);
-  if (spec.loss_multiplier != 1.0f) proto.set_loss_multiplier(spec.loss_multiplier);
-  return proto;
-}
-
 absl::StatusOr<std::vector<v1::MicroBatch>> BatchesFromSafetensors(absl::string_view bytes,
                                                                    const ModelSpec& model) {
   absl::StatusOr<engine::checkpoint::StateDict> state =
@@ -224,8 +190,8 @@ absl::StatusOr<std::vector<v1::MicroBatch>> BatchesFromSafetensors(absl::string_
       return s;
     }
     v1::MicroBatch batch;
-    *batch.mutable_inputs() = TensorToProto(*inputs);
-    *batch.mutable_targets() = TensorToProto(*targets);
+    *batch.mutable_inputs() = rpc::TensorToProto(*inputs);
+    *batch.mutable_targets() = rpc::TensorToProto(*targets);
     batches.push_back(std::move(batch));
   }
   return batches;
@@ -238,56 +204,6 @@ absl::StatusOr<std::string> ReadBatchFile(const std::string& path) {
   buffer << file.rdbuf();
   if (file.bad()) return Invalid(absl::StrCat("--batches: cannot read ", path));
   return buffer.str();
-}
-
-v1::Tensor TensorToProto(const HostTensor& tensor) {
-  v1::Tensor proto;
-  switch (tensor.dtype) {
-    case DType::kF32:
-      proto.set_dtype(v1::DTYPE_F32);
-      break;
-    case DType::kF16:
-      proto.set_dtype(v1::DTYPE_F16);
-      break;
-    case DType::kBF16:
-      proto.set_dtype(v1::DTYPE_BF16);
-      break;
-    case DType::kI32:
-      proto.set_dtype(v1::DTYPE_I32);
-      break;
-    case DType::kI64:
-      proto.set_dtype(v1::DTYPE_I64);
-      break;
-  }
-  for (int64_t d : tensor.shape) proto.add_shape(d);
-  proto.set_data(tensor.data);
-  return proto;
-}
-
-absl::StatusOr<HostTensor> TensorFromProto(const v1::Tensor& tensor) {
-  HostTensor t;
-  switch (tensor.dtype()) {
-    case v1::DTYPE_F32:
-      t.dtype = DType::kF32;
-      break;
-    case v1::DTYPE_F16:
-      t.dtype = DType::kF16;
-      break;
-    case v1::DTYPE_BF16:
-      t.dtype = DType::kBF16;
-      break;
-    case v1::DTYPE_I32:
-      t.dtype = DType::kI32;
-      break;
-    case v1::DTYPE_I64:
-      t.dtype = DType::kI64;
-      break;
-    default:
-      return Invalid(absl::StrCat("unknown dtype ", tensor.dtype()));
-  }
-  t.shape.assign(tensor.shape().begin(), tensor.shape().end());
-  t.data = tensor.data();
-  return t;
 }
 
 }  // namespace ampd

@@ -32,9 +32,6 @@ namespace ampd {
 absl::StatusOr<engine::model::ModelSpec> ParseModelFlags(absl::string_view layers,
                                                          absl::string_view loss);
 
-// The wire form of a model spec (what CreateJob sends).
-v1::ModelSpec ModelSpecToProto(const engine::model::ModelSpec& spec);
-
 // The batches of a safetensors batch file's bytes, in index order, each
 // checked against `model`. InvalidArgument naming the missing, unexpected or
 // malformed tensor ("targets.1 is missing", "inputs.0: expected ...").
@@ -43,9 +40,5 @@ absl::StatusOr<std::vector<v1::MicroBatch>> BatchesFromSafetensors(
 
 // The file's bytes; InvalidArgument when it cannot be read (a usage error).
 absl::StatusOr<std::string> ReadBatchFile(const std::string& path);
-
-// HostTensor <-> wire tensor (the same bytes).
-v1::Tensor TensorToProto(const engine::HostTensor& tensor);
-absl::StatusOr<engine::HostTensor> TensorFromProto(const v1::Tensor& tensor);
 
 }  // namespace ampd

@@ -13,6 +13,7 @@
 #include "server/engine/jobs/job_config.h"
 #include "server/engine/jobs/job_registry.h"
 #include "server/engine/jobs/trainer.h"
+#include "server/rpc/wire.h"
 
 namespace ampd::rpc {
 
@@ -24,8 +25,6 @@ v1::JobConfig JobConfigToProto(const engine::JobConfig& config);
 
 v1::Job JobToProto(const engine::JobSnapshot& snapshot);
 
-absl::StatusOr<engine::HostTensor> TensorFromProto(const v1::Tensor& proto,
-                                                   absl::string_view field);
 absl::StatusOr<engine::StepInput> StepInputFromProto(const v1::StepRequest& request);
 void StepReportToProto(const engine::StepReport& report, v1::StepResponse* response);
 

@@ -301,7 +301,7 @@ TEST_F(AmpctlTest, TrainsOnRegressionBatchesLikeTheEngine) {
   ASSERT_TRUE(spec.ok()) << spec.status();
   // 5 steps over 3 batches: steps 4 and 5 reuse batches 0 and 1.
   const std::vector<StepLine> lines = ExpectSameAsEngine(
-      RegressionBatches(), ExpectedConfig(ModelSpecToProto(*spec), v1::PRECISION_FP16, 3),
+      RegressionBatches(), ExpectedConfig(rpc::ModelSpecToProto(*spec), v1::PRECISION_FP16, 3),
       {absl::StrCat("--layers=", kRegressionLayers)}, 5);
   // The targets' magnitude overflows fp16 at the first scale and later
   // steps apply, so both the skip path and real AdamW updates are compared.
@@ -439,7 +439,7 @@ TEST(ParseModelFlagsTest, BuildsTheLayersInOrder) {
   absl::StatusOr<engine::model::ModelSpec> spec =
       ParseModelFlags("layer_norm:16, linear:16:32:nobias ,tanh,linear:32:3", "cross_entropy");
   ASSERT_TRUE(spec.ok()) << spec.status();
-  const v1::ModelSpec proto = ModelSpecToProto(*spec);
+  const v1::ModelSpec proto = rpc::ModelSpecToProto(*spec);
   ASSERT_EQ(proto.layers_size(), 4);
   EXPECT_EQ(proto.layers(0).layer_norm().normalized_shape(), 16);
   EXPECT_EQ(proto.layers(1).linear().in_features(), 16);

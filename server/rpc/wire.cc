@@ -1,0 +1,200 @@
+// Model spec and tensor conversions shared by the rpc layer and ampctl (wire.h).
+#include "server/rpc/wire.h"
+
+#include <cmath>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace ampd::rpc {
+
+namespace model = engine::model;
+
+namespace {
+
+absl::Status FieldError(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+absl::Status CheckFinite(absl::string_view field, double value) {
+  if (std::isfinite(value)) return absl::OkStatus();
+  return FieldError(field, absl::StrCat("must be finite, got ", value));
+}
+
+}  // namespace
+
+absl::Status ModelSpecFromProto(const v1::ModelSpec& proto, absl::string_view field_prefix,
+                                model::ModelSpec* spec) {
+  for (int i = 0; i < proto.layers_size(); ++i) {
+    const v1::Layer& layer = proto.layers(i);
+    const std::string field = absl::StrCat(field_prefix, ".layers[", i, "]");
+    model::LayerSpec l;
+    switch (layer.kind_case()) {
+      case v1::Layer::kLinear:
+        l.kind = model::LayerKind::kLinear;
+        l.in_features = layer.linear().in_features();
+        l.out_features = layer.linear().out_features();
+        l.bias = layer.linear().has_bias() ? layer.linear().bias() : true;
+        break;
+      case v1::Layer::kRelu:
+        l.kind = model::LayerKind::kReLU;
+        break;
+      case v1::Layer::kGelu:
+        l.kind = model::LayerKind::kGELU;
+        break;
+      case v1::Layer::kTanh:
+        l.kind = model::LayerKind::kTanh;
+        break;
+      case v1::Layer::kLayerNorm: {
+        const v1::LayerNorm& ln = layer.layer_norm();
+        l.kind = model::LayerKind::kLayerNorm;
+        l.normalized_shape = ln.normalized_shape();
+        if (ln.has_eps()) {
+          if (absl::Status s = CheckFinite(absl::StrCat(field, ".layer_norm.eps"), ln.eps());
+              !s.ok()) {
+            return s;
+          }
+          l.eps = ln.eps();
+        }
+        if (ln.has_elementwise_affine()) l.elementwise_affine = ln.elementwise_affine();
+        break;
+      }
+      case v1::Layer::kEmbedding:
+        l.kind = model::LayerKind::kEmbedding;
+        l.num_embeddings = layer.embedding().num_embeddings();
+        l.embedding_dim = layer.embedding().embedding_dim();
+        break;
+      default:
+        return FieldError(field, "no layer kind set");
+    }
+    spec->layers.push_back(l);
+  }
+  switch (proto.loss()) {
+    case v1::LOSS_UNSPECIFIED:
+    case v1::LOSS_MSE:
+      spec->loss = model::LossKind::kMse;
+      break;
+    case v1::LOSS_CROSS_ENTROPY:
+      spec->loss = model::LossKind::kCrossEntropy;
+      break;
+    default:
+      return FieldError(absl::StrCat(field_prefix, ".loss"),
+                        absl::StrCat("unknown value ", proto.loss()));
+  }
+  if (proto.has_loss_multiplier()) {
+    if (absl::Status s =
+            CheckFinite(absl::StrCat(field_prefix, ".loss_multiplier"), proto.loss_multiplier());
+        !s.ok()) {
+      return s;
+    }
+    spec->loss_multiplier = proto.loss_multiplier();
+  }
+  return absl::OkStatus();
+}
+
+v1::ModelSpec ModelSpecToProto(const model::ModelSpec& spec) {
+  v1::ModelSpec proto;
+  for (const model::LayerSpec& l : spec.layers) {
+    v1::Layer* layer = proto.add_layers();
+    switch (l.kind) {
+      case model::LayerKind::kLinear:
+        layer->mutable_linear()->set_in_features(l.in_features);
+        layer->mutable_linear()->set_out_features(l.out_features);
+        layer->mutable_linear()->set_bias(l.bias);
+        break;
+      case model::LayerKind::kReLU:
+        layer->mutable_relu();
+        break;
+      case model::LayerKind::kGELU:
+        layer->mutable_gelu();
+        break;
+      case model::LayerKind::kTanh:
+        layer->mutable_tanh();
+        break;
+      case model::LayerKind::kLayerNorm:
+        layer->mutable_layer_norm()->set_normalized_shape(l.normalized_shape);
+        layer->mutable_layer_norm()->set_eps(l.eps);
+        layer->mutable_layer_norm()->set_elementwise_affine(l.elementwise_affine);
+        break;
+      case model::LayerKind::kEmbedding:
+        layer->mutable_embedding()->set_num_embeddings(l.num_embeddings);
+        layer->mutable_embedding()->set_embedding_dim(l.embedding_dim);
+        break;
+    }
+  }
+  proto.set_loss(spec.loss == model::LossKind::kCrossEntropy ? v1::LOSS_CROSS_ENTROPY
+                                                             : v1::LOSS_MSE);
+  proto.set_loss_multiplier(spec.loss_multiplier);
+  return proto;
+}
+
+absl::StatusOr<engine::HostTensor> TensorFromProto(const v1::Tensor& proto,
+                                                   absl::string_view field) {
+  engine::HostTensor t;
+  switch (proto.dtype()) {
+    case v1::DTYPE_F32:
+      t.dtype = kernels::DType::kF32;
+      break;
+    case v1::DTYPE_F16:
+      t.dtype = kernels::DType::kF16;
+      break;
+    case v1::DTYPE_BF16:
+      t.dtype = kernels::DType::kBF16;
+      break;
+    case v1::DTYPE_I32:
+      t.dtype = kernels::DType::kI32;
+      break;
+    case v1::DTYPE_I64:
+      t.dtype = kernels::DType::kI64;
+      break;
+    default:
+      return FieldError(absl::StrCat(field, ".dtype"),
+                        absl::StrCat("unset or unknown dtype ", proto.dtype()));
+  }
+  t.shape.assign(proto.shape().begin(), proto.shape().end());
+  // Check each dim before their product: a hostile shape must not overflow.
+  int64_t elements = 1;
+  for (int i = 0; i < proto.shape_size(); ++i) {
+    const int64_t d = proto.shape(i);
+    if (d < 0 || (d > 0 && elements > (int64_t{1} << 40) / d)) {
+      return FieldError(absl::StrCat(field, ".shape"),
+                        absl::StrCat("dim ", i, " = ", d, " is negative or too large"));
+    }
+    elements *= d;
+  }
+  const int64_t want = elements * static_cast<int64_t>(kernels::SizeOf(t.dtype));
+  if (static_cast<int64_t>(proto.data().size()) != want) {
+    return FieldError(
+        absl::StrCat(field, ".data"),
+        absl::StrCat("has ", proto.data().size(), " bytes, shape ", kernels::ShapeToString(t.shape),
+                     " of ", kernels::DTypeName(t.dtype), " needs ", want));
+  }
+  t.data = proto.data();
+  return t;
+}
+
+v1::Tensor TensorToProto(const engine::HostTensor& tensor) {
+  v1::Tensor proto;
+  switch (tensor.dtype) {
+    case kernels::DType::kF32:
+      proto.set_dtype(v1::DTYPE_F32);
+      break;
+    case kernels::DType::kF16:
+      proto.set_dtype(v1::DTYPE_F16);
+      break;
+    case kernels::DType::kBF16:
+      proto.set_dtype(v1::DTYPE_BF16);
+      break;
+    case kernels::DType::kI32:
+      proto.set_dtype(v1::DTYPE_I32);
+      break;
+    case kernels::DType::kI64:
+      proto.set_dtype(v1::DTYPE_I64);
+      break;
+  }
+  for (int64_t d : tensor.shape) proto.add_shape(d);
+  proto.set_data(tensor.data);
+  return proto;
+}
+
+}  // namespace ampd::rpc

@@ -1,0 +1,29 @@
+// Wire <-> engine conversions of the two things both sides of the API build:
+// model specs and tensors. server/rpc's translation uses them to decode
+// requests, and ampctl uses them to encode what it sends, so a model or a
+// batch has one encoding whichever side writes it. Decoding checks what only
+// the wire can get wrong (unset oneofs and enums, NaN in optional fields,
+// byte lengths) and names the request field.
+#pragma once
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "ampd/v1/trainer.pb.h"
+#include "server/engine/host_tensor.h"
+#include "server/engine/model/model_spec.h"
+
+namespace ampd::rpc {
+
+// Appends proto's layers to *spec and sets its loss; field_prefix prefixes the
+// names in errors (field_prefix "config.model" -> "config.model.layers[2]: no layer kind set").
+absl::Status ModelSpecFromProto(const v1::ModelSpec& proto, absl::string_view field_prefix,
+                                engine::model::ModelSpec* spec);
+// Every field set, defaults included (the effective model).
+v1::ModelSpec ModelSpecToProto(const engine::model::ModelSpec& spec);
+
+absl::StatusOr<engine::HostTensor> TensorFromProto(const v1::Tensor& proto,
+                                                   absl::string_view field);
+v1::Tensor TensorToProto(const engine::HostTensor& tensor);
+
+}  // namespace ampd::rpc
