@@ -21,32 +21,32 @@ constexpr uint16_t FloatToHalfBits(float value) {
   const uint32_t f = std::bit_cast<uint32_t>(value);
   const uint16_t sign = static_cast<uint16_t>((f >> 16) & 0x8000u);
   const uint32_t abs = f & 0x7fffffffu;
+  if (abs >= 0x38800000u && abs < 0x477ff000u) {
+    // Normal fp16 range, by far the common case, tested first so that the
+    // CPU backend's stores take one well-predicted branch: rebias the
+    // exponent (127 -> 15) and round the 13 dropped mantissa bits to nearest
+    // even by adding 0xfff plus the kept lsb; a carry into the exponent is
+    // the correct next binade, and below 65520 it never reaches inf.
+    const uint32_t rebased = abs - (112u << 23);
+    return static_cast<uint16_t>(sign | ((rebased + 0xfffu + ((rebased >> 13) & 1u)) >> 13));
+  }
   if (abs > 0x7f800000u) {  // NaN: keep it quiet, keep the top payload bits.
     return static_cast<uint16_t>(sign | 0x7e00u | ((abs >> 13) & 0x3ffu));
   }
-  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520 -> inf
-  if (abs < 0x38800000u) {
-    // Below 2^-14: fp16 subnormal (or zero). Shift the 24-bit significand
-    // (implicit one included) right so that its unit is 2^-24, rounding to
-    // nearest even on the bits shifted out.
-    if (abs < 0x33000000u) return sign;  // below 2^-25: rounds to zero (2^-25 is a tie to 0)
-    const uint32_t exponent = abs >> 23;
-    const uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126u - exponent;  // 14..24 for exponents 112..102
-    const uint32_t rounded_down = mantissa >> shift;
-    const uint32_t remainder = mantissa & ((1u << shift) - 1u);
-    const uint32_t halfway = 1u << (shift - 1u);
-    uint32_t result = rounded_down;
-    if (remainder > halfway || (remainder == halfway && (rounded_down & 1u))) ++result;
-    return static_cast<uint16_t>(sign | result);
-  }
-  // Normal range: rebias the exponent (127 -> 15) and round the 13 dropped
-  // mantissa bits; a carry into the exponent is the correct next binade.
-  const uint32_t rebased = abs - (112u << 23);
-  const uint32_t rounded_down = rebased >> 13;
-  const uint32_t remainder = rebased & 0x1fffu;
+  // >= 65520 (the tie between 65504 and 65536 goes to even, i.e. inf) and inf.
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);
+  // Below 2^-14: fp16 subnormal (or zero). Shift the 24-bit significand
+  // (implicit one included) right so that its unit is 2^-24, rounding to
+  // nearest even on the bits shifted out.
+  if (abs < 0x33000000u) return sign;  // below 2^-25: rounds to zero (2^-25 is a tie to 0)
+  const uint32_t exponent = abs >> 23;
+  const uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
+  const uint32_t shift = 126u - exponent;  // 14..24 for exponents 112..102
+  const uint32_t rounded_down = mantissa >> shift;
+  const uint32_t remainder = mantissa & ((1u << shift) - 1u);
+  const uint32_t halfway = 1u << (shift - 1u);
   uint32_t result = rounded_down;
-  if (remainder > 0x1000u || (remainder == 0x1000u && (rounded_down & 1u))) ++result;
+  if (remainder > halfway || (remainder == halfway && (rounded_down & 1u))) ++result;
   return static_cast<uint16_t>(sign | result);
 }
 
