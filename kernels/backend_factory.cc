@@ -36,8 +36,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(absl::string_view device)
 #ifdef AMPD_HAVE_CUDA
     const int count = CudaDeviceCount();
     if (index < 0 || index >= count) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "device \"", device, "\" requested but ", count, " CUDA device(s) are visible"));
+      return absl::FailedPreconditionError(absl::StrCat("device \"", device, "\" requested but ",
+                                                        count, " CUDA device(s) are visible"));
     }
     return cuda::CreateCudaBackend(index);
 #else

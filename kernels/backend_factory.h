@@ -3,9 +3,9 @@
 #pragma once
 
 #include <memory>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "kernels/backend.h"
 
 namespace ampd::kernels {

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+
 #include "absl/strings/string_view.h"
 
 namespace ampd::kernels {

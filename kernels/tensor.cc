@@ -23,9 +23,8 @@ Tensor::Tensor(std::unique_ptr<Memory> memory, DType dtype, Shape shape)
 
 absl::Status Tensor::Reshape(Shape shape) {
   if (NumElements(shape) != numel()) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot reshape ", DebugString(), " to ",
-                                                   ShapeToString(shape),
-                                                   ": element counts differ"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot reshape ", DebugString(), " to ", ShapeToString(shape), ": element counts differ"));
   }
   shape_ = std::move(shape);
   return absl::OkStatus();

@@ -12,12 +12,11 @@ absl::Status HostTensor::Validate(absl::string_view what) const {
           absl::StrCat(what, ": negative dimension in shape ", kernels::ShapeToString(shape)));
     }
   }
-  const size_t expected =
-      static_cast<size_t>(kernels::NumElements(shape)) * kernels::SizeOf(dtype);
+  const size_t expected = static_cast<size_t>(kernels::NumElements(shape)) * kernels::SizeOf(dtype);
   if (data.size() != expected) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": ", kernels::DTypeName(dtype), kernels::ShapeToString(shape), " needs ", expected,
-        " bytes but ", data.size(), " were sent"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", kernels::DTypeName(dtype), kernels::ShapeToString(shape),
+                     " needs ", expected, " bytes but ", data.size(), " were sent"));
   }
   return absl::OkStatus();
 }

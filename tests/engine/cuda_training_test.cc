@@ -27,9 +27,9 @@ struct Curve {
 
 JobConfig MlpJob(model::Precision precision, double init_scale, float loss_multiplier) {
   JobConfig config = DefaultJobConfig(precision);
-  config.model.layers = {Linear(32, 64), testing::Act(model::LayerKind::kGELU), Linear(64, 64),
-                         testing::LayerNorm(64), testing::Act(model::LayerKind::kTanh),
-                         Linear(64, 8)};
+  config.model.layers = {
+      Linear(32, 64),         testing::Act(model::LayerKind::kGELU), Linear(64, 64),
+      testing::LayerNorm(64), testing::Act(model::LayerKind::kTanh), Linear(64, 8)};
   config.model.loss = model::LossKind::kMse;
   config.model.loss_multiplier = loss_multiplier;
   config.seed = 7;

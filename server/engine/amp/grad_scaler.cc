@@ -493,7 +493,6 @@ absl::Status GradScaler::LoadStateDict(const ScalerState& state) {
   int64_t iteration = 0;
   int64_t last_overflow_iteration = -1;
 
-
   switch (config.policy) {
     case ScalerPolicy::kPyTorch: {
       AMPD_ASSIGN_OR_RETURN(scale_value, reader.Real("scale"));

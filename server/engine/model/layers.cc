@@ -6,8 +6,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/engine/model/init.h"
 #include "common/status_macros.h"
+#include "server/engine/model/init.h"
 
 namespace ampd::engine::model {
 
