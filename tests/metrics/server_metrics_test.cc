@@ -114,6 +114,30 @@ TEST(ServerMetricsStartTest, RejectsEmptyAddress) {
   EXPECT_EQ(started.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(ServerMetricsStartTest, RejectsAddressesWithoutAValidPort) {
+  for (const char* address : {"127.0.0.1", "127.0.0.1:", "127.0.0.1:http", "127.0.0.1:70000"}) {
+    auto started = ServerMetrics::Start(address);
+    EXPECT_EQ(started.status().code(), absl::StatusCode::kInvalidArgument)
+        << address << ": " << started.status();
+  }
+}
+
+// Only /metrics is served; a query string is ignored, as Prometheus's own
+// scrape parameters would be.
+TEST_F(ServerMetricsTest, AnswersOtherPathsWithNotFound) {
+  absl::StatusOr<test_support::HttpResponse> other =
+      test_support::HttpGet(metrics_->port(), "/status");
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(other->status, 404) << other->headers;
+  absl::StatusOr<test_support::HttpResponse> with_query =
+      test_support::HttpGet(metrics_->port(), "/metrics?format=text");
+  ASSERT_TRUE(with_query.ok()) << with_query.status();
+  EXPECT_EQ(with_query->status, 200) << with_query->headers;
+  EXPECT_NE(with_query->body.find("# TYPE ampd_jobs gauge"), std::string::npos);
+  EXPECT_NE(with_query->headers.find("text/plain; version=0.0.4"), std::string::npos)
+      << with_query->headers;
+}
+
 TEST(ServerMetricsStartTest, ReportsAPortAlreadyInUseAsUnavailable) {
   auto first = ServerMetrics::Start("127.0.0.1:0");
   ASSERT_TRUE(first.ok()) << first.status();
