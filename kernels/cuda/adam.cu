@@ -48,17 +48,11 @@ __device__ __forceinline__ void AdamTile(const ParamSpan& p, int64_t begin, cons
 
 __global__ void adam_kernel(const __grid_constant__ TensorChunk<ParamSpan> chunk,
                             const AdamArgs args, const TransformArgs transform) {
-  if (SkipStep(transform)) return;  // skipped step: write nothing
-  const GradFactor factor = ReadGradFactor(transform);
-  const int t = ChunkTensorOf(chunk, static_cast<int>(blockIdx.x));
-  const ParamSpan& p = chunk.entry[t];
-  const int64_t begin = (static_cast<int64_t>(blockIdx.x) - chunk.block_start[t]) * kOptimizerTile;
-  // Dispatch once per block to a loop specialised for the two dtypes.
-  VisitFloat(p.grad_dtype, [&](auto grad_tag) {
-    using TGrad = decltype(grad_tag);
-    VisitFloat(p.working == nullptr ? DType::kF32 : p.working_dtype,
-               [&](auto work_tag) { AdamTile<TGrad, decltype(work_tag)>(p, begin, args, factor); });
-  });
+  OptimizerBlock(
+      chunk, transform,
+      [&](auto grad_tag, auto work_tag, const ParamSpan& p, int64_t begin, GradFactor factor) {
+        AdamTile<decltype(grad_tag), decltype(work_tag)>(p, begin, args, factor);
+      });
 }
 
 }  // namespace
@@ -66,11 +60,7 @@ __global__ void adam_kernel(const __grid_constant__ TensorChunk<ParamSpan> chunk
 absl::Status LaunchAdamUpdate(const ParamSpan* params, int count, const AdamArgs& args,
                               const TransformArgs& transform, cudaStream_t stream) {
   AMPD_CUDA_RETURN_IF_ERROR(
-      ForEachChunk(params, count, kOptimizerTile, [&](const TensorChunk<ParamSpan>& chunk) {
-        adam_kernel<<<chunk.block_start[chunk.count], kThreads, 0, stream>>>(chunk, args,
-                                                                             transform);
-        return cudaGetLastError();
-      }));
+      LaunchOptimizerChunks(adam_kernel, params, count, args, transform, stream));
   return absl::OkStatus();
 }
 

@@ -38,4 +38,34 @@ __device__ __forceinline__ GradFactor ReadGradFactor(const TransformArgs& t) {
   return {t.inv_scale, clip};
 }
 
+// The body of every fused optimizer kernel around its per-element math: a
+// skipped step returns before any write; otherwise find this block's
+// parameter and tile and call tile(grad_tag, work_tag, param, begin, factor),
+// specialised for the gradient's and working copy's dtypes once per block.
+template <typename TileFn>
+__device__ __forceinline__ void OptimizerBlock(const TensorChunk<ParamSpan>& chunk,
+                                               const TransformArgs& transform, TileFn&& tile) {
+  if (SkipStep(transform)) return;  // skipped step: write nothing
+  const GradFactor factor = ReadGradFactor(transform);
+  const int t = ChunkTensorOf(chunk, static_cast<int>(blockIdx.x));
+  const ParamSpan& p = chunk.entry[t];
+  const int64_t begin = (static_cast<int64_t>(blockIdx.x) - chunk.block_start[t]) * kOptimizerTile;
+  VisitFloat(p.grad_dtype, [&](auto grad_tag) {
+    VisitFloat(p.working == nullptr ? DType::kF32 : p.working_dtype,
+               [&](auto work_tag) { tile(grad_tag, work_tag, p, begin, factor); });
+  });
+}
+
+// Launches `kernel` (an optimizer kernel taking (chunk, args, transform))
+// once per chunk of parameters, all on `stream`.
+template <typename Args>
+cudaError_t LaunchOptimizerChunks(void (*kernel)(TensorChunk<ParamSpan>, Args, TransformArgs),
+                                  const ParamSpan* params, int count, const Args& args,
+                                  const TransformArgs& transform, cudaStream_t stream) {
+  return ForEachChunk(params, count, kOptimizerTile, [&](const TensorChunk<ParamSpan>& chunk) {
+    kernel<<<chunk.block_start[chunk.count], kThreads, 0, stream>>>(chunk, args, transform);
+    return cudaGetLastError();
+  });
+}
+
 }  // namespace ampd::kernels::cuda

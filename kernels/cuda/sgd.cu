@@ -37,16 +37,11 @@ __device__ __forceinline__ void SgdTile(const ParamSpan& p, int64_t begin, const
 
 __global__ void sgd_kernel(const __grid_constant__ TensorChunk<ParamSpan> chunk, const SgdArgs args,
                            const TransformArgs transform) {
-  if (SkipStep(transform)) return;  // skipped step: write nothing
-  const GradFactor factor = ReadGradFactor(transform);
-  const int t = ChunkTensorOf(chunk, static_cast<int>(blockIdx.x));
-  const ParamSpan& p = chunk.entry[t];
-  const int64_t begin = (static_cast<int64_t>(blockIdx.x) - chunk.block_start[t]) * kOptimizerTile;
-  VisitFloat(p.grad_dtype, [&](auto grad_tag) {
-    using TGrad = decltype(grad_tag);
-    VisitFloat(p.working == nullptr ? DType::kF32 : p.working_dtype,
-               [&](auto work_tag) { SgdTile<TGrad, decltype(work_tag)>(p, begin, args, factor); });
-  });
+  OptimizerBlock(
+      chunk, transform,
+      [&](auto grad_tag, auto work_tag, const ParamSpan& p, int64_t begin, GradFactor factor) {
+        SgdTile<decltype(grad_tag), decltype(work_tag)>(p, begin, args, factor);
+      });
 }
 
 }  // namespace
@@ -54,10 +49,7 @@ __global__ void sgd_kernel(const __grid_constant__ TensorChunk<ParamSpan> chunk,
 absl::Status LaunchSgdUpdate(const ParamSpan* params, int count, const SgdArgs& args,
                              const TransformArgs& transform, cudaStream_t stream) {
   AMPD_CUDA_RETURN_IF_ERROR(
-      ForEachChunk(params, count, kOptimizerTile, [&](const TensorChunk<ParamSpan>& chunk) {
-        sgd_kernel<<<chunk.block_start[chunk.count], kThreads, 0, stream>>>(chunk, args, transform);
-        return cudaGetLastError();
-      }));
+      LaunchOptimizerChunks(sgd_kernel, params, count, args, transform, stream));
   return absl::OkStatus();
 }
 

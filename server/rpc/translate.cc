@@ -17,17 +17,6 @@ namespace {
 
 using engine::JobConfig;
 
-absl::Status FieldError(absl::string_view field, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
-}
-
-// NaN and infinities are never a meaningful hyperparameter; the engine's
-// range checks would let some through (NaN compares false both ways).
-absl::Status CheckFinite(absl::string_view field, double value) {
-  if (std::isfinite(value)) return absl::OkStatus();
-  return FieldError(field, absl::StrCat("must be finite, got ", value));
-}
-
 absl::StatusOr<model::Precision> PrecisionFromProto(v1::Precision p) {
   switch (p) {
     case v1::PRECISION_UNSPECIFIED:

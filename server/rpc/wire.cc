@@ -10,8 +10,6 @@ namespace ampd::rpc {
 
 namespace model = engine::model;
 
-namespace {
-
 absl::Status FieldError(absl::string_view field, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
 }
@@ -20,8 +18,6 @@ absl::Status CheckFinite(absl::string_view field, double value) {
   if (std::isfinite(value)) return absl::OkStatus();
   return FieldError(field, absl::StrCat("must be finite, got ", value));
 }
-
-}  // namespace
 
 absl::Status ModelSpecFromProto(const v1::ModelSpec& proto, absl::string_view field_prefix,
                                 model::ModelSpec* spec) {

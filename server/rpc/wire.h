@@ -15,6 +15,13 @@
 
 namespace ampd::rpc {
 
+// The rpc layer's one error shape: InvalidArgument "field: what".
+absl::Status FieldError(absl::string_view field, absl::string_view what);
+// FieldError unless value is finite: NaN and infinities are never a
+// meaningful hyperparameter, and range checks let NaN through (it compares
+// false both ways).
+absl::Status CheckFinite(absl::string_view field, double value);
+
 // Appends proto's layers to *spec and sets its loss; field_prefix prefixes the
 // names in errors (field_prefix "config.model" -> "config.model.layers[2]: no layer kind set").
 absl::Status ModelSpecFromProto(const v1::ModelSpec& proto, absl::string_view field_prefix,
