@@ -26,6 +26,13 @@ namespace ampd::kernels {
 
 enum class Activation : uint8_t { kReLU, kGELU, kTanh };
 
+// A device-to-host copy that rides along with ReadBack's scalars.
+struct HostCopy {
+  const Tensor* src = nullptr;  // any dtype
+  void* dst = nullptr;          // bytes of host memory
+  size_t bytes = 0;             // == src->nbytes()
+};
+
 // One parameter as the fused optimizer sees it.
 struct ParamRef {
   Tensor* master;      // F32, the weights the optimizer updates
@@ -93,11 +100,18 @@ class Backend {
   // Blocks until every queued op has finished.
   virtual absl::Status Synchronize() = 0;
   // The step's one host read: waits for queued work once, then out[i] =
-  // *scalars[i]. Each scalars[i] is a one-element F32 tensor and
-  // out.size() == scalars.size(); otherwise InvalidArgument naming
-  // scalars[i] (or out). Reading k scalars costs one round trip, not k.
-  virtual absl::Status ReadScalars(absl::Span<const Tensor* const> scalars,
-                                   absl::Span<float> out) = 0;
+  // *scalars[i] and each copy's src bytes land in its dst. Each scalars[i]
+  // is a one-element F32 tensor, out.size() == scalars.size(), and each
+  // copy's bytes == src->nbytes(); otherwise InvalidArgument naming
+  // scalars[i], out or copies[i], with nothing read. Reading k scalars and
+  // copies costs one round trip, not k. A device-side error raised by an
+  // earlier op (a bad id or label) is reported here, after out and the
+  // copies were written.
+  virtual absl::Status ReadBack(absl::Span<const Tensor* const> scalars, absl::Span<float> out,
+                                absl::Span<const HostCopy> copies) = 0;
+  absl::Status ReadScalars(absl::Span<const Tensor* const> scalars, absl::Span<float> out) {
+    return ReadBack(scalars, out, {});
+  }
   // Bytes this backend holds in live tensors (for the memory gauge/limits).
   virtual int64_t BytesInUse() const = 0;
   // Memory the device has in all (host RAM for the CPU backend, the GPU's

@@ -262,8 +262,21 @@ absl::Status ValidateCast(const Tensor& src, const Tensor& dst) {
   return CheckSameNumel("Cast", "dst", dst, "src", src);
 }
 
-absl::Status ValidateReadScalars(absl::Span<const Tensor* const> scalars, size_t out_size) {
+absl::Status ValidateReadBack(absl::Span<const Tensor* const> scalars, size_t out_size,
+                              absl::Span<const HostCopy> copies) {
   constexpr absl::string_view kOp = "ReadScalars";
+  for (size_t i = 0; i < copies.size(); ++i) {
+    const HostCopy& c = copies[i];
+    if (c.src == nullptr || (c.dst == nullptr && c.bytes > 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kOp, ": copies[", i, "] has a null ", c.src == nullptr ? "src" : "dst"));
+    }
+    if (c.bytes != c.src->nbytes()) {
+      return absl::InvalidArgumentError(absl::StrCat(kOp, ": copies[", i, "] asks for ", c.bytes,
+                                                     " bytes of a ", c.src->nbytes(),
+                                                     "-byte tensor"));
+    }
+  }
   if (scalars.size() != out_size) {
     return absl::InvalidArgumentError(
         absl::StrCat(kOp, ": out has ", out_size, " elements but scalars has ", scalars.size()));

@@ -60,7 +60,8 @@ absl::Status ValidateCopy(const Tensor& src, const Tensor& dst);
 absl::Status ValidateFill(const Tensor& dst);
 absl::Status ValidateCast(const Tensor& src, const Tensor& dst);
 // out_size is out.size(); every scalars[i] is checked before any is read.
-absl::Status ValidateReadScalars(absl::Span<const Tensor* const> scalars, size_t out_size);
+absl::Status ValidateReadBack(absl::Span<const Tensor* const> scalars, size_t out_size,
+                              absl::Span<const HostCopy> copies);
 
 // ---- dense algebra
 absl::Status ValidateAdd(const Tensor& x, const Tensor& y);

@@ -95,12 +95,15 @@ class CpuBackend final : public Backend {
   absl::Status Cast(const Tensor& src, Tensor& dst) override { return cpu::Cast(src, dst); }
   absl::Status Synchronize() override { return absl::OkStatus(); }
 
-  absl::Status ReadScalars(absl::Span<const Tensor* const> scalars,
-                           absl::Span<float> out) override {
+  absl::Status ReadBack(absl::Span<const Tensor* const> scalars, absl::Span<float> out,
+                        absl::Span<const HostCopy> copies) override {
     // Every operand is checked before any is read, so a bad call leaves out
     // untouched.
-    if (absl::Status s = ValidateReadScalars(scalars, out.size()); !s.ok()) return s;
+    if (absl::Status s = ValidateReadBack(scalars, out.size(), copies); !s.ok()) return s;
     for (size_t i = 0; i < scalars.size(); ++i) out[i] = scalars[i]->data_as<float>()[0];
+    for (const HostCopy& c : copies) {
+      if (c.bytes > 0) std::memcpy(c.dst, c.src->data(), c.bytes);
+    }
     return absl::OkStatus();
   }
 

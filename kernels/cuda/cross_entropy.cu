@@ -30,10 +30,7 @@ __global__ void cross_entropy_kernel(const void* logits, DType dtype, const void
     const int64_t base = row * vocab;
     const int64_t label = LoadIndex(labels, row, label_dtype);
     if (label < 0 || label >= vocab) {
-      if (lane == 0) {
-        volatile int* word = error_flags;
-        *word = *word | kErrorCrossEntropyLabel;
-      }
+      if (lane == 0) atomicOr(error_flags, kErrorCrossEntropyLabel);
       for (int64_t c = lane; c < vocab; c += 32) StoreAs(dlogits, base + c, dtype, 0.0f);
       continue;
     }

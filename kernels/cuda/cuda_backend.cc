@@ -4,8 +4,18 @@
 // device's caching pool, and dispatch to the launchers of the .cu files.
 // Every op is enqueued on the backend's own stream; only CopyToHost,
 // ReadScalars and Synchronize wait.
+//
+// Nothing a kernel reads or writes lives in host memory. The error word
+// (bad embedding ids or labels) is an int in device memory that the
+// optimizer consults on the device; it reaches the host inside the step's
+// one read (ReadScalars gathers the scalars and the word into one device
+// block and copies it with one DMA). Batches go up through a pinned upload
+// arena with async copies, so an upload never waits for the stream; scratch
+// for reductions is one grow-only buffer, so a step of a size seen before
+// allocates nothing.
 #include "kernels/cuda/cuda_backend.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -29,9 +39,16 @@ namespace {
 // never allocate behind the pool's back.
 constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 
-// Scalars the pinned staging buffer holds from the start: the step reads 3
-// (loss sum, found_inf, norm_sq); a longer list grows it once.
+// Scalars ReadScalars' device block and pinned landing area hold from the
+// start: the step reads 3 (loss sum, found_inf, norm_sq); a longer list
+// grows them once. Each holds one more slot for the error word.
 constexpr size_t kStagingScalars = 16;
+
+// Uploads up to this size go through the pinned arena (a memcpy on the host,
+// then an async DMA that never waits for the stream); larger ones (whole
+// state dicts, not batches) are copied from the caller's memory directly.
+constexpr size_t kMaxStagedUploadBytes = size_t{64} << 20;
+constexpr size_t kInitialUploadArenaBytes = size_t{1} << 20;
 
 // Makes the backend's device current for the rest of the scope.
 #define AMPD_ENTER_DEVICE()                     \
@@ -95,9 +112,6 @@ class CudaBackend final : public Backend {
     absl::StatusOr<CublasHandle> handle = CublasHandle::Create();
     if (!handle.ok()) return handle.status();
     backend->cublas_ = *std::move(handle);
-    absl::StatusOr<MappedFlags> flags = MappedFlags::Create();
-    if (!flags.ok()) return flags.status();
-    backend->flags_ = *std::move(flags);
 
     const cublasHandle_t h = backend->cublas_.get();
     AMPD_CUBLAS_RETURN_IF_ERROR(cublasSetStream(h, backend->stream()));
@@ -117,12 +131,18 @@ class CudaBackend final : public Backend {
     absl::StatusOr<Tensor> partials = backend->Allocate(DType::kF32, {kMaxReductionBlocks});
     if (!partials.ok()) return partials.status();
     backend->partials_ = *std::move(partials);
-    absl::StatusOr<PinnedHostBuffer> staging =
-        PinnedHostBuffer::Create(kStagingScalars * sizeof(float));
-    if (!staging.ok()) return staging.status();
-    backend->staging_ = *std::move(staging);
-    // The workspace and scratch are the backend's, not the caller's tensors.
+    absl::StatusOr<Tensor> error_word = backend->Allocate(DType::kI32, {1});
+    if (!error_word.ok()) return error_word.status();
+    backend->error_word_ = *std::move(error_word);
+    AMPD_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(backend->error_word_.data(), 0, sizeof(int), backend->stream()));
+    AMPD_RETURN_IF_ERROR(backend->ReserveScalarSlots(kStagingScalars));
+    absl::StatusOr<PinnedHostBuffer> upload = PinnedHostBuffer::Create(kInitialUploadArenaBytes);
+    if (!upload.ok()) return upload.status();
+    backend->upload_ = *std::move(upload);
+    // The workspace, scratch and slots are the backend's, not the caller's tensors.
     backend->internal_bytes_ = backend->ctx_->bytes_in_use.load();
+    AMPD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(backend->stream()));
     return std::unique_ptr<Backend>(std::move(backend));
   }
 
@@ -136,8 +156,12 @@ class CudaBackend final : public Backend {
     { CublasHandle released = std::move(cublas_); }
     { Tensor released = std::move(workspace_); }
     { Tensor released = std::move(partials_); }
+    { Tensor released = std::move(scratch_); }
+    { Tensor released = std::move(error_word_); }
+    { Tensor released = std::move(gathered_); }
     { PinnedHostBuffer released = std::move(staging_); }
-    { MappedFlags released = std::move(flags_); }
+    { PinnedHostBuffer released = std::move(upload_); }
+    { PinnedHostBuffer released = std::move(readback_); }
     ctx_.reset();  // the stream too, unless a live tensor still holds it
   }
 
@@ -156,11 +180,22 @@ class CudaBackend final : public Backend {
     AMPD_RETURN_IF_ERROR(ValidateCopyFromHost(src, bytes, dst));
     if (bytes == 0) return absl::OkStatus();
     AMPD_ENTER_DEVICE();
-    // The copy is only enqueued. From pageable memory the runtime usually
-    // returns once src has been staged, but that is not guaranteed (and from
-    // pinned memory the DMA reads src later), so the contract in backend.h
-    // is that src stays valid and unchanged until the next synchronising
-    // call (Synchronize, CopyToHost, ReadScalars).
+    if (bytes <= kMaxStagedUploadBytes) {
+      // Batches: staged in the pinned arena, so the DMA is truly async. From
+      // pageable memory the driver may wait for the stream before staging,
+      // which would stall the second micro-batch's upload behind the first
+      // one's compute.
+      absl::StatusOr<void*> staged = StageUpload(src, bytes);
+      if (!staged.ok()) return staged.status();
+      AMPD_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(dst.data(), *staged, bytes, cudaMemcpyHostToDevice, stream()));
+      return absl::OkStatus();
+    }
+    // Large copies (state loads) go straight from src. The copy is only
+    // enqueued: from pageable memory the runtime usually returns once src
+    // has been staged, but that is not guaranteed, so the contract in
+    // backend.h is that src stays valid and unchanged until the next
+    // synchronising call (Synchronize, CopyToHost, ReadScalars).
     AMPD_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(dst.data(), src, bytes, cudaMemcpyHostToDevice, stream()));
     return absl::OkStatus();
@@ -173,8 +208,7 @@ class CudaBackend final : public Backend {
       AMPD_CUDA_RETURN_IF_ERROR(
           cudaMemcpyAsync(dst, src.data(), bytes, cudaMemcpyDeviceToHost, stream()));
     }
-    AMPD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream()));
-    return TakeDeviceErrors();
+    return SyncAndTakeErrors();
   }
 
   absl::Status Copy(const Tensor& src, Tensor& dst) override {
@@ -200,36 +234,69 @@ class CudaBackend final : public Backend {
 
   absl::Status Synchronize() override {
     AMPD_ENTER_DEVICE();
-    AMPD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream()));
-    return TakeDeviceErrors();
+    return SyncAndTakeErrors();
   }
 
-  absl::Status ReadScalars(absl::Span<const Tensor* const> scalars,
-                           absl::Span<float> out) override {
+  absl::Status ReadBack(absl::Span<const Tensor* const> scalars, absl::Span<float> out,
+                        absl::Span<const HostCopy> copies) override {
     // Everything is checked before the first copy is queued, so a bad call
     // enqueues nothing and leaves out untouched.
-    AMPD_RETURN_IF_ERROR(ValidateReadScalars(scalars, out.size()));
+    AMPD_RETURN_IF_ERROR(ValidateReadBack(scalars, out.size(), copies));
     AMPD_ENTER_DEVICE();
-    const size_t bytes = scalars.size() * sizeof(float);
-    if (bytes > staging_.bytes()) {
-      // The old buffer may still be the target of copies a failed call
-      // queued; drain them before it is freed.
+    const size_t count = scalars.size();
+    size_t copy_bytes = 0;  // the copies side by side in readback_, 256-byte aligned
+    for (const HostCopy& c : copies) copy_bytes += (c.bytes + 255) & ~size_t{255};
+    if (count > scalar_slots_ || copy_bytes > readback_.bytes()) {
+      // Queued work may still target the old buffers; drain it first.
       AMPD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream()));
-      absl::StatusOr<PinnedHostBuffer> grown = PinnedHostBuffer::Create(bytes);
-      if (!grown.ok()) return grown.status();
-      staging_ = *std::move(grown);
+      if (count > scalar_slots_) AMPD_RETURN_IF_ERROR(ReserveScalarSlots(count));
+      if (copy_bytes > readback_.bytes()) {
+        readback_ = PinnedHostBuffer();
+        absl::StatusOr<PinnedHostBuffer> grown = PinnedHostBuffer::Create(copy_bytes);
+        if (!grown.ok()) return grown.status();
+        readback_ = *std::move(grown);
+      }
     }
-    // One small DMA per scalar into pinned memory: they stay queued behind
-    // the step's kernels, and the single synchronisation below is the
-    // step's only host round trip.
-    auto* staged = static_cast<float*>(staging_.data());
-    for (size_t i = 0; i < scalars.size(); ++i) {
-      AMPD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staged + i, scalars[i]->data(), sizeof(float),
-                                                cudaMemcpyDeviceToHost, stream()));
+    // The copies are queued into pinned memory: plain DMAs that stay
+    // behind the step's kernels and share its one synchronisation.
+    size_t offset = 0;
+    for (const HostCopy& c : copies) {
+      if (c.bytes > 0) {
+        AMPD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<char*>(readback_.data()) + offset,
+                                                  c.src->data(), c.bytes, cudaMemcpyDeviceToHost,
+                                                  stream()));
+      }
+      offset += (c.bytes + 255) & ~size_t{255};
     }
+    // Gather every scalar and the error word into one device block (one
+    // kernel per kMaxGatherScalars scalars; the last one adds the word at
+    // slot `count`), then one DMA into pinned memory: the synchronisation
+    // below is the step's only host round trip.
+    auto* gathered = gathered_.data_as<float>();
+    size_t done = 0;
+    do {
+      GatherScalarsArgs args;
+      args.count = static_cast<int>(std::min<size_t>(count - done, kMaxGatherScalars));
+      for (int i = 0; i < args.count; ++i) args.src[i] = scalars[done + i]->data_as<float>();
+      const bool last = done + static_cast<size_t>(args.count) == count;
+      args.error_word = last ? error_word_.data_as<int>() : nullptr;
+      AMPD_RETURN_IF_ERROR(LaunchGatherScalars(args, gathered + done, stream()));
+      done += static_cast<size_t>(args.count);
+    } while (done < count);
+    AMPD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        staging_.data(), gathered, (count + 1) * sizeof(float), cudaMemcpyDeviceToHost, stream()));
     AMPD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream()));
-    for (size_t i = 0; i < scalars.size(); ++i) out[i] = staged[i];
-    return TakeDeviceErrors();
+    upload_used_ = 0;  // every queued upload has been read
+    const auto* staged = static_cast<const float*>(staging_.data());
+    for (size_t i = 0; i < count; ++i) out[i] = staged[i];
+    offset = 0;
+    for (const HostCopy& c : copies) {
+      if (c.bytes > 0) std::memcpy(c.dst, static_cast<char*>(readback_.data()) + offset, c.bytes);
+      offset += (c.bytes + 255) & ~size_t{255};
+    }
+    int bits = 0;
+    std::memcpy(&bits, staged + count, sizeof(bits));
+    return TakeDeviceErrors(bits);
   }
 
   int64_t BytesInUse() const override {
@@ -281,14 +348,15 @@ class CudaBackend final : public Backend {
     AMPD_RETURN_IF_ERROR(ValidateBiasGrad(dy, dbias));
     AMPD_ENTER_DEVICE();
     const int64_t slabs = ColumnSumSlabs(dy.dim(0), dy.dim(1));
-    Tensor partials;  // per-slab column sums, when the rows are split
+    float* partials = nullptr;  // (slabs, C) per-slab column sums, when the rows are split
     if (slabs > 1) {
-      absl::StatusOr<Tensor> scratch = Allocate(DType::kF32, {slabs * dy.dim(1)});
+      absl::StatusOr<void*> scratch =
+          Scratch(static_cast<size_t>(slabs * dy.dim(1)) * sizeof(float));
       if (!scratch.ok()) return scratch.status();
-      partials = *std::move(scratch);
+      partials = static_cast<float*>(*scratch);
     }
     return LaunchBiasGrad(dy.data(), dy.dtype(), dy.dim(0), dy.dim(1), beta, dbias.data(),
-                          dbias.dtype(), slabs > 1 ? partials.data_as<float>() : nullptr, stream());
+                          dbias.dtype(), partials, stream());
   }
 
   // ---- activations ----------------------------------------------------------
@@ -322,29 +390,29 @@ class CudaBackend final : public Backend {
     AMPD_RETURN_IF_ERROR(ValidateLayerNormBackward(x, gamma, mean, rstd, dy, dx, dgamma, dbeta));
     AMPD_ENTER_DEVICE();
     const int64_t slabs = ColumnSumSlabs(x.dim(0), x.dim(1));
-    Tensor partials;  // per-slab dgamma and dbeta column sums, when the rows are split
+    float* partials = nullptr;  // (2, slabs, C) dgamma and dbeta sums, when the rows are split
     if (slabs > 1 && (dgamma != nullptr || dbeta != nullptr)) {
-      absl::StatusOr<Tensor> scratch = Allocate(DType::kF32, {2 * slabs * x.dim(1)});
+      absl::StatusOr<void*> scratch =
+          Scratch(static_cast<size_t>(2 * slabs * x.dim(1)) * sizeof(float));
       if (!scratch.ok()) return scratch.status();
-      partials = *std::move(scratch);
+      partials = static_cast<float*>(*scratch);
     }
     return LaunchLayerNormBackward(
         x.data(), x.dtype(), gamma ? gamma->data() : nullptr, x.dtype(), mean.data_as<float>(),
         rstd.data_as<float>(), dy.data(), dx.data(), dgamma ? dgamma->data() : nullptr,
         dgamma ? dgamma->dtype() : DType::kF32, dbeta ? dbeta->data() : nullptr,
-        dbeta ? dbeta->dtype() : DType::kF32, x.dim(0), x.dim(1),
-        partials.empty() ? nullptr : partials.data_as<float>(), stream());
+        dbeta ? dbeta->dtype() : DType::kF32, x.dim(0), x.dim(1), partials, stream());
   }
 
   // ---- embedding ------------------------------------------------------------
   absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out) override {
-    // Ids outside [0, V) are caught on the device (flags_), not here: that
-    // would need the ids on the host.
+    // Ids outside [0, V) are caught on the device (the error word), not
+    // here: that would need the ids on the host.
     AMPD_RETURN_IF_ERROR(ValidateEmbeddingForward(ids, table, out));
     AMPD_ENTER_DEVICE();
     return LaunchEmbeddingForward(ids.data(), ids.dtype(), ids.dim(0), table.data(), table.dtype(),
-                                  table.dim(0), table.dim(1), out.data(), flags_.device_ptr(),
-                                  stream());
+                                  table.dim(0), table.dim(1), out.data(),
+                                  error_word_.data_as<int>(), stream());
   }
 
   absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable) override {
@@ -356,17 +424,15 @@ class CudaBackend final : public Backend {
     // dtype, so no full-table copy.
     size_t scratch_bytes = 0;
     AMPD_RETURN_IF_ERROR(EmbeddingBackwardScratchBytes(ids.dim(0), dtable.dim(0), &scratch_bytes));
-    Tensor scratch;
+    void* scratch = nullptr;  // pool blocks are 256-byte aligned, as the sort needs
     if (scratch_bytes > 0) {
-      absl::StatusOr<Tensor> allocated = Allocate(
-          DType::kF32, {static_cast<int64_t>((scratch_bytes + sizeof(float) - 1) / sizeof(float))});
-      if (!allocated.ok()) return allocated.status();
-      scratch = *std::move(allocated);
+      absl::StatusOr<void*> got = Scratch(scratch_bytes);
+      if (!got.ok()) return got.status();
+      scratch = *got;
     }
-    return LaunchEmbeddingBackward(
-        ids.data(), ids.dtype(), ids.dim(0), dout.data(), dout.dtype(), dtable.data(),
-        dtable.dtype(), dtable.dim(0), dtable.dim(1), scratch.empty() ? nullptr : scratch.data(),
-        scratch.empty() ? 0 : scratch.nbytes(), flags_.device_ptr(), stream());
+    return LaunchEmbeddingBackward(ids.data(), ids.dtype(), ids.dim(0), dout.data(), dout.dtype(),
+                                   dtable.data(), dtable.dtype(), dtable.dim(0), dtable.dim(1),
+                                   scratch, scratch_bytes, error_word_.data_as<int>(), stream());
   }
 
   // ---- losses ---------------------------------------------------------------
@@ -387,7 +453,7 @@ class CudaBackend final : public Backend {
     return LaunchCrossEntropy(logits.data(), logits.dtype(), labels.data(), labels.dtype(),
                               logits.dim(0), logits.dim(1), multiplier, grad_scale,
                               loss.data_as<float>(), dlogits.data(), partials_.data_as<float>(),
-                              flags_.device_ptr(), stream());
+                              error_word_.data_as<int>(), stream());
   }
 
   // ---- loss scaling and the optimizer -----------------------------------------
@@ -398,16 +464,15 @@ class CudaBackend final : public Backend {
     AMPD_ENTER_DEVICE();
     // One fp32 partial per block for the deterministic two-stage norm.
     const int64_t blocks = UnscaleAndCheckBlocks(spans.data(), static_cast<int>(spans.size()));
-    Tensor partials;
+    float* partials = nullptr;  // (blocks)
     if (norm_sq != nullptr && blocks > 0) {
-      absl::StatusOr<Tensor> scratch = Allocate(DType::kF32, {blocks});
+      absl::StatusOr<void*> scratch = Scratch(static_cast<size_t>(blocks) * sizeof(float));
       if (!scratch.ok()) return scratch.status();
-      partials = *std::move(scratch);
+      partials = static_cast<float*>(*scratch);
     }
     return LaunchUnscaleAndCheck(spans.data(), static_cast<int>(spans.size()), inv_scale, in_place,
                                  found_inf.data_as<float>(),
-                                 norm_sq ? norm_sq->data_as<float>() : nullptr,
-                                 partials.empty() ? nullptr : partials.data_as<float>(), stream());
+                                 norm_sq ? norm_sq->data_as<float>() : nullptr, partials, stream());
   }
 
   absl::Status AdamUpdate(absl::Span<const ParamRef> params, const AdamConfig& config, int64_t step,
@@ -463,11 +528,91 @@ class CudaBackend final : public Backend {
 
   cudaStream_t stream() const { return ctx_->stream.get(); }
 
-  // Turns the bits the kernels set in the mapped error word into a Status;
-  // call only after the stream has been synchronised.
-  absl::Status TakeDeviceErrors() {
-    const int bits = flags_.TakeHostValue();
+  // Grow-only device scratch for one op at a time (reduction partials, the
+  // embedding sort): ops run in stream order, so the next op's use of the
+  // same bytes starts after this one's kernels end. A larger request
+  // replaces the buffer; the pool keeps the old block until the stream has
+  // passed it. Only a shape larger than any seen before allocates.
+  absl::StatusOr<void*> Scratch(size_t bytes) {
+    if (scratch_.nbytes() < bytes) {
+      const size_t old_bytes = scratch_.nbytes();
+      scratch_ = Tensor();
+      absl::StatusOr<Tensor> grown = Allocate(
+          DType::kF32, {static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float))});
+      if (!grown.ok()) {
+        internal_bytes_ -= static_cast<int64_t>(old_bytes);
+        return grown.status();
+      }
+      scratch_ = *std::move(grown);
+      internal_bytes_ += static_cast<int64_t>(scratch_.nbytes()) - static_cast<int64_t>(old_bytes);
+    }
+    return scratch_.data();
+  }
+
+  // ReadScalars' device block and pinned landing area for `count` scalars
+  // plus the error word. Call with the stream idle (the old ones may be the
+  // target of queued copies).
+  absl::Status ReserveScalarSlots(size_t count) {
+    const size_t old_bytes = gathered_.nbytes();
+    absl::StatusOr<Tensor> gathered = Allocate(DType::kF32, {static_cast<int64_t>(count + 1)});
+    if (!gathered.ok()) return gathered.status();
+    absl::StatusOr<PinnedHostBuffer> staging =
+        PinnedHostBuffer::Create((count + 1) * sizeof(float));
+    if (!staging.ok()) return staging.status();
+    gathered_ = *std::move(gathered);
+    staging_ = *std::move(staging);
+    internal_bytes_ += static_cast<int64_t>(gathered_.nbytes()) - static_cast<int64_t>(old_bytes);
+    scalar_slots_ = count;
+    return absl::OkStatus();
+  }
+
+  // Copies src into the pinned upload arena and returns where. The arena is
+  // reused from the start after every synchronisation (all its DMAs have
+  // then completed); when one step's uploads outgrow it, the stream is
+  // drained once and the arena doubled, so later steps of that size fit.
+  absl::StatusOr<void*> StageUpload(const void* src, size_t bytes) {
+    if (upload_used_ + bytes > upload_.bytes()) {
+      if (upload_used_ > 0) {
+        AMPD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream()));
+        upload_used_ = 0;
+      }
+      if (bytes > upload_.bytes()) {
+        const size_t grown_bytes = std::max(bytes, 2 * upload_.bytes());
+        upload_ = PinnedHostBuffer();
+        absl::StatusOr<PinnedHostBuffer> grown = PinnedHostBuffer::Create(grown_bytes);
+        if (!grown.ok()) return grown.status();
+        upload_ = *std::move(grown);
+      } else {
+        // Outgrown by several uploads together: double for the next step.
+        const size_t grown_bytes = 2 * upload_.bytes();
+        absl::StatusOr<PinnedHostBuffer> grown = PinnedHostBuffer::Create(grown_bytes);
+        if (grown.ok()) upload_ = *std::move(grown);
+      }
+    }
+    // 256-byte alignment keeps every DMA source aligned.
+    void* at = static_cast<char*>(upload_.data()) + upload_used_;
+    std::memcpy(at, src, bytes);
+    upload_used_ += (bytes + 255) & ~size_t{255};
+    return at;
+  }
+
+  // Waits for the stream with the error word's copy queued behind its work,
+  // then reports the word's bits.
+  absl::Status SyncAndTakeErrors() {
+    int* word = reinterpret_cast<int*>(static_cast<float*>(staging_.data()) + scalar_slots_);
+    AMPD_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(word, error_word_.data(), sizeof(int), cudaMemcpyDeviceToHost, stream()));
+    AMPD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream()));
+    upload_used_ = 0;
+    return TakeDeviceErrors(*word);
+  }
+
+  // Turns the error word's bits, read after a synchronisation, into a
+  // Status, and clears the word on the device (queued: it runs before the
+  // next op, and costs nothing when no bit was set).
+  absl::Status TakeDeviceErrors(int bits) {
     if (bits == 0) return absl::OkStatus();
+    AMPD_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(error_word_.data(), 0, sizeof(int), stream()));
     std::string what;
     if (bits & kErrorEmbeddingId) {
       what =
@@ -502,7 +647,7 @@ class CudaBackend final : public Backend {
     out.found_inf = tr.found_inf->data_as<float>();
     out.norm_sq = tr.norm_sq ? tr.norm_sq->data_as<float>() : nullptr;
     out.max_grad_norm = tr.max_grad_norm;
-    out.error_flags = flags_.device_ptr();
+    out.error_flags = error_word_.data_as<int>();
     return out;
   }
 
@@ -530,10 +675,16 @@ class CudaBackend final : public Backend {
   // Declared first: destroyed last, after every tensor member below.
   std::shared_ptr<StreamContext> ctx_;
   CublasHandle cublas_;
-  MappedFlags flags_;
   Tensor workspace_;          // (8M) F32: cuBLAS workspace, 32 MiB
   Tensor partials_;           // (kMaxReductionBlocks) F32: loss reduction partial sums
-  PinnedHostBuffer staging_;  // ReadScalars' landing area, >= kStagingScalars floats
+  Tensor scratch_;            // grow-only op scratch (Scratch)
+  Tensor error_word_;         // (1) I32: kError* bits the kernels raise, device memory
+  Tensor gathered_;           // (scalar_slots_ + 1) F32: ReadScalars' device block
+  PinnedHostBuffer staging_;  // (scalar_slots_ + 1) floats: ReadScalars' landing area
+  size_t scalar_slots_ = 0;
+  PinnedHostBuffer readback_;  // ReadBack's copies land here first
+  PinnedHostBuffer upload_;    // pinned arena for CopyFromHost's staged uploads
+  size_t upload_used_ = 0;     // bytes of upload_ handed out since the last synchronisation
   int64_t internal_bytes_ = 0;
 };
 

@@ -66,35 +66,6 @@ CublasHandle::~CublasHandle() {
   if (handle_ != nullptr) (void)cublasDestroy(handle_);
 }
 
-absl::StatusOr<MappedFlags> MappedFlags::Create() {
-  MappedFlags f;
-  void* host = nullptr;
-  AMPD_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&host, sizeof(int), cudaHostAllocMapped));
-  f.host_ = static_cast<int*>(host);
-  *f.host_ = 0;
-  void* device = nullptr;
-  AMPD_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&device, host, 0));
-  f.device_ = static_cast<int*>(device);
-  return f;
-}
-MappedFlags::MappedFlags(MappedFlags&& other) noexcept
-    : host_(std::exchange(other.host_, nullptr)), device_(std::exchange(other.device_, nullptr)) {}
-MappedFlags& MappedFlags::operator=(MappedFlags&& other) noexcept {
-  std::swap(host_, other.host_);
-  std::swap(device_, other.device_);
-  return *this;
-}
-MappedFlags::~MappedFlags() {
-  if (host_ != nullptr) (void)cudaFreeHost(host_);
-}
-int MappedFlags::TakeHostValue() {
-  // volatile: the GPU wrote this word behind the compiler's back.
-  volatile int* word = host_;
-  const int value = *word;
-  *word = 0;
-  return value;
-}
-
 absl::StatusOr<PinnedHostBuffer> PinnedHostBuffer::Create(size_t bytes) {
   PinnedHostBuffer b;
   AMPD_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&b.data_, bytes, cudaHostAllocDefault));

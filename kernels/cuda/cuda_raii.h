@@ -1,7 +1,6 @@
 // RAII owners for the CUDA objects a backend holds: its stream, events, the
-// cuBLAS handle, the current-device switch, a small mapped host word the
-// kernels use to report bad indices and the pinned buffer scalar reads are
-// staged in. Each is created by a factory returning
+// cuBLAS handle, the current-device switch, and pinned host buffers (the
+// landing area of the step's scalar read, the upload arena). Each is created by a factory returning
 // StatusOr (constructors cannot fail visibly) and released in its destructor.
 #pragma once
 
@@ -75,27 +74,6 @@ class CublasHandle {
 
  private:
   cublasHandle_t handle_ = nullptr;
-};
-
-// One int in pinned, mapped host memory. Kernels OR error bits into it
-// through device_ptr(); the host reads host_value() after a stream
-// synchronisation, so reporting a bad index costs no extra copy.
-class MappedFlags {
- public:
-  static absl::StatusOr<MappedFlags> Create();
-  MappedFlags() = default;
-  MappedFlags(MappedFlags&& other) noexcept;
-  MappedFlags& operator=(MappedFlags&& other) noexcept;
-  MappedFlags(const MappedFlags&) = delete;
-  MappedFlags& operator=(const MappedFlags&) = delete;
-  ~MappedFlags();
-  int* device_ptr() const { return device_; }
-  // Reads and clears the word; call only when the stream is idle.
-  int TakeHostValue();
-
- private:
-  int* host_ = nullptr;
-  int* device_ = nullptr;
 };
 
 // Page-locked host memory. A device-to-host cudaMemcpyAsync into pageable

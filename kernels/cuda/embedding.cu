@@ -38,8 +38,7 @@ namespace ampd::kernels::cuda {
 namespace {
 
 __device__ __forceinline__ void RaiseFlag(int* flags, int bit) {
-  volatile int* word = flags;
-  *word = *word | bit;  // one op per stream at a time sets one bit value: no lost update
+  atomicOr(flags, bit);  // device memory; rare (bad input only), so contention is moot
 }
 
 // ---- forward ----------------------------------------------------------------

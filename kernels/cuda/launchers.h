@@ -16,7 +16,9 @@
 
 namespace ampd::kernels::cuda {
 
-// Bits the kernels OR into the backend's mapped error word.
+// Bits the kernels OR (atomicOr) into the backend's error word, an int in
+// device memory: the optimizer reads it on the device, and the host gets it
+// with the step's one read (GatherScalars), never through mapped memory.
 inline constexpr int kErrorEmbeddingId = 1;
 inline constexpr int kErrorCrossEntropyLabel = 2;
 
@@ -71,11 +73,21 @@ struct TransformArgs {
   const float* found_inf = nullptr;  // (1), required
   const float* norm_sq = nullptr;    // (1) or nullptr
   float max_grad_norm = 0.0f;
-  // The backend's mapped error word (or nullptr). A bad id or label found
+  // The backend's device error word (or nullptr). A bad id or label found
   // earlier in the step is only reported at the next synchronisation; the
   // optimizer reads the word first and skips the update, so a step with
-  // invalid input never reaches the weights.
+  // invalid input never reaches the weights. It is device memory: each
+  // block's read is an L2 hit, not a round trip over PCIe.
   const int* error_flags = nullptr;
+};
+
+// What GatherScalars copies: up to kMaxGatherScalars one-element F32
+// tensors, then the error word. Passed by value as a kernel parameter.
+inline constexpr int kMaxGatherScalars = 16;
+struct GatherScalarsArgs {
+  const float* src[kMaxGatherScalars] = {};
+  int count = 0;
+  const int* error_word = nullptr;
 };
 
 struct AdamArgs {
@@ -162,6 +174,10 @@ absl::Status LaunchAdamUpdate(const ParamSpan* params, int count, const AdamArgs
                               const TransformArgs& transform, cudaStream_t stream);
 absl::Status LaunchSgdUpdate(const ParamSpan* params, int count, const SgdArgs& args,
                              const TransformArgs& transform, cudaStream_t stream);
+// out (args.count + 1) F32 on the device: out[i] = *args.src[i], then the
+// error word's bits (read back with a bit cast, not a conversion).
+absl::Status LaunchGatherScalars(const GatherScalarsArgs& args, float* out, cudaStream_t stream);
+
 // counts: kGradHistogramBins int64 on the device, incremented.
 absl::Status LaunchGradHistogram(const GradSpan* grads, int count, int64_t* counts,
                                  cudaStream_t stream);

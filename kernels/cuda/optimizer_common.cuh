@@ -20,14 +20,13 @@ struct GradFactor {
 };
 
 // True when the step must write nothing: found_inf is set, or an earlier op
-// of this step raised a bit in the mapped error word (a bad embedding id or
-// label, not reported to the host until the next synchronisation). The word
-// is read volatile: it lives in host memory and is written by other kernels.
+// of this step raised a bit in the device error word (a bad embedding id or
+// label, not reported to the host until the step's read). Both live in
+// device memory and were written by earlier kernels on the same stream, so
+// a plain load sees them; every block reads the same two words, L2 hits.
 __device__ __forceinline__ bool SkipStep(const TransformArgs& t) {
   if (t.found_inf[0] != 0.0f) return true;
-  if (t.error_flags == nullptr) return false;
-  const volatile int* word = t.error_flags;
-  return *word != 0;
+  return t.error_flags != nullptr && t.error_flags[0] != 0;
 }
 
 __device__ __forceinline__ GradFactor ReadGradFactor(const TransformArgs& t) {

@@ -8,6 +8,7 @@
 // order differ between CUDA and glibc/serial loops).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -176,6 +177,45 @@ TEST_F(CudaVsCpuTest, ReadScalarsMatchesCpuAfterQueuedWork) {
   EXPECT_EQ(three[0], want[5]);
   EXPECT_EQ(three[1], want[0]);
   EXPECT_EQ(three[2], want[39]);
+}
+
+TEST_F(CudaVsCpuTest, BadLabelIsReportedByTheStepsReadAndThenCleared) {
+  // The error word lives in device memory and comes home inside
+  // ReadScalars' one copy: the read that ends the step reports the bad
+  // label, and the word is cleared for the next step.
+  Tensor logits = Upload(*gpu_, DType::kF32, {2, 4}, RandomValues(8, 27, -1, 1, DType::kF32));
+  Tensor labels = UploadIds(*gpu_, DType::kI32, {2}, {1, 9});
+  Tensor loss = *gpu_->Allocate(DType::kF32, {1, 1});
+  Tensor dlogits = *gpu_->Allocate(DType::kF32, {2, 4});
+  AMPD_EXPECT_OK(gpu_->CrossEntropyLoss(logits, labels, 1.0f, 1.0f, loss, dlogits));
+  float got = 0;
+  const Tensor* const scalars[] = {&loss};
+  const absl::Status s = gpu_->ReadScalars(scalars, absl::MakeSpan(&got, 1));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Mentions(s, "labels")) << s;
+  AMPD_EXPECT_OK(gpu_->ReadScalars(scalars, absl::MakeSpan(&got, 1)));
+  AMPD_EXPECT_OK(gpu_->Synchronize());
+}
+
+TEST_F(CudaVsCpuTest, CopyFromHostIsDoneWithItsSourceWhenItReturns) {
+  // Uploads are staged in a pinned arena before the async copy, so the
+  // caller may reuse its buffer at once; 12 x 256 KiB outgrow the arena's
+  // first 1 MiB within one "step", which drains the stream and grows it.
+  const int64_t n = 64 * 1024;  // floats: 256 KiB
+  std::vector<float> host(static_cast<size_t>(n));
+  std::vector<Tensor> uploaded;
+  for (int k = 0; k < 12; ++k) {
+    for (int64_t i = 0; i < n; ++i) host[static_cast<size_t>(i)] = static_cast<float>(k * n + i);
+    uploaded.push_back(*gpu_->Allocate(DType::kF32, {n}));
+    AMPD_EXPECT_OK(gpu_->CopyFromHost(host.data(), host.size() * sizeof(float), uploaded.back()));
+    std::fill(host.begin(), host.end(), -1.0f);  // the caller reuses its buffer
+  }
+  for (int k = 0; k < 12; ++k) {
+    const std::vector<float> got = Download(*gpu_, uploaded[static_cast<size_t>(k)]);
+    for (int64_t i = 0; i < n; i += 4099) {
+      ASSERT_EQ(got[static_cast<size_t>(i)], static_cast<float>(k * n + i)) << k << " " << i;
+    }
+  }
 }
 
 TEST_F(CudaVsCpuTest, ReadScalarsNamesTheBadOperand) {

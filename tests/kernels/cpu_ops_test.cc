@@ -147,6 +147,29 @@ TEST_F(CpuOpsTest, ReadScalarsReadsEachOneElementTensor) {
   EXPECT_TRUE(be_->ReadScalars({}, {}).ok());
 }
 
+TEST_F(CpuOpsTest, ReadBackBringsCopiesWithTheScalarsAndChecksTheirSizes) {
+  Tensor a = MakeTensor(*be_, DType::kF32, {1, 1}, {2.5});
+  Tensor v = MakeTensor(*be_, DType::kF32, {3}, {1.0, -2.0, 4.0});
+  const Tensor* const scalars[] = {&a};
+  float out[1] = {7};
+  float got[3] = {0, 0, 0};
+  const HostCopy good[] = {{&v, got, sizeof(got)}};
+  ASSERT_TRUE(be_->ReadBack(scalars, out, good).ok());
+  EXPECT_EQ(out[0], 2.5f);
+  EXPECT_EQ(got[0], 1.0f);
+  EXPECT_EQ(got[1], -2.0f);
+  EXPECT_EQ(got[2], 4.0f);
+  out[0] = 7;
+  const HostCopy short_dst[] = {{&v, got, 2 * sizeof(float)}};
+  absl::Status s = be_->ReadBack(scalars, out, short_dst);
+  ExpectInvalid(s);
+  EXPECT_NE(std::string(s.message()).find("copies[0]"), std::string::npos) << s;
+  const HostCopy null_src[] = {{&v, got, sizeof(got)}, {nullptr, got, 0}};
+  s = be_->ReadBack(scalars, out, null_src);
+  EXPECT_NE(std::string(s.message()).find("copies[1]"), std::string::npos) << s;
+  EXPECT_EQ(out[0], 7.0f);  // nothing read on a bad call
+}
+
 TEST_F(CpuOpsTest, ReadScalarsNamesTheBadOperandAndWritesNothing) {
   Tensor a = MakeTensor(*be_, DType::kF32, {1, 1}, {1.5});
   Tensor two = MakeTensor(*be_, DType::kF32, {2}, {1.0, 2.0});

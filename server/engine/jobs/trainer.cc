@@ -14,8 +14,8 @@
 //     fp32 grads leaving the unscale to the fused update saves a write pass
 //   fused Adam/SGD update with GradTransform{1/S, found_inf, norm_sq}; the
 //     device skips it entirely on found_inf and it recasts the working copy
-//   ONE ReadScalars of [loss_sum, found_inf, norm_sq], then
-//     scaler.Update(found_inf).
+//   ONE ReadBack of [loss_sum, found_inf, norm_sq] (and the histogram when
+//     sampled), then scaler.Update(found_inf).
 // The three scalars stay on the device, each in its own (1, 1) F32 tensor,
 // until the end: ReadScalars waits for the device once and copies all three
 // together, so the step makes one device->host round trip, not one per
@@ -275,15 +275,18 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input) {
   const Clock::time_point t5 = Clock::now();
 
   // norm_sq is read even without clipping (it then holds the 0 it was
-  // created with): one fixed list keeps this a single call.
+  // created with): one fixed list keeps this a single call. A sampled
+  // histogram rides along in the same read.
   const Tensor* const scalars[3] = {&m.loss_sum, &m.found_inf, &m.norm_sq};
   float host[3] = {0, 0, 0};  // [loss sum, found_inf, norm_sq]
-  AMPD_RETURN_IF_ERROR(b.ReadScalars(scalars, host));
+  kernels::HostCopy histogram_copy;
   if (input.sample_grad_histogram) {
     report.grad_histogram.resize(kernels::kGradHistogramBins);
-    AMPD_RETURN_IF_ERROR(b.CopyToHost(m.histogram, report.grad_histogram.data(),
-                                      report.grad_histogram.size() * sizeof(int64_t)));
+    histogram_copy = {&m.histogram, report.grad_histogram.data(),
+                      report.grad_histogram.size() * sizeof(int64_t)};
   }
+  AMPD_RETURN_IF_ERROR(b.ReadBack(
+      scalars, host, absl::MakeConstSpan(&histogram_copy, input.sample_grad_histogram ? 1 : 0)));
   const bool found_inf = host[kReadFoundInf] != 0.0f;
   absl::StatusOr<amp::ScalerUpdate> update = m.scaler.Update(found_inf);
   if (!update.ok()) {
@@ -400,6 +403,10 @@ absl::Status Trainer::LoadState(const checkpoint::StateDict& state) {
     AMPD_RETURN_IF_ERROR(b.CopyFromHost(sources[i]->data.data(), sources[i]->data.size(), *t));
     fresh.push_back(*std::move(t));
   }
+  // The copies may only be queued, reading the caller's buffers later
+  // (backend.h's CopyFromHost contract); wait for them before returning,
+  // and before committing, so a device error leaves the live state whole.
+  AMPD_RETURN_IF_ERROR(b.Synchronize());
   for (size_t i = 0; i < targets.size(); ++i) *targets[i].second = std::move(fresh[i]);
   m.scaler = std::move(scaler);
   m.optimizer.set_applied_steps(*opt_step);
