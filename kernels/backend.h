@@ -136,7 +136,9 @@ class Backend {
   virtual absl::Status BiasGrad(const Tensor& dy, float beta, Tensor& dbias) = 0;
 
   // ---- activations (same dtype and shape in and out) ----------------------
-  // GELU is the exact erf form, 0.5 x (1 + erf(x / sqrt 2)), PyTorch's default.
+  // GELU is the exact form x Phi(x), PyTorch's default (approximate='none'),
+  // with Phi(x) = 0.5 erfc(-x / sqrt 2): accurate in the negative tail,
+  // where 0.5 (1 + erf(x / sqrt 2)) cancels.
   virtual absl::Status ActivationForward(Activation act, const Tensor& x, Tensor& y) = 0;
   // dx = dy * act'(x); x is the forward input.
   virtual absl::Status ActivationBackward(Activation act, const Tensor& x, const Tensor& dy,
