@@ -1,0 +1,313 @@
+// ampd_bench_service: drives a running ampd over gRPC, as a client would,
+// and prints what a user of the service sees: CreateJob time, the first
+// step, median step time and TFLOP/s, state-dict export/import GB/s, and
+// the steps/s of N small jobs stepping concurrently. Two models:
+//
+//   token: Embedding(V, D), depth x (Linear D->D, GELU), Linear D->V,
+//          cross-entropy over T tokens a step (ids I32). Defaults are the
+//          335M-parameter model of the H100 comparison (V 32768, D 4096,
+//          depth 4, T 8192); bench/pytorch/token_model.py is its PyTorch peer.
+//   mlp:   the reference MLP, 4 x Linear(1024, 1024) with GELU between,
+//          batch 256, MSE (bench/pytorch/amp_mlp.py's peer).
+//
+// TFLOP/s counts the GEMMs only: 6 x (Linear parameters) x rows, i.e. the
+// forward product and the two backward products of every Linear layer.
+// Prints figures; it never passes or fails.
+//
+//   ampd_bench_service --server=127.0.0.1:50051 [--model=token|mlp]
+//       [--precisions=fp16,bf16,fp32] [--steps=20] [--warmup=3]
+//       [--vocab=32768 --width=4096 --depth=4 --tokens=8192]
+//       [--concurrent=1,4,16] [--concurrent_steps=50] [--state=true]
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "client/client.h"
+
+ABSL_FLAG(std::string, server, "127.0.0.1:50051", "ampd's gRPC address");
+ABSL_FLAG(std::string, model, "token", "token or mlp");
+ABSL_FLAG(std::string, precisions, "fp16,bf16,fp32", "comma-separated: fp16, bf16, fp32");
+ABSL_FLAG(int, steps, 20, "timed steps per precision");
+ABSL_FLAG(int, warmup, 3, "untimed steps after the first");
+ABSL_FLAG(int64_t, vocab, 32768, "token model: vocabulary (embedding rows, classes)");
+ABSL_FLAG(int64_t, width, 4096, "token model: hidden width D");
+ABSL_FLAG(int64_t, depth, 4, "token model: hidden Linear+GELU layers");
+ABSL_FLAG(int64_t, tokens, 8192, "token model: tokens (rows) per step");
+ABSL_FLAG(std::string, concurrent, "1,4,16", "small-job counts for the concurrency run ('' skips)");
+ABSL_FLAG(int, concurrent_steps, 50, "steps each small job takes in the concurrency run");
+ABSL_FLAG(bool, state, true, "time GetStateDict and LoadStateDict of each job");
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+ampd::v1::Precision ParsePrecision(const std::string& name) {
+  if (name == "fp32") return ampd::v1::PRECISION_FP32;
+  if (name == "bf16") return ampd::v1::PRECISION_BF16;
+  return ampd::v1::PRECISION_FP16;
+}
+
+void AddLinear(ampd::v1::ModelSpec& m, int64_t in, int64_t out) {
+  ampd::v1::Linear* l = m.add_layers()->mutable_linear();
+  l->set_in_features(in);
+  l->set_out_features(out);
+}
+
+struct Workload {
+  ampd::v1::ModelSpec model;
+  ampd::v1::MicroBatch batch;  // one micro-batch, reused every step
+  int64_t linear_params = 0;   // weights of the Linear layers (the GEMMs' size)
+  int64_t rows = 0;            // samples (tokens) a step
+  std::string name;
+};
+
+ampd::v1::Tensor RandomIds(int64_t n, int64_t vocab, std::mt19937_64& rng) {
+  ampd::v1::Tensor t;
+  t.set_dtype(ampd::v1::DTYPE_I32);
+  t.add_shape(n);
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(vocab - 1));
+  for (int32_t& id : ids) id = pick(rng);
+  t.set_data(ids.data(), ids.size() * sizeof(int32_t));
+  return t;
+}
+
+ampd::v1::Tensor RandomF32(int64_t rows, int64_t cols, std::mt19937_64& rng) {
+  ampd::v1::Tensor t;
+  t.set_dtype(ampd::v1::DTYPE_F32);
+  t.add_shape(rows);
+  t.add_shape(cols);
+  std::vector<float> v(static_cast<size_t>(rows * cols));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& x : v) x = normal(rng);
+  t.set_data(v.data(), v.size() * sizeof(float));
+  return t;
+}
+
+Workload TokenWorkload(int64_t vocab, int64_t width, int64_t depth, int64_t tokens) {
+  Workload w;
+  w.name = absl::StrCat("token model: Embedding(", vocab, ", ", width, "), ", depth, " x (Linear ",
+                        width, "->", width, ", GELU), Linear ", width, "->", vocab,
+                        ", cross-entropy, ", tokens, " tokens/step");
+  ampd::v1::Embedding* e = w.model.add_layers()->mutable_embedding();
+  e->set_num_embeddings(vocab);
+  e->set_embedding_dim(width);
+  for (int64_t i = 0; i < depth; ++i) {
+    AddLinear(w.model, width, width);
+    w.model.add_layers()->mutable_gelu();
+    w.linear_params += width * width;
+  }
+  AddLinear(w.model, width, vocab);
+  w.linear_params += width * vocab;
+  w.model.set_loss(ampd::v1::LOSS_CROSS_ENTROPY);
+  std::mt19937_64 rng(1);
+  *w.batch.mutable_inputs() = RandomIds(tokens, vocab, rng);
+  *w.batch.mutable_targets() = RandomIds(tokens, vocab, rng);
+  w.rows = tokens;
+  return w;
+}
+
+Workload MlpWorkload() {
+  constexpr int64_t kWidth = 1024, kLayers = 4, kBatch = 256;
+  Workload w;
+  w.name = "reference MLP: 4 x Linear(1024, 1024), GELU between, batch 256, MSE";
+  for (int64_t i = 0; i < kLayers; ++i) {
+    if (i > 0) w.model.add_layers()->mutable_gelu();
+    AddLinear(w.model, kWidth, kWidth);
+    w.linear_params += kWidth * kWidth;
+  }
+  w.model.set_loss(ampd::v1::LOSS_MSE);
+  std::mt19937_64 rng(1);
+  *w.batch.mutable_inputs() = RandomF32(kBatch, kWidth, rng);
+  *w.batch.mutable_targets() = RandomF32(kBatch, kWidth, rng);
+  w.rows = kBatch;
+  return w;
+}
+
+absl::StatusOr<ampd::v1::Job> Create(ampd::Client& client, const Workload& w,
+                                     ampd::v1::Precision precision, const std::string& name) {
+  ampd::v1::CreateJobRequest request;
+  *request.mutable_config()->mutable_model() = w.model;
+  request.mutable_config()->set_precision(precision);
+  request.mutable_config()->set_display_name(name);
+  request.mutable_config()->mutable_optimizer()->set_lr(1e-4f);
+  request.mutable_config()->set_seed(1);
+  return client.CreateJob(std::move(request));
+}
+
+absl::StatusOr<double> TimedStep(ampd::Client& client, ampd::v1::StepRequest& request,
+                                 int64_t sequence) {
+  request.set_sequence(sequence);
+  const Clock::time_point t0 = Clock::now();
+  absl::StatusOr<ampd::v1::StepResponse> r = client.Step(request);
+  if (!r.ok()) return r.status();
+  return Since(t0);
+}
+
+absl::Status RunPrecision(ampd::Client& client, const Workload& w, const std::string& precision) {
+  const Clock::time_point t_create = Clock::now();
+  absl::StatusOr<ampd::v1::Job> job =
+      Create(client, w, ParsePrecision(precision), absl::StrCat("bench-", precision));
+  if (!job.ok()) return job.status();
+  const double create_s = Since(t_create);
+  ampd::v1::StepRequest request;
+  request.set_job_id(job->job_id());
+  *request.add_micro_batches() = w.batch;
+  int64_t sequence = 0;
+  absl::StatusOr<double> first = TimedStep(client, request, ++sequence);
+  if (!first.ok()) return first.status();
+  for (int i = 0; i < absl::GetFlag(FLAGS_warmup); ++i) {
+    absl::StatusOr<double> t = TimedStep(client, request, ++sequence);
+    if (!t.ok()) return t.status();
+  }
+  std::vector<double> times;
+  for (int i = 0; i < absl::GetFlag(FLAGS_steps); ++i) {
+    absl::StatusOr<double> t = TimedStep(client, request, ++sequence);
+    if (!t.ok()) return t.status();
+    times.push_back(*t);
+  }
+  const double median = Median(times);
+  const double tflops =
+      6.0 * static_cast<double>(w.linear_params) * static_cast<double>(w.rows) / median / 1e12;
+  std::printf(
+      "%-5s create %8.3f s  first step %8.3f s  step median %9.3f ms  %8.1f TFLOP/s  "
+      "%10.0f rows/s\n",
+      precision.c_str(), create_s, *first, median * 1e3, tflops,
+      static_cast<double>(w.rows) / median);
+  if (absl::GetFlag(FLAGS_state)) {
+    const Clock::time_point t_export = Clock::now();
+    absl::StatusOr<std::string> state = client.GetStateDict(job->job_id());
+    if (!state.ok()) return state.status();
+    const double export_s = Since(t_export);
+    const Clock::time_point t_import = Clock::now();
+    absl::StatusOr<ampd::v1::LoadStateDictResponse> loaded =
+        client.LoadStateDict(job->job_id(), *state);
+    if (!loaded.ok()) return loaded.status();
+    const double import_s = Since(t_import);
+    const double gb = static_cast<double>(state->size()) / 1e9;
+    std::printf("      state dict %.3f GB: export %.3f s (%.2f GB/s), import %.3f s (%.2f GB/s)\n",
+                gb, export_s, gb / export_s, import_s, gb / import_s);
+  }
+  std::fflush(stdout);
+  return client.DeleteJob(job->job_id());
+}
+
+// n reference-MLP jobs, one client thread each, stepping at once.
+absl::Status RunConcurrent(const std::string& server, int n, int steps) {
+  const Workload w = MlpWorkload();
+  std::vector<std::unique_ptr<ampd::Client>> clients;
+  std::vector<std::string> ids;
+  for (int i = 0; i < n; ++i) {
+    clients.push_back(ampd::Client::Connect(server));
+    absl::StatusOr<ampd::v1::Job> job =
+        Create(*clients.back(), w, ampd::v1::PRECISION_FP16, absl::StrCat("bench-concurrent-", i));
+    if (!job.ok()) return job.status();
+    ids.push_back(job->job_id());
+  }
+  std::vector<absl::Status> results(static_cast<size_t>(n));
+  // One warm-up step each (workspaces), outside the timed window.
+  for (int i = 0; i < n; ++i) {
+    ampd::v1::StepRequest request;
+    request.set_job_id(ids[i]);
+    *request.add_micro_batches() = w.batch;
+    absl::StatusOr<double> t = TimedStep(*clients[i], request, 1);
+    if (!t.ok()) return t.status();
+  }
+  const Clock::time_point t0 = Clock::now();
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      ampd::v1::StepRequest request;
+      request.set_job_id(ids[i]);
+      *request.add_micro_batches() = w.batch;
+      for (int s = 0; s < steps; ++s) {
+        absl::StatusOr<double> t = TimedStep(*clients[i], request, 2 + s);
+        if (!t.ok()) {
+          results[i] = t.status();
+          return;
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const double seconds = Since(t0);
+  for (const absl::Status& s : results) {
+    if (!s.ok()) return s;
+  }
+  std::printf("%3d concurrent small jobs (reference MLP, fp16): %8.1f steps/s in all\n", n,
+              static_cast<double>(n) * steps / seconds);
+  std::fflush(stdout);
+  for (int i = 0; i < n; ++i) (void)clients[i]->DeleteJob(ids[i]);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const std::string server = absl::GetFlag(FLAGS_server);
+  ampd::ClientOptions options;
+  options.deadline = absl::Minutes(10);  // large models: creation and state transfer
+  std::unique_ptr<ampd::Client> client = ampd::Client::Connect(server, options);
+  const std::string model = absl::GetFlag(FLAGS_model);
+  if (model != "token" && model != "mlp") {
+    std::fprintf(stderr, "ampd_bench_service: --model must be token or mlp, got %s\n",
+                 model.c_str());
+    return 2;
+  }
+  const Workload w = model == "mlp"
+                         ? MlpWorkload()
+                         : TokenWorkload(absl::GetFlag(FLAGS_vocab), absl::GetFlag(FLAGS_width),
+                                         absl::GetFlag(FLAGS_depth), absl::GetFlag(FLAGS_tokens));
+  std::printf("ampd at %s\n%s\n%.1fM Linear parameters, %lld rows/step, %d timed steps\n",
+              server.c_str(), w.name.c_str(), static_cast<double>(w.linear_params) / 1e6,
+              static_cast<long long>(w.rows), absl::GetFlag(FLAGS_steps));
+  int failures = 0;
+  for (const absl::string_view p :
+       absl::StrSplit(absl::GetFlag(FLAGS_precisions), ',', absl::SkipEmpty())) {
+    const absl::Status s = RunPrecision(*client, w, std::string(p));
+    if (!s.ok()) {
+      std::fprintf(stderr, "%s: %s\n", std::string(p).c_str(), s.ToString().c_str());
+      ++failures;
+    }
+  }
+  for (const absl::string_view c :
+       absl::StrSplit(absl::GetFlag(FLAGS_concurrent), ',', absl::SkipEmpty())) {
+    int n = 0;
+    if (!absl::SimpleAtoi(c, &n) || n <= 0) {
+      std::fprintf(stderr, "--concurrent: not a positive count: %s\n", std::string(c).c_str());
+      return 2;
+    }
+    const absl::Status s = RunConcurrent(server, n, absl::GetFlag(FLAGS_concurrent_steps));
+    if (!s.ok()) {
+      std::fprintf(stderr, "concurrent %d: %s\n", n, s.ToString().c_str());
+      ++failures;
+    }
+  }
+  return failures == 0 ? 0 : 1;
+}
