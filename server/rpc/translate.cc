@@ -233,6 +233,7 @@ v1::Job JobToProto(const engine::JobSnapshot& snapshot) {
   job.set_parameter_count(snapshot.parameter_count);
   job.set_estimated_bytes(snapshot.estimated_bytes);
   job.set_request_id(snapshot.request_id);
+  if (snapshot.grad_norm.has_value()) job.set_grad_norm(*snapshot.grad_norm);
   switch (snapshot.state) {
     case engine::JobState::kActive:
       job.set_state(v1::JOB_STATE_ACTIVE);

@@ -584,6 +584,23 @@ TEST_F(ServiceTest, EveryErrorCarriesAnErrorInfoWithAStableReason) {
       << DescribeError(wrong.status());
 }
 
+TEST_F(ServiceTest, GetJobReportsTheLastAppliedGradNorm) {
+  Start();
+  v1::CreateJobRequest request = JobRequest(1, "fp32");  // no overflow: the step applies
+  request.mutable_config()->mutable_optimizer()->set_max_grad_norm(1e6f);  // computed, no clip
+  absl::StatusOr<v1::Job> created = client_->CreateJob(request);
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_FALSE(created->has_grad_norm());
+  v1::StepResponse response;
+  ASSERT_TRUE(RawStep(StepRequest(created->job_id(), 1), &response).ok());
+  ASSERT_FALSE(response.skipped());
+  ASSERT_TRUE(response.has_grad_norm());
+  v1::Job job;
+  ASSERT_TRUE(RawGetJob(created->job_id(), &job).ok());
+  ASSERT_TRUE(job.has_grad_norm());
+  EXPECT_EQ(job.grad_norm(), response.grad_norm());
+}
+
 // A deepspeed scaler that overflows at its minimum scale stops the job: the
 // step says SCALER_AT_MIN_SCALE, GetJob shows FAILED (across a restart), a
 // finite step with the same sequence is refused with JOB_FAILED, and loading

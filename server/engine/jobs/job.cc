@@ -338,6 +338,7 @@ absl::StatusOr<StepReport> Job::Step(int64_t sequence, StepInput input) {
     snapshot_.step = sequence;
     snapshot_.applied_steps = report->applied_steps;
     snapshot_.loss_scale = report->scaler.scale_after;
+    if (!report->scaler.skipped) snapshot_.grad_norm = report->grad_norm;
   }
   if (context_->observer != nullptr) context_->observer->OnStep(id_, *report);
   if (context_->checkpoint_every > 0 && sequence % context_->checkpoint_every == 0) {

@@ -66,6 +66,9 @@ struct JobSnapshot {
   int64_t estimated_bytes = 0;
   JobState state = JobState::kActive;
   std::string failure;  // why, when kFailed
+  // The last applied step's L2 norm of the unscaled gradients, when the
+  // Trainer reported one.
+  std::optional<float> grad_norm;
 };
 
 // Shared by every job of a registry; outlives them.
