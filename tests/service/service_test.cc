@@ -689,6 +689,30 @@ TEST_F(ServiceTest, LoadStateDictIsDurableOnceAcknowledged) {
   ExpectSameTensors(*want, *got);
 }
 
+// When the checkpoint of an import cannot be written, the import fails and
+// the job keeps the state it had: memory never runs ahead of the disk.
+TEST_F(ServiceTest, LoadStateDictThatCannotBeSavedIsNotLoaded) {
+  Start({"--checkpoint-every=1"});
+  const std::string a = CreateJob(1);
+  const std::string b = CreateJob(99);
+  ASSERT_TRUE(client_->Step(StepRequest(a, 1)).ok());
+  absl::StatusOr<std::string> before = client_->GetStateDict(a);
+  absl::StatusOr<std::string> other = client_->GetStateDict(b);
+  ASSERT_TRUE(before.ok() && other.ok());
+  // Without its directory no checkpoint can be written (root included).
+  std::filesystem::remove_all(state_dir_);
+  absl::StatusOr<v1::LoadStateDictResponse> loaded = client_->LoadStateDict(a, *other);
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInternal) << loaded.status();
+  EXPECT_TRUE(absl::StrContains(loaded.status().message(), "could not be checkpointed"))
+      << loaded.status();
+  absl::StatusOr<std::string> after = client_->GetStateDict(a);
+  ASSERT_TRUE(after.ok()) << after.status();
+  absl::StatusOr<StateDict> want = DecodeSafetensors(*before);
+  absl::StatusOr<StateDict> got = DecodeSafetensors(*after);
+  ASSERT_TRUE(want.ok() && got.ok());
+  ExpectSameTensors(*want, *got);
+}
+
 // More checkpoints than --max-jobs: the most recently written are restored,
 // the others logged and left on disk for a start with room for them.
 TEST_F(ServiceTest, RestoreHonoursMaxJobs) {
