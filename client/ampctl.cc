@@ -439,7 +439,7 @@ int main(int argc, char** argv) {
   else
     status = Fail("usage: ampctl health | jobs ... | train ... | state ... (see --help)");
   if (!status.ok()) {
-    std::fprintf(stderr, "ampctl: %s\n", status.ToString().c_str());
+    std::fprintf(stderr, "ampctl: %s\n", ampd::DescribeError(status).c_str());
     return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
   return 0;

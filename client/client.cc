@@ -8,7 +8,9 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "google/rpc/status.pb.h"
 
 namespace ampd {
 namespace {
@@ -28,9 +30,48 @@ std::string NewRequestId() {
 
 }  // namespace
 
+namespace {
+constexpr char kErrorInfoUrl[] = "type.googleapis.com/google.rpc.ErrorInfo";
+}  // namespace
+
+std::optional<google::rpc::ErrorInfo> ErrorInfoOf(const grpc::Status& status) {
+  if (status.ok() || status.error_details().empty()) return std::nullopt;
+  google::rpc::Status details;
+  if (!details.ParseFromString(status.error_details())) return std::nullopt;
+  for (const google::protobuf::Any& any : details.details()) {
+    google::rpc::ErrorInfo info;
+    if (any.UnpackTo(&info)) return info;
+  }
+  return std::nullopt;
+}
+
 absl::Status FromGrpcStatus(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+  absl::Status result(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+  if (std::optional<google::rpc::ErrorInfo> info = ErrorInfoOf(status); info.has_value()) {
+    result.SetPayload(kErrorInfoUrl, absl::Cord(info->SerializeAsString()));
+  }
+  return result;
+}
+
+std::optional<google::rpc::ErrorInfo> ErrorInfoOf(const absl::Status& status) {
+  const auto payload = status.GetPayload(kErrorInfoUrl);  // absl::optional
+  if (!payload.has_value()) return std::nullopt;
+  google::rpc::ErrorInfo info;
+  if (!info.ParseFromString(std::string(*payload))) return std::nullopt;
+  return info;
+}
+
+std::string DescribeError(const absl::Status& status) {
+  const std::string code = absl::StatusCodeToString(status.code());
+  std::optional<google::rpc::ErrorInfo> info = ErrorInfoOf(status);
+  if (!info.has_value()) return absl::StrCat(code, ": ", status.message());
+  // Sorted, so the line reads the same every time (map order is unspecified).
+  std::vector<std::string> facts;
+  for (const auto& [key, value] : info->metadata()) facts.push_back(absl::StrCat(key, "=", value));
+  std::sort(facts.begin(), facts.end());
+  facts.insert(facts.begin(), info->reason());
+  return absl::StrCat(code, " [", absl::StrJoin(facts, " "), "]: ", status.message());
 }
 
 std::unique_ptr<Client> Client::Connect(const std::string& target, ClientOptions options) {

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "ampd/v1/trainer.grpc.pb.h"
+#include "google/rpc/error_details.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 namespace ampd {
@@ -31,8 +33,22 @@ struct ClientOptions {
   int64_t state_chunk_bytes = 1 << 20;
 };
 
-// gRPC status -> absl::Status (same code and message).
+// gRPC status -> absl::Status (same code and message). The google.rpc.ErrorInfo
+// ampd sends in the status details rides along as a payload: read it with
+// ErrorInfoOf, so callers branch on its reason ("SEQUENCE_MISMATCH") and
+// metadata ("expected_sequence") rather than on the message's wording.
 absl::Status FromGrpcStatus(const grpc::Status& status);
+
+// The ErrorInfo of a status FromGrpcStatus made; nullopt when the server
+// sent none.
+std::optional<google::rpc::ErrorInfo> ErrorInfoOf(const absl::Status& status);
+// The ErrorInfo of a grpc::Status, straight from its details.
+std::optional<google::rpc::ErrorInfo> ErrorInfoOf(const grpc::Status& status);
+
+// One line for people: "FAILED_PRECONDITION [SEQUENCE_MISMATCH
+// expected_sequence=2]: sequence: expected 2, got 3" (no brackets without
+// an ErrorInfo).
+std::string DescribeError(const absl::Status& status);
 
 class Client {
  public:

@@ -49,6 +49,9 @@ ABSL_FLAG(int64_t, max_memory_bytes, 0,
           "Most estimated job bytes (weights, grads, optimizer state) held at once (0: unlimited)");
 ABSL_FLAG(int64_t, max_receive_message_bytes, 64 << 20,
           "Largest request message accepted; larger ones fail with RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_state_dict_buffer_bytes, 0,
+          "Most bytes all LoadStateDict streams together may hold in memory at once; past it a "
+          "stream fails with RESOURCE_EXHAUSTED. 0: a quarter of the machine's memory");
 ABSL_FLAG(int64_t, grad_histogram_every, 10,
           "Sample the gradient magnitude histogram every N steps (0: never)");
 ABSL_FLAG(int32_t, worker_threads, 0,
@@ -165,6 +168,19 @@ int Run() {
   }
   ampd::rpc::ServiceOptions service_options;
   if (options.max_memory_bytes > 0) service_options.max_state_dict_bytes = options.max_memory_bytes;
+  service_options.max_state_dict_buffer_bytes = absl::GetFlag(FLAGS_max_state_dict_buffer_bytes);
+  if (service_options.max_state_dict_buffer_bytes < 0) {
+    std::fprintf(stderr, "ampd: --max_state_dict_buffer_bytes must be >= 0\n");
+    return 1;
+  }
+  if (service_options.max_state_dict_buffer_bytes == 0) {
+    // A quarter of physical memory: room for a few large imports at once
+    // without letting concurrent streams take the machine down.
+    const long pages = sysconf(_SC_PHYS_PAGES);
+    const long page_size = sysconf(_SC_PAGE_SIZE);
+    service_options.max_state_dict_buffer_bytes =
+        pages > 0 && page_size > 0 ? static_cast<int64_t>(pages) * page_size / 4 : int64_t{1} << 30;
+  }
   ampd::rpc::TrainerService service(registry->get(), record, service_options);
 
   grpc::EnableDefaultHealthCheckService(true);

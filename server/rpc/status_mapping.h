@@ -9,7 +9,11 @@
 
 namespace ampd::rpc {
 
-// Same code (absl and gRPC share the canonical numbering), same message.
+// Same code (absl and gRPC share the canonical numbering), same message
+// (cut at 1 KiB), and a google.rpc.Status in the details holding one
+// google.rpc.ErrorInfo (domain "ampd"): the reason the status was tagged with
+// (common/error_reason.h), else INVALID_FIELD with the message's field path
+// for InvalidArgument, else the code's name.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
 // "OK", "INVALID_ARGUMENT", ... as metrics label the code.

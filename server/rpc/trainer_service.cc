@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/error_reason.h"
 #include "server/rpc/status_mapping.h"
 #include "server/rpc/translate.h"
 
@@ -21,6 +22,10 @@ class StateDictWriter final : public grpc::ServerWriteReactor<v1::StateDictChunk
   StateDictWriter(const TrainerService* service, engine::JobRegistry* registry,
                   const std::string& job_id, int64_t chunk_bytes)
       : service_(service), chunk_bytes_(static_cast<size_t>(chunk_bytes)), start_(absl::Now()) {
+    if (absl::Status s = CheckLength("job_id", job_id); !s.ok()) {
+      Done(ToGrpcStatus(s));
+      return;
+    }
     registry->ExportState(job_id, [this](absl::StatusOr<std::string> bytes) {
       if (!bytes.ok()) {
         Done(ToGrpcStatus(bytes.status()));
@@ -69,11 +74,12 @@ class StateDictWriter final : public grpc::ServerWriteReactor<v1::StateDictChunk
 class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRequest> {
  public:
   StateDictReader(const TrainerService* service, engine::JobRegistry* registry,
-                  v1::LoadStateDictResponse* response, int64_t max_bytes)
+                  v1::LoadStateDictResponse* response, int64_t max_bytes, ByteBudget* budget)
       : service_(service),
         registry_(registry),
         response_(response),
         max_bytes_(max_bytes),
+        budget_(budget),
         start_(absl::Now()) {
     StartRead(&request_);
   }
@@ -81,7 +87,7 @@ class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRe
   void OnReadDone(bool ok) override {
     if (!ok) {  // The client half-closed: the file is complete.
       if (job_id_.empty()) {
-        Done(absl::InvalidArgumentError("job_id: the first message must name the job"));
+        Done(FieldError("job_id", "the first message must name the job"));
         return;
       }
       const int64_t size = static_cast<int64_t>(bytes_.size());
@@ -94,24 +100,39 @@ class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRe
       });
       return;
     }
+    if (absl::Status s = CheckLength("job_id", request_.job_id()); !s.ok()) {
+      Done(s);
+      return;
+    }
     if (first_) {
       first_ = false;
       job_id_ = request_.job_id();
       if (job_id_.empty()) {
-        Done(absl::InvalidArgumentError("job_id: the first message must name the job"));
+        Done(FieldError("job_id", "the first message must name the job"));
         return;
       }
     } else if (!request_.job_id().empty() && request_.job_id() != job_id_) {
-      Done(absl::InvalidArgumentError(absl::StrCat("job_id: later messages name job '",
-                                                   request_.job_id(), "' but the stream is for '",
-                                                   job_id_, "'")));
+      Done(FieldError("job_id", absl::StrCat("later messages name job '", Echo(request_.job_id()),
+                                             "' but the stream is for '", Echo(job_id_), "'")));
       return;
     }
-    if (static_cast<int64_t>(bytes_.size() + request_.data().size()) > max_bytes_) {
-      Done(absl::ResourceExhaustedError(absl::StrCat(
-          "data: the state dict exceeds the server's limit of ", max_bytes_, " bytes")));
+    const int64_t n = static_cast<int64_t>(request_.data().size());
+    if (static_cast<int64_t>(bytes_.size()) + n > max_bytes_) {
+      Done(WithReason(
+          absl::ResourceExhaustedError(absl::StrCat(
+              "data: the state dict exceeds the server's limit of ", max_bytes_, " bytes")),
+          reason::kMemoryLimit, {{"limit_bytes", absl::StrCat(max_bytes_)}}));
       return;
     }
+    if (!budget_->TryAcquire(n)) {
+      Done(WithReason(absl::ResourceExhaustedError(absl::StrCat(
+                          "data: LoadStateDict streams in progress already hold ", budget_->held(),
+                          " bytes of the server's --max-state-dict-buffer-bytes=", budget_->limit(),
+                          "; retry later")),
+                      reason::kMemoryLimit, {{"limit_bytes", absl::StrCat(budget_->limit())}}));
+      return;
+    }
+    held_ += n;
     bytes_.append(request_.data());
     StartRead(&request_);
   }
@@ -119,6 +140,10 @@ class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRe
 
  private:
   void Done(const absl::Status& status) {
+    // The bytes are freed (loaded, or dropped with the stream) by now.
+    budget_->Release(std::exchange(held_, 0));
+    bytes_.clear();
+    bytes_.shrink_to_fit();
     const grpc::Status grpc_status = ToGrpcStatus(status);
     service_->Record("LoadStateDict", grpc_status, start_);
     Finish(grpc_status);
@@ -128,6 +153,8 @@ class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRe
   engine::JobRegistry* registry_;
   v1::LoadStateDictResponse* response_;
   const int64_t max_bytes_;
+  ByteBudget* const budget_;
+  int64_t held_ = 0;  // of budget_, for this stream
   const absl::Time start_;
   v1::LoadStateDictRequest request_;
   bool first_ = true;
@@ -137,9 +164,20 @@ class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRe
 
 }  // namespace
 
+bool ByteBudget::TryAcquire(int64_t n) {
+  int64_t held = held_.load(std::memory_order_relaxed);
+  do {
+    if (n > limit_ - held) return false;
+  } while (!held_.compare_exchange_weak(held, held + n, std::memory_order_relaxed));
+  return true;
+}
+
 TrainerService::TrainerService(engine::JobRegistry* registry, RpcRecorder record,
                                ServiceOptions options)
-    : registry_(registry), record_(std::move(record)), options_(options) {}
+    : registry_(registry),
+      record_(std::move(record)),
+      options_(options),
+      state_dict_buffer_(options.max_state_dict_buffer_bytes) {}
 
 void TrainerService::Record(absl::string_view method, const grpc::Status& status,
                             absl::Time start) const {
@@ -160,6 +198,10 @@ grpc::ServerUnaryReactor* TrainerService::CreateJob(grpc::CallbackServerContext*
                                                     v1::CreateJobResponse* response) {
   const absl::Time start = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status s = CheckLength("request_id", request->request_id()); !s.ok()) {
+    FinishUnary(reactor, "CreateJob", start, s);
+    return reactor;
+  }
   absl::StatusOr<engine::JobConfig> config = JobConfigFromProto(request->config());
   if (!config.ok()) {
     FinishUnary(reactor, "CreateJob", start, config.status());
@@ -178,6 +220,10 @@ grpc::ServerUnaryReactor* TrainerService::GetJob(grpc::CallbackServerContext* co
                                                  v1::GetJobResponse* response) {
   const absl::Time start = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status s = CheckLength("job_id", request->job_id()); !s.ok()) {
+    FinishUnary(reactor, "GetJob", start, s);
+    return reactor;
+  }
   absl::StatusOr<engine::JobSnapshot> job = registry_->GetJob(request->job_id());
   if (job.ok()) *response->mutable_job() = JobToProto(*job);
   FinishUnary(reactor, "GetJob", start, job.status());
@@ -189,6 +235,10 @@ grpc::ServerUnaryReactor* TrainerService::ListJobs(grpc::CallbackServerContext* 
                                                    v1::ListJobsResponse* response) {
   const absl::Time start = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status s = CheckLength("page_token", request->page_token()); !s.ok()) {
+    FinishUnary(reactor, "ListJobs", start, s);
+    return reactor;
+  }
   absl::StatusOr<engine::JobPage> page =
       registry_->ListJobs(request->page_size(), request->page_token());
   if (page.ok()) {
@@ -204,6 +254,10 @@ grpc::ServerUnaryReactor* TrainerService::DeleteJob(grpc::CallbackServerContext*
                                                     v1::DeleteJobResponse* /*response*/) {
   const absl::Time start = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status s = CheckLength("job_id", request->job_id()); !s.ok()) {
+    FinishUnary(reactor, "DeleteJob", start, s);
+    return reactor;
+  }
   registry_->DeleteJob(request->job_id(), [this, reactor, start](absl::Status s) {
     FinishUnary(reactor, "DeleteJob", start, s);
   });
@@ -216,6 +270,10 @@ grpc::ServerUnaryReactor* TrainerService::Step(grpc::CallbackServerContext* cont
   const absl::Time start = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // Decoding copies the batch bytes once; it is linear and cheap next to a step.
+  if (absl::Status s = CheckLength("job_id", request->job_id()); !s.ok()) {
+    FinishUnary(reactor, "Step", start, s);
+    return reactor;
+  }
   absl::StatusOr<engine::StepInput> input = StepInputFromProto(*request);
   if (!input.ok()) {
     FinishUnary(reactor, "Step", start, input.status());
@@ -236,7 +294,8 @@ grpc::ServerWriteReactor<v1::StateDictChunk>* TrainerService::GetStateDict(
 
 grpc::ServerReadReactor<v1::LoadStateDictRequest>* TrainerService::LoadStateDict(
     grpc::CallbackServerContext* /*context*/, v1::LoadStateDictResponse* response) {
-  return new StateDictReader(this, registry_, response, options_.max_state_dict_bytes);
+  return new StateDictReader(this, registry_, response, options_.max_state_dict_bytes,
+                             &state_dict_buffer_);
 }
 
 }  // namespace ampd::rpc

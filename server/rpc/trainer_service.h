@@ -6,6 +6,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -23,8 +24,28 @@ using RpcRecorder = std::function<void(absl::string_view, absl::string_view, dou
 struct ServiceOptions {
   // LoadStateDict refuses streams whose bytes add up to more than this.
   int64_t max_state_dict_bytes = int64_t{4} << 30;
+  // Bytes all LoadStateDict streams together may hold in memory at once
+  // (received and not yet loaded); past it a stream fails with
+  // RESOURCE_EXHAUSTED (MEMORY_LIMIT) and frees what it held.
+  int64_t max_state_dict_buffer_bytes = int64_t{4} << 30;
   // GetStateDict sends the file in chunks of this size.
   int64_t chunk_bytes = int64_t{1} << 20;
+};
+
+// A server-wide count of bytes held against a limit, shared by concurrent
+// streams without a lock.
+class ByteBudget {
+ public:
+  explicit ByteBudget(int64_t limit) : limit_(limit) {}
+  // Adds n unless that would pass the limit; false (nothing added) then.
+  bool TryAcquire(int64_t n);
+  void Release(int64_t n) { held_.fetch_sub(n, std::memory_order_relaxed); }
+  int64_t limit() const { return limit_; }
+  int64_t held() const { return held_.load(std::memory_order_relaxed); }
+
+ private:
+  const int64_t limit_;
+  std::atomic<int64_t> held_{0};
 };
 
 class TrainerService final : public v1::Trainer::CallbackService {
@@ -61,6 +82,7 @@ class TrainerService final : public v1::Trainer::CallbackService {
   engine::JobRegistry* const registry_;
   const RpcRecorder record_;
   const ServiceOptions options_;
+  ByteBudget state_dict_buffer_;
 };
 
 }  // namespace ampd::rpc

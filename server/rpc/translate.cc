@@ -2,6 +2,7 @@
 #include "server/rpc/translate.h"
 
 #include <cmath>
+#include <cstdint>
 #include <tuple>
 #include <utility>
 
@@ -161,6 +162,7 @@ absl::StatusOr<JobConfig> JobConfigFromProto(const v1::JobConfig& proto) {
   absl::StatusOr<amp::ScalerPolicy> policy = PolicyFromProto(proto.scaler().policy());
   if (!policy.ok()) return policy.status();
   JobConfig config = engine::DefaultJobConfig(*precision, *policy);
+  if (absl::Status s = CheckLength("config.display_name", proto.display_name()); !s.ok()) return s;
   config.display_name = proto.display_name();
   config.seed = proto.seed();
   if (absl::Status s = ModelSpecFromProto(proto.model(), "config.model", &config.model); !s.ok())
@@ -231,6 +233,16 @@ v1::Job JobToProto(const engine::JobSnapshot& snapshot) {
   job.set_parameter_count(snapshot.parameter_count);
   job.set_estimated_bytes(snapshot.estimated_bytes);
   job.set_request_id(snapshot.request_id);
+  if (snapshot.grad_norm.has_value()) job.set_grad_norm(*snapshot.grad_norm);
+  switch (snapshot.state) {
+    case engine::JobState::kActive:
+      job.set_state(v1::JOB_STATE_ACTIVE);
+      break;
+    case engine::JobState::kFailed:
+      job.set_state(v1::JOB_STATE_FAILED);
+      job.set_failure(snapshot.failure);
+      break;
+  }
   return job;
 }
 
@@ -282,7 +294,8 @@ void StepReportToProto(const engine::StepReport& r, v1::StepResponse* response) 
 
 absl::StatusOr<engine::DecodedCreateRequest> DecodeCreateRequest(absl::string_view bytes) {
   v1::CreateJobRequest request;
-  if (!request.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+  if (bytes.size() > static_cast<size_t>(INT32_MAX) ||
+      !request.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
     return absl::DataLossError("ampd.create_request: not a CreateJobRequest");
   }
   absl::StatusOr<JobConfig> config = JobConfigFromProto(request.config());

@@ -5,13 +5,20 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/error_reason.h"
 
 namespace ampd::rpc {
 
 namespace model = engine::model;
 
 absl::Status FieldError(absl::string_view field, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+  return WithReason(absl::InvalidArgumentError(absl::StrCat(field, ": ", what)),
+                    reason::kInvalidField, {{"field", field}});
+}
+
+absl::Status CheckLength(absl::string_view field, absl::string_view value) {
+  if (value.size() <= kMaxNameBytes) return absl::OkStatus();
+  return FieldError(field, absl::StrCat("at most ", kMaxNameBytes, " bytes, got ", value.size()));
 }
 
 absl::Status CheckFinite(absl::string_view field, double value) {

@@ -6,6 +6,8 @@
 // byte lengths) and names the request field.
 #pragma once
 
+#include <cstddef>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -15,8 +17,16 @@
 
 namespace ampd::rpc {
 
-// The rpc layer's one error shape: InvalidArgument "field: what".
+// The rpc layer's one error shape: InvalidArgument "field: what", tagged
+// INVALID_FIELD with the field path (common/error_reason.h).
 absl::Status FieldError(absl::string_view field, absl::string_view what);
+
+// The most bytes of a job id, request id, page token or display name: the
+// server keeps them and sends them back in every ListJobs page, so their
+// size must not be the client's choice.
+inline constexpr size_t kMaxNameBytes = 256;
+// FieldError unless value has at most kMaxNameBytes bytes.
+absl::Status CheckLength(absl::string_view field, absl::string_view value);
 // FieldError unless value is finite: NaN and infinities are never a
 // meaningful hyperparameter, and range checks let NaN through (it compares
 // false both ways).

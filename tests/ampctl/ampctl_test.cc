@@ -424,6 +424,16 @@ TEST_F(AmpctlTest, SyntheticTaskAcceptsLayers) {
   EXPECT_TRUE(std::isfinite(lines[1].loss));
 }
 
+// Server errors are printed with their ErrorInfo reason, so scripts can
+// match the reason instead of the wording.
+TEST_F(AmpctlTest, ServerErrorsShowTheirReason) {
+  StartServer();
+  const CommandResult run = Ampctl({"jobs", "get", "job-nope"});
+  EXPECT_EQ(run.status.code, 1) << run.err;
+  EXPECT_TRUE(absl::StrContains(run.err, "ampctl: NOT_FOUND [JOB_NOT_FOUND job_id=job-nope]: "))
+      << run.err;
+}
+
 TEST_F(AmpctlTest, HelpDocumentsBatchFiles) {
   const CommandResult run = Ampctl({"--help"});
   const std::string text = run.out + run.err;

@@ -23,6 +23,8 @@
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "client/synthetic_task.h"
+#include "google/rpc/error_details.pb.h"
+#include "google/rpc/status.pb.h"
 #include "gtest/gtest.h"
 #include "reflection_subset.grpc.pb.h"
 #include "server/engine/checkpoint/safetensors.h"
@@ -121,6 +123,31 @@ class ServiceTest : public ::testing::Test {
     return client_->stub().CreateJob(&context, request, &response);
   }
 
+  grpc::Status RawGetJob(const std::string& job_id, v1::Job* job = nullptr) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::GetJobRequest request;
+    request.set_job_id(job_id);
+    v1::GetJobResponse response;
+    grpc::Status s = client_->stub().GetJob(&context, request, &response);
+    if (job != nullptr) *job = response.job();
+    return s;
+  }
+
+  // One LoadStateDict stream driven by hand, so that tests can keep several
+  // open at once.
+  struct LoadStream {
+    grpc::ClientContext context;
+    v1::LoadStateDictResponse response;
+    std::unique_ptr<grpc::ClientWriter<v1::LoadStateDictRequest>> writer;
+  };
+  std::unique_ptr<LoadStream> OpenLoad() {
+    auto stream = std::make_unique<LoadStream>();
+    stream->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    stream->writer = client_->stub().LoadStateDict(&stream->context, &stream->response);
+    return stream;
+  }
+
   StateDict ReadCheckpoint(const std::string& job_id) {
     absl::StatusOr<StateDict> state =
         DecodeSafetensors(ReadFile(std::filesystem::path(state_dir_) / (job_id + ".safetensors")));
@@ -133,6 +160,32 @@ class ServiceTest : public ::testing::Test {
   std::unique_ptr<AmpdProcess> server_;
   std::unique_ptr<Client> client_;
 };
+
+// The google.rpc.ErrorInfo of a failed call, read the way any gRPC client
+// reads it: the google.rpc.Status in the trailer grpc-status-details-bin
+// (grpc::Status::error_details()), holding exactly one ErrorInfo in domain
+// "ampd" whose code and message match the status's.
+google::rpc::ErrorInfo DetailsOf(const grpc::Status& status) {
+  google::rpc::ErrorInfo info;
+  google::rpc::Status details;
+  EXPECT_FALSE(status.ok());
+  EXPECT_TRUE(details.ParseFromString(status.error_details()))
+      << "no google.rpc.Status in the details of: " << status.error_message();
+  EXPECT_EQ(details.code(), static_cast<int>(status.error_code()));
+  EXPECT_EQ(details.message(), status.error_message());
+  EXPECT_EQ(details.details_size(), 1) << status.error_message();
+  if (details.details_size() >= 1) {
+    EXPECT_TRUE(details.details(0).UnpackTo(&info));
+  }
+  EXPECT_EQ(info.domain(), "ampd");
+  return info;
+}
+
+// metadata[key], "<absent>" when the key is missing (Map::at would abort).
+std::string Meta(const google::rpc::ErrorInfo& info, const std::string& key) {
+  auto it = info.metadata().find(key);
+  return it == info.metadata().end() ? "<absent>" : it->second;
+}
 
 void ExpectSameTensors(const StateDict& a, const StateDict& b) {
   ASSERT_EQ(a.tensors.size(), b.tensors.size());
@@ -466,6 +519,326 @@ TEST_F(ServiceTest, RestartAfterSigkillRestoresTheCheckpoint) {
   ASSERT_TRUE(RawStep(StepRequest(id, 5, 5), &response).ok());
   EXPECT_EQ(response.global_step(), 5);
   EXPECT_TRUE(absl::StrContains(server_->Log(), "restored at step 4"));
+}
+
+TEST_F(ServiceTest, EveryErrorCarriesAnErrorInfoWithAStableReason) {
+  Start({"--max-jobs=1"});
+  const std::string id = CreateJob(1);
+  v1::StepResponse response;
+  ASSERT_TRUE(RawStep(StepRequest(id, 1), &response).ok());
+
+  grpc::Status s = RawStep(StepRequest(id, 5), &response);
+  ASSERT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  google::rpc::ErrorInfo info = DetailsOf(s);
+  EXPECT_EQ(info.reason(), "SEQUENCE_MISMATCH");
+  EXPECT_EQ(Meta(info, "expected_sequence"), "2");
+
+  s = RawStep(StepRequest("job-nope", 1), &response);
+  ASSERT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  info = DetailsOf(s);
+  EXPECT_EQ(info.reason(), "JOB_NOT_FOUND");
+  EXPECT_EQ(Meta(info, "job_id"), "job-nope");
+  EXPECT_EQ(DetailsOf(RawGetJob("job-nope")).reason(), "JOB_NOT_FOUND");
+
+  v1::CreateJobRequest nan_lr = JobRequest(2);
+  nan_lr.mutable_config()->mutable_optimizer()->set_lr(std::numeric_limits<float>::quiet_NaN());
+  s = RawCreate(nan_lr);
+  ASSERT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  info = DetailsOf(s);
+  EXPECT_EQ(info.reason(), "INVALID_FIELD");
+  EXPECT_EQ(Meta(info, "field"), "config.optimizer.lr");
+
+  // An engine validation error names its field too.
+  v1::CreateJobRequest beta = JobRequest(2);
+  beta.mutable_config()->mutable_optimizer()->set_beta1(1.5f);
+  info = DetailsOf(RawCreate(beta));
+  EXPECT_EQ(info.reason(), "INVALID_FIELD");
+  EXPECT_TRUE(absl::StrContains(Meta(info, "field"), "beta1")) << info.DebugString();
+
+  v1::StepRequest bytes = StepRequest(id, 2);
+  bytes.mutable_micro_batches(0)->mutable_inputs()->mutable_data()->resize(10);
+  info = DetailsOf(RawStep(bytes, &response));
+  EXPECT_EQ(info.reason(), "INVALID_FIELD");
+  EXPECT_EQ(Meta(info, "field"), "micro_batches[0].inputs.data");
+
+  s = RawCreate(JobRequest(3));
+  ASSERT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  info = DetailsOf(s);
+  EXPECT_EQ(info.reason(), "JOB_LIMIT");
+  EXPECT_EQ(Meta(info, "max_jobs"), "1");
+
+  absl::StatusOr<v1::LoadStateDictResponse> bad = client_->LoadStateDict(id, "not safetensors");
+  ASSERT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(ErrorInfoOf(bad.status()).has_value());
+  EXPECT_EQ(ErrorInfoOf(bad.status())->reason(), "INVALID_STATE_DICT");
+
+  // ampd::Client keeps the ErrorInfo on the absl::Status and prints it.
+  absl::StatusOr<v1::StepResponse> wrong = client_->Step(StepRequest(id, 7));
+  ASSERT_EQ(wrong.status().code(), absl::StatusCode::kFailedPrecondition);
+  std::optional<google::rpc::ErrorInfo> kept = ErrorInfoOf(wrong.status());
+  ASSERT_TRUE(kept.has_value());
+  EXPECT_EQ(kept->reason(), "SEQUENCE_MISMATCH");
+  EXPECT_EQ(Meta(*kept, "expected_sequence"), "2");
+  EXPECT_TRUE(absl::StartsWith(DescribeError(wrong.status()),
+                               "FAILED_PRECONDITION [SEQUENCE_MISMATCH expected_sequence=2]: "))
+      << DescribeError(wrong.status());
+}
+
+TEST_F(ServiceTest, GetJobReportsTheLastAppliedGradNorm) {
+  Start();
+  v1::CreateJobRequest request = JobRequest(1, "fp32");  // no overflow: the step applies
+  request.mutable_config()->mutable_optimizer()->set_max_grad_norm(1e6f);  // computed, no clip
+  absl::StatusOr<v1::Job> created = client_->CreateJob(request);
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_FALSE(created->has_grad_norm());
+  v1::StepResponse response;
+  ASSERT_TRUE(RawStep(StepRequest(created->job_id(), 1), &response).ok());
+  ASSERT_FALSE(response.skipped());
+  ASSERT_TRUE(response.has_grad_norm());
+  v1::Job job;
+  ASSERT_TRUE(RawGetJob(created->job_id(), &job).ok());
+  ASSERT_TRUE(job.has_grad_norm());
+  EXPECT_EQ(job.grad_norm(), response.grad_norm());
+}
+
+// A deepspeed scaler that overflows at its minimum scale stops the job: the
+// step says SCALER_AT_MIN_SCALE, GetJob shows FAILED (across a restart), a
+// finite step with the same sequence is refused with JOB_FAILED, and loading
+// a good state dict makes the job train again.
+TEST_F(ServiceTest, ScalerAtItsMinimumFailsTheJobUntilAStateIsLoaded) {
+  Start();
+  v1::CreateJobRequest request = JobRequest(1);
+  v1::ScalerConfig* scaler = request.mutable_config()->mutable_scaler();
+  scaler->set_policy(v1::SCALER_POLICY_DEEPSPEED);
+  scaler->set_init_scale(1);
+  scaler->set_min_scale(1);
+  scaler->set_hysteresis(1);
+  scaler->set_raise_at_min_scale(true);
+  absl::StatusOr<v1::Job> created = client_->CreateJob(request);
+  ASSERT_TRUE(created.ok()) << created.status();
+  const std::string id = created->job_id();
+  v1::StepResponse response;
+  ASSERT_TRUE(RawStep(StepRequest(id, 1), &response).ok());
+  absl::StatusOr<std::string> good = client_->GetStateDict(id);
+  ASSERT_TRUE(good.ok()) << good.status();
+  v1::Job job;
+  ASSERT_TRUE(RawGetJob(id, &job).ok());
+  EXPECT_EQ(job.state(), v1::JOB_STATE_ACTIVE);
+
+  v1::StepRequest overflow = StepRequest(id, 2);
+  {
+    std::string* data = overflow.mutable_micro_batches(0)->mutable_targets()->mutable_data();
+    const float inf = std::numeric_limits<float>::infinity();
+    std::memcpy(data->data(), &inf, sizeof(float));
+  }
+  grpc::Status s = RawStep(overflow, &response);
+  ASSERT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_EQ(DetailsOf(s).reason(), "SCALER_AT_MIN_SCALE");
+  ASSERT_TRUE(RawGetJob(id, &job).ok());
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(absl::StrContains(job.failure(), "minimum loss scale")) << job.failure();
+  EXPECT_EQ(job.step(), 1);
+
+  s = RawStep(StepRequest(id, 2), &response);
+  ASSERT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(DetailsOf(s).reason(), "JOB_FAILED");
+
+  // The failure is in the checkpoint: a crash does not bring the job back.
+  server_->Signal(SIGKILL);
+  server_->Wait(kExitDeadline);
+  Start();
+  ASSERT_TRUE(RawGetJob(id, &job).ok());
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  s = RawStep(StepRequest(id, 2), &response);
+  EXPECT_EQ(DetailsOf(s).reason(), "JOB_FAILED");
+
+  absl::StatusOr<v1::LoadStateDictResponse> loaded = client_->LoadStateDict(id, *good);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_TRUE(RawGetJob(id, &job).ok());
+  EXPECT_EQ(job.state(), v1::JOB_STATE_ACTIVE);
+  EXPECT_TRUE(job.failure().empty());
+  ASSERT_TRUE(RawStep(StepRequest(id, 2), &response).ok());
+  EXPECT_EQ(response.global_step(), 2);
+}
+
+// An acknowledged LoadStateDict is on disk: a SIGKILL right after the
+// response restores the imported weights, not the ones before the import.
+TEST_F(ServiceTest, LoadStateDictIsDurableOnceAcknowledged) {
+  Start({"--checkpoint-every=1"});
+  const std::string a = CreateJob(1);
+  const std::string b = CreateJob(99);
+  for (int64_t s = 1; s <= 3; ++s)
+    ASSERT_TRUE(client_->Step(StepRequest(a, s, static_cast<int>(s))).ok());
+  ASSERT_TRUE(client_->Step(StepRequest(b, 1, 5)).ok());
+  absl::StatusOr<std::string> imported = client_->GetStateDict(b);
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  absl::StatusOr<v1::LoadStateDictResponse> loaded = client_->LoadStateDict(a, *imported);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  server_->Signal(SIGKILL);
+  server_->Wait(kExitDeadline);
+
+  Start({"--checkpoint-every=1"});
+  absl::StatusOr<v1::Job> job = client_->GetJob(a);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->step(), 3);
+  absl::StatusOr<std::string> restored = client_->GetStateDict(a);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  absl::StatusOr<StateDict> want = DecodeSafetensors(*imported);
+  absl::StatusOr<StateDict> got = DecodeSafetensors(*restored);
+  ASSERT_TRUE(want.ok() && got.ok());
+  ExpectSameTensors(*want, *got);
+}
+
+// When the checkpoint of an import cannot be written, the import fails and
+// the job keeps the state it had: memory never runs ahead of the disk.
+TEST_F(ServiceTest, LoadStateDictThatCannotBeSavedIsNotLoaded) {
+  Start({"--checkpoint-every=1"});
+  const std::string a = CreateJob(1);
+  const std::string b = CreateJob(99);
+  ASSERT_TRUE(client_->Step(StepRequest(a, 1)).ok());
+  absl::StatusOr<std::string> before = client_->GetStateDict(a);
+  absl::StatusOr<std::string> other = client_->GetStateDict(b);
+  ASSERT_TRUE(before.ok() && other.ok());
+  // Without its directory no checkpoint can be written (root included).
+  std::filesystem::remove_all(state_dir_);
+  absl::StatusOr<v1::LoadStateDictResponse> loaded = client_->LoadStateDict(a, *other);
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInternal) << loaded.status();
+  EXPECT_TRUE(absl::StrContains(loaded.status().message(), "could not be checkpointed"))
+      << loaded.status();
+  absl::StatusOr<std::string> after = client_->GetStateDict(a);
+  ASSERT_TRUE(after.ok()) << after.status();
+  absl::StatusOr<StateDict> want = DecodeSafetensors(*before);
+  absl::StatusOr<StateDict> got = DecodeSafetensors(*after);
+  ASSERT_TRUE(want.ok() && got.ok());
+  ExpectSameTensors(*want, *got);
+}
+
+// More checkpoints than --max-jobs: the most recently written are restored,
+// the others logged and left on disk for a start with room for them.
+TEST_F(ServiceTest, RestoreHonoursMaxJobs) {
+  Start({"--checkpoint-every=1"});
+  std::vector<std::string> ids;
+  for (uint64_t seed = 1; seed <= 4; ++seed) ids.push_back(CreateJob(seed));
+  // Each step rewrites that job's checkpoint, so ids[3]'s is the newest.
+  for (const std::string& id : ids) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ASSERT_TRUE(client_->Step(StepRequest(id, 1)).ok());
+  }
+  server_->Signal(SIGKILL);  // no shutdown checkpoint to reorder the files
+  server_->Wait(kExitDeadline);
+
+  Start({"--checkpoint-every=1", "--max-jobs=2"});
+  absl::StatusOr<std::vector<v1::Job>> jobs = client_->ListAllJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  std::vector<std::string> restored;
+  for (const v1::Job& job : *jobs) restored.push_back(job.job_id());
+  std::vector<std::string> newest = {ids[2], ids[3]};
+  std::sort(newest.begin(), newest.end());
+  EXPECT_EQ(restored, newest);
+  for (const std::string& id : ids) {
+    EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(state_dir_) / (id + ".safetensors")))
+        << id;
+  }
+  EXPECT_TRUE(absl::StrContains(server_->Log(), absl::StrCat("job ", ids[0], " not restored")))
+      << server_->Log();
+  EXPECT_EQ(RawCreate(JobRequest(5)).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+
+  // With room again, the jobs left behind come back.
+  server_->Terminate(kExitDeadline);
+  Start({"--checkpoint-every=1"});
+  absl::StatusOr<std::vector<v1::Job>> all = client_->ListAllJobs();
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->size(), 4u);
+}
+
+// Names the server stores and sends back are bounded, and input echoed in an
+// error is cut: a huge id never turns into a huge response.
+TEST_F(ServiceTest, NamesAreBoundedAndErrorsDoNotEchoHugeInput) {
+  Start();
+  v1::CreateJobRequest named = JobRequest(1);
+  named.mutable_config()->set_display_name(std::string(4 << 20, 'n'));
+  grpc::Status s = RawCreate(named);
+  ASSERT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  google::rpc::ErrorInfo info = DetailsOf(s);
+  EXPECT_EQ(info.reason(), "INVALID_FIELD");
+  EXPECT_EQ(Meta(info, "field"), "config.display_name");
+  EXPECT_LT(s.error_message().size() + s.error_details().size(), 4096u);
+  named.mutable_config()->set_display_name(std::string(256, 'n'));
+  EXPECT_TRUE(RawCreate(named).ok());
+
+  v1::CreateJobRequest retried = JobRequest(2);
+  retried.set_request_id(std::string(257, 'r'));
+  info = DetailsOf(RawCreate(retried));
+  EXPECT_EQ(Meta(info, "field"), "request_id");
+
+  const std::string huge_id(1 << 20, 'j');
+  v1::StepResponse response;
+  for (const grpc::Status& status :
+       {RawGetJob(huge_id), RawStep(StepRequest(huge_id, 1), &response)}) {
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+    EXPECT_EQ(Meta(DetailsOf(status), "field"), "job_id");
+    EXPECT_LT(status.error_message().size() + status.error_details().size(), 4096u);
+  }
+  std::unique_ptr<LoadStream> load = OpenLoad();
+  v1::LoadStateDictRequest first;
+  first.set_job_id(huge_id);
+  load->writer->Write(first);
+  load->writer->WritesDone();
+  s = load->writer->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_LT(s.error_message().size() + s.error_details().size(), 4096u);
+
+  // Within the bound, an unknown id is echoed cut short.
+  const std::string long_id(200, 'x');
+  s = RawGetJob(long_id);
+  ASSERT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "(200 bytes)")) << s.error_message();
+  EXPECT_LT(s.error_message().size(), 200u);
+  absl::StatusOr<std::vector<v1::Job>> jobs = client_->ListAllJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  EXPECT_EQ(jobs->size(), 1u);
+}
+
+// LoadStateDict streams share one budget of buffered bytes: two streams of
+// 600 KB against a 1 MB budget cannot both be held, whichever comes first;
+// once they are done the budget is free again.
+TEST_F(ServiceTest, ConcurrentLoadStateDictStreamsShareOneBudget) {
+  Start({"--max-state-dict-buffer-bytes=1000000"});
+  const std::string id = CreateJob(1);
+  v1::LoadStateDictRequest chunk;
+  chunk.set_job_id(id);
+  chunk.set_data(std::string(600000, 'x'));
+
+  std::unique_ptr<LoadStream> first = OpenLoad();
+  std::unique_ptr<LoadStream> second = OpenLoad();
+  first->writer->Write(chunk);
+  second->writer->Write(chunk);
+  // The first stream stays open (its bytes held) until the second is done.
+  second->writer->WritesDone();
+  const grpc::Status second_status = second->writer->Finish();
+  first->writer->WritesDone();
+  const grpc::Status first_status = first->writer->Finish();
+  std::vector<grpc::StatusCode> codes = {first_status.error_code(), second_status.error_code()};
+  std::sort(codes.begin(), codes.end());
+  // INVALID_ARGUMENT (3) for the one whose bytes were taken (they are not a
+  // safetensors file), RESOURCE_EXHAUSTED (8) for the one refused.
+  ASSERT_EQ(codes, (std::vector<grpc::StatusCode>{grpc::StatusCode::INVALID_ARGUMENT,
+                                                  grpc::StatusCode::RESOURCE_EXHAUSTED}))
+      << first_status.error_message() << " / " << second_status.error_message();
+  const grpc::Status& refused = first_status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED
+                                    ? first_status
+                                    : second_status;
+  EXPECT_EQ(DetailsOf(refused).reason(), "MEMORY_LIMIT");
+  EXPECT_TRUE(absl::StrContains(refused.error_message(), "max-state-dict-buffer-bytes"))
+      << refused.error_message();
+
+  std::unique_ptr<LoadStream> third = OpenLoad();
+  third->writer->Write(chunk);
+  third->writer->WritesDone();
+  const grpc::Status third_status = third->writer->Finish();
+  EXPECT_EQ(third_status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << third_status.error_message();
+  EXPECT_EQ(DetailsOf(third_status).reason(), "INVALID_STATE_DICT");
 }
 
 TEST_F(ServiceTest, SigtermDrainsCheckpointsAndExitsZero) {

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/error_reason.h"
 
 namespace ampd::engine::checkpoint {
 namespace {
@@ -174,7 +175,7 @@ class HeaderParser {
           if (absl::Status s = ParseMetadata(&header.metadata); !s.ok()) return s;
         } else {
           if (!names.insert(key).second) {
-            return Error(absl::StrCat("duplicate tensor name \"", key, "\""));
+            return Error(absl::StrCat("duplicate tensor name \"", Echo(key), "\""));
           }
           TensorEntry entry;
           entry.name = std::move(key);
@@ -368,7 +369,7 @@ class HeaderParser {
       if (absl::Status s = ExpectChar(':'); !s.ok()) return s;
       if (absl::Status s = ParseString(&value); !s.ok()) return s;
       if (!metadata->emplace(key, std::move(value)).second) {
-        return Error(absl::StrCat("duplicate metadata key \"", key, "\""));
+        return Error(absl::StrCat("duplicate metadata key \"", Echo(key), "\""));
       }
       bool more = false;
       if (absl::Status s = ParseSeparator('}', &more); !s.ok()) return s;
@@ -377,7 +378,7 @@ class HeaderParser {
   }
 
   absl::Status ParseTensorInfo(TensorEntry* entry) {
-    const std::string where = absl::StrCat("tensor \"", entry->name, "\": ");
+    const std::string where = absl::StrCat("tensor \"", Echo(entry->name), "\": ");
     if (absl::Status s = ExpectChar('{'); !s.ok()) return s;
     bool has_dtype = false, has_shape = false, has_offsets = false;
     SkipWhitespace();
@@ -392,7 +393,7 @@ class HeaderParser {
           std::string name;
           if (absl::Status s = ParseString(&name); !s.ok()) return s;
           const std::optional<DType> dtype = kernels::DTypeFromName(name);
-          if (!dtype) return Error(absl::StrCat(where, "unknown dtype \"", name, "\""));
+          if (!dtype) return Error(absl::StrCat(where, "unknown dtype \"", Echo(name), "\""));
           entry->dtype = *dtype;
         } else if (key == "shape") {
           if (has_shape) return Error(absl::StrCat(where, "duplicate \"shape\""));
@@ -417,7 +418,7 @@ class HeaderParser {
           entry->begin = offsets[0];
           entry->end = offsets[1];
         } else {
-          return Error(absl::StrCat(where, "unknown field \"", key, "\""));
+          return Error(absl::StrCat(where, "unknown field \"", Echo(key), "\""));
         }
         bool more = false;
         if (absl::Status s = ParseSeparator('}', &more); !s.ok()) return s;
@@ -459,7 +460,7 @@ std::optional<uint64_t> TensorBytes(DType dtype, const kernels::Shape& shape) {
 }
 
 std::string DescribeTensor(const TensorEntry& t) {
-  return absl::StrCat("tensor \"", t.name, "\" (", kernels::DTypeName(t.dtype),
+  return absl::StrCat("tensor \"", Echo(t.name), "\" (", kernels::DTypeName(t.dtype),
                       kernels::ShapeToString(t.shape), ")");
 }
 
@@ -473,18 +474,21 @@ absl::Status ValidateStateDict(const StateDict& state) {
     }
     if (!IsValidUtf8(t.name)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("tensor name \"", t.name, "\" is not valid UTF-8"));
+          absl::StrCat("tensor name \"", Echo(t.name), "\" is not valid UTF-8"));
     }
     if (!names.insert(t.name).second) {
-      return absl::InvalidArgumentError(absl::StrCat("duplicate tensor name \"", t.name, "\""));
+      return absl::InvalidArgumentError(
+          absl::StrCat("duplicate tensor name \"", Echo(t.name), "\""));
     }
-    if (absl::Status s = t.tensor.Validate(absl::StrCat("tensor \"", t.name, "\"")); !s.ok()) {
+    if (absl::Status s = t.tensor.Validate(absl::StrCat("tensor \"", Echo(t.name), "\""));
+        !s.ok()) {
       return s;
     }
   }
   for (const auto& [key, value] : state.metadata) {
     if (!IsValidUtf8(key) || !IsValidUtf8(value)) {
-      return absl::InvalidArgumentError(absl::StrCat("metadata \"", key, "\" is not valid UTF-8"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("metadata \"", Echo(key), "\" is not valid UTF-8"));
     }
   }
   return absl::OkStatus();

@@ -15,6 +15,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "server/engine/checkpoint/safetensors.h"
 
 namespace ampd::engine::checkpoint {
@@ -187,6 +188,18 @@ absl::StatusOr<StateDict> StateDirectory::Read(const std::string& job_id) const 
     return absl::DataLossError(absl::StrCat(file, ": ", state.status().message()));
   }
   return state;
+}
+
+absl::StatusOr<int64_t> StateDirectory::WriteTimeNanos(const std::string& job_id) const {
+  AMPD_RETURN_IF_ERROR(CheckJobId(job_id));
+  const std::string file = absl::StrCat(path_, "/", job_id, kSuffix);
+  struct stat st;
+  if (::stat(file.c_str(), &st) != 0) {
+    const int err = errno;
+    if (err == ENOENT) return absl::NotFoundError(absl::StrCat("no checkpoint ", file));
+    return OsError(absl::StatusCode::kInternal, "cannot stat", file, err);
+  }
+  return int64_t{st.st_mtim.tv_sec} * 1000000000 + int64_t{st.st_mtim.tv_nsec};
 }
 
 absl::Status StateDirectory::Remove(const std::string& job_id) const {

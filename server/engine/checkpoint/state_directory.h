@@ -28,6 +28,9 @@ class StateDirectory {
   // NotFound when there is no checkpoint for job_id; DataLoss, naming the
   // file and the defect, when the file does not decode.
   absl::StatusOr<StateDict> Read(const std::string& job_id) const;
+  // When job_id's checkpoint was last written (st_mtime, in ns since the
+  // epoch); NotFound when there is none.
+  absl::StatusOr<int64_t> WriteTimeNanos(const std::string& job_id) const;
   // Removing an absent checkpoint is OK.
   absl::Status Remove(const std::string& job_id) const;
   // Job ids with a checkpoint, sorted; leftover temp files are ignored (and

@@ -11,6 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/error_reason.h"
+#include "common/status_macros.h"
 #include "kernels/backend_factory.h"
 #include "server/engine/checkpoint/safetensors.h"
 
@@ -229,7 +231,14 @@ void Job::RunOne() {
 }
 
 absl::Status Job::NotOpen() const {
-  return absl::NotFoundError(absl::StrCat("job_id: no job ", id_));
+  return WithReason(absl::NotFoundError(absl::StrCat("job_id: no job ", id_)), reason::kJobNotFound,
+                    {{"job_id", id_}});
+}
+
+void Job::SetFailure(std::string failure) {
+  absl::MutexLock lock(&mu_);
+  snapshot_.state = failure.empty() ? JobState::kActive : JobState::kFailed;
+  snapshot_.failure = std::move(failure);
 }
 
 void Job::RefreshSnapshot() {
@@ -269,6 +278,11 @@ absl::Status Job::Restore(const std::string& device, const checkpoint::StateDict
     absl::StatusOr<StepReport> report = DecodeStepReport(it->second);
     if (report.ok() && report->step == step) last_report_ = *std::move(report);
   }
+  // A job that failed before the restart stays failed: resuming it would
+  // silently train on past the scaler's refusal.
+  if (auto it = state.metadata.find(kMetaFailure); it != state.metadata.end()) {
+    SetFailure(it->second.empty() ? "failed before a restart" : it->second);
+  }
   absl::MutexLock lock(&mu_);
   snapshot_.step = step;
   snapshot_.applied_steps = applied;
@@ -278,21 +292,43 @@ absl::Status Job::Restore(const std::string& device, const checkpoint::StateDict
 
 absl::StatusOr<StepReport> Job::Step(int64_t sequence, StepInput input) {
   if (trainer_ == nullptr) return NotOpen();
-  const int64_t done = Snapshot().step;
+  const JobSnapshot current = Snapshot();
+  const int64_t done = current.step;
+  const std::string expected = absl::StrCat(done + 1);
   if (sequence == done && done > 0) {
     if (last_report_.has_value()) return *last_report_;
-    return absl::FailedPreconditionError(absl::StrCat(
-        "sequence: step ", done,
-        " was applied before a restart and its response is lost; expected ", done + 1));
+    return WithReason(
+        absl::FailedPreconditionError(absl::StrCat(
+            "sequence: step ", done,
+            " was applied before a restart and its response is lost; expected ", expected)),
+        reason::kSequenceMismatch, {{"expected_sequence", expected}});
+  }
+  if (current.state == JobState::kFailed) {
+    return WithReason(absl::FailedPreconditionError(
+                          absl::StrCat("job ", id_, " has failed (", current.failure,
+                                       "); load a good state with LoadStateDict to resume it")),
+                      reason::kJobFailed, {{"job_id", id_}});
   }
   if (sequence != done + 1) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("sequence: expected ", done + 1, ", got ", sequence));
+    return WithReason(absl::FailedPreconditionError(
+                          absl::StrCat("sequence: expected ", expected, ", got ", sequence)),
+                      reason::kSequenceMismatch, {{"expected_sequence", expected}});
   }
   const int64_t every = context_->grad_histogram_every;
   input.sample_grad_histogram = every > 0 && sequence % every == 0;
   absl::StatusOr<StepReport> report = trainer_->Step(input);
-  if (!report.ok()) return report.status();
+  if (!report.ok()) {
+    if (report.status().code() != absl::StatusCode::kFailedPrecondition) return report.status();
+    // The Trainer's one FailedPrecondition: the scaler refused to go on at
+    // its minimum scale. The job stops here, durably, until a good state is
+    // loaded; the step's sequence number was not used.
+    SetFailure(std::string(report.status().message()));
+    if (absl::Status s = Checkpoint(); !s.ok()) {
+      std::fprintf(stderr, "ampd: job %s checkpoint of its failure failed: %s\n", id_.c_str(),
+                   s.ToString().c_str());
+    }
+    return WithReason(report.status(), reason::kScalerAtMinScale, {{"job_id", id_}});
+  }
   // The job's sequence is the protocol's, not the Trainer's count (which an
   // imported state dict may have moved).
   report->step = sequence;
@@ -302,6 +338,7 @@ absl::StatusOr<StepReport> Job::Step(int64_t sequence, StepInput input) {
     snapshot_.step = sequence;
     snapshot_.applied_steps = report->applied_steps;
     snapshot_.loss_scale = report->scaler.scale_after;
+    if (!report->scaler.skipped) snapshot_.grad_norm = report->grad_norm;
   }
   if (context_->observer != nullptr) context_->observer->OnStep(id_, *report);
   if (context_->checkpoint_every > 0 && sequence % context_->checkpoint_every == 0) {
@@ -324,18 +361,52 @@ absl::StatusOr<std::string> Job::ExportSafetensors() const {
 absl::StatusOr<int64_t> Job::ImportSafetensors(absl::string_view bytes) {
   if (trainer_ == nullptr) return NotOpen();
   absl::StatusOr<checkpoint::StateDict> state = checkpoint::DecodeSafetensors(bytes);
-  if (!state.ok()) return state.status();
-  if (absl::Status s = trainer_->LoadState(*state); !s.ok()) return s;
+  if (!state.ok()) return WithReason(state.status(), reason::kInvalidStateDict);
+  // With a state directory the import is acknowledged only once it is on
+  // disk; keep what to go back to if that write fails.
+  std::optional<checkpoint::StateDict> previous;
+  if (context_->state_dir != nullptr) {
+    AMPD_ASSIGN_OR_RETURN(previous, trainer_->ExportState());
+  }
+  if (absl::Status s = trainer_->LoadState(*state); !s.ok()) {
+    return s.code() == absl::StatusCode::kInvalidArgument ? WithReason(s, reason::kInvalidStateDict)
+                                                          : s;
+  }
   int64_t applied = 0;
   if (auto it = state->metadata.find("optimizer.step"); it != state->metadata.end()) {
     (void)absl::SimpleAtoi(it->second, &applied);
   }
+  const JobSnapshot before = Snapshot();
   // The recorded response belongs to the old weights; a retry of the last
   // sequence after an import must not pretend it was computed on the new ones.
-  last_report_.reset();
-  absl::MutexLock lock(&mu_);
-  snapshot_.applied_steps = applied;
-  RefreshSnapshot();
+  std::optional<StepReport> previous_report = std::exchange(last_report_, std::nullopt);
+  {
+    absl::MutexLock lock(&mu_);
+    snapshot_.applied_steps = applied;
+    snapshot_.state = JobState::kActive;
+    snapshot_.failure.clear();
+    RefreshSnapshot();
+  }
+  if (absl::Status saved = Checkpoint(); !saved.ok()) {
+    // Not durable, so not done: put the job back as it was (memory and disk
+    // agree again) and say so.
+    absl::Status restored = trainer_->LoadState(*previous);
+    last_report_ = std::move(previous_report);
+    {
+      absl::MutexLock lock(&mu_);
+      snapshot_.applied_steps = before.applied_steps;
+      snapshot_.state = before.state;
+      snapshot_.failure = before.failure;
+      RefreshSnapshot();
+    }
+    return absl::Status(
+        saved.code(),
+        absl::StrCat(
+            "the state dict could not be checkpointed, so it was not loaded: ", saved.message(),
+            restored.ok()
+                ? ""
+                : absl::StrCat("; restoring the previous state failed too: ", restored.message())));
+  }
   return static_cast<int64_t>(state->tensors.size());
 }
 
@@ -352,6 +423,11 @@ absl::Status Job::Checkpoint() {
     state->metadata[kMetaLastReport] = EncodeStepReport(*last_report_);
   } else {
     state->metadata.erase(kMetaLastReport);
+  }
+  if (const JobSnapshot snapshot = Snapshot(); snapshot.state == JobState::kFailed) {
+    state->metadata[kMetaFailure] = snapshot.failure;
+  } else {
+    state->metadata.erase(kMetaFailure);
   }
   if (absl::Status s = context_->state_dir->Write(id_, *state); !s.ok()) return s;
   std::fprintf(stderr, "ampd: job %s checkpointed at step %lld\n", id_.c_str(),

@@ -49,6 +49,11 @@ class WorkerPool {
   std::vector<std::thread> threads_;
 };
 
+// A job trains (kActive) until its loss scaler gives up at its minimum scale
+// (deepspeed's raise_at_min_scale): it is then kFailed, refuses steps, and a
+// LoadStateDict of a good state makes it active again.
+enum class JobState { kActive, kFailed };
+
 // What GetJob/ListJobs report, readable from any thread.
 struct JobSnapshot {
   std::string job_id;
@@ -59,6 +64,11 @@ struct JobSnapshot {
   float loss_scale = 1.0f;  // the scale the next step uses
   int64_t parameter_count = 0;
   int64_t estimated_bytes = 0;
+  JobState state = JobState::kActive;
+  std::string failure;  // why, when kFailed
+  // The last applied step's L2 norm of the unscaled gradients, when the
+  // Trainer reported one.
+  std::optional<float> grad_norm;
 };
 
 // Shared by every job of a registry; outlives them.
@@ -77,6 +87,7 @@ inline constexpr char kMetaCreateRequest[] =
 inline constexpr char kMetaStep[] = "ampd.step";
 inline constexpr char kMetaLastReport[] = "ampd.last_report";  // the last step's response
 inline constexpr char kMetaRequestId[] = "ampd.request_id";
+inline constexpr char kMetaFailure[] = "ampd.failure";  // present while the job is failed
 
 // Estimated bytes a job holds on its backend: fp32 masters, the working copy
 // and gradients in the working dtype, and the optimizer's fp32 state.
@@ -107,12 +118,18 @@ class Job : public std::enable_shared_from_this<Job> {
   // Initialize, then load a checkpoint and continue its step sequence.
   absl::Status Restore(const std::string& device, const checkpoint::StateDict& state);
   // Exactly-once: sequence == step()+1 trains; sequence == step() returns the
-  // recorded report; anything else is FailedPrecondition naming the expected.
+  // recorded report; anything else is FailedPrecondition SEQUENCE_MISMATCH
+  // naming the expected one. A scaler that gives up fails the job
+  // (SCALER_AT_MIN_SCALE, checkpointed as failed); a failed job answers
+  // JOB_FAILED until ImportSafetensors.
   absl::StatusOr<StepReport> Step(int64_t sequence, StepInput input);
   // The Trainer's state as safetensors bytes.
   absl::StatusOr<std::string> ExportSafetensors() const;
-  // Replaces weights, optimizer and scaler state from safetensors bytes; the
-  // step sequence is the job's own and does not change.
+  // Replaces weights, optimizer and scaler state from safetensors bytes and
+  // clears a failure; the step sequence is the job's own and does not change.
+  // With a state directory the new state is checkpointed before this
+  // returns, so an acknowledged import survives a crash; when that write
+  // fails the previous state is put back and the error returned.
   absl::StatusOr<int64_t> ImportSafetensors(absl::string_view bytes);
   // Writes the checkpoint when there is a state directory (no-op otherwise).
   absl::Status Checkpoint();
@@ -125,6 +142,7 @@ class Job : public std::enable_shared_from_this<Job> {
   void RunOne();
   void RefreshSnapshot() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status NotOpen() const;
+  void SetFailure(std::string failure);
 
   const std::string id_;
   const std::string request_id_;

@@ -10,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/blocking_counter.h"
+#include "common/error_reason.h"
+#include "common/status_macros.h"
 
 namespace ampd::engine {
 namespace {
@@ -22,6 +24,15 @@ std::string NewJobId() {
   static absl::BitGen* gen = new absl::BitGen();
   absl::MutexLock lock(&mu);
   return absl::StrFormat("job-%012x", absl::Uniform<uint64_t>(*gen, 0, uint64_t{1} << 48));
+}
+
+absl::Status JobNotFound(const std::string& job_id) {
+  return WithReason(absl::NotFoundError(absl::StrCat("job_id: no job '", Echo(job_id), "'")),
+                    reason::kJobNotFound, {{"job_id", Echo(job_id)}});
+}
+
+absl::Status Draining() {
+  return WithReason(absl::UnavailableError("the server is shutting down"), reason::kServerDraining);
 }
 
 }  // namespace
@@ -82,18 +93,23 @@ void JobRegistry::ReportMemory() const {
 
 absl::Status JobRegistry::CheckAdmission(const JobConfig& config) const {
   if (options_.max_jobs > 0 && static_cast<int64_t>(jobs_.size()) >= options_.max_jobs) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("job_id: the server already holds ", jobs_.size(),
-                     " jobs (--max-jobs=", options_.max_jobs, "); delete one first"));
+    return WithReason(absl::ResourceExhaustedError(absl::StrCat(
+                          "job_id: the server already holds ", jobs_.size(),
+                          " jobs (--max-jobs=", options_.max_jobs, "); delete one first")),
+                      reason::kJobLimit, {{"max_jobs", absl::StrCat(options_.max_jobs)}});
   }
   if (options_.max_memory_bytes > 0) {
     int64_t used = 0;
     for (const auto& [id, job] : jobs_) used += job->estimated_bytes();
     const int64_t need = EstimateJobBytes(config);
     if (used + need > options_.max_memory_bytes) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("config.model: the job needs an estimated ", need, " bytes and jobs hold ",
-                       used, " of --max-memory-bytes=", options_.max_memory_bytes));
+      return WithReason(
+          absl::ResourceExhaustedError(absl::StrCat(
+              "config.model: the job needs an estimated ", need, " bytes and jobs hold ", used,
+              " of --max-memory-bytes=", options_.max_memory_bytes)),
+          reason::kMemoryLimit,
+          {{"limit_bytes", absl::StrCat(options_.max_memory_bytes)},
+           {"requested_bytes", absl::StrCat(need)}});
     }
   }
   return absl::OkStatus();
@@ -109,7 +125,7 @@ void JobRegistry::CreateJob(JobConfig config, std::string request_id, std::strin
   {
     absl::MutexLock lock(&mu_);
     if (draining_) {
-      done(absl::UnavailableError("the server is shutting down"));
+      done(Draining());
       return;
     }
     if (!request_id.empty()) {
@@ -119,8 +135,9 @@ void JobRegistry::CreateJob(JobConfig config, std::string request_id, std::strin
         // After the first creation's task: the job is built (or failed) by then.
         existing->Post([existing, done = std::move(done)] {
           if (existing->closed()) {
-            done(absl::AbortedError(
-                "request_id: the first CreateJob with this request_id failed; retry"));
+            done(WithReason(absl::AbortedError("request_id: the first CreateJob with this "
+                                               "request_id failed; retry"),
+                            reason::kRetryCreate));
           } else {
             done(existing->Snapshot());
           }
@@ -160,7 +177,7 @@ void JobRegistry::CreateJob(JobConfig config, std::string request_id, std::strin
 
 absl::StatusOr<JobSnapshot> JobRegistry::GetJob(const std::string& job_id) const {
   std::shared_ptr<Job> job = Find(job_id);
-  if (job == nullptr) return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
+  if (job == nullptr) return JobNotFound(job_id);
   return job->Snapshot();
 }
 
@@ -189,7 +206,7 @@ absl::StatusOr<JobPage> JobRegistry::ListJobs(int page_size, const std::string& 
 void JobRegistry::DeleteJob(const std::string& job_id, std::function<void(absl::Status)> done) {
   std::shared_ptr<Job> job = Find(job_id);
   if (job == nullptr) {
-    done(absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'")));
+    done(JobNotFound(job_id));
     return;
   }
   // Out of the table at once (no new work finds it); queued work runs first.
@@ -208,20 +225,24 @@ void JobRegistry::Step(const std::string& job_id, int64_t sequence, StepInput in
   {
     absl::MutexLock lock(&mu_);
     if (draining_) {
-      done(absl::UnavailableError("the server is shutting down"));
+      done(Draining());
       return;
     }
   }
   std::shared_ptr<Job> job = Find(job_id);
   if (job == nullptr) {
-    done(absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'")));
+    done(JobNotFound(job_id));
     return;
   }
   auto shared_input = std::make_shared<StepInput>(std::move(input));
   job->Post([this, job, sequence, shared_input, done = std::move(done)] {
     absl::StatusOr<StepReport> report = job->Step(sequence, std::move(*shared_input));
+    const std::optional<ErrorReason> why = GetErrorReason(report.status());
     if (report.ok()) {
       ReportMemory();
+    } else if (why.has_value() && why->reason == reason::kScalerAtMinScale) {
+      LogEvent(absl::StrCat("job ", job->id(), " failed at step ", sequence, ": ",
+                            report.status().message()));
     } else if (report.status().code() != absl::StatusCode::kInvalidArgument &&
                report.status().code() != absl::StatusCode::kFailedPrecondition &&
                report.status().code() != absl::StatusCode::kNotFound) {
@@ -236,7 +257,7 @@ void JobRegistry::ExportState(const std::string& job_id,
                               std::function<void(absl::StatusOr<std::string>)> done) {
   std::shared_ptr<Job> job = Find(job_id);
   if (job == nullptr) {
-    done(absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'")));
+    done(JobNotFound(job_id));
     return;
   }
   job->Post([job, done = std::move(done)] { done(job->ExportSafetensors()); });
@@ -246,7 +267,7 @@ void JobRegistry::ImportState(const std::string& job_id, std::string safetensors
                               std::function<void(absl::StatusOr<int64_t>)> done) {
   std::shared_ptr<Job> job = Find(job_id);
   if (job == nullptr) {
-    done(absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'")));
+    done(JobNotFound(job_id));
     return;
   }
   auto bytes = std::make_shared<std::string>(std::move(safetensors));
@@ -259,9 +280,26 @@ void JobRegistry::ImportState(const std::string& job_id, std::string safetensors
 
 absl::Status JobRegistry::RestoreAll(const CreateRequestDecoder& decode) {
   if (!state_dir_) return absl::OkStatus();
-  absl::StatusOr<std::vector<std::string>> ids = state_dir_->ListJobs();
-  if (!ids.ok()) return ids.status();
-  for (const std::string& id : *ids) {
+  AMPD_ASSIGN_OR_RETURN(const std::vector<std::string> ids, state_dir_->ListJobs());
+  // Most recently written first: when --max-jobs or --max-memory-bytes cannot
+  // hold every checkpoint, the jobs that trained last are the ones restored.
+  std::vector<std::pair<int64_t, std::string>> order;
+  for (const std::string& id : ids) {
+    absl::StatusOr<int64_t> written = state_dir_->WriteTimeNanos(id);
+    order.emplace_back(written.ok() ? *written : 0, id);
+  }
+  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  for (const auto& [written, id] : order) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (options_.max_jobs > 0 && static_cast<int64_t>(jobs_.size()) >= options_.max_jobs) {
+        LogEvent(absl::StrCat("job ", id, " not restored: --max-jobs=", options_.max_jobs,
+                              " jobs are held; its checkpoint is left on disk"));
+        continue;
+      }
+    }
     absl::StatusOr<checkpoint::StateDict> state = state_dir_->Read(id);
     if (!state.ok()) {
       LogEvent(absl::StrCat("job ", id, " failed to restore: ", state.status().ToString()));
@@ -278,6 +316,14 @@ absl::Status JobRegistry::RestoreAll(const CreateRequestDecoder& decode) {
     if (!request.ok()) {
       LogEvent(absl::StrCat("job ", id, " failed to restore: ", request.status().ToString()));
       continue;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (absl::Status s = CheckAdmission(request->config); !s.ok()) {
+        LogEvent(absl::StrCat("job ", id, " not restored: ", s.message(),
+                              "; its checkpoint is left on disk"));
+        continue;
+      }
     }
     auto job = std::make_shared<Job>(id, request->request_id, request->config, blob, &context_);
     absl::Status s = job->Restore(options_.device, *state);

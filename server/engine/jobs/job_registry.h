@@ -53,8 +53,12 @@ class JobRegistry {
   static absl::StatusOr<std::unique_ptr<JobRegistry>> Create(RegistryOptions options);
   ~JobRegistry();  // Shutdown()
 
-  // Restores every job in the state directory (blocking; call at start).
-  // A checkpoint that cannot be restored is logged and left on disk.
+  // Restores the jobs in the state directory (blocking; call at start), the
+  // most recently written first, as long as --max-jobs and
+  // --max-memory-bytes admit them: the others are logged ("not restored")
+  // and their checkpoints left on disk untouched, to be restored by a later
+  // start with room for them. A checkpoint that cannot be restored is logged
+  // and left on disk too.
   absl::Status RestoreAll(const CreateRequestDecoder& decode);
 
   // config must already carry its defaults. create_request: opaque bytes
