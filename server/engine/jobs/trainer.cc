@@ -9,8 +9,9 @@
 //     loss_sum on the device, backward accumulating into the grads
 //     (beta = 1: an inf survives accumulation)
 //   [optional] GradLog2Histogram over the scaled grads
-//   UnscaleAndCheck over ALL grads, in_place = false (found_inf, and norm_sq
-//     when clipping): 16-bit grads must not be unscaled in 16 bits, and for
+//   UnscaleAndCheck over ALL grads, in_place = false (found_inf and norm_sq,
+//     the norm on every step since the pass reads every gradient anyway and
+//     the report carries it): 16-bit grads must not be unscaled in 16 bits, and for
 //     fp32 grads leaving the unscale to the fused update saves a write pass
 //   fused Adam/SGD update with GradTransform{1/S, found_inf, norm_sq}; the
 //     device skips it entirely on found_inf and it recasts the working copy
@@ -230,7 +231,7 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input) {
   AMPD_RETURN_IF_ERROR(net.ZeroGrads());
   AMPD_RETURN_IF_ERROR(b.Fill(m.found_inf, 0.0f));
   AMPD_RETURN_IF_ERROR(b.Fill(m.loss_sum, 0.0f));
-  if (clip) AMPD_RETURN_IF_ERROR(b.Fill(m.norm_sq, 0.0f));
+  AMPD_RETURN_IF_ERROR(b.Fill(m.norm_sq, 0.0f));
 
   for (int64_t i = 0; i < k; ++i) {
     const MicroBatch& mb = input.micro_batches[static_cast<size_t>(i)];
@@ -259,8 +260,8 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input) {
   }
 
   const Clock::time_point t3 = Clock::now();
-  AMPD_RETURN_IF_ERROR(b.UnscaleAndCheck(m.grads, inv_scale, /*in_place=*/false, m.found_inf,
-                                         clip ? &m.norm_sq : nullptr));
+  AMPD_RETURN_IF_ERROR(
+      b.UnscaleAndCheck(m.grads, inv_scale, /*in_place=*/false, m.found_inf, &m.norm_sq));
   const Clock::time_point t4 = Clock::now();
 
   // A disabled scaler (PyTorch's enabled=False) never skips, so the update
@@ -274,8 +275,6 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input) {
   AMPD_RETURN_IF_ERROR(m.optimizer.Apply(b, m.refs, input.learning_rate, transform));
   const Clock::time_point t5 = Clock::now();
 
-  // norm_sq is read even without clipping (it then holds the 0 it was
-  // created with): one fixed list keeps this a single call.
   const Tensor* const scalars[3] = {&m.loss_sum, &m.found_inf, &m.norm_sq};
   float host[3] = {0, 0, 0};  // [loss sum, found_inf, norm_sq]
   AMPD_RETURN_IF_ERROR(b.ReadScalars(scalars, host));
@@ -299,7 +298,10 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input) {
   report.applied_steps = m.optimizer.applied_steps();
   report.loss = host[kReadLossSum] / static_cast<float>(k);
   report.scaler = *update;
-  if (clip) report.grad_norm = std::sqrt(host[kReadNormSq]);
+  // Every applied step reports its norm; a skipped one only when clipping
+  // (the norm of gradients that overflowed is inf or NaN, kept as clipping
+  // always reported it).
+  if (applied || clip) report.grad_norm = std::sqrt(host[kReadNormSq]);
   report.seconds.unscale = Seconds(t3, t4);
   report.seconds.optimizer = Seconds(t4, t5);
   report.seconds.total = Seconds(t_start, Clock::now());

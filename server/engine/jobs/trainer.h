@@ -45,7 +45,8 @@ struct StepReport {
   int64_t applied_steps = 0;       // optimizer updates applied so far, this one included
   float loss = 0;                  // mean over micro-batches, unscaled fp32 (multiplier included)
   amp::ScalerUpdate scaler;        // scale before/after, found_inf, skipped, grew, backed_off
-  std::optional<float> grad_norm;  // L2 of unscaled grads, when clipping computed it
+  std::optional<float> grad_norm;  // L2 of unscaled grads (before clipping): every applied
+                                   // step, and skipped ones when clipping
   PhaseSeconds seconds;
   int64_t samples = 0;                  // rows over all micro-batches
   std::vector<int64_t> grad_histogram;  // kernels::kGradHistogramBins counts, when sampled
