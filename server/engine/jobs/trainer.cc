@@ -380,12 +380,10 @@ absl::Status Trainer::LoadState(const checkpoint::StateDict& state) {
   amp::ScalerState scaler_state;
   for (const auto& [key, text] : state.metadata) {
     if (!absl::StartsWith(key, "scaler.")) continue;
-    double v = 0;
-    if (!absl::SimpleAtod(text, &v)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("metadata ", key, ": not a decimal number: \"", text, "\""));
-    }
-    scaler_state[key.substr(7)] = v;
+    absl::StatusOr<double> v = amp::ParseStateNumber(key, text);
+    if (!v.ok())
+      return absl::Status(v.status().code(), absl::StrCat("metadata ", v.status().message()));
+    scaler_state[key.substr(7)] = *v;
   }
   amp::GradScaler scaler = m.scaler;
   if (absl::Status s = scaler.LoadStateDict(scaler_state); !s.ok()) {
