@@ -45,6 +45,7 @@
 // ends after the ReadScalars that waits for the device, is wall time.
 #include "server/engine/jobs/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -55,6 +56,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/checked_math.h"
 #include "common/status_macros.h"
 #include "server/engine/model/batch_check.h"
 #include "server/engine/model/layers.h"
@@ -171,6 +173,16 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   AMPD_RETURN_IF_ERROR(ValidateJobConfig(config));
   absl::StatusOr<amp::GradScaler> scaler = amp::GradScaler::Create(config.scaler);
   if (!scaler.ok()) return scaler.status();
+  // Refused before any allocation when the weights alone cannot fit: the
+  // backend's allocator would fail (or, with overcommit, succeed and let the
+  // kernel kill the process when the pages are touched).
+  const int64_t need = EstimateJobBytes(config);
+  const int64_t capacity = backend->MemoryCapacityBytes();
+  if (capacity > 0 && need > capacity) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "model: the job's weights, gradients and optimizer state need an estimated ", need,
+        " bytes, more than the ", capacity, " bytes of ", backend->name()));
+  }
   auto impl = std::make_unique<Impl>(config, std::move(backend), *std::move(scaler));
   kernels::Backend& b = *impl->backend;
 
@@ -213,13 +225,47 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
 }
 
-absl::StatusOr<StepReport> Trainer::Step(const StepInput& input) {
+absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
+                                         const std::function<absl::Status(int64_t)>& admit) {
   const Clock::time_point t_start = Clock::now();
   Impl& m = *impl_;
   AMPD_RETURN_IF_ERROR(ValidateStepInput(m.config.model, input));
   kernels::Backend& b = *m.backend;
   model::Model& net = *m.model;
   StepReport report;
+
+  // Admission before allocation: the step's workspace, all of it, whether
+  // cached already or not (a limit shared with other jobs must see what this
+  // job holds during the step).
+  std::vector<int64_t> sizes;
+  for (const MicroBatch& mb : input.micro_batches) {
+    const int64_t rows = mb.inputs.shape[0];
+    if (std::find(sizes.begin(), sizes.end(), rows) == sizes.end()) sizes.push_back(rows);
+  }
+  net.KeepWorkspaces(sizes);
+  int64_t need = 0;
+  for (int64_t rows : sizes) {
+    AMPD_ASSIGN_OR_RETURN(const int64_t bytes,
+                          model::WorkspaceBytes(m.config.model, m.config.precision, rows));
+    need = SaturatingAdd(need, bytes);
+  }
+  const int64_t capacity = b.MemoryCapacityBytes();
+  const int64_t to_allocate = need - net.cached_workspace_bytes();
+  if (capacity > 0 && SaturatingAdd(b.BytesInUse(), to_allocate) > capacity) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "micro_batches: the step needs an estimated ", need,
+        " bytes of activation and workspace memory for its batch sizes, and with the ",
+        b.BytesInUse(), " bytes the job holds that exceeds the ", capacity, " bytes of ", b.name(),
+        "; send smaller micro-batches"));
+  }
+  if (admit) AMPD_RETURN_IF_ERROR(admit(need));
+  // Whatever the outcome, a step's oversized buffers do not outlive it.
+  struct TrimCache {
+    model::Model& net;
+    ~TrimCache() {
+      if (net.cached_workspace_bytes() > kMaxCachedWorkspaceBytes) net.ReleaseWorkspaces();
+    }
+  } trim{net};
 
   const float scale = m.scaler.scale();
   const auto k = static_cast<int64_t>(input.micro_batches.size());
@@ -410,6 +456,7 @@ absl::Status Trainer::LoadState(const checkpoint::StateDict& state) {
 const JobConfig& Trainer::config() const { return impl_->config; }
 int64_t Trainer::steps_run() const { return impl_->steps_run; }
 float Trainer::loss_scale() const { return impl_->scaler.scale(); }
+int64_t Trainer::workspace_bytes() const { return impl_->model->cached_workspace_bytes(); }
 int64_t Trainer::parameter_count() const { return impl_->model->parameter_count(); }
 kernels::Backend& Trainer::backend() { return *impl_->backend; }
 
