@@ -300,10 +300,8 @@ absl::StatusOr<StepReport> Job::Step(int64_t sequence, StepInput input) {
   const std::function<absl::Status(int64_t)> admit = [this](int64_t bytes) {
     return context_->admit_step ? context_->admit_step(*this, bytes) : absl::OkStatus();
   };
-  absl::StatusOr<StepReport> report =
-      AllocationGuard("Step", [&]() -> absl::StatusOr<StepReport> {
-        return trainer_->Step(input, admit);
-      });
+  absl::StatusOr<StepReport> report = AllocationGuard(
+      "Step", [&]() -> absl::StatusOr<StepReport> { return trainer_->Step(input, admit); });
   // What stays cached is what the job holds until its next step.
   set_workspace_bytes(trainer_->workspace_bytes());
   if (!report.ok()) return report.status();

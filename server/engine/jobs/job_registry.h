@@ -23,8 +23,8 @@
 namespace ampd::engine {
 
 struct RegistryOptions {
-  std::string device = "cpu";        // kernels::CreateBackend's device string
-  int64_t max_jobs = 0;              // 0: unlimited
+  std::string device = "cpu";  // kernels::CreateBackend's device string
+  int64_t max_jobs = 0;        // 0: unlimited
   // 0: unlimited. Else it bounds, at CreateJob and at every Step, the sum of
   // every job's EstimateJobBytes (weights) and workspace_bytes (activations
   // and buffers, model::WorkspaceBytes of the batch sizes in use).

@@ -179,9 +179,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   const int64_t need = EstimateJobBytes(config);
   const int64_t capacity = backend->MemoryCapacityBytes();
   if (capacity > 0 && need > capacity) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "model: the job's weights, gradients and optimizer state need an estimated ", need,
-        " bytes, more than the ", capacity, " bytes of ", backend->name()));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("model: the job's weights, gradients and optimizer state need an estimated ",
+                     need, " bytes, more than the ", capacity, " bytes of ", backend->name()));
   }
   auto impl = std::make_unique<Impl>(config, std::move(backend), *std::move(scaler));
   kernels::Backend& b = *impl->backend;
@@ -252,11 +252,11 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   const int64_t capacity = b.MemoryCapacityBytes();
   const int64_t to_allocate = need - net.cached_workspace_bytes();
   if (capacity > 0 && SaturatingAdd(b.BytesInUse(), to_allocate) > capacity) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "micro_batches: the step needs an estimated ", need,
-        " bytes of activation and workspace memory for its batch sizes, and with the ",
-        b.BytesInUse(), " bytes the job holds that exceeds the ", capacity, " bytes of ", b.name(),
-        "; send smaller micro-batches"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("micro_batches: the step needs an estimated ", need,
+                     " bytes of activation and workspace memory for its batch sizes, and with the ",
+                     b.BytesInUse(), " bytes the job holds that exceeds the ", capacity,
+                     " bytes of ", b.name(), "; send smaller micro-batches"));
   }
   if (admit) AMPD_RETURN_IF_ERROR(admit(need));
   // Whatever the outcome, a step's oversized buffers do not outlive it.

@@ -61,7 +61,7 @@ absl::StatusOr<int64_t> WorkspaceBytes(const ModelSpec& spec, Precision precisio
       add(rows, 1, 8);  // (N) ids, I64 at most
       continue;
     }
-    add(rows, width, working);                                  // acts[i]
+    add(rows, width, working);                                 // acts[i]
     if (i > 0 || layer_norm_first) add(rows, width, working);  // grads[i]
   }
   if (!embedding_first) add(rows, in, 4);  // staging: (N, in) of an F32 input at most
@@ -78,7 +78,9 @@ absl::StatusOr<int64_t> WorkspaceBytes(const ModelSpec& spec, Precision precisio
 }
 
 Model::Model(const ModelSpec& spec, Precision precision, kernels::Backend& backend)
-    : spec_(spec), working_dtype_(WorkingDType(precision)), backend_(backend),
+    : spec_(spec),
+      working_dtype_(WorkingDType(precision)),
+      backend_(backend),
       precision_(precision) {}
 
 absl::Status Model::AddParameter(int64_t layer, const char* suffix, const kernels::Shape& shape,
@@ -103,9 +105,8 @@ absl::Status Model::AddParameter(int64_t layer, const char* suffix, const kernel
   try {
     values.resize(static_cast<size_t>(p.master.numel()));
   } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(absl::StrCat(p.name, ": cannot allocate ",
-                                                     p.master.nbytes(),
-                                                     " bytes of host memory to initialise it"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        p.name, ": cannot allocate ", p.master.nbytes(), " bytes of host memory to initialise it"));
   }
   init(values);
   AMPD_RETURN_IF_ERROR(
@@ -142,15 +143,13 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, Prec
       case LayerKind::kLayerNorm:
         if (l.elementwise_affine) {
           lp.weight = static_cast<int>(m->params_.size());
-          AMPD_RETURN_IF_ERROR(m->AddParameter(idx, "weight", {l.normalized_shape},
-                                               [](std::vector<float>& v) {
-                                                 std::fill(v.begin(), v.end(), 1.0f);
-                                               }));
+          AMPD_RETURN_IF_ERROR(
+              m->AddParameter(idx, "weight", {l.normalized_shape},
+                              [](std::vector<float>& v) { std::fill(v.begin(), v.end(), 1.0f); }));
           lp.bias = static_cast<int>(m->params_.size());
-          AMPD_RETURN_IF_ERROR(m->AddParameter(idx, "bias", {l.normalized_shape},
-                                               [](std::vector<float>& v) {
-                                                 std::fill(v.begin(), v.end(), 0.0f);
-                                               }));
+          AMPD_RETURN_IF_ERROR(
+              m->AddParameter(idx, "bias", {l.normalized_shape},
+                              [](std::vector<float>& v) { std::fill(v.begin(), v.end(), 0.0f); }));
         }
         width = l.normalized_shape;
         if (lp.weight >= 0) m->plus_equal_grads_.push_back(lp.weight);

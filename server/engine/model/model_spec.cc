@@ -148,9 +148,9 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
     // Sizes are positive here; their product is checked before anything
     // multiplies them again (the parameter count, byte estimates, buffers).
     if (LayerParameterCount(layer) > kMaxParameters) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("layers[", i, "]: these sizes give the ", LayerKindName(layer.kind),
-                       " layer more than ", kMaxParameters, " (2^56) parameters"));
+      return absl::InvalidArgumentError(absl::StrCat("layers[", i, "]: these sizes give the ",
+                                                     LayerKindName(layer.kind), " layer more than ",
+                                                     kMaxParameters, " (2^56) parameters"));
     }
     const int64_t in = LayerInWidth(layer);
     if (sized && in != 0 && in != width) {
