@@ -177,7 +177,11 @@ class Backend {
 
   // ---- loss scaling and the optimizer -------------------------------------
   // One pass over every gradient tensor: found_inf (1) F32 is set to 1 if any
-  // element is inf or NaN (never cleared: the caller zeroes it per step);
+  // unscaled element g * inv_scale is inf or NaN (never cleared: the caller
+  // zeroes it per step). Testing the product rather than the stored g also
+  // catches an inv_scale of inf (loss scale 0) or one that overflows a finite
+  // g, so the fused update, which computes the same product, never sees a
+  // non-finite gradient on a step it applies;
   // norm_sq, when given, gets += sum((g * inv_scale)^2) in fp32; when
   // in_place, each element is replaced by g * inv_scale rounded to its dtype.
   // In-place unscaling is for F32 gradients: an fp16 gradient unscaled in

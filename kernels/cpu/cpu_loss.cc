@@ -3,6 +3,16 @@
 // fp16 logits cannot overflow exp). The loss written is multiplier * loss;
 // the gradient additionally carries grad_scale (the loss scale), so the
 // backward pass starts scaled without the loss value itself being scaled.
+// The scale is applied last, per element: (coef * diff) * grad_scale with
+// coef = multiplier * 2 / count (MSE) or multiplier / N (cross-entropy).
+// Folding it into coef first (grad_scale * multiplier * 2 / count) overflows
+// to inf for scales near float32's top (2^127 * 2) before the division can
+// bring it back, and inf * a zero difference is NaN: a finite step would be
+// reported as an overflow. In this order an element is inf only when its
+// true scaled gradient exceeds float32, and a zero difference gives 0. With
+// a power-of-two grad_scale (one micro-batch, a power-of-two factor) the
+// product by it is exact away from fp32's subnormals, so there the order
+// changes no finite result.
 // dpred/dlogits may alias pred/logits: each element (row, for CE) is read
 // before it is written.
 #include <cmath>
@@ -17,8 +27,9 @@ absl::Status MseLoss(const Tensor& pred, const Tensor& target, float multiplier,
   if (absl::Status s = ValidateMseLoss(pred, target, loss, dpred); !s.ok()) return s;
   const int64_t count = pred.numel();
   const float inv_count = 1.0f / static_cast<float>(count);
-  // d/dp [m * mean((p - t)^2)] = 2 m (p - t) / count, times the loss scale.
-  const float grad_coef = grad_scale * multiplier * 2.0f * inv_count;
+  // d/dp [m * mean((p - t)^2)] = 2 m (p - t) / count, times the loss scale
+  // (applied last, see the file comment).
+  const float grad_coef = multiplier * 2.0f * inv_count;
   ChunkedSum sum;
   absl::Status s = VisitFloat(pred.dtype(), [&](auto tag) {
     using Tag = decltype(tag);
@@ -28,7 +39,7 @@ absl::Status MseLoss(const Tensor& pred, const Tensor& target, float multiplier,
     for (int64_t i = 0; i < count; ++i) {
       const float diff = Tag::Load(p[i]) - t[i];
       sum.Add(diff * diff);
-      d[i] = Tag::Store(grad_coef * diff);
+      d[i] = Tag::Store((grad_coef * diff) * grad_scale);
     }
     return absl::OkStatus();
   });
@@ -47,8 +58,9 @@ absl::Status CrossEntropyLoss(const Tensor& logits, const Tensor& labels, float 
   const int64_t classes = logits.dim(1);  // V
   if (absl::Status s = CheckIdsInRange(kOp, "labels", labels, classes); !s.ok()) return s;
   const float inv_rows = 1.0f / static_cast<float>(rows);
-  // d/dz [m * mean_n(lse(z_n) - z_n[y_n])] = m (softmax - onehot) / N, times the loss scale.
-  const float grad_coef = grad_scale * multiplier * inv_rows;
+  // d/dz [m * mean_n(lse(z_n) - z_n[y_n])] = m (softmax - onehot) / N, times
+  // the loss scale (applied last, see the file comment).
+  const float grad_coef = multiplier * inv_rows;
   float total = 0.0f;  // rows summed in order
   absl::Status s = VisitFloat(logits.dtype(), [&](auto tag) {
     using Tag = decltype(tag);
@@ -77,7 +89,7 @@ absl::Status CrossEntropyLoss(const Tensor& logits, const Tensor& labels, float 
       for (int64_t v = 0; v < classes; ++v) {
         const float softmax = row[static_cast<size_t>(v)] * inv_sum;
         const float onehot = v == label ? 1.0f : 0.0f;
-        dzr[v] = Tag::Store(grad_coef * (softmax - onehot));
+        dzr[v] = Tag::Store((grad_coef * (softmax - onehot)) * grad_scale);
       }
     }
     return absl::OkStatus();

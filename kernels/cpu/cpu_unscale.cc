@@ -9,17 +9,19 @@
 namespace ampd::kernels::cpu {
 namespace {
 
-// Returns whether any element is non-finite; adds (g * inv_scale)^2 to sum.
+// Returns whether any g * inv_scale is non-finite; adds (g * inv_scale)^2 to sum.
 template <typename Tag, bool kInPlace, bool kNorm>
 bool UnscaleLoop(typename Tag::Storage* g, int64_t n, float inv_scale, ChunkedSum& sum) {
   bool nonfinite = false;
   for (int64_t i = 0; i < n; ++i) {
     const float v = Tag::Load(g[i]);
-    // Checked on the value as stored, before unscaling: an fp16 65504 is
-    // finite however it is scaled later, and an inf is caught even when
-    // inv_scale is 0.
-    nonfinite |= !std::isfinite(v);
+    // Checked on the unscaled value, the one the optimizer will consume: a
+    // stored inf or NaN stays non-finite whatever inv_scale is (inf * 0 is
+    // NaN), and a finite gradient times an inv_scale that is inf (a loss
+    // scale of 0) or large enough to overflow (a subnormal scale) is caught
+    // too, so no inv_scale can let a non-finite value reach a master weight.
     const float u = v * inv_scale;
+    nonfinite |= !std::isfinite(u);
     if constexpr (kNorm) sum.Add(u * u);
     if constexpr (kInPlace) g[i] = Tag::Store(u);
   }

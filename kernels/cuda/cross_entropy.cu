@@ -1,8 +1,9 @@
 // Cross-entropy over rows of logits (N, V), in fp32, one warp per row:
 //   row loss = log(sum exp(x - max)) - (x[label] - max)   (max-shifted)
 //   loss = multiplier * (sum of row losses * (1/N))
-//   dlogits = (grad_scale * multiplier * (1/N)) (exp(x - max) * (1/sum) - onehot)
-// in the CPU oracle's operation order. dlogits may alias logits.
+//   dlogits = ((multiplier * (1/N)) (exp(x - max) * (1/sum) - onehot)) * grad_scale
+// in the CPU oracle's operation order (the scale last, so a scale near
+// float32's top cannot turn a zero gradient into inf * 0 = NaN). dlogits may alias logits.
 // Row losses are summed per block in a fixed order, then by one block, so
 // the loss is reproducible. A label outside [0, V) sets
 // kErrorCrossEntropyLabel (reported by the backend at the next
@@ -19,7 +20,8 @@ constexpr int kWarpsPerBlock = kThreads / 32;
 
 __global__ void cross_entropy_kernel(const void* logits, DType dtype, const void* labels,
                                      DType label_dtype, int64_t rows, int64_t vocab, float coef,
-                                     void* dlogits, float* partials, int* error_flags) {
+                                     float grad_scale, void* dlogits, float* partials,
+                                     int* error_flags) {
   // logits, dlogits (rows, vocab); labels (rows); partials (gridDim.x)
   __shared__ float warp_loss[kWarpsPerBlock];
   const int lane = threadIdx.x & 31;
@@ -48,7 +50,7 @@ __global__ void cross_entropy_kernel(const void* logits, DType dtype, const void
     const float inv_sum = 1.0f / sum;
     for (int64_t c = lane; c < vocab; c += 32) {
       const float p = expf(LoadAs(logits, base + c, dtype) - mx) * inv_sum;
-      StoreAs(dlogits, base + c, dtype, coef * (c == label ? p - 1.0f : p));
+      StoreAs(dlogits, base + c, dtype, (coef * (c == label ? p - 1.0f : p)) * grad_scale);
     }
     // log(sum) - (x[label] - max), not (max + log(sum)) - x[label]: the
     // latter cancels catastrophically when the logits are large.
@@ -74,9 +76,10 @@ absl::Status LaunchCrossEntropy(const void* logits, DType dtype, const void* lab
                         int64_t{kMaxReductionBlocks}));
   // Reciprocals as the CPU oracle multiplies by them (cpu_loss.cc).
   const float inv_rows = 1.0f / static_cast<float>(rows);
-  const float coef = grad_scale * multiplier * inv_rows;
-  cross_entropy_kernel<<<blocks, kThreads, 0, stream>>>(
-      logits, dtype, labels, label_dtype, rows, vocab, coef, dlogits, partials, error_flags);
+  const float coef = multiplier * inv_rows;
+  cross_entropy_kernel<<<blocks, kThreads, 0, stream>>>(logits, dtype, labels, label_dtype, rows,
+                                                        vocab, coef, grad_scale, dlogits, partials,
+                                                        error_flags);
   AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();
   finalize_loss_kernel<><<<1, kThreads, 0, stream>>>(partials, blocks, inv_rows, multiplier, loss);
   AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();

@@ -1,13 +1,17 @@
 // UnscaleAndCheck over a list of gradients, one launch per kChunkTensors
-// tensors: sets found_inf[0] = 1 when any element is inf or NaN (never
+// tensors: sets found_inf[0] = 1 when any g * inv_scale is inf or NaN (never
 // clears it), adds sum((g * inv_scale)^2) to norm_sq[0], and when in_place
 // stores g * inv_scale rounded to g's dtype. The norm is two-stage, so it is
 // bitwise reproducible (a per-block atomicAdd would add the blocks in
 // whatever order they finish): every block writes its fp32 partial to
 // scratch (one slot per block of every launch), then one block adds the
 // partials in index order and does norm_sq[0] += total.
-// The non-finite test is on the stored (scaled) value, as PyTorch's
-// _amp_foreach_non_finite_check_and_unscale_ does.
+// The non-finite test is on the unscaled product g * inv_scale: it flags
+// every stored inf or NaN, as PyTorch's
+// _amp_foreach_non_finite_check_and_unscale_ does, and also a finite g made
+// non-finite by an inv_scale of inf (a loss scale that underflowed to 0) or
+// one so large that the product overflows, so such a step is skipped rather
+// than writing inf or NaN into the master weights.
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/launchers.h"
@@ -30,9 +34,11 @@ __global__ void unscale_check_kernel(const __grid_constant__ TensorChunk<GradSpa
   for (int k = 0; k < kElemsPerThread; ++k) {
     const int64_t i = begin + k * kThreads + threadIdx.x;  // coalesced across the block
     if (i >= g.n) break;
-    const float v = LoadAs(g.data, i, g.dtype);
-    nonfinite |= !isfinite(v);
-    const float u = v * inv_scale;
+    // The unscaled value is what is checked (the CPU oracle's rule): it is
+    // what the optimizer consumes, and it is non-finite whenever the stored
+    // value is, and also when inv_scale is inf or overflows a finite g.
+    const float u = LoadAs(g.data, i, g.dtype) * inv_scale;
+    nonfinite |= !isfinite(u);
     sum_sq += u * u;
     if (in_place) StoreAs(g.data, i, g.dtype, u);
   }

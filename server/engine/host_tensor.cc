@@ -2,6 +2,7 @@
 #include "server/engine/host_tensor.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/checked_math.h"
 
 namespace ampd::engine {
 
@@ -12,7 +13,19 @@ absl::Status HostTensor::Validate(absl::string_view what) const {
           absl::StrCat(what, ": negative dimension in shape ", kernels::ShapeToString(shape)));
     }
   }
-  const size_t expected = static_cast<size_t>(kernels::NumElements(shape)) * kernels::SizeOf(dtype);
+  // Checked: a shape whose element or byte count wraps (2^62 x 4 wraps to
+  // 0) would otherwise match an empty buffer and reach the allocators.
+  int64_t elements = 1;
+  int64_t bytes = 0;
+  for (int64_t d : shape) {
+    if (!CheckedMul(elements, d, &elements)) elements = -1;
+    if (elements < 0) break;
+  }
+  if (elements < 0 || !CheckedMul(elements, static_cast<int64_t>(kernels::SizeOf(dtype)), &bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": shape ", kernels::ShapeToString(shape), " has more than 2^63 bytes"));
+  }
+  const auto expected = static_cast<size_t>(bytes);
   if (data.size() != expected) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": ", kernels::DTypeName(dtype), kernels::ShapeToString(shape),

@@ -804,8 +804,10 @@ TEST(StateDict, UnknownOrForeignKeysAreRefused) {
 }
 
 // With no floor, PyTorch's float32 scale underflows to 0 after enough
-// backoffs; that state must round-trip like any other.
-TEST(StateDict, UnderflowedScaleRoundTrips) {
+// backoffs, here as there; such a state is refused on load (its inverse is
+// inf: the job could never apply a step), and so is any scale that is 0 in
+// float32. The smallest positive float32 still loads.
+TEST(StateDict, ZeroScaleIsRefusedOnLoad) {
   ScalerConfig c;
   c.init_scale = 1e-30;
   c.backoff_factor = 0.001;
@@ -813,10 +815,61 @@ TEST(StateDict, UnderflowedScaleRoundTrips) {
   for (int i = 0; i < 6; ++i) Step(s, I);
   ASSERT_EQ(s.scale(), 0.0f);
   GradScaler t = MakeScaler(ScalerConfig{});
-  ASSERT_TRUE(t.LoadStateDict(s.StateDict()).ok());
-  EXPECT_EQ(t.StateDict(), s.StateDict());
-  EXPECT_EQ(t.scale(), 0.0f);
-  EXPECT_TRUE(t.config().Validate().ok());
+  const ScalerState before = t.StateDict();
+  ExpectInvalidNaming(t.LoadStateDict(s.StateDict()), "scale");
+  ScalerState state = before;
+  for (double zero : {0.0, -0.0, 1e-50}) {
+    state["scale"] = zero;
+    ExpectInvalidNaming(t.LoadStateDict(state), "scale");
+  }
+  EXPECT_EQ(t.StateDict(), before);
+  state["scale"] = std::ldexp(1.0, -149);
+  ASSERT_TRUE(t.LoadStateDict(state).ok());
+  EXPECT_EQ(t.scale(), std::ldexp(1.0f, -149));
+}
+
+TEST(StateNumber, PlainDecimalsOnly) {
+  const std::vector<std::pair<std::string, double>> good = {{"16", 16.0},
+                                                            {"-1", -1.0},
+                                                            {"0", 0.0},
+                                                            {"0.5", 0.5},
+                                                            {".5", 0.5},
+                                                            {"5.", 5.0},
+                                                            {"65536", 65536.0},
+                                                            {"1e+30", 1e30},
+                                                            {"1.5E-3", 1.5e-3},
+                                                            {"-0", -0.0},
+                                                            {"4294967296", 4294967296.0}};
+  for (const auto& [text, want] : good) {
+    absl::StatusOr<double> v = ParseStateNumber("scale", text);
+    ASSERT_TRUE(v.ok()) << text << ": " << v.status();
+    EXPECT_EQ(*v, want) << text;
+  }
+  for (const std::string& bad : std::vector<std::string>{"0x10",
+                                                         "0X10",
+                                                         "0x1p4",
+                                                         "1e-999",
+                                                         "1e999",
+                                                         "inf",
+                                                         "-inf",
+                                                         "nan",
+                                                         "infinity",
+                                                         "+16",
+                                                         " 16",
+                                                         "16 ",
+                                                         "16abc",
+                                                         "",
+                                                         "-",
+                                                         ".",
+                                                         "e5",
+                                                         "1e",
+                                                         "1e+",
+                                                         "1..5",
+                                                         "--1",
+                                                         "1,5",
+                                                         std::string("1\0", 2)}) {
+    ExpectInvalidNaming(ParseStateNumber("scale", bad).status(), "scale");
+  }
 }
 
 TEST(StateDict, LoadedScaleMustRespectBounds) {
@@ -1164,10 +1217,16 @@ TEST(Randomized, MatchesPlainReferenceStepForStep) {
       // Now and then, continue from a fresh scaler loaded from the state.
       if (rng.Chance(0.03)) {
         GradScaler reloaded = MakeScaler(config);
-        ASSERT_TRUE(reloaded.LoadStateDict(scaler.StateDict()).ok());
-        ASSERT_EQ(reloaded.StateDict(), scaler.StateDict());
-        scaler = std::move(reloaded);
-        ++reloads;
+        const absl::Status loaded = reloaded.LoadStateDict(scaler.StateDict());
+        if (config.enabled && scaler.scale() == 0.0f) {
+          // An underflowed scale is refused (ZeroScaleIsRefusedOnLoad).
+          ASSERT_EQ(loaded.code(), absl::StatusCode::kInvalidArgument) << loaded;
+        } else {
+          ASSERT_TRUE(loaded.ok()) << loaded;
+          ASSERT_EQ(reloaded.StateDict(), scaler.StateDict());
+          scaler = std::move(reloaded);
+          ++reloads;
+        }
       }
     }
   }

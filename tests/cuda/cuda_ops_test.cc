@@ -518,6 +518,30 @@ TEST_P(CudaDTypeTest, MseLoss) {
   EXPECT_EQ(DownloadBytes(*cpu_, cd), DownloadBytes(*gpu_, gd));
 }
 
+// At a loss scale of 2^127 the scale is applied after the coefficient, on
+// both backends: zero differences give 0 (not inf * 0 = NaN), bit for bit.
+TEST_P(CudaDTypeTest, LossGradientAtTheTopOfTheScaleRangeMatchesCpu) {
+  const DType dt = GetParam();
+  const float top = 0x1.0p127f;
+  const std::vector<float> pv = {0.25f, 0.0f, 1.0f, -1.0f};
+  const std::vector<float> tv = {0.0f, 0.0f, 1.0f, -1.0f};
+  Tensor cp = Upload(*cpu_, dt, {2, 2}, pv), gp = Upload(*gpu_, dt, {2, 2}, pv);
+  Tensor ct = Upload(*cpu_, DType::kF32, {2, 2}, tv), gt = Upload(*gpu_, DType::kF32, {2, 2}, tv);
+  Tensor cl = *cpu_->Allocate(DType::kF32, {1}), gl = *gpu_->Allocate(DType::kF32, {1});
+  Tensor cd = *cpu_->Allocate(dt, {2, 2}), gd = *gpu_->Allocate(dt, {2, 2});
+  AMPD_EXPECT_OK(cpu_->MseLoss(cp, ct, 4.0f, top, cl, cd));
+  AMPD_EXPECT_OK(gpu_->MseLoss(gp, gt, 4.0f, top, gl, gd));
+  EXPECT_EQ(DownloadBytes(*cpu_, cd), DownloadBytes(*gpu_, gd));
+  const std::vector<float> zv = {0.0f, -200.0f, -200.0f, 0.0f};
+  Tensor cz = Upload(*cpu_, dt, {2, 2}, zv), gz = Upload(*gpu_, dt, {2, 2}, zv);
+  Tensor cy = UploadIds(*cpu_, DType::kI32, {2}, {0, 1});
+  Tensor gy = UploadIds(*gpu_, DType::kI32, {2}, {0, 1});
+  AMPD_EXPECT_OK(cpu_->CrossEntropyLoss(cz, cy, 4.0f, top, cl, cd));
+  AMPD_EXPECT_OK(gpu_->CrossEntropyLoss(gz, gy, 4.0f, top, gl, gd));
+  for (float v : Download(*gpu_, gd)) EXPECT_EQ(v, 0.0f);
+  EXPECT_EQ(DownloadBytes(*cpu_, cd), DownloadBytes(*gpu_, gd));
+}
+
 TEST_P(CudaDTypeTest, CrossEntropyLoss) {
   const DType dt = GetParam();
   const int64_t rows = 100, vocab = 1000;

@@ -96,6 +96,29 @@ TEST_P(CudaDTypeTest, UnscaleAndCheckNormAndInPlace) {
   }
 }
 
+// found_inf tests g * inv_scale, as the CPU oracle does: an inv_scale of inf
+// (a scale that underflowed to 0) or one that overflows a finite gradient
+// fires, zero gradients included; inv_scale 0 does not.
+TEST_P(CudaDTypeTest, FoundInfOnNonFiniteUnscaledProductMatchesCpu) {
+  const DType dt = GetParam();
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<std::vector<float>> values = {
+      std::vector<float>(3000, 0.0f), RandomValues(3000, 310, -8, 8, dt), {0.0f, 4.0f, 1.0f}};
+  for (const auto& v : values) {
+    for (float inv_scale : {inf, 0x1.0p127f, 0x1.0p100f, 0.0f}) {
+      const auto n = static_cast<int64_t>(v.size());
+      Tensor cg = Upload(*cpu_, dt, {n}, v), gg = Upload(*gpu_, dt, {n}, v);
+      Tensor* cl[] = {&cg};
+      Tensor* gl[] = {&gg};
+      Tensor cf = Scalar(*cpu_, 0), gf = Scalar(*gpu_, 0);
+      AMPD_EXPECT_OK(cpu_->UnscaleAndCheck(cl, inv_scale, false, cf, nullptr));
+      AMPD_EXPECT_OK(gpu_->UnscaleAndCheck(gl, inv_scale, false, gf, nullptr));
+      EXPECT_EQ(Download(*gpu_, gf)[0], Download(*cpu_, cf)[0])
+          << "inv_scale " << inv_scale << " n " << n;
+    }
+  }
+}
+
 TEST_P(CudaDTypeTest, FoundInfDetectsASingleNonFiniteAnywhere) {
   const DType dt = GetParam();
   const float inf = std::numeric_limits<float>::infinity();

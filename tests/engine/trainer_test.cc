@@ -237,7 +237,6 @@ TEST(Trainer, LoadStateIsAllOrNothing) {
       {"metadata optimizer.step", [](auto& s) { s.metadata["optimizer.step"] = "-1"; }},
       {"metadata ampd.step", [](auto& s) { s.metadata.erase("ampd.step"); }},
       {"metadata scaler.scale", [](auto& s) { s.metadata["scaler.scale"] = "big"; }},
-      {"metadata scaler.", [](auto& s) { s.metadata.erase("scaler._growth_tracker"); }},
   };
   for (const Bad& bad : bads) {
     SCOPED_TRACE(bad.expect);
@@ -246,6 +245,27 @@ TEST(Trainer, LoadStateIsAllOrNothing) {
     const absl::Status st = t->LoadState(s);
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
     EXPECT_NE(std::string(st.message()).find(bad.expect), std::string::npos) << st;
+    EXPECT_EQ(StateDiff(good, Export(*t)), "");
+  }
+  // Scaler values are strict decimal numbers: no hex, nothing that
+  // underflows or rounds to 0 in float32, no 0, no inf/nan, no sign '+' or
+  // whitespace, no trailing junk; counters integral and >= 0.
+  const std::vector<std::pair<std::string, std::string>> bad_numbers = {
+      {"scaler.scale", "0x10"},          {"scaler.scale", "1e-999"},
+      {"scaler.scale", "1e-50"},         {"scaler.scale", "0"},
+      {"scaler.scale", "inf"},           {"scaler.scale", "nan"},
+      {"scaler.scale", "+16"},           {"scaler.scale", " 16"},
+      {"scaler.scale", "16abc"},         {"scaler.growth_factor", "1e999"},
+      {"scaler._growth_tracker", "0x1"}, {"scaler._growth_tracker", "1.5"},
+      {"scaler._growth_tracker", "-3"},
+  };
+  for (const auto& [key, text] : bad_numbers) {
+    SCOPED_TRACE(key + " = " + text);
+    checkpoint::StateDict s = other_state;
+    s.metadata[key].assign(text);
+    const absl::Status st = t->LoadState(s);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(std::string(st.message()).find(key.substr(7)), std::string::npos) << st;
     EXPECT_EQ(StateDiff(good, Export(*t)), "");
   }
 }
@@ -402,6 +422,110 @@ TEST(Trainer, ReportsPhasesSamplesNormAndHistogram) {
   auto r2 = t->Step(One(Batch(rng, 8)));
   ASSERT_TRUE(r2.ok());
   EXPECT_TRUE(r2->grad_histogram.empty());
+}
+
+// Every master weight and optimizer moment finite.
+bool AllFinite(const checkpoint::StateDict& state) {
+  for (const checkpoint::NamedTensor& t : state.tensors) {
+    for (float v : ToFloats(t.tensor)) {
+      if (!std::isfinite(v)) return false;
+    }
+  }
+  return !state.tensors.empty();
+}
+
+// Enough consecutive overflows underflow the pytorch policy's float32 scale
+// to exactly 0 (PyTorch's does too); inv_scale is then inf, and a finite
+// step's unscaled gradients are inf or NaN. That step must be reported as an
+// overflow and skipped, never applied with NaN written into the weights.
+TEST(Trainer, ScaleUnderflowedToZeroSkipsInsteadOfWritingNaN) {
+  for (Precision precision : {Precision::kFp16, Precision::kFp32}) {
+    SCOPED_TRACE(model::PrecisionName(precision));
+    JobConfig config = MlpConfig(Precision::kFp16);
+    config.precision = precision;
+    config.scaler = amp::ScalerConfig::Defaults(amp::ScalerPolicy::kPyTorch);
+    config.scaler.init_scale = 1024.0;
+    auto t = MakeTrainer(config);
+    ASSERT_TRUE(t);
+    DataRng rng(21);
+    MicroBatch bad = Batch(rng, 4);
+    std::vector<float> x = ToFloats(bad.inputs);
+    x[0] = std::numeric_limits<float>::infinity();
+    bad.inputs = F32({4, 6}, x);
+    int backoffs = 0;
+    while (t->loss_scale() != 0.0f && backoffs < 400) {
+      auto r = t->Step(One(bad));
+      ASSERT_TRUE(r.ok()) << r.status();
+      ASSERT_TRUE(r->scaler.skipped);
+      ++backoffs;
+    }
+    ASSERT_EQ(t->loss_scale(), 0.0f) << "after " << backoffs << " overflows";
+    const checkpoint::StateDict before = Export(*t);
+    ASSERT_TRUE(AllFinite(before));
+    for (int i = 0; i < 3; ++i) {
+      auto r = t->Step(One(Batch(rng, 4)));
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_TRUE(r->scaler.found_inf);
+      EXPECT_TRUE(r->scaler.skipped);
+      EXPECT_FALSE(r->grad_norm.has_value());
+      EXPECT_EQ(r->applied_steps, 0);
+    }
+    const checkpoint::StateDict after = Export(*t);
+    EXPECT_TRUE(AllFinite(after));
+    EXPECT_EQ(StateDiff(before, after, /*compare_metadata=*/false), "");
+  }
+}
+
+// At S >= 2^127 the loss-gradient coefficient scale * m * 2 / count used to
+// overflow before the division; with zero gradients inf * 0 = NaN reported a
+// finite step as an overflow. Zero inputs and targets through a bias-free
+// Linear give exactly zero gradients: the step is applied, not skipped.
+TEST(Trainer, TopOfTheScaleRangeWithZeroGradientsIsAFiniteStep) {
+  for (const float multiplier : {1.0f, 4.0f}) {
+    JobConfig config = DefaultJobConfig(Precision::kFp16);
+    config.model.layers = {Linear(4, 2, /*bias=*/false)};
+    config.model.loss = model::LossKind::kMse;
+    config.model.loss_multiplier = multiplier;
+    config.scaler.init_scale = std::ldexp(1.0, 127);
+    auto t = MakeTrainer(config);
+    ASSERT_TRUE(t);
+    MicroBatch mb;
+    mb.inputs = F32({1, 4}, std::vector<float>(4, 0.0f));
+    mb.targets = F32({1, 2}, {0.0f, 0.0f});
+    auto r = t->Step(One(mb));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_FALSE(r->scaler.found_inf);
+    EXPECT_FALSE(r->scaler.skipped);
+    EXPECT_EQ(r->applied_steps, 1);
+    ASSERT_TRUE(r->grad_norm.has_value());
+    EXPECT_EQ(*r->grad_norm, 0.0f);
+    EXPECT_TRUE(AllFinite(Export(*t)));
+  }
+}
+
+// The norm comes from the check pass, which reads every gradient anyway: an
+// applied step reports it without clipping, equal to the one clipping uses.
+TEST(Trainer, GradNormOnEveryAppliedStep) {
+  JobConfig plain = MlpConfig(Precision::kFp16);
+  JobConfig clipped = plain;
+  clipped.optimizer.max_grad_norm = 1e30f;  // coefficient min(1, ...) = 1: no change
+  auto a = MakeTrainer(plain);
+  auto b = MakeTrainer(clipped);
+  ASSERT_TRUE(a && b);
+  DataRng rng(31);
+  for (int i = 0; i < 3; ++i) {
+    const MicroBatch mb = Batch(rng, 8);
+    auto ra = a->Step(One(mb));
+    auto rb = b->Step(One(mb));
+    ASSERT_TRUE(ra.ok() && rb.ok());
+    ASSERT_FALSE(ra->scaler.skipped);
+    ASSERT_TRUE(ra->grad_norm.has_value());
+    ASSERT_TRUE(rb->grad_norm.has_value());
+    EXPECT_GT(*ra->grad_norm, 0.0f);
+    EXPECT_TRUE(std::isfinite(*ra->grad_norm));
+    EXPECT_EQ(*ra->grad_norm, *rb->grad_norm);
+  }
+  EXPECT_EQ(StateDiff(Export(*a), Export(*b), /*compare_metadata=*/false), "");
 }
 
 TEST(JobConfig, DefaultsPerPrecisionAndValidationNamesTheField) {

@@ -673,6 +673,43 @@ TEST_F(CpuOpsTest, MseLossMatchesReference) {
   ExpectInvalid(be_->MseLoss(p, t, 1.0f, 1.0f, loss, dp32));
 }
 
+// A loss scale near float32's top must not turn a zero loss gradient into
+// NaN (inf * 0): the scale is applied after the 2m/count (m/N) coefficient.
+// Differences that do overflow when scaled still give inf, as they must.
+TEST_F(CpuOpsTest, LossGradientAtTheTopOfTheScaleRange) {
+  const float top = 0x1.0p127f;
+  for (const DType dt : kFloatTypes) {
+    SCOPED_TRACE(DTypeName(dt));
+    // MSE, one element (count 1: 2 * m / count = 2 > 1), pred == target.
+    Tensor p = MakeTensor(*be_, dt, {1, 1}, {0.5});
+    Tensor t = MakeTensor(*be_, DType::kF32, {1, 1}, {0.5});
+    Tensor loss = MakeTensor(*be_, DType::kF32, {1}, {0.0});
+    Tensor dp = MakeTensor(*be_, dt, {1, 1}, {5.0});
+    ASSERT_TRUE(be_->MseLoss(p, t, 1.0f, top, loss, dp).ok());
+    EXPECT_EQ(ReadTensor(*be_, dp)[0], 0.0);
+    EXPECT_EQ(ReadTensor(*be_, loss)[0], 0.0);
+    // (2, 2): 2/count = 0.5, so 0.25 * 0.5 * 2^127 = 2^124 is exact; the
+    // fp16 store overflows it to inf, which is what the scaler must see.
+    Tensor p4 = MakeTensor(*be_, dt, {2, 2}, {0.25, 0.0, 1.0, -1.0});
+    Tensor t4 = MakeTensor(*be_, DType::kF32, {2, 2}, {0.0, 0.0, 1.0, -1.0});
+    Tensor dp4 = MakeTensor(*be_, dt, {2, 2}, std::vector<double>(4, 5.0));
+    ASSERT_TRUE(be_->MseLoss(p4, t4, 1.0f, top, loss, dp4).ok());
+    const std::vector<double> got = ReadTensor(*be_, dp4);
+    EXPECT_EQ(got[0], RefStore(dt, std::ldexp(1.0, 124)));
+    EXPECT_EQ(got[1], 0.0);
+    EXPECT_EQ(got[2], 0.0);
+    EXPECT_EQ(got[3], 0.0);
+    // Cross-entropy, multiplier 4 over 2 rows: m/N = 2, yet a row whose
+    // softmax is exactly one-hot (the other logits underflow exp) has a zero
+    // gradient, not NaN.
+    Tensor z = MakeTensor(*be_, dt, {2, 2}, {0.0, -200.0, -200.0, 0.0});
+    Tensor labels = MakeTensor(*be_, DType::kI32, {2}, {0.0, 1.0});
+    Tensor dz = MakeTensor(*be_, dt, {2, 2}, std::vector<double>(4, 5.0));
+    ASSERT_TRUE(be_->CrossEntropyLoss(z, labels, 4.0f, top, loss, dz).ok());
+    for (const double v : ReadTensor(*be_, dz)) EXPECT_EQ(v, 0.0);
+  }
+}
+
 TEST_F(CpuOpsTest, CrossEntropyMatchesReference) {
   const int64_t n = 7;
   const int64_t v = 13;

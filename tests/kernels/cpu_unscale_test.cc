@@ -105,6 +105,42 @@ TEST_F(UnscaleTest, LargeFiniteValuesDoNotFire) {
   EXPECT_EQ(ReadTensor(*be, found)[0], 0.0);
 }
 
+// The check is on g * inv_scale, the value the optimizer consumes: a loss
+// scale of 0 (inv_scale inf) or a subnormal one (an inv_scale large enough to
+// overflow a finite g) must flag the step, zero gradients included (0 * inf
+// is NaN); an inv_scale of 0 makes every product 0 and does not.
+TEST_F(UnscaleTest, NonFiniteUnscaledProductFires) {
+  for (const DType dtype : {DType::kF16, DType::kBF16, DType::kF32}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    struct Case {
+      std::vector<double> values;
+      float inv_scale;
+      double want;
+    };
+    const Case cases[] = {
+        {{0.0, 0.0, -0.0}, INFINITY, 1.0},   // all-zero grads, scale 0
+        {{1.0, -0.5, 0.25}, INFINITY, 1.0},  // finite grads, scale 0
+        {{0.0, 2.0, 0.0}, 0x1.0p100f, 0.0},  // 2^101 is finite (its square is not)
+        {{0.0, 0.0, 0.0}, 0x1.0p127f, 0.0},  // 0 * large finite inv_scale: 0
+        {{1.0, -0.5, 0.25}, 0.0f, 0.0},      // inv_scale 0: every product is 0
+    };
+    for (const Case& c : cases) {
+      Tensor g = MakeTensor(*be_, dtype, {3}, c.values);
+      Tensor* list[] = {&g};
+      Tensor found = MakeTensor(*be_, DType::kF32, {1}, {0.0});
+      Tensor norm = MakeTensor(*be_, DType::kF32, {1}, {0.0});
+      ASSERT_TRUE(be_->UnscaleAndCheck(list, c.inv_scale, false, found, &norm).ok());
+      EXPECT_EQ(ReadTensor(*be_, found)[0], c.want) << "inv_scale " << c.inv_scale;
+    }
+    // 2^-10 * 2^127 = 2^117 is finite, 4 * 2^127 = 2^129 overflows fp32.
+    Tensor g = MakeTensor(*be_, dtype, {2}, {0x1.0p-10, 4.0});
+    Tensor* list[] = {&g};
+    Tensor found = MakeTensor(*be_, DType::kF32, {1}, {0.0});
+    ASSERT_TRUE(be_->UnscaleAndCheck(list, 0x1.0p127f, false, found, nullptr).ok());
+    EXPECT_EQ(ReadTensor(*be_, found)[0], 1.0);
+  }
+}
+
 TEST_F(UnscaleTest, FoundInfIsNeverCleared) {
   MakeGrads(8);
   Tensor found = MakeTensor(*be_, DType::kF32, {1}, {1.0});

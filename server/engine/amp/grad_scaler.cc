@@ -11,6 +11,9 @@
 #include <set>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/charconv.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
@@ -134,6 +137,31 @@ class StateReader {
   std::set<std::string> used_;
 };
 
+// [-]digits[.digits][(e|E)[+|-]digits], or [-].digits[...]: the decimal
+// forms a float formatter writes, nothing that strtod accepts beyond them.
+bool IsPlainDecimal(absl::string_view t) {
+  size_t i = 0;
+  if (i < t.size() && t[i] == '-') ++i;
+  size_t digits = 0;
+  while (i < t.size() && absl::ascii_isdigit(static_cast<unsigned char>(t[i]))) ++i, ++digits;
+  if (i < t.size() && t[i] == '.') {
+    ++i;
+    while (i < t.size() && absl::ascii_isdigit(static_cast<unsigned char>(t[i]))) ++i, ++digits;
+  }
+  if (digits == 0) return false;
+  if (i < t.size() && (t[i] == 'e' || t[i] == 'E')) {
+    ++i;
+    if (i < t.size() && (t[i] == '+' || t[i] == '-')) ++i;
+    size_t exp_digits = 0;
+    while (i < t.size() && absl::ascii_isdigit(static_cast<unsigned char>(t[i]))) {
+      ++i;
+      ++exp_digits;
+    }
+    if (exp_digits == 0) return false;
+  }
+  return i == t.size();
+}
+
 absl::Status InRange(int64_t value, int64_t lo, int64_t hi, absl::string_view key) {
   if (value < lo || value > hi) {
     return absl::InvalidArgumentError(
@@ -148,6 +176,22 @@ absl::Status PrefixState(const absl::Status& status) {
 }
 
 }  // namespace
+
+absl::StatusOr<double> ParseStateNumber(absl::string_view key, absl::string_view text) {
+  if (!IsPlainDecimal(text)) {
+    return absl::InvalidArgumentError(absl::StrCat(key, ": must be a plain decimal number, got \"",
+                                                   absl::CHexEscape(text), "\""));
+  }
+  double value = 0.0;
+  const absl::from_chars_result r = absl::from_chars(text.data(), text.data() + text.size(), value);
+  // A range error is an overflow to inf or an underflow to 0: either way the
+  // text names a number the state cannot hold.
+  if (r.ec != std::errc() || r.ptr != text.data() + text.size() || !std::isfinite(value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(key, ": \"", text, "\" is outside the range of a double"));
+  }
+  return value;
+}
 
 absl::string_view PolicyName(ScalerPolicy policy) {
   switch (policy) {
@@ -618,14 +662,14 @@ absl::Status GradScaler::LoadStateDict(const ScalerState& state) {
   }
 
   if (absl::Status s = reader.NoUnknownKeys(); !s.ok()) return s;
-  // PyTorch's fill_ into its float32 scale tensor rounds the same way. 0 is
-  // allowed here though never as init_scale: without a floor, enough
-  // backoffs underflow the float32 scale to 0 in PyTorch and here alike, and
-  // the state of such a scaler must still round-trip.
+  // PyTorch's fill_ into its float32 scale tensor rounds the same way. A
+  // scale of 0 (or one that rounds to 0 in float32) is refused: its inverse
+  // is inf, so every step of the job would be skipped forever (the header
+  // says why a run-time underflow is still allowed).
   const float scale = static_cast<float>(scale_value);
-  if (!(scale >= 0.0f) || !std::isfinite(scale)) {
+  if (!(scale > 0.0f) || !std::isfinite(scale)) {
     return absl::InvalidArgumentError(absl::StrCat("scaler state: key '", scale_key,
-                                                   "' must be a finite float32 value >= 0, got ",
+                                                   "' must be a finite float32 value > 0, got ",
                                                    scale_value));
   }
   if (config.min_scale.has_value() && scale < static_cast<float>(*config.min_scale)) {
@@ -638,10 +682,8 @@ absl::Status GradScaler::LoadStateDict(const ScalerState& state) {
                                                    scale_value, ") is above max_scale ",
                                                    *config.max_scale));
   }
-  // PyTorch also resets _init_scale to the loaded scale (kept when 0, which
-  // no config may hold; the old init_scale is then still within bounds since
-  // only a deepspeed state moves a bound, and deepspeed always has a floor).
-  if (scale > 0.0f) config.init_scale = scale;
+  // PyTorch also resets _init_scale to the loaded scale.
+  config.init_scale = scale;
   if (absl::Status s = config.Validate(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("scaler state: ", s.message()));
   }

@@ -38,6 +38,10 @@
 //  - init_scale outside [min_scale, max_scale] is rejected, not clamped, and
 //    so is a loaded scale outside them: a silent clamp would hide a config
 //    mistake.
+//  - A loaded scale must be > 0 as a float32. The pytorch policy can still
+//    underflow to 0 at run time, as PyTorch's does (every later step is then
+//    skipped: g * inf is never finite), but a state carrying 0 is refused
+//    rather than loading a job that can never apply a step again.
 //  - dynamic=false freezes the whole state (scale and counters): Paddle's
 //    update() returns at once when use_dynamic_loss_scaling is false.
 //  - LoadStateDict rejects keys the policy does not name, so that a state
@@ -124,6 +128,14 @@ struct ScalerUpdate {
 // As in each framework, the hyper-parameters a state carries replace the
 // config's on load (config() reflects them afterwards).
 using ScalerState = std::map<std::string, double>;
+
+// One state value as text (a checkpoint's "scaler.<key>" metadata) to its
+// number, strictly: a plain decimal, [-]digits[.digits][e[+|-]digits], with
+// no sign '+', no whitespace, no hex ("0x10" is not 16), no "inf" or "nan",
+// and within a double's range ("1e-999" is refused, not read as 0).
+// InvalidArgument whose message starts with `key` otherwise. Range and integrality per key are
+// LoadStateDict's.
+absl::StatusOr<double> ParseStateNumber(absl::string_view key, absl::string_view text);
 
 class GradScaler {
  public:

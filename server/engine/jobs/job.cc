@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <new>
+#include <stdexcept>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -65,25 +67,22 @@ void WorkerPool::Run() {
 
 // ---- helpers ----------------------------------------------------------------------
 
-int64_t EstimateJobBytes(const JobConfig& config) {
-  const int64_t params = model::ParameterCount(config.model);
-  const int64_t working =
-      static_cast<int64_t>(kernels::SizeOf(model::WorkingDType(config.precision)));
-  int64_t optimizer = 0;
-  switch (config.optimizer.kind) {
-    case optim::OptimizerKind::kSgd:
-      optimizer = config.optimizer.sgd.momentum > 0 ? 4 : 0;
-      break;
-    case optim::OptimizerKind::kAdam:
-    case optim::OptimizerKind::kAdamW:
-      optimizer = 8;  // exp_avg + exp_avg_sq
-      break;
-  }
-  // master fp32 + working copy + gradients + optimizer state.
-  return params * (4 + 2 * working + optimizer);
-}
-
 namespace {
+
+// Runs f, turning an allocation failure thrown anywhere inside it (a host
+// vector or string the size of a tensor or a state dict) into
+// ResourceExhausted: on a strand worker an escaping exception would reach
+// std::terminate and take every job down with it.
+template <typename F>
+auto AllocationGuard(absl::string_view what, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat(what, ": out of host memory"));
+  } catch (const std::length_error&) {
+    return absl::ResourceExhaustedError(absl::StrCat(what, ": a buffer exceeds the maximum size"));
+  }
+}
 
 std::string HexFloat(double v) { return absl::StrFormat("%a", v); }
 
@@ -249,6 +248,10 @@ void Job::RefreshSnapshot() {
 }
 
 absl::Status Job::Initialize(const std::string& device) {
+  return AllocationGuard("CreateJob", [&] { return InitializeUnguarded(device); });
+}
+
+absl::Status Job::InitializeUnguarded(const std::string& device) {
   JobConfig config = Snapshot().config;
   absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend(device);
   if (!backend.ok()) return backend.status();
@@ -263,7 +266,10 @@ absl::Status Job::Initialize(const std::string& device) {
 
 absl::Status Job::Restore(const std::string& device, const checkpoint::StateDict& state) {
   if (absl::Status s = Initialize(device); !s.ok()) return s;
-  if (absl::Status s = trainer_->LoadState(state); !s.ok()) return s;
+  if (absl::Status s = AllocationGuard("restore", [&] { return trainer_->LoadState(state); });
+      !s.ok()) {
+    return s;
+  }
   int64_t step = 0;
   if (auto it = state.metadata.find(kMetaStep); it != state.metadata.end()) {
     if (!absl::SimpleAtoi(it->second, &step) || step < 0) {
@@ -316,7 +322,13 @@ absl::StatusOr<StepReport> Job::Step(int64_t sequence, StepInput input) {
   }
   const int64_t every = context_->grad_histogram_every;
   input.sample_grad_histogram = every > 0 && sequence % every == 0;
-  absl::StatusOr<StepReport> report = trainer_->Step(input);
+  const std::function<absl::Status(int64_t)> admit = [this](int64_t bytes) {
+    return context_->admit_step ? context_->admit_step(*this, bytes) : absl::OkStatus();
+  };
+  absl::StatusOr<StepReport> report = AllocationGuard(
+      "Step", [&]() -> absl::StatusOr<StepReport> { return trainer_->Step(input, admit); });
+  // What stays cached is what the job holds until its next step.
+  set_workspace_bytes(trainer_->workspace_bytes());
   if (!report.ok()) {
     if (report.status().code() != absl::StatusCode::kFailedPrecondition) return report.status();
     // The Trainer's one FailedPrecondition: the scaler refused to go on at
@@ -351,6 +363,10 @@ absl::StatusOr<StepReport> Job::Step(int64_t sequence, StepInput input) {
 }
 
 absl::StatusOr<std::string> Job::ExportSafetensors() const {
+  return AllocationGuard("GetStateDict", [&] { return ExportSafetensorsUnguarded(); });
+}
+
+absl::StatusOr<std::string> Job::ExportSafetensorsUnguarded() const {
   if (trainer_ == nullptr) return NotOpen();
   absl::StatusOr<checkpoint::StateDict> state = trainer_->ExportState();
   if (!state.ok()) return state.status();
@@ -359,6 +375,10 @@ absl::StatusOr<std::string> Job::ExportSafetensors() const {
 }
 
 absl::StatusOr<int64_t> Job::ImportSafetensors(absl::string_view bytes) {
+  return AllocationGuard("LoadStateDict", [&] { return ImportSafetensorsUnguarded(bytes); });
+}
+
+absl::StatusOr<int64_t> Job::ImportSafetensorsUnguarded(absl::string_view bytes) {
   if (trainer_ == nullptr) return NotOpen();
   absl::StatusOr<checkpoint::StateDict> state = checkpoint::DecodeSafetensors(bytes);
   if (!state.ok()) return WithReason(state.status(), reason::kInvalidStateDict);
@@ -411,6 +431,10 @@ absl::StatusOr<int64_t> Job::ImportSafetensors(absl::string_view bytes) {
 }
 
 absl::Status Job::Checkpoint() {
+  return AllocationGuard("checkpoint", [&] { return CheckpointUnguarded(); });
+}
+
+absl::Status Job::CheckpointUnguarded() {
   if (context_->state_dir == nullptr) return absl::OkStatus();
   if (trainer_ == nullptr) return NotOpen();
   absl::StatusOr<checkpoint::StateDict> state = trainer_->ExportState();
@@ -443,6 +467,7 @@ absl::Status Job::Close(bool remove_checkpoint) {
   trainer_.reset();
   last_report_.reset();
   bytes_in_use_.store(0, std::memory_order_relaxed);
+  set_workspace_bytes(0);
   if (remove_checkpoint && context_->state_dir != nullptr) {
     return context_->state_dir->Remove(id_);
   }

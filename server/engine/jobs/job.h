@@ -71,6 +71,8 @@ struct JobSnapshot {
   std::optional<float> grad_norm;
 };
 
+class Job;
+
 // Shared by every job of a registry; outlives them.
 struct JobContext {
   WorkerPool* pool = nullptr;
@@ -79,6 +81,10 @@ struct JobContext {
   int64_t checkpoint_every = 0;                           // 0: only on shutdown
   int64_t grad_histogram_every = 0;                       // 0: never sample
   std::function<void()> on_memory_changed;                // nullable
+  // Asked, on the job's strand, for the workspace bytes a Step is about to
+  // allocate (Trainer::Step's admit); an error refuses the step unchanged.
+  // Nullable: no limit.
+  std::function<absl::Status(Job& job, int64_t workspace_bytes)> admit_step;
 };
 
 // Metadata keys a job writes into its checkpoints (state_dict.h's ampd.*).
@@ -88,11 +94,6 @@ inline constexpr char kMetaStep[] = "ampd.step";
 inline constexpr char kMetaLastReport[] = "ampd.last_report";  // the last step's response
 inline constexpr char kMetaRequestId[] = "ampd.request_id";
 inline constexpr char kMetaFailure[] = "ampd.failure";  // present while the job is failed
-
-// Estimated bytes a job holds on its backend: fp32 masters, the working copy
-// and gradients in the working dtype, and the optimizer's fp32 state.
-// Activations depend on the batch and are not counted.
-int64_t EstimateJobBytes(const JobConfig& config);
 
 class Job : public std::enable_shared_from_this<Job> {
  public:
@@ -108,6 +109,15 @@ class Job : public std::enable_shared_from_this<Job> {
   int64_t estimated_bytes() const { return estimated_bytes_; }
   // Backend bytes in use, refreshed by the worker after each task.
   int64_t bytes_in_use() const { return bytes_in_use_.load(std::memory_order_relaxed); }
+  // Workspace bytes (activations, buffers) the job holds or has been
+  // admitted to allocate for the step it is running; counted with
+  // estimated_bytes() against the registry's memory limit. Set by
+  // JobContext::admit_step (under the registry's lock) and by the job after
+  // each step, to what its Trainer keeps cached.
+  int64_t workspace_bytes() const { return workspace_bytes_.load(std::memory_order_relaxed); }
+  void set_workspace_bytes(int64_t bytes) {
+    workspace_bytes_.store(bytes, std::memory_order_relaxed);
+  }
 
   // Runs `task` on this job's strand, after every task posted before it.
   void Post(std::function<void()> task);
@@ -140,6 +150,12 @@ class Job : public std::enable_shared_from_this<Job> {
 
  private:
   void RunOne();
+  // The bodies of the public calls of the same names, which run them under
+  // an allocation guard (job.cc).
+  absl::Status InitializeUnguarded(const std::string& device);
+  absl::StatusOr<std::string> ExportSafetensorsUnguarded() const;
+  absl::StatusOr<int64_t> ImportSafetensorsUnguarded(absl::string_view bytes);
+  absl::Status CheckpointUnguarded();
   void RefreshSnapshot() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status NotOpen() const;
   void SetFailure(std::string failure);
@@ -159,6 +175,7 @@ class Job : public std::enable_shared_from_this<Job> {
   std::unique_ptr<Trainer> trainer_;
   std::optional<StepReport> last_report_;
   std::atomic<int64_t> bytes_in_use_{0};
+  std::atomic<int64_t> workspace_bytes_{0};
 
   // Snapshot for readers on other threads.
   mutable absl::Mutex mu_;

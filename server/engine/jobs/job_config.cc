@@ -3,6 +3,7 @@
 #include "server/engine/jobs/job_config.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/checked_math.h"
 
 namespace ampd::engine {
 
@@ -32,6 +33,23 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
     return s;
   }
   return Prefixed("scaler", config.scaler.Validate());
+}
+
+int64_t EstimateJobBytes(const JobConfig& config) {
+  const int64_t params = model::ParameterCount(config.model);
+  const auto working = static_cast<int64_t>(kernels::SizeOf(model::WorkingDType(config.precision)));
+  int64_t optimizer = 0;
+  switch (config.optimizer.kind) {
+    case optim::OptimizerKind::kSgd:
+      optimizer = config.optimizer.sgd.momentum > 0 ? 4 : 0;
+      break;
+    case optim::OptimizerKind::kAdam:
+    case optim::OptimizerKind::kAdamW:
+      optimizer = 8;  // exp_avg + exp_avg_sq
+      break;
+  }
+  // master fp32 + working copy + gradients + optimizer state.
+  return SaturatingMul(params, 4 + 2 * working + optimizer);
 }
 
 JobConfig DefaultJobConfig(model::Precision precision, amp::ScalerPolicy policy) {

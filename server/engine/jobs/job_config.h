@@ -25,6 +25,16 @@ struct JobConfig {
 // "model.layers[2].in_features", "optimizer.adam.beta1", "display_name").
 absl::Status ValidateJobConfig(const JobConfig& config);
 
+// Estimated bytes a job's weights hold on its backend for its lifetime:
+// parameters x (4 for the fp32 master + 2 x the working dtype's size for the
+// working copy and the gradient + the optimizer's fp32 state: 8 for
+// Adam/AdamW's two moments, 4 for SGD momentum, 0 for plain SGD); an upper
+// bound for fp32 jobs, whose forward reads the master directly. Activations
+// and buffers depend on the batch: model::WorkspaceBytes counts those, per
+// step. Computed with saturating arithmetic, so a spec whose count overflows
+// reads INT64_MAX and fails any limit.
+int64_t EstimateJobBytes(const JobConfig& config);
+
 // The defaults the service fills in for a job of this precision: AdamW with
 // PyTorch's defaults, and the scaler SCALER.md prescribes: the policy's
 // dynamic defaults for fp16; for bf16 and fp32 a static scale of 1 that

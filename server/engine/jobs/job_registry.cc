@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/blocking_counter.h"
+#include "common/checked_math.h"
 #include "common/error_reason.h"
 #include "common/status_macros.h"
 
@@ -53,6 +54,10 @@ absl::StatusOr<std::unique_ptr<JobRegistry>> JobRegistry::Create(RegistryOptions
   registry->context_.observer = registry->options_.observer;
   registry->context_.checkpoint_every = registry->options_.checkpoint_every;
   registry->context_.grad_histogram_every = registry->options_.grad_histogram_every;
+  JobRegistry* self = registry.get();
+  registry->context_.admit_step = [self](Job& job, int64_t bytes) {
+    return self->AdmitStep(job, bytes);
+  };
   return registry;
 }
 
@@ -99,10 +104,9 @@ absl::Status JobRegistry::CheckAdmission(const JobConfig& config) const {
                       reason::kJobLimit, {{"max_jobs", absl::StrCat(options_.max_jobs)}});
   }
   if (options_.max_memory_bytes > 0) {
-    int64_t used = 0;
-    for (const auto& [id, job] : jobs_) used += job->estimated_bytes();
+    const int64_t used = MemoryHeld(nullptr);
     const int64_t need = EstimateJobBytes(config);
-    if (used + need > options_.max_memory_bytes) {
+    if (SaturatingAdd(used, need) > options_.max_memory_bytes) {
       return WithReason(
           absl::ResourceExhaustedError(absl::StrCat(
               "config.model: the job needs an estimated ", need, " bytes and jobs hold ", used,
@@ -112,6 +116,39 @@ absl::Status JobRegistry::CheckAdmission(const JobConfig& config) const {
            {"requested_bytes", absl::StrCat(need)}});
     }
   }
+  return absl::OkStatus();
+}
+
+// Weights of every job plus the workspaces of every job but `except`.
+int64_t JobRegistry::MemoryHeld(const Job* except) const {
+  int64_t used = 0;
+  for (const auto& [id, job] : jobs_) {
+    used = SaturatingAdd(used, job->estimated_bytes());
+    if (job.get() != except) used = SaturatingAdd(used, job->workspace_bytes());
+  }
+  return used;
+}
+
+absl::Status JobRegistry::AdmitStep(Job& job, int64_t workspace_bytes) {
+  absl::MutexLock lock(&mu_);
+  if (options_.max_memory_bytes > 0) {
+    const int64_t used = MemoryHeld(&job);
+    if (SaturatingAdd(used, workspace_bytes) > options_.max_memory_bytes) {
+      return WithReason(
+          absl::ResourceExhaustedError(absl::StrCat(
+              "micro_batches: the step needs an estimated ", workspace_bytes,
+              " bytes of activation and workspace memory for its batch sizes, and the jobs' "
+              "weights and other jobs' workspaces hold ",
+              used, " of --max-memory-bytes=", options_.max_memory_bytes,
+              "; send smaller micro-batches")),
+          reason::kMemoryLimit,
+          {{"limit_bytes", absl::StrCat(options_.max_memory_bytes)},
+           {"requested_bytes", absl::StrCat(workspace_bytes)}});
+    }
+  }
+  // Reserved under the lock, so two jobs stepping at once cannot both fit
+  // into the same free bytes.
+  job.set_workspace_bytes(workspace_bytes);
   return absl::OkStatus();
 }
 

@@ -23,9 +23,12 @@
 namespace ampd::engine {
 
 struct RegistryOptions {
-  std::string device = "cpu";        // kernels::CreateBackend's device string
-  int64_t max_jobs = 0;              // 0: unlimited
-  int64_t max_memory_bytes = 0;      // 0: unlimited (vs the sum of EstimateJobBytes)
+  std::string device = "cpu";  // kernels::CreateBackend's device string
+  int64_t max_jobs = 0;        // 0: unlimited
+  // 0: unlimited. Else it bounds, at CreateJob and at every Step, the sum of
+  // every job's EstimateJobBytes (weights) and workspace_bytes (activations
+  // and buffers, model::WorkspaceBytes of the batch sizes in use).
+  int64_t max_memory_bytes = 0;
   int64_t checkpoint_every = 0;      // 0: only at shutdown
   int64_t grad_histogram_every = 0;  // 0: never
   std::string state_dir;             // empty: no checkpoints
@@ -91,6 +94,9 @@ class JobRegistry {
   explicit JobRegistry(RegistryOptions options);
   std::shared_ptr<Job> Find(const std::string& job_id) const;
   absl::Status CheckAdmission(const JobConfig& config) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t MemoryHeld(const Job* except) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // JobContext::admit_step: the step's workspace against --max-memory-bytes.
+  absl::Status AdmitStep(Job& job, int64_t workspace_bytes);
   void Remove(const std::string& job_id);
   void ReportMemory() const;
 

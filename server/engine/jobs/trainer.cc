@@ -9,8 +9,9 @@
 //     loss_sum on the device, backward accumulating into the grads
 //     (beta = 1: an inf survives accumulation)
 //   [optional] GradLog2Histogram over the scaled grads
-//   UnscaleAndCheck over ALL grads, in_place = false (found_inf, and norm_sq
-//     when clipping): 16-bit grads must not be unscaled in 16 bits, and for
+//   UnscaleAndCheck over ALL grads, in_place = false (found_inf and norm_sq,
+//     the norm on every step since the pass reads every gradient anyway and
+//     the report carries it): 16-bit grads must not be unscaled in 16 bits, and for
 //     fp32 grads leaving the unscale to the fused update saves a write pass
 //   fused Adam/SGD update with GradTransform{1/S, found_inf, norm_sq}; the
 //     device skips it entirely on found_inf and it recasts the working copy
@@ -44,6 +45,7 @@
 // ends after the ReadScalars that waits for the device, is wall time.
 #include "server/engine/jobs/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -54,6 +56,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/checked_math.h"
 #include "common/status_macros.h"
 #include "server/engine/model/batch_check.h"
 #include "server/engine/model/layers.h"
@@ -170,6 +173,16 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   AMPD_RETURN_IF_ERROR(ValidateJobConfig(config));
   absl::StatusOr<amp::GradScaler> scaler = amp::GradScaler::Create(config.scaler);
   if (!scaler.ok()) return scaler.status();
+  // Refused before any allocation when the weights alone cannot fit: the
+  // backend's allocator would fail (or, with overcommit, succeed and let the
+  // kernel kill the process when the pages are touched).
+  const int64_t need = EstimateJobBytes(config);
+  const int64_t capacity = backend->MemoryCapacityBytes();
+  if (capacity > 0 && need > capacity) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("model: the job's weights, gradients and optimizer state need an estimated ",
+                     need, " bytes, more than the ", capacity, " bytes of ", backend->name()));
+  }
   auto impl = std::make_unique<Impl>(config, std::move(backend), *std::move(scaler));
   kernels::Backend& b = *impl->backend;
 
@@ -212,13 +225,47 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
 }
 
-absl::StatusOr<StepReport> Trainer::Step(const StepInput& input) {
+absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
+                                         const std::function<absl::Status(int64_t)>& admit) {
   const Clock::time_point t_start = Clock::now();
   Impl& m = *impl_;
   AMPD_RETURN_IF_ERROR(ValidateStepInput(m.config.model, input));
   kernels::Backend& b = *m.backend;
   model::Model& net = *m.model;
   StepReport report;
+
+  // Admission before allocation: the step's workspace, all of it, whether
+  // cached already or not (a limit shared with other jobs must see what this
+  // job holds during the step).
+  std::vector<int64_t> sizes;
+  for (const MicroBatch& mb : input.micro_batches) {
+    const int64_t rows = mb.inputs.shape[0];
+    if (std::find(sizes.begin(), sizes.end(), rows) == sizes.end()) sizes.push_back(rows);
+  }
+  net.KeepWorkspaces(sizes);
+  int64_t need = 0;
+  for (int64_t rows : sizes) {
+    AMPD_ASSIGN_OR_RETURN(const int64_t bytes,
+                          model::WorkspaceBytes(m.config.model, m.config.precision, rows));
+    need = SaturatingAdd(need, bytes);
+  }
+  const int64_t capacity = b.MemoryCapacityBytes();
+  const int64_t to_allocate = need - net.cached_workspace_bytes();
+  if (capacity > 0 && SaturatingAdd(b.BytesInUse(), to_allocate) > capacity) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("micro_batches: the step needs an estimated ", need,
+                     " bytes of activation and workspace memory for its batch sizes, and with the ",
+                     b.BytesInUse(), " bytes the job holds that exceeds the ", capacity,
+                     " bytes of ", b.name(), "; send smaller micro-batches"));
+  }
+  if (admit) AMPD_RETURN_IF_ERROR(admit(need));
+  // Whatever the outcome, a step's oversized buffers do not outlive it.
+  struct TrimCache {
+    model::Model& net;
+    ~TrimCache() {
+      if (net.cached_workspace_bytes() > kMaxCachedWorkspaceBytes) net.ReleaseWorkspaces();
+    }
+  } trim{net};
 
   const float scale = m.scaler.scale();
   const auto k = static_cast<int64_t>(input.micro_batches.size());
@@ -230,7 +277,7 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input) {
   AMPD_RETURN_IF_ERROR(net.ZeroGrads());
   AMPD_RETURN_IF_ERROR(b.Fill(m.found_inf, 0.0f));
   AMPD_RETURN_IF_ERROR(b.Fill(m.loss_sum, 0.0f));
-  if (clip) AMPD_RETURN_IF_ERROR(b.Fill(m.norm_sq, 0.0f));
+  AMPD_RETURN_IF_ERROR(b.Fill(m.norm_sq, 0.0f));
 
   for (int64_t i = 0; i < k; ++i) {
     const MicroBatch& mb = input.micro_batches[static_cast<size_t>(i)];
@@ -259,8 +306,8 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input) {
   }
 
   const Clock::time_point t3 = Clock::now();
-  AMPD_RETURN_IF_ERROR(b.UnscaleAndCheck(m.grads, inv_scale, /*in_place=*/false, m.found_inf,
-                                         clip ? &m.norm_sq : nullptr));
+  AMPD_RETURN_IF_ERROR(
+      b.UnscaleAndCheck(m.grads, inv_scale, /*in_place=*/false, m.found_inf, &m.norm_sq));
   const Clock::time_point t4 = Clock::now();
 
   // A disabled scaler (PyTorch's enabled=False) never skips, so the update
@@ -274,9 +321,7 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input) {
   AMPD_RETURN_IF_ERROR(m.optimizer.Apply(b, m.refs, input.learning_rate, transform));
   const Clock::time_point t5 = Clock::now();
 
-  // norm_sq is read even without clipping (it then holds the 0 it was
-  // created with): one fixed list keeps this a single call. A sampled
-  // histogram rides along in the same read.
+  // One read brings the scalars and, when sampled, the histogram.
   const Tensor* const scalars[3] = {&m.loss_sum, &m.found_inf, &m.norm_sq};
   float host[3] = {0, 0, 0};  // [loss sum, found_inf, norm_sq]
   kernels::HostCopy histogram_copy;
@@ -302,7 +347,10 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input) {
   report.applied_steps = m.optimizer.applied_steps();
   report.loss = host[kReadLossSum] / static_cast<float>(k);
   report.scaler = *update;
-  if (clip) report.grad_norm = std::sqrt(host[kReadNormSq]);
+  // Every applied step reports its norm; a skipped one only when clipping
+  // (the norm of gradients that overflowed is inf or NaN, kept as clipping
+  // always reported it).
+  if (applied || clip) report.grad_norm = std::sqrt(host[kReadNormSq]);
   report.seconds.unscale = Seconds(t3, t4);
   report.seconds.optimizer = Seconds(t4, t5);
   report.seconds.total = Seconds(t_start, Clock::now());
@@ -381,12 +429,10 @@ absl::Status Trainer::LoadState(const checkpoint::StateDict& state) {
   amp::ScalerState scaler_state;
   for (const auto& [key, text] : state.metadata) {
     if (!absl::StartsWith(key, "scaler.")) continue;
-    double v = 0;
-    if (!absl::SimpleAtod(text, &v)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("metadata ", key, ": not a decimal number: \"", text, "\""));
-    }
-    scaler_state[key.substr(7)] = v;
+    absl::StatusOr<double> v = amp::ParseStateNumber(key, text);
+    if (!v.ok())
+      return absl::Status(v.status().code(), absl::StrCat("metadata ", v.status().message()));
+    scaler_state[key.substr(7)] = *v;
   }
   amp::GradScaler scaler = m.scaler;
   if (absl::Status s = scaler.LoadStateDict(scaler_state); !s.ok()) {
@@ -417,6 +463,7 @@ absl::Status Trainer::LoadState(const checkpoint::StateDict& state) {
 const JobConfig& Trainer::config() const { return impl_->config; }
 int64_t Trainer::steps_run() const { return impl_->steps_run; }
 float Trainer::loss_scale() const { return impl_->scaler.scale(); }
+int64_t Trainer::workspace_bytes() const { return impl_->model->cached_workspace_bytes(); }
 int64_t Trainer::parameter_count() const { return impl_->model->parameter_count(); }
 kernels::Backend& Trainer::backend() { return *impl_->backend; }
 

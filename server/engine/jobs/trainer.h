@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -45,7 +46,8 @@ struct StepReport {
   int64_t applied_steps = 0;       // optimizer updates applied so far, this one included
   float loss = 0;                  // mean over micro-batches, unscaled fp32 (multiplier included)
   amp::ScalerUpdate scaler;        // scale before/after, found_inf, skipped, grew, backed_off
-  std::optional<float> grad_norm;  // L2 of unscaled grads, when clipping computed it
+  std::optional<float> grad_norm;  // L2 of unscaled grads (before clipping): every applied
+                                   // step, and skipped ones when clipping
   PhaseSeconds seconds;
   int64_t samples = 0;                  // rows over all micro-batches
   std::vector<int64_t> grad_histogram;  // kernels::kGradHistogramBins counts, when sampled
@@ -64,7 +66,24 @@ class Trainer {
   // changes. Non-finite values in a batch are not an error: they overflow and
   // the step is skipped. FailedPrecondition when the scaler gives up
   // (deepspeed at min_scale); the job's state is then unchanged.
-  absl::StatusOr<StepReport> Step(const StepInput& input);
+  //
+  // Memory: before anything is allocated, the workspace the step needs (its
+  // distinct micro-batch sizes, model::WorkspaceBytes each) is computed with
+  // overflow checks; ResourceExhausted when it and what the backend already
+  // holds exceed the backend's memory, and `admit` (when given) is asked for
+  // it next, so a caller can hold it against a limit shared by several jobs;
+  // its error is returned as is, with nothing changed. Workspaces of sizes
+  // the step does not use are freed first, and the step's own are freed
+  // after it when they exceed kMaxCachedWorkspaceBytes.
+  absl::StatusOr<StepReport> Step(const StepInput& input,
+                                  const std::function<absl::Status(int64_t)>& admit = nullptr);
+
+  // The most workspace memory a job keeps cached between steps; a step whose
+  // buffers are larger frees them when it ends (CUDA's pool keeps the blocks
+  // for reuse without a cudaMalloc, while the CPU backend returns them).
+  static constexpr int64_t kMaxCachedWorkspaceBytes = int64_t{64} << 20;
+  // Workspace bytes cached now (model::WorkspaceBytes of each).
+  int64_t workspace_bytes() const;
 
   // Master weights, optimizer state and scaler state (checkpoint/state_dict.h).
   absl::StatusOr<checkpoint::StateDict> ExportState() const;

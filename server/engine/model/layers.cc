@@ -3,9 +3,13 @@
 // parameters together in the order SCALER.md's step needs.
 #include "server/engine/model/layers.h"
 
+#include <algorithm>
+#include <functional>
+#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/checked_math.h"
 #include "common/status_macros.h"
 #include "server/engine/model/init.h"
 
@@ -29,17 +33,66 @@ kernels::Activation ActivationOf(LayerKind kind) {
 
 }  // namespace
 
+absl::StatusOr<int64_t> WorkspaceBytes(const ModelSpec& spec, Precision precision, int64_t rows) {
+  AMPD_RETURN_IF_ERROR(ValidateModelSpec(spec));
+  if (rows < 0) return absl::InvalidArgumentError(absl::StrCat("rows: ", rows, " < 0"));
+  const auto working = static_cast<int64_t>(kernels::SizeOf(WorkingDType(precision)));
+  const bool embedding_first = spec.layers.front().kind == LayerKind::kEmbedding;
+  const bool layer_norm_first = spec.layers.front().kind == LayerKind::kLayerNorm;
+  bool ok = true;
+  int64_t total = 0;
+  // total += a * b * c, remembering any overflow.
+  auto add = [&](int64_t a, int64_t b, int64_t c) {
+    int64_t ab = 0;
+    int64_t abc = 0;
+    ok = ok && CheckedMul(a, b, &ab) && CheckedMul(ab, c, &abc) && CheckedAdd(total, abc, &total);
+  };
+  const int64_t in = InputFeatures(spec);
+  int64_t width = in;
+  for (size_t i = 0; i <= spec.layers.size(); ++i) {
+    if (i > 0) {
+      const LayerSpec& l = spec.layers[i - 1];
+      if (l.kind == LayerKind::kLinear) width = l.out_features;
+      if (l.kind == LayerKind::kLayerNorm) width = l.normalized_shape;
+      if (l.kind == LayerKind::kEmbedding) width = l.embedding_dim;
+      if (l.kind == LayerKind::kLayerNorm) add(2, rows, 4);  // mean, rstd (N) F32
+    }
+    if (i == 0 && embedding_first) {
+      add(rows, 1, 8);  // (N) ids, I64 at most
+      continue;
+    }
+    add(rows, width, working);                                 // acts[i]
+    if (i > 0 || layer_norm_first) add(rows, width, working);  // grads[i]
+  }
+  if (!embedding_first) add(rows, in, 4);  // staging: (N, in) of an F32 input at most
+  if (spec.loss == LossKind::kCrossEntropy) {
+    add(rows, 1, 8);  // (N) labels, I64 at most
+  } else {
+    add(rows, OutputFeatures(spec), 4);  // (N, out) F32
+  }
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "micro_batches: ", rows, " rows through this model need more than 2^63 bytes"));
+  }
+  return total;
+}
+
 Model::Model(const ModelSpec& spec, Precision precision, kernels::Backend& backend)
-    : spec_(spec), working_dtype_(WorkingDType(precision)), backend_(backend) {}
+    : spec_(spec),
+      working_dtype_(WorkingDType(precision)),
+      backend_(backend),
+      precision_(precision) {}
 
 absl::Status Model::AddParameter(int64_t layer, const char* suffix, const kernels::Shape& shape,
-                                 std::vector<float> init) {
+                                 const std::function<void(std::vector<float>&)>& init) {
   Parameter p;
   p.name = absl::StrCat("model.", layer, ".", suffix);
+  // The backend tensors first: their allocation reports failure as a Status,
+  // so a parameter too large for the device is refused before the host
+  // staging vector below is ever asked for.
   absl::StatusOr<Tensor> master = backend_.Allocate(DType::kF32, shape);
   if (!master.ok()) return master.status();
   p.master = *std::move(master);
-  AMPD_RETURN_IF_ERROR(backend_.CopyFromHost(init.data(), init.size() * sizeof(float), p.master));
   if (working_dtype_ != DType::kF32) {
     absl::StatusOr<Tensor> working = backend_.Allocate(working_dtype_, shape);
     if (!working.ok()) return working.status();
@@ -48,6 +101,16 @@ absl::Status Model::AddParameter(int64_t layer, const char* suffix, const kernel
   absl::StatusOr<Tensor> grad = backend_.Allocate(working_dtype_, shape);
   if (!grad.ok()) return grad.status();
   p.grad = *std::move(grad);
+  std::vector<float> values;
+  try {
+    values.resize(static_cast<size_t>(p.master.numel()));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        p.name, ": cannot allocate ", p.master.nbytes(), " bytes of host memory to initialise it"));
+  }
+  init(values);
+  AMPD_RETURN_IF_ERROR(
+      backend_.CopyFromHost(values.data(), values.size() * sizeof(float), p.master));
   parameter_count_ += p.master.numel();
   params_.push_back(std::move(p));
   return absl::OkStatus();
@@ -66,40 +129,36 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, Prec
     LayerParams lp;
     switch (l.kind) {
       case LayerKind::kLinear: {
-        std::vector<float> w(static_cast<size_t>(l.out_features * l.in_features));
-        FillLinearUniform(rng, l.in_features, w);
+        auto uniform = [&](std::vector<float>& v) { FillLinearUniform(rng, l.in_features, v); };
         lp.weight = static_cast<int>(m->params_.size());
         AMPD_RETURN_IF_ERROR(
-            m->AddParameter(idx, "weight", {l.out_features, l.in_features}, std::move(w)));
+            m->AddParameter(idx, "weight", {l.out_features, l.in_features}, uniform));
         if (l.bias) {
-          std::vector<float> b(static_cast<size_t>(l.out_features));
-          FillLinearUniform(rng, l.in_features, b);
           lp.bias = static_cast<int>(m->params_.size());
-          AMPD_RETURN_IF_ERROR(m->AddParameter(idx, "bias", {l.out_features}, std::move(b)));
+          AMPD_RETURN_IF_ERROR(m->AddParameter(idx, "bias", {l.out_features}, uniform));
         }
         width = l.out_features;
         break;
       }
       case LayerKind::kLayerNorm:
         if (l.elementwise_affine) {
-          const auto c = static_cast<size_t>(l.normalized_shape);
           lp.weight = static_cast<int>(m->params_.size());
           AMPD_RETURN_IF_ERROR(
-              m->AddParameter(idx, "weight", {l.normalized_shape}, std::vector<float>(c, 1.0f)));
+              m->AddParameter(idx, "weight", {l.normalized_shape},
+                              [](std::vector<float>& v) { std::fill(v.begin(), v.end(), 1.0f); }));
           lp.bias = static_cast<int>(m->params_.size());
           AMPD_RETURN_IF_ERROR(
-              m->AddParameter(idx, "bias", {l.normalized_shape}, std::vector<float>(c, 0.0f)));
+              m->AddParameter(idx, "bias", {l.normalized_shape},
+                              [](std::vector<float>& v) { std::fill(v.begin(), v.end(), 0.0f); }));
         }
         width = l.normalized_shape;
         if (lp.weight >= 0) m->plus_equal_grads_.push_back(lp.weight);
         if (lp.bias >= 0) m->plus_equal_grads_.push_back(lp.bias);
         break;
       case LayerKind::kEmbedding: {
-        std::vector<float> w(static_cast<size_t>(l.num_embeddings * l.embedding_dim));
-        FillNormal(rng, w);
         lp.weight = static_cast<int>(m->params_.size());
-        AMPD_RETURN_IF_ERROR(
-            m->AddParameter(idx, "weight", {l.num_embeddings, l.embedding_dim}, std::move(w)));
+        AMPD_RETURN_IF_ERROR(m->AddParameter(idx, "weight", {l.num_embeddings, l.embedding_dim},
+                                             [&](std::vector<float>& v) { FillNormal(rng, v); }));
         width = l.embedding_dim;
         m->plus_equal_grads_.push_back(lp.weight);
         break;
@@ -160,10 +219,32 @@ absl::Status Model::AllocateWorkspace(int64_t rows, Workspace& ws) {
 absl::StatusOr<Workspace*> Model::GetWorkspace(int64_t rows) {
   auto it = workspaces_.find(rows);
   if (it != workspaces_.end()) return &it->second;
-  if (workspaces_.size() >= kMaxWorkspaces) workspaces_.clear();
+  if (workspaces_.size() >= kMaxWorkspaces) ReleaseWorkspaces();
+  AMPD_ASSIGN_OR_RETURN(const int64_t bytes, WorkspaceBytes(spec_, precision_, rows));
   Workspace ws;
   AMPD_RETURN_IF_ERROR(AllocateWorkspace(rows, ws));
+  cached_workspace_bytes_ = SaturatingAdd(cached_workspace_bytes_, bytes);
   return &workspaces_.emplace(rows, std::move(ws)).first->second;
+}
+
+void Model::KeepWorkspaces(const std::vector<int64_t>& rows) {
+  for (auto it = workspaces_.begin(); it != workspaces_.end();) {
+    bool keep = false;
+    for (int64_t r : rows) keep = keep || r == it->first;
+    if (keep) {
+      ++it;
+      continue;
+    }
+    // Sizes in the cache were admitted by WorkspaceBytes, which cannot fail now.
+    absl::StatusOr<int64_t> bytes = WorkspaceBytes(spec_, precision_, it->first);
+    cached_workspace_bytes_ -= bytes.ok() ? *bytes : 0;
+    it = workspaces_.erase(it);
+  }
+}
+
+void Model::ReleaseWorkspaces() {
+  workspaces_.clear();
+  cached_workspace_bytes_ = 0;
 }
 
 namespace {

@@ -3,10 +3,13 @@
 // the mixed-precision step. Activations and gradients live in the working
 // dtype; the Backend does LayerNorm statistics and the losses in fp32.
 // Buffers for a batch size are allocated once and reused (Workspace), so a
-// step of a size seen before allocates nothing on the device.
+// step of a size seen before allocates nothing on the device; their size is
+// known before they are allocated (WorkspaceBytes), so it can be admitted
+// against a memory limit first.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -43,6 +46,17 @@ struct Workspace {
   kernels::Tensor targets;             // (N, out) F32 for MSE, (N) labels for cross-entropy
 };
 
+// Bytes of the Workspace a micro-batch of `rows` rows needs: for every
+// layer boundary i (widths w_i, the input width first), the activation
+// rows x w_i and its gradient rows x w_i in the working dtype (2 bytes for
+// fp16/bf16, 4 for fp32; the input's gradient only as a LayerNorm-first
+// scratch; Embedding ids as rows x 8), 2 x rows x 4 for each LayerNorm's
+// mean and rstd, the targets (rows x out x 4 for MSE, rows x 8 labels for
+// cross-entropy) and rows x in x 4 for the input staging buffer. An upper
+// bound of what AllocateWorkspace allocates, computed with overflow checks
+// before anything is allocated: InvalidArgument when it overflows int64.
+absl::StatusOr<int64_t> WorkspaceBytes(const ModelSpec& spec, Precision precision, int64_t rows);
+
 class Model {
  public:
   // Builds the layers for a validated spec and initialises the masters from
@@ -59,6 +73,14 @@ class Model {
 
   // The cached buffers for a batch of `rows` (allocated on first use).
   absl::StatusOr<Workspace*> GetWorkspace(int64_t rows);
+  // Frees the cached workspaces whose row count is not in `rows` (a step
+  // calls it with its own sizes first, so sizes it no longer uses never
+  // stay allocated beside the ones it needs).
+  void KeepWorkspaces(const std::vector<int64_t>& rows);
+  // Frees every cached workspace.
+  void ReleaseWorkspaces();
+  // WorkspaceBytes summed over the cached workspaces.
+  int64_t cached_workspace_bytes() const { return cached_workspace_bytes_; }
   // Copies a validated micro-batch into ws: float inputs are cast to the
   // working dtype, ids and targets keep their dtype.
   absl::Status LoadBatch(const HostTensor& inputs, const HostTensor& targets, Workspace& ws);
@@ -84,8 +106,10 @@ class Model {
   };
 
   Model(const ModelSpec& spec, Precision precision, kernels::Backend& backend);
+  // Allocates the parameter's tensors, then fills a host vector with `init`
+  // (called once, in layer order, so the RNG stream is fixed) and uploads it.
   absl::Status AddParameter(int64_t layer, const char* suffix, const kernels::Shape& shape,
-                            std::vector<float> init);
+                            const std::function<void(std::vector<float>&)>& init);
   absl::Status AllocateWorkspace(int64_t rows, Workspace& ws);
 
   ModelSpec spec_;
@@ -97,9 +121,13 @@ class Model {
   std::vector<int64_t> widths_;            // widths_[i]: features of acts[i]
   int64_t parameter_count_ = 0;
   // Batch sizes seen recently; cleared when it grows past kMaxWorkspaces so
-  // a client cycling through sizes cannot grow memory without bound.
+  // a client cycling through sizes cannot grow memory without bound (the
+  // Trainer also keeps only the sizes of the last step, and none at all
+  // once they exceed its cache cap).
   static constexpr size_t kMaxWorkspaces = 4;
   std::map<int64_t, Workspace> workspaces_;
+  int64_t cached_workspace_bytes_ = 0;
+  Precision precision_;
 };
 
 }  // namespace ampd::engine::model

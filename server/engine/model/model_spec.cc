@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/checked_math.h"
 
 namespace ampd::engine::model {
 
@@ -81,6 +82,22 @@ int64_t LayerOutWidth(const LayerSpec& layer, int64_t in_width) {
   }
 }
 
+// Elements of the layer's parameters (weight and bias), saturating at
+// INT64_MAX when the product overflows.
+int64_t LayerParameterCount(const LayerSpec& layer) {
+  switch (layer.kind) {
+    case LayerKind::kLinear:
+      return SaturatingAdd(SaturatingMul(layer.in_features, layer.out_features),
+                           layer.bias ? layer.out_features : 0);
+    case LayerKind::kLayerNorm:
+      return layer.elementwise_affine ? SaturatingMul(2, layer.normalized_shape) : 0;
+    case LayerKind::kEmbedding:
+      return SaturatingMul(layer.num_embeddings, layer.embedding_dim);
+    default:
+      return 0;
+  }
+}
+
 absl::Status Positive(int64_t value, size_t i, absl::string_view field) {
   if (value <= 0) {
     return absl::InvalidArgumentError(
@@ -128,6 +145,13 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
       default:
         return absl::InvalidArgumentError(absl::StrCat("layers[", i, "].kind: unknown layer kind"));
     }
+    // Sizes are positive here; their product is checked before anything
+    // multiplies them again (the parameter count, byte estimates, buffers).
+    if (LayerParameterCount(layer) > kMaxParameters) {
+      return absl::InvalidArgumentError(absl::StrCat("layers[", i, "]: these sizes give the ",
+                                                     LayerKindName(layer.kind), " layer more than ",
+                                                     kMaxParameters, " (2^56) parameters"));
+    }
     const int64_t in = LayerInWidth(layer);
     if (sized && in != 0 && in != width) {
       const absl::string_view field =
@@ -142,6 +166,10 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
   if (!sized) {
     return absl::InvalidArgumentError(
         "layers: at least one Linear, LayerNorm or Embedding layer is needed to fix the widths");
+  }
+  if (ParameterCount(spec) > kMaxParameters) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layers: the model has more than ", kMaxParameters, " (2^56) parameters"));
   }
   if (spec.loss != LossKind::kMse && spec.loss != LossKind::kCrossEntropy) {
     return absl::InvalidArgumentError("loss: unknown loss kind");
@@ -171,19 +199,7 @@ int64_t OutputFeatures(const ModelSpec& spec) {
 int64_t ParameterCount(const ModelSpec& spec) {
   int64_t count = 0;
   for (const LayerSpec& layer : spec.layers) {
-    switch (layer.kind) {
-      case LayerKind::kLinear:
-        count += layer.in_features * layer.out_features + (layer.bias ? layer.out_features : 0);
-        break;
-      case LayerKind::kLayerNorm:
-        count += layer.elementwise_affine ? 2 * layer.normalized_shape : 0;
-        break;
-      case LayerKind::kEmbedding:
-        count += layer.num_embeddings * layer.embedding_dim;
-        break;
-      default:
-        break;
-    }
+    count = SaturatingAdd(count, LayerParameterCount(layer));
   }
   return count;
 }

@@ -48,12 +48,21 @@ struct ModelSpec {
   float loss_multiplier = 1.0f;
 };
 
+// The most parameters a model may have, per layer and in all: the backends'
+// own cap on one tensor's elements, and small enough that every byte count
+// derived from it (at most 20 bytes a parameter with AdamW) fits in int64.
+// A spec above it is impossible (InvalidArgument); one below it may still be
+// too large for the memory at hand, which admission reports separately.
+inline constexpr int64_t kMaxParameters = int64_t{1} << 56;
+
 // Checks that feature sizes chain from layer to layer, sizes are positive,
 // Embedding comes first if at all, eps and loss_multiplier are finite and
-// positive; the message names the layer index and field ("layers[2].in_features").
+// positive, and no layer nor the model has more than kMaxParameters; the
+// message names the layer index and field ("layers[2].in_features").
 absl::Status ValidateModelSpec(const ModelSpec& spec);
 
-// Parameter count of the model (weights and biases).
+// Parameter count of the model (weights and biases); saturates at INT64_MAX
+// for a spec whose count overflows (ValidateModelSpec refuses those).
 int64_t ParameterCount(const ModelSpec& spec);
 
 // For a valid spec: the width of a float input row (the first Linear's

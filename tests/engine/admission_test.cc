@@ -1,0 +1,248 @@
+// Memory admission: sizes from a client are checked before anything is
+// allocated. A spec whose parameter count overflows is InvalidArgument; one
+// too large for the machine is ResourceExhausted (not std::length_error or
+// std::bad_alloc on a worker thread); a Step's activation and workspace
+// memory is estimated exactly as the CPU backend allocates it and counted
+// with the jobs' weights against --max-memory-bytes; oversized workspaces
+// do not stay cached after their step.
+#include <cstdint>
+#include <future>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine_test_util.h"
+#include "server/engine/jobs/job_registry.h"
+#include "server/engine/model/layers.h"
+
+namespace ampd::engine {
+namespace {
+
+using model::LayerKind;
+using model::Precision;
+using namespace ampd::engine::testing;
+
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+
+JobConfig Mlp(int64_t in, int64_t hidden, int64_t out) {
+  JobConfig config = DefaultJobConfig(Precision::kFp16);
+  config.model.layers = {Linear(in, hidden), Act(LayerKind::kReLU), LayerNorm(hidden),
+                         Linear(hidden, out)};
+  config.scaler.init_scale = 1024.0;
+  return config;
+}
+
+MicroBatch Batch(int64_t rows, int64_t in, int64_t out) {
+  DataRng rng(static_cast<uint64_t>(rows));
+  MicroBatch mb;
+  mb.inputs = F32({rows, in}, rng.UniformVector(static_cast<size_t>(rows * in), -1, 1));
+  mb.targets = F32({rows, out}, rng.UniformVector(static_cast<size_t>(rows * out), -1, 1));
+  return mb;
+}
+
+StepInput One(MicroBatch mb) {
+  StepInput in;
+  in.micro_batches.push_back(std::move(mb));
+  return in;
+}
+
+TEST(Admission, ParameterCountOverflowIsInvalidArgument) {
+  struct Case {
+    std::vector<model::LayerSpec> layers;
+    std::string names;
+  };
+  const std::vector<Case> cases = {
+      {{Linear(kInt64Max, 64)}, "layers[0]"},
+      {{Linear(64, kInt64Max)}, "layers[0]"},
+      {{Linear(int64_t{1} << 32, int64_t{1} << 32)}, "layers[0]"},  // 2^64
+      {{Embedding(int64_t{1} << 40, int64_t{1} << 30)}, "layers[0]"},
+      {{LayerNorm(kInt64Max)}, "layers[0]"},
+      // Each layer fits, the sum does not.
+      {{Linear(1, int64_t{1} << 55), Linear(int64_t{1} << 55, 1)}, "layers"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.names);
+    JobConfig config = DefaultJobConfig(Precision::kFp16);
+    config.model.layers = c.layers;
+    const absl::Status s = ValidateJobConfig(config);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(std::string(s.message()).find(c.names), std::string::npos) << s;
+    // Estimates saturate instead of wrapping to something small.
+    EXPECT_GT(EstimateJobBytes(config), int64_t{1} << 56);
+    auto backend = kernels::CreateBackend("cpu");
+    ASSERT_TRUE(backend.ok());
+    auto trainer = Trainer::Create(config, *std::move(backend));
+    EXPECT_EQ(trainer.status().code(), absl::StatusCode::kInvalidArgument) << trainer.status();
+  }
+}
+
+// A batch shape whose byte count wraps int64 (2^62 x 4 floats is 2^66
+// bytes, 0 once wrapped) must not match an empty buffer.
+TEST(Admission, HostTensorByteCountOverflowIsInvalidArgument) {
+  for (const kernels::Shape& shape :
+       {kernels::Shape{int64_t{1} << 62, 4}, kernels::Shape{int64_t{1} << 61, 0, 1},
+        kernels::Shape{int64_t{1} << 32, int64_t{1} << 32}, kernels::Shape{kInt64Max, 2}}) {
+    HostTensor t;
+    t.dtype = kernels::DType::kF32;
+    t.shape = shape;
+    const absl::Status s = t.Validate("micro_batches[0].inputs");
+    if (kernels::NumElements(shape) == 0 && shape[1] == 0) {
+      EXPECT_TRUE(s.ok()) << s;  // zero elements: 0 bytes is right
+      continue;
+    }
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << kernels::ShapeToString(shape);
+    EXPECT_NE(std::string(s.message()).find("micro_batches[0].inputs"), std::string::npos) << s;
+  }
+  JobConfig config = DefaultJobConfig(Precision::kFp16);
+  config.model.layers = {Linear(4, 2)};
+  auto t = MakeTrainer(config);
+  ASSERT_TRUE(t);
+  StepInput in;
+  in.micro_batches.resize(1);
+  in.micro_batches[0].inputs.shape = {int64_t{1} << 62, 4};
+  in.micro_batches[0].targets.shape = {int64_t{1} << 62, 2};
+  EXPECT_EQ(t->Step(in).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// 2^31 x 64 is a valid shape of 2^37 parameters (2.7 TB with AdamW): more
+// than the machine has, refused before any allocation instead of a 512 GiB
+// host vector throwing std::bad_alloc.
+TEST(Admission, WeightsLargerThanTheDeviceAreResourceExhausted) {
+  for (const auto& layers :
+       {std::vector<model::LayerSpec>{Linear(int64_t{1} << 31, 64)},
+        std::vector<model::LayerSpec>{Embedding(int64_t{1} << 31, 64), Linear(64, 2)}}) {
+    JobConfig config = DefaultJobConfig(Precision::kFp16);
+    config.model.layers = layers;
+    ASSERT_TRUE(ValidateJobConfig(config).ok());
+    auto backend = kernels::CreateBackend("cpu");
+    ASSERT_TRUE(backend.ok());
+    ASSERT_GT((*backend)->MemoryCapacityBytes(), 0);
+    ASSERT_GT(EstimateJobBytes(config), (*backend)->MemoryCapacityBytes());
+    auto trainer = Trainer::Create(config, *std::move(backend));
+    EXPECT_EQ(trainer.status().code(), absl::StatusCode::kResourceExhausted) << trainer.status();
+    EXPECT_NE(std::string(trainer.status().message()).find("bytes"), std::string::npos);
+  }
+}
+
+// The estimate is what the CPU backend allocates for an fp16 MSE job fed
+// F32 inputs (every buffer it counts is allocated, at the dtype it assumes).
+TEST(Admission, WorkspaceEstimateIsWhatAStepAllocates) {
+  const JobConfig config = Mlp(6, 16, 3);
+  auto t = MakeTrainer(config);
+  ASSERT_TRUE(t);
+  const int64_t before = t->backend().BytesInUse();
+  ASSERT_TRUE(t->Step(One(Batch(37, 6, 3))).ok());
+  auto bytes = model::WorkspaceBytes(config.model, config.precision, 37);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_EQ(t->backend().BytesInUse() - before, *bytes);
+  EXPECT_EQ(t->workspace_bytes(), *bytes);
+  // acts 6,16,16,16,3 and grads 16,16,16,3 in fp16, 2 LayerNorm stats, F32
+  // staging (N, 6) and targets (N, 3).
+  EXPECT_EQ(*bytes, 37 * ((6 + 16 * 3 + 3) * 2 + (16 * 3 + 3) * 2 + 2 * 4 + 6 * 4 + 3 * 4));
+  // A second size is added to the cache; a step that no longer uses the
+  // first frees it.
+  StepInput two;
+  two.micro_batches = {Batch(37, 6, 3), Batch(5, 6, 3)};
+  ASSERT_TRUE(t->Step(two).ok());
+  auto five = model::WorkspaceBytes(config.model, config.precision, 5);
+  ASSERT_TRUE(five.ok());
+  EXPECT_EQ(t->workspace_bytes(), *bytes + *five);
+  ASSERT_TRUE(t->Step(One(Batch(5, 6, 3))).ok());
+  EXPECT_EQ(t->workspace_bytes(), *five);
+  EXPECT_EQ(t->backend().BytesInUse() - before, *five);
+  // Rows whose byte count overflows int64 are refused by the estimate.
+  EXPECT_EQ(model::WorkspaceBytes(config.model, config.precision, kInt64Max / 4).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// A step whose buffers exceed the cache cap frees them when it ends: one
+// large batch does not keep its memory for the life of the job.
+TEST(Admission, OversizedWorkspaceIsFreedAfterItsStep) {
+  const JobConfig config = Mlp(4, 512, 2);
+  auto t = MakeTrainer(config);
+  ASSERT_TRUE(t);
+  const int64_t weights = t->backend().BytesInUse();
+  const int64_t rows = 16384;
+  auto big = model::WorkspaceBytes(config.model, config.precision, rows);
+  ASSERT_TRUE(big.ok());
+  ASSERT_GT(*big, Trainer::kMaxCachedWorkspaceBytes);
+  auto r = t->Step(One(Batch(rows, 4, 2)));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(t->workspace_bytes(), 0);
+  EXPECT_EQ(t->backend().BytesInUse(), weights);
+  ASSERT_TRUE(t->Step(One(Batch(64, 4, 2))).ok());
+  EXPECT_GT(t->workspace_bytes(), 0);  // a usual size stays cached
+}
+
+// A Trainer's admit hook sees the whole step's workspace before anything is
+// allocated, and its refusal leaves the job exactly as it was.
+TEST(Admission, RefusedStepChangesNothing) {
+  const JobConfig config = Mlp(6, 16, 3);
+  auto t = MakeTrainer(config);
+  ASSERT_TRUE(t);
+  ASSERT_TRUE(t->Step(One(Batch(8, 6, 3))).ok());
+  auto state = t->ExportState();
+  ASSERT_TRUE(state.ok());
+  const int64_t in_use = t->backend().BytesInUse();
+  int64_t asked = -1;
+  auto r = t->Step(One(Batch(4096, 6, 3)), [&](int64_t bytes) {
+    asked = bytes;
+    return absl::ResourceExhaustedError("over the limit");
+  });
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  auto want = model::WorkspaceBytes(config.model, config.precision, 4096);
+  ASSERT_TRUE(want.ok());
+  EXPECT_EQ(asked, *want);
+  EXPECT_LE(t->backend().BytesInUse(), in_use);
+  auto after = t->ExportState();
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(StateDiff(*state, *after), "");
+}
+
+// Through the registry, as the service runs it: a 4 MiB limit admits a small
+// job and its usual steps, refuses a 65,536-row step with
+// RESOURCE_EXHAUSTED, and still runs the next usual step.
+TEST(Admission, RegistryCountsStepWorkspaceAgainstMaxMemoryBytes) {
+  RegistryOptions options;
+  options.max_memory_bytes = int64_t{4} << 20;
+  options.worker_threads = 1;
+  auto registry = JobRegistry::Create(options);
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  const JobConfig config = Mlp(2, 64, 2);
+  ASSERT_LT(EstimateJobBytes(config), int64_t{1} << 20);
+
+  std::promise<absl::StatusOr<JobSnapshot>> created;
+  (*registry)->CreateJob(config, "", "",
+                         [&](absl::StatusOr<JobSnapshot> s) { created.set_value(std::move(s)); });
+  absl::StatusOr<JobSnapshot> job = created.get_future().get();
+  ASSERT_TRUE(job.ok()) << job.status();
+
+  auto step = [&](int64_t sequence, int64_t rows) {
+    std::promise<absl::StatusOr<StepReport>> done;
+    (*registry)->Step(job->job_id, sequence, One(Batch(rows, 2, 2)),
+                      [&](absl::StatusOr<StepReport> r) { done.set_value(std::move(r)); });
+    return done.get_future().get();
+  };
+  ASSERT_TRUE(step(1, 256).ok());
+  absl::StatusOr<StepReport> big = step(2, 65536);
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted) << big.status();
+  EXPECT_NE(std::string(big.status().message()).find("--max-memory-bytes"), std::string::npos)
+      << big.status();
+  auto snapshot = (*registry)->GetJob(job->job_id);
+  ASSERT_TRUE(snapshot.ok());
+  EXPECT_EQ(snapshot->step, 1);
+  absl::StatusOr<StepReport> next = step(2, 256);
+  EXPECT_TRUE(next.ok()) << next.status();
+
+  // The cached workspace counts against a new job too.
+  JobConfig second = Mlp(2, 64, 2);
+  std::promise<absl::StatusOr<JobSnapshot>> created2;
+  (*registry)->CreateJob(second, "", "",
+                         [&](absl::StatusOr<JobSnapshot> s) { created2.set_value(std::move(s)); });
+  EXPECT_TRUE(created2.get_future().get().ok());
+  (*registry)->Shutdown();
+}
+
+}  // namespace
+}  // namespace ampd::engine
