@@ -1,7 +1,8 @@
 // The CPU backend object: host memory (64-byte aligned, counted for
 // BytesInUse), the byte copies and scalar reads, and the forwarding of every
 // Backend virtual to the op family that implements it (cpu_*.cc). Ops run
-// synchronously on the calling thread, so Synchronize has nothing to wait for.
+// synchronously: the calling thread and the backend's thread pool finish an
+// op before it returns, so Synchronize has nothing to wait for.
 #include "kernels/cpu/cpu_backend.h"
 
 #include <unistd.h>
@@ -52,7 +53,8 @@ class HostMemory final : public Memory {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend() : bytes_in_use_(std::make_shared<std::atomic<int64_t>>(0)) {}
+  explicit CpuBackend(int threads)
+      : bytes_in_use_(std::make_shared<std::atomic<int64_t>>(0)), pool_(threads) {}
 
   std::string name() const override { return "cpu"; }
 
@@ -91,8 +93,11 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status Fill(Tensor& dst, float value) override { return cpu::Fill(dst, value); }
-  absl::Status Cast(const Tensor& src, Tensor& dst) override { return cpu::Cast(src, dst); }
+  absl::Status Fill(Tensor& dst, float value) override { return cpu::Fill(pool_, dst, value); }
+  absl::Status FillRandom(Tensor& dst, const RandomFill& fill) override {
+    return cpu::FillRandom(pool_, dst, fill);
+  }
+  absl::Status Cast(const Tensor& src, Tensor& dst) override { return cpu::Cast(pool_, src, dst); }
   absl::Status Synchronize() override { return absl::OkStatus(); }
 
   absl::Status ReadScalars(absl::Span<const Tensor* const> scalars,
@@ -115,18 +120,20 @@ class CpuBackend final : public Backend {
                     float beta, Tensor& c) override {
     return cpu::Gemm(trans_a, trans_b, alpha, a, b, beta, c);
   }
-  absl::Status Add(const Tensor& x, Tensor& y) override { return cpu::Add(x, y); }
-  absl::Status AddBias(const Tensor& bias, Tensor& y) override { return cpu::AddBias(bias, y); }
+  absl::Status Add(const Tensor& x, Tensor& y) override { return cpu::Add(pool_, x, y); }
+  absl::Status AddBias(const Tensor& bias, Tensor& y) override {
+    return cpu::AddBias(pool_, bias, y);
+  }
   absl::Status BiasGrad(const Tensor& dy, float beta, Tensor& dbias) override {
-    return cpu::BiasGrad(dy, beta, dbias);
+    return cpu::BiasGrad(pool_, dy, beta, dbias);
   }
 
   absl::Status ActivationForward(Activation act, const Tensor& x, Tensor& y) override {
-    return cpu::ActivationForward(act, x, y);
+    return cpu::ActivationForward(pool_, act, x, y);
   }
   absl::Status ActivationBackward(Activation act, const Tensor& x, const Tensor& dy,
                                   Tensor& dx) override {
-    return cpu::ActivationBackward(act, x, dy, dx);
+    return cpu::ActivationBackward(pool_, act, x, dy, dx);
   }
 
   absl::Status LayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps,
@@ -161,23 +168,29 @@ class CpuBackend final : public Backend {
   }
   absl::Status AdamUpdate(absl::Span<const ParamRef> params, const AdamConfig& config, int64_t step,
                           const GradTransform& transform) override {
-    return cpu::AdamUpdate(params, config, step, transform);
+    return cpu::AdamUpdate(pool_, params, config, step, transform);
   }
   absl::Status SgdUpdate(absl::Span<const ParamRef> params, const SgdConfig& config,
                          bool first_step, const GradTransform& transform) override {
-    return cpu::SgdUpdate(params, config, first_step, transform);
+    return cpu::SgdUpdate(pool_, params, config, first_step, transform);
   }
 
   absl::Status GradLog2Histogram(absl::Span<const Tensor* const> grads, Tensor& counts) override {
-    return cpu::GradLog2Histogram(grads, counts);
+    return cpu::GradLog2Histogram(pool_, grads, counts);
   }
 
  private:
   ByteCounter bytes_in_use_;
+  cpu::ThreadPool pool_;  // started once; the ops that split their work use it
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> CreateCpuBackend() { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<Backend> CreateCpuBackend() {
+  return std::make_unique<CpuBackend>(cpu::ThreadPool::DefaultThreads());
+}
+std::unique_ptr<Backend> CreateCpuBackend(int threads) {
+  return std::make_unique<CpuBackend>(threads);
+}
 
 }  // namespace ampd::kernels

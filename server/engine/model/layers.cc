@@ -33,13 +33,18 @@ Model::Model(const ModelSpec& spec, Precision precision, kernels::Backend& backe
     : spec_(spec), working_dtype_(WorkingDType(precision)), backend_(backend) {}
 
 absl::Status Model::AddParameter(int64_t layer, const char* suffix, const kernels::Shape& shape,
-                                 std::vector<float> init) {
+                                 ParamInit init) {
   Parameter p;
   p.name = absl::StrCat("model.", layer, ".", suffix);
   absl::StatusOr<Tensor> master = backend_.Allocate(DType::kF32, shape);
   if (!master.ok()) return master.status();
   p.master = *std::move(master);
-  AMPD_RETURN_IF_ERROR(backend_.CopyFromHost(init.data(), init.size() * sizeof(float), p.master));
+  if (init.random) {
+    init.fill.stream = params_.size();
+    AMPD_RETURN_IF_ERROR(backend_.FillRandom(p.master, init.fill));
+  } else {
+    AMPD_RETURN_IF_ERROR(backend_.Fill(p.master, init.value));
+  }
   if (working_dtype_ != DType::kF32) {
     absl::StatusOr<Tensor> working = backend_.Allocate(working_dtype_, shape);
     if (!working.ok()) return working.status();
@@ -57,7 +62,6 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, Prec
                                                      uint64_t seed, kernels::Backend& backend) {
   AMPD_RETURN_IF_ERROR(ValidateModelSpec(spec));
   std::unique_ptr<Model> m(new Model(spec, precision, backend));
-  InitRng rng(seed);
   int64_t width = InputFeatures(spec);
   m->widths_.push_back(width);
   for (size_t i = 0; i < spec.layers.size(); ++i) {
@@ -66,40 +70,35 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, Prec
     LayerParams lp;
     switch (l.kind) {
       case LayerKind::kLinear: {
-        std::vector<float> w(static_cast<size_t>(l.out_features * l.in_features));
-        FillLinearUniform(rng, l.in_features, w);
+        const ParamInit uniform{true, LinearUniformInit(seed, 0, l.in_features)};
         lp.weight = static_cast<int>(m->params_.size());
         AMPD_RETURN_IF_ERROR(
-            m->AddParameter(idx, "weight", {l.out_features, l.in_features}, std::move(w)));
+            m->AddParameter(idx, "weight", {l.out_features, l.in_features}, uniform));
         if (l.bias) {
-          std::vector<float> b(static_cast<size_t>(l.out_features));
-          FillLinearUniform(rng, l.in_features, b);
           lp.bias = static_cast<int>(m->params_.size());
-          AMPD_RETURN_IF_ERROR(m->AddParameter(idx, "bias", {l.out_features}, std::move(b)));
+          AMPD_RETURN_IF_ERROR(m->AddParameter(idx, "bias", {l.out_features}, uniform));
         }
         width = l.out_features;
         break;
       }
       case LayerKind::kLayerNorm:
         if (l.elementwise_affine) {
-          const auto c = static_cast<size_t>(l.normalized_shape);
+          ParamInit constant;
+          constant.value = 1.0f;
           lp.weight = static_cast<int>(m->params_.size());
-          AMPD_RETURN_IF_ERROR(
-              m->AddParameter(idx, "weight", {l.normalized_shape}, std::vector<float>(c, 1.0f)));
+          AMPD_RETURN_IF_ERROR(m->AddParameter(idx, "weight", {l.normalized_shape}, constant));
+          constant.value = 0.0f;
           lp.bias = static_cast<int>(m->params_.size());
-          AMPD_RETURN_IF_ERROR(
-              m->AddParameter(idx, "bias", {l.normalized_shape}, std::vector<float>(c, 0.0f)));
+          AMPD_RETURN_IF_ERROR(m->AddParameter(idx, "bias", {l.normalized_shape}, constant));
         }
         width = l.normalized_shape;
         if (lp.weight >= 0) m->plus_equal_grads_.push_back(lp.weight);
         if (lp.bias >= 0) m->plus_equal_grads_.push_back(lp.bias);
         break;
       case LayerKind::kEmbedding: {
-        std::vector<float> w(static_cast<size_t>(l.num_embeddings * l.embedding_dim));
-        FillNormal(rng, w);
         lp.weight = static_cast<int>(m->params_.size());
-        AMPD_RETURN_IF_ERROR(
-            m->AddParameter(idx, "weight", {l.num_embeddings, l.embedding_dim}, std::move(w)));
+        AMPD_RETURN_IF_ERROR(m->AddParameter(idx, "weight", {l.num_embeddings, l.embedding_dim},
+                                             ParamInit{true, StandardNormalInit(seed, 0)}));
         width = l.embedding_dim;
         m->plus_equal_grads_.push_back(lp.weight);
         break;

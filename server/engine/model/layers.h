@@ -45,9 +45,10 @@ struct Workspace {
 
 class Model {
  public:
-  // Builds the layers for a validated spec and initialises the masters from
-  // seed with PyTorch's default distributions (layer by layer, weight before
-  // bias, one RNG stream), then casts the working copy.
+  // Builds the layers for a validated spec and initialises the masters on
+  // the backend with PyTorch's default distributions: parameter k (in
+  // params() order: layer by layer, weight before bias) draws from Philox
+  // stream k of seed (init.h). Then casts the working copy.
   static absl::StatusOr<std::unique_ptr<Model>> Create(const ModelSpec& spec, Precision precision,
                                                        uint64_t seed, kernels::Backend& backend);
 
@@ -83,9 +84,17 @@ class Model {
     int bias = -1;
   };
 
+  // How a master starts: draws (fill, whose stream AddParameter sets to the
+  // parameter's index) or the constant value.
+  struct ParamInit {
+    bool random = false;
+    kernels::RandomFill fill;
+    float value = 0.0f;
+  };
+
   Model(const ModelSpec& spec, Precision precision, kernels::Backend& backend);
   absl::Status AddParameter(int64_t layer, const char* suffix, const kernels::Shape& shape,
-                            std::vector<float> init);
+                            ParamInit init);
   absl::Status AllocateWorkspace(int64_t rows, Workspace& ws);
 
   ModelSpec spec_;
