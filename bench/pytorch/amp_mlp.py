@@ -14,9 +14,11 @@ Usage: python3 amp_mlp.py [--steps 200] [--warmup 20] [--device cuda] [--threads
 """
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
+import warnings
 
 import torch
 from torch import nn
@@ -44,12 +46,17 @@ def make_scaler(device: torch.device, enabled: bool):
 
 
 def autocast_supported(device: torch.device, dtype: torch.dtype) -> bool:
-    """Older CPU autocast (torch 1.13) takes only bf16 and silently disables
-    itself for fp16, which would time fp32 under an fp16 label."""
+    """Older CPU autocast (torch 1.13) takes only bf16: for fp16 it raises or
+    silently disables itself, which would time fp32 under an fp16 label."""
     if device.type != "cpu":
         return True
-    with torch.autocast("cpu", dtype=dtype):
-        return torch.is_autocast_cpu_enabled()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            with torch.autocast("cpu", dtype=dtype):
+                return torch.is_autocast_cpu_enabled()
+        except RuntimeError:  # newer 1.x raises where older ones warned
+            return False
 
 
 def time_precision(precision: str, device: torch.device, steps: int, warmup: int) -> float:
@@ -67,7 +74,11 @@ def time_precision(precision: str, device: torch.device, steps: int, warmup: int
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+        # fp32: no autocast context at all (torch 1.13's CPU autocast rejects
+        # a float32 dtype even when disabled).
+        autocast = (torch.autocast(device.type, dtype=dtype) if dtype is not None
+                    else contextlib.nullcontext())
+        with autocast:
             loss = loss_fn(model(x), y)
         scaler.scale(loss).backward()
         scaler.step(opt)
