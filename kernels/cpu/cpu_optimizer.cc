@@ -23,11 +23,11 @@ float ClipCoef(const GradTransform& tr) {
   return coef < 1.0f ? coef : 1.0f;
 }
 
-// Runs body(g, w, ...) per element over one parameter, split over the pool:
-// fn(gi, i) gets g = grad[i] * inv_scale * clip_coef (evaluated left to
-// right) and returns the new master value, which is then rounded once into
-// the working copy when there is one. Each element's arithmetic is the same
-// whatever thread runs it.
+// Calls fn(g, i) for every element i of one parameter, split over the pool:
+// g = grad[i] * inv_scale * clip_coef (evaluated left to right), and fn
+// returns the new master value, which is then rounded once into the working
+// copy when there is one. Each element's arithmetic is the same whatever
+// thread runs it.
 template <typename Fn>
 void ForEachParamElement(ThreadPool& pool, const ParamRef& p, float inv_scale, float clip,
                          Fn&& fn) {
