@@ -127,7 +127,7 @@ class CpuBackend final : public Backend {
 
   absl::Status Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
                     float beta, Tensor& c) override {
-    return cpu::Gemm(trans_a, trans_b, alpha, a, b, beta, c);
+    return cpu::Gemm(pool_, trans_a, trans_b, alpha, a, b, beta, c);
   }
   absl::Status Add(const Tensor& x, Tensor& y) override { return cpu::Add(pool_, x, y); }
   absl::Status AddBias(const Tensor& bias, Tensor& y) override {

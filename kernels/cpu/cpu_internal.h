@@ -138,8 +138,8 @@ absl::Status ActivationForward(ThreadPool& pool, Activation act, const Tensor& x
 absl::Status ActivationBackward(ThreadPool& pool, Activation act, const Tensor& x, const Tensor& dy,
                                 Tensor& dx);
 // cpu_gemm.cc
-absl::Status Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
-                  float beta, Tensor& c);
+absl::Status Gemm(ThreadPool& pool, bool trans_a, bool trans_b, float alpha, const Tensor& a,
+                  const Tensor& b, float beta, Tensor& c);
 // cpu_layernorm.cc
 absl::Status LayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps,
                               Tensor& y, Tensor& mean, Tensor& rstd);

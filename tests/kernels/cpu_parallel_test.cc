@@ -1,6 +1,7 @@
 // The CPU backend's thread pool and the bit-exactness of the ops it splits:
 // every chunk runs exactly once, and Fill, Cast, Add, AddBias, BiasGrad, the
-// activations, the fused optimizers and the histogram write the same bytes
+// activations, 16-bit GEMM's widening and rounding, the fused optimizers and
+// the histogram write the same bytes
 // with 1 thread as with 2, 3 or 8, on tensors several chunks long whose
 // sizes are not multiples of the chunk.
 #include "kernels/cpu/cpu_parallel.h"
@@ -101,6 +102,11 @@ std::vector<std::vector<unsigned char>> Elementwise(Backend& b, DType dt) {
     EXPECT_TRUE(b.ActivationBackward(act, x, y, a).ok());
     out.push_back(RawBytes(b, a));
   }
+  // 16-bit GEMMs widen their inputs and round their output on the pool.
+  Tensor ga = Random(b, dt, {kRows, 64}, 5, -1, 1);
+  Tensor gb = Random(b, dt, {64, kCols}, 6, -1, 1);
+  EXPECT_TRUE(b.Gemm(false, false, 1.5f, ga, gb, 0.5f, y).ok());
+  out.push_back(RawBytes(b, y));
   Tensor counts = *b.Allocate(DType::kI64, {kGradHistogramBins});
   std::vector<int64_t> zeros(kGradHistogramBins, 0);
   EXPECT_TRUE(b.CopyFromHost(zeros.data(), zeros.size() * 8, counts).ok());
