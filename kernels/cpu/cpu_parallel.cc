@@ -1,5 +1,6 @@
 // ThreadPool (cpu_parallel.h): a generation counter under a mutex wakes the
-// workers; chunks are claimed with one atomic counter.
+// workers; chunks are claimed with one atomic word tagged by generation, and
+// the caller waits for the count of finished chunks, not for the workers.
 #include "kernels/cpu/cpu_parallel.h"
 
 #include <algorithm>
@@ -31,33 +32,46 @@ int ThreadPool::DefaultThreads() {
   return hw == 0 ? 1 : static_cast<int>(hw);
 }
 
-void ThreadPool::Drain(absl::FunctionRef<void(int64_t)> fn, int64_t chunks) {
-  for (int64_t c = next_.fetch_add(1, std::memory_order_relaxed); c < chunks;
-       c = next_.fetch_add(1, std::memory_order_relaxed)) {
+void ThreadPool::Drain(uint32_t tag, absl::FunctionRef<void(int64_t)> fn, int64_t chunks) {
+  for (;;) {
+    uint64_t cur = claim_.load(std::memory_order_acquire);
+    int64_t c;
+    do {
+      c = static_cast<int64_t>(cur & 0xffffffffu);
+      if (static_cast<uint32_t>(cur >> 32) != tag || c >= chunks) return;
+    } while (!claim_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel));
     fn(c);
+    if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == chunks) {
+      std::lock_guard<std::mutex> lock(mu_);
+      finished_.notify_all();
+    }
   }
 }
 
 void ThreadPool::ForEachChunk(int64_t chunks, absl::FunctionRef<void(int64_t)> fn) {
   if (chunks <= 0) return;
-  if (chunks == 1 || workers_.empty()) {
+  // The claim counter holds 32 bits of chunk index; larger counts (never
+  // reached by the ops' grains) run on the caller.
+  if (chunks == 1 || workers_.empty() || chunks > int64_t{0x7fffffff}) {
     for (int64_t c = 0; c < chunks; ++c) fn(c);
     return;
   }
   std::lock_guard<std::mutex> call(call_mu_);
+  uint32_t tag;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    tag = ++generation_;
     fn_ = &fn;
     chunks_ = chunks;
-    busy_ = static_cast<int>(workers_.size());
-    next_.store(0, std::memory_order_relaxed);
-    ++generation_;
+    done_.store(0, std::memory_order_relaxed);
+    claim_.store(static_cast<uint64_t>(tag) << 32, std::memory_order_release);
   }
   wake_.notify_all();
-  Drain(fn, chunks);
-  std::unique_lock<std::mutex> lock(mu_);
-  done_.wait(lock, [this] { return busy_ == 0; });
-  fn_ = nullptr;
+  Drain(tag, fn, chunks);
+  if (done_.load(std::memory_order_acquire) != chunks) {
+    std::unique_lock<std::mutex> lock(mu_);
+    finished_.wait(lock, [&] { return done_.load(std::memory_order_acquire) == chunks; });
+  }
 }
 
 void ThreadPool::ParallelFor(int64_t n, int64_t grain,
@@ -69,25 +83,22 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
 }
 
 void ThreadPool::WorkerLoop() {
-  uint64_t seen = 0;
+  uint32_t seen = 0;
   for (;;) {
     const absl::FunctionRef<void(int64_t)>* fn;
     int64_t chunks;
+    uint32_t tag;
     {
       std::unique_lock<std::mutex> lock(mu_);
       wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
       if (stop_) return;
-      seen = generation_;
+      seen = tag = generation_;
       fn = fn_;
       chunks = chunks_;
     }
-    Drain(*fn, chunks);
-    bool last;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      last = --busy_ == 0;
-    }
-    if (last) done_.notify_one();
+    // fn is only called for a chunk claimed under this job's tag, i.e.
+    // while the caller is still waiting for that chunk and fn is alive.
+    Drain(tag, *fn, chunks);
   }
 }
 

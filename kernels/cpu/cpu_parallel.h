@@ -3,11 +3,13 @@
 // and a function, the calling thread works too, and the call returns when
 // every chunk has run. Nothing is allocated per call.
 //
-// Chunks are claimed dynamically, so which thread runs a chunk varies from
-// call to call; the ops stay bit-exact because each chunk's result depends
-// only on its index: elementwise ops write disjoint elements, and reductions
-// give every chunk its own slot and combine the slots in chunk order, with
-// chunk boundaries fixed by the data size, never by the thread count.
+// Chunks are claimed dynamically and a call returns as soon as every chunk
+// has run, without waiting for workers that have not woken up yet (on a
+// busy machine a descheduled worker would otherwise stall every op). Which
+// thread runs a chunk varies from call to call; the ops stay bit-exact because each chunk's result
+// depends only on its index: elementwise ops write disjoint elements, and reductions give every
+// chunk its own slot and combine the slots in chunk order, with chunk boundaries fixed by the data
+// size, never by the thread count.
 #pragma once
 
 #include <atomic>
@@ -46,19 +48,24 @@ class ThreadPool {
 
  private:
   void WorkerLoop();
-  void Drain(absl::FunctionRef<void(int64_t)> fn, int64_t chunks);
+  // Claims and runs chunks of job `tag` until none is left (or the job is
+  // no longer the current one).
+  void Drain(uint32_t tag, absl::FunctionRef<void(int64_t)> fn, int64_t chunks);
 
   std::vector<std::thread> workers_;
   std::mutex call_mu_;  // one ForEachChunk at a time
-  std::mutex mu_;       // guards the job fields below
+  std::mutex mu_;       // guards the job fields below and the wake-ups
   std::condition_variable wake_;
-  std::condition_variable done_;
-  uint64_t generation_ = 0;
+  std::condition_variable finished_;
+  uint32_t generation_ = 0;
   bool stop_ = false;
   const absl::FunctionRef<void(int64_t)>* fn_ = nullptr;
   int64_t chunks_ = 0;
-  int busy_ = 0;  // workers still in the current job
-  std::atomic<int64_t> next_{0};
+  // (generation << 32) | next chunk: a worker that wakes after its job has
+  // finished fails the generation check instead of claiming a chunk of the
+  // next job with the old function.
+  std::atomic<uint64_t> claim_{0};
+  std::atomic<int64_t> done_{0};  // chunks of the current job finished
 };
 
 // Elements per chunk for streaming passes: 64 KiB of fp32, large enough that
