@@ -7,6 +7,13 @@
 #include <cstdlib>
 
 namespace ampd::kernels::cpu {
+namespace {
+
+// Set while a thread runs a chunk: a ForEachChunk from inside a chunk runs
+// inline rather than waiting on the pool it is part of.
+thread_local bool in_chunk = false;
+
+}  // namespace
 
 ThreadPool::ThreadPool(int threads) {
   const int workers = std::max(threads, 1) - 1;
@@ -40,7 +47,9 @@ void ThreadPool::Drain(uint32_t tag, absl::FunctionRef<void(int64_t)> fn, int64_
       c = static_cast<int64_t>(cur & 0xffffffffu);
       if (static_cast<uint32_t>(cur >> 32) != tag || c >= chunks) return;
     } while (!claim_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel));
+    in_chunk = true;
     fn(c);
+    in_chunk = false;
     if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == chunks) {
       std::lock_guard<std::mutex> lock(mu_);
       finished_.notify_all();
@@ -52,7 +61,7 @@ void ThreadPool::ForEachChunk(int64_t chunks, absl::FunctionRef<void(int64_t)> f
   if (chunks <= 0) return;
   // The claim counter holds 32 bits of chunk index; larger counts (never
   // reached by the ops' grains) run on the caller.
-  if (chunks == 1 || workers_.empty() || chunks > int64_t{0x7fffffff}) {
+  if (chunks == 1 || workers_.empty() || in_chunk || chunks > int64_t{0x7fffffff}) {
     for (int64_t c = 0; c < chunks; ++c) fn(c);
     return;
   }

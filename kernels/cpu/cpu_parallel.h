@@ -34,7 +34,8 @@ class ThreadPool {
   int threads() const { return static_cast<int>(workers_.size()) + 1; }
 
   // Calls fn(c) once for every c in [0, chunks). Concurrent calls from
-  // different threads are serialised.
+  // different threads are serialised; a call made from inside a chunk runs
+  // its chunks on the calling thread.
   void ForEachChunk(int64_t chunks, absl::FunctionRef<void(int64_t)> fn);
 
   // fn(begin, end) over [0, n) in chunks of `grain` elements (the last one

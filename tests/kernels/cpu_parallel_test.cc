@@ -43,6 +43,15 @@ TEST(ThreadPoolTest, RunsEveryChunkExactlyOnce) {
   }
 }
 
+TEST(ThreadPoolTest, NestedCallsRunInline) {
+  cpu::ThreadPool pool(3);
+  std::vector<std::atomic<int>> runs(64);
+  pool.ForEachChunk(8, [&](int64_t outer) {
+    pool.ForEachChunk(8, [&](int64_t inner) { runs[static_cast<size_t>(outer * 8 + inner)]++; });
+  });
+  for (const std::atomic<int>& r : runs) EXPECT_EQ(r.load(), 1);
+}
+
 TEST(ThreadPoolTest, ParallelForCoversTheRangeInGrainSizedPieces) {
   cpu::ThreadPool pool(3);
   const int64_t n = 10007, grain = 1000;
