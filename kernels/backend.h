@@ -42,6 +42,25 @@ struct ParamRef {
   Tensor* state1;      // F32: Adam's exp_avg_sq (v); nullptr for SGD
 };
 
+enum class RandomDistribution : uint8_t { kUniform, kNormal };
+
+// A counter-based random fill (Philox4x32-10, kernels/philox.h): element i of
+// dst is draw offset + i of stream `stream` under key `seed`, a pure function
+// of those three numbers, so every backend writes the same bits whatever its
+// thread count, and a tensor can be filled in pieces (offset). Uniform draw d
+// comes from word d % 4 of Philox block d / 4, normal draw d from half
+// d % 2 of block d / 2 (Box-Muller).
+struct RandomFill {
+  RandomDistribution distribution = RandomDistribution::kUniform;
+  float lo = 0.0f;  // uniform: values in [lo, hi), lo <= hi, both finite; lo == hi gives lo
+  float hi = 1.0f;
+  float mean = 0.0f;  // normal: N(mean, stddev^2), both finite, stddev >= 0
+  float stddev = 1.0f;
+  uint64_t seed = 0;
+  uint64_t stream = 0;  // one per tensor, so tensors of one seed are independent
+  uint64_t offset = 0;  // offset + dst.numel() must not exceed 2^64 - 1
+};
+
 // PyTorch's torch.optim.Adam / AdamW formulas (eps outside the square root,
 // bias correction; AdamW decays the weights directly, Adam adds wd * w to g).
 struct AdamConfig {
@@ -95,6 +114,8 @@ class Backend {
   // Same dtype and element count.
   virtual absl::Status Copy(const Tensor& src, Tensor& dst) = 0;
   virtual absl::Status Fill(Tensor& dst, float value) = 0;  // float dtypes
+  // dst F32 filled per RandomFill; used to initialise weights on the device.
+  virtual absl::Status FillRandom(Tensor& dst, const RandomFill& fill) = 0;
   // Between float dtypes, element counts equal; rounds RNE to dst's dtype.
   virtual absl::Status Cast(const Tensor& src, Tensor& dst) = 0;
   // Blocks until every queued op has finished.

@@ -4,6 +4,8 @@
 // faults reports, so both backends report the same one.
 #include "kernels/op_checks.h"
 
+#include <cmath>
+#include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -255,6 +257,37 @@ absl::Status ValidateCopy(const Tensor& src, const Tensor& dst) {
 }
 
 absl::Status ValidateFill(const Tensor& dst) { return CheckFloat("Fill", "dst", dst); }
+
+absl::Status ValidateFillRandom(const Tensor& dst, const RandomFill& fill) {
+  constexpr absl::string_view kOp = "FillRandom";
+  AMPD_RETURN_IF_ERROR(CheckDType(kOp, "dst", dst, DType::kF32));
+  AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "dst", dst));
+  switch (fill.distribution) {
+    case RandomDistribution::kUniform:
+      // Negated comparisons so that NaN bounds fail too.
+      if (!(std::isfinite(fill.lo) && std::isfinite(fill.hi) && fill.lo <= fill.hi)) {
+        return absl::InvalidArgumentError(absl::StrCat(kOp, ": uniform bounds [", fill.lo, ", ",
+                                                       fill.hi, ") must be finite with lo <= hi"));
+      }
+      break;
+    case RandomDistribution::kNormal:
+      if (!(std::isfinite(fill.mean) && std::isfinite(fill.stddev) && fill.stddev >= 0.0f)) {
+        return absl::InvalidArgumentError(absl::StrCat(kOp, ": normal mean ", fill.mean,
+                                                       " and stddev ", fill.stddev,
+                                                       " must be finite with stddev >= 0"));
+      }
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(kOp, ": unknown distribution ", static_cast<int>(fill.distribution)));
+  }
+  const auto n = static_cast<uint64_t>(dst.numel());
+  if (fill.offset > std::numeric_limits<uint64_t>::max() - n) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": offset ", fill.offset, " + ", n,
+                                                   " elements overflows the draw index"));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status ValidateCast(const Tensor& src, const Tensor& dst) {
   AMPD_RETURN_IF_ERROR(CheckFloat("Cast", "src", src));

@@ -58,6 +58,9 @@ absl::Status ValidateCopyFromHost(const void* src, size_t bytes, const Tensor& d
 absl::Status ValidateCopyToHost(const Tensor& src, const void* dst, size_t bytes);
 absl::Status ValidateCopy(const Tensor& src, const Tensor& dst);
 absl::Status ValidateFill(const Tensor& dst);
+// dst F32 with memory; the distribution's parameters in range; the draw
+// indices offset .. offset + numel - 1 within uint64.
+absl::Status ValidateFillRandom(const Tensor& dst, const RandomFill& fill);
 absl::Status ValidateCast(const Tensor& src, const Tensor& dst);
 // out_size is out.size(); every scalars[i] is checked before any is read.
 absl::Status ValidateReadBack(absl::Span<const Tensor* const> scalars, size_t out_size,

@@ -10,13 +10,15 @@ Prints the median step time (forward + backward + optimizer step, measured
 with torch.cuda.synchronize around each step) per precision, so it can be
 set beside ampd's engine benchmark on the same GPU.
 
-Usage: python3 amp_mlp.py [--steps 200] [--warmup 20] [--device cuda]
+Usage: python3 amp_mlp.py [--steps 200] [--warmup 20] [--device cuda] [--threads N]
 """
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
+import warnings
 
 import torch
 from torch import nn
@@ -35,12 +37,34 @@ def make_model(device: torch.device) -> nn.Module:
     return nn.Sequential(*layers).to(device)
 
 
+def make_scaler(device: torch.device, enabled: bool):
+    if hasattr(torch.amp, "GradScaler"):
+        return torch.amp.GradScaler(device.type, enabled=enabled)
+    # Older torch (Debian 12 ships 1.13) has only the CUDA scaler; disabled,
+    # it is a pass-through on any device.
+    return torch.cuda.amp.GradScaler(enabled=enabled)
+
+
+def autocast_supported(device: torch.device, dtype: torch.dtype) -> bool:
+    """Older CPU autocast (torch 1.13) takes only bf16: for fp16 it raises or
+    silently disables itself, which would time fp32 under an fp16 label."""
+    if device.type != "cpu":
+        return True
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            with torch.autocast("cpu", dtype=dtype):
+                return torch.is_autocast_cpu_enabled()
+        except RuntimeError:  # newer 1.x raises where older ones warned
+            return False
+
+
 def time_precision(precision: str, device: torch.device, steps: int, warmup: int) -> float:
     torch.manual_seed(0)
     model = make_model(device)  # fp32 master weights, as ampd keeps them
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     dtype = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
-    scaler = torch.amp.GradScaler(device.type, enabled=(precision == "fp16"))
+    scaler = make_scaler(device, enabled=(precision == "fp16"))
     x = torch.randn(BATCH, WIDTH, device=device)
     y = torch.randn(BATCH, WIDTH, device=device)
     loss_fn = nn.MSELoss()
@@ -50,7 +74,11 @@ def time_precision(precision: str, device: torch.device, steps: int, warmup: int
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+        # fp32: no autocast context at all (torch 1.13's CPU autocast rejects
+        # a float32 dtype even when disabled).
+        autocast = (torch.autocast(device.type, dtype=dtype) if dtype is not None
+                    else contextlib.nullcontext())
+        with autocast:
             loss = loss_fn(model(x), y)
         scaler.scale(loss).backward()
         scaler.step(opt)
@@ -67,7 +95,11 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="CPU threads for torch (torch.set_num_threads); 0 keeps its default")
     args = parser.parse_args()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("amp_mlp.py: no CUDA device visible; pass --device cpu to time on the CPU",
@@ -76,11 +108,14 @@ def main() -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"device: {name}  torch {torch.__version__}")
+    print(f"device: {name}  torch {torch.__version__}  threads {torch.get_num_threads()}")
     print(f"MLP {LAYERS} x Linear({WIDTH}) + GELU, batch {BATCH}, MSE, AdamW")
     for precision in ("fp32", "fp16", "bf16"):
         if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
             print(f"{precision}: not supported on this device")
+            continue
+        if precision == "fp16" and not autocast_supported(device, torch.float16):
+            print(f"{precision}: autocast does not support it on {device.type} in this torch")
             continue
         median = time_precision(precision, device, args.steps, args.warmup)
         print(f"{precision}: median step {median * 1e3:.3f} ms over {args.steps} steps")

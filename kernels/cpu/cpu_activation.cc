@@ -2,7 +2,7 @@
 // PyTorch's default approximate='none', evaluated through erfc) and Tanh. Same dtype and shape in
 // and out; math in fp32, one rounding per stored element. In-place use
 // (y aliasing x, dx aliasing dy) is safe: each element is read before it is
-// written.
+// written. The elements are split over the backend's thread pool.
 #include <cmath>
 
 #include "kernels/cpu/cpu_internal.h"
@@ -73,45 +73,50 @@ void BackwardLoop(const typename Tag::Storage* x, const typename Tag::Storage* d
 
 }  // namespace
 
-absl::Status ActivationForward(Activation act, const Tensor& x, Tensor& y) {
+absl::Status ActivationForward(ThreadPool& pool, Activation act, const Tensor& x, Tensor& y) {
   if (absl::Status s = ValidateActivationForward(act, x, y); !s.ok()) return s;
   return VisitFloat(x.dtype(), [&](auto tag) {
     using Tag = decltype(tag);
     const auto* in = Ptr<Tag>(x);
     auto* out = Ptr<Tag>(y);
-    switch (act) {
-      case Activation::kReLU:
-        ForwardLoop<Tag, Activation::kReLU>(in, out, x.numel());
-        break;
-      case Activation::kGELU:
-        ForwardLoop<Tag, Activation::kGELU>(in, out, x.numel());
-        break;
-      case Activation::kTanh:
-        ForwardLoop<Tag, Activation::kTanh>(in, out, x.numel());
-        break;
-    }
+    pool.ParallelFor(x.numel(), kElementwiseGrain, [&](int64_t b, int64_t e) {
+      switch (act) {
+        case Activation::kReLU:
+          ForwardLoop<Tag, Activation::kReLU>(in + b, out + b, e - b);
+          break;
+        case Activation::kGELU:
+          ForwardLoop<Tag, Activation::kGELU>(in + b, out + b, e - b);
+          break;
+        case Activation::kTanh:
+          ForwardLoop<Tag, Activation::kTanh>(in + b, out + b, e - b);
+          break;
+      }
+    });
     return absl::OkStatus();
   });
 }
 
-absl::Status ActivationBackward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) {
+absl::Status ActivationBackward(ThreadPool& pool, Activation act, const Tensor& x, const Tensor& dy,
+                                Tensor& dx) {
   if (absl::Status s = ValidateActivationBackward(act, x, dy, dx); !s.ok()) return s;
   return VisitFloat(x.dtype(), [&](auto tag) {
     using Tag = decltype(tag);
     const auto* in = Ptr<Tag>(x);
     const auto* grad_out = Ptr<Tag>(dy);
     auto* grad_in = Ptr<Tag>(dx);
-    switch (act) {
-      case Activation::kReLU:
-        BackwardLoop<Tag, Activation::kReLU>(in, grad_out, grad_in, x.numel());
-        break;
-      case Activation::kGELU:
-        BackwardLoop<Tag, Activation::kGELU>(in, grad_out, grad_in, x.numel());
-        break;
-      case Activation::kTanh:
-        BackwardLoop<Tag, Activation::kTanh>(in, grad_out, grad_in, x.numel());
-        break;
-    }
+    pool.ParallelFor(x.numel(), kElementwiseGrain, [&](int64_t b, int64_t e) {
+      switch (act) {
+        case Activation::kReLU:
+          BackwardLoop<Tag, Activation::kReLU>(in + b, grad_out + b, grad_in + b, e - b);
+          break;
+        case Activation::kGELU:
+          BackwardLoop<Tag, Activation::kGELU>(in + b, grad_out + b, grad_in + b, e - b);
+          break;
+        case Activation::kTanh:
+          BackwardLoop<Tag, Activation::kTanh>(in + b, grad_out + b, grad_in + b, e - b);
+          break;
+      }
+    });
     return absl::OkStatus();
   });
 }

@@ -9,6 +9,10 @@
 
 namespace ampd::kernels {
 
+// A backend whose ops split their work over ThreadPool::DefaultThreads()
+// threads, or over `threads` (>= 1). Results are the same bits whatever
+// the thread count.
 std::unique_ptr<Backend> CreateCpuBackend();
+std::unique_ptr<Backend> CreateCpuBackend(int threads);
 
 }  // namespace ampd::kernels

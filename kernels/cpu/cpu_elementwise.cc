@@ -1,21 +1,26 @@
 // Elementwise and broadcast ops: Fill, Cast between float dtypes, the
 // same-shape Add (residuals, the step's loss sum), the Linear layer's bias
 // add and its gradient. Every value is computed in fp32 and rounded once to
-// the destination dtype.
+// the destination dtype. Each op splits its elements (rows, for AddBias;
+// columns, for BiasGrad) over the backend's thread pool; no element's
+// arithmetic depends on the split.
+#include <algorithm>
 #include <vector>
 
 #include "kernels/cpu/cpu_internal.h"
 
 namespace ampd::kernels::cpu {
 
-absl::Status Fill(Tensor& dst, float value) {
+absl::Status Fill(ThreadPool& pool, Tensor& dst, float value) {
   if (absl::Status s = ValidateFill(dst); !s.ok()) return s;
   return VisitFloat(dst.dtype(), [&](auto tag) {
     using Tag = decltype(tag);
     // Round once, then replicate the stored pattern.
     const typename Tag::Storage stored = Tag::Store(value);
     auto* out = Ptr<Tag>(dst);
-    for (int64_t i = 0; i < dst.numel(); ++i) out[i] = stored;
+    pool.ParallelFor(dst.numel(), kElementwiseGrain, [&](int64_t begin, int64_t end) {
+      std::fill(out + begin, out + end, stored);
+    });
     return absl::OkStatus();
   });
 }
@@ -29,7 +34,7 @@ void CastLoop(const typename SrcTag::Storage* src, typename DstTag::Storage* dst
 
 }  // namespace
 
-absl::Status Cast(const Tensor& src, Tensor& dst) {
+absl::Status Cast(ThreadPool& pool, const Tensor& src, Tensor& dst) {
   if (absl::Status s = ValidateCast(src, dst); !s.ok()) return s;
   // Widening is exact and narrowing rounds once; fp16 <-> bf16 goes through
   // fp32, which holds both exactly, so it too is a single rounding.
@@ -37,13 +42,17 @@ absl::Status Cast(const Tensor& src, Tensor& dst) {
     using SrcTag = decltype(src_tag);
     return VisitFloat(dst.dtype(), [&](auto dst_tag) {
       using DstTag = decltype(dst_tag);
-      CastLoop<SrcTag, DstTag>(Ptr<SrcTag>(src), Ptr<DstTag>(dst), src.numel());
+      const auto* in = Ptr<SrcTag>(src);
+      auto* out = Ptr<DstTag>(dst);
+      pool.ParallelFor(src.numel(), kElementwiseGrain, [&](int64_t begin, int64_t end) {
+        CastLoop<SrcTag, DstTag>(in + begin, out + begin, end - begin);
+      });
       return absl::OkStatus();
     });
   });
 }
 
-absl::Status Add(const Tensor& x, Tensor& y) {
+absl::Status Add(ThreadPool& pool, const Tensor& x, Tensor& y) {
   if (absl::Status s = ValidateAdd(x, y); !s.ok()) return s;
   // Both loads are exact widenings, so the only rounding is the fp32 add
   // and the store into y's dtype, whatever mix of dtypes x and y are.
@@ -54,15 +63,17 @@ absl::Status Add(const Tensor& x, Tensor& y) {
       const auto* in = Ptr<XTag>(x);  // same shape as y
       auto* out = Ptr<YTag>(y);
       // x may be y itself (y = 2y): each element is read before it is written.
-      for (int64_t i = 0; i < y.numel(); ++i) {
-        out[i] = YTag::Store(XTag::Load(in[i]) + YTag::Load(out[i]));
-      }
+      pool.ParallelFor(y.numel(), kElementwiseGrain, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          out[i] = YTag::Store(XTag::Load(in[i]) + YTag::Load(out[i]));
+        }
+      });
       return absl::OkStatus();
     });
   });
 }
 
-absl::Status AddBias(const Tensor& bias, Tensor& y) {
+absl::Status AddBias(ThreadPool& pool, const Tensor& bias, Tensor& y) {
   if (absl::Status s = ValidateAddBias(bias, y); !s.ok()) return s;
   const int64_t rows = y.dim(0);  // N
   const int64_t cols = y.dim(1);  // C
@@ -78,30 +89,40 @@ absl::Status AddBias(const Tensor& bias, Tensor& y) {
   return VisitFloat(y.dtype(), [&](auto tag) {
     using Tag = decltype(tag);
     auto* out = Ptr<Tag>(y);  // (N, C)
-    for (int64_t n = 0; n < rows; ++n) {
-      auto* row = out + n * cols;
-      for (int64_t c = 0; c < cols; ++c) {
-        row[c] = Tag::Store(Tag::Load(row[c]) + b[static_cast<size_t>(c)]);
+    const int64_t rows_per_chunk =
+        std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(cols, 1));
+    pool.ParallelFor(rows, rows_per_chunk, [&](int64_t first, int64_t last) {
+      for (int64_t n = first; n < last; ++n) {
+        auto* row = out + n * cols;
+        for (int64_t c = 0; c < cols; ++c) {
+          row[c] = Tag::Store(Tag::Load(row[c]) + b[static_cast<size_t>(c)]);
+        }
       }
-    }
+    });
     return absl::OkStatus();
   });
 }
 
-absl::Status BiasGrad(const Tensor& dy, float beta, Tensor& dbias) {
+absl::Status BiasGrad(ThreadPool& pool, const Tensor& dy, float beta, Tensor& dbias) {
   if (absl::Status s = ValidateBiasGrad(dy, dbias); !s.ok()) return s;
   const int64_t rows = dy.dim(0);  // N
   const int64_t cols = dy.dim(1);  // C
   // Column sums in fp32, rows added in order 0..N-1 for every column (the
   // row-outer loop keeps the reads contiguous without changing that order).
+  // Threads take blocks of whole columns, so each column's order is kept.
   std::vector<float> sum(static_cast<size_t>(cols), 0.0f);  // (C)
+  constexpr int64_t kColumnsPerChunk = 256;                 // 1 KiB of fp32 per row read
+  const int64_t column_grain =
+      rows * cols < kElementwiseGrain ? std::max<int64_t>(cols, 1) : kColumnsPerChunk;
   absl::Status summed = VisitFloat(dy.dtype(), [&](auto tag) {
     using Tag = decltype(tag);
     const auto* in = Ptr<Tag>(dy);  // (N, C)
-    for (int64_t n = 0; n < rows; ++n) {
-      const auto* row = in + n * cols;
-      for (int64_t c = 0; c < cols; ++c) sum[static_cast<size_t>(c)] += Tag::Load(row[c]);
-    }
+    pool.ParallelFor(cols, column_grain, [&](int64_t c0, int64_t c1) {
+      for (int64_t n = 0; n < rows; ++n) {
+        const auto* row = in + n * cols;
+        for (int64_t c = c0; c < c1; ++c) sum[static_cast<size_t>(c)] += Tag::Load(row[c]);
+      }
+    });
     return absl::OkStatus();
   });
   if (!summed.ok()) return summed;

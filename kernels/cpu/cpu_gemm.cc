@@ -2,7 +2,9 @@
 // F32 inputs go straight to BLAS. F16/BF16 inputs are widened to fp32
 // (exact), multiplied with fp32 accumulation, and the finished value
 // alpha * sum + beta * c is rounded once to c's dtype: the tensor-core
-// contract (fp16 in, fp32 accumulate, one rounding on the store).
+// contract (fp16 in, fp32 accumulate, one rounding on the store). BLAS
+// threads the product itself; the widening and the rounding store are split
+// over the backend's thread pool.
 #include <cblas.h>
 
 #include <vector>
@@ -20,14 +22,16 @@ std::vector<float>& Scratch(int which) {
 }
 
 // Widens a float tensor of any dtype into fp32 scratch.
-float* Widen(const Tensor& t, int which) {
+float* Widen(ThreadPool& pool, const Tensor& t, int which) {
   std::vector<float>& buf = Scratch(which);
   buf.resize(static_cast<size_t>(t.numel()));
   float* out = buf.data();
   (void)VisitFloat(t.dtype(), [&](auto tag) {
     using Tag = decltype(tag);
     const auto* in = Ptr<Tag>(t);
-    for (int64_t i = 0; i < t.numel(); ++i) out[i] = Tag::Load(in[i]);
+    pool.ParallelFor(t.numel(), kElementwiseGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) out[i] = Tag::Load(in[i]);
+    });
     return absl::OkStatus();
   });
   return out;
@@ -35,8 +39,8 @@ float* Widen(const Tensor& t, int which) {
 
 }  // namespace
 
-absl::Status Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
-                  float beta, Tensor& c) {
+absl::Status Gemm(ThreadPool& pool, bool trans_a, bool trans_b, float alpha, const Tensor& a,
+                  const Tensor& b, float beta, Tensor& c) {
   if (absl::Status s = ValidateGemm(trans_a, trans_b, a, b, c); !s.ok()) return s;
   // op(a): (M, K), op(b): (K, N), c: (M, N).
   const int64_t m = trans_a ? a.dim(1) : a.dim(0);
@@ -54,8 +58,8 @@ absl::Status Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, cons
   const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
 
   const bool inputs_f32 = a.dtype() == DType::kF32;
-  const float* pa = inputs_f32 ? a.data_as<float>() : Widen(a, 0);
-  const float* pb = inputs_f32 ? b.data_as<float>() : Widen(b, 1);
+  const float* pa = inputs_f32 ? a.data_as<float>() : Widen(pool, a, 0);
+  const float* pb = inputs_f32 ? b.data_as<float>() : Widen(pool, b, 1);
 
   // k == 0: the product is empty and c = beta * c; BLAS rejects lda == 0,
   // so handle it here. Likewise beta == 0 never reads c (BLAS convention:
@@ -77,7 +81,7 @@ absl::Status Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, cons
   // when beta != 0), then round the finished value once.
   float* acc;
   if (beta != 0.0f) {
-    acc = Widen(c, 2);
+    acc = Widen(pool, c, 2);
   } else {
     std::vector<float>& buf = Scratch(2);
     buf.resize(static_cast<size_t>(c.numel()));
@@ -87,7 +91,9 @@ absl::Status Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, cons
   return VisitFloat(c.dtype(), [&](auto tag) {
     using Tag = decltype(tag);
     auto* out = Ptr<Tag>(c);  // (M, N)
-    for (int64_t i = 0; i < m * n; ++i) out[i] = Tag::Store(acc[i]);
+    pool.ParallelFor(m * n, kElementwiseGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) out[i] = Tag::Store(acc[i]);
+    });
     return absl::OkStatus();
   });
 }

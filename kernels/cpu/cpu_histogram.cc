@@ -4,8 +4,11 @@
 // 2^-30, then one octave each from [2^-30, 2^-29) to [2^19, 2^20), and the
 // last |g| >= 2^20 together with inf and NaN. The octave is read from the
 // fp32 exponent field, which is exact (no log2 rounding at bin edges).
+// Chunks of each gradient are counted on the backend's thread pool into
+// local bins and added to the totals with atomic integer adds, which are
+// exact in any order.
+#include <atomic>
 #include <bit>
-#include <vector>
 
 #include "kernels/cpu/cpu_internal.h"
 
@@ -30,13 +33,23 @@ void Count(const typename Tag::Storage* g, int64_t n, int64_t* bins) {
 
 }  // namespace
 
-absl::Status GradLog2Histogram(absl::Span<const Tensor* const> grads, Tensor& counts) {
+absl::Status GradLog2Histogram(ThreadPool& pool, absl::Span<const Tensor* const> grads,
+                               Tensor& counts) {
   if (absl::Status s = ValidateGradLog2Histogram(grads, counts); !s.ok()) return s;
   int64_t* bins = counts.data_as<int64_t>();  // (kGradHistogramBins)
   for (const Tensor* grad : grads) {
     absl::Status s = VisitFloat(grad->dtype(), [&](auto tag) {
       using Tag = decltype(tag);
-      Count<Tag>(Ptr<Tag>(*grad), grad->numel(), bins);
+      const auto* g = Ptr<Tag>(*grad);
+      pool.ParallelFor(grad->numel(), 4 * kElementwiseGrain, [&](int64_t begin, int64_t end) {
+        int64_t local[kGradHistogramBins] = {};
+        Count<Tag>(g + begin, end - begin, local);
+        for (int b = 0; b < kGradHistogramBins; ++b) {
+          if (local[b] != 0) {
+            std::atomic_ref<int64_t>(bins[b]).fetch_add(local[b], std::memory_order_relaxed);
+          }
+        }
+      });
       return absl::OkStatus();
     });
     if (!s.ok()) return s;

@@ -14,6 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_parallel.h"
 #include "kernels/dtype.h"
 #include "kernels/float16.h"
 #include "kernels/op_checks.h"
@@ -124,17 +125,21 @@ inline absl::Status CheckIdsInRange(absl::string_view op, absl::string_view name
 
 // ---- ops (one family per file) ---------------------------------------------
 // cpu_elementwise.cc
-absl::Status Fill(Tensor& dst, float value);
-absl::Status Cast(const Tensor& src, Tensor& dst);
-absl::Status Add(const Tensor& x, Tensor& y);
-absl::Status AddBias(const Tensor& bias, Tensor& y);
-absl::Status BiasGrad(const Tensor& dy, float beta, Tensor& dbias);
+// The ops that take a ThreadPool split their work over it (cpu_parallel.h).
+absl::Status Fill(ThreadPool& pool, Tensor& dst, float value);
+absl::Status Cast(ThreadPool& pool, const Tensor& src, Tensor& dst);
+absl::Status Add(ThreadPool& pool, const Tensor& x, Tensor& y);
+absl::Status AddBias(ThreadPool& pool, const Tensor& bias, Tensor& y);
+absl::Status BiasGrad(ThreadPool& pool, const Tensor& dy, float beta, Tensor& dbias);
+// cpu_random.cc
+absl::Status FillRandom(ThreadPool& pool, Tensor& dst, const RandomFill& fill);
 // cpu_activation.cc
-absl::Status ActivationForward(Activation act, const Tensor& x, Tensor& y);
-absl::Status ActivationBackward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx);
+absl::Status ActivationForward(ThreadPool& pool, Activation act, const Tensor& x, Tensor& y);
+absl::Status ActivationBackward(ThreadPool& pool, Activation act, const Tensor& x, const Tensor& dy,
+                                Tensor& dx);
 // cpu_gemm.cc
-absl::Status Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
-                  float beta, Tensor& c);
+absl::Status Gemm(ThreadPool& pool, bool trans_a, bool trans_b, float alpha, const Tensor& a,
+                  const Tensor& b, float beta, Tensor& c);
 // cpu_layernorm.cc
 absl::Status LayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps,
                               Tensor& y, Tensor& mean, Tensor& rstd);
@@ -153,11 +158,12 @@ absl::Status CrossEntropyLoss(const Tensor& logits, const Tensor& labels, float 
 absl::Status UnscaleAndCheck(absl::Span<Tensor* const> grads, float inv_scale, bool in_place,
                              Tensor& found_inf, Tensor* norm_sq);
 // cpu_optimizer.cc
-absl::Status AdamUpdate(absl::Span<const ParamRef> params, const AdamConfig& config, int64_t step,
-                        const GradTransform& transform);
-absl::Status SgdUpdate(absl::Span<const ParamRef> params, const SgdConfig& config, bool first_step,
-                       const GradTransform& transform);
+absl::Status AdamUpdate(ThreadPool& pool, absl::Span<const ParamRef> params,
+                        const AdamConfig& config, int64_t step, const GradTransform& transform);
+absl::Status SgdUpdate(ThreadPool& pool, absl::Span<const ParamRef> params, const SgdConfig& config,
+                       bool first_step, const GradTransform& transform);
 // cpu_histogram.cc
-absl::Status GradLog2Histogram(absl::Span<const Tensor* const> grads, Tensor& counts);
+absl::Status GradLog2Histogram(ThreadPool& pool, absl::Span<const Tensor* const> grads,
+                               Tensor& counts);
 
 }  // namespace ampd::kernels::cpu

@@ -3,9 +3,10 @@
 // torch.optim.Adam/AdamW or SGD to the fp32 master weights and state, and
 // recast the working copy. The skip decision (found_inf) and the clip
 // coefficient (norm_sq) are read from their device scalars here, so a
-// skipped step writes nothing at all.
+// skipped step writes nothing at all. One pass per parameter, split over
+// the backend's thread pool, reads the gradient and writes master, state and
+// working copy together.
 #include <cmath>
-#include <vector>
 
 #include "kernels/cpu/cpu_internal.h"
 
@@ -22,27 +23,29 @@ float ClipCoef(const GradTransform& tr) {
   return coef < 1.0f ? coef : 1.0f;
 }
 
-// g (n) fp32 = grad * inv_scale * clip_coef, evaluated left to right.
-void TransformGrad(const Tensor& grad, float inv_scale, float clip, std::vector<float>& g) {
-  g.resize(static_cast<size_t>(grad.numel()));
-  (void)VisitFloat(grad.dtype(), [&](auto tag) {
-    using Tag = decltype(tag);
-    const auto* in = Ptr<Tag>(grad);
-    for (int64_t i = 0; i < grad.numel(); ++i) {
-      g[static_cast<size_t>(i)] = Tag::Load(in[i]) * inv_scale * clip;
-    }
-    return absl::OkStatus();
-  });
-}
-
-// working (n) = master rounded once to working's dtype.
-void Recast(const Tensor& master, Tensor& working) {
-  (void)VisitFloat(working.dtype(), [&](auto tag) {
-    using Tag = decltype(tag);
-    const float* w = master.data_as<float>();
-    auto* out = Ptr<Tag>(working);
-    for (int64_t i = 0; i < master.numel(); ++i) out[i] = Tag::Store(w[i]);
-    return absl::OkStatus();
+// Calls fn(g, i) for every element i of one parameter, split over the pool:
+// g = grad[i] * inv_scale * clip_coef (evaluated left to right), and fn
+// returns the new master value, which is then rounded once into the working
+// copy when there is one. Each element's arithmetic is the same whatever
+// thread runs it.
+template <typename Fn>
+void ForEachParamElement(ThreadPool& pool, const ParamRef& p, float inv_scale, float clip,
+                         Fn&& fn) {
+  (void)VisitFloat(p.grad->dtype(), [&](auto grad_tag) {
+    using GradTag = decltype(grad_tag);
+    const auto* grad = Ptr<GradTag>(*p.grad);
+    const DType working_dtype = p.working != nullptr ? p.working->dtype() : DType::kF32;
+    return VisitFloat(working_dtype, [&](auto working_tag) {
+      using WorkingTag = decltype(working_tag);
+      auto* working = p.working != nullptr ? Ptr<WorkingTag>(*p.working) : nullptr;
+      pool.ParallelFor(p.master->numel(), kElementwiseGrain, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          const float w = fn(GradTag::Load(grad[i]) * inv_scale * clip, i);
+          if (working != nullptr) working[i] = WorkingTag::Store(w);
+        }
+      });
+      return absl::OkStatus();
+    });
   });
 }
 
@@ -50,8 +53,8 @@ bool Skip(const GradTransform& tr) { return tr.found_inf->data_as<float>()[0] !=
 
 }  // namespace
 
-absl::Status AdamUpdate(absl::Span<const ParamRef> params, const AdamConfig& config, int64_t step,
-                        const GradTransform& transform) {
+absl::Status AdamUpdate(ThreadPool& pool, absl::Span<const ParamRef> params,
+                        const AdamConfig& config, int64_t step, const GradTransform& transform) {
   // Everything is validated before anything is written.
   if (absl::Status s = ValidateAdamUpdate(params, step, transform); !s.ok()) return s;
   if (Skip(transform)) return absl::OkStatus();
@@ -71,15 +74,12 @@ absl::Status AdamUpdate(absl::Span<const ParamRef> params, const AdamConfig& con
   const float decay = 1.0f - config.lr * wd;  // AdamW's multiplicative decay
   const bool decoupled = config.decoupled_weight_decay;
 
-  std::vector<float> g;  // (n) transformed gradient
+  const float eps = config.eps;
   for (const ParamRef& p : params) {
-    TransformGrad(*p.grad, transform.inv_scale, clip, g);
     float* w = p.master->data_as<float>();
     float* m = p.state0->data_as<float>();
     float* v = p.state1->data_as<float>();
-    const int64_t n = p.master->numel();
-    for (int64_t i = 0; i < n; ++i) {
-      float gi = g[static_cast<size_t>(i)];
+    ForEachParamElement(pool, p, transform.inv_scale, clip, [&](float gi, int64_t i) {
       float wi = w[i];
       if (wd != 0.0f) {
         if (decoupled) {
@@ -90,19 +90,19 @@ absl::Status AdamUpdate(absl::Span<const ParamRef> params, const AdamConfig& con
       }
       const float mi = beta1 * m[i] + one_minus_beta1 * gi;
       const float vi = beta2 * v[i] + one_minus_beta2 * gi * gi;
-      const float denom = std::sqrt(vi) / bias_correction2_sqrt + config.eps;
+      const float denom = std::sqrt(vi) / bias_correction2_sqrt + eps;
       wi -= step_size * (mi / denom);
       m[i] = mi;
       v[i] = vi;
       w[i] = wi;
-    }
-    if (p.working != nullptr) Recast(*p.master, *p.working);
+      return wi;
+    });
   }
   return absl::OkStatus();
 }
 
-absl::Status SgdUpdate(absl::Span<const ParamRef> params, const SgdConfig& config, bool first_step,
-                       const GradTransform& transform) {
+absl::Status SgdUpdate(ThreadPool& pool, absl::Span<const ParamRef> params, const SgdConfig& config,
+                       bool first_step, const GradTransform& transform) {
   if (absl::Status s = ValidateSgdUpdate(params, config, transform); !s.ok()) return s;
   if (Skip(transform)) return absl::OkStatus();
 
@@ -112,24 +112,21 @@ absl::Status SgdUpdate(absl::Span<const ParamRef> params, const SgdConfig& confi
   const float wd = config.weight_decay;
   const float momentum = config.momentum;
   const float one_minus_dampening = 1.0f - config.dampening;
-  std::vector<float> g;  // (n) transformed gradient
+  const bool nesterov = config.nesterov;
   for (const ParamRef& p : params) {
-    TransformGrad(*p.grad, transform.inv_scale, clip, g);
     float* w = p.master->data_as<float>();
     float* buf = use_momentum ? p.state0->data_as<float>() : nullptr;
-    const int64_t n = p.master->numel();
-    for (int64_t i = 0; i < n; ++i) {
-      float gi = g[static_cast<size_t>(i)];
+    ForEachParamElement(pool, p, transform.inv_scale, clip, [&](float gi, int64_t i) {
       if (wd != 0.0f) gi += wd * w[i];
       if (use_momentum) {
         // PyTorch: the first step's buffer is a copy of g (no dampening).
         const float b = first_step ? gi : momentum * buf[i] + one_minus_dampening * gi;
         buf[i] = b;
-        gi = config.nesterov ? gi + momentum * b : b;
+        gi = nesterov ? gi + momentum * b : b;
       }
       w[i] -= lr * gi;
-    }
-    if (p.working != nullptr) Recast(*p.master, *p.working);
+      return w[i];
+    });
   }
   return absl::OkStatus();
 }

@@ -226,6 +226,12 @@ class CudaBackend final : public Backend {
     return LaunchFill(dst.data(), dst.dtype(), dst.numel(), value, stream());
   }
 
+  absl::Status FillRandom(Tensor& dst, const RandomFill& fill) override {
+    AMPD_RETURN_IF_ERROR(ValidateFillRandom(dst, fill));
+    AMPD_ENTER_DEVICE();
+    return LaunchFillRandom(dst.data_as<float>(), dst.numel(), fill, stream());
+  }
+
   absl::Status Cast(const Tensor& src, Tensor& dst) override {
     AMPD_RETURN_IF_ERROR(ValidateCast(src, dst));
     AMPD_ENTER_DEVICE();

@@ -104,6 +104,8 @@ struct SgdArgs {
 };
 
 absl::Status LaunchFill(void* dst, DType dtype, int64_t n, float value, cudaStream_t stream);
+// dst (n) F32 = Philox draws offset .. offset + n - 1 (kernels/philox.h).
+absl::Status LaunchFillRandom(float* dst, int64_t n, const RandomFill& fill, cudaStream_t stream);
 // y = alpha * y (used for GEMM with K == 0).
 absl::Status LaunchScale(void* y, DType dtype, int64_t n, float alpha, cudaStream_t stream);
 absl::Status LaunchCast(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n,

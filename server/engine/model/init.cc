@@ -1,36 +1,33 @@
-// Deterministic uniform/normal draws and PyTorch's default init bounds.
+// The RandomFill descriptions of PyTorch's default initialisation.
 #include "server/engine/model/init.h"
 
 #include <cmath>
 
 namespace ampd::engine::model {
 
-double InitRng::Uniform01() {
-  // Top 53 bits -> [0, 1) exactly representable in a double.
-  return static_cast<double>(engine_() >> 11) * 0x1.0p-53;
+float LinearInitBound(int64_t fan_in) {
+  return fan_in > 0 ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(fan_in))) : 0.0f;
 }
 
-float InitRng::Uniform(float lo, float hi) {
-  const double u = Uniform01();
-  return static_cast<float>(static_cast<double>(lo) +
-                            (static_cast<double>(hi) - static_cast<double>(lo)) * u);
+kernels::RandomFill LinearUniformInit(uint64_t seed, uint64_t stream, int64_t fan_in) {
+  const float bound = LinearInitBound(fan_in);
+  kernels::RandomFill f;
+  f.distribution = kernels::RandomDistribution::kUniform;
+  f.lo = -bound;
+  f.hi = bound;
+  f.seed = seed;
+  f.stream = stream;
+  return f;
 }
 
-float InitRng::Normal() {
-  constexpr double kTwoPi = 6.283185307179586476925286766559;
-  const double u1 = 1.0 - Uniform01();  // (0, 1]: log stays finite
-  const double u2 = Uniform01();
-  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(kTwoPi * u2));
-}
-
-void FillLinearUniform(InitRng& rng, int64_t fan_in, std::vector<float>& values) {
-  const float bound =
-      fan_in > 0 ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(fan_in))) : 0.0f;
-  for (float& v : values) v = rng.Uniform(-bound, bound);
-}
-
-void FillNormal(InitRng& rng, std::vector<float>& values) {
-  for (float& v : values) v = rng.Normal();
+kernels::RandomFill StandardNormalInit(uint64_t seed, uint64_t stream) {
+  kernels::RandomFill f;
+  f.distribution = kernels::RandomDistribution::kNormal;
+  f.mean = 0.0f;
+  f.stddev = 1.0f;
+  f.seed = seed;
+  f.stream = stream;
+  return f;
 }
 
 }  // namespace ampd::engine::model

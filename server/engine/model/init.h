@@ -1,37 +1,25 @@
-// PyTorch's default parameter initialisation, driven by a deterministic RNG
-// of our own: std::mt19937_64's output sequence is fixed by the standard,
-// but std::uniform_real_distribution and std::normal_distribution are not,
-// so the distributions are written here and a seed gives the same weights
-// with every standard library.
+// PyTorch's default parameter initialisation as counter-based random fills
+// (kernels::RandomFill, Philox4x32-10): each parameter tensor draws from its
+// own stream of the job's seed, so the backend fills every element
+// independently (all CPU threads, or one CUDA thread per draw, straight into
+// device memory) and a seed gives the same weights on every backend and
+// with any thread count.
 #pragma once
 
 #include <cstdint>
-#include <random>
-#include <vector>
+
+#include "kernels/backend.h"
 
 namespace ampd::engine::model {
 
-class InitRng {
- public:
-  explicit InitRng(uint64_t seed) : engine_(seed) {}
-
-  // Uniform in [0, 1) with 53 random bits.
-  double Uniform01();
-  // Uniform in [lo, hi), rounded to float.
-  float Uniform(float lo, float hi);
-  // Standard normal by Box-Muller (one draw per call, the sine half unused so
-  // the sequence does not depend on call parity).
-  float Normal();
-
- private:
-  std::mt19937_64 engine_;
-};
-
 // torch.nn.Linear.reset_parameters: kaiming_uniform_(a=sqrt(5)) on the
 // weight gives bound sqrt(6 / ((1 + a^2) fan_in)) = 1/sqrt(fan_in), and the
-// bias is uniform in the same +-1/sqrt(fan_in).
-void FillLinearUniform(InitRng& rng, int64_t fan_in, std::vector<float>& values);
+// bias is uniform in the same +-1/sqrt(fan_in). fan_in 0 gives bound 0.
+float LinearInitBound(int64_t fan_in);
+
+// Uniform in [-LinearInitBound(fan_in), LinearInitBound(fan_in)).
+kernels::RandomFill LinearUniformInit(uint64_t seed, uint64_t stream, int64_t fan_in);
 // torch.nn.Embedding: N(0, 1).
-void FillNormal(InitRng& rng, std::vector<float>& values);
+kernels::RandomFill StandardNormalInit(uint64_t seed, uint64_t stream);
 
 }  // namespace ampd::engine::model

@@ -4,8 +4,6 @@
 #include "server/engine/model/layers.h"
 
 #include <algorithm>
-#include <functional>
-#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -84,15 +82,21 @@ Model::Model(const ModelSpec& spec, Precision precision, kernels::Backend& backe
       precision_(precision) {}
 
 absl::Status Model::AddParameter(int64_t layer, const char* suffix, const kernels::Shape& shape,
-                                 const std::function<void(std::vector<float>&)>& init) {
+                                 ParamInit init) {
   Parameter p;
   p.name = absl::StrCat("model.", layer, ".", suffix);
-  // The backend tensors first: their allocation reports failure as a Status,
-  // so a parameter too large for the device is refused before the host
-  // staging vector below is ever asked for.
+  // Everything is drawn on the backend, straight into the master: no host
+  // staging vector, so a parameter too large for the device is refused by
+  // its allocation's Status and nothing on the host grows with it.
   absl::StatusOr<Tensor> master = backend_.Allocate(DType::kF32, shape);
   if (!master.ok()) return master.status();
   p.master = *std::move(master);
+  if (init.random) {
+    init.fill.stream = params_.size();
+    AMPD_RETURN_IF_ERROR(backend_.FillRandom(p.master, init.fill));
+  } else {
+    AMPD_RETURN_IF_ERROR(backend_.Fill(p.master, init.value));
+  }
   if (working_dtype_ != DType::kF32) {
     absl::StatusOr<Tensor> working = backend_.Allocate(working_dtype_, shape);
     if (!working.ok()) return working.status();
@@ -101,16 +105,6 @@ absl::Status Model::AddParameter(int64_t layer, const char* suffix, const kernel
   absl::StatusOr<Tensor> grad = backend_.Allocate(working_dtype_, shape);
   if (!grad.ok()) return grad.status();
   p.grad = *std::move(grad);
-  std::vector<float> values;
-  try {
-    values.resize(static_cast<size_t>(p.master.numel()));
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        p.name, ": cannot allocate ", p.master.nbytes(), " bytes of host memory to initialise it"));
-  }
-  init(values);
-  AMPD_RETURN_IF_ERROR(
-      backend_.CopyFromHost(values.data(), values.size() * sizeof(float), p.master));
   parameter_count_ += p.master.numel();
   params_.push_back(std::move(p));
   return absl::OkStatus();
@@ -120,7 +114,6 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, Prec
                                                      uint64_t seed, kernels::Backend& backend) {
   AMPD_RETURN_IF_ERROR(ValidateModelSpec(spec));
   std::unique_ptr<Model> m(new Model(spec, precision, backend));
-  InitRng rng(seed);
   int64_t width = InputFeatures(spec);
   m->widths_.push_back(width);
   for (size_t i = 0; i < spec.layers.size(); ++i) {
@@ -129,7 +122,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, Prec
     LayerParams lp;
     switch (l.kind) {
       case LayerKind::kLinear: {
-        auto uniform = [&](std::vector<float>& v) { FillLinearUniform(rng, l.in_features, v); };
+        const ParamInit uniform{true, LinearUniformInit(seed, 0, l.in_features)};
         lp.weight = static_cast<int>(m->params_.size());
         AMPD_RETURN_IF_ERROR(
             m->AddParameter(idx, "weight", {l.out_features, l.in_features}, uniform));
@@ -142,14 +135,13 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, Prec
       }
       case LayerKind::kLayerNorm:
         if (l.elementwise_affine) {
+          ParamInit constant;
+          constant.value = 1.0f;
           lp.weight = static_cast<int>(m->params_.size());
-          AMPD_RETURN_IF_ERROR(
-              m->AddParameter(idx, "weight", {l.normalized_shape},
-                              [](std::vector<float>& v) { std::fill(v.begin(), v.end(), 1.0f); }));
+          AMPD_RETURN_IF_ERROR(m->AddParameter(idx, "weight", {l.normalized_shape}, constant));
+          constant.value = 0.0f;
           lp.bias = static_cast<int>(m->params_.size());
-          AMPD_RETURN_IF_ERROR(
-              m->AddParameter(idx, "bias", {l.normalized_shape},
-                              [](std::vector<float>& v) { std::fill(v.begin(), v.end(), 0.0f); }));
+          AMPD_RETURN_IF_ERROR(m->AddParameter(idx, "bias", {l.normalized_shape}, constant));
         }
         width = l.normalized_shape;
         if (lp.weight >= 0) m->plus_equal_grads_.push_back(lp.weight);
@@ -158,7 +150,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, Prec
       case LayerKind::kEmbedding: {
         lp.weight = static_cast<int>(m->params_.size());
         AMPD_RETURN_IF_ERROR(m->AddParameter(idx, "weight", {l.num_embeddings, l.embedding_dim},
-                                             [&](std::vector<float>& v) { FillNormal(rng, v); }));
+                                             ParamInit{true, StandardNormalInit(seed, 0)}));
         width = l.embedding_dim;
         m->plus_equal_grads_.push_back(lp.weight);
         break;

@@ -59,9 +59,10 @@ absl::StatusOr<int64_t> WorkspaceBytes(const ModelSpec& spec, Precision precisio
 
 class Model {
  public:
-  // Builds the layers for a validated spec and initialises the masters from
-  // seed with PyTorch's default distributions (layer by layer, weight before
-  // bias, one RNG stream), then casts the working copy.
+  // Builds the layers for a validated spec and initialises the masters on
+  // the backend with PyTorch's default distributions: parameter k (in
+  // params() order: layer by layer, weight before bias) draws from Philox
+  // stream k of seed (init.h). Then casts the working copy.
   static absl::StatusOr<std::unique_ptr<Model>> Create(const ModelSpec& spec, Precision precision,
                                                        uint64_t seed, kernels::Backend& backend);
 
@@ -105,11 +106,19 @@ class Model {
     int bias = -1;
   };
 
+  // How a master starts: draws (fill, whose stream AddParameter sets to the
+  // parameter's index) or the constant value.
+  struct ParamInit {
+    bool random = false;
+    kernels::RandomFill fill;
+    float value = 0.0f;
+  };
+
   Model(const ModelSpec& spec, Precision precision, kernels::Backend& backend);
-  // Allocates the parameter's tensors, then fills a host vector with `init`
-  // (called once, in layer order, so the RNG stream is fixed) and uploads it.
+  // Allocates the parameter's tensors and initialises the master on the
+  // backend as `init` says.
   absl::Status AddParameter(int64_t layer, const char* suffix, const kernels::Shape& shape,
-                            const std::function<void(std::vector<float>&)>& init);
+                            ParamInit init);
   absl::Status AllocateWorkspace(int64_t rows, Workspace& ws);
 
   ModelSpec spec_;
