@@ -3,7 +3,6 @@
 // parameters together in the order SCALER.md's step needs.
 #include "server/engine/model/layers.h"
 
-#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
