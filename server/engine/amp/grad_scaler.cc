@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <set>
 #include <utility>
@@ -176,6 +177,18 @@ absl::Status PrefixState(const absl::Status& status) {
 }
 
 }  // namespace
+
+std::string FormatStateNumber(double v) {
+  char buf[64];
+  if (std::isfinite(v) && v == std::trunc(v) && std::fabs(v) < 9007199254740992.0) {
+    std::snprintf(buf, sizeof(buf), "%lld", static_cast<long long>(v));
+  } else if (static_cast<double>(static_cast<float>(v)) == v) {
+    std::snprintf(buf, sizeof(buf), "%.9g", v);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.17g", v);
+  }
+  return buf;
+}
 
 absl::StatusOr<double> ParseStateNumber(absl::string_view key, absl::string_view text) {
   if (!IsPlainDecimal(text)) {

@@ -136,6 +136,10 @@ using ScalerState = std::map<std::string, double>;
 // InvalidArgument whose message starts with `key` otherwise. Range and integrality per key are
 // LoadStateDict's.
 absl::StatusOr<double> ParseStateNumber(absl::string_view key, absl::string_view text);
+// The text a checkpoint stores for a state value, read back exactly by
+// ParseStateNumber: integers as integers, float32 values with 9 significant
+// digits (enough to round-trip any float32), anything else with 17.
+std::string FormatStateNumber(double v);
 
 class GradScaler {
  public:

@@ -48,7 +48,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -100,20 +99,6 @@ absl::Status ValidateStepInput(const model::ModelSpec& spec, const StepInput& in
         absl::StrCat("micro_batches[", i, "].targets")));
   }
   return absl::OkStatus();
-}
-
-// Exact decimal text: integers as integers, float32 values with 9
-// significant digits (enough to round-trip any float32), anything else 17.
-std::string FormatScalerValue(double v) {
-  char buf[64];
-  if (std::isfinite(v) && v == std::trunc(v) && std::fabs(v) < 9007199254740992.0) {
-    std::snprintf(buf, sizeof(buf), "%lld", static_cast<long long>(v));
-  } else if (static_cast<double>(static_cast<float>(v)) == v) {
-    std::snprintf(buf, sizeof(buf), "%.9g", v);
-  } else {
-    std::snprintf(buf, sizeof(buf), "%.17g", v);
-  }
-  return buf;
 }
 
 absl::StatusOr<int64_t> ParseCount(const checkpoint::StateDict& state, const std::string& key) {
@@ -379,7 +364,7 @@ absl::StatusOr<checkpoint::StateDict> Trainer::ExportState() const {
     }
   }
   for (const auto& [key, value] : m.scaler.StateDict()) {
-    state.metadata[absl::StrCat("scaler.", key)] = FormatScalerValue(value);
+    state.metadata[absl::StrCat("scaler.", key)] = amp::FormatStateNumber(value);
   }
   state.metadata["optimizer.step"] = absl::StrCat(m.optimizer.applied_steps());
   state.metadata["ampd.step"] = absl::StrCat(m.steps_run);
