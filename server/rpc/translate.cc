@@ -230,6 +230,9 @@ v1::Job JobToProto(const engine::JobSnapshot& snapshot) {
   job.set_step(snapshot.step);
   job.set_applied_steps(snapshot.applied_steps);
   job.set_loss_scale(snapshot.loss_scale);
+  job.mutable_scaler_counters()->set_growth_tracker(snapshot.scaler_counters.growth_tracker);
+  job.mutable_scaler_counters()->set_overflows_until_backoff(
+      snapshot.scaler_counters.overflows_until_backoff);
   job.set_parameter_count(snapshot.parameter_count);
   job.set_estimated_bytes(snapshot.estimated_bytes);
   job.set_request_id(snapshot.request_id);
@@ -282,6 +285,9 @@ void StepReportToProto(const engine::StepReport& r, v1::StepResponse* response) 
   response->set_skipped(r.scaler.skipped);
   response->set_scale_grew(r.scaler.grew);
   response->set_scale_backed_off(r.scaler.backed_off);
+  response->mutable_scaler_counters()->set_growth_tracker(r.scaler.counters.growth_tracker);
+  response->mutable_scaler_counters()->set_overflows_until_backoff(
+      r.scaler.counters.overflows_until_backoff);
   if (r.grad_norm.has_value()) response->set_grad_norm(*r.grad_norm);
   v1::PhaseTimings* t = response->mutable_timings();
   t->set_forward_seconds(r.seconds.forward);

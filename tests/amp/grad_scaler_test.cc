@@ -375,6 +375,68 @@ TEST(Megatron, HysteresisTrackerAndGrowthTracker) {
                {"hysteresis_tracker", {2, 2, 1, 0, -1, -1, -1, 2, 1, 1, 0}}});
 }
 
+// The counters predict the scaler, whatever its policy and history: from
+// any point, exactly overflows_until_backoff overflows in a row back the
+// scale off (at the last of them), and exactly growth_interval -
+// growth_tracker clean steps in a row grow it.
+TEST(Counters, PredictTheNextBackoffAndGrowthForEveryPolicy) {
+  for (const ScalerPolicy policy : {ScalerPolicy::kPyTorch, ScalerPolicy::kPaddle,
+                                    ScalerPolicy::kDeepSpeed, ScalerPolicy::kMegatron}) {
+    for (const int64_t hysteresis : {1, 2, 3}) {
+      for (const bool consecutive : {false, true}) {
+        if (policy != ScalerPolicy::kDeepSpeed && consecutive) continue;
+        if (policy == ScalerPolicy::kPyTorch && hysteresis != 1) continue;
+        ScalerConfig c = ScalerConfig::Defaults(policy);
+        c.init_scale = 1048576;
+        c.growth_interval = 4;
+        c.hysteresis = hysteresis;
+        c.consecutive_hysteresis = consecutive;
+        GradScaler s = MakeScaler(c);
+        uint64_t state = 12345;
+        for (int step = 0; step < 40; ++step) {
+          SCOPED_TRACE(testing::Message() << PolicyName(policy) << " hysteresis " << hysteresis
+                                          << " consecutive " << consecutive << " step " << step);
+          const ScalerCounters counters = s.counters();
+          GradScaler overflowing = s;
+          int64_t overflows = 0;
+          float before = overflowing.scale();
+          do {
+            Step(overflowing, I);
+            ++overflows;
+          } while (overflowing.scale() == before && overflows < 10);
+          EXPECT_EQ(overflows, counters.overflows_until_backoff);
+          GradScaler clean = s;
+          int64_t good = 0;
+          before = clean.scale();
+          do {
+            Step(clean, G);
+            ++good;
+          } while (clean.scale() == before && good < 10);
+          EXPECT_EQ(good, c.growth_interval - counters.growth_tracker);
+          state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+          const ScalerUpdate update = Step(s, (state >> 33) % 3 == 0);
+          EXPECT_EQ(update.counters.growth_tracker, s.counters().growth_tracker);
+          EXPECT_EQ(update.counters.overflows_until_backoff,
+                    s.counters().overflows_until_backoff);
+        }
+      }
+    }
+  }
+}
+
+TEST(Counters, ZeroWhenTheScaleCannotMove) {
+  for (const ScalerPolicy policy : {ScalerPolicy::kPyTorch, ScalerPolicy::kPaddle,
+                                    ScalerPolicy::kDeepSpeed, ScalerPolicy::kMegatron}) {
+    ScalerConfig c = ScalerConfig::Defaults(policy);
+    c.dynamic = false;
+    GradScaler s = MakeScaler(c);
+    Step(s, G);
+    Step(s, I);
+    EXPECT_EQ(s.counters().growth_tracker, 0) << PolicyName(policy);
+    EXPECT_EQ(s.counters().overflows_until_backoff, 0) << PolicyName(policy);
+  }
+}
+
 TEST(Megatron, FloorsAtMinScaleWithoutError) {
   ScalerConfig c = ScalerConfig::Defaults(ScalerPolicy::kMegatron);
   c.init_scale = 4;

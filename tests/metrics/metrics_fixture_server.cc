@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
   step.step = 1;
   step.applied_steps = 1;
   step.loss = 0.75f;
-  step.scaler = {.scale_before = 65536, .scale_after = 65536};
+  step.scaler = {.scale_before = 65536, .scale_after = 65536, .counters = {}};
   step.grad_norm = 2.0f;
   step.seconds = {
       .forward = 0.002, .backward = 0.004, .unscale = 0.001, .optimizer = 0.001, .total = 0.008};
@@ -43,7 +43,8 @@ int main(int argc, char** argv) {
                  .scale_after = 32768,
                  .found_inf = true,
                  .skipped = true,
-                 .backed_off = true};
+                 .backed_off = true,
+                 .counters = {}};
   step.grad_norm.reset();
   metrics.OnStep("fixture-job", step);
 

@@ -73,7 +73,7 @@ StepReport NormalStep(int64_t step, float scale) {
   report.step = step;
   report.applied_steps = step;
   report.loss = 0.5f;
-  report.scaler = {.scale_before = scale, .scale_after = scale};
+  report.scaler = {.scale_before = scale, .scale_after = scale, .counters = {}};
   report.grad_norm = 1.25f;
   report.seconds = {
       .forward = 0.002, .backward = 0.003, .unscale = 0.0005, .optimizer = 0.001, .total = 0.0065};
@@ -89,7 +89,8 @@ StepReport OverflowStep(int64_t step, int64_t applied, float scale_before) {
                    .scale_after = scale_before / 2,
                    .found_inf = true,
                    .skipped = true,
-                   .backed_off = true};
+                   .backed_off = true,
+                   .counters = {}};
   report.grad_norm.reset();  // the norm is not computed once found_inf is set
   return report;
 }

@@ -601,6 +601,44 @@ TEST_F(ServiceTest, GetJobReportsTheLastAppliedGradNorm) {
   EXPECT_EQ(job.grad_norm(), response.grad_norm());
 }
 
+// The scaler's counters travel with every step and GetJob: a deepspeed job
+// with hysteresis 2 absorbs one overflow (2 -> 1 until backoff) without
+// backing off, and counts clean steps toward its window.
+TEST_F(ServiceTest, StepsAndGetJobReportTheScalerCounters) {
+  Start();
+  v1::CreateJobRequest request = JobRequest(1);
+  v1::ScalerConfig* scaler = request.mutable_config()->mutable_scaler();
+  scaler->set_policy(v1::SCALER_POLICY_DEEPSPEED);
+  scaler->set_init_scale(1);
+  scaler->set_min_scale(1.0 / 1024);
+  scaler->set_hysteresis(2);
+  absl::StatusOr<v1::Job> created = client_->CreateJob(request);
+  ASSERT_TRUE(created.ok()) << created.status();
+  const std::string id = created->job_id();
+  EXPECT_EQ(created->scaler_counters().growth_tracker(), 0);
+  EXPECT_EQ(created->scaler_counters().overflows_until_backoff(), 2);
+  v1::StepResponse response;
+  ASSERT_TRUE(RawStep(StepRequest(id, 1), &response).ok());
+  ASSERT_FALSE(response.skipped());
+  EXPECT_EQ(response.scaler_counters().growth_tracker(), 1);
+  EXPECT_EQ(response.scaler_counters().overflows_until_backoff(), 2);
+  v1::StepRequest overflow = StepRequest(id, 2);
+  {
+    std::string* data = overflow.mutable_micro_batches(0)->mutable_targets()->mutable_data();
+    const float inf = std::numeric_limits<float>::infinity();
+    std::memcpy(data->data(), &inf, sizeof(float));
+  }
+  ASSERT_TRUE(RawStep(overflow, &response).ok());
+  ASSERT_TRUE(response.skipped());
+  EXPECT_FALSE(response.scale_backed_off());
+  EXPECT_EQ(response.scaler_counters().growth_tracker(), 0);
+  EXPECT_EQ(response.scaler_counters().overflows_until_backoff(), 1);
+  v1::Job job;
+  ASSERT_TRUE(RawGetJob(id, &job).ok());
+  EXPECT_EQ(job.scaler_counters().growth_tracker(), 0);
+  EXPECT_EQ(job.scaler_counters().overflows_until_backoff(), 1);
+}
+
 // A deepspeed scaler that overflows at its minimum scale stops the job: the
 // step says SCALER_AT_MIN_SCALE, GetJob shows FAILED (across a restart), a
 // finite step with the same sequence is refused with JOB_FAILED, and loading

@@ -492,7 +492,34 @@ absl::StatusOr<ScalerUpdate> GradScaler::Update(bool found_inf) {
   update.scale_after = scale_;
   update.grew = update.scale_after > update.scale_before;
   update.backed_off = update.scale_after < update.scale_before;
+  update.counters = counters();
   return update;
+}
+
+ScalerCounters GradScaler::counters() const {
+  ScalerCounters c;
+  if (!config_.enabled || !config_.dynamic) return c;
+  switch (config_.policy) {
+    case ScalerPolicy::kPyTorch:
+      c.growth_tracker = growth_tracker_;
+      c.overflows_until_backoff = 1;
+      break;
+    case ScalerPolicy::kPaddle:
+      c.growth_tracker = growth_tracker_;
+      c.overflows_until_backoff = config_.hysteresis - bad_steps_;
+      break;
+    case ScalerPolicy::kDeepSpeed:
+      // The next clean update grows when (cur_iter - last_overflow_iter) is
+      // a multiple of the window; this many clean ones have counted so far.
+      c.growth_tracker = (iteration_ - last_overflow_iteration_ - 1) % config_.growth_interval;
+      c.overflows_until_backoff = config_.hysteresis == 1 ? 1 : hysteresis_left_;
+      break;
+    case ScalerPolicy::kMegatron:
+      c.growth_tracker = growth_tracker_;
+      c.overflows_until_backoff = std::max<int64_t>(1, hysteresis_left_);
+      break;
+  }
+  return c;
 }
 
 ScalerState GradScaler::StateDict() const {

@@ -107,6 +107,21 @@ struct ScalerConfig {
   absl::Status Validate() const;
 };
 
+// Where a dynamic scaler stands between scale changes, in one vocabulary
+// for every policy (the framework's own counters are in StateDict):
+//   growth_tracker: clean steps counted toward the next growth (pytorch
+//     _growth_tracker, paddle incr_count, megatron growth_tracker, deepspeed
+//     (cur_iter - last_overflow_iter - 1) mod scale_window);
+//   overflows_until_backoff: overflows from now until, and including, the
+//     one that backs the scale off (1 for pytorch; deepspeed cur_hysteresis;
+//     megatron max(1, hysteresis_tracker); paddle decr_every_n_nan_or_inf -
+//     decr_count).
+// Both are 0 when the scale is static or scaling disabled: it never moves.
+struct ScalerCounters {
+  int64_t growth_tracker = 0;
+  int64_t overflows_until_backoff = 0;
+};
+
 // What one Update did, for the step's reply and the metrics.
 struct ScalerUpdate {
   float scale_before = 1.0f;
@@ -115,6 +130,7 @@ struct ScalerUpdate {
   bool skipped = false;     // the optimizer step must not be applied
   bool grew = false;        // scale_after > scale_before
   bool backed_off = false;  // scale_after < scale_before
+  ScalerCounters counters;  // after the update
 };
 
 // state_dict values: scales are float32 values, counters integers and flags
@@ -152,6 +168,8 @@ class GradScaler {
   // overflows at min_scale with raise_at_min_scale (the job must stop); the
   // scaler's state is then left as it was.
   absl::StatusOr<ScalerUpdate> Update(bool found_inf);
+
+  ScalerCounters counters() const;
 
   ScalerState StateDict() const;
   // Loads a state produced by this policy's StateDict (or the framework's

@@ -245,6 +245,7 @@ void Job::RefreshSnapshot() {
   snapshot_.config = trainer_->config();
   snapshot_.parameter_count = trainer_->parameter_count();
   snapshot_.loss_scale = trainer_->loss_scale();
+  snapshot_.scaler_counters = trainer_->scaler_counters();
 }
 
 absl::Status Job::Initialize(const std::string& device) {
@@ -350,6 +351,7 @@ absl::StatusOr<StepReport> Job::Step(int64_t sequence, StepInput input) {
     snapshot_.step = sequence;
     snapshot_.applied_steps = report->applied_steps;
     snapshot_.loss_scale = report->scaler.scale_after;
+    snapshot_.scaler_counters = report->scaler.counters;
     if (!report->scaler.skipped) snapshot_.grad_norm = report->grad_norm;
   }
   if (context_->observer != nullptr) context_->observer->OnStep(id_, *report);

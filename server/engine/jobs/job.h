@@ -62,6 +62,7 @@ struct JobSnapshot {
   int64_t step = 0;  // Step calls applied; the next sequence is step + 1
   int64_t applied_steps = 0;
   float loss_scale = 1.0f;  // the scale the next step uses
+  amp::ScalerCounters scaler_counters;  // where the scaler stands before the next step
   int64_t parameter_count = 0;
   int64_t estimated_bytes = 0;
   JobState state = JobState::kActive;

@@ -448,6 +448,7 @@ absl::Status Trainer::LoadState(const checkpoint::StateDict& state) {
 const JobConfig& Trainer::config() const { return impl_->config; }
 int64_t Trainer::steps_run() const { return impl_->steps_run; }
 float Trainer::loss_scale() const { return impl_->scaler.scale(); }
+amp::ScalerCounters Trainer::scaler_counters() const { return impl_->scaler.counters(); }
 int64_t Trainer::workspace_bytes() const { return impl_->model->cached_workspace_bytes(); }
 int64_t Trainer::parameter_count() const { return impl_->model->parameter_count(); }
 kernels::Backend& Trainer::backend() { return *impl_->backend; }

@@ -95,6 +95,8 @@ class Trainer {
   int64_t steps_run() const;
   // The loss scale the next step will use (1 when scaling is disabled).
   float loss_scale() const;
+  // The scaler's counters now (amp::ScalerCounters).
+  amp::ScalerCounters scaler_counters() const;
   int64_t parameter_count() const;
   kernels::Backend& backend();
 
