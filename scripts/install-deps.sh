@@ -11,6 +11,7 @@ packages=(
   prometheus  # promtool and a real Prometheus for the metrics tests
   python3-yaml  # tests/metrics/validate_deploy.py parses the compose and k8s YAML
   curl
+  clang libclang-rt-14-dev  # libFuzzer, ASan and UBSan for scripts/fuzz.sh
 )
 
 missing=()

@@ -1,0 +1,36 @@
+// The small fixed jobs the fuzz targets aim hostile bytes at: an MLP with
+// an MSE loss (fp16, pytorch scaler) and an Embedding model with
+// cross-entropy (bf16, deepspeed scaler), both on the CPU backend, and the
+// well-formed requests and state dicts the seed corpus starts from.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "ampd/v1/trainer.pb.h"
+#include "server/engine/jobs/job_config.h"
+#include "server/engine/jobs/trainer.h"
+
+namespace ampd::fuzz {
+
+// The job a StepRequest's job_id names: "ce" is the Embedding model, any
+// other id the MLP.
+enum class FuzzJob { kMlp, kEmbedding };
+FuzzJob JobFor(const std::string& job_id);
+
+// The job's config as CreateJob would carry it.
+v1::CreateJobRequest CreateRequestFor(FuzzJob job);
+
+// A trainer for the job, built once per process: the targets share it
+// across inputs, so a step or a load that corrupts it shows up in later
+// inputs as a crash or a failed invariant. Aborts when it cannot be built
+// (the fuzz binary is then broken, not the input).
+engine::Trainer& TrainerFor(FuzzJob job);
+
+// A well-formed step for the job: `rows` rows, finite values.
+v1::StepRequest StepRequestFor(FuzzJob job, int rows);
+
+// Aborts with `what` when `ok` is false: a broken invariant is a finding.
+void Check(bool ok, const char* what);
+
+}  // namespace ampd::fuzz

@@ -1,0 +1,114 @@
+// Writes the fuzz targets' seed corpus: well-formed requests and state
+// dicts of the fixed jobs (fuzz_jobs.h), plus the hostile inputs that once
+// crashed or corrupted ampd, so each run starts from them. Generated from
+// code rather than committed as binary files, so the seeds follow the proto
+// and the state-dict format as they change.
+//   ampd_fuzz_seeds DIR   writes DIR/<target>/<seed> for every target
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string>
+
+#include "server/engine/amp/grad_scaler.h"
+#include "server/engine/checkpoint/safetensors.h"
+#include "tests/fuzz/fuzz_jobs.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using ampd::fuzz::FuzzJob;
+
+bool Write(const fs::path& dir, const std::string& name, const std::string& bytes) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  std::ofstream out(dir / name, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  out.close();
+  if (!out) {
+    std::fprintf(stderr, "ampd_fuzz_seeds: cannot write %s\n", (dir / name).c_str());
+    return false;
+  }
+  return true;
+}
+
+// The state dict the job exports, with one metadata value replaced.
+std::string StateWith(FuzzJob job, const std::string& key, const std::string& value) {
+  absl::StatusOr<ampd::engine::checkpoint::StateDict> state =
+      ampd::fuzz::TrainerFor(job).ExportState();
+  ampd::fuzz::Check(state.ok(), "the fuzz job exports its state");
+  if (!key.empty()) state->metadata[key] = value;
+  return ampd::engine::checkpoint::EncodeSafetensors(*state);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s CORPUS_DIR\n", argv[0]);
+    return 2;
+  }
+  const fs::path root = argv[1];
+  bool ok = true;
+
+  // CreateJob: both jobs, and the sizes that once overflowed or allocated
+  // before any check.
+  const fs::path create = root / "create_job";
+  ok &= Write(create, "mlp", ampd::fuzz::CreateRequestFor(FuzzJob::kMlp).SerializeAsString());
+  ok &= Write(create, "ce", ampd::fuzz::CreateRequestFor(FuzzJob::kEmbedding).SerializeAsString());
+  for (const int64_t in : {std::numeric_limits<int64_t>::max(), int64_t{2147483648}}) {
+    ampd::v1::CreateJobRequest huge = ampd::fuzz::CreateRequestFor(FuzzJob::kMlp);
+    huge.mutable_config()->mutable_model()->mutable_layers(0)->mutable_linear()->set_in_features(
+        in);
+    ok &= Write(create, "linear_in_" + std::to_string(in), huge.SerializeAsString());
+    ampd::v1::CreateJobRequest table = ampd::fuzz::CreateRequestFor(FuzzJob::kEmbedding);
+    table.mutable_config()
+        ->mutable_model()
+        ->mutable_layers(0)
+        ->mutable_embedding()
+        ->set_num_embeddings(in);
+    ok &= Write(create, "embedding_rows_" + std::to_string(in), table.SerializeAsString());
+  }
+
+  // Step: well-formed batches of both jobs, two micro-batches, a bad label.
+  const fs::path step = root / "step";
+  ok &= Write(step, "mlp", ampd::fuzz::StepRequestFor(FuzzJob::kMlp, 4).SerializeAsString());
+  ok &= Write(step, "ce", ampd::fuzz::StepRequestFor(FuzzJob::kEmbedding, 4).SerializeAsString());
+  ampd::v1::StepRequest two = ampd::fuzz::StepRequestFor(FuzzJob::kMlp, 3);
+  *two.add_micro_batches() = two.micro_batches(0);
+  ok &= Write(step, "mlp_two_micro_batches", two.SerializeAsString());
+
+  // State dicts: both jobs' own, and scaler values that were once accepted.
+  const fs::path safetensors = root / "safetensors";
+  const fs::path load = root / "load_state";
+  for (const FuzzJob job : {FuzzJob::kMlp, FuzzJob::kEmbedding}) {
+    const std::string name = job == FuzzJob::kMlp ? "mlp" : "ce";
+    const std::string scale_key = job == FuzzJob::kMlp ? "scaler.scale" : "scaler.cur_scale";
+    ok &= Write(safetensors, name, StateWith(job, "", ""));
+    ok &= Write(load, name, StateWith(job, "", ""));
+    for (const char* bad : {"0", "1e-999", "0x10", "inf", "-1"}) {
+      ok &= Write(load, name + "_scale_" + bad, StateWith(job, scale_key, bad));
+    }
+  }
+  // Scaler states: a policy byte, then "key=value" lines. Each policy's own
+  // state, and the scale values that were once accepted.
+  const fs::path scaler = root / "scaler_state";
+  const char* const policies[] = {"pytorch", "paddle", "deepspeed", "megatron"};
+  for (int policy = 0; policy < 4; ++policy) {
+    absl::StatusOr<ampd::engine::amp::GradScaler> s =
+        ampd::engine::amp::GradScaler::Create(ampd::engine::amp::ScalerConfig::Defaults(
+            static_cast<ampd::engine::amp::ScalerPolicy>(policy)));
+    ampd::fuzz::Check(s.ok(), "a scaler of each policy");
+    std::string lines(1, static_cast<char>(policy));
+    for (const auto& [key, value] : s->StateDict()) {
+      lines += key + "=" + ampd::engine::amp::FormatStateNumber(value) + "\n";
+    }
+    ok &= Write(scaler, policies[policy], lines);
+  }
+  for (const char* bad : {"0", "1e-999", "0x10", "inf", "-1", "+16", " 16"}) {
+    ok &= Write(scaler, std::string("pytorch_scale_") + bad,
+                std::string(1, '\0') + "scale=" + bad + "\n");
+  }
+  return ok ? 0 : 1;
+}
