@@ -21,6 +21,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/client.h"
 #include "client/synthetic_task.h"
 #include "google/rpc/error_details.pb.h"
@@ -851,7 +853,20 @@ TEST_F(ServiceTest, ConcurrentLoadStateDictStreamsShareOneBudget) {
   std::unique_ptr<LoadStream> second = OpenLoad();
   first->writer->Write(chunk);
   second->writer->Write(chunk);
-  // The first stream stays open (its bytes held) until the second is done.
+  // Both streams stay open, holding their bytes, so whichever chunk reaches
+  // the server second is refused, in either order. The server ends that
+  // call at once; a further one-byte write on it then fails, which tells
+  // the test that the refusal has happened.
+  v1::LoadStateDictRequest byte;
+  byte.set_data("x");
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  bool first_open = true;
+  bool second_open = true;
+  while (first_open && second_open && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+    first_open = first->writer->Write(byte);
+    second_open = second->writer->Write(byte);
+  }
   second->writer->WritesDone();
   const grpc::Status second_status = second->writer->Finish();
   first->writer->WritesDone();
