@@ -74,23 +74,26 @@ v1::ScalerPolicy PolicyToProto(amp::ScalerPolicy p) {
   return v1::SCALER_POLICY_UNSPECIFIED;
 }
 
-absl::Status OptimizerFromProto(const v1::OptimizerConfig& proto, optim::OptimizerSpec* spec) {
-  switch (proto.kind()) {
+absl::StatusOr<optim::OptimizerKind> OptimizerKindFromProto(v1::OptimizerKind kind) {
+  switch (kind) {
     case v1::OPTIMIZER_UNSPECIFIED:
     case v1::OPTIMIZER_ADAMW:
-      spec->kind = optim::OptimizerKind::kAdamW;
-      break;
+      return optim::OptimizerKind::kAdamW;
     case v1::OPTIMIZER_ADAM:
-      spec->kind = optim::OptimizerKind::kAdam;
-      spec->adam.weight_decay = 0.0f;  // torch.optim.Adam's default (AdamW's is 1e-2)
-      break;
+      return optim::OptimizerKind::kAdam;
     case v1::OPTIMIZER_SGD:
-      spec->kind = optim::OptimizerKind::kSgd;
-      break;
+      return optim::OptimizerKind::kSgd;
     default:
-      return FieldError("config.optimizer.kind", absl::StrCat("unknown value ", proto.kind()));
+      return FieldError("config.optimizer.kind", absl::StrCat("unknown value ", kind));
   }
-  spec->adam.decoupled_weight_decay = spec->kind == optim::OptimizerKind::kAdamW;
+}
+
+// The engine's defaults for the request's kind with the fields the request
+// sets copied on top.
+absl::Status OptimizerFromProto(const v1::OptimizerConfig& proto, optim::OptimizerSpec* spec) {
+  absl::StatusOr<optim::OptimizerKind> kind = OptimizerKindFromProto(proto.kind());
+  if (!kind.ok()) return kind.status();
+  *spec = optim::DefaultOptimizerSpec(*kind);
   const bool sgd = spec->kind == optim::OptimizerKind::kSgd;
   struct FloatField {
     const char* name;

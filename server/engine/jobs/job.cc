@@ -179,8 +179,7 @@ Job::Job(std::string job_id, std::string request_id, JobConfig config, std::stri
   snapshot_.request_id = request_id_;
   snapshot_.parameter_count = model::ParameterCount(config.model);
   snapshot_.estimated_bytes = estimated_bytes_;
-  snapshot_.loss_scale =
-      config.scaler.enabled ? static_cast<float>(config.scaler.init_scale) : 1.0f;
+  snapshot_.loss_scale = config.scaler.InitialScale();
   snapshot_.config = std::move(config);
 }
 

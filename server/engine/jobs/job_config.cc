@@ -52,12 +52,11 @@ int64_t EstimateJobBytes(const JobConfig& config) {
   return SaturatingMul(params, 4 + 2 * working + optimizer);
 }
 
-JobConfig DefaultJobConfig(model::Precision precision, amp::ScalerPolicy policy) {
+JobConfig DefaultJobConfig(model::Precision precision, amp::ScalerPolicy policy,
+                           optim::OptimizerKind optimizer) {
   JobConfig config;
   config.precision = precision;
-  config.optimizer.kind = optim::OptimizerKind::kAdamW;
-  config.optimizer.adam = kernels::AdamConfig{};
-  config.optimizer.adam.weight_decay = 1e-2f;  // torch.optim.AdamW's default
+  config.optimizer = optim::DefaultOptimizerSpec(optimizer);
   config.scaler = amp::ScalerConfig::ForPrecisionDefault(model::WorkingDType(precision), policy);
   return config;
 }

@@ -35,12 +35,15 @@ absl::Status ValidateJobConfig(const JobConfig& config);
 // reads INT64_MAX and fails any limit.
 int64_t EstimateJobBytes(const JobConfig& config);
 
-// The defaults the service fills in for a job of this precision: AdamW with
-// PyTorch's defaults, and the scaler SCALER.md prescribes: the policy's
-// dynamic defaults for fp16; for bf16 and fp32 a static scale of 1 that
-// still detects non-finite gradients and skips those steps
-// (amp::ScalerConfig::ForPrecisionDefault). The model is left empty.
+// The defaults of a job of this precision, scaler policy and optimizer: the
+// optimizer's PyTorch defaults (optim::DefaultOptimizerSpec), and the scaler
+// SCALER.md prescribes: the policy's dynamic defaults for fp16; for bf16 and
+// fp32 a static scale of 1 that still detects non-finite gradients and
+// skips those steps (amp::ScalerConfig::ForPrecisionDefault). The model is
+// left empty. Every caller (the rpc layer included) starts from these and
+// sets only what its request names.
 JobConfig DefaultJobConfig(model::Precision precision,
-                           amp::ScalerPolicy policy = amp::ScalerPolicy::kPyTorch);
+                           amp::ScalerPolicy policy = amp::ScalerPolicy::kPyTorch,
+                           optim::OptimizerKind optimizer = optim::OptimizerKind::kAdamW);
 
 }  // namespace ampd::engine
