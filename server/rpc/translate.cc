@@ -301,7 +301,7 @@ void StepReportToProto(const engine::StepReport& r, v1::StepResponse* response) 
   response->set_samples(r.samples);
 }
 
-absl::StatusOr<engine::DecodedCreateRequest> DecodeCreateRequest(absl::string_view bytes) {
+absl::StatusOr<engine::JobConfigRecord> DecodeCreateRequest(absl::string_view bytes) {
   v1::CreateJobRequest request;
   if (bytes.size() > static_cast<size_t>(INT32_MAX) ||
       !request.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
@@ -309,7 +309,7 @@ absl::StatusOr<engine::DecodedCreateRequest> DecodeCreateRequest(absl::string_vi
   }
   absl::StatusOr<JobConfig> config = JobConfigFromProto(request.config());
   if (!config.ok()) return config.status();
-  return engine::DecodedCreateRequest{*std::move(config), request.request_id()};
+  return engine::JobConfigRecord{*std::move(config), request.request_id()};
 }
 
 }  // namespace ampd::rpc

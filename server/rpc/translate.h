@@ -28,8 +28,9 @@ v1::Job JobToProto(const engine::JobSnapshot& snapshot);
 absl::StatusOr<engine::StepInput> StepInputFromProto(const v1::StepRequest& request);
 void StepReportToProto(const engine::StepReport& report, v1::StepResponse* response);
 
-// Recreates a job from the bytes stored in its checkpoint (a serialized
-// CreateJobRequest).
-absl::StatusOr<engine::DecodedCreateRequest> DecodeCreateRequest(absl::string_view bytes);
+// Reads the ampd.create_request of a checkpoint written by an earlier ampd
+// (a serialized CreateJobRequest): the registry's legacy decoder. New
+// checkpoints carry the engine's own ampd.config instead.
+absl::StatusOr<engine::JobConfigRecord> DecodeCreateRequest(absl::string_view bytes);
 
 }  // namespace ampd::rpc

@@ -8,7 +8,6 @@
 #include <stdexcept>
 #include <utility>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -17,6 +16,7 @@
 #include "common/status_macros.h"
 #include "kernels/backend_factory.h"
 #include "server/engine/checkpoint/safetensors.h"
+#include "server/engine/jobs/job_config_codec.h"
 
 namespace ampd::engine {
 
@@ -167,11 +167,10 @@ absl::StatusOr<StepReport> DecodeStepReport(absl::string_view text) {
 
 // ---- Job ----------------------------------------------------------------------------
 
-Job::Job(std::string job_id, std::string request_id, JobConfig config, std::string create_request,
-         const JobContext* context)
+Job::Job(std::string job_id, std::string request_id, JobConfig config, const JobContext* context)
     : id_(std::move(job_id)),
       request_id_(std::move(request_id)),
-      create_request_(std::move(create_request)),
+      config_json_(EncodeJobConfig(config, request_id_)),
       context_(context),
       estimated_bytes_(EstimateJobBytes(config)) {
   absl::MutexLock lock(&mu_);
@@ -441,7 +440,7 @@ absl::Status Job::CheckpointUnguarded() {
   absl::StatusOr<checkpoint::StateDict> state = trainer_->ExportState();
   if (!state.ok()) return state.status();
   const int64_t step = Snapshot().step;
-  state->metadata[kMetaCreateRequest] = absl::Base64Escape(create_request_);
+  state->metadata[kMetaConfig] = config_json_;
   state->metadata[kMetaStep] = absl::StrCat(step);
   state->metadata[kMetaRequestId] = request_id_;
   if (last_report_.has_value()) {
