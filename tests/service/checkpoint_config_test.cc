@@ -274,6 +274,146 @@ TEST_F(CheckpointConfigTest, CreateRequestCheckpointRestoresAndTrainsOn) {
     EXPECT_EQ(r->skipped(), want.skipped()) << "step " << s;
     EXPECT_EQ(r->grad_norm(), want.grad_norm()) << "step " << s;
   }
+
+  // Its next checkpoint is in the engine's own format, and restores to the
+  // same job.
+  absl::StatusOr<v1::Job> before = client_->GetJob(kLegacyJobId);
+  ASSERT_TRUE(before.ok()) << before.status();
+  // The last gradient norm is what this process computed; a restart does
+  // not restore it.
+  before->clear_grad_norm();
+  Stop();
+  const StateDict saved = ReadCheckpoint(kLegacyJobId);
+  EXPECT_FALSE(saved.metadata.contains("ampd.create_request"));
+  ASSERT_TRUE(saved.metadata.contains("ampd.config"));
+  Start();
+  absl::StatusOr<v1::Job> after = client_->GetJob(kLegacyJobId);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_TRUE(MessageDifferencer::Equals(*before, *after)) << before->DebugString() << "\nvs\n"
+                                                           << after->DebugString();
+}
+
+// Models of every layer kind and both losses, beside the synthetic task's.
+std::vector<v1::CreateJobRequest> LayerKindRequests() {
+  std::vector<v1::CreateJobRequest> requests;
+  {
+    v1::JobConfig* config = requests.emplace_back().mutable_config();
+    config->set_display_name("every-float-layer \"quoted\" \xc3\xa9\n");
+    v1::ModelSpec* m = config->mutable_model();
+    v1::Linear* in = m->add_layers()->mutable_linear();
+    in->set_in_features(8);
+    in->set_out_features(6);
+    in->set_bias(false);
+    m->add_layers()->mutable_relu();
+    v1::LayerNorm* norm = m->add_layers()->mutable_layer_norm();
+    norm->set_normalized_shape(6);
+    norm->set_eps(1e-6f);
+    norm->set_elementwise_affine(false);
+    m->add_layers()->mutable_tanh();
+    v1::Linear* out = m->add_layers()->mutable_linear();
+    out->set_in_features(6);
+    out->set_out_features(3);
+    out->set_bias(true);
+    m->set_loss(v1::LOSS_CROSS_ENTROPY);
+    m->set_loss_multiplier(0.1f);
+  }
+  {
+    v1::CreateJobRequest& request = requests.emplace_back();
+    request.set_request_id("embedding-request");
+    v1::JobConfig* config = request.mutable_config();
+    config->set_display_name("embedding");
+    config->set_precision(v1::PRECISION_BF16);
+    config->set_seed(18446744073709551615ull);
+    v1::ModelSpec* m = config->mutable_model();
+    v1::Embedding* e = m->add_layers()->mutable_embedding();
+    e->set_num_embeddings(11);
+    e->set_embedding_dim(5);
+    m->add_layers()->mutable_gelu();
+    v1::Linear* out = m->add_layers()->mutable_linear();
+    out->set_in_features(5);
+    out->set_out_features(11);
+    m->set_loss(v1::LOSS_CROSS_ENTROPY);
+  }
+  return requests;
+}
+
+// Jobs restored from the checkpoints this ampd writes report what they
+// reported before the restart, every config field included; the checkpoint
+// holds the engine's ampd.config, not the wire request.
+TEST_F(CheckpointConfigTest, RestoredJobsReportTheConfigTheyHadBefore) {
+  Start();
+  std::vector<v1::CreateJobRequest> requests = EffectiveConfigRequests();
+  for (v1::CreateJobRequest& r : LayerKindRequests()) requests.push_back(std::move(r));
+  requests[1].set_request_id("adam-request");
+  std::vector<v1::Job> before;
+  for (const v1::CreateJobRequest& request : requests) {
+    absl::StatusOr<v1::Job> job = client_->CreateJob(request);
+    ASSERT_TRUE(job.ok()) << request.config().display_name() << ": " << job.status();
+    before.push_back(*job);
+  }
+  SyntheticTaskOptions options;
+  options.seed = 3;
+  SyntheticTask task(options);
+  for (int64_t s = 1; s <= 2; ++s) {
+    ASSERT_TRUE(client_->Step(Step(before[1].job_id(), s, task.NextBatch())).ok());
+  }
+  for (v1::Job& job : before) {
+    absl::StatusOr<v1::Job> now = client_->GetJob(job.job_id());
+    ASSERT_TRUE(now.ok()) << now.status();
+    job = *now;
+    // The last gradient norm is what this process computed; a restart does
+    // not restore it.
+    job.clear_grad_norm();
+  }
+  Stop();
+
+  const StateDict saved = ReadCheckpoint(before[1].job_id());
+  EXPECT_FALSE(saved.metadata.contains("ampd.create_request"));
+  ASSERT_TRUE(saved.metadata.contains("ampd.config"));
+  EXPECT_NE(saved.metadata.at("ampd.config").find("\"format_version\":1,"), std::string::npos)
+      << saved.metadata.at("ampd.config");
+
+  Start();
+  for (const v1::Job& job : before) {
+    absl::StatusOr<v1::Job> after = client_->GetJob(job.job_id());
+    ASSERT_TRUE(after.ok()) << job.config().display_name() << ": " << after.status();
+    std::string diff;
+    MessageDifferencer differencer;
+    differencer.ReportDifferencesToString(&diff);
+    EXPECT_TRUE(differencer.Compare(job, *after)) << job.config().display_name() << ":\n" << diff;
+  }
+  // request_id deduplication survives the restart too.
+  absl::StatusOr<v1::Job> again = client_->CreateJob(requests[1]);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->job_id(), before[1].job_id());
+}
+
+// A checkpoint whose ampd.config cannot be read is logged with the key at
+// fault and left on disk; the other jobs restore.
+TEST_F(CheckpointConfigTest, AnUnreadableConfigIsLoggedAndTheCheckpointKept) {
+  Start();
+  absl::StatusOr<v1::Job> good = client_->CreateJob(EffectiveConfigRequests()[0]);
+  ASSERT_TRUE(good.ok()) << good.status();
+  Stop();
+  StateDict state = ReadCheckpoint(good->job_id());
+  std::string& config = state.metadata.at("ampd.config");
+  const size_t at = config.find("\"dynamic\":true");
+  ASSERT_NE(at, std::string::npos) << config;
+  config.insert(at, "\"dynamo\":true,");
+  const std::filesystem::path bad = state_dir_ / "job-badconfig.safetensors";
+  {
+    std::ofstream out(bad, std::ios::binary);
+    out << engine::checkpoint::EncodeSafetensors(state);
+  }
+
+  Start();
+  EXPECT_TRUE(client_->GetJob(good->job_id()).ok());
+  EXPECT_EQ(client_->GetJob("job-badconfig").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(server_->Log().find("job job-badconfig failed to restore: DATA_LOSS: ampd.config: "
+                                "scaler.dynamo: unknown key"),
+            std::string::npos)
+      << server_->Log();
+  EXPECT_TRUE(std::filesystem::exists(bad));
 }
 
 }  // namespace
