@@ -172,9 +172,6 @@ absl::StatusOr<JobConfig> JobConfigFromProto(const v1::JobConfig& proto) {
     return s;
   if (absl::Status s = OptimizerFromProto(proto.optimizer(), &config.optimizer); !s.ok()) return s;
   if (absl::Status s = ScalerFromProto(proto.scaler(), &config.scaler); !s.ok()) return s;
-  if (absl::Status s = engine::ValidateJobConfig(config); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("config.", s.message()));
-  }
   return config;
 }
 

@@ -101,10 +101,9 @@ inline constexpr char kMetaFailure[] = "ampd.failure";  // present while the job
 
 class Job : public std::enable_shared_from_this<Job> {
  public:
-  // config: valid (ValidateJobConfig); every checkpoint stores it with
-  // request_id (EncodeJobConfig), which is what a restart recreates the job
-  // from.
-  Job(std::string job_id, std::string request_id, JobConfig config, const JobContext* context);
+  // Every checkpoint stores config with request_id (EncodeJobConfig): what a
+  // restart recreates the job from.
+  Job(std::string job_id, std::string request_id, ValidJobConfig config, const JobContext* context);
   ~Job();
 
   const std::string& id() const { return id_; }
@@ -166,7 +165,8 @@ class Job : public std::enable_shared_from_this<Job> {
 
   const std::string id_;
   const std::string request_id_;
-  const std::string config_json_;  // EncodeJobConfig of the config the job was created with
+  const ValidJobConfig config_;    // as created; Initialize builds the Trainer from it
+  const std::string config_json_;  // EncodeJobConfig(config_, request_id_)
   const JobContext* const context_;
   const int64_t estimated_bytes_;
 

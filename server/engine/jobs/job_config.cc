@@ -35,6 +35,11 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
   return Prefixed("scaler", config.scaler.Validate());
 }
 
+absl::StatusOr<ValidJobConfig> ValidJobConfig::Check(JobConfig config) {
+  if (absl::Status s = ValidateJobConfig(config); !s.ok()) return s;
+  return ValidJobConfig(std::move(config));
+}
+
 int64_t EstimateJobBytes(const JobConfig& config) {
   const int64_t params = model::ParameterCount(config.model);
   const auto working = static_cast<int64_t>(kernels::SizeOf(model::WorkingDType(config.precision)));

@@ -4,8 +4,10 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "server/engine/amp/grad_scaler.h"
 #include "server/engine/model/model_spec.h"
 #include "server/engine/optim/optimizer_spec.h"
@@ -24,6 +26,21 @@ struct JobConfig {
 // Validates every part; the message names the field ("scaler.growth_factor",
 // "model.layers[2].in_features", "optimizer.adam.beta1", "display_name").
 absl::Status ValidateJobConfig(const JobConfig& config);
+
+// A JobConfig that ValidateJobConfig accepted. Holding one is the proof, so
+// a create validates once (where the config enters the engine) and the
+// layers it is handed to do not check again.
+class ValidJobConfig {
+ public:
+  // ValidateJobConfig's error for an invalid config.
+  static absl::StatusOr<ValidJobConfig> Check(JobConfig config);
+
+  const JobConfig& get() const { return config_; }
+
+ private:
+  explicit ValidJobConfig(JobConfig config) : config_(std::move(config)) {}
+  JobConfig config_;
+};
 
 // Estimated bytes a job's weights hold on its backend for its lifetime:
 // parameters x (4 for the fp32 master + 2 x the working dtype's size for the

@@ -36,13 +36,20 @@ absl::Status Draining() {
   return WithReason(absl::UnavailableError("the server is shutting down"), reason::kServerDraining);
 }
 
+struct RestoredConfig {
+  ValidJobConfig config;
+  std::string request_id;
+};
+
 // The config and request_id a checkpoint recreates its job from: its
 // ampd.config, or, for a checkpoint written before that key existed, its
 // ampd.create_request through `legacy_decode`.
-absl::StatusOr<JobConfigRecord> ConfigOfCheckpoint(const checkpoint::StateDict& state,
-                                                   const CreateRequestDecoder& legacy_decode) {
+absl::StatusOr<RestoredConfig> ConfigOfCheckpoint(const checkpoint::StateDict& state,
+                                                  const CreateRequestDecoder& legacy_decode) {
   if (auto it = state.metadata.find(kMetaConfig); it != state.metadata.end()) {
-    return DecodeJobConfig(it->second);
+    AMPD_ASSIGN_OR_RETURN(JobConfigRecord record, DecodeJobConfig(it->second));
+    AMPD_ASSIGN_OR_RETURN(ValidJobConfig valid, ValidJobConfig::Check(std::move(record.config)));
+    return RestoredConfig{std::move(valid), std::move(record.request_id)};
   }
   auto it = state.metadata.find(kMetaCreateRequest);
   if (it == state.metadata.end()) {
@@ -58,10 +65,12 @@ absl::StatusOr<JobConfigRecord> ConfigOfCheckpoint(const checkpoint::StateDict& 
         kMetaCreateRequest, ": written by an earlier ampd, and no reader of it was given"));
   }
   AMPD_ASSIGN_OR_RETURN(JobConfigRecord record, legacy_decode(blob));
-  if (absl::Status s = ValidateJobConfig(record.config); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat(kMetaCreateRequest, ": ", s.message()));
+  absl::StatusOr<ValidJobConfig> valid = ValidJobConfig::Check(std::move(record.config));
+  if (!valid.ok()) {
+    return absl::Status(valid.status().code(),
+                        absl::StrCat(kMetaCreateRequest, ": ", valid.status().message()));
   }
-  return record;
+  return RestoredConfig{*std::move(valid), std::move(record.request_id)};
 }
 
 }  // namespace
@@ -182,8 +191,10 @@ absl::Status JobRegistry::AdmitStep(Job& job, int64_t workspace_bytes) {
 
 void JobRegistry::CreateJob(JobConfig config, std::string request_id,
                             std::function<void(absl::StatusOr<JobSnapshot>)> done) {
-  if (absl::Status s = ValidateJobConfig(config); !s.ok()) {
-    done(absl::Status(s.code(), absl::StrCat("config.", s.message())));
+  // The one validation of a create: the Job and its Trainer take the proof.
+  absl::StatusOr<ValidJobConfig> valid = ValidJobConfig::Check(std::move(config));
+  if (!valid.ok()) {
+    done(absl::Status(valid.status().code(), absl::StrCat("config.", valid.status().message())));
     return;
   }
   std::shared_ptr<Job> job;
@@ -210,13 +221,13 @@ void JobRegistry::CreateJob(JobConfig config, std::string request_id,
         return;
       }
     }
-    if (absl::Status s = CheckAdmission(config); !s.ok()) {
+    if (absl::Status s = CheckAdmission(valid->get()); !s.ok()) {
       done(s);
       return;
     }
     std::string id = NewJobId();
     while (jobs_.contains(id)) id = NewJobId();
-    job = std::make_shared<Job>(id, request_id, std::move(config), &context_);
+    job = std::make_shared<Job>(id, request_id, *std::move(valid), &context_);
     jobs_[id] = job;
     if (!request_id.empty()) by_request_id_[request_id] = id;
   }
@@ -369,14 +380,14 @@ absl::Status JobRegistry::RestoreAll(const CreateRequestDecoder& legacy_decode) 
       LogEvent(absl::StrCat("job ", id, " failed to restore: ", state.status().ToString()));
       continue;
     }
-    absl::StatusOr<JobConfigRecord> request = ConfigOfCheckpoint(*state, legacy_decode);
+    absl::StatusOr<RestoredConfig> request = ConfigOfCheckpoint(*state, legacy_decode);
     if (!request.ok()) {
       LogEvent(absl::StrCat("job ", id, " failed to restore: ", request.status().ToString()));
       continue;
     }
     {
       absl::MutexLock lock(&mu_);
-      if (absl::Status s = CheckAdmission(request->config); !s.ok()) {
+      if (absl::Status s = CheckAdmission(request->config.get()); !s.ok()) {
         LogEvent(absl::StrCat("job ", id, " not restored: ", s.message(),
                               "; its checkpoint is left on disk"));
         continue;
