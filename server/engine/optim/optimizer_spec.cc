@@ -25,7 +25,6 @@ OptimizerSpec DefaultOptimizerSpec(OptimizerKind kind) {
   spec.sgd = kernels::SgdConfig{};
   spec.adam = kernels::AdamConfig{};
   spec.adam.weight_decay = kind == OptimizerKind::kAdamW ? 1e-2f : 0.0f;
-  spec.adam.decoupled_weight_decay = kind == OptimizerKind::kAdamW;
   return spec;
 }
 
