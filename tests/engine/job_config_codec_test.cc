@@ -141,7 +141,7 @@ std::vector<model::ModelSpec> Models() {
 
 // Floats whose shortest decimal form needs all 9 digits, or that are
 // subnormal, so a writer with fewer digits would lose bits.
-constexpr float kAwkwardLr = 0.1f + 1.4901161e-9f;  // one ulp above 0.1f
+constexpr float kAwkwardLr = 0.100000024f;  // 8 digits (0.10000002) read back as 0.1f + 2 ulp
 const float kSubnormal = std::numeric_limits<float>::denorm_min();
 
 std::vector<JobConfig> ManyConfigs() {
