@@ -154,6 +154,8 @@ int Run() {
     std::fprintf(stderr, "ampd: --state_dir: %s\n", registry.status().ToString().c_str());
     return 1;
   }
+  // The engine reads its checkpoints' configs itself; the rpc decoder is
+  // only for checkpoints of earlier versions (ampd.create_request).
   if (absl::Status s = (*registry)->RestoreAll(ampd::rpc::DecodeCreateRequest); !s.ok()) {
     std::fprintf(stderr, "ampd: restoring jobs: %s\n", s.ToString().c_str());
     return 1;

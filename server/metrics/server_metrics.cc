@@ -230,9 +230,7 @@ std::shared_ptr<ServerMetrics::JobSeries> ServerMetrics::FindOrCreateJob(const s
 }
 
 void ServerMetrics::OnJobCreated(const std::string& job_id, const engine::JobConfig& config) {
-  const float initial_scale =
-      config.scaler.enabled ? static_cast<float>(config.scaler.init_scale) : 1.0f;
-  FindOrCreateJob(job_id, initial_scale);
+  FindOrCreateJob(job_id, config.scaler.InitialScale());
 }
 
 void ServerMetrics::OnStep(const std::string& job_id, const engine::StepReport& report) {

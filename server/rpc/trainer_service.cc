@@ -207,7 +207,7 @@ grpc::ServerUnaryReactor* TrainerService::CreateJob(grpc::CallbackServerContext*
     FinishUnary(reactor, "CreateJob", start, config.status());
     return reactor;
   }
-  registry_->CreateJob(*std::move(config), request->request_id(), request->SerializeAsString(),
+  registry_->CreateJob(*std::move(config), request->request_id(),
                        [this, reactor, response, start](absl::StatusOr<engine::JobSnapshot> job) {
                          if (job.ok()) *response->mutable_job() = JobToProto(*job);
                          FinishUnary(reactor, "CreateJob", start, job.status());

@@ -74,23 +74,26 @@ v1::ScalerPolicy PolicyToProto(amp::ScalerPolicy p) {
   return v1::SCALER_POLICY_UNSPECIFIED;
 }
 
-absl::Status OptimizerFromProto(const v1::OptimizerConfig& proto, optim::OptimizerSpec* spec) {
-  switch (proto.kind()) {
+absl::StatusOr<optim::OptimizerKind> OptimizerKindFromProto(v1::OptimizerKind kind) {
+  switch (kind) {
     case v1::OPTIMIZER_UNSPECIFIED:
     case v1::OPTIMIZER_ADAMW:
-      spec->kind = optim::OptimizerKind::kAdamW;
-      break;
+      return optim::OptimizerKind::kAdamW;
     case v1::OPTIMIZER_ADAM:
-      spec->kind = optim::OptimizerKind::kAdam;
-      spec->adam.weight_decay = 0.0f;  // torch.optim.Adam's default (AdamW's is 1e-2)
-      break;
+      return optim::OptimizerKind::kAdam;
     case v1::OPTIMIZER_SGD:
-      spec->kind = optim::OptimizerKind::kSgd;
-      break;
+      return optim::OptimizerKind::kSgd;
     default:
-      return FieldError("config.optimizer.kind", absl::StrCat("unknown value ", proto.kind()));
+      return FieldError("config.optimizer.kind", absl::StrCat("unknown value ", kind));
   }
-  spec->adam.decoupled_weight_decay = spec->kind == optim::OptimizerKind::kAdamW;
+}
+
+// The engine's defaults for the request's kind with the fields the request
+// sets copied on top.
+absl::Status OptimizerFromProto(const v1::OptimizerConfig& proto, optim::OptimizerSpec* spec) {
+  absl::StatusOr<optim::OptimizerKind> kind = OptimizerKindFromProto(proto.kind());
+  if (!kind.ok()) return kind.status();
+  *spec = optim::DefaultOptimizerSpec(*kind);
   const bool sgd = spec->kind == optim::OptimizerKind::kSgd;
   struct FloatField {
     const char* name;
@@ -169,9 +172,6 @@ absl::StatusOr<JobConfig> JobConfigFromProto(const v1::JobConfig& proto) {
     return s;
   if (absl::Status s = OptimizerFromProto(proto.optimizer(), &config.optimizer); !s.ok()) return s;
   if (absl::Status s = ScalerFromProto(proto.scaler(), &config.scaler); !s.ok()) return s;
-  if (absl::Status s = engine::ValidateJobConfig(config); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("config.", s.message()));
-  }
   return config;
 }
 
@@ -298,7 +298,7 @@ void StepReportToProto(const engine::StepReport& r, v1::StepResponse* response) 
   response->set_samples(r.samples);
 }
 
-absl::StatusOr<engine::DecodedCreateRequest> DecodeCreateRequest(absl::string_view bytes) {
+absl::StatusOr<engine::JobConfigRecord> DecodeCreateRequest(absl::string_view bytes) {
   v1::CreateJobRequest request;
   if (bytes.size() > static_cast<size_t>(INT32_MAX) ||
       !request.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
@@ -306,7 +306,7 @@ absl::StatusOr<engine::DecodedCreateRequest> DecodeCreateRequest(absl::string_vi
   }
   absl::StatusOr<JobConfig> config = JobConfigFromProto(request.config());
   if (!config.ok()) return config.status();
-  return engine::DecodedCreateRequest{*std::move(config), request.request_id()};
+  return engine::JobConfigRecord{*std::move(config), request.request_id()};
 }
 
 }  // namespace ampd::rpc

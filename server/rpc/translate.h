@@ -2,7 +2,8 @@
 // checks that only the wire can get wrong (unset enums, NaN in an optional
 // field, a tensor's byte length) happen here and name the request field
 // ("config.optimizer.lr", "micro_batches[1].targets"); everything else is the
-// engine's validation, its field names prefixed with "config.".
+// engine's validation (once, in the registry), its field names prefixed with
+// "config.".
 #pragma once
 
 #include <string>
@@ -17,8 +18,11 @@
 
 namespace ampd::rpc {
 
-// The effective engine config: DefaultJobConfig(precision, policy) with every
-// field the request sets applied on top, validated.
+// The effective engine config: the engine's defaults for the request's
+// precision, scaler policy and optimizer kind with every field the request
+// sets copied on top. Only what the wire can get wrong is checked here;
+// the engine validates the result (JobRegistry::CreateJob,
+// Trainer::Create).
 absl::StatusOr<engine::JobConfig> JobConfigFromProto(const v1::JobConfig& proto);
 // Every field set (the effective config CreateJob returns).
 v1::JobConfig JobConfigToProto(const engine::JobConfig& config);
@@ -28,8 +32,9 @@ v1::Job JobToProto(const engine::JobSnapshot& snapshot);
 absl::StatusOr<engine::StepInput> StepInputFromProto(const v1::StepRequest& request);
 void StepReportToProto(const engine::StepReport& report, v1::StepResponse* response);
 
-// Recreates a job from the bytes stored in its checkpoint (a serialized
-// CreateJobRequest).
-absl::StatusOr<engine::DecodedCreateRequest> DecodeCreateRequest(absl::string_view bytes);
+// Reads the ampd.create_request of a checkpoint written by an earlier ampd
+// (a serialized CreateJobRequest): the registry's legacy decoder. New
+// checkpoints carry the engine's own ampd.config instead.
+absl::StatusOr<engine::JobConfigRecord> DecodeCreateRequest(absl::string_view bytes);
 
 }  // namespace ampd::rpc

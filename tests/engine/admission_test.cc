@@ -213,7 +213,7 @@ TEST(Admission, RegistryCountsStepWorkspaceAgainstMaxMemoryBytes) {
   ASSERT_LT(EstimateJobBytes(config), int64_t{1} << 20);
 
   std::promise<absl::StatusOr<JobSnapshot>> created;
-  (*registry)->CreateJob(config, "", "",
+  (*registry)->CreateJob(config, "",
                          [&](absl::StatusOr<JobSnapshot> s) { created.set_value(std::move(s)); });
   absl::StatusOr<JobSnapshot> job = created.get_future().get();
   ASSERT_TRUE(job.ok()) << job.status();
@@ -238,7 +238,7 @@ TEST(Admission, RegistryCountsStepWorkspaceAgainstMaxMemoryBytes) {
   // The cached workspace counts against a new job too.
   JobConfig second = Mlp(2, 64, 2);
   std::promise<absl::StatusOr<JobSnapshot>> created2;
-  (*registry)->CreateJob(second, "", "",
+  (*registry)->CreateJob(second, "",
                          [&](absl::StatusOr<JobSnapshot> s) { created2.set_value(std::move(s)); });
   EXPECT_TRUE(created2.get_future().get().ok());
   (*registry)->Shutdown();

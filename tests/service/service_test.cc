@@ -497,7 +497,8 @@ TEST_F(ServiceTest, RestartAfterSigkillRestoresTheCheckpoint) {
 
   const StateDict saved = ReadCheckpoint(id);
   ASSERT_EQ(saved.metadata.at("ampd.step"), "4");
-  EXPECT_TRUE(saved.metadata.contains("ampd.create_request"));
+  EXPECT_TRUE(saved.metadata.contains("ampd.config"));
+  EXPECT_FALSE(saved.metadata.contains("ampd.create_request"));
 
   Start({"--checkpoint-every=2"});
   absl::StatusOr<v1::Job> job = client_->GetJob(id);

@@ -105,6 +105,9 @@ struct ScalerConfig {
                                           ScalerPolicy policy = ScalerPolicy::kPyTorch);
   // InvalidArgument whose message starts with the bad field's name.
   absl::Status Validate() const;
+  // The scale a new scaler of this config reports: init_scale as a float32,
+  // or 1 when scaling is disabled.
+  float InitialScale() const { return enabled ? static_cast<float>(init_scale) : 1.0f; }
 };
 
 // Where a dynamic scaler stands between scale changes, in one vocabulary

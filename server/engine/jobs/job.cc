@@ -8,7 +8,6 @@
 #include <stdexcept>
 #include <utility>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -17,6 +16,7 @@
 #include "common/status_macros.h"
 #include "kernels/backend_factory.h"
 #include "server/engine/checkpoint/safetensors.h"
+#include "server/engine/jobs/job_config_codec.h"
 
 namespace ampd::engine {
 
@@ -167,21 +167,21 @@ absl::StatusOr<StepReport> DecodeStepReport(absl::string_view text) {
 
 // ---- Job ----------------------------------------------------------------------------
 
-Job::Job(std::string job_id, std::string request_id, JobConfig config, std::string create_request,
+Job::Job(std::string job_id, std::string request_id, ValidJobConfig config,
          const JobContext* context)
     : id_(std::move(job_id)),
       request_id_(std::move(request_id)),
-      create_request_(std::move(create_request)),
+      config_(std::move(config)),
+      config_json_(EncodeJobConfig(config_.get(), request_id_)),
       context_(context),
-      estimated_bytes_(EstimateJobBytes(config)) {
+      estimated_bytes_(EstimateJobBytes(config_.get())) {
   absl::MutexLock lock(&mu_);
   snapshot_.job_id = id_;
   snapshot_.request_id = request_id_;
-  snapshot_.parameter_count = model::ParameterCount(config.model);
+  snapshot_.parameter_count = model::ParameterCount(config_.get().model);
   snapshot_.estimated_bytes = estimated_bytes_;
-  snapshot_.loss_scale =
-      config.scaler.enabled ? static_cast<float>(config.scaler.init_scale) : 1.0f;
-  snapshot_.config = std::move(config);
+  snapshot_.loss_scale = config_.get().scaler.InitialScale();
+  snapshot_.config = config_.get();
 }
 
 Job::~Job() = default;
@@ -253,10 +253,9 @@ absl::Status Job::Initialize(const std::string& device) {
 }
 
 absl::Status Job::InitializeUnguarded(const std::string& device) {
-  JobConfig config = Snapshot().config;
   absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend(device);
   if (!backend.ok()) return backend.status();
-  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(config, *std::move(backend));
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(config_, *std::move(backend));
   if (!trainer.ok()) return trainer.status();
   trainer_ = *std::move(trainer);
   bytes_in_use_.store(trainer_->backend().BytesInUse(), std::memory_order_relaxed);
@@ -442,7 +441,7 @@ absl::Status Job::CheckpointUnguarded() {
   absl::StatusOr<checkpoint::StateDict> state = trainer_->ExportState();
   if (!state.ok()) return state.status();
   const int64_t step = Snapshot().step;
-  state->metadata[kMetaCreateRequest] = absl::Base64Escape(create_request_);
+  state->metadata[kMetaConfig] = config_json_;
   state->metadata[kMetaStep] = absl::StrCat(step);
   state->metadata[kMetaRequestId] = request_id_;
   if (last_report_.has_value()) {

@@ -61,7 +61,7 @@ struct JobSnapshot {
   JobConfig config;  // effective (defaults filled in)
   int64_t step = 0;  // Step calls applied; the next sequence is step + 1
   int64_t applied_steps = 0;
-  float loss_scale = 1.0f;  // the scale the next step uses
+  float loss_scale = 1.0f;              // the scale the next step uses
   amp::ScalerCounters scaler_counters;  // where the scaler stands before the next step
   int64_t parameter_count = 0;
   int64_t estimated_bytes = 0;
@@ -89,8 +89,11 @@ struct JobContext {
 };
 
 // Metadata keys a job writes into its checkpoints (state_dict.h's ampd.*).
-inline constexpr char kMetaCreateRequest[] =
-    "ampd.create_request";  // base64 of the rpc layer's blob
+inline constexpr char kMetaConfig[] = "ampd.config";  // job_config_codec.h's JSON
+// Written by earlier versions instead of ampd.config: base64 of a serialized
+// CreateJobRequest, which only the rpc layer can read (RestoreAll's
+// CreateRequestDecoder).
+inline constexpr char kMetaCreateRequest[] = "ampd.create_request";
 inline constexpr char kMetaStep[] = "ampd.step";
 inline constexpr char kMetaLastReport[] = "ampd.last_report";  // the last step's response
 inline constexpr char kMetaRequestId[] = "ampd.request_id";
@@ -98,10 +101,9 @@ inline constexpr char kMetaFailure[] = "ampd.failure";  // present while the job
 
 class Job : public std::enable_shared_from_this<Job> {
  public:
-  // create_request: the opaque bytes the rpc layer recreates this job from
-  // after a restart (stored base64 in every checkpoint).
-  Job(std::string job_id, std::string request_id, JobConfig config, std::string create_request,
-      const JobContext* context);
+  // Every checkpoint stores config with request_id (EncodeJobConfig): what a
+  // restart recreates the job from.
+  Job(std::string job_id, std::string request_id, ValidJobConfig config, const JobContext* context);
   ~Job();
 
   const std::string& id() const { return id_; }
@@ -163,7 +165,8 @@ class Job : public std::enable_shared_from_this<Job> {
 
   const std::string id_;
   const std::string request_id_;
-  const std::string create_request_;
+  const ValidJobConfig config_;    // as created; Initialize builds the Trainer from it
+  const std::string config_json_;  // EncodeJobConfig(config_, request_id_)
   const JobContext* const context_;
   const int64_t estimated_bytes_;
 

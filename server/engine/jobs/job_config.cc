@@ -35,6 +35,11 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
   return Prefixed("scaler", config.scaler.Validate());
 }
 
+absl::StatusOr<ValidJobConfig> ValidJobConfig::Check(JobConfig config) {
+  if (absl::Status s = ValidateJobConfig(config); !s.ok()) return s;
+  return ValidJobConfig(std::move(config));
+}
+
 int64_t EstimateJobBytes(const JobConfig& config) {
   const int64_t params = model::ParameterCount(config.model);
   const auto working = static_cast<int64_t>(kernels::SizeOf(model::WorkingDType(config.precision)));
@@ -52,12 +57,11 @@ int64_t EstimateJobBytes(const JobConfig& config) {
   return SaturatingMul(params, 4 + 2 * working + optimizer);
 }
 
-JobConfig DefaultJobConfig(model::Precision precision, amp::ScalerPolicy policy) {
+JobConfig DefaultJobConfig(model::Precision precision, amp::ScalerPolicy policy,
+                           optim::OptimizerKind optimizer) {
   JobConfig config;
   config.precision = precision;
-  config.optimizer.kind = optim::OptimizerKind::kAdamW;
-  config.optimizer.adam = kernels::AdamConfig{};
-  config.optimizer.adam.weight_decay = 1e-2f;  // torch.optim.AdamW's default
+  config.optimizer = optim::DefaultOptimizerSpec(optimizer);
   config.scaler = amp::ScalerConfig::ForPrecisionDefault(model::WorkingDType(precision), policy);
   return config;
 }

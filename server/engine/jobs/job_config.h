@@ -4,8 +4,10 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "server/engine/amp/grad_scaler.h"
 #include "server/engine/model/model_spec.h"
 #include "server/engine/optim/optimizer_spec.h"
@@ -25,6 +27,21 @@ struct JobConfig {
 // "model.layers[2].in_features", "optimizer.adam.beta1", "display_name").
 absl::Status ValidateJobConfig(const JobConfig& config);
 
+// A JobConfig that ValidateJobConfig accepted. Holding one is the proof, so
+// a create validates once (where the config enters the engine) and the
+// layers it is handed to do not check again.
+class ValidJobConfig {
+ public:
+  // ValidateJobConfig's error for an invalid config.
+  static absl::StatusOr<ValidJobConfig> Check(JobConfig config);
+
+  const JobConfig& get() const { return config_; }
+
+ private:
+  explicit ValidJobConfig(JobConfig config) : config_(std::move(config)) {}
+  JobConfig config_;
+};
+
 // Estimated bytes a job's weights hold on its backend for its lifetime:
 // parameters x (4 for the fp32 master + 2 x the working dtype's size for the
 // working copy and the gradient + the optimizer's fp32 state: 8 for
@@ -35,12 +52,15 @@ absl::Status ValidateJobConfig(const JobConfig& config);
 // reads INT64_MAX and fails any limit.
 int64_t EstimateJobBytes(const JobConfig& config);
 
-// The defaults the service fills in for a job of this precision: AdamW with
-// PyTorch's defaults, and the scaler SCALER.md prescribes: the policy's
-// dynamic defaults for fp16; for bf16 and fp32 a static scale of 1 that
-// still detects non-finite gradients and skips those steps
-// (amp::ScalerConfig::ForPrecisionDefault). The model is left empty.
+// The defaults of a job of this precision, scaler policy and optimizer: the
+// optimizer's PyTorch defaults (optim::DefaultOptimizerSpec), and the scaler
+// SCALER.md prescribes: the policy's dynamic defaults for fp16; for bf16 and
+// fp32 a static scale of 1 that still detects non-finite gradients and
+// skips those steps (amp::ScalerConfig::ForPrecisionDefault). The model is
+// left empty. Every caller (the rpc layer included) starts from these and
+// sets only what its request names.
 JobConfig DefaultJobConfig(model::Precision precision,
-                           amp::ScalerPolicy policy = amp::ScalerPolicy::kPyTorch);
+                           amp::ScalerPolicy policy = amp::ScalerPolicy::kPyTorch,
+                           optim::OptimizerKind optimizer = optim::OptimizerKind::kAdamW);
 
 }  // namespace ampd::engine

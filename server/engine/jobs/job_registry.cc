@@ -36,6 +36,43 @@ absl::Status Draining() {
   return WithReason(absl::UnavailableError("the server is shutting down"), reason::kServerDraining);
 }
 
+struct RestoredConfig {
+  ValidJobConfig config;
+  std::string request_id;
+};
+
+// The config and request_id a checkpoint recreates its job from: its
+// ampd.config, or, for a checkpoint written before that key existed, its
+// ampd.create_request through `legacy_decode`.
+absl::StatusOr<RestoredConfig> ConfigOfCheckpoint(const checkpoint::StateDict& state,
+                                                  const CreateRequestDecoder& legacy_decode) {
+  if (auto it = state.metadata.find(kMetaConfig); it != state.metadata.end()) {
+    AMPD_ASSIGN_OR_RETURN(JobConfigRecord record, DecodeJobConfig(it->second));
+    AMPD_ASSIGN_OR_RETURN(ValidJobConfig valid, ValidJobConfig::Check(std::move(record.config)));
+    return RestoredConfig{std::move(valid), std::move(record.request_id)};
+  }
+  auto it = state.metadata.find(kMetaCreateRequest);
+  if (it == state.metadata.end()) {
+    return absl::DataLossError(
+        absl::StrCat("neither ", kMetaConfig, " nor ", kMetaCreateRequest, " in the metadata"));
+  }
+  std::string blob;
+  if (!absl::Base64Unescape(it->second, &blob)) {
+    return absl::DataLossError(absl::StrCat(kMetaCreateRequest, ": not base64"));
+  }
+  if (!legacy_decode) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        kMetaCreateRequest, ": written by an earlier ampd, and no reader of it was given"));
+  }
+  AMPD_ASSIGN_OR_RETURN(JobConfigRecord record, legacy_decode(blob));
+  absl::StatusOr<ValidJobConfig> valid = ValidJobConfig::Check(std::move(record.config));
+  if (!valid.ok()) {
+    return absl::Status(valid.status().code(),
+                        absl::StrCat(kMetaCreateRequest, ": ", valid.status().message()));
+  }
+  return RestoredConfig{*std::move(valid), std::move(record.request_id)};
+}
+
 }  // namespace
 
 JobRegistry::JobRegistry(RegistryOptions options) : options_(std::move(options)) {}
@@ -152,10 +189,12 @@ absl::Status JobRegistry::AdmitStep(Job& job, int64_t workspace_bytes) {
   return absl::OkStatus();
 }
 
-void JobRegistry::CreateJob(JobConfig config, std::string request_id, std::string create_request,
+void JobRegistry::CreateJob(JobConfig config, std::string request_id,
                             std::function<void(absl::StatusOr<JobSnapshot>)> done) {
-  if (absl::Status s = ValidateJobConfig(config); !s.ok()) {
-    done(s);
+  // The one validation of a create: the Job and its Trainer take the proof.
+  absl::StatusOr<ValidJobConfig> valid = ValidJobConfig::Check(std::move(config));
+  if (!valid.ok()) {
+    done(absl::Status(valid.status().code(), absl::StrCat("config.", valid.status().message())));
     return;
   }
   std::shared_ptr<Job> job;
@@ -182,14 +221,13 @@ void JobRegistry::CreateJob(JobConfig config, std::string request_id, std::strin
         return;
       }
     }
-    if (absl::Status s = CheckAdmission(config); !s.ok()) {
+    if (absl::Status s = CheckAdmission(valid->get()); !s.ok()) {
       done(s);
       return;
     }
     std::string id = NewJobId();
     while (jobs_.contains(id)) id = NewJobId();
-    job = std::make_shared<Job>(id, request_id, std::move(config), std::move(create_request),
-                                &context_);
+    job = std::make_shared<Job>(id, request_id, *std::move(valid), &context_);
     jobs_[id] = job;
     if (!request_id.empty()) by_request_id_[request_id] = id;
   }
@@ -315,7 +353,7 @@ void JobRegistry::ImportState(const std::string& job_id, std::string safetensors
   });
 }
 
-absl::Status JobRegistry::RestoreAll(const CreateRequestDecoder& decode) {
+absl::Status JobRegistry::RestoreAll(const CreateRequestDecoder& legacy_decode) {
   if (!state_dir_) return absl::OkStatus();
   AMPD_ASSIGN_OR_RETURN(const std::vector<std::string> ids, state_dir_->ListJobs());
   // Most recently written first: when --max-jobs or --max-memory-bytes cannot
@@ -342,27 +380,20 @@ absl::Status JobRegistry::RestoreAll(const CreateRequestDecoder& decode) {
       LogEvent(absl::StrCat("job ", id, " failed to restore: ", state.status().ToString()));
       continue;
     }
-    auto it = state->metadata.find(kMetaCreateRequest);
-    std::string blob;
-    if (it == state->metadata.end() || !absl::Base64Unescape(it->second, &blob)) {
-      LogEvent(absl::StrCat("job ", id, " failed to restore: ", kMetaCreateRequest,
-                            " missing or not base64"));
-      continue;
-    }
-    absl::StatusOr<DecodedCreateRequest> request = decode(blob);
+    absl::StatusOr<RestoredConfig> request = ConfigOfCheckpoint(*state, legacy_decode);
     if (!request.ok()) {
       LogEvent(absl::StrCat("job ", id, " failed to restore: ", request.status().ToString()));
       continue;
     }
     {
       absl::MutexLock lock(&mu_);
-      if (absl::Status s = CheckAdmission(request->config); !s.ok()) {
+      if (absl::Status s = CheckAdmission(request->config.get()); !s.ok()) {
         LogEvent(absl::StrCat("job ", id, " not restored: ", s.message(),
                               "; its checkpoint is left on disk"));
         continue;
       }
     }
-    auto job = std::make_shared<Job>(id, request->request_id, request->config, blob, &context_);
+    auto job = std::make_shared<Job>(id, request->request_id, request->config, &context_);
     absl::Status s = job->Restore(options_.device, *state);
     if (!s.ok()) {
       (void)job->Close(/*remove_checkpoint=*/false);

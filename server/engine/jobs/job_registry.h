@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "server/engine/checkpoint/state_directory.h"
 #include "server/engine/jobs/job.h"
+#include "server/engine/jobs/job_config_codec.h"
 
 namespace ampd::engine {
 
@@ -38,13 +39,12 @@ struct RegistryOptions {
   std::function<void(int64_t in_use_bytes)> on_device_memory;
 };
 
-// What the rpc layer recovers from a checkpoint's ampd.create_request.
-struct DecodedCreateRequest {
-  JobConfig config;
-  std::string request_id;
-};
+// Reads the ampd.create_request (a serialized CreateJobRequest, the bytes
+// base64-decoded) of a checkpoint written by an earlier version: the one
+// thing restoring needs from the rpc layer, and only for those checkpoints.
+// The config it returns is translated, not yet validated.
 using CreateRequestDecoder =
-    std::function<absl::StatusOr<DecodedCreateRequest>(absl::string_view create_request)>;
+    std::function<absl::StatusOr<JobConfigRecord>(absl::string_view create_request)>;
 
 struct JobPage {
   std::vector<JobSnapshot> jobs;
@@ -61,13 +61,16 @@ class JobRegistry {
   // --max-memory-bytes admit them: the others are logged ("not restored")
   // and their checkpoints left on disk untouched, to be restored by a later
   // start with room for them. A checkpoint that cannot be restored is logged
-  // and left on disk too.
-  absl::Status RestoreAll(const CreateRequestDecoder& decode);
+  // and left on disk too. A job's config is read from its ampd.config; one
+  // written before that key existed has an ampd.create_request instead,
+  // read with `legacy_decode` (when null, such a checkpoint is logged as
+  // not restorable and left on disk).
+  absl::Status RestoreAll(const CreateRequestDecoder& legacy_decode = nullptr);
 
-  // config must already carry its defaults. create_request: opaque bytes
-  // stored with each checkpoint. A non-empty request_id seen before returns
-  // the job it created (or that creation's error).
-  void CreateJob(JobConfig config, std::string request_id, std::string create_request,
+  // config must already carry its defaults; it is validated here (errors
+  // name the field as "config.<field>"). A non-empty request_id seen before
+  // returns the job it created (or that creation's error).
+  void CreateJob(JobConfig config, std::string request_id,
                  std::function<void(absl::StatusOr<JobSnapshot>)> done);
   absl::StatusOr<JobSnapshot> GetJob(const std::string& job_id) const;
   // Sorted by job id; page_token is the last id of the previous page.

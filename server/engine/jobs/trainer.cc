@@ -155,7 +155,14 @@ Trainer::~Trainer() = default;
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     const JobConfig& config, std::unique_ptr<kernels::Backend> backend) {
   if (backend == nullptr) return absl::InvalidArgumentError("backend: null");
-  AMPD_RETURN_IF_ERROR(ValidateJobConfig(config));
+  AMPD_ASSIGN_OR_RETURN(const ValidJobConfig valid, ValidJobConfig::Check(config));
+  return Create(valid, std::move(backend));
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
+    const ValidJobConfig& valid, std::unique_ptr<kernels::Backend> backend) {
+  if (backend == nullptr) return absl::InvalidArgumentError("backend: null");
+  const JobConfig& config = valid.get();
   absl::StatusOr<amp::GradScaler> scaler = amp::GradScaler::Create(config.scaler);
   if (!scaler.ok()) return scaler.status();
   // Refused before any allocation when the weights alone cannot fit: the

@@ -59,6 +59,9 @@ class Trainer {
   // config.seed (PyTorch's default distributions), casts the working copy.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const JobConfig& config,
                                                          std::unique_ptr<kernels::Backend> backend);
+  // The same for a config validated before (no second check).
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const ValidJobConfig& config,
+                                                         std::unique_ptr<kernels::Backend> backend);
   ~Trainer();
 
   // One optimizer step over the micro-batches. InvalidArgument (naming

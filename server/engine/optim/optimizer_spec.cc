@@ -19,6 +19,21 @@ absl::string_view OptimizerName(OptimizerKind kind) {
   return "?";
 }
 
+OptimizerSpec DefaultOptimizerSpec(OptimizerKind kind) {
+  OptimizerSpec spec;
+  spec.kind = kind;
+  spec.sgd = kernels::SgdConfig{};
+  spec.adam = kernels::AdamConfig{};
+  spec.adam.weight_decay = kind == OptimizerKind::kAdamW ? 1e-2f : 0.0f;
+  return spec;
+}
+
+kernels::AdamConfig AdamUpdateConfig(const OptimizerSpec& spec) {
+  kernels::AdamConfig config = spec.adam;
+  config.decoupled_weight_decay = spec.kind == OptimizerKind::kAdamW;
+  return config;
+}
+
 namespace {
 
 absl::Status Bad(absl::string_view field, absl::string_view rule, float value) {

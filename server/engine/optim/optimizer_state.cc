@@ -50,8 +50,7 @@ absl::Status OptimizerState::Apply(kernels::Backend& backend,
     // PyTorch initialises the momentum buffer to g on the first update.
     return backend.SgdUpdate(refs, config, applied_steps_ == 0, transform);
   }
-  kernels::AdamConfig config = spec_.adam;
-  config.decoupled_weight_decay = spec_.kind == OptimizerKind::kAdamW;
+  kernels::AdamConfig config = AdamUpdateConfig(spec_);
   if (lr.has_value()) config.lr = *lr;
   return backend.AdamUpdate(refs, config, applied_steps_ + 1, transform);
 }

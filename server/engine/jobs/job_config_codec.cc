@@ -1,0 +1,699 @@
+// JobConfig <-> the JSON of a checkpoint's ampd.config (see the header). A
+// small strict JSON reader and writer of its own: the format is a handful of
+// keys, and the reader must refuse what a general-purpose library would
+// accept (duplicate keys, unknown keys, numbers that do not fit the field).
+#include "server/engine/jobs/job_config_codec.h"
+
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+
+namespace ampd::engine {
+namespace {
+
+constexpr char kKey[] = "ampd.config";
+// The format nests four deep (config, model, layers, layer); anything much
+// deeper is not a config, and the reader's recursion stays bounded.
+constexpr int kMaxDepth = 16;
+
+absl::Status Corrupt(absl::string_view path, absl::string_view what) {
+  return absl::DataLossError(absl::StrCat(kKey, ": ", path, ": ", what));
+}
+
+// ---- JSON values and the reader ---------------------------------------------------
+
+struct Json {
+  enum class Type { kNull, kBool, kNumber, kString, kArray, kObject };
+  Type type = Type::kNull;
+  bool boolean = false;
+  std::string text;  // kNumber: the literal as written; kString: the decoded bytes
+  std::vector<Json> items;
+  std::vector<std::pair<std::string, Json>> members;  // in document order
+};
+
+class Reader {
+ public:
+  explicit Reader(absl::string_view text) : s_(text) {}
+
+  absl::StatusOr<Json> Document() {
+    SkipSpace();
+    AMPD_ASSIGN_OR_RETURN(Json value, Value(0));
+    SkipSpace();
+    if (pos_ != s_.size()) return Error("characters after the value");
+    return value;
+  }
+
+ private:
+  absl::Status Error(absl::string_view what) const {
+    return absl::DataLossError(
+        absl::StrCat(kKey, ": not a JSON document: ", what, " at offset ", pos_));
+  }
+
+  void SkipSpace() {
+    while (pos_ < s_.size() &&
+           (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) {
+      ++pos_;
+    }
+  }
+
+  bool Consume(absl::string_view word) {
+    if (s_.substr(pos_, word.size()) != word) return false;
+    pos_ += word.size();
+    return true;
+  }
+
+  absl::StatusOr<Json> Value(int depth) {
+    if (depth > kMaxDepth) return Error("nested too deep");
+    if (pos_ >= s_.size()) return Error("unexpected end");
+    Json v;
+    const char c = s_[pos_];
+    if (c == '{') return Object(depth);
+    if (c == '[') return Array(depth);
+    if (c == '"') {
+      v.type = Json::Type::kString;
+      AMPD_ASSIGN_OR_RETURN(v.text, String());
+      return v;
+    }
+    if (Consume("true")) {
+      v.type = Json::Type::kBool;
+      v.boolean = true;
+      return v;
+    }
+    if (Consume("false")) {
+      v.type = Json::Type::kBool;
+      return v;
+    }
+    if (Consume("null")) return v;
+    if (c == '-' || absl::ascii_isdigit(static_cast<unsigned char>(c))) return Number();
+    return Error(absl::StrCat("unexpected character '", absl::CHexEscape(s_.substr(pos_, 1)), "'"));
+  }
+
+  absl::StatusOr<Json> Object(int depth) {
+    Json v;
+    v.type = Json::Type::kObject;
+    ++pos_;  // {
+    SkipSpace();
+    if (Consume("}")) return v;
+    while (true) {
+      SkipSpace();
+      if (pos_ >= s_.size() || s_[pos_] != '"') return Error("expected a key");
+      AMPD_ASSIGN_OR_RETURN(std::string key, String());
+      SkipSpace();
+      if (!Consume(":")) return Error("expected ':'");
+      SkipSpace();
+      AMPD_ASSIGN_OR_RETURN(Json member, Value(depth + 1));
+      v.members.emplace_back(std::move(key), std::move(member));
+      SkipSpace();
+      if (Consume("}")) return v;
+      if (!Consume(",")) return Error("expected ',' or '}'");
+    }
+  }
+
+  absl::StatusOr<Json> Array(int depth) {
+    Json v;
+    v.type = Json::Type::kArray;
+    ++pos_;  // [
+    SkipSpace();
+    if (Consume("]")) return v;
+    while (true) {
+      SkipSpace();
+      AMPD_ASSIGN_OR_RETURN(Json item, Value(depth + 1));
+      v.items.push_back(std::move(item));
+      SkipSpace();
+      if (Consume("]")) return v;
+      if (!Consume(",")) return Error("expected ',' or ']'");
+    }
+  }
+
+  // -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?, kept as written.
+  absl::StatusOr<Json> Number() {
+    const size_t start = pos_;
+    auto digits = [&] {
+      const size_t from = pos_;
+      while (pos_ < s_.size() && absl::ascii_isdigit(static_cast<unsigned char>(s_[pos_]))) ++pos_;
+      return pos_ - from;
+    };
+    Consume("-");
+    if (Consume("0")) {
+      if (pos_ < s_.size() && absl::ascii_isdigit(static_cast<unsigned char>(s_[pos_]))) {
+        return Error("a number with a leading zero");
+      }
+    } else if (digits() == 0) {
+      return Error("a number without digits");
+    }
+    if (Consume(".") && digits() == 0) return Error("a number without digits after '.'");
+    if (Consume("e") || Consume("E")) {
+      if (!Consume("+")) Consume("-");
+      if (digits() == 0) return Error("a number without exponent digits");
+    }
+    Json v;
+    v.type = Json::Type::kNumber;
+    v.text = std::string(s_.substr(start, pos_ - start));
+    return v;
+  }
+
+  absl::StatusOr<uint32_t> Hex4() {
+    if (s_.size() - pos_ < 4) return Error("a short \\u escape");
+    uint32_t value = 0;
+    for (int i = 0; i < 4; ++i) {
+      const char c = s_[pos_++];
+      value <<= 4;
+      if (c >= '0' && c <= '9') {
+        value |= static_cast<uint32_t>(c - '0');
+      } else if (c >= 'a' && c <= 'f') {
+        value |= static_cast<uint32_t>(c - 'a' + 10);
+      } else if (c >= 'A' && c <= 'F') {
+        value |= static_cast<uint32_t>(c - 'A' + 10);
+      } else {
+        return Error("a bad \\u escape");
+      }
+    }
+    return value;
+  }
+
+  static void AppendUtf8(uint32_t cp, std::string* out) {
+    if (cp < 0x80) {
+      out->push_back(static_cast<char>(cp));
+    } else if (cp < 0x800) {
+      out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
+      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    } else if (cp < 0x10000) {
+      out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
+      out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    } else {
+      out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
+      out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+      out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    }
+  }
+
+  // Bytes >= 0x80 are taken as they are (the writer writes them so).
+  absl::StatusOr<std::string> String() {
+    ++pos_;  // "
+    std::string out;
+    while (true) {
+      if (pos_ >= s_.size()) return Error("an unterminated string");
+      const char c = s_[pos_++];
+      if (c == '"') return out;
+      if (static_cast<unsigned char>(c) < 0x20) return Error("a control character in a string");
+      if (c != '\\') {
+        out.push_back(c);
+        continue;
+      }
+      if (pos_ >= s_.size()) return Error("an unterminated string");
+      const char e = s_[pos_++];
+      switch (e) {
+        case '"':
+        case '\\':
+        case '/':
+          out.push_back(e);
+          break;
+        case 'b':
+          out.push_back('\b');
+          break;
+        case 'f':
+          out.push_back('\f');
+          break;
+        case 'n':
+          out.push_back('\n');
+          break;
+        case 'r':
+          out.push_back('\r');
+          break;
+        case 't':
+          out.push_back('\t');
+          break;
+        case 'u': {
+          AMPD_ASSIGN_OR_RETURN(uint32_t cp, Hex4());
+          if (cp >= 0xDC00 && cp <= 0xDFFF) return Error("a lone low surrogate");
+          if (cp >= 0xD800 && cp <= 0xDBFF) {
+            if (!Consume("\\u")) return Error("a lone high surrogate");
+            AMPD_ASSIGN_OR_RETURN(uint32_t low, Hex4());
+            if (low < 0xDC00 || low > 0xDFFF) return Error("a lone high surrogate");
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
+          }
+          AppendUtf8(cp, &out);
+          break;
+        }
+        default:
+          return Error("a bad escape");
+      }
+    }
+  }
+
+  absl::string_view s_;
+  size_t pos_ = 0;
+};
+
+// ---- typed access with the key's path in every error ------------------------------
+
+absl::string_view TypeName(Json::Type type) {
+  switch (type) {
+    case Json::Type::kNull:
+      return "null";
+    case Json::Type::kBool:
+      return "a boolean";
+    case Json::Type::kNumber:
+      return "a number";
+    case Json::Type::kString:
+      return "a string";
+    case Json::Type::kArray:
+      return "an array";
+    case Json::Type::kObject:
+      return "an object";
+  }
+  return "?";
+}
+
+absl::Status Expect(const Json& v, Json::Type type, absl::string_view path) {
+  if (v.type == type) return absl::OkStatus();
+  return Corrupt(path, absl::StrCat("expected ", TypeName(type), ", got ", TypeName(v.type)));
+}
+
+// The members of one object, each to be read once; Done() refuses the
+// members nobody read.
+class Fields {
+ public:
+  static absl::StatusOr<Fields> Of(const Json& v, std::string path) {
+    AMPD_RETURN_IF_ERROR(Expect(v, Json::Type::kObject, path.empty() ? "(the document)" : path));
+    Fields f;
+    f.path_ = std::move(path);
+    for (const auto& [key, value] : v.members) {
+      if (!f.members_.emplace(key, &value).second) {
+        return Corrupt(f.PathOf(key), "duplicate key");
+      }
+    }
+    return f;
+  }
+
+  std::string PathOf(absl::string_view key) const {
+    return path_.empty() ? std::string(key) : absl::StrCat(path_, ".", key);
+  }
+
+  bool Has(absl::string_view key) const { return members_.contains(std::string(key)); }
+
+  absl::StatusOr<const Json*> Get(absl::string_view key) {
+    auto it = members_.find(std::string(key));
+    if (it == members_.end()) return Corrupt(PathOf(key), "missing");
+    read_.insert(it->first);
+    return it->second;
+  }
+
+  absl::StatusOr<std::string> String(absl::string_view key) {
+    AMPD_ASSIGN_OR_RETURN(const Json* v, Get(key));
+    AMPD_RETURN_IF_ERROR(Expect(*v, Json::Type::kString, PathOf(key)));
+    return v->text;
+  }
+
+  absl::StatusOr<bool> Bool(absl::string_view key) {
+    AMPD_ASSIGN_OR_RETURN(const Json* v, Get(key));
+    AMPD_RETURN_IF_ERROR(Expect(*v, Json::Type::kBool, PathOf(key)));
+    return v->boolean;
+  }
+
+  absl::StatusOr<float> Float(absl::string_view key) {
+    AMPD_ASSIGN_OR_RETURN(const Json* v, Get(key));
+    AMPD_RETURN_IF_ERROR(Expect(*v, Json::Type::kNumber, PathOf(key)));
+    float value = 0;
+    if (!absl::SimpleAtof(v->text, &value) || !std::isfinite(value)) {
+      return Corrupt(PathOf(key), absl::StrCat("not a finite float32: ", v->text));
+    }
+    return value;
+  }
+
+  absl::StatusOr<double> Double(absl::string_view key) {
+    AMPD_ASSIGN_OR_RETURN(const Json* v, Get(key));
+    AMPD_RETURN_IF_ERROR(Expect(*v, Json::Type::kNumber, PathOf(key)));
+    double value = 0;
+    if (!absl::SimpleAtod(v->text, &value) || !std::isfinite(value)) {
+      return Corrupt(PathOf(key), absl::StrCat("not a finite float64: ", v->text));
+    }
+    return value;
+  }
+
+  // Integers are written without fraction or exponent.
+  template <typename Int>
+  absl::StatusOr<Int> Integer(absl::string_view key) {
+    AMPD_ASSIGN_OR_RETURN(const Json* v, Get(key));
+    AMPD_RETURN_IF_ERROR(Expect(*v, Json::Type::kNumber, PathOf(key)));
+    Int value = 0;
+    if (v->text.find_first_of(".eE") != std::string::npos || !absl::SimpleAtoi(v->text, &value)) {
+      return Corrupt(PathOf(key), absl::StrCat("not an integer of the field's range: ", v->text));
+    }
+    return value;
+  }
+
+  absl::Status Done() const {
+    for (const auto& [key, value] : members_) {
+      if (!read_.contains(key)) return Corrupt(PathOf(key), "unknown key");
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  std::string path_;
+  std::map<std::string, const Json*> members_;
+  std::set<std::string> read_;
+};
+
+// ---- names ------------------------------------------------------------------------
+
+absl::string_view LossName(model::LossKind loss) {
+  return loss == model::LossKind::kCrossEntropy ? "cross_entropy" : "mse";
+}
+
+template <typename Enum, typename NameOf>
+absl::StatusOr<Enum> FromName(absl::string_view name, std::initializer_list<Enum> values,
+                              NameOf name_of, absl::string_view path) {
+  for (Enum value : values) {
+    if (name_of(value) == name) return value;
+  }
+  std::string known;
+  for (Enum value : values) absl::StrAppend(&known, known.empty() ? "" : ", ", name_of(value));
+  return Corrupt(path,
+                 absl::StrCat("unknown value '", absl::CHexEscape(name), "' (one of ", known, ")"));
+}
+
+// ---- writer -----------------------------------------------------------------------
+
+void AppendQuoted(absl::string_view s, std::string* out) {
+  out->push_back('"');
+  for (const char c : s) {
+    if (c == '"' || c == '\\') {
+      out->push_back('\\');
+      out->push_back(c);
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      absl::StrAppendFormat(out, "\\u%04x", static_cast<unsigned char>(c));
+    } else {
+      out->push_back(c);
+    }
+  }
+  out->push_back('"');
+}
+
+// 9 significant digits read back to the same float32, 17 to the same
+// float64. A non-finite value (which ValidateJobConfig refuses) is written
+// as null, which the reader refuses.
+std::string FloatText(float v) {
+  return std::isfinite(v) ? absl::StrFormat("%.9g", v) : std::string("null");
+}
+std::string DoubleText(double v) {
+  return std::isfinite(v) ? absl::StrFormat("%.17g", v) : std::string("null");
+}
+
+// Appends "key":value members, comma-separated.
+class ObjectWriter {
+ public:
+  explicit ObjectWriter(std::string* out) : out_(out) { out_->push_back('{'); }
+  void Raw(absl::string_view key, absl::string_view value) {
+    if (!first_) out_->push_back(',');
+    first_ = false;
+    AppendQuoted(key, out_);
+    out_->push_back(':');
+    out_->append(value.data(), value.size());
+  }
+  void String(absl::string_view key, absl::string_view value) {
+    std::string quoted;
+    AppendQuoted(value, &quoted);
+    Raw(key, quoted);
+  }
+  void Bool(absl::string_view key, bool value) { Raw(key, value ? "true" : "false"); }
+  void Float(absl::string_view key, float value) { Raw(key, FloatText(value)); }
+  void Double(absl::string_view key, double value) { Raw(key, DoubleText(value)); }
+  void Int(absl::string_view key, int64_t value) { Raw(key, absl::StrCat(value)); }
+  void Close() { out_->push_back('}'); }
+
+ private:
+  std::string* out_;
+  bool first_ = true;
+};
+
+std::string LayerJson(const model::LayerSpec& layer) {
+  std::string out;
+  ObjectWriter w(&out);
+  w.String("kind", model::LayerKindName(layer.kind));
+  switch (layer.kind) {
+    case model::LayerKind::kLinear:
+      w.Int("in_features", layer.in_features);
+      w.Int("out_features", layer.out_features);
+      w.Bool("bias", layer.bias);
+      break;
+    case model::LayerKind::kLayerNorm:
+      w.Int("normalized_shape", layer.normalized_shape);
+      w.Float("eps", layer.eps);
+      w.Bool("elementwise_affine", layer.elementwise_affine);
+      break;
+    case model::LayerKind::kEmbedding:
+      w.Int("num_embeddings", layer.num_embeddings);
+      w.Int("embedding_dim", layer.embedding_dim);
+      break;
+    case model::LayerKind::kReLU:
+    case model::LayerKind::kGELU:
+    case model::LayerKind::kTanh:
+      break;
+  }
+  w.Close();
+  return out;
+}
+
+std::string ModelJson(const model::ModelSpec& spec) {
+  std::string layers = "[";
+  for (size_t i = 0; i < spec.layers.size(); ++i) {
+    if (i > 0) layers.push_back(',');
+    layers += LayerJson(spec.layers[i]);
+  }
+  layers.push_back(']');
+  std::string out;
+  ObjectWriter w(&out);
+  w.Raw("layers", layers);
+  w.String("loss", LossName(spec.loss));
+  w.Float("loss_multiplier", spec.loss_multiplier);
+  w.Close();
+  return out;
+}
+
+std::string OptimizerJson(const optim::OptimizerSpec& spec) {
+  std::string out;
+  ObjectWriter w(&out);
+  w.String("kind", optim::OptimizerName(spec.kind));
+  if (spec.kind == optim::OptimizerKind::kSgd) {
+    w.Float("lr", spec.sgd.lr);
+    w.Float("momentum", spec.sgd.momentum);
+    w.Float("dampening", spec.sgd.dampening);
+    w.Float("weight_decay", spec.sgd.weight_decay);
+    w.Bool("nesterov", spec.sgd.nesterov);
+  } else {
+    w.Float("lr", spec.adam.lr);
+    w.Float("beta1", spec.adam.beta1);
+    w.Float("beta2", spec.adam.beta2);
+    w.Float("eps", spec.adam.eps);
+    w.Float("weight_decay", spec.adam.weight_decay);
+  }
+  w.Float("max_grad_norm", spec.max_grad_norm);
+  w.Close();
+  return out;
+}
+
+std::string ScalerJson(const amp::ScalerConfig& c) {
+  std::string out;
+  ObjectWriter w(&out);
+  w.String("policy", amp::PolicyName(c.policy));
+  w.Bool("enabled", c.enabled);
+  w.Bool("dynamic", c.dynamic);
+  w.Double("init_scale", c.init_scale);
+  w.Double("growth_factor", c.growth_factor);
+  w.Double("backoff_factor", c.backoff_factor);
+  w.Int("growth_interval", c.growth_interval);
+  w.Int("hysteresis", c.hysteresis);
+  w.Bool("consecutive_hysteresis", c.consecutive_hysteresis);
+  w.Bool("raise_at_min_scale", c.raise_at_min_scale);
+  if (c.min_scale.has_value()) w.Double("min_scale", *c.min_scale);
+  if (c.max_scale.has_value()) w.Double("max_scale", *c.max_scale);
+  w.Close();
+  return out;
+}
+
+// ---- reader -----------------------------------------------------------------------
+
+absl::StatusOr<model::LayerSpec> LayerFromJson(const Json& v, const std::string& path) {
+  AMPD_ASSIGN_OR_RETURN(Fields f, Fields::Of(v, path));
+  AMPD_ASSIGN_OR_RETURN(const std::string kind_name, f.String("kind"));
+  model::LayerSpec layer;
+  AMPD_ASSIGN_OR_RETURN(layer.kind,
+                        FromName(kind_name,
+                                 {model::LayerKind::kLinear, model::LayerKind::kReLU,
+                                  model::LayerKind::kGELU, model::LayerKind::kTanh,
+                                  model::LayerKind::kLayerNorm, model::LayerKind::kEmbedding},
+                                 model::LayerKindName, f.PathOf("kind")));
+  switch (layer.kind) {
+    case model::LayerKind::kLinear: {
+      AMPD_ASSIGN_OR_RETURN(layer.in_features, f.Integer<int64_t>("in_features"));
+      AMPD_ASSIGN_OR_RETURN(layer.out_features, f.Integer<int64_t>("out_features"));
+      AMPD_ASSIGN_OR_RETURN(layer.bias, f.Bool("bias"));
+      break;
+    }
+    case model::LayerKind::kLayerNorm: {
+      AMPD_ASSIGN_OR_RETURN(layer.normalized_shape, f.Integer<int64_t>("normalized_shape"));
+      AMPD_ASSIGN_OR_RETURN(layer.eps, f.Float("eps"));
+      AMPD_ASSIGN_OR_RETURN(layer.elementwise_affine, f.Bool("elementwise_affine"));
+      break;
+    }
+    case model::LayerKind::kEmbedding: {
+      AMPD_ASSIGN_OR_RETURN(layer.num_embeddings, f.Integer<int64_t>("num_embeddings"));
+      AMPD_ASSIGN_OR_RETURN(layer.embedding_dim, f.Integer<int64_t>("embedding_dim"));
+      break;
+    }
+    case model::LayerKind::kReLU:
+    case model::LayerKind::kGELU:
+    case model::LayerKind::kTanh:
+      break;
+  }
+  AMPD_RETURN_IF_ERROR(f.Done());
+  return layer;
+}
+
+absl::StatusOr<model::ModelSpec> ModelFromJson(const Json& v) {
+  AMPD_ASSIGN_OR_RETURN(Fields f, Fields::Of(v, "model"));
+  model::ModelSpec spec;
+  AMPD_ASSIGN_OR_RETURN(const Json* layers, f.Get("layers"));
+  AMPD_RETURN_IF_ERROR(Expect(*layers, Json::Type::kArray, "model.layers"));
+  for (size_t i = 0; i < layers->items.size(); ++i) {
+    AMPD_ASSIGN_OR_RETURN(model::LayerSpec layer,
+                          LayerFromJson(layers->items[i], absl::StrCat("model.layers[", i, "]")));
+    spec.layers.push_back(layer);
+  }
+  AMPD_ASSIGN_OR_RETURN(const std::string loss, f.String("loss"));
+  AMPD_ASSIGN_OR_RETURN(
+      spec.loss, FromName(loss, {model::LossKind::kMse, model::LossKind::kCrossEntropy}, LossName,
+                          "model.loss"));
+  AMPD_ASSIGN_OR_RETURN(spec.loss_multiplier, f.Float("loss_multiplier"));
+  AMPD_RETURN_IF_ERROR(f.Done());
+  return spec;
+}
+
+absl::StatusOr<optim::OptimizerSpec> OptimizerFromJson(const Json& v) {
+  AMPD_ASSIGN_OR_RETURN(Fields f, Fields::Of(v, "optimizer"));
+  AMPD_ASSIGN_OR_RETURN(const std::string kind_name, f.String("kind"));
+  AMPD_ASSIGN_OR_RETURN(const optim::OptimizerKind kind,
+                        FromName(kind_name,
+                                 {optim::OptimizerKind::kSgd, optim::OptimizerKind::kAdam,
+                                  optim::OptimizerKind::kAdamW},
+                                 optim::OptimizerName, "optimizer.kind"));
+  // Every field of the kind is read below; the defaults only fill the
+  // other kind's, which the job never reads.
+  optim::OptimizerSpec spec = optim::DefaultOptimizerSpec(kind);
+  if (kind == optim::OptimizerKind::kSgd) {
+    AMPD_ASSIGN_OR_RETURN(spec.sgd.lr, f.Float("lr"));
+    AMPD_ASSIGN_OR_RETURN(spec.sgd.momentum, f.Float("momentum"));
+    AMPD_ASSIGN_OR_RETURN(spec.sgd.dampening, f.Float("dampening"));
+    AMPD_ASSIGN_OR_RETURN(spec.sgd.weight_decay, f.Float("weight_decay"));
+    AMPD_ASSIGN_OR_RETURN(spec.sgd.nesterov, f.Bool("nesterov"));
+  } else {
+    AMPD_ASSIGN_OR_RETURN(spec.adam.lr, f.Float("lr"));
+    AMPD_ASSIGN_OR_RETURN(spec.adam.beta1, f.Float("beta1"));
+    AMPD_ASSIGN_OR_RETURN(spec.adam.beta2, f.Float("beta2"));
+    AMPD_ASSIGN_OR_RETURN(spec.adam.eps, f.Float("eps"));
+    AMPD_ASSIGN_OR_RETURN(spec.adam.weight_decay, f.Float("weight_decay"));
+  }
+  AMPD_ASSIGN_OR_RETURN(spec.max_grad_norm, f.Float("max_grad_norm"));
+  AMPD_RETURN_IF_ERROR(f.Done());
+  return spec;
+}
+
+absl::StatusOr<amp::ScalerConfig> ScalerFromJson(const Json& v) {
+  AMPD_ASSIGN_OR_RETURN(Fields f, Fields::Of(v, "scaler"));
+  amp::ScalerConfig c;
+  AMPD_ASSIGN_OR_RETURN(const std::string policy, f.String("policy"));
+  AMPD_ASSIGN_OR_RETURN(c.policy,
+                        FromName(policy,
+                                 {amp::ScalerPolicy::kPyTorch, amp::ScalerPolicy::kPaddle,
+                                  amp::ScalerPolicy::kDeepSpeed, amp::ScalerPolicy::kMegatron},
+                                 amp::PolicyName, "scaler.policy"));
+  AMPD_ASSIGN_OR_RETURN(c.enabled, f.Bool("enabled"));
+  AMPD_ASSIGN_OR_RETURN(c.dynamic, f.Bool("dynamic"));
+  AMPD_ASSIGN_OR_RETURN(c.init_scale, f.Double("init_scale"));
+  AMPD_ASSIGN_OR_RETURN(c.growth_factor, f.Double("growth_factor"));
+  AMPD_ASSIGN_OR_RETURN(c.backoff_factor, f.Double("backoff_factor"));
+  AMPD_ASSIGN_OR_RETURN(c.growth_interval, f.Integer<int64_t>("growth_interval"));
+  AMPD_ASSIGN_OR_RETURN(c.hysteresis, f.Integer<int64_t>("hysteresis"));
+  AMPD_ASSIGN_OR_RETURN(c.consecutive_hysteresis, f.Bool("consecutive_hysteresis"));
+  AMPD_ASSIGN_OR_RETURN(c.raise_at_min_scale, f.Bool("raise_at_min_scale"));
+  if (f.Has("min_scale")) {
+    AMPD_ASSIGN_OR_RETURN(c.min_scale, f.Double("min_scale"));
+  }
+  if (f.Has("max_scale")) {
+    AMPD_ASSIGN_OR_RETURN(c.max_scale, f.Double("max_scale"));
+  }
+  AMPD_RETURN_IF_ERROR(f.Done());
+  return c;
+}
+
+}  // namespace
+
+std::string EncodeJobConfig(const JobConfig& config, absl::string_view request_id) {
+  std::string out;
+  ObjectWriter w(&out);
+  w.Int("format_version", kJobConfigFormatVersion);
+  w.String("display_name", config.display_name);
+  if (!request_id.empty()) w.String("request_id", request_id);
+  w.Raw("seed", absl::StrCat(config.seed));
+  w.String("precision", model::PrecisionName(config.precision));
+  w.Raw("model", ModelJson(config.model));
+  w.Raw("optimizer", OptimizerJson(config.optimizer));
+  w.Raw("scaler", ScalerJson(config.scaler));
+  w.Close();
+  return out;
+}
+
+absl::StatusOr<JobConfigRecord> DecodeJobConfig(absl::string_view json) {
+  AMPD_ASSIGN_OR_RETURN(const Json document, Reader(json).Document());
+  AMPD_ASSIGN_OR_RETURN(Fields f, Fields::Of(document, ""));
+  // The version first: a later format may have changed any other key.
+  AMPD_ASSIGN_OR_RETURN(const int64_t version, f.Integer<int64_t>("format_version"));
+  if (version != kJobConfigFormatVersion) {
+    return Corrupt(
+        "format_version",
+        absl::StrCat(version, " is not the version this ampd reads (", kJobConfigFormatVersion,
+                     "); the checkpoint was written by ",
+                     version > kJobConfigFormatVersion ? "a newer" : "another", " ampd"));
+  }
+  JobConfigRecord record;
+  JobConfig& config = record.config;
+  AMPD_ASSIGN_OR_RETURN(config.display_name, f.String("display_name"));
+  if (f.Has("request_id")) {
+    AMPD_ASSIGN_OR_RETURN(record.request_id, f.String("request_id"));
+  }
+  AMPD_ASSIGN_OR_RETURN(config.seed, f.Integer<uint64_t>("seed"));
+  AMPD_ASSIGN_OR_RETURN(const std::string precision, f.String("precision"));
+  AMPD_ASSIGN_OR_RETURN(
+      config.precision,
+      FromName(precision,
+               {model::Precision::kFp32, model::Precision::kFp16, model::Precision::kBf16},
+               model::PrecisionName, "precision"));
+  AMPD_ASSIGN_OR_RETURN(const Json* model, f.Get("model"));
+  AMPD_ASSIGN_OR_RETURN(config.model, ModelFromJson(*model));
+  AMPD_ASSIGN_OR_RETURN(const Json* optimizer, f.Get("optimizer"));
+  AMPD_ASSIGN_OR_RETURN(config.optimizer, OptimizerFromJson(*optimizer));
+  AMPD_ASSIGN_OR_RETURN(const Json* scaler, f.Get("scaler"));
+  AMPD_ASSIGN_OR_RETURN(config.scaler, ScalerFromJson(*scaler));
+  AMPD_RETURN_IF_ERROR(f.Done());
+  if (absl::Status s = ValidateJobConfig(config); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(kKey, ": ", s.message()));
+  }
+  return record;
+}
+
+}  // namespace ampd::engine

@@ -1,0 +1,59 @@
+// The engine's own encoding of a JobConfig, stored in every checkpoint's
+// metadata under ampd.config so that the engine restores its jobs without
+// the rpc layer and a wire-format change is never a checkpoint-format
+// change. It is JSON, versioned by format_version, with every field written
+// (no defaults implied, so a later change of a default cannot change a
+// restored job):
+//
+//   {"format_version":1,"display_name":"...","request_id":"...","seed":7,
+//    "precision":"fp16",
+//    "model":{"layers":[{"kind":"linear","in_features":16,"out_features":64,
+//                        "bias":true},{"kind":"gelu"},...],
+//             "loss":"mse","loss_multiplier":1},
+//    "optimizer":{"kind":"adamw","lr":0.001,"beta1":0.9,"beta2":0.999,
+//                 "eps":1e-08,"weight_decay":0.01,"max_grad_norm":0},
+//    "scaler":{"policy":"pytorch","enabled":true,"dynamic":true,
+//              "init_scale":65536,...,"min_scale":1,"max_scale":16777216}}
+//
+// request_id, min_scale and max_scale are present only when set. A layer
+// carries the fields of its kind only (linear: in_features, out_features,
+// bias; layer_norm: normalized_shape, eps, elementwise_affine; embedding:
+// num_embeddings, embedding_dim); the optimizer those of its kind (sgd: lr,
+// momentum, dampening, weight_decay, nesterov; adam and adamw: lr, beta1,
+// beta2, eps, weight_decay; all: max_grad_norm). float32 values are written
+// with 9 significant digits and float64 values with 17, which read back to
+// the same bits; integers are written exactly.
+//
+// The reader is strict: every key of the format must be present, an
+// unknown key, a wrong type, a duplicate key or a format_version other than
+// the one it reads is an error naming the key, and the decoded config must
+// pass ValidateJobConfig.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "server/engine/jobs/job_config.h"
+
+namespace ampd::engine {
+
+// The format_version EncodeJobConfig writes and DecodeJobConfig reads.
+inline constexpr int kJobConfigFormatVersion = 1;
+
+// A job's config and the request_id it was created with ("" when none).
+struct JobConfigRecord {
+  JobConfig config;
+  std::string request_id;
+};
+
+// The JSON text of a valid config (ValidateJobConfig: every number finite).
+std::string EncodeJobConfig(const JobConfig& config, absl::string_view request_id);
+
+// DataLoss naming the key ("ampd.config: optimizer.beta1: expected a
+// number") for text that is not a config of kJobConfigFormatVersion;
+// ValidateJobConfig's error, prefixed "ampd.config: ", for one that decodes
+// but is not valid.
+absl::StatusOr<JobConfigRecord> DecodeJobConfig(absl::string_view json);
+
+}  // namespace ampd::engine

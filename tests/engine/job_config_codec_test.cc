@@ -1,0 +1,416 @@
+// job_config_codec: EncodeJobConfig/DecodeJobConfig round trips every field
+// bit for bit over every scaler policy, precision, optimizer kind and layer
+// kind, and the reader refuses what is not a config of its format with the
+// key at fault. Also the engine's per-kind optimizer defaults.
+#include "server/engine/jobs/job_config_codec.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "gtest/gtest.h"
+
+namespace ampd::engine {
+namespace {
+
+using amp::ScalerPolicy;
+using model::LayerKind;
+using model::LayerSpec;
+using model::LossKind;
+using model::Precision;
+using optim::OptimizerKind;
+
+bool SameBits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+bool SameBits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+// Every field a job of this kind reads, compared exactly (floats by bits).
+void ExpectSameConfig(const JobConfig& a, const JobConfig& b) {
+  EXPECT_EQ(a.display_name, b.display_name);
+  EXPECT_EQ(a.seed, b.seed);
+  EXPECT_EQ(a.precision, b.precision);
+  ASSERT_EQ(a.model.layers.size(), b.model.layers.size());
+  for (size_t i = 0; i < a.model.layers.size(); ++i) {
+    const LayerSpec& x = a.model.layers[i];
+    const LayerSpec& y = b.model.layers[i];
+    SCOPED_TRACE(absl::StrCat("layers[", i, "]"));
+    EXPECT_EQ(x.kind, y.kind);
+    EXPECT_EQ(x.in_features, y.in_features);
+    EXPECT_EQ(x.out_features, y.out_features);
+    EXPECT_EQ(x.bias, y.bias);
+    EXPECT_EQ(x.normalized_shape, y.normalized_shape);
+    EXPECT_TRUE(SameBits(x.eps, y.eps)) << x.eps << " vs " << y.eps;
+    EXPECT_EQ(x.elementwise_affine, y.elementwise_affine);
+    EXPECT_EQ(x.num_embeddings, y.num_embeddings);
+    EXPECT_EQ(x.embedding_dim, y.embedding_dim);
+  }
+  EXPECT_EQ(a.model.loss, b.model.loss);
+  EXPECT_TRUE(SameBits(a.model.loss_multiplier, b.model.loss_multiplier));
+  const optim::OptimizerSpec& o = a.optimizer;
+  const optim::OptimizerSpec& p = b.optimizer;
+  EXPECT_EQ(o.kind, p.kind);
+  if (o.kind == OptimizerKind::kSgd) {
+    EXPECT_TRUE(SameBits(o.sgd.lr, p.sgd.lr)) << o.sgd.lr << " vs " << p.sgd.lr;
+    EXPECT_TRUE(SameBits(o.sgd.momentum, p.sgd.momentum));
+    EXPECT_TRUE(SameBits(o.sgd.dampening, p.sgd.dampening));
+    EXPECT_TRUE(SameBits(o.sgd.weight_decay, p.sgd.weight_decay));
+    EXPECT_EQ(o.sgd.nesterov, p.sgd.nesterov);
+  } else {
+    EXPECT_TRUE(SameBits(o.adam.lr, p.adam.lr)) << o.adam.lr << " vs " << p.adam.lr;
+    EXPECT_TRUE(SameBits(o.adam.beta1, p.adam.beta1));
+    EXPECT_TRUE(SameBits(o.adam.beta2, p.adam.beta2));
+    EXPECT_TRUE(SameBits(o.adam.eps, p.adam.eps));
+    EXPECT_TRUE(SameBits(o.adam.weight_decay, p.adam.weight_decay));
+    EXPECT_EQ(optim::AdamUpdateConfig(o).decoupled_weight_decay,
+              optim::AdamUpdateConfig(p).decoupled_weight_decay);
+  }
+  EXPECT_TRUE(SameBits(o.max_grad_norm, p.max_grad_norm));
+  const amp::ScalerConfig& s = a.scaler;
+  const amp::ScalerConfig& t = b.scaler;
+  EXPECT_EQ(s.policy, t.policy);
+  EXPECT_EQ(s.enabled, t.enabled);
+  EXPECT_EQ(s.dynamic, t.dynamic);
+  EXPECT_TRUE(SameBits(s.init_scale, t.init_scale)) << s.init_scale << " vs " << t.init_scale;
+  EXPECT_TRUE(SameBits(s.growth_factor, t.growth_factor));
+  EXPECT_TRUE(SameBits(s.backoff_factor, t.backoff_factor));
+  EXPECT_EQ(s.growth_interval, t.growth_interval);
+  EXPECT_EQ(s.hysteresis, t.hysteresis);
+  EXPECT_EQ(s.consecutive_hysteresis, t.consecutive_hysteresis);
+  EXPECT_EQ(s.raise_at_min_scale, t.raise_at_min_scale);
+  EXPECT_EQ(s.min_scale.has_value(), t.min_scale.has_value());
+  if (s.min_scale && t.min_scale) {
+    EXPECT_TRUE(SameBits(*s.min_scale, *t.min_scale));
+  }
+  EXPECT_EQ(s.max_scale.has_value(), t.max_scale.has_value());
+  if (s.max_scale && t.max_scale) {
+    EXPECT_TRUE(SameBits(*s.max_scale, *t.max_scale));
+  }
+}
+
+LayerSpec Linear(int64_t in, int64_t out, bool bias = true) {
+  LayerSpec l;
+  l.kind = LayerKind::kLinear;
+  l.in_features = in;
+  l.out_features = out;
+  l.bias = bias;
+  return l;
+}
+
+LayerSpec Activation(LayerKind kind) {
+  LayerSpec l;
+  l.kind = kind;
+  return l;
+}
+
+LayerSpec LayerNorm(int64_t n, float eps, bool affine) {
+  LayerSpec l;
+  l.kind = LayerKind::kLayerNorm;
+  l.normalized_shape = n;
+  l.eps = eps;
+  l.elementwise_affine = affine;
+  return l;
+}
+
+LayerSpec Embedding(int64_t n, int64_t dim) {
+  LayerSpec l;
+  l.kind = LayerKind::kEmbedding;
+  l.num_embeddings = n;
+  l.embedding_dim = dim;
+  return l;
+}
+
+// Models covering every layer kind and both losses.
+std::vector<model::ModelSpec> Models() {
+  std::vector<model::ModelSpec> models(3);
+  models[0].layers = {Linear(16, 64), Activation(LayerKind::kGELU), Linear(64, 4)};
+  models[1].layers = {Linear(8, 6, false), Activation(LayerKind::kReLU), LayerNorm(6, 1e-6f, false),
+                      Activation(LayerKind::kTanh), Linear(6, 3)};
+  models[1].loss = LossKind::kCrossEntropy;
+  models[1].loss_multiplier = 1.0f / 3.0f;
+  models[2].layers = {Embedding(50257, 7), LayerNorm(7, std::nextafter(1e-5f, 1.0f), true),
+                      Linear(7, 50257, false)};
+  models[2].loss = LossKind::kCrossEntropy;
+  models[2].loss_multiplier = 1e-30f;
+  return models;
+}
+
+// Floats whose shortest decimal form needs all 9 digits, or that are
+// subnormal, so a writer with fewer digits would lose bits.
+constexpr float kAwkwardLr = 0.100000024f;  // 8 digits (0.10000002) read back as 0.1f + 2 ulp
+const float kSubnormal = std::numeric_limits<float>::denorm_min();
+
+std::vector<JobConfig> ManyConfigs() {
+  std::vector<JobConfig> configs;
+  int n = 0;
+  for (Precision precision : {Precision::kFp32, Precision::kFp16, Precision::kBf16}) {
+    for (ScalerPolicy policy : {ScalerPolicy::kPyTorch, ScalerPolicy::kPaddle,
+                                ScalerPolicy::kDeepSpeed, ScalerPolicy::kMegatron}) {
+      for (OptimizerKind kind :
+           {OptimizerKind::kSgd, OptimizerKind::kAdam, OptimizerKind::kAdamW}) {
+        for (const model::ModelSpec& model : Models()) {
+          ++n;
+          JobConfig c = DefaultJobConfig(precision, policy, kind);
+          c.model = model;
+          c.display_name = absl::StrCat("job ", n);
+          c.seed = static_cast<uint64_t>(n) * 0x9E3779B97F4A7C15ull;
+          configs.push_back(c);
+          // The same with every number moved off its default.
+          c.display_name = absl::StrCat("job \"", n, "\"\\ \t\x01 \xc3\xa9 \xf0\x9f\x98\x80");
+          c.seed = std::numeric_limits<uint64_t>::max() - static_cast<uint64_t>(n);
+          if (kind == OptimizerKind::kSgd) {
+            c.optimizer.sgd.lr = kAwkwardLr;
+            c.optimizer.sgd.momentum = 0.9f;
+            c.optimizer.sgd.dampening = n % 2 == 0 ? 0.0f : 0.25f;
+            c.optimizer.sgd.nesterov = n % 2 == 0;
+            c.optimizer.sgd.weight_decay = kSubnormal;
+          } else {
+            c.optimizer.adam.lr = kAwkwardLr;
+            c.optimizer.adam.beta1 = std::nextafter(1.0f, 0.0f);
+            c.optimizer.adam.beta2 = 0.0f;
+            c.optimizer.adam.eps = kSubnormal;
+            c.optimizer.adam.weight_decay = 3.4e38f;
+          }
+          c.optimizer.max_grad_norm = n % 3 == 0 ? -1.0f : 0.7f;
+          amp::ScalerConfig& s = c.scaler;
+          s.enabled = n % 5 != 0;
+          s.dynamic = n % 2 == 1;
+          s.init_scale = 1024.0 + 1.0 / 3.0;
+          s.growth_factor = 2.0000000000000004;
+          s.backoff_factor = 0.1;
+          s.growth_interval = 7 + n;
+          s.hysteresis = 1 + n % 4;
+          s.consecutive_hysteresis = n % 2 == 0;
+          s.raise_at_min_scale = n % 3 == 0;
+          if (n % 2 == 0) s.min_scale = 0.5;
+          if (n % 3 != 0) s.max_scale = 16777216.0;
+          configs.push_back(c);
+        }
+      }
+    }
+  }
+  return configs;
+}
+
+TEST(JobConfigCodec, RoundTripsEveryFieldBitForBit) {
+  const std::vector<JobConfig> configs = ManyConfigs();
+  ASSERT_EQ(configs.size(), 3u * 4u * 3u * 3u * 2u);
+  for (size_t i = 0; i < configs.size(); ++i) {
+    const JobConfig& config = configs[i];
+    ASSERT_TRUE(ValidateJobConfig(config).ok()) << i << ": " << ValidateJobConfig(config);
+    const std::string request_id = i % 2 == 0 ? "" : absl::StrCat("req-", i);
+    const std::string json = EncodeJobConfig(config, request_id);
+    SCOPED_TRACE(json);
+    absl::StatusOr<JobConfigRecord> decoded = DecodeJobConfig(json);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    EXPECT_EQ(decoded->request_id, request_id);
+    ExpectSameConfig(config, decoded->config);
+    // And the text is a fixed point.
+    EXPECT_EQ(EncodeJobConfig(decoded->config, decoded->request_id), json);
+  }
+}
+
+TEST(JobConfigCodec, WritesTheDocumentedKeys) {
+  JobConfig config = DefaultJobConfig(Precision::kFp16);
+  config.model = Models()[0];
+  config.seed = 7;
+  config.display_name = "a";
+  EXPECT_EQ(
+      EncodeJobConfig(config, "r"),
+      "{\"format_version\":1,\"display_name\":\"a\",\"request_id\":\"r\",\"seed\":7,"
+      "\"precision\":\"fp16\",\"model\":{\"layers\":[{\"kind\":\"linear\",\"in_features\":16,"
+      "\"out_features\":64,\"bias\":true},{\"kind\":\"gelu\"},{\"kind\":\"linear\","
+      "\"in_features\":64,\"out_features\":4,\"bias\":true}],\"loss\":\"mse\","
+      "\"loss_multiplier\":1},\"optimizer\":{\"kind\":\"adamw\",\"lr\":0.00100000005,"
+      "\"beta1\":0.899999976,\"beta2\":0.999000013,\"eps\":9.99999994e-09,"
+      "\"weight_decay\":0.00999999978,\"max_grad_norm\":0},\"scaler\":{\"policy\":\"pytorch\","
+      "\"enabled\":true,\"dynamic\":true,\"init_scale\":65536,\"growth_factor\":2,"
+      "\"backoff_factor\":0.5,\"growth_interval\":2000,\"hysteresis\":1,"
+      "\"consecutive_hysteresis\":false,\"raise_at_min_scale\":true}}");
+}
+
+TEST(JobConfigCodec, ReadsJsonEscapesAndWhitespace) {
+  JobConfig config = DefaultJobConfig(Precision::kBf16, ScalerPolicy::kMegatron);
+  config.model = Models()[1];
+  std::string json = EncodeJobConfig(config, "");
+  json = absl::StrReplaceAll(
+      json, {{"\"display_name\":\"\"", "\"display_name\" :\n\t\"\\u00e9\\ud83d\\ude00\\/\\n\\\"\""},
+             {",", " , "}});
+  absl::StatusOr<JobConfigRecord> decoded = DecodeJobConfig(json);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->config.display_name, "\xc3\xa9\xf0\x9f\x98\x80/\n\"");
+  EXPECT_EQ(decoded->request_id, "");
+}
+
+class JobConfigCodecRefuses : public ::testing::Test {
+ protected:
+  // A valid encoding with `from` replaced by `to` (which must occur once).
+  static std::string Edited(const std::string& from, const std::string& to) {
+    JobConfig config = DefaultJobConfig(Precision::kFp16);
+    config.model = Models()[1];
+    const std::string json = EncodeJobConfig(config, "req");
+    EXPECT_EQ(json.find(from), json.rfind(from)) << from;
+    EXPECT_NE(json.find(from), std::string::npos) << from << " in " << json;
+    return absl::StrReplaceAll(json, {{from, to}});
+  }
+
+  // A JSON syntax error: the message up to the offset, which it ends with.
+  static void ExpectSyntaxError(const std::string& json, absl::string_view what) {
+    absl::StatusOr<JobConfigRecord> decoded = DecodeJobConfig(json);
+    ASSERT_FALSE(decoded.ok()) << json;
+    EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss) << decoded.status();
+    EXPECT_TRUE(
+        absl::StartsWith(decoded.status().message(),
+                         absl::StrCat("ampd.config: not a JSON document: ", what, " at offset ")))
+        << decoded.status() << " for " << json;
+  }
+
+  static void ExpectError(const std::string& json, absl::StatusCode code,
+                          absl::string_view message) {
+    absl::StatusOr<JobConfigRecord> decoded = DecodeJobConfig(json);
+    ASSERT_FALSE(decoded.ok()) << json;
+    EXPECT_EQ(decoded.status().code(), code) << decoded.status();
+    EXPECT_EQ(decoded.status().message(), message) << json;
+  }
+};
+
+TEST_F(JobConfigCodecRefuses, TextThatIsNotJson) {
+  const std::string good = Edited("\"seed\":0", "\"seed\":0");
+  ExpectError("", absl::StatusCode::kDataLoss,
+              "ampd.config: not a JSON document: unexpected end at offset 0");
+  ExpectError(good.substr(0, good.size() - 1), absl::StatusCode::kDataLoss,
+              absl::StrCat("ampd.config: not a JSON document: expected ',' or '}' at offset ",
+                           good.size() - 1));
+  ExpectError(good + "x", absl::StatusCode::kDataLoss,
+              absl::StrCat("ampd.config: not a JSON document: characters after the value at "
+                           "offset ",
+                           good.size()));
+  ExpectSyntaxError(Edited("\"seed\":0", "\"seed\":01"), "a number with a leading zero");
+  ExpectSyntaxError(Edited("\"seed\":0", "\"seed\":-"), "a number without digits");
+  ExpectSyntaxError(Edited("\"seed\":0", "\"seed\":0."), "a number without digits after '.'");
+  ExpectSyntaxError(Edited("\"bias\":false}", "\"bias\":false,}"), "expected a key");
+  ExpectSyntaxError(Edited("\"req\"", "\"r\\q\""), "a bad escape");
+  ExpectSyntaxError(Edited("\"req\"", "\"\\ud800\""), "a lone high surrogate");
+  ExpectSyntaxError(Edited("\"req\"", "\"\\udc00\""), "a lone low surrogate");
+  ExpectSyntaxError(Edited("\"req\"", "\"a\tb\""), "a control character in a string");
+  ExpectSyntaxError(Edited("\"seed\":0", "\"seed\" 0"), "expected ':'");
+  ExpectSyntaxError(Edited("\"enabled\":true", "\"enabled\":ture"), "unexpected character 't'");
+  ExpectError(std::string(100, '[') + std::string(100, ']'), absl::StatusCode::kDataLoss,
+              "ampd.config: not a JSON document: nested too deep at offset 17");
+  ExpectError("[1]", absl::StatusCode::kDataLoss,
+              "ampd.config: (the document): expected an object, got an array");
+}
+
+TEST_F(JobConfigCodecRefuses, UnknownMissingAndDuplicateKeys) {
+  ExpectError(Edited("\"seed\":0", "\"seed\":0,\"color\":\"red\""), absl::StatusCode::kDataLoss,
+              "ampd.config: color: unknown key");
+  ExpectError(Edited("{\"kind\":\"relu\"}", "{\"kind\":\"relu\",\"eps\":1e-05}"),
+              absl::StatusCode::kDataLoss, "ampd.config: model.layers[1].eps: unknown key");
+  // beta1 is not a key of an SGD optimizer.
+  ExpectError(Edited("\"kind\":\"adamw\"",
+                     "\"kind\":\"sgd\",\"momentum\":0,\"dampening\":0,"
+                     "\"nesterov\":false"),
+              absl::StatusCode::kDataLoss, "ampd.config: optimizer.beta1: unknown key");
+  ExpectError(Edited("\"growth_interval\":2000,", ""), absl::StatusCode::kDataLoss,
+              "ampd.config: scaler.growth_interval: missing");
+  ExpectError(Edited("\"seed\":0", "\"seed\":0,\"seed\":1"), absl::StatusCode::kDataLoss,
+              "ampd.config: seed: duplicate key");
+}
+
+TEST_F(JobConfigCodecRefuses, WrongTypesAndRanges) {
+  ExpectError(Edited("\"lr\":0.00100000005", "\"lr\":\"0.001\""), absl::StatusCode::kDataLoss,
+              "ampd.config: optimizer.lr: expected a number, got a string");
+  ExpectError(Edited("\"dynamic\":true", "\"dynamic\":1"), absl::StatusCode::kDataLoss,
+              "ampd.config: scaler.dynamic: expected a boolean, got a number");
+  ExpectError(Edited("\"loss\":\"cross_entropy\"", "\"loss\":[\"cross_entropy\"]"),
+              absl::StatusCode::kDataLoss,
+              "ampd.config: model.loss: expected a string, got an array");
+  ExpectError(Edited("\"display_name\":\"\"", "\"display_name\":null"), absl::StatusCode::kDataLoss,
+              "ampd.config: display_name: expected a string, got null");
+  ExpectError(Edited("\"growth_interval\":2000", "\"growth_interval\":2000.5"),
+              absl::StatusCode::kDataLoss,
+              "ampd.config: scaler.growth_interval: not an integer of the field's range: 2000.5");
+  ExpectError(Edited("\"in_features\":8", "\"in_features\":9223372036854775808"),
+              absl::StatusCode::kDataLoss,
+              "ampd.config: model.layers[0].in_features: not an integer of the field's range: "
+              "9223372036854775808");
+  ExpectError(Edited("\"seed\":0", "\"seed\":-1"), absl::StatusCode::kDataLoss,
+              "ampd.config: seed: not an integer of the field's range: -1");
+  ExpectError(Edited("\"lr\":0.00100000005", "\"lr\":1e39"), absl::StatusCode::kDataLoss,
+              "ampd.config: optimizer.lr: not a finite float32: 1e39");
+  ExpectError(Edited("\"init_scale\":65536", "\"init_scale\":1e400"), absl::StatusCode::kDataLoss,
+              "ampd.config: scaler.init_scale: not a finite float64: 1e400");
+  ExpectError(Edited("\"precision\":\"fp16\"", "\"precision\":\"fp8\""),
+              absl::StatusCode::kDataLoss,
+              "ampd.config: precision: unknown value 'fp8' (one of fp32, fp16, bf16)");
+  ExpectError(Edited("\"kind\":\"tanh\"", "\"kind\":\"sigmoid\""), absl::StatusCode::kDataLoss,
+              "ampd.config: model.layers[3].kind: unknown value 'sigmoid' (one of linear, relu, "
+              "gelu, tanh, layer_norm, embedding)");
+}
+
+TEST_F(JobConfigCodecRefuses, OtherFormatVersions) {
+  ExpectError(Edited("\"format_version\":1", "\"format_version\":2"), absl::StatusCode::kDataLoss,
+              "ampd.config: format_version: 2 is not the version this ampd reads (1); the "
+              "checkpoint was written by a newer ampd");
+  ExpectError(Edited("\"format_version\":1,", ""), absl::StatusCode::kDataLoss,
+              "ampd.config: format_version: missing");
+  // A later format may change any key: the version is checked before them.
+  ExpectError(Edited("\"format_version\":1,", "\"format_version\":3,\"new\":{},"),
+              absl::StatusCode::kDataLoss,
+              "ampd.config: format_version: 3 is not the version this ampd reads (1); the "
+              "checkpoint was written by a newer ampd");
+}
+
+TEST_F(JobConfigCodecRefuses, ConfigsTheEngineRefuses) {
+  ExpectError(Edited("\"beta1\":0.899999976", "\"beta1\":1"), absl::StatusCode::kInvalidArgument,
+              "ampd.config: optimizer.adam.beta1: must be in [0, 1), got 1");
+  JobConfig unchained = DefaultJobConfig(Precision::kFp16);
+  unchained.model = Models()[1];
+  unchained.model.layers[4].in_features = 5;
+  const absl::Status refused = ValidateJobConfig(unchained);
+  ASSERT_FALSE(refused.ok());
+  ExpectError(Edited("\"in_features\":6,", "\"in_features\":5,"),
+              absl::StatusCode::kInvalidArgument, absl::StrCat("ampd.config: ", refused.message()));
+}
+
+TEST(OptimizerDefaults, PerKindArePyTorchs) {
+  const optim::OptimizerSpec sgd = optim::DefaultOptimizerSpec(OptimizerKind::kSgd);
+  EXPECT_EQ(sgd.kind, OptimizerKind::kSgd);
+  EXPECT_EQ(sgd.sgd.lr, 1e-2f);
+  EXPECT_EQ(sgd.sgd.momentum, 0.0f);
+  EXPECT_EQ(sgd.sgd.weight_decay, 0.0f);
+  EXPECT_FALSE(sgd.sgd.nesterov);
+  for (OptimizerKind kind : {OptimizerKind::kAdam, OptimizerKind::kAdamW}) {
+    const optim::OptimizerSpec spec = optim::DefaultOptimizerSpec(kind);
+    EXPECT_EQ(spec.kind, kind);
+    EXPECT_EQ(spec.adam.lr, 1e-3f);
+    EXPECT_EQ(spec.adam.beta1, 0.9f);
+    EXPECT_EQ(spec.adam.beta2, 0.999f);
+    EXPECT_EQ(spec.adam.eps, 1e-8f);
+    // torch.optim.Adam's weight_decay is 0, torch.optim.AdamW's 1e-2.
+    EXPECT_EQ(spec.adam.weight_decay, kind == OptimizerKind::kAdamW ? 1e-2f : 0.0f);
+    EXPECT_EQ(spec.max_grad_norm, 0.0f);
+    EXPECT_EQ(optim::AdamUpdateConfig(spec).decoupled_weight_decay, kind == OptimizerKind::kAdamW);
+  }
+  // The kind decides decoupling even when a caller left the flag at odds.
+  optim::OptimizerSpec adam = optim::DefaultOptimizerSpec(OptimizerKind::kAdam);
+  adam.adam.decoupled_weight_decay = true;
+  EXPECT_FALSE(optim::AdamUpdateConfig(adam).decoupled_weight_decay);
+  EXPECT_EQ(DefaultJobConfig(Precision::kFp16, ScalerPolicy::kPyTorch, OptimizerKind::kAdam)
+                .optimizer.adam.weight_decay,
+            0.0f);
+}
+
+TEST(ScalerConfig, InitialScaleIsTheIdentityWhenScalingIsOff) {
+  amp::ScalerConfig c = amp::ScalerConfig::Defaults(ScalerPolicy::kMegatron);
+  EXPECT_EQ(c.InitialScale(), 4294967296.0f);
+  c.enabled = false;
+  EXPECT_EQ(c.InitialScale(), 1.0f);
+}
+
+}  // namespace
+}  // namespace ampd::engine
