@@ -33,13 +33,22 @@ absl::Status Corrupt(absl::string_view path, absl::string_view what) {
 
 // ---- JSON values and the reader ---------------------------------------------------
 
+struct JsonMember;
+
 struct Json {
   enum class Type { kNull, kBool, kNumber, kString, kArray, kObject };
   Type type = Type::kNull;
   bool boolean = false;
   std::string text;  // kNumber: the literal as written; kString: the decoded bytes
   std::vector<Json> items;
-  std::vector<std::pair<std::string, Json>> members;  // in document order
+  // In document order. A named struct, not std::pair: a pair holding the
+  // still-incomplete Json is ill-formed (libc++ and clang refuse it).
+  std::vector<JsonMember> members;
+};
+
+struct JsonMember {
+  std::string key;
+  Json value;
 };
 
 class Reader {
@@ -113,7 +122,7 @@ class Reader {
       if (!Consume(":")) return Error("expected ':'");
       SkipSpace();
       AMPD_ASSIGN_OR_RETURN(Json member, Value(depth + 1));
-      v.members.emplace_back(std::move(key), std::move(member));
+      v.members.push_back(JsonMember{std::move(key), std::move(member)});
       SkipSpace();
       if (Consume("}")) return v;
       if (!Consume(",")) return Error("expected ',' or '}'");
