@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/error_reason.h"
+#include "common/status_macros.h"
 
 namespace ampd::engine::checkpoint {
 namespace {
@@ -536,7 +537,11 @@ std::string EncodeSafetensors(const StateDict& state) {
   return out;
 }
 
-absl::StatusOr<StateDict> DecodeSafetensors(absl::string_view bytes) {
+namespace {
+
+// The length prefix and the parsed header; `buffer` is what follows the header.
+absl::StatusOr<Header> DecodeHeader(absl::string_view bytes, bool need_buffer,
+                                    absl::string_view* buffer) {
   if (bytes.size() < kLengthPrefixBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "safetensors: ", bytes.size(), " bytes is shorter than the 8-byte header length"));
@@ -556,11 +561,24 @@ absl::StatusOr<StateDict> DecodeSafetensors(absl::string_view bytes) {
                                                    "-byte input"));
   }
   const absl::string_view text = bytes.substr(kLengthPrefixBytes, n);
-  const absl::string_view buffer = bytes.substr(kLengthPrefixBytes + n);
+  if (need_buffer) *buffer = bytes.substr(kLengthPrefixBytes + n);
   if (!IsValidUtf8(text)) {
     return absl::InvalidArgumentError("safetensors: header is not valid UTF-8");
   }
-  absl::StatusOr<Header> header = HeaderParser(text).Parse();
+  return HeaderParser(text).Parse();
+}
+
+}  // namespace
+
+absl::StatusOr<std::map<std::string, std::string>> DecodeSafetensorsMetadata(
+    absl::string_view bytes) {
+  AMPD_ASSIGN_OR_RETURN(Header header, DecodeHeader(bytes, /*need_buffer=*/false, nullptr));
+  return std::move(header.metadata);
+}
+
+absl::StatusOr<StateDict> DecodeSafetensors(absl::string_view bytes) {
+  absl::string_view buffer;
+  absl::StatusOr<Header> header = DecodeHeader(bytes, /*need_buffer=*/true, &buffer);
   if (!header.ok()) return header.status();
 
   // Offsets are relative to the buffer; tensors must tile it exactly, in

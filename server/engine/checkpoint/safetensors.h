@@ -10,6 +10,7 @@
 // with spaces to a multiple of 8 bytes so the tensor bytes start 8-aligned.
 #pragma once
 
+#include <map>
 #include <string>
 
 #include "absl/status/status.h"
@@ -38,5 +39,12 @@ std::string EncodeSafetensors(const StateDict& state);
 // duplicate names) — never a crash on hostile bytes. Tensors come back in
 // header order, which must also be the order of their bytes.
 absl::StatusOr<StateDict> DecodeSafetensors(absl::string_view bytes);
+
+// The "__metadata__" of a safetensors file from its first bytes: the 8-byte
+// length and the header (what follows, if anything, is not looked at). The
+// same checks of the header as DecodeSafetensors, none of the tensor bytes;
+// for reading a file's metadata without reading the whole file.
+absl::StatusOr<std::map<std::string, std::string>> DecodeSafetensorsMetadata(
+    absl::string_view bytes);
 
 }  // namespace ampd::engine::checkpoint

@@ -190,6 +190,53 @@ absl::StatusOr<StateDict> StateDirectory::Read(const std::string& job_id) const 
   return state;
 }
 
+absl::StatusOr<std::map<std::string, std::string>> StateDirectory::ReadMetadata(
+    const std::string& job_id) const {
+  AMPD_RETURN_IF_ERROR(CheckJobId(job_id));
+  const std::string file = absl::StrCat(path_, "/", job_id, kSuffix);
+  Fd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    const int err = errno;
+    if (err == ENOENT) {
+      return absl::NotFoundError(absl::StrCat("no checkpoint for job ", job_id, " (", file, ")"));
+    }
+    return OsError(absl::StatusCode::kInternal, "cannot open", file, err);
+  }
+  // Reads exactly n more bytes onto `bytes`, or fewer at the end of the file.
+  std::string bytes;
+  const auto read_more = [&](uint64_t n) -> absl::Status {
+    const size_t start = bytes.size();
+    bytes.resize(start + n);
+    size_t got = 0;
+    while (got < n) {
+      const ssize_t r = ::read(fd.get(), bytes.data() + start + got, n - got);
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        return OsError(absl::StatusCode::kInternal, "cannot read", file, errno);
+      }
+      if (r == 0) break;
+      got += static_cast<size_t>(r);
+    }
+    bytes.resize(start + got);
+    return absl::OkStatus();
+  };
+  constexpr uint64_t kPrefix = 8;
+  AMPD_RETURN_IF_ERROR(read_more(kPrefix));
+  if (bytes.size() == kPrefix) {
+    uint64_t n = 0;
+    for (size_t i = 0; i < kPrefix; ++i) {
+      n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+    }
+    // Past the limit the decoder below names the defect; read nothing more.
+    if (n <= kMaxSafetensorsHeaderBytes) AMPD_RETURN_IF_ERROR(read_more(n));
+  }
+  absl::StatusOr<std::map<std::string, std::string>> metadata = DecodeSafetensorsMetadata(bytes);
+  if (!metadata.ok()) {
+    return absl::DataLossError(absl::StrCat(file, ": ", metadata.status().message()));
+  }
+  return metadata;
+}
+
 absl::StatusOr<int64_t> StateDirectory::WriteTimeNanos(const std::string& job_id) const {
   AMPD_RETURN_IF_ERROR(CheckJobId(job_id));
   const std::string file = absl::StrCat(path_, "/", job_id, kSuffix);

@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "server/engine/checkpoint/state_dict.h"
 #include "server/engine/checkpoint/state_directory.h"
+#include "server/engine/jobs/checkpoint_writer.h"
 #include "server/engine/jobs/job_config.h"
 #include "server/engine/jobs/job_observer.h"
 #include "server/engine/jobs/trainer.h"
@@ -61,7 +62,7 @@ struct JobSnapshot {
   JobConfig config;  // effective (defaults filled in)
   int64_t step = 0;  // Step calls applied; the next sequence is step + 1
   int64_t applied_steps = 0;
-  float loss_scale = 1.0f;  // the scale the next step uses
+  float loss_scale = 1.0f;              // the scale the next step uses
   amp::ScalerCounters scaler_counters;  // where the scaler stands before the next step
   int64_t parameter_count = 0;
   int64_t estimated_bytes = 0;
@@ -80,8 +81,11 @@ struct JobContext {
   const checkpoint::StateDirectory* state_dir = nullptr;  // nullptr: no checkpoints
   JobObserver* observer = nullptr;                        // nullable
   int64_t checkpoint_every = 0;                           // 0: only on shutdown
-  int64_t grad_histogram_every = 0;                       // 0: never sample
-  std::function<void()> on_memory_changed;                // nullable
+  // Writes periodic checkpoints off the strand; nullptr: they are written on
+  // it, before the step that took them is answered (--checkpoint-sync).
+  CheckpointWriter* writer = nullptr;
+  int64_t grad_histogram_every = 0;         // 0: never sample
+  std::function<void()> on_memory_changed;  // nullable
   // Asked, on the job's strand, for the workspace bytes a Step is about to
   // allocate (Trainer::Step's admit); an error refuses the step unchanged.
   // Nullable: no limit.
@@ -142,10 +146,19 @@ class Job : public std::enable_shared_from_this<Job> {
   // returns, so an acknowledged import survives a crash; when that write
   // fails the previous state is put back and the error returned.
   absl::StatusOr<int64_t> ImportSafetensors(absl::string_view bytes);
-  // Writes the checkpoint when there is a state directory (no-op otherwise).
+  // Writes the checkpoint when there is a state directory (no-op otherwise)
+  // and returns once it is on disk. A background write of this job still
+  // queued is dropped (this one is newer) and one in flight is waited for,
+  // so it cannot land after this one.
   absl::Status Checkpoint();
-  // Releases the Trainer; later tasks see NotFound. Removes the checkpoint
-  // when remove_checkpoint.
+  // The periodic checkpoint: with JobContext::writer, snapshots the state
+  // into host memory and queues it for the writer (the step waits only for
+  // the snapshot); without, Checkpoint().
+  absl::Status CheckpointInBackground();
+  // Releases the Trainer; later tasks see NotFound. Cancels a background
+  // write of this job (CheckpointWriter::Cancel), then removes the
+  // checkpoint when remove_checkpoint, so a deleted job's file never comes
+  // back.
   absl::Status Close(bool remove_checkpoint);
   bool closed() const;
 
@@ -157,6 +170,8 @@ class Job : public std::enable_shared_from_this<Job> {
   absl::StatusOr<std::string> ExportSafetensorsUnguarded() const;
   absl::StatusOr<int64_t> ImportSafetensorsUnguarded(absl::string_view bytes);
   absl::Status CheckpointUnguarded();
+  // The Trainer's state plus the job's ampd.* metadata, as checkpointed.
+  absl::StatusOr<checkpoint::StateDict> CheckpointState() const;
   void RefreshSnapshot() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status NotOpen() const;
   void SetFailure(std::string failure);

@@ -50,6 +50,12 @@ absl::StatusOr<std::unique_ptr<JobRegistry>> JobRegistry::Create(RegistryOptions
   }
   registry->pool_ = std::make_unique<WorkerPool>(registry->options_.worker_threads);
   registry->context_.pool = registry->pool_.get();
+  if (registry->state_dir_ && !registry->options_.checkpoint_sync) {
+    // One writer: writes are disk-bound, and jobs' snapshots queue behind
+    // each other at most one per job.
+    registry->writer_ = std::make_unique<CheckpointWriter>(&*registry->state_dir_, 1);
+    registry->context_.writer = registry->writer_.get();
+  }
   registry->context_.state_dir = registry->state_dir_ ? &*registry->state_dir_ : nullptr;
   registry->context_.observer = registry->options_.observer;
   registry->context_.checkpoint_every = registry->options_.checkpoint_every;
@@ -65,6 +71,8 @@ JobRegistry::~JobRegistry() { Shutdown(); }
 
 void JobRegistry::Shutdown() {
   if (pool_) pool_->Shutdown();
+  // After the pool: its last tasks may still queue snapshots.
+  if (writer_) writer_->Shutdown();
 }
 
 int64_t JobRegistry::job_count() const {
@@ -328,6 +336,9 @@ absl::Status JobRegistry::RestoreAll(const CreateRequestDecoder& decode) {
   std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;
   });
+  // Admission, in that order, from the headers alone: an admitted job enters
+  // the table at once, so its bytes count against the limits for the next.
+  std::vector<std::shared_ptr<Job>> admitted;
   for (const auto& [written, id] : order) {
     {
       absl::MutexLock lock(&mu_);
@@ -337,14 +348,14 @@ absl::Status JobRegistry::RestoreAll(const CreateRequestDecoder& decode) {
         continue;
       }
     }
-    absl::StatusOr<checkpoint::StateDict> state = state_dir_->Read(id);
-    if (!state.ok()) {
-      LogEvent(absl::StrCat("job ", id, " failed to restore: ", state.status().ToString()));
+    absl::StatusOr<std::map<std::string, std::string>> metadata = state_dir_->ReadMetadata(id);
+    if (!metadata.ok()) {
+      LogEvent(absl::StrCat("job ", id, " failed to restore: ", metadata.status().ToString()));
       continue;
     }
-    auto it = state->metadata.find(kMetaCreateRequest);
+    auto it = metadata->find(kMetaCreateRequest);
     std::string blob;
-    if (it == state->metadata.end() || !absl::Base64Unescape(it->second, &blob)) {
+    if (it == metadata->end() || !absl::Base64Unescape(it->second, &blob)) {
       LogEvent(absl::StrCat("job ", id, " failed to restore: ", kMetaCreateRequest,
                             " missing or not base64"));
       continue;
@@ -354,30 +365,42 @@ absl::Status JobRegistry::RestoreAll(const CreateRequestDecoder& decode) {
       LogEvent(absl::StrCat("job ", id, " failed to restore: ", request.status().ToString()));
       continue;
     }
-    {
-      absl::MutexLock lock(&mu_);
-      if (absl::Status s = CheckAdmission(request->config); !s.ok()) {
-        LogEvent(absl::StrCat("job ", id, " not restored: ", s.message(),
-                              "; its checkpoint is left on disk"));
-        continue;
-      }
-    }
-    auto job = std::make_shared<Job>(id, request->request_id, request->config, blob, &context_);
-    absl::Status s = job->Restore(options_.device, *state);
-    if (!s.ok()) {
-      (void)job->Close(/*remove_checkpoint=*/false);
-      LogEvent(absl::StrCat("job ", id, " failed to restore: ", s.ToString()));
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = CheckAdmission(request->config); !s.ok()) {
+      LogEvent(absl::StrCat("job ", id, " not restored: ", s.message(),
+                            "; its checkpoint is left on disk"));
       continue;
     }
-    {
-      absl::MutexLock lock(&mu_);
-      jobs_[id] = job;
-      if (!request->request_id.empty()) by_request_id_[request->request_id] = id;
-    }
-    JobSnapshot snapshot = job->Snapshot();
-    if (options_.observer != nullptr) options_.observer->OnJobCreated(id, snapshot.config);
-    LogEvent(absl::StrCat("job ", id, " restored at step ", snapshot.step));
+    auto job = std::make_shared<Job>(id, request->request_id, request->config, blob, &context_);
+    jobs_[id] = job;
+    if (!request->request_id.empty()) by_request_id_[request->request_id] = id;
+    admitted.push_back(std::move(job));
   }
+  // Reading, decoding and rebuilding (backend, weights, optimizer state)
+  // dominate a restart: the admitted jobs run them in parallel, at most one
+  // per worker thread, so at most that many files are in host memory at once.
+  absl::BlockingCounter pending(static_cast<int>(admitted.size()));
+  for (const std::shared_ptr<Job>& job : admitted) {
+    pool_->Post([this, job, &pending] {
+      absl::Status s = [&]() -> absl::Status {
+        AMPD_ASSIGN_OR_RETURN(const checkpoint::StateDict state, state_dir_->Read(job->id()));
+        return job->Restore(options_.device, state);
+      }();
+      if (s.ok()) {
+        const JobSnapshot snapshot = job->Snapshot();
+        if (options_.observer != nullptr) {
+          options_.observer->OnJobCreated(job->id(), snapshot.config);
+        }
+        LogEvent(absl::StrCat("job ", job->id(), " restored at step ", snapshot.step));
+      } else {
+        (void)job->Close(/*remove_checkpoint=*/false);
+        Remove(job->id());
+        LogEvent(absl::StrCat("job ", job->id(), " failed to restore: ", s.ToString()));
+      }
+      pending.DecrementCount();
+    });
+  }
+  pending.Wait();
   ReportMemory();
   return absl::OkStatus();
 }

@@ -29,7 +29,13 @@ struct RegistryOptions {
   // every job's EstimateJobBytes (weights) and workspace_bytes (activations
   // and buffers, model::WorkspaceBytes of the batch sizes in use).
   int64_t max_memory_bytes = 0;
-  int64_t checkpoint_every = 0;      // 0: only at shutdown
+  int64_t checkpoint_every = 0;  // 0: only at shutdown
+  // false: a periodic checkpoint is a host snapshot taken on the job's
+  // strand and written by a background writer (CheckpointWriter), so a crash
+  // can lose the steps whose write had not finished. true: written before
+  // the step is answered, as every other checkpoint (create, import,
+  // failure, shutdown) always is.
+  bool checkpoint_sync = false;
   int64_t grad_histogram_every = 0;  // 0: never
   std::string state_dir;             // empty: no checkpoints
   int worker_threads = 2;
@@ -61,7 +67,9 @@ class JobRegistry {
   // --max-memory-bytes admit them: the others are logged ("not restored")
   // and their checkpoints left on disk untouched, to be restored by a later
   // start with room for them. A checkpoint that cannot be restored is logged
-  // and left on disk too.
+  // and left on disk too. Admission reads only the files' headers, in that
+  // order; the admitted jobs are then read and rebuilt in parallel on the
+  // worker threads.
   absl::Status RestoreAll(const CreateRequestDecoder& decode);
 
   // config must already carry its defaults. create_request: opaque bytes
@@ -83,9 +91,12 @@ class JobRegistry {
 
   // New creates and steps answer Unavailable from now on.
   void StartDraining();
-  // Checkpoints every job after its queued work and waits for it. Blocking.
+  // Checkpoints every job after its queued work and waits for it (jobs in
+  // parallel on the worker threads; each final write supersedes a
+  // background one). Blocking.
   absl::Status CheckpointAll();
-  // Runs the queued work, then joins the workers. Blocking; idempotent.
+  // Runs the queued work and the queued background checkpoint writes, then
+  // joins the threads. Blocking; idempotent.
   void Shutdown();
 
   int64_t job_count() const;
@@ -103,6 +114,7 @@ class JobRegistry {
   const RegistryOptions options_;
   std::optional<checkpoint::StateDirectory> state_dir_;
   std::unique_ptr<WorkerPool> pool_;
+  std::unique_ptr<CheckpointWriter> writer_;  // nullptr: no state dir, or checkpoint_sync
   JobContext context_;
 
   mutable absl::Mutex mu_;
