@@ -16,7 +16,9 @@ namespace {
 
 // Streams one safetensors file in chunks. The export runs on the job's
 // worker; the writes are started from its completion and then from
-// OnWriteDone reactions, which only hand the next slice to gRPC.
+// OnWriteDone reactions, which only hand the next slice to gRPC. Each chunk
+// is copied straight from the header and the exported host tensors: the
+// file is never concatenated in memory.
 class StateDictWriter final : public grpc::ServerWriteReactor<v1::StateDictChunk> {
  public:
   StateDictWriter(const TrainerService* service, engine::JobRegistry* registry,
@@ -26,14 +28,16 @@ class StateDictWriter final : public grpc::ServerWriteReactor<v1::StateDictChunk
       Done(ToGrpcStatus(s));
       return;
     }
-    registry->ExportState(job_id, [this](absl::StatusOr<std::string> bytes) {
-      if (!bytes.ok()) {
-        Done(ToGrpcStatus(bytes.status()));
-        return;
-      }
-      bytes_ = *std::move(bytes);
-      WriteNext();
-    });
+    registry->ExportState(job_id,
+                          [this](absl::StatusOr<engine::checkpoint::EncodedSafetensors> file) {
+                            if (!file.ok()) {
+                              Done(ToGrpcStatus(file.status()));
+                              return;
+                            }
+                            file_ = *std::move(file);
+                            size_ = file_.size();
+                            WriteNext();
+                          });
   }
 
   void OnWriteDone(bool ok) override {
@@ -47,12 +51,14 @@ class StateDictWriter final : public grpc::ServerWriteReactor<v1::StateDictChunk
 
  private:
   void WriteNext() {
-    if (offset_ >= bytes_.size()) {
+    if (offset_ >= size_) {
       Done(grpc::Status::OK);
       return;
     }
-    const size_t n = std::min(chunk_bytes_, bytes_.size() - offset_);
-    chunk_.set_data(bytes_.data() + offset_, n);
+    const uint64_t n = std::min<uint64_t>(chunk_bytes_, size_ - offset_);
+    std::string* data = chunk_.mutable_data();
+    data->clear();  // keeps its capacity: one chunk buffer for the stream
+    file_.CopyOut(offset_, n, data);
     offset_ += n;
     StartWrite(&chunk_);
   }
@@ -64,8 +70,9 @@ class StateDictWriter final : public grpc::ServerWriteReactor<v1::StateDictChunk
   const TrainerService* service_;
   const size_t chunk_bytes_;
   const absl::Time start_;
-  std::string bytes_;
-  size_t offset_ = 0;
+  engine::checkpoint::EncodedSafetensors file_;
+  uint64_t size_ = 0;
+  uint64_t offset_ = 0;
   v1::StateDictChunk chunk_;
 };
 

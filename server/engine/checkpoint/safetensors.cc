@@ -5,6 +5,7 @@
 // allocation is bounded by the size of the input.
 #include "server/engine/checkpoint/safetensors.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -495,7 +496,7 @@ absl::Status ValidateStateDict(const StateDict& state) {
   return absl::OkStatus();
 }
 
-std::string EncodeSafetensors(const StateDict& state) {
+std::string EncodeSafetensorsHeader(const StateDict& state) {
   std::string header = "{";
   bool first = true;
   if (!state.metadata.empty()) {
@@ -512,7 +513,6 @@ std::string EncodeSafetensors(const StateDict& state) {
     first = false;
   }
   uint64_t offset = 0;
-  size_t data_bytes = 0;
   for (const NamedTensor& t : state.tensors) {
     if (!first) header.push_back(',');
     first = false;
@@ -521,20 +521,49 @@ std::string EncodeSafetensors(const StateDict& state) {
                     absl::StrJoin(t.tensor.shape, ","), "],\"data_offsets\":[", offset, ",",
                     offset + t.tensor.data.size(), "]}");
     offset += t.tensor.data.size();
-    data_bytes += t.tensor.data.size();
   }
   header.push_back('}');
   header.append((kHeaderAlignment - header.size() % kHeaderAlignment) % kHeaderAlignment, ' ');
 
   std::string out;
-  out.reserve(kLengthPrefixBytes + header.size() + data_bytes);
+  out.reserve(kLengthPrefixBytes + header.size());
   const uint64_t n = header.size();
   for (size_t i = 0; i < kLengthPrefixBytes; ++i) {
     out.push_back(static_cast<char>((n >> (8 * i)) & 0xFF));  // little-endian
   }
   out.append(header);
+  return out;
+}
+
+std::string EncodeSafetensors(const StateDict& state) {
+  std::string out = EncodeSafetensorsHeader(state);
+  size_t data_bytes = 0;
+  for (const NamedTensor& t : state.tensors) data_bytes += t.tensor.data.size();
+  out.reserve(out.size() + data_bytes);
   for (const NamedTensor& t : state.tensors) out.append(t.tensor.data);
   return out;
+}
+
+uint64_t EncodedSafetensors::size() const {
+  uint64_t n = header.size();
+  for (const NamedTensor& t : state.tensors) n += t.tensor.data.size();
+  return n;
+}
+
+void EncodedSafetensors::CopyOut(uint64_t offset, uint64_t length, std::string* out) const {
+  const auto take = [&](absl::string_view piece) {
+    if (length == 0) return;
+    if (offset >= piece.size()) {
+      offset -= piece.size();
+      return;
+    }
+    const uint64_t n = std::min<uint64_t>(length, piece.size() - offset);
+    out->append(piece.data() + offset, n);
+    offset = 0;
+    length -= n;
+  };
+  take(header);
+  for (const NamedTensor& t : state.tensors) take(t.tensor.data);
 }
 
 namespace {

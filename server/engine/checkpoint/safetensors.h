@@ -34,6 +34,25 @@ absl::Status ValidateStateDict(const StateDict& state);
 // match its shape is written as given, and the result will not decode.
 std::string EncodeSafetensors(const StateDict& state);
 
+// The file's first bytes: the 8-byte length and the padded JSON header.
+// EncodeSafetensors(state) == EncodeSafetensorsHeader(state) followed by the
+// tensors' bytes in order; writers that stream a state send those pieces
+// instead of concatenating the whole file first. Same precondition.
+std::string EncodeSafetensorsHeader(const StateDict& state);
+
+// A safetensors file held as its header plus the tensors it came from, so a
+// state dict the size of a model is not copied once more just to be sent.
+struct EncodedSafetensors {
+  std::string header;  // EncodeSafetensorsHeader(state)
+  StateDict state;
+
+  // Bytes of the whole file.
+  uint64_t size() const;
+  // Appends the file's bytes [offset, offset + length) (clipped to size())
+  // to *out.
+  void CopyOut(uint64_t offset, uint64_t length, std::string* out) const;
+};
+
 // InvalidArgument naming what is wrong (header length past the end, bad
 // JSON, unknown dtype, offsets that overlap, leave gaps or run past the end,
 // duplicate names) — never a crash on hostile bytes. Tensors come back in

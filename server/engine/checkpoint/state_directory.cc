@@ -123,7 +123,9 @@ absl::StatusOr<StateDirectory> StateDirectory::Open(const std::string& path) {
 absl::Status StateDirectory::Write(const std::string& job_id, const StateDict& state) const {
   if (absl::Status s = CheckJobId(job_id); !s.ok()) return s;
   if (absl::Status s = ValidateStateDict(state); !s.ok()) return s;
-  const std::string bytes = EncodeSafetensors(state);
+  // The header, then each tensor's bytes where they are: no copy of the
+  // whole file in memory.
+  const std::string header = EncodeSafetensorsHeader(state);
   const std::string final_path = absl::StrCat(path_, "/", job_id, kSuffix);
   std::string temp_path = absl::StrCat(path_, "/", job_id, kTempInfix, "XXXXXX");
 
@@ -134,7 +136,10 @@ absl::Status StateDirectory::Write(const std::string& job_id, const StateDict& s
   // Runs the steps that can fail; any failure unlinks the temp file so a
   // failed write leaves the previous checkpoint and nothing else.
   absl::Status status = [&]() -> absl::Status {
-    if (absl::Status s = WriteAll(fd.get(), bytes, temp_path); !s.ok()) return s;
+    AMPD_RETURN_IF_ERROR(WriteAll(fd.get(), header, temp_path));
+    for (const NamedTensor& t : state.tensors) {
+      AMPD_RETURN_IF_ERROR(WriteAll(fd.get(), t.tensor.data, temp_path));
+    }
     if (::fsync(fd.get()) != 0) {
       return OsError(absl::StatusCode::kInternal, "cannot fsync", temp_path, errno);
     }

@@ -364,16 +364,17 @@ absl::StatusOr<StepReport> Job::Step(int64_t sequence, StepInput input) {
   return report;
 }
 
-absl::StatusOr<std::string> Job::ExportSafetensors() const {
+absl::StatusOr<checkpoint::EncodedSafetensors> Job::ExportSafetensors() const {
   return AllocationGuard("GetStateDict", [&] { return ExportSafetensorsUnguarded(); });
 }
 
-absl::StatusOr<std::string> Job::ExportSafetensorsUnguarded() const {
+absl::StatusOr<checkpoint::EncodedSafetensors> Job::ExportSafetensorsUnguarded() const {
   if (trainer_ == nullptr) return NotOpen();
-  absl::StatusOr<checkpoint::StateDict> state = trainer_->ExportState();
-  if (!state.ok()) return state.status();
-  if (absl::Status s = checkpoint::ValidateStateDict(*state); !s.ok()) return s;
-  return checkpoint::EncodeSafetensors(*state);
+  checkpoint::EncodedSafetensors encoded;
+  AMPD_ASSIGN_OR_RETURN(encoded.state, trainer_->ExportState());
+  AMPD_RETURN_IF_ERROR(checkpoint::ValidateStateDict(encoded.state));
+  encoded.header = checkpoint::EncodeSafetensorsHeader(encoded.state);
+  return encoded;
 }
 
 absl::StatusOr<int64_t> Job::ImportSafetensors(absl::string_view bytes) {

@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "server/engine/checkpoint/safetensors.h"
 #include "server/engine/checkpoint/state_dict.h"
 #include "server/engine/checkpoint/state_directory.h"
 #include "server/engine/jobs/checkpoint_writer.h"
@@ -138,8 +139,9 @@ class Job : public std::enable_shared_from_this<Job> {
   // (SCALER_AT_MIN_SCALE, checkpointed as failed); a failed job answers
   // JOB_FAILED until ImportSafetensors.
   absl::StatusOr<StepReport> Step(int64_t sequence, StepInput input);
-  // The Trainer's state as safetensors bytes.
-  absl::StatusOr<std::string> ExportSafetensors() const;
+  // The Trainer's state as a safetensors file (header and host tensors,
+  // not yet concatenated).
+  absl::StatusOr<checkpoint::EncodedSafetensors> ExportSafetensors() const;
   // Replaces weights, optimizer and scaler state from safetensors bytes and
   // clears a failure; the step sequence is the job's own and does not change.
   // With a state directory the new state is checkpointed before this
@@ -167,7 +169,7 @@ class Job : public std::enable_shared_from_this<Job> {
   // The bodies of the public calls of the same names, which run them under
   // an allocation guard (job.cc).
   absl::Status InitializeUnguarded(const std::string& device);
-  absl::StatusOr<std::string> ExportSafetensorsUnguarded() const;
+  absl::StatusOr<checkpoint::EncodedSafetensors> ExportSafetensorsUnguarded() const;
   absl::StatusOr<int64_t> ImportSafetensorsUnguarded(absl::string_view bytes);
   absl::Status CheckpointUnguarded();
   // The Trainer's state plus the job's ampd.* metadata, as checkpointed.

@@ -298,8 +298,9 @@ void JobRegistry::Step(const std::string& job_id, int64_t sequence, StepInput in
   });
 }
 
-void JobRegistry::ExportState(const std::string& job_id,
-                              std::function<void(absl::StatusOr<std::string>)> done) {
+void JobRegistry::ExportState(
+    const std::string& job_id,
+    std::function<void(absl::StatusOr<checkpoint::EncodedSafetensors>)> done) {
   std::shared_ptr<Job> job = Find(job_id);
   if (job == nullptr) {
     done(JobNotFound(job_id));

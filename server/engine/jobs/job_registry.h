@@ -85,7 +85,7 @@ class JobRegistry {
   void Step(const std::string& job_id, int64_t sequence, StepInput input,
             std::function<void(absl::StatusOr<StepReport>)> done);
   void ExportState(const std::string& job_id,
-                   std::function<void(absl::StatusOr<std::string>)> done);
+                   std::function<void(absl::StatusOr<checkpoint::EncodedSafetensors>)> done);
   void ImportState(const std::string& job_id, std::string safetensors,
                    std::function<void(absl::StatusOr<int64_t>)> done);
 
