@@ -115,6 +115,33 @@ TEST(SafetensorsTest, MetadataDecodesFromTheHeaderAlone) {
   EXPECT_EQ(DecodeSafetensorsMetadata("abc").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A file received in chunks decodes exactly as the joined file does, for
+// every split (empty pieces included), and a cut-short file fails the same.
+TEST(SafetensorsTest, DecodesFromPiecesAsFromTheJoinedFile) {
+  const StateDict state = EveryKindOfState();
+  const std::string whole = EncodeSafetensors(state);
+  for (size_t chunk : {size_t{1}, size_t{5}, size_t{8}, size_t{64}, whole.size()}) {
+    std::vector<absl::string_view> pieces;
+    for (size_t offset = 0; offset < whole.size(); offset += chunk) {
+      pieces.push_back(absl::string_view(whole).substr(offset, chunk));
+      pieces.push_back(absl::string_view());
+    }
+    absl::StatusOr<StateDict> decoded = DecodeSafetensors(absl::MakeConstSpan(pieces));
+    ASSERT_TRUE(decoded.ok()) << "chunk " << chunk << ": " << decoded.status();
+    ExpectSameState(state, *decoded);
+  }
+  for (size_t cut : {size_t{0}, size_t{3}, size_t{12}, whole.size() - 1}) {
+    const absl::string_view prefix = absl::string_view(whole).substr(0, cut);
+    std::vector<absl::string_view> pieces;
+    for (size_t offset = 0; offset < prefix.size(); offset += 7) {
+      pieces.push_back(prefix.substr(offset, 7));
+    }
+    EXPECT_EQ(DecodeSafetensors(absl::MakeConstSpan(pieces)).status(),
+              DecodeSafetensors(prefix).status())
+        << "cut " << cut;
+  }
+}
+
 TEST(SafetensorsTest, HeaderIsPaddedWithSpacesToAMultipleOfEight) {
   // Names of growing length walk the unpadded header through every residue.
   for (int len = 1; len <= 16; ++len) {

@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "server/engine/checkpoint/state_dict.h"
 
 namespace ampd::engine::checkpoint {
@@ -58,6 +59,10 @@ struct EncodedSafetensors {
 // duplicate names) — never a crash on hostile bytes. Tensors come back in
 // header order, which must also be the order of their bytes.
 absl::StatusOr<StateDict> DecodeSafetensors(absl::string_view bytes);
+// The same for a file held as consecutive pieces (a stream's chunks): the
+// tensors are copied from the pieces into their own buffers once, without
+// first joining the pieces into one string.
+absl::StatusOr<StateDict> DecodeSafetensors(absl::Span<const absl::string_view> pieces);
 
 // The "__metadata__" of a safetensors file from its first bytes: the 8-byte
 // length and the header (what follows, if anything, is not looked at). The

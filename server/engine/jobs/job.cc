@@ -377,13 +377,14 @@ absl::StatusOr<checkpoint::EncodedSafetensors> Job::ExportSafetensorsUnguarded()
   return encoded;
 }
 
-absl::StatusOr<int64_t> Job::ImportSafetensors(absl::string_view bytes) {
-  return AllocationGuard("LoadStateDict", [&] { return ImportSafetensorsUnguarded(bytes); });
+absl::StatusOr<int64_t> Job::ImportSafetensors(absl::Span<const absl::string_view> pieces) {
+  return AllocationGuard("LoadStateDict", [&] { return ImportSafetensorsUnguarded(pieces); });
 }
 
-absl::StatusOr<int64_t> Job::ImportSafetensorsUnguarded(absl::string_view bytes) {
+absl::StatusOr<int64_t> Job::ImportSafetensorsUnguarded(
+    absl::Span<const absl::string_view> pieces) {
   if (trainer_ == nullptr) return NotOpen();
-  absl::StatusOr<checkpoint::StateDict> state = checkpoint::DecodeSafetensors(bytes);
+  absl::StatusOr<checkpoint::StateDict> state = checkpoint::DecodeSafetensors(pieces);
   if (!state.ok()) return WithReason(state.status(), reason::kInvalidStateDict);
   // With a state directory the import is acknowledged only once it is on
   // disk; keep what to go back to if that write fails.

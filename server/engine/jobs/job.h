@@ -147,7 +147,8 @@ class Job : public std::enable_shared_from_this<Job> {
   // With a state directory the new state is checkpointed before this
   // returns, so an acknowledged import survives a crash; when that write
   // fails the previous state is put back and the error returned.
-  absl::StatusOr<int64_t> ImportSafetensors(absl::string_view bytes);
+  // `pieces` are the file's consecutive pieces (a stream's chunks).
+  absl::StatusOr<int64_t> ImportSafetensors(absl::Span<const absl::string_view> pieces);
   // Writes the checkpoint when there is a state directory (no-op otherwise)
   // and returns once it is on disk. A background write of this job still
   // queued is dropped (this one is newer) and one in flight is waited for,
@@ -170,7 +171,7 @@ class Job : public std::enable_shared_from_this<Job> {
   // an allocation guard (job.cc).
   absl::Status InitializeUnguarded(const std::string& device);
   absl::StatusOr<checkpoint::EncodedSafetensors> ExportSafetensorsUnguarded() const;
-  absl::StatusOr<int64_t> ImportSafetensorsUnguarded(absl::string_view bytes);
+  absl::StatusOr<int64_t> ImportSafetensorsUnguarded(absl::Span<const absl::string_view> pieces);
   absl::Status CheckpointUnguarded();
   // The Trainer's state plus the job's ampd.* metadata, as checkpointed.
   absl::StatusOr<checkpoint::StateDict> CheckpointState() const;

@@ -309,16 +309,17 @@ void JobRegistry::ExportState(
   job->Post([job, done = std::move(done)] { done(job->ExportSafetensors()); });
 }
 
-void JobRegistry::ImportState(const std::string& job_id, std::string safetensors,
+void JobRegistry::ImportState(const std::string& job_id, std::vector<std::string> chunks,
                               std::function<void(absl::StatusOr<int64_t>)> done) {
   std::shared_ptr<Job> job = Find(job_id);
   if (job == nullptr) {
     done(JobNotFound(job_id));
     return;
   }
-  auto bytes = std::make_shared<std::string>(std::move(safetensors));
-  job->Post([job, bytes, done = std::move(done)] {
-    absl::StatusOr<int64_t> tensors = job->ImportSafetensors(*bytes);
+  auto pieces = std::make_shared<std::vector<std::string>>(std::move(chunks));
+  job->Post([job, pieces, done = std::move(done)] {
+    std::vector<absl::string_view> views(pieces->begin(), pieces->end());
+    absl::StatusOr<int64_t> tensors = job->ImportSafetensors(views);
     if (tensors.ok()) LogEvent(absl::StrCat("job ", job->id(), " state loaded"));
     done(std::move(tensors));
   });

@@ -86,7 +86,8 @@ class JobRegistry {
             std::function<void(absl::StatusOr<StepReport>)> done);
   void ExportState(const std::string& job_id,
                    std::function<void(absl::StatusOr<checkpoint::EncodedSafetensors>)> done);
-  void ImportState(const std::string& job_id, std::string safetensors,
+  // `chunks`: the safetensors file's consecutive pieces, as they arrived.
+  void ImportState(const std::string& job_id, std::vector<std::string> chunks,
                    std::function<void(absl::StatusOr<int64_t>)> done);
 
   // New creates and steps answer Unavailable from now on.
