@@ -716,7 +716,7 @@ absl::StatusOr<StateDict> DecodeSafetensors(absl::Span<const absl::string_view> 
     named.name = std::move(t.name);
     named.tensor.dtype = t.dtype;
     named.tensor.shape = std::move(t.shape);
-    named.tensor.data.resize(t.end - t.begin);
+    ResizeForBulkCopy(&named.tensor.data, t.end - t.begin);
     file.CopyTo(header_end + t.begin, t.end - t.begin, named.tensor.data.data());
     state.tensors.push_back(std::move(named));
   }

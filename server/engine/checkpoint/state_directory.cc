@@ -175,18 +175,22 @@ absl::StatusOr<StateDict> StateDirectory::Read(const std::string& job_id) const 
   if (::fstat(fd.get(), &st) != 0) {
     return OsError(absl::StatusCode::kInternal, "cannot stat", file, errno);
   }
+  // Read straight into one buffer of the file's size (files are replaced by
+  // rename, never grown in place); a shorter read leaves a file that does
+  // not decode, reported below.
   std::string bytes;
-  bytes.reserve(static_cast<size_t>(st.st_size));
-  char chunk[1 << 16];
-  while (true) {
-    const ssize_t n = ::read(fd.get(), chunk, sizeof(chunk));
+  ResizeForBulkCopy(&bytes, static_cast<size_t>(st.st_size));
+  size_t got = 0;
+  while (got < bytes.size()) {
+    const ssize_t n = ::read(fd.get(), bytes.data() + got, bytes.size() - got);
     if (n < 0) {
       if (errno == EINTR) continue;
       return OsError(absl::StatusCode::kInternal, "cannot read", file, errno);
     }
     if (n == 0) break;
-    bytes.append(chunk, static_cast<size_t>(n));
+    got += static_cast<size_t>(n);
   }
+  bytes.resize(got);
   absl::StatusOr<StateDict> state = DecodeSafetensors(bytes);
   if (!state.ok()) {
     // A corrupt file is bad data on disk, not a bad request: DataLoss.

@@ -353,7 +353,7 @@ absl::StatusOr<checkpoint::StateDict> Trainer::ExportState() const {
     HostTensor h;
     h.dtype = DType::kF32;
     h.shape = t.shape();
-    h.data.resize(t.nbytes());
+    ResizeForBulkCopy(&h.data, t.nbytes());
     state.tensors.push_back({name, std::move(h)});
     sources.push_back(&t);
   };
