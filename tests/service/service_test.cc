@@ -899,6 +899,38 @@ TEST_F(ServiceTest, RestoreHonoursMaxJobs) {
   EXPECT_EQ(all->size(), 4u);
 }
 
+// A checkpoint whose header admits it but whose tensors do not restore frees
+// its place under --max-jobs: the next newest job is restored in its stead,
+// as a one-at-a-time restore would do.
+TEST_F(ServiceTest, ACheckpointThatFailsToRestoreLeavesItsPlaceToTheNext) {
+  Start({"--checkpoint-every=1", "--checkpoint-sync"});
+  std::vector<std::string> ids;
+  for (uint64_t seed = 1; seed <= 3; ++seed) ids.push_back(CreateJob(seed));
+  for (const std::string& id : ids) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ASSERT_TRUE(client_->Step(StepRequest(id, 1)).ok());
+  }
+  server_->Signal(SIGKILL);
+  server_->Wait(kExitDeadline);
+  // The newest file loses its last bytes: the header still reads, the
+  // tensors no longer do.
+  const std::filesystem::path newest =
+      std::filesystem::path(state_dir_) / (ids[2] + ".safetensors");
+  std::filesystem::resize_file(newest, std::filesystem::file_size(newest) - 4);
+
+  Start({"--checkpoint-every=1", "--max-jobs=2"});
+  absl::StatusOr<std::vector<v1::Job>> jobs = client_->ListAllJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  std::vector<std::string> restored;
+  for (const v1::Job& job : *jobs) restored.push_back(job.job_id());
+  std::vector<std::string> want = {ids[0], ids[1]};
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(restored, want) << server_->Log();
+  EXPECT_TRUE(absl::StrContains(server_->Log(), absl::StrCat("job ", ids[2], " failed to restore")))
+      << server_->Log();
+  EXPECT_TRUE(std::filesystem::exists(newest));
+}
+
 // Names the server stores and sends back are bounded, and input echoed in an
 // error is cut: a huge id never turns into a huge response.
 TEST_F(ServiceTest, NamesAreBoundedAndErrorsDoNotEchoHugeInput) {

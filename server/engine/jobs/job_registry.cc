@@ -2,6 +2,7 @@
 #include "server/engine/jobs/job_registry.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <utility>
 
@@ -338,15 +339,41 @@ absl::Status JobRegistry::RestoreAll(const CreateRequestDecoder& decode) {
   std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;
   });
-  // Admission, in that order, from the headers alone: an admitted job enters
-  // the table at once, so its bytes count against the limits for the next.
+  std::vector<std::string> candidates;
+  for (const auto& [written, id] : order) candidates.push_back(id);
+  // Passes of admission then parallel rebuild. A job admitted from its
+  // header whose file then fails to restore frees its place, so the jobs
+  // the limits turned away get another pass: the restored set is the one a
+  // one-at-a-time restore in this order would give.
+  for (;;) {
+    std::vector<std::string> turned_away;
+    std::vector<std::string> refusals;  // logged once no pass is left
+    const std::vector<std::shared_ptr<Job>> admitted =
+        AdmitForRestore(candidates, decode, &turned_away, &refusals);
+    if (RestoreInParallel(admitted) == 0 || turned_away.empty()) {
+      for (const std::string& line : refusals) LogEvent(line);
+      break;
+    }
+    candidates = std::move(turned_away);
+  }
+  ReportMemory();
+  return absl::OkStatus();
+}
+
+std::vector<std::shared_ptr<Job>> JobRegistry::AdmitForRestore(
+    const std::vector<std::string>& ids, const CreateRequestDecoder& decode,
+    std::vector<std::string>* turned_away, std::vector<std::string>* refusals) {
+  // In order, from the headers alone: an admitted job enters the table at
+  // once, so its bytes count against the limits for the next.
   std::vector<std::shared_ptr<Job>> admitted;
-  for (const auto& [written, id] : order) {
+  for (const std::string& id : ids) {
     {
       absl::MutexLock lock(&mu_);
       if (options_.max_jobs > 0 && static_cast<int64_t>(jobs_.size()) >= options_.max_jobs) {
-        LogEvent(absl::StrCat("job ", id, " not restored: --max-jobs=", options_.max_jobs,
-                              " jobs are held; its checkpoint is left on disk"));
+        turned_away->push_back(id);
+        refusals->push_back(absl::StrCat("job ", id,
+                                         " not restored: --max-jobs=", options_.max_jobs,
+                                         " jobs are held; its checkpoint is left on disk"));
         continue;
       }
     }
@@ -369,8 +396,9 @@ absl::Status JobRegistry::RestoreAll(const CreateRequestDecoder& decode) {
     }
     absl::MutexLock lock(&mu_);
     if (absl::Status s = CheckAdmission(request->config); !s.ok()) {
-      LogEvent(absl::StrCat("job ", id, " not restored: ", s.message(),
-                            "; its checkpoint is left on disk"));
+      turned_away->push_back(id);
+      refusals->push_back(absl::StrCat("job ", id, " not restored: ", s.message(),
+                                       "; its checkpoint is left on disk"));
       continue;
     }
     auto job = std::make_shared<Job>(id, request->request_id, request->config, blob, &context_);
@@ -378,12 +406,17 @@ absl::Status JobRegistry::RestoreAll(const CreateRequestDecoder& decode) {
     if (!request->request_id.empty()) by_request_id_[request->request_id] = id;
     admitted.push_back(std::move(job));
   }
+  return admitted;
+}
+
+int JobRegistry::RestoreInParallel(const std::vector<std::shared_ptr<Job>>& jobs) {
   // Reading, decoding and rebuilding (backend, weights, optimizer state)
-  // dominate a restart: the admitted jobs run them in parallel, at most one
-  // per worker thread, so at most that many files are in host memory at once.
-  absl::BlockingCounter pending(static_cast<int>(admitted.size()));
-  for (const std::shared_ptr<Job>& job : admitted) {
-    pool_->Post([this, job, &pending] {
+  // dominate a restart: the jobs run them in parallel, at most one per
+  // worker thread, so at most that many files are in host memory at once.
+  absl::BlockingCounter pending(static_cast<int>(jobs.size()));
+  std::atomic<int> failed{0};
+  for (const std::shared_ptr<Job>& job : jobs) {
+    pool_->Post([this, job, &pending, &failed] {
       absl::Status s = [&]() -> absl::Status {
         AMPD_ASSIGN_OR_RETURN(const checkpoint::StateDict state, state_dir_->Read(job->id()));
         return job->Restore(options_.device, state);
@@ -398,13 +431,13 @@ absl::Status JobRegistry::RestoreAll(const CreateRequestDecoder& decode) {
         (void)job->Close(/*remove_checkpoint=*/false);
         Remove(job->id());
         LogEvent(absl::StrCat("job ", job->id(), " failed to restore: ", s.ToString()));
+        failed.fetch_add(1, std::memory_order_relaxed);
       }
       pending.DecrementCount();
     });
   }
   pending.Wait();
-  ReportMemory();
-  return absl::OkStatus();
+  return failed.load(std::memory_order_relaxed);
 }
 
 void JobRegistry::StartDraining() {

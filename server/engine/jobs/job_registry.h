@@ -110,6 +110,16 @@ class JobRegistry {
   // JobContext::admit_step: the step's workspace against --max-memory-bytes.
   absl::Status AdmitStep(Job& job, int64_t workspace_bytes);
   void Remove(const std::string& job_id);
+  // RestoreAll's passes. AdmitForRestore puts the jobs of `ids` that the
+  // limits admit into the table (in order) and returns them; the ones the
+  // limits turn away go to *turned_away, with the line that says why to
+  // *refusals. RestoreInParallel rebuilds `jobs` from their files on the
+  // worker pool, removes those that fail, and returns how many failed.
+  std::vector<std::shared_ptr<Job>> AdmitForRestore(const std::vector<std::string>& ids,
+                                                    const CreateRequestDecoder& decode,
+                                                    std::vector<std::string>* turned_away,
+                                                    std::vector<std::string>* refusals);
+  int RestoreInParallel(const std::vector<std::shared_ptr<Job>>& jobs);
   void ReportMemory() const;
 
   const RegistryOptions options_;
