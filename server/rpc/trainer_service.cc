@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/error_reason.h"
@@ -16,7 +17,9 @@ namespace {
 
 // Streams one safetensors file in chunks. The export runs on the job's
 // worker; the writes are started from its completion and then from
-// OnWriteDone reactions, which only hand the next slice to gRPC.
+// OnWriteDone reactions, which only hand the next slice to gRPC. Each chunk
+// is copied straight from the header and the exported host tensors: the
+// file is never concatenated in memory.
 class StateDictWriter final : public grpc::ServerWriteReactor<v1::StateDictChunk> {
  public:
   StateDictWriter(const TrainerService* service, engine::JobRegistry* registry,
@@ -26,14 +29,16 @@ class StateDictWriter final : public grpc::ServerWriteReactor<v1::StateDictChunk
       Done(ToGrpcStatus(s));
       return;
     }
-    registry->ExportState(job_id, [this](absl::StatusOr<std::string> bytes) {
-      if (!bytes.ok()) {
-        Done(ToGrpcStatus(bytes.status()));
-        return;
-      }
-      bytes_ = *std::move(bytes);
-      WriteNext();
-    });
+    registry->ExportState(job_id,
+                          [this](absl::StatusOr<engine::checkpoint::EncodedSafetensors> file) {
+                            if (!file.ok()) {
+                              Done(ToGrpcStatus(file.status()));
+                              return;
+                            }
+                            file_ = *std::move(file);
+                            size_ = file_.size();
+                            WriteNext();
+                          });
   }
 
   void OnWriteDone(bool ok) override {
@@ -47,12 +52,14 @@ class StateDictWriter final : public grpc::ServerWriteReactor<v1::StateDictChunk
 
  private:
   void WriteNext() {
-    if (offset_ >= bytes_.size()) {
+    if (offset_ >= size_) {
       Done(grpc::Status::OK);
       return;
     }
-    const size_t n = std::min(chunk_bytes_, bytes_.size() - offset_);
-    chunk_.set_data(bytes_.data() + offset_, n);
+    const uint64_t n = std::min<uint64_t>(chunk_bytes_, size_ - offset_);
+    std::string* data = chunk_.mutable_data();
+    data->clear();  // keeps its capacity: one chunk buffer for the stream
+    file_.CopyOut(offset_, n, data);
     offset_ += n;
     StartWrite(&chunk_);
   }
@@ -64,13 +71,16 @@ class StateDictWriter final : public grpc::ServerWriteReactor<v1::StateDictChunk
   const TrainerService* service_;
   const size_t chunk_bytes_;
   const absl::Time start_;
-  std::string bytes_;
-  size_t offset_ = 0;
+  engine::checkpoint::EncodedSafetensors file_;
+  uint64_t size_ = 0;
+  uint64_t offset_ = 0;
   v1::StateDictChunk chunk_;
 };
 
 // Collects a client stream of chunks (the first message names the job), then
-// hands the whole file to the job's worker, which decodes and loads it.
+// hands them to the job's worker, which decodes and loads the file. Each
+// chunk's bytes are moved out of its message as received, never appended to
+// one growing string (which would copy the file again at every doubling).
 class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRequest> {
  public:
   StateDictReader(const TrainerService* service, engine::JobRegistry* registry,
@@ -90,8 +100,8 @@ class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRe
         Done(FieldError("job_id", "the first message must name the job"));
         return;
       }
-      const int64_t size = static_cast<int64_t>(bytes_.size());
-      registry_->ImportState(job_id_, std::move(bytes_), [this, size](absl::StatusOr<int64_t> n) {
+      const int64_t size = held_;
+      registry_->ImportState(job_id_, std::move(chunks_), [this, size](absl::StatusOr<int64_t> n) {
         if (n.ok()) {
           response_->set_bytes(size);
           response_->set_tensors(*n);
@@ -117,7 +127,7 @@ class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRe
       return;
     }
     const int64_t n = static_cast<int64_t>(request_.data().size());
-    if (static_cast<int64_t>(bytes_.size()) + n > max_bytes_) {
+    if (held_ + n > max_bytes_) {
       Done(WithReason(
           absl::ResourceExhaustedError(absl::StrCat(
               "data: the state dict exceeds the server's limit of ", max_bytes_, " bytes")),
@@ -133,7 +143,8 @@ class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRe
       return;
     }
     held_ += n;
-    bytes_.append(request_.data());
+    if (n > 0) chunks_.push_back(std::move(*request_.mutable_data()));
+    request_.clear_data();
     StartRead(&request_);
   }
   void OnDone() override { delete this; }
@@ -142,8 +153,8 @@ class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRe
   void Done(const absl::Status& status) {
     // The bytes are freed (loaded, or dropped with the stream) by now.
     budget_->Release(std::exchange(held_, 0));
-    bytes_.clear();
-    bytes_.shrink_to_fit();
+    chunks_.clear();
+    chunks_.shrink_to_fit();
     const grpc::Status grpc_status = ToGrpcStatus(status);
     service_->Record("LoadStateDict", grpc_status, start_);
     Finish(grpc_status);
@@ -159,7 +170,7 @@ class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRe
   v1::LoadStateDictRequest request_;
   bool first_ = true;
   std::string job_id_;
-  std::string bytes_;
+  std::vector<std::string> chunks_;  // the file so far, in order
 };
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include "server/engine/checkpoint/safetensors.h"
 
 #include <cstdint>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -78,6 +79,67 @@ TEST(SafetensorsTest, RoundTripsEveryDTypeShapeAndMetadata) {
   for (const NamedTensor& t : decoded->tensors) EXPECT_TRUE(t.tensor.Validate(t.name).ok());
   // Encoding is deterministic, so a re-encode is byte-identical.
   EXPECT_EQ(EncodeSafetensors(*decoded), bytes);
+}
+
+// Streaming writers send the header and then the tensors' bytes from where
+// they are; every slicing of that must be the encoded file, byte for byte.
+TEST(SafetensorsTest, HeaderAndTensorSlicesAreTheEncodedFile) {
+  EncodedSafetensors file;
+  file.state = EveryKindOfState();
+  file.header = EncodeSafetensorsHeader(file.state);
+  const std::string whole = EncodeSafetensors(file.state);
+  ASSERT_EQ(file.size(), whole.size());
+  EXPECT_EQ(whole.substr(0, file.header.size()), file.header);
+  for (uint64_t chunk : {uint64_t{1}, uint64_t{3}, uint64_t{8}, uint64_t{61}, file.size()}) {
+    std::string streamed;
+    for (uint64_t offset = 0; offset < file.size(); offset += chunk) {
+      file.CopyOut(offset, chunk, &streamed);
+    }
+    EXPECT_EQ(streamed, whole) << "chunk " << chunk;
+  }
+  std::string past_end;
+  file.CopyOut(file.size() - 2, 100, &past_end);
+  EXPECT_EQ(past_end, whole.substr(whole.size() - 2));
+}
+
+// The metadata alone, from the file's first bytes (no tensor bytes needed),
+// and the same errors as a full decode for a header that is cut short.
+TEST(SafetensorsTest, MetadataDecodesFromTheHeaderAlone) {
+  const StateDict state = EveryKindOfState();
+  const std::string header = EncodeSafetensorsHeader(state);
+  absl::StatusOr<std::map<std::string, std::string>> metadata = DecodeSafetensorsMetadata(header);
+  ASSERT_TRUE(metadata.ok()) << metadata.status();
+  EXPECT_EQ(*metadata, state.metadata);
+  EXPECT_THAT(DecodeSafetensorsMetadata(header.substr(0, header.size() - 1)).status().message(),
+              HasSubstr("runs past the end"));
+  EXPECT_EQ(DecodeSafetensorsMetadata("abc").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A file received in chunks decodes exactly as the joined file does, for
+// every split (empty pieces included), and a cut-short file fails the same.
+TEST(SafetensorsTest, DecodesFromPiecesAsFromTheJoinedFile) {
+  const StateDict state = EveryKindOfState();
+  const std::string whole = EncodeSafetensors(state);
+  for (size_t chunk : {size_t{1}, size_t{5}, size_t{8}, size_t{64}, whole.size()}) {
+    std::vector<absl::string_view> pieces;
+    for (size_t offset = 0; offset < whole.size(); offset += chunk) {
+      pieces.push_back(absl::string_view(whole).substr(offset, chunk));
+      pieces.push_back(absl::string_view());
+    }
+    absl::StatusOr<StateDict> decoded = DecodeSafetensors(absl::MakeConstSpan(pieces));
+    ASSERT_TRUE(decoded.ok()) << "chunk " << chunk << ": " << decoded.status();
+    ExpectSameState(state, *decoded);
+  }
+  for (size_t cut : {size_t{0}, size_t{3}, size_t{12}, whole.size() - 1}) {
+    const absl::string_view prefix = absl::string_view(whole).substr(0, cut);
+    std::vector<absl::string_view> pieces;
+    for (size_t offset = 0; offset < prefix.size(); offset += 7) {
+      pieces.push_back(prefix.substr(offset, 7));
+    }
+    EXPECT_EQ(DecodeSafetensors(absl::MakeConstSpan(pieces)).status(),
+              DecodeSafetensors(prefix).status())
+        << "cut " << cut;
+  }
 }
 
 TEST(SafetensorsTest, HeaderIsPaddedWithSpacesToAMultipleOfEight) {

@@ -5,7 +5,9 @@
 // allocation is bounded by the size of the input.
 #include "server/engine/checkpoint/safetensors.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <optional>
@@ -16,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/error_reason.h"
+#include "common/status_macros.h"
 
 namespace ampd::engine::checkpoint {
 namespace {
@@ -494,7 +497,7 @@ absl::Status ValidateStateDict(const StateDict& state) {
   return absl::OkStatus();
 }
 
-std::string EncodeSafetensors(const StateDict& state) {
+std::string EncodeSafetensorsHeader(const StateDict& state) {
   std::string header = "{";
   bool first = true;
   if (!state.metadata.empty()) {
@@ -511,7 +514,6 @@ std::string EncodeSafetensors(const StateDict& state) {
     first = false;
   }
   uint64_t offset = 0;
-  size_t data_bytes = 0;
   for (const NamedTensor& t : state.tensors) {
     if (!first) header.push_back(',');
     first = false;
@@ -520,48 +522,153 @@ std::string EncodeSafetensors(const StateDict& state) {
                     absl::StrJoin(t.tensor.shape, ","), "],\"data_offsets\":[", offset, ",",
                     offset + t.tensor.data.size(), "]}");
     offset += t.tensor.data.size();
-    data_bytes += t.tensor.data.size();
   }
   header.push_back('}');
   header.append((kHeaderAlignment - header.size() % kHeaderAlignment) % kHeaderAlignment, ' ');
 
   std::string out;
-  out.reserve(kLengthPrefixBytes + header.size() + data_bytes);
+  out.reserve(kLengthPrefixBytes + header.size());
   const uint64_t n = header.size();
   for (size_t i = 0; i < kLengthPrefixBytes; ++i) {
     out.push_back(static_cast<char>((n >> (8 * i)) & 0xFF));  // little-endian
   }
   out.append(header);
+  return out;
+}
+
+std::string EncodeSafetensors(const StateDict& state) {
+  std::string out = EncodeSafetensorsHeader(state);
+  size_t data_bytes = 0;
+  for (const NamedTensor& t : state.tensors) data_bytes += t.tensor.data.size();
+  out.reserve(out.size() + data_bytes);
   for (const NamedTensor& t : state.tensors) out.append(t.tensor.data);
   return out;
 }
 
-absl::StatusOr<StateDict> DecodeSafetensors(absl::string_view bytes) {
-  if (bytes.size() < kLengthPrefixBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "safetensors: ", bytes.size(), " bytes is shorter than the 8-byte header length"));
+uint64_t EncodedSafetensors::size() const {
+  uint64_t n = header.size();
+  for (const NamedTensor& t : state.tensors) n += t.tensor.data.size();
+  return n;
+}
+
+void EncodedSafetensors::CopyOut(uint64_t offset, uint64_t length, std::string* out) const {
+  const auto take = [&](absl::string_view piece) {
+    if (length == 0) return;
+    if (offset >= piece.size()) {
+      offset -= piece.size();
+      return;
+    }
+    const uint64_t n = std::min<uint64_t>(length, piece.size() - offset);
+    out->append(piece.data() + offset, n);
+    offset = 0;
+    length -= n;
+  };
+  take(header);
+  for (const NamedTensor& t : state.tensors) take(t.tensor.data);
+}
+
+namespace {
+
+// A file received in pieces (a stream's chunks), read as one byte range.
+class Pieces {
+ public:
+  explicit Pieces(absl::Span<const absl::string_view> pieces) : pieces_(pieces) {
+    for (absl::string_view p : pieces_) size_ += p.size();
+  }
+  uint64_t size() const { return size_; }
+  // Copies [offset, offset + length) to dst; the range is within size().
+  // Sequential calls (each starting where the last ended) cost no search.
+  void CopyTo(uint64_t offset, uint64_t length, char* dst) {
+    if (offset < cursor_start_) cursor_ = cursor_start_ = 0;
+    while (cursor_ < pieces_.size() && offset >= cursor_start_ + pieces_[cursor_].size()) {
+      cursor_start_ += pieces_[cursor_].size();
+      ++cursor_;
+    }
+    uint64_t in_piece = offset - cursor_start_;
+    while (length > 0) {
+      const absl::string_view p = pieces_[cursor_];
+      const uint64_t n = std::min<uint64_t>(length, p.size() - in_piece);
+      std::memcpy(dst, p.data() + in_piece, n);
+      dst += n;
+      length -= n;
+      in_piece += n;
+      if (in_piece == p.size() && length > 0) {
+        cursor_start_ += p.size();
+        ++cursor_;
+        in_piece = 0;
+      }
+    }
+  }
+
+ private:
+  absl::Span<const absl::string_view> pieces_;
+  uint64_t size_ = 0;
+  size_t cursor_ = 0;
+  uint64_t cursor_start_ = 0;
+};
+
+// The length prefix and the parsed header of a `total`-byte file whose first
+// bytes are `head` (at least the prefix and the header when they fit in
+// `total`); *header_end is where the tensor buffer starts.
+absl::StatusOr<Header> DecodeHeader(absl::string_view head, uint64_t total, uint64_t* header_end) {
+  if (total < kLengthPrefixBytes || head.size() < kLengthPrefixBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("safetensors: ", total, " bytes is shorter than the 8-byte header length"));
   }
   uint64_t n = 0;
   for (size_t i = 0; i < kLengthPrefixBytes; ++i) {
-    n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+    n |= static_cast<uint64_t>(static_cast<unsigned char>(head[i])) << (8 * i);
   }
   if (n > kMaxSafetensorsHeaderBytes) {
     return absl::InvalidArgumentError(absl::StrCat("safetensors: header length ", n,
                                                    " exceeds the limit of ",
                                                    kMaxSafetensorsHeaderBytes, " bytes"));
   }
-  if (n > bytes.size() - kLengthPrefixBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("safetensors: header length ", n,
-                                                   " runs past the end of the ", bytes.size(),
-                                                   "-byte input"));
+  if (n > total - kLengthPrefixBytes || n > head.size() - kLengthPrefixBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "safetensors: header length ", n, " runs past the end of the ", total, "-byte input"));
   }
-  const absl::string_view text = bytes.substr(kLengthPrefixBytes, n);
-  const absl::string_view buffer = bytes.substr(kLengthPrefixBytes + n);
+  const absl::string_view text = head.substr(kLengthPrefixBytes, n);
+  *header_end = kLengthPrefixBytes + n;
   if (!IsValidUtf8(text)) {
     return absl::InvalidArgumentError("safetensors: header is not valid UTF-8");
   }
-  absl::StatusOr<Header> header = HeaderParser(text).Parse();
+  return HeaderParser(text).Parse();
+}
+
+}  // namespace
+
+absl::StatusOr<std::map<std::string, std::string>> DecodeSafetensorsMetadata(
+    absl::string_view bytes) {
+  uint64_t header_end = 0;
+  AMPD_ASSIGN_OR_RETURN(Header header, DecodeHeader(bytes, bytes.size(), &header_end));
+  return std::move(header.metadata);
+}
+
+absl::StatusOr<StateDict> DecodeSafetensors(absl::string_view bytes) {
+  return DecodeSafetensors(absl::MakeConstSpan(&bytes, 1));
+}
+
+absl::StatusOr<StateDict> DecodeSafetensors(absl::Span<const absl::string_view> pieces) {
+  Pieces file(pieces);
+  // Only the header is gathered into one string; the tensors are copied
+  // from the pieces straight into their own buffers.
+  std::string head(static_cast<size_t>(std::min<uint64_t>(file.size(), kLengthPrefixBytes)), '\0');
+  file.CopyTo(0, head.size(), head.data());
+  if (head.size() == kLengthPrefixBytes) {
+    uint64_t n = 0;
+    for (size_t i = 0; i < kLengthPrefixBytes; ++i) {
+      n |= static_cast<uint64_t>(static_cast<unsigned char>(head[i])) << (8 * i);
+    }
+    if (n <= kMaxSafetensorsHeaderBytes && n <= file.size() - kLengthPrefixBytes) {
+      head.resize(kLengthPrefixBytes + n);
+      file.CopyTo(kLengthPrefixBytes, n, head.data() + kLengthPrefixBytes);
+    }
+  }
+  uint64_t header_end = 0;
+  absl::StatusOr<Header> header = DecodeHeader(head, file.size(), &header_end);
   if (!header.ok()) return header.status();
+  const uint64_t buffer_size = file.size() - header_end;
 
   // Offsets are relative to the buffer; tensors must tile it exactly, in
   // header order, so the file has one meaning and no hidden bytes.
@@ -589,15 +696,15 @@ absl::StatusOr<StateDict> DecodeSafetensors(absl::string_view bytes) {
                                                      *nbytes, " bytes but data_offsets [", t.begin,
                                                      ", ", t.end, "] span ", t.end - t.begin));
     }
-    if (t.end > buffer.size()) {
+    if (t.end > buffer_size) {
       return absl::InvalidArgumentError(absl::StrCat("safetensors: ", DescribeTensor(t),
                                                      " ends at ", t.end, ", past the end of the ",
-                                                     buffer.size(), "-byte buffer"));
+                                                     buffer_size, "-byte buffer"));
     }
     expected_begin = t.end;
   }
-  if (expected_begin != buffer.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("safetensors: ", buffer.size() - expected_begin,
+  if (expected_begin != buffer_size) {
+    return absl::InvalidArgumentError(absl::StrCat("safetensors: ", buffer_size - expected_begin,
                                                    " trailing bytes after the last tensor"));
   }
 
@@ -609,7 +716,8 @@ absl::StatusOr<StateDict> DecodeSafetensors(absl::string_view bytes) {
     named.name = std::move(t.name);
     named.tensor.dtype = t.dtype;
     named.tensor.shape = std::move(t.shape);
-    named.tensor.data = std::string(buffer.substr(t.begin, t.end - t.begin));
+    ResizeForBulkCopy(&named.tensor.data, t.end - t.begin);
+    file.CopyTo(header_end + t.begin, t.end - t.begin, named.tensor.data.data());
     state.tensors.push_back(std::move(named));
   }
   return state;

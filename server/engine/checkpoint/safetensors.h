@@ -10,11 +10,13 @@
 // with spaces to a multiple of 8 bytes so the tensor bytes start 8-aligned.
 #pragma once
 
+#include <map>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "server/engine/checkpoint/state_dict.h"
 
 namespace ampd::engine::checkpoint {
@@ -33,10 +35,40 @@ absl::Status ValidateStateDict(const StateDict& state);
 // match its shape is written as given, and the result will not decode.
 std::string EncodeSafetensors(const StateDict& state);
 
+// The file's first bytes: the 8-byte length and the padded JSON header.
+// EncodeSafetensors(state) == EncodeSafetensorsHeader(state) followed by the
+// tensors' bytes in order; writers that stream a state send those pieces
+// instead of concatenating the whole file first. Same precondition.
+std::string EncodeSafetensorsHeader(const StateDict& state);
+
+// A safetensors file held as its header plus the tensors it came from, so a
+// state dict the size of a model is not copied once more just to be sent.
+struct EncodedSafetensors {
+  std::string header;  // EncodeSafetensorsHeader(state)
+  StateDict state;
+
+  // Bytes of the whole file.
+  uint64_t size() const;
+  // Appends the file's bytes [offset, offset + length) (clipped to size())
+  // to *out.
+  void CopyOut(uint64_t offset, uint64_t length, std::string* out) const;
+};
+
 // InvalidArgument naming what is wrong (header length past the end, bad
 // JSON, unknown dtype, offsets that overlap, leave gaps or run past the end,
 // duplicate names) — never a crash on hostile bytes. Tensors come back in
 // header order, which must also be the order of their bytes.
 absl::StatusOr<StateDict> DecodeSafetensors(absl::string_view bytes);
+// The same for a file held as consecutive pieces (a stream's chunks): the
+// tensors are copied from the pieces into their own buffers once, without
+// first joining the pieces into one string.
+absl::StatusOr<StateDict> DecodeSafetensors(absl::Span<const absl::string_view> pieces);
+
+// The "__metadata__" of a safetensors file from its first bytes: the 8-byte
+// length and the header (what follows, if anything, is not looked at). The
+// same checks of the header as DecodeSafetensors, none of the tensor bytes;
+// for reading a file's metadata without reading the whole file.
+absl::StatusOr<std::map<std::string, std::string>> DecodeSafetensorsMetadata(
+    absl::string_view bytes);
 
 }  // namespace ampd::engine::checkpoint

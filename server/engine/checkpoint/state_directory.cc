@@ -123,7 +123,9 @@ absl::StatusOr<StateDirectory> StateDirectory::Open(const std::string& path) {
 absl::Status StateDirectory::Write(const std::string& job_id, const StateDict& state) const {
   if (absl::Status s = CheckJobId(job_id); !s.ok()) return s;
   if (absl::Status s = ValidateStateDict(state); !s.ok()) return s;
-  const std::string bytes = EncodeSafetensors(state);
+  // The header, then each tensor's bytes where they are: no copy of the
+  // whole file in memory.
+  const std::string header = EncodeSafetensorsHeader(state);
   const std::string final_path = absl::StrCat(path_, "/", job_id, kSuffix);
   std::string temp_path = absl::StrCat(path_, "/", job_id, kTempInfix, "XXXXXX");
 
@@ -134,7 +136,10 @@ absl::Status StateDirectory::Write(const std::string& job_id, const StateDict& s
   // Runs the steps that can fail; any failure unlinks the temp file so a
   // failed write leaves the previous checkpoint and nothing else.
   absl::Status status = [&]() -> absl::Status {
-    if (absl::Status s = WriteAll(fd.get(), bytes, temp_path); !s.ok()) return s;
+    AMPD_RETURN_IF_ERROR(WriteAll(fd.get(), header, temp_path));
+    for (const NamedTensor& t : state.tensors) {
+      AMPD_RETURN_IF_ERROR(WriteAll(fd.get(), t.tensor.data, temp_path));
+    }
     if (::fsync(fd.get()) != 0) {
       return OsError(absl::StatusCode::kInternal, "cannot fsync", temp_path, errno);
     }
@@ -170,24 +175,75 @@ absl::StatusOr<StateDict> StateDirectory::Read(const std::string& job_id) const 
   if (::fstat(fd.get(), &st) != 0) {
     return OsError(absl::StatusCode::kInternal, "cannot stat", file, errno);
   }
+  // Read straight into one buffer of the file's size (files are replaced by
+  // rename, never grown in place); a shorter read leaves a file that does
+  // not decode, reported below.
   std::string bytes;
-  bytes.reserve(static_cast<size_t>(st.st_size));
-  char chunk[1 << 16];
-  while (true) {
-    const ssize_t n = ::read(fd.get(), chunk, sizeof(chunk));
+  ResizeForBulkCopy(&bytes, static_cast<size_t>(st.st_size));
+  size_t got = 0;
+  while (got < bytes.size()) {
+    const ssize_t n = ::read(fd.get(), bytes.data() + got, bytes.size() - got);
     if (n < 0) {
       if (errno == EINTR) continue;
       return OsError(absl::StatusCode::kInternal, "cannot read", file, errno);
     }
     if (n == 0) break;
-    bytes.append(chunk, static_cast<size_t>(n));
+    got += static_cast<size_t>(n);
   }
+  bytes.resize(got);
   absl::StatusOr<StateDict> state = DecodeSafetensors(bytes);
   if (!state.ok()) {
     // A corrupt file is bad data on disk, not a bad request: DataLoss.
     return absl::DataLossError(absl::StrCat(file, ": ", state.status().message()));
   }
   return state;
+}
+
+absl::StatusOr<std::map<std::string, std::string>> StateDirectory::ReadMetadata(
+    const std::string& job_id) const {
+  AMPD_RETURN_IF_ERROR(CheckJobId(job_id));
+  const std::string file = absl::StrCat(path_, "/", job_id, kSuffix);
+  Fd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    const int err = errno;
+    if (err == ENOENT) {
+      return absl::NotFoundError(absl::StrCat("no checkpoint for job ", job_id, " (", file, ")"));
+    }
+    return OsError(absl::StatusCode::kInternal, "cannot open", file, err);
+  }
+  // Reads exactly n more bytes onto `bytes`, or fewer at the end of the file.
+  std::string bytes;
+  const auto read_more = [&](uint64_t n) -> absl::Status {
+    const size_t start = bytes.size();
+    bytes.resize(start + n);
+    size_t got = 0;
+    while (got < n) {
+      const ssize_t r = ::read(fd.get(), bytes.data() + start + got, n - got);
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        return OsError(absl::StatusCode::kInternal, "cannot read", file, errno);
+      }
+      if (r == 0) break;
+      got += static_cast<size_t>(r);
+    }
+    bytes.resize(start + got);
+    return absl::OkStatus();
+  };
+  constexpr uint64_t kPrefix = 8;
+  AMPD_RETURN_IF_ERROR(read_more(kPrefix));
+  if (bytes.size() == kPrefix) {
+    uint64_t n = 0;
+    for (size_t i = 0; i < kPrefix; ++i) {
+      n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+    }
+    // Past the limit the decoder below names the defect; read nothing more.
+    if (n <= kMaxSafetensorsHeaderBytes) AMPD_RETURN_IF_ERROR(read_more(n));
+  }
+  absl::StatusOr<std::map<std::string, std::string>> metadata = DecodeSafetensorsMetadata(bytes);
+  if (!metadata.ok()) {
+    return absl::DataLossError(absl::StrCat(file, ": ", metadata.status().message()));
+  }
+  return metadata;
 }
 
 absl::StatusOr<int64_t> StateDirectory::WriteTimeNanos(const std::string& job_id) const {

@@ -5,6 +5,7 @@
 // job listed here at start.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,9 @@ class StateDirectory {
   // NotFound when there is no checkpoint for job_id; DataLoss, naming the
   // file and the defect, when the file does not decode.
   absl::StatusOr<StateDict> Read(const std::string& job_id) const;
+  // Only the metadata of job_id's checkpoint, reading the header and not the
+  // tensors; errors as Read's.
+  absl::StatusOr<std::map<std::string, std::string>> ReadMetadata(const std::string& job_id) const;
   // When job_id's checkpoint was last written (st_mtime, in ns since the
   // epoch); NotFound when there is none.
   absl::StatusOr<int64_t> WriteTimeNanos(const std::string& job_id) const;

@@ -355,7 +355,7 @@ absl::StatusOr<StepReport> Job::Step(int64_t sequence, StepInput input) {
   }
   if (context_->observer != nullptr) context_->observer->OnStep(id_, *report);
   if (context_->checkpoint_every > 0 && sequence % context_->checkpoint_every == 0) {
-    if (absl::Status s = Checkpoint(); !s.ok()) {
+    if (absl::Status s = CheckpointInBackground(); !s.ok()) {
       std::fprintf(stderr, "ampd: job %s checkpoint failed at step %lld: %s\n", id_.c_str(),
                    static_cast<long long>(sequence), s.ToString().c_str());
     }
@@ -363,25 +363,27 @@ absl::StatusOr<StepReport> Job::Step(int64_t sequence, StepInput input) {
   return report;
 }
 
-absl::StatusOr<std::string> Job::ExportSafetensors() const {
+absl::StatusOr<checkpoint::EncodedSafetensors> Job::ExportSafetensors() const {
   return AllocationGuard("GetStateDict", [&] { return ExportSafetensorsUnguarded(); });
 }
 
-absl::StatusOr<std::string> Job::ExportSafetensorsUnguarded() const {
+absl::StatusOr<checkpoint::EncodedSafetensors> Job::ExportSafetensorsUnguarded() const {
   if (trainer_ == nullptr) return NotOpen();
-  absl::StatusOr<checkpoint::StateDict> state = trainer_->ExportState();
-  if (!state.ok()) return state.status();
-  if (absl::Status s = checkpoint::ValidateStateDict(*state); !s.ok()) return s;
-  return checkpoint::EncodeSafetensors(*state);
+  checkpoint::EncodedSafetensors encoded;
+  AMPD_ASSIGN_OR_RETURN(encoded.state, trainer_->ExportState());
+  AMPD_RETURN_IF_ERROR(checkpoint::ValidateStateDict(encoded.state));
+  encoded.header = checkpoint::EncodeSafetensorsHeader(encoded.state);
+  return encoded;
 }
 
-absl::StatusOr<int64_t> Job::ImportSafetensors(absl::string_view bytes) {
-  return AllocationGuard("LoadStateDict", [&] { return ImportSafetensorsUnguarded(bytes); });
+absl::StatusOr<int64_t> Job::ImportSafetensors(absl::Span<const absl::string_view> pieces) {
+  return AllocationGuard("LoadStateDict", [&] { return ImportSafetensorsUnguarded(pieces); });
 }
 
-absl::StatusOr<int64_t> Job::ImportSafetensorsUnguarded(absl::string_view bytes) {
+absl::StatusOr<int64_t> Job::ImportSafetensorsUnguarded(
+    absl::Span<const absl::string_view> pieces) {
   if (trainer_ == nullptr) return NotOpen();
-  absl::StatusOr<checkpoint::StateDict> state = checkpoint::DecodeSafetensors(bytes);
+  absl::StatusOr<checkpoint::StateDict> state = checkpoint::DecodeSafetensors(pieces);
   if (!state.ok()) return WithReason(state.status(), reason::kInvalidStateDict);
   // With a state directory the import is acknowledged only once it is on
   // disk; keep what to go back to if that write fails.
@@ -435,29 +437,45 @@ absl::Status Job::Checkpoint() {
   return AllocationGuard("checkpoint", [&] { return CheckpointUnguarded(); });
 }
 
+absl::StatusOr<checkpoint::StateDict> Job::CheckpointState() const {
+  if (trainer_ == nullptr) return NotOpen();
+  AMPD_ASSIGN_OR_RETURN(checkpoint::StateDict state, trainer_->ExportState());
+  const JobSnapshot snapshot = Snapshot();
+  state.metadata[kMetaConfig] = config_json_;
+  state.metadata[kMetaStep] = absl::StrCat(snapshot.step);
+  state.metadata[kMetaRequestId] = request_id_;
+  if (last_report_.has_value()) {
+    state.metadata[kMetaLastReport] = EncodeStepReport(*last_report_);
+  } else {
+    state.metadata.erase(kMetaLastReport);
+  }
+  if (snapshot.state == JobState::kFailed) {
+    state.metadata[kMetaFailure] = snapshot.failure;
+  } else {
+    state.metadata.erase(kMetaFailure);
+  }
+  return state;
+}
+
 absl::Status Job::CheckpointUnguarded() {
   if (context_->state_dir == nullptr) return absl::OkStatus();
-  if (trainer_ == nullptr) return NotOpen();
-  absl::StatusOr<checkpoint::StateDict> state = trainer_->ExportState();
-  if (!state.ok()) return state.status();
-  const int64_t step = Snapshot().step;
-  state->metadata[kMetaConfig] = config_json_;
-  state->metadata[kMetaStep] = absl::StrCat(step);
-  state->metadata[kMetaRequestId] = request_id_;
-  if (last_report_.has_value()) {
-    state->metadata[kMetaLastReport] = EncodeStepReport(*last_report_);
-  } else {
-    state->metadata.erase(kMetaLastReport);
-  }
-  if (const JobSnapshot snapshot = Snapshot(); snapshot.state == JobState::kFailed) {
-    state->metadata[kMetaFailure] = snapshot.failure;
-  } else {
-    state->metadata.erase(kMetaFailure);
-  }
-  if (absl::Status s = context_->state_dir->Write(id_, *state); !s.ok()) return s;
-  std::fprintf(stderr, "ampd: job %s checkpointed at step %lld\n", id_.c_str(),
-               static_cast<long long>(step));
+  AMPD_ASSIGN_OR_RETURN(const checkpoint::StateDict state, CheckpointState());
+  if (context_->writer != nullptr) context_->writer->Cancel(id_);
+  AMPD_RETURN_IF_ERROR(context_->state_dir->Write(id_, state));
+  std::fprintf(stderr, "ampd: job %s checkpointed at step %s\n", id_.c_str(),
+               state.metadata.at(kMetaStep).c_str());
   return absl::OkStatus();
+}
+
+absl::Status Job::CheckpointInBackground() {
+  if (context_->state_dir == nullptr) return absl::OkStatus();
+  if (context_->writer == nullptr) return Checkpoint();
+  return AllocationGuard("checkpoint", [&]() -> absl::Status {
+    AMPD_ASSIGN_OR_RETURN(checkpoint::StateDict state, CheckpointState());
+    // The writer encodes and validates (StateDirectory::Write) off the strand.
+    context_->writer->Enqueue(id_, Snapshot().step, std::move(state));
+    return absl::OkStatus();
+  });
 }
 
 absl::Status Job::Close(bool remove_checkpoint) {
@@ -469,6 +487,9 @@ absl::Status Job::Close(bool remove_checkpoint) {
   last_report_.reset();
   bytes_in_use_.store(0, std::memory_order_relaxed);
   set_workspace_bytes(0);
+  // The strand enqueues no more snapshots (no Trainer), so after this no
+  // background write of the job can land.
+  if (context_->writer != nullptr) context_->writer->Cancel(id_);
   if (remove_checkpoint && context_->state_dir != nullptr) {
     return context_->state_dir->Remove(id_);
   }

@@ -20,8 +20,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "server/engine/checkpoint/safetensors.h"
 #include "server/engine/checkpoint/state_dict.h"
 #include "server/engine/checkpoint/state_directory.h"
+#include "server/engine/jobs/checkpoint_writer.h"
 #include "server/engine/jobs/job_config.h"
 #include "server/engine/jobs/job_observer.h"
 #include "server/engine/jobs/trainer.h"
@@ -80,8 +82,11 @@ struct JobContext {
   const checkpoint::StateDirectory* state_dir = nullptr;  // nullptr: no checkpoints
   JobObserver* observer = nullptr;                        // nullable
   int64_t checkpoint_every = 0;                           // 0: only on shutdown
-  int64_t grad_histogram_every = 0;                       // 0: never sample
-  std::function<void()> on_memory_changed;                // nullable
+  // Writes periodic checkpoints off the strand; nullptr: they are written on
+  // it, before the step that took them is answered (--checkpoint-sync).
+  CheckpointWriter* writer = nullptr;
+  int64_t grad_histogram_every = 0;         // 0: never sample
+  std::function<void()> on_memory_changed;  // nullable
   // Asked, on the job's strand, for the workspace bytes a Step is about to
   // allocate (Trainer::Step's admit); an error refuses the step unchanged.
   // Nullable: no limit.
@@ -136,18 +141,29 @@ class Job : public std::enable_shared_from_this<Job> {
   // (SCALER_AT_MIN_SCALE, checkpointed as failed); a failed job answers
   // JOB_FAILED until ImportSafetensors.
   absl::StatusOr<StepReport> Step(int64_t sequence, StepInput input);
-  // The Trainer's state as safetensors bytes.
-  absl::StatusOr<std::string> ExportSafetensors() const;
+  // The Trainer's state as a safetensors file (header and host tensors,
+  // not yet concatenated).
+  absl::StatusOr<checkpoint::EncodedSafetensors> ExportSafetensors() const;
   // Replaces weights, optimizer and scaler state from safetensors bytes and
   // clears a failure; the step sequence is the job's own and does not change.
   // With a state directory the new state is checkpointed before this
   // returns, so an acknowledged import survives a crash; when that write
   // fails the previous state is put back and the error returned.
-  absl::StatusOr<int64_t> ImportSafetensors(absl::string_view bytes);
-  // Writes the checkpoint when there is a state directory (no-op otherwise).
+  // `pieces` are the file's consecutive pieces (a stream's chunks).
+  absl::StatusOr<int64_t> ImportSafetensors(absl::Span<const absl::string_view> pieces);
+  // Writes the checkpoint when there is a state directory (no-op otherwise)
+  // and returns once it is on disk. A background write of this job still
+  // queued is dropped (this one is newer) and one in flight is waited for,
+  // so it cannot land after this one.
   absl::Status Checkpoint();
-  // Releases the Trainer; later tasks see NotFound. Removes the checkpoint
-  // when remove_checkpoint.
+  // The periodic checkpoint: with JobContext::writer, snapshots the state
+  // into host memory and queues it for the writer (the step waits only for
+  // the snapshot); without, Checkpoint().
+  absl::Status CheckpointInBackground();
+  // Releases the Trainer; later tasks see NotFound. Cancels a background
+  // write of this job (CheckpointWriter::Cancel), then removes the
+  // checkpoint when remove_checkpoint, so a deleted job's file never comes
+  // back.
   absl::Status Close(bool remove_checkpoint);
   bool closed() const;
 
@@ -156,9 +172,11 @@ class Job : public std::enable_shared_from_this<Job> {
   // The bodies of the public calls of the same names, which run them under
   // an allocation guard (job.cc).
   absl::Status InitializeUnguarded(const std::string& device);
-  absl::StatusOr<std::string> ExportSafetensorsUnguarded() const;
-  absl::StatusOr<int64_t> ImportSafetensorsUnguarded(absl::string_view bytes);
+  absl::StatusOr<checkpoint::EncodedSafetensors> ExportSafetensorsUnguarded() const;
+  absl::StatusOr<int64_t> ImportSafetensorsUnguarded(absl::Span<const absl::string_view> pieces);
   absl::Status CheckpointUnguarded();
+  // The Trainer's state plus the job's ampd.* metadata, as checkpointed.
+  absl::StatusOr<checkpoint::StateDict> CheckpointState() const;
   void RefreshSnapshot() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status NotOpen() const;
   void SetFailure(std::string failure);

@@ -2,6 +2,7 @@
 #include "server/engine/jobs/job_registry.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <utility>
 
@@ -44,15 +45,15 @@ struct RestoredConfig {
 // The config and request_id a checkpoint recreates its job from: its
 // ampd.config, or, for a checkpoint written before that key existed, its
 // ampd.create_request through `legacy_decode`.
-absl::StatusOr<RestoredConfig> ConfigOfCheckpoint(const checkpoint::StateDict& state,
-                                                  const CreateRequestDecoder& legacy_decode) {
-  if (auto it = state.metadata.find(kMetaConfig); it != state.metadata.end()) {
+absl::StatusOr<RestoredConfig> ConfigOfCheckpoint(
+    const std::map<std::string, std::string>& metadata, const CreateRequestDecoder& legacy_decode) {
+  if (auto it = metadata.find(kMetaConfig); it != metadata.end()) {
     AMPD_ASSIGN_OR_RETURN(JobConfigRecord record, DecodeJobConfig(it->second));
     AMPD_ASSIGN_OR_RETURN(ValidJobConfig valid, ValidJobConfig::Check(std::move(record.config)));
     return RestoredConfig{std::move(valid), std::move(record.request_id)};
   }
-  auto it = state.metadata.find(kMetaCreateRequest);
-  if (it == state.metadata.end()) {
+  auto it = metadata.find(kMetaCreateRequest);
+  if (it == metadata.end()) {
     return absl::DataLossError(
         absl::StrCat("neither ", kMetaConfig, " nor ", kMetaCreateRequest, " in the metadata"));
   }
@@ -87,6 +88,12 @@ absl::StatusOr<std::unique_ptr<JobRegistry>> JobRegistry::Create(RegistryOptions
   }
   registry->pool_ = std::make_unique<WorkerPool>(registry->options_.worker_threads);
   registry->context_.pool = registry->pool_.get();
+  if (registry->state_dir_ && !registry->options_.checkpoint_sync) {
+    // One writer: writes are disk-bound, and jobs' snapshots queue behind
+    // each other at most one per job.
+    registry->writer_ = std::make_unique<CheckpointWriter>(&*registry->state_dir_, 1);
+    registry->context_.writer = registry->writer_.get();
+  }
   registry->context_.state_dir = registry->state_dir_ ? &*registry->state_dir_ : nullptr;
   registry->context_.observer = registry->options_.observer;
   registry->context_.checkpoint_every = registry->options_.checkpoint_every;
@@ -102,6 +109,8 @@ JobRegistry::~JobRegistry() { Shutdown(); }
 
 void JobRegistry::Shutdown() {
   if (pool_) pool_->Shutdown();
+  // After the pool: its last tasks may still queue snapshots.
+  if (writer_) writer_->Shutdown();
 }
 
 int64_t JobRegistry::job_count() const {
@@ -328,8 +337,9 @@ void JobRegistry::Step(const std::string& job_id, int64_t sequence, StepInput in
   });
 }
 
-void JobRegistry::ExportState(const std::string& job_id,
-                              std::function<void(absl::StatusOr<std::string>)> done) {
+void JobRegistry::ExportState(
+    const std::string& job_id,
+    std::function<void(absl::StatusOr<checkpoint::EncodedSafetensors>)> done) {
   std::shared_ptr<Job> job = Find(job_id);
   if (job == nullptr) {
     done(JobNotFound(job_id));
@@ -338,16 +348,17 @@ void JobRegistry::ExportState(const std::string& job_id,
   job->Post([job, done = std::move(done)] { done(job->ExportSafetensors()); });
 }
 
-void JobRegistry::ImportState(const std::string& job_id, std::string safetensors,
+void JobRegistry::ImportState(const std::string& job_id, std::vector<std::string> chunks,
                               std::function<void(absl::StatusOr<int64_t>)> done) {
   std::shared_ptr<Job> job = Find(job_id);
   if (job == nullptr) {
     done(JobNotFound(job_id));
     return;
   }
-  auto bytes = std::make_shared<std::string>(std::move(safetensors));
-  job->Post([job, bytes, done = std::move(done)] {
-    absl::StatusOr<int64_t> tensors = job->ImportSafetensors(*bytes);
+  auto pieces = std::make_shared<std::vector<std::string>>(std::move(chunks));
+  job->Post([job, pieces, done = std::move(done)] {
+    std::vector<absl::string_view> views(pieces->begin(), pieces->end());
+    absl::StatusOr<int64_t> tensors = job->ImportSafetensors(views);
     if (tensors.ok()) LogEvent(absl::StrCat("job ", job->id(), " state loaded"));
     done(std::move(tensors));
   });
@@ -366,51 +377,98 @@ absl::Status JobRegistry::RestoreAll(const CreateRequestDecoder& legacy_decode) 
   std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;
   });
-  for (const auto& [written, id] : order) {
+  std::vector<std::string> candidates;
+  for (const auto& [written, id] : order) candidates.push_back(id);
+  // Passes of admission then parallel rebuild. A job admitted from its
+  // header whose file then fails to restore frees its place, so the jobs
+  // the limits turned away get another pass: the restored set is the one a
+  // one-at-a-time restore in this order would give.
+  for (;;) {
+    std::vector<std::string> turned_away;
+    std::vector<std::string> refusals;  // logged once no pass is left
+    const std::vector<std::shared_ptr<Job>> admitted =
+        AdmitForRestore(candidates, legacy_decode, &turned_away, &refusals);
+    if (RestoreInParallel(admitted) == 0 || turned_away.empty()) {
+      for (const std::string& line : refusals) LogEvent(line);
+      break;
+    }
+    candidates = std::move(turned_away);
+  }
+  ReportMemory();
+  return absl::OkStatus();
+}
+
+std::vector<std::shared_ptr<Job>> JobRegistry::AdmitForRestore(
+    const std::vector<std::string>& ids, const CreateRequestDecoder& legacy_decode,
+    std::vector<std::string>* turned_away, std::vector<std::string>* refusals) {
+  // In order, from the headers alone: an admitted job enters the table at
+  // once, so its bytes count against the limits for the next.
+  std::vector<std::shared_ptr<Job>> admitted;
+  for (const std::string& id : ids) {
     {
       absl::MutexLock lock(&mu_);
       if (options_.max_jobs > 0 && static_cast<int64_t>(jobs_.size()) >= options_.max_jobs) {
-        LogEvent(absl::StrCat("job ", id, " not restored: --max-jobs=", options_.max_jobs,
-                              " jobs are held; its checkpoint is left on disk"));
+        turned_away->push_back(id);
+        refusals->push_back(absl::StrCat("job ", id,
+                                         " not restored: --max-jobs=", options_.max_jobs,
+                                         " jobs are held; its checkpoint is left on disk"));
         continue;
       }
     }
-    absl::StatusOr<checkpoint::StateDict> state = state_dir_->Read(id);
-    if (!state.ok()) {
-      LogEvent(absl::StrCat("job ", id, " failed to restore: ", state.status().ToString()));
+    absl::StatusOr<std::map<std::string, std::string>> metadata = state_dir_->ReadMetadata(id);
+    if (!metadata.ok()) {
+      LogEvent(absl::StrCat("job ", id, " failed to restore: ", metadata.status().ToString()));
       continue;
     }
-    absl::StatusOr<RestoredConfig> request = ConfigOfCheckpoint(*state, legacy_decode);
+    absl::StatusOr<RestoredConfig> request = ConfigOfCheckpoint(*metadata, legacy_decode);
     if (!request.ok()) {
       LogEvent(absl::StrCat("job ", id, " failed to restore: ", request.status().ToString()));
       continue;
     }
-    {
-      absl::MutexLock lock(&mu_);
-      if (absl::Status s = CheckAdmission(request->config.get()); !s.ok()) {
-        LogEvent(absl::StrCat("job ", id, " not restored: ", s.message(),
-                              "; its checkpoint is left on disk"));
-        continue;
-      }
-    }
-    auto job = std::make_shared<Job>(id, request->request_id, request->config, &context_);
-    absl::Status s = job->Restore(options_.device, *state);
-    if (!s.ok()) {
-      (void)job->Close(/*remove_checkpoint=*/false);
-      LogEvent(absl::StrCat("job ", id, " failed to restore: ", s.ToString()));
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = CheckAdmission(request->config.get()); !s.ok()) {
+      turned_away->push_back(id);
+      refusals->push_back(absl::StrCat("job ", id, " not restored: ", s.message(),
+                                       "; its checkpoint is left on disk"));
       continue;
     }
-    {
-      absl::MutexLock lock(&mu_);
-      jobs_[id] = job;
-      if (!request->request_id.empty()) by_request_id_[request->request_id] = id;
-    }
-    JobSnapshot snapshot = job->Snapshot();
-    if (options_.observer != nullptr) options_.observer->OnJobCreated(id, snapshot.config);
-    LogEvent(absl::StrCat("job ", id, " restored at step ", snapshot.step));
+    auto job = std::make_shared<Job>(id, request->request_id, request->config, &context_);
+    jobs_[id] = job;
+    if (!request->request_id.empty()) by_request_id_[request->request_id] = id;
+    admitted.push_back(std::move(job));
   }
-  ReportMemory();
-  return absl::OkStatus();
+  return admitted;
+}
+
+int JobRegistry::RestoreInParallel(const std::vector<std::shared_ptr<Job>>& jobs) {
+  // Reading, decoding and rebuilding (backend, weights, optimizer state)
+  // dominate a restart: the jobs run them in parallel, at most one per
+  // worker thread, so at most that many files are in host memory at once.
+  absl::BlockingCounter pending(static_cast<int>(jobs.size()));
+  std::atomic<int> failed{0};
+  for (const std::shared_ptr<Job>& job : jobs) {
+    pool_->Post([this, job, &pending, &failed] {
+      absl::Status s = [&]() -> absl::Status {
+        AMPD_ASSIGN_OR_RETURN(const checkpoint::StateDict state, state_dir_->Read(job->id()));
+        return job->Restore(options_.device, state);
+      }();
+      if (s.ok()) {
+        const JobSnapshot snapshot = job->Snapshot();
+        if (options_.observer != nullptr) {
+          options_.observer->OnJobCreated(job->id(), snapshot.config);
+        }
+        LogEvent(absl::StrCat("job ", job->id(), " restored at step ", snapshot.step));
+      } else {
+        (void)job->Close(/*remove_checkpoint=*/false);
+        Remove(job->id());
+        LogEvent(absl::StrCat("job ", job->id(), " failed to restore: ", s.ToString()));
+        failed.fetch_add(1, std::memory_order_relaxed);
+      }
+      pending.DecrementCount();
+    });
+  }
+  pending.Wait();
+  return failed.load(std::memory_order_relaxed);
 }
 
 void JobRegistry::StartDraining() {

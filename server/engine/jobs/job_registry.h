@@ -30,7 +30,13 @@ struct RegistryOptions {
   // every job's EstimateJobBytes (weights) and workspace_bytes (activations
   // and buffers, model::WorkspaceBytes of the batch sizes in use).
   int64_t max_memory_bytes = 0;
-  int64_t checkpoint_every = 0;      // 0: only at shutdown
+  int64_t checkpoint_every = 0;  // 0: only at shutdown
+  // false: a periodic checkpoint is a host snapshot taken on the job's
+  // strand and written by a background writer (CheckpointWriter), so a crash
+  // can lose the steps whose write had not finished. true: written before
+  // the step is answered, as every other checkpoint (create, import,
+  // failure, shutdown) always is.
+  bool checkpoint_sync = false;
   int64_t grad_histogram_every = 0;  // 0: never
   std::string state_dir;             // empty: no checkpoints
   int worker_threads = 2;
@@ -61,7 +67,9 @@ class JobRegistry {
   // --max-memory-bytes admit them: the others are logged ("not restored")
   // and their checkpoints left on disk untouched, to be restored by a later
   // start with room for them. A checkpoint that cannot be restored is logged
-  // and left on disk too. A job's config is read from its ampd.config; one
+  // and left on disk too. Admission reads only the files' headers, in that
+  // order; the admitted jobs are then read and rebuilt in parallel on the
+  // worker threads. A job's config is read from its ampd.config; one
   // written before that key existed has an ampd.create_request instead,
   // read with `legacy_decode` (when null, such a checkpoint is logged as
   // not restorable and left on disk).
@@ -80,15 +88,19 @@ class JobRegistry {
   void Step(const std::string& job_id, int64_t sequence, StepInput input,
             std::function<void(absl::StatusOr<StepReport>)> done);
   void ExportState(const std::string& job_id,
-                   std::function<void(absl::StatusOr<std::string>)> done);
-  void ImportState(const std::string& job_id, std::string safetensors,
+                   std::function<void(absl::StatusOr<checkpoint::EncodedSafetensors>)> done);
+  // `chunks`: the safetensors file's consecutive pieces, as they arrived.
+  void ImportState(const std::string& job_id, std::vector<std::string> chunks,
                    std::function<void(absl::StatusOr<int64_t>)> done);
 
   // New creates and steps answer Unavailable from now on.
   void StartDraining();
-  // Checkpoints every job after its queued work and waits for it. Blocking.
+  // Checkpoints every job after its queued work and waits for it (jobs in
+  // parallel on the worker threads; each final write supersedes a
+  // background one). Blocking.
   absl::Status CheckpointAll();
-  // Runs the queued work, then joins the workers. Blocking; idempotent.
+  // Runs the queued work and the queued background checkpoint writes, then
+  // joins the threads. Blocking; idempotent.
   void Shutdown();
 
   int64_t job_count() const;
@@ -101,11 +113,22 @@ class JobRegistry {
   // JobContext::admit_step: the step's workspace against --max-memory-bytes.
   absl::Status AdmitStep(Job& job, int64_t workspace_bytes);
   void Remove(const std::string& job_id);
+  // RestoreAll's passes. AdmitForRestore puts the jobs of `ids` that the
+  // limits admit into the table (in order) and returns them; the ones the
+  // limits turn away go to *turned_away, with the line that says why to
+  // *refusals. RestoreInParallel rebuilds `jobs` from their files on the
+  // worker pool, removes those that fail, and returns how many failed.
+  std::vector<std::shared_ptr<Job>> AdmitForRestore(const std::vector<std::string>& ids,
+                                                    const CreateRequestDecoder& legacy_decode,
+                                                    std::vector<std::string>* turned_away,
+                                                    std::vector<std::string>* refusals);
+  int RestoreInParallel(const std::vector<std::shared_ptr<Job>>& jobs);
   void ReportMemory() const;
 
   const RegistryOptions options_;
   std::optional<checkpoint::StateDirectory> state_dir_;
   std::unique_ptr<WorkerPool> pool_;
+  std::unique_ptr<CheckpointWriter> writer_;  // nullptr: no state dir, or checkpoint_sync
   JobContext context_;
 
   mutable absl::Mutex mu_;

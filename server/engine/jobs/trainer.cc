@@ -352,23 +352,44 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
 absl::StatusOr<checkpoint::StateDict> Trainer::ExportState() const {
   const Impl& m = *impl_;
   checkpoint::StateDict state;
-  auto add = [&](const std::string& name, const Tensor& t) -> absl::Status {
+  // The host tensors are laid out first and filled by a few batched
+  // ReadBacks (one device sync per batch, not one per tensor); their buffers
+  // are only addressed once the vector holding them stops growing.
+  std::vector<const Tensor*> sources;
+  auto add = [&](const std::string& name, const Tensor& t) {
     HostTensor h;
     h.dtype = DType::kF32;
     h.shape = t.shape();
-    h.data.resize(t.nbytes());
-    AMPD_RETURN_IF_ERROR(m.backend->CopyToHost(t, h.data.data(), h.data.size()));
+    ResizeForBulkCopy(&h.data, t.nbytes());
     state.tensors.push_back({name, std::move(h)});
-    return absl::OkStatus();
+    sources.push_back(&t);
   };
   const std::vector<model::Parameter>& params = m.model->params();
-  for (const model::Parameter& p : params) AMPD_RETURN_IF_ERROR(add(p.name, p.master));
   const auto& names = m.optimizer.buffer_names();
+  state.tensors.reserve(params.size() * (1 + names.size()));
+  for (const model::Parameter& p : params) add(p.name, p.master);
   for (size_t p = 0; p < params.size(); ++p) {
     for (size_t i = 0; i < names.size(); ++i) {
-      AMPD_RETURN_IF_ERROR(add(absl::StrCat("optimizer.", params[p].name, ".", names[i]),
-                               m.optimizer.buffers()[p][i]));
+      add(absl::StrCat("optimizer.", params[p].name, ".", names[i]), m.optimizer.buffers()[p][i]);
     }
+  }
+  // Batches of at most kExportBatchBytes (a larger tensor goes alone): a
+  // CUDA backend stages ReadBack's copies in a pinned buffer it keeps, and
+  // that buffer must not grow to the size of the whole state.
+  constexpr size_t kExportBatchBytes = size_t{64} << 20;
+  std::vector<kernels::HostCopy> copies;
+  size_t batch_bytes = 0;
+  for (size_t i = 0; i <= sources.size(); ++i) {
+    const size_t bytes = i < sources.size() ? state.tensors[i].tensor.data.size() : 0;
+    if (!copies.empty() && (i == sources.size() || batch_bytes + bytes > kExportBatchBytes)) {
+      AMPD_RETURN_IF_ERROR(m.backend->ReadBack({}, {}, copies));
+      copies.clear();
+      batch_bytes = 0;
+    }
+    if (i == sources.size()) break;
+    std::string& data = state.tensors[i].tensor.data;
+    copies.push_back({sources[i], data.data(), data.size()});
+    batch_bytes += bytes;
   }
   for (const auto& [key, value] : m.scaler.StateDict()) {
     state.metadata[absl::StrCat("scaler.", key)] = amp::FormatStateNumber(value);
