@@ -16,6 +16,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "client/synthetic_task.h"
@@ -39,6 +40,7 @@ constexpr auto kCommandDeadline = std::chrono::seconds(60);
 
 // Makes the certificates under `dir`: ca.{crt,key}, other-ca.{crt,key},
 // server.{crt,key} (signed by ca, SANs 127.0.0.1 and localhost),
+// server2.{crt,key} (the same, signed by other-ca: a rotated certificate),
 // client.{crt,key} (signed by ca) and rogue.{crt,key} (signed by other-ca).
 // EC keys: generated in milliseconds.
 constexpr char kMakeCertificates[] = R"(set -e
@@ -59,6 +61,8 @@ leaf() {  # name, signing CA, extensions
 ca ca
 ca other-ca
 leaf server ca "subjectAltName=IP:127.0.0.1,DNS:localhost
+extendedKeyUsage=serverAuth"
+leaf server2 other-ca "subjectAltName=IP:127.0.0.1,DNS:localhost
 extendedKeyUsage=serverAuth"
 leaf client ca "extendedKeyUsage=clientAuth"
 leaf rogue other-ca "extendedKeyUsage=clientAuth"
@@ -197,6 +201,33 @@ TEST_F(SecurityTest, TlsServesTrainingAndRefusesPlaintext) {
   // A client that trusts another CA refuses the server's certificate.
   EXPECT_FALSE(Serving(*Connect("other-ca.crt", "")));
   EXPECT_TRUE(absl::StrContains(server_->Log(), "(TLS, open)")) << server_->Log();
+}
+
+TEST_F(SecurityTest, RotatedCertificateFilesApplyWithoutARestart) {
+  const std::filesystem::path cert = dir_.path() / "live.crt";
+  const std::filesystem::path key = dir_.path() / "live.key";
+  std::filesystem::copy_file(Path("server.crt"), cert);
+  std::filesystem::copy_file(Path("server.key"), key);
+  Start({"--tls-cert=" + cert.string(), "--tls-key=" + key.string(), "--tls-reload-interval-s=1"});
+  ASSERT_TRUE(Serving(*Connect("ca.crt", "")));
+  ASSERT_FALSE(Serving(*Connect("other-ca.crt", "")));
+
+  // Replaced by renames, as a certificate manager does, so the watcher never
+  // reads half a file.
+  std::filesystem::copy_file(Path("server2.key"), dir_.path() / "next.key");
+  std::filesystem::copy_file(Path("server2.crt"), dir_.path() / "next.crt");
+  std::filesystem::rename(dir_.path() / "next.key", key);
+  std::filesystem::rename(dir_.path() / "next.crt", cert);
+  // Each Connect is a new channel, so a new handshake; bounded wait for the
+  // watcher's next read (every second).
+  bool rotated = false;
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(20);
+       !rotated && absl::Now() < deadline; absl::SleepFor(absl::Milliseconds(200))) {
+    rotated = Serving(*Connect("other-ca.crt", ""));
+  }
+  EXPECT_TRUE(rotated) << "the server still presents the old certificate";
+  EXPECT_FALSE(Serving(*Connect("ca.crt", "")));
+  EXPECT_EQ(server_->Terminate(kCommandDeadline).code, 0);
 }
 
 TEST_F(SecurityTest, MutualTlsRefusesMissingOrForeignClientCertificates) {
