@@ -218,7 +218,8 @@ grpc::ServerUnaryReactor* TrainerService::CreateJob(grpc::CallbackServerContext*
                                                     v1::CreateJobResponse* response) {
   const absl::Time start = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::StatusOr<std::string> tenant = Authenticate(*context); !tenant.ok()) {
+  const absl::StatusOr<std::string> tenant = Authenticate(*context);
+  if (!tenant.ok()) {
     FinishUnary(reactor, "CreateJob", start, tenant.status());
     return reactor;
   }
@@ -244,7 +245,8 @@ grpc::ServerUnaryReactor* TrainerService::GetJob(grpc::CallbackServerContext* co
                                                  v1::GetJobResponse* response) {
   const absl::Time start = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::StatusOr<std::string> tenant = Authenticate(*context); !tenant.ok()) {
+  const absl::StatusOr<std::string> tenant = Authenticate(*context);
+  if (!tenant.ok()) {
     FinishUnary(reactor, "GetJob", start, tenant.status());
     return reactor;
   }
@@ -263,7 +265,8 @@ grpc::ServerUnaryReactor* TrainerService::ListJobs(grpc::CallbackServerContext* 
                                                    v1::ListJobsResponse* response) {
   const absl::Time start = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::StatusOr<std::string> tenant = Authenticate(*context); !tenant.ok()) {
+  const absl::StatusOr<std::string> tenant = Authenticate(*context);
+  if (!tenant.ok()) {
     FinishUnary(reactor, "ListJobs", start, tenant.status());
     return reactor;
   }
@@ -286,7 +289,8 @@ grpc::ServerUnaryReactor* TrainerService::DeleteJob(grpc::CallbackServerContext*
                                                     v1::DeleteJobResponse* /*response*/) {
   const absl::Time start = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::StatusOr<std::string> tenant = Authenticate(*context); !tenant.ok()) {
+  const absl::StatusOr<std::string> tenant = Authenticate(*context);
+  if (!tenant.ok()) {
     FinishUnary(reactor, "DeleteJob", start, tenant.status());
     return reactor;
   }
@@ -305,7 +309,8 @@ grpc::ServerUnaryReactor* TrainerService::Step(grpc::CallbackServerContext* cont
                                                v1::StepResponse* response) {
   const absl::Time start = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::StatusOr<std::string> tenant = Authenticate(*context); !tenant.ok()) {
+  const absl::StatusOr<std::string> tenant = Authenticate(*context);
+  if (!tenant.ok()) {
     FinishUnary(reactor, "Step", start, tenant.status());
     return reactor;
   }

@@ -82,6 +82,8 @@ class TrainerService final : public v1::Trainer::CallbackService {
                    const absl::Status& status) const;
   void Record(absl::string_view method, const grpc::Status& status, absl::Time start) const;
   // The tenant the call authenticated as ("" when the server runs open).
+  // Every Trainer handler calls it before anything else and keeps the name
+  // in scope, where per-tenant job ownership will use it.
   absl::StatusOr<std::string> Authenticate(const grpc::CallbackServerContext& context) const;
 
  private:

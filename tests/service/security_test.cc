@@ -21,6 +21,7 @@
 #include "client/client.h"
 #include "client/synthetic_task.h"
 #include "gtest/gtest.h"
+#include "reflection_subset.grpc.pb.h"
 #include "server/rpc/auth.h"
 #include "tests/support/ampd_process.h"
 #include "tests/support/subprocess.h"
@@ -251,8 +252,23 @@ TEST_F(SecurityTest, TokensGateEveryTrainerCallButNotHealth) {
   Start({"--auth-tokens=" + WriteTenants()});
 
   std::unique_ptr<Client> anonymous = Connect("", "");
-  // Probes need no token.
+  // Probes and reflection need no token.
   EXPECT_TRUE(Serving(*anonymous));
+  {
+    auto reflection = grpc::reflection::v1alpha::ServerReflection::NewStub(anonymous->channel());
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    auto stream = reflection->ServerReflectionInfo(&context);
+    grpc::reflection::v1alpha::ServerReflectionRequest request;
+    request.set_list_services("");
+    ASSERT_TRUE(stream->Write(request));
+    stream->WritesDone();
+    grpc::reflection::v1alpha::ServerReflectionResponse response;
+    ASSERT_TRUE(stream->Read(&response));
+    EXPECT_GT(response.list_services_response().service_size(), 0);
+    const grpc::Status finished = stream->Finish();
+    EXPECT_TRUE(finished.ok()) << finished.error_message();
+  }
   ExpectUnauthenticated(anonymous->CreateJob(JobRequest()).status());
   ExpectUnauthenticated(anonymous->ListJobs(0, "").status());
   ExpectUnauthenticated(anonymous->GetJob("job-1").status());
