@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -32,6 +33,12 @@
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "ampd address HOST:PORT");
 ABSL_FLAG(int64_t, deadline_ms, 60000, "Deadline of each call attempt");
+ABSL_FLAG(std::string, token, "",
+          "Bearer token for a server with --auth-tokens (default: $AMPD_TOKEN)");
+ABSL_FLAG(std::string, tls_ca, "", "PEM CA that signed the server's certificate: connect over TLS");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM client certificate, for a server with --tls-client-ca (with --tls-key)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
 ABSL_FLAG(bool, json, false, "Machine-readable output (one JSON object per line)");
 ABSL_FLAG(std::string, job, "", "Job id (state export/import, jobs get/delete)");
 ABSL_FLAG(std::string, out, "", "Output file (state export)");
@@ -397,7 +404,8 @@ absl::Status Health(ampd::Client& client) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "ampctl: command-line client of ampd.\n"
-      "  ampctl [--server=HOST:PORT] health\n"
+      "  ampctl [--server=HOST:PORT] [--token=T] [--tls-ca=PEM [--tls-cert=PEM --tls-key=PEM]]"
+      " health\n"
       "  ampctl jobs create [--layers=SPEC --loss=mse|cross_entropy]|list|get ID|delete ID\n"
       "  ampctl train --steps=N [--precision=fp16|bf16|fp32] [--scaler=pytorch --init-scale=..]"
       " [--json]\n"
@@ -424,6 +432,17 @@ int main(int argc, char** argv) {
 
   ampd::ClientOptions options;
   options.deadline = absl::Milliseconds(absl::GetFlag(FLAGS_deadline_ms));
+  options.token = absl::GetFlag(FLAGS_token);
+  if (const char* env = std::getenv("AMPD_TOKEN"); options.token.empty() && env != nullptr) {
+    options.token = env;
+  }
+  if (absl::Status s =
+          ampd::LoadTlsFiles(absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert),
+                             absl::GetFlag(FLAGS_tls_key), options);
+      !s.ok()) {
+    std::fprintf(stderr, "ampctl: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
   std::unique_ptr<ampd::Client> client =
       ampd::Client::Connect(absl::GetFlag(FLAGS_server), options);
   const std::string command = args.size() > 1 ? args[1] : "";

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <utility>
 
 #include "absl/random/random.h"
@@ -74,12 +75,65 @@ std::string DescribeError(const absl::Status& status) {
   return absl::StrCat(code, " [", absl::StrJoin(facts, " "), "]: ", status.message());
 }
 
+namespace {
+
+// PEM files are a few KiB; a larger one is a wrong path.
+constexpr std::streamoff kMaxPemBytes = std::streamoff{1} << 20;
+
+absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return absl::NotFoundError(absl::StrCat(flag, "=", path, ": cannot open"));
+  const std::streamoff size = in.tellg();
+  if (size <= 0 || size > kMaxPemBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, "=", path, ": expected a PEM file of 1 byte to 1 MiB"));
+  }
+  in.seekg(0);
+  std::string text(static_cast<size_t>(size), '\0');
+  if (!in.read(text.data(), size)) {
+    return absl::DataLossError(absl::StrCat(flag, "=", path, ": read failed"));
+  }
+  return text;
+}
+
+}  // namespace
+
+absl::Status LoadTlsFiles(const std::string& ca_path, const std::string& cert_path,
+                          const std::string& key_path, ClientOptions& options) {
+  if (cert_path.empty() != key_path.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+  }
+  if (!ca_path.empty()) {
+    absl::StatusOr<std::string> ca = ReadPem("--tls-ca", ca_path);
+    if (!ca.ok()) return ca.status();
+    options.tls_ca_pem = *std::move(ca);
+    options.tls = true;
+  }
+  if (!cert_path.empty()) {
+    absl::StatusOr<std::string> cert = ReadPem("--tls-cert", cert_path);
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key = ReadPem("--tls-key", key_path);
+    if (!key.ok()) return key.status();
+    options.tls_cert_pem = *std::move(cert);
+    options.tls_key_pem = *std::move(key);
+    options.tls = true;
+  }
+  return absl::OkStatus();
+}
+
 std::unique_ptr<Client> Client::Connect(const std::string& target, ClientOptions options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
-  return std::make_unique<Client>(
-      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args), options);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (options.tls) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls_ca_pem;
+    ssl.pem_cert_chain = options.tls_cert_pem;
+    ssl.pem_private_key = options.tls_key_pem;
+    credentials = grpc::SslCredentials(ssl);
+  }
+  return std::make_unique<Client>(grpc::CreateCustomChannel(target, credentials, args), options);
 }
 
 Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
@@ -90,6 +144,10 @@ Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
 
 void Client::Prepare(grpc::ClientContext& context) const {
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.deadline));
+  // Per call rather than as call credentials: gRPC only attaches call
+  // credentials to TLS channels, and an operator may run tokens over
+  // plaintext on loopback.
+  if (!options_.token.empty()) context.AddMetadata("authorization", "Bearer " + options_.token);
 }
 
 template <typename Fn>

@@ -31,7 +31,21 @@ struct ClientOptions {
   absl::Duration max_backoff = absl::Seconds(2);
   int max_message_bytes = 256 << 20;  // send and receive
   int64_t state_chunk_bytes = 1 << 20;
+  // Sent as "authorization: Bearer TOKEN" on every Trainer call when set.
+  std::string token;
+  // TLS: on when `tls` is set. tls_ca_pem verifies the server (empty: the
+  // system's roots); tls_cert_pem with tls_key_pem is the client
+  // certificate a server with --tls-client-ca asks for.
+  bool tls = false;
+  std::string tls_ca_pem;
+  std::string tls_cert_pem;
+  std::string tls_key_pem;
 };
+
+// Reads PEM files into `options` and turns TLS on when any path is set
+// (cert and key go together). Empty paths are skipped.
+absl::Status LoadTlsFiles(const std::string& ca_path, const std::string& cert_path,
+                          const std::string& key_path, ClientOptions& options);
 
 // gRPC status -> absl::Status (same code and message). The google.rpc.ErrorInfo
 // ampd sends in the status details rides along as a payload: read it with

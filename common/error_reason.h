@@ -36,6 +36,7 @@ inline constexpr char kJobLimit[] = "JOB_LIMIT";                    // --max-job
 inline constexpr char kMemoryLimit[] = "MEMORY_LIMIT";              // limit_bytes
 inline constexpr char kRetryCreate[] = "CREATE_RETRY";              // request_id's first try failed
 inline constexpr char kServerDraining[] = "SERVER_DRAINING";
+inline constexpr char kUnauthenticated[] = "UNAUTHENTICATED";  // no or an unknown token
 }  // namespace reason
 
 // The domain every ampd ErrorInfo carries.

@@ -30,12 +30,15 @@
 #include "kernels/backend_factory.h"
 #include "server/engine/jobs/job_registry.h"
 #include "server/metrics/server_metrics.h"
+#include "server/rpc/auth.h"
+#include "server/rpc/tls.h"
 #include "server/rpc/trainer_service.h"
 #include "server/rpc/translate.h"
 
-ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
+ABSL_FLAG(std::string, listen, "",
           "gRPC address HOST:PORT; port 0 picks a free one (printed as "
-          "'ampd: listening on HOST:PORT')");
+          "'ampd: listening on HOST:PORT'). Empty: 0.0.0.0:50051 with --auth-tokens, else "
+          "127.0.0.1:50051 (an open server is not exposed unless asked)");
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9464",
           "Prometheus /metrics address HOST:PORT (port 0 picks one; empty disables)");
 ABSL_FLAG(std::string, state_dir, "",
@@ -64,6 +67,17 @@ ABSL_FLAG(int32_t, worker_threads, 0,
 ABSL_FLAG(int64_t, drain_grace_ms, 0,
           "On SIGTERM, report NOT_SERVING this long before refusing new calls, so load "
           "balancers notice");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain: serve gRPC over TLS (with --tls-key). Re-read every "
+          "--tls-reload-interval-s");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: require a client certificate signed by it (mutual TLS)");
+ABSL_FLAG(int32_t, tls_reload_interval_s, 60,
+          "How often the --tls-* files are re-read, so rotated ones apply without a restart");
+ABSL_FLAG(std::string, auth_tokens, "",
+          "Tenants file: 'TENANT SHA256_HEX_OF_TOKEN [max_jobs=N] [max_memory_bytes=N]' a line; "
+          "every Trainer call must then send 'authorization: Bearer TOKEN'. Empty: open server");
 ABSL_FLAG(int64_t, shutdown_timeout_ms, 30000,
           "On SIGTERM, how long in-flight calls may take to finish before they are cancelled");
 
@@ -189,14 +203,46 @@ int Run() {
     service_options.max_state_dict_buffer_bytes =
         pages > 0 && page_size > 0 ? static_cast<int64_t>(pages) * page_size / 4 : int64_t{1} << 30;
   }
+  // Who may call: the tenants file, or nobody checked (then only loopback
+  // by default).
+  ampd::rpc::Authenticator authenticator;
+  if (const std::string path = absl::GetFlag(FLAGS_auth_tokens); !path.empty()) {
+    absl::StatusOr<std::vector<ampd::rpc::Tenant>> tenants = ampd::rpc::LoadTenantsFile(path);
+    if (!tenants.ok()) {
+      std::fprintf(stderr, "ampd: --auth-tokens: %s\n",
+                   std::string(tenants.status().message()).c_str());
+      return 1;
+    }
+    authenticator = ampd::rpc::Authenticator(*std::move(tenants));
+  }
+  service_options.authenticator = &authenticator;
+  const int32_t reload_interval = absl::GetFlag(FLAGS_tls_reload_interval_s);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      ampd::rpc::MakeServerCredentials(
+          {.cert = absl::GetFlag(FLAGS_tls_cert),
+           .key = absl::GetFlag(FLAGS_tls_key),
+           .client_ca = absl::GetFlag(FLAGS_tls_client_ca),
+           .reload_interval_s = static_cast<unsigned int>(std::max(reload_interval, 0))});
+  if (!credentials.ok()) {
+    std::fprintf(stderr, "ampd: %s\n", credentials.status().ToString().c_str());
+    return 1;
+  }
+  const bool tls = !absl::GetFlag(FLAGS_tls_cert).empty();
+  if (authenticator.open()) {
+    std::fprintf(stderr, "ampd: WARNING: no --auth-tokens: every client may call every method\n");
+  } else if (!tls) {
+    std::fprintf(stderr,
+                 "ampd: WARNING: --auth-tokens without --tls-cert: tokens travel in clear\n");
+  }
   ampd::rpc::TrainerService service(registry->get(), record, service_options);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  const std::string listen = absl::GetFlag(FLAGS_listen);
+  std::string listen = absl::GetFlag(FLAGS_listen);
+  if (listen.empty()) listen = authenticator.open() ? "127.0.0.1:50051" : "0.0.0.0:50051";
   int port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen, *credentials, &port);
   const int64_t max_receive = absl::GetFlag(FLAGS_max_receive_message_bytes);
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(std::min<int64_t>(std::max<int64_t>(max_receive, 1), INT32_MAX)));
@@ -210,9 +256,12 @@ int Run() {
   health->SetServingStatus(true);
   std::printf("ampd: listening on %s:%d\n", HostOf(listen).c_str(), port);
   std::fflush(stdout);
-  std::fprintf(stderr, "ampd: serving on %s:%d with device %s, %lld job(s) restored\n",
-               HostOf(listen).c_str(), port, device.c_str(),
-               static_cast<long long>((*registry)->job_count()));
+  std::fprintf(
+      stderr, "ampd: serving on %s:%d (%s, %s) with device %s, %lld job(s) restored\n",
+      HostOf(listen).c_str(), port,
+      tls ? (absl::GetFlag(FLAGS_tls_client_ca).empty() ? "TLS" : "mutual TLS") : "plaintext",
+      authenticator.open() ? "open" : "bearer tokens", device.c_str(),
+      static_cast<long long>((*registry)->job_count()));
 
   absl::Notification stop;
   int received = 0;

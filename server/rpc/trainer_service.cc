@@ -173,7 +173,27 @@ class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRe
   std::vector<std::string> chunks_;  // the file so far, in order
 };
 
+// A stream refused before it started (the caller did not authenticate):
+// finishes at once with `status`.
+template <typename Reactor>
+class RefusedStream final : public Reactor {
+ public:
+  RefusedStream(const TrainerService* service, absl::string_view method,
+                const absl::Status& status) {
+    const grpc::Status grpc_status = ToGrpcStatus(status);
+    service->Record(method, grpc_status, absl::Now());
+    this->Finish(grpc_status);
+  }
+  void OnDone() override { delete this; }
+};
+
 }  // namespace
+
+absl::StatusOr<std::string> TrainerService::Authenticate(
+    const grpc::CallbackServerContext& context) const {
+  if (options_.authenticator == nullptr) return std::string();
+  return options_.authenticator->Authenticate(context);
+}
 
 bool ByteBudget::TryAcquire(int64_t n) {
   int64_t held = held_.load(std::memory_order_relaxed);
@@ -209,6 +229,11 @@ grpc::ServerUnaryReactor* TrainerService::CreateJob(grpc::CallbackServerContext*
                                                     v1::CreateJobResponse* response) {
   const absl::Time start = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::StatusOr<std::string> tenant = Authenticate(*context);
+  if (!tenant.ok()) {
+    FinishUnary(reactor, "CreateJob", start, tenant.status());
+    return reactor;
+  }
   if (absl::Status s = CheckLength("request_id", request->request_id()); !s.ok()) {
     FinishUnary(reactor, "CreateJob", start, s);
     return reactor;
@@ -231,6 +256,11 @@ grpc::ServerUnaryReactor* TrainerService::GetJob(grpc::CallbackServerContext* co
                                                  v1::GetJobResponse* response) {
   const absl::Time start = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::StatusOr<std::string> tenant = Authenticate(*context);
+  if (!tenant.ok()) {
+    FinishUnary(reactor, "GetJob", start, tenant.status());
+    return reactor;
+  }
   if (absl::Status s = CheckLength("job_id", request->job_id()); !s.ok()) {
     FinishUnary(reactor, "GetJob", start, s);
     return reactor;
@@ -246,6 +276,11 @@ grpc::ServerUnaryReactor* TrainerService::ListJobs(grpc::CallbackServerContext* 
                                                    v1::ListJobsResponse* response) {
   const absl::Time start = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::StatusOr<std::string> tenant = Authenticate(*context);
+  if (!tenant.ok()) {
+    FinishUnary(reactor, "ListJobs", start, tenant.status());
+    return reactor;
+  }
   if (absl::Status s = CheckLength("page_token", request->page_token()); !s.ok()) {
     FinishUnary(reactor, "ListJobs", start, s);
     return reactor;
@@ -265,6 +300,11 @@ grpc::ServerUnaryReactor* TrainerService::DeleteJob(grpc::CallbackServerContext*
                                                     v1::DeleteJobResponse* /*response*/) {
   const absl::Time start = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::StatusOr<std::string> tenant = Authenticate(*context);
+  if (!tenant.ok()) {
+    FinishUnary(reactor, "DeleteJob", start, tenant.status());
+    return reactor;
+  }
   if (absl::Status s = CheckLength("job_id", request->job_id()); !s.ok()) {
     FinishUnary(reactor, "DeleteJob", start, s);
     return reactor;
@@ -280,6 +320,11 @@ grpc::ServerUnaryReactor* TrainerService::Step(grpc::CallbackServerContext* cont
                                                v1::StepResponse* response) {
   const absl::Time start = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::StatusOr<std::string> tenant = Authenticate(*context);
+  if (!tenant.ok()) {
+    FinishUnary(reactor, "Step", start, tenant.status());
+    return reactor;
+  }
   // Decoding copies the batch bytes once; it is linear and cheap next to a step.
   if (absl::Status s = CheckLength("job_id", request->job_id()); !s.ok()) {
     FinishUnary(reactor, "Step", start, s);
@@ -299,12 +344,20 @@ grpc::ServerUnaryReactor* TrainerService::Step(grpc::CallbackServerContext* cont
 }
 
 grpc::ServerWriteReactor<v1::StateDictChunk>* TrainerService::GetStateDict(
-    grpc::CallbackServerContext* /*context*/, const v1::GetStateDictRequest* request) {
+    grpc::CallbackServerContext* context, const v1::GetStateDictRequest* request) {
+  if (absl::StatusOr<std::string> tenant = Authenticate(*context); !tenant.ok()) {
+    return new RefusedStream<grpc::ServerWriteReactor<v1::StateDictChunk>>(this, "GetStateDict",
+                                                                           tenant.status());
+  }
   return new StateDictWriter(this, registry_, request->job_id(), options_.chunk_bytes);
 }
 
 grpc::ServerReadReactor<v1::LoadStateDictRequest>* TrainerService::LoadStateDict(
-    grpc::CallbackServerContext* /*context*/, v1::LoadStateDictResponse* response) {
+    grpc::CallbackServerContext* context, v1::LoadStateDictResponse* response) {
+  if (absl::StatusOr<std::string> tenant = Authenticate(*context); !tenant.ok()) {
+    return new RefusedStream<grpc::ServerReadReactor<v1::LoadStateDictRequest>>(
+        this, "LoadStateDict", tenant.status());
+  }
   return new StateDictReader(this, registry_, response, options_.max_state_dict_bytes,
                              &state_dict_buffer_);
 }

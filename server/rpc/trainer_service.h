@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "ampd/v1/trainer.grpc.pb.h"
 #include "server/engine/jobs/job_registry.h"
+#include "server/rpc/auth.h"
 
 namespace ampd::rpc {
 
@@ -30,6 +31,9 @@ struct ServiceOptions {
   int64_t max_state_dict_buffer_bytes = int64_t{4} << 30;
   // GetStateDict sends the file in chunks of this size.
   int64_t chunk_bytes = int64_t{1} << 20;
+  // Checks each call's bearer token before anything else; null or open:
+  // every call passes. Must outlive the service.
+  const Authenticator* authenticator = nullptr;
 };
 
 // A server-wide count of bytes held against a limit, shared by concurrent
@@ -77,6 +81,10 @@ class TrainerService final : public v1::Trainer::CallbackService {
   void FinishUnary(grpc::ServerUnaryReactor* reactor, absl::string_view method, absl::Time start,
                    const absl::Status& status) const;
   void Record(absl::string_view method, const grpc::Status& status, absl::Time start) const;
+  // The tenant the call authenticated as ("" when the server runs open).
+  // Every Trainer handler calls it before anything else and keeps the name
+  // in scope, where per-tenant job ownership will use it.
+  absl::StatusOr<std::string> Authenticate(const grpc::CallbackServerContext& context) const;
 
  private:
   engine::JobRegistry* const registry_;

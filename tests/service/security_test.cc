@@ -1,0 +1,429 @@
+// Transport security and authentication of the real `ampd`: certificates
+// made at test time with the openssl tool (a CA, a server certificate for
+// 127.0.0.1/localhost, a client certificate of that CA and one of another
+// CA), then TLS, mutual TLS and bearer tokens over loopback TCP with
+// ampd::Client and ampctl. The tenants file parser and the token check are
+// also tested directly.
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "client/synthetic_task.h"
+#include "gtest/gtest.h"
+#include "reflection_subset.grpc.pb.h"
+#include "server/rpc/auth.h"
+#include "tests/support/ampd_process.h"
+#include "tests/support/subprocess.h"
+#include "tests/support/temp_dir.h"
+
+namespace ampd {
+namespace {
+
+using test_support::AmpdProcess;
+using test_support::CommandResult;
+using test_support::ExitStatus;
+using test_support::ReadFile;
+using test_support::RunCommand;
+using test_support::TempDir;
+
+constexpr auto kCommandDeadline = std::chrono::seconds(60);
+
+// Makes the certificates under `dir`: ca.{crt,key}, other-ca.{crt,key},
+// server.{crt,key} (signed by ca, SANs 127.0.0.1 and localhost),
+// server2.{crt,key} (the same, signed by other-ca: a rotated certificate),
+// client.{crt,key} (signed by ca) and rogue.{crt,key} (signed by other-ca).
+// EC keys: generated in milliseconds.
+constexpr char kMakeCertificates[] = R"(set -e
+cd "$1"
+key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1.key"; }
+ca() {
+  key "$1"
+  openssl req -x509 -new -key "$1.key" -out "$1.crt" -days 2 -subj "/CN=$1" \
+    -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign
+}
+leaf() {  # name, signing CA, extensions
+  key "$1"
+  openssl req -new -key "$1.key" -out "$1.csr" -subj "/CN=$1"
+  printf '%s\n' "$3" > "$1.ext"
+  openssl x509 -req -in "$1.csr" -CA "$2.crt" -CAkey "$2.key" -CAcreateserial -days 2 \
+    -extfile "$1.ext" -out "$1.crt"
+}
+ca ca
+ca other-ca
+leaf server ca "subjectAltName=IP:127.0.0.1,DNS:localhost
+extendedKeyUsage=serverAuth"
+leaf server2 other-ca "subjectAltName=IP:127.0.0.1,DNS:localhost
+extendedKeyUsage=serverAuth"
+leaf client ca "extendedKeyUsage=clientAuth"
+leaf rogue other-ca "extendedKeyUsage=clientAuth"
+)";
+
+// Tokens of the tenants file (only their SHA-256, computed by sha256sum,
+// is written to it).
+constexpr char kAliceToken[] = "alice-token-4f1c2e";
+constexpr char kBobToken[] = "bob-token-9a7d00";
+
+class SecurityTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    certs_ = new TempDir("ampd_security_certs");
+    const CommandResult made = RunCommand(
+        {"/bin/sh", "-c", kMakeCertificates, "make-certificates", Path("")}, kCommandDeadline);
+    ASSERT_EQ(made.status.code, 0)
+        << "making certificates with openssl failed (" << made.status.ToString() << "):\n"
+        << made.err;
+  }
+  static void TearDownTestSuite() {
+    delete certs_;
+    certs_ = nullptr;
+  }
+  void TearDown() override {
+    if (HasFailure() && server_ != nullptr)
+      std::fprintf(stderr, "%s\n", server_->Describe().c_str());
+  }
+
+  static std::string Path(const std::string& name) { return (certs_->path() / name).string(); }
+
+  static std::string Sha256Hex(const std::string& token) {
+    const CommandResult sum = RunCommand({"/usr/bin/sha256sum"}, kCommandDeadline, token);
+    EXPECT_EQ(sum.status.code, 0) << sum.err;
+    return sum.out.substr(0, 64);
+  }
+
+  // A tenants file with alice (quotas given) and bob.
+  std::string WriteTenants() {
+    const std::string path = (dir_.path() / "tenants").string();
+    std::ofstream(path) << "# tenants of the test\n"
+                        << "alice " << Sha256Hex(kAliceToken) << " max_jobs=4\n\n"
+                        << "bob   " << Sha256Hex(kBobToken) << "  # no quotas\n";
+    return path;
+  }
+
+  void Start(const std::vector<std::string>& flags) {
+    server_ = std::make_unique<AmpdProcess>(AMPD_SERVER_BINARY, flags,
+                                            (dir_.path() / "ampd.log").string());
+    ASSERT_NE(server_->port(), 0) << "ampd did not report its port; " << server_->Describe();
+  }
+
+  std::vector<std::string> TlsFlags(bool mutual) const {
+    std::vector<std::string> flags = {"--tls-cert=" + Path("server.crt"),
+                                      "--tls-key=" + Path("server.key")};
+    if (mutual) flags.push_back("--tls-client-ca=" + Path("ca.crt"));
+    return flags;
+  }
+
+  // A client that tries once, briefly: refusals are expected to be quick.
+  std::unique_ptr<Client> Connect(const std::string& ca, const std::string& cert,
+                                  const std::string& token = "") const {
+    ClientOptions options;
+    options.deadline = absl::Seconds(20);
+    options.max_attempts = 1;
+    options.token = token;
+    const absl::Status loaded =
+        LoadTlsFiles(ca.empty() ? "" : Path(ca), cert.empty() ? "" : Path(cert + ".crt"),
+                     cert.empty() ? "" : Path(cert + ".key"), options);
+    EXPECT_TRUE(loaded.ok()) << loaded;
+    return Client::Connect(server_->address(), options);
+  }
+
+  static v1::CreateJobRequest JobRequest() {
+    SyntheticTaskOptions task_options;
+    task_options.batch_size = 8;
+    SyntheticTask task(task_options);
+    v1::CreateJobRequest request;
+    *request.mutable_config()->mutable_model() = task.Model();
+    request.mutable_config()->set_precision(v1::PRECISION_FP16);
+    request.mutable_config()->mutable_optimizer()->set_kind(v1::OPTIMIZER_ADAMW);
+    return request;
+  }
+
+  // Creates a job and trains it one step; the job id.
+  static std::string Train(Client& client) {
+    absl::StatusOr<v1::Job> job = client.CreateJob(JobRequest());
+    EXPECT_TRUE(job.ok()) << job.status();
+    if (!job.ok()) return "";
+    SyntheticTaskOptions task_options;
+    task_options.batch_size = 8;
+    SyntheticTask task(task_options);
+    v1::StepRequest step;
+    step.set_job_id(job->job_id());
+    step.set_sequence(1);
+    *step.add_micro_batches() = task.NextBatch();
+    absl::StatusOr<v1::StepResponse> stepped = client.Step(step);
+    EXPECT_TRUE(stepped.ok()) << stepped.status();
+    if (stepped.ok()) {
+      EXPECT_EQ(stepped->global_step(), 1);
+    }
+    return job->job_id();
+  }
+
+  static void ExpectUnauthenticated(const absl::Status& status) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnauthenticated) << status;
+    std::optional<google::rpc::ErrorInfo> info = ErrorInfoOf(status);
+    ASSERT_TRUE(info.has_value()) << status;
+    EXPECT_EQ(info->reason(), "UNAUTHENTICATED");
+    EXPECT_EQ(info->domain(), "ampd");
+  }
+
+  static bool Serving(Client& client) {
+    absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> status = client.Health();
+    return status.ok() && *status == grpc::health::v1::HealthCheckResponse::SERVING;
+  }
+
+  static TempDir* certs_;
+  TempDir dir_{"ampd_security"};
+  std::unique_ptr<AmpdProcess> server_;
+};
+
+TempDir* SecurityTest::certs_ = nullptr;
+
+TEST_F(SecurityTest, TlsServesTrainingAndRefusesPlaintext) {
+  Start(TlsFlags(/*mutual=*/false));
+  std::unique_ptr<Client> tls = Connect("ca.crt", "");
+  EXPECT_TRUE(Serving(*tls));
+  EXPECT_FALSE(Train(*tls).empty());
+
+  std::unique_ptr<Client> plaintext = Connect("", "");
+  absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> health = plaintext->Health();
+  EXPECT_EQ(health.status().code(), absl::StatusCode::kUnavailable) << health.status();
+  EXPECT_FALSE(plaintext->CreateJob(JobRequest()).ok());
+
+  // A client that trusts another CA refuses the server's certificate.
+  EXPECT_FALSE(Serving(*Connect("other-ca.crt", "")));
+  EXPECT_TRUE(absl::StrContains(server_->Log(), "(TLS, open)")) << server_->Log();
+}
+
+TEST_F(SecurityTest, RotatedCertificateFilesApplyWithoutARestart) {
+  const std::filesystem::path cert = dir_.path() / "live.crt";
+  const std::filesystem::path key = dir_.path() / "live.key";
+  std::filesystem::copy_file(Path("server.crt"), cert);
+  std::filesystem::copy_file(Path("server.key"), key);
+  Start({"--tls-cert=" + cert.string(), "--tls-key=" + key.string(), "--tls-reload-interval-s=1"});
+  ASSERT_TRUE(Serving(*Connect("ca.crt", "")));
+  ASSERT_FALSE(Serving(*Connect("other-ca.crt", "")));
+
+  // Replaced by renames, as a certificate manager does, so the watcher never
+  // reads half a file.
+  std::filesystem::copy_file(Path("server2.key"), dir_.path() / "next.key");
+  std::filesystem::copy_file(Path("server2.crt"), dir_.path() / "next.crt");
+  std::filesystem::rename(dir_.path() / "next.key", key);
+  std::filesystem::rename(dir_.path() / "next.crt", cert);
+  // Each Connect is a new channel, so a new handshake; bounded wait for the
+  // watcher's next read (every second).
+  bool rotated = false;
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(20);
+       !rotated && absl::Now() < deadline; absl::SleepFor(absl::Milliseconds(200))) {
+    rotated = Serving(*Connect("other-ca.crt", ""));
+  }
+  EXPECT_TRUE(rotated) << "the server still presents the old certificate";
+  EXPECT_FALSE(Serving(*Connect("ca.crt", "")));
+  EXPECT_EQ(server_->Terminate(kCommandDeadline).code, 0);
+}
+
+TEST_F(SecurityTest, MutualTlsRefusesMissingOrForeignClientCertificates) {
+  Start(TlsFlags(/*mutual=*/true));
+  std::unique_ptr<Client> good = Connect("ca.crt", "client");
+  EXPECT_TRUE(Serving(*good));
+  EXPECT_FALSE(Train(*good).empty());
+
+  for (const std::string cert : {"", "rogue"}) {
+    SCOPED_TRACE(cert.empty() ? "no client certificate" : "certificate of another CA");
+    std::unique_ptr<Client> refused = Connect("ca.crt", cert);
+    absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> health = refused->Health();
+    EXPECT_EQ(health.status().code(), absl::StatusCode::kUnavailable) << health.status();
+    EXPECT_FALSE(refused->CreateJob(JobRequest()).ok());
+  }
+  std::unique_ptr<Client> plaintext = Connect("", "");
+  EXPECT_FALSE(Serving(*plaintext));
+}
+
+TEST_F(SecurityTest, TokensGateEveryTrainerCallButNotHealth) {
+  Start({"--auth-tokens=" + WriteTenants()});
+
+  std::unique_ptr<Client> anonymous = Connect("", "");
+  // Probes and reflection need no token.
+  EXPECT_TRUE(Serving(*anonymous));
+  {
+    auto reflection = grpc::reflection::v1alpha::ServerReflection::NewStub(anonymous->channel());
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    auto stream = reflection->ServerReflectionInfo(&context);
+    grpc::reflection::v1alpha::ServerReflectionRequest request;
+    request.set_list_services("");
+    ASSERT_TRUE(stream->Write(request));
+    stream->WritesDone();
+    grpc::reflection::v1alpha::ServerReflectionResponse response;
+    ASSERT_TRUE(stream->Read(&response));
+    EXPECT_GT(response.list_services_response().service_size(), 0);
+    const grpc::Status finished = stream->Finish();
+    EXPECT_TRUE(finished.ok()) << finished.error_message();
+  }
+  ExpectUnauthenticated(anonymous->CreateJob(JobRequest()).status());
+  ExpectUnauthenticated(anonymous->ListJobs(0, "").status());
+  ExpectUnauthenticated(anonymous->GetJob("job-1").status());
+  ExpectUnauthenticated(anonymous->DeleteJob("job-1"));
+  ExpectUnauthenticated(anonymous->GetStateDict("job-1").status());
+  ExpectUnauthenticated(anonymous->LoadStateDict("job-1", "not a file").status());
+
+  std::unique_ptr<Client> wrong = Connect("", "", "alice-token-4f1c2f");
+  ExpectUnauthenticated(wrong->CreateJob(JobRequest()).status());
+  ExpectUnauthenticated(wrong->Step(v1::StepRequest()).status());
+
+  // The digest of a token is not a token.
+  std::unique_ptr<Client> digest = Connect("", "", Sha256Hex(kAliceToken));
+  ExpectUnauthenticated(digest->ListJobs(0, "").status());
+
+  std::unique_ptr<Client> alice = Connect("", "", kAliceToken);
+  const std::string job = Train(*alice);
+  ASSERT_FALSE(job.empty());
+  absl::StatusOr<std::string> state = alice->GetStateDict(job);
+  EXPECT_TRUE(state.ok()) << state.status();
+  std::unique_ptr<Client> bob = Connect("", "", kBobToken);
+  EXPECT_TRUE(bob->GetJob(job).ok());
+
+  // A malformed authorization value is refused like a missing one.
+  grpc::ClientContext context;
+  context.AddMetadata("authorization", std::string("Basic ") + kAliceToken);
+  v1::ListJobsResponse response;
+  const grpc::Status basic = alice->stub().ListJobs(&context, v1::ListJobsRequest(), &response);
+  EXPECT_EQ(basic.error_code(), grpc::StatusCode::UNAUTHENTICATED) << basic.error_message();
+  EXPECT_TRUE(absl::StrContains(server_->Log(), "tokens travel in clear")) << server_->Log();
+}
+
+TEST_F(SecurityTest, AmpctlTrainsOverMutualTlsWithATokenFromTheEnvironment) {
+  std::vector<std::string> flags = TlsFlags(/*mutual=*/true);
+  flags.push_back("--auth-tokens=" + WriteTenants());
+  Start(flags);
+  const std::string ampctl =
+      absl::StrCat(AMPCTL_BINARY, " --server=", server_->address(), " --tls-ca=", Path("ca.crt"),
+                   " --tls-cert=", Path("client.crt"), " --tls-key=", Path("client.key"));
+  const CommandResult trained = RunCommand(
+      {"/bin/sh", "-c", absl::StrCat("AMPD_TOKEN=", kBobToken, " ", ampctl, " train --steps=2")},
+      kCommandDeadline);
+  EXPECT_EQ(trained.status.code, 0) << trained.out << trained.err;
+
+  const CommandResult refused =
+      RunCommand({"/bin/sh", "-c", absl::StrCat("unset AMPD_TOKEN; ", ampctl, " jobs list")},
+                 kCommandDeadline);
+  EXPECT_EQ(refused.status.code, 1);
+  EXPECT_TRUE(absl::StrContains(refused.err, "UNAUTHENTICATED")) << refused.err;
+}
+
+TEST_F(SecurityTest, OpenServerWarnsAtStart) {
+  Start({});
+  EXPECT_TRUE(absl::StrContains(server_->Log(), "WARNING: no --auth-tokens")) << server_->Log();
+  EXPECT_TRUE(Serving(*Connect("", "")));
+}
+
+TEST_F(SecurityTest, MalformedTokensFileStopsTheServerNamingTheLine) {
+  const std::string path = (dir_.path() / "tenants").string();
+  std::ofstream(path) << "# ok so far\nalice " << Sha256Hex(kAliceToken) << "\n"
+                      << "bob " << Sha256Hex(kBobToken) << " max_jobs=lots\n";
+  server_ = std::make_unique<AmpdProcess>(AMPD_SERVER_BINARY,
+                                          std::vector<std::string>{"--auth-tokens=" + path},
+                                          (dir_.path() / "ampd.log").string());
+  EXPECT_EQ(server_->port(), 0);
+  const ExitStatus exit = server_->Wait(kCommandDeadline);
+  EXPECT_TRUE(exit.exited && exit.code == 1) << exit.ToString();
+  EXPECT_TRUE(absl::StrContains(server_->Log(), "line 3: max_jobs")) << server_->Log();
+}
+
+TEST_F(SecurityTest, TlsFlagsAreCheckedAtStart) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--tls-cert=" + Path("server.crt")}, "--tls-cert and --tls-key go together"},
+      {{"--tls-client-ca=" + Path("ca.crt")}, "--tls-client-ca needs --tls-cert"},
+      {{"--tls-cert=" + Path("server.crt"), "--tls-key=" + Path("missing.key")},
+       "missing.key: cannot open"},
+      {{"--tls-cert=" + Path("server.ext"), "--tls-key=" + Path("server.key")},
+       "server.ext: not a PEM file"}};
+  int i = 0;
+  for (const auto& [flags, expected] : cases) {
+    SCOPED_TRACE(expected);
+    const std::filesystem::path log = dir_.path() / absl::StrCat("ampd-", i++, ".log");
+    AmpdProcess server(AMPD_SERVER_BINARY, flags, log);
+    EXPECT_EQ(server.port(), 0);
+    const ExitStatus exit = server.Wait(kCommandDeadline);
+    EXPECT_TRUE(exit.exited && exit.code == 1) << exit.ToString();
+    EXPECT_TRUE(absl::StrContains(server.Log(), expected)) << server.Log();
+  }
+}
+
+// The parser and the token check without a server.
+
+TEST(TenantsFileTest, ParsesTenantsQuotasAndComments) {
+  const std::string alice(64, 'a');
+  const std::string bob = absl::AsciiStrToUpper(std::string(64, 'b'));
+  absl::StatusOr<std::vector<rpc::Tenant>> tenants = rpc::ParseTenants(
+      absl::StrCat("# header\n\n  alice ", alice,
+                   " max_memory_bytes=1048576 max_jobs=3  # trailing\r\n", "bob\t", bob, "\n"));
+  ASSERT_TRUE(tenants.ok()) << tenants.status();
+  ASSERT_EQ(tenants->size(), 2u);
+  EXPECT_EQ((*tenants)[0].name, "alice");
+  EXPECT_EQ((*tenants)[0].max_jobs, 3);
+  EXPECT_EQ((*tenants)[0].max_memory_bytes, 1048576);
+  EXPECT_EQ((*tenants)[0].token_sha256[0], 0xaa);
+  EXPECT_EQ((*tenants)[1].name, "bob");
+  EXPECT_EQ((*tenants)[1].max_jobs, 0);
+  EXPECT_EQ((*tenants)[1].token_sha256[31], 0xbb);
+}
+
+TEST(TenantsFileTest, NamesTheMalformedLine) {
+  const std::string d(64, 'a');
+  const std::string e(64, 'e');
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"alice\n", "line 1: expected"},
+      {"# c\nalice abc\n", "line 2: the token digest must be 64 hex digits"},
+      {"alice " + std::string(63, 'a') + "g\n", "line 1: the token digest"},
+      {"al/ice " + d + "\n", "line 1: tenant name"},
+      {std::string(65, 'x') + " " + d + "\n", "line 1: tenant name"},
+      {"alice " + d + "\nalice " + e + "\n", "line 2: tenant 'alice' is listed twice"},
+      {"alice " + d + "\nbob " + d + "\n", "line 2: this token digest is already"},
+      {"alice " + d + " max_jobs=-1\n", "line 1: max_jobs must be an integer >= 0"},
+      {"alice " + d + " max_jobs=1 max_jobs=2\n", "line 1: max_jobs is given twice"},
+      {"alice " + d + " max_memory_bytes=99999999999999999999\n", "line 1: max_memory_bytes"},
+      {"alice " + d + " jobs=1\n", "line 1: unknown field 'jobs=1'"},
+      {"# nothing\n\n", "no tenant is listed"},
+  };
+  for (const auto& [text, expected] : cases) {
+    absl::StatusOr<std::vector<rpc::Tenant>> tenants = rpc::ParseTenants(text);
+    EXPECT_EQ(tenants.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_TRUE(absl::StrContains(tenants.status().message(), expected))
+        << text << " -> " << tenants.status();
+  }
+}
+
+TEST(AuthenticatorTest, ChecksTheBearerTokenAgainstDigests) {
+  // The FIPS 180-2 example: SHA-256("abc").
+  const rpc::TokenDigest abc = rpc::Sha256("abc");
+  EXPECT_EQ(abc[0], 0xba);
+  EXPECT_EQ(abc[31], 0xad);
+  rpc::Authenticator auth({rpc::Tenant{.name = "alice", .token_sha256 = abc},
+                           rpc::Tenant{.name = "bob", .token_sha256 = rpc::Sha256("xyz")}});
+  EXPECT_FALSE(auth.open());
+  EXPECT_EQ(auth.AuthenticateHeader("Bearer abc").value_or("?"), "alice");
+  EXPECT_EQ(auth.AuthenticateHeader("bearer xyz").value_or("?"), "bob");
+  for (const char* bad : {"Bearer abd", "Bearer ", "Bearer", "abc", "Basic abc", "Bearer abc "}) {
+    EXPECT_EQ(auth.AuthenticateHeader(bad).status().code(), absl::StatusCode::kUnauthenticated)
+        << bad;
+  }
+  EXPECT_EQ(auth.AuthenticateHeader(std::nullopt).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(auth.AuthenticateHeader("Bearer abc", /*repeated=*/true).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  // Open: everyone passes, as the empty tenant.
+  EXPECT_EQ(rpc::Authenticator().AuthenticateHeader(std::nullopt).value_or("?"), "");
+}
+
+}  // namespace
+}  // namespace ampd
