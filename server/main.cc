@@ -143,6 +143,18 @@ int Run() {
     total_memory = (*probe)->MemoryCapacityBytes();
   }
 
+  // Who may call: the tenants file, or nobody checked (then only loopback
+  // by default).
+  ampd::rpc::Authenticator authenticator;
+  if (const std::string path = absl::GetFlag(FLAGS_auth_tokens); !path.empty()) {
+    absl::StatusOr<std::vector<ampd::rpc::Tenant>> tenants = ampd::rpc::LoadTenantsFile(path);
+    if (!tenants.ok()) {
+      std::fprintf(stderr, "ampd: --auth-tokens: %s\n",
+                   std::string(tenants.status().message()).c_str());
+      return 1;
+    }
+    authenticator = ampd::rpc::Authenticator(*std::move(tenants));
+  }
   ampd::engine::RegistryOptions options;
   options.device = device;
   options.max_jobs = absl::GetFlag(FLAGS_max_jobs);
@@ -155,6 +167,12 @@ int Run() {
   options.worker_threads =
       threads > 0 ? threads : std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
   options.observer = metrics.get();
+  // The tenants' quotas are checked by the registry, beside the server-wide
+  // limits (and already when it restores jobs).
+  for (const ampd::rpc::Tenant& tenant : authenticator.tenants()) {
+    options.tenant_quotas[tenant.name] = {.max_jobs = tenant.max_jobs,
+                                          .max_memory_bytes = tenant.max_memory_bytes};
+  }
   if (metrics != nullptr) {
     ampd::metrics::ServerMetrics* m = metrics.get();
     options.on_device_memory = [m, total_memory](int64_t in_use) {
@@ -202,18 +220,6 @@ int Run() {
     const long page_size = sysconf(_SC_PAGE_SIZE);
     service_options.max_state_dict_buffer_bytes =
         pages > 0 && page_size > 0 ? static_cast<int64_t>(pages) * page_size / 4 : int64_t{1} << 30;
-  }
-  // Who may call: the tenants file, or nobody checked (then only loopback
-  // by default).
-  ampd::rpc::Authenticator authenticator;
-  if (const std::string path = absl::GetFlag(FLAGS_auth_tokens); !path.empty()) {
-    absl::StatusOr<std::vector<ampd::rpc::Tenant>> tenants = ampd::rpc::LoadTenantsFile(path);
-    if (!tenants.ok()) {
-      std::fprintf(stderr, "ampd: --auth-tokens: %s\n",
-                   std::string(tenants.status().message()).c_str());
-      return 1;
-    }
-    authenticator = ampd::rpc::Authenticator(*std::move(tenants));
   }
   service_options.authenticator = &authenticator;
   const int32_t reload_interval = absl::GetFlag(FLAGS_tls_reload_interval_s);

@@ -23,13 +23,13 @@ namespace {
 class StateDictWriter final : public grpc::ServerWriteReactor<v1::StateDictChunk> {
  public:
   StateDictWriter(const TrainerService* service, engine::JobRegistry* registry,
-                  const std::string& job_id, int64_t chunk_bytes)
+                  const std::string& tenant, const std::string& job_id, int64_t chunk_bytes)
       : service_(service), chunk_bytes_(static_cast<size_t>(chunk_bytes)), start_(absl::Now()) {
     if (absl::Status s = CheckLength("job_id", job_id); !s.ok()) {
       Done(ToGrpcStatus(s));
       return;
     }
-    registry->ExportState(job_id,
+    registry->ExportState(tenant, job_id,
                           [this](absl::StatusOr<engine::checkpoint::EncodedSafetensors> file) {
                             if (!file.ok()) {
                               Done(ToGrpcStatus(file.status()));
@@ -83,10 +83,11 @@ class StateDictWriter final : public grpc::ServerWriteReactor<v1::StateDictChunk
 // one growing string (which would copy the file again at every doubling).
 class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRequest> {
  public:
-  StateDictReader(const TrainerService* service, engine::JobRegistry* registry,
+  StateDictReader(const TrainerService* service, engine::JobRegistry* registry, std::string tenant,
                   v1::LoadStateDictResponse* response, int64_t max_bytes, ByteBudget* budget)
       : service_(service),
         registry_(registry),
+        tenant_(std::move(tenant)),
         response_(response),
         max_bytes_(max_bytes),
         budget_(budget),
@@ -101,13 +102,14 @@ class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRe
         return;
       }
       const int64_t size = held_;
-      registry_->ImportState(job_id_, std::move(chunks_), [this, size](absl::StatusOr<int64_t> n) {
-        if (n.ok()) {
-          response_->set_bytes(size);
-          response_->set_tensors(*n);
-        }
-        Done(n.status());
-      });
+      registry_->ImportState(tenant_, job_id_, std::move(chunks_),
+                             [this, size](absl::StatusOr<int64_t> n) {
+                               if (n.ok()) {
+                                 response_->set_bytes(size);
+                                 response_->set_tensors(*n);
+                               }
+                               Done(n.status());
+                             });
       return;
     }
     if (absl::Status s = CheckLength("job_id", request_.job_id()); !s.ok()) {
@@ -162,6 +164,7 @@ class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRe
 
   const TrainerService* service_;
   engine::JobRegistry* registry_;
+  const std::string tenant_;  // the caller's: only its own jobs are found
   v1::LoadStateDictResponse* response_;
   const int64_t max_bytes_;
   ByteBudget* const budget_;
@@ -243,7 +246,7 @@ grpc::ServerUnaryReactor* TrainerService::CreateJob(grpc::CallbackServerContext*
     FinishUnary(reactor, "CreateJob", start, config.status());
     return reactor;
   }
-  registry_->CreateJob(*std::move(config), request->request_id(),
+  registry_->CreateJob(*tenant, *std::move(config), request->request_id(),
                        [this, reactor, response, start](absl::StatusOr<engine::JobSnapshot> job) {
                          if (job.ok()) *response->mutable_job() = JobToProto(*job);
                          FinishUnary(reactor, "CreateJob", start, job.status());
@@ -265,7 +268,7 @@ grpc::ServerUnaryReactor* TrainerService::GetJob(grpc::CallbackServerContext* co
     FinishUnary(reactor, "GetJob", start, s);
     return reactor;
   }
-  absl::StatusOr<engine::JobSnapshot> job = registry_->GetJob(request->job_id());
+  absl::StatusOr<engine::JobSnapshot> job = registry_->GetJob(*tenant, request->job_id());
   if (job.ok()) *response->mutable_job() = JobToProto(*job);
   FinishUnary(reactor, "GetJob", start, job.status());
   return reactor;
@@ -286,7 +289,7 @@ grpc::ServerUnaryReactor* TrainerService::ListJobs(grpc::CallbackServerContext* 
     return reactor;
   }
   absl::StatusOr<engine::JobPage> page =
-      registry_->ListJobs(request->page_size(), request->page_token());
+      registry_->ListJobs(*tenant, request->page_size(), request->page_token());
   if (page.ok()) {
     for (const engine::JobSnapshot& job : page->jobs) *response->add_jobs() = JobToProto(job);
     response->set_next_page_token(page->next_page_token);
@@ -309,7 +312,7 @@ grpc::ServerUnaryReactor* TrainerService::DeleteJob(grpc::CallbackServerContext*
     FinishUnary(reactor, "DeleteJob", start, s);
     return reactor;
   }
-  registry_->DeleteJob(request->job_id(), [this, reactor, start](absl::Status s) {
+  registry_->DeleteJob(*tenant, request->job_id(), [this, reactor, start](absl::Status s) {
     FinishUnary(reactor, "DeleteJob", start, s);
   });
   return reactor;
@@ -335,7 +338,7 @@ grpc::ServerUnaryReactor* TrainerService::Step(grpc::CallbackServerContext* cont
     FinishUnary(reactor, "Step", start, input.status());
     return reactor;
   }
-  registry_->Step(request->job_id(), request->sequence(), *std::move(input),
+  registry_->Step(*tenant, request->job_id(), request->sequence(), *std::move(input),
                   [this, reactor, response, start](absl::StatusOr<engine::StepReport> report) {
                     if (report.ok()) StepReportToProto(*report, response);
                     FinishUnary(reactor, "Step", start, report.status());
@@ -345,21 +348,23 @@ grpc::ServerUnaryReactor* TrainerService::Step(grpc::CallbackServerContext* cont
 
 grpc::ServerWriteReactor<v1::StateDictChunk>* TrainerService::GetStateDict(
     grpc::CallbackServerContext* context, const v1::GetStateDictRequest* request) {
-  if (absl::StatusOr<std::string> tenant = Authenticate(*context); !tenant.ok()) {
+  absl::StatusOr<std::string> tenant = Authenticate(*context);
+  if (!tenant.ok()) {
     return new RefusedStream<grpc::ServerWriteReactor<v1::StateDictChunk>>(this, "GetStateDict",
                                                                            tenant.status());
   }
-  return new StateDictWriter(this, registry_, request->job_id(), options_.chunk_bytes);
+  return new StateDictWriter(this, registry_, *tenant, request->job_id(), options_.chunk_bytes);
 }
 
 grpc::ServerReadReactor<v1::LoadStateDictRequest>* TrainerService::LoadStateDict(
     grpc::CallbackServerContext* context, v1::LoadStateDictResponse* response) {
-  if (absl::StatusOr<std::string> tenant = Authenticate(*context); !tenant.ok()) {
+  absl::StatusOr<std::string> tenant = Authenticate(*context);
+  if (!tenant.ok()) {
     return new RefusedStream<grpc::ServerReadReactor<v1::LoadStateDictRequest>>(
         this, "LoadStateDict", tenant.status());
   }
-  return new StateDictReader(this, registry_, response, options_.max_state_dict_bytes,
-                             &state_dict_buffer_);
+  return new StateDictReader(this, registry_, *std::move(tenant), response,
+                             options_.max_state_dict_bytes, &state_dict_buffer_);
 }
 
 }  // namespace ampd::rpc

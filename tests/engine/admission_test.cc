@@ -213,14 +213,14 @@ TEST(Admission, RegistryCountsStepWorkspaceAgainstMaxMemoryBytes) {
   ASSERT_LT(EstimateJobBytes(config), int64_t{1} << 20);
 
   std::promise<absl::StatusOr<JobSnapshot>> created;
-  (*registry)->CreateJob(config, "",
+  (*registry)->CreateJob("", config, "",
                          [&](absl::StatusOr<JobSnapshot> s) { created.set_value(std::move(s)); });
   absl::StatusOr<JobSnapshot> job = created.get_future().get();
   ASSERT_TRUE(job.ok()) << job.status();
 
   auto step = [&](int64_t sequence, int64_t rows) {
     std::promise<absl::StatusOr<StepReport>> done;
-    (*registry)->Step(job->job_id, sequence, One(Batch(rows, 2, 2)),
+    (*registry)->Step("", job->job_id, sequence, One(Batch(rows, 2, 2)),
                       [&](absl::StatusOr<StepReport> r) { done.set_value(std::move(r)); });
     return done.get_future().get();
   };
@@ -229,7 +229,7 @@ TEST(Admission, RegistryCountsStepWorkspaceAgainstMaxMemoryBytes) {
   EXPECT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted) << big.status();
   EXPECT_NE(std::string(big.status().message()).find("--max-memory-bytes"), std::string::npos)
       << big.status();
-  auto snapshot = (*registry)->GetJob(job->job_id);
+  auto snapshot = (*registry)->GetJob("", job->job_id);
   ASSERT_TRUE(snapshot.ok());
   EXPECT_EQ(snapshot->step, 1);
   absl::StatusOr<StepReport> next = step(2, 256);
@@ -238,7 +238,7 @@ TEST(Admission, RegistryCountsStepWorkspaceAgainstMaxMemoryBytes) {
   // The cached workspace counts against a new job too.
   JobConfig second = Mlp(2, 64, 2);
   std::promise<absl::StatusOr<JobSnapshot>> created2;
-  (*registry)->CreateJob(second, "",
+  (*registry)->CreateJob("", second, "",
                          [&](absl::StatusOr<JobSnapshot> s) { created2.set_value(std::move(s)); });
   EXPECT_TRUE(created2.get_future().get().ok());
   (*registry)->Shutdown();

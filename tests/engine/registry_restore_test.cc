@@ -31,7 +31,7 @@ absl::StatusOr<std::unique_ptr<JobRegistry>> Open(const std::filesystem::path& d
 absl::StatusOr<JobSnapshot> Create(JobRegistry& registry, const JobConfig& config,
                                    const std::string& request_id) {
   std::promise<absl::StatusOr<JobSnapshot>> created;
-  registry.CreateJob(config, request_id,
+  registry.CreateJob("", config, request_id,
                      [&](absl::StatusOr<JobSnapshot> s) { created.set_value(std::move(s)); });
   return created.get_future().get();
 }
@@ -56,7 +56,7 @@ TEST(RegistryRestore, RestoresItsOwnCheckpointsWithoutAnyDecoder) {
   auto registry = Open(root.path());
   ASSERT_TRUE(registry.ok()) << registry.status();
   ASSERT_TRUE((*registry)->RestoreAll().ok());
-  absl::StatusOr<JobSnapshot> restored = (*registry)->GetJob(job_id);
+  absl::StatusOr<JobSnapshot> restored = (*registry)->GetJob("", job_id);
   ASSERT_TRUE(restored.ok()) << restored.status();
   EXPECT_EQ(restored->request_id, "req-own");
   EXPECT_EQ(EncodeJobConfig(restored->config, ""), EncodeJobConfig(config, ""));
@@ -113,7 +113,7 @@ TEST_F(LegacyCheckpoint, RestoresThroughTheDecoderGiven) {
                   .ok());
   // The decoder got the base64-decoded CreateJobRequest, which names the job.
   EXPECT_NE(seen.find("legacy-adam"), std::string::npos);
-  absl::StatusOr<JobSnapshot> job = (*registry)->GetJob("job-02aa4f8e7b3a");
+  absl::StatusOr<JobSnapshot> job = (*registry)->GetJob("", "job-02aa4f8e7b3a");
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->step, 4);
   EXPECT_EQ(job->loss_scale, 256.0f);

@@ -301,6 +301,121 @@ TEST_F(SecurityTest, TokensGateEveryTrainerCallButNotHealth) {
   EXPECT_TRUE(absl::StrContains(server_->Log(), "tokens travel in clear")) << server_->Log();
 }
 
+// Another tenant's job answers exactly as a job that does not exist.
+void ExpectNoJob(const absl::Status& status, const std::string& job_id) {
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
+  EXPECT_EQ(status.message(), absl::StrCat("job_id: no job '", job_id, "'"));
+  std::optional<google::rpc::ErrorInfo> info = ErrorInfoOf(status);
+  ASSERT_TRUE(info.has_value()) << status;
+  EXPECT_EQ(info->reason(), "JOB_NOT_FOUND");
+}
+
+TEST_F(SecurityTest, ATenantCannotReachAnotherTenantsJobsAndOwnershipSurvivesARestart) {
+  const std::vector<std::string> flags = {"--auth-tokens=" + WriteTenants(),
+                                          "--state-dir=" + (dir_.path() / "state").string()};
+  Start(flags);
+  std::unique_ptr<Client> alice = Connect("", "", kAliceToken);
+  std::unique_ptr<Client> bob = Connect("", "", kBobToken);
+  const std::string job = Train(*alice);
+  ASSERT_FALSE(job.empty());
+  absl::StatusOr<std::string> state = alice->GetStateDict(job);
+  ASSERT_TRUE(state.ok()) << state.status();
+
+  const auto bob_cannot_reach = [&] {
+    ExpectNoJob(bob->GetJob(job).status(), job);
+    v1::StepRequest step;
+    step.set_job_id(job);
+    step.set_sequence(2);
+    SyntheticTaskOptions task_options;
+    task_options.batch_size = 8;
+    *step.add_micro_batches() = SyntheticTask(task_options).NextBatch();
+    ExpectNoJob(bob->Step(step).status(), job);
+    ExpectNoJob(bob->GetStateDict(job).status(), job);
+    ExpectNoJob(bob->LoadStateDict(job, *state).status(), job);
+    ExpectNoJob(bob->DeleteJob(job), job);
+    absl::StatusOr<std::vector<v1::Job>> listed = bob->ListAllJobs();
+    ASSERT_TRUE(listed.ok()) << listed.status();
+    EXPECT_TRUE(listed->empty());
+    // Untouched by all of that: still alice's, at step 1.
+    absl::StatusOr<v1::Job> own = alice->GetJob(job);
+    ASSERT_TRUE(own.ok()) << own.status();
+    EXPECT_EQ(own->step(), 1);
+    absl::StatusOr<std::vector<v1::Job>> alices = alice->ListAllJobs();
+    ASSERT_TRUE(alices.ok()) << alices.status();
+    ASSERT_EQ(alices->size(), 1u);
+    EXPECT_EQ((*alices)[0].job_id(), job);
+  };
+  bob_cannot_reach();
+  // The owner is in the checkpoint: a restart restores it with the job.
+  ASSERT_EQ(server_->Terminate(std::chrono::seconds(60)).code, 0) << server_->Describe();
+  Start(flags);
+  alice = Connect("", "", kAliceToken);
+  bob = Connect("", "", kBobToken);
+  bob_cannot_reach();
+  EXPECT_TRUE(alice->DeleteJob(job).ok());
+}
+
+TEST_F(SecurityTest, RequestIdsAreDeduplicatedPerTenant) {
+  Start({"--auth-tokens=" + WriteTenants()});
+  std::unique_ptr<Client> alice = Connect("", "", kAliceToken);
+  std::unique_ptr<Client> bob = Connect("", "", kBobToken);
+  v1::CreateJobRequest request = JobRequest();
+  request.set_request_id("create-once");
+  absl::StatusOr<v1::Job> a = alice->CreateJob(request);
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<v1::Job> b = bob->CreateJob(request);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_NE(a->job_id(), b->job_id());
+  // Each tenant's retry still finds its own job.
+  absl::StatusOr<v1::Job> again = bob->CreateJob(request);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->job_id(), b->job_id());
+  absl::StatusOr<std::vector<v1::Job>> listed = bob->ListAllJobs();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].job_id(), b->job_id());
+}
+
+TEST_F(SecurityTest, TenantQuotasHoldBesideTheServerWideLimits) {
+  // alice may hold one job; bob's jobs may hold fewer bytes than one job
+  // needs; carol has no quota.
+  const std::string path = (dir_.path() / "quota-tenants").string();
+  std::ofstream(path) << "alice " << Sha256Hex(kAliceToken) << " max_jobs=1\n"
+                      << "bob " << Sha256Hex(kBobToken) << " max_memory_bytes=1000\n"
+                      << "carol " << Sha256Hex("carol-token") << "\n";
+  Start({"--auth-tokens=" + path});
+  std::unique_ptr<Client> alice = Connect("", "", kAliceToken);
+  std::unique_ptr<Client> bob = Connect("", "", kBobToken);
+  std::unique_ptr<Client> carol = Connect("", "", "carol-token");
+
+  const std::string first = Train(*alice);
+  ASSERT_FALSE(first.empty());
+  absl::Status refused = alice->CreateJob(JobRequest()).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  std::optional<google::rpc::ErrorInfo> info = ErrorInfoOf(refused);
+  ASSERT_TRUE(info.has_value()) << refused;
+  EXPECT_EQ(info->reason(), "JOB_LIMIT");
+  EXPECT_EQ(info->metadata().at("tenant"), "alice");
+  EXPECT_EQ(info->metadata().at("max_jobs"), "1");
+  // Only alice is held back.
+  EXPECT_FALSE(Train(*carol).empty());
+  EXPECT_FALSE(Train(*carol).empty());
+  // A deleted job frees alice's place.
+  ASSERT_TRUE(alice->DeleteJob(first).ok());
+  EXPECT_FALSE(Train(*alice).empty());
+
+  refused = bob->CreateJob(JobRequest()).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  info = ErrorInfoOf(refused);
+  ASSERT_TRUE(info.has_value()) << refused;
+  EXPECT_EQ(info->reason(), "MEMORY_LIMIT");
+  EXPECT_EQ(info->metadata().at("tenant"), "bob");
+  EXPECT_EQ(info->metadata().at("limit_bytes"), "1000");
+  absl::StatusOr<std::vector<v1::Job>> bobs = bob->ListAllJobs();
+  ASSERT_TRUE(bobs.ok()) << bobs.status();
+  EXPECT_TRUE(bobs->empty());
+}
+
 TEST_F(SecurityTest, AmpctlTrainsOverMutualTlsWithATokenFromTheEnvironment) {
   std::vector<std::string> flags = TlsFlags(/*mutual=*/true);
   flags.push_back("--auth-tokens=" + WriteTenants());

@@ -167,9 +167,10 @@ absl::StatusOr<StepReport> DecodeStepReport(absl::string_view text) {
 
 // ---- Job ----------------------------------------------------------------------------
 
-Job::Job(std::string job_id, std::string request_id, ValidJobConfig config,
+Job::Job(std::string job_id, std::string owner, std::string request_id, ValidJobConfig config,
          const JobContext* context)
     : id_(std::move(job_id)),
+      owner_(std::move(owner)),
       request_id_(std::move(request_id)),
       config_(std::move(config)),
       config_json_(EncodeJobConfig(config_.get(), request_id_)),
@@ -444,6 +445,7 @@ absl::StatusOr<checkpoint::StateDict> Job::CheckpointState() const {
   state.metadata[kMetaConfig] = config_json_;
   state.metadata[kMetaStep] = absl::StrCat(snapshot.step);
   state.metadata[kMetaRequestId] = request_id_;
+  state.metadata[kMetaOwner] = owner_;
   if (last_report_.has_value()) {
     state.metadata[kMetaLastReport] = EncodeStepReport(*last_report_);
   } else {

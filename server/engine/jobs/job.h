@@ -102,16 +102,22 @@ inline constexpr char kMetaCreateRequest[] = "ampd.create_request";
 inline constexpr char kMetaStep[] = "ampd.step";
 inline constexpr char kMetaLastReport[] = "ampd.last_report";  // the last step's response
 inline constexpr char kMetaRequestId[] = "ampd.request_id";
+// The tenant that created the job; absent (as in checkpoints written before
+// jobs had owners) means the anonymous tenant "".
+inline constexpr char kMetaOwner[] = "ampd.owner";
 inline constexpr char kMetaFailure[] = "ampd.failure";  // present while the job is failed
 
 class Job : public std::enable_shared_from_this<Job> {
  public:
   // Every checkpoint stores config with request_id (EncodeJobConfig): what a
-  // restart recreates the job from.
-  Job(std::string job_id, std::string request_id, ValidJobConfig config, const JobContext* context);
+  // restart recreates the job from, beside its owner (kMetaOwner): the
+  // tenant that created it ("" for the anonymous tenant of an open server).
+  Job(std::string job_id, std::string owner, std::string request_id, ValidJobConfig config,
+      const JobContext* context);
   ~Job();
 
   const std::string& id() const { return id_; }
+  const std::string& owner() const { return owner_; }
   const std::string& request_id() const { return request_id_; }
   JobSnapshot Snapshot() const;
   int64_t estimated_bytes() const { return estimated_bytes_; }
@@ -182,6 +188,7 @@ class Job : public std::enable_shared_from_this<Job> {
   void SetFailure(std::string failure);
 
   const std::string id_;
+  const std::string owner_;
   const std::string request_id_;
   const ValidJobConfig config_;    // as created; Initialize builds the Trainer from it
   const std::string config_json_;  // EncodeJobConfig(config_, request_id_)

@@ -40,7 +40,15 @@ absl::Status Draining() {
 struct RestoredConfig {
   ValidJobConfig config;
   std::string request_id;
+  std::string owner;
 };
+
+// The checkpoint's owner; one written before jobs had owners belongs to the
+// anonymous tenant.
+std::string OwnerOfCheckpoint(const std::map<std::string, std::string>& metadata) {
+  auto it = metadata.find(kMetaOwner);
+  return it == metadata.end() ? std::string() : it->second;
+}
 
 // The config and request_id a checkpoint recreates its job from: its
 // ampd.config, or, for a checkpoint written before that key existed, its
@@ -50,7 +58,8 @@ absl::StatusOr<RestoredConfig> ConfigOfCheckpoint(
   if (auto it = metadata.find(kMetaConfig); it != metadata.end()) {
     AMPD_ASSIGN_OR_RETURN(JobConfigRecord record, DecodeJobConfig(it->second));
     AMPD_ASSIGN_OR_RETURN(ValidJobConfig valid, ValidJobConfig::Check(std::move(record.config)));
-    return RestoredConfig{std::move(valid), std::move(record.request_id)};
+    return RestoredConfig{std::move(valid), std::move(record.request_id),
+                          OwnerOfCheckpoint(metadata)};
   }
   auto it = metadata.find(kMetaCreateRequest);
   if (it == metadata.end()) {
@@ -71,7 +80,8 @@ absl::StatusOr<RestoredConfig> ConfigOfCheckpoint(
     return absl::Status(valid.status().code(),
                         absl::StrCat(kMetaCreateRequest, ": ", valid.status().message()));
   }
-  return RestoredConfig{*std::move(valid), std::move(record.request_id)};
+  return RestoredConfig{*std::move(valid), std::move(record.request_id),
+                        OwnerOfCheckpoint(metadata)};
 }
 
 }  // namespace
@@ -118,17 +128,20 @@ int64_t JobRegistry::job_count() const {
   return static_cast<int64_t>(jobs_.size());
 }
 
-std::shared_ptr<Job> JobRegistry::Find(const std::string& job_id) const {
+std::shared_ptr<Job> JobRegistry::Find(const std::string& owner, const std::string& job_id) const {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
-  return it == jobs_.end() ? nullptr : it->second;
+  if (it == jobs_.end() || it->second->owner() != owner) return nullptr;
+  return it->second;
 }
 
 void JobRegistry::Remove(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return;
-  if (!it->second->request_id().empty()) by_request_id_.erase(it->second->request_id());
+  if (!it->second->request_id().empty()) {
+    by_request_id_.erase({it->second->owner(), it->second->request_id()});
+  }
   jobs_.erase(it);
 }
 
@@ -142,7 +155,18 @@ void JobRegistry::ReportMemory() const {
   options_.on_device_memory(total);
 }
 
-absl::Status JobRegistry::CheckAdmission(const JobConfig& config) const {
+const TenantQuota* JobRegistry::QuotaOf(const std::string& owner) const {
+  auto it = options_.tenant_quotas.find(owner);
+  return it == options_.tenant_quotas.end() ? nullptr : &it->second;
+}
+
+int64_t JobRegistry::JobsOf(const std::string& owner) const {
+  int64_t n = 0;
+  for (const auto& [id, job] : jobs_) n += job->owner() == owner ? 1 : 0;
+  return n;
+}
+
+absl::Status JobRegistry::CheckAdmission(const std::string& owner, const JobConfig& config) const {
   if (options_.max_jobs > 0 && static_cast<int64_t>(jobs_.size()) >= options_.max_jobs) {
     return WithReason(absl::ResourceExhaustedError(absl::StrCat(
                           "job_id: the server already holds ", jobs_.size(),
@@ -162,13 +186,39 @@ absl::Status JobRegistry::CheckAdmission(const JobConfig& config) const {
            {"requested_bytes", absl::StrCat(need)}});
     }
   }
+  const TenantQuota* quota = QuotaOf(owner);
+  if (quota == nullptr) return absl::OkStatus();
+  if (quota->max_jobs > 0) {
+    const int64_t held = JobsOf(owner);
+    if (held >= quota->max_jobs) {
+      return WithReason(absl::ResourceExhaustedError(absl::StrCat(
+                            "job_id: tenant '", owner, "' already holds ", held,
+                            " jobs, its quota (max_jobs=", quota->max_jobs, "); delete one first")),
+                        reason::kJobLimit,
+                        {{"tenant", owner}, {"max_jobs", absl::StrCat(quota->max_jobs)}});
+    }
+  }
+  if (quota->max_memory_bytes > 0) {
+    const int64_t used = MemoryHeld(nullptr, &owner);
+    const int64_t need = EstimateJobBytes(config);
+    if (SaturatingAdd(used, need) > quota->max_memory_bytes) {
+      return WithReason(absl::ResourceExhaustedError(absl::StrCat(
+                            "config.model: the job needs an estimated ", need,
+                            " bytes and tenant '", owner, "''s jobs hold ", used,
+                            " of its quota (max_memory_bytes=", quota->max_memory_bytes, ")")),
+                        reason::kMemoryLimit,
+                        {{"tenant", owner},
+                         {"limit_bytes", absl::StrCat(quota->max_memory_bytes)},
+                         {"requested_bytes", absl::StrCat(need)}});
+    }
+  }
   return absl::OkStatus();
 }
 
-// Weights of every job plus the workspaces of every job but `except`.
-int64_t JobRegistry::MemoryHeld(const Job* except) const {
+int64_t JobRegistry::MemoryHeld(const Job* except, const std::string* owner) const {
   int64_t used = 0;
   for (const auto& [id, job] : jobs_) {
+    if (owner != nullptr && job->owner() != *owner) continue;
     used = SaturatingAdd(used, job->estimated_bytes());
     if (job.get() != except) used = SaturatingAdd(used, job->workspace_bytes());
   }
@@ -192,13 +242,30 @@ absl::Status JobRegistry::AdmitStep(Job& job, int64_t workspace_bytes) {
            {"requested_bytes", absl::StrCat(workspace_bytes)}});
     }
   }
+  if (const TenantQuota* quota = QuotaOf(job.owner());
+      quota != nullptr && quota->max_memory_bytes > 0) {
+    const int64_t used = MemoryHeld(&job, &job.owner());
+    if (SaturatingAdd(used, workspace_bytes) > quota->max_memory_bytes) {
+      return WithReason(
+          absl::ResourceExhaustedError(absl::StrCat(
+              "micro_batches: the step needs an estimated ", workspace_bytes,
+              " bytes of activation and workspace memory for its batch sizes, and tenant '",
+              job.owner(), "''s jobs' weights and other workspaces hold ", used,
+              " of its quota (max_memory_bytes=", quota->max_memory_bytes,
+              "); send smaller micro-batches")),
+          reason::kMemoryLimit,
+          {{"tenant", job.owner()},
+           {"limit_bytes", absl::StrCat(quota->max_memory_bytes)},
+           {"requested_bytes", absl::StrCat(workspace_bytes)}});
+    }
+  }
   // Reserved under the lock, so two jobs stepping at once cannot both fit
   // into the same free bytes.
   job.set_workspace_bytes(workspace_bytes);
   return absl::OkStatus();
 }
 
-void JobRegistry::CreateJob(JobConfig config, std::string request_id,
+void JobRegistry::CreateJob(const std::string& owner, JobConfig config, std::string request_id,
                             std::function<void(absl::StatusOr<JobSnapshot>)> done) {
   // The one validation of a create: the Job and its Trainer take the proof.
   absl::StatusOr<ValidJobConfig> valid = ValidJobConfig::Check(std::move(config));
@@ -214,7 +281,7 @@ void JobRegistry::CreateJob(JobConfig config, std::string request_id,
       return;
     }
     if (!request_id.empty()) {
-      auto it = by_request_id_.find(request_id);
+      auto it = by_request_id_.find({owner, request_id});
       if (it != by_request_id_.end()) {
         std::shared_ptr<Job> existing = jobs_.at(it->second);
         // After the first creation's task: the job is built (or failed) by then.
@@ -230,15 +297,15 @@ void JobRegistry::CreateJob(JobConfig config, std::string request_id,
         return;
       }
     }
-    if (absl::Status s = CheckAdmission(valid->get()); !s.ok()) {
+    if (absl::Status s = CheckAdmission(owner, valid->get()); !s.ok()) {
       done(s);
       return;
     }
     std::string id = NewJobId();
     while (jobs_.contains(id)) id = NewJobId();
-    job = std::make_shared<Job>(id, request_id, *std::move(valid), &context_);
+    job = std::make_shared<Job>(id, owner, request_id, *std::move(valid), &context_);
     jobs_[id] = job;
-    if (!request_id.empty()) by_request_id_[request_id] = id;
+    if (!request_id.empty()) by_request_id_[{owner, request_id}] = id;
   }
   job->Post([this, job, done = std::move(done)] {
     absl::Status s = job->Initialize(options_.device);
@@ -259,13 +326,15 @@ void JobRegistry::CreateJob(JobConfig config, std::string request_id,
   });
 }
 
-absl::StatusOr<JobSnapshot> JobRegistry::GetJob(const std::string& job_id) const {
-  std::shared_ptr<Job> job = Find(job_id);
+absl::StatusOr<JobSnapshot> JobRegistry::GetJob(const std::string& owner,
+                                                const std::string& job_id) const {
+  std::shared_ptr<Job> job = Find(owner, job_id);
   if (job == nullptr) return JobNotFound(job_id);
   return job->Snapshot();
 }
 
-absl::StatusOr<JobPage> JobRegistry::ListJobs(int page_size, const std::string& page_token) const {
+absl::StatusOr<JobPage> JobRegistry::ListJobs(const std::string& owner, int page_size,
+                                              const std::string& page_token) const {
   if (page_size < 0) return absl::InvalidArgumentError("page_size: must be >= 0");
   const size_t size = page_size == 0 ? 100 : static_cast<size_t>(std::min(page_size, 1000));
   std::vector<std::shared_ptr<Job>> page;
@@ -274,6 +343,7 @@ absl::StatusOr<JobPage> JobRegistry::ListJobs(int page_size, const std::string& 
     absl::MutexLock lock(&mu_);
     auto it = page_token.empty() ? jobs_.begin() : jobs_.upper_bound(page_token);
     for (; it != jobs_.end(); ++it) {
+      if (it->second->owner() != owner) continue;
       if (page.size() == size) {
         more = true;
         break;
@@ -287,8 +357,9 @@ absl::StatusOr<JobPage> JobRegistry::ListJobs(int page_size, const std::string& 
   return result;
 }
 
-void JobRegistry::DeleteJob(const std::string& job_id, std::function<void(absl::Status)> done) {
-  std::shared_ptr<Job> job = Find(job_id);
+void JobRegistry::DeleteJob(const std::string& owner, const std::string& job_id,
+                            std::function<void(absl::Status)> done) {
+  std::shared_ptr<Job> job = Find(owner, job_id);
   if (job == nullptr) {
     done(JobNotFound(job_id));
     return;
@@ -304,8 +375,8 @@ void JobRegistry::DeleteJob(const std::string& job_id, std::function<void(absl::
   });
 }
 
-void JobRegistry::Step(const std::string& job_id, int64_t sequence, StepInput input,
-                       std::function<void(absl::StatusOr<StepReport>)> done) {
+void JobRegistry::Step(const std::string& owner, const std::string& job_id, int64_t sequence,
+                       StepInput input, std::function<void(absl::StatusOr<StepReport>)> done) {
   {
     absl::MutexLock lock(&mu_);
     if (draining_) {
@@ -313,7 +384,7 @@ void JobRegistry::Step(const std::string& job_id, int64_t sequence, StepInput in
       return;
     }
   }
-  std::shared_ptr<Job> job = Find(job_id);
+  std::shared_ptr<Job> job = Find(owner, job_id);
   if (job == nullptr) {
     done(JobNotFound(job_id));
     return;
@@ -338,9 +409,9 @@ void JobRegistry::Step(const std::string& job_id, int64_t sequence, StepInput in
 }
 
 void JobRegistry::ExportState(
-    const std::string& job_id,
+    const std::string& owner, const std::string& job_id,
     std::function<void(absl::StatusOr<checkpoint::EncodedSafetensors>)> done) {
-  std::shared_ptr<Job> job = Find(job_id);
+  std::shared_ptr<Job> job = Find(owner, job_id);
   if (job == nullptr) {
     done(JobNotFound(job_id));
     return;
@@ -348,9 +419,10 @@ void JobRegistry::ExportState(
   job->Post([job, done = std::move(done)] { done(job->ExportSafetensors()); });
 }
 
-void JobRegistry::ImportState(const std::string& job_id, std::vector<std::string> chunks,
+void JobRegistry::ImportState(const std::string& owner, const std::string& job_id,
+                              std::vector<std::string> chunks,
                               std::function<void(absl::StatusOr<int64_t>)> done) {
-  std::shared_ptr<Job> job = Find(job_id);
+  std::shared_ptr<Job> job = Find(owner, job_id);
   if (job == nullptr) {
     done(JobNotFound(job_id));
     return;
@@ -426,15 +498,16 @@ std::vector<std::shared_ptr<Job>> JobRegistry::AdmitForRestore(
       continue;
     }
     absl::MutexLock lock(&mu_);
-    if (absl::Status s = CheckAdmission(request->config.get()); !s.ok()) {
+    if (absl::Status s = CheckAdmission(request->owner, request->config.get()); !s.ok()) {
       turned_away->push_back(id);
       refusals->push_back(absl::StrCat("job ", id, " not restored: ", s.message(),
                                        "; its checkpoint is left on disk"));
       continue;
     }
-    auto job = std::make_shared<Job>(id, request->request_id, request->config, &context_);
+    auto job =
+        std::make_shared<Job>(id, request->owner, request->request_id, request->config, &context_);
     jobs_[id] = job;
-    if (!request->request_id.empty()) by_request_id_[request->request_id] = id;
+    if (!request->request_id.empty()) by_request_id_[{request->owner, request->request_id}] = id;
     admitted.push_back(std::move(job));
   }
   return admitted;

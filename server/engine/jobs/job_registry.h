@@ -1,8 +1,11 @@
 // JobRegistry: every job of the server by id — creation (with request_id
-// deduplication and the --max-jobs / --max-memory-bytes limits), lookup,
-// paging, deletion, restore from the state directory at start, and the final
-// checkpoint at shutdown. Asynchronous calls take a completion that runs on
-// the job's strand, so the caller (a gRPC reaction) never blocks on training.
+// deduplication and the --max-jobs / --max-memory-bytes limits, and the
+// tenants' quotas), lookup, paging, deletion, restore from the state
+// directory at start, and the final checkpoint at shutdown. Every job belongs
+// to the tenant (owner) that created it, and every call names its caller's
+// tenant: another tenant's job answers exactly as a job that does not exist. Asynchronous calls
+// take a completion that runs on the job's strand, so the caller (a gRPC reaction) never blocks on
+// training.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -22,6 +26,13 @@
 #include "server/engine/jobs/job_config_codec.h"
 
 namespace ampd::engine {
+
+// A tenant's own limits, on top of the server-wide ones (0: none).
+struct TenantQuota {
+  int64_t max_jobs = 0;
+  // Bounds the tenant's jobs' bytes, counted as for max_memory_bytes.
+  int64_t max_memory_bytes = 0;
+};
 
 struct RegistryOptions {
   std::string device = "cpu";  // kernels::CreateBackend's device string
@@ -43,6 +54,8 @@ struct RegistryOptions {
   JobObserver* observer = nullptr;  // nullable; must outlive the registry
   // Called with the sum of the jobs' backend bytes after each change; nullable.
   std::function<void(int64_t in_use_bytes)> on_device_memory;
+  // By tenant name; a tenant not listed has only the server-wide limits.
+  std::map<std::string, TenantQuota> tenant_quotas;
 };
 
 // Reads the ampd.create_request (a serialized CreateJobRequest, the bytes
@@ -75,22 +88,30 @@ class JobRegistry {
   // not restorable and left on disk).
   absl::Status RestoreAll(const CreateRequestDecoder& legacy_decode = nullptr);
 
+  // `owner` is the calling tenant ("" for the anonymous one) in every call.
+  // A job of another owner is NOT_FOUND with reason JOB_NOT_FOUND, word for
+  // word as a job id that does not exist, so its existence is not revealed.
+
   // config must already carry its defaults; it is validated here (errors
-  // name the field as "config.<field>"). A non-empty request_id seen before
-  // returns the job it created (or that creation's error).
-  void CreateJob(JobConfig config, std::string request_id,
+  // name the field as "config.<field>"). A non-empty request_id the same
+  // owner sent before returns the job it created (or that creation's error).
+  void CreateJob(const std::string& owner, JobConfig config, std::string request_id,
                  std::function<void(absl::StatusOr<JobSnapshot>)> done);
-  absl::StatusOr<JobSnapshot> GetJob(const std::string& job_id) const;
-  // Sorted by job id; page_token is the last id of the previous page.
-  absl::StatusOr<JobPage> ListJobs(int page_size, const std::string& page_token) const;
+  absl::StatusOr<JobSnapshot> GetJob(const std::string& owner, const std::string& job_id) const;
+  // The owner's jobs, sorted by job id; page_token is the last id of the
+  // previous page.
+  absl::StatusOr<JobPage> ListJobs(const std::string& owner, int page_size,
+                                   const std::string& page_token) const;
   // Runs after the job's queued work; removes its checkpoint.
-  void DeleteJob(const std::string& job_id, std::function<void(absl::Status)> done);
-  void Step(const std::string& job_id, int64_t sequence, StepInput input,
+  void DeleteJob(const std::string& owner, const std::string& job_id,
+                 std::function<void(absl::Status)> done);
+  void Step(const std::string& owner, const std::string& job_id, int64_t sequence, StepInput input,
             std::function<void(absl::StatusOr<StepReport>)> done);
-  void ExportState(const std::string& job_id,
+  void ExportState(const std::string& owner, const std::string& job_id,
                    std::function<void(absl::StatusOr<checkpoint::EncodedSafetensors>)> done);
   // `chunks`: the safetensors file's consecutive pieces, as they arrived.
-  void ImportState(const std::string& job_id, std::vector<std::string> chunks,
+  void ImportState(const std::string& owner, const std::string& job_id,
+                   std::vector<std::string> chunks,
                    std::function<void(absl::StatusOr<int64_t>)> done);
 
   // New creates and steps answer Unavailable from now on.
@@ -107,9 +128,17 @@ class JobRegistry {
 
  private:
   explicit JobRegistry(RegistryOptions options);
-  std::shared_ptr<Job> Find(const std::string& job_id) const;
-  absl::Status CheckAdmission(const JobConfig& config) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  int64_t MemoryHeld(const Job* except) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // nullptr when there is no such job or it is not `owner`'s.
+  std::shared_ptr<Job> Find(const std::string& owner, const std::string& job_id) const;
+  // The server-wide limits, then `owner`'s quota.
+  absl::Status CheckAdmission(const std::string& owner, const JobConfig& config) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Weights of every job (of `owner` only, when given) plus the workspaces
+  // of those jobs but `except`.
+  int64_t MemoryHeld(const Job* except, const std::string* owner = nullptr) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t JobsOf(const std::string& owner) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  const TenantQuota* QuotaOf(const std::string& owner) const;
   // JobContext::admit_step: the step's workspace against --max-memory-bytes.
   absl::Status AdmitStep(Job& job, int64_t workspace_bytes);
   void Remove(const std::string& job_id);
@@ -133,7 +162,8 @@ class JobRegistry {
 
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::string> by_request_id_ ABSL_GUARDED_BY(mu_);
+  // (owner, request_id) -> job id: deduplication is per tenant.
+  std::map<std::pair<std::string, std::string>, std::string> by_request_id_ ABSL_GUARDED_BY(mu_);
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
 };
 
