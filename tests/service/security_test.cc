@@ -289,8 +289,10 @@ TEST_F(SecurityTest, TokensGateEveryTrainerCallButNotHealth) {
   ASSERT_FALSE(job.empty());
   absl::StatusOr<std::string> state = alice->GetStateDict(job);
   EXPECT_TRUE(state.ok()) << state.status();
+  // bob's token passes too; alice's job is not his to see.
   std::unique_ptr<Client> bob = Connect("", "", kBobToken);
-  EXPECT_TRUE(bob->GetJob(job).ok());
+  EXPECT_TRUE(bob->ListJobs(0, "").ok());
+  EXPECT_EQ(bob->GetJob(job).status().code(), absl::StatusCode::kNotFound);
 
   // A malformed authorization value is refused like a missing one.
   grpc::ClientContext context;
