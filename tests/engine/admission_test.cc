@@ -9,9 +9,11 @@
 #include <future>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "common/error_reason.h"
 #include "engine_test_util.h"
 #include "server/engine/jobs/job_registry.h"
 #include "server/engine/model/layers.h"
@@ -241,6 +243,49 @@ TEST(Admission, RegistryCountsStepWorkspaceAgainstMaxMemoryBytes) {
   (*registry)->CreateJob("", second, "",
                          [&](absl::StatusOr<JobSnapshot> s) { created2.set_value(std::move(s)); });
   EXPECT_TRUE(created2.get_future().get().ok());
+  (*registry)->Shutdown();
+}
+
+// A tenant's max_memory_bytes bounds its own jobs' steps the same way, while
+// another tenant, with no quota, steps the same batch on the same server.
+TEST(Admission, TenantMemoryQuotaBoundsItsStepsOnly) {
+  RegistryOptions options;
+  options.worker_threads = 1;
+  options.tenant_quotas["alice"] = {.max_jobs = 0, .max_memory_bytes = int64_t{4} << 20};
+  auto registry = JobRegistry::Create(options);
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  auto create = [&](const std::string& owner) {
+    std::promise<absl::StatusOr<JobSnapshot>> created;
+    (*registry)->CreateJob(owner, Mlp(2, 64, 2), "",
+                           [&](absl::StatusOr<JobSnapshot> s) { created.set_value(std::move(s)); });
+    return created.get_future().get();
+  };
+  auto step = [&](const std::string& owner, const std::string& job_id, int64_t rows) {
+    std::promise<absl::StatusOr<StepReport>> done;
+    (*registry)->Step(owner, job_id, 1, One(Batch(rows, 2, 2)),
+                      [&](absl::StatusOr<StepReport> r) { done.set_value(std::move(r)); });
+    return done.get_future().get();
+  };
+  absl::StatusOr<JobSnapshot> alices = create("alice");
+  ASSERT_TRUE(alices.ok()) << alices.status();
+  absl::StatusOr<JobSnapshot> bobs = create("bob");
+  ASSERT_TRUE(bobs.ok()) << bobs.status();
+
+  absl::StatusOr<StepReport> big = step("alice", alices->job_id, 65536);
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted) << big.status();
+  const std::optional<ErrorReason> why = GetErrorReason(big.status());
+  ASSERT_TRUE(why.has_value()) << big.status();
+  EXPECT_EQ(why->reason, reason::kMemoryLimit);
+  EXPECT_EQ(why->metadata.at("tenant"), "alice");
+  EXPECT_TRUE(step("bob", bobs->job_id, 65536).ok());
+  EXPECT_TRUE(step("alice", alices->job_id, 256).ok());
+  // Neither sees the other's job.
+  EXPECT_EQ((*registry)->GetJob("bob", alices->job_id).status().code(),
+            absl::StatusCode::kNotFound);
+  absl::StatusOr<JobPage> page = (*registry)->ListJobs("alice", 0, "");
+  ASSERT_TRUE(page.ok()) << page.status();
+  ASSERT_EQ(page->jobs.size(), 1u);
+  EXPECT_EQ(page->jobs[0].job_id, alices->job_id);
   (*registry)->Shutdown();
 }
 
