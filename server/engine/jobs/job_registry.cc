@@ -204,7 +204,7 @@ absl::Status JobRegistry::CheckAdmission(const std::string& owner, const JobConf
     if (SaturatingAdd(used, need) > quota->max_memory_bytes) {
       return WithReason(absl::ResourceExhaustedError(absl::StrCat(
                             "config.model: the job needs an estimated ", need,
-                            " bytes and tenant '", owner, "''s jobs hold ", used,
+                            " bytes and the jobs of tenant '", owner, "' hold ", used,
                             " of its quota (max_memory_bytes=", quota->max_memory_bytes, ")")),
                         reason::kMemoryLimit,
                         {{"tenant", owner},
@@ -249,10 +249,10 @@ absl::Status JobRegistry::AdmitStep(Job& job, int64_t workspace_bytes) {
       return WithReason(
           absl::ResourceExhaustedError(absl::StrCat(
               "micro_batches: the step needs an estimated ", workspace_bytes,
-              " bytes of activation and workspace memory for its batch sizes, and tenant '",
-              job.owner(), "''s jobs' weights and other workspaces hold ", used,
-              " of its quota (max_memory_bytes=", quota->max_memory_bytes,
-              "); send smaller micro-batches")),
+              " bytes of activation and workspace memory for its batch sizes, and the weights "
+              "and other workspaces of tenant '",
+              job.owner(), "' hold ", used, " of its quota (max_memory_bytes=",
+              quota->max_memory_bytes, "); send smaller micro-batches")),
           reason::kMemoryLimit,
           {{"tenant", job.owner()},
            {"limit_bytes", absl::StrCat(quota->max_memory_bytes)},
