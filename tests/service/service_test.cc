@@ -842,7 +842,9 @@ TEST_F(ServiceTest, LoadStateDictIsDurableOnceAcknowledged) {
 // When the checkpoint of an import cannot be written, the import fails and
 // the job keeps the state it had: memory never runs ahead of the disk.
 TEST_F(ServiceTest, LoadStateDictThatCannotBeSavedIsNotLoaded) {
-  Start({"--checkpoint-every=1"});
+  // Synchronous checkpoints: no background write is still creating files
+  // when the test removes the directory below.
+  Start({"--checkpoint-every=1", "--checkpoint-sync"});
   const std::string a = CreateJob(1);
   const std::string b = CreateJob(99);
   ASSERT_TRUE(client_->Step(StepRequest(a, 1)).ok());
