@@ -6,6 +6,8 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/impl/server_builder_option.h>
+#include <grpcpp/impl/server_builder_plugin.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -52,6 +54,9 @@ ABSL_FLAG(int64_t, checkpoint_every, 100,
 ABSL_FLAG(bool, checkpoint_sync, false,
           "Write each periodic checkpoint before the step that took it is answered, so every "
           "acknowledged checkpointed step survives a crash, at the cost of the write in the step");
+ABSL_FLAG(bool, reflection, true,
+          "Serve gRPC server reflection (grpcurl lists and describes the API with it); "
+          "--reflection=false turns it off on a server that should not describe itself");
 ABSL_FLAG(int64_t, max_jobs, 64, "Most jobs held at once (0: unlimited)");
 ABSL_FLAG(int64_t, max_memory_bytes, 0,
           "Most estimated job bytes (weights, grads, optimizer state) held at once (0: unlimited)");
@@ -82,6 +87,19 @@ ABSL_FLAG(int64_t, shutdown_timeout_ms, 30000,
           "On SIGTERM, how long in-flight calls may take to finish before they are cancelled");
 
 namespace {
+
+// Drops the reflection plugin from a ServerBuilder. Linking gRPC's
+// reflection library registers the plugin with every builder through a
+// static initializer, so leaving reflection off takes removing it.
+class WithoutReflection final : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    std::erase_if(*plugins, [](const std::unique_ptr<grpc::ServerBuilderPlugin>& plugin) {
+      return plugin->name() == "proto_server_reflection";
+    });
+  }
+};
 
 // Everything after the last ':' ("127.0.0.1:0" -> "127.0.0.1", "[::]:0" -> "[::]").
 std::string HostOf(const std::string& address) {
@@ -245,6 +263,9 @@ int Run() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  if (!absl::GetFlag(FLAGS_reflection)) {
+    builder.SetOption(std::make_unique<WithoutReflection>());
+  }
   std::string listen = absl::GetFlag(FLAGS_listen);
   if (listen.empty()) listen = authenticator.open() ? "127.0.0.1:50051" : "0.0.0.0:50051";
   int port = 0;

@@ -85,6 +85,7 @@ prometheus::Histogram::BucketBoundaries DurationBounds() {
 // it on the step path, so it is uncontended there.
 struct ServerMetrics::JobSeries {
   std::string job_id;
+  prometheus::Labels labels;  // job, and tenant where there is one
   absl::Mutex mu;
   bool removed ABSL_GUARDED_BY(mu) = false;
   Gauge* loss_scale = nullptr;
@@ -200,6 +201,7 @@ absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Start(
 }
 
 std::shared_ptr<ServerMetrics::JobSeries> ServerMetrics::FindOrCreateJob(const std::string& job_id,
+                                                                         const std::string& tenant,
                                                                          float initial_scale) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_by_id_.find(job_id);
@@ -207,21 +209,30 @@ std::shared_ptr<ServerMetrics::JobSeries> ServerMetrics::FindOrCreateJob(const s
 
   auto series = std::make_shared<JobSeries>();
   series->job_id = job_id;
-  const prometheus::Labels job{{"job", job_id}};
+  // The job's labels: its id, and its tenant where the server has tenants
+  // (an empty label is no label to Prometheus, so an open server's series
+  // keep exactly the job label).
+  prometheus::Labels job{{"job", job_id}};
+  if (!tenant.empty()) job.emplace("tenant", tenant);
+  series->labels = job;
+  const auto with = [&job](const char* name, const char* value) {
+    prometheus::Labels labels = job;
+    labels.emplace(name, value);
+    return labels;
+  };
   series->loss_scale = &loss_scale_.Add(job);
   series->loss_scale->Set(initial_scale);
   // Counters and histograms exist from creation at zero so that rate() and
   // increase() see the job's first step as an increase.
   series->steps = &steps_.Add(job);
-  series->skipped_nonfinite = &skipped_steps_.Add({{"job", job_id}, {"reason", "nonfinite"}});
+  series->skipped_nonfinite = &skipped_steps_.Add(with("reason", "nonfinite"));
   series->growths = &growths_.Add(job);
   series->backoffs = &backoffs_.Add(job);
   series->loss = &loss_.Add(job);
   series->grad_magnitude = &grad_magnitude_.Add(job, GradMagnitudeLog2Bounds());
   series->grad_zero_elements = &grad_zero_elements_.Add(job);
   for (size_t i = 0; i < kPhases.size(); ++i) {
-    series->phase_seconds[i] =
-        &step_duration_.Add({{"job", job_id}, {"phase", kPhases[i]}}, DurationBounds());
+    series->phase_seconds[i] = &step_duration_.Add(with("phase", kPhases[i]), DurationBounds());
   }
   series->samples = &samples_.Add(job);
   jobs_by_id_.emplace(job_id, series);
@@ -229,12 +240,13 @@ std::shared_ptr<ServerMetrics::JobSeries> ServerMetrics::FindOrCreateJob(const s
   return series;
 }
 
-void ServerMetrics::OnJobCreated(const std::string& job_id, const engine::JobConfig& config) {
-  FindOrCreateJob(job_id, config.scaler.InitialScale());
+void ServerMetrics::OnJobCreated(const std::string& job_id, const std::string& tenant,
+                                 const engine::JobConfig& config) {
+  FindOrCreateJob(job_id, tenant, config.scaler.InitialScale());
 }
 
 void ServerMetrics::OnStep(const std::string& job_id, const engine::StepReport& report) {
-  std::shared_ptr<JobSeries> series = FindOrCreateJob(job_id, report.scaler.scale_before);
+  std::shared_ptr<JobSeries> series = FindOrCreateJob(job_id, "", report.scaler.scale_before);
   absl::MutexLock lock(&series->mu);
   if (series->removed) return;  // deleted while this step was being reported
 
@@ -245,7 +257,7 @@ void ServerMetrics::OnStep(const std::string& job_id, const engine::StepReport& 
   if (report.scaler.backed_off) series->backoffs->Increment();
   series->loss->Set(report.loss);
   if (report.grad_norm.has_value()) {
-    if (series->grad_norm == nullptr) series->grad_norm = &grad_norm_.Add({{"job", job_id}});
+    if (series->grad_norm == nullptr) series->grad_norm = &grad_norm_.Add(series->labels);
     series->grad_norm->Set(*report.grad_norm);
   }
   // Anything but the engine's documented bin count is a malformed report;

@@ -53,7 +53,8 @@ class ServerMetrics final : public engine::JobObserver {
   // Creates the job's series; the loss scale starts at the config's initial
   // scale (1 when scaling is disabled) so a job that has not stepped yet
   // already charts where it will start.
-  void OnJobCreated(const std::string& job_id, const engine::JobConfig& config) override;
+  void OnJobCreated(const std::string& job_id, const std::string& tenant,
+                    const engine::JobConfig& config) override;
   // A job never announced through OnJobCreated (a wiring gap, e.g. a job
   // restored from the state directory) gets its series on its first step
   // rather than going unobserved. The engine must not report a job's step
@@ -76,7 +77,8 @@ class ServerMetrics final : public engine::JobObserver {
 
   ServerMetrics();
   // The job's series, created on first use. Takes mu_.
-  std::shared_ptr<JobSeries> FindOrCreateJob(const std::string& job_id, float initial_scale);
+  std::shared_ptr<JobSeries> FindOrCreateJob(const std::string& job_id, const std::string& tenant,
+                                             float initial_scale);
   void RemoveSeries(JobSeries& series);
 
   std::shared_ptr<prometheus::Registry> registry_;

@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
   ampd::metrics::ServerMetrics& metrics = **started;
 
   ampd::engine::JobConfig config;  // fp16, pytorch policy, init_scale 65536
-  metrics.OnJobCreated("fixture-job", config);
+  metrics.OnJobCreated("fixture-job", "", config);
 
   ampd::engine::StepReport step;
   step.step = 1;
@@ -47,6 +47,10 @@ int main(int argc, char** argv) {
                  .counters = {}};
   step.grad_norm.reset();
   metrics.OnStep("fixture-job", step);
+
+  // A tenant's job: its series carry a tenant label beside job.
+  metrics.OnJobCreated("tenant-job", "team-a", config);
+  metrics.OnStep("tenant-job", step);
 
   metrics.RecordRpc("Step", "OK", 0.009);
   metrics.SetDeviceMemory(int64_t{1} << 30, int64_t{80} << 30);

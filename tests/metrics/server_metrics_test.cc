@@ -147,7 +147,7 @@ TEST(ServerMetricsStartTest, ReportsAPortAlreadyInUseAsUnavailable) {
 }
 
 TEST_F(ServerMetricsTest, CreatedJobStartsAtItsInitialScale) {
-  observer().OnJobCreated("job-a", Fp16Config());
+  observer().OnJobCreated("job-a", "", Fp16Config());
   EXPECT_EQ(Value(R"(ampd_loss_scale{job="job-a"})"), 65536);
   EXPECT_EQ(Value(R"(ampd_steps_total{job="job-a"})"), 0);
   EXPECT_EQ(Value(R"(ampd_skipped_steps_total{job="job-a",reason="nonfinite"})"), 0);
@@ -155,13 +155,13 @@ TEST_F(ServerMetricsTest, CreatedJobStartsAtItsInitialScale) {
 
   JobConfig disabled = Fp16Config();
   disabled.scaler.enabled = false;
-  observer().OnJobCreated("job-off", disabled);
+  observer().OnJobCreated("job-off", "", disabled);
   EXPECT_EQ(Value(R"(ampd_loss_scale{job="job-off"})"), 1);
   EXPECT_EQ(Value("ampd_jobs"), 2);
 }
 
 TEST_F(ServerMetricsTest, OverflowSkipsTheStepAndBacksTheScaleOff) {
-  observer().OnJobCreated("job-a", Fp16Config());
+  observer().OnJobCreated("job-a", "", Fp16Config());
   observer().OnStep("job-a", NormalStep(1, 65536));
   EXPECT_EQ(Value(R"(ampd_loss_scale{job="job-a"})"), 65536);
   EXPECT_EQ(Value(R"(ampd_loss_scale_backoffs_total{job="job-a"})"), 0);
@@ -186,7 +186,7 @@ TEST_F(ServerMetricsTest, OverflowSkipsTheStepAndBacksTheScaleOff) {
 }
 
 TEST_F(ServerMetricsTest, GrowthIsCounted) {
-  observer().OnJobCreated("job-a", Fp16Config());
+  observer().OnJobCreated("job-a", "", Fp16Config());
   StepReport grew = NormalStep(2000, 32768);
   grew.scaler.scale_after = 65536;
   grew.scaler.grew = true;
@@ -196,7 +196,7 @@ TEST_F(ServerMetricsTest, GrowthIsCounted) {
 }
 
 TEST_F(ServerMetricsTest, GradNormSeriesAppearsOnlyOnceReported) {
-  observer().OnJobCreated("job-a", Fp16Config());
+  observer().OnJobCreated("job-a", "", Fp16Config());
   StepReport no_norm = NormalStep(1, 65536);
   no_norm.grad_norm.reset();
   observer().OnStep("job-a", no_norm);
@@ -206,7 +206,7 @@ TEST_F(ServerMetricsTest, GradNormSeriesAppearsOnlyOnceReported) {
 }
 
 TEST_F(ServerMetricsTest, GradHistogramBinsBecomeCumulativeLog2Buckets) {
-  observer().OnJobCreated("job-a", Fp16Config());
+  observer().OnJobCreated("job-a", "", Fp16Config());
   StepReport report = NormalStep(1, 65536);
   report.grad_histogram.assign(kernels::kGradHistogramBins, 0);
   report.grad_histogram[0] = 7;               // exact zeros
@@ -252,8 +252,8 @@ TEST_F(ServerMetricsTest, GradHistogramBinsBecomeCumulativeLog2Buckets) {
 }
 
 TEST_F(ServerMetricsTest, DeletedJobsSeriesDisappear) {
-  observer().OnJobCreated("job-a", Fp16Config());
-  observer().OnJobCreated("job-b", Fp16Config());
+  observer().OnJobCreated("job-a", "", Fp16Config());
+  observer().OnJobCreated("job-b", "", Fp16Config());
   StepReport report = NormalStep(1, 65536);
   report.grad_histogram.assign(kernels::kGradHistogramBins, 1);
   observer().OnStep("job-a", report);
@@ -270,6 +270,34 @@ TEST_F(ServerMetricsTest, DeletedJobsSeriesDisappear) {
   observer().OnJobDeleted("job-a");
   observer().OnJobDeleted("never-created");
   EXPECT_EQ(Value("ampd_jobs"), 1);
+}
+
+// A tenant's job carries its tenant on every series, so a dashboard can
+// filter per tenant; a job of the open server's anonymous tenant does not.
+TEST_F(ServerMetricsTest, JobsOfATenantAreLabelledWithIt) {
+  observer().OnJobCreated("job-t", "team-a", Fp16Config());
+  observer().OnJobCreated("job-open", "", Fp16Config());
+  StepReport report = NormalStep(1, 65536);
+  report.grad_histogram.assign(kernels::kGradHistogramBins, 1);
+  observer().OnStep("job-t", report);
+  observer().OnStep("job-t", OverflowStep(2, 1, 65536));
+  observer().OnStep("job-open", report);
+  const std::string text = Scrape();
+  const auto s = ParseSamples(text);
+  EXPECT_EQ(s.at(R"(ampd_steps_total{job="job-t",tenant="team-a"})"), 2) << text;
+  EXPECT_EQ(s.at(R"(ampd_skipped_steps_total{job="job-t",reason="nonfinite",tenant="team-a"})"), 1);
+  EXPECT_EQ(s.at(R"(ampd_grad_norm{job="job-t",tenant="team-a"})"), 1.25) << text;
+  EXPECT_EQ(s.at(R"(ampd_step_duration_seconds_count{job="job-t",phase="total",tenant="team-a"})"),
+            2);
+  EXPECT_EQ(s.at(R"(ampd_steps_total{job="job-open"})"), 1);
+  // Every series of the tenant's job names the tenant; none is left bare.
+  for (const auto& [series, value] : s) {
+    if (series.find(R"(job="job-t")") != std::string::npos) {
+      EXPECT_NE(series.find(R"(tenant="team-a")"), std::string::npos) << series;
+    }
+  }
+  observer().OnJobDeleted("job-t");
+  EXPECT_EQ(Scrape().find("team-a"), std::string::npos);
 }
 
 TEST_F(ServerMetricsTest, StepOfAnUnannouncedJobCreatesItsSeries) {
@@ -304,7 +332,7 @@ TEST_F(ServerMetricsTest, ConcurrentJobsCountExactly) {
   for (int j = 0; j < kJobs; ++j) {
     workers.emplace_back([this, j] {
       const std::string id = "job-" + std::to_string(j);
-      observer().OnJobCreated(id, Fp16Config());
+      observer().OnJobCreated(id, "", Fp16Config());
       for (int i = 1; i <= kSteps; ++i) {
         StepReport report =
             (i % 10 == 0) ? OverflowStep(i, i - i / 10, 65536) : NormalStep(i, 65536);
@@ -315,7 +343,7 @@ TEST_F(ServerMetricsTest, ConcurrentJobsCountExactly) {
   // A transient job created and deleted while the others step.
   workers.emplace_back([this] {
     for (int i = 0; i < 100; ++i) {
-      observer().OnJobCreated("transient", Fp16Config());
+      observer().OnJobCreated("transient", "", Fp16Config());
       observer().OnStep("transient", NormalStep(1, 65536));
       observer().OnJobDeleted("transient");
     }
@@ -336,7 +364,7 @@ TEST_F(ServerMetricsTest, ConcurrentJobsCountExactly) {
 
 TEST_F(ServerMetricsTest, PromtoolAcceptsTheExposition) {
   // Every family populated, so the lint sees every name, type and HELP.
-  observer().OnJobCreated("job-a", Fp16Config());
+  observer().OnJobCreated("job-a", "", Fp16Config());
   StepReport report = NormalStep(1, 65536);
   report.grad_histogram.assign(kernels::kGradHistogramBins, 2);
   observer().OnStep("job-a", report);

@@ -82,12 +82,24 @@ def check_dashboard(path):
         dash = json.load(f)
     check(dash.get("uid") and dash.get("title"), "dashboard: uid and title are required")
     variables = {v.get("name"): v for v in dash.get("templating", {}).get("list", [])}
+    def variable_query(v):
+        query = v.get("query")
+        return query.get("query") if isinstance(query, dict) else query
+
+    tenant = variables.get("tenant")
+    if check(tenant is not None, "dashboard: no 'tenant' variable"):
+        check(variable_query(tenant) == "label_values(ampd_loss_scale, tenant)",
+              "dashboard: tenant variable must query label_values(ampd_loss_scale, tenant), got %r"
+              % variable_query(tenant))
+        # Jobs of an open server have no tenant label: only the regex .* as
+        # "All" still matches them.
+        check(tenant.get("includeAll") and tenant.get("allValue") == ".*",
+              "dashboard: tenant variable needs includeAll with allValue '.*'")
     job = variables.get("job")
     if check(job is not None, "dashboard: no 'job' variable"):
-        query = job.get("query")
-        query = query.get("query") if isinstance(query, dict) else query
-        check(query == "label_values(ampd_loss_scale, job)",
-              "dashboard: job variable must query label_values(ampd_loss_scale, job), got %r" % query)
+        want = 'label_values(ampd_loss_scale{tenant=~"$tenant"}, job)'
+        check(variable_query(job) == want,
+              "dashboard: job variable must query %s, got %r" % (want, variable_query(job)))
     exprs = []
     ids = set()
     panels = dash.get("panels", [])
@@ -127,6 +139,9 @@ def check_dashboard(path):
                  "ampd_loss_scale_backoffs_total", "ampd_loss{", "ampd_grad_norm",
                  "ampd_samples_total", "ampd_jobs", "ampd_device_memory_used_bytes"]:
         check(any(name in e for e in exprs), "dashboard: nothing charts %s" % name)
+    for e in exprs:
+        check('job=~"$job"' not in e or 'tenant=~"$tenant"' in e,
+              "dashboard: a per-job query must also filter by tenant: %s" % e)
     return exprs
 
 

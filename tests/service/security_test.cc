@@ -24,6 +24,7 @@
 #include "reflection_subset.grpc.pb.h"
 #include "server/rpc/auth.h"
 #include "tests/support/ampd_process.h"
+#include "tests/support/http_get.h"
 #include "tests/support/subprocess.h"
 #include "tests/support/temp_dir.h"
 
@@ -33,6 +34,7 @@ namespace {
 using test_support::AmpdProcess;
 using test_support::CommandResult;
 using test_support::ExitStatus;
+using test_support::HttpGetBody;
 using test_support::ReadFile;
 using test_support::RunCommand;
 using test_support::TempDir;
@@ -181,6 +183,26 @@ class SecurityTest : public ::testing::Test {
     return status.ok() && *status == grpc::health::v1::HealthCheckResponse::SERVING;
   }
 
+  // Asks server reflection for the service list, unauthenticated; the
+  // stream's final status (a served list must name some service).
+  static grpc::Status ListServices(Client& client) {
+    auto reflection = grpc::reflection::v1alpha::ServerReflection::NewStub(client.channel());
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    auto stream = reflection->ServerReflectionInfo(&context);
+    grpc::reflection::v1alpha::ServerReflectionRequest request;
+    request.set_list_services("");
+    stream->Write(request);
+    stream->WritesDone();
+    grpc::reflection::v1alpha::ServerReflectionResponse response;
+    const bool read = stream->Read(&response);
+    const grpc::Status finished = stream->Finish();
+    if (finished.ok() && (!read || response.list_services_response().service_size() == 0)) {
+      return grpc::Status(grpc::StatusCode::INTERNAL, "reflection listed no service");
+    }
+    return finished;
+  }
+
   static TempDir* certs_;
   TempDir dir_{"ampd_security"};
   std::unique_ptr<AmpdProcess> server_;
@@ -254,21 +276,8 @@ TEST_F(SecurityTest, TokensGateEveryTrainerCallButNotHealth) {
   std::unique_ptr<Client> anonymous = Connect("", "");
   // Probes and reflection need no token.
   EXPECT_TRUE(Serving(*anonymous));
-  {
-    auto reflection = grpc::reflection::v1alpha::ServerReflection::NewStub(anonymous->channel());
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    auto stream = reflection->ServerReflectionInfo(&context);
-    grpc::reflection::v1alpha::ServerReflectionRequest request;
-    request.set_list_services("");
-    ASSERT_TRUE(stream->Write(request));
-    stream->WritesDone();
-    grpc::reflection::v1alpha::ServerReflectionResponse response;
-    ASSERT_TRUE(stream->Read(&response));
-    EXPECT_GT(response.list_services_response().service_size(), 0);
-    const grpc::Status finished = stream->Finish();
-    EXPECT_TRUE(finished.ok()) << finished.error_message();
-  }
+  const grpc::Status reflected = ListServices(*anonymous);
+  EXPECT_TRUE(reflected.ok()) << reflected.error_message();
   ExpectUnauthenticated(anonymous->CreateJob(JobRequest()).status());
   ExpectUnauthenticated(anonymous->ListJobs(0, "").status());
   ExpectUnauthenticated(anonymous->GetJob("job-1").status());
@@ -347,13 +356,33 @@ TEST_F(SecurityTest, ATenantCannotReachAnotherTenantsJobsAndOwnershipSurvivesARe
     ASSERT_EQ(alices->size(), 1u);
     EXPECT_EQ((*alices)[0].job_id(), job);
   };
+  // The job's series name its tenant, before and after the restart; no
+  // token ever appears in the exposition.
+  const auto series_name_alice = [&] {
+    absl::StatusOr<std::string> text = HttpGetBody(server_->metrics_port(), "/metrics");
+    ASSERT_TRUE(text.ok()) << text.status();
+    EXPECT_TRUE(absl::StrContains(
+        *text, absl::StrCat("ampd_loss_scale{job=\"", job, "\",tenant=\"alice\"}")))
+        << *text;
+    EXPECT_FALSE(absl::StrContains(*text, kAliceToken));
+    EXPECT_FALSE(absl::StrContains(*text, "bob"));
+  };
   bob_cannot_reach();
+  series_name_alice();
   // The owner is in the checkpoint: a restart restores it with the job.
   ASSERT_EQ(server_->Terminate(std::chrono::seconds(60)).code, 0) << server_->Describe();
   Start(flags);
   alice = Connect("", "", kAliceToken);
   bob = Connect("", "", kBobToken);
   bob_cannot_reach();
+  v1::StepRequest second;
+  second.set_job_id(job);
+  second.set_sequence(2);
+  SyntheticTaskOptions task_options;
+  task_options.batch_size = 8;
+  *second.add_micro_batches() = SyntheticTask(task_options).NextBatch();
+  ASSERT_TRUE(alice->Step(second).ok());
+  series_name_alice();
   EXPECT_TRUE(alice->DeleteJob(job).ok());
 }
 
@@ -435,6 +464,17 @@ TEST_F(SecurityTest, AmpctlTrainsOverMutualTlsWithATokenFromTheEnvironment) {
                  kCommandDeadline);
   EXPECT_EQ(refused.status.code, 1);
   EXPECT_TRUE(absl::StrContains(refused.err, "UNAUTHENTICATED")) << refused.err;
+}
+
+TEST_F(SecurityTest, ReflectionCanBeTurnedOffAndProbesStayOpen) {
+  Start({"--auth-tokens=" + WriteTenants(), "--reflection=false"});
+  std::unique_ptr<Client> anonymous = Connect("", "");
+  EXPECT_TRUE(Serving(*anonymous));
+  const grpc::Status reflected = ListServices(*anonymous);
+  EXPECT_EQ(reflected.error_code(), grpc::StatusCode::UNIMPLEMENTED) << reflected.error_message();
+  // Training is unaffected.
+  std::unique_ptr<Client> alice = Connect("", "", kAliceToken);
+  EXPECT_FALSE(Train(*alice).empty());
 }
 
 TEST_F(SecurityTest, OpenServerWarnsAtStart) {

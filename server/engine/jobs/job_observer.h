@@ -12,7 +12,10 @@ namespace ampd::engine {
 class JobObserver {
  public:
   virtual ~JobObserver() = default;
-  virtual void OnJobCreated(const std::string& job_id, const JobConfig& config) = 0;
+  // `tenant` is the job's owner ("" on a server without tenants); it never
+  // changes, so observers may label everything of the job with it.
+  virtual void OnJobCreated(const std::string& job_id, const std::string& tenant,
+                            const JobConfig& config) = 0;
   virtual void OnStep(const std::string& job_id, const StepReport& report) = 0;
   virtual void OnJobDeleted(const std::string& job_id) = 0;
 };

@@ -320,7 +320,8 @@ void JobRegistry::CreateJob(const std::string& owner, JobConfig config, std::str
     JobSnapshot snapshot = job->Snapshot();
     LogEvent(absl::StrCat("job ", job->id(), " created (", snapshot.parameter_count,
                           " parameters, ", model::PrecisionName(snapshot.config.precision), ")"));
-    if (options_.observer != nullptr) options_.observer->OnJobCreated(job->id(), snapshot.config);
+    if (options_.observer != nullptr)
+      options_.observer->OnJobCreated(job->id(), job->owner(), snapshot.config);
     ReportMemory();
     done(std::move(snapshot));
   });
@@ -528,7 +529,7 @@ int JobRegistry::RestoreInParallel(const std::vector<std::shared_ptr<Job>>& jobs
       if (s.ok()) {
         const JobSnapshot snapshot = job->Snapshot();
         if (options_.observer != nullptr) {
-          options_.observer->OnJobCreated(job->id(), snapshot.config);
+          options_.observer->OnJobCreated(job->id(), job->owner(), snapshot.config);
         }
         LogEvent(absl::StrCat("job ", job->id(), " restored at step ", snapshot.step));
       } else {
