@@ -83,6 +83,9 @@ ABSL_FLAG(int32_t, tls_reload_interval_s, 60,
 ABSL_FLAG(std::string, auth_tokens, "",
           "Tenants file: 'TENANT SHA256_HEX_OF_TOKEN [max_jobs=N] [max_memory_bytes=N]' a line; "
           "every Trainer call must then send 'authorization: Bearer TOKEN'. Empty: open server");
+ABSL_FLAG(bool, tenant_from_client_cert, false,
+          "With --tls-client-ca and --auth-tokens: a verified client certificate whose subject "
+          "common name is a tenant's name is that tenant, without a token");
 ABSL_FLAG(int64_t, shutdown_timeout_ms, 30000,
           "On SIGTERM, how long in-flight calls may take to finish before they are cancelled");
 
@@ -171,7 +174,23 @@ int Run() {
                    std::string(tenants.status().message()).c_str());
       return 1;
     }
-    authenticator = ampd::rpc::Authenticator(*std::move(tenants));
+    authenticator =
+        ampd::rpc::Authenticator(*std::move(tenants), absl::GetFlag(FLAGS_tenant_from_client_cert));
+  }
+  if (absl::GetFlag(FLAGS_tenant_from_client_cert) &&
+      (authenticator.open() || absl::GetFlag(FLAGS_tls_client_ca).empty())) {
+    std::fprintf(stderr,
+                 "ampd: --tenant-from-client-cert needs --auth-tokens and --tls-client-ca\n");
+    return 1;
+  }
+  for (const ampd::rpc::Tenant& tenant : authenticator.tenants()) {
+    if (!tenant.has_token && !authenticator.tenant_from_client_cert()) {
+      std::fprintf(stderr,
+                   "ampd: --auth-tokens: tenant '%s' has no token ('-') and could never call "
+                   "without --tenant-from-client-cert\n",
+                   tenant.name.c_str());
+      return 1;
+    }
   }
   ampd::engine::RegistryOptions options;
   options.device = device;

@@ -1,4 +1,5 @@
-// Tenants file parsing and constant-time token checks; see auth.h.
+// Tenants file parsing, constant-time token checks and certificate-named
+// tenants; see auth.h.
 #include "server/rpc/auth.h"
 
 #include <openssl/crypto.h>
@@ -87,7 +88,7 @@ absl::StatusOr<std::vector<Tenant>> ParseTenants(absl::string_view text) {
         absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty());
     if (fields.empty()) continue;
     if (fields.size() < 2) {
-      return fail("expected 'TENANT SHA256_HEX_OF_TOKEN [max_jobs=N] [max_memory_bytes=N]'");
+      return fail("expected 'TENANT SHA256_HEX_OF_TOKEN|- [max_jobs=N] [max_memory_bytes=N]'");
     }
     Tenant tenant;
     tenant.name = std::string(fields[0]);
@@ -98,12 +99,16 @@ absl::StatusOr<std::vector<Tenant>> ParseTenants(absl::string_view text) {
     if (!names.insert(tenant.name).second) {
       return fail(absl::StrCat("tenant '", tenant.name, "' is listed twice"));
     }
-    absl::StatusOr<TokenDigest> digest = ParseDigest(fields[1]);
-    if (!digest.ok()) return fail(digest.status().message());
-    if (!digests.insert(*digest).second) {
-      return fail("this token digest is already another tenant's");
+    if (fields[1] == "-") {
+      tenant.has_token = false;
+    } else {
+      absl::StatusOr<TokenDigest> digest = ParseDigest(fields[1]);
+      if (!digest.ok()) return fail(digest.status().message());
+      if (!digests.insert(*digest).second) {
+        return fail("this token digest is already another tenant's");
+      }
+      tenant.token_sha256 = *digest;
     }
-    tenant.token_sha256 = *digest;
     bool seen_jobs = false;
     bool seen_memory = false;
     for (size_t i = 2; i < fields.size(); ++i) {
@@ -154,23 +159,51 @@ absl::StatusOr<std::vector<Tenant>> LoadTenantsFile(const std::string& path) {
   return tenants;
 }
 
-Authenticator::Authenticator(std::vector<Tenant> tenants) : tenants_(std::move(tenants)) {}
+Authenticator::Authenticator(std::vector<Tenant> tenants, bool tenant_from_client_cert)
+    : tenants_(std::move(tenants)), tenant_from_client_cert_(tenant_from_client_cert) {}
+
+const Tenant* Authenticator::FindTenant(absl::string_view name) const {
+  for (const Tenant& tenant : tenants_) {
+    if (tenant.name == name) return &tenant;
+  }
+  return nullptr;
+}
 
 absl::StatusOr<std::string> Authenticator::Authenticate(
     const grpc::ServerContextBase& context) const {
   if (open()) return std::string();
+  // Only a certificate the handshake verified against --tls-client-ca
+  // counts; its common name is the subject's last CN.
+  std::optional<std::string> certificate_name;
+  if (tenant_from_client_cert_) {
+    const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+    if (auth != nullptr && auth->IsPeerAuthenticated()) {
+      const std::vector<grpc::string_ref> names = auth->FindPropertyValues("x509_common_name");
+      if (!names.empty()) certificate_name.emplace(names.back().data(), names.back().size());
+    }
+  }
   const auto& metadata = context.client_metadata();
   const auto [begin, end] = metadata.equal_range("authorization");
-  if (begin == end) return AuthenticateHeader(std::nullopt);
+  if (begin == end) return AuthenticateHeader(std::nullopt, false, certificate_name);
   return AuthenticateHeader(absl::string_view(begin->second.data(), begin->second.size()),
-                            std::next(begin) != end);
+                            std::next(begin) != end, certificate_name);
 }
 
 absl::StatusOr<std::string> Authenticator::AuthenticateHeader(
-    std::optional<absl::string_view> authorization, bool repeated) const {
+    std::optional<absl::string_view> authorization, bool repeated,
+    std::optional<absl::string_view> certificate_name) const {
   if (open()) return std::string();
+  // A certificate whose name is no tenant's (a gateway's, say) neither
+  // admits nor refuses: the token decides.
+  const Tenant* certified = (tenant_from_client_cert_ && certificate_name.has_value())
+                                ? FindTenant(*certificate_name)
+                                : nullptr;
   if (!authorization.has_value()) {
-    return Unauthenticated("missing 'authorization: Bearer TOKEN' metadata");
+    if (certified != nullptr) return certified->name;
+    return Unauthenticated(tenant_from_client_cert_
+                               ? "missing 'authorization: Bearer TOKEN' metadata, and no client "
+                                 "certificate naming a tenant"
+                               : "missing 'authorization: Bearer TOKEN' metadata");
   }
   if (repeated) return Unauthenticated("more than one authorization metadata entry");
   // The scheme is case-insensitive (RFC 6750 follows RFC 7235).
@@ -187,9 +220,13 @@ absl::StatusOr<std::string> Authenticator::AuthenticateHeader(
   for (const Tenant& tenant : tenants_) {
     const bool equal =
         CRYPTO_memcmp(presented.data(), tenant.token_sha256.data(), presented.size()) == 0;
-    if (equal) match = &tenant;
+    if (equal && tenant.has_token) match = &tenant;
   }
   if (match == nullptr) return Unauthenticated("unknown token");
+  // A certificate issued to one tenant never carries another's token.
+  if (certified != nullptr && certified != match) {
+    return Unauthenticated("the token and the client certificate name different tenants");
+  }
   return match->name;
 }
 

@@ -44,7 +44,9 @@ constexpr auto kCommandDeadline = std::chrono::seconds(60);
 // Makes the certificates under `dir`: ca.{crt,key}, other-ca.{crt,key},
 // server.{crt,key} (signed by ca, SANs 127.0.0.1 and localhost),
 // server2.{crt,key} (the same, signed by other-ca: a rotated certificate),
-// client.{crt,key} (signed by ca) and rogue.{crt,key} (signed by other-ca).
+// client.{crt,key} (signed by ca), rogue.{crt,key} (signed by other-ca), and
+// alice, carol and dave.{crt,key} (signed by ca, the subject's CN their
+// name: client certificates that name a tenant, or no tenant for carol).
 // EC keys: generated in milliseconds.
 constexpr char kMakeCertificates[] = R"(set -e
 cd "$1"
@@ -69,6 +71,9 @@ leaf server2 other-ca "subjectAltName=IP:127.0.0.1,DNS:localhost
 extendedKeyUsage=serverAuth"
 leaf client ca "extendedKeyUsage=clientAuth"
 leaf rogue other-ca "extendedKeyUsage=clientAuth"
+leaf alice ca "extendedKeyUsage=clientAuth"
+leaf carol ca "extendedKeyUsage=clientAuth"
+leaf dave ca "extendedKeyUsage=clientAuth"
 )";
 
 // Tokens of the tenants file (only their SHA-256, computed by sha256sum,
@@ -466,6 +471,65 @@ TEST_F(SecurityTest, AmpctlTrainsOverMutualTlsWithATokenFromTheEnvironment) {
   EXPECT_TRUE(absl::StrContains(refused.err, "UNAUTHENTICATED")) << refused.err;
 }
 
+// With --tenant-from-client-cert, a verified certificate's common name is
+// the tenant: alice calls with her certificate alone, dave (listed with "-")
+// has no token at all, and a certificate never carries another tenant's
+// token.
+TEST_F(SecurityTest, AClientCertificateCanNameTheTenant) {
+  const std::string path = (dir_.path() / "tenants").string();
+  std::ofstream(path) << "alice " << Sha256Hex(kAliceToken) << "\n"
+                      << "bob " << Sha256Hex(kBobToken) << "\n"
+                      << "dave -  # certificate only\n";
+  std::vector<std::string> flags = TlsFlags(/*mutual=*/true);
+  flags.push_back("--auth-tokens=" + path);
+  flags.push_back("--tenant-from-client-cert");
+  Start(flags);
+
+  std::unique_ptr<Client> alice_by_cert = Connect("ca.crt", "alice");
+  const std::string job = Train(*alice_by_cert);
+  ASSERT_FALSE(job.empty());
+  // The same tenant as alice's token (through a certificate naming nobody).
+  std::unique_ptr<Client> alice_by_token = Connect("ca.crt", "carol", kAliceToken);
+  absl::StatusOr<v1::Job> seen = alice_by_token->GetJob(job);
+  ASSERT_TRUE(seen.ok()) << seen.status();
+  EXPECT_EQ(seen->step(), 1);
+  // bob's token through a certificate naming nobody is bob, who sees nothing.
+  std::unique_ptr<Client> bob = Connect("ca.crt", "carol", kBobToken);
+  ExpectNoJob(bob->GetJob(job).status(), job);
+
+  std::unique_ptr<Client> dave = Connect("ca.crt", "dave");
+  EXPECT_FALSE(Train(*dave).empty());
+  absl::StatusOr<std::vector<v1::Job>> daves = dave->ListAllJobs();
+  ASSERT_TRUE(daves.ok()) << daves.status();
+  EXPECT_EQ(daves->size(), 1u);
+
+  // A certificate naming no tenant, with no token: refused.
+  ExpectUnauthenticated(Connect("ca.crt", "carol")->ListJobs(0, "").status());
+  // alice's certificate with bob's token: refused, whoever holds both.
+  ExpectUnauthenticated(Connect("ca.crt", "alice", kBobToken)->GetJob(job).status());
+  // dave has no token: nothing typed after "Bearer" is his.
+  ExpectUnauthenticated(Connect("ca.crt", "carol", "-")->ListJobs(0, "").status());
+}
+
+TEST_F(SecurityTest, CertificateNamedTenantsNeedMutualTlsAndTheFlag) {
+  const std::string path = (dir_.path() / "tenants").string();
+  std::ofstream(path) << "alice " << Sha256Hex(kAliceToken) << "\ndave -\n";
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--auth-tokens=" + path, "--tenant-from-client-cert"},
+       "--tenant-from-client-cert needs --auth-tokens and --tls-client-ca"},
+      {{"--auth-tokens=" + path}, "tenant 'dave' has no token"}};
+  int i = 0;
+  for (const auto& [flags, expected] : cases) {
+    SCOPED_TRACE(expected);
+    const std::filesystem::path log = dir_.path() / absl::StrCat("ampd-", i++, ".log");
+    AmpdProcess server(AMPD_SERVER_BINARY, flags, log);
+    EXPECT_EQ(server.port(), 0);
+    const ExitStatus exit = server.Wait(kCommandDeadline);
+    EXPECT_TRUE(exit.exited && exit.code == 1) << exit.ToString();
+    EXPECT_TRUE(absl::StrContains(server.Log(), expected)) << server.Log();
+  }
+}
+
 TEST_F(SecurityTest, ReflectionCanBeTurnedOffAndProbesStayOpen) {
   Start({"--auth-tokens=" + WriteTenants(), "--reflection=false"});
   std::unique_ptr<Client> anonymous = Connect("", "");
@@ -580,6 +644,38 @@ TEST(AuthenticatorTest, ChecksTheBearerTokenAgainstDigests) {
             absl::StatusCode::kUnauthenticated);
   // Open: everyone passes, as the empty tenant.
   EXPECT_EQ(rpc::Authenticator().AuthenticateHeader(std::nullopt).value_or("?"), "");
+}
+
+TEST(AuthenticatorTest, ACertificateNamesItsTenantOnlyWhenAllowed) {
+  absl::StatusOr<std::vector<rpc::Tenant>> tenants =
+      rpc::ParseTenants(absl::StrCat("alice ", std::string(64, 'a'), "\ndave - max_jobs=2\n"));
+  ASSERT_TRUE(tenants.ok()) << tenants.status();
+  ASSERT_EQ(tenants->size(), 2u);
+  EXPECT_TRUE((*tenants)[0].has_token);
+  EXPECT_FALSE((*tenants)[1].has_token);
+  EXPECT_EQ((*tenants)[1].max_jobs, 2);
+  // Two tenants without a token are no duplicate digest.
+  EXPECT_TRUE(rpc::ParseTenants("dave -\nerin -\n").ok());
+
+  const std::vector<rpc::Tenant> listed = {
+      rpc::Tenant{.name = "alice", .token_sha256 = rpc::Sha256("abc")},
+      rpc::Tenant{.name = "dave", .has_token = false}};
+  const rpc::Authenticator by_cert(listed, /*tenant_from_client_cert=*/true);
+  EXPECT_EQ(by_cert.AuthenticateHeader(std::nullopt, false, "alice").value_or("?"), "alice");
+  EXPECT_EQ(by_cert.AuthenticateHeader(std::nullopt, false, "dave").value_or("?"), "dave");
+  EXPECT_EQ(by_cert.AuthenticateHeader("Bearer abc", false, "carol").value_or("?"), "alice");
+  EXPECT_EQ(by_cert.AuthenticateHeader("Bearer abc", false, "alice").value_or("?"), "alice");
+  EXPECT_EQ(by_cert.AuthenticateHeader(std::nullopt, false, "carol").status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(by_cert.AuthenticateHeader("Bearer abc", false, "dave").status().code(),
+            absl::StatusCode::kUnauthenticated);
+  // The all-zero digest a tokenless tenant holds matches no token.
+  EXPECT_EQ(by_cert.AuthenticateHeader("Bearer -", false, std::nullopt).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  // Without the option a certificate's name counts for nothing.
+  const rpc::Authenticator by_token(listed);
+  EXPECT_EQ(by_token.AuthenticateHeader(std::nullopt, false, "alice").status().code(),
+            absl::StatusCode::kUnauthenticated);
 }
 
 }  // namespace
