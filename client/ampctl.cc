@@ -39,6 +39,9 @@ ABSL_FLAG(std::string, tls_ca, "", "PEM CA that signed the server's certificate:
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM client certificate, for a server with --tls-client-ca (with --tls-key)");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "Name the server's certificate must carry when it is not --server's host (with "
+          "--tls-ca)");
 ABSL_FLAG(bool, json, false, "Machine-readable output (one JSON object per line)");
 ABSL_FLAG(std::string, job, "", "Job id (state export/import, jobs get/delete)");
 ABSL_FLAG(std::string, out, "", "Output file (state export)");
@@ -441,6 +444,11 @@ int main(int argc, char** argv) {
                              absl::GetFlag(FLAGS_tls_key), options);
       !s.ok()) {
     std::fprintf(stderr, "ampctl: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  if (!options.tls_server_name.empty() && !options.tls) {
+    std::fprintf(stderr, "ampctl: --tls-server-name needs --tls-ca\n");
     return 2;
   }
   std::unique_ptr<ampd::Client> client =

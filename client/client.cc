@@ -132,6 +132,7 @@ std::unique_ptr<Client> Client::Connect(const std::string& target, ClientOptions
     ssl.pem_cert_chain = options.tls_cert_pem;
     ssl.pem_private_key = options.tls_key_pem;
     credentials = grpc::SslCredentials(ssl);
+    if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
   }
   return std::make_unique<Client>(grpc::CreateCustomChannel(target, credentials, args), options);
 }

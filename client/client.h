@@ -40,6 +40,10 @@ struct ClientOptions {
   std::string tls_ca_pem;
   std::string tls_cert_pem;
   std::string tls_key_pem;
+  // The name the server's certificate must carry, when it is not the
+  // target's host (e.g. a probe dialling 127.0.0.1 inside the pod of a
+  // server whose certificate names only its service). Empty: the host.
+  std::string tls_server_name;
 };
 
 // Reads PEM files into `options` and turns TLS on when any path is set

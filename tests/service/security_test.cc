@@ -46,7 +46,9 @@ constexpr auto kCommandDeadline = std::chrono::seconds(60);
 // server2.{crt,key} (the same, signed by other-ca: a rotated certificate),
 // client.{crt,key} (signed by ca), rogue.{crt,key} (signed by other-ca), and
 // alice, carol and dave.{crt,key} (signed by ca, the subject's CN their
-// name: client certificates that name a tenant, or no tenant for carol).
+// name: client certificates that name a tenant, or no tenant for carol), and
+// service.{crt,key} (signed by ca, naming only DNS:ampd.internal, as a
+// cluster service's certificate would).
 // EC keys: generated in milliseconds.
 constexpr char kMakeCertificates[] = R"(set -e
 cd "$1"
@@ -74,6 +76,8 @@ leaf rogue other-ca "extendedKeyUsage=clientAuth"
 leaf alice ca "extendedKeyUsage=clientAuth"
 leaf carol ca "extendedKeyUsage=clientAuth"
 leaf dave ca "extendedKeyUsage=clientAuth"
+leaf service ca "subjectAltName=DNS:ampd.internal
+extendedKeyUsage=serverAuth"
 )";
 
 // Tokens of the tenants file (only their SHA-256, computed by sha256sum,
@@ -528,6 +532,36 @@ TEST_F(SecurityTest, CertificateNamedTenantsNeedMutualTlsAndTheFlag) {
     EXPECT_TRUE(exit.exited && exit.code == 1) << exit.ToString();
     EXPECT_TRUE(absl::StrContains(server.Log(), expected)) << server.Log();
   }
+}
+
+// The deployment's health probe: ampctl inside the pod dials 127.0.0.1, and
+// the server's certificate names only the service, so the probe says which
+// name to verify; with mutual TLS it shows its own certificate, no token.
+TEST_F(SecurityTest, ALoopbackProbeVerifiesTheServicesCertificateByName) {
+  Start({"--tls-cert=" + Path("service.crt"), "--tls-key=" + Path("service.key"),
+         "--tls-client-ca=" + Path("ca.crt"), "--auth-tokens=" + WriteTenants()});
+  const std::string probe =
+      absl::StrCat(AMPCTL_BINARY, " --server=127.0.0.1:", server_->port(),
+                   " --tls-ca=", Path("ca.crt"), " --tls-cert=", Path("client.crt"),
+                   " --tls-key=", Path("client.key"), " --deadline-ms=10000");
+  const CommandResult named = RunCommand(
+      {"/bin/sh", "-c", probe + " --tls-server-name=ampd.internal health"}, kCommandDeadline);
+  EXPECT_EQ(named.status.code, 0) << named.out << named.err;
+  EXPECT_TRUE(absl::StrContains(named.out, "SERVING")) << named.out;
+  // Without the name the certificate does not match 127.0.0.1.
+  const CommandResult unnamed = RunCommand({"/bin/sh", "-c", probe + " health"}, kCommandDeadline);
+  EXPECT_NE(unnamed.status.code, 0) << unnamed.out;
+  // Nor does another name.
+  const CommandResult wrong = RunCommand(
+      {"/bin/sh", "-c", probe + " --tls-server-name=other.internal health"}, kCommandDeadline);
+  EXPECT_NE(wrong.status.code, 0) << wrong.out;
+  // A name without TLS is a usage error.
+  const CommandResult usage =
+      RunCommand({"/bin/sh", "-c",
+                  absl::StrCat(AMPCTL_BINARY, " --server=127.0.0.1:1 --tls-server-name=x health")},
+                 kCommandDeadline);
+  EXPECT_EQ(usage.status.code, 2);
+  EXPECT_TRUE(absl::StrContains(usage.err, "--tls-server-name needs --tls-ca")) << usage.err;
 }
 
 TEST_F(SecurityTest, ReflectionCanBeTurnedOffAndProbesStayOpen) {
