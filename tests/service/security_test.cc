@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -454,6 +455,56 @@ TEST_F(SecurityTest, TenantQuotasHoldBesideTheServerWideLimits) {
   absl::StatusOr<std::vector<v1::Job>> bobs = bob->ListAllJobs();
   ASSERT_TRUE(bobs.ok()) << bobs.status();
   EXPECT_TRUE(bobs->empty());
+}
+
+// Quotas hold at restore too: a tenant whose quota shrank over a restart
+// gets back only as many jobs as it allows (the most recently written); the others stay on disk,
+// logged, and come back once the quota allows them. Other tenants' jobs are unaffected.
+TEST_F(SecurityTest, TenantQuotasHoldWhenJobsAreRestored) {
+  const std::string state_dir = (dir_.path() / "state").string();
+  const std::string path = (dir_.path() / "restore-tenants").string();
+  const auto write_tenants = [&](int alice_max_jobs) {
+    std::ofstream(path) << "alice " << Sha256Hex(kAliceToken) << " max_jobs=" << alice_max_jobs
+                        << "\n"
+                        << "bob " << Sha256Hex(kBobToken) << "\n";
+  };
+  write_tenants(3);
+  const std::vector<std::string> flags = {"--auth-tokens=" + path, "--state-dir=" + state_dir};
+  Start(flags);
+  std::vector<std::string> alices;
+  for (int i = 0; i < 3; ++i) {
+    alices.push_back(Train(*Connect("", "", kAliceToken)));
+    ASSERT_FALSE(alices.back().empty());
+  }
+  const std::string bobs = Train(*Connect("", "", kBobToken));
+  ASSERT_FALSE(bobs.empty());
+  ASSERT_EQ(server_->Terminate(std::chrono::seconds(60)).code, 0) << server_->Describe();
+
+  write_tenants(1);
+  Start(flags);
+  absl::StatusOr<std::vector<v1::Job>> restored = Connect("", "", kAliceToken)->ListAllJobs();
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  // Which one is the most recently written checkpoint's (SIGTERM writes
+  // them all, in parallel); the other two stay behind.
+  ASSERT_EQ(restored->size(), 1u);
+  EXPECT_TRUE(absl::c_linear_search(alices, (*restored)[0].job_id()));
+  EXPECT_TRUE(Connect("", "", kBobToken)->GetJob(bobs).ok());
+  for (const std::string& job : alices) {
+    if (job == (*restored)[0].job_id()) continue;
+    EXPECT_TRUE(absl::StrContains(server_->Log(), absl::StrCat("job ", job, " not restored")))
+        << server_->Log();
+    EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(state_dir) / (job + ".safetensors")))
+        << job;
+  }
+  ASSERT_EQ(server_->Terminate(std::chrono::seconds(60)).code, 0) << server_->Describe();
+
+  // With room again, every job is back, at the step it had.
+  write_tenants(3);
+  Start(flags);
+  restored = Connect("", "", kAliceToken)->ListAllJobs();
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(restored->size(), 3u);
+  for (const v1::Job& job : *restored) EXPECT_EQ(job.step(), 1) << job.job_id();
 }
 
 TEST_F(SecurityTest, AmpctlTrainsOverMutualTlsWithATokenFromTheEnvironment) {
