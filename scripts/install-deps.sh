@@ -12,6 +12,7 @@ packages=(
   openssl  # tests/service/security_test.cc makes its certificates with it
   prometheus  # promtool and a real Prometheus for the metrics tests
   python3-yaml  # tests/metrics/validate_deploy.py parses the compose and k8s YAML
+  python3-grpcio python3-protobuf  # Python clients of the generated stubs (tests/python)
   curl
   clang libclang-rt-14-dev  # libFuzzer, ASan and UBSan for scripts/fuzz.sh
 )
