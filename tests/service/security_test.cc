@@ -49,7 +49,8 @@ constexpr auto kCommandDeadline = std::chrono::seconds(60);
 // alice, carol and dave.{crt,key} (signed by ca, the subject's CN their
 // name: client certificates that name a tenant, or no tenant for carol), and
 // service.{crt,key} (signed by ca, naming only DNS:ampd.internal, as a
-// cluster service's certificate would).
+// cluster service's certificate would), and expired.{crt,key} (signed by
+// ca, its validity over a day before it was made).
 // EC keys: generated in milliseconds.
 constexpr char kMakeCertificates[] = R"(set -e
 cd "$1"
@@ -79,6 +80,11 @@ leaf carol ca "extendedKeyUsage=clientAuth"
 leaf dave ca "extendedKeyUsage=clientAuth"
 leaf service ca "subjectAltName=DNS:ampd.internal
 extendedKeyUsage=serverAuth"
+# expired: signed by ca, valid until a day before it was made.
+key expired
+openssl req -new -key expired.key -out expired.csr -subj "/CN=expired"
+openssl x509 -req -in expired.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days -1 \
+  -extfile client.ext -out expired.crt
 )";
 
 // Tokens of the tenants file (only their SHA-256, computed by sha256sum,
@@ -263,14 +269,14 @@ TEST_F(SecurityTest, RotatedCertificateFilesApplyWithoutARestart) {
   EXPECT_EQ(server_->Terminate(kCommandDeadline).code, 0);
 }
 
-TEST_F(SecurityTest, MutualTlsRefusesMissingOrForeignClientCertificates) {
+TEST_F(SecurityTest, MutualTlsRefusesMissingForeignOrExpiredClientCertificates) {
   Start(TlsFlags(/*mutual=*/true));
   std::unique_ptr<Client> good = Connect("ca.crt", "client");
   EXPECT_TRUE(Serving(*good));
   EXPECT_FALSE(Train(*good).empty());
 
-  for (const std::string cert : {"", "rogue"}) {
-    SCOPED_TRACE(cert.empty() ? "no client certificate" : "certificate of another CA");
+  for (const std::string cert : {"", "rogue", "expired"}) {
+    SCOPED_TRACE(cert.empty() ? "no client certificate" : cert);
     std::unique_ptr<Client> refused = Connect("ca.crt", cert);
     absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> health = refused->Health();
     EXPECT_EQ(health.status().code(), absl::StatusCode::kUnavailable) << health.status();
