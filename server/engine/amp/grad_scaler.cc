@@ -1,8 +1,11 @@
-// GradScaler policies, validation and state dicts. Every update rule below is
-// transcribed from SCALER.md and, where it leaves a detail open, from the
-// framework's own source (torch/amp/grad_scaler.py and _amp_update_scale_,
-// paddle/amp/grad_scaler.py, deepspeed/runtime/fp16/loss_scaler.py,
+// GradScaler policies, validation and state dicts. Every update rule below
+// is transcribed from the framework's own source (torch/amp/grad_scaler.py
+// and _amp_update_scale_, paddle/amp/grad_scaler.py,
+// deepspeed/runtime/fp16/loss_scaler.py,
 // megatron/core/optimizer/grad_scaler.py); the header lists the choices.
+// Each policy's state dict keys, and the frameworks' names for config
+// fields, are one table per policy (PolicySpecs) that the exporter, the
+// loader and the messages all read.
 #include "server/engine/amp/grad_scaler.h"
 
 #include <algorithm>
@@ -528,7 +531,8 @@ ScalerConfig ScalerConfig::Defaults(ScalerPolicy policy) {
       // backoff_factor=0.5, growth_interval=2000).
       break;
     case ScalerPolicy::kPaddle:
-      // Seed 003's documented signature.
+      // paddle.amp.GradScaler's documented signature: init_loss_scaling
+      // 2^15, incr_every_n_steps 1000, decr_every_n_nan_or_inf 2.
       config.init_scale = 32768.0;
       config.growth_interval = 1000;
       config.hysteresis = 2;
@@ -632,7 +636,7 @@ float GradScaler::Grown() const {
   if (config_.max_scale.has_value()) {
     grown = std::min(grown, static_cast<float>(*config_.max_scale));
   }
-  // PyTorch PR 98876: never grow to inf.
+  // As PyTorch's _amp_update_scale_: never grow to inf.
   return std::isfinite(grown) ? grown : scale_;
 }
 
@@ -711,9 +715,11 @@ absl::Status GradScaler::UpdateDeepSpeed(bool found_inf) {
     last_overflow_iteration_ = iteration_;
   } else {
     if (config_.consecutive_hysteresis) hysteresis_left_ = config_.hysteresis;
-    // SCALER.md's (iter - last_overflow_iter - 1) with iter counted from 1 for
-    // the step being taken, i.e. DeepSpeed's cur_iter before its increment.
-    // It is always > 0 here, since last_overflow_iter < cur_iter.
+    // Grows after exactly growth_interval good steps since the last
+    // overflow: (iter - last_overflow_iter - 1) with iter counted from 1 for
+    // the step being taken is DeepSpeed's cur_iter - last_overflow_iter
+    // before its increment. It is always > 0 here, since
+    // last_overflow_iter < cur_iter.
     if ((iteration_ - last_overflow_iteration_) % config_.growth_interval == 0) {
       if (!config_.consecutive_hysteresis) hysteresis_left_ = config_.hysteresis;
       scale_ = Grown();

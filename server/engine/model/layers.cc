@@ -1,6 +1,7 @@
 // Forward and backward of every layer kind through the Backend. The layer
 // math itself is in kernels/; this file wires activations, gradients and
-// parameters together in the order SCALER.md's step needs.
+// parameters together in the order a mixed-precision step needs (cast the
+// master weights, forward, scaled backward, then unscale and update).
 #include "server/engine/model/layers.h"
 
 #include <utility>
