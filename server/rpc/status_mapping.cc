@@ -1,9 +1,11 @@
 // absl::Status -> grpc::Status with a google.rpc.ErrorInfo in its details,
-// and gRPC code names for metrics.
+// and gRPC code names for metrics. The code itself is a cast; what is ampd's
+// own is the reason every error carries and the cut of long messages.
 #include "server/rpc/status_mapping.h"
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -19,6 +21,13 @@ namespace {
 // below a client's default 4 MiB receive limit, and well below HTTP/2 header
 // limits (trailers carry them).
 constexpr size_t kMaxMessageBytes = 1024;
+
+// absl::StatusCode and grpc::StatusCode number the same canonical codes,
+// OK (0) to UNAUTHENTICATED (16): a code converts by a cast.
+constexpr int kCanonicalCodes = static_cast<int>(grpc::StatusCode::UNAUTHENTICATED) + 1;
+static_assert(static_cast<int>(absl::StatusCode::kUnauthenticated) + 1 == kCanonicalCodes);
+static_assert(static_cast<int>(absl::StatusCode::kInvalidArgument) ==
+              static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
 
 // "config.optimizer.lr: must be finite" -> "config.optimizer.lr": the
 // field-path prefix every InvalidArgument of ampd starts with, when there is
@@ -58,63 +67,8 @@ ErrorReason ReasonOf(const absl::Status& status, grpc::StatusCode code) {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  grpc::StatusCode code = grpc::StatusCode::UNKNOWN;
-  switch (status.code()) {
-    case absl::StatusCode::kOk:
-      return grpc::Status::OK;
-    case absl::StatusCode::kCancelled:
-      code = grpc::StatusCode::CANCELLED;
-      break;
-    case absl::StatusCode::kUnknown:
-      code = grpc::StatusCode::UNKNOWN;
-      break;
-    case absl::StatusCode::kInvalidArgument:
-      code = grpc::StatusCode::INVALID_ARGUMENT;
-      break;
-    case absl::StatusCode::kDeadlineExceeded:
-      code = grpc::StatusCode::DEADLINE_EXCEEDED;
-      break;
-    case absl::StatusCode::kNotFound:
-      code = grpc::StatusCode::NOT_FOUND;
-      break;
-    case absl::StatusCode::kAlreadyExists:
-      code = grpc::StatusCode::ALREADY_EXISTS;
-      break;
-    case absl::StatusCode::kPermissionDenied:
-      code = grpc::StatusCode::PERMISSION_DENIED;
-      break;
-    case absl::StatusCode::kResourceExhausted:
-      code = grpc::StatusCode::RESOURCE_EXHAUSTED;
-      break;
-    case absl::StatusCode::kFailedPrecondition:
-      code = grpc::StatusCode::FAILED_PRECONDITION;
-      break;
-    case absl::StatusCode::kAborted:
-      code = grpc::StatusCode::ABORTED;
-      break;
-    case absl::StatusCode::kOutOfRange:
-      code = grpc::StatusCode::OUT_OF_RANGE;
-      break;
-    case absl::StatusCode::kUnimplemented:
-      code = grpc::StatusCode::UNIMPLEMENTED;
-      break;
-    case absl::StatusCode::kInternal:
-      code = grpc::StatusCode::INTERNAL;
-      break;
-    case absl::StatusCode::kUnavailable:
-      code = grpc::StatusCode::UNAVAILABLE;
-      break;
-    // A corrupt checkpoint or state dict is the server's data, not the caller's.
-    case absl::StatusCode::kDataLoss:
-      code = grpc::StatusCode::DATA_LOSS;
-      break;
-    case absl::StatusCode::kUnauthenticated:
-      code = grpc::StatusCode::UNAUTHENTICATED;
-      break;
-    default:
-      code = grpc::StatusCode::UNKNOWN;
-      break;
-  }
+  // code() is always canonical (absl reads any other raw code as kUnknown).
+  const auto code = static_cast<grpc::StatusCode>(status.code());
   std::string message(status.message());
   if (message.size() > kMaxMessageBytes) {
     message = absl::StrCat(message.substr(0, kMaxMessageBytes), "...(", message.size(), " bytes)");
@@ -132,44 +86,16 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 }
 
 absl::string_view GrpcCodeName(grpc::StatusCode code) {
-  switch (code) {
-    case grpc::StatusCode::OK:
-      return "OK";
-    case grpc::StatusCode::CANCELLED:
-      return "CANCELLED";
-    case grpc::StatusCode::UNKNOWN:
-      return "UNKNOWN";
-    case grpc::StatusCode::INVALID_ARGUMENT:
-      return "INVALID_ARGUMENT";
-    case grpc::StatusCode::DEADLINE_EXCEEDED:
-      return "DEADLINE_EXCEEDED";
-    case grpc::StatusCode::NOT_FOUND:
-      return "NOT_FOUND";
-    case grpc::StatusCode::ALREADY_EXISTS:
-      return "ALREADY_EXISTS";
-    case grpc::StatusCode::PERMISSION_DENIED:
-      return "PERMISSION_DENIED";
-    case grpc::StatusCode::RESOURCE_EXHAUSTED:
-      return "RESOURCE_EXHAUSTED";
-    case grpc::StatusCode::FAILED_PRECONDITION:
-      return "FAILED_PRECONDITION";
-    case grpc::StatusCode::ABORTED:
-      return "ABORTED";
-    case grpc::StatusCode::OUT_OF_RANGE:
-      return "OUT_OF_RANGE";
-    case grpc::StatusCode::UNIMPLEMENTED:
-      return "UNIMPLEMENTED";
-    case grpc::StatusCode::INTERNAL:
-      return "INTERNAL";
-    case grpc::StatusCode::UNAVAILABLE:
-      return "UNAVAILABLE";
-    case grpc::StatusCode::DATA_LOSS:
-      return "DATA_LOSS";
-    case grpc::StatusCode::UNAUTHENTICATED:
-      return "UNAUTHENTICATED";
-    default:
-      return "UNKNOWN";
-  }
+  // absl spells every canonical code as gRPC does; kept so the views last.
+  static const auto* const names = [] {
+    auto* built = new std::vector<std::string>;
+    for (int i = 0; i < kCanonicalCodes; ++i) {
+      built->push_back(absl::StatusCodeToString(static_cast<absl::StatusCode>(i)));
+    }
+    return built;
+  }();
+  const int i = static_cast<int>(code);
+  return i >= 0 && i < kCanonicalCodes ? absl::string_view((*names)[i]) : "UNKNOWN";
 }
 
 }  // namespace ampd::rpc

@@ -1,6 +1,6 @@
-// GradScaler against SCALER.md: per policy, hand-written found_inf sequences
-// whose scale and tracker traces were worked out from the spec (and each
-// framework's source) by hand and written out below; validation; state
+// GradScaler against each framework's scaler: per policy, hand-written
+// found_inf sequences whose scale and tracker traces were worked out from
+// the framework's source by hand and written out below; validation; state
 // dicts; and a randomized comparison with a deliberately plain second
 // implementation kept in this file and sharing no code with the scaler.
 #include "server/engine/amp/grad_scaler.h"
@@ -416,8 +416,7 @@ TEST(Counters, PredictTheNextBackoffAndGrowthForEveryPolicy) {
           state = state * 6364136223846793005ULL + 1442695040888963407ULL;
           const ScalerUpdate update = Step(s, (state >> 33) % 3 == 0);
           EXPECT_EQ(update.counters.growth_tracker, s.counters().growth_tracker);
-          EXPECT_EQ(update.counters.overflows_until_backoff,
-                    s.counters().overflows_until_backoff);
+          EXPECT_EQ(update.counters.overflows_until_backoff, s.counters().overflows_until_backoff);
         }
       }
     }
@@ -946,7 +945,7 @@ TEST(StateDict, LoadedScaleMustRespectBounds) {
 
 // ----------------------------------------------- randomized vs. reference
 
-// A second implementation, written from SCALER.md and the frameworks'
+// A second implementation, written from the frameworks'
 // Python as directly as C++ allows, with no shared code: one struct per
 // policy, fields named as the framework names them. The capped-and-guarded
 // growth and the floored backoff are spelt out in each.
@@ -1057,7 +1056,8 @@ struct RefDeepSpeed {
       last_overflow_iter = cur_iter;
     } else {
       if (consecutive_hysteresis) cur_hysteresis = delayed_shift;
-      // SCALER.md's form: iter is this step's 1-based number.
+      // Counted as the step's 1-based number: growth after exactly
+      // scale_window good steps since the last overflow.
       const int64_t iter = cur_iter + 1;
       const int64_t n = iter - last_overflow_iter - 1;
       if (n > 0 && n % scale_window == 0) {

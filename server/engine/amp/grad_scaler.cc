@@ -1,8 +1,11 @@
-// GradScaler policies, validation and state dicts. Every update rule below is
-// transcribed from SCALER.md and, where it leaves a detail open, from the
-// framework's own source (torch/amp/grad_scaler.py and _amp_update_scale_,
-// paddle/amp/grad_scaler.py, deepspeed/runtime/fp16/loss_scaler.py,
+// GradScaler policies, validation and state dicts. Every update rule below
+// is transcribed from the framework's own source (torch/amp/grad_scaler.py
+// and _amp_update_scale_, paddle/amp/grad_scaler.py,
+// deepspeed/runtime/fp16/loss_scaler.py,
 // megatron/core/optimizer/grad_scaler.py); the header lists the choices.
+// Each policy's state dict keys, and the frameworks' names for config
+// fields, are one table per policy (PolicySpecs) that the exporter, the
+// loader and the messages all read.
 #include "server/engine/amp/grad_scaler.h"
 
 #include <algorithm>
@@ -10,7 +13,9 @@
 #include <cstdio>
 #include <limits>
 #include <set>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/charconv.h"
@@ -24,29 +29,6 @@ namespace {
 // Integers travel as doubles in a state dict; beyond 2^53 they stop being
 // exact, so a counter that large is corrupt rather than merely big.
 constexpr double kMaxExactInteger = 9007199254740992.0;  // 2^53
-
-// "growth_factor (paddle incr_ratio)": the ampd field first, so a message
-// always starts with the name a caller set, then the framework's own name
-// for readers coming from that framework.
-std::string Label(ScalerPolicy policy, absl::string_view field) {
-  absl::string_view alias;
-  if (policy == ScalerPolicy::kPaddle) {
-    if (field == "init_scale") alias = "paddle init_loss_scaling";
-    if (field == "growth_factor") alias = "paddle incr_ratio";
-    if (field == "backoff_factor") alias = "paddle decr_ratio";
-    if (field == "growth_interval") alias = "paddle incr_every_n_steps";
-    if (field == "hysteresis") alias = "paddle decr_every_n_nan_or_inf";
-  } else if (policy == ScalerPolicy::kDeepSpeed) {
-    if (field == "growth_factor") alias = "deepspeed scale_factor";
-    if (field == "growth_interval") alias = "deepspeed loss_scale_window";
-    if (field == "min_scale") alias = "deepspeed min_loss_scale";
-  } else if (policy == ScalerPolicy::kMegatron) {
-    if (field == "growth_interval") alias = "megatron loss_scale_window";
-    if (field == "min_scale") alias = "megatron min_loss_scale";
-  }
-  if (alias.empty()) return std::string(field);
-  return absl::StrCat(field, " (", alias, ")");
-}
 
 // A scale (init, floor, cap or loaded) must be a positive float32: the scale
 // lives in a float32, so a double that rounds to 0 or inf there is unusable.
@@ -81,44 +63,29 @@ absl::Status CheckAtLeastOne(int64_t value, absl::string_view name) {
   return absl::OkStatus();
 }
 
+// What a state value must be: any finite number, an integer exact in a
+// double, or a 0/1 flag.
+enum class ValueKind { kReal, kInteger, kFlag };
+
 // Reads one policy's keys out of a state, remembering which it used so that
 // keys from another policy can be refused afterwards.
 class StateReader {
  public:
   StateReader(const ScalerState& state, ScalerPolicy policy) : state_(state), policy_(policy) {}
 
-  absl::StatusOr<double> Real(const std::string& key) {
-    auto it = state_.find(key);
-    used_.insert(key);
-    if (it == state_.end()) {
+  // The value of `key`: present, finite and of its kind.
+  absl::StatusOr<double> Value(const std::string& key, ValueKind kind) {
+    AMPD_ASSIGN_OR_RETURN(const double value, Finite(key));
+    if (kind == ValueKind::kInteger &&
+        (std::trunc(value) != value || std::fabs(value) > kMaxExactInteger)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("scaler state: missing key '", key, "' (policy ", PolicyName(policy_), ")"));
+          absl::StrCat("scaler state: key '", key, "' must be an integer, got ", value));
     }
-    if (!std::isfinite(it->second)) {
+    if (kind == ValueKind::kFlag && value != 0.0 && value != 1.0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("scaler state: key '", key, "' must be finite, got ", it->second));
+          absl::StrCat("scaler state: key '", key, "' must be 0 or 1, got ", value));
     }
-    return it->second;
-  }
-
-  absl::StatusOr<int64_t> Integer(const std::string& key) {
-    absl::StatusOr<double> value = Real(key);
-    if (!value.ok()) return value.status();
-    if (std::trunc(*value) != *value || std::fabs(*value) > kMaxExactInteger) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("scaler state: key '", key, "' must be an integer, got ", *value));
-    }
-    return static_cast<int64_t>(*value);
-  }
-
-  absl::StatusOr<bool> Flag(const std::string& key) {
-    absl::StatusOr<double> value = Real(key);
-    if (!value.ok()) return value.status();
-    if (*value != 0.0 && *value != 1.0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("scaler state: key '", key, "' must be 0 or 1, got ", *value));
-    }
-    return *value == 1.0;
+    return value;
   }
 
   // Keys of another policy (or typos) would otherwise be dropped silently.
@@ -133,6 +100,20 @@ class StateReader {
   }
 
  private:
+  absl::StatusOr<double> Finite(const std::string& key) {
+    auto it = state_.find(key);
+    used_.insert(key);
+    if (it == state_.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("scaler state: missing key '", key, "' (policy ", PolicyName(policy_), ")"));
+    }
+    if (!std::isfinite(it->second)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("scaler state: key '", key, "' must be finite, got ", it->second));
+    }
+    return it->second;
+  }
+
   const ScalerState& state_;
   ScalerPolicy policy_;
   std::set<std::string> used_;
@@ -176,6 +157,329 @@ absl::Status PrefixState(const absl::Status& status) {
   return absl::InvalidArgumentError(absl::StrCat("scaler state: key ", status.message()));
 }
 
+// Everything a state dict can name: the config's hyper-parameters, the
+// scale and the counters. StateDict reads one of these off the scaler;
+// LoadStateDict fills a copy and commits it whole.
+struct ScalerFields {
+  ScalerConfig config;
+  double scale = 0.0;
+  int64_t growth_tracker = 0;
+  int64_t bad_steps = 0;
+  int64_t hysteresis_left = 1;
+  int64_t iteration = 0;
+  int64_t last_overflow_iteration = -1;
+};
+
+// The field a state key holds. The field decides the value's type (a real,
+// an integer or a 0/1 flag) and when LoadStateDict checks it: the scale
+// last, against the config's bounds; hyper-parameters before the counters,
+// whose ranges depend on them.
+enum class Field {
+  kScale,
+  kGrowthFactor,
+  kBackoffFactor,
+  kGrowthInterval,
+  kHysteresis,
+  kMinScale,
+  kConsecutiveHysteresis,
+  kDynamic,
+  kGrowthTracker,
+  kBadSteps,
+  kHysteresisLeft,
+  kIteration,
+  kLastOverflowIteration,
+};
+
+ValueKind KindOf(Field field) {
+  switch (field) {
+    case Field::kScale:
+    case Field::kGrowthFactor:
+    case Field::kBackoffFactor:
+    case Field::kMinScale:
+      return ValueKind::kReal;
+    case Field::kConsecutiveHysteresis:
+    case Field::kDynamic:
+      return ValueKind::kFlag;
+    case Field::kGrowthInterval:
+    case Field::kHysteresis:
+    case Field::kGrowthTracker:
+    case Field::kBadSteps:
+    case Field::kHysteresisLeft:
+    case Field::kIteration:
+    case Field::kLastOverflowIteration:
+      return ValueKind::kInteger;
+  }
+  return ValueKind::kReal;
+}
+
+bool IsHyperParameter(Field field) {
+  switch (field) {
+    case Field::kGrowthFactor:
+    case Field::kBackoffFactor:
+    case Field::kGrowthInterval:
+    case Field::kHysteresis:
+    case Field::kMinScale:
+    case Field::kConsecutiveHysteresis:
+    case Field::kDynamic:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Only the deepspeed table names min_scale, and that policy's config always
+// has one (Validate requires it).
+double Get(const ScalerFields& f, Field field) {
+  switch (field) {
+    case Field::kScale:
+      return f.scale;
+    case Field::kGrowthFactor:
+      return f.config.growth_factor;
+    case Field::kBackoffFactor:
+      return f.config.backoff_factor;
+    case Field::kGrowthInterval:
+      return static_cast<double>(f.config.growth_interval);
+    case Field::kHysteresis:
+      return static_cast<double>(f.config.hysteresis);
+    case Field::kMinScale:
+      return *f.config.min_scale;
+    case Field::kConsecutiveHysteresis:
+      return f.config.consecutive_hysteresis ? 1.0 : 0.0;
+    case Field::kDynamic:
+      return f.config.dynamic ? 1.0 : 0.0;
+    case Field::kGrowthTracker:
+      return static_cast<double>(f.growth_tracker);
+    case Field::kBadSteps:
+      return static_cast<double>(f.bad_steps);
+    case Field::kHysteresisLeft:
+      return static_cast<double>(f.hysteresis_left);
+    case Field::kIteration:
+      return static_cast<double>(f.iteration);
+    case Field::kLastOverflowIteration:
+      return static_cast<double>(f.last_overflow_iteration);
+  }
+  return 0.0;
+}
+
+// `value` has passed its kind's check: integers are exact, flags 0 or 1.
+void Set(ScalerFields& f, Field field, double value) {
+  const auto integer = static_cast<int64_t>(value);
+  switch (field) {
+    case Field::kScale:
+      f.scale = value;
+      break;
+    case Field::kGrowthFactor:
+      f.config.growth_factor = value;
+      break;
+    case Field::kBackoffFactor:
+      f.config.backoff_factor = value;
+      break;
+    case Field::kGrowthInterval:
+      f.config.growth_interval = integer;
+      break;
+    case Field::kHysteresis:
+      f.config.hysteresis = integer;
+      break;
+    case Field::kMinScale:
+      f.config.min_scale = value;
+      break;
+    case Field::kConsecutiveHysteresis:
+      f.config.consecutive_hysteresis = value == 1.0;
+      break;
+    case Field::kDynamic:
+      f.config.dynamic = value == 1.0;
+      break;
+    case Field::kGrowthTracker:
+      f.growth_tracker = integer;
+      break;
+    case Field::kBadSteps:
+      f.bad_steps = integer;
+      break;
+    case Field::kHysteresisLeft:
+      f.hysteresis_left = integer;
+      break;
+    case Field::kIteration:
+      f.iteration = integer;
+      break;
+    case Field::kLastOverflowIteration:
+      f.last_overflow_iteration = integer;
+      break;
+  }
+}
+
+// A loaded value's own check, given every value loaded with it; the message
+// names `key`. Integer fields arrive exact, so casting them back is lossless.
+using KeyCheck = absl::Status (*)(const ScalerFields& loaded, double value, absl::string_view key);
+
+absl::Status GrowthFactorKey(const ScalerFields&, double value, absl::string_view key) {
+  return PrefixState(CheckGrowthFactor(value, absl::StrCat("'", key, "'")));
+}
+
+absl::Status BackoffFactorKey(const ScalerFields&, double value, absl::string_view key) {
+  return PrefixState(CheckBackoffFactor(value, absl::StrCat("'", key, "'")));
+}
+
+absl::Status AtLeastOneKey(const ScalerFields&, double value, absl::string_view key) {
+  return PrefixState(CheckAtLeastOne(static_cast<int64_t>(value), absl::StrCat("'", key, "'")));
+}
+
+// A floor carried by the state (deepspeed's): a usable scale, and not above
+// the cap the job configured.
+absl::Status FloorKey(const ScalerFields& loaded, double value, absl::string_view key) {
+  AMPD_RETURN_IF_ERROR(PrefixState(CheckScaleValue(value, absl::StrCat("'", key, "'"))));
+  if (loaded.config.max_scale.has_value() &&
+      static_cast<float>(value) > static_cast<float>(*loaded.config.max_scale)) {
+    return absl::InvalidArgumentError(absl::StrCat("scaler state: key '", key, "' (", value,
+                                                   ") exceeds max_scale ",
+                                                   *loaded.config.max_scale));
+  }
+  return absl::OkStatus();
+}
+
+// A tracker at or past the interval would never equal it again and the
+// scale would never grow.
+absl::Status BelowGrowthIntervalKey(const ScalerFields& loaded, double value,
+                                    absl::string_view key) {
+  return InRange(static_cast<int64_t>(value), 0, loaded.config.growth_interval - 1, key);
+}
+
+// Paddle's decr_count backs off (and resets) on reaching
+// decr_every_n_nan_or_inf.
+absl::Status BelowHysteresisKey(const ScalerFields& loaded, double value, absl::string_view key) {
+  return InRange(static_cast<int64_t>(value), 0, loaded.config.hysteresis - 1, key);
+}
+
+absl::Status IterationKey(const ScalerFields&, double value, absl::string_view key) {
+  return InRange(static_cast<int64_t>(value), 0, static_cast<int64_t>(kMaxExactInteger) - 1, key);
+}
+
+// Set to cur_iter just before cur_iter increments, so always behind it.
+absl::Status LastOverflowKey(const ScalerFields& loaded, double value, absl::string_view key) {
+  return InRange(static_cast<int64_t>(value), -1, loaded.iteration - 1, key);
+}
+
+// DeepSpeed never lets cur_hysteresis below 1 (it backs off at 1 instead).
+absl::Status DeepSpeedHysteresisKey(const ScalerFields& loaded, double value,
+                                    absl::string_view key) {
+  return InRange(static_cast<int64_t>(value), 1, loaded.config.hysteresis, key);
+}
+
+// Megatron's tracker below 0 is legitimate (it keeps decrementing); above
+// the configured hysteresis is not reachable.
+absl::Status MegatronHysteresisKey(const ScalerFields& loaded, double value,
+                                   absl::string_view key) {
+  return InRange(static_cast<int64_t>(value), -static_cast<int64_t>(kMaxExactInteger),
+                 loaded.config.hysteresis, key);
+}
+
+// One key of a policy's state dict: the framework's own name, the field it
+// holds, and its check beyond its kind (none for the scale, which is checked
+// against the bounds once everything is loaded, and for flags).
+struct StateKey {
+  absl::string_view key;
+  Field field;
+  KeyCheck check = nullptr;
+};
+
+// The framework's own name for an ampd config field, for messages.
+struct ConfigAlias {
+  absl::string_view field;
+  absl::string_view alias;
+};
+
+// A policy's names: its own, its state dict's keys (in the order
+// LoadStateDict reads them and names the first one missing), and the
+// framework's names for config fields.
+struct PolicySpec {
+  ScalerPolicy policy;
+  absl::string_view name;
+  std::vector<StateKey> keys;
+  std::vector<ConfigAlias> aliases;
+};
+
+const std::vector<PolicySpec>& PolicySpecs() {
+  static const auto* specs = new std::vector<PolicySpec>{
+      {ScalerPolicy::kPyTorch,
+       "pytorch",
+       {
+           {"scale", Field::kScale},
+           {"growth_factor", Field::kGrowthFactor, GrowthFactorKey},
+           {"backoff_factor", Field::kBackoffFactor, BackoffFactorKey},
+           {"growth_interval", Field::kGrowthInterval, AtLeastOneKey},
+           {"_growth_tracker", Field::kGrowthTracker, BelowGrowthIntervalKey},
+       },
+       {}},
+      {ScalerPolicy::kPaddle,
+       "paddle",
+       {
+           {"scale", Field::kScale},
+           {"incr_ratio", Field::kGrowthFactor, GrowthFactorKey},
+           {"decr_ratio", Field::kBackoffFactor, BackoffFactorKey},
+           {"incr_every_n_steps", Field::kGrowthInterval, AtLeastOneKey},
+           {"decr_every_n_nan_or_inf", Field::kHysteresis, AtLeastOneKey},
+           {"incr_count", Field::kGrowthTracker, BelowGrowthIntervalKey},
+           {"decr_count", Field::kBadSteps, BelowHysteresisKey},
+           {"use_dynamic_loss_scaling", Field::kDynamic},
+       },
+       {
+           {"init_scale", "init_loss_scaling"},
+           {"growth_factor", "incr_ratio"},
+           {"backoff_factor", "decr_ratio"},
+           {"growth_interval", "incr_every_n_steps"},
+           {"hysteresis", "decr_every_n_nan_or_inf"},
+       }},
+      {ScalerPolicy::kDeepSpeed,
+       "deepspeed",
+       {
+           {"cur_scale", Field::kScale},
+           {"cur_iter", Field::kIteration, IterationKey},
+           {"last_overflow_iter", Field::kLastOverflowIteration, LastOverflowKey},
+           {"scale_factor", Field::kGrowthFactor, GrowthFactorKey},
+           {"scale_window", Field::kGrowthInterval, AtLeastOneKey},
+           {"min_scale", Field::kMinScale, FloorKey},
+           {"cur_hysteresis", Field::kHysteresisLeft, DeepSpeedHysteresisKey},
+           {"delayed_shift", Field::kHysteresis, AtLeastOneKey},
+           {"consecutive_hysteresis", Field::kConsecutiveHysteresis},
+       },
+       {
+           {"growth_factor", "scale_factor"},
+           {"growth_interval", "loss_scale_window"},
+           {"min_scale", "min_loss_scale"},
+       }},
+      {ScalerPolicy::kMegatron,
+       "megatron",
+       {
+           {"scale", Field::kScale},
+           {"growth_tracker", Field::kGrowthTracker, BelowGrowthIntervalKey},
+           {"hysteresis_tracker", Field::kHysteresisLeft, MegatronHysteresisKey},
+       },
+       {
+           {"growth_interval", "loss_scale_window"},
+           {"min_scale", "min_loss_scale"},
+       }},
+  };
+  return *specs;
+}
+
+const PolicySpec* FindSpec(ScalerPolicy policy) {
+  for (const PolicySpec& spec : PolicySpecs()) {
+    if (spec.policy == policy) return &spec;
+  }
+  return nullptr;
+}
+
+// "growth_factor (paddle incr_ratio)": the ampd field first, so a message
+// always starts with the name a caller set, then the framework's own name
+// for readers coming from that framework.
+std::string Label(ScalerPolicy policy, absl::string_view field) {
+  if (const PolicySpec* spec = FindSpec(policy); spec != nullptr) {
+    for (const ConfigAlias& alias : spec->aliases) {
+      if (alias.field == field) return absl::StrCat(field, " (", spec->name, " ", alias.alias, ")");
+    }
+  }
+  return std::string(field);
+}
+
 }  // namespace
 
 std::string FormatStateNumber(double v) {
@@ -207,23 +511,13 @@ absl::StatusOr<double> ParseStateNumber(absl::string_view key, absl::string_view
 }
 
 absl::string_view PolicyName(ScalerPolicy policy) {
-  switch (policy) {
-    case ScalerPolicy::kPyTorch:
-      return "pytorch";
-    case ScalerPolicy::kPaddle:
-      return "paddle";
-    case ScalerPolicy::kDeepSpeed:
-      return "deepspeed";
-    case ScalerPolicy::kMegatron:
-      return "megatron";
-  }
-  return "unknown";
+  const PolicySpec* spec = FindSpec(policy);
+  return spec == nullptr ? "unknown" : spec->name;
 }
 
 std::optional<ScalerPolicy> PolicyFromName(absl::string_view name) {
-  for (ScalerPolicy policy : {ScalerPolicy::kPyTorch, ScalerPolicy::kPaddle,
-                              ScalerPolicy::kDeepSpeed, ScalerPolicy::kMegatron}) {
-    if (PolicyName(policy) == name) return policy;
+  for (const PolicySpec& spec : PolicySpecs()) {
+    if (spec.name == name) return spec.policy;
   }
   return std::nullopt;
 }
@@ -237,7 +531,8 @@ ScalerConfig ScalerConfig::Defaults(ScalerPolicy policy) {
       // backoff_factor=0.5, growth_interval=2000).
       break;
     case ScalerPolicy::kPaddle:
-      // Seed 003's documented signature.
+      // paddle.amp.GradScaler's documented signature: init_loss_scaling
+      // 2^15, incr_every_n_steps 1000, decr_every_n_nan_or_inf 2.
       config.init_scale = 32768.0;
       config.growth_interval = 1000;
       config.hysteresis = 2;
@@ -277,25 +572,13 @@ absl::Status ScalerConfig::Validate() const {
   if (!PolicyFromName(PolicyName(policy)).has_value()) {
     return absl::InvalidArgumentError("policy: unknown scaler policy");
   }
-  if (absl::Status s = CheckScaleValue(init_scale, Label(policy, "init_scale")); !s.ok()) return s;
-  if (absl::Status s = CheckGrowthFactor(growth_factor, Label(policy, "growth_factor")); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = CheckBackoffFactor(backoff_factor, Label(policy, "backoff_factor"));
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = CheckAtLeastOne(growth_interval, Label(policy, "growth_interval"));
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = CheckAtLeastOne(hysteresis, Label(policy, "hysteresis")); !s.ok()) {
-    return s;
-  }
+  AMPD_RETURN_IF_ERROR(CheckScaleValue(init_scale, Label(policy, "init_scale")));
+  AMPD_RETURN_IF_ERROR(CheckGrowthFactor(growth_factor, Label(policy, "growth_factor")));
+  AMPD_RETURN_IF_ERROR(CheckBackoffFactor(backoff_factor, Label(policy, "backoff_factor")));
+  AMPD_RETURN_IF_ERROR(CheckAtLeastOne(growth_interval, Label(policy, "growth_interval")));
+  AMPD_RETURN_IF_ERROR(CheckAtLeastOne(hysteresis, Label(policy, "hysteresis")));
   if (min_scale.has_value()) {
-    if (absl::Status s = CheckScaleValue(*min_scale, Label(policy, "min_scale")); !s.ok()) {
-      return s;
-    }
+    AMPD_RETURN_IF_ERROR(CheckScaleValue(*min_scale, Label(policy, "min_scale")));
   } else if (policy == ScalerPolicy::kDeepSpeed) {
     // DeepSpeed always has one (its state carries min_scale), and the
     // raise-at-min check needs one to compare with.
@@ -303,9 +586,7 @@ absl::Status ScalerConfig::Validate() const {
         absl::StrCat(Label(policy, "min_scale"), " is required by the deepspeed policy"));
   }
   if (max_scale.has_value()) {
-    if (absl::Status s = CheckScaleValue(*max_scale, Label(policy, "max_scale")); !s.ok()) {
-      return s;
-    }
+    AMPD_RETURN_IF_ERROR(CheckScaleValue(*max_scale, Label(policy, "max_scale")));
   }
   // Bounds and init are compared as the float32 values the scaler uses.
   const float init = static_cast<float>(init_scale);
@@ -326,7 +607,7 @@ absl::Status ScalerConfig::Validate() const {
 }
 
 absl::StatusOr<GradScaler> GradScaler::Create(const ScalerConfig& config) {
-  if (absl::Status s = config.Validate(); !s.ok()) return s;
+  AMPD_RETURN_IF_ERROR(config.Validate());
   return GradScaler(config);
 }
 
@@ -355,7 +636,7 @@ float GradScaler::Grown() const {
   if (config_.max_scale.has_value()) {
     grown = std::min(grown, static_cast<float>(*config_.max_scale));
   }
-  // PyTorch PR 98876: never grow to inf.
+  // As PyTorch's _amp_update_scale_: never grow to inf.
   return std::isfinite(grown) ? grown : scale_;
 }
 
@@ -434,9 +715,11 @@ absl::Status GradScaler::UpdateDeepSpeed(bool found_inf) {
     last_overflow_iteration_ = iteration_;
   } else {
     if (config_.consecutive_hysteresis) hysteresis_left_ = config_.hysteresis;
-    // SCALER.md's (iter - last_overflow_iter - 1) with iter counted from 1 for
-    // the step being taken, i.e. DeepSpeed's cur_iter before its increment.
-    // It is always > 0 here, since last_overflow_iter < cur_iter.
+    // Grows after exactly growth_interval good steps since the last
+    // overflow: (iter - last_overflow_iter - 1) with iter counted from 1 for
+    // the step being taken is DeepSpeed's cur_iter - last_overflow_iter
+    // before its increment. It is always > 0 here, since
+    // last_overflow_iter < cur_iter.
     if ((iteration_ - last_overflow_iteration_) % config_.growth_interval == 0) {
       if (!config_.consecutive_hysteresis) hysteresis_left_ = config_.hysteresis;
       scale_ = Grown();
@@ -482,7 +765,7 @@ absl::StatusOr<ScalerUpdate> GradScaler::Update(bool found_inf) {
         UpdatePaddle(found_inf);
         break;
       case ScalerPolicy::kDeepSpeed:
-        if (absl::Status s = UpdateDeepSpeed(found_inf); !s.ok()) return s;
+        AMPD_RETURN_IF_ERROR(UpdateDeepSpeed(found_inf));
         break;
       case ScalerPolicy::kMegatron:
         UpdateMegatron(found_inf);
@@ -524,39 +807,18 @@ ScalerCounters GradScaler::counters() const {
 
 ScalerState GradScaler::StateDict() const {
   if (!config_.enabled) return {};
-  const double scale = static_cast<double>(scale_);
-  switch (config_.policy) {
-    case ScalerPolicy::kPyTorch:
-      return {{"scale", scale},
-              {"growth_factor", config_.growth_factor},
-              {"backoff_factor", config_.backoff_factor},
-              {"growth_interval", static_cast<double>(config_.growth_interval)},
-              {"_growth_tracker", static_cast<double>(growth_tracker_)}};
-    case ScalerPolicy::kPaddle:
-      return {{"scale", scale},
-              {"incr_ratio", config_.growth_factor},
-              {"decr_ratio", config_.backoff_factor},
-              {"incr_every_n_steps", static_cast<double>(config_.growth_interval)},
-              {"decr_every_n_nan_or_inf", static_cast<double>(config_.hysteresis)},
-              {"incr_count", static_cast<double>(growth_tracker_)},
-              {"decr_count", static_cast<double>(bad_steps_)},
-              {"use_dynamic_loss_scaling", config_.dynamic ? 1.0 : 0.0}};
-    case ScalerPolicy::kDeepSpeed:
-      return {{"cur_scale", scale},
-              {"cur_iter", static_cast<double>(iteration_)},
-              {"last_overflow_iter", static_cast<double>(last_overflow_iteration_)},
-              {"scale_factor", config_.growth_factor},
-              {"scale_window", static_cast<double>(config_.growth_interval)},
-              {"min_scale", *config_.min_scale},
-              {"cur_hysteresis", static_cast<double>(hysteresis_left_)},
-              {"delayed_shift", static_cast<double>(config_.hysteresis)},
-              {"consecutive_hysteresis", config_.consecutive_hysteresis ? 1.0 : 0.0}};
-    case ScalerPolicy::kMegatron:
-      return {{"scale", scale},
-              {"growth_tracker", static_cast<double>(growth_tracker_)},
-              {"hysteresis_tracker", static_cast<double>(hysteresis_left_)}};
+  const ScalerFields fields = {.config = config_,
+                               .scale = static_cast<double>(scale_),
+                               .growth_tracker = growth_tracker_,
+                               .bad_steps = bad_steps_,
+                               .hysteresis_left = hysteresis_left_,
+                               .iteration = iteration_,
+                               .last_overflow_iteration = last_overflow_iteration_};
+  ScalerState state;
+  for (const StateKey& k : FindSpec(config_.policy)->keys) {
+    state[std::string(k.key)] = Get(fields, k.field);
   }
-  return {};
+  return state;
 }
 
 absl::Status GradScaler::LoadStateDict(const ScalerState& state) {
@@ -565,147 +827,35 @@ absl::Status GradScaler::LoadStateDict(const ScalerState& state) {
     return absl::InvalidArgumentError(
         "scaler state is empty (saved from a disabled scaler?) but this scaler is enabled");
   }
-  // Everything is parsed into copies and committed at the end, so a bad
-  // state leaves the scaler as it was.
-  ScalerConfig config = config_;
-  StateReader reader(state, config.policy);
-  double scale_value = 0.0;
-  std::string scale_key = "scale";
-  int64_t growth_tracker = 0;
-  int64_t bad_steps = 0;
-  int64_t hysteresis_left = config.hysteresis;
-  int64_t iteration = 0;
-  int64_t last_overflow_iteration = -1;
-
-  switch (config.policy) {
-    case ScalerPolicy::kPyTorch: {
-      AMPD_ASSIGN_OR_RETURN(scale_value, reader.Real("scale"));
-      AMPD_ASSIGN_OR_RETURN(config.growth_factor, reader.Real("growth_factor"));
-      AMPD_ASSIGN_OR_RETURN(config.backoff_factor, reader.Real("backoff_factor"));
-      AMPD_ASSIGN_OR_RETURN(config.growth_interval, reader.Integer("growth_interval"));
-      AMPD_ASSIGN_OR_RETURN(growth_tracker, reader.Integer("_growth_tracker"));
-      if (absl::Status s = CheckGrowthFactor(config.growth_factor, "'growth_factor'"); !s.ok()) {
-        return PrefixState(s);
-      }
-      if (absl::Status s = CheckBackoffFactor(config.backoff_factor, "'backoff_factor'"); !s.ok()) {
-        return PrefixState(s);
-      }
-      if (absl::Status s = CheckAtLeastOne(config.growth_interval, "'growth_interval'"); !s.ok()) {
-        return PrefixState(s);
-      }
-      // A tracker at or past the interval would never equal it again and the
-      // scale would never grow.
-      if (absl::Status s =
-              InRange(growth_tracker, 0, config.growth_interval - 1, "_growth_tracker");
-          !s.ok()) {
-        return s;
-      }
-      break;
-    }
-    case ScalerPolicy::kPaddle: {
-      AMPD_ASSIGN_OR_RETURN(scale_value, reader.Real("scale"));
-      AMPD_ASSIGN_OR_RETURN(config.growth_factor, reader.Real("incr_ratio"));
-      AMPD_ASSIGN_OR_RETURN(config.backoff_factor, reader.Real("decr_ratio"));
-      AMPD_ASSIGN_OR_RETURN(config.growth_interval, reader.Integer("incr_every_n_steps"));
-      AMPD_ASSIGN_OR_RETURN(config.hysteresis, reader.Integer("decr_every_n_nan_or_inf"));
-      AMPD_ASSIGN_OR_RETURN(growth_tracker, reader.Integer("incr_count"));
-      AMPD_ASSIGN_OR_RETURN(bad_steps, reader.Integer("decr_count"));
-      AMPD_ASSIGN_OR_RETURN(config.dynamic, reader.Flag("use_dynamic_loss_scaling"));
-      if (absl::Status s = CheckGrowthFactor(config.growth_factor, "'incr_ratio'"); !s.ok()) {
-        return PrefixState(s);
-      }
-      if (absl::Status s = CheckBackoffFactor(config.backoff_factor, "'decr_ratio'"); !s.ok()) {
-        return PrefixState(s);
-      }
-      if (absl::Status s = CheckAtLeastOne(config.growth_interval, "'incr_every_n_steps'");
-          !s.ok()) {
-        return PrefixState(s);
-      }
-      if (absl::Status s = CheckAtLeastOne(config.hysteresis, "'decr_every_n_nan_or_inf'");
-          !s.ok()) {
-        return PrefixState(s);
-      }
-      if (absl::Status s = InRange(growth_tracker, 0, config.growth_interval - 1, "incr_count");
-          !s.ok()) {
-        return s;
-      }
-      if (absl::Status s = InRange(bad_steps, 0, config.hysteresis - 1, "decr_count"); !s.ok()) {
-        return s;
-      }
-      break;
-    }
-    case ScalerPolicy::kDeepSpeed: {
-      scale_key = "cur_scale";
-      double min_scale = 0.0;
-      AMPD_ASSIGN_OR_RETURN(scale_value, reader.Real("cur_scale"));
-      AMPD_ASSIGN_OR_RETURN(iteration, reader.Integer("cur_iter"));
-      AMPD_ASSIGN_OR_RETURN(last_overflow_iteration, reader.Integer("last_overflow_iter"));
-      AMPD_ASSIGN_OR_RETURN(config.growth_factor, reader.Real("scale_factor"));
-      AMPD_ASSIGN_OR_RETURN(config.growth_interval, reader.Integer("scale_window"));
-      AMPD_ASSIGN_OR_RETURN(min_scale, reader.Real("min_scale"));
-      AMPD_ASSIGN_OR_RETURN(hysteresis_left, reader.Integer("cur_hysteresis"));
-      AMPD_ASSIGN_OR_RETURN(config.hysteresis, reader.Integer("delayed_shift"));
-      AMPD_ASSIGN_OR_RETURN(config.consecutive_hysteresis, reader.Flag("consecutive_hysteresis"));
-      config.min_scale = min_scale;
-      if (absl::Status s = CheckGrowthFactor(config.growth_factor, "'scale_factor'"); !s.ok()) {
-        return PrefixState(s);
-      }
-      if (absl::Status s = CheckAtLeastOne(config.growth_interval, "'scale_window'"); !s.ok()) {
-        return PrefixState(s);
-      }
-      if (absl::Status s = CheckScaleValue(min_scale, "'min_scale'"); !s.ok()) {
-        return PrefixState(s);
-      }
-      if (config.max_scale.has_value() &&
-          static_cast<float>(min_scale) > static_cast<float>(*config.max_scale)) {
-        return absl::InvalidArgumentError(absl::StrCat("scaler state: key 'min_scale' (", min_scale,
-                                                       ") exceeds max_scale ", *config.max_scale));
-      }
-      if (absl::Status s = CheckAtLeastOne(config.hysteresis, "'delayed_shift'"); !s.ok()) {
-        return PrefixState(s);
-      }
-      if (absl::Status s =
-              InRange(iteration, 0, static_cast<int64_t>(kMaxExactInteger) - 1, "cur_iter");
-          !s.ok()) {
-        return s;
-      }
-      // Set to cur_iter just before cur_iter increments, so always behind it.
-      if (absl::Status s =
-              InRange(last_overflow_iteration, -1, iteration - 1, "last_overflow_iter");
-          !s.ok()) {
-        return s;
-      }
-      // DeepSpeed never lets it below 1 (it backs off at 1 instead).
-      if (absl::Status s = InRange(hysteresis_left, 1, config.hysteresis, "cur_hysteresis");
-          !s.ok()) {
-        return s;
-      }
-      break;
-    }
-    case ScalerPolicy::kMegatron: {
-      AMPD_ASSIGN_OR_RETURN(scale_value, reader.Real("scale"));
-      AMPD_ASSIGN_OR_RETURN(growth_tracker, reader.Integer("growth_tracker"));
-      AMPD_ASSIGN_OR_RETURN(hysteresis_left, reader.Integer("hysteresis_tracker"));
-      if (absl::Status s = InRange(growth_tracker, 0, config.growth_interval - 1, "growth_tracker");
-          !s.ok()) {
-        return s;
-      }
-      // Below 0 is legitimate (Megatron keeps decrementing it); above the
-      // configured hysteresis is not reachable.
-      if (absl::Status s = InRange(hysteresis_left, -static_cast<int64_t>(kMaxExactInteger),
-                                   config.hysteresis, "hysteresis_tracker");
-          !s.ok()) {
-        return s;
-      }
-      break;
+  // Everything is parsed into a copy and committed at the end, so a bad
+  // state leaves the scaler as it was. Counters a policy's state does not
+  // carry start where a new scaler's do.
+  ScalerFields loaded;
+  loaded.config = config_;
+  loaded.hysteresis_left = config_.hysteresis;
+  const PolicySpec& spec = *FindSpec(config_.policy);
+  StateReader reader(state, config_.policy);
+  std::string scale_key;
+  for (const StateKey& k : spec.keys) {
+    AMPD_ASSIGN_OR_RETURN(const double value, reader.Value(std::string(k.key), KindOf(k.field)));
+    Set(loaded, k.field, value);
+    if (k.field == Field::kScale) scale_key = std::string(k.key);
+  }
+  // Hyper-parameters first: the counters' ranges are read off them.
+  for (const bool hyper_parameters : {true, false}) {
+    for (const StateKey& k : spec.keys) {
+      if (k.check == nullptr || IsHyperParameter(k.field) != hyper_parameters) continue;
+      AMPD_RETURN_IF_ERROR(k.check(loaded, Get(loaded, k.field), k.key));
     }
   }
+  AMPD_RETURN_IF_ERROR(reader.NoUnknownKeys());
 
-  if (absl::Status s = reader.NoUnknownKeys(); !s.ok()) return s;
   // PyTorch's fill_ into its float32 scale tensor rounds the same way. A
   // scale of 0 (or one that rounds to 0 in float32) is refused: its inverse
   // is inf, so every step of the job would be skipped forever (the header
   // says why a run-time underflow is still allowed).
+  ScalerConfig& config = loaded.config;
+  const double scale_value = loaded.scale;
   const float scale = static_cast<float>(scale_value);
   if (!(scale > 0.0f) || !std::isfinite(scale)) {
     return absl::InvalidArgumentError(absl::StrCat("scaler state: key '", scale_key,
@@ -730,11 +880,11 @@ absl::Status GradScaler::LoadStateDict(const ScalerState& state) {
 
   config_ = std::move(config);
   scale_ = scale;
-  growth_tracker_ = growth_tracker;
-  bad_steps_ = bad_steps;
-  hysteresis_left_ = hysteresis_left;
-  iteration_ = iteration;
-  last_overflow_iteration_ = last_overflow_iteration;
+  growth_tracker_ = loaded.growth_tracker;
+  bad_steps_ = loaded.bad_steps;
+  hysteresis_left_ = loaded.hysteresis_left;
+  iteration_ = loaded.iteration;
+  last_overflow_iteration_ = loaded.last_overflow_iteration;
   return absl::OkStatus();
 }
 

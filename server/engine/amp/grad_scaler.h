@@ -1,9 +1,10 @@
-// GradScaler: dynamic loss scaling exactly as ../shared/design/SCALER.md
-// specifies, policy by policy (pytorch, paddle, deepspeed, megatron), with
-// the min/max/static/enabled knobs every policy takes. Plain C++: it sees one
-// found_inf per optimizer step and nothing of tensors or devices, which is
-// what lets a data-parallel job reduce found_inf across ranks first and feed
-// every rank's scaler the same answer.
+// GradScaler: dynamic loss scaling as PyTorch, Paddle, DeepSpeed and
+// Megatron each do it, so that a job moved from one of them sees the same
+// scale trace step for step (policies pytorch, paddle, deepspeed, megatron),
+// with the min/max/static/enabled knobs every policy takes. Plain C++: it
+// sees one found_inf per optimizer step and nothing of tensors or devices,
+// which is what lets a data-parallel job reduce found_inf across ranks first
+// and feed every rank's scaler the same answer.
 //
 // How the engine builds one:
 //   fp16 job:        GradScaler::Create(ScalerConfig::Defaults(policy)), then
@@ -15,7 +16,8 @@
 // inv_scale = float(1.0 / double(scale())), reduce found_inf, call
 // Update(found_inf) and apply the optimizer step only when !skipped.
 //
-// Choices this file makes where SCALER.md leaves room (all deliberate):
+// Choices this file makes where the frameworks differ or leave room (all
+// deliberate):
 //  - Arithmetic per policy follows each framework's own code so traces match
 //    bit for bit: pytorch rounds a double product to float32
 //    (_amp_update_scale_ does float*double then static_cast<float>); paddle
@@ -27,7 +29,8 @@
 //  - deepspeed has a single scale_factor for both directions: on overflow it
 //    divides by growth_factor and ignores backoff_factor, exactly as
 //    DeepSpeed's DynamicLossScaler does (its state has no backoff key).
-//  - The "refuse growth to inf" guard of PyTorch PR 98876 applies to every
+//  - PyTorch's guard against growth to inf (_amp_update_scale_ keeps the
+//    old scale when the grown one is not finite) applies to every
 //    policy: an inf scale makes every later step non-finite and backing off
 //    from inf stays inf, so the job could never recover. When growth is
 //    refused the counters still reset exactly as if it had grown.
@@ -92,7 +95,9 @@ struct ScalerConfig {
 
   // The policy's documented defaults:
   //   pytorch:   65536, 2, 0.5, 2000, no floor, no cap.
-  //   paddle:    32768, 2, 0.5, 1000, decr_every_n_nan_or_inf 2 (seed 003).
+  //   paddle:    32768, 2, 0.5, 1000, decr_every_n_nan_or_inf 2 (the
+  //              documented paddle.amp.GradScaler signature; newer Paddle
+  //              code defaults to 65536, 2000 and 1).
   //   deepspeed: 2^16 (initial_scale_power 16), 2, window 1000, hysteresis 2,
   //              consecutive_hysteresis false, min_loss_scale 1, raise at min.
   //   megatron:  2^32, 2, 0.5, window 1000, hysteresis 2, min_loss_scale 1.
@@ -100,7 +105,7 @@ struct ScalerConfig {
   // The default for a job whose working copy has `working_dtype`: fp16 gets
   // Defaults(policy); bf16 and fp32 (whose range matches fp32, so scaling
   // buys nothing) get a static scale of 1 under `policy`, which still checks
-  // and skips non-finite steps, as SCALER.md asks.
+  // and skips non-finite steps, so no non-finite update is ever applied.
   static ScalerConfig ForPrecisionDefault(kernels::DType working_dtype,
                                           ScalerPolicy policy = ScalerPolicy::kPyTorch);
   // InvalidArgument whose message starts with the bad field's name.

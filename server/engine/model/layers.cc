@@ -1,6 +1,7 @@
 // Forward and backward of every layer kind through the Backend. The layer
 // math itself is in kernels/; this file wires activations, gradients and
-// parameters together in the order SCALER.md's step needs.
+// parameters together in the order a mixed-precision step needs (cast the
+// master weights, forward, scaled backward, then unscale and update).
 #include "server/engine/model/layers.h"
 
 #include <utility>
@@ -87,9 +88,7 @@ absl::Status Model::AddParameter(int64_t layer, const char* suffix, const kernel
   // Everything is drawn on the backend, straight into the master: no host
   // staging vector, so a parameter too large for the device is refused by
   // its allocation's Status and nothing on the host grows with it.
-  absl::StatusOr<Tensor> master = backend_.Allocate(DType::kF32, shape);
-  if (!master.ok()) return master.status();
-  p.master = *std::move(master);
+  AMPD_ASSIGN_OR_RETURN(p.master, backend_.Allocate(DType::kF32, shape));
   if (init.random) {
     init.fill.stream = params_.size();
     AMPD_RETURN_IF_ERROR(backend_.FillRandom(p.master, init.fill));
@@ -97,13 +96,9 @@ absl::Status Model::AddParameter(int64_t layer, const char* suffix, const kernel
     AMPD_RETURN_IF_ERROR(backend_.Fill(p.master, init.value));
   }
   if (working_dtype_ != DType::kF32) {
-    absl::StatusOr<Tensor> working = backend_.Allocate(working_dtype_, shape);
-    if (!working.ok()) return working.status();
-    p.working = *std::move(working);
+    AMPD_ASSIGN_OR_RETURN(p.working, backend_.Allocate(working_dtype_, shape));
   }
-  absl::StatusOr<Tensor> grad = backend_.Allocate(working_dtype_, shape);
-  if (!grad.ok()) return grad.status();
-  p.grad = *std::move(grad);
+  AMPD_ASSIGN_OR_RETURN(p.grad, backend_.Allocate(working_dtype_, shape));
   parameter_count_ += p.master.numel();
   params_.push_back(std::move(p));
   return absl::OkStatus();
@@ -185,24 +180,16 @@ absl::Status Model::AllocateWorkspace(int64_t rows, Workspace& ws) {
   const bool embedding_first = spec_.layers.front().kind == LayerKind::kEmbedding;
   for (size_t i = 0; i <= n_layers; ++i) {
     if (i == 0 && embedding_first) continue;  // ids: allocated in LoadBatch with the host dtype
-    absl::StatusOr<Tensor> act = backend_.Allocate(working_dtype_, {rows, widths_[i]});
-    if (!act.ok()) return act.status();
-    ws.acts[i] = *std::move(act);
+    AMPD_ASSIGN_OR_RETURN(ws.acts[i], backend_.Allocate(working_dtype_, {rows, widths_[i]}));
     // No gradient for the inputs, except the scratch dx a LayerNorm first
     // layer's backward writes.
     if (i == 0 && spec_.layers.front().kind != LayerKind::kLayerNorm) continue;
-    absl::StatusOr<Tensor> grad = backend_.Allocate(working_dtype_, {rows, widths_[i]});
-    if (!grad.ok()) return grad.status();
-    ws.grads[i] = *std::move(grad);
+    AMPD_ASSIGN_OR_RETURN(ws.grads[i], backend_.Allocate(working_dtype_, {rows, widths_[i]}));
   }
   for (size_t i = 0; i < n_layers; ++i) {
     if (spec_.layers[i].kind != LayerKind::kLayerNorm) continue;
-    absl::StatusOr<Tensor> mean = backend_.Allocate(DType::kF32, {rows});
-    if (!mean.ok()) return mean.status();
-    ws.mean[i] = *std::move(mean);
-    absl::StatusOr<Tensor> rstd = backend_.Allocate(DType::kF32, {rows});
-    if (!rstd.ok()) return rstd.status();
-    ws.rstd[i] = *std::move(rstd);
+    AMPD_ASSIGN_OR_RETURN(ws.mean[i], backend_.Allocate(DType::kF32, {rows}));
+    AMPD_ASSIGN_OR_RETURN(ws.rstd[i], backend_.Allocate(DType::kF32, {rows}));
   }
   return absl::OkStatus();
 }
@@ -245,9 +232,7 @@ namespace {
 absl::Status EnsureTensor(kernels::Backend& backend, DType dtype, const kernels::Shape& shape,
                           Tensor& t) {
   if (!t.empty() && t.dtype() == dtype && t.shape() == shape) return absl::OkStatus();
-  absl::StatusOr<Tensor> fresh = backend.Allocate(dtype, shape);
-  if (!fresh.ok()) return fresh.status();
-  t = *std::move(fresh);
+  AMPD_ASSIGN_OR_RETURN(t, backend.Allocate(dtype, shape));
   return absl::OkStatus();
 }
 

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/checked_math.h"
+#include "common/status_macros.h"
 
 namespace ampd::engine::model {
 
@@ -116,13 +117,11 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
     const LayerSpec& layer = spec.layers[i];
     switch (layer.kind) {
       case LayerKind::kLinear:
-        if (absl::Status s = Positive(layer.in_features, i, "in_features"); !s.ok()) return s;
-        if (absl::Status s = Positive(layer.out_features, i, "out_features"); !s.ok()) return s;
+        AMPD_RETURN_IF_ERROR(Positive(layer.in_features, i, "in_features"));
+        AMPD_RETURN_IF_ERROR(Positive(layer.out_features, i, "out_features"));
         break;
       case LayerKind::kLayerNorm:
-        if (absl::Status s = Positive(layer.normalized_shape, i, "normalized_shape"); !s.ok()) {
-          return s;
-        }
+        AMPD_RETURN_IF_ERROR(Positive(layer.normalized_shape, i, "normalized_shape"));
         if (!std::isfinite(layer.eps) || layer.eps <= 0.0f) {
           return absl::InvalidArgumentError(
               absl::StrCat("layers[", i, "].eps: must be finite and > 0, got ", layer.eps));
@@ -133,10 +132,8 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
           return absl::InvalidArgumentError(
               absl::StrCat("layers[", i, "].kind: Embedding is only allowed as the first layer"));
         }
-        if (absl::Status s = Positive(layer.num_embeddings, i, "num_embeddings"); !s.ok()) {
-          return s;
-        }
-        if (absl::Status s = Positive(layer.embedding_dim, i, "embedding_dim"); !s.ok()) return s;
+        AMPD_RETURN_IF_ERROR(Positive(layer.num_embeddings, i, "num_embeddings"));
+        AMPD_RETURN_IF_ERROR(Positive(layer.embedding_dim, i, "embedding_dim"));
         break;
       case LayerKind::kReLU:
       case LayerKind::kGELU:

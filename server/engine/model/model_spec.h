@@ -44,7 +44,8 @@ enum class LossKind { kMse, kCrossEntropy };
 struct ModelSpec {
   std::vector<LayerSpec> layers;
   LossKind loss = LossKind::kMse;
-  // A constant the loss is multiplied by before scaling (seed 000's C).
+  // The job's own constant factor on the loss, applied before scaling (e.g.
+  // 100, which on top of a scale of 65536 overflows fp16 gradients).
   float loss_multiplier = 1.0f;
 };
 

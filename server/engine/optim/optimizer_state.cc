@@ -3,13 +3,15 @@
 
 #include <utility>
 
+#include "common/status_macros.h"
+
 namespace ampd::engine::optim {
 
 absl::StatusOr<OptimizerState> OptimizerState::Create(const OptimizerSpec& spec,
                                                       const std::vector<std::string>& param_names,
                                                       const std::vector<kernels::Shape>& shapes,
                                                       kernels::Backend& backend) {
-  if (absl::Status s = ValidateOptimizerSpec(spec); !s.ok()) return s;
+  AMPD_RETURN_IF_ERROR(ValidateOptimizerSpec(spec));
   if (param_names.size() != shapes.size()) {
     return absl::InternalError("OptimizerState: one name per parameter shape expected");
   }
@@ -24,10 +26,9 @@ absl::StatusOr<OptimizerState> OptimizerState::Create(const OptimizerSpec& spec,
   state.buffers_.resize(shapes.size());
   for (size_t p = 0; p < shapes.size(); ++p) {
     for (size_t b = 0; b < state.buffer_names_.size(); ++b) {
-      absl::StatusOr<kernels::Tensor> t = backend.Allocate(kernels::DType::kF32, shapes[p]);
-      if (!t.ok()) return t.status();
-      if (absl::Status s = backend.Fill(*t, 0.0f); !s.ok()) return s;
-      state.buffers_[p].push_back(*std::move(t));
+      AMPD_ASSIGN_OR_RETURN(kernels::Tensor t, backend.Allocate(kernels::DType::kF32, shapes[p]));
+      AMPD_RETURN_IF_ERROR(backend.Fill(t, 0.0f));
+      state.buffers_[p].push_back(std::move(t));
     }
   }
   return state;
