@@ -246,12 +246,8 @@ class Io {
 };
 
 // ---- the cases ------------------------------------------------------------------
-struct OpCase {
-  OpCase(std::string op_name, std::string variant_name)
-      : op(std::move(op_name)), variant(std::move(variant_name)) {}
-
-  std::string op;       // the Backend method
-  std::string variant;  // dtypes and options
+// What a case does, with its inputs captured.
+struct CaseFns {
   // Runs the op on a backend with the case's inputs and reads its outputs.
   std::function<absl::StatusOr<Outputs>(Backend&)> run;
   // The same outputs from a float64 reference, in the same order; null
@@ -260,6 +256,15 @@ struct OpCase {
   // For outputs with no cheap reference (random draws): properties the CPU's
   // outputs must have.
   std::function<::testing::AssertionResult(const Outputs&)> check;
+};
+
+struct OpCase {
+  std::string op;       // the Backend method
+  std::string variant;  // dtypes and options
+  // Generates the inputs and returns the case's functions. Called when the
+  // case runs, so that registering the cases (once per test process under
+  // CTest) generates no data.
+  std::function<CaseFns()> build;
 };
 
 std::string Lower(DType dtype) { return absl::AsciiStrToLower(DTypeName(dtype)); }
@@ -276,25 +281,28 @@ void AddFillCases(std::vector<OpCase>& cases) {
   // fp32's smallest normal.
   static const float kValues[] = {0.1f, -3.7f, 65519.0f, 65520.0f, 1e-8f, 3e-38f};
   for (DType dt : kFloatDTypes) {
-    OpCase c{"Fill", Lower(dt)};
-    c.run = [dt](Backend& be) -> absl::StatusOr<Outputs> {
-      Io io(be);
-      for (float v : kValues) {
-        AMPD_ASSIGN_OR_RETURN(Tensor t, io.Unwritten(dt, {3, 5}));
-        AMPD_RETURN_IF_ERROR(be.Fill(t, v));
-        AMPD_RETURN_IF_ERROR(io.Read(absl::StrCat("value ", v), t, kBitwise));
-      }
-      return io.Take();
+    auto build = [=] {
+      CaseFns c;
+      c.run = [dt](Backend& be) -> absl::StatusOr<Outputs> {
+        Io io(be);
+        for (float v : kValues) {
+          AMPD_ASSIGN_OR_RETURN(Tensor t, io.Unwritten(dt, {3, 5}));
+          AMPD_RETURN_IF_ERROR(be.Fill(t, v));
+          AMPD_RETURN_IF_ERROR(io.Read(absl::StrCat("value ", v), t, kBitwise));
+        }
+        return io.Take();
+      };
+      c.reference = [dt] {
+        Outputs out;
+        for (float v : kValues) {
+          out.push_back(
+              {absl::StrCat("value ", v), std::vector<double>(15, kt::RefStore(dt, v)), kBitwise});
+        }
+        return out;
+      };
+      return c;
     };
-    c.reference = [dt] {
-      Outputs out;
-      for (float v : kValues) {
-        out.push_back(
-            {absl::StrCat("value ", v), std::vector<double>(15, kt::RefStore(dt, v)), kBitwise});
-      }
-      return out;
-    };
-    cases.push_back(std::move(c));
+    cases.push_back({"Fill", Lower(dt), build});
   }
 }
 
@@ -302,31 +310,34 @@ void AddFillCases(std::vector<OpCase>& cases) {
 void AddCastCases(std::vector<OpCase>& cases) {
   for (DType src : kFloatDTypes) {
     for (DType dst : kFloatDTypes) {
-      // Edges of fp16/bf16 rounding, then random values over 60 octaves.
-      std::vector<double> raw = {65504.0,       65519.99,      65520.0,   -65536.0,
-                                 5.9604645e-08, 2.98e-08,      3.0e-08,   8.940697e-08,
-                                 6.1035156e-05, 6.0975552e-05, 1.0009766, 1.0048828,
-                                 3.3895314e38,  -INFINITY,     -0.0,      1e-40};
-      std::mt19937_64 rng(2);
-      std::uniform_real_distribution<double> dist(-1.0, 1.0);
-      for (int i = 0; i < 4096; ++i) raw.push_back(dist(rng) * std::ldexp(1.0, i % 60 - 30));
-      HostTensor in{src, {static_cast<int64_t>(raw.size())}, {}};
-      for (double v : raw) in.values.push_back(kt::RefStore(src, F32(v)));
-      OpCase c{"Cast", absl::StrCat(Lower(src), "_to_", Lower(dst))};
-      c.run = [in, dst](Backend& be) -> absl::StatusOr<Outputs> {
-        Io io(be);
-        AMPD_ASSIGN_OR_RETURN(Tensor s, io.Upload(in));
-        AMPD_ASSIGN_OR_RETURN(Tensor d, io.Unwritten(dst, in.shape));
-        AMPD_RETURN_IF_ERROR(be.Cast(s, d));
-        AMPD_RETURN_IF_ERROR(io.Read("dst", d, kBitwise));
-        return io.Take();
+      auto build = [=] {
+        // Edges of fp16/bf16 rounding, then random values over 60 octaves.
+        std::vector<double> raw = {65504.0,       65519.99,      65520.0,   -65536.0,
+                                   5.9604645e-08, 2.98e-08,      3.0e-08,   8.940697e-08,
+                                   6.1035156e-05, 6.0975552e-05, 1.0009766, 1.0048828,
+                                   3.3895314e38,  -INFINITY,     -0.0,      1e-40};
+        std::mt19937_64 rng(2);
+        std::uniform_real_distribution<double> dist(-1.0, 1.0);
+        for (int i = 0; i < 4096; ++i) raw.push_back(dist(rng) * std::ldexp(1.0, i % 60 - 30));
+        HostTensor in{src, {static_cast<int64_t>(raw.size())}, {}};
+        for (double v : raw) in.values.push_back(kt::RefStore(src, F32(v)));
+        CaseFns c;
+        c.run = [in, dst](Backend& be) -> absl::StatusOr<Outputs> {
+          Io io(be);
+          AMPD_ASSIGN_OR_RETURN(Tensor s, io.Upload(in));
+          AMPD_ASSIGN_OR_RETURN(Tensor d, io.Unwritten(dst, in.shape));
+          AMPD_RETURN_IF_ERROR(be.Cast(s, d));
+          AMPD_RETURN_IF_ERROR(io.Read("dst", d, kBitwise));
+          return io.Take();
+        };
+        c.reference = [in, dst] {
+          std::vector<double> want;
+          for (double v : in.values) want.push_back(kt::RefStore(dst, v));
+          return Outputs{{"dst", want, kBitwise}};
+        };
+        return c;
       };
-      c.reference = [in, dst] {
-        std::vector<double> want;
-        for (double v : in.values) want.push_back(kt::RefStore(dst, v));
-        return Outputs{{"dst", want, kBitwise}};
-      };
-      cases.push_back(std::move(c));
+      cases.push_back({"Cast", absl::StrCat(Lower(src), "_to_", Lower(dst)), build});
     }
   }
 }
@@ -334,18 +345,21 @@ void AddCastCases(std::vector<OpCase>& cases) {
 // Copy: the bytes, unchanged.
 void AddCopyCases(std::vector<OpCase>& cases) {
   for (DType dt : kFloatDTypes) {
-    const HostTensor src = Random(dt, {10, 100}, 3, -5, 5);
-    OpCase c{"Copy", Lower(dt)};
-    c.run = [src](Backend& be) -> absl::StatusOr<Outputs> {
-      Io io(be);
-      AMPD_ASSIGN_OR_RETURN(Tensor s, io.Upload(src));
-      AMPD_ASSIGN_OR_RETURN(Tensor d, io.Unwritten(src.dtype, {1000}));
-      AMPD_RETURN_IF_ERROR(be.Copy(s, d));
-      AMPD_RETURN_IF_ERROR(io.Read("dst", d, kBitwise));
-      return io.Take();
+    auto build = [=] {
+      const HostTensor src = Random(dt, {10, 100}, 3, -5, 5);
+      CaseFns c;
+      c.run = [src](Backend& be) -> absl::StatusOr<Outputs> {
+        Io io(be);
+        AMPD_ASSIGN_OR_RETURN(Tensor s, io.Upload(src));
+        AMPD_ASSIGN_OR_RETURN(Tensor d, io.Unwritten(src.dtype, {1000}));
+        AMPD_RETURN_IF_ERROR(be.Copy(s, d));
+        AMPD_RETURN_IF_ERROR(io.Read("dst", d, kBitwise));
+        return io.Take();
+      };
+      c.reference = [src] { return Outputs{{"dst", src.values, kBitwise}}; };
+      return c;
     };
-    c.reference = [src] { return Outputs{{"dst", src.values, kBitwise}}; };
-    cases.push_back(std::move(c));
+    cases.push_back({"Copy", Lower(dt), build});
   }
 }
 
@@ -353,37 +367,40 @@ void AddCopyCases(std::vector<OpCase>& cases) {
 // a raw copy of a tensor in the case's dtype, in one call.
 void AddReadBackCases(std::vector<OpCase>& cases) {
   for (DType dt : kFloatDTypes) {
-    const HostTensor scalars = Random(DType::kF32, {40}, 26, -100, 100);
-    const HostTensor copied = Random(dt, {7, 9}, 27, -3, 3);
-    const float bump = 0.375f;
-    OpCase c{"ReadBack", Lower(dt)};
-    c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
-      Io io(be);
-      AMPD_ASSIGN_OR_RETURN(Tensor b, io.Scalar(bump));
-      std::vector<Tensor> s;
-      for (double v : scalars.values) {
-        AMPD_ASSIGN_OR_RETURN(Tensor t, io.Scalar(static_cast<float>(v)));
-        AMPD_RETURN_IF_ERROR(be.Add(b, t));
-        s.push_back(std::move(t));
-      }
-      AMPD_ASSIGN_OR_RETURN(Tensor t, io.Upload(copied));
-      std::vector<const Tensor*> ptrs;
-      for (const Tensor& x : s) ptrs.push_back(&x);
-      std::vector<float> out(ptrs.size(), -1.0f);
-      std::vector<uint8_t> host(t.nbytes());
-      const HostCopy copies[] = {{&t, host.data(), host.size()}};
-      AMPD_RETURN_IF_ERROR(be.ReadBack(ptrs, absl::MakeSpan(out), copies));
-      AMPD_RETURN_IF_ERROR(be.Synchronize());
-      io.Add("scalars", std::vector<double>(out.begin(), out.end()), kBitwise);
-      io.Add("copy", Decode(dt, host.data(), static_cast<size_t>(t.numel())), kBitwise);
-      return io.Take();
+    auto build = [=] {
+      const HostTensor scalars = Random(DType::kF32, {40}, 26, -100, 100);
+      const HostTensor copied = Random(dt, {7, 9}, 27, -3, 3);
+      const float bump = 0.375f;
+      CaseFns c;
+      c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+        Io io(be);
+        AMPD_ASSIGN_OR_RETURN(Tensor b, io.Scalar(bump));
+        std::vector<Tensor> s;
+        for (double v : scalars.values) {
+          AMPD_ASSIGN_OR_RETURN(Tensor t, io.Scalar(static_cast<float>(v)));
+          AMPD_RETURN_IF_ERROR(be.Add(b, t));
+          s.push_back(std::move(t));
+        }
+        AMPD_ASSIGN_OR_RETURN(Tensor t, io.Upload(copied));
+        std::vector<const Tensor*> ptrs;
+        for (const Tensor& x : s) ptrs.push_back(&x);
+        std::vector<float> out(ptrs.size(), -1.0f);
+        std::vector<uint8_t> host(t.nbytes());
+        const HostCopy copies[] = {{&t, host.data(), host.size()}};
+        AMPD_RETURN_IF_ERROR(be.ReadBack(ptrs, absl::MakeSpan(out), copies));
+        AMPD_RETURN_IF_ERROR(be.Synchronize());
+        io.Add("scalars", std::vector<double>(out.begin(), out.end()), kBitwise);
+        io.Add("copy", Decode(dt, host.data(), static_cast<size_t>(t.numel())), kBitwise);
+        return io.Take();
+      };
+      c.reference = [=] {
+        std::vector<double> want;
+        for (double v : scalars.values) want.push_back(F32(v + bump));
+        return Outputs{{"scalars", want, kBitwise}, {"copy", copied.values, kBitwise}};
+      };
+      return c;
     };
-    c.reference = [=] {
-      std::vector<double> want;
-      for (double v : scalars.values) want.push_back(F32(v + bump));
-      return Outputs{{"scalars", want, kBitwise}, {"copy", copied.values, kBitwise}};
-    };
-    cases.push_back(std::move(c));
+    cases.push_back({"ReadBack", Lower(dt), build});
   }
 }
 
@@ -392,36 +409,39 @@ void AddReadBackCases(std::vector<OpCase>& cases) {
 void AddAddCases(std::vector<OpCase>& cases) {
   for (DType ydt : kFloatDTypes) {
     for (DType xdt : kFloatDTypes) {
-      HostTensor x = Random(xdt, {33, 70}, 24, -3, 3);
-      HostTensor y = Random(ydt, {33, 70}, 25, -3, 3);
-      // Exact cancellation, fp16 overflow, a tie in fp16/bf16 (2049), fp16
-      // subnormals: the edges where a second rounding would show.
-      const double xe[] = {1.5, 40000.0, 1.0, std::ldexp(1.0, -24)};
-      const double ye[] = {-1.5, 30000.0, 2048.0, std::ldexp(3.0, -24)};
-      for (int i = 0; i < 4; ++i) {
-        x.values[static_cast<size_t>(i)] = kt::RefStore(xdt, xe[i]);
-        y.values[static_cast<size_t>(i)] = kt::RefStore(ydt, ye[i]);
-      }
-      OpCase c{"Add", absl::StrCat("x_", Lower(xdt), "_y_", Lower(ydt))};
-      c.run = [x, y](Backend& be) -> absl::StatusOr<Outputs> {
-        Io io(be);
-        AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(x));
-        AMPD_ASSIGN_OR_RETURN(Tensor ty, io.Upload(y));
-        AMPD_RETURN_IF_ERROR(be.Add(tx, ty));
-        AMPD_RETURN_IF_ERROR(io.Read("y", ty, kBitwise));
-        AMPD_RETURN_IF_ERROR(be.Add(ty, ty));
-        AMPD_RETURN_IF_ERROR(io.Read("y += y", ty, kBitwise));
-        return io.Take();
-      };
-      c.reference = [x, y] {
-        std::vector<double> sum, twice;
-        for (size_t i = 0; i < y.values.size(); ++i) {
-          sum.push_back(kt::RefStore(y.dtype, F32(x.values[i] + y.values[i])));
-          twice.push_back(kt::RefStore(y.dtype, F32(sum.back() + sum.back())));
+      auto build = [=] {
+        HostTensor x = Random(xdt, {33, 70}, 24, -3, 3);
+        HostTensor y = Random(ydt, {33, 70}, 25, -3, 3);
+        // Exact cancellation, fp16 overflow, a tie in fp16/bf16 (2049), fp16
+        // subnormals: the edges where a second rounding would show.
+        const double xe[] = {1.5, 40000.0, 1.0, std::ldexp(1.0, -24)};
+        const double ye[] = {-1.5, 30000.0, 2048.0, std::ldexp(3.0, -24)};
+        for (int i = 0; i < 4; ++i) {
+          x.values[static_cast<size_t>(i)] = kt::RefStore(xdt, xe[i]);
+          y.values[static_cast<size_t>(i)] = kt::RefStore(ydt, ye[i]);
         }
-        return Outputs{{"y", sum, kBitwise}, {"y += y", twice, kBitwise}};
+        CaseFns c;
+        c.run = [x, y](Backend& be) -> absl::StatusOr<Outputs> {
+          Io io(be);
+          AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(x));
+          AMPD_ASSIGN_OR_RETURN(Tensor ty, io.Upload(y));
+          AMPD_RETURN_IF_ERROR(be.Add(tx, ty));
+          AMPD_RETURN_IF_ERROR(io.Read("y", ty, kBitwise));
+          AMPD_RETURN_IF_ERROR(be.Add(ty, ty));
+          AMPD_RETURN_IF_ERROR(io.Read("y += y", ty, kBitwise));
+          return io.Take();
+        };
+        c.reference = [x, y] {
+          std::vector<double> sum, twice;
+          for (size_t i = 0; i < y.values.size(); ++i) {
+            sum.push_back(kt::RefStore(y.dtype, F32(x.values[i] + y.values[i])));
+            twice.push_back(kt::RefStore(y.dtype, F32(sum.back() + sum.back())));
+          }
+          return Outputs{{"y", sum, kBitwise}, {"y += y", twice, kBitwise}};
+        };
+        return c;
       };
-      cases.push_back(std::move(c));
+      cases.push_back({"Add", absl::StrCat("x_", Lower(xdt), "_y_", Lower(ydt)), build});
     }
   }
 }
@@ -429,25 +449,28 @@ void AddAddCases(std::vector<OpCase>& cases) {
 // AddBias: y (N, C) += bias (C) in fp32, one rounding.
 void AddAddBiasCases(std::vector<OpCase>& cases) {
   for (DType dt : kFloatDTypes) {
-    const HostTensor y = Random(dt, {33, 70}, 20, -3, 3);
-    const HostTensor b = Random(dt, {70}, 21, -3, 3);
-    OpCase c{"AddBias", Lower(dt)};
-    c.run = [y, b](Backend& be) -> absl::StatusOr<Outputs> {
-      Io io(be);
-      AMPD_ASSIGN_OR_RETURN(Tensor ty, io.Upload(y));
-      AMPD_ASSIGN_OR_RETURN(Tensor tb, io.Upload(b));
-      AMPD_RETURN_IF_ERROR(be.AddBias(tb, ty));
-      AMPD_RETURN_IF_ERROR(io.Read("y", ty, kBitwise));
-      return io.Take();
+    auto build = [=] {
+      const HostTensor y = Random(dt, {33, 70}, 20, -3, 3);
+      const HostTensor b = Random(dt, {70}, 21, -3, 3);
+      CaseFns c;
+      c.run = [y, b](Backend& be) -> absl::StatusOr<Outputs> {
+        Io io(be);
+        AMPD_ASSIGN_OR_RETURN(Tensor ty, io.Upload(y));
+        AMPD_ASSIGN_OR_RETURN(Tensor tb, io.Upload(b));
+        AMPD_RETURN_IF_ERROR(be.AddBias(tb, ty));
+        AMPD_RETURN_IF_ERROR(io.Read("y", ty, kBitwise));
+        return io.Take();
+      };
+      c.reference = [y, b] {
+        std::vector<double> want;
+        for (size_t i = 0; i < y.values.size(); ++i) {
+          want.push_back(kt::RefStore(y.dtype, F32(y.values[i] + b.values[i % 70])));
+        }
+        return Outputs{{"y", want, kBitwise}};
+      };
+      return c;
     };
-    c.reference = [y, b] {
-      std::vector<double> want;
-      for (size_t i = 0; i < y.values.size(); ++i) {
-        want.push_back(kt::RefStore(y.dtype, F32(y.values[i] + b.values[i % 70])));
-      }
-      return Outputs{{"y", want, kBitwise}};
-    };
-    cases.push_back(std::move(c));
+    cases.push_back({"AddBias", Lower(dt), build});
   }
 }
 
@@ -456,32 +479,35 @@ void AddBiasGradCases(std::vector<OpCase>& cases) {
   const int64_t rows = 300, cols = 70;
   for (DType dt : kFloatDTypes) {
     for (float beta : {0.0f, 1.0f}) {
-      const HostTensor dy = Random(dt, {rows, cols}, 30, -1, 1);
-      const HostTensor db = Random(dt, {cols}, 31, -1, 1);
-      OpCase c{"BiasGrad", absl::StrCat(Lower(dt), "_beta", beta)};
-      c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
-        Io io(be);
-        AMPD_ASSIGN_OR_RETURN(Tensor tdy, io.Upload(dy));
-        AMPD_ASSIGN_OR_RETURN(Tensor tdb, io.Upload(db));
-        AMPD_RETURN_IF_ERROR(be.BiasGrad(tdy, beta, tdb));
-        // CUDA sums the rows in another order: ~2^-24 per row of |dy| < 1.
-        AMPD_RETURN_IF_ERROR(io.Read("dbias", tdb, DeviceElementwise(dt) + Tol{0, rows * 6e-8}));
-        return io.Take();
+      auto build = [=] {
+        const HostTensor dy = Random(dt, {rows, cols}, 30, -1, 1);
+        const HostTensor db = Random(dt, {cols}, 31, -1, 1);
+        CaseFns c;
+        c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+          Io io(be);
+          AMPD_ASSIGN_OR_RETURN(Tensor tdy, io.Upload(dy));
+          AMPD_ASSIGN_OR_RETURN(Tensor tdb, io.Upload(db));
+          AMPD_RETURN_IF_ERROR(be.BiasGrad(tdy, beta, tdb));
+          // CUDA sums the rows in another order: ~2^-24 per row of |dy| < 1.
+          AMPD_RETURN_IF_ERROR(io.Read("dbias", tdb, DeviceElementwise(dt) + Tol{0, rows * 6e-8}));
+          return io.Take();
+        };
+        c.reference = [=] {
+          std::vector<double> want(cols);
+          for (int64_t col = 0; col < cols; ++col) {
+            double s = 0;
+            for (int64_t r = 0; r < rows; ++r) s += dy.values[static_cast<size_t>(r * cols + col)];
+            want[static_cast<size_t>(col)] = s + beta * db.values[static_cast<size_t>(col)];
+          }
+          // A sequential fp32 sum of 300 terms below 1 in magnitude: each of
+          // the 300 additions rounds a partial sum (below 300) by at most
+          // half its ulp; in practice the errors cancel like a random walk,
+          // and 4 u per row bounds them with a wide margin.
+          return Outputs{{"dbias", want, Ulps(dt, 1) + Tol{0, 4 * rows * kU32}}};
+        };
+        return c;
       };
-      c.reference = [=] {
-        std::vector<double> want(cols);
-        for (int64_t col = 0; col < cols; ++col) {
-          double s = 0;
-          for (int64_t r = 0; r < rows; ++r) s += dy.values[static_cast<size_t>(r * cols + col)];
-          want[static_cast<size_t>(col)] = s + beta * db.values[static_cast<size_t>(col)];
-        }
-        // A sequential fp32 sum of 300 terms below 1 in magnitude: each of
-        // the 300 additions rounds a partial sum (below 300) by at most
-        // half its ulp; in practice the errors cancel like a random walk,
-        // and 4 u per row bounds them with a wide margin.
-        return Outputs{{"dbias", want, Ulps(dt, 1) + Tol{0, 4 * rows * kU32}}};
-      };
-      cases.push_back(std::move(c));
+      cases.push_back({"BiasGrad", absl::StrCat(Lower(dt), "_beta", beta), build});
     }
   }
 }
@@ -493,50 +519,53 @@ void AddGemmCases(std::vector<OpCase>& cases) {
   for (DType dt : kFloatDTypes) {
     for (bool ta : {false, true}) {
       for (bool tb : {false, true}) {
-        const HostTensor a = Random(dt, ta ? Shape{k, m} : Shape{m, k}, 10, -1, 1);
-        const HostTensor b = Random(dt, tb ? Shape{n, k} : Shape{k, n}, 11, -1, 1);
-        const HostTensor c32 = Random(DType::kF32, {m, n}, 12, -1, 1);
-        const HostTensor cdt = Random(dt, {m, n}, 12, -1, 1);
-        OpCase c{"Gemm", absl::StrCat(Lower(dt), ta ? "_t" : "_n", tb ? "t" : "n")};
-        c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
-          Io io(be);
-          AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(a));
-          AMPD_ASSIGN_OR_RETURN(Tensor tw, io.Upload(b));
-          for (const HostTensor* out : {&c32, &cdt}) {
-            AMPD_ASSIGN_OR_RETURN(Tensor tc, io.Upload(*out));
-            AMPD_RETURN_IF_ERROR(be.Gemm(ta, tb, alpha, tx, tw, beta, tc));
-            // fp32 sums of k products in another order: ~k 2^-24 absolute.
-            AMPD_RETURN_IF_ERROR(io.Read(absl::StrCat("c ", Lower(out->dtype)), tc,
-                                         DeviceElementwise(out->dtype) + Tol{0, k * 6e-8}));
-          }
-          return io.Take();
-        };
-        c.reference = [=] {
-          auto at = [&](int64_t i, int64_t p) {
-            return a.values[static_cast<size_t>(ta ? p * m + i : i * k + p)];
-          };
-          auto bt = [&](int64_t p, int64_t j) {
-            return b.values[static_cast<size_t>(tb ? j * k + p : p * n + j)];
-          };
-          Outputs out;
-          for (const HostTensor* c0 : {&c32, &cdt}) {
-            std::vector<double> want(static_cast<size_t>(m * n));
-            for (int64_t i = 0; i < m; ++i) {
-              for (int64_t j = 0; j < n; ++j) {
-                double s = 0;
-                for (int64_t p = 0; p < k; ++p) s += at(i, p) * bt(p, j);
-                want[static_cast<size_t>(i * n + j)] =
-                    alpha * s + beta * c0->values[static_cast<size_t>(i * n + j)];
-              }
+        auto build = [=] {
+          const HostTensor a = Random(dt, ta ? Shape{k, m} : Shape{m, k}, 10, -1, 1);
+          const HostTensor b = Random(dt, tb ? Shape{n, k} : Shape{k, n}, 11, -1, 1);
+          const HostTensor c32 = Random(DType::kF32, {m, n}, 12, -1, 1);
+          const HostTensor cdt = Random(dt, {m, n}, 12, -1, 1);
+          CaseFns c;
+          c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+            Io io(be);
+            AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(a));
+            AMPD_ASSIGN_OR_RETURN(Tensor tw, io.Upload(b));
+            for (const HostTensor* out : {&c32, &cdt}) {
+              AMPD_ASSIGN_OR_RETURN(Tensor tc, io.Upload(*out));
+              AMPD_RETURN_IF_ERROR(be.Gemm(ta, tb, alpha, tx, tw, beta, tc));
+              // fp32 sums of k products in another order: ~k 2^-24 absolute.
+              AMPD_RETURN_IF_ERROR(io.Read(absl::StrCat("c ", Lower(out->dtype)), tc,
+                                           DeviceElementwise(out->dtype) + Tol{0, k * 6e-8}));
             }
-            // BLAS accumulates the k products (|a b| < 1) in fp32 in a
-            // blocked order of its choosing: 4 u per product bounds it.
-            out.push_back({absl::StrCat("c ", Lower(c0->dtype)), want,
-                           Ulps(c0->dtype, 1) + Tol{0, 4 * k * kU32}});
-          }
-          return out;
+            return io.Take();
+          };
+          c.reference = [=] {
+            auto at = [&](int64_t i, int64_t p) {
+              return a.values[static_cast<size_t>(ta ? p * m + i : i * k + p)];
+            };
+            auto bt = [&](int64_t p, int64_t j) {
+              return b.values[static_cast<size_t>(tb ? j * k + p : p * n + j)];
+            };
+            Outputs out;
+            for (const HostTensor* c0 : {&c32, &cdt}) {
+              std::vector<double> want(static_cast<size_t>(m * n));
+              for (int64_t i = 0; i < m; ++i) {
+                for (int64_t j = 0; j < n; ++j) {
+                  double s = 0;
+                  for (int64_t p = 0; p < k; ++p) s += at(i, p) * bt(p, j);
+                  want[static_cast<size_t>(i * n + j)] =
+                      alpha * s + beta * c0->values[static_cast<size_t>(i * n + j)];
+                }
+              }
+              // BLAS accumulates the k products (|a b| < 1) in fp32 in a
+              // blocked order of its choosing: 4 u per product bounds it.
+              out.push_back({absl::StrCat("c ", Lower(c0->dtype)), want,
+                             Ulps(c0->dtype, 1) + Tol{0, 4 * k * kU32}});
+            }
+            return out;
+          };
+          return c;
         };
-        cases.push_back(std::move(c));
+        cases.push_back({"Gemm", absl::StrCat(Lower(dt), ta ? "_t" : "_n", tb ? "t" : "n"), build});
       }
     }
   }
@@ -562,8 +591,6 @@ void AddActivationCases(std::vector<OpCase>& cases) {
   const int64_t n = 5000;
   for (Activation act : {Activation::kReLU, Activation::kGELU, Activation::kTanh}) {
     for (DType dt : kFloatDTypes) {
-      const HostTensor x = Random(dt, {50, 100}, 40, -6, 6);
-      const HostTensor dy = Random(dt, {50, 100}, 41, -2, 2);
       const bool relu = act == Activation::kReLU;
       // ReLU is a selection: bitwise everywhere. GELU and tanh go through
       // fp32 erfcf/expf/tanhf (within an ulp or two of exact in glibc) and a
@@ -574,68 +601,77 @@ void AddActivationCases(std::vector<OpCase>& cases) {
       const Tol ref_tol = relu ? kBitwise : Ulps(dt, 1) + Tol{16 * kU32, 16 * kU32};
       const Tol dev_tol = relu ? kBitwise : DeviceElementwise(dt);
 
-      OpCase f{"ActivationForward", absl::StrCat(ActName(act), "_", Lower(dt))};
-      f.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
-        Io io(be);
-        AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(x));
-        AMPD_ASSIGN_OR_RETURN(Tensor ty, io.Unwritten(dt, x.shape));
-        AMPD_RETURN_IF_ERROR(be.ActivationForward(act, tx, ty));
-        AMPD_RETURN_IF_ERROR(io.Read("y", ty, dev_tol));
-        return io.Take();
-      };
-      f.reference = [=] {
-        std::vector<double> want;
-        for (double v : x.values) {
-          double r = 0.0;
-          switch (act) {
-            case Activation::kReLU:
-              r = v > 0 ? v : 0.0;
-              break;
-            case Activation::kGELU:
-              r = v * RefNormalCdf(v);
-              break;
-            default:
-              r = std::tanh(v);
-          }
-          want.push_back(relu ? kt::RefStore(dt, r) : r);
-        }
-        return Outputs{{"y", want, ref_tol}};
-      };
-      cases.push_back(std::move(f));
-
-      OpCase b{"ActivationBackward", absl::StrCat(ActName(act), "_", Lower(dt))};
-      b.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
-        Io io(be);
-        AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(x));
-        AMPD_ASSIGN_OR_RETURN(Tensor tdy, io.Upload(dy));
-        AMPD_ASSIGN_OR_RETURN(Tensor tdx, io.Unwritten(dt, x.shape));
-        AMPD_RETURN_IF_ERROR(be.ActivationBackward(act, tx, tdy, tdx));
-        AMPD_RETURN_IF_ERROR(io.Read("dx", tdx, dev_tol));
-        return io.Take();
-      };
-      b.reference = [=] {
-        std::vector<double> want;
-        for (int64_t i = 0; i < n; ++i) {
-          const double v = x.values[static_cast<size_t>(i)];
-          const double g = dy.values[static_cast<size_t>(i)];
-          double r = 0.0;
-          switch (act) {
-            case Activation::kReLU:
-              r = v > 0 ? g : 0.0;
-              break;
-            case Activation::kGELU:
-              r = g * (RefNormalCdf(v) + v * RefNormalPdf(v));
-              break;
-            default: {
-              const double t = std::tanh(v);
-              r = g * (1.0 - t * t);
+      auto forward = [=] {
+        const HostTensor x = Random(dt, {50, 100}, 40, -6, 6);
+        CaseFns f;
+        f.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+          Io io(be);
+          AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(x));
+          AMPD_ASSIGN_OR_RETURN(Tensor ty, io.Unwritten(dt, x.shape));
+          AMPD_RETURN_IF_ERROR(be.ActivationForward(act, tx, ty));
+          AMPD_RETURN_IF_ERROR(io.Read("y", ty, dev_tol));
+          return io.Take();
+        };
+        f.reference = [=] {
+          std::vector<double> want;
+          for (double v : x.values) {
+            double r = 0.0;
+            switch (act) {
+              case Activation::kReLU:
+                r = v > 0 ? v : 0.0;
+                break;
+              case Activation::kGELU:
+                r = v * RefNormalCdf(v);
+                break;
+              default:
+                r = std::tanh(v);
             }
+            want.push_back(relu ? kt::RefStore(dt, r) : r);
           }
-          want.push_back(relu ? kt::RefStore(dt, r) : r);
-        }
-        return Outputs{{"dx", want, ref_tol}};
+          return Outputs{{"y", want, ref_tol}};
+        };
+        return f;
       };
-      cases.push_back(std::move(b));
+      cases.push_back({"ActivationForward", absl::StrCat(ActName(act), "_", Lower(dt)), forward});
+
+      auto backward = [=] {
+        const HostTensor x = Random(dt, {50, 100}, 40, -6, 6);
+        const HostTensor dy = Random(dt, {50, 100}, 41, -2, 2);
+        CaseFns b;
+        b.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+          Io io(be);
+          AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(x));
+          AMPD_ASSIGN_OR_RETURN(Tensor tdy, io.Upload(dy));
+          AMPD_ASSIGN_OR_RETURN(Tensor tdx, io.Unwritten(dt, x.shape));
+          AMPD_RETURN_IF_ERROR(be.ActivationBackward(act, tx, tdy, tdx));
+          AMPD_RETURN_IF_ERROR(io.Read("dx", tdx, dev_tol));
+          return io.Take();
+        };
+        b.reference = [=] {
+          std::vector<double> want;
+          for (int64_t i = 0; i < n; ++i) {
+            const double v = x.values[static_cast<size_t>(i)];
+            const double g = dy.values[static_cast<size_t>(i)];
+            double r = 0.0;
+            switch (act) {
+              case Activation::kReLU:
+                r = v > 0 ? g : 0.0;
+                break;
+              case Activation::kGELU:
+                r = g * (RefNormalCdf(v) + v * RefNormalPdf(v));
+                break;
+              default: {
+                const double t = std::tanh(v);
+                r = g * (1.0 - t * t);
+              }
+            }
+            want.push_back(relu ? kt::RefStore(dt, r) : r);
+          }
+          return Outputs{{"dx", want, ref_tol}};
+        };
+        return b;
+      };
+      cases.push_back({"ActivationBackward", absl::StrCat(ActName(act), "_", Lower(dt)), backward});
     }
   }
 }
@@ -666,119 +702,129 @@ void AddLayerNormCases(std::vector<OpCase>& cases) {
   const float eps = 1e-5f;
   for (DType dt : kFloatDTypes) {
     for (bool affine : {true, false}) {
-      const HostTensor x = Random(dt, {rows, cols}, 50, -2, 4);
-      const HostTensor gamma = Random(dt, {cols}, 51, 0.5, 1.5);
-      const HostTensor beta = Random(dt, {cols}, 52, -0.5, 0.5);
-      const HostTensor dy = Random(dt, {rows, cols}, 53, -1, 1);
-      const HostTensor pg = Random(dt, {cols}, 54, -1, 1);
       const std::string variant = absl::StrCat(Lower(dt), affine ? "_affine" : "_plain");
       // The statistics: fp32 sums of 300 values in [-2, 4] (mean ~1,
       // rstd ~0.6) whose rounding errors a random walk keeps near
       // sqrt(300) u relative; 2e-5 allows 80 times that.
       const Tol stat_tol{2e-5, 2e-5};
 
-      OpCase f{"LayerNormForward", variant};
-      f.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
-        Io io(be);
-        AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(x));
-        AMPD_ASSIGN_OR_RETURN(Tensor tg, io.Upload(gamma));
-        AMPD_ASSIGN_OR_RETURN(Tensor tb, io.Upload(beta));
-        AMPD_ASSIGN_OR_RETURN(Tensor ty, io.Unwritten(dt, x.shape));
-        AMPD_ASSIGN_OR_RETURN(Tensor tm, io.Unwritten(DType::kF32, {rows}));
-        AMPD_ASSIGN_OR_RETURN(Tensor tr, io.Unwritten(DType::kF32, {rows}));
-        AMPD_RETURN_IF_ERROR(be.LayerNormForward(tx, affine ? &tg : nullptr, affine ? &tb : nullptr,
-                                                 eps, ty, tm, tr));
-        AMPD_RETURN_IF_ERROR(io.Read("mean", tm, {1e-5, 1e-6}));
-        AMPD_RETURN_IF_ERROR(io.Read("rstd", tr, {1e-5, 1e-6}));
-        AMPD_RETURN_IF_ERROR(io.Read("y", ty, DeviceElementwise(dt) + Tol{0, 1e-5}));
-        return io.Take();
-      };
-      f.reference = [=] {
-        const RowStats s = RefStats(x, rows, cols, eps);
-        std::vector<double> y;
-        for (int64_t r = 0; r < rows; ++r) {
-          for (int64_t c = 0; c < cols; ++c) {
-            double v =
-                (x.values[static_cast<size_t>(r * cols + c)] - s.mean[static_cast<size_t>(r)]) *
-                s.rstd[static_cast<size_t>(r)];
-            if (affine) {
-              v = v * gamma.values[static_cast<size_t>(c)] + beta.values[static_cast<size_t>(c)];
+      auto forward = [=] {
+        const HostTensor x = Random(dt, {rows, cols}, 50, -2, 4);
+        const HostTensor gamma = Random(dt, {cols}, 51, 0.5, 1.5);
+        const HostTensor beta = Random(dt, {cols}, 52, -0.5, 0.5);
+        CaseFns f;
+        f.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+          Io io(be);
+          AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(x));
+          AMPD_ASSIGN_OR_RETURN(Tensor tg, io.Upload(gamma));
+          AMPD_ASSIGN_OR_RETURN(Tensor tb, io.Upload(beta));
+          AMPD_ASSIGN_OR_RETURN(Tensor ty, io.Unwritten(dt, x.shape));
+          AMPD_ASSIGN_OR_RETURN(Tensor tm, io.Unwritten(DType::kF32, {rows}));
+          AMPD_ASSIGN_OR_RETURN(Tensor tr, io.Unwritten(DType::kF32, {rows}));
+          AMPD_RETURN_IF_ERROR(be.LayerNormForward(tx, affine ? &tg : nullptr,
+                                                   affine ? &tb : nullptr, eps, ty, tm, tr));
+          AMPD_RETURN_IF_ERROR(io.Read("mean", tm, {1e-5, 1e-6}));
+          AMPD_RETURN_IF_ERROR(io.Read("rstd", tr, {1e-5, 1e-6}));
+          AMPD_RETURN_IF_ERROR(io.Read("y", ty, DeviceElementwise(dt) + Tol{0, 1e-5}));
+          return io.Take();
+        };
+        f.reference = [=] {
+          const RowStats s = RefStats(x, rows, cols, eps);
+          std::vector<double> y;
+          for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t c = 0; c < cols; ++c) {
+              double v =
+                  (x.values[static_cast<size_t>(r * cols + c)] - s.mean[static_cast<size_t>(r)]) *
+                  s.rstd[static_cast<size_t>(r)];
+              if (affine) {
+                v = v * gamma.values[static_cast<size_t>(c)] + beta.values[static_cast<size_t>(c)];
+              }
+              y.push_back(v);
             }
-            y.push_back(v);
           }
-        }
-        // y = xhat gamma + beta with |xhat| < 4: the statistics' error
-        // times 4, plus the dtype's rounding.
-        return Outputs{{"mean", s.mean, stat_tol},
-                       {"rstd", s.rstd, stat_tol},
-                       {"y", y, Ulps(dt, 1) + Tol{2e-5, 8e-5}}};
+          // y = xhat gamma + beta with |xhat| < 4: the statistics' error
+          // times 4, plus the dtype's rounding.
+          return Outputs{{"mean", s.mean, stat_tol},
+                         {"rstd", s.rstd, stat_tol},
+                         {"y", y, Ulps(dt, 1) + Tol{2e-5, 8e-5}}};
+        };
+        return f;
       };
-      cases.push_back(std::move(f));
+      cases.push_back({"LayerNormForward", variant, forward});
 
-      // Backward takes the statistics as inputs: the float64 ones rounded to
-      // fp32, the same on every backend.
-      const RowStats s = RefStats(x, rows, cols, eps);
-      HostTensor mean{DType::kF32, {rows}, {}}, rstd{DType::kF32, {rows}, {}};
-      for (int64_t r = 0; r < rows; ++r) {
-        mean.values.push_back(F32(s.mean[static_cast<size_t>(r)]));
-        rstd.values.push_back(F32(s.rstd[static_cast<size_t>(r)]));
-      }
-      OpCase b{"LayerNormBackward", variant};
-      b.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
-        Io io(be);
-        AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(x));
-        AMPD_ASSIGN_OR_RETURN(Tensor tg, io.Upload(gamma));
-        AMPD_ASSIGN_OR_RETURN(Tensor tm, io.Upload(mean));
-        AMPD_ASSIGN_OR_RETURN(Tensor tr, io.Upload(rstd));
-        AMPD_ASSIGN_OR_RETURN(Tensor tdy, io.Upload(dy));
-        AMPD_ASSIGN_OR_RETURN(Tensor tdx, io.Unwritten(dt, x.shape));
-        AMPD_ASSIGN_OR_RETURN(Tensor tdg, io.Upload(pg));
-        AMPD_ASSIGN_OR_RETURN(Tensor tdb, io.Upload(pg));
-        AMPD_RETURN_IF_ERROR(be.LayerNormBackward(tx, affine ? &tg : nullptr, tm, tr, tdy, tdx,
-                                                  affine ? &tdg : nullptr,
-                                                  affine ? &tdb : nullptr));
-        // Row sums in another order on the device: 1e-6 per row summed.
-        const Tol tol = DeviceElementwise(dt) + Tol{0, 1e-5 + rows * 1e-6};
-        AMPD_RETURN_IF_ERROR(io.Read("dx", tdx, tol));
-        if (affine) {
-          AMPD_RETURN_IF_ERROR(io.Read("dgamma", tdg, tol));
-          AMPD_RETURN_IF_ERROR(io.Read("dbeta", tdb, tol));
-        }
-        return io.Take();
-      };
-      b.reference = [=] {
-        std::vector<double> dx, dg(pg.values), dbt(pg.values);
+      auto backward = [=] {
+        const HostTensor x = Random(dt, {rows, cols}, 50, -2, 4);
+        const HostTensor gamma = Random(dt, {cols}, 51, 0.5, 1.5);
+        const HostTensor dy = Random(dt, {rows, cols}, 53, -1, 1);
+        const HostTensor pg = Random(dt, {cols}, 54, -1, 1);
+        // Backward takes the statistics as inputs: the float64 ones rounded to
+        // fp32, the same on every backend.
+        const RowStats s = RefStats(x, rows, cols, eps);
+        HostTensor mean{DType::kF32, {rows}, {}}, rstd{DType::kF32, {rows}, {}};
         for (int64_t r = 0; r < rows; ++r) {
-          std::vector<double> xhat(cols), dxhat(cols);
-          double sum_dxhat = 0, sum_dxhat_xhat = 0;
-          for (int64_t c = 0; c < cols; ++c) {
-            const size_t i = static_cast<size_t>(r * cols + c);
-            const size_t ci = static_cast<size_t>(c);
-            xhat[ci] = (x.values[i] - mean.values[static_cast<size_t>(r)]) *
-                       rstd.values[static_cast<size_t>(r)];
-            dxhat[ci] = affine ? dy.values[i] * gamma.values[ci] : dy.values[i];
-            sum_dxhat += dxhat[ci];
-            sum_dxhat_xhat += dxhat[ci] * xhat[ci];
-            dg[ci] += dy.values[i] * xhat[ci];
-            dbt[ci] += dy.values[i];
-          }
-          for (int64_t c = 0; c < cols; ++c) {
-            const size_t ci = static_cast<size_t>(c);
-            dx.push_back(rstd.values[static_cast<size_t>(r)] *
-                         (dxhat[ci] - sum_dxhat / cols - xhat[ci] * sum_dxhat_xhat / cols));
-          }
+          mean.values.push_back(F32(s.mean[static_cast<size_t>(r)]));
+          rstd.values.push_back(F32(s.rstd[static_cast<size_t>(r)]));
         }
-        // dx: two fp32 row sums of 300 terms (|dxhat| < 1.5, |xhat| < 4)
-        // scaled by 1/C; dgamma, dbeta: fp32 column sums of 67 terms below
-        // 4. 8 u per summed term bounds both with margin.
-        Outputs out{{"dx", dx, Ulps(dt, 1) + Tol{16 * kU32, 1e-5}}};
-        if (affine) {
-          out.push_back({"dgamma", dg, Ulps(dt, 1) + Tol{0, 8 * 4 * rows * kU32}});
-          out.push_back({"dbeta", dbt, Ulps(dt, 1) + Tol{0, 8 * rows * kU32}});
-        }
-        return out;
+        CaseFns b;
+        b.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+          Io io(be);
+          AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(x));
+          AMPD_ASSIGN_OR_RETURN(Tensor tg, io.Upload(gamma));
+          AMPD_ASSIGN_OR_RETURN(Tensor tm, io.Upload(mean));
+          AMPD_ASSIGN_OR_RETURN(Tensor tr, io.Upload(rstd));
+          AMPD_ASSIGN_OR_RETURN(Tensor tdy, io.Upload(dy));
+          AMPD_ASSIGN_OR_RETURN(Tensor tdx, io.Unwritten(dt, x.shape));
+          AMPD_ASSIGN_OR_RETURN(Tensor tdg, io.Upload(pg));
+          AMPD_ASSIGN_OR_RETURN(Tensor tdb, io.Upload(pg));
+          AMPD_RETURN_IF_ERROR(be.LayerNormBackward(tx, affine ? &tg : nullptr, tm, tr, tdy, tdx,
+                                                    affine ? &tdg : nullptr,
+                                                    affine ? &tdb : nullptr));
+          // Row sums in another order on the device: 1e-6 per row summed.
+          const Tol tol = DeviceElementwise(dt) + Tol{0, 1e-5 + rows * 1e-6};
+          AMPD_RETURN_IF_ERROR(io.Read("dx", tdx, tol));
+          if (affine) {
+            AMPD_RETURN_IF_ERROR(io.Read("dgamma", tdg, tol));
+            AMPD_RETURN_IF_ERROR(io.Read("dbeta", tdb, tol));
+          }
+          return io.Take();
+        };
+        b.reference = [=] {
+          std::vector<double> dx, dg(pg.values), dbt(pg.values);
+          for (int64_t r = 0; r < rows; ++r) {
+            std::vector<double> xhat(cols), dxhat(cols);
+            double sum_dxhat = 0, sum_dxhat_xhat = 0;
+            for (int64_t c = 0; c < cols; ++c) {
+              const size_t i = static_cast<size_t>(r * cols + c);
+              const size_t ci = static_cast<size_t>(c);
+              xhat[ci] = (x.values[i] - mean.values[static_cast<size_t>(r)]) *
+                         rstd.values[static_cast<size_t>(r)];
+              dxhat[ci] = affine ? dy.values[i] * gamma.values[ci] : dy.values[i];
+              sum_dxhat += dxhat[ci];
+              sum_dxhat_xhat += dxhat[ci] * xhat[ci];
+              dg[ci] += dy.values[i] * xhat[ci];
+              dbt[ci] += dy.values[i];
+            }
+            for (int64_t c = 0; c < cols; ++c) {
+              const size_t ci = static_cast<size_t>(c);
+              dx.push_back(rstd.values[static_cast<size_t>(r)] *
+                           (dxhat[ci] - sum_dxhat / cols - xhat[ci] * sum_dxhat_xhat / cols));
+            }
+          }
+          // dx: two fp32 row sums of 300 terms (|dxhat| < 1.5, |xhat| < 4)
+          // scaled by 1/C, whose rounding a random walk keeps near sqrt(300) u
+          // of the sums' magnitudes: 1e-5 absolute allows a hundredfold that.
+          // dgamma, dbeta: fp32 column sums of 67 terms below 4 (dgamma) or 1
+          // (dbeta): 8 u per summed term.
+          Outputs out{{"dx", dx, Ulps(dt, 1) + Tol{16 * kU32, 1e-5}}};
+          if (affine) {
+            out.push_back({"dgamma", dg, Ulps(dt, 1) + Tol{0, 8 * 4 * rows * kU32}});
+            out.push_back({"dbeta", dbt, Ulps(dt, 1) + Tol{0, 8 * rows * kU32}});
+          }
+          return out;
+        };
+        return b;
       };
-      cases.push_back(std::move(b));
+      cases.push_back({"LayerNormBackward", variant, backward});
     }
   }
 }
@@ -788,60 +834,69 @@ void AddEmbeddingCases(std::vector<OpCase>& cases) {
   const int64_t vocab = 50, cols = 40, n = 500;  // n >> vocab: ids repeat
   for (DType dt : kFloatDTypes) {
     for (DType idt : kIdDTypes) {
-      const HostTensor table = Random(dt, {vocab, cols}, 60, -1, 1);
-      const HostTensor dout = Random(dt, {n, cols}, 61, -1, 1);
-      const HostTensor ids = Ids(idt, n, 62, vocab);
       const std::string variant = absl::StrCat(Lower(dt), "_ids_", Lower(idt));
 
-      OpCase f{"EmbeddingForward", variant};
-      f.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
-        Io io(be);
-        AMPD_ASSIGN_OR_RETURN(Tensor tid, io.Upload(ids));
-        AMPD_ASSIGN_OR_RETURN(Tensor tt, io.Upload(table));
-        AMPD_ASSIGN_OR_RETURN(Tensor to, io.Unwritten(dt, {n, cols}));
-        AMPD_RETURN_IF_ERROR(be.EmbeddingForward(tid, tt, to));
-        AMPD_RETURN_IF_ERROR(io.Read("out", to, kBitwise));
-        return io.Take();
-      };
-      f.reference = [=] {
-        std::vector<double> want;
-        for (double id : ids.values) {
-          for (int64_t c = 0; c < cols; ++c) {
-            want.push_back(table.values[static_cast<size_t>(static_cast<int64_t>(id) * cols + c)]);
+      auto forward = [=] {
+        const HostTensor table = Random(dt, {vocab, cols}, 60, -1, 1);
+        const HostTensor ids = Ids(idt, n, 62, vocab);
+        CaseFns f;
+        f.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+          Io io(be);
+          AMPD_ASSIGN_OR_RETURN(Tensor tid, io.Upload(ids));
+          AMPD_ASSIGN_OR_RETURN(Tensor tt, io.Upload(table));
+          AMPD_ASSIGN_OR_RETURN(Tensor to, io.Unwritten(dt, {n, cols}));
+          AMPD_RETURN_IF_ERROR(be.EmbeddingForward(tid, tt, to));
+          AMPD_RETURN_IF_ERROR(io.Read("out", to, kBitwise));
+          return io.Take();
+        };
+        f.reference = [=] {
+          std::vector<double> want;
+          for (double id : ids.values) {
+            for (int64_t c = 0; c < cols; ++c) {
+              want.push_back(
+                  table.values[static_cast<size_t>(static_cast<int64_t>(id) * cols + c)]);
+            }
           }
-        }
-        return Outputs{{"out", want, kBitwise}};
+          return Outputs{{"out", want, kBitwise}};
+        };
+        return f;
       };
-      cases.push_back(std::move(f));
+      cases.push_back({"EmbeddingForward", variant, forward});
 
-      OpCase b{"EmbeddingBackward", variant};
-      b.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
-        Io io(be);
-        AMPD_ASSIGN_OR_RETURN(Tensor tid, io.Upload(ids));
-        AMPD_ASSIGN_OR_RETURN(Tensor tt, io.Upload(table));
-        AMPD_ASSIGN_OR_RETURN(Tensor tdo, io.Upload(dout));
-        AMPD_RETURN_IF_ERROR(be.EmbeddingBackward(tid, tdo, tt));
-        // The same fp32 adds in the same (batch) order per row.
-        AMPD_RETURN_IF_ERROR(io.Read("dtable", tt, kBitwise));
-        return io.Take();
-      };
-      b.reference = [=] {
-        std::vector<double> want(table.values);
-        std::vector<int> hits(static_cast<size_t>(vocab), 0);
-        for (int64_t i = 0; i < n; ++i) {
-          const int64_t id = static_cast<int64_t>(ids.values[static_cast<size_t>(i)]);
-          ++hits[static_cast<size_t>(id)];
-          for (int64_t c = 0; c < cols; ++c) {
-            want[static_cast<size_t>(id * cols + c)] +=
-                dout.values[static_cast<size_t>(i * cols + c)];
+      auto backward = [=] {
+        const HostTensor table = Random(dt, {vocab, cols}, 60, -1, 1);
+        const HostTensor dout = Random(dt, {n, cols}, 61, -1, 1);
+        const HostTensor ids = Ids(idt, n, 62, vocab);
+        CaseFns b;
+        b.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+          Io io(be);
+          AMPD_ASSIGN_OR_RETURN(Tensor tid, io.Upload(ids));
+          AMPD_ASSIGN_OR_RETURN(Tensor tt, io.Upload(table));
+          AMPD_ASSIGN_OR_RETURN(Tensor tdo, io.Upload(dout));
+          AMPD_RETURN_IF_ERROR(be.EmbeddingBackward(tid, tdo, tt));
+          // The same fp32 adds in the same (batch) order per row.
+          AMPD_RETURN_IF_ERROR(io.Read("dtable", tt, kBitwise));
+          return io.Take();
+        };
+        b.reference = [=] {
+          std::vector<double> want(table.values);
+          std::vector<int> hits(static_cast<size_t>(vocab), 0);
+          for (int64_t i = 0; i < n; ++i) {
+            const int64_t id = static_cast<int64_t>(ids.values[static_cast<size_t>(i)]);
+            ++hits[static_cast<size_t>(id)];
+            for (int64_t c = 0; c < cols; ++c) {
+              want[static_cast<size_t>(id * cols + c)] +=
+                  dout.values[static_cast<size_t>(i * cols + c)];
+            }
           }
-        }
-        // Each row: an fp32 sum of its hits (terms below 1), added to a
-        // value below 1: one rounding of a partial sum below `hits` per hit.
-        const int most = *std::max_element(hits.begin(), hits.end());
-        return Outputs{{"dtable", want, Ulps(dt, 1) + Tol{0, (most + 1) * most * kU32}}};
+          // Each row: an fp32 sum of its hits (terms below 1), added to a
+          // value below 1: one rounding of a partial sum below `hits` per hit.
+          const int most = *std::max_element(hits.begin(), hits.end());
+          return Outputs{{"dtable", want, Ulps(dt, 1) + Tol{0, (most + 1) * most * kU32}}};
+        };
+        return b;
       };
-      cases.push_back(std::move(b));
+      cases.push_back({"EmbeddingBackward", variant, backward});
     }
   }
 }
@@ -849,84 +904,90 @@ void AddEmbeddingCases(std::vector<OpCase>& cases) {
 // ---- losses ----
 void AddLossCases(std::vector<OpCase>& cases) {
   for (DType dt : kFloatDTypes) {
-    const int64_t rows = 256, cols = 100, count = rows * cols;
-    const HostTensor pred = Random(dt, {rows, cols}, 80, -2, 2);
-    const HostTensor target = Random(DType::kF32, {rows, cols}, 81, -2, 2);
-    const float multiplier = 0.5f, scale = 1024.0f;
-    OpCase c{"MseLoss", Lower(dt)};
-    c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
-      Io io(be);
-      AMPD_ASSIGN_OR_RETURN(Tensor tp, io.Upload(pred));
-      AMPD_ASSIGN_OR_RETURN(Tensor tt, io.Upload(target));
-      AMPD_ASSIGN_OR_RETURN(Tensor tl, io.Unwritten(DType::kF32, {1}));
-      AMPD_ASSIGN_OR_RETURN(Tensor td, io.Unwritten(dt, pred.shape));
-      AMPD_RETURN_IF_ERROR(be.MseLoss(tp, tt, multiplier, scale, tl, td));
-      AMPD_RETURN_IF_ERROR(io.Read("loss", tl, {1e-5, 0}));
-      // One subtraction and one multiply by the same coefficient.
-      AMPD_RETURN_IF_ERROR(io.Read("dpred", td, kBitwise));
-      return io.Take();
-    };
-    c.reference = [=] {
-      double sum = 0;
-      std::vector<double> grad;
-      // The gradient's operation order is the contract: coef = (m * 2) *
-      // fp32(1 / count), then (coef * (p - t)) * grad_scale, each in fp32.
-      const double coef = F32(F32(multiplier * 2.0) * F32(1.0 / count));
-      for (size_t i = 0; i < pred.values.size(); ++i) {
-        const double d = pred.values[i] - target.values[i];
-        sum += d * d;
-        grad.push_back(kt::RefStore(dt, F32(F32(coef * F32(d)) * scale)));
-      }
-      return Outputs{{"loss", {multiplier * sum / count}, {ChunkedSumBound(count) + 4 * kU32, 0}},
-                     {"dpred", grad, kBitwise}};
-    };
-    cases.push_back(std::move(c));
-  }
-  for (DType dt : kFloatDTypes) {
-    for (DType idt : kIdDTypes) {
-      const int64_t rows = 100, vocab = 1000;
-      const HostTensor logits = Random(dt, {rows, vocab}, 90, -8, 8);
-      const HostTensor labels = Ids(idt, rows, 91, vocab);
-      const float multiplier = 1.0f, scale = 65536.0f;
-      OpCase c{"CrossEntropyLoss", absl::StrCat(Lower(dt), "_labels_", Lower(idt))};
+    auto build = [=] {
+      const int64_t rows = 256, cols = 100, count = rows * cols;
+      const HostTensor pred = Random(dt, {rows, cols}, 80, -2, 2);
+      const HostTensor target = Random(DType::kF32, {rows, cols}, 81, -2, 2);
+      const float multiplier = 0.5f, scale = 1024.0f;
+      CaseFns c;
       c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
         Io io(be);
-        AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(logits));
-        AMPD_ASSIGN_OR_RETURN(Tensor ty, io.Upload(labels));
+        AMPD_ASSIGN_OR_RETURN(Tensor tp, io.Upload(pred));
+        AMPD_ASSIGN_OR_RETURN(Tensor tt, io.Upload(target));
         AMPD_ASSIGN_OR_RETURN(Tensor tl, io.Unwritten(DType::kF32, {1}));
-        AMPD_ASSIGN_OR_RETURN(Tensor td, io.Unwritten(dt, logits.shape));
-        AMPD_RETURN_IF_ERROR(be.CrossEntropyLoss(tx, ty, multiplier, scale, tl, td));
+        AMPD_ASSIGN_OR_RETURN(Tensor td, io.Unwritten(dt, pred.shape));
+        AMPD_RETURN_IF_ERROR(be.MseLoss(tp, tt, multiplier, scale, tl, td));
         AMPD_RETURN_IF_ERROR(io.Read("loss", tl, {1e-5, 0}));
-        // softmax's expf and sum differ by ulps; softmax - 1 at the label
-        // turns them into an absolute error of the scaled gradient.
-        AMPD_RETURN_IF_ERROR(
-            io.Read("dlogits", td, DeviceElementwise(dt) + Tol{0, scale / rows * 1e-7}));
+        // One subtraction and one multiply by the same coefficient.
+        AMPD_RETURN_IF_ERROR(io.Read("dpred", td, kBitwise));
         return io.Take();
       };
       c.reference = [=] {
-        double total = 0;
+        double sum = 0;
         std::vector<double> grad;
-        for (int64_t r = 0; r < rows; ++r) {
-          const double* z = &logits.values[static_cast<size_t>(r * vocab)];
-          const int64_t label = static_cast<int64_t>(labels.values[static_cast<size_t>(r)]);
-          const double mx = *std::max_element(z, z + vocab);
-          double sum = 0;
-          for (int64_t v = 0; v < vocab; ++v) sum += std::exp(z[v] - mx);
-          total += std::log(sum) - (z[label] - mx);
-          for (int64_t v = 0; v < vocab; ++v) {
-            const double softmax = std::exp(z[v] - mx) / sum;
-            grad.push_back(multiplier / rows * (softmax - (v == label ? 1.0 : 0.0)) * scale);
-          }
+        // The gradient's operation order is the contract: coef = (m * 2) *
+        // fp32(1 / count), then (coef * (p - t)) * grad_scale, each in fp32.
+        const double coef = F32(F32(multiplier * 2.0) * F32(1.0 / count));
+        for (size_t i = 0; i < pred.values.size(); ++i) {
+          const double d = pred.values[i] - target.values[i];
+          sum += d * d;
+          grad.push_back(kt::RefStore(dt, F32(F32(coef * F32(d)) * scale)));
         }
-        // fp32: expf within an ulp or two; the sum of 1000 exponentials is a
-        // ChunkedSum (one run); softmax divides by it. Each row's loss
-        // (above 2 here: 1000 comparable terms) inherits the sum's relative
-        // error as an absolute one, and rows are added in order.
-        const double sum_err = ChunkedSumBound(vocab) + 4 * kU32;
-        return Outputs{{"loss", {multiplier * total / rows}, {sum_err + rows * kU32, 0}},
-                       {"dlogits", grad, Ulps(dt, 1) + Tol{sum_err, 0}}};
+        return Outputs{{"loss", {multiplier * sum / count}, {ChunkedSumBound(count) + 4 * kU32, 0}},
+                       {"dpred", grad, kBitwise}};
       };
-      cases.push_back(std::move(c));
+      return c;
+    };
+    cases.push_back({"MseLoss", Lower(dt), build});
+  }
+  for (DType dt : kFloatDTypes) {
+    for (DType idt : kIdDTypes) {
+      auto build = [=] {
+        const int64_t rows = 100, vocab = 1000;
+        const HostTensor logits = Random(dt, {rows, vocab}, 90, -8, 8);
+        const HostTensor labels = Ids(idt, rows, 91, vocab);
+        const float multiplier = 1.0f, scale = 65536.0f;
+        CaseFns c;
+        c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+          Io io(be);
+          AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(logits));
+          AMPD_ASSIGN_OR_RETURN(Tensor ty, io.Upload(labels));
+          AMPD_ASSIGN_OR_RETURN(Tensor tl, io.Unwritten(DType::kF32, {1}));
+          AMPD_ASSIGN_OR_RETURN(Tensor td, io.Unwritten(dt, logits.shape));
+          AMPD_RETURN_IF_ERROR(be.CrossEntropyLoss(tx, ty, multiplier, scale, tl, td));
+          AMPD_RETURN_IF_ERROR(io.Read("loss", tl, {1e-5, 0}));
+          // softmax's expf and sum differ by ulps; softmax - 1 at the label
+          // turns them into an absolute error of the scaled gradient.
+          AMPD_RETURN_IF_ERROR(
+              io.Read("dlogits", td, DeviceElementwise(dt) + Tol{0, scale / rows * 1e-7}));
+          return io.Take();
+        };
+        c.reference = [=] {
+          double total = 0;
+          std::vector<double> grad;
+          for (int64_t r = 0; r < rows; ++r) {
+            const double* z = &logits.values[static_cast<size_t>(r * vocab)];
+            const int64_t label = static_cast<int64_t>(labels.values[static_cast<size_t>(r)]);
+            const double mx = *std::max_element(z, z + vocab);
+            double sum = 0;
+            for (int64_t v = 0; v < vocab; ++v) sum += std::exp(z[v] - mx);
+            total += std::log(sum) - (z[label] - mx);
+            for (int64_t v = 0; v < vocab; ++v) {
+              const double softmax = std::exp(z[v] - mx) / sum;
+              grad.push_back(multiplier / rows * (softmax - (v == label ? 1.0 : 0.0)) * scale);
+            }
+          }
+          // fp32: expf within an ulp or two; the sum of 1000 exponentials is a
+          // ChunkedSum (one run); softmax divides by it. Each row's loss
+          // (above 2 here: 1000 comparable terms) inherits the sum's relative
+          // error as an absolute one, and rows are added in order.
+          const double sum_err = ChunkedSumBound(vocab) + 4 * kU32;
+          return Outputs{{"loss", {multiplier * total / rows}, {sum_err + rows * kU32, 0}},
+                         {"dlogits", grad, Ulps(dt, 1) + Tol{sum_err, 0}}};
+        };
+        return c;
+      };
+      cases.push_back({"CrossEntropyLoss", absl::StrCat(Lower(dt), "_labels_", Lower(idt)), build});
     }
   }
 }
@@ -944,57 +1005,60 @@ void AddUnscaleCases(std::vector<OpCase>& cases) {
     for (const Mode& mode :
          {Mode{"in_place_norm", true, true, false}, Mode{"check_only", false, false, false},
           Mode{"nonfinite", false, true, true}}) {
-      std::vector<HostTensor> grads;
-      for (size_t i = 0; i < kParamSizes.size(); ++i) {
-        grads.push_back(Random(dt, {kParamSizes[i]}, 300 + i, -1024, 1024));
-      }
-      if (mode.nonfinite) grads[3].values[700] = INFINITY;
-      OpCase c{"UnscaleAndCheck", absl::StrCat(Lower(dt), "_", mode.name)};
-      c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
-        Io io(be);
-        std::vector<Tensor> t;
-        for (const HostTensor& g : grads) {
-          AMPD_ASSIGN_OR_RETURN(Tensor x, io.Upload(g));
-          t.push_back(std::move(x));
+      auto build = [=] {
+        std::vector<HostTensor> grads;
+        for (size_t i = 0; i < kParamSizes.size(); ++i) {
+          grads.push_back(Random(dt, {kParamSizes[i]}, 300 + i, -1024, 1024));
         }
-        std::vector<Tensor*> ptrs;
-        for (Tensor& x : t) ptrs.push_back(&x);
-        AMPD_ASSIGN_OR_RETURN(Tensor found, io.Scalar(0));
-        AMPD_ASSIGN_OR_RETURN(Tensor norm, io.Scalar(0.5f));
-        AMPD_RETURN_IF_ERROR(
-            be.UnscaleAndCheck(ptrs, inv_scale, mode.in_place, found, mode.norm ? &norm : nullptr));
-        AMPD_RETURN_IF_ERROR(io.Read("found_inf", found, kBitwise));
-        if (mode.norm) AMPD_RETURN_IF_ERROR(io.Read("norm_sq", norm, {1e-5, 0}));
-        for (size_t i = 0; i < t.size(); ++i) {
-          AMPD_RETURN_IF_ERROR(io.Read(absl::StrCat("grad[", i, "]"), t[i], kBitwise));
-        }
-        return io.Take();
-      };
-      c.reference = [=] {
-        double norm = 0.5;
-        bool nonfinite = false;
-        int64_t total = 0;
-        Outputs grads_out;
-        for (size_t i = 0; i < grads.size(); ++i) {
-          std::vector<double> g;
-          for (double v : grads[i].values) {
-            const double u = F32(v * inv_scale);
-            nonfinite |= !std::isfinite(u);
-            norm += u * u;
-            g.push_back(mode.in_place ? kt::RefStore(dt, u) : v);
+        if (mode.nonfinite) grads[3].values[700] = INFINITY;
+        CaseFns c;
+        c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+          Io io(be);
+          std::vector<Tensor> t;
+          for (const HostTensor& g : grads) {
+            AMPD_ASSIGN_OR_RETURN(Tensor x, io.Upload(g));
+            t.push_back(std::move(x));
           }
-          total += static_cast<int64_t>(grads[i].values.size());
-          grads_out.push_back({absl::StrCat("grad[", i, "]"), g, kBitwise});
-        }
-        Outputs out{{"found_inf", {nonfinite ? 1.0 : 0.0}, kBitwise}};
-        if (mode.norm) {
-          // A ChunkedSum of squares (non-negative) over every gradient.
-          out.push_back({"norm_sq", {norm}, {ChunkedSumBound(total) + 2 * kU32, 0}});
-        }
-        out.insert(out.end(), grads_out.begin(), grads_out.end());
-        return out;
+          std::vector<Tensor*> ptrs;
+          for (Tensor& x : t) ptrs.push_back(&x);
+          AMPD_ASSIGN_OR_RETURN(Tensor found, io.Scalar(0));
+          AMPD_ASSIGN_OR_RETURN(Tensor norm, io.Scalar(0.5f));
+          AMPD_RETURN_IF_ERROR(be.UnscaleAndCheck(ptrs, inv_scale, mode.in_place, found,
+                                                  mode.norm ? &norm : nullptr));
+          AMPD_RETURN_IF_ERROR(io.Read("found_inf", found, kBitwise));
+          if (mode.norm) AMPD_RETURN_IF_ERROR(io.Read("norm_sq", norm, {1e-5, 0}));
+          for (size_t i = 0; i < t.size(); ++i) {
+            AMPD_RETURN_IF_ERROR(io.Read(absl::StrCat("grad[", i, "]"), t[i], kBitwise));
+          }
+          return io.Take();
+        };
+        c.reference = [=] {
+          double norm = 0.5;
+          bool nonfinite = false;
+          int64_t total = 0;
+          Outputs grads_out;
+          for (size_t i = 0; i < grads.size(); ++i) {
+            std::vector<double> g;
+            for (double v : grads[i].values) {
+              const double u = F32(v * inv_scale);
+              nonfinite |= !std::isfinite(u);
+              norm += u * u;
+              g.push_back(mode.in_place ? kt::RefStore(dt, u) : v);
+            }
+            total += static_cast<int64_t>(grads[i].values.size());
+            grads_out.push_back({absl::StrCat("grad[", i, "]"), g, kBitwise});
+          }
+          Outputs out{{"found_inf", {nonfinite ? 1.0 : 0.0}, kBitwise}};
+          if (mode.norm) {
+            // A ChunkedSum of squares (non-negative) over every gradient.
+            out.push_back({"norm_sq", {norm}, {ChunkedSumBound(total) + 2 * kU32, 0}});
+          }
+          out.insert(out.end(), grads_out.begin(), grads_out.end());
+          return out;
+        };
+        return c;
       };
-      cases.push_back(std::move(c));
+      cases.push_back({"UnscaleAndCheck", absl::StrCat(Lower(dt), "_", mode.name), build});
     }
   }
 }
@@ -1104,57 +1168,60 @@ void AddAdamCases(std::vector<OpCase>& cases) {
   for (DType dt : kFloatDTypes) {
     for (const Mode& mode :
          {Mode{"adamw", true, false}, Mode{"adam", false, false}, Mode{"skipped", true, true}}) {
-      const bool working = dt != DType::kF32;  // fp32 jobs have no working copy
-      const std::vector<HostParam> ps = MakeHostParams(dt, 400);
-      AdamConfig config;
-      config.lr = 1e-3f;
-      config.weight_decay = 0.01f;
-      config.decoupled_weight_decay = mode.decoupled;
-      const int steps = 3;
-      OpCase c{"AdamUpdate", absl::StrCat(Lower(dt), "_", mode.name)};
-      c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
-        Io io(be);
-        AMPD_ASSIGN_OR_RETURN(DeviceParams d, UploadParams(io, ps, working, true, true));
-        for (int64_t step = 1; step <= steps; ++step) {
-          AMPD_ASSIGN_OR_RETURN(Tensor found, io.Scalar(mode.skipped ? 1.0f : 0.0f));
-          AMPD_ASSIGN_OR_RETURN(Tensor norm, io.Scalar(norm_sq));
-          const GradTransform tr{inv_scale, &found, &norm, max_norm};
-          AMPD_RETURN_IF_ERROR(be.AdamUpdate(d.refs, config, step, tr));
-        }
-        AMPD_RETURN_IF_ERROR(ReadParams(io, d, working, true, true, dt, mode.skipped));
-        return io.Take();
-      };
-      c.reference = [=] {
-        std::vector<std::vector<double>> w, m, v;
-        const double clip = RefClip(norm_sq, max_norm);
-        for (const HostParam& p : ps) {
-          w.push_back(p.master.values);
-          m.push_back(p.m.values);
-          v.push_back(p.v.values);
-          if (mode.skipped) continue;
-          for (int step = 1; step <= steps; ++step) {
-            const double b1 = config.beta1, b2 = config.beta2, lr = config.lr;
-            const double wd = config.weight_decay, eps = config.eps;
-            const double bc1 = 1 - std::pow(b1, step), bc2 = 1 - std::pow(b2, step);
-            for (size_t i = 0; i < p.grad.values.size(); ++i) {
-              double g = p.grad.values[i] * inv_scale * clip;
-              double& wi = w.back()[i];
-              if (mode.decoupled) {
-                wi *= 1 - lr * wd;
-              } else {
-                g += wd * wi;
+      auto build = [=] {
+        const bool working = dt != DType::kF32;  // fp32 jobs have no working copy
+        const std::vector<HostParam> ps = MakeHostParams(dt, 400);
+        AdamConfig config;
+        config.lr = 1e-3f;
+        config.weight_decay = 0.01f;
+        config.decoupled_weight_decay = mode.decoupled;
+        const int steps = 3;
+        CaseFns c;
+        c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+          Io io(be);
+          AMPD_ASSIGN_OR_RETURN(DeviceParams d, UploadParams(io, ps, working, true, true));
+          for (int64_t step = 1; step <= steps; ++step) {
+            AMPD_ASSIGN_OR_RETURN(Tensor found, io.Scalar(mode.skipped ? 1.0f : 0.0f));
+            AMPD_ASSIGN_OR_RETURN(Tensor norm, io.Scalar(norm_sq));
+            const GradTransform tr{inv_scale, &found, &norm, max_norm};
+            AMPD_RETURN_IF_ERROR(be.AdamUpdate(d.refs, config, step, tr));
+          }
+          AMPD_RETURN_IF_ERROR(ReadParams(io, d, working, true, true, dt, mode.skipped));
+          return io.Take();
+        };
+        c.reference = [=] {
+          std::vector<std::vector<double>> w, m, v;
+          const double clip = RefClip(norm_sq, max_norm);
+          for (const HostParam& p : ps) {
+            w.push_back(p.master.values);
+            m.push_back(p.m.values);
+            v.push_back(p.v.values);
+            if (mode.skipped) continue;
+            for (int step = 1; step <= steps; ++step) {
+              const double b1 = config.beta1, b2 = config.beta2, lr = config.lr;
+              const double wd = config.weight_decay, eps = config.eps;
+              const double bc1 = 1 - std::pow(b1, step), bc2 = 1 - std::pow(b2, step);
+              for (size_t i = 0; i < p.grad.values.size(); ++i) {
+                double g = p.grad.values[i] * inv_scale * clip;
+                double& wi = w.back()[i];
+                if (mode.decoupled) {
+                  wi *= 1 - lr * wd;
+                } else {
+                  g += wd * wi;
+                }
+                double& mi = m.back()[i];
+                double& vi = v.back()[i];
+                mi = b1 * mi + (1 - b1) * g;
+                vi = b2 * vi + (1 - b2) * g * g;
+                wi -= lr / bc1 * (mi / (std::sqrt(vi) / std::sqrt(bc2) + eps));
               }
-              double& mi = m.back()[i];
-              double& vi = v.back()[i];
-              mi = b1 * mi + (1 - b1) * g;
-              vi = b2 * vi + (1 - b2) * g * g;
-              wi -= lr / bc1 * (mi / (std::sqrt(vi) / std::sqrt(bc2) + eps));
             }
           }
-        }
-        return ParamOutputs(w, m, v, working, true, true, dt, mode.skipped);
+          return ParamOutputs(w, m, v, working, true, true, dt, mode.skipped);
+        };
+        return c;
       };
-      cases.push_back(std::move(c));
+      cases.push_back({"AdamUpdate", absl::StrCat(Lower(dt), "_", mode.name), build});
     }
   }
 }
@@ -1170,51 +1237,54 @@ void AddSgdCases(std::vector<OpCase>& cases) {
     for (const Mode& mode :
          {Mode{"plain", 0.0f, 0.0f, false, false}, Mode{"momentum", 0.9f, 0.1f, false, false},
           Mode{"nesterov", 0.9f, 0.0f, true, false}, Mode{"skipped", 0.9f, 0.0f, false, true}}) {
-      const bool working = dt != DType::kF32;
-      const bool state = mode.momentum != 0.0f;
-      const std::vector<HostParam> ps = MakeHostParams(dt, 500);
-      SgdConfig config;
-      config.lr = 0.01f;
-      config.momentum = mode.momentum;
-      config.dampening = mode.dampening;
-      config.nesterov = mode.nesterov;
-      config.weight_decay = 1e-4f;
-      const int steps = 3;
-      OpCase c{"SgdUpdate", absl::StrCat(Lower(dt), "_", mode.name)};
-      c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
-        Io io(be);
-        AMPD_ASSIGN_OR_RETURN(DeviceParams d, UploadParams(io, ps, working, state, false));
-        for (int step = 0; step < steps; ++step) {
-          AMPD_ASSIGN_OR_RETURN(Tensor found, io.Scalar(mode.skipped ? 1.0f : 0.0f));
-          const GradTransform tr{inv_scale, &found, nullptr, 0.0f};
-          AMPD_RETURN_IF_ERROR(be.SgdUpdate(d.refs, config, step == 0, tr));
-        }
-        AMPD_RETURN_IF_ERROR(ReadParams(io, d, working, state, false, dt, mode.skipped));
-        return io.Take();
-      };
-      c.reference = [=] {
-        std::vector<std::vector<double>> w, m, v;
-        for (const HostParam& p : ps) {
-          w.push_back(p.master.values);
-          m.push_back(p.m.values);
-          if (mode.skipped) continue;
+      auto build = [=] {
+        const bool working = dt != DType::kF32;
+        const bool state = mode.momentum != 0.0f;
+        const std::vector<HostParam> ps = MakeHostParams(dt, 500);
+        SgdConfig config;
+        config.lr = 0.01f;
+        config.momentum = mode.momentum;
+        config.dampening = mode.dampening;
+        config.nesterov = mode.nesterov;
+        config.weight_decay = 1e-4f;
+        const int steps = 3;
+        CaseFns c;
+        c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+          Io io(be);
+          AMPD_ASSIGN_OR_RETURN(DeviceParams d, UploadParams(io, ps, working, state, false));
           for (int step = 0; step < steps; ++step) {
-            for (size_t i = 0; i < p.grad.values.size(); ++i) {
-              double g = p.grad.values[i] * inv_scale;
-              double& wi = w.back()[i];
-              g += static_cast<double>(config.weight_decay) * wi;
-              if (state) {
-                double& b = m.back()[i];
-                b = step == 0 ? g : config.momentum * b + (1.0 - config.dampening) * g;
-                g = mode.nesterov ? g + config.momentum * b : b;
+            AMPD_ASSIGN_OR_RETURN(Tensor found, io.Scalar(mode.skipped ? 1.0f : 0.0f));
+            const GradTransform tr{inv_scale, &found, nullptr, 0.0f};
+            AMPD_RETURN_IF_ERROR(be.SgdUpdate(d.refs, config, step == 0, tr));
+          }
+          AMPD_RETURN_IF_ERROR(ReadParams(io, d, working, state, false, dt, mode.skipped));
+          return io.Take();
+        };
+        c.reference = [=] {
+          std::vector<std::vector<double>> w, m, v;
+          for (const HostParam& p : ps) {
+            w.push_back(p.master.values);
+            m.push_back(p.m.values);
+            if (mode.skipped) continue;
+            for (int step = 0; step < steps; ++step) {
+              for (size_t i = 0; i < p.grad.values.size(); ++i) {
+                double g = p.grad.values[i] * inv_scale;
+                double& wi = w.back()[i];
+                g += static_cast<double>(config.weight_decay) * wi;
+                if (state) {
+                  double& b = m.back()[i];
+                  b = step == 0 ? g : config.momentum * b + (1.0 - config.dampening) * g;
+                  g = mode.nesterov ? g + config.momentum * b : b;
+                }
+                wi -= static_cast<double>(config.lr) * g;
               }
-              wi -= static_cast<double>(config.lr) * g;
             }
           }
-        }
-        return ParamOutputs(w, m, v, working, state, false, dt, mode.skipped);
+          return ParamOutputs(w, m, v, working, state, false, dt, mode.skipped);
+        };
+        return c;
       };
-      cases.push_back(std::move(c));
+      cases.push_back({"SgdUpdate", absl::StrCat(Lower(dt), "_", mode.name), build});
     }
   }
 }
@@ -1234,39 +1304,43 @@ int RefBin(double v) {
 
 void AddHistogramCases(std::vector<OpCase>& cases) {
   for (DType dt : kFloatDTypes) {
-    HostTensor a = Random(dt, {10000}, 100, -1, 1);
-    for (size_t i = 0; i < a.values.size(); ++i) {
-      a.values[i] = kt::RefStore(dt, a.values[i] * std::ldexp(1.0, static_cast<int>(i % 70) - 40));
-    }
-    // Exact zeros, bin edges and non-finite values.
-    for (double v : {0.0, -0.0, std::ldexp(1.0, -30), std::ldexp(1.0, 19), std::ldexp(1.0, 20),
-                     static_cast<double>(INFINITY), -static_cast<double>(INFINITY),
-                     std::numeric_limits<double>::quiet_NaN()}) {
-      a.values.push_back(kt::RefStore(dt, v));
-    }
-    a.shape = {static_cast<int64_t>(a.values.size())};
-    const HostTensor b = Random(dt, {3000}, 101, -100, 100);
-    HostTensor start{DType::kI64, {kGradHistogramBins}, {}};
-    for (int bin = 0; bin < kGradHistogramBins; ++bin) start.values.push_back(7 * bin + 1);
-    OpCase c{"GradLog2Histogram", Lower(dt)};
-    c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
-      Io io(be);
-      AMPD_ASSIGN_OR_RETURN(Tensor ta, io.Upload(a));
-      AMPD_ASSIGN_OR_RETURN(Tensor tb, io.Upload(b));
-      AMPD_ASSIGN_OR_RETURN(Tensor counts, io.Upload(start));
-      const Tensor* const grads[] = {&ta, &tb};
-      AMPD_RETURN_IF_ERROR(be.GradLog2Histogram(grads, counts));
-      AMPD_RETURN_IF_ERROR(io.Read("counts", counts, kBitwise));
-      return io.Take();
-    };
-    c.reference = [=] {
-      std::vector<double> want(start.values);
-      for (const HostTensor* t : {&a, &b}) {
-        for (double v : t->values) want[static_cast<size_t>(RefBin(v))] += 1;
+    auto build = [=] {
+      HostTensor a = Random(dt, {10000}, 100, -1, 1);
+      for (size_t i = 0; i < a.values.size(); ++i) {
+        a.values[i] =
+            kt::RefStore(dt, a.values[i] * std::ldexp(1.0, static_cast<int>(i % 70) - 40));
       }
-      return Outputs{{"counts", want, kBitwise}};
+      // Exact zeros, bin edges and non-finite values.
+      for (double v : {0.0, -0.0, std::ldexp(1.0, -30), std::ldexp(1.0, 19), std::ldexp(1.0, 20),
+                       static_cast<double>(INFINITY), -static_cast<double>(INFINITY),
+                       std::numeric_limits<double>::quiet_NaN()}) {
+        a.values.push_back(kt::RefStore(dt, v));
+      }
+      a.shape = {static_cast<int64_t>(a.values.size())};
+      const HostTensor b = Random(dt, {3000}, 101, -100, 100);
+      HostTensor start{DType::kI64, {kGradHistogramBins}, {}};
+      for (int bin = 0; bin < kGradHistogramBins; ++bin) start.values.push_back(7 * bin + 1);
+      CaseFns c;
+      c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+        Io io(be);
+        AMPD_ASSIGN_OR_RETURN(Tensor ta, io.Upload(a));
+        AMPD_ASSIGN_OR_RETURN(Tensor tb, io.Upload(b));
+        AMPD_ASSIGN_OR_RETURN(Tensor counts, io.Upload(start));
+        const Tensor* const grads[] = {&ta, &tb};
+        AMPD_RETURN_IF_ERROR(be.GradLog2Histogram(grads, counts));
+        AMPD_RETURN_IF_ERROR(io.Read("counts", counts, kBitwise));
+        return io.Take();
+      };
+      c.reference = [=] {
+        std::vector<double> want(start.values);
+        for (const HostTensor* t : {&a, &b}) {
+          for (double v : t->values) want[static_cast<size_t>(RefBin(v))] += 1;
+        }
+        return Outputs{{"counts", want, kBitwise}};
+      };
+      return c;
     };
-    cases.push_back(std::move(c));
+    cases.push_back({"GradLog2Histogram", Lower(dt), build});
   }
 }
 
@@ -1279,61 +1353,65 @@ void AddHistogramCases(std::vector<OpCase>& cases) {
 void AddFillRandomCases(std::vector<OpCase>& cases) {
   const int64_t n = 100000;
   for (RandomDistribution dist : {RandomDistribution::kUniform, RandomDistribution::kNormal}) {
-    const bool uniform = dist == RandomDistribution::kUniform;
-    RandomFill fill;
-    fill.distribution = dist;
-    fill.lo = -2.0f;
-    fill.hi = 3.0f;
-    fill.mean = 1.0f;
-    fill.stddev = 2.0f;
-    fill.seed = 7;
-    fill.stream = 3;
-    fill.offset = 5;
-    OpCase c{"FillRandom", uniform ? "f32_uniform" : "f32_normal"};
-    c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
-      Io io(be);
-      AMPD_ASSIGN_OR_RETURN(Tensor t, io.Unwritten(DType::kF32, {n}));
-      AMPD_RETURN_IF_ERROR(be.FillRandom(t, fill));
-      AMPD_RETURN_IF_ERROR(io.Read("dst", t, kBitwise));
-      RandomFill later = fill;
-      later.offset += 5;
-      AMPD_ASSIGN_OR_RETURN(Tensor tail, io.Unwritten(DType::kF32, {n - 5}));
-      AMPD_RETURN_IF_ERROR(be.FillRandom(tail, later));
-      AMPD_RETURN_IF_ERROR(io.Read("dst at offset + 5", tail, kBitwise));
-      return io.Take();
-    };
-    c.check = [=](const Outputs& got) -> ::testing::AssertionResult {
-      const std::vector<double>& x = got[0].values;
-      const std::vector<double>& tail = got[1].values;
-      for (size_t i = 0; i < tail.size(); ++i) {
-        if (tail[i] != x[i + 5]) {
-          return ::testing::AssertionFailure() << "draw " << i + 5 << " is " << x[i + 5]
-                                               << " but the fill at offset + 5 wrote " << tail[i];
+    auto build = [=] {
+      const bool uniform = dist == RandomDistribution::kUniform;
+      RandomFill fill;
+      fill.distribution = dist;
+      fill.lo = -2.0f;
+      fill.hi = 3.0f;
+      fill.mean = 1.0f;
+      fill.stddev = 2.0f;
+      fill.seed = 7;
+      fill.stream = 3;
+      fill.offset = 5;
+      CaseFns c;
+      c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+        Io io(be);
+        AMPD_ASSIGN_OR_RETURN(Tensor t, io.Unwritten(DType::kF32, {n}));
+        AMPD_RETURN_IF_ERROR(be.FillRandom(t, fill));
+        AMPD_RETURN_IF_ERROR(io.Read("dst", t, kBitwise));
+        RandomFill later = fill;
+        later.offset += 5;
+        AMPD_ASSIGN_OR_RETURN(Tensor tail, io.Unwritten(DType::kF32, {n - 5}));
+        AMPD_RETURN_IF_ERROR(be.FillRandom(tail, later));
+        AMPD_RETURN_IF_ERROR(io.Read("dst at offset + 5", tail, kBitwise));
+        return io.Take();
+      };
+      c.check = [=](const Outputs& got) -> ::testing::AssertionResult {
+        const std::vector<double>& x = got[0].values;
+        const std::vector<double>& tail = got[1].values;
+        for (size_t i = 0; i < tail.size(); ++i) {
+          if (tail[i] != x[i + 5]) {
+            return ::testing::AssertionFailure() << "draw " << i + 5 << " is " << x[i + 5]
+                                                 << " but the fill at offset + 5 wrote " << tail[i];
+          }
         }
-      }
-      double sum = 0, sq = 0;
-      for (double v : x) {
-        if (uniform && !(v >= fill.lo && v < fill.hi)) {
-          return ::testing::AssertionFailure() << v << " is outside [lo, hi)";
+        double sum = 0, sq = 0;
+        for (double v : x) {
+          if (uniform && !(v >= fill.lo && v < fill.hi)) {
+            return ::testing::AssertionFailure() << v << " is outside [lo, hi)";
+          }
+          sum += v;
         }
-        sum += v;
-      }
-      const double mean = sum / n;
-      for (double v : x) sq += (v - mean) * (v - mean);
-      const double var = sq / (n - 1);
-      const double want_mean = uniform ? (fill.lo + fill.hi) / 2.0 : fill.mean;
-      const double want_var = uniform ? std::pow(fill.hi - fill.lo, 2) / 12.0
-                                      : static_cast<double>(fill.stddev) * fill.stddev;
-      // Six standard errors: the mean's is sqrt(var / n); the variance's is
-      // at most sqrt(2 / n) var (normal; the uniform's is smaller).
-      if (std::fabs(mean - want_mean) > 6 * std::sqrt(want_var / n) ||
-          std::fabs(var - want_var) > 6 * std::sqrt(2.0 / n) * want_var) {
-        return ::testing::AssertionFailure() << "mean " << mean << " variance " << var << "; want "
-                                             << want_mean << " and " << want_var;
-      }
-      return ::testing::AssertionSuccess();
+        const double mean = sum / n;
+        for (double v : x) sq += (v - mean) * (v - mean);
+        const double var = sq / (n - 1);
+        const double want_mean = uniform ? (fill.lo + fill.hi) / 2.0 : fill.mean;
+        const double want_var = uniform ? std::pow(fill.hi - fill.lo, 2) / 12.0
+                                        : static_cast<double>(fill.stddev) * fill.stddev;
+        // Six standard errors: the mean's is sqrt(var / n); the variance's is
+        // at most sqrt(2 / n) var (normal; the uniform's is smaller).
+        if (std::fabs(mean - want_mean) > 6 * std::sqrt(want_var / n) ||
+            std::fabs(var - want_var) > 6 * std::sqrt(2.0 / n) * want_var) {
+          return ::testing::AssertionFailure() << "mean " << mean << " variance " << var
+                                               << "; want " << want_mean << " and " << want_var;
+        }
+        return ::testing::AssertionSuccess();
+      };
+      return c;
     };
-    cases.push_back(std::move(c));
+    cases.push_back(
+        {"FillRandom", dist == RandomDistribution::kUniform ? "f32_uniform" : "f32_normal", build});
   }
 }
 
@@ -1423,21 +1501,22 @@ TEST_P(BackendOpsTest, MatchesReference) {
     GTEST_SKIP() << device << ": no device (" << backend.status().message() << ")";
   }
   ASSERT_TRUE(backend.ok()) << device << ": " << backend.status();
-  absl::StatusOr<Outputs> got = op.run(**backend);
+  const CaseFns fns = op.build();
+  absl::StatusOr<Outputs> got = fns.run(**backend);
   if (got.status().code() == absl::StatusCode::kUnimplemented) {
     GTEST_SKIP() << device << ": " << op.op << " (" << op.variant
                  << ") not supported: " << got.status().message();
   }
   ASSERT_TRUE(got.ok()) << device << ": " << op.op << ": " << got.status();
   if (device == "cpu") {
-    ASSERT_TRUE(op.reference || op.check) << op.op << " has neither a reference nor a check";
-    if (op.reference) ExpectMatch(op.reference(), *got, "float64 reference");
-    if (op.check) {
-      EXPECT_TRUE(op.check(*got));
+    ASSERT_TRUE(fns.reference || fns.check) << op.op << " has neither a reference nor a check";
+    if (fns.reference) ExpectMatch(fns.reference(), *got, "float64 reference");
+    if (fns.check) {
+      EXPECT_TRUE(fns.check(*got));
     }
   } else {
     const std::unique_ptr<Backend> oracle = CreateCpuBackend();
-    absl::StatusOr<Outputs> want = op.run(*oracle);
+    absl::StatusOr<Outputs> want = fns.run(*oracle);
     ASSERT_TRUE(want.ok()) << "cpu: " << op.op << ": " << want.status();
     ExpectMatch(*want, *got, "cpu oracle");
   }
