@@ -28,6 +28,7 @@ def generate_stubs(out_dir):
     if protoc is None or plugin is None:
         raise SystemExit("ampd: protoc and grpc_python_plugin are needed to generate ampd/v1 "
                          "(Debian: apt-get install protobuf-compiler protobuf-compiler-grpc)")
+    out_dir = os.path.abspath(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     subprocess.run([protoc, "--proto_path=" + proto_dir, "--python_out=" + out_dir,
                     "--grpc_python_out=" + out_dir, "--plugin=protoc-gen-grpc_python=" + plugin,
