@@ -24,7 +24,7 @@ from ampd import errors, safetensors, spec
 from ampd.v1 import trainer_pb2 as pb
 from ampd.v1 import trainer_pb2_grpc as pb_grpc
 
-# Codes after which a resend is safe for the calls marked retryable below.
+# Codes after which Client._call resends a call (every call it makes is safe to resend).
 _TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 _CHUNK = 1 << 20  # LoadStateDict message size
 
@@ -173,11 +173,12 @@ class Client:
         time.sleep(pause)
         return True
 
-    def _call(self, invoke, retry):
+    def _call(self, invoke):
         """invoke(metadata, timeout) once, or until it stops failing transiently.
 
-        The calls passed with retry=True are safe to resend: reads, CreateJob
-        (request_id), Step (sequence) and LoadStateDict (same bytes, same state).
+        Every call passed here is safe to resend: reads, CreateJob (request_id),
+        Step (sequence) and LoadStateDict (the same bytes load the same state).
+        DeleteJob is not (a resend finds the job gone) and has its own loop.
         """
         deadline = time.monotonic() + self.retry_deadline
         attempt = 0
@@ -186,7 +187,7 @@ class Client:
                 return invoke(self._metadata(), self.timeout)
             except grpc.RpcError as e:
                 error = errors.from_rpc_error(e)
-            if not (retry and error.code in _TRANSIENT and self._sleep_before_retry(attempt, deadline)):
+            if not (error.code in _TRANSIENT and self._sleep_before_retry(attempt, deadline)):
                 raise error
             attempt += 1
 
@@ -216,7 +217,7 @@ class Client:
         while True:
             try:
                 response = self._call(
-                    lambda md, t: self._stub.CreateJob(request, metadata=md, timeout=t), retry=True)
+                    lambda md, t: self._stub.CreateJob(request, metadata=md, timeout=t))
                 return Job(self, response.job)
             except errors.CreateRetry:
                 # The first create with this request_id failed server-side; a
@@ -235,7 +236,7 @@ class Client:
         while True:
             request = pb.ListJobsRequest(page_size=page_size, page_token=token)
             response = self._call(
-                lambda md, t: self._stub.ListJobs(request, metadata=md, timeout=t), retry=True)
+                lambda md, t: self._stub.ListJobs(request, metadata=md, timeout=t))
             result.extend(Job(self, j) for j in response.jobs)
             token = response.next_page_token
             if not token:
@@ -244,7 +245,7 @@ class Client:
     def _get_job(self, job_id):
         request = pb.GetJobRequest(job_id=job_id)
         response = self._call(
-            lambda md, t: self._stub.GetJob(request, metadata=md, timeout=t), retry=True)
+            lambda md, t: self._stub.GetJob(request, metadata=md, timeout=t))
         return response.job
 
 
@@ -313,7 +314,7 @@ class Job:
         stub = self._client._stub
         try:
             response = self._client._call(
-                lambda md, t: stub.Step(request, metadata=md, timeout=t), retry=True)
+                lambda md, t: stub.Step(request, metadata=md, timeout=t))
         except errors.SequenceMismatch as e:
             raise self._resynchronise(request.sequence, e) from e
         self.next_sequence = request.sequence + 1
@@ -355,7 +356,7 @@ class Job:
         def fetch(md, t):
             return b"".join(c.data for c in stub.GetStateDict(request, metadata=md, timeout=t))
 
-        data = self._client._call(fetch, retry=True)
+        data = self._client._call(fetch)
         return data
 
     def state_dict(self):
@@ -378,8 +379,7 @@ class Job:
             for offset in range(_CHUNK, len(data), _CHUNK):
                 yield pb.LoadStateDictRequest(data=data[offset:offset + _CHUNK])
 
-        self._client._call(lambda md, t: stub.LoadStateDict(messages(), metadata=md, timeout=t),
-                           retry=True)
+        self._client._call(lambda md, t: stub.LoadStateDict(messages(), metadata=md, timeout=t))
         self.refresh()
 
     def load_state_dict(self, state, metadata=None):

@@ -157,3 +157,30 @@ def test_response_lost_in_a_restart(start_ampd, workdir):
     assert job.next_sequence == 4
     assert job.step(*batch(4)).global_step == 4
     client.close()
+
+
+def test_deadline_exceeded_steps_are_resent_and_applied_once(server):
+    """Steps slower than the client's deadline: each first attempt times out
+    while the server still runs it; the resends of the same sequence wait
+    behind it and get its recorded response. Nothing is applied twice."""
+    model = ampd.Model([ampd.Linear(256, 512), ampd.ReLU(), ampd.Linear(512, 256)], loss="mse")
+    rng = np.random.default_rng(3)
+    batches = [(rng.standard_normal((512, 256)).astype(np.float32),
+                rng.standard_normal((512, 256)).astype(np.float32)) for _ in range(8)]
+    with ampd.Client(server.address) as patient:
+        ref = patient.create_job(model=model, precision="fp32", seed=2)
+        ref_losses = [ref.step(x, y).loss for x, y in batches]
+        ref_state, ref_applied = ref.state_dict(), ref.refresh().applied_steps
+        slow = patient.create_job(model=model, precision="fp32", seed=2)
+        started = time.monotonic()
+        slow.step(*batches[0])
+        step_seconds = time.monotonic() - started
+    # A deadline well under one step's time (at least 1 ms).
+    with ampd.Client(server.address, timeout=max(step_seconds / 4, 0.001), retry_deadline=60,
+                     initial_backoff=0.001, max_backoff=0.05) as hasty:
+        job = hasty.job(slow.job_id)
+        losses = [ref_losses[0]] + [job.step(x, y).loss for x, y in batches[1:]]
+        assert losses == ref_losses
+        job.refresh()
+        assert job.step_count == len(batches) and job.applied_steps == ref_applied
+        tensors_equal(job.state_dict(), ref_state)
