@@ -45,12 +45,16 @@ def bf16_to_f32(raw):
 
 
 def f32_to_bf16(values):
-    """float32 -> uint16 bf16 bit patterns, round to nearest even (NaN stays NaN)."""
+    """float32 -> uint16 bf16 bit patterns, rounding to nearest even."""
     bits = np.ascontiguousarray(values, dtype="<f4").view(np.uint32).astype(np.uint64)
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    nan = np.isnan(np.asarray(values, dtype=np.float32))
     out = rounded.astype(np.uint16)
-    out[nan] = ((bits[nan] >> 16) | 0x40).astype(np.uint16)
+    # A NaN keeps its sign and upper payload bits (so a widened bf16 NaN
+    # narrows back to itself); one whose payload lies only in the low bits
+    # becomes quiet rather than turning into an infinity.
+    nan = np.isnan(np.asarray(values, dtype=np.float32))
+    high = (bits[nan] >> 16).astype(np.uint16)
+    out[nan] = np.where(high & 0x7F, high, high | 0x40)
     return out
 
 

@@ -52,12 +52,12 @@ def run_quickstart(python, server, workdir):
     assert os.path.getsize(os.path.join(workdir, "mlp.safetensors")) > 0
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def need_torch():
     pytest.importorskip("torch", reason="torch is not importable: quickstart.py loads into torch")
 
 
-def test_pip_install_from_source(server, workdir):
+def test_pip_install_from_source(need_torch, server, workdir):
     # A copy of the checkout's client/python and proto/, so the build leaves
     # nothing in the source tree.
     tree = os.path.join(workdir, "src")
@@ -84,7 +84,7 @@ def test_pip_install_without_proto_fails_clearly(workdir):
     assert "trainer.proto not found" in result.stdout + result.stderr
 
 
-def test_wheel_of_the_staged_package(server, workdir):
+def test_wheel_of_the_staged_package(need_torch, server, workdir):
     staged = os.environ.get("PYTHONPATH", "").split(os.pathsep)[0]
     assert os.path.isfile(os.path.join(staged, "ampd", "v1", "trainer_pb2.py")), staged
     package = os.path.join(workdir, "package")
