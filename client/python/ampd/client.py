@@ -305,6 +305,12 @@ class Job:
                 micro_batches = inputs
             else:
                 micro_batches = [(inputs, targets)]
+        micro_batches = list(micro_batches)
+        if not micro_batches or not all(
+                isinstance(mb, (list, tuple)) and len(mb) == 2 and mb[0] is not None
+                and mb[1] is not None for mb in micro_batches):
+            raise TypeError("step takes (inputs, targets), or a non-empty list of "
+                            "(inputs, targets) micro-batches")
         request = pb.StepRequest(
             job_id=self.job_id, sequence=self.next_sequence,
             micro_batches=[pb.MicroBatch(inputs=to_tensor(x), targets=to_tensor(y))

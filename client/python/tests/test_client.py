@@ -69,6 +69,10 @@ def test_micro_batches_float64_and_learning_rate(server):
         assert job.step(*batch(3), learning_rate=0.0).applied_steps == 2
         with pytest.raises(TypeError, match="unsupported dtype"):
             job.step(x1.astype(np.uint8), y1)
+        for bad in ((x1,), ([],), ([(x1, y1, y1)],), ((x1, y1),)):
+            with pytest.raises(TypeError, match="micro-batches"):
+                job.step(*bad)
+        assert job.next_sequence == 3
 
 
 def test_state_dict_round_trip(server, workdir):
