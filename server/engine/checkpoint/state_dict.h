@@ -7,8 +7,8 @@
 //   optimizer.{param}.exp_avg / .exp_avg_sq     Adam/AdamW moments (F32)
 //   optimizer.{param}.momentum_buffer           SGD momentum (F32)
 // and metadata:
-//   scaler.{key}      the scaler's state_dict, keys as SCALER.md names them
-//                     per policy, values as decimal text (exact round trip)
+//   scaler.{key}      the scaler's state_dict, keys as the policy's own
+//                     framework names them, values as decimal text (exact)
 //   optimizer.step    optimizer updates applied so far
 //   ampd.step         Step calls run so far (the job's sequence number)
 //   ampd.*            other job bookkeeping, written by its owner
