@@ -229,10 +229,10 @@ v1::Job JobToProto(const engine::JobSnapshot& snapshot) {
   *job.mutable_config() = JobConfigToProto(snapshot.config);
   job.set_step(snapshot.step);
   job.set_applied_steps(snapshot.applied_steps);
-  job.set_loss_scale(snapshot.loss_scale);
-  job.mutable_scaler_counters()->set_growth_tracker(snapshot.scaler_counters.growth_tracker);
+  job.set_loss_scale(snapshot.scaler.scale);
+  job.mutable_scaler_counters()->set_growth_tracker(snapshot.scaler.counters.growth_tracker);
   job.mutable_scaler_counters()->set_overflows_until_backoff(
-      snapshot.scaler_counters.overflows_until_backoff);
+      snapshot.scaler.counters.overflows_until_backoff);
   job.set_parameter_count(snapshot.parameter_count);
   job.set_estimated_bytes(snapshot.estimated_bytes);
   job.set_request_id(snapshot.request_id);

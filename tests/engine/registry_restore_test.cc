@@ -116,7 +116,7 @@ TEST_F(LegacyCheckpoint, RestoresThroughTheDecoderGiven) {
   absl::StatusOr<JobSnapshot> job = (*registry)->GetJob("", "job-02aa4f8e7b3a");
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->step, 4);
-  EXPECT_EQ(job->loss_scale, 256.0f);
+  EXPECT_EQ(job->scaler.scale, 256.0f);
   EXPECT_EQ(job->request_id, "req-legacy");
 
   // A decoded config the engine refuses is not restored.

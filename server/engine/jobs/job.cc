@@ -181,7 +181,7 @@ Job::Job(std::string job_id, std::string owner, std::string request_id, ValidJob
   snapshot_.request_id = request_id_;
   snapshot_.parameter_count = model::ParameterCount(config_.get().model);
   snapshot_.estimated_bytes = estimated_bytes_;
-  snapshot_.loss_scale = config_.get().scaler.InitialScale();
+  snapshot_.scaler.scale = config_.get().scaler.InitialScale();
   snapshot_.config = config_.get();
 }
 
@@ -245,8 +245,7 @@ void Job::RefreshSnapshot() {
   if (trainer_ == nullptr) return;
   snapshot_.config = trainer_->config();
   snapshot_.parameter_count = trainer_->parameter_count();
-  snapshot_.loss_scale = trainer_->loss_scale();
-  snapshot_.scaler_counters = trainer_->scaler_counters();
+  snapshot_.scaler = trainer_->scaler();
 }
 
 absl::Status Job::Initialize(const std::string& device) {
@@ -350,8 +349,7 @@ absl::StatusOr<StepReport> Job::Step(int64_t sequence, StepInput input) {
     absl::MutexLock lock(&mu_);
     snapshot_.step = sequence;
     snapshot_.applied_steps = report->applied_steps;
-    snapshot_.loss_scale = report->scaler.scale_after;
-    snapshot_.scaler_counters = report->scaler.counters;
+    snapshot_.scaler = {report->scaler.scale_after, report->scaler.counters};
     if (!report->scaler.skipped) snapshot_.grad_norm = report->grad_norm;
   }
   if (context_->observer != nullptr) context_->observer->OnStep(id_, *report);

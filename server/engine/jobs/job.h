@@ -51,29 +51,6 @@ class WorkerPool {
   std::vector<std::thread> threads_;
 };
 
-// A job trains (kActive) until its loss scaler gives up at its minimum scale
-// (deepspeed's raise_at_min_scale): it is then kFailed, refuses steps, and a
-// LoadStateDict of a good state makes it active again.
-enum class JobState { kActive, kFailed };
-
-// What GetJob/ListJobs report, readable from any thread.
-struct JobSnapshot {
-  std::string job_id;
-  std::string request_id;
-  JobConfig config;  // effective (defaults filled in)
-  int64_t step = 0;  // Step calls applied; the next sequence is step + 1
-  int64_t applied_steps = 0;
-  float loss_scale = 1.0f;              // the scale the next step uses
-  amp::ScalerCounters scaler_counters;  // where the scaler stands before the next step
-  int64_t parameter_count = 0;
-  int64_t estimated_bytes = 0;
-  JobState state = JobState::kActive;
-  std::string failure;  // why, when kFailed
-  // The last applied step's L2 norm of the unscaled gradients, when the
-  // Trainer reported one.
-  std::optional<float> grad_norm;
-};
-
 class Job;
 
 // Shared by every job of a registry; outlives them.

@@ -84,14 +84,7 @@ std::string Got(const HostTensor& t) {
 
 // Everything Step checks before it touches any state.
 absl::Status ValidateStepInput(const model::ModelSpec& spec, const StepInput& input) {
-  if (input.micro_batches.empty()) {
-    return absl::InvalidArgumentError("micro_batches: at least one micro-batch is required");
-  }
-  if (input.learning_rate.has_value() &&
-      !(std::isfinite(*input.learning_rate) && *input.learning_rate >= 0.0f)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("learning_rate: must be finite and >= 0, got ", *input.learning_rate));
-  }
+  AMPD_RETURN_IF_ERROR(CheckStepInput(input));
   for (size_t i = 0; i < input.micro_batches.size(); ++i) {
     const MicroBatch& mb = input.micro_batches[i];
     AMPD_RETURN_IF_ERROR(model::CheckBatchFitsModel(
@@ -122,6 +115,18 @@ absl::StatusOr<Tensor> AllocScalar(kernels::Backend& b, const kernels::Shape& sh
 }
 
 }  // namespace
+
+absl::Status CheckStepInput(const StepInput& input) {
+  if (input.micro_batches.empty()) {
+    return absl::InvalidArgumentError("micro_batches: at least one micro-batch is required");
+  }
+  if (input.learning_rate.has_value() &&
+      !(std::isfinite(*input.learning_rate) && *input.learning_rate >= 0.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("learning_rate: must be finite and >= 0, got ", *input.learning_rate));
+  }
+  return absl::OkStatus();
+}
 
 struct Trainer::Impl {
   Impl(const JobConfig& c, std::unique_ptr<kernels::Backend> b, amp::GradScaler s)
@@ -475,8 +480,10 @@ absl::Status Trainer::LoadState(const checkpoint::StateDict& state) {
 
 const JobConfig& Trainer::config() const { return impl_->config; }
 int64_t Trainer::steps_run() const { return impl_->steps_run; }
-float Trainer::loss_scale() const { return impl_->scaler.scale(); }
-amp::ScalerCounters Trainer::scaler_counters() const { return impl_->scaler.counters(); }
+int64_t Trainer::applied_steps() const { return impl_->optimizer.applied_steps(); }
+ScalerSnapshot Trainer::scaler() const {
+  return ScalerSnapshot{impl_->scaler.scale(), impl_->scaler.counters()};
+}
 int64_t Trainer::workspace_bytes() const { return impl_->model->cached_workspace_bytes(); }
 int64_t Trainer::parameter_count() const { return impl_->model->parameter_count(); }
 kernels::Backend& Trainer::backend() { return *impl_->backend; }

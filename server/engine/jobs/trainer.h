@@ -12,46 +12,11 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
-#include "server/engine/amp/grad_scaler.h"
+#include "server/engine/api.h"
 #include "server/engine/checkpoint/state_dict.h"
-#include "server/engine/host_tensor.h"
 #include "server/engine/jobs/job_config.h"
 
 namespace ampd::engine {
-
-// One micro-batch. inputs: (N, in_features) float (any float dtype, cast to
-// the working dtype) or (N) I32/I64 ids when the first layer is Embedding;
-// targets: (N, out) F32 for MSE, (N) I32/I64 labels for cross-entropy.
-struct MicroBatch {
-  HostTensor inputs;
-  HostTensor targets;
-};
-
-struct StepInput {
-  std::vector<MicroBatch> micro_batches;  // >= 1; gradients accumulate over them
-  std::optional<float> learning_rate;     // overrides the optimizer's lr for this step
-  bool sample_grad_histogram = false;     // fill StepReport::grad_histogram (costs a pass)
-};
-
-struct PhaseSeconds {
-  double forward = 0;
-  double backward = 0;
-  double unscale = 0;  // non-finite check (+ norm)
-  double optimizer = 0;
-  double total = 0;
-};
-
-struct StepReport {
-  int64_t step = 0;                // 1-based number of this Step call in the job
-  int64_t applied_steps = 0;       // optimizer updates applied so far, this one included
-  float loss = 0;                  // mean over micro-batches, unscaled fp32 (multiplier included)
-  amp::ScalerUpdate scaler;        // scale before/after, found_inf, skipped, grew, backed_off
-  std::optional<float> grad_norm;  // L2 of unscaled grads (before clipping): every applied
-                                   // step, and skipped ones when clipping
-  PhaseSeconds seconds;
-  int64_t samples = 0;                  // rows over all micro-batches
-  std::vector<int64_t> grad_histogram;  // kernels::kGradHistogramBins counts, when sampled
-};
 
 class Trainer {
  public:
@@ -96,10 +61,11 @@ class Trainer {
 
   const JobConfig& config() const;
   int64_t steps_run() const;
-  // The loss scale the next step will use (1 when scaling is disabled).
-  float loss_scale() const;
-  // The scaler's counters now (amp::ScalerCounters).
-  amp::ScalerCounters scaler_counters() const;
+  // Optimizer updates applied so far (the state dict's optimizer.step).
+  int64_t applied_steps() const;
+  // The loss scale the next step will use (1 when scaling is disabled) and
+  // the scaler's counters now.
+  ScalerSnapshot scaler() const;
   int64_t parameter_count() const;
   kernels::Backend& backend();
 
