@@ -1,7 +1,6 @@
 // Protobuf <-> engine translation (see translate.h).
 #include "server/rpc/translate.h"
 
-#include <cmath>
 #include <cstdint>
 #include <tuple>
 #include <utility>
@@ -251,9 +250,6 @@ v1::Job JobToProto(const engine::JobSnapshot& snapshot) {
 
 absl::StatusOr<engine::StepInput> StepInputFromProto(const v1::StepRequest& request) {
   engine::StepInput input;
-  if (request.micro_batches_size() == 0) {
-    return FieldError("micro_batches", "at least one micro-batch is required");
-  }
   for (int i = 0; i < request.micro_batches_size(); ++i) {
     const v1::MicroBatch& mb = request.micro_batches(i);
     const std::string field = absl::StrCat("micro_batches[", i, "]");
@@ -265,13 +261,9 @@ absl::StatusOr<engine::StepInput> StepInputFromProto(const v1::StepRequest& requ
     if (!targets.ok()) return targets.status();
     input.micro_batches.push_back({*std::move(inputs), *std::move(targets)});
   }
-  if (request.has_learning_rate()) {
-    const float lr = request.learning_rate();
-    if (!std::isfinite(lr) || lr < 0) {
-      return FieldError("learning_rate", absl::StrCat("must be finite and >= 0, got ", lr));
-    }
-    input.learning_rate = lr;
-  }
+  // Whether there is a micro-batch and the learning rate is usable is the
+  // engine's to say (CheckStepInput, before the step is queued).
+  if (request.has_learning_rate()) input.learning_rate = request.learning_rate();
   return input;
 }
 

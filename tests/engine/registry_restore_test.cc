@@ -208,6 +208,11 @@ TEST_F(CheckpointBytes, ImportKeepsTheJobsSequenceAndCheckpointsTheRecordedBytes
   EXPECT_EQ(after->step, 0);
   EXPECT_EQ(after->applied_steps, 4);
   EXPECT_EQ(after->scaler.scale, 256.0f);
+  // GetStateDict says the same: one count of Step calls, the job's.
+  absl::StatusOr<checkpoint::EncodedSafetensors> exported = Export(**registry, job->job_id);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  EXPECT_EQ(exported->state.metadata.at("ampd.step"), "0");
+  EXPECT_EQ(exported->state.metadata.at("optimizer.step"), "4");
   ASSERT_TRUE((*registry)->CheckpointAll().ok());
   ExpectGolden(test_support::ReadFile(dir / (job->job_id + ".safetensors")),
                "golden-imported-checkpoint.safetensors");

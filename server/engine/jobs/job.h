@@ -70,13 +70,13 @@ struct JobContext {
   std::function<absl::Status(Job& job, int64_t workspace_bytes)> admit_step;
 };
 
-// Metadata keys a job writes into its checkpoints (state_dict.h's ampd.*).
+// Metadata keys a job writes into its checkpoints (state_dict.h's ampd.*),
+// beside the Trainer's own (kMetaStep, kMetaOptimizerStep).
 inline constexpr char kMetaConfig[] = "ampd.config";  // job_config_codec.h's JSON
 // Written by earlier versions instead of ampd.config: base64 of a serialized
 // CreateJobRequest, which only the rpc layer can read (RestoreAll's
 // CreateRequestDecoder).
 inline constexpr char kMetaCreateRequest[] = "ampd.create_request";
-inline constexpr char kMetaStep[] = "ampd.step";
 inline constexpr char kMetaLastReport[] = "ampd.last_report";  // the last step's response
 inline constexpr char kMetaRequestId[] = "ampd.request_id";
 // The tenant that created the job; absent (as in checkpoints written before

@@ -388,6 +388,12 @@ void JobRegistry::DeleteJob(const std::string& owner, const std::string& job_id,
 
 void JobRegistry::Step(const std::string& owner, const std::string& job_id, int64_t sequence,
                        StepInput input, std::function<void(absl::StatusOr<StepReport>)> done) {
+  // A malformed request is refused before it is queued, whatever the job's
+  // state or sequence (the Trainer checks the batches against the model).
+  if (absl::Status s = CheckStepInput(input); !s.ok()) {
+    done(std::move(s));
+    return;
+  }
   {
     absl::MutexLock lock(&mu_);
     if (draining_) {

@@ -399,12 +399,12 @@ absl::StatusOr<checkpoint::StateDict> Trainer::ExportState() const {
   for (const auto& [key, value] : m.scaler.StateDict()) {
     state.metadata[absl::StrCat("scaler.", key)] = amp::FormatStateNumber(value);
   }
-  state.metadata["optimizer.step"] = absl::StrCat(m.optimizer.applied_steps());
-  state.metadata["ampd.step"] = absl::StrCat(m.steps_run);
+  state.metadata[kMetaOptimizerStep] = absl::StrCat(m.optimizer.applied_steps());
+  state.metadata[kMetaStep] = absl::StrCat(m.steps_run);
   return state;
 }
 
-absl::Status Trainer::LoadState(const checkpoint::StateDict& state) {
+absl::Status Trainer::LoadState(const checkpoint::StateDict& state, StepCount step_count) {
   Impl& m = *impl_;
   kernels::Backend& b = *m.backend;
   std::vector<model::Parameter>& params = m.model->params();
@@ -440,10 +440,8 @@ absl::Status Trainer::LoadState(const checkpoint::StateDict& state) {
     }
   }
   // 2. Counters and the scaler, into copies.
-  absl::StatusOr<int64_t> opt_step = ParseCount(state, "optimizer.step");
-  if (!opt_step.ok()) return opt_step.status();
-  absl::StatusOr<int64_t> job_step = ParseCount(state, "ampd.step");
-  if (!job_step.ok()) return job_step.status();
+  AMPD_ASSIGN_OR_RETURN(const int64_t opt_step, ParseCount(state, kMetaOptimizerStep));
+  AMPD_ASSIGN_OR_RETURN(const int64_t job_step, ParseCount(state, kMetaStep));
   amp::ScalerState scaler_state;
   for (const auto& [key, text] : state.metadata) {
     if (!absl::StartsWith(key, "scaler.")) continue;
@@ -473,8 +471,8 @@ absl::Status Trainer::LoadState(const checkpoint::StateDict& state) {
   AMPD_RETURN_IF_ERROR(b.Synchronize());
   for (size_t i = 0; i < targets.size(); ++i) *targets[i].second = std::move(fresh[i]);
   m.scaler = std::move(scaler);
-  m.optimizer.set_applied_steps(*opt_step);
-  m.steps_run = *job_step;
+  m.optimizer.set_applied_steps(opt_step);
+  if (step_count == StepCount::kFromState) m.steps_run = job_step;
   return m.model->CastWorking();
 }
 

@@ -18,6 +18,12 @@
 
 namespace ampd::engine {
 
+// The counts a Trainer writes into its state dict and reads back: the
+// optimizer updates applied and the Step calls run (the job's sequence).
+// The Trainer owns both; a Job reads them from it.
+inline constexpr char kMetaOptimizerStep[] = "optimizer.step";
+inline constexpr char kMetaStep[] = "ampd.step";
+
 class Trainer {
  public:
   // Validates config, builds the model on backend, initialises weights from
@@ -53,13 +59,21 @@ class Trainer {
   // Workspace bytes cached now (model::WorkspaceBytes of each).
   int64_t workspace_bytes() const;
 
-  // Master weights, optimizer state and scaler state (checkpoint/state_dict.h).
+  // Master weights, optimizer state and scaler state, and the two counts
+  // (checkpoint/state_dict.h).
   absl::StatusOr<checkpoint::StateDict> ExportState() const;
+  // What LoadState does with the state's ampd.step, which it checks either
+  // way: kFromState makes it the count (a job resuming its own checkpoint),
+  // kKeep leaves the count as it is (a state dict from elsewhere replaces
+  // the training state, and the job's sequence goes on).
+  enum class StepCount { kFromState, kKeep };
   // Replaces them all, or nothing: InvalidArgument naming the missing or
   // mismatched tensor or key. The working copy is recast from the masters.
-  absl::Status LoadState(const checkpoint::StateDict& state);
+  absl::Status LoadState(const checkpoint::StateDict& state,
+                         StepCount step_count = StepCount::kFromState);
 
   const JobConfig& config() const;
+  // Step calls run so far (ampd.step); the next is number steps_run() + 1.
   int64_t steps_run() const;
   // Optimizer updates applied so far (the state dict's optimizer.step).
   int64_t applied_steps() const;
