@@ -31,7 +31,7 @@
 #include "kernels/backend_factory.h"
 #include "kernels/float16.h"
 #include "server/engine/checkpoint/safetensors.h"
-#include "server/engine/jobs/trainer.h"
+#include "server/engine/trainer/trainer.h"
 #include "server/rpc/translate.h"
 #include "tests/support/ampd_process.h"
 #include "tests/support/subprocess.h"

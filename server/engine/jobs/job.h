@@ -26,7 +26,7 @@
 #include "server/engine/jobs/checkpoint_writer.h"
 #include "server/engine/jobs/job_config.h"
 #include "server/engine/jobs/job_observer.h"
-#include "server/engine/jobs/trainer.h"
+#include "server/engine/trainer/trainer.h"
 
 namespace ampd::engine {
 

@@ -43,7 +43,7 @@
 // on CUDA forward/backward/unscale/optimizer are host-side launch times
 // (adding a sync per phase would stall the stream) and only `total`, which
 // ends after the ReadScalars that waits for the device, is wall time.
-#include "server/engine/jobs/trainer.h"
+#include "server/engine/trainer/trainer.h"
 
 #include <algorithm>
 #include <chrono>
