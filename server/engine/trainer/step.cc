@@ -1,4 +1,5 @@
-// Trainer: SCALER.md's "one training step" on a Backend.
+// Trainer::Step: one mixed-precision training step on a Backend, and the
+// checks of its input.
 //
 // Step, in device order:
 //   zero the += gradients (LayerNorm, Embedding); Linear grads are written
@@ -43,27 +44,20 @@
 // on CUDA forward/backward/unscale/optimizer are host-side launch times
 // (adding a sync per phase would stall the stream) and only `total`, which
 // ends after the ReadScalars that waits for the device, is wall time.
-#include "server/engine/trainer/trainer.h"
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
-#include <utility>
+#include <vector>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/checked_math.h"
 #include "common/status_macros.h"
 #include "server/engine/model/batch_check.h"
-#include "server/engine/model/layers.h"
-#include "server/engine/optim/optimizer_state.h"
+#include "server/engine/trainer/trainer.h"
+#include "server/engine/trainer/trainer_impl.h"
 
 namespace ampd::engine {
 
-using kernels::DType;
 using kernels::Tensor;
 using Clock = std::chrono::steady_clock;
 
@@ -78,10 +72,6 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-std::string Got(const HostTensor& t) {
-  return absl::StrCat(kernels::DTypeName(t.dtype), kernels::ShapeToString(t.shape));
-}
-
 // Everything Step checks before it touches any state.
 absl::Status ValidateStepInput(const model::ModelSpec& spec, const StepInput& input) {
   AMPD_RETURN_IF_ERROR(CheckStepInput(input));
@@ -92,26 +82,6 @@ absl::Status ValidateStepInput(const model::ModelSpec& spec, const StepInput& in
         absl::StrCat("micro_batches[", i, "].targets")));
   }
   return absl::OkStatus();
-}
-
-absl::StatusOr<int64_t> ParseCount(const checkpoint::StateDict& state, const std::string& key) {
-  auto it = state.metadata.find(key);
-  if (it == state.metadata.end()) {
-    return absl::InvalidArgumentError(absl::StrCat("metadata ", key, ": missing"));
-  }
-  int64_t v = 0;
-  if (!absl::SimpleAtoi(it->second, &v) || v < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("metadata ", key, ": expected a count >= 0, got \"", it->second, "\""));
-  }
-  return v;
-}
-
-absl::StatusOr<Tensor> AllocScalar(kernels::Backend& b, const kernels::Shape& shape) {
-  absl::StatusOr<Tensor> t = b.Allocate(DType::kF32, shape);
-  if (!t.ok()) return t.status();
-  AMPD_RETURN_IF_ERROR(b.Fill(*t, 0.0f));
-  return t;
 }
 
 }  // namespace
@@ -126,100 +96,6 @@ absl::Status CheckStepInput(const StepInput& input) {
         absl::StrCat("learning_rate: must be finite and >= 0, got ", *input.learning_rate));
   }
   return absl::OkStatus();
-}
-
-struct Trainer::Impl {
-  Impl(const JobConfig& c, std::unique_ptr<kernels::Backend> b, amp::GradScaler s)
-      : config(c), backend(std::move(b)), scaler(std::move(s)) {}
-
-  JobConfig config;
-  std::unique_ptr<kernels::Backend> backend;
-  std::unique_ptr<model::Model> model;
-  optim::OptimizerState optimizer;
-  amp::GradScaler scaler;
-  int64_t steps_run = 0;
-
-  // Views the Backend calls take, built once (the tensors never move:
-  // LoadState move-assigns into the same Tensor objects).
-  std::vector<kernels::ParamRef> refs;
-  std::vector<Tensor*> grads;
-  std::vector<const Tensor*> const_grads;
-
-  Tensor loss;       // (1, 1) F32, one micro-batch's loss
-  Tensor loss_sum;   // (1, 1) F32, sum of the step's micro-batch losses
-  Tensor found_inf;  // (1, 1) F32
-  Tensor norm_sq;    // (1, 1) F32
-  Tensor no_inf;     // (1, 1) F32 zero: the update's found_inf when the scaler is disabled
-  Tensor histogram;  // (kGradHistogramBins) I64
-  std::vector<int64_t> zero_bins = std::vector<int64_t>(kernels::kGradHistogramBins, 0);
-};
-
-Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Trainer::~Trainer() = default;
-
-absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
-    const JobConfig& config, std::unique_ptr<kernels::Backend> backend) {
-  if (backend == nullptr) return absl::InvalidArgumentError("backend: null");
-  AMPD_ASSIGN_OR_RETURN(const ValidJobConfig valid, ValidJobConfig::Check(config));
-  return Create(valid, std::move(backend));
-}
-
-absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
-    const ValidJobConfig& valid, std::unique_ptr<kernels::Backend> backend) {
-  if (backend == nullptr) return absl::InvalidArgumentError("backend: null");
-  const JobConfig& config = valid.get();
-  absl::StatusOr<amp::GradScaler> scaler = amp::GradScaler::Create(config.scaler);
-  if (!scaler.ok()) return scaler.status();
-  // Refused before any allocation when the weights alone cannot fit: the
-  // backend's allocator would fail (or, with overcommit, succeed and let the
-  // kernel kill the process when the pages are touched).
-  const int64_t need = EstimateJobBytes(config);
-  const int64_t capacity = backend->MemoryCapacityBytes();
-  if (capacity > 0 && need > capacity) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("model: the job's weights, gradients and optimizer state need an estimated ",
-                     need, " bytes, more than the ", capacity, " bytes of ", backend->name()));
-  }
-  auto impl = std::make_unique<Impl>(config, std::move(backend), *std::move(scaler));
-  kernels::Backend& b = *impl->backend;
-
-  absl::StatusOr<std::unique_ptr<model::Model>> m =
-      model::Model::Create(config.model, config.precision, config.seed, b);
-  if (!m.ok()) return m.status();
-  impl->model = *std::move(m);
-
-  std::vector<std::string> names;
-  std::vector<kernels::Shape> shapes;
-  for (const model::Parameter& p : impl->model->params()) {
-    names.push_back(p.name);
-    shapes.push_back(p.master.shape());
-  }
-  absl::StatusOr<optim::OptimizerState> opt =
-      optim::OptimizerState::Create(config.optimizer, names, shapes, b);
-  if (!opt.ok()) return opt.status();
-  impl->optimizer = *std::move(opt);
-
-  for (model::Parameter& p : impl->model->params()) {
-    kernels::ParamRef r{};
-    r.master = &p.master;
-    r.working = p.working.empty() ? nullptr : &p.working;
-    r.grad = &p.grad;
-    impl->refs.push_back(r);
-    impl->grads.push_back(&p.grad);
-    impl->const_grads.push_back(&p.grad);
-  }
-  impl->optimizer.Bind(impl->refs);
-
-  for (Tensor* t :
-       {&impl->loss, &impl->loss_sum, &impl->found_inf, &impl->norm_sq, &impl->no_inf}) {
-    absl::StatusOr<Tensor> s = AllocScalar(b, {1, 1});
-    if (!s.ok()) return s.status();
-    *t = *std::move(s);
-  }
-  absl::StatusOr<Tensor> hist = b.Allocate(DType::kI64, {kernels::kGradHistogramBins});
-  if (!hist.ok()) return hist.status();
-  impl->histogram = *std::move(hist);
-  return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
 }
 
 absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
@@ -353,137 +229,5 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   report.seconds.total = Seconds(t_start, Clock::now());
   return report;
 }
-
-absl::StatusOr<checkpoint::StateDict> Trainer::ExportState() const {
-  const Impl& m = *impl_;
-  checkpoint::StateDict state;
-  // The host tensors are laid out first and filled by a few batched
-  // ReadBacks (one device sync per batch, not one per tensor); their buffers
-  // are only addressed once the vector holding them stops growing.
-  std::vector<const Tensor*> sources;
-  auto add = [&](const std::string& name, const Tensor& t) {
-    HostTensor h;
-    h.dtype = DType::kF32;
-    h.shape = t.shape();
-    ResizeForBulkCopy(&h.data, t.nbytes());
-    state.tensors.push_back({name, std::move(h)});
-    sources.push_back(&t);
-  };
-  const std::vector<model::Parameter>& params = m.model->params();
-  const auto& names = m.optimizer.buffer_names();
-  state.tensors.reserve(params.size() * (1 + names.size()));
-  for (const model::Parameter& p : params) add(p.name, p.master);
-  for (size_t p = 0; p < params.size(); ++p) {
-    for (size_t i = 0; i < names.size(); ++i) {
-      add(absl::StrCat("optimizer.", params[p].name, ".", names[i]), m.optimizer.buffers()[p][i]);
-    }
-  }
-  // Batches of at most kExportBatchBytes (a larger tensor goes alone): a
-  // CUDA backend stages ReadBack's copies in a pinned buffer it keeps, and
-  // that buffer must not grow to the size of the whole state.
-  constexpr size_t kExportBatchBytes = size_t{64} << 20;
-  std::vector<kernels::HostCopy> copies;
-  size_t batch_bytes = 0;
-  for (size_t i = 0; i <= sources.size(); ++i) {
-    const size_t bytes = i < sources.size() ? state.tensors[i].tensor.data.size() : 0;
-    if (!copies.empty() && (i == sources.size() || batch_bytes + bytes > kExportBatchBytes)) {
-      AMPD_RETURN_IF_ERROR(m.backend->ReadBack({}, {}, copies));
-      copies.clear();
-      batch_bytes = 0;
-    }
-    if (i == sources.size()) break;
-    std::string& data = state.tensors[i].tensor.data;
-    copies.push_back({sources[i], data.data(), data.size()});
-    batch_bytes += bytes;
-  }
-  for (const auto& [key, value] : m.scaler.StateDict()) {
-    state.metadata[absl::StrCat("scaler.", key)] = amp::FormatStateNumber(value);
-  }
-  state.metadata[kMetaOptimizerStep] = absl::StrCat(m.optimizer.applied_steps());
-  state.metadata[kMetaStep] = absl::StrCat(m.steps_run);
-  return state;
-}
-
-absl::Status Trainer::LoadState(const checkpoint::StateDict& state, StepCount step_count) {
-  Impl& m = *impl_;
-  kernels::Backend& b = *m.backend;
-  std::vector<model::Parameter>& params = m.model->params();
-  const auto& buffer_names = m.optimizer.buffer_names();
-
-  // 1. Every expected tensor present with the right dtype, shape and bytes;
-  //    nothing unexpected (a state saved for another model or optimizer).
-  std::vector<std::pair<std::string, Tensor*>> targets;  // name -> live tensor it replaces
-  for (model::Parameter& p : params) targets.emplace_back(p.name, &p.master);
-  for (size_t p = 0; p < params.size(); ++p) {
-    for (size_t i = 0; i < buffer_names.size(); ++i) {
-      targets.emplace_back(absl::StrCat("optimizer.", params[p].name, ".", buffer_names[i]),
-                           &m.optimizer.buffers()[p][i]);
-    }
-  }
-  std::vector<const HostTensor*> sources;
-  for (const auto& [name, live] : targets) {
-    const HostTensor* h = state.Find(name);
-    if (h == nullptr) return absl::InvalidArgumentError(absl::StrCat(name, ": missing"));
-    AMPD_RETURN_IF_ERROR(h->Validate(name));
-    if (h->dtype != DType::kF32 || h->shape != live->shape()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          name, ": expected F32", kernels::ShapeToString(live->shape()), ", got ", Got(*h)));
-    }
-    sources.push_back(h);
-  }
-  for (const checkpoint::NamedTensor& t : state.tensors) {
-    bool known = false;
-    for (const auto& target : targets) known = known || target.first == t.name;
-    if (!known) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(t.name, ": not a tensor of this job's model or optimizer"));
-    }
-  }
-  // 2. Counters and the scaler, into copies.
-  AMPD_ASSIGN_OR_RETURN(const int64_t opt_step, ParseCount(state, kMetaOptimizerStep));
-  AMPD_ASSIGN_OR_RETURN(const int64_t job_step, ParseCount(state, kMetaStep));
-  amp::ScalerState scaler_state;
-  for (const auto& [key, text] : state.metadata) {
-    if (!absl::StartsWith(key, "scaler.")) continue;
-    absl::StatusOr<double> v = amp::ParseStateNumber(key, text);
-    if (!v.ok())
-      return absl::Status(v.status().code(), absl::StrCat("metadata ", v.status().message()));
-    scaler_state[key.substr(7)] = *v;
-  }
-  amp::GradScaler scaler = m.scaler;
-  if (absl::Status s = scaler.LoadStateDict(scaler_state); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("metadata scaler.", s.message()));
-  }
-  // 3. Device copies into fresh tensors, so a device error leaves the live
-  //    state whole; then commit by moving them into the live Tensor objects
-  //    (their addresses are what the cached ParamRefs point at).
-  std::vector<Tensor> fresh;
-  fresh.reserve(targets.size());
-  for (size_t i = 0; i < targets.size(); ++i) {
-    absl::StatusOr<Tensor> t = b.Allocate(DType::kF32, targets[i].second->shape());
-    if (!t.ok()) return t.status();
-    AMPD_RETURN_IF_ERROR(b.CopyFromHost(sources[i]->data.data(), sources[i]->data.size(), *t));
-    fresh.push_back(*std::move(t));
-  }
-  // The copies may only be queued, reading the caller's buffers later
-  // (backend.h's CopyFromHost contract); wait for them before returning,
-  // and before committing, so a device error leaves the live state whole.
-  AMPD_RETURN_IF_ERROR(b.Synchronize());
-  for (size_t i = 0; i < targets.size(); ++i) *targets[i].second = std::move(fresh[i]);
-  m.scaler = std::move(scaler);
-  m.optimizer.set_applied_steps(opt_step);
-  if (step_count == StepCount::kFromState) m.steps_run = job_step;
-  return m.model->CastWorking();
-}
-
-const JobConfig& Trainer::config() const { return impl_->config; }
-int64_t Trainer::steps_run() const { return impl_->steps_run; }
-int64_t Trainer::applied_steps() const { return impl_->optimizer.applied_steps(); }
-ScalerSnapshot Trainer::scaler() const {
-  return ScalerSnapshot{impl_->scaler.scale(), impl_->scaler.counters()};
-}
-int64_t Trainer::workspace_bytes() const { return impl_->model->cached_workspace_bytes(); }
-int64_t Trainer::parameter_count() const { return impl_->model->parameter_count(); }
-kernels::Backend& Trainer::backend() { return *impl_->backend; }
 
 }  // namespace ampd::engine

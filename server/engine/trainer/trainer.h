@@ -1,7 +1,7 @@
 // Trainer: one job's model, fp32 master weights, working copy, optimizer
 // state and loss scaler on one Backend, and the mixed-precision step
-// (SCALER.md's "one training step"). Not thread-safe: the job's ordered
-// worker is its only caller.
+// (step.cc; building it in trainer.cc, its state dict in state.cc). Not
+// thread-safe: the job's ordered worker is its only caller.
 #pragma once
 
 #include <cstdint>
