@@ -168,23 +168,23 @@ class HeaderParser {
       while (true) {
         SkipWhitespace();
         std::string key;
-        if (absl::Status s = ParseString(&key); !s.ok()) return s;
-        if (absl::Status s = ExpectChar(':'); !s.ok()) return s;
+        AMPD_RETURN_IF_ERROR(ParseString(&key));
+        AMPD_RETURN_IF_ERROR(ExpectChar(':'));
         if (key == kMetadataKey) {
           if (seen_metadata) return Error("duplicate \"__metadata__\"");
           seen_metadata = true;
-          if (absl::Status s = ParseMetadata(&header.metadata); !s.ok()) return s;
+          AMPD_RETURN_IF_ERROR(ParseMetadata(&header.metadata));
         } else {
           if (!names.insert(key).second) {
             return Error(absl::StrCat("duplicate tensor name \"", Echo(key), "\""));
           }
           TensorEntry entry;
           entry.name = std::move(key);
-          if (absl::Status s = ParseTensorInfo(&entry); !s.ok()) return s;
+          AMPD_RETURN_IF_ERROR(ParseTensorInfo(&entry));
           header.tensors.push_back(std::move(entry));
         }
         bool more = false;
-        if (absl::Status s = ParseSeparator('}', &more); !s.ok()) return s;
+        AMPD_RETURN_IF_ERROR(ParseSeparator('}', &more));
         if (!more) break;
       }
     }
@@ -296,7 +296,7 @@ class HeaderParser {
           break;
         case 'u': {
           uint32_t unit = 0;
-          if (absl::Status s = ParseHex4(&unit); !s.ok()) return s;
+          AMPD_RETURN_IF_ERROR(ParseHex4(&unit));
           if (unit >= 0xDC00 && unit <= 0xDFFF) return Error("lone low surrogate in \\u escape");
           if (unit >= 0xD800 && unit <= 0xDBFF) {
             // A high surrogate must be followed by an escaped low one.
@@ -305,7 +305,7 @@ class HeaderParser {
             }
             pos_ += 2;
             uint32_t low = 0;
-            if (absl::Status s = ParseHex4(&low); !s.ok()) return s;
+            AMPD_RETURN_IF_ERROR(ParseHex4(&low));
             if (low < 0xDC00 || low > 0xDFFF) return Error("lone high surrogate in \\u escape");
             unit = 0x10000 + ((unit - 0xD800) << 10) + (low - 0xDC00);
           }
@@ -341,7 +341,7 @@ class HeaderParser {
   }
 
   absl::Status ParseUintArray(uint64_t max, std::vector<uint64_t>* out) {
-    if (absl::Status s = ExpectChar('['); !s.ok()) return s;
+    AMPD_RETURN_IF_ERROR(ExpectChar('['));
     SkipWhitespace();
     if (Peek() == ']') {
       ++pos_;
@@ -349,16 +349,16 @@ class HeaderParser {
     }
     while (true) {
       uint64_t v = 0;
-      if (absl::Status s = ParseUint(max, &v); !s.ok()) return s;
+      AMPD_RETURN_IF_ERROR(ParseUint(max, &v));
       out->push_back(v);
       bool more = false;
-      if (absl::Status s = ParseSeparator(']', &more); !s.ok()) return s;
+      AMPD_RETURN_IF_ERROR(ParseSeparator(']', &more));
       if (!more) return absl::OkStatus();
     }
   }
 
   absl::Status ParseMetadata(std::map<std::string, std::string>* metadata) {
-    if (absl::Status s = ExpectChar('{'); !s.ok()) return s;
+    AMPD_RETURN_IF_ERROR(ExpectChar('{'));
     SkipWhitespace();
     if (Peek() == '}') {
       ++pos_;
@@ -366,33 +366,33 @@ class HeaderParser {
     }
     while (true) {
       std::string key, value;
-      if (absl::Status s = ParseString(&key); !s.ok()) return s;
-      if (absl::Status s = ExpectChar(':'); !s.ok()) return s;
-      if (absl::Status s = ParseString(&value); !s.ok()) return s;
+      AMPD_RETURN_IF_ERROR(ParseString(&key));
+      AMPD_RETURN_IF_ERROR(ExpectChar(':'));
+      AMPD_RETURN_IF_ERROR(ParseString(&value));
       if (!metadata->emplace(key, std::move(value)).second) {
         return Error(absl::StrCat("duplicate metadata key \"", Echo(key), "\""));
       }
       bool more = false;
-      if (absl::Status s = ParseSeparator('}', &more); !s.ok()) return s;
+      AMPD_RETURN_IF_ERROR(ParseSeparator('}', &more));
       if (!more) return absl::OkStatus();
     }
   }
 
   absl::Status ParseTensorInfo(TensorEntry* entry) {
     const std::string where = absl::StrCat("tensor \"", Echo(entry->name), "\": ");
-    if (absl::Status s = ExpectChar('{'); !s.ok()) return s;
+    AMPD_RETURN_IF_ERROR(ExpectChar('{'));
     bool has_dtype = false, has_shape = false, has_offsets = false;
     SkipWhitespace();
     if (Peek() != '}') {
       while (true) {
         std::string key;
-        if (absl::Status s = ParseString(&key); !s.ok()) return s;
-        if (absl::Status s = ExpectChar(':'); !s.ok()) return s;
+        AMPD_RETURN_IF_ERROR(ParseString(&key));
+        AMPD_RETURN_IF_ERROR(ExpectChar(':'));
         if (key == "dtype") {
           if (has_dtype) return Error(absl::StrCat(where, "duplicate \"dtype\""));
           has_dtype = true;
           std::string name;
-          if (absl::Status s = ParseString(&name); !s.ok()) return s;
+          AMPD_RETURN_IF_ERROR(ParseString(&name));
           const std::optional<DType> dtype = DTypeFromName(name);
           if (!dtype) return Error(absl::StrCat(where, "unknown dtype \"", Echo(name), "\""));
           entry->dtype = *dtype;
@@ -402,7 +402,7 @@ class HeaderParser {
           std::vector<uint64_t> dims;
           // Dims become int64 in Shape.
           const auto max_dim = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
-          if (absl::Status s = ParseUintArray(max_dim, &dims); !s.ok()) return s;
+          AMPD_RETURN_IF_ERROR(ParseUintArray(max_dim, &dims));
           entry->shape.assign(dims.begin(), dims.end());
         } else if (key == "data_offsets") {
           if (has_offsets) return Error(absl::StrCat(where, "duplicate \"data_offsets\""));
@@ -422,7 +422,7 @@ class HeaderParser {
           return Error(absl::StrCat(where, "unknown field \"", Echo(key), "\""));
         }
         bool more = false;
-        if (absl::Status s = ParseSeparator('}', &more); !s.ok()) return s;
+        AMPD_RETURN_IF_ERROR(ParseSeparator('}', &more));
         if (!more) break;
       }
     } else {

@@ -5,6 +5,7 @@
 // written. The elements are split over the backend's thread pool.
 #include <cmath>
 
+#include "common/status_macros.h"
 #include "kernels/cpu/cpu_internal.h"
 
 namespace ampd::kernels::cpu {
@@ -74,7 +75,7 @@ void BackwardLoop(const typename Tag::Storage* x, const typename Tag::Storage* d
 }  // namespace
 
 absl::Status ActivationForward(ThreadPool& pool, Activation act, const Tensor& x, Tensor& y) {
-  if (absl::Status s = ValidateActivationForward(act, x, y); !s.ok()) return s;
+  AMPD_RETURN_IF_ERROR(ValidateActivationForward(act, x, y));
   return VisitFloat(x.dtype(), [&](auto tag) {
     using Tag = decltype(tag);
     const auto* in = Ptr<Tag>(x);
@@ -98,7 +99,7 @@ absl::Status ActivationForward(ThreadPool& pool, Activation act, const Tensor& x
 
 absl::Status ActivationBackward(ThreadPool& pool, Activation act, const Tensor& x, const Tensor& dy,
                                 Tensor& dx) {
-  if (absl::Status s = ValidateActivationBackward(act, x, dy, dx); !s.ok()) return s;
+  AMPD_RETURN_IF_ERROR(ValidateActivationBackward(act, x, dy, dx));
   return VisitFloat(x.dtype(), [&](auto tag) {
     using Tag = decltype(tag);
     const auto* in = Ptr<Tag>(x);

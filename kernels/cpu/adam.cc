@@ -8,6 +8,7 @@
 // master, state and working copy together.
 #include <cmath>
 
+#include "common/status_macros.h"
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/cpu/optimizer_common.h"
 
@@ -16,7 +17,7 @@ namespace ampd::kernels::cpu {
 absl::Status AdamUpdate(ThreadPool& pool, absl::Span<const ParamRef> params,
                         const AdamConfig& config, int64_t step, const GradTransform& transform) {
   // Everything is validated before anything is written.
-  if (absl::Status s = ValidateAdamUpdate(params, step, transform); !s.ok()) return s;
+  AMPD_RETURN_IF_ERROR(ValidateAdamUpdate(params, step, transform));
   if (Skip(transform)) return absl::OkStatus();
 
   const float clip = ClipCoef(transform);

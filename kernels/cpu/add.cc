@@ -1,12 +1,13 @@
 // Add: the same-shape y += x (residuals, the step's loss sum), x and y any
 // float dtypes. The sum is formed in fp32 and rounded once to y's dtype;
 // the elements are split over the backend's thread pool.
+#include "common/status_macros.h"
 #include "kernels/cpu/cpu_internal.h"
 
 namespace ampd::kernels::cpu {
 
 absl::Status Add(ThreadPool& pool, const Tensor& x, Tensor& y) {
-  if (absl::Status s = ValidateAdd(x, y); !s.ok()) return s;
+  AMPD_RETURN_IF_ERROR(ValidateAdd(x, y));
   // Both loads are exact widenings, so the only rounding is the fp32 add
   // and the store into y's dtype, whatever mix of dtypes x and y are.
   return VisitFloat(x.dtype(), [&](auto x_tag) {

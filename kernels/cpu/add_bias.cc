@@ -4,12 +4,13 @@
 #include <algorithm>
 #include <vector>
 
+#include "common/status_macros.h"
 #include "kernels/cpu/cpu_internal.h"
 
 namespace ampd::kernels::cpu {
 
 absl::Status AddBias(ThreadPool& pool, const Tensor& bias, Tensor& y) {
-  if (absl::Status s = ValidateAddBias(bias, y); !s.ok()) return s;
+  AMPD_RETURN_IF_ERROR(ValidateAddBias(bias, y));
   const int64_t rows = y.dim(0);  // N
   const int64_t cols = y.dim(1);  // C
   // The bias may be stored in any float dtype (the contract leaves it open);

@@ -5,12 +5,13 @@
 #include <algorithm>
 #include <vector>
 
+#include "common/status_macros.h"
 #include "kernels/cpu/cpu_internal.h"
 
 namespace ampd::kernels::cpu {
 
 absl::Status BiasGrad(ThreadPool& pool, const Tensor& dy, float beta, Tensor& dbias) {
-  if (absl::Status s = ValidateBiasGrad(dy, dbias); !s.ok()) return s;
+  AMPD_RETURN_IF_ERROR(ValidateBiasGrad(dy, dbias));
   const int64_t rows = dy.dim(0);  // N
   const int64_t cols = dy.dim(1);  // C
   // Column sums in fp32, rows added in order 0..N-1 for every column (the

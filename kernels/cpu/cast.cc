@@ -1,6 +1,7 @@
 // Cast between float dtypes: each element widened exactly to fp32 and
 // rounded once to the destination dtype, split over the backend's thread
 // pool; no element's arithmetic depends on the split.
+#include "common/status_macros.h"
 #include "kernels/cpu/cpu_internal.h"
 
 namespace ampd::kernels::cpu {
@@ -14,7 +15,7 @@ void CastLoop(const typename SrcTag::Storage* src, typename DstTag::Storage* dst
 }  // namespace
 
 absl::Status Cast(ThreadPool& pool, const Tensor& src, Tensor& dst) {
-  if (absl::Status s = ValidateCast(src, dst); !s.ok()) return s;
+  AMPD_RETURN_IF_ERROR(ValidateCast(src, dst));
   // Widening is exact and narrowing rounds once; fp16 <-> bf16 goes through
   // fp32, which holds both exactly, so it too is a single rounding.
   return VisitFloat(src.dtype(), [&](auto src_tag) {

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <vector>
 
+#include "common/status_macros.h"
 #include "kernels/cpu/cpu_internal.h"
 
 namespace ampd::kernels::cpu {
@@ -30,7 +31,7 @@ absl::Status CrossEntropyLoss(const Tensor& logits, const Tensor& labels, float 
   }
   const int64_t rows = logits.dim(0);     // N
   const int64_t classes = logits.dim(1);  // V
-  if (absl::Status s = CheckIdsInRange(kOp, "labels", labels, classes); !s.ok()) return s;
+  AMPD_RETURN_IF_ERROR(CheckIdsInRange(kOp, "labels", labels, classes));
   const float inv_rows = 1.0f / static_cast<float>(rows);
   // d/dz [m * mean_n(lse(z_n) - z_n[y_n])] = m (softmax - onehot) / N, times
   // the loss scale (applied last, see the file comment).

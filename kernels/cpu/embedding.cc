@@ -8,14 +8,15 @@
 #include <numeric>
 #include <vector>
 
+#include "common/status_macros.h"
 #include "kernels/cpu/cpu_internal.h"
 
 namespace ampd::kernels::cpu {
 
 absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out) {
   constexpr absl::string_view kOp = "EmbeddingForward";
-  if (absl::Status s = ValidateEmbeddingForward(ids, table, out); !s.ok()) return s;
-  if (absl::Status s = CheckIdsInRange(kOp, "ids", ids, table.dim(0)); !s.ok()) return s;
+  AMPD_RETURN_IF_ERROR(ValidateEmbeddingForward(ids, table, out));
+  AMPD_RETURN_IF_ERROR(CheckIdsInRange(kOp, "ids", ids, table.dim(0)));
   const size_t row_bytes = static_cast<size_t>(table.dim(1)) * SizeOf(table.dtype());
   const auto* src = static_cast<const unsigned char*>(table.data());  // (V, C)
   auto* dst = static_cast<unsigned char*>(out.data());                // (N, C)
@@ -29,8 +30,8 @@ absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& ou
 
 absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
   constexpr absl::string_view kOp = "EmbeddingBackward";
-  if (absl::Status s = ValidateEmbeddingBackward(ids, dout, dtable); !s.ok()) return s;
-  if (absl::Status s = CheckIdsInRange(kOp, "ids", ids, dtable.dim(0)); !s.ok()) return s;
+  AMPD_RETURN_IF_ERROR(ValidateEmbeddingBackward(ids, dout, dtable));
+  AMPD_RETURN_IF_ERROR(CheckIdsInRange(kOp, "ids", ids, dtable.dim(0)));
   const int64_t count = ids.dim(0);    // N
   const int64_t cols = dtable.dim(1);  // C
   // Batch positions grouped by id, batch order kept within a group (stable),

@@ -2,12 +2,13 @@
 // and replicated, split over the backend's thread pool.
 #include <algorithm>
 
+#include "common/status_macros.h"
 #include "kernels/cpu/cpu_internal.h"
 
 namespace ampd::kernels::cpu {
 
 absl::Status Fill(ThreadPool& pool, Tensor& dst, float value) {
-  if (absl::Status s = ValidateFill(dst); !s.ok()) return s;
+  AMPD_RETURN_IF_ERROR(ValidateFill(dst));
   return VisitFloat(dst.dtype(), [&](auto tag) {
     using Tag = decltype(tag);
     // Round once, then replicate the stored pattern.

@@ -4,6 +4,7 @@
 // those the CUDA kernel writes for the same (seed, stream, offset).
 #include <algorithm>
 
+#include "common/status_macros.h"
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/philox.h"
 
@@ -41,7 +42,7 @@ void NormalRange(const RandomFill& f, uint64_t first, int64_t n, float* out) {
 }  // namespace
 
 absl::Status FillRandom(ThreadPool& pool, Tensor& dst, const RandomFill& fill) {
-  if (absl::Status s = ValidateFillRandom(dst, fill); !s.ok()) return s;
+  AMPD_RETURN_IF_ERROR(ValidateFillRandom(dst, fill));
   float* out = dst.data_as<float>();
   const bool uniform = fill.distribution == RandomDistribution::kUniform;
   pool.ParallelFor(dst.numel(), kRandomGrain, [&](int64_t begin, int64_t end) {

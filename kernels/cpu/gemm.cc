@@ -9,6 +9,7 @@
 
 #include <vector>
 
+#include "common/status_macros.h"
 #include "kernels/cpu/cpu_internal.h"
 
 namespace ampd::kernels::cpu {
@@ -41,7 +42,7 @@ float* Widen(ThreadPool& pool, const Tensor& t, int which) {
 
 absl::Status Gemm(ThreadPool& pool, bool trans_a, bool trans_b, float alpha, const Tensor& a,
                   const Tensor& b, float beta, Tensor& c) {
-  if (absl::Status s = ValidateGemm(trans_a, trans_b, a, b, c); !s.ok()) return s;
+  AMPD_RETURN_IF_ERROR(ValidateGemm(trans_a, trans_b, a, b, c));
   // op(a): (M, K), op(b): (K, N), c: (M, N).
   const int64_t m = trans_a ? a.dim(1) : a.dim(0);
   const int64_t k = trans_a ? a.dim(0) : a.dim(1);

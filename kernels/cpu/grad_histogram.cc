@@ -10,6 +10,7 @@
 #include <atomic>
 #include <bit>
 
+#include "common/status_macros.h"
 #include "kernels/cpu/cpu_internal.h"
 
 namespace ampd::kernels::cpu {
@@ -35,7 +36,7 @@ void Count(const typename Tag::Storage* g, int64_t n, int64_t* bins) {
 
 absl::Status GradLog2Histogram(ThreadPool& pool, absl::Span<const Tensor* const> grads,
                                Tensor& counts) {
-  if (absl::Status s = ValidateGradLog2Histogram(grads, counts); !s.ok()) return s;
+  AMPD_RETURN_IF_ERROR(ValidateGradLog2Histogram(grads, counts));
   int64_t* bins = counts.data_as<int64_t>();  // (kGradHistogramBins)
   for (const Tensor* grad : grads) {
     absl::Status s = VisitFloat(grad->dtype(), [&](auto tag) {

@@ -13,13 +13,14 @@
 // product by it is exact away from fp32's subnormals, so there the order
 // changes no finite result.
 // dpred may alias pred: each element is read before it is written.
+#include "common/status_macros.h"
 #include "kernels/cpu/cpu_internal.h"
 
 namespace ampd::kernels::cpu {
 
 absl::Status MseLoss(const Tensor& pred, const Tensor& target, float multiplier, float grad_scale,
                      Tensor& loss, Tensor& dpred) {
-  if (absl::Status s = ValidateMseLoss(pred, target, loss, dpred); !s.ok()) return s;
+  AMPD_RETURN_IF_ERROR(ValidateMseLoss(pred, target, loss, dpred));
   const int64_t count = pred.numel();
   const float inv_count = 1.0f / static_cast<float>(count);
   // d/dp [m * mean((p - t)^2)] = 2 m (p - t) / count, times the loss scale

@@ -3,6 +3,7 @@
 // plain copy of each scalar and each HostCopy's bytes.
 #include <cstring>
 
+#include "common/status_macros.h"
 #include "kernels/cpu/cpu_internal.h"
 
 namespace ampd::kernels::cpu {
@@ -11,7 +12,7 @@ absl::Status ReadBack(absl::Span<const Tensor* const> scalars, absl::Span<float>
                       absl::Span<const HostCopy> copies) {
   // Every operand is checked before any is read, so a bad call leaves out
   // untouched.
-  if (absl::Status s = ValidateReadBack(scalars, out.size(), copies); !s.ok()) return s;
+  AMPD_RETURN_IF_ERROR(ValidateReadBack(scalars, out.size(), copies));
   for (size_t i = 0; i < scalars.size(); ++i) out[i] = scalars[i]->data_as<float>()[0];
   for (const HostCopy& c : copies) {
     if (c.bytes > 0) std::memcpy(c.dst, c.src->data(), c.bytes);

@@ -4,6 +4,7 @@
 // the fp32 master weights and the momentum buffer, and recast the working
 // copy. A skipped step (found_inf) writes nothing at all. One pass per
 // parameter, split over the backend's thread pool.
+#include "common/status_macros.h"
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/cpu/optimizer_common.h"
 
@@ -11,7 +12,7 @@ namespace ampd::kernels::cpu {
 
 absl::Status SgdUpdate(ThreadPool& pool, absl::Span<const ParamRef> params, const SgdConfig& config,
                        bool first_step, const GradTransform& transform) {
-  if (absl::Status s = ValidateSgdUpdate(params, config, transform); !s.ok()) return s;
+  AMPD_RETURN_IF_ERROR(ValidateSgdUpdate(params, config, transform));
   if (Skip(transform)) return absl::OkStatus();
 
   const bool use_momentum = config.momentum != 0.0f;  // state0 was required exactly then

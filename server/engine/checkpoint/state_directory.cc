@@ -121,8 +121,8 @@ absl::StatusOr<StateDirectory> StateDirectory::Open(const std::string& path) {
 }
 
 absl::Status StateDirectory::Write(const std::string& job_id, const StateDict& state) const {
-  if (absl::Status s = CheckJobId(job_id); !s.ok()) return s;
-  if (absl::Status s = ValidateStateDict(state); !s.ok()) return s;
+  AMPD_RETURN_IF_ERROR(CheckJobId(job_id));
+  AMPD_RETURN_IF_ERROR(ValidateStateDict(state));
   // The header, then each tensor's bytes where they are: no copy of the
   // whole file in memory.
   const std::string header = EncodeSafetensorsHeader(state);
@@ -161,7 +161,7 @@ absl::Status StateDirectory::Write(const std::string& job_id, const StateDict& s
 }
 
 absl::StatusOr<StateDict> StateDirectory::Read(const std::string& job_id) const {
-  if (absl::Status s = CheckJobId(job_id); !s.ok()) return s;
+  AMPD_RETURN_IF_ERROR(CheckJobId(job_id));
   const std::string file = absl::StrCat(path_, "/", job_id, kSuffix);
   Fd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) {
@@ -259,7 +259,7 @@ absl::StatusOr<int64_t> StateDirectory::WriteTimeNanos(const std::string& job_id
 }
 
 absl::Status StateDirectory::Remove(const std::string& job_id) const {
-  if (absl::Status s = CheckJobId(job_id); !s.ok()) return s;
+  AMPD_RETURN_IF_ERROR(CheckJobId(job_id));
   const std::string file = absl::StrCat(path_, "/", job_id, kSuffix);
   if (::unlink(file.c_str()) != 0) {
     if (errno == ENOENT) return absl::OkStatus();

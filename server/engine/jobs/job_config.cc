@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/checked_math.h"
+#include "common/status_macros.h"
 
 namespace ampd::engine {
 
@@ -36,7 +37,7 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
 }
 
 absl::StatusOr<ValidJobConfig> ValidJobConfig::Check(JobConfig config) {
-  if (absl::Status s = ValidateJobConfig(config); !s.ok()) return s;
+  AMPD_RETURN_IF_ERROR(ValidateJobConfig(config));
   return ValidJobConfig(std::move(config));
 }
 
