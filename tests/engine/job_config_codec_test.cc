@@ -353,15 +353,15 @@ TEST_F(JobConfigCodecRefuses, WrongTypesAndRanges) {
 }
 
 TEST_F(JobConfigCodecRefuses, OtherFormatVersions) {
-  ExpectError(Edited("\"format_version\":1", "\"format_version\":2"), absl::StatusCode::kDataLoss,
-              "ampd.config: format_version: 2 is not the version this ampd reads (1); the "
-              "checkpoint was written by a newer ampd");
+  ExpectError(Edited("\"format_version\":1", "\"format_version\":0"), absl::StatusCode::kDataLoss,
+              "ampd.config: format_version: 0 is not a version this ampd reads (1 to 2); the "
+              "checkpoint was written by another ampd");
   ExpectError(Edited("\"format_version\":1,", ""), absl::StatusCode::kDataLoss,
               "ampd.config: format_version: missing");
   // A later format may change any key: the version is checked before them.
   ExpectError(Edited("\"format_version\":1,", "\"format_version\":3,\"new\":{},"),
               absl::StatusCode::kDataLoss,
-              "ampd.config: format_version: 3 is not the version this ampd reads (1); the "
+              "ampd.config: format_version: 3 is not a version this ampd reads (1 to 2); the "
               "checkpoint was written by a newer ampd");
 }
 
