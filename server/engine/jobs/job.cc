@@ -106,6 +106,7 @@ std::string EncodeStepReport(const StepReport& r) {
       absl::StrCat("skipped=", r.scaler.skipped ? 1 : 0),
       absl::StrCat("grew=", r.scaler.grew ? 1 : 0),
       absl::StrCat("backed_off=", r.scaler.backed_off ? 1 : 0),
+      absl::StrCat("growth_deferred=", r.scaler.growth_deferred ? 1 : 0),
       absl::StrCat("forward=", HexFloat(r.seconds.forward)),
       absl::StrCat("backward=", HexFloat(r.seconds.backward)),
       absl::StrCat("unscale=", HexFloat(r.seconds.unscale)),
@@ -141,6 +142,8 @@ absl::StatusOr<StepReport> DecodeStepReport(absl::string_view text) {
       r.scaler.grew = i != 0;
     else if (k == "backed_off" && is_int)
       r.scaler.backed_off = i != 0;
+    else if (k == "growth_deferred" && is_int)
+      r.scaler.growth_deferred = i != 0;
     else if (k == "loss" && is_float)
       r.loss = static_cast<float>(d);
     else if (k == "scale_before" && is_float)

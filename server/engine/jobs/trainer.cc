@@ -15,8 +15,14 @@
 //     fp32 grads leaving the unscale to the fused update saves a write pass
 //   fused Adam/SGD update with GradTransform{1/S, found_inf, norm_sq}; the
 //     device skips it entirely on found_inf and it recasts the working copy
-//   ONE ReadBack of [loss_sum, found_inf, norm_sq] (and the histogram when
-//     sampled), then scaler.Update(found_inf).
+//   ONE ReadBack of [loss_sum, found_inf, norm_sq, max_abs] (and the
+//     histogram when sampled), then scaler.Update with found_inf, max|g| of
+//     the unscaled grads (the check pass computes it in the same read) and,
+//     when sampled, the histogram's fp16 underflow fraction.
+// An adaptive-scaler job's first step (and its first after a state without
+// scaler keys was loaded) first runs CalibrateLossScale: one extra forward
+// and backward at S = 1 and one small read, so that the step itself starts
+// at the calibrated scale instead of skipping while it backs off.
 // The three scalars stay on the device, each in its own (1, 1) F32 tensor,
 // until the end: ReadScalars waits for the device once and copies all three
 // together, so the step makes one device->host round trip, not one per
@@ -50,6 +56,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -57,6 +64,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/checked_math.h"
 #include "common/status_macros.h"
+#include "server/engine/amp/adaptive_policy.h"
 #include "server/engine/model/batch_check.h"
 #include "server/engine/model/layers.h"
 #include "server/engine/optim/optimizer_state.h"
@@ -73,6 +81,7 @@ namespace {
 constexpr int kReadLossSum = 0;
 constexpr int kReadFoundInf = 1;
 constexpr int kReadNormSq = 2;
+constexpr int kReadMaxAbs = 3;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -144,10 +153,43 @@ struct Trainer::Impl {
   Tensor loss_sum;   // (1, 1) F32, sum of the step's micro-batch losses
   Tensor found_inf;  // (1, 1) F32
   Tensor norm_sq;    // (1, 1) F32
+  Tensor max_abs;    // (1, 1) F32, max |g| of the unscaled grads
   Tensor no_inf;     // (1, 1) F32 zero: the update's found_inf when the scaler is disabled
   Tensor histogram;  // (kGradHistogramBins) I64
   std::vector<int64_t> zero_bins = std::vector<int64_t>(kernels::kGradHistogramBins, 0);
+
+  absl::Status CalibrateLossScale(const StepInput& input);
 };
+
+// The adaptive scaler's calibration: the step's micro-batches forward and
+// backward at a loss scale of 1 (each micro-batch's gradient carries 1 / K,
+// as in the step), then the fused check pass for max|g|, read back once.
+// S = 1 is the safe scale: the gradients overflow there only when they
+// exceed fp16's range unscaled, and then no scale could help (the scaler
+// starts at 1 and backs off from the step's real overflow). The gradients it
+// leaves are overwritten by the step (ZeroGrads, beta = 0 on micro-batch 0).
+absl::Status Trainer::Impl::CalibrateLossScale(const StepInput& input) {
+  kernels::Backend& b = *backend;
+  const auto k = static_cast<int64_t>(input.micro_batches.size());
+  AMPD_RETURN_IF_ERROR(model->ZeroGrads());
+  AMPD_RETURN_IF_ERROR(b.Fill(found_inf, 0.0f));
+  AMPD_RETURN_IF_ERROR(b.Fill(max_abs, 0.0f));
+  for (int64_t i = 0; i < k; ++i) {
+    const MicroBatch& mb = input.micro_batches[static_cast<size_t>(i)];
+    AMPD_ASSIGN_OR_RETURN(model::Workspace * ws, model->GetWorkspace(mb.inputs.shape[0]));
+    AMPD_RETURN_IF_ERROR(model->LoadBatch(mb.inputs, mb.targets, *ws));
+    AMPD_RETURN_IF_ERROR(model->Forward(*ws));
+    AMPD_RETURN_IF_ERROR(model->Loss(*ws, 1.0f / static_cast<float>(k), loss));
+    AMPD_RETURN_IF_ERROR(model->Backward(*ws, /*first_micro_batch=*/i == 0));
+  }
+  AMPD_RETURN_IF_ERROR(b.UnscaleAndCheck(grads, 1.0f, /*in_place=*/false, found_inf,
+                                         /*norm_sq=*/nullptr, &max_abs));
+  const Tensor* const scalars[2] = {&found_inf, &max_abs};
+  float host[2] = {0, 0};
+  AMPD_RETURN_IF_ERROR(b.ReadScalars(scalars, host));
+  scaler.Calibrate(host[0] != 0.0f ? std::numeric_limits<float>::infinity() : host[1]);
+  return absl::OkStatus();
+}
 
 Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Trainer::~Trainer() = default;
@@ -205,8 +247,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   }
   impl->optimizer.Bind(impl->refs);
 
-  for (Tensor* t :
-       {&impl->loss, &impl->loss_sum, &impl->found_inf, &impl->norm_sq, &impl->no_inf}) {
+  for (Tensor* t : {&impl->loss, &impl->loss_sum, &impl->found_inf, &impl->norm_sq, &impl->max_abs,
+                    &impl->no_inf}) {
     absl::StatusOr<Tensor> s = AllocScalar(b, {1, 1});
     if (!s.ok()) return s.status();
     *t = *std::move(s);
@@ -259,6 +301,7 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
     }
   } trim{net};
 
+  if (m.scaler.NeedsCalibration()) AMPD_RETURN_IF_ERROR(m.CalibrateLossScale(input));
   const float scale = m.scaler.scale();
   const auto k = static_cast<int64_t>(input.micro_batches.size());
   // d(S * mean_k L_k)/dw: each micro-batch's loss gradient carries S / K.
@@ -270,6 +313,7 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   AMPD_RETURN_IF_ERROR(b.Fill(m.found_inf, 0.0f));
   AMPD_RETURN_IF_ERROR(b.Fill(m.loss_sum, 0.0f));
   AMPD_RETURN_IF_ERROR(b.Fill(m.norm_sq, 0.0f));
+  AMPD_RETURN_IF_ERROR(b.Fill(m.max_abs, 0.0f));
 
   for (int64_t i = 0; i < k; ++i) {
     const MicroBatch& mb = input.micro_batches[static_cast<size_t>(i)];
@@ -298,8 +342,8 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   }
 
   const Clock::time_point t3 = Clock::now();
-  AMPD_RETURN_IF_ERROR(
-      b.UnscaleAndCheck(m.grads, inv_scale, /*in_place=*/false, m.found_inf, &m.norm_sq));
+  AMPD_RETURN_IF_ERROR(b.UnscaleAndCheck(m.grads, inv_scale, /*in_place=*/false, m.found_inf,
+                                         &m.norm_sq, &m.max_abs));
   const Clock::time_point t4 = Clock::now();
 
   // A disabled scaler (PyTorch's enabled=False) never skips, so the update
@@ -314,8 +358,8 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   const Clock::time_point t5 = Clock::now();
 
   // One read brings the scalars and, when sampled, the histogram.
-  const Tensor* const scalars[3] = {&m.loss_sum, &m.found_inf, &m.norm_sq};
-  float host[3] = {0, 0, 0};  // [loss sum, found_inf, norm_sq]
+  const Tensor* const scalars[4] = {&m.loss_sum, &m.found_inf, &m.norm_sq, &m.max_abs};
+  float host[4] = {0, 0, 0, 0};  // [loss sum, found_inf, norm_sq, max_abs]
   kernels::HostCopy histogram_copy;
   if (input.sample_grad_histogram) {
     report.grad_histogram.resize(kernels::kGradHistogramBins);
@@ -325,7 +369,14 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   AMPD_RETURN_IF_ERROR(b.ReadBack(
       scalars, host, absl::MakeConstSpan(&histogram_copy, input.sample_grad_histogram ? 1 : 0)));
   const bool found_inf = host[kReadFoundInf] != 0.0f;
-  absl::StatusOr<amp::ScalerUpdate> update = m.scaler.Update(found_inf);
+  amp::StepGradStats stats;
+  stats.found_inf = found_inf;
+  stats.max_abs = host[kReadMaxAbs];
+  if (input.sample_grad_histogram) {
+    stats.underflow_fraction = amp::UnderflowFraction(report.grad_histogram);
+    report.grad_underflow_fraction = stats.underflow_fraction;
+  }
+  absl::StatusOr<amp::ScalerUpdate> update = m.scaler.Update(stats);
   if (!update.ok()) {
     // deepspeed at min_scale: the device already skipped the update
     // (found_inf was set), so the job's state is as it was.
@@ -339,6 +390,7 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   report.applied_steps = m.optimizer.applied_steps();
   report.loss = host[kReadLossSum] / static_cast<float>(k);
   report.scaler = *update;
+  report.grad_max_abs = host[kReadMaxAbs];
   // Every applied step reports its norm; a skipped one only when clipping
   // (the norm of gradients that overflowed is inf or NaN, kept as clipping
   // always reported it).
