@@ -27,9 +27,8 @@
 #include "client/batch_file.h"
 #include "client/client.h"
 #include "client/synthetic_task.h"
+#include "codec/tensor_proto.h"
 #include "common/dashed_flags.h"
-#include "server/engine/model/batch_check.h"
-#include "server/rpc/wire.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "ampd address HOST:PORT");
 ABSL_FLAG(int64_t, deadline_ms, 60000, "Deadline of each call attempt");
@@ -103,7 +102,7 @@ std::string ToJson(const google::protobuf::Message& message) {
 
 // The model --layers/--loss give, or nullopt for the synthetic task's own
 // (whose targets are regression targets, so only mse fits it).
-absl::StatusOr<std::optional<ampd::engine::model::ModelSpec>> ModelFromFlags() {
+absl::StatusOr<std::optional<ampd::v1::ModelSpec>> ModelFromFlags() {
   const std::string layers = absl::GetFlag(FLAGS_layers);
   const std::optional<std::string> loss = absl::GetFlag(FLAGS_loss);
   if (layers.empty()) {
@@ -118,8 +117,7 @@ absl::StatusOr<std::optional<ampd::engine::model::ModelSpec>> ModelFromFlags() {
     }
     return std::nullopt;
   }
-  absl::StatusOr<ampd::engine::model::ModelSpec> spec =
-      ampd::ParseModelFlags(layers, loss.value_or("mse"));
+  absl::StatusOr<ampd::v1::ModelSpec> spec = ampd::ParseModelFlags(layers, loss.value_or("mse"));
   if (!spec.ok()) return spec.status();
   return *std::move(spec);
 }
@@ -215,7 +213,7 @@ struct TrainData {
 };
 
 absl::StatusOr<TrainData> PrepareTrainData() {
-  absl::StatusOr<std::optional<ampd::engine::model::ModelSpec>> spec = ModelFromFlags();
+  absl::StatusOr<std::optional<ampd::v1::ModelSpec>> spec = ModelFromFlags();
   if (!spec.ok()) return spec.status();
   TrainData data;
   const std::string path = absl::GetFlag(FLAGS_batches);
@@ -223,12 +221,12 @@ absl::StatusOr<TrainData> PrepareTrainData() {
     absl::StatusOr<std::string> bytes = ampd::ReadBatchFile(path);
     if (!bytes.ok()) return bytes.status();
     absl::StatusOr<std::vector<ampd::v1::MicroBatch>> batches =
-        ampd::BatchesFromSafetensors(*bytes, **spec);
+        ampd::BatchesFromSafetensors(*bytes, ampd::BatchLayoutOf(**spec));
     if (!batches.ok()) {
       return Fail(absl::StrCat("--batches=", path, ": ", batches.status().message()));
     }
     data.file_batches = *std::move(batches);
-    data.model = ampd::rpc::ModelSpecToProto(**spec);
+    data.model = **spec;
     return data;
   }
   if (absl::GetFlag(FLAGS_batch_size) < 1) return Fail("--batch_size: must be >= 1");
@@ -241,18 +239,19 @@ absl::StatusOr<TrainData> PrepareTrainData() {
   // task draws the probe batch so the real batch stream is untouched.
   ampd::SyntheticTask probe = *data.task;
   const ampd::v1::MicroBatch batch = probe.NextBatch();
-  absl::StatusOr<ampd::engine::HostTensor> inputs =
-      ampd::rpc::TensorFromProto(batch.inputs(), "inputs");
-  absl::StatusOr<ampd::engine::HostTensor> targets =
-      ampd::rpc::TensorFromProto(batch.targets(), "targets");
+  absl::StatusOr<ampd::codec::HostTensor> inputs =
+      ampd::codec::TensorFromProto(batch.inputs(), "inputs");
+  absl::StatusOr<ampd::codec::HostTensor> targets =
+      ampd::codec::TensorFromProto(batch.targets(), "targets");
   if (!inputs.ok()) return inputs.status();
   if (!targets.ok()) return targets.status();
-  if (absl::Status s = ampd::engine::model::CheckBatchFitsModel(
-          **spec, *inputs, *targets, "the synthetic task's inputs", "the synthetic task's targets");
+  if (absl::Status s = ampd::codec::CheckBatchLayout(ampd::BatchLayoutOf(**spec), *inputs, *targets,
+                                                     "the synthetic task's inputs",
+                                                     "the synthetic task's targets");
       !s.ok()) {
     return Fail(absl::StrCat("--layers: ", s.message()));
   }
-  data.model = ampd::rpc::ModelSpecToProto(**spec);
+  data.model = **spec;
   return data;
 }
 
@@ -327,10 +326,10 @@ absl::StatusOr<std::string> JobArg(const std::vector<char*>& args, size_t index)
 absl::Status Jobs(ampd::Client& client, const std::vector<char*>& args) {
   const std::string verb = args.size() > 2 ? args[2] : "";
   if (verb == "create") {
-    absl::StatusOr<std::optional<ampd::engine::model::ModelSpec>> spec = ModelFromFlags();
+    absl::StatusOr<std::optional<ampd::v1::ModelSpec>> spec = ModelFromFlags();
     if (!spec.ok()) return spec.status();
-    absl::StatusOr<ampd::v1::CreateJobRequest> request = BuildCreateRequest(
-        spec->has_value() ? ampd::rpc::ModelSpecToProto(**spec) : MakeTask().Model());
+    absl::StatusOr<ampd::v1::CreateJobRequest> request =
+        BuildCreateRequest(spec->has_value() ? **spec : MakeTask().Model());
     if (!request.ok()) return request.status();
     absl::StatusOr<ampd::v1::Job> job = client.CreateJob(*request);
     if (!job.ok()) return job.status();

@@ -1,6 +1,7 @@
 // Model flags and safetensors batch files for `ampctl train` (batch_file.h).
 #include "client/batch_file.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -13,19 +14,14 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "server/engine/checkpoint/safetensors.h"
-#include "server/engine/model/batch_check.h"
-#include "server/rpc/wire.h"
+#include "codec/safetensors.h"
+#include "codec/tensor_proto.h"
+#include "common/status_macros.h"
 
 namespace ampd {
 namespace {
 
-using engine::HostTensor;
-using engine::model::LayerKind;
-using engine::model::LayerSpec;
-using engine::model::LossKind;
-using engine::model::ModelSpec;
-using kernels::DType;
+using codec::HostTensor;
 
 absl::Status Invalid(absl::string_view message) { return absl::InvalidArgumentError(message); }
 
@@ -44,7 +40,7 @@ absl::StatusOr<int64_t> ParseSize(absl::string_view item, absl::string_view what
   return value;
 }
 
-absl::StatusOr<LayerSpec> ParseLayer(absl::string_view item) {
+absl::StatusOr<v1::Layer> ParseLayer(absl::string_view item) {
   const std::vector<absl::string_view> parts = absl::StrSplit(item, ':');
   const std::string kind = absl::AsciiStrToLower(parts[0]);
   auto arity = [&](size_t lo, size_t hi, absl::string_view form) -> absl::Status {
@@ -53,43 +49,42 @@ absl::StatusOr<LayerSpec> ParseLayer(absl::string_view item) {
     }
     return absl::OkStatus();
   };
-  LayerSpec layer;
+  v1::Layer layer;
   if (kind == "linear") {
-    if (absl::Status s = arity(2, 3, "linear:IN:OUT or linear:IN:OUT:nobias"); !s.ok()) return s;
-    layer.kind = LayerKind::kLinear;
-    absl::StatusOr<int64_t> in = ParseSize(item, "IN", parts[1]);
-    if (!in.ok()) return in.status();
-    absl::StatusOr<int64_t> out = ParseSize(item, "OUT", parts[2]);
-    if (!out.ok()) return out.status();
-    layer.in_features = *in;
-    layer.out_features = *out;
+    AMPD_RETURN_IF_ERROR(arity(2, 3, "linear:IN:OUT or linear:IN:OUT:nobias"));
+    AMPD_ASSIGN_OR_RETURN(const int64_t in, ParseSize(item, "IN", parts[1]));
+    AMPD_ASSIGN_OR_RETURN(const int64_t out, ParseSize(item, "OUT", parts[2]));
+    v1::Linear* linear = layer.mutable_linear();
+    linear->set_in_features(in);
+    linear->set_out_features(out);
+    bool bias = true;
     if (parts.size() == 4) {
       if (parts[3] != "nobias") {
         return Invalid(absl::StrCat(
             "--layers: \"", item, "\": the only linear option is nobias, got \"", parts[3], "\""));
       }
-      layer.bias = false;
+      bias = false;
     }
+    linear->set_bias(bias);
   } else if (kind == "relu" || kind == "gelu" || kind == "tanh") {
-    if (absl::Status s = arity(0, 0, kind); !s.ok()) return s;
-    layer.kind = kind == "relu"   ? LayerKind::kReLU
-                 : kind == "gelu" ? LayerKind::kGELU
-                                  : LayerKind::kTanh;
+    AMPD_RETURN_IF_ERROR(arity(0, 0, kind));
+    if (kind == "relu") {
+      layer.mutable_relu();
+    } else if (kind == "gelu") {
+      layer.mutable_gelu();
+    } else {
+      layer.mutable_tanh();
+    }
   } else if (kind == "layer_norm" || kind == "layernorm") {
-    if (absl::Status s = arity(1, 1, "layer_norm:N"); !s.ok()) return s;
-    layer.kind = LayerKind::kLayerNorm;
-    absl::StatusOr<int64_t> n = ParseSize(item, "N", parts[1]);
-    if (!n.ok()) return n.status();
-    layer.normalized_shape = *n;
+    AMPD_RETURN_IF_ERROR(arity(1, 1, "layer_norm:N"));
+    AMPD_ASSIGN_OR_RETURN(const int64_t n, ParseSize(item, "N", parts[1]));
+    layer.mutable_layer_norm()->set_normalized_shape(n);
   } else if (kind == "embedding") {
-    if (absl::Status s = arity(2, 2, "embedding:VOCAB:DIM"); !s.ok()) return s;
-    layer.kind = LayerKind::kEmbedding;
-    absl::StatusOr<int64_t> vocab = ParseSize(item, "VOCAB", parts[1]);
-    if (!vocab.ok()) return vocab.status();
-    absl::StatusOr<int64_t> dim = ParseSize(item, "DIM", parts[2]);
-    if (!dim.ok()) return dim.status();
-    layer.num_embeddings = *vocab;
-    layer.embedding_dim = *dim;
+    AMPD_RETURN_IF_ERROR(arity(2, 2, "embedding:VOCAB:DIM"));
+    AMPD_ASSIGN_OR_RETURN(const int64_t vocab, ParseSize(item, "VOCAB", parts[1]));
+    AMPD_ASSIGN_OR_RETURN(const int64_t dim, ParseSize(item, "DIM", parts[2]));
+    layer.mutable_embedding()->set_num_embeddings(vocab);
+    layer.mutable_embedding()->set_embedding_dim(dim);
   } else {
     return Invalid(absl::StrCat("--layers: unknown layer \"", parts[0], "\" in \"", item, "\"; ",
                                 kLayersGrammar));
@@ -118,41 +113,83 @@ std::optional<std::pair<std::string, int64_t>> SplitName(absl::string_view name)
 
 }  // namespace
 
-absl::StatusOr<ModelSpec> ParseModelFlags(absl::string_view layers, absl::string_view loss) {
-  ModelSpec spec;
+absl::StatusOr<v1::ModelSpec> ParseModelFlags(absl::string_view layers, absl::string_view loss) {
+  v1::ModelSpec spec;
   if (absl::StripAsciiWhitespace(layers).empty()) {
     return Invalid(absl::StrCat("--layers: empty; ", kLayersGrammar));
   }
   for (absl::string_view item : absl::StrSplit(layers, ',')) {
     item = absl::StripAsciiWhitespace(item);
     if (item.empty()) return Invalid(absl::StrCat("--layers: empty item in \"", layers, "\""));
-    absl::StatusOr<LayerSpec> layer = ParseLayer(item);
-    if (!layer.ok()) return layer.status();
-    spec.layers.push_back(*layer);
+    AMPD_ASSIGN_OR_RETURN(v1::Layer layer, ParseLayer(item));
+    // Part of the flag's grammar: what the inputs are (ids or features)
+    // is read off the first layer, so an embedding elsewhere has no meaning.
+    if (layer.has_embedding() && spec.layers_size() > 0) {
+      return Invalid(
+          absl::StrCat("--layers: \"", item, "\": embedding can only be the first layer"));
+    }
+    *spec.add_layers() = std::move(layer);
+  }
+  // The batch layout is read off the sized layers (BatchLayoutOf).
+  if (std::none_of(spec.layers().begin(), spec.layers().end(), [](const v1::Layer& layer) {
+        return layer.has_linear() || layer.has_layer_norm() || layer.has_embedding();
+      })) {
+    return Invalid(
+        absl::StrCat("--layers: \"", layers,
+                     "\" has no linear, layer_norm or embedding layer to fix the widths"));
   }
   const std::string l = absl::AsciiStrToLower(loss);
   if (l.empty() || l == "mse") {
-    spec.loss = LossKind::kMse;
+    spec.set_loss(v1::LOSS_MSE);
   } else if (l == "cross_entropy" || l == "cross-entropy" || l == "ce") {
-    spec.loss = LossKind::kCrossEntropy;
+    spec.set_loss(v1::LOSS_CROSS_ENTROPY);
   } else {
     return Invalid(absl::StrCat("--loss: expected mse or cross_entropy, got \"", loss, "\""));
-  }
-  if (absl::Status s = engine::model::ValidateModelSpec(spec); !s.ok()) {
-    return Invalid(absl::StrCat("--layers: ", s.message()));
   }
   return spec;
 }
 
-absl::StatusOr<std::vector<v1::MicroBatch>> BatchesFromSafetensors(absl::string_view bytes,
-                                                                   const ModelSpec& model) {
-  absl::StatusOr<engine::checkpoint::StateDict> state =
-      engine::checkpoint::DecodeSafetensors(bytes);
+codec::BatchLayout BatchLayoutOf(const v1::ModelSpec& model) {
+  codec::BatchLayout layout;
+  if (model.layers_size() > 0 && model.layers(0).has_embedding()) {
+    layout.input_ids = true;
+    layout.num_embeddings = model.layers(0).embedding().num_embeddings();
+  }
+  // The widths follow the layers: a sized layer sets the width it produces,
+  // an elementwise one passes it on.
+  int64_t width = 0;
+  for (const v1::Layer& layer : model.layers()) {
+    int64_t in = 0;
+    switch (layer.kind_case()) {
+      case v1::Layer::kLinear:
+        in = layer.linear().in_features();
+        width = layer.linear().out_features();
+        break;
+      case v1::Layer::kLayerNorm:
+        in = layer.layer_norm().normalized_shape();
+        width = in;
+        break;
+      case v1::Layer::kEmbedding:
+        width = layer.embedding().embedding_dim();
+        break;
+      default:
+        break;
+    }
+    if (!layout.input_ids && layout.input_features == 0) layout.input_features = in;
+  }
+  layout.target_labels = model.loss() == v1::LOSS_CROSS_ENTROPY;
+  layout.outputs = width;
+  return layout;
+}
+
+absl::StatusOr<std::vector<v1::MicroBatch>> BatchesFromSafetensors(
+    absl::string_view bytes, const codec::BatchLayout& layout) {
+  absl::StatusOr<codec::StateDict> state = codec::DecodeSafetensors(bytes);
   if (!state.ok())
     return Invalid(absl::StrCat("not a safetensors file: ", state.status().message()));
   // index -> (inputs, targets); a map so the indices come out sorted.
   std::map<int64_t, std::pair<const HostTensor*, const HostTensor*>> found;
-  for (const engine::checkpoint::NamedTensor& t : state->tensors) {
+  for (const codec::NamedTensor& t : state->tensors) {
     const std::optional<std::pair<std::string, int64_t>> name = SplitName(t.name);
     if (!name) {
       return Invalid(absl::StrCat("unexpected tensor \"", t.name,
@@ -184,14 +221,10 @@ absl::StatusOr<std::vector<v1::MicroBatch>> BatchesFromSafetensors(absl::string_
                                   " missing (the file has batches up to ", count - 1,
                                   ", each needs inputs.<i> and targets.<i>)"));
     }
-    if (absl::Status s =
-            engine::model::CheckBatchFitsModel(model, *inputs, *targets, in_name, tg_name);
-        !s.ok()) {
-      return s;
-    }
+    AMPD_RETURN_IF_ERROR(codec::CheckBatchLayout(layout, *inputs, *targets, in_name, tg_name));
     v1::MicroBatch batch;
-    *batch.mutable_inputs() = rpc::TensorToProto(*inputs);
-    *batch.mutable_targets() = rpc::TensorToProto(*targets);
+    *batch.mutable_inputs() = codec::TensorToProto(*inputs);
+    *batch.mutable_targets() = codec::TensorToProto(*targets);
     batches.push_back(std::move(batch));
   }
   return batches;

@@ -5,9 +5,12 @@
 //   inputs.<i>   F32/F16/BF16 (N, in_features), or I32/I64 (N) ids when the
 //                first layer is an Embedding
 //   targets.<i>  F32 (N, out) for MSE, I32/I64 (N) labels for cross-entropy
-// Everything is checked here, before a job exists, with the same rules the
-// engine applies to a Step, so a bad file fails fast and the message names
-// the file's tensor ("targets.1") instead of the wire field a server would.
+// Each batch is checked here, before a job exists, with the codec's batch
+// rule the engine applies to every Step (codec/batch_layout.h), so a bad file
+// fails fast and the message names the file's tensor ("targets.1") instead
+// of the wire field a server would. The model itself is the server's to
+// judge: CreateJob refuses one whose sizes do not chain, before any job
+// exists. Nothing here links the engine.
 #pragma once
 
 #include <string>
@@ -17,8 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "ampd/v1/trainer.pb.h"
-#include "server/engine/host_tensor.h"
-#include "server/engine/model/model_spec.h"
+#include "codec/batch_layout.h"
 
 namespace ampd {
 
@@ -26,17 +28,22 @@ namespace ampd {
 //   linear:IN:OUT  linear:IN:OUT:nobias  relu  gelu  tanh
 //   layer_norm:N  (or layernorm:N)  embedding:VOCAB:DIM (first layer only)
 // --loss: "mse" or "cross_entropy" ("cross-entropy" and "ce" too).
-// The result passed ValidateModelSpec (the engine's own check, so sizes that
-// do not chain are reported here as "--layers: layers[2].in_features ...").
-// InvalidArgument naming the flag and the offending item otherwise.
-absl::StatusOr<engine::model::ModelSpec> ParseModelFlags(absl::string_view layers,
-                                                         absl::string_view loss);
+// Fields the flags do not give (eps, loss_multiplier) stay unset, for the
+// server's defaults. InvalidArgument naming the flag and the offending item
+// otherwise; whether the sizes chain is the server's check (CreateJob).
+absl::StatusOr<v1::ModelSpec> ParseModelFlags(absl::string_view layers, absl::string_view loss);
+
+// The batch layout of `model` as the wire describes it: ids when the first
+// layer is an embedding, else the first sized layer's input width; labels
+// for cross-entropy, else the width the last layer produces. For a model
+// whose sizes chain it is the layout the engine derives from the same model.
+codec::BatchLayout BatchLayoutOf(const v1::ModelSpec& model);
 
 // The batches of a safetensors batch file's bytes, in index order, each
-// checked against `model`. InvalidArgument naming the missing, unexpected or
+// checked against `layout`. InvalidArgument naming the missing, unexpected or
 // malformed tensor ("targets.1 is missing", "inputs.0: expected ...").
 absl::StatusOr<std::vector<v1::MicroBatch>> BatchesFromSafetensors(
-    absl::string_view bytes, const engine::model::ModelSpec& model);
+    absl::string_view bytes, const codec::BatchLayout& layout);
 
 // The file's bytes; InvalidArgument when it cannot be read (a usage error).
 absl::StatusOr<std::string> ReadBatchFile(const std::string& path);

@@ -76,6 +76,14 @@ inline absl::Status WithReason(
   return status;
 }
 
+// The one shape of an error in a request's field: InvalidArgument
+// "field: what", tagged INVALID_FIELD with the field's path, so a client can
+// point at the field without parsing the message.
+inline absl::Status FieldError(absl::string_view field, absl::string_view what) {
+  return WithReason(absl::InvalidArgumentError(absl::StrCat(field, ": ", what)),
+                    reason::kInvalidField, {{"field", field}});
+}
+
 // The reason WithReason attached, if any.
 inline std::optional<ErrorReason> GetErrorReason(const absl::Status& status) {
   const auto payload = status.GetPayload(kErrorReasonPayloadUrl);  // absl::optional

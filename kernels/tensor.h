@@ -11,15 +11,15 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "codec/shape.h"
 #include "kernels/dtype.h"
 
 namespace ampd::kernels {
 
-using Shape = std::vector<int64_t>;
-
-// Product of the dims; 1 for a scalar (empty shape).
-int64_t NumElements(const Shape& shape);
-std::string ShapeToString(const Shape& shape);  // "(2, 3)"
+// Shapes are the codec's, as dtypes are (kernels/dtype.h).
+using codec::NumElements;
+using codec::Shape;
+using codec::ShapeToString;
 
 // One allocation; each backend supplies its own, whose destructor frees it.
 class Memory {

@@ -13,6 +13,9 @@ packages=(
   prometheus  # promtool and a real Prometheus for the metrics tests
   python3-yaml  # tests/metrics/validate_deploy.py parses the compose and k8s YAML
   python3-grpcio python3-protobuf  # Python clients of the generated stubs (tests/python)
+  python3-numpy python3-pytest  # the ampd Python package (client/python) and its tests
+  python3-venv python3-pip python3-setuptools python3-wheel  # its pip install / wheel tests
+  python3-torch  # ampd.torch interop tests (they skip, saying so, without it)
   curl
   clang libclang-rt-14-dev  # libFuzzer, ASan and UBSan for scripts/fuzz.sh
 )

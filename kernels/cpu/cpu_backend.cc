@@ -1,8 +1,9 @@
 // The CPU backend object: host memory (64-byte aligned, counted for
-// BytesInUse), the byte copies and scalar reads, and the forwarding of every
-// Backend virtual to the op family that implements it (cpu_*.cc). Ops run
-// synchronously: the calling thread and the backend's thread pool finish an
-// op before it returns, so Synchronize has nothing to wait for.
+// BytesInUse), the byte copies, and the forwarding of every other Backend
+// virtual to the file that implements its op (kernels/cpu/<op>.cc, the twin
+// of kernels/cuda/<op>.cu). Ops run synchronously: the calling thread and
+// the backend's thread pool finish an op before it returns, so Synchronize
+// has nothing to wait for.
 #include "kernels/cpu/cpu_backend.h"
 
 #include <sys/mman.h>
@@ -111,14 +112,7 @@ class CpuBackend final : public Backend {
 
   absl::Status ReadBack(absl::Span<const Tensor* const> scalars, absl::Span<float> out,
                         absl::Span<const HostCopy> copies) override {
-    // Every operand is checked before any is read, so a bad call leaves out
-    // untouched.
-    if (absl::Status s = ValidateReadBack(scalars, out.size(), copies); !s.ok()) return s;
-    for (size_t i = 0; i < scalars.size(); ++i) out[i] = scalars[i]->data_as<float>()[0];
-    for (const HostCopy& c : copies) {
-      if (c.bytes > 0) std::memcpy(c.dst, c.src->data(), c.bytes);
-    }
-    return absl::OkStatus();
+    return cpu::ReadBack(scalars, out, copies);
   }
 
   int64_t BytesInUse() const override { return bytes_in_use_->load(std::memory_order_relaxed); }

@@ -1,8 +1,9 @@
 // Shared plumbing of the CPU backend, private to kernels/cpu: per-dtype
 // element access (load as fp32, store with one RNE rounding), the dtype
 // dispatch that turns a runtime DType into a compile-time tag, the id range
-// check that reads ids on the host, and the op entry points each cpu_*.cc
-// file implements (cpu_backend.cc forwards the Backend virtuals to them).
+// check that reads ids on the host, and the op entry points, one per file
+// named after the op as its CUDA twin is (cpu_backend.cc forwards the
+// Backend virtuals to them).
 #pragma once
 
 #include <cstdint>
@@ -123,46 +124,56 @@ inline absl::Status CheckIdsInRange(absl::string_view op, absl::string_view name
   return absl::OkStatus();
 }
 
-// ---- ops (one family per file) ---------------------------------------------
-// cpu_elementwise.cc
+// ---- ops (one file per op, named as its CUDA twin in kernels/cuda) --------
 // The ops that take a ThreadPool split their work over it (cpu_parallel.h).
+// fill.cc
 absl::Status Fill(ThreadPool& pool, Tensor& dst, float value);
-absl::Status Cast(ThreadPool& pool, const Tensor& src, Tensor& dst);
-absl::Status Add(ThreadPool& pool, const Tensor& x, Tensor& y);
-absl::Status AddBias(ThreadPool& pool, const Tensor& bias, Tensor& y);
-absl::Status BiasGrad(ThreadPool& pool, const Tensor& dy, float beta, Tensor& dbias);
-// cpu_random.cc
+// fill_random.cc
 absl::Status FillRandom(ThreadPool& pool, Tensor& dst, const RandomFill& fill);
-// cpu_activation.cc
+// cast.cc
+absl::Status Cast(ThreadPool& pool, const Tensor& src, Tensor& dst);
+// read_back.cc
+absl::Status ReadBack(absl::Span<const Tensor* const> scalars, absl::Span<float> out,
+                      absl::Span<const HostCopy> copies);
+// add.cc
+absl::Status Add(ThreadPool& pool, const Tensor& x, Tensor& y);
+// gemm.cc
+absl::Status Gemm(ThreadPool& pool, bool trans_a, bool trans_b, float alpha, const Tensor& a,
+                  const Tensor& b, float beta, Tensor& c);
+// add_bias.cc
+absl::Status AddBias(ThreadPool& pool, const Tensor& bias, Tensor& y);
+// bias_grad.cc
+absl::Status BiasGrad(ThreadPool& pool, const Tensor& dy, float beta, Tensor& dbias);
+// activation.cc
 absl::Status ActivationForward(ThreadPool& pool, Activation act, const Tensor& x, Tensor& y);
 absl::Status ActivationBackward(ThreadPool& pool, Activation act, const Tensor& x, const Tensor& dy,
                                 Tensor& dx);
-// cpu_gemm.cc
-absl::Status Gemm(ThreadPool& pool, bool trans_a, bool trans_b, float alpha, const Tensor& a,
-                  const Tensor& b, float beta, Tensor& c);
-// cpu_layernorm.cc
+// layernorm_forward.cc
 absl::Status LayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps,
                               Tensor& y, Tensor& mean, Tensor& rstd);
+// layernorm_backward.cc
 absl::Status LayerNormBackward(const Tensor& x, const Tensor* gamma, const Tensor& mean,
                                const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor* dgamma,
                                Tensor* dbeta);
-// cpu_embedding.cc
+// embedding.cc
 absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out);
 absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable);
-// cpu_loss.cc
+// mse_loss.cc
 absl::Status MseLoss(const Tensor& pred, const Tensor& target, float multiplier, float grad_scale,
                      Tensor& loss, Tensor& dpred);
+// cross_entropy.cc
 absl::Status CrossEntropyLoss(const Tensor& logits, const Tensor& labels, float multiplier,
                               float grad_scale, Tensor& loss, Tensor& dlogits);
-// cpu_unscale.cc
+// unscale_check.cc
 absl::Status UnscaleAndCheck(absl::Span<Tensor* const> grads, float inv_scale, bool in_place,
                              Tensor& found_inf, Tensor* norm_sq, Tensor* max_abs);
-// cpu_optimizer.cc
+// adam.cc
 absl::Status AdamUpdate(ThreadPool& pool, absl::Span<const ParamRef> params,
                         const AdamConfig& config, int64_t step, const GradTransform& transform);
+// sgd.cc
 absl::Status SgdUpdate(ThreadPool& pool, absl::Span<const ParamRef> params, const SgdConfig& config,
                        bool first_step, const GradTransform& transform);
-// cpu_histogram.cc
+// grad_histogram.cc
 absl::Status GradLog2Histogram(ThreadPool& pool, absl::Span<const Tensor* const> grads,
                                Tensor& counts);
 

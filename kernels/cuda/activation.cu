@@ -18,7 +18,7 @@ constexpr float kInvSqrt2 = 0.7071067811865475f;
 constexpr float kInvSqrt2Pi = 0.3989422804014327f;
 
 // Phi(x) as 0.5 erfc(-x / sqrt 2), the same fp32 operations in the same
-// order as the CPU oracle (kernels/cpu/cpu_activation.cc; --fmad=false keeps
+// order as the CPU oracle (kernels/cpu/activation.cc; --fmad=false keeps
 // them unfused). 0.5 (1 + erf(x / sqrt 2)) would cancel for x < 0 and leave
 // erff's absolute error, which differs between libraries, as a 1% relative
 // difference in GELU's small negative tail.

@@ -74,7 +74,7 @@ absl::Status LaunchCrossEntropy(const void* logits, DType dtype, const void* lab
   const int blocks = static_cast<int>(
       std::min<int64_t>(std::max<int64_t>(1, (rows + kWarpsPerBlock - 1) / kWarpsPerBlock),
                         int64_t{kMaxReductionBlocks}));
-  // Reciprocals as the CPU oracle multiplies by them (cpu_loss.cc).
+  // Reciprocals as the CPU oracle multiplies by them (kernels/cpu/cross_entropy.cc).
   const float inv_rows = 1.0f / static_cast<float>(rows);
   const float coef = multiplier * inv_rows;
   cross_entropy_kernel<<<blocks, kThreads, 0, stream>>>(logits, dtype, labels, label_dtype, rows,

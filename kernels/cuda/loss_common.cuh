@@ -2,7 +2,7 @@
 // per-block partial sums in a fixed order and writes
 //   loss[0] = multiplier * (sum * inv_count)
 // with inv_count = 1 / count rounded on the host: the CPU oracle's
-// (kernels/cpu/cpu_loss.cc) exact operation order.
+// (kernels/cpu/mse_loss.cc, cross_entropy.cc) exact operation order.
 #pragma once
 
 #include "kernels/cuda/device_common.cuh"

@@ -2,7 +2,7 @@
 // same pass, dpred = ((multiplier * 2 * (1/n)) (pred - target)) * grad_scale
 // rounded to pred's dtype (the CPU oracle's operation order: the scale comes
 // last so that a scale near float32's top cannot make the coefficient inf and
-// a zero difference NaN; kernels/cpu/cpu_loss.cc says why). n == 0 is
+// a zero difference NaN; kernels/cpu/mse_loss.cc says why). n == 0 is
 // refused by the backend (the mean of no elements). The sum is two-stage (per-block partials, then
 // one block), so the loss is bitwise reproducible run to run, unlike an atomicAdd.
 #include "kernels/cuda/cuda_status.h"

@@ -1,31 +1,14 @@
-// HostTensor: a tensor's bytes in host memory, little-endian, row-major, as
-// they arrive in a Step request and leave in a state dict. The engine copies
-// them to the backend; nothing here knows about devices or protobuf.
+// The engine's host tensors are the codec's (codec/host_tensor.h): a Step's
+// inputs and a checkpoint's tensors reach the engine as the bytes the client
+// or the file held, with no conversion in between. This header brings them
+// into engine::, where jobs, models and checkpoints use them.
 #pragma once
 
-#include <string>
-
-#include "absl/status/status.h"
-#include "kernels/dtype.h"
-#include "kernels/tensor.h"
+#include "codec/host_tensor.h"
 
 namespace ampd::engine {
 
-struct HostTensor {
-  kernels::DType dtype = kernels::DType::kF32;
-  kernels::Shape shape;
-  std::string data;  // NumElements(shape) * SizeOf(dtype) bytes
-
-  // InvalidArgument naming `what` when the byte length does not match the
-  // shape and dtype, or a dim is negative.
-  absl::Status Validate(absl::string_view what) const;
-};
-
-// Resizes *buffer to `bytes` for a bulk copy of a tensor or a file into it.
-// Buffers of 16 MiB and more are first reserved and their 2 MiB-aligned
-// interior marked for transparent huge pages before anything touches it:
-// faulting in a fresh state dict 4 KiB at a time costs more than copying it.
-// The new bytes are zero, as with std::string::resize.
-void ResizeForBulkCopy(std::string* buffer, size_t bytes);
+using codec::HostTensor;
+using codec::ResizeForBulkCopy;
 
 }  // namespace ampd::engine

@@ -1,20 +1,14 @@
-// Model spec and tensor conversions shared by the rpc layer and ampctl (wire.h).
+// Model spec conversions and field checks of the rpc layer (wire.h).
 #include "server/rpc/wire.h"
 
 #include <cmath>
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "common/error_reason.h"
 
 namespace ampd::rpc {
 
 namespace model = engine::model;
-
-absl::Status FieldError(absl::string_view field, absl::string_view what) {
-  return WithReason(absl::InvalidArgumentError(absl::StrCat(field, ": ", what)),
-                    reason::kInvalidField, {{"field", field}});
-}
 
 absl::Status CheckLength(absl::string_view field, absl::string_view value) {
   if (value.size() <= kMaxNameBytes) return absl::OkStatus();
@@ -128,75 +122,6 @@ v1::ModelSpec ModelSpecToProto(const model::ModelSpec& spec) {
   proto.set_loss(spec.loss == model::LossKind::kCrossEntropy ? v1::LOSS_CROSS_ENTROPY
                                                              : v1::LOSS_MSE);
   proto.set_loss_multiplier(spec.loss_multiplier);
-  return proto;
-}
-
-absl::StatusOr<engine::HostTensor> TensorFromProto(const v1::Tensor& proto,
-                                                   absl::string_view field) {
-  engine::HostTensor t;
-  switch (proto.dtype()) {
-    case v1::DTYPE_F32:
-      t.dtype = kernels::DType::kF32;
-      break;
-    case v1::DTYPE_F16:
-      t.dtype = kernels::DType::kF16;
-      break;
-    case v1::DTYPE_BF16:
-      t.dtype = kernels::DType::kBF16;
-      break;
-    case v1::DTYPE_I32:
-      t.dtype = kernels::DType::kI32;
-      break;
-    case v1::DTYPE_I64:
-      t.dtype = kernels::DType::kI64;
-      break;
-    default:
-      return FieldError(absl::StrCat(field, ".dtype"),
-                        absl::StrCat("unset or unknown dtype ", proto.dtype()));
-  }
-  t.shape.assign(proto.shape().begin(), proto.shape().end());
-  // Check each dim before their product: a hostile shape must not overflow.
-  int64_t elements = 1;
-  for (int i = 0; i < proto.shape_size(); ++i) {
-    const int64_t d = proto.shape(i);
-    if (d < 0 || (d > 0 && elements > (int64_t{1} << 40) / d)) {
-      return FieldError(absl::StrCat(field, ".shape"),
-                        absl::StrCat("dim ", i, " = ", d, " is negative or too large"));
-    }
-    elements *= d;
-  }
-  const int64_t want = elements * static_cast<int64_t>(kernels::SizeOf(t.dtype));
-  if (static_cast<int64_t>(proto.data().size()) != want) {
-    return FieldError(
-        absl::StrCat(field, ".data"),
-        absl::StrCat("has ", proto.data().size(), " bytes, shape ", kernels::ShapeToString(t.shape),
-                     " of ", kernels::DTypeName(t.dtype), " needs ", want));
-  }
-  t.data = proto.data();
-  return t;
-}
-
-v1::Tensor TensorToProto(const engine::HostTensor& tensor) {
-  v1::Tensor proto;
-  switch (tensor.dtype) {
-    case kernels::DType::kF32:
-      proto.set_dtype(v1::DTYPE_F32);
-      break;
-    case kernels::DType::kF16:
-      proto.set_dtype(v1::DTYPE_F16);
-      break;
-    case kernels::DType::kBF16:
-      proto.set_dtype(v1::DTYPE_BF16);
-      break;
-    case kernels::DType::kI32:
-      proto.set_dtype(v1::DTYPE_I32);
-      break;
-    case kernels::DType::kI64:
-      proto.set_dtype(v1::DTYPE_I64);
-      break;
-  }
-  for (int64_t d : tensor.shape) proto.add_shape(d);
-  proto.set_data(tensor.data);
   return proto;
 }
 

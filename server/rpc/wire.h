@@ -1,9 +1,8 @@
-// Wire <-> engine conversions of the two things both sides of the API build:
-// model specs and tensors. server/rpc's translation uses them to decode
-// requests, and ampctl uses them to encode what it sends, so a model or a
-// batch has one encoding whichever side writes it. Decoding checks what only
-// the wire can get wrong (unset oneofs and enums, NaN in optional fields,
-// byte lengths) and names the request field.
+// Wire <-> engine conversions server/rpc's translation decodes requests
+// with: model specs here, tensors from the codec (codec/tensor_proto.h, the
+// encoding ampctl writes too). Decoding checks what only the wire can get
+// wrong (unset oneofs and enums, NaN in optional fields, byte lengths) and
+// names the request field (FieldError, common/error_reason.h).
 #pragma once
 
 #include <cstddef>
@@ -12,14 +11,11 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "ampd/v1/trainer.pb.h"
-#include "server/engine/host_tensor.h"
+#include "codec/tensor_proto.h"
+#include "common/error_reason.h"
 #include "server/engine/model/model_spec.h"
 
 namespace ampd::rpc {
-
-// The rpc layer's one error shape: InvalidArgument "field: what", tagged
-// INVALID_FIELD with the field path (common/error_reason.h).
-absl::Status FieldError(absl::string_view field, absl::string_view what);
 
 // The most bytes of a job id, request id, page token or display name: the
 // server keeps them and sends them back in every ListJobs page, so their
@@ -39,8 +35,7 @@ absl::Status ModelSpecFromProto(const v1::ModelSpec& proto, absl::string_view fi
 // Every field set, defaults included (the effective model).
 v1::ModelSpec ModelSpecToProto(const engine::model::ModelSpec& spec);
 
-absl::StatusOr<engine::HostTensor> TensorFromProto(const v1::Tensor& proto,
-                                                   absl::string_view field);
-v1::Tensor TensorToProto(const engine::HostTensor& tensor);
+using codec::TensorFromProto;
+using codec::TensorToProto;
 
 }  // namespace ampd::rpc

@@ -27,11 +27,12 @@
 #include "absl/strings/str_split.h"
 #include "client/batch_file.h"
 #include "client/client.h"
+#include "codec/safetensors.h"
 #include "gtest/gtest.h"
 #include "kernels/backend_factory.h"
 #include "kernels/float16.h"
-#include "server/engine/checkpoint/safetensors.h"
 #include "server/engine/jobs/trainer.h"
+#include "server/engine/model/batch_check.h"
 #include "server/rpc/translate.h"
 #include "tests/support/ampd_process.h"
 #include "tests/support/subprocess.h"
@@ -40,10 +41,10 @@
 namespace ampd {
 namespace {
 
-using engine::HostTensor;
-using engine::checkpoint::EncodeSafetensors;
-using engine::checkpoint::StateDict;
-using kernels::DType;
+using codec::DType;
+using codec::EncodeSafetensors;
+using codec::HostTensor;
+using codec::StateDict;
 
 using test_support::AmpdProcess;
 using test_support::CommandResult;
@@ -54,12 +55,12 @@ constexpr auto kExitDeadline = std::chrono::seconds(120);
 
 // ---- tensors and batch files ----------------------------------------------------
 
-HostTensor F32(kernels::Shape shape, const std::vector<float>& v) {
+HostTensor F32(codec::Shape shape, const std::vector<float>& v) {
   HostTensor t{DType::kF32, std::move(shape), std::string(v.size() * 4, '\0')};
   std::memcpy(t.data.data(), v.data(), t.data.size());
   return t;
 }
-HostTensor Bf16(kernels::Shape shape, const std::vector<float>& v) {
+HostTensor Bf16(codec::Shape shape, const std::vector<float>& v) {
   HostTensor t{DType::kBF16, std::move(shape), std::string(v.size() * 2, '\0')};
   for (size_t i = 0; i < v.size(); ++i) {
     const uint16_t bits = kernels::FloatToBf16Bits(v[i]);
@@ -67,12 +68,12 @@ HostTensor Bf16(kernels::Shape shape, const std::vector<float>& v) {
   }
   return t;
 }
-HostTensor I32(kernels::Shape shape, const std::vector<int32_t>& v) {
+HostTensor I32(codec::Shape shape, const std::vector<int32_t>& v) {
   HostTensor t{DType::kI32, std::move(shape), std::string(v.size() * 4, '\0')};
   std::memcpy(t.data.data(), v.data(), t.data.size());
   return t;
 }
-HostTensor I64(kernels::Shape shape, const std::vector<int64_t>& v) {
+HostTensor I64(codec::Shape shape, const std::vector<int64_t>& v) {
   HostTensor t{DType::kI64, std::move(shape), std::string(v.size() * 8, '\0')};
   std::memcpy(t.data.data(), v.data(), t.data.size());
   return t;
@@ -297,12 +298,12 @@ class AmpctlTest : public ::testing::Test {
 
 TEST_F(AmpctlTest, TrainsOnRegressionBatchesLikeTheEngine) {
   StartServer();
-  absl::StatusOr<engine::model::ModelSpec> spec = ParseModelFlags(kRegressionLayers, "mse");
+  absl::StatusOr<v1::ModelSpec> spec = ParseModelFlags(kRegressionLayers, "mse");
   ASSERT_TRUE(spec.ok()) << spec.status();
   // 5 steps over 3 batches: steps 4 and 5 reuse batches 0 and 1.
-  const std::vector<StepLine> lines = ExpectSameAsEngine(
-      RegressionBatches(), ExpectedConfig(rpc::ModelSpecToProto(*spec), v1::PRECISION_FP16, 3),
-      {absl::StrCat("--layers=", kRegressionLayers)}, 5);
+  const std::vector<StepLine> lines =
+      ExpectSameAsEngine(RegressionBatches(), ExpectedConfig(*spec, v1::PRECISION_FP16, 3),
+                         {absl::StrCat("--layers=", kRegressionLayers)}, 5);
   // The targets' magnitude overflows fp16 at the first scale and later
   // steps apply, so both the skip path and real AdamW updates are compared.
   std::string pattern;
@@ -402,8 +403,10 @@ TEST_F(AmpctlTest, BadFilesAndFlagsAreUsageErrors) {
   ExpectUsageError({"train", "--batches=" + good}, "--layers");
   ExpectUsageError({"train", "--batches=" + good, "--layers=linear:16"}, "\"linear:16\"");
   ExpectUsageError({"train", "--batches=" + good, "--layers=linear:16:32,swish"}, "swish");
+  // Sizes that do not chain are the server's to refuse: CreateJob answers
+  // INVALID_ARGUMENT naming the field, before any job exists.
   ExpectUsageError({"train", "--batches=" + good, "--layers=linear:16:32,linear:64:8"},
-                   "layers[1]");
+                   "layers[1].in_features: the previous layer produces 32 features");
   ExpectUsageError({"train", "--batches=" + good, layers, "--loss=hinge"}, "hinge");
   // With the synthetic task, --layers must take its 16 inputs.
   ExpectUsageError({"train", "--layers=linear:12:4", "--steps=1"}, "synthetic task's inputs");
@@ -446,10 +449,10 @@ TEST_F(AmpctlTest, HelpDocumentsBatchFiles) {
 // ---- the flag and file parsing, in process -----------------------------------------
 
 TEST(ParseModelFlagsTest, BuildsTheLayersInOrder) {
-  absl::StatusOr<engine::model::ModelSpec> spec =
+  absl::StatusOr<v1::ModelSpec> spec =
       ParseModelFlags("layer_norm:16, linear:16:32:nobias ,tanh,linear:32:3", "cross_entropy");
   ASSERT_TRUE(spec.ok()) << spec.status();
-  const v1::ModelSpec proto = rpc::ModelSpecToProto(*spec);
+  const v1::ModelSpec& proto = *spec;
   ASSERT_EQ(proto.layers_size(), 4);
   EXPECT_EQ(proto.layers(0).layer_norm().normalized_shape(), 16);
   EXPECT_EQ(proto.layers(1).linear().in_features(), 16);
@@ -464,21 +467,49 @@ TEST(ParseModelFlagsTest, BuildsTheLayersInOrder) {
 TEST(ParseModelFlagsTest, RejectsMalformedItems) {
   for (const char* bad :
        {"", "linear", "linear:16", "linear:16:0", "linear:16:x", "linear:16:8:bias", "relu:3",
-        "gelu,,linear:1:1", "conv:3:3", "linear:4:4,embedding:10:4"}) {
-    absl::StatusOr<engine::model::ModelSpec> spec = ParseModelFlags(bad, "mse");
+        "gelu,,linear:1:1", "conv:3:3", "linear:4:4,embedding:10:4", "relu,tanh"}) {
+    absl::StatusOr<v1::ModelSpec> spec = ParseModelFlags(bad, "mse");
     EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_TRUE(absl::StartsWith(spec.status().message(), "--layers")) << spec.status();
   }
 }
 
+// ampctl reads a model's batch layout off the wire spec; the engine derives
+// it from its own ModelSpec. For every model the server accepts they agree.
+TEST(BatchLayoutOfTest, AgreesWithTheEngine) {
+  for (const auto& [layers, loss] : std::vector<std::pair<const char*, const char*>>{
+           {kRegressionLayers, "mse"},
+           {"linear:16:32,gelu,linear:32:8", "cross_entropy"},
+           {"layer_norm:12,linear:12:4", "mse"},
+           {"relu,linear:6:3,tanh", "mse"},
+           {"linear:5:7,layer_norm:7", "mse"},
+           {"embedding:10:8,tanh,linear:8:5", "cross_entropy"},
+           {"embedding:10:8", "mse"},
+           {"embedding:10:8,layer_norm:8,linear:8:3,gelu", "mse"}}) {
+    SCOPED_TRACE(absl::StrCat(layers, " ", loss));
+    absl::StatusOr<v1::ModelSpec> proto = ParseModelFlags(layers, loss);
+    ASSERT_TRUE(proto.ok()) << proto.status();
+    engine::model::ModelSpec spec;
+    ASSERT_TRUE(rpc::ModelSpecFromProto(*proto, "model", &spec).ok());
+    ASSERT_TRUE(engine::model::ValidateModelSpec(spec).ok());
+    const codec::BatchLayout client = BatchLayoutOf(*proto);
+    const codec::BatchLayout engine = engine::model::LayoutOf(spec);
+    EXPECT_EQ(client.input_ids, engine.input_ids);
+    EXPECT_EQ(client.num_embeddings, engine.num_embeddings);
+    EXPECT_EQ(client.input_features, engine.input_features);
+    EXPECT_EQ(client.target_labels, engine.target_labels);
+    EXPECT_EQ(client.outputs, engine.outputs);
+  }
+}
+
 TEST(BatchesFromSafetensorsTest, KeepsIndexOrderAndBytes) {
-  absl::StatusOr<engine::model::ModelSpec> spec = ParseModelFlags(kRegressionLayers, "mse");
+  absl::StatusOr<v1::ModelSpec> spec = ParseModelFlags(kRegressionLayers, "mse");
   ASSERT_TRUE(spec.ok());
   StateDict state = RegressionBatches();
   // Header order is not batch order: the file may list batch 2 first.
   std::reverse(state.tensors.begin(), state.tensors.end());
   absl::StatusOr<std::vector<v1::MicroBatch>> batches =
-      BatchesFromSafetensors(EncodeSafetensors(state), *spec);
+      BatchesFromSafetensors(EncodeSafetensors(state), BatchLayoutOf(*spec));
   ASSERT_TRUE(batches.ok()) << batches.status();
   ASSERT_EQ(batches->size(), 3u);
   for (int b = 0; b < 3; ++b) {
@@ -490,21 +521,21 @@ TEST(BatchesFromSafetensorsTest, KeepsIndexOrderAndBytes) {
 }
 
 TEST(BatchesFromSafetensorsTest, NamesGapsAndLeadingZeros) {
-  absl::StatusOr<engine::model::ModelSpec> spec = ParseModelFlags(kRegressionLayers, "mse");
+  absl::StatusOr<v1::ModelSpec> spec = ParseModelFlags(kRegressionLayers, "mse");
   ASSERT_TRUE(spec.ok());
   StateDict state = RegressionBatches();
   std::erase_if(state.tensors, [](const auto& t) { return absl::EndsWith(t.name, ".1"); });
   absl::StatusOr<std::vector<v1::MicroBatch>> gap =
-      BatchesFromSafetensors(EncodeSafetensors(state), *spec);
+      BatchesFromSafetensors(EncodeSafetensors(state), BatchLayoutOf(*spec));
   EXPECT_TRUE(absl::StrContains(gap.status().message(), "inputs.1 and targets.1 are missing"))
       << gap.status();
   state.tensors.push_back({"inputs.01", F32({8, 16}, Values(128, 1, 1.0f))});
   absl::StatusOr<std::vector<v1::MicroBatch>> zero =
-      BatchesFromSafetensors(EncodeSafetensors(state), *spec);
+      BatchesFromSafetensors(EncodeSafetensors(state), BatchLayoutOf(*spec));
   EXPECT_TRUE(absl::StrContains(zero.status().message(), "unexpected tensor \"inputs.01\""))
       << zero.status();
   absl::StatusOr<std::vector<v1::MicroBatch>> empty =
-      BatchesFromSafetensors(EncodeSafetensors(StateDict{}), *spec);
+      BatchesFromSafetensors(EncodeSafetensors(StateDict{}), BatchLayoutOf(*spec));
   EXPECT_TRUE(absl::StrContains(empty.status().message(), "no batches")) << empty.status();
 }
 

@@ -16,12 +16,12 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/engine/checkpoint/safetensors.h"
+#include "server/engine/checkpoint/state_dict.h"
 
 namespace ampd::engine::checkpoint {
 namespace {
 
-using kernels::DType;
+using codec::DType;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;

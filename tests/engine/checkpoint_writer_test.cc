@@ -23,7 +23,7 @@ using checkpoint::StateDirectory;
 StateDict StateAt(int64_t step) {
   StateDict state;
   HostTensor t;
-  t.dtype = kernels::DType::kF32;
+  t.dtype = codec::DType::kF32;
   t.shape = {1 << 21};
   t.data.assign(size_t{4} << 21, static_cast<char>(step));
   state.tensors.push_back({"model.0.weight", std::move(t)});

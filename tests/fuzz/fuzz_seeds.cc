@@ -11,8 +11,8 @@
 #include <limits>
 #include <string>
 
+#include "codec/safetensors.h"
 #include "server/engine/amp/grad_scaler.h"
-#include "server/engine/checkpoint/safetensors.h"
 #include "tests/fuzz/fuzz_jobs.h"
 
 namespace {
@@ -35,11 +35,10 @@ bool Write(const fs::path& dir, const std::string& name, const std::string& byte
 
 // The state dict the job exports, with one metadata value replaced.
 std::string StateWith(FuzzJob job, const std::string& key, const std::string& value) {
-  absl::StatusOr<ampd::engine::checkpoint::StateDict> state =
-      ampd::fuzz::TrainerFor(job).ExportState();
+  absl::StatusOr<ampd::codec::StateDict> state = ampd::fuzz::TrainerFor(job).ExportState();
   ampd::fuzz::Check(state.ok(), "the fuzz job exports its state");
   if (!key.empty()) state->metadata[key] = value;
-  return ampd::engine::checkpoint::EncodeSafetensors(*state);
+  return ampd::codec::EncodeSafetensors(*state);
 }
 
 }  // namespace

@@ -10,12 +10,12 @@
 #include <cstdint>
 
 #include "absl/strings/string_view.h"
-#include "server/engine/checkpoint/safetensors.h"
+#include "codec/safetensors.h"
 #include "tests/fuzz/fuzz_jobs.h"
 
 namespace {
 
-using ampd::engine::checkpoint::StateDict;
+using ampd::codec::StateDict;
 
 bool SameTensors(const StateDict& a, const StateDict& b) {
   if (a.tensors.size() != b.tensors.size()) return false;
@@ -31,7 +31,7 @@ bool SameTensors(const StateDict& a, const StateDict& b) {
 // Every tensor the job exports carries the bytes `loaded` gave it.
 bool HoldsWhatWasLoaded(const StateDict& exported, const StateDict& loaded) {
   for (const auto& t : exported.tensors) {
-    const ampd::engine::HostTensor* source = loaded.Find(t.name);
+    const ampd::codec::HostTensor* source = loaded.Find(t.name);
     if (source == nullptr || source->data != t.tensor.data) return false;
   }
   return true;
@@ -40,8 +40,8 @@ bool HoldsWhatWasLoaded(const StateDict& exported, const StateDict& loaded) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  absl::StatusOr<StateDict> state = ampd::engine::checkpoint::DecodeSafetensors(
-      absl::string_view(reinterpret_cast<const char*>(data), size));
+  absl::StatusOr<StateDict> state =
+      ampd::codec::DecodeSafetensors(absl::string_view(reinterpret_cast<const char*>(data), size));
   if (!state.ok()) return 0;
   // The Embedding job's second layer is a Linear; the MLP's is a GELU.
   const bool embedding = state->Find("model.1.weight") != nullptr;

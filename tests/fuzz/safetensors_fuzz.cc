@@ -6,14 +6,14 @@
 #include <cstdint>
 
 #include "absl/strings/string_view.h"
-#include "server/engine/checkpoint/safetensors.h"
+#include "codec/safetensors.h"
 #include "tests/fuzz/fuzz_jobs.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using ampd::engine::checkpoint::DecodeSafetensors;
-  using ampd::engine::checkpoint::EncodeSafetensors;
-  using ampd::engine::checkpoint::StateDict;
-  using ampd::engine::checkpoint::ValidateStateDict;
+  using ampd::codec::DecodeSafetensors;
+  using ampd::codec::EncodeSafetensors;
+  using ampd::codec::StateDict;
+  using ampd::codec::ValidateStateDict;
   absl::StatusOr<StateDict> state =
       DecodeSafetensors(absl::string_view(reinterpret_cast<const char*>(data), size));
   if (!state.ok()) return 0;

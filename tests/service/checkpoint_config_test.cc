@@ -19,10 +19,10 @@
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "client/synthetic_task.h"
+#include "codec/safetensors.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
-#include "server/engine/checkpoint/safetensors.h"
 #include "tests/support/ampd_process.h"
 #include "tests/support/subprocess.h"
 #include "tests/support/temp_dir.h"
@@ -30,8 +30,8 @@
 namespace ampd {
 namespace {
 
-using engine::checkpoint::DecodeSafetensors;
-using engine::checkpoint::StateDict;
+using codec::DecodeSafetensors;
+using codec::StateDict;
 using google::protobuf::util::MessageDifferencer;
 using test_support::AmpdProcess;
 using test_support::ReadFile;
@@ -403,7 +403,7 @@ TEST_F(CheckpointConfigTest, AnUnreadableConfigIsLoggedAndTheCheckpointKept) {
   const std::filesystem::path bad = state_dir_ / "job-badconfig.safetensors";
   {
     std::ofstream out(bad, std::ios::binary);
-    out << engine::checkpoint::EncodeSafetensors(state);
+    out << codec::EncodeSafetensors(state);
   }
 
   Start();

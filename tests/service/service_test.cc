@@ -25,11 +25,11 @@
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "client/synthetic_task.h"
+#include "codec/safetensors.h"
 #include "google/rpc/error_details.pb.h"
 #include "google/rpc/status.pb.h"
 #include "gtest/gtest.h"
 #include "reflection_subset.grpc.pb.h"
-#include "server/engine/checkpoint/safetensors.h"
 #include "tests/support/ampd_process.h"
 #include "tests/support/subprocess.h"
 #include "tests/support/temp_dir.h"
@@ -37,8 +37,8 @@
 namespace ampd {
 namespace {
 
-using engine::checkpoint::DecodeSafetensors;
-using engine::checkpoint::StateDict;
+using codec::DecodeSafetensors;
+using codec::StateDict;
 
 using test_support::AmpdProcess;
 using test_support::ExitStatus;

@@ -16,7 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "server/engine/checkpoint/safetensors.h"
+#include "server/engine/checkpoint/state_dict.h"
 
 namespace ampd::engine::checkpoint {
 namespace {

@@ -15,7 +15,7 @@
 #include "common/error_reason.h"
 #include "common/status_macros.h"
 #include "kernels/backend_factory.h"
-#include "server/engine/checkpoint/safetensors.h"
+#include "server/engine/checkpoint/state_dict.h"
 #include "server/engine/jobs/job_config_codec.h"
 
 namespace ampd::engine {

@@ -20,7 +20,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "server/engine/checkpoint/safetensors.h"
 #include "server/engine/checkpoint/state_dict.h"
 #include "server/engine/checkpoint/state_directory.h"
 #include "server/engine/jobs/checkpoint_writer.h"

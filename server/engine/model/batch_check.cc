@@ -1,90 +1,23 @@
-// The per-micro-batch checks shared by the Trainer and ampctl.
+// A model's batch layout, checked with the codec's rule (batch_check.h).
 #include "server/engine/model/batch_check.h"
 
-#include <cstdint>
-#include <cstring>
-#include <string>
-
-#include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
-
 namespace ampd::engine::model {
-namespace {
 
-using kernels::DType;
-
-bool IsIndex(DType d) { return d == DType::kI32 || d == DType::kI64; }
-
-std::string Got(const HostTensor& t) {
-  return absl::StrCat(kernels::DTypeName(t.dtype), kernels::ShapeToString(t.shape));
+codec::BatchLayout LayoutOf(const ModelSpec& spec) {
+  const LayerSpec& first = spec.layers.front();
+  codec::BatchLayout layout;
+  layout.input_ids = first.kind == LayerKind::kEmbedding;
+  layout.num_embeddings = layout.input_ids ? first.num_embeddings : 0;
+  layout.input_features = InputFeatures(spec);
+  layout.target_labels = spec.loss == LossKind::kCrossEntropy;
+  layout.outputs = OutputFeatures(spec);
+  return layout;
 }
-
-int64_t LoadIndex(const HostTensor& t, int64_t i) {
-  if (t.dtype == DType::kI32) {
-    int32_t v;
-    std::memcpy(&v, t.data.data() + i * 4, 4);
-    return v;
-  }
-  int64_t v;
-  std::memcpy(&v, t.data.data() + i * 8, 8);
-  return v;
-}
-
-// Host-side, before any device work: an id out of range must be refused
-// before the step writes anything (a device can only report it afterwards).
-absl::Status CheckIndicesBelow(const HostTensor& t, int64_t limit, absl::string_view what) {
-  for (int64_t i = 0; i < t.shape[0]; ++i) {
-    const int64_t id = LoadIndex(t, i);
-    if (id < 0 || id >= limit) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, "[", i, "]: ", id, " is outside [0, ", limit, ")"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::Status CheckBatchFitsModel(const ModelSpec& spec, const HostTensor& inputs,
                                  const HostTensor& targets, absl::string_view inputs_name,
                                  absl::string_view targets_name) {
-  AMPD_RETURN_IF_ERROR(inputs.Validate(inputs_name));
-  AMPD_RETURN_IF_ERROR(targets.Validate(targets_name));
-  const LayerSpec& first = spec.layers.front();
-  const int64_t in = InputFeatures(spec);
-  const int64_t out = OutputFeatures(spec);
-  // Inputs fix N; N >= 1 since every loss is a mean.
-  int64_t rows = 0;
-  if (first.kind == LayerKind::kEmbedding) {
-    if (!IsIndex(inputs.dtype) || inputs.shape.size() != 1 || inputs.shape[0] < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          inputs_name, ": expected I32 or I64 (N) ids with N >= 1, got ", Got(inputs)));
-    }
-    rows = inputs.shape[0];
-    AMPD_RETURN_IF_ERROR(CheckIndicesBelow(inputs, first.num_embeddings, inputs_name));
-  } else {
-    if (!kernels::IsFloating(inputs.dtype) || inputs.shape.size() != 2 || inputs.shape[1] != in ||
-        inputs.shape[0] < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          inputs_name, ": expected F32, F16 or BF16 (N, ", in, ") with N >= 1, got ", Got(inputs)));
-    }
-    rows = inputs.shape[0];
-  }
-  if (spec.loss == LossKind::kCrossEntropy) {
-    if (!IsIndex(targets.dtype) || targets.shape.size() != 1 || targets.shape[0] != rows) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(targets_name, ": expected I32 or I64 (N) labels with N = ", rows,
-                       " (the inputs' rows), got ", Got(targets)));
-    }
-    return CheckIndicesBelow(targets, out, targets_name);
-  }
-  if (targets.dtype != DType::kF32 || targets.shape.size() != 2 || targets.shape[1] != out ||
-      targets.shape[0] != rows) {
-    return absl::InvalidArgumentError(absl::StrCat(targets_name, ": expected F32 (N, ", out,
-                                                   ") with N = ", rows, " (the inputs' rows), got ",
-                                                   Got(targets)));
-  }
-  return absl::OkStatus();
+  return codec::CheckBatchLayout(LayoutOf(spec), inputs, targets, inputs_name, targets_name);
 }
 
 }  // namespace ampd::engine::model

@@ -1,16 +1,23 @@
 // CheckBatchFitsModel: whether one micro-batch's inputs and targets fit a
 // model (dtypes, shapes, row counts, byte lengths, ids and labels in range).
-// The Trainer checks every Step with it before touching any state, and
-// ampctl checks batch files with it before creating a job, so both refuse
-// exactly the same batches with the same messages.
+// The Trainer checks every Step with it before touching any state. The rule
+// itself is the codec's (codec/batch_layout.h), which ampctl applies to
+// batch files too, so both refuse exactly the same batches with the same
+// messages; this adds what only the engine knows, the model's two ends.
 #pragma once
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "codec/batch_layout.h"
 #include "server/engine/host_tensor.h"
 #include "server/engine/model/model_spec.h"
 
 namespace ampd::engine::model {
+
+// The layout of a valid spec's batches: ids when the first layer is an
+// Embedding, InputFeatures(spec) float columns otherwise; labels for
+// cross-entropy, OutputFeatures(spec) F32 columns for MSE.
+codec::BatchLayout LayoutOf(const ModelSpec& spec);
 
 // inputs: (N, in_features) F32/F16/BF16, or (N) I32/I64 ids in
 // [0, num_embeddings) when the first layer is Embedding; targets: (N, out)

@@ -1,5 +1,5 @@
-// GatherScalars: the device half of the step's one host read. The scalars
-// the step reads back (loss sum, found_inf, norm_sq, ...) live in separate
+// GatherScalars: the device half of ReadBack, the step's one host read. The
+// scalars the step reads back (loss sum, found_inf, norm_sq, ...) live in separate
 // one-element tensors, and the device error word beside them; one tiny
 // kernel copies them all into one contiguous device block, so that a single
 // device-to-host copy (one DMA, one synchronisation) brings them home. The

@@ -17,9 +17,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "server/engine/checkpoint/state_dict.h"
+#include "codec/state_dict.h"
 
-namespace ampd::engine::checkpoint {
+namespace ampd::codec {
 
 // Safetensors refuses headers above this size (the reference's
 // MAX_HEADER_SIZE), so a hostile length never drives an allocation.
@@ -71,4 +71,4 @@ absl::StatusOr<StateDict> DecodeSafetensors(absl::Span<const absl::string_view> 
 absl::StatusOr<std::map<std::string, std::string>> DecodeSafetensorsMetadata(
     absl::string_view bytes);
 
-}  // namespace ampd::engine::checkpoint
+}  // namespace ampd::codec

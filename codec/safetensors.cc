@@ -3,7 +3,7 @@
 // arrays of integers), so the reader is schema-directed rather than a general
 // JSON parser: it never builds a tree, never recurses on input, and every
 // allocation is bounded by the size of the input.
-#include "server/engine/checkpoint/safetensors.h"
+#include "codec/safetensors.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -20,10 +20,8 @@
 #include "common/error_reason.h"
 #include "common/status_macros.h"
 
-namespace ampd::engine::checkpoint {
+namespace ampd::codec {
 namespace {
-
-using kernels::DType;
 
 constexpr absl::string_view kMetadataKey = "__metadata__";
 // The reference aligns the start of the byte buffer to 8 (the widest dtype).
@@ -140,7 +138,7 @@ void AppendUtf8(uint32_t cp, std::string* out) {
 struct TensorEntry {
   std::string name;
   DType dtype = DType::kF32;
-  kernels::Shape shape;
+  Shape shape;
   uint64_t begin = 0;
   uint64_t end = 0;
 };
@@ -395,14 +393,14 @@ class HeaderParser {
           has_dtype = true;
           std::string name;
           if (absl::Status s = ParseString(&name); !s.ok()) return s;
-          const std::optional<DType> dtype = kernels::DTypeFromName(name);
+          const std::optional<DType> dtype = DTypeFromName(name);
           if (!dtype) return Error(absl::StrCat(where, "unknown dtype \"", Echo(name), "\""));
           entry->dtype = *dtype;
         } else if (key == "shape") {
           if (has_shape) return Error(absl::StrCat(where, "duplicate \"shape\""));
           has_shape = true;
           std::vector<uint64_t> dims;
-          // Dims become int64 in kernels::Shape.
+          // Dims become int64 in Shape.
           const auto max_dim = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
           if (absl::Status s = ParseUintArray(max_dim, &dims); !s.ok()) return s;
           entry->shape.assign(dims.begin(), dims.end());
@@ -441,9 +439,9 @@ class HeaderParser {
 };
 
 // Byte size of a tensor, or nullopt when the element count overflows int64
-// (even with a zero dim, since kernels::NumElements multiplies left to right
+// (even with a zero dim, since NumElements multiplies left to right
 // and must not overflow on a shape we hand out).
-std::optional<uint64_t> TensorBytes(DType dtype, const kernels::Shape& shape) {
+std::optional<uint64_t> TensorBytes(DType dtype, const Shape& shape) {
   const auto max = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
   uint64_t nonzero_product = 1;
   bool has_zero = false;
@@ -457,14 +455,14 @@ std::optional<uint64_t> TensorBytes(DType dtype, const kernels::Shape& shape) {
     nonzero_product *= ud;
   }
   if (has_zero) return 0;
-  const uint64_t size = kernels::SizeOf(dtype);
+  const uint64_t size = SizeOf(dtype);
   if (nonzero_product > std::numeric_limits<uint64_t>::max() / size) return std::nullopt;
   return nonzero_product * size;
 }
 
 std::string DescribeTensor(const TensorEntry& t) {
-  return absl::StrCat("tensor \"", Echo(t.name), "\" (", kernels::DTypeName(t.dtype),
-                      kernels::ShapeToString(t.shape), ")");
+  return absl::StrCat("tensor \"", Echo(t.name), "\" (", DTypeName(t.dtype), ShapeToString(t.shape),
+                      ")");
 }
 
 }  // namespace
@@ -518,7 +516,7 @@ std::string EncodeSafetensorsHeader(const StateDict& state) {
     if (!first) header.push_back(',');
     first = false;
     AppendJsonString(t.name, &header);
-    absl::StrAppend(&header, ":{\"dtype\":\"", kernels::DTypeName(t.tensor.dtype), "\",\"shape\":[",
+    absl::StrAppend(&header, ":{\"dtype\":\"", DTypeName(t.tensor.dtype), "\",\"shape\":[",
                     absl::StrJoin(t.tensor.shape, ","), "],\"data_offsets\":[", offset, ",",
                     offset + t.tensor.data.size(), "]}");
     offset += t.tensor.data.size();
@@ -723,4 +721,4 @@ absl::StatusOr<StateDict> DecodeSafetensors(absl::Span<const absl::string_view> 
   return state;
 }
 
-}  // namespace ampd::engine::checkpoint
+}  // namespace ampd::codec

@@ -1,5 +1,5 @@
 // Byte-length and shape checks for tensors received from clients.
-#include "server/engine/host_tensor.h"
+#include "codec/host_tensor.h"
 
 #include <sys/mman.h>
 
@@ -8,13 +8,13 @@
 #include "absl/strings/str_cat.h"
 #include "common/checked_math.h"
 
-namespace ampd::engine {
+namespace ampd::codec {
 
 absl::Status HostTensor::Validate(absl::string_view what) const {
   for (int64_t d : shape) {
     if (d < 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, ": negative dimension in shape ", kernels::ShapeToString(shape)));
+          absl::StrCat(what, ": negative dimension in shape ", ShapeToString(shape)));
     }
   }
   // Checked: a shape whose element or byte count wraps (2^62 x 4 wraps to
@@ -25,15 +25,15 @@ absl::Status HostTensor::Validate(absl::string_view what) const {
     if (!CheckedMul(elements, d, &elements)) elements = -1;
     if (elements < 0) break;
   }
-  if (elements < 0 || !CheckedMul(elements, static_cast<int64_t>(kernels::SizeOf(dtype)), &bytes)) {
+  if (elements < 0 || !CheckedMul(elements, static_cast<int64_t>(SizeOf(dtype)), &bytes)) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, ": shape ", kernels::ShapeToString(shape), " has more than 2^63 bytes"));
+        absl::StrCat(what, ": shape ", ShapeToString(shape), " has more than 2^63 bytes"));
   }
   const auto expected = static_cast<size_t>(bytes);
   if (data.size() != expected) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": ", kernels::DTypeName(dtype), kernels::ShapeToString(shape),
-                     " needs ", expected, " bytes but ", data.size(), " were sent"));
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", DTypeName(dtype),
+                                                   ShapeToString(shape), " needs ", expected,
+                                                   " bytes but ", data.size(), " were sent"));
   }
   return absl::OkStatus();
 }
@@ -54,4 +54,4 @@ void ResizeForBulkCopy(std::string* buffer, size_t bytes) {
   buffer->resize(bytes);
 }
 
-}  // namespace ampd::engine
+}  // namespace ampd::codec

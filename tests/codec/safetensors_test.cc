@@ -1,7 +1,7 @@
 // safetensors: round trips of every dtype, the exact bytes the reference
 // library writes, a decode error for each kind of malformed file, and a fuzz
 // loop proving hostile bytes give an error rather than a crash.
-#include "server/engine/checkpoint/safetensors.h"
+#include "codec/safetensors.h"
 
 #include <cstdint>
 #include <map>
@@ -12,18 +12,17 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace ampd::engine::checkpoint {
+namespace ampd::codec {
 namespace {
 
-using kernels::DType;
 using ::testing::HasSubstr;
 
 // A tensor whose bytes are a recognisable pattern (index + seed).
-HostTensor MakeTensor(DType dtype, kernels::Shape shape, int seed = 0) {
+HostTensor MakeTensor(DType dtype, Shape shape, int seed = 0) {
   HostTensor t;
   t.dtype = dtype;
   t.shape = std::move(shape);
-  const size_t n = static_cast<size_t>(kernels::NumElements(t.shape)) * kernels::SizeOf(dtype);
+  const size_t n = static_cast<size_t>(NumElements(t.shape)) * SizeOf(dtype);
   for (size_t i = 0; i < n; ++i) t.data.push_back(static_cast<char>((i * 7 + seed) & 0xFF));
   return t;
 }
@@ -225,7 +224,7 @@ TEST(SafetensorsTest, DecodesEscapesWhitespaceAndMetadataAnywhere) {
   ASSERT_EQ(decoded->tensors.size(), 1u);
   EXPECT_EQ(decoded->tensors[0].name, "t\xC3\xA9/x");
   EXPECT_EQ(decoded->tensors[0].tensor.dtype, DType::kI32);
-  EXPECT_EQ(decoded->tensors[0].tensor.shape, kernels::Shape({2}));
+  EXPECT_EQ(decoded->tensors[0].tensor.shape, Shape({2}));
   EXPECT_EQ(decoded->metadata.at("smile"), "\xF0\x9F\x98\x80");
   EXPECT_EQ(decoded->metadata.at("e"), "\xC3\xA9");
   // An empty "__metadata__" object is what save_file(..., metadata={}) writes.
@@ -436,4 +435,4 @@ TEST(SafetensorsTest, FuzzedFilesNeverCrash) {
 }
 
 }  // namespace
-}  // namespace ampd::engine::checkpoint
+}  // namespace ampd::codec

@@ -1,7 +1,7 @@
 // Lookup by name in a StateDict.
-#include "server/engine/checkpoint/state_dict.h"
+#include "codec/state_dict.h"
 
-namespace ampd::engine::checkpoint {
+namespace ampd::codec {
 
 const HostTensor* StateDict::Find(absl::string_view name) const {
   for (const NamedTensor& t : tensors) {
@@ -10,4 +10,4 @@ const HostTensor* StateDict::Find(absl::string_view name) const {
   return nullptr;
 }
 
-}  // namespace ampd::engine::checkpoint
+}  // namespace ampd::codec

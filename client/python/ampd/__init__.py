@@ -1,0 +1,37 @@
+"""ampd: a Python client for the ampd mixed-precision training service.
+
+    import ampd
+    client = ampd.Client("127.0.0.1:50051")
+    job = client.create_job(model=ampd.Model([ampd.Linear(8, 32), ampd.ReLU(),
+                                              ampd.Linear(32, 1)], loss="mse"),
+                            precision="fp16", optimizer=ampd.AdamW(lr=3e-3))
+    r = job.step(x, y)   # NumPy arrays or torch tensors
+    print(r.loss, r.scale_before, r.scale_after, r.skipped)
+    job.export("state.safetensors")
+
+The stubs (ampd.v1.trainer_pb2, trainer_pb2_grpc) are generated from
+proto/ampd/v1/trainer.proto when the package is built.
+"""
+from ampd.client import Client, Job, StepResult, Timings, to_tensor
+from ampd.errors import (Aborted, AmpdError, CreateRetry, DataLoss, DeadlineExceeded,
+                         FailedPrecondition, Internal, InvalidArgument, InvalidField,
+                         InvalidStateDict, JobFailed, JobLimit, JobNotFound, MemoryLimit,
+                         NotFound, PermissionDenied, ResourceExhausted, ScalerAtMinScale,
+                         SequenceMismatch, ServerDraining, StepResponseLost, StepsLost,
+                         Unauthenticated, Unavailable)
+from ampd.safetensors import StateDict
+from ampd.spec import (GELU, SGD, Adam, AdamW, Embedding, LayerNorm, Linear, Model, ReLU,
+                       Scaler, Tanh)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client", "Job", "StepResult", "Timings", "StateDict", "to_tensor",
+    "Model", "Linear", "ReLU", "GELU", "Tanh", "LayerNorm", "Embedding",
+    "SGD", "Adam", "AdamW", "Scaler",
+    "AmpdError", "InvalidArgument", "InvalidField", "InvalidStateDict", "NotFound",
+    "JobNotFound", "FailedPrecondition", "SequenceMismatch", "StepsLost",
+    "StepResponseLost", "JobFailed", "ScalerAtMinScale", "ResourceExhausted", "JobLimit",
+    "MemoryLimit", "Aborted", "CreateRetry", "Unavailable", "ServerDraining",
+    "DeadlineExceeded", "Unauthenticated", "PermissionDenied", "Internal", "DataLoss",
+]

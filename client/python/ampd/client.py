@@ -1,0 +1,432 @@
+"""ampd.Client and ampd.Job: the ergonomic layer over the generated stubs.
+
+Exactly-once steps: a Job keeps the next sequence number and sends it with
+each Step. UNAVAILABLE and DEADLINE_EXCEEDED are retried with exponential
+backoff and full jitter by resending the same sequence: the server returns
+the recorded response when that sequence was already applied, and trains it
+when it was not, so an acknowledged step is never applied twice. After a
+server restart the retry may find the job behind (steps acknowledged after
+the last checkpoint on disk were lost); the Job then resynchronises from
+GetJob and raises StepsLost naming the sequences whose batches the caller
+must resend.
+"""
+import os
+import random
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Optional
+
+import grpc
+import numpy as np
+
+from ampd import errors, safetensors, spec
+from ampd.v1 import trainer_pb2 as pb
+from ampd.v1 import trainer_pb2_grpc as pb_grpc
+
+# Codes after which Client._call resends a call (every call it makes is safe to resend).
+_TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+_CHUNK = 1 << 20  # LoadStateDict message size
+
+_NUMPY_DTYPES = {
+    np.dtype(np.float32): pb.DTYPE_F32, np.dtype(np.float16): pb.DTYPE_F16,
+    np.dtype(np.int32): pb.DTYPE_I32, np.dtype(np.int64): pb.DTYPE_I64,
+}
+
+
+def _read_pem(value):
+    """PEM bytes from bytes, PEM text, or a file path; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value
+    if "-----BEGIN" in value:
+        return value.encode()
+    with open(value, "rb") as f:
+        return f.read()
+
+
+def to_tensor(value):
+    """A pb.Tensor from a NumPy array, a torch tensor or anything np.asarray takes.
+
+    float64 becomes float32 (NumPy's default float is not a dtype ampd
+    trains in); torch.bfloat16 travels as BF16 bits; other dtypes are refused.
+    """
+    module = type(value).__module__
+    if module.startswith("torch"):
+        import torch  # only reached with a torch tensor in hand
+
+        value = value.detach().cpu().contiguous()
+        if value.dtype == torch.bfloat16:
+            raw = value.view(torch.int16).numpy()
+            return pb.Tensor(dtype=pb.DTYPE_BF16, shape=list(raw.shape),
+                             data=raw.astype("<i2").tobytes())
+        value = value.numpy()
+    array = np.asarray(value)
+    if array.dtype == np.float64:
+        array = array.astype(np.float32)
+    native = array.dtype.newbyteorder("=")
+    if native not in _NUMPY_DTYPES:
+        raise TypeError("unsupported dtype %s: ampd takes float32, float16, int32 and int64" % array.dtype)
+    array = np.ascontiguousarray(array, dtype=native.newbyteorder("<"))
+    return pb.Tensor(dtype=_NUMPY_DTYPES[native], shape=list(array.shape), data=array.tobytes())
+
+
+@dataclass(frozen=True)
+class Timings:
+    forward_seconds: float
+    backward_seconds: float
+    unscale_seconds: float
+    optimizer_seconds: float
+    total_seconds: float
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One Step's outcome. scale_before is the scale this step used."""
+    global_step: int
+    applied_steps: int
+    loss: float
+    scale_before: float
+    scale_after: float
+    found_inf: bool
+    skipped: bool
+    grad_norm: Optional[float]
+    scale_grew: bool
+    scale_backed_off: bool
+    growth_tracker: int
+    overflows_until_backoff: int
+    samples: int
+    timings: Timings
+
+    @classmethod
+    def from_proto(cls, r):
+        t = r.timings
+        return cls(
+            global_step=r.global_step, applied_steps=r.applied_steps, loss=r.loss,
+            scale_before=r.scale_before, scale_after=r.scale_after, found_inf=r.found_inf,
+            skipped=r.skipped, grad_norm=r.grad_norm if r.HasField("grad_norm") else None,
+            scale_grew=r.scale_grew, scale_backed_off=r.scale_backed_off,
+            growth_tracker=r.scaler_counters.growth_tracker,
+            overflows_until_backoff=r.scaler_counters.overflows_until_backoff,
+            samples=r.samples,
+            timings=Timings(t.forward_seconds, t.backward_seconds, t.unscale_seconds,
+                            t.optimizer_seconds, t.total_seconds))
+
+
+class Client:
+    """A connection to one ampd server.
+
+    target: "host:port". token: the bearer token (default: $AMPD_TOKEN).
+    tls_ca: the server certificate's CA (PEM bytes/text or a path; turns TLS
+    on); tls_cert/tls_key: a client certificate for mutual TLS;
+    tls_server_name: the name the server's certificate carries when target
+    dials another (e.g. 127.0.0.1). timeout: seconds per call attempt.
+    retry_deadline: seconds a retryable call keeps retrying UNAVAILABLE and
+    DEADLINE_EXCEEDED (with backoff from initial_backoff doubling to
+    max_backoff, full jitter) before raising.
+    """
+
+    def __init__(self, target, *, token=None, tls_ca=None, tls_cert=None, tls_key=None,
+                 tls_server_name=None, timeout=60.0, retry_deadline=120.0,
+                 initial_backoff=0.05, max_backoff=5.0, channel_options=()):
+        self.target = target
+        self.token = token if token is not None else os.environ.get("AMPD_TOKEN") or None
+        self.timeout = timeout
+        self.retry_deadline = retry_deadline
+        self.initial_backoff = initial_backoff
+        self.max_backoff = max_backoff
+        options = [("grpc.max_receive_message_length", -1)] + list(channel_options)
+        if tls_server_name:
+            options.append(("grpc.ssl_target_name_override", tls_server_name))
+        if tls_ca is not None or tls_cert is not None:
+            if (tls_cert is None) != (tls_key is None):
+                raise ValueError("tls_cert and tls_key go together")
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=_read_pem(tls_ca), private_key=_read_pem(tls_key),
+                certificate_chain=_read_pem(tls_cert))
+            self._channel = grpc.secure_channel(target, credentials, options=options)
+        else:
+            self._channel = grpc.insecure_channel(target, options=options)
+        self._stub = pb_grpc.TrainerStub(self._channel)
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---- plumbing --------------------------------------------------------------
+
+    def _metadata(self):
+        return (("authorization", "Bearer " + self.token),) if self.token else ()
+
+    def _sleep_before_retry(self, attempt, deadline):
+        """Sleep a jittered backoff; False when the retry deadline has passed."""
+        backoff = min(self.max_backoff, self.initial_backoff * (2 ** attempt))
+        pause = random.uniform(0, backoff)
+        if time.monotonic() + pause > deadline:
+            return False
+        time.sleep(pause)
+        return True
+
+    def _call(self, invoke):
+        """invoke(metadata, timeout) once, or until it stops failing transiently.
+
+        Every call passed here is safe to resend: reads, CreateJob (request_id),
+        Step (sequence) and LoadStateDict (the same bytes load the same state).
+        DeleteJob is not (a resend finds the job gone) and has its own loop.
+        """
+        deadline = time.monotonic() + self.retry_deadline
+        attempt = 0
+        while True:
+            try:
+                return invoke(self._metadata(), self.timeout)
+            except grpc.RpcError as e:
+                error = errors.from_rpc_error(e)
+            if not (error.code in _TRANSIENT and self._sleep_before_retry(attempt, deadline)):
+                raise error
+            attempt += 1
+
+    # ---- jobs ------------------------------------------------------------------
+
+    def create_job(self, model, precision="fp16", optimizer=None, scaler=None, seed=0,
+                   display_name="", request_id=None):
+        """Create a job; returns its Job.
+
+        model: an ampd.Model (or a pb.ModelSpec); optimizer: ampd.SGD / Adam /
+        AdamW (default AdamW with PyTorch's defaults); scaler: ampd.Scaler
+        (default the pytorch policy's defaults for fp16, a static scale of 1
+        for bf16/fp32). request_id makes a retried create return the same job;
+        one is generated when not given, so this call's own retries are safe.
+        """
+        config = pb.JobConfig(
+            display_name=display_name,
+            model=model.to_proto() if hasattr(model, "to_proto") else model,
+            precision=spec.precision_proto(precision), seed=seed)
+        if optimizer is not None:
+            config.optimizer.CopyFrom(optimizer.to_proto() if hasattr(optimizer, "to_proto") else optimizer)
+        if scaler is not None:
+            config.scaler.CopyFrom(scaler.to_proto() if hasattr(scaler, "to_proto") else scaler)
+        request = pb.CreateJobRequest(config=config, request_id=request_id or uuid.uuid4().hex)
+        deadline = time.monotonic() + self.retry_deadline
+        attempt = 0
+        while True:
+            try:
+                response = self._call(
+                    lambda md, t: self._stub.CreateJob(request, metadata=md, timeout=t))
+                return Job(self, response.job)
+            except errors.CreateRetry:
+                # The first create with this request_id failed server-side; a
+                # new attempt with the same id is what the server asks for.
+                if not self._sleep_before_retry(attempt, deadline):
+                    raise
+                attempt += 1
+
+    def job(self, job_id):
+        """The Job with this id (GetJob); its next sequence is the server's step + 1."""
+        return Job(self, self._get_job(job_id))
+
+    def jobs(self, page_size=0):
+        """Every job of the caller's tenant, sorted by id (all pages)."""
+        result, token = [], ""
+        while True:
+            request = pb.ListJobsRequest(page_size=page_size, page_token=token)
+            response = self._call(
+                lambda md, t: self._stub.ListJobs(request, metadata=md, timeout=t))
+            result.extend(Job(self, j) for j in response.jobs)
+            token = response.next_page_token
+            if not token:
+                return result
+
+    def _get_job(self, job_id):
+        request = pb.GetJobRequest(job_id=job_id)
+        response = self._call(
+            lambda md, t: self._stub.GetJob(request, metadata=md, timeout=t))
+        return response.job
+
+
+class Job:
+    """A training job on the server, and this client's place in its sequence.
+
+    Attributes mirror the last GetJob/CreateJob seen (refresh() reads them
+    again): job_id, config (the effective pb.JobConfig), step,
+    applied_steps, loss_scale, state ("active"/"failed"), failure,
+    parameter_count, estimated_bytes, growth_tracker, overflows_until_backoff.
+    next_sequence is the sequence the next step() sends.
+    """
+
+    def __init__(self, client, proto):
+        self._client = client
+        self._update(proto)
+        self.next_sequence = proto.step + 1
+
+    def _update(self, proto):
+        self.proto = proto
+        self.job_id = proto.job_id
+        self.config = proto.config
+        self.step_count = proto.step
+        self.applied_steps = proto.applied_steps
+        self.loss_scale = proto.loss_scale
+        self.state = {pb.JOB_STATE_ACTIVE: "active", pb.JOB_STATE_FAILED: "failed"}.get(
+            proto.state, "unspecified")
+        self.failure = proto.failure
+        self.parameter_count = proto.parameter_count
+        self.estimated_bytes = proto.estimated_bytes
+        self.grad_norm = proto.grad_norm if proto.HasField("grad_norm") else None
+        self.growth_tracker = proto.scaler_counters.growth_tracker
+        self.overflows_until_backoff = proto.scaler_counters.overflows_until_backoff
+
+    def __repr__(self):
+        return "ampd.Job(%r, step=%d, loss_scale=%g, state=%s)" % (
+            self.job_id, self.step_count, self.loss_scale, self.state)
+
+    def refresh(self):
+        """Read the job again (GetJob) and resynchronise next_sequence to its step + 1."""
+        self._update(self._client._get_job(self.job_id))
+        self.next_sequence = self.step_count + 1
+        return self
+
+    # ---- steps -----------------------------------------------------------------
+
+    def step(self, inputs=None, targets=None, *, micro_batches=None, learning_rate=None):
+        """Train one step; returns a StepResult.
+
+        job.step(inputs, targets) with NumPy arrays or torch tensors, or
+        job.step([(inputs, targets), ...]) (or micro_batches=[...]) for
+        gradient accumulation over micro-batches with one scale for the step.
+        learning_rate overrides the optimizer's lr for this step only.
+        """
+        if micro_batches is None:
+            if targets is None and isinstance(inputs, (list, tuple)):
+                micro_batches = inputs
+            else:
+                micro_batches = [(inputs, targets)]
+        micro_batches = list(micro_batches)
+        if not micro_batches or not all(
+                isinstance(mb, (list, tuple)) and len(mb) == 2 and mb[0] is not None
+                and mb[1] is not None for mb in micro_batches):
+            raise TypeError("step takes (inputs, targets), or a non-empty list of "
+                            "(inputs, targets) micro-batches")
+        request = pb.StepRequest(
+            job_id=self.job_id, sequence=self.next_sequence,
+            micro_batches=[pb.MicroBatch(inputs=to_tensor(x), targets=to_tensor(y))
+                           for x, y in micro_batches])
+        if learning_rate is not None:
+            request.learning_rate = learning_rate
+        stub = self._client._stub
+        try:
+            response = self._client._call(
+                lambda md, t: stub.Step(request, metadata=md, timeout=t))
+        except errors.SequenceMismatch as e:
+            raise self._resynchronise(request.sequence, e) from e
+        self.next_sequence = request.sequence + 1
+        self.step_count = response.global_step
+        self.applied_steps = response.applied_steps
+        self.loss_scale = response.scale_after
+        return StepResult.from_proto(response)
+
+    def _resynchronise(self, sequence, mismatch):
+        """The error to raise for a SEQUENCE_MISMATCH on `sequence`, after GetJob.
+
+        The server's step is the truth: next_sequence becomes step + 1.
+        """
+        self.refresh()
+        server_step = self.step_count
+        if server_step == sequence:
+            return errors.StepResponseLost(
+                mismatch.code,
+                "step %d was applied before a server restart but its response is lost: %s"
+                % (sequence, mismatch.message), sequence, mismatch.metadata)
+        if server_step < sequence - 1:
+            lost = list(range(server_step + 1, sequence))
+            return errors.StepsLost(
+                mismatch.code,
+                "the server restarted from step %d: acknowledged steps %d..%d were lost; resend "
+                "their batches, then step %d's" % (server_step, lost[0], lost[-1], sequence),
+                lost, sequence, mismatch.metadata)
+        # Ahead of this client (another client steps the same job): nothing to
+        # replay, the caller decides; next_sequence already follows the server.
+        return mismatch
+
+    # ---- state -----------------------------------------------------------------
+
+    def state_dict_bytes(self):
+        """The job's state as safetensors bytes (GetStateDict)."""
+        request = pb.GetStateDictRequest(job_id=self.job_id)
+        stub = self._client._stub
+
+        def fetch(md, t):
+            return b"".join(c.data for c in stub.GetStateDict(request, metadata=md, timeout=t))
+
+        data = self._client._call(fetch)
+        return data
+
+    def state_dict(self):
+        """A StateDict: name -> NumPy array (model.{i}.weight, optimizer moments...),
+        with .metadata holding scaler.<key> (the policy's own names),
+        optimizer.step and ampd.step."""
+        return safetensors.loads(self.state_dict_bytes())
+
+    def load_state_dict_bytes(self, data):
+        """Replace the job's state with safetensors bytes (LoadStateDict).
+
+        Loading the same bytes twice leaves the same state, so this retries
+        transient failures; next_sequence follows the loaded ampd.step.
+        """
+        stub = self._client._stub
+        job_id = self.job_id
+
+        def messages():
+            yield pb.LoadStateDictRequest(job_id=job_id, data=data[:_CHUNK])
+            for offset in range(_CHUNK, len(data), _CHUNK):
+                yield pb.LoadStateDictRequest(data=data[offset:offset + _CHUNK])
+
+        self._client._call(lambda md, t: stub.LoadStateDict(messages(), metadata=md, timeout=t))
+        self.refresh()
+
+    def load_state_dict(self, state, metadata=None):
+        """Load a state dict: a StateDict from state_dict()/ampd.safetensors, or a
+        plain dict of arrays with metadata given here. Every tensor and the
+        scaler metadata of the job must be present (the server checks)."""
+        if metadata is None:
+            metadata = getattr(state, "metadata", {})
+        self.load_state_dict_bytes(safetensors.dumps(state, metadata, getattr(state, "dtypes", {})))
+
+    def export(self, path):
+        """Write the job's state to a safetensors file (as `ampctl state export`)."""
+        data = self.state_dict_bytes()
+        with open(path, "wb") as f:
+            f.write(data)
+        return path
+
+    def load(self, path):
+        """Load a safetensors file written by export() (or ampctl) into this job."""
+        with open(path, "rb") as f:
+            self.load_state_dict_bytes(f.read())
+
+    def delete(self):
+        """Delete the job (and its checkpoint).
+
+        A retry that finds the job gone counts as success: the first attempt
+        deleted it.
+        """
+        request = pb.DeleteJobRequest(job_id=self.job_id)
+        stub = self._client._stub
+        deadline = time.monotonic() + self._client.retry_deadline
+        attempt = 0
+        while True:
+            try:
+                stub.DeleteJob(request, metadata=self._client._metadata(),
+                               timeout=self._client.timeout)
+                return
+            except grpc.RpcError as e:
+                error = errors.from_rpc_error(e)
+            if attempt > 0 and isinstance(error, errors.JobNotFound):
+                return
+            if not (error.code in _TRANSIENT and self._client._sleep_before_retry(attempt, deadline)):
+                raise error
+            attempt += 1

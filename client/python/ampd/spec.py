@@ -1,0 +1,172 @@
+"""Model, optimizer and loss-scaler specs: small Python objects that become the
+proto's ModelSpec, OptimizerConfig and ScalerConfig.
+
+Unset (None) fields stay unset on the wire, so the server fills in the
+default (PyTorch's for the optimizer, the policy's for the scaler) and
+CreateJob returns the effective config.
+"""
+from dataclasses import dataclass, fields
+from typing import Optional, Sequence, Tuple
+
+from ampd.v1 import trainer_pb2 as pb
+
+
+def _set(message, **values):
+    for name, value in values.items():
+        if value is not None:
+            setattr(message, name, value)
+    return message
+
+
+@dataclass(frozen=True)
+class Linear:
+    in_features: int
+    out_features: int
+    bias: Optional[bool] = None  # default True
+
+    def to_proto(self):
+        return pb.Layer(linear=_set(pb.Linear(in_features=self.in_features,
+                                              out_features=self.out_features), bias=self.bias))
+
+
+@dataclass(frozen=True)
+class ReLU:
+    def to_proto(self):
+        return pb.Layer(relu=pb.ReLU())
+
+
+@dataclass(frozen=True)
+class GELU:
+    """PyTorch's GELU with approximate='none'."""
+
+    def to_proto(self):
+        return pb.Layer(gelu=pb.GELU())
+
+
+@dataclass(frozen=True)
+class Tanh:
+    def to_proto(self):
+        return pb.Layer(tanh=pb.Tanh())
+
+
+@dataclass(frozen=True)
+class LayerNorm:
+    normalized_shape: int
+    eps: Optional[float] = None  # default 1e-5
+    elementwise_affine: Optional[bool] = None  # default True
+
+    def to_proto(self):
+        return pb.Layer(layer_norm=_set(pb.LayerNorm(normalized_shape=self.normalized_shape),
+                                        eps=self.eps, elementwise_affine=self.elementwise_affine))
+
+
+@dataclass(frozen=True)
+class Embedding:
+    """ids (N) -> (N, embedding_dim); only as the first layer."""
+    num_embeddings: int
+    embedding_dim: int
+
+    def to_proto(self):
+        return pb.Layer(embedding=pb.Embedding(num_embeddings=self.num_embeddings,
+                                               embedding_dim=self.embedding_dim))
+
+
+_LOSSES = {"mse": pb.LOSS_MSE, "cross_entropy": pb.LOSS_CROSS_ENTROPY}
+
+
+@dataclass(frozen=True)
+class Model:
+    """A stack of layers and a loss ("mse" or "cross_entropy").
+
+    Layer i's parameters are model.{i}.weight / model.{i}.bias in the state
+    dict, as index i of the matching torch.nn.Sequential.
+    """
+    layers: Sequence
+    loss: str = "mse"
+    loss_multiplier: Optional[float] = None
+
+    def to_proto(self):
+        if self.loss not in _LOSSES:
+            raise ValueError("loss must be one of %s, not %r" % (sorted(_LOSSES), self.loss))
+        return _set(pb.ModelSpec(layers=[layer.to_proto() for layer in self.layers],
+                                 loss=_LOSSES[self.loss]), loss_multiplier=self.loss_multiplier)
+
+
+@dataclass(frozen=True)
+class _Optimizer:
+    lr: Optional[float] = None
+    weight_decay: Optional[float] = None
+    max_grad_norm: Optional[float] = None  # clip the unscaled gradients' L2 norm; <= 0 off
+
+
+@dataclass(frozen=True)
+class SGD(_Optimizer):
+    momentum: Optional[float] = None
+    dampening: Optional[float] = None
+    nesterov: Optional[bool] = None
+
+    def to_proto(self):
+        return _set(pb.OptimizerConfig(kind=pb.OPTIMIZER_SGD), lr=self.lr,
+                    weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm,
+                    momentum=self.momentum, dampening=self.dampening, nesterov=self.nesterov)
+
+
+@dataclass(frozen=True)
+class Adam(_Optimizer):
+    betas: Optional[Tuple[float, float]] = None
+    eps: Optional[float] = None
+    _kind = pb.OPTIMIZER_ADAM
+
+    def to_proto(self):
+        beta1, beta2 = self.betas if self.betas is not None else (None, None)
+        return _set(pb.OptimizerConfig(kind=self._kind), lr=self.lr,
+                    weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm,
+                    beta1=beta1, beta2=beta2, eps=self.eps)
+
+
+@dataclass(frozen=True)
+class AdamW(Adam):
+    _kind = pb.OPTIMIZER_ADAMW
+
+
+_POLICIES = {"pytorch": pb.SCALER_POLICY_PYTORCH, "paddle": pb.SCALER_POLICY_PADDLE,
+             "deepspeed": pb.SCALER_POLICY_DEEPSPEED, "megatron": pb.SCALER_POLICY_MEGATRON,
+             "adaptive": pb.SCALER_POLICY_ADAPTIVE}
+
+
+@dataclass(frozen=True)
+class Scaler:
+    """The dynamic loss scaler: a policy and any of its hyperparameters.
+
+    Field names are the proto's; each policy maps them to its own (see the
+    proto's ScalerConfig comments).
+    """
+    policy: str = "pytorch"
+    enabled: Optional[bool] = None
+    dynamic: Optional[bool] = None
+    init_scale: Optional[float] = None
+    growth_factor: Optional[float] = None
+    backoff_factor: Optional[float] = None
+    growth_interval: Optional[int] = None
+    hysteresis: Optional[int] = None
+    consecutive_hysteresis: Optional[bool] = None
+    raise_at_min_scale: Optional[bool] = None
+    min_scale: Optional[float] = None
+    max_scale: Optional[float] = None
+    overflow_margin_log2: Optional[int] = None  # adaptive only
+    underflow_threshold: Optional[float] = None  # adaptive only
+
+    def to_proto(self):
+        if self.policy not in _POLICIES:
+            raise ValueError("policy must be one of %s, not %r" % (sorted(_POLICIES), self.policy))
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "policy"}
+        return _set(pb.ScalerConfig(policy=_POLICIES[self.policy]), **values)
+
+
+PRECISIONS = {"fp32": pb.PRECISION_FP32, "fp16": pb.PRECISION_FP16, "bf16": pb.PRECISION_BF16}
+
+
+def precision_proto(precision):
+    if precision not in PRECISIONS:
+        raise ValueError("precision must be one of %s, not %r" % (sorted(PRECISIONS), precision))
+    return PRECISIONS[precision]

@@ -1,0 +1,99 @@
+"""PyTorch interop, without making torch a dependency of ampd.
+
+Importing this module imports torch. An ampd model's layer i is index i of
+the matching torch.nn.Sequential, and the state dict names agree after the
+"model." prefix: model.{i}.weight <-> {i}.weight, model.{i}.bias <-> {i}.bias
+(Linear, LayerNorm and Embedding keep PyTorch's parameter layouts: Linear
+weight is (out, in)).
+"""
+from collections import OrderedDict
+
+import numpy as np
+import torch
+from torch import nn
+
+from ampd import spec
+from ampd.safetensors import StateDict
+
+_PREFIX = "model."
+
+
+def to_state_dict(job_or_state):
+    """A state dict that the matching nn.Sequential's load_state_dict takes.
+
+    job_or_state: an ampd.Job (its state is read with GetStateDict) or a
+    StateDict / dict from Job.state_dict() or ampd.safetensors.load_file.
+    Tensors are the fp32 master weights.
+    """
+    state = job_or_state.state_dict() if hasattr(job_or_state, "state_dict") else job_or_state
+    out = OrderedDict()
+    for name, value in state.items():
+        if name.startswith(_PREFIX):
+            out[name[len(_PREFIX):]] = torch.from_numpy(np.array(value, copy=True))
+    return out
+
+
+def _layer_of(index, module):
+    if isinstance(module, nn.Linear):
+        return spec.Linear(module.in_features, module.out_features, bias=module.bias is not None)
+    if isinstance(module, nn.ReLU):
+        return spec.ReLU()
+    if isinstance(module, nn.GELU):
+        if getattr(module, "approximate", "none") != "none":
+            raise ValueError("layer %d: GELU(approximate=%r): ampd's GELU is approximate='none'"
+                             % (index, module.approximate))
+        return spec.GELU()
+    if isinstance(module, nn.Tanh):
+        return spec.Tanh()
+    if isinstance(module, nn.LayerNorm):
+        if len(module.normalized_shape) != 1:
+            raise ValueError("layer %d: LayerNorm%s: ampd normalizes the last dimension only"
+                             % (index, tuple(module.normalized_shape)))
+        return spec.LayerNorm(module.normalized_shape[0], eps=float(module.eps),
+                              elementwise_affine=bool(module.elementwise_affine))
+    if isinstance(module, nn.Embedding):
+        if index != 0:
+            raise ValueError("layer %d: Embedding is supported only as the first layer" % index)
+        if module.padding_idx is not None or module.max_norm is not None:
+            raise ValueError("layer 0: Embedding with padding_idx or max_norm is not supported")
+        return spec.Embedding(module.num_embeddings, module.embedding_dim)
+    raise ValueError("layer %d: %s is not a layer ampd supports (Linear, ReLU, GELU, Tanh, "
+                     "LayerNorm, Embedding)" % (index, type(module).__name__))
+
+
+def from_module(module, loss="mse", loss_multiplier=None):
+    """(ampd.Model, StateDict of model.{i}.* float32 weights) from an nn.Sequential."""
+    if not isinstance(module, nn.Sequential):
+        raise TypeError("from_module takes an nn.Sequential, not %s" % type(module).__name__)
+    layers = [_layer_of(i, m) for i, m in enumerate(module)]
+    weights = StateDict()
+    for name, value in module.state_dict().items():
+        weights[_PREFIX + name] = value.detach().cpu().to(torch.float32).numpy().copy()
+    return spec.Model(layers, loss=loss, loss_multiplier=loss_multiplier), weights
+
+
+def load_module(job, module):
+    """Load an nn.Sequential's weights into a job, keeping the job's optimizer
+    and scaler state (LoadStateDict replaces the whole state, so the job's
+    current state is read, its model.* tensors replaced, and written back)."""
+    _, weights = from_module(module)
+    state = job.state_dict()
+    missing = sorted(set(k for k in state if k.startswith(_PREFIX)) - set(weights))
+    extra = sorted(set(weights) - set(state))
+    if missing or extra:
+        raise ValueError("module does not match the job's model: missing %s, unexpected %s"
+                         % (missing, extra))
+    for name, value in weights.items():
+        if state[name].shape != value.shape:
+            raise ValueError("%s: module has shape %s, the job %s"
+                             % (name, value.shape, state[name].shape))
+        state[name] = value
+    job.load_state_dict(state)
+
+
+def create_job_from_module(client, module, loss="mse", loss_multiplier=None, **create_kwargs):
+    """Create a job whose model and initial weights are the nn.Sequential's."""
+    model, _ = from_module(module, loss, loss_multiplier)
+    job = client.create_job(model=model, **create_kwargs)
+    load_module(job, module)
+    return job

@@ -1,0 +1,58 @@
+// LayerNorm forward over the last dimension, PyTorch's formulas: biased
+// variance, rstd = 1 / sqrt(var + eps), y = (x - mean) * rstd * gamma + beta.
+// Statistics are fp32 (two passes: the mean first, then the squared
+// deviations, which avoids E[x^2] - E[x]^2 cancellation) and saved for the
+// backward pass; every stored element is rounded once.
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/cpu_internal.h"
+
+namespace ampd::kernels::cpu {
+
+absl::Status LayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps,
+                              Tensor& y, Tensor& mean, Tensor& rstd) {
+  if (absl::Status s = ValidateLayerNormForward(x, gamma, beta, y, mean, rstd); !s.ok()) {
+    return s;
+  }
+  const int64_t rows = x.dim(0);  // N
+  const int64_t cols = x.dim(1);  // C
+  return VisitFloat(x.dtype(), [&](auto tag) {
+    using Tag = decltype(tag);
+    const auto* in = Ptr<Tag>(x);                        // (N, C)
+    const auto* g = gamma ? Ptr<Tag>(*gamma) : nullptr;  // (C)
+    const auto* b = beta ? Ptr<Tag>(*beta) : nullptr;    // (C)
+    auto* out = Ptr<Tag>(y);                             // (N, C)
+    float* mean_out = mean.data_as<float>();             // (N)
+    float* rstd_out = rstd.data_as<float>();             // (N)
+    std::vector<float> row(static_cast<size_t>(cols));   // (C) widened x, so y may alias x
+    for (int64_t n = 0; n < rows; ++n) {
+      const auto* xr = in + n * cols;
+      float sum = 0.0f;
+      for (int64_t c = 0; c < cols; ++c) {
+        row[static_cast<size_t>(c)] = Tag::Load(xr[c]);
+        sum += row[static_cast<size_t>(c)];
+      }
+      const float mu = sum / static_cast<float>(cols);
+      float sq = 0.0f;
+      for (int64_t c = 0; c < cols; ++c) {
+        const float d = row[static_cast<size_t>(c)] - mu;
+        sq += d * d;
+      }
+      const float var = sq / static_cast<float>(cols);  // biased, as PyTorch normalises
+      const float rs = 1.0f / std::sqrt(var + eps);
+      mean_out[n] = mu;
+      rstd_out[n] = rs;
+      auto* yr = out + n * cols;
+      for (int64_t c = 0; c < cols; ++c) {
+        float v = (row[static_cast<size_t>(c)] - mu) * rs;
+        if (g != nullptr) v *= Tag::Load(g[c]);
+        if (b != nullptr) v += Tag::Load(b[c]);
+        yr[c] = Tag::Store(v);
+      }
+    }
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace ampd::kernels::cpu

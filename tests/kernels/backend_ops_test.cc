@@ -1,0 +1,1544 @@
+// Every op of the Backend interface on every backend this build can create
+// (cpu, and cuda:0 where a device is visible), on seeded random inputs in
+// each float dtype the op accepts, in the manner of ggml's test-backend-ops:
+// one list of op cases, one test parametrised over (backend, case).
+//
+// What a backend's outputs are compared with:
+// - cpu (the oracle) with float64 references computed here from the same
+//   inputs, so the oracle itself is checked rather than compared with
+//   itself. Where the contract fixes the operation order (one fp32
+//   operation and one rounding, copies, integer counts) the reference
+//   emulates each fp32 operation in double and rounds it with the test's
+//   own model of fp32/fp16/bf16 rounding (kernel_test_util.h), and the
+//   comparison is bitwise: in double, +, - and * of two floats are exact
+//   and a quotient is correctly rounded, so rounding that to fp32 gives
+//   the fp32 result (53 >= 2 * 24 + 2: double rounding is innocuous).
+//   Elsewhere the reference is the exact formula in double, and the
+//   tolerance is the fp32 error the op's algorithm can make (stated per
+//   case) plus one unit in the last place of the output dtype.
+// - any other backend with the cpu backend run on the same inputs: bitwise
+//   where the contract fixes the order, else within the tolerance stated
+//   per case (transcendentals and summation order differ between CUDA and
+//   the CPU's libm and serial loops).
+// A backend that cannot be created here is skipped with the reason
+// ("cuda:0: no device ..."), and an op a backend answers with Unimplemented
+// is skipped as "not supported"; neither passes silently.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <iterator>
+#include <limits>
+#include <memory>
+#include <numbers>
+#include <random>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/backend.h"
+#include "kernels/backend_factory.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/dtype.h"
+#include "kernels/float16.h"
+#include "kernels/tensor.h"
+#include "tests/kernels/kernel_test_util.h"
+
+namespace ampd::kernels {
+namespace {
+
+namespace kt = ::ampd::kernels::testing;
+
+// ---- tolerances ---------------------------------------------------------------
+// |got - want| <= atol + rtol |want|; {0, 0} means bitwise (NaN matches NaN,
+// and the sign of zero must match).
+struct Tol {
+  double rtol = 0.0;
+  double atol = 0.0;
+};
+constexpr Tol kBitwise{};
+Tol operator+(Tol a, Tol b) { return {a.rtol + b.rtol, a.atol + b.atol}; }
+
+// fp32's unit roundoff: the relative error of one rounded fp32 operation.
+const double kU32 = std::ldexp(1.0, -24);
+
+// The smallest positive value of a dtype (its subnormal quantum).
+double DenormMin(DType dtype) {
+  switch (dtype) {
+    case DType::kF16:
+      return std::ldexp(1.0, -24);
+    case DType::kBF16:
+      return std::ldexp(1.0, -133);
+    default:
+      return std::ldexp(1.0, -149);
+  }
+}
+// n units in the last place of dtype, relative, with the subnormal quantum
+// as the floor near zero.
+Tol Ulps(DType dtype, double n) { return {n * kt::Eps(dtype), n * DenormMin(dtype)}; }
+
+// CUDA against the CPU: elementwise ops, a few ulps of the dtype, since
+// CUDA's erfcf/expf/tanhf may differ from glibc's by an ulp before the final
+// rounding (the same units the CUDA op tests have always used).
+Tol DeviceElementwise(DType dtype) {
+  switch (dtype) {
+    case DType::kF16:
+      return {2e-3, 1e-5};  // two fp16 ulps (2^-10 each, relative)
+    case DType::kBF16:
+      return {1.6e-2, 1e-4};  // two bf16 ulps (2^-7 each, relative)
+    default:
+      return {1e-5, 1e-7};
+  }
+}
+
+// Relative bound on the CPU's ChunkedSum of n non-negative fp32 terms: runs of
+// 1024 summed in order, then the runs' totals (cpu_internal.h), each partial
+// sum rounded once: (1024 + n / 1024 + 2) u.
+double ChunkedSumBound(int64_t n) {
+  return (1024.0 + static_cast<double>(n) / 1024.0 + 2.0) * kU32;
+}
+
+// ---- host tensors and transfers -------------------------------------------------
+// A tensor's values on the host; each is exactly representable in dtype.
+struct HostTensor {
+  DType dtype;
+  Shape shape;
+  std::vector<double> values;
+};
+
+HostTensor Random(DType dtype, const Shape& shape, uint64_t seed, double lo, double hi) {
+  std::mt19937_64 rng(seed);
+  return {dtype, shape,
+          kt::RandomValues(rng, dtype, static_cast<size_t>(NumElements(shape)), lo, hi)};
+}
+
+HostTensor Ids(DType dtype, int64_t n, uint64_t seed, int64_t limit) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int64_t> dist(0, limit - 1);
+  HostTensor t{dtype, {n}, std::vector<double>(static_cast<size_t>(n))};
+  for (double& v : t.values) v = static_cast<double>(dist(rng));
+  return t;
+}
+
+std::vector<uint8_t> Encode(DType dtype, const std::vector<double>& values) {
+  std::vector<uint8_t> bytes(values.size() * SizeOf(dtype));
+  for (size_t i = 0; i < values.size(); ++i) {
+    const double v = values[i];
+    switch (dtype) {
+      case DType::kF32: {
+        const float f = static_cast<float>(v);
+        std::memcpy(&bytes[i * 4], &f, 4);
+        break;
+      }
+      case DType::kF16:
+      case DType::kBF16: {
+        const float f = static_cast<float>(v);
+        const uint16_t bits = dtype == DType::kF16 ? FloatToHalfBits(f) : FloatToBf16Bits(f);
+        std::memcpy(&bytes[i * 2], &bits, 2);
+        break;
+      }
+      case DType::kI32: {
+        const int32_t x = static_cast<int32_t>(v);
+        std::memcpy(&bytes[i * 4], &x, 4);
+        break;
+      }
+      case DType::kI64: {
+        const int64_t x = static_cast<int64_t>(v);
+        std::memcpy(&bytes[i * 8], &x, 8);
+        break;
+      }
+    }
+  }
+  return bytes;
+}
+
+// Decodes with the test's own fp16/bf16 definitions, not kernels/float16.h.
+std::vector<double> Decode(DType dtype, const uint8_t* bytes, size_t n) {
+  std::vector<double> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    switch (dtype) {
+      case DType::kF32: {
+        float f;
+        std::memcpy(&f, bytes + i * 4, 4);
+        out[i] = f;
+        break;
+      }
+      case DType::kF16:
+      case DType::kBF16: {
+        uint16_t b;
+        std::memcpy(&b, bytes + i * 2, 2);
+        out[i] = dtype == DType::kF16 ? kt::RefDecodeHalf(b) : kt::RefDecodeBf16(b);
+        break;
+      }
+      case DType::kI32: {
+        int32_t x;
+        std::memcpy(&x, bytes + i * 4, 4);
+        out[i] = x;
+        break;
+      }
+      case DType::kI64: {
+        int64_t x;
+        std::memcpy(&x, bytes + i * 8, 8);
+        out[i] = static_cast<double>(x);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+// One output of an op: read back from a backend (tol: how far another
+// backend may be from the oracle's) or computed by a reference (tol: how
+// far the oracle may be from it).
+struct Output {
+  std::string name;
+  std::vector<double> values;
+  Tol tol;
+};
+using Outputs = std::vector<Output>;
+
+// Moves tensors between the host and one backend for one run of a case.
+class Io {
+ public:
+  explicit Io(Backend& backend) : backend_(backend) {}
+
+  absl::StatusOr<Tensor> Upload(const HostTensor& h) {
+    AMPD_ASSIGN_OR_RETURN(Tensor t, backend_.Allocate(h.dtype, h.shape));
+    const std::vector<uint8_t> bytes = Encode(h.dtype, h.values);
+    AMPD_RETURN_IF_ERROR(backend_.CopyFromHost(bytes.data(), bytes.size(), t));
+    return t;
+  }
+  absl::StatusOr<Tensor> Scalar(float v) { return Upload({DType::kF32, {1}, {v}}); }
+  // An output tensor whose every byte is 0xFF (NaN in every float dtype), so
+  // an element the op fails to write cannot match a reference.
+  absl::StatusOr<Tensor> Unwritten(DType dtype, const Shape& shape) {
+    AMPD_ASSIGN_OR_RETURN(Tensor t, backend_.Allocate(dtype, shape));
+    const std::vector<uint8_t> bytes(t.nbytes(), 0xFF);
+    AMPD_RETURN_IF_ERROR(backend_.CopyFromHost(bytes.data(), bytes.size(), t));
+    return t;
+  }
+  absl::StatusOr<std::vector<double>> Values(const Tensor& t) {
+    std::vector<uint8_t> bytes(t.nbytes());
+    AMPD_RETURN_IF_ERROR(backend_.CopyToHost(t, bytes.data(), bytes.size()));
+    return Decode(t.dtype(), bytes.data(), static_cast<size_t>(t.numel()));
+  }
+  absl::Status Read(std::string name, const Tensor& t, Tol tol) {
+    AMPD_ASSIGN_OR_RETURN(std::vector<double> values, Values(t));
+    outputs_.push_back({std::move(name), std::move(values), tol});
+    return absl::OkStatus();
+  }
+  void Add(std::string name, std::vector<double> values, Tol tol) {
+    outputs_.push_back({std::move(name), std::move(values), tol});
+  }
+  Outputs Take() { return std::move(outputs_); }
+
+ private:
+  Backend& backend_;
+  Outputs outputs_;
+};
+
+// ---- the cases ------------------------------------------------------------------
+// What a case does, with its inputs captured.
+struct CaseFns {
+  // Runs the op on a backend with the case's inputs and reads its outputs.
+  std::function<absl::StatusOr<Outputs>(Backend&)> run;
+  // The same outputs from a float64 reference, in the same order; null
+  // where the case has a check instead.
+  std::function<Outputs()> reference;
+  // For outputs with no cheap reference (random draws): properties the CPU's
+  // outputs must have.
+  std::function<::testing::AssertionResult(const Outputs&)> check;
+};
+
+struct OpCase {
+  std::string op;       // the Backend method
+  std::string variant;  // dtypes and options
+  // Generates the inputs and returns the case's functions. Called when the
+  // case runs, so that registering the cases (once per test process under
+  // CTest) generates no data.
+  std::function<CaseFns()> build;
+};
+
+std::string Lower(DType dtype) { return absl::AsciiStrToLower(DTypeName(dtype)); }
+
+const DType kFloatDTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
+const DType kIdDTypes[] = {DType::kI32, DType::kI64};
+
+double F32(double x) { return kt::RefF32(x); }
+
+// Fill: one value rounded once to the dtype.
+void AddFillCases(std::vector<OpCase>& cases) {
+  // 65519 rounds down in fp16, 65520 overflows to inf, 1e-8 is below half of
+  // fp16's smallest subnormal, 0.1 is inexact everywhere, 3e-38 is near
+  // fp32's smallest normal.
+  static const float kValues[] = {0.1f, -3.7f, 65519.0f, 65520.0f, 1e-8f, 3e-38f};
+  for (DType dt : kFloatDTypes) {
+    auto build = [=] {
+      CaseFns c;
+      c.run = [dt](Backend& be) -> absl::StatusOr<Outputs> {
+        Io io(be);
+        for (float v : kValues) {
+          AMPD_ASSIGN_OR_RETURN(Tensor t, io.Unwritten(dt, {3, 5}));
+          AMPD_RETURN_IF_ERROR(be.Fill(t, v));
+          AMPD_RETURN_IF_ERROR(io.Read(absl::StrCat("value ", v), t, kBitwise));
+        }
+        return io.Take();
+      };
+      c.reference = [dt] {
+        Outputs out;
+        for (float v : kValues) {
+          out.push_back(
+              {absl::StrCat("value ", v), std::vector<double>(15, kt::RefStore(dt, v)), kBitwise});
+        }
+        return out;
+      };
+      return c;
+    };
+    cases.push_back({"Fill", Lower(dt), build});
+  }
+}
+
+// Cast: exact widening, one rounding when narrowing.
+void AddCastCases(std::vector<OpCase>& cases) {
+  for (DType src : kFloatDTypes) {
+    for (DType dst : kFloatDTypes) {
+      auto build = [=] {
+        // Edges of fp16/bf16 rounding, then random values over 60 octaves.
+        std::vector<double> raw = {65504.0,       65519.99,      65520.0,   -65536.0,
+                                   5.9604645e-08, 2.98e-08,      3.0e-08,   8.940697e-08,
+                                   6.1035156e-05, 6.0975552e-05, 1.0009766, 1.0048828,
+                                   3.3895314e38,  -INFINITY,     -0.0,      1e-40};
+        std::mt19937_64 rng(2);
+        std::uniform_real_distribution<double> dist(-1.0, 1.0);
+        for (int i = 0; i < 4096; ++i) raw.push_back(dist(rng) * std::ldexp(1.0, i % 60 - 30));
+        HostTensor in{src, {static_cast<int64_t>(raw.size())}, {}};
+        for (double v : raw) in.values.push_back(kt::RefStore(src, F32(v)));
+        CaseFns c;
+        c.run = [in, dst](Backend& be) -> absl::StatusOr<Outputs> {
+          Io io(be);
+          AMPD_ASSIGN_OR_RETURN(Tensor s, io.Upload(in));
+          AMPD_ASSIGN_OR_RETURN(Tensor d, io.Unwritten(dst, in.shape));
+          AMPD_RETURN_IF_ERROR(be.Cast(s, d));
+          AMPD_RETURN_IF_ERROR(io.Read("dst", d, kBitwise));
+          return io.Take();
+        };
+        c.reference = [in, dst] {
+          std::vector<double> want;
+          for (double v : in.values) want.push_back(kt::RefStore(dst, v));
+          return Outputs{{"dst", want, kBitwise}};
+        };
+        return c;
+      };
+      cases.push_back({"Cast", absl::StrCat(Lower(src), "_to_", Lower(dst)), build});
+    }
+  }
+}
+
+// Copy: the bytes, unchanged.
+void AddCopyCases(std::vector<OpCase>& cases) {
+  for (DType dt : kFloatDTypes) {
+    auto build = [=] {
+      const HostTensor src = Random(dt, {10, 100}, 3, -5, 5);
+      CaseFns c;
+      c.run = [src](Backend& be) -> absl::StatusOr<Outputs> {
+        Io io(be);
+        AMPD_ASSIGN_OR_RETURN(Tensor s, io.Upload(src));
+        AMPD_ASSIGN_OR_RETURN(Tensor d, io.Unwritten(src.dtype, {1000}));
+        AMPD_RETURN_IF_ERROR(be.Copy(s, d));
+        AMPD_RETURN_IF_ERROR(io.Read("dst", d, kBitwise));
+        return io.Take();
+      };
+      c.reference = [src] { return Outputs{{"dst", src.values, kBitwise}}; };
+      return c;
+    };
+    cases.push_back({"Copy", Lower(dt), build});
+  }
+}
+
+// ReadBack: scalars written by queued ops (the read must wait for them) and
+// a raw copy of a tensor in the case's dtype, in one call.
+void AddReadBackCases(std::vector<OpCase>& cases) {
+  for (DType dt : kFloatDTypes) {
+    auto build = [=] {
+      const HostTensor scalars = Random(DType::kF32, {40}, 26, -100, 100);
+      const HostTensor copied = Random(dt, {7, 9}, 27, -3, 3);
+      const float bump = 0.375f;
+      CaseFns c;
+      c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+        Io io(be);
+        AMPD_ASSIGN_OR_RETURN(Tensor b, io.Scalar(bump));
+        std::vector<Tensor> s;
+        for (double v : scalars.values) {
+          AMPD_ASSIGN_OR_RETURN(Tensor t, io.Scalar(static_cast<float>(v)));
+          AMPD_RETURN_IF_ERROR(be.Add(b, t));
+          s.push_back(std::move(t));
+        }
+        AMPD_ASSIGN_OR_RETURN(Tensor t, io.Upload(copied));
+        std::vector<const Tensor*> ptrs;
+        for (const Tensor& x : s) ptrs.push_back(&x);
+        std::vector<float> out(ptrs.size(), -1.0f);
+        std::vector<uint8_t> host(t.nbytes());
+        const HostCopy copies[] = {{&t, host.data(), host.size()}};
+        AMPD_RETURN_IF_ERROR(be.ReadBack(ptrs, absl::MakeSpan(out), copies));
+        AMPD_RETURN_IF_ERROR(be.Synchronize());
+        io.Add("scalars", std::vector<double>(out.begin(), out.end()), kBitwise);
+        io.Add("copy", Decode(dt, host.data(), static_cast<size_t>(t.numel())), kBitwise);
+        return io.Take();
+      };
+      c.reference = [=] {
+        std::vector<double> want;
+        for (double v : scalars.values) want.push_back(F32(v + bump));
+        return Outputs{{"scalars", want, kBitwise}, {"copy", copied.values, kBitwise}};
+      };
+      return c;
+    };
+    cases.push_back({"ReadBack", Lower(dt), build});
+  }
+}
+
+// Add: y += x in fp32, one rounding to y's dtype, any mix of dtypes; then
+// the aliased y += y.
+void AddAddCases(std::vector<OpCase>& cases) {
+  for (DType ydt : kFloatDTypes) {
+    for (DType xdt : kFloatDTypes) {
+      auto build = [=] {
+        HostTensor x = Random(xdt, {33, 70}, 24, -3, 3);
+        HostTensor y = Random(ydt, {33, 70}, 25, -3, 3);
+        // Exact cancellation, fp16 overflow, a tie in fp16/bf16 (2049), fp16
+        // subnormals: the edges where a second rounding would show.
+        const double xe[] = {1.5, 40000.0, 1.0, std::ldexp(1.0, -24)};
+        const double ye[] = {-1.5, 30000.0, 2048.0, std::ldexp(3.0, -24)};
+        for (int i = 0; i < 4; ++i) {
+          x.values[static_cast<size_t>(i)] = kt::RefStore(xdt, xe[i]);
+          y.values[static_cast<size_t>(i)] = kt::RefStore(ydt, ye[i]);
+        }
+        CaseFns c;
+        c.run = [x, y](Backend& be) -> absl::StatusOr<Outputs> {
+          Io io(be);
+          AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(x));
+          AMPD_ASSIGN_OR_RETURN(Tensor ty, io.Upload(y));
+          AMPD_RETURN_IF_ERROR(be.Add(tx, ty));
+          AMPD_RETURN_IF_ERROR(io.Read("y", ty, kBitwise));
+          AMPD_RETURN_IF_ERROR(be.Add(ty, ty));
+          AMPD_RETURN_IF_ERROR(io.Read("y += y", ty, kBitwise));
+          return io.Take();
+        };
+        c.reference = [x, y] {
+          std::vector<double> sum, twice;
+          for (size_t i = 0; i < y.values.size(); ++i) {
+            sum.push_back(kt::RefStore(y.dtype, F32(x.values[i] + y.values[i])));
+            twice.push_back(kt::RefStore(y.dtype, F32(sum.back() + sum.back())));
+          }
+          return Outputs{{"y", sum, kBitwise}, {"y += y", twice, kBitwise}};
+        };
+        return c;
+      };
+      cases.push_back({"Add", absl::StrCat("x_", Lower(xdt), "_y_", Lower(ydt)), build});
+    }
+  }
+}
+
+// AddBias: y (N, C) += bias (C) in fp32, one rounding.
+void AddAddBiasCases(std::vector<OpCase>& cases) {
+  for (DType dt : kFloatDTypes) {
+    auto build = [=] {
+      const HostTensor y = Random(dt, {33, 70}, 20, -3, 3);
+      const HostTensor b = Random(dt, {70}, 21, -3, 3);
+      CaseFns c;
+      c.run = [y, b](Backend& be) -> absl::StatusOr<Outputs> {
+        Io io(be);
+        AMPD_ASSIGN_OR_RETURN(Tensor ty, io.Upload(y));
+        AMPD_ASSIGN_OR_RETURN(Tensor tb, io.Upload(b));
+        AMPD_RETURN_IF_ERROR(be.AddBias(tb, ty));
+        AMPD_RETURN_IF_ERROR(io.Read("y", ty, kBitwise));
+        return io.Take();
+      };
+      c.reference = [y, b] {
+        std::vector<double> want;
+        for (size_t i = 0; i < y.values.size(); ++i) {
+          want.push_back(kt::RefStore(y.dtype, F32(y.values[i] + b.values[i % 70])));
+        }
+        return Outputs{{"y", want, kBitwise}};
+      };
+      return c;
+    };
+    cases.push_back({"AddBias", Lower(dt), build});
+  }
+}
+
+// BiasGrad: dbias = column sums of dy + beta * dbias.
+void AddBiasGradCases(std::vector<OpCase>& cases) {
+  const int64_t rows = 300, cols = 70;
+  for (DType dt : kFloatDTypes) {
+    for (float beta : {0.0f, 1.0f}) {
+      auto build = [=] {
+        const HostTensor dy = Random(dt, {rows, cols}, 30, -1, 1);
+        const HostTensor db = Random(dt, {cols}, 31, -1, 1);
+        CaseFns c;
+        c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+          Io io(be);
+          AMPD_ASSIGN_OR_RETURN(Tensor tdy, io.Upload(dy));
+          AMPD_ASSIGN_OR_RETURN(Tensor tdb, io.Upload(db));
+          AMPD_RETURN_IF_ERROR(be.BiasGrad(tdy, beta, tdb));
+          // CUDA sums the rows in another order: ~2^-24 per row of |dy| < 1.
+          AMPD_RETURN_IF_ERROR(io.Read("dbias", tdb, DeviceElementwise(dt) + Tol{0, rows * 6e-8}));
+          return io.Take();
+        };
+        c.reference = [=] {
+          std::vector<double> want(cols);
+          for (int64_t col = 0; col < cols; ++col) {
+            double s = 0;
+            for (int64_t r = 0; r < rows; ++r) s += dy.values[static_cast<size_t>(r * cols + col)];
+            want[static_cast<size_t>(col)] = s + beta * db.values[static_cast<size_t>(col)];
+          }
+          // A sequential fp32 sum of 300 terms below 1 in magnitude: each of
+          // the 300 additions rounds a partial sum (below 300) by at most
+          // half its ulp; in practice the errors cancel like a random walk,
+          // and 4 u per row bounds them with a wide margin.
+          return Outputs{{"dbias", want, Ulps(dt, 1) + Tol{0, 4 * rows * kU32}}};
+        };
+        return c;
+      };
+      cases.push_back({"BiasGrad", absl::StrCat(Lower(dt), "_beta", beta), build});
+    }
+  }
+}
+
+// Gemm: every transpose, output in fp32 and in the input dtype.
+void AddGemmCases(std::vector<OpCase>& cases) {
+  const int64_t m = 37, n = 45, k = 70;
+  const float alpha = 0.75f, beta = 0.5f;
+  for (DType dt : kFloatDTypes) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        auto build = [=] {
+          const HostTensor a = Random(dt, ta ? Shape{k, m} : Shape{m, k}, 10, -1, 1);
+          const HostTensor b = Random(dt, tb ? Shape{n, k} : Shape{k, n}, 11, -1, 1);
+          const HostTensor c32 = Random(DType::kF32, {m, n}, 12, -1, 1);
+          const HostTensor cdt = Random(dt, {m, n}, 12, -1, 1);
+          CaseFns c;
+          c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+            Io io(be);
+            AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(a));
+            AMPD_ASSIGN_OR_RETURN(Tensor tw, io.Upload(b));
+            for (const HostTensor* out : {&c32, &cdt}) {
+              AMPD_ASSIGN_OR_RETURN(Tensor tc, io.Upload(*out));
+              AMPD_RETURN_IF_ERROR(be.Gemm(ta, tb, alpha, tx, tw, beta, tc));
+              // fp32 sums of k products in another order: ~k 2^-24 absolute.
+              AMPD_RETURN_IF_ERROR(io.Read(absl::StrCat("c ", Lower(out->dtype)), tc,
+                                           DeviceElementwise(out->dtype) + Tol{0, k * 6e-8}));
+            }
+            return io.Take();
+          };
+          c.reference = [=] {
+            auto at = [&](int64_t i, int64_t p) {
+              return a.values[static_cast<size_t>(ta ? p * m + i : i * k + p)];
+            };
+            auto bt = [&](int64_t p, int64_t j) {
+              return b.values[static_cast<size_t>(tb ? j * k + p : p * n + j)];
+            };
+            Outputs out;
+            for (const HostTensor* c0 : {&c32, &cdt}) {
+              std::vector<double> want(static_cast<size_t>(m * n));
+              for (int64_t i = 0; i < m; ++i) {
+                for (int64_t j = 0; j < n; ++j) {
+                  double s = 0;
+                  for (int64_t p = 0; p < k; ++p) s += at(i, p) * bt(p, j);
+                  want[static_cast<size_t>(i * n + j)] =
+                      alpha * s + beta * c0->values[static_cast<size_t>(i * n + j)];
+                }
+              }
+              // BLAS accumulates the k products (|a b| < 1) in fp32 in a
+              // blocked order of its choosing: 4 u per product bounds it.
+              out.push_back({absl::StrCat("c ", Lower(c0->dtype)), want,
+                             Ulps(c0->dtype, 1) + Tol{0, 4 * k * kU32}});
+            }
+            return out;
+          };
+          return c;
+        };
+        cases.push_back({"Gemm", absl::StrCat(Lower(dt), ta ? "_t" : "_n", tb ? "t" : "n"), build});
+      }
+    }
+  }
+}
+
+// ---- activations ----
+double RefNormalCdf(double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)); }
+double RefNormalPdf(double x) { return std::exp(-0.5 * x * x) / std::sqrt(2.0 * std::numbers::pi); }
+
+std::string ActName(Activation act) {
+  switch (act) {
+    case Activation::kReLU:
+      return "relu";
+    case Activation::kGELU:
+      return "gelu";
+    case Activation::kTanh:
+      return "tanh";
+  }
+  return "?";
+}
+
+void AddActivationCases(std::vector<OpCase>& cases) {
+  const int64_t n = 5000;
+  for (Activation act : {Activation::kReLU, Activation::kGELU, Activation::kTanh}) {
+    for (DType dt : kFloatDTypes) {
+      const bool relu = act == Activation::kReLU;
+      // ReLU is a selection: bitwise everywhere. GELU and tanh go through
+      // fp32 erfcf/expf/tanhf (within an ulp or two of exact in glibc) and a
+      // few fp32 operations on values below 6, and tanh's derivative
+      // 1 - t^2 cancels near saturation to an absolute error of a few u
+      // times |dy| < 2: 16 u relative plus 16 u absolute covers both, then
+      // one rounding to the dtype.
+      const Tol ref_tol = relu ? kBitwise : Ulps(dt, 1) + Tol{16 * kU32, 16 * kU32};
+      const Tol dev_tol = relu ? kBitwise : DeviceElementwise(dt);
+
+      auto forward = [=] {
+        const HostTensor x = Random(dt, {50, 100}, 40, -6, 6);
+        CaseFns f;
+        f.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+          Io io(be);
+          AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(x));
+          AMPD_ASSIGN_OR_RETURN(Tensor ty, io.Unwritten(dt, x.shape));
+          AMPD_RETURN_IF_ERROR(be.ActivationForward(act, tx, ty));
+          AMPD_RETURN_IF_ERROR(io.Read("y", ty, dev_tol));
+          return io.Take();
+        };
+        f.reference = [=] {
+          std::vector<double> want;
+          for (double v : x.values) {
+            double r = 0.0;
+            switch (act) {
+              case Activation::kReLU:
+                r = v > 0 ? v : 0.0;
+                break;
+              case Activation::kGELU:
+                r = v * RefNormalCdf(v);
+                break;
+              default:
+                r = std::tanh(v);
+            }
+            want.push_back(relu ? kt::RefStore(dt, r) : r);
+          }
+          return Outputs{{"y", want, ref_tol}};
+        };
+        return f;
+      };
+      cases.push_back({"ActivationForward", absl::StrCat(ActName(act), "_", Lower(dt)), forward});
+
+      auto backward = [=] {
+        const HostTensor x = Random(dt, {50, 100}, 40, -6, 6);
+        const HostTensor dy = Random(dt, {50, 100}, 41, -2, 2);
+        CaseFns b;
+        b.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+          Io io(be);
+          AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(x));
+          AMPD_ASSIGN_OR_RETURN(Tensor tdy, io.Upload(dy));
+          AMPD_ASSIGN_OR_RETURN(Tensor tdx, io.Unwritten(dt, x.shape));
+          AMPD_RETURN_IF_ERROR(be.ActivationBackward(act, tx, tdy, tdx));
+          AMPD_RETURN_IF_ERROR(io.Read("dx", tdx, dev_tol));
+          return io.Take();
+        };
+        b.reference = [=] {
+          std::vector<double> want;
+          for (int64_t i = 0; i < n; ++i) {
+            const double v = x.values[static_cast<size_t>(i)];
+            const double g = dy.values[static_cast<size_t>(i)];
+            double r = 0.0;
+            switch (act) {
+              case Activation::kReLU:
+                r = v > 0 ? g : 0.0;
+                break;
+              case Activation::kGELU:
+                r = g * (RefNormalCdf(v) + v * RefNormalPdf(v));
+                break;
+              default: {
+                const double t = std::tanh(v);
+                r = g * (1.0 - t * t);
+              }
+            }
+            want.push_back(relu ? kt::RefStore(dt, r) : r);
+          }
+          return Outputs{{"dx", want, ref_tol}};
+        };
+        return b;
+      };
+      cases.push_back({"ActivationBackward", absl::StrCat(ActName(act), "_", Lower(dt)), backward});
+    }
+  }
+}
+
+// ---- LayerNorm ----
+struct RowStats {
+  std::vector<double> mean, rstd;
+};
+RowStats RefStats(const HostTensor& x, int64_t rows, int64_t cols, double eps) {
+  RowStats s;
+  for (int64_t r = 0; r < rows; ++r) {
+    double sum = 0;
+    for (int64_t c = 0; c < cols; ++c) sum += x.values[static_cast<size_t>(r * cols + c)];
+    const double mu = sum / static_cast<double>(cols);
+    double sq = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      const double d = x.values[static_cast<size_t>(r * cols + c)] - mu;
+      sq += d * d;
+    }
+    s.mean.push_back(mu);
+    s.rstd.push_back(1.0 / std::sqrt(sq / static_cast<double>(cols) + eps));
+  }
+  return s;
+}
+
+void AddLayerNormCases(std::vector<OpCase>& cases) {
+  const int64_t rows = 67, cols = 300;
+  const float eps = 1e-5f;
+  for (DType dt : kFloatDTypes) {
+    for (bool affine : {true, false}) {
+      const std::string variant = absl::StrCat(Lower(dt), affine ? "_affine" : "_plain");
+      // The statistics: fp32 sums of 300 values in [-2, 4] (mean ~1,
+      // rstd ~0.6) whose rounding errors a random walk keeps near
+      // sqrt(300) u relative; 2e-5 allows 80 times that.
+      const Tol stat_tol{2e-5, 2e-5};
+
+      auto forward = [=] {
+        const HostTensor x = Random(dt, {rows, cols}, 50, -2, 4);
+        const HostTensor gamma = Random(dt, {cols}, 51, 0.5, 1.5);
+        const HostTensor beta = Random(dt, {cols}, 52, -0.5, 0.5);
+        CaseFns f;
+        f.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+          Io io(be);
+          AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(x));
+          AMPD_ASSIGN_OR_RETURN(Tensor tg, io.Upload(gamma));
+          AMPD_ASSIGN_OR_RETURN(Tensor tb, io.Upload(beta));
+          AMPD_ASSIGN_OR_RETURN(Tensor ty, io.Unwritten(dt, x.shape));
+          AMPD_ASSIGN_OR_RETURN(Tensor tm, io.Unwritten(DType::kF32, {rows}));
+          AMPD_ASSIGN_OR_RETURN(Tensor tr, io.Unwritten(DType::kF32, {rows}));
+          AMPD_RETURN_IF_ERROR(be.LayerNormForward(tx, affine ? &tg : nullptr,
+                                                   affine ? &tb : nullptr, eps, ty, tm, tr));
+          AMPD_RETURN_IF_ERROR(io.Read("mean", tm, {1e-5, 1e-6}));
+          AMPD_RETURN_IF_ERROR(io.Read("rstd", tr, {1e-5, 1e-6}));
+          AMPD_RETURN_IF_ERROR(io.Read("y", ty, DeviceElementwise(dt) + Tol{0, 1e-5}));
+          return io.Take();
+        };
+        f.reference = [=] {
+          const RowStats s = RefStats(x, rows, cols, eps);
+          std::vector<double> y;
+          for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t c = 0; c < cols; ++c) {
+              double v =
+                  (x.values[static_cast<size_t>(r * cols + c)] - s.mean[static_cast<size_t>(r)]) *
+                  s.rstd[static_cast<size_t>(r)];
+              if (affine) {
+                v = v * gamma.values[static_cast<size_t>(c)] + beta.values[static_cast<size_t>(c)];
+              }
+              y.push_back(v);
+            }
+          }
+          // y = xhat gamma + beta with |xhat| < 4: the statistics' error
+          // times 4, plus the dtype's rounding.
+          return Outputs{{"mean", s.mean, stat_tol},
+                         {"rstd", s.rstd, stat_tol},
+                         {"y", y, Ulps(dt, 1) + Tol{2e-5, 8e-5}}};
+        };
+        return f;
+      };
+      cases.push_back({"LayerNormForward", variant, forward});
+
+      auto backward = [=] {
+        const HostTensor x = Random(dt, {rows, cols}, 50, -2, 4);
+        const HostTensor gamma = Random(dt, {cols}, 51, 0.5, 1.5);
+        const HostTensor dy = Random(dt, {rows, cols}, 53, -1, 1);
+        const HostTensor pg = Random(dt, {cols}, 54, -1, 1);
+        // Backward takes the statistics as inputs: the float64 ones rounded to
+        // fp32, the same on every backend.
+        const RowStats s = RefStats(x, rows, cols, eps);
+        HostTensor mean{DType::kF32, {rows}, {}}, rstd{DType::kF32, {rows}, {}};
+        for (int64_t r = 0; r < rows; ++r) {
+          mean.values.push_back(F32(s.mean[static_cast<size_t>(r)]));
+          rstd.values.push_back(F32(s.rstd[static_cast<size_t>(r)]));
+        }
+        CaseFns b;
+        b.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+          Io io(be);
+          AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(x));
+          AMPD_ASSIGN_OR_RETURN(Tensor tg, io.Upload(gamma));
+          AMPD_ASSIGN_OR_RETURN(Tensor tm, io.Upload(mean));
+          AMPD_ASSIGN_OR_RETURN(Tensor tr, io.Upload(rstd));
+          AMPD_ASSIGN_OR_RETURN(Tensor tdy, io.Upload(dy));
+          AMPD_ASSIGN_OR_RETURN(Tensor tdx, io.Unwritten(dt, x.shape));
+          AMPD_ASSIGN_OR_RETURN(Tensor tdg, io.Upload(pg));
+          AMPD_ASSIGN_OR_RETURN(Tensor tdb, io.Upload(pg));
+          AMPD_RETURN_IF_ERROR(be.LayerNormBackward(tx, affine ? &tg : nullptr, tm, tr, tdy, tdx,
+                                                    affine ? &tdg : nullptr,
+                                                    affine ? &tdb : nullptr));
+          // Row sums in another order on the device: 1e-6 per row summed.
+          const Tol tol = DeviceElementwise(dt) + Tol{0, 1e-5 + rows * 1e-6};
+          AMPD_RETURN_IF_ERROR(io.Read("dx", tdx, tol));
+          if (affine) {
+            AMPD_RETURN_IF_ERROR(io.Read("dgamma", tdg, tol));
+            AMPD_RETURN_IF_ERROR(io.Read("dbeta", tdb, tol));
+          }
+          return io.Take();
+        };
+        b.reference = [=] {
+          std::vector<double> dx, dg(pg.values), dbt(pg.values);
+          for (int64_t r = 0; r < rows; ++r) {
+            std::vector<double> xhat(cols), dxhat(cols);
+            double sum_dxhat = 0, sum_dxhat_xhat = 0;
+            for (int64_t c = 0; c < cols; ++c) {
+              const size_t i = static_cast<size_t>(r * cols + c);
+              const size_t ci = static_cast<size_t>(c);
+              xhat[ci] = (x.values[i] - mean.values[static_cast<size_t>(r)]) *
+                         rstd.values[static_cast<size_t>(r)];
+              dxhat[ci] = affine ? dy.values[i] * gamma.values[ci] : dy.values[i];
+              sum_dxhat += dxhat[ci];
+              sum_dxhat_xhat += dxhat[ci] * xhat[ci];
+              dg[ci] += dy.values[i] * xhat[ci];
+              dbt[ci] += dy.values[i];
+            }
+            for (int64_t c = 0; c < cols; ++c) {
+              const size_t ci = static_cast<size_t>(c);
+              dx.push_back(rstd.values[static_cast<size_t>(r)] *
+                           (dxhat[ci] - sum_dxhat / cols - xhat[ci] * sum_dxhat_xhat / cols));
+            }
+          }
+          // dx: two fp32 row sums of 300 terms (|dxhat| < 1.5, |xhat| < 4)
+          // scaled by 1/C, whose rounding a random walk keeps near sqrt(300) u
+          // of the sums' magnitudes: 1e-5 absolute allows a hundredfold that.
+          // dgamma, dbeta: fp32 column sums of 67 terms below 4 (dgamma) or 1
+          // (dbeta): 8 u per summed term.
+          Outputs out{{"dx", dx, Ulps(dt, 1) + Tol{16 * kU32, 1e-5}}};
+          if (affine) {
+            out.push_back({"dgamma", dg, Ulps(dt, 1) + Tol{0, 8 * 4 * rows * kU32}});
+            out.push_back({"dbeta", dbt, Ulps(dt, 1) + Tol{0, 8 * rows * kU32}});
+          }
+          return out;
+        };
+        return b;
+      };
+      cases.push_back({"LayerNormBackward", variant, backward});
+    }
+  }
+}
+
+// ---- embedding ----
+void AddEmbeddingCases(std::vector<OpCase>& cases) {
+  const int64_t vocab = 50, cols = 40, n = 500;  // n >> vocab: ids repeat
+  for (DType dt : kFloatDTypes) {
+    for (DType idt : kIdDTypes) {
+      const std::string variant = absl::StrCat(Lower(dt), "_ids_", Lower(idt));
+
+      auto forward = [=] {
+        const HostTensor table = Random(dt, {vocab, cols}, 60, -1, 1);
+        const HostTensor ids = Ids(idt, n, 62, vocab);
+        CaseFns f;
+        f.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+          Io io(be);
+          AMPD_ASSIGN_OR_RETURN(Tensor tid, io.Upload(ids));
+          AMPD_ASSIGN_OR_RETURN(Tensor tt, io.Upload(table));
+          AMPD_ASSIGN_OR_RETURN(Tensor to, io.Unwritten(dt, {n, cols}));
+          AMPD_RETURN_IF_ERROR(be.EmbeddingForward(tid, tt, to));
+          AMPD_RETURN_IF_ERROR(io.Read("out", to, kBitwise));
+          return io.Take();
+        };
+        f.reference = [=] {
+          std::vector<double> want;
+          for (double id : ids.values) {
+            for (int64_t c = 0; c < cols; ++c) {
+              want.push_back(
+                  table.values[static_cast<size_t>(static_cast<int64_t>(id) * cols + c)]);
+            }
+          }
+          return Outputs{{"out", want, kBitwise}};
+        };
+        return f;
+      };
+      cases.push_back({"EmbeddingForward", variant, forward});
+
+      auto backward = [=] {
+        const HostTensor table = Random(dt, {vocab, cols}, 60, -1, 1);
+        const HostTensor dout = Random(dt, {n, cols}, 61, -1, 1);
+        const HostTensor ids = Ids(idt, n, 62, vocab);
+        CaseFns b;
+        b.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+          Io io(be);
+          AMPD_ASSIGN_OR_RETURN(Tensor tid, io.Upload(ids));
+          AMPD_ASSIGN_OR_RETURN(Tensor tt, io.Upload(table));
+          AMPD_ASSIGN_OR_RETURN(Tensor tdo, io.Upload(dout));
+          AMPD_RETURN_IF_ERROR(be.EmbeddingBackward(tid, tdo, tt));
+          // The same fp32 adds in the same (batch) order per row.
+          AMPD_RETURN_IF_ERROR(io.Read("dtable", tt, kBitwise));
+          return io.Take();
+        };
+        b.reference = [=] {
+          std::vector<double> want(table.values);
+          std::vector<int> hits(static_cast<size_t>(vocab), 0);
+          for (int64_t i = 0; i < n; ++i) {
+            const int64_t id = static_cast<int64_t>(ids.values[static_cast<size_t>(i)]);
+            ++hits[static_cast<size_t>(id)];
+            for (int64_t c = 0; c < cols; ++c) {
+              want[static_cast<size_t>(id * cols + c)] +=
+                  dout.values[static_cast<size_t>(i * cols + c)];
+            }
+          }
+          // Each row: an fp32 sum of its hits (terms below 1), added to a
+          // value below 1: one rounding of a partial sum below `hits` per hit.
+          const int most = *std::max_element(hits.begin(), hits.end());
+          return Outputs{{"dtable", want, Ulps(dt, 1) + Tol{0, (most + 1) * most * kU32}}};
+        };
+        return b;
+      };
+      cases.push_back({"EmbeddingBackward", variant, backward});
+    }
+  }
+}
+
+// ---- losses ----
+void AddLossCases(std::vector<OpCase>& cases) {
+  for (DType dt : kFloatDTypes) {
+    auto build = [=] {
+      const int64_t rows = 256, cols = 100, count = rows * cols;
+      const HostTensor pred = Random(dt, {rows, cols}, 80, -2, 2);
+      const HostTensor target = Random(DType::kF32, {rows, cols}, 81, -2, 2);
+      const float multiplier = 0.5f, scale = 1024.0f;
+      CaseFns c;
+      c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+        Io io(be);
+        AMPD_ASSIGN_OR_RETURN(Tensor tp, io.Upload(pred));
+        AMPD_ASSIGN_OR_RETURN(Tensor tt, io.Upload(target));
+        AMPD_ASSIGN_OR_RETURN(Tensor tl, io.Unwritten(DType::kF32, {1}));
+        AMPD_ASSIGN_OR_RETURN(Tensor td, io.Unwritten(dt, pred.shape));
+        AMPD_RETURN_IF_ERROR(be.MseLoss(tp, tt, multiplier, scale, tl, td));
+        AMPD_RETURN_IF_ERROR(io.Read("loss", tl, {1e-5, 0}));
+        // One subtraction and one multiply by the same coefficient.
+        AMPD_RETURN_IF_ERROR(io.Read("dpred", td, kBitwise));
+        return io.Take();
+      };
+      c.reference = [=] {
+        double sum = 0;
+        std::vector<double> grad;
+        // The gradient's operation order is the contract: coef = (m * 2) *
+        // fp32(1 / count), then (coef * (p - t)) * grad_scale, each in fp32.
+        const double coef = F32(F32(multiplier * 2.0) * F32(1.0 / count));
+        for (size_t i = 0; i < pred.values.size(); ++i) {
+          const double d = pred.values[i] - target.values[i];
+          sum += d * d;
+          grad.push_back(kt::RefStore(dt, F32(F32(coef * F32(d)) * scale)));
+        }
+        return Outputs{{"loss", {multiplier * sum / count}, {ChunkedSumBound(count) + 4 * kU32, 0}},
+                       {"dpred", grad, kBitwise}};
+      };
+      return c;
+    };
+    cases.push_back({"MseLoss", Lower(dt), build});
+  }
+  for (DType dt : kFloatDTypes) {
+    for (DType idt : kIdDTypes) {
+      auto build = [=] {
+        const int64_t rows = 100, vocab = 1000;
+        const HostTensor logits = Random(dt, {rows, vocab}, 90, -8, 8);
+        const HostTensor labels = Ids(idt, rows, 91, vocab);
+        const float multiplier = 1.0f, scale = 65536.0f;
+        CaseFns c;
+        c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+          Io io(be);
+          AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(logits));
+          AMPD_ASSIGN_OR_RETURN(Tensor ty, io.Upload(labels));
+          AMPD_ASSIGN_OR_RETURN(Tensor tl, io.Unwritten(DType::kF32, {1}));
+          AMPD_ASSIGN_OR_RETURN(Tensor td, io.Unwritten(dt, logits.shape));
+          AMPD_RETURN_IF_ERROR(be.CrossEntropyLoss(tx, ty, multiplier, scale, tl, td));
+          AMPD_RETURN_IF_ERROR(io.Read("loss", tl, {1e-5, 0}));
+          // softmax's expf and sum differ by ulps; softmax - 1 at the label
+          // turns them into an absolute error of the scaled gradient.
+          AMPD_RETURN_IF_ERROR(
+              io.Read("dlogits", td, DeviceElementwise(dt) + Tol{0, scale / rows * 1e-7}));
+          return io.Take();
+        };
+        c.reference = [=] {
+          double total = 0;
+          std::vector<double> grad;
+          for (int64_t r = 0; r < rows; ++r) {
+            const double* z = &logits.values[static_cast<size_t>(r * vocab)];
+            const int64_t label = static_cast<int64_t>(labels.values[static_cast<size_t>(r)]);
+            const double mx = *std::max_element(z, z + vocab);
+            double sum = 0;
+            for (int64_t v = 0; v < vocab; ++v) sum += std::exp(z[v] - mx);
+            total += std::log(sum) - (z[label] - mx);
+            for (int64_t v = 0; v < vocab; ++v) {
+              const double softmax = std::exp(z[v] - mx) / sum;
+              grad.push_back(multiplier / rows * (softmax - (v == label ? 1.0 : 0.0)) * scale);
+            }
+          }
+          // fp32: expf within an ulp or two; the sum of 1000 exponentials is a
+          // ChunkedSum (one run); softmax divides by it. Each row's loss
+          // (above 2 here: 1000 comparable terms) inherits the sum's relative
+          // error as an absolute one, and rows are added in order.
+          const double sum_err = ChunkedSumBound(vocab) + 4 * kU32;
+          return Outputs{{"loss", {multiplier * total / rows}, {sum_err + rows * kU32, 0}},
+                         {"dlogits", grad, Ulps(dt, 1) + Tol{sum_err, 0}}};
+        };
+        return c;
+      };
+      cases.push_back({"CrossEntropyLoss", absl::StrCat(Lower(dt), "_labels_", Lower(idt)), build});
+    }
+  }
+}
+
+// ---- loss scaling and the optimizers ----
+// Sizes straddle the CUDA kernels' tile edges (1024 and 2048 elements) and span
+// several blocks.
+constexpr int64_t kParamSizes[] = {1, 1023, 1024, 2049, 5000, 70000};
+
+void AddUnscaleCases(std::vector<OpCase>& cases) {
+  const float inv_scale = 1.0f / 1024;  // a power of two: the product is exact
+  struct Mode {
+    const char* name;
+    bool in_place, norm, nonfinite;
+  };
+  for (DType dt : kFloatDTypes) {
+    for (const Mode& mode :
+         {Mode{"in_place_norm", true, true, false}, Mode{"check_only", false, false, false},
+          Mode{"nonfinite", false, false, true}}) {
+      auto build = [=] {
+        std::vector<HostTensor> grads;
+        for (size_t i = 0; i < std::size(kParamSizes); ++i) {
+          grads.push_back(Random(dt, {kParamSizes[i]}, 300 + i, -1024, 1024));
+        }
+        if (mode.nonfinite) grads[3].values[700] = INFINITY;
+        CaseFns c;
+        c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+          Io io(be);
+          std::vector<Tensor> t;
+          for (const HostTensor& g : grads) {
+            AMPD_ASSIGN_OR_RETURN(Tensor x, io.Upload(g));
+            t.push_back(std::move(x));
+          }
+          std::vector<Tensor*> ptrs;
+          for (Tensor& x : t) ptrs.push_back(&x);
+          AMPD_ASSIGN_OR_RETURN(Tensor found, io.Scalar(0));
+          AMPD_ASSIGN_OR_RETURN(Tensor norm, io.Scalar(0.5f));
+          AMPD_RETURN_IF_ERROR(be.UnscaleAndCheck(ptrs, inv_scale, mode.in_place, found,
+                                                  mode.norm ? &norm : nullptr));
+          AMPD_RETURN_IF_ERROR(io.Read("found_inf", found, kBitwise));
+          if (mode.norm) AMPD_RETURN_IF_ERROR(io.Read("norm_sq", norm, {1e-5, 0}));
+          for (size_t i = 0; i < t.size(); ++i) {
+            AMPD_RETURN_IF_ERROR(io.Read(absl::StrCat("grad[", i, "]"), t[i], kBitwise));
+          }
+          return io.Take();
+        };
+        c.reference = [=] {
+          double norm = 0.5;
+          bool nonfinite = false;
+          int64_t total = 0;
+          Outputs grads_out;
+          for (size_t i = 0; i < grads.size(); ++i) {
+            std::vector<double> g;
+            for (double v : grads[i].values) {
+              const double u = F32(v * inv_scale);
+              nonfinite |= !std::isfinite(u);
+              norm += u * u;
+              g.push_back(mode.in_place ? kt::RefStore(dt, u) : v);
+            }
+            total += static_cast<int64_t>(grads[i].values.size());
+            grads_out.push_back({absl::StrCat("grad[", i, "]"), g, kBitwise});
+          }
+          Outputs out{{"found_inf", {nonfinite ? 1.0 : 0.0}, kBitwise}};
+          if (mode.norm) {
+            // A ChunkedSum of squares (non-negative) over every gradient.
+            out.push_back({"norm_sq", {norm}, {ChunkedSumBound(total) + 2 * kU32, 0}});
+          }
+          out.insert(out.end(), grads_out.begin(), grads_out.end());
+          return out;
+        };
+        return c;
+      };
+      cases.push_back({"UnscaleAndCheck", absl::StrCat(Lower(dt), "_", mode.name), build});
+    }
+  }
+}
+
+// One parameter of an optimizer case, on the host.
+struct HostParam {
+  HostTensor master, working, grad, m, v;
+};
+
+std::vector<HostParam> MakeHostParams(DType dt, uint64_t seed) {
+  std::vector<HostParam> ps;
+  for (size_t i = 0; i < std::size(kParamSizes); ++i) {
+    const int64_t n = kParamSizes[i];
+    const uint64_t s = seed + 10 * i;
+    HostParam p;
+    p.master = Random(DType::kF32, {n}, s, -1, 1);
+    p.working = {dt, {n}, {}};
+    for (double w : p.master.values) p.working.values.push_back(kt::RefStore(dt, w));
+    // Scaled gradients as a loss scale of 1024 would leave them.
+    p.grad = Random(dt, {n}, s + 1, -1024, 1024);
+    p.m = Random(DType::kF32, {n}, s + 2, -0.1, 0.1);
+    p.v = Random(DType::kF32, {n}, s + 3, 1e-4, 1e-2);
+    ps.push_back(std::move(p));
+  }
+  return ps;
+}
+
+// The state the optimizer cases read back, in a fixed order.
+struct DeviceParams {
+  std::vector<Tensor> master, working, grad, m, v;
+  std::vector<ParamRef> refs;
+};
+
+absl::StatusOr<DeviceParams> UploadParams(Io& io, const std::vector<HostParam>& ps, bool working,
+                                          bool state0, bool state1) {
+  DeviceParams d;
+  for (const HostParam& p : ps) {
+    AMPD_ASSIGN_OR_RETURN(Tensor master, io.Upload(p.master));
+    AMPD_ASSIGN_OR_RETURN(Tensor w, io.Upload(p.working));
+    AMPD_ASSIGN_OR_RETURN(Tensor g, io.Upload(p.grad));
+    AMPD_ASSIGN_OR_RETURN(Tensor m, io.Upload(p.m));
+    AMPD_ASSIGN_OR_RETURN(Tensor v, io.Upload(p.v));
+    d.master.push_back(std::move(master));
+    d.working.push_back(std::move(w));
+    d.grad.push_back(std::move(g));
+    d.m.push_back(std::move(m));
+    d.v.push_back(std::move(v));
+  }
+  for (size_t i = 0; i < ps.size(); ++i) {
+    d.refs.push_back(ParamRef{&d.master[i], working ? &d.working[i] : nullptr, &d.grad[i],
+                              state0 ? &d.m[i] : nullptr, state1 ? &d.v[i] : nullptr});
+  }
+  return d;
+}
+
+// fp32 masters and moments: a handful of fp32 operations per element per
+// step on values below 1: a few u. The working copy is the master rounded
+// once, possibly to the other side of a rounding boundary when the two
+// masters differ by an ulp.
+absl::Status ReadParams(Io& io, const DeviceParams& d, bool working, bool state0, bool state1,
+                        DType dt, bool bitwise) {
+  const Tol f32 = bitwise ? kBitwise : Tol{4e-6, 1e-7};
+  const Tol wt = bitwise ? kBitwise : DeviceElementwise(dt);
+  for (size_t i = 0; i < d.master.size(); ++i) {
+    AMPD_RETURN_IF_ERROR(io.Read(absl::StrCat("master[", i, "]"), d.master[i], f32));
+    if (working) AMPD_RETURN_IF_ERROR(io.Read(absl::StrCat("working[", i, "]"), d.working[i], wt));
+    if (state0) AMPD_RETURN_IF_ERROR(io.Read(absl::StrCat("state0[", i, "]"), d.m[i], f32));
+    if (state1) AMPD_RETURN_IF_ERROR(io.Read(absl::StrCat("state1[", i, "]"), d.v[i], f32));
+  }
+  return absl::OkStatus();
+}
+
+// The reference's outputs in ReadParams' order. Masters and moments: after
+// three steps of a few fp32 operations each on values below 1, 32 u
+// relative and absolute; the working copy one more ulp of its dtype.
+Outputs ParamOutputs(const std::vector<std::vector<double>>& w,
+                     const std::vector<std::vector<double>>& m,
+                     const std::vector<std::vector<double>>& v, bool working, bool state0,
+                     bool state1, DType dt, bool bitwise) {
+  const Tol f32 = bitwise ? kBitwise : Tol{32 * kU32, 32 * kU32};
+  Outputs out;
+  for (size_t i = 0; i < w.size(); ++i) {
+    out.push_back({absl::StrCat("master[", i, "]"), w[i], f32});
+    if (working) {
+      std::vector<double> wt;
+      for (double x : w[i]) wt.push_back(bitwise ? kt::RefStore(dt, x) : x);
+      out.push_back({absl::StrCat("working[", i, "]"), wt, bitwise ? kBitwise : Ulps(dt, 1) + f32});
+    }
+    if (state0) out.push_back({absl::StrCat("state0[", i, "]"), m[i], f32});
+    if (state1) out.push_back({absl::StrCat("state1[", i, "]"), v[i], f32});
+  }
+  return out;
+}
+
+// clip_grad_norm_'s coefficient from an fp32 squared norm, in double.
+double RefClip(float norm_sq, float max_norm) {
+  if (!(max_norm > 0)) return 1.0;
+  return std::min(1.0, max_norm / (std::sqrt(static_cast<double>(norm_sq)) + 1e-6));
+}
+
+void AddAdamCases(std::vector<OpCase>& cases) {
+  struct Mode {
+    const char* name;
+    bool decoupled, skipped;
+  };
+  const float inv_scale = 1.0f / 1024, norm_sq = 250000.0f, max_norm = 100.0f;  // clipping bites
+  for (DType dt : kFloatDTypes) {
+    for (const Mode& mode :
+         {Mode{"adamw", true, false}, Mode{"adam", false, false}, Mode{"skipped", true, true}}) {
+      auto build = [=] {
+        const bool working = dt != DType::kF32;  // fp32 jobs have no working copy
+        const std::vector<HostParam> ps = MakeHostParams(dt, 400);
+        AdamConfig config;
+        config.lr = 1e-3f;
+        config.weight_decay = 0.01f;
+        config.decoupled_weight_decay = mode.decoupled;
+        const int steps = 3;
+        CaseFns c;
+        c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+          Io io(be);
+          AMPD_ASSIGN_OR_RETURN(DeviceParams d, UploadParams(io, ps, working, true, true));
+          for (int64_t step = 1; step <= steps; ++step) {
+            AMPD_ASSIGN_OR_RETURN(Tensor found, io.Scalar(mode.skipped ? 1.0f : 0.0f));
+            AMPD_ASSIGN_OR_RETURN(Tensor norm, io.Scalar(norm_sq));
+            const GradTransform tr{inv_scale, &found, &norm, max_norm};
+            AMPD_RETURN_IF_ERROR(be.AdamUpdate(d.refs, config, step, tr));
+          }
+          AMPD_RETURN_IF_ERROR(ReadParams(io, d, working, true, true, dt, mode.skipped));
+          return io.Take();
+        };
+        c.reference = [=] {
+          std::vector<std::vector<double>> w, m, v;
+          const double clip = RefClip(norm_sq, max_norm);
+          for (const HostParam& p : ps) {
+            w.push_back(p.master.values);
+            m.push_back(p.m.values);
+            v.push_back(p.v.values);
+            if (mode.skipped) continue;
+            for (int step = 1; step <= steps; ++step) {
+              const double b1 = config.beta1, b2 = config.beta2, lr = config.lr;
+              const double wd = config.weight_decay, eps = config.eps;
+              const double bc1 = 1 - std::pow(b1, step), bc2 = 1 - std::pow(b2, step);
+              for (size_t i = 0; i < p.grad.values.size(); ++i) {
+                double g = p.grad.values[i] * inv_scale * clip;
+                double& wi = w.back()[i];
+                if (mode.decoupled) {
+                  wi *= 1 - lr * wd;
+                } else {
+                  g += wd * wi;
+                }
+                double& mi = m.back()[i];
+                double& vi = v.back()[i];
+                mi = b1 * mi + (1 - b1) * g;
+                vi = b2 * vi + (1 - b2) * g * g;
+                wi -= lr / bc1 * (mi / (std::sqrt(vi) / std::sqrt(bc2) + eps));
+              }
+            }
+          }
+          return ParamOutputs(w, m, v, working, true, true, dt, mode.skipped);
+        };
+        return c;
+      };
+      cases.push_back({"AdamUpdate", absl::StrCat(Lower(dt), "_", mode.name), build});
+    }
+  }
+}
+
+void AddSgdCases(std::vector<OpCase>& cases) {
+  struct Mode {
+    const char* name;
+    float momentum, dampening;
+    bool nesterov, skipped;
+  };
+  const float inv_scale = 1.0f / 1024;
+  for (DType dt : kFloatDTypes) {
+    for (const Mode& mode :
+         {Mode{"plain", 0.0f, 0.0f, false, false}, Mode{"momentum", 0.9f, 0.1f, false, false},
+          Mode{"nesterov", 0.9f, 0.0f, true, false}, Mode{"skipped", 0.9f, 0.0f, false, true}}) {
+      auto build = [=] {
+        const bool working = dt != DType::kF32;
+        const bool state = mode.momentum != 0.0f;
+        const std::vector<HostParam> ps = MakeHostParams(dt, 500);
+        SgdConfig config;
+        config.lr = 0.01f;
+        config.momentum = mode.momentum;
+        config.dampening = mode.dampening;
+        config.nesterov = mode.nesterov;
+        config.weight_decay = 1e-4f;
+        const int steps = 3;
+        CaseFns c;
+        c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+          Io io(be);
+          AMPD_ASSIGN_OR_RETURN(DeviceParams d, UploadParams(io, ps, working, state, false));
+          for (int step = 0; step < steps; ++step) {
+            AMPD_ASSIGN_OR_RETURN(Tensor found, io.Scalar(mode.skipped ? 1.0f : 0.0f));
+            const GradTransform tr{inv_scale, &found, nullptr, 0.0f};
+            AMPD_RETURN_IF_ERROR(be.SgdUpdate(d.refs, config, step == 0, tr));
+          }
+          AMPD_RETURN_IF_ERROR(ReadParams(io, d, working, state, false, dt, mode.skipped));
+          return io.Take();
+        };
+        c.reference = [=] {
+          std::vector<std::vector<double>> w, m, v;
+          for (const HostParam& p : ps) {
+            w.push_back(p.master.values);
+            m.push_back(p.m.values);
+            if (mode.skipped) continue;
+            for (int step = 0; step < steps; ++step) {
+              for (size_t i = 0; i < p.grad.values.size(); ++i) {
+                double g = p.grad.values[i] * inv_scale;
+                double& wi = w.back()[i];
+                g += static_cast<double>(config.weight_decay) * wi;
+                if (state) {
+                  double& b = m.back()[i];
+                  b = step == 0 ? g : config.momentum * b + (1.0 - config.dampening) * g;
+                  g = mode.nesterov ? g + config.momentum * b : b;
+                }
+                wi -= static_cast<double>(config.lr) * g;
+              }
+            }
+          }
+          return ParamOutputs(w, m, v, working, state, false, dt, mode.skipped);
+        };
+        return c;
+      };
+      cases.push_back({"SgdUpdate", absl::StrCat(Lower(dt), "_", mode.name), build});
+    }
+  }
+}
+
+// ---- observability ----
+int RefBin(double v) {
+  if (std::isnan(v) || std::isinf(v)) return kGradHistogramBins - 1;
+  const double a = std::fabs(v);
+  if (a == 0) return 0;
+  int e;
+  std::frexp(a, &e);  // a in [2^(e-1), 2^e)
+  const int octave = e - 1;
+  if (octave < kGradHistogramMinLog2) return 1;
+  if (octave >= kGradHistogramMaxLog2) return kGradHistogramBins - 1;
+  return 2 + octave - kGradHistogramMinLog2;
+}
+
+void AddHistogramCases(std::vector<OpCase>& cases) {
+  for (DType dt : kFloatDTypes) {
+    auto build = [=] {
+      HostTensor a = Random(dt, {10000}, 100, -1, 1);
+      for (size_t i = 0; i < a.values.size(); ++i) {
+        a.values[i] =
+            kt::RefStore(dt, a.values[i] * std::ldexp(1.0, static_cast<int>(i % 70) - 40));
+      }
+      // Exact zeros, bin edges and non-finite values.
+      for (double v : {0.0, -0.0, std::ldexp(1.0, -30), std::ldexp(1.0, 19), std::ldexp(1.0, 20),
+                       static_cast<double>(INFINITY), -static_cast<double>(INFINITY),
+                       std::numeric_limits<double>::quiet_NaN()}) {
+        a.values.push_back(kt::RefStore(dt, v));
+      }
+      a.shape = {static_cast<int64_t>(a.values.size())};
+      const HostTensor b = Random(dt, {3000}, 101, -100, 100);
+      HostTensor start{DType::kI64, {kGradHistogramBins}, {}};
+      for (int bin = 0; bin < kGradHistogramBins; ++bin) start.values.push_back(7 * bin + 1);
+      CaseFns c;
+      c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+        Io io(be);
+        AMPD_ASSIGN_OR_RETURN(Tensor ta, io.Upload(a));
+        AMPD_ASSIGN_OR_RETURN(Tensor tb, io.Upload(b));
+        AMPD_ASSIGN_OR_RETURN(Tensor counts, io.Upload(start));
+        const Tensor* const grads[] = {&ta, &tb};
+        AMPD_RETURN_IF_ERROR(be.GradLog2Histogram(grads, counts));
+        AMPD_RETURN_IF_ERROR(io.Read("counts", counts, kBitwise));
+        return io.Take();
+      };
+      c.reference = [=] {
+        std::vector<double> want(start.values);
+        for (const HostTensor* t : {&a, &b}) {
+          for (double v : t->values) want[static_cast<size_t>(RefBin(v))] += 1;
+        }
+        return Outputs{{"counts", want, kBitwise}};
+      };
+      return c;
+    };
+    cases.push_back({"GradLog2Histogram", Lower(dt), build});
+  }
+}
+
+// ---- random fill ----
+// FillRandom writes F32 only. Its draws are Philox's, so there is no
+// cheaper float64 reference than Philox itself (whose known answers
+// cpu_random_test holds); the CPU's draws are checked for their
+// distribution's moments, and for being a pure function of the draw index
+// (a fill at offset + 5 is the first fill shifted by five).
+void AddFillRandomCases(std::vector<OpCase>& cases) {
+  const int64_t n = 100000;
+  for (RandomDistribution dist : {RandomDistribution::kUniform, RandomDistribution::kNormal}) {
+    auto build = [=] {
+      const bool uniform = dist == RandomDistribution::kUniform;
+      RandomFill fill;
+      fill.distribution = dist;
+      fill.lo = -2.0f;
+      fill.hi = 3.0f;
+      fill.mean = 1.0f;
+      fill.stddev = 2.0f;
+      fill.seed = 7;
+      fill.stream = 3;
+      fill.offset = 5;
+      CaseFns c;
+      c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+        Io io(be);
+        AMPD_ASSIGN_OR_RETURN(Tensor t, io.Unwritten(DType::kF32, {n}));
+        AMPD_RETURN_IF_ERROR(be.FillRandom(t, fill));
+        AMPD_RETURN_IF_ERROR(io.Read("dst", t, kBitwise));
+        RandomFill later = fill;
+        later.offset += 5;
+        AMPD_ASSIGN_OR_RETURN(Tensor tail, io.Unwritten(DType::kF32, {n - 5}));
+        AMPD_RETURN_IF_ERROR(be.FillRandom(tail, later));
+        AMPD_RETURN_IF_ERROR(io.Read("dst at offset + 5", tail, kBitwise));
+        return io.Take();
+      };
+      c.check = [=](const Outputs& got) -> ::testing::AssertionResult {
+        const std::vector<double>& x = got[0].values;
+        const std::vector<double>& tail = got[1].values;
+        for (size_t i = 0; i < tail.size(); ++i) {
+          if (tail[i] != x[i + 5]) {
+            return ::testing::AssertionFailure() << "draw " << i + 5 << " is " << x[i + 5]
+                                                 << " but the fill at offset + 5 wrote " << tail[i];
+          }
+        }
+        double sum = 0, sq = 0;
+        for (double v : x) {
+          if (uniform && !(v >= fill.lo && v < fill.hi)) {
+            return ::testing::AssertionFailure() << v << " is outside [lo, hi)";
+          }
+          sum += v;
+        }
+        const double mean = sum / n;
+        for (double v : x) sq += (v - mean) * (v - mean);
+        const double var = sq / (n - 1);
+        const double want_mean = uniform ? (fill.lo + fill.hi) / 2.0 : fill.mean;
+        const double want_var = uniform ? std::pow(fill.hi - fill.lo, 2) / 12.0
+                                        : static_cast<double>(fill.stddev) * fill.stddev;
+        // Six standard errors: the mean's is sqrt(var / n); the variance's is
+        // at most sqrt(2 / n) var (normal; the uniform's is smaller).
+        if (std::fabs(mean - want_mean) > 6 * std::sqrt(want_var / n) ||
+            std::fabs(var - want_var) > 6 * std::sqrt(2.0 / n) * want_var) {
+          return ::testing::AssertionFailure() << "mean " << mean << " variance " << var
+                                               << "; want " << want_mean << " and " << want_var;
+        }
+        return ::testing::AssertionSuccess();
+      };
+      return c;
+    };
+    cases.push_back(
+        {"FillRandom", dist == RandomDistribution::kUniform ? "f32_uniform" : "f32_normal", build});
+  }
+}
+
+const std::vector<OpCase>& AllCases() {
+  static const std::vector<OpCase>* const cases = [] {
+    auto* all = new std::vector<OpCase>;
+    AddFillCases(*all);
+    AddFillRandomCases(*all);
+    AddCastCases(*all);
+    AddCopyCases(*all);
+    AddReadBackCases(*all);
+    AddAddCases(*all);
+    AddGemmCases(*all);
+    AddAddBiasCases(*all);
+    AddBiasGradCases(*all);
+    AddActivationCases(*all);
+    AddLayerNormCases(*all);
+    AddEmbeddingCases(*all);
+    AddLossCases(*all);
+    AddUnscaleCases(*all);
+    AddAdamCases(*all);
+    AddSgdCases(*all);
+    AddHistogramCases(*all);
+    return all;
+  }();
+  return *cases;
+}
+
+// ---- comparison ------------------------------------------------------------------
+::testing::AssertionResult Close(const std::vector<double>& want, const std::vector<double>& got,
+                                 Tol tol) {
+  if (want.size() != got.size()) {
+    return ::testing::AssertionFailure()
+           << "sizes differ: want " << want.size() << ", got " << got.size();
+  }
+  const bool bitwise = tol.rtol == 0 && tol.atol == 0;
+  int bad = 0;
+  double worst = 0;
+  ::testing::AssertionResult failure = ::testing::AssertionFailure();
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double w = want[i], g = got[i];
+    bool ok;
+    if (std::isnan(w) || std::isnan(g)) {
+      ok = std::isnan(w) && std::isnan(g);
+    } else if (bitwise) {
+      ok = w == g && std::signbit(w) == std::signbit(g);
+    } else if (std::isinf(w) || std::isinf(g)) {
+      ok = w == g;
+    } else {
+      const double err = std::fabs(g - w);
+      ok = err <= tol.atol + tol.rtol * std::fabs(w);
+      worst = std::max(worst, err / (tol.atol + tol.rtol * std::fabs(w)));
+    }
+    if (!ok && bad++ < 5) {
+      failure << "[" << i << "] want " << w << " got " << g << " (diff " << g - w << "); ";
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  failure << bad << " of " << want.size() << " elements differ";
+  if (!bitwise) {
+    failure << " beyond rtol " << tol.rtol << " atol " << tol.atol << " (the largest error is "
+            << worst << " times its tolerance)";
+  }
+  return failure;
+}
+
+void ExpectMatch(const Outputs& want, const Outputs& got, const std::string& against) {
+  ASSERT_EQ(want.size(), got.size()) << "outputs of " << against;
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(want[i].name, got[i].name);
+    EXPECT_TRUE(Close(want[i].values, got[i].values, want[i].tol))
+        << want[i].name << " against the " << against;
+  }
+}
+
+// ---- the test ----------------------------------------------------------------------
+// Every backend ampd can be asked for; those this build or machine lacks skip.
+using Param = std::tuple<std::string, size_t>;
+
+class BackendOpsTest : public ::testing::TestWithParam<Param> {};
+
+TEST_P(BackendOpsTest, MatchesReference) {
+  const std::string& device = std::get<0>(GetParam());
+  const OpCase& op = AllCases()[std::get<1>(GetParam())];
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(device);
+  if (!backend.ok() && backend.status().code() == absl::StatusCode::kFailedPrecondition) {
+    GTEST_SKIP() << device << ": no device (" << backend.status().message() << ")";
+  }
+  ASSERT_TRUE(backend.ok()) << device << ": " << backend.status();
+  const CaseFns fns = op.build();
+  absl::StatusOr<Outputs> got = fns.run(**backend);
+  if (got.status().code() == absl::StatusCode::kUnimplemented) {
+    GTEST_SKIP() << device << ": " << op.op << " (" << op.variant
+                 << ") not supported: " << got.status().message();
+  }
+  ASSERT_TRUE(got.ok()) << device << ": " << op.op << ": " << got.status();
+  if (device == "cpu") {
+    ASSERT_TRUE(fns.reference || fns.check) << op.op << " has neither a reference nor a check";
+    if (fns.reference) ExpectMatch(fns.reference(), *got, "float64 reference");
+    if (fns.check) {
+      EXPECT_TRUE(fns.check(*got));
+    }
+  } else {
+    const std::unique_ptr<Backend> oracle = CreateCpuBackend();
+    absl::StatusOr<Outputs> want = fns.run(*oracle);
+    ASSERT_TRUE(want.ok()) << "cpu: " << op.op << ": " << want.status();
+    ExpectMatch(*want, *got, "cpu oracle");
+  }
+}
+
+std::string CaseName(const ::testing::TestParamInfo<Param>& info) {
+  const OpCase& op = AllCases()[std::get<1>(info.param)];
+  std::string name = absl::StrCat(std::get<0>(info.param), "_", op.op, "_", op.variant);
+  for (char& ch : name) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  }
+  return name;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllBackends, BackendOpsTest,
+                         ::testing::Combine(::testing::Values(std::string("cpu"),
+                                                              std::string("cuda:0")),
+                                            ::testing::Range<size_t>(0, AllCases().size())),
+                         CaseName);
+
+}  // namespace
+}  // namespace ampd::kernels
