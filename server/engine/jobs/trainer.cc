@@ -23,8 +23,8 @@
 // scaler keys was loaded) first runs CalibrateLossScale: one extra forward
 // and backward at S = 1 and one small read, so that the step itself starts
 // at the calibrated scale instead of skipping while it backs off.
-// The three scalars stay on the device, each in its own (1, 1) F32 tensor,
-// until the end: ReadScalars waits for the device once and copies all three
+// The four scalars stay on the device, each in its own (1, 1) F32 tensor,
+// until the end: ReadBack waits for the device once and copies all four
 // together, so the step makes one device->host round trip, not one per
 // micro-batch (the losses are summed on the device with Add) or per scalar.
 // Keeping them in separate tensors also means a non-finite loss can never
