@@ -8,7 +8,9 @@
 // 300, so every update pytorch skips leaves it visibly behind (about 2%),
 // while adaptive must land on fp32's loss. With the loss multiplied by 100,
 // pytorch skips more steps still and adaptive, with no init_scale tuning,
-// again none. The README's comparison table comes from these commands.
+// again none; with frequent growth, pytorch's overflowing growths cost steps
+// that adaptive defers. The README's comparison table comes from these
+// commands.
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 
@@ -124,6 +126,20 @@ TEST_F(AdaptiveScalerE2eTest, LossMultipliedByAHundredSkipsNoStepWithoutTuning) 
   ASSERT_GT(fp32.final_loss, 0.0);
   EXPECT_LE(std::fabs(adaptive.final_loss - fp32.final_loss) / fp32.final_loss, 1e-3)
       << "adaptive " << adaptive.final_loss << " fp32 " << fp32.final_loss;
+}
+
+// Frequent scheduled growth: pytorch's growths overflow and each costs a
+// step; adaptive reads from max|g| that the doubled scale would leave its
+// margin and defers them.
+TEST_F(AdaptiveScalerE2eTest, GrowthsThatWouldOverflowAreDeferredNotSkipped) {
+  const TrainRun pytorch = Train({"--precision=fp16", "--scaler=pytorch", "--growth-interval=50"});
+  const TrainRun adaptive =
+      Train({"--precision=fp16", "--scaler=adaptive", "--growth-interval=50"});
+  const TrainRun slow = Train({"--precision=fp16", "--scaler=pytorch"});
+  EXPECT_GT(pytorch.skipped, slow.skipped);  // growths that overflowed
+  EXPECT_EQ(adaptive.skipped, 0);
+  EXPECT_GE(adaptive.growths_deferred, 1);
+  EXPECT_EQ(pytorch.growths_deferred, 0);
 }
 
 }  // namespace
