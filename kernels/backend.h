@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "kernels/grad_histogram.h"
 #include "kernels/tensor.h"
 
 namespace ampd::kernels {
@@ -236,10 +237,5 @@ class Backend {
   // the last bin |g| >= 2^20 and every inf or NaN.
   virtual absl::Status GradLog2Histogram(absl::Span<const Tensor* const> grads, Tensor& counts) = 0;
 };
-
-inline constexpr int kGradHistogramMinLog2 = -30;
-inline constexpr int kGradHistogramMaxLog2 = 20;
-// zero bin + underflow bin + one per octave + overflow bin
-inline constexpr int kGradHistogramBins = 2 + (kGradHistogramMaxLog2 - kGradHistogramMinLog2) + 1;
 
 }  // namespace ampd::kernels

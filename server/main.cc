@@ -29,7 +29,6 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/dashed_flags.h"
-#include "kernels/backend_factory.h"
 #include "server/engine/jobs/job_registry.h"
 #include "server/metrics/server_metrics.h"
 #include "server/rpc/auth.h"
@@ -154,14 +153,14 @@ int Run() {
   std::string device;
   int64_t total_memory = 0;
   {
-    absl::StatusOr<std::unique_ptr<ampd::kernels::Backend>> probe =
-        ampd::kernels::CreateBackend(absl::GetFlag(FLAGS_device));
+    absl::StatusOr<ampd::engine::DeviceInfo> probe =
+        ampd::engine::ResolveDevice(absl::GetFlag(FLAGS_device));
     if (!probe.ok()) {
       std::fprintf(stderr, "ampd: --device: %s\n", probe.status().ToString().c_str());
       return 1;
     }
-    device = (*probe)->name();
-    total_memory = (*probe)->MemoryCapacityBytes();
+    device = probe->name;
+    total_memory = probe->memory_capacity_bytes;
   }
 
   // Who may call: the tenants file, or nobody checked (then only loopback

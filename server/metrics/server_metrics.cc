@@ -13,7 +13,6 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "kernels/backend.h"
 
 namespace ampd::metrics {
 namespace {
@@ -25,9 +24,9 @@ using prometheus::Counter;
 using prometheus::Gauge;
 using prometheus::Histogram;
 
-constexpr int kMinLog2 = kernels::kGradHistogramMinLog2;  // -30
-constexpr int kMaxLog2 = kernels::kGradHistogramMaxLog2;  // 20
-constexpr int kEngineBins = kernels::kGradHistogramBins;  // 53
+constexpr int kMinLog2 = engine::kGradHistogramMinLog2;  // -30
+constexpr int kMaxLog2 = engine::kGradHistogramMaxLog2;  // 20
+constexpr int kEngineBins = engine::kGradHistogramBins;  // 53
 // Prometheus buckets of ampd_grad_magnitude_log2: one per integer bound
 // -30..20 plus +Inf. Every engine bin but the zero bin lands in exactly one.
 constexpr int kLog2Buckets = (kMaxLog2 - kMinLog2 + 1) + 1;

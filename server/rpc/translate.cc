@@ -1,7 +1,6 @@
 // Protobuf <-> engine translation (see translate.h).
 #include "server/rpc/translate.h"
 
-#include <cmath>
 #include <cstdint>
 #include <tuple>
 #include <utility>
@@ -249,10 +248,10 @@ v1::Job JobToProto(const engine::JobSnapshot& snapshot) {
   *job.mutable_config() = JobConfigToProto(snapshot.config);
   job.set_step(snapshot.step);
   job.set_applied_steps(snapshot.applied_steps);
-  job.set_loss_scale(snapshot.loss_scale);
-  job.mutable_scaler_counters()->set_growth_tracker(snapshot.scaler_counters.growth_tracker);
+  job.set_loss_scale(snapshot.scaler.scale);
+  job.mutable_scaler_counters()->set_growth_tracker(snapshot.scaler.counters.growth_tracker);
   job.mutable_scaler_counters()->set_overflows_until_backoff(
-      snapshot.scaler_counters.overflows_until_backoff);
+      snapshot.scaler.counters.overflows_until_backoff);
   job.set_parameter_count(snapshot.parameter_count);
   job.set_estimated_bytes(snapshot.estimated_bytes);
   job.set_request_id(snapshot.request_id);
@@ -271,9 +270,6 @@ v1::Job JobToProto(const engine::JobSnapshot& snapshot) {
 
 absl::StatusOr<engine::StepInput> StepInputFromProto(const v1::StepRequest& request) {
   engine::StepInput input;
-  if (request.micro_batches_size() == 0) {
-    return FieldError("micro_batches", "at least one micro-batch is required");
-  }
   for (int i = 0; i < request.micro_batches_size(); ++i) {
     const v1::MicroBatch& mb = request.micro_batches(i);
     const std::string field = absl::StrCat("micro_batches[", i, "]");
@@ -285,13 +281,9 @@ absl::StatusOr<engine::StepInput> StepInputFromProto(const v1::StepRequest& requ
     if (!targets.ok()) return targets.status();
     input.micro_batches.push_back({*std::move(inputs), *std::move(targets)});
   }
-  if (request.has_learning_rate()) {
-    const float lr = request.learning_rate();
-    if (!std::isfinite(lr) || lr < 0) {
-      return FieldError("learning_rate", absl::StrCat("must be finite and >= 0, got ", lr));
-    }
-    input.learning_rate = lr;
-  }
+  // Whether there is a micro-batch and the learning rate is usable is the
+  // engine's to say (CheckStepInput, before the step is queued).
+  if (request.has_learning_rate()) input.learning_rate = request.learning_rate();
   return input;
 }
 

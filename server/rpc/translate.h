@@ -10,10 +10,8 @@
 
 #include "absl/status/statusor.h"
 #include "ampd/v1/trainer.pb.h"
-#include "server/engine/host_tensor.h"
-#include "server/engine/jobs/job_config.h"
+#include "server/engine/api.h"
 #include "server/engine/jobs/job_registry.h"
-#include "server/engine/jobs/trainer.h"
 #include "server/rpc/wire.h"
 
 namespace ampd::rpc {

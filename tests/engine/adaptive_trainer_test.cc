@@ -13,7 +13,7 @@
 
 #include "absl/strings/match.h"
 #include "server/engine/amp/adaptive_policy.h"
-#include "server/engine/jobs/trainer.h"
+#include "server/engine/trainer/trainer.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace ampd::engine {

@@ -13,7 +13,7 @@
 #include "kernels/backend_factory.h"
 #include "server/engine/host_tensor.h"
 #include "server/engine/jobs/job_config.h"
-#include "server/engine/jobs/trainer.h"
+#include "server/engine/trainer/trainer.h"
 
 namespace ampd::engine::testing {
 

@@ -4,9 +4,11 @@
 // is left on disk when no decoder is given and restores through one that
 // is.
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine_test_util.h"
 #include "gtest/gtest.h"
@@ -116,7 +118,7 @@ TEST_F(LegacyCheckpoint, RestoresThroughTheDecoderGiven) {
   absl::StatusOr<JobSnapshot> job = (*registry)->GetJob("", "job-02aa4f8e7b3a");
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->step, 4);
-  EXPECT_EQ(job->loss_scale, 256.0f);
+  EXPECT_EQ(job->scaler.scale, 256.0f);
   EXPECT_EQ(job->request_id, "req-legacy");
 
   // A decoded config the engine refuses is not restored.
@@ -131,6 +133,89 @@ TEST_F(LegacyCheckpoint, RestoresThroughTheDecoderGiven) {
                   })
                   .ok());
   EXPECT_EQ((*other)->job_count(), 0);
+}
+
+// The bytes of a job's checkpoints and state dicts, pinned by files that
+// the code wrote before the step count and the optimizer's count had one
+// owner each (tests/data/README.md). No step runs here: its timings and
+// the CPU's arithmetic would vary, while restoring, exporting, importing
+// and checkpointing move every tensor and every ampd.* key as it is.
+class CheckpointBytes : public LegacyCheckpoint {
+ protected:
+  static std::string Golden(const std::string& name) {
+    return test_support::ReadFile(std::filesystem::path(AMPD_TEST_DATA_DIR) / name);
+  }
+
+  // On a mismatch the actual bytes are left in the test's temporary
+  // directory, to compare with a safetensors reader.
+  static void ExpectGolden(const std::string& actual, const std::string& name) {
+    const std::string golden = Golden(name);
+    if (actual == golden) return;
+    const std::filesystem::path out = std::filesystem::path(::testing::TempDir()) / name;
+    std::ofstream(out, std::ios::binary) << actual;
+    ADD_FAILURE() << name << ": " << actual.size() << " bytes differ from the " << golden.size()
+                  << " recorded; written to " << out;
+  }
+
+  static absl::StatusOr<JobConfigRecord> Decode(absl::string_view) {
+    return JobConfigRecord{LegacyConfig(), "req-legacy"};
+  }
+
+  static std::string Bytes(const checkpoint::EncodedSafetensors& file) {
+    std::string bytes;
+    file.CopyOut(0, file.size(), &bytes);
+    return bytes;
+  }
+
+  static absl::StatusOr<checkpoint::EncodedSafetensors> Export(JobRegistry& registry,
+                                                               const std::string& job_id) {
+    std::promise<absl::StatusOr<checkpoint::EncodedSafetensors>> exported;
+    registry.ExportState("", job_id, [&](absl::StatusOr<checkpoint::EncodedSafetensors> file) {
+      exported.set_value(std::move(file));
+    });
+    return exported.get_future().get();
+  }
+};
+
+TEST_F(CheckpointBytes, RestoredJobExportsAndCheckpointsTheRecordedBytes) {
+  auto registry = Open(root_.path());
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  ASSERT_TRUE((*registry)->RestoreAll(&Decode).ok());
+  absl::StatusOr<checkpoint::EncodedSafetensors> exported = Export(**registry, "job-02aa4f8e7b3a");
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  ExpectGolden(Bytes(*exported), "golden-restored-export.safetensors");
+  ASSERT_TRUE((*registry)->CheckpointAll().ok());
+  ExpectGolden(test_support::ReadFile(file_), "golden-restored-checkpoint.safetensors");
+}
+
+TEST_F(CheckpointBytes, ImportKeepsTheJobsSequenceAndCheckpointsTheRecordedBytes) {
+  const std::filesystem::path dir = root_.path() / "import";
+  std::filesystem::create_directories(dir);
+  auto registry = Open(dir);
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  absl::StatusOr<JobSnapshot> job = Create(**registry, LegacyConfig(), "req-import");
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::promise<absl::StatusOr<int64_t>> imported;
+  (*registry)->ImportState("", job->job_id, {test_support::ReadFile(file_)},
+                           [&](absl::StatusOr<int64_t> n) { imported.set_value(std::move(n)); });
+  absl::StatusOr<int64_t> tensors = imported.get_future().get();
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  EXPECT_EQ(*tensors, 12);  // 2 Linear layers x (weight, bias) x (master, exp_avg, exp_avg_sq)
+  // The weights, moments, optimizer count and scaler came from the file;
+  // the step sequence is the job's own.
+  absl::StatusOr<JobSnapshot> after = (*registry)->GetJob("", job->job_id);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->step, 0);
+  EXPECT_EQ(after->applied_steps, 4);
+  EXPECT_EQ(after->scaler.scale, 256.0f);
+  // GetStateDict says the same: one count of Step calls, the job's.
+  absl::StatusOr<checkpoint::EncodedSafetensors> exported = Export(**registry, job->job_id);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  EXPECT_EQ(exported->state.metadata.at("ampd.step"), "0");
+  EXPECT_EQ(exported->state.metadata.at("optimizer.step"), "4");
+  ASSERT_TRUE((*registry)->CheckpointAll().ok());
+  ExpectGolden(test_support::ReadFile(dir / (job->job_id + ".safetensors")),
+               "golden-imported-checkpoint.safetensors");
 }
 
 }  // namespace

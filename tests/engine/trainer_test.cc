@@ -453,13 +453,13 @@ TEST(Trainer, ScaleUnderflowedToZeroSkipsInsteadOfWritingNaN) {
     x[0] = std::numeric_limits<float>::infinity();
     bad.inputs = F32({4, 6}, x);
     int backoffs = 0;
-    while (t->loss_scale() != 0.0f && backoffs < 400) {
+    while (t->scaler().scale != 0.0f && backoffs < 400) {
       auto r = t->Step(One(bad));
       ASSERT_TRUE(r.ok()) << r.status();
       ASSERT_TRUE(r->scaler.skipped);
       ++backoffs;
     }
-    ASSERT_EQ(t->loss_scale(), 0.0f) << "after " << backoffs << " overflows";
+    ASSERT_EQ(t->scaler().scale, 0.0f) << "after " << backoffs << " overflows";
     const checkpoint::StateDict before = Export(*t);
     ASSERT_TRUE(AllFinite(before));
     for (int i = 0; i < 3; ++i) {

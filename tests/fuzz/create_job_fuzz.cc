@@ -10,7 +10,7 @@
 
 #include "kernels/backend_factory.h"
 #include "server/engine/jobs/job.h"
-#include "server/engine/jobs/trainer.h"
+#include "server/engine/trainer/trainer.h"
 #include "server/rpc/translate.h"
 #include "tests/fuzz/fuzz_jobs.h"
 

@@ -9,7 +9,7 @@
 
 #include "ampd/v1/trainer.pb.h"
 #include "server/engine/jobs/job_config.h"
-#include "server/engine/jobs/trainer.h"
+#include "server/engine/trainer/trainer.h"
 
 namespace ampd::fuzz {
 

@@ -57,7 +57,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                       "a refused load changes nothing");
     return 0;
   }
-  ampd::fuzz::Check(std::isfinite(trainer.loss_scale()) && trainer.loss_scale() > 0.0f,
+  ampd::fuzz::Check(std::isfinite(trainer.scaler().scale) && trainer.scaler().scale > 0.0f,
                     "a loaded loss scale is finite and positive");
   ampd::fuzz::Check(HoldsWhatWasLoaded(*after, *state), "the job holds what was loaded");
   return 0;

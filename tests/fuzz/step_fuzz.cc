@@ -56,7 +56,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The pytorch policy may back the scale off to 0 after ~145 overflows in
   // a row, as PyTorch's does (every later step is then skipped); it never
   // becomes negative, inf or NaN.
-  ampd::fuzz::Check(std::isfinite(trainer.loss_scale()) && trainer.loss_scale() >= 0.0f,
+  ampd::fuzz::Check(std::isfinite(trainer.scaler().scale) && trainer.scaler().scale >= 0.0f,
                     "the loss scale stays finite and non-negative");
   return 0;
 }

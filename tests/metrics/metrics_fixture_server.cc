@@ -9,9 +9,7 @@
 #include <iostream>
 #include <string>
 
-#include "kernels/backend.h"
-#include "server/engine/jobs/job_config.h"
-#include "server/engine/jobs/trainer.h"
+#include "server/engine/api.h"
 #include "server/metrics/server_metrics.h"
 
 int main(int argc, char** argv) {
@@ -35,8 +33,8 @@ int main(int argc, char** argv) {
   step.seconds = {
       .forward = 0.002, .backward = 0.004, .unscale = 0.001, .optimizer = 0.001, .total = 0.008};
   step.samples = 64;
-  step.grad_histogram.assign(ampd::kernels::kGradHistogramBins, 1);
-  step.grad_underflow_fraction = 18.0 / ampd::kernels::kGradHistogramBins;
+  step.grad_histogram.assign(ampd::engine::kGradHistogramBins, 1);
+  step.grad_underflow_fraction = 18.0 / ampd::engine::kGradHistogramBins;
   metrics.OnStep("fixture-job", step);
 
   step.step = 2;  // overflow: skipped, S halved

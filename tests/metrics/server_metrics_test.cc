@@ -13,10 +13,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/backend.h"
-#include "server/engine/jobs/job_config.h"
+#include "server/engine/api.h"
 #include "server/engine/jobs/job_observer.h"
-#include "server/engine/jobs/trainer.h"
 #include "tests/support/exposition.h"
 #include "tests/support/http_get.h"
 #include "tests/support/subprocess.h"
@@ -95,9 +93,9 @@ StepReport OverflowStep(int64_t step, int64_t applied, float scale_before) {
   return report;
 }
 
-// Engine bin of the octave [2^k, 2^(k+1)) (kernels/backend.h: bin 2 starts
+// Engine bin of the octave [2^k, 2^(k+1)) (kernels/grad_histogram.h: bin 2 starts
 // at 2^-30).
-constexpr int OctaveBin(int k) { return k - kernels::kGradHistogramMinLog2 + 2; }
+constexpr int OctaveBin(int k) { return k - engine::kGradHistogramMinLog2 + 2; }
 
 TEST_F(ServerMetricsTest, ServesServerWideFamiliesBeforeAnyJob) {
   const std::string text = Scrape();
@@ -225,12 +223,12 @@ TEST_F(ServerMetricsTest, GradNormSeriesAppearsOnlyOnceReported) {
 TEST_F(ServerMetricsTest, GradHistogramBinsBecomeCumulativeLog2Buckets) {
   observer().OnJobCreated("job-a", "", Fp16Config());
   StepReport report = NormalStep(1, 65536);
-  report.grad_histogram.assign(kernels::kGradHistogramBins, 0);
+  report.grad_histogram.assign(engine::kGradHistogramBins, 0);
   report.grad_histogram[0] = 7;               // exact zeros
   report.grad_histogram[1] = 3;               // below 2^-30
   report.grad_histogram[OctaveBin(-25)] = 5;  // [2^-25, 2^-24): fp16 rounds these to 0 or 2^-24
   report.grad_histogram[OctaveBin(15)] = 11;  // [2^15, 2^16): just under fp16's 65504
-  report.grad_histogram[kernels::kGradHistogramBins - 1] = 2;  // >= 2^20, inf, NaN
+  report.grad_histogram[engine::kGradHistogramBins - 1] = 2;  // >= 2^20, inf, NaN
   observer().OnStep("job-a", report);
 
   const std::string text = Scrape();
@@ -255,7 +253,7 @@ TEST_F(ServerMetricsTest, GradHistogramBinsBecomeCumulativeLog2Buckets) {
   EXPECT_EQ(s.at(R"(ampd_grad_zero_elements_total{job="job-a"})"), 7);
 
   // Every bound -30..20 is exposed, so Grafana's heatmap has a fixed y axis.
-  for (int k = kernels::kGradHistogramMinLog2; k <= kernels::kGradHistogramMaxLog2; ++k) {
+  for (int k = engine::kGradHistogramMinLog2; k <= engine::kGradHistogramMaxLog2; ++k) {
     EXPECT_GE(bucket(std::to_string(k)), 0) << k;
   }
 
@@ -272,7 +270,7 @@ TEST_F(ServerMetricsTest, DeletedJobsSeriesDisappear) {
   observer().OnJobCreated("job-a", "", Fp16Config());
   observer().OnJobCreated("job-b", "", Fp16Config());
   StepReport report = NormalStep(1, 65536);
-  report.grad_histogram.assign(kernels::kGradHistogramBins, 1);
+  report.grad_histogram.assign(engine::kGradHistogramBins, 1);
   observer().OnStep("job-a", report);
   observer().OnStep("job-b", report);
   ASSERT_NE(Scrape().find(R"(job="job-a")"), std::string::npos);
@@ -383,7 +381,7 @@ TEST_F(ServerMetricsTest, PromtoolAcceptsTheExposition) {
   // Every family populated, so the lint sees every name, type and HELP.
   observer().OnJobCreated("job-a", "", Fp16Config());
   StepReport report = NormalStep(1, 65536);
-  report.grad_histogram.assign(kernels::kGradHistogramBins, 2);
+  report.grad_histogram.assign(engine::kGradHistogramBins, 2);
   observer().OnStep("job-a", report);
   observer().OnStep("job-a", OverflowStep(2, 1, 65536));
   metrics_->RecordRpc("Step", "OK", 0.004);

@@ -581,6 +581,25 @@ TEST_F(ServiceTest, EveryErrorCarriesAnErrorInfoWithAStableReason) {
   EXPECT_EQ(info.reason(), "INVALID_FIELD");
   EXPECT_EQ(Meta(info, "field"), "micro_batches[0].inputs.data");
 
+  // A step's own checks answer before its job and its sequence are looked
+  // at: the sequence 9 and the unknown job go unmentioned.
+  v1::StepRequest empty = StepRequest(id, 9);
+  empty.clear_micro_batches();
+  s = RawStep(empty, &response);
+  ASSERT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "micro_batches: at least one micro-batch is required");
+  info = DetailsOf(s);
+  EXPECT_EQ(info.reason(), "INVALID_FIELD");
+  EXPECT_EQ(Meta(info, "field"), "micro_batches");
+  v1::StepRequest lr = StepRequest("job-nope", 1);
+  lr.set_learning_rate(-1.0f);
+  s = RawStep(lr, &response);
+  ASSERT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "learning_rate: must be finite and >= 0, got -1");
+  info = DetailsOf(s);
+  EXPECT_EQ(info.reason(), "INVALID_FIELD");
+  EXPECT_EQ(Meta(info, "field"), "learning_rate");
+
   s = RawCreate(JobRequest(3));
   ASSERT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   info = DetailsOf(s);

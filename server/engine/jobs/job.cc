@@ -184,7 +184,7 @@ Job::Job(std::string job_id, std::string owner, std::string request_id, ValidJob
   snapshot_.request_id = request_id_;
   snapshot_.parameter_count = model::ParameterCount(config_.get().model);
   snapshot_.estimated_bytes = estimated_bytes_;
-  snapshot_.loss_scale = config_.get().scaler.InitialScale();
+  snapshot_.scaler.scale = config_.get().scaler.InitialScale();
   snapshot_.config = config_.get();
 }
 
@@ -246,10 +246,11 @@ void Job::SetFailure(std::string failure) {
 
 void Job::RefreshSnapshot() {
   if (trainer_ == nullptr) return;
+  snapshot_.step = trainer_->steps_run();
+  snapshot_.applied_steps = trainer_->applied_steps();
   snapshot_.config = trainer_->config();
   snapshot_.parameter_count = trainer_->parameter_count();
-  snapshot_.loss_scale = trainer_->loss_scale();
-  snapshot_.scaler_counters = trainer_->scaler_counters();
+  snapshot_.scaler = trainer_->scaler();
 }
 
 absl::Status Job::Initialize(const std::string& device) {
@@ -274,19 +275,11 @@ absl::Status Job::Restore(const std::string& device, const checkpoint::StateDict
       !s.ok()) {
     return s;
   }
-  int64_t step = 0;
-  if (auto it = state.metadata.find(kMetaStep); it != state.metadata.end()) {
-    if (!absl::SimpleAtoi(it->second, &step) || step < 0) {
-      return absl::DataLossError(absl::StrCat(kMetaStep, ": not a step count: ", it->second));
-    }
-  }
-  int64_t applied = 0;
-  if (auto it = state.metadata.find("optimizer.step"); it != state.metadata.end()) {
-    (void)absl::SimpleAtoi(it->second, &applied);
-  }
+  // The Trainer took its counts from the checkpoint; the recorded response
+  // is kept when it is the last step's.
   if (auto it = state.metadata.find(kMetaLastReport); it != state.metadata.end()) {
     absl::StatusOr<StepReport> report = DecodeStepReport(it->second);
-    if (report.ok() && report->step == step) last_report_ = *std::move(report);
+    if (report.ok() && report->step == trainer_->steps_run()) last_report_ = *std::move(report);
   }
   // A job that failed before the restart stays failed: resuming it would
   // silently train on past the scaler's refusal.
@@ -294,8 +287,6 @@ absl::Status Job::Restore(const std::string& device, const checkpoint::StateDict
     SetFailure(it->second.empty() ? "failed before a restart" : it->second);
   }
   absl::MutexLock lock(&mu_);
-  snapshot_.step = step;
-  snapshot_.applied_steps = applied;
   RefreshSnapshot();
   return absl::OkStatus();
 }
@@ -303,7 +294,7 @@ absl::Status Job::Restore(const std::string& device, const checkpoint::StateDict
 absl::StatusOr<StepReport> Job::Step(int64_t sequence, StepInput input) {
   if (trainer_ == nullptr) return NotOpen();
   const JobSnapshot current = Snapshot();
-  const int64_t done = current.step;
+  const int64_t done = trainer_->steps_run();
   const std::string expected = absl::StrCat(done + 1);
   if (sequence == done && done > 0) {
     if (last_report_.has_value()) return *last_report_;
@@ -345,16 +336,13 @@ absl::StatusOr<StepReport> Job::Step(int64_t sequence, StepInput input) {
     }
     return WithReason(report.status(), reason::kScalerAtMinScale, {{"job_id", id_}});
   }
-  // The job's sequence is the protocol's, not the Trainer's count (which an
-  // imported state dict may have moved).
-  report->step = sequence;
+  // The Trainer's count is the sequence (a step runs only as number
+  // steps_run() + 1, and an import keeps the count), so report->step is
+  // `sequence` already.
   last_report_ = *report;
   {
     absl::MutexLock lock(&mu_);
-    snapshot_.step = sequence;
-    snapshot_.applied_steps = report->applied_steps;
-    snapshot_.loss_scale = report->scaler.scale_after;
-    snapshot_.scaler_counters = report->scaler.counters;
+    RefreshSnapshot();
     if (!report->scaler.skipped) snapshot_.grad_norm = report->grad_norm;
   }
   if (context_->observer != nullptr) context_->observer->OnStep(id_, *report);
@@ -395,21 +383,19 @@ absl::StatusOr<int64_t> Job::ImportSafetensorsUnguarded(
   if (context_->state_dir != nullptr) {
     AMPD_ASSIGN_OR_RETURN(previous, trainer_->ExportState());
   }
-  if (absl::Status s = trainer_->LoadState(*state); !s.ok()) {
+  const JobSnapshot before = Snapshot();
+  // The step sequence is the job's protocol with its client: an imported
+  // state replaces weights, optimizer and scaler, not the count of Step
+  // calls this job has answered.
+  if (absl::Status s = trainer_->LoadState(*state, Trainer::StepCount::kKeep); !s.ok()) {
     return s.code() == absl::StatusCode::kInvalidArgument ? WithReason(s, reason::kInvalidStateDict)
                                                           : s;
   }
-  int64_t applied = 0;
-  if (auto it = state->metadata.find("optimizer.step"); it != state->metadata.end()) {
-    (void)absl::SimpleAtoi(it->second, &applied);
-  }
-  const JobSnapshot before = Snapshot();
   // The recorded response belongs to the old weights; a retry of the last
   // sequence after an import must not pretend it was computed on the new ones.
   std::optional<StepReport> previous_report = std::exchange(last_report_, std::nullopt);
   {
     absl::MutexLock lock(&mu_);
-    snapshot_.applied_steps = applied;
     snapshot_.state = JobState::kActive;
     snapshot_.failure.clear();
     RefreshSnapshot();
@@ -421,7 +407,6 @@ absl::StatusOr<int64_t> Job::ImportSafetensorsUnguarded(
     last_report_ = std::move(previous_report);
     {
       absl::MutexLock lock(&mu_);
-      snapshot_.applied_steps = before.applied_steps;
       snapshot_.state = before.state;
       snapshot_.failure = before.failure;
       RefreshSnapshot();
@@ -446,7 +431,6 @@ absl::StatusOr<checkpoint::StateDict> Job::CheckpointState() const {
   AMPD_ASSIGN_OR_RETURN(checkpoint::StateDict state, trainer_->ExportState());
   const JobSnapshot snapshot = Snapshot();
   state.metadata[kMetaConfig] = config_json_;
-  state.metadata[kMetaStep] = absl::StrCat(snapshot.step);
   state.metadata[kMetaRequestId] = request_id_;
   state.metadata[kMetaOwner] = owner_;
   if (last_report_.has_value()) {

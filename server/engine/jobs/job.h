@@ -25,7 +25,7 @@
 #include "server/engine/jobs/checkpoint_writer.h"
 #include "server/engine/jobs/job_config.h"
 #include "server/engine/jobs/job_observer.h"
-#include "server/engine/jobs/trainer.h"
+#include "server/engine/trainer/trainer.h"
 
 namespace ampd::engine {
 
@@ -50,29 +50,6 @@ class WorkerPool {
   std::vector<std::thread> threads_;
 };
 
-// A job trains (kActive) until its loss scaler gives up at its minimum scale
-// (deepspeed's raise_at_min_scale): it is then kFailed, refuses steps, and a
-// LoadStateDict of a good state makes it active again.
-enum class JobState { kActive, kFailed };
-
-// What GetJob/ListJobs report, readable from any thread.
-struct JobSnapshot {
-  std::string job_id;
-  std::string request_id;
-  JobConfig config;  // effective (defaults filled in)
-  int64_t step = 0;  // Step calls applied; the next sequence is step + 1
-  int64_t applied_steps = 0;
-  float loss_scale = 1.0f;              // the scale the next step uses
-  amp::ScalerCounters scaler_counters;  // where the scaler stands before the next step
-  int64_t parameter_count = 0;
-  int64_t estimated_bytes = 0;
-  JobState state = JobState::kActive;
-  std::string failure;  // why, when kFailed
-  // The last applied step's L2 norm of the unscaled gradients, when the
-  // Trainer reported one.
-  std::optional<float> grad_norm;
-};
-
 class Job;
 
 // Shared by every job of a registry; outlives them.
@@ -92,13 +69,13 @@ struct JobContext {
   std::function<absl::Status(Job& job, int64_t workspace_bytes)> admit_step;
 };
 
-// Metadata keys a job writes into its checkpoints (state_dict.h's ampd.*).
+// Metadata keys a job writes into its checkpoints (state_dict.h's ampd.*),
+// beside the Trainer's own (kMetaStep, kMetaOptimizerStep).
 inline constexpr char kMetaConfig[] = "ampd.config";  // job_config_codec.h's JSON
 // Written by earlier versions instead of ampd.config: base64 of a serialized
 // CreateJobRequest, which only the rpc layer can read (RestoreAll's
 // CreateRequestDecoder).
 inline constexpr char kMetaCreateRequest[] = "ampd.create_request";
-inline constexpr char kMetaStep[] = "ampd.step";
 inline constexpr char kMetaLastReport[] = "ampd.last_report";  // the last step's response
 inline constexpr char kMetaRequestId[] = "ampd.request_id";
 // The tenant that created the job; absent (as in checkpoints written before

@@ -1,5 +1,5 @@
-// JobConfig: everything that defines a training job at creation, with the
-// defaults filled in (the "effective config" CreateJob returns).
+// JobConfig's validation and the memory estimate admission reads; the
+// config itself and its defaults are part of the engine's API (api.h).
 #pragma once
 
 #include <cstdint>
@@ -8,20 +8,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "server/engine/amp/grad_scaler.h"
-#include "server/engine/model/model_spec.h"
-#include "server/engine/optim/optimizer_spec.h"
+#include "server/engine/api.h"
 
 namespace ampd::engine {
-
-struct JobConfig {
-  std::string display_name;
-  model::ModelSpec model;
-  model::Precision precision = model::Precision::kFp16;
-  optim::OptimizerSpec optimizer;
-  amp::ScalerConfig scaler;
-  uint64_t seed = 0;
-};
 
 // Validates every part; the message names the field ("scaler.growth_factor",
 // "model.layers[2].in_features", "optimizer.adam.beta1", "display_name").
@@ -51,16 +40,5 @@ class ValidJobConfig {
 // step. Computed with saturating arithmetic, so a spec whose count overflows
 // reads INT64_MAX and fails any limit.
 int64_t EstimateJobBytes(const JobConfig& config);
-
-// The defaults of a job of this precision, scaler policy and optimizer: the
-// optimizer's PyTorch defaults (optim::DefaultOptimizerSpec), and the scaler
-// SCALER.md prescribes: the policy's dynamic defaults for fp16; for bf16 and
-// fp32 a static scale of 1 that still detects non-finite gradients and
-// skips those steps (amp::ScalerConfig::ForPrecisionDefault). The model is
-// left empty. Every caller (the rpc layer included) starts from these and
-// sets only what its request names.
-JobConfig DefaultJobConfig(model::Precision precision,
-                           amp::ScalerPolicy policy = amp::ScalerPolicy::kPyTorch,
-                           optim::OptimizerKind optimizer = optim::OptimizerKind::kAdamW);
 
 }  // namespace ampd::engine

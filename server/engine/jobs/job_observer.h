@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "server/engine/jobs/trainer.h"
+#include "server/engine/api.h"
 
 namespace ampd::engine {
 

@@ -14,6 +14,10 @@
 #include "common/checked_math.h"
 #include "common/error_reason.h"
 #include "common/status_macros.h"
+#include "kernels/backend_factory.h"
+#include "server/engine/checkpoint/state_directory.h"
+#include "server/engine/jobs/checkpoint_writer.h"
+#include "server/engine/jobs/job.h"
 
 namespace ampd::engine {
 namespace {
@@ -86,7 +90,14 @@ absl::StatusOr<RestoredConfig> ConfigOfCheckpoint(
 
 }  // namespace
 
-JobRegistry::JobRegistry(RegistryOptions options) : options_(std::move(options)) {}
+absl::StatusOr<DeviceInfo> ResolveDevice(const std::string& device) {
+  AMPD_ASSIGN_OR_RETURN(const std::unique_ptr<kernels::Backend> backend,
+                        kernels::CreateBackend(device));
+  return DeviceInfo{backend->name(), backend->MemoryCapacityBytes()};
+}
+
+JobRegistry::JobRegistry(RegistryOptions options)
+    : options_(std::move(options)), context_(std::make_unique<JobContext>()) {}
 
 absl::StatusOr<std::unique_ptr<JobRegistry>> JobRegistry::Create(RegistryOptions options) {
   auto registry = std::unique_ptr<JobRegistry>(new JobRegistry(std::move(options)));
@@ -94,22 +105,22 @@ absl::StatusOr<std::unique_ptr<JobRegistry>> JobRegistry::Create(RegistryOptions
     absl::StatusOr<checkpoint::StateDirectory> dir =
         checkpoint::StateDirectory::Open(registry->options_.state_dir);
     if (!dir.ok()) return dir.status();
-    registry->state_dir_.emplace(*std::move(dir));
+    registry->state_dir_ = std::make_unique<checkpoint::StateDirectory>(*std::move(dir));
   }
   registry->pool_ = std::make_unique<WorkerPool>(registry->options_.worker_threads);
-  registry->context_.pool = registry->pool_.get();
+  registry->context_->pool = registry->pool_.get();
   if (registry->state_dir_ && !registry->options_.checkpoint_sync) {
     // One writer: writes are disk-bound, and jobs' snapshots queue behind
     // each other at most one per job.
-    registry->writer_ = std::make_unique<CheckpointWriter>(&*registry->state_dir_, 1);
-    registry->context_.writer = registry->writer_.get();
+    registry->writer_ = std::make_unique<CheckpointWriter>(registry->state_dir_.get(), 1);
+    registry->context_->writer = registry->writer_.get();
   }
-  registry->context_.state_dir = registry->state_dir_ ? &*registry->state_dir_ : nullptr;
-  registry->context_.observer = registry->options_.observer;
-  registry->context_.checkpoint_every = registry->options_.checkpoint_every;
-  registry->context_.grad_histogram_every = registry->options_.grad_histogram_every;
+  registry->context_->state_dir = registry->state_dir_ ? registry->state_dir_.get() : nullptr;
+  registry->context_->observer = registry->options_.observer;
+  registry->context_->checkpoint_every = registry->options_.checkpoint_every;
+  registry->context_->grad_histogram_every = registry->options_.grad_histogram_every;
   JobRegistry* self = registry.get();
-  registry->context_.admit_step = [self](Job& job, int64_t bytes) {
+  registry->context_->admit_step = [self](Job& job, int64_t bytes) {
     return self->AdmitStep(job, bytes);
   };
   return registry;
@@ -303,7 +314,7 @@ void JobRegistry::CreateJob(const std::string& owner, JobConfig config, std::str
     }
     std::string id = NewJobId();
     while (jobs_.contains(id)) id = NewJobId();
-    job = std::make_shared<Job>(id, owner, request_id, *std::move(valid), &context_);
+    job = std::make_shared<Job>(id, owner, request_id, *std::move(valid), context_.get());
     jobs_[id] = job;
     if (!request_id.empty()) by_request_id_[{owner, request_id}] = id;
   }
@@ -378,6 +389,12 @@ void JobRegistry::DeleteJob(const std::string& owner, const std::string& job_id,
 
 void JobRegistry::Step(const std::string& owner, const std::string& job_id, int64_t sequence,
                        StepInput input, std::function<void(absl::StatusOr<StepReport>)> done) {
+  // A malformed request is refused before it is queued, whatever the job's
+  // state or sequence (the Trainer checks the batches against the model).
+  if (absl::Status s = CheckStepInput(input); !s.ok()) {
+    done(std::move(s));
+    return;
+  }
   {
     absl::MutexLock lock(&mu_);
     if (draining_) {
@@ -505,8 +522,8 @@ std::vector<std::shared_ptr<Job>> JobRegistry::AdmitForRestore(
                                        "; its checkpoint is left on disk"));
       continue;
     }
-    auto job =
-        std::make_shared<Job>(id, request->owner, request->request_id, request->config, &context_);
+    auto job = std::make_shared<Job>(id, request->owner, request->request_id, request->config,
+                                     context_.get());
     jobs_[id] = job;
     if (!request->request_id.empty()) by_request_id_[{request->owner, request->request_id}] = id;
     admitted.push_back(std::move(job));

@@ -21,11 +21,20 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "server/engine/checkpoint/state_directory.h"
-#include "server/engine/jobs/job.h"
+#include "server/engine/api.h"
+#include "server/engine/checkpoint/state_dict.h"
 #include "server/engine/jobs/job_config_codec.h"
+#include "server/engine/jobs/job_observer.h"
 
 namespace ampd::engine {
+
+namespace checkpoint {
+class StateDirectory;
+}  // namespace checkpoint
+class CheckpointWriter;
+class Job;
+struct JobContext;
+class WorkerPool;
 
 // A tenant's own limits, on top of the server-wide ones (0: none).
 struct TenantQuota {
@@ -34,8 +43,19 @@ struct TenantQuota {
   int64_t max_memory_bytes = 0;
 };
 
+// A device as the backends name it, and its memory.
+struct DeviceInfo {
+  std::string name;                   // "cpu", "cuda:0"
+  int64_t memory_capacity_bytes = 0;  // 0: unbounded
+};
+
+// Resolves a --device flag ("auto", "cpu", "cuda", "cuda:N") by creating a
+// backend for it once: "auto" becomes "cuda:0" or "cpu", and a device that
+// does not exist is an error here rather than at the first job.
+absl::StatusOr<DeviceInfo> ResolveDevice(const std::string& device);
+
 struct RegistryOptions {
-  std::string device = "cpu";  // kernels::CreateBackend's device string
+  std::string device = "cpu";  // a DeviceInfo::name
   int64_t max_jobs = 0;        // 0: unlimited
   // 0: unlimited. Else it bounds, at CreateJob and at every Step, the sum of
   // every job's EstimateJobBytes (weights) and workspace_bytes (activations
@@ -105,6 +125,8 @@ class JobRegistry {
   // Runs after the job's queued work; removes its checkpoint.
   void DeleteJob(const std::string& owner, const std::string& job_id,
                  std::function<void(absl::Status)> done);
+  // CheckStepInput's error first, before the job is looked up; the rest of
+  // the checks and the step run on the job's strand (Job::Step).
   void Step(const std::string& owner, const std::string& job_id, int64_t sequence, StepInput input,
             std::function<void(absl::StatusOr<StepReport>)> done);
   void ExportState(const std::string& owner, const std::string& job_id,
@@ -155,10 +177,10 @@ class JobRegistry {
   void ReportMemory() const;
 
   const RegistryOptions options_;
-  std::optional<checkpoint::StateDirectory> state_dir_;
+  std::unique_ptr<checkpoint::StateDirectory> state_dir_;  // nullptr: no state dir
   std::unique_ptr<WorkerPool> pool_;
   std::unique_ptr<CheckpointWriter> writer_;  // nullptr: no state dir, or checkpoint_sync
-  JobContext context_;
+  const std::unique_ptr<JobContext> context_;
 
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);

@@ -22,16 +22,10 @@ absl::string_view OptimizerName(OptimizerKind kind) {
 OptimizerSpec DefaultOptimizerSpec(OptimizerKind kind) {
   OptimizerSpec spec;
   spec.kind = kind;
-  spec.sgd = kernels::SgdConfig{};
-  spec.adam = kernels::AdamConfig{};
+  spec.sgd = SgdHyperparams{};
+  spec.adam = AdamHyperparams{};
   spec.adam.weight_decay = kind == OptimizerKind::kAdamW ? 1e-2f : 0.0f;
   return spec;
-}
-
-kernels::AdamConfig AdamUpdateConfig(const OptimizerSpec& spec) {
-  kernels::AdamConfig config = spec.adam;
-  config.decoupled_weight_decay = spec.kind == OptimizerKind::kAdamW;
-  return config;
 }
 
 namespace {
@@ -47,7 +41,7 @@ bool NonNegative(float v) { return std::isfinite(v) && v >= 0.0f; }
 absl::Status ValidateOptimizerSpec(const OptimizerSpec& spec) {
   switch (spec.kind) {
     case OptimizerKind::kSgd: {
-      const kernels::SgdConfig& c = spec.sgd;
+      const SgdHyperparams& c = spec.sgd;
       if (!NonNegative(c.lr)) return Bad("sgd.lr", "finite and >= 0", c.lr);
       if (!NonNegative(c.momentum)) return Bad("sgd.momentum", "finite and >= 0", c.momentum);
       if (!std::isfinite(c.dampening)) return Bad("sgd.dampening", "finite", c.dampening);
@@ -61,7 +55,7 @@ absl::Status ValidateOptimizerSpec(const OptimizerSpec& spec) {
     }
     case OptimizerKind::kAdam:
     case OptimizerKind::kAdamW: {
-      const kernels::AdamConfig& c = spec.adam;
+      const AdamHyperparams& c = spec.adam;
       if (!NonNegative(c.lr)) return Bad("adam.lr", "finite and >= 0", c.lr);
       if (!(c.beta1 >= 0.0f && c.beta1 < 1.0f)) return Bad("adam.beta1", "in [0, 1)", c.beta1);
       if (!(c.beta2 >= 0.0f && c.beta2 < 1.0f)) return Bad("adam.beta2", "in [0, 1)", c.beta2);

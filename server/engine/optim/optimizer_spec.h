@@ -4,7 +4,7 @@
 #pragma once
 
 #include "absl/status/status.h"
-#include "kernels/backend.h"
+#include "absl/strings/string_view.h"
 
 namespace ampd::engine::optim {
 
@@ -12,14 +12,33 @@ enum class OptimizerKind { kSgd, kAdam, kAdamW };
 
 absl::string_view OptimizerName(OptimizerKind kind);  // "sgd", "adam", "adamw"
 
+// torch.optim.SGD's hyperparameters. Plain values, so that the layers that
+// read a job's config (rpc, metrics) need no kernel header; the fused
+// update's own config is built from these (optimizer_state.h).
+struct SgdHyperparams {
+  float lr = 1e-2f;
+  float momentum = 0.0f;
+  float dampening = 0.0f;
+  float weight_decay = 0.0f;
+  bool nesterov = false;
+};
+
+// torch.optim.Adam's and AdamW's hyperparameters. Whether the weight decay
+// is decoupled is not among them: the optimizer's kind decides it.
+struct AdamHyperparams {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+};
+
 // Build one with DefaultOptimizerSpec(kind), then set what differs: the
 // per-kind defaults live there and nowhere else.
 struct OptimizerSpec {
   OptimizerKind kind = OptimizerKind::kAdamW;
-  kernels::SgdConfig sgd;
-  // For kAdam and kAdamW. Its decoupled_weight_decay is not read: the kind
-  // decides it (AdamUpdateConfig).
-  kernels::AdamConfig adam;
+  SgdHyperparams sgd;
+  AdamHyperparams adam;  // for kAdam and kAdamW
   // Clip the global L2 norm of the unscaled gradients to this; <= 0 disables.
   float max_grad_norm = 0.0f;
 };
@@ -29,11 +48,6 @@ struct OptimizerSpec {
 // weight_decay 0) and torch.optim.AdamW's (the same but weight_decay 1e-2);
 // no gradient clipping.
 OptimizerSpec DefaultOptimizerSpec(OptimizerKind kind);
-
-// The fused Adam update's config for an Adam or AdamW spec: spec.adam with
-// decoupled_weight_decay set from the kind (AdamW decouples, Adam adds the
-// decay to the gradient).
-kernels::AdamConfig AdamUpdateConfig(const OptimizerSpec& spec);
 
 // lr >= 0 and finite, betas in [0, 1), eps > 0, weight_decay >= 0,
 // momentum >= 0, nesterov needs momentum > 0 and dampening == 0 (PyTorch's

@@ -41,12 +41,33 @@ void OptimizerState::Bind(std::vector<kernels::ParamRef>& refs) {
   }
 }
 
+kernels::SgdConfig SgdUpdateConfig(const OptimizerSpec& spec) {
+  kernels::SgdConfig config;
+  config.lr = spec.sgd.lr;
+  config.momentum = spec.sgd.momentum;
+  config.dampening = spec.sgd.dampening;
+  config.weight_decay = spec.sgd.weight_decay;
+  config.nesterov = spec.sgd.nesterov;
+  return config;
+}
+
+kernels::AdamConfig AdamUpdateConfig(const OptimizerSpec& spec) {
+  kernels::AdamConfig config;
+  config.lr = spec.adam.lr;
+  config.beta1 = spec.adam.beta1;
+  config.beta2 = spec.adam.beta2;
+  config.eps = spec.adam.eps;
+  config.weight_decay = spec.adam.weight_decay;
+  config.decoupled_weight_decay = spec.kind == OptimizerKind::kAdamW;
+  return config;
+}
+
 absl::Status OptimizerState::Apply(kernels::Backend& backend,
                                    absl::Span<const kernels::ParamRef> refs,
                                    std::optional<float> lr,
                                    const kernels::GradTransform& transform) const {
   if (spec_.kind == OptimizerKind::kSgd) {
-    kernels::SgdConfig config = spec_.sgd;
+    kernels::SgdConfig config = SgdUpdateConfig(spec_);
     if (lr.has_value()) config.lr = *lr;
     // PyTorch initialises the momentum buffer to g on the first update.
     return backend.SgdUpdate(refs, config, applied_steps_ == 0, transform);

@@ -17,6 +17,12 @@
 
 namespace ampd::engine::optim {
 
+// The fused updates' configs for a spec: spec.sgd as is, and spec.adam with
+// decoupled_weight_decay set from the kind (AdamW decouples, Adam adds the
+// decay to the gradient).
+kernels::SgdConfig SgdUpdateConfig(const OptimizerSpec& spec);
+kernels::AdamConfig AdamUpdateConfig(const OptimizerSpec& spec);
+
 class OptimizerState {
  public:
   // One entry per parameter, in model order: its name ("model.0.weight") and

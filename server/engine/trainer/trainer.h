@@ -1,7 +1,7 @@
 // Trainer: one job's model, fp32 master weights, working copy, optimizer
 // state and loss scaler on one Backend, and the mixed-precision step
-// (SCALER.md's "one training step"). Not thread-safe: the job's ordered
-// worker is its only caller.
+// (step.cc; building it in trainer.cc, its state dict in state.cc). Not
+// thread-safe: the job's ordered worker is its only caller.
 #pragma once
 
 #include <cstdint>
@@ -12,50 +12,17 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
-#include "server/engine/amp/grad_scaler.h"
+#include "server/engine/api.h"
 #include "server/engine/checkpoint/state_dict.h"
-#include "server/engine/host_tensor.h"
 #include "server/engine/jobs/job_config.h"
 
 namespace ampd::engine {
 
-// One micro-batch. inputs: (N, in_features) float (any float dtype, cast to
-// the working dtype) or (N) I32/I64 ids when the first layer is Embedding;
-// targets: (N, out) F32 for MSE, (N) I32/I64 labels for cross-entropy.
-struct MicroBatch {
-  HostTensor inputs;
-  HostTensor targets;
-};
-
-struct StepInput {
-  std::vector<MicroBatch> micro_batches;  // >= 1; gradients accumulate over them
-  std::optional<float> learning_rate;     // overrides the optimizer's lr for this step
-  bool sample_grad_histogram = false;     // fill StepReport::grad_histogram (costs a pass)
-};
-
-struct PhaseSeconds {
-  double forward = 0;
-  double backward = 0;
-  double unscale = 0;  // non-finite check (+ norm)
-  double optimizer = 0;
-  double total = 0;
-};
-
-struct StepReport {
-  int64_t step = 0;                // 1-based number of this Step call in the job
-  int64_t applied_steps = 0;       // optimizer updates applied so far, this one included
-  float loss = 0;                  // mean over micro-batches, unscaled fp32 (multiplier included)
-  amp::ScalerUpdate scaler;        // scale before/after, found_inf, skipped, grew, backed_off
-  std::optional<float> grad_norm;  // L2 of unscaled grads (before clipping): every applied
-                                   // step, and skipped ones when clipping
-  float grad_max_abs = 0;          // max |g| of the unscaled grads (inf when they overflowed)
-  PhaseSeconds seconds;
-  int64_t samples = 0;                  // rows over all micro-batches
-  std::vector<int64_t> grad_histogram;  // kernels::kGradHistogramBins counts, when sampled
-  // Fraction of the sampled (scaled) gradient elements at zero or below
-  // fp16's smallest normal 2^-14, when sampled (amp::UnderflowFraction).
-  std::optional<double> grad_underflow_fraction;
-};
+// The counts a Trainer writes into its state dict and reads back: the
+// optimizer updates applied and the Step calls run (the job's sequence).
+// The Trainer owns both; a Job reads them from it.
+inline constexpr char kMetaOptimizerStep[] = "optimizer.step";
+inline constexpr char kMetaStep[] = "ampd.step";
 
 class Trainer {
  public:
@@ -92,18 +59,27 @@ class Trainer {
   // Workspace bytes cached now (model::WorkspaceBytes of each).
   int64_t workspace_bytes() const;
 
-  // Master weights, optimizer state and scaler state (checkpoint/state_dict.h).
+  // Master weights, optimizer state and scaler state, and the two counts
+  // (checkpoint/state_dict.h).
   absl::StatusOr<checkpoint::StateDict> ExportState() const;
+  // What LoadState does with the state's ampd.step, which it checks either
+  // way: kFromState makes it the count (a job resuming its own checkpoint),
+  // kKeep leaves the count as it is (a state dict from elsewhere replaces
+  // the training state, and the job's sequence goes on).
+  enum class StepCount { kFromState, kKeep };
   // Replaces them all, or nothing: InvalidArgument naming the missing or
   // mismatched tensor or key. The working copy is recast from the masters.
-  absl::Status LoadState(const checkpoint::StateDict& state);
+  absl::Status LoadState(const checkpoint::StateDict& state,
+                         StepCount step_count = StepCount::kFromState);
 
   const JobConfig& config() const;
+  // Step calls run so far (ampd.step); the next is number steps_run() + 1.
   int64_t steps_run() const;
-  // The loss scale the next step will use (1 when scaling is disabled).
-  float loss_scale() const;
-  // The scaler's counters now (amp::ScalerCounters).
-  amp::ScalerCounters scaler_counters() const;
+  // Optimizer updates applied so far (the state dict's optimizer.step).
+  int64_t applied_steps() const;
+  // The loss scale the next step will use (1 when scaling is disabled) and
+  // the scaler's counters now.
+  ScalerSnapshot scaler() const;
   int64_t parameter_count() const;
   kernels::Backend& backend();
 

@@ -1,0 +1,131 @@
+// The engine's surface: the plain types every layer around it (rpc, metrics,
+// main, the tests of those) reads and writes. A job's config, one step's
+// input and report, what a job and its scaler look like from outside, and the
+// gradient histogram's bins. No Backend, Trainer or checkpoint internals:
+// those stay behind JobRegistry (jobs/job_registry.h), the one handle the
+// outer layers hold.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "kernels/grad_histogram.h"
+#include "server/engine/amp/grad_scaler.h"
+#include "server/engine/host_tensor.h"
+#include "server/engine/model/model_spec.h"
+#include "server/engine/optim/optimizer_spec.h"
+
+namespace ampd::engine {
+
+// ---- a job's config ----------------------------------------------------------
+
+// Everything that defines a training job at creation, with the defaults
+// filled in (the "effective config" CreateJob returns).
+struct JobConfig {
+  std::string display_name;
+  model::ModelSpec model;
+  model::Precision precision = model::Precision::kFp16;
+  optim::OptimizerSpec optimizer;
+  amp::ScalerConfig scaler;
+  uint64_t seed = 0;
+};
+
+// The defaults of a job of this precision, scaler policy and optimizer: the
+// optimizer's PyTorch defaults (optim::DefaultOptimizerSpec), and the scaler
+// the precision needs: the policy's dynamic defaults for fp16; for bf16 and
+// fp32 a static scale of 1 that still detects non-finite gradients and
+// skips those steps (amp::ScalerConfig::ForPrecisionDefault). The model is
+// left empty. Every caller (the rpc layer included) starts from these and
+// sets only what its request names; the engine validates the result.
+JobConfig DefaultJobConfig(model::Precision precision,
+                           amp::ScalerPolicy policy = amp::ScalerPolicy::kPyTorch,
+                           optim::OptimizerKind optimizer = optim::OptimizerKind::kAdamW);
+
+// ---- one step ----------------------------------------------------------------
+
+// One micro-batch. inputs: (N, in_features) float (any float dtype, cast to
+// the working dtype) or (N) I32/I64 ids when the first layer is Embedding;
+// targets: (N, out) F32 for MSE, (N) I32/I64 labels for cross-entropy.
+struct MicroBatch {
+  HostTensor inputs;
+  HostTensor targets;
+};
+
+struct StepInput {
+  std::vector<MicroBatch> micro_batches;  // >= 1; gradients accumulate over them
+  std::optional<float> learning_rate;     // overrides the optimizer's lr for this step
+  bool sample_grad_histogram = false;     // fill StepReport::grad_histogram (costs a pass)
+};
+
+// The checks of a step's input that need no model: at least one
+// micro-batch, and a learning rate (when given) finite and >= 0.
+// InvalidArgument naming the field ("micro_batches", "learning_rate").
+// The step runs them again with the model's own checks; a caller that
+// queues steps runs them first, so such a request is refused before it
+// waits behind other work (and before its sequence number is looked at).
+absl::Status CheckStepInput(const StepInput& input);
+
+struct PhaseSeconds {
+  double forward = 0;
+  double backward = 0;
+  double unscale = 0;  // non-finite check (+ norm)
+  double optimizer = 0;
+  double total = 0;
+};
+
+struct StepReport {
+  int64_t step = 0;                // 1-based number of this Step call in the job
+  int64_t applied_steps = 0;       // optimizer updates applied so far, this one included
+  float loss = 0;                  // mean over micro-batches, unscaled fp32 (multiplier included)
+  amp::ScalerUpdate scaler;        // scale before/after, found_inf, skipped, grew, backed_off
+  std::optional<float> grad_norm;  // L2 of unscaled grads (before clipping): every applied
+                                   // step, and skipped ones when clipping
+  float grad_max_abs = 0;          // max |g| of the unscaled grads (inf when they overflowed)
+  PhaseSeconds seconds;
+  int64_t samples = 0;                  // rows over all micro-batches
+  std::vector<int64_t> grad_histogram;  // kGradHistogramBins counts, when sampled
+  // Fraction of the sampled (scaled) gradient elements at zero or below
+  // fp16's smallest normal 2^-14, when sampled (amp::UnderflowFraction).
+  std::optional<double> grad_underflow_fraction;
+};
+
+// StepReport::grad_histogram's bins (kernels/grad_histogram.h, where the
+// kernels that count them read them too).
+using kernels::kGradHistogramBins;
+using kernels::kGradHistogramMaxLog2;
+using kernels::kGradHistogramMinLog2;
+
+// ---- a job from outside ---------------------------------------------------------
+
+// Where a job's loss scaler stands before its next step.
+struct ScalerSnapshot {
+  float scale = 1.0f;  // the scale the next step uses (1 when scaling is disabled)
+  amp::ScalerCounters counters;
+};
+
+// A job trains (kActive) until its loss scaler gives up at its minimum scale
+// (deepspeed's raise_at_min_scale): it is then kFailed, refuses steps, and a
+// LoadStateDict of a good state makes it active again.
+enum class JobState { kActive, kFailed };
+
+// What GetJob/ListJobs report, readable from any thread.
+struct JobSnapshot {
+  std::string job_id;
+  std::string request_id;
+  JobConfig config;  // effective (defaults filled in)
+  int64_t step = 0;  // Step calls applied; the next sequence is step + 1
+  int64_t applied_steps = 0;
+  ScalerSnapshot scaler;
+  int64_t parameter_count = 0;
+  int64_t estimated_bytes = 0;
+  JobState state = JobState::kActive;
+  std::string failure;  // why, when kFailed
+  // The last applied step's L2 norm of the unscaled gradients, when the
+  // Trainer reported one.
+  std::optional<float> grad_norm;
+};
+
+}  // namespace ampd::engine

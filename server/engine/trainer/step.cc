@@ -1,0 +1,252 @@
+// Trainer::Step: one mixed-precision training step on a Backend, and the
+// checks of its input.
+//
+// Step, in device order:
+//   zero the += gradients (LayerNorm, Embedding); Linear grads are written
+//     by the first micro-batch with beta = 0; zero found_inf and loss_sum
+//   per micro-batch k of K: upload, forward (working dtype, fp32 GEMM
+//     accumulation), loss with grad_scale = S / K (so K accumulated
+//     micro-batches give one big batch's gradient, times S), Add it into
+//     loss_sum on the device, backward accumulating into the grads
+//     (beta = 1: an inf survives accumulation)
+//   [optional] GradLog2Histogram over the scaled grads
+//   UnscaleAndCheck over ALL grads, in_place = false (found_inf and norm_sq,
+//     the norm on every step since the pass reads every gradient anyway and
+//     the report carries it): 16-bit grads must not be unscaled in 16 bits, and for
+//     fp32 grads leaving the unscale to the fused update saves a write pass
+//   fused Adam/SGD update with GradTransform{1/S, found_inf, norm_sq}; the
+//     device skips it entirely on found_inf and it recasts the working copy
+//   ONE ReadBack of [loss_sum, found_inf, norm_sq, max_abs] (and the
+//     histogram when sampled), then scaler.Update with found_inf, max|g| of
+//     the unscaled grads (the check pass computes it in the same read) and,
+//     when sampled, the histogram's fp16 underflow fraction.
+// An adaptive-scaler job's first step (and its first after a state without
+// scaler keys was loaded) first runs CalibrateLossScale (calibrate.cc): one
+// extra forward and backward at S = 1 and one small read, so that the step
+// itself starts at the calibrated scale instead of skipping while it backs
+// off.
+// The four scalars stay on the device, each in its own (1, 1) F32 tensor,
+// until the end: ReadBack waits for the device once and copies all four
+// together, so the step makes one device->host round trip, not one per
+// micro-batch (the losses are summed on the device with Add) or per scalar.
+// Keeping them in separate tensors also means a non-finite loss can never
+// reach found_inf: the scaler skips on bad gradients, not on a bad loss.
+//
+// Bytes per parameter (AdamW, fp16 or bf16 grads; m, v, master F32):
+//   check pass (UnscaleAndCheck, not in place)        read grad 2           =  2 B
+//   fused update  read grad 2 + master 4 + m 4 + v 4,
+//                 write master 4 + m 4 + v 4 + working copy 2               = 28 B
+//   total 30 B/param against the 28 B minimum (grad once, master/m/v read
+//   and written, working copy written): the check pass's extra read of the
+//   2 B grad is the only overhead, +7%. It is what lets a skipped step write
+//   nothing at all: found_inf is known before the update touches anything.
+//   A skipped step moves 2 B/param (the check) plus the update's read of
+//   found_inf. Gradient zeroing costs nothing for Linear weights (beta = 0
+//   on the first micro-batch); LayerNorm/Embedding grads are zeroed (2 B).
+//   fp32 jobs: 4 B check + 4 + 12 + 12 update = 32 B against 28 B; SGD with
+//   momentum in fp16: 2 + (2 + 4 + 4 read, 4 + 4 + 2 write) = 22 B vs 20 B.
+//
+// Timing: PhaseSeconds are steady_clock intervals around the host calls. On
+// the CPU backend ops run synchronously, so they are the phases' real cost;
+// on CUDA forward/backward/unscale/optimizer are host-side launch times
+// (adding a sync per phase would stall the stream) and only `total`, which
+// ends after the ReadScalars that waits for the device, is wall time.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/checked_math.h"
+#include "common/status_macros.h"
+#include "server/engine/amp/adaptive_policy.h"
+#include "server/engine/model/batch_check.h"
+#include "server/engine/trainer/trainer.h"
+#include "server/engine/trainer/trainer_impl.h"
+
+namespace ampd::engine {
+
+using kernels::Tensor;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Positions in the step's one ReadScalars.
+constexpr int kReadLossSum = 0;
+constexpr int kReadFoundInf = 1;
+constexpr int kReadNormSq = 2;
+constexpr int kReadMaxAbs = 3;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Everything Step checks before it touches any state.
+absl::Status ValidateStepInput(const model::ModelSpec& spec, const StepInput& input) {
+  AMPD_RETURN_IF_ERROR(CheckStepInput(input));
+  for (size_t i = 0; i < input.micro_batches.size(); ++i) {
+    const MicroBatch& mb = input.micro_batches[i];
+    AMPD_RETURN_IF_ERROR(model::CheckBatchFitsModel(
+        spec, mb.inputs, mb.targets, absl::StrCat("micro_batches[", i, "].inputs"),
+        absl::StrCat("micro_batches[", i, "].targets")));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckStepInput(const StepInput& input) {
+  if (input.micro_batches.empty()) {
+    return absl::InvalidArgumentError("micro_batches: at least one micro-batch is required");
+  }
+  if (input.learning_rate.has_value() &&
+      !(std::isfinite(*input.learning_rate) && *input.learning_rate >= 0.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("learning_rate: must be finite and >= 0, got ", *input.learning_rate));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
+                                         const std::function<absl::Status(int64_t)>& admit) {
+  const Clock::time_point t_start = Clock::now();
+  Impl& m = *impl_;
+  AMPD_RETURN_IF_ERROR(ValidateStepInput(m.config.model, input));
+  kernels::Backend& b = *m.backend;
+  model::Model& net = *m.model;
+  StepReport report;
+
+  // Admission before allocation: the step's workspace, all of it, whether
+  // cached already or not (a limit shared with other jobs must see what this
+  // job holds during the step).
+  std::vector<int64_t> sizes;
+  for (const MicroBatch& mb : input.micro_batches) {
+    const int64_t rows = mb.inputs.shape[0];
+    if (std::find(sizes.begin(), sizes.end(), rows) == sizes.end()) sizes.push_back(rows);
+  }
+  net.KeepWorkspaces(sizes);
+  int64_t need = 0;
+  for (int64_t rows : sizes) {
+    AMPD_ASSIGN_OR_RETURN(const int64_t bytes,
+                          model::WorkspaceBytes(m.config.model, m.config.precision, rows));
+    need = SaturatingAdd(need, bytes);
+  }
+  const int64_t capacity = b.MemoryCapacityBytes();
+  const int64_t to_allocate = need - net.cached_workspace_bytes();
+  if (capacity > 0 && SaturatingAdd(b.BytesInUse(), to_allocate) > capacity) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("micro_batches: the step needs an estimated ", need,
+                     " bytes of activation and workspace memory for its batch sizes, and with the ",
+                     b.BytesInUse(), " bytes the job holds that exceeds the ", capacity,
+                     " bytes of ", b.name(), "; send smaller micro-batches"));
+  }
+  if (admit) AMPD_RETURN_IF_ERROR(admit(need));
+  // Whatever the outcome, a step's oversized buffers do not outlive it.
+  struct TrimCache {
+    model::Model& net;
+    ~TrimCache() {
+      if (net.cached_workspace_bytes() > kMaxCachedWorkspaceBytes) net.ReleaseWorkspaces();
+    }
+  } trim{net};
+
+  if (m.scaler.NeedsCalibration()) AMPD_RETURN_IF_ERROR(m.CalibrateLossScale(input));
+  const float scale = m.scaler.scale();
+  const auto k = static_cast<int64_t>(input.micro_batches.size());
+  // d(S * mean_k L_k)/dw: each micro-batch's loss gradient carries S / K.
+  const float grad_scale = scale / static_cast<float>(k);
+  const float inv_scale = static_cast<float>(1.0 / static_cast<double>(scale));
+  const bool clip = m.config.optimizer.max_grad_norm > 0.0f;
+
+  AMPD_RETURN_IF_ERROR(net.ZeroGrads());
+  AMPD_RETURN_IF_ERROR(b.Fill(m.found_inf, 0.0f));
+  AMPD_RETURN_IF_ERROR(b.Fill(m.loss_sum, 0.0f));
+  AMPD_RETURN_IF_ERROR(b.Fill(m.norm_sq, 0.0f));
+  AMPD_RETURN_IF_ERROR(b.Fill(m.max_abs, 0.0f));
+
+  for (int64_t i = 0; i < k; ++i) {
+    const MicroBatch& mb = input.micro_batches[static_cast<size_t>(i)];
+    const int64_t rows = mb.inputs.shape[0];
+    report.samples += rows;
+    absl::StatusOr<model::Workspace*> ws = net.GetWorkspace(rows);
+    if (!ws.ok()) return ws.status();
+    const Clock::time_point t0 = Clock::now();
+    AMPD_RETURN_IF_ERROR(net.LoadBatch(mb.inputs, mb.targets, **ws));
+    AMPD_RETURN_IF_ERROR(net.Forward(**ws));
+    AMPD_RETURN_IF_ERROR(net.Loss(**ws, grad_scale, m.loss));
+    AMPD_RETURN_IF_ERROR(b.Add(m.loss, m.loss_sum));
+    const Clock::time_point t1 = Clock::now();
+    AMPD_RETURN_IF_ERROR(net.Backward(**ws, /*first_micro_batch=*/i == 0));
+    const Clock::time_point t2 = Clock::now();
+    report.seconds.forward += Seconds(t0, t1);
+    report.seconds.backward += Seconds(t1, t2);
+  }
+
+  if (input.sample_grad_histogram) {
+    // On the scaled grads: what the operator needs to see is where the
+    // values sit relative to fp16's range, i.e. what was actually stored.
+    AMPD_RETURN_IF_ERROR(
+        b.CopyFromHost(m.zero_bins.data(), m.zero_bins.size() * sizeof(int64_t), m.histogram));
+    AMPD_RETURN_IF_ERROR(b.GradLog2Histogram(m.const_grads, m.histogram));
+  }
+
+  const Clock::time_point t3 = Clock::now();
+  AMPD_RETURN_IF_ERROR(b.UnscaleAndCheck(m.grads, inv_scale, /*in_place=*/false, m.found_inf,
+                                         &m.norm_sq, &m.max_abs));
+  const Clock::time_point t4 = Clock::now();
+
+  // A disabled scaler (PyTorch's enabled=False) never skips, so the update
+  // reads a found_inf that is always 0.
+  const bool scaler_enabled = m.config.scaler.enabled;
+  kernels::GradTransform transform;
+  transform.inv_scale = inv_scale;
+  transform.found_inf = scaler_enabled ? &m.found_inf : &m.no_inf;
+  transform.norm_sq = clip ? &m.norm_sq : nullptr;
+  transform.max_grad_norm = m.config.optimizer.max_grad_norm;
+  AMPD_RETURN_IF_ERROR(m.optimizer.Apply(b, m.refs, input.learning_rate, transform));
+  const Clock::time_point t5 = Clock::now();
+
+  // One read brings the scalars and, when sampled, the histogram.
+  const Tensor* const scalars[4] = {&m.loss_sum, &m.found_inf, &m.norm_sq, &m.max_abs};
+  float host[4] = {0, 0, 0, 0};  // [loss sum, found_inf, norm_sq, max_abs]
+  kernels::HostCopy histogram_copy;
+  if (input.sample_grad_histogram) {
+    report.grad_histogram.resize(kernels::kGradHistogramBins);
+    histogram_copy = {&m.histogram, report.grad_histogram.data(),
+                      report.grad_histogram.size() * sizeof(int64_t)};
+  }
+  AMPD_RETURN_IF_ERROR(b.ReadBack(
+      scalars, host, absl::MakeConstSpan(&histogram_copy, input.sample_grad_histogram ? 1 : 0)));
+  const bool found_inf = host[kReadFoundInf] != 0.0f;
+  amp::StepGradStats stats;
+  stats.found_inf = found_inf;
+  stats.max_abs = host[kReadMaxAbs];
+  if (input.sample_grad_histogram) {
+    stats.underflow_fraction = amp::UnderflowFraction(report.grad_histogram);
+    report.grad_underflow_fraction = stats.underflow_fraction;
+  }
+  absl::StatusOr<amp::ScalerUpdate> update = m.scaler.Update(stats);
+  if (!update.ok()) {
+    // deepspeed at min_scale: the device already skipped the update
+    // (found_inf was set), so the job's state is as it was.
+    return absl::FailedPreconditionError(update.status().message());
+  }
+  const bool applied = !(scaler_enabled && found_inf);
+  if (applied) m.optimizer.set_applied_steps(m.optimizer.applied_steps() + 1);
+  ++m.steps_run;
+
+  report.step = m.steps_run;
+  report.applied_steps = m.optimizer.applied_steps();
+  report.loss = host[kReadLossSum] / static_cast<float>(k);
+  report.scaler = *update;
+  report.grad_max_abs = host[kReadMaxAbs];
+  // Every applied step reports its norm; a skipped one only when clipping
+  // (the norm of gradients that overflowed is inf or NaN, kept as clipping
+  // always reported it).
+  if (applied || clip) report.grad_norm = std::sqrt(host[kReadNormSq]);
+  report.seconds.unscale = Seconds(t3, t4);
+  report.seconds.optimizer = Seconds(t4, t5);
+  report.seconds.total = Seconds(t_start, Clock::now());
+  return report;
+}
+
+}  // namespace ampd::engine

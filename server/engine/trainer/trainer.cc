@@ -1,0 +1,108 @@
+// Trainer: building a job's model, optimizer state and scaler on its
+// Backend (Create), and what the job reads of it between steps.
+#include "server/engine/trainer/trainer.h"
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "server/engine/trainer/trainer_impl.h"
+
+namespace ampd::engine {
+
+using kernels::DType;
+using kernels::Tensor;
+
+namespace {
+
+absl::StatusOr<Tensor> AllocScalar(kernels::Backend& b, const kernels::Shape& shape) {
+  absl::StatusOr<Tensor> t = b.Allocate(DType::kF32, shape);
+  if (!t.ok()) return t.status();
+  AMPD_RETURN_IF_ERROR(b.Fill(*t, 0.0f));
+  return t;
+}
+
+}  // namespace
+
+Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Trainer::~Trainer() = default;
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
+    const JobConfig& config, std::unique_ptr<kernels::Backend> backend) {
+  if (backend == nullptr) return absl::InvalidArgumentError("backend: null");
+  AMPD_ASSIGN_OR_RETURN(const ValidJobConfig valid, ValidJobConfig::Check(config));
+  return Create(valid, std::move(backend));
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
+    const ValidJobConfig& valid, std::unique_ptr<kernels::Backend> backend) {
+  if (backend == nullptr) return absl::InvalidArgumentError("backend: null");
+  const JobConfig& config = valid.get();
+  absl::StatusOr<amp::GradScaler> scaler = amp::GradScaler::Create(config.scaler);
+  if (!scaler.ok()) return scaler.status();
+  // Refused before any allocation when the weights alone cannot fit: the
+  // backend's allocator would fail (or, with overcommit, succeed and let the
+  // kernel kill the process when the pages are touched).
+  const int64_t need = EstimateJobBytes(config);
+  const int64_t capacity = backend->MemoryCapacityBytes();
+  if (capacity > 0 && need > capacity) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("model: the job's weights, gradients and optimizer state need an estimated ",
+                     need, " bytes, more than the ", capacity, " bytes of ", backend->name()));
+  }
+  auto impl = std::make_unique<Impl>(config, std::move(backend), *std::move(scaler));
+  kernels::Backend& b = *impl->backend;
+
+  absl::StatusOr<std::unique_ptr<model::Model>> m =
+      model::Model::Create(config.model, config.precision, config.seed, b);
+  if (!m.ok()) return m.status();
+  impl->model = *std::move(m);
+
+  std::vector<std::string> names;
+  std::vector<kernels::Shape> shapes;
+  for (const model::Parameter& p : impl->model->params()) {
+    names.push_back(p.name);
+    shapes.push_back(p.master.shape());
+  }
+  absl::StatusOr<optim::OptimizerState> opt =
+      optim::OptimizerState::Create(config.optimizer, names, shapes, b);
+  if (!opt.ok()) return opt.status();
+  impl->optimizer = *std::move(opt);
+
+  for (model::Parameter& p : impl->model->params()) {
+    kernels::ParamRef r{};
+    r.master = &p.master;
+    r.working = p.working.empty() ? nullptr : &p.working;
+    r.grad = &p.grad;
+    impl->refs.push_back(r);
+    impl->grads.push_back(&p.grad);
+    impl->const_grads.push_back(&p.grad);
+  }
+  impl->optimizer.Bind(impl->refs);
+
+  for (Tensor* t : {&impl->loss, &impl->loss_sum, &impl->found_inf, &impl->norm_sq, &impl->max_abs,
+                    &impl->no_inf}) {
+    absl::StatusOr<Tensor> s = AllocScalar(b, {1, 1});
+    if (!s.ok()) return s.status();
+    *t = *std::move(s);
+  }
+  absl::StatusOr<Tensor> hist = b.Allocate(DType::kI64, {kernels::kGradHistogramBins});
+  if (!hist.ok()) return hist.status();
+  impl->histogram = *std::move(hist);
+  return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
+}
+
+const JobConfig& Trainer::config() const { return impl_->config; }
+int64_t Trainer::steps_run() const { return impl_->steps_run; }
+int64_t Trainer::applied_steps() const { return impl_->optimizer.applied_steps(); }
+ScalerSnapshot Trainer::scaler() const {
+  return ScalerSnapshot{impl_->scaler.scale(), impl_->scaler.counters()};
+}
+int64_t Trainer::workspace_bytes() const { return impl_->model->cached_workspace_bytes(); }
+int64_t Trainer::parameter_count() const { return impl_->model->parameter_count(); }
+kernels::Backend& Trainer::backend() { return *impl_->backend; }
+
+}  // namespace ampd::engine

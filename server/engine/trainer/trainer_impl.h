@@ -1,0 +1,50 @@
+// Trainer::Impl: one job's state on its Backend, shared by the Trainer's
+// files (trainer.cc builds it, step.cc trains it, state.cc exports and
+// loads it). Private to server/engine/trainer/.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "server/engine/amp/grad_scaler.h"
+#include "server/engine/model/layers.h"
+#include "server/engine/optim/optimizer_state.h"
+#include "server/engine/trainer/trainer.h"
+
+namespace ampd::engine {
+
+struct Trainer::Impl {
+  Impl(const JobConfig& c, std::unique_ptr<kernels::Backend> b, amp::GradScaler s)
+      : config(c), backend(std::move(b)), scaler(std::move(s)) {}
+
+  JobConfig config;
+  std::unique_ptr<kernels::Backend> backend;
+  std::unique_ptr<model::Model> model;
+  optim::OptimizerState optimizer;
+  amp::GradScaler scaler;
+  int64_t steps_run = 0;
+
+  // Views the Backend calls take, built once (the tensors never move:
+  // LoadState move-assigns into the same Tensor objects).
+  std::vector<kernels::ParamRef> refs;
+  std::vector<kernels::Tensor*> grads;
+  std::vector<const kernels::Tensor*> const_grads;
+
+  kernels::Tensor loss;       // (1, 1) F32, one micro-batch's loss
+  kernels::Tensor loss_sum;   // (1, 1) F32, sum of the step's micro-batch losses
+  kernels::Tensor found_inf;  // (1, 1) F32
+  kernels::Tensor norm_sq;    // (1, 1) F32
+  kernels::Tensor max_abs;    // (1, 1) F32, max |g| of the unscaled grads
+  kernels::Tensor no_inf;     // (1, 1) F32 zero: the update's found_inf when the scaler is disabled
+  kernels::Tensor histogram;  // (kGradHistogramBins) I64
+  std::vector<int64_t> zero_bins = std::vector<int64_t>(kernels::kGradHistogramBins, 0);
+
+  // calibrate.cc: the adaptive scaler's calibrated start, run by Step
+  // before the step proper when the scaler NeedsCalibration().
+  absl::Status CalibrateLossScale(const StepInput& input);
+};
+
+}  // namespace ampd::engine
