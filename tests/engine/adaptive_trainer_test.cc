@@ -13,6 +13,7 @@
 
 #include "absl/strings/match.h"
 #include "server/engine/amp/adaptive_policy.h"
+#include "server/engine/jobs/job.h"
 #include "server/engine/trainer/trainer.h"
 #include "tests/engine/engine_test_util.h"
 
@@ -118,6 +119,23 @@ TEST(AdaptiveTrainer, LoadingAStateWithoutScalerKeysCalibratesAgain) {
   // A framework policy still refuses a state without its keys.
   std::unique_ptr<Trainer> p = testing::MakeTrainer(Config(amp::ScalerPolicy::kPyTorch));
   EXPECT_EQ(p->LoadState(bare).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A replayed step (a resent sequence number) answers from the recorded
+// report: a deferred growth survives the record, and a report without one
+// records exactly what it did before the adaptive policy existed.
+TEST(AdaptiveTrainer, RecordedStepReportKeepsAGrowthDeferral) {
+  StepReport r;
+  r.step = 3;
+  r.scaler.growth_deferred = true;
+  absl::StatusOr<StepReport> back = DecodeStepReport(EncodeStepReport(r));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->scaler.growth_deferred);
+  r.scaler.growth_deferred = false;
+  EXPECT_FALSE(absl::StrContains(EncodeStepReport(r), "growth_deferred"));
+  back = DecodeStepReport(EncodeStepReport(r));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_FALSE(back->scaler.growth_deferred);
 }
 
 }  // namespace

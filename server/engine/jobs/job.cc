@@ -106,7 +106,6 @@ std::string EncodeStepReport(const StepReport& r) {
       absl::StrCat("skipped=", r.scaler.skipped ? 1 : 0),
       absl::StrCat("grew=", r.scaler.grew ? 1 : 0),
       absl::StrCat("backed_off=", r.scaler.backed_off ? 1 : 0),
-      absl::StrCat("growth_deferred=", r.scaler.growth_deferred ? 1 : 0),
       absl::StrCat("forward=", HexFloat(r.seconds.forward)),
       absl::StrCat("backward=", HexFloat(r.seconds.backward)),
       absl::StrCat("unscale=", HexFloat(r.seconds.unscale)),
@@ -115,6 +114,9 @@ std::string EncodeStepReport(const StepReport& r) {
       absl::StrCat("samples=", r.samples),
   };
   if (r.grad_norm.has_value()) parts.push_back(absl::StrCat("grad_norm=", HexFloat(*r.grad_norm)));
+  // Only when set (an adaptive scaler's deferred growth), so that every
+  // other report, and the checkpoints that carry one, keep their bytes.
+  if (r.scaler.growth_deferred) parts.push_back("growth_deferred=1");
   return absl::StrJoin(parts, ";");
 }
 
