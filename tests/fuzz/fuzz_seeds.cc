@@ -104,6 +104,14 @@ int main(int argc, char** argv) {
       lines += key + "=" + ampd::engine::amp::FormatStateNumber(value) + "\n";
     }
     ok &= Write(scaler, policies[policy], lines);
+    // The same state with a scale far beyond int64's range: loading it once
+    // converted every value to int64 before knowing the field was a scale.
+    std::string huge(1, static_cast<char>(policy));
+    for (const auto& [key, value] : s->StateDict()) {
+      const bool is_scale = key == "scale" || key == "cur_scale";
+      huge += key + "=" + (is_scale ? "1e300" : ampd::engine::amp::FormatStateNumber(value)) + "\n";
+    }
+    ok &= Write(scaler, std::string(policies[policy]) + "_scale_1e300", huge);
   }
   for (const char* bad : {"0", "1e-999", "0x10", "inf", "-1", "+16", " 16"}) {
     ok &= Write(scaler, std::string("pytorch_scale_") + bad,

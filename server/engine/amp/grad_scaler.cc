@@ -303,8 +303,10 @@ double Get(const ScalerFields& f, Field field) {
 }
 
 // `value` has passed its kind's check: integers are exact, flags 0 or 1.
+// Only an integer field's value is converted to int64: a scale may lie far
+// outside int64's range, and converting it would be undefined behaviour.
 void Set(ScalerFields& f, Field field, double value) {
-  const auto integer = static_cast<int64_t>(value);
+  const auto integer = [value] { return static_cast<int64_t>(value); };
   switch (field) {
     case Field::kScale:
       f.scale = value;
@@ -316,10 +318,10 @@ void Set(ScalerFields& f, Field field, double value) {
       f.config.backoff_factor = value;
       break;
     case Field::kGrowthInterval:
-      f.config.growth_interval = integer;
+      f.config.growth_interval = integer();
       break;
     case Field::kHysteresis:
-      f.config.hysteresis = integer;
+      f.config.hysteresis = integer();
       break;
     case Field::kMinScale:
       f.config.min_scale = value;
@@ -331,19 +333,19 @@ void Set(ScalerFields& f, Field field, double value) {
       f.config.dynamic = value == 1.0;
       break;
     case Field::kGrowthTracker:
-      f.growth_tracker = integer;
+      f.growth_tracker = integer();
       break;
     case Field::kBadSteps:
-      f.bad_steps = integer;
+      f.bad_steps = integer();
       break;
     case Field::kHysteresisLeft:
-      f.hysteresis_left = integer;
+      f.hysteresis_left = integer();
       break;
     case Field::kIteration:
-      f.iteration = integer;
+      f.iteration = integer();
       break;
     case Field::kLastOverflowIteration:
-      f.last_overflow_iteration = integer;
+      f.last_overflow_iteration = integer();
       break;
     case Field::kOverflowMarginLog2:
       f.config.overflow_margin_log2 = integer;
