@@ -348,13 +348,13 @@ void Set(ScalerFields& f, Field field, double value) {
       f.last_overflow_iteration = integer();
       break;
     case Field::kOverflowMarginLog2:
-      f.config.overflow_margin_log2 = integer;
+      f.config.overflow_margin_log2 = integer();
       break;
     case Field::kUnderflowThreshold:
       f.config.underflow_threshold = value;
       break;
     case Field::kGrowthsDeferred:
-      f.growths_deferred = integer;
+      f.growths_deferred = integer();
       break;
     case Field::kCalibrated:
       f.calibrated = value == 1.0;
