@@ -15,7 +15,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
-#include "kernels/backend.h"
+#include "codec/dtype.h"
+#include "kernels/grad_histogram.h"
 #include "server/engine/amp/adaptive_policy.h"
 #include "server/engine/amp/grad_scaler.h"
 
@@ -136,7 +137,7 @@ TEST(AdaptiveCalibration, CalibrateSetsTheScaleOnce) {
   // The framework policies and static or disabled scalers never calibrate.
   EXPECT_FALSE(MakeScaler(ScalerConfig::Defaults(ScalerPolicy::kPyTorch)).NeedsCalibration());
   EXPECT_FALSE(
-      MakeScaler(ScalerConfig::ForPrecisionDefault(kernels::DType::kBF16, ScalerPolicy::kAdaptive))
+      MakeScaler(ScalerConfig::ForPrecisionDefault(codec::DType::kBF16, ScalerPolicy::kAdaptive))
           .NeedsCalibration());
   ScalerConfig off = ScalerConfig::Defaults(ScalerPolicy::kAdaptive);
   off.enabled = false;

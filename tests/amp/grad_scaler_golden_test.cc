@@ -155,7 +155,7 @@ std::string Transcript() {
       configs.emplace_back("disabled", c);
     }
     configs.emplace_back("bf16 default",
-                         ScalerConfig::ForPrecisionDefault(kernels::DType::kBF16, policy));
+                         ScalerConfig::ForPrecisionDefault(codec::DType::kBF16, policy));
     for (const auto& [name, config] : configs) {
       absl::StrAppend(&out, "policy ", PolicyName(policy), ", ", name, "\n");
       std::optional<GradScaler> s = Make(config, out);

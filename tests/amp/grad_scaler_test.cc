@@ -531,12 +531,12 @@ TEST(Disabled, EmptyStateIntoEnabledScalerIsAnError) {
 TEST(PrecisionDefault, Fp16DynamicBf16AndFp32StaticOneThatSkips) {
   for (ScalerPolicy p : {ScalerPolicy::kPyTorch, ScalerPolicy::kPaddle, ScalerPolicy::kDeepSpeed,
                          ScalerPolicy::kMegatron}) {
-    ScalerConfig fp16 = ScalerConfig::ForPrecisionDefault(kernels::DType::kF16, p);
+    ScalerConfig fp16 = ScalerConfig::ForPrecisionDefault(codec::DType::kF16, p);
     ScalerConfig defaults = ScalerConfig::Defaults(p);
     EXPECT_TRUE(fp16.dynamic);
     EXPECT_EQ(fp16.init_scale, defaults.init_scale);
     EXPECT_EQ(fp16.policy, p);
-    for (kernels::DType d : {kernels::DType::kBF16, kernels::DType::kF32}) {
+    for (codec::DType d : {codec::DType::kBF16, codec::DType::kF32}) {
       ScalerConfig c = ScalerConfig::ForPrecisionDefault(d, p);
       EXPECT_EQ(c.policy, p);
       EXPECT_TRUE(c.enabled);
@@ -551,7 +551,7 @@ TEST(PrecisionDefault, Fp16DynamicBf16AndFp32StaticOneThatSkips) {
       }
     }
   }
-  EXPECT_EQ(ScalerConfig::ForPrecisionDefault(kernels::DType::kF16).policy, ScalerPolicy::kPyTorch);
+  EXPECT_EQ(ScalerConfig::ForPrecisionDefault(codec::DType::kF16).policy, ScalerPolicy::kPyTorch);
 }
 
 // ------------------------------------------------------------- validation

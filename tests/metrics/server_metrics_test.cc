@@ -293,7 +293,7 @@ TEST_F(ServerMetricsTest, JobsOfATenantAreLabelledWithIt) {
   observer().OnJobCreated("job-t", "team-a", Fp16Config());
   observer().OnJobCreated("job-open", "", Fp16Config());
   StepReport report = NormalStep(1, 65536);
-  report.grad_histogram.assign(kernels::kGradHistogramBins, 1);
+  report.grad_histogram.assign(engine::kGradHistogramBins, 1);
   observer().OnStep("job-t", report);
   observer().OnStep("job-t", OverflowStep(2, 1, 65536));
   observer().OnStep("job-open", report);

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/backend.h"
+#include "kernels/grad_histogram.h"
 
 namespace ampd::engine::amp {
 

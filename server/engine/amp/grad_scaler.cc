@@ -644,9 +644,9 @@ ScalerConfig ScalerConfig::Defaults(ScalerPolicy policy) {
   return config;
 }
 
-ScalerConfig ScalerConfig::ForPrecisionDefault(kernels::DType working_dtype, ScalerPolicy policy) {
+ScalerConfig ScalerConfig::ForPrecisionDefault(codec::DType working_dtype, ScalerPolicy policy) {
   ScalerConfig config = Defaults(policy);
-  if (working_dtype == kernels::DType::kF16) return config;
+  if (working_dtype == codec::DType::kF16) return config;
   // bf16 and fp32 share fp32's exponent range: gradients that underflow
   // there are not rescued by a scale, so S = 1 and only the skip remains.
   config.dynamic = false;

@@ -67,7 +67,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "kernels/dtype.h"
+#include "codec/dtype.h"
 
 namespace ampd::engine::amp {
 
@@ -125,7 +125,7 @@ struct ScalerConfig {
   // Defaults(policy); bf16 and fp32 (whose range matches fp32, so scaling
   // buys nothing) get a static scale of 1 under `policy`, which still checks
   // and skips non-finite steps, so no non-finite update is ever applied.
-  static ScalerConfig ForPrecisionDefault(kernels::DType working_dtype,
+  static ScalerConfig ForPrecisionDefault(codec::DType working_dtype,
                                           ScalerPolicy policy = ScalerPolicy::kPyTorch);
   // InvalidArgument whose message starts with the bad field's name.
   absl::Status Validate() const;

@@ -42,7 +42,7 @@ absl::StatusOr<ValidJobConfig> ValidJobConfig::Check(JobConfig config) {
 
 int64_t EstimateJobBytes(const JobConfig& config) {
   const int64_t params = model::ParameterCount(config.model);
-  const auto working = static_cast<int64_t>(kernels::SizeOf(model::WorkingDType(config.precision)));
+  const auto working = static_cast<int64_t>(codec::SizeOf(model::WorkingDType(config.precision)));
   int64_t optimizer = 0;
   switch (config.optimizer.kind) {
     case optim::OptimizerKind::kSgd:

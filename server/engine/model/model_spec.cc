@@ -22,16 +22,16 @@ absl::string_view PrecisionName(Precision precision) {
   return "?";
 }
 
-kernels::DType WorkingDType(Precision precision) {
+codec::DType WorkingDType(Precision precision) {
   switch (precision) {
     case Precision::kFp32:
-      return kernels::DType::kF32;
+      return codec::DType::kF32;
     case Precision::kFp16:
-      return kernels::DType::kF16;
+      return codec::DType::kF16;
     case Precision::kBf16:
-      return kernels::DType::kBF16;
+      return codec::DType::kBF16;
   }
-  return kernels::DType::kF32;
+  return codec::DType::kF32;
 }
 
 absl::string_view LayerKindName(LayerKind kind) {

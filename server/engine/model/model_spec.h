@@ -10,7 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "kernels/dtype.h"
+#include "codec/dtype.h"
 
 namespace ampd::engine::model {
 
@@ -18,7 +18,7 @@ enum class Precision { kFp32, kFp16, kBf16 };
 
 absl::string_view PrecisionName(Precision precision);  // "fp32", "fp16", "bf16"
 // Dtype of the working copy, activations and gradients.
-kernels::DType WorkingDType(Precision precision);
+codec::DType WorkingDType(Precision precision);
 
 enum class LayerKind { kLinear, kReLU, kGELU, kTanh, kLayerNorm, kEmbedding };
 
