@@ -61,7 +61,7 @@ ABSL_FLAG(std::optional<double>, momentum, std::nullopt, "SGD momentum");
 ABSL_FLAG(std::optional<double>, max_grad_norm, std::nullopt, "Clip the gradients' L2 norm");
 ABSL_FLAG(std::optional<double>, loss_multiplier, std::nullopt, "Constant the loss is scaled by");
 ABSL_FLAG(std::string, scaler, "pytorch",
-          "Loss-scaler policy: pytorch, paddle, deepspeed, megatron");
+          "Loss-scaler policy: pytorch, paddle, deepspeed, megatron, adaptive");
 ABSL_FLAG(std::optional<double>, init_scale, std::nullopt, "Initial loss scale");
 ABSL_FLAG(std::optional<double>, growth_factor, std::nullopt, "Scale growth factor");
 ABSL_FLAG(std::optional<double>, backoff_factor, std::nullopt, "Scale backoff factor");
@@ -69,6 +69,10 @@ ABSL_FLAG(std::optional<int64_t>, growth_interval, std::nullopt, "Good steps bet
 ABSL_FLAG(std::optional<int64_t>, hysteresis, std::nullopt, "Overflows tolerated before backoff");
 ABSL_FLAG(std::optional<double>, min_scale, std::nullopt, "Scale floor");
 ABSL_FLAG(std::optional<double>, max_scale, std::nullopt, "Scale cap");
+ABSL_FLAG(std::optional<int64_t>, overflow_margin_log2, std::nullopt,
+          "adaptive: keep max|g| * scale * growth_factor <= 65504 / 2^this");
+ABSL_FLAG(std::optional<double>, underflow_threshold, std::nullopt,
+          "adaptive: grow early above this fraction of zero or fp16-subnormal gradients");
 ABSL_FLAG(std::optional<bool>, dynamic, std::nullopt,
           "Dynamic scaling (false: a static scale that still skips non-finite steps)");
 ABSL_FLAG(std::optional<bool>, scaling, std::nullopt,
@@ -162,9 +166,11 @@ absl::StatusOr<ampd::v1::CreateJobRequest> BuildCreateRequest(const ampd::v1::Mo
     s->set_policy(ampd::v1::SCALER_POLICY_DEEPSPEED);
   else if (policy == "megatron")
     s->set_policy(ampd::v1::SCALER_POLICY_MEGATRON);
+  else if (policy == "adaptive")
+    s->set_policy(ampd::v1::SCALER_POLICY_ADAPTIVE);
   else
-    return Fail(
-        absl::StrCat("--scaler: expected pytorch, paddle, deepspeed or megatron, got ", policy));
+    return Fail(absl::StrCat(
+        "--scaler: expected pytorch, paddle, deepspeed, megatron or adaptive, got ", policy));
   if (auto v = absl::GetFlag(FLAGS_init_scale)) s->set_init_scale(*v);
   if (auto v = absl::GetFlag(FLAGS_growth_factor)) s->set_growth_factor(*v);
   if (auto v = absl::GetFlag(FLAGS_backoff_factor)) s->set_backoff_factor(*v);
@@ -174,6 +180,8 @@ absl::StatusOr<ampd::v1::CreateJobRequest> BuildCreateRequest(const ampd::v1::Mo
   if (auto v = absl::GetFlag(FLAGS_max_scale)) s->set_max_scale(*v);
   if (auto v = absl::GetFlag(FLAGS_dynamic)) s->set_dynamic(*v);
   if (auto v = absl::GetFlag(FLAGS_scaling)) s->set_enabled(*v);
+  if (auto v = absl::GetFlag(FLAGS_overflow_margin_log2)) s->set_overflow_margin_log2(*v);
+  if (auto v = absl::GetFlag(FLAGS_underflow_threshold)) s->set_underflow_threshold(*v);
   return request;
 }
 
@@ -281,11 +289,12 @@ absl::Status Train(ampd::Client& client) {
     if (json) {
       std::printf(
           "{\"job_id\":\"%s\",\"step\":%lld,\"loss\":%s,\"loss_scale\":%s,\"scale_before\":%s,"
-          "\"skipped\":%s,\"found_inf\":%s,\"grad_norm\":%s,\"applied_steps\":%lld,\"ms\":%s}\n",
+          "\"skipped\":%s,\"found_inf\":%s,\"growth_deferred\":%s,\"grad_norm\":%s,"
+          "\"applied_steps\":%lld,\"ms\":%s}\n",
           job->job_id().c_str(), static_cast<long long>(r->global_step()),
           JsonNumber(r->loss()).c_str(), JsonNumber(r->scale_after()).c_str(),
           JsonNumber(r->scale_before()).c_str(), r->skipped() ? "true" : "false",
-          r->found_inf() ? "true" : "false",
+          r->found_inf() ? "true" : "false", r->scale_growth_deferred() ? "true" : "false",
           r->has_grad_norm() ? JsonNumber(r->grad_norm()).c_str() : "null",
           static_cast<long long>(r->applied_steps()), JsonNumber(ms).c_str());
     } else {
@@ -410,7 +419,7 @@ int main(int argc, char** argv) {
       " health\n"
       "  ampctl jobs create [--layers=SPEC --loss=mse|cross_entropy]|list|get ID|delete ID\n"
       "  ampctl train --steps=N [--precision=fp16|bf16|fp32] [--scaler=pytorch --init-scale=..]"
-      " [--json]\n"
+      " [--loss-multiplier=X] [--json]\n"
       "  ampctl train --batches=FILE --layers=SPEC [--loss=mse|cross_entropy] --steps=N ...\n"
       "  ampctl state export --job=ID --out=FILE\n"
       "  ampctl state import --job=ID FILE\n"

@@ -204,13 +204,21 @@ class Backend {
   // catches an inv_scale of inf (loss scale 0) or one that overflows a finite
   // g, so the fused update, which computes the same product, never sees a
   // non-finite gradient on a step it applies;
-  // norm_sq, when given, gets += sum((g * inv_scale)^2) in fp32; when
+  // norm_sq, when given, gets += sum((g * inv_scale)^2) in fp32; max_abs,
+  // when given, gets max(max_abs, max |g * inv_scale|) over the elements
+  // (NaNs ignored, inf kept; exact, so any reduction order gives the same
+  // value), which the adaptive loss scaler reads without another pass; when
   // in_place, each element is replaced by g * inv_scale rounded to its dtype.
   // In-place unscaling is for F32 gradients: an fp16 gradient unscaled in
   // fp16 would underflow exactly as the loss scale was there to prevent, so
   // fp16 jobs check here and unscale inside the fused optimizer instead.
   virtual absl::Status UnscaleAndCheck(absl::Span<Tensor* const> grads, float inv_scale,
-                                       bool in_place, Tensor& found_inf, Tensor* norm_sq) = 0;
+                                       bool in_place, Tensor& found_inf, Tensor* norm_sq,
+                                       Tensor* max_abs) = 0;
+  absl::Status UnscaleAndCheck(absl::Span<Tensor* const> grads, float inv_scale, bool in_place,
+                               Tensor& found_inf, Tensor* norm_sq) {
+    return UnscaleAndCheck(grads, inv_scale, in_place, found_inf, norm_sq, nullptr);
+  }
 
   // Fused per parameter: read grad, transform it (GradTransform), update
   // master and state in fp32, write the working copy; skip all of it on

@@ -530,10 +530,11 @@ absl::Status ValidateCrossEntropyLoss(const Tensor& logits, const Tensor& labels
 // ---- loss scaling and the optimizer ----------------------------------------------
 
 absl::Status ValidateUnscaleAndCheck(absl::Span<Tensor* const> grads, const Tensor& found_inf,
-                                     const Tensor* norm_sq) {
+                                     const Tensor* norm_sq, const Tensor* max_abs) {
   constexpr absl::string_view kOp = "UnscaleAndCheck";
   AMPD_RETURN_IF_ERROR(CheckScalarF32(kOp, "found_inf", found_inf));
   if (norm_sq != nullptr) AMPD_RETURN_IF_ERROR(CheckScalarF32(kOp, "norm_sq", *norm_sq));
+  if (max_abs != nullptr) AMPD_RETURN_IF_ERROR(CheckScalarF32(kOp, "max_abs", *max_abs));
   return CheckGradList(kOp, grads);
 }
 

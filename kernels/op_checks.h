@@ -98,7 +98,7 @@ absl::Status ValidateCrossEntropyLoss(const Tensor& logits, const Tensor& labels
 
 // ---- loss scaling and the optimizer
 absl::Status ValidateUnscaleAndCheck(absl::Span<Tensor* const> grads, const Tensor& found_inf,
-                                     const Tensor* norm_sq);
+                                     const Tensor* norm_sq, const Tensor* max_abs = nullptr);
 // The transform's scalars, then every ParamRef: master F32; grad float of
 // master's element count; working (optional) float of the same count;
 // state0/state1 F32 of the same count when the optimizer needs them (an

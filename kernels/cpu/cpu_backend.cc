@@ -168,9 +168,10 @@ class CpuBackend final : public Backend {
     return cpu::CrossEntropyLoss(logits, labels, multiplier, grad_scale, loss, dlogits);
   }
 
+  using Backend::UnscaleAndCheck;
   absl::Status UnscaleAndCheck(absl::Span<Tensor* const> grads, float inv_scale, bool in_place,
-                               Tensor& found_inf, Tensor* norm_sq) override {
-    return cpu::UnscaleAndCheck(grads, inv_scale, in_place, found_inf, norm_sq);
+                               Tensor& found_inf, Tensor* norm_sq, Tensor* max_abs) override {
+    return cpu::UnscaleAndCheck(grads, inv_scale, in_place, found_inf, norm_sq, max_abs);
   }
   absl::Status AdamUpdate(absl::Span<const ParamRef> params, const AdamConfig& config, int64_t step,
                           const GradTransform& transform) override {

@@ -166,7 +166,7 @@ absl::Status CrossEntropyLoss(const Tensor& logits, const Tensor& labels, float 
                               float grad_scale, Tensor& loss, Tensor& dlogits);
 // unscale_check.cc
 absl::Status UnscaleAndCheck(absl::Span<Tensor* const> grads, float inv_scale, bool in_place,
-                             Tensor& found_inf, Tensor* norm_sq);
+                             Tensor& found_inf, Tensor* norm_sq, Tensor* max_abs);
 // adam.cc
 absl::Status AdamUpdate(ThreadPool& pool, absl::Span<const ParamRef> params,
                         const AdamConfig& config, int64_t step, const GradTransform& transform);

@@ -463,9 +463,10 @@ class CudaBackend final : public Backend {
   }
 
   // ---- loss scaling and the optimizer -----------------------------------------
+  using Backend::UnscaleAndCheck;
   absl::Status UnscaleAndCheck(absl::Span<Tensor* const> grads, float inv_scale, bool in_place,
-                               Tensor& found_inf, Tensor* norm_sq) override {
-    AMPD_RETURN_IF_ERROR(ValidateUnscaleAndCheck(grads, found_inf, norm_sq));
+                               Tensor& found_inf, Tensor* norm_sq, Tensor* max_abs) override {
+    AMPD_RETURN_IF_ERROR(ValidateUnscaleAndCheck(grads, found_inf, norm_sq, max_abs));
     const std::vector<GradSpan> spans = ToGradSpans(grads.data(), grads.size());
     AMPD_ENTER_DEVICE();
     // One fp32 partial per block for the deterministic two-stage norm.
@@ -478,7 +479,8 @@ class CudaBackend final : public Backend {
     }
     return LaunchUnscaleAndCheck(spans.data(), static_cast<int>(spans.size()), inv_scale, in_place,
                                  found_inf.data_as<float>(),
-                                 norm_sq ? norm_sq->data_as<float>() : nullptr, partials, stream());
+                                 norm_sq ? norm_sq->data_as<float>() : nullptr, partials,
+                                 max_abs ? max_abs->data_as<float>() : nullptr, stream());
   }
 
   absl::Status AdamUpdate(absl::Span<const ParamRef> params, const AdamConfig& config, int64_t step,

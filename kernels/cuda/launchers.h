@@ -167,11 +167,14 @@ absl::Status LaunchCrossEntropy(const void* logits, DType dtype, const void* lab
 // norm_sq (if not null) += sum of (g * inv_scale)^2, two-stage: each block
 // writes its partial to `partials` (UnscaleAndCheckBlocks(grads, count)
 // floats of scratch; unused when norm_sq is null), then one block adds them
-// in a fixed order, so the norm is bitwise reproducible.
+// in a fixed order, so the norm is bitwise reproducible. max_abs (if not
+// null) = max(max_abs, max |g * inv_scale|), NaNs ignored: each block's max
+// goes in with one atomicMax on the float's bits (monotonic for values >= 0),
+// which is exact in any order.
 int64_t UnscaleAndCheckBlocks(const GradSpan* grads, int count);
 absl::Status LaunchUnscaleAndCheck(const GradSpan* grads, int count, float inv_scale, bool in_place,
                                    float* found_inf, float* norm_sq, float* partials,
-                                   cudaStream_t stream);
+                                   float* max_abs, cudaStream_t stream);
 absl::Status LaunchAdamUpdate(const ParamSpan* params, int count, const AdamArgs& args,
                               const TransformArgs& transform, cudaStream_t stream);
 absl::Status LaunchSgdUpdate(const ParamSpan* params, int count, const SgdArgs& args,

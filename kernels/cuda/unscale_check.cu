@@ -5,7 +5,11 @@
 // bitwise reproducible (a per-block atomicAdd would add the blocks in
 // whatever order they finish): every block writes its fp32 partial to
 // scratch (one slot per block of every launch), then one block adds the
-// partials in index order and does norm_sq[0] += total.
+// partials in index order and does norm_sq[0] += total. max_abs[0] (when
+// given) is raised to the largest |g * inv_scale| in the same read: a
+// block max, then one atomicMax per block on the float's bit pattern, which
+// orders like the value for non-negative floats and, being a max, gives the
+// same bits in any order (NaNs are skipped by fmaxf; an inf is kept).
 // The non-finite test is on the unscaled product g * inv_scale: it flags
 // every stored inf or NaN, as PyTorch's
 // _amp_foreach_non_finite_check_and_unscale_ does, and also a finite g made
@@ -20,16 +24,31 @@ namespace ampd::kernels::cuda {
 namespace {
 
 constexpr int kElemsPerThread = 8;
+
+// The block's max of v >= 0 (NaN-free: fmaxf drops NaN), for every thread.
+__device__ __forceinline__ float BlockMaxNonNegative(float v) {
+  __shared__ float warp_maxes[32];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  v = WarpMax(v);
+  __syncthreads();  // warp_maxes may still be read by a previous call
+  if (lane == 0) warp_maxes[warp] = v;
+  __syncthreads();
+  const int warps = static_cast<int>(blockDim.x >> 5);
+  return WarpMax(lane < warps ? warp_maxes[lane] : 0.0f);
+}
 constexpr int64_t kTile = int64_t{kThreads} * kElemsPerThread;
 
 __global__ void unscale_check_kernel(const __grid_constant__ TensorChunk<GradSpan> chunk,
                                      float inv_scale, bool in_place, float* found_inf,
-                                     float* partials) {
+                                     float* partials, float* max_abs) {
   // partials (gridDim.x) or nullptr: this launch's slice of the scratch
+  // max_abs (1) or nullptr
   const int t = ChunkTensorOf(chunk, static_cast<int>(blockIdx.x));
   const GradSpan& g = chunk.entry[t];
   const int64_t begin = (static_cast<int64_t>(blockIdx.x) - chunk.block_start[t]) * kTile;
   float sum_sq = 0.0f;
+  float max = 0.0f;
   int nonfinite = 0;
   for (int k = 0; k < kElemsPerThread; ++k) {
     const int64_t i = begin + k * kThreads + threadIdx.x;  // coalesced across the block
@@ -39,6 +58,7 @@ __global__ void unscale_check_kernel(const __grid_constant__ TensorChunk<GradSpa
     // value is, and also when inv_scale is inf or overflows a finite g.
     const float u = LoadAs(g.data, i, g.dtype) * inv_scale;
     nonfinite |= !isfinite(u);
+    max = fmaxf(max, fabsf(u));
     sum_sq += u * u;
     if (in_place) StoreAs(g.data, i, g.dtype, u);
   }
@@ -46,6 +66,12 @@ __global__ void unscale_check_kernel(const __grid_constant__ TensorChunk<GradSpa
   if (partials != nullptr) {
     sum_sq = BlockSum(sum_sq);
     if (threadIdx.x == 0) partials[blockIdx.x] = sum_sq;
+  }
+  if (max_abs != nullptr) {
+    max = BlockMaxNonNegative(max);
+    if (threadIdx.x == 0 && max > 0.0f) {
+      atomicMax(reinterpret_cast<unsigned int*>(max_abs), __float_as_uint(max));
+    }
   }
 }
 
@@ -72,7 +98,7 @@ int64_t UnscaleAndCheckBlocks(const GradSpan* grads, int count) {
 
 absl::Status LaunchUnscaleAndCheck(const GradSpan* grads, int count, float inv_scale, bool in_place,
                                    float* found_inf, float* norm_sq, float* partials,
-                                   cudaStream_t stream) {
+                                   float* max_abs, cudaStream_t stream) {
   const int64_t total_blocks = UnscaleAndCheckBlocks(grads, count);
   if (norm_sq != nullptr && total_blocks > 0 && partials == nullptr) {
     return absl::InternalError("LaunchUnscaleAndCheck: norm_sq given but no partials scratch");
@@ -86,7 +112,7 @@ absl::Status LaunchUnscaleAndCheck(const GradSpan* grads, int count, float inv_s
         float* slice = norm_sq != nullptr ? partials + next_partial : nullptr;
         next_partial += blocks;
         unscale_check_kernel<<<blocks, kThreads, 0, stream>>>(chunk, inv_scale, in_place, found_inf,
-                                                              slice);
+                                                              slice, max_abs);
         return cudaGetLastError();
       }));
   if (norm_sq != nullptr && total_blocks > 0) {

@@ -83,9 +83,13 @@ struct StepReport {
   amp::ScalerUpdate scaler;        // scale before/after, found_inf, skipped, grew, backed_off
   std::optional<float> grad_norm;  // L2 of unscaled grads (before clipping): every applied
                                    // step, and skipped ones when clipping
+  float grad_max_abs = 0;          // max |g| of the unscaled grads (inf when they overflowed)
   PhaseSeconds seconds;
   int64_t samples = 0;                  // rows over all micro-batches
   std::vector<int64_t> grad_histogram;  // kGradHistogramBins counts, when sampled
+  // Fraction of the sampled (scaled) gradient elements at zero or below
+  // fp16's smallest normal 2^-14, when sampled (amp::UnderflowFraction).
+  std::optional<double> grad_underflow_fraction;
 };
 
 // StepReport::grad_histogram's bins (kernels/grad_histogram.h, where the

@@ -92,6 +92,8 @@ struct ServerMetrics::JobSeries {
   Counter* skipped_nonfinite = nullptr;
   Counter* growths = nullptr;
   Counter* backoffs = nullptr;
+  Counter* growths_deferred = nullptr;
+  Gauge* grad_underflow_fraction ABSL_GUARDED_BY(mu) = nullptr;  // from the first sampled step
   Gauge* loss = nullptr;
   Gauge* grad_norm ABSL_GUARDED_BY(mu) = nullptr;  // created on the first reported norm
   Histogram* grad_magnitude = nullptr;
@@ -123,6 +125,20 @@ ServerMetrics::ServerMetrics()
                     .Name("ampd_loss_scale_backoffs_total")
                     .Help("Steps after which the scaler backed the loss scale off.")
                     .Register(*registry_)),
+      growths_deferred_(
+          BuildCounter()
+              .Name("ampd_loss_scale_growths_deferred_total")
+              .Help("Scheduled loss-scale growths the adaptive scaler deferred because the "
+                    "step's max|g| times the grown scale would have left its overflow margin "
+                    "(each one a skipped step a framework scaler would have paid); 0 for the "
+                    "other policies.")
+              .Register(*registry_)),
+      grad_underflow_fraction_(
+          BuildGauge()
+              .Name("ampd_grad_underflow_fraction")
+              .Help("Fraction of the scaled gradient elements at zero or fp16-subnormal "
+                    "(below 2^-14) on the job's last sampled step; absent until one.")
+              .Register(*registry_)),
       loss_(BuildGauge()
                 .Name("ampd_loss")
                 .Help("Unscaled fp32 loss of the job's last step, mean over its micro-batches.")
@@ -227,6 +243,7 @@ std::shared_ptr<ServerMetrics::JobSeries> ServerMetrics::FindOrCreateJob(const s
   series->skipped_nonfinite = &skipped_steps_.Add(with("reason", "nonfinite"));
   series->growths = &growths_.Add(job);
   series->backoffs = &backoffs_.Add(job);
+  series->growths_deferred = &growths_deferred_.Add(job);
   series->loss = &loss_.Add(job);
   series->grad_magnitude = &grad_magnitude_.Add(job, GradMagnitudeLog2Bounds());
   series->grad_zero_elements = &grad_zero_elements_.Add(job);
@@ -254,6 +271,13 @@ void ServerMetrics::OnStep(const std::string& job_id, const engine::StepReport& 
   if (report.scaler.skipped) series->skipped_nonfinite->Increment();
   if (report.scaler.grew) series->growths->Increment();
   if (report.scaler.backed_off) series->backoffs->Increment();
+  if (report.scaler.growth_deferred) series->growths_deferred->Increment();
+  if (report.grad_underflow_fraction.has_value()) {
+    if (series->grad_underflow_fraction == nullptr) {
+      series->grad_underflow_fraction = &grad_underflow_fraction_.Add(series->labels);
+    }
+    series->grad_underflow_fraction->Set(*report.grad_underflow_fraction);
+  }
   series->loss->Set(report.loss);
   if (report.grad_norm.has_value()) {
     if (series->grad_norm == nullptr) series->grad_norm = &grad_norm_.Add(series->labels);
@@ -285,6 +309,10 @@ void ServerMetrics::RemoveSeries(JobSeries& series) {
   skipped_steps_.Remove(series.skipped_nonfinite);
   growths_.Remove(series.growths);
   backoffs_.Remove(series.backoffs);
+  growths_deferred_.Remove(series.growths_deferred);
+  if (series.grad_underflow_fraction != nullptr) {
+    grad_underflow_fraction_.Remove(series.grad_underflow_fraction);
+  }
   loss_.Remove(series.loss);
   if (series.grad_norm != nullptr) grad_norm_.Remove(series.grad_norm);
   grad_magnitude_.Remove(series.grad_magnitude);

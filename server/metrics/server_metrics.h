@@ -89,6 +89,8 @@ class ServerMetrics final : public engine::JobObserver {
   prometheus::Family<prometheus::Counter>& skipped_steps_;
   prometheus::Family<prometheus::Counter>& growths_;
   prometheus::Family<prometheus::Counter>& backoffs_;
+  prometheus::Family<prometheus::Counter>& growths_deferred_;
+  prometheus::Family<prometheus::Gauge>& grad_underflow_fraction_;
   prometheus::Family<prometheus::Gauge>& loss_;
   prometheus::Family<prometheus::Gauge>& grad_norm_;
   prometheus::Family<prometheus::Histogram>& grad_magnitude_;

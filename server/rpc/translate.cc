@@ -54,6 +54,8 @@ absl::StatusOr<amp::ScalerPolicy> PolicyFromProto(v1::ScalerPolicy p) {
       return amp::ScalerPolicy::kDeepSpeed;
     case v1::SCALER_POLICY_MEGATRON:
       return amp::ScalerPolicy::kMegatron;
+    case v1::SCALER_POLICY_ADAPTIVE:
+      return amp::ScalerPolicy::kAdaptive;
     default:
       return FieldError("config.scaler.policy", absl::StrCat("unknown value ", p));
   }
@@ -69,6 +71,8 @@ v1::ScalerPolicy PolicyToProto(amp::ScalerPolicy p) {
       return v1::SCALER_POLICY_DEEPSPEED;
     case amp::ScalerPolicy::kMegatron:
       return v1::SCALER_POLICY_MEGATRON;
+    case amp::ScalerPolicy::kAdaptive:
+      return v1::SCALER_POLICY_ADAPTIVE;
   }
   return v1::SCALER_POLICY_UNSPECIFIED;
 }
@@ -135,6 +139,7 @@ absl::Status ScalerFromProto(const v1::ScalerConfig& p, amp::ScalerConfig* c) {
            {"backoff_factor", p.has_backoff_factor(), p.backoff_factor()},
            {"min_scale", p.has_min_scale(), p.min_scale()},
            {"max_scale", p.has_max_scale(), p.max_scale()},
+           {"underflow_threshold", p.has_underflow_threshold(), p.underflow_threshold()},
        }) {
     if (set) {
       if (absl::Status s = CheckFinite(absl::StrCat("config.scaler.", name), value); !s.ok()) {
@@ -153,6 +158,17 @@ absl::Status ScalerFromProto(const v1::ScalerConfig& p, amp::ScalerConfig* c) {
   if (p.has_raise_at_min_scale()) c->raise_at_min_scale = p.raise_at_min_scale();
   if (p.has_min_scale()) c->min_scale = p.min_scale();
   if (p.has_max_scale()) c->max_scale = p.max_scale();
+  const bool adaptive = c->policy == amp::ScalerPolicy::kAdaptive;
+  if (p.has_overflow_margin_log2()) {
+    if (!adaptive)
+      return FieldError("config.scaler.overflow_margin_log2", "applies to adaptive only");
+    c->overflow_margin_log2 = p.overflow_margin_log2();
+  }
+  if (p.has_underflow_threshold()) {
+    if (!adaptive)
+      return FieldError("config.scaler.underflow_threshold", "applies to adaptive only");
+    c->underflow_threshold = p.underflow_threshold();
+  }
   return absl::OkStatus();
 }
 
@@ -219,6 +235,10 @@ v1::JobConfig JobConfigToProto(const JobConfig& config) {
   s->set_raise_at_min_scale(c.raise_at_min_scale);
   if (c.min_scale.has_value()) s->set_min_scale(*c.min_scale);
   if (c.max_scale.has_value()) s->set_max_scale(*c.max_scale);
+  if (c.policy == amp::ScalerPolicy::kAdaptive) {
+    s->set_overflow_margin_log2(c.overflow_margin_log2);
+    s->set_underflow_threshold(c.underflow_threshold);
+  }
   return proto;
 }
 
@@ -277,6 +297,7 @@ void StepReportToProto(const engine::StepReport& r, v1::StepResponse* response) 
   response->set_skipped(r.scaler.skipped);
   response->set_scale_grew(r.scaler.grew);
   response->set_scale_backed_off(r.scaler.backed_off);
+  response->set_scale_growth_deferred(r.scaler.growth_deferred);
   response->mutable_scaler_counters()->set_growth_tracker(r.scaler.counters.growth_tracker);
   response->mutable_scaler_counters()->set_overflows_until_backoff(
       r.scaler.counters.overflows_until_backoff);

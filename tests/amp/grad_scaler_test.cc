@@ -1211,6 +1211,9 @@ struct Reference {
       case ScalerPolicy::kMegatron:
         megatron.update(inf);
         return true;
+      case ScalerPolicy::kAdaptive:  // no framework to mirror: adaptive_scaler_test.cc
+        ADD_FAILURE() << "RandomConfig draws the framework policies only";
+        return true;
     }
     return true;
   }
@@ -1225,6 +1228,9 @@ struct Reference {
         return deepspeed.cur_scale;
       case ScalerPolicy::kMegatron:
         return megatron._scale;
+      case ScalerPolicy::kAdaptive:
+        ADD_FAILURE() << "RandomConfig draws the framework policies only";
+        return 0;
     }
     return 0;
   }
@@ -1239,6 +1245,9 @@ struct Reference {
         return deepspeed.state();
       case ScalerPolicy::kMegatron:
         return megatron.state();
+      case ScalerPolicy::kAdaptive:
+        ADD_FAILURE() << "RandomConfig draws the framework policies only";
+        return {};
     }
     return {};
   }

@@ -91,6 +91,8 @@ void ExpectSameConfig(const JobConfig& a, const JobConfig& b) {
   if (s.max_scale && t.max_scale) {
     EXPECT_TRUE(SameBits(*s.max_scale, *t.max_scale));
   }
+  EXPECT_EQ(s.overflow_margin_log2, t.overflow_margin_log2);
+  EXPECT_TRUE(SameBits(s.underflow_threshold, t.underflow_threshold));
 }
 
 LayerSpec Linear(int64_t in, int64_t out, bool bias = true) {
@@ -149,8 +151,9 @@ std::vector<JobConfig> ManyConfigs() {
   std::vector<JobConfig> configs;
   int n = 0;
   for (Precision precision : {Precision::kFp32, Precision::kFp16, Precision::kBf16}) {
-    for (ScalerPolicy policy : {ScalerPolicy::kPyTorch, ScalerPolicy::kPaddle,
-                                ScalerPolicy::kDeepSpeed, ScalerPolicy::kMegatron}) {
+    for (ScalerPolicy policy :
+         {ScalerPolicy::kPyTorch, ScalerPolicy::kPaddle, ScalerPolicy::kDeepSpeed,
+          ScalerPolicy::kMegatron, ScalerPolicy::kAdaptive}) {
       for (OptimizerKind kind :
            {OptimizerKind::kSgd, OptimizerKind::kAdam, OptimizerKind::kAdamW}) {
         for (const model::ModelSpec& model : Models()) {
@@ -189,6 +192,10 @@ std::vector<JobConfig> ManyConfigs() {
           s.raise_at_min_scale = n % 3 == 0;
           if (n % 2 == 0) s.min_scale = 0.5;
           if (n % 3 != 0) s.max_scale = 16777216.0;
+          if (policy == ScalerPolicy::kAdaptive) {
+            s.overflow_margin_log2 = n % 16;
+            s.underflow_threshold = 1.0 / 3.0;
+          }
           configs.push_back(c);
         }
       }
@@ -199,7 +206,7 @@ std::vector<JobConfig> ManyConfigs() {
 
 TEST(JobConfigCodec, RoundTripsEveryFieldBitForBit) {
   const std::vector<JobConfig> configs = ManyConfigs();
-  ASSERT_EQ(configs.size(), 3u * 4u * 3u * 3u * 2u);
+  ASSERT_EQ(configs.size(), 3u * 5u * 3u * 3u * 2u);
   for (size_t i = 0; i < configs.size(); ++i) {
     const JobConfig& config = configs[i];
     ASSERT_TRUE(ValidateJobConfig(config).ok()) << i << ": " << ValidateJobConfig(config);
@@ -354,16 +361,47 @@ TEST_F(JobConfigCodecRefuses, WrongTypesAndRanges) {
 }
 
 TEST_F(JobConfigCodecRefuses, OtherFormatVersions) {
-  ExpectError(Edited("\"format_version\":1", "\"format_version\":2"), absl::StatusCode::kDataLoss,
-              "ampd.config: format_version: 2 is not the version this ampd reads (1); the "
-              "checkpoint was written by a newer ampd");
+  ExpectError(Edited("\"format_version\":1", "\"format_version\":0"), absl::StatusCode::kDataLoss,
+              "ampd.config: format_version: 0 is not a version this ampd reads (1 to 2); the "
+              "checkpoint was written by another ampd");
   ExpectError(Edited("\"format_version\":1,", ""), absl::StatusCode::kDataLoss,
               "ampd.config: format_version: missing");
   // A later format may change any key: the version is checked before them.
   ExpectError(Edited("\"format_version\":1,", "\"format_version\":3,\"new\":{},"),
               absl::StatusCode::kDataLoss,
-              "ampd.config: format_version: 3 is not the version this ampd reads (1); the "
+              "ampd.config: format_version: 3 is not a version this ampd reads (1 to 2); the "
               "checkpoint was written by a newer ampd");
+}
+
+// Version 2 exists for the adaptive policy only: its configs are written as
+// version 2 with its two fields, every other policy's still as version 1
+// (readable by an ampd that predates version 2), and a version-1 document
+// naming adaptive is refused.
+TEST(JobConfigCodec, AdaptiveConfigsAreVersionTwoOthersStayVersionOne) {
+  JobConfig config = DefaultJobConfig(Precision::kFp16, ScalerPolicy::kAdaptive);
+  config.model = Models()[0];
+  const std::string json = EncodeJobConfig(config, "");
+  EXPECT_TRUE(absl::StartsWith(json, "{\"format_version\":2,")) << json;
+  EXPECT_TRUE(absl::StrContains(json, "\"policy\":\"adaptive\"")) << json;
+  EXPECT_TRUE(absl::StrContains(json, "\"overflow_margin_log2\":3,\"underflow_threshold\":"))
+      << json;
+  absl::StatusOr<JobConfigRecord> decoded = DecodeJobConfig(json);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  ExpectSameConfig(config, decoded->config);
+
+  const std::string v1 =
+      absl::StrReplaceAll(json, {{"\"format_version\":2", "\"format_version\":1"}});
+  decoded = DecodeJobConfig(v1);
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(decoded.status().message(),
+            "ampd.config: scaler.policy: adaptive is not a policy of format_version 1");
+
+  JobConfig pytorch = DefaultJobConfig(Precision::kFp16, ScalerPolicy::kPyTorch);
+  pytorch.model = Models()[0];
+  const std::string old = EncodeJobConfig(pytorch, "");
+  EXPECT_TRUE(absl::StartsWith(old, "{\"format_version\":1,")) << old;
+  EXPECT_FALSE(absl::StrContains(old, "overflow_margin_log2")) << old;
 }
 
 TEST_F(JobConfigCodecRefuses, ConfigsTheEngineRefuses) {

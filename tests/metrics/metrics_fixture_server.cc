@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
       .forward = 0.002, .backward = 0.004, .unscale = 0.001, .optimizer = 0.001, .total = 0.008};
   step.samples = 64;
   step.grad_histogram.assign(ampd::engine::kGradHistogramBins, 1);
+  step.grad_underflow_fraction = 18.0 / ampd::engine::kGradHistogramBins;
   metrics.OnStep("fixture-job", step);
 
   step.step = 2;  // overflow: skipped, S halved

@@ -193,6 +193,23 @@ TEST_F(ServerMetricsTest, GrowthIsCounted) {
   EXPECT_EQ(Value(R"(ampd_loss_scale{job="job-a"})"), 65536);
 }
 
+TEST_F(ServerMetricsTest, DeferredGrowthsAndUnderflowFractionAreExported) {
+  observer().OnJobCreated("job-a", "", Fp16Config());
+  EXPECT_EQ(Value(R"(ampd_loss_scale_growths_deferred_total{job="job-a"})"), 0);
+  EXPECT_EQ(Scrape().find("ampd_grad_underflow_fraction{"), std::string::npos);
+  StepReport deferred = NormalStep(2000, 4096);
+  deferred.scaler.growth_deferred = true;
+  deferred.grad_underflow_fraction = 0.25;
+  observer().OnStep("job-a", deferred);
+  observer().OnStep("job-a", NormalStep(2001, 4096));  // unsampled: the gauge keeps 0.25
+  EXPECT_EQ(Value(R"(ampd_loss_scale_growths_deferred_total{job="job-a"})"), 1);
+  EXPECT_EQ(Value(R"(ampd_grad_underflow_fraction{job="job-a"})"), 0.25);
+  EXPECT_EQ(Value(R"(ampd_loss_scale_growths_total{job="job-a"})"), 0);
+  observer().OnJobDeleted("job-a");
+  EXPECT_EQ(Scrape().find("ampd_grad_underflow_fraction{"), std::string::npos);
+  EXPECT_EQ(Scrape().find("ampd_loss_scale_growths_deferred_total{"), std::string::npos);
+}
+
 TEST_F(ServerMetricsTest, GradNormSeriesAppearsOnlyOnceReported) {
   observer().OnJobCreated("job-a", "", Fp16Config());
   StepReport no_norm = NormalStep(1, 65536);

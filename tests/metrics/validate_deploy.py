@@ -136,7 +136,8 @@ def check_dashboard(path):
                        and "phase" in queries(p)),
           "dashboard: needs step time by phase through histogram_quantile")
     for name in ["ampd_skipped_steps_total", "ampd_loss_scale_growths_total",
-                 "ampd_loss_scale_backoffs_total", "ampd_loss{", "ampd_grad_norm",
+                 "ampd_loss_scale_backoffs_total", "ampd_loss_scale_growths_deferred_total",
+                 "ampd_grad_underflow_fraction", "ampd_loss{", "ampd_grad_norm",
                  "ampd_samples_total", "ampd_jobs", "ampd_device_memory_used_bytes"]:
         check(any(name in e for e in exprs), "dashboard: nothing charts %s" % name)
     for e in exprs:

@@ -130,7 +130,8 @@ class AdamW(Adam):
 
 
 _POLICIES = {"pytorch": pb.SCALER_POLICY_PYTORCH, "paddle": pb.SCALER_POLICY_PADDLE,
-             "deepspeed": pb.SCALER_POLICY_DEEPSPEED, "megatron": pb.SCALER_POLICY_MEGATRON}
+             "deepspeed": pb.SCALER_POLICY_DEEPSPEED, "megatron": pb.SCALER_POLICY_MEGATRON,
+             "adaptive": pb.SCALER_POLICY_ADAPTIVE}
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,8 @@ class Scaler:
     raise_at_min_scale: Optional[bool] = None
     min_scale: Optional[float] = None
     max_scale: Optional[float] = None
+    overflow_margin_log2: Optional[int] = None  # adaptive only
+    underflow_threshold: Optional[float] = None  # adaptive only
 
     def to_proto(self):
         if self.policy not in _POLICIES:

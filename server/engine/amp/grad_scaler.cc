@@ -22,6 +22,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "server/engine/amp/adaptive_policy.h"
 
 namespace ampd::engine::amp {
 namespace {
@@ -59,6 +60,26 @@ absl::Status CheckBackoffFactor(double value, absl::string_view name) {
 absl::Status CheckAtLeastOne(int64_t value, absl::string_view name) {
   if (value < 1) {
     return absl::InvalidArgumentError(absl::StrCat(name, " must be >= 1, got ", value));
+  }
+  return absl::OkStatus();
+}
+
+// A margin of 2^15 leaves a limit of 2 (65504 / 32768); a larger one would
+// hold every scaled gradient below 1, pushing them toward the underflow a
+// loss scale exists to avoid.
+constexpr int64_t kMaxOverflowMarginLog2 = 15;
+
+absl::Status CheckOverflowMargin(int64_t value, absl::string_view name) {
+  if (value < 0 || value > kMaxOverflowMarginLog2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " must be in [0, ", kMaxOverflowMarginLog2, "], got ", value));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckUnderflowThreshold(double value, absl::string_view name) {
+  if (!(value >= 0.0 && value <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(name, " must be in [0, 1], got ", value));
   }
   return absl::OkStatus();
 }
@@ -168,6 +189,8 @@ struct ScalerFields {
   int64_t hysteresis_left = 1;
   int64_t iteration = 0;
   int64_t last_overflow_iteration = -1;
+  int64_t growths_deferred = 0;
+  bool calibrated = false;
 };
 
 // The field a state key holds. The field decides the value's type (a real,
@@ -188,6 +211,10 @@ enum class Field {
   kHysteresisLeft,
   kIteration,
   kLastOverflowIteration,
+  kOverflowMarginLog2,
+  kUnderflowThreshold,
+  kGrowthsDeferred,
+  kCalibrated,
 };
 
 ValueKind KindOf(Field field) {
@@ -196,9 +223,11 @@ ValueKind KindOf(Field field) {
     case Field::kGrowthFactor:
     case Field::kBackoffFactor:
     case Field::kMinScale:
+    case Field::kUnderflowThreshold:
       return ValueKind::kReal;
     case Field::kConsecutiveHysteresis:
     case Field::kDynamic:
+    case Field::kCalibrated:
       return ValueKind::kFlag;
     case Field::kGrowthInterval:
     case Field::kHysteresis:
@@ -207,6 +236,8 @@ ValueKind KindOf(Field field) {
     case Field::kHysteresisLeft:
     case Field::kIteration:
     case Field::kLastOverflowIteration:
+    case Field::kOverflowMarginLog2:
+    case Field::kGrowthsDeferred:
       return ValueKind::kInteger;
   }
   return ValueKind::kReal;
@@ -221,6 +252,8 @@ bool IsHyperParameter(Field field) {
     case Field::kMinScale:
     case Field::kConsecutiveHysteresis:
     case Field::kDynamic:
+    case Field::kOverflowMarginLog2:
+    case Field::kUnderflowThreshold:
       return true;
     default:
       return false;
@@ -257,6 +290,14 @@ double Get(const ScalerFields& f, Field field) {
       return static_cast<double>(f.iteration);
     case Field::kLastOverflowIteration:
       return static_cast<double>(f.last_overflow_iteration);
+    case Field::kOverflowMarginLog2:
+      return static_cast<double>(f.config.overflow_margin_log2);
+    case Field::kUnderflowThreshold:
+      return f.config.underflow_threshold;
+    case Field::kGrowthsDeferred:
+      return static_cast<double>(f.growths_deferred);
+    case Field::kCalibrated:
+      return f.calibrated ? 1.0 : 0.0;
   }
   return 0.0;
 }
@@ -306,6 +347,18 @@ void Set(ScalerFields& f, Field field, double value) {
     case Field::kLastOverflowIteration:
       f.last_overflow_iteration = integer();
       break;
+    case Field::kOverflowMarginLog2:
+      f.config.overflow_margin_log2 = integer();
+      break;
+    case Field::kUnderflowThreshold:
+      f.config.underflow_threshold = value;
+      break;
+    case Field::kGrowthsDeferred:
+      f.growths_deferred = integer();
+      break;
+    case Field::kCalibrated:
+      f.calibrated = value == 1.0;
+      break;
   }
 }
 
@@ -349,6 +402,14 @@ absl::Status BelowGrowthIntervalKey(const ScalerFields& loaded, double value,
 // decr_every_n_nan_or_inf.
 absl::Status BelowHysteresisKey(const ScalerFields& loaded, double value, absl::string_view key) {
   return InRange(static_cast<int64_t>(value), 0, loaded.config.hysteresis - 1, key);
+}
+
+absl::Status OverflowMarginKey(const ScalerFields&, double value, absl::string_view key) {
+  return PrefixState(CheckOverflowMargin(static_cast<int64_t>(value), absl::StrCat("'", key, "'")));
+}
+
+absl::Status UnderflowThresholdKey(const ScalerFields&, double value, absl::string_view key) {
+  return PrefixState(CheckUnderflowThreshold(value, absl::StrCat("'", key, "'")));
 }
 
 absl::Status IterationKey(const ScalerFields&, double value, absl::string_view key) {
@@ -459,6 +520,24 @@ const std::vector<PolicySpec>& PolicySpecs() {
            {"growth_interval", "loss_scale_window"},
            {"min_scale", "min_loss_scale"},
        }},
+      // pytorch's keys, so its scale and tracker read the same, then the
+      // adaptive policy's own: its two hyper-parameters, the deferred-growth
+      // count and whether the scale has been calibrated (a state saved
+      // before the first step has not, and calibrates after loading).
+      {ScalerPolicy::kAdaptive,
+       "adaptive",
+       {
+           {"scale", Field::kScale},
+           {"growth_factor", Field::kGrowthFactor, GrowthFactorKey},
+           {"backoff_factor", Field::kBackoffFactor, BackoffFactorKey},
+           {"growth_interval", Field::kGrowthInterval, AtLeastOneKey},
+           {"_growth_tracker", Field::kGrowthTracker, BelowGrowthIntervalKey},
+           {"overflow_margin_log2", Field::kOverflowMarginLog2, OverflowMarginKey},
+           {"underflow_threshold", Field::kUnderflowThreshold, UnderflowThresholdKey},
+           {"growths_deferred", Field::kGrowthsDeferred, IterationKey},
+           {"calibrated", Field::kCalibrated},
+       },
+       {}},
   };
   return *specs;
 }
@@ -556,6 +635,11 @@ ScalerConfig ScalerConfig::Defaults(ScalerPolicy policy) {
       config.hysteresis = 2;
       config.min_scale = 1.0;
       break;
+    case ScalerPolicy::kAdaptive:
+      // pytorch's scale, factors and interval (the scheduled growth is
+      // pytorch's, made predictive), plus Apex's cap (adaptive_policy.h).
+      config.max_scale = 16777216.0;  // 2^24
+      break;
   }
   return config;
 }
@@ -579,6 +663,8 @@ absl::Status ScalerConfig::Validate() const {
   AMPD_RETURN_IF_ERROR(CheckBackoffFactor(backoff_factor, Label(policy, "backoff_factor")));
   AMPD_RETURN_IF_ERROR(CheckAtLeastOne(growth_interval, Label(policy, "growth_interval")));
   AMPD_RETURN_IF_ERROR(CheckAtLeastOne(hysteresis, Label(policy, "hysteresis")));
+  AMPD_RETURN_IF_ERROR(CheckOverflowMargin(overflow_margin_log2, "overflow_margin_log2"));
+  AMPD_RETURN_IF_ERROR(CheckUnderflowThreshold(underflow_threshold, "underflow_threshold"));
   if (min_scale.has_value()) {
     AMPD_RETURN_IF_ERROR(CheckScaleValue(*min_scale, Label(policy, "min_scale")));
   } else if (policy == ScalerPolicy::kDeepSpeed) {
@@ -625,6 +711,7 @@ float GradScaler::Grown() const {
   switch (config_.policy) {
     case ScalerPolicy::kPyTorch:
     case ScalerPolicy::kDeepSpeed:
+    case ScalerPolicy::kAdaptive:
       // float * double, rounded once to float32 (PyTorch's kernel; DeepSpeed's
       // Python float product stored as float32).
       grown = static_cast<float>(static_cast<double>(scale_) * config_.growth_factor);
@@ -646,6 +733,7 @@ float GradScaler::BackedOff() const {
   float backed_off = 0.0f;
   switch (config_.policy) {
     case ScalerPolicy::kPyTorch:
+    case ScalerPolicy::kAdaptive:
       backed_off = static_cast<float>(static_cast<double>(scale_) * config_.backoff_factor);
       break;
     case ScalerPolicy::kDeepSpeed:
@@ -748,7 +836,59 @@ void GradScaler::UpdateMegatron(bool found_inf) {
   }
 }
 
+void GradScaler::UpdateAdaptive(const StepGradStats& stats, ScalerUpdate& update) {
+  if (stats.found_inf) {
+    // A real overflow: pytorch's backoff.
+    scale_ = BackedOff();
+    growth_tracker_ = 0;
+    return;
+  }
+  // Without a measured max the policy cannot predict, and grows as pytorch.
+  const float grown = Grown();
+  const bool fits =
+      !stats.max_abs.has_value() || FitsMargin(*stats.max_abs, grown, config_.overflow_margin_log2);
+  const int64_t successful = growth_tracker_ + 1;
+  if (successful == config_.growth_interval) {
+    growth_tracker_ = 0;
+    if (fits) {
+      scale_ = grown;
+    } else if (grown > scale_) {
+      // Only a growth that would really have raised the scale counts as
+      // deferred (at the cap, or at float32's top, there is none to defer).
+      ++growths_deferred_;
+      update.growth_deferred = true;
+    }
+    return;
+  }
+  growth_tracker_ = successful;
+  if (stats.underflow_fraction.has_value() &&
+      *stats.underflow_fraction > config_.underflow_threshold && stats.max_abs.has_value() &&
+      fits) {
+    scale_ = grown;
+    growth_tracker_ = 0;
+  }
+}
+
+bool GradScaler::NeedsCalibration() const {
+  return config_.policy == ScalerPolicy::kAdaptive && config_.enabled && config_.dynamic &&
+         !calibrated_;
+}
+
+float GradScaler::Calibrate(float max_abs) {
+  scale_ = CalibratedScale(max_abs, config_);
+  growth_tracker_ = 0;
+  calibrated_ = true;
+  return scale_;
+}
+
 absl::StatusOr<ScalerUpdate> GradScaler::Update(bool found_inf) {
+  StepGradStats stats;
+  stats.found_inf = found_inf;
+  return Update(stats);
+}
+
+absl::StatusOr<ScalerUpdate> GradScaler::Update(const StepGradStats& stats) {
+  const bool found_inf = stats.found_inf;
   ScalerUpdate update;
   update.found_inf = found_inf;
   update.scale_before = scale();
@@ -772,6 +912,9 @@ absl::StatusOr<ScalerUpdate> GradScaler::Update(bool found_inf) {
       case ScalerPolicy::kMegatron:
         UpdateMegatron(found_inf);
         break;
+      case ScalerPolicy::kAdaptive:
+        UpdateAdaptive(stats, update);
+        break;
     }
   }
   update.scale_after = scale_;
@@ -786,6 +929,7 @@ ScalerCounters GradScaler::counters() const {
   if (!config_.enabled || !config_.dynamic) return c;
   switch (config_.policy) {
     case ScalerPolicy::kPyTorch:
+    case ScalerPolicy::kAdaptive:
       c.growth_tracker = growth_tracker_;
       c.overflows_until_backoff = 1;
       break;
@@ -815,7 +959,9 @@ ScalerState GradScaler::StateDict() const {
                                .bad_steps = bad_steps_,
                                .hysteresis_left = hysteresis_left_,
                                .iteration = iteration_,
-                               .last_overflow_iteration = last_overflow_iteration_};
+                               .last_overflow_iteration = last_overflow_iteration_,
+                               .growths_deferred = growths_deferred_,
+                               .calibrated = calibrated_};
   ScalerState state;
   for (const StateKey& k : FindSpec(config_.policy)->keys) {
     state[std::string(k.key)] = Get(fields, k.field);
@@ -825,6 +971,13 @@ ScalerState GradScaler::StateDict() const {
 
 absl::Status GradScaler::LoadStateDict(const ScalerState& state) {
   if (!config_.enabled) return absl::OkStatus();
+  if (state.empty() && config_.policy == ScalerPolicy::kAdaptive) {
+    // A state without scaler keys (weights from elsewhere): the adaptive
+    // policy measures the loaded model's gradients again instead of failing.
+    calibrated_ = false;
+    growth_tracker_ = 0;
+    return absl::OkStatus();
+  }
   if (state.empty()) {
     return absl::InvalidArgumentError(
         "scaler state is empty (saved from a disabled scaler?) but this scaler is enabled");
@@ -887,6 +1040,8 @@ absl::Status GradScaler::LoadStateDict(const ScalerState& state) {
   hysteresis_left_ = loaded.hysteresis_left;
   iteration_ = loaded.iteration;
   last_overflow_iteration_ = loaded.last_overflow_iteration;
+  growths_deferred_ = loaded.growths_deferred;
+  calibrated_ = loaded.calibrated;
   return absl::OkStatus();
 }
 

@@ -49,6 +49,14 @@
 //    update() returns at once when use_dynamic_loss_scaling is false.
 //  - LoadStateDict rejects keys the policy does not name, so that a state
 //    saved under another policy fails loudly instead of half loading.
+//
+// A fifth policy, adaptive (server/engine/amp/adaptive_policy.h has its
+// rules), goes beyond the frameworks: it starts from a scale calibrated on
+// the job's own gradients, takes a growth only when the step's max|g| says
+// the grown scale cannot overflow, and grows early when the sampled
+// gradient histogram shows elements underflowing. It is the only policy
+// that reads more than found_inf (Update(const StepGradStats&)); the other
+// four ignore the extra statistics and stay bit-identical to their framework.
 #pragma once
 
 #include <cstdint>
@@ -63,9 +71,9 @@
 
 namespace ampd::engine::amp {
 
-enum class ScalerPolicy { kPyTorch, kPaddle, kDeepSpeed, kMegatron };
+enum class ScalerPolicy { kPyTorch, kPaddle, kDeepSpeed, kMegatron, kAdaptive };
 
-absl::string_view PolicyName(ScalerPolicy policy);  // "pytorch", "paddle", ...
+absl::string_view PolicyName(ScalerPolicy policy);  // "pytorch", "paddle", ..., "adaptive"
 std::optional<ScalerPolicy> PolicyFromName(absl::string_view name);
 
 // One config for every policy; each field says which policy names it how.
@@ -92,6 +100,15 @@ struct ScalerConfig {
   bool raise_at_min_scale = true;       // deepspeed: fail instead of looping at min_scale
   std::optional<double> min_scale;      // floor (deepspeed/megatron default 1.0)
   std::optional<double> max_scale;      // cap (none by default, Apex uses 2^24)
+  // adaptive only: growth is taken only while max|g| * S * growth_factor
+  // stays <= 65504 / 2^overflow_margin_log2 (fp16's max with 2^margin of
+  // head-room for the gradients to grow between steps); the calibrated start
+  // keeps max|g| * S under the same limit. In [0, 15].
+  int64_t overflow_margin_log2 = 3;
+  // adaptive only: when a sampled histogram shows more than this fraction of
+  // the stored (scaled) gradient elements at zero or fp16-subnormal (< 2^-14)
+  // and the max leaves head-room, the scale grows early. In [0, 1].
+  double underflow_threshold = 1.0 / 1024;
 
   // The policy's documented defaults:
   //   pytorch:   65536, 2, 0.5, 2000, no floor, no cap.
@@ -101,6 +118,8 @@ struct ScalerConfig {
   //   deepspeed: 2^16 (initial_scale_power 16), 2, window 1000, hysteresis 2,
   //              consecutive_hysteresis false, min_loss_scale 1, raise at min.
   //   megatron:  2^32, 2, 0.5, window 1000, hysteresis 2, min_loss_scale 1.
+  //   adaptive:  pytorch's (65536, 2, 0.5, 2000), margin 2^3, underflow
+  //              threshold 2^-10, cap 2^24 (adaptive_policy.h says why).
   static ScalerConfig Defaults(ScalerPolicy policy);
   // The default for a job whose working copy has `working_dtype`: fp16 gets
   // Defaults(policy); bf16 and fp32 (whose range matches fp32, so scaling
@@ -130,6 +149,18 @@ struct ScalerCounters {
   int64_t overflows_until_backoff = 0;
 };
 
+// What the step measured about its gradients. Only found_inf is read by the
+// framework policies; adaptive also reads the rest when present.
+struct StepGradStats {
+  bool found_inf = false;
+  // max |g * inv_scale| over every gradient element, i.e. of the unscaled
+  // gradients (from the fused check pass); absent when not measured.
+  std::optional<float> max_abs;
+  // Fraction of the stored (scaled) gradient elements that are zero or
+  // fp16-subnormal, from a sampled histogram; absent on unsampled steps.
+  std::optional<double> underflow_fraction;
+};
+
 // What one Update did, for the step's reply and the metrics.
 struct ScalerUpdate {
   float scale_before = 1.0f;
@@ -138,6 +169,9 @@ struct ScalerUpdate {
   bool skipped = false;     // the optimizer step must not be applied
   bool grew = false;        // scale_after > scale_before
   bool backed_off = false;  // scale_after < scale_before
+  // adaptive: a scheduled growth was refused because max|g| * S *
+  // growth_factor would have left the overflow margin.
+  bool growth_deferred = false;
   ScalerCounters counters;  // after the update
 };
 
@@ -149,6 +183,9 @@ struct ScalerUpdate {
 //   deepspeed: cur_scale, cur_iter, last_overflow_iter, scale_factor, scale_window,
 //              min_scale, cur_hysteresis, delayed_shift, consecutive_hysteresis
 //   megatron:  scale, growth_tracker, hysteresis_tracker
+//   adaptive:  scale, growth_factor, backoff_factor, growth_interval, _growth_tracker
+//              (pytorch's), overflow_margin_log2, underflow_threshold,
+//              growths_deferred, calibrated
 // As in each framework, the hyper-parameters a state carries replace the
 // config's on load (config() reflects them afterwards).
 using ScalerState = std::map<std::string, double>;
@@ -176,6 +213,19 @@ class GradScaler {
   // overflows at min_scale with raise_at_min_scale (the job must stop); the
   // scaler's state is then left as it was.
   absl::StatusOr<ScalerUpdate> Update(bool found_inf);
+  // The same with the step's gradient statistics (only adaptive reads more
+  // than found_inf).
+  absl::StatusOr<ScalerUpdate> Update(const StepGradStats& stats);
+
+  // adaptive: true until the scale has been calibrated, i.e. on a new job's
+  // first step and after loading a state that carries no scaler keys.
+  bool NeedsCalibration() const;
+  // Sets the scale from max|g| of the unscaled gradients measured at a scale
+  // that cannot overflow (adaptive_policy.h: CalibratedScale) and marks the
+  // scaler calibrated. Returns the new scale.
+  float Calibrate(float max_abs);
+  // adaptive: scheduled growths refused so far (0 for the other policies).
+  int64_t growths_deferred() const { return growths_deferred_; }
 
   ScalerCounters counters() const;
 
@@ -194,6 +244,7 @@ class GradScaler {
   void UpdatePaddle(bool found_inf);
   absl::Status UpdateDeepSpeed(bool found_inf);
   void UpdateMegatron(bool found_inf);
+  void UpdateAdaptive(const StepGradStats& stats, ScalerUpdate& update);
   // scale_ * factor (or / factor for deepspeed backoff) with the policy's
   // own rounding, then the floor or the cap and the finite guard.
   float Grown() const;
@@ -208,6 +259,8 @@ class GradScaler {
                                           // (megatron's may go below 0, as Megatron's does)
   int64_t iteration_ = 0;                 // deepspeed cur_iter: updates done so far
   int64_t last_overflow_iteration_ = -1;  // deepspeed last_overflow_iter
+  int64_t growths_deferred_ = 0;          // adaptive growths_deferred
+  bool calibrated_ = false;               // adaptive calibrated
 };
 
 }  // namespace ampd::engine::amp

@@ -114,6 +114,9 @@ std::string EncodeStepReport(const StepReport& r) {
       absl::StrCat("samples=", r.samples),
   };
   if (r.grad_norm.has_value()) parts.push_back(absl::StrCat("grad_norm=", HexFloat(*r.grad_norm)));
+  // Only when set (an adaptive scaler's deferred growth), so that every
+  // other report, and the checkpoints that carry one, keep their bytes.
+  if (r.scaler.growth_deferred) parts.push_back("growth_deferred=1");
   return absl::StrJoin(parts, ";");
 }
 
@@ -141,6 +144,8 @@ absl::StatusOr<StepReport> DecodeStepReport(absl::string_view text) {
       r.scaler.grew = i != 0;
     else if (k == "backed_off" && is_int)
       r.scaler.backed_off = i != 0;
+    else if (k == "growth_deferred" && is_int)
+      r.scaler.growth_deferred = i != 0;
     else if (k == "loss" && is_float)
       r.loss = static_cast<float>(d);
     else if (k == "scale_before" && is_float)

@@ -531,6 +531,10 @@ std::string ScalerJson(const amp::ScalerConfig& c) {
   w.Bool("raise_at_min_scale", c.raise_at_min_scale);
   if (c.min_scale.has_value()) w.Double("min_scale", *c.min_scale);
   if (c.max_scale.has_value()) w.Double("max_scale", *c.max_scale);
+  if (c.policy == amp::ScalerPolicy::kAdaptive) {
+    w.Int("overflow_margin_log2", c.overflow_margin_log2);
+    w.Double("underflow_threshold", c.underflow_threshold);
+  }
   w.Close();
   return out;
 }
@@ -622,15 +626,19 @@ absl::StatusOr<optim::OptimizerSpec> OptimizerFromJson(const Json& v) {
   return spec;
 }
 
-absl::StatusOr<amp::ScalerConfig> ScalerFromJson(const Json& v) {
+absl::StatusOr<amp::ScalerConfig> ScalerFromJson(const Json& v, int64_t version) {
   AMPD_ASSIGN_OR_RETURN(Fields f, Fields::Of(v, "scaler"));
   amp::ScalerConfig c;
   AMPD_ASSIGN_OR_RETURN(const std::string policy, f.String("policy"));
   AMPD_ASSIGN_OR_RETURN(c.policy,
                         FromName(policy,
                                  {amp::ScalerPolicy::kPyTorch, amp::ScalerPolicy::kPaddle,
-                                  amp::ScalerPolicy::kDeepSpeed, amp::ScalerPolicy::kMegatron},
+                                  amp::ScalerPolicy::kDeepSpeed, amp::ScalerPolicy::kMegatron,
+                                  amp::ScalerPolicy::kAdaptive},
                                  amp::PolicyName, "scaler.policy"));
+  if (c.policy == amp::ScalerPolicy::kAdaptive && version < 2) {
+    return Corrupt("scaler.policy", "adaptive is not a policy of format_version 1");
+  }
   AMPD_ASSIGN_OR_RETURN(c.enabled, f.Bool("enabled"));
   AMPD_ASSIGN_OR_RETURN(c.dynamic, f.Bool("dynamic"));
   AMPD_ASSIGN_OR_RETURN(c.init_scale, f.Double("init_scale"));
@@ -646,6 +654,10 @@ absl::StatusOr<amp::ScalerConfig> ScalerFromJson(const Json& v) {
   if (f.Has("max_scale")) {
     AMPD_ASSIGN_OR_RETURN(c.max_scale, f.Double("max_scale"));
   }
+  if (c.policy == amp::ScalerPolicy::kAdaptive) {
+    AMPD_ASSIGN_OR_RETURN(c.overflow_margin_log2, f.Integer<int64_t>("overflow_margin_log2"));
+    AMPD_ASSIGN_OR_RETURN(c.underflow_threshold, f.Double("underflow_threshold"));
+  }
   AMPD_RETURN_IF_ERROR(f.Done());
   return c;
 }
@@ -655,7 +667,8 @@ absl::StatusOr<amp::ScalerConfig> ScalerFromJson(const Json& v) {
 std::string EncodeJobConfig(const JobConfig& config, absl::string_view request_id) {
   std::string out;
   ObjectWriter w(&out);
-  w.Int("format_version", kJobConfigFormatVersion);
+  // The oldest version that holds the config (the header says why).
+  w.Int("format_version", config.scaler.policy == amp::ScalerPolicy::kAdaptive ? 2 : 1);
   w.String("display_name", config.display_name);
   if (!request_id.empty()) w.String("request_id", request_id);
   w.Raw("seed", absl::StrCat(config.seed));
@@ -672,10 +685,10 @@ absl::StatusOr<JobConfigRecord> DecodeJobConfig(absl::string_view json) {
   AMPD_ASSIGN_OR_RETURN(Fields f, Fields::Of(document, ""));
   // The version first: a later format may have changed any other key.
   AMPD_ASSIGN_OR_RETURN(const int64_t version, f.Integer<int64_t>("format_version"));
-  if (version != kJobConfigFormatVersion) {
+  if (version < 1 || version > kJobConfigFormatVersion) {
     return Corrupt(
         "format_version",
-        absl::StrCat(version, " is not the version this ampd reads (", kJobConfigFormatVersion,
+        absl::StrCat(version, " is not a version this ampd reads (1 to ", kJobConfigFormatVersion,
                      "); the checkpoint was written by ",
                      version > kJobConfigFormatVersion ? "a newer" : "another", " ampd"));
   }
@@ -697,7 +710,7 @@ absl::StatusOr<JobConfigRecord> DecodeJobConfig(absl::string_view json) {
   AMPD_ASSIGN_OR_RETURN(const Json* optimizer, f.Get("optimizer"));
   AMPD_ASSIGN_OR_RETURN(config.optimizer, OptimizerFromJson(*optimizer));
   AMPD_ASSIGN_OR_RETURN(const Json* scaler, f.Get("scaler"));
-  AMPD_ASSIGN_OR_RETURN(config.scaler, ScalerFromJson(*scaler));
+  AMPD_ASSIGN_OR_RETURN(config.scaler, ScalerFromJson(*scaler, version));
   AMPD_RETURN_IF_ERROR(f.Done());
   if (absl::Status s = ValidateJobConfig(config); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat(kKey, ": ", s.message()));

@@ -15,7 +15,12 @@
 //    "scaler":{"policy":"pytorch","enabled":true,"dynamic":true,
 //              "init_scale":65536,...,"min_scale":1,"max_scale":16777216}}
 //
-// request_id, min_scale and max_scale are present only when set. A layer
+// request_id, min_scale and max_scale are present only when set.
+// Version 2 adds the adaptive scaler policy, whose scaler object also
+// carries overflow_margin_log2 and underflow_threshold (and only its does).
+// A config version 1 can hold (any other policy) is still written as
+// version 1, byte for byte as before, so that an ampd predating version 2
+// can restore it; the reader takes both. A layer
 // carries the fields of its kind only (linear: in_features, out_features,
 // bias; layer_norm: normalized_shape, eps, elementwise_affine; embedding:
 // num_embeddings, embedding_dim); the optimizer those of its kind (sgd: lr,
@@ -38,8 +43,9 @@
 
 namespace ampd::engine {
 
-// The format_version EncodeJobConfig writes and DecodeJobConfig reads.
-inline constexpr int kJobConfigFormatVersion = 1;
+// The newest format_version: EncodeJobConfig writes it for adaptive-scaler
+// configs (version 1 for the others), DecodeJobConfig reads 1 to it.
+inline constexpr int kJobConfigFormatVersion = 2;
 
 // A job's config and the request_id it was created with ("" when none).
 struct JobConfigRecord {
@@ -51,7 +57,7 @@ struct JobConfigRecord {
 std::string EncodeJobConfig(const JobConfig& config, absl::string_view request_id);
 
 // DataLoss naming the key ("ampd.config: optimizer.beta1: expected a
-// number") for text that is not a config of kJobConfigFormatVersion;
+// number") for text that is not a config of a version it reads;
 // ValidateJobConfig's error, prefixed "ampd.config: ", for one that decodes
 // but is not valid.
 absl::StatusOr<JobConfigRecord> DecodeJobConfig(absl::string_view json);

@@ -16,10 +16,17 @@
 //     fp32 grads leaving the unscale to the fused update saves a write pass
 //   fused Adam/SGD update with GradTransform{1/S, found_inf, norm_sq}; the
 //     device skips it entirely on found_inf and it recasts the working copy
-//   ONE ReadBack of [loss_sum, found_inf, norm_sq] (and the histogram when
-//     sampled), then scaler.Update(found_inf).
-// The three scalars stay on the device, each in its own (1, 1) F32 tensor,
-// until the end: ReadScalars waits for the device once and copies all three
+//   ONE ReadBack of [loss_sum, found_inf, norm_sq, max_abs] (and the
+//     histogram when sampled), then scaler.Update with found_inf, max|g| of
+//     the unscaled grads (the check pass computes it in the same read) and,
+//     when sampled, the histogram's fp16 underflow fraction.
+// An adaptive-scaler job's first step (and its first after a state without
+// scaler keys was loaded) first runs CalibrateLossScale (calibrate.cc): one
+// extra forward and backward at S = 1 and one small read, so that the step
+// itself starts at the calibrated scale instead of skipping while it backs
+// off.
+// The four scalars stay on the device, each in its own (1, 1) F32 tensor,
+// until the end: ReadBack waits for the device once and copies all four
 // together, so the step makes one device->host round trip, not one per
 // micro-batch (the losses are summed on the device with Add) or per scalar.
 // Keeping them in separate tensors also means a non-finite loss can never
@@ -52,6 +59,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/checked_math.h"
 #include "common/status_macros.h"
+#include "server/engine/amp/adaptive_policy.h"
 #include "server/engine/model/batch_check.h"
 #include "server/engine/trainer/trainer.h"
 #include "server/engine/trainer/trainer_impl.h"
@@ -67,6 +75,7 @@ namespace {
 constexpr int kReadLossSum = 0;
 constexpr int kReadFoundInf = 1;
 constexpr int kReadNormSq = 2;
+constexpr int kReadMaxAbs = 3;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -140,6 +149,7 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
     }
   } trim{net};
 
+  if (m.scaler.NeedsCalibration()) AMPD_RETURN_IF_ERROR(m.CalibrateLossScale(input));
   const float scale = m.scaler.scale();
   const auto k = static_cast<int64_t>(input.micro_batches.size());
   // d(S * mean_k L_k)/dw: each micro-batch's loss gradient carries S / K.
@@ -151,6 +161,7 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   AMPD_RETURN_IF_ERROR(b.Fill(m.found_inf, 0.0f));
   AMPD_RETURN_IF_ERROR(b.Fill(m.loss_sum, 0.0f));
   AMPD_RETURN_IF_ERROR(b.Fill(m.norm_sq, 0.0f));
+  AMPD_RETURN_IF_ERROR(b.Fill(m.max_abs, 0.0f));
 
   for (int64_t i = 0; i < k; ++i) {
     const MicroBatch& mb = input.micro_batches[static_cast<size_t>(i)];
@@ -179,8 +190,8 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   }
 
   const Clock::time_point t3 = Clock::now();
-  AMPD_RETURN_IF_ERROR(
-      b.UnscaleAndCheck(m.grads, inv_scale, /*in_place=*/false, m.found_inf, &m.norm_sq));
+  AMPD_RETURN_IF_ERROR(b.UnscaleAndCheck(m.grads, inv_scale, /*in_place=*/false, m.found_inf,
+                                         &m.norm_sq, &m.max_abs));
   const Clock::time_point t4 = Clock::now();
 
   // A disabled scaler (PyTorch's enabled=False) never skips, so the update
@@ -195,8 +206,8 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   const Clock::time_point t5 = Clock::now();
 
   // One read brings the scalars and, when sampled, the histogram.
-  const Tensor* const scalars[3] = {&m.loss_sum, &m.found_inf, &m.norm_sq};
-  float host[3] = {0, 0, 0};  // [loss sum, found_inf, norm_sq]
+  const Tensor* const scalars[4] = {&m.loss_sum, &m.found_inf, &m.norm_sq, &m.max_abs};
+  float host[4] = {0, 0, 0, 0};  // [loss sum, found_inf, norm_sq, max_abs]
   kernels::HostCopy histogram_copy;
   if (input.sample_grad_histogram) {
     report.grad_histogram.resize(kernels::kGradHistogramBins);
@@ -206,7 +217,14 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   AMPD_RETURN_IF_ERROR(b.ReadBack(
       scalars, host, absl::MakeConstSpan(&histogram_copy, input.sample_grad_histogram ? 1 : 0)));
   const bool found_inf = host[kReadFoundInf] != 0.0f;
-  absl::StatusOr<amp::ScalerUpdate> update = m.scaler.Update(found_inf);
+  amp::StepGradStats stats;
+  stats.found_inf = found_inf;
+  stats.max_abs = host[kReadMaxAbs];
+  if (input.sample_grad_histogram) {
+    stats.underflow_fraction = amp::UnderflowFraction(report.grad_histogram);
+    report.grad_underflow_fraction = stats.underflow_fraction;
+  }
+  absl::StatusOr<amp::ScalerUpdate> update = m.scaler.Update(stats);
   if (!update.ok()) {
     // deepspeed at min_scale: the device already skipped the update
     // (found_inf was set), so the job's state is as it was.
@@ -220,6 +238,7 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   report.applied_steps = m.optimizer.applied_steps();
   report.loss = host[kReadLossSum] / static_cast<float>(k);
   report.scaler = *update;
+  report.grad_max_abs = host[kReadMaxAbs];
   // Every applied step reports its norm; a skipped one only when clipping
   // (the norm of gradients that overflowed is inf or NaN, kept as clipping
   // always reported it).

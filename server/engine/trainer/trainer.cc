@@ -83,8 +83,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   }
   impl->optimizer.Bind(impl->refs);
 
-  for (Tensor* t :
-       {&impl->loss, &impl->loss_sum, &impl->found_inf, &impl->norm_sq, &impl->no_inf}) {
+  for (Tensor* t : {&impl->loss, &impl->loss_sum, &impl->found_inf, &impl->norm_sq, &impl->max_abs,
+                    &impl->no_inf}) {
     absl::StatusOr<Tensor> s = AllocScalar(b, {1, 1});
     if (!s.ok()) return s.status();
     *t = *std::move(s);

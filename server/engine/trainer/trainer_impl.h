@@ -37,9 +37,14 @@ struct Trainer::Impl {
   kernels::Tensor loss_sum;   // (1, 1) F32, sum of the step's micro-batch losses
   kernels::Tensor found_inf;  // (1, 1) F32
   kernels::Tensor norm_sq;    // (1, 1) F32
+  kernels::Tensor max_abs;    // (1, 1) F32, max |g| of the unscaled grads
   kernels::Tensor no_inf;     // (1, 1) F32 zero: the update's found_inf when the scaler is disabled
   kernels::Tensor histogram;  // (kGradHistogramBins) I64
   std::vector<int64_t> zero_bins = std::vector<int64_t>(kernels::kGradHistogramBins, 0);
+
+  // calibrate.cc: the adaptive scaler's calibrated start, run by Step
+  // before the step proper when the scaler NeedsCalibration().
+  absl::Status CalibrateLossScale(const StepInput& input);
 };
 
 }  // namespace ampd::engine

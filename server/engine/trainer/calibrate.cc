@@ -1,0 +1,45 @@
+// Trainer::Impl::CalibrateLossScale: the adaptive scaler's calibrated start
+// (server/engine/amp/adaptive_policy.h). The step's micro-batches run
+// forward and backward at a loss scale of 1 (each micro-batch's gradient
+// carrying 1 / K, as in the step), the fused check pass produces max|g|,
+// and one small read brings found_inf and the max back; the scaler then
+// starts at the largest power of two that keeps max|g| * S under its
+// overflow margin. S = 1 is the safe scale: gradients overflow there only
+// when they exceed fp16's range unscaled, which no scale could help (the
+// scaler then starts at 1 and backs off from the step's real overflow).
+// The gradients it leaves are overwritten by the step that follows
+// (ZeroGrads, beta = 0 on micro-batch 0). It runs once per job, and once
+// after a state without scaler keys is loaded: its cost is one extra
+// forward and backward and one extra read, on that step only.
+#include <cstdint>
+#include <limits>
+
+#include "common/status_macros.h"
+#include "server/engine/trainer/trainer_impl.h"
+
+namespace ampd::engine {
+
+absl::Status Trainer::Impl::CalibrateLossScale(const StepInput& input) {
+  kernels::Backend& b = *backend;
+  const auto k = static_cast<int64_t>(input.micro_batches.size());
+  AMPD_RETURN_IF_ERROR(model->ZeroGrads());
+  AMPD_RETURN_IF_ERROR(b.Fill(found_inf, 0.0f));
+  AMPD_RETURN_IF_ERROR(b.Fill(max_abs, 0.0f));
+  for (int64_t i = 0; i < k; ++i) {
+    const MicroBatch& mb = input.micro_batches[static_cast<size_t>(i)];
+    AMPD_ASSIGN_OR_RETURN(model::Workspace * ws, model->GetWorkspace(mb.inputs.shape[0]));
+    AMPD_RETURN_IF_ERROR(model->LoadBatch(mb.inputs, mb.targets, *ws));
+    AMPD_RETURN_IF_ERROR(model->Forward(*ws));
+    AMPD_RETURN_IF_ERROR(model->Loss(*ws, 1.0f / static_cast<float>(k), loss));
+    AMPD_RETURN_IF_ERROR(model->Backward(*ws, /*first_micro_batch=*/i == 0));
+  }
+  AMPD_RETURN_IF_ERROR(b.UnscaleAndCheck(grads, 1.0f, /*in_place=*/false, found_inf,
+                                         /*norm_sq=*/nullptr, &max_abs));
+  const kernels::Tensor* const scalars[2] = {&found_inf, &max_abs};
+  float host[2] = {0, 0};  // [found_inf, max_abs]
+  AMPD_RETURN_IF_ERROR(b.ReadScalars(scalars, host));
+  scaler.Calibrate(host[0] != 0.0f ? std::numeric_limits<float>::infinity() : host[1]);
+  return absl::OkStatus();
+}
+
+}  // namespace ampd::engine

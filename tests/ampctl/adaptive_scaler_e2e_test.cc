@@ -1,0 +1,146 @@
+// The adaptive loss scaler end to end: the real ampd (--device=cpu, so
+// every run is deterministic) and the real ampctl on the built-in synthetic
+// task, `ampctl train --precision=fp16 --steps=300 --seed=7`. The default
+// pytorch policy skips its opening steps while it backs off from 65536 (and
+// one more later); adaptive calibrates its start and skips none. Its final
+// loss (mean of the last 20 steps) is checked against the same job in fp32,
+// which never skips: on this task the loss is still falling steeply at step
+// 300, so every update pytorch skips leaves it visibly behind (about 2%),
+// while adaptive must land on fp32's loss. With the loss multiplied by 100,
+// pytorch skips more steps still and adaptive, with no init_scale tuning,
+// again none; with frequent growth, pytorch's overflowing growths cost steps
+// that adaptive defers. The README's comparison table comes from these
+// commands.
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+#include "tests/support/ampd_process.h"
+#include "tests/support/subprocess.h"
+#include "tests/support/temp_dir.h"
+
+namespace ampd {
+namespace {
+
+using test_support::AmpdProcess;
+using test_support::CommandResult;
+using test_support::RunCommand;
+using test_support::TempDir;
+
+constexpr auto kRunDeadline = std::chrono::seconds(300);
+constexpr int kSteps = 300;
+constexpr int kLastSteps = 20;
+
+struct TrainRun {
+  int steps = 0;
+  int skipped = 0;
+  int growths_deferred = 0;
+  double final_loss = 0;  // mean over the last kLastSteps steps
+  float first_scale = 0;  // the scale step 1 ran at
+};
+
+class AdaptiveScalerE2eTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server_ = std::make_unique<AmpdProcess>(
+        AMPD_SERVER_BINARY,
+        std::vector<std::string>{"--state-dir=" + (root_.path() / "state").string()},
+        root_.path() / "ampd.log");
+    ASSERT_NE(server_->port(), 0) << "ampd did not report its port; " << server_->Describe();
+  }
+  void TearDown() override {
+    if (HasFailure() && server_ != nullptr) {
+      std::fprintf(stderr, "%s\n", server_->Describe().c_str());
+    }
+    server_.reset();
+  }
+
+  // `ampctl train --steps=300 --seed=7 --json` plus `flags`,
+  // summarised from its per-step JSON lines.
+  TrainRun Train(const std::vector<std::string>& flags) {
+    std::vector<std::string> args = {AMPCTL_BINARY, "--server=" + server_->address(),
+                                     "train",       absl::StrCat("--steps=", kSteps),
+                                     "--seed=7",    "--json"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    const CommandResult result = RunCommand(args, kRunDeadline);
+    EXPECT_EQ(result.status.code, 0) << "stdout:\n" << result.out << "stderr:\n" << result.err;
+    TrainRun run;
+    std::vector<double> losses;
+    for (absl::string_view line : absl::StrSplit(result.out, '\n', absl::SkipEmpty())) {
+      google::protobuf::Struct s;
+      const auto status = google::protobuf::util::JsonStringToMessage(std::string(line), &s);
+      EXPECT_TRUE(status.ok()) << "not JSON: " << line;
+      if (!status.ok()) continue;
+      const auto& f = s.fields();
+      ++run.steps;
+      if (run.steps == 1) run.first_scale = static_cast<float>(f.at("scale_before").number_value());
+      run.skipped += f.at("skipped").bool_value() ? 1 : 0;
+      run.growths_deferred += f.at("growth_deferred").bool_value() ? 1 : 0;
+      losses.push_back(f.at("loss").number_value());
+    }
+    EXPECT_EQ(run.steps, kSteps) << result.out;
+    if (losses.size() >= kLastSteps) {
+      double sum = 0;
+      for (size_t i = losses.size() - kLastSteps; i < losses.size(); ++i) sum += losses[i];
+      run.final_loss = sum / kLastSteps;
+    }
+    return run;
+  }
+
+  TempDir root_{"ampd_adaptive_e2e"};
+  std::unique_ptr<AmpdProcess> server_;
+};
+
+TEST_F(AdaptiveScalerE2eTest, SkipsNoStepWherePyTorchSkipsAndEndsAtTheSameLoss) {
+  const TrainRun pytorch = Train({"--precision=fp16", "--scaler=pytorch"});
+  const TrainRun adaptive = Train({"--precision=fp16", "--scaler=adaptive"});
+  const TrainRun fp32 = Train({"--precision=fp32"});
+  EXPECT_GE(pytorch.skipped, 2);
+  EXPECT_EQ(pytorch.first_scale, 65536.0f);
+  EXPECT_EQ(adaptive.skipped, 0);
+  EXPECT_LT(adaptive.first_scale, 65536.0f);  // calibrated, not the default start
+  EXPECT_EQ(fp32.skipped, 0);
+  ASSERT_GT(fp32.final_loss, 0.0);
+  EXPECT_LE(std::fabs(adaptive.final_loss - fp32.final_loss) / fp32.final_loss, 1e-3)
+      << "adaptive " << adaptive.final_loss << " fp32 " << fp32.final_loss;
+  EXPECT_LE(adaptive.final_loss, pytorch.final_loss);
+}
+
+TEST_F(AdaptiveScalerE2eTest, LossMultipliedByAHundredSkipsNoStepWithoutTuning) {
+  const TrainRun pytorch = Train({"--precision=fp16", "--scaler=pytorch", "--loss-multiplier=100"});
+  const TrainRun adaptive =
+      Train({"--precision=fp16", "--scaler=adaptive", "--loss-multiplier=100"});
+  const TrainRun fp32 = Train({"--precision=fp32", "--loss-multiplier=100"});
+  EXPECT_GT(pytorch.skipped, 2);
+  EXPECT_EQ(adaptive.skipped, 0);
+  EXPECT_LT(adaptive.first_scale, pytorch.first_scale);
+  ASSERT_GT(fp32.final_loss, 0.0);
+  EXPECT_LE(std::fabs(adaptive.final_loss - fp32.final_loss) / fp32.final_loss, 1e-3)
+      << "adaptive " << adaptive.final_loss << " fp32 " << fp32.final_loss;
+}
+
+// Frequent scheduled growth: pytorch's growths overflow and each costs a
+// step; adaptive reads from max|g| that the doubled scale would leave its
+// margin and defers them.
+TEST_F(AdaptiveScalerE2eTest, GrowthsThatWouldOverflowAreDeferredNotSkipped) {
+  const TrainRun pytorch = Train({"--precision=fp16", "--scaler=pytorch", "--growth-interval=50"});
+  const TrainRun adaptive =
+      Train({"--precision=fp16", "--scaler=adaptive", "--growth-interval=50"});
+  const TrainRun slow = Train({"--precision=fp16", "--scaler=pytorch"});
+  EXPECT_GT(pytorch.skipped, slow.skipped);  // growths that overflowed
+  EXPECT_EQ(adaptive.skipped, 0);
+  EXPECT_GE(adaptive.growths_deferred, 1);
+  EXPECT_EQ(pytorch.growths_deferred, 0);
+}
+
+}  // namespace
+}  // namespace ampd
