@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/op_checks.h"
 
@@ -67,7 +68,7 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
 
   absl::StatusOr<Tensor> Allocate(DType dtype, const Shape& shape) override {
-    if (absl::Status s = ValidateAllocate(shape); !s.ok()) return s;
+    AMPD_RETURN_IF_ERROR(ValidateAllocate(shape));
     const size_t bytes = static_cast<size_t>(NumElements(shape)) * SizeOf(dtype);
     // aligned_alloc wants a multiple of the alignment; a zero-element tensor
     // still gets one line so data() is non-null and the tensor is not empty().
@@ -85,19 +86,19 @@ class CpuBackend final : public Backend {
   }
 
   absl::Status CopyFromHost(const void* src, size_t bytes, Tensor& dst) override {
-    if (absl::Status s = ValidateCopyFromHost(src, bytes, dst); !s.ok()) return s;
+    AMPD_RETURN_IF_ERROR(ValidateCopyFromHost(src, bytes, dst));
     if (bytes != 0) std::memcpy(dst.data(), src, bytes);
     return absl::OkStatus();
   }
 
   absl::Status CopyToHost(const Tensor& src, void* dst, size_t bytes) override {
-    if (absl::Status s = ValidateCopyToHost(src, dst, bytes); !s.ok()) return s;
+    AMPD_RETURN_IF_ERROR(ValidateCopyToHost(src, dst, bytes));
     if (bytes != 0) std::memcpy(dst, src.data(), bytes);
     return absl::OkStatus();
   }
 
   absl::Status Copy(const Tensor& src, Tensor& dst) override {
-    if (absl::Status s = ValidateCopy(src, dst); !s.ok()) return s;
+    AMPD_RETURN_IF_ERROR(ValidateCopy(src, dst));
     // memmove: src and dst may be the same tensor.
     if (src.nbytes() != 0) std::memmove(dst.data(), src.data(), src.nbytes());
     return absl::OkStatus();

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace ampd::rpc {
 
@@ -118,7 +119,7 @@ absl::Status OptimizerFromProto(const v1::OptimizerConfig& proto, optim::Optimiz
   for (const FloatField& f : fields) {
     if (!f.set) continue;
     const std::string name = absl::StrCat("config.optimizer.", f.name);
-    if (absl::Status s = CheckFinite(name, f.value); !s.ok()) return s;
+    AMPD_RETURN_IF_ERROR(CheckFinite(name, f.value));
     if (f.target == nullptr) {
       return FieldError(
           name, absl::StrCat("does not apply to optimizer ", optim::OptimizerName(spec->kind)));
@@ -180,13 +181,13 @@ absl::StatusOr<JobConfig> JobConfigFromProto(const v1::JobConfig& proto) {
   absl::StatusOr<amp::ScalerPolicy> policy = PolicyFromProto(proto.scaler().policy());
   if (!policy.ok()) return policy.status();
   JobConfig config = engine::DefaultJobConfig(*precision, *policy);
-  if (absl::Status s = CheckLength("config.display_name", proto.display_name()); !s.ok()) return s;
+  AMPD_RETURN_IF_ERROR(CheckLength("config.display_name", proto.display_name()));
   config.display_name = proto.display_name();
   config.seed = proto.seed();
   if (absl::Status s = ModelSpecFromProto(proto.model(), "config.model", &config.model); !s.ok())
     return s;
-  if (absl::Status s = OptimizerFromProto(proto.optimizer(), &config.optimizer); !s.ok()) return s;
-  if (absl::Status s = ScalerFromProto(proto.scaler(), &config.scaler); !s.ok()) return s;
+  AMPD_RETURN_IF_ERROR(OptimizerFromProto(proto.optimizer(), &config.optimizer));
+  AMPD_RETURN_IF_ERROR(ScalerFromProto(proto.scaler(), &config.scaler));
   return config;
 }
 

@@ -272,7 +272,7 @@ absl::Status Job::InitializeUnguarded(const std::string& device) {
 }
 
 absl::Status Job::Restore(const std::string& device, const checkpoint::StateDict& state) {
-  if (absl::Status s = Initialize(device); !s.ok()) return s;
+  AMPD_RETURN_IF_ERROR(Initialize(device));
   if (absl::Status s = AllocationGuard("restore", [&] { return trainer_->LoadState(state); });
       !s.ok()) {
     return s;
