@@ -106,6 +106,20 @@ __device__ __forceinline__ float BlockSum(float v) {
   return WarpSum(total);
 }
 
+// The block's max of v >= 0 (fmaxf drops NaN; 0 fills the missing warps),
+// for every thread. Same shape and constraints as BlockSum.
+__device__ __forceinline__ float BlockMaxNonNegative(float v) {
+  __shared__ float warp_maxes[32];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  v = WarpMax(v);
+  __syncthreads();  // warp_maxes may still be read by a previous call
+  if (lane == 0) warp_maxes[warp] = v;
+  __syncthreads();
+  const int warps = static_cast<int>(blockDim.x >> 5);
+  return WarpMax(lane < warps ? warp_maxes[lane] : 0.0f);
+}
+
 // ---- multi-tensor launches -------------------------------------------------
 // A chunk lists up to kChunkTensors tensors and, for each, the first block
 // that works on it; block b handles tile (b - block_start[t]) of tensor t.

@@ -25,18 +25,6 @@ namespace {
 
 constexpr int kElemsPerThread = 8;
 
-// The block's max of v >= 0 (NaN-free: fmaxf drops NaN), for every thread.
-__device__ __forceinline__ float BlockMaxNonNegative(float v) {
-  __shared__ float warp_maxes[32];
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  v = WarpMax(v);
-  __syncthreads();  // warp_maxes may still be read by a previous call
-  if (lane == 0) warp_maxes[warp] = v;
-  __syncthreads();
-  const int warps = static_cast<int>(blockDim.x >> 5);
-  return WarpMax(lane < warps ? warp_maxes[lane] : 0.0f);
-}
 constexpr int64_t kTile = int64_t{kThreads} * kElemsPerThread;
 
 __global__ void unscale_check_kernel(const __grid_constant__ TensorChunk<GradSpan> chunk,

@@ -219,6 +219,22 @@ class SecurityTest : public ::testing::Test {
     return finished;
   }
 
+  // Starts ampd with each case's flags: it must exit 1 before listening,
+  // its log naming the case's expected text.
+  void ExpectEachStartFails(
+      const std::vector<std::pair<std::vector<std::string>, std::string>>& cases) {
+    int i = 0;
+    for (const auto& [flags, expected] : cases) {
+      SCOPED_TRACE(expected);
+      const std::filesystem::path log = dir_.path() / absl::StrCat("ampd-", i++, ".log");
+      AmpdProcess server(AMPD_SERVER_BINARY, flags, log);
+      EXPECT_EQ(server.port(), 0);
+      const ExitStatus exit = server.Wait(kCommandDeadline);
+      EXPECT_TRUE(exit.exited && exit.code == 1) << exit.ToString();
+      EXPECT_TRUE(absl::StrContains(server.Log(), expected)) << server.Log();
+    }
+  }
+
   static TempDir* certs_;
   TempDir dir_{"ampd_security"};
   std::unique_ptr<AmpdProcess> server_;
@@ -579,16 +595,7 @@ TEST_F(SecurityTest, CertificateNamedTenantsNeedMutualTlsAndTheFlag) {
       {{"--auth-tokens=" + path, "--tenant-from-client-cert"},
        "--tenant-from-client-cert needs --auth-tokens and --tls-client-ca"},
       {{"--auth-tokens=" + path}, "tenant 'dave' has no token"}};
-  int i = 0;
-  for (const auto& [flags, expected] : cases) {
-    SCOPED_TRACE(expected);
-    const std::filesystem::path log = dir_.path() / absl::StrCat("ampd-", i++, ".log");
-    AmpdProcess server(AMPD_SERVER_BINARY, flags, log);
-    EXPECT_EQ(server.port(), 0);
-    const ExitStatus exit = server.Wait(kCommandDeadline);
-    EXPECT_TRUE(exit.exited && exit.code == 1) << exit.ToString();
-    EXPECT_TRUE(absl::StrContains(server.Log(), expected)) << server.Log();
-  }
+  ExpectEachStartFails(cases);
 }
 
 // The deployment's health probe: ampctl inside the pod dials 127.0.0.1, and
@@ -659,16 +666,7 @@ TEST_F(SecurityTest, TlsFlagsAreCheckedAtStart) {
        "missing.key: cannot open"},
       {{"--tls-cert=" + Path("server.ext"), "--tls-key=" + Path("server.key")},
        "server.ext: not a PEM file"}};
-  int i = 0;
-  for (const auto& [flags, expected] : cases) {
-    SCOPED_TRACE(expected);
-    const std::filesystem::path log = dir_.path() / absl::StrCat("ampd-", i++, ".log");
-    AmpdProcess server(AMPD_SERVER_BINARY, flags, log);
-    EXPECT_EQ(server.port(), 0);
-    const ExitStatus exit = server.Wait(kCommandDeadline);
-    EXPECT_TRUE(exit.exited && exit.code == 1) << exit.ToString();
-    EXPECT_TRUE(absl::StrContains(server.Log(), expected)) << server.Log();
-  }
+  ExpectEachStartFails(cases);
 }
 
 // The parser and the token check without a server.
