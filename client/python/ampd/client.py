@@ -166,7 +166,9 @@ class Client:
 
     def _sleep_before_retry(self, attempt, deadline):
         """Sleep a jittered backoff; False when the retry deadline has passed."""
-        backoff = min(self.max_backoff, self.initial_backoff * (2 ** attempt))
+        # The exponent is capped: a long retry_deadline with a tiny backoff
+        # reaches attempt counts whose 2**attempt no float can hold.
+        backoff = min(self.max_backoff, self.initial_backoff * 2.0 ** min(attempt, 60))
         pause = random.uniform(0, backoff)
         if time.monotonic() + pause > deadline:
             return False

@@ -180,6 +180,22 @@ def test_deadline_exceeded_steps_are_resent_and_applied_once(server):
         job = hasty.job(slow.job_id)
         losses = [ref_losses[0]] + [job.step(x, y).loss for x, y in batches[1:]]
         assert losses == ref_losses
+    # The checks read back through a client with the default deadline: a
+    # state dict export may itself take longer than the hasty deadline.
+    with ampd.Client(server.address) as patient:
+        job = patient.job(slow.job_id)
         job.refresh()
         assert job.step_count == len(batches) and job.applied_steps == ref_applied
         tensors_equal(job.state_dict(), ref_state)
+
+
+def test_backoff_survives_thousands_of_attempts():
+    """A tiny deadline and a long retry_deadline reach attempt counts far past
+    what 2**attempt as a float can hold; the backoff stays capped."""
+    client = ampd.Client("127.0.0.1:1", initial_backoff=1e-9, max_backoff=1e-6)
+    try:
+        deadline = time.monotonic() + 60
+        for attempt in (0, 1, 64, 1024, 10 ** 6):
+            assert client._sleep_before_retry(attempt, deadline)
+    finally:
+        client.close()
