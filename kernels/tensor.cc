@@ -19,6 +19,37 @@ absl::Status Tensor::Reshape(Shape shape) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Memory a view borrows from the tensor it was cut from.
+class BorrowedMemory final : public Memory {
+ public:
+  BorrowedMemory(void* data, size_t bytes) : data_(data), bytes_(bytes) {}
+  void* data() override { return data_; }
+  size_t bytes() const override { return bytes_; }
+
+ private:
+  void* data_;
+  size_t bytes_;
+};
+
+}  // namespace
+
+absl::StatusOr<Tensor> Tensor::View(int64_t offset, const Shape& shape) const {
+  const int64_t count = NumElements(shape);
+  if (empty() || offset < 0 || count < 0 || offset > numel() || count > numel() - offset) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot view ", ShapeToString(shape), " at ", offset, " of ", DebugString()));
+  }
+  const size_t element = SizeOf(dtype_);
+  // Views let ops write through a const tensor's storage by design: the
+  // const only says this call does not change the tensor's own bookkeeping.
+  char* base = static_cast<char*>(const_cast<Memory&>(*memory_).data());
+  return Tensor(std::make_unique<BorrowedMemory>(base + static_cast<size_t>(offset) * element,
+                                                 static_cast<size_t>(count) * element),
+                dtype_, shape);
+}
+
 std::string Tensor::DebugString() const {
   return absl::StrCat(DTypeName(dtype_), ShapeToString(shape_));
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "codec/shape.h"
 #include "kernels/dtype.h"
 
@@ -60,6 +61,13 @@ class Tensor {
 
   // Same bytes, new shape of the same element count (no copy).
   absl::Status Reshape(Shape shape);
+
+  // A tensor of `shape` over this one's elements [offset, offset + numel):
+  // same dtype, no copy, nothing freed when it dies. It aliases this tensor's
+  // memory, so it must not outlive it; ops may write through it (a row block
+  // of a workspace, the first T rows of a positional table). InvalidArgument
+  // when the range falls outside this tensor.
+  absl::StatusOr<Tensor> View(int64_t offset, const Shape& shape) const;
 
   std::string DebugString() const;  // "F16(4, 8)"
 
