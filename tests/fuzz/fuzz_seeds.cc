@@ -93,8 +93,8 @@ int main(int argc, char** argv) {
   // Scaler states: a policy byte, then "key=value" lines. Each policy's own
   // state, and the scale values that were once accepted.
   const fs::path scaler = root / "scaler_state";
-  const char* const policies[] = {"pytorch", "paddle", "deepspeed", "megatron"};
-  for (int policy = 0; policy < 4; ++policy) {
+  const char* const policies[] = {"pytorch", "paddle", "deepspeed", "megatron", "adaptive"};
+  for (int policy = 0; policy < 5; ++policy) {
     absl::StatusOr<ampd::engine::amp::GradScaler> s =
         ampd::engine::amp::GradScaler::Create(ampd::engine::amp::ScalerConfig::Defaults(
             static_cast<ampd::engine::amp::ScalerPolicy>(policy)));

@@ -1,12 +1,16 @@
 // libFuzzer target: the scaler-state loader on its own. The bytes are
 // "key=value" lines, a checkpoint's scaler.* metadata without the prefix;
-// the first byte picks the policy. Values are parsed as LoadStateDict's
-// caller parses them (ParseStateNumber) and loaded into a fresh scaler of
-// that policy. An accepted state must give a finite, positive scale, and
-// the scaler's own StateDict must load back to the same state.
+// the first byte picks the policy (adaptive included). Values are parsed as
+// LoadStateDict's caller parses them (ParseStateNumber) and loaded into a
+// fresh scaler of that policy. An accepted state must give a finite,
+// positive scale, and the scaler's own StateDict must load back to the same
+// state. A few updates follow, with gradient statistics (max|g|, underflow
+// fraction) drawn from the first byte, so the adaptive policy's deferral,
+// early growth and calibration run from every state it accepts.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "absl/strings/str_split.h"
@@ -18,9 +22,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   namespace amp = ampd::engine::amp;
   if (size == 0) return 0;
   const amp::ScalerPolicy policies[] = {amp::ScalerPolicy::kPyTorch, amp::ScalerPolicy::kPaddle,
-                                        amp::ScalerPolicy::kDeepSpeed,
-                                        amp::ScalerPolicy::kMegatron};
-  const amp::ScalerPolicy policy = policies[data[0] % 4];
+                                        amp::ScalerPolicy::kDeepSpeed, amp::ScalerPolicy::kMegatron,
+                                        amp::ScalerPolicy::kAdaptive};
+  const amp::ScalerPolicy policy = policies[data[0] % 5];
   const absl::string_view text(reinterpret_cast<const char*>(data) + 1, size - 1);
   amp::ScalerState state;
   for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
@@ -47,13 +51,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ampd::fuzz::Check(again.ok() && again->LoadStateDict(scaler->StateDict()).ok(),
                     "the scaler's own state loads back");
   ampd::fuzz::Check(again->StateDict() == scaler->StateDict(), "and is the same state");
+  // max|g| values from tiny to past fp16's range, inf (an overflow the
+  // check pass saw) and none at all, and underflow fractions 0..1.
+  const float max_abs_choices[] = {
+      0.0f, 1e-30f, 1e-3f, 1.0f, 7e4f, 3e38f, std::numeric_limits<float>::infinity()};
+  const uint8_t pick = data[0];
+  if (again->NeedsCalibration()) {
+    const float calibrated = again->Calibrate(max_abs_choices[pick % 7]);
+    ampd::fuzz::Check(std::isfinite(calibrated) && calibrated > 0.0f,
+                      "calibration gives a finite, positive scale");
+  }
   // A few updates from the loaded state must keep the scale usable.
   for (int i = 0; i < 4; ++i) {
-    absl::StatusOr<amp::ScalerUpdate> update =
-        again->Update(/*found_inf=*/(data[0] >> 2) & (1 << i));
+    amp::StepGradStats stats;
+    stats.found_inf = (pick >> 2) & (1 << i);
+    if ((pick >> i) & 1) stats.max_abs = max_abs_choices[(pick + i) % 7];
+    if ((pick >> (i + 1)) & 1) stats.underflow_fraction = ((pick >> i) & 7) / 7.0;
+    absl::StatusOr<amp::ScalerUpdate> update = again->Update(stats);
     if (!update.ok()) break;  // deepspeed at its minimum: a clean refusal
     ampd::fuzz::Check(std::isfinite(again->scale()) && again->scale() >= 0.0f,
                       "updates keep the scale finite");
+    ampd::fuzz::Check(update->skipped == (stats.found_inf && again->config().enabled),
+                      "a step is skipped exactly when it overflowed");
   }
   return 0;
 }
