@@ -92,7 +92,7 @@ double Tolerance(model::Precision p) {
 
 TEST_P(CudaTraining, LossCurveAndSkippedStepsMatchTheCpuBackend) {
   // loss_multiplier 100 with init_scale 65536 overflows the first fp16 steps
-  // (seed 000's case), so the skip pattern is not trivially all-false.
+  // (the loss-multiplier case), so the skip pattern is not trivially all-false.
   const JobConfig config = MlpJob(GetParam(), 65536.0, 100.0f);
   const int kSteps = 40;
   const Curve cpu = Train("cpu", config, kSteps);

@@ -1,5 +1,5 @@
-// The mixed-precision recipe end to end on a synthetic task (seeds 001/002)
-// and the loss-multiplier overflow case (seed 000).
+// The mixed-precision recipe end to end on a synthetic task and the
+// loss-multiplier overflow case.
 //
 // Task: a random teacher MLP's outputs times 1e-3 are the regression
 // targets, so the loss gradient 2 (p - t) / (N C) reaches ~1e-7..1e-6 once
@@ -144,7 +144,7 @@ TEST(MixedPrecision, Fp16ScaledAndBf16TrackFp32AndUnscaledFp16Underflows) {
   EXPECT_GT(r16u, 1.5);
 }
 
-// Seed 000: a loss multiplier C = 100 on top of S = 65536 overflows fp16;
+// A loss multiplier C = 100 on top of S = 65536 overflows fp16;
 // PyTorch's scaler backs off one octave per skipped step until it fits.
 // Targets in [2, 4] and a bias-free Linear on small inputs make the largest
 // gradient the loss gradient itself: 100 * S * 2 |p - t| / (N C) with
