@@ -426,6 +426,37 @@ void JobRegistry::Step(const std::string& owner, const std::string& job_id, int6
   });
 }
 
+void JobRegistry::Evaluate(const std::string& owner, const std::string& job_id, EvaluateInput input,
+                           std::function<void(absl::StatusOr<EvaluateReport>)> done) {
+  if (absl::Status s = CheckEvaluateInput(input); !s.ok()) {
+    done(std::move(s));
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (draining_) {
+      done(Draining());
+      return;
+    }
+  }
+  std::shared_ptr<Job> job = Find(owner, job_id);
+  if (job == nullptr) {
+    done(JobNotFound(job_id));
+    return;
+  }
+  auto shared_input = std::make_shared<EvaluateInput>(std::move(input));
+  job->Post([this, job, shared_input, done = std::move(done)] {
+    absl::StatusOr<EvaluateReport> report = job->Evaluate(*shared_input);
+    if (report.ok()) {
+      ReportMemory();
+    } else if (report.status().code() != absl::StatusCode::kInvalidArgument &&
+               report.status().code() != absl::StatusCode::kNotFound) {
+      LogEvent(absl::StrCat("job ", job->id(), " evaluate failed: ", report.status().ToString()));
+    }
+    done(std::move(report));
+  });
+}
+
 void JobRegistry::ExportState(
     const std::string& owner, const std::string& job_id,
     std::function<void(absl::StatusOr<checkpoint::EncodedSafetensors>)> done) {

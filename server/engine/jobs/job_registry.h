@@ -129,6 +129,11 @@ class JobRegistry {
   // the checks and the step run on the job's strand (Job::Step).
   void Step(const std::string& owner, const std::string& job_id, int64_t sequence, StepInput input,
             std::function<void(absl::StatusOr<StepReport>)> done);
+  // CheckEvaluateInput's error first, then the job's strand (Job::Evaluate),
+  // after its queued steps: an evaluation sees the weights of every step
+  // sent before it. Refused with Unavailable while draining, as a step is.
+  void Evaluate(const std::string& owner, const std::string& job_id, EvaluateInput input,
+                std::function<void(absl::StatusOr<EvaluateReport>)> done);
   void ExportState(const std::string& owner, const std::string& job_id,
                    std::function<void(absl::StatusOr<checkpoint::EncodedSafetensors>)> done);
   // `chunks`: the safetensors file's consecutive pieces, as they arrived.
