@@ -69,6 +69,22 @@ std::optional<double> Sample(const std::string& text, const std::string& series)
   return std::nullopt;
 }
 
+// A job on the synthetic task's model.
+v1::CreateJobRequest JobRequest(v1::Precision precision, uint64_t seed = 3) {
+  v1::CreateJobRequest request;
+  v1::JobConfig* config = request.mutable_config();
+  *config->mutable_model() = SyntheticTask(SyntheticTaskOptions{}).Model();
+  config->set_seed(seed);
+  config->set_precision(precision);
+  config->mutable_optimizer()->set_kind(v1::OPTIMIZER_ADAMW);
+  config->mutable_optimizer()->set_lr(1e-2f);
+  // A scale that overflows on the synthetic task's first fp16 steps, so
+  // skipped steps and a moving scale are part of every fp16 run.
+  if (precision == v1::PRECISION_FP16) config->mutable_scaler()->set_init_scale(65536);
+  config->mutable_scaler()->set_growth_interval(2);
+  return request;
+}
+
 class EvaluateLrTest : public ::testing::Test {
  protected:
   void SetUp() override { state_dir_ = (root_.path() / "state").string(); }
@@ -85,21 +101,6 @@ class EvaluateLrTest : public ::testing::Test {
     ClientOptions options;
     options.deadline = absl::Seconds(30);
     client_ = Client::Connect(server_->address(), options);
-  }
-
-  static v1::CreateJobRequest JobRequest(v1::Precision precision, uint64_t seed = 3) {
-    v1::CreateJobRequest request;
-    v1::JobConfig* config = request.mutable_config();
-    *config->mutable_model() = SyntheticTask(SyntheticTaskOptions{}).Model();
-    config->set_seed(seed);
-    config->set_precision(precision);
-    config->mutable_optimizer()->set_kind(v1::OPTIMIZER_ADAMW);
-    config->mutable_optimizer()->set_lr(1e-2f);
-    // A scale that overflows on the synthetic task's first fp16 steps, so
-    // skipped steps and a moving scale are part of every fp16 run.
-    if (precision == v1::PRECISION_FP16) config->mutable_scaler()->set_init_scale(65536);
-    config->mutable_scaler()->set_growth_interval(2);
-    return request;
   }
 
   // Batch `index` (0-based) of the synthetic task with `rows` rows.
@@ -258,7 +259,9 @@ TEST_P(EvaluatePrecisionTest, ReportsTheNextStepsLossAndChangesNothing) {
     ASSERT_TRUE(stepped.ok()) << stepped.status();
     EXPECT_EQ(stepped->loss(), both->loss());
   }
-  if (GetParam() == v1::PRECISION_FP16) EXPECT_TRUE(saw_skip) << "no fp16 step was skipped";
+  if (GetParam() == v1::PRECISION_FP16) {
+    EXPECT_TRUE(saw_skip) << "no fp16 step was skipped";
+  }
   absl::StatusOr<v1::Job> last = client_->GetJob(id);
   ASSERT_TRUE(last.ok()) << last.status();
   EXPECT_EQ(last->step(), sequence);
@@ -278,8 +281,8 @@ TEST_P(EvaluatePrecisionTest, ReportsTheNextStepsLossAndChangesNothing) {
 INSTANTIATE_TEST_SUITE_P(Precisions, EvaluatePrecisionTest,
                          ::testing::Values(v1::PRECISION_FP16, v1::PRECISION_FP32,
                                            v1::PRECISION_BF16),
-                         [](const ::testing::TestParamInfo<v1::Precision>& info) {
-                           return v1::Precision_Name(info.param);
+                         [](const ::testing::TestParamInfo<v1::Precision>& p) {
+                           return v1::Precision_Name(p.param);
                          });
 
 TEST_F(EvaluateLrTest, EvaluateRefusesBadInputAsStepDoes) {
@@ -339,7 +342,7 @@ constexpr int64_t kDecay = 8;
 constexpr float kMinLr = 5e-4f;
 
 v1::CreateJobRequest CosineJob(v1::Precision precision) {
-  v1::CreateJobRequest request = EvaluateLrTest::JobRequest(precision);
+  v1::CreateJobRequest request = JobRequest(precision);
   v1::OptimizerConfig* o = request.mutable_config()->mutable_optimizer();
   o->set_lr(kLr);
   o->set_lr_schedule(v1::LR_SCHEDULE_WARMUP_COSINE);
