@@ -243,7 +243,7 @@ absl::Status JobRegistry::AdmitStep(Job& job, int64_t workspace_bytes) {
     if (SaturatingAdd(used, workspace_bytes) > options_.max_memory_bytes) {
       return WithReason(
           absl::ResourceExhaustedError(absl::StrCat(
-              "micro_batches: the step needs an estimated ", workspace_bytes,
+              "micro_batches: they need an estimated ", workspace_bytes,
               " bytes of activation and workspace memory for its batch sizes, and the jobs' "
               "weights and other jobs' workspaces hold ",
               used, " of --max-memory-bytes=", options_.max_memory_bytes,
@@ -259,7 +259,7 @@ absl::Status JobRegistry::AdmitStep(Job& job, int64_t workspace_bytes) {
     if (SaturatingAdd(used, workspace_bytes) > quota->max_memory_bytes) {
       return WithReason(
           absl::ResourceExhaustedError(absl::StrCat(
-              "micro_batches: the step needs an estimated ", workspace_bytes,
+              "micro_batches: they need an estimated ", workspace_bytes,
               " bytes of activation and workspace memory for its batch sizes, and the weights "
               "and other workspaces of tenant '",
               job.owner(), "' hold ", used, " of its quota (max_memory_bytes=",

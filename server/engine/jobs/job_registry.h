@@ -166,7 +166,8 @@ class JobRegistry {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t JobsOf(const std::string& owner) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const TenantQuota* QuotaOf(const std::string& owner) const;
-  // JobContext::admit_step: the step's workspace against --max-memory-bytes.
+  // JobContext::admit_step: the workspace of a step or an evaluation
+  // against --max-memory-bytes.
   absl::Status AdmitStep(Job& job, int64_t workspace_bytes);
   void Remove(const std::string& job_id);
   // RestoreAll's passes. AdmitForRestore puts the jobs of `ids` that the

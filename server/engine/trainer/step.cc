@@ -14,8 +14,10 @@
 //     the norm on every step since the pass reads every gradient anyway and
 //     the report carries it): 16-bit grads must not be unscaled in 16 bits, and for
 //     fp32 grads leaving the unscale to the fused update saves a write pass
-//   fused Adam/SGD update with GradTransform{1/S, found_inf, norm_sq}; the
-//     device skips it entirely on found_inf and it recasts the working copy
+//   fused Adam/SGD update with GradTransform{1/S, found_inf, norm_sq} at
+//     the schedule's lr for the updates applied so far (a host computation:
+//     optim::ScheduledLearningRate) or the input's override; the device
+//     skips it entirely on found_inf and it recasts the working copy
 //   ONE ReadBack of [loss_sum, found_inf, norm_sq, max_abs] (and the
 //     histogram when sampled), then scaler.Update with found_inf, max|g| of
 //     the unscaled grads (the check pass computes it in the same read) and,
