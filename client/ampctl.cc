@@ -396,10 +396,10 @@ absl::Status Eval(ampd::Client& client, const std::vector<char*>& args) {
                 static_cast<long long>(r->samples()), JsonNumber(r->seconds() * 1e3).c_str());
   } else {
     std::printf(
-        "job %s after step %lld: eval loss %.9g over %lld samples (%d micro-batches, "
-        "%.2f ms)\n",
+        "job %s after step %lld: eval loss %.9g over %lld samples (%d micro-batch%s, %.2f ms)\n",
         id->c_str(), static_cast<long long>(job->step()), r->loss(),
-        static_cast<long long>(r->samples()), request.micro_batches_size(), r->seconds() * 1e3);
+        static_cast<long long>(r->samples()), request.micro_batches_size(),
+        request.micro_batches_size() == 1 ? "" : "es", r->seconds() * 1e3);
   }
   return absl::OkStatus();
 }
