@@ -3,6 +3,7 @@
 //   ampctl jobs create|list|get ID|delete ID
 //   ampctl train --steps=N [--precision=fp16] [--scaler=pytorch --init-scale=..] [--json]
 //   ampctl train --batches=FILE --layers=SPEC [--loss=mse|cross_entropy] --steps=N ...
+//   ampctl eval --job=ID [--batches=FILE | --batch-size=N --seed=S] [--json]
 //   ampctl state export --job=ID --out=FILE | state import --job=ID FILE
 // Flags may be spelled with dashes or underscores (--init-scale, --init_scale).
 #include <google/protobuf/util/json_util.h>
@@ -59,6 +60,13 @@ ABSL_FLAG(std::optional<double>, lr, std::nullopt, "Learning rate (the optimizer
 ABSL_FLAG(std::optional<double>, weight_decay, std::nullopt, "Weight decay");
 ABSL_FLAG(std::optional<double>, momentum, std::nullopt, "SGD momentum");
 ABSL_FLAG(std::optional<double>, max_grad_norm, std::nullopt, "Clip the gradients' L2 norm");
+// Learning-rate schedule (jobs create, train).
+ABSL_FLAG(std::string, lr_schedule, "constant",
+          "constant, or warmup_cosine (nanoGPT's: linear warmup, cosine decay to --min-lr)");
+ABSL_FLAG(std::optional<int64_t>, warmup_steps, std::nullopt, "warmup_cosine: warmup updates (0)");
+ABSL_FLAG(std::optional<int64_t>, decay_steps, std::nullopt,
+          "warmup_cosine: update count where the decay reaches --min-lr (> --warmup-steps)");
+ABSL_FLAG(std::optional<double>, min_lr, std::nullopt, "warmup_cosine: lr floor (lr / 10)");
 ABSL_FLAG(std::optional<double>, loss_multiplier, std::nullopt, "Constant the loss is scaled by");
 ABSL_FLAG(std::string, scaler, "pytorch",
           "Loss-scaler policy: pytorch, paddle, deepspeed, megatron, adaptive");
@@ -155,6 +163,14 @@ absl::StatusOr<ampd::v1::CreateJobRequest> BuildCreateRequest(const ampd::v1::Mo
   if (auto v = absl::GetFlag(FLAGS_weight_decay)) o->set_weight_decay(static_cast<float>(*v));
   if (auto v = absl::GetFlag(FLAGS_momentum)) o->set_momentum(static_cast<float>(*v));
   if (auto v = absl::GetFlag(FLAGS_max_grad_norm)) o->set_max_grad_norm(static_cast<float>(*v));
+  const std::string schedule = absl::GetFlag(FLAGS_lr_schedule);
+  if (schedule == "warmup_cosine")
+    o->set_lr_schedule(ampd::v1::LR_SCHEDULE_WARMUP_COSINE);
+  else if (schedule != "constant")
+    return Fail(absl::StrCat("--lr_schedule: expected constant or warmup_cosine, got ", schedule));
+  if (auto v = absl::GetFlag(FLAGS_warmup_steps)) o->set_warmup_steps(*v);
+  if (auto v = absl::GetFlag(FLAGS_decay_steps)) o->set_decay_steps(*v);
+  if (auto v = absl::GetFlag(FLAGS_min_lr)) o->set_min_lr(static_cast<float>(*v));
 
   ampd::v1::ScalerConfig* s = config->mutable_scaler();
   const std::string policy = absl::GetFlag(FLAGS_scaler);
@@ -290,22 +306,24 @@ absl::Status Train(ampd::Client& client) {
       std::printf(
           "{\"job_id\":\"%s\",\"step\":%lld,\"loss\":%s,\"loss_scale\":%s,\"scale_before\":%s,"
           "\"skipped\":%s,\"found_inf\":%s,\"growth_deferred\":%s,\"grad_norm\":%s,"
-          "\"applied_steps\":%lld,\"ms\":%s}\n",
+          "\"applied_steps\":%lld,\"learning_rate\":%s,\"ms\":%s}\n",
           job->job_id().c_str(), static_cast<long long>(r->global_step()),
           JsonNumber(r->loss()).c_str(), JsonNumber(r->scale_after()).c_str(),
           JsonNumber(r->scale_before()).c_str(), r->skipped() ? "true" : "false",
           r->found_inf() ? "true" : "false", r->scale_growth_deferred() ? "true" : "false",
           r->has_grad_norm() ? JsonNumber(r->grad_norm()).c_str() : "null",
-          static_cast<long long>(r->applied_steps()), JsonNumber(ms).c_str());
+          static_cast<long long>(r->applied_steps()), JsonNumber(r->learning_rate()).c_str(),
+          JsonNumber(ms).c_str());
     } else {
       std::string scale = absl::StrFormat("%g", r->scale_after());
       if (r->scale_after() != r->scale_before()) {
         scale = absl::StrFormat("%g -> %g", r->scale_before(), r->scale_after());
       }
-      std::printf("step %4lld  loss %-12.6g scale %-18s %s  grad_norm %-10s %7.2f ms\n",
+      std::printf("step %4lld  loss %-12.6g scale %-18s %s  grad_norm %-10s lr %-10.4g %7.2f ms\n",
                   static_cast<long long>(r->global_step()), r->loss(), scale.c_str(),
                   r->skipped() ? "SKIPPED (overflow)" : "applied           ",
-                  r->has_grad_norm() ? absl::StrFormat("%.4g", r->grad_norm()).c_str() : "-", ms);
+                  r->has_grad_norm() ? absl::StrFormat("%.4g", r->grad_norm()).c_str() : "-",
+                  r->learning_rate(), ms);
     }
     std::fflush(stdout);
   }
@@ -321,6 +339,69 @@ absl::StatusOr<std::string> JobArg(const std::vector<char*>& args, size_t index)
   if (!absl::GetFlag(FLAGS_job).empty()) return absl::GetFlag(FLAGS_job);
   if (args.size() > index) return std::string(args[index]);
   return Fail("give the job id as --job=ID");
+}
+
+// ---- eval ------------------------------------------------------------------------
+
+// The micro-batches `ampctl eval` sends for a job of `model`: every batch of
+// --batches=FILE, read with the job's own model's layout, or one batch of
+// the synthetic task (--batch-size, --seed: the first batch `train` with
+// that seed trains on), checked against the model before anything is sent.
+absl::StatusOr<std::vector<ampd::v1::MicroBatch>> EvalBatches(const ampd::v1::ModelSpec& model) {
+  const std::string path = absl::GetFlag(FLAGS_batches);
+  if (!path.empty()) {
+    absl::StatusOr<std::string> bytes = ampd::ReadBatchFile(path);
+    if (!bytes.ok()) return bytes.status();
+    absl::StatusOr<std::vector<ampd::v1::MicroBatch>> batches =
+        ampd::BatchesFromSafetensors(*bytes, ampd::BatchLayoutOf(model));
+    if (!batches.ok()) {
+      return Fail(absl::StrCat("--batches=", path, ": ", batches.status().message()));
+    }
+    return batches;
+  }
+  if (absl::GetFlag(FLAGS_batch_size) < 1) return Fail("--batch_size: must be >= 1");
+  ampd::SyntheticTask task = MakeTask();
+  std::vector<ampd::v1::MicroBatch> batches = {task.NextBatch()};
+  absl::StatusOr<ampd::codec::HostTensor> inputs =
+      ampd::codec::TensorFromProto(batches[0].inputs(), "inputs");
+  absl::StatusOr<ampd::codec::HostTensor> targets =
+      ampd::codec::TensorFromProto(batches[0].targets(), "targets");
+  if (!inputs.ok()) return inputs.status();
+  if (!targets.ok()) return targets.status();
+  if (absl::Status s = ampd::codec::CheckBatchLayout(ampd::BatchLayoutOf(model), *inputs, *targets,
+                                                     "the synthetic task's inputs",
+                                                     "the synthetic task's targets");
+      !s.ok()) {
+    return Fail(absl::StrCat("the job's model does not take the synthetic task's batches (",
+                             s.message(), "); give --batches=FILE"));
+  }
+  return batches;
+}
+
+absl::Status Eval(ampd::Client& client, const std::vector<char*>& args) {
+  absl::StatusOr<std::string> id = JobArg(args, 2);
+  if (!id.ok()) return id.status();
+  absl::StatusOr<ampd::v1::Job> job = client.GetJob(*id);
+  if (!job.ok()) return job.status();
+  absl::StatusOr<std::vector<ampd::v1::MicroBatch>> batches = EvalBatches(job->config().model());
+  if (!batches.ok()) return batches.status();
+  ampd::v1::EvaluateRequest request;
+  request.set_job_id(*id);
+  for (ampd::v1::MicroBatch& mb : *batches) *request.add_micro_batches() = std::move(mb);
+  absl::StatusOr<ampd::v1::EvaluateResponse> r = client.Evaluate(request);
+  if (!r.ok()) return r.status();
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("{\"job_id\":\"%s\",\"step\":%lld,\"loss\":%s,\"samples\":%lld,\"ms\":%s}\n",
+                id->c_str(), static_cast<long long>(job->step()), JsonNumber(r->loss()).c_str(),
+                static_cast<long long>(r->samples()), JsonNumber(r->seconds() * 1e3).c_str());
+  } else {
+    std::printf(
+        "job %s after step %lld: eval loss %.9g over %lld samples (%d micro-batch%s, %.2f ms)\n",
+        id->c_str(), static_cast<long long>(job->step()), r->loss(),
+        static_cast<long long>(r->samples()), request.micro_batches_size(),
+        request.micro_batches_size() == 1 ? "" : "es", r->seconds() * 1e3);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Jobs(ampd::Client& client, const std::vector<char*>& args) {
@@ -421,6 +502,9 @@ int main(int argc, char** argv) {
       "  ampctl train --steps=N [--precision=fp16|bf16|fp32] [--scaler=pytorch --init-scale=..]"
       " [--loss-multiplier=X] [--json]\n"
       "  ampctl train --batches=FILE --layers=SPEC [--loss=mse|cross_entropy] --steps=N ...\n"
+      "  ampctl train ... [--lr=X --lr-schedule=warmup_cosine --warmup-steps=W --decay-steps=D"
+      " --min-lr=M]\n"
+      "  ampctl eval --job=ID [--batches=FILE | --batch-size=N --seed=S] [--json]\n"
       "  ampctl state export --job=ID --out=FILE\n"
       "  ampctl state import --job=ID FILE\n"
       "\n"
@@ -436,6 +520,9 @@ int main(int argc, char** argv) {
       "linear:16:64,gelu,linear:64:4 with mse; a --layers model must map 16 -> 4). The file\n"
       "and model are checked before the job is created; a missing or malformed tensor is\n"
       "named in the error.\n"
+      "eval prints the job's loss on --batches=FILE's batches (all of them, as the micro-batches\n"
+      "of one Evaluate: their mean loss) or on the synthetic task's first batch for --seed,\n"
+      "without changing the job.\n"
       "Exit status: 0 on success, 2 for invalid arguments (flags, batch file), 1 otherwise.");
 
   std::vector<std::string> arg_storage;
@@ -471,8 +558,11 @@ int main(int argc, char** argv) {
     status = Train(*client);
   else if (command == "state")
     status = State(*client, args);
+  else if (command == "eval")
+    status = Eval(*client, args);
   else
-    status = Fail("usage: ampctl health | jobs ... | train ... | state ... (see --help)");
+    status =
+        Fail("usage: ampctl health | jobs ... | train ... | eval ... | state ... (see --help)");
   if (!status.ok()) {
     std::fprintf(stderr, "ampctl: %s\n", ampd::DescribeError(status).c_str());
     return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;

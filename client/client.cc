@@ -231,6 +231,14 @@ absl::StatusOr<v1::StepResponse> Client::Step(const v1::StepRequest& request) {
   return response;
 }
 
+absl::StatusOr<v1::EvaluateResponse> Client::Evaluate(const v1::EvaluateRequest& request) {
+  v1::EvaluateResponse response;
+  grpc::Status s = WithRetries(
+      [&](grpc::ClientContext& context) { return stub_->Evaluate(&context, request, &response); });
+  if (!s.ok()) return FromGrpcStatus(s);
+  return response;
+}
+
 absl::StatusOr<std::string> Client::GetStateDict(const std::string& job_id) {
   v1::GetStateDictRequest request;
   request.set_job_id(job_id);

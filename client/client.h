@@ -1,7 +1,7 @@
 // ampd::Client: a C++ client for ampd.v1.Trainer with a deadline on every
 // call and bounded retries with exponential backoff where a retry is safe:
 // Step (the sequence number makes a resend exactly-once), GetJob/ListJobs/
-// GetStateDict (reads), CreateJob (a request_id, generated when the caller
+// GetStateDict/Evaluate (reads), CreateJob (a request_id, generated when the caller
 // gives none, makes a resend return the same job), and the health check.
 // DeleteJob and LoadStateDict are sent once.
 #pragma once
@@ -82,6 +82,8 @@ class Client {
   absl::StatusOr<std::vector<v1::Job>> ListAllJobs();
   absl::Status DeleteJob(const std::string& job_id);
   absl::StatusOr<v1::StepResponse> Step(const v1::StepRequest& request);
+  // Forward and loss only; the job's weights and step sequence are unchanged.
+  absl::StatusOr<v1::EvaluateResponse> Evaluate(const v1::EvaluateRequest& request);
   // The job's state as one safetensors file.
   absl::StatusOr<std::string> GetStateDict(const std::string& job_id);
   absl::StatusOr<v1::LoadStateDictResponse> LoadStateDict(const std::string& job_id,

@@ -90,6 +90,25 @@ struct StepReport {
   // Fraction of the sampled (scaled) gradient elements at zero or below
   // fp16's smallest normal 2^-14, when sampled (amp::UnderflowFraction).
   std::optional<double> grad_underflow_fraction;
+  // The lr the update used (or would have, when skipped): the schedule's
+  // for the applied count before the step, or the input's override.
+  float learning_rate = 0;
+};
+
+// ---- evaluation ----------------------------------------------------------------
+
+// Forward and loss only, on micro-batches checked as a step's are.
+struct EvaluateInput {
+  std::vector<MicroBatch> micro_batches;  // >= 1
+};
+
+// At least one micro-batch; InvalidArgument naming "micro_batches".
+absl::Status CheckEvaluateInput(const EvaluateInput& input);
+
+struct EvaluateReport {
+  float loss = 0;       // mean over micro-batches, unscaled fp32 (multiplier included)
+  int64_t samples = 0;  // rows over all micro-batches
+  double seconds = 0;   // wall time of the evaluation on the job's worker
 };
 
 // StepReport::grad_histogram's bins (kernels/grad_histogram.h, where the

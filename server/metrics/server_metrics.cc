@@ -100,6 +100,10 @@ struct ServerMetrics::JobSeries {
   Counter* grad_zero_elements = nullptr;
   std::array<Histogram*, kPhases.size()> phase_seconds{};
   Counter* samples = nullptr;
+  Gauge* learning_rate ABSL_GUARDED_BY(mu) = nullptr;  // created on the first step
+  Counter* evaluations = nullptr;
+  Histogram* evaluate_seconds = nullptr;
+  Gauge* eval_loss ABSL_GUARDED_BY(mu) = nullptr;  // created on the first evaluation
 };
 
 ServerMetrics::ServerMetrics()
@@ -175,6 +179,24 @@ ServerMetrics::ServerMetrics()
                    .Name("ampd_samples_total")
                    .Help("Rows trained on, over all micro-batches of all steps.")
                    .Register(*registry_)),
+      learning_rate_(BuildGauge()
+                         .Name("ampd_learning_rate")
+                         .Help("Learning rate of the job's last step (its schedule's, or the "
+                               "step's override); absent until a step.")
+                         .Register(*registry_)),
+      evaluations_(BuildCounter()
+                       .Name("ampd_evaluations_total")
+                       .Help("Evaluate calls run by the job (forward and loss only).")
+                       .Register(*registry_)),
+      evaluate_duration_(BuildHistogram()
+                             .Name("ampd_evaluate_duration_seconds")
+                             .Help("Wall time of an evaluation on the job's worker.")
+                             .Register(*registry_)),
+      eval_loss_(BuildGauge()
+                     .Name("ampd_eval_loss")
+                     .Help("Unscaled fp32 loss of the job's last evaluation, mean over its "
+                           "micro-batches; absent until one.")
+                     .Register(*registry_)),
       jobs_family_(BuildGauge()
                        .Name("ampd_jobs")
                        .Help("Training jobs the server holds.")
@@ -251,6 +273,8 @@ std::shared_ptr<ServerMetrics::JobSeries> ServerMetrics::FindOrCreateJob(const s
     series->phase_seconds[i] = &step_duration_.Add(with("phase", kPhases[i]), DurationBounds());
   }
   series->samples = &samples_.Add(job);
+  series->evaluations = &evaluations_.Add(job);
+  series->evaluate_seconds = &evaluate_duration_.Add(job, DurationBounds());
   jobs_by_id_.emplace(job_id, series);
   jobs_.Set(static_cast<double>(jobs_by_id_.size()));
   return series;
@@ -299,6 +323,21 @@ void ServerMetrics::OnStep(const std::string& job_id, const engine::StepReport& 
     series->phase_seconds[i]->Observe(std::max(seconds[i], 0.0));
   }
   if (report.samples > 0) series->samples->Increment(static_cast<double>(report.samples));
+  if (series->learning_rate == nullptr) series->learning_rate = &learning_rate_.Add(series->labels);
+  series->learning_rate->Set(report.learning_rate);
+}
+
+void ServerMetrics::OnEvaluate(const std::string& job_id, const engine::EvaluateReport& report) {
+  // No step has reported a scale yet when this creates the series; 1 is
+  // corrected by the job's first step.
+  std::shared_ptr<JobSeries> series = FindOrCreateJob(job_id, "", 1.0f);
+  absl::MutexLock lock(&series->mu);
+  if (series->removed) return;
+  series->evaluations->Increment();
+  series->evaluate_seconds->Observe(std::isfinite(report.seconds) ? std::max(report.seconds, 0.0)
+                                                                  : 0.0);
+  if (series->eval_loss == nullptr) series->eval_loss = &eval_loss_.Add(series->labels);
+  series->eval_loss->Set(report.loss);
 }
 
 void ServerMetrics::RemoveSeries(JobSeries& series) {
@@ -319,6 +358,10 @@ void ServerMetrics::RemoveSeries(JobSeries& series) {
   grad_zero_elements_.Remove(series.grad_zero_elements);
   for (Histogram* h : series.phase_seconds) step_duration_.Remove(h);
   samples_.Remove(series.samples);
+  if (series.learning_rate != nullptr) learning_rate_.Remove(series.learning_rate);
+  evaluations_.Remove(series.evaluations);
+  evaluate_duration_.Remove(series.evaluate_seconds);
+  if (series.eval_loss != nullptr) eval_loss_.Remove(series.eval_loss);
 }
 
 void ServerMetrics::OnJobDeleted(const std::string& job_id) {

@@ -1,9 +1,9 @@
 // ServerMetrics: ampd's Prometheus exposition. It is the engine's JobObserver
 // (per-job loss scale, skips, growths/backoffs, loss, grad norm, gradient
-// magnitude histogram, phase timings, samples) and the rpc layer's request
-// recorder, and it serves GET /metrics (http_exposer.h says why not with
-// prometheus-cpp's civetweb exposer). The engine never includes this header; main.cc hands the
-// engine a JobObserver pointer to it.
+// magnitude histogram, phase timings, samples, learning rate, evaluations) and the rpc layer's
+// request recorder, and it serves GET /metrics (http_exposer.h says why not with prometheus-cpp's
+// civetweb exposer). The engine never includes this header; main.cc hands the engine a JobObserver
+// pointer to it.
 //
 // Thread-safe: OnStep runs concurrently on different jobs' workers. A job's
 // metric handles are created once (OnJobCreated) and looked up under a short
@@ -61,6 +61,9 @@ class ServerMetrics final : public engine::JobObserver {
   // after its OnJobDeleted (its ordered worker is drained first), or the
   // series would come back.
   void OnStep(const std::string& job_id, const engine::StepReport& report) override;
+  // Counts the evaluation and observes its wall time; like OnStep, creates
+  // the series of a job not announced.
+  void OnEvaluate(const std::string& job_id, const engine::EvaluateReport& report) override;
   void OnJobDeleted(const std::string& job_id) override;  // removes that job's series
 
   // One finished RPC, e.g. ("Step", "OK", 0.004); code is the gRPC status
@@ -97,6 +100,10 @@ class ServerMetrics final : public engine::JobObserver {
   prometheus::Family<prometheus::Counter>& grad_zero_elements_;
   prometheus::Family<prometheus::Histogram>& step_duration_;
   prometheus::Family<prometheus::Counter>& samples_;
+  prometheus::Family<prometheus::Gauge>& learning_rate_;
+  prometheus::Family<prometheus::Counter>& evaluations_;
+  prometheus::Family<prometheus::Histogram>& evaluate_duration_;
+  prometheus::Family<prometheus::Gauge>& eval_loss_;
 
   // Server-wide.
   prometheus::Family<prometheus::Gauge>& jobs_family_;

@@ -346,6 +346,34 @@ grpc::ServerUnaryReactor* TrainerService::Step(grpc::CallbackServerContext* cont
   return reactor;
 }
 
+grpc::ServerUnaryReactor* TrainerService::Evaluate(grpc::CallbackServerContext* context,
+                                                   const v1::EvaluateRequest* request,
+                                                   v1::EvaluateResponse* response) {
+  const absl::Time start = absl::Now();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::StatusOr<std::string> tenant = Authenticate(*context);
+  if (!tenant.ok()) {
+    FinishUnary(reactor, "Evaluate", start, tenant.status());
+    return reactor;
+  }
+  if (absl::Status s = CheckLength("job_id", request->job_id()); !s.ok()) {
+    FinishUnary(reactor, "Evaluate", start, s);
+    return reactor;
+  }
+  absl::StatusOr<engine::EvaluateInput> input = EvaluateInputFromProto(*request);
+  if (!input.ok()) {
+    FinishUnary(reactor, "Evaluate", start, input.status());
+    return reactor;
+  }
+  registry_->Evaluate(
+      *tenant, request->job_id(), *std::move(input),
+      [this, reactor, response, start](absl::StatusOr<engine::EvaluateReport> report) {
+        if (report.ok()) EvaluateReportToProto(*report, response);
+        FinishUnary(reactor, "Evaluate", start, report.status());
+      });
+  return reactor;
+}
+
 grpc::ServerWriteReactor<v1::StateDictChunk>* TrainerService::GetStateDict(
     grpc::CallbackServerContext* context, const v1::GetStateDictRequest* request) {
   absl::StatusOr<std::string> tenant = Authenticate(*context);

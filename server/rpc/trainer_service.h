@@ -72,6 +72,9 @@ class TrainerService final : public v1::Trainer::CallbackService {
   grpc::ServerUnaryReactor* Step(grpc::CallbackServerContext* context,
                                  const v1::StepRequest* request,
                                  v1::StepResponse* response) override;
+  grpc::ServerUnaryReactor* Evaluate(grpc::CallbackServerContext* context,
+                                     const v1::EvaluateRequest* request,
+                                     v1::EvaluateResponse* response) override;
   grpc::ServerWriteReactor<v1::StateDictChunk>* GetStateDict(
       grpc::CallbackServerContext* context, const v1::GetStateDictRequest* request) override;
   grpc::ServerReadReactor<v1::LoadStateDictRequest>* LoadStateDict(

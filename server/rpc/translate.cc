@@ -92,6 +92,44 @@ absl::StatusOr<optim::OptimizerKind> OptimizerKindFromProto(v1::OptimizerKind ki
   }
 }
 
+// The schedule with its defaults filled (warmup_steps 0, min_lr lr / 10);
+// its fields are refused on the constant schedule, which reads none of them.
+// decay_steps has no default: the engine refuses a warmup-cosine schedule
+// without one (decay_steps > warmup_steps).
+absl::Status LrScheduleFromProto(const v1::OptimizerConfig& proto, optim::OptimizerSpec* spec) {
+  optim::LrSchedule& schedule = spec->lr_schedule;
+  switch (proto.lr_schedule()) {
+    case v1::LR_SCHEDULE_UNSPECIFIED:
+    case v1::LR_SCHEDULE_CONSTANT:
+      schedule.kind = optim::LrScheduleKind::kConstant;
+      for (const auto& [name, set] :
+           {std::pair<const char*, bool>{"warmup_steps", proto.has_warmup_steps()},
+            {"decay_steps", proto.has_decay_steps()},
+            {"min_lr", proto.has_min_lr()}}) {
+        if (set) {
+          return FieldError(absl::StrCat("config.optimizer.", name),
+                            "applies to lr_schedule warmup_cosine only");
+        }
+      }
+      return absl::OkStatus();
+    case v1::LR_SCHEDULE_WARMUP_COSINE:
+      schedule.kind = optim::LrScheduleKind::kWarmupCosine;
+      break;
+    default:
+      return FieldError("config.optimizer.lr_schedule",
+                        absl::StrCat("unknown value ", proto.lr_schedule()));
+  }
+  schedule.warmup_steps = proto.has_warmup_steps() ? proto.warmup_steps() : 0;
+  schedule.decay_steps = proto.decay_steps();
+  if (proto.has_min_lr()) {
+    AMPD_RETURN_IF_ERROR(CheckFinite("config.optimizer.min_lr", proto.min_lr()));
+    schedule.min_lr = proto.min_lr();
+  } else {
+    schedule.min_lr = optim::BaseLearningRate(*spec) / 10.0f;
+  }
+  return absl::OkStatus();
+}
+
 // The engine's defaults for the request's kind with the fields the request
 // sets copied on top.
 absl::Status OptimizerFromProto(const v1::OptimizerConfig& proto, optim::OptimizerSpec* spec) {
@@ -130,7 +168,7 @@ absl::Status OptimizerFromProto(const v1::OptimizerConfig& proto, optim::Optimiz
     if (!sgd) return FieldError("config.optimizer.nesterov", "applies to sgd only");
     spec->sgd.nesterov = proto.nesterov();
   }
-  return absl::OkStatus();
+  return LrScheduleFromProto(proto, spec);
 }
 
 absl::Status ScalerFromProto(const v1::ScalerConfig& p, amp::ScalerConfig* c) {
@@ -221,6 +259,15 @@ v1::JobConfig JobConfigToProto(const JobConfig& config) {
       break;
   }
   o->set_max_grad_norm(spec.max_grad_norm);
+  // The constant schedule leaves lr_schedule at its zero value, which means
+  // constant, so that a constant job's config is what it was before
+  // schedules existed; warmup-cosine sets every field it reads.
+  if (spec.lr_schedule.kind == optim::LrScheduleKind::kWarmupCosine) {
+    o->set_lr_schedule(v1::LR_SCHEDULE_WARMUP_COSINE);
+    o->set_warmup_steps(spec.lr_schedule.warmup_steps);
+    o->set_decay_steps(spec.lr_schedule.decay_steps);
+    o->set_min_lr(spec.lr_schedule.min_lr);
+  }
 
   v1::ScalerConfig* s = proto.mutable_scaler();
   const amp::ScalerConfig& c = config.scaler;
@@ -310,6 +357,29 @@ void StepReportToProto(const engine::StepReport& r, v1::StepResponse* response) 
   t->set_optimizer_seconds(r.seconds.optimizer);
   t->set_total_seconds(r.seconds.total);
   response->set_samples(r.samples);
+  response->set_learning_rate(r.learning_rate);
+}
+
+absl::StatusOr<engine::EvaluateInput> EvaluateInputFromProto(const v1::EvaluateRequest& request) {
+  engine::EvaluateInput input;
+  for (int i = 0; i < request.micro_batches_size(); ++i) {
+    const v1::MicroBatch& mb = request.micro_batches(i);
+    const std::string field = absl::StrCat("micro_batches[", i, "]");
+    AMPD_ASSIGN_OR_RETURN(engine::HostTensor inputs,
+                          TensorFromProto(mb.inputs(), absl::StrCat(field, ".inputs")));
+    AMPD_ASSIGN_OR_RETURN(engine::HostTensor targets,
+                          TensorFromProto(mb.targets(), absl::StrCat(field, ".targets")));
+    input.micro_batches.push_back({std::move(inputs), std::move(targets)});
+  }
+  // Whether there is a micro-batch is the engine's to say
+  // (CheckEvaluateInput, before the evaluation is queued).
+  return input;
+}
+
+void EvaluateReportToProto(const engine::EvaluateReport& r, v1::EvaluateResponse* response) {
+  response->set_loss(r.loss);
+  response->set_samples(r.samples);
+  response->set_seconds(r.seconds);
 }
 
 absl::StatusOr<engine::JobConfigRecord> DecodeCreateRequest(absl::string_view bytes) {

@@ -30,6 +30,9 @@ v1::Job JobToProto(const engine::JobSnapshot& snapshot);
 absl::StatusOr<engine::StepInput> StepInputFromProto(const v1::StepRequest& request);
 void StepReportToProto(const engine::StepReport& report, v1::StepResponse* response);
 
+absl::StatusOr<engine::EvaluateInput> EvaluateInputFromProto(const v1::EvaluateRequest& request);
+void EvaluateReportToProto(const engine::EvaluateReport& report, v1::EvaluateResponse* response);
+
 // Reads the ampd.create_request of a checkpoint written by an earlier ampd
 // (a serialized CreateJobRequest): the registry's legacy decoder. New
 // checkpoints carry the engine's own ampd.config instead.

@@ -19,14 +19,17 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <numbers>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "client/batch_file.h"
 #include "client/client.h"
+#include "client/synthetic_task.h"
 #include "codec/safetensors.h"
 #include "gtest/gtest.h"
 #include "kernels/backend_factory.h"
@@ -425,6 +428,143 @@ TEST_F(AmpctlTest, SyntheticTaskAcceptsLayers) {
   EXPECT_EQ(job->config().model().layers(0).linear().out_features(), 8);
   EXPECT_TRUE(job->config().model().layers(1).has_relu());
   EXPECT_TRUE(std::isfinite(lines[1].loss));
+}
+
+// One JSON object of ampd's output as a Struct's fields (empty when the
+// line is not JSON).
+google::protobuf::Struct ParseObject(const std::string& line) {
+  google::protobuf::Struct s;
+  const auto status = google::protobuf::util::JsonStringToMessage(line, &s);
+  EXPECT_TRUE(status.ok()) << "not JSON: " << line;
+  return s;
+}
+
+// `ampctl eval` prints the loss the job's next Step on the same batches
+// reports (all of the file's batches, as one Evaluate's micro-batches),
+// and leaves the job where it was.
+TEST_F(AmpctlTest, EvalPrintsTheLossOfTheNextStepAndChangesNothing) {
+  StartServer();
+  const std::string path = WriteBatches(RegressionBatches());
+  const std::string layers = absl::StrCat("--layers=", kRegressionLayers);
+  const CommandResult trained =
+      Ampctl({"train", "--batches=" + path, layers, "--steps=4", "--precision=fp32", "--json"});
+  ASSERT_EQ(trained.status.code, 0) << trained.err;
+  const std::vector<StepLine> lines = ParseLines(trained.out);
+  ASSERT_EQ(lines.size(), 4u) << trained.out;
+  const std::string id = lines[0].job_id;
+
+  const CommandResult evaluated = Ampctl({"eval", "--job=" + id, "--batches=" + path, "--json"});
+  ASSERT_EQ(evaluated.status.code, 0) << evaluated.err;
+  const google::protobuf::Struct line = ParseObject(evaluated.out);
+  ASSERT_TRUE(line.fields().contains("loss")) << evaluated.out;
+  EXPECT_EQ(line.fields().at("job_id").string_value(), id);
+  EXPECT_EQ(line.fields().at("step").number_value(), 4);
+  EXPECT_EQ(line.fields().at("samples").number_value(), 24);
+  // The text form names the loss too, with 9 significant digits.
+  const CommandResult text = Ampctl({"eval", id, "--batches=" + path});
+  ASSERT_EQ(text.status.code, 0) << text.err;
+  EXPECT_TRUE(absl::StrContains(text.out, absl::StrFormat("eval loss %.9g over 24 samples",
+                                                          line.fields().at("loss").number_value())))
+      << text.out;
+
+  // Nothing moved: the job is at step 4, and step 5 on the file's batches
+  // reports the loss eval printed.
+  absl::StatusOr<v1::Job> job = client_->GetJob(id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->step(), 4);
+  absl::StatusOr<std::string> bytes = ReadBatchFile(path);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  absl::StatusOr<v1::ModelSpec> spec = ParseModelFlags(kRegressionLayers, "mse");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<std::vector<v1::MicroBatch>> batches =
+      BatchesFromSafetensors(*bytes, BatchLayoutOf(*spec));
+  ASSERT_TRUE(batches.ok()) << batches.status();
+  v1::StepRequest step;
+  step.set_job_id(id);
+  step.set_sequence(5);
+  for (const v1::MicroBatch& mb : *batches) *step.add_micro_batches() = mb;
+  absl::StatusOr<v1::StepResponse> stepped = client_->Step(step);
+  ASSERT_TRUE(stepped.ok()) << stepped.status();
+  EXPECT_EQ(stepped->loss(), static_cast<float>(line.fields().at("loss").number_value()));
+
+  // The synthetic task's batch does not fit this model: a usage error.
+  const CommandResult synthetic = Ampctl({"eval", "--job=" + id});
+  EXPECT_EQ(synthetic.status.code, 2) << synthetic.err;
+  EXPECT_TRUE(absl::StrContains(synthetic.err, "--batches=FILE")) << synthetic.err;
+  // An unknown job is the server's NOT_FOUND.
+  const CommandResult unknown = Ampctl({"eval", "--job=job-nope", "--batches=" + path});
+  EXPECT_EQ(unknown.status.code, 1) << unknown.err;
+  EXPECT_TRUE(absl::StrContains(unknown.err, "NOT_FOUND [JOB_NOT_FOUND")) << unknown.err;
+}
+
+// Without --batches, eval takes the synthetic task's first batch for
+// --seed: the batch `train` with that seed steps on first.
+TEST_F(AmpctlTest, EvalOnTheSyntheticTaskIsTheFirstTrainingBatchsLoss) {
+  StartServer();
+  absl::StatusOr<v1::Job> job = client_->CreateJob([] {
+    v1::CreateJobRequest request;
+    *request.mutable_config()->mutable_model() = SyntheticTask(SyntheticTaskOptions{}).Model();
+    request.mutable_config()->set_precision(v1::PRECISION_FP32);
+    return request;
+  }());
+  ASSERT_TRUE(job.ok()) << job.status();
+  const CommandResult evaluated =
+      Ampctl({"eval", "--job=" + job->job_id(), "--seed=9", "--batch-size=12", "--json"});
+  ASSERT_EQ(evaluated.status.code, 0) << evaluated.err;
+  const google::protobuf::Struct line = ParseObject(evaluated.out);
+  ASSERT_TRUE(line.fields().contains("loss")) << evaluated.out;
+  EXPECT_EQ(line.fields().at("samples").number_value(), 12);
+  SyntheticTaskOptions options;  // ampctl's defaults, but --seed and --batch-size
+  options.batch_size = 12;
+  options.seed = 9;
+  options.target_scale = 32.0f;
+  v1::StepRequest step;
+  step.set_job_id(job->job_id());
+  step.set_sequence(1);
+  *step.add_micro_batches() = SyntheticTask(options).NextBatch();
+  absl::StatusOr<v1::StepResponse> stepped = client_->Step(step);
+  ASSERT_TRUE(stepped.ok()) << stepped.status();
+  EXPECT_EQ(stepped->loss(), static_cast<float>(line.fields().at("loss").number_value()));
+}
+
+// --lr-schedule and its flags reach the job's config, and every step line
+// carries the lr the schedule gave it.
+TEST_F(AmpctlTest, ScheduleFlagsConfigureTheJobAndStepsReportTheirLr) {
+  StartServer();
+  const CommandResult run =
+      Ampctl({"train", "--steps=5", "--precision=fp32", "--lr=0.01", "--lr-schedule=warmup_cosine",
+              "--warmup-steps=1", "--decay-steps=3", "--min-lr=0.001", "--json"});
+  ASSERT_EQ(run.status.code, 0) << run.err;
+  std::vector<double> lrs;
+  std::string id;
+  for (absl::string_view l : absl::StrSplit(run.out, '\n', absl::SkipEmpty())) {
+    const google::protobuf::Struct line = ParseObject(std::string(l));
+    ASSERT_TRUE(line.fields().contains("learning_rate")) << l;
+    lrs.push_back(line.fields().at("learning_rate").number_value());
+    id = line.fields().at("job_id").string_value();
+  }
+  ASSERT_EQ(lrs.size(), 5u) << run.out;
+  // fp32 steps all apply: nanoGPT's get_lr(0..4) for lr 0.01, warmup 1,
+  // decay 3, min 0.001.
+  const double lr = 0.01f, min_lr = 0.001f;
+  const double want[5] = {lr / 2, lr,
+                          min_lr + 0.5 * (1 + std::cos(std::numbers::pi / 2)) * (lr - min_lr),
+                          min_lr, min_lr};
+  for (size_t i = 0; i < 5; ++i)
+    EXPECT_EQ(static_cast<float>(lrs[i]), static_cast<float>(want[i])) << i;
+  absl::StatusOr<v1::Job> job = client_->GetJob(id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->config().optimizer().lr_schedule(), v1::LR_SCHEDULE_WARMUP_COSINE);
+  EXPECT_EQ(job->config().optimizer().warmup_steps(), 1);
+  EXPECT_EQ(job->config().optimizer().decay_steps(), 3);
+  EXPECT_EQ(job->config().optimizer().min_lr(), 0.001f);
+
+  ASSERT_TRUE(client_->DeleteJob(id).ok());
+  ExpectUsageError({"train", "--steps=1", "--lr-schedule=step"}, "--lr_schedule");
+  // The server names the field of a schedule it refuses; no job is left.
+  ExpectUsageError(
+      {"train", "--steps=1", "--lr-schedule=warmup_cosine", "--warmup-steps=4", "--decay-steps=4"},
+      "config.optimizer.decay_steps");
 }
 
 // Server errors are printed with their ErrorInfo reason, so scripts can

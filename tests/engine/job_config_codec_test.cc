@@ -55,6 +55,12 @@ void ExpectSameConfig(const JobConfig& a, const JobConfig& b) {
   const optim::OptimizerSpec& o = a.optimizer;
   const optim::OptimizerSpec& p = b.optimizer;
   EXPECT_EQ(o.kind, p.kind);
+  EXPECT_EQ(o.lr_schedule.kind, p.lr_schedule.kind);
+  if (o.lr_schedule.kind != optim::LrScheduleKind::kConstant) {
+    EXPECT_EQ(o.lr_schedule.warmup_steps, p.lr_schedule.warmup_steps);
+    EXPECT_EQ(o.lr_schedule.decay_steps, p.lr_schedule.decay_steps);
+    EXPECT_TRUE(SameBits(o.lr_schedule.min_lr, p.lr_schedule.min_lr));
+  }
   if (o.kind == OptimizerKind::kSgd) {
     EXPECT_TRUE(SameBits(o.sgd.lr, p.sgd.lr)) << o.sgd.lr << " vs " << p.sgd.lr;
     EXPECT_TRUE(SameBits(o.sgd.momentum, p.sgd.momentum));
@@ -180,6 +186,12 @@ std::vector<JobConfig> ManyConfigs() {
             c.optimizer.adam.weight_decay = 3.4e38f;
           }
           c.optimizer.max_grad_norm = n % 3 == 0 ? -1.0f : 0.7f;
+          if (n % 2 == 0) {
+            c.optimizer.lr_schedule.kind = optim::LrScheduleKind::kWarmupCosine;
+            c.optimizer.lr_schedule.warmup_steps = n % 4 == 0 ? 0 : int64_t{1} << 40;
+            c.optimizer.lr_schedule.decay_steps = std::numeric_limits<int64_t>::max();
+            c.optimizer.lr_schedule.min_lr = kSubnormal;
+          }
           amp::ScalerConfig& s = c.scaler;
           s.enabled = n % 5 != 0;
           s.dynamic = n % 2 == 1;
@@ -362,14 +374,14 @@ TEST_F(JobConfigCodecRefuses, WrongTypesAndRanges) {
 
 TEST_F(JobConfigCodecRefuses, OtherFormatVersions) {
   ExpectError(Edited("\"format_version\":1", "\"format_version\":0"), absl::StatusCode::kDataLoss,
-              "ampd.config: format_version: 0 is not a version this ampd reads (1 to 2); the "
+              "ampd.config: format_version: 0 is not a version this ampd reads (1 to 3); the "
               "checkpoint was written by another ampd");
   ExpectError(Edited("\"format_version\":1,", ""), absl::StatusCode::kDataLoss,
               "ampd.config: format_version: missing");
   // A later format may change any key: the version is checked before them.
-  ExpectError(Edited("\"format_version\":1,", "\"format_version\":3,\"new\":{},"),
+  ExpectError(Edited("\"format_version\":1,", "\"format_version\":4,\"new\":{},"),
               absl::StatusCode::kDataLoss,
-              "ampd.config: format_version: 3 is not a version this ampd reads (1 to 2); the "
+              "ampd.config: format_version: 4 is not a version this ampd reads (1 to 3); the "
               "checkpoint was written by a newer ampd");
 }
 
@@ -402,6 +414,54 @@ TEST(JobConfigCodec, AdaptiveConfigsAreVersionTwoOthersStayVersionOne) {
   const std::string old = EncodeJobConfig(pytorch, "");
   EXPECT_TRUE(absl::StartsWith(old, "{\"format_version\":1,")) << old;
   EXPECT_FALSE(absl::StrContains(old, "overflow_margin_log2")) << old;
+}
+
+// Version 3 exists for learning-rate schedules: a config with one is
+// written as version 3 with an lr_schedule object, a constant one as before
+// (no key, version 1 or 2), and an older version naming a schedule is
+// refused, as is a schedule the engine refuses.
+TEST(JobConfigCodec, ScheduleConfigsAreVersionThreeOthersKeepTheirBytes) {
+  JobConfig config = DefaultJobConfig(Precision::kBf16);
+  config.model = Models()[0];
+  const std::string constant = EncodeJobConfig(config, "r");
+  EXPECT_TRUE(absl::StartsWith(constant, "{\"format_version\":1,")) << constant;
+  EXPECT_FALSE(absl::StrContains(constant, "lr_schedule")) << constant;
+
+  config.optimizer.lr_schedule = {optim::LrScheduleKind::kWarmupCosine, 100, 5000, 6e-5f};
+  const std::string json = EncodeJobConfig(config, "r");
+  EXPECT_TRUE(absl::StartsWith(json, "{\"format_version\":3,")) << json;
+  EXPECT_TRUE(absl::StrContains(json,
+                                "\"lr_schedule\":{\"kind\":\"warmup_cosine\",\"warmup_steps\":100,"
+                                "\"decay_steps\":5000,\"min_lr\":5.99999985e-05}"))
+      << json;
+  absl::StatusOr<JobConfigRecord> decoded = DecodeJobConfig(json);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  ExpectSameConfig(config, decoded->config);
+
+  for (const char* older : {"1", "2"}) {
+    decoded = DecodeJobConfig(absl::StrReplaceAll(
+        json, {{"\"format_version\":3", absl::StrCat("\"format_version\":", older)}}));
+    ASSERT_FALSE(decoded.ok());
+    EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_EQ(
+        decoded.status().message(),
+        absl::StrCat("ampd.config: optimizer.lr_schedule: not a key of format_version ", older));
+  }
+  decoded = DecodeJobConfig(absl::StrReplaceAll(json, {{"\"warmup_cosine\"", "\"step\""}}));
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_TRUE(absl::StartsWith(decoded.status().message(),
+                               "ampd.config: optimizer.lr_schedule.kind: unknown value 'step'"))
+      << decoded.status();
+  decoded =
+      DecodeJobConfig(absl::StrReplaceAll(json, {{"\"decay_steps\":5000", "\"decay_steps\":100"}}));
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(decoded.status().message(),
+                               "ampd.config: optimizer.decay_steps: must be > warmup_steps"))
+      << decoded.status();
+  decoded = DecodeJobConfig(absl::StrReplaceAll(json, {{",\"min_lr\":5.99999985e-05", ""}}));
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss) << decoded.status();
 }
 
 TEST_F(JobConfigCodecRefuses, ConfigsTheEngineRefuses) {

@@ -297,9 +297,13 @@ TEST_F(ServerMetricsTest, JobsOfATenantAreLabelledWithIt) {
   observer().OnStep("job-t", report);
   observer().OnStep("job-t", OverflowStep(2, 1, 65536));
   observer().OnStep("job-open", report);
+  observer().OnEvaluate("job-t", {.loss = 0.75f, .samples = 8, .seconds = 0.001});
   const std::string text = Scrape();
   const auto s = ParseSamples(text);
   EXPECT_EQ(s.at(R"(ampd_steps_total{job="job-t",tenant="team-a"})"), 2) << text;
+  EXPECT_EQ(s.at(R"(ampd_evaluations_total{job="job-t",tenant="team-a"})"), 1) << text;
+  EXPECT_EQ(s.at(R"(ampd_evaluate_duration_seconds_count{job="job-t",tenant="team-a"})"), 1);
+  EXPECT_EQ(s.at(R"(ampd_eval_loss{job="job-t",tenant="team-a"})"), 0.75);
   EXPECT_EQ(s.at(R"(ampd_skipped_steps_total{job="job-t",reason="nonfinite",tenant="team-a"})"), 1);
   EXPECT_EQ(s.at(R"(ampd_grad_norm{job="job-t",tenant="team-a"})"), 1.25) << text;
   EXPECT_EQ(s.at(R"(ampd_step_duration_seconds_count{job="job-t",phase="total",tenant="team-a"})"),
@@ -313,6 +317,43 @@ TEST_F(ServerMetricsTest, JobsOfATenantAreLabelledWithIt) {
   }
   observer().OnJobDeleted("job-t");
   EXPECT_EQ(Scrape().find("team-a"), std::string::npos);
+}
+
+// The learning rate of the last step, and the evaluations beside the steps:
+// counted, timed, their last loss; all removed with the job.
+TEST_F(ServerMetricsTest, LearningRateAndEvaluations) {
+  observer().OnJobCreated("job-a", "", Fp16Config());
+  // No lr and no eval loss before a step and an evaluation.
+  std::string text = Scrape();
+  EXPECT_EQ(text.find("ampd_learning_rate{"), std::string::npos) << text;
+  EXPECT_EQ(text.find("ampd_eval_loss{"), std::string::npos) << text;
+  EXPECT_EQ(Value(R"(ampd_evaluations_total{job="job-a"})"), 0);
+
+  StepReport first = NormalStep(1, 65536);
+  first.learning_rate = 2.5e-4f;
+  observer().OnStep("job-a", first);
+  EXPECT_EQ(Value(R"(ampd_learning_rate{job="job-a"})"), 2.5e-4f);
+  StepReport second = OverflowStep(2, 1, 65536);
+  second.learning_rate = 0.125f;
+  observer().OnStep("job-a", second);
+  EXPECT_EQ(Value(R"(ampd_learning_rate{job="job-a"})"), 0.125);
+
+  observer().OnEvaluate("job-a", {.loss = 1.5f, .samples = 16, .seconds = 0.003});
+  observer().OnEvaluate("job-a", {.loss = 0.25f, .samples = 16, .seconds = 0.2});
+  text = Scrape();
+  const auto s = ParseSamples(text);
+  EXPECT_EQ(s.at(R"(ampd_evaluations_total{job="job-a"})"), 2) << text;
+  EXPECT_EQ(s.at(R"(ampd_evaluate_duration_seconds_count{job="job-a"})"), 2);
+  EXPECT_DOUBLE_EQ(s.at(R"(ampd_evaluate_duration_seconds_sum{job="job-a"})"), 0.203);
+  EXPECT_EQ(s.at(R"(ampd_evaluate_duration_seconds_bucket{job="job-a",le="0.005"})"), 1);
+  EXPECT_EQ(s.at(R"(ampd_eval_loss{job="job-a"})"), 0.25);
+  // Evaluations are not steps.
+  EXPECT_EQ(s.at(R"(ampd_steps_total{job="job-a"})"), 2);
+  EXPECT_EQ(s.at(R"(ampd_samples_total{job="job-a"})"), 64);
+
+  observer().OnJobDeleted("job-a");
+  text = Scrape();
+  EXPECT_EQ(text.find("job-a"), std::string::npos) << text;
 }
 
 TEST_F(ServerMetricsTest, StepOfAnUnannouncedJobCreatesItsSeries) {

@@ -1,7 +1,8 @@
 // Memory admission through the real server: model sizes whose parameter
 // count overflows int64 are INVALID_ARGUMENT, sizes larger than the machine
 // or --max-memory-bytes are RESOURCE_EXHAUSTED, a Step whose activations do
-// not fit --max-memory-bytes is RESOURCE_EXHAUSTED, and after each the same
+// not fit --max-memory-bytes is RESOURCE_EXHAUSTED (an Evaluate's too), and
+// after each the same
 // ampd process still answers and trains (before, the first two killed it
 // with std::length_error and std::bad_alloc on a worker thread).
 #include <grpcpp/grpcpp.h>
@@ -131,6 +132,30 @@ TEST_F(AdmissionTest, StepWorkspaceCountsAgainstMaxMemoryBytes) {
   EXPECT_TRUE(RawStep(StepOf(job_id, 2, 256)).ok());
   s = RawCreate(Request(int64_t{1} << 31, 64), &created);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  ExpectStillServing();
+}
+
+TEST_F(AdmissionTest, EvaluateWorkspaceCountsAgainstMaxMemoryBytes) {
+  Start({"--max-memory-bytes=4194304"});
+  v1::CreateJobResponse created;
+  grpc::Status s = RawCreate(Request(2, 64), &created);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  const std::string job_id = created.job().job_id();
+  const auto evaluate = [&](int64_t rows) {
+    v1::EvaluateRequest request;
+    request.set_job_id(job_id);
+    *request.add_micro_batches() = StepOf(job_id, 1, rows).micro_batches(0);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::EvaluateResponse response;
+    return client_->stub().Evaluate(&context, request, &response);
+  };
+  EXPECT_TRUE(evaluate(256).ok());
+  s = evaluate(65536);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "--max-memory-bytes")) << s.error_message();
+  // The job is untouched and trains from sequence 1.
+  EXPECT_TRUE(RawStep(StepOf(job_id, 1, 256)).ok());
   ExpectStillServing();
 }
 

@@ -320,6 +320,7 @@ TEST_F(SecurityTest, TokensGateEveryTrainerCallButNotHealth) {
   std::unique_ptr<Client> wrong = Connect("", "", "alice-token-4f1c2f");
   ExpectUnauthenticated(wrong->CreateJob(JobRequest()).status());
   ExpectUnauthenticated(wrong->Step(v1::StepRequest()).status());
+  ExpectUnauthenticated(wrong->Evaluate(v1::EvaluateRequest()).status());
 
   // The digest of a token is not a token.
   std::unique_ptr<Client> digest = Connect("", "", Sha256Hex(kAliceToken));
@@ -373,6 +374,10 @@ TEST_F(SecurityTest, ATenantCannotReachAnotherTenantsJobsAndOwnershipSurvivesARe
     task_options.batch_size = 8;
     *step.add_micro_batches() = SyntheticTask(task_options).NextBatch();
     ExpectNoJob(bob->Step(step).status(), job);
+    v1::EvaluateRequest evaluate;
+    evaluate.set_job_id(job);
+    *evaluate.add_micro_batches() = step.micro_batches(0);
+    ExpectNoJob(bob->Evaluate(evaluate).status(), job);
     ExpectNoJob(bob->GetStateDict(job).status(), job);
     ExpectNoJob(bob->LoadStateDict(job, *state).status(), job);
     ExpectNoJob(bob->DeleteJob(job), job);

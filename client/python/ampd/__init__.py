@@ -12,7 +12,7 @@
 The stubs (ampd.v1.trainer_pb2, trainer_pb2_grpc) are generated from
 proto/ampd/v1/trainer.proto when the package is built.
 """
-from ampd.client import Client, Job, StepResult, Timings, to_tensor
+from ampd.client import Client, EvaluateResult, Job, StepResult, Timings, to_tensor
 from ampd.errors import (Aborted, AmpdError, CreateRetry, DataLoss, DeadlineExceeded,
                          FailedPrecondition, Internal, InvalidArgument, InvalidField,
                          InvalidStateDict, JobFailed, JobLimit, JobNotFound, MemoryLimit,
@@ -26,7 +26,7 @@ from ampd.spec import (GELU, SGD, Adam, AdamW, Embedding, LayerNorm, Linear, Mod
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "Job", "StepResult", "Timings", "StateDict", "to_tensor",
+    "Client", "Job", "StepResult", "EvaluateResult", "Timings", "StateDict", "to_tensor",
     "Model", "Linear", "ReLU", "GELU", "Tanh", "LayerNorm", "Embedding",
     "SGD", "Adam", "AdamW", "Scaler",
     "AmpdError", "InvalidArgument", "InvalidField", "InvalidStateDict", "NotFound",

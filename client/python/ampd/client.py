@@ -98,6 +98,7 @@ class StepResult:
     overflows_until_backoff: int
     samples: int
     timings: Timings
+    learning_rate: float  # the lr this step's update used (schedule or override)
 
     @classmethod
     def from_proto(cls, r):
@@ -111,7 +112,33 @@ class StepResult:
             overflows_until_backoff=r.scaler_counters.overflows_until_backoff,
             samples=r.samples,
             timings=Timings(t.forward_seconds, t.backward_seconds, t.unscale_seconds,
-                            t.optimizer_seconds, t.total_seconds))
+                            t.optimizer_seconds, t.total_seconds),
+            learning_rate=r.learning_rate)
+
+
+@dataclass(frozen=True)
+class EvaluateResult:
+    """One Evaluate's outcome: the loss a Step on the same micro-batches would
+    report now (mean over them), rows evaluated, server-side seconds."""
+    loss: float
+    samples: int
+    seconds: float
+
+
+def _micro_batches(inputs, targets, micro_batches, what):
+    """step()'s and evaluate()'s arguments as a list of (inputs, targets)."""
+    if micro_batches is None:
+        if targets is None and isinstance(inputs, (list, tuple)):
+            micro_batches = inputs
+        else:
+            micro_batches = [(inputs, targets)]
+    micro_batches = list(micro_batches)
+    if not micro_batches or not all(
+            isinstance(mb, (list, tuple)) and len(mb) == 2 and mb[0] is not None
+            and mb[1] is not None for mb in micro_batches):
+        raise TypeError("%s takes (inputs, targets), or a non-empty list of "
+                        "(inputs, targets) micro-batches" % what)
+    return micro_batches
 
 
 class Client:
@@ -178,9 +205,9 @@ class Client:
     def _call(self, invoke):
         """invoke(metadata, timeout) once, or until it stops failing transiently.
 
-        Every call passed here is safe to resend: reads, CreateJob (request_id),
-        Step (sequence) and LoadStateDict (the same bytes load the same state).
-        DeleteJob is not (a resend finds the job gone) and has its own loop.
+        Every call passed here is safe to resend: reads (Evaluate among them),
+        CreateJob (request_id), Step (sequence) and LoadStateDict (the same bytes
+        load the same state). DeleteJob is not (a resend finds the job gone) and has its own loop.
         """
         deadline = time.monotonic() + self.retry_deadline
         attempt = 0
@@ -302,17 +329,7 @@ class Job:
         gradient accumulation over micro-batches with one scale for the step.
         learning_rate overrides the optimizer's lr for this step only.
         """
-        if micro_batches is None:
-            if targets is None and isinstance(inputs, (list, tuple)):
-                micro_batches = inputs
-            else:
-                micro_batches = [(inputs, targets)]
-        micro_batches = list(micro_batches)
-        if not micro_batches or not all(
-                isinstance(mb, (list, tuple)) and len(mb) == 2 and mb[0] is not None
-                and mb[1] is not None for mb in micro_batches):
-            raise TypeError("step takes (inputs, targets), or a non-empty list of "
-                            "(inputs, targets) micro-batches")
+        micro_batches = _micro_batches(inputs, targets, micro_batches, "step")
         request = pb.StepRequest(
             job_id=self.job_id, sequence=self.next_sequence,
             micro_batches=[pb.MicroBatch(inputs=to_tensor(x), targets=to_tensor(y))
@@ -330,6 +347,20 @@ class Job:
         self.applied_steps = response.applied_steps
         self.loss_scale = response.scale_after
         return StepResult.from_proto(response)
+
+    def evaluate(self, inputs=None, targets=None, *, micro_batches=None):
+        """Forward and loss only (a validation loss); returns an EvaluateResult.
+
+        Takes what step() takes. The job's weights, optimizer, loss scale and
+        step sequence are unchanged; it runs after the steps sent before it.
+        """
+        request = pb.EvaluateRequest(job_id=self.job_id, micro_batches=[
+            pb.MicroBatch(inputs=to_tensor(x), targets=to_tensor(y))
+            for x, y in _micro_batches(inputs, targets, micro_batches, "evaluate")])
+        stub = self._client._stub
+        response = self._client._call(
+            lambda md, t: stub.Evaluate(request, metadata=md, timeout=t))
+        return EvaluateResult(response.loss, response.samples, response.seconds)
 
     def _resynchronise(self, sequence, mismatch):
         """The error to raise for a SEQUENCE_MISMATCH on `sequence`, after GetJob.

@@ -5,7 +5,7 @@ Unset (None) fields stay unset on the wire, so the server fills in the
 default (PyTorch's for the optimizer, the policy's for the scaler) and
 CreateJob returns the effective config.
 """
-from dataclasses import dataclass, fields
+from dataclasses import KW_ONLY, dataclass, fields
 from typing import Optional, Sequence, Tuple
 
 from ampd.v1 import trainer_pb2 as pb
@@ -92,11 +92,33 @@ class Model:
                                  loss=_LOSSES[self.loss]), loss_multiplier=self.loss_multiplier)
 
 
+_LR_SCHEDULES = {"constant": pb.LR_SCHEDULE_CONSTANT,
+                 "warmup_cosine": pb.LR_SCHEDULE_WARMUP_COSINE}
+
+
 @dataclass(frozen=True)
 class _Optimizer:
+    """lr_schedule (keyword only): "constant" (the default) or "warmup_cosine",
+    nanoGPT's get_lr over the applied update count: linear warmup over
+    warmup_steps (default 0), cosine decay to min_lr (default lr / 10) at
+    decay_steps (required, > warmup_steps), min_lr after."""
     lr: Optional[float] = None
     weight_decay: Optional[float] = None
     max_grad_norm: Optional[float] = None  # clip the unscaled gradients' L2 norm; <= 0 off
+    _: KW_ONLY
+    lr_schedule: Optional[str] = None
+    warmup_steps: Optional[int] = None
+    decay_steps: Optional[int] = None
+    min_lr: Optional[float] = None
+
+    def _with_schedule(self, message):
+        if self.lr_schedule is not None:
+            if self.lr_schedule not in _LR_SCHEDULES:
+                raise ValueError("lr_schedule: expected one of %s, got %r"
+                                 % (", ".join(_LR_SCHEDULES), self.lr_schedule))
+            message.lr_schedule = _LR_SCHEDULES[self.lr_schedule]
+        return _set(message, warmup_steps=self.warmup_steps, decay_steps=self.decay_steps,
+                    min_lr=self.min_lr)
 
 
 @dataclass(frozen=True)
@@ -106,9 +128,10 @@ class SGD(_Optimizer):
     nesterov: Optional[bool] = None
 
     def to_proto(self):
-        return _set(pb.OptimizerConfig(kind=pb.OPTIMIZER_SGD), lr=self.lr,
-                    weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm,
-                    momentum=self.momentum, dampening=self.dampening, nesterov=self.nesterov)
+        return self._with_schedule(_set(
+            pb.OptimizerConfig(kind=pb.OPTIMIZER_SGD), lr=self.lr,
+            weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm,
+            momentum=self.momentum, dampening=self.dampening, nesterov=self.nesterov))
 
 
 @dataclass(frozen=True)
@@ -119,9 +142,9 @@ class Adam(_Optimizer):
 
     def to_proto(self):
         beta1, beta2 = self.betas if self.betas is not None else (None, None)
-        return _set(pb.OptimizerConfig(kind=self._kind), lr=self.lr,
-                    weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm,
-                    beta1=beta1, beta2=beta2, eps=self.eps)
+        return self._with_schedule(_set(
+            pb.OptimizerConfig(kind=self._kind), lr=self.lr, weight_decay=self.weight_decay,
+            max_grad_norm=self.max_grad_norm, beta1=beta1, beta2=beta2, eps=self.eps))
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,11 @@ std::string EncodeStepReport(const StepReport& r) {
   // Only when set (an adaptive scaler's deferred growth), so that every
   // other report, and the checkpoints that carry one, keep their bytes.
   if (r.scaler.growth_deferred) parts.push_back("growth_deferred=1");
+  // Reports of checkpoints written before steps reported their lr decode
+  // to 0, as a report of lr 0 does, so only a non-zero lr is written.
+  if (r.learning_rate != 0.0f) {
+    parts.push_back(absl::StrCat("learning_rate=", HexFloat(r.learning_rate)));
+  }
   return absl::StrJoin(parts, ";");
 }
 
@@ -152,6 +157,8 @@ absl::StatusOr<StepReport> DecodeStepReport(absl::string_view text) {
       r.scaler.scale_before = static_cast<float>(d);
     else if (k == "scale_after" && is_float)
       r.scaler.scale_after = static_cast<float>(d);
+    else if (k == "learning_rate" && is_float)
+      r.learning_rate = static_cast<float>(d);
     else if (k == "grad_norm" && is_float)
       r.grad_norm = static_cast<float>(d);
     else if (k == "forward" && is_float)
@@ -354,6 +361,19 @@ absl::StatusOr<StepReport> Job::Step(int64_t sequence, StepInput input) {
                    static_cast<long long>(sequence), s.ToString().c_str());
     }
   }
+  return report;
+}
+
+absl::StatusOr<EvaluateReport> Job::Evaluate(const EvaluateInput& input) {
+  if (trainer_ == nullptr) return NotOpen();
+  const std::function<absl::Status(int64_t)> admit = [this](int64_t bytes) {
+    return context_->admit_step ? context_->admit_step(*this, bytes) : absl::OkStatus();
+  };
+  absl::StatusOr<EvaluateReport> report = AllocationGuard(
+      "Evaluate",
+      [&]() -> absl::StatusOr<EvaluateReport> { return trainer_->Evaluate(input, admit); });
+  set_workspace_bytes(trainer_->workspace_bytes());
+  if (report.ok() && context_->observer != nullptr) context_->observer->OnEvaluate(id_, *report);
   return report;
 }
 

@@ -123,6 +123,11 @@ class Job : public std::enable_shared_from_this<Job> {
   // (SCALER_AT_MIN_SCALE, checkpointed as failed); a failed job answers
   // JOB_FAILED until ImportSafetensors.
   absl::StatusOr<StepReport> Step(int64_t sequence, StepInput input);
+  // Trainer::Evaluate on the job's weights: NotFound when closed; a failed
+  // job still evaluates (its weights are what it holds). Admitted as a
+  // step's workspaces are (JobContext::admit_step), and reported to the
+  // observer. Neither the step sequence nor the recorded report changes.
+  absl::StatusOr<EvaluateReport> Evaluate(const EvaluateInput& input);
   // The Trainer's state as a safetensors file (header and host tensors,
   // not yet concatenated).
   absl::StatusOr<checkpoint::EncodedSafetensors> ExportSafetensors() const;

@@ -512,6 +512,16 @@ std::string OptimizerJson(const optim::OptimizerSpec& spec) {
     w.Float("weight_decay", spec.adam.weight_decay);
   }
   w.Float("max_grad_norm", spec.max_grad_norm);
+  if (spec.lr_schedule.kind != optim::LrScheduleKind::kConstant) {
+    std::string schedule;
+    ObjectWriter s(&schedule);
+    s.String("kind", optim::LrScheduleName(spec.lr_schedule.kind));
+    s.Int("warmup_steps", spec.lr_schedule.warmup_steps);
+    s.Int("decay_steps", spec.lr_schedule.decay_steps);
+    s.Float("min_lr", spec.lr_schedule.min_lr);
+    s.Close();
+    w.Raw("lr_schedule", schedule);
+  }
   w.Close();
   return out;
 }
@@ -597,7 +607,22 @@ absl::StatusOr<model::ModelSpec> ModelFromJson(const Json& v) {
   return spec;
 }
 
-absl::StatusOr<optim::OptimizerSpec> OptimizerFromJson(const Json& v) {
+absl::StatusOr<optim::LrSchedule> LrScheduleFromJson(const Json& v) {
+  AMPD_ASSIGN_OR_RETURN(Fields f, Fields::Of(v, "optimizer.lr_schedule"));
+  optim::LrSchedule schedule;
+  AMPD_ASSIGN_OR_RETURN(const std::string kind, f.String("kind"));
+  // Only non-constant schedules are written.
+  AMPD_ASSIGN_OR_RETURN(
+      schedule.kind, FromName(kind, {optim::LrScheduleKind::kWarmupCosine}, optim::LrScheduleName,
+                              "optimizer.lr_schedule.kind"));
+  AMPD_ASSIGN_OR_RETURN(schedule.warmup_steps, f.Integer<int64_t>("warmup_steps"));
+  AMPD_ASSIGN_OR_RETURN(schedule.decay_steps, f.Integer<int64_t>("decay_steps"));
+  AMPD_ASSIGN_OR_RETURN(schedule.min_lr, f.Float("min_lr"));
+  AMPD_RETURN_IF_ERROR(f.Done());
+  return schedule;
+}
+
+absl::StatusOr<optim::OptimizerSpec> OptimizerFromJson(const Json& v, int64_t version) {
   AMPD_ASSIGN_OR_RETURN(Fields f, Fields::Of(v, "optimizer"));
   AMPD_ASSIGN_OR_RETURN(const std::string kind_name, f.String("kind"));
   AMPD_ASSIGN_OR_RETURN(const optim::OptimizerKind kind,
@@ -622,6 +647,14 @@ absl::StatusOr<optim::OptimizerSpec> OptimizerFromJson(const Json& v) {
     AMPD_ASSIGN_OR_RETURN(spec.adam.weight_decay, f.Float("weight_decay"));
   }
   AMPD_ASSIGN_OR_RETURN(spec.max_grad_norm, f.Float("max_grad_norm"));
+  if (f.Has("lr_schedule")) {
+    if (version < 3) {
+      return Corrupt("optimizer.lr_schedule",
+                     absl::StrCat("not a key of format_version ", version));
+    }
+    AMPD_ASSIGN_OR_RETURN(const Json* schedule, f.Get("lr_schedule"));
+    AMPD_ASSIGN_OR_RETURN(spec.lr_schedule, LrScheduleFromJson(*schedule));
+  }
   AMPD_RETURN_IF_ERROR(f.Done());
   return spec;
 }
@@ -668,7 +701,10 @@ std::string EncodeJobConfig(const JobConfig& config, absl::string_view request_i
   std::string out;
   ObjectWriter w(&out);
   // The oldest version that holds the config (the header says why).
-  w.Int("format_version", config.scaler.policy == amp::ScalerPolicy::kAdaptive ? 2 : 1);
+  int64_t version = 1;
+  if (config.scaler.policy == amp::ScalerPolicy::kAdaptive) version = 2;
+  if (config.optimizer.lr_schedule.kind != optim::LrScheduleKind::kConstant) version = 3;
+  w.Int("format_version", version);
   w.String("display_name", config.display_name);
   if (!request_id.empty()) w.String("request_id", request_id);
   w.Raw("seed", absl::StrCat(config.seed));
@@ -708,7 +744,7 @@ absl::StatusOr<JobConfigRecord> DecodeJobConfig(absl::string_view json) {
   AMPD_ASSIGN_OR_RETURN(const Json* model, f.Get("model"));
   AMPD_ASSIGN_OR_RETURN(config.model, ModelFromJson(*model));
   AMPD_ASSIGN_OR_RETURN(const Json* optimizer, f.Get("optimizer"));
-  AMPD_ASSIGN_OR_RETURN(config.optimizer, OptimizerFromJson(*optimizer));
+  AMPD_ASSIGN_OR_RETURN(config.optimizer, OptimizerFromJson(*optimizer, version));
   AMPD_ASSIGN_OR_RETURN(const Json* scaler, f.Get("scaler"));
   AMPD_ASSIGN_OR_RETURN(config.scaler, ScalerFromJson(*scaler, version));
   AMPD_RETURN_IF_ERROR(f.Done());

@@ -20,7 +20,11 @@
 // carries overflow_margin_log2 and underflow_threshold (and only its does).
 // A config version 1 can hold (any other policy) is still written as
 // version 1, byte for byte as before, so that an ampd predating version 2
-// can restore it; the reader takes both. A layer
+// can restore it; the reader takes both. Version 3 adds learning-rate
+// schedules: an optimizer with a schedule other than constant carries
+// "lr_schedule":{"kind":"warmup_cosine","warmup_steps":W,"decay_steps":D,
+// "min_lr":M}; a constant one has no such key and is written as version 1
+// or 2 as before, byte for byte. A layer
 // carries the fields of its kind only (linear: in_features, out_features,
 // bias; layer_norm: normalized_shape, eps, elementwise_affine; embedding:
 // num_embeddings, embedding_dim); the optimizer those of its kind (sgd: lr,
@@ -43,9 +47,10 @@
 
 namespace ampd::engine {
 
-// The newest format_version: EncodeJobConfig writes it for adaptive-scaler
-// configs (version 1 for the others), DecodeJobConfig reads 1 to it.
-inline constexpr int kJobConfigFormatVersion = 2;
+// The newest format_version: EncodeJobConfig writes the oldest version that
+// holds a config (3 with an lr schedule, else 2 for adaptive-scaler configs,
+// else 1), DecodeJobConfig reads 1 to it.
+inline constexpr int kJobConfigFormatVersion = 3;
 
 // A job's config and the request_id it was created with ("" when none).
 struct JobConfigRecord {

@@ -17,6 +17,7 @@ class JobObserver {
   virtual void OnJobCreated(const std::string& job_id, const std::string& tenant,
                             const JobConfig& config) = 0;
   virtual void OnStep(const std::string& job_id, const StepReport& report) = 0;
+  virtual void OnEvaluate(const std::string& job_id, const EvaluateReport& report) = 0;
   virtual void OnJobDeleted(const std::string& job_id) = 0;
 };
 

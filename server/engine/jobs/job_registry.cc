@@ -243,7 +243,7 @@ absl::Status JobRegistry::AdmitStep(Job& job, int64_t workspace_bytes) {
     if (SaturatingAdd(used, workspace_bytes) > options_.max_memory_bytes) {
       return WithReason(
           absl::ResourceExhaustedError(absl::StrCat(
-              "micro_batches: the step needs an estimated ", workspace_bytes,
+              "micro_batches: they need an estimated ", workspace_bytes,
               " bytes of activation and workspace memory for its batch sizes, and the jobs' "
               "weights and other jobs' workspaces hold ",
               used, " of --max-memory-bytes=", options_.max_memory_bytes,
@@ -259,7 +259,7 @@ absl::Status JobRegistry::AdmitStep(Job& job, int64_t workspace_bytes) {
     if (SaturatingAdd(used, workspace_bytes) > quota->max_memory_bytes) {
       return WithReason(
           absl::ResourceExhaustedError(absl::StrCat(
-              "micro_batches: the step needs an estimated ", workspace_bytes,
+              "micro_batches: they need an estimated ", workspace_bytes,
               " bytes of activation and workspace memory for its batch sizes, and the weights "
               "and other workspaces of tenant '",
               job.owner(), "' hold ", used, " of its quota (max_memory_bytes=",
@@ -421,6 +421,37 @@ void JobRegistry::Step(const std::string& owner, const std::string& job_id, int6
                report.status().code() != absl::StatusCode::kNotFound) {
       LogEvent(absl::StrCat("job ", job->id(), " step ", sequence,
                             " failed: ", report.status().ToString()));
+    }
+    done(std::move(report));
+  });
+}
+
+void JobRegistry::Evaluate(const std::string& owner, const std::string& job_id, EvaluateInput input,
+                           std::function<void(absl::StatusOr<EvaluateReport>)> done) {
+  if (absl::Status s = CheckEvaluateInput(input); !s.ok()) {
+    done(std::move(s));
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (draining_) {
+      done(Draining());
+      return;
+    }
+  }
+  std::shared_ptr<Job> job = Find(owner, job_id);
+  if (job == nullptr) {
+    done(JobNotFound(job_id));
+    return;
+  }
+  auto shared_input = std::make_shared<EvaluateInput>(std::move(input));
+  job->Post([this, job, shared_input, done = std::move(done)] {
+    absl::StatusOr<EvaluateReport> report = job->Evaluate(*shared_input);
+    if (report.ok()) {
+      ReportMemory();
+    } else if (report.status().code() != absl::StatusCode::kInvalidArgument &&
+               report.status().code() != absl::StatusCode::kNotFound) {
+      LogEvent(absl::StrCat("job ", job->id(), " evaluate failed: ", report.status().ToString()));
     }
     done(std::move(report));
   });

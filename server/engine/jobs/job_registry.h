@@ -129,6 +129,11 @@ class JobRegistry {
   // the checks and the step run on the job's strand (Job::Step).
   void Step(const std::string& owner, const std::string& job_id, int64_t sequence, StepInput input,
             std::function<void(absl::StatusOr<StepReport>)> done);
+  // CheckEvaluateInput's error first, then the job's strand (Job::Evaluate),
+  // after its queued steps: an evaluation sees the weights of every step
+  // sent before it. Refused with Unavailable while draining, as a step is.
+  void Evaluate(const std::string& owner, const std::string& job_id, EvaluateInput input,
+                std::function<void(absl::StatusOr<EvaluateReport>)> done);
   void ExportState(const std::string& owner, const std::string& job_id,
                    std::function<void(absl::StatusOr<checkpoint::EncodedSafetensors>)> done);
   // `chunks`: the safetensors file's consecutive pieces, as they arrived.
@@ -161,7 +166,8 @@ class JobRegistry {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t JobsOf(const std::string& owner) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const TenantQuota* QuotaOf(const std::string& owner) const;
-  // JobContext::admit_step: the step's workspace against --max-memory-bytes.
+  // JobContext::admit_step: the workspace of a step or an evaluation
+  // against --max-memory-bytes.
   absl::Status AdmitStep(Job& job, int64_t workspace_bytes);
   void Remove(const std::string& job_id);
   // RestoreAll's passes. AdmitForRestore puts the jobs of `ids` that the

@@ -1,7 +1,9 @@
-// Optimizer hyperparameter validation with PyTorch's own rules.
+// Optimizer hyperparameter validation with PyTorch's own rules, and the
+// learning-rate schedules.
 #include "server/engine/optim/optimizer_spec.h"
 
 #include <cmath>
+#include <numbers>
 
 #include "absl/strings/str_cat.h"
 
@@ -15,6 +17,16 @@ absl::string_view OptimizerName(OptimizerKind kind) {
       return "adam";
     case OptimizerKind::kAdamW:
       return "adamw";
+  }
+  return "?";
+}
+
+absl::string_view LrScheduleName(LrScheduleKind kind) {
+  switch (kind) {
+    case LrScheduleKind::kConstant:
+      return "constant";
+    case LrScheduleKind::kWarmupCosine:
+      return "warmup_cosine";
   }
   return "?";
 }
@@ -71,7 +83,47 @@ absl::Status ValidateOptimizerSpec(const OptimizerSpec& spec) {
   if (!std::isfinite(spec.max_grad_norm)) {
     return Bad("max_grad_norm", "finite", spec.max_grad_norm);
   }
+  const LrSchedule& schedule = spec.lr_schedule;
+  switch (schedule.kind) {
+    case LrScheduleKind::kConstant:
+      break;
+    case LrScheduleKind::kWarmupCosine:
+      if (schedule.warmup_steps < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("warmup_steps: must be >= 0, got ", schedule.warmup_steps));
+      }
+      if (schedule.decay_steps <= schedule.warmup_steps) {
+        return absl::InvalidArgumentError(absl::StrCat("decay_steps: must be > warmup_steps (",
+                                                       schedule.warmup_steps, "), got ",
+                                                       schedule.decay_steps));
+      }
+      if (!NonNegative(schedule.min_lr)) {
+        return Bad("min_lr", "finite and >= 0", schedule.min_lr);
+      }
+      break;
+    default:
+      return absl::InvalidArgumentError("lr_schedule: unknown schedule");
+  }
   return absl::OkStatus();
+}
+
+float BaseLearningRate(const OptimizerSpec& spec) {
+  return spec.kind == OptimizerKind::kSgd ? spec.sgd.lr : spec.adam.lr;
+}
+
+float ScheduledLearningRate(const OptimizerSpec& spec, int64_t applied_steps) {
+  const double lr = BaseLearningRate(spec);
+  const LrSchedule& s = spec.lr_schedule;
+  if (s.kind != LrScheduleKind::kWarmupCosine) return static_cast<float>(lr);
+  const auto a = static_cast<double>(applied_steps);
+  const auto warmup = static_cast<double>(s.warmup_steps);
+  const auto decay = static_cast<double>(s.decay_steps);
+  const double min_lr = s.min_lr;
+  if (a < warmup) return static_cast<float>(lr * (a + 1.0) / (warmup + 1.0));
+  if (a > decay) return static_cast<float>(min_lr);
+  const double r = (a - warmup) / (decay - warmup);
+  const double coeff = 0.5 * (1.0 + std::cos(std::numbers::pi * r));
+  return static_cast<float>(min_lr + coeff * (lr - min_lr));
 }
 
 }  // namespace ampd::engine::optim

@@ -14,8 +14,10 @@
 //     the norm on every step since the pass reads every gradient anyway and
 //     the report carries it): 16-bit grads must not be unscaled in 16 bits, and for
 //     fp32 grads leaving the unscale to the fused update saves a write pass
-//   fused Adam/SGD update with GradTransform{1/S, found_inf, norm_sq}; the
-//     device skips it entirely on found_inf and it recasts the working copy
+//   fused Adam/SGD update with GradTransform{1/S, found_inf, norm_sq} at
+//     the schedule's lr for the updates applied so far (a host computation:
+//     optim::ScheduledLearningRate) or the input's override; the device
+//     skips it entirely on found_inf and it recasts the working copy
 //   ONE ReadBack of [loss_sum, found_inf, norm_sq, max_abs] (and the
 //     histogram when sampled), then scaler.Update with found_inf, max|g| of
 //     the unscaled grads (the check pass computes it in the same read) and,
@@ -81,11 +83,12 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-// Everything Step checks before it touches any state.
-absl::Status ValidateStepInput(const model::ModelSpec& spec, const StepInput& input) {
-  AMPD_RETURN_IF_ERROR(CheckStepInput(input));
-  for (size_t i = 0; i < input.micro_batches.size(); ++i) {
-    const MicroBatch& mb = input.micro_batches[i];
+}  // namespace
+
+absl::Status CheckMicroBatchesFitModel(const model::ModelSpec& spec,
+                                       const std::vector<MicroBatch>& micro_batches) {
+  for (size_t i = 0; i < micro_batches.size(); ++i) {
+    const MicroBatch& mb = micro_batches[i];
     AMPD_RETURN_IF_ERROR(model::CheckBatchFitsModel(
         spec, mb.inputs, mb.targets, absl::StrCat("micro_batches[", i, "].inputs"),
         absl::StrCat("micro_batches[", i, "].targets")));
@@ -93,7 +96,38 @@ absl::Status ValidateStepInput(const model::ModelSpec& spec, const StepInput& in
   return absl::OkStatus();
 }
 
-}  // namespace
+absl::Status Trainer::Impl::AdmitWorkspaces(const std::vector<MicroBatch>& micro_batches,
+                                            const std::function<absl::Status(int64_t)>& admit,
+                                            absl::string_view what) {
+  kernels::Backend& b = *backend;
+  model::Model& net = *model;
+  // The workspace of every distinct batch size, whether cached already or
+  // not (a limit shared with other jobs must see what this job holds
+  // while it runs).
+  std::vector<int64_t> sizes;
+  for (const MicroBatch& mb : micro_batches) {
+    const int64_t rows = mb.inputs.shape[0];
+    if (std::find(sizes.begin(), sizes.end(), rows) == sizes.end()) sizes.push_back(rows);
+  }
+  net.KeepWorkspaces(sizes);
+  int64_t need = 0;
+  for (int64_t rows : sizes) {
+    AMPD_ASSIGN_OR_RETURN(const int64_t bytes,
+                          model::WorkspaceBytes(config.model, config.precision, rows));
+    need = SaturatingAdd(need, bytes);
+  }
+  const int64_t capacity = b.MemoryCapacityBytes();
+  const int64_t to_allocate = need - net.cached_workspace_bytes();
+  if (capacity > 0 && SaturatingAdd(b.BytesInUse(), to_allocate) > capacity) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("micro_batches: the ", what, " needs an estimated ", need,
+                     " bytes of activation and workspace memory for its batch sizes, and with the ",
+                     b.BytesInUse(), " bytes the job holds that exceeds the ", capacity,
+                     " bytes of ", b.name(), "; send smaller micro-batches"));
+  }
+  if (admit) AMPD_RETURN_IF_ERROR(admit(need));
+  return absl::OkStatus();
+}
 
 absl::Status CheckStepInput(const StepInput& input) {
   if (input.micro_batches.empty()) {
@@ -111,43 +145,16 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
                                          const std::function<absl::Status(int64_t)>& admit) {
   const Clock::time_point t_start = Clock::now();
   Impl& m = *impl_;
-  AMPD_RETURN_IF_ERROR(ValidateStepInput(m.config.model, input));
+  AMPD_RETURN_IF_ERROR(CheckStepInput(input));
+  AMPD_RETURN_IF_ERROR(CheckMicroBatchesFitModel(m.config.model, input.micro_batches));
   kernels::Backend& b = *m.backend;
   model::Model& net = *m.model;
   StepReport report;
 
-  // Admission before allocation: the step's workspace, all of it, whether
-  // cached already or not (a limit shared with other jobs must see what this
-  // job holds during the step).
-  std::vector<int64_t> sizes;
-  for (const MicroBatch& mb : input.micro_batches) {
-    const int64_t rows = mb.inputs.shape[0];
-    if (std::find(sizes.begin(), sizes.end(), rows) == sizes.end()) sizes.push_back(rows);
-  }
-  net.KeepWorkspaces(sizes);
-  int64_t need = 0;
-  for (int64_t rows : sizes) {
-    AMPD_ASSIGN_OR_RETURN(const int64_t bytes,
-                          model::WorkspaceBytes(m.config.model, m.config.precision, rows));
-    need = SaturatingAdd(need, bytes);
-  }
-  const int64_t capacity = b.MemoryCapacityBytes();
-  const int64_t to_allocate = need - net.cached_workspace_bytes();
-  if (capacity > 0 && SaturatingAdd(b.BytesInUse(), to_allocate) > capacity) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("micro_batches: the step needs an estimated ", need,
-                     " bytes of activation and workspace memory for its batch sizes, and with the ",
-                     b.BytesInUse(), " bytes the job holds that exceeds the ", capacity,
-                     " bytes of ", b.name(), "; send smaller micro-batches"));
-  }
-  if (admit) AMPD_RETURN_IF_ERROR(admit(need));
-  // Whatever the outcome, a step's oversized buffers do not outlive it.
-  struct TrimCache {
-    model::Model& net;
-    ~TrimCache() {
-      if (net.cached_workspace_bytes() > kMaxCachedWorkspaceBytes) net.ReleaseWorkspaces();
-    }
-  } trim{net};
+  // Admission before allocation; whatever the outcome, a step's oversized
+  // buffers do not outlive it.
+  AMPD_RETURN_IF_ERROR(m.AdmitWorkspaces(input.micro_batches, admit, "step"));
+  const TrimWorkspacesOnExit trim{net};
 
   if (m.scaler.NeedsCalibration()) AMPD_RETURN_IF_ERROR(m.CalibrateLossScale(input));
   const float scale = m.scaler.scale();
@@ -202,7 +209,13 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   transform.found_inf = scaler_enabled ? &m.found_inf : &m.no_inf;
   transform.norm_sq = clip ? &m.norm_sq : nullptr;
   transform.max_grad_norm = m.config.optimizer.max_grad_norm;
-  AMPD_RETURN_IF_ERROR(m.optimizer.Apply(b, m.refs, input.learning_rate, transform));
+  // The schedule's lr for the updates applied so far (a skipped step does
+  // not advance it), unless the request overrides it.
+  const float lr =
+      input.learning_rate.has_value()
+          ? *input.learning_rate
+          : optim::ScheduledLearningRate(m.config.optimizer, m.optimizer.applied_steps());
+  AMPD_RETURN_IF_ERROR(m.optimizer.Apply(b, m.refs, lr, transform));
   const Clock::time_point t5 = Clock::now();
 
   // One read brings the scalars and, when sampled, the histogram.
@@ -237,6 +250,7 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   report.step = m.steps_run;
   report.applied_steps = m.optimizer.applied_steps();
   report.loss = host[kReadLossSum] / static_cast<float>(k);
+  report.learning_rate = lr;
   report.scaler = *update;
   report.grad_max_abs = host[kReadMaxAbs];
   // Every applied step reports its norm; a skipped one only when clipping

@@ -52,6 +52,14 @@ class Trainer {
   absl::StatusOr<StepReport> Step(const StepInput& input,
                                   const std::function<absl::Status(int64_t)>& admit = nullptr);
 
+  // Forward and loss over the micro-batches (evaluate.cc): the loss Step
+  // would report for them now, with weights, optimizer state, loss scaler
+  // and both counts left as they are. The same input checks (InvalidArgument
+  // naming the field) and the same workspace admission as Step, `admit`
+  // included; the gradient buffers are not touched.
+  absl::StatusOr<EvaluateReport> Evaluate(
+      const EvaluateInput& input, const std::function<absl::Status(int64_t)>& admit = nullptr);
+
   // The most workspace memory a job keeps cached between steps; a step whose
   // buffers are larger frees them when it ends (CUDA's pool keeps the blocks
   // for reuse without a cudaMalloc, while the CPU backend returns them).

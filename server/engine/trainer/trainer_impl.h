@@ -4,10 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "kernels/backend.h"
 #include "server/engine/amp/grad_scaler.h"
 #include "server/engine/model/layers.h"
@@ -45,6 +47,27 @@ struct Trainer::Impl {
   // calibrate.cc: the adaptive scaler's calibrated start, run by Step
   // before the step proper when the scaler NeedsCalibration().
   absl::Status CalibrateLossScale(const StepInput& input);
+
+  // step.cc: admission of the workspaces a step or an evaluation (`what`)
+  // needs for its micro-batches' sizes, before anything is allocated (see
+  // Trainer::Step). Frees the cached workspaces of other sizes first.
+  absl::Status AdmitWorkspaces(const std::vector<MicroBatch>& micro_batches,
+                               const std::function<absl::Status(int64_t)>& admit,
+                               absl::string_view what);
+};
+
+// step.cc: each micro-batch checked against the model, InvalidArgument
+// naming micro_batches[i].inputs / .targets.
+absl::Status CheckMicroBatchesFitModel(const model::ModelSpec& spec,
+                                       const std::vector<MicroBatch>& micro_batches);
+
+// Frees a step's or an evaluation's workspaces when it ends, whatever its
+// outcome, when they exceed Trainer::kMaxCachedWorkspaceBytes.
+struct TrimWorkspacesOnExit {
+  model::Model& net;
+  ~TrimWorkspacesOnExit() {
+    if (net.cached_workspace_bytes() > Trainer::kMaxCachedWorkspaceBytes) net.ReleaseWorkspaces();
+  }
 };
 
 }  // namespace ampd::engine

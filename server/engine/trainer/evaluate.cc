@@ -1,0 +1,61 @@
+// Trainer::Evaluate: a validation loss on the job's current weights.
+//
+// Per micro-batch: upload, forward on the working copy, loss, Add into
+// loss_sum on the device; then one ReadScalars of loss_sum. It runs the
+// same model calls (LoadBatch, Forward, Loss) as Step's forward half and in
+// the same order, so it reports exactly the loss a Step on the same batches
+// would report now (Step reports the loss before its update). Loss also
+// writes dL/dpred into the workspace's own gradient buffer, which is
+// scratch: Backward is never called, so no parameter gradient, no master
+// or working weight, no optimizer buffer and no scaler state changes, and
+// neither does the step count or the applied count.
+#include <chrono>
+#include <cstdint>
+
+#include "common/status_macros.h"
+#include "server/engine/trainer/trainer.h"
+#include "server/engine/trainer/trainer_impl.h"
+
+namespace ampd::engine {
+
+absl::Status CheckEvaluateInput(const EvaluateInput& input) {
+  if (input.micro_batches.empty()) {
+    return absl::InvalidArgumentError("micro_batches: at least one micro-batch is required");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<EvaluateReport> Trainer::Evaluate(
+    const EvaluateInput& input, const std::function<absl::Status(int64_t)>& admit) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  Impl& m = *impl_;
+  AMPD_RETURN_IF_ERROR(CheckEvaluateInput(input));
+  AMPD_RETURN_IF_ERROR(CheckMicroBatchesFitModel(m.config.model, input.micro_batches));
+  kernels::Backend& b = *m.backend;
+  model::Model& net = *m.model;
+  AMPD_RETURN_IF_ERROR(m.AdmitWorkspaces(input.micro_batches, admit, "evaluation"));
+  const TrimWorkspacesOnExit trim{net};
+
+  EvaluateReport report;
+  const auto k = static_cast<int64_t>(input.micro_batches.size());
+  AMPD_RETURN_IF_ERROR(b.Fill(m.loss_sum, 0.0f));
+  for (const MicroBatch& mb : input.micro_batches) {
+    report.samples += mb.inputs.shape[0];
+    AMPD_ASSIGN_OR_RETURN(model::Workspace * ws, net.GetWorkspace(mb.inputs.shape[0]));
+    AMPD_RETURN_IF_ERROR(net.LoadBatch(mb.inputs, mb.targets, *ws));
+    AMPD_RETURN_IF_ERROR(net.Forward(*ws));
+    // The gradient scale only sizes the scratch dL/dpred; 1 / K keeps it
+    // where an unscaled step's would be.
+    AMPD_RETURN_IF_ERROR(net.Loss(*ws, 1.0f / static_cast<float>(k), m.loss));
+    AMPD_RETURN_IF_ERROR(b.Add(m.loss, m.loss_sum));
+  }
+  const kernels::Tensor* const scalars[1] = {&m.loss_sum};
+  float host[1] = {0};  // [loss sum]
+  AMPD_RETURN_IF_ERROR(b.ReadScalars(scalars, host));
+  report.loss = host[0] / static_cast<float>(k);
+  report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return report;
+}
+
+}  // namespace ampd::engine
