@@ -279,6 +279,56 @@ TEST(GptForward, ChunkedLmHeadMatchesReference) {
   ExpectForwardMatchesReference(spec, RandomBatch(2, 5, vocab, 3));
 }
 
+// In bf16 the head's gradient is summed over chunks in fp32 and added once:
+// with the same weights it agrees with the fp32 model's (one chunk per 15
+// rows here, so 40 rows take three).
+TEST(GptBackward, ChunkedHeadGradientInBf16AgreesWithFp32) {
+  const int64_t vocab = (int64_t{1} << 20) + 3;
+  const model::ModelSpec spec = TinyGpt(vocab, 20, 8, 1, 2);
+  ASSERT_EQ(model::LmHeadChunkRows(*spec.gpt, model::Precision::kBf16, 40), 15);
+  const Batch data = RandomBatch(2, 20, vocab, 6);
+  std::vector<float> grads[2];
+  Weights weights;
+  int k = 0;
+  for (model::Precision precision : {model::Precision::kFp32, model::Precision::kBf16}) {
+    GptNet m(spec, precision, 3);
+    if (weights.empty()) {
+      Jitter(m.backend(), m.net(), 41, 0.2f);
+      weights = ReadWeights(m.backend(), m.net());
+    } else {
+      for (model::Parameter& p : m.net().params()) {
+        const std::vector<float>& w = weights.at(p.name);
+        ASSERT_TRUE(m.backend().CopyFromHost(w.data(), w.size() * 4, p.master).ok());
+      }
+      ASSERT_TRUE(m.net().CastWorking().ok());
+    }
+    ASSERT_TRUE(m.Load(data).ok());
+    ASSERT_TRUE(m.net().ZeroGrads().ok());
+    ASSERT_TRUE(m.Loss(/*grad_scale=*/1024.0f).ok());
+    ASSERT_TRUE(m.Backward().ok());
+    const model::Parameter& wte = m.net().params()[0];
+    ASSERT_EQ(wte.name, "transformer.wte.weight");
+    std::vector<float> g(static_cast<size_t>(wte.grad.numel()));
+    if (precision == model::Precision::kFp32) {
+      ASSERT_TRUE(m.backend().CopyToHost(wte.grad, g.data(), g.size() * 4).ok());
+    } else {
+      auto f32 = m.backend().Allocate(DType::kF32, wte.grad.shape());
+      ASSERT_TRUE(f32.ok());
+      ASSERT_TRUE(m.backend().Cast(wte.grad, *f32).ok());
+      ASSERT_TRUE(m.backend().CopyToHost(*f32, g.data(), g.size() * 4).ok());
+    }
+    grads[k++] = std::move(g);
+  }
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < grads[0].size(); ++i) {
+    const double d = static_cast<double>(grads[1][i]) - grads[0][i];
+    diff += d * d;
+    norm += static_cast<double>(grads[0][i]) * grads[0][i];
+  }
+  ASSERT_GT(norm, 0.0);
+  EXPECT_LT(std::sqrt(diff / norm), 0.05);
+}
+
 TEST(GptBackward, GradientsMatchCentralDifferencesForEveryParameterKind) {
   for (bool tied : {true, false}) {
     SCOPED_TRACE(tied ? "tied" : "untied");

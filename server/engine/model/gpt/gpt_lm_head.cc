@@ -7,6 +7,9 @@
 //     * (softmax - onehot), 0 on ignored rows (in place)
 //   dh (r, C) = dlogits W          (into ws.d_ln, where Backward starts)
 //   dW (V, C) += dlogits^T h       (the head's gradient: wte's when tied)
+// In fp16/bf16, dW is summed over the chunks in an F32 buffer and added to
+// the 16-bit gradient once at the end: one rounding per micro-batch, as
+// every other weight gradient gets, however many chunks the head takes.
 // kept, the micro-batch's targets other than kIgnoreIndex, was counted on
 // the host by LoadBatch, so the mean needs no device read.
 #include <algorithm>
@@ -35,6 +38,10 @@ absl::Status GptModel::Loss(Workspace& any, float grad_scale, Tensor& loss) {
   const auto loss_scale = static_cast<float>(per_target);
   const auto logit_grad_scale = static_cast<float>(static_cast<double>(grad_scale) * per_target);
   AMPD_RETURN_IF_ERROR(b.Fill(loss, 0.0f));
+  // The F32 sum starts afresh at the first chunk; without it the chunks add
+  // straight into the gradient, which ZeroGrads cleared.
+  Tensor& head_sum = ws.head_grad.empty() ? head.grad : ws.head_grad;
+  auto sum_beta = [&ws](int64_t start) { return ws.head_grad.empty() || start > 0 ? 1.0f : 0.0f; };
   for (int64_t start = 0; start < ws.rows; start += ws.chunk_rows) {
     const int64_t r = std::min(ws.chunk_rows, ws.rows - start);
     AMPD_ASSIGN_OR_RETURN(const Tensor h, ws.ln_f.View(start * c, {r, c}));
@@ -45,8 +52,9 @@ absl::Status GptModel::Loss(Workspace& any, float grad_scale, Tensor& loss) {
     AMPD_RETURN_IF_ERROR(b.CrossEntropyChunk(logits, labels, kIgnoreIndex, loss_scale,
                                              logit_grad_scale, loss, logits));
     AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, logits, head.value(), 0.0f, dh));
-    AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, logits, h, 1.0f, head.grad));
+    AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, logits, h, sum_beta(start), head_sum));
   }
+  if (!ws.head_grad.empty()) AMPD_RETURN_IF_ERROR(b.Add(ws.head_grad, head.grad));
   return absl::OkStatus();
 }
 

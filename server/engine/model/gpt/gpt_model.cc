@@ -79,7 +79,8 @@ absl::StatusOr<int64_t> GptWorkspaceBytes(const ModelSpec& spec, Precision preci
            product({2, n, h, w}),              // d_fc, d_pre
            att,                                // d_att
            product({LmHeadChunkRows(g, precision, n), g.vocab_size, w}),
-           product({2, n, 8}),  // ids and targets, I64 at most
+           w == 4 ? 0 : product({g.vocab_size, c, 4}),  // the LM head's F32 gradient sum
+           product({2, n, 8}),                          // ids and targets, I64 at most
        }) {
     ok = ok && CheckedAdd(total, part, &total);
   }
@@ -202,6 +203,7 @@ absl::StatusOr<std::unique_ptr<Workspace>> GptModel::NewWorkspace(
   AMPD_RETURN_IF_ERROR(alloc(w, {n, 3 * c}, ws.d_qkv));
   AMPD_RETURN_IF_ERROR(alloc(w, att_shape, ws.d_att));
   AMPD_RETURN_IF_ERROR(alloc(w, {ws.chunk_rows, g.vocab_size}, ws.logits));
+  if (w != DType::kF32) AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {g.vocab_size, c}, ws.head_grad));
   return std::unique_ptr<Workspace>(std::move(owned));
 }
 

@@ -58,7 +58,8 @@ int64_t LmHeadChunkRows(const GptSpec& gpt, Precision precision, int64_t rows);
 // B n_head T^2; all in the working dtype; LayerNorm mean and rstd 4 N F32),
 // the residual stream x_0..x_L and ln_f's output ((L + 2) N C), the
 // backward's scratch (3 N C + 3 N C + 2 N H + B n_head T^2), one LM-head
-// chunk of logits, and the ids and targets (2 N x 8). Overflow-checked;
+// chunk of logits, the LM head's F32 gradient sum (V C x 4, fp16/bf16 only)
+// and the ids and targets (2 N x 8). Overflow-checked;
 // InvalidArgument when it overflows or the shape is not (B, T) with
 // 1 <= T <= context_length.
 absl::StatusOr<int64_t> GptWorkspaceBytes(const ModelSpec& spec, Precision precision,

@@ -46,6 +46,9 @@ struct GptWorkspace : Workspace {
   kernels::Tensor d_qkv;   // (N, 3C)
   kernels::Tensor d_att;   // (B, n_head, T, T) AttentionBackward's scratch
   kernels::Tensor logits;  // (chunk_rows, V) one LM-head chunk, then its gradient
+  // (V, C) F32: the LM head's gradient summed over the chunks before it is
+  // added to the 16-bit parameter gradient in one rounding; empty in fp32.
+  kernels::Tensor head_grad;
 };
 
 }  // namespace ampd::engine::model
