@@ -1,7 +1,8 @@
 // The CPU backend's thread pool and the bit-exactness of the ops it splits:
 // every chunk runs exactly once, and Fill, Cast, Add, AddBias, BiasGrad, the
-// activations, 16-bit GEMM's widening and rounding, the fused optimizers and
-// the histogram write the same bytes
+// activations, 16-bit GEMM's widening and rounding, the fused optimizers,
+// the histogram and the GPT ops (attention, chunked cross-entropy) write
+// the same bytes
 // with 1 thread as with 2, 3 or 8, on tensors several chunks long whose
 // sizes are not multiples of the chunk.
 #include "kernels/cpu/cpu_parallel.h"
@@ -104,7 +105,8 @@ std::vector<std::vector<unsigned char>> Elementwise(Backend& b, DType dt) {
   Tensor f = *b.Allocate(dt, {kRows, kCols});
   EXPECT_TRUE(b.Fill(f, 0.1f).ok());
   out.push_back(RawBytes(b, f));
-  for (Activation act : {Activation::kReLU, Activation::kGELU, Activation::kTanh}) {
+  for (Activation act :
+       {Activation::kReLU, Activation::kGELU, Activation::kTanh, Activation::kGELUTanh}) {
     Tensor a = *b.Allocate(dt, {kRows, kCols});
     EXPECT_TRUE(b.ActivationForward(act, x, a).ok());
     out.push_back(RawBytes(b, a));
@@ -162,6 +164,47 @@ std::vector<std::vector<unsigned char>> Optimizers(Backend& b, DType dt) {
     if (p.working != nullptr) out.push_back(RawBytes(b, working));
   }
   return out;
+}
+
+// Attention splits over (batch, head) pairs, cross-entropy over rows (in
+// place here, with ignored rows, into a loss that accumulates).
+std::vector<std::vector<unsigned char>> GptOps(Backend& b, DType dt) {
+  std::vector<std::vector<unsigned char>> out;
+  const int64_t batch = 3, seq = 19, channels = 48, heads = 4;
+  Tensor qkv = Random(b, dt, {batch, seq, 3 * channels}, 20, -1.5, 1.5);
+  Tensor att = *b.Allocate(dt, {batch, heads, seq, seq});
+  Tensor y = *b.Allocate(dt, {batch, seq, channels});
+  EXPECT_TRUE(b.AttentionForward(qkv, heads, att, y).ok());
+  out.push_back(RawBytes(b, att));
+  out.push_back(RawBytes(b, y));
+  Tensor dy = Random(b, dt, {batch, seq, channels}, 21, -1, 1);
+  Tensor datt = *b.Allocate(dt, {batch, heads, seq, seq});
+  Tensor dqkv = *b.Allocate(dt, {batch, seq, 3 * channels});
+  EXPECT_TRUE(b.AttentionBackward(qkv, att, dy, heads, datt, dqkv).ok());
+  out.push_back(RawBytes(b, datt));
+  out.push_back(RawBytes(b, dqkv));
+  Tensor logits = Random(b, dt, {kRows, 257}, 22, -6, 6);
+  std::vector<double> ids(static_cast<size_t>(kRows));
+  for (int64_t i = 0; i < kRows; ++i)
+    ids[static_cast<size_t>(i)] = i % 7 == 3 ? -100 : i * 31 % 257;
+  Tensor labels = MakeTensor(b, DType::kI64, {kRows}, ids);
+  Tensor loss = Random(b, DType::kF32, {1}, 23, 0, 1);
+  for (int chunk = 0; chunk < 2; ++chunk) {
+    EXPECT_TRUE(b.CrossEntropyChunk(logits, labels, -100, 0.01f, 64.0f, loss, logits).ok());
+  }
+  out.push_back(RawBytes(b, logits));
+  out.push_back(RawBytes(b, loss));
+  return out;
+}
+
+TEST(CpuThreadingTest, GptOpsAreBitExactAcrossThreadCounts) {
+  for (DType dt : kFloatTypes) {
+    const auto want = RunWith(1, GptOps, dt);
+    for (int threads : {2, 3, 8}) {
+      EXPECT_EQ(RunWith(threads, GptOps, dt), want)
+          << DTypeName(dt) << ", " << threads << " threads";
+    }
+  }
 }
 
 TEST(CpuThreadingTest, ElementwiseOpsAreBitExactAcrossThreadCounts) {
