@@ -21,10 +21,12 @@
 // A config version 1 can hold (any other policy) is still written as
 // version 1, byte for byte as before, so that an ampd predating version 2
 // can restore it; the reader takes both. Version 3 adds learning-rate
-// schedules: an optimizer with a schedule other than constant carries
-// "lr_schedule":{"kind":"warmup_cosine","warmup_steps":W,"decay_steps":D,
-// "min_lr":M}; a constant one has no such key and is written as version 1
-// or 2 as before, byte for byte. A layer
+// schedules and the GPT: an optimizer with a schedule other than constant
+// carries "lr_schedule":{"kind":"warmup_cosine","warmup_steps":W,
+// "decay_steps":D,"min_lr":M}, and a GPT's model carries "gpt":{"vocab_size",
+// "context_length","d_model","n_layer","n_head","mlp_ratio","layer_norm_eps",
+// "tie_embeddings"} beside an empty layers array. A config with neither is
+// written as version 1 or 2 as before, byte for byte. A layer
 // carries the fields of its kind only (linear: in_features, out_features,
 // bias; layer_norm: normalized_shape, eps, elementwise_affine; embedding:
 // num_embeddings, embedding_dim); the optimizer those of its kind (sgd: lr,
@@ -48,8 +50,8 @@
 namespace ampd::engine {
 
 // The newest format_version: EncodeJobConfig writes the oldest version that
-// holds a config (3 with an lr schedule, else 2 for adaptive-scaler configs,
-// else 1), DecodeJobConfig reads 1 to it.
+// holds a config (3 with an lr schedule or a GPT, else 2 for adaptive-scaler
+// configs, else 1), DecodeJobConfig reads 1 to it.
 inline constexpr int kJobConfigFormatVersion = 3;
 
 // A job's config and the request_id it was created with ("" when none).

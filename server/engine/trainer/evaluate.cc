@@ -33,7 +33,7 @@ absl::StatusOr<EvaluateReport> Trainer::Evaluate(
   AMPD_RETURN_IF_ERROR(CheckEvaluateInput(input));
   AMPD_RETURN_IF_ERROR(CheckMicroBatchesFitModel(m.config.model, input.micro_batches));
   kernels::Backend& b = *m.backend;
-  model::Model& net = *m.model;
+  model::Network& net = *m.model;
   AMPD_RETURN_IF_ERROR(m.AdmitWorkspaces(input.micro_batches, admit, "evaluation"));
   const TrimWorkspacesOnExit trim{net};
 
@@ -42,7 +42,7 @@ absl::StatusOr<EvaluateReport> Trainer::Evaluate(
   AMPD_RETURN_IF_ERROR(b.Fill(m.loss_sum, 0.0f));
   for (const MicroBatch& mb : input.micro_batches) {
     report.samples += mb.inputs.shape[0];
-    AMPD_ASSIGN_OR_RETURN(model::Workspace * ws, net.GetWorkspace(mb.inputs.shape[0]));
+    AMPD_ASSIGN_OR_RETURN(model::Workspace * ws, net.GetWorkspace(mb.inputs.shape));
     AMPD_RETURN_IF_ERROR(net.LoadBatch(mb.inputs, mb.targets, *ws));
     AMPD_RETURN_IF_ERROR(net.Forward(*ws));
     // The gradient scale only sizes the scratch dL/dpred; 1 / K keeps it

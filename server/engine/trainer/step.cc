@@ -100,20 +100,20 @@ absl::Status Trainer::Impl::AdmitWorkspaces(const std::vector<MicroBatch>& micro
                                             const std::function<absl::Status(int64_t)>& admit,
                                             absl::string_view what) {
   kernels::Backend& b = *backend;
-  model::Model& net = *model;
-  // The workspace of every distinct batch size, whether cached already or
+  model::Network& net = *model;
+  // The workspace of every distinct batch shape, whether cached already or
   // not (a limit shared with other jobs must see what this job holds
   // while it runs).
-  std::vector<int64_t> sizes;
+  std::vector<kernels::Shape> shapes;
   for (const MicroBatch& mb : micro_batches) {
-    const int64_t rows = mb.inputs.shape[0];
-    if (std::find(sizes.begin(), sizes.end(), rows) == sizes.end()) sizes.push_back(rows);
+    const kernels::Shape& shape = mb.inputs.shape;
+    if (std::find(shapes.begin(), shapes.end(), shape) == shapes.end()) shapes.push_back(shape);
   }
-  net.KeepWorkspaces(sizes);
+  net.KeepWorkspaces(shapes);
   int64_t need = 0;
-  for (int64_t rows : sizes) {
+  for (const kernels::Shape& shape : shapes) {
     AMPD_ASSIGN_OR_RETURN(const int64_t bytes,
-                          model::WorkspaceBytes(config.model, config.precision, rows));
+                          model::WorkspaceBytes(config.model, config.precision, shape));
     need = SaturatingAdd(need, bytes);
   }
   const int64_t capacity = b.MemoryCapacityBytes();
@@ -148,7 +148,7 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   AMPD_RETURN_IF_ERROR(CheckStepInput(input));
   AMPD_RETURN_IF_ERROR(CheckMicroBatchesFitModel(m.config.model, input.micro_batches));
   kernels::Backend& b = *m.backend;
-  model::Model& net = *m.model;
+  model::Network& net = *m.model;
   StepReport report;
 
   // Admission before allocation; whatever the outcome, a step's oversized
@@ -172,9 +172,8 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
 
   for (int64_t i = 0; i < k; ++i) {
     const MicroBatch& mb = input.micro_batches[static_cast<size_t>(i)];
-    const int64_t rows = mb.inputs.shape[0];
-    report.samples += rows;
-    absl::StatusOr<model::Workspace*> ws = net.GetWorkspace(rows);
+    report.samples += mb.inputs.shape[0];
+    absl::StatusOr<model::Workspace*> ws = net.GetWorkspace(mb.inputs.shape);
     if (!ws.ok()) return ws.status();
     const Clock::time_point t0 = Clock::now();
     AMPD_RETURN_IF_ERROR(net.LoadBatch(mb.inputs, mb.targets, **ws));

@@ -12,7 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "kernels/backend.h"
 #include "server/engine/amp/grad_scaler.h"
-#include "server/engine/model/layers.h"
+#include "server/engine/model/network.h"
 #include "server/engine/optim/optimizer_state.h"
 #include "server/engine/trainer/trainer.h"
 
@@ -24,7 +24,7 @@ struct Trainer::Impl {
 
   JobConfig config;
   std::unique_ptr<kernels::Backend> backend;
-  std::unique_ptr<model::Model> model;
+  std::unique_ptr<model::Network> model;
   optim::OptimizerState optimizer;
   amp::GradScaler scaler;
   int64_t steps_run = 0;
@@ -64,7 +64,7 @@ absl::Status CheckMicroBatchesFitModel(const model::ModelSpec& spec,
 // Frees a step's or an evaluation's workspaces when it ends, whatever its
 // outcome, when they exceed Trainer::kMaxCachedWorkspaceBytes.
 struct TrimWorkspacesOnExit {
-  model::Model& net;
+  model::Network& net;
   ~TrimWorkspacesOnExit() {
     if (net.cached_workspace_bytes() > Trainer::kMaxCachedWorkspaceBytes) net.ReleaseWorkspaces();
   }
