@@ -10,7 +10,9 @@
 #include <sstream>
 #include <utility>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -111,12 +113,97 @@ std::optional<std::pair<std::string, int64_t>> SplitName(absl::string_view name)
   return std::make_pair(std::string(role), index);
 }
 
+// "gpt:VOCAB:CONTEXT:DMODEL:NLAYER:NHEAD": the whole model, not a layer.
+absl::StatusOr<v1::ModelSpec> ParseGpt(absl::string_view item, absl::string_view loss) {
+  const std::vector<absl::string_view> parts = absl::StrSplit(item, ':');
+  if (parts.size() != 6) {
+    return Invalid(
+        absl::StrCat("--layers: \"", item, "\": expected gpt:VOCAB:CONTEXT:DMODEL:NLAYER:NHEAD"));
+  }
+  AMPD_ASSIGN_OR_RETURN(const int64_t vocab, ParseSize(item, "VOCAB", parts[1]));
+  AMPD_ASSIGN_OR_RETURN(const int64_t context, ParseSize(item, "CONTEXT", parts[2]));
+  AMPD_ASSIGN_OR_RETURN(const int64_t d_model, ParseSize(item, "DMODEL", parts[3]));
+  AMPD_ASSIGN_OR_RETURN(const int64_t n_layer, ParseSize(item, "NLAYER", parts[4]));
+  AMPD_ASSIGN_OR_RETURN(const int64_t n_head, ParseSize(item, "NHEAD", parts[5]));
+  const std::string l = absl::AsciiStrToLower(loss);
+  if (!l.empty() && l != "cross_entropy" && l != "cross-entropy" && l != "ce") {
+    return Invalid(absl::StrCat("--loss=", loss,
+                                ": a GPT's loss is the token cross-entropy (leave --loss out)"));
+  }
+  v1::ModelSpec spec;
+  v1::Gpt* gpt = spec.mutable_gpt();
+  gpt->set_vocab_size(vocab);
+  gpt->set_context_length(context);
+  gpt->set_d_model(d_model);
+  gpt->set_n_layer(n_layer);
+  gpt->set_n_head(n_head);
+  spec.set_loss(v1::LOSS_CROSS_ENTROPY);
+  return spec;
+}
+
+// A GPT batch: (B, T) I32/I64 ids in [0, vocab) with 1 <= T <= context,
+// and (B, T) I32/I64 targets in [0, vocab) or -100 (ignored).
+absl::Status CheckGptBatch(const v1::Gpt& gpt, const HostTensor& inputs, const HostTensor& targets,
+                           absl::string_view inputs_name, absl::string_view targets_name) {
+  AMPD_RETURN_IF_ERROR(inputs.Validate(inputs_name));
+  AMPD_RETURN_IF_ERROR(targets.Validate(targets_name));
+  auto ids = [](const HostTensor& t) {
+    return (t.dtype == codec::DType::kI32 || t.dtype == codec::DType::kI64) && t.shape.size() == 2;
+  };
+  if (!ids(inputs) || inputs.shape[0] < 1 || inputs.shape[1] < 1 ||
+      inputs.shape[1] > gpt.context_length()) {
+    return Invalid(absl::StrCat(inputs_name, ": expected I32 or I64 (B, T) token ids with B >= 1 ",
+                                "and 1 <= T <= context_length ", gpt.context_length(), ", got ",
+                                codec::DTypeName(inputs.dtype),
+                                codec::ShapeToString(inputs.shape)));
+  }
+  if (!ids(targets) || targets.shape != inputs.shape) {
+    return Invalid(absl::StrCat(targets_name, ": expected I32 or I64 ",
+                                codec::ShapeToString(inputs.shape), " as ", inputs_name, ", got ",
+                                codec::DTypeName(targets.dtype),
+                                codec::ShapeToString(targets.shape)));
+  }
+  auto load = [](const HostTensor& t, int64_t i) -> int64_t {
+    if (t.dtype == codec::DType::kI32) {
+      int32_t v;
+      std::memcpy(&v, t.data.data() + i * 4, 4);
+      return v;
+    }
+    int64_t v;
+    std::memcpy(&v, t.data.data() + i * 8, 8);
+    return v;
+  };
+  const int64_t n = inputs.shape[0] * inputs.shape[1];  // Validate bounded it by the bytes
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t id = load(inputs, i);
+    if (id < 0 || id >= gpt.vocab_size()) {
+      return Invalid(absl::StrCat(inputs_name, "[", i / inputs.shape[1], ", ", i % inputs.shape[1],
+                                  "]: ", id, " is outside [0, ", gpt.vocab_size(), ")"));
+    }
+    const int64_t target = load(targets, i);
+    if (target != kIgnoredTarget && (target < 0 || target >= gpt.vocab_size())) {
+      return Invalid(absl::StrCat(targets_name, "[", i / inputs.shape[1], ", ", i % inputs.shape[1],
+                                  "]: ", target, " is outside [0, ", gpt.vocab_size(), ") and not ",
+                                  kIgnoredTarget, " (ignored)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+using BatchCheck = absl::FunctionRef<absl::Status(const HostTensor&, const HostTensor&,
+                                                  absl::string_view, absl::string_view)>;
+
+absl::StatusOr<std::vector<v1::MicroBatch>> ReadBatches(absl::string_view bytes, BatchCheck check);
+
 }  // namespace
 
 absl::StatusOr<v1::ModelSpec> ParseModelFlags(absl::string_view layers, absl::string_view loss) {
   v1::ModelSpec spec;
   if (absl::StripAsciiWhitespace(layers).empty()) {
     return Invalid(absl::StrCat("--layers: empty; ", kLayersGrammar));
+  }
+  if (absl::StartsWithIgnoreCase(absl::StripAsciiWhitespace(layers), "gpt:")) {
+    return ParseGpt(absl::StripAsciiWhitespace(layers), loss);
   }
   for (absl::string_view item : absl::StrSplit(layers, ',')) {
     item = absl::StripAsciiWhitespace(item);
@@ -184,6 +271,24 @@ codec::BatchLayout BatchLayoutOf(const v1::ModelSpec& model) {
 
 absl::StatusOr<std::vector<v1::MicroBatch>> BatchesFromSafetensors(
     absl::string_view bytes, const codec::BatchLayout& layout) {
+  return ReadBatches(bytes, [&](const HostTensor& inputs, const HostTensor& targets,
+                                absl::string_view in_name, absl::string_view tg_name) {
+    return codec::CheckBatchLayout(layout, inputs, targets, in_name, tg_name);
+  });
+}
+
+absl::StatusOr<std::vector<v1::MicroBatch>> BatchesFromSafetensors(absl::string_view bytes,
+                                                                   const v1::ModelSpec& model) {
+  if (!model.has_gpt()) return BatchesFromSafetensors(bytes, BatchLayoutOf(model));
+  return ReadBatches(bytes, [&](const HostTensor& inputs, const HostTensor& targets,
+                                absl::string_view in_name, absl::string_view tg_name) {
+    return CheckGptBatch(model.gpt(), inputs, targets, in_name, tg_name);
+  });
+}
+
+namespace {
+
+absl::StatusOr<std::vector<v1::MicroBatch>> ReadBatches(absl::string_view bytes, BatchCheck check) {
   absl::StatusOr<codec::StateDict> state = codec::DecodeSafetensors(bytes);
   if (!state.ok())
     return Invalid(absl::StrCat("not a safetensors file: ", state.status().message()));
@@ -221,7 +326,7 @@ absl::StatusOr<std::vector<v1::MicroBatch>> BatchesFromSafetensors(
                                   " missing (the file has batches up to ", count - 1,
                                   ", each needs inputs.<i> and targets.<i>)"));
     }
-    AMPD_RETURN_IF_ERROR(codec::CheckBatchLayout(layout, *inputs, *targets, in_name, tg_name));
+    AMPD_RETURN_IF_ERROR(check(*inputs, *targets, in_name, tg_name));
     v1::MicroBatch batch;
     *batch.mutable_inputs() = codec::TensorToProto(*inputs);
     *batch.mutable_targets() = codec::TensorToProto(*targets);
@@ -229,6 +334,8 @@ absl::StatusOr<std::vector<v1::MicroBatch>> BatchesFromSafetensors(
   }
   return batches;
 }
+
+}  // namespace
 
 absl::StatusOr<std::string> ReadBatchFile(const std::string& path) {
   std::ifstream file(path, std::ios::binary);

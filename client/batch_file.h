@@ -13,6 +13,7 @@
 // exists. Nothing here links the engine.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,9 @@ namespace ampd {
 // --layers: comma-separated layers, each a kind and its sizes:
 //   linear:IN:OUT  linear:IN:OUT:nobias  relu  gelu  tanh
 //   layer_norm:N  (or layernorm:N)  embedding:VOCAB:DIM (first layer only)
+// Or the whole model as a GPT: gpt:VOCAB:CONTEXT:DMODEL:NLAYER:NHEAD (the
+// other GPT fields take the server's defaults; --loss may only be
+// cross_entropy or empty).
 // --loss: "mse" or "cross_entropy" ("cross-entropy" and "ce" too).
 // Fields the flags do not give (eps, loss_multiplier) stay unset, for the
 // server's defaults. InvalidArgument naming the flag and the offending item
@@ -44,6 +48,16 @@ codec::BatchLayout BatchLayoutOf(const v1::ModelSpec& model);
 // malformed tensor ("targets.1 is missing", "inputs.0: expected ...").
 absl::StatusOr<std::vector<v1::MicroBatch>> BatchesFromSafetensors(
     absl::string_view bytes, const codec::BatchLayout& layout);
+
+// The same for the batches of `model`: for a GPT, (B, T) I32/I64 token ids
+// in [0, vocab_size) with 1 <= T <= context_length, and (B, T) I32/I64
+// targets in [0, vocab_size) or kIgnoredTarget; for a layer stack, the
+// layout of BatchLayoutOf(model).
+absl::StatusOr<std::vector<v1::MicroBatch>> BatchesFromSafetensors(absl::string_view bytes,
+                                                                   const v1::ModelSpec& model);
+
+// A GPT target with this value carries no loss (PyTorch's ignore_index).
+inline constexpr int64_t kIgnoredTarget = -100;
 
 // The file's bytes; InvalidArgument when it cannot be read (a usage error).
 absl::StatusOr<std::string> ReadBatchFile(const std::string& path);
