@@ -40,6 +40,57 @@ absl::Status CheckIndicesBelow(const HostTensor& t, int64_t limit, absl::string_
   return absl::OkStatus();
 }
 
+// Sequence targets: ids below `limit` or kIgnoreTarget, at least one kept.
+absl::Status CheckTargetsBelow(const HostTensor& t, int64_t limit, absl::string_view what) {
+  const int64_t n = NumElements(t.shape);
+  int64_t kept = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t id = LoadIndex(t, i);
+    if (id == kIgnoreTarget) continue;
+    if (id < 0 || id >= limit) {
+      return absl::InvalidArgumentError(absl::StrCat(what, "[", i / t.shape[1], ", ",
+                                                     i % t.shape[1], "]: ", id, " is outside [0, ",
+                                                     limit, ") and not ", kIgnoreTarget));
+    }
+    ++kept;
+  }
+  if (kept == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": every target is ", kIgnoreTarget,
+                                                   "; the loss is a mean over at least one"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSequences(const BatchLayout& layout, const HostTensor& inputs,
+                            const HostTensor& targets, absl::string_view inputs_name,
+                            absl::string_view targets_name) {
+  if (!IsIndex(inputs.dtype) || inputs.shape.size() != 2 || inputs.shape[0] < 1 ||
+      inputs.shape[1] < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        inputs_name, ": expected I32 or I64 (B, T) token ids with B, T >= 1, got ", Got(inputs)));
+  }
+  const int64_t t = inputs.shape[1];
+  if (t > layout.context_length) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(inputs_name, ": T = ", t, " exceeds context_length ", layout.context_length));
+  }
+  if (!IsIndex(targets.dtype) || targets.shape != inputs.shape) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(targets_name, ": expected I32 or I64 ", ShapeToString(inputs.shape),
+                     " token ids (the inputs' shape), got ", Got(targets)));
+  }
+  const int64_t n = NumElements(inputs.shape);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t id = LoadIndex(inputs, i);
+    if (id < 0 || id >= layout.num_embeddings) {
+      return absl::InvalidArgumentError(absl::StrCat(inputs_name, "[", i / t, ", ", i % t,
+                                                     "]: ", id, " is outside [0, ",
+                                                     layout.num_embeddings, ")"));
+    }
+  }
+  return CheckTargetsBelow(targets, layout.outputs, targets_name);
+}
+
 }  // namespace
 
 absl::Status CheckBatchLayout(const BatchLayout& layout, const HostTensor& inputs,
@@ -47,6 +98,9 @@ absl::Status CheckBatchLayout(const BatchLayout& layout, const HostTensor& input
                               absl::string_view targets_name) {
   AMPD_RETURN_IF_ERROR(inputs.Validate(inputs_name));
   AMPD_RETURN_IF_ERROR(targets.Validate(targets_name));
+  if (layout.sequences) {
+    return CheckSequences(layout, inputs, targets, inputs_name, targets_name);
+  }
   // Inputs fix N; N >= 1 since every loss is a mean.
   int64_t rows = 0;
   if (layout.input_ids) {

@@ -1,6 +1,7 @@
 // BatchLayout: what one micro-batch's tensors must look like for a model,
 // reduced to the facts of its two ends (float rows or ids in, regression
-// targets or class labels out, and their widths). The engine derives it from
+// targets or class labels out, and their widths; or token sequences in and
+// next-token ids out for a GPT). The engine derives it from
 // its model spec and checks every Step with it; ampctl derives it from the
 // ampd.v1.ModelSpec it sends and checks batch files before creating a job.
 // One check on both sides, so both refuse exactly the same batches with the
@@ -15,7 +16,17 @@
 
 namespace ampd::codec {
 
+// A sequence target with this value carries no loss (PyTorch's ignore_index).
+inline constexpr int64_t kIgnoreTarget = -100;
+
 struct BatchLayout {
+  // Token sequences (a GPT): inputs (B, T) I32/I64 ids in
+  // [0, num_embeddings) with 1 <= T <= context_length; targets (B, T)
+  // I32/I64 ids in [0, outputs) or kIgnoreTarget, at least one of them not
+  // ignored (the loss is their mean). The fields below it then only give
+  // num_embeddings and outputs.
+  bool sequences = false;
+  int64_t context_length = 0;
   // Inputs: (N) I32/I64 ids in [0, num_embeddings) when true, otherwise
   // (N, input_features) F32/F16/BF16.
   bool input_ids = false;
@@ -28,9 +39,9 @@ struct BatchLayout {
 };
 
 // OK when inputs and targets have the layout's dtypes and shapes, the same
-// N >= 1 rows, byte lengths that match their shapes, and every id and label
-// in range. InvalidArgument naming inputs_name / targets_name (and the
-// element index of an id or label out of range) otherwise.
+// N >= 1 rows (and for sequences the same T), byte lengths that match their shapes, and every id
+// and label in range. InvalidArgument naming inputs_name / targets_name (and the element index of
+// an id or label out of range) otherwise.
 absl::Status CheckBatchLayout(const BatchLayout& layout, const HostTensor& inputs,
                               const HostTensor& targets, absl::string_view inputs_name,
                               absl::string_view targets_name);

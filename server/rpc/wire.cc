@@ -20,8 +20,51 @@ absl::Status CheckFinite(absl::string_view field, double value) {
   return FieldError(field, absl::StrCat("must be finite, got ", value));
 }
 
+namespace {
+
+// The GPT's fields with the defaults of unset optional ones filled in; the
+// engine validates the sizes (ValidateModelSpec).
+absl::Status GptFromProto(const v1::Gpt& proto, absl::string_view field_prefix,
+                          model::GptSpec* gpt) {
+  gpt->vocab_size = proto.vocab_size();
+  gpt->context_length = proto.context_length();
+  gpt->d_model = proto.d_model();
+  gpt->n_layer = proto.n_layer();
+  gpt->n_head = proto.n_head();
+  if (proto.has_mlp_ratio()) gpt->mlp_ratio = proto.mlp_ratio();
+  if (proto.has_layer_norm_eps()) {
+    if (absl::Status s =
+            CheckFinite(absl::StrCat(field_prefix, ".gpt.layer_norm_eps"), proto.layer_norm_eps());
+        !s.ok()) {
+      return s;
+    }
+    gpt->layer_norm_eps = proto.layer_norm_eps();
+  }
+  if (proto.has_tie_embeddings()) gpt->tie_embeddings = proto.tie_embeddings();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ModelSpecFromProto(const v1::ModelSpec& proto, absl::string_view field_prefix,
                                 model::ModelSpec* spec) {
+  if (proto.has_gpt()) {
+    // Both set is the client's mistake, named here rather than left to
+    // look like a layer-stack error.
+    if (proto.layers_size() > 0) {
+      return FieldError(
+          absl::StrCat(field_prefix, ".layers"),
+          absl::StrCat("must be empty when gpt is set, got ", proto.layers_size(), " layers"));
+    }
+    if (proto.loss() != v1::LOSS_UNSPECIFIED && proto.loss() != v1::LOSS_CROSS_ENTROPY) {
+      return FieldError(absl::StrCat(field_prefix, ".loss"),
+                        "a GPT's loss is the token cross-entropy (leave it unset)");
+    }
+    model::GptSpec gpt;
+    if (absl::Status s = GptFromProto(proto.gpt(), field_prefix, &gpt); !s.ok()) return s;
+    spec->gpt = gpt;
+    spec->loss = model::LossKind::kCrossEntropy;
+  }
   for (int i = 0; i < proto.layers_size(); ++i) {
     const v1::Layer& layer = proto.layers(i);
     const std::string field = absl::StrCat(field_prefix, ".layers[", i, "]");
@@ -68,6 +111,8 @@ absl::Status ModelSpecFromProto(const v1::ModelSpec& proto, absl::string_view fi
   }
   switch (proto.loss()) {
     case v1::LOSS_UNSPECIFIED:
+      if (!spec->gpt.has_value()) spec->loss = model::LossKind::kMse;
+      break;
     case v1::LOSS_MSE:
       spec->loss = model::LossKind::kMse;
       break;
@@ -118,6 +163,17 @@ v1::ModelSpec ModelSpecToProto(const model::ModelSpec& spec) {
         layer->mutable_embedding()->set_embedding_dim(l.embedding_dim);
         break;
     }
+  }
+  if (spec.gpt.has_value()) {
+    v1::Gpt* gpt = proto.mutable_gpt();
+    gpt->set_vocab_size(spec.gpt->vocab_size);
+    gpt->set_context_length(spec.gpt->context_length);
+    gpt->set_d_model(spec.gpt->d_model);
+    gpt->set_n_layer(spec.gpt->n_layer);
+    gpt->set_n_head(spec.gpt->n_head);
+    gpt->set_mlp_ratio(spec.gpt->mlp_ratio);
+    gpt->set_layer_norm_eps(spec.gpt->layer_norm_eps);
+    gpt->set_tie_embeddings(spec.gpt->tie_embeddings);
   }
   proto.set_loss(spec.loss == model::LossKind::kCrossEntropy ? v1::LOSS_CROSS_ENTROPY
                                                              : v1::LOSS_MSE);

@@ -50,6 +50,19 @@ void ExpectSameConfig(const JobConfig& a, const JobConfig& b) {
     EXPECT_EQ(x.num_embeddings, y.num_embeddings);
     EXPECT_EQ(x.embedding_dim, y.embedding_dim);
   }
+  ASSERT_EQ(a.model.gpt.has_value(), b.model.gpt.has_value());
+  if (a.model.gpt.has_value()) {
+    const model::GptSpec& x = *a.model.gpt;
+    const model::GptSpec& y = *b.model.gpt;
+    EXPECT_EQ(x.vocab_size, y.vocab_size);
+    EXPECT_EQ(x.context_length, y.context_length);
+    EXPECT_EQ(x.d_model, y.d_model);
+    EXPECT_EQ(x.n_layer, y.n_layer);
+    EXPECT_EQ(x.n_head, y.n_head);
+    EXPECT_EQ(x.mlp_ratio, y.mlp_ratio);
+    EXPECT_TRUE(SameBits(x.layer_norm_eps, y.layer_norm_eps));
+    EXPECT_EQ(x.tie_embeddings, y.tie_embeddings);
+  }
   EXPECT_EQ(a.model.loss, b.model.loss);
   EXPECT_TRUE(SameBits(a.model.loss_multiplier, b.model.loss_multiplier));
   const optim::OptimizerSpec& o = a.optimizer;
@@ -362,14 +375,14 @@ TEST_F(JobConfigCodecRefuses, WrongTypesAndRanges) {
 
 TEST_F(JobConfigCodecRefuses, OtherFormatVersions) {
   ExpectError(Edited("\"format_version\":1", "\"format_version\":0"), absl::StatusCode::kDataLoss,
-              "ampd.config: format_version: 0 is not a version this ampd reads (1 to 2); the "
+              "ampd.config: format_version: 0 is not a version this ampd reads (1 to 3); the "
               "checkpoint was written by another ampd");
   ExpectError(Edited("\"format_version\":1,", ""), absl::StatusCode::kDataLoss,
               "ampd.config: format_version: missing");
   // A later format may change any key: the version is checked before them.
-  ExpectError(Edited("\"format_version\":1,", "\"format_version\":3,\"new\":{},"),
+  ExpectError(Edited("\"format_version\":1,", "\"format_version\":4,\"new\":{},"),
               absl::StatusCode::kDataLoss,
-              "ampd.config: format_version: 3 is not a version this ampd reads (1 to 2); the "
+              "ampd.config: format_version: 4 is not a version this ampd reads (1 to 3); the "
               "checkpoint was written by a newer ampd");
 }
 
@@ -402,6 +415,49 @@ TEST(JobConfigCodec, AdaptiveConfigsAreVersionTwoOthersStayVersionOne) {
   const std::string old = EncodeJobConfig(pytorch, "");
   EXPECT_TRUE(absl::StartsWith(old, "{\"format_version\":1,")) << old;
   EXPECT_FALSE(absl::StrContains(old, "overflow_margin_log2")) << old;
+}
+
+// Version 3 exists for the GPT only: its configs round-trip with every
+// field, a layer stack's keep their older version, and a version-2 document
+// carrying a GPT is refused.
+TEST(JobConfigCodec, GptConfigsAreVersionThree) {
+  JobConfig config = DefaultJobConfig(Precision::kBf16);
+  config.model.loss = model::LossKind::kCrossEntropy;
+  model::GptSpec gpt;
+  gpt.vocab_size = 50257;
+  gpt.context_length = 1024;
+  gpt.d_model = 768;
+  gpt.n_layer = 12;
+  gpt.n_head = 12;
+  gpt.mlp_ratio = 3;
+  gpt.layer_norm_eps = 1e-6f;
+  gpt.tie_embeddings = false;
+  config.model.gpt = gpt;
+  ASSERT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
+  const std::string json = EncodeJobConfig(config, "");
+  EXPECT_TRUE(absl::StartsWith(json, "{\"format_version\":3,")) << json;
+  EXPECT_TRUE(absl::StrContains(
+      json, "\"gpt\":{\"vocab_size\":50257,\"context_length\":1024,\"d_model\":768,"))
+      << json;
+  absl::StatusOr<JobConfigRecord> decoded = DecodeJobConfig(json);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  ExpectSameConfig(config, decoded->config);
+
+  const std::string v2 =
+      absl::StrReplaceAll(json, {{"\"format_version\":3", "\"format_version\":2"}});
+  decoded = DecodeJobConfig(v2);
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(decoded.status().message(),
+            "ampd.config: model.gpt: not a key of format_version 1 or 2");
+
+  // A GPT that the engine refuses does not restore either.
+  const std::string bad = absl::StrReplaceAll(json, {{"\"n_head\":12", "\"n_head\":7"}});
+  decoded = DecodeJobConfig(bad);
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(decoded.status().message(), "model.gpt.n_head: must divide"))
+      << decoded.status();
 }
 
 TEST_F(JobConfigCodecRefuses, ConfigsTheEngineRefuses) {

@@ -478,6 +478,21 @@ std::string LayerJson(const model::LayerSpec& layer) {
   return out;
 }
 
+std::string GptJson(const model::GptSpec& gpt) {
+  std::string out;
+  ObjectWriter w(&out);
+  w.Int("vocab_size", gpt.vocab_size);
+  w.Int("context_length", gpt.context_length);
+  w.Int("d_model", gpt.d_model);
+  w.Int("n_layer", gpt.n_layer);
+  w.Int("n_head", gpt.n_head);
+  w.Int("mlp_ratio", gpt.mlp_ratio);
+  w.Float("layer_norm_eps", gpt.layer_norm_eps);
+  w.Bool("tie_embeddings", gpt.tie_embeddings);
+  w.Close();
+  return out;
+}
+
 std::string ModelJson(const model::ModelSpec& spec) {
   std::string layers = "[";
   for (size_t i = 0; i < spec.layers.size(); ++i) {
@@ -488,6 +503,8 @@ std::string ModelJson(const model::ModelSpec& spec) {
   std::string out;
   ObjectWriter w(&out);
   w.Raw("layers", layers);
+  // Only when set: a layer-stack config encodes as it always has.
+  if (spec.gpt.has_value()) w.Raw("gpt", GptJson(*spec.gpt));
   w.String("loss", LossName(spec.loss));
   w.Float("loss_multiplier", spec.loss_multiplier);
   w.Close();
@@ -578,7 +595,22 @@ absl::StatusOr<model::LayerSpec> LayerFromJson(const Json& v, const std::string&
   return layer;
 }
 
-absl::StatusOr<model::ModelSpec> ModelFromJson(const Json& v) {
+absl::StatusOr<model::GptSpec> GptFromJson(const Json& v) {
+  AMPD_ASSIGN_OR_RETURN(Fields f, Fields::Of(v, "model.gpt"));
+  model::GptSpec gpt;
+  AMPD_ASSIGN_OR_RETURN(gpt.vocab_size, f.Integer<int64_t>("vocab_size"));
+  AMPD_ASSIGN_OR_RETURN(gpt.context_length, f.Integer<int64_t>("context_length"));
+  AMPD_ASSIGN_OR_RETURN(gpt.d_model, f.Integer<int64_t>("d_model"));
+  AMPD_ASSIGN_OR_RETURN(gpt.n_layer, f.Integer<int64_t>("n_layer"));
+  AMPD_ASSIGN_OR_RETURN(gpt.n_head, f.Integer<int64_t>("n_head"));
+  AMPD_ASSIGN_OR_RETURN(gpt.mlp_ratio, f.Integer<int64_t>("mlp_ratio"));
+  AMPD_ASSIGN_OR_RETURN(gpt.layer_norm_eps, f.Float("layer_norm_eps"));
+  AMPD_ASSIGN_OR_RETURN(gpt.tie_embeddings, f.Bool("tie_embeddings"));
+  AMPD_RETURN_IF_ERROR(f.Done());
+  return gpt;
+}
+
+absl::StatusOr<model::ModelSpec> ModelFromJson(const Json& v, int64_t version) {
   AMPD_ASSIGN_OR_RETURN(Fields f, Fields::Of(v, "model"));
   model::ModelSpec spec;
   AMPD_ASSIGN_OR_RETURN(const Json* layers, f.Get("layers"));
@@ -587,6 +619,12 @@ absl::StatusOr<model::ModelSpec> ModelFromJson(const Json& v) {
     AMPD_ASSIGN_OR_RETURN(model::LayerSpec layer,
                           LayerFromJson(layers->items[i], absl::StrCat("model.layers[", i, "]")));
     spec.layers.push_back(layer);
+  }
+  // Absent in configs written before GPTs existed.
+  if (f.Has("gpt")) {
+    if (version < 3) return Corrupt("model.gpt", "not a key of format_version 1 or 2");
+    AMPD_ASSIGN_OR_RETURN(const Json* gpt, f.Get("gpt"));
+    AMPD_ASSIGN_OR_RETURN(spec.gpt, GptFromJson(*gpt));
   }
   AMPD_ASSIGN_OR_RETURN(const std::string loss, f.String("loss"));
   AMPD_ASSIGN_OR_RETURN(
@@ -668,7 +706,9 @@ std::string EncodeJobConfig(const JobConfig& config, absl::string_view request_i
   std::string out;
   ObjectWriter w(&out);
   // The oldest version that holds the config (the header says why).
-  w.Int("format_version", config.scaler.policy == amp::ScalerPolicy::kAdaptive ? 2 : 1);
+  int64_t version = config.scaler.policy == amp::ScalerPolicy::kAdaptive ? 2 : 1;
+  if (config.model.gpt.has_value()) version = 3;
+  w.Int("format_version", version);
   w.String("display_name", config.display_name);
   if (!request_id.empty()) w.String("request_id", request_id);
   w.Raw("seed", absl::StrCat(config.seed));
@@ -706,7 +746,7 @@ absl::StatusOr<JobConfigRecord> DecodeJobConfig(absl::string_view json) {
                {model::Precision::kFp32, model::Precision::kFp16, model::Precision::kBf16},
                model::PrecisionName, "precision"));
   AMPD_ASSIGN_OR_RETURN(const Json* model, f.Get("model"));
-  AMPD_ASSIGN_OR_RETURN(config.model, ModelFromJson(*model));
+  AMPD_ASSIGN_OR_RETURN(config.model, ModelFromJson(*model, version));
   AMPD_ASSIGN_OR_RETURN(const Json* optimizer, f.Get("optimizer"));
   AMPD_ASSIGN_OR_RETURN(config.optimizer, OptimizerFromJson(*optimizer));
   AMPD_ASSIGN_OR_RETURN(const Json* scaler, f.Get("scaler"));

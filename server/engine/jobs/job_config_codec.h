@@ -20,7 +20,10 @@
 // carries overflow_margin_log2 and underflow_threshold (and only its does).
 // A config version 1 can hold (any other policy) is still written as
 // version 1, byte for byte as before, so that an ampd predating version 2
-// can restore it; the reader takes both. A layer
+// can restore it; the reader takes both. Version 3 adds the GPT: model then
+// carries "gpt":{"vocab_size","context_length","d_model","n_layer",
+// "n_head","mlp_ratio","layer_norm_eps","tie_embeddings"} beside an empty
+// layers array, and only a GPT's config is written as version 3. A layer
 // carries the fields of its kind only (linear: in_features, out_features,
 // bias; layer_norm: normalized_shape, eps, elementwise_affine; embedding:
 // num_embeddings, embedding_dim); the optimizer those of its kind (sgd: lr,
@@ -43,9 +46,10 @@
 
 namespace ampd::engine {
 
-// The newest format_version: EncodeJobConfig writes it for adaptive-scaler
-// configs (version 1 for the others), DecodeJobConfig reads 1 to it.
-inline constexpr int kJobConfigFormatVersion = 2;
+// The newest format_version: EncodeJobConfig writes it for GPT configs (2
+// for other adaptive-scaler configs, 1 for the rest), DecodeJobConfig reads
+// 1 to it.
+inline constexpr int kJobConfigFormatVersion = 3;
 
 // A job's config and the request_id it was created with ("" when none).
 struct JobConfigRecord {

@@ -4,6 +4,14 @@
 namespace ampd::engine::model {
 
 codec::BatchLayout LayoutOf(const ModelSpec& spec) {
+  if (spec.gpt.has_value()) {
+    codec::BatchLayout layout;
+    layout.sequences = true;
+    layout.context_length = spec.gpt->context_length;
+    layout.num_embeddings = spec.gpt->vocab_size;
+    layout.outputs = spec.gpt->vocab_size;
+    return layout;
+  }
   const LayerSpec& first = spec.layers.front();
   codec::BatchLayout layout;
   layout.input_ids = first.kind == LayerKind::kEmbedding;

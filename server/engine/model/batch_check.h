@@ -14,7 +14,9 @@
 
 namespace ampd::engine::model {
 
-// The layout of a valid spec's batches: ids when the first layer is an
+// The layout of a valid spec's batches: for a GPT, (B, T) token sequences
+// with T <= context_length and ids below vocab_size (targets may also be
+// kIgnoreIndex); for a layer stack, ids when the first layer is an
 // Embedding, InputFeatures(spec) float columns otherwise; labels for
 // cross-entropy, OutputFeatures(spec) F32 columns for MSE.
 codec::BatchLayout LayoutOf(const ModelSpec& spec);
@@ -22,6 +24,9 @@ codec::BatchLayout LayoutOf(const ModelSpec& spec);
 // inputs: (N, in_features) F32/F16/BF16, or (N) I32/I64 ids in
 // [0, num_embeddings) when the first layer is Embedding; targets: (N, out)
 // F32 for MSE, (N) I32/I64 labels in [0, out) for cross-entropy; N >= 1.
+// A GPT: inputs (B, T) I32/I64 token ids, targets (B, T) I32/I64 ids or
+// kIgnoreIndex, not all ignored. Ids are host data here, so every one is
+// checked before anything reaches the device.
 // InvalidArgument naming inputs_name / targets_name (and the element index
 // of an id or label out of range).
 absl::Status CheckBatchFitsModel(const ModelSpec& spec, const HostTensor& inputs,

@@ -107,9 +107,97 @@ absl::Status Positive(int64_t value, size_t i, absl::string_view field) {
   return absl::OkStatus();
 }
 
+absl::Status GptPositive(int64_t value, absl::string_view field) {
+  if (value <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("gpt.", field, ": must be > 0, got ", value));
+  }
+  return absl::OkStatus();
+}
+
+// A size derived from the spec's fields, refused when it overflows or
+// exceeds kMaxParameters (every buffer and byte count multiplies it again).
+absl::Status GptSize(bool ok, int64_t value, absl::string_view field, absl::string_view what) {
+  if (!ok || value > kMaxParameters) {
+    return absl::InvalidArgumentError(absl::StrCat("gpt.", field, ": gives ", what, " more than ",
+                                                   kMaxParameters, " (2^56) elements"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateGptSpec(const ModelSpec& spec) {
+  const GptSpec& g = *spec.gpt;
+  if (!spec.layers.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layers: must be empty when gpt is set, got ", spec.layers.size(), " layers"));
+  }
+  if (spec.loss != LossKind::kCrossEntropy) {
+    return absl::InvalidArgumentError("loss: a GPT's loss is the token cross-entropy");
+  }
+  AMPD_RETURN_IF_ERROR(GptPositive(g.vocab_size, "vocab_size"));
+  AMPD_RETURN_IF_ERROR(GptPositive(g.context_length, "context_length"));
+  AMPD_RETURN_IF_ERROR(GptPositive(g.d_model, "d_model"));
+  AMPD_RETURN_IF_ERROR(GptPositive(g.n_layer, "n_layer"));
+  AMPD_RETURN_IF_ERROR(GptPositive(g.n_head, "n_head"));
+  AMPD_RETURN_IF_ERROR(GptPositive(g.mlp_ratio, "mlp_ratio"));
+  if (g.d_model % g.n_head != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gpt.n_head: must divide d_model ", g.d_model, ", got ", g.n_head));
+  }
+  if (!std::isfinite(g.layer_norm_eps) || g.layer_norm_eps <= 0.0f) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gpt.layer_norm_eps: must be finite and > 0, got ", g.layer_norm_eps));
+  }
+  struct Derived {
+    int64_t a, b;
+    absl::string_view field, what;
+  };
+  const Derived derived[] = {
+      {g.mlp_ratio, g.d_model, "mlp_ratio", "the MLP's hidden width (mlp_ratio * d_model)"},
+      {g.mlp_ratio, SaturatingMul(g.d_model, g.d_model), "mlp_ratio", "the MLP's weights"},
+      {3, SaturatingMul(g.d_model, g.d_model), "d_model", "the attention's c_attn weight"},
+      {g.vocab_size, g.d_model, "vocab_size", "the token embedding (vocab_size * d_model)"},
+      {g.context_length, g.d_model, "context_length",
+       "the position embedding (context_length * d_model)"},
+  };
+  for (const Derived& d : derived) {
+    int64_t v = 0;
+    const bool ok = CheckedMul(d.a, d.b, &v);
+    AMPD_RETURN_IF_ERROR(GptSize(ok, v, d.field, d.what));
+  }
+  if (GptParameterCount(g) > kMaxParameters) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gpt: the model has more than ", kMaxParameters, " (2^56) parameters"));
+  }
+  if (!std::isfinite(spec.loss_multiplier) || spec.loss_multiplier <= 0.0f) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("loss_multiplier: must be finite and > 0, got ", spec.loss_multiplier));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
+int64_t GptParameterCount(const GptSpec& g) {
+  const int64_t c = g.d_model;
+  const int64_t hidden = SaturatingMul(g.mlp_ratio, c);
+  // ln_1, ln_2 (2C each); c_attn C x 3C + 3C; attn c_proj C x C + C;
+  // c_fc C x H + H; mlp c_proj H x C + C.
+  int64_t block = SaturatingMul(4, c);
+  block = SaturatingAdd(block,
+                        SaturatingAdd(SaturatingMul(SaturatingMul(3, c), c), SaturatingMul(3, c)));
+  block = SaturatingAdd(block, SaturatingAdd(SaturatingMul(c, c), c));
+  block = SaturatingAdd(block, SaturatingAdd(SaturatingMul(c, hidden), hidden));
+  block = SaturatingAdd(block, SaturatingAdd(SaturatingMul(hidden, c), c));
+  int64_t total = SaturatingMul(g.vocab_size, c);                    // wte
+  total = SaturatingAdd(total, SaturatingMul(g.context_length, c));  // wpe
+  total = SaturatingAdd(total, SaturatingMul(g.n_layer, block));
+  total = SaturatingAdd(total, SaturatingMul(2, c));  // ln_f
+  if (!g.tie_embeddings) total = SaturatingAdd(total, SaturatingMul(g.vocab_size, c));
+  return total;
+}
+
 absl::Status ValidateModelSpec(const ModelSpec& spec) {
+  if (spec.gpt.has_value()) return ValidateGptSpec(spec);
   if (spec.layers.empty()) return absl::InvalidArgumentError("layers: the model has no layers");
   int64_t width = 0;  // 0 until a sized layer fixes it
   bool sized = false;
@@ -194,6 +282,7 @@ int64_t OutputFeatures(const ModelSpec& spec) {
 }
 
 int64_t ParameterCount(const ModelSpec& spec) {
+  if (spec.gpt.has_value()) return GptParameterCount(*spec.gpt);
   int64_t count = 0;
   for (const LayerSpec& layer : spec.layers) {
     count = SaturatingAdd(count, LayerParameterCount(layer));

@@ -1,15 +1,18 @@
-// The declarative model a job trains: a sequence of layers and a loss, sent
-// by the client (translated from protobuf by server/rpc) and validated here.
+// The declarative model a job trains: a sequence of layers and a loss, or a
+// GPT-2-style transformer, sent by the client (translated from protobuf by
+// server/rpc) and validated here.
 // No code is ever loaded from a client; weights come from the job's seed or
 // a state dict.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "codec/batch_layout.h"
 #include "codec/dtype.h"
 
 namespace ampd::engine::model {
@@ -41,9 +44,32 @@ struct LayerSpec {
 
 enum class LossKind { kMse, kCrossEntropy };
 
+// A GPT-2-style decoder-only transformer (Hugging Face GPT2Config's names in
+// the comments): token and learned position embeddings, n_layer pre-LayerNorm
+// blocks (ln_1, causal multi-head self-attention, residual; ln_2, MLP with
+// tanh-approximated GELU, residual), a final LayerNorm and the LM head. Its
+// loss is the mean token cross-entropy over targets other than kIgnoreIndex.
+struct GptSpec {
+  int64_t vocab_size = 0;      // vocab_size
+  int64_t context_length = 0;  // n_positions: the longest sequence
+  int64_t d_model = 0;         // n_embd
+  int64_t n_layer = 0;         // n_layer
+  int64_t n_head = 0;          // n_head; divides d_model
+  int64_t mlp_ratio = 4;       // n_inner = mlp_ratio * d_model
+  float layer_norm_eps = 1e-5f;
+  bool tie_embeddings = true;  // the LM head reads wte (no lm_head.weight)
+};
+
+// The target value whose position carries no loss (PyTorch's ignore_index).
+inline constexpr int64_t kIgnoreIndex = codec::kIgnoreTarget;
+
 struct ModelSpec {
+  // The layer stack; empty when gpt is set.
   std::vector<LayerSpec> layers;
+  // The layer stack's loss; always kCrossEntropy for a GPT.
   LossKind loss = LossKind::kMse;
+  // Set: this transformer instead of a layer stack.
+  std::optional<GptSpec> gpt;
   // The job's own constant factor on the loss, applied before scaling (e.g.
   // 100, which on top of a scale of 65536 overflows fp16 gradients).
   float loss_multiplier = 1.0f;
@@ -59,14 +85,23 @@ inline constexpr int64_t kMaxParameters = int64_t{1} << 56;
 // Checks that feature sizes chain from layer to layer, sizes are positive,
 // Embedding comes first if at all, eps and loss_multiplier are finite and
 // positive, and no layer nor the model has more than kMaxParameters; the
-// message names the layer index and field ("layers[2].in_features").
+// message names the layer index and field ("layers[2].in_features"). For a
+// GPT: layers empty, loss cross-entropy, every size positive, n_head
+// dividing d_model, layer_norm_eps finite and > 0, and every derived size
+// (mlp_ratio * d_model, 3 * d_model, each tensor and the total parameter
+// count) at most kMaxParameters; the message names the field
+// ("gpt.n_head").
 absl::Status ValidateModelSpec(const ModelSpec& spec);
+
+// Parameters of a GPT: embeddings, blocks, final LayerNorm and, when
+// untied, the LM head; saturates at INT64_MAX when the count overflows.
+int64_t GptParameterCount(const GptSpec& gpt);
 
 // Parameter count of the model (weights and biases); saturates at INT64_MAX
 // for a spec whose count overflows (ValidateModelSpec refuses those).
 int64_t ParameterCount(const ModelSpec& spec);
 
-// For a valid spec: the width of a float input row (the first Linear's
+// For a valid layer-stack spec: the width of a float input row (the first Linear's
 // in_features or LayerNorm's normalized_shape; 0 when the first layer is an
 // Embedding, whose input is (N) ids), and the width the last layer produces
 // (the MSE target width, or the class count for cross-entropy).
