@@ -230,7 +230,7 @@ absl::StatusOr<TrainData> PrepareTrainData() {
     absl::StatusOr<std::string> bytes = ampd::ReadBatchFile(path);
     if (!bytes.ok()) return bytes.status();
     absl::StatusOr<std::vector<ampd::v1::MicroBatch>> batches =
-        ampd::BatchesFromSafetensors(*bytes, **spec);
+        ampd::BatchesFromSafetensors(*bytes, ampd::BatchLayoutOf(**spec));
     if (!batches.ok()) {
       return Fail(absl::StrCat("--batches=", path, ": ", batches.status().message()));
     }

@@ -10,7 +10,6 @@
 #include <sstream>
 #include <utility>
 
-#include "absl/functional/function_ref.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -141,60 +140,6 @@ absl::StatusOr<v1::ModelSpec> ParseGpt(absl::string_view item, absl::string_view
   return spec;
 }
 
-// A GPT batch: (B, T) I32/I64 ids in [0, vocab) with 1 <= T <= context,
-// and (B, T) I32/I64 targets in [0, vocab) or -100 (ignored).
-absl::Status CheckGptBatch(const v1::Gpt& gpt, const HostTensor& inputs, const HostTensor& targets,
-                           absl::string_view inputs_name, absl::string_view targets_name) {
-  AMPD_RETURN_IF_ERROR(inputs.Validate(inputs_name));
-  AMPD_RETURN_IF_ERROR(targets.Validate(targets_name));
-  auto ids = [](const HostTensor& t) {
-    return (t.dtype == codec::DType::kI32 || t.dtype == codec::DType::kI64) && t.shape.size() == 2;
-  };
-  if (!ids(inputs) || inputs.shape[0] < 1 || inputs.shape[1] < 1 ||
-      inputs.shape[1] > gpt.context_length()) {
-    return Invalid(absl::StrCat(inputs_name, ": expected I32 or I64 (B, T) token ids with B >= 1 ",
-                                "and 1 <= T <= context_length ", gpt.context_length(), ", got ",
-                                codec::DTypeName(inputs.dtype),
-                                codec::ShapeToString(inputs.shape)));
-  }
-  if (!ids(targets) || targets.shape != inputs.shape) {
-    return Invalid(absl::StrCat(targets_name, ": expected I32 or I64 ",
-                                codec::ShapeToString(inputs.shape), " as ", inputs_name, ", got ",
-                                codec::DTypeName(targets.dtype),
-                                codec::ShapeToString(targets.shape)));
-  }
-  auto load = [](const HostTensor& t, int64_t i) -> int64_t {
-    if (t.dtype == codec::DType::kI32) {
-      int32_t v;
-      std::memcpy(&v, t.data.data() + i * 4, 4);
-      return v;
-    }
-    int64_t v;
-    std::memcpy(&v, t.data.data() + i * 8, 8);
-    return v;
-  };
-  const int64_t n = inputs.shape[0] * inputs.shape[1];  // Validate bounded it by the bytes
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t id = load(inputs, i);
-    if (id < 0 || id >= gpt.vocab_size()) {
-      return Invalid(absl::StrCat(inputs_name, "[", i / inputs.shape[1], ", ", i % inputs.shape[1],
-                                  "]: ", id, " is outside [0, ", gpt.vocab_size(), ")"));
-    }
-    const int64_t target = load(targets, i);
-    if (target != kIgnoredTarget && (target < 0 || target >= gpt.vocab_size())) {
-      return Invalid(absl::StrCat(targets_name, "[", i / inputs.shape[1], ", ", i % inputs.shape[1],
-                                  "]: ", target, " is outside [0, ", gpt.vocab_size(), ") and not ",
-                                  kIgnoredTarget, " (ignored)"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-using BatchCheck = absl::FunctionRef<absl::Status(const HostTensor&, const HostTensor&,
-                                                  absl::string_view, absl::string_view)>;
-
-absl::StatusOr<std::vector<v1::MicroBatch>> ReadBatches(absl::string_view bytes, BatchCheck check);
-
 }  // namespace
 
 absl::StatusOr<v1::ModelSpec> ParseModelFlags(absl::string_view layers, absl::string_view loss) {
@@ -238,6 +183,13 @@ absl::StatusOr<v1::ModelSpec> ParseModelFlags(absl::string_view layers, absl::st
 
 codec::BatchLayout BatchLayoutOf(const v1::ModelSpec& model) {
   codec::BatchLayout layout;
+  if (model.has_gpt()) {
+    layout.sequences = true;
+    layout.context_length = model.gpt().context_length();
+    layout.num_embeddings = model.gpt().vocab_size();
+    layout.outputs = model.gpt().vocab_size();
+    return layout;
+  }
   if (model.layers_size() > 0 && model.layers(0).has_embedding()) {
     layout.input_ids = true;
     layout.num_embeddings = model.layers(0).embedding().num_embeddings();
@@ -271,24 +223,6 @@ codec::BatchLayout BatchLayoutOf(const v1::ModelSpec& model) {
 
 absl::StatusOr<std::vector<v1::MicroBatch>> BatchesFromSafetensors(
     absl::string_view bytes, const codec::BatchLayout& layout) {
-  return ReadBatches(bytes, [&](const HostTensor& inputs, const HostTensor& targets,
-                                absl::string_view in_name, absl::string_view tg_name) {
-    return codec::CheckBatchLayout(layout, inputs, targets, in_name, tg_name);
-  });
-}
-
-absl::StatusOr<std::vector<v1::MicroBatch>> BatchesFromSafetensors(absl::string_view bytes,
-                                                                   const v1::ModelSpec& model) {
-  if (!model.has_gpt()) return BatchesFromSafetensors(bytes, BatchLayoutOf(model));
-  return ReadBatches(bytes, [&](const HostTensor& inputs, const HostTensor& targets,
-                                absl::string_view in_name, absl::string_view tg_name) {
-    return CheckGptBatch(model.gpt(), inputs, targets, in_name, tg_name);
-  });
-}
-
-namespace {
-
-absl::StatusOr<std::vector<v1::MicroBatch>> ReadBatches(absl::string_view bytes, BatchCheck check) {
   absl::StatusOr<codec::StateDict> state = codec::DecodeSafetensors(bytes);
   if (!state.ok())
     return Invalid(absl::StrCat("not a safetensors file: ", state.status().message()));
@@ -326,7 +260,7 @@ absl::StatusOr<std::vector<v1::MicroBatch>> ReadBatches(absl::string_view bytes,
                                   " missing (the file has batches up to ", count - 1,
                                   ", each needs inputs.<i> and targets.<i>)"));
     }
-    AMPD_RETURN_IF_ERROR(check(*inputs, *targets, in_name, tg_name));
+    AMPD_RETURN_IF_ERROR(codec::CheckBatchLayout(layout, *inputs, *targets, in_name, tg_name));
     v1::MicroBatch batch;
     *batch.mutable_inputs() = codec::TensorToProto(*inputs);
     *batch.mutable_targets() = codec::TensorToProto(*targets);
@@ -334,8 +268,6 @@ absl::StatusOr<std::vector<v1::MicroBatch>> ReadBatches(absl::string_view bytes,
   }
   return batches;
 }
-
-}  // namespace
 
 absl::StatusOr<std::string> ReadBatchFile(const std::string& path) {
   std::ifstream file(path, std::ios::binary);

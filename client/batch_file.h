@@ -13,7 +13,6 @@
 // exists. Nothing here links the engine.
 #pragma once
 
-#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -37,9 +36,11 @@ namespace ampd {
 // otherwise; whether the sizes chain is the server's check (CreateJob).
 absl::StatusOr<v1::ModelSpec> ParseModelFlags(absl::string_view layers, absl::string_view loss);
 
-// The batch layout of `model` as the wire describes it: ids when the first
-// layer is an embedding, else the first sized layer's input width; labels
-// for cross-entropy, else the width the last layer produces. For a model
+// The batch layout of `model` as the wire describes it: a GPT's token
+// sequences ((B, T) ids, T <= context_length, next-token targets or -100);
+// otherwise ids when the first layer is an embedding, else the first sized
+// layer's input width; labels for cross-entropy, else the width the last
+// layer produces. For a model
 // whose sizes chain it is the layout the engine derives from the same model.
 codec::BatchLayout BatchLayoutOf(const v1::ModelSpec& model);
 
@@ -48,16 +49,6 @@ codec::BatchLayout BatchLayoutOf(const v1::ModelSpec& model);
 // malformed tensor ("targets.1 is missing", "inputs.0: expected ...").
 absl::StatusOr<std::vector<v1::MicroBatch>> BatchesFromSafetensors(
     absl::string_view bytes, const codec::BatchLayout& layout);
-
-// The same for the batches of `model`: for a GPT, (B, T) I32/I64 token ids
-// in [0, vocab_size) with 1 <= T <= context_length, and (B, T) I32/I64
-// targets in [0, vocab_size) or kIgnoredTarget; for a layer stack, the
-// layout of BatchLayoutOf(model).
-absl::StatusOr<std::vector<v1::MicroBatch>> BatchesFromSafetensors(absl::string_view bytes,
-                                                                   const v1::ModelSpec& model);
-
-// A GPT target with this value carries no loss (PyTorch's ignore_index).
-inline constexpr int64_t kIgnoredTarget = -100;
 
 // The file's bytes; InvalidArgument when it cannot be read (a usage error).
 absl::StatusOr<std::string> ReadBatchFile(const std::string& path);

@@ -191,7 +191,7 @@ TEST(GptBatchFileTest, AcceptsSequencesWithIgnoredTargetsAndNamesBadTensors) {
     return codec::EncodeSafetensors(state);
   };
   absl::StatusOr<std::vector<v1::MicroBatch>> good = BatchesFromSafetensors(
-      file(Int32({1, 4}, {0, 1, 2, 3}), Int32({1, 4}, {1, 2, 3, -100})), *spec);
+      file(Int32({1, 4}, {0, 1, 2, 3}), Int32({1, 4}, {1, 2, 3, -100})), BatchLayoutOf(*spec));
   ASSERT_TRUE(good.ok()) << good.status();
   ASSERT_EQ(good->size(), 2u);
   EXPECT_EQ(good->at(0).inputs().shape_size(), 2);
@@ -199,18 +199,21 @@ TEST(GptBatchFileTest, AcceptsSequencesWithIgnoredTargetsAndNamesBadTensors) {
   const std::vector<std::pair<std::string, std::string>> bad = {
       // T over the context.
       {file(Int32({1, 5}, {0, 1, 2, 3, 4}), Int32({1, 5}, {1, 2, 3, 4, 5})),
-       "inputs.1: expected I32 or I64 (B, T) token ids"},
+       "inputs.1: T = 5 exceeds context_length 4"},
       // An id outside the vocabulary, by position.
       {file(Int32({1, 2}, {0, 16}), Int32({1, 2}, {1, 2})), "inputs.1[0, 1]: 16 is outside"},
       // A target neither in range nor -100.
-      {file(Int32({1, 2}, {0, 1}), Int32({1, 2}, {1, -1})), "targets.1[0, 1]: -1 is outside"},
+      {file(Int32({1, 2}, {0, 1}), Int32({1, 2}, {1, -1})),
+       "targets.1[0, 1]: -1 is outside [0, 16) and not -100"},
       // Targets of another shape.
-      {file(Int32({1, 2}, {0, 1}), Int32({2}, {1, 2})), "targets.1: expected I32 or I64 (1, 2) as inputs.1, got I32(2)"},
+      {file(Int32({1, 2}, {0, 1}), Int32({2}, {1, 2})),
+       "targets.1: expected I32 or I64 (1, 2) token ids"},
       // Rows of ids, as a layer stack's embedding takes them.
       {file(Int32({2}, {0, 1}), Int32({2}, {1, 2})), "inputs.1: expected I32 or I64 (B, T)"},
   };
   for (const auto& [bytes, message] : bad) {
-    absl::StatusOr<std::vector<v1::MicroBatch>> batches = BatchesFromSafetensors(bytes, *spec);
+    absl::StatusOr<std::vector<v1::MicroBatch>> batches =
+        BatchesFromSafetensors(bytes, BatchLayoutOf(*spec));
     ASSERT_FALSE(batches.ok()) << message;
     EXPECT_EQ(batches.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_TRUE(absl::StrContains(batches.status().message(), message)) << batches.status();
