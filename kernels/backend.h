@@ -25,7 +25,9 @@
 
 namespace ampd::kernels {
 
-enum class Activation : uint8_t { kReLU, kGELU, kTanh };
+// kGELU is the exact form; kGELUTanh the tanh approximation GPT-2 was
+// trained with (see ActivationForward).
+enum class Activation : uint8_t { kReLU, kGELU, kTanh, kGELUTanh };
 
 // A device-to-host copy that rides along with ReadBack's scalars.
 struct HostCopy {
@@ -161,10 +163,44 @@ class Backend {
   // GELU is the exact form x Phi(x), PyTorch's default (approximate='none'),
   // with Phi(x) = 0.5 erfc(-x / sqrt 2): accurate in the negative tail,
   // where 0.5 (1 + erf(x / sqrt 2)) cancels.
+  // GELUTanh is PyTorch's approximate='tanh' (GPT-2's gelu_new), in its
+  // operation order: u = sqrt(2/pi) (x + 0.044715 x^3), y = 0.5 x (1 + tanh u);
+  // the backward is its exact derivative
+  //   0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) sqrt(2/pi) (1 + 3 * 0.044715 x^2).
   virtual absl::Status ActivationForward(Activation act, const Tensor& x, Tensor& y) = 0;
   // dx = dy * act'(x); x is the forward input.
   virtual absl::Status ActivationBackward(Activation act, const Tensor& x, const Tensor& dy,
                                           Tensor& dx) = 0;
+
+  // ---- causal self-attention (GPT) ------------------------------------------
+  // All float operands of one call share one dtype (F32, F16 or BF16). With
+  // C = qkv.dim(2) / 3 and D = C / n_head (n_head must divide C), the
+  // products run as a cuBLAS strided-batched GEMM in that dtype does: fp32
+  // accumulation, each stored matrix rounded once to the dtype, and the
+  // next product reads the rounded values. The CPU oracle mirrors every one
+  // of those roundings, so backends agree up to summation order and libm.
+  //
+  // qkv (B, T, 3C): [q | k | v] along the last dim (Hugging Face GPT-2's
+  //   c_attn output); head h of each is columns h*D .. h*D + D - 1.
+  // att (B, n_head, T, T), written: first the scaled scores
+  //   S = (q k^T) / sqrt(D) rounded to att's dtype, then in place the causal
+  //   softmax P of S over keys s <= t with the row max subtracted before exp,
+  //   rounded; P = 0 for keys after the query. Saved for the backward.
+  // out (B, T, C), written: out[b, t, h*D + d] = sum_s P[b, h, t, s] v[b, s, h*D + d]
+  //   with P as stored, accumulated in fp32 and rounded once.
+  // att and out must not overlap qkv.
+  virtual absl::Status AttentionForward(const Tensor& qkv, int64_t n_head, Tensor& att,
+                                        Tensor& out) = 0;
+  // qkv and att as AttentionForward read and wrote them; dout (B, T, C).
+  // datt (B, n_head, T, T) is scratch, overwritten: it holds dP = dout v^T
+  //   (rounded), then dS = P * (dP - sum_s P dP) (row sums in fp32 over the
+  //   rounded dP, dS rounded; 0 for keys after the query).
+  // dqkv (B, T, 3C), overwritten with [dq | dk | dv]:
+  //   dv = P^T dout, dq = (dS k) / sqrt(D), dk = (dS^T q) / sqrt(D),
+  //   each accumulated in fp32 and rounded once. Masked positions contribute
+  //   nothing. datt and dqkv must not overlap the inputs or each other.
+  virtual absl::Status AttentionBackward(const Tensor& qkv, const Tensor& att, const Tensor& dout,
+                                         int64_t n_head, Tensor& datt, Tensor& dqkv) = 0;
 
   // ---- normalisation ------------------------------------------------------
   // x, y: (N, C) working dtype; gamma, beta: (C) working dtype or nullptr
@@ -196,6 +232,27 @@ class Backend {
   virtual absl::Status CrossEntropyLoss(const Tensor& logits, const Tensor& labels,
                                         float multiplier, float grad_scale, Tensor& loss,
                                         Tensor& dlogits) = 0;
+
+  // Token cross-entropy over one chunk of rows, for language models whose
+  // loss is the mean over many rows computed chunk by chunk (an LM head
+  // that never holds every row's logits at once), with PyTorch's
+  // ignore_index. logits (N, V) F32, F16 or BF16; labels (N) I32 or I64,
+  // each in [0, V) or equal to ignore_index (that row is ignored).
+  //   loss (1) F32 += loss_scale * (-log softmax(logits_i)[label_i]) for each
+  //     kept row i in turn (fp32, max-subtracted; nothing added for ignored
+  //     rows), so successive chunks accumulate into one loss;
+  //   dlogits (N, V) logits' dtype, written: grad_scale * (softmax(logits_i)
+  //     - onehot(label_i)) for kept rows (one fp32 product, one rounding),
+  //     0 for ignored rows.
+  // The caller folds the mean into the scales (loss_scale = multiplier /
+  // kept_total, grad_scale = loss scale * multiplier / kept_total).
+  // dlogits may be the same tensor as logits (in place: a chunk's logits
+  // become its gradient). A label outside [0, V) other than ignore_index is
+  // InvalidArgument (CUDA: reported at the next ReadBack, its row zeroed and
+  // counted 0).
+  virtual absl::Status CrossEntropyChunk(const Tensor& logits, const Tensor& labels,
+                                         int64_t ignore_index, float loss_scale, float grad_scale,
+                                         Tensor& loss, Tensor& dlogits) = 0;
 
   // ---- loss scaling and the optimizer -------------------------------------
   // One pass over every gradient tensor: found_inf (1) F32 is set to 1 if any

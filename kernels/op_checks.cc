@@ -5,6 +5,7 @@
 #include "kernels/op_checks.h"
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <string>
 
@@ -126,7 +127,8 @@ absl::Status CheckParam(absl::string_view op, size_t index, const ParamRef& p, b
 // An Activation cast from an out-of-range integer (a corrupt spec, a newer
 // client) is refused rather than falling through a switch.
 absl::Status CheckActivation(absl::string_view op, Activation act) {
-  if (act != Activation::kReLU && act != Activation::kGELU && act != Activation::kTanh) {
+  if (act != Activation::kReLU && act != Activation::kGELU && act != Activation::kTanh &&
+      act != Activation::kGELUTanh) {
     return absl::InvalidArgumentError(
         absl::StrCat(op, ": unknown activation ", static_cast<int>(act)));
   }
@@ -146,6 +148,71 @@ absl::Status CheckColumnVector(absl::string_view op, absl::string_view mat_name,
         op, ": ", vec_name, " is ", vec.DebugString(), " but ", mat_name, " is ", mat.DebugString(),
         "; ", vec_name, " length must equal ", mat_name, "'s columns"));
   }
+  return absl::OkStatus();
+}
+
+// Whether two tensors' bytes intersect (tensors without bytes never do).
+// Both live on the backend being called, so their addresses are comparable.
+bool Overlap(const Tensor& a, const Tensor& b) {
+  if (a.nbytes() == 0 || b.nbytes() == 0 || a.data() == nullptr || b.data() == nullptr) {
+    return false;
+  }
+  const auto a0 = reinterpret_cast<uintptr_t>(a.data());
+  const auto b0 = reinterpret_cast<uintptr_t>(b.data());
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+// An output that an op writes while it still reads `other` must not share
+// bytes with it (views of one workspace make that possible).
+absl::Status CheckNoOverlap(absl::string_view op, absl::string_view name, const Tensor& t,
+                            absl::string_view other_name, const Tensor& other) {
+  if (Overlap(t, other)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": ", name, " ", t.DebugString(), " overlaps ", other_name, " ", other.DebugString()));
+  }
+  return absl::OkStatus();
+}
+
+// t is exactly `want` in shape (dtype checked by the caller), with memory.
+absl::Status CheckShapeIs(absl::string_view op, absl::string_view name, const Tensor& t,
+                          const Shape& want, absl::string_view what) {
+  if (t.shape() != want) {
+    return Expected(op, name, t, absl::StrCat(what, " = ", ShapeToString(want)));
+  }
+  return CheckHasMemory(op, name, t);
+}
+
+// The dimensions of a qkv (B, T, 3C) tensor split into n_head heads.
+struct AttentionDims {
+  int64_t batch = 0;
+  int64_t seq = 0;
+  int64_t channels = 0;  // C
+};
+
+// qkv float (B, T, 3C), C >= 1 a multiple of n_head >= 1; every dimension
+// a GEMM or a batch count takes within int.
+absl::Status CheckQkv(absl::string_view op, const Tensor& qkv, int64_t n_head,
+                      AttentionDims* dims) {
+  AMPD_RETURN_IF_ERROR(CheckFloat(op, "qkv", qkv));
+  AMPD_RETURN_IF_ERROR(CheckRank(op, "qkv", qkv, 3));
+  if (qkv.dim(2) < 3 || qkv.dim(2) % 3 != 0) {
+    return Expected(op, "qkv", qkv, "(B, T, 3 * C) with C >= 1");
+  }
+  const int64_t c = qkv.dim(2) / 3;
+  if (n_head < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": n_head is ", n_head, "; expected >= 1"));
+  }
+  if (c % n_head != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": n_head is ", n_head, " but qkv is ",
+                                                   qkv.DebugString(), " (C = ", c,
+                                                   "); n_head must divide C"));
+  }
+  constexpr int64_t kMaxDim = 0x7fffffff;
+  if (qkv.dim(1) > kMaxDim || qkv.dim(2) > kMaxDim || n_head > kMaxDim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": qkv ", qkv.DebugString(), " is too large for BLAS"));
+  }
+  *dims = {qkv.dim(0), qkv.dim(1), c};
   return absl::OkStatus();
 }
 
@@ -404,6 +471,48 @@ absl::Status ValidateActivationBackward(Activation act, const Tensor& x, const T
   return CheckSameShape(kOp, "dx", dx, "x", x);
 }
 
+// ---- causal self-attention --------------------------------------------------------
+
+absl::Status ValidateAttentionForward(const Tensor& qkv, int64_t n_head, const Tensor& att,
+                                      const Tensor& out) {
+  constexpr absl::string_view kOp = "AttentionForward";
+  AttentionDims d;
+  AMPD_RETURN_IF_ERROR(CheckQkv(kOp, qkv, n_head, &d));
+  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "att", att, "qkv", qkv));
+  AMPD_RETURN_IF_ERROR(
+      CheckShapeIs(kOp, "att", att, {d.batch, n_head, d.seq, d.seq}, "(B, n_head, T, T)"));
+  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "out", out, "qkv", qkv));
+  AMPD_RETURN_IF_ERROR(CheckShapeIs(kOp, "out", out, {d.batch, d.seq, d.channels}, "(B, T, C)"));
+  AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "att", att, "qkv", qkv));
+  AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", out, "qkv", qkv));
+  return CheckNoOverlap(kOp, "out", out, "att", att);
+}
+
+absl::Status ValidateAttentionBackward(const Tensor& qkv, const Tensor& att, const Tensor& dout,
+                                       int64_t n_head, const Tensor& datt, const Tensor& dqkv) {
+  constexpr absl::string_view kOp = "AttentionBackward";
+  AttentionDims d;
+  AMPD_RETURN_IF_ERROR(CheckQkv(kOp, qkv, n_head, &d));
+  const Shape att_shape = {d.batch, n_head, d.seq, d.seq};
+  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "att", att, "qkv", qkv));
+  AMPD_RETURN_IF_ERROR(CheckShapeIs(kOp, "att", att, att_shape, "(B, n_head, T, T)"));
+  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "dout", dout, "qkv", qkv));
+  AMPD_RETURN_IF_ERROR(CheckShapeIs(kOp, "dout", dout, {d.batch, d.seq, d.channels}, "(B, T, C)"));
+  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "datt", datt, "qkv", qkv));
+  AMPD_RETURN_IF_ERROR(CheckShapeIs(kOp, "datt", datt, att_shape, "(B, n_head, T, T)"));
+  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "dqkv", dqkv, "qkv", qkv));
+  AMPD_RETURN_IF_ERROR(CheckShapeIs(kOp, "dqkv", dqkv, qkv.shape(), "qkv's shape"));
+  const struct {
+    const char* name;
+    const Tensor* t;
+  } inputs[] = {{"qkv", &qkv}, {"att", &att}, {"dout", &dout}};
+  for (const auto& in : inputs) {
+    AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "datt", datt, in.name, *in.t));
+    AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "dqkv", dqkv, in.name, *in.t));
+  }
+  return CheckNoOverlap(kOp, "dqkv", dqkv, "datt", datt);
+}
+
 // ---- normalisation ----------------------------------------------------------------
 
 absl::Status ValidateLayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta,
@@ -525,6 +634,35 @@ absl::Status ValidateCrossEntropyLoss(const Tensor& logits, const Tensor& labels
                                                    "; need at least one row and one class"));
   }
   return absl::OkStatus();
+}
+
+absl::Status ValidateCrossEntropyChunk(const Tensor& logits, const Tensor& labels,
+                                       const Tensor& loss, const Tensor& dlogits) {
+  constexpr absl::string_view kOp = "CrossEntropyChunk";
+  AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "logits", logits));
+  AMPD_RETURN_IF_ERROR(CheckRank(kOp, "logits", logits, 2));
+  AMPD_RETURN_IF_ERROR(CheckIndex(kOp, "labels", labels));
+  if (labels.rank() != 1 || labels.dim(0) != logits.dim(0)) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": labels is ", labels.DebugString(),
+                                                   " but logits is ", logits.DebugString(),
+                                                   "; expected (", logits.dim(0), ")"));
+  }
+  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "dlogits", dlogits, "logits", logits));
+  AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "dlogits", dlogits, "logits", logits));
+  AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "dlogits", dlogits));
+  AMPD_RETURN_IF_ERROR(CheckScalarF32(kOp, "loss", loss));
+  // A softmax over no classes has no label. An empty chunk (N = 0) is fine.
+  if (logits.dim(1) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": logits is ", logits.DebugString(), "; need at least one class"));
+  }
+  // In place is the whole tensor or nothing: a shifted alias would have
+  // rows overwritten before they are read.
+  if (dlogits.data() != logits.data()) {
+    AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "dlogits", dlogits, "logits", logits));
+  }
+  AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "loss", loss, "logits", logits));
+  return CheckNoOverlap(kOp, "loss", loss, "dlogits", dlogits);
 }
 
 // ---- loss scaling and the optimizer ----------------------------------------------

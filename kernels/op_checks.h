@@ -79,6 +79,17 @@ absl::Status ValidateActivationForward(Activation act, const Tensor& x, const Te
 absl::Status ValidateActivationBackward(Activation act, const Tensor& x, const Tensor& dy,
                                         const Tensor& dx);
 
+// ---- causal self-attention
+// qkv (B, T, 3C) float with C a positive multiple of n_head (n_head >= 1)
+// and T, 3C and n_head within BLAS's int; att (B, n_head, T, T) and out
+// (B, T, C) of qkv's dtype, neither overlapping qkv nor each other.
+absl::Status ValidateAttentionForward(const Tensor& qkv, int64_t n_head, const Tensor& att,
+                                      const Tensor& out);
+// qkv as above; att and datt (B, n_head, T, T), dout (B, T, C), dqkv qkv's
+// shape, all of qkv's dtype; datt and dqkv overlap no other operand.
+absl::Status ValidateAttentionBackward(const Tensor& qkv, const Tensor& att, const Tensor& dout,
+                                       int64_t n_head, const Tensor& datt, const Tensor& dqkv);
+
 // ---- normalisation
 absl::Status ValidateLayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta,
                                       const Tensor& y, const Tensor& mean, const Tensor& rstd);
@@ -95,6 +106,11 @@ absl::Status ValidateMseLoss(const Tensor& pred, const Tensor& target, const Ten
                              const Tensor& dpred);
 absl::Status ValidateCrossEntropyLoss(const Tensor& logits, const Tensor& labels,
                                       const Tensor& loss, const Tensor& dlogits);
+// logits (N, V) float with V >= 1 (N may be 0: an empty chunk); labels (N)
+// I32 or I64; dlogits logits' dtype and shape, either logits itself or
+// disjoint from it; loss a one-element F32.
+absl::Status ValidateCrossEntropyChunk(const Tensor& logits, const Tensor& labels,
+                                       const Tensor& loss, const Tensor& dlogits);
 
 // ---- loss scaling and the optimizer
 absl::Status ValidateUnscaleAndCheck(absl::Span<Tensor* const> grads, const Tensor& found_inf,

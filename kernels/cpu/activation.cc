@@ -1,5 +1,7 @@
 // Pointwise activations and their derivatives: ReLU, GELU (exact form,
-// PyTorch's default approximate='none', evaluated through erfc) and Tanh. Same dtype and shape in
+// PyTorch's default approximate='none', evaluated through erfc), Tanh, and
+// GELU's tanh approximation (PyTorch's approximate='tanh', in the operation
+// order of its kernels, which the CUDA twin repeats). Same dtype and shape in
 // and out; math in fp32, one rounding per stored element. In-place use
 // (y aliasing x, dx aliasing dy) is safe: each element is read before it is
 // written. The elements are split over the backend's thread pool.
@@ -34,6 +36,30 @@ inline float GeluGrad(float x) {
   return cdf + x * pdf;
 }
 
+// GELU, tanh approximation: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+constexpr float kSqrt2OverPi = 0.79788456080286535588f;
+constexpr float kGeluTanhKappa = 0.044715f;
+inline float GeluTanh(float x) {
+  const float cube = x * x * x;
+  const float inner = kSqrt2OverPi * (x + kGeluTanhKappa * cube);
+  return 0.5f * x * (1.0f + std::tanh(inner));
+}
+// Its exact derivative, as PyTorch's GeluBackward (approximate='tanh') forms it:
+// 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 kappa x^2), t = tanh(inner).
+inline float GeluTanhGrad(float x) {
+  const float sq = x * x;
+  const float cube = sq * x;
+  const float inner = kSqrt2OverPi * (x + kGeluTanhKappa * cube);
+  const float t = std::tanh(inner);
+  const float left = 0.5f * x;
+  const float right = 1.0f + t;
+  const float left_derivative = 0.5f * right;
+  const float tanh_derivative = 1.0f - t * t;
+  const float inner_derivative = kSqrt2OverPi * (1.0f + 3.0f * kGeluTanhKappa * sq);
+  const float right_derivative = tanh_derivative * inner_derivative;
+  return left_derivative + left * right_derivative;
+}
+
 template <typename Tag, Activation kAct>
 void ForwardLoop(const typename Tag::Storage* x, typename Tag::Storage* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
@@ -43,6 +69,8 @@ void ForwardLoop(const typename Tag::Storage* x, typename Tag::Storage* y, int64
       r = Relu(v);
     } else if constexpr (kAct == Activation::kGELU) {
       r = Gelu(v);
+    } else if constexpr (kAct == Activation::kGELUTanh) {
+      r = GeluTanh(v);
     } else {
       r = std::tanh(v);
     }
@@ -63,6 +91,8 @@ void BackwardLoop(const typename Tag::Storage* x, const typename Tag::Storage* d
       r = v > 0.0f ? g : 0.0f;
     } else if constexpr (kAct == Activation::kGELU) {
       r = g * GeluGrad(v);
+    } else if constexpr (kAct == Activation::kGELUTanh) {
+      r = g * GeluTanhGrad(v);
     } else {
       // tanh recomputed from x in fp32 (not the rounded forward output).
       const float t = std::tanh(v);
@@ -91,6 +121,9 @@ absl::Status ActivationForward(ThreadPool& pool, Activation act, const Tensor& x
         case Activation::kTanh:
           ForwardLoop<Tag, Activation::kTanh>(in + b, out + b, e - b);
           break;
+        case Activation::kGELUTanh:
+          ForwardLoop<Tag, Activation::kGELUTanh>(in + b, out + b, e - b);
+          break;
       }
     });
     return absl::OkStatus();
@@ -115,6 +148,9 @@ absl::Status ActivationBackward(ThreadPool& pool, Activation act, const Tensor& 
           break;
         case Activation::kTanh:
           BackwardLoop<Tag, Activation::kTanh>(in + b, grad_out + b, grad_in + b, e - b);
+          break;
+        case Activation::kGELUTanh:
+          BackwardLoop<Tag, Activation::kGELUTanh>(in + b, grad_out + b, grad_in + b, e - b);
           break;
       }
     });

@@ -143,6 +143,15 @@ class CpuBackend final : public Backend {
     return cpu::ActivationBackward(pool_, act, x, dy, dx);
   }
 
+  absl::Status AttentionForward(const Tensor& qkv, int64_t n_head, Tensor& att,
+                                Tensor& out) override {
+    return cpu::AttentionForward(pool_, qkv, n_head, att, out);
+  }
+  absl::Status AttentionBackward(const Tensor& qkv, const Tensor& att, const Tensor& dout,
+                                 int64_t n_head, Tensor& datt, Tensor& dqkv) override {
+    return cpu::AttentionBackward(pool_, qkv, att, dout, n_head, datt, dqkv);
+  }
+
   absl::Status LayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps,
                                 Tensor& y, Tensor& mean, Tensor& rstd) override {
     return cpu::LayerNormForward(x, gamma, beta, eps, y, mean, rstd);
@@ -167,6 +176,13 @@ class CpuBackend final : public Backend {
   absl::Status CrossEntropyLoss(const Tensor& logits, const Tensor& labels, float multiplier,
                                 float grad_scale, Tensor& loss, Tensor& dlogits) override {
     return cpu::CrossEntropyLoss(logits, labels, multiplier, grad_scale, loss, dlogits);
+  }
+
+  absl::Status CrossEntropyChunk(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
+                                 float loss_scale, float grad_scale, Tensor& loss,
+                                 Tensor& dlogits) override {
+    return cpu::CrossEntropyChunk(pool_, logits, labels, ignore_index, loss_scale, grad_scale, loss,
+                                  dlogits);
   }
 
   using Backend::UnscaleAndCheck;

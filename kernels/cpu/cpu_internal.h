@@ -148,6 +148,12 @@ absl::Status BiasGrad(ThreadPool& pool, const Tensor& dy, float beta, Tensor& db
 absl::Status ActivationForward(ThreadPool& pool, Activation act, const Tensor& x, Tensor& y);
 absl::Status ActivationBackward(ThreadPool& pool, Activation act, const Tensor& x, const Tensor& dy,
                                 Tensor& dx);
+// attention_forward.cc
+absl::Status AttentionForward(ThreadPool& pool, const Tensor& qkv, int64_t n_head, Tensor& att,
+                              Tensor& out);
+// attention_backward.cc
+absl::Status AttentionBackward(ThreadPool& pool, const Tensor& qkv, const Tensor& att,
+                               const Tensor& dout, int64_t n_head, Tensor& datt, Tensor& dqkv);
 // layernorm_forward.cc
 absl::Status LayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps,
                               Tensor& y, Tensor& mean, Tensor& rstd);
@@ -164,6 +170,10 @@ absl::Status MseLoss(const Tensor& pred, const Tensor& target, float multiplier,
 // cross_entropy.cc
 absl::Status CrossEntropyLoss(const Tensor& logits, const Tensor& labels, float multiplier,
                               float grad_scale, Tensor& loss, Tensor& dlogits);
+// cross_entropy_chunk.cc
+absl::Status CrossEntropyChunk(ThreadPool& pool, const Tensor& logits, const Tensor& labels,
+                               int64_t ignore_index, float loss_scale, float grad_scale,
+                               Tensor& loss, Tensor& dlogits);
 // unscale_check.cc
 absl::Status UnscaleAndCheck(absl::Span<Tensor* const> grads, float inv_scale, bool in_place,
                              Tensor& found_inf, Tensor* norm_sq, Tensor* max_abs);

@@ -2,6 +2,10 @@
 // store. GELU is the exact form (PyTorch's default approximate='none'):
 //   gelu(x)  = x Phi(x),  Phi(x) = 0.5 erfc(-x / sqrt 2)
 //   gelu'(x) = Phi(x) + x * exp(-x^2 / 2) / sqrt(2 pi)
+// GELUTanh is the tanh approximation (PyTorch's approximate='tanh'):
+//   u = sqrt(2/pi) (x + 0.044715 x^3),  gelu_tanh(x) = 0.5 x (1 + tanh u)
+//   gelu_tanh'(x) = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+// in the CPU oracle's operation order (kernels/cpu/activation.cc).
 // Tanh's backward is computed from the forward input x, as the interface
 // passes x: dx = dy (1 - tanh(x)^2). ReLU's backward selects instead of
 // multiplying (PyTorch's threshold_backward, and the CPU oracle):
@@ -24,6 +28,14 @@ constexpr float kInvSqrt2Pi = 0.3989422804014327f;
 // difference in GELU's small negative tail.
 __device__ __forceinline__ float NormalCdf(float x) { return 0.5f * erfcf(-x * kInvSqrt2); }
 
+constexpr float kSqrt2OverPi = 0.79788456080286535588f;
+constexpr float kGeluTanhKappa = 0.044715f;
+
+__device__ __forceinline__ float GeluTanhInner(float x) {
+  const float cube = x * x * x;
+  return kSqrt2OverPi * (x + kGeluTanhKappa * cube);
+}
+
 __device__ __forceinline__ float Forward(Activation act, float x) {
   switch (act) {
     case Activation::kReLU:
@@ -33,6 +45,8 @@ __device__ __forceinline__ float Forward(Activation act, float x) {
       return x * NormalCdf(x);
     case Activation::kTanh:
       return tanhf(x);
+    case Activation::kGELUTanh:
+      return 0.5f * x * (1.0f + tanhf(GeluTanhInner(x)));
   }
   return x;
 }
@@ -50,6 +64,17 @@ __device__ __forceinline__ float Derivative(Activation act, float x) {
     case Activation::kTanh: {
       const float t = tanhf(x);
       return 1.0f - t * t;
+    }
+    case Activation::kGELUTanh: {
+      const float sq = x * x;
+      const float cube = sq * x;
+      const float t = tanhf(kSqrt2OverPi * (x + kGeluTanhKappa * cube));
+      const float left = 0.5f * x;
+      const float right = 1.0f + t;
+      const float left_derivative = 0.5f * right;
+      const float tanh_derivative = 1.0f - t * t;
+      const float inner_derivative = kSqrt2OverPi * (1.0f + 3.0f * kGeluTanhKappa * sq);
+      return left_derivative + left * (tanh_derivative * inner_derivative);
     }
   }
   return 1.0f;

@@ -462,6 +462,28 @@ class CudaBackend final : public Backend {
                               error_word_.data_as<int>(), stream());
   }
 
+  absl::Status CrossEntropyChunk(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
+                                 float loss_scale, float grad_scale, Tensor& loss,
+                                 Tensor& dlogits) override {
+    AMPD_RETURN_IF_ERROR(ValidateCrossEntropyChunk(logits, labels, loss, dlogits));
+    (void)ignore_index;
+    (void)loss_scale;
+    (void)grad_scale;
+    return absl::UnimplementedError("CrossEntropyChunk: not yet on the CUDA backend");
+  }
+
+  // ---- causal self-attention ----------------------------------------------------
+  absl::Status AttentionForward(const Tensor& qkv, int64_t n_head, Tensor& att,
+                                Tensor& out) override {
+    AMPD_RETURN_IF_ERROR(ValidateAttentionForward(qkv, n_head, att, out));
+    return absl::UnimplementedError("AttentionForward: not yet on the CUDA backend");
+  }
+  absl::Status AttentionBackward(const Tensor& qkv, const Tensor& att, const Tensor& dout,
+                                 int64_t n_head, Tensor& datt, Tensor& dqkv) override {
+    AMPD_RETURN_IF_ERROR(ValidateAttentionBackward(qkv, att, dout, n_head, datt, dqkv));
+    return absl::UnimplementedError("AttentionBackward: not yet on the CUDA backend");
+  }
+
   // ---- loss scaling and the optimizer -----------------------------------------
   using Backend::UnscaleAndCheck;
   absl::Status UnscaleAndCheck(absl::Span<Tensor* const> grads, float inv_scale, bool in_place,

@@ -202,6 +202,38 @@ TEST(Trainer, ExportLoadRoundTripGivesIdenticalNextStep) {
   }
 }
 
+// Model weights alone (a pretrained file: no optimizer tensors, no counts)
+// replace the weights and start the optimizer afresh when the job keeps its
+// count; a job resuming its own checkpoint still needs everything.
+TEST(Trainer, WeightsAloneLoadWithAFreshOptimizer) {
+  auto source = MakeTrainer(MlpConfig(Precision::kFp32, 77));
+  auto t = MakeTrainer(MlpConfig(Precision::kFp32));
+  ASSERT_TRUE(source && t);
+  DataRng rng(6);
+  ASSERT_TRUE(t->Step(One(Batch(rng, 8))).ok());
+  checkpoint::StateDict weights;
+  for (const auto& n : Export(*source).tensors) {
+    if (n.name.rfind("optimizer.", 0) != 0) weights.tensors.push_back(n);
+  }
+  EXPECT_EQ(t->LoadState(weights).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(t->LoadState(weights, Trainer::StepCount::kKeep).ok());
+  EXPECT_EQ(t->applied_steps(), 0);
+  EXPECT_EQ(t->steps_run(), 1);
+  const checkpoint::StateDict loaded = Export(*t);
+  const checkpoint::StateDict fresh = Export(*source);
+  for (size_t i = 0; i < loaded.tensors.size(); ++i) {
+    EXPECT_EQ(loaded.tensors[i].name, fresh.tensors[i].name);
+    EXPECT_TRUE(loaded.tensors[i].tensor.data == fresh.tensors[i].tensor.data)
+        << loaded.tensors[i].name;
+  }
+  // One optimizer tensor makes it a full state again, which then lacks the rest.
+  checkpoint::StateDict partial = weights;
+  partial.tensors.push_back(fresh.tensors[weights.tensors.size()]);
+  const absl::Status st = t->LoadState(partial, Trainer::StepCount::kKeep);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(std::string(st.message()).find(": missing"), std::string::npos) << st;
+}
+
 TEST(Trainer, LoadStateIsAllOrNothing) {
   auto t = MakeTrainer(MlpConfig(Precision::kFp16));
   ASSERT_TRUE(t);

@@ -584,6 +584,8 @@ std::string ActName(Activation act) {
       return "gelu";
     case Activation::kTanh:
       return "tanh";
+    case Activation::kGELUTanh:
+      return "gelu_tanh";
   }
   return "?";
 }

@@ -338,6 +338,8 @@ double RefAct(Activation act, double x) {
       return x * 0.5 * std::erfc(-x / std::sqrt(2.0));
     case Activation::kTanh:
       return std::tanh(x);
+    case Activation::kGELUTanh:
+      return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
   }
   return NAN;
 }
@@ -350,13 +352,19 @@ double RefActGrad(Activation act, double x) {
              x * std::exp(-0.5 * x * x) / std::sqrt(2.0 * M_PI);
     case Activation::kTanh:
       return 1.0 - std::tanh(x) * std::tanh(x);
+    case Activation::kGELUTanh: {
+      const double k = std::sqrt(2.0 / M_PI);
+      const double t = std::tanh(k * (x + 0.044715 * x * x * x));
+      return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x);
+    }
   }
   return NAN;
 }
 
 TEST_F(CpuOpsTest, ActivationsMatchReference) {
   for (const DType dt : kFloatTypes) {
-    for (const Activation act : {Activation::kReLU, Activation::kGELU, Activation::kTanh}) {
+    for (const Activation act :
+         {Activation::kReLU, Activation::kGELU, Activation::kTanh, Activation::kGELUTanh}) {
       std::vector<double> x = RandomValues(rng_, dt, 257, -5.0, 5.0);
       x[0] = 0.0;  // ReLU's derivative at exactly 0 is 0
       const std::vector<double> dy = RandomValues(rng_, dt, 257, -3.0, 3.0);

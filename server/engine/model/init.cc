@@ -30,4 +30,10 @@ kernels::RandomFill StandardNormalInit(uint64_t seed, uint64_t stream) {
   return f;
 }
 
+kernels::RandomFill NormalInit(uint64_t seed, uint64_t stream, float stddev) {
+  kernels::RandomFill f = StandardNormalInit(seed, stream);
+  f.stddev = stddev;
+  return f;
+}
+
 }  // namespace ampd::engine::model

@@ -21,5 +21,8 @@ float LinearInitBound(int64_t fan_in);
 kernels::RandomFill LinearUniformInit(uint64_t seed, uint64_t stream, int64_t fan_in);
 // torch.nn.Embedding: N(0, 1).
 kernels::RandomFill StandardNormalInit(uint64_t seed, uint64_t stream);
+// N(0, stddev^2): GPT-2's initialisation as nanoGPT writes it (0.02, and
+// 0.02 / sqrt(2 n_layer) for the projections into the residual stream).
+kernels::RandomFill NormalInit(uint64_t seed, uint64_t stream, float stddev);
 
 }  // namespace ampd::engine::model

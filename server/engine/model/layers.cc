@@ -77,33 +77,7 @@ absl::StatusOr<int64_t> WorkspaceBytes(const ModelSpec& spec, Precision precisio
 }
 
 Model::Model(const ModelSpec& spec, Precision precision, kernels::Backend& backend)
-    : spec_(spec),
-      working_dtype_(WorkingDType(precision)),
-      backend_(backend),
-      precision_(precision) {}
-
-absl::Status Model::AddParameter(int64_t layer, const char* suffix, const kernels::Shape& shape,
-                                 ParamInit init) {
-  Parameter p;
-  p.name = absl::StrCat("model.", layer, ".", suffix);
-  // Everything is drawn on the backend, straight into the master: no host
-  // staging vector, so a parameter too large for the device is refused by
-  // its allocation's Status and nothing on the host grows with it.
-  AMPD_ASSIGN_OR_RETURN(p.master, backend_.Allocate(DType::kF32, shape));
-  if (init.random) {
-    init.fill.stream = params_.size();
-    AMPD_RETURN_IF_ERROR(backend_.FillRandom(p.master, init.fill));
-  } else {
-    AMPD_RETURN_IF_ERROR(backend_.Fill(p.master, init.value));
-  }
-  if (working_dtype_ != DType::kF32) {
-    AMPD_ASSIGN_OR_RETURN(p.working, backend_.Allocate(working_dtype_, shape));
-  }
-  AMPD_ASSIGN_OR_RETURN(p.grad, backend_.Allocate(working_dtype_, shape));
-  parameter_count_ += p.master.numel();
-  params_.push_back(std::move(p));
-  return absl::OkStatus();
-}
+    : Network(spec, precision, backend) {}
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, Precision precision,
                                                      uint64_t seed, kernels::Backend& backend) {
@@ -114,17 +88,17 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, Prec
   m->widths_.push_back(width);
   for (size_t i = 0; i < spec.layers.size(); ++i) {
     const LayerSpec& l = spec.layers[i];
-    const auto idx = static_cast<int64_t>(i);
+    auto name = [i](const char* suffix) { return absl::StrCat("model.", i, ".", suffix); };
     LayerParams lp;
     switch (l.kind) {
       case LayerKind::kLinear: {
         const ParamInit uniform{true, LinearUniformInit(seed, 0, l.in_features)};
-        lp.weight = static_cast<int>(m->params_.size());
-        AMPD_RETURN_IF_ERROR(
-            m->AddParameter(idx, "weight", {l.out_features, l.in_features}, uniform));
+        AMPD_ASSIGN_OR_RETURN(
+            lp.weight, m->AddParameter(name("weight"), {l.out_features, l.in_features}, uniform,
+                                       /*plus_equal=*/false));
         if (l.bias) {
-          lp.bias = static_cast<int>(m->params_.size());
-          AMPD_RETURN_IF_ERROR(m->AddParameter(idx, "bias", {l.out_features}, uniform));
+          AMPD_ASSIGN_OR_RETURN(lp.bias, m->AddParameter(name("bias"), {l.out_features}, uniform,
+                                                         /*plus_equal=*/false));
         }
         width = l.out_features;
         break;
@@ -133,22 +107,20 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, Prec
         if (l.elementwise_affine) {
           ParamInit constant;
           constant.value = 1.0f;
-          lp.weight = static_cast<int>(m->params_.size());
-          AMPD_RETURN_IF_ERROR(m->AddParameter(idx, "weight", {l.normalized_shape}, constant));
+          AMPD_ASSIGN_OR_RETURN(lp.weight, m->AddParameter(name("weight"), {l.normalized_shape},
+                                                           constant, /*plus_equal=*/true));
           constant.value = 0.0f;
-          lp.bias = static_cast<int>(m->params_.size());
-          AMPD_RETURN_IF_ERROR(m->AddParameter(idx, "bias", {l.normalized_shape}, constant));
+          AMPD_ASSIGN_OR_RETURN(lp.bias, m->AddParameter(name("bias"), {l.normalized_shape},
+                                                         constant, /*plus_equal=*/true));
         }
         width = l.normalized_shape;
-        if (lp.weight >= 0) m->plus_equal_grads_.push_back(lp.weight);
-        if (lp.bias >= 0) m->plus_equal_grads_.push_back(lp.bias);
         break;
       case LayerKind::kEmbedding: {
-        lp.weight = static_cast<int>(m->params_.size());
-        AMPD_RETURN_IF_ERROR(m->AddParameter(idx, "weight", {l.num_embeddings, l.embedding_dim},
-                                             ParamInit{true, StandardNormalInit(seed, 0)}));
+        AMPD_ASSIGN_OR_RETURN(
+            lp.weight,
+            m->AddParameter(name("weight"), {l.num_embeddings, l.embedding_dim},
+                            ParamInit{true, StandardNormalInit(seed, 0)}, /*plus_equal=*/true));
         width = l.embedding_dim;
-        m->plus_equal_grads_.push_back(lp.weight);
         break;
       }
       default:
@@ -161,70 +133,44 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, Prec
   return m;
 }
 
-absl::Status Model::CastWorking() {
-  if (working_dtype_ == DType::kF32) return absl::OkStatus();
-  for (Parameter& p : params_) AMPD_RETURN_IF_ERROR(backend_.Cast(p.master, p.working));
-  return absl::OkStatus();
+absl::StatusOr<int64_t> Model::BytesFor(const kernels::Shape& input_shape) const {
+  return model::WorkspaceBytes(spec(), precision(), input_shape);
 }
 
-absl::Status Model::ZeroGrads() {
-  for (int p : plus_equal_grads_) AMPD_RETURN_IF_ERROR(backend_.Fill(params_[p].grad, 0.0f));
-  return absl::OkStatus();
-}
-
-absl::Status Model::AllocateWorkspace(int64_t rows, Workspace& ws) {
-  const size_t n_layers = spec_.layers.size();
+absl::StatusOr<std::unique_ptr<Workspace>> Model::NewWorkspace(const kernels::Shape& input_shape) {
+  if (input_shape.empty()) {
+    return absl::InvalidArgumentError("inputs: a batch needs at least one dimension");
+  }
+  const int64_t rows = input_shape[0];
+  auto owned = std::make_unique<LayerWorkspace>();
+  LayerWorkspace& ws = *owned;
+  const size_t n_layers = spec().layers.size();
   ws.rows = rows;
   ws.acts.resize(n_layers + 1);
   ws.grads.resize(n_layers + 1);
   ws.mean.resize(n_layers);
   ws.rstd.resize(n_layers);
-  const bool embedding_first = spec_.layers.front().kind == LayerKind::kEmbedding;
+  const bool embedding_first = spec().layers.front().kind == LayerKind::kEmbedding;
   for (size_t i = 0; i <= n_layers; ++i) {
     if (i == 0 && embedding_first) continue;  // ids: allocated in LoadBatch with the host dtype
-    AMPD_ASSIGN_OR_RETURN(ws.acts[i], backend_.Allocate(working_dtype_, {rows, widths_[i]}));
+    AMPD_ASSIGN_OR_RETURN(ws.acts[i], backend_.Allocate(working_dtype(), {rows, widths_[i]}));
     // No gradient for the inputs, except the scratch dx a LayerNorm first
     // layer's backward writes.
-    if (i == 0 && spec_.layers.front().kind != LayerKind::kLayerNorm) continue;
-    AMPD_ASSIGN_OR_RETURN(ws.grads[i], backend_.Allocate(working_dtype_, {rows, widths_[i]}));
+    if (i == 0 && spec().layers.front().kind != LayerKind::kLayerNorm) continue;
+    AMPD_ASSIGN_OR_RETURN(ws.grads[i], backend_.Allocate(working_dtype(), {rows, widths_[i]}));
   }
   for (size_t i = 0; i < n_layers; ++i) {
-    if (spec_.layers[i].kind != LayerKind::kLayerNorm) continue;
+    if (spec().layers[i].kind != LayerKind::kLayerNorm) continue;
     AMPD_ASSIGN_OR_RETURN(ws.mean[i], backend_.Allocate(DType::kF32, {rows}));
     AMPD_ASSIGN_OR_RETURN(ws.rstd[i], backend_.Allocate(DType::kF32, {rows}));
   }
-  return absl::OkStatus();
+  return std::unique_ptr<Workspace>(std::move(owned));
 }
 
 absl::StatusOr<Workspace*> Model::GetWorkspace(int64_t rows) {
-  auto it = workspaces_.find(rows);
-  if (it != workspaces_.end()) return &it->second;
-  if (workspaces_.size() >= kMaxWorkspaces) ReleaseWorkspaces();
-  AMPD_ASSIGN_OR_RETURN(const int64_t bytes, WorkspaceBytes(spec_, precision_, rows));
-  Workspace ws;
-  AMPD_RETURN_IF_ERROR(AllocateWorkspace(rows, ws));
-  cached_workspace_bytes_ = SaturatingAdd(cached_workspace_bytes_, bytes);
-  return &workspaces_.emplace(rows, std::move(ws)).first->second;
-}
-
-void Model::KeepWorkspaces(const std::vector<int64_t>& rows) {
-  for (auto it = workspaces_.begin(); it != workspaces_.end();) {
-    bool keep = false;
-    for (int64_t r : rows) keep = keep || r == it->first;
-    if (keep) {
-      ++it;
-      continue;
-    }
-    // Sizes in the cache were admitted by WorkspaceBytes, which cannot fail now.
-    absl::StatusOr<int64_t> bytes = WorkspaceBytes(spec_, precision_, it->first);
-    cached_workspace_bytes_ -= bytes.ok() ? *bytes : 0;
-    it = workspaces_.erase(it);
-  }
-}
-
-void Model::ReleaseWorkspaces() {
-  workspaces_.clear();
-  cached_workspace_bytes_ = 0;
+  const int64_t input_features = InputFeatures(spec());
+  return GetWorkspace(input_features == 0 ? kernels::Shape{rows}
+                                          : kernels::Shape{rows, input_features});
 }
 
 namespace {
@@ -240,11 +186,13 @@ absl::Status EnsureTensor(kernels::Backend& backend, DType dtype, const kernels:
 
 }  // namespace
 
-absl::Status Model::LoadBatch(const HostTensor& inputs, const HostTensor& targets, Workspace& ws) {
-  if (spec_.layers.front().kind == LayerKind::kEmbedding) {
+absl::Status Model::LoadBatch(const HostTensor& inputs, const HostTensor& targets, Workspace& any) {
+  AMPD_ASSIGN_OR_RETURN(LayerWorkspace * own, Own<LayerWorkspace>(any));
+  LayerWorkspace& ws = *own;
+  if (spec().layers.front().kind == LayerKind::kEmbedding) {
     AMPD_RETURN_IF_ERROR(EnsureTensor(backend_, inputs.dtype, inputs.shape, ws.acts[0]));
     AMPD_RETURN_IF_ERROR(backend_.CopyFromHost(inputs.data.data(), inputs.data.size(), ws.acts[0]));
-  } else if (inputs.dtype == working_dtype_) {
+  } else if (inputs.dtype == working_dtype()) {
     AMPD_RETURN_IF_ERROR(backend_.CopyFromHost(inputs.data.data(), inputs.data.size(), ws.acts[0]));
   } else {
     AMPD_RETURN_IF_ERROR(EnsureTensor(backend_, inputs.dtype, inputs.shape, ws.staging));
@@ -255,9 +203,11 @@ absl::Status Model::LoadBatch(const HostTensor& inputs, const HostTensor& target
   return backend_.CopyFromHost(targets.data.data(), targets.data.size(), ws.targets);
 }
 
-absl::Status Model::Forward(Workspace& ws) {
-  for (size_t i = 0; i < spec_.layers.size(); ++i) {
-    const LayerSpec& l = spec_.layers[i];
+absl::Status Model::Forward(Workspace& any) {
+  AMPD_ASSIGN_OR_RETURN(LayerWorkspace * own, Own<LayerWorkspace>(any));
+  LayerWorkspace& ws = *own;
+  for (size_t i = 0; i < spec().layers.size(); ++i) {
+    const LayerSpec& l = spec().layers[i];
     const LayerParams& lp = layer_params_[i];
     const Tensor& x = ws.acts[i];  // (N, in)
     Tensor& y = ws.acts[i + 1];    // (N, out)
@@ -265,16 +215,16 @@ absl::Status Model::Forward(Workspace& ws) {
       case LayerKind::kLinear:
         // y (N, out) = x (N, in) @ W^T, W (out, in); fp32 accumulation.
         AMPD_RETURN_IF_ERROR(
-            backend_.Gemm(false, true, 1.0f, x, params_[lp.weight].value(), 0.0f, y));
-        if (lp.bias >= 0) AMPD_RETURN_IF_ERROR(backend_.AddBias(params_[lp.bias].value(), y));
+            backend_.Gemm(false, true, 1.0f, x, params()[lp.weight].value(), 0.0f, y));
+        if (lp.bias >= 0) AMPD_RETURN_IF_ERROR(backend_.AddBias(params()[lp.bias].value(), y));
         break;
       case LayerKind::kLayerNorm:
         AMPD_RETURN_IF_ERROR(backend_.LayerNormForward(
-            x, lp.weight >= 0 ? &params_[lp.weight].value() : nullptr,
-            lp.bias >= 0 ? &params_[lp.bias].value() : nullptr, l.eps, y, ws.mean[i], ws.rstd[i]));
+            x, lp.weight >= 0 ? &params()[lp.weight].value() : nullptr,
+            lp.bias >= 0 ? &params()[lp.bias].value() : nullptr, l.eps, y, ws.mean[i], ws.rstd[i]));
         break;
       case LayerKind::kEmbedding:
-        AMPD_RETURN_IF_ERROR(backend_.EmbeddingForward(x, params_[lp.weight].value(), y));
+        AMPD_RETURN_IF_ERROR(backend_.EmbeddingForward(x, params()[lp.weight].value(), y));
         break;
       default:
         AMPD_RETURN_IF_ERROR(backend_.ActivationForward(ActivationOf(l.kind), x, y));
@@ -284,20 +234,24 @@ absl::Status Model::Forward(Workspace& ws) {
   return absl::OkStatus();
 }
 
-absl::Status Model::Loss(Workspace& ws, float grad_scale, Tensor& loss) {
+absl::Status Model::Loss(Workspace& any, float grad_scale, Tensor& loss) {
+  AMPD_ASSIGN_OR_RETURN(LayerWorkspace * own, Own<LayerWorkspace>(any));
+  LayerWorkspace& ws = *own;
   const Tensor& pred = ws.acts.back();  // (N, out)
   Tensor& dpred = ws.grads.back();      // (N, out)
-  if (spec_.loss == LossKind::kCrossEntropy) {
-    return backend_.CrossEntropyLoss(pred, ws.targets, spec_.loss_multiplier, grad_scale, loss,
+  if (spec().loss == LossKind::kCrossEntropy) {
+    return backend_.CrossEntropyLoss(pred, ws.targets, spec().loss_multiplier, grad_scale, loss,
                                      dpred);
   }
-  return backend_.MseLoss(pred, ws.targets, spec_.loss_multiplier, grad_scale, loss, dpred);
+  return backend_.MseLoss(pred, ws.targets, spec().loss_multiplier, grad_scale, loss, dpred);
 }
 
-absl::Status Model::Backward(Workspace& ws, bool first_micro_batch) {
+absl::Status Model::Backward(Workspace& any, bool first_micro_batch) {
+  AMPD_ASSIGN_OR_RETURN(LayerWorkspace * own, Own<LayerWorkspace>(any));
+  LayerWorkspace& ws = *own;
   const float beta = first_micro_batch ? 0.0f : 1.0f;
-  for (size_t i = spec_.layers.size(); i-- > 0;) {
-    const LayerSpec& l = spec_.layers[i];
+  for (size_t i = spec().layers.size(); i-- > 0;) {
+    const LayerSpec& l = spec().layers[i];
     const LayerParams& lp = layer_params_[i];
     const Tensor& x = ws.acts[i];                 // (N, in) layer input
     const Tensor& dy = ws.grads[i + 1];           // (N, out)
@@ -308,12 +262,12 @@ absl::Status Model::Backward(Workspace& ws, bool first_micro_batch) {
         // accumulates micro-batches in one rounding per element, so an inf
         // from any micro-batch survives (inf + x = inf).
         AMPD_RETURN_IF_ERROR(
-            backend_.Gemm(true, false, 1.0f, dy, x, beta, params_[lp.weight].grad));
-        if (lp.bias >= 0) AMPD_RETURN_IF_ERROR(backend_.BiasGrad(dy, beta, params_[lp.bias].grad));
+            backend_.Gemm(true, false, 1.0f, dy, x, beta, params()[lp.weight].grad));
+        if (lp.bias >= 0) AMPD_RETURN_IF_ERROR(backend_.BiasGrad(dy, beta, params()[lp.bias].grad));
         // dx (N, in) = dy (N, out) @ W (out, in).
         if (dx != nullptr) {
           AMPD_RETURN_IF_ERROR(
-              backend_.Gemm(false, false, 1.0f, dy, params_[lp.weight].value(), 0.0f, *dx));
+              backend_.Gemm(false, false, 1.0f, dy, params()[lp.weight].value(), 0.0f, *dx));
         }
         break;
       }
@@ -321,12 +275,12 @@ absl::Status Model::Backward(Workspace& ws, bool first_micro_batch) {
         // The backend always writes dx; a LayerNorm first layer writes it to
         // grads[0], a scratch buffer allocated for exactly that.
         AMPD_RETURN_IF_ERROR(backend_.LayerNormBackward(
-            x, lp.weight >= 0 ? &params_[lp.weight].value() : nullptr, ws.mean[i], ws.rstd[i], dy,
-            ws.grads[i], lp.weight >= 0 ? &params_[lp.weight].grad : nullptr,
-            lp.bias >= 0 ? &params_[lp.bias].grad : nullptr));
+            x, lp.weight >= 0 ? &params()[lp.weight].value() : nullptr, ws.mean[i], ws.rstd[i], dy,
+            ws.grads[i], lp.weight >= 0 ? &params()[lp.weight].grad : nullptr,
+            lp.bias >= 0 ? &params()[lp.bias].grad : nullptr));
         break;
       case LayerKind::kEmbedding:
-        AMPD_RETURN_IF_ERROR(backend_.EmbeddingBackward(x, dy, params_[lp.weight].grad));
+        AMPD_RETURN_IF_ERROR(backend_.EmbeddingBackward(x, dy, params()[lp.weight].grad));
         break;
       default:
         if (dx != nullptr) {

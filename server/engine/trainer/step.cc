@@ -113,22 +113,22 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   Impl& m = *impl_;
   AMPD_RETURN_IF_ERROR(ValidateStepInput(m.config.model, input));
   kernels::Backend& b = *m.backend;
-  model::Model& net = *m.model;
+  model::Network& net = *m.model;
   StepReport report;
 
   // Admission before allocation: the step's workspace, all of it, whether
   // cached already or not (a limit shared with other jobs must see what this
   // job holds during the step).
-  std::vector<int64_t> sizes;
+  std::vector<kernels::Shape> shapes;
   for (const MicroBatch& mb : input.micro_batches) {
-    const int64_t rows = mb.inputs.shape[0];
-    if (std::find(sizes.begin(), sizes.end(), rows) == sizes.end()) sizes.push_back(rows);
+    const kernels::Shape& shape = mb.inputs.shape;
+    if (std::find(shapes.begin(), shapes.end(), shape) == shapes.end()) shapes.push_back(shape);
   }
-  net.KeepWorkspaces(sizes);
+  net.KeepWorkspaces(shapes);
   int64_t need = 0;
-  for (int64_t rows : sizes) {
+  for (const kernels::Shape& shape : shapes) {
     AMPD_ASSIGN_OR_RETURN(const int64_t bytes,
-                          model::WorkspaceBytes(m.config.model, m.config.precision, rows));
+                          model::WorkspaceBytes(m.config.model, m.config.precision, shape));
     need = SaturatingAdd(need, bytes);
   }
   const int64_t capacity = b.MemoryCapacityBytes();
@@ -143,7 +143,7 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   if (admit) AMPD_RETURN_IF_ERROR(admit(need));
   // Whatever the outcome, a step's oversized buffers do not outlive it.
   struct TrimCache {
-    model::Model& net;
+    model::Network& net;
     ~TrimCache() {
       if (net.cached_workspace_bytes() > kMaxCachedWorkspaceBytes) net.ReleaseWorkspaces();
     }
@@ -165,9 +165,8 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
 
   for (int64_t i = 0; i < k; ++i) {
     const MicroBatch& mb = input.micro_batches[static_cast<size_t>(i)];
-    const int64_t rows = mb.inputs.shape[0];
-    report.samples += rows;
-    absl::StatusOr<model::Workspace*> ws = net.GetWorkspace(rows);
+    report.samples += mb.inputs.shape[0];
+    absl::StatusOr<model::Workspace*> ws = net.GetWorkspace(mb.inputs.shape);
     if (!ws.ok()) return ws.status();
     const Clock::time_point t0 = Clock::now();
     AMPD_RETURN_IF_ERROR(net.LoadBatch(mb.inputs, mb.targets, **ws));

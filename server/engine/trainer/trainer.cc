@@ -56,8 +56,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   auto impl = std::make_unique<Impl>(config, std::move(backend), *std::move(scaler));
   kernels::Backend& b = *impl->backend;
 
-  absl::StatusOr<std::unique_ptr<model::Model>> m =
-      model::Model::Create(config.model, config.precision, config.seed, b);
+  absl::StatusOr<std::unique_ptr<model::Network>> m =
+      model::CreateNetwork(config.model, config.precision, config.seed, b);
   if (!m.ok()) return m.status();
   impl->model = *std::move(m);
 

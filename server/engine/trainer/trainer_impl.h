@@ -10,7 +10,7 @@
 
 #include "kernels/backend.h"
 #include "server/engine/amp/grad_scaler.h"
-#include "server/engine/model/layers.h"
+#include "server/engine/model/network.h"
 #include "server/engine/optim/optimizer_state.h"
 #include "server/engine/trainer/trainer.h"
 
@@ -22,7 +22,7 @@ struct Trainer::Impl {
 
   JobConfig config;
   std::unique_ptr<kernels::Backend> backend;
-  std::unique_ptr<model::Model> model;
+  std::unique_ptr<model::Network> model;
   optim::OptimizerState optimizer;
   amp::GradScaler scaler;
   int64_t steps_run = 0;

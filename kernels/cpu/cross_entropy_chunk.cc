@@ -1,0 +1,94 @@
+// CrossEntropyChunk: token cross-entropy over one chunk of an LM head's
+// rows, with PyTorch's ignore_index, the oracle of the CUDA kernel. Per kept
+// row (fp32, max subtracted before exp, as CrossEntropyLoss):
+//   row loss = log(sum exp(z - max)) - (z[label] - max)
+//   dlogits  = grad_scale * (softmax(z) - onehot(label)), one rounding
+// and loss[0] += loss_scale * row loss, row after row in order (the CUDA
+// kernel adds the same per-row terms atomically, in whatever order its
+// blocks finish). Ignored rows get a zero gradient and add nothing.
+//
+// Labels are all checked before anything is written, so a bad batch leaves
+// loss and dlogits untouched. Rows are split over the thread pool; each
+// row's loss lands in its own slot and the slots are added in row order, so
+// the result does not depend on the thread count. dlogits may be logits
+// itself: a row is widened into scratch before any of it is written.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/cpu/cpu_internal.h"
+
+namespace ampd::kernels::cpu {
+
+absl::Status CrossEntropyChunk(ThreadPool& pool, const Tensor& logits, const Tensor& labels,
+                               int64_t ignore_index, float loss_scale, float grad_scale,
+                               Tensor& loss, Tensor& dlogits) {
+  constexpr absl::string_view kOp = "CrossEntropyChunk";
+  AMPD_RETURN_IF_ERROR(ValidateCrossEntropyChunk(logits, labels, loss, dlogits));
+  const int64_t rows = logits.dim(0);     // N
+  const int64_t classes = logits.dim(1);  // V
+  for (int64_t n = 0; n < rows; ++n) {
+    const int64_t label = LoadIndex(labels, n);
+    if (label != ignore_index && (label < 0 || label >= classes)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kOp, ": labels[", n, "] = ", label, " is outside [0, ", classes,
+                       ") and is not ignore_index (", ignore_index, ")"));
+    }
+  }
+  if (rows == 0) return absl::OkStatus();
+
+  thread_local std::vector<float> row_loss;  // (N): each kept row's loss, 0 when ignored
+  row_loss.assign(static_cast<size_t>(rows), 0.0f);
+  float* row_losses = row_loss.data();
+  const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / classes);
+  AMPD_RETURN_IF_ERROR(VisitFloat(logits.dtype(), [&](auto tag) {
+    using Tag = decltype(tag);
+    const auto* z = Ptr<Tag>(logits);  // (N, V)
+    auto* dz = Ptr<Tag>(dlogits);      // (N, V), possibly z itself
+    pool.ParallelFor(rows, grain, [&](int64_t begin, int64_t end) {
+      thread_local std::vector<float> scratch;  // (V): widened logits, then exp
+      scratch.resize(static_cast<size_t>(classes));
+      float* row = scratch.data();
+      for (int64_t n = begin; n < end; ++n) {
+        const int64_t label = LoadIndex(labels, n);
+        auto* dzr = dz + n * classes;
+        if (label == ignore_index) {
+          for (int64_t v = 0; v < classes; ++v) dzr[v] = Tag::Store(0.0f);
+          continue;
+        }
+        const auto* zr = z + n * classes;
+        float max = -INFINITY;
+        for (int64_t v = 0; v < classes; ++v) {
+          row[v] = Tag::Load(zr[v]);
+          max = std::fmax(max, row[v]);
+        }
+        const float label_logit = row[label];
+        ChunkedSum sum_exp;
+        for (int64_t v = 0; v < classes; ++v) {
+          row[v] = std::exp(row[v] - max);
+          sum_exp.Add(row[v]);
+        }
+        const float sum = sum_exp.Total();
+        // log(sum) - (z[label] - max), not (max + log(sum)) - z[label],
+        // which cancels when the logits are large.
+        row_losses[n] = std::log(sum) - (label_logit - max);
+        const float inv_sum = 1.0f / sum;
+        for (int64_t v = 0; v < classes; ++v) {
+          const float softmax = row[v] * inv_sum;
+          dzr[v] = Tag::Store(grad_scale * (v == label ? softmax - 1.0f : softmax));
+        }
+      }
+    });
+    return absl::OkStatus();
+  }));
+  float total = loss.data_as<float>()[0];
+  for (int64_t n = 0; n < rows; ++n) {
+    if (LoadIndex(labels, n) != ignore_index) total += loss_scale * row_losses[n];
+  }
+  loss.data_as<float>()[0] = total;
+  return absl::OkStatus();
+}
+
+}  // namespace ampd::kernels::cpu

@@ -1,0 +1,75 @@
+// GptModel::Backward: from dh (ws.d_ln, written by Loss) back through ln_f,
+// the blocks in reverse and the embeddings. d_res carries the residual
+// stream's gradient; each branch adds its LayerNorm's dx into it. Conv1D
+// weights W (in, out) with y = x W: dW = x^T dy (beta = 0 on the first
+// micro-batch, 1 after), dx = dy W^T.
+#include "common/status_macros.h"
+#include "server/engine/model/gpt/gpt_model.h"
+#include "server/engine/model/gpt/gpt_workspace.h"
+
+namespace ampd::engine::model {
+
+using kernels::Tensor;
+
+absl::Status GptModel::Backward(Workspace& any, bool first_micro_batch) {
+  AMPD_ASSIGN_OR_RETURN(GptWorkspace * own, Own<GptWorkspace>(any));
+  GptWorkspace& ws = *own;
+  kernels::Backend& b = backend_;
+  const GptSpec& g = gpt();
+  const int64_t c = g.d_model;
+  const float beta = first_micro_batch ? 0.0f : 1.0f;
+  std::vector<Parameter>& ps = params();
+  auto value = [&ps](int index) -> const Tensor& { return ps[index].value(); };
+  auto grad = [&ps](int index) -> Tensor& { return ps[index].grad; };
+
+  // ln_f: d_res = dL/dx_L.
+  AMPD_RETURN_IF_ERROR(b.LayerNormBackward(ws.x.back(), &value(ln_f_weight_), ws.mean_f, ws.rstd_f,
+                                           ws.d_ln, ws.d_res, &grad(ln_f_weight_),
+                                           &grad(ln_f_bias_)));
+  for (size_t l = blocks_.size(); l-- > 0;) {
+    const BlockParams& p = blocks_[l];
+    GptWorkspace::Block& s = ws.blocks[l];
+    // MLP branch; d_res = dL/dx_{l+1}.
+    AMPD_RETURN_IF_ERROR(
+        b.Gemm(true, false, 1.0f, s.fc_post, ws.d_res, beta, grad(p.mlp_proj_weight)));
+    AMPD_RETURN_IF_ERROR(b.BiasGrad(ws.d_res, beta, grad(p.mlp_proj_bias)));
+    AMPD_RETURN_IF_ERROR(
+        b.Gemm(false, true, 1.0f, ws.d_res, value(p.mlp_proj_weight), 0.0f, ws.d_fc));
+    AMPD_RETURN_IF_ERROR(
+        b.ActivationBackward(kernels::Activation::kGELUTanh, s.fc_pre, ws.d_fc, ws.d_pre));
+    AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, s.ln_2, ws.d_pre, beta, grad(p.c_fc_weight)));
+    AMPD_RETURN_IF_ERROR(b.BiasGrad(ws.d_pre, beta, grad(p.c_fc_bias)));
+    AMPD_RETURN_IF_ERROR(b.Gemm(false, true, 1.0f, ws.d_pre, value(p.c_fc_weight), 0.0f, ws.d_ln));
+    AMPD_RETURN_IF_ERROR(b.LayerNormBackward(s.resid, &value(p.ln_2_weight), s.mean_2, s.rstd_2,
+                                             ws.d_ln, ws.d_tmp, &grad(p.ln_2_weight),
+                                             &grad(p.ln_2_bias)));
+    AMPD_RETURN_IF_ERROR(b.Add(ws.d_tmp, ws.d_res));
+    // Attention branch; d_res = dL/dr_l. d_tmp holds the attention
+    // output's gradient until LayerNorm's dx overwrites it.
+    AMPD_RETURN_IF_ERROR(
+        b.Gemm(true, false, 1.0f, s.attn_y, ws.d_res, beta, grad(p.attn_proj_weight)));
+    AMPD_RETURN_IF_ERROR(b.BiasGrad(ws.d_res, beta, grad(p.attn_proj_bias)));
+    AMPD_RETURN_IF_ERROR(
+        b.Gemm(false, true, 1.0f, ws.d_res, value(p.attn_proj_weight), 0.0f, ws.d_tmp));
+    AMPD_ASSIGN_OR_RETURN(const Tensor qkv, s.qkv.View(0, {ws.batch, ws.seq, 3 * c}));
+    AMPD_ASSIGN_OR_RETURN(const Tensor d_attn_y, ws.d_tmp.View(0, {ws.batch, ws.seq, c}));
+    AMPD_ASSIGN_OR_RETURN(Tensor d_qkv, ws.d_qkv.View(0, {ws.batch, ws.seq, 3 * c}));
+    AMPD_RETURN_IF_ERROR(b.AttentionBackward(qkv, s.att, d_attn_y, g.n_head, ws.d_att, d_qkv));
+    AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, s.ln_1, ws.d_qkv, beta, grad(p.c_attn_weight)));
+    AMPD_RETURN_IF_ERROR(b.BiasGrad(ws.d_qkv, beta, grad(p.c_attn_bias)));
+    AMPD_RETURN_IF_ERROR(
+        b.Gemm(false, true, 1.0f, ws.d_qkv, value(p.c_attn_weight), 0.0f, ws.d_ln));
+    AMPD_RETURN_IF_ERROR(b.LayerNormBackward(ws.x[l], &value(p.ln_1_weight), s.mean_1, s.rstd_1,
+                                             ws.d_ln, ws.d_tmp, &grad(p.ln_1_weight),
+                                             &grad(p.ln_1_bias)));
+    AMPD_RETURN_IF_ERROR(b.Add(ws.d_tmp, ws.d_res));
+  }
+  // d_res = dL/dx_0: scatter into wte's rows, and the sum over the batch
+  // into wpe's first T rows (both accumulate; ZeroGrads cleared them).
+  AMPD_RETURN_IF_ERROR(b.EmbeddingBackward(ws.ids, ws.d_res, grad(wte_)));
+  AMPD_ASSIGN_OR_RETURN(const Tensor d_rows, ws.d_res.View(0, {ws.batch, ws.seq * c}));
+  AMPD_ASSIGN_OR_RETURN(Tensor d_positions, grad(wpe_).View(0, {ws.seq * c}));
+  return b.BiasGrad(d_rows, 1.0f, d_positions);
+}
+
+}  // namespace ampd::engine::model

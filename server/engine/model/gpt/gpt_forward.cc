@@ -1,0 +1,60 @@
+// GptModel::Forward: embeddings, the blocks and the final LayerNorm,
+// saving what the backward pass reads (gpt_workspace.h). The LM head runs
+// in Loss (gpt_lm_head.cc), fused with the cross-entropy.
+#include "common/status_macros.h"
+#include "server/engine/model/gpt/gpt_model.h"
+#include "server/engine/model/gpt/gpt_workspace.h"
+
+namespace ampd::engine::model {
+
+using kernels::Tensor;
+
+absl::Status GptModel::Forward(Workspace& any) {
+  AMPD_ASSIGN_OR_RETURN(GptWorkspace * own, Own<GptWorkspace>(any));
+  GptWorkspace& ws = *own;
+  kernels::Backend& b = backend_;
+  const GptSpec& g = gpt();
+  const int64_t c = g.d_model;
+  const float eps = g.layer_norm_eps;
+  auto value = [this](int index) -> const Tensor& { return params()[index].value(); };
+
+  // x_0 = wte[ids] + wpe[0..T): the position rows broadcast over the batch
+  // as one bias of T*C over (B, T*C).
+  AMPD_RETURN_IF_ERROR(b.EmbeddingForward(ws.ids, value(wte_), ws.x[0]));
+  AMPD_ASSIGN_OR_RETURN(const Tensor positions, value(wpe_).View(0, {ws.seq * c}));
+  AMPD_ASSIGN_OR_RETURN(Tensor x0_rows, ws.x[0].View(0, {ws.batch, ws.seq * c}));
+  AMPD_RETURN_IF_ERROR(b.AddBias(positions, x0_rows));
+
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    const BlockParams& p = blocks_[l];
+    GptWorkspace::Block& s = ws.blocks[l];
+    const Tensor& x = ws.x[l];
+    Tensor& x_next = ws.x[l + 1];
+    // Attention branch: r_l = x_l + c_proj(attention(c_attn(ln_1(x_l)))).
+    AMPD_RETURN_IF_ERROR(b.LayerNormForward(x, &value(p.ln_1_weight), &value(p.ln_1_bias), eps,
+                                            s.ln_1, s.mean_1, s.rstd_1));
+    AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, s.ln_1, value(p.c_attn_weight), 0.0f, s.qkv));
+    AMPD_RETURN_IF_ERROR(b.AddBias(value(p.c_attn_bias), s.qkv));
+    AMPD_ASSIGN_OR_RETURN(const Tensor qkv, s.qkv.View(0, {ws.batch, ws.seq, 3 * c}));
+    AMPD_ASSIGN_OR_RETURN(Tensor attn_y, s.attn_y.View(0, {ws.batch, ws.seq, c}));
+    AMPD_RETURN_IF_ERROR(b.AttentionForward(qkv, g.n_head, s.att, attn_y));
+    AMPD_RETURN_IF_ERROR(
+        b.Gemm(false, false, 1.0f, s.attn_y, value(p.attn_proj_weight), 0.0f, s.resid));
+    AMPD_RETURN_IF_ERROR(b.AddBias(value(p.attn_proj_bias), s.resid));
+    AMPD_RETURN_IF_ERROR(b.Add(x, s.resid));
+    // MLP branch: x_{l+1} = r_l + c_proj(gelu_tanh(c_fc(ln_2(r_l)))).
+    AMPD_RETURN_IF_ERROR(b.LayerNormForward(s.resid, &value(p.ln_2_weight), &value(p.ln_2_bias),
+                                            eps, s.ln_2, s.mean_2, s.rstd_2));
+    AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, s.ln_2, value(p.c_fc_weight), 0.0f, s.fc_pre));
+    AMPD_RETURN_IF_ERROR(b.AddBias(value(p.c_fc_bias), s.fc_pre));
+    AMPD_RETURN_IF_ERROR(b.ActivationForward(kernels::Activation::kGELUTanh, s.fc_pre, s.fc_post));
+    AMPD_RETURN_IF_ERROR(
+        b.Gemm(false, false, 1.0f, s.fc_post, value(p.mlp_proj_weight), 0.0f, x_next));
+    AMPD_RETURN_IF_ERROR(b.AddBias(value(p.mlp_proj_bias), x_next));
+    AMPD_RETURN_IF_ERROR(b.Add(s.resid, x_next));
+  }
+  return b.LayerNormForward(ws.x.back(), &value(ln_f_weight_), &value(ln_f_bias_), eps, ws.ln_f,
+                            ws.mean_f, ws.rstd_f);
+}
+
+}  // namespace ampd::engine::model

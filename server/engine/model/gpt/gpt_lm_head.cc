@@ -1,0 +1,53 @@
+// GptModel::Loss: the LM head fused with the token cross-entropy, over row
+// chunks of ln_f's output so that at most one chunk of logits exists (see
+// kLmHeadChunkBytes). Per chunk of r rows, h (r, C), W the head (V, C):
+//   logits (r, V) = h W^T
+//   CrossEntropyChunk: loss += multiplier / kept * sum of the chunk's
+//     per-token losses; logits <- dlogits = grad_scale * multiplier / kept
+//     * (softmax - onehot), 0 on ignored rows (in place)
+//   dh (r, C) = dlogits W          (into ws.d_ln, where Backward starts)
+//   dW (V, C) += dlogits^T h       (the head's gradient: wte's when tied)
+// kept, the micro-batch's targets other than kIgnoreIndex, was counted on
+// the host by LoadBatch, so the mean needs no device read.
+#include <algorithm>
+
+#include "common/status_macros.h"
+#include "server/engine/model/gpt/gpt_model.h"
+#include "server/engine/model/gpt/gpt_workspace.h"
+
+namespace ampd::engine::model {
+
+using kernels::Tensor;
+
+absl::Status GptModel::Loss(Workspace& any, float grad_scale, Tensor& loss) {
+  AMPD_ASSIGN_OR_RETURN(GptWorkspace * own, Own<GptWorkspace>(any));
+  GptWorkspace& ws = *own;
+  if (ws.kept <= 0) {
+    return absl::FailedPreconditionError("targets: no target to average over (LoadBatch first)");
+  }
+  kernels::Backend& b = backend_;
+  const GptSpec& g = gpt();
+  const int64_t c = g.d_model;
+  const int64_t v = g.vocab_size;
+  Parameter& head = params()[head_weight()];
+  const double per_target =
+      static_cast<double>(spec().loss_multiplier) / static_cast<double>(ws.kept);
+  const auto loss_scale = static_cast<float>(per_target);
+  const auto logit_grad_scale = static_cast<float>(static_cast<double>(grad_scale) * per_target);
+  AMPD_RETURN_IF_ERROR(b.Fill(loss, 0.0f));
+  for (int64_t start = 0; start < ws.rows; start += ws.chunk_rows) {
+    const int64_t r = std::min(ws.chunk_rows, ws.rows - start);
+    AMPD_ASSIGN_OR_RETURN(const Tensor h, ws.ln_f.View(start * c, {r, c}));
+    AMPD_ASSIGN_OR_RETURN(Tensor dh, ws.d_ln.View(start * c, {r, c}));
+    AMPD_ASSIGN_OR_RETURN(const Tensor labels, ws.targets.View(start, {r}));
+    AMPD_ASSIGN_OR_RETURN(Tensor logits, ws.logits.View(0, {r, v}));
+    AMPD_RETURN_IF_ERROR(b.Gemm(false, true, 1.0f, h, head.value(), 0.0f, logits));
+    AMPD_RETURN_IF_ERROR(b.CrossEntropyChunk(logits, labels, kIgnoreIndex, loss_scale,
+                                             logit_grad_scale, loss, logits));
+    AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, logits, head.value(), 0.0f, dh));
+    AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, logits, h, 1.0f, head.grad));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ampd::engine::model

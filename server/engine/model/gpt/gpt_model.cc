@@ -1,0 +1,254 @@
+// GptModel: its parameters and their initialisation, the workspace of one
+// (B, T) shape and its byte count, and loading a micro-batch.
+#include "server/engine/model/gpt/gpt_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/checked_math.h"
+#include "common/status_macros.h"
+#include "server/engine/model/gpt/gpt_workspace.h"
+#include "server/engine/model/init.h"
+
+namespace ampd::engine::model {
+
+using kernels::DType;
+using kernels::Tensor;
+
+namespace {
+
+constexpr float kInitStddev = 0.02f;
+
+// (B, T) with B >= 1 and 1 <= T <= context_length.
+absl::Status CheckInputShape(const GptSpec& gpt, const kernels::Shape& shape) {
+  if (shape.size() != 2 || shape[0] < 1 || shape[1] < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("inputs: a GPT takes (B, T) token ids with B, T >= 1, got ",
+                     kernels::ShapeToString(shape)));
+  }
+  if (shape[1] > gpt.context_length) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("inputs: T = ", shape[1], " exceeds context_length ", gpt.context_length));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int64_t LmHeadChunkRows(const GptSpec& gpt, Precision precision, int64_t rows) {
+  const auto element = static_cast<int64_t>(kernels::SizeOf(WorkingDType(precision)));
+  const int64_t row_bytes = SaturatingMul(gpt.vocab_size, element);
+  return std::clamp<int64_t>(kLmHeadChunkBytes / row_bytes, 1, std::max<int64_t>(rows, 1));
+}
+
+absl::StatusOr<int64_t> GptWorkspaceBytes(const ModelSpec& spec, Precision precision,
+                                          const kernels::Shape& input_shape) {
+  AMPD_RETURN_IF_ERROR(ValidateModelSpec(spec));
+  if (!spec.gpt.has_value()) return absl::InvalidArgumentError("gpt: not set");
+  const GptSpec& g = *spec.gpt;
+  AMPD_RETURN_IF_ERROR(CheckInputShape(g, input_shape));
+  const int64_t b = input_shape[0];
+  const int64_t t = input_shape[1];
+  const int64_t c = g.d_model;
+  const int64_t h = g.mlp_ratio * c;  // validated: no overflow
+  const auto w = static_cast<int64_t>(kernels::SizeOf(WorkingDType(precision)));
+  bool ok = true;
+  // a * b * c * d, remembering any overflow.
+  auto product = [&ok](std::initializer_list<int64_t> factors) {
+    int64_t p = 1;
+    for (int64_t f : factors) ok = ok && CheckedMul(p, f, &p);
+    return ok ? p : 0;
+  };
+  const int64_t n = product({b, t});
+  const int64_t att = product({b, g.n_head, t, t, w});
+  // Per block: ln_1, attn_y, resid, ln_2 (4 N C), qkv (3 N C), fc pre/post
+  // (2 N H), att, and four (N) F32 statistics.
+  int64_t block = 0;
+  for (int64_t part : {product({7, n, c, w}), product({2, n, h, w}), att, product({4, n, 4})}) {
+    ok = ok && CheckedAdd(block, part, &block);
+  }
+  int64_t total = product({g.n_layer, block});
+  for (int64_t part : {
+           product({g.n_layer + 2, n, c, w}),  // x_0..x_L and ln_f's output
+           product({2, n, 4}),                 // ln_f's mean and rstd
+           product({6, n, c, w}),              // d_res, d_tmp, d_ln, d_qkv (3 N C)
+           product({2, n, h, w}),              // d_fc, d_pre
+           att,                                // d_att
+           product({LmHeadChunkRows(g, precision, n), g.vocab_size, w}),
+           product({2, n, 8}),  // ids and targets, I64 at most
+       }) {
+    ok = ok && CheckedAdd(total, part, &total);
+  }
+  if (!ok) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("micro_batches: inputs ", kernels::ShapeToString(input_shape),
+                     " through this model need more than 2^63 bytes"));
+  }
+  return total;
+}
+
+GptModel::GptModel(const ModelSpec& spec, Precision precision, kernels::Backend& backend)
+    : Network(spec, precision, backend) {}
+
+absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const ModelSpec& spec,
+                                                           Precision precision, uint64_t seed,
+                                                           kernels::Backend& backend) {
+  AMPD_RETURN_IF_ERROR(ValidateModelSpec(spec));
+  if (!spec.gpt.has_value()) return absl::InvalidArgumentError("gpt: not set");
+  std::unique_ptr<GptModel> m(new GptModel(spec, precision, backend));
+  const GptSpec& g = *spec.gpt;
+  const int64_t c = g.d_model;
+  const int64_t h = g.mlp_ratio * c;
+  const ParamInit normal{true, NormalInit(seed, 0, kInitStddev)};
+  const ParamInit residual{
+      true, NormalInit(
+                seed, 0,
+                static_cast<float>(kInitStddev / std::sqrt(2.0 * static_cast<double>(g.n_layer))))};
+  ParamInit zeros;
+  ParamInit ones;
+  ones.value = 1.0f;
+  // Gradients that only accumulate (+=): the embeddings (scatter-add, and
+  // the tied LM head's chunks), the position table (only its first T rows
+  // are written), LayerNorms and an untied LM head (its chunks add up).
+  const bool kPlusEqual = true;
+  const bool kGemm = false;
+  auto add = [&](const std::string& name, const kernels::Shape& shape, const ParamInit& init,
+                 bool plus_equal) { return m->AddParameter(name, shape, init, plus_equal); };
+  AMPD_ASSIGN_OR_RETURN(m->wte_,
+                        add("transformer.wte.weight", {g.vocab_size, c}, normal, kPlusEqual));
+  AMPD_ASSIGN_OR_RETURN(m->wpe_,
+                        add("transformer.wpe.weight", {g.context_length, c}, normal, kPlusEqual));
+  for (int64_t i = 0; i < g.n_layer; ++i) {
+    const std::string p = absl::StrCat("transformer.h.", i, ".");
+    BlockParams b{};
+    AMPD_ASSIGN_OR_RETURN(b.ln_1_weight, add(p + "ln_1.weight", {c}, ones, kPlusEqual));
+    AMPD_ASSIGN_OR_RETURN(b.ln_1_bias, add(p + "ln_1.bias", {c}, zeros, kPlusEqual));
+    AMPD_ASSIGN_OR_RETURN(b.c_attn_weight,
+                          add(p + "attn.c_attn.weight", {c, 3 * c}, normal, kGemm));
+    AMPD_ASSIGN_OR_RETURN(b.c_attn_bias, add(p + "attn.c_attn.bias", {3 * c}, zeros, kGemm));
+    AMPD_ASSIGN_OR_RETURN(b.attn_proj_weight,
+                          add(p + "attn.c_proj.weight", {c, c}, residual, kGemm));
+    AMPD_ASSIGN_OR_RETURN(b.attn_proj_bias, add(p + "attn.c_proj.bias", {c}, zeros, kGemm));
+    AMPD_ASSIGN_OR_RETURN(b.ln_2_weight, add(p + "ln_2.weight", {c}, ones, kPlusEqual));
+    AMPD_ASSIGN_OR_RETURN(b.ln_2_bias, add(p + "ln_2.bias", {c}, zeros, kPlusEqual));
+    AMPD_ASSIGN_OR_RETURN(b.c_fc_weight, add(p + "mlp.c_fc.weight", {c, h}, normal, kGemm));
+    AMPD_ASSIGN_OR_RETURN(b.c_fc_bias, add(p + "mlp.c_fc.bias", {h}, zeros, kGemm));
+    AMPD_ASSIGN_OR_RETURN(b.mlp_proj_weight, add(p + "mlp.c_proj.weight", {h, c}, residual, kGemm));
+    AMPD_ASSIGN_OR_RETURN(b.mlp_proj_bias, add(p + "mlp.c_proj.bias", {c}, zeros, kGemm));
+    m->blocks_.push_back(b);
+  }
+  AMPD_ASSIGN_OR_RETURN(m->ln_f_weight_, add("transformer.ln_f.weight", {c}, ones, kPlusEqual));
+  AMPD_ASSIGN_OR_RETURN(m->ln_f_bias_, add("transformer.ln_f.bias", {c}, zeros, kPlusEqual));
+  if (!g.tie_embeddings) {
+    AMPD_ASSIGN_OR_RETURN(m->lm_head_,
+                          add("lm_head.weight", {g.vocab_size, c}, normal, kPlusEqual));
+  }
+  AMPD_RETURN_IF_ERROR(m->CastWorking());
+  return m;
+}
+
+absl::StatusOr<int64_t> GptModel::BytesFor(const kernels::Shape& input_shape) const {
+  return GptWorkspaceBytes(spec(), precision(), input_shape);
+}
+
+absl::StatusOr<std::unique_ptr<Workspace>> GptModel::NewWorkspace(
+    const kernels::Shape& input_shape) {
+  AMPD_RETURN_IF_ERROR(CheckInputShape(gpt(), input_shape));
+  const GptSpec& g = gpt();
+  auto owned = std::make_unique<GptWorkspace>();
+  GptWorkspace& ws = *owned;
+  ws.batch = input_shape[0];
+  ws.seq = input_shape[1];
+  ws.rows = ws.batch * ws.seq;  // BytesFor checked every product first
+  ws.chunk_rows = LmHeadChunkRows(g, precision(), ws.rows);
+  const int64_t n = ws.rows;
+  const int64_t c = g.d_model;
+  const int64_t h = g.mlp_ratio * c;
+  const DType w = working_dtype();
+  const kernels::Shape att_shape{ws.batch, g.n_head, ws.seq, ws.seq};
+  auto alloc = [&](DType dtype, const kernels::Shape& shape, Tensor& t) -> absl::Status {
+    AMPD_ASSIGN_OR_RETURN(t, backend_.Allocate(dtype, shape));
+    return absl::OkStatus();
+  };
+  ws.x.resize(static_cast<size_t>(g.n_layer + 1));
+  for (Tensor& t : ws.x) AMPD_RETURN_IF_ERROR(alloc(w, {n, c}, t));
+  ws.blocks.resize(static_cast<size_t>(g.n_layer));
+  for (GptWorkspace::Block& b : ws.blocks) {
+    AMPD_RETURN_IF_ERROR(alloc(w, {n, c}, b.ln_1));
+    AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n}, b.mean_1));
+    AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n}, b.rstd_1));
+    AMPD_RETURN_IF_ERROR(alloc(w, {n, 3 * c}, b.qkv));
+    AMPD_RETURN_IF_ERROR(alloc(w, att_shape, b.att));
+    AMPD_RETURN_IF_ERROR(alloc(w, {n, c}, b.attn_y));
+    AMPD_RETURN_IF_ERROR(alloc(w, {n, c}, b.resid));
+    AMPD_RETURN_IF_ERROR(alloc(w, {n, c}, b.ln_2));
+    AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n}, b.mean_2));
+    AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n}, b.rstd_2));
+    AMPD_RETURN_IF_ERROR(alloc(w, {n, h}, b.fc_pre));
+    AMPD_RETURN_IF_ERROR(alloc(w, {n, h}, b.fc_post));
+  }
+  AMPD_RETURN_IF_ERROR(alloc(w, {n, c}, ws.ln_f));
+  AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n}, ws.mean_f));
+  AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n}, ws.rstd_f));
+  AMPD_RETURN_IF_ERROR(alloc(w, {n, c}, ws.d_res));
+  AMPD_RETURN_IF_ERROR(alloc(w, {n, c}, ws.d_tmp));
+  AMPD_RETURN_IF_ERROR(alloc(w, {n, c}, ws.d_ln));
+  AMPD_RETURN_IF_ERROR(alloc(w, {n, h}, ws.d_fc));
+  AMPD_RETURN_IF_ERROR(alloc(w, {n, h}, ws.d_pre));
+  AMPD_RETURN_IF_ERROR(alloc(w, {n, 3 * c}, ws.d_qkv));
+  AMPD_RETURN_IF_ERROR(alloc(w, att_shape, ws.d_att));
+  AMPD_RETURN_IF_ERROR(alloc(w, {ws.chunk_rows, g.vocab_size}, ws.logits));
+  return std::unique_ptr<Workspace>(std::move(owned));
+}
+
+namespace {
+
+// Reallocates t when its dtype or shape differs from the wanted one (ids and
+// targets follow the client's I32/I64 choice; this happens once per change).
+absl::Status EnsureTensor(kernels::Backend& backend, DType dtype, const kernels::Shape& shape,
+                          Tensor& t) {
+  if (!t.empty() && t.dtype() == dtype && t.shape() == shape) return absl::OkStatus();
+  AMPD_ASSIGN_OR_RETURN(t, backend.Allocate(dtype, shape));
+  return absl::OkStatus();
+}
+
+int64_t CountKept(const HostTensor& targets) {
+  const int64_t n = kernels::NumElements(targets.shape);
+  int64_t kept = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t v = 0;
+    if (targets.dtype == DType::kI32) {
+      int32_t x = 0;
+      std::memcpy(&x, targets.data.data() + i * 4, 4);
+      v = x;
+    } else {
+      std::memcpy(&v, targets.data.data() + i * 8, 8);
+    }
+    kept += v != kIgnoreIndex ? 1 : 0;
+  }
+  return kept;
+}
+
+}  // namespace
+
+absl::Status GptModel::LoadBatch(const HostTensor& inputs, const HostTensor& targets,
+                                 Workspace& any) {
+  AMPD_ASSIGN_OR_RETURN(GptWorkspace * ws, Own<GptWorkspace>(any));
+  if (inputs.shape != ws->shape() || targets.shape != ws->shape()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("inputs: ", kernels::ShapeToString(inputs.shape), " and targets ",
+                     kernels::ShapeToString(targets.shape), " do not match the workspace's ",
+                     kernels::ShapeToString(ws->shape())));
+  }
+  ws->kept = CountKept(targets);
+  AMPD_RETURN_IF_ERROR(EnsureTensor(backend_, inputs.dtype, {ws->rows}, ws->ids));
+  AMPD_RETURN_IF_ERROR(backend_.CopyFromHost(inputs.data.data(), inputs.data.size(), ws->ids));
+  AMPD_RETURN_IF_ERROR(EnsureTensor(backend_, targets.dtype, {ws->rows}, ws->targets));
+  return backend_.CopyFromHost(targets.data.data(), targets.data.size(), ws->targets);
+}
+
+}  // namespace ampd::engine::model

@@ -1,0 +1,122 @@
+// GptModel: a GPT-2-style decoder-only transformer (GptSpec) as a Network.
+//
+// Forward, per micro-batch of B sequences of T tokens (N = B*T rows, C =
+// d_model, H = mlp_ratio * C, V = vocab_size), in the working dtype with
+// fp32 accumulation:
+//   x_0 = wte[ids] + wpe[0..T)
+//   per block l:  a = ln_1(x_l); qkv = a c_attn.W + b (Conv1D: W is (in, out))
+//                 y = causal attention(qkv); r_l = x_l + y attn.c_proj.W + b
+//                 m = ln_2(r_l); f = gelu_tanh(m c_fc.W + b)
+//                 x_{l+1} = r_l + f mlp.c_proj.W + b
+//   h = ln_f(x_L); logits = h W_head^T, W_head = wte (tied) or lm_head.weight
+// The LM head is fused with the cross-entropy in Loss and runs over row
+// chunks of at most kLmHeadChunkBytes of logits, so the (N, V) logits never
+// exist at once: per chunk, logits -> (in place) dlogits -> dh and dW_head.
+//
+// State-dict names and layouts are Hugging Face GPT-2's
+// (transformers.GPT2LMHeadModel), in this order, which is also the order of
+// params() and of the Philox streams that initialise them:
+//   transformer.wte.weight (V, C), transformer.wpe.weight (context, C),
+//   transformer.h.{i}.ln_1.weight / .bias (C),
+//   transformer.h.{i}.attn.c_attn.weight (C, 3C) / .bias (3C),
+//   transformer.h.{i}.attn.c_proj.weight (C, C) / .bias (C),
+//   transformer.h.{i}.ln_2.weight / .bias (C),
+//   transformer.h.{i}.mlp.c_fc.weight (C, H) / .bias (H),
+//   transformer.h.{i}.mlp.c_proj.weight (H, C) / .bias (C),
+//   transformer.ln_f.weight / .bias (C), lm_head.weight (V, C) when untied.
+// Initialisation is nanoGPT's: every weight matrix and both embeddings
+// N(0, 0.02), the two projections into the residual stream
+// (attn.c_proj.weight, mlp.c_proj.weight) N(0, 0.02 / sqrt(2 n_layer)),
+// biases 0, LayerNorm weight 1 and bias 0.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "server/engine/model/network.h"
+
+namespace ampd::engine::model {
+
+// The most bytes of logits (and their gradient, in place) the LM head holds
+// at once: rows per chunk = max(1, kLmHeadChunkBytes / (V x working dtype
+// size)), at most N. 32 MiB is 333 rows of GPT-2's 50257-token vocabulary
+// in bf16 (instead of 8 x 1024 rows, 824 MB, at once): large enough that
+// each chunk's three GEMMs keep a GPU busy, small beside the activations.
+inline constexpr int64_t kLmHeadChunkBytes = int64_t{32} << 20;
+
+// Rows per LM-head chunk for this spec and precision and N rows.
+int64_t LmHeadChunkRows(const GptSpec& gpt, Precision precision, int64_t rows);
+
+// WorkspaceBytes of a GPT for inputs (B, T): per block the saved
+// activations (ln_1 and ln_2 outputs, attention output and r_l: 4 N C;
+// qkv 3 N C; fc pre- and post-activation 2 N H; attention probabilities
+// B n_head T^2; all in the working dtype; LayerNorm mean and rstd 4 N F32),
+// the residual stream x_0..x_L and ln_f's output ((L + 2) N C), the
+// backward's scratch (3 N C + 3 N C + 2 N H + B n_head T^2), one LM-head
+// chunk of logits, and the ids and targets (2 N x 8). Overflow-checked;
+// InvalidArgument when it overflows or the shape is not (B, T) with
+// 1 <= T <= context_length.
+absl::StatusOr<int64_t> GptWorkspaceBytes(const ModelSpec& spec, Precision precision,
+                                          const kernels::Shape& input_shape);
+
+class GptModel final : public Network {
+ public:
+  // Builds the parameters of a validated GPT spec and initialises them from
+  // seed (see above), then casts the working copy.
+  static absl::StatusOr<std::unique_ptr<GptModel>> Create(const ModelSpec& spec,
+                                                          Precision precision, uint64_t seed,
+                                                          kernels::Backend& backend);
+
+  // ids and targets keep their I32/I64 dtype; the targets other than
+  // kIgnoreIndex are counted here, on the host, for the loss's mean.
+  absl::Status LoadBatch(const HostTensor& inputs, const HostTensor& targets,
+                         Workspace& ws) override;
+  absl::Status Forward(Workspace& ws) override;
+  // The fused LM head and cross-entropy, chunk by chunk: loss =
+  // multiplier * mean over kept targets; dh (the gradient into ln_f's
+  // output) and the head weight's gradient (+=) times grad_scale.
+  absl::Status Loss(Workspace& ws, float grad_scale, kernels::Tensor& loss) override;
+  absl::Status Backward(Workspace& ws, bool first_micro_batch) override;
+
+  // Accepts Hugging Face's variants of the names: without the
+  // "transformer." prefix, the attn.bias / attn.masked_bias buffers (dropped)
+  // and, for a tied model, lm_head.weight when it equals wte (dropped).
+  absl::StatusOr<std::vector<std::string>> CanonicalNames(
+      const codec::StateDict& state) const override;
+  // {"format": "pt"}: transformers' from_pretrained requires it.
+  void AnnotateExport(codec::StateDict& state) const override;
+
+ protected:
+  absl::StatusOr<int64_t> BytesFor(const kernels::Shape& input_shape) const override;
+  absl::StatusOr<std::unique_ptr<Workspace>> NewWorkspace(
+      const kernels::Shape& input_shape) override;
+
+ private:
+  // Indices into params() of one block's parameters.
+  struct BlockParams {
+    int ln_1_weight, ln_1_bias;
+    int c_attn_weight, c_attn_bias;
+    int attn_proj_weight, attn_proj_bias;
+    int ln_2_weight, ln_2_bias;
+    int c_fc_weight, c_fc_bias;
+    int mlp_proj_weight, mlp_proj_bias;
+  };
+
+  GptModel(const ModelSpec& spec, Precision precision, kernels::Backend& backend);
+  const GptSpec& gpt() const { return *spec().gpt; }
+  int head_weight() const { return gpt().tie_embeddings ? wte_ : lm_head_; }
+
+  int wte_ = -1;
+  int wpe_ = -1;
+  std::vector<BlockParams> blocks_;
+  int ln_f_weight_ = -1;
+  int ln_f_bias_ = -1;
+  int lm_head_ = -1;  // -1 when tied
+};
+
+}  // namespace ampd::engine::model

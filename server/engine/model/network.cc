@@ -1,0 +1,123 @@
+// The parts of a Network every model kind shares: parameters, the
+// workspace cache, gradient zeroing and the working-copy cast; and the
+// choice of kind from the spec.
+#include "server/engine/model/network.h"
+
+#include <utility>
+
+#include "common/checked_math.h"
+#include "common/status_macros.h"
+#include "server/engine/model/gpt/gpt_model.h"
+#include "server/engine/model/layers.h"
+
+namespace ampd::engine::model {
+
+using kernels::DType;
+
+absl::StatusOr<int64_t> WorkspaceBytes(const ModelSpec& spec, Precision precision,
+                                       const kernels::Shape& input_shape) {
+  if (spec.gpt.has_value()) return GptWorkspaceBytes(spec, precision, input_shape);
+  if (input_shape.empty()) {
+    return absl::InvalidArgumentError("inputs: a batch needs at least one dimension");
+  }
+  return WorkspaceBytes(spec, precision, input_shape[0]);
+}
+
+absl::StatusOr<std::unique_ptr<Network>> CreateNetwork(const ModelSpec& spec, Precision precision,
+                                                       uint64_t seed, kernels::Backend& backend) {
+  if (spec.gpt.has_value()) {
+    AMPD_ASSIGN_OR_RETURN(std::unique_ptr<GptModel> gpt,
+                          GptModel::Create(spec, precision, seed, backend));
+    return std::unique_ptr<Network>(std::move(gpt));
+  }
+  AMPD_ASSIGN_OR_RETURN(std::unique_ptr<Model> stack,
+                        Model::Create(spec, precision, seed, backend));
+  return std::unique_ptr<Network>(std::move(stack));
+}
+
+Network::Network(const ModelSpec& spec, Precision precision, kernels::Backend& backend)
+    : backend_(backend),
+      spec_(spec),
+      precision_(precision),
+      working_dtype_(WorkingDType(precision)) {}
+
+absl::StatusOr<int> Network::AddParameter(std::string name, const kernels::Shape& shape,
+                                          ParamInit init, bool plus_equal) {
+  Parameter p;
+  p.name = std::move(name);
+  // Everything is drawn on the backend, straight into the master: no host
+  // staging vector, so a parameter too large for the device is refused by
+  // its allocation's Status and nothing on the host grows with it.
+  AMPD_ASSIGN_OR_RETURN(p.master, backend_.Allocate(DType::kF32, shape));
+  if (init.random) {
+    init.fill.stream = params_.size();
+    AMPD_RETURN_IF_ERROR(backend_.FillRandom(p.master, init.fill));
+  } else {
+    AMPD_RETURN_IF_ERROR(backend_.Fill(p.master, init.value));
+  }
+  if (working_dtype_ != DType::kF32) {
+    AMPD_ASSIGN_OR_RETURN(p.working, backend_.Allocate(working_dtype_, shape));
+  }
+  AMPD_ASSIGN_OR_RETURN(p.grad, backend_.Allocate(working_dtype_, shape));
+  parameter_count_ += p.master.numel();
+  const auto index = static_cast<int>(params_.size());
+  params_.push_back(std::move(p));
+  if (plus_equal) plus_equal_grads_.push_back(index);
+  return index;
+}
+
+absl::Status Network::CastWorking() {
+  if (working_dtype_ == DType::kF32) return absl::OkStatus();
+  for (Parameter& p : params_) AMPD_RETURN_IF_ERROR(backend_.Cast(p.master, p.working));
+  return absl::OkStatus();
+}
+
+absl::Status Network::ZeroGrads() {
+  for (int p : plus_equal_grads_) AMPD_RETURN_IF_ERROR(backend_.Fill(params_[p].grad, 0.0f));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> Network::CanonicalNames(
+    const codec::StateDict& state) const {
+  std::vector<std::string> names;
+  names.reserve(state.tensors.size());
+  for (const codec::NamedTensor& t : state.tensors) names.push_back(t.name);
+  return names;
+}
+
+void Network::AnnotateExport(codec::StateDict&) const {}
+
+absl::StatusOr<Workspace*> Network::GetWorkspace(const kernels::Shape& input_shape) {
+  auto it = workspaces_.find(input_shape);
+  if (it != workspaces_.end()) return it->second.ws.get();
+  if (workspaces_.size() >= kMaxWorkspaces) ReleaseWorkspaces();
+  AMPD_ASSIGN_OR_RETURN(const int64_t bytes, BytesFor(input_shape));
+  AMPD_ASSIGN_OR_RETURN(std::unique_ptr<Workspace> ws, NewWorkspace(input_shape));
+  ws->owner_ = this;
+  ws->shape_ = input_shape;
+  cached_workspace_bytes_ = SaturatingAdd(cached_workspace_bytes_, bytes);
+  Cached& cached = workspaces_[input_shape];
+  cached.ws = std::move(ws);
+  cached.bytes = bytes;
+  return cached.ws.get();
+}
+
+void Network::KeepWorkspaces(const std::vector<kernels::Shape>& shapes) {
+  for (auto it = workspaces_.begin(); it != workspaces_.end();) {
+    bool keep = false;
+    for (const kernels::Shape& s : shapes) keep = keep || s == it->first;
+    if (keep) {
+      ++it;
+      continue;
+    }
+    cached_workspace_bytes_ -= it->second.bytes;
+    it = workspaces_.erase(it);
+  }
+}
+
+void Network::ReleaseWorkspaces() {
+  workspaces_.clear();
+  cached_workspace_bytes_ = 0;
+}
+
+}  // namespace ampd::engine::model

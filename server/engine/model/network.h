@@ -1,0 +1,170 @@
+// Network: what the Trainer needs of a model, whatever its kind (the layer
+// stack of layers.h, the GPT of gpt/gpt_model.h): its parameters (fp32
+// master, working copy, gradient), per-batch-shape buffers whose size is
+// known before they are allocated, and the passes of the mixed-precision
+// step. A step calls, per micro-batch, GetWorkspace(inputs.shape),
+// LoadBatch, Forward, Loss and Backward; an evaluation calls the same
+// without Backward.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "codec/state_dict.h"
+#include "kernels/backend.h"
+#include "server/engine/host_tensor.h"
+#include "server/engine/model/model_spec.h"
+
+namespace ampd::engine::model {
+
+struct Parameter {
+  std::string name;         // its state-dict name (state_dict.h, gpt/gpt_model.h)
+  kernels::Tensor master;   // F32, what the optimizer updates and the state dict holds
+  kernels::Tensor working;  // F16/BF16 copy the GEMMs read; empty for fp32 jobs
+  kernels::Tensor grad;     // working dtype (F32 for fp32), accumulated over micro-batches
+
+  // The tensor forward/backward read: the working copy, or the master in fp32.
+  const kernels::Tensor& value() const { return working.empty() ? master : working; }
+};
+
+class Network;
+
+// The buffers of one micro-batch shape; each kind of Network derives its own
+// and only accepts those it made.
+class Workspace {
+ public:
+  virtual ~Workspace() = default;
+  // The inputs' shape these buffers serve.
+  const kernels::Shape& shape() const { return shape_; }
+
+ private:
+  friend class Network;
+  const Network* owner_ = nullptr;
+  kernels::Shape shape_;
+};
+
+// Bytes of the Workspace a micro-batch whose inputs have `input_shape`
+// needs through this model (an upper bound of what is allocated), computed
+// with overflow checks before anything is allocated: InvalidArgument when it
+// overflows int64 or the shape does not fit the model.
+absl::StatusOr<int64_t> WorkspaceBytes(const ModelSpec& spec, Precision precision,
+                                       const kernels::Shape& input_shape);
+
+class Network {
+ public:
+  virtual ~Network() = default;
+  Network(const Network&) = delete;
+  Network& operator=(const Network&) = delete;
+
+  const ModelSpec& spec() const { return spec_; }
+  Precision precision() const { return precision_; }
+  kernels::DType working_dtype() const { return working_dtype_; }
+  std::vector<Parameter>& params() { return params_; }
+  const std::vector<Parameter>& params() const { return params_; }
+  int64_t parameter_count() const { return parameter_count_; }
+
+  // The cached buffers for inputs of this shape (allocated on first use).
+  absl::StatusOr<Workspace*> GetWorkspace(const kernels::Shape& input_shape);
+  // Frees the cached workspaces whose shape is not in `shapes` (a step calls
+  // it with its own shapes first, so shapes it no longer uses never stay
+  // allocated beside the ones it needs).
+  void KeepWorkspaces(const std::vector<kernels::Shape>& shapes);
+  // Frees every cached workspace.
+  void ReleaseWorkspaces();
+  // WorkspaceBytes summed over the cached workspaces.
+  int64_t cached_workspace_bytes() const { return cached_workspace_bytes_; }
+
+  // Copies a validated micro-batch (model/batch_check.h) into ws.
+  virtual absl::Status LoadBatch(const HostTensor& inputs, const HostTensor& targets,
+                                 Workspace& ws) = 0;
+  virtual absl::Status Forward(Workspace& ws) = 0;
+  // loss (1, 1) F32 = loss_multiplier * the micro-batch's mean loss, and its
+  // gradient times grad_scale into ws, where Backward starts. A kind whose
+  // loss reads parameters directly (the GPT's LM head) also accumulates their
+  // gradient here; ZeroGrads clears those.
+  virtual absl::Status Loss(Workspace& ws, float grad_scale, kernels::Tensor& loss) = 0;
+  // Every parameter's gradient from what Loss left in ws. The first
+  // micro-batch of a step writes GEMM gradients with beta = 0 (no zeroing
+  // pass over the largest tensors); later ones accumulate with beta = 1.
+  // Gradients that only ever accumulate (+=) are cleared by ZeroGrads.
+  virtual absl::Status Backward(Workspace& ws, bool first_micro_batch) = 0;
+  // Zeroes the gradients that Loss and Backward accumulate with += whatever
+  // the micro-batch; call once at step start.
+  absl::Status ZeroGrads();
+  // working <- master (rounded RNE); a no-op for fp32.
+  absl::Status CastWorking();
+
+  // This model's own name for each of a loaded state dict's tensors, in
+  // order ("" for a tensor it ignores): e.g. a GPT accepts Hugging Face's
+  // variants. InvalidArgument for what cannot belong to it. The default
+  // takes the names as they are.
+  virtual absl::StatusOr<std::vector<std::string>> CanonicalNames(
+      const codec::StateDict& state) const;
+  // Metadata this model's exported state dicts carry beside the Trainer's.
+  virtual void AnnotateExport(codec::StateDict& state) const;
+
+ protected:
+  // How a master starts: draws (fill, whose stream AddParameter sets to the
+  // parameter's index) or the constant value.
+  struct ParamInit {
+    bool random = false;
+    kernels::RandomFill fill;
+    float value = 0.0f;
+  };
+
+  Network(const ModelSpec& spec, Precision precision, kernels::Backend& backend);
+
+  // Allocates a parameter's tensors, initialises the master on the backend
+  // as `init` says (Philox stream = the parameter's index) and returns its
+  // index in params(). plus_equal: its gradient only accumulates (ZeroGrads
+  // clears it).
+  absl::StatusOr<int> AddParameter(std::string name, const kernels::Shape& shape, ParamInit init,
+                                   bool plus_equal);
+
+  // This kind's WorkspaceBytes and its buffers for one input shape.
+  virtual absl::StatusOr<int64_t> BytesFor(const kernels::Shape& input_shape) const = 0;
+  virtual absl::StatusOr<std::unique_ptr<Workspace>> NewWorkspace(
+      const kernels::Shape& input_shape) = 0;
+
+  // ws as the derived kind W, when this network made it.
+  template <typename W>
+  absl::StatusOr<W*> Own(Workspace& ws) const {
+    if (ws.owner_ != this) {
+      return absl::FailedPreconditionError("workspace: made by another model");
+    }
+    return static_cast<W*>(&ws);
+  }
+
+  kernels::Backend& backend_;
+
+ private:
+  ModelSpec spec_;
+  Precision precision_;
+  kernels::DType working_dtype_;
+  std::vector<Parameter> params_;
+  std::vector<int> plus_equal_grads_;
+  int64_t parameter_count_ = 0;
+  // Shapes seen recently; cleared when it grows past kMaxWorkspaces so a
+  // client cycling through shapes cannot grow memory without bound (the
+  // Trainer also keeps only the shapes of the last step, and none at all
+  // once they exceed its cache cap).
+  static constexpr size_t kMaxWorkspaces = 4;
+  struct Cached {
+    std::unique_ptr<Workspace> ws;
+    int64_t bytes = 0;
+  };
+  std::map<kernels::Shape, Cached> workspaces_;
+  int64_t cached_workspace_bytes_ = 0;
+};
+
+// Builds the model a validated spec describes (layer stack or GPT) on
+// backend, its masters drawn from seed, the working copy cast.
+absl::StatusOr<std::unique_ptr<Network>> CreateNetwork(const ModelSpec& spec, Precision precision,
+                                                       uint64_t seed, kernels::Backend& backend);
+
+}  // namespace ampd::engine::model

@@ -1,0 +1,430 @@
+// The GPT model on the CPU backend against real references: its fp32 loss
+// vs a float64 re-implementation written here from the definition (tied and
+// untied heads, ignored targets, an LM head split over several chunks), its
+// gradients vs central differences of its own loss for a sample of every
+// parameter kind, the initialisation's distributions, and fp16 / bf16
+// training through the Trainer with the loss scaler at work.
+#include "server/engine/model/gpt/gpt_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "engine_test_util.h"
+#include "server/engine/model/network.h"
+
+namespace ampd::engine {
+namespace {
+
+using kernels::DType;
+using namespace ampd::engine::testing;
+
+model::ModelSpec TinyGpt(int64_t vocab, int64_t context, int64_t d_model, int64_t n_layer,
+                         int64_t n_head, bool tied = true) {
+  model::ModelSpec spec;
+  spec.loss = model::LossKind::kCrossEntropy;
+  model::GptSpec g;
+  g.vocab_size = vocab;
+  g.context_length = context;
+  g.d_model = d_model;
+  g.n_layer = n_layer;
+  g.n_head = n_head;
+  g.tie_embeddings = tied;
+  spec.gpt = g;
+  return spec;
+}
+
+using Weights = std::map<std::string, std::vector<float>>;
+
+Weights ReadWeights(kernels::Backend& b, const model::Network& net) {
+  Weights w;
+  for (const model::Parameter& p : net.params()) {
+    std::vector<float> v(static_cast<size_t>(p.master.numel()));
+    EXPECT_TRUE(b.CopyToHost(p.master, v.data(), v.size() * 4).ok());
+    w[p.name] = std::move(v);
+  }
+  return w;
+}
+
+// Moves every master off its init (LayerNorm's 1 and 0 would hide a swapped
+// gradient; 0.02-scale weights make every branch nearly linear).
+void Jitter(kernels::Backend& b, model::Network& net, uint64_t seed, float amount) {
+  DataRng rng(seed);
+  for (model::Parameter& p : net.params()) {
+    std::vector<float> v(static_cast<size_t>(p.master.numel()));
+    ASSERT_TRUE(b.CopyToHost(p.master, v.data(), v.size() * 4).ok());
+    for (float& x : v) x += rng.Uniform(-amount, amount);
+    ASSERT_TRUE(b.CopyFromHost(v.data(), v.size() * 4, p.master).ok());
+  }
+  ASSERT_TRUE(net.CastWorking().ok());
+}
+
+// Row-major (rows, in) @ (in, out).
+std::vector<double> MatMul(const std::vector<double>& x, int64_t rows, int64_t in,
+                           const std::vector<float>& w, int64_t out) {
+  std::vector<double> y(static_cast<size_t>(rows * out), 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t k = 0; k < in; ++k) {
+      const double a = x[static_cast<size_t>(r * in + k)];
+      for (int64_t o = 0; o < out; ++o)
+        y[static_cast<size_t>(r * out + o)] += a * w[static_cast<size_t>(k * out + o)];
+    }
+  }
+  return y;
+}
+
+void AddBias(std::vector<double>& y, const std::vector<float>& bias) {
+  const size_t c = bias.size();
+  for (size_t i = 0; i < y.size(); ++i) y[i] += bias[i % c];
+}
+
+std::vector<double> LayerNormRef(const std::vector<double>& x, int64_t c,
+                                 const std::vector<float>& gamma, const std::vector<float>& beta,
+                                 double eps) {
+  std::vector<double> y(x.size());
+  const size_t rows = x.size() / static_cast<size_t>(c);
+  for (size_t r = 0; r < rows; ++r) {
+    const double* xr = &x[r * static_cast<size_t>(c)];
+    double mean = 0, var = 0;
+    for (int64_t i = 0; i < c; ++i) mean += xr[i];
+    mean /= static_cast<double>(c);
+    for (int64_t i = 0; i < c; ++i) var += (xr[i] - mean) * (xr[i] - mean);
+    var /= static_cast<double>(c);
+    const double rstd = 1.0 / std::sqrt(var + eps);
+    for (int64_t i = 0; i < c; ++i) {
+      y[r * static_cast<size_t>(c) + static_cast<size_t>(i)] =
+          (xr[i] - mean) * rstd * gamma[static_cast<size_t>(i)] + beta[static_cast<size_t>(i)];
+    }
+  }
+  return y;
+}
+
+// The GPT's loss in float64, from its definition (Hugging Face GPT-2's
+// forward with the mean cross-entropy over targets other than -100).
+double ReferenceLoss(const model::ModelSpec& spec, const Weights& w,
+                     const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
+                     int64_t batch, int64_t seq) {
+  const model::GptSpec& g = *spec.gpt;
+  const int64_t c = g.d_model, n = batch * seq, heads = g.n_head, d = c / heads;
+  const int64_t hidden = g.mlp_ratio * c;
+  const double eps = g.layer_norm_eps;
+  auto at = [&](const std::string& name) -> const std::vector<float>& { return w.at(name); };
+  std::vector<double> x(static_cast<size_t>(n * c));
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t i = 0; i < c; ++i) {
+      x[static_cast<size_t>(r * c + i)] =
+          static_cast<double>(at(
+              "transformer.wte.weight")[static_cast<size_t>(ids[static_cast<size_t>(r)] * c + i)]) +
+          at("transformer.wpe.weight")[static_cast<size_t>((r % seq) * c + i)];
+    }
+  }
+  for (int64_t l = 0; l < g.n_layer; ++l) {
+    const std::string p = absl::StrCat("transformer.h.", l, ".");
+    std::vector<double> a = LayerNormRef(x, c, at(p + "ln_1.weight"), at(p + "ln_1.bias"), eps);
+    std::vector<double> qkv = MatMul(a, n, c, at(p + "attn.c_attn.weight"), 3 * c);
+    AddBias(qkv, at(p + "attn.c_attn.bias"));
+    std::vector<double> y(static_cast<size_t>(n * c), 0.0);
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t t = 0; t < seq; ++t) {
+          auto q = [&](int64_t row, int64_t part, int64_t k) {
+            return qkv[static_cast<size_t>((b * seq + row) * 3 * c + part * c + h * d + k)];
+          };
+          std::vector<double> s(static_cast<size_t>(t + 1));
+          double mx = -1e300;
+          for (int64_t u = 0; u <= t; ++u) {
+            double dot = 0;
+            for (int64_t k = 0; k < d; ++k) dot += q(t, 0, k) * q(u, 1, k);
+            s[static_cast<size_t>(u)] = dot / std::sqrt(static_cast<double>(d));
+            mx = std::max(mx, s[static_cast<size_t>(u)]);
+          }
+          double z = 0;
+          for (double& v : s) z += (v = std::exp(v - mx));
+          for (int64_t k = 0; k < d; ++k) {
+            double acc = 0;
+            for (int64_t u = 0; u <= t; ++u) acc += s[static_cast<size_t>(u)] / z * q(u, 2, k);
+            y[static_cast<size_t>((b * seq + t) * c + h * d + k)] = acc;
+          }
+        }
+      }
+    }
+    std::vector<double> proj = MatMul(y, n, c, at(p + "attn.c_proj.weight"), c);
+    AddBias(proj, at(p + "attn.c_proj.bias"));
+    for (size_t i = 0; i < x.size(); ++i) x[i] += proj[i];
+    std::vector<double> m = LayerNormRef(x, c, at(p + "ln_2.weight"), at(p + "ln_2.bias"), eps);
+    std::vector<double> f = MatMul(m, n, c, at(p + "mlp.c_fc.weight"), hidden);
+    AddBias(f, at(p + "mlp.c_fc.bias"));
+    for (double& v : f) {
+      v = 0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
+    }
+    std::vector<double> out = MatMul(f, n, hidden, at(p + "mlp.c_proj.weight"), c);
+    AddBias(out, at(p + "mlp.c_proj.bias"));
+    for (size_t i = 0; i < x.size(); ++i) x[i] += out[i];
+  }
+  const std::vector<double> h =
+      LayerNormRef(x, c, at("transformer.ln_f.weight"), at("transformer.ln_f.bias"), eps);
+  const std::vector<float>& head =
+      g.tie_embeddings ? at("transformer.wte.weight") : at("lm_head.weight");
+  double total = 0;
+  int64_t kept = 0;
+  std::vector<double> logits(static_cast<size_t>(g.vocab_size));
+  for (int64_t r = 0; r < n; ++r) {
+    const int32_t target = targets[static_cast<size_t>(r)];
+    if (target == -100) continue;
+    double mx = -1e300;
+    for (int64_t v = 0; v < g.vocab_size; ++v) {
+      double dot = 0;
+      for (int64_t i = 0; i < c; ++i) {
+        dot += h[static_cast<size_t>(r * c + i)] * head[static_cast<size_t>(v * c + i)];
+      }
+      logits[static_cast<size_t>(v)] = dot;
+      mx = std::max(mx, dot);
+    }
+    double z = 0;
+    for (double v : logits) z += std::exp(v - mx);
+    total += mx + std::log(z) - logits[static_cast<size_t>(target)];
+    ++kept;
+  }
+  return static_cast<double>(spec.loss_multiplier) * total / static_cast<double>(kept);
+}
+
+struct Batch {
+  int64_t batch, seq;
+  std::vector<int32_t> ids, targets;
+};
+
+Batch RandomBatch(int64_t batch, int64_t seq, int64_t vocab, uint64_t seed) {
+  DataRng rng(seed);
+  Batch out{batch, seq, {}, {}};
+  for (int64_t i = 0; i < batch * seq; ++i) {
+    out.ids.push_back(rng.Index(static_cast<int32_t>(vocab)));
+    // Every third target ignored, as padding would be.
+    out.targets.push_back(i % 3 == 2 ? -100 : rng.Index(static_cast<int32_t>(vocab)));
+  }
+  return out;
+}
+
+class GptNet {
+ public:
+  GptNet(const model::ModelSpec& spec, model::Precision precision, uint64_t seed) {
+    auto backend = kernels::CreateBackend("cpu");
+    EXPECT_TRUE(backend.ok()) << backend.status();
+    backend_ = *std::move(backend);
+    auto net = model::CreateNetwork(spec, precision, seed, *backend_);
+    EXPECT_TRUE(net.ok()) << net.status();
+    net_ = *std::move(net);
+    auto loss = backend_->Allocate(DType::kF32, {1, 1});
+    EXPECT_TRUE(loss.ok());
+    loss_ = *std::move(loss);
+  }
+  kernels::Backend& backend() { return *backend_; }
+  model::Network& net() { return *net_; }
+
+  absl::Status Load(const Batch& data) {
+    AMPD_ASSIGN_OR_RETURN(ws_, net_->GetWorkspace({data.batch, data.seq}));
+    return net_->LoadBatch(I32({data.batch, data.seq}, data.ids),
+                           I32({data.batch, data.seq}, data.targets), *ws_);
+  }
+  // Forward and Loss; the loss as the backend stored it.
+  absl::StatusOr<float> Loss(float grad_scale = 1.0f) {
+    AMPD_RETURN_IF_ERROR(net_->Forward(*ws_));
+    AMPD_RETURN_IF_ERROR(net_->Loss(*ws_, grad_scale, loss_));
+    float l = 0;
+    AMPD_RETURN_IF_ERROR(backend_->CopyToHost(loss_, &l, 4));
+    return l;
+  }
+  absl::Status Backward() { return net_->Backward(*ws_, /*first_micro_batch=*/true); }
+
+ private:
+  std::unique_ptr<kernels::Backend> backend_;
+  std::unique_ptr<model::Network> net_;
+  model::Workspace* ws_ = nullptr;
+  kernels::Tensor loss_;
+};
+
+void ExpectForwardMatchesReference(const model::ModelSpec& spec, const Batch& data) {
+  GptNet m(spec, model::Precision::kFp32, 5);
+  Jitter(m.backend(), m.net(), 17, 0.1f);
+  ASSERT_TRUE(m.Load(data).ok());
+  absl::StatusOr<float> loss = m.Loss();
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  const double want = ReferenceLoss(spec, ReadWeights(m.backend(), m.net()), data.ids, data.targets,
+                                    data.batch, data.seq);
+  EXPECT_NEAR(*loss, want, 2e-6 * std::fabs(want) + 1e-6) << "want " << want;
+}
+
+TEST(GptForward, Fp32LossMatchesFloat64Reference) {
+  model::ModelSpec spec = TinyGpt(13, 8, 16, 2, 4);
+  spec.loss_multiplier = 1.5f;
+  ExpectForwardMatchesReference(spec, RandomBatch(3, 7, 13, 1));
+  // Untied head, a shorter sequence, another MLP ratio and eps.
+  model::ModelSpec untied = TinyGpt(13, 8, 16, 3, 2, /*tied=*/false);
+  untied.gpt->mlp_ratio = 3;
+  untied.gpt->layer_norm_eps = 1e-3f;
+  ExpectForwardMatchesReference(untied, RandomBatch(2, 4, 13, 2));
+}
+
+TEST(GptForward, ChunkedLmHeadMatchesReference) {
+  // A vocabulary of ~2^20 makes a row of fp32 logits 4 MiB, so the LM head
+  // runs in chunks of 7 rows: 10 rows take a full and a partial chunk.
+  const int64_t vocab = (int64_t{1} << 20) + 3;
+  model::ModelSpec spec = TinyGpt(vocab, 6, 8, 1, 2);
+  ASSERT_EQ(model::LmHeadChunkRows(*spec.gpt, model::Precision::kFp32, 10), 7);
+  ExpectForwardMatchesReference(spec, RandomBatch(2, 5, vocab, 3));
+}
+
+TEST(GptBackward, GradientsMatchCentralDifferencesForEveryParameterKind) {
+  for (bool tied : {true, false}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    const model::ModelSpec spec = TinyGpt(7, 6, 8, 2, 2, tied);
+    GptNet m(spec, model::Precision::kFp32, 9);
+    Jitter(m.backend(), m.net(), 23, 0.3f);
+    const Batch data = RandomBatch(2, 5, 7, 4);
+    ASSERT_TRUE(m.Load(data).ok());
+    ASSERT_TRUE(m.net().ZeroGrads().ok());
+    ASSERT_TRUE(m.Loss().ok());
+    ASSERT_TRUE(m.Backward().ok());
+    kernels::Backend& b = m.backend();
+    // Every gradient read before the differences run: Loss itself adds to
+    // the LM head's gradient each time it runs.
+    std::map<std::string, std::vector<float>> grads;
+    for (model::Parameter& p : m.net().params()) {
+      std::vector<float> g(static_cast<size_t>(p.master.numel()));
+      ASSERT_TRUE(b.CopyToHost(p.grad, g.data(), g.size() * 4).ok());
+      grads[p.name] = std::move(g);
+    }
+    int checked = 0;
+    DataRng pick(31);
+    for (model::Parameter& p : m.net().params()) {
+      const auto n = static_cast<size_t>(p.master.numel());
+      std::vector<float> w(n);
+      ASSERT_TRUE(b.CopyToHost(p.master, w.data(), n * 4).ok());
+      const std::vector<float>& g = grads[p.name];
+      // Four elements of every tensor; for the position table only rows
+      // below T carry a gradient, and a row at T must have none.
+      std::vector<size_t> sample;
+      for (int k = 0; k < 4; ++k)
+        sample.push_back(static_cast<size_t>(pick.Index(static_cast<int32_t>(n))));
+      if (absl::StrContains(p.name, "wpe")) {
+        const size_t c = 8;
+        for (size_t& i : sample) i %= static_cast<size_t>(data.seq) * c;
+        sample.push_back(static_cast<size_t>(data.seq) * c + 1);
+      }
+      for (size_t i : sample) {
+        const float h = 1e-2f;
+        std::vector<float> wp = w;
+        wp[i] = w[i] + h;
+        ASSERT_TRUE(b.CopyFromHost(wp.data(), n * 4, p.master).ok());
+        const double lp = *m.Loss();
+        wp[i] = w[i] - h;
+        ASSERT_TRUE(b.CopyFromHost(wp.data(), n * 4, p.master).ok());
+        const double lm = *m.Loss();
+        ASSERT_TRUE(b.CopyFromHost(w.data(), n * 4, p.master).ok());
+        const double fd = (lp - lm) / (2.0 * static_cast<double>(h));
+        EXPECT_NEAR(g[i], fd, 2e-3 + 1e-2 * std::fabs(fd)) << p.name << "[" << i << "]";
+        ++checked;
+      }
+    }
+    EXPECT_GE(checked, 4 * static_cast<int>(m.net().params().size()));
+  }
+}
+
+TEST(GptInit, NanoGptDistributionsFromTheSeed) {
+  const model::ModelSpec spec = TinyGpt(512, 64, 64, 4, 4);
+  GptNet a(spec, model::Precision::kBf16, 42);
+  GptNet same(spec, model::Precision::kBf16, 42);
+  const Weights w = ReadWeights(a.backend(), a.net());
+  EXPECT_EQ(w, ReadWeights(same.backend(), same.net()));
+  ASSERT_EQ(a.net().params().size(), 2u + 4u * 12u + 2u);
+  EXPECT_EQ(a.net().params()[0].name, "transformer.wte.weight");
+  EXPECT_EQ(a.net().params()[4].name, "transformer.h.0.attn.c_attn.weight");
+  EXPECT_EQ(a.net().params().back().name, "transformer.ln_f.bias");
+  EXPECT_EQ(a.net().parameter_count(), model::ParameterCount(spec));
+  auto stddev = [](const std::vector<float>& v) {
+    double sq = 0;
+    for (float x : v) sq += static_cast<double>(x) * x;
+    return std::sqrt(sq / static_cast<double>(v.size()));
+  };
+  EXPECT_NEAR(stddev(w.at("transformer.wte.weight")), 0.02, 0.001);
+  EXPECT_NEAR(stddev(w.at("transformer.h.1.mlp.c_fc.weight")), 0.02, 0.001);
+  EXPECT_NEAR(stddev(w.at("transformer.h.2.attn.c_proj.weight")), 0.02 / std::sqrt(8.0), 0.0005);
+  EXPECT_NEAR(stddev(w.at("transformer.h.3.mlp.c_proj.weight")), 0.02 / std::sqrt(8.0), 0.0005);
+  for (float x : w.at("transformer.h.0.ln_1.weight")) EXPECT_EQ(x, 1.0f);
+  for (float x : w.at("transformer.h.0.attn.c_attn.bias")) EXPECT_EQ(x, 0.0f);
+  // Each tensor its own stream: equal shapes, different draws.
+  EXPECT_NE(w.at("transformer.h.0.mlp.c_fc.weight"), w.at("transformer.h.1.mlp.c_fc.weight"));
+}
+
+// Sequences of a fixed rule (next = (3 t + 1) mod V after a random start):
+// the loss can fall far below ln V.
+StepInput RuleBatch(int64_t batch, int64_t seq, int64_t vocab, DataRng& rng) {
+  std::vector<int32_t> ids, targets;
+  for (int64_t b = 0; b < batch; ++b) {
+    int32_t t = rng.Index(static_cast<int32_t>(vocab));
+    for (int64_t s = 0; s < seq; ++s) {
+      ids.push_back(t);
+      t = static_cast<int32_t>((3 * t + 1) % vocab);
+      targets.push_back(t);
+    }
+  }
+  StepInput input;
+  input.micro_batches.push_back({I32({batch, seq}, ids), I32({batch, seq}, targets)});
+  return input;
+}
+
+JobConfig GptConfig(model::Precision precision) {
+  JobConfig config = DefaultJobConfig(precision);
+  config.model = TinyGpt(32, 16, 32, 2, 4);
+  config.optimizer.adam.lr = 3e-3f;
+  config.seed = 3;
+  return config;
+}
+
+TEST(GptTraining, Bf16AndFp16LossFallsWithTheScalerAtWork) {
+  for (model::Precision precision : {model::Precision::kBf16, model::Precision::kFp16}) {
+    SCOPED_TRACE(model::PrecisionName(precision));
+    JobConfig config = GptConfig(precision);
+    if (precision == model::Precision::kFp16) {
+      // A scale far above what fp16 gradients survive: the first steps
+      // overflow and are skipped while the scaler backs off.
+      config.scaler.init_scale = 0x1p40;
+    }
+    std::unique_ptr<Trainer> trainer = MakeTrainer(config);
+    ASSERT_NE(trainer, nullptr);
+    DataRng rng(8);
+    std::vector<float> losses;
+    int skipped = 0;
+    for (int step = 0; step < 80; ++step) {
+      absl::StatusOr<StepReport> r = trainer->Step(RuleBatch(4, 16, 32, rng));
+      ASSERT_TRUE(r.ok()) << r.status();
+      if (r->scaler.skipped) {
+        ++skipped;
+        continue;
+      }
+      EXPECT_TRUE(std::isfinite(r->loss));
+      losses.push_back(r->loss);
+    }
+    ASSERT_GE(losses.size(), 40u);
+    double first = 0, last = 0;
+    for (size_t i = 0; i < 5; ++i) first += losses[i] / 5.0;
+    for (size_t i = losses.size() - 5; i < losses.size(); ++i) last += losses[i] / 5.0;
+    EXPECT_GT(first, 0.8 * std::log(32.0));
+    EXPECT_LT(last, 0.5 * first) << "first " << first << " last " << last;
+    if (precision == model::Precision::kFp16) {
+      EXPECT_GT(skipped, 0);
+      EXPECT_LT(trainer->scaler().scale, 0x1p40);
+      EXPECT_EQ(trainer->applied_steps(), 80 - skipped);
+    } else {
+      EXPECT_EQ(skipped, 0);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ampd::engine
