@@ -40,12 +40,14 @@ def torch_model():
 
 
 def sequences(step, batch=4, seq_len=CONTEXT):
-    """Step's (B, T) int64 ids and next-token targets, a few of them -100."""
+    """Step's (B, T) int64 ids and targets, a few of them -100. Each target is
+    a fixed function of its input token (a bigram to learn), so the loss falls
+    within the 20 steps and the curves compared are those of a model learning."""
     rng = np.random.default_rng(500 + step)
-    tokens = rng.integers(0, VOCAB, size=(batch, seq_len + 1), dtype=np.int64)
-    targets = tokens[:, 1:].copy()
+    ids = rng.integers(0, VOCAB, size=(batch, seq_len), dtype=np.int64)
+    targets = (5 * ids + 3) % VOCAB
     targets[rng.random(targets.shape) < 0.1] = -100
-    return tokens[:, :-1].copy(), targets
+    return ids, targets
 
 
 def torch_loss(model, ids, targets):
@@ -86,16 +88,24 @@ def test_fp32_loss_curve_equals_pytorch(server):
             theirs.append(loss.item())
         for step, (a, b) in enumerate(zip(ours, theirs)):
             assert a == pytest.approx(b, rel=1e-5), "step %d: ampd %r, PyTorch %r" % (step + 1, a, b)
-        assert theirs[-1] < theirs[0] - 0.1  # it trained, so equal curves say something
+        assert theirs[-1] < theirs[0] - 0.5  # it learned, so equal curves say something
 
-        # ampd's final weights load into PyTorch and are PyTorch's, loosely
-        # (Adam divides by sqrt(v), so fp32 rounding differences grow a little).
+        # ampd's final weights load into PyTorch and are PyTorch's, loosely.
+        # The key bias (c_attn.bias[C:2C]) adds the same q.b_k to every score
+        # of a row, which the softmax cancels: its true gradient is 0 and both
+        # sides train it on rounding noise, which Adam's division by sqrt(v)
+        # turns into steps of their own (about 2e-5 apart after 20 steps).
         final = torch_model()
         final.load_state_dict(ampd_torch.gpt2_state_dict(job), strict=True)
         moved = 0.0
         for name, value in final.state_dict().items():
             expected = model.state_dict()[name]
-            assert torch.allclose(value, expected, rtol=1e-3, atol=1e-5), name
+            if name.endswith("attn.c_attn.bias"):
+                keys = slice(D_MODEL, 2 * D_MODEL)
+                assert torch.allclose(value[keys], expected[keys], rtol=0, atol=1e-4), name
+                value, expected = value.clone(), expected.clone()
+                value[keys] = expected[keys] = 0
+            assert torch.allclose(value, expected, rtol=1e-4, atol=1e-5), name
             moved = max(moved, (expected - initial[name]).abs().max().item())
         assert moved > 10 * LR  # the comparison is about trained weights
         # The loaded model's loss on a new batch is the loss ampd's next step reports.
