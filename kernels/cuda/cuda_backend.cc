@@ -465,23 +465,32 @@ class CudaBackend final : public Backend {
   absl::Status CrossEntropyChunk(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
                                  float loss_scale, float grad_scale, Tensor& loss,
                                  Tensor& dlogits) override {
+    // Bad labels are flagged on the device (the error word), as above.
     AMPD_RETURN_IF_ERROR(ValidateCrossEntropyChunk(logits, labels, loss, dlogits));
-    (void)ignore_index;
-    (void)loss_scale;
-    (void)grad_scale;
-    return absl::UnimplementedError("CrossEntropyChunk: not yet on the CUDA backend");
+    AMPD_ENTER_DEVICE();
+    return LaunchCrossEntropyChunk(logits.data(), logits.dtype(), labels.data(), labels.dtype(),
+                                   logits.dim(0), logits.dim(1), ignore_index, loss_scale,
+                                   grad_scale, loss.data_as<float>(), dlogits.data(),
+                                   error_word_.data_as<int>(), stream());
   }
 
   // ---- causal self-attention ----------------------------------------------------
+  // cuBLAS GEMMs on the backend's stream and handle; att / datt are the
+  // only intermediate storage, so nothing is allocated.
   absl::Status AttentionForward(const Tensor& qkv, int64_t n_head, Tensor& att,
                                 Tensor& out) override {
     AMPD_RETURN_IF_ERROR(ValidateAttentionForward(qkv, n_head, att, out));
-    return absl::UnimplementedError("AttentionForward: not yet on the CUDA backend");
+    AMPD_ENTER_DEVICE();
+    return LaunchAttentionForward(cublas_.get(), qkv.data(), qkv.dtype(), qkv.dim(0), qkv.dim(1),
+                                  qkv.dim(2) / 3, n_head, att.data(), out.data(), stream());
   }
   absl::Status AttentionBackward(const Tensor& qkv, const Tensor& att, const Tensor& dout,
                                  int64_t n_head, Tensor& datt, Tensor& dqkv) override {
     AMPD_RETURN_IF_ERROR(ValidateAttentionBackward(qkv, att, dout, n_head, datt, dqkv));
-    return absl::UnimplementedError("AttentionBackward: not yet on the CUDA backend");
+    AMPD_ENTER_DEVICE();
+    return LaunchAttentionBackward(cublas_.get(), qkv.data(), att.data(), dout.data(), qkv.dtype(),
+                                   qkv.dim(0), qkv.dim(1), qkv.dim(2) / 3, n_head, datt.data(),
+                                   dqkv.data(), stream());
   }
 
   // ---- loss scaling and the optimizer -----------------------------------------
@@ -653,6 +662,11 @@ class CudaBackend final : public Backend {
       absl::StrAppend(&what, what.empty() ? "" : "; ",
                       "CrossEntropyLoss: labels held a label outside [0, V) (its row counted 0 "
                       "and got a zero gradient)");
+    }
+    if (bits & kErrorCrossEntropyChunkLabel) {
+      absl::StrAppend(&what, what.empty() ? "" : "; ",
+                      "CrossEntropyChunk: labels held a label outside [0, V) that is not "
+                      "ignore_index (its row was ignored: no loss, a zero gradient)");
     }
     return absl::InvalidArgumentError(
         absl::StrCat(what, "; detected on the device, reported at the next synchronisation"));

@@ -38,4 +38,19 @@ absl::Status LaunchGemm(cublasHandle_t handle, bool trans_a, bool trans_b, int m
   return absl::OkStatus();
 }
 
+absl::Status LaunchGemmStridedBatched(cublasHandle_t handle, bool trans_a, bool trans_b, int m,
+                                      int n, int k, float alpha, const void* a, int lda,
+                                      int64_t stride_a, const void* b, int ldb, int64_t stride_b,
+                                      DType ab_dtype, float beta, void* c, int ldc,
+                                      int64_t stride_c, DType c_dtype, int batch) {
+  const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  // The same operand swap as LaunchGemm, batch by batch.
+  AMPD_CUBLAS_RETURN_IF_ERROR(cublasGemmStridedBatchedEx(
+      handle, op_b, op_a, n, m, k, &alpha, b, CudaType(ab_dtype), ldb, stride_b, a,
+      CudaType(ab_dtype), lda, stride_a, &beta, c, CudaType(c_dtype), ldc, stride_c, batch,
+      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return absl::OkStatus();
+}
+
 }  // namespace ampd::kernels::cuda

@@ -21,6 +21,7 @@ namespace ampd::kernels::cuda {
 // with the step's one read (GatherScalars), never through mapped memory.
 inline constexpr int kErrorEmbeddingId = 1;
 inline constexpr int kErrorCrossEntropyLabel = 2;
+inline constexpr int kErrorCrossEntropyChunkLabel = 4;  // a label neither in [0, V) nor ignored
 
 // Partial sums of the two-stage (deterministic) loss reductions.
 inline constexpr int kMaxReductionBlocks = 1024;
@@ -116,6 +117,16 @@ absl::Status LaunchGemm(cublasHandle_t handle, bool trans_a, bool trans_b, int m
                         float alpha, const void* a, int lda, const void* b, int ldb, DType ab_dtype,
                         float beta, void* c, DType c_dtype);
 
+// Row-major strided-batched GEMM on cuBLAS (gemm.cc): for i in [0, batch),
+// C_i (m, n) = alpha op(A_i) op(B_i) + beta C_i with X_i = X + i * stride_x
+// elements; lda, ldb, ldc are the row lengths (elements) of the stored
+// matrices, so a matrix may be a column block of a wider row-major tensor.
+absl::Status LaunchGemmStridedBatched(cublasHandle_t handle, bool trans_a, bool trans_b, int m,
+                                      int n, int k, float alpha, const void* a, int lda,
+                                      int64_t stride_a, const void* b, int ldb, int64_t stride_b,
+                                      DType ab_dtype, float beta, void* c, int ldc,
+                                      int64_t stride_c, DType c_dtype, int batch);
+
 // y (n) += x (n), rounded once to y_dtype.
 absl::Status LaunchAdd(const void* x, DType x_dtype, void* y, DType y_dtype, int64_t n,
                        cudaStream_t stream);
@@ -130,6 +141,17 @@ absl::Status LaunchActivationForward(Activation act, const void* x, void* y, DTy
                                      cudaStream_t stream);
 absl::Status LaunchActivationBackward(Activation act, const void* x, const void* dy, void* dx,
                                       DType dtype, int64_t n, cudaStream_t stream);
+
+// Causal self-attention (attention_forward.cu, attention_backward.cu); every
+// float operand of dtype. qkv (batch, seq, 3 channels), att and datt
+// (batch, heads, seq, seq), out and dout (batch, seq, channels).
+absl::Status LaunchAttentionForward(cublasHandle_t handle, const void* qkv, DType dtype,
+                                    int64_t batch, int64_t seq, int64_t channels, int64_t heads,
+                                    void* att, void* out, cudaStream_t stream);
+absl::Status LaunchAttentionBackward(cublasHandle_t handle, const void* qkv, const void* att,
+                                     const void* dout, DType dtype, int64_t batch, int64_t seq,
+                                     int64_t channels, int64_t heads, void* datt, void* dqkv,
+                                     cudaStream_t stream);
 
 absl::Status LaunchLayerNormForward(const void* x, DType dtype, const void* gamma, const void* beta,
                                     DType param_dtype, int64_t rows, int64_t cols, float eps,
@@ -163,6 +185,14 @@ absl::Status LaunchCrossEntropy(const void* logits, DType dtype, const void* lab
                                 DType label_dtype, int64_t rows, int64_t vocab, float multiplier,
                                 float grad_scale, float* loss, void* dlogits, float* partials,
                                 int* error_flags, cudaStream_t stream);
+
+// loss (1) += loss_scale * each kept row's loss (atomically); dlogits
+// (may be logits) written; a bad label sets kErrorCrossEntropyChunkLabel.
+absl::Status LaunchCrossEntropyChunk(const void* logits, DType dtype, const void* labels,
+                                     DType label_dtype, int64_t rows, int64_t vocab,
+                                     int64_t ignore_index, float loss_scale, float grad_scale,
+                                     float* loss, void* dlogits, int* error_flags,
+                                     cudaStream_t stream);
 
 // norm_sq (if not null) += sum of (g * inv_scale)^2, two-stage: each block
 // writes its partial to `partials` (UnscaleAndCheckBlocks(grads, count)

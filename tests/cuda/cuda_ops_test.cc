@@ -3,8 +3,9 @@
 // the device error word (a bad id or label reported by the read that ends
 // the step, then cleared), the multi-slab reductions (bitwise reproducible
 // run to run, aliasing), raw-bit copies, special values (ReLU's selection,
-// a loss scale of 2^127, logits around 1e4) and the argument errors, word
-// for word. Each op's values on random inputs in every dtype are compared
+// a loss scale of 2^127, logits around 1e4), the argument errors, word
+// for word, and the GPT ops at GPT-2's sizes (a 50304-token vocabulary,
+// 64-channel heads). Each op's values on random inputs in every dtype are compared
 // with the oracle by tests/kernels/backend_ops_test.cc, which runs every op
 // on every backend.
 #include <gtest/gtest.h>
@@ -406,6 +407,118 @@ TEST_F(CudaVsCpuTest, DegenerateShapesAreRefusedWithTheCpuMessages) {
     st.push_back((*b)->GradLog2Histogram(none, counts));
   }
   expect_same(st[0], st[1], "GradLog2Histogram");
+}
+
+// ---- the GPT ops ---------------------------------------------------------------
+
+// rtol, and atol as a fraction of the largest |value| of the oracle's output:
+// attention's sums of many products make small elements' errors absolute.
+Tolerance ScaledTolerance(const std::vector<float>& want, float frac) {
+  float max_abs = 0.0f;
+  for (float v : want) max_abs = std::max(max_abs, std::fabs(v));
+  return {frac, frac * max_abs};
+}
+
+TEST_F(CudaVsCpuTest, CrossEntropyChunkBadLabelIsReportedByTheStepsReadAndIgnored) {
+  const std::vector<float> lv = RandomValues(12, 70, -2, 2, DType::kF32);
+  Tensor logits = Upload(*gpu_, DType::kF32, {3, 4}, lv);
+  Tensor labels = UploadIds(*gpu_, DType::kI64, {3}, {1, 9, -100});
+  Tensor loss = Upload(*gpu_, DType::kF32, {1}, {0.0f});
+  AMPD_EXPECT_OK(gpu_->CrossEntropyChunk(logits, labels, -100, 1.0f, 1.0f, loss, logits));
+  float got = 0;
+  const Tensor* const scalars[] = {&loss};
+  const absl::Status s = gpu_->ReadScalars(scalars, absl::MakeSpan(&got, 1));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Mentions(s, "CrossEntropyChunk")) << s;
+  // Row 0 alone made the loss; the bad and the ignored rows are zeroed.
+  Tensor cx = Upload(*cpu_, DType::kF32, {1, 4}, {lv[0], lv[1], lv[2], lv[3]});
+  Tensor cy = UploadIds(*cpu_, DType::kI64, {1}, {1});
+  Tensor cl = Upload(*cpu_, DType::kF32, {1}, {0.0f});
+  AMPD_EXPECT_OK(cpu_->CrossEntropyChunk(cx, cy, -100, 1.0f, 1.0f, cl, cx));
+  EXPECT_TRUE(AllClose(Download(*cpu_, cl), Download(*gpu_, loss), {1e-6f, 0.0f}));
+  const std::vector<float> grad = Download(*gpu_, logits);
+  for (int i = 4; i < 12; ++i) EXPECT_EQ(grad[static_cast<size_t>(i)], 0.0f) << i;
+  AMPD_EXPECT_OK(gpu_->ReadScalars(scalars, absl::MakeSpan(&got, 1)));  // cleared
+}
+
+TEST_P(CudaDTypeTest, CrossEntropyChunkOverGpt2VocabularyMatchesCpu) {
+  // GPT-2's padded vocabulary: each row spans many passes of the block.
+  const DType dt = GetParam();
+  const int64_t rows = 6, vocab = 50304;
+  const std::vector<float> lv = RandomValues(rows * vocab, 71, -10, 10, dt);
+  const std::vector<int64_t> ids = {50303, 0, -100, 17, 25000, 3};
+  std::vector<float> losses;
+  std::vector<std::vector<float>> grads;
+  for (Backend* be : {cpu_.get(), gpu_.get()}) {
+    Tensor x = Upload(*be, dt, {rows, vocab}, lv);
+    Tensor y = UploadIds(*be, DType::kI32, {rows}, ids);
+    Tensor l = Upload(*be, DType::kF32, {1}, {0.25f});
+    AMPD_EXPECT_OK(be->CrossEntropyChunk(x, y, -100, 0.2f, 1024.0f * 0.2f, l, x));  // in place
+    losses.push_back(Download(*be, l)[0]);
+    grads.push_back(Download(*be, x));
+  }
+  EXPECT_NEAR(losses[1], losses[0], 1e-5 * std::fabs(losses[0]));
+  const Tolerance elementwise = ElementwiseTolerance(dt);
+  EXPECT_TRUE(AllClose(grads[0], grads[1], {elementwise.rtol, elementwise.atol + 1e-6f * 205.0f}));
+}
+
+TEST_P(CudaDTypeTest, AttentionAtGpt2HeadSizeMatchesCpu) {
+  // D = 64 as in GPT-2; T = 100 is not a multiple of any tile.
+  const DType dt = GetParam();
+  const int64_t b = 2, t = 100, c = 192, heads = 3;
+  const std::vector<float> qv = RandomValues(b * t * 3 * c, 72, -1, 1, dt);
+  const std::vector<float> gv = RandomValues(b * t * c, 73, -1, 1, dt);
+  const float frac = dt == DType::kF32 ? 1e-4f : dt == DType::kF16 ? 6e-3f : 4e-2f;
+  std::vector<std::vector<float>> att, out, datt, dqkv;
+  std::vector<float> cpu_att;
+  for (Backend* be : {cpu_.get(), gpu_.get()}) {
+    Tensor qkv = Upload(*be, dt, {b, t, 3 * c}, qv);
+    Tensor a = *be->Allocate(dt, {b, heads, t, t});
+    Tensor o = *be->Allocate(dt, {b, t, c});
+    AMPD_EXPECT_OK(be->AttentionForward(qkv, heads, a, o));
+    att.push_back(Download(*be, a));
+    out.push_back(Download(*be, o));
+    if (be == cpu_.get()) cpu_att = att.back();
+    // Both backwards differentiate the oracle's P.
+    Tensor p = Upload(*be, dt, {b, heads, t, t}, cpu_att);
+    Tensor g = Upload(*be, dt, {b, t, c}, gv);
+    Tensor ds = *be->Allocate(dt, {b, heads, t, t});
+    Tensor dq = *be->Allocate(dt, {b, t, 3 * c});
+    AMPD_EXPECT_OK(be->AttentionBackward(qkv, p, g, heads, ds, dq));
+    datt.push_back(Download(*be, ds));
+    dqkv.push_back(Download(*be, dq));
+  }
+  EXPECT_TRUE(AllClose(att[0], att[1], ScaledTolerance(att[0], frac))) << "att";
+  EXPECT_TRUE(AllClose(out[0], out[1], ScaledTolerance(out[0], frac))) << "out";
+  EXPECT_TRUE(AllClose(datt[0], datt[1], ScaledTolerance(datt[0], frac))) << "datt";
+  EXPECT_TRUE(AllClose(dqkv[0], dqkv[1], ScaledTolerance(dqkv[0], frac))) << "dqkv";
+  // Masked probabilities and score gradients are exactly zero on the GPU too.
+  for (int64_t r = 0; r < b * heads * t; ++r) {
+    for (int64_t j = r % t + 1; j < t; ++j) {
+      ASSERT_EQ(att[1][static_cast<size_t>(r * t + j)], 0.0f);
+      ASSERT_EQ(datt[1][static_cast<size_t>(r * t + j)], 0.0f);
+    }
+  }
+}
+
+TEST_F(CudaVsCpuTest, GptOpsRefuseBadArgumentsWithTheCpuMessages) {
+  std::vector<absl::Status> st;
+  for (Backend* be : {cpu_.get(), gpu_.get()}) {
+    Tensor qkv = *be->Allocate(DType::kBF16, {2, 4, 24});
+    Tensor att = *be->Allocate(DType::kBF16, {2, 2, 4, 4});
+    Tensor out = *be->Allocate(DType::kBF16, {2, 4, 8});
+    Tensor dqkv = *be->Allocate(DType::kBF16, {2, 4, 24});
+    Tensor logits = *be->Allocate(DType::kBF16, {3, 5});
+    Tensor labels = *be->Allocate(DType::kI32, {2});
+    Tensor loss = *be->Allocate(DType::kF32, {1});
+    st.push_back(be->AttentionForward(qkv, 3, att, out));
+    st.push_back(be->AttentionBackward(qkv, att, out, 2, att, dqkv));
+    st.push_back(be->CrossEntropyChunk(logits, labels, -100, 1.0f, 1.0f, loss, logits));
+  }
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(st[i].code(), absl::StatusCode::kInvalidArgument) << st[i];
+    EXPECT_EQ(st[i + 3].message(), st[i].message());
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllFloatDTypes, CudaDTypeTest,

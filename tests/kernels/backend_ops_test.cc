@@ -576,6 +576,17 @@ void AddGemmCases(std::vector<OpCase>& cases) {
 double RefNormalCdf(double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)); }
 double RefNormalPdf(double x) { return std::exp(-0.5 * x * x) / std::sqrt(2.0 * std::numbers::pi); }
 
+// GELU's tanh approximation and its derivative, from the formula.
+double RefGeluTanhInner(double x) {
+  return std::sqrt(2.0 / std::numbers::pi) * (x + 0.044715 * x * x * x);
+}
+double RefGeluTanh(double x) { return 0.5 * x * (1.0 + std::tanh(RefGeluTanhInner(x))); }
+double RefGeluTanhGrad(double x) {
+  const double t = std::tanh(RefGeluTanhInner(x));
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * std::sqrt(2.0 / std::numbers::pi) *
+                               (1.0 + 3.0 * 0.044715 * x * x);
+}
+
 std::string ActName(Activation act) {
   switch (act) {
     case Activation::kReLU:
@@ -592,7 +603,8 @@ std::string ActName(Activation act) {
 
 void AddActivationCases(std::vector<OpCase>& cases) {
   const int64_t n = 5000;
-  for (Activation act : {Activation::kReLU, Activation::kGELU, Activation::kTanh}) {
+  for (Activation act :
+       {Activation::kReLU, Activation::kGELU, Activation::kTanh, Activation::kGELUTanh}) {
     for (DType dt : kFloatDTypes) {
       const bool relu = act == Activation::kReLU;
       // ReLU is a selection: bitwise everywhere. GELU and tanh go through
@@ -601,7 +613,12 @@ void AddActivationCases(std::vector<OpCase>& cases) {
       // 1 - t^2 cancels near saturation to an absolute error of a few u
       // times |dy| < 2: 16 u relative plus 16 u absolute covers both, then
       // one rounding to the dtype.
-      const Tol ref_tol = relu ? kBitwise : Ulps(dt, 1) + Tol{16 * kU32, 16 * kU32};
+      // GELUTanh's argument sqrt(2/pi) (x + 0.044715 x^3) reaches 12 at |x| = 6,
+      // so its few roundings move tanh by up to ~40 u before tanh' damps
+      // them; 64 u absolute covers that and its derivative's terms.
+      const Tol ref_tol =
+          relu ? kBitwise
+               : Ulps(dt, 1) + Tol{16 * kU32, (act == Activation::kGELUTanh ? 64 : 16) * kU32};
       const Tol dev_tol = relu ? kBitwise : DeviceElementwise(dt);
 
       auto forward = [=] {
@@ -625,6 +642,9 @@ void AddActivationCases(std::vector<OpCase>& cases) {
                 break;
               case Activation::kGELU:
                 r = v * RefNormalCdf(v);
+                break;
+              case Activation::kGELUTanh:
+                r = RefGeluTanh(v);
                 break;
               default:
                 r = std::tanh(v);
@@ -662,6 +682,9 @@ void AddActivationCases(std::vector<OpCase>& cases) {
                 break;
               case Activation::kGELU:
                 r = g * (RefNormalCdf(v) + v * RefNormalPdf(v));
+                break;
+              case Activation::kGELUTanh:
+                r = g * RefGeluTanhGrad(v);
                 break;
               default: {
                 const double t = std::tanh(v);
@@ -991,6 +1014,314 @@ void AddLossCases(std::vector<OpCase>& cases) {
         return c;
       };
       cases.push_back({"CrossEntropyLoss", absl::StrCat(Lower(dt), "_labels_", Lower(idt)), build});
+    }
+  }
+}
+
+// ---- causal self-attention ----
+// (B, T, C, n_head): T = 1, odd and non-power-of-two T, one head, D from 4 to 64.
+struct AttnDims {
+  int64_t b, t, c, heads;
+};
+constexpr AttnDims kAttnDims[] = {
+    {2, 1, 12, 3}, {2, 7, 16, 4}, {3, 13, 24, 2}, {1, 37, 64, 1}, {2, 64, 128, 2}};
+
+double AttnScale(int64_t c, int64_t heads) {
+  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(c / heads)));
+}
+
+// A reference output with a bound per element; the case's tolerance is the
+// largest bound (absolute), and another backend may be twice that from the
+// oracle (each within the bound of the same reference).
+struct Bounded {
+  std::vector<double> want, bound;
+  Tol Tolerance() const { return {0.0, *std::max_element(bound.begin(), bound.end())}; }
+};
+
+// The forward in double with the contract's roundings (S and P stored in
+// the dtype), and bounds for an fp32 implementation that sums in another
+// order: a score may round one ulp apart, moving each P relatively by twice
+// that, P's own rounding may flip, and out sums T products.
+struct AttnForwardRef {
+  Bounded att, out;
+};
+AttnForwardRef RefAttnForward(DType dt, const AttnDims& s, const std::vector<double>& qkv) {
+  const int64_t dd = s.c / s.heads;
+  const double scale = AttnScale(s.c, s.heads), eps = kt::Eps(dt);
+  AttnForwardRef r;
+  r.att.want.assign(static_cast<size_t>(s.b * s.heads * s.t * s.t), 0.0);
+  r.att.bound.assign(r.att.want.size(), 0.0);
+  r.out.want.assign(static_cast<size_t>(s.b * s.t * s.c), 0.0);
+  r.out.bound.assign(r.out.want.size(), 0.0);
+  auto at = [&](int64_t b, int64_t t, int64_t col) {
+    return qkv[static_cast<size_t>((b * s.t + t) * 3 * s.c + col)];
+  };
+  for (int64_t b = 0; b < s.b; ++b) {
+    for (int64_t h = 0; h < s.heads; ++h) {
+      for (int64_t t = 0; t < s.t; ++t) {
+        std::vector<double> score(static_cast<size_t>(t + 1));
+        double mx = -INFINITY, max_abs = 0, dot_err = 0;
+        for (int64_t j = 0; j <= t; ++j) {
+          double dot = 0, abs_sum = 0;
+          for (int64_t d = 0; d < dd; ++d) {
+            const double p = at(b, t, h * dd + d) * at(b, j, s.c + h * dd + d);
+            dot += p;
+            abs_sum += std::fabs(p);
+          }
+          score[j] = kt::RefStore(dt, scale * dot);
+          mx = std::max(mx, score[j]);
+          max_abs = std::max(max_abs, std::fabs(score[j]));
+          dot_err = std::max(dot_err, (dd + 2) * kU32 * abs_sum * scale);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j <= t; ++j) sum += std::exp(score[j] - mx);
+        const double p_rel = 2 * (eps * max_abs + dot_err) + (t + 8) * kU32 + eps;
+        const size_t row = static_cast<size_t>(((b * s.heads + h) * s.t + t) * s.t);
+        for (int64_t j = 0; j <= t; ++j) {
+          r.att.want[row + j] = kt::RefStore(dt, std::exp(score[j] - mx) / sum);
+          r.att.bound[row + j] = p_rel * r.att.want[row + j] + DenormMin(dt);
+        }
+        for (int64_t d = 0; d < dd; ++d) {
+          double acc = 0, abs_sum = 0, p_err = 0;
+          for (int64_t j = 0; j <= t; ++j) {
+            const double v = at(b, j, 2 * s.c + h * dd + d);
+            acc += r.att.want[row + j] * v;
+            abs_sum += std::fabs(r.att.want[row + j] * v);
+            p_err += r.att.bound[row + j] * std::fabs(v);
+          }
+          const size_t o = static_cast<size_t>((b * s.t + t) * s.c + h * dd + d);
+          r.out.want[o] = kt::RefStore(dt, acc);
+          r.out.bound[o] =
+              p_err + (t + 3) * kU32 * abs_sum + eps * std::fabs(r.out.want[o]) + DenormMin(dt);
+        }
+      }
+    }
+  }
+  return r;
+}
+
+// The backward in double from a given P (att), with the contract's
+// roundings (dP and dS stored in the dtype), bounded as the forward is.
+struct AttnBackwardRef {
+  Bounded datt, dqkv;
+};
+AttnBackwardRef RefAttnBackward(DType dt, const AttnDims& s, const std::vector<double>& qkv,
+                                const std::vector<double>& att, const std::vector<double>& dout) {
+  const int64_t dd = s.c / s.heads;
+  const double scale = AttnScale(s.c, s.heads), eps = kt::Eps(dt);
+  AttnBackwardRef r;
+  r.datt.want.assign(att.size(), 0.0);
+  r.datt.bound.assign(att.size(), DenormMin(dt));
+  std::vector<double> acc(qkv.size(), 0.0), abs_acc(qkv.size(), 0.0), err_acc(qkv.size(), 0.0);
+  auto idx = [&](int64_t b, int64_t t, int64_t col) {
+    return static_cast<size_t>((b * s.t + t) * 3 * s.c + col);
+  };
+  auto g = [&](int64_t b, int64_t t, int64_t col) {
+    return dout[static_cast<size_t>((b * s.t + t) * s.c + col)];
+  };
+  for (int64_t b = 0; b < s.b; ++b) {
+    for (int64_t h = 0; h < s.heads; ++h) {
+      for (int64_t t = 0; t < s.t; ++t) {
+        const size_t row = static_cast<size_t>(((b * s.heads + h) * s.t + t) * s.t);
+        const size_t n = static_cast<size_t>(t + 1);
+        std::vector<double> dp(n), dp_err(n), ds(n), ds_err(n);
+        double rowsum = 0, rowsum_abs = 0, rowsum_err = 0;
+        for (int64_t j = 0; j <= t; ++j) {
+          double dot = 0, abs_sum = 0;
+          for (int64_t d = 0; d < dd; ++d) {
+            const double p = g(b, t, h * dd + d) * qkv[idx(b, j, 2 * s.c + h * dd + d)];
+            dot += p;
+            abs_sum += std::fabs(p);
+          }
+          dp[j] = kt::RefStore(dt, dot);
+          dp_err[j] = (dd + 2) * kU32 * abs_sum + eps * std::fabs(dp[j]);
+          rowsum += att[row + j] * dp[j];
+          rowsum_abs += std::fabs(att[row + j] * dp[j]);
+          rowsum_err += att[row + j] * dp_err[j];
+        }
+        rowsum_err += (t + 3) * kU32 * rowsum_abs;
+        for (int64_t j = 0; j <= t; ++j) {
+          const double p = att[row + j];
+          ds[j] = kt::RefStore(dt, p * (dp[j] - rowsum));
+          ds_err[j] = p * (dp_err[j] + rowsum_err) +
+                      2 * kU32 * p * (std::fabs(dp[j]) + std::fabs(rowsum)) +
+                      eps * std::fabs(ds[j]) + DenormMin(dt);
+          r.datt.want[row + j] = ds[j];
+          r.datt.bound[row + j] = ds_err[j];
+        }
+        for (int64_t j = 0; j <= t; ++j) {
+          for (int64_t d = 0; d < dd; ++d) {
+            const int64_t qc = h * dd + d;
+            const double kj = qkv[idx(b, j, s.c + qc)], qt = qkv[idx(b, t, qc)];
+            const size_t dq = idx(b, t, qc), dk = idx(b, j, s.c + qc), dv = idx(b, j, 2 * s.c + qc);
+            acc[dq] += ds[j] * kj;
+            abs_acc[dq] += std::fabs(ds[j] * kj);
+            err_acc[dq] += ds_err[j] * std::fabs(kj);
+            acc[dk] += ds[j] * qt;
+            abs_acc[dk] += std::fabs(ds[j] * qt);
+            err_acc[dk] += ds_err[j] * std::fabs(qt);
+            acc[dv] += att[row + j] * g(b, t, qc);
+            abs_acc[dv] += std::fabs(att[row + j] * g(b, t, qc));
+          }
+        }
+      }
+    }
+  }
+  r.dqkv.want.resize(qkv.size());
+  r.dqkv.bound.resize(qkv.size());
+  for (size_t i = 0; i < qkv.size(); ++i) {
+    const bool is_v = static_cast<int64_t>(i % static_cast<size_t>(3 * s.c)) >= 2 * s.c;
+    const double sc = is_v ? 1.0 : scale;
+    r.dqkv.want[i] = kt::RefStore(dt, sc * acc[i]);
+    r.dqkv.bound[i] = sc * (err_acc[i] + (s.t + 3) * kU32 * abs_acc[i]) +
+                      eps * std::fabs(r.dqkv.want[i]) + DenormMin(dt);
+  }
+  return r;
+}
+
+Tol Twice(Tol t) { return t + t; }
+
+void AddAttentionCases(std::vector<OpCase>& cases) {
+  uint64_t seed = 300;
+  for (DType dt : kFloatDTypes) {
+    for (const AttnDims& s : kAttnDims) {
+      const std::string variant =
+          absl::StrCat(Lower(dt), "_b", s.b, "_t", s.t, "_c", s.c, "_h", s.heads);
+      const Shape qkv_shape = {s.b, s.t, 3 * s.c};
+      const Shape att_shape = {s.b, s.heads, s.t, s.t};
+      const Shape out_shape = {s.b, s.t, s.c};
+      const uint64_t case_seed = seed++;
+
+      auto forward = [=] {
+        const HostTensor qkv = Random(dt, qkv_shape, case_seed, -1.5, 1.5);
+        CaseFns f;
+        f.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+          const AttnForwardRef ref = RefAttnForward(dt, s, qkv.values);
+          Io io(be);
+          AMPD_ASSIGN_OR_RETURN(Tensor tq, io.Upload(qkv));
+          AMPD_ASSIGN_OR_RETURN(Tensor ta, io.Unwritten(dt, att_shape));
+          AMPD_ASSIGN_OR_RETURN(Tensor to, io.Unwritten(dt, out_shape));
+          AMPD_RETURN_IF_ERROR(be.AttentionForward(tq, s.heads, ta, to));
+          AMPD_RETURN_IF_ERROR(io.Read("att", ta, Twice(ref.att.Tolerance())));
+          AMPD_RETURN_IF_ERROR(io.Read("out", to, Twice(ref.out.Tolerance())));
+          return io.Take();
+        };
+        f.reference = [=] {
+          const AttnForwardRef ref = RefAttnForward(dt, s, qkv.values);
+          return Outputs{{"att", ref.att.want, ref.att.Tolerance()},
+                         {"out", ref.out.want, ref.out.Tolerance()}};
+        };
+        return f;
+      };
+      cases.push_back({"AttentionForward", variant, forward});
+
+      auto backward = [=] {
+        const HostTensor qkv = Random(dt, qkv_shape, case_seed, -1.5, 1.5);
+        const HostTensor dout = Random(dt, out_shape, case_seed + 1000, -1.0, 1.0);
+        // Every backend differentiates the same P: the reference forward's.
+        const HostTensor att{dt, att_shape, RefAttnForward(dt, s, qkv.values).att.want};
+        CaseFns c;
+        c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+          const AttnBackwardRef ref = RefAttnBackward(dt, s, qkv.values, att.values, dout.values);
+          Io io(be);
+          AMPD_ASSIGN_OR_RETURN(Tensor tq, io.Upload(qkv));
+          AMPD_ASSIGN_OR_RETURN(Tensor ta, io.Upload(att));
+          AMPD_ASSIGN_OR_RETURN(Tensor tg, io.Upload(dout));
+          AMPD_ASSIGN_OR_RETURN(Tensor tds, io.Unwritten(dt, att_shape));
+          AMPD_ASSIGN_OR_RETURN(Tensor tdq, io.Unwritten(dt, qkv_shape));
+          AMPD_RETURN_IF_ERROR(be.AttentionBackward(tq, ta, tg, s.heads, tds, tdq));
+          AMPD_RETURN_IF_ERROR(io.Read("datt", tds, Twice(ref.datt.Tolerance())));
+          AMPD_RETURN_IF_ERROR(io.Read("dqkv", tdq, Twice(ref.dqkv.Tolerance())));
+          return io.Take();
+        };
+        c.reference = [=] {
+          const AttnBackwardRef ref = RefAttnBackward(dt, s, qkv.values, att.values, dout.values);
+          return Outputs{{"datt", ref.datt.want, ref.datt.Tolerance()},
+                         {"dqkv", ref.dqkv.want, ref.dqkv.Tolerance()}};
+        };
+        return c;
+      };
+      cases.push_back({"AttentionBackward", variant, backward});
+    }
+  }
+}
+
+// ---- chunked token cross-entropy ----
+// Rows labelled -100 are ignored; the loss starts at 0.5 to show it is
+// accumulated into; in place writes the gradient over the logits.
+void AddCrossEntropyChunkCases(std::vector<OpCase>& cases) {
+  constexpr int64_t kIgnore = -100;
+  const struct { int64_t rows, vocab; } kSizes[] = {{37, 50}, {24, 1000}, {3, 5000}};
+  uint64_t seed = 500;
+  for (DType dt : kFloatDTypes) {
+    for (DType idt : kIdDTypes) {
+      for (const auto& size : kSizes) {
+        for (bool in_place : {false, true}) {
+          const int64_t rows = size.rows, vocab = size.vocab;
+          const uint64_t case_seed = seed++;
+          auto build = [=] {
+            const HostTensor logits = Random(dt, {rows, vocab}, case_seed, -8, 8);
+            HostTensor labels = Ids(idt, rows, case_seed + 1, vocab);
+            for (int64_t r = 1; r < rows; r += 3) labels.values[static_cast<size_t>(r)] = kIgnore;
+            int64_t kept = 0;
+            for (double l : labels.values) kept += l != kIgnore ? 1 : 0;
+            const float loss_scale = 1.0f / static_cast<float>(kept);
+            const float grad_scale = 256.0f / static_cast<float>(kept);
+            const double sum_err = ChunkedSumBound(vocab) + 4 * kU32;
+            CaseFns c;
+            c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+              Io io(be);
+              AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(logits));
+              AMPD_ASSIGN_OR_RETURN(Tensor ty, io.Upload(labels));
+              AMPD_ASSIGN_OR_RETURN(Tensor tl, io.Scalar(0.5f));
+              Tensor td;
+              if (!in_place) {
+                AMPD_ASSIGN_OR_RETURN(td, io.Unwritten(dt, logits.shape));
+              }
+              Tensor& grad = in_place ? tx : td;
+              AMPD_RETURN_IF_ERROR(
+                  be.CrossEntropyChunk(tx, ty, kIgnore, loss_scale, grad_scale, tl, grad));
+              // Rows are added in another order on a GPU (atomics), and
+              // expf and the row sums differ by ulps.
+              AMPD_RETURN_IF_ERROR(io.Read("loss", tl, {1e-5, 0}));
+              AMPD_RETURN_IF_ERROR(
+                  io.Read("dlogits", grad, DeviceElementwise(dt) + Tol{0, grad_scale * 1e-6}));
+              return io.Take();
+            };
+            c.reference = [=] {
+              double total = 0;
+              std::vector<double> grad;
+              for (int64_t r = 0; r < rows; ++r) {
+                const int64_t label = static_cast<int64_t>(labels.values[static_cast<size_t>(r)]);
+                if (label == kIgnore) {
+                  grad.insert(grad.end(), static_cast<size_t>(vocab), 0.0);
+                  continue;
+                }
+                const double* z = &logits.values[static_cast<size_t>(r * vocab)];
+                const double mx = *std::max_element(z, z + vocab);
+                double sum = 0;
+                for (int64_t v = 0; v < vocab; ++v) sum += std::exp(z[v] - mx);
+                total += std::log(sum) - (z[label] - mx);
+                for (int64_t v = 0; v < vocab; ++v) {
+                  const double softmax = std::exp(z[v] - mx) / sum;
+                  grad.push_back(grad_scale * (softmax - (v == label ? 1.0 : 0.0)));
+                }
+              }
+              // Each row loss (~log V + 8) inherits the sum's relative error
+              // as an absolute one; rows are added to 0.5 one by one.
+              const double want = 0.5 + loss_scale * total;
+              return Outputs{
+                  {"loss", {want}, {(rows + 4) * kU32, sum_err * 20 * loss_scale * rows}},
+                  {"dlogits", grad, Ulps(dt, 1) + Tol{sum_err, sum_err * grad_scale}}};
+            };
+            return c;
+          };
+          cases.push_back({"CrossEntropyChunk",
+                           absl::StrCat(Lower(dt), "_labels_", Lower(idt), "_n", rows, "_v", vocab,
+                                        in_place ? "_in_place" : ""),
+                           build});
+        }
+      }
     }
   }
 }
@@ -1436,6 +1767,8 @@ const std::vector<OpCase>& AllCases() {
     AddLayerNormCases(*all);
     AddEmbeddingCases(*all);
     AddLossCases(*all);
+    AddAttentionCases(*all);
+    AddCrossEntropyChunkCases(*all);
     AddUnscaleCases(*all);
     AddAdamCases(*all);
     AddSgdCases(*all);

@@ -102,6 +102,34 @@ TEST_F(OpChecksTest, EmbeddingAndLabelShapesNameEveryOperand) {
                 "CrossEntropyLoss: labels is I64(3) but logits is F32(2, 5); expected (2)");
 }
 
+TEST_F(OpChecksTest, AttentionAndChunkedLossMessagesNameTheOperand) {
+  Tensor qkv = Make(DType::kF16, {2, 4, 24});
+  Tensor att = Make(DType::kF16, {2, 2, 4, 4});
+  Tensor out = Make(DType::kF16, {2, 4, 8});
+  EXPECT_TRUE(ValidateAttentionForward(qkv, 2, att, out).ok());
+  ExpectMessage(ValidateAttentionForward(qkv, 3, att, out),
+                "AttentionForward: n_head is 3 but qkv is F16(2, 4, 24) (C = 8); n_head must "
+                "divide C");
+  ExpectMessage(ValidateAttentionForward(qkv, 4, att, out),
+                "AttentionForward: att is F16(2, 2, 4, 4); expected (B, n_head, T, T) = "
+                "(2, 4, 4, 4)");
+  Tensor qkv_odd = Make(DType::kF16, {2, 4, 20});
+  ExpectMessage(ValidateAttentionForward(qkv_odd, 2, att, out),
+                "AttentionForward: qkv is F16(2, 4, 20); expected (B, T, 3 * C) with C >= 1");
+  Tensor dqkv = Make(DType::kF16, {2, 4, 24});
+  ExpectMessage(ValidateAttentionBackward(qkv, att, out, 2, att, dqkv),
+                "AttentionBackward: datt F16(2, 2, 4, 4) overlaps att F16(2, 2, 4, 4)");
+  Tensor logits = Make(DType::kBF16, {3, 7});
+  Tensor labels = Make(DType::kI32, {3});
+  Tensor loss = Make(DType::kF32, {1});
+  EXPECT_TRUE(ValidateCrossEntropyChunk(logits, labels, loss, logits).ok());  // in place
+  Tensor empty_chunk = Make(DType::kBF16, {0, 7});
+  Tensor no_labels = Make(DType::kI32, {0});
+  EXPECT_TRUE(ValidateCrossEntropyChunk(empty_chunk, no_labels, loss, empty_chunk).ok());
+  ExpectMessage(ValidateCrossEntropyChunk(logits, no_labels, loss, logits),
+                "CrossEntropyChunk: labels is I32(0) but logits is BF16(3, 7); expected (3)");
+}
+
 TEST_F(OpChecksTest, OptimizerChecksTheTransformThenEachParam) {
   Tensor master = Make(DType::kF32, {4});
   Tensor grad = Make(DType::kF16, {4});

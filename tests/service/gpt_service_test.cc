@@ -6,6 +6,7 @@
 // another job and giving the same loss, and bad requests answered with
 // INVALID_ARGUMENT naming the field while the server keeps serving.
 #include <grpcpp/grpcpp.h>
+#include <signal.h>
 
 #include <chrono>
 #include <cmath>
@@ -40,11 +41,11 @@ constexpr int64_t kLayers = 2;
 
 class GptServiceTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const std::string state_dir = (root_.path() / "state").string();
-    server_ = std::make_unique<AmpdProcess>(AMPD_SERVER_BINARY,
-                                            std::vector<std::string>{"--state-dir=" + state_dir},
-                                            state_dir + ".log");
+  void SetUp() override { state_dir_ = (root_.path() / "state").string(); }
+  // Starts (or restarts) ampd on the test's state directory.
+  void Start(std::vector<std::string> flags = {}) {
+    flags.insert(flags.begin(), "--state-dir=" + state_dir_);
+    server_ = std::make_unique<AmpdProcess>(AMPD_SERVER_BINARY, flags, state_dir_ + ".log");
     ASSERT_NE(server_->port(), 0) << server_->Describe();
     ClientOptions options;
     options.deadline = absl::Seconds(30);
@@ -118,11 +119,13 @@ class GptServiceTest : public ::testing::Test {
   }
 
   TempDir root_{"ampd_gpt_service_test"};
+  std::string state_dir_;
   std::unique_ptr<AmpdProcess> server_;
   std::unique_ptr<Client> client_;
 };
 
 TEST_F(GptServiceTest, EffectiveConfigFillsTheDefaults) {
+  Start();
   absl::StatusOr<v1::Job> job = client_->CreateJob(GptRequest(1, v1::PRECISION_BF16));
   ASSERT_TRUE(job.ok()) << job.status();
   const v1::Gpt& gpt = job->config().model().gpt();
@@ -143,6 +146,7 @@ TEST_F(GptServiceTest, EffectiveConfigFillsTheDefaults) {
 }
 
 TEST_F(GptServiceTest, TrainsExportsInHfLayoutAndAnHfFileLoadsWithTheSameLoss) {
+  Start();
   absl::StatusOr<v1::Job> a = client_->CreateJob(GptRequest(1, v1::PRECISION_FP32));
   ASSERT_TRUE(a.ok()) << a.status();
   std::vector<float> losses;
@@ -233,6 +237,7 @@ TEST_F(GptServiceTest, TrainsExportsInHfLayoutAndAnHfFileLoadsWithTheSameLoss) {
 }
 
 TEST_F(GptServiceTest, Fp16AndBf16Train) {
+  Start();
   for (v1::Precision precision : {v1::PRECISION_BF16, v1::PRECISION_FP16}) {
     absl::StatusOr<v1::Job> job = client_->CreateJob(GptRequest(5, precision));
     ASSERT_TRUE(job.ok()) << job.status();
@@ -249,6 +254,7 @@ TEST_F(GptServiceTest, Fp16AndBf16Train) {
 }
 
 TEST_F(GptServiceTest, BadInputIsInvalidArgumentNamingTheField) {
+  Start();
   absl::StatusOr<v1::Job> job = client_->CreateJob(GptRequest(1, v1::PRECISION_BF16));
   ASSERT_TRUE(job.ok()) << job.status();
   const std::string id = job->job_id();
@@ -295,6 +301,40 @@ TEST_F(GptServiceTest, BadInputIsInvalidArgumentNamingTheField) {
   EXPECT_TRUE(absl::StrContains(s.error_message(), "model.gpt.vocab_size")) << s.error_message();
   // Still serving.
   EXPECT_TRUE(client_->GetJob(id).ok());
+}
+
+// A GPT job's checkpoint keeps its config (format_version 3) and state: a
+// killed server restores it bitwise and the sequence goes on.
+TEST_F(GptServiceTest, RestartRestoresAGptJob) {
+  Start({"--checkpoint-every=2", "--checkpoint-sync"});
+  absl::StatusOr<v1::Job> job = client_->CreateJob(GptRequest(3, v1::PRECISION_FP16));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string id = job->job_id();
+  for (int s = 1; s <= 4; ++s) {
+    ASSERT_TRUE(client_->Step(Step(id, s, RuleBatch(2, 8, s))).ok());
+  }
+  absl::StatusOr<std::string> before = client_->GetStateDict(id);
+  ASSERT_TRUE(before.ok()) << before.status();
+  server_->Signal(SIGKILL);
+  server_->Wait(std::chrono::seconds(60));
+
+  Start({"--checkpoint-every=2", "--checkpoint-sync"});
+  absl::StatusOr<v1::Job> restored = client_->GetJob(id);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(restored->step(), 4);
+  EXPECT_EQ(restored->config().model().gpt().SerializeAsString(),
+            job->config().model().gpt().SerializeAsString());
+  absl::StatusOr<std::string> after = client_->GetStateDict(id);
+  ASSERT_TRUE(after.ok()) << after.status();
+  absl::StatusOr<StateDict> a = DecodeSafetensors(*before);
+  absl::StatusOr<StateDict> b = DecodeSafetensors(*after);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->tensors.size(), b->tensors.size());
+  for (size_t i = 0; i < a->tensors.size(); ++i) {
+    EXPECT_EQ(a->tensors[i].name, b->tensors[i].name);
+    EXPECT_TRUE(a->tensors[i].tensor.data == b->tensors[i].tensor.data) << a->tensors[i].name;
+  }
+  EXPECT_TRUE(client_->Step(Step(id, 5, RuleBatch(2, 8, 5))).ok());
 }
 
 }  // namespace
