@@ -23,6 +23,7 @@ torch = pytest.importorskip("torch", reason="torch is not importable: the GPT co
                                            "tests compare ampd with a PyTorch GPT")
 
 import ampd  # noqa: E402
+import ampd.safetensors  # noqa: E402
 import ampd.torch as ampd_torch  # noqa: E402
 from ampd.v1 import trainer_pb2 as pb  # noqa: E402
 
@@ -160,6 +161,15 @@ def test_pytorch_gpt2_weights_load_into_a_job(server):
         with torch.no_grad():
             expected = torch_loss(source, ids, targets).item()
         assert job.step(ids, targets).loss == pytest.approx(expected, rel=1e-5)
+
+        # The same weights as a pretrained model.safetensors is laid out,
+        # sent as is: the server takes a weights-only file (and starts the
+        # optimizer afresh).
+        other = client.create_job(model=SPEC, precision="fp32", seed=3)
+        other.load_state_dict_bytes(ampd.safetensors.dumps(
+            {k: v.numpy() for k, v in weights.items()}, {"format": "pt"}))
+        for name, value in ampd_torch.gpt2_state_dict(other).items():
+            assert torch.equal(value, source.state_dict()[name]), name
 
         wrong = dict(weights)
         wrong.pop("ln_f.weight")
