@@ -7,8 +7,8 @@ identical AdamW steps on identical (B, T) batches (some targets -100) must
 give the same loss curve to 1e-5 relative in fp32, and the weights ampd
 ends with must load into PyTorch and be close to the ones PyTorch ended
 with. Also: GPT-2 weights in PyTorch load into a job (names with or
-without "transformer.", the old attn.bias buffers ignored), and the
-initialisation is nanoGPT's.
+without "transformer.", the old attn.bias buffers ignored), the
+initialisation is nanoGPT's, and the benchmark script runs on the CPU.
 
 Skipped, saying so, where torch is not importable (it is optional; Debian's
 python3-torch provides it)."""
@@ -192,3 +192,27 @@ def test_bad_sequences_are_refused_naming_the_field(server):
         with pytest.raises(ampd.InvalidArgument, match="inputs"):
             job.step(ids, targets)
         assert job.refresh().step_count == 0
+
+
+def test_bench_peer_runs_and_counts_the_parameters_ampd_counts(server):
+    """bench/pytorch/gpt.py end to end on the CPU with tiny flags: a line per
+    precision torch can autocast here, and the N of its FLOP count (every
+    parameter but the position table) from the same sizes as ampd's job."""
+    import re
+    import subprocess
+    script = os.path.join(os.environ["AMPD_SOURCE_DIR"], "bench", "pytorch", "gpt.py")
+    run = subprocess.run(
+        [sys.executable, script, "--device", "cpu", "--vocab", str(VOCAB), "--context",
+         str(CONTEXT), "--d-model", str(D_MODEL), "--n-layer", str(N_LAYER), "--n-head",
+         str(N_HEAD), "--batch", "2", "--steps", "2", "--warmup", "1", "--precisions",
+         "fp32,bf16", "--peak-tflops", "1"],
+        capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = re.findall(r"^(fp32|bf16) +step median +[0-9.]+ ms +[0-9]+ tokens/s +[0-9.]+ TFLOP/s "
+                       r"+MFU +[0-9.]+%  \((\d+) params, loss ([0-9.]+)\)$", run.stdout, re.M)
+    assert [line[0] for line in lines] == ["fp32", "bf16"], run.stdout
+    with ampd.Client(server.address) as client:
+        job = client.create_job(model=SPEC, precision="fp32")
+    assert int(lines[0][1]) == job.parameter_count - CONTEXT * D_MODEL
+    for line in lines:
+        assert 0 < float(line[2]) < 2 * math.log(VOCAB)
