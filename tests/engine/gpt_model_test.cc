@@ -361,6 +361,33 @@ TEST(GptInit, NanoGptDistributionsFromTheSeed) {
   EXPECT_NE(w.at("transformer.h.0.mlp.c_fc.weight"), w.at("transformer.h.1.mlp.c_fc.weight"));
 }
 
+// WorkspaceBytes is what admission holds a step to: an upper bound of what
+// the workspace allocates (ids and targets included), tight to the byte for
+// the float buffers, refused for shapes the model cannot take and for
+// products that overflow.
+TEST(GptWorkspace, BytesBoundTheAllocationAndOverflowIsRefused) {
+  const model::ModelSpec spec = TinyGpt(50, 16, 32, 3, 4, /*tied=*/false);
+  GptNet m(spec, model::Precision::kBf16, 1);
+  const int64_t before = m.backend().BytesInUse();
+  const Batch data = RandomBatch(3, 10, 50, 5);
+  ASSERT_TRUE(m.Load(data).ok());
+  const int64_t used = m.backend().BytesInUse() - before;
+  absl::StatusOr<int64_t> bytes = model::WorkspaceBytes(spec, model::Precision::kBf16, {3, 10});
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  // ids and targets are I32 here, counted as I64: 2 x 30 x 4 bytes of slack.
+  EXPECT_EQ(*bytes - used, 2 * 30 * 4);
+  EXPECT_EQ(m.net().cached_workspace_bytes(), *bytes);
+
+  EXPECT_EQ(model::WorkspaceBytes(spec, model::Precision::kBf16, {3, 17}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(model::WorkspaceBytes(spec, model::Precision::kBf16, {30}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const absl::Status huge =
+      model::WorkspaceBytes(spec, model::Precision::kBf16, {int64_t{1} << 50, 16}).status();
+  EXPECT_EQ(huge.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(huge.message(), "more than 2^63 bytes")) << huge;
+}
+
 // Sequences of a fixed rule (next = (3 t + 1) mod V after a random start):
 // the loss can fall far below ln V.
 StepInput RuleBatch(int64_t batch, int64_t seq, int64_t vocab, DataRng& rng) {

@@ -1,10 +1,11 @@
 // Model: the layer stack of a ModelSpec as a Network (network.h) on one
 // Backend, its parameters (fp32 master, working copy, gradient) and the
-// forward/backward passes of the mixed-precision step. Activations and gradients live in the
-// working dtype; the Backend does LayerNorm statistics and the losses in fp32. Buffers for a batch
-// size are allocated once and reused (Workspace), so a step of a size seen before allocates nothing
-// on the device; their size is known before they are allocated (WorkspaceBytes), so it can be
-// admitted against a memory limit first.
+// forward/backward passes of the mixed-precision step. Activations and
+// gradients live in the working dtype; the Backend does LayerNorm
+// statistics and the losses in fp32. Buffers for a batch size are allocated
+// once and reused (Workspace), so a step of a size seen before allocates
+// nothing on the device; their size is known before they are allocated
+// (WorkspaceBytes), so it can be admitted against a memory limit first.
 #pragma once
 
 #include <cstdint>

@@ -69,6 +69,10 @@ class Trainer {
   enum class StepCount { kFromState, kKeep };
   // Replaces them all, or nothing: InvalidArgument naming the missing or
   // mismatched tensor or key. The working copy is recast from the masters.
+  // With kKeep, a state of model weights alone (no optimizer.* tensor, no
+  // optimizer.step) replaces the weights and starts the optimizer afresh
+  // (zero moments, no update applied), the scaler unchanged. The model may
+  // accept other spellings of its names (a GPT takes Hugging Face's).
   absl::Status LoadState(const checkpoint::StateDict& state,
                          StepCount step_count = StepCount::kFromState);
 
