@@ -3,6 +3,7 @@
 //   ampctl jobs create|list|get ID|delete ID
 //   ampctl train --steps=N [--precision=fp16] [--scaler=pytorch --init-scale=..] [--json]
 //   ampctl train --batches=FILE --layers=SPEC [--loss=mse|cross_entropy] --steps=N ...
+//   ampctl train --layers=gpt:VOCAB:CONTEXT:DMODEL:NLAYER:NHEAD [--batch-size=B --seq-len=T]
 //   ampctl eval --job=ID [--batches=FILE | --batch-size=N --seed=S] [--json]
 //   ampctl state export --job=ID --out=FILE | state import --job=ID FILE
 // Flags may be spelled with dashes or underscores (--init-scale, --init_scale).
@@ -27,6 +28,7 @@
 #include "absl/strings/str_format.h"
 #include "client/batch_file.h"
 #include "client/client.h"
+#include "client/sequence_task.h"
 #include "client/synthetic_task.h"
 #include "codec/tensor_proto.h"
 #include "common/dashed_flags.h"
@@ -49,7 +51,8 @@ ABSL_FLAG(std::string, out, "", "Output file (state export)");
 ABSL_FLAG(std::string, name, "", "Display name of the job");
 ABSL_FLAG(std::string, layers, "",
           "The job's model, comma-separated: linear:IN:OUT[:nobias], relu, gelu, tanh, "
-          "layer_norm:N, embedding:VOCAB:DIM (first only). Required with --batches; "
+          "layer_norm:N, embedding:VOCAB:DIM (first only); or a GPT, "
+          "gpt:VOCAB:CONTEXT:DMODEL:NLAYER:NHEAD. Required with --batches; "
           "default: the synthetic task's linear:16:64,gelu,linear:64:4");
 ABSL_FLAG(std::optional<std::string>, loss, std::nullopt,
           "The model's loss with --layers: mse (default) or cross_entropy");
@@ -90,7 +93,11 @@ ABSL_FLAG(int64_t, steps, 100, "Steps to run (train)");
 ABSL_FLAG(std::string, batches, "",
           "Train on this safetensors file's inputs.<i>/targets.<i> (i = 0..B-1), cycled over "
           "--steps, instead of the synthetic task; needs --layers");
-ABSL_FLAG(int64_t, batch_size, 64, "Rows per batch of the synthetic task");
+ABSL_FLAG(std::optional<int64_t>, batch_size, std::nullopt,
+          "Rows per batch of the synthetic task (default 64), or sequences per batch of a "
+          "GPT's synthetic sequence task (default 8)");
+ABSL_FLAG(std::optional<int64_t>, seq_len, std::nullopt,
+          "Tokens per sequence of a GPT's synthetic sequence task (default: its context_length)");
 ABSL_FLAG(double, target_scale, 32.0,
           "Magnitude of the synthetic task's targets (32: the first fp16 steps overflow at 65536)");
 ABSL_FLAG(bool, delete_after, false, "Delete the job when train ends");
@@ -125,7 +132,7 @@ absl::StatusOr<std::optional<ampd::v1::ModelSpec>> ModelFromFlags() {
     }
     return std::nullopt;
   }
-  absl::StatusOr<ampd::v1::ModelSpec> spec = ampd::ParseModelFlags(layers, loss.value_or("mse"));
+  absl::StatusOr<ampd::v1::ModelSpec> spec = ampd::ParseModelFlags(layers, loss.value_or(""));
   if (!spec.ok()) return spec.status();
   return *std::move(spec);
 }
@@ -203,7 +210,7 @@ absl::StatusOr<ampd::v1::CreateJobRequest> BuildCreateRequest(const ampd::v1::Mo
 
 ampd::SyntheticTask MakeTask() {
   ampd::SyntheticTaskOptions options;
-  options.batch_size = absl::GetFlag(FLAGS_batch_size);
+  options.batch_size = absl::GetFlag(FLAGS_batch_size).value_or(64);
   options.target_scale = static_cast<float>(absl::GetFlag(FLAGS_target_scale));
   options.seed = absl::GetFlag(FLAGS_seed);
   return ampd::SyntheticTask(options);
@@ -218,11 +225,13 @@ std::string JsonNumber(double v) {
 // model leaves nothing behind on the server.
 struct TrainData {
   ampd::v1::ModelSpec model;
-  std::vector<ampd::v1::MicroBatch> file_batches;  // empty: the synthetic task
+  std::vector<ampd::v1::MicroBatch> file_batches;  // empty: a synthetic task
   std::optional<ampd::SyntheticTask> task;
+  std::optional<ampd::SequenceTask> sequences;  // a GPT's
 
   ampd::v1::MicroBatch Batch(int64_t step) {  // step: 1-based
     if (task) return task->NextBatch();
+    if (sequences) return sequences->NextBatch();
     return file_batches[static_cast<size_t>((step - 1) %
                                             static_cast<int64_t>(file_batches.size()))];
   }
@@ -245,7 +254,24 @@ absl::StatusOr<TrainData> PrepareTrainData() {
     data.model = **spec;
     return data;
   }
-  if (absl::GetFlag(FLAGS_batch_size) < 1) return Fail("--batch_size: must be >= 1");
+  if (spec->has_value() && (*spec)->has_gpt()) {
+    const ampd::v1::Gpt& gpt = (*spec)->gpt();
+    if (absl::GetFlag(FLAGS_seq_len).value_or(0) > gpt.context_length()) {
+      return Fail(absl::StrCat("--seq_len: must be at most the GPT's context_length ",
+                               gpt.context_length(), ", got ", *absl::GetFlag(FLAGS_seq_len)));
+    }
+    absl::StatusOr<ampd::SequenceTask> task = ampd::SequenceTask::Create(
+        {.vocab_size = gpt.vocab_size(),
+         .batch_size = absl::GetFlag(FLAGS_batch_size).value_or(8),
+         .seq_len = absl::GetFlag(FLAGS_seq_len).value_or(gpt.context_length()),
+         .seed = absl::GetFlag(FLAGS_seed)});
+    if (!task.ok()) return task.status();
+    data.sequences.emplace(*std::move(task));
+    data.model = **spec;
+    return data;
+  }
+  if (absl::GetFlag(FLAGS_seq_len).has_value()) return Fail("--seq_len: only for a GPT");
+  if (absl::GetFlag(FLAGS_batch_size).value_or(64) < 1) return Fail("--batch_size: must be >= 1");
   data.task.emplace(MakeTask());
   if (!spec->has_value()) {
     data.model = data.task->Model();
@@ -290,6 +316,14 @@ absl::Status Train(ampd::Client& client) {
     if (!data->file_batches.empty()) {
       std::printf("training on %zu batches from %s\n", data->file_batches.size(),
                   absl::GetFlag(FLAGS_batches).c_str());
+    }
+    if (data->sequences) {
+      const int64_t vocab = data->model.gpt().vocab_size();
+      std::printf(
+          "synthetic sequences: a Markov chain over %lld tokens with %d likely successors "
+          "each; loss floor %.3f nats/token, ln(vocab) %.3f\n",
+          static_cast<long long>(vocab), ampd::SequenceTask::kSuccessors,
+          ampd::SequenceTask::EntropyRate(), std::log(static_cast<double>(vocab)));
     }
   }
   int64_t skipped = 0;
@@ -505,6 +539,8 @@ int main(int argc, char** argv) {
       "  ampctl train ... [--lr=X --lr-schedule=warmup_cosine --warmup-steps=W --decay-steps=D"
       " --min-lr=M]\n"
       "  ampctl eval --job=ID [--batches=FILE | --batch-size=N --seed=S] [--json]\n"
+      "  ampctl train --layers=gpt:VOCAB:CONTEXT:DMODEL:NLAYER:NHEAD [--batch-size=B]"
+      " [--seq-len=T] [--batches=FILE] ...\n"
       "  ampctl state export --job=ID --out=FILE\n"
       "  ampctl state import --job=ID FILE\n"
       "\n"
@@ -513,6 +549,8 @@ int main(int argc, char** argv) {
       "--steps (step s trains on batch (s-1) mod B):\n"
       "  inputs.<i>   F32/F16/BF16 (N, IN), or I32/I64 (N) ids when the first layer is embedding\n"
       "  targets.<i>  F32 (N, OUT) for --loss=mse, I32/I64 (N) labels for --loss=cross_entropy\n"
+      "  for a GPT: inputs.<i> I32/I64 (B, T) token ids, T <= CONTEXT, and targets.<i>\n"
+      "  I32/I64 (B, T) next-token ids, -100 where a position carries no loss\n"
       "--layers=SPEC is the job's model, comma-separated layers:\n"
       "  linear:IN:OUT  linear:IN:OUT:nobias  relu  gelu  tanh  layer_norm:N  embedding:VOCAB:DIM\n"
       "  e.g. --layers=linear:16:64,gelu,linear:64:8 --loss=mse\n"
@@ -523,6 +561,10 @@ int main(int argc, char** argv) {
       "eval prints the job's loss on --batches=FILE's batches (all of them, as the micro-batches\n"
       "of one Evaluate: their mean loss) or on the synthetic task's first batch for --seed,\n"
       "without changing the job.\n"
+      "--layers=gpt:VOCAB:CONTEXT:DMODEL:NLAYER:NHEAD trains a GPT-2-style transformer; without\n"
+      "--batches on token sequences from a fixed random Markov chain (--seed) whose loss can\n"
+      "fall well below ln(VOCAB), --batch-size sequences (default 8) of --seq-len tokens\n"
+      "(default CONTEXT) a step.\n"
       "Exit status: 0 on success, 2 for invalid arguments (flags, batch file), 1 otherwise.");
 
   std::vector<std::string> arg_storage;

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -111,12 +112,43 @@ std::optional<std::pair<std::string, int64_t>> SplitName(absl::string_view name)
   return std::make_pair(std::string(role), index);
 }
 
+// "gpt:VOCAB:CONTEXT:DMODEL:NLAYER:NHEAD": the whole model, not a layer.
+absl::StatusOr<v1::ModelSpec> ParseGpt(absl::string_view item, absl::string_view loss) {
+  const std::vector<absl::string_view> parts = absl::StrSplit(item, ':');
+  if (parts.size() != 6) {
+    return Invalid(
+        absl::StrCat("--layers: \"", item, "\": expected gpt:VOCAB:CONTEXT:DMODEL:NLAYER:NHEAD"));
+  }
+  AMPD_ASSIGN_OR_RETURN(const int64_t vocab, ParseSize(item, "VOCAB", parts[1]));
+  AMPD_ASSIGN_OR_RETURN(const int64_t context, ParseSize(item, "CONTEXT", parts[2]));
+  AMPD_ASSIGN_OR_RETURN(const int64_t d_model, ParseSize(item, "DMODEL", parts[3]));
+  AMPD_ASSIGN_OR_RETURN(const int64_t n_layer, ParseSize(item, "NLAYER", parts[4]));
+  AMPD_ASSIGN_OR_RETURN(const int64_t n_head, ParseSize(item, "NHEAD", parts[5]));
+  const std::string l = absl::AsciiStrToLower(loss);
+  if (!l.empty() && l != "cross_entropy" && l != "cross-entropy" && l != "ce") {
+    return Invalid(absl::StrCat("--loss=", loss,
+                                ": a GPT's loss is the token cross-entropy (leave --loss out)"));
+  }
+  v1::ModelSpec spec;
+  v1::Gpt* gpt = spec.mutable_gpt();
+  gpt->set_vocab_size(vocab);
+  gpt->set_context_length(context);
+  gpt->set_d_model(d_model);
+  gpt->set_n_layer(n_layer);
+  gpt->set_n_head(n_head);
+  spec.set_loss(v1::LOSS_CROSS_ENTROPY);
+  return spec;
+}
+
 }  // namespace
 
 absl::StatusOr<v1::ModelSpec> ParseModelFlags(absl::string_view layers, absl::string_view loss) {
   v1::ModelSpec spec;
   if (absl::StripAsciiWhitespace(layers).empty()) {
     return Invalid(absl::StrCat("--layers: empty; ", kLayersGrammar));
+  }
+  if (absl::StartsWithIgnoreCase(absl::StripAsciiWhitespace(layers), "gpt:")) {
+    return ParseGpt(absl::StripAsciiWhitespace(layers), loss);
   }
   for (absl::string_view item : absl::StrSplit(layers, ',')) {
     item = absl::StripAsciiWhitespace(item);
@@ -151,6 +183,13 @@ absl::StatusOr<v1::ModelSpec> ParseModelFlags(absl::string_view layers, absl::st
 
 codec::BatchLayout BatchLayoutOf(const v1::ModelSpec& model) {
   codec::BatchLayout layout;
+  if (model.has_gpt()) {
+    layout.sequences = true;
+    layout.context_length = model.gpt().context_length();
+    layout.num_embeddings = model.gpt().vocab_size();
+    layout.outputs = model.gpt().vocab_size();
+    return layout;
+  }
   if (model.layers_size() > 0 && model.layers(0).has_embedding()) {
     layout.input_ids = true;
     layout.num_embeddings = model.layers(0).embedding().num_embeddings();

@@ -27,15 +27,20 @@ namespace ampd {
 // --layers: comma-separated layers, each a kind and its sizes:
 //   linear:IN:OUT  linear:IN:OUT:nobias  relu  gelu  tanh
 //   layer_norm:N  (or layernorm:N)  embedding:VOCAB:DIM (first layer only)
+// Or the whole model as a GPT: gpt:VOCAB:CONTEXT:DMODEL:NLAYER:NHEAD (the
+// other GPT fields take the server's defaults; --loss may only be
+// cross_entropy or empty).
 // --loss: "mse" or "cross_entropy" ("cross-entropy" and "ce" too).
 // Fields the flags do not give (eps, loss_multiplier) stay unset, for the
 // server's defaults. InvalidArgument naming the flag and the offending item
 // otherwise; whether the sizes chain is the server's check (CreateJob).
 absl::StatusOr<v1::ModelSpec> ParseModelFlags(absl::string_view layers, absl::string_view loss);
 
-// The batch layout of `model` as the wire describes it: ids when the first
-// layer is an embedding, else the first sized layer's input width; labels
-// for cross-entropy, else the width the last layer produces. For a model
+// The batch layout of `model` as the wire describes it: a GPT's token
+// sequences ((B, T) ids, T <= context_length, next-token targets or -100);
+// otherwise ids when the first layer is an embedding, else the first sized
+// layer's input width; labels for cross-entropy, else the width the last
+// layer produces. For a model
 // whose sizes chain it is the layout the engine derives from the same model.
 codec::BatchLayout BatchLayoutOf(const v1::ModelSpec& model);
 

@@ -4,9 +4,19 @@
 // the same parameters, on the backend --device names. Prints figures; it
 // never passes or fails. --create times Trainer::Create (what CreateJob
 // runs: weight initialisation, optimizer state) for a ~100M-parameter MLP
-// instead.
+// instead. --model=gpt times a GPT (GPT-2 small by default: vocab 50304,
+// context 1024, d_model 768, 12 layers, 12 heads, micro-batch 8 x 1024
+// random tokens, AdamW lr 6e-4, betas (0.9, 0.95), weight decay 0.1) in
+// --precisions, and prints bench/pytorch/gpt.py's line: median step time
+// (wall time of Trainer::Step, which returns after the step's one read-back),
+// tokens/s, TFLOP/s and MFU, counting 6 N + 12 n_layer T d_model FLOPs a
+// token (N: every parameter but the position table) over --peak-tflops
+// (default 989.4, an H100 SXM's dense bf16, on CUDA; none on the CPU).
 //
 //   ampd_bench_engine [--device=cpu|cuda|cuda:N] [--steps=N] [--warmup=N] [--create]
+//   ampd_bench_engine --model=gpt [--device=cuda:0] [--precisions=bf16,fp16] [--vocab=50304]
+//       [--context=1024] [--d-model=768] [--n-layer=12] [--n-head=12] [--batch=8]
+//       [--seq-len=1024] [--peak-tflops=989.4] [--steps=20] [--warmup=5]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -17,6 +27,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "kernels/backend_factory.h"
 #include "server/engine/jobs/job_config.h"
 #include "server/engine/trainer/trainer.h"
@@ -163,27 +175,169 @@ int BenchCreate(const std::string& device, int repeats) {
   return 0;
 }
 
+struct GptBench {
+  ampd::engine::model::GptSpec spec = {
+      .vocab_size = 50304, .context_length = 1024, .d_model = 768, .n_layer = 12, .n_head = 12};
+  int64_t batch = 8;
+  int64_t seq_len = 0;  // 0: the context
+  std::string precisions = "bf16,fp16";
+  double peak_tflops = -1;  // < 0: the CUDA default, none on the CPU
+};
+
+ampd::engine::HostTensor RandomIds(int64_t b, int64_t t, int64_t vocab, std::mt19937_64& rng) {
+  ampd::engine::HostTensor ids;
+  ids.dtype = ampd::kernels::DType::kI32;
+  ids.shape = {b, t};
+  std::vector<int32_t> v(static_cast<size_t>(b * t));
+  for (int32_t& id : v) id = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
+  ids.data.resize(v.size() * 4);
+  std::memcpy(ids.data.data(), v.data(), ids.data.size());
+  return ids;
+}
+
+int BenchGpt(const std::string& device, const GptBench& g, int warmup, int steps) {
+  namespace m = ampd::engine::model;
+  const int64_t t = g.seq_len > 0 ? g.seq_len : g.spec.context_length;
+  double peak = g.peak_tflops;
+  if (peak < 0) peak = device.rfind("cuda", 0) == 0 ? 989.4 : 0;
+  // Parameters that multiply: all but the position table (a lookup).
+  const int64_t n = m::GptParameterCount(g.spec) - g.spec.context_length * g.spec.d_model;
+  const double tokens = static_cast<double>(g.batch * t);
+  const double flops = (6.0 * static_cast<double>(n) +
+                        12.0 * static_cast<double>(g.spec.n_layer * t * g.spec.d_model)) *
+                       tokens;
+  char peak_text[48] = "";
+  if (peak > 0) std::snprintf(peak_text, sizeof(peak_text), ", peak %.1f TFLOP/s", peak);
+  std::printf(
+      "device: %s\ngpt: vocab %lld, context %lld, d_model %lld, %lld layers, %lld heads, "
+      "batch %lld x %lld tokens, AdamW, in-process Trainer%s\n",
+      device.c_str(), static_cast<long long>(g.spec.vocab_size),
+      static_cast<long long>(g.spec.context_length), static_cast<long long>(g.spec.d_model),
+      static_cast<long long>(g.spec.n_layer), static_cast<long long>(g.spec.n_head),
+      static_cast<long long>(g.batch), static_cast<long long>(t), peak_text);
+  std::mt19937_64 rng(1);
+  StepInput input;
+  input.micro_batches.push_back(MicroBatch{RandomIds(g.batch, t, g.spec.vocab_size, rng),
+                                           RandomIds(g.batch, t, g.spec.vocab_size, rng)});
+  for (const absl::string_view name : absl::StrSplit(g.precisions, ',', absl::SkipEmpty())) {
+    Precision precision;
+    if (name == "fp32") {
+      precision = Precision::kFp32;
+    } else if (name == "fp16") {
+      precision = Precision::kFp16;
+    } else if (name == "bf16") {
+      precision = Precision::kBf16;
+    } else {
+      std::fprintf(stderr, "--precisions: expected fp32, fp16 or bf16, got %s\n",
+                   std::string(name).c_str());
+      return 2;
+    }
+    JobConfig config = ampd::engine::DefaultJobConfig(precision);
+    config.model.gpt = g.spec;
+    config.model.loss = m::LossKind::kCrossEntropy;
+    config.optimizer.adam.lr = 6e-4f;
+    config.optimizer.adam.beta1 = 0.9f;
+    config.optimizer.adam.beta2 = 0.95f;
+    config.optimizer.adam.weight_decay = 0.1f;
+    auto backend = ampd::kernels::CreateBackend(device);
+    if (!backend.ok()) {
+      std::fprintf(stderr, "%s\n", backend.status().ToString().c_str());
+      return 1;
+    }
+    auto trainer = ampd::engine::Trainer::Create(config, *std::move(backend));
+    if (!trainer.ok()) {
+      std::fprintf(stderr, "%s\n", trainer.status().ToString().c_str());
+      return 1;
+    }
+    std::vector<double> times;
+    float last_loss = 0;
+    for (int s = 0; s < warmup + steps; ++s) {
+      const auto t0 = Clock::now();
+      auto r = (*trainer)->Step(input);
+      const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (!r.ok()) {
+        std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
+        return 1;
+      }
+      last_loss = r->loss;
+      if (s >= warmup) times.push_back(seconds);
+    }
+    const double median = Median(times);
+    const double tflops = flops / median / 1e12;
+    char mfu[32] = "MFU n/a";
+    if (peak > 0) std::snprintf(mfu, sizeof(mfu), "MFU %5.1f%%", 100.0 * tflops / peak);
+    std::printf(
+        "%-5s step median %9.3f ms  %10.0f tokens/s  %7.2f TFLOP/s  %s  (%lld params, "
+        "loss %.4f)\n",
+        std::string(name).c_str(), median * 1e3, tokens / median, tflops, mfu,
+        static_cast<long long>(n), static_cast<double>(last_loss));
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+// "--name=value" with an integer >= 1; false when `a` is not that flag.
+bool PositiveFlag(const std::string& a, const std::string& name, int64_t* out, bool* bad) {
+  const std::string prefix = "--" + name + "=";
+  if (a.rfind(prefix, 0) != 0) return false;
+  if (!absl::SimpleAtoi(a.substr(prefix.size()), out) || *out < 1) *bad = true;
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string device = "cpu";
   int steps = 10, warmup = 3;
-  bool create = false;
+  bool create = false, gpt = false, bad = false, steps_given = false, warmup_given = false;
+  GptBench g;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a.rfind("--device=", 0) == 0) {
+    if (a == "--model=gpt") {
+      gpt = true;
+    } else if (a == "--model=mlp") {
+      gpt = false;
+    } else if (PositiveFlag(a, "vocab", &g.spec.vocab_size, &bad) ||
+               PositiveFlag(a, "context", &g.spec.context_length, &bad) ||
+               PositiveFlag(a, "d-model", &g.spec.d_model, &bad) ||
+               PositiveFlag(a, "n-layer", &g.spec.n_layer, &bad) ||
+               PositiveFlag(a, "n-head", &g.spec.n_head, &bad) ||
+               PositiveFlag(a, "batch", &g.batch, &bad) ||
+               PositiveFlag(a, "seq-len", &g.seq_len, &bad)) {
+    } else if (a.rfind("--precisions=", 0) == 0) {
+      g.precisions = a.substr(13);
+    } else if (a.rfind("--peak-tflops=", 0) == 0) {
+      bad = bad || !absl::SimpleAtod(a.substr(14), &g.peak_tflops) || g.peak_tflops < 0;
+    } else if (a.rfind("--device=", 0) == 0) {
       device = a.substr(9);
     } else if (a.rfind("--steps=", 0) == 0) {
       steps = std::max(1, std::atoi(a.c_str() + 8));
+      steps_given = true;
     } else if (a.rfind("--warmup=", 0) == 0) {
       warmup = std::max(0, std::atoi(a.c_str() + 9));
+      warmup_given = true;
     } else if (a == "--create") {
       create = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--device=cpu|cuda:N] [--steps=N] [--warmup=N] [--create]\n",
-                   argv[0]);
+      bad = true;
+    }
+  }
+  if (bad) {
+    std::fprintf(stderr,
+                 "usage: %s [--device=cpu|cuda:N] [--steps=N] [--warmup=N] [--create]\n"
+                 "       %s --model=gpt [--device=..] [--precisions=bf16,fp16] [--vocab=V] "
+                 "[--context=C] [--d-model=D] [--n-layer=L] [--n-head=H] [--batch=B] "
+                 "[--seq-len=T] [--peak-tflops=P]\n",
+                 argv[0], argv[0]);
+    return 2;
+  }
+  if (gpt) {
+    const int64_t t = g.seq_len > 0 ? g.seq_len : g.spec.context_length;
+    if (t > g.spec.context_length || g.batch > (int64_t{1} << 30) / t) {
+      std::fprintf(stderr, "--seq-len must be <= --context and --batch x --seq-len <= 2^30\n");
       return 2;
     }
+    return BenchGpt(device, g, warmup_given ? warmup : 5, steps_given ? steps : 20);
   }
   if (create) return BenchCreate(device, std::max(1, steps));
   std::printf(

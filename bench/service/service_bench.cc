@@ -1,7 +1,7 @@
 // ampd_bench_service: drives a running ampd over gRPC, as a client would,
 // and prints what a user of the service sees: CreateJob time, the first
 // step, median step time and TFLOP/s, state-dict export/import GB/s, and
-// the steps/s of N small jobs stepping concurrently. Two models:
+// the steps/s of N small jobs stepping concurrently. Three models:
 //
 //   token: Embedding(V, D), depth x (Linear D->D, GELU), Linear D->V,
 //          cross-entropy over T tokens a step (ids I32). Defaults are the
@@ -9,15 +9,26 @@
 //          depth 4, T 8192); bench/pytorch/token_model.py is its PyTorch peer.
 //   mlp:   the reference MLP, 4 x Linear(1024, 1024) with GELU between,
 //          batch 256, MSE (bench/pytorch/amp_mlp.py's peer).
+//   gpt:   a GPT-2 (ModelSpec.gpt), GPT-2 small by default (vocab 50304,
+//          context 1024, d_model 768, 12 layers, 12 heads), micro-batch
+//          8 x 1024 random tokens, AdamW(lr 6e-4, betas (0.9, 0.95), weight
+//          decay 0.1); bench/pytorch/gpt.py is its PyTorch peer, and its
+//          lines have the peer's format: tokens/s and MFU.
 //
 // TFLOP/s counts the GEMMs only: 6 x (Linear parameters) x rows, i.e. the
-// forward product and the two backward products of every Linear layer.
+// forward product and the two backward products of every Linear layer. For
+// the GPT it is gpt.py's count: 6 N + 12 n_layer T d_model per token (N:
+// every parameter but the position table; the attention's QK^T and PV over
+// the full T x T), and MFU divides it by --peak_tflops.
 // Prints figures; it never passes or fails.
 //
 //   ampd_bench_service --server=127.0.0.1:50051 [--model=token|mlp]
 //       [--precisions=fp16,bf16,fp32] [--steps=20] [--warmup=3]
 //       [--vocab=32768 --width=4096 --depth=4 --tokens=8192]
 //       [--concurrent=1,4,16] [--concurrent_steps=50] [--state=true]
+//   ampd_bench_service --model=gpt --precisions=bf16,fp16 --concurrent= [--gpt_vocab=50304
+//       --gpt_context=1024 --gpt_d_model=768 --gpt_n_layer=12 --gpt_n_head=12
+//       --gpt_batch=8 --gpt_seq_len=1024] [--peak_tflops=989.4]
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -35,11 +46,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "client/client.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "ampd's gRPC address");
-ABSL_FLAG(std::string, model, "token", "token or mlp");
+ABSL_FLAG(std::string, model, "token", "token, mlp or gpt");
 ABSL_FLAG(std::string, precisions, "fp16,bf16,fp32", "comma-separated: fp16, bf16, fp32");
 ABSL_FLAG(int, steps, 20, "timed steps per precision");
 ABSL_FLAG(int, warmup, 3, "untimed steps after the first");
@@ -47,6 +59,15 @@ ABSL_FLAG(int64_t, vocab, 32768, "token model: vocabulary (embedding rows, class
 ABSL_FLAG(int64_t, width, 4096, "token model: hidden width D");
 ABSL_FLAG(int64_t, depth, 4, "token model: hidden Linear+GELU layers");
 ABSL_FLAG(int64_t, tokens, 8192, "token model: tokens (rows) per step");
+ABSL_FLAG(int64_t, gpt_vocab, 50304, "gpt: vocab_size");
+ABSL_FLAG(int64_t, gpt_context, 1024, "gpt: context_length");
+ABSL_FLAG(int64_t, gpt_d_model, 768, "gpt: d_model");
+ABSL_FLAG(int64_t, gpt_n_layer, 12, "gpt: n_layer");
+ABSL_FLAG(int64_t, gpt_n_head, 12, "gpt: n_head");
+ABSL_FLAG(int64_t, gpt_batch, 8, "gpt: sequences per step");
+ABSL_FLAG(int64_t, gpt_seq_len, 0, "gpt: tokens per sequence (0: the context)");
+ABSL_FLAG(double, peak_tflops, 989.4,
+          "gpt: the device's dense peak for MFU (989.4: H100 SXM bf16; 0 prints no MFU)");
 ABSL_FLAG(std::string, concurrent, "1,4,16", "small-job counts for the concurrency run ('' skips)");
 ABSL_FLAG(int, concurrent_steps, 50, "steps each small job takes in the concurrency run");
 ABSL_FLAG(bool, state, true, "time GetStateDict and LoadStateDict of each job");
@@ -84,6 +105,7 @@ struct Workload {
   int64_t linear_params = 0;   // weights of the Linear layers (the GEMMs' size)
   int64_t rows = 0;            // samples (tokens) a step
   std::string name;
+  double gpt_flops = 0;  // a GPT's FLOPs a step (gpt.py's count); 0 for the others
 };
 
 ampd::v1::Tensor RandomIds(int64_t n, int64_t vocab, std::mt19937_64& rng) {
@@ -132,6 +154,39 @@ Workload TokenWorkload(int64_t vocab, int64_t width, int64_t depth, int64_t toke
   return w;
 }
 
+// GPT-2 with gpt.py's optimizer; (B, T) random ids and targets.
+Workload GptWorkload(int64_t vocab, int64_t context, int64_t d_model, int64_t n_layer,
+                     int64_t n_head, int64_t batch, int64_t seq_len) {
+  Workload w;
+  ampd::v1::Gpt* g = w.model.mutable_gpt();
+  g->set_vocab_size(vocab);
+  g->set_context_length(context);
+  g->set_d_model(d_model);
+  g->set_n_layer(n_layer);
+  g->set_n_head(n_head);
+  w.model.set_loss(ampd::v1::LOSS_CROSS_ENTROPY);
+  // Parameters that multiply: wte (the tied LM head's GEMM), the blocks, ln_f.
+  const double c = static_cast<double>(d_model);
+  const double block =
+      4 * c + (3 * c * c + 3 * c) + (c * c + c) + (4 * c * c + 4 * c) + (4 * c * c + c);
+  const double n = static_cast<double>(vocab) * c + static_cast<double>(n_layer) * block + 2 * c;
+  const double tokens = static_cast<double>(batch * seq_len);
+  w.gpt_flops = (6 * n + 12.0 * static_cast<double>(n_layer * seq_len) * c) * tokens;
+  w.linear_params = static_cast<int64_t>(n);
+  w.name = absl::StrCat("gpt: vocab ", vocab, ", context ", context, ", d_model ", d_model, ", ",
+                        n_layer, " layers, ", n_head, " heads, batch ", batch, " x ", seq_len,
+                        " tokens, AdamW");
+  std::mt19937_64 rng(1);
+  for (ampd::v1::Tensor* t : {w.batch.mutable_inputs(), w.batch.mutable_targets()}) {
+    *t = RandomIds(batch * seq_len, vocab, rng);
+    t->clear_shape();
+    t->add_shape(batch);
+    t->add_shape(seq_len);
+  }
+  w.rows = batch * seq_len;
+  return w;
+}
+
 Workload MlpWorkload() {
   constexpr int64_t kWidth = 1024, kLayers = 4, kBatch = 256;
   Workload w;
@@ -155,17 +210,27 @@ absl::StatusOr<ampd::v1::Job> Create(ampd::Client& client, const Workload& w,
   *request.mutable_config()->mutable_model() = w.model;
   request.mutable_config()->set_precision(precision);
   request.mutable_config()->set_display_name(name);
-  request.mutable_config()->mutable_optimizer()->set_lr(1e-4f);
+  ampd::v1::OptimizerConfig* o = request.mutable_config()->mutable_optimizer();
+  if (w.model.has_gpt()) {
+    o->set_kind(ampd::v1::OPTIMIZER_ADAMW);
+    o->set_lr(6e-4f);
+    o->set_beta1(0.9f);
+    o->set_beta2(0.95f);
+    o->set_weight_decay(0.1f);
+  } else {
+    o->set_lr(1e-4f);
+  }
   request.mutable_config()->set_seed(1);
   return client.CreateJob(std::move(request));
 }
 
 absl::StatusOr<double> TimedStep(ampd::Client& client, ampd::v1::StepRequest& request,
-                                 int64_t sequence) {
+                                 int64_t sequence, float* loss = nullptr) {
   request.set_sequence(sequence);
   const Clock::time_point t0 = Clock::now();
   absl::StatusOr<ampd::v1::StepResponse> r = client.Step(request);
   if (!r.ok()) return r.status();
+  if (loss != nullptr) *loss = r->loss();
   return Since(t0);
 }
 
@@ -186,19 +251,32 @@ absl::Status RunPrecision(ampd::Client& client, const Workload& w, const std::st
     if (!t.ok()) return t.status();
   }
   std::vector<double> times;
+  float loss = 0;
   for (int i = 0; i < absl::GetFlag(FLAGS_steps); ++i) {
-    absl::StatusOr<double> t = TimedStep(client, request, ++sequence);
+    absl::StatusOr<double> t = TimedStep(client, request, ++sequence, &loss);
     if (!t.ok()) return t.status();
     times.push_back(*t);
   }
   const double median = Median(times);
-  const double tflops =
-      6.0 * static_cast<double>(w.linear_params) * static_cast<double>(w.rows) / median / 1e12;
-  std::printf(
-      "%-5s create %8.3f s  first step %8.3f s  step median %9.3f ms  %8.1f TFLOP/s  "
-      "%10.0f rows/s\n",
-      precision.c_str(), create_s, *first, median * 1e3, tflops,
-      static_cast<double>(w.rows) / median);
+  if (w.gpt_flops > 0) {
+    const double tflops = w.gpt_flops / median / 1e12;
+    const double peak = absl::GetFlag(FLAGS_peak_tflops);
+    const std::string mfu =
+        peak > 0 ? absl::StrFormat("MFU %5.1f%%", 100.0 * tflops / peak) : "MFU n/a";
+    std::printf(
+        "%-5s step median %9.3f ms  %10.0f tokens/s  %7.2f TFLOP/s  %s  (%lld params, "
+        "loss %.4f)\n      create %.3f s, first step %.3f s\n",
+        precision.c_str(), median * 1e3, static_cast<double>(w.rows) / median, tflops, mfu.c_str(),
+        static_cast<long long>(w.linear_params), loss, create_s, *first);
+  } else {
+    const double tflops =
+        6.0 * static_cast<double>(w.linear_params) * static_cast<double>(w.rows) / median / 1e12;
+    std::printf(
+        "%-5s create %8.3f s  first step %8.3f s  step median %9.3f ms  %8.1f TFLOP/s  "
+        "%10.0f rows/s\n",
+        precision.c_str(), create_s, *first, median * 1e3, tflops,
+        static_cast<double>(w.rows) / median);
+  }
   if (absl::GetFlag(FLAGS_state)) {
     const Clock::time_point t_export = Clock::now();
     absl::StatusOr<std::string> state = client.GetStateDict(job->job_id());
@@ -275,18 +353,37 @@ int main(int argc, char** argv) {
   options.deadline = absl::Minutes(10);  // large models: creation and state transfer
   std::unique_ptr<ampd::Client> client = ampd::Client::Connect(server, options);
   const std::string model = absl::GetFlag(FLAGS_model);
-  if (model != "token" && model != "mlp") {
-    std::fprintf(stderr, "ampd_bench_service: --model must be token or mlp, got %s\n",
+  if (model != "token" && model != "mlp" && model != "gpt") {
+    std::fprintf(stderr, "ampd_bench_service: --model must be token, mlp or gpt, got %s\n",
                  model.c_str());
     return 2;
   }
-  const Workload w = model == "mlp"
-                         ? MlpWorkload()
-                         : TokenWorkload(absl::GetFlag(FLAGS_vocab), absl::GetFlag(FLAGS_width),
-                                         absl::GetFlag(FLAGS_depth), absl::GetFlag(FLAGS_tokens));
-  std::printf("ampd at %s\n%s\n%.1fM Linear parameters, %lld rows/step, %d timed steps\n",
-              server.c_str(), w.name.c_str(), static_cast<double>(w.linear_params) / 1e6,
-              static_cast<long long>(w.rows), absl::GetFlag(FLAGS_steps));
+  const int64_t seq_len = absl::GetFlag(FLAGS_gpt_seq_len) > 0 ? absl::GetFlag(FLAGS_gpt_seq_len)
+                                                               : absl::GetFlag(FLAGS_gpt_context);
+  if (model == "gpt" && (absl::GetFlag(FLAGS_gpt_batch) < 1 || seq_len < 1 ||
+                         absl::GetFlag(FLAGS_gpt_batch) > (int64_t{1} << 30) / seq_len)) {
+    std::fprintf(stderr, "ampd_bench_service: --gpt_batch x --gpt_seq_len must be in [1, 2^30]\n");
+    return 2;
+  }
+  const Workload w =
+      model == "mlp" ? MlpWorkload()
+      : model == "gpt"
+          ? GptWorkload(absl::GetFlag(FLAGS_gpt_vocab), absl::GetFlag(FLAGS_gpt_context),
+                        absl::GetFlag(FLAGS_gpt_d_model), absl::GetFlag(FLAGS_gpt_n_layer),
+                        absl::GetFlag(FLAGS_gpt_n_head), absl::GetFlag(FLAGS_gpt_batch), seq_len)
+          : TokenWorkload(absl::GetFlag(FLAGS_vocab), absl::GetFlag(FLAGS_width),
+                          absl::GetFlag(FLAGS_depth), absl::GetFlag(FLAGS_tokens));
+  if (model == "gpt") {
+    std::printf(
+        "ampd at %s\n%s%s\n", server.c_str(), w.name.c_str(),
+        absl::GetFlag(FLAGS_peak_tflops) > 0
+            ? absl::StrFormat(", peak %.1f TFLOP/s", absl::GetFlag(FLAGS_peak_tflops)).c_str()
+            : "");
+  } else {
+    std::printf("ampd at %s\n%s\n%.1fM Linear parameters, %lld rows/step, %d timed steps\n",
+                server.c_str(), w.name.c_str(), static_cast<double>(w.linear_params) / 1e6,
+                static_cast<long long>(w.rows), absl::GetFlag(FLAGS_steps));
+  }
   int failures = 0;
   for (const absl::string_view p :
        absl::StrSplit(absl::GetFlag(FLAGS_precisions), ',', absl::SkipEmpty())) {

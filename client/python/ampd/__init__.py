@@ -9,6 +9,12 @@
     print(r.loss, r.scale_before, r.scale_after, r.skipped)
     job.export("state.safetensors")
 
+    # A GPT: (B, T) token ids in, (B, T) next-token targets (-100 ignored).
+    gpt = client.create_job(model=ampd.GPT(vocab_size=50257, context_length=1024,
+                                           d_model=768, n_layer=12, n_head=12),
+                            precision="bf16", optimizer=ampd.AdamW(lr=6e-4))
+    r = gpt.step(ids, targets)
+
 The stubs (ampd.v1.trainer_pb2, trainer_pb2_grpc) are generated from
 proto/ampd/v1/trainer.proto when the package is built.
 """
@@ -20,14 +26,14 @@ from ampd.errors import (Aborted, AmpdError, CreateRetry, DataLoss, DeadlineExce
                          SequenceMismatch, ServerDraining, StepResponseLost, StepsLost,
                          Unauthenticated, Unavailable)
 from ampd.safetensors import StateDict
-from ampd.spec import (GELU, SGD, Adam, AdamW, Embedding, LayerNorm, Linear, Model, ReLU,
+from ampd.spec import (GELU, GPT, SGD, Adam, AdamW, Embedding, LayerNorm, Linear, Model, ReLU,
                        Scaler, Tanh)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Client", "Job", "StepResult", "EvaluateResult", "Timings", "StateDict", "to_tensor",
-    "Model", "Linear", "ReLU", "GELU", "Tanh", "LayerNorm", "Embedding",
+    "Model", "GPT", "Linear", "ReLU", "GELU", "Tanh", "LayerNorm", "Embedding",
     "SGD", "Adam", "AdamW", "Scaler",
     "AmpdError", "InvalidArgument", "InvalidField", "InvalidStateDict", "NotFound",
     "JobNotFound", "FailedPrecondition", "SequenceMismatch", "StepsLost",

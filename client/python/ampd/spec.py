@@ -97,6 +97,38 @@ _LR_SCHEDULES = {"constant": pb.LR_SCHEDULE_CONSTANT,
 
 
 @dataclass(frozen=True)
+class GPT:
+    """A GPT-2-style decoder-only transformer (the fields of GPT2Config).
+
+    Learned positions, pre-LayerNorm blocks (causal multi-head
+    self-attention; MLP of mlp_ratio * d_model with tanh-approximated GELU),
+    a final LayerNorm and the LM head (tied to the token embedding unless
+    tie_embeddings=False). Batches are (B, T) int32/int64 token ids with
+    T <= context_length, and (B, T) targets where -100 is ignored; the loss
+    is the mean token cross-entropy. The state dict uses Hugging Face
+    GPT-2's names and layouts (transformer.wte.weight,
+    transformer.h.{i}.attn.c_attn.weight as (in, out), ...).
+    Unset (None) fields take the server's defaults (4, 1e-5, True).
+    """
+    vocab_size: int
+    context_length: int
+    d_model: int
+    n_layer: int
+    n_head: int
+    mlp_ratio: Optional[int] = None
+    layer_norm_eps: Optional[float] = None
+    tie_embeddings: Optional[bool] = None
+    loss_multiplier: Optional[float] = None
+
+    def to_proto(self):
+        gpt = _set(pb.Gpt(vocab_size=self.vocab_size, context_length=self.context_length,
+                          d_model=self.d_model, n_layer=self.n_layer, n_head=self.n_head),
+                   mlp_ratio=self.mlp_ratio, layer_norm_eps=self.layer_norm_eps,
+                   tie_embeddings=self.tie_embeddings)
+        return _set(pb.ModelSpec(gpt=gpt), loss_multiplier=self.loss_multiplier)
+
+
+@dataclass(frozen=True)
 class _Optimizer:
     """lr_schedule (keyword only): "constant" (the default) or "warmup_cosine",
     nanoGPT's get_lr over the applied update count: linear warmup over

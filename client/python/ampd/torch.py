@@ -4,7 +4,9 @@ Importing this module imports torch. An ampd model's layer i is index i of
 the matching torch.nn.Sequential, and the state dict names agree after the
 "model." prefix: model.{i}.weight <-> {i}.weight, model.{i}.bias <-> {i}.bias
 (Linear, LayerNorm and Embedding keep PyTorch's parameter layouts: Linear
-weight is (out, in)).
+weight is (out, in)). A GPT job's weights carry Hugging Face GPT-2's names
+and layouts: gpt2_state_dict() gives them to GPT2LMHeadModel, load_gpt2()
+takes a pretrained GPT-2's into a job.
 """
 from collections import OrderedDict
 
@@ -97,3 +99,66 @@ def create_job_from_module(client, module, loss="mse", loss_multiplier=None, **c
     job = client.create_job(model=model, **create_kwargs)
     load_module(job, module)
     return job
+
+
+# ---- GPT ---------------------------------------------------------------------
+
+_OPTIMIZER_PREFIX = "optimizer."
+_GPT2_BUFFERS = (".attn.bias", ".attn.masked_bias")  # old GPT-2 checkpoints' causal masks
+
+
+def _gpt2_name(name):
+    """Hugging Face GPT2LMHeadModel's name for a GPT-2 state dict key, which may
+    come without the "transformer." prefix (GPT2Model's own state dict)."""
+    if name.startswith("transformer.") or name == "lm_head.weight":
+        return name
+    return "transformer." + name
+
+
+def gpt2_state_dict(job_or_state):
+    """A GPT job's weights as a state dict that transformers.GPT2LMHeadModel
+    (and bench/pytorch/gpt.py's GPT) loads: Hugging Face's names and layouts
+    (Conv1D weights (in, out)), fp32 master weights, lm_head.weight added as
+    wte's when the job ties them and does not list it. job_or_state: an
+    ampd.Job or a StateDict from Job.state_dict() / ampd.safetensors."""
+    state = job_or_state.state_dict() if hasattr(job_or_state, "state_dict") else job_or_state
+    out = OrderedDict()
+    for name, value in state.items():
+        if not name.startswith(_OPTIMIZER_PREFIX):
+            out[name] = torch.from_numpy(np.array(value, copy=True))
+    if "lm_head.weight" not in out and "transformer.wte.weight" in out:
+        out["lm_head.weight"] = out["transformer.wte.weight"]
+    return out
+
+
+def load_gpt2(job, state_dict):
+    """Load GPT-2 weights (a torch or NumPy state dict with Hugging Face's
+    names, with or without the "transformer." prefix; the old attn.bias /
+    attn.masked_bias buffers are ignored) into a GPT job, keeping the job's
+    optimizer and scaler state. Every weight of the job must be given."""
+    given = {}
+    for name, value in state_dict.items():
+        if name.endswith(_GPT2_BUFFERS):
+            continue
+        if hasattr(value, "detach"):
+            value = value.detach().cpu().to(torch.float32).numpy()
+        given[_gpt2_name(name)] = np.ascontiguousarray(value, dtype=np.float32)
+    state = job.state_dict()
+    weights = set(k for k in state if not k.startswith(_OPTIMIZER_PREFIX))
+    if "lm_head.weight" not in weights:  # tied: the job has wte only
+        tied = given.pop("lm_head.weight", None)
+        wte = given.get("transformer.wte.weight")
+        if tied is not None and wte is not None and not np.array_equal(tied, wte):
+            raise ValueError("lm_head.weight differs from transformer.wte.weight, but the job "
+                             "ties them")
+    missing = sorted(weights - set(given))
+    extra = sorted(set(given) - weights)
+    if missing or extra:
+        raise ValueError("state dict does not match the job's GPT: missing %s, unexpected %s"
+                         % (missing, extra))
+    for name, value in given.items():
+        if state[name].shape != value.shape:
+            raise ValueError("%s: given shape %s, the job's %s"
+                             % (name, value.shape, state[name].shape))
+        state[name] = value
+    job.load_state_dict(state)
