@@ -216,6 +216,19 @@ ampd::SyntheticTask MakeTask() {
   return ampd::SyntheticTask(options);
 }
 
+// A GPT's synthetic sequence task from --batch-size, --seq-len and --seed.
+absl::StatusOr<ampd::SequenceTask> MakeSequenceTask(const ampd::v1::Gpt& gpt) {
+  if (absl::GetFlag(FLAGS_seq_len).value_or(0) > gpt.context_length()) {
+    return Fail(absl::StrCat("--seq_len: must be at most the GPT's context_length ",
+                             gpt.context_length(), ", got ", *absl::GetFlag(FLAGS_seq_len)));
+  }
+  return ampd::SequenceTask::Create(
+      {.vocab_size = gpt.vocab_size(),
+       .batch_size = absl::GetFlag(FLAGS_batch_size).value_or(8),
+       .seq_len = absl::GetFlag(FLAGS_seq_len).value_or(gpt.context_length()),
+       .seed = absl::GetFlag(FLAGS_seed)});
+}
+
 std::string JsonNumber(double v) {
   return std::isfinite(v) ? absl::StrFormat("%.9g", v) : std::string("null");
 }
@@ -255,16 +268,7 @@ absl::StatusOr<TrainData> PrepareTrainData() {
     return data;
   }
   if (spec->has_value() && (*spec)->has_gpt()) {
-    const ampd::v1::Gpt& gpt = (*spec)->gpt();
-    if (absl::GetFlag(FLAGS_seq_len).value_or(0) > gpt.context_length()) {
-      return Fail(absl::StrCat("--seq_len: must be at most the GPT's context_length ",
-                               gpt.context_length(), ", got ", *absl::GetFlag(FLAGS_seq_len)));
-    }
-    absl::StatusOr<ampd::SequenceTask> task = ampd::SequenceTask::Create(
-        {.vocab_size = gpt.vocab_size(),
-         .batch_size = absl::GetFlag(FLAGS_batch_size).value_or(8),
-         .seq_len = absl::GetFlag(FLAGS_seq_len).value_or(gpt.context_length()),
-         .seed = absl::GetFlag(FLAGS_seed)});
+    absl::StatusOr<ampd::SequenceTask> task = MakeSequenceTask((*spec)->gpt());
     if (!task.ok()) return task.status();
     data.sequences.emplace(*std::move(task));
     data.model = **spec;
@@ -380,7 +384,8 @@ absl::StatusOr<std::string> JobArg(const std::vector<char*>& args, size_t index)
 // The micro-batches `ampctl eval` sends for a job of `model`: every batch of
 // --batches=FILE, read with the job's own model's layout, or one batch of
 // the synthetic task (--batch-size, --seed: the first batch `train` with
-// that seed trains on), checked against the model before anything is sent.
+// that seed trains on; a GPT's sequence task, also with --seq-len), checked
+// against the model before anything is sent.
 absl::StatusOr<std::vector<ampd::v1::MicroBatch>> EvalBatches(const ampd::v1::ModelSpec& model) {
   const std::string path = absl::GetFlag(FLAGS_batches);
   if (!path.empty()) {
@@ -393,7 +398,13 @@ absl::StatusOr<std::vector<ampd::v1::MicroBatch>> EvalBatches(const ampd::v1::Mo
     }
     return batches;
   }
-  if (absl::GetFlag(FLAGS_batch_size) < 1) return Fail("--batch_size: must be >= 1");
+  if (model.has_gpt()) {
+    absl::StatusOr<ampd::SequenceTask> sequences = MakeSequenceTask(model.gpt());
+    if (!sequences.ok()) return sequences.status();
+    return std::vector<ampd::v1::MicroBatch>{sequences->NextBatch()};
+  }
+  if (absl::GetFlag(FLAGS_seq_len).has_value()) return Fail("--seq_len: only for a GPT");
+  if (absl::GetFlag(FLAGS_batch_size).value_or(64) < 1) return Fail("--batch_size: must be >= 1");
   ampd::SyntheticTask task = MakeTask();
   std::vector<ampd::v1::MicroBatch> batches = {task.NextBatch()};
   absl::StatusOr<ampd::codec::HostTensor> inputs =

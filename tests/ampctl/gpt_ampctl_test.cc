@@ -344,14 +344,33 @@ TEST_F(GptAmpctlE2eTest, TrainsOnASequenceBatchFile) {
                                    "--precision=fp32", "--lr=0.01", "--json"});
   ASSERT_EQ(ok.status.code, 0) << ok.out << ok.err;
   std::vector<double> losses;
+  std::string job_id;
   for (absl::string_view line : absl::StrSplit(ok.out, '\n', absl::SkipEmpty())) {
     google::protobuf::Struct s;
     ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(std::string(line), &s).ok()) << line;
     losses.push_back(s.fields().at("loss").number_value());
+    job_id = s.fields().at("job_id").string_value();
   }
   ASSERT_EQ(losses.size(), 20u);
   // One batch over and over: memorised.
   EXPECT_LT(losses.back(), 0.5 * losses.front()) << ok.out;
+
+  // eval: the file's batch, and without a file the sequence task's first
+  // batch; both read the trained job without changing it.
+  const auto eval_loss = [&](std::vector<std::string> flags) {
+    flags.insert(flags.begin(), {"eval", "--job=" + job_id, "--json"});
+    const CommandResult r = Ampctl(flags);
+    EXPECT_EQ(r.status.code, 0) << r.out << r.err;
+    google::protobuf::Struct s;
+    EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(r.out, &s).ok()) << r.out;
+    return s.fields().contains("loss") ? s.fields().at("loss").number_value() : -1.0;
+  };
+  const double on_file = eval_loss({"--batches=" + path});
+  EXPECT_GT(on_file, 0.0);
+  EXPECT_LT(on_file, 0.5 * losses.front());
+  EXPECT_EQ(eval_loss({"--batches=" + path}), on_file);
+  const double on_task = eval_loss({"--batch-size=2", "--seq-len=16", "--seed=3"});
+  EXPECT_TRUE(std::isfinite(on_task) && on_task > 0.0) << on_task;
 
   state.tensors[0].tensor = Int32({2, 16}, std::vector<int32_t>(32, 300));
   const std::string bad = (root_.path() / "bad.safetensors").string();
