@@ -32,6 +32,7 @@
 #include "client/synthetic_task.h"
 #include "codec/tensor_proto.h"
 #include "common/dashed_flags.h"
+#include "common/status_macros.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "ampd address HOST:PORT");
 ABSL_FLAG(int64_t, deadline_ms, 60000, "Deadline of each call attempt");
@@ -132,9 +133,8 @@ absl::StatusOr<std::optional<ampd::v1::ModelSpec>> ModelFromFlags() {
     }
     return std::nullopt;
   }
-  absl::StatusOr<ampd::v1::ModelSpec> spec = ampd::ParseModelFlags(layers, loss.value_or(""));
-  if (!spec.ok()) return spec.status();
-  return *std::move(spec);
+  AMPD_ASSIGN_OR_RETURN(ampd::v1::ModelSpec spec, ampd::ParseModelFlags(layers, loss.value_or("")));
+  return spec;
 }
 
 absl::StatusOr<ampd::v1::CreateJobRequest> BuildCreateRequest(const ampd::v1::ModelSpec& model) {
@@ -251,33 +251,30 @@ struct TrainData {
 };
 
 absl::StatusOr<TrainData> PrepareTrainData() {
-  absl::StatusOr<std::optional<ampd::v1::ModelSpec>> spec = ModelFromFlags();
-  if (!spec.ok()) return spec.status();
+  AMPD_ASSIGN_OR_RETURN(std::optional<ampd::v1::ModelSpec> spec, ModelFromFlags());
   TrainData data;
   const std::string path = absl::GetFlag(FLAGS_batches);
   if (!path.empty()) {
-    absl::StatusOr<std::string> bytes = ampd::ReadBatchFile(path);
-    if (!bytes.ok()) return bytes.status();
+    AMPD_ASSIGN_OR_RETURN(std::string bytes, ampd::ReadBatchFile(path));
     absl::StatusOr<std::vector<ampd::v1::MicroBatch>> batches =
-        ampd::BatchesFromSafetensors(*bytes, ampd::BatchLayoutOf(**spec));
+        ampd::BatchesFromSafetensors(bytes, ampd::BatchLayoutOf(*spec));
     if (!batches.ok()) {
       return Fail(absl::StrCat("--batches=", path, ": ", batches.status().message()));
     }
     data.file_batches = *std::move(batches);
-    data.model = **spec;
+    data.model = *spec;
     return data;
   }
-  if (spec->has_value() && (*spec)->has_gpt()) {
-    absl::StatusOr<ampd::SequenceTask> task = MakeSequenceTask((*spec)->gpt());
-    if (!task.ok()) return task.status();
-    data.sequences.emplace(*std::move(task));
-    data.model = **spec;
+  if (spec.has_value() && spec->has_gpt()) {
+    AMPD_ASSIGN_OR_RETURN(ampd::SequenceTask task, MakeSequenceTask(spec->gpt()));
+    data.sequences.emplace(std::move(task));
+    data.model = *spec;
     return data;
   }
   if (absl::GetFlag(FLAGS_seq_len).has_value()) return Fail("--seq_len: only for a GPT");
   if (absl::GetFlag(FLAGS_batch_size).value_or(64) < 1) return Fail("--batch_size: must be >= 1");
   data.task.emplace(MakeTask());
-  if (!spec->has_value()) {
+  if (!spec.has_value()) {
     data.model = data.task->Model();
     return data;
   }
@@ -285,44 +282,39 @@ absl::StatusOr<TrainData> PrepareTrainData() {
   // task draws the probe batch so the real batch stream is untouched.
   ampd::SyntheticTask probe = *data.task;
   const ampd::v1::MicroBatch batch = probe.NextBatch();
-  absl::StatusOr<ampd::codec::HostTensor> inputs =
-      ampd::codec::TensorFromProto(batch.inputs(), "inputs");
-  absl::StatusOr<ampd::codec::HostTensor> targets =
-      ampd::codec::TensorFromProto(batch.targets(), "targets");
-  if (!inputs.ok()) return inputs.status();
-  if (!targets.ok()) return targets.status();
-  if (absl::Status s = ampd::codec::CheckBatchLayout(ampd::BatchLayoutOf(**spec), *inputs, *targets,
+  AMPD_ASSIGN_OR_RETURN(ampd::codec::HostTensor inputs,
+                        ampd::codec::TensorFromProto(batch.inputs(), "inputs"));
+  AMPD_ASSIGN_OR_RETURN(ampd::codec::HostTensor targets,
+                        ampd::codec::TensorFromProto(batch.targets(), "targets"));
+  if (absl::Status s = ampd::codec::CheckBatchLayout(ampd::BatchLayoutOf(*spec), inputs, targets,
                                                      "the synthetic task's inputs",
                                                      "the synthetic task's targets");
       !s.ok()) {
     return Fail(absl::StrCat("--layers: ", s.message()));
   }
-  data.model = **spec;
+  data.model = *spec;
   return data;
 }
 
 absl::Status Train(ampd::Client& client) {
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   if (steps < 0) return Fail("--steps: must be >= 0");
-  absl::StatusOr<TrainData> data = PrepareTrainData();
-  if (!data.ok()) return data.status();
-  absl::StatusOr<ampd::v1::CreateJobRequest> request = BuildCreateRequest(data->model);
-  if (!request.ok()) return request.status();
-  absl::StatusOr<ampd::v1::Job> job = client.CreateJob(*request);
-  if (!job.ok()) return job.status();
+  AMPD_ASSIGN_OR_RETURN(TrainData data, PrepareTrainData());
+  AMPD_ASSIGN_OR_RETURN(ampd::v1::CreateJobRequest request, BuildCreateRequest(data.model));
+  AMPD_ASSIGN_OR_RETURN(ampd::v1::Job job, client.CreateJob(request));
   const bool json = absl::GetFlag(FLAGS_json);
-  const ampd::v1::ScalerConfig& sc = job->config().scaler();
+  const ampd::v1::ScalerConfig& sc = job.config().scaler();
   if (!json) {
     std::printf("job %s: %lld parameters, %s, scaler %s (init_scale %g, growth_interval %lld)\n",
-                job->job_id().c_str(), static_cast<long long>(job->parameter_count()),
+                job.job_id().c_str(), static_cast<long long>(job.parameter_count()),
                 absl::GetFlag(FLAGS_precision).c_str(), absl::GetFlag(FLAGS_scaler).c_str(),
                 sc.init_scale(), static_cast<long long>(sc.growth_interval()));
-    if (!data->file_batches.empty()) {
-      std::printf("training on %zu batches from %s\n", data->file_batches.size(),
+    if (!data.file_batches.empty()) {
+      std::printf("training on %zu batches from %s\n", data.file_batches.size(),
                   absl::GetFlag(FLAGS_batches).c_str());
     }
-    if (data->sequences) {
-      const int64_t vocab = data->model.gpt().vocab_size();
+    if (data.sequences) {
+      const int64_t vocab = data.model.gpt().vocab_size();
       std::printf(
           "synthetic sequences: a Markov chain over %lld tokens with %d likely successors "
           "each; loss floor %.3f nats/token, ln(vocab) %.3f\n",
@@ -333,43 +325,42 @@ absl::Status Train(ampd::Client& client) {
   int64_t skipped = 0;
   for (int64_t i = 1; i <= steps; ++i) {
     ampd::v1::StepRequest step;
-    step.set_job_id(job->job_id());
-    step.set_sequence(job->step() + i);
-    *step.add_micro_batches() = data->Batch(i);
-    absl::StatusOr<ampd::v1::StepResponse> r = client.Step(step);
-    if (!r.ok()) return r.status();
-    skipped += r->skipped() ? 1 : 0;
-    const double ms = r->timings().total_seconds() * 1e3;
+    step.set_job_id(job.job_id());
+    step.set_sequence(job.step() + i);
+    *step.add_micro_batches() = data.Batch(i);
+    AMPD_ASSIGN_OR_RETURN(ampd::v1::StepResponse r, client.Step(step));
+    skipped += r.skipped() ? 1 : 0;
+    const double ms = r.timings().total_seconds() * 1e3;
     if (json) {
       std::printf(
           "{\"job_id\":\"%s\",\"step\":%lld,\"loss\":%s,\"loss_scale\":%s,\"scale_before\":%s,"
           "\"skipped\":%s,\"found_inf\":%s,\"growth_deferred\":%s,\"grad_norm\":%s,"
           "\"applied_steps\":%lld,\"learning_rate\":%s,\"ms\":%s}\n",
-          job->job_id().c_str(), static_cast<long long>(r->global_step()),
-          JsonNumber(r->loss()).c_str(), JsonNumber(r->scale_after()).c_str(),
-          JsonNumber(r->scale_before()).c_str(), r->skipped() ? "true" : "false",
-          r->found_inf() ? "true" : "false", r->scale_growth_deferred() ? "true" : "false",
-          r->has_grad_norm() ? JsonNumber(r->grad_norm()).c_str() : "null",
-          static_cast<long long>(r->applied_steps()), JsonNumber(r->learning_rate()).c_str(),
+          job.job_id().c_str(), static_cast<long long>(r.global_step()),
+          JsonNumber(r.loss()).c_str(), JsonNumber(r.scale_after()).c_str(),
+          JsonNumber(r.scale_before()).c_str(), r.skipped() ? "true" : "false",
+          r.found_inf() ? "true" : "false", r.scale_growth_deferred() ? "true" : "false",
+          r.has_grad_norm() ? JsonNumber(r.grad_norm()).c_str() : "null",
+          static_cast<long long>(r.applied_steps()), JsonNumber(r.learning_rate()).c_str(),
           JsonNumber(ms).c_str());
     } else {
-      std::string scale = absl::StrFormat("%g", r->scale_after());
-      if (r->scale_after() != r->scale_before()) {
-        scale = absl::StrFormat("%g -> %g", r->scale_before(), r->scale_after());
+      std::string scale = absl::StrFormat("%g", r.scale_after());
+      if (r.scale_after() != r.scale_before()) {
+        scale = absl::StrFormat("%g -> %g", r.scale_before(), r.scale_after());
       }
       std::printf("step %4lld  loss %-12.6g scale %-18s %s  grad_norm %-10s lr %-10.4g %7.2f ms\n",
-                  static_cast<long long>(r->global_step()), r->loss(), scale.c_str(),
-                  r->skipped() ? "SKIPPED (overflow)" : "applied           ",
-                  r->has_grad_norm() ? absl::StrFormat("%.4g", r->grad_norm()).c_str() : "-",
-                  r->learning_rate(), ms);
+                  static_cast<long long>(r.global_step()), r.loss(), scale.c_str(),
+                  r.skipped() ? "SKIPPED (overflow)" : "applied           ",
+                  r.has_grad_norm() ? absl::StrFormat("%.4g", r.grad_norm()).c_str() : "-",
+                  r.learning_rate(), ms);
     }
     std::fflush(stdout);
   }
   if (!json) {
-    std::printf("job %s: %lld steps, %lld skipped\n", job->job_id().c_str(),
+    std::printf("job %s: %lld steps, %lld skipped\n", job.job_id().c_str(),
                 static_cast<long long>(steps), static_cast<long long>(skipped));
   }
-  if (absl::GetFlag(FLAGS_delete_after)) return client.DeleteJob(job->job_id());
+  if (absl::GetFlag(FLAGS_delete_after)) return client.DeleteJob(job.job_id());
   return absl::OkStatus();
 }
 
@@ -389,31 +380,27 @@ absl::StatusOr<std::string> JobArg(const std::vector<char*>& args, size_t index)
 absl::StatusOr<std::vector<ampd::v1::MicroBatch>> EvalBatches(const ampd::v1::ModelSpec& model) {
   const std::string path = absl::GetFlag(FLAGS_batches);
   if (!path.empty()) {
-    absl::StatusOr<std::string> bytes = ampd::ReadBatchFile(path);
-    if (!bytes.ok()) return bytes.status();
+    AMPD_ASSIGN_OR_RETURN(std::string bytes, ampd::ReadBatchFile(path));
     absl::StatusOr<std::vector<ampd::v1::MicroBatch>> batches =
-        ampd::BatchesFromSafetensors(*bytes, ampd::BatchLayoutOf(model));
+        ampd::BatchesFromSafetensors(bytes, ampd::BatchLayoutOf(model));
     if (!batches.ok()) {
       return Fail(absl::StrCat("--batches=", path, ": ", batches.status().message()));
     }
     return batches;
   }
   if (model.has_gpt()) {
-    absl::StatusOr<ampd::SequenceTask> sequences = MakeSequenceTask(model.gpt());
-    if (!sequences.ok()) return sequences.status();
-    return std::vector<ampd::v1::MicroBatch>{sequences->NextBatch()};
+    AMPD_ASSIGN_OR_RETURN(ampd::SequenceTask sequences, MakeSequenceTask(model.gpt()));
+    return std::vector<ampd::v1::MicroBatch>{sequences.NextBatch()};
   }
   if (absl::GetFlag(FLAGS_seq_len).has_value()) return Fail("--seq_len: only for a GPT");
   if (absl::GetFlag(FLAGS_batch_size).value_or(64) < 1) return Fail("--batch_size: must be >= 1");
   ampd::SyntheticTask task = MakeTask();
   std::vector<ampd::v1::MicroBatch> batches = {task.NextBatch()};
-  absl::StatusOr<ampd::codec::HostTensor> inputs =
-      ampd::codec::TensorFromProto(batches[0].inputs(), "inputs");
-  absl::StatusOr<ampd::codec::HostTensor> targets =
-      ampd::codec::TensorFromProto(batches[0].targets(), "targets");
-  if (!inputs.ok()) return inputs.status();
-  if (!targets.ok()) return targets.status();
-  if (absl::Status s = ampd::codec::CheckBatchLayout(ampd::BatchLayoutOf(model), *inputs, *targets,
+  AMPD_ASSIGN_OR_RETURN(ampd::codec::HostTensor inputs,
+                        ampd::codec::TensorFromProto(batches[0].inputs(), "inputs"));
+  AMPD_ASSIGN_OR_RETURN(ampd::codec::HostTensor targets,
+                        ampd::codec::TensorFromProto(batches[0].targets(), "targets"));
+  if (absl::Status s = ampd::codec::CheckBatchLayout(ampd::BatchLayoutOf(model), inputs, targets,
                                                      "the synthetic task's inputs",
                                                      "the synthetic task's targets");
       !s.ok()) {
@@ -424,27 +411,24 @@ absl::StatusOr<std::vector<ampd::v1::MicroBatch>> EvalBatches(const ampd::v1::Mo
 }
 
 absl::Status Eval(ampd::Client& client, const std::vector<char*>& args) {
-  absl::StatusOr<std::string> id = JobArg(args, 2);
-  if (!id.ok()) return id.status();
-  absl::StatusOr<ampd::v1::Job> job = client.GetJob(*id);
-  if (!job.ok()) return job.status();
-  absl::StatusOr<std::vector<ampd::v1::MicroBatch>> batches = EvalBatches(job->config().model());
-  if (!batches.ok()) return batches.status();
+  AMPD_ASSIGN_OR_RETURN(std::string id, JobArg(args, 2));
+  AMPD_ASSIGN_OR_RETURN(ampd::v1::Job job, client.GetJob(id));
+  AMPD_ASSIGN_OR_RETURN(std::vector<ampd::v1::MicroBatch> batches,
+                        EvalBatches(job.config().model()));
   ampd::v1::EvaluateRequest request;
-  request.set_job_id(*id);
-  for (ampd::v1::MicroBatch& mb : *batches) *request.add_micro_batches() = std::move(mb);
-  absl::StatusOr<ampd::v1::EvaluateResponse> r = client.Evaluate(request);
-  if (!r.ok()) return r.status();
+  request.set_job_id(id);
+  for (ampd::v1::MicroBatch& mb : batches) *request.add_micro_batches() = std::move(mb);
+  AMPD_ASSIGN_OR_RETURN(ampd::v1::EvaluateResponse r, client.Evaluate(request));
   if (absl::GetFlag(FLAGS_json)) {
     std::printf("{\"job_id\":\"%s\",\"step\":%lld,\"loss\":%s,\"samples\":%lld,\"ms\":%s}\n",
-                id->c_str(), static_cast<long long>(job->step()), JsonNumber(r->loss()).c_str(),
-                static_cast<long long>(r->samples()), JsonNumber(r->seconds() * 1e3).c_str());
+                id.c_str(), static_cast<long long>(job.step()), JsonNumber(r.loss()).c_str(),
+                static_cast<long long>(r.samples()), JsonNumber(r.seconds() * 1e3).c_str());
   } else {
     std::printf(
         "job %s after step %lld: eval loss %.9g over %lld samples (%d micro-batch%s, %.2f ms)\n",
-        id->c_str(), static_cast<long long>(job->step()), r->loss(),
-        static_cast<long long>(r->samples()), request.micro_batches_size(),
-        request.micro_batches_size() == 1 ? "" : "es", r->seconds() * 1e3);
+        id.c_str(), static_cast<long long>(job.step()), r.loss(),
+        static_cast<long long>(r.samples()), request.micro_batches_size(),
+        request.micro_batches_size() == 1 ? "" : "es", r.seconds() * 1e3);
   }
   return absl::OkStatus();
 }
@@ -452,20 +436,16 @@ absl::Status Eval(ampd::Client& client, const std::vector<char*>& args) {
 absl::Status Jobs(ampd::Client& client, const std::vector<char*>& args) {
   const std::string verb = args.size() > 2 ? args[2] : "";
   if (verb == "create") {
-    absl::StatusOr<std::optional<ampd::v1::ModelSpec>> spec = ModelFromFlags();
-    if (!spec.ok()) return spec.status();
-    absl::StatusOr<ampd::v1::CreateJobRequest> request =
-        BuildCreateRequest(spec->has_value() ? **spec : MakeTask().Model());
-    if (!request.ok()) return request.status();
-    absl::StatusOr<ampd::v1::Job> job = client.CreateJob(*request);
-    if (!job.ok()) return job.status();
-    std::printf("%s\n", absl::GetFlag(FLAGS_json) ? ToJson(*job).c_str() : job->job_id().c_str());
+    AMPD_ASSIGN_OR_RETURN(std::optional<ampd::v1::ModelSpec> spec, ModelFromFlags());
+    AMPD_ASSIGN_OR_RETURN(ampd::v1::CreateJobRequest request,
+                          BuildCreateRequest(spec.has_value() ? *spec : MakeTask().Model()));
+    AMPD_ASSIGN_OR_RETURN(ampd::v1::Job job, client.CreateJob(request));
+    std::printf("%s\n", absl::GetFlag(FLAGS_json) ? ToJson(job).c_str() : job.job_id().c_str());
     return absl::OkStatus();
   }
   if (verb == "list") {
-    absl::StatusOr<std::vector<ampd::v1::Job>> jobs = client.ListAllJobs();
-    if (!jobs.ok()) return jobs.status();
-    for (const ampd::v1::Job& job : *jobs) {
+    AMPD_ASSIGN_OR_RETURN(std::vector<ampd::v1::Job> jobs, client.ListAllJobs());
+    for (const ampd::v1::Job& job : jobs) {
       if (absl::GetFlag(FLAGS_json)) {
         std::printf("%s\n", ToJson(job).c_str());
       } else {
@@ -477,17 +457,14 @@ absl::Status Jobs(ampd::Client& client, const std::vector<char*>& args) {
     return absl::OkStatus();
   }
   if (verb == "get") {
-    absl::StatusOr<std::string> id = JobArg(args, 3);
-    if (!id.ok()) return id.status();
-    absl::StatusOr<ampd::v1::Job> job = client.GetJob(*id);
-    if (!job.ok()) return job.status();
-    std::printf("%s\n", ToJson(*job).c_str());
+    AMPD_ASSIGN_OR_RETURN(std::string id, JobArg(args, 3));
+    AMPD_ASSIGN_OR_RETURN(ampd::v1::Job job, client.GetJob(id));
+    std::printf("%s\n", ToJson(job).c_str());
     return absl::OkStatus();
   }
   if (verb == "delete") {
-    absl::StatusOr<std::string> id = JobArg(args, 3);
-    if (!id.ok()) return id.status();
-    return client.DeleteJob(*id);
+    AMPD_ASSIGN_OR_RETURN(std::string id, JobArg(args, 3));
+    return client.DeleteJob(id);
   }
   return Fail("usage: ampctl jobs create|list|get ID|delete ID");
 }
@@ -495,42 +472,38 @@ absl::Status Jobs(ampd::Client& client, const std::vector<char*>& args) {
 absl::Status State(ampd::Client& client, const std::vector<char*>& args) {
   const std::string verb = args.size() > 2 ? args[2] : "";
   if (verb == "export") {
-    absl::StatusOr<std::string> id = JobArg(args, 99);
-    if (!id.ok()) return id.status();
+    AMPD_ASSIGN_OR_RETURN(std::string id, JobArg(args, 99));
     std::string out = absl::GetFlag(FLAGS_out);
     if (out.empty() && args.size() > 3) out = args[3];
     if (out.empty()) return Fail("--out: give the output file");
-    absl::StatusOr<std::string> bytes = client.GetStateDict(*id);
-    if (!bytes.ok()) return bytes.status();
+    AMPD_ASSIGN_OR_RETURN(std::string bytes, client.GetStateDict(id));
     std::ofstream file(out, std::ios::binary | std::ios::trunc);
-    file.write(bytes->data(), static_cast<std::streamsize>(bytes->size()));
+    file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     if (!file.good()) return absl::InternalError(absl::StrCat("--out: cannot write ", out));
-    std::printf("wrote %zu bytes to %s\n", bytes->size(), out.c_str());
+    std::printf("wrote %zu bytes to %s\n", bytes.size(), out.c_str());
     return absl::OkStatus();
   }
   if (verb == "import") {
-    absl::StatusOr<std::string> id = JobArg(args, 99);
-    if (!id.ok()) return id.status();
+    AMPD_ASSIGN_OR_RETURN(std::string id, JobArg(args, 99));
     if (args.size() < 4) return Fail("usage: ampctl state import --job=ID FILE");
     std::ifstream file(args[3], std::ios::binary);
     if (!file) return Fail(absl::StrCat("cannot read ", args[3]));
     std::stringstream buffer;
     buffer << file.rdbuf();
-    absl::StatusOr<ampd::v1::LoadStateDictResponse> r = client.LoadStateDict(*id, buffer.str());
-    if (!r.ok()) return r.status();
-    std::printf("loaded %lld tensors (%lld bytes) into %s\n", static_cast<long long>(r->tensors()),
-                static_cast<long long>(r->bytes()), id->c_str());
+    AMPD_ASSIGN_OR_RETURN(ampd::v1::LoadStateDictResponse r,
+                          client.LoadStateDict(id, buffer.str()));
+    std::printf("loaded %lld tensors (%lld bytes) into %s\n", static_cast<long long>(r.tensors()),
+                static_cast<long long>(r.bytes()), id.c_str());
     return absl::OkStatus();
   }
   return Fail("usage: ampctl state export --job=ID --out=FILE | state import --job=ID FILE");
 }
 
 absl::Status Health(ampd::Client& client) {
-  auto status = client.Health();
-  if (!status.ok()) return status.status();
-  const std::string name = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(*status);
+  AMPD_ASSIGN_OR_RETURN(auto status, client.Health());
+  const std::string name = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(status);
   std::printf("%s\n", name.c_str());
-  if (*status != grpc::health::v1::HealthCheckResponse::SERVING) {
+  if (status != grpc::health::v1::HealthCheckResponse::SERVING) {
     return absl::UnavailableError(absl::StrCat("server is ", name));
   }
   return absl::OkStatus();
