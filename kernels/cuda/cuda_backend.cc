@@ -106,12 +106,8 @@ class CudaBackend final : public Backend {
     backend->ctx_ = std::make_shared<StreamContext>();
     backend->ctx_->device = device;
     backend->ctx_->pool = &DevicePool::ForDevice(device);
-    absl::StatusOr<Stream> stream = Stream::Create();
-    if (!stream.ok()) return stream.status();
-    backend->ctx_->stream = *std::move(stream);
-    absl::StatusOr<CublasHandle> handle = CublasHandle::Create();
-    if (!handle.ok()) return handle.status();
-    backend->cublas_ = *std::move(handle);
+    AMPD_ASSIGN_OR_RETURN(backend->ctx_->stream, Stream::Create());
+    AMPD_ASSIGN_OR_RETURN(backend->cublas_, CublasHandle::Create());
 
     const cublasHandle_t h = backend->cublas_.get();
     AMPD_CUBLAS_RETURN_IF_ERROR(cublasSetStream(h, backend->stream()));
@@ -122,24 +118,18 @@ class CudaBackend final : public Backend {
     AMPD_CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(
         h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
                                      CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
-    absl::StatusOr<Tensor> workspace =
-        backend->Allocate(DType::kF32, {static_cast<int64_t>(kCublasWorkspaceBytes / 4)});
-    if (!workspace.ok()) return workspace.status();
-    backend->workspace_ = *std::move(workspace);
+    AMPD_ASSIGN_OR_RETURN(
+        backend->workspace_,
+        backend->Allocate(DType::kF32, {static_cast<int64_t>(kCublasWorkspaceBytes / 4)}));
     AMPD_CUBLAS_RETURN_IF_ERROR(
         cublasSetWorkspace(h, backend->workspace_.data(), kCublasWorkspaceBytes));
-    absl::StatusOr<Tensor> partials = backend->Allocate(DType::kF32, {kMaxReductionBlocks});
-    if (!partials.ok()) return partials.status();
-    backend->partials_ = *std::move(partials);
-    absl::StatusOr<Tensor> error_word = backend->Allocate(DType::kI32, {1});
-    if (!error_word.ok()) return error_word.status();
-    backend->error_word_ = *std::move(error_word);
+    AMPD_ASSIGN_OR_RETURN(backend->partials_,
+                          backend->Allocate(DType::kF32, {kMaxReductionBlocks}));
+    AMPD_ASSIGN_OR_RETURN(backend->error_word_, backend->Allocate(DType::kI32, {1}));
     AMPD_CUDA_RETURN_IF_ERROR(
         cudaMemsetAsync(backend->error_word_.data(), 0, sizeof(int), backend->stream()));
     AMPD_RETURN_IF_ERROR(backend->ReserveScalarSlots(kStagingScalars));
-    absl::StatusOr<PinnedHostBuffer> upload = PinnedHostBuffer::Create(kInitialUploadArenaBytes);
-    if (!upload.ok()) return upload.status();
-    backend->upload_ = *std::move(upload);
+    AMPD_ASSIGN_OR_RETURN(backend->upload_, PinnedHostBuffer::Create(kInitialUploadArenaBytes));
     // The workspace, scratch and slots are the backend's, not the caller's tensors.
     backend->internal_bytes_ = backend->ctx_->bytes_in_use.load();
     AMPD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(backend->stream()));
@@ -171,9 +161,8 @@ class CudaBackend final : public Backend {
     AMPD_RETURN_IF_ERROR(ValidateAllocate(shape));
     const size_t bytes = static_cast<size_t>(NumElements(shape)) * SizeOf(dtype);
     AMPD_ENTER_DEVICE();
-    absl::StatusOr<DevicePool::Block*> block = ctx_->pool->Allocate(bytes, stream());
-    if (!block.ok()) return block.status();
-    return Tensor(std::make_unique<PoolMemory>(ctx_, *block, bytes), dtype, shape);
+    AMPD_ASSIGN_OR_RETURN(auto* block, ctx_->pool->Allocate(bytes, stream()));
+    return Tensor(std::make_unique<PoolMemory>(ctx_, block, bytes), dtype, shape);
   }
 
   absl::Status CopyFromHost(const void* src, size_t bytes, Tensor& dst) override {
@@ -185,10 +174,9 @@ class CudaBackend final : public Backend {
       // pageable memory the driver may wait for the stream before staging,
       // which would stall the second micro-batch's upload behind the first
       // one's compute.
-      absl::StatusOr<void*> staged = StageUpload(src, bytes);
-      if (!staged.ok()) return staged.status();
+      AMPD_ASSIGN_OR_RETURN(void* staged, StageUpload(src, bytes));
       AMPD_CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(dst.data(), *staged, bytes, cudaMemcpyHostToDevice, stream()));
+          cudaMemcpyAsync(dst.data(), staged, bytes, cudaMemcpyHostToDevice, stream()));
       return absl::OkStatus();
     }
     // Large copies (state loads) go straight from src. The copy is only
@@ -258,9 +246,7 @@ class CudaBackend final : public Backend {
       if (count > scalar_slots_) AMPD_RETURN_IF_ERROR(ReserveScalarSlots(count));
       if (copy_bytes > readback_.bytes()) {
         readback_ = PinnedHostBuffer();
-        absl::StatusOr<PinnedHostBuffer> grown = PinnedHostBuffer::Create(copy_bytes);
-        if (!grown.ok()) return grown.status();
-        readback_ = *std::move(grown);
+        AMPD_ASSIGN_OR_RETURN(readback_, PinnedHostBuffer::Create(copy_bytes));
       }
     }
     // The copies are queued into pinned memory: plain DMAs that stay
@@ -356,10 +342,9 @@ class CudaBackend final : public Backend {
     const int64_t slabs = ColumnSumSlabs(dy.dim(0), dy.dim(1));
     float* partials = nullptr;  // (slabs, C) per-slab column sums, when the rows are split
     if (slabs > 1) {
-      absl::StatusOr<void*> scratch =
-          Scratch(static_cast<size_t>(slabs * dy.dim(1)) * sizeof(float));
-      if (!scratch.ok()) return scratch.status();
-      partials = static_cast<float*>(*scratch);
+      AMPD_ASSIGN_OR_RETURN(void* scratch,
+                            Scratch(static_cast<size_t>(slabs * dy.dim(1)) * sizeof(float)));
+      partials = static_cast<float*>(scratch);
     }
     return LaunchBiasGrad(dy.data(), dy.dtype(), dy.dim(0), dy.dim(1), beta, dbias.data(),
                           dbias.dtype(), partials, stream());
@@ -398,10 +383,9 @@ class CudaBackend final : public Backend {
     const int64_t slabs = ColumnSumSlabs(x.dim(0), x.dim(1));
     float* partials = nullptr;  // (2, slabs, C) dgamma and dbeta sums, when the rows are split
     if (slabs > 1 && (dgamma != nullptr || dbeta != nullptr)) {
-      absl::StatusOr<void*> scratch =
-          Scratch(static_cast<size_t>(2 * slabs * x.dim(1)) * sizeof(float));
-      if (!scratch.ok()) return scratch.status();
-      partials = static_cast<float*>(*scratch);
+      AMPD_ASSIGN_OR_RETURN(void* scratch,
+                            Scratch(static_cast<size_t>(2 * slabs * x.dim(1)) * sizeof(float)));
+      partials = static_cast<float*>(scratch);
     }
     return LaunchLayerNormBackward(
         x.data(), x.dtype(), gamma ? gamma->data() : nullptr, x.dtype(), mean.data_as<float>(),
@@ -432,9 +416,7 @@ class CudaBackend final : public Backend {
     AMPD_RETURN_IF_ERROR(EmbeddingBackwardScratchBytes(ids.dim(0), dtable.dim(0), &scratch_bytes));
     void* scratch = nullptr;  // pool blocks are 256-byte aligned, as the sort needs
     if (scratch_bytes > 0) {
-      absl::StatusOr<void*> got = Scratch(scratch_bytes);
-      if (!got.ok()) return got.status();
-      scratch = *got;
+      AMPD_ASSIGN_OR_RETURN(scratch, Scratch(scratch_bytes));
     }
     return LaunchEmbeddingBackward(ids.data(), ids.dtype(), ids.dim(0), dout.data(), dout.dtype(),
                                    dtable.data(), dtable.dtype(), dtable.dim(0), dtable.dim(1),
@@ -504,9 +486,8 @@ class CudaBackend final : public Backend {
     const int64_t blocks = UnscaleAndCheckBlocks(spans.data(), static_cast<int>(spans.size()));
     float* partials = nullptr;  // (blocks)
     if (norm_sq != nullptr && blocks > 0) {
-      absl::StatusOr<void*> scratch = Scratch(static_cast<size_t>(blocks) * sizeof(float));
-      if (!scratch.ok()) return scratch.status();
-      partials = static_cast<float*>(*scratch);
+      AMPD_ASSIGN_OR_RETURN(void* scratch, Scratch(static_cast<size_t>(blocks) * sizeof(float)));
+      partials = static_cast<float*>(scratch);
     }
     return LaunchUnscaleAndCheck(spans.data(), static_cast<int>(spans.size()), inv_scale, in_place,
                                  found_inf.data_as<float>(),
@@ -593,13 +574,12 @@ class CudaBackend final : public Backend {
   // target of queued copies).
   absl::Status ReserveScalarSlots(size_t count) {
     const size_t old_bytes = gathered_.nbytes();
-    absl::StatusOr<Tensor> gathered = Allocate(DType::kF32, {static_cast<int64_t>(count + 1)});
-    if (!gathered.ok()) return gathered.status();
-    absl::StatusOr<PinnedHostBuffer> staging =
-        PinnedHostBuffer::Create((count + 1) * sizeof(float));
-    if (!staging.ok()) return staging.status();
-    gathered_ = *std::move(gathered);
-    staging_ = *std::move(staging);
+    AMPD_ASSIGN_OR_RETURN(Tensor gathered,
+                          Allocate(DType::kF32, {static_cast<int64_t>(count + 1)}));
+    AMPD_ASSIGN_OR_RETURN(PinnedHostBuffer staging,
+                          PinnedHostBuffer::Create((count + 1) * sizeof(float)));
+    gathered_ = std::move(gathered);
+    staging_ = std::move(staging);
     internal_bytes_ += static_cast<int64_t>(gathered_.nbytes()) - static_cast<int64_t>(old_bytes);
     scalar_slots_ = count;
     return absl::OkStatus();
@@ -618,9 +598,7 @@ class CudaBackend final : public Backend {
       if (bytes > upload_.bytes()) {
         const size_t grown_bytes = std::max(bytes, 2 * upload_.bytes());
         upload_ = PinnedHostBuffer();
-        absl::StatusOr<PinnedHostBuffer> grown = PinnedHostBuffer::Create(grown_bytes);
-        if (!grown.ok()) return grown.status();
-        upload_ = *std::move(grown);
+        AMPD_ASSIGN_OR_RETURN(upload_, PinnedHostBuffer::Create(grown_bytes));
       } else {
         // Outgrown by several uploads together: double for the next step.
         const size_t grown_bytes = 2 * upload_.bytes();
