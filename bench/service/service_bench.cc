@@ -49,6 +49,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "client/client.h"
+#include "common/status_macros.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "ampd's gRPC address");
 ABSL_FLAG(std::string, model, "token", "token, mlp or gpt");
@@ -228,34 +229,29 @@ absl::StatusOr<double> TimedStep(ampd::Client& client, ampd::v1::StepRequest& re
                                  int64_t sequence, float* loss = nullptr) {
   request.set_sequence(sequence);
   const Clock::time_point t0 = Clock::now();
-  absl::StatusOr<ampd::v1::StepResponse> r = client.Step(request);
-  if (!r.ok()) return r.status();
-  if (loss != nullptr) *loss = r->loss();
+  AMPD_ASSIGN_OR_RETURN(ampd::v1::StepResponse r, client.Step(request));
+  if (loss != nullptr) *loss = r.loss();
   return Since(t0);
 }
 
 absl::Status RunPrecision(ampd::Client& client, const Workload& w, const std::string& precision) {
   const Clock::time_point t_create = Clock::now();
-  absl::StatusOr<ampd::v1::Job> job =
-      Create(client, w, ParsePrecision(precision), absl::StrCat("bench-", precision));
-  if (!job.ok()) return job.status();
+  AMPD_ASSIGN_OR_RETURN(ampd::v1::Job job, Create(client, w, ParsePrecision(precision),
+                                                  absl::StrCat("bench-", precision)));
   const double create_s = Since(t_create);
   ampd::v1::StepRequest request;
-  request.set_job_id(job->job_id());
+  request.set_job_id(job.job_id());
   *request.add_micro_batches() = w.batch;
   int64_t sequence = 0;
-  absl::StatusOr<double> first = TimedStep(client, request, ++sequence);
-  if (!first.ok()) return first.status();
+  AMPD_ASSIGN_OR_RETURN(double first, TimedStep(client, request, ++sequence));
   for (int i = 0; i < absl::GetFlag(FLAGS_warmup); ++i) {
-    absl::StatusOr<double> t = TimedStep(client, request, ++sequence);
-    if (!t.ok()) return t.status();
+    AMPD_RETURN_IF_ERROR(TimedStep(client, request, ++sequence).status());
   }
   std::vector<double> times;
   float loss = 0;
   for (int i = 0; i < absl::GetFlag(FLAGS_steps); ++i) {
-    absl::StatusOr<double> t = TimedStep(client, request, ++sequence, &loss);
-    if (!t.ok()) return t.status();
-    times.push_back(*t);
+    AMPD_ASSIGN_OR_RETURN(double t, TimedStep(client, request, ++sequence, &loss));
+    times.push_back(t);
   }
   const double median = Median(times);
   if (w.gpt_flops > 0) {
@@ -267,32 +263,29 @@ absl::Status RunPrecision(ampd::Client& client, const Workload& w, const std::st
         "%-5s step median %9.3f ms  %10.0f tokens/s  %7.2f TFLOP/s  %s  (%lld params, "
         "loss %.4f)\n      create %.3f s, first step %.3f s\n",
         precision.c_str(), median * 1e3, static_cast<double>(w.rows) / median, tflops, mfu.c_str(),
-        static_cast<long long>(w.linear_params), loss, create_s, *first);
+        static_cast<long long>(w.linear_params), loss, create_s, first);
   } else {
     const double tflops =
         6.0 * static_cast<double>(w.linear_params) * static_cast<double>(w.rows) / median / 1e12;
     std::printf(
         "%-5s create %8.3f s  first step %8.3f s  step median %9.3f ms  %8.1f TFLOP/s  "
         "%10.0f rows/s\n",
-        precision.c_str(), create_s, *first, median * 1e3, tflops,
+        precision.c_str(), create_s, first, median * 1e3, tflops,
         static_cast<double>(w.rows) / median);
   }
   if (absl::GetFlag(FLAGS_state)) {
     const Clock::time_point t_export = Clock::now();
-    absl::StatusOr<std::string> state = client.GetStateDict(job->job_id());
-    if (!state.ok()) return state.status();
+    AMPD_ASSIGN_OR_RETURN(std::string state, client.GetStateDict(job.job_id()));
     const double export_s = Since(t_export);
     const Clock::time_point t_import = Clock::now();
-    absl::StatusOr<ampd::v1::LoadStateDictResponse> loaded =
-        client.LoadStateDict(job->job_id(), *state);
-    if (!loaded.ok()) return loaded.status();
+    AMPD_RETURN_IF_ERROR(client.LoadStateDict(job.job_id(), state).status());
     const double import_s = Since(t_import);
-    const double gb = static_cast<double>(state->size()) / 1e9;
+    const double gb = static_cast<double>(state.size()) / 1e9;
     std::printf("      state dict %.3f GB: export %.3f s (%.2f GB/s), import %.3f s (%.2f GB/s)\n",
                 gb, export_s, gb / export_s, import_s, gb / import_s);
   }
   std::fflush(stdout);
-  return client.DeleteJob(job->job_id());
+  return client.DeleteJob(job.job_id());
 }
 
 // n reference-MLP jobs, one client thread each, stepping at once.
@@ -302,10 +295,9 @@ absl::Status RunConcurrent(const std::string& server, int n, int steps) {
   std::vector<std::string> ids;
   for (int i = 0; i < n; ++i) {
     clients.push_back(ampd::Client::Connect(server));
-    absl::StatusOr<ampd::v1::Job> job =
-        Create(*clients.back(), w, ampd::v1::PRECISION_FP16, absl::StrCat("bench-concurrent-", i));
-    if (!job.ok()) return job.status();
-    ids.push_back(job->job_id());
+    AMPD_ASSIGN_OR_RETURN(ampd::v1::Job job, Create(*clients.back(), w, ampd::v1::PRECISION_FP16,
+                                                    absl::StrCat("bench-concurrent-", i)));
+    ids.push_back(job.job_id());
   }
   std::vector<absl::Status> results(static_cast<size_t>(n));
   // One warm-up step each (workspaces), outside the timed window.
@@ -313,8 +305,7 @@ absl::Status RunConcurrent(const std::string& server, int n, int steps) {
     ampd::v1::StepRequest request;
     request.set_job_id(ids[i]);
     *request.add_micro_batches() = w.batch;
-    absl::StatusOr<double> t = TimedStep(*clients[i], request, 1);
-    if (!t.ok()) return t.status();
+    AMPD_RETURN_IF_ERROR(TimedStep(*clients[i], request, 1).status());
   }
   const Clock::time_point t0 = Clock::now();
   std::vector<std::thread> threads;

@@ -133,9 +133,8 @@ absl::Status LrScheduleFromProto(const v1::OptimizerConfig& proto, optim::Optimi
 // The engine's defaults for the request's kind with the fields the request
 // sets copied on top.
 absl::Status OptimizerFromProto(const v1::OptimizerConfig& proto, optim::OptimizerSpec* spec) {
-  absl::StatusOr<optim::OptimizerKind> kind = OptimizerKindFromProto(proto.kind());
-  if (!kind.ok()) return kind.status();
-  *spec = optim::DefaultOptimizerSpec(*kind);
+  AMPD_ASSIGN_OR_RETURN(optim::OptimizerKind kind, OptimizerKindFromProto(proto.kind()));
+  *spec = optim::DefaultOptimizerSpec(kind);
   const bool sgd = spec->kind == optim::OptimizerKind::kSgd;
   struct FloatField {
     const char* name;
@@ -181,9 +180,7 @@ absl::Status ScalerFromProto(const v1::ScalerConfig& p, amp::ScalerConfig* c) {
            {"underflow_threshold", p.has_underflow_threshold(), p.underflow_threshold()},
        }) {
     if (set) {
-      if (absl::Status s = CheckFinite(absl::StrCat("config.scaler.", name), value); !s.ok()) {
-        return s;
-      }
+      AMPD_RETURN_IF_ERROR(CheckFinite(absl::StrCat("config.scaler.", name), value));
     }
   }
   if (p.has_enabled()) c->enabled = p.enabled();
@@ -214,16 +211,13 @@ absl::Status ScalerFromProto(const v1::ScalerConfig& p, amp::ScalerConfig* c) {
 }  // namespace
 
 absl::StatusOr<JobConfig> JobConfigFromProto(const v1::JobConfig& proto) {
-  absl::StatusOr<model::Precision> precision = PrecisionFromProto(proto.precision());
-  if (!precision.ok()) return precision.status();
-  absl::StatusOr<amp::ScalerPolicy> policy = PolicyFromProto(proto.scaler().policy());
-  if (!policy.ok()) return policy.status();
-  JobConfig config = engine::DefaultJobConfig(*precision, *policy);
+  AMPD_ASSIGN_OR_RETURN(model::Precision precision, PrecisionFromProto(proto.precision()));
+  AMPD_ASSIGN_OR_RETURN(amp::ScalerPolicy policy, PolicyFromProto(proto.scaler().policy()));
+  JobConfig config = engine::DefaultJobConfig(precision, policy);
   AMPD_RETURN_IF_ERROR(CheckLength("config.display_name", proto.display_name()));
   config.display_name = proto.display_name();
   config.seed = proto.seed();
-  if (absl::Status s = ModelSpecFromProto(proto.model(), "config.model", &config.model); !s.ok())
-    return s;
+  AMPD_RETURN_IF_ERROR(ModelSpecFromProto(proto.model(), "config.model", &config.model));
   AMPD_RETURN_IF_ERROR(OptimizerFromProto(proto.optimizer(), &config.optimizer));
   AMPD_RETURN_IF_ERROR(ScalerFromProto(proto.scaler(), &config.scaler));
   return config;
@@ -321,13 +315,11 @@ absl::StatusOr<engine::StepInput> StepInputFromProto(const v1::StepRequest& requ
   for (int i = 0; i < request.micro_batches_size(); ++i) {
     const v1::MicroBatch& mb = request.micro_batches(i);
     const std::string field = absl::StrCat("micro_batches[", i, "]");
-    absl::StatusOr<engine::HostTensor> inputs =
-        TensorFromProto(mb.inputs(), absl::StrCat(field, ".inputs"));
-    if (!inputs.ok()) return inputs.status();
-    absl::StatusOr<engine::HostTensor> targets =
-        TensorFromProto(mb.targets(), absl::StrCat(field, ".targets"));
-    if (!targets.ok()) return targets.status();
-    input.micro_batches.push_back({*std::move(inputs), *std::move(targets)});
+    AMPD_ASSIGN_OR_RETURN(engine::HostTensor inputs,
+                          TensorFromProto(mb.inputs(), absl::StrCat(field, ".inputs")));
+    AMPD_ASSIGN_OR_RETURN(engine::HostTensor targets,
+                          TensorFromProto(mb.targets(), absl::StrCat(field, ".targets")));
+    input.micro_batches.push_back({std::move(inputs), std::move(targets)});
   }
   // Whether there is a micro-batch and the learning rate is usable is the
   // engine's to say (CheckStepInput, before the step is queued).
@@ -388,9 +380,8 @@ absl::StatusOr<engine::JobConfigRecord> DecodeCreateRequest(absl::string_view by
       !request.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
     return absl::DataLossError("ampd.create_request: not a CreateJobRequest");
   }
-  absl::StatusOr<JobConfig> config = JobConfigFromProto(request.config());
-  if (!config.ok()) return config.status();
-  return engine::JobConfigRecord{*std::move(config), request.request_id()};
+  AMPD_ASSIGN_OR_RETURN(JobConfig config, JobConfigFromProto(request.config()));
+  return engine::JobConfigRecord{std::move(config), request.request_id()};
 }
 
 }  // namespace ampd::rpc
