@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
 #include "google/rpc/status.pb.h"
 
 namespace ampd {
@@ -104,18 +105,14 @@ absl::Status LoadTlsFiles(const std::string& ca_path, const std::string& cert_pa
     return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
   }
   if (!ca_path.empty()) {
-    absl::StatusOr<std::string> ca = ReadPem("--tls-ca", ca_path);
-    if (!ca.ok()) return ca.status();
-    options.tls_ca_pem = *std::move(ca);
+    AMPD_ASSIGN_OR_RETURN(options.tls_ca_pem, ReadPem("--tls-ca", ca_path));
     options.tls = true;
   }
   if (!cert_path.empty()) {
-    absl::StatusOr<std::string> cert = ReadPem("--tls-cert", cert_path);
-    if (!cert.ok()) return cert.status();
-    absl::StatusOr<std::string> key = ReadPem("--tls-key", key_path);
-    if (!key.ok()) return key.status();
-    options.tls_cert_pem = *std::move(cert);
-    options.tls_key_pem = *std::move(key);
+    AMPD_ASSIGN_OR_RETURN(std::string cert, ReadPem("--tls-cert", cert_path));
+    AMPD_ASSIGN_OR_RETURN(std::string key, ReadPem("--tls-key", key_path));
+    options.tls_cert_pem = std::move(cert);
+    options.tls_key_pem = std::move(key);
     options.tls = true;
   }
   return absl::OkStatus();
@@ -206,10 +203,9 @@ absl::StatusOr<std::vector<v1::Job>> Client::ListAllJobs() {
   std::vector<v1::Job> jobs;
   std::string token;
   do {
-    absl::StatusOr<v1::ListJobsResponse> page = ListJobs(0, token);
-    if (!page.ok()) return page.status();
-    jobs.insert(jobs.end(), page->jobs().begin(), page->jobs().end());
-    token = page->next_page_token();
+    AMPD_ASSIGN_OR_RETURN(v1::ListJobsResponse page, ListJobs(0, token));
+    jobs.insert(jobs.end(), page.jobs().begin(), page.jobs().end());
+    token = page.next_page_token();
   } while (!token.empty());
   return jobs;
 }

@@ -19,9 +19,8 @@ using kernels::Tensor;
 namespace {
 
 absl::StatusOr<Tensor> AllocScalar(kernels::Backend& b, const kernels::Shape& shape) {
-  absl::StatusOr<Tensor> t = b.Allocate(DType::kF32, shape);
-  if (!t.ok()) return t.status();
-  AMPD_RETURN_IF_ERROR(b.Fill(*t, 0.0f));
+  AMPD_ASSIGN_OR_RETURN(Tensor t, b.Allocate(DType::kF32, shape));
+  AMPD_RETURN_IF_ERROR(b.Fill(t, 0.0f));
   return t;
 }
 
@@ -41,8 +40,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     const ValidJobConfig& valid, std::unique_ptr<kernels::Backend> backend) {
   if (backend == nullptr) return absl::InvalidArgumentError("backend: null");
   const JobConfig& config = valid.get();
-  absl::StatusOr<amp::GradScaler> scaler = amp::GradScaler::Create(config.scaler);
-  if (!scaler.ok()) return scaler.status();
+  AMPD_ASSIGN_OR_RETURN(amp::GradScaler scaler, amp::GradScaler::Create(config.scaler));
   // Refused before any allocation when the weights alone cannot fit: the
   // backend's allocator would fail (or, with overcommit, succeed and let the
   // kernel kill the process when the pages are touched).
@@ -53,13 +51,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
         absl::StrCat("model: the job's weights, gradients and optimizer state need an estimated ",
                      need, " bytes, more than the ", capacity, " bytes of ", backend->name()));
   }
-  auto impl = std::make_unique<Impl>(config, std::move(backend), *std::move(scaler));
+  auto impl = std::make_unique<Impl>(config, std::move(backend), std::move(scaler));
   kernels::Backend& b = *impl->backend;
 
-  absl::StatusOr<std::unique_ptr<model::Network>> m =
-      model::CreateNetwork(config.model, config.precision, config.seed, b);
-  if (!m.ok()) return m.status();
-  impl->model = *std::move(m);
+  AMPD_ASSIGN_OR_RETURN(impl->model,
+                        model::CreateNetwork(config.model, config.precision, config.seed, b));
 
   std::vector<std::string> names;
   std::vector<kernels::Shape> shapes;
@@ -67,10 +63,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     names.push_back(p.name);
     shapes.push_back(p.master.shape());
   }
-  absl::StatusOr<optim::OptimizerState> opt =
-      optim::OptimizerState::Create(config.optimizer, names, shapes, b);
-  if (!opt.ok()) return opt.status();
-  impl->optimizer = *std::move(opt);
+  AMPD_ASSIGN_OR_RETURN(impl->optimizer,
+                        optim::OptimizerState::Create(config.optimizer, names, shapes, b));
 
   for (model::Parameter& p : impl->model->params()) {
     kernels::ParamRef r{};
@@ -85,13 +79,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
 
   for (Tensor* t : {&impl->loss, &impl->loss_sum, &impl->found_inf, &impl->norm_sq, &impl->max_abs,
                     &impl->no_inf}) {
-    absl::StatusOr<Tensor> s = AllocScalar(b, {1, 1});
-    if (!s.ok()) return s.status();
-    *t = *std::move(s);
+    AMPD_ASSIGN_OR_RETURN(*t, AllocScalar(b, {1, 1}));
   }
-  absl::StatusOr<Tensor> hist = b.Allocate(DType::kI64, {kernels::kGradHistogramBins});
-  if (!hist.ok()) return hist.status();
-  impl->histogram = *std::move(hist);
+  AMPD_ASSIGN_OR_RETURN(impl->histogram, b.Allocate(DType::kI64, {kernels::kGradHistogramBins}));
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
 }
 
