@@ -408,10 +408,7 @@ class HeaderParser {
           if (has_offsets) return Error(absl::StrCat(where, "duplicate \"data_offsets\""));
           has_offsets = true;
           std::vector<uint64_t> offsets;
-          if (absl::Status s = ParseUintArray(std::numeric_limits<uint64_t>::max(), &offsets);
-              !s.ok()) {
-            return s;
-          }
+          AMPD_RETURN_IF_ERROR(ParseUintArray(std::numeric_limits<uint64_t>::max(), &offsets));
           if (offsets.size() != 2) {
             return Error(
                 absl::StrCat(where, "data_offsets has ", offsets.size(), " entries, not 2"));
@@ -481,10 +478,7 @@ absl::Status ValidateStateDict(const StateDict& state) {
       return absl::InvalidArgumentError(
           absl::StrCat("duplicate tensor name \"", Echo(t.name), "\""));
     }
-    if (absl::Status s = t.tensor.Validate(absl::StrCat("tensor \"", Echo(t.name), "\""));
-        !s.ok()) {
-      return s;
-    }
+    AMPD_RETURN_IF_ERROR(t.tensor.Validate(absl::StrCat("tensor \"", Echo(t.name), "\"")));
   }
   for (const auto& [key, value] : state.metadata) {
     if (!IsValidUtf8(key) || !IsValidUtf8(value)) {
@@ -664,14 +658,13 @@ absl::StatusOr<StateDict> DecodeSafetensors(absl::Span<const absl::string_view> 
     }
   }
   uint64_t header_end = 0;
-  absl::StatusOr<Header> header = DecodeHeader(head, file.size(), &header_end);
-  if (!header.ok()) return header.status();
+  AMPD_ASSIGN_OR_RETURN(Header header, DecodeHeader(head, file.size(), &header_end));
   const uint64_t buffer_size = file.size() - header_end;
 
   // Offsets are relative to the buffer; tensors must tile it exactly, in
   // header order, so the file has one meaning and no hidden bytes.
   uint64_t expected_begin = 0;
-  for (const TensorEntry& t : header->tensors) {
+  for (const TensorEntry& t : header.tensors) {
     if (t.end < t.begin) {
       return absl::InvalidArgumentError(absl::StrCat("safetensors: ", DescribeTensor(t),
                                                      " has data_offsets [", t.begin, ", ", t.end,
@@ -707,9 +700,9 @@ absl::StatusOr<StateDict> DecodeSafetensors(absl::Span<const absl::string_view> 
   }
 
   StateDict state;
-  state.metadata = std::move(header->metadata);
-  state.tensors.reserve(header->tensors.size());
-  for (TensorEntry& t : header->tensors) {
+  state.metadata = std::move(header.metadata);
+  state.tensors.reserve(header.tensors.size());
+  for (TensorEntry& t : header.tensors) {
     NamedTensor named;
     named.name = std::move(t.name);
     named.tensor.dtype = t.dtype;

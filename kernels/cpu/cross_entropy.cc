@@ -26,9 +26,7 @@ namespace ampd::kernels::cpu {
 absl::Status CrossEntropyLoss(const Tensor& logits, const Tensor& labels, float multiplier,
                               float grad_scale, Tensor& loss, Tensor& dlogits) {
   constexpr absl::string_view kOp = "CrossEntropyLoss";
-  if (absl::Status s = ValidateCrossEntropyLoss(logits, labels, loss, dlogits); !s.ok()) {
-    return s;
-  }
+  AMPD_RETURN_IF_ERROR(ValidateCrossEntropyLoss(logits, labels, loss, dlogits));
   const int64_t rows = logits.dim(0);     // N
   const int64_t classes = logits.dim(1);  // V
   AMPD_RETURN_IF_ERROR(CheckIdsInRange(kOp, "labels", labels, classes));

@@ -4,6 +4,7 @@
 // rounded once to their dtype.
 #include <vector>
 
+#include "common/status_macros.h"
 #include "kernels/cpu/cpu_internal.h"
 
 namespace ampd::kernels::cpu {
@@ -24,10 +25,7 @@ void AccumulateInto(const std::vector<float>& acc, Tensor& p) {
 absl::Status LayerNormBackward(const Tensor& x, const Tensor* gamma, const Tensor& mean,
                                const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor* dgamma,
                                Tensor* dbeta) {
-  if (absl::Status s = ValidateLayerNormBackward(x, gamma, mean, rstd, dy, dx, dgamma, dbeta);
-      !s.ok()) {
-    return s;
-  }
+  AMPD_RETURN_IF_ERROR(ValidateLayerNormBackward(x, gamma, mean, rstd, dy, dx, dgamma, dbeta));
   const int64_t rows = x.dim(0);                                   // N
   const int64_t cols = x.dim(1);                                   // C
   std::vector<float> dgamma_acc(static_cast<size_t>(cols), 0.0f);  // (C)

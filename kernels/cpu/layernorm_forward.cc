@@ -6,15 +6,14 @@
 #include <cmath>
 #include <vector>
 
+#include "common/status_macros.h"
 #include "kernels/cpu/cpu_internal.h"
 
 namespace ampd::kernels::cpu {
 
 absl::Status LayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps,
                               Tensor& y, Tensor& mean, Tensor& rstd) {
-  if (absl::Status s = ValidateLayerNormForward(x, gamma, beta, y, mean, rstd); !s.ok()) {
-    return s;
-  }
+  AMPD_RETURN_IF_ERROR(ValidateLayerNormForward(x, gamma, beta, y, mean, rstd));
   const int64_t rows = x.dim(0);  // N
   const int64_t cols = x.dim(1);  // C
   return VisitFloat(x.dtype(), [&](auto tag) {

@@ -7,6 +7,7 @@
 // elements are visited in.
 #include <cmath>
 
+#include "common/status_macros.h"
 #include "kernels/cpu/cpu_internal.h"
 
 namespace ampd::kernels::cpu {
@@ -40,9 +41,7 @@ bool UnscaleLoop(typename Tag::Storage* g, int64_t n, float inv_scale, ChunkedSu
 
 absl::Status UnscaleAndCheck(absl::Span<Tensor* const> grads, float inv_scale, bool in_place,
                              Tensor& found_inf, Tensor* norm_sq, Tensor* max_abs) {
-  if (absl::Status s = ValidateUnscaleAndCheck(grads, found_inf, norm_sq, max_abs); !s.ok()) {
-    return s;
-  }
+  AMPD_RETURN_IF_ERROR(ValidateUnscaleAndCheck(grads, found_inf, norm_sq, max_abs));
   bool nonfinite = false;
   float max = 0.0f;
   ChunkedSum sum;  // fp32, in tensor order then element order

@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 #include "prometheus/text_serializer.h"
 
 namespace ampd::metrics {
@@ -67,15 +68,14 @@ std::string Response(absl::string_view status, absl::string_view content_type,
 
 absl::StatusOr<std::unique_ptr<HttpExposer>> HttpExposer::Start(
     const std::string& listen_address, std::shared_ptr<prometheus::Registry> registry) {
-  absl::StatusOr<std::pair<std::string, std::string>> host_port = SplitHostPort(listen_address);
-  if (!host_port.ok()) return host_port.status();
+  AMPD_ASSIGN_OR_RETURN(auto host_port, SplitHostPort(listen_address));
   addrinfo hints = {};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE;
   addrinfo* found = nullptr;
-  const char* host = host_port->first.empty() ? nullptr : host_port->first.c_str();
-  if (int rc = getaddrinfo(host, host_port->second.c_str(), &hints, &found); rc != 0) {
+  const char* host = host_port.first.empty() ? nullptr : host_port.first.c_str();
+  if (int rc = getaddrinfo(host, host_port.second.c_str(), &hints, &found); rc != 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot serve metrics on ", listen_address, ": ", gai_strerror(rc)));
   }

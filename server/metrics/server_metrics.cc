@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace ampd::metrics {
 namespace {
@@ -229,10 +230,7 @@ absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Start(
     return absl::InvalidArgumentError("metrics listen address is empty");
   }
   std::unique_ptr<ServerMetrics> metrics(new ServerMetrics());
-  absl::StatusOr<std::unique_ptr<HttpExposer>> exposer =
-      HttpExposer::Start(listen_address, metrics->registry_);
-  if (!exposer.ok()) return exposer.status();
-  metrics->exposer_ = *std::move(exposer);
+  AMPD_ASSIGN_OR_RETURN(metrics->exposer_, HttpExposer::Start(listen_address, metrics->registry_));
   metrics->port_ = metrics->exposer_->port();
   return metrics;
 }

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace ampd::rpc {
 
@@ -61,7 +62,7 @@ absl::Status ModelSpecFromProto(const v1::ModelSpec& proto, absl::string_view fi
                         "a GPT's loss is the token cross-entropy (leave it unset)");
     }
     model::GptSpec gpt;
-    if (absl::Status s = GptFromProto(proto.gpt(), field_prefix, &gpt); !s.ok()) return s;
+    AMPD_RETURN_IF_ERROR(GptFromProto(proto.gpt(), field_prefix, &gpt));
     spec->gpt = gpt;
     spec->loss = model::LossKind::kCrossEntropy;
   }
@@ -90,10 +91,7 @@ absl::Status ModelSpecFromProto(const v1::ModelSpec& proto, absl::string_view fi
         l.kind = model::LayerKind::kLayerNorm;
         l.normalized_shape = ln.normalized_shape();
         if (ln.has_eps()) {
-          if (absl::Status s = CheckFinite(absl::StrCat(field, ".layer_norm.eps"), ln.eps());
-              !s.ok()) {
-            return s;
-          }
+          AMPD_RETURN_IF_ERROR(CheckFinite(absl::StrCat(field, ".layer_norm.eps"), ln.eps()));
           l.eps = ln.eps();
         }
         if (ln.has_elementwise_affine()) l.elementwise_affine = ln.elementwise_affine();

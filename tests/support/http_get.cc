@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace ampd::test_support {
 namespace {
@@ -90,13 +91,12 @@ absl::StatusOr<HttpResponse> HttpGet(int port, absl::string_view path,
 }
 
 absl::StatusOr<std::string> HttpGetBody(int port, absl::string_view path) {
-  absl::StatusOr<HttpResponse> response = HttpGet(port, path);
-  if (!response.ok()) return response.status();
-  if (response->status != 200) {
+  AMPD_ASSIGN_OR_RETURN(HttpResponse response, HttpGet(port, path));
+  if (response.status != 200) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "not an HTTP 200 response: ", absl::string_view(response->headers).substr(0, 200)));
+        "not an HTTP 200 response: ", absl::string_view(response.headers).substr(0, 200)));
   }
-  return std::move(response->body);
+  return std::move(response.body);
 }
 
 }  // namespace ampd::test_support

@@ -267,11 +267,8 @@ absl::Status Job::Initialize(const std::string& device) {
 }
 
 absl::Status Job::InitializeUnguarded(const std::string& device) {
-  absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend(device);
-  if (!backend.ok()) return backend.status();
-  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(config_, *std::move(backend));
-  if (!trainer.ok()) return trainer.status();
-  trainer_ = *std::move(trainer);
+  AMPD_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, kernels::CreateBackend(device));
+  AMPD_ASSIGN_OR_RETURN(trainer_, Trainer::Create(config_, std::move(backend)));
   bytes_in_use_.store(trainer_->backend().BytesInUse(), std::memory_order_relaxed);
   absl::MutexLock lock(&mu_);
   RefreshSnapshot();
@@ -280,10 +277,7 @@ absl::Status Job::InitializeUnguarded(const std::string& device) {
 
 absl::Status Job::Restore(const std::string& device, const checkpoint::StateDict& state) {
   AMPD_RETURN_IF_ERROR(Initialize(device));
-  if (absl::Status s = AllocationGuard("restore", [&] { return trainer_->LoadState(state); });
-      !s.ok()) {
-    return s;
-  }
+  AMPD_RETURN_IF_ERROR(AllocationGuard("restore", [&] { return trainer_->LoadState(state); }));
   // The Trainer took its counts from the checkpoint; the recorded response
   // is kept when it is the last step's.
   if (auto it = state.metadata.find(kMetaLastReport); it != state.metadata.end()) {

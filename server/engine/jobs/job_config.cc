@@ -26,13 +26,8 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
     default:
       return absl::InvalidArgumentError("precision: unknown precision");
   }
-  if (absl::Status s = Prefixed("model", model::ValidateModelSpec(config.model)); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = Prefixed("optimizer", optim::ValidateOptimizerSpec(config.optimizer));
-      !s.ok()) {
-    return s;
-  }
+  AMPD_RETURN_IF_ERROR(Prefixed("model", model::ValidateModelSpec(config.model)));
+  AMPD_RETURN_IF_ERROR(Prefixed("optimizer", optim::ValidateOptimizerSpec(config.optimizer)));
   return Prefixed("scaler", config.scaler.Validate());
 }
 

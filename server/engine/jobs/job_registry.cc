@@ -102,10 +102,9 @@ JobRegistry::JobRegistry(RegistryOptions options)
 absl::StatusOr<std::unique_ptr<JobRegistry>> JobRegistry::Create(RegistryOptions options) {
   auto registry = std::unique_ptr<JobRegistry>(new JobRegistry(std::move(options)));
   if (!registry->options_.state_dir.empty()) {
-    absl::StatusOr<checkpoint::StateDirectory> dir =
-        checkpoint::StateDirectory::Open(registry->options_.state_dir);
-    if (!dir.ok()) return dir.status();
-    registry->state_dir_ = std::make_unique<checkpoint::StateDirectory>(*std::move(dir));
+    AMPD_ASSIGN_OR_RETURN(checkpoint::StateDirectory dir,
+                          checkpoint::StateDirectory::Open(registry->options_.state_dir));
+    registry->state_dir_ = std::make_unique<checkpoint::StateDirectory>(std::move(dir));
   }
   registry->pool_ = std::make_unique<WorkerPool>(registry->options_.worker_threads);
   registry->context_->pool = registry->pool_.get();

@@ -51,14 +51,13 @@ absl::Status CommitTensors(kernels::Backend& b,
   std::vector<Tensor> fresh;
   fresh.reserve(targets.size());
   for (size_t i = 0; i < targets.size(); ++i) {
-    absl::StatusOr<Tensor> t = b.Allocate(DType::kF32, targets[i].second->shape());
-    if (!t.ok()) return t.status();
+    AMPD_ASSIGN_OR_RETURN(Tensor t, b.Allocate(DType::kF32, targets[i].second->shape()));
     if (sources[i] == nullptr) {
-      AMPD_RETURN_IF_ERROR(b.Fill(*t, 0.0f));
+      AMPD_RETURN_IF_ERROR(b.Fill(t, 0.0f));
     } else {
-      AMPD_RETURN_IF_ERROR(b.CopyFromHost(sources[i]->data.data(), sources[i]->data.size(), *t));
+      AMPD_RETURN_IF_ERROR(b.CopyFromHost(sources[i]->data.data(), sources[i]->data.size(), t));
     }
-    fresh.push_back(*std::move(t));
+    fresh.push_back(std::move(t));
   }
   // The copies may only be queued, reading the caller's buffers later
   // (backend.h's CopyFromHost contract); wait for them before returning,

@@ -173,15 +173,14 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   for (int64_t i = 0; i < k; ++i) {
     const MicroBatch& mb = input.micro_batches[static_cast<size_t>(i)];
     report.samples += mb.inputs.shape[0];
-    absl::StatusOr<model::Workspace*> ws = net.GetWorkspace(mb.inputs.shape);
-    if (!ws.ok()) return ws.status();
+    AMPD_ASSIGN_OR_RETURN(auto* ws, net.GetWorkspace(mb.inputs.shape));
     const Clock::time_point t0 = Clock::now();
-    AMPD_RETURN_IF_ERROR(net.LoadBatch(mb.inputs, mb.targets, **ws));
-    AMPD_RETURN_IF_ERROR(net.Forward(**ws));
-    AMPD_RETURN_IF_ERROR(net.Loss(**ws, grad_scale, m.loss));
+    AMPD_RETURN_IF_ERROR(net.LoadBatch(mb.inputs, mb.targets, *ws));
+    AMPD_RETURN_IF_ERROR(net.Forward(*ws));
+    AMPD_RETURN_IF_ERROR(net.Loss(*ws, grad_scale, m.loss));
     AMPD_RETURN_IF_ERROR(b.Add(m.loss, m.loss_sum));
     const Clock::time_point t1 = Clock::now();
-    AMPD_RETURN_IF_ERROR(net.Backward(**ws, /*first_micro_batch=*/i == 0));
+    AMPD_RETURN_IF_ERROR(net.Backward(*ws, /*first_micro_batch=*/i == 0));
     const Clock::time_point t2 = Clock::now();
     report.seconds.forward += Seconds(t0, t1);
     report.seconds.backward += Seconds(t1, t2);
