@@ -613,21 +613,34 @@ absl::Status ValidateMseLoss(const Tensor& pred, const Tensor& target, const Ten
   return absl::OkStatus();
 }
 
-absl::Status ValidateCrossEntropyLoss(const Tensor& logits, const Tensor& labels,
-                                      const Tensor& loss, const Tensor& dlogits) {
-  constexpr absl::string_view kOp = "CrossEntropyLoss";
-  AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "logits", logits));
-  AMPD_RETURN_IF_ERROR(CheckRank(kOp, "logits", logits, 2));
-  AMPD_RETURN_IF_ERROR(CheckIndex(kOp, "labels", labels));
+namespace {
+
+// What both cross-entropy ops need: float logits (N, V), labels (N) of an
+// index dtype, dlogits shaped and typed as logits, an F32 scalar loss.
+absl::Status CheckCrossEntropyOperands(absl::string_view op, const Tensor& logits,
+                                       const Tensor& labels, const Tensor& loss,
+                                       const Tensor& dlogits) {
+  AMPD_RETURN_IF_ERROR(CheckFloat(op, "logits", logits));
+  AMPD_RETURN_IF_ERROR(CheckRank(op, "logits", logits, 2));
+  AMPD_RETURN_IF_ERROR(CheckIndex(op, "labels", labels));
   if (labels.rank() != 1 || labels.dim(0) != logits.dim(0)) {
-    return absl::InvalidArgumentError(absl::StrCat(kOp, ": labels is ", labels.DebugString(),
+    return absl::InvalidArgumentError(absl::StrCat(op, ": labels is ", labels.DebugString(),
                                                    " but logits is ", logits.DebugString(),
                                                    "; expected (", logits.dim(0), ")"));
   }
-  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "dlogits", dlogits, "logits", logits));
-  AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "dlogits", dlogits, "logits", logits));
-  AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "dlogits", dlogits));
-  AMPD_RETURN_IF_ERROR(CheckScalarF32(kOp, "loss", loss));
+  AMPD_RETURN_IF_ERROR(CheckSameDType(op, "dlogits", dlogits, "logits", logits));
+  AMPD_RETURN_IF_ERROR(CheckSameShape(op, "dlogits", dlogits, "logits", logits));
+  AMPD_RETURN_IF_ERROR(CheckHasMemory(op, "dlogits", dlogits));
+  AMPD_RETURN_IF_ERROR(CheckScalarF32(op, "loss", loss));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateCrossEntropyLoss(const Tensor& logits, const Tensor& labels,
+                                      const Tensor& loss, const Tensor& dlogits) {
+  constexpr absl::string_view kOp = "CrossEntropyLoss";
+  AMPD_RETURN_IF_ERROR(CheckCrossEntropyOperands(kOp, logits, labels, loss, dlogits));
   // A mean over no rows is 0/0, and a softmax over no classes has no label.
   if (logits.dim(0) == 0 || logits.dim(1) == 0) {
     return absl::InvalidArgumentError(absl::StrCat(kOp, ": logits is ", logits.DebugString(),
@@ -639,18 +652,7 @@ absl::Status ValidateCrossEntropyLoss(const Tensor& logits, const Tensor& labels
 absl::Status ValidateCrossEntropyChunk(const Tensor& logits, const Tensor& labels,
                                        const Tensor& loss, const Tensor& dlogits) {
   constexpr absl::string_view kOp = "CrossEntropyChunk";
-  AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "logits", logits));
-  AMPD_RETURN_IF_ERROR(CheckRank(kOp, "logits", logits, 2));
-  AMPD_RETURN_IF_ERROR(CheckIndex(kOp, "labels", labels));
-  if (labels.rank() != 1 || labels.dim(0) != logits.dim(0)) {
-    return absl::InvalidArgumentError(absl::StrCat(kOp, ": labels is ", labels.DebugString(),
-                                                   " but logits is ", logits.DebugString(),
-                                                   "; expected (", logits.dim(0), ")"));
-  }
-  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "dlogits", dlogits, "logits", logits));
-  AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "dlogits", dlogits, "logits", logits));
-  AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "dlogits", dlogits));
-  AMPD_RETURN_IF_ERROR(CheckScalarF32(kOp, "loss", loss));
+  AMPD_RETURN_IF_ERROR(CheckCrossEntropyOperands(kOp, logits, labels, loss, dlogits));
   // A softmax over no classes has no label. An empty chunk (N = 0) is fine.
   if (logits.dim(1) == 0) {
     return absl::InvalidArgumentError(

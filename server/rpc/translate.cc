@@ -310,17 +310,30 @@ v1::Job JobToProto(const engine::JobSnapshot& snapshot) {
   return job;
 }
 
-absl::StatusOr<engine::StepInput> StepInputFromProto(const v1::StepRequest& request) {
-  engine::StepInput input;
-  for (int i = 0; i < request.micro_batches_size(); ++i) {
-    const v1::MicroBatch& mb = request.micro_batches(i);
+namespace {
+
+// The micro-batches of a Step or Evaluate, each tensor decoded and named by
+// its field (micro_batches[i].inputs / .targets).
+absl::StatusOr<std::vector<engine::MicroBatch>> MicroBatchesFromProto(
+    const google::protobuf::RepeatedPtrField<v1::MicroBatch>& micro_batches) {
+  std::vector<engine::MicroBatch> out;
+  for (int i = 0; i < micro_batches.size(); ++i) {
+    const v1::MicroBatch& mb = micro_batches.Get(i);
     const std::string field = absl::StrCat("micro_batches[", i, "]");
     AMPD_ASSIGN_OR_RETURN(engine::HostTensor inputs,
                           TensorFromProto(mb.inputs(), absl::StrCat(field, ".inputs")));
     AMPD_ASSIGN_OR_RETURN(engine::HostTensor targets,
                           TensorFromProto(mb.targets(), absl::StrCat(field, ".targets")));
-    input.micro_batches.push_back({std::move(inputs), std::move(targets)});
+    out.push_back({std::move(inputs), std::move(targets)});
   }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<engine::StepInput> StepInputFromProto(const v1::StepRequest& request) {
+  engine::StepInput input;
+  AMPD_ASSIGN_OR_RETURN(input.micro_batches, MicroBatchesFromProto(request.micro_batches()));
   // Whether there is a micro-batch and the learning rate is usable is the
   // engine's to say (CheckStepInput, before the step is queued).
   if (request.has_learning_rate()) input.learning_rate = request.learning_rate();
@@ -354,15 +367,7 @@ void StepReportToProto(const engine::StepReport& r, v1::StepResponse* response) 
 
 absl::StatusOr<engine::EvaluateInput> EvaluateInputFromProto(const v1::EvaluateRequest& request) {
   engine::EvaluateInput input;
-  for (int i = 0; i < request.micro_batches_size(); ++i) {
-    const v1::MicroBatch& mb = request.micro_batches(i);
-    const std::string field = absl::StrCat("micro_batches[", i, "]");
-    AMPD_ASSIGN_OR_RETURN(engine::HostTensor inputs,
-                          TensorFromProto(mb.inputs(), absl::StrCat(field, ".inputs")));
-    AMPD_ASSIGN_OR_RETURN(engine::HostTensor targets,
-                          TensorFromProto(mb.targets(), absl::StrCat(field, ".targets")));
-    input.micro_batches.push_back({std::move(inputs), std::move(targets)});
-  }
+  AMPD_ASSIGN_OR_RETURN(input.micro_batches, MicroBatchesFromProto(request.micro_batches()));
   // Whether there is a micro-batch is the engine's to say
   // (CheckEvaluateInput, before the evaluation is queued).
   return input;

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "server/engine/optim/optimizer_spec.h"
 #include "tests/engine/engine_test_util.h"
+#include "tests/support/nanogpt_lr.h"
 
 namespace ampd::engine {
 namespace {
@@ -24,22 +25,7 @@ using optim::LrScheduleKind;
 using optim::OptimizerKind;
 using optim::OptimizerSpec;
 
-// nanoGPT's train.py get_lr (Python floats are doubles).
-double NanoGptGetLr(int64_t it, double learning_rate, int64_t warmup_iters, int64_t lr_decay_iters,
-                    double min_lr) {
-  // 1) linear warmup for warmup_iters steps
-  if (it < warmup_iters) {
-    return learning_rate * static_cast<double>(it + 1) / static_cast<double>(warmup_iters + 1);
-  }
-  // 2) if it > lr_decay_iters, return min learning rate
-  if (it > lr_decay_iters) return min_lr;
-  // 3) in between, use cosine decay down to min learning rate
-  const double decay_ratio =
-      static_cast<double>(it - warmup_iters) / static_cast<double>(lr_decay_iters - warmup_iters);
-  EXPECT_TRUE(0 <= decay_ratio && decay_ratio <= 1);
-  const double coeff = 0.5 * (1.0 + std::cos(std::numbers::pi * decay_ratio));
-  return min_lr + coeff * (learning_rate - min_lr);
-}
+using test_support::NanoGptGetLr;
 
 OptimizerSpec Cosine(OptimizerKind kind, float lr, int64_t warmup, int64_t decay, float min_lr) {
   OptimizerSpec spec = optim::DefaultOptimizerSpec(kind);

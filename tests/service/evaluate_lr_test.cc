@@ -32,6 +32,7 @@
 #include "gtest/gtest.h"
 #include "tests/support/ampd_process.h"
 #include "tests/support/http_get.h"
+#include "tests/support/nanogpt_lr.h"
 #include "tests/support/temp_dir.h"
 
 namespace ampd {
@@ -40,23 +41,7 @@ namespace {
 using test_support::AmpdProcess;
 using test_support::TempDir;
 
-// nanoGPT's train.py get_lr, transcribed line for line (Python floats are
-// doubles): learning_rate, warmup_iters, lr_decay_iters, min_lr.
-double NanoGptGetLr(int64_t it, double learning_rate, int64_t warmup_iters, int64_t lr_decay_iters,
-                    double min_lr) {
-  // 1) linear warmup for warmup_iters steps
-  if (it < warmup_iters) {
-    return learning_rate * static_cast<double>(it + 1) / static_cast<double>(warmup_iters + 1);
-  }
-  // 2) if it > lr_decay_iters, return min learning rate
-  if (it > lr_decay_iters) return min_lr;
-  // 3) in between, use cosine decay down to min learning rate
-  const double decay_ratio =
-      static_cast<double>(it - warmup_iters) / static_cast<double>(lr_decay_iters - warmup_iters);
-  EXPECT_TRUE(0 <= decay_ratio && decay_ratio <= 1);
-  const double coeff = 0.5 * (1.0 + std::cos(std::numbers::pi * decay_ratio));  // coeff ranges 0..1
-  return min_lr + coeff * (learning_rate - min_lr);
-}
+using test_support::NanoGptGetLr;
 
 // The value of the sample `series` (name{labels}) in a Prometheus text
 // exposition; nullopt when absent.

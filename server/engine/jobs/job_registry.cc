@@ -386,6 +386,17 @@ void JobRegistry::DeleteJob(const std::string& owner, const std::string& job_id,
   });
 }
 
+absl::StatusOr<std::shared_ptr<Job>> JobRegistry::FindForWork(const std::string& owner,
+                                                              const std::string& job_id) const {
+  {
+    absl::MutexLock lock(&mu_);
+    if (draining_) return Draining();
+  }
+  std::shared_ptr<Job> job = Find(owner, job_id);
+  if (job == nullptr) return JobNotFound(job_id);
+  return job;
+}
+
 void JobRegistry::Step(const std::string& owner, const std::string& job_id, int64_t sequence,
                        StepInput input, std::function<void(absl::StatusOr<StepReport>)> done) {
   // A malformed request is refused before it is queued, whatever the job's
@@ -394,18 +405,12 @@ void JobRegistry::Step(const std::string& owner, const std::string& job_id, int6
     done(std::move(s));
     return;
   }
-  {
-    absl::MutexLock lock(&mu_);
-    if (draining_) {
-      done(Draining());
-      return;
-    }
-  }
-  std::shared_ptr<Job> job = Find(owner, job_id);
-  if (job == nullptr) {
-    done(JobNotFound(job_id));
+  absl::StatusOr<std::shared_ptr<Job>> found = FindForWork(owner, job_id);
+  if (!found.ok()) {
+    done(found.status());
     return;
   }
+  std::shared_ptr<Job> job = *std::move(found);
   auto shared_input = std::make_shared<StepInput>(std::move(input));
   job->Post([this, job, sequence, shared_input, done = std::move(done)] {
     absl::StatusOr<StepReport> report = job->Step(sequence, std::move(*shared_input));
@@ -431,18 +436,12 @@ void JobRegistry::Evaluate(const std::string& owner, const std::string& job_id, 
     done(std::move(s));
     return;
   }
-  {
-    absl::MutexLock lock(&mu_);
-    if (draining_) {
-      done(Draining());
-      return;
-    }
-  }
-  std::shared_ptr<Job> job = Find(owner, job_id);
-  if (job == nullptr) {
-    done(JobNotFound(job_id));
+  absl::StatusOr<std::shared_ptr<Job>> found = FindForWork(owner, job_id);
+  if (!found.ok()) {
+    done(found.status());
     return;
   }
+  std::shared_ptr<Job> job = *std::move(found);
   auto shared_input = std::make_shared<EvaluateInput>(std::move(input));
   job->Post([this, job, shared_input, done = std::move(done)] {
     absl::StatusOr<EvaluateReport> report = job->Evaluate(*shared_input);
