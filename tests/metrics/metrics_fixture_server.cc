@@ -1,8 +1,8 @@
 // A stand-in for a live ampd's metrics endpoint: starts ServerMetrics, feeds
 // job "fixture-job" the steps the engine would report for an fp16 job whose
-// second step overflows (S 65536 -> 32768), plus an RPC and device memory so
-// every family has a series, prints the bound port on one line and serves
-// until stdin closes. prometheus_e2e_test.sh and validate_deploy.py scrape it.
+// second step overflows (S 65536 -> 32768), plus an evaluation, an RPC and
+// device memory so every family has a series, prints the bound port on one
+// line and serves until stdin closes. prometheus_e2e_test.sh and validate_deploy.py scrape it.
 //
 //   metrics_fixture_server [listen_address]   (default 127.0.0.1:0)
 #include <cstdio>
@@ -46,6 +46,13 @@ int main(int argc, char** argv) {
                  .counters = {}};
   step.grad_norm.reset();
   metrics.OnStep("fixture-job", step);
+
+  // A validation loss from an Evaluate call.
+  ampd::engine::EvaluateReport evaluation;
+  evaluation.loss = 0.8f;
+  evaluation.samples = 64;
+  evaluation.seconds = 0.003;
+  metrics.OnEvaluate("fixture-job", evaluation);
 
   // A tenant's job: its series carry a tenant label beside job.
   metrics.OnJobCreated("tenant-job", "team-a", config);
