@@ -239,6 +239,14 @@ class GptNet {
     AMPD_RETURN_IF_ERROR(backend_->CopyToHost(loss_, &l, 4));
     return l;
   }
+  // Forward and EvalLoss (an evaluation's loss).
+  absl::StatusOr<float> EvalLoss() {
+    AMPD_RETURN_IF_ERROR(net_->Forward(*ws_));
+    AMPD_RETURN_IF_ERROR(net_->EvalLoss(*ws_, loss_));
+    float l = 0;
+    AMPD_RETURN_IF_ERROR(backend_->CopyToHost(loss_, &l, 4));
+    return l;
+  }
   absl::Status Backward() { return net_->Backward(*ws_, /*first_micro_batch=*/true); }
 
  private:
@@ -282,6 +290,39 @@ TEST(GptForward, ChunkedLmHeadMatchesReference) {
 // In bf16 the head's gradient is summed over chunks in fp32 and added once:
 // with the same weights it agrees with the fp32 model's (one chunk per 15
 // rows here, so 40 rows take three).
+// Every parameter's gradient, byte for byte.
+std::vector<std::vector<char>> GradBytes(kernels::Backend& b, const model::Network& net) {
+  std::vector<std::vector<char>> out;
+  for (const model::Parameter& p : net.params()) {
+    std::vector<char> bytes(p.grad.nbytes());
+    EXPECT_TRUE(b.CopyToHost(p.grad, bytes.data(), bytes.size()).ok());
+    out.push_back(std::move(bytes));
+  }
+  return out;
+}
+
+// An evaluation's loss is the step's, and the LM head it runs (with two
+// chunks here) leaves every gradient as the step left it.
+TEST(GptForward, EvalLossIsTheLossAndLeavesGradientsAlone) {
+  const int64_t vocab = (int64_t{1} << 20) + 3;
+  const model::ModelSpec spec = TinyGpt(vocab, 20, 8, 1, 2);
+  const Batch data = RandomBatch(2, 20, vocab, 9);
+  for (model::Precision precision :
+       {model::Precision::kFp32, model::Precision::kBf16, model::Precision::kFp16}) {
+    GptNet m(spec, precision, 4);
+    ASSERT_TRUE(m.Load(data).ok());
+    ASSERT_TRUE(m.net().ZeroGrads().ok());
+    absl::StatusOr<float> loss = m.Loss(/*grad_scale=*/256.0f);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    ASSERT_TRUE(m.Backward().ok());
+    const std::vector<std::vector<char>> before = GradBytes(m.backend(), m.net());
+    absl::StatusOr<float> evaluated = m.EvalLoss();
+    ASSERT_TRUE(evaluated.ok()) << evaluated.status();
+    EXPECT_EQ(*evaluated, *loss) << model::PrecisionName(precision);
+    EXPECT_TRUE(GradBytes(m.backend(), m.net()) == before) << model::PrecisionName(precision);
+  }
+}
+
 TEST(GptBackward, ChunkedHeadGradientInBf16AgreesWithFp32) {
   const int64_t vocab = (int64_t{1} << 20) + 3;
   const model::ModelSpec spec = TinyGpt(vocab, 20, 8, 1, 2);

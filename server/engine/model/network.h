@@ -88,6 +88,12 @@ class Network {
   // loss reads parameters directly (the GPT's LM head) also accumulates their
   // gradient here; ZeroGrads clears those.
   virtual absl::Status Loss(Workspace& ws, float grad_scale, kernels::Tensor& loss) = 0;
+  // The same loss for an evaluation, leaving every parameter's gradient as
+  // it was. By default Loss with grad_scale 1, whose dL/dpred stays in ws
+  // only; a kind whose Loss touches parameter gradients overrides it.
+  virtual absl::Status EvalLoss(Workspace& ws, kernels::Tensor& loss) {
+    return Loss(ws, 1.0f, loss);
+  }
   // Every parameter's gradient from what Loss left in ws. The first
   // micro-batch of a step writes GEMM gradients with beta = 0 (no zeroing
   // pass over the largest tensors); later ones accumulate with beta = 1.

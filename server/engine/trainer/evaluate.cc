@@ -2,13 +2,13 @@
 //
 // Per micro-batch: upload, forward on the working copy, loss, Add into
 // loss_sum on the device; then one ReadScalars of loss_sum. It runs the
-// same model calls (LoadBatch, Forward, Loss) as Step's forward half and in
-// the same order, so it reports exactly the loss a Step on the same batches
-// would report now (Step reports the loss before its update). Loss also
-// writes dL/dpred into the workspace's own gradient buffer, which is
-// scratch: Backward is never called, so no parameter gradient, no master
-// or working weight, no optimizer buffer and no scaler state changes, and
-// neither does the step count or the applied count.
+// same model calls as Step's forward half (LoadBatch, Forward, then
+// EvalLoss, the loss Step's Loss computes without any parameter gradient)
+// in the same order, so it reports exactly the loss a Step on the same
+// batches would report now (Step reports the loss before its update).
+// Backward is never called, so no parameter gradient, no master or working
+// weight, no optimizer buffer and no scaler state changes, and neither does
+// the step count or the applied count.
 #include <chrono>
 #include <cstdint>
 
@@ -45,9 +45,7 @@ absl::StatusOr<EvaluateReport> Trainer::Evaluate(
     AMPD_ASSIGN_OR_RETURN(model::Workspace * ws, net.GetWorkspace(mb.inputs.shape));
     AMPD_RETURN_IF_ERROR(net.LoadBatch(mb.inputs, mb.targets, *ws));
     AMPD_RETURN_IF_ERROR(net.Forward(*ws));
-    // The gradient scale only sizes the scratch dL/dpred; 1 / K keeps it
-    // where an unscaled step's would be.
-    AMPD_RETURN_IF_ERROR(net.Loss(*ws, 1.0f / static_cast<float>(k), m.loss));
+    AMPD_RETURN_IF_ERROR(net.EvalLoss(*ws, m.loss));
     AMPD_RETURN_IF_ERROR(b.Add(m.loss, m.loss_sum));
   }
   const kernels::Tensor* const scalars[1] = {&m.loss_sum};

@@ -11,7 +11,9 @@
 // the 16-bit gradient once at the end: one rounding per micro-batch, as
 // every other weight gradient gets, however many chunks the head takes.
 // kept, the micro-batch's targets other than kIgnoreIndex, was counted on
-// the host by LoadBatch, so the mean needs no device read.
+// the host by LoadBatch, so the mean needs no device read. EvalLoss runs the
+// logits and the cross-entropy only: the two backward GEMMs are skipped and
+// no gradient is touched.
 #include <algorithm>
 
 #include "common/status_macros.h"
@@ -22,7 +24,15 @@ namespace ampd::engine::model {
 
 using kernels::Tensor;
 
-absl::Status GptModel::Loss(Workspace& any, float grad_scale, Tensor& loss) {
+absl::Status GptModel::Loss(Workspace& ws, float grad_scale, Tensor& loss) {
+  return HeadLoss(ws, grad_scale, /*with_grad=*/true, loss);
+}
+
+absl::Status GptModel::EvalLoss(Workspace& ws, Tensor& loss) {
+  return HeadLoss(ws, 0.0f, /*with_grad=*/false, loss);
+}
+
+absl::Status GptModel::HeadLoss(Workspace& any, float grad_scale, bool with_grad, Tensor& loss) {
   AMPD_ASSIGN_OR_RETURN(GptWorkspace * own, Own<GptWorkspace>(any));
   GptWorkspace& ws = *own;
   if (ws.kept <= 0) {
@@ -51,10 +61,11 @@ absl::Status GptModel::Loss(Workspace& any, float grad_scale, Tensor& loss) {
     AMPD_RETURN_IF_ERROR(b.Gemm(false, true, 1.0f, h, head.value(), 0.0f, logits));
     AMPD_RETURN_IF_ERROR(b.CrossEntropyChunk(logits, labels, kIgnoreIndex, loss_scale,
                                              logit_grad_scale, loss, logits));
+    if (!with_grad) continue;
     AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, logits, head.value(), 0.0f, dh));
     AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, logits, h, sum_beta(start), head_sum));
   }
-  if (!ws.head_grad.empty()) AMPD_RETURN_IF_ERROR(b.Add(ws.head_grad, head.grad));
+  if (with_grad && !ws.head_grad.empty()) AMPD_RETURN_IF_ERROR(b.Add(ws.head_grad, head.grad));
   return absl::OkStatus();
 }
 

@@ -82,6 +82,8 @@ class GptModel final : public Network {
   // multiplier * mean over kept targets; dh (the gradient into ln_f's
   // output) and the head weight's gradient (+=) times grad_scale.
   absl::Status Loss(Workspace& ws, float grad_scale, kernels::Tensor& loss) override;
+  // The head's logits and cross-entropy only: no dh, no head gradient.
+  absl::Status EvalLoss(Workspace& ws, kernels::Tensor& loss) override;
   absl::Status Backward(Workspace& ws, bool first_micro_batch) override;
 
   // Accepts Hugging Face's variants of the names: without the
@@ -109,6 +111,9 @@ class GptModel final : public Network {
   };
 
   GptModel(const ModelSpec& spec, Precision precision, kernels::Backend& backend);
+  // Loss and EvalLoss: the head over row chunks, its backward only when
+  // with_grad.
+  absl::Status HeadLoss(Workspace& ws, float grad_scale, bool with_grad, kernels::Tensor& loss);
   const GptSpec& gpt() const { return *spec().gpt; }
   int head_weight() const { return gpt().tie_embeddings ? wte_ : lm_head_; }
 
