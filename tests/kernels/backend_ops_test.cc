@@ -51,12 +51,17 @@
 #include "kernels/dtype.h"
 #include "kernels/float16.h"
 #include "kernels/tensor.h"
+#include "tests/kernels/gpt_reference.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace ampd::kernels {
 namespace {
 
 namespace kt = ::ampd::kernels::testing;
+using kt::DenormMin;
+using kt::kU32;
+using kt::RefGeluTanh;
+using kt::RefGeluTanhGrad;
 
 // ---- tolerances ---------------------------------------------------------------
 // |got - want| <= atol + rtol |want|; {0, 0} means bitwise (NaN matches NaN,
@@ -69,19 +74,7 @@ constexpr Tol kBitwise{};
 Tol operator+(Tol a, Tol b) { return {a.rtol + b.rtol, a.atol + b.atol}; }
 
 // fp32's unit roundoff: the relative error of one rounded fp32 operation.
-const double kU32 = std::ldexp(1.0, -24);
 
-// The smallest positive value of a dtype (its subnormal quantum).
-double DenormMin(DType dtype) {
-  switch (dtype) {
-    case DType::kF16:
-      return std::ldexp(1.0, -24);
-    case DType::kBF16:
-      return std::ldexp(1.0, -133);
-    default:
-      return std::ldexp(1.0, -149);
-  }
-}
 // n units in the last place of dtype, relative, with the subnormal quantum
 // as the floor near zero.
 Tol Ulps(DType dtype, double n) { return {n * kt::Eps(dtype), n * DenormMin(dtype)}; }
@@ -576,17 +569,6 @@ void AddGemmCases(std::vector<OpCase>& cases) {
 double RefNormalCdf(double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)); }
 double RefNormalPdf(double x) { return std::exp(-0.5 * x * x) / std::sqrt(2.0 * std::numbers::pi); }
 
-// GELU's tanh approximation and its derivative, from the formula.
-double RefGeluTanhInner(double x) {
-  return std::sqrt(2.0 / std::numbers::pi) * (x + 0.044715 * x * x * x);
-}
-double RefGeluTanh(double x) { return 0.5 * x * (1.0 + std::tanh(RefGeluTanhInner(x))); }
-double RefGeluTanhGrad(double x) {
-  const double t = std::tanh(RefGeluTanhInner(x));
-  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * std::sqrt(2.0 / std::numbers::pi) *
-                               (1.0 + 3.0 * 0.044715 * x * x);
-}
-
 std::string ActName(Activation act) {
   switch (act) {
     case Activation::kReLU:
@@ -1020,163 +1002,18 @@ void AddLossCases(std::vector<OpCase>& cases) {
 
 // ---- causal self-attention ----
 // (B, T, C, n_head): T = 1, odd and non-power-of-two T, one head, D from 4 to 64.
-struct AttnDims {
-  int64_t b, t, c, heads;
-};
+using kt::AttnBackwardRef;
+using kt::AttnDims;
+using kt::AttnForwardRef;
+using kt::RefAttnBackward;
+using kt::RefAttnForward;
 constexpr AttnDims kAttnDims[] = {
     {2, 1, 12, 3}, {2, 7, 16, 4}, {3, 13, 24, 2}, {1, 37, 64, 1}, {2, 64, 128, 2}};
 
-double AttnScale(int64_t c, int64_t heads) {
-  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(c / heads)));
-}
-
-// A reference output with a bound per element; the case's tolerance is the
-// largest bound (absolute), and another backend may be twice that from the
-// oracle (each within the bound of the same reference).
-struct Bounded {
-  std::vector<double> want, bound;
-  Tol Tolerance() const { return {0.0, *std::max_element(bound.begin(), bound.end())}; }
-};
-
-// The forward in double with the contract's roundings (S and P stored in
-// the dtype), and bounds for an fp32 implementation that sums in another
-// order: a score may round one ulp apart, moving each P relatively by twice
-// that, P's own rounding may flip, and out sums T products.
-struct AttnForwardRef {
-  Bounded att, out;
-};
-AttnForwardRef RefAttnForward(DType dt, const AttnDims& s, const std::vector<double>& qkv) {
-  const int64_t dd = s.c / s.heads;
-  const double scale = AttnScale(s.c, s.heads), eps = kt::Eps(dt);
-  AttnForwardRef r;
-  r.att.want.assign(static_cast<size_t>(s.b * s.heads * s.t * s.t), 0.0);
-  r.att.bound.assign(r.att.want.size(), 0.0);
-  r.out.want.assign(static_cast<size_t>(s.b * s.t * s.c), 0.0);
-  r.out.bound.assign(r.out.want.size(), 0.0);
-  auto at = [&](int64_t b, int64_t t, int64_t col) {
-    return qkv[static_cast<size_t>((b * s.t + t) * 3 * s.c + col)];
-  };
-  for (int64_t b = 0; b < s.b; ++b) {
-    for (int64_t h = 0; h < s.heads; ++h) {
-      for (int64_t t = 0; t < s.t; ++t) {
-        std::vector<double> score(static_cast<size_t>(t + 1));
-        double mx = -INFINITY, max_abs = 0, dot_err = 0;
-        for (int64_t j = 0; j <= t; ++j) {
-          double dot = 0, abs_sum = 0;
-          for (int64_t d = 0; d < dd; ++d) {
-            const double p = at(b, t, h * dd + d) * at(b, j, s.c + h * dd + d);
-            dot += p;
-            abs_sum += std::fabs(p);
-          }
-          score[j] = kt::RefStore(dt, scale * dot);
-          mx = std::max(mx, score[j]);
-          max_abs = std::max(max_abs, std::fabs(score[j]));
-          dot_err = std::max(dot_err, (dd + 2) * kU32 * abs_sum * scale);
-        }
-        double sum = 0;
-        for (int64_t j = 0; j <= t; ++j) sum += std::exp(score[j] - mx);
-        const double p_rel = 2 * (eps * max_abs + dot_err) + (t + 8) * kU32 + eps;
-        const size_t row = static_cast<size_t>(((b * s.heads + h) * s.t + t) * s.t);
-        for (int64_t j = 0; j <= t; ++j) {
-          r.att.want[row + j] = kt::RefStore(dt, std::exp(score[j] - mx) / sum);
-          r.att.bound[row + j] = p_rel * r.att.want[row + j] + DenormMin(dt);
-        }
-        for (int64_t d = 0; d < dd; ++d) {
-          double acc = 0, abs_sum = 0, p_err = 0;
-          for (int64_t j = 0; j <= t; ++j) {
-            const double v = at(b, j, 2 * s.c + h * dd + d);
-            acc += r.att.want[row + j] * v;
-            abs_sum += std::fabs(r.att.want[row + j] * v);
-            p_err += r.att.bound[row + j] * std::fabs(v);
-          }
-          const size_t o = static_cast<size_t>((b * s.t + t) * s.c + h * dd + d);
-          r.out.want[o] = kt::RefStore(dt, acc);
-          r.out.bound[o] =
-              p_err + (t + 3) * kU32 * abs_sum + eps * std::fabs(r.out.want[o]) + DenormMin(dt);
-        }
-      }
-    }
-  }
-  return r;
-}
-
-// The backward in double from a given P (att), with the contract's
-// roundings (dP and dS stored in the dtype), bounded as the forward is.
-struct AttnBackwardRef {
-  Bounded datt, dqkv;
-};
-AttnBackwardRef RefAttnBackward(DType dt, const AttnDims& s, const std::vector<double>& qkv,
-                                const std::vector<double>& att, const std::vector<double>& dout) {
-  const int64_t dd = s.c / s.heads;
-  const double scale = AttnScale(s.c, s.heads), eps = kt::Eps(dt);
-  AttnBackwardRef r;
-  r.datt.want.assign(att.size(), 0.0);
-  r.datt.bound.assign(att.size(), DenormMin(dt));
-  std::vector<double> acc(qkv.size(), 0.0), abs_acc(qkv.size(), 0.0), err_acc(qkv.size(), 0.0);
-  auto idx = [&](int64_t b, int64_t t, int64_t col) {
-    return static_cast<size_t>((b * s.t + t) * 3 * s.c + col);
-  };
-  auto g = [&](int64_t b, int64_t t, int64_t col) {
-    return dout[static_cast<size_t>((b * s.t + t) * s.c + col)];
-  };
-  for (int64_t b = 0; b < s.b; ++b) {
-    for (int64_t h = 0; h < s.heads; ++h) {
-      for (int64_t t = 0; t < s.t; ++t) {
-        const size_t row = static_cast<size_t>(((b * s.heads + h) * s.t + t) * s.t);
-        const size_t n = static_cast<size_t>(t + 1);
-        std::vector<double> dp(n), dp_err(n), ds(n), ds_err(n);
-        double rowsum = 0, rowsum_abs = 0, rowsum_err = 0;
-        for (int64_t j = 0; j <= t; ++j) {
-          double dot = 0, abs_sum = 0;
-          for (int64_t d = 0; d < dd; ++d) {
-            const double p = g(b, t, h * dd + d) * qkv[idx(b, j, 2 * s.c + h * dd + d)];
-            dot += p;
-            abs_sum += std::fabs(p);
-          }
-          dp[j] = kt::RefStore(dt, dot);
-          dp_err[j] = (dd + 2) * kU32 * abs_sum + eps * std::fabs(dp[j]);
-          rowsum += att[row + j] * dp[j];
-          rowsum_abs += std::fabs(att[row + j] * dp[j]);
-          rowsum_err += att[row + j] * dp_err[j];
-        }
-        rowsum_err += (t + 3) * kU32 * rowsum_abs;
-        for (int64_t j = 0; j <= t; ++j) {
-          const double p = att[row + j];
-          ds[j] = kt::RefStore(dt, p * (dp[j] - rowsum));
-          ds_err[j] = p * (dp_err[j] + rowsum_err) +
-                      2 * kU32 * p * (std::fabs(dp[j]) + std::fabs(rowsum)) +
-                      eps * std::fabs(ds[j]) + DenormMin(dt);
-          r.datt.want[row + j] = ds[j];
-          r.datt.bound[row + j] = ds_err[j];
-        }
-        for (int64_t j = 0; j <= t; ++j) {
-          for (int64_t d = 0; d < dd; ++d) {
-            const int64_t qc = h * dd + d;
-            const double kj = qkv[idx(b, j, s.c + qc)], qt = qkv[idx(b, t, qc)];
-            const size_t dq = idx(b, t, qc), dk = idx(b, j, s.c + qc), dv = idx(b, j, 2 * s.c + qc);
-            acc[dq] += ds[j] * kj;
-            abs_acc[dq] += std::fabs(ds[j] * kj);
-            err_acc[dq] += ds_err[j] * std::fabs(kj);
-            acc[dk] += ds[j] * qt;
-            abs_acc[dk] += std::fabs(ds[j] * qt);
-            err_acc[dk] += ds_err[j] * std::fabs(qt);
-            acc[dv] += att[row + j] * g(b, t, qc);
-            abs_acc[dv] += std::fabs(att[row + j] * g(b, t, qc));
-          }
-        }
-      }
-    }
-  }
-  r.dqkv.want.resize(qkv.size());
-  r.dqkv.bound.resize(qkv.size());
-  for (size_t i = 0; i < qkv.size(); ++i) {
-    const bool is_v = static_cast<int64_t>(i % static_cast<size_t>(3 * s.c)) >= 2 * s.c;
-    const double sc = is_v ? 1.0 : scale;
-    r.dqkv.want[i] = kt::RefStore(dt, sc * acc[i]);
-    r.dqkv.bound[i] = sc * (err_acc[i] + (s.t + 3) * kU32 * abs_acc[i]) +
-                      eps * std::fabs(r.dqkv.want[i]) + DenormMin(dt);
-  }
-  return r;
+// The largest bound of a reference (absolute); another backend may be twice
+// that from the oracle (each within the bound of the same reference).
+Tol ToleranceOf(const kt::Bounded& r) {
+  return {0.0, *std::max_element(r.bound.begin(), r.bound.end())};
 }
 
 Tol Twice(Tol t) { return t + t; }
@@ -1202,14 +1039,14 @@ void AddAttentionCases(std::vector<OpCase>& cases) {
           AMPD_ASSIGN_OR_RETURN(Tensor ta, io.Unwritten(dt, att_shape));
           AMPD_ASSIGN_OR_RETURN(Tensor to, io.Unwritten(dt, out_shape));
           AMPD_RETURN_IF_ERROR(be.AttentionForward(tq, s.heads, ta, to));
-          AMPD_RETURN_IF_ERROR(io.Read("att", ta, Twice(ref.att.Tolerance())));
-          AMPD_RETURN_IF_ERROR(io.Read("out", to, Twice(ref.out.Tolerance())));
+          AMPD_RETURN_IF_ERROR(io.Read("att", ta, Twice(ToleranceOf(ref.att))));
+          AMPD_RETURN_IF_ERROR(io.Read("out", to, Twice(ToleranceOf(ref.out))));
           return io.Take();
         };
         f.reference = [=] {
           const AttnForwardRef ref = RefAttnForward(dt, s, qkv.values);
-          return Outputs{{"att", ref.att.want, ref.att.Tolerance()},
-                         {"out", ref.out.want, ref.out.Tolerance()}};
+          return Outputs{{"att", ref.att.want, ToleranceOf(ref.att)},
+                         {"out", ref.out.want, ToleranceOf(ref.out)}};
         };
         return f;
       };
@@ -1230,14 +1067,14 @@ void AddAttentionCases(std::vector<OpCase>& cases) {
           AMPD_ASSIGN_OR_RETURN(Tensor tds, io.Unwritten(dt, att_shape));
           AMPD_ASSIGN_OR_RETURN(Tensor tdq, io.Unwritten(dt, qkv_shape));
           AMPD_RETURN_IF_ERROR(be.AttentionBackward(tq, ta, tg, s.heads, tds, tdq));
-          AMPD_RETURN_IF_ERROR(io.Read("datt", tds, Twice(ref.datt.Tolerance())));
-          AMPD_RETURN_IF_ERROR(io.Read("dqkv", tdq, Twice(ref.dqkv.Tolerance())));
+          AMPD_RETURN_IF_ERROR(io.Read("datt", tds, Twice(ToleranceOf(ref.datt))));
+          AMPD_RETURN_IF_ERROR(io.Read("dqkv", tdq, Twice(ToleranceOf(ref.dqkv))));
           return io.Take();
         };
         c.reference = [=] {
           const AttnBackwardRef ref = RefAttnBackward(dt, s, qkv.values, att.values, dout.values);
-          return Outputs{{"datt", ref.datt.want, ref.datt.Tolerance()},
-                         {"dqkv", ref.dqkv.want, ref.dqkv.Tolerance()}};
+          return Outputs{{"datt", ref.datt.want, ToleranceOf(ref.datt)},
+                         {"dqkv", ref.dqkv.want, ToleranceOf(ref.dqkv)}};
         };
         return c;
       };

@@ -22,33 +22,29 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "tests/kernels/gpt_reference.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace ampd::kernels {
 namespace {
 
+using testing::AttnBackwardRef;
+using testing::AttnDims;
+using testing::AttnForwardRef;
+using testing::Bounded;
+using testing::DenormMin;
 using testing::Eps;
 using testing::ExpectInvalid;
 using testing::kEps32;
 using testing::kFloatTypes;
+using testing::kU32;
 using testing::MakeTensor;
 using testing::RandomValues;
 using testing::ReadTensor;
+using testing::RefAttnBackward;
+using testing::RefAttnForward;
+using testing::RefGeluTanh;
 using testing::RefStore;
-
-const double kU32 = std::ldexp(1.0, -24);  // fp32 unit roundoff
-
-// The smallest subnormal step of a dtype: the absolute floor of a tolerance.
-double Quantum(DType dt) {
-  switch (dt) {
-    case DType::kF16:
-      return std::ldexp(1.0, -24);
-    case DType::kBF16:
-      return std::ldexp(1.0, -133);
-    default:
-      return std::ldexp(1.0, -149);
-  }
-}
 
 void ExpectInvalidNaming(const absl::Status& s, const std::string& operand) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
@@ -68,10 +64,6 @@ class CpuGptOpsTest : public ::testing::Test {
 };
 
 // ---- GELU, tanh approximation -----------------------------------------------------
-
-double RefGeluTanh(double x) {
-  return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
-}
 
 TEST_F(CpuGptOpsTest, GeluTanhMatchesReferenceInEveryDtype) {
   for (const DType dt : kFloatTypes) {
@@ -96,11 +88,11 @@ TEST_F(CpuGptOpsTest, GeluTanhMatchesReferenceInEveryDtype) {
       const double ax = std::fabs(x[i]);
       const double fp32 = 16 * kEps32 * (1.0 + ax) * (1.0 + ax * ax * ax * 0.05 + ax);
       ASSERT_NEAR(got_y[i], RefGeluTanh(x[i]),
-                  0.5 * Eps(dt) * std::fabs(RefGeluTanh(x[i])) + fp32 + Quantum(dt))
+                  0.5 * Eps(dt) * std::fabs(RefGeluTanh(x[i])) + fp32 + DenormMin(dt))
           << DTypeName(dt) << " x=" << x[i];
       const double want_dx = dy[i] * grad;
       ASSERT_NEAR(got_dx[i], want_dx,
-                  0.5 * Eps(dt) * std::fabs(want_dx) + fp32 * std::fabs(dy[i]) + Quantum(dt))
+                  0.5 * Eps(dt) * std::fabs(want_dx) + fp32 * std::fabs(dy[i]) + DenormMin(dt))
           << DTypeName(dt) << " x=" << x[i];
     }
   }
@@ -139,180 +131,14 @@ TEST_F(CpuGptOpsTest, GeluTanhBackwardIsTheForwardsDerivative) {
 
 // ---- causal self-attention ------------------------------------------------------
 
-struct AttnShape {
-  int64_t b, t, c, heads;
-  int64_t d() const { return c / heads; }
-};
-
-// One reference value and the distance the op's result may stray from it.
-struct Approx {
-  std::vector<double> want;
-  std::vector<double> tol;
-};
-
-float AttnScale(int64_t head_dim) {
-  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
-}
-
-struct AttnForwardRef {
-  Approx att;  // (B, H, T, T)
-  Approx out;  // (B, T, C)
-};
-
-AttnForwardRef RefAttentionForward(DType dt, const AttnShape& s, const std::vector<double>& qkv) {
-  const int64_t d_len = s.d();
-  const double scale = AttnScale(d_len);
-  const double eps = Eps(dt);
-  AttnForwardRef r;
-  r.att.want.assign(static_cast<size_t>(s.b * s.heads * s.t * s.t), 0.0);
-  r.att.tol.assign(r.att.want.size(), 0.0);
-  r.out.want.assign(static_cast<size_t>(s.b * s.t * s.c), 0.0);
-  r.out.tol.assign(r.out.want.size(), 0.0);
-  auto at = [&](int64_t b, int64_t t, int64_t col) {
-    return qkv[static_cast<size_t>((b * s.t + t) * 3 * s.c + col)];
-  };
-  for (int64_t b = 0; b < s.b; ++b) {
-    for (int64_t h = 0; h < s.heads; ++h) {
-      for (int64_t t = 0; t < s.t; ++t) {
-        std::vector<double> score(static_cast<size_t>(t + 1));
-        double max = -INFINITY, max_abs = 0.0, dot_err = 0.0;
-        for (int64_t j = 0; j <= t; ++j) {
-          double dot = 0.0, abs_sum = 0.0;
-          for (int64_t d = 0; d < d_len; ++d) {
-            const double p = at(b, t, h * d_len + d) * at(b, j, s.c + h * d_len + d);
-            dot += p;
-            abs_sum += std::fabs(p);
-          }
-          score[j] = RefStore(dt, scale * dot);
-          max = std::max(max, score[j]);
-          max_abs = std::max(max_abs, std::fabs(score[j]));
-          dot_err = std::max(dot_err, (d_len + 2) * kU32 * abs_sum * scale);
-        }
-        double sum = 0.0;
-        for (int64_t j = 0; j <= t; ++j) sum += std::exp(score[j] - max);
-        // A score may round one ulp away from the reference's (its fp32 sum
-        // differs by dot_err), moving each P relatively by twice that; exp,
-        // the sum and the division add ~(t + 8) u; P's rounding may flip.
-        const double p_rel = 2.0 * (eps * max_abs + dot_err) + (t + 8) * kU32 + eps;
-        const size_t row = static_cast<size_t>(((b * s.heads + h) * s.t + t) * s.t);
-        std::vector<double> prob(static_cast<size_t>(t + 1));
-        for (int64_t j = 0; j <= t; ++j) {
-          prob[j] = RefStore(dt, std::exp(score[j] - max) / sum);
-          r.att.want[row + j] = prob[j];
-          r.att.tol[row + j] = p_rel * prob[j] + Quantum(dt);
-        }
-        for (int64_t d = 0; d < d_len; ++d) {
-          double acc = 0.0, abs_sum = 0.0, prob_err = 0.0;
-          for (int64_t j = 0; j <= t; ++j) {
-            const double v = at(b, j, 2 * s.c + h * d_len + d);
-            acc += prob[j] * v;
-            abs_sum += std::fabs(prob[j] * v);
-            prob_err += r.att.tol[row + j] * std::fabs(v);
-          }
-          const size_t o = static_cast<size_t>((b * s.t + t) * s.c + h * d_len + d);
-          r.out.want[o] = RefStore(dt, acc);
-          r.out.tol[o] =
-              prob_err + (t + 3) * kU32 * abs_sum + eps * std::fabs(r.out.want[o]) + Quantum(dt);
-        }
-      }
-    }
-  }
-  return r;
-}
-
-struct AttnBackwardRef {
-  Approx datt;  // dS (B, H, T, T)
-  Approx dqkv;  // (B, T, 3C)
-};
-
-// att is the op's own stored P (an input of the backward).
-AttnBackwardRef RefAttentionBackward(DType dt, const AttnShape& s, const std::vector<double>& qkv,
-                                     const std::vector<double>& att,
-                                     const std::vector<double>& dout) {
-  const int64_t d_len = s.d();
-  const double scale = AttnScale(d_len);
-  const double eps = Eps(dt);
-  AttnBackwardRef r;
-  r.datt.want.assign(att.size(), 0.0);
-  r.datt.tol.assign(att.size(), 0.0);
-  r.dqkv.want.assign(qkv.size(), 0.0);
-  r.dqkv.tol.assign(qkv.size(), 0.0);
-  std::vector<double> acc(qkv.size(), 0.0), abs_acc(qkv.size(), 0.0), err_acc(qkv.size(), 0.0);
-  auto idx = [&](int64_t b, int64_t t, int64_t col) {
-    return static_cast<size_t>((b * s.t + t) * 3 * s.c + col);
-  };
-  auto g = [&](int64_t b, int64_t t, int64_t col) {
-    return dout[static_cast<size_t>((b * s.t + t) * s.c + col)];
-  };
-  for (int64_t b = 0; b < s.b; ++b) {
-    for (int64_t h = 0; h < s.heads; ++h) {
-      for (int64_t t = 0; t < s.t; ++t) {
-        const size_t row = static_cast<size_t>(((b * s.heads + h) * s.t + t) * s.t);
-        std::vector<double> dp(static_cast<size_t>(t + 1)), dp_err(static_cast<size_t>(t + 1));
-        double rowsum = 0.0, rowsum_err = 0.0, rowsum_abs = 0.0;
-        for (int64_t j = 0; j <= t; ++j) {
-          double dot = 0.0, abs_sum = 0.0;
-          for (int64_t d = 0; d < d_len; ++d) {
-            const double p = g(b, t, h * d_len + d) * qkv[idx(b, j, 2 * s.c + h * d_len + d)];
-            dot += p;
-            abs_sum += std::fabs(p);
-          }
-          dp[j] = RefStore(dt, dot);
-          // fp32 sum error, then a possible one-ulp flip of the rounding.
-          dp_err[j] = (d_len + 2) * kU32 * abs_sum + eps * std::fabs(dp[j]);
-          rowsum += att[row + j] * dp[j];
-          rowsum_abs += std::fabs(att[row + j] * dp[j]);
-          rowsum_err += att[row + j] * dp_err[j];
-        }
-        rowsum_err += (t + 3) * kU32 * rowsum_abs;
-        std::vector<double> ds(static_cast<size_t>(t + 1)), ds_err(static_cast<size_t>(t + 1));
-        for (int64_t j = 0; j <= t; ++j) {
-          const double p = att[row + j];
-          ds[j] = RefStore(dt, p * (dp[j] - rowsum));
-          ds_err[j] = p * (dp_err[j] + rowsum_err) +
-                      2 * kU32 * p * (std::fabs(dp[j]) + std::fabs(rowsum)) +
-                      eps * std::fabs(ds[j]) + Quantum(dt);
-          r.datt.want[row + j] = ds[j];
-          r.datt.tol[row + j] = ds_err[j];
-        }
-        for (int64_t j = 0; j <= t; ++j) {
-          for (int64_t d = 0; d < d_len; ++d) {
-            const int64_t qc = h * d_len + d;
-            // dq[t] += dS[t, j] k[j]; dk[j] += dS[t, j] q[t]; dv[j] += P[t, j] dout[t].
-            const double kj = qkv[idx(b, j, s.c + qc)];
-            const double qt = qkv[idx(b, t, qc)];
-            const size_t dq = idx(b, t, qc), dk = idx(b, j, s.c + qc), dv = idx(b, j, 2 * s.c + qc);
-            acc[dq] += ds[j] * kj;
-            abs_acc[dq] += std::fabs(ds[j] * kj);
-            err_acc[dq] += ds_err[j] * std::fabs(kj);
-            acc[dk] += ds[j] * qt;
-            abs_acc[dk] += std::fabs(ds[j] * qt);
-            err_acc[dk] += ds_err[j] * std::fabs(qt);
-            acc[dv] += att[row + j] * g(b, t, qc);
-            abs_acc[dv] += std::fabs(att[row + j] * g(b, t, qc));
-          }
-        }
-      }
-    }
-  }
-  for (size_t i = 0; i < qkv.size(); ++i) {
-    const bool is_v = static_cast<int64_t>(i % static_cast<size_t>(3 * s.c)) >= 2 * s.c;
-    const double sc = is_v ? 1.0 : scale;
-    r.dqkv.want[i] = RefStore(dt, sc * acc[i]);
-    r.dqkv.tol[i] = sc * (err_acc[i] + (s.t + 3) * kU32 * abs_acc[i]) +
-                    eps * std::fabs(r.dqkv.want[i]) + Quantum(dt);
-  }
-  return r;
-}
-
-void ExpectApprox(const std::vector<double>& got, const Approx& ref, const std::string& what) {
+void ExpectApprox(const std::vector<double>& got, const Bounded& ref, const std::string& what) {
   ASSERT_EQ(got.size(), ref.want.size()) << what;
   for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_NEAR(got[i], ref.want[i], ref.tol[i]) << what << " [" << i << "]";
+    ASSERT_NEAR(got[i], ref.want[i], ref.bound[i]) << what << " [" << i << "]";
   }
 }
 
-const AttnShape kAttnShapes[] = {
+const AttnDims kAttnDimss[] = {
     {2, 5, 8, 2},    // small, odd T
     {1, 1, 12, 3},   // T = 1: each query sees only itself
     {3, 13, 24, 4},  // non-power-of-two T, D = 6
@@ -321,7 +147,7 @@ const AttnShape kAttnShapes[] = {
 
 TEST_F(CpuGptOpsTest, AttentionMatchesReferenceInEveryDtype) {
   for (const DType dt : kFloatTypes) {
-    for (const AttnShape& s : kAttnShapes) {
+    for (const AttnDims& s : kAttnDimss) {
       SCOPED_TRACE(::testing::Message() << DTypeName(dt) << " B=" << s.b << " T=" << s.t
                                         << " C=" << s.c << " H=" << s.heads);
       const Shape qkv_shape = {s.b, s.t, 3 * s.c};
@@ -336,7 +162,7 @@ TEST_F(CpuGptOpsTest, AttentionMatchesReferenceInEveryDtype) {
       Tensor out = Filled(dt, out_shape, 7.0);
       ASSERT_TRUE(be_->AttentionForward(qkvt, s.heads, att, out).ok());
       const std::vector<double> got_att = ReadTensor(*be_, att);
-      const AttnForwardRef fwd = RefAttentionForward(dt, s, qkv);
+      const AttnForwardRef fwd = RefAttnForward(dt, s, qkv);
       ExpectApprox(got_att, fwd.att, "att");
       ExpectApprox(ReadTensor(*be_, out), fwd.out, "out");
       // Masked probabilities are exactly zero.
@@ -352,7 +178,7 @@ TEST_F(CpuGptOpsTest, AttentionMatchesReferenceInEveryDtype) {
       Tensor datt = Filled(dt, att_shape, 7.0);
       Tensor dqkv = Filled(dt, qkv_shape, 7.0);
       ASSERT_TRUE(be_->AttentionBackward(qkvt, att, doutt, s.heads, datt, dqkv).ok());
-      const AttnBackwardRef bwd = RefAttentionBackward(dt, s, qkv, got_att, dout);
+      const AttnBackwardRef bwd = RefAttnBackward(dt, s, qkv, got_att, dout);
       ExpectApprox(ReadTensor(*be_, datt), bwd.datt, "datt");
       ExpectApprox(ReadTensor(*be_, dqkv), bwd.dqkv, "dqkv");
     }
@@ -363,7 +189,7 @@ TEST_F(CpuGptOpsTest, AttentionMatchesReferenceInEveryDtype) {
 // and k vanish: exact in every dtype.
 TEST_F(CpuGptOpsTest, AttentionOfOneTokenCopiesV) {
   for (const DType dt : kFloatTypes) {
-    const AttnShape s{2, 1, 6, 2};
+    const AttnDims s{2, 1, 6, 2};
     const std::vector<double> qkv = RandomValues(rng_, dt, 2 * 18, -2.0, 2.0);
     Tensor qkvt = MakeTensor(*be_, dt, {2, 1, 18}, qkv);
     Tensor att = Filled(dt, {2, 2, 1, 1}, 7.0);
@@ -382,7 +208,7 @@ TEST_F(CpuGptOpsTest, AttentionOfOneTokenCopiesV) {
 // fp32 attention backward against central differences of the forward op:
 // L = sum(out * w) with w = dout, perturbing each element of qkv.
 TEST_F(CpuGptOpsTest, AttentionBackwardIsTheForwardsDerivative) {
-  const AttnShape s{2, 5, 8, 2};
+  const AttnDims s{2, 5, 8, 2};
   const Shape qkv_shape = {s.b, s.t, 3 * s.c};
   const Shape att_shape = {s.b, s.heads, s.t, s.t};
   const Shape out_shape = {s.b, s.t, s.c};
@@ -529,8 +355,9 @@ TEST_F(CpuGptOpsTest, CrossEntropyChunkMatchesReference) {
       const std::vector<double> got = ReadTensor(*be_, dz);
       for (size_t i = 0; i < got.size(); ++i) {
         const double w = grad_scale * ref.grad[i];
-        ASSERT_NEAR(got[i], w,
-                    0.5 * Eps(dt) * std::fabs(w) + (classes + 8) * kU32 * grad_scale + Quantum(dt))
+        ASSERT_NEAR(
+            got[i], w,
+            0.5 * Eps(dt) * std::fabs(w) + (classes + 8) * kU32 * grad_scale + DenormMin(dt))
             << i;
       }
       for (int64_t n = 0; n < rows; ++n) {

@@ -67,6 +67,21 @@ inline double Eps(DType dtype) {
   }
 }
 inline const double kEps32 = std::ldexp(1.0, -23);
+// fp32's unit roundoff (half its machine epsilon).
+inline const double kU32 = std::ldexp(1.0, -24);
+
+// The smallest positive value of a dtype (its subnormal quantum): the
+// absolute floor of a tolerance.
+inline double DenormMin(DType dtype) {
+  switch (dtype) {
+    case DType::kF16:
+      return std::ldexp(1.0, -24);
+    case DType::kBF16:
+      return std::ldexp(1.0, -133);
+    default:
+      return std::ldexp(1.0, -149);
+  }
+}
 
 // ---- tensors ---------------------------------------------------------------
 // Uploads values (each must already be representable in dtype; checked).

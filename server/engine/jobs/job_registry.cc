@@ -386,8 +386,10 @@ void JobRegistry::DeleteJob(const std::string& owner, const std::string& job_id,
   });
 }
 
-absl::StatusOr<std::shared_ptr<Job>> JobRegistry::FindForWork(const std::string& owner,
-                                                              const std::string& job_id) const {
+absl::StatusOr<std::shared_ptr<Job>> JobRegistry::AcceptWork(const absl::Status& input_check,
+                                                             const std::string& owner,
+                                                             const std::string& job_id) const {
+  AMPD_RETURN_IF_ERROR(input_check);
   {
     absl::MutexLock lock(&mu_);
     if (draining_) return Draining();
@@ -401,11 +403,7 @@ void JobRegistry::Step(const std::string& owner, const std::string& job_id, int6
                        StepInput input, std::function<void(absl::StatusOr<StepReport>)> done) {
   // A malformed request is refused before it is queued, whatever the job's
   // state or sequence (the Trainer checks the batches against the model).
-  if (absl::Status s = CheckStepInput(input); !s.ok()) {
-    done(std::move(s));
-    return;
-  }
-  absl::StatusOr<std::shared_ptr<Job>> found = FindForWork(owner, job_id);
+  absl::StatusOr<std::shared_ptr<Job>> found = AcceptWork(CheckStepInput(input), owner, job_id);
   if (!found.ok()) {
     done(found.status());
     return;
@@ -432,11 +430,7 @@ void JobRegistry::Step(const std::string& owner, const std::string& job_id, int6
 
 void JobRegistry::Evaluate(const std::string& owner, const std::string& job_id, EvaluateInput input,
                            std::function<void(absl::StatusOr<EvaluateReport>)> done) {
-  if (absl::Status s = CheckEvaluateInput(input); !s.ok()) {
-    done(std::move(s));
-    return;
-  }
-  absl::StatusOr<std::shared_ptr<Job>> found = FindForWork(owner, job_id);
+  absl::StatusOr<std::shared_ptr<Job>> found = AcceptWork(CheckEvaluateInput(input), owner, job_id);
   if (!found.ok()) {
     done(found.status());
     return;

@@ -157,10 +157,13 @@ class JobRegistry {
   explicit JobRegistry(RegistryOptions options);
   // nullptr when there is no such job or it is not `owner`'s.
   std::shared_ptr<Job> Find(const std::string& owner, const std::string& job_id) const;
-  // The job a queued call (Step, Evaluate) runs on: Unavailable while the
-  // server drains, NotFound for a job this owner does not have.
-  absl::StatusOr<std::shared_ptr<Job>> FindForWork(const std::string& owner,
-                                                   const std::string& job_id) const;
+  // The job a queued call (Step, Evaluate) runs on, refusing before it is
+  // queued: input_check when it failed (a malformed request, whatever the
+  // job's state), Unavailable while the server drains, NotFound for a job
+  // this owner does not have.
+  absl::StatusOr<std::shared_ptr<Job>> AcceptWork(const absl::Status& input_check,
+                                                  const std::string& owner,
+                                                  const std::string& job_id) const;
   // The server-wide limits, then `owner`'s quota.
   absl::Status CheckAdmission(const std::string& owner, const JobConfig& config) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
