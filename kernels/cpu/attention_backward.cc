@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/status_macros.h"
+#include "kernels/attention_scale.h"
 #include "kernels/cpu/cpu_internal.h"
 
 namespace ampd::kernels::cpu {
@@ -152,8 +153,7 @@ absl::Status AttentionBackward(ThreadPool& pool, const Tensor& qkv, const Tensor
   const int64_t seq = qkv.dim(1);
   const int64_t channels = qkv.dim(2) / 3;
   const int64_t head_dim = channels / n_head;
-  // The forward's scale (attention_forward.cc), the CUDA GEMMs' alpha.
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  const float scale = AttentionScale(head_dim);
   return VisitFloat(qkv.dtype(), [&](auto tag) {
     using Tag = decltype(tag);
     const auto* in = Ptr<Tag>(qkv);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/status_macros.h"
+#include "kernels/attention_scale.h"
 #include "kernels/cpu/cpu_internal.h"
 
 namespace ampd::kernels::cpu {
@@ -116,8 +117,7 @@ absl::Status AttentionForward(ThreadPool& pool, const Tensor& qkv, int64_t n_hea
   const int64_t seq = qkv.dim(1);
   const int64_t channels = qkv.dim(2) / 3;
   const int64_t head_dim = channels / n_head;
-  // 1 / sqrt(D) in double, rounded once to fp32: the alpha the CUDA GEMM gets.
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  const float scale = AttentionScale(head_dim);
   return VisitFloat(qkv.dtype(), [&](auto tag) {
     using Tag = decltype(tag);
     const auto* in = Ptr<Tag>(qkv);

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/attention_scale.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/dtype.h"
 
@@ -30,8 +31,7 @@ struct AttentionGeometry {
         head_stride(channels / n_head),
         att_stride(seq * seq),
         c(channels),
-        // 1 / sqrt(D) in double, rounded once: the CPU oracle's scale.
-        scale(static_cast<float>(1.0 / std::sqrt(static_cast<double>(channels / n_head)))) {}
+        scale(AttentionScale(channels / n_head)) {}
 
   // Head 0 of part `which` (0: q, 1: k, 2: v) of batch row b in qkv (B, T, 3C).
   const void* Qkv(const void* qkv, int64_t b, int which) const {

@@ -173,19 +173,6 @@ absl::StatusOr<Workspace*> Model::GetWorkspace(int64_t rows) {
                                           : kernels::Shape{rows, input_features});
 }
 
-namespace {
-
-// Reallocates t when its dtype or shape differs from the wanted one (ids and
-// labels follow the client's I32/I64 choice; this happens once per change).
-absl::Status EnsureTensor(kernels::Backend& backend, DType dtype, const kernels::Shape& shape,
-                          Tensor& t) {
-  if (!t.empty() && t.dtype() == dtype && t.shape() == shape) return absl::OkStatus();
-  AMPD_ASSIGN_OR_RETURN(t, backend.Allocate(dtype, shape));
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 absl::Status Model::LoadBatch(const HostTensor& inputs, const HostTensor& targets, Workspace& any) {
   AMPD_ASSIGN_OR_RETURN(LayerWorkspace * own, Own<LayerWorkspace>(any));
   LayerWorkspace& ws = *own;

@@ -120,4 +120,11 @@ void Network::ReleaseWorkspaces() {
   cached_workspace_bytes_ = 0;
 }
 
+absl::Status EnsureTensor(kernels::Backend& backend, kernels::DType dtype,
+                          const kernels::Shape& shape, kernels::Tensor& t) {
+  if (!t.empty() && t.dtype() == dtype && t.shape() == shape) return absl::OkStatus();
+  AMPD_ASSIGN_OR_RETURN(t, backend.Allocate(dtype, shape));
+  return absl::OkStatus();
+}
+
 }  // namespace ampd::engine::model

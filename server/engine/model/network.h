@@ -173,4 +173,10 @@ class Network {
 absl::StatusOr<std::unique_ptr<Network>> CreateNetwork(const ModelSpec& spec, Precision precision,
                                                        uint64_t seed, kernels::Backend& backend);
 
+// Reallocates t when its dtype or shape differs from the wanted one: a
+// workspace's ids, labels and targets follow the client's I32/I64 (and
+// batch) choice, so this allocates only when that choice changes.
+absl::Status EnsureTensor(kernels::Backend& backend, kernels::DType dtype,
+                          const kernels::Shape& shape, kernels::Tensor& t);
+
 }  // namespace ampd::engine::model

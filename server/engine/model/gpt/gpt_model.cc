@@ -209,15 +209,6 @@ absl::StatusOr<std::unique_ptr<Workspace>> GptModel::NewWorkspace(
 
 namespace {
 
-// Reallocates t when its dtype or shape differs from the wanted one (ids and
-// targets follow the client's I32/I64 choice; this happens once per change).
-absl::Status EnsureTensor(kernels::Backend& backend, DType dtype, const kernels::Shape& shape,
-                          Tensor& t) {
-  if (!t.empty() && t.dtype() == dtype && t.shape() == shape) return absl::OkStatus();
-  AMPD_ASSIGN_OR_RETURN(t, backend.Allocate(dtype, shape));
-  return absl::OkStatus();
-}
-
 int64_t CountKept(const HostTensor& targets) {
   const int64_t n = kernels::NumElements(targets.shape);
   int64_t kept = 0;
