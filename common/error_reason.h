@@ -36,6 +36,11 @@ inline constexpr char kJobLimit[] = "JOB_LIMIT";                    // --max-job
 inline constexpr char kMemoryLimit[] = "MEMORY_LIMIT";              // limit_bytes
 inline constexpr char kRetryCreate[] = "CREATE_RETRY";              // request_id's first try failed
 inline constexpr char kServerDraining[] = "SERVER_DRAINING";
+// A distributed job's other ranks are not there (yet): metadata group, rank.
+inline constexpr char kPeerUnavailable[] = "PEER_UNAVAILABLE";
+// A distributed job's ranks disagree (config, state, the step they were
+// sent): metadata group.
+inline constexpr char kReplicasDiffer[] = "REPLICAS_DIFFER";
 inline constexpr char kUnauthenticated[] = "UNAUTHENTICATED";  // no or an unknown token
 }  // namespace reason
 

@@ -103,6 +103,16 @@ class Backend {
   // "cpu" or "cuda:N".
   virtual std::string name() const = 0;
 
+  // The queue a collective library that runs beside the backend's own ops
+  // (NCCL) must enqueue on: a CUDA backend's cudaStream_t and device. A host
+  // backend has none (stream nullptr): its tensors are host memory and its
+  // ops are done when they return.
+  struct NativeStream {
+    void* stream = nullptr;
+    int device = -1;
+  };
+  virtual NativeStream native_stream() { return {}; }
+
   // ---- memory -------------------------------------------------------------
   // Contents are unspecified; Fill before reading.
   virtual absl::StatusOr<Tensor> Allocate(DType dtype, const Shape& shape) = 0;

@@ -31,7 +31,10 @@
 #include "common/dashed_flags.h"
 #include "server/engine/jobs/job_registry.h"
 #include "server/metrics/server_metrics.h"
+#include "server/engine/dist/rendezvous_table.h"
 #include "server/rpc/auth.h"
+#include "server/rpc/peer_client.h"
+#include "server/rpc/peer_service.h"
 #include "server/rpc/tls.h"
 #include "server/rpc/trainer_service.h"
 #include "server/rpc/translate.h"
@@ -85,6 +88,14 @@ ABSL_FLAG(std::string, auth_tokens, "",
 ABSL_FLAG(bool, tenant_from_client_cert, false,
           "With --tls-client-ca and --auth-tokens: a verified client certificate whose subject "
           "common name is a tenant's name is that tenant, without a token");
+ABSL_FLAG(std::string, peer_address, "",
+          "HOST:PORT where this ampd meets the other replicas of distributed jobs "
+          "(docs/DISTRIBUTED.md): the ampd.v1.Peer rendezvous listens there and the jobs' Gloo "
+          "transport binds to HOST, so HOST must be an address the other replicas reach (a pod "
+          "IP, not 0.0.0.0). A cluster-private network: it carries no authentication. Empty: "
+          "no distributed jobs");
+ABSL_FLAG(int32_t, max_distributed_jobs, 4,
+          "Most distributed jobs held at once; each has a worker thread of its own");
 ABSL_FLAG(int64_t, shutdown_timeout_ms, 30000,
           "On SIGTERM, how long in-flight calls may take to finish before they are cancelled");
 
@@ -222,6 +233,37 @@ int Run() {
                  "--grad_histogram_every must be >= 0\n");
     return 1;
   }
+  // The meeting point of distributed jobs' ranks, up before any job is
+  // restored so that the other replicas can meet this one's jobs.
+  ampd::engine::dist::RendezvousTable rendezvous_table;
+  ampd::rpc::PeerService peer_service(&rendezvous_table);
+  std::unique_ptr<grpc::Server> peer_server;
+  if (const std::string peer = absl::GetFlag(FLAGS_peer_address); !peer.empty()) {
+    const std::string peer_host = HostOf(peer);
+    if (peer_host.empty() || peer_host == "0.0.0.0" || peer_host == "::" || peer_host == "[::]") {
+      std::fprintf(stderr,
+                   "ampd: --peer-address: %s: give the address the other replicas reach this "
+                   "one at (e.g. the pod IP), not a wildcard\n",
+                   peer.c_str());
+      return 1;
+    }
+    grpc::ServerBuilder peer_builder;
+    peer_builder.SetOption(std::make_unique<WithoutReflection>());
+    int peer_port = 0;
+    peer_builder.AddListeningPort(peer, grpc::InsecureServerCredentials(), &peer_port);
+    peer_builder.RegisterService(&peer_service);
+    peer_server = peer_builder.BuildAndStart();
+    if (peer_server == nullptr || peer_port == 0) {
+      std::fprintf(stderr, "ampd: --peer-address: cannot listen on %s\n", peer.c_str());
+      return 1;
+    }
+    options.peer_host = peer_host.front() == '[' ? peer_host.substr(1, peer_host.size() - 2)
+                                                 : peer_host;
+    options.rendezvous = ampd::rpc::ConnectRendezvous;
+    options.max_distributed_jobs = absl::GetFlag(FLAGS_max_distributed_jobs);
+    std::fprintf(stderr, "ampd: meeting distributed jobs' replicas on %s:%d\n",
+                 peer_host.c_str(), peer_port);
+  }
   absl::StatusOr<std::unique_ptr<ampd::engine::JobRegistry>> registry =
       ampd::engine::JobRegistry::Create(options);
   if (!registry.ok()) {
@@ -332,6 +374,11 @@ int Run() {
   server->Wait();
   const absl::Status checkpointed = (*registry)->CheckpointAll();
   (*registry)->Shutdown();
+  if (peer_server != nullptr) {
+    // Other replicas' waits here end now rather than at their timeouts.
+    peer_server->Shutdown(std::chrono::system_clock::now());
+    peer_server->Wait();
+  }
   std::fprintf(stderr, "ampd: stopped\n");
   return checkpointed.ok() ? 0 : 1;
 }

@@ -136,6 +136,8 @@ class CudaBackend final : public Backend {
     return std::unique_ptr<Backend>(std::move(backend));
   }
 
+  NativeStream native_stream() override { return {stream(), ctx_->device}; }
+
   ~CudaBackend() override {
     if (ctx_ == nullptr) return;
     // Everything is released inside the guard, in this body, rather than

@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "kernels/grad_histogram.h"
 #include "server/engine/amp/grad_scaler.h"
+#include "server/engine/dist/distributed_spec.h"
 #include "server/engine/host_tensor.h"
 #include "server/engine/model/model_spec.h"
 #include "server/engine/optim/optimizer_spec.h"
@@ -31,6 +32,7 @@ struct JobConfig {
   optim::OptimizerSpec optimizer;
   amp::ScalerConfig scaler;
   uint64_t seed = 0;
+  dist::DistributedSpec distributed;  // world_size 1: this ampd alone
 };
 
 // The defaults of a job of this precision, scaler policy and optimizer: the
@@ -74,6 +76,10 @@ struct PhaseSeconds {
   double unscale = 0;  // non-finite check (+ norm)
   double optimizer = 0;
   double total = 0;
+  // A distributed job's rank only: the gradients' and scalars' all-reduce,
+  // and the wait at the step's start for the slowest rank.
+  double allreduce = 0;
+  double wait = 0;
 };
 
 struct StepReport {
@@ -93,6 +99,15 @@ struct StepReport {
   // The lr the update used (or would have, when skipped): the schedule's
   // for the applied count before the step, or the input's override.
   float learning_rate = 0;
+};
+
+// A distributed job's group formed (docs/DISTRIBUTED.md): its round at the
+// rendezvous, and whether this rank copied the state of a rank ahead of it.
+struct GroupFormation {
+  int64_t round = 0;
+  bool copied_state = false;
+  int32_t source_rank = 0;  // the rank whose state every rank holds now
+  double seconds = 0;       // meeting, connecting and copying
 };
 
 // ---- evaluation ----------------------------------------------------------------

@@ -220,6 +220,16 @@ absl::StatusOr<JobConfig> JobConfigFromProto(const v1::JobConfig& proto) {
   AMPD_RETURN_IF_ERROR(ModelSpecFromProto(proto.model(), "config.model", &config.model));
   AMPD_RETURN_IF_ERROR(OptimizerFromProto(proto.optimizer(), &config.optimizer));
   AMPD_RETURN_IF_ERROR(ScalerFromProto(proto.scaler(), &config.scaler));
+  if (proto.has_distributed()) {
+    // Unset world_size reads as 1; the engine refuses the other fields
+    // beside it (a job of world_size 1 is not distributed).
+    const v1::Distributed& d = proto.distributed();
+    config.distributed.world_size = d.world_size() == 0 ? 1 : d.world_size();
+    config.distributed.rank = d.rank();
+    config.distributed.group = d.group();
+    config.distributed.rendezvous = d.rendezvous();
+    if (d.timeout_ms() != 0) config.distributed.timeout_ms = d.timeout_ms();
+  }
   return config;
 }
 
@@ -229,6 +239,14 @@ v1::JobConfig JobConfigToProto(const JobConfig& config) {
   proto.set_seed(config.seed);
   proto.set_precision(PrecisionToProto(config.precision));
   *proto.mutable_model() = ModelSpecToProto(config.model);
+  if (config.distributed.enabled()) {
+    v1::Distributed* d = proto.mutable_distributed();
+    d->set_world_size(config.distributed.world_size);
+    d->set_rank(config.distributed.rank);
+    d->set_group(config.distributed.group);
+    d->set_rendezvous(config.distributed.rendezvous);
+    d->set_timeout_ms(config.distributed.timeout_ms);
+  }
 
   v1::OptimizerConfig* o = proto.mutable_optimizer();
   const optim::OptimizerSpec& spec = config.optimizer;
@@ -361,6 +379,8 @@ void StepReportToProto(const engine::StepReport& r, v1::StepResponse* response) 
   t->set_unscale_seconds(r.seconds.unscale);
   t->set_optimizer_seconds(r.seconds.optimizer);
   t->set_total_seconds(r.seconds.total);
+  t->set_allreduce_seconds(r.seconds.allreduce);
+  t->set_wait_seconds(r.seconds.wait);
   response->set_samples(r.samples);
   response->set_learning_rate(r.learning_rate);
 }

@@ -216,7 +216,7 @@ void Job::Post(std::function<void()> task) {
     queue_.push_back(std::move(task));
     if (!scheduled_) scheduled_ = schedule = true;
   }
-  if (schedule) context_->pool->Post([self = shared_from_this()] { self->RunOne(); });
+  if (schedule) Pool().Post([self = shared_from_this()] { self->RunOne(); });
 }
 
 // One task per pool turn, then the job queues itself again behind other jobs'
@@ -239,7 +239,7 @@ void Job::RunOne() {
       again = true;
     }
   }
-  if (again) context_->pool->Post([self = shared_from_this()] { self->RunOne(); });
+  if (again) Pool().Post([self = shared_from_this()] { self->RunOne(); });
 }
 
 absl::Status Job::NotOpen() const {
@@ -294,8 +294,19 @@ absl::Status Job::Restore(const std::string& device, const checkpoint::StateDict
   return absl::OkStatus();
 }
 
+WorkerPool& Job::Pool() const {
+  return distributed() && context_->distributed_pool != nullptr ? *context_->distributed_pool
+                                                                : *context_->pool;
+}
+
 absl::StatusOr<StepReport> Job::Step(int64_t sequence, StepInput input) {
   if (trainer_ == nullptr) return NotOpen();
+  if (distributed()) return DistributedStep(sequence, std::move(input));
+  return RunStep(sequence, std::move(input), nullptr);
+}
+
+absl::StatusOr<StepReport> Job::RunStep(int64_t sequence, StepInput input,
+                                        const DataParallelStep* data_parallel) {
   const JobSnapshot current = Snapshot();
   const int64_t done = trainer_->steps_run();
   const std::string expected = absl::StrCat(done + 1);
@@ -324,11 +335,18 @@ absl::StatusOr<StepReport> Job::Step(int64_t sequence, StepInput input) {
     return context_->admit_step ? context_->admit_step(*this, bytes) : absl::OkStatus();
   };
   absl::StatusOr<StepReport> report = AllocationGuard(
-      "Step", [&]() -> absl::StatusOr<StepReport> { return trainer_->Step(input, admit); });
+      "Step", [&]() -> absl::StatusOr<StepReport> {
+        return trainer_->Step(input, admit, data_parallel);
+      });
   // What stays cached is what the job holds until its next step.
   set_workspace_bytes(trainer_->workspace_bytes());
   if (!report.ok()) {
-    if (report.status().code() != absl::StatusCode::kFailedPrecondition) return report.status();
+    if (report.status().code() != absl::StatusCode::kFailedPrecondition) {
+      // The other ranks may be left inside a collective this rank never
+      // reached; they time out, and every rank forms the group afresh.
+      if (data_parallel != nullptr) DropGroup();
+      return report.status();
+    }
     // The Trainer's one FailedPrecondition: the scaler refused to go on at
     // its minimum scale. The job stops here, durably, until a good state is
     // loaded; the step's sequence number was not used.

@@ -22,6 +22,9 @@
 #include "absl/synchronization/mutex.h"
 #include "server/engine/checkpoint/state_dict.h"
 #include "server/engine/checkpoint/state_directory.h"
+#include "server/engine/dist/gradient_all_reduce.h"
+#include "server/engine/dist/process_group.h"
+#include "server/engine/dist/rendezvous.h"
 #include "server/engine/jobs/checkpoint_writer.h"
 #include "server/engine/jobs/job_config.h"
 #include "server/engine/jobs/job_observer.h"
@@ -67,6 +70,17 @@ struct JobContext {
   // allocate (Trainer::Step's admit); an error refuses the step unchanged.
   // Nullable: no limit.
   std::function<absl::Status(Job& job, int64_t workspace_bytes)> admit_step;
+  // Distributed jobs (docs/DISTRIBUTED.md). Their strands run on a pool of
+  // their own, one thread per distributed job the registry admits, because
+  // a distributed job's task blocks while it waits for its peers: on the
+  // shared pool, jobs waiting for other processes could hold every thread
+  // those processes' progress depends on. nullptr: this ampd takes no
+  // distributed jobs.
+  WorkerPool* distributed_pool = nullptr;
+  // The host this ampd's --peer-address names: the Gloo transport binds
+  // there. And how to reach a group's meeting point.
+  std::string peer_host;
+  dist::RendezvousConnector rendezvous;
 };
 
 // Metadata keys a job writes into its checkpoints (state_dict.h's ampd.*),
@@ -122,6 +136,15 @@ class Job : public std::enable_shared_from_this<Job> {
   // naming the expected one. A scaler that gives up fails the job
   // (SCALER_AT_MIN_SCALE, checkpointed as failed); a failed job answers
   // JOB_FAILED until ImportSafetensors.
+  //
+  // A distributed job's Step first forms its group when it has none (meets
+  // the other ranks; a rank behind the most advanced one copies its state),
+  // then agrees with the ranks on the step (every rank must be sent the
+  // same sequence) and runs its share. Unavailable, with the reason, while
+  // a rank is missing or when one fails mid-step: nothing is applied and
+  // the group forms again on the next Step; FailedPrecondition when the
+  // ranks' configs or states disagree, InvalidArgument on every rank when
+  // one rank's share is invalid.
   absl::StatusOr<StepReport> Step(int64_t sequence, StepInput input);
   // Trainer::Evaluate on the job's weights: NotFound when closed; a failed
   // job still evaluates (its weights are what it holds). Admitted as a
@@ -156,6 +179,9 @@ class Job : public std::enable_shared_from_this<Job> {
 
  private:
   void RunOne();
+  // The pool its strand runs on (JobContext::distributed_pool for a
+  // distributed job).
+  WorkerPool& Pool() const;
   // The bodies of the public calls of the same names, which run them under
   // an allocation guard (job.cc).
   absl::Status InitializeUnguarded(const std::string& device);
@@ -167,6 +193,22 @@ class Job : public std::enable_shared_from_this<Job> {
   void RefreshSnapshot() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status NotOpen() const;
   void SetFailure(std::string failure);
+  // The sequence rules and the Trainer's step (job.cc), with the group's
+  // part of a distributed job's step.
+  absl::StatusOr<StepReport> RunStep(int64_t sequence, StepInput input,
+                                     const DataParallelStep* data_parallel);
+
+  // ---- distributed jobs (job_distributed.cc) ----
+  bool distributed() const { return config_.get().distributed.enabled(); }
+  absl::StatusOr<StepReport> DistributedStep(int64_t sequence, StepInput input);
+  // Forms the group when there is none: meet, connect, bring every rank to
+  // the most advanced rank's state, make the gradient all-reduce.
+  absl::Status EnsureGroup();
+  // Every rank at the step count of the most advanced one, holding its
+  // state (a checkpoint of it, decoded and loaded by the ranks behind).
+  absl::Status SyncState(dist::ProcessGroup& group, bool* copied, int32_t* source);
+  // Drops the group after a failure; the next Step forms it again.
+  void DropGroup();
 
   const std::string id_;
   const std::string owner_;
@@ -186,6 +228,10 @@ class Job : public std::enable_shared_from_this<Job> {
   std::optional<StepReport> last_report_;
   std::atomic<int64_t> bytes_in_use_{0};
   std::atomic<int64_t> workspace_bytes_{0};
+  // A distributed job's meeting point and formed group (strand-owned).
+  std::unique_ptr<dist::Rendezvous> rendezvous_;
+  std::unique_ptr<dist::ProcessGroup> group_;
+  std::unique_ptr<dist::GradientAllReduce> all_reduce_;
 
   // Snapshot for readers on other threads.
   mutable absl::Mutex mu_;

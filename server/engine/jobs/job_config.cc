@@ -28,7 +28,8 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
   }
   AMPD_RETURN_IF_ERROR(Prefixed("model", model::ValidateModelSpec(config.model)));
   AMPD_RETURN_IF_ERROR(Prefixed("optimizer", optim::ValidateOptimizerSpec(config.optimizer)));
-  return Prefixed("scaler", config.scaler.Validate());
+  AMPD_RETURN_IF_ERROR(Prefixed("scaler", config.scaler.Validate()));
+  return Prefixed("distributed", dist::ValidateDistributedSpec(config.distributed));
 }
 
 absl::StatusOr<ValidJobConfig> ValidJobConfig::Check(JobConfig config) {

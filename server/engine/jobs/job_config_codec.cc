@@ -493,6 +493,18 @@ std::string GptJson(const model::GptSpec& gpt) {
   return out;
 }
 
+std::string DistributedJson(const dist::DistributedSpec& spec) {
+  std::string out;
+  ObjectWriter w(&out);
+  w.Int("world_size", spec.world_size);
+  w.Int("rank", spec.rank);
+  w.String("group", spec.group);
+  w.String("rendezvous", spec.rendezvous);
+  w.Int("timeout_ms", spec.timeout_ms);
+  w.Close();
+  return out;
+}
+
 std::string ModelJson(const model::ModelSpec& spec) {
   std::string layers = "[";
   for (size_t i = 0; i < spec.layers.size(); ++i) {
@@ -733,6 +745,18 @@ absl::StatusOr<amp::ScalerConfig> ScalerFromJson(const Json& v, int64_t version)
   return c;
 }
 
+absl::StatusOr<dist::DistributedSpec> DistributedFromJson(const Json& v) {
+  AMPD_ASSIGN_OR_RETURN(Fields f, Fields::Of(v, "distributed"));
+  dist::DistributedSpec spec;
+  AMPD_ASSIGN_OR_RETURN(spec.world_size, f.Integer<int32_t>("world_size"));
+  AMPD_ASSIGN_OR_RETURN(spec.rank, f.Integer<int32_t>("rank"));
+  AMPD_ASSIGN_OR_RETURN(spec.group, f.String("group"));
+  AMPD_ASSIGN_OR_RETURN(spec.rendezvous, f.String("rendezvous"));
+  AMPD_ASSIGN_OR_RETURN(spec.timeout_ms, f.Integer<int64_t>("timeout_ms"));
+  AMPD_RETURN_IF_ERROR(f.Done());
+  return spec;
+}
+
 }  // namespace
 
 std::string EncodeJobConfig(const JobConfig& config, absl::string_view request_id) {
@@ -743,6 +767,7 @@ std::string EncodeJobConfig(const JobConfig& config, absl::string_view request_i
   if (config.scaler.policy == amp::ScalerPolicy::kAdaptive) version = 2;
   if (config.optimizer.lr_schedule.kind != optim::LrScheduleKind::kConstant) version = 3;
   if (config.model.gpt.has_value()) version = 3;
+  if (config.distributed.enabled()) version = 4;
   w.Int("format_version", version);
   w.String("display_name", config.display_name);
   if (!request_id.empty()) w.String("request_id", request_id);
@@ -751,6 +776,7 @@ std::string EncodeJobConfig(const JobConfig& config, absl::string_view request_i
   w.Raw("model", ModelJson(config.model));
   w.Raw("optimizer", OptimizerJson(config.optimizer));
   w.Raw("scaler", ScalerJson(config.scaler));
+  if (config.distributed.enabled()) w.Raw("distributed", DistributedJson(config.distributed));
   w.Close();
   return out;
 }
@@ -786,6 +812,14 @@ absl::StatusOr<JobConfigRecord> DecodeJobConfig(absl::string_view json) {
   AMPD_ASSIGN_OR_RETURN(config.optimizer, OptimizerFromJson(*optimizer, version));
   AMPD_ASSIGN_OR_RETURN(const Json* scaler, f.Get("scaler"));
   AMPD_ASSIGN_OR_RETURN(config.scaler, ScalerFromJson(*scaler, version));
+  // Absent in configs of jobs of one ampd.
+  if (f.Has("distributed")) {
+    if (version < 4) {
+      return Corrupt("distributed", absl::StrCat("not a key of format_version ", version));
+    }
+    AMPD_ASSIGN_OR_RETURN(const Json* distributed, f.Get("distributed"));
+    AMPD_ASSIGN_OR_RETURN(config.distributed, DistributedFromJson(*distributed));
+  }
   AMPD_RETURN_IF_ERROR(f.Done());
   if (absl::Status s = ValidateJobConfig(config); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat(kKey, ": ", s.message()));

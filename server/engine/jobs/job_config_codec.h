@@ -26,7 +26,10 @@
 // "decay_steps":D,"min_lr":M}, and a GPT's model carries "gpt":{"vocab_size",
 // "context_length","d_model","n_layer","n_head","mlp_ratio","layer_norm_eps",
 // "tie_embeddings"} beside an empty layers array. A config with neither is
-// written as version 1 or 2 as before, byte for byte. A layer
+// written as version 1 or 2 as before, byte for byte. Version 4 adds the
+// data-parallel replica's place: "distributed":{"world_size","rank","group",
+// "rendezvous","timeout_ms"} after the scaler, written only for a job of
+// world_size > 1 (any other is written as before). A layer
 // carries the fields of its kind only (linear: in_features, out_features,
 // bias; layer_norm: normalized_shape, eps, elementwise_affine; embedding:
 // num_embeddings, embedding_dim); the optimizer those of its kind (sgd: lr,
@@ -50,9 +53,10 @@
 namespace ampd::engine {
 
 // The newest format_version: EncodeJobConfig writes the oldest version that
-// holds a config (3 with an lr schedule or a GPT, else 2 for adaptive-scaler
-// configs, else 1), DecodeJobConfig reads 1 to it.
-inline constexpr int kJobConfigFormatVersion = 3;
+// holds a config (4 for a distributed job, else 3 with an lr schedule or a
+// GPT, else 2 for adaptive-scaler configs, else 1), DecodeJobConfig reads 1
+// to it.
+inline constexpr int kJobConfigFormatVersion = 4;
 
 // A job's config and the request_id it was created with ("" when none).
 struct JobConfigRecord {

@@ -19,6 +19,12 @@ class JobObserver {
   virtual void OnStep(const std::string& job_id, const StepReport& report) = 0;
   virtual void OnEvaluate(const std::string& job_id, const EvaluateReport& report) = 0;
   virtual void OnJobDeleted(const std::string& job_id) = 0;
+  // A distributed job's rank formed its group (before the step that needed
+  // it). Most observers have no use for it.
+  virtual void OnGroupFormed(const std::string& job_id, const GroupFormation& formation) {
+    (void)job_id;
+    (void)formation;
+  }
 };
 
 }  // namespace ampd::engine

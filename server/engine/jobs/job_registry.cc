@@ -108,6 +108,13 @@ absl::StatusOr<std::unique_ptr<JobRegistry>> JobRegistry::Create(RegistryOptions
   }
   registry->pool_ = std::make_unique<WorkerPool>(registry->options_.worker_threads);
   registry->context_->pool = registry->pool_.get();
+  if (registry->options_.rendezvous && registry->options_.max_distributed_jobs > 0) {
+    registry->distributed_pool_ =
+        std::make_unique<WorkerPool>(registry->options_.max_distributed_jobs);
+    registry->context_->distributed_pool = registry->distributed_pool_.get();
+    registry->context_->peer_host = registry->options_.peer_host;
+    registry->context_->rendezvous = registry->options_.rendezvous;
+  }
   if (registry->state_dir_ && !registry->options_.checkpoint_sync) {
     // One writer: writes are disk-bound, and jobs' snapshots queue behind
     // each other at most one per job.
@@ -128,6 +135,7 @@ absl::StatusOr<std::unique_ptr<JobRegistry>> JobRegistry::Create(RegistryOptions
 JobRegistry::~JobRegistry() { Shutdown(); }
 
 void JobRegistry::Shutdown() {
+  if (distributed_pool_) distributed_pool_->Shutdown();
   if (pool_) pool_->Shutdown();
   // After the pool: its last tasks may still queue snapshots.
   if (writer_) writer_->Shutdown();
@@ -177,6 +185,25 @@ int64_t JobRegistry::JobsOf(const std::string& owner) const {
 }
 
 absl::Status JobRegistry::CheckAdmission(const std::string& owner, const JobConfig& config) const {
+  if (config.distributed.enabled()) {
+    if (distributed_pool_ == nullptr) {
+      return absl::FailedPreconditionError(
+          "config.distributed: this ampd takes no distributed job; start it with "
+          "--peer-address=HOST:PORT (and --max-distributed-jobs > 0)");
+    }
+    int64_t distributed = 0;
+    for (const auto& [id, job] : jobs_) {
+      if (job->Snapshot().config.distributed.enabled()) ++distributed;
+    }
+    if (distributed >= options_.max_distributed_jobs) {
+      return WithReason(absl::ResourceExhaustedError(absl::StrCat(
+                            "config.distributed: the server already holds ", distributed,
+                            " distributed jobs (--max-distributed-jobs=",
+                            options_.max_distributed_jobs, "); delete one first")),
+                        reason::kJobLimit,
+                        {{"max_distributed_jobs", absl::StrCat(options_.max_distributed_jobs)}});
+    }
+  }
   if (options_.max_jobs > 0 && static_cast<int64_t>(jobs_.size()) >= options_.max_jobs) {
     return WithReason(absl::ResourceExhaustedError(absl::StrCat(
                           "job_id: the server already holds ", jobs_.size(),

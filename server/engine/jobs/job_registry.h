@@ -24,6 +24,7 @@
 #include "server/engine/api.h"
 #include "server/engine/checkpoint/state_dict.h"
 #include "server/engine/jobs/job_config_codec.h"
+#include "server/engine/dist/rendezvous.h"
 #include "server/engine/jobs/job_observer.h"
 
 namespace ampd::engine {
@@ -76,6 +77,16 @@ struct RegistryOptions {
   std::function<void(int64_t in_use_bytes)> on_device_memory;
   // By tenant name; a tenant not listed has only the server-wide limits.
   std::map<std::string, TenantQuota> tenant_quotas;
+  // Distributed jobs (docs/DISTRIBUTED.md): the host of this ampd's
+  // --peer-address, where the jobs' Gloo transport binds, and how a job
+  // reaches its group's meeting point. No connector: this ampd takes no
+  // distributed job (FAILED_PRECONDITION at CreateJob).
+  std::string peer_host;
+  dist::RendezvousConnector rendezvous;
+  // The most distributed jobs held at once: each gets a thread of its own
+  // (JobContext::distributed_pool), since it blocks while it waits for its
+  // peers.
+  int max_distributed_jobs = 4;
 };
 
 // Reads the ampd.create_request (a serialized CreateJobRequest, the bytes
@@ -192,6 +203,7 @@ class JobRegistry {
   const RegistryOptions options_;
   std::unique_ptr<checkpoint::StateDirectory> state_dir_;  // nullptr: no state dir
   std::unique_ptr<WorkerPool> pool_;
+  std::unique_ptr<WorkerPool> distributed_pool_;  // nullptr: no distributed jobs
   std::unique_ptr<CheckpointWriter> writer_;  // nullptr: no state dir, or checkpoint_sync
   const std::unique_ptr<JobContext> context_;
 

@@ -19,9 +19,13 @@
 
 namespace ampd::engine {
 
-absl::Status Trainer::Impl::CalibrateLossScale(const StepInput& input) {
+absl::Status Trainer::Impl::CalibrateLossScale(const StepInput& input,
+                                               const DataParallelStep* data_parallel) {
   kernels::Backend& b = *backend;
   const auto k = static_cast<int64_t>(input.micro_batches.size());
+  // A distributed job calibrates on the whole batch's gradient, the same on
+  // every rank, so every rank's scaler starts at the same scale.
+  const int64_t global_k = data_parallel != nullptr ? data_parallel->global_micro_batches : k;
   AMPD_RETURN_IF_ERROR(model->ZeroGrads());
   AMPD_RETURN_IF_ERROR(b.Fill(found_inf, 0.0f));
   AMPD_RETURN_IF_ERROR(b.Fill(max_abs, 0.0f));
@@ -30,9 +34,10 @@ absl::Status Trainer::Impl::CalibrateLossScale(const StepInput& input) {
     AMPD_ASSIGN_OR_RETURN(model::Workspace * ws, model->GetWorkspace(mb.inputs.shape));
     AMPD_RETURN_IF_ERROR(model->LoadBatch(mb.inputs, mb.targets, *ws));
     AMPD_RETURN_IF_ERROR(model->Forward(*ws));
-    AMPD_RETURN_IF_ERROR(model->Loss(*ws, 1.0f / static_cast<float>(k), loss));
+    AMPD_RETURN_IF_ERROR(model->Loss(*ws, 1.0f / static_cast<float>(global_k), loss));
     AMPD_RETURN_IF_ERROR(model->Backward(*ws, /*first_micro_batch=*/i == 0));
   }
+  if (data_parallel != nullptr) AMPD_RETURN_IF_ERROR(data_parallel->all_reduce->Sum(grads));
   AMPD_RETURN_IF_ERROR(b.UnscaleAndCheck(grads, 1.0f, /*in_place=*/false, found_inf,
                                          /*norm_sq=*/nullptr, &max_abs));
   const kernels::Tensor* const scalars[2] = {&found_inf, &max_abs};

@@ -22,6 +22,13 @@
 //     histogram when sampled), then scaler.Update with found_inf, max|g| of
 //     the unscaled grads (the check pass computes it in the same read) and,
 //     when sampled, the histogram's fp16 underflow fraction.
+// A rank of a distributed job (DataParallelStep) sums the gradients across
+// the ranks right after the backward loop (so the histogram, the check,
+// the norm and max|g| are the whole batch's, identical on every rank) and
+// the loss sum with found_inf right after the check pass; K is then every
+// rank's micro-batches. Both sums come before the update, so a rank that
+// dies mid-step leaves the others with nothing applied. On CUDA the sums
+// are NCCL kernels on the job's stream: still no host wait before ReadBack.
 // An adaptive-scaler job's first step (and its first after a state without
 // scaler keys was loaded) first runs CalibrateLossScale (calibrate.cc): one
 // extra forward and backward at S = 1 and one small read, so that the step
@@ -141,8 +148,16 @@ absl::Status CheckStepInput(const StepInput& input) {
   return absl::OkStatus();
 }
 
+std::vector<Tensor*> Trainer::gradient_tensors() { return impl_->grads; }
+
+absl::Status Trainer::CheckInput(const StepInput& input) const {
+  AMPD_RETURN_IF_ERROR(CheckStepInput(input));
+  return CheckMicroBatchesFitModel(impl_->config.model, input.micro_batches);
+}
+
 absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
-                                         const std::function<absl::Status(int64_t)>& admit) {
+                                         const std::function<absl::Status(int64_t)>& admit,
+                                         const DataParallelStep* data_parallel) {
   const Clock::time_point t_start = Clock::now();
   Impl& m = *impl_;
   AMPD_RETURN_IF_ERROR(CheckStepInput(input));
@@ -156,9 +171,14 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   AMPD_RETURN_IF_ERROR(m.AdmitWorkspaces(input.micro_batches, admit, "step"));
   const TrimWorkspacesOnExit trim{net};
 
-  if (m.scaler.NeedsCalibration()) AMPD_RETURN_IF_ERROR(m.CalibrateLossScale(input));
+  if (m.scaler.NeedsCalibration()) {
+    AMPD_RETURN_IF_ERROR(m.CalibrateLossScale(input, data_parallel));
+  }
   const float scale = m.scaler.scale();
-  const auto k = static_cast<int64_t>(input.micro_batches.size());
+  const auto local_k = static_cast<int64_t>(input.micro_batches.size());
+  // A distributed step's K counts every rank's micro-batches: the sum of
+  // the ranks' gradients is then the whole batch's.
+  const int64_t k = data_parallel != nullptr ? data_parallel->global_micro_batches : local_k;
   // d(S * mean_k L_k)/dw: each micro-batch's loss gradient carries S / K.
   const float grad_scale = scale / static_cast<float>(k);
   const float inv_scale = static_cast<float>(1.0 / static_cast<double>(scale));
@@ -170,7 +190,7 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   AMPD_RETURN_IF_ERROR(b.Fill(m.norm_sq, 0.0f));
   AMPD_RETURN_IF_ERROR(b.Fill(m.max_abs, 0.0f));
 
-  for (int64_t i = 0; i < k; ++i) {
+  for (int64_t i = 0; i < local_k; ++i) {
     const MicroBatch& mb = input.micro_batches[static_cast<size_t>(i)];
     report.samples += mb.inputs.shape[0];
     AMPD_ASSIGN_OR_RETURN(auto* ws, net.GetWorkspace(mb.inputs.shape));
@@ -186,6 +206,12 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
     report.seconds.backward += Seconds(t1, t2);
   }
 
+  if (data_parallel != nullptr) {
+    const Clock::time_point t0 = Clock::now();
+    AMPD_RETURN_IF_ERROR(data_parallel->all_reduce->Sum(m.grads));
+    report.seconds.allreduce += Seconds(t0, Clock::now());
+  }
+
   if (input.sample_grad_histogram) {
     // On the scaled grads: what the operator needs to see is where the
     // values sit relative to fp16's range, i.e. what was actually stored.
@@ -197,6 +223,18 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   const Clock::time_point t3 = Clock::now();
   AMPD_RETURN_IF_ERROR(b.UnscaleAndCheck(m.grads, inv_scale, /*in_place=*/false, m.found_inf,
                                          &m.norm_sq, &m.max_abs));
+  const Clock::time_point t_checked = Clock::now();
+  if (data_parallel != nullptr) {
+    // The whole batch's loss, and found_inf as a sum of the ranks' flags
+    // (non-zero when any is: MAX and SUM agree on 0/1 flags, and one
+    // collective carries both). The ranks checked the same summed gradients,
+    // so the flags agree already; summing them makes the skip a decision of
+    // the group even so. The last collective before anything is applied.
+    const Clock::time_point t0 = Clock::now();
+    Tensor* const scalars[2] = {&m.loss_sum, &m.found_inf};
+    AMPD_RETURN_IF_ERROR(data_parallel->all_reduce->Sum(scalars));
+    report.seconds.allreduce += Seconds(t0, Clock::now());
+  }
   const Clock::time_point t4 = Clock::now();
 
   // A disabled scaler (PyTorch's enabled=False) never skips, so the update
@@ -255,9 +293,10 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   // (the norm of gradients that overflowed is inf or NaN, kept as clipping
   // always reported it).
   if (applied || clip) report.grad_norm = std::sqrt(host[kReadNormSq]);
-  report.seconds.unscale = Seconds(t3, t4);
+  report.seconds.unscale = Seconds(t3, t_checked);
   report.seconds.optimizer = Seconds(t4, t5);
   report.seconds.total = Seconds(t_start, Clock::now());
+  if (data_parallel != nullptr) report.seconds.wait = data_parallel->wait_seconds;
   return report;
 }
 

@@ -14,6 +14,7 @@
 #include "kernels/backend.h"
 #include "server/engine/api.h"
 #include "server/engine/checkpoint/state_dict.h"
+#include "server/engine/dist/gradient_all_reduce.h"
 #include "server/engine/jobs/job_config.h"
 
 namespace ampd::engine {
@@ -23,6 +24,19 @@ namespace ampd::engine {
 // The Trainer owns both; a Job reads them from it.
 inline constexpr char kMetaOptimizerStep[] = "optimizer.step";
 inline constexpr char kMetaStep[] = "ampd.step";
+
+// What a rank of a distributed job adds to its step (docs/DISTRIBUTED.md):
+// the micro-batch count of the step over every rank, which divides each
+// micro-batch's loss gradient as K does in one process, and the sum across
+// the ranks that runs after the backward pass (the gradients) and after
+// the check pass (the loss sum and found_inf).
+struct DataParallelStep {
+  int64_t global_micro_batches = 0;
+  dist::GradientAllReduce* all_reduce = nullptr;
+  // How long this rank waited for the others to agree on the step
+  // (reported as PhaseSeconds::wait).
+  double wait_seconds = 0;
+};
 
 class Trainer {
  public:
@@ -49,8 +63,23 @@ class Trainer {
   // its error is returned as is, with nothing changed. Workspaces of sizes
   // the step does not use are freed first, and the step's own are freed
   // after it when they exceed kMaxCachedWorkspaceBytes.
+  //
+  // With `data_parallel` the step is this rank's share of a distributed
+  // step: the gradients are summed across the ranks before the histogram
+  // and the check pass, so found_inf, the norm, max|g| and the update are
+  // those of the whole batch and the same on every rank; the reported loss
+  // is the mean over every rank's micro-batches. A sum that fails
+  // (Unavailable) leaves the job's state as it was: nothing is applied
+  // before the last sum.
   absl::StatusOr<StepReport> Step(const StepInput& input,
-                                  const std::function<absl::Status(int64_t)>& admit = nullptr);
+                                  const std::function<absl::Status(int64_t)>& admit = nullptr,
+                                  const DataParallelStep* data_parallel = nullptr);
+  // Step's checks of its input, against the model too (InvalidArgument
+  // naming the field), without running it: a distributed job's ranks agree
+  // on a step only when every rank's share passes them.
+  absl::Status CheckInput(const StepInput& input) const;
+  // The gradient tensors a distributed job's GradientAllReduce sums.
+  std::vector<kernels::Tensor*> gradient_tensors();
 
   // Forward and loss over the micro-batches (evaluate.cc): the loss Step
   // would report for them now, with weights, optimizer state, loss scaler

@@ -46,7 +46,7 @@ struct Trainer::Impl {
 
   // calibrate.cc: the adaptive scaler's calibrated start, run by Step
   // before the step proper when the scaler NeedsCalibration().
-  absl::Status CalibrateLossScale(const StepInput& input);
+  absl::Status CalibrateLossScale(const StepInput& input, const DataParallelStep* data_parallel);
 
   // step.cc: admission of the workspaces a step or an evaluation (`what`)
   // needs for its micro-batches' sizes, before anything is allocated (see

@@ -1,0 +1,151 @@
+// RendezvousTable: rounds by barrier, keys by wait.
+#include "server/engine/dist/rendezvous_table.h"
+
+#include <algorithm>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace ampd::engine::dist {
+
+absl::Status RendezvousTable::CheckKey(const std::string& key) const {
+  if (key.empty() || key.size() > limits_.max_key_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key: 1 to ", limits_.max_key_bytes, " bytes are required, got ", key.size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RendezvousTable::Group*> RendezvousTable::FindOrAddGroup(const std::string& group) {
+  auto it = groups_.find(group);
+  if (it != groups_.end()) return &it->second;
+  if (groups_.size() >= limits_.max_groups) {
+    // Make room by forgetting the group idle longest (nobody waiting in it):
+    // its next Join starts it afresh, which costs nothing but a round number.
+    auto oldest = groups_.end();
+    for (auto g = groups_.begin(); g != groups_.end(); ++g) {
+      if (!g->second.joined.empty() || g->second.waiters > 0) continue;
+      if (oldest == groups_.end() || g->second.last_used < oldest->second.last_used) oldest = g;
+    }
+    if (oldest == groups_.end()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("group: ", limits_.max_groups, " groups are meeting here already"));
+    }
+    DropKeysBefore(oldest->first, INT64_MAX);
+    groups_.erase(oldest);
+  }
+  return &groups_[group];
+}
+
+void RendezvousTable::DropKeysBefore(const std::string& group, int64_t round) {
+  const std::string prefix = group + "/";
+  for (auto it = values_.lower_bound(prefix);
+       it != values_.end() && absl::StartsWith(it->first, prefix);) {
+    const absl::string_view rest = absl::string_view(it->first).substr(prefix.size());
+    int64_t key_round = 0;
+    const bool numbered = absl::SimpleAtoi(rest.substr(0, rest.find('/')), &key_round);
+    if (!numbered || key_round < round) {
+      it = values_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+absl::StatusOr<int64_t> RendezvousTable::Join(const std::string& group, int32_t rank,
+                                              int32_t world_size, const std::string& fingerprint,
+                                              absl::Duration timeout) {
+  if (group.empty() || group.size() > limits_.max_key_bytes / 2 ||
+      group.find('/') != std::string::npos) {
+    return absl::InvalidArgumentError("group: 1 to 256 bytes without '/' are required");
+  }
+  if (world_size < 1 || rank < 0 || rank >= world_size || world_size > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " of world_size ", world_size, " is not a rank of a group"));
+  }
+  if (fingerprint.size() > limits_.max_fingerprint_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fingerprint: at most ", limits_.max_fingerprint_bytes, " bytes, got ", fingerprint.size()));
+  }
+  const absl::Time deadline = absl::Now() + std::min(timeout, limits_.max_wait);
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Group*> found = FindOrAddGroup(group);
+  if (!found.ok()) return found.status();
+  Group& g = **found;
+  g.last_used = absl::Now();
+  if (g.joined.empty() || (g.joined.size() == 1 && g.joined.count(rank) == 1)) {
+    g.world_size = world_size;
+    g.fingerprint = fingerprint;
+  } else if (g.world_size != world_size || g.fingerprint != fingerprint) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank, " of group ", group, " does not match the ranks waiting for it: ",
+        g.world_size != world_size
+            ? absl::StrCat("world_size ", world_size, " against their ", g.world_size)
+            : std::string("its job config differs from theirs (every rank needs the same "
+                          "config but for its rank)")));
+  }
+  const int64_t round = g.open_round;
+  const uint64_t ticket = next_ticket_++;
+  g.joined[rank] = ticket;
+  if (static_cast<int32_t>(g.joined.size()) == g.world_size) {
+    g.formed_round = round;
+    ++g.open_round;
+    g.joined.clear();
+    DropKeysBefore(group, round);
+    return round;
+  }
+  auto settled = [&g, round, rank, ticket]() {
+    if (g.formed_round >= round) return true;
+    auto it = g.joined.find(rank);
+    return it == g.joined.end() || it->second != ticket;
+  };
+  ++g.waiters;
+  mu_.AwaitWithDeadline(absl::Condition(&settled), deadline);
+  --g.waiters;
+  if (g.formed_round >= round) return round;
+  auto it = g.joined.find(rank);
+  if (it == g.joined.end() || it->second != ticket) {
+    return absl::AbortedError(
+        absl::StrCat("rank ", rank, " of group ", group, " joined again from elsewhere"));
+  }
+  const size_t present = g.joined.size();
+  g.joined.erase(it);
+  return absl::DeadlineExceededError(absl::StrCat(
+      present, " of ", g.world_size, " ranks of group ", group, " met within ",
+      absl::FormatDuration(timeout), "; the others have not joined"));
+}
+
+absl::Status RendezvousTable::Set(const std::string& key, const std::string& value) {
+  if (absl::Status s = CheckKey(key); !s.ok()) return s;
+  if (value.size() > limits_.max_value_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("value: at most ", limits_.max_value_bytes,
+                                                   " bytes, got ", value.size()));
+  }
+  absl::MutexLock lock(&mu_);
+  if (values_.size() >= limits_.max_keys && values_.count(key) == 0) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("key: ", limits_.max_keys, " keys are held already"));
+  }
+  values_[key] = value;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> RendezvousTable::Get(const std::string& key, absl::Duration timeout) {
+  if (absl::Status s = CheckKey(key); !s.ok()) return s;
+  const absl::Time deadline = absl::Now() + std::min(timeout, limits_.max_wait);
+  absl::MutexLock lock(&mu_);
+  auto present = [this, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return values_.count(key) == 1;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&present), deadline);
+  auto it = values_.find(key);
+  if (it == values_.end()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("key ", key, " was not set within ", absl::FormatDuration(timeout)));
+  }
+  return it->second;
+}
+
+}  // namespace ampd::engine::dist

@@ -1,0 +1,65 @@
+// RendezvousTable: the meeting point a distributed job's ranks share,
+// held in memory by the ampd that serves ampd.v1.Peer (rank 0's): per group
+// a barrier that forms rounds (Join), and a key-value store (Set/Get) the
+// ranks of a round exchange their transport addresses through. Keys are
+// "<group>/<round>/<name>"; when a round of a group forms, the keys of its
+// older rounds are dropped. Every size is bounded, so a peer that floods it
+// gets ResourceExhausted, not the server's memory. Thread-safe; Join and
+// Get block their caller (a gRPC thread) up to their timeout.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace ampd::engine::dist {
+
+class RendezvousTable {
+ public:
+  struct Limits {
+    size_t max_groups = 1024;
+    size_t max_keys = 16384;
+    size_t max_key_bytes = 512;
+    size_t max_value_bytes = 64 * 1024;
+    size_t max_fingerprint_bytes = 64;
+    absl::Duration max_wait = absl::Minutes(10);
+  };
+  RendezvousTable() : RendezvousTable(Limits()) {}
+  explicit RendezvousTable(Limits limits) : limits_(limits) {}
+
+  // Rendezvous::Join's contract (dist/rendezvous.h). Aborted for a waiter
+  // whose rank joined again from elsewhere (it restarted): the newer one
+  // holds the place.
+  absl::StatusOr<int64_t> Join(const std::string& group, int32_t rank, int32_t world_size,
+                               const std::string& fingerprint, absl::Duration timeout);
+  absl::Status Set(const std::string& key, const std::string& value);
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout);
+
+ private:
+  struct Group {
+    int32_t world_size = 0;
+    std::string fingerprint;
+    int64_t open_round = 0;       // the round joiners are gathering for
+    int64_t formed_round = -1;    // the last round that formed
+    std::map<int32_t, uint64_t> joined;  // rank -> ticket of its waiter, in open_round
+    int32_t waiters = 0;                 // Joins blocked on it (it is never evicted then)
+    absl::Time last_used;
+  };
+  absl::Status CheckKey(const std::string& key) const;
+  absl::StatusOr<Group*> FindOrAddGroup(const std::string& group)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropKeysBefore(const std::string& group, int64_t round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Limits limits_;
+  absl::Mutex mu_;
+  std::map<std::string, Group> groups_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> values_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+}  // namespace ampd::engine::dist

@@ -1,0 +1,247 @@
+// Job's distributed side (docs/DISTRIBUTED.md): forming the group, the
+// state every rank starts a formed group from, and the agreement on each
+// step before its share runs.
+//
+// Forming: the rank meets the others at the group's rendezvous (one round of
+// its barrier, with a fingerprint of the job's config so that ranks of
+// different jobs never form a group), connects Gloo's mesh, then the ranks
+// exchange (steps run, hash of their state). Every rank must end at the most
+// advanced rank's state: a rank that restarted from an older checkpoint
+// copies it (the lowest such rank broadcasts a checkpoint of its state), so
+// no acknowledged step is lost and none is applied twice, whichever ranks
+// died. Ranks at the same step with different states are an error, not
+// something to paper over by copying (a LoadStateDict sent to one rank only).
+//
+// Each step: the ranks all-gather (sequence, micro-batches, input valid) and
+// decide together: a rank whose share is invalid refuses the step on every
+// rank; ranks sent different sequences refuse it on every rank; otherwise
+// every rank, holding the same state, takes the same exactly-once decision
+// (run it, answer the recorded report, or refuse the sequence) and runs its
+// share with the all-reduces of Trainer::Step.
+#include <openssl/sha.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/error_reason.h"
+#include "common/status_macros.h"
+#include "server/engine/jobs/job.h"
+#include "server/engine/jobs/job_config_codec.h"
+
+namespace ampd::engine {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Positions in the step header every rank contributes.
+constexpr size_t kHeaderSequence = 0;
+constexpr size_t kHeaderMicroBatches = 1;
+constexpr size_t kHeaderInputOk = 2;
+constexpr size_t kHeaderSize = 3;
+
+std::string Sha256(absl::string_view bytes) {
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), digest);
+  return std::string(reinterpret_cast<const char*>(digest), sizeof(digest));
+}
+
+// The first 8 bytes of a digest as an int64 (what AllGather carries).
+int64_t Prefix64(const std::string& digest) {
+  int64_t v = 0;
+  std::memcpy(&v, digest.data(), sizeof(v));
+  return v;
+}
+
+// What every rank of one job shares: its config but for the rank, the
+// display name and the request id, which may differ per replica.
+std::string Fingerprint(const JobConfig& config) {
+  JobConfig shared = config;
+  shared.display_name.clear();
+  shared.distributed.rank = 0;
+  return Sha256(EncodeJobConfig(shared, ""));
+}
+
+}  // namespace
+
+void Job::DropGroup() {
+  all_reduce_.reset();
+  group_.reset();
+}
+
+absl::Status Job::EnsureGroup() {
+  if (group_ != nullptr) return absl::OkStatus();
+  const dist::DistributedSpec& spec = config_.get().distributed;
+  auto unavailable = [&](absl::string_view what) {
+    return WithReason(
+        absl::UnavailableError(absl::StrCat(
+            "distributed job ", id_, " (rank ", spec.rank, " of ", spec.world_size, ", group ",
+            spec.group, "): ", what, "; every rank must be up, and the step is retried")),
+        reason::kPeerUnavailable,
+        {{"group", spec.group}, {"rank", absl::StrCat(spec.rank)}});
+  };
+  if (!context_->rendezvous) {
+    return absl::FailedPreconditionError(
+        "distributed: this ampd was started without --peer-address and takes no distributed job");
+  }
+  if (rendezvous_ == nullptr) {
+    absl::StatusOr<std::unique_ptr<dist::Rendezvous>> r = context_->rendezvous(spec.rendezvous);
+    if (!r.ok()) return unavailable(r.status().message());
+    rendezvous_ = *std::move(r);
+  }
+  const Clock::time_point start = Clock::now();
+  absl::StatusOr<std::unique_ptr<dist::ProcessGroup>> group =
+      dist::ProcessGroup::Connect(spec, Fingerprint(config_.get()), context_->peer_host,
+                                  *rendezvous_);
+  if (!group.ok()) {
+    if (group.status().code() == absl::StatusCode::kFailedPrecondition) {
+      return WithReason(group.status(), reason::kReplicasDiffer, {{"group", spec.group}});
+    }
+    return unavailable(group.status().message());
+  }
+  bool copied = false;
+  int32_t source = 0;
+  if (absl::Status s = SyncState(**group, &copied, &source); !s.ok()) {
+    if (s.code() == absl::StatusCode::kUnavailable) return unavailable(s.message());
+    return s;
+  }
+  absl::StatusOr<std::unique_ptr<dist::GradientAllReduce>> all_reduce =
+      dist::MakeGradientAllReduce(**group, trainer_->backend(), trainer_->gradient_tensors());
+  if (!all_reduce.ok()) {
+    if (all_reduce.status().code() == absl::StatusCode::kUnavailable) {
+      return unavailable(all_reduce.status().message());
+    }
+    return all_reduce.status();
+  }
+  group_ = *std::move(group);
+  all_reduce_ = *std::move(all_reduce);
+  std::fprintf(stderr, "ampd: job %s formed group %s round %lld (rank %d of %d)%s\n", id_.c_str(),
+               spec.group.c_str(), static_cast<long long>(group_->round()), spec.rank,
+               spec.world_size,
+               copied ? absl::StrCat(", copied the state of rank ", source).c_str() : "");
+  if (context_->observer != nullptr) {
+    GroupFormation formation;
+    formation.round = group_->round();
+    formation.copied_state = copied;
+    formation.source_rank = source;
+    formation.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    context_->observer->OnGroupFormed(id_, formation);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Job::SyncState(dist::ProcessGroup& group, bool* copied, int32_t* source) {
+  const std::string& group_name = config_.get().distributed.group;
+  AMPD_ASSIGN_OR_RETURN(checkpoint::StateDict mine, trainer_->ExportState());
+  const int64_t hash = Prefix64(Sha256(checkpoint::EncodeSafetensors(mine)));
+  const int64_t header[2] = {trainer_->steps_run(), hash};
+  AMPD_ASSIGN_OR_RETURN(const std::vector<int64_t> all, group.AllGather(header));
+  // The most advanced rank, the lowest of them if several.
+  int32_t src = 0;
+  for (int32_t r = 1; r < group.world_size(); ++r) {
+    if (all[2 * r] > all[2 * src]) src = r;
+  }
+  bool behind = false;
+  std::vector<std::string> differing;
+  for (int32_t r = 0; r < group.world_size(); ++r) {
+    if (all[2 * r] < all[2 * src]) {
+      behind = true;
+    } else if (all[2 * r + 1] != all[2 * src + 1]) {
+      differing.push_back(absl::StrCat(r));
+    }
+  }
+  if (!differing.empty()) {
+    return WithReason(
+        absl::FailedPreconditionError(absl::StrCat(
+            "distributed job ", id_, ": ranks ", src, " and ", absl::StrJoin(differing, ", "),
+            " of group ", group_name, " hold different states at step ", all[2 * src],
+            "; load the same state dict into every rank (LoadStateDict on each)")),
+        reason::kReplicasDiffer, {{"group", group_name}});
+  }
+  *copied = false;
+  *source = src;
+  if (!behind) return absl::OkStatus();
+  // The source's checkpoint (state, recorded report, failure) to every rank.
+  std::string bytes;
+  if (group.rank() == src) {
+    AMPD_ASSIGN_OR_RETURN(const checkpoint::StateDict state, CheckpointState());
+    bytes = checkpoint::EncodeSafetensors(state);
+  }
+  AMPD_RETURN_IF_ERROR(group.Broadcast(bytes, src));
+  if (trainer_->steps_run() == all[2 * src]) return absl::OkStatus();
+  AMPD_ASSIGN_OR_RETURN(const checkpoint::StateDict state, checkpoint::DecodeSafetensors(bytes));
+  AMPD_RETURN_IF_ERROR(trainer_->LoadState(state, Trainer::StepCount::kFromState));
+  last_report_.reset();
+  if (auto it = state.metadata.find(kMetaLastReport); it != state.metadata.end()) {
+    absl::StatusOr<StepReport> report = DecodeStepReport(it->second);
+    if (report.ok() && report->step == trainer_->steps_run()) last_report_ = *std::move(report);
+  }
+  auto failure = state.metadata.find(kMetaFailure);
+  SetFailure(failure == state.metadata.end() ? "" : failure->second);
+  {
+    absl::MutexLock lock(&mu_);
+    RefreshSnapshot();
+  }
+  *copied = true;
+  // On disk too, so a restart of this rank starts from here.
+  if (absl::Status s = Checkpoint(); !s.ok()) {
+    std::fprintf(stderr, "ampd: job %s checkpoint after copying rank %d's state failed: %s\n",
+                 id_.c_str(), src, s.ToString().c_str());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepReport> Job::DistributedStep(int64_t sequence, StepInput input) {
+  AMPD_RETURN_IF_ERROR(EnsureGroup());
+  const dist::DistributedSpec& spec = config_.get().distributed;
+  const absl::Status input_ok = trainer_->CheckInput(input);
+  const int64_t header[kHeaderSize] = {sequence, static_cast<int64_t>(input.micro_batches.size()),
+                                       input_ok.ok() ? 1 : 0};
+  const Clock::time_point wait_start = Clock::now();
+  absl::StatusOr<std::vector<int64_t>> all = group_->AllGather(header);
+  const double wait_seconds = std::chrono::duration<double>(Clock::now() - wait_start).count();
+  if (!all.ok()) {
+    DropGroup();
+    return WithReason(absl::UnavailableError(absl::StrCat(
+                          "distributed job ", id_, ": the ranks of group ", spec.group,
+                          " did not all come to this step: ", all.status().message(),
+                          "; every rank must be sent the step, and it is retried")),
+                      reason::kPeerUnavailable,
+                      {{"group", spec.group}, {"rank", absl::StrCat(spec.rank)}});
+  }
+  int64_t global_micro_batches = 0;
+  std::vector<std::string> refused;
+  std::vector<std::string> sequences;
+  bool same_sequence = true;
+  for (int32_t r = 0; r < spec.world_size; ++r) {
+    const int64_t* h = all->data() + static_cast<size_t>(r) * kHeaderSize;
+    global_micro_batches += h[kHeaderMicroBatches];
+    if (h[kHeaderInputOk] == 0) refused.push_back(absl::StrCat(r));
+    if (h[kHeaderSequence] != sequence) same_sequence = false;
+    sequences.push_back(absl::StrCat("rank ", r, ": ", h[kHeaderSequence]));
+  }
+  if (!input_ok.ok()) return input_ok;
+  if (!refused.empty()) {
+    return WithReason(absl::InvalidArgumentError(absl::StrCat(
+                          "micro_batches: the share of rank(s) ", absl::StrJoin(refused, ", "),
+                          " of group ", spec.group, " is invalid, so no rank ran this step")),
+                      reason::kReplicasDiffer, {{"group", spec.group}});
+  }
+  if (!same_sequence) {
+    return WithReason(
+        absl::FailedPreconditionError(absl::StrCat(
+            "sequence: the ranks of group ", spec.group, " were sent different sequences (",
+            absl::StrJoin(sequences, ", "), "); send every rank the same step")),
+        reason::kReplicasDiffer, {{"group", spec.group}});
+  }
+  DataParallelStep data_parallel;
+  data_parallel.global_micro_batches = global_micro_batches;
+  data_parallel.all_reduce = all_reduce_.get();
+  data_parallel.wait_seconds = wait_seconds;
+  return RunStep(sequence, std::move(input), &data_parallel);
+}
+
+}  // namespace ampd::engine
