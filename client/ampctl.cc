@@ -26,8 +26,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "client/batch_file.h"
 #include "client/client.h"
+#include "client/data_parallel.h"
 #include "client/sequence_task.h"
 #include "client/synthetic_task.h"
 #include "codec/tensor_proto.h"
@@ -102,6 +104,20 @@ ABSL_FLAG(std::optional<int64_t>, seq_len, std::nullopt,
 ABSL_FLAG(double, target_scale, 32.0,
           "Magnitude of the synthetic task's targets (32: the first fp16 steps overflow at 65536)");
 ABSL_FLAG(bool, delete_after, false, "Delete the job when train ends");
+ABSL_FLAG(int64_t, micro_batches, 1,
+          "train: cut each step's batch into this many micro-batches (per rank with "
+          "--world-size; gradients accumulate over them)");
+// Data-parallel training (train): one job across --world-size ampd replicas.
+ABSL_FLAG(int32_t, world_size, 1,
+          "train: replicas the job spans; --server then lists their addresses in rank order "
+          "(comma-separated) and --rendezvous names rank 0's --peer-address");
+ABSL_FLAG(std::string, rendezvous, "", "train --world-size: HOST:PORT of rank 0's --peer-address");
+ABSL_FLAG(std::string, group, "", "train --world-size: the group name (default: a random one)");
+ABSL_FLAG(int64_t, dist_timeout_ms, 30000,
+          "train --world-size: how long a rank waits for the others before its step fails "
+          "UNAVAILABLE");
+ABSL_FLAG(int64_t, retry_for_s, 300,
+          "train --world-size: how long one step is resent while a replica is down");
 ABSL_FLAG(int32_t, page_size, 0, "jobs list: jobs per page (0: the server's default)");
 
 namespace {
@@ -296,11 +312,118 @@ absl::StatusOr<TrainData> PrepareTrainData() {
   return data;
 }
 
-absl::Status Train(ampd::Client& client) {
+void PrintStep(const std::string& job_id, const ampd::v1::StepResponse& r, bool json) {
+  const double ms = r.timings().total_seconds() * 1e3;
+  if (json) {
+    std::printf(
+        "{\"job_id\":\"%s\",\"step\":%lld,\"loss\":%s,\"loss_scale\":%s,\"scale_before\":%s,"
+        "\"skipped\":%s,\"found_inf\":%s,\"growth_deferred\":%s,\"grad_norm\":%s,"
+        "\"applied_steps\":%lld,\"learning_rate\":%s,\"ms\":%s}\n",
+        job_id.c_str(), static_cast<long long>(r.global_step()), JsonNumber(r.loss()).c_str(),
+        JsonNumber(r.scale_after()).c_str(), JsonNumber(r.scale_before()).c_str(),
+        r.skipped() ? "true" : "false", r.found_inf() ? "true" : "false",
+        r.scale_growth_deferred() ? "true" : "false",
+        r.has_grad_norm() ? JsonNumber(r.grad_norm()).c_str() : "null",
+        static_cast<long long>(r.applied_steps()), JsonNumber(r.learning_rate()).c_str(),
+        JsonNumber(ms).c_str());
+  } else {
+    std::string scale = absl::StrFormat("%g", r.scale_after());
+    if (r.scale_after() != r.scale_before()) {
+      scale = absl::StrFormat("%g -> %g", r.scale_before(), r.scale_after());
+    }
+    std::printf("step %4lld  loss %-12.6g scale %-18s %s  grad_norm %-10s lr %-10.4g %7.2f ms\n",
+                static_cast<long long>(r.global_step()), r.loss(), scale.c_str(),
+                r.skipped() ? "SKIPPED (overflow)" : "applied           ",
+                r.has_grad_norm() ? absl::StrFormat("%.4g", r.grad_norm()).c_str() : "-",
+                r.learning_rate(), ms);
+  }
+  std::fflush(stdout);
+}
+
+// A step's batch as --micro-batches micro-batches (one rank's share of
+// them, of `ranks`, with --world-size).
+absl::StatusOr<std::vector<ampd::v1::MicroBatch>> MicroBatches(const ampd::v1::MicroBatch& batch,
+                                                               int64_t ranks) {
+  const int64_t per_rank = absl::GetFlag(FLAGS_micro_batches);
+  if (per_rank < 1) return Fail("--micro_batches: must be >= 1");
+  if (ranks == 1 && per_rank == 1) return std::vector<ampd::v1::MicroBatch>{batch};
+  absl::StatusOr<std::vector<ampd::v1::MicroBatch>> parts =
+      ampd::SplitRows(batch, ranks * per_rank);
+  if (!parts.ok()) {
+    return Fail(absl::StrCat("--micro_batches=", per_rank,
+                             ranks > 1 ? absl::StrCat(" x --world_size=", ranks) : "",
+                             ": the batch does not split: ", parts.status().message()));
+  }
+  return parts;
+}
+
+// train --world-size=N: the job on N replicas, each step's batch cut into
+// N x --micro-batches micro-batches, rank r taking the r-th run of
+// --micro-batches of them: the same data, in the same micro-batches, as one
+// process training with --micro-batches=N x M.
+absl::Status TrainDistributed(const ampd::ClientOptions& client_options, TrainData& data,
+                              const ampd::v1::CreateJobRequest& request, int64_t steps) {
+  const int32_t world = absl::GetFlag(FLAGS_world_size);
+  ampd::DataParallelOptions options;
+  options.servers = absl::StrSplit(absl::GetFlag(FLAGS_server), ',', absl::SkipEmpty());
+  if (static_cast<int32_t>(options.servers.size()) != world) {
+    return Fail(absl::StrCat("--server: --world_size=", world, " needs ", world,
+                             " comma-separated addresses in rank order, got ",
+                             options.servers.size()));
+  }
+  options.rendezvous = absl::GetFlag(FLAGS_rendezvous);
+  if (options.rendezvous.empty()) {
+    return Fail("--rendezvous: give rank 0's --peer-address (HOST:PORT) with --world_size");
+  }
+  options.group = absl::GetFlag(FLAGS_group);
+  const int64_t timeout_ms = absl::GetFlag(FLAGS_dist_timeout_ms);
+  if (timeout_ms < 1) return Fail("--dist_timeout_ms: must be >= 1");
+  options.timeout = absl::Milliseconds(timeout_ms);
+  options.retry_for = absl::Seconds(absl::GetFlag(FLAGS_retry_for_s));
+  options.client = client_options;
+  // A step waits up to the timeout for its peers, then answers.
+  options.client.deadline = std::max(options.client.deadline, options.timeout + absl::Seconds(30));
+  AMPD_ASSIGN_OR_RETURN(std::unique_ptr<ampd::DataParallelJob> job,
+                        ampd::DataParallelJob::Create(request, options));
+  const bool json = absl::GetFlag(FLAGS_json);
+  if (!json) {
+    std::printf("group %s: %d replicas, jobs", job->group().c_str(), world);
+    for (const ampd::v1::Job& j : job->jobs()) std::printf(" %s", j.job_id().c_str());
+    std::printf(" (%lld parameters, %s, scaler %s)\n",
+                static_cast<long long>(job->jobs()[0].parameter_count()),
+                absl::GetFlag(FLAGS_precision).c_str(), absl::GetFlag(FLAGS_scaler).c_str());
+  }
+  const int64_t per_rank = absl::GetFlag(FLAGS_micro_batches);
+  const int64_t start = job->jobs()[0].step();
+  int64_t skipped = 0;
+  for (int64_t i = 1; i <= steps; ++i) {
+    AMPD_ASSIGN_OR_RETURN(std::vector<ampd::v1::MicroBatch> parts,
+                          MicroBatches(data.Batch(i), world));
+    std::vector<std::vector<ampd::v1::MicroBatch>> shares(static_cast<size_t>(world));
+    for (size_t p = 0; p < parts.size(); ++p) {
+      shares[p / static_cast<size_t>(per_rank)].push_back(std::move(parts[p]));
+    }
+    AMPD_ASSIGN_OR_RETURN(ampd::v1::StepResponse r, job->Step(start + i, shares));
+    skipped += r.skipped() ? 1 : 0;
+    PrintStep(job->group(), r, json);
+  }
+  if (!json) {
+    std::printf("group %s: %lld steps, %lld skipped\n", job->group().c_str(),
+                static_cast<long long>(steps), static_cast<long long>(skipped));
+  }
+  if (absl::GetFlag(FLAGS_delete_after)) return job->Delete();
+  return absl::OkStatus();
+}
+
+absl::Status Train(ampd::Client& client, const ampd::ClientOptions& client_options) {
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   if (steps < 0) return Fail("--steps: must be >= 0");
   AMPD_ASSIGN_OR_RETURN(TrainData data, PrepareTrainData());
   AMPD_ASSIGN_OR_RETURN(ampd::v1::CreateJobRequest request, BuildCreateRequest(data.model));
+  if (absl::GetFlag(FLAGS_world_size) < 1) return Fail("--world_size: must be >= 1");
+  if (absl::GetFlag(FLAGS_world_size) > 1) {
+    return TrainDistributed(client_options, data, request, steps);
+  }
   AMPD_ASSIGN_OR_RETURN(ampd::v1::Job job, client.CreateJob(request));
   const bool json = absl::GetFlag(FLAGS_json);
   const ampd::v1::ScalerConfig& sc = job.config().scaler();
@@ -327,34 +450,11 @@ absl::Status Train(ampd::Client& client) {
     ampd::v1::StepRequest step;
     step.set_job_id(job.job_id());
     step.set_sequence(job.step() + i);
-    *step.add_micro_batches() = data.Batch(i);
+    AMPD_ASSIGN_OR_RETURN(std::vector<ampd::v1::MicroBatch> parts, MicroBatches(data.Batch(i), 1));
+    for (ampd::v1::MicroBatch& mb : parts) *step.add_micro_batches() = std::move(mb);
     AMPD_ASSIGN_OR_RETURN(ampd::v1::StepResponse r, client.Step(step));
     skipped += r.skipped() ? 1 : 0;
-    const double ms = r.timings().total_seconds() * 1e3;
-    if (json) {
-      std::printf(
-          "{\"job_id\":\"%s\",\"step\":%lld,\"loss\":%s,\"loss_scale\":%s,\"scale_before\":%s,"
-          "\"skipped\":%s,\"found_inf\":%s,\"growth_deferred\":%s,\"grad_norm\":%s,"
-          "\"applied_steps\":%lld,\"learning_rate\":%s,\"ms\":%s}\n",
-          job.job_id().c_str(), static_cast<long long>(r.global_step()),
-          JsonNumber(r.loss()).c_str(), JsonNumber(r.scale_after()).c_str(),
-          JsonNumber(r.scale_before()).c_str(), r.skipped() ? "true" : "false",
-          r.found_inf() ? "true" : "false", r.scale_growth_deferred() ? "true" : "false",
-          r.has_grad_norm() ? JsonNumber(r.grad_norm()).c_str() : "null",
-          static_cast<long long>(r.applied_steps()), JsonNumber(r.learning_rate()).c_str(),
-          JsonNumber(ms).c_str());
-    } else {
-      std::string scale = absl::StrFormat("%g", r.scale_after());
-      if (r.scale_after() != r.scale_before()) {
-        scale = absl::StrFormat("%g -> %g", r.scale_before(), r.scale_after());
-      }
-      std::printf("step %4lld  loss %-12.6g scale %-18s %s  grad_norm %-10s lr %-10.4g %7.2f ms\n",
-                  static_cast<long long>(r.global_step()), r.loss(), scale.c_str(),
-                  r.skipped() ? "SKIPPED (overflow)" : "applied           ",
-                  r.has_grad_norm() ? absl::StrFormat("%.4g", r.grad_norm()).c_str() : "-",
-                  r.learning_rate(), ms);
-    }
-    std::fflush(stdout);
+    PrintStep(job.job_id(), r, json);
   }
   if (!json) {
     std::printf("job %s: %lld steps, %lld skipped\n", job.job_id().c_str(),
@@ -525,6 +625,8 @@ int main(int argc, char** argv) {
       "  ampctl eval --job=ID [--batches=FILE | --batch-size=N --seed=S] [--json]\n"
       "  ampctl train --layers=gpt:VOCAB:CONTEXT:DMODEL:NLAYER:NHEAD [--batch-size=B]"
       " [--seq-len=T] [--batches=FILE] ...\n"
+      "  ampctl train --world-size=N --server=HOST:PORT,... --rendezvous=HOST:PORT"
+      " [--micro-batches=M] ...\n"
       "  ampctl state export --job=ID --out=FILE\n"
       "  ampctl state import --job=ID FILE\n"
       "\n"
@@ -581,7 +683,7 @@ int main(int argc, char** argv) {
   else if (command == "jobs")
     status = Jobs(*client, args);
   else if (command == "train")
-    status = Train(*client);
+    status = Train(*client, options);
   else if (command == "state")
     status = State(*client, args);
   else if (command == "eval")

@@ -29,9 +29,9 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/dashed_flags.h"
+#include "server/engine/dist/rendezvous_table.h"
 #include "server/engine/jobs/job_registry.h"
 #include "server/metrics/server_metrics.h"
-#include "server/engine/dist/rendezvous_table.h"
 #include "server/rpc/auth.h"
 #include "server/rpc/peer_client.h"
 #include "server/rpc/peer_service.h"
@@ -257,12 +257,12 @@ int Run() {
       std::fprintf(stderr, "ampd: --peer-address: cannot listen on %s\n", peer.c_str());
       return 1;
     }
-    options.peer_host = peer_host.front() == '[' ? peer_host.substr(1, peer_host.size() - 2)
-                                                 : peer_host;
+    options.peer_host =
+        peer_host.front() == '[' ? peer_host.substr(1, peer_host.size() - 2) : peer_host;
     options.rendezvous = ampd::rpc::ConnectRendezvous;
     options.max_distributed_jobs = absl::GetFlag(FLAGS_max_distributed_jobs);
-    std::fprintf(stderr, "ampd: meeting distributed jobs' replicas on %s:%d\n",
-                 peer_host.c_str(), peer_port);
+    std::fprintf(stderr, "ampd: meeting distributed jobs' replicas on %s:%d\n", peer_host.c_str(),
+                 peer_port);
   }
   absl::StatusOr<std::unique_ptr<ampd::engine::JobRegistry>> registry =
       ampd::engine::JobRegistry::Create(options);

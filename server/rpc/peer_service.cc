@@ -18,8 +18,8 @@ absl::Duration Timeout(int64_t timeout_ms) {
 grpc::Status PeerService::Join(grpc::ServerContext*, const v1::JoinRequest* request,
                                v1::JoinResponse* response) {
   absl::StatusOr<int64_t> round =
-      table_->Join(request->group(), request->rank(), request->world_size(),
-                   request->fingerprint(), Timeout(request->timeout_ms()));
+      table_->Join(request->group(), request->rank(), request->world_size(), request->fingerprint(),
+                   Timeout(request->timeout_ms()));
   if (!round.ok()) return ToGrpcStatus(round.status());
   response->set_round(*round);
   return grpc::Status::OK;
@@ -32,8 +32,7 @@ grpc::Status PeerService::Set(grpc::ServerContext*, const v1::SetRequest* reques
 
 grpc::Status PeerService::Get(grpc::ServerContext*, const v1::GetRequest* request,
                               v1::GetResponse* response) {
-  absl::StatusOr<std::string> value =
-      table_->Get(request->key(), Timeout(request->timeout_ms()));
+  absl::StatusOr<std::string> value = table_->Get(request->key(), Timeout(request->timeout_ms()));
   if (!value.ok()) return ToGrpcStatus(value.status());
   response->set_value(*std::move(value));
   return grpc::Status::OK;

@@ -45,17 +45,17 @@ absl::Status ValidateDistributedSpec(const DistributedSpec& spec) {
     return absl::OkStatus();
   }
   if (spec.rank < 0 || spec.rank >= spec.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("rank: must be in [0, world_size = ",
-                                                   spec.world_size, "), got ", spec.rank));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank: must be in [0, world_size = ", spec.world_size, "), got ", spec.rank));
   }
   if (spec.group.empty() || spec.group.size() > kMaxGroupBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("group: 1 to ", kMaxGroupBytes, " bytes are required, got ",
-                     spec.group.size()));
+    return absl::InvalidArgumentError(absl::StrCat("group: 1 to ", kMaxGroupBytes,
+                                                   " bytes are required, got ", spec.group.size()));
   }
   for (char c : spec.group) {
     if (!IsGroupChar(c)) {
-      return absl::InvalidArgumentError("group: only letters, digits, '.', '_' and '-' are allowed");
+      return absl::InvalidArgumentError(
+          "group: only letters, digits, '.', '_' and '-' are allowed");
     }
   }
   if (!IsHostPort(spec.rendezvous)) {

@@ -4,15 +4,16 @@
 // stream, so it runs after the backward kernels and before the check and
 // update kernels with no host wait (the step's one device read stays at its
 // end).
-#include <cstring>
-#include <string>
+#include "server/engine/dist/nccl_all_reduce.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <cstring>
+#include <string>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "server/engine/dist/nccl_all_reduce.h"
 
 namespace ampd::engine::dist {
 
@@ -69,7 +70,7 @@ class NcclAllReduce final : public GradientAllReduce {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GradientAllReduce>> MakeNcclAllReduce(ProcessGroup& group,
-                                                                      kernels::Backend& backend) {
+                                                                     kernels::Backend& backend) {
   const kernels::Backend::NativeStream native = backend.native_stream();
   ncclUniqueId id;
   std::memset(&id, 0, sizeof(id));
@@ -79,7 +80,8 @@ absl::StatusOr<std::unique_ptr<GradientAllReduce>> MakeNcclAllReduce(ProcessGrou
   }
   std::string bytes(reinterpret_cast<const char*>(&id), sizeof(id));
   AMPD_RETURN_IF_ERROR(group.Broadcast(bytes, 0));
-  if (bytes.size() != sizeof(id)) return absl::DataLossError("NCCL unique id: wrong size from rank 0");
+  if (bytes.size() != sizeof(id))
+    return absl::DataLossError("NCCL unique id: wrong size from rank 0");
   std::memcpy(&id, bytes.data(), sizeof(id));
   if (cudaSetDevice(native.device) != cudaSuccess) {
     return absl::UnavailableError(absl::StrCat("cudaSetDevice(", native.device, ") failed"));

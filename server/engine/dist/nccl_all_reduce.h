@@ -14,6 +14,6 @@ namespace ampd::engine::dist {
 // A communicator over the group's ranks (NCCL's unique id comes from rank
 // 0 through the group's Broadcast), summing on `backend`'s stream.
 absl::StatusOr<std::unique_ptr<GradientAllReduce>> MakeNcclAllReduce(ProcessGroup& group,
-                                                                      kernels::Backend& backend);
+                                                                     kernels::Backend& backend);
 
 }  // namespace ampd::engine::dist

@@ -40,7 +40,9 @@ class RendezvousStore : public gloo::rendezvous::Store {
     if (!value.ok()) throw gloo::IoException(std::string(value.status().message()));
     return std::vector<char>(value->begin(), value->end());
   }
-  void wait(const std::vector<std::string>& keys) override { wait(keys, std::chrono::milliseconds(0)); }
+  void wait(const std::vector<std::string>& keys) override {
+    wait(keys, std::chrono::milliseconds(0));
+  }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds&) override {
     for (const std::string& key : keys) get(key);
   }

@@ -54,7 +54,8 @@ class ProcessGroup {
   absl::Status AllReduceSum(void* data, int64_t count, kernels::DType dtype);
 
  private:
-  ProcessGroup(int32_t rank, int32_t world_size, int64_t round, std::shared_ptr<gloo::Context> context);
+  ProcessGroup(int32_t rank, int32_t world_size, int64_t round,
+               std::shared_ptr<gloo::Context> context);
 
   const int32_t rank_;
   const int32_t world_size_;

@@ -66,8 +66,9 @@ absl::StatusOr<int64_t> RendezvousTable::Join(const std::string& group, int32_t 
         absl::StrCat("rank ", rank, " of world_size ", world_size, " is not a rank of a group"));
   }
   if (fingerprint.size() > limits_.max_fingerprint_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "fingerprint: at most ", limits_.max_fingerprint_bytes, " bytes, got ", fingerprint.size()));
+    return absl::InvalidArgumentError(absl::StrCat("fingerprint: at most ",
+                                                   limits_.max_fingerprint_bytes, " bytes, got ",
+                                                   fingerprint.size()));
   }
   const absl::Time deadline = absl::Now() + std::min(timeout, limits_.max_wait);
   absl::MutexLock lock(&mu_);
@@ -112,16 +113,16 @@ absl::StatusOr<int64_t> RendezvousTable::Join(const std::string& group, int32_t 
   }
   const size_t present = g.joined.size();
   g.joined.erase(it);
-  return absl::DeadlineExceededError(absl::StrCat(
-      present, " of ", g.world_size, " ranks of group ", group, " met within ",
-      absl::FormatDuration(timeout), "; the others have not joined"));
+  return absl::DeadlineExceededError(
+      absl::StrCat(present, " of ", g.world_size, " ranks of group ", group, " met within ",
+                   absl::FormatDuration(timeout), "; the others have not joined"));
 }
 
 absl::Status RendezvousTable::Set(const std::string& key, const std::string& value) {
   if (absl::Status s = CheckKey(key); !s.ok()) return s;
   if (value.size() > limits_.max_value_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("value: at most ", limits_.max_value_bytes,
-                                                   " bytes, got ", value.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("value: at most ", limits_.max_value_bytes, " bytes, got ", value.size()));
   }
   absl::MutexLock lock(&mu_);
   if (values_.size() >= limits_.max_keys && values_.count(key) == 0) {
@@ -136,9 +137,8 @@ absl::StatusOr<std::string> RendezvousTable::Get(const std::string& key, absl::D
   if (absl::Status s = CheckKey(key); !s.ok()) return s;
   const absl::Time deadline = absl::Now() + std::min(timeout, limits_.max_wait);
   absl::MutexLock lock(&mu_);
-  auto present = [this, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return values_.count(key) == 1;
-  };
+  auto present = [this, &key]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return values_.count(key) == 1; };
   mu_.AwaitWithDeadline(absl::Condition(&present), deadline);
   auto it = values_.find(key);
   if (it == values_.end()) {

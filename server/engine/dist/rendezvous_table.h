@@ -44,8 +44,8 @@ class RendezvousTable {
   struct Group {
     int32_t world_size = 0;
     std::string fingerprint;
-    int64_t open_round = 0;       // the round joiners are gathering for
-    int64_t formed_round = -1;    // the last round that formed
+    int64_t open_round = 0;              // the round joiners are gathering for
+    int64_t formed_round = -1;           // the last round that formed
     std::map<int32_t, uint64_t> joined;  // rank -> ticket of its waiter, in open_round
     int32_t waiters = 0;                 // Joins blocked on it (it is never evicted then)
     absl::Time last_used;

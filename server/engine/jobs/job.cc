@@ -334,10 +334,9 @@ absl::StatusOr<StepReport> Job::RunStep(int64_t sequence, StepInput input,
   const std::function<absl::Status(int64_t)> admit = [this](int64_t bytes) {
     return context_->admit_step ? context_->admit_step(*this, bytes) : absl::OkStatus();
   };
-  absl::StatusOr<StepReport> report = AllocationGuard(
-      "Step", [&]() -> absl::StatusOr<StepReport> {
-        return trainer_->Step(input, admit, data_parallel);
-      });
+  absl::StatusOr<StepReport> report = AllocationGuard("Step", [&]() -> absl::StatusOr<StepReport> {
+    return trainer_->Step(input, admit, data_parallel);
+  });
   // What stays cached is what the job holds until its next step.
   set_workspace_bytes(trainer_->workspace_bytes());
   if (!report.ok()) {
@@ -428,6 +427,9 @@ absl::StatusOr<int64_t> Job::ImportSafetensorsUnguarded(
   // The recorded response belongs to the old weights; a retry of the last
   // sequence after an import must not pretend it was computed on the new ones.
   std::optional<StepReport> previous_report = std::exchange(last_report_, std::nullopt);
+  // A distributed job's ranks meet again at the next step and compare their
+  // states: the same import must reach every rank before it trains on.
+  DropGroup();
   {
     absl::MutexLock lock(&mu_);
     snapshot_.state = JobState::kActive;
@@ -506,6 +508,10 @@ absl::Status Job::Close(bool remove_checkpoint) {
     absl::MutexLock lock(&mu_);
     closed_ = true;
   }
+  // The group's buffers and communicator go before the Trainer whose
+  // gradients they sum; the other ranks' collectives fail and they wait.
+  DropGroup();
+  rendezvous_.reset();
   trainer_.reset();
   last_report_.reset();
   bytes_in_use_.store(0, std::memory_order_relaxed);

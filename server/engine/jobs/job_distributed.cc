@@ -77,11 +77,10 @@ absl::Status Job::EnsureGroup() {
   const dist::DistributedSpec& spec = config_.get().distributed;
   auto unavailable = [&](absl::string_view what) {
     return WithReason(
-        absl::UnavailableError(absl::StrCat(
-            "distributed job ", id_, " (rank ", spec.rank, " of ", spec.world_size, ", group ",
-            spec.group, "): ", what, "; every rank must be up, and the step is retried")),
-        reason::kPeerUnavailable,
-        {{"group", spec.group}, {"rank", absl::StrCat(spec.rank)}});
+        absl::UnavailableError(absl::StrCat("distributed job ", id_, " (rank ", spec.rank, " of ",
+                                            spec.world_size, ", group ", spec.group, "): ", what,
+                                            "; every rank must be up, and the step is retried")),
+        reason::kPeerUnavailable, {{"group", spec.group}, {"rank", absl::StrCat(spec.rank)}});
   };
   if (!context_->rendezvous) {
     return absl::FailedPreconditionError(
@@ -93,9 +92,8 @@ absl::Status Job::EnsureGroup() {
     rendezvous_ = *std::move(r);
   }
   const Clock::time_point start = Clock::now();
-  absl::StatusOr<std::unique_ptr<dist::ProcessGroup>> group =
-      dist::ProcessGroup::Connect(spec, Fingerprint(config_.get()), context_->peer_host,
-                                  *rendezvous_);
+  absl::StatusOr<std::unique_ptr<dist::ProcessGroup>> group = dist::ProcessGroup::Connect(
+      spec, Fingerprint(config_.get()), context_->peer_host, *rendezvous_);
   if (!group.ok()) {
     if (group.status().code() == absl::StatusCode::kFailedPrecondition) {
       return WithReason(group.status(), reason::kReplicasDiffer, {{"group", spec.group}});
@@ -205,10 +203,10 @@ absl::StatusOr<StepReport> Job::DistributedStep(int64_t sequence, StepInput inpu
   const double wait_seconds = std::chrono::duration<double>(Clock::now() - wait_start).count();
   if (!all.ok()) {
     DropGroup();
-    return WithReason(absl::UnavailableError(absl::StrCat(
-                          "distributed job ", id_, ": the ranks of group ", spec.group,
-                          " did not all come to this step: ", all.status().message(),
-                          "; every rank must be sent the step, and it is retried")),
+    return WithReason(absl::UnavailableError(
+                          absl::StrCat("distributed job ", id_, ": the ranks of group ", spec.group,
+                                       " did not all come to this step: ", all.status().message(),
+                                       "; every rank must be sent the step, and it is retried")),
                       reason::kPeerUnavailable,
                       {{"group", spec.group}, {"rank", absl::StrCat(spec.rank)}});
   }

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Data-parallel scaling of ampd on this machine: N CPU replicas over Gloo.
+
+Starts N ampd processes (--device=cpu, each --peer-address on loopback),
+trains one job across them with `ampctl train --world-size=N`, and the same
+per-rank batch on one ampd alone, and prints the median wall time per step
+(client side, all ranks answered) and the weak-scaling efficiency:
+
+    efficiency(N) = samples/s with N ranks / (N x samples/s of one rank)
+                  = step time of one rank / step time of N ranks
+
+(each rank trains --batch-size rows, so N ranks train N times the rows a
+step). Replicas share this machine's cores, so on a machine with fewer cores
+than N x the threads a replica uses the figure measures contention as much
+as communication; say so beside any figure quoted.
+
+Usage: python3 bench/distributed/scaling.py --ampd build/ci/server/ampd
+         --ampctl build/ci/client/ampctl [--ranks 1,2,4] [--steps 60]
+         [--model mlp|gpt] [--threads 1]
+"""
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(ampd, port, peer_port, log, threads):
+    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads))
+    proc = subprocess.Popen(
+        [ampd, f"--listen=127.0.0.1:{port}", "--metrics-listen=127.0.0.1:0", "--device=cpu",
+         f"--peer-address=127.0.0.1:{peer_port}", "--worker-threads=1"],
+        stdout=subprocess.PIPE, stderr=log, env=env, text=True)
+    for line in proc.stdout:
+        if line.startswith("ampd: listening on"):
+            return proc
+    raise RuntimeError(f"ampd on port {port} did not start")
+
+
+def model_flags(model):
+    if model == "gpt":
+        return ["--layers=gpt:256:64:128:2:4", "--batch-size=8", "--seq-len=64"]
+    return ["--layers=linear:16:512,gelu,linear:512:512,gelu,linear:512:4", "--batch-size=256"]
+
+
+def run(args, ranks, tmp):
+    procs, servers = [], []
+    log = open(os.path.join(tmp, f"ampd-{ranks}.log"), "w")
+    try:
+        peer0 = None
+        for r in range(ranks):
+            port, peer = free_port(), free_port()
+            procs.append(start(args.ampd, port, peer, log, args.threads))
+            servers.append(f"127.0.0.1:{port}")
+            peer0 = peer0 or peer
+        flags = model_flags(args.model)
+        if ranks > 1:
+            # The batch is split across the ranks: give each rank --batch-size rows.
+            size = next(int(f.split("=")[1]) for f in flags if f.startswith("--batch-size="))
+            flags = [f for f in flags if not f.startswith("--batch-size=")]
+            flags += [f"--batch-size={size * ranks}", f"--world-size={ranks}",
+                      f"--rendezvous=127.0.0.1:{peer0}"]
+        cmd = [args.ampctl, f"--server={','.join(servers)}", "train", f"--steps={args.steps}",
+               "--precision=fp16", "--json", "--seed=7"] + flags
+        times, last = [], time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        for line in proc.stdout:
+            now = time.perf_counter()
+            json.loads(line)
+            times.append(now - last)
+            last = now
+        if proc.wait() != 0:
+            raise RuntimeError(f"ampctl failed with {ranks} ranks")
+        return statistics.median(times[args.steps // 5:])
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=60)
+        log.close()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ampd", required=True)
+    parser.add_argument("--ampctl", required=True)
+    parser.add_argument("--ranks", default="1,2,4")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--model", choices=["mlp", "gpt"], default="mlp")
+    parser.add_argument("--threads", type=int, default=1, help="OpenBLAS threads per replica")
+    args = parser.parse_args()
+    ranks = [int(r) for r in args.ranks.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        base = None
+        print(f"model {args.model}, fp16, {args.threads} BLAS thread(s) per replica, "
+              f"{os.cpu_count()} cores here; median step wall time after warm-up")
+        for n in ranks:
+            t = run(args, n, tmp)
+            base = base if base is not None else (t if n == 1 else None)
+            eff = f"{base / t:6.1%}" if base is not None else "   n/a"
+            print(f"ranks {n}: {t * 1e3:8.2f} ms/step  weak-scaling efficiency {eff}")
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

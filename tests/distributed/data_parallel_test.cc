@@ -1,0 +1,347 @@
+// Data-parallel jobs through real ampd processes (docs/DISTRIBUTED.md): N
+// replicas over Gloo on loopback train the same job as one process on the
+// combined batch — the same losses (to float-reduction tolerance), the same
+// skipped steps and scales, an overflow on one rank's share skipping the
+// step on every rank — and a replica SIGKILLed mid-run and restarted from
+// its older checkpoint resumes with every acknowledged step applied once.
+#include "client/data_parallel.h"
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <future>
+#include <limits>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "client/synthetic_task.h"
+#include "codec/safetensors.h"
+#include "gtest/gtest.h"
+#include "tests/support/ampd_process.h"
+#include "tests/support/temp_dir.h"
+
+namespace ampd {
+namespace {
+
+using test_support::AmpdProcess;
+using test_support::TempDir;
+
+// A loopback port free now (the kernel's pick for a socket closed again):
+// ranks must know rank 0's peer port before it starts, and a restarted
+// replica must come back on the port its clients dial.
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+struct Replica {
+  int port = 0;
+  int peer_port = 0;
+  std::vector<std::string> extra;  // --state-dir etc.
+  std::unique_ptr<AmpdProcess> process;
+
+  std::string address() const { return absl::StrCat("127.0.0.1:", port); }
+  std::string peer() const { return absl::StrCat("127.0.0.1:", peer_port); }
+};
+
+class DataParallelTest : public ::testing::Test {
+ protected:
+  // Starts (or restarts) replica r on its fixed ports.
+  void Start(Replica& replica, const std::string& name) {
+    std::vector<std::string> flags = {absl::StrCat("--listen=", replica.address()),
+                                      absl::StrCat("--peer-address=", replica.peer())};
+    flags.insert(flags.end(), replica.extra.begin(), replica.extra.end());
+    replica.process =
+        std::make_unique<AmpdProcess>(AMPD_SERVER_BINARY, flags, root_.path() / (name + ".log"));
+    ASSERT_NE(replica.process->port(), 0) << replica.process->Describe();
+  }
+
+  std::vector<Replica> StartReplicas(int n, const std::vector<std::string>& extra = {}) {
+    std::vector<Replica> replicas(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      replicas[static_cast<size_t>(r)].port = FreePort();
+      replicas[static_cast<size_t>(r)].peer_port = FreePort();
+      replicas[static_cast<size_t>(r)].extra = extra;
+      if (!extra.empty()) {
+        // Each replica its own state directory.
+        replicas[static_cast<size_t>(r)].extra.push_back(
+            absl::StrCat("--state-dir=", (root_.path() / absl::StrCat("state", r)).string()));
+      }
+      Start(replicas[static_cast<size_t>(r)], absl::StrCat("rank", r));
+    }
+    return replicas;
+  }
+
+  static v1::CreateJobRequest Request(const SyntheticTask& task, v1::Precision precision) {
+    v1::CreateJobRequest request;
+    v1::JobConfig* config = request.mutable_config();
+    *config->mutable_model() = task.Model();
+    config->set_precision(precision);
+    config->set_seed(7);
+    config->mutable_optimizer()->set_lr(1e-3f);
+    return request;
+  }
+
+  static SyntheticTaskOptions TaskOptions() {
+    SyntheticTaskOptions options;
+    options.batch_size = 64;
+    options.target_scale = 32.0f;  // the first fp16 steps overflow at 65536
+    options.seed = 7;
+    return options;
+  }
+
+  // Step i's batch, with every input of its last quarter (the last rank's
+  // share for 2 and 4 ranks) made infinite at step `poisoned`.
+  static v1::MicroBatch Batch(SyntheticTask& task, int64_t i, int64_t poisoned) {
+    v1::MicroBatch batch = task.NextBatch();
+    if (i == poisoned) {
+      std::string* data = batch.mutable_inputs()->mutable_data();
+      const float inf = std::numeric_limits<float>::infinity();
+      for (size_t at = data->size() * 3 / 4; at + sizeof(float) <= data->size();
+           at += sizeof(float)) {
+        std::memcpy(data->data() + at, &inf, sizeof(float));
+      }
+    }
+    return batch;
+  }
+
+  // One process training `steps` steps on each batch cut into `parts`
+  // micro-batches: the reference a group of `parts` ranks must match.
+  std::vector<v1::StepResponse> TrainAlone(v1::Precision precision, int64_t parts, int64_t steps,
+                                           int64_t poisoned) {
+    Replica alone;
+    alone.port = FreePort();
+    alone.peer_port = FreePort();
+    Start(alone, "alone");
+    std::unique_ptr<Client> client = Client::Connect(alone.address());
+    SyntheticTask task(TaskOptions());
+    absl::StatusOr<v1::Job> job = client->CreateJob(Request(task, precision));
+    EXPECT_TRUE(job.ok()) << job.status();
+    std::vector<v1::StepResponse> responses;
+    for (int64_t i = 1; i <= steps && job.ok(); ++i) {
+      v1::StepRequest step;
+      step.set_job_id(job->job_id());
+      step.set_sequence(i);
+      absl::StatusOr<std::vector<v1::MicroBatch>> mbs = SplitRows(Batch(task, i, poisoned), parts);
+      EXPECT_TRUE(mbs.ok()) << mbs.status();
+      for (const v1::MicroBatch& mb : *mbs) *step.add_micro_batches() = mb;
+      absl::StatusOr<v1::StepResponse> r = client->Step(step);
+      EXPECT_TRUE(r.ok()) << r.status();
+      if (r.ok()) responses.push_back(*r);
+    }
+    return responses;
+  }
+
+  static DataParallelOptions Options(const std::vector<Replica>& replicas) {
+    DataParallelOptions options;
+    for (const Replica& r : replicas) options.servers.push_back(r.address());
+    options.rendezvous = replicas[0].peer();
+    options.timeout = absl::Seconds(5);
+    options.retry_for = absl::Seconds(90);
+    options.client.deadline = absl::Seconds(30);
+    return options;
+  }
+
+  static std::vector<std::vector<v1::MicroBatch>> Shares(const v1::MicroBatch& batch, int ranks) {
+    absl::StatusOr<std::vector<v1::MicroBatch>> parts = SplitRows(batch, ranks);
+    EXPECT_TRUE(parts.ok()) << parts.status();
+    std::vector<std::vector<v1::MicroBatch>> shares(static_cast<size_t>(ranks));
+    for (int r = 0; r < ranks; ++r)
+      shares[static_cast<size_t>(r)] = {(*parts)[static_cast<size_t>(r)]};
+    return shares;
+  }
+
+  // The group's run, step by step against `alone`.
+  void ExpectSameRun(const std::vector<v1::StepResponse>& alone,
+                     const std::vector<v1::StepResponse>& group, double loss_tolerance) {
+    ASSERT_EQ(alone.size(), group.size());
+    for (size_t i = 0; i < alone.size(); ++i) {
+      SCOPED_TRACE(absl::StrCat("step ", i + 1));
+      EXPECT_EQ(group[i].global_step(), alone[i].global_step());
+      EXPECT_EQ(group[i].skipped(), alone[i].skipped());
+      EXPECT_EQ(group[i].scale_before(), alone[i].scale_before());
+      EXPECT_EQ(group[i].scale_after(), alone[i].scale_after());
+      EXPECT_EQ(group[i].applied_steps(), alone[i].applied_steps());
+      if (std::isnan(alone[i].loss())) {
+        EXPECT_TRUE(std::isnan(group[i].loss())) << group[i].loss();
+      } else {
+        EXPECT_NEAR(group[i].loss(), alone[i].loss(),
+                    loss_tolerance * std::max(1.0f, std::fabs(alone[i].loss())));
+      }
+    }
+  }
+
+  void GroupMatchesOneProcess(int ranks, v1::Precision precision, int64_t steps, int64_t poisoned,
+                              double loss_tolerance) {
+    const std::vector<v1::StepResponse> alone = TrainAlone(precision, ranks, steps, poisoned);
+    std::vector<Replica> replicas = StartReplicas(ranks);
+    SyntheticTask task(TaskOptions());
+    absl::StatusOr<std::unique_ptr<DataParallelJob>> job =
+        DataParallelJob::Create(Request(task, precision), Options(replicas));
+    ASSERT_TRUE(job.ok()) << job.status();
+    std::vector<v1::StepResponse> group;
+    for (int64_t i = 1; i <= steps; ++i) {
+      absl::StatusOr<v1::StepResponse> r = (*job)->Step(i, Shares(Batch(task, i, poisoned), ranks));
+      ASSERT_TRUE(r.ok()) << r.status() << "\n" << replicas[0].process->Log();
+      group.push_back(*r);
+    }
+    ExpectSameRun(alone, group, loss_tolerance);
+    int skipped = 0;
+    for (const v1::StepResponse& r : group) skipped += r.skipped() ? 1 : 0;
+    if (precision == v1::PRECISION_FP16) {
+      EXPECT_GE(skipped, 2);  // the opening backoffs
+    }
+    EXPECT_TRUE(group[static_cast<size_t>(poisoned - 1)].skipped());
+    EXPECT_TRUE(group[static_cast<size_t>(poisoned - 1)].found_inf());
+  }
+
+  TempDir root_{"ampd_data_parallel_test"};
+};
+
+TEST_F(DataParallelTest, TwoRanksMatchOneProcessInFp32) {
+  GroupMatchesOneProcess(2, v1::PRECISION_FP32, 20, /*poisoned=*/9, 1e-5);
+}
+
+TEST_F(DataParallelTest, TwoRanksMatchOneProcessInFp16WithTheSameSkips) {
+  // 16-bit gradients are rounded once per rank before the sum, once in one
+  // process: the losses agree to fp16's rounding, the skips exactly.
+  GroupMatchesOneProcess(2, v1::PRECISION_FP16, 30, /*poisoned=*/17, 2e-2);
+}
+
+TEST_F(DataParallelTest, FourRanksMatchOneProcess) {
+  GroupMatchesOneProcess(4, v1::PRECISION_FP32, 12, /*poisoned=*/6, 1e-5);
+}
+
+TEST_F(DataParallelTest, RanksSentDifferentSequencesRefuseTheStepAndStayUsable) {
+  std::vector<Replica> replicas = StartReplicas(2);
+  SyntheticTask task(TaskOptions());
+  absl::StatusOr<std::unique_ptr<DataParallelJob>> job =
+      DataParallelJob::Create(Request(task, v1::PRECISION_FP32), Options(replicas));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::vector<std::vector<v1::MicroBatch>> shares = Shares(task.NextBatch(), 2);
+  ASSERT_TRUE((*job)->Step(1, shares).ok());
+  // Rank 0 is sent step 2, rank 1 step 3: both refuse, nothing is applied.
+  std::vector<absl::StatusOr<v1::StepResponse>> results(2, absl::UnknownError(""));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      std::unique_ptr<Client> c = Client::Connect(replicas[static_cast<size_t>(r)].address());
+      v1::StepRequest step;
+      step.set_job_id((*job)->jobs()[static_cast<size_t>(r)].job_id());
+      step.set_sequence(2 + r);
+      *step.add_micro_batches() = shares[static_cast<size_t>(r)][0];
+      results[static_cast<size_t>(r)] = c->Step(step);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_FALSE(results[static_cast<size_t>(r)].ok());
+    EXPECT_EQ(results[static_cast<size_t>(r)].status().code(),
+              absl::StatusCode::kFailedPrecondition)
+        << results[static_cast<size_t>(r)].status();
+    std::optional<google::rpc::ErrorInfo> info =
+        ErrorInfoOf(results[static_cast<size_t>(r)].status());
+    ASSERT_TRUE(info.has_value());
+    EXPECT_EQ(info->reason(), "REPLICAS_DIFFER");
+  }
+  absl::StatusOr<v1::StepResponse> next = (*job)->Step(2, Shares(task.NextBatch(), 2));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->global_step(), 2);
+}
+
+TEST_F(DataParallelTest, AKilledRankRestartsAndEveryAcknowledgedStepIsAppliedOnce) {
+  constexpr int64_t kSteps = 16;
+  constexpr int64_t kKillAfter = 8;
+  const std::vector<v1::StepResponse> alone = TrainAlone(v1::PRECISION_FP32, 2, kSteps, -1);
+  // Rank 1 checkpoints every 3 steps: killed after step 8 it comes back at
+  // step 6, two steps behind rank 0, and must take rank 0's state.
+  std::vector<Replica> replicas = StartReplicas(2, {"--checkpoint-every=3", "--checkpoint-sync"});
+  SyntheticTask task(TaskOptions());
+  absl::StatusOr<std::unique_ptr<DataParallelJob>> job =
+      DataParallelJob::Create(Request(task, v1::PRECISION_FP32), Options(replicas));
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::vector<v1::StepResponse> group;
+  for (int64_t i = 1; i <= kSteps; ++i) {
+    if (i == kKillAfter + 1) {
+      replicas[1].process->Signal(SIGKILL);
+      replicas[1].process->Wait(std::chrono::seconds(10));
+      // The step is sent while rank 1 is down; it restarts meanwhile.
+      std::vector<std::vector<v1::MicroBatch>> shares = Shares(task.NextBatch(), 2);
+      std::future<absl::StatusOr<v1::StepResponse>> pending =
+          std::async(std::launch::async, [&] { return (*job)->Step(i, shares); });
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+      Start(replicas[1], "rank1-restarted");
+      absl::StatusOr<v1::StepResponse> r = pending.get();
+      ASSERT_TRUE(r.ok()) << r.status() << "\n" << replicas[1].process->Log();
+      group.push_back(*r);
+      EXPECT_NE(replicas[1].process->Log().find("copied the state of rank 0"), std::string::npos)
+          << replicas[1].process->Log();
+      continue;
+    }
+    absl::StatusOr<v1::StepResponse> r = (*job)->Step(i, Shares(task.NextBatch(), 2));
+    ASSERT_TRUE(r.ok()) << r.status();
+    group.push_back(*r);
+  }
+  ExpectSameRun(alone, group, 1e-5);
+  // Both replicas hold the same state, that of the uninterrupted run's count.
+  std::unique_ptr<Client> c0 = Client::Connect(replicas[0].address());
+  std::unique_ptr<Client> c1 = Client::Connect(replicas[1].address());
+  absl::StatusOr<std::string> s0 = c0->GetStateDict((*job)->jobs()[0].job_id());
+  absl::StatusOr<std::string> s1 = c1->GetStateDict((*job)->jobs()[1].job_id());
+  ASSERT_TRUE(s0.ok() && s1.ok());
+  absl::StatusOr<codec::StateDict> d0 = codec::DecodeSafetensors(*s0);
+  absl::StatusOr<codec::StateDict> d1 = codec::DecodeSafetensors(*s1);
+  ASSERT_TRUE(d0.ok() && d1.ok());
+  EXPECT_EQ(d0->metadata.at("ampd.step"), absl::StrCat(kSteps));
+  EXPECT_EQ(d1->metadata.at("ampd.step"), absl::StrCat(kSteps));
+  ASSERT_EQ(d0->tensors.size(), d1->tensors.size());
+  for (size_t t = 0; t < d0->tensors.size(); ++t) {
+    EXPECT_EQ(d0->tensors[t].name, d1->tensors[t].name);
+    EXPECT_EQ(d0->tensors[t].tensor.data, d1->tensors[t].tensor.data) << d0->tensors[t].name;
+  }
+}
+
+TEST_F(DataParallelTest, AServerWithoutPeerAddressRefusesDistributedJobs) {
+  Replica plain;
+  plain.port = FreePort();
+  plain.process = std::make_unique<AmpdProcess>(
+      AMPD_SERVER_BINARY, std::vector<std::string>{absl::StrCat("--listen=", plain.address())},
+      root_.path() / "plain.log");
+  ASSERT_NE(plain.process->port(), 0) << plain.process->Describe();
+  std::unique_ptr<Client> client = Client::Connect(plain.address());
+  SyntheticTask task(TaskOptions());
+  v1::CreateJobRequest request = Request(task, v1::PRECISION_FP32);
+  v1::Distributed* d = request.mutable_config()->mutable_distributed();
+  d->set_world_size(2);
+  d->set_group("g");
+  d->set_rendezvous("127.0.0.1:1");
+  absl::StatusOr<v1::Job> job = client->CreateJob(request);
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kFailedPrecondition) << job.status();
+  // And a malformed spec is the field's error.
+  d->set_rank(5);
+  job = client->CreateJob(request);
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument) << job.status();
+  EXPECT_NE(job.status().message().find("distributed.rank"), std::string::npos) << job.status();
+}
+
+}  // namespace
+}  // namespace ampd
