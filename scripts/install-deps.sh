@@ -9,6 +9,7 @@ packages=(
   libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev libopenblas-dev
   libssl-dev  # libcrypto: SHA-256 and constant-time compare of bearer tokens
+  libgloo-dev  # Gloo: data-parallel jobs' collectives across ampd replicas
   openssl  # tests/service/security_test.cc makes its certificates with it
   prometheus  # promtool and a real Prometheus for the metrics tests
   python3-yaml  # tests/metrics/validate_deploy.py parses the compose and k8s YAML
