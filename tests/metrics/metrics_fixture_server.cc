@@ -1,8 +1,9 @@
 // A stand-in for a live ampd's metrics endpoint: starts ServerMetrics, feeds
 // job "fixture-job" the steps the engine would report for an fp16 job whose
-// second step overflows (S 65536 -> 32768), plus an evaluation, an RPC and
-// device memory and a distributed job's rank so every family has a series, prints the bound port on
-// one line and serves until stdin closes. prometheus_e2e_test.sh and validate_deploy.py scrape it.
+// second step overflows (S 65536 -> 32768), plus an evaluation, an RPC,
+// device memory and a distributed job's rank so every family has a series,
+// prints the bound port on one line and serves until stdin closes.
+// prometheus_e2e_test.sh and validate_deploy.py scrape it.
 //
 //   metrics_fixture_server [listen_address]   (default 127.0.0.1:0)
 #include <cstdio>

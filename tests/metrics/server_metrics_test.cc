@@ -387,19 +387,22 @@ StepReport DistributedStep(int64_t step, double allreduce, double wait) {
 TEST_F(ServerMetricsTest, DistributedJobsExportTheirRankPhasesAndFormations) {
   observer().OnJobCreated("job-d", "team-a", DistributedConfig(1, 4));
   observer().OnJobCreated("job-s", "", Fp16Config());
+  const auto formations = [](const std::string& copied) {
+    return R"(ampd_distributed_group_formations_total{copied_state=")" + copied +
+           R"(",job="job-d",tenant="team-a"})";
+  };
+  const auto allreduce_bucket = [](const std::string& le) {
+    return R"(ampd_step_duration_seconds_bucket{job="job-d",phase="allreduce",)"
+           R"(tenant="team-a",le=")" +
+           le + "\"}";
+  };
   std::string text = Scrape();
   auto s = ParseSamples(text);
   EXPECT_EQ(s.at(R"(ampd_distributed_rank{job="job-d",tenant="team-a"})"), 1) << text;
   EXPECT_EQ(s.at(R"(ampd_distributed_world_size{job="job-d",tenant="team-a"})"), 4);
   // Both formation series exist at zero before the first formation.
-  EXPECT_EQ(
-      s.at(
-          R"(ampd_distributed_group_formations_total{copied_state="false",job="job-d",tenant="team-a"})"),
-      0);
-  EXPECT_EQ(
-      s.at(
-          R"(ampd_distributed_group_formations_total{copied_state="true",job="job-d",tenant="team-a"})"),
-      0);
+  EXPECT_EQ(s.at(formations("false")), 0);
+  EXPECT_EQ(s.at(formations("true")), 0);
 
   observer().OnGroupFormed("job-d", {.round = 0, .copied_state = false, .source_rank = 0});
   observer().OnStep("job-d", DistributedStep(1, 0.004, 0.002));
@@ -409,15 +412,8 @@ TEST_F(ServerMetricsTest, DistributedJobsExportTheirRankPhasesAndFormations) {
   observer().OnStep("job-s", NormalStep(1, 65536));
   text = Scrape();
   s = ParseSamples(text);
-  EXPECT_EQ(
-      s.at(
-          R"(ampd_distributed_group_formations_total{copied_state="false",job="job-d",tenant="team-a"})"),
-      1)
-      << text;
-  EXPECT_EQ(
-      s.at(
-          R"(ampd_distributed_group_formations_total{copied_state="true",job="job-d",tenant="team-a"})"),
-      1);
+  EXPECT_EQ(s.at(formations("false")), 1) << text;
+  EXPECT_EQ(s.at(formations("true")), 1);
   EXPECT_EQ(
       s.at(R"(ampd_step_duration_seconds_count{job="job-d",phase="allreduce",tenant="team-a"})"),
       2);
@@ -425,14 +421,8 @@ TEST_F(ServerMetricsTest, DistributedJobsExportTheirRankPhasesAndFormations) {
       s.at(R"(ampd_step_duration_seconds_sum{job="job-d",phase="allreduce",tenant="team-a"})"),
       0.034);
   // 4 ms lands in the 5 ms bucket, 30 ms only from the 50 ms one.
-  EXPECT_EQ(
-      s.at(
-          R"(ampd_step_duration_seconds_bucket{job="job-d",phase="allreduce",tenant="team-a",le="0.005"})"),
-      1);
-  EXPECT_EQ(
-      s.at(
-          R"(ampd_step_duration_seconds_bucket{job="job-d",phase="allreduce",tenant="team-a",le="0.05"})"),
-      2);
+  EXPECT_EQ(s.at(allreduce_bucket("0.005")), 1);
+  EXPECT_EQ(s.at(allreduce_bucket("0.05")), 2);
   EXPECT_EQ(s.at(R"(ampd_step_duration_seconds_count{job="job-d",phase="wait",tenant="team-a"})"),
             2);
   EXPECT_DOUBLE_EQ(

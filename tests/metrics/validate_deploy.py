@@ -328,7 +328,8 @@ def check_k8s_distributed(deploy_dir):
           "k8s/distributed: /var/lib/ampd must come from a volumeClaimTemplate")
     # Rank 0's rendezvous is <statefulset>-0.<serviceName>: that Service must
     # be headless, publish ranks before they are ready and carry both ports.
-    headless = [s for s in by_kind["Service"] if s["metadata"]["name"] == sts["spec"].get("serviceName")]
+    headless = [s for s in by_kind["Service"]
+                if s["metadata"]["name"] == sts["spec"].get("serviceName")]
     if check(headless, "k8s/distributed: StatefulSet serviceName names no Service here"):
         svc = headless[0]
         check(is_headless(svc), "k8s/distributed: %s must be headless (clusterIP: None)"
@@ -342,8 +343,11 @@ def check_k8s_distributed(deploy_dir):
         check({50051, PEER_PORT} <= svc_ports,
               "k8s/distributed: %s must carry 50051 and %d" % (svc["metadata"]["name"], PEER_PORT))
     # The peer network is unauthenticated: only the ranks may reach it.
-    policies = [n for n in by_kind["NetworkPolicy"]
-                if n["spec"].get("podSelector", {}).get("matchLabels", {}).items() <= labels.items()]
+    def selects_ranks(policy):
+        selector = policy["spec"].get("podSelector", {}).get("matchLabels", {})
+        return selector.items() <= labels.items()
+
+    policies = [n for n in by_kind["NetworkPolicy"] if selects_ranks(n)]
     if check(policies, "k8s/distributed: no NetworkPolicy selects the ranks"):
         np = policies[0]
         check("Ingress" in np["spec"].get("policyTypes", []),
