@@ -36,6 +36,9 @@ static_assert(kLog2Buckets == kEngineBins - 1,
 
 constexpr std::array<const char*, 5> kPhases = {"forward", "backward", "unscale", "optimizer",
                                                 "total"};
+// The phases only a distributed job's rank has (PhaseSeconds::allreduce and
+// ::wait), kept apart so a single job's step_duration series are unchanged.
+constexpr std::array<const char*, 2> kDistributedPhases = {"allreduce", "wait"};
 
 // Engine bins -> bucket increments for Histogram::ObserveMultiple, which
 // takes per-bucket (non-cumulative) counts and cumulates at scrape time.
@@ -105,6 +108,13 @@ struct ServerMetrics::JobSeries {
   Counter* evaluations = nullptr;
   Histogram* evaluate_seconds = nullptr;
   Gauge* eval_loss ABSL_GUARDED_BY(mu) = nullptr;  // created on the first evaluation
+  // A distributed job's: null for a single job.
+  bool distributed ABSL_GUARDED_BY(mu) = false;
+  std::array<Histogram*, kDistributedPhases.size()> distributed_phase_seconds ABSL_GUARDED_BY(mu){};
+  Counter* formations_copied ABSL_GUARDED_BY(mu) = nullptr;  // copied_state="true"
+  Counter* formations_kept ABSL_GUARDED_BY(mu) = nullptr;    // copied_state="false"
+  Gauge* rank ABSL_GUARDED_BY(mu) = nullptr;                 // only when the config was seen
+  Gauge* world_size ABSL_GUARDED_BY(mu) = nullptr;           // likewise
 };
 
 ServerMetrics::ServerMetrics()
@@ -174,7 +184,10 @@ ServerMetrics::ServerMetrics()
       step_duration_(BuildHistogram()
                          .Name("ampd_step_duration_seconds")
                          .Help("Wall time of a step by phase: forward, backward, unscale "
-                               "(non-finite check and norm), optimizer, total.")
+                               "(non-finite check and norm), optimizer, total; a distributed "
+                               "job's rank also allreduce (summing gradients, loss and found_inf "
+                               "across the ranks) and wait (the step's first all-gather: how "
+                               "long this rank waited for the slowest rank to send its share).")
                          .Register(*registry_)),
       samples_(BuildCounter()
                    .Name("ampd_samples_total")
@@ -198,6 +211,22 @@ ServerMetrics::ServerMetrics()
                      .Help("Unscaled fp32 loss of the job's last evaluation, mean over its "
                            "micro-batches; absent until one.")
                      .Register(*registry_)),
+      group_formations_(
+          BuildCounter()
+              .Name("ampd_distributed_group_formations_total")
+              .Help("Times a distributed job's rank formed its group with the other ranks (at "
+                    "its first step, and again after a rank was lost), by whether this rank "
+                    "copied the most advanced rank's state (copied_state=\"true\": it was "
+                    "behind, e.g. restarted from an older checkpoint).")
+              .Register(*registry_)),
+      distributed_rank_(BuildGauge()
+                            .Name("ampd_distributed_rank")
+                            .Help("This replica's rank in its distributed job's group.")
+                            .Register(*registry_)),
+      distributed_world_size_(BuildGauge()
+                                  .Name("ampd_distributed_world_size")
+                                  .Help("Ranks in the distributed job's group.")
+                                  .Register(*registry_)),
       jobs_family_(BuildGauge()
                        .Name("ampd_jobs")
                        .Help("Training jobs the server holds.")
@@ -278,13 +307,46 @@ std::shared_ptr<ServerMetrics::JobSeries> ServerMetrics::FindOrCreateJob(const s
   return series;
 }
 
+void ServerMetrics::AddDistributedSeries(JobSeries& series,
+                                         const engine::dist::DistributedSpec* spec) {
+  absl::MutexLock lock(&series.mu);
+  if (series.removed) return;
+  if (!series.distributed) {
+    series.distributed = true;
+    for (size_t i = 0; i < kDistributedPhases.size(); ++i) {
+      prometheus::Labels labels = series.labels;
+      labels.emplace("phase", kDistributedPhases[i]);
+      series.distributed_phase_seconds[i] = &step_duration_.Add(labels, DurationBounds());
+    }
+    // Both at zero from the start, so the first formation is an increase.
+    prometheus::Labels copied = series.labels;
+    copied.emplace("copied_state", "true");
+    series.formations_copied = &group_formations_.Add(copied);
+    prometheus::Labels kept = series.labels;
+    kept.emplace("copied_state", "false");
+    series.formations_kept = &group_formations_.Add(kept);
+  }
+  if (spec != nullptr && series.rank == nullptr) {
+    series.rank = &distributed_rank_.Add(series.labels);
+    series.rank->Set(spec->rank);
+    series.world_size = &distributed_world_size_.Add(series.labels);
+    series.world_size->Set(spec->world_size);
+  }
+}
+
 void ServerMetrics::OnJobCreated(const std::string& job_id, const std::string& tenant,
                                  const engine::JobConfig& config) {
-  FindOrCreateJob(job_id, tenant, config.scaler.InitialScale());
+  std::shared_ptr<JobSeries> series = FindOrCreateJob(job_id, tenant, config.scaler.InitialScale());
+  if (config.distributed.enabled()) AddDistributedSeries(*series, &config.distributed);
 }
 
 void ServerMetrics::OnStep(const std::string& job_id, const engine::StepReport& report) {
   std::shared_ptr<JobSeries> series = FindOrCreateJob(job_id, "", report.scaler.scale_before);
+  // Only a distributed job's rank reports these phases; one not announced
+  // through OnJobCreated is recognised by them.
+  if (report.seconds.allreduce > 0 || report.seconds.wait > 0) {
+    AddDistributedSeries(*series, nullptr);
+  }
   absl::MutexLock lock(&series->mu);
   if (series->removed) return;  // deleted while this step was being reported
 
@@ -320,6 +382,13 @@ void ServerMetrics::OnStep(const std::string& job_id, const engine::StepReport& 
     // A clock that stepped backwards must not subtract from the sum.
     series->phase_seconds[i]->Observe(std::max(seconds[i], 0.0));
   }
+  if (series->distributed) {
+    const std::array<double, kDistributedPhases.size()> distributed_seconds = {
+        report.seconds.allreduce, report.seconds.wait};
+    for (size_t i = 0; i < kDistributedPhases.size(); ++i) {
+      series->distributed_phase_seconds[i]->Observe(std::max(distributed_seconds[i], 0.0));
+    }
+  }
   if (report.samples > 0) series->samples->Increment(static_cast<double>(report.samples));
   if (series->learning_rate == nullptr) series->learning_rate = &learning_rate_.Add(series->labels);
   series->learning_rate->Set(report.learning_rate);
@@ -336,6 +405,16 @@ void ServerMetrics::OnEvaluate(const std::string& job_id, const engine::Evaluate
                                                                   : 0.0);
   if (series->eval_loss == nullptr) series->eval_loss = &eval_loss_.Add(series->labels);
   series->eval_loss->Set(report.loss);
+}
+
+void ServerMetrics::OnGroupFormed(const std::string& job_id,
+                                  const engine::GroupFormation& formation) {
+  // As in OnEvaluate, 1 stands for the scale until the job's first step.
+  std::shared_ptr<JobSeries> series = FindOrCreateJob(job_id, "", 1.0f);
+  AddDistributedSeries(*series, nullptr);
+  absl::MutexLock lock(&series->mu);
+  if (series->removed) return;
+  (formation.copied_state ? series->formations_copied : series->formations_kept)->Increment();
 }
 
 void ServerMetrics::RemoveSeries(JobSeries& series) {
@@ -360,6 +439,13 @@ void ServerMetrics::RemoveSeries(JobSeries& series) {
   evaluations_.Remove(series.evaluations);
   evaluate_duration_.Remove(series.evaluate_seconds);
   if (series.eval_loss != nullptr) eval_loss_.Remove(series.eval_loss);
+  if (series.distributed) {
+    for (Histogram* h : series.distributed_phase_seconds) step_duration_.Remove(h);
+    group_formations_.Remove(series.formations_copied);
+    group_formations_.Remove(series.formations_kept);
+  }
+  if (series.rank != nullptr) distributed_rank_.Remove(series.rank);
+  if (series.world_size != nullptr) distributed_world_size_.Remove(series.world_size);
 }
 
 void ServerMetrics::OnJobDeleted(const std::string& job_id) {

@@ -1,6 +1,7 @@
 // ServerMetrics: ampd's Prometheus exposition. It is the engine's JobObserver
 // (per-job loss scale, skips, growths/backoffs, loss, grad norm, gradient
-// magnitude histogram, phase timings, samples, learning rate, evaluations) and the rpc layer's
+// magnitude histogram, phase timings, samples, learning rate, evaluations; a distributed job's
+// all-reduce and straggler-wait phases, rank, world size and group formations) and the rpc layer's
 // request recorder, and it serves GET /metrics (http_exposer.h says why not with prometheus-cpp's
 // civetweb exposer). The engine never includes this header; main.cc hands the engine a JobObserver
 // pointer to it.
@@ -52,7 +53,9 @@ class ServerMetrics final : public engine::JobObserver {
 
   // Creates the job's series; the loss scale starts at the config's initial
   // scale (1 when scaling is disabled) so a job that has not stepped yet
-  // already charts where it will start.
+  // already charts where it will start. A distributed job (one rank of a
+  // group) also gets the phases "allreduce" and "wait", its rank and world
+  // size, and its formation counters; a single job's series stay as they were.
   void OnJobCreated(const std::string& job_id, const std::string& tenant,
                     const engine::JobConfig& config) override;
   // A job never announced through OnJobCreated (a wiring gap, e.g. a job
@@ -65,6 +68,10 @@ class ServerMetrics final : public engine::JobObserver {
   // the series of a job not announced.
   void OnEvaluate(const std::string& job_id, const engine::EvaluateReport& report) override;
   void OnJobDeleted(const std::string& job_id) override;  // removes that job's series
+  // Counts the formation by copied_state. A job not announced gets its
+  // series here (as in OnEvaluate), with the distributed phases but without
+  // rank and world size, which only its config carries.
+  void OnGroupFormed(const std::string& job_id, const engine::GroupFormation& formation) override;
 
   // One finished RPC, e.g. ("Step", "OK", 0.004); code is the gRPC status
   // code's canonical name.
@@ -82,6 +89,9 @@ class ServerMetrics final : public engine::JobObserver {
   // The job's series, created on first use. Takes mu_.
   std::shared_ptr<JobSeries> FindOrCreateJob(const std::string& job_id, const std::string& tenant,
                                              float initial_scale);
+  // Adds the series only a distributed job has (once); `spec` null when the
+  // job's config is unknown. Takes series.mu.
+  void AddDistributedSeries(JobSeries& series, const engine::dist::DistributedSpec* spec);
   void RemoveSeries(JobSeries& series);
 
   std::shared_ptr<prometheus::Registry> registry_;
@@ -104,6 +114,9 @@ class ServerMetrics final : public engine::JobObserver {
   prometheus::Family<prometheus::Counter>& evaluations_;
   prometheus::Family<prometheus::Histogram>& evaluate_duration_;
   prometheus::Family<prometheus::Gauge>& eval_loss_;
+  prometheus::Family<prometheus::Counter>& group_formations_;
+  prometheus::Family<prometheus::Gauge>& distributed_rank_;
+  prometheus::Family<prometheus::Gauge>& distributed_world_size_;
 
   // Server-wide.
   prometheus::Family<prometheus::Gauge>& jobs_family_;

@@ -1,8 +1,9 @@
 // A stand-in for a live ampd's metrics endpoint: starts ServerMetrics, feeds
 // job "fixture-job" the steps the engine would report for an fp16 job whose
-// second step overflows (S 65536 -> 32768), plus an evaluation, an RPC and
-// device memory so every family has a series, prints the bound port on one
-// line and serves until stdin closes. prometheus_e2e_test.sh and validate_deploy.py scrape it.
+// second step overflows (S 65536 -> 32768), plus an evaluation, an RPC,
+// device memory and a distributed job's rank so every family has a series,
+// prints the bound port on one line and serves until stdin closes.
+// prometheus_e2e_test.sh and validate_deploy.py scrape it.
 //
 //   metrics_fixture_server [listen_address]   (default 127.0.0.1:0)
 #include <cstdio>
@@ -57,6 +58,21 @@ int main(int argc, char** argv) {
   // A tenant's job: its series carry a tenant label beside job.
   metrics.OnJobCreated("tenant-job", "team-a", config);
   metrics.OnStep("tenant-job", step);
+
+  // Rank 1 of a two-rank distributed job: the allreduce and wait phases,
+  // its rank and world size, and one formation that copied rank 0's state.
+  ampd::engine::JobConfig distributed = config;
+  distributed.distributed = {.world_size = 2,
+                             .rank = 1,
+                             .group = "fixture-group",
+                             .rendezvous = "ampd-0:50052",
+                             .timeout_ms = 30000};
+  metrics.OnJobCreated("dist-job", "", distributed);
+  metrics.OnGroupFormed("dist-job",
+                        {.round = 0, .copied_state = true, .source_rank = 0, .seconds = 0.2});
+  step.seconds.allreduce = 0.003;
+  step.seconds.wait = 0.001;
+  metrics.OnStep("dist-job", step);
 
   metrics.RecordRpc("Step", "OK", 0.009);
   metrics.SetDeviceMemory(int64_t{1} << 30, int64_t{80} << 30);

@@ -363,6 +363,118 @@ TEST_F(ServerMetricsTest, StepOfAnUnannouncedJobCreatesItsSeries) {
   EXPECT_EQ(Value("ampd_jobs"), 1);
 }
 
+// Rank `rank` of a distributed job of `world_size` ranks.
+JobConfig DistributedConfig(int32_t rank, int32_t world_size) {
+  JobConfig config = Fp16Config();
+  config.distributed.world_size = world_size;
+  config.distributed.rank = rank;
+  config.distributed.group = "group-a";
+  config.distributed.rendezvous = "ampd-0.ampd-peers:50052";
+  return config;
+}
+
+// A distributed rank's step: the all-reduce and the wait at its start.
+StepReport DistributedStep(int64_t step, double allreduce, double wait) {
+  StepReport report = NormalStep(step, 65536);
+  report.seconds.allreduce = allreduce;
+  report.seconds.wait = wait;
+  return report;
+}
+
+// A distributed job's rank exports its rank, world size, formations and the
+// allreduce and wait phases; a single job beside it keeps exactly the five
+// phases it always had.
+TEST_F(ServerMetricsTest, DistributedJobsExportTheirRankPhasesAndFormations) {
+  observer().OnJobCreated("job-d", "team-a", DistributedConfig(1, 4));
+  observer().OnJobCreated("job-s", "", Fp16Config());
+  const auto formations = [](const std::string& copied) {
+    return R"(ampd_distributed_group_formations_total{copied_state=")" + copied +
+           R"(",job="job-d",tenant="team-a"})";
+  };
+  const auto allreduce_bucket = [](const std::string& le) {
+    return R"(ampd_step_duration_seconds_bucket{job="job-d",phase="allreduce",)"
+           R"(tenant="team-a",le=")" +
+           le + "\"}";
+  };
+  std::string text = Scrape();
+  auto s = ParseSamples(text);
+  EXPECT_EQ(s.at(R"(ampd_distributed_rank{job="job-d",tenant="team-a"})"), 1) << text;
+  EXPECT_EQ(s.at(R"(ampd_distributed_world_size{job="job-d",tenant="team-a"})"), 4);
+  // Both formation series exist at zero before the first formation.
+  EXPECT_EQ(s.at(formations("false")), 0);
+  EXPECT_EQ(s.at(formations("true")), 0);
+
+  observer().OnGroupFormed("job-d", {.round = 0, .copied_state = false, .source_rank = 0});
+  observer().OnStep("job-d", DistributedStep(1, 0.004, 0.002));
+  // The group broke and formed again; this rank had restarted behind.
+  observer().OnGroupFormed("job-d", {.round = 1, .copied_state = true, .source_rank = 0});
+  observer().OnStep("job-d", DistributedStep(2, 0.03, 0.0));
+  observer().OnStep("job-s", NormalStep(1, 65536));
+  text = Scrape();
+  s = ParseSamples(text);
+  EXPECT_EQ(s.at(formations("false")), 1) << text;
+  EXPECT_EQ(s.at(formations("true")), 1);
+  EXPECT_EQ(
+      s.at(R"(ampd_step_duration_seconds_count{job="job-d",phase="allreduce",tenant="team-a"})"),
+      2);
+  EXPECT_DOUBLE_EQ(
+      s.at(R"(ampd_step_duration_seconds_sum{job="job-d",phase="allreduce",tenant="team-a"})"),
+      0.034);
+  // 4 ms lands in the 5 ms bucket, 30 ms only from the 50 ms one.
+  EXPECT_EQ(s.at(allreduce_bucket("0.005")), 1);
+  EXPECT_EQ(s.at(allreduce_bucket("0.05")), 2);
+  EXPECT_EQ(s.at(R"(ampd_step_duration_seconds_count{job="job-d",phase="wait",tenant="team-a"})"),
+            2);
+  EXPECT_DOUBLE_EQ(
+      s.at(R"(ampd_step_duration_seconds_sum{job="job-d",phase="wait",tenant="team-a"})"), 0.002);
+  EXPECT_EQ(s.at(R"(ampd_step_duration_seconds_count{job="job-d",phase="total",tenant="team-a"})"),
+            2);
+
+  // The single job: no distributed series at all.
+  for (const auto& [series, value] : s) {
+    if (series.find(R"(job="job-s")") == std::string::npos) continue;
+    EXPECT_EQ(series.find("ampd_distributed_"), std::string::npos) << series;
+    EXPECT_EQ(series.find(R"(phase="allreduce")"), std::string::npos) << series;
+    EXPECT_EQ(series.find(R"(phase="wait")"), std::string::npos) << series;
+  }
+  EXPECT_EQ(s.at(R"(ampd_step_duration_seconds_count{job="job-s",phase="total"})"), 1);
+
+  observer().OnJobDeleted("job-d");
+  text = Scrape();
+  EXPECT_EQ(text.find(R"(job="job-d")"), std::string::npos) << text;
+  EXPECT_NE(text.find(R"(job="job-s")"), std::string::npos) << text;
+}
+
+// A world of one is not distributed: none of the distributed series.
+TEST_F(ServerMetricsTest, WorldSizeOneIsASingleJob) {
+  observer().OnJobCreated("job-1", "", DistributedConfig(0, 1));
+  observer().OnStep("job-1", NormalStep(1, 65536));
+  const std::string text = Scrape();
+  EXPECT_EQ(text.find("ampd_distributed_"), std::string::npos) << text;
+  EXPECT_EQ(text.find(R"(phase="allreduce")"), std::string::npos) << text;
+}
+
+// A distributed job not announced (restored without OnJobCreated) is
+// recognised by its first formation or its distributed phases; its rank and
+// world size, which only the config carries, stay absent.
+TEST_F(ServerMetricsTest, UnannouncedDistributedJobGetsItsPhasesAndFormations) {
+  observer().OnGroupFormed("restored", {.round = 3, .copied_state = true, .source_rank = 2});
+  observer().OnStep("restored", DistributedStep(9, 0.001, 0.0005));
+  observer().OnStep("stepped-first", DistributedStep(1, 0.002, 0.001));
+  const std::string text = Scrape();
+  const auto s = ParseSamples(text);
+  EXPECT_EQ(s.at(R"(ampd_distributed_group_formations_total{copied_state="true",job="restored"})"),
+            1)
+      << text;
+  EXPECT_EQ(s.at(R"(ampd_step_duration_seconds_count{job="restored",phase="allreduce"})"), 1);
+  EXPECT_EQ(s.at(R"(ampd_step_duration_seconds_count{job="stepped-first",phase="wait"})"), 1);
+  EXPECT_EQ(
+      s.at(R"(ampd_distributed_group_formations_total{copied_state="false",job="stepped-first"})"),
+      0);
+  EXPECT_EQ(text.find("ampd_distributed_rank{"), std::string::npos) << text;
+  EXPECT_EQ(text.find("ampd_distributed_world_size{"), std::string::npos) << text;
+}
+
 TEST_F(ServerMetricsTest, RpcsAndDeviceMemory) {
   metrics_->RecordRpc("Step", "OK", 0.004);
   metrics_->RecordRpc("Step", "OK", 0.002);
@@ -425,6 +537,9 @@ TEST_F(ServerMetricsTest, PromtoolAcceptsTheExposition) {
   report.grad_histogram.assign(engine::kGradHistogramBins, 2);
   observer().OnStep("job-a", report);
   observer().OnStep("job-a", OverflowStep(2, 1, 65536));
+  observer().OnJobCreated("job-d", "team-a", DistributedConfig(0, 2));
+  observer().OnGroupFormed("job-d", {.round = 0, .copied_state = false, .source_rank = 0});
+  observer().OnStep("job-d", DistributedStep(1, 0.002, 0.001));
   metrics_->RecordRpc("Step", "OK", 0.004);
   metrics_->SetDeviceMemory(1 << 20, 1 << 30);
   const std::string text = Scrape();

@@ -13,6 +13,10 @@
 - The wiring between files: GPU reservation and request, gRPC probes, the
   Prometheus annotations, the state volume, ampd's flags in every launcher,
   Grafana's provisioning path equal to where compose mounts the dashboards.
+- The data-parallel deployments (k8s/distributed/, docker-compose.distributed.yml):
+  every rank's --peer-address is an address the others reach, rank 0's name
+  is stable, each rank has its own state volume, and the unauthenticated
+  peer port is reachable only by the ranks.
 
 Exits non-zero with every problem listed.
 """
@@ -135,10 +139,19 @@ def check_dashboard(path):
                        and "ampd_step_duration_seconds_bucket" in queries(p)
                        and "phase" in queries(p)),
           "dashboard: needs step time by phase through histogram_quantile")
+    # Data parallel: communication time per rank and the straggler skew.
+    check(panels_where(lambda p: "histogram_quantile" in queries(p)
+                       and 'phase="allreduce"' in queries(p) and "instance" in queries(p)),
+          "dashboard: needs the all-reduce time per rank (phase=\"allreduce\" by instance)")
+    check(panels_where(lambda p: 'phase="wait"' in queries(p) and "max by" in queries(p)),
+          "dashboard: needs the straggler wait (phase=\"wait\") with its max over ranks")
+    check(any(p.get("type") == "row" and p.get("title") == "Data parallel" for p in panels),
+          "dashboard: no 'Data parallel' row")
     for name in ["ampd_skipped_steps_total", "ampd_loss_scale_growths_total",
                  "ampd_loss_scale_backoffs_total", "ampd_loss_scale_growths_deferred_total",
                  "ampd_grad_underflow_fraction", "ampd_loss{", "ampd_grad_norm",
-                 "ampd_samples_total", "ampd_jobs", "ampd_device_memory_used_bytes"]:
+                 "ampd_samples_total", "ampd_jobs", "ampd_device_memory_used_bytes",
+                 "ampd_distributed_group_formations_total"]:
         check(any(name in e for e in exprs), "dashboard: nothing charts %s" % name)
     for e in exprs:
         check('job=~"$job"' not in e or 'tenant=~"$tenant"' in e,
@@ -253,6 +266,158 @@ def check_k8s(deploy_dir):
               "k8s: Service must expose 50051 (grpc) and 9464 (metrics)")
 
 
+PEER_PORT = 50052
+
+
+def is_headless(svc):
+    return svc["spec"].get("clusterIP") == "None"
+
+
+def check_k8s_distributed(deploy_dir):
+    k8s = os.path.join(deploy_dir, "k8s", "distributed")
+    names = sorted(n for n in os.listdir(k8s) if n.endswith((".yaml", ".yml")))
+    docs = []
+    for name in names:
+        if name != "kustomization.yaml":
+            docs.extend(load_yaml_all(os.path.join(k8s, name)))
+    (kustomization,) = load_yaml_all(os.path.join(k8s, "kustomization.yaml"))
+    check(sorted(kustomization.get("resources", [])) ==
+          sorted(n for n in names if n != "kustomization.yaml"),
+          "k8s/distributed: kustomization resources %s, files %s"
+          % (kustomization.get("resources"), names))
+    by_kind = {}
+    for d in docs:
+        by_kind.setdefault(d.get("kind"), []).append(d)
+    for kind in ["StatefulSet", "Service", "NetworkPolicy"]:
+        if not check(kind in by_kind, "k8s/distributed: no %s" % kind):
+            return
+    sts = by_kind["StatefulSet"][0]
+    pod = sts["spec"]["template"]
+    spec = pod["spec"]
+    labels = pod.get("metadata", {}).get("labels", {})
+    check(sts["spec"]["selector"]["matchLabels"].items() <= labels.items(),
+          "k8s/distributed: StatefulSet selector does not match its pod labels")
+    check(sts["spec"].get("replicas", 1) >= 2, "k8s/distributed: fewer than 2 ranks")
+    check(spec.get("terminationGracePeriodSeconds", 30) >= 60,
+          "k8s/distributed: terminationGracePeriodSeconds must leave time to checkpoint (>= 60)")
+    ann = pod.get("metadata", {}).get("annotations", {})
+    check(ann.get("prometheus.io/scrape") == "true" and ann.get("prometheus.io/port") == "9464",
+          "k8s/distributed: prometheus.io annotations")
+    c = spec["containers"][0]
+    check(str(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")) == "1",
+          "k8s/distributed: every rank must limit nvidia.com/gpu: 1")
+    argv = list(c.get("command", [])) + list(c.get("args", []))
+    want = AMPD_FLAGS + ["--peer-address=$(POD_IP):%d" % PEER_PORT]
+    check(sorted(flags_of(argv)) == sorted(want),
+          "k8s/distributed: ampd flags %s, expected %s" % (flags_of(argv), want))
+    env = {e["name"]: e for e in c.get("env", [])}
+    check(env.get("POD_IP", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+          == "status.podIP", "k8s/distributed: POD_IP must come from status.podIP")
+    ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+    check(ports.get("grpc") == 50051 and ports.get("peer") == PEER_PORT
+          and ports.get("metrics") == 9464,
+          "k8s/distributed: container ports grpc 50051, peer %d, metrics 9464" % PEER_PORT)
+    for probe in ["livenessProbe", "readinessProbe"]:
+        check(c.get(probe, {}).get("grpc", {}).get("port") == 50051,
+              "k8s/distributed: %s must be a gRPC probe on 50051" % probe)
+    # Each rank its own state directory: a claim template, not a shared claim.
+    templates = {t["metadata"]["name"] for t in sts["spec"].get("volumeClaimTemplates", [])}
+    mounts = {m["name"]: m["mountPath"] for m in c.get("volumeMounts", [])}
+    state = [n for n, path in mounts.items() if path == "/var/lib/ampd"]
+    check(state and state[0] in templates,
+          "k8s/distributed: /var/lib/ampd must come from a volumeClaimTemplate")
+    # Rank 0's rendezvous is <statefulset>-0.<serviceName>: that Service must
+    # be headless, publish ranks before they are ready and carry both ports.
+    headless = [s for s in by_kind["Service"]
+                if s["metadata"]["name"] == sts["spec"].get("serviceName")]
+    if check(headless, "k8s/distributed: StatefulSet serviceName names no Service here"):
+        svc = headless[0]
+        check(is_headless(svc), "k8s/distributed: %s must be headless (clusterIP: None)"
+              % svc["metadata"]["name"])
+        check(svc["spec"].get("publishNotReadyAddresses") is True,
+              "k8s/distributed: %s needs publishNotReadyAddresses: true" % svc["metadata"]["name"])
+        sel = svc["spec"].get("selector", {})
+        check(sel and sel.items() <= labels.items(),
+              "k8s/distributed: %s selects no rank" % svc["metadata"]["name"])
+        svc_ports = {p.get("port") for p in svc["spec"].get("ports", [])}
+        check({50051, PEER_PORT} <= svc_ports,
+              "k8s/distributed: %s must carry 50051 and %d" % (svc["metadata"]["name"], PEER_PORT))
+    # The peer network is unauthenticated: only the ranks may reach it.
+    def selects_ranks(policy):
+        selector = policy["spec"].get("podSelector", {}).get("matchLabels", {})
+        return selector.items() <= labels.items()
+
+    policies = [n for n in by_kind["NetworkPolicy"] if selects_ranks(n)]
+    if check(policies, "k8s/distributed: no NetworkPolicy selects the ranks"):
+        np = policies[0]
+        check("Ingress" in np["spec"].get("policyTypes", []),
+              "k8s/distributed: the NetworkPolicy must restrict Ingress")
+        peers_all_tcp = False
+        for rule in np["spec"].get("ingress", []):
+            rule_ports = rule.get("ports")
+            covers_peer = rule_ports is None or any(
+                p.get("port") in (None, PEER_PORT, "peer") for p in rule_ports)
+            sources = rule.get("from")
+            only_ranks = bool(sources) and all(
+                set(f.keys()) == {"podSelector"}
+                and f["podSelector"].get("matchLabels", {}).items() <= labels.items()
+                and f["podSelector"].get("matchLabels")
+                for f in sources)
+            check(not covers_peer or only_ranks,
+                  "k8s/distributed: an ingress rule opens port %d (or every port) beyond the "
+                  "ranks: %s" % (PEER_PORT, rule))
+            if only_ranks and rule_ports is not None and any(
+                    p.get("port") is None and p.get("protocol", "TCP") == "TCP"
+                    for p in rule_ports):
+                peers_all_tcp = True
+        check(peers_all_tcp, "k8s/distributed: the ranks must reach each other on every TCP "
+              "port (Gloo listens on ephemeral ones)")
+
+
+def check_compose_distributed(deploy_dir, dockerfile):
+    path = os.path.join(deploy_dir, "docker-compose.distributed.yml")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    (compose,) = load_yaml_all(path)
+    services = compose.get("services", {})
+    ranks = sorted(n for n in services if re.fullmatch(r"ampd-\d+", n))
+    check(ranks == ["ampd-0", "ampd-1"], "compose.distributed: ranks %s, expected ampd-0, ampd-1"
+          % ranks)
+    with open(dockerfile, encoding="utf-8") as f:
+        entry = [l.strip() for l in f if l.strip().startswith("ENTRYPOINT")]
+    binary = json.loads(entry[-1][len("ENTRYPOINT"):].strip())[0] if entry else None
+    named = set((compose.get("volumes") or {}).keys())
+    state_volumes = []
+    for name in ranks:
+        svc = services[name]
+        argv = list(svc.get("entrypoint", []))
+        check(argv and argv[0] == binary,
+              "compose.distributed: %s must run %s as the image does" % (name, binary))
+        want = [f for f in AMPD_FLAGS if not f.startswith("--device=")] + [
+            "--device=cpu", "--peer-address=%s:%d" % (name, PEER_PORT)]
+        check(sorted(flags_of(argv)) == sorted(want),
+              "compose.distributed: %s flags %s, expected %s" % (name, flags_of(argv), want))
+        check("command" not in svc,
+              "compose.distributed: %s: a command would be appended to its entrypoint" % name)
+        for v in svc.get("volumes", []):
+            source, target = str(v).split(":")[:2]
+            check(source in named, "compose.distributed: %s uses undeclared volume %s"
+                  % (name, source))
+            if target == "/var/lib/ampd":
+                state_volumes.append(source)
+        for port in svc.get("ports", []):
+            check(str(port).split(":")[-1] != str(PEER_PORT),
+                  "compose.distributed: %s publishes the unauthenticated peer port" % name)
+    check(len(state_volumes) == len(ranks) and len(set(state_volumes)) == len(ranks),
+          "compose.distributed: each rank needs its own state volume at /var/lib/ampd, got %s"
+          % state_volumes)
+    # The documented client command meets at rank 0's peer address.
+    check("--world-size=%d" % len(ranks) in text and
+          "--rendezvous=ampd-0:%d" % PEER_PORT in text,
+          "compose.distributed: the comment must show ampctl --world-size=%d "
+          "--rendezvous=ampd-0:%d" % (len(ranks), PEER_PORT))
+
+
 def check_dockerfile(path):
     with open(path, encoding="utf-8") as f:
         text = f.read()
@@ -299,6 +464,8 @@ def main():
               "%s is empty" % f)
     check_compose(args.deploy_dir)
     check_k8s(args.deploy_dir)
+    check_k8s_distributed(args.deploy_dir)
+    check_compose_distributed(args.deploy_dir, args.dockerfile)
     check_dockerfile(args.dockerfile)
 
     if problems:
