@@ -15,10 +15,16 @@
                             precision="bf16", optimizer=ampd.AdamW(lr=6e-4))
     r = gpt.step(ids, targets)
 
+    # One job across replicas, data-parallel: each step's rows split across them.
+    dp = ampd.DataParallelJob.create(["ampd-0:50051", "ampd-1:50051"],
+                                     rendezvous="ampd-0:50052", model=..., precision="fp16")
+    r = dp.step(x, y)
+
 The stubs (ampd.v1.trainer_pb2, trainer_pb2_grpc) are generated from
 proto/ampd/v1/trainer.proto when the package is built.
 """
 from ampd.client import Client, EvaluateResult, Job, StepResult, Timings, to_tensor
+from ampd.data_parallel import DataParallelJob
 from ampd.errors import (Aborted, AmpdError, CreateRetry, DataLoss, DeadlineExceeded,
                          FailedPrecondition, Internal, InvalidArgument, InvalidField,
                          InvalidStateDict, JobFailed, JobLimit, JobNotFound, MemoryLimit,
@@ -32,7 +38,7 @@ from ampd.spec import (GELU, GPT, SGD, Adam, AdamW, Embedding, LayerNorm, Linear
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "Job", "StepResult", "EvaluateResult", "Timings", "StateDict", "to_tensor",
+    "Client", "Job", "DataParallelJob", "StepResult", "EvaluateResult", "Timings", "StateDict", "to_tensor",
     "Model", "GPT", "Linear", "ReLU", "GELU", "Tanh", "LayerNorm", "Embedding",
     "SGD", "Adam", "AdamW", "Scaler",
     "AmpdError", "InvalidArgument", "InvalidField", "InvalidStateDict", "NotFound",

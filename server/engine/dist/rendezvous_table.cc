@@ -76,7 +76,10 @@ absl::StatusOr<int64_t> RendezvousTable::Join(const std::string& group, int32_t 
   if (!found.ok()) return found.status();
   Group& g = **found;
   g.last_used = absl::Now();
-  if (g.joined.empty() || (g.joined.size() == 1 && g.joined.count(rank) == 1)) {
+  // The first to wait sets what the round is; a rank of another job (or
+  // tenant) under the same group name is refused, never let to replace a
+  // waiter, even one of the same rank.
+  if (g.joined.empty()) {
     g.world_size = world_size;
     g.fingerprint = fingerprint;
   } else if (g.world_size != world_size || g.fingerprint != fingerprint) {

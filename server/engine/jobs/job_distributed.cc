@@ -57,12 +57,14 @@ int64_t Prefix64(const std::string& digest) {
 }
 
 // What every rank of one job shares: its config but for the rank, the
-// display name and the request id, which may differ per replica.
-std::string Fingerprint(const JobConfig& config) {
+// display name and the request id, which may differ per replica, and its
+// owner, so that ranks of different tenants never meet even under one
+// group name.
+std::string Fingerprint(const JobConfig& config, const std::string& owner) {
   JobConfig shared = config;
   shared.display_name.clear();
   shared.distributed.rank = 0;
-  return Sha256(EncodeJobConfig(shared, ""));
+  return Sha256(absl::StrCat(EncodeJobConfig(shared, ""), "\n", owner));
 }
 
 }  // namespace

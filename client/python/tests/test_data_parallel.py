@@ -1,0 +1,97 @@
+"""ampd.DataParallelJob against two real replicas over Gloo on loopback: the
+same losses, skips and scales as one ampd training each batch as two
+micro-batches, and a replica SIGKILLed and restarted mid-run rejoining with
+every step applied once."""
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import ampd
+from conftest import batch
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+MODEL = ampd.Model([ampd.Linear(8, 32), ampd.ReLU(), ampd.Linear(32, 1)], loss="mse")
+
+
+def replicas(start_ampd, workdir, n, *flags):
+    servers = []
+    for r in range(n):
+        peer = free_port()
+        server = start_ampd("--peer-address=127.0.0.1:%d" % peer,
+                            "--state-dir=%s/state%d" % (workdir, r), *flags)
+        server.peer = "127.0.0.1:%d" % peer
+        servers.append(server)
+    return servers
+
+
+def alone_run(start_ampd, steps, scale):
+    server = start_ampd()
+    job = ampd.Client(server.address).create_job(model=MODEL, precision="fp16", seed=3)
+    out = []
+    for i in range(1, steps + 1):
+        x, y = batch(i, scale=scale)
+        out.append(job.step(micro_batches=[(x[:16], y[:16]), (x[16:], y[16:])]))
+    return out
+
+
+def expect_same(alone, group):
+    assert len(alone) == len(group)
+    for a, g in zip(alone, group):
+        assert g.skipped == a.skipped
+        assert g.scale_after == a.scale_after
+        if np.isnan(a.loss):
+            assert np.isnan(g.loss)
+        else:
+            assert g.loss == pytest.approx(a.loss, rel=2e-3, abs=1e-6)
+
+
+def test_two_ranks_train_like_one_process(start_ampd, workdir):
+    steps = 40
+    alone = alone_run(start_ampd, steps, scale=300.0)
+    servers = replicas(start_ampd, workdir, 2)
+    job = ampd.DataParallelJob.create([s.address for s in servers], servers[0].peer,
+                                      model=MODEL, precision="fp16", seed=3, timeout_ms=5000)
+    group = [job.step(*batch(i, scale=300.0)) for i in range(1, steps + 1)]
+    expect_same(alone, group)
+    assert sum(r.skipped for r in group) >= 2  # fp16's opening backoffs, on both
+
+
+def test_a_killed_replica_rejoins_and_nothing_is_lost(start_ampd, workdir):
+    steps, kill_after = 30, 12
+    alone = alone_run(start_ampd, steps, scale=300.0)
+    servers = replicas(start_ampd, workdir, 2, "--checkpoint-every=5")
+    job = ampd.DataParallelJob.create([s.address for s in servers], servers[0].peer,
+                                      model=MODEL, precision="fp16", seed=3, timeout_ms=3000)
+    group = []
+    for i in range(1, steps + 1):
+        if i == kill_after + 1:
+            servers[1].kill()
+            threading.Timer(1.0, servers[1].restart).start()
+        group.append(job.step(*batch(i, scale=300.0)))
+    expect_same(alone, group)
+    servers[1].wait_for_log("copied the state of rank 0")
+    states = [ampd.Client(s.address).job(j.job_id).state_dict()
+              for s, j in zip(servers, job.jobs)]
+    assert states[0].metadata["ampd.step"] == str(steps)
+    assert set(states[0]) == set(states[1])
+    for name in states[0]:
+        np.testing.assert_array_equal(states[0][name], states[1][name])
+
+
+def test_rows_that_do_not_split_are_refused_before_sending(start_ampd, workdir):
+    servers = replicas(start_ampd, workdir, 2)
+    job = ampd.DataParallelJob.create([s.address for s in servers], servers[0].peer,
+                                      model=MODEL, precision="fp32", timeout_ms=3000)
+    x, y = batch(1, n=33)
+    with pytest.raises(ValueError, match="do not split"):
+        job.step(x, y)
+    assert job.step(*batch(1)).loss > 0
