@@ -261,8 +261,9 @@ int Run() {
         peer_host.front() == '[' ? peer_host.substr(1, peer_host.size() - 2) : peer_host;
     options.rendezvous = ampd::rpc::ConnectRendezvous;
     options.max_distributed_jobs = absl::GetFlag(FLAGS_max_distributed_jobs);
-    std::fprintf(stderr, "ampd: meeting distributed jobs' replicas on %s:%d\n", peer_host.c_str(),
-                 peer_port);
+    // On stdout beside the listening line: with port 0 this is how a
+    // launcher learns the port to give as the group's rendezvous.
+    std::printf("ampd: peers on %s:%d\n", peer_host.c_str(), peer_port);
   }
   absl::StatusOr<std::unique_ptr<ampd::engine::JobRegistry>> registry =
       ampd::engine::JobRegistry::Create(options);

@@ -9,9 +9,7 @@
 #include <fcntl.h>
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -40,18 +38,6 @@ using test_support::TempDir;
 
 constexpr auto kRunDeadline = std::chrono::seconds(300);
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 struct StepLine {
   int64_t step = 0;
   double loss = 0;
@@ -76,23 +62,27 @@ std::vector<StepLine> ParseSteps(const std::string& out) {
 
 class DistributedAmpctlTest : public ::testing::Test {
  protected:
+  // Ports are the kernel's picks on a replica's first start; a restart
+  // comes back on its gRPC port (ampctl dials it) and any peer port (only
+  // rank 0's is the rendezvous).
   struct Replica {
-    int port = FreePort();
-    int peer_port = FreePort();
+    int port = 0;
+    int peer_port = 0;
     std::unique_ptr<AmpdProcess> process;
   };
 
   void Start(int rank, const std::string& log_name) {
     Replica& r = replicas_[static_cast<size_t>(rank)];
-    r.process = std::make_unique<AmpdProcess>(
-        AMPD_SERVER_BINARY,
-        std::vector<std::string>{
-            absl::StrCat("--listen=127.0.0.1:", r.port),
-            absl::StrCat("--peer-address=127.0.0.1:", r.peer_port),
-            "--state-dir=" + (root_.path() / absl::StrCat("state", rank)).string(),
-            "--checkpoint-every=40"},
-        root_.path() / log_name);
+    std::vector<std::string> flags = {
+        "--peer-address=127.0.0.1:0",
+        "--state-dir=" + (root_.path() / absl::StrCat("state", rank)).string(),
+        "--checkpoint-every=40"};
+    if (r.port != 0) flags.push_back(absl::StrCat("--listen=127.0.0.1:", r.port));
+    r.process = std::make_unique<AmpdProcess>(AMPD_SERVER_BINARY, flags, root_.path() / log_name);
     ASSERT_NE(r.process->port(), 0) << r.process->Describe();
+    ASSERT_NE(r.process->peer_port(), 0) << r.process->Describe();
+    r.port = r.process->port();
+    r.peer_port = r.process->peer_port();
   }
 
   std::vector<std::string> DistributedArgs(const std::vector<std::string>& flags) const {
@@ -103,6 +93,7 @@ class DistributedAmpctlTest : public ::testing::Test {
         "--world-size=2",
         absl::StrCat("--rendezvous=127.0.0.1:", replicas_[0].peer_port),
         "--dist-timeout-ms=3000",
+        "--retry-for-s=60",
         "--json"};
     args.insert(args.end(), flags.begin(), flags.end());
     return args;
@@ -142,8 +133,8 @@ class DistributedAmpctlTest : public ::testing::Test {
 TEST_F(DistributedAmpctlTest, SurvivesAReplicasSigkillWithTheSameLossesAndSkips) {
   const std::vector<std::string> flags = {"--steps=400", "--precision=fp16", "--seed=7"};
   const std::vector<StepLine> alone = Alone(flags);
-  Start(0, "rank0.log");
-  Start(1, "rank1.log");
+  ASSERT_NO_FATAL_FAILURE(Start(0, "rank0.log"));
+  ASSERT_NO_FATAL_FAILURE(Start(1, "rank1.log"));
   // ampctl's JSON lines go to a file the test watches while it runs.
   const std::string out_path = (root_.path() / "ampctl.out").string();
   const int out_fd = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -165,7 +156,7 @@ TEST_F(DistributedAmpctlTest, SurvivesAReplicasSigkillWithTheSameLossesAndSkips)
   replicas_[1].process->Signal(SIGKILL);
   replicas_[1].process->Wait(std::chrono::seconds(10));
   std::this_thread::sleep_for(std::chrono::seconds(1));
-  Start(1, "rank1-restarted.log");
+  ASSERT_NO_FATAL_FAILURE(Start(1, "rank1-restarted.log"));
   const test_support::ExitStatus exit = test_support::WaitForExit(*ampctl, kRunDeadline);
   EXPECT_EQ(exit.code, 0) << exit.ToString();
   std::ifstream in(out_path);
@@ -182,8 +173,8 @@ TEST_F(DistributedAmpctlTest, AGptSplitsItsSequencesAcrossTheRanks) {
   const std::vector<std::string> flags = {"--steps=30", "--precision=fp16", "--seed=3",
                                           "--layers=gpt:64:16:32:2:2", "--batch-size=4"};
   const std::vector<StepLine> alone = Alone(flags);
-  Start(0, "rank0.log");
-  Start(1, "rank1.log");
+  ASSERT_NO_FATAL_FAILURE(Start(0, "rank0.log"));
+  ASSERT_NO_FATAL_FAILURE(Start(1, "rank1.log"));
   const CommandResult result = RunCommand(DistributedArgs(flags), kRunDeadline);
   ASSERT_EQ(result.status.code, 0) << result.out << result.err;
   const std::vector<StepLine> dist = ParseSteps(result.out);
@@ -198,8 +189,8 @@ TEST_F(DistributedAmpctlTest, AGptSplitsItsSequencesAcrossTheRanks) {
 }
 
 TEST_F(DistributedAmpctlTest, BadShardingFlagsAreUsageErrors) {
-  Start(0, "rank0.log");
-  Start(1, "rank1.log");
+  ASSERT_NO_FATAL_FAILURE(Start(0, "rank0.log"));
+  ASSERT_NO_FATAL_FAILURE(Start(1, "rank1.log"));
   std::vector<std::string> args = DistributedArgs({"--steps=1"});
   args[1] = absl::StrCat("--server=127.0.0.1:", replicas_[0].port);  // one address for two ranks
   CommandResult result = RunCommand(args, kRunDeadline);

@@ -6,10 +6,7 @@
 // its older checkpoint resumes with every acknowledged step applied once.
 #include "client/data_parallel.h"
 
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -35,22 +32,9 @@ namespace {
 using test_support::AmpdProcess;
 using test_support::TempDir;
 
-// A loopback port free now (the kernel's pick for a socket closed again):
-// ranks must know rank 0's peer port before it starts, and a restarted
-// replica must come back on the port its clients dial.
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
+// A replica's ports are the kernel's picks on its first start (ampd prints
+// them); a restart comes back on the same gRPC port, which its clients dial,
+// and any peer port (only rank 0's is the group's rendezvous).
 struct Replica {
   int port = 0;
   int peer_port = 0;
@@ -64,20 +48,22 @@ struct Replica {
 class DataParallelTest : public ::testing::Test {
  protected:
   // Starts (or restarts) replica r on its fixed ports.
+  // Starts (or restarts, on its gRPC port) a replica.
   void Start(Replica& replica, const std::string& name) {
-    std::vector<std::string> flags = {absl::StrCat("--listen=", replica.address()),
-                                      absl::StrCat("--peer-address=", replica.peer())};
+    std::vector<std::string> flags = {"--peer-address=127.0.0.1:0"};
+    if (replica.port != 0) flags.push_back(absl::StrCat("--listen=", replica.address()));
     flags.insert(flags.end(), replica.extra.begin(), replica.extra.end());
     replica.process =
         std::make_unique<AmpdProcess>(AMPD_SERVER_BINARY, flags, root_.path() / (name + ".log"));
     ASSERT_NE(replica.process->port(), 0) << replica.process->Describe();
+    ASSERT_NE(replica.process->peer_port(), 0) << replica.process->Describe();
+    replica.port = replica.process->port();
+    replica.peer_port = replica.process->peer_port();
   }
 
   std::vector<Replica> StartReplicas(int n, const std::vector<std::string>& extra = {}) {
     std::vector<Replica> replicas(static_cast<size_t>(n));
     for (int r = 0; r < n; ++r) {
-      replicas[static_cast<size_t>(r)].port = FreePort();
-      replicas[static_cast<size_t>(r)].peer_port = FreePort();
       replicas[static_cast<size_t>(r)].extra = extra;
       if (!extra.empty()) {
         // Each replica its own state directory.
@@ -85,6 +71,7 @@ class DataParallelTest : public ::testing::Test {
             absl::StrCat("--state-dir=", (root_.path() / absl::StrCat("state", r)).string()));
       }
       Start(replicas[static_cast<size_t>(r)], absl::StrCat("rank", r));
+      if (::testing::Test::HasFatalFailure()) break;
     }
     return replicas;
   }
@@ -127,8 +114,6 @@ class DataParallelTest : public ::testing::Test {
   std::vector<v1::StepResponse> TrainAlone(v1::Precision precision, int64_t parts, int64_t steps,
                                            int64_t poisoned) {
     Replica alone;
-    alone.port = FreePort();
-    alone.peer_port = FreePort();
     Start(alone, "alone");
     std::unique_ptr<Client> client = Client::Connect(alone.address());
     SyntheticTask task(TaskOptions());
@@ -192,6 +177,7 @@ class DataParallelTest : public ::testing::Test {
                               double loss_tolerance) {
     const std::vector<v1::StepResponse> alone = TrainAlone(precision, ranks, steps, poisoned);
     std::vector<Replica> replicas = StartReplicas(ranks);
+    ASSERT_FALSE(HasFatalFailure());
     SyntheticTask task(TaskOptions());
     absl::StatusOr<std::unique_ptr<DataParallelJob>> job =
         DataParallelJob::Create(Request(task, precision), Options(replicas));
@@ -231,6 +217,7 @@ TEST_F(DataParallelTest, FourRanksMatchOneProcess) {
 
 TEST_F(DataParallelTest, RanksSentDifferentSequencesRefuseTheStepAndStayUsable) {
   std::vector<Replica> replicas = StartReplicas(2);
+  ASSERT_FALSE(HasFatalFailure());
   SyntheticTask task(TaskOptions());
   absl::StatusOr<std::unique_ptr<DataParallelJob>> job =
       DataParallelJob::Create(Request(task, v1::PRECISION_FP32), Options(replicas));
@@ -273,6 +260,7 @@ TEST_F(DataParallelTest, AKilledRankRestartsAndEveryAcknowledgedStepIsAppliedOnc
   // Rank 1 checkpoints every 3 steps: killed after step 8 it comes back at
   // step 6, two steps behind rank 0, and must take rank 0's state.
   std::vector<Replica> replicas = StartReplicas(2, {"--checkpoint-every=3", "--checkpoint-sync"});
+  ASSERT_FALSE(HasFatalFailure());
   SyntheticTask task(TaskOptions());
   absl::StatusOr<std::unique_ptr<DataParallelJob>> job =
       DataParallelJob::Create(Request(task, v1::PRECISION_FP32), Options(replicas));
@@ -288,6 +276,7 @@ TEST_F(DataParallelTest, AKilledRankRestartsAndEveryAcknowledgedStepIsAppliedOnc
           std::async(std::launch::async, [&] { return (*job)->Step(i, shares); });
       std::this_thread::sleep_for(std::chrono::seconds(2));
       Start(replicas[1], "rank1-restarted");
+      ASSERT_FALSE(HasFatalFailure());
       absl::StatusOr<v1::StepResponse> r = pending.get();
       ASSERT_TRUE(r.ok()) << r.status() << "\n" << replicas[1].process->Log();
       group.push_back(*r);
@@ -319,12 +308,8 @@ TEST_F(DataParallelTest, AKilledRankRestartsAndEveryAcknowledgedStepIsAppliedOnc
 }
 
 TEST_F(DataParallelTest, AServerWithoutPeerAddressRefusesDistributedJobs) {
-  Replica plain;
-  plain.port = FreePort();
-  plain.process = std::make_unique<AmpdProcess>(
-      AMPD_SERVER_BINARY, std::vector<std::string>{absl::StrCat("--listen=", plain.address())},
-      root_.path() / "plain.log");
-  ASSERT_NE(plain.process->port(), 0) << plain.process->Describe();
+  AmpdProcess plain(AMPD_SERVER_BINARY, {}, root_.path() / "plain.log");
+  ASSERT_NE(plain.port(), 0) << plain.Describe();
   std::unique_ptr<Client> client = Client::Connect(plain.address());
   SyntheticTask task(TaskOptions());
   v1::CreateJobRequest request = Request(task, v1::PRECISION_FP32);

@@ -387,14 +387,14 @@ TEST_F(JobConfigCodecRefuses, WrongTypesAndRanges) {
 
 TEST_F(JobConfigCodecRefuses, OtherFormatVersions) {
   ExpectError(Edited("\"format_version\":1", "\"format_version\":0"), absl::StatusCode::kDataLoss,
-              "ampd.config: format_version: 0 is not a version this ampd reads (1 to 3); the "
+              "ampd.config: format_version: 0 is not a version this ampd reads (1 to 4); the "
               "checkpoint was written by another ampd");
   ExpectError(Edited("\"format_version\":1,", ""), absl::StatusCode::kDataLoss,
               "ampd.config: format_version: missing");
   // A later format may change any key: the version is checked before them.
-  ExpectError(Edited("\"format_version\":1,", "\"format_version\":4,\"new\":{},"),
+  ExpectError(Edited("\"format_version\":1,", "\"format_version\":5,\"new\":{},"),
               absl::StatusCode::kDataLoss,
-              "ampd.config: format_version: 4 is not a version this ampd reads (1 to 3); the "
+              "ampd.config: format_version: 5 is not a version this ampd reads (1 to 4); the "
               "checkpoint was written by a newer ampd");
 }
 
@@ -562,6 +562,72 @@ TEST(JobConfigCodec, GptConfigsAreVersionThree) {
   EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(decoded.status().message(), "model.gpt.n_head: must divide"))
       << decoded.status();
+}
+
+TEST(JobConfigCodec, DistributedConfigsAreVersionFourAndRoundTrip) {
+  JobConfig config = DefaultJobConfig(Precision::kFp16);
+  config.model = JobConfig{}.model;
+  model::LayerSpec linear;
+  linear.kind = model::LayerKind::kLinear;
+  linear.in_features = 4;
+  linear.out_features = 2;
+  config.model.layers = {linear};
+  config.distributed.world_size = 4;
+  config.distributed.rank = 3;
+  config.distributed.group = "run-7.a_b";
+  config.distributed.rendezvous = "ampd-0.ampd-peers:50052";
+  config.distributed.timeout_ms = 12345;
+  ASSERT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
+  const std::string json = EncodeJobConfig(config, "");
+  EXPECT_TRUE(absl::StartsWith(json, "{\"format_version\":4,")) << json;
+  EXPECT_TRUE(
+      absl::StrContains(json,
+                        "\"distributed\":{\"world_size\":4,\"rank\":3,\"group\":\"run-7.a_b\","
+                        "\"rendezvous\":\"ampd-0.ampd-peers:50052\",\"timeout_ms\":12345}}"))
+      << json;
+  absl::StatusOr<JobConfigRecord> decoded = DecodeJobConfig(json);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->config.distributed, config.distributed);
+
+  // Not a key of older versions; and a job of one ampd keeps its version.
+  const std::string v3 =
+      absl::StrReplaceAll(json, {{"\"format_version\":4", "\"format_version\":3"}});
+  decoded = DecodeJobConfig(v3);
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+  config.distributed = {};
+  EXPECT_TRUE(absl::StartsWith(EncodeJobConfig(config, ""), "{\"format_version\":1,"));
+}
+
+TEST(DistributedSpec, ValidationNamesTheField) {
+  dist::DistributedSpec spec;
+  EXPECT_TRUE(dist::ValidateDistributedSpec(spec).ok());
+  spec.rank = 1;  // world_size 1 with a rank
+  EXPECT_TRUE(absl::StrContains(dist::ValidateDistributedSpec(spec).message(), "world_size"));
+  spec = {.world_size = 2, .rank = 0, .group = "g", .rendezvous = "h:1"};
+  EXPECT_TRUE(dist::ValidateDistributedSpec(spec).ok()) << dist::ValidateDistributedSpec(spec);
+  auto error = [](dist::DistributedSpec s) { return dist::ValidateDistributedSpec(s); };
+  dist::DistributedSpec bad = spec;
+  bad.rank = 2;
+  EXPECT_TRUE(absl::StartsWith(error(bad).message(), "rank:"));
+  bad = spec;
+  bad.world_size = 65;
+  EXPECT_TRUE(absl::StartsWith(error(bad).message(), "world_size:"));
+  bad = spec;
+  bad.group = "a/b";
+  EXPECT_TRUE(absl::StartsWith(error(bad).message(), "group:"));
+  bad.group = std::string(129, 'g');
+  EXPECT_TRUE(absl::StartsWith(error(bad).message(), "group:"));
+  bad = spec;
+  for (const char* address : {"", "host", "host:0", "host:65536", ":80", "a b:1", "h:x"}) {
+    bad.rendezvous = address;
+    EXPECT_TRUE(absl::StartsWith(error(bad).message(), "rendezvous:")) << address;
+  }
+  bad = spec;
+  bad.timeout_ms = 0;
+  EXPECT_TRUE(absl::StartsWith(error(bad).message(), "timeout_ms:"));
+  bad.timeout_ms = 600001;
+  EXPECT_TRUE(absl::StartsWith(error(bad).message(), "timeout_ms:"));
 }
 
 }  // namespace

@@ -79,8 +79,8 @@ AmpdProcess::~AmpdProcess() {
 }
 
 void AmpdProcess::ReadPorts() {
-  // main.cc prints the metrics line before the listening line and flushes
-  // after the latter, so both have arrived once the listening line has.
+  // main.cc prints the metrics and peers lines before the listening line
+  // and flushes after the latter, so all have arrived once it has.
   const Clock::time_point deadline = Clock::now() + kStartDeadline;
   while (port_ == 0) {
     const auto left =
@@ -98,6 +98,7 @@ void AmpdProcess::ReadPorts() {
     std::string host;
     int port = 0;
     if (AddressAfter(stdout_text_, "ampd: metrics on ", &host, &port)) metrics_port_ = port;
+    if (AddressAfter(stdout_text_, "ampd: peers on ", &host, &port)) peer_port_ = port;
     if (AddressAfter(stdout_text_, "ampd: listening on ", &host, &port)) {
       host_ = host;
       port_ = port;

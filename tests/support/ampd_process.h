@@ -38,6 +38,9 @@ class AmpdProcess {
   // The gRPC and metrics ports ampd reported, 0 when it reported none.
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }
+  // The --peer-address port ampd reported ("ampd: peers on HOST:PORT"), 0
+  // when it serves none.
+  int peer_port() const { return peer_port_; }
   // "HOST:PORT" of the gRPC server, for Client::Connect and --server=.
   std::string address() const;
 
@@ -69,6 +72,7 @@ class AmpdProcess {
   std::string host_;
   int port_ = 0;
   int metrics_port_ = 0;
+  int peer_port_ = 0;
 };
 
 }  // namespace ampd::test_support

@@ -23,6 +23,7 @@ class AmpdProcess:
         self.flags = list(flags)
         self.workdir = workdir
         self.port = port
+        self.peer_port = 0  # --peer-address's port, as ampd reports it
         self.proc = None
         self.log_path = os.path.join(workdir, "ampd.log")
         self.start()
@@ -39,6 +40,9 @@ class AmpdProcess:
             + self.flags, stdout=subprocess.PIPE, stderr=log, text=True)
         log.close()
         for line in self.proc.stdout:
+            peers = re.match(r"ampd: peers on [^:]+:(\d+)", line)
+            if peers:
+                self.peer_port = int(peers.group(1))
             m = re.match(r"ampd: listening on [^:]+:(\d+)", line)
             if m:
                 self.port = int(m.group(1))

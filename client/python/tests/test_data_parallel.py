@@ -2,7 +2,6 @@
 same losses, skips and scales as one ampd training each batch as two
 micro-batches, and a replica SIGKILLed and restarted mid-run rejoining with
 every step applied once."""
-import socket
 import threading
 import time
 
@@ -13,22 +12,16 @@ import ampd
 from conftest import batch
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 MODEL = ampd.Model([ampd.Linear(8, 32), ampd.ReLU(), ampd.Linear(32, 1)], loss="mse")
 
 
 def replicas(start_ampd, workdir, n, *flags):
     servers = []
     for r in range(n):
-        peer = free_port()
-        server = start_ampd("--peer-address=127.0.0.1:%d" % peer,
+        # Port 0: the kernel picks it and ampd reports it ("ampd: peers on").
+        server = start_ampd("--peer-address=127.0.0.1:0",
                             "--state-dir=%s/state%d" % (workdir, r), *flags)
-        server.peer = "127.0.0.1:%d" % peer
+        server.peer = "127.0.0.1:%d" % server.peer_port
         servers.append(server)
     return servers
 

@@ -95,7 +95,7 @@ absl::Status Job::EnsureGroup() {
   }
   const Clock::time_point start = Clock::now();
   absl::StatusOr<std::unique_ptr<dist::ProcessGroup>> group = dist::ProcessGroup::Connect(
-      spec, Fingerprint(config_.get()), context_->peer_host, *rendezvous_);
+      spec, Fingerprint(config_.get(), owner_), context_->peer_host, *rendezvous_);
   if (!group.ok()) {
     if (group.status().code() == absl::StatusCode::kFailedPrecondition) {
       return WithReason(group.status(), reason::kReplicasDiffer, {{"group", spec.group}});
