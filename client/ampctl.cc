@@ -318,14 +318,16 @@ void PrintStep(const std::string& job_id, const ampd::v1::StepResponse& r, bool 
     std::printf(
         "{\"job_id\":\"%s\",\"step\":%lld,\"loss\":%s,\"loss_scale\":%s,\"scale_before\":%s,"
         "\"skipped\":%s,\"found_inf\":%s,\"growth_deferred\":%s,\"grad_norm\":%s,"
-        "\"applied_steps\":%lld,\"learning_rate\":%s,\"ms\":%s}\n",
+        "\"applied_steps\":%lld,\"learning_rate\":%s,\"ms\":%s,\"allreduce_ms\":%s,"
+        "\"wait_ms\":%s}\n",
         job_id.c_str(), static_cast<long long>(r.global_step()), JsonNumber(r.loss()).c_str(),
         JsonNumber(r.scale_after()).c_str(), JsonNumber(r.scale_before()).c_str(),
         r.skipped() ? "true" : "false", r.found_inf() ? "true" : "false",
         r.scale_growth_deferred() ? "true" : "false",
         r.has_grad_norm() ? JsonNumber(r.grad_norm()).c_str() : "null",
         static_cast<long long>(r.applied_steps()), JsonNumber(r.learning_rate()).c_str(),
-        JsonNumber(ms).c_str());
+        JsonNumber(ms).c_str(), JsonNumber(r.timings().allreduce_seconds() * 1e3).c_str(),
+        JsonNumber(r.timings().wait_seconds() * 1e3).c_str());
   } else {
     std::string scale = absl::StrFormat("%g", r.scale_after());
     if (r.scale_after() != r.scale_before()) {

@@ -101,6 +101,11 @@ ABSL_FLAG(int64_t, shutdown_timeout_ms, 30000,
 
 namespace {
 
+// The Peer service's limits (its messages are group names, fingerprints and
+// transport addresses of a few hundred bytes).
+constexpr int kMaxPeerThreads = 64;
+constexpr int kMaxPeerMessageBytes = 1 << 20;
+
 // Drops the reflection plugin from a ServerBuilder. Linking gRPC's
 // reflection library registers the plugin with every builder through a
 // static initializer, so leaving reflection off takes removing it.
@@ -252,6 +257,13 @@ int Run() {
     int peer_port = 0;
     peer_builder.AddListeningPort(peer, grpc::InsecureServerCredentials(), &peer_port);
     peer_builder.RegisterService(&peer_service);
+    // Join and Get hold a thread while they wait: bound the threads and the
+    // message size, so peers that flood the meeting point cannot exhaust
+    // the process (the table bounds what it keeps).
+    grpc::ResourceQuota peer_quota("ampd-peers");
+    peer_quota.SetMaxThreads(kMaxPeerThreads);
+    peer_builder.SetResourceQuota(peer_quota);
+    peer_builder.SetMaxReceiveMessageSize(kMaxPeerMessageBytes);
     peer_server = peer_builder.BuildAndStart();
     if (peer_server == nullptr || peer_port == 0) {
       std::fprintf(stderr, "ampd: --peer-address: cannot listen on %s\n", peer.c_str());

@@ -22,7 +22,6 @@ Usage: python3 bench/distributed/scaling.py --ampd build/ci/server/ampd
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,22 +29,20 @@ import tempfile
 import time
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(ampd, port, peer_port, log, threads):
+def start(ampd, log, threads):
+    """ampd on kernel-picked ports: (process, gRPC address, peer address)."""
     env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads))
     proc = subprocess.Popen(
-        [ampd, f"--listen=127.0.0.1:{port}", "--metrics-listen=127.0.0.1:0", "--device=cpu",
-         f"--peer-address=127.0.0.1:{peer_port}", "--worker-threads=1"],
+        [ampd, "--listen=127.0.0.1:0", "--metrics-listen=", "--device=cpu",
+         "--peer-address=127.0.0.1:0", "--worker-threads=1"],
         stdout=subprocess.PIPE, stderr=log, env=env, text=True)
+    peer = None
     for line in proc.stdout:
-        if line.startswith("ampd: listening on"):
-            return proc
-    raise RuntimeError(f"ampd on port {port} did not start")
+        if line.startswith("ampd: peers on "):
+            peer = line.split()[-1]
+        if line.startswith("ampd: listening on "):
+            return proc, line.split()[-1], peer
+    raise RuntimeError("ampd did not start")
 
 
 def model_flags(model):
@@ -59,10 +56,10 @@ def run(args, ranks, tmp):
     log = open(os.path.join(tmp, f"ampd-{ranks}.log"), "w")
     try:
         peer0 = None
-        for r in range(ranks):
-            port, peer = free_port(), free_port()
-            procs.append(start(args.ampd, port, peer, log, args.threads))
-            servers.append(f"127.0.0.1:{port}")
+        for _ in range(ranks):
+            proc, address, peer = start(args.ampd, log, args.threads)
+            procs.append(proc)
+            servers.append(address)
             peer0 = peer0 or peer
         flags = model_flags(args.model)
         if ranks > 1:
@@ -70,19 +67,23 @@ def run(args, ranks, tmp):
             size = next(int(f.split("=")[1]) for f in flags if f.startswith("--batch-size="))
             flags = [f for f in flags if not f.startswith("--batch-size=")]
             flags += [f"--batch-size={size * ranks}", f"--world-size={ranks}",
-                      f"--rendezvous=127.0.0.1:{peer0}"]
+                      f"--rendezvous={peer0}"]
         cmd = [args.ampctl, f"--server={','.join(servers)}", "train", f"--steps={args.steps}",
                "--precision=fp16", "--json", "--seed=7"] + flags
-        times, last = [], time.perf_counter()
+        times, allreduce, wait, last = [], [], [], time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         for line in proc.stdout:
             now = time.perf_counter()
-            json.loads(line)
+            step = json.loads(line)
             times.append(now - last)
+            allreduce.append(step["allreduce_ms"])
+            wait.append(step["wait_ms"])
             last = now
         if proc.wait() != 0:
             raise RuntimeError(f"ampctl failed with {ranks} ranks")
-        return statistics.median(times[args.steps // 5:])
+        skip = args.steps // 5
+        return (statistics.median(times[skip:]), statistics.median(allreduce[skip:]),
+                statistics.median(wait[skip:]))
     finally:
         for p in procs:
             p.terminate()
@@ -106,10 +107,11 @@ def main():
         print(f"model {args.model}, fp16, {args.threads} BLAS thread(s) per replica, "
               f"{os.cpu_count()} cores here; median step wall time after warm-up")
         for n in ranks:
-            t = run(args, n, tmp)
+            t, allreduce_ms, wait_ms = run(args, n, tmp)
             base = base if base is not None else (t if n == 1 else None)
             eff = f"{base / t:6.1%}" if base is not None else "   n/a"
-            print(f"ranks {n}: {t * 1e3:8.2f} ms/step  weak-scaling efficiency {eff}")
+            print(f"ranks {n}: {t * 1e3:8.2f} ms/step  weak-scaling efficiency {eff}  "
+                  f"(rank 0: all-reduce {allreduce_ms:.2f} ms, wait {wait_ms:.2f} ms)")
             sys.stdout.flush()
 
 

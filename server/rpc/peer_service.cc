@@ -1,7 +1,11 @@
-// PeerService: each call is the table's, its status mapped to gRPC's.
+// PeerService: each call is the table's, its status mapped to gRPC's. A
+// waiting call ends at its own deadline, or as soon as its caller cancels:
+// past that nobody listens for the answer, and the thread it holds is
+// wanted by other peers.
 #include "server/rpc/peer_service.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "server/rpc/status_mapping.h"
 
@@ -9,17 +13,21 @@ namespace ampd::rpc {
 
 namespace {
 
-absl::Duration Timeout(int64_t timeout_ms) {
-  return absl::Milliseconds(std::max<int64_t>(0, timeout_ms));
+// The wait a call asked for, cut to its own deadline.
+absl::Duration Timeout(const grpc::ServerContext& context, int64_t timeout_ms) {
+  const absl::Duration asked = absl::Milliseconds(std::max<int64_t>(0, timeout_ms));
+  const absl::Duration left =
+      absl::FromChrono(context.deadline() - std::chrono::system_clock::now());
+  return std::max(absl::ZeroDuration(), std::min(asked, left));
 }
 
 }  // namespace
 
-grpc::Status PeerService::Join(grpc::ServerContext*, const v1::JoinRequest* request,
+grpc::Status PeerService::Join(grpc::ServerContext* context, const v1::JoinRequest* request,
                                v1::JoinResponse* response) {
-  absl::StatusOr<int64_t> round =
-      table_->Join(request->group(), request->rank(), request->world_size(), request->fingerprint(),
-                   Timeout(request->timeout_ms()));
+  absl::StatusOr<int64_t> round = table_->Join(
+      request->group(), request->rank(), request->world_size(), request->fingerprint(),
+      Timeout(*context, request->timeout_ms()), [context] { return context->IsCancelled(); });
   if (!round.ok()) return ToGrpcStatus(round.status());
   response->set_round(*round);
   return grpc::Status::OK;
@@ -30,9 +38,11 @@ grpc::Status PeerService::Set(grpc::ServerContext*, const v1::SetRequest* reques
   return ToGrpcStatus(table_->Set(request->key(), request->value()));
 }
 
-grpc::Status PeerService::Get(grpc::ServerContext*, const v1::GetRequest* request,
+grpc::Status PeerService::Get(grpc::ServerContext* context, const v1::GetRequest* request,
                               v1::GetResponse* response) {
-  absl::StatusOr<std::string> value = table_->Get(request->key(), Timeout(request->timeout_ms()));
+  absl::StatusOr<std::string> value =
+      table_->Get(request->key(), Timeout(*context, request->timeout_ms()),
+                  [context] { return context->IsCancelled(); });
   if (!value.ok()) return ToGrpcStatus(value.status());
   response->set_value(*std::move(value));
   return grpc::Status::OK;

@@ -6,6 +6,7 @@
 // its older checkpoint resumes with every acknowledged step applied once.
 #include "client/data_parallel.h"
 
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 
 #include <chrono>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "ampd/v1/peer.grpc.pb.h"
 #include "client/client.h"
 #include "client/synthetic_task.h"
 #include "codec/safetensors.h"
@@ -326,6 +328,61 @@ TEST_F(DataParallelTest, AServerWithoutPeerAddressRefusesDistributedJobs) {
   ASSERT_FALSE(job.ok());
   EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument) << job.status();
   EXPECT_NE(job.status().message().find("distributed.rank"), std::string::npos) << job.status();
+}
+
+TEST_F(DataParallelTest, ThePeerPortBoundsWhatAHostilePeerCanHold) {
+  Replica replica;
+  ASSERT_NO_FATAL_FAILURE(Start(replica, "peer"));
+  auto channel = grpc::CreateChannel(replica.peer(), grpc::InsecureChannelCredentials());
+  std::unique_ptr<v1::Peer::Stub> stub = v1::Peer::NewStub(channel);
+  auto call = [&](auto method, const auto& request, auto* response, int deadline_ms) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
+    return ((*stub).*method)(&context, request, response);
+  };
+  v1::SetRequest set;
+  v1::SetResponse set_response;
+  set.set_key(std::string(600, 'k'));
+  EXPECT_EQ(call(&v1::Peer::Stub::Set, set, &set_response, 5000).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  set.set_key("k");
+  set.set_value(std::string(70 << 10, 'v'));
+  EXPECT_EQ(call(&v1::Peer::Stub::Set, set, &set_response, 5000).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  set.set_value(std::string(2 << 20, 'v'));  // past the port's message limit
+  EXPECT_EQ(call(&v1::Peer::Stub::Set, set, &set_response, 5000).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  v1::JoinRequest join;
+  v1::JoinResponse join_response;
+  join.set_group("g");
+  join.set_world_size(0);
+  EXPECT_EQ(call(&v1::Peer::Stub::Join, join, &join_response, 5000).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  // Many callers asking to wait ten minutes, and going away after half a
+  // second: their threads come back, and the port still serves.
+  std::vector<std::thread> waiters;
+  for (int i = 0; i < 100; ++i) {
+    waiters.emplace_back([&, i] {
+      v1::GetRequest get;
+      get.set_key(absl::StrCat("never/", i));
+      get.set_timeout_ms(600000);
+      v1::GetResponse response;
+      const grpc::Status s = call(&v1::Peer::Stub::Get, get, &response, 500);
+      EXPECT_FALSE(s.ok());
+    });
+  }
+  for (std::thread& t : waiters) t.join();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  set.set_value("address");
+  const grpc::Status stored = call(&v1::Peer::Stub::Set, set, &set_response, 5000);
+  EXPECT_TRUE(stored.ok()) << stored.error_code() << " " << stored.error_message();
+  v1::GetRequest get;
+  get.set_key("k");
+  v1::GetResponse got;
+  const grpc::Status s = call(&v1::Peer::Stub::Get, get, &got, 5000);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(got.value(), "address");
+  EXPECT_TRUE(replica.process->Log().find("stopped") == std::string::npos);
 }
 
 }  // namespace

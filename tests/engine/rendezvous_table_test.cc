@@ -5,6 +5,7 @@
 // a peer sends is bounded.
 #include "server/engine/dist/rendezvous_table.h"
 
+#include <atomic>
 #include <future>
 #include <string>
 #include <thread>
@@ -76,6 +77,26 @@ TEST(RendezvousTable, WaitsEndAtTheirTimeout) {
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   // The timed-out rank left no place behind: a later round needs both again.
+  EXPECT_EQ(table.Join("g", 1, 2, "f", absl::Milliseconds(100)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST(RendezvousTable, ACallerThatWentAwayFreesItsPlaceAtOnce) {
+  RendezvousTable table;
+  std::atomic<bool> gone{false};
+  auto waiter = std::async(std::launch::async, [&] {
+    return table.Join("g", 0, 2, "f", kLong, [&gone] { return gone.load(); });
+  });
+  auto getter = std::async(std::launch::async, [&] {
+    return table.Get("g/0/k", kLong, [&gone] { return gone.load(); });
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  const absl::Time start = absl::Now();
+  gone = true;
+  EXPECT_EQ(waiter.get().status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(getter.get().status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  // Its place is free: rank 0 must join again for a round to form.
   EXPECT_EQ(table.Join("g", 1, 2, "f", absl::Milliseconds(100)).status().code(),
             absl::StatusCode::kDeadlineExceeded);
 }

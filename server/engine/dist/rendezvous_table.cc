@@ -10,6 +10,22 @@
 
 namespace ampd::engine::dist {
 
+namespace {
+
+// How often a waiting call looks whether its caller went away.
+constexpr absl::Duration kCancelPoll = absl::Milliseconds(100);
+
+}  // namespace
+
+bool RendezvousTable::WaitFor(const absl::Condition& condition, absl::Time deadline,
+                              const CancelCheck& cancelled) {
+  for (;;) {
+    const absl::Time slice = cancelled ? std::min(deadline, absl::Now() + kCancelPoll) : deadline;
+    if (mu_.AwaitWithDeadline(condition, slice)) return true;
+    if (absl::Now() >= deadline || (cancelled && cancelled())) return false;
+  }
+}
+
 absl::Status RendezvousTable::CheckKey(const std::string& key) const {
   if (key.empty() || key.size() > limits_.max_key_bytes) {
     return absl::InvalidArgumentError(
@@ -56,7 +72,8 @@ void RendezvousTable::DropKeysBefore(const std::string& group, int64_t round) {
 
 absl::StatusOr<int64_t> RendezvousTable::Join(const std::string& group, int32_t rank,
                                               int32_t world_size, const std::string& fingerprint,
-                                              absl::Duration timeout) {
+                                              absl::Duration timeout,
+                                              const CancelCheck& cancelled) {
   if (group.empty() || group.size() > limits_.max_key_bytes / 2 ||
       group.find('/') != std::string::npos) {
     return absl::InvalidArgumentError("group: 1 to 256 bytes without '/' are required");
@@ -106,7 +123,7 @@ absl::StatusOr<int64_t> RendezvousTable::Join(const std::string& group, int32_t 
     return it == g.joined.end() || it->second != ticket;
   };
   ++g.waiters;
-  mu_.AwaitWithDeadline(absl::Condition(&settled), deadline);
+  WaitFor(absl::Condition(&settled), deadline, cancelled);
   --g.waiters;
   if (g.formed_round >= round) return round;
   auto it = g.joined.find(rank);
@@ -116,6 +133,9 @@ absl::StatusOr<int64_t> RendezvousTable::Join(const std::string& group, int32_t 
   }
   const size_t present = g.joined.size();
   g.joined.erase(it);
+  if (cancelled && cancelled()) {
+    return absl::CancelledError(absl::StrCat("rank ", rank, " of group ", group, " went away"));
+  }
   return absl::DeadlineExceededError(
       absl::StrCat(present, " of ", g.world_size, " ranks of group ", group, " met within ",
                    absl::FormatDuration(timeout), "; the others have not joined"));
@@ -136,13 +156,14 @@ absl::Status RendezvousTable::Set(const std::string& key, const std::string& val
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> RendezvousTable::Get(const std::string& key, absl::Duration timeout) {
+absl::StatusOr<std::string> RendezvousTable::Get(const std::string& key, absl::Duration timeout,
+                                                 const CancelCheck& cancelled) {
   if (absl::Status s = CheckKey(key); !s.ok()) return s;
   const absl::Time deadline = absl::Now() + std::min(timeout, limits_.max_wait);
   absl::MutexLock lock(&mu_);
   auto present = [this, &key]()
                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return values_.count(key) == 1; };
-  mu_.AwaitWithDeadline(absl::Condition(&present), deadline);
+  WaitFor(absl::Condition(&present), deadline, cancelled);
   auto it = values_.find(key);
   if (it == values_.end()) {
     return absl::DeadlineExceededError(

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -35,10 +36,16 @@ class RendezvousTable {
   // Rendezvous::Join's contract (dist/rendezvous.h). Aborted for a waiter
   // whose rank joined again from elsewhere (it restarted): the newer one
   // holds the place.
+  // `cancelled` (nullable) is polled while a call waits: a caller that went
+  // away (its RPC cancelled) frees its place and its thread at once rather
+  // than at the timeout. Cancelled is then the result.
+  using CancelCheck = std::function<bool()>;
   absl::StatusOr<int64_t> Join(const std::string& group, int32_t rank, int32_t world_size,
-                               const std::string& fingerprint, absl::Duration timeout);
+                               const std::string& fingerprint, absl::Duration timeout,
+                               const CancelCheck& cancelled = nullptr);
   absl::Status Set(const std::string& key, const std::string& value);
-  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout);
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout,
+                                  const CancelCheck& cancelled = nullptr);
 
  private:
   struct Group {
@@ -54,6 +61,10 @@ class RendezvousTable {
   absl::StatusOr<Group*> FindOrAddGroup(const std::string& group)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropKeysBefore(const std::string& group, int64_t round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until condition holds, the deadline passes or `cancelled` says
+  // so (polled every kCancelPoll); true when the condition holds.
+  bool WaitFor(const absl::Condition& condition, absl::Time deadline, const CancelCheck& cancelled)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Limits limits_;
   absl::Mutex mu_;
