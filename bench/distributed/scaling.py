@@ -16,7 +16,7 @@ as communication; say so beside any figure quoted.
 
 Usage: python3 bench/distributed/scaling.py --ampd build/ci/server/ampd
          --ampctl build/ci/client/ampctl [--ranks 1,2,4] [--steps 60]
-         [--model mlp|gpt] [--threads 1]
+         [--model mlp|ref|gpt] [--threads 1]
 """
 
 import argparse
@@ -45,10 +45,38 @@ def start(ampd, log, threads):
     raise RuntimeError("ampd did not start")
 
 
-def model_flags(model):
+def write_batches(path, rows, width):
+    """A safetensors file of one batch, inputs.0 and targets.0, F32 (rows, width)."""
+    import numpy as np
+    rng = np.random.default_rng(7)
+    tensors = {"inputs.0": rng.standard_normal((rows, width), dtype=np.float32),
+               "targets.0": rng.standard_normal((rows, width), dtype=np.float32)}
+    header, offset = {}, 0
+    for name, t in tensors.items():
+        header[name] = {"dtype": "F32", "shape": list(t.shape),
+                        "data_offsets": [offset, offset + t.nbytes]}
+        offset += t.nbytes
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text)
+        for t in tensors.values():
+            f.write(t.tobytes())
+
+
+def model_flags(model, ranks, tmp):
+    """ampctl flags training `ranks` x one rank's rows a step."""
     if model == "gpt":
-        return ["--layers=gpt:256:64:128:2:4", "--batch-size=8", "--seq-len=64"]
-    return ["--layers=linear:16:512,gelu,linear:512:512,gelu,linear:512:4", "--batch-size=256"]
+        return ["--layers=gpt:256:64:128:2:4", f"--batch-size={8 * ranks}", "--seq-len=64"]
+    if model == "ref":
+        # The engine benchmark's reference MLP: 4 x Linear(1024, 1024), GELU
+        # between, MSE, 256 rows per rank.
+        path = os.path.join(tmp, f"ref-{ranks}.safetensors")
+        write_batches(path, 256 * ranks, 1024)
+        layers = ",gelu,".join(["linear:1024:1024"] * 4)
+        return [f"--layers={layers}", "--loss=mse", f"--batches={path}"]
+    return ["--layers=linear:16:512,gelu,linear:512:512,gelu,linear:512:4",
+            f"--batch-size={256 * ranks}"]
 
 
 def run(args, ranks, tmp):
@@ -61,13 +89,10 @@ def run(args, ranks, tmp):
             procs.append(proc)
             servers.append(address)
             peer0 = peer0 or peer
-        flags = model_flags(args.model)
+        # The batch is split across the ranks: each trains one rank's rows.
+        flags = model_flags(args.model, ranks, tmp)
         if ranks > 1:
-            # The batch is split across the ranks: give each rank --batch-size rows.
-            size = next(int(f.split("=")[1]) for f in flags if f.startswith("--batch-size="))
-            flags = [f for f in flags if not f.startswith("--batch-size=")]
-            flags += [f"--batch-size={size * ranks}", f"--world-size={ranks}",
-                      f"--rendezvous={peer0}"]
+            flags += [f"--world-size={ranks}", f"--rendezvous={peer0}"]
         cmd = [args.ampctl, f"--server={','.join(servers)}", "train", f"--steps={args.steps}",
                "--precision=fp16", "--json", "--seed=7"] + flags
         times, allreduce, wait, last = [], [], [], time.perf_counter()
@@ -98,7 +123,9 @@ def main():
     parser.add_argument("--ampctl", required=True)
     parser.add_argument("--ranks", default="1,2,4")
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--model", choices=["mlp", "gpt"], default="mlp")
+    parser.add_argument("--model", choices=["mlp", "ref", "gpt"], default="mlp",
+                        help="mlp: 16-512-512-4 on the synthetic task; ref: the engine "
+                             "benchmark's 4 x Linear(1024, 1024); gpt: a small GPT")
     parser.add_argument("--threads", type=int, default=1, help="OpenBLAS threads per replica")
     args = parser.parse_args()
     ranks = [int(r) for r in args.ranks.split(",")]
