@@ -50,9 +50,12 @@ struct Replica {
 class DataParallelTest : public ::testing::Test {
  protected:
   // Starts (or restarts) replica r on its fixed ports.
-  // Starts (or restarts, on its gRPC port) a replica.
-  void Start(Replica& replica, const std::string& name) {
-    std::vector<std::string> flags = {"--peer-address=127.0.0.1:0"};
+  // Starts (or restarts, on its gRPC port and, when asked, its peer port)
+  // a replica.
+  void Start(Replica& replica, const std::string& name, bool same_peer_port = false) {
+    std::vector<std::string> flags = {same_peer_port
+                                          ? absl::StrCat("--peer-address=", replica.peer())
+                                          : "--peer-address=127.0.0.1:0"};
     if (replica.port != 0) flags.push_back(absl::StrCat("--listen=", replica.address()));
     flags.insert(flags.end(), replica.extra.begin(), replica.extra.end());
     replica.process =
@@ -200,6 +203,8 @@ class DataParallelTest : public ::testing::Test {
     EXPECT_TRUE(group[static_cast<size_t>(poisoned - 1)].found_inf());
   }
 
+  void KillAndRestart(int killed);
+
   TempDir root_{"ampd_data_parallel_test"};
 };
 
@@ -255,12 +260,22 @@ TEST_F(DataParallelTest, RanksSentDifferentSequencesRefuseTheStepAndStayUsable) 
   EXPECT_EQ(next->global_step(), 2);
 }
 
+// Rank `killed` is SIGKILLed after step 8 and restarted while step 9 is
+// being sent. Both ranks checkpoint every 3 steps, so it comes back at step
+// 6, two steps behind, and must take the other rank's state. Rank 0 is also
+// the group's meeting point: it comes back on the same peer port (its
+// address is in every rank's config), with an empty table the ranks meet
+// at afresh.
 TEST_F(DataParallelTest, AKilledRankRestartsAndEveryAcknowledgedStepIsAppliedOnce) {
+  KillAndRestart(1);
+}
+
+TEST_F(DataParallelTest, KillingRankZeroTheMeetingPointLosesNothingEither) { KillAndRestart(0); }
+
+void DataParallelTest::KillAndRestart(int killed) {
   constexpr int64_t kSteps = 16;
   constexpr int64_t kKillAfter = 8;
   const std::vector<v1::StepResponse> alone = TrainAlone(v1::PRECISION_FP32, 2, kSteps, -1);
-  // Rank 1 checkpoints every 3 steps: killed after step 8 it comes back at
-  // step 6, two steps behind rank 0, and must take rank 0's state.
   std::vector<Replica> replicas = StartReplicas(2, {"--checkpoint-every=3", "--checkpoint-sync"});
   ASSERT_FALSE(HasFatalFailure());
   SyntheticTask task(TaskOptions());
@@ -270,20 +285,22 @@ TEST_F(DataParallelTest, AKilledRankRestartsAndEveryAcknowledgedStepIsAppliedOnc
   std::vector<v1::StepResponse> group;
   for (int64_t i = 1; i <= kSteps; ++i) {
     if (i == kKillAfter + 1) {
-      replicas[1].process->Signal(SIGKILL);
-      replicas[1].process->Wait(std::chrono::seconds(10));
-      // The step is sent while rank 1 is down; it restarts meanwhile.
+      Replica& victim = replicas[static_cast<size_t>(killed)];
+      victim.process->Signal(SIGKILL);
+      victim.process->Wait(std::chrono::seconds(10));
+      // The step is sent while the rank is down; it restarts meanwhile.
       std::vector<std::vector<v1::MicroBatch>> shares = Shares(task.NextBatch(), 2);
       std::future<absl::StatusOr<v1::StepResponse>> pending =
           std::async(std::launch::async, [&] { return (*job)->Step(i, shares); });
       std::this_thread::sleep_for(std::chrono::seconds(2));
-      Start(replicas[1], "rank1-restarted");
+      Start(victim, absl::StrCat("rank", killed, "-restarted"), /*same_peer_port=*/killed == 0);
       ASSERT_FALSE(HasFatalFailure());
       absl::StatusOr<v1::StepResponse> r = pending.get();
-      ASSERT_TRUE(r.ok()) << r.status() << "\n" << replicas[1].process->Log();
+      ASSERT_TRUE(r.ok()) << r.status() << "\n" << victim.process->Log();
       group.push_back(*r);
-      EXPECT_NE(replicas[1].process->Log().find("copied the state of rank 0"), std::string::npos)
-          << replicas[1].process->Log();
+      EXPECT_NE(victim.process->Log().find(absl::StrCat("copied the state of rank ", 1 - killed)),
+                std::string::npos)
+          << victim.process->Log();
       continue;
     }
     absl::StatusOr<v1::StepResponse> r = (*job)->Step(i, Shares(task.NextBatch(), 2));
