@@ -13,6 +13,7 @@
 #include "kernels/backend_factory.h"
 #include "server/engine/host_tensor.h"
 #include "server/engine/jobs/job_config.h"
+#include "server/engine/model/network.h"
 #include "server/engine/trainer/trainer.h"
 
 namespace ampd::engine::testing {
@@ -116,6 +117,36 @@ inline std::string StateDiff(const checkpoint::StateDict& a, const checkpoint::S
   }
   if (compare_metadata && a.metadata != b.metadata) return "metadata";
   return "";
+}
+
+// Backward (first micro-batch) with a GradsReady that copies each reported
+// parameter's gradient when it is reported: every parameter must be
+// reported exactly once, and what was reported must be its final gradient
+// (backward never writes it again), which is what lets a distributed step
+// start summing it then.
+inline void ExpectGradsReadyOnceAndFinal(kernels::Backend& b, model::Network& net,
+                                         model::Workspace& ws) {
+  std::vector<int> reports(net.params().size(), 0);
+  std::vector<std::vector<char>> at_report(net.params().size());
+  const model::Network::GradsReady ready = [&](absl::Span<const int> params) {
+    for (const int p : params) {
+      EXPECT_GE(p, 0);
+      EXPECT_LT(static_cast<size_t>(p), reports.size());
+      ++reports[static_cast<size_t>(p)];
+      const kernels::Tensor& g = net.params()[static_cast<size_t>(p)].grad;
+      at_report[static_cast<size_t>(p)].resize(g.nbytes());
+      EXPECT_TRUE(b.CopyToHost(g, at_report[static_cast<size_t>(p)].data(), g.nbytes()).ok());
+    }
+    return absl::OkStatus();
+  };
+  ASSERT_TRUE(net.Backward(ws, /*first_micro_batch=*/true, ready).ok());
+  for (size_t p = 0; p < reports.size(); ++p) {
+    const model::Parameter& param = net.params()[p];
+    EXPECT_EQ(reports[p], 1) << param.name;
+    std::vector<char> final_bytes(param.grad.nbytes());
+    ASSERT_TRUE(b.CopyToHost(param.grad, final_bytes.data(), final_bytes.size()).ok());
+    EXPECT_TRUE(final_bytes == at_report[p]) << param.name << " was written after it was reported";
+  }
 }
 
 }  // namespace ampd::engine::testing

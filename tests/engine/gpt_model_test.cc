@@ -248,6 +248,7 @@ class GptNet {
     return l;
   }
   absl::Status Backward() { return net_->Backward(*ws_, /*first_micro_batch=*/true); }
+  model::Workspace& workspace() { return *ws_; }
 
  private:
   std::unique_ptr<kernels::Backend> backend_;
@@ -320,6 +321,20 @@ TEST(GptForward, EvalLossIsTheLossAndLeavesGradientsAlone) {
     ASSERT_TRUE(evaluated.ok()) << evaluated.status();
     EXPECT_EQ(*evaluated, *loss) << model::PrecisionName(precision);
     EXPECT_TRUE(GradBytes(m.backend(), m.net()) == before) << model::PrecisionName(precision);
+  }
+}
+
+// Tied and untied heads: every parameter is reported once, when backward
+// has finished it (a tied wte only after the embedding's backward).
+TEST(GptBackward, ReportsEachGradientOnceWhenItIsFinal) {
+  for (const bool tied : {true, false}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    const model::ModelSpec spec = TinyGpt(13, 8, 16, 2, 4, tied);
+    GptNet m(spec, model::Precision::kFp32, 3);
+    ASSERT_TRUE(m.Load(RandomBatch(2, 8, 13, 5)).ok());
+    ASSERT_TRUE(m.net().ZeroGrads().ok());
+    ASSERT_TRUE(m.Loss().ok());
+    testing::ExpectGradsReadyOnceAndFinal(m.backend(), m.net(), m.workspace());
   }
 }
 

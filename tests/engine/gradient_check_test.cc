@@ -69,6 +69,26 @@ std::vector<Case> Cases() {
   return cases;
 }
 
+TEST_P(GradientCheck, ReportsEachGradientOnceWhenItIsFinal) {
+  const Case c = Cases()[static_cast<size_t>(GetParam())];
+  SCOPED_TRACE(c.name);
+  auto backend_or = kernels::CreateBackend("cpu");
+  ASSERT_TRUE(backend_or.ok()) << backend_or.status();
+  kernels::Backend& b = **backend_or;
+  auto model_or = model::Model::Create(c.spec, model::Precision::kFp32, 3, b);
+  ASSERT_TRUE(model_or.ok()) << model_or.status();
+  model::Model& m = **model_or;
+  auto ws_or = m.GetWorkspace(c.inputs.shape[0]);
+  ASSERT_TRUE(ws_or.ok()) << ws_or.status();
+  ASSERT_TRUE(m.LoadBatch(c.inputs, c.targets, **ws_or).ok());
+  auto loss_or = b.Allocate(DType::kF32, {1, 1});
+  ASSERT_TRUE(loss_or.ok());
+  ASSERT_TRUE(m.ZeroGrads().ok());
+  ASSERT_TRUE(m.Forward(**ws_or).ok());
+  ASSERT_TRUE(m.Loss(**ws_or, 1.0f, *loss_or).ok());
+  testing::ExpectGradsReadyOnceAndFinal(b, m, **ws_or);
+}
+
 TEST_P(GradientCheck, AnalyticMatchesCentralDifference) {
   const Case c = Cases()[static_cast<size_t>(GetParam())];
   SCOPED_TRACE(c.name);

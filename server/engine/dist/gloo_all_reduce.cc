@@ -1,11 +1,17 @@
-// GradientAllReduce for host backends: consecutive tensors of one dtype
-// are packed into a staging bucket and summed in one Gloo collective, so a
-// model of many small parameters costs a few round trips rather than one
-// per tensor; a tensor larger than the bucket is summed in place alone.
+// GradientAllReduce for host backends: the tensors a step starts are
+// gathered into buckets of one dtype (up to kBucketSendBytes, then sent) and
+// summed by a thread of the job's own, one Gloo collective per bucket, so
+// the sums of the last layers run while backward computes the first ones. A
+// bucket of several tensors is packed into a staging buffer (allocated here,
+// once); a tensor as large as the buffer is summed in place alone.
 #include <cstring>
+#include <deque>
+#include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 #include "server/engine/dist/gradient_all_reduce.h"
 #include "server/engine/dist/nccl_all_reduce.h"
@@ -17,51 +23,115 @@ namespace {
 class GlooAllReduce final : public GradientAllReduce {
  public:
   GlooAllReduce(ProcessGroup& group, size_t staging_bytes)
-      : group_(group), staging_(staging_bytes) {}
+      : group_(group), staging_(staging_bytes), thread_([this] { Run(); }) {}
 
-  absl::Status Sum(absl::Span<kernels::Tensor* const> tensors) override {
-    size_t i = 0;
-    while (i < tensors.size()) {
-      kernels::Tensor& first = *tensors[i];
-      if (first.nbytes() > staging_.size()) {
-        AMPD_RETURN_IF_ERROR(group_.AllReduceSum(first.data(), first.numel(), first.dtype()));
-        ++i;
-        continue;
+  ~GlooAllReduce() override {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    thread_.join();
+  }
+
+  absl::Status Start(absl::Span<kernels::Tensor* const> tensors) override {
+    for (kernels::Tensor* t : tensors) {
+      if (!open_.empty() &&
+          (t->dtype() != open_.front()->dtype() || open_bytes_ + t->nbytes() > staging_.size())) {
+        Send();
       }
-      // [i, end): the bucket, one dtype, fitting the staging buffer.
-      size_t end = i;
-      size_t bytes = 0;
-      while (end < tensors.size() && tensors[end]->dtype() == first.dtype() &&
-             bytes + tensors[end]->nbytes() <= staging_.size()) {
-        bytes += tensors[end]->nbytes();
-        ++end;
-      }
-      if (end == i + 1) {
-        AMPD_RETURN_IF_ERROR(group_.AllReduceSum(first.data(), first.numel(), first.dtype()));
-        i = end;
-        continue;
-      }
-      size_t offset = 0;
-      for (size_t t = i; t < end; ++t) {
-        std::memcpy(staging_.data() + offset, tensors[t]->data(), tensors[t]->nbytes());
-        offset += tensors[t]->nbytes();
-      }
-      AMPD_RETURN_IF_ERROR(group_.AllReduceSum(
-          staging_.data(), static_cast<int64_t>(bytes / kernels::SizeOf(first.dtype())),
-          first.dtype()));
-      offset = 0;
-      for (size_t t = i; t < end; ++t) {
-        std::memcpy(tensors[t]->data(), staging_.data() + offset, tensors[t]->nbytes());
-        offset += tensors[t]->nbytes();
-      }
-      i = end;
+      open_.push_back(t);
+      open_bytes_ += t->nbytes();
+      if (open_bytes_ >= std::min(kBucketSendBytes, staging_.size())) Send();
     }
     return absl::OkStatus();
   }
 
+  absl::Status Finish() override {
+    Send();
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](GlooAllReduce* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
+          return self->queue_.empty() && !self->busy_;
+        },
+        this));
+    return std::exchange(error_, absl::OkStatus());
+  }
+
  private:
+  using Bucket = std::vector<kernels::Tensor*>;
+
+  // Hands the open bucket to the thread.
+  void Send() {
+    if (open_.empty()) return;
+    absl::MutexLock lock(&mu_);
+    queue_.push_back(std::move(open_));
+    open_.clear();
+    open_bytes_ = 0;
+  }
+
+  void Run() {
+    for (;;) {
+      Bucket bucket;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(
+            +[](GlooAllReduce* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
+              return self->stopping_ || !self->queue_.empty();
+            },
+            this));
+        // Stopping (the group is being dropped): what is queued is not sent.
+        if (stopping_ || queue_.empty()) return;
+        bucket = std::move(queue_.front());
+        queue_.pop_front();
+        busy_ = true;
+      }
+      // After a failure the group is broken: the later buckets are not sent
+      // (they would wait out the timeout again), Finish reports the first.
+      absl::Status s;
+      {
+        absl::MutexLock lock(&mu_);
+        s = error_;
+      }
+      if (s.ok()) s = SumBucket(bucket);
+      absl::MutexLock lock(&mu_);
+      if (error_.ok()) error_ = s;
+      busy_ = false;
+    }
+  }
+
+  absl::Status SumBucket(const Bucket& bucket) {
+    kernels::Tensor& first = *bucket.front();
+    if (bucket.size() == 1) {
+      return group_.AllReduceSum(first.data(), first.numel(), first.dtype());
+    }
+    size_t bytes = 0;
+    for (const kernels::Tensor* t : bucket) {
+      std::memcpy(staging_.data() + bytes, t->data(), t->nbytes());
+      bytes += t->nbytes();
+    }
+    AMPD_RETURN_IF_ERROR(group_.AllReduceSum(
+        staging_.data(), static_cast<int64_t>(bytes / kernels::SizeOf(first.dtype())),
+        first.dtype()));
+    bytes = 0;
+    for (kernels::Tensor* t : bucket) {
+      std::memcpy(t->data(), staging_.data() + bytes, t->nbytes());
+      bytes += t->nbytes();
+    }
+    return absl::OkStatus();
+  }
+
   ProcessGroup& group_;
-  std::vector<char> staging_;
+  std::vector<char> staging_;  // the thread's
+  // The bucket being gathered (the caller's thread only).
+  Bucket open_;
+  size_t open_bytes_ = 0;
+
+  absl::Mutex mu_;
+  std::deque<Bucket> queue_ ABSL_GUARDED_BY(mu_);
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;  // last: it starts once every member above exists
 };
 
 }  // namespace

@@ -233,7 +233,7 @@ absl::Status Model::Loss(Workspace& any, float grad_scale, Tensor& loss) {
   return backend_.MseLoss(pred, ws.targets, spec().loss_multiplier, grad_scale, loss, dpred);
 }
 
-absl::Status Model::Backward(Workspace& any, bool first_micro_batch) {
+absl::Status Model::Backward(Workspace& any, bool first_micro_batch, const GradsReady& ready) {
   AMPD_ASSIGN_OR_RETURN(LayerWorkspace * own, Own<LayerWorkspace>(any));
   LayerWorkspace& ws = *own;
   const float beta = first_micro_batch ? 0.0f : 1.0f;
@@ -274,6 +274,11 @@ absl::Status Model::Backward(Workspace& any, bool first_micro_batch) {
           AMPD_RETURN_IF_ERROR(backend_.ActivationBackward(ActivationOf(l.kind), x, dy, *dx));
         }
         break;
+    }
+    // This layer's parameters are done: their sum can start.
+    if (ready && lp.weight >= 0) {
+      const int done[2] = {lp.weight, lp.bias};
+      AMPD_RETURN_IF_ERROR(ready(absl::MakeConstSpan(done, lp.bias >= 0 ? 2 : 1)));
     }
   }
   return absl::OkStatus();

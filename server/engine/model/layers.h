@@ -70,7 +70,8 @@ class Model final : public Network {
   absl::Status Loss(Workspace& ws, float grad_scale, kernels::Tensor& loss) override;
   // Linear gradients by GEMM with beta = 0 on the first micro-batch;
   // LayerNorm and Embedding gradients always accumulate (+=).
-  absl::Status Backward(Workspace& ws, bool first_micro_batch) override;
+  using Network::Backward;
+  absl::Status Backward(Workspace& ws, bool first_micro_batch, const GradsReady& ready) override;
 
  protected:
   absl::StatusOr<int64_t> BytesFor(const kernels::Shape& input_shape) const override;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -98,7 +99,17 @@ class Network {
   // micro-batch of a step writes GEMM gradients with beta = 0 (no zeroing
   // pass over the largest tensors); later ones accumulate with beta = 1.
   // Gradients that only ever accumulate (+=) are cleared by ZeroGrads.
-  virtual absl::Status Backward(Workspace& ws, bool first_micro_batch) = 0;
+  //
+  // `ready`, when given, is called as backward finishes parameters'
+  // gradients for this micro-batch, with their indices into params() (each
+  // parameter once, in the same order on every run of the same model), so
+  // that a distributed step can start summing them across ranks while
+  // backward goes on; its error ends Backward.
+  using GradsReady = std::function<absl::Status(absl::Span<const int> params)>;
+  virtual absl::Status Backward(Workspace& ws, bool first_micro_batch, const GradsReady& ready) = 0;
+  absl::Status Backward(Workspace& ws, bool first_micro_batch) {
+    return Backward(ws, first_micro_batch, nullptr);
+  }
   // Zeroes the gradients that Loss and Backward accumulate with += whatever
   // the micro-batch; call once at step start.
   absl::Status ZeroGrads();

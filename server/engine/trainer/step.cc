@@ -190,6 +190,28 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   AMPD_RETURN_IF_ERROR(b.Fill(m.norm_sq, 0.0f));
   AMPD_RETURN_IF_ERROR(b.Fill(m.max_abs, 0.0f));
 
+  // A distributed step starts summing each parameter's gradient as the last
+  // micro-batch's backward finishes it, so the sums overlap the rest of the
+  // backward pass; whatever is still running, or a model did not report, is
+  // started and finished right after it. A step that ends early still
+  // finishes what it started (SumsInFlight), so no collective outlives it.
+  dist::GradientAllReduce* const all_reduce =
+      data_parallel != nullptr ? data_parallel->all_reduce : nullptr;
+  SumsInFlight in_flight{all_reduce};
+  model::Network::GradsReady ready;
+  if (all_reduce != nullptr) {
+    std::fill(m.grad_started.begin(), m.grad_started.end(), 0);
+    ready = [&m, all_reduce](absl::Span<const int> params) -> absl::Status {
+      m.ready_grads.clear();
+      for (const int p : params) {
+        if (m.grad_started[static_cast<size_t>(p)] != 0) continue;
+        m.grad_started[static_cast<size_t>(p)] = 1;
+        m.ready_grads.push_back(m.grads[static_cast<size_t>(p)]);
+      }
+      return all_reduce->Start(m.ready_grads);
+    };
+  }
+
   for (int64_t i = 0; i < local_k; ++i) {
     const MicroBatch& mb = input.micro_batches[static_cast<size_t>(i)];
     report.samples += mb.inputs.shape[0];
@@ -200,15 +222,23 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
     AMPD_RETURN_IF_ERROR(net.Loss(*ws, grad_scale, m.loss));
     AMPD_RETURN_IF_ERROR(b.Add(m.loss, m.loss_sum));
     const Clock::time_point t1 = Clock::now();
-    AMPD_RETURN_IF_ERROR(net.Backward(*ws, /*first_micro_batch=*/i == 0));
+    const bool last = i == local_k - 1;
+    AMPD_RETURN_IF_ERROR(net.Backward(*ws, /*first_micro_batch=*/i == 0,
+                                      last ? ready : model::Network::GradsReady()));
     const Clock::time_point t2 = Clock::now();
     report.seconds.forward += Seconds(t0, t1);
     report.seconds.backward += Seconds(t1, t2);
   }
 
-  if (data_parallel != nullptr) {
+  if (all_reduce != nullptr) {
+    // The communication backward did not hide: what a rank waits here.
     const Clock::time_point t0 = Clock::now();
-    AMPD_RETURN_IF_ERROR(data_parallel->all_reduce->Sum(m.grads));
+    m.ready_grads.clear();
+    for (size_t p = 0; p < m.grads.size(); ++p) {
+      if (m.grad_started[p] == 0) m.ready_grads.push_back(m.grads[p]);
+    }
+    AMPD_RETURN_IF_ERROR(all_reduce->Start(m.ready_grads));
+    AMPD_RETURN_IF_ERROR(in_flight.Finish());
     report.seconds.allreduce += Seconds(t0, Clock::now());
   }
 

@@ -76,6 +76,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     impl->const_grads.push_back(&p.grad);
   }
   impl->optimizer.Bind(impl->refs);
+  impl->ready_grads.reserve(impl->grads.size());
+  impl->grad_started.assign(impl->grads.size(), 0);
 
   for (Tensor* t : {&impl->loss, &impl->loss_sum, &impl->found_inf, &impl->norm_sq, &impl->max_abs,
                     &impl->no_inf}) {

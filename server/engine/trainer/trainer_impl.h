@@ -34,6 +34,10 @@ struct Trainer::Impl {
   std::vector<kernels::ParamRef> refs;
   std::vector<kernels::Tensor*> grads;
   std::vector<const kernels::Tensor*> const_grads;
+  // A distributed step's scratch (sized once, at creation): the gradients
+  // backward just finished, and which have been started summing.
+  std::vector<kernels::Tensor*> ready_grads;
+  std::vector<char> grad_started;
 
   kernels::Tensor loss;       // (1, 1) F32, one micro-batch's loss
   kernels::Tensor loss_sum;   // (1, 1) F32, sum of the step's micro-batch losses
@@ -60,6 +64,18 @@ struct Trainer::Impl {
 // naming micro_batches[i].inputs / .targets.
 absl::Status CheckMicroBatchesFitModel(const model::ModelSpec& spec,
                                        const std::vector<MicroBatch>& micro_batches);
+
+// The gradient sums a distributed step started: Finish waits for them;
+// a step that returns early (an error) finishes them on the way out, so no
+// collective of this step is still running when the next one starts.
+struct SumsInFlight {
+  dist::GradientAllReduce* all_reduce;  // nullptr: not a distributed step
+  absl::Status Finish() {
+    dist::GradientAllReduce* const finishing = std::exchange(all_reduce, nullptr);
+    return finishing != nullptr ? finishing->Finish() : absl::OkStatus();
+  }
+  ~SumsInFlight() { (void)Finish(); }
+};
 
 // Frees a step's or an evaluation's workspaces when it ends, whatever its
 // outcome, when they exceed Trainer::kMaxCachedWorkspaceBytes.

@@ -11,7 +11,7 @@ namespace ampd::engine::model {
 
 using kernels::Tensor;
 
-absl::Status GptModel::Backward(Workspace& any, bool first_micro_batch) {
+absl::Status GptModel::Backward(Workspace& any, bool first_micro_batch, const GradsReady& ready) {
   AMPD_ASSIGN_OR_RETURN(GptWorkspace * own, Own<GptWorkspace>(any));
   GptWorkspace& ws = *own;
   kernels::Backend& b = backend_;
@@ -26,6 +26,12 @@ absl::Status GptModel::Backward(Workspace& any, bool first_micro_batch) {
   AMPD_RETURN_IF_ERROR(b.LayerNormBackward(ws.x.back(), &value(ln_f_weight_), ws.mean_f, ws.rstd_f,
                                            ws.d_ln, ws.d_res, &grad(ln_f_weight_),
                                            &grad(ln_f_bias_)));
+  // ln_f is done, and an untied LM head (its gradient came from Loss); a
+  // tied head's is wte's, done only after the embedding's backward.
+  if (ready) {
+    const int done[3] = {ln_f_weight_, ln_f_bias_, lm_head_};
+    AMPD_RETURN_IF_ERROR(ready(absl::MakeConstSpan(done, lm_head_ >= 0 ? 3 : 2)));
+  }
   for (size_t l = blocks_.size(); l-- > 0;) {
     const BlockParams& p = blocks_[l];
     GptWorkspace::Block& s = ws.blocks[l];
@@ -63,13 +69,25 @@ absl::Status GptModel::Backward(Workspace& any, bool first_micro_batch) {
                                              ws.d_ln, ws.d_tmp, &grad(p.ln_1_weight),
                                              &grad(p.ln_1_bias)));
     AMPD_RETURN_IF_ERROR(b.Add(ws.d_tmp, ws.d_res));
+    if (ready) {
+      const int done[12] = {p.ln_1_weight, p.ln_1_bias,        p.c_attn_weight,
+                            p.c_attn_bias, p.attn_proj_weight, p.attn_proj_bias,
+                            p.ln_2_weight, p.ln_2_bias,        p.c_fc_weight,
+                            p.c_fc_bias,   p.mlp_proj_weight,  p.mlp_proj_bias};
+      AMPD_RETURN_IF_ERROR(ready(done));
+    }
   }
   // d_res = dL/dx_0: scatter into wte's rows, and the sum over the batch
   // into wpe's first T rows (both accumulate; ZeroGrads cleared them).
   AMPD_RETURN_IF_ERROR(b.EmbeddingBackward(ws.ids, ws.d_res, grad(wte_)));
   AMPD_ASSIGN_OR_RETURN(const Tensor d_rows, ws.d_res.View(0, {ws.batch, ws.seq * c}));
   AMPD_ASSIGN_OR_RETURN(Tensor d_positions, grad(wpe_).View(0, {ws.seq * c}));
-  return b.BiasGrad(d_rows, 1.0f, d_positions);
+  AMPD_RETURN_IF_ERROR(b.BiasGrad(d_rows, 1.0f, d_positions));
+  if (ready) {
+    const int done[2] = {wte_, wpe_};
+    AMPD_RETURN_IF_ERROR(ready(done));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace ampd::engine::model

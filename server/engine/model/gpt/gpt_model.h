@@ -84,7 +84,8 @@ class GptModel final : public Network {
   absl::Status Loss(Workspace& ws, float grad_scale, kernels::Tensor& loss) override;
   // The head's logits and cross-entropy only: no dh, no head gradient.
   absl::Status EvalLoss(Workspace& ws, kernels::Tensor& loss) override;
-  absl::Status Backward(Workspace& ws, bool first_micro_batch) override;
+  using Network::Backward;
+  absl::Status Backward(Workspace& ws, bool first_micro_batch, const GradsReady& ready) override;
 
   // Accepts Hugging Face's variants of the names: without the
   // "transformer." prefix, the attn.bias / attn.masked_bias buffers (dropped)
