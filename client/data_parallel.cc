@@ -51,7 +51,11 @@ absl::StatusOr<std::vector<T>> UntilEveryRankAnswers(int world_size, absl::Durat
       if (results[r].ok()) continue;
       const absl::Status& s = results[r].status();
       if (first_error.ok()) {
+        // Named by call and rank, its ErrorInfo (the payload) kept.
         first_error = absl::Status(s.code(), absl::StrCat(what, ": rank ", r, ": ", s.message()));
+        s.ForEachPayload([&first_error](absl::string_view url, const absl::Cord& payload) {
+          first_error.SetPayload(url, payload);
+        });
       }
       if (!Retryable(s)) retry = false;
     }

@@ -326,6 +326,36 @@ void DataParallelTest::KillAndRestart(int killed) {
   }
 }
 
+TEST_F(DataParallelTest, AStateLoadedIntoOneRankIsRefusedUntilEveryRankHasIt) {
+  std::vector<Replica> replicas = StartReplicas(2);
+  ASSERT_FALSE(HasFatalFailure());
+  SyntheticTask task(TaskOptions());
+  absl::StatusOr<std::unique_ptr<DataParallelJob>> job =
+      DataParallelJob::Create(Request(task, v1::PRECISION_FP32), Options(replicas));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE((*job)->Step(1, Shares(task.NextBatch(), 2)).ok());
+  // A state from elsewhere: rank 0's after one more step.
+  std::unique_ptr<Client> c0 = Client::Connect(replicas[0].address());
+  std::unique_ptr<Client> c1 = Client::Connect(replicas[1].address());
+  absl::StatusOr<std::string> before = c0->GetStateDict((*job)->jobs()[0].job_id());
+  ASSERT_TRUE((*job)->Step(2, Shares(task.NextBatch(), 2)).ok());
+  ASSERT_TRUE(before.ok());
+  ASSERT_TRUE(c0->LoadStateDict((*job)->jobs()[0].job_id(), *before).ok());
+  absl::StatusOr<v1::StepResponse> refused = (*job)->Step(3, Shares(task.NextBatch(), 2));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  std::optional<google::rpc::ErrorInfo> info = ErrorInfoOf(refused.status());
+  ASSERT_TRUE(info.has_value()) << refused.status();
+  EXPECT_EQ(info->reason(), "REPLICAS_DIFFER");
+  EXPECT_NE(refused.status().message().find("different states"), std::string::npos)
+      << refused.status();
+  // The same state into rank 1 too: the group forms and trains on.
+  ASSERT_TRUE(c1->LoadStateDict((*job)->jobs()[1].job_id(), *before).ok());
+  absl::StatusOr<v1::StepResponse> next = (*job)->Step(3, Shares(task.NextBatch(), 2));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->global_step(), 3);
+}
+
 TEST_F(DataParallelTest, AServerWithoutPeerAddressRefusesDistributedJobs) {
   AmpdProcess plain(AMPD_SERVER_BINARY, {}, root_.path() / "plain.log");
   ASSERT_NE(plain.port(), 0) << plain.Describe();
