@@ -8,6 +8,7 @@
 #include <array>
 #include <cmath>
 #include <exception>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -105,6 +106,9 @@ struct ServerMetrics::JobSeries {
   Counter* evaluations = nullptr;
   Histogram* evaluate_seconds = nullptr;
   Gauge* eval_loss ABSL_GUARDED_BY(mu) = nullptr;  // created on the first evaluation
+  // Per-layer loss scales, one per layer group, created on the first step
+  // that reports them.
+  std::vector<Gauge*> loss_scale_layer ABSL_GUARDED_BY(mu);
 };
 
 ServerMetrics::ServerMetrics()
@@ -198,6 +202,14 @@ ServerMetrics::ServerMetrics()
                      .Help("Unscaled fp32 loss of the job's last evaluation, mean over its "
                            "micro-batches; absent until one.")
                      .Register(*registry_)),
+      loss_scale_layer_(
+          BuildGauge()
+              .Name("ampd_loss_scale_layer")
+              .Help("Per-layer loss scales (adaptive with per_layer_scales): layer group "
+                    "layer's scale S_g after the job's last step; the group the loss gradient "
+                    "starts in is the last, whose scale is ampd_loss_scale. At most 32 groups, "
+                    "so the layer label takes at most 32 values per job.")
+              .Register(*registry_)),
       jobs_family_(BuildGauge()
                        .Name("ampd_jobs")
                        .Help("Training jobs the server holds.")
@@ -323,6 +335,18 @@ void ServerMetrics::OnStep(const std::string& job_id, const engine::StepReport& 
   if (report.samples > 0) series->samples->Increment(static_cast<double>(report.samples));
   if (series->learning_rate == nullptr) series->learning_rate = &learning_rate_.Add(series->labels);
   series->learning_rate->Set(report.learning_rate);
+  // Bounded cardinality: the engine refuses more groups than this, and a
+  // report with more exports the first kMaxLayerScaleGroups.
+  const size_t layers = std::min(report.scaler.layer_scales_after.size(),
+                                 static_cast<size_t>(engine::amp::kMaxLayerScaleGroups));
+  for (size_t g = series->loss_scale_layer.size(); g < layers; ++g) {
+    prometheus::Labels labels = series->labels;
+    labels.emplace("layer", std::to_string(g));
+    series->loss_scale_layer.push_back(&loss_scale_layer_.Add(labels));
+  }
+  for (size_t g = 0; g < layers; ++g) {
+    series->loss_scale_layer[g]->Set(report.scaler.layer_scales_after[g]);
+  }
 }
 
 void ServerMetrics::OnEvaluate(const std::string& job_id, const engine::EvaluateReport& report) {
@@ -360,6 +384,7 @@ void ServerMetrics::RemoveSeries(JobSeries& series) {
   evaluations_.Remove(series.evaluations);
   evaluate_duration_.Remove(series.evaluate_seconds);
   if (series.eval_loss != nullptr) eval_loss_.Remove(series.eval_loss);
+  for (Gauge* g : series.loss_scale_layer) loss_scale_layer_.Remove(g);
 }
 
 void ServerMetrics::OnJobDeleted(const std::string& job_id) {

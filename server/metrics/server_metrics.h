@@ -104,6 +104,8 @@ class ServerMetrics final : public engine::JobObserver {
   prometheus::Family<prometheus::Counter>& evaluations_;
   prometheus::Family<prometheus::Histogram>& evaluate_duration_;
   prometheus::Family<prometheus::Gauge>& eval_loss_;
+  // Per job and layer group (label layer="0".."31"): per-layer loss scales.
+  prometheus::Family<prometheus::Gauge>& loss_scale_layer_;
 
   // Server-wide.
   prometheus::Family<prometheus::Gauge>& jobs_family_;

@@ -210,8 +210,9 @@ struct ScalerUpdate {
   bool growth_deferred = false;
   ScalerCounters counters;  // after the update
   // Per-layer scales: every group's S_g before and after (empty otherwise).
-  std::vector<float> layer_scales_before;
-  std::vector<float> layer_scales_after;
+  // Brace-initialised so that designated initializers may leave them out.
+  std::vector<float> layer_scales_before{};
+  std::vector<float> layer_scales_after{};
 };
 
 // state_dict values: scales are float32 values, counters integers and flags
