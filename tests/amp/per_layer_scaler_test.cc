@@ -2,8 +2,8 @@
 // config's checks, calibration of each group from its own max|g|, each
 // group's growth and deferral from its own statistics, which group backs
 // off on an overflow (the highest one whose max is inf, or every group when
-// none is), the shared skip, and the state dict's per-group keys (round
-// trip, and every inconsistent state refused with nothing half loaded).
+// none is) or before one (past half its margin), the shared skip, and the state dict's per-group
+// keys (round trip, and every inconsistent state refused with nothing half loaded).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -169,6 +169,24 @@ TEST(PerLayerBackoff, TheHighestGroupWithAnInfMaxBacksOffAndEveryGroupSkips) {
   EXPECT_TRUE(u.skipped);
   EXPECT_EQ(u.layer_scales_after, (std::vector<float>{8388608, 2048, 128}));
   EXPECT_EQ(s.scale(), 128.0f);
+}
+
+// A group whose gradients grew through half its margin backs off before
+// they overflow, straight to its calibrated scale, and the step is applied;
+// within half the margin nothing moves.
+TEST(PerLayerBackoff, AGroupPastHalfItsMarginBacksOffWithoutSkipping) {
+  GradScaler s = Calibrated();  // 2^24, 8192, 256
+  // Group 1: 1.5 * 8192 = 12288 is past 8188 (growth's limit) but within
+  // 16376 (half the margin): kept. 3 * 8192 = 24576 is past both.
+  ScalerUpdate u = Step(s, Layers({std::ldexp(1.0f, -30), 1.5f, 16.0f}));
+  EXPECT_EQ(u.layer_scales_after, (std::vector<float>{16777216, 8192, 256}));
+  u = Step(s, Layers({std::ldexp(1.0f, -30), 3.0f, 16.0f}));
+  EXPECT_FALSE(u.skipped);
+  EXPECT_TRUE(u.backed_off);
+  EXPECT_EQ(u.layer_scales_after[1], CalibratedScale(3.0f, PerLayer()));
+  EXPECT_EQ(u.layer_scales_after[1], 2048.0f);
+  EXPECT_EQ(u.layer_scales_after[0], 16777216.0f);
+  EXPECT_EQ(u.layer_scales_after[2], 256.0f);
 }
 
 TEST(PerLayerState, RoundTripsUnderScalerLayerKeys) {

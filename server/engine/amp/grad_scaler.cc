@@ -986,7 +986,20 @@ void GradScaler::UpdateAdaptiveLayers(const StepGradStats& stats, ScalerUpdate& 
       std::optional<double> underflow;
       if (g < stats.layer_max_abs.size()) max_abs = stats.layer_max_abs[g];
       if (g < stats.layer_underflow_fraction.size()) underflow = stats.layer_underflow_fraction[g];
-      if (AdaptiveCleanStep(max_abs, underflow, layers_[g].scale, layers_[g].growth_tracker)) {
+      LayerScale& layer = layers_[g];
+      // Half the margin: a growth leaves max|g| * S within the limit, so
+      // only gradients that doubled since bring the group back here.
+      const int64_t half_margin = std::max<int64_t>(0, config_.overflow_margin_log2 - 1);
+      if (max_abs.has_value() && !FitsMargin(*max_abs, layer.scale, half_margin)) {
+        // The group's gradients have grown through half its margin: back
+        // off now, to the scale calibration would pick, before they
+        // overflow (the header says why groups do and the job-wide scale
+        // does not).
+        layer.scale = std::min(layer.scale, CalibratedScale(*max_abs, config_));
+        layer.growth_tracker = 0;
+        continue;
+      }
+      if (AdaptiveCleanStep(max_abs, underflow, layer.scale, layer.growth_tracker)) {
         ++growths_deferred_;
         update.growth_deferred = true;
       }

@@ -76,6 +76,15 @@
 //    group's growth tracker restarts on a skipped step.
 //  - scale() is S_{G-1}, the scale the loss gradient carries; grew and
 //    backed_off in ScalerUpdate say whether any group's scale did.
+//  - A group also backs off on a clean step whose max|g| * S_g has used
+//    half the overflow margin (it exceeds 65504 / 2^(margin - 1), twice
+//    the limit growth respects, so growth and this backoff never chase
+//    each other), straight to the scale calibration would pick from that
+//    max (no step is skipped). A group's gradients drift much
+//    faster than a whole model's largest ones: they scale with the weights
+//    of every group after it, and a weight near zero grows by orders of
+//    magnitude under Adam's first updates. Without it each doubling of a
+//    group's range costs a skipped step.
 //  - growths_deferred counts deferrals of every group.
 //  - At most kMaxLayerScaleGroups groups (bounded metric label cardinality).
 //  - init_scale, growth_factor, backoff_factor, min_scale and max_scale

@@ -97,6 +97,23 @@ std::vector<int> Model::ParamScaleGroups() const {
   return groups;
 }
 
+std::vector<Tensor*> Model::GroupEntryGradients(Workspace& any) const {
+  absl::StatusOr<LayerWorkspace*> own = Own<LayerWorkspace>(any);
+  if (!own.ok()) return {};
+  LayerWorkspace& ws = **own;
+  std::vector<Tensor*> entries(static_cast<size_t>(LayerScaleGroups(spec())), nullptr);
+  entries.back() = &ws.grads.back();  // (N, out) the loss gradient
+  for (size_t i = 1; i < layer_group_.size(); ++i) {
+    const int g = layer_group_[i];
+    // Layer i's dx (N, in), grads[i], is group g - 1's entry when layer i
+    // starts group g.
+    if (spec().layers[i].kind == LayerKind::kLinear && g > 0) {
+      entries[static_cast<size_t>(g - 1)] = &ws.grads[i];
+    }
+  }
+  return entries;
+}
+
 absl::Status Model::SetGroupScales(absl::Span<const float> scales) {
   if (static_cast<int64_t>(scales.size()) != LayerScaleGroups(spec())) {
     return absl::InvalidArgumentError(absl::StrCat("per_layer_scales: ", scales.size(),

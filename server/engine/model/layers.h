@@ -77,6 +77,7 @@ class Model final : public Network {
   absl::Status Backward(Workspace& ws, bool first_micro_batch) override;
 
   std::vector<int> ParamScaleGroups() const override;
+  std::vector<kernels::Tensor*> GroupEntryGradients(Workspace& ws) const override;
   absl::Status SetGroupScales(absl::Span<const float> scales) override;
 
  protected:

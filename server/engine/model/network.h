@@ -125,6 +125,16 @@ class Network {
   // device). InvalidArgument unless there is one scale per group;
   // Unimplemented for a kind without groups.
   virtual absl::Status SetGroupScales(absl::Span<const float> scales);
+  // The activation gradient each group's backward starts from, in ws after
+  // Backward (group g at index g): the loss gradient for the last group,
+  // and for the others the gradient the next group's first layer passed
+  // down, already at this group's scale. Per-layer scales check them with
+  // the group's parameter gradients, so that a group's max|g| also bounds
+  // what flows through it. Empty for a kind without groups.
+  virtual std::vector<kernels::Tensor*> GroupEntryGradients(Workspace& ws) const {
+    (void)ws;
+    return {};
+  }
 
  protected:
   // How a master starts: draws (fill, whose stream AddParameter sets to the

@@ -46,6 +46,7 @@ absl::Status Trainer::Impl::CalibrateLossScale(const StepInput& input,
     AMPD_RETURN_IF_ERROR(model->Forward(*ws));
     AMPD_RETURN_IF_ERROR(model->Loss(*ws, 1.0f / static_cast<float>(global_k), loss));
     AMPD_RETURN_IF_ERROR(model->Backward(*ws, /*first_micro_batch=*/i == 0));
+    if (per_layer) AMPD_RETURN_IF_ERROR(CheckGroupEntries(*ws));
   }
   if (data_parallel != nullptr) AMPD_RETURN_IF_ERROR(data_parallel->all_reduce->Sum(grads));
   for (ScaleGroup& g : groups) {

@@ -37,7 +37,11 @@
 // norm shared (the norm is the global one clipping needs), max|g| and the
 // histogram per group, all still in the one ReadBack. The bytes per
 // parameter below are unchanged: each gradient is still read once by the
-// check and once by the update.
+// check and once by the update. Each micro-batch's backward also leaves
+// every group's entry gradient (the loss gradient, or what the next group
+// passed down), which joins the group's check (CheckGroupEntries): one read
+// of those activations, so that a group's max|g|, from which its scale is
+// calibrated and grown, bounds what flows through the group too.
 // An adaptive-scaler job's first step (and its first after a state without
 // scaler keys was loaded) first runs CalibrateLossScale (calibrate.cc): one
 // extra forward and backward at S = 1 and one small read, so that the step
@@ -146,6 +150,18 @@ absl::Status Trainer::Impl::AdmitWorkspaces(const std::vector<MicroBatch>& micro
   return absl::OkStatus();
 }
 
+absl::Status Trainer::Impl::CheckGroupEntries(model::Workspace& ws) {
+  const std::vector<Tensor*> entries = model->GroupEntryGradients(ws);
+  for (size_t g = 0; g < entries.size() && g < groups.size(); ++g) {
+    if (entries[g] == nullptr) continue;
+    const float inv_scale = static_cast<float>(1.0 / static_cast<double>(group_scales[g]));
+    AMPD_RETURN_IF_ERROR(backend->UnscaleAndCheck(absl::MakeSpan(&entries[g], 1), inv_scale,
+                                                  /*in_place=*/false, found_inf,
+                                                  /*norm_sq=*/nullptr, &groups[g].max_abs));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckStepInput(const StepInput& input) {
   if (input.micro_batches.empty()) {
     return absl::InvalidArgumentError("micro_batches: at least one micro-batch is required");
@@ -229,6 +245,7 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
     AMPD_RETURN_IF_ERROR(b.Add(m.loss, m.loss_sum));
     const Clock::time_point t1 = Clock::now();
     AMPD_RETURN_IF_ERROR(net.Backward(*ws, /*first_micro_batch=*/i == 0));
+    if (per_layer) AMPD_RETURN_IF_ERROR(m.CheckGroupEntries(*ws));
     const Clock::time_point t2 = Clock::now();
     report.seconds.forward += Seconds(t0, t1);
     report.seconds.backward += Seconds(t1, t2);
