@@ -201,7 +201,8 @@ struct StepGradStats {
   // fp16-subnormal, from a sampled histogram; absent on unsampled steps.
   std::optional<double> underflow_fraction;
   // Per-layer scales: max_abs and underflow_fraction of each group's own
-  // gradients (group g at index g; empty when not measured).
+  // gradients (group g at index g; empty when not measured). The max also
+  // covers the gradient entering the group (the step's CheckGroupEntries).
   std::vector<float> layer_max_abs;
   std::vector<double> layer_underflow_fraction;
 };
