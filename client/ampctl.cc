@@ -26,6 +26,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/batch_file.h"
 #include "client/client.h"
@@ -87,6 +88,9 @@ ABSL_FLAG(std::optional<int64_t>, overflow_margin_log2, std::nullopt,
           "adaptive: keep max|g| * scale * growth_factor <= 65504 / 2^this");
 ABSL_FLAG(std::optional<double>, underflow_threshold, std::nullopt,
           "adaptive: grow early above this fraction of zero or fp16-subnormal gradients");
+ABSL_FLAG(bool, per_layer_scales, false,
+          "adaptive: one loss scale per layer group of a layer-stack model (each Linear with "
+          "the layers after it) instead of one per job");
 ABSL_FLAG(std::optional<bool>, dynamic, std::nullopt,
           "Dynamic scaling (false: a static scale that still skips non-finite steps)");
 ABSL_FLAG(std::optional<bool>, scaling, std::nullopt,
@@ -221,6 +225,7 @@ absl::StatusOr<ampd::v1::CreateJobRequest> BuildCreateRequest(const ampd::v1::Mo
   if (auto v = absl::GetFlag(FLAGS_scaling)) s->set_enabled(*v);
   if (auto v = absl::GetFlag(FLAGS_overflow_margin_log2)) s->set_overflow_margin_log2(*v);
   if (auto v = absl::GetFlag(FLAGS_underflow_threshold)) s->set_underflow_threshold(*v);
+  if (absl::GetFlag(FLAGS_per_layer_scales)) s->set_per_layer_scales(true);
   return request;
 }
 
@@ -314,12 +319,19 @@ absl::StatusOr<TrainData> PrepareTrainData() {
 
 void PrintStep(const std::string& job_id, const ampd::v1::StepResponse& r, bool json) {
   const double ms = r.timings().total_seconds() * 1e3;
+  // Per-layer scales only: each layer group's scale after the step.
+  std::vector<std::string> layers;
+  for (const float s : r.layer_scales_after()) {
+    layers.push_back(json ? JsonNumber(s) : absl::StrFormat("%g", s));
+  }
   if (json) {
+    const std::string layer_field =
+        layers.empty() ? "" : absl::StrCat(",\"layer_scales\":[", absl::StrJoin(layers, ","), "]");
     std::printf(
         "{\"job_id\":\"%s\",\"step\":%lld,\"loss\":%s,\"loss_scale\":%s,\"scale_before\":%s,"
         "\"skipped\":%s,\"found_inf\":%s,\"growth_deferred\":%s,\"grad_norm\":%s,"
         "\"applied_steps\":%lld,\"learning_rate\":%s,\"ms\":%s,\"allreduce_ms\":%s,"
-        "\"wait_ms\":%s}\n",
+        "\"wait_ms\":%s%s}\n",
         job_id.c_str(), static_cast<long long>(r.global_step()), JsonNumber(r.loss()).c_str(),
         JsonNumber(r.scale_after()).c_str(), JsonNumber(r.scale_before()).c_str(),
         r.skipped() ? "true" : "false", r.found_inf() ? "true" : "false",
@@ -327,7 +339,7 @@ void PrintStep(const std::string& job_id, const ampd::v1::StepResponse& r, bool 
         r.has_grad_norm() ? JsonNumber(r.grad_norm()).c_str() : "null",
         static_cast<long long>(r.applied_steps()), JsonNumber(r.learning_rate()).c_str(),
         JsonNumber(ms).c_str(), JsonNumber(r.timings().allreduce_seconds() * 1e3).c_str(),
-        JsonNumber(r.timings().wait_seconds() * 1e3).c_str());
+        JsonNumber(r.timings().wait_seconds() * 1e3).c_str(), layer_field.c_str());
   } else {
     std::string scale = absl::StrFormat("%g", r.scale_after());
     if (r.scale_after() != r.scale_before()) {
@@ -338,6 +350,8 @@ void PrintStep(const std::string& job_id, const ampd::v1::StepResponse& r, bool 
                 r.skipped() ? "SKIPPED (overflow)" : "applied           ",
                 r.has_grad_norm() ? absl::StrFormat("%.4g", r.grad_norm()).c_str() : "-",
                 r.learning_rate(), ms);
+    if (!layers.empty())
+      std::printf("           layer scales %s\n", absl::StrJoin(layers, " ").c_str());
   }
   std::fflush(stdout);
 }

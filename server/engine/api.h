@@ -89,7 +89,8 @@ struct StepReport {
   amp::ScalerUpdate scaler;        // scale before/after, found_inf, skipped, grew, backed_off
   std::optional<float> grad_norm;  // L2 of unscaled grads (before clipping): every applied
                                    // step, and skipped ones when clipping
-  float grad_max_abs = 0;          // max |g| of the unscaled grads (inf when they overflowed)
+  float grad_max_abs = 0;          // max |g| of the unscaled grads (inf when they overflowed);
+                                   // with per-layer scales, also of the groups' entry gradients
   PhaseSeconds seconds;
   int64_t samples = 0;                  // rows over all micro-batches
   std::vector<int64_t> grad_histogram;  // kGradHistogramBins counts, when sampled

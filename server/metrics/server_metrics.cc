@@ -8,6 +8,7 @@
 #include <array>
 #include <cmath>
 #include <exception>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -115,6 +116,9 @@ struct ServerMetrics::JobSeries {
   Counter* formations_kept ABSL_GUARDED_BY(mu) = nullptr;    // copied_state="false"
   Gauge* rank ABSL_GUARDED_BY(mu) = nullptr;                 // only when the config was seen
   Gauge* world_size ABSL_GUARDED_BY(mu) = nullptr;           // likewise
+  // Per-layer loss scales, one per layer group, created on the first step
+  // that reports them.
+  std::vector<Gauge*> loss_scale_layer ABSL_GUARDED_BY(mu);
 };
 
 ServerMetrics::ServerMetrics()
@@ -227,6 +231,14 @@ ServerMetrics::ServerMetrics()
                                   .Name("ampd_distributed_world_size")
                                   .Help("Ranks in the distributed job's group.")
                                   .Register(*registry_)),
+      loss_scale_layer_(
+          BuildGauge()
+              .Name("ampd_loss_scale_layer")
+              .Help("Per-layer loss scales (adaptive with per_layer_scales): layer group "
+                    "layer's scale S_g after the job's last step; the group the loss gradient "
+                    "starts in is the last, whose scale is ampd_loss_scale. At most 32 groups, "
+                    "so the layer label takes at most 32 values per job.")
+              .Register(*registry_)),
       jobs_family_(BuildGauge()
                        .Name("ampd_jobs")
                        .Help("Training jobs the server holds.")
@@ -392,6 +404,18 @@ void ServerMetrics::OnStep(const std::string& job_id, const engine::StepReport& 
   if (report.samples > 0) series->samples->Increment(static_cast<double>(report.samples));
   if (series->learning_rate == nullptr) series->learning_rate = &learning_rate_.Add(series->labels);
   series->learning_rate->Set(report.learning_rate);
+  // Bounded cardinality: the engine refuses more groups than this, and a
+  // report with more exports the first kMaxLayerScaleGroups.
+  const size_t layers = std::min(report.scaler.layer_scales_after.size(),
+                                 static_cast<size_t>(engine::amp::kMaxLayerScaleGroups));
+  for (size_t g = series->loss_scale_layer.size(); g < layers; ++g) {
+    prometheus::Labels labels = series->labels;
+    labels.emplace("layer", std::to_string(g));
+    series->loss_scale_layer.push_back(&loss_scale_layer_.Add(labels));
+  }
+  for (size_t g = 0; g < layers; ++g) {
+    series->loss_scale_layer[g]->Set(report.scaler.layer_scales_after[g]);
+  }
 }
 
 void ServerMetrics::OnEvaluate(const std::string& job_id, const engine::EvaluateReport& report) {
@@ -446,6 +470,7 @@ void ServerMetrics::RemoveSeries(JobSeries& series) {
   }
   if (series.rank != nullptr) distributed_rank_.Remove(series.rank);
   if (series.world_size != nullptr) distributed_world_size_.Remove(series.world_size);
+  for (Gauge* g : series.loss_scale_layer) loss_scale_layer_.Remove(g);
 }
 
 void ServerMetrics::OnJobDeleted(const std::string& job_id) {

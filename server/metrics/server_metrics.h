@@ -117,6 +117,8 @@ class ServerMetrics final : public engine::JobObserver {
   prometheus::Family<prometheus::Counter>& group_formations_;
   prometheus::Family<prometheus::Gauge>& distributed_rank_;
   prometheus::Family<prometheus::Gauge>& distributed_world_size_;
+  // Per job and layer group (label layer="0".."31"): per-layer loss scales.
+  prometheus::Family<prometheus::Gauge>& loss_scale_layer_;
 
   // Server-wide.
   prometheus::Family<prometheus::Gauge>& jobs_family_;

@@ -205,6 +205,10 @@ absl::Status ScalerFromProto(const v1::ScalerConfig& p, amp::ScalerConfig* c) {
       return FieldError("config.scaler.underflow_threshold", "applies to adaptive only");
     c->underflow_threshold = p.underflow_threshold();
   }
+  if (p.has_per_layer_scales()) {
+    if (!adaptive) return FieldError("config.scaler.per_layer_scales", "applies to adaptive only");
+    c->per_layer_scales = p.per_layer_scales();
+  }
   return absl::OkStatus();
 }
 
@@ -298,6 +302,7 @@ v1::JobConfig JobConfigToProto(const JobConfig& config) {
   if (c.policy == amp::ScalerPolicy::kAdaptive) {
     s->set_overflow_margin_log2(c.overflow_margin_log2);
     s->set_underflow_threshold(c.underflow_threshold);
+    if (c.per_layer_scales) s->set_per_layer_scales(true);
   }
   return proto;
 }
@@ -369,6 +374,7 @@ void StepReportToProto(const engine::StepReport& r, v1::StepResponse* response) 
   response->set_scale_grew(r.scaler.grew);
   response->set_scale_backed_off(r.scaler.backed_off);
   response->set_scale_growth_deferred(r.scaler.growth_deferred);
+  for (const float s : r.scaler.layer_scales_after) response->add_layer_scales_after(s);
   response->mutable_scaler_counters()->set_growth_tracker(r.scaler.counters.growth_tracker);
   response->mutable_scaler_counters()->set_overflows_until_backoff(
       r.scaler.counters.overflows_until_backoff);

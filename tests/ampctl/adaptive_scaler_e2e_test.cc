@@ -46,6 +46,7 @@ struct TrainRun {
   int growths_deferred = 0;
   double final_loss = 0;  // mean over the last kLastSteps steps
   float first_scale = 0;  // the scale step 1 ran at
+  int layer_groups = 0;   // per-layer scales: the last step's group count
 };
 
 class AdaptiveScalerE2eTest : public ::testing::Test {
@@ -86,6 +87,9 @@ class AdaptiveScalerE2eTest : public ::testing::Test {
       run.skipped += f.at("skipped").bool_value() ? 1 : 0;
       run.growths_deferred += f.at("growth_deferred").bool_value() ? 1 : 0;
       losses.push_back(f.at("loss").number_value());
+      if (f.contains("layer_scales")) {
+        run.layer_groups = f.at("layer_scales").list_value().values_size();
+      }
     }
     EXPECT_EQ(run.steps, kSteps) << result.out;
     if (losses.size() >= kLastSteps) {
@@ -126,6 +130,29 @@ TEST_F(AdaptiveScalerE2eTest, LossMultipliedByAHundredSkipsNoStepWithoutTuning) 
   ASSERT_GT(fp32.final_loss, 0.0);
   EXPECT_LE(std::fabs(adaptive.final_loss - fp32.final_loss) / fp32.final_loss, 1e-3)
       << "adaptive " << adaptive.final_loss << " fp32 " << fp32.final_loss;
+}
+
+// Per-layer scales (--per-layer-scales) on the synthetic task's two
+// Linear layers: two group scales on every step, no step skipped, and the
+// loss of one adaptive scale; refused for a framework policy.
+TEST_F(AdaptiveScalerE2eTest, PerLayerScalesTrainAsOneScaleOnTheSyntheticTask) {
+  const TrainRun layered = Train({"--precision=fp16", "--scaler=adaptive", "--per-layer-scales"});
+  const TrainRun adaptive = Train({"--precision=fp16", "--scaler=adaptive"});
+  EXPECT_EQ(layered.layer_groups, 2);
+  EXPECT_EQ(adaptive.layer_groups, 0);
+  EXPECT_EQ(layered.skipped, 0);
+  ASSERT_GT(adaptive.final_loss, 0.0);
+  EXPECT_LE(std::fabs(layered.final_loss - adaptive.final_loss) / adaptive.final_loss, 1e-3)
+      << "per-layer " << layered.final_loss << " adaptive " << adaptive.final_loss;
+
+  const CommandResult refused =
+      RunCommand({AMPCTL_BINARY, "--server=" + server_->address(), "train", "--steps=1",
+                  "--scaler=pytorch", "--per-layer-scales"},
+                 kRunDeadline);
+  EXPECT_NE(refused.status.code, 0);
+  EXPECT_NE(refused.err.find("config.scaler.per_layer_scales: applies to adaptive only"),
+            std::string::npos)
+      << refused.err;
 }
 
 // Frequent scheduled growth: pytorch's growths overflow and each costs a

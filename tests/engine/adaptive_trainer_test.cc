@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "server/engine/amp/adaptive_policy.h"
 #include "server/engine/jobs/job.h"
 #include "server/engine/trainer/trainer.h"
@@ -136,6 +138,18 @@ TEST(AdaptiveTrainer, RecordedStepReportKeepsAGrowthDeferral) {
   back = DecodeStepReport(EncodeStepReport(r));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_FALSE(back->scaler.growth_deferred);
+  EXPECT_FALSE(absl::StrContains(EncodeStepReport(r), "layer_scales_after"));
+
+  // Per-layer scales survive the record too.
+  r.scaler.layer_scales_after = {16777216.0f, 0.5f, 2048.0f};
+  back = DecodeStepReport(EncodeStepReport(r));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->scaler.layer_scales_after, r.scaler.layer_scales_after);
+  const std::string text = EncodeStepReport(r);
+  EXPECT_FALSE(DecodeStepReport(absl::StrCat(text, ";layer_scales_after=0x1p+1")).ok());
+  EXPECT_FALSE(DecodeStepReport(
+                   absl::StrReplaceAll(text, {{"layer_scales_after=", "layer_scales_after=x,"}}))
+                   .ok());
 }
 
 }  // namespace

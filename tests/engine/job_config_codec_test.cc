@@ -112,6 +112,7 @@ void ExpectSameConfig(const JobConfig& a, const JobConfig& b) {
   }
   EXPECT_EQ(s.overflow_margin_log2, t.overflow_margin_log2);
   EXPECT_TRUE(SameBits(s.underflow_threshold, t.underflow_threshold));
+  EXPECT_EQ(s.per_layer_scales, t.per_layer_scales);
 }
 
 LayerSpec Linear(int64_t in, int64_t out, bool bias = true) {
@@ -387,14 +388,14 @@ TEST_F(JobConfigCodecRefuses, WrongTypesAndRanges) {
 
 TEST_F(JobConfigCodecRefuses, OtherFormatVersions) {
   ExpectError(Edited("\"format_version\":1", "\"format_version\":0"), absl::StatusCode::kDataLoss,
-              "ampd.config: format_version: 0 is not a version this ampd reads (1 to 4); the "
+              "ampd.config: format_version: 0 is not a version this ampd reads (1 to 5); the "
               "checkpoint was written by another ampd");
   ExpectError(Edited("\"format_version\":1,", ""), absl::StatusCode::kDataLoss,
               "ampd.config: format_version: missing");
   // A later format may change any key: the version is checked before them.
-  ExpectError(Edited("\"format_version\":1,", "\"format_version\":5,\"new\":{},"),
+  ExpectError(Edited("\"format_version\":1,", "\"format_version\":6,\"new\":{},"),
               absl::StatusCode::kDataLoss,
-              "ampd.config: format_version: 5 is not a version this ampd reads (1 to 4); the "
+              "ampd.config: format_version: 6 is not a version this ampd reads (1 to 5); the "
               "checkpoint was written by a newer ampd");
 }
 
@@ -427,6 +428,46 @@ TEST(JobConfigCodec, AdaptiveConfigsAreVersionTwoOthersStayVersionOne) {
   const std::string old = EncodeJobConfig(pytorch, "");
   EXPECT_TRUE(absl::StartsWith(old, "{\"format_version\":1,")) << old;
   EXPECT_FALSE(absl::StrContains(old, "overflow_margin_log2")) << old;
+}
+
+// Version 5 exists for per-layer loss scales: the key is written (last in
+// the scaler) only when they are on, and an older version naming it is
+// refused, as is a config the engine refuses (a GPT with per-layer scales).
+TEST(JobConfigCodec, PerLayerScaleConfigsAreVersionFive) {
+  JobConfig config = DefaultJobConfig(Precision::kFp16, ScalerPolicy::kAdaptive);
+  config.model = Models()[0];
+  const std::string off = EncodeJobConfig(config, "");
+  EXPECT_TRUE(absl::StartsWith(off, "{\"format_version\":2,")) << off;
+  EXPECT_FALSE(absl::StrContains(off, "per_layer_scales")) << off;
+
+  config.scaler.per_layer_scales = true;
+  const std::string json = EncodeJobConfig(config, "");
+  EXPECT_TRUE(absl::StartsWith(json, "{\"format_version\":5,")) << json;
+  EXPECT_TRUE(absl::StrContains(json, ",\"per_layer_scales\":true}")) << json;
+  absl::StatusOr<JobConfigRecord> decoded = DecodeJobConfig(json);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  ExpectSameConfig(config, decoded->config);
+  EXPECT_EQ(EncodeJobConfig(decoded->config, ""), json);
+
+  for (const char* older : {"2", "3", "4"}) {
+    decoded = DecodeJobConfig(absl::StrReplaceAll(
+        json, {{"\"format_version\":5", absl::StrCat("\"format_version\":", older)}}));
+    ASSERT_FALSE(decoded.ok());
+    EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_EQ(
+        decoded.status().message(),
+        absl::StrCat("ampd.config: scaler.per_layer_scales: not a key of format_version ", older));
+  }
+  decoded = DecodeJobConfig(
+      absl::StrReplaceAll(json, {{"\"per_layer_scales\":true", "\"per_layer_scales\":1"}}));
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss) << decoded.status();
+  // Written as the engine wrote it but with a policy that has no per-layer
+  // scales: the key is not one of that policy's scaler object.
+  decoded = DecodeJobConfig(
+      absl::StrReplaceAll(json, {{"\"policy\":\"adaptive\"", "\"policy\":\"pytorch\""}}));
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss) << decoded.status();
 }
 
 // Version 3 exists for learning-rate schedules: a config with one is

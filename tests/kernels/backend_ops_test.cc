@@ -563,6 +563,51 @@ void AddGemmCases(std::vector<OpCase>& cases) {
       }
     }
   }
+  // A power-of-two alpha scales the fp32 sum before its one rounding, so a
+  // 16-bit c is exactly 2^e times alpha = 1's wherever both are normal:
+  // per-layer loss scales move the upstream gradient between layer groups
+  // this way. Outputs: c(2^e) - 2^e c(1) over the elements where 2^e c(1)
+  // is a normal value of the dtype (0 elsewhere), which must be 0 exactly.
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    auto build = [=] {
+      const HostTensor a = Random(dt, {m, k}, 13, -1, 1);
+      const HostTensor b = Random(dt, {n, k}, 14, -1, 1);
+      CaseFns c;
+      c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+        Io io(be);
+        AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(a));
+        AMPD_ASSIGN_OR_RETURN(Tensor tw, io.Upload(b));
+        AMPD_ASSIGN_OR_RETURN(Tensor one, io.Unwritten(dt, {m, n}));
+        AMPD_RETURN_IF_ERROR(be.Gemm(false, true, 1.0f, tx, tw, 0.0f, one));
+        AMPD_ASSIGN_OR_RETURN(const std::vector<double> base, io.Values(one));
+        const double min_normal = dt == DType::kF16 ? std::ldexp(1.0, -14) : std::ldexp(1.0, -126);
+        const double max_finite = dt == DType::kF16 ? 65504.0 : 3.0e38;
+        for (const int e : {-7, 5}) {
+          AMPD_ASSIGN_OR_RETURN(Tensor scaled, io.Unwritten(dt, {m, n}));
+          AMPD_RETURN_IF_ERROR(be.Gemm(false, true, std::ldexp(1.0f, e), tx, tw, 0.0f, scaled));
+          AMPD_ASSIGN_OR_RETURN(const std::vector<double> got, io.Values(scaled));
+          std::vector<double> diff(got.size(), 0.0);
+          for (size_t i = 0; i < got.size(); ++i) {
+            const double want = std::ldexp(base[i], e);
+            const double mag = std::fabs(want);
+            if (mag >= min_normal && mag <= max_finite) diff[i] = got[i] - want;
+          }
+          io.Add(absl::StrCat("c(2^", e, ") - 2^", e, " c(1)"), std::move(diff), kBitwise);
+        }
+        return io.Take();
+      };
+      c.reference = [=] {
+        Outputs out;
+        for (const int e : {-7, 5}) {
+          out.push_back({absl::StrCat("c(2^", e, ") - 2^", e, " c(1)"),
+                         std::vector<double>(static_cast<size_t>(m * n), 0.0), kBitwise});
+        }
+        return out;
+      };
+      return c;
+    };
+    cases.push_back({"Gemm", absl::StrCat(Lower(dt), "_pow2_alpha"), build});
+  }
 }
 
 // ---- activations ----

@@ -38,6 +38,11 @@ int main(int argc, char** argv) {
   step.grad_underflow_fraction = 18.0 / ampd::engine::kGradHistogramBins;
   metrics.OnStep("fixture-job", step);
 
+  // A job with per-layer loss scales: one gauge per layer group.
+  ampd::engine::StepReport layered = step;
+  layered.scaler.layer_scales_after = {16777216, 65536};
+  metrics.OnStep("layered-job", layered);
+
   step.step = 2;  // overflow: skipped, S halved
   step.scaler = {.scale_before = 65536,
                  .scale_after = 32768,

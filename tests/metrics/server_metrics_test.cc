@@ -210,6 +210,41 @@ TEST_F(ServerMetricsTest, DeferredGrowthsAndUnderflowFractionAreExported) {
   EXPECT_EQ(Scrape().find("ampd_loss_scale_growths_deferred_total{"), std::string::npos);
 }
 
+// One gauge per layer group, labelled layer="g", from the first step that
+// reports group scales; at most 32 per job whatever a report carries; gone
+// with the job.
+TEST_F(ServerMetricsTest, PerLayerScalesAreOneGaugePerGroup) {
+  observer().OnJobCreated("job-a", "", Fp16Config());
+  observer().OnStep("job-a", NormalStep(1, 4096));
+  EXPECT_EQ(Scrape().find("ampd_loss_scale_layer{"), std::string::npos);
+  StepReport layered = NormalStep(2, 2048);
+  layered.scaler.layer_scales_after = {16777216.0f, 65536.0f, 2048.0f};
+  observer().OnStep("job-a", layered);
+  EXPECT_EQ(Value(R"(ampd_loss_scale_layer{job="job-a",layer="0"})"), 16777216);
+  EXPECT_EQ(Value(R"(ampd_loss_scale_layer{job="job-a",layer="1"})"), 65536);
+  EXPECT_EQ(Value(R"(ampd_loss_scale_layer{job="job-a",layer="2"})"), 2048);
+  layered.scaler.layer_scales_after = {8388608.0f, 65536.0f, 4096.0f};
+  observer().OnStep("job-a", layered);
+  EXPECT_EQ(Value(R"(ampd_loss_scale_layer{job="job-a",layer="0"})"), 8388608);
+  EXPECT_EQ(Value(R"(ampd_loss_scale_layer{job="job-a",layer="2"})"), 4096);
+
+  StepReport many = NormalStep(1, 1);
+  many.scaler.layer_scales_after.assign(40, 2.0f);
+  observer().OnStep("job-b", many);
+  const auto s = ParseSamples(Scrape());
+  int layers_of_b = 0;
+  for (const auto& [name, value] : s) {
+    if (name.rfind(R"(ampd_loss_scale_layer{job="job-b")", 0) == 0) ++layers_of_b;
+  }
+  EXPECT_EQ(layers_of_b, 32);
+  EXPECT_EQ(s.count(R"(ampd_loss_scale_layer{job="job-b",layer="31"})"), 1u);
+  EXPECT_EQ(s.count(R"(ampd_loss_scale_layer{job="job-b",layer="32"})"), 0u);
+
+  observer().OnJobDeleted("job-a");
+  observer().OnJobDeleted("job-b");
+  EXPECT_EQ(Scrape().find("ampd_loss_scale_layer{"), std::string::npos);
+}
+
 TEST_F(ServerMetricsTest, GradNormSeriesAppearsOnlyOnceReported) {
   observer().OnJobCreated("job-a", "", Fp16Config());
   StepReport no_norm = NormalStep(1, 65536);

@@ -84,6 +84,21 @@ absl::Status CheckUnderflowThreshold(double value, absl::string_view name) {
   return absl::OkStatus();
 }
 
+// Per-layer scales multiply gradients by ratios of scales; only powers of
+// two make those products exact.
+bool IsPowerOfTwo(double value) {
+  int exponent = 0;
+  return std::isfinite(value) && value > 0.0 && std::frexp(value, &exponent) == 0.5;
+}
+
+absl::Status CheckPerLayerValue(double value, absl::string_view name) {
+  if (!IsPowerOfTwo(value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("per_layer_scales: ", name, " must be a power of two, got ", value));
+  }
+  return absl::OkStatus();
+}
+
 // What a state value must be: any finite number, an integer exact in a
 // double, or a 0/1 flag.
 enum class ValueKind { kReal, kInteger, kFlag };
@@ -561,6 +576,48 @@ std::string Label(ScalerPolicy policy, absl::string_view field) {
   return std::string(field);
 }
 
+// A per-layer-scaled state's group keys, for a scaler of `groups` groups
+// (none when 0), checked against the hyper-parameters `loaded` carries:
+// each group's (scale, growth tracker).
+absl::StatusOr<std::vector<std::pair<float, int64_t>>> LoadLayerScales(StateReader& reader,
+                                                                       const ScalerFields& loaded,
+                                                                       size_t groups) {
+  std::vector<std::pair<float, int64_t>> layers;
+  if (groups == 0) return layers;
+  AMPD_ASSIGN_OR_RETURN(const double stored, reader.Value("layer_groups", ValueKind::kInteger));
+  if (stored != static_cast<double>(groups)) {
+    return absl::InvalidArgumentError(absl::StrCat("scaler state: key 'layer_groups' must be ",
+                                                   groups, " (this job's layer groups), got ",
+                                                   stored));
+  }
+  const ScalerConfig& config = loaded.config;
+  for (size_t g = 0; g < groups; ++g) {
+    const std::string scale_key = absl::StrCat("layer.", g, ".scale");
+    const std::string tracker_key = absl::StrCat("layer.", g, "._growth_tracker");
+    AMPD_ASSIGN_OR_RETURN(const double scale, reader.Value(scale_key, ValueKind::kReal));
+    AMPD_ASSIGN_OR_RETURN(const double tracker, reader.Value(tracker_key, ValueKind::kInteger));
+    const float as_float = static_cast<float>(scale);
+    if (!IsPowerOfTwo(scale) || static_cast<double>(as_float) != scale ||
+        (config.min_scale.has_value() && as_float < static_cast<float>(*config.min_scale)) ||
+        (config.max_scale.has_value() && as_float > static_cast<float>(*config.max_scale))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "scaler state: key '", scale_key,
+          "' must be a power of two float32 value within [min_scale, max_scale], got ", scale));
+    }
+    AMPD_RETURN_IF_ERROR(
+        InRange(static_cast<int64_t>(tracker), 0, config.growth_interval - 1, tracker_key));
+    layers.emplace_back(as_float, static_cast<int64_t>(tracker));
+  }
+  // The job-wide keys are the last group's (the scale the loss carries).
+  if (static_cast<float>(loaded.scale) != layers.back().first ||
+      loaded.growth_tracker != layers.back().second) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scaler state: keys 'scale' and '_growth_tracker' must equal the last group's 'layer.",
+        groups - 1, ".scale' and 'layer.", groups - 1, "._growth_tracker'"));
+  }
+  return layers;
+}
+
 }  // namespace
 
 std::string FormatStateNumber(double v) {
@@ -691,12 +748,42 @@ absl::Status ScalerConfig::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         Label(policy, "init_scale"), " must be <= max_scale (", *max_scale, "), got ", init_scale));
   }
+  if (per_layer_scales) {
+    if (policy != ScalerPolicy::kAdaptive) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("per_layer_scales: applies to the adaptive policy only, got policy ",
+                       PolicyName(policy)));
+    }
+    if (!enabled || !dynamic) {
+      return absl::InvalidArgumentError(
+          "per_layer_scales: needs an enabled, dynamic scaler (enabled and dynamic true)");
+    }
+    AMPD_RETURN_IF_ERROR(CheckPerLayerValue(init_scale, "init_scale"));
+    AMPD_RETURN_IF_ERROR(CheckPerLayerValue(growth_factor, "growth_factor"));
+    AMPD_RETURN_IF_ERROR(CheckPerLayerValue(backoff_factor, "backoff_factor"));
+    if (min_scale.has_value()) AMPD_RETURN_IF_ERROR(CheckPerLayerValue(*min_scale, "min_scale"));
+    if (max_scale.has_value()) AMPD_RETURN_IF_ERROR(CheckPerLayerValue(*max_scale, "max_scale"));
+  }
   return absl::OkStatus();
 }
 
-absl::StatusOr<GradScaler> GradScaler::Create(const ScalerConfig& config) {
+absl::StatusOr<GradScaler> GradScaler::Create(const ScalerConfig& config, int64_t layer_groups) {
   AMPD_RETURN_IF_ERROR(config.Validate());
-  return GradScaler(config);
+  if (!config.per_layer_scales && layer_groups != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layer_groups: ", layer_groups, " groups need per_layer_scales (a job-wide scale has 1)"));
+  }
+  if (config.per_layer_scales && (layer_groups < 1 || layer_groups > kMaxLayerScaleGroups)) {
+    return absl::InvalidArgumentError(absl::StrCat("per_layer_scales: the model has ", layer_groups,
+                                                   " layer groups; 1 to ", kMaxLayerScaleGroups,
+                                                   " are supported"));
+  }
+  GradScaler scaler(config);
+  if (config.per_layer_scales) {
+    scaler.layers_.assign(static_cast<size_t>(layer_groups),
+                          LayerScale{static_cast<float>(config.init_scale), 0});
+  }
+  return scaler;
 }
 
 GradScaler::GradScaler(const ScalerConfig& config)
@@ -706,7 +793,7 @@ GradScaler::GradScaler(const ScalerConfig& config)
 
 float GradScaler::scale() const { return config_.enabled ? scale_ : 1.0f; }
 
-float GradScaler::Grown() const {
+float GradScaler::Grown(float scale) const {
   float grown = 0.0f;
   switch (config_.policy) {
     case ScalerPolicy::kPyTorch:
@@ -714,11 +801,11 @@ float GradScaler::Grown() const {
     case ScalerPolicy::kAdaptive:
       // float * double, rounded once to float32 (PyTorch's kernel; DeepSpeed's
       // Python float product stored as float32).
-      grown = static_cast<float>(static_cast<double>(scale_) * config_.growth_factor);
+      grown = static_cast<float>(static_cast<double>(scale) * config_.growth_factor);
       break;
     case ScalerPolicy::kPaddle:
     case ScalerPolicy::kMegatron:
-      grown = scale_ * static_cast<float>(config_.growth_factor);
+      grown = scale * static_cast<float>(config_.growth_factor);
       break;
   }
   // min(inf, cap) is the cap, so a capped scaler reaches its cap.
@@ -726,23 +813,23 @@ float GradScaler::Grown() const {
     grown = std::min(grown, static_cast<float>(*config_.max_scale));
   }
   // As PyTorch's _amp_update_scale_: never grow to inf.
-  return std::isfinite(grown) ? grown : scale_;
+  return std::isfinite(grown) ? grown : scale;
 }
 
-float GradScaler::BackedOff() const {
+float GradScaler::BackedOff(float scale) const {
   float backed_off = 0.0f;
   switch (config_.policy) {
     case ScalerPolicy::kPyTorch:
     case ScalerPolicy::kAdaptive:
-      backed_off = static_cast<float>(static_cast<double>(scale_) * config_.backoff_factor);
+      backed_off = static_cast<float>(static_cast<double>(scale) * config_.backoff_factor);
       break;
     case ScalerPolicy::kDeepSpeed:
       // DeepSpeed: cur_scale / scale_factor; one factor for both directions.
-      backed_off = static_cast<float>(static_cast<double>(scale_) / config_.growth_factor);
+      backed_off = static_cast<float>(static_cast<double>(scale) / config_.growth_factor);
       break;
     case ScalerPolicy::kPaddle:
     case ScalerPolicy::kMegatron:
-      backed_off = scale_ * static_cast<float>(config_.backoff_factor);
+      backed_off = scale * static_cast<float>(config_.backoff_factor);
       break;
   }
   if (config_.min_scale.has_value()) {
@@ -753,13 +840,13 @@ float GradScaler::BackedOff() const {
 
 void GradScaler::UpdatePyTorch(bool found_inf) {
   if (found_inf) {
-    scale_ = BackedOff();
+    scale_ = BackedOff(scale_);
     growth_tracker_ = 0;
     return;
   }
   const int64_t successful = growth_tracker_ + 1;
   if (successful == config_.growth_interval) {
-    scale_ = Grown();
+    scale_ = Grown(scale_);
     growth_tracker_ = 0;
   } else {
     growth_tracker_ = successful;
@@ -772,7 +859,7 @@ void GradScaler::UpdatePaddle(bool found_inf) {
     growth_tracker_ = 0;
     bad_steps_ += 1;
     if (bad_steps_ == config_.hysteresis) {
-      scale_ = BackedOff();
+      scale_ = BackedOff(scale_);
       bad_steps_ = 0;
     }
     return;
@@ -780,7 +867,7 @@ void GradScaler::UpdatePaddle(bool found_inf) {
   bad_steps_ = 0;
   growth_tracker_ += 1;
   if (growth_tracker_ == config_.growth_interval) {
-    scale_ = Grown();
+    scale_ = Grown(scale_);
     growth_tracker_ = 0;
   }
 }
@@ -798,7 +885,7 @@ absl::Status GradScaler::UpdateDeepSpeed(bool found_inf) {
             "check for NaN/inf in the data or model, lower min_scale, or set "
             "raise_at_min_scale=false"));
       }
-      scale_ = BackedOff();
+      scale_ = BackedOff(scale_);
     } else {
       hysteresis_left_ -= 1;
     }
@@ -812,7 +899,7 @@ absl::Status GradScaler::UpdateDeepSpeed(bool found_inf) {
     // last_overflow_iter < cur_iter.
     if ((iteration_ - last_overflow_iteration_) % config_.growth_interval == 0) {
       if (!config_.consecutive_hysteresis) hysteresis_left_ = config_.hysteresis;
-      scale_ = Grown();
+      scale_ = Grown(scale_);
     }
   }
   iteration_ += 1;
@@ -825,48 +912,101 @@ void GradScaler::UpdateMegatron(bool found_inf) {
     // Not refilled on backoff: once spent, every further overflow backs off
     // until a growth refills it (the tracker may go below 0, as Megatron's).
     hysteresis_left_ -= 1;
-    if (hysteresis_left_ <= 0) scale_ = BackedOff();
+    if (hysteresis_left_ <= 0) scale_ = BackedOff(scale_);
     return;
   }
   growth_tracker_ += 1;
   if (growth_tracker_ == config_.growth_interval) {
     growth_tracker_ = 0;
     hysteresis_left_ = config_.hysteresis;
-    scale_ = Grown();
+    scale_ = Grown(scale_);
   }
+}
+
+bool GradScaler::AdaptiveCleanStep(std::optional<float> max_abs,
+                                   std::optional<double> underflow_fraction, float& scale,
+                                   int64_t& growth_tracker) const {
+  // Without a measured max the policy cannot predict, and grows as pytorch.
+  const float grown = Grown(scale);
+  const bool fits =
+      !max_abs.has_value() || FitsMargin(*max_abs, grown, config_.overflow_margin_log2);
+  const int64_t successful = growth_tracker + 1;
+  if (successful == config_.growth_interval) {
+    growth_tracker = 0;
+    if (fits) {
+      scale = grown;
+      return false;
+    }
+    // Only a growth that would really have raised the scale counts as
+    // deferred (at the cap, or at float32's top, there is none to defer).
+    return grown > scale;
+  }
+  growth_tracker = successful;
+  if (underflow_fraction.has_value() && *underflow_fraction > config_.underflow_threshold &&
+      max_abs.has_value() && fits) {
+    scale = grown;
+    growth_tracker = 0;
+  }
+  return false;
 }
 
 void GradScaler::UpdateAdaptive(const StepGradStats& stats, ScalerUpdate& update) {
   if (stats.found_inf) {
     // A real overflow: pytorch's backoff.
-    scale_ = BackedOff();
+    scale_ = BackedOff(scale_);
     growth_tracker_ = 0;
     return;
   }
-  // Without a measured max the policy cannot predict, and grows as pytorch.
-  const float grown = Grown();
-  const bool fits =
-      !stats.max_abs.has_value() || FitsMargin(*stats.max_abs, grown, config_.overflow_margin_log2);
-  const int64_t successful = growth_tracker_ + 1;
-  if (successful == config_.growth_interval) {
-    growth_tracker_ = 0;
-    if (fits) {
-      scale_ = grown;
-    } else if (grown > scale_) {
-      // Only a growth that would really have raised the scale counts as
-      // deferred (at the cap, or at float32's top, there is none to defer).
-      ++growths_deferred_;
-      update.growth_deferred = true;
+  if (AdaptiveCleanStep(stats.max_abs, stats.underflow_fraction, scale_, growth_tracker_)) {
+    ++growths_deferred_;
+    update.growth_deferred = true;
+  }
+}
+
+void GradScaler::UpdateAdaptiveLayers(const StepGradStats& stats, ScalerUpdate& update) {
+  const size_t groups = layers_.size();
+  if (stats.found_inf) {
+    // The highest group whose max is inf is where the overflow entered the
+    // backward pass; the groups below it may only have inherited it (the
+    // header). None: only NaNs were seen, and every group backs off.
+    size_t culprit = groups;
+    for (size_t g = std::min(groups, stats.layer_max_abs.size()); g-- > 0;) {
+      if (!std::isfinite(stats.layer_max_abs[g])) {
+        culprit = g;
+        break;
+      }
     }
-    return;
+    for (size_t g = 0; g < groups; ++g) {
+      if (culprit == groups || culprit == g) layers_[g].scale = BackedOff(layers_[g].scale);
+      layers_[g].growth_tracker = 0;
+    }
+  } else {
+    for (size_t g = 0; g < groups; ++g) {
+      std::optional<float> max_abs;
+      std::optional<double> underflow;
+      if (g < stats.layer_max_abs.size()) max_abs = stats.layer_max_abs[g];
+      if (g < stats.layer_underflow_fraction.size()) underflow = stats.layer_underflow_fraction[g];
+      LayerScale& layer = layers_[g];
+      // Half the margin: a growth leaves max|g| * S within the limit, so
+      // only gradients that doubled since bring the group back here.
+      const int64_t half_margin = std::max<int64_t>(0, config_.overflow_margin_log2 - 1);
+      if (max_abs.has_value() && !FitsMargin(*max_abs, layer.scale, half_margin)) {
+        // The group's gradients have grown through half its margin: back
+        // off now, to the scale calibration would pick, before they
+        // overflow (the header says why groups do and the job-wide scale
+        // does not).
+        layer.scale = std::min(layer.scale, CalibratedScale(*max_abs, config_));
+        layer.growth_tracker = 0;
+        continue;
+      }
+      if (AdaptiveCleanStep(max_abs, underflow, layer.scale, layer.growth_tracker)) {
+        ++growths_deferred_;
+        update.growth_deferred = true;
+      }
+    }
   }
-  growth_tracker_ = successful;
-  if (stats.underflow_fraction.has_value() &&
-      *stats.underflow_fraction > config_.underflow_threshold && stats.max_abs.has_value() &&
-      fits) {
-    scale_ = grown;
-    growth_tracker_ = 0;
-  }
+  scale_ = layers_.back().scale;
+  growth_tracker_ = layers_.back().growth_tracker;
 }
 
 bool GradScaler::NeedsCalibration() const {
@@ -878,7 +1018,29 @@ float GradScaler::Calibrate(float max_abs) {
   scale_ = CalibratedScale(max_abs, config_);
   growth_tracker_ = 0;
   calibrated_ = true;
+  for (LayerScale& layer : layers_) layer = {scale_, 0};
   return scale_;
+}
+
+void GradScaler::CalibrateLayers(absl::Span<const float> max_abs) {
+  if (layers_.empty()) {
+    Calibrate(max_abs.empty() ? 0.0f : max_abs.back());
+    return;
+  }
+  for (size_t g = 0; g < layers_.size(); ++g) {
+    layers_[g] = {CalibratedScale(g < max_abs.size() ? max_abs[g] : 0.0f, config_), 0};
+  }
+  scale_ = layers_.back().scale;
+  growth_tracker_ = 0;
+  calibrated_ = true;
+}
+
+std::vector<float> GradScaler::layer_scales() const {
+  if (layers_.empty()) return {scale()};
+  std::vector<float> scales;
+  scales.reserve(layers_.size());
+  for (const LayerScale& layer : layers_) scales.push_back(layer.scale);
+  return scales;
 }
 
 absl::StatusOr<ScalerUpdate> GradScaler::Update(bool found_inf) {
@@ -898,6 +1060,7 @@ absl::StatusOr<ScalerUpdate> GradScaler::Update(const StepGradStats& stats) {
     return update;
   }
   update.skipped = found_inf;
+  if (!layers_.empty()) update.layer_scales_before = layer_scales();
   if (config_.dynamic) {
     switch (config_.policy) {
       case ScalerPolicy::kPyTorch:
@@ -913,13 +1076,25 @@ absl::StatusOr<ScalerUpdate> GradScaler::Update(const StepGradStats& stats) {
         UpdateMegatron(found_inf);
         break;
       case ScalerPolicy::kAdaptive:
-        UpdateAdaptive(stats, update);
+        if (layers_.empty()) {
+          UpdateAdaptive(stats, update);
+        } else {
+          UpdateAdaptiveLayers(stats, update);
+        }
         break;
     }
   }
   update.scale_after = scale_;
   update.grew = update.scale_after > update.scale_before;
   update.backed_off = update.scale_after < update.scale_before;
+  if (!layers_.empty()) {
+    update.layer_scales_after = layer_scales();
+    for (size_t g = 0; g < layers_.size(); ++g) {
+      update.grew = update.grew || update.layer_scales_after[g] > update.layer_scales_before[g];
+      update.backed_off =
+          update.backed_off || update.layer_scales_after[g] < update.layer_scales_before[g];
+    }
+  }
   update.counters = counters();
   return update;
 }
@@ -966,6 +1141,14 @@ ScalerState GradScaler::StateDict() const {
   for (const StateKey& k : FindSpec(config_.policy)->keys) {
     state[std::string(k.key)] = Get(fields, k.field);
   }
+  if (!layers_.empty()) {
+    state["layer_groups"] = static_cast<double>(layers_.size());
+    for (size_t g = 0; g < layers_.size(); ++g) {
+      state[absl::StrCat("layer.", g, ".scale")] = static_cast<double>(layers_[g].scale);
+      state[absl::StrCat("layer.", g, "._growth_tracker")] =
+          static_cast<double>(layers_[g].growth_tracker);
+    }
+  }
   return state;
 }
 
@@ -976,6 +1159,7 @@ absl::Status GradScaler::LoadStateDict(const ScalerState& state) {
     // policy measures the loaded model's gradients again instead of failing.
     calibrated_ = false;
     growth_tracker_ = 0;
+    for (LayerScale& layer : layers_) layer.growth_tracker = 0;
     return absl::OkStatus();
   }
   if (state.empty()) {
@@ -1003,6 +1187,7 @@ absl::Status GradScaler::LoadStateDict(const ScalerState& state) {
       AMPD_RETURN_IF_ERROR(k.check(loaded, Get(loaded, k.field), k.key));
     }
   }
+  AMPD_ASSIGN_OR_RETURN(const auto layers, LoadLayerScales(reader, loaded, layers_.size()));
   AMPD_RETURN_IF_ERROR(reader.NoUnknownKeys());
 
   // PyTorch's fill_ into its float32 scale tensor rounds the same way. A
@@ -1042,6 +1227,7 @@ absl::Status GradScaler::LoadStateDict(const ScalerState& state) {
   last_overflow_iteration_ = loaded.last_overflow_iteration;
   growths_deferred_ = loaded.growths_deferred;
   calibrated_ = loaded.calibrated;
+  for (size_t g = 0; g < layers.size(); ++g) layers_[g] = {layers[g].first, layers[g].second};
   return absl::OkStatus();
 }
 

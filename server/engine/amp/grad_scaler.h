@@ -57,16 +57,50 @@
 // gradient histogram shows elements underflowing. It is the only policy
 // that reads more than found_inf (Update(const StepGradStats&)); the other
 // four ignore the extra statistics and stay bit-identical to their framework.
+//
+// Per-layer scales (adaptive's opt-in, per_layer_scales): the model's
+// parameters fall into G layer groups (for a layer stack, each Linear with
+// the layers after it up to the next Linear), and group g has its own power
+// of two S_g. The loss gradient carries S_{G-1}; backward multiplies the
+// upstream gradient by S_{g-1} / S_g where it leaves group g, so every
+// group's gradients are stored at its own scale, and each group is unscaled
+// with its own 1 / S_g. Powers of two commute with fp16 rounding in the
+// normal range, so while no group under- or overflows the applied update is
+// bit for bit a single scale's. Each S_g follows adaptive's rules from its
+// own max|g| and underflow fraction. Choices:
+//  - A real overflow skips the step for every group (one found_inf). The
+//    group that backs off is the highest-numbered one whose max|g| is inf:
+//    backward runs from group G-1 down, so a non-finite value first appears
+//    there and every lower group's may only be inherited from it. When no
+//    group's max is inf (only NaNs were seen) every group backs off. Every
+//    group's growth tracker restarts on a skipped step.
+//  - scale() is S_{G-1}, the scale the loss gradient carries; grew and
+//    backed_off in ScalerUpdate say whether any group's scale did.
+//  - A group also backs off on a clean step whose max|g| * S_g has used
+//    half the overflow margin (it exceeds 65504 / 2^(margin - 1), twice
+//    the limit growth respects, so growth and this backoff never chase
+//    each other), straight to the scale calibration would pick from that
+//    max (no step is skipped). A group's gradients drift much
+//    faster than a whole model's largest ones: they scale with the weights
+//    of every group after it, and a weight near zero grows by orders of
+//    magnitude under Adam's first updates. Without it each doubling of a
+//    group's range costs a skipped step.
+//  - growths_deferred counts deferrals of every group.
+//  - At most kMaxLayerScaleGroups groups (bounded metric label cardinality).
+//  - init_scale, growth_factor, backoff_factor, min_scale and max_scale
+//    must be powers of two, so every S_g and every ratio is one.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "codec/dtype.h"
 
 namespace ampd::engine::amp {
@@ -75,6 +109,10 @@ enum class ScalerPolicy { kPyTorch, kPaddle, kDeepSpeed, kMegatron, kAdaptive };
 
 absl::string_view PolicyName(ScalerPolicy policy);  // "pytorch", "paddle", ..., "adaptive"
 std::optional<ScalerPolicy> PolicyFromName(absl::string_view name);
+
+// The most layer groups a per-layer-scaled job may have: each group is one
+// value of the per-layer scale metric's label, so the count stays bounded.
+inline constexpr int64_t kMaxLayerScaleGroups = 32;
 
 // One config for every policy; each field says which policy names it how.
 // Defaults() fills the policy's own defaults; Validate names the bad field.
@@ -109,6 +147,9 @@ struct ScalerConfig {
   // the stored (scaled) gradient elements at zero or fp16-subnormal (< 2^-14)
   // and the max leaves head-room, the scale grows early. In [0, 1].
   double underflow_threshold = 1.0 / 1024;
+  // adaptive only: one scale per layer group instead of one per job (the
+  // file comment). Needs enabled, dynamic and power-of-two scales/factors.
+  bool per_layer_scales = false;
 
   // The policy's documented defaults:
   //   pytorch:   65536, 2, 0.5, 2000, no floor, no cap.
@@ -159,6 +200,11 @@ struct StepGradStats {
   // Fraction of the stored (scaled) gradient elements that are zero or
   // fp16-subnormal, from a sampled histogram; absent on unsampled steps.
   std::optional<double> underflow_fraction;
+  // Per-layer scales: max_abs and underflow_fraction of each group's own
+  // gradients (group g at index g; empty when not measured). The max also
+  // covers the gradient entering the group (the step's CheckGroupEntries).
+  std::vector<float> layer_max_abs;
+  std::vector<double> layer_underflow_fraction;
 };
 
 // What one Update did, for the step's reply and the metrics.
@@ -173,6 +219,10 @@ struct ScalerUpdate {
   // growth_factor would have left the overflow margin.
   bool growth_deferred = false;
   ScalerCounters counters;  // after the update
+  // Per-layer scales: every group's S_g before and after (empty otherwise).
+  // Brace-initialised so that designated initializers may leave them out.
+  std::vector<float> layer_scales_before{};
+  std::vector<float> layer_scales_after{};
 };
 
 // state_dict values: scales are float32 values, counters integers and flags
@@ -185,7 +235,10 @@ struct ScalerUpdate {
 //   megatron:  scale, growth_tracker, hysteresis_tracker
 //   adaptive:  scale, growth_factor, backoff_factor, growth_interval, _growth_tracker
 //              (pytorch's), overflow_margin_log2, underflow_threshold,
-//              growths_deferred, calibrated
+//              growths_deferred, calibrated; with per-layer scales also
+//              layer_groups (G, which must match the job's) and
+//              layer.{g}.scale, layer.{g}._growth_tracker for g in [0, G),
+//              where scale and _growth_tracker are group G-1's
 // As in each framework, the hyper-parameters a state carries replace the
 // config's on load (config() reflects them afterwards).
 using ScalerState = std::map<std::string, double>;
@@ -204,7 +257,9 @@ std::string FormatStateNumber(double v);
 
 class GradScaler {
  public:
-  static absl::StatusOr<GradScaler> Create(const ScalerConfig& config);
+  // layer_groups: the model's group count G when config.per_layer_scales,
+  // in [1, kMaxLayerScaleGroups]; otherwise it must be 1.
+  static absl::StatusOr<GradScaler> Create(const ScalerConfig& config, int64_t layer_groups = 1);
 
   const ScalerConfig& config() const { return config_; }
   // S for the coming step (1.0 when disabled). float32, as PyTorch keeps it.
@@ -224,8 +279,23 @@ class GradScaler {
   // that cannot overflow (adaptive_policy.h: CalibratedScale) and marks the
   // scaler calibrated. Returns the new scale.
   float Calibrate(float max_abs);
+  // Per-layer scales: sets each group's scale from max|g| of its own
+  // unscaled gradients (max_abs[g], CalibratedScale), as Calibrate does for
+  // one scale. max_abs.size() must be layer_groups().
+  void CalibrateLayers(absl::Span<const float> max_abs);
   // adaptive: scheduled growths refused so far (0 for the other policies).
   int64_t growths_deferred() const { return growths_deferred_; }
+
+  // G with per-layer scales, else 1.
+  int64_t layer_groups() const {
+    return layers_.empty() ? 1 : static_cast<int64_t>(layers_.size());
+  }
+  // Each group's S_g (per-layer scales), or {scale()}.
+  std::vector<float> layer_scales() const;
+  // Group g's S_g, g in [0, layer_groups()) (scale() for a job-wide scale).
+  float layer_scale(int64_t g) const {
+    return layers_.empty() ? scale() : layers_[static_cast<size_t>(g)].scale;
+  }
 
   ScalerCounters counters() const;
 
@@ -245,10 +315,21 @@ class GradScaler {
   absl::Status UpdateDeepSpeed(bool found_inf);
   void UpdateMegatron(bool found_inf);
   void UpdateAdaptive(const StepGradStats& stats, ScalerUpdate& update);
-  // scale_ * factor (or / factor for deepspeed backoff) with the policy's
+  void UpdateAdaptiveLayers(const StepGradStats& stats, ScalerUpdate& update);
+  // adaptive's rule on a clean step for one scale (the job's or a group's)
+  // and its tracker; true when a scheduled growth was deferred.
+  bool AdaptiveCleanStep(std::optional<float> max_abs, std::optional<double> underflow_fraction,
+                         float& scale, int64_t& growth_tracker) const;
+  // scale * factor (or / factor for deepspeed backoff) with the policy's
   // own rounding, then the floor or the cap and the finite guard.
-  float Grown() const;
-  float BackedOff() const;
+  float Grown(float scale) const;
+  float BackedOff(float scale) const;
+
+  // One layer group's scale and growth tracker (per-layer scales).
+  struct LayerScale {
+    float scale = 1.0f;
+    int64_t growth_tracker = 0;
+  };
 
   ScalerConfig config_;
   float scale_ = 1.0f;
@@ -261,6 +342,9 @@ class GradScaler {
   int64_t last_overflow_iteration_ = -1;  // deepspeed last_overflow_iter
   int64_t growths_deferred_ = 0;          // adaptive growths_deferred
   bool calibrated_ = false;               // adaptive calibrated
+  // Per-layer scales: one per group, and scale_ / growth_tracker_ mirror
+  // the last group's; empty for a job-wide scale.
+  std::vector<LayerScale> layers_;
 };
 
 }  // namespace ampd::engine::amp

@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/error_reason.h"
 #include "common/status_macros.h"
@@ -93,6 +94,18 @@ bool ParseHexFloat(absl::string_view s, double* out) {
   return end != nullptr && *end == '\0' && !copy.empty();
 }
 
+// "a,b,..." of hex floats, at most amp::kMaxLayerScaleGroups of them.
+bool DecodeHexFloats(absl::string_view text, std::vector<float>* out) {
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    double d = 0;
+    if (!ParseHexFloat(item, &d) || out->size() >= static_cast<size_t>(amp::kMaxLayerScaleGroups)) {
+      return false;
+    }
+    out->push_back(static_cast<float>(d));
+  }
+  return true;
+}
+
 }  // namespace
 
 std::string EncodeStepReport(const StepReport& r) {
@@ -117,6 +130,12 @@ std::string EncodeStepReport(const StepReport& r) {
   // Only when set (an adaptive scaler's deferred growth), so that every
   // other report, and the checkpoints that carry one, keep their bytes.
   if (r.scaler.growth_deferred) parts.push_back("growth_deferred=1");
+  // Per-layer scales only, likewise: "layer_scales_after=0x1p+24,0x1p+11".
+  if (!r.scaler.layer_scales_after.empty()) {
+    std::vector<std::string> scales;
+    for (const float s : r.scaler.layer_scales_after) scales.push_back(HexFloat(s));
+    parts.push_back(absl::StrCat("layer_scales_after=", absl::StrJoin(scales, ",")));
+  }
   // Reports of checkpoints written before steps reported their lr decode
   // to 0, as a report of lr 0 does, so only a non-zero lr is written.
   if (r.learning_rate != 0.0f) {
@@ -171,6 +190,9 @@ absl::StatusOr<StepReport> DecodeStepReport(absl::string_view text) {
       r.seconds.optimizer = d;
     else if (k == "total" && is_float)
       r.seconds.total = d;
+    else if (k == "layer_scales_after" && r.scaler.layer_scales_after.empty() &&
+             DecodeHexFloats(kv.second, &r.scaler.layer_scales_after))
+      continue;  // decoded
     else
       return absl::InvalidArgumentError(absl::StrCat(kMetaLastReport, ": bad entry '", part, "'"));
   }

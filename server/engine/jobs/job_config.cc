@@ -29,7 +29,27 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
   AMPD_RETURN_IF_ERROR(Prefixed("model", model::ValidateModelSpec(config.model)));
   AMPD_RETURN_IF_ERROR(Prefixed("optimizer", optim::ValidateOptimizerSpec(config.optimizer)));
   AMPD_RETURN_IF_ERROR(Prefixed("scaler", config.scaler.Validate()));
-  return Prefixed("distributed", dist::ValidateDistributedSpec(config.distributed));
+  AMPD_RETURN_IF_ERROR(Prefixed("distributed", dist::ValidateDistributedSpec(config.distributed)));
+  if (config.scaler.per_layer_scales) {
+    // A layer stack's groups only; a distributed job's ranks would each
+    // need every group's scale reduced across them, which the step does not do.
+    if (config.model.gpt.has_value()) {
+      return absl::InvalidArgumentError(
+          "scaler.per_layer_scales: available for layer-stack models only, not a GPT");
+    }
+    if (config.distributed.enabled()) {
+      return absl::InvalidArgumentError(
+          "scaler.per_layer_scales: not available for distributed jobs (world_size > 1)");
+    }
+    const int64_t groups = model::LayerScaleGroups(config.model);
+    if (groups > amp::kMaxLayerScaleGroups) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("scaler.per_layer_scales: the model has ", groups,
+                       " layer groups (one per Linear layer), more than the ",
+                       amp::kMaxLayerScaleGroups, " supported"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ValidJobConfig> ValidJobConfig::Check(JobConfig config) {

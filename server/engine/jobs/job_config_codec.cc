@@ -573,6 +573,8 @@ std::string ScalerJson(const amp::ScalerConfig& c) {
   if (c.policy == amp::ScalerPolicy::kAdaptive) {
     w.Int("overflow_margin_log2", c.overflow_margin_log2);
     w.Double("underflow_threshold", c.underflow_threshold);
+    // Version 5, and only when set: every other config keeps its bytes.
+    if (c.per_layer_scales) w.Bool("per_layer_scales", true);
   }
   w.Close();
   return out;
@@ -740,6 +742,14 @@ absl::StatusOr<amp::ScalerConfig> ScalerFromJson(const Json& v, int64_t version)
   if (c.policy == amp::ScalerPolicy::kAdaptive) {
     AMPD_ASSIGN_OR_RETURN(c.overflow_margin_log2, f.Integer<int64_t>("overflow_margin_log2"));
     AMPD_ASSIGN_OR_RETURN(c.underflow_threshold, f.Double("underflow_threshold"));
+    // Absent in configs written before per-layer scales existed.
+    if (f.Has("per_layer_scales")) {
+      if (version < 5) {
+        return Corrupt("scaler.per_layer_scales",
+                       absl::StrCat("not a key of format_version ", version));
+      }
+      AMPD_ASSIGN_OR_RETURN(c.per_layer_scales, f.Bool("per_layer_scales"));
+    }
   }
   AMPD_RETURN_IF_ERROR(f.Done());
   return c;
@@ -768,6 +778,7 @@ std::string EncodeJobConfig(const JobConfig& config, absl::string_view request_i
   if (config.optimizer.lr_schedule.kind != optim::LrScheduleKind::kConstant) version = 3;
   if (config.model.gpt.has_value()) version = 3;
   if (config.distributed.enabled()) version = 4;
+  if (config.scaler.per_layer_scales) version = 5;
   w.Int("format_version", version);
   w.String("display_name", config.display_name);
   if (!request_id.empty()) w.String("request_id", request_id);

@@ -29,7 +29,10 @@
 // written as version 1 or 2 as before, byte for byte. Version 4 adds the
 // data-parallel replica's place: "distributed":{"world_size","rank","group",
 // "rendezvous","timeout_ms"} after the scaler, written only for a job of
-// world_size > 1 (any other is written as before). A layer
+// world_size > 1 (any other is written as before). Version 5 adds
+// per-layer loss scales: an adaptive scaler object carries
+// "per_layer_scales":true last, written only when they are on (such a
+// config is never distributed, so 4 and 5 never meet). A layer
 // carries the fields of its kind only (linear: in_features, out_features,
 // bias; layer_norm: normalized_shape, eps, elementwise_affine; embedding:
 // num_embeddings, embedding_dim); the optimizer those of its kind (sgd: lr,
@@ -53,10 +56,10 @@
 namespace ampd::engine {
 
 // The newest format_version: EncodeJobConfig writes the oldest version that
-// holds a config (4 for a distributed job, else 3 with an lr schedule or a
-// GPT, else 2 for adaptive-scaler configs, else 1), DecodeJobConfig reads 1
-// to it.
-inline constexpr int kJobConfigFormatVersion = 4;
+// holds a config (5 with per-layer loss scales, 4 for a distributed job,
+// else 3 with an lr schedule or a GPT, else 2 for adaptive-scaler configs,
+// else 1), DecodeJobConfig reads 1 to it.
+inline constexpr int kJobConfigFormatVersion = 5;
 
 // A job's config and the request_id it was created with ("" when none).
 struct JobConfigRecord {

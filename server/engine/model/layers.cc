@@ -4,6 +4,7 @@
 // master weights, forward, scaled backward, then unscale and update).
 #include "server/engine/model/layers.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -77,7 +78,60 @@ absl::StatusOr<int64_t> WorkspaceBytes(const ModelSpec& spec, Precision precisio
 }
 
 Model::Model(const ModelSpec& spec, Precision precision, kernels::Backend& backend)
-    : Network(spec, precision, backend) {}
+    : Network(spec, precision, backend) {
+  int linears = 0;
+  for (const LayerSpec& l : spec.layers) {
+    linears += l.kind == LayerKind::kLinear ? 1 : 0;
+    layer_group_.push_back(std::max(0, linears - 1));
+  }
+  dx_scale_.assign(spec.layers.size(), 1.0f);
+}
+
+std::vector<int> Model::ParamScaleGroups() const {
+  std::vector<int> groups(params().size(), 0);
+  for (size_t i = 0; i < layer_params_.size(); ++i) {
+    for (const int p : {layer_params_[i].weight, layer_params_[i].bias}) {
+      if (p >= 0) groups[static_cast<size_t>(p)] = layer_group_[i];
+    }
+  }
+  return groups;
+}
+
+std::vector<Tensor*> Model::GroupEntryGradients(Workspace& any) const {
+  absl::StatusOr<LayerWorkspace*> own = Own<LayerWorkspace>(any);
+  if (!own.ok()) return {};
+  LayerWorkspace& ws = **own;
+  std::vector<Tensor*> entries(static_cast<size_t>(LayerScaleGroups(spec())), nullptr);
+  entries.back() = &ws.grads.back();  // (N, out) the loss gradient
+  for (size_t i = 1; i < layer_group_.size(); ++i) {
+    const int g = layer_group_[i];
+    // Layer i's dx (N, in), grads[i], is group g - 1's entry when layer i
+    // starts group g.
+    if (spec().layers[i].kind == LayerKind::kLinear && g > 0) {
+      entries[static_cast<size_t>(g - 1)] = &ws.grads[i];
+    }
+  }
+  return entries;
+}
+
+absl::Status Model::SetGroupScales(absl::Span<const float> scales) {
+  if (static_cast<int64_t>(scales.size()) != LayerScaleGroups(spec())) {
+    return absl::InvalidArgumentError(absl::StrCat("per_layer_scales: ", scales.size(),
+                                                   " scales for ", LayerScaleGroups(spec()),
+                                                   " layer groups"));
+  }
+  for (size_t i = 0; i < dx_scale_.size(); ++i) {
+    const int g = layer_group_[i];
+    // Every Linear but the first starts its own group.
+    const bool starts_group = spec().layers[i].kind == LayerKind::kLinear && g > 0;
+    // A ratio of powers of two, exact in double and in float while it is a
+    // normal float.
+    dx_scale_[i] = starts_group ? static_cast<float>(static_cast<double>(scales[g - 1]) /
+                                                     static_cast<double>(scales[g]))
+                                : 1.0f;
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, Precision precision,
                                                      uint64_t seed, kernels::Backend& backend) {
@@ -251,10 +305,11 @@ absl::Status Model::Backward(Workspace& any, bool first_micro_batch, const Grads
         AMPD_RETURN_IF_ERROR(
             backend_.Gemm(true, false, 1.0f, dy, x, beta, params()[lp.weight].grad));
         if (lp.bias >= 0) AMPD_RETURN_IF_ERROR(backend_.BiasGrad(dy, beta, params()[lp.bias].grad));
-        // dx (N, in) = dy (N, out) @ W (out, in).
+        // dx (N, in) = dx_scale * dy (N, out) @ W (out, in); dx_scale moves
+        // the gradient to the previous group's loss scale (Backward's header).
         if (dx != nullptr) {
-          AMPD_RETURN_IF_ERROR(
-              backend_.Gemm(false, false, 1.0f, dy, params()[lp.weight].value(), 0.0f, *dx));
+          AMPD_RETURN_IF_ERROR(backend_.Gemm(false, false, dx_scale_[i], dy,
+                                             params()[lp.weight].value(), 0.0f, *dx));
         }
         break;
       }

@@ -70,8 +70,16 @@ class Model final : public Network {
   absl::Status Loss(Workspace& ws, float grad_scale, kernels::Tensor& loss) override;
   // Linear gradients by GEMM with beta = 0 on the first micro-batch;
   // LayerNorm and Embedding gradients always accumulate (+=).
+  // With group scales set, a Linear that starts group g >= 1 writes its dx
+  // with GEMM alpha = S_{g-1} / S_g: the fp32 sum is scaled before its one
+  // rounding, so for powers of two dx is exactly the upstream gradient at
+  // group g - 1's scale (unless it leaves fp16's range), at no extra pass.
   using Network::Backward;
   absl::Status Backward(Workspace& ws, bool first_micro_batch, const GradsReady& ready) override;
+
+  std::vector<int> ParamScaleGroups() const override;
+  std::vector<kernels::Tensor*> GroupEntryGradients(Workspace& ws) const override;
+  absl::Status SetGroupScales(absl::Span<const float> scales) override;
 
  protected:
   absl::StatusOr<int64_t> BytesFor(const kernels::Shape& input_shape) const override;
@@ -88,6 +96,10 @@ class Model final : public Network {
 
   std::vector<LayerParams> layer_params_;  // one per layer
   std::vector<int64_t> widths_;            // widths_[i]: features of acts[i]
+  std::vector<int> layer_group_;           // one per layer: its scale group
+  // One per layer: the alpha of a group-starting Linear's dx GEMM
+  // (S_{g-1} / S_g), 1 everywhere else and without group scales.
+  std::vector<float> dx_scale_;
 };
 
 }  // namespace ampd::engine::model

@@ -2,6 +2,7 @@
 // parameter count) the Trainer and the service need before building anything.
 #include "server/engine/model/model_spec.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -288,6 +289,13 @@ int64_t ParameterCount(const ModelSpec& spec) {
     count = SaturatingAdd(count, LayerParameterCount(layer));
   }
   return count;
+}
+
+int64_t LayerScaleGroups(const ModelSpec& spec) {
+  if (spec.gpt.has_value()) return 0;
+  int64_t linears = 0;
+  for (const LayerSpec& l : spec.layers) linears += l.kind == LayerKind::kLinear ? 1 : 0;
+  return std::max<int64_t>(1, linears);
 }
 
 }  // namespace ampd::engine::model

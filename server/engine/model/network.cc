@@ -87,6 +87,10 @@ absl::StatusOr<std::vector<std::string>> Network::CanonicalNames(
 
 void Network::AnnotateExport(codec::StateDict&) const {}
 
+absl::Status Network::SetGroupScales(absl::Span<const float>) {
+  return absl::UnimplementedError("per_layer_scales: this kind of model has no layer groups");
+}
+
 absl::StatusOr<Workspace*> Network::GetWorkspace(const kernels::Shape& input_shape) {
   auto it = workspaces_.find(input_shape);
   if (it != workspaces_.end()) return it->second.ws.get();

@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "codec/state_dict.h"
 #include "kernels/backend.h"
 #include "server/engine/host_tensor.h"
@@ -124,6 +125,27 @@ class Network {
       const codec::StateDict& state) const;
   // Metadata this model's exported state dicts carry beside the Trainer's.
   virtual void AnnotateExport(codec::StateDict& state) const;
+
+  // Per-layer loss scales (amp/grad_scaler.h): the layer group of each
+  // parameter in params() order, groups numbered from 0 in forward order;
+  // empty when this kind of model has none (a GPT).
+  virtual std::vector<int> ParamScaleGroups() const { return {}; }
+  // The groups' scales for the backward passes that follow: where the
+  // upstream gradient leaves group g for group g - 1 it is multiplied by
+  // scales[g - 1] / scales[g]. A host-side setting (nothing runs on the
+  // device). InvalidArgument unless there is one scale per group;
+  // Unimplemented for a kind without groups.
+  virtual absl::Status SetGroupScales(absl::Span<const float> scales);
+  // The activation gradient each group's backward starts from, in ws after
+  // Backward (group g at index g): the loss gradient for the last group,
+  // and for the others the gradient the next group's first layer passed
+  // down, already at this group's scale. Per-layer scales check them with
+  // the group's parameter gradients, so that a group's max|g| also bounds
+  // what flows through it. Empty for a kind without groups.
+  virtual std::vector<kernels::Tensor*> GroupEntryGradients(Workspace& ws) const {
+    (void)ws;
+    return {};
+  }
 
  protected:
   // How a master starts: draws (fill, whose stream AddParameter sets to the

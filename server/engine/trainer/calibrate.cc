@@ -11,6 +11,11 @@
 // (ZeroGrads, beta = 0 on micro-batch 0). It runs once per job, and once
 // after a state without scaler keys is loaded: its cost is one extra
 // forward and backward and one extra read, on that step only.
+// With per-layer scales every group runs at S = 1 (no rescaling between
+// groups), each group's check pass keeps its own max|g|, and each group
+// starts at the scale its own max gives (all at 1 when anything
+// overflowed, as the job-wide scale does).
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 
@@ -26,9 +31,14 @@ absl::Status Trainer::Impl::CalibrateLossScale(const StepInput& input,
   // A distributed job calibrates on the whole batch's gradient, the same on
   // every rank, so every rank's scaler starts at the same scale.
   const int64_t global_k = data_parallel != nullptr ? data_parallel->global_micro_batches : k;
+  const bool per_layer = config.scaler.per_layer_scales;
+  if (per_layer) {
+    std::fill(group_scales.begin(), group_scales.end(), 1.0f);
+    AMPD_RETURN_IF_ERROR(model->SetGroupScales(group_scales));
+  }
   AMPD_RETURN_IF_ERROR(model->ZeroGrads());
   AMPD_RETURN_IF_ERROR(b.Fill(found_inf, 0.0f));
-  AMPD_RETURN_IF_ERROR(b.Fill(max_abs, 0.0f));
+  for (ScaleGroup& g : groups) AMPD_RETURN_IF_ERROR(b.Fill(g.max_abs, 0.0f));
   for (int64_t i = 0; i < k; ++i) {
     const MicroBatch& mb = input.micro_batches[static_cast<size_t>(i)];
     AMPD_ASSIGN_OR_RETURN(model::Workspace * ws, model->GetWorkspace(mb.inputs.shape));
@@ -36,14 +46,26 @@ absl::Status Trainer::Impl::CalibrateLossScale(const StepInput& input,
     AMPD_RETURN_IF_ERROR(model->Forward(*ws));
     AMPD_RETURN_IF_ERROR(model->Loss(*ws, 1.0f / static_cast<float>(global_k), loss));
     AMPD_RETURN_IF_ERROR(model->Backward(*ws, /*first_micro_batch=*/i == 0));
+    if (per_layer) AMPD_RETURN_IF_ERROR(CheckGroupEntries(*ws));
   }
   if (data_parallel != nullptr) AMPD_RETURN_IF_ERROR(data_parallel->all_reduce->Sum(grads));
-  AMPD_RETURN_IF_ERROR(b.UnscaleAndCheck(grads, 1.0f, /*in_place=*/false, found_inf,
-                                         /*norm_sq=*/nullptr, &max_abs));
-  const kernels::Tensor* const scalars[2] = {&found_inf, &max_abs};
-  float host[2] = {0, 0};  // [found_inf, max_abs]
+  for (ScaleGroup& g : groups) {
+    AMPD_RETURN_IF_ERROR(b.UnscaleAndCheck(g.grads, 1.0f, /*in_place=*/false, found_inf,
+                                           /*norm_sq=*/nullptr, &g.max_abs));
+  }
+  // The step's read list without the loss sum: [found_inf, norm_sq (not
+  // computed here, unused), max_abs of group 0, 1, ...].
+  const auto scalars = absl::MakeConstSpan(read_scalars).subspan(1);
+  const absl::Span<float> host = absl::MakeSpan(read_values).subspan(1);
   AMPD_RETURN_IF_ERROR(b.ReadScalars(scalars, host));
-  scaler.Calibrate(host[0] != 0.0f ? std::numeric_limits<float>::infinity() : host[1]);
+  const absl::Span<const float> max_abs = host.subspan(2);
+  if (host[0] != 0.0f) {
+    scaler.Calibrate(std::numeric_limits<float>::infinity());
+  } else if (per_layer) {
+    scaler.CalibrateLayers(max_abs);
+  } else {
+    scaler.Calibrate(max_abs[0]);
+  }
   return absl::OkStatus();
 }
 

@@ -29,6 +29,19 @@
 // rank's micro-batches. Both sums come before the update, so a rank that
 // dies mid-step leaves the others with nothing applied. On CUDA the sums
 // are NCCL kernels on the job's stream: still no host wait before ReadBack.
+// Per-layer scales (adaptive's opt-in; amp/grad_scaler.h): the loss
+// gradient carries the last layer group's S, the model's backward moves the
+// upstream gradient to each group's own S_g where it crosses into it (a
+// GEMM alpha, no extra pass), and the histogram, the check pass and the
+// update run once per group with that group's 1 / S_g: found_inf and the
+// norm shared (the norm is the global one clipping needs), max|g| and the
+// histogram per group, all still in the one ReadBack. The bytes per
+// parameter below are unchanged: each gradient is still read once by the
+// check and once by the update. Each micro-batch's backward also leaves
+// every group's entry gradient (the loss gradient, or what the next group
+// passed down), which joins the group's check (CheckGroupEntries): one read
+// of those activations, so that a group's max|g|, from which its scale is
+// calibrated and grown, bounds what flows through the group too.
 // An adaptive-scaler job's first step (and its first after a state without
 // scaler keys was loaded) first runs CalibrateLossScale (calibrate.cc): one
 // extra forward and backward at S = 1 and one small read, so that the step
@@ -80,7 +93,8 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// Positions in the step's one ReadScalars.
+// Positions in the step's one ReadBack; group g's max_abs is at
+// kReadMaxAbs + g.
 constexpr int kReadLossSum = 0;
 constexpr int kReadFoundInf = 1;
 constexpr int kReadNormSq = 2;
@@ -136,6 +150,18 @@ absl::Status Trainer::Impl::AdmitWorkspaces(const std::vector<MicroBatch>& micro
   return absl::OkStatus();
 }
 
+absl::Status Trainer::Impl::CheckGroupEntries(model::Workspace& ws) {
+  const std::vector<Tensor*> entries = model->GroupEntryGradients(ws);
+  for (size_t g = 0; g < entries.size() && g < groups.size(); ++g) {
+    if (entries[g] == nullptr) continue;
+    const float inv_scale = static_cast<float>(1.0 / static_cast<double>(group_scales[g]));
+    AMPD_RETURN_IF_ERROR(backend->UnscaleAndCheck(absl::MakeSpan(&entries[g], 1), inv_scale,
+                                                  /*in_place=*/false, found_inf,
+                                                  /*norm_sq=*/nullptr, &groups[g].max_abs));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckStepInput(const StepInput& input) {
   if (input.micro_batches.empty()) {
     return absl::InvalidArgumentError("micro_batches: at least one micro-batch is required");
@@ -171,9 +197,23 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   AMPD_RETURN_IF_ERROR(m.AdmitWorkspaces(input.micro_batches, admit, "step"));
   const TrimWorkspacesOnExit trim{net};
 
+  const bool per_layer = m.config.scaler.per_layer_scales;
+  if (per_layer && data_parallel != nullptr) {
+    // Validation refuses the config; a Trainer handed one anyway must not
+    // train ranks whose group scales were never reduced.
+    return absl::InvalidArgumentError(
+        "scaler.per_layer_scales: not available for distributed jobs");
+  }
   if (m.scaler.NeedsCalibration()) {
     AMPD_RETURN_IF_ERROR(m.CalibrateLossScale(input, data_parallel));
   }
+  if (per_layer) {
+    for (size_t g = 0; g < m.groups.size(); ++g) {
+      m.group_scales[g] = m.scaler.layer_scale(static_cast<int64_t>(g));
+    }
+    AMPD_RETURN_IF_ERROR(net.SetGroupScales(m.group_scales));
+  }
+  // The loss gradient's scale: the job's, or the last layer group's.
   const float scale = m.scaler.scale();
   const auto local_k = static_cast<int64_t>(input.micro_batches.size());
   // A distributed step's K counts every rank's micro-batches: the sum of
@@ -181,14 +221,18 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   const int64_t k = data_parallel != nullptr ? data_parallel->global_micro_batches : local_k;
   // d(S * mean_k L_k)/dw: each micro-batch's loss gradient carries S / K.
   const float grad_scale = scale / static_cast<float>(k);
-  const float inv_scale = static_cast<float>(1.0 / static_cast<double>(scale));
   const bool clip = m.config.optimizer.max_grad_norm > 0.0f;
+  // Group g's 1 / S_g (one group, S, for a job-wide scale).
+  const auto inv_scale_of = [&](size_t g) {
+    const float s = per_layer ? m.group_scales[g] : scale;
+    return static_cast<float>(1.0 / static_cast<double>(s));
+  };
 
   AMPD_RETURN_IF_ERROR(net.ZeroGrads());
   AMPD_RETURN_IF_ERROR(b.Fill(m.found_inf, 0.0f));
   AMPD_RETURN_IF_ERROR(b.Fill(m.loss_sum, 0.0f));
   AMPD_RETURN_IF_ERROR(b.Fill(m.norm_sq, 0.0f));
-  AMPD_RETURN_IF_ERROR(b.Fill(m.max_abs, 0.0f));
+  for (Impl::ScaleGroup& g : m.groups) AMPD_RETURN_IF_ERROR(b.Fill(g.max_abs, 0.0f));
 
   // A distributed step starts summing each parameter's gradient as the last
   // micro-batch's backward finishes it, so the sums overlap the rest of the
@@ -225,6 +269,7 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
     const bool last = i == local_k - 1;
     AMPD_RETURN_IF_ERROR(net.Backward(*ws, /*first_micro_batch=*/i == 0,
                                       last ? ready : model::Network::GradsReady()));
+    if (per_layer) AMPD_RETURN_IF_ERROR(m.CheckGroupEntries(*ws));
     const Clock::time_point t2 = Clock::now();
     report.seconds.forward += Seconds(t0, t1);
     report.seconds.backward += Seconds(t1, t2);
@@ -245,14 +290,21 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   if (input.sample_grad_histogram) {
     // On the scaled grads: what the operator needs to see is where the
     // values sit relative to fp16's range, i.e. what was actually stored.
-    AMPD_RETURN_IF_ERROR(
-        b.CopyFromHost(m.zero_bins.data(), m.zero_bins.size() * sizeof(int64_t), m.histogram));
-    AMPD_RETURN_IF_ERROR(b.GradLog2Histogram(m.const_grads, m.histogram));
+    // One histogram per scale group, so each group's underflow is its own.
+    for (Impl::ScaleGroup& g : m.groups) {
+      AMPD_RETURN_IF_ERROR(
+          b.CopyFromHost(m.zero_bins.data(), m.zero_bins.size() * sizeof(int64_t), g.histogram));
+      AMPD_RETURN_IF_ERROR(b.GradLog2Histogram(g.const_grads, g.histogram));
+    }
   }
 
   const Clock::time_point t3 = Clock::now();
-  AMPD_RETURN_IF_ERROR(b.UnscaleAndCheck(m.grads, inv_scale, /*in_place=*/false, m.found_inf,
-                                         &m.norm_sq, &m.max_abs));
+  // found_inf is only ever set and norm_sq only added to, so the groups'
+  // calls share them: the norm is the global one clipping needs.
+  for (size_t g = 0; g < m.groups.size(); ++g) {
+    AMPD_RETURN_IF_ERROR(b.UnscaleAndCheck(m.groups[g].grads, inv_scale_of(g), /*in_place=*/false,
+                                           m.found_inf, &m.norm_sq, &m.groups[g].max_abs));
+  }
   const Clock::time_point t_checked = Clock::now();
   if (data_parallel != nullptr) {
     // The whole batch's loss, and found_inf as a sum of the ranks' flags
@@ -271,7 +323,6 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   // reads a found_inf that is always 0.
   const bool scaler_enabled = m.config.scaler.enabled;
   kernels::GradTransform transform;
-  transform.inv_scale = inv_scale;
   transform.found_inf = scaler_enabled ? &m.found_inf : &m.no_inf;
   transform.norm_sq = clip ? &m.norm_sq : nullptr;
   transform.max_grad_norm = m.config.optimizer.max_grad_norm;
@@ -281,25 +332,40 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
       input.learning_rate.has_value()
           ? *input.learning_rate
           : optim::ScheduledLearningRate(m.config.optimizer, m.optimizer.applied_steps());
-  AMPD_RETURN_IF_ERROR(m.optimizer.Apply(b, m.refs, lr, transform));
+  // Each group's update with its own 1 / S_g; the optimizer's step count
+  // is the caller's to advance, once, below.
+  for (size_t g = 0; g < m.groups.size(); ++g) {
+    transform.inv_scale = inv_scale_of(g);
+    AMPD_RETURN_IF_ERROR(m.optimizer.Apply(b, m.groups[g].refs, lr, transform));
+  }
   const Clock::time_point t5 = Clock::now();
 
-  // One read brings the scalars and, when sampled, the histogram.
-  const Tensor* const scalars[4] = {&m.loss_sum, &m.found_inf, &m.norm_sq, &m.max_abs};
-  float host[4] = {0, 0, 0, 0};  // [loss sum, found_inf, norm_sq, max_abs]
-  kernels::HostCopy histogram_copy;
+  // One read brings the scalars and, when sampled, the histograms.
+  std::vector<kernels::HostCopy> histogram_copies;
   if (input.sample_grad_histogram) {
-    report.grad_histogram.resize(kernels::kGradHistogramBins);
-    histogram_copy = {&m.histogram, report.grad_histogram.data(),
-                      report.grad_histogram.size() * sizeof(int64_t)};
+    histogram_copies.reserve(m.groups.size());
+    for (Impl::ScaleGroup& g : m.groups) {
+      histogram_copies.push_back({&g.histogram, g.bins.data(), g.bins.size() * sizeof(int64_t)});
+    }
   }
-  AMPD_RETURN_IF_ERROR(b.ReadBack(
-      scalars, host, absl::MakeConstSpan(&histogram_copy, input.sample_grad_histogram ? 1 : 0)));
+  const std::vector<float>& host = m.read_values;
+  AMPD_RETURN_IF_ERROR(b.ReadBack(m.read_scalars, absl::MakeSpan(m.read_values), histogram_copies));
   const bool found_inf = host[kReadFoundInf] != 0.0f;
   amp::StepGradStats stats;
   stats.found_inf = found_inf;
-  stats.max_abs = host[kReadMaxAbs];
+  float max_abs = 0.0f;
+  for (size_t g = 0; g < m.groups.size(); ++g) {
+    // Exact, whatever the grouping: a max never rounds (fmax keeps inf).
+    max_abs = std::fmax(max_abs, host[kReadMaxAbs + g]);
+    if (per_layer) stats.layer_max_abs.push_back(host[kReadMaxAbs + g]);
+  }
+  stats.max_abs = max_abs;
   if (input.sample_grad_histogram) {
+    report.grad_histogram.assign(kernels::kGradHistogramBins, 0);
+    for (const Impl::ScaleGroup& g : m.groups) {
+      for (size_t i = 0; i < g.bins.size(); ++i) report.grad_histogram[i] += g.bins[i];
+      if (per_layer) stats.layer_underflow_fraction.push_back(amp::UnderflowFraction(g.bins));
+    }
     stats.underflow_fraction = amp::UnderflowFraction(report.grad_histogram);
     report.grad_underflow_fraction = stats.underflow_fraction;
   }
@@ -318,7 +384,7 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   report.loss = host[kReadLossSum] / static_cast<float>(k);
   report.learning_rate = lr;
   report.scaler = *update;
-  report.grad_max_abs = host[kReadMaxAbs];
+  report.grad_max_abs = max_abs;
   // Every applied step reports its norm; a skipped one only when clipping
   // (the norm of gradients that overflowed is inf or NaN, kept as clipping
   // always reported it).

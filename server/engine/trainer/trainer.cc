@@ -40,7 +40,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     const ValidJobConfig& valid, std::unique_ptr<kernels::Backend> backend) {
   if (backend == nullptr) return absl::InvalidArgumentError("backend: null");
   const JobConfig& config = valid.get();
-  AMPD_ASSIGN_OR_RETURN(amp::GradScaler scaler, amp::GradScaler::Create(config.scaler));
+  // Validation has kept per-layer scales to layer stacks of at most
+  // kMaxLayerScaleGroups groups.
+  const int64_t layer_groups =
+      config.scaler.per_layer_scales ? model::LayerScaleGroups(config.model) : 1;
+  AMPD_ASSIGN_OR_RETURN(amp::GradScaler scaler,
+                        amp::GradScaler::Create(config.scaler, layer_groups));
   // Refused before any allocation when the weights alone cannot fit: the
   // backend's allocator would fail (or, with overcommit, succeed and let the
   // kernel kill the process when the pages are touched).
@@ -79,11 +84,31 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   impl->ready_grads.reserve(impl->grads.size());
   impl->grad_started.assign(impl->grads.size(), 0);
 
-  for (Tensor* t : {&impl->loss, &impl->loss_sum, &impl->found_inf, &impl->norm_sq, &impl->max_abs,
-                    &impl->no_inf}) {
+  // One scale group of every parameter, or one per layer group.
+  std::vector<int> group_of(impl->refs.size(), 0);
+  if (config.scaler.per_layer_scales) group_of = impl->model->ParamScaleGroups();
+  if (group_of.size() != impl->refs.size()) {
+    return absl::InvalidArgumentError("per_layer_scales: the model has no layer groups");
+  }
+  impl->groups.resize(static_cast<size_t>(layer_groups));
+  for (size_t p = 0; p < group_of.size(); ++p) {
+    Impl::ScaleGroup& g = impl->groups[static_cast<size_t>(group_of[p])];
+    g.refs.push_back(impl->refs[p]);
+    g.grads.push_back(impl->grads[p]);
+    g.const_grads.push_back(impl->const_grads[p]);
+  }
+  for (Impl::ScaleGroup& g : impl->groups) {
+    AMPD_ASSIGN_OR_RETURN(g.max_abs, AllocScalar(b, {1, 1}));
+    AMPD_ASSIGN_OR_RETURN(g.histogram, b.Allocate(DType::kI64, {kernels::kGradHistogramBins}));
+  }
+  for (Tensor* t :
+       {&impl->loss, &impl->loss_sum, &impl->found_inf, &impl->norm_sq, &impl->no_inf}) {
     AMPD_ASSIGN_OR_RETURN(*t, AllocScalar(b, {1, 1}));
   }
-  AMPD_ASSIGN_OR_RETURN(impl->histogram, b.Allocate(DType::kI64, {kernels::kGradHistogramBins}));
+  impl->read_scalars = {&impl->loss_sum, &impl->found_inf, &impl->norm_sq};
+  for (const Impl::ScaleGroup& g : impl->groups) impl->read_scalars.push_back(&g.max_abs);
+  impl->read_values.assign(impl->read_scalars.size(), 0.0f);
+  impl->group_scales.assign(impl->groups.size(), 1.0f);
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
 }
 

@@ -43,14 +43,36 @@ struct Trainer::Impl {
   kernels::Tensor loss_sum;   // (1, 1) F32, sum of the step's micro-batch losses
   kernels::Tensor found_inf;  // (1, 1) F32
   kernels::Tensor norm_sq;    // (1, 1) F32
-  kernels::Tensor max_abs;    // (1, 1) F32, max |g| of the unscaled grads
   kernels::Tensor no_inf;     // (1, 1) F32 zero: the update's found_inf when the scaler is disabled
-  kernels::Tensor histogram;  // (kGradHistogramBins) I64
   std::vector<int64_t> zero_bins = std::vector<int64_t>(kernels::kGradHistogramBins, 0);
+
+  // The parameters one loss scale covers: all of them (one group) for a
+  // job-wide scale, one layer group's each with per-layer scales. Each is
+  // unscaled with its own 1 / S_g and updated with it; found_inf and
+  // norm_sq are shared (both accumulate across UnscaleAndCheck calls).
+  struct ScaleGroup {
+    std::vector<kernels::ParamRef> refs;
+    std::vector<kernels::Tensor*> grads;
+    std::vector<const kernels::Tensor*> const_grads;
+    kernels::Tensor max_abs;    // (1, 1) F32, max |g| of the group's unscaled grads
+    kernels::Tensor histogram;  // (kGradHistogramBins) I64 of its scaled grads
+    std::vector<int64_t> bins = std::vector<int64_t>(kernels::kGradHistogramBins, 0);
+  };
+  std::vector<ScaleGroup> groups;
+  // Host buffers of the step's one ReadBack, sized once: [loss sum,
+  // found_inf, norm_sq, max_abs of group 0, 1, ...], the groups' scales.
+  std::vector<const kernels::Tensor*> read_scalars;
+  std::vector<float> read_values;
+  std::vector<float> group_scales;
 
   // calibrate.cc: the adaptive scaler's calibrated start, run by Step
   // before the step proper when the scaler NeedsCalibration().
   absl::Status CalibrateLossScale(const StepInput& input, const DataParallelStep* data_parallel);
+
+  // step.cc, per-layer scales: after a micro-batch's backward, each group's
+  // entry gradient (Network::GroupEntryGradients) joins its found_inf and
+  // max|g| check, unscaled by that group's 1 / group_scales[g].
+  absl::Status CheckGroupEntries(model::Workspace& ws);
 
   // step.cc: admission of the workspaces a step or an evaluation (`what`)
   // needs for its micro-batches' sizes, before anything is allocated (see
