@@ -181,15 +181,14 @@ class DataParallelTest : public ::testing::Test {
   void GroupMatchesOneProcess(int ranks, v1::Precision precision, int64_t steps, int64_t poisoned,
                               double loss_tolerance) {
     const std::vector<v1::StepResponse> alone = TrainAlone(precision, ranks, steps, poisoned);
-    std::vector<Replica> replicas = StartReplicas(ranks);
-    ASSERT_FALSE(HasFatalFailure());
-    SyntheticTask task(TaskOptions());
-    absl::StatusOr<std::unique_ptr<DataParallelJob>> job =
-        DataParallelJob::Create(Request(task, precision), Options(replicas));
-    ASSERT_TRUE(job.ok()) << job.status();
+    Group g;
+    ASSERT_NO_FATAL_FAILURE(StartGroup(ranks, precision, &g));
+    std::vector<Replica>& replicas = g.replicas;
+    SyntheticTask& task = g.task;
+    DataParallelJob* job = g.job.get();
     std::vector<v1::StepResponse> group;
     for (int64_t i = 1; i <= steps; ++i) {
-      absl::StatusOr<v1::StepResponse> r = (*job)->Step(i, Shares(Batch(task, i, poisoned), ranks));
+      absl::StatusOr<v1::StepResponse> r = job->Step(i, Shares(Batch(task, i, poisoned), ranks));
       ASSERT_TRUE(r.ok()) << r.status() << "\n" << replicas[0].process->Log();
       group.push_back(*r);
     }
@@ -201,6 +200,24 @@ class DataParallelTest : public ::testing::Test {
     }
     EXPECT_TRUE(group[static_cast<size_t>(poisoned - 1)].skipped());
     EXPECT_TRUE(group[static_cast<size_t>(poisoned - 1)].found_inf());
+  }
+
+  // `ranks` replicas (each with `extra` flags and its own state directory
+  // when there are extra flags) and a job of `precision` across them on the
+  // synthetic task.
+  struct Group {
+    std::vector<Replica> replicas;
+    SyntheticTask task{TaskOptions()};
+    std::unique_ptr<DataParallelJob> job;
+  };
+  void StartGroup(int ranks, v1::Precision precision, Group* group,
+                  const std::vector<std::string>& extra = {}) {
+    group->replicas = StartReplicas(ranks, extra);
+    ASSERT_FALSE(HasFatalFailure());
+    absl::StatusOr<std::unique_ptr<DataParallelJob>> job =
+        DataParallelJob::Create(Request(group->task, precision), Options(group->replicas));
+    ASSERT_TRUE(job.ok()) << job.status();
+    group->job = *std::move(job);
   }
 
   void KillAndRestart(int killed);
@@ -223,14 +240,13 @@ TEST_F(DataParallelTest, FourRanksMatchOneProcess) {
 }
 
 TEST_F(DataParallelTest, RanksSentDifferentSequencesRefuseTheStepAndStayUsable) {
-  std::vector<Replica> replicas = StartReplicas(2);
-  ASSERT_FALSE(HasFatalFailure());
-  SyntheticTask task(TaskOptions());
-  absl::StatusOr<std::unique_ptr<DataParallelJob>> job =
-      DataParallelJob::Create(Request(task, v1::PRECISION_FP32), Options(replicas));
-  ASSERT_TRUE(job.ok()) << job.status();
+  Group g;
+  ASSERT_NO_FATAL_FAILURE(StartGroup(2, v1::PRECISION_FP32, &g));
+  std::vector<Replica>& replicas = g.replicas;
+  SyntheticTask& task = g.task;
+  DataParallelJob* job = g.job.get();
   const std::vector<std::vector<v1::MicroBatch>> shares = Shares(task.NextBatch(), 2);
-  ASSERT_TRUE((*job)->Step(1, shares).ok());
+  ASSERT_TRUE(job->Step(1, shares).ok());
   // Rank 0 is sent step 2, rank 1 step 3: both refuse, nothing is applied.
   std::vector<absl::StatusOr<v1::StepResponse>> results(2, absl::UnknownError(""));
   std::vector<std::thread> threads;
@@ -238,7 +254,7 @@ TEST_F(DataParallelTest, RanksSentDifferentSequencesRefuseTheStepAndStayUsable) 
     threads.emplace_back([&, r] {
       std::unique_ptr<Client> c = Client::Connect(replicas[static_cast<size_t>(r)].address());
       v1::StepRequest step;
-      step.set_job_id((*job)->jobs()[static_cast<size_t>(r)].job_id());
+      step.set_job_id(job->jobs()[static_cast<size_t>(r)].job_id());
       step.set_sequence(2 + r);
       *step.add_micro_batches() = shares[static_cast<size_t>(r)][0];
       results[static_cast<size_t>(r)] = c->Step(step);
@@ -255,7 +271,7 @@ TEST_F(DataParallelTest, RanksSentDifferentSequencesRefuseTheStepAndStayUsable) 
     ASSERT_TRUE(info.has_value());
     EXPECT_EQ(info->reason(), "REPLICAS_DIFFER");
   }
-  absl::StatusOr<v1::StepResponse> next = (*job)->Step(2, Shares(task.NextBatch(), 2));
+  absl::StatusOr<v1::StepResponse> next = job->Step(2, Shares(task.NextBatch(), 2));
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(next->global_step(), 2);
 }
@@ -276,12 +292,12 @@ void DataParallelTest::KillAndRestart(int killed) {
   constexpr int64_t kSteps = 16;
   constexpr int64_t kKillAfter = 8;
   const std::vector<v1::StepResponse> alone = TrainAlone(v1::PRECISION_FP32, 2, kSteps, -1);
-  std::vector<Replica> replicas = StartReplicas(2, {"--checkpoint-every=3", "--checkpoint-sync"});
-  ASSERT_FALSE(HasFatalFailure());
-  SyntheticTask task(TaskOptions());
-  absl::StatusOr<std::unique_ptr<DataParallelJob>> job =
-      DataParallelJob::Create(Request(task, v1::PRECISION_FP32), Options(replicas));
-  ASSERT_TRUE(job.ok()) << job.status();
+  Group g;
+  ASSERT_NO_FATAL_FAILURE(
+      StartGroup(2, v1::PRECISION_FP32, &g, {"--checkpoint-every=3", "--checkpoint-sync"}));
+  std::vector<Replica>& replicas = g.replicas;
+  SyntheticTask& task = g.task;
+  DataParallelJob* job = g.job.get();
   std::vector<v1::StepResponse> group;
   for (int64_t i = 1; i <= kSteps; ++i) {
     if (i == kKillAfter + 1) {
@@ -291,7 +307,7 @@ void DataParallelTest::KillAndRestart(int killed) {
       // The step is sent while the rank is down; it restarts meanwhile.
       std::vector<std::vector<v1::MicroBatch>> shares = Shares(task.NextBatch(), 2);
       std::future<absl::StatusOr<v1::StepResponse>> pending =
-          std::async(std::launch::async, [&] { return (*job)->Step(i, shares); });
+          std::async(std::launch::async, [&] { return job->Step(i, shares); });
       std::this_thread::sleep_for(std::chrono::seconds(2));
       Start(victim, absl::StrCat("rank", killed, "-restarted"), /*same_peer_port=*/killed == 0);
       ASSERT_FALSE(HasFatalFailure());
@@ -303,7 +319,7 @@ void DataParallelTest::KillAndRestart(int killed) {
           << victim.process->Log();
       continue;
     }
-    absl::StatusOr<v1::StepResponse> r = (*job)->Step(i, Shares(task.NextBatch(), 2));
+    absl::StatusOr<v1::StepResponse> r = job->Step(i, Shares(task.NextBatch(), 2));
     ASSERT_TRUE(r.ok()) << r.status();
     group.push_back(*r);
   }
@@ -311,8 +327,8 @@ void DataParallelTest::KillAndRestart(int killed) {
   // Both replicas hold the same state, that of the uninterrupted run's count.
   std::unique_ptr<Client> c0 = Client::Connect(replicas[0].address());
   std::unique_ptr<Client> c1 = Client::Connect(replicas[1].address());
-  absl::StatusOr<std::string> s0 = c0->GetStateDict((*job)->jobs()[0].job_id());
-  absl::StatusOr<std::string> s1 = c1->GetStateDict((*job)->jobs()[1].job_id());
+  absl::StatusOr<std::string> s0 = c0->GetStateDict(job->jobs()[0].job_id());
+  absl::StatusOr<std::string> s1 = c1->GetStateDict(job->jobs()[1].job_id());
   ASSERT_TRUE(s0.ok() && s1.ok());
   absl::StatusOr<codec::StateDict> d0 = codec::DecodeSafetensors(*s0);
   absl::StatusOr<codec::StateDict> d1 = codec::DecodeSafetensors(*s1);
@@ -327,21 +343,20 @@ void DataParallelTest::KillAndRestart(int killed) {
 }
 
 TEST_F(DataParallelTest, AStateLoadedIntoOneRankIsRefusedUntilEveryRankHasIt) {
-  std::vector<Replica> replicas = StartReplicas(2);
-  ASSERT_FALSE(HasFatalFailure());
-  SyntheticTask task(TaskOptions());
-  absl::StatusOr<std::unique_ptr<DataParallelJob>> job =
-      DataParallelJob::Create(Request(task, v1::PRECISION_FP32), Options(replicas));
-  ASSERT_TRUE(job.ok()) << job.status();
-  ASSERT_TRUE((*job)->Step(1, Shares(task.NextBatch(), 2)).ok());
+  Group g;
+  ASSERT_NO_FATAL_FAILURE(StartGroup(2, v1::PRECISION_FP32, &g));
+  std::vector<Replica>& replicas = g.replicas;
+  SyntheticTask& task = g.task;
+  DataParallelJob* job = g.job.get();
+  ASSERT_TRUE(job->Step(1, Shares(task.NextBatch(), 2)).ok());
   // A state from elsewhere: rank 0's after one more step.
   std::unique_ptr<Client> c0 = Client::Connect(replicas[0].address());
   std::unique_ptr<Client> c1 = Client::Connect(replicas[1].address());
-  absl::StatusOr<std::string> before = c0->GetStateDict((*job)->jobs()[0].job_id());
-  ASSERT_TRUE((*job)->Step(2, Shares(task.NextBatch(), 2)).ok());
+  absl::StatusOr<std::string> before = c0->GetStateDict(job->jobs()[0].job_id());
+  ASSERT_TRUE(job->Step(2, Shares(task.NextBatch(), 2)).ok());
   ASSERT_TRUE(before.ok());
-  ASSERT_TRUE(c0->LoadStateDict((*job)->jobs()[0].job_id(), *before).ok());
-  absl::StatusOr<v1::StepResponse> refused = (*job)->Step(3, Shares(task.NextBatch(), 2));
+  ASSERT_TRUE(c0->LoadStateDict(job->jobs()[0].job_id(), *before).ok());
+  absl::StatusOr<v1::StepResponse> refused = job->Step(3, Shares(task.NextBatch(), 2));
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
   std::optional<google::rpc::ErrorInfo> info = ErrorInfoOf(refused.status());
@@ -350,8 +365,8 @@ TEST_F(DataParallelTest, AStateLoadedIntoOneRankIsRefusedUntilEveryRankHasIt) {
   EXPECT_NE(refused.status().message().find("different states"), std::string::npos)
       << refused.status();
   // The same state into rank 1 too: the group forms and trains on.
-  ASSERT_TRUE(c1->LoadStateDict((*job)->jobs()[1].job_id(), *before).ok());
-  absl::StatusOr<v1::StepResponse> next = (*job)->Step(3, Shares(task.NextBatch(), 2));
+  ASSERT_TRUE(c1->LoadStateDict(job->jobs()[1].job_id(), *before).ok());
+  absl::StatusOr<v1::StepResponse> next = job->Step(3, Shares(task.NextBatch(), 2));
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(next->global_step(), 3);
 }

@@ -3,6 +3,7 @@
 // step runs): the analytic dL/dw from Backward vs (L(w+h) - L(w-h)) / 2h
 // with L from Forward + Loss.
 #include <cmath>
+#include <memory>
 #include <string>
 
 #include "engine_test_util.h"
@@ -69,42 +70,50 @@ std::vector<Case> Cases() {
   return cases;
 }
 
+// A case's model on the CPU backend, its batch loaded, and a loss scalar.
+struct CaseModel {
+  std::unique_ptr<kernels::Backend> backend;
+  std::unique_ptr<model::Model> model;
+  model::Workspace* ws = nullptr;
+  kernels::Tensor loss;
+};
+
+void BuildCaseModel(const Case& c, CaseModel* out) {
+  auto backend_or = kernels::CreateBackend("cpu");
+  ASSERT_TRUE(backend_or.ok()) << backend_or.status();
+  out->backend = *std::move(backend_or);
+  auto model_or = model::Model::Create(c.spec, model::Precision::kFp32, 3, *out->backend);
+  ASSERT_TRUE(model_or.ok()) << model_or.status();
+  out->model = *std::move(model_or);
+  auto ws_or = out->model->GetWorkspace(c.inputs.shape[0]);
+  ASSERT_TRUE(ws_or.ok()) << ws_or.status();
+  out->ws = *ws_or;
+  ASSERT_TRUE(out->model->LoadBatch(c.inputs, c.targets, *out->ws).ok());
+  auto loss_or = out->backend->Allocate(DType::kF32, {1, 1});
+  ASSERT_TRUE(loss_or.ok());
+  out->loss = *std::move(loss_or);
+}
+
 TEST_P(GradientCheck, ReportsEachGradientOnceWhenItIsFinal) {
   const Case c = Cases()[static_cast<size_t>(GetParam())];
   SCOPED_TRACE(c.name);
-  auto backend_or = kernels::CreateBackend("cpu");
-  ASSERT_TRUE(backend_or.ok()) << backend_or.status();
-  kernels::Backend& b = **backend_or;
-  auto model_or = model::Model::Create(c.spec, model::Precision::kFp32, 3, b);
-  ASSERT_TRUE(model_or.ok()) << model_or.status();
-  model::Model& m = **model_or;
-  auto ws_or = m.GetWorkspace(c.inputs.shape[0]);
-  ASSERT_TRUE(ws_or.ok()) << ws_or.status();
-  ASSERT_TRUE(m.LoadBatch(c.inputs, c.targets, **ws_or).ok());
-  auto loss_or = b.Allocate(DType::kF32, {1, 1});
-  ASSERT_TRUE(loss_or.ok());
-  ASSERT_TRUE(m.ZeroGrads().ok());
-  ASSERT_TRUE(m.Forward(**ws_or).ok());
-  ASSERT_TRUE(m.Loss(**ws_or, 1.0f, *loss_or).ok());
-  testing::ExpectGradsReadyOnceAndFinal(b, m, **ws_or);
+  CaseModel cm;
+  ASSERT_NO_FATAL_FAILURE(BuildCaseModel(c, &cm));
+  ASSERT_TRUE(cm.model->ZeroGrads().ok());
+  ASSERT_TRUE(cm.model->Forward(*cm.ws).ok());
+  ASSERT_TRUE(cm.model->Loss(*cm.ws, 1.0f, cm.loss).ok());
+  testing::ExpectGradsReadyOnceAndFinal(*cm.backend, *cm.model, *cm.ws);
 }
 
 TEST_P(GradientCheck, AnalyticMatchesCentralDifference) {
   const Case c = Cases()[static_cast<size_t>(GetParam())];
   SCOPED_TRACE(c.name);
-  auto backend_or = kernels::CreateBackend("cpu");
-  ASSERT_TRUE(backend_or.ok()) << backend_or.status();
-  kernels::Backend& b = **backend_or;
-  auto model_or = model::Model::Create(c.spec, model::Precision::kFp32, 3, b);
-  ASSERT_TRUE(model_or.ok()) << model_or.status();
-  model::Model& m = **model_or;
-  auto ws_or = m.GetWorkspace(c.inputs.shape[0]);
-  ASSERT_TRUE(ws_or.ok()) << ws_or.status();
-  model::Workspace& ws = **ws_or;
-  ASSERT_TRUE(m.LoadBatch(c.inputs, c.targets, ws).ok());
-  auto loss_or = b.Allocate(DType::kF32, {1, 1});
-  ASSERT_TRUE(loss_or.ok());
-  kernels::Tensor& loss = *loss_or;
+  CaseModel cm;
+  ASSERT_NO_FATAL_FAILURE(BuildCaseModel(c, &cm));
+  kernels::Backend& b = *cm.backend;
+  model::Model& m = *cm.model;
+  model::Workspace& ws = *cm.ws;
+  kernels::Tensor& loss = cm.loss;
 
   // LayerNorm's init (gamma 1, beta 0) would hide a swapped dgamma/dbeta:
   // move every parameter off its init first.
