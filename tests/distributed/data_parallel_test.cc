@@ -304,8 +304,28 @@ void DataParallelTest::KillAndRestart(int killed) {
       Replica& victim = replicas[static_cast<size_t>(killed)];
       victim.process->Signal(SIGKILL);
       victim.process->Wait(std::chrono::seconds(10));
-      // The step is sent while the rank is down; it restarts meanwhile.
       std::vector<std::vector<v1::MicroBatch>> shares = Shares(task.NextBatch(), 2);
+      // Sent to the survivor alone, once: it says which peer is missing.
+      {
+        const int survivor = 1 - killed;
+        ClientOptions once;
+        once.max_attempts = 1;
+        std::unique_ptr<Client> c =
+            Client::Connect(replicas[static_cast<size_t>(survivor)].address(), once);
+        v1::StepRequest step;
+        step.set_job_id(job->jobs()[static_cast<size_t>(survivor)].job_id());
+        step.set_sequence(i);
+        *step.add_micro_batches() = shares[static_cast<size_t>(survivor)][0];
+        absl::StatusOr<v1::StepResponse> alone_step = c->Step(step);
+        ASSERT_FALSE(alone_step.ok());
+        EXPECT_EQ(alone_step.status().code(), absl::StatusCode::kUnavailable)
+            << alone_step.status();
+        std::optional<google::rpc::ErrorInfo> info = ErrorInfoOf(alone_step.status());
+        ASSERT_TRUE(info.has_value()) << alone_step.status();
+        EXPECT_EQ(info->reason(), "PEER_UNAVAILABLE");
+        EXPECT_EQ(info->metadata().at("rank"), absl::StrCat(survivor));
+      }
+      // The step is sent to both while the rank is down; it restarts meanwhile.
       std::future<absl::StatusOr<v1::StepResponse>> pending =
           std::async(std::launch::async, [&] { return job->Step(i, shares); });
       std::this_thread::sleep_for(std::chrono::seconds(2));

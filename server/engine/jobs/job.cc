@@ -365,7 +365,18 @@ absl::StatusOr<StepReport> Job::RunStep(int64_t sequence, StepInput input,
     if (report.status().code() != absl::StatusCode::kFailedPrecondition) {
       // The other ranks may be left inside a collective this rank never
       // reached; they time out, and every rank forms the group afresh.
-      if (data_parallel != nullptr) DropGroup();
+      if (data_parallel != nullptr) {
+        DropGroup();
+        if (report.status().code() == absl::StatusCode::kUnavailable) {
+          const dist::DistributedSpec& spec = config_.get().distributed;
+          return WithReason(
+              absl::UnavailableError(absl::StrCat(
+                  "distributed job ", id_, " (rank ", spec.rank, " of ", spec.world_size,
+                  ", group ", spec.group, "): ", report.status().message(),
+                  "; nothing was applied, and the step is retried on every rank")),
+              reason::kPeerUnavailable, {{"group", spec.group}, {"rank", absl::StrCat(spec.rank)}});
+        }
+      }
       return report.status();
     }
     // The Trainer's one FailedPrecondition: the scaler refused to go on at
