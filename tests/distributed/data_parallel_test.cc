@@ -325,10 +325,11 @@ void DataParallelTest::KillAndRestart(int killed) {
         EXPECT_EQ(info->reason(), "PEER_UNAVAILABLE");
         EXPECT_EQ(info->metadata().at("rank"), absl::StrCat(survivor));
       }
-      // The step is sent to both while the rank is down; it restarts meanwhile.
+      // The step goes to both while the rank is down (its first attempts
+      // fail while the restarted ampd is still starting) and is resent
+      // until the rank is back.
       std::future<absl::StatusOr<v1::StepResponse>> pending =
           std::async(std::launch::async, [&] { return job->Step(i, shares); });
-      std::this_thread::sleep_for(std::chrono::seconds(2));
       Start(victim, absl::StrCat("rank", killed, "-restarted"), /*same_peer_port=*/killed == 0);
       ASSERT_FALSE(HasFatalFailure());
       absl::StatusOr<v1::StepResponse> r = pending.get();
@@ -454,9 +455,16 @@ TEST_F(DataParallelTest, ThePeerPortBoundsWhatAHostilePeerCanHold) {
     });
   }
   for (std::thread& t : waiters) t.join();
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // The waits end with their callers: the port serves again well before
+  // their ten minutes (a thread still finishing its wait answers
+  // RESOURCE_EXHAUSTED until it does).
   set.set_value("address");
-  const grpc::Status stored = call(&v1::Peer::Stub::Set, set, &set_response, 5000);
+  grpc::Status stored;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  do {
+    stored = call(&v1::Peer::Stub::Set, set, &set_response, 5000);
+  } while (!stored.ok() && stored.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+           std::chrono::steady_clock::now() < give_up);
   EXPECT_TRUE(stored.ok()) << stored.error_code() << " " << stored.error_message();
   v1::GetRequest get;
   get.set_key("k");

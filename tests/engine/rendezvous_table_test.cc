@@ -44,7 +44,7 @@ TEST(RendezvousTable, AMismatchedRankIsRefusedAndTakesNoWaitersPlace) {
   RendezvousTable table;
   auto waiter =
       std::async(std::launch::async, [&table] { return table.Join("g", 0, 2, "job-a", kLong); });
-  absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_TRUE(table.AwaitWaiting(1, kLong));
   absl::StatusOr<int64_t> other = table.Join("g", 0, 2, "job-b", absl::Seconds(1));
   EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition) << other.status();
   other = table.Join("g", 1, 3, "job-a", absl::Seconds(1));
@@ -59,7 +59,7 @@ TEST(RendezvousTable, ARankJoiningAgainTakesItsOwnPlace) {
   RendezvousTable table;
   auto first =
       std::async(std::launch::async, [&table] { return table.Join("g", 0, 2, "f", kLong); });
-  absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_TRUE(table.AwaitWaiting(1, kLong));
   auto again =
       std::async(std::launch::async, [&table] { return table.Join("g", 0, 2, "f", kLong); });
   EXPECT_EQ(first.get().status().code(), absl::StatusCode::kAborted);
@@ -90,7 +90,7 @@ TEST(RendezvousTable, ACallerThatWentAwayFreesItsPlaceAtOnce) {
   auto getter = std::async(std::launch::async, [&] {
     return table.Get("g/0/k", kLong, [&gone] { return gone.load(); });
   });
-  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(table.AwaitWaiting(2, kLong));
   const absl::Time start = absl::Now();
   gone = true;
   EXPECT_EQ(waiter.get().status().code(), absl::StatusCode::kCancelled);
@@ -104,7 +104,7 @@ TEST(RendezvousTable, ACallerThatWentAwayFreesItsPlaceAtOnce) {
 TEST(RendezvousTable, GetWaitsForSetAndOlderRoundsKeysGo) {
   RendezvousTable table;
   auto get = std::async(std::launch::async, [&table] { return table.Get("g/0/addr", kLong); });
-  absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_TRUE(table.AwaitWaiting(1, kLong));
   ASSERT_TRUE(table.Set("g/0/addr", "bytes").ok());
   EXPECT_EQ(*get.get(), "bytes");
   // Rounds 0 and 1 form: round 1's forming drops round 0's keys.
@@ -138,7 +138,7 @@ TEST(RendezvousTable, EverySizeIsBounded) {
   // Two groups wait; a third finds no idle group to forget.
   auto a = std::async(std::launch::async, [&table] { return table.Join("a", 0, 2, "f", kLong); });
   auto b = std::async(std::launch::async, [&table] { return table.Join("b", 0, 2, "f", kLong); });
-  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(table.AwaitWaiting(2, kLong));
   EXPECT_EQ(table.Join("c", 0, 2, "f", kLong).status().code(),
             absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(table.Join("a", 1, 2, "f", kLong).ok());

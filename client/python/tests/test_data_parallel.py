@@ -68,7 +68,9 @@ def test_a_killed_replica_rejoins_and_nothing_is_lost(start_ampd, workdir):
     for i in range(1, steps + 1):
         if i == kill_after + 1:
             servers[1].kill()
-            threading.Timer(1.0, servers[1].restart).start()
+            # This step goes out while the replica is still starting again,
+            # and is resent until it is back.
+            threading.Thread(target=servers[1].restart).start()
         group.append(job.step(*batch(i, scale=300.0)))
     expect_same(alone, group)
     servers[1].wait_for_log("copied the state of rank 0")

@@ -19,11 +19,24 @@ constexpr absl::Duration kCancelPoll = absl::Milliseconds(100);
 
 bool RendezvousTable::WaitFor(const absl::Condition& condition, absl::Time deadline,
                               const CancelCheck& cancelled) {
+  ++waiting_;
+  bool met = false;
   for (;;) {
     const absl::Time slice = cancelled ? std::min(deadline, absl::Now() + kCancelPoll) : deadline;
-    if (mu_.AwaitWithDeadline(condition, slice)) return true;
-    if (absl::Now() >= deadline || (cancelled && cancelled())) return false;
+    if (mu_.AwaitWithDeadline(condition, slice)) {
+      met = true;
+      break;
+    }
+    if (absl::Now() >= deadline || (cancelled && cancelled())) break;
   }
+  --waiting_;
+  return met;
+}
+
+bool RendezvousTable::AwaitWaiting(size_t calls, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto enough = [this, calls]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return waiting_ >= calls; };
+  return mu_.AwaitWithDeadline(absl::Condition(&enough), absl::Now() + timeout);
 }
 
 absl::Status RendezvousTable::CheckKey(const std::string& key) const {

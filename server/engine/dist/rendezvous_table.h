@@ -47,6 +47,11 @@ class RendezvousTable {
   absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout,
                                   const CancelCheck& cancelled = nullptr);
 
+  // Blocks until at least `calls` Join or Get calls are waiting (blocked,
+  // the lock released) or the timeout passes; true in the first case. How
+  // a caller (a test) knows a rank is waiting before it acts on the table.
+  bool AwaitWaiting(size_t calls, absl::Duration timeout);
+
  private:
   struct Group {
     int32_t world_size = 0;
@@ -71,6 +76,7 @@ class RendezvousTable {
   std::map<std::string, Group> groups_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> values_ ABSL_GUARDED_BY(mu_);
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
+  size_t waiting_ ABSL_GUARDED_BY(mu_) = 0;  // calls blocked in WaitFor
 };
 
 }  // namespace ampd::engine::dist
