@@ -368,13 +368,7 @@ absl::StatusOr<StepReport> Job::RunStep(int64_t sequence, StepInput input,
       if (data_parallel != nullptr) {
         DropGroup();
         if (report.status().code() == absl::StatusCode::kUnavailable) {
-          const dist::DistributedSpec& spec = config_.get().distributed;
-          return WithReason(
-              absl::UnavailableError(absl::StrCat(
-                  "distributed job ", id_, " (rank ", spec.rank, " of ", spec.world_size,
-                  ", group ", spec.group, "): ", report.status().message(),
-                  "; nothing was applied, and the step is retried on every rank")),
-              reason::kPeerUnavailable, {{"group", spec.group}, {"rank", absl::StrCat(spec.rank)}});
+          return PeerUnavailable(report.status().message());
         }
       }
       return report.status();
@@ -498,6 +492,11 @@ absl::Status Job::Checkpoint() {
 absl::StatusOr<checkpoint::StateDict> Job::CheckpointState() const {
   if (trainer_ == nullptr) return NotOpen();
   AMPD_ASSIGN_OR_RETURN(checkpoint::StateDict state, trainer_->ExportState());
+  AddJobMetadata(state);
+  return state;
+}
+
+void Job::AddJobMetadata(checkpoint::StateDict& state) const {
   const JobSnapshot snapshot = Snapshot();
   state.metadata[kMetaConfig] = config_json_;
   state.metadata[kMetaRequestId] = request_id_;
@@ -512,7 +511,6 @@ absl::StatusOr<checkpoint::StateDict> Job::CheckpointState() const {
   } else {
     state.metadata.erase(kMetaFailure);
   }
-  return state;
 }
 
 absl::Status Job::CheckpointUnguarded() {

@@ -190,6 +190,8 @@ class Job : public std::enable_shared_from_this<Job> {
   absl::Status CheckpointUnguarded();
   // The Trainer's state plus the job's ampd.* metadata, as checkpointed.
   absl::StatusOr<checkpoint::StateDict> CheckpointState() const;
+  // The job's ampd.* metadata into a state the Trainer exported.
+  void AddJobMetadata(checkpoint::StateDict& state) const;
   void RefreshSnapshot() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status NotOpen() const;
   void SetFailure(std::string failure);
@@ -207,6 +209,9 @@ class Job : public std::enable_shared_from_this<Job> {
   // Every rank at the step count of the most advanced one, holding its
   // state (a checkpoint of it, decoded and loaded by the ranks behind).
   absl::Status SyncState(dist::ProcessGroup& group, bool* copied, int32_t* source);
+  // Unavailable with reason PEER_UNAVAILABLE (group, rank): another rank
+  // is missing or a collective failed, nothing was applied.
+  absl::Status PeerUnavailable(absl::string_view what) const;
   // Drops the group after a failure; the next Step forms it again.
   void DropGroup();
 

@@ -69,6 +69,16 @@ std::string Fingerprint(const JobConfig& config, const std::string& owner) {
 
 }  // namespace
 
+absl::Status Job::PeerUnavailable(absl::string_view what) const {
+  const dist::DistributedSpec& spec = config_.get().distributed;
+  return WithReason(
+      absl::UnavailableError(absl::StrCat(
+          "distributed job ", id_, " (rank ", spec.rank, " of ", spec.world_size, ", group ",
+          spec.group, "): ", what,
+          "; nothing was applied, and the step succeeds once every rank is sent it again")),
+      reason::kPeerUnavailable, {{"group", spec.group}, {"rank", absl::StrCat(spec.rank)}});
+}
+
 void Job::DropGroup() {
   all_reduce_.reset();
   group_.reset();
@@ -77,20 +87,13 @@ void Job::DropGroup() {
 absl::Status Job::EnsureGroup() {
   if (group_ != nullptr) return absl::OkStatus();
   const dist::DistributedSpec& spec = config_.get().distributed;
-  auto unavailable = [&](absl::string_view what) {
-    return WithReason(
-        absl::UnavailableError(absl::StrCat("distributed job ", id_, " (rank ", spec.rank, " of ",
-                                            spec.world_size, ", group ", spec.group, "): ", what,
-                                            "; every rank must be up, and the step is retried")),
-        reason::kPeerUnavailable, {{"group", spec.group}, {"rank", absl::StrCat(spec.rank)}});
-  };
   if (!context_->rendezvous) {
     return absl::FailedPreconditionError(
         "distributed: this ampd was started without --peer-address and takes no distributed job");
   }
   if (rendezvous_ == nullptr) {
     absl::StatusOr<std::unique_ptr<dist::Rendezvous>> r = context_->rendezvous(spec.rendezvous);
-    if (!r.ok()) return unavailable(r.status().message());
+    if (!r.ok()) return PeerUnavailable(r.status().message());
     rendezvous_ = *std::move(r);
   }
   const Clock::time_point start = Clock::now();
@@ -100,19 +103,19 @@ absl::Status Job::EnsureGroup() {
     if (group.status().code() == absl::StatusCode::kFailedPrecondition) {
       return WithReason(group.status(), reason::kReplicasDiffer, {{"group", spec.group}});
     }
-    return unavailable(group.status().message());
+    return PeerUnavailable(group.status().message());
   }
   bool copied = false;
   int32_t source = 0;
   if (absl::Status s = SyncState(**group, &copied, &source); !s.ok()) {
-    if (s.code() == absl::StatusCode::kUnavailable) return unavailable(s.message());
+    if (s.code() == absl::StatusCode::kUnavailable) return PeerUnavailable(s.message());
     return s;
   }
   absl::StatusOr<std::unique_ptr<dist::GradientAllReduce>> all_reduce =
       dist::MakeGradientAllReduce(**group, trainer_->backend(), trainer_->gradient_tensors());
   if (!all_reduce.ok()) {
     if (all_reduce.status().code() == absl::StatusCode::kUnavailable) {
-      return unavailable(all_reduce.status().message());
+      return PeerUnavailable(all_reduce.status().message());
     }
     return all_reduce.status();
   }
@@ -164,11 +167,12 @@ absl::Status Job::SyncState(dist::ProcessGroup& group, bool* copied, int32_t* so
   *copied = false;
   *source = src;
   if (!behind) return absl::OkStatus();
-  // The source's checkpoint (state, recorded report, failure) to every rank.
+  // The source's checkpoint (state, recorded report, failure) to every
+  // rank: the state it exported above, with the job's metadata.
   std::string bytes;
   if (group.rank() == src) {
-    AMPD_ASSIGN_OR_RETURN(const checkpoint::StateDict state, CheckpointState());
-    bytes = checkpoint::EncodeSafetensors(state);
+    AddJobMetadata(mine);
+    bytes = checkpoint::EncodeSafetensors(mine);
   }
   AMPD_RETURN_IF_ERROR(group.Broadcast(bytes, src));
   if (trainer_->steps_run() == all[2 * src]) return absl::OkStatus();
@@ -205,23 +209,17 @@ absl::StatusOr<StepReport> Job::DistributedStep(int64_t sequence, StepInput inpu
   const double wait_seconds = std::chrono::duration<double>(Clock::now() - wait_start).count();
   if (!all.ok()) {
     DropGroup();
-    return WithReason(absl::UnavailableError(
-                          absl::StrCat("distributed job ", id_, ": the ranks of group ", spec.group,
-                                       " did not all come to this step: ", all.status().message(),
-                                       "; every rank must be sent the step, and it is retried")),
-                      reason::kPeerUnavailable,
-                      {{"group", spec.group}, {"rank", absl::StrCat(spec.rank)}});
+    return PeerUnavailable(
+        absl::StrCat("the ranks did not all come to this step: ", all.status().message()));
   }
   int64_t global_micro_batches = 0;
   std::vector<std::string> refused;
-  std::vector<std::string> sequences;
   bool same_sequence = true;
   for (int32_t r = 0; r < spec.world_size; ++r) {
     const int64_t* h = all->data() + static_cast<size_t>(r) * kHeaderSize;
     global_micro_batches += h[kHeaderMicroBatches];
     if (h[kHeaderInputOk] == 0) refused.push_back(absl::StrCat(r));
     if (h[kHeaderSequence] != sequence) same_sequence = false;
-    sequences.push_back(absl::StrCat("rank ", r, ": ", h[kHeaderSequence]));
   }
   if (!input_ok.ok()) return input_ok;
   if (!refused.empty()) {
@@ -231,6 +229,12 @@ absl::StatusOr<StepReport> Job::DistributedStep(int64_t sequence, StepInput inpu
                       reason::kReplicasDiffer, {{"group", spec.group}});
   }
   if (!same_sequence) {
+    // Spelled out only for the error, not on every step.
+    std::vector<std::string> sequences;
+    for (int32_t r = 0; r < spec.world_size; ++r) {
+      sequences.push_back(absl::StrCat(
+          "rank ", r, ": ", (*all)[static_cast<size_t>(r) * kHeaderSize + kHeaderSequence]));
+    }
     return WithReason(
         absl::FailedPreconditionError(absl::StrCat(
             "sequence: the ranks of group ", spec.group, " were sent different sequences (",
