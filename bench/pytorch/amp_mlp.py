@@ -18,10 +18,11 @@ import contextlib
 import statistics
 import sys
 import time
-import warnings
 
 import torch
 from torch import nn
+
+from amp_compat import autocast_supported, make_scaler
 
 WIDTH = 1024
 LAYERS = 4
@@ -35,28 +36,6 @@ def make_model(device: torch.device) -> nn.Module:
         if i + 1 < LAYERS:
             layers.append(nn.GELU())  # approximate='none': the erf form
     return nn.Sequential(*layers).to(device)
-
-
-def make_scaler(device: torch.device, enabled: bool):
-    if hasattr(torch.amp, "GradScaler"):
-        return torch.amp.GradScaler(device.type, enabled=enabled)
-    # Older torch (Debian 12 ships 1.13) has only the CUDA scaler; disabled,
-    # it is a pass-through on any device.
-    return torch.cuda.amp.GradScaler(enabled=enabled)
-
-
-def autocast_supported(device: torch.device, dtype: torch.dtype) -> bool:
-    """Older CPU autocast (torch 1.13) takes only bf16: for fp16 it raises or
-    silently disables itself, which would time fp32 under an fp16 label."""
-    if device.type != "cpu":
-        return True
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            with torch.autocast("cpu", dtype=dtype):
-                return torch.is_autocast_cpu_enabled()
-        except RuntimeError:  # newer 1.x raises where older ones warned
-            return False
 
 
 def time_precision(precision: str, device: torch.device, steps: int, warmup: int) -> float:

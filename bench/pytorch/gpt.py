@@ -37,10 +37,11 @@ import math
 import statistics
 import sys
 import time
-import warnings
 
 import torch
 from torch import nn
+
+from amp_compat import autocast_supported, make_scaler
 from torch.nn import functional as F
 
 H100_SXM_BF16_DENSE_TFLOPS = 989.4
@@ -174,28 +175,6 @@ def make_optimizer(model: nn.Module, device: torch.device, **kwargs) -> torch.op
         except (TypeError, RuntimeError):  # torch without the fused kernel
             pass
     return torch.optim.AdamW(model.parameters(), **kwargs)
-
-
-def make_scaler(device: torch.device, enabled: bool):
-    if hasattr(torch.amp, "GradScaler"):
-        return torch.amp.GradScaler(device.type, enabled=enabled)
-    # Older torch (Debian 12 ships 1.13) has only the CUDA scaler; disabled,
-    # it is a pass-through on any device.
-    return torch.cuda.amp.GradScaler(enabled=enabled)
-
-
-def autocast_supported(device: torch.device, dtype: torch.dtype) -> bool:
-    """Older CPU autocast (torch 1.13) takes only bf16: for fp16 it raises or
-    silently disables itself, which would time fp32 under an fp16 label."""
-    if device.type != "cpu":
-        return True
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            with torch.autocast("cpu", dtype=dtype):
-                return torch.is_autocast_cpu_enabled()
-        except RuntimeError:
-            return False
 
 
 def flops_per_token(n_params: int, n_layer: int, seq_len: int, d_model: int) -> float:

@@ -19,6 +19,7 @@
 
 #include "common/status_macros.h"
 #include "kernels/attention_scale.h"
+#include "kernels/cpu/attention_rows.h"
 #include "kernels/cpu/cpu_internal.h"
 
 namespace ampd::kernels::cpu {
@@ -114,12 +115,7 @@ void BackwardHead(const typename Tag::Storage* qkv, const typename Tag::Storage*
     for (int64_t j = keys; j < t_len; ++j) dsr[j] = Tag::Store(0.0f);
 
     // dq[t] = scale * sum_j dS[t, j] k[j].
-    for (int64_t d = 0; d < d_len; ++d) acc[d] = 0.0f;
-    for (int64_t j = 0; j < keys; ++j) {
-      const float w = ds[j];
-      const float* kj = k + j * d_len;
-      for (int64_t d = 0; d < d_len; ++d) acc[d] += w * kj[d];
-    }
+    WeightedRowSum(ds, k, keys, d_len, acc);
     Storage* dq = grad_base + t * stride;
     for (int64_t d = 0; d < d_len; ++d) dq[d] = Tag::Store(scale * acc[d]);
 

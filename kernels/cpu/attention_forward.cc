@@ -17,6 +17,7 @@
 
 #include "common/status_macros.h"
 #include "kernels/attention_scale.h"
+#include "kernels/cpu/attention_rows.h"
 #include "kernels/cpu/cpu_internal.h"
 
 namespace ampd::kernels::cpu {
@@ -97,12 +98,7 @@ void ForwardHead(const typename Tag::Storage* qkv, typename Tag::Storage* att,
     }
     for (int64_t j = keys; j < t_len; ++j) p[j] = Tag::Store(0.0f);
 
-    for (int64_t d = 0; d < d_len; ++d) acc[d] = 0.0f;
-    for (int64_t j = 0; j < keys; ++j) {
-      const float pj = row[j];
-      const float* vj = v + j * d_len;
-      for (int64_t d = 0; d < d_len; ++d) acc[d] += pj * vj[d];
-    }
+    WeightedRowSum(row, v, keys, d_len, acc);
     Storage* o = out + (b * t_len + t) * channels + h * d_len;
     for (int64_t d = 0; d < d_len; ++d) o[d] = Tag::Store(acc[d]);
   }
