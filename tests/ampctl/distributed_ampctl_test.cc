@@ -6,19 +6,17 @@
 // finishes every step, each applied once (the step numbers run 1..N without
 // a gap and match the uninterrupted run). The GPT's token batches split the
 // same way.
-#include <fcntl.h>
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -139,34 +137,33 @@ TEST_F(DistributedAmpctlTest, SurvivesAReplicasSigkillWithTheSameLossesAndSkips)
   // at a fixed step after one).
   ASSERT_NO_FATAL_FAILURE(Start(0, "rank0.log"));
   ASSERT_NO_FATAL_FAILURE(Start(1, "rank1.log", /*checkpoint_every=*/100000));
-  // ampctl's JSON lines go to a file the test watches while it runs.
-  const std::string out_path = (root_.path() / "ampctl.out").string();
-  const int out_fd = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  ASSERT_GE(out_fd, 0);
-  absl::StatusOr<pid_t> ampctl = test_support::Spawn(DistributedArgs(flags), {-1, out_fd, -1});
-  close(out_fd);
+  // ampctl's JSON lines come through a pipe: read (blocking) until 100
+  // steps are reported, kill rank 1, then read the rest until ampctl exits.
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  absl::StatusOr<pid_t> ampctl = test_support::Spawn(DistributedArgs(flags), {-1, out[1], -1});
+  close(out[1]);
   ASSERT_TRUE(ampctl.ok()) << ampctl.status();
-  auto lines = [&out_path] {
-    std::ifstream in(out_path);
-    std::stringstream text;
-    text << in.rdbuf();
-    return ParseSteps(text.str()).size();
+  std::string text;
+  auto read_more = [&]() {
+    char chunk[4096];
+    const ssize_t n = read(out[0], chunk, sizeof(chunk));
+    if (n > 0) text.append(chunk, static_cast<size_t>(n));
+    return n > 0 || (n < 0 && errno == EINTR);
   };
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (lines() < 100 && std::chrono::steady_clock::now() < give_up) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  while (std::count(text.begin(), text.end(), '\n') < 100 && read_more()) {
   }
-  ASSERT_GE(lines(), 100u);
+  ASSERT_GE(std::count(text.begin(), text.end(), '\n'), 100) << text;
   replicas_[1].process->Signal(SIGKILL);
   replicas_[1].process->Wait(std::chrono::seconds(10));
   // ampctl's next step fails and is resent while the replica starts again.
   ASSERT_NO_FATAL_FAILURE(Start(1, "rank1-restarted.log", /*checkpoint_every=*/100000));
+  while (read_more()) {
+  }
+  close(out[0]);
   const test_support::ExitStatus exit = test_support::WaitForExit(*ampctl, kRunDeadline);
   EXPECT_EQ(exit.code, 0) << exit.ToString();
-  std::ifstream in(out_path);
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::vector<StepLine> dist = ParseSteps(text.str());
+  const std::vector<StepLine> dist = ParseSteps(text);
   ExpectSameRun(alone, dist, 2e-3);
   // The restarted replica came back behind rank 0 and took its state.
   EXPECT_NE(replicas_[1].process->Log().find("copied the state of rank 0"), std::string::npos)
