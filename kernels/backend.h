@@ -153,11 +153,17 @@ class Backend {
   virtual int64_t MemoryCapacityBytes() const = 0;
 
   // ---- dense algebra ------------------------------------------------------
-  // y += x elementwise, same shape; x and y any float dtypes (they may
-  // differ). The sum is formed in fp32 and rounded once to y's dtype. Used
-  // for residual connections and for summing per-micro-batch losses on the
-  // device.
-  virtual absl::Status Add(const Tensor& x, Tensor& y) = 0;
+  // y = scale * (y + x) elementwise, same shape; x and y any float dtypes
+  // (they may differ). The sum and the product are formed in fp32 and
+  // rounded once to y's dtype: for a power-of-two scale the product is
+  // exact, so a 16-bit y gets the scaled sum's one rounding, and a sum
+  // that 16 bits would flush or overflow unscaled keeps its bits. Used for
+  // residual connections, for summing per-micro-batch losses on the device,
+  // and where a GPT's backward carries the residual gradient from one
+  // block's loss scale to the next's (per-layer scales) in the same pass.
+  virtual absl::Status AddScaled(const Tensor& x, float scale, Tensor& y) = 0;
+  // y += x: AddScaled with scale 1 (bit for bit a plain sum).
+  absl::Status Add(const Tensor& x, Tensor& y) { return AddScaled(x, 1.0f, y); }
   // c = alpha * op(a) @ op(b) + beta * c, op(x) = x^T when trans_x.
   // a, b: 2-D, both F32, both F16 or both BF16; products are accumulated in
   // fp32 and the sum rounded once to c's dtype (F32 or a's dtype).

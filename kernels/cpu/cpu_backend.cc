@@ -127,7 +127,9 @@ class CpuBackend final : public Backend {
                     float beta, Tensor& c) override {
     return cpu::Gemm(pool_, trans_a, trans_b, alpha, a, b, beta, c);
   }
-  absl::Status Add(const Tensor& x, Tensor& y) override { return cpu::Add(pool_, x, y); }
+  absl::Status AddScaled(const Tensor& x, float scale, Tensor& y) override {
+    return cpu::AddScaled(pool_, x, scale, y);
+  }
   absl::Status AddBias(const Tensor& bias, Tensor& y) override {
     return cpu::AddBias(pool_, bias, y);
   }

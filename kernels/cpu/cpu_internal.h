@@ -136,7 +136,7 @@ absl::Status Cast(ThreadPool& pool, const Tensor& src, Tensor& dst);
 absl::Status ReadBack(absl::Span<const Tensor* const> scalars, absl::Span<float> out,
                       absl::Span<const HostCopy> copies);
 // add.cc
-absl::Status Add(ThreadPool& pool, const Tensor& x, Tensor& y);
+absl::Status AddScaled(ThreadPool& pool, const Tensor& x, float scale, Tensor& y);
 // gemm.cc
 absl::Status Gemm(ThreadPool& pool, bool trans_a, bool trans_b, float alpha, const Tensor& a,
                   const Tensor& b, float beta, Tensor& c);

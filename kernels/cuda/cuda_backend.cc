@@ -306,10 +306,10 @@ class CudaBackend final : public Backend {
   }
 
   // ---- dense algebra --------------------------------------------------------
-  absl::Status Add(const Tensor& x, Tensor& y) override {
+  absl::Status AddScaled(const Tensor& x, float scale, Tensor& y) override {
     AMPD_RETURN_IF_ERROR(ValidateAdd(x, y));
     AMPD_ENTER_DEVICE();
-    return LaunchAdd(x.data(), x.dtype(), y.data(), y.dtype(), y.numel(), stream());
+    return LaunchAddScaled(x.data(), x.dtype(), scale, y.data(), y.dtype(), y.numel(), stream());
   }
 
   absl::Status Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,

@@ -127,9 +127,9 @@ absl::Status LaunchGemmStridedBatched(cublasHandle_t handle, bool trans_a, bool 
                                       DType ab_dtype, float beta, void* c, int ldc,
                                       int64_t stride_c, DType c_dtype, int batch);
 
-// y (n) += x (n), rounded once to y_dtype.
-absl::Status LaunchAdd(const void* x, DType x_dtype, void* y, DType y_dtype, int64_t n,
-                       cudaStream_t stream);
+// y (n) = scale * (y + x (n)) in fp32, rounded once to y_dtype.
+absl::Status LaunchAddScaled(const void* x, DType x_dtype, float scale, void* y, DType y_dtype,
+                             int64_t n, cudaStream_t stream);
 absl::Status LaunchAddBias(const void* bias, DType bias_dtype, void* y, DType y_dtype, int64_t rows,
                            int64_t cols, cudaStream_t stream);
 // partials: ColumnSumSlabs(rows, cols) * cols floats of scratch when that

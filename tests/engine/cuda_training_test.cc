@@ -23,6 +23,7 @@ struct Curve {
   std::vector<float> loss;
   std::vector<bool> skipped;
   std::vector<float> scale_after;
+  std::vector<std::vector<float>> layer_scales_after;  // per-layer scales only
 };
 
 JobConfig MlpJob(model::Precision precision, double init_scale, float loss_multiplier) {
@@ -100,6 +101,7 @@ Curve Train(const std::string& device, const JobConfig& config, int steps) {
     curve.loss.push_back(report->loss);
     curve.skipped.push_back(report->scaler.skipped);
     curve.scale_after.push_back(report->scaler.scale_after);
+    curve.layer_scales_after.push_back(report->scaler.layer_scales_after);
   }
   return curve;
 }
@@ -165,6 +167,42 @@ TEST_P(CudaTraining, GptLossCurveMatchesTheCpuBackend) {
         << "step " << s + 1;
   }
   EXPECT_LT(cpu.loss.back(), 0.7f * cpu.loss.front());
+}
+
+// Per-layer loss scales (adaptive, fp16) on CUDA against the CPU oracle: a
+// layer stack (the group boundary is a dx GEMM's alpha) and a GPT (the
+// residual add's scale, the tied head's GEMM alpha), each calibrated and
+// grown per group from its own max|g| (exact on both backends: a max never
+// rounds). The same skips, the same group scales after every step, and the
+// losses within fp16's tolerance.
+class CudaPerLayerScales : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (kernels::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
+  }
+};
+
+TEST_F(CudaPerLayerScales, LayerStackAndGptMatchTheCpuBackend) {
+  for (JobConfig config :
+       {MlpJob(model::Precision::kFp16, 65536.0, 100.0f), GptJob(model::Precision::kFp16)}) {
+    SCOPED_TRACE(config.model.gpt.has_value() ? "gpt" : "layer stack");
+    config.scaler = amp::ScalerConfig::Defaults(amp::ScalerPolicy::kAdaptive);
+    config.scaler.growth_interval = 5;
+    config.scaler.per_layer_scales = true;
+    const int kSteps = 30;
+    const Curve cpu = Train("cpu", config, kSteps);
+    const Curve gpu = Train("cuda:0", config, kSteps);
+    ASSERT_EQ(cpu.loss.size(), static_cast<size_t>(kSteps));
+    ASSERT_EQ(gpu.loss.size(), static_cast<size_t>(kSteps));
+    ASSERT_GT(cpu.layer_scales_after.front().size(), 1u);
+    for (int s = 0; s < kSteps; ++s) {
+      EXPECT_EQ(cpu.skipped[s], gpu.skipped[s]) << "step " << s + 1;
+      EXPECT_EQ(cpu.layer_scales_after[s], gpu.layer_scales_after[s]) << "step " << s + 1;
+      EXPECT_NEAR(gpu.loss[s], cpu.loss[s],
+                  Tolerance(model::Precision::kFp16) * std::fabs(cpu.loss[s]))
+          << "step " << s + 1;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, CudaTraining,

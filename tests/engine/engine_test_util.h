@@ -128,7 +128,8 @@ inline void ExpectGradsReadyOnceAndFinal(kernels::Backend& b, model::Network& ne
                                          model::Workspace& ws) {
   std::vector<int> reports(net.params().size(), 0);
   std::vector<std::vector<char>> at_report(net.params().size());
-  const model::Network::GradsReady ready = [&](absl::Span<const int> params) {
+  model::Network::BackwardHooks hooks;
+  hooks.grads_ready = [&](absl::Span<const int> params) {
     for (const int p : params) {
       EXPECT_GE(p, 0);
       EXPECT_LT(static_cast<size_t>(p), reports.size());
@@ -139,7 +140,7 @@ inline void ExpectGradsReadyOnceAndFinal(kernels::Backend& b, model::Network& ne
     }
     return absl::OkStatus();
   };
-  ASSERT_TRUE(net.Backward(ws, /*first_micro_batch=*/true, ready).ok());
+  ASSERT_TRUE(net.Backward(ws, /*first_micro_batch=*/true, hooks).ok());
   for (size_t p = 0; p < reports.size(); ++p) {
     const model::Parameter& param = net.params()[p];
     EXPECT_EQ(reports[p], 1) << param.name;

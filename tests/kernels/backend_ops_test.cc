@@ -440,6 +440,47 @@ void AddAddCases(std::vector<OpCase>& cases) {
   }
 }
 
+// AddScaled: y = scale * (y + x) in fp32, one rounding to y's dtype. Scales
+// 2^12 and 2^-12 carry 16-bit sums out of and into the subnormal range
+// (what a GPT's per-block loss scales do to the residual gradient), where
+// rounding the sum first and scaling it after would lose bits; 0.75 is not
+// a power of two, so the product's own fp32 rounding shows too.
+void AddAddScaledCases(std::vector<OpCase>& cases) {
+  for (DType ydt : kFloatDTypes) {
+    for (const double scale : {std::ldexp(1.0, 12), std::ldexp(1.0, -12), 0.75}) {
+      auto build = [=] {
+        HostTensor x = Random(DType::kF16, {17, 40}, 26, -3, 3);
+        HostTensor y = Random(ydt, {17, 40}, 27, -3, 3);
+        // Sums at fp16's smallest subnormals and near its largest finite.
+        const double xe[] = {std::ldexp(1.0, -24), std::ldexp(3.0, -24), 30000.0, 1.0};
+        const double ye[] = {std::ldexp(1.0, -24), std::ldexp(-1.0, -24), 30000.0, 2048.0};
+        for (int i = 0; i < 4; ++i) {
+          x.values[static_cast<size_t>(i)] = kt::RefStore(DType::kF16, xe[i]);
+          y.values[static_cast<size_t>(i)] = kt::RefStore(ydt, ye[i]);
+        }
+        CaseFns c;
+        c.run = [x, y, scale](Backend& be) -> absl::StatusOr<Outputs> {
+          Io io(be);
+          AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(x));
+          AMPD_ASSIGN_OR_RETURN(Tensor ty, io.Upload(y));
+          AMPD_RETURN_IF_ERROR(be.AddScaled(tx, static_cast<float>(scale), ty));
+          AMPD_RETURN_IF_ERROR(io.Read("y", ty, kBitwise));
+          return io.Take();
+        };
+        c.reference = [x, y, scale] {
+          std::vector<double> want;
+          for (size_t i = 0; i < y.values.size(); ++i) {
+            want.push_back(kt::RefStore(y.dtype, F32(F32(x.values[i] + y.values[i]) * F32(scale))));
+          }
+          return Outputs{{"y", want, kBitwise}};
+        };
+        return c;
+      };
+      cases.push_back({"AddScaled", absl::StrCat(Lower(ydt), "_scale_", scale), build});
+    }
+  }
+}
+
 // AddBias: y (N, C) += bias (C) in fp32, one rounding.
 void AddAddBiasCases(std::vector<OpCase>& cases) {
   for (DType dt : kFloatDTypes) {
@@ -1642,6 +1683,7 @@ const std::vector<OpCase>& AllCases() {
     AddCopyCases(*all);
     AddReadBackCases(*all);
     AddAddCases(*all);
+    AddAddScaledCases(*all);
     AddGemmCases(*all);
     AddAddBiasCases(*all);
     AddBiasGradCases(*all);

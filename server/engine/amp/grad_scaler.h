@@ -60,7 +60,8 @@
 //
 // Per-layer scales (adaptive's opt-in, per_layer_scales): the model's
 // parameters fall into G layer groups (for a layer stack, each Linear with
-// the layers after it up to the next Linear), and group g has its own power
+// the layers after it up to the next Linear; for a GPT, each block), and
+// group g has its own power
 // of two S_g. The loss gradient carries S_{G-1}; backward multiplies the
 // upstream gradient by S_{g-1} / S_g where it leaves group g, so every
 // group's gradients are stored at its own scale, and each group is unscaled
@@ -202,7 +203,7 @@ struct StepGradStats {
   std::optional<double> underflow_fraction;
   // Per-layer scales: max_abs and underflow_fraction of each group's own
   // gradients (group g at index g; empty when not measured). The max also
-  // covers the gradient entering the group (the step's CheckGroupEntries).
+  // covers the gradient entering the group (the step's GroupEntryCheck).
   std::vector<float> layer_max_abs;
   std::vector<double> layer_underflow_fraction;
 };

@@ -31,12 +31,8 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
   AMPD_RETURN_IF_ERROR(Prefixed("scaler", config.scaler.Validate()));
   AMPD_RETURN_IF_ERROR(Prefixed("distributed", dist::ValidateDistributedSpec(config.distributed)));
   if (config.scaler.per_layer_scales) {
-    // A layer stack's groups only; a distributed job's ranks would each
-    // need every group's scale reduced across them, which the step does not do.
-    if (config.model.gpt.has_value()) {
-      return absl::InvalidArgumentError(
-          "scaler.per_layer_scales: available for layer-stack models only, not a GPT");
-    }
+    // A distributed job's ranks would each need every group's scale
+    // reduced across them, which the step does not do.
     if (config.distributed.enabled()) {
       return absl::InvalidArgumentError(
           "scaler.per_layer_scales: not available for distributed jobs (world_size > 1)");
@@ -45,7 +41,7 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
     if (groups > amp::kMaxLayerScaleGroups) {
       return absl::InvalidArgumentError(
           absl::StrCat("scaler.per_layer_scales: the model has ", groups,
-                       " layer groups (one per Linear layer), more than the ",
+                       " layer groups (one per Linear layer, or per GPT block), more than the ",
                        amp::kMaxLayerScaleGroups, " supported"));
     }
   }

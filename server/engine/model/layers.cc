@@ -97,29 +97,8 @@ std::vector<int> Model::ParamScaleGroups() const {
   return groups;
 }
 
-std::vector<Tensor*> Model::GroupEntryGradients(Workspace& any) const {
-  absl::StatusOr<LayerWorkspace*> own = Own<LayerWorkspace>(any);
-  if (!own.ok()) return {};
-  LayerWorkspace& ws = **own;
-  std::vector<Tensor*> entries(static_cast<size_t>(LayerScaleGroups(spec())), nullptr);
-  entries.back() = &ws.grads.back();  // (N, out) the loss gradient
-  for (size_t i = 1; i < layer_group_.size(); ++i) {
-    const int g = layer_group_[i];
-    // Layer i's dx (N, in), grads[i], is group g - 1's entry when layer i
-    // starts group g.
-    if (spec().layers[i].kind == LayerKind::kLinear && g > 0) {
-      entries[static_cast<size_t>(g - 1)] = &ws.grads[i];
-    }
-  }
-  return entries;
-}
-
 absl::Status Model::SetGroupScales(absl::Span<const float> scales) {
-  if (static_cast<int64_t>(scales.size()) != LayerScaleGroups(spec())) {
-    return absl::InvalidArgumentError(absl::StrCat("per_layer_scales: ", scales.size(),
-                                                   " scales for ", LayerScaleGroups(spec()),
-                                                   " layer groups"));
-  }
+  AMPD_RETURN_IF_ERROR(CheckGroupScaleCount(scales));
   for (size_t i = 0; i < dx_scale_.size(); ++i) {
     const int g = layer_group_[i];
     // Every Linear but the first starts its own group.
@@ -287,10 +266,14 @@ absl::Status Model::Loss(Workspace& any, float grad_scale, Tensor& loss) {
   return backend_.MseLoss(pred, ws.targets, spec().loss_multiplier, grad_scale, loss, dpred);
 }
 
-absl::Status Model::Backward(Workspace& any, bool first_micro_batch, const GradsReady& ready) {
+absl::Status Model::Backward(Workspace& any, bool first_micro_batch, const BackwardHooks& hooks) {
   AMPD_ASSIGN_OR_RETURN(LayerWorkspace * own, Own<LayerWorkspace>(any));
   LayerWorkspace& ws = *own;
   const float beta = first_micro_batch ? 0.0f : 1.0f;
+  if (hooks.group_entry) {
+    // (N, out) the loss gradient enters the last group.
+    AMPD_RETURN_IF_ERROR(hooks.group_entry(layer_group_.back(), ws.grads.back()));
+  }
   for (size_t i = spec().layers.size(); i-- > 0;) {
     const LayerSpec& l = spec().layers[i];
     const LayerParams& lp = layer_params_[i];
@@ -310,6 +293,10 @@ absl::Status Model::Backward(Workspace& any, bool first_micro_batch, const Grads
         if (dx != nullptr) {
           AMPD_RETURN_IF_ERROR(backend_.Gemm(false, false, dx_scale_[i], dy,
                                              params()[lp.weight].value(), 0.0f, *dx));
+          // A Linear that starts group g passes group g - 1 its entry.
+          if (hooks.group_entry && layer_group_[i] > 0) {
+            AMPD_RETURN_IF_ERROR(hooks.group_entry(layer_group_[i] - 1, *dx));
+          }
         }
         break;
       }
@@ -331,9 +318,9 @@ absl::Status Model::Backward(Workspace& any, bool first_micro_batch, const Grads
         break;
     }
     // This layer's parameters are done: their sum can start.
-    if (ready && lp.weight >= 0) {
+    if (hooks.grads_ready && lp.weight >= 0) {
       const int done[2] = {lp.weight, lp.bias};
-      AMPD_RETURN_IF_ERROR(ready(absl::MakeConstSpan(done, lp.bias >= 0 ? 2 : 1)));
+      AMPD_RETURN_IF_ERROR(hooks.grads_ready(absl::MakeConstSpan(done, lp.bias >= 0 ? 2 : 1)));
     }
   }
   return absl::OkStatus();

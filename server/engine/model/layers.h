@@ -74,11 +74,11 @@ class Model final : public Network {
   // with GEMM alpha = S_{g-1} / S_g: the fp32 sum is scaled before its one
   // rounding, so for powers of two dx is exactly the upstream gradient at
   // group g - 1's scale (unless it leaves fp16's range), at no extra pass.
+  // Group entries: the loss gradient (last group) and each such dx.
   using Network::Backward;
-  absl::Status Backward(Workspace& ws, bool first_micro_batch, const GradsReady& ready) override;
+  absl::Status Backward(Workspace& ws, bool first_micro_batch, const BackwardHooks& hooks) override;
 
   std::vector<int> ParamScaleGroups() const override;
-  std::vector<kernels::Tensor*> GroupEntryGradients(Workspace& ws) const override;
   absl::Status SetGroupScales(absl::Span<const float> scales) override;
 
  protected:

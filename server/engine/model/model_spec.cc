@@ -292,7 +292,7 @@ int64_t ParameterCount(const ModelSpec& spec) {
 }
 
 int64_t LayerScaleGroups(const ModelSpec& spec) {
-  if (spec.gpt.has_value()) return 0;
+  if (spec.gpt.has_value()) return spec.gpt->n_layer;
   int64_t linears = 0;
   for (const LayerSpec& l : spec.layers) linears += l.kind == LayerKind::kLinear ? 1 : 0;
   return std::max<int64_t>(1, linears);

@@ -108,10 +108,10 @@ int64_t ParameterCount(const ModelSpec& spec);
 int64_t InputFeatures(const ModelSpec& spec);
 int64_t OutputFeatures(const ModelSpec& spec);
 
-// The layer groups of a layer stack's per-layer loss scales
-// (amp/grad_scaler.h): each Linear starts one, holding it and the layers
-// after it up to the next Linear; layers before the first Linear join
-// group 0. max(1, Linear count); 0 for a GPT, which has none.
+// The layer groups of a model's per-layer loss scales (amp/grad_scaler.h).
+// A layer stack: each Linear starts one, holding it and the layers after it
+// up to the next Linear; layers before the first Linear join group 0:
+// max(1, Linear count). A GPT: one per block, n_layer (gpt/gpt_model.h).
 int64_t LayerScaleGroups(const ModelSpec& spec);
 
 }  // namespace ampd::engine::model

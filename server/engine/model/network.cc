@@ -87,8 +87,11 @@ absl::StatusOr<std::vector<std::string>> Network::CanonicalNames(
 
 void Network::AnnotateExport(codec::StateDict&) const {}
 
-absl::Status Network::SetGroupScales(absl::Span<const float>) {
-  return absl::UnimplementedError("per_layer_scales: this kind of model has no layer groups");
+absl::Status Network::CheckGroupScaleCount(absl::Span<const float> scales) const {
+  const int64_t groups = LayerScaleGroups(spec_);
+  if (static_cast<int64_t>(scales.size()) == groups) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("per_layer_scales: ", scales.size(), " scales for ", groups, " layer groups"));
 }
 
 absl::StatusOr<Workspace*> Network::GetWorkspace(const kernels::Shape& input_shape) {

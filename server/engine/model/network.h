@@ -96,20 +96,34 @@ class Network {
   virtual absl::Status EvalLoss(Workspace& ws, kernels::Tensor& loss) {
     return Loss(ws, 1.0f, loss);
   }
+  // What Backward calls as it goes; each may be empty, and an error from
+  // either ends Backward.
+  using GradsReady = std::function<absl::Status(absl::Span<const int> params)>;
+  using GroupEntry = std::function<absl::Status(int group, kernels::Tensor& entry)>;
+  struct BackwardHooks {
+    // Called as backward finishes parameters' gradients for this
+    // micro-batch, with their indices into params() (each parameter once,
+    // in the same order on every run of the same model), so that a
+    // distributed step can start summing them across ranks while backward
+    // goes on.
+    GradsReady grads_ready;
+    // Per-layer scales: called once per layer group g (SetGroupScales), from
+    // the last group down, with the activation gradient entering it (the
+    // loss gradient for the last group; for the others what the next group
+    // passed down, already at S_g) while it is whole, before backward
+    // overwrites it, so that the group's check bounds what flows through
+    // the group as well as its parameters' gradients. A kind without groups
+    // never calls it.
+    GroupEntry group_entry;
+  };
   // Every parameter's gradient from what Loss left in ws. The first
   // micro-batch of a step writes GEMM gradients with beta = 0 (no zeroing
   // pass over the largest tensors); later ones accumulate with beta = 1.
   // Gradients that only ever accumulate (+=) are cleared by ZeroGrads.
-  //
-  // `ready`, when given, is called as backward finishes parameters'
-  // gradients for this micro-batch, with their indices into params() (each
-  // parameter once, in the same order on every run of the same model), so
-  // that a distributed step can start summing them across ranks while
-  // backward goes on; its error ends Backward.
-  using GradsReady = std::function<absl::Status(absl::Span<const int> params)>;
-  virtual absl::Status Backward(Workspace& ws, bool first_micro_batch, const GradsReady& ready) = 0;
+  virtual absl::Status Backward(Workspace& ws, bool first_micro_batch,
+                                const BackwardHooks& hooks) = 0;
   absl::Status Backward(Workspace& ws, bool first_micro_batch) {
-    return Backward(ws, first_micro_batch, nullptr);
+    return Backward(ws, first_micro_batch, BackwardHooks{});
   }
   // Zeroes the gradients that Loss and Backward accumulate with += whatever
   // the micro-batch; call once at step start.
@@ -127,25 +141,15 @@ class Network {
   virtual void AnnotateExport(codec::StateDict& state) const;
 
   // Per-layer loss scales (amp/grad_scaler.h): the layer group of each
-  // parameter in params() order, groups numbered from 0 in forward order;
-  // empty when this kind of model has none (a GPT).
-  virtual std::vector<int> ParamScaleGroups() const { return {}; }
+  // parameter in params() order, groups numbered from 0 in forward order
+  // (model::LayerScaleGroups of them).
+  virtual std::vector<int> ParamScaleGroups() const = 0;
   // The groups' scales for the backward passes that follow: where the
   // upstream gradient leaves group g for group g - 1 it is multiplied by
-  // scales[g - 1] / scales[g]. A host-side setting (nothing runs on the
-  // device). InvalidArgument unless there is one scale per group;
-  // Unimplemented for a kind without groups.
-  virtual absl::Status SetGroupScales(absl::Span<const float> scales);
-  // The activation gradient each group's backward starts from, in ws after
-  // Backward (group g at index g): the loss gradient for the last group,
-  // and for the others the gradient the next group's first layer passed
-  // down, already at this group's scale. Per-layer scales check them with
-  // the group's parameter gradients, so that a group's max|g| also bounds
-  // what flows through it. Empty for a kind without groups.
-  virtual std::vector<kernels::Tensor*> GroupEntryGradients(Workspace& ws) const {
-    (void)ws;
-    return {};
-  }
+  // scales[g - 1] / scales[g], in a pass backward makes anyway (a GEMM's
+  // alpha, a residual add's scale). A host-side setting (nothing runs on
+  // the device). InvalidArgument unless there is one scale per group.
+  virtual absl::Status SetGroupScales(absl::Span<const float> scales) = 0;
 
  protected:
   // How a master starts: draws (fill, whose stream AddParameter sets to the
@@ -164,6 +168,10 @@ class Network {
   // clears it).
   absl::StatusOr<int> AddParameter(std::string name, const kernels::Shape& shape, ParamInit init,
                                    bool plus_equal);
+
+  // SetGroupScales' check: InvalidArgument unless there is one scale per
+  // layer group (LayerScaleGroups of the spec).
+  absl::Status CheckGroupScaleCount(absl::Span<const float> scales) const;
 
   // This kind's WorkspaceBytes and its buffers for one input shape.
   virtual absl::StatusOr<int64_t> BytesFor(const kernels::Shape& input_shape) const = 0;

@@ -36,6 +36,8 @@ absl::Status Trainer::Impl::CalibrateLossScale(const StepInput& input,
     std::fill(group_scales.begin(), group_scales.end(), 1.0f);
     AMPD_RETURN_IF_ERROR(model->SetGroupScales(group_scales));
   }
+  model::Network::BackwardHooks hooks;
+  if (per_layer) hooks.group_entry = GroupEntryCheck();
   AMPD_RETURN_IF_ERROR(model->ZeroGrads());
   AMPD_RETURN_IF_ERROR(b.Fill(found_inf, 0.0f));
   for (ScaleGroup& g : groups) AMPD_RETURN_IF_ERROR(b.Fill(g.max_abs, 0.0f));
@@ -45,8 +47,7 @@ absl::Status Trainer::Impl::CalibrateLossScale(const StepInput& input,
     AMPD_RETURN_IF_ERROR(model->LoadBatch(mb.inputs, mb.targets, *ws));
     AMPD_RETURN_IF_ERROR(model->Forward(*ws));
     AMPD_RETURN_IF_ERROR(model->Loss(*ws, 1.0f / static_cast<float>(global_k), loss));
-    AMPD_RETURN_IF_ERROR(model->Backward(*ws, /*first_micro_batch=*/i == 0));
-    if (per_layer) AMPD_RETURN_IF_ERROR(CheckGroupEntries(*ws));
+    AMPD_RETURN_IF_ERROR(model->Backward(*ws, /*first_micro_batch=*/i == 0, hooks));
   }
   if (data_parallel != nullptr) AMPD_RETURN_IF_ERROR(data_parallel->all_reduce->Sum(grads));
   for (ScaleGroup& g : groups) {

@@ -32,16 +32,18 @@
 // Per-layer scales (adaptive's opt-in; amp/grad_scaler.h): the loss
 // gradient carries the last layer group's S, the model's backward moves the
 // upstream gradient to each group's own S_g where it crosses into it (a
-// GEMM alpha, no extra pass), and the histogram, the check pass and the
+// GEMM's alpha in a layer stack, the residual add's scale in a GPT: no
+// extra pass), and the histogram, the check pass and the
 // update run once per group with that group's 1 / S_g: found_inf and the
 // norm shared (the norm is the global one clipping needs), max|g| and the
 // histogram per group, all still in the one ReadBack. The bytes per
 // parameter below are unchanged: each gradient is still read once by the
-// check and once by the update. Each micro-batch's backward also leaves
+// check and once by the update. Each micro-batch's backward also hands
 // every group's entry gradient (the loss gradient, or what the next group
-// passed down), which joins the group's check (CheckGroupEntries): one read
-// of those activations, so that a group's max|g|, from which its scale is
-// calibrated and grown, bounds what flows through the group too.
+// passed down) to the group's check as it completes (GroupEntryCheck, a
+// Backward hook): one read of those activations, so that a group's max|g|,
+// from which its scale is calibrated and grown, bounds what flows through
+// the group too.
 // An adaptive-scaler job's first step (and its first after a state without
 // scaler keys was loaded) first runs CalibrateLossScale (calibrate.cc): one
 // extra forward and backward at S = 1 and one small read, so that the step
@@ -150,16 +152,18 @@ absl::Status Trainer::Impl::AdmitWorkspaces(const std::vector<MicroBatch>& micro
   return absl::OkStatus();
 }
 
-absl::Status Trainer::Impl::CheckGroupEntries(model::Workspace& ws) {
-  const std::vector<Tensor*> entries = model->GroupEntryGradients(ws);
-  for (size_t g = 0; g < entries.size() && g < groups.size(); ++g) {
-    if (entries[g] == nullptr) continue;
+model::Network::GroupEntry Trainer::Impl::GroupEntryCheck() {
+  return [this](int group, Tensor& entry) -> absl::Status {
+    const auto g = static_cast<size_t>(group);
+    if (g >= groups.size()) {
+      return absl::InternalError(absl::StrCat("per_layer_scales: the model reported group ", group,
+                                              " of ", groups.size()));
+    }
+    Tensor* const entries[1] = {&entry};
     const float inv_scale = static_cast<float>(1.0 / static_cast<double>(group_scales[g]));
-    AMPD_RETURN_IF_ERROR(backend->UnscaleAndCheck(absl::MakeSpan(&entries[g], 1), inv_scale,
-                                                  /*in_place=*/false, found_inf,
-                                                  /*norm_sq=*/nullptr, &groups[g].max_abs));
-  }
-  return absl::OkStatus();
+    return backend->UnscaleAndCheck(entries, inv_scale, /*in_place=*/false, found_inf,
+                                    /*norm_sq=*/nullptr, &groups[g].max_abs);
+  };
 }
 
 absl::Status CheckStepInput(const StepInput& input) {
@@ -242,10 +246,14 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   dist::GradientAllReduce* const all_reduce =
       data_parallel != nullptr ? data_parallel->all_reduce : nullptr;
   SumsInFlight in_flight{all_reduce};
-  model::Network::GradsReady ready;
+  // Every micro-batch's backward checks the groups' entry gradients; the
+  // last one's also starts the sums.
+  model::Network::BackwardHooks hooks;
+  if (per_layer) hooks.group_entry = m.GroupEntryCheck();
+  model::Network::BackwardHooks last_hooks = hooks;
   if (all_reduce != nullptr) {
     std::fill(m.grad_started.begin(), m.grad_started.end(), 0);
-    ready = [&m, all_reduce](absl::Span<const int> params) -> absl::Status {
+    last_hooks.grads_ready = [&m, all_reduce](absl::Span<const int> params) -> absl::Status {
       m.ready_grads.clear();
       for (const int p : params) {
         if (m.grad_started[static_cast<size_t>(p)] != 0) continue;
@@ -267,9 +275,8 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
     AMPD_RETURN_IF_ERROR(b.Add(m.loss, m.loss_sum));
     const Clock::time_point t1 = Clock::now();
     const bool last = i == local_k - 1;
-    AMPD_RETURN_IF_ERROR(net.Backward(*ws, /*first_micro_batch=*/i == 0,
-                                      last ? ready : model::Network::GradsReady()));
-    if (per_layer) AMPD_RETURN_IF_ERROR(m.CheckGroupEntries(*ws));
+    AMPD_RETURN_IF_ERROR(
+        net.Backward(*ws, /*first_micro_batch=*/i == 0, last ? last_hooks : hooks));
     const Clock::time_point t2 = Clock::now();
     report.seconds.forward += Seconds(t0, t1);
     report.seconds.backward += Seconds(t1, t2);

@@ -69,10 +69,10 @@ struct Trainer::Impl {
   // before the step proper when the scaler NeedsCalibration().
   absl::Status CalibrateLossScale(const StepInput& input, const DataParallelStep* data_parallel);
 
-  // step.cc, per-layer scales: after a micro-batch's backward, each group's
-  // entry gradient (Network::GroupEntryGradients) joins its found_inf and
-  // max|g| check, unscaled by that group's 1 / group_scales[g].
-  absl::Status CheckGroupEntries(model::Workspace& ws);
+  // step.cc, per-layer scales: the Backward hook that joins each group's
+  // entry gradient (Network::BackwardHooks::group_entry) to its found_inf
+  // and max|g| check, unscaled by that group's 1 / group_scales[g].
+  model::Network::GroupEntry GroupEntryCheck();
 
   // step.cc: admission of the workspaces a step or an evaluation (`what`)
   // needs for its micro-batches' sizes, before anything is allocated (see

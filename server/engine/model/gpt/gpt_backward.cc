@@ -2,7 +2,9 @@
 // the blocks in reverse and the embeddings. d_res carries the residual
 // stream's gradient; each branch adds its LayerNorm's dx into it. Conv1D
 // weights W (in, out) with y = x W: dW = x^T dy (beta = 0 on the first
-// micro-batch, 1 after), dx = dy W^T.
+// micro-batch, 1 after), dx = dy W^T. With per-layer scales, block l's
+// last residual add also moves d_res to block l - 1's scale
+// (residual_grad_scale_, gpt_model.h).
 #include "common/status_macros.h"
 #include "server/engine/model/gpt/gpt_model.h"
 #include "server/engine/model/gpt/gpt_workspace.h"
@@ -11,7 +13,8 @@ namespace ampd::engine::model {
 
 using kernels::Tensor;
 
-absl::Status GptModel::Backward(Workspace& any, bool first_micro_batch, const GradsReady& ready) {
+absl::Status GptModel::Backward(Workspace& any, bool first_micro_batch,
+                                const BackwardHooks& hooks) {
   AMPD_ASSIGN_OR_RETURN(GptWorkspace * own, Own<GptWorkspace>(any));
   GptWorkspace& ws = *own;
   kernels::Backend& b = backend_;
@@ -21,6 +24,11 @@ absl::Status GptModel::Backward(Workspace& any, bool first_micro_batch, const Gr
   std::vector<Parameter>& ps = params();
   auto value = [&ps](int index) -> const Tensor& { return ps[index].value(); };
   auto grad = [&ps](int index) -> Tensor& { return ps[index].grad; };
+  const GradsReady& ready = hooks.grads_ready;
+  // (N, C) dh, the loss gradient, enters the last group.
+  if (hooks.group_entry) {
+    AMPD_RETURN_IF_ERROR(hooks.group_entry(static_cast<int>(blocks_.size()) - 1, ws.d_ln));
+  }
 
   // ln_f: d_res = dL/dx_L.
   AMPD_RETURN_IF_ERROR(b.LayerNormBackward(ws.x.back(), &value(ln_f_weight_), ws.mean_f, ws.rstd_f,
@@ -68,7 +76,12 @@ absl::Status GptModel::Backward(Workspace& any, bool first_micro_batch, const Gr
     AMPD_RETURN_IF_ERROR(b.LayerNormBackward(ws.x[l], &value(p.ln_1_weight), s.mean_1, s.rstd_1,
                                              ws.d_ln, ws.d_tmp, &grad(p.ln_1_weight),
                                              &grad(p.ln_1_bias)));
-    AMPD_RETURN_IF_ERROR(b.Add(ws.d_tmp, ws.d_res));
+    // d_res = dL/dx_l, at block l - 1's scale from here on: block l - 1's
+    // entry.
+    AMPD_RETURN_IF_ERROR(b.AddScaled(ws.d_tmp, residual_grad_scale_[l], ws.d_res));
+    if (hooks.group_entry && l > 0) {
+      AMPD_RETURN_IF_ERROR(hooks.group_entry(static_cast<int>(l) - 1, ws.d_res));
+    }
     if (ready) {
       const int done[12] = {p.ln_1_weight, p.ln_1_bias,        p.c_attn_weight,
                             p.c_attn_bias, p.attn_proj_weight, p.attn_proj_bias,

@@ -6,7 +6,8 @@
 //     per-token losses; logits <- dlogits = grad_scale * multiplier / kept
 //     * (softmax - onehot), 0 on ignored rows (in place)
 //   dh (r, C) = dlogits W          (into ws.d_ln, where Backward starts)
-//   dW (V, C) += dlogits^T h       (the head's gradient: wte's when tied)
+//   dW (V, C) += alpha dlogits^T h (the head's gradient: wte's when tied,
+//                                   moved to wte's per-layer scale by alpha)
 // In fp16/bf16, dW is summed over the chunks in an F32 buffer and added to
 // the 16-bit gradient once at the end: one rounding per micro-batch, as
 // every other weight gradient gets, however many chunks the head takes.
@@ -63,7 +64,8 @@ absl::Status GptModel::HeadLoss(Workspace& any, float grad_scale, bool with_grad
                                              logit_grad_scale, loss, logits));
     if (!with_grad) continue;
     AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, logits, head.value(), 0.0f, dh));
-    AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, logits, h, sum_beta(start), head_sum));
+    AMPD_RETURN_IF_ERROR(
+        b.Gemm(true, false, head_grad_alpha_, logits, h, sum_beta(start), head_sum));
   }
   if (with_grad && !ws.head_grad.empty()) AMPD_RETURN_IF_ERROR(b.Add(ws.head_grad, head.grad));
   return absl::OkStatus();

@@ -93,7 +93,39 @@ absl::StatusOr<int64_t> GptWorkspaceBytes(const ModelSpec& spec, Precision preci
 }
 
 GptModel::GptModel(const ModelSpec& spec, Precision precision, kernels::Backend& backend)
-    : Network(spec, precision, backend) {}
+    : Network(spec, precision, backend),
+      residual_grad_scale_(static_cast<size_t>(spec.gpt->n_layer), 1.0f) {}
+
+std::vector<int> GptModel::ParamScaleGroups() const {
+  const int last = static_cast<int>(blocks_.size()) - 1;
+  std::vector<int> groups(params().size(), last);  // ln_f, an untied head
+  groups[static_cast<size_t>(wte_)] = 0;
+  groups[static_cast<size_t>(wpe_)] = 0;
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    const BlockParams& p = blocks_[l];
+    for (const int index : {p.ln_1_weight, p.ln_1_bias, p.c_attn_weight, p.c_attn_bias,
+                            p.attn_proj_weight, p.attn_proj_bias, p.ln_2_weight, p.ln_2_bias,
+                            p.c_fc_weight, p.c_fc_bias, p.mlp_proj_weight, p.mlp_proj_bias}) {
+      groups[static_cast<size_t>(index)] = static_cast<int>(l);
+    }
+  }
+  return groups;
+}
+
+absl::Status GptModel::SetGroupScales(absl::Span<const float> scales) {
+  AMPD_RETURN_IF_ERROR(CheckGroupScaleCount(scales));
+  // Ratios of powers of two: exact in double and in float while they are
+  // normal floats.
+  auto ratio = [](float to, float from) {
+    return static_cast<float>(static_cast<double>(to) / static_cast<double>(from));
+  };
+  residual_grad_scale_[0] = 1.0f;
+  for (size_t l = 1; l < residual_grad_scale_.size(); ++l) {
+    residual_grad_scale_[l] = ratio(scales[l - 1], scales[l]);
+  }
+  head_grad_alpha_ = gpt().tie_embeddings ? ratio(scales.front(), scales.back()) : 1.0f;
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const ModelSpec& spec,
                                                            Precision precision, uint64_t seed,

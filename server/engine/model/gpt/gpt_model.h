@@ -24,6 +24,13 @@
 //   transformer.h.{i}.mlp.c_fc.weight (C, H) / .bias (H),
 //   transformer.h.{i}.mlp.c_proj.weight (H, C) / .bias (C),
 //   transformer.ln_f.weight / .bias (C), lm_head.weight (V, C) when untied.
+// Per-layer loss scales: block l is layer group l (n_layer groups), the
+// embeddings join block 0's and ln_f and an untied LM head the last
+// block's. Where backward leaves block l for block l - 1, the residual
+// add that ends block l's backward also moves the residual gradient from
+// S_l to S_{l-1} (AddScaled: scaled in fp32 before its one rounding, no
+// extra pass); a tied head's weight gradient, formed at the last block's
+// scale in Loss, is moved to block 0's (wte's) by its GEMM's alpha.
 // Initialisation is nanoGPT's: every weight matrix and both embeddings
 // N(0, 0.02), the two projections into the residual stream
 // (attn.c_proj.weight, mlp.c_proj.weight) N(0, 0.02 / sqrt(2 n_layer)),
@@ -84,8 +91,13 @@ class GptModel final : public Network {
   absl::Status Loss(Workspace& ws, float grad_scale, kernels::Tensor& loss) override;
   // The head's logits and cross-entropy only: no dh, no head gradient.
   absl::Status EvalLoss(Workspace& ws, kernels::Tensor& loss) override;
+  // Group entries (per-layer scales): dh into ln_f for the last group, and
+  // the residual gradient dL/dx_l, at S_{l-1}, for group l - 1.
   using Network::Backward;
-  absl::Status Backward(Workspace& ws, bool first_micro_batch, const GradsReady& ready) override;
+  absl::Status Backward(Workspace& ws, bool first_micro_batch, const BackwardHooks& hooks) override;
+
+  std::vector<int> ParamScaleGroups() const override;
+  absl::Status SetGroupScales(absl::Span<const float> scales) override;
 
   // Accepts Hugging Face's variants of the names: without the
   // "transformer." prefix, the attn.bias / attn.masked_bias buffers (dropped)
@@ -124,6 +136,12 @@ class GptModel final : public Network {
   int ln_f_weight_ = -1;
   int ln_f_bias_ = -1;
   int lm_head_ = -1;  // -1 when tied
+  // Per-layer scales (all 1 without them): the scale of the residual add
+  // that ends block l's backward, S_{l-1} / S_l (1 for block 0), and the
+  // alpha of the LM head's weight-gradient GEMM, S_0 / S_{n_layer - 1} when
+  // tied (that gradient is wte's, in group 0).
+  std::vector<float> residual_grad_scale_;
+  float head_grad_alpha_ = 1.0f;
 };
 
 }  // namespace ampd::engine::model
