@@ -89,8 +89,8 @@ ABSL_FLAG(std::optional<int64_t>, overflow_margin_log2, std::nullopt,
 ABSL_FLAG(std::optional<double>, underflow_threshold, std::nullopt,
           "adaptive: grow early above this fraction of zero or fp16-subnormal gradients");
 ABSL_FLAG(bool, per_layer_scales, false,
-          "adaptive: one loss scale per layer group of a layer-stack model (each Linear with "
-          "the layers after it) instead of one per job");
+          "adaptive: one loss scale per layer group (each Linear of a layer stack with the "
+          "layers after it; each block of a GPT) instead of one per job");
 ABSL_FLAG(std::optional<bool>, dynamic, std::nullopt,
           "Dynamic scaling (false: a static scale that still skips non-finite steps)");
 ABSL_FLAG(std::optional<bool>, scaling, std::nullopt,

@@ -139,6 +139,9 @@ using kernels::kGradHistogramMinLog2;
 struct ScalerSnapshot {
   float scale = 1.0f;  // the scale the next step uses (1 when scaling is disabled)
   amp::ScalerCounters counters;
+  // Per-layer scales: each layer group's S_g the next step uses (group g at
+  // index g; the last is `scale`); empty for a job-wide scale.
+  std::vector<float> layer_scales;
 };
 
 // A job trains (kActive) until its loss scaler gives up at its minimum scale

@@ -314,6 +314,7 @@ v1::Job JobToProto(const engine::JobSnapshot& snapshot) {
   job.set_step(snapshot.step);
   job.set_applied_steps(snapshot.applied_steps);
   job.set_loss_scale(snapshot.scaler.scale);
+  for (const float s : snapshot.scaler.layer_scales) job.add_layer_scales(s);
   job.mutable_scaler_counters()->set_growth_tracker(snapshot.scaler.counters.growth_tracker);
   job.mutable_scaler_counters()->set_overflows_until_backoff(
       snapshot.scaler.counters.overflows_until_backoff);

@@ -44,9 +44,11 @@ struct TrainRun {
   int steps = 0;
   int skipped = 0;
   int growths_deferred = 0;
-  double final_loss = 0;  // mean over the last kLastSteps steps
-  float first_scale = 0;  // the scale step 1 ran at
-  int layer_groups = 0;   // per-layer scales: the last step's group count
+  double final_loss = 0;                  // mean over the last kLastSteps steps
+  float first_scale = 0;                  // the scale step 1 ran at
+  int layer_groups = 0;                   // per-layer scales: the last step's group count
+  std::vector<double> last_layer_scales;  // per-layer scales after the last step
+  std::string job_id;
 };
 
 class AdaptiveScalerE2eTest : public ::testing::Test {
@@ -67,9 +69,9 @@ class AdaptiveScalerE2eTest : public ::testing::Test {
 
   // `ampctl train --steps=300 --seed=7 --json` plus `flags`,
   // summarised from its per-step JSON lines.
-  TrainRun Train(const std::vector<std::string>& flags) {
+  TrainRun Train(const std::vector<std::string>& flags, int steps = kSteps) {
     std::vector<std::string> args = {AMPCTL_BINARY, "--server=" + server_->address(),
-                                     "train",       absl::StrCat("--steps=", kSteps),
+                                     "train",       absl::StrCat("--steps=", steps),
                                      "--seed=7",    "--json"};
     args.insert(args.end(), flags.begin(), flags.end());
     const CommandResult result = RunCommand(args, kRunDeadline);
@@ -83,15 +85,20 @@ class AdaptiveScalerE2eTest : public ::testing::Test {
       if (!status.ok()) continue;
       const auto& f = s.fields();
       ++run.steps;
+      run.job_id = f.at("job_id").string_value();
       if (run.steps == 1) run.first_scale = static_cast<float>(f.at("scale_before").number_value());
       run.skipped += f.at("skipped").bool_value() ? 1 : 0;
       run.growths_deferred += f.at("growth_deferred").bool_value() ? 1 : 0;
       losses.push_back(f.at("loss").number_value());
       if (f.contains("layer_scales")) {
-        run.layer_groups = f.at("layer_scales").list_value().values_size();
+        run.last_layer_scales.clear();
+        for (const auto& v : f.at("layer_scales").list_value().values()) {
+          run.last_layer_scales.push_back(v.number_value());
+        }
+        run.layer_groups = static_cast<int>(run.last_layer_scales.size());
       }
     }
-    EXPECT_EQ(run.steps, kSteps) << result.out;
+    EXPECT_EQ(run.steps, steps) << result.out;
     if (losses.size() >= kLastSteps) {
       double sum = 0;
       for (size_t i = losses.size() - kLastSteps; i < losses.size(); ++i) sum += losses[i];
@@ -153,6 +160,37 @@ TEST_F(AdaptiveScalerE2eTest, PerLayerScalesTrainAsOneScaleOnTheSyntheticTask) {
   EXPECT_NE(refused.err.find("config.scaler.per_layer_scales: applies to adaptive only"),
             std::string::npos)
       << refused.err;
+}
+
+// Per-layer scales on a GPT, one per block: three scales on every step, no
+// step skipped, adaptive's loss; GetJob (`ampctl jobs get`) reports the
+// scales the next step will use, the last step's.
+TEST_F(AdaptiveScalerE2eTest, PerLayerScalesOnAGptOnePerBlockReportedByGetJob) {
+  const std::vector<std::string> gpt = {"--layers=gpt:64:32:64:3:4", "--precision=fp16",
+                                        "--scaler=adaptive"};
+  std::vector<std::string> per_layer = gpt;
+  per_layer.push_back("--per-layer-scales");
+  constexpr int kGptSteps = 60;
+  const TrainRun layered = Train(per_layer, kGptSteps);
+  const TrainRun adaptive = Train(gpt, kGptSteps);
+  EXPECT_EQ(layered.layer_groups, 3);
+  EXPECT_EQ(layered.skipped, 0);
+  ASSERT_GT(adaptive.final_loss, 0.0);
+  EXPECT_LE(std::fabs(layered.final_loss - adaptive.final_loss) / adaptive.final_loss, 1e-3)
+      << "per-layer " << layered.final_loss << " adaptive " << adaptive.final_loss;
+
+  const CommandResult got = RunCommand(
+      {AMPCTL_BINARY, "--server=" + server_->address(), "jobs", "get", "--job=" + layered.job_id},
+      kRunDeadline);
+  ASSERT_EQ(got.status.code, 0) << got.err;
+  google::protobuf::Struct job;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(got.out, &job).ok()) << got.out;
+  std::vector<double> reported;
+  for (const auto& v : job.fields().at("layer_scales").list_value().values()) {
+    reported.push_back(v.number_value());
+  }
+  EXPECT_EQ(reported, layered.last_layer_scales) << got.out;
+  EXPECT_EQ(job.fields().at("loss_scale").number_value(), layered.last_layer_scales.back());
 }
 
 // Frequent scheduled growth: pytorch's growths overflow and each costs a

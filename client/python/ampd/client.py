@@ -15,7 +15,7 @@ import random
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import grpc
 import numpy as np
@@ -99,6 +99,9 @@ class StepResult:
     samples: int
     timings: Timings
     learning_rate: float  # the lr this step's update used (schedule or override)
+    # Per-layer scales: each layer group's scale after the step (group 0
+    # first; the last is scale_after); empty for a job-wide scale.
+    layer_scales_after: Tuple[float, ...] = ()
 
     @classmethod
     def from_proto(cls, r):
@@ -113,7 +116,8 @@ class StepResult:
             samples=r.samples,
             timings=Timings(t.forward_seconds, t.backward_seconds, t.unscale_seconds,
                             t.optimizer_seconds, t.total_seconds),
-            learning_rate=r.learning_rate)
+            learning_rate=r.learning_rate,
+            layer_scales_after=tuple(r.layer_scales_after))
 
 
 @dataclass(frozen=True)
@@ -283,7 +287,8 @@ class Job:
 
     Attributes mirror the last GetJob/CreateJob seen (refresh() reads them
     again): job_id, config (the effective pb.JobConfig), step,
-    applied_steps, loss_scale, state ("active"/"failed"), failure,
+    applied_steps, loss_scale, layer_scales (each layer group's scale with
+    per-layer scales, else empty), state ("active"/"failed"), failure,
     parameter_count, estimated_bytes, growth_tracker, overflows_until_backoff.
     next_sequence is the sequence the next step() sends.
     """
@@ -300,6 +305,7 @@ class Job:
         self.step_count = proto.step
         self.applied_steps = proto.applied_steps
         self.loss_scale = proto.loss_scale
+        self.layer_scales = list(proto.layer_scales)
         self.state = {pb.JOB_STATE_ACTIVE: "active", pb.JOB_STATE_FAILED: "failed"}.get(
             proto.state, "unspecified")
         self.failure = proto.failure
@@ -346,6 +352,7 @@ class Job:
         self.step_count = response.global_step
         self.applied_steps = response.applied_steps
         self.loss_scale = response.scale_after
+        self.layer_scales = list(response.layer_scales_after)
         return StepResult.from_proto(response)
 
     def evaluate(self, inputs=None, targets=None, *, micro_batches=None):

@@ -210,7 +210,7 @@ class Scaler:
     max_scale: Optional[float] = None
     overflow_margin_log2: Optional[int] = None  # adaptive only
     underflow_threshold: Optional[float] = None  # adaptive only
-    per_layer_scales: Optional[bool] = None  # adaptive only, layer-stack models
+    per_layer_scales: Optional[bool] = None  # adaptive only: a scale per Linear group or GPT block
 
     def to_proto(self):
         if self.policy not in _POLICIES:

@@ -55,6 +55,28 @@ def test_trains_with_dynamic_loss_scaling(server):
         assert job.applied_steps == len(applied) and job.loss_scale == r.scale_after
 
 
+def test_per_layer_scales_one_per_gpt_block(server):
+    # Adaptive per-layer scales on a GPT: one scale per block in every
+    # StepResult and on the Job, GetJob's the last step's.
+    gpt = ampd.GPT(vocab_size=32, context_length=8, d_model=16, n_layer=3, n_head=2)
+    with ampd.Client(server.address) as client:
+        job = client.create_job(model=gpt, precision="fp16", seed=5,
+                                scaler=ampd.Scaler(policy="adaptive", per_layer_scales=True))
+        assert job.config.scaler.per_layer_scales
+        rng = np.random.default_rng(9)
+        results = []
+        for _ in range(6):
+            ids = rng.integers(0, 32, size=(4, 8), dtype=np.int64)
+            results.append(job.step(ids, (ids + 1) % 32))
+        assert all(len(r.layer_scales_after) == 3 for r in results)
+        assert not any(r.skipped for r in results)
+        assert results[-1].layer_scales_after[-1] == results[-1].scale_after
+        assert job.layer_scales == list(results[-1].layer_scales_after)
+        job.refresh()
+        assert job.layer_scales == list(results[-1].layer_scales_after)
+        assert job.loss_scale == results[-1].scale_after
+
+
 def test_micro_batches_float64_and_learning_rate(server):
     with ampd.Client(server.address) as client:
         job = create(client, precision="fp32")

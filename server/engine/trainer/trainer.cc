@@ -116,7 +116,9 @@ const JobConfig& Trainer::config() const { return impl_->config; }
 int64_t Trainer::steps_run() const { return impl_->steps_run; }
 int64_t Trainer::applied_steps() const { return impl_->optimizer.applied_steps(); }
 ScalerSnapshot Trainer::scaler() const {
-  return ScalerSnapshot{impl_->scaler.scale(), impl_->scaler.counters()};
+  const amp::GradScaler& s = impl_->scaler;
+  return ScalerSnapshot{s.scale(), s.counters(),
+                        s.config().per_layer_scales ? s.layer_scales() : std::vector<float>{}};
 }
 int64_t Trainer::workspace_bytes() const { return impl_->model->cached_workspace_bytes(); }
 int64_t Trainer::parameter_count() const { return impl_->model->parameter_count(); }
