@@ -49,7 +49,26 @@ struct TrainRun {
   int layer_groups = 0;                   // per-layer scales: the last step's group count
   std::vector<double> last_layer_scales;  // per-layer scales after the last step
   std::string job_id;
+  std::vector<double> losses;         // per step
+  std::vector<int64_t> applied_steps;  // per step: optimizer updates applied by then
 };
+
+// Mean loss of `run`'s steps whose applied-update count is one of `other`'s
+// last kLastSteps steps': the two runs compared at the same number of
+// updates rather than of steps (0 when none matches).
+double MeanLossAtUpdatesOf(const TrainRun& run, const TrainRun& other) {
+  double sum = 0;
+  int n = 0;
+  for (size_t i = 0; i < run.losses.size(); ++i) {
+    for (size_t j = other.applied_steps.size() - kLastSteps; j < other.applied_steps.size(); ++j) {
+      if (run.applied_steps[i] != other.applied_steps[j]) continue;
+      sum += run.losses[i];
+      ++n;
+      break;
+    }
+  }
+  return n > 0 ? sum / n : 0.0;
+}
 
 class AdaptiveScalerE2eTest : public ::testing::Test {
  protected:
@@ -90,6 +109,7 @@ class AdaptiveScalerE2eTest : public ::testing::Test {
       run.skipped += f.at("skipped").bool_value() ? 1 : 0;
       run.growths_deferred += f.at("growth_deferred").bool_value() ? 1 : 0;
       losses.push_back(f.at("loss").number_value());
+      run.applied_steps.push_back(static_cast<int64_t>(f.at("applied_steps").number_value()));
       if (f.contains("layer_scales")) {
         run.last_layer_scales.clear();
         for (const auto& v : f.at("layer_scales").list_value().values()) {
@@ -104,6 +124,7 @@ class AdaptiveScalerE2eTest : public ::testing::Test {
       for (size_t i = losses.size() - kLastSteps; i < losses.size(); ++i) sum += losses[i];
       run.final_loss = sum / kLastSteps;
     }
+    run.losses = losses;
     return run;
   }
 
@@ -124,6 +145,12 @@ TEST_F(AdaptiveScalerE2eTest, SkipsNoStepWherePyTorchSkipsAndEndsAtTheSameLoss) 
   EXPECT_LE(std::fabs(adaptive.final_loss - fp32.final_loss) / fp32.final_loss, 1e-3)
       << "adaptive " << adaptive.final_loss << " fp32 " << fp32.final_loss;
   EXPECT_LE(adaptive.final_loss, pytorch.final_loss);
+  // The gap is pytorch's skipped updates, not numerics: at the same number
+  // of applied updates the two agree within 0.5%.
+  const double at_updates = MeanLossAtUpdatesOf(adaptive, pytorch);
+  EXPECT_LE(std::fabs(at_updates - pytorch.final_loss) / pytorch.final_loss, 5e-3)
+      << "adaptive at pytorch's update counts " << at_updates << ", pytorch "
+      << pytorch.final_loss;
 }
 
 TEST_F(AdaptiveScalerE2eTest, LossMultipliedByAHundredSkipsNoStepWithoutTuning) {
