@@ -112,8 +112,7 @@ class Network {
     // loss gradient for the last group; for the others what the next group
     // passed down, already at S_g) while it is whole, before backward
     // overwrites it, so that the group's check bounds what flows through
-    // the group as well as its parameters' gradients. A kind without groups
-    // never calls it.
+    // the group as well as its parameters' gradients.
     GroupEntry group_entry;
   };
   // Every parameter's gradient from what Loss left in ws. The first

@@ -87,11 +87,18 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   // One scale group of every parameter, or one per layer group.
   std::vector<int> group_of(impl->refs.size(), 0);
   if (config.scaler.per_layer_scales) group_of = impl->model->ParamScaleGroups();
+  // The model's own grouping must cover every parameter with a group the
+  // scaler has: anything else is a bug of the model kind, not of the config.
   if (group_of.size() != impl->refs.size()) {
-    return absl::InvalidArgumentError("per_layer_scales: the model has no layer groups");
+    return absl::InternalError(absl::StrCat("per_layer_scales: the model grouped ", group_of.size(),
+                                            " of ", impl->refs.size(), " parameters"));
   }
   impl->groups.resize(static_cast<size_t>(layer_groups));
   for (size_t p = 0; p < group_of.size(); ++p) {
+    if (group_of[p] < 0 || group_of[p] >= layer_groups) {
+      return absl::InternalError(absl::StrCat("per_layer_scales: parameter ", p, " in group ",
+                                              group_of[p], " of ", layer_groups));
+    }
     Impl::ScaleGroup& g = impl->groups[static_cast<size_t>(group_of[p])];
     g.refs.push_back(impl->refs[p]);
     g.grads.push_back(impl->grads[p]);
