@@ -3,8 +3,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
+#include <string>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
@@ -14,8 +16,11 @@ namespace ampd::test_support {
 
 TempDir::TempDir(absl::string_view prefix) {
   const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  path_ = std::filesystem::temp_directory_path() /
-          absl::StrCat(prefix, "_", getpid(), "_", info != nullptr ? info->name() : "no_test");
+  // A parametrised test's name has a '/' (Name/fp16): kept, it would make a
+  // nested directory whose parent outlives the test.
+  std::string name = info != nullptr ? info->name() : "no_test";
+  std::replace(name.begin(), name.end(), '/', '_');
+  path_ = std::filesystem::temp_directory_path() / absl::StrCat(prefix, "_", getpid(), "_", name);
   // A directory left by a crashed run with a recycled pid must not leak
   // its files into this one.
   std::filesystem::remove_all(path_);
