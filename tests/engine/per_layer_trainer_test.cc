@@ -5,6 +5,7 @@
 // the Trainer's state dicts; and the configs the engine refuses.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -416,6 +417,45 @@ TEST(PerLayerGpt, Fp16UpdatesWithEqualScalesAreASingleScalesBitForBit) {
                                    /*histogram=*/true);
 }
 
+// Deeper than 32 blocks, consecutive blocks share a group (each group one
+// or two blocks, in order), and the update is still a single scale's bit
+// for bit in fp32 with 32 different group scales.
+TEST(PerLayerGpt, BeyondThirtyTwoBlocksConsecutiveBlocksShareAScale) {
+  std::vector<int64_t> groups;
+  for (int64_t l = 0; l < 48; ++l) groups.push_back(model::GptBlockScaleGroup(l, 48));
+  EXPECT_EQ(groups.front(), 0);
+  EXPECT_EQ(groups.back(), 31);
+  for (size_t l = 1; l < groups.size(); ++l) {
+    EXPECT_GE(groups[l] - groups[l - 1], 0);
+    EXPECT_LE(groups[l] - groups[l - 1], 1);
+  }
+  for (int64_t g = 0; g < 32; ++g) {
+    const auto blocks = std::count(groups.begin(), groups.end(), g);
+    EXPECT_TRUE(blocks == 1 || blocks == 2) << "group " << g << ": " << blocks << " blocks";
+  }
+
+  JobConfig single_config = GptConfig(model::Precision::kFp32, false, true);
+  single_config.model.gpt = model::GptSpec{
+      .vocab_size = 48, .context_length = 16, .d_model = 8, .n_layer = 34, .n_head = 2};
+  JobConfig layered_config = single_config;
+  layered_config.scaler.per_layer_scales = true;
+  std::unique_ptr<Trainer> single = testing::MakeTrainer(single_config);
+  std::unique_ptr<Trainer> layered = testing::MakeTrainer(layered_config);
+  ASSERT_TRUE(single && layered);
+  Pin(*single, {64.0f});
+  std::vector<float> scales;
+  for (int g = 0; g < 32; ++g) scales.push_back(std::ldexp(1.0f, 2 + (g * 5) % 11));
+  scales.back() = 64.0f;
+  Pin(*layered, scales);
+  for (uint64_t i = 1; i <= 2; ++i) {
+    const StepReport s = Step(*single, GptBatch(i));
+    const StepReport l = Step(*layered, GptBatch(i));
+    EXPECT_EQ(l.scaler.layer_scales_before, scales);
+    EXPECT_EQ(l.loss, s.loss);
+  }
+  ExpectSameTensors(*single, *layered);
+}
+
 // Calibrated, trained and reloaded: every block's scale round-trips, and a
 // fresh job loaded with the state trains on exactly as the original.
 TEST(PerLayerGpt, BlockScalesRoundTripThroughStateDicts) {
@@ -440,7 +480,7 @@ void ExpectInvalid(const JobConfig& config, absl::string_view message) {
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST(PerLayerConfig, RefusedOutsideAdaptiveJobsOfOneAmpdAndBeyond32Groups) {
+TEST(PerLayerConfig, RefusedOutsideAdaptiveJobsOfOneAmpdAndBeyond32LinearGroups) {
   JobConfig ok = Config(model::Precision::kFp16, true);
   ASSERT_TRUE(ValidateJobConfig(ok).ok()) << ValidateJobConfig(ok);
 
@@ -454,15 +494,14 @@ TEST(PerLayerConfig, RefusedOutsideAdaptiveJobsOfOneAmpdAndBeyond32Groups) {
   bf16.scaler.per_layer_scales = true;  // bf16's default scale is static
   ExpectInvalid(bf16, "scaler.per_layer_scales: needs an enabled, dynamic scaler");
 
-  // A GPT has a group per block: 33 blocks are refused, 32 taken.
+  // A GPT of any depth: beyond 32 blocks, consecutive blocks share a group.
   JobConfig gpt = ok;
   gpt.model.layers.clear();
   gpt.model.loss = model::LossKind::kCrossEntropy;
   gpt.model.gpt = model::GptSpec{
-      .vocab_size = 64, .context_length = 16, .d_model = 32, .n_layer = 33, .n_head = 4};
-  ExpectInvalid(gpt, "scaler.per_layer_scales: the model has 33 layer groups");
-  gpt.model.gpt->n_layer = 32;
+      .vocab_size = 64, .context_length = 16, .d_model = 32, .n_layer = 48, .n_head = 4};
   ASSERT_TRUE(ValidateJobConfig(gpt).ok()) << ValidateJobConfig(gpt);
+  EXPECT_EQ(model::LayerScaleGroups(gpt.model), 32);
 
   JobConfig distributed = ok;
   distributed.distributed.world_size = 2;

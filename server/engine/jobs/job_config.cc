@@ -8,6 +8,10 @@
 
 namespace ampd::engine {
 
+// A GPT's blocks share scales beyond the groups the scaler (and its
+// per-layer metric) takes.
+static_assert(model::kMaxGptScaleGroups == amp::kMaxLayerScaleGroups);
+
 namespace {
 
 absl::Status Prefixed(absl::string_view prefix, const absl::Status& s) {
@@ -41,7 +45,7 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
     if (groups > amp::kMaxLayerScaleGroups) {
       return absl::InvalidArgumentError(
           absl::StrCat("scaler.per_layer_scales: the model has ", groups,
-                       " layer groups (one per Linear layer, or per GPT block), more than the ",
+                       " layer groups (one per Linear layer), more than the ",
                        amp::kMaxLayerScaleGroups, " supported"));
     }
   }

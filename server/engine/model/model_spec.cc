@@ -291,8 +291,13 @@ int64_t ParameterCount(const ModelSpec& spec) {
   return count;
 }
 
+int64_t GptBlockScaleGroup(int64_t block, int64_t n_layer) {
+  // block < n_layer and G <= 32: the product fits for any n_layer < 2^58.
+  return block * std::min(n_layer, kMaxGptScaleGroups) / n_layer;
+}
+
 int64_t LayerScaleGroups(const ModelSpec& spec) {
-  if (spec.gpt.has_value()) return spec.gpt->n_layer;
+  if (spec.gpt.has_value()) return std::min(spec.gpt->n_layer, kMaxGptScaleGroups);
   int64_t linears = 0;
   for (const LayerSpec& l : spec.layers) linears += l.kind == LayerKind::kLinear ? 1 : 0;
   return std::max<int64_t>(1, linears);

@@ -108,10 +108,22 @@ int64_t ParameterCount(const ModelSpec& spec);
 int64_t InputFeatures(const ModelSpec& spec);
 int64_t OutputFeatures(const ModelSpec& spec);
 
+// The most layer groups a GPT's per-layer loss scales use: the scaler's
+// kMaxLayerScaleGroups (amp/grad_scaler.h; jobs/job_config.cc asserts
+// they agree). A deeper GPT shares each scale among consecutive blocks.
+inline constexpr int64_t kMaxGptScaleGroups = 32;
+
 // The layer groups of a model's per-layer loss scales (amp/grad_scaler.h).
 // A layer stack: each Linear starts one, holding it and the layers after it
 // up to the next Linear; layers before the first Linear join group 0:
-// max(1, Linear count). A GPT: one per block, n_layer (gpt/gpt_model.h).
+// max(1, Linear count). A GPT: one per block up to kMaxGptScaleGroups,
+// min(n_layer, 32) (GptBlockScaleGroup).
 int64_t LayerScaleGroups(const ModelSpec& spec);
+
+// The group of GPT block `block` (0-based) of n_layer:
+// floor(block * G / n_layer), G = min(n_layer, kMaxGptScaleGroups). Each
+// group holds consecutive blocks, one each while n_layer <= 32, and the
+// groups' sizes differ by at most one.
+int64_t GptBlockScaleGroup(int64_t block, int64_t n_layer);
 
 }  // namespace ampd::engine::model

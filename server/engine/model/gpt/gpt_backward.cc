@@ -3,7 +3,7 @@
 // stream's gradient; each branch adds its LayerNorm's dx into it. Conv1D
 // weights W (in, out) with y = x W: dW = x^T dy (beta = 0 on the first
 // micro-batch, 1 after), dx = dy W^T. With per-layer scales, block l's
-// last residual add also moves d_res to block l - 1's scale
+// last residual add also moves d_res to block l - 1's group's scale
 // (residual_grad_scale_, gpt_model.h).
 #include "common/status_macros.h"
 #include "server/engine/model/gpt/gpt_model.h"
@@ -27,7 +27,7 @@ absl::Status GptModel::Backward(Workspace& any, bool first_micro_batch,
   const GradsReady& ready = hooks.grads_ready;
   // (N, C) dh, the loss gradient, enters the last group.
   if (hooks.group_entry) {
-    AMPD_RETURN_IF_ERROR(hooks.group_entry(static_cast<int>(blocks_.size()) - 1, ws.d_ln));
+    AMPD_RETURN_IF_ERROR(hooks.group_entry(block_group_.back(), ws.d_ln));
   }
 
   // ln_f: d_res = dL/dx_L.
@@ -76,11 +76,11 @@ absl::Status GptModel::Backward(Workspace& any, bool first_micro_batch,
     AMPD_RETURN_IF_ERROR(b.LayerNormBackward(ws.x[l], &value(p.ln_1_weight), s.mean_1, s.rstd_1,
                                              ws.d_ln, ws.d_tmp, &grad(p.ln_1_weight),
                                              &grad(p.ln_1_bias)));
-    // d_res = dL/dx_l, at block l - 1's scale from here on: block l - 1's
-    // entry.
+    // d_res = dL/dx_l, at block l - 1's scale from here on: its group's
+    // entry when block l - 1 starts a new one.
     AMPD_RETURN_IF_ERROR(b.AddScaled(ws.d_tmp, residual_grad_scale_[l], ws.d_res));
-    if (hooks.group_entry && l > 0) {
-      AMPD_RETURN_IF_ERROR(hooks.group_entry(static_cast<int>(l) - 1, ws.d_res));
+    if (hooks.group_entry && l > 0 && block_group_[l - 1] != block_group_[l]) {
+      AMPD_RETURN_IF_ERROR(hooks.group_entry(block_group_[l - 1], ws.d_res));
     }
     if (ready) {
       const int done[12] = {p.ln_1_weight, p.ln_1_bias,        p.c_attn_weight,

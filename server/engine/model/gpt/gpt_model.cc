@@ -94,10 +94,14 @@ absl::StatusOr<int64_t> GptWorkspaceBytes(const ModelSpec& spec, Precision preci
 
 GptModel::GptModel(const ModelSpec& spec, Precision precision, kernels::Backend& backend)
     : Network(spec, precision, backend),
-      residual_grad_scale_(static_cast<size_t>(spec.gpt->n_layer), 1.0f) {}
+      residual_grad_scale_(static_cast<size_t>(spec.gpt->n_layer), 1.0f) {
+  for (int64_t l = 0; l < spec.gpt->n_layer; ++l) {
+    block_group_.push_back(static_cast<int>(GptBlockScaleGroup(l, spec.gpt->n_layer)));
+  }
+}
 
 std::vector<int> GptModel::ParamScaleGroups() const {
-  const int last = static_cast<int>(blocks_.size()) - 1;
+  const int last = block_group_.back();
   std::vector<int> groups(params().size(), last);  // ln_f, an untied head
   groups[static_cast<size_t>(wte_)] = 0;
   groups[static_cast<size_t>(wpe_)] = 0;
@@ -106,7 +110,7 @@ std::vector<int> GptModel::ParamScaleGroups() const {
     for (const int index : {p.ln_1_weight, p.ln_1_bias, p.c_attn_weight, p.c_attn_bias,
                             p.attn_proj_weight, p.attn_proj_bias, p.ln_2_weight, p.ln_2_bias,
                             p.c_fc_weight, p.c_fc_bias, p.mlp_proj_weight, p.mlp_proj_bias}) {
-      groups[static_cast<size_t>(index)] = static_cast<int>(l);
+      groups[static_cast<size_t>(index)] = block_group_[l];
     }
   }
   return groups;
@@ -121,7 +125,8 @@ absl::Status GptModel::SetGroupScales(absl::Span<const float> scales) {
   };
   residual_grad_scale_[0] = 1.0f;
   for (size_t l = 1; l < residual_grad_scale_.size(); ++l) {
-    residual_grad_scale_[l] = ratio(scales[l - 1], scales[l]);
+    residual_grad_scale_[l] = ratio(scales[static_cast<size_t>(block_group_[l - 1])],
+                                    scales[static_cast<size_t>(block_group_[l])]);
   }
   head_grad_alpha_ = gpt().tie_embeddings ? ratio(scales.front(), scales.back()) : 1.0f;
   return absl::OkStatus();

@@ -24,13 +24,15 @@
 //   transformer.h.{i}.mlp.c_fc.weight (C, H) / .bias (H),
 //   transformer.h.{i}.mlp.c_proj.weight (H, C) / .bias (C),
 //   transformer.ln_f.weight / .bias (C), lm_head.weight (V, C) when untied.
-// Per-layer loss scales: block l is layer group l (n_layer groups), the
-// embeddings join block 0's and ln_f and an untied LM head the last
-// block's. Where backward leaves block l for block l - 1, the residual
-// add that ends block l's backward also moves the residual gradient from
-// S_l to S_{l-1} (AddScaled: scaled in fp32 before its one rounding, no
-// extra pass); a tied head's weight gradient, formed at the last block's
-// scale in Loss, is moved to block 0's (wte's) by its GEMM's alpha.
+// Per-layer loss scales: block l is layer group g(l) = GptBlockScaleGroup
+// (l itself up to 32 blocks; deeper models share a group between
+// consecutive blocks), the embeddings join group 0 and ln_f and an untied
+// LM head the last group. Where backward leaves block l for block l - 1,
+// the residual add that ends block l's backward also moves the residual
+// gradient from S_g(l) to S_g(l-1) (AddScaled: scaled in fp32 before its one
+// rounding, no extra pass); a tied head's weight gradient, formed at the
+// last group's scale in Loss, is moved to group 0's (wte's) by its GEMM's
+// alpha.
 // Initialisation is nanoGPT's: every weight matrix and both embeddings
 // N(0, 0.02), the two projections into the residual stream
 // (attn.c_proj.weight, mlp.c_proj.weight) N(0, 0.02 / sqrt(2 n_layer)),
@@ -92,7 +94,8 @@ class GptModel final : public Network {
   // The head's logits and cross-entropy only: no dh, no head gradient.
   absl::Status EvalLoss(Workspace& ws, kernels::Tensor& loss) override;
   // Group entries (per-layer scales): dh into ln_f for the last group, and
-  // the residual gradient dL/dx_l, at S_{l-1}, for group l - 1.
+  // the residual gradient dL/dx_l, at S_g(l-1), where block l - 1 starts a
+  // new group.
   using Network::Backward;
   absl::Status Backward(Workspace& ws, bool first_micro_batch, const BackwardHooks& hooks) override;
 
@@ -136,10 +139,12 @@ class GptModel final : public Network {
   int ln_f_weight_ = -1;
   int ln_f_bias_ = -1;
   int lm_head_ = -1;  // -1 when tied
-  // Per-layer scales (all 1 without them): the scale of the residual add
-  // that ends block l's backward, S_{l-1} / S_l (1 for block 0), and the
-  // alpha of the LM head's weight-gradient GEMM, S_0 / S_{n_layer - 1} when
-  // tied (that gradient is wte's, in group 0).
+  // Per-layer scales: each block's group (GptBlockScaleGroup); the scale of
+  // the residual add that ends block l's backward, S_g(l-1) / S_g(l) (1 for
+  // block 0, within a group and without per-layer scales), and the alpha of
+  // the LM head's weight-gradient GEMM, S_0 / S_{G-1} when tied (that
+  // gradient is wte's, in group 0).
+  std::vector<int> block_group_;
   std::vector<float> residual_grad_scale_;
   float head_grad_alpha_ = 1.0f;
 };
