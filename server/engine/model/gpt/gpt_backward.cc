@@ -83,10 +83,7 @@ absl::Status GptModel::Backward(Workspace& any, bool first_micro_batch,
       AMPD_RETURN_IF_ERROR(hooks.group_entry(block_group_[l - 1], ws.d_res));
     }
     if (ready) {
-      const int done[12] = {p.ln_1_weight, p.ln_1_bias,        p.c_attn_weight,
-                            p.c_attn_bias, p.attn_proj_weight, p.attn_proj_bias,
-                            p.ln_2_weight, p.ln_2_bias,        p.c_fc_weight,
-                            p.c_fc_bias,   p.mlp_proj_weight,  p.mlp_proj_bias};
+      const std::array<int, 12> done = p.All();
       AMPD_RETURN_IF_ERROR(ready(done));
     }
   }

@@ -106,10 +106,7 @@ std::vector<int> GptModel::ParamScaleGroups() const {
   groups[static_cast<size_t>(wte_)] = 0;
   groups[static_cast<size_t>(wpe_)] = 0;
   for (size_t l = 0; l < blocks_.size(); ++l) {
-    const BlockParams& p = blocks_[l];
-    for (const int index : {p.ln_1_weight, p.ln_1_bias, p.c_attn_weight, p.c_attn_bias,
-                            p.attn_proj_weight, p.attn_proj_bias, p.ln_2_weight, p.ln_2_bias,
-                            p.c_fc_weight, p.c_fc_bias, p.mlp_proj_weight, p.mlp_proj_bias}) {
+    for (const int index : blocks_[l].All()) {
       groups[static_cast<size_t>(index)] = block_group_[l];
     }
   }

@@ -39,6 +39,7 @@
 // biases 0, LayerNorm weight 1 and bias 0.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -124,6 +125,11 @@ class GptModel final : public Network {
     int ln_2_weight, ln_2_bias;
     int c_fc_weight, c_fc_bias;
     int mlp_proj_weight, mlp_proj_bias;
+    // All twelve, in the order above (and params()').
+    std::array<int, 12> All() const {
+      return {ln_1_weight, ln_1_bias, c_attn_weight, c_attn_bias, attn_proj_weight, attn_proj_bias,
+              ln_2_weight, ln_2_bias, c_fc_weight,   c_fc_bias,   mlp_proj_weight,  mlp_proj_bias};
+    }
   };
 
   GptModel(const ModelSpec& spec, Precision precision, kernels::Backend& backend);
