@@ -1,0 +1,245 @@
+#!/usr/bin/env bash
+# gpu-check.sh: the one prepared check of ampd's GPU path. On a GPU machine it
+# runs every CUDA test, compute-sanitizer memcheck on the CUDA op tests, the
+# engine, optimizer and service benchmarks, and their PyTorch peers of the same
+# shapes, each part under `timeout` and the whole inside --budget seconds, and
+# writes one report (a table: workload, ampd, PyTorch, ratio) with every part's
+# full log beside it. --device=cpu --quick runs the same parts end to end on
+# tiny shapes, so CI keeps the script from rotting; parts that need a GPU say
+# why they are skipped there.
+#
+# On a GPU machine, from a tree packed with ../shared/tools/gpu-bundle build/ci:
+#   bash .gpu/run scripts/gpu-check.sh --out="$OUT"
+# In CI (tests/CMakeLists.txt registers it):
+#   scripts/gpu-check.sh --device=cpu --quick --build=build/ci --out=/tmp/x
+#
+# Exit status: 0 when every part that ran succeeded, 1 otherwise. The
+# benchmarks print figures; nothing here compares a figure with a threshold.
+set -uo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+device="cuda:0"
+quick=0
+build="build/ci"
+out="${OUT:-}"
+budget=480  # seconds for the whole check: a lent GPU has minutes, not hours
+for arg in "$@"; do
+  case "$arg" in
+    --device=*) device="${arg#--device=}" ;;
+    --quick) quick=1 ;;
+    --build=*) build="${arg#--build=}" ;;
+    --out=*) out="${arg#--out=}" ;;
+    --budget=*) budget="${arg#--budget=}" ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) echo "gpu-check: unknown argument $arg" >&2; exit 2 ;;
+  esac
+done
+[ -n "$out" ] || out="$(mktemp -d)"
+mkdir -p "$out"
+case "$device" in cpu|cuda|cuda:*) ;; *) echo "gpu-check: --device must be cpu or cuda:N" >&2; exit 2 ;; esac
+on_gpu=0
+[ "$device" != cpu ] && on_gpu=1
+
+start=$(date +%s)
+status_file="$out/parts.tsv"
+: >"$status_file"
+failed=0
+
+# Python scripts that import torch must not see the bundle's LD_LIBRARY_PATH
+# (its libstdc++/protobuf can shadow the ones torch was built against).
+# The first python3 that imports torch (on Debian the system one holds
+# python3-torch while a pyenv python3 may come first on PATH).
+python=python3
+for candidate in python3 /usr/bin/python3; do
+  if env -u LD_LIBRARY_PATH "$candidate" -c 'import torch' >/dev/null 2>&1; then
+    python="$candidate"
+    break
+  fi
+done
+py=(env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 "$python")
+
+# part NAME LIMIT_S COMMAND...: run COMMAND with its output in NAME.log, under
+# `timeout` of LIMIT_S or what is left of the budget (minus a reserve for the
+# report), and record NAME, exit status and seconds in parts.tsv.
+part() {
+  local name="$1" limit="$2"
+  shift 2
+  local now left
+  now=$(date +%s)
+  left=$((budget - (now - start) - 10))
+  if [ "$left" -lt 15 ]; then
+    printf '%s\tskipped\t0\tbudget spent\n' "$name" >>"$status_file"
+    echo "== $name: skipped, budget spent"
+    return 0
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  echo "== $name (limit ${limit}s): $*"
+  local t0=$(date +%s) rc=0
+  timeout --kill-after=5 "$limit" "$@" >"$out/$name.log" 2>&1 || rc=$?
+  local secs=$(($(date +%s) - t0))
+  local what=ok
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then what="timed out"; failed=1
+  elif [ "$rc" -ne 0 ]; then what="exit $rc"; failed=1; fi
+  printf '%s\t%s\t%s\t%s\n' "$name" "$what" "$secs" "$*" >>"$status_file"
+  echo "   $what after ${secs}s"
+  tail -n 4 "$out/$name.log" | sed 's/^/   | /'
+}
+
+skip() {  # skip NAME REASON
+  printf '%s\tskipped\t0\t%s\n' "$1" "$2" >>"$status_file"
+  echo "== $1: skipped ($2)"
+}
+
+bin="$build"
+for exe in server/ampd bench/engine/ampd_bench_engine bench/service/ampd_bench_service; do
+  [ -x "$bin/$exe" ] || { echo "gpu-check: $bin/$exe is missing; build first" >&2; exit 2; }
+done
+
+# ---- the machine ---------------------------------------------------------------
+{
+  echo "date: $(date -u +%FT%TZ)"
+  echo "host: $(uname -srm), $(nproc) CPUs"
+  if [ "$on_gpu" -eq 1 ]; then
+    nvidia-smi -L 2>&1 || true
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.limit \
+      --format=csv 2>&1 || true
+    command -v nvcc >/dev/null && nvcc --version | tail -n 2
+  fi
+  "${py[@]}" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 || true
+} >"$out/machine.log" 2>&1
+cat "$out/machine.log"
+
+# ---- tests ---------------------------------------------------------------------
+# The CUDA suites run on the GPU and skip (saying why) without one; the
+# backend_ops cases for cuda:0 compare every op with the CPU oracle.
+# gtest NAME EXE ARGS...: a test executable, skipped when this build has none
+# (CUDA suites are built only where nvcc is).
+gtest() {
+  local name="$1" exe="$2"
+  shift 2
+  if [ -x "$exe" ]; then part "$name" 120 "$exe" --gtest_brief=1 "$@"
+  else skip "$name" "$exe not built (no nvcc at configure time)"; fi
+}
+gtest cuda_backend_test "$bin/tests/cuda/cuda_backend_test"
+gtest cuda_training_test "$bin/tests/engine/engine_cuda_training_test"
+gtest backend_ops_cuda "$bin/tests/kernels/backend_ops_test" --gtest_filter='*cuda_0*'
+
+if [ "$on_gpu" -eq 1 ]; then
+  sanitizer="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n1)"
+  if [ -n "$sanitizer" ]; then
+    # memcheck slows kernels 10-100x: the op tests only, not the training curves.
+    part memcheck 100 "$sanitizer" --tool memcheck --error-exitcode 3 --print-limit 20 \
+      "$bin/tests/cuda/cuda_backend_test" --gtest_brief=1
+  else
+    skip memcheck "compute-sanitizer not found"
+  fi
+else
+  skip memcheck "no GPU (--device=cpu)"
+fi
+
+# ---- shapes --------------------------------------------------------------------
+if [ "$quick" -eq 1 ]; then
+  steps=3; warmup=1
+  gpt_shape=(--vocab=512 --context=64 --d-model=64 --n-layer=2 --n-head=4 --batch=2)
+  gpt_py_shape=(--vocab 512 --context 64 --d-model 64 --n-layer 2 --n-head 4 --batch 2)
+  gpt_svc_shape=(--gpt_vocab=512 --gpt_context=64 --gpt_d_model=64 --gpt_n_layer=2
+                 --gpt_n_head=4 --gpt_batch=2)
+  token_shape=(--vocab=512 --width=128 --depth=2 --tokens=64)
+  token_py_shape=(--vocab 512 --width 128 --depth 2 --tokens 64)
+  concurrent=(--concurrent=1,2 --concurrent_steps=5)
+  opt_millions=4
+else
+  steps=20; warmup=5
+  gpt_shape=()
+  gpt_py_shape=()
+  gpt_svc_shape=()
+  token_shape=()  # vocab 32768, width 4096, depth 4: 335M parameters, 8192 tokens
+  token_py_shape=()
+  concurrent=(--concurrent=1,4,16 --concurrent_steps=50)
+  opt_millions=256
+fi
+peak=()
+[ "$on_gpu" -eq 0 ] && peak=(--peak-tflops=0)
+torch_device="cpu"
+[ "$on_gpu" -eq 1 ] && torch_device="cuda"
+threads=()
+[ "$on_gpu" -eq 0 ] && threads=(--threads 1)
+
+# ---- in-process engine ------------------------------------------------------------
+part engine_mlp 60 "$bin/bench/engine/ampd_bench_engine" --device="$device" \
+  --steps=$((steps * 5)) --warmup=$((warmup * 2))
+part engine_gpt 120 "$bin/bench/engine/ampd_bench_engine" --model=gpt --device="$device" \
+  --precisions=bf16,fp16 --steps="$steps" --warmup="$warmup" "${peak[@]}" "${gpt_shape[@]}"
+if [ "$on_gpu" -eq 1 ]; then
+  [ -x "$bin/bench/cuda/ampd_bench_cuda_optimizer" ] &&
+    part optimizer 60 "$bin/bench/cuda/ampd_bench_cuda_optimizer" "$opt_millions" 20
+else
+  skip optimizer "needs a GPU; the engine_mlp log has the CPU's fused AdamUpdate GB/s"
+fi
+
+# ---- PyTorch peers of the same shapes ---------------------------------------------
+part torch_mlp 90 "${py[@]}" bench/pytorch/amp_mlp.py --device "$torch_device" \
+  --steps $((steps * 5)) --warmup $((warmup * 2)) "${threads[@]}"
+part torch_gpt 120 "${py[@]}" bench/pytorch/gpt.py --device "$torch_device" --precisions bf16,fp16 \
+  --steps "$steps" --warmup "$warmup" "${gpt_py_shape[@]}" "${threads[@]}"
+part torch_token 90 "${py[@]}" bench/pytorch/token_model.py --device "$torch_device" \
+  --steps "$steps" --warmup "$warmup" "${token_py_shape[@]}"
+
+# ---- the service, through gRPC ------------------------------------------------------
+svc_dir="$(mktemp -d)"
+ampd_pid=""
+stop_ampd() {
+  if [ -n "$ampd_pid" ] && kill -0 "$ampd_pid" 2>/dev/null; then
+    kill -TERM "$ampd_pid" 2>/dev/null
+    for _ in $(seq 100); do kill -0 "$ampd_pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$ampd_pid" 2>/dev/null || true
+  fi
+  ampd_pid=""
+}
+trap 'stop_ampd; rm -rf "$svc_dir"' EXIT
+"$bin/server/ampd" --listen=127.0.0.1:0 --metrics-listen= --device="$device" \
+  >"$svc_dir/ampd.out" 2>"$out/ampd_server.log" &
+ampd_pid=$!
+port=""
+for _ in $(seq 600); do
+  port="$(sed -n 's/^ampd: listening on 127\.0\.0\.1:\([0-9]*\)$/\1/p' "$svc_dir/ampd.out")"
+  [ -n "$port" ] && break
+  kill -0 "$ampd_pid" 2>/dev/null || break
+  sleep 0.1
+done
+if [ -n "$port" ]; then
+  svc=("$bin/bench/service/ampd_bench_service" --server="127.0.0.1:$port" --steps="$steps"
+       --warmup="$warmup")
+  [ "$on_gpu" -eq 0 ] && svc+=(--peak_tflops=0)
+  part service_gpt 150 "${svc[@]}" --model=gpt --precisions=bf16,fp16 --concurrent= --state=false \
+    "${gpt_svc_shape[@]}"
+  # The 335M token model: CreateJob, steps, and its state dict out and back in.
+  part service_token 120 "${svc[@]}" --model=token --precisions=fp16 --concurrent= \
+    "${token_shape[@]}"
+  part service_token_bf16_fp32 120 "${svc[@]}" --model=token --precisions=bf16,fp32 \
+    --concurrent= --state=false "${token_shape[@]}"
+  part service_mlp 90 "${svc[@]}" --model=mlp --precisions=fp32,fp16,bf16 --state=false \
+    "${concurrent[@]}"
+else
+  echo "gpu-check: ampd did not start" >&2
+  printf 'service\tampd did not start\t0\t\n' >>"$status_file"
+  failed=1
+fi
+stop_ampd
+
+# torch.compile last: its first compilation alone takes a minute or more.
+if [ "$quick" -eq 0 ]; then
+  part torch_gpt_compile 150 "${py[@]}" bench/pytorch/gpt.py --device "$torch_device" \
+    --precisions bf16,fp16 --steps "$steps" --warmup "$warmup" --compile
+else
+  skip torch_gpt_compile "--quick (compilation dominates tiny shapes)"
+fi
+
+# ---- the report ------------------------------------------------------------------------
+"${py[@]}" "$root/scripts/gpu_check_report.py" "$out" >"$out/report.md" 2>"$out/report.err" || {
+  echo "gpu-check: the report could not be made:" >&2; cat "$out/report.err" >&2; failed=1; }
+cat "$out/report.md"
+echo "gpu-check: $(($(date +%s) - start)) s; logs in $out"
+exit "$failed"

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""gpu_check_report.py: turns the logs scripts/gpu-check.sh wrote into one
+Markdown report: the machine, each part's outcome, and a table of workload,
+ampd, PyTorch and ratio for every figure that has a peer. Ratios are ampd's
+speed over PyTorch's (above 1: ampd is faster), from the same run.
+
+    python3 scripts/gpu_check_report.py OUT_DIR > OUT_DIR/report.md
+
+Standard library only: it runs on the GPU machine and in CI alike."""
+
+import pathlib
+import re
+import sys
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+def read(out: pathlib.Path, name: str) -> str:
+    path = out / f"{name}.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def mlp_steps(text: str) -> dict:
+    """'fp16: median step 0.512 ms' (engine bench and amp_mlp.py alike)."""
+    return {m[0]: float(m[1]) for m in re.findall(r"^(fp32|fp16|bf16): median step ([\d.]+) ms",
+                                                 text, re.M)}
+
+
+def gpt_lines(text: str) -> dict:
+    """'bf16  step median    40.1 ms      204000 tokens/s ...' (gpt.py's line)."""
+    return {m[0]: (float(m[1]), float(m[2])) for m in re.findall(
+        r"^(fp32|fp16|bf16)\s+step median\s+([\d.]+) ms\s+([\d.]+) tokens/s", text, re.M)}
+
+
+def token_service(text: str) -> dict:
+    """'fp16  create  0.8 s  first step  0.1 s  step median  21.0 ms ...'."""
+    return {m[0]: (float(m[1]), float(m[2]), float(m[3])) for m in re.findall(
+        r"^(fp32|fp16|bf16)\s+create\s+([\d.]+) s\s+first step\s+([\d.]+) s\s+"
+        r"step median\s+([\d.]+) ms", text, re.M)}
+
+
+def token_torch(text: str) -> dict:
+    return {m[0]: float(m[1]) for m in re.findall(
+        r"^(fp32|fp16|bf16)\s+step median\s+([\d.]+) ms\s+[\d.]+ TFLOP/s", text, re.M)}
+
+
+def fmt(x, unit="", digits=3):
+    return "n/a" if x is None else f"{x:.{digits}g}{unit}"
+
+
+def ratio(ampd_speed, torch_speed):
+    if ampd_speed is None or torch_speed is None or torch_speed == 0:
+        return "n/a"
+    return f"{ampd_speed / torch_speed:.2f}x"
+
+
+def gtest_summary(text: str) -> str:
+    if not text:
+        return "no log"
+    parts = []
+    for label in ("PASSED", "FAILED", "SKIPPED"):
+        m = re.search(rf"\[\s+{label}\s+\] (\d+) tests?", text)
+        if m:
+            parts.append(f"{m[1]} {label.lower()}")
+    failed = sorted(set(re.findall(r"^\[\s+FAILED\s+\] (\S+)", text, re.M)) -
+                    {"tests,", "test,"})
+    failed = [f for f in failed if not f[0].isdigit()]
+    s = ", ".join(parts) or "no gtest summary (crashed?)"
+    if failed:
+        s += "; failed: " + " ".join(failed[:12]) + (" ..." if len(failed) > 12 else "")
+    return s
+
+
+def main() -> int:
+    out = pathlib.Path(sys.argv[1])
+    lines = ["# gpu-check report", ""]
+    machine = (out / "machine.log").read_text(errors="replace") if (out / "machine.log").exists() else ""
+    lines += ["```", machine.strip(), "```", "", "## Parts", "",
+              "| part | outcome | seconds | summary |", "|---|---|---|---|"]
+    for row in (out / "parts.tsv").read_text().splitlines():
+        name, what, secs, *rest = row.split("\t") + [""]
+        summary = ""
+        if what == "skipped":
+            summary = rest[0]
+        elif name in ("cuda_backend_test", "cuda_training_test", "backend_ops_cuda", "memcheck"):
+            text = read(out, name)
+            summary = gtest_summary(text)
+            if name == "memcheck":
+                m = re.search(r"ERROR SUMMARY: (\d+) error", text)
+                summary = (f"memcheck: {m[1]} errors; " if m else "no ERROR SUMMARY; ") + summary
+        lines.append(f"| {name} | {what} | {secs} | {summary} |")
+
+    rows = []
+    # Reference MLP: step times, ratio = PyTorch's time over ampd's.
+    engine, torch_mlp = mlp_steps(read(out, "engine_mlp")), mlp_steps(read(out, "torch_mlp"))
+    for p in PRECISIONS:
+        a, t = engine.get(p), torch_mlp.get(p)
+        rows.append((f"reference MLP step, {p} (in process)", fmt(a, " ms"), fmt(t, " ms"),
+                     ratio(1 / a if a else None, 1 / t if t else None)))
+    # GPT-2: tokens/s, in process and through the service, against eager and compiled.
+    eager, compiled = gpt_lines(read(out, "torch_gpt")), gpt_lines(read(out, "torch_gpt_compile"))
+    for source, label in (("engine_gpt", "in process"), ("service_gpt", "through gRPC")):
+        ours = gpt_lines(read(out, source))
+        for p in ("bf16", "fp16"):
+            a = ours.get(p, (None, None))[1]
+            e = eager.get(p, (None, None))[1]
+            c = compiled.get(p, (None, None))[1]
+            rows.append((f"GPT tokens/s, {p} ({label}) vs eager", fmt(a), fmt(e), ratio(a, e)))
+            if c is not None:
+                rows.append((f"GPT tokens/s, {p} ({label}) vs torch.compile", fmt(a), fmt(c),
+                             ratio(a, c)))
+    # Token model through the service.
+    svc_text = read(out, "service_token") + read(out, "service_token_bf16_fp32")
+    svc, torch_tok = token_service(svc_text), token_torch(read(out, "torch_token"))
+    for p in ("fp16", "bf16", "fp32"):
+        a = svc.get(p, (None, None, None))[2]
+        t = torch_tok.get(p)
+        rows.append((f"token model step, {p} (through gRPC)", fmt(a, " ms"), fmt(t, " ms"),
+                     ratio(1 / a if a else None, 1 / t if t else None)))
+    if "fp16" in svc:
+        rows.append(("token model CreateJob, fp16", fmt(svc["fp16"][0], " s"), "", ""))
+    m = re.search(r"state dict ([\d.]+) GB: export [\d.]+ s \(([\d.]+) GB/s\), import [\d.]+ s "
+                  r"\(([\d.]+) GB/s\)", read(out, "service_token"))
+    if m:
+        rows.append((f"state dict export ({m[1]} GB)", f"{m[2]} GB/s", "", ""))
+        rows.append((f"state dict import ({m[1]} GB)", f"{m[3]} GB/s", "", ""))
+    for n, sps in re.findall(r"^\s*(\d+) concurrent small jobs.*?([\d.]+) steps/s",
+                             read(out, "service_mlp"), re.M):
+        rows.append((f"{n} concurrent small jobs", f"{sps} steps/s", "", ""))
+    opt = read(out, "optimizer")
+    bw = re.search(r"effective bandwidth\s+([\d.]+) GB/s", opt)
+    cp = re.search(r"cudaMemcpy D2D.*?: ([\d.]+) GB/s", opt)
+    if bw and cp:
+        rows.append(("fused unscale+AdamW+recast vs D2D copy", f"{bw[1]} GB/s",
+                     f"copy {cp[1]} GB/s", f"{float(bw[1]) / float(cp[1]):.0%} of copy"))
+
+    lines += ["", "## Figures (ratio: ampd's speed over PyTorch's)", "",
+              "| workload | ampd | PyTorch | ratio |", "|---|---|---|---|"]
+    lines += [f"| {w} | {a} | {t} | {r} |" for w, a, t, r in rows]
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
