@@ -18,12 +18,15 @@ Usage: python3 token_model.py [--vocab 32768] [--width 4096] [--depth 4]
 """
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
 
 import torch
 from torch import nn
+
+from amp_compat import autocast_supported, make_scaler
 
 
 def make_model(vocab: int, width: int, depth: int, device: torch.device) -> nn.Module:
@@ -48,7 +51,7 @@ def time_precision(args, precision: str, device: torch.device) -> float:
     model = make_model(args.vocab, args.width, args.depth, device)
     opt = make_optimizer(model, device)
     dtype = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
-    scaler = torch.amp.GradScaler(device.type, enabled=(precision == "fp16"))
+    scaler = make_scaler(device, enabled=(precision == "fp16"))
     ids = torch.randint(0, args.vocab, (args.tokens,), device=device)
     targets = torch.randint(0, args.vocab, (args.tokens,), device=device)
     loss_fn = nn.CrossEntropyLoss()
@@ -58,7 +61,10 @@ def time_precision(args, precision: str, device: torch.device) -> float:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+        # fp32 runs outside autocast: older CPU autocast refuses any dtype but bf16.
+        autocast = (torch.autocast(device.type, dtype=dtype) if dtype is not None
+                    else contextlib.nullcontext())
+        with autocast:
             loss = loss_fn(model(ids), targets)
         scaler.scale(loss).backward()
         scaler.step(opt)
@@ -97,6 +103,10 @@ def main() -> int:
           f"{args.width}->{args.width}, GELU), Linear {args.width}->{args.vocab}, "
           f"cross-entropy, {args.tokens} tokens/step")
     for precision in args.precisions.split(","):
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
+        if dtype is not None and not autocast_supported(device, dtype):
+            print(f"{precision}: autocast does not support it on {device.type} in this torch")
+            continue
         median = time_precision(args, precision, device)
         tflops = 6.0 * linear_params * args.tokens / median / 1e12
         print(f"{precision:5s} step median {median * 1e3:9.3f} ms  {tflops:8.1f} TFLOP/s  "
