@@ -108,6 +108,11 @@ class CudaBackend final : public Backend {
     backend->ctx_->pool = &DevicePool::ForDevice(device);
     AMPD_ASSIGN_OR_RETURN(backend->ctx_->stream, Stream::Create());
     AMPD_ASSIGN_OR_RETURN(backend->cublas_, CublasHandle::Create());
+    // Read once: cudaGetDeviceProperties costs a millisecond or more, and
+    // admission asks for the capacity on every step.
+    cudaDeviceProp props;
+    AMPD_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&props, device));
+    backend->capacity_bytes_ = static_cast<int64_t>(props.totalGlobalMem);
 
     const cublasHandle_t h = backend->cublas_.get();
     AMPD_CUBLAS_RETURN_IF_ERROR(cublasSetStream(h, backend->stream()));
@@ -296,14 +301,7 @@ class CudaBackend final : public Backend {
   int64_t BytesInUse() const override {
     return ctx_->bytes_in_use.load(std::memory_order_relaxed) - internal_bytes_;
   }
-  int64_t MemoryCapacityBytes() const override {
-    cudaDeviceProp props;
-    if (cudaGetDeviceProperties(&props, ctx_->device) != cudaSuccess) {
-      (void)cudaGetLastError();  // reported as 0; keep it out of the next op's status
-      return 0;
-    }
-    return static_cast<int64_t>(props.totalGlobalMem);
-  }
+  int64_t MemoryCapacityBytes() const override { return capacity_bytes_; }
 
   // ---- dense algebra --------------------------------------------------------
   absl::Status AddScaled(const Tensor& x, float scale, Tensor& y) override {
@@ -706,6 +704,7 @@ class CudaBackend final : public Backend {
   Tensor gathered_;           // (scalar_slots_ + 1) F32: ReadScalars' device block
   PinnedHostBuffer staging_;  // (scalar_slots_ + 1) floats: ReadScalars' landing area
   size_t scalar_slots_ = 0;
+  int64_t capacity_bytes_ = 0;  // the device's total memory, read at creation
   PinnedHostBuffer readback_;  // ReadBack's copies land here first
   PinnedHostBuffer upload_;    // pinned arena for CopyFromHost's staged uploads
   size_t upload_used_ = 0;     // bytes of upload_ handed out since the last synchronisation
