@@ -688,6 +688,15 @@ void AddActivationCases(std::vector<OpCase>& cases) {
           relu ? kBitwise
                : Ulps(dt, 1) + Tol{16 * kU32, (act == Activation::kGELUTanh ? 64 : 16) * kU32};
       const Tol dev_tol = relu ? kBitwise : DeviceElementwise(dt);
+      // The derivative's cancellation (1 - t^2 near saturation) turns the
+      // ulp or two by which CUDA's tanhf and glibc's each miss the exact tanh
+      // into an absolute difference of several u times |dy| (seen on an
+      // H100: 4 u for tanh, 6 u for GELU-tanh); each backend is within the
+      // reference's absolute term of exact, so two of them are within twice it.
+      const Tol dev_grad_tol =
+          relu ? kBitwise
+               : DeviceElementwise(dt) +
+                     Tol{0, (act == Activation::kGELUTanh ? 128 : 32) * kU32};
 
       auto forward = [=] {
         const HostTensor x = Random(dt, {50, 100}, 40, -6, 6);
@@ -735,7 +744,7 @@ void AddActivationCases(std::vector<OpCase>& cases) {
           AMPD_ASSIGN_OR_RETURN(Tensor tdy, io.Upload(dy));
           AMPD_ASSIGN_OR_RETURN(Tensor tdx, io.Unwritten(dt, x.shape));
           AMPD_RETURN_IF_ERROR(be.ActivationBackward(act, tx, tdy, tdx));
-          AMPD_RETURN_IF_ERROR(io.Read("dx", tdx, dev_tol));
+          AMPD_RETURN_IF_ERROR(io.Read("dx", tdx, dev_grad_tol));
           return io.Take();
         };
         b.reference = [=] {
