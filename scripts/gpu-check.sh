@@ -9,9 +9,12 @@
 # why they are skipped there.
 #
 # On a GPU machine, from a tree packed with ../shared/tools/gpu-bundle build/ci:
-#   bash .gpu/run scripts/gpu-check.sh --out="$OUT"
+#   bash .gpu/run scripts/gpu-check.sh --out="$OUT" --pack
 # In CI (tests/CMakeLists.txt registers it):
 #   scripts/gpu-check.sh --device=cpu --quick --build=build/ci --out=/tmp/x
+#
+# --pack leaves report.md and one gpu-check-logs.tar.gz in --out; without it
+# the part logs stay in --out/logs.
 #
 # Exit status: 0 when every part that ran succeeded, 1 otherwise. The
 # benchmarks print figures; nothing here compares a figure with a threshold.
@@ -22,6 +25,7 @@ cd "$root"
 
 device="cuda:0"
 quick=0
+pack=0
 build="build/ci"
 out="${OUT:-}"
 budget=480  # seconds for the whole check: a lent GPU has minutes, not hours
@@ -29,21 +33,23 @@ for arg in "$@"; do
   case "$arg" in
     --device=*) device="${arg#--device=}" ;;
     --quick) quick=1 ;;
+    --pack) pack=1 ;;
     --build=*) build="${arg#--build=}" ;;
     --out=*) out="${arg#--out=}" ;;
     --budget=*) budget="${arg#--budget=}" ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
 [ -n "$out" ] || out="$(mktemp -d)"
-mkdir -p "$out"
+logs="$out/logs"
+mkdir -p "$logs"
 case "$device" in cpu|cuda|cuda:*) ;; *) echo "gpu-check: --device must be cpu or cuda:N" >&2; exit 2 ;; esac
 on_gpu=0
 [ "$device" != cpu ] && on_gpu=1
 
 start=$(date +%s)
-status_file="$out/parts.tsv"
+status_file="$logs/parts.tsv"
 : >"$status_file"
 failed=0
 
@@ -77,14 +83,14 @@ part() {
   [ "$limit" -gt "$left" ] && limit=$left
   echo "== $name (limit ${limit}s): $*"
   local t0=$(date +%s) rc=0
-  timeout --kill-after=5 "$limit" "$@" >"$out/$name.log" 2>&1 || rc=$?
+  timeout --kill-after=5 "$limit" "$@" >"$logs/$name.log" 2>&1 || rc=$?
   local secs=$(($(date +%s) - t0))
   local what=ok
   if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then what="timed out"; failed=1
   elif [ "$rc" -ne 0 ]; then what="exit $rc"; failed=1; fi
   printf '%s\t%s\t%s\t%s\n' "$name" "$what" "$secs" "$*" >>"$status_file"
   echo "   $what after ${secs}s"
-  tail -n 4 "$out/$name.log" | sed 's/^/   | /'
+  tail -n 4 "$logs/$name.log" | sed 's/^/   | /'
 }
 
 skip() {  # skip NAME REASON
@@ -108,8 +114,8 @@ done
     command -v nvcc >/dev/null && nvcc --version | tail -n 2
   fi
   "${py[@]}" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 || true
-} >"$out/machine.log" 2>&1
-cat "$out/machine.log"
+} >"$logs/machine.log" 2>&1
+cat "$logs/machine.log"
 
 # ---- tests ---------------------------------------------------------------------
 # The CUDA suites run on the GPU and skip (saying why) without one; the
@@ -182,6 +188,8 @@ fi
 # ---- PyTorch peers of the same shapes ---------------------------------------------
 part torch_mlp 90 "${py[@]}" bench/pytorch/amp_mlp.py --device "$torch_device" \
   --steps $((steps * 5)) --warmup $((warmup * 2)) "${threads[@]}"
+part torch_mlp_host_batch 90 "${py[@]}" bench/pytorch/amp_mlp.py --device "$torch_device" \
+  --steps $((steps * 5)) --warmup $((warmup * 2)) --host-batch "${threads[@]}"
 part torch_gpt 120 "${py[@]}" bench/pytorch/gpt.py --device "$torch_device" --precisions bf16,fp16 \
   --steps "$steps" --warmup "$warmup" "${gpt_py_shape[@]}" "${threads[@]}"
 part torch_token 90 "${py[@]}" bench/pytorch/token_model.py --device "$torch_device" \
@@ -199,8 +207,11 @@ stop_ampd() {
   ampd_pid=""
 }
 trap 'stop_ampd; rm -rf "$svc_dir"' EXIT
+# With a state directory, as a service runs: CreateJob writes its creation
+# checkpoint there.
 "$bin/server/ampd" --listen=127.0.0.1:0 --metrics-listen= --device="$device" \
-  >"$svc_dir/ampd.out" 2>"$out/ampd_server.log" &
+  --state-dir="$svc_dir/state" \
+  >"$svc_dir/ampd.out" 2>"$logs/ampd_server.log" &
 ampd_pid=$!
 port=""
 for _ in $(seq 600); do
@@ -237,9 +248,29 @@ else
   skip torch_gpt_compile "--quick (compilation dominates tiny shapes)"
 fi
 
+# ---- where a GPT step's GPU time goes ---------------------------------------------------
+# Nsight Compute's per-launch duration of every kernel of Trainer::Create and
+# two bf16 steps (one warm-up, one timed), at the card's own clocks; the
+# report sums them per kernel. Last: it only explains figures above.
+if [ "$on_gpu" -eq 1 ] && [ "$quick" -eq 0 ]; then
+  ncu_bin="$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n1)"
+  if [ -n "$ncu_bin" ]; then
+    part profile_gpt 120 "$ncu_bin" --clock-control none --metrics gpu__time_duration.sum --csv \
+      --page raw "$bin/bench/engine/ampd_bench_engine" --model=gpt --device="$device" \
+      --precisions=bf16 --steps=1 --warmup=1
+  else
+    skip profile_gpt "ncu not found"
+  fi
+fi
+
 # ---- the report ------------------------------------------------------------------------
-"${py[@]}" "$root/scripts/gpu_check_report.py" "$out" >"$out/report.md" 2>"$out/report.err" || {
-  echo "gpu-check: the report could not be made:" >&2; cat "$out/report.err" >&2; failed=1; }
+"${py[@]}" "$root/scripts/gpu_check_report.py" "$logs" >"$out/report.md" 2>"$logs/report.err" || {
+  echo "gpu-check: the report could not be made:" >&2; cat "$logs/report.err" >&2; failed=1; }
 cat "$out/report.md"
-echo "gpu-check: $(($(date +%s) - start)) s; logs in $out"
+if [ "$pack" -eq 1 ]; then
+  # One archive instead of a file per part: what comes back from a lent GPU
+  # machine is limited to a few files.
+  tar -C "$out" -czf "$out/gpu-check-logs.tar.gz" logs && rm -rf "$logs"
+fi
+echo "gpu-check: $(($(date +%s) - start)) s; report and logs in $out"
 exit "$failed"

@@ -8,6 +8,8 @@ speed over PyTorch's (above 1: ampd is faster), from the same run.
 
 Standard library only: it runs on the GPU machine and in CI alike."""
 
+import collections
+import csv
 import pathlib
 import re
 import sys
@@ -71,6 +73,42 @@ def gtest_summary(text: str) -> str:
     return s
 
 
+def profile_table(text: str, top: int = 30) -> list:
+    """Nsight Compute's raw CSV (one row per kernel launch, a
+    gpu__time_duration.sum column) summed per kernel name."""
+    rows = [line for line in text.splitlines() if line.startswith('"')]
+    if not rows:
+        return []
+    reader = csv.reader(rows)
+    header = next(reader)
+    if "Kernel Name" not in header or "gpu__time_duration.sum" not in header:
+        return ["", "## GPU time per kernel", "", "(no kernel rows in the profile log)"]
+    name_col, time_col = header.index("Kernel Name"), header.index("gpu__time_duration.sum")
+    scale = {"nsecond": 1e-6, "ns": 1e-6, "usecond": 1e-3, "us": 1e-3, "msecond": 1.0, "ms": 1.0}
+    unit = 1e-6
+    total = collections.Counter()
+    count = collections.Counter()
+    for row in reader:
+        if len(row) <= max(name_col, time_col):
+            continue
+        if not row[0].isdigit():  # the units row
+            unit = scale.get(row[time_col], unit)
+            continue
+        try:
+            ms = float(row[time_col].replace(",", "")) * unit
+        except ValueError:
+            continue
+        name = re.sub(r"\(.*", "", row[name_col])[:90]
+        total[name] += ms
+        count[name] += 1
+    all_ms = sum(total.values())
+    out = ["", f"## GPU time per kernel (Trainer::Create + 2 steps, {all_ms:.1f} ms in all)", "",
+           "| kernel | launches | total ms | share |", "|---|---|---|---|"]
+    for name, ms in total.most_common(top):
+        out.append(f"| `{name}` | {count[name]} | {ms:.2f} | {ms / all_ms:.1%} |")
+    return out
+
+
 def main() -> int:
     out = pathlib.Path(sys.argv[1])
     lines = ["# gpu-check report", ""]
@@ -93,10 +131,18 @@ def main() -> int:
     rows = []
     # Reference MLP: step times, ratio = PyTorch's time over ampd's.
     engine, torch_mlp = mlp_steps(read(out, "engine_mlp")), mlp_steps(read(out, "torch_mlp"))
+    torch_host = mlp_steps(read(out, "torch_mlp_host_batch"))
     for p in PRECISIONS:
-        a, t = engine.get(p), torch_mlp.get(p)
-        rows.append((f"reference MLP step, {p} (in process)", fmt(a, " ms"), fmt(t, " ms"),
-                     ratio(1 / a if a else None, 1 / t if t else None)))
+        a, t, th = engine.get(p), torch_mlp.get(p), torch_host.get(p)
+        rows.append((f"reference MLP step, {p} (in process) vs batch on device", fmt(a, " ms"),
+                     fmt(t, " ms"), ratio(1 / a if a else None, 1 / t if t else None)))
+        if th is not None:
+            rows.append((f"reference MLP step, {p} (in process) vs batch from host", fmt(a, " ms"),
+                         fmt(th, " ms"), ratio(1 / a if a else None, 1 / th)))
+    up = re.search(r"batch upload: .*?median ([\d.]+) ms", read(out, "engine_mlp"))
+    if up:
+        rows.append(("reference MLP batch upload (2 MB, CopyFromHost + sync)", f"{up[1]} ms", "",
+                     ""))
     # GPT-2: tokens/s, in process and through the service, against eager and compiled.
     eager, compiled = gpt_lines(read(out, "torch_gpt")), gpt_lines(read(out, "torch_gpt_compile"))
     for source, label in (("engine_gpt", "in process"), ("service_gpt", "through gRPC")):
@@ -137,6 +183,7 @@ def main() -> int:
     lines += ["", "## Figures (ratio: ampd's speed over PyTorch's)", "",
               "| workload | ampd | PyTorch | ratio |", "|---|---|---|---|"]
     lines += [f"| {w} | {a} | {t} | {r} |" for w, a, t, r in rows]
+    lines += profile_table(read(out, "profile_gpt"))
     print("\n".join(lines))
     return 0
 

@@ -10,7 +10,12 @@ Prints the median step time (forward + backward + optimizer step, measured
 with torch.cuda.synchronize around each step) per precision, so it can be
 set beside ampd's engine benchmark on the same GPU.
 
+--host-batch feeds each step its batch from host memory (pinned, copied
+with non_blocking=True inside the timed step), as ampd receives a batch with
+every Step; by default the batch stays on the device.
+
 Usage: python3 amp_mlp.py [--steps 200] [--warmup 20] [--device cuda] [--threads N]
+                          [--host-batch]
 """
 
 import argparse
@@ -38,7 +43,8 @@ def make_model(device: torch.device) -> nn.Module:
     return nn.Sequential(*layers).to(device)
 
 
-def time_precision(precision: str, device: torch.device, steps: int, warmup: int) -> float:
+def time_precision(precision: str, device: torch.device, steps: int, warmup: int,
+                   host_batch: bool = False) -> float:
     torch.manual_seed(0)
     model = make_model(device)  # fp32 master weights, as ampd keeps them
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
@@ -46,6 +52,10 @@ def time_precision(precision: str, device: torch.device, steps: int, warmup: int
     scaler = make_scaler(device, enabled=(precision == "fp16"))
     x = torch.randn(BATCH, WIDTH, device=device)
     y = torch.randn(BATCH, WIDTH, device=device)
+    if host_batch:
+        x_host, y_host = x.cpu(), y.cpu()
+        if device.type == "cuda":
+            x_host, y_host = x_host.pin_memory(), y_host.pin_memory()
     loss_fn = nn.MSELoss()
     times = []
     for i in range(warmup + steps):
@@ -53,6 +63,9 @@ def time_precision(precision: str, device: torch.device, steps: int, warmup: int
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
+        if host_batch:
+            x = x_host.to(device, non_blocking=True)
+            y = y_host.to(device, non_blocking=True)
         # fp32: no autocast context at all (torch 1.13's CPU autocast rejects
         # a float32 dtype even when disabled).
         autocast = (torch.autocast(device.type, dtype=dtype) if dtype is not None
@@ -76,6 +89,8 @@ def main() -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--threads", type=int, default=0,
                         help="CPU threads for torch (torch.set_num_threads); 0 keeps its default")
+    parser.add_argument("--host-batch", action="store_true",
+                        help="copy each step's batch from pinned host memory inside the step")
     args = parser.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -96,8 +111,9 @@ def main() -> int:
         if precision == "fp16" and not autocast_supported(device, torch.float16):
             print(f"{precision}: autocast does not support it on {device.type} in this torch")
             continue
-        median = time_precision(precision, device, args.steps, args.warmup)
-        print(f"{precision}: median step {median * 1e3:.3f} ms over {args.steps} steps")
+        median = time_precision(precision, device, args.steps, args.warmup, args.host_batch)
+        print(f"{precision}: median step {median * 1e3:.3f} ms over {args.steps} steps"
+              + (" (batch from host)" if args.host_batch else ""))
     return 0
 
 
