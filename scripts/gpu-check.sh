@@ -178,6 +178,8 @@ part engine_mlp 60 "$bin/bench/engine/ampd_bench_engine" --device="$device" \
   --steps=$((steps * 5)) --warmup=$((warmup * 2))
 part engine_gpt 120 "$bin/bench/engine/ampd_bench_engine" --model=gpt --device="$device" \
   --precisions=bf16,fp16 --steps="$steps" --warmup="$warmup" "${peak[@]}" "${gpt_shape[@]}"
+part engine_token 90 "$bin/bench/engine/ampd_bench_engine" --model=token --device="$device" \
+  --precisions=fp16,bf16 --steps="$steps" --warmup="$warmup" "${token_shape[@]}"
 if [ "$on_gpu" -eq 1 ]; then
   [ -x "$bin/bench/cuda/ampd_bench_cuda_optimizer" ] &&
     part optimizer 60 "$bin/bench/cuda/ampd_bench_cuda_optimizer" "$opt_millions" 20
@@ -258,6 +260,9 @@ if [ "$on_gpu" -eq 1 ] && [ "$quick" -eq 0 ]; then
     part profile_gpt 120 "$ncu_bin" --clock-control none --metrics gpu__time_duration.sum --csv \
       --page raw "$bin/bench/engine/ampd_bench_engine" --model=gpt --device="$device" \
       --precisions=bf16 --steps=1 --warmup=1
+    part profile_token 90 "$ncu_bin" --clock-control none --metrics gpu__time_duration.sum --csv \
+      --page raw "$bin/bench/engine/ampd_bench_engine" --model=token --device="$device" \
+      --precisions=fp16 --steps=1 --warmup=1
   else
     skip profile_gpt "ncu not found"
   fi

@@ -73,7 +73,7 @@ def gtest_summary(text: str) -> str:
     return s
 
 
-def profile_table(text: str, top: int = 30) -> list:
+def profile_table(text: str, what: str, top: int = 30) -> list:
     """Nsight Compute's raw CSV (one row per kernel launch, a
     gpu__time_duration.sum column) summed per kernel name."""
     rows = [line for line in text.splitlines() if line.startswith('"')]
@@ -82,7 +82,7 @@ def profile_table(text: str, top: int = 30) -> list:
     reader = csv.reader(rows)
     header = next(reader)
     if "Kernel Name" not in header or "gpu__time_duration.sum" not in header:
-        return ["", "## GPU time per kernel", "", "(no kernel rows in the profile log)"]
+        return ["", f"## GPU time per kernel: {what}", "", "(no kernel rows in the profile log)"]
     name_col, time_col = header.index("Kernel Name"), header.index("gpu__time_duration.sum")
     scale = {"nsecond": 1e-6, "ns": 1e-6, "usecond": 1e-3, "us": 1e-3, "msecond": 1.0, "ms": 1.0}
     unit = 1e-6
@@ -102,7 +102,8 @@ def profile_table(text: str, top: int = 30) -> list:
         total[name] += ms
         count[name] += 1
     all_ms = sum(total.values())
-    out = ["", f"## GPU time per kernel (Trainer::Create + 2 steps, {all_ms:.1f} ms in all)", "",
+    out = ["", f"## GPU time per kernel: {what} (Trainer::Create + 2 steps, {all_ms:.1f} ms in all)",
+           "",
            "| kernel | launches | total ms | share |", "|---|---|---|---|"]
     for name, ms in total.most_common(top):
         out.append(f"| `{name}` | {count[name]} | {ms:.2f} | {ms / all_ms:.1%} |")
@@ -163,6 +164,12 @@ def main() -> int:
         t = torch_tok.get(p)
         rows.append((f"token model step, {p} (through gRPC)", fmt(a, " ms"), fmt(t, " ms"),
                      ratio(1 / a if a else None, 1 / t if t else None)))
+    engine_tok = token_torch(read(out, "engine_token"))
+    for p in ("fp16", "bf16"):
+        a, t = engine_tok.get(p), torch_tok.get(p)
+        if a is not None:
+            rows.append((f"token model step, {p} (in process)", fmt(a, " ms"), fmt(t, " ms"),
+                         ratio(1 / a, 1 / t if t else None)))
     if "fp16" in svc:
         rows.append(("token model CreateJob, fp16", fmt(svc["fp16"][0], " s"), "", ""))
     m = re.search(r"state dict ([\d.]+) GB: export [\d.]+ s \(([\d.]+) GB/s\), import [\d.]+ s "
@@ -183,7 +190,8 @@ def main() -> int:
     lines += ["", "## Figures (ratio: ampd's speed over PyTorch's)", "",
               "| workload | ampd | PyTorch | ratio |", "|---|---|---|---|"]
     lines += [f"| {w} | {a} | {t} | {r} |" for w, a, t, r in rows]
-    lines += profile_table(read(out, "profile_gpt"))
+    lines += profile_table(read(out, "profile_gpt"), "GPT-2 small bf16")
+    lines += profile_table(read(out, "profile_token"), "token model fp16")
     print("\n".join(lines))
     return 0
 

@@ -17,6 +17,8 @@
 //   ampd_bench_engine --model=gpt [--device=cuda:0] [--precisions=bf16,fp16] [--vocab=50304]
 //       [--context=1024] [--d-model=768] [--n-layer=12] [--n-head=12] [--batch=8]
 //       [--seq-len=1024] [--peak-tflops=989.4] [--steps=20] [--warmup=5]
+//   ampd_bench_engine --model=token [--device=cuda:0] [--precisions=fp16,bf16] [--vocab=32768]
+//       [--width=4096] [--depth=4] [--tokens=8192]   (service_bench's token model, in process)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -316,6 +318,104 @@ int BenchGpt(const std::string& device, const GptBench& g, int warmup, int steps
   return 0;
 }
 
+struct TokenBench {
+  int64_t vocab = 32768, width = 4096, depth = 4, tokens = 8192;
+  std::string precisions = "fp16,bf16";
+};
+
+// The service benchmark's token model in process: Embedding(V, D), depth x
+// (Linear D->D, GELU), Linear D->V, cross-entropy over `tokens` random ids,
+// AdamW. Prints service_bench's line (median step, TFLOP/s of the Linear
+// GEMMs, 6 x Linear parameters x rows, rows/s) and the phase times.
+int BenchToken(const std::string& device, const TokenBench& tb, int warmup, int steps) {
+  namespace m = ampd::engine::model;
+  std::printf(
+      "device: %s\ntoken model: Embedding(%lld, %lld), %lld x (Linear %lld->%lld, GELU), Linear "
+      "%lld->%lld, cross-entropy, %lld tokens/step, in-process Trainer\n",
+      device.c_str(), static_cast<long long>(tb.vocab), static_cast<long long>(tb.width),
+      static_cast<long long>(tb.depth), static_cast<long long>(tb.width),
+      static_cast<long long>(tb.width), static_cast<long long>(tb.width),
+      static_cast<long long>(tb.vocab), static_cast<long long>(tb.tokens));
+  std::mt19937_64 rng(1);
+  StepInput input;
+  ampd::engine::HostTensor ids = RandomIds(1, tb.tokens, tb.vocab, rng);
+  ampd::engine::HostTensor targets = RandomIds(1, tb.tokens, tb.vocab, rng);
+  ids.shape = {tb.tokens};
+  targets.shape = {tb.tokens};
+  input.micro_batches.push_back(MicroBatch{std::move(ids), std::move(targets)});
+  const double linear_params =
+      static_cast<double>(tb.depth * tb.width * tb.width + tb.width * tb.vocab);
+  for (const absl::string_view name : absl::StrSplit(tb.precisions, ',', absl::SkipEmpty())) {
+    Precision precision;
+    if (name == "fp32") {
+      precision = Precision::kFp32;
+    } else if (name == "fp16") {
+      precision = Precision::kFp16;
+    } else if (name == "bf16") {
+      precision = Precision::kBf16;
+    } else {
+      std::fprintf(stderr, "--precisions: expected fp32, fp16 or bf16\n");
+      return 2;
+    }
+    JobConfig config = ampd::engine::DefaultJobConfig(precision);
+    m::LayerSpec embedding;
+    embedding.kind = m::LayerKind::kEmbedding;
+    embedding.num_embeddings = tb.vocab;
+    embedding.embedding_dim = tb.width;
+    config.model.layers.push_back(embedding);
+    auto linear = [&config](int64_t in, int64_t out) {
+      m::LayerSpec l;
+      l.kind = m::LayerKind::kLinear;
+      l.in_features = in;
+      l.out_features = out;
+      config.model.layers.push_back(l);
+    };
+    for (int64_t i = 0; i < tb.depth; ++i) {
+      linear(tb.width, tb.width);
+      m::LayerSpec gelu;
+      gelu.kind = m::LayerKind::kGELU;
+      config.model.layers.push_back(gelu);
+    }
+    linear(tb.width, tb.vocab);
+    config.model.loss = m::LossKind::kCrossEntropy;
+    auto backend = ampd::kernels::CreateBackend(device);
+    if (!backend.ok()) {
+      std::fprintf(stderr, "%s\n", backend.status().ToString().c_str());
+      return 1;
+    }
+    auto trainer = ampd::engine::Trainer::Create(config, *std::move(backend));
+    if (!trainer.ok()) {
+      std::fprintf(stderr, "%s\n", trainer.status().ToString().c_str());
+      return 1;
+    }
+    std::vector<double> times, fwd, bwd, unscale, opt;
+    for (int s = 0; s < warmup + steps; ++s) {
+      const auto t0 = Clock::now();
+      auto r = (*trainer)->Step(input);
+      const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (!r.ok()) {
+        std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
+        return 1;
+      }
+      if (s < warmup) continue;
+      times.push_back(seconds);
+      fwd.push_back(r->seconds.forward);
+      bwd.push_back(r->seconds.backward);
+      unscale.push_back(r->seconds.unscale);
+      opt.push_back(r->seconds.optimizer);
+    }
+    const double median = Median(times);
+    std::printf("%-5s step median %9.3f ms  %8.1f TFLOP/s  %10.0f rows/s\n",
+                std::string(name).c_str(), median * 1e3,
+                6.0 * linear_params * static_cast<double>(tb.tokens) / median / 1e12,
+                static_cast<double>(tb.tokens) / median);
+    std::printf("      phases: forward %.3f, backward %.3f, unscale %.3f, optimizer %.3f ms\n",
+                Median(fwd) * 1e3, Median(bwd) * 1e3, Median(unscale) * 1e3, Median(opt) * 1e3);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 // "--name=value" with an integer >= 1; false when `a` is not that flag.
 bool PositiveFlag(const std::string& a, const std::string& name, int64_t* out, bool* bad) {
   const std::string prefix = "--" + name + "=";
@@ -329,15 +429,23 @@ bool PositiveFlag(const std::string& a, const std::string& name, int64_t* out, b
 int main(int argc, char** argv) {
   std::string device = "cpu";
   int steps = 10, warmup = 3;
-  bool create = false, gpt = false, bad = false, steps_given = false, warmup_given = false;
+  bool create = false, gpt = false, token = false, bad = false, steps_given = false,
+       warmup_given = false, vocab_given = false;
   GptBench g;
+  TokenBench tb;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--model=gpt") {
       gpt = true;
+    } else if (a == "--model=token") {
+      token = true;
     } else if (a == "--model=mlp") {
       gpt = false;
-    } else if (PositiveFlag(a, "vocab", &g.spec.vocab_size, &bad) ||
+    } else if (PositiveFlag(a, "vocab", &g.spec.vocab_size, &bad)) {
+      vocab_given = true;
+    } else if (PositiveFlag(a, "width", &tb.width, &bad) ||
+               PositiveFlag(a, "depth", &tb.depth, &bad) ||
+               PositiveFlag(a, "tokens", &tb.tokens, &bad) ||
                PositiveFlag(a, "context", &g.spec.context_length, &bad) ||
                PositiveFlag(a, "d-model", &g.spec.d_model, &bad) ||
                PositiveFlag(a, "n-layer", &g.spec.n_layer, &bad) ||
@@ -346,6 +454,7 @@ int main(int argc, char** argv) {
                PositiveFlag(a, "seq-len", &g.seq_len, &bad)) {
     } else if (a.rfind("--precisions=", 0) == 0) {
       g.precisions = a.substr(13);
+      tb.precisions = g.precisions;
     } else if (a.rfind("--peak-tflops=", 0) == 0) {
       bad = bad || !absl::SimpleAtod(a.substr(14), &g.peak_tflops) || g.peak_tflops < 0;
     } else if (a.rfind("--device=", 0) == 0) {
@@ -367,9 +476,15 @@ int main(int argc, char** argv) {
                  "usage: %s [--device=cpu|cuda:N] [--steps=N] [--warmup=N] [--create]\n"
                  "       %s --model=gpt [--device=..] [--precisions=bf16,fp16] [--vocab=V] "
                  "[--context=C] [--d-model=D] [--n-layer=L] [--n-head=H] [--batch=B] "
-                 "[--seq-len=T] [--peak-tflops=P]\n",
-                 argv[0], argv[0]);
+                 "[--seq-len=T] [--peak-tflops=P]\n"
+                 "       %s --model=token [--device=..] [--precisions=fp16,bf16] [--vocab=V] "
+                 "[--width=D] [--depth=L] [--tokens=N]\n",
+                 argv[0], argv[0], argv[0]);
     return 2;
+  }
+  if (token) {
+    if (vocab_given) tb.vocab = g.spec.vocab_size;
+    return BenchToken(device, tb, warmup_given ? warmup : 3, steps_given ? steps : 20);
   }
   if (gpt) {
     const int64_t t = g.seq_len > 0 ? g.seq_len : g.spec.context_length;
