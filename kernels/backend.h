@@ -189,34 +189,70 @@ class Backend {
                                           Tensor& dx) = 0;
 
   // ---- causal self-attention (GPT) ------------------------------------------
-  // All float operands of one call share one dtype (F32, F16 or BF16). With
-  // C = qkv.dim(2) / 3 and D = C / n_head (n_head must divide C), the
-  // products run as a cuBLAS strided-batched GEMM in that dtype does: fp32
-  // accumulation, each stored matrix rounded once to the dtype, and the
-  // next product reads the rounded values. The CPU oracle mirrors every one
-  // of those roundings, so backends agree up to summation order and libm.
+  // Fused ("flash") attention: nothing of size T x T is ever stored. With
+  // C = qkv.dim(2) / 3, D = C / n_head (n_head must divide C) and
+  // scale = AttentionScale(D) (kernels/attention_params.h), each query row
+  // t of head h (batch row b) is computed as follows; every step is fixed,
+  // so a backend is reproducible bit for bit run to run, and backends
+  // differ only in the order of fp32 sums (the dot products, the sums
+  // inside one key block) and in exp/log's last bits.
+  //   Keys are visited in blocks of kAttentionKeyBlock (Bk) keys whose
+  //   boundaries are absolute positions (block j holds keys [j Bk, (j+1) Bk)),
+  //   in increasing j, up to and including the query's own block t / Bk;
+  //   keys after the query inside that block are masked (they add nothing).
+  //   Blocks after the query's are never visited.
+  //   Per block, in fp32 (nothing below is rounded to the working dtype
+  //   unless said):
+  //     S_s   = (q_t . k_s) * scale            the dot product in fp32, not rounded
+  //     m'    = max(m, max_s S_s)              m starts at -inf
+  //     P_s   = exp(S_s - m')
+  //     alpha = exp(m - m')
+  //     l     = l * alpha + sum_s P_s          l starts at 0; the fp32 P
+  //     acc_d = acc_d * alpha + sum_s round(P_s) v_s,d
+  //   where round() rounds P to the working dtype, as the tensor-core
+  //   product P.V needs its operands in it (a no-op for F32), and the
+  //   block's products are added onto the rescaled acc in fp32. (The CPU
+  //   oracle's order: dot products over the channels in order, the block's
+  //   P summed in two sequential halves of Bk / 2 keys, then added; products
+  //   added in key order.) Then, once:
+  //     out_t,d = acc_d / l  rounded to the working dtype;  lse_t = m + log(l).
+  // A row's result depends only on q_t and keys 0 .. t: not on T, B, the
+  // other rows, nor how many queries a call holds. The first t rows of a
+  // call at sequence length t are, bit for bit, rows 0 .. t-1 of a call at
+  // any longer T with the same prefix (what a KV-cached decode relies on),
+  // up to the sign of an exactly zero output. A non-finite v of a key
+  // inside a query's last block may reach that query even when the key is
+  // after it (0 * inf in the product); finite inputs never do.
   //
   // qkv (B, T, 3C): [q | k | v] along the last dim (Hugging Face GPT-2's
   //   c_attn output); head h of each is columns h*D .. h*D + D - 1.
-  // att (B, n_head, T, T), written: first the scaled scores
-  //   S = (q k^T) / sqrt(D) rounded to att's dtype, then in place the causal
-  //   softmax P of S over keys s <= t with the row max subtracted before exp,
-  //   rounded; P = 0 for keys after the query. Saved for the backward.
-  // out (B, T, C), written: out[b, t, h*D + d] = sum_s P[b, h, t, s] v[b, s, h*D + d]
-  //   with P as stored, accumulated in fp32 and rounded once.
-  // att and out must not overlap qkv.
-  virtual absl::Status AttentionForward(const Tensor& qkv, int64_t n_head, Tensor& att,
-                                        Tensor& out) = 0;
-  // qkv and att as AttentionForward read and wrote them; dout (B, T, C).
-  // datt (B, n_head, T, T) is scratch, overwritten: it holds dP = dout v^T
-  //   (rounded), then dS = P * (dP - sum_s P dP) (row sums in fp32 over the
-  //   rounded dP, dS rounded; 0 for keys after the query).
-  // dqkv (B, T, 3C), overwritten with [dq | dk | dv]:
-  //   dv = P^T dout, dq = (dS k) / sqrt(D), dk = (dS^T q) / sqrt(D),
-  //   each accumulated in fp32 and rounded once. Masked positions contribute
-  //   nothing. datt and dqkv must not overlap the inputs or each other.
-  virtual absl::Status AttentionBackward(const Tensor& qkv, const Tensor& att, const Tensor& dout,
-                                         int64_t n_head, Tensor& datt, Tensor& dqkv) = 0;
+  // out (B, T, C) qkv's dtype, written: head h in columns h*D ...
+  // lse (B, n_head, T) F32, written: each row's log-sum-exp of S, saved for
+  //   the backward.
+  // out and lse must not overlap qkv or each other.
+  virtual absl::Status AttentionForward(const Tensor& qkv, int64_t n_head, Tensor& out,
+                                        Tensor& lse) = 0;
+  // The backward of that forward, recomputing P from lse (no T x T input
+  // or scratch). qkv, out and lse as AttentionForward read and wrote them;
+  // dout (B, T, C). Per (b, h), in fp32, over the same causal pairs s <= t:
+  //   Delta_t = sum_d dout_t,d * out_t,d      (fp32 over the stored values)
+  //   S_ts    = (q_t . k_s) * scale           as in the forward
+  //   P_ts    = exp(S_ts - lse_t)
+  //   dP_ts   = dout_t . v_s                  fp32, not rounded
+  //   dS_ts   = P_ts * (dP_ts - Delta_t)
+  // P and dS are rounded to the working dtype before the products that
+  // read them (tensor-core operands; no-ops for F32):
+  //   dv_s = sum_t round(P_ts) dout_t
+  //   dk_s = (sum_t round(dS_ts) q_t) * scale
+  //   dq_t = (sum_s round(dS_ts) k_s) * scale
+  // each accumulated in fp32 (over t, respectively s, in increasing order
+  // of key or query block) and rounded once into dqkv (B, T, 3C) =
+  // [dq | dk | dv], overwritten. Deterministic: every sum has a fixed
+  // order and no backend uses atomics for it, so the result is the same
+  // bits run to run. Scratch (Delta, (B, n_head, T) F32) is the backend's.
+  // dqkv must not overlap an input.
+  virtual absl::Status AttentionBackward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
+                                         const Tensor& lse, int64_t n_head, Tensor& dqkv) = 0;
 
   // ---- normalisation ------------------------------------------------------
   // x, y: (N, C) working dtype; gamma, beta: (C) working dtype or nullptr

@@ -189,8 +189,8 @@ struct AttentionDims {
   int64_t channels = 0;  // C
 };
 
-// qkv float (B, T, 3C), C >= 1 a multiple of n_head >= 1; every dimension
-// a GEMM or a batch count takes within int.
+// qkv float (B, T, 3C), C >= 1 a multiple of n_head >= 1; T, 3C and
+// n_head within int (the kernels' row and column indices).
 absl::Status CheckQkv(absl::string_view op, const Tensor& qkv, int64_t n_head,
                       AttentionDims* dims) {
   AMPD_RETURN_IF_ERROR(CheckFloat(op, "qkv", qkv));
@@ -209,8 +209,8 @@ absl::Status CheckQkv(absl::string_view op, const Tensor& qkv, int64_t n_head,
   }
   constexpr int64_t kMaxDim = 0x7fffffff;
   if (qkv.dim(1) > kMaxDim || qkv.dim(2) > kMaxDim || n_head > kMaxDim) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": qkv ", qkv.DebugString(), " is too large for BLAS"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": qkv ", qkv.DebugString(), " is too large (T, 3C and n_head must fit int)"));
   }
   *dims = {qkv.dim(0), qkv.dim(1), c};
   return absl::OkStatus();
@@ -473,44 +473,42 @@ absl::Status ValidateActivationBackward(Activation act, const Tensor& x, const T
 
 // ---- causal self-attention --------------------------------------------------------
 
-absl::Status ValidateAttentionForward(const Tensor& qkv, int64_t n_head, const Tensor& att,
-                                      const Tensor& out) {
+absl::Status ValidateAttentionForward(const Tensor& qkv, int64_t n_head, const Tensor& out,
+                                      const Tensor& lse) {
   constexpr absl::string_view kOp = "AttentionForward";
   AttentionDims d;
   AMPD_RETURN_IF_ERROR(CheckQkv(kOp, qkv, n_head, &d));
-  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "att", att, "qkv", qkv));
-  AMPD_RETURN_IF_ERROR(
-      CheckShapeIs(kOp, "att", att, {d.batch, n_head, d.seq, d.seq}, "(B, n_head, T, T)"));
   AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "out", out, "qkv", qkv));
   AMPD_RETURN_IF_ERROR(CheckShapeIs(kOp, "out", out, {d.batch, d.seq, d.channels}, "(B, T, C)"));
-  AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "att", att, "qkv", qkv));
+  AMPD_RETURN_IF_ERROR(CheckDType(kOp, "lse", lse, DType::kF32));
+  AMPD_RETURN_IF_ERROR(CheckShapeIs(kOp, "lse", lse, {d.batch, n_head, d.seq}, "(B, n_head, T)"));
   AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", out, "qkv", qkv));
-  return CheckNoOverlap(kOp, "out", out, "att", att);
+  AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "lse", lse, "qkv", qkv));
+  return CheckNoOverlap(kOp, "lse", lse, "out", out);
 }
 
-absl::Status ValidateAttentionBackward(const Tensor& qkv, const Tensor& att, const Tensor& dout,
-                                       int64_t n_head, const Tensor& datt, const Tensor& dqkv) {
+absl::Status ValidateAttentionBackward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
+                                       const Tensor& lse, int64_t n_head, const Tensor& dqkv) {
   constexpr absl::string_view kOp = "AttentionBackward";
   AttentionDims d;
   AMPD_RETURN_IF_ERROR(CheckQkv(kOp, qkv, n_head, &d));
-  const Shape att_shape = {d.batch, n_head, d.seq, d.seq};
-  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "att", att, "qkv", qkv));
-  AMPD_RETURN_IF_ERROR(CheckShapeIs(kOp, "att", att, att_shape, "(B, n_head, T, T)"));
+  const Shape rows_shape = {d.batch, d.seq, d.channels};
+  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "out", out, "qkv", qkv));
+  AMPD_RETURN_IF_ERROR(CheckShapeIs(kOp, "out", out, rows_shape, "(B, T, C)"));
   AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "dout", dout, "qkv", qkv));
-  AMPD_RETURN_IF_ERROR(CheckShapeIs(kOp, "dout", dout, {d.batch, d.seq, d.channels}, "(B, T, C)"));
-  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "datt", datt, "qkv", qkv));
-  AMPD_RETURN_IF_ERROR(CheckShapeIs(kOp, "datt", datt, att_shape, "(B, n_head, T, T)"));
+  AMPD_RETURN_IF_ERROR(CheckShapeIs(kOp, "dout", dout, rows_shape, "(B, T, C)"));
+  AMPD_RETURN_IF_ERROR(CheckDType(kOp, "lse", lse, DType::kF32));
+  AMPD_RETURN_IF_ERROR(CheckShapeIs(kOp, "lse", lse, {d.batch, n_head, d.seq}, "(B, n_head, T)"));
   AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "dqkv", dqkv, "qkv", qkv));
   AMPD_RETURN_IF_ERROR(CheckShapeIs(kOp, "dqkv", dqkv, qkv.shape(), "qkv's shape"));
   const struct {
     const char* name;
     const Tensor* t;
-  } inputs[] = {{"qkv", &qkv}, {"att", &att}, {"dout", &dout}};
+  } inputs[] = {{"qkv", &qkv}, {"out", &out}, {"dout", &dout}, {"lse", &lse}};
   for (const auto& in : inputs) {
-    AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "datt", datt, in.name, *in.t));
     AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "dqkv", dqkv, in.name, *in.t));
   }
-  return CheckNoOverlap(kOp, "dqkv", dqkv, "datt", datt);
+  return absl::OkStatus();
 }
 
 // ---- normalisation ----------------------------------------------------------------

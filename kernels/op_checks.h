@@ -81,14 +81,14 @@ absl::Status ValidateActivationBackward(Activation act, const Tensor& x, const T
 
 // ---- causal self-attention
 // qkv (B, T, 3C) float with C a positive multiple of n_head (n_head >= 1)
-// and T, 3C and n_head within BLAS's int; att (B, n_head, T, T) and out
-// (B, T, C) of qkv's dtype, neither overlapping qkv nor each other.
-absl::Status ValidateAttentionForward(const Tensor& qkv, int64_t n_head, const Tensor& att,
-                                      const Tensor& out);
-// qkv as above; att and datt (B, n_head, T, T), dout (B, T, C), dqkv qkv's
-// shape, all of qkv's dtype; datt and dqkv overlap no other operand.
-absl::Status ValidateAttentionBackward(const Tensor& qkv, const Tensor& att, const Tensor& dout,
-                                       int64_t n_head, const Tensor& datt, const Tensor& dqkv);
+// and T, 3C and n_head within int; out (B, T, C) of qkv's dtype and lse
+// (B, n_head, T) F32, neither overlapping qkv nor each other.
+absl::Status ValidateAttentionForward(const Tensor& qkv, int64_t n_head, const Tensor& out,
+                                      const Tensor& lse);
+// qkv as above; out and dout (B, T, C) and dqkv qkv's shape, all of qkv's
+// dtype; lse (B, n_head, T) F32; dqkv overlaps no other operand.
+absl::Status ValidateAttentionBackward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
+                                       const Tensor& lse, int64_t n_head, const Tensor& dqkv);
 
 // ---- normalisation
 absl::Status ValidateLayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta,

@@ -1,22 +1,29 @@
-// Causal self-attention forward, the oracle of the CUDA version: per batch
-// row b and head h, S = (q k^T) / sqrt(D) rounded to att's dtype, the
-// causal softmax of S (row max subtracted, keys after the query set to 0)
-// rounded into att, and out = P v from the rounded P, accumulated in fp32
-// and rounded once. Those are the roundings a strided-batched GEMM in the
-// working dtype makes, so CUDA can be compared op by op; only the order of
-// the fp32 sums and expf's last bits differ.
+// Causal self-attention forward, the oracle of the CUDA kernels: the
+// blockwise online softmax of kernels/backend.h, step for step. Per batch
+// row b, head h and query t, keys are visited in blocks of
+// kAttentionKeyBlock at absolute positions, up to the query's own block;
+// per block the fp32 scores S = (q k) * scale (each dot product summed
+// over the channels in order), the running max m, P = exp(S - m), the
+// running sum l (the block's P summed in two sequential halves of 32 keys,
+// then added: the order of the CUDA tensor-core kernel's row owners), and
+// acc = acc * alpha followed by the block's round(P) v products added in
+// key order. out = acc / l rounded once; lse = m + log(l).
+//
+// A query's computation reads only its own q and keys 0 .. t, and keys
+// after the query are skipped (not multiplied by 0), so row t's bits do not
+// depend on T or on the other rows: the KV-cache prefix property holds
+// exactly here.
 //
 // Each (b, h) pair is one chunk of the thread pool: its q, k and v are
-// widened once into per-thread fp32 scratch (k transposed), and the inner
-// loops run over contiguous keys or channels with independent accumulators,
-// which the compiler vectorises without reassociating any sum (each
-// element's sum keeps its sequential order, so the result does not depend
-// on the thread count). Masked keys are skipped rather than multiplied by 0.
+// widened once into per-thread fp32 scratch (k transposed so the score loop
+// runs over contiguous keys), and every sum keeps a sequential order, so the
+// result does not depend on the thread count.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "common/status_macros.h"
-#include "kernels/attention_scale.h"
+#include "kernels/attention_params.h"
 #include "kernels/cpu/attention_rows.h"
 #include "kernels/cpu/cpu_internal.h"
 
@@ -29,7 +36,7 @@ struct HeadScratch {
   std::vector<float> q;    // (T, D)
   std::vector<float> kt;   // (D, T): k transposed, keys contiguous
   std::vector<float> v;    // (T, D)
-  std::vector<float> row;  // (T): scores, then probabilities of one query
+  std::vector<float> p;    // (Bk): one block's scores, then probabilities
   std::vector<float> acc;  // (D): one output row
 };
 
@@ -39,10 +46,11 @@ HeadScratch& Scratch() {
 }
 
 template <typename Tag>
-void ForwardHead(const typename Tag::Storage* qkv, typename Tag::Storage* att,
-                 typename Tag::Storage* out, int64_t b, int64_t h, int64_t heads, int64_t seq,
-                 int64_t channels, int64_t head_dim, float scale) {
+void ForwardHead(const typename Tag::Storage* qkv, typename Tag::Storage* out, float* lse,
+                 int64_t b, int64_t h, int64_t heads, int64_t seq, int64_t channels,
+                 int64_t head_dim, float scale) {
   using Storage = typename Tag::Storage;
+  constexpr int64_t kBlock = kAttentionKeyBlock;
   const int64_t t_len = seq;
   const int64_t d_len = head_dim;
   const int64_t stride = 3 * channels;  // one token's row of qkv
@@ -50,12 +58,12 @@ void ForwardHead(const typename Tag::Storage* qkv, typename Tag::Storage* att,
   s.q.resize(static_cast<size_t>(t_len * d_len));
   s.kt.resize(static_cast<size_t>(t_len * d_len));
   s.v.resize(static_cast<size_t>(t_len * d_len));
-  s.row.resize(static_cast<size_t>(t_len));
+  s.p.resize(static_cast<size_t>(kBlock));
   s.acc.resize(static_cast<size_t>(d_len));
   float* q = s.q.data();
   float* kt = s.kt.data();
   float* v = s.v.data();
-  float* row = s.row.data();
+  float* p = s.p.data();
   float* acc = s.acc.data();
 
   const Storage* base = qkv + b * t_len * stride;  // (T, 3C) of batch row b
@@ -68,47 +76,49 @@ void ForwardHead(const typename Tag::Storage* qkv, typename Tag::Storage* att,
     }
   }
 
-  Storage* probs = att + (b * heads + h) * t_len * t_len;  // (T, T) of (b, h)
+  float* lse_row = lse + (b * heads + h) * t_len;  // (T) of (b, h)
   for (int64_t t = 0; t < t_len; ++t) {
-    const int64_t keys = t + 1;  // causal: keys 0 .. t
-    for (int64_t j = 0; j < keys; ++j) row[j] = 0.0f;
-    for (int64_t d = 0; d < d_len; ++d) {
-      const float qd = q[t * d_len + d];
-      const float* kd = kt + d * t_len;
-      for (int64_t j = 0; j < keys; ++j) row[j] += qd * kd[j];
+    float m = -INFINITY;
+    float l = 0.0f;
+    for (int64_t d = 0; d < d_len; ++d) acc[d] = 0.0f;
+    for (int64_t k0 = 0; k0 <= t; k0 += kBlock) {
+      const int64_t n = std::min(kBlock, t + 1 - k0);  // visible keys k0 .. k0 + n - 1
+      // Scores: each a sequential sum over the channels, then scaled.
+      for (int64_t j = 0; j < n; ++j) p[j] = 0.0f;
+      for (int64_t d = 0; d < d_len; ++d) {
+        const float qd = q[t * d_len + d];
+        const float* kd = kt + d * t_len + k0;
+        for (int64_t j = 0; j < n; ++j) p[j] += qd * kd[j];
+      }
+      float block_max = -INFINITY;
+      for (int64_t j = 0; j < n; ++j) {
+        p[j] *= scale;
+        block_max = std::fmax(block_max, p[j]);
+      }
+      const float m_new = std::fmax(m, block_max);
+      const float alpha = std::exp(m - m_new);
+      float half_sum[2] = {0.0f, 0.0f};
+      for (int64_t j = 0; j < n; ++j) {
+        p[j] = std::exp(p[j] - m_new);
+        half_sum[j / (kBlock / 2)] += p[j];
+      }
+      l = l * alpha + (half_sum[0] + half_sum[1]);
+      for (int64_t j = 0; j < n; ++j) p[j] = Tag::Load(Tag::Store(p[j]));  // the MMA operand
+      for (int64_t d = 0; d < d_len; ++d) acc[d] *= alpha;
+      AccumulateRows(p, v + k0 * d_len, n, d_len, acc);
+      m = m_new;
     }
-    // The scaled score as the GEMM stores it (alpha * sum, rounded to att's
-    // dtype), then the softmax over the stored values.
-    float max = -INFINITY;
-    for (int64_t j = 0; j < keys; ++j) {
-      row[j] = Tag::Load(Tag::Store(scale * row[j]));
-      max = std::fmax(max, row[j]);
-    }
-    float sum = 0.0f;
-    for (int64_t j = 0; j < keys; ++j) {
-      row[j] = std::exp(row[j] - max);
-      sum += row[j];
-    }
-    const float inv_sum = 1.0f / sum;
-    Storage* p = probs + t * t_len;
-    for (int64_t j = 0; j < keys; ++j) {
-      const Storage stored = Tag::Store(row[j] * inv_sum);
-      p[j] = stored;
-      row[j] = Tag::Load(stored);  // out uses P as stored
-    }
-    for (int64_t j = keys; j < t_len; ++j) p[j] = Tag::Store(0.0f);
-
-    WeightedRowSum(row, v, keys, d_len, acc);
     Storage* o = out + (b * t_len + t) * channels + h * d_len;
-    for (int64_t d = 0; d < d_len; ++d) o[d] = Tag::Store(acc[d]);
+    for (int64_t d = 0; d < d_len; ++d) o[d] = Tag::Store(acc[d] / l);
+    lse_row[t] = m + std::log(l);
   }
 }
 
 }  // namespace
 
-absl::Status AttentionForward(ThreadPool& pool, const Tensor& qkv, int64_t n_head, Tensor& att,
-                              Tensor& out) {
-  AMPD_RETURN_IF_ERROR(ValidateAttentionForward(qkv, n_head, att, out));
+absl::Status AttentionForward(ThreadPool& pool, const Tensor& qkv, int64_t n_head, Tensor& out,
+                              Tensor& lse) {
+  AMPD_RETURN_IF_ERROR(ValidateAttentionForward(qkv, n_head, out, lse));
   const int64_t batch = qkv.dim(0);
   const int64_t seq = qkv.dim(1);
   const int64_t channels = qkv.dim(2) / 3;
@@ -117,11 +127,10 @@ absl::Status AttentionForward(ThreadPool& pool, const Tensor& qkv, int64_t n_hea
   return VisitFloat(qkv.dtype(), [&](auto tag) {
     using Tag = decltype(tag);
     const auto* in = Ptr<Tag>(qkv);
-    auto* probs = Ptr<Tag>(att);
     auto* o = Ptr<Tag>(out);
+    float* l = lse.data_as<float>();
     pool.ForEachChunk(batch * n_head, [&](int64_t bh) {
-      ForwardHead<Tag>(in, probs, o, bh / n_head, bh % n_head, n_head, seq, channels, head_dim,
-                       scale);
+      ForwardHead<Tag>(in, o, l, bh / n_head, bh % n_head, n_head, seq, channels, head_dim, scale);
     });
     return absl::OkStatus();
   });

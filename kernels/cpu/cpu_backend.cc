@@ -145,13 +145,13 @@ class CpuBackend final : public Backend {
     return cpu::ActivationBackward(pool_, act, x, dy, dx);
   }
 
-  absl::Status AttentionForward(const Tensor& qkv, int64_t n_head, Tensor& att,
-                                Tensor& out) override {
-    return cpu::AttentionForward(pool_, qkv, n_head, att, out);
+  absl::Status AttentionForward(const Tensor& qkv, int64_t n_head, Tensor& out,
+                                Tensor& lse) override {
+    return cpu::AttentionForward(pool_, qkv, n_head, out, lse);
   }
-  absl::Status AttentionBackward(const Tensor& qkv, const Tensor& att, const Tensor& dout,
-                                 int64_t n_head, Tensor& datt, Tensor& dqkv) override {
-    return cpu::AttentionBackward(pool_, qkv, att, dout, n_head, datt, dqkv);
+  absl::Status AttentionBackward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
+                                 const Tensor& lse, int64_t n_head, Tensor& dqkv) override {
+    return cpu::AttentionBackward(pool_, qkv, out, dout, lse, n_head, dqkv);
   }
 
   absl::Status LayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps,

@@ -149,11 +149,11 @@ absl::Status ActivationForward(ThreadPool& pool, Activation act, const Tensor& x
 absl::Status ActivationBackward(ThreadPool& pool, Activation act, const Tensor& x, const Tensor& dy,
                                 Tensor& dx);
 // attention_forward.cc
-absl::Status AttentionForward(ThreadPool& pool, const Tensor& qkv, int64_t n_head, Tensor& att,
-                              Tensor& out);
+absl::Status AttentionForward(ThreadPool& pool, const Tensor& qkv, int64_t n_head, Tensor& out,
+                              Tensor& lse);
 // attention_backward.cc
-absl::Status AttentionBackward(ThreadPool& pool, const Tensor& qkv, const Tensor& att,
-                               const Tensor& dout, int64_t n_head, Tensor& datt, Tensor& dqkv);
+absl::Status AttentionBackward(ThreadPool& pool, const Tensor& qkv, const Tensor& out,
+                               const Tensor& dout, const Tensor& lse, int64_t n_head, Tensor& dqkv);
 // layernorm_forward.cc
 absl::Status LayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps,
                               Tensor& y, Tensor& mean, Tensor& rstd);

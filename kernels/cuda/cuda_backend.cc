@@ -113,6 +113,11 @@ class CudaBackend final : public Backend {
     cudaDeviceProp props;
     AMPD_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&props, device));
     backend->capacity_bytes_ = static_cast<int64_t>(props.totalGlobalMem);
+    // The attention kernels' shared memory beyond 48 KiB is opted into once
+    // here, never in a step.
+    backend->attention_.max_dynamic_smem = static_cast<int>(props.sharedMemPerBlockOptin);
+    AMPD_RETURN_IF_ERROR(ConfigureAttentionForward(backend->attention_));
+    AMPD_RETURN_IF_ERROR(ConfigureAttentionBackward(backend->attention_));
 
     const cublasHandle_t h = backend->cublas_.get();
     AMPD_CUBLAS_RETURN_IF_ERROR(cublasSetStream(h, backend->stream()));
@@ -457,22 +462,28 @@ class CudaBackend final : public Backend {
   }
 
   // ---- causal self-attention ----------------------------------------------------
-  // cuBLAS GEMMs on the backend's stream and handle; att / datt are the
-  // only intermediate storage, so nothing is allocated.
-  absl::Status AttentionForward(const Tensor& qkv, int64_t n_head, Tensor& att,
-                                Tensor& out) override {
-    AMPD_RETURN_IF_ERROR(ValidateAttentionForward(qkv, n_head, att, out));
+  // Fused kernels, one launch forward, three backward; the backward's Delta
+  // (B, H, T) F32 lives in the grow-only scratch.
+  absl::Status AttentionForward(const Tensor& qkv, int64_t n_head, Tensor& out,
+                                Tensor& lse) override {
+    AMPD_RETURN_IF_ERROR(ValidateAttentionForward(qkv, n_head, out, lse));
     AMPD_ENTER_DEVICE();
-    return LaunchAttentionForward(cublas_.get(), qkv.data(), qkv.dtype(), qkv.dim(0), qkv.dim(1),
-                                  qkv.dim(2) / 3, n_head, att.data(), out.data(), stream());
+    return LaunchAttentionForward(qkv.data(), qkv.dtype(), qkv.dim(0), qkv.dim(1), qkv.dim(2) / 3,
+                                  n_head, out.data(), lse.data_as<float>(), attention_, stream());
   }
-  absl::Status AttentionBackward(const Tensor& qkv, const Tensor& att, const Tensor& dout,
-                                 int64_t n_head, Tensor& datt, Tensor& dqkv) override {
-    AMPD_RETURN_IF_ERROR(ValidateAttentionBackward(qkv, att, dout, n_head, datt, dqkv));
+  absl::Status AttentionBackward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
+                                 const Tensor& lse, int64_t n_head, Tensor& dqkv) override {
+    AMPD_RETURN_IF_ERROR(ValidateAttentionBackward(qkv, out, dout, lse, n_head, dqkv));
     AMPD_ENTER_DEVICE();
-    return LaunchAttentionBackward(cublas_.get(), qkv.data(), att.data(), dout.data(), qkv.dtype(),
-                                   qkv.dim(0), qkv.dim(1), qkv.dim(2) / 3, n_head, datt.data(),
-                                   dqkv.data(), stream());
+    float* delta = nullptr;  // (B, n_head, T)
+    if (lse.numel() > 0) {
+      AMPD_ASSIGN_OR_RETURN(void* scratch,
+                            Scratch(static_cast<size_t>(lse.numel()) * sizeof(float)));
+      delta = static_cast<float*>(scratch);
+    }
+    return LaunchAttentionBackward(qkv.data(), out.data(), dout.data(), lse.data_as<float>(),
+                                   qkv.dtype(), qkv.dim(0), qkv.dim(1), qkv.dim(2) / 3, n_head,
+                                   dqkv.data(), delta, attention_, stream());
   }
 
   // ---- loss scaling and the optimizer -----------------------------------------
@@ -704,10 +715,11 @@ class CudaBackend final : public Backend {
   Tensor gathered_;           // (scalar_slots_ + 1) F32: ReadScalars' device block
   PinnedHostBuffer staging_;  // (scalar_slots_ + 1) floats: ReadScalars' landing area
   size_t scalar_slots_ = 0;
-  int64_t capacity_bytes_ = 0;  // the device's total memory, read at creation
-  PinnedHostBuffer readback_;  // ReadBack's copies land here first
-  PinnedHostBuffer upload_;    // pinned arena for CopyFromHost's staged uploads
-  size_t upload_used_ = 0;     // bytes of upload_ handed out since the last synchronisation
+  int64_t capacity_bytes_ = 0;       // the device's total memory, read at creation
+  AttentionKernelConfig attention_;  // what the attention kernels may use, read at creation
+  PinnedHostBuffer readback_;        // ReadBack's copies land here first
+  PinnedHostBuffer upload_;          // pinned arena for CopyFromHost's staged uploads
+  size_t upload_used_ = 0;           // bytes of upload_ handed out since the last synchronisation
   int64_t internal_bytes_ = 0;
 };
 

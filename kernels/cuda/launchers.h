@@ -142,16 +142,29 @@ absl::Status LaunchActivationForward(Activation act, const void* x, void* y, DTy
 absl::Status LaunchActivationBackward(Activation act, const void* x, const void* dy, void* dx,
                                       DType dtype, int64_t n, cudaStream_t stream);
 
-// Causal self-attention (attention_forward.cu, attention_backward.cu); every
-// float operand of dtype. qkv (batch, seq, 3 channels), att and datt
-// (batch, heads, seq, seq), out and dout (batch, seq, channels).
-absl::Status LaunchAttentionForward(cublasHandle_t handle, const void* qkv, DType dtype,
-                                    int64_t batch, int64_t seq, int64_t channels, int64_t heads,
-                                    void* att, void* out, cudaStream_t stream);
-absl::Status LaunchAttentionBackward(cublasHandle_t handle, const void* qkv, const void* att,
-                                     const void* dout, DType dtype, int64_t batch, int64_t seq,
-                                     int64_t channels, int64_t heads, void* datt, void* dqkv,
-                                     cudaStream_t stream);
+// Fused causal self-attention (attention_forward.cu, attention_backward.cu,
+// attention_backward_mma.cu); every float operand of dtype. qkv (batch,
+// seq, 3 channels), out and dout (batch, seq, channels), lse (batch, heads,
+// seq) F32.
+struct AttentionKernelConfig {
+  // The device's opt-in dynamic shared memory per block: a tensor-core
+  // kernel needing more is never configured nor launched (the generic
+  // kernels run instead).
+  int max_dynamic_smem = 0;
+};
+// Raise the tensor-core kernels' dynamic shared memory limits on the
+// current device; once, at backend creation (cudaFuncSetAttribute is not
+// for the step).
+absl::Status ConfigureAttentionForward(const AttentionKernelConfig& config);
+absl::Status ConfigureAttentionBackward(const AttentionKernelConfig& config);
+absl::Status LaunchAttentionForward(const void* qkv, DType dtype, int64_t batch, int64_t seq,
+                                    int64_t channels, int64_t heads, void* out, float* lse,
+                                    const AttentionKernelConfig& config, cudaStream_t stream);
+// delta: batch * heads * seq floats of scratch (Delta of the contract).
+absl::Status LaunchAttentionBackward(const void* qkv, const void* out, const void* dout,
+                                     const float* lse, DType dtype, int64_t batch, int64_t seq,
+                                     int64_t channels, int64_t heads, void* dqkv, float* delta,
+                                     const AttentionKernelConfig& config, cudaStream_t stream);
 
 absl::Status LaunchLayerNormForward(const void* x, DType dtype, const void* gamma, const void* beta,
                                     DType param_dtype, int64_t rows, int64_t cols, float eps,

@@ -5,7 +5,8 @@
 // run to run, aliasing), raw-bit copies, special values (ReLU's selection,
 // a loss scale of 2^127, logits around 1e4), the argument errors, word
 // for word, and the GPT ops at GPT-2's sizes (a 50304-token vocabulary,
-// 64-channel heads). Each op's values on random inputs in every dtype are compared
+// 64-channel heads; the fused attention's own properties are in
+// cuda_attention_test.cc). Each op's values on random inputs in every dtype are compared
 // with the oracle by tests/kernels/backend_ops_test.cc, which runs every op
 // on every backend.
 #include <gtest/gtest.h>
@@ -463,41 +464,46 @@ TEST_P(CudaDTypeTest, CrossEntropyChunkOverGpt2VocabularyMatchesCpu) {
 }
 
 TEST_P(CudaDTypeTest, AttentionAtGpt2HeadSizeMatchesCpu) {
-  // D = 64 as in GPT-2; T = 100 is not a multiple of any tile.
+  // D = 64 as in GPT-2 (and 128): T = 100 and 300 are not multiples of the
+  // 64-key block, T = 1 is a single key, T = 1024 is GPT-2's context. The
+  // 16-bit dtypes take the tensor-core kernels, fp32 the generic ones.
   const DType dt = GetParam();
-  const int64_t b = 2, t = 100, c = 192, heads = 3;
-  const std::vector<float> qv = RandomValues(b * t * 3 * c, 72, -1, 1, dt);
-  const std::vector<float> gv = RandomValues(b * t * c, 73, -1, 1, dt);
+  struct Case {
+    int64_t b, t, c, heads;
+  };
   const float frac = dt == DType::kF32 ? 1e-4f : dt == DType::kF16 ? 6e-3f : 4e-2f;
-  std::vector<std::vector<float>> att, out, datt, dqkv;
-  std::vector<float> cpu_att;
-  for (Backend* be : {cpu_.get(), gpu_.get()}) {
-    Tensor qkv = Upload(*be, dt, {b, t, 3 * c}, qv);
-    Tensor a = *be->Allocate(dt, {b, heads, t, t});
-    Tensor o = *be->Allocate(dt, {b, t, c});
-    AMPD_EXPECT_OK(be->AttentionForward(qkv, heads, a, o));
-    att.push_back(Download(*be, a));
-    out.push_back(Download(*be, o));
-    if (be == cpu_.get()) cpu_att = att.back();
-    // Both backwards differentiate the oracle's P.
-    Tensor p = Upload(*be, dt, {b, heads, t, t}, cpu_att);
-    Tensor g = Upload(*be, dt, {b, t, c}, gv);
-    Tensor ds = *be->Allocate(dt, {b, heads, t, t});
-    Tensor dq = *be->Allocate(dt, {b, t, 3 * c});
-    AMPD_EXPECT_OK(be->AttentionBackward(qkv, p, g, heads, ds, dq));
-    datt.push_back(Download(*be, ds));
-    dqkv.push_back(Download(*be, dq));
-  }
-  EXPECT_TRUE(AllClose(att[0], att[1], ScaledTolerance(att[0], frac))) << "att";
-  EXPECT_TRUE(AllClose(out[0], out[1], ScaledTolerance(out[0], frac))) << "out";
-  EXPECT_TRUE(AllClose(datt[0], datt[1], ScaledTolerance(datt[0], frac))) << "datt";
-  EXPECT_TRUE(AllClose(dqkv[0], dqkv[1], ScaledTolerance(dqkv[0], frac))) << "dqkv";
-  // Masked probabilities and score gradients are exactly zero on the GPU too.
-  for (int64_t r = 0; r < b * heads * t; ++r) {
-    for (int64_t j = r % t + 1; j < t; ++j) {
-      ASSERT_EQ(att[1][static_cast<size_t>(r * t + j)], 0.0f);
-      ASSERT_EQ(datt[1][static_cast<size_t>(r * t + j)], 0.0f);
+  for (const Case& k :
+       {Case{2, 100, 192, 3}, Case{3, 1, 128, 2}, Case{1, 300, 256, 2}, Case{1, 1024, 128, 2}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "B=" << k.b << " T=" << k.t << " C=" << k.c << " H=" << k.heads);
+    const int64_t b = k.b, t = k.t, c = k.c, heads = k.heads;
+    const std::vector<float> qv = RandomValues(b * t * 3 * c, 72, -1, 1, dt);
+    const std::vector<float> gv = RandomValues(b * t * c, 73, -1, 1, dt);
+    std::vector<std::vector<float>> out, lse, dqkv;
+    std::vector<float> cpu_out, cpu_lse;
+    for (Backend* be : {cpu_.get(), gpu_.get()}) {
+      Tensor qkv = Upload(*be, dt, {b, t, 3 * c}, qv);
+      Tensor o = *be->Allocate(dt, {b, t, c});
+      Tensor l = *be->Allocate(DType::kF32, {b, heads, t});
+      AMPD_EXPECT_OK(be->AttentionForward(qkv, heads, o, l));
+      out.push_back(Download(*be, o));
+      lse.push_back(Download(*be, l));
+      if (be == cpu_.get()) {
+        cpu_out = out.back();
+        cpu_lse = lse.back();
+      }
+      // Both backwards differentiate the oracle's forward.
+      Tensor fo = Upload(*be, dt, {b, t, c}, cpu_out);
+      Tensor fl = Upload(*be, DType::kF32, {b, heads, t}, cpu_lse);
+      Tensor g = Upload(*be, dt, {b, t, c}, gv);
+      Tensor dq = *be->Allocate(dt, {b, t, 3 * c});
+      AMPD_EXPECT_OK(be->AttentionBackward(qkv, fo, g, fl, heads, dq));
+      dqkv.push_back(Download(*be, dq));
     }
+    EXPECT_TRUE(AllClose(out[0], out[1], ScaledTolerance(out[0], frac))) << "out";
+    // lse is fp32 in every dtype: its scores are fp32 sums of the same products.
+    EXPECT_TRUE(AllClose(lse[0], lse[1], {1e-5f, 1e-5f})) << "lse";
+    EXPECT_TRUE(AllClose(dqkv[0], dqkv[1], ScaledTolerance(dqkv[0], frac))) << "dqkv";
   }
 }
 
@@ -505,14 +511,13 @@ TEST_F(CudaVsCpuTest, GptOpsRefuseBadArgumentsWithTheCpuMessages) {
   std::vector<absl::Status> st;
   for (Backend* be : {cpu_.get(), gpu_.get()}) {
     Tensor qkv = *be->Allocate(DType::kBF16, {2, 4, 24});
-    Tensor att = *be->Allocate(DType::kBF16, {2, 2, 4, 4});
     Tensor out = *be->Allocate(DType::kBF16, {2, 4, 8});
-    Tensor dqkv = *be->Allocate(DType::kBF16, {2, 4, 24});
+    Tensor lse = *be->Allocate(DType::kF32, {2, 2, 4});
     Tensor logits = *be->Allocate(DType::kBF16, {3, 5});
     Tensor labels = *be->Allocate(DType::kI32, {2});
     Tensor loss = *be->Allocate(DType::kF32, {1});
-    st.push_back(be->AttentionForward(qkv, 3, att, out));
-    st.push_back(be->AttentionBackward(qkv, att, out, 2, att, dqkv));
+    st.push_back(be->AttentionForward(qkv, 3, out, lse));
+    st.push_back(be->AttentionBackward(qkv, out, out, lse, 2, qkv));
     st.push_back(be->CrossEntropyChunk(logits, labels, -100, 1.0f, 1.0f, loss, logits));
   }
   for (size_t i = 0; i < 3; ++i) {

@@ -6,11 +6,13 @@
 // reference still fails. Then the refusals: bad labels, shapes and head
 // counts are InvalidArgument naming the operand.
 //
-// The attention references repeat the intermediate roundings the op
-// contract fixes (scores and probabilities stored in att's dtype, dP and dS
-// in datt's), in double; the tolerances allow the one-ulp flips a
-// differently ordered fp32 sum can cause at each of those roundings,
-// propagated to the outputs, plus the fp32 summation error bound.
+// The attention references follow the op contract in double (the blockwise
+// online softmax, P rounded to the working dtype before P.V, the backward's
+// P and dS rounded before their products); the tolerances allow the fp32
+// error of scores, exp and sums, and the one-ulp flips it can cause where a
+// value is rounded to the dtype, propagated to the outputs. Beside them, the
+// property a KV-cached decode relies on: a prefix's rows are the longer
+// sequence's bits.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/attention_params.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "tests/kernels/gpt_reference.h"
 #include "tests/kernels/kernel_test_util.h"
@@ -138,11 +141,15 @@ void ExpectApprox(const std::vector<double>& got, const Bounded& ref, const std:
   }
 }
 
+// T = 1; T below, at and across the key block (64) with odd tails; D from
+// 4 to 128; one and several heads and batch rows.
 const AttnDims kAttnDimss[] = {
-    {2, 5, 8, 2},    // small, odd T
-    {1, 1, 12, 3},   // T = 1: each query sees only itself
-    {3, 13, 24, 4},  // non-power-of-two T, D = 6
-    {2, 32, 64, 1},  // one head, D = 64
+    {2, 5, 8, 2},     // small, odd T
+    {1, 1, 12, 3},    // T = 1: each query sees only itself
+    {3, 13, 24, 4},   // non-power-of-two T, D = 6
+    {2, 32, 64, 1},   // one head, D = 64
+    {2, 130, 32, 2},  // three key blocks, the last of 2 keys; D = 16
+    {1, 70, 128, 1},  // D = 128 across a block boundary
 };
 
 TEST_F(CpuGptOpsTest, AttentionMatchesReferenceInEveryDtype) {
@@ -151,145 +158,344 @@ TEST_F(CpuGptOpsTest, AttentionMatchesReferenceInEveryDtype) {
       SCOPED_TRACE(::testing::Message() << DTypeName(dt) << " B=" << s.b << " T=" << s.t
                                         << " C=" << s.c << " H=" << s.heads);
       const Shape qkv_shape = {s.b, s.t, 3 * s.c};
-      const Shape att_shape = {s.b, s.heads, s.t, s.t};
+      const Shape lse_shape = {s.b, s.heads, s.t};
       const Shape out_shape = {s.b, s.t, s.c};
       const std::vector<double> qkv =
           RandomValues(rng_, dt, static_cast<size_t>(NumElements(qkv_shape)), -1.5, 1.5);
       const std::vector<double> dout =
           RandomValues(rng_, dt, static_cast<size_t>(NumElements(out_shape)), -1.0, 1.0);
       Tensor qkvt = MakeTensor(*be_, dt, qkv_shape, qkv);
-      Tensor att = Filled(dt, att_shape, 7.0);  // every element must be written
-      Tensor out = Filled(dt, out_shape, 7.0);
-      ASSERT_TRUE(be_->AttentionForward(qkvt, s.heads, att, out).ok());
-      const std::vector<double> got_att = ReadTensor(*be_, att);
+      Tensor out = Filled(dt, out_shape, 7.0);  // every element must be written
+      Tensor lse = Filled(DType::kF32, lse_shape, 7.0);
+      ASSERT_TRUE(be_->AttentionForward(qkvt, s.heads, out, lse).ok());
+      const std::vector<double> got_out = ReadTensor(*be_, out);
+      const std::vector<double> got_lse = ReadTensor(*be_, lse);
       const AttnForwardRef fwd = RefAttnForward(dt, s, qkv);
-      ExpectApprox(got_att, fwd.att, "att");
-      ExpectApprox(ReadTensor(*be_, out), fwd.out, "out");
-      // Masked probabilities are exactly zero.
-      for (int64_t bh = 0; bh < s.b * s.heads; ++bh) {
-        for (int64_t t = 0; t < s.t; ++t) {
-          for (int64_t j = t + 1; j < s.t; ++j) {
-            ASSERT_EQ(got_att[static_cast<size_t>((bh * s.t + t) * s.t + j)], 0.0);
-          }
-        }
-      }
+      ExpectApprox(got_out, fwd.out, "out");
+      ExpectApprox(got_lse, fwd.lse, "lse");
 
+      // The backward of the oracle's own forward (its out and lse as stored).
       Tensor doutt = MakeTensor(*be_, dt, out_shape, dout);
-      Tensor datt = Filled(dt, att_shape, 7.0);
       Tensor dqkv = Filled(dt, qkv_shape, 7.0);
-      ASSERT_TRUE(be_->AttentionBackward(qkvt, att, doutt, s.heads, datt, dqkv).ok());
-      const AttnBackwardRef bwd = RefAttnBackward(dt, s, qkv, got_att, dout);
-      ExpectApprox(ReadTensor(*be_, datt), bwd.datt, "datt");
+      ASSERT_TRUE(be_->AttentionBackward(qkvt, out, doutt, lse, s.heads, dqkv).ok());
+      const AttnBackwardRef bwd = RefAttnBackward(dt, s, qkv, got_out, got_lse, dout);
       ExpectApprox(ReadTensor(*be_, dqkv), bwd.dqkv, "dqkv");
     }
   }
 }
 
-// With T = 1 the only probability is 1, so out is v and the gradients of q
-// and k vanish: exact in every dtype.
+// With T = 1 the only probability is 1, so out is v, lse is the one score
+// (log 1 = 0), and the gradients of q and k vanish: exact in every dtype.
 TEST_F(CpuGptOpsTest, AttentionOfOneTokenCopiesV) {
   for (const DType dt : kFloatTypes) {
     const AttnDims s{2, 1, 6, 2};
     const std::vector<double> qkv = RandomValues(rng_, dt, 2 * 18, -2.0, 2.0);
     Tensor qkvt = MakeTensor(*be_, dt, {2, 1, 18}, qkv);
-    Tensor att = Filled(dt, {2, 2, 1, 1}, 7.0);
     Tensor out = Filled(dt, {2, 1, 6}, 7.0);
-    ASSERT_TRUE(be_->AttentionForward(qkvt, s.heads, att, out).ok());
-    EXPECT_EQ(ReadTensor(*be_, att), std::vector<double>(4, 1.0));
+    Tensor lse = Filled(DType::kF32, {2, 2, 1}, 7.0);
+    ASSERT_TRUE(be_->AttentionForward(qkvt, s.heads, out, lse).ok());
     const std::vector<double> got = ReadTensor(*be_, out);
+    const std::vector<double> got_lse = ReadTensor(*be_, lse);
     for (int64_t b = 0; b < 2; ++b) {
       for (int64_t c = 0; c < 6; ++c) {
         EXPECT_EQ(got[static_cast<size_t>(b * 6 + c)], qkv[static_cast<size_t>(b * 18 + 12 + c)]);
+      }
+      for (int64_t h = 0; h < 2; ++h) {
+        float dot = 0.0f;  // the score as the oracle sums it: channels in order
+        for (int64_t d = 0; d < 3; ++d) {
+          dot += static_cast<float>(qkv[static_cast<size_t>(b * 18 + h * 3 + d)]) *
+                 static_cast<float>(qkv[static_cast<size_t>(b * 18 + 6 + h * 3 + d)]);
+        }
+        EXPECT_EQ(got_lse[static_cast<size_t>(b * 2 + h)],
+                  dot * static_cast<float>(testing::AttnScale(6, 2)));
+      }
+    }
+    Tensor dout = MakeTensor(*be_, dt, {2, 1, 6}, RandomValues(rng_, dt, 12, -1.0, 1.0));
+    Tensor dqkv = Filled(dt, {2, 1, 18}, 7.0);
+    ASSERT_TRUE(be_->AttentionBackward(qkvt, out, dout, lse, s.heads, dqkv).ok());
+    const std::vector<double> grad = ReadTensor(*be_, dqkv);
+    const std::vector<double> g = ReadTensor(*be_, dout);
+    for (int64_t b = 0; b < 2; ++b) {
+      for (int64_t c = 0; c < 12; ++c) EXPECT_EQ(grad[static_cast<size_t>(b * 18 + c)], 0.0);
+      for (int64_t c = 0; c < 6; ++c) {
+        EXPECT_EQ(grad[static_cast<size_t>(b * 18 + 12 + c)], g[static_cast<size_t>(b * 6 + c)]);
+      }
+    }
+  }
+}
+
+// The contract's every step in plain float (kernels/backend.h), in the
+// order the oracle fixes (dot products over channels in order, the block's
+// P summed in two halves of 32 keys, products in key or query order): the
+// oracle must give these bits exactly, so a missing rounding of P or dS, a
+// shifted key block or a reordered sum fails here even where it stays
+// within the float64 reference's tolerance.
+struct AttnEmulated {
+  std::vector<float> out, lse, dqkv;
+};
+AttnEmulated EmulateAttention(DType dt, const AttnDims& s, const std::vector<double>& qkv,
+                              const std::vector<double>& dout) {
+  const int64_t dd = s.c / s.heads, bk = kAttentionKeyBlock;
+  const float scale = AttentionScale(dd);
+  auto round = [dt](float x) { return static_cast<float>(RefStore(dt, x)); };
+  auto at = [&](int64_t b, int64_t t, int64_t col) {
+    return static_cast<float>(qkv[static_cast<size_t>((b * s.t + t) * 3 * s.c + col)]);
+  };
+  auto dot = [&](int64_t b, int64_t t, int64_t h, int64_t j, int64_t part) {
+    float sum = 0.0f;
+    for (int64_t d = 0; d < dd; ++d)
+      sum += at(b, t, h * dd + d) * at(b, j, part * s.c + h * dd + d);
+    return sum;
+  };
+  AttnEmulated r;
+  r.out.assign(static_cast<size_t>(s.b * s.t * s.c), 0.0f);
+  r.lse.assign(static_cast<size_t>(s.b * s.heads * s.t), 0.0f);
+  r.dqkv.assign(qkv.size(), 0.0f);
+  for (int64_t b = 0; b < s.b; ++b) {
+    for (int64_t h = 0; h < s.heads; ++h) {
+      for (int64_t t = 0; t < s.t; ++t) {
+        float m = -INFINITY, l = 0.0f;
+        std::vector<float> acc(static_cast<size_t>(dd), 0.0f);
+        for (int64_t k0 = 0; k0 <= t; k0 += bk) {
+          const int64_t n = std::min(bk, t + 1 - k0);
+          std::vector<float> sc(static_cast<size_t>(n));
+          float m_new = m;
+          for (int64_t j = 0; j < n; ++j) {
+            sc[j] = dot(b, t, h, k0 + j, 1) * scale;
+            m_new = std::fmax(m_new, sc[j]);
+          }
+          const float alpha = std::exp(m - m_new);
+          float half0 = 0.0f, half1 = 0.0f;
+          for (int64_t j = 0; j < n; ++j) {
+            sc[j] = std::exp(sc[j] - m_new);
+            (j < 32 ? half0 : half1) += sc[j];
+          }
+          l = l * alpha + (half0 + half1);
+          for (int64_t d = 0; d < dd; ++d) {
+            acc[d] *= alpha;
+            for (int64_t j = 0; j < n; ++j)
+              acc[d] += round(sc[j]) * at(b, k0 + j, 2 * s.c + h * dd + d);
+          }
+          m = m_new;
+        }
+        for (int64_t d = 0; d < dd; ++d) {
+          r.out[static_cast<size_t>((b * s.t + t) * s.c + h * dd + d)] = round(acc[d] / l);
+        }
+        r.lse[static_cast<size_t>((b * s.heads + h) * s.t + t)] = m + std::log(l);
+      }
+      // The backward of that forward, from the stored out and lse.
+      auto go = [&](int64_t t, int64_t d) {
+        return static_cast<float>(dout[static_cast<size_t>((b * s.t + t) * s.c + h * dd + d)]);
+      };
+      std::vector<float> delta(static_cast<size_t>(s.t), 0.0f);
+      for (int64_t t = 0; t < s.t; ++t) {
+        for (int64_t d = 0; d < dd; ++d) {
+          delta[t] += go(t, d) * r.out[static_cast<size_t>((b * s.t + t) * s.c + h * dd + d)];
+        }
+      }
+      std::vector<float> p(static_cast<size_t>(s.t * s.t)), ds(p.size());
+      for (int64_t t = 0; t < s.t; ++t) {
+        const float lse_t = r.lse[static_cast<size_t>((b * s.heads + h) * s.t + t)];
+        for (int64_t j = 0; j <= t; ++j) {
+          float dp = 0.0f;
+          for (int64_t d = 0; d < dd; ++d) dp += go(t, d) * at(b, j, 2 * s.c + h * dd + d);
+          const float pf = std::exp(dot(b, t, h, j, 1) * scale - lse_t);
+          p[static_cast<size_t>(t * s.t + j)] = round(pf);
+          ds[static_cast<size_t>(t * s.t + j)] = round(pf * (dp - delta[t]));
+        }
+      }
+      for (int64_t d = 0; d < dd; ++d) {
+        for (int64_t t = 0; t < s.t; ++t) {
+          float dq = 0.0f;  // keys in order
+          for (int64_t j = 0; j <= t; ++j) {
+            dq += ds[static_cast<size_t>(t * s.t + j)] * at(b, j, s.c + h * dd + d);
+          }
+          float dk = 0.0f, dv = 0.0f;  // queries in order
+          for (int64_t i = t; i < s.t; ++i) {
+            dk += ds[static_cast<size_t>(i * s.t + t)] * at(b, i, h * dd + d);
+            dv += p[static_cast<size_t>(i * s.t + t)] * go(i, d);
+          }
+          const size_t row = static_cast<size_t>((b * s.t + t) * 3 * s.c + h * dd + d);
+          r.dqkv[row] = round(dq * scale);
+          r.dqkv[row + static_cast<size_t>(s.c)] = round(dk * scale);
+          r.dqkv[row + static_cast<size_t>(2 * s.c)] = round(dv);
+        }
+      }
+    }
+  }
+  return r;
+}
+
+TEST_F(CpuGptOpsTest, AttentionFollowsTheContractStepByStep) {
+  for (const DType dt : kFloatTypes) {
+    for (const AttnDims& s : {AttnDims{2, 130, 32, 2}, AttnDims{1, 9, 12, 3}}) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(dt) << " T=" << s.t);
+      const std::vector<double> qkv =
+          RandomValues(rng_, dt, static_cast<size_t>(s.b * s.t * 3 * s.c), -2.0, 2.0);
+      const std::vector<double> dout =
+          RandomValues(rng_, dt, static_cast<size_t>(s.b * s.t * s.c), -1.0, 1.0);
+      Tensor qkvt = MakeTensor(*be_, dt, {s.b, s.t, 3 * s.c}, qkv);
+      Tensor out = Filled(dt, {s.b, s.t, s.c}, 7.0);
+      Tensor lse = Filled(DType::kF32, {s.b, s.heads, s.t}, 7.0);
+      ASSERT_TRUE(be_->AttentionForward(qkvt, s.heads, out, lse).ok());
+      Tensor doutt = MakeTensor(*be_, dt, {s.b, s.t, s.c}, dout);
+      Tensor dqkv = Filled(dt, {s.b, s.t, 3 * s.c}, 7.0);
+      ASSERT_TRUE(be_->AttentionBackward(qkvt, out, doutt, lse, s.heads, dqkv).ok());
+      const AttnEmulated want = EmulateAttention(dt, s, qkv, dout);
+      auto as_double = [](const std::vector<float>& v) {
+        return std::vector<double>(v.begin(), v.end());
+      };
+      EXPECT_EQ(ReadTensor(*be_, out), as_double(want.out));
+      EXPECT_EQ(ReadTensor(*be_, lse), as_double(want.lse));
+      EXPECT_EQ(ReadTensor(*be_, dqkv), as_double(want.dqkv));
+    }
+  }
+}
+
+// The property a KV-cached decode needs: the forward of the first t tokens
+// gives, bit for bit, rows 0 .. t-1 of the forward of a longer sequence
+// with the same prefix, for t below, at and across key-block boundaries.
+TEST_F(CpuGptOpsTest, AttentionPrefixRowsAreTheLongerSequencesBits) {
+  for (const DType dt : kFloatTypes) {
+    const int64_t batch = 2, seq = 150, c = 32, heads = 2;
+    const size_t elem = SizeOf(dt);
+    const std::vector<double> qkv =
+        RandomValues(rng_, dt, static_cast<size_t>(batch * seq * 3 * c), -2.0, 2.0);
+    Tensor long_qkv = MakeTensor(*be_, dt, {batch, seq, 3 * c}, qkv);
+    Tensor long_out = Filled(dt, {batch, seq, c}, 0.0);
+    Tensor long_lse = Filled(DType::kF32, {batch, heads, seq}, 0.0);
+    ASSERT_TRUE(be_->AttentionForward(long_qkv, heads, long_out, long_lse).ok());
+    const std::vector<unsigned char> all_out = testing::RawBytes(*be_, long_out);
+    const std::vector<unsigned char> all_lse = testing::RawBytes(*be_, long_lse);
+    for (int64_t t : {1, 2, 63, 64, 65, 127, 128, 129, 149}) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(dt) << " t=" << t);
+      std::vector<double> prefix;
+      for (int64_t b = 0; b < batch; ++b) {
+        const auto row0 = qkv.begin() + b * seq * 3 * c;
+        prefix.insert(prefix.end(), row0, row0 + t * 3 * c);
+      }
+      Tensor qkvt = MakeTensor(*be_, dt, {batch, t, 3 * c}, prefix);
+      Tensor out = Filled(dt, {batch, t, c}, 0.0);
+      Tensor lse = Filled(DType::kF32, {batch, heads, t}, 0.0);
+      ASSERT_TRUE(be_->AttentionForward(qkvt, heads, out, lse).ok());
+      const std::vector<unsigned char> got_out = testing::RawBytes(*be_, out);
+      const std::vector<unsigned char> got_lse = testing::RawBytes(*be_, lse);
+      // Row-blocks of t tokens (out) and of t queries per head (lse).
+      const size_t out_rows = static_cast<size_t>(t * c) * elem;
+      const size_t lse_rows = static_cast<size_t>(t) * 4;
+      for (int64_t b = 0; b < batch; ++b) {
+        ASSERT_TRUE(std::equal(got_out.begin() + b * out_rows, got_out.begin() + (b + 1) * out_rows,
+                               all_out.begin() + static_cast<size_t>(b * seq * c) * elem))
+            << "out of batch row " << b;
+        for (int64_t h = 0; h < heads; ++h) {
+          const int64_t bh = b * heads + h;
+          ASSERT_TRUE(std::equal(got_lse.begin() + bh * lse_rows,
+                                 got_lse.begin() + (bh + 1) * lse_rows,
+                                 all_lse.begin() + static_cast<size_t>(bh * seq) * 4))
+              << "lse of batch row " << b << ", head " << h;
+        }
       }
     }
   }
 }
 
 // fp32 attention backward against central differences of the forward op:
-// L = sum(out * w) with w = dout, perturbing each element of qkv.
+// L = sum(out * w) with w = dout, perturbing each element of qkv. T spans
+// two key blocks, so the online softmax's rescaling is differentiated too.
 TEST_F(CpuGptOpsTest, AttentionBackwardIsTheForwardsDerivative) {
-  const AttnDims s{2, 5, 8, 2};
-  const Shape qkv_shape = {s.b, s.t, 3 * s.c};
-  const Shape att_shape = {s.b, s.heads, s.t, s.t};
-  const Shape out_shape = {s.b, s.t, s.c};
-  const std::vector<double> qkv = RandomValues(rng_, DType::kF32, 2 * 5 * 24, -1.0, 1.0);
-  const std::vector<double> w = RandomValues(rng_, DType::kF32, 2 * 5 * 8, -1.0, 1.0);
-  Tensor att = Filled(DType::kF32, att_shape, 0.0);
-  Tensor out = Filled(DType::kF32, out_shape, 0.0);
-  auto loss = [&](const std::vector<double>& in) {
-    Tensor t = MakeTensor(*be_, DType::kF32, qkv_shape, in);
-    EXPECT_TRUE(be_->AttentionForward(t, s.heads, att, out).ok());
-    const std::vector<double> o = ReadTensor(*be_, out);
-    double l = 0.0;
-    for (size_t i = 0; i < o.size(); ++i) l += o[i] * w[i];
-    return l;
-  };
-  Tensor qkvt = MakeTensor(*be_, DType::kF32, qkv_shape, qkv);
-  ASSERT_TRUE(be_->AttentionForward(qkvt, s.heads, att, out).ok());
-  Tensor wt = MakeTensor(*be_, DType::kF32, out_shape, w);
-  Tensor datt = Filled(DType::kF32, att_shape, 0.0);
-  Tensor dqkv = Filled(DType::kF32, qkv_shape, 0.0);
-  ASSERT_TRUE(be_->AttentionBackward(qkvt, att, wt, s.heads, datt, dqkv).ok());
-  const std::vector<double> grad = ReadTensor(*be_, dqkv);
-  constexpr double kH = 1.0 / 256;
-  int nonzero = 0;
-  for (size_t i = 0; i < qkv.size(); ++i) {
-    std::vector<double> plus = qkv, minus = qkv;
-    plus[i] = static_cast<float>(qkv[i] + kH);  // inputs must be fp32 values
-    minus[i] = static_cast<float>(qkv[i] - kH);
-    const double fd = (loss(plus) - loss(minus)) / (plus[i] - minus[i]);
-    // The forward's fp32 rounding (~1e-6 over 40 outputs) over 2h, plus the
-    // h^2 truncation of a smooth function of inputs below 1.
-    EXPECT_NEAR(grad[i], fd, 3e-4 + 2e-3 * std::fabs(fd)) << "qkv[" << i << "]";
-    if (std::fabs(grad[i]) > 1e-3) ++nonzero;
+  for (const AttnDims& s : {AttnDims{2, 5, 8, 2}, AttnDims{1, 67, 4, 1}}) {
+    SCOPED_TRACE(::testing::Message() << "T=" << s.t);
+    const Shape qkv_shape = {s.b, s.t, 3 * s.c};
+    const Shape lse_shape = {s.b, s.heads, s.t};
+    const Shape out_shape = {s.b, s.t, s.c};
+    const size_t n = static_cast<size_t>(NumElements(qkv_shape));
+    const std::vector<double> qkv = RandomValues(rng_, DType::kF32, n, -1.0, 1.0);
+    const std::vector<double> w =
+        RandomValues(rng_, DType::kF32, static_cast<size_t>(NumElements(out_shape)), -1.0, 1.0);
+    Tensor out = Filled(DType::kF32, out_shape, 0.0);
+    Tensor lse = Filled(DType::kF32, lse_shape, 0.0);
+    auto loss = [&](const std::vector<double>& in) {
+      Tensor t = MakeTensor(*be_, DType::kF32, qkv_shape, in);
+      EXPECT_TRUE(be_->AttentionForward(t, s.heads, out, lse).ok());
+      const std::vector<double> o = ReadTensor(*be_, out);
+      double l = 0.0;
+      for (size_t i = 0; i < o.size(); ++i) l += o[i] * w[i];
+      return l;
+    };
+    Tensor qkvt = MakeTensor(*be_, DType::kF32, qkv_shape, qkv);
+    ASSERT_TRUE(be_->AttentionForward(qkvt, s.heads, out, lse).ok());
+    Tensor wt = MakeTensor(*be_, DType::kF32, out_shape, w);
+    Tensor dqkv = Filled(DType::kF32, qkv_shape, 0.0);
+    ASSERT_TRUE(be_->AttentionBackward(qkvt, out, wt, lse, s.heads, dqkv).ok());
+    const std::vector<double> grad = ReadTensor(*be_, dqkv);
+    constexpr double kH = 1.0 / 256;
+    int nonzero = 0;
+    // Every element on the short case; on the long one a stride through
+    // q, k and v of the rows on both sides of the block boundary.
+    const size_t step = s.t > 8 ? 5 : 1;
+    int checked = 0;
+    for (size_t i = 0; i < n; i += step) {
+      std::vector<double> plus = qkv, minus = qkv;
+      plus[i] = static_cast<float>(qkv[i] + kH);  // inputs must be fp32 values
+      minus[i] = static_cast<float>(qkv[i] - kH);
+      const double fd = (loss(plus) - loss(minus)) / (plus[i] - minus[i]);
+      // The forward's fp32 rounding (~1e-6 over the outputs) over 2h, plus
+      // the h^2 truncation of a smooth function of inputs below 1.
+      EXPECT_NEAR(grad[i], fd, 3e-4 + 2e-3 * std::fabs(fd)) << "qkv[" << i << "]";
+      if (std::fabs(grad[i]) > 1e-3) ++nonzero;
+      ++checked;
+    }
+    // Every q, k and v element but the first query's q (which only ever
+    // sees itself) moves the loss.
+    EXPECT_GT(nonzero, checked * 3 / 4);
   }
-  // Every q, k and v element but the first query's q (which only ever sees
-  // itself) moves the loss.
-  EXPECT_GT(nonzero, static_cast<int>(qkv.size()) * 3 / 4);
 }
 
 TEST_F(CpuGptOpsTest, AttentionRefusesBadOperandsNamingThem) {
   const DType dt = DType::kF32;
   Tensor qkv = Filled(dt, {2, 4, 24}, 0.5);
-  Tensor att = Filled(dt, {2, 2, 4, 4}, 0.0);
   Tensor out = Filled(dt, {2, 4, 8}, 0.0);
-  ASSERT_TRUE(be_->AttentionForward(qkv, 2, att, out).ok());
-  ExpectInvalidNaming(be_->AttentionForward(qkv, 3, att, out), "n_head");  // 3 does not divide 8
-  ExpectInvalidNaming(be_->AttentionForward(qkv, 0, att, out), "n_head");
+  Tensor lse = Filled(DType::kF32, {2, 2, 4}, 0.0);
+  ASSERT_TRUE(be_->AttentionForward(qkv, 2, out, lse).ok());
+  ExpectInvalidNaming(be_->AttentionForward(qkv, 3, out, lse), "n_head");  // 3 does not divide 8
+  ExpectInvalidNaming(be_->AttentionForward(qkv, 0, out, lse), "n_head");
   Tensor qkv_odd = Filled(dt, {2, 4, 25}, 0.5);
-  ExpectInvalidNaming(be_->AttentionForward(qkv_odd, 1, att, out), "qkv");
+  ExpectInvalidNaming(be_->AttentionForward(qkv_odd, 1, out, lse), "qkv");
   Tensor qkv_2d = Filled(dt, {8, 24}, 0.5);
-  ExpectInvalidNaming(be_->AttentionForward(qkv_2d, 2, att, out), "qkv");
+  ExpectInvalidNaming(be_->AttentionForward(qkv_2d, 2, out, lse), "qkv");
   Tensor qkv_int = MakeTensor(*be_, DType::kI32, {2, 4, 24}, std::vector<double>(192, 1.0));
-  ExpectInvalidNaming(be_->AttentionForward(qkv_int, 2, att, out), "qkv");
-  Tensor att_bad = Filled(dt, {2, 2, 4, 3}, 0.0);
-  ExpectInvalidNaming(be_->AttentionForward(qkv, 2, att_bad, out), "att");
-  Tensor att_heads = Filled(dt, {2, 4, 4, 4}, 0.0);  // n_head 4 in att, 2 asked
-  ExpectInvalidNaming(be_->AttentionForward(qkv, 2, att_heads, out), "att");
+  ExpectInvalidNaming(be_->AttentionForward(qkv_int, 2, out, lse), "qkv");
+  Tensor lse_bad = Filled(DType::kF32, {2, 2, 3}, 0.0);
+  ExpectInvalidNaming(be_->AttentionForward(qkv, 2, out, lse_bad), "lse");
+  Tensor lse_heads = Filled(DType::kF32, {2, 4, 4}, 0.0);  // n_head 4 in lse, 2 asked
+  ExpectInvalidNaming(be_->AttentionForward(qkv, 2, out, lse_heads), "lse");
+  Tensor lse_half = Filled(DType::kF16, {2, 2, 4}, 0.0);
+  ExpectInvalidNaming(be_->AttentionForward(qkv, 2, out, lse_half), "lse");
   Tensor out_half = Filled(DType::kF16, {2, 4, 8}, 0.0);
-  ExpectInvalidNaming(be_->AttentionForward(qkv, 2, att, out_half), "out");
+  ExpectInvalidNaming(be_->AttentionForward(qkv, 2, out_half, lse), "out");
   Tensor out_bad = Filled(dt, {2, 4, 24}, 0.0);
-  ExpectInvalidNaming(be_->AttentionForward(qkv, 2, att, out_bad), "out");
+  ExpectInvalidNaming(be_->AttentionForward(qkv, 2, out_bad, lse), "out");
   // An output aliasing qkv (two views of one workspace) is refused.
   Tensor workspace = Filled(dt, {2 * 4 * 24 + 2 * 4 * 8}, 0.0);
   absl::StatusOr<Tensor> qkv_view = workspace.View(0, {2, 4, 24});
   absl::StatusOr<Tensor> out_alias = workspace.View(100, {2, 4, 8});
-  ASSERT_TRUE(qkv_view.ok() && out_alias.ok());
-  ExpectInvalidNaming(be_->AttentionForward(*qkv_view, 2, att, *out_alias), "overlaps qkv");
+  absl::StatusOr<Tensor> lse_alias = workspace.View(10, {2, 2, 4});
+  ASSERT_TRUE(qkv_view.ok() && out_alias.ok() && lse_alias.ok());
+  ExpectInvalidNaming(be_->AttentionForward(*qkv_view, 2, *out_alias, lse), "overlaps qkv");
+  ExpectInvalidNaming(be_->AttentionForward(*qkv_view, 2, out, *lse_alias), "overlaps qkv");
 
   Tensor dout = Filled(dt, {2, 4, 8}, 0.25);
-  Tensor datt = Filled(dt, {2, 2, 4, 4}, 0.0);
   Tensor dqkv = Filled(dt, {2, 4, 24}, 0.0);
-  ASSERT_TRUE(be_->AttentionBackward(qkv, att, dout, 2, datt, dqkv).ok());
-  ExpectInvalidNaming(be_->AttentionBackward(qkv, att, dout, 3, datt, dqkv), "n_head");
-  ExpectInvalidNaming(be_->AttentionBackward(qkv, att_bad, dout, 2, datt, dqkv), "att");
-  ExpectInvalidNaming(be_->AttentionBackward(qkv, att, out_bad, 2, datt, dqkv), "dout");
-  ExpectInvalidNaming(be_->AttentionBackward(qkv, att, dout, 2, att_bad, dqkv), "datt");
-  ExpectInvalidNaming(be_->AttentionBackward(qkv, att, dout, 2, datt, out), "dqkv");
+  ASSERT_TRUE(be_->AttentionBackward(qkv, out, dout, lse, 2, dqkv).ok());
+  ExpectInvalidNaming(be_->AttentionBackward(qkv, out, dout, lse, 3, dqkv), "n_head");
+  ExpectInvalidNaming(be_->AttentionBackward(qkv, out_bad, dout, lse, 2, dqkv), "out");
+  ExpectInvalidNaming(be_->AttentionBackward(qkv, out, out_bad, lse, 2, dqkv), "dout");
+  ExpectInvalidNaming(be_->AttentionBackward(qkv, out, dout, lse_bad, 2, dqkv), "lse");
+  ExpectInvalidNaming(be_->AttentionBackward(qkv, out, dout, lse, 2, out), "dqkv");
   Tensor dqkv_half = Filled(DType::kF16, {2, 4, 24}, 0.0);
-  ExpectInvalidNaming(be_->AttentionBackward(qkv, att, dout, 2, datt, dqkv_half), "dqkv");
-  // datt must not be att itself (the backward reads P while it writes dS).
-  ExpectInvalidNaming(be_->AttentionBackward(qkv, att, dout, 2, att, dqkv), "datt");
+  ExpectInvalidNaming(be_->AttentionBackward(qkv, out, dout, lse, 2, dqkv_half), "dqkv");
+  // dqkv must not be qkv itself (the backward reads q, k, v while it writes).
+  ExpectInvalidNaming(be_->AttentionBackward(qkv, out, dout, lse, 2, qkv), "dqkv");
 }
 
 // ---- chunked token cross-entropy ---------------------------------------------------
@@ -501,7 +707,7 @@ TEST_F(CpuGptOpsTest, CrossEntropyChunkRefusesBadLabelsAndShapesNamingThem) {
 TEST_F(CpuGptOpsTest, RepeatedCallsAtTinyGptShapesGiveTheSameBytes) {
   const DType dt = DType::kBF16;
   struct Run {
-    std::vector<double> att, out, datt, dqkv, dz, loss;
+    std::vector<double> out, lse, dqkv, dz, loss;
   };
   auto run = [&](int64_t b, int64_t t, int64_t c, int64_t heads, int64_t rows, int64_t classes,
                  uint64_t seed) {
@@ -515,25 +721,23 @@ TEST_F(CpuGptOpsTest, RepeatedCallsAtTinyGptShapesGiveTheSameBytes) {
     std::vector<int64_t> labels(static_cast<size_t>(rows));
     for (int64_t n = 0; n < rows; ++n) labels[n] = n % 9 == 4 ? kIgnore : (n * 37) % classes;
     Tensor lt = Labels(*be_, DType::kI32, labels);
-    Tensor att = Filled(dt, {b, heads, t, t}, 7.0);
     Tensor out = Filled(dt, {b, t, c}, 7.0);
-    Tensor datt = Filled(dt, {b, heads, t, t}, 7.0);
+    Tensor lse = Filled(DType::kF32, {b, heads, t}, 7.0);
     Tensor dqkv = Filled(dt, {b, t, 3 * c}, 7.0);
     Tensor loss = Filled(DType::kF32, {1}, 0.0);
-    EXPECT_TRUE(be_->AttentionForward(qkv, heads, att, out).ok());
-    EXPECT_TRUE(be_->AttentionBackward(qkv, att, dout, heads, datt, dqkv).ok());
+    EXPECT_TRUE(be_->AttentionForward(qkv, heads, out, lse).ok());
+    EXPECT_TRUE(be_->AttentionBackward(qkv, out, dout, lse, heads, dqkv).ok());
     EXPECT_TRUE(be_->CrossEntropyChunk(z, lt, kIgnore, 1.0f / rows, 1.0f / rows, loss, z).ok());
-    return Run{ReadTensor(*be_, att),  ReadTensor(*be_, out), ReadTensor(*be_, datt),
-               ReadTensor(*be_, dqkv), ReadTensor(*be_, z),   ReadTensor(*be_, loss)};
+    return Run{ReadTensor(*be_, out), ReadTensor(*be_, lse), ReadTensor(*be_, dqkv),
+               ReadTensor(*be_, z), ReadTensor(*be_, loss)};
   };
   const Run first = run(8, 64, 128, 4, 512, 256, 1);
   for (double v : first.dqkv) ASSERT_TRUE(std::isfinite(v));
   for (int i = 0; i < 5; ++i) {
     (void)run(3, 17 + i, 48, 2 + i % 2, 40 + i, 300, 100 + i);  // other shapes in between
     const Run again = run(8, 64, 128, 4, 512, 256, 1);
-    ASSERT_EQ(again.att, first.att) << i;
     ASSERT_EQ(again.out, first.out) << i;
-    ASSERT_EQ(again.datt, first.datt) << i;
+    ASSERT_EQ(again.lse, first.lse) << i;
     ASSERT_EQ(again.dqkv, first.dqkv) << i;
     ASSERT_EQ(again.dz, first.dz) << i;
     ASSERT_EQ(again.loss, first.loss) << i;

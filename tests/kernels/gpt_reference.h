@@ -1,8 +1,10 @@
 // Float64 references of the GPT ops that two test suites check against:
 // GELU's tanh approximation and its derivative, and causal self-attention
-// forward and backward with the op contract's intermediate roundings (S, P,
-// dP and dS stored in the working dtype), each element with a bound derived
-// from how an fp32 implementation may order its sums. cpu_gpt_ops_test
+// forward and backward following the op contract (kernels/backend.h): the
+// blockwise online softmax with P rounded to the working dtype before the
+// P.V product, and the backward's P and dS rounded before theirs; each
+// element with a bound derived from the error an fp32 implementation makes
+// (dot products, exp and log, sums in another order). cpu_gpt_ops_test
 // checks the CPU oracle element by element against them; backend_ops_test
 // takes the largest bound as a case's tolerance for every backend.
 #pragma once
@@ -13,6 +15,7 @@
 #include <numbers>
 #include <vector>
 
+#include "kernels/attention_params.h"
 #include "kernels/dtype.h"
 #include "tests/kernels/kernel_test_util.h"
 
@@ -45,61 +48,99 @@ struct Bounded {
   std::vector<double> want, bound;
 };
 
-// The forward in double with the contract's roundings (S and P stored in
-// the dtype), and bounds for an fp32 implementation that sums in another
-// order: a score may round one ulp apart, moving each P relatively by twice
-// that, P's own rounding may flip, and out sums T products.
+// fp32 error of one score S = fl(fl(q . k) * scale) summed in any order:
+// (D + 1) roundings of the partial sums and products, bounded by the sum of
+// |q_d k_d|, then the scaling's.
+inline double AttnScoreError(int64_t d, double abs_dot, double scale, double score) {
+  return (d + 2) * kU32 * abs_dot * scale + kU32 * std::fabs(score);
+}
+
+// The forward in double, block by block as the contract orders it (keys in
+// blocks of kAttentionKeyBlock, running max and sum, P rounded to the dtype
+// before the P.V product), and bounds for an fp32 implementation:
+// - each fp32 score is off by at most dS_max (AttnScoreError), the max
+//   with it, so exp(S - m) moves relatively by 2 dS_max, plus u |S - m| for
+//   the rounded argument and 3 u for exp itself; every rescale by alpha
+//   adds as much again, so a row of nb blocks carries
+//   eps_row = (nb + 1) (2 dS_max + 4 u) + 2 u R   (R: the scores' range);
+// - P's rounding to the dtype may flip one ulp (eps_dt P);
+// - acc and l are sums of Bk + 2 nb + 4 terms at most per rounding chain,
+//   each rounding 2 u (tensor cores truncate);
+// - out's own rounding, one ulp of the dtype.
 struct AttnForwardRef {
-  Bounded att, out;
+  Bounded out, lse;
 };
 inline AttnForwardRef RefAttnForward(DType dt, const AttnDims& s, const std::vector<double>& qkv) {
   const int64_t dd = s.c / s.heads;
+  const int64_t bk = kAttentionKeyBlock;
   const double scale = AttnScale(s.c, s.heads), eps = Eps(dt);
   AttnForwardRef r;
-  r.att.want.assign(static_cast<size_t>(s.b * s.heads * s.t * s.t), 0.0);
-  r.att.bound.assign(r.att.want.size(), 0.0);
   r.out.want.assign(static_cast<size_t>(s.b * s.t * s.c), 0.0);
   r.out.bound.assign(r.out.want.size(), 0.0);
+  r.lse.want.assign(static_cast<size_t>(s.b * s.heads * s.t), 0.0);
+  r.lse.bound.assign(r.lse.want.size(), 0.0);
   auto at = [&](int64_t b, int64_t t, int64_t col) {
     return qkv[static_cast<size_t>((b * s.t + t) * 3 * s.c + col)];
   };
   for (int64_t b = 0; b < s.b; ++b) {
     for (int64_t h = 0; h < s.heads; ++h) {
       for (int64_t t = 0; t < s.t; ++t) {
-        std::vector<double> score(static_cast<size_t>(t + 1));
-        double mx = -INFINITY, max_abs = 0, dot_err = 0;
+        const size_t n = static_cast<size_t>(t + 1);
+        std::vector<double> score(n), weight(n);
+        double score_err = 0, lo = INFINITY, hi = -INFINITY;
         for (int64_t j = 0; j <= t; ++j) {
-          double dot = 0, abs_sum = 0;
+          double dot = 0, abs_dot = 0;
           for (int64_t d = 0; d < dd; ++d) {
             const double p = at(b, t, h * dd + d) * at(b, j, s.c + h * dd + d);
             dot += p;
-            abs_sum += std::fabs(p);
+            abs_dot += std::fabs(p);
           }
-          score[j] = RefStore(dt, scale * dot);
-          mx = std::max(mx, score[j]);
-          max_abs = std::max(max_abs, std::fabs(score[j]));
-          dot_err = std::max(dot_err, (dd + 2) * kU32 * abs_sum * scale);
+          score[j] = scale * dot;
+          score_err = std::max(score_err, AttnScoreError(dd, abs_dot, scale, score[j]));
+          lo = std::min(lo, score[j]);
+          hi = std::max(hi, score[j]);
         }
-        double sum = 0;
-        for (int64_t j = 0; j <= t; ++j) sum += std::exp(score[j] - mx);
-        const double p_rel = 2 * (eps * max_abs + dot_err) + (t + 8) * kU32 + eps;
-        const size_t row = static_cast<size_t>(((b * s.heads + h) * s.t + t) * s.t);
-        for (int64_t j = 0; j <= t; ++j) {
-          r.att.want[row + j] = RefStore(dt, std::exp(score[j] - mx) / sum);
-          r.att.bound[row + j] = p_rel * r.att.want[row + j] + DenormMin(dt);
+        // The online softmax; weight[j] is key j's final coefficient in acc
+        // (its rounded P times the later blocks' alphas).
+        double m = -INFINITY, l = 0;
+        std::vector<double> acc(static_cast<size_t>(dd), 0.0);
+        const int64_t blocks = t / bk + 1;
+        for (int64_t k0 = 0; k0 <= t; k0 += bk) {
+          const int64_t k1 = std::min(k0 + bk, t + 1);
+          double m_new = m;
+          for (int64_t j = k0; j < k1; ++j) m_new = std::max(m_new, score[j]);
+          const double alpha = std::exp(m - m_new);
+          l *= alpha;
+          for (double& a : acc) a *= alpha;
+          for (int64_t j = 0; j < k0; ++j) weight[j] *= alpha;
+          for (int64_t j = k0; j < k1; ++j) {
+            const double p = std::exp(score[j] - m_new);
+            l += p;
+            weight[j] = RefStore(dt, p);
+            for (int64_t d = 0; d < dd; ++d) {
+              acc[static_cast<size_t>(d)] += weight[j] * at(b, j, 2 * s.c + h * dd + d);
+            }
+          }
+          m = m_new;
         }
+        const double eps_row =
+            static_cast<double>(blocks + 1) * (2 * score_err + 4 * kU32) + 2 * kU32 * (hi - lo);
+        const double sum_err = static_cast<double>(bk + 2 * blocks + 4) * 2 * kU32;
+        const size_t lrow = static_cast<size_t>((b * s.heads + h) * s.t + t);
+        r.lse.want[lrow] = m + std::log(l);
+        r.lse.bound[lrow] =
+            score_err + eps_row + sum_err + 2 * kU32 * (std::fabs(m) + std::log(l) + 2.0);
         for (int64_t d = 0; d < dd; ++d) {
-          double acc = 0, abs_sum = 0, p_err = 0;
+          double abs_sum = 0;
           for (int64_t j = 0; j <= t; ++j) {
-            const double v = at(b, j, 2 * s.c + h * dd + d);
-            acc += r.att.want[row + j] * v;
-            abs_sum += std::fabs(r.att.want[row + j] * v);
-            p_err += r.att.bound[row + j] * std::fabs(v);
+            abs_sum += (weight[j] + DenormMin(dt)) * std::fabs(at(b, j, 2 * s.c + h * dd + d));
           }
           const size_t o = static_cast<size_t>((b * s.t + t) * s.c + h * dd + d);
-          r.out.want[o] = RefStore(dt, acc);
-          r.out.bound[o] =
-              p_err + (t + 3) * kU32 * abs_sum + eps * std::fabs(r.out.want[o]) + DenormMin(dt);
+          const double exact = acc[static_cast<size_t>(d)] / l;
+          r.out.want[o] = RefStore(dt, exact);
+          r.out.bound[o] = (eps_row + eps + sum_err) * abs_sum / l +
+                           (eps_row + sum_err) * std::fabs(exact) + eps * std::fabs(exact) +
+                           DenormMin(dt);
         }
       }
     }
@@ -107,69 +148,80 @@ inline AttnForwardRef RefAttnForward(DType dt, const AttnDims& s, const std::vec
   return r;
 }
 
-// The backward in double from a given P (att), with the contract's
-// roundings (dP and dS stored in the dtype), bounded as the forward is.
+// The backward in double from given out and lse (the forward's, as
+// stored), recomputing P = exp(S - lse) as the contract does, with P and
+// dS rounded to the dtype before the products that read them; bounded as
+// the forward is: fp32 scores, dP and Delta off by their dot products'
+// error, exp's argument and result, one-ulp flips where P and dS are
+// rounded, and the fp32 sums of the gradients.
 struct AttnBackwardRef {
-  Bounded datt, dqkv;
+  Bounded dqkv;
 };
 inline AttnBackwardRef RefAttnBackward(DType dt, const AttnDims& s, const std::vector<double>& qkv,
-                                       const std::vector<double>& att,
+                                       const std::vector<double>& out,
+                                       const std::vector<double>& lse,
                                        const std::vector<double>& dout) {
   const int64_t dd = s.c / s.heads;
   const double scale = AttnScale(s.c, s.heads), eps = Eps(dt);
   AttnBackwardRef r;
-  r.datt.want.assign(att.size(), 0.0);
-  r.datt.bound.assign(att.size(), DenormMin(dt));
-  std::vector<double> acc(qkv.size(), 0.0), abs_acc(qkv.size(), 0.0), err_acc(qkv.size(), 0.0);
+  // Per element of dqkv: the exact sum, the sum of |terms|, the terms' bounds.
+  struct Sums {
+    double acc = 0, abs = 0, err = 0;
+  };
+  std::vector<Sums> sums(qkv.size());
   auto idx = [&](int64_t b, int64_t t, int64_t col) {
     return static_cast<size_t>((b * s.t + t) * 3 * s.c + col);
   };
-  auto g = [&](int64_t b, int64_t t, int64_t col) {
-    return dout[static_cast<size_t>((b * s.t + t) * s.c + col)];
+  auto row = [&](int64_t b, int64_t t, int64_t col) {
+    return static_cast<size_t>((b * s.t + t) * s.c + col);
   };
   for (int64_t b = 0; b < s.b; ++b) {
     for (int64_t h = 0; h < s.heads; ++h) {
       for (int64_t t = 0; t < s.t; ++t) {
-        const size_t row = static_cast<size_t>(((b * s.heads + h) * s.t + t) * s.t);
-        const size_t n = static_cast<size_t>(t + 1);
-        std::vector<double> dp(n), dp_err(n), ds(n), ds_err(n);
-        double rowsum = 0, rowsum_abs = 0, rowsum_err = 0;
+        double delta = 0, delta_abs = 0;
+        for (int64_t d = 0; d < dd; ++d) {
+          const double p = dout[row(b, t, h * dd + d)] * out[row(b, t, h * dd + d)];
+          delta += p;
+          delta_abs += std::fabs(p);
+        }
+        const double delta_err = (dd + 2) * kU32 * delta_abs;
+        const double lse_t = lse[static_cast<size_t>((b * s.heads + h) * s.t + t)];
         for (int64_t j = 0; j <= t; ++j) {
-          double dot = 0, abs_sum = 0;
+          double dot = 0, abs_dot = 0, dp = 0, dp_abs = 0;
           for (int64_t d = 0; d < dd; ++d) {
-            const double p = g(b, t, h * dd + d) * qkv[idx(b, j, 2 * s.c + h * dd + d)];
-            dot += p;
-            abs_sum += std::fabs(p);
+            const double sq = qkv[idx(b, t, h * dd + d)] * qkv[idx(b, j, s.c + h * dd + d)];
+            dot += sq;
+            abs_dot += std::fabs(sq);
+            const double sv = dout[row(b, t, h * dd + d)] * qkv[idx(b, j, 2 * s.c + h * dd + d)];
+            dp += sv;
+            dp_abs += std::fabs(sv);
           }
-          dp[j] = RefStore(dt, dot);
-          dp_err[j] = (dd + 2) * kU32 * abs_sum + eps * std::fabs(dp[j]);
-          rowsum += att[row + j] * dp[j];
-          rowsum_abs += std::fabs(att[row + j] * dp[j]);
-          rowsum_err += att[row + j] * dp_err[j];
-        }
-        rowsum_err += (t + 3) * kU32 * rowsum_abs;
-        for (int64_t j = 0; j <= t; ++j) {
-          const double p = att[row + j];
-          ds[j] = RefStore(dt, p * (dp[j] - rowsum));
-          ds_err[j] = p * (dp_err[j] + rowsum_err) +
-                      2 * kU32 * p * (std::fabs(dp[j]) + std::fabs(rowsum)) +
-                      eps * std::fabs(ds[j]) + DenormMin(dt);
-          r.datt.want[row + j] = ds[j];
-          r.datt.bound[row + j] = ds_err[j];
-        }
-        for (int64_t j = 0; j <= t; ++j) {
+          const double score = scale * dot;
+          const double p = std::exp(score - lse_t);
+          const double p_rel = AttnScoreError(dd, abs_dot, scale, score) +
+                               kU32 * (std::fabs(score) + std::fabs(lse_t)) + 3 * kU32;
+          const double dp_err = (dd + 2) * kU32 * dp_abs;
+          const double ds_exact = p * (dp - delta);
+          const double pr = RefStore(dt, p);
+          const double dsr = RefStore(dt, ds_exact);
+          const double pr_err = (p_rel + eps) * p + DenormMin(dt);
+          const double dsr_err = p_rel * std::fabs(ds_exact) + p * (dp_err + delta_err) +
+                                 2 * kU32 * p * (std::fabs(dp) + std::fabs(delta)) +
+                                 eps * std::fabs(ds_exact) + DenormMin(dt);
           for (int64_t d = 0; d < dd; ++d) {
             const int64_t qc = h * dd + d;
             const double kj = qkv[idx(b, j, s.c + qc)], qt = qkv[idx(b, t, qc)];
+            const double gt = dout[row(b, t, qc)];
             const size_t dq = idx(b, t, qc), dk = idx(b, j, s.c + qc), dv = idx(b, j, 2 * s.c + qc);
-            acc[dq] += ds[j] * kj;
-            abs_acc[dq] += std::fabs(ds[j] * kj);
-            err_acc[dq] += ds_err[j] * std::fabs(kj);
-            acc[dk] += ds[j] * qt;
-            abs_acc[dk] += std::fabs(ds[j] * qt);
-            err_acc[dk] += ds_err[j] * std::fabs(qt);
-            acc[dv] += att[row + j] * g(b, t, qc);
-            abs_acc[dv] += std::fabs(att[row + j] * g(b, t, qc));
+            sums[dq].acc += dsr * kj;
+            sums[dq].abs += std::fabs(dsr * kj);
+            sums[dq].err += dsr_err * std::fabs(kj);
+            sums[dk].acc += dsr * qt;
+            sums[dk].abs += std::fabs(dsr * qt);
+            sums[dk].err += dsr_err * std::fabs(qt);
+            sums[dv].acc += pr * gt;
+            sums[dv].abs += std::fabs(pr * gt);
+            sums[dv].err += pr_err * std::fabs(gt);
           }
         }
       }
@@ -180,8 +232,8 @@ inline AttnBackwardRef RefAttnBackward(DType dt, const AttnDims& s, const std::v
   for (size_t i = 0; i < qkv.size(); ++i) {
     const bool is_v = static_cast<int64_t>(i % static_cast<size_t>(3 * s.c)) >= 2 * s.c;
     const double sc = is_v ? 1.0 : scale;
-    r.dqkv.want[i] = RefStore(dt, sc * acc[i]);
-    r.dqkv.bound[i] = sc * (err_acc[i] + (s.t + 3) * kU32 * abs_acc[i]) +
+    r.dqkv.want[i] = RefStore(dt, sc * sums[i].acc);
+    r.dqkv.bound[i] = sc * (sums[i].err + (s.t + 3) * 2 * kU32 * sums[i].abs) +
                       eps * std::fabs(r.dqkv.want[i]) + DenormMin(dt);
   }
   return r;

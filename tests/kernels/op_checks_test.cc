@@ -104,21 +104,24 @@ TEST_F(OpChecksTest, EmbeddingAndLabelShapesNameEveryOperand) {
 
 TEST_F(OpChecksTest, AttentionAndChunkedLossMessagesNameTheOperand) {
   Tensor qkv = Make(DType::kF16, {2, 4, 24});
-  Tensor att = Make(DType::kF16, {2, 2, 4, 4});
   Tensor out = Make(DType::kF16, {2, 4, 8});
-  EXPECT_TRUE(ValidateAttentionForward(qkv, 2, att, out).ok());
-  ExpectMessage(ValidateAttentionForward(qkv, 3, att, out),
+  Tensor lse = Make(DType::kF32, {2, 2, 4});
+  EXPECT_TRUE(ValidateAttentionForward(qkv, 2, out, lse).ok());
+  ExpectMessage(ValidateAttentionForward(qkv, 3, out, lse),
                 "AttentionForward: n_head is 3 but qkv is F16(2, 4, 24) (C = 8); n_head must "
                 "divide C");
-  ExpectMessage(ValidateAttentionForward(qkv, 4, att, out),
-                "AttentionForward: att is F16(2, 2, 4, 4); expected (B, n_head, T, T) = "
-                "(2, 4, 4, 4)");
+  ExpectMessage(ValidateAttentionForward(qkv, 4, out, lse),
+                "AttentionForward: lse is F32(2, 2, 4); expected (B, n_head, T) = (2, 4, 4)");
   Tensor qkv_odd = Make(DType::kF16, {2, 4, 20});
-  ExpectMessage(ValidateAttentionForward(qkv_odd, 2, att, out),
+  ExpectMessage(ValidateAttentionForward(qkv_odd, 2, out, lse),
                 "AttentionForward: qkv is F16(2, 4, 20); expected (B, T, 3 * C) with C >= 1");
+  Tensor lse_half = Make(DType::kF16, {2, 2, 4});
+  ExpectMessage(ValidateAttentionForward(qkv, 2, out, lse_half),
+                "AttentionForward: lse is F16(2, 2, 4); expected F32");
   Tensor dqkv = Make(DType::kF16, {2, 4, 24});
-  ExpectMessage(ValidateAttentionBackward(qkv, att, out, 2, att, dqkv),
-                "AttentionBackward: datt F16(2, 2, 4, 4) overlaps att F16(2, 2, 4, 4)");
+  EXPECT_TRUE(ValidateAttentionBackward(qkv, out, out, lse, 2, dqkv).ok());
+  ExpectMessage(ValidateAttentionBackward(qkv, out, out, lse, 2, qkv),
+                "AttentionBackward: dqkv F16(2, 4, 24) overlaps qkv F16(2, 4, 24)");
   Tensor logits = Make(DType::kBF16, {3, 7});
   Tensor labels = Make(DType::kI32, {3});
   Tensor loss = Make(DType::kF32, {1});

@@ -66,9 +66,10 @@ absl::Status GptModel::Backward(Workspace& any, bool first_micro_batch,
     AMPD_RETURN_IF_ERROR(
         b.Gemm(false, true, 1.0f, ws.d_res, value(p.attn_proj_weight), 0.0f, ws.d_tmp));
     AMPD_ASSIGN_OR_RETURN(const Tensor qkv, s.qkv.View(0, {ws.batch, ws.seq, 3 * c}));
+    AMPD_ASSIGN_OR_RETURN(const Tensor attn_y, s.attn_y.View(0, {ws.batch, ws.seq, c}));
     AMPD_ASSIGN_OR_RETURN(const Tensor d_attn_y, ws.d_tmp.View(0, {ws.batch, ws.seq, c}));
     AMPD_ASSIGN_OR_RETURN(Tensor d_qkv, ws.d_qkv.View(0, {ws.batch, ws.seq, 3 * c}));
-    AMPD_RETURN_IF_ERROR(b.AttentionBackward(qkv, s.att, d_attn_y, g.n_head, ws.d_att, d_qkv));
+    AMPD_RETURN_IF_ERROR(b.AttentionBackward(qkv, attn_y, d_attn_y, s.lse, g.n_head, d_qkv));
     AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, s.ln_1, ws.d_qkv, beta, grad(p.c_attn_weight)));
     AMPD_RETURN_IF_ERROR(b.BiasGrad(ws.d_qkv, beta, grad(p.c_attn_bias)));
     AMPD_RETURN_IF_ERROR(

@@ -37,7 +37,7 @@ absl::Status GptModel::Forward(Workspace& any) {
     AMPD_RETURN_IF_ERROR(b.AddBias(value(p.c_attn_bias), s.qkv));
     AMPD_ASSIGN_OR_RETURN(const Tensor qkv, s.qkv.View(0, {ws.batch, ws.seq, 3 * c}));
     AMPD_ASSIGN_OR_RETURN(Tensor attn_y, s.attn_y.View(0, {ws.batch, ws.seq, c}));
-    AMPD_RETURN_IF_ERROR(b.AttentionForward(qkv, g.n_head, s.att, attn_y));
+    AMPD_RETURN_IF_ERROR(b.AttentionForward(qkv, g.n_head, attn_y, s.lse));
     AMPD_RETURN_IF_ERROR(
         b.Gemm(false, false, 1.0f, s.attn_y, value(p.attn_proj_weight), 0.0f, s.resid));
     AMPD_RETURN_IF_ERROR(b.AddBias(value(p.attn_proj_bias), s.resid));

@@ -64,11 +64,12 @@ absl::StatusOr<int64_t> GptWorkspaceBytes(const ModelSpec& spec, Precision preci
     return ok ? p : 0;
   };
   const int64_t n = product({b, t});
-  const int64_t att = product({b, g.n_head, t, t, w});
   // Per block: ln_1, attn_y, resid, ln_2 (4 N C), qkv (3 N C), fc pre/post
-  // (2 N H), att, and four (N) F32 statistics.
+  // (2 N H), the attention's lse (B, n_head, T) F32, and four (N) F32
+  // statistics.
   int64_t block = 0;
-  for (int64_t part : {product({7, n, c, w}), product({2, n, h, w}), att, product({4, n, 4})}) {
+  for (int64_t part : {product({7, n, c, w}), product({2, n, h, w}), product({b, g.n_head, t, 4}),
+                       product({4, n, 4})}) {
     ok = ok && CheckedAdd(block, part, &block);
   }
   int64_t total = product({g.n_layer, block});
@@ -77,7 +78,6 @@ absl::StatusOr<int64_t> GptWorkspaceBytes(const ModelSpec& spec, Precision preci
            product({2, n, 4}),                 // ln_f's mean and rstd
            product({6, n, c, w}),              // d_res, d_tmp, d_ln, d_qkv (3 N C)
            product({2, n, h, w}),              // d_fc, d_pre
-           att,                                // d_att
            product({LmHeadChunkRows(g, precision, n), g.vocab_size, w}),
            w == 4 ? 0 : product({g.vocab_size, c, 4}),  // the LM head's F32 gradient sum
            product({2, n, 8}),                          // ids and targets, I64 at most
@@ -204,7 +204,6 @@ absl::StatusOr<std::unique_ptr<Workspace>> GptModel::NewWorkspace(
   const int64_t c = g.d_model;
   const int64_t h = g.mlp_ratio * c;
   const DType w = working_dtype();
-  const kernels::Shape att_shape{ws.batch, g.n_head, ws.seq, ws.seq};
   auto alloc = [&](DType dtype, const kernels::Shape& shape, Tensor& t) -> absl::Status {
     AMPD_ASSIGN_OR_RETURN(t, backend_.Allocate(dtype, shape));
     return absl::OkStatus();
@@ -217,7 +216,7 @@ absl::StatusOr<std::unique_ptr<Workspace>> GptModel::NewWorkspace(
     AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n}, b.mean_1));
     AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n}, b.rstd_1));
     AMPD_RETURN_IF_ERROR(alloc(w, {n, 3 * c}, b.qkv));
-    AMPD_RETURN_IF_ERROR(alloc(w, att_shape, b.att));
+    AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {ws.batch, g.n_head, ws.seq}, b.lse));
     AMPD_RETURN_IF_ERROR(alloc(w, {n, c}, b.attn_y));
     AMPD_RETURN_IF_ERROR(alloc(w, {n, c}, b.resid));
     AMPD_RETURN_IF_ERROR(alloc(w, {n, c}, b.ln_2));
@@ -235,7 +234,6 @@ absl::StatusOr<std::unique_ptr<Workspace>> GptModel::NewWorkspace(
   AMPD_RETURN_IF_ERROR(alloc(w, {n, h}, ws.d_fc));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, h}, ws.d_pre));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, 3 * c}, ws.d_qkv));
-  AMPD_RETURN_IF_ERROR(alloc(w, att_shape, ws.d_att));
   AMPD_RETURN_IF_ERROR(alloc(w, {ws.chunk_rows, g.vocab_size}, ws.logits));
   if (w != DType::kF32) AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {g.vocab_size, c}, ws.head_grad));
   return std::unique_ptr<Workspace>(std::move(owned));

@@ -64,10 +64,11 @@ int64_t LmHeadChunkRows(const GptSpec& gpt, Precision precision, int64_t rows);
 
 // WorkspaceBytes of a GPT for inputs (B, T): per block the saved
 // activations (ln_1 and ln_2 outputs, attention output and r_l: 4 N C;
-// qkv 3 N C; fc pre- and post-activation 2 N H; attention probabilities
-// B n_head T^2; all in the working dtype; LayerNorm mean and rstd 4 N F32),
-// the residual stream x_0..x_L and ln_f's output ((L + 2) N C), the
-// backward's scratch (3 N C + 3 N C + 2 N H + B n_head T^2), one LM-head
+// qkv 3 N C; fc pre- and post-activation 2 N H; all in the working dtype;
+// the attention's log-sum-exp B n_head T F32; LayerNorm mean and rstd
+// 4 N F32), the residual stream x_0..x_L and ln_f's output ((L + 2) N C),
+// the backward's scratch (3 N C + 3 N C + 2 N H; attention is fused and
+// needs nothing T x T), one LM-head
 // chunk of logits, the LM head's F32 gradient sum (V C x 4, fp16/bf16 only)
 // and the ids and targets (2 N x 8). Overflow-checked;
 // InvalidArgument when it overflows or the shape is not (B, T) with

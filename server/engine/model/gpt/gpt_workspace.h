@@ -1,8 +1,9 @@
 // GptWorkspace: the buffers of one GPT micro-batch shape (B, T), shared by
 // the GptModel's files (gpt_model.cc allocates them, gpt_forward.cc,
 // gpt_lm_head.cc and gpt_backward.cc use them). Private to gpt/.
-// Row-major 2-D (N, width) tensors, N = B*T; the attention ops take 3- and
-// 4-D views of them (Tensor::View, no copies).
+// Row-major 2-D (N, width) tensors, N = B*T; the attention ops take 3-D
+// views of them (Tensor::View, no copies). Attention is fused: per block it
+// saves only its output and each row's log-sum-exp, nothing T x T.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +28,7 @@ struct GptWorkspace : Workspace {
   struct Block {
     kernels::Tensor ln_1, mean_1, rstd_1;  // (N, C) working; (N) F32 twice
     kernels::Tensor qkv;                   // (N, 3C)
-    kernels::Tensor att;                   // (B, n_head, T, T) probabilities
+    kernels::Tensor lse;                   // (B, n_head, T) F32 attention log-sum-exp
     kernels::Tensor attn_y;                // (N, C) attention output, c_proj's input
     kernels::Tensor resid;                 // (N, C) r_l = x_l + attention branch
     kernels::Tensor ln_2, mean_2, rstd_2;  // (N, C); (N) F32 twice
@@ -44,7 +45,6 @@ struct GptWorkspace : Workspace {
   kernels::Tensor d_fc;    // (N, H) gradient of the GELU's output
   kernels::Tensor d_pre;   // (N, H) gradient of the GELU's input
   kernels::Tensor d_qkv;   // (N, 3C)
-  kernels::Tensor d_att;   // (B, n_head, T, T) AttentionBackward's scratch
   kernels::Tensor logits;  // (chunk_rows, V) one LM-head chunk, then its gradient
   // (V, C) F32: the LM head's gradient summed over the chunks before it is
   // added to the 16-bit parameter gradient in one rounding; empty in fp32.
