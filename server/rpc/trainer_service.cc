@@ -211,7 +211,10 @@ TrainerService::TrainerService(engine::JobRegistry* registry, RpcRecorder record
     : registry_(registry),
       record_(std::move(record)),
       options_(options),
-      state_dict_buffer_(options.max_state_dict_buffer_bytes) {}
+      state_dict_buffer_(options.max_state_dict_buffer_bytes) {
+  SetMessageAllocatorFor_Step(&step_messages_);
+  SetMessageAllocatorFor_Evaluate(&evaluate_messages_);
+}
 
 void TrainerService::Record(absl::string_view method, const grpc::Status& status,
                             absl::Time start) const {
@@ -328,12 +331,14 @@ grpc::ServerUnaryReactor* TrainerService::Step(grpc::CallbackServerContext* cont
     FinishUnary(reactor, "Step", start, tenant.status());
     return reactor;
   }
-  // Decoding copies the batch bytes once; it is linear and cheap next to a step.
   if (absl::Status s = CheckLength("job_id", request->job_id()); !s.ok()) {
     FinishUnary(reactor, "Step", start, s);
     return reactor;
   }
-  absl::StatusOr<engine::StepInput> input = StepInputFromProto(*request);
+  // The request is this service's own (step_messages_), not a const
+  // object: decoding moves the batch bytes out of it rather than copying.
+  absl::StatusOr<engine::StepInput> input =
+      StepInputFromProto(const_cast<v1::StepRequest*>(request));
   if (!input.ok()) {
     FinishUnary(reactor, "Step", start, input.status());
     return reactor;
@@ -360,7 +365,9 @@ grpc::ServerUnaryReactor* TrainerService::Evaluate(grpc::CallbackServerContext* 
     FinishUnary(reactor, "Evaluate", start, s);
     return reactor;
   }
-  absl::StatusOr<engine::EvaluateInput> input = EvaluateInputFromProto(*request);
+  // Ours too (evaluate_messages_): the bytes are moved, as Step's.
+  absl::StatusOr<engine::EvaluateInput> input =
+      EvaluateInputFromProto(const_cast<v1::EvaluateRequest*>(request));
   if (!input.ok()) {
     FinishUnary(reactor, "Evaluate", start, input.status());
     return reactor;
