@@ -120,6 +120,12 @@ absl::Status LoadTlsFiles(const std::string& ca_path, const std::string& cert_pa
 
 std::unique_ptr<Client> Client::Connect(const std::string& target, ClientOptions options) {
   grpc::ChannelArguments args;
+  // A connection of its own: gRPC otherwise shares one TCP connection among
+  // every channel of the process with the same target and arguments, and
+  // one HTTP/2 connection is read and written by one thread at a time on
+  // each side, so clients stepping different jobs in parallel would queue
+  // behind each other's batches.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();

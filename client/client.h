@@ -70,7 +70,10 @@ std::string DescribeError(const absl::Status& status);
 
 class Client {
  public:
-  // target: "HOST:PORT". Connects lazily; no call is made here.
+  // target: "HOST:PORT". Connects lazily; no call is made here. Each Client
+  // made here has a connection of its own (not shared with other channels
+  // of the process), so clients driving different jobs from one process
+  // do not serialise on one HTTP/2 connection.
   static std::unique_ptr<Client> Connect(const std::string& target, ClientOptions options = {});
   // For tests and tools that bring their own channel.
   Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options);
