@@ -428,15 +428,13 @@ absl::StatusOr<checkpoint::EncodedSafetensors> Job::ExportSafetensorsUnguarded()
   return encoded;
 }
 
-absl::StatusOr<int64_t> Job::ImportSafetensors(absl::Span<const absl::string_view> pieces) {
-  return AllocationGuard("LoadStateDict", [&] { return ImportSafetensorsUnguarded(pieces); });
+absl::StatusOr<int64_t> Job::ImportSafetensors(checkpoint::StateDict state) {
+  return AllocationGuard("LoadStateDict",
+                         [&] { return ImportSafetensorsUnguarded(std::move(state)); });
 }
 
-absl::StatusOr<int64_t> Job::ImportSafetensorsUnguarded(
-    absl::Span<const absl::string_view> pieces) {
+absl::StatusOr<int64_t> Job::ImportSafetensorsUnguarded(checkpoint::StateDict state) {
   if (trainer_ == nullptr) return NotOpen();
-  absl::StatusOr<checkpoint::StateDict> state = checkpoint::DecodeSafetensors(pieces);
-  if (!state.ok()) return WithReason(state.status(), reason::kInvalidStateDict);
   // With a state directory the import is acknowledged only once it is on
   // disk; keep what to go back to if that write fails.
   std::optional<checkpoint::StateDict> previous;
@@ -447,7 +445,7 @@ absl::StatusOr<int64_t> Job::ImportSafetensorsUnguarded(
   // The step sequence is the job's protocol with its client: an imported
   // state replaces weights, optimizer and scaler, not the count of Step
   // calls this job has answered.
-  if (absl::Status s = trainer_->LoadState(*state, Trainer::StepCount::kKeep); !s.ok()) {
+  if (absl::Status s = trainer_->LoadState(state, Trainer::StepCount::kKeep); !s.ok()) {
     return s.code() == absl::StatusCode::kInvalidArgument ? WithReason(s, reason::kInvalidStateDict)
                                                           : s;
   }
@@ -482,7 +480,7 @@ absl::StatusOr<int64_t> Job::ImportSafetensorsUnguarded(
                 ? ""
                 : absl::StrCat("; restoring the previous state failed too: ", restored.message())));
   }
-  return static_cast<int64_t>(state->tensors.size());
+  return static_cast<int64_t>(state.tensors.size());
 }
 
 absl::Status Job::Checkpoint() {

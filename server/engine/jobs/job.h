@@ -154,13 +154,12 @@ class Job : public std::enable_shared_from_this<Job> {
   // The Trainer's state as a safetensors file (header and host tensors,
   // not yet concatenated).
   absl::StatusOr<checkpoint::EncodedSafetensors> ExportSafetensors() const;
-  // Replaces weights, optimizer and scaler state from safetensors bytes and
-  // clears a failure; the step sequence is the job's own and does not change.
-  // With a state directory the new state is checkpointed before this
-  // returns, so an acknowledged import survives a crash; when that write
-  // fails the previous state is put back and the error returned.
-  // `pieces` are the file's consecutive pieces (a stream's chunks).
-  absl::StatusOr<int64_t> ImportSafetensors(absl::Span<const absl::string_view> pieces);
+  // Replaces weights, optimizer and scaler state from a decoded safetensors
+  // file and clears a failure; the step sequence is the job's own and does
+  // not change. With a state directory the new state is checkpointed before
+  // this returns, so an acknowledged import survives a crash; when that
+  // write fails the previous state is put back and the error returned.
+  absl::StatusOr<int64_t> ImportSafetensors(checkpoint::StateDict state);
   // Writes the checkpoint when there is a state directory (no-op otherwise)
   // and returns once it is on disk. A background write of this job still
   // queued is dropped (this one is newer) and one in flight is waited for,
@@ -186,9 +185,10 @@ class Job : public std::enable_shared_from_this<Job> {
   // an allocation guard (job.cc).
   absl::Status InitializeUnguarded(const std::string& device);
   absl::StatusOr<checkpoint::EncodedSafetensors> ExportSafetensorsUnguarded() const;
-  absl::StatusOr<int64_t> ImportSafetensorsUnguarded(absl::Span<const absl::string_view> pieces);
+  absl::StatusOr<int64_t> ImportSafetensorsUnguarded(checkpoint::StateDict state);
   absl::Status CheckpointUnguarded();
-  // The Trainer's state plus the job's ampd.* metadata, as checkpointed.
+  // The Trainer's state plus the job's ampd.* metadata, as checkpointed:
+  // seed-only while initial_state_ (kMetaInitialState), full otherwise.
   absl::StatusOr<checkpoint::StateDict> CheckpointState() const;
   // The job's ampd.* metadata into a state the Trainer exported.
   void AddJobMetadata(checkpoint::StateDict& state) const;
