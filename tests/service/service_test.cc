@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <string>
@@ -1127,6 +1128,66 @@ TEST_F(ServiceTest, LoadStateDictStopsAtTheFirstChunkThatShowsAProblem) {
   s = nobody->writer->Finish();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
   EXPECT_EQ(DetailsOf(s).reason(), "JOB_NOT_FOUND");
+}
+
+// A job's creation checkpoint is its config and seed alone (no weights are
+// written, however large the model): a server killed before the job's
+// first step restores it bit for bit, and it trains on as a job created
+// afresh with the same seed does.
+TEST_F(ServiceTest, JobKilledAtStepZeroComesBackBitIdentical) {
+  Start();
+  const std::string id = CreateJob(1);
+  absl::StatusOr<std::string> created = client_->GetStateDict(id);
+  ASSERT_TRUE(created.ok()) << created.status();
+  const StateDict saved = ReadCheckpoint(id);
+  EXPECT_TRUE(saved.tensors.empty());
+  EXPECT_EQ(saved.metadata.at("ampd.step"), "0");
+  EXPECT_TRUE(saved.metadata.contains("ampd.initial_state"));
+  server_->Signal(SIGKILL);
+  server_->Wait(kExitDeadline);
+
+  Start();
+  absl::StatusOr<v1::Job> job = client_->GetJob(id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->step(), 0);
+  absl::StatusOr<std::string> restored = client_->GetStateDict(id);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_TRUE(*restored == *created) << "the restored state differs from the created one";
+  const std::string twin = CreateJob(1);
+  v1::StepResponse a;
+  v1::StepResponse b;
+  ASSERT_TRUE(RawStep(StepRequest(id, 1), &a).ok());
+  ASSERT_TRUE(RawStep(StepRequest(twin, 1), &b).ok());
+  EXPECT_EQ(a.loss(), b.loss());
+  EXPECT_EQ(a.scale_after(), b.scale_after());
+  EXPECT_TRUE(absl::StrContains(server_->Log(), absl::StrCat("job ", id, " restored at step 0")));
+}
+
+// A seed-only checkpoint whose config was altered (here its seed, which
+// still reads as a valid config) is refused with an error that names the
+// defect, and left on disk.
+TEST_F(ServiceTest, DamagedSeedOnlyCheckpointIsRefusedWithAClearError) {
+  Start();
+  const std::string id = CreateJob(1);
+  server_->Signal(SIGKILL);
+  server_->Wait(kExitDeadline);
+  StateDict saved = ReadCheckpoint(id);
+  std::string& config = saved.metadata.at("ampd.config");
+  const size_t seed = config.find("\"seed\":1");
+  ASSERT_NE(seed, std::string::npos) << config;
+  config.replace(seed, 8, "\"seed\":2");
+  const std::filesystem::path file = std::filesystem::path(state_dir_) / (id + ".safetensors");
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << codec::EncodeSafetensors(saved);
+
+  Start();
+  grpc::Status s = RawGetJob(id);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  const std::string log = server_->Log();
+  EXPECT_TRUE(absl::StrContains(log, absl::StrCat("job ", id,
+                                                  " failed to restore: DATA_LOSS: "
+                                                  "ampd.config_digest: does not match")))
+      << log;
+  EXPECT_TRUE(std::filesystem::exists(file));
 }
 
 TEST_F(ServiceTest, SigtermDrainsCheckpointsAndExitsZero) {
