@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "codec/host_tensor.h"
 #include "common/status_macros.h"
 #include "google/rpc/status.pb.h"
 
@@ -120,6 +121,12 @@ absl::Status LoadTlsFiles(const std::string& ca_path, const std::string& cert_pa
 
 std::unique_ptr<Client> Client::Connect(const std::string& target, ClientOptions options) {
   grpc::ChannelArguments args;
+  // A connection of its own: gRPC otherwise shares one TCP connection among
+  // every channel of the process with the same target and arguments, and
+  // one HTTP/2 connection is read and written by one thread at a time on
+  // each side, so clients stepping different jobs in parallel would queue
+  // behind each other's batches.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
@@ -243,8 +250,17 @@ absl::StatusOr<std::string> Client::GetStateDict(const std::string& job_id) {
     bytes.clear();
     std::unique_ptr<grpc::ClientReader<v1::StateDictChunk>> reader =
         stub_->GetStateDict(&context, request);
-    v1::StateDictChunk chunk;
-    while (reader->Read(&chunk)) bytes.append(chunk.data());
+    v1::StateDictChunk chunk;  // one message, its buffer reused by every read
+    while (reader->Read(&chunk)) {
+      // The first chunk gives the file's length: allocated once, rather
+      // than grown (and copied) at every doubling. A length the client
+      // cannot hold is left to the appends to find out.
+      if (bytes.empty() && chunk.total_bytes() > 0 &&
+          chunk.total_bytes() <= options_.max_state_dict_bytes) {
+        codec::ReserveForBulkCopy(&bytes, static_cast<size_t>(chunk.total_bytes()));
+      }
+      bytes.append(chunk.data());
+    }
     return reader->Finish();
   });
   if (!s.ok()) return FromGrpcStatus(s);
@@ -260,11 +276,15 @@ absl::StatusOr<v1::LoadStateDictResponse> Client::LoadStateDict(const std::strin
       stub_->LoadStateDict(&context, &response);
   const size_t chunk = static_cast<size_t>(std::max<int64_t>(1, options_.state_chunk_bytes));
   size_t offset = 0;
+  v1::LoadStateDictRequest message;  // one message, its buffer reused for every chunk
   do {
-    v1::LoadStateDictRequest message;
-    if (offset == 0) message.set_job_id(job_id);
+    if (offset == 0) {
+      message.set_job_id(job_id);
+    } else {
+      message.clear_job_id();
+    }
     const size_t n = std::min(chunk, safetensors.size() - offset);
-    message.set_data(safetensors.data() + offset, n);
+    message.mutable_data()->assign(safetensors.data() + offset, n);
     offset += n;
     // A failed write means the server already finished the call; Finish says why.
     if (!writer->Write(message)) break;

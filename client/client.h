@@ -31,6 +31,9 @@ struct ClientOptions {
   absl::Duration max_backoff = absl::Seconds(2);
   int max_message_bytes = 256 << 20;  // send and receive
   int64_t state_chunk_bytes = 1 << 20;
+  // GetStateDict allocates a file up to this size at once, from the length
+  // the server announces; larger ones grow as they arrive.
+  int64_t max_state_dict_bytes = int64_t{64} << 30;
   // Sent as "authorization: Bearer TOKEN" on every Trainer call when set.
   std::string token;
   // TLS: on when `tls` is set. tls_ca_pem verifies the server (empty: the
@@ -70,7 +73,10 @@ std::string DescribeError(const absl::Status& status);
 
 class Client {
  public:
-  // target: "HOST:PORT". Connects lazily; no call is made here.
+  // target: "HOST:PORT". Connects lazily; no call is made here. Each Client
+  // made here has a connection of its own (not shared with other channels
+  // of the process), so clients driving different jobs from one process
+  // do not serialise on one HTTP/2 connection.
   static std::unique_ptr<Client> Connect(const std::string& target, ClientOptions options = {});
   // For tests and tools that bring their own channel.
   Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options);

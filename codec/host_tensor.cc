@@ -38,19 +38,23 @@ absl::Status HostTensor::Validate(absl::string_view what) const {
   return absl::OkStatus();
 }
 
-void ResizeForBulkCopy(std::string* buffer, size_t bytes) {
+void ReserveForBulkCopy(std::string* buffer, size_t bytes) {
   constexpr size_t kMinBytes = size_t{16} << 20;
   constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
-  if (bytes >= kMinBytes && bytes > buffer->size()) {
-    buffer->reserve(bytes);
-    const auto begin = reinterpret_cast<uintptr_t>(buffer->data());
-    const uintptr_t first = (begin + buffer->size() + kHugePage - 1) & ~(kHugePage - 1);
-    const uintptr_t last = (begin + bytes) & ~(kHugePage - 1);
-    // A hint: where the kernel declines, the buffer works as before.
-    if (last > first) {
-      (void)madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
-    }
+  if (bytes <= buffer->capacity()) return;
+  buffer->reserve(bytes);
+  if (bytes < kMinBytes) return;
+  const auto begin = reinterpret_cast<uintptr_t>(buffer->data());
+  const uintptr_t first = (begin + buffer->size() + kHugePage - 1) & ~(kHugePage - 1);
+  const uintptr_t last = (begin + bytes) & ~(kHugePage - 1);
+  // A hint: where the kernel declines, the buffer works as before.
+  if (last > first) {
+    (void)madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
   }
+}
+
+void ResizeForBulkCopy(std::string* buffer, size_t bytes) {
+  if (bytes > buffer->size()) ReserveForBulkCopy(buffer, bytes);
   buffer->resize(bytes);
 }
 

@@ -28,5 +28,9 @@ struct HostTensor {
 // faulting in a fresh state dict 4 KiB at a time costs more than copying it.
 // The new bytes are zero, as with std::string::resize.
 void ResizeForBulkCopy(std::string* buffer, size_t bytes);
+// Reserves room for `bytes` in *buffer (its size unchanged), with the same
+// huge-page hint, for a buffer filled by appends as its bytes arrive: no
+// page is touched before its bytes are written.
+void ReserveForBulkCopy(std::string* buffer, size_t bytes);
 
 }  // namespace ampd::codec

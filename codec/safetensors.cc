@@ -599,70 +599,27 @@ class Pieces {
   uint64_t cursor_start_ = 0;
 };
 
-// The length prefix and the parsed header of a `total`-byte file whose first
-// bytes are `head` (at least the prefix and the header when they fit in
-// `total`); *header_end is where the tensor buffer starts.
-absl::StatusOr<Header> DecodeHeader(absl::string_view head, uint64_t total, uint64_t* header_end) {
-  if (total < kLengthPrefixBytes || head.size() < kLengthPrefixBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("safetensors: ", total, " bytes is shorter than the 8-byte header length"));
-  }
+uint64_t ReadLengthPrefix(absl::string_view prefix) {
   uint64_t n = 0;
   for (size_t i = 0; i < kLengthPrefixBytes; ++i) {
-    n |= static_cast<uint64_t>(static_cast<unsigned char>(head[i])) << (8 * i);
+    n |= static_cast<uint64_t>(static_cast<unsigned char>(prefix[i])) << (8 * i);
   }
-  if (n > kMaxSafetensorsHeaderBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("safetensors: header length ", n,
-                                                   " exceeds the limit of ",
-                                                   kMaxSafetensorsHeaderBytes, " bytes"));
-  }
-  if (n > total - kLengthPrefixBytes || n > head.size() - kLengthPrefixBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "safetensors: header length ", n, " runs past the end of the ", total, "-byte input"));
-  }
-  const absl::string_view text = head.substr(kLengthPrefixBytes, n);
-  *header_end = kLengthPrefixBytes + n;
-  if (!IsValidUtf8(text)) {
-    return absl::InvalidArgumentError("safetensors: header is not valid UTF-8");
-  }
-  return HeaderParser(text).Parse();
+  return n;
 }
 
-}  // namespace
-
-absl::StatusOr<std::map<std::string, std::string>> DecodeSafetensorsMetadata(
-    absl::string_view bytes) {
-  uint64_t header_end = 0;
-  AMPD_ASSIGN_OR_RETURN(Header header, DecodeHeader(bytes, bytes.size(), &header_end));
-  return std::move(header.metadata);
+absl::Status CheckHeaderLength(uint64_t n) {
+  if (n <= kMaxSafetensorsHeaderBytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("safetensors: header length ", n,
+                                                 " exceeds the limit of ",
+                                                 kMaxSafetensorsHeaderBytes, " bytes"));
 }
 
-absl::StatusOr<StateDict> DecodeSafetensors(absl::string_view bytes) {
-  return DecodeSafetensors(absl::MakeConstSpan(&bytes, 1));
-}
-
-absl::StatusOr<StateDict> DecodeSafetensors(absl::Span<const absl::string_view> pieces) {
-  Pieces file(pieces);
-  // Only the header is gathered into one string; the tensors are copied
-  // from the pieces straight into their own buffers.
-  std::string head(static_cast<size_t>(std::min<uint64_t>(file.size(), kLengthPrefixBytes)), '\0');
-  file.CopyTo(0, head.size(), head.data());
-  if (head.size() == kLengthPrefixBytes) {
-    uint64_t n = 0;
-    for (size_t i = 0; i < kLengthPrefixBytes; ++i) {
-      n |= static_cast<uint64_t>(static_cast<unsigned char>(head[i])) << (8 * i);
-    }
-    if (n <= kMaxSafetensorsHeaderBytes && n <= file.size() - kLengthPrefixBytes) {
-      head.resize(kLengthPrefixBytes + n);
-      file.CopyTo(kLengthPrefixBytes, n, head.data() + kLengthPrefixBytes);
-    }
-  }
-  uint64_t header_end = 0;
-  AMPD_ASSIGN_OR_RETURN(Header header, DecodeHeader(head, file.size(), &header_end));
-  const uint64_t buffer_size = file.size() - header_end;
-
-  // Offsets are relative to the buffer; tensors must tile it exactly, in
-  // header order, so the file has one meaning and no hidden bytes.
+// Offsets are relative to the buffer; tensors must tile it exactly, in
+// header order, so the file has one meaning and no hidden bytes. Without a
+// buffer_size (a file still arriving) only the tiling from 0 is checked;
+// *tiled_end (optional) gets where the last tensor ends.
+absl::Status CheckTiling(const Header& header, std::optional<uint64_t> buffer_size,
+                         uint64_t* tiled_end) {
   uint64_t expected_begin = 0;
   for (const TensorEntry& t : header.tensors) {
     if (t.end < t.begin) {
@@ -687,17 +644,105 @@ absl::StatusOr<StateDict> DecodeSafetensors(absl::Span<const absl::string_view> 
                                                      *nbytes, " bytes but data_offsets [", t.begin,
                                                      ", ", t.end, "] span ", t.end - t.begin));
     }
-    if (t.end > buffer_size) {
+    if (buffer_size.has_value() && t.end > *buffer_size) {
       return absl::InvalidArgumentError(absl::StrCat("safetensors: ", DescribeTensor(t),
                                                      " ends at ", t.end, ", past the end of the ",
-                                                     buffer_size, "-byte buffer"));
+                                                     *buffer_size, "-byte buffer"));
     }
     expected_begin = t.end;
   }
-  if (expected_begin != buffer_size) {
-    return absl::InvalidArgumentError(absl::StrCat("safetensors: ", buffer_size - expected_begin,
+  if (buffer_size.has_value() && expected_begin != *buffer_size) {
+    return absl::InvalidArgumentError(absl::StrCat("safetensors: ", *buffer_size - expected_begin,
                                                    " trailing bytes after the last tensor"));
   }
+  if (tiled_end != nullptr) *tiled_end = expected_begin;
+  return absl::OkStatus();
+}
+
+// The length prefix and the parsed header of a `total`-byte file whose first
+// bytes are `head` (at least the prefix and the header when they fit in
+// `total`); *header_end is where the tensor buffer starts.
+absl::StatusOr<Header> DecodeHeader(absl::string_view head, uint64_t total, uint64_t* header_end) {
+  if (total < kLengthPrefixBytes || head.size() < kLengthPrefixBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("safetensors: ", total, " bytes is shorter than the 8-byte header length"));
+  }
+  const uint64_t n = ReadLengthPrefix(head);
+  AMPD_RETURN_IF_ERROR(CheckHeaderLength(n));
+  if (n > total - kLengthPrefixBytes || n > head.size() - kLengthPrefixBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "safetensors: header length ", n, " runs past the end of the ", total, "-byte input"));
+  }
+  const absl::string_view text = head.substr(kLengthPrefixBytes, n);
+  *header_end = kLengthPrefixBytes + n;
+  if (!IsValidUtf8(text)) {
+    return absl::InvalidArgumentError("safetensors: header is not valid UTF-8");
+  }
+  return HeaderParser(text).Parse();
+}
+
+}  // namespace
+
+absl::StatusOr<std::map<std::string, std::string>> DecodeSafetensorsMetadata(
+    absl::string_view bytes) {
+  uint64_t header_end = 0;
+  AMPD_ASSIGN_OR_RETURN(Header header, DecodeHeader(bytes, bytes.size(), &header_end));
+  return std::move(header.metadata);
+}
+
+absl::StatusOr<uint64_t> DecodeSafetensorsHeaderLength(absl::string_view prefix) {
+  if (prefix.size() < kLengthPrefixBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "safetensors: ", prefix.size(), " bytes is shorter than the 8-byte header length"));
+  }
+  const uint64_t n = ReadLengthPrefix(prefix);
+  AMPD_RETURN_IF_ERROR(CheckHeaderLength(n));
+  return n;
+}
+
+absl::StatusOr<SafetensorsLayout> DecodeSafetensorsLayout(absl::string_view head) {
+  uint64_t header_end = 0;
+  // The file is at least what is here; its real length is the caller's.
+  AMPD_ASSIGN_OR_RETURN(Header header, DecodeHeader(head, head.size(), &header_end));
+  uint64_t tiled_end = 0;
+  AMPD_RETURN_IF_ERROR(CheckTiling(header, std::nullopt, &tiled_end));
+  if (tiled_end > std::numeric_limits<uint64_t>::max() - header_end) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("safetensors: the tensors end at ", tiled_end, ", past any file length"));
+  }
+  SafetensorsLayout layout;
+  layout.header_bytes = header_end;
+  layout.file_bytes = header_end + tiled_end;
+  layout.metadata = std::move(header.metadata);
+  layout.tensors.reserve(header.tensors.size());
+  for (TensorEntry& t : header.tensors) {
+    layout.tensors.push_back({std::move(t.name), t.dtype, std::move(t.shape), t.begin, t.end});
+  }
+  return layout;
+}
+
+absl::StatusOr<StateDict> DecodeSafetensors(absl::string_view bytes) {
+  return DecodeSafetensors(absl::MakeConstSpan(&bytes, 1));
+}
+
+absl::StatusOr<StateDict> DecodeSafetensors(absl::Span<const absl::string_view> pieces) {
+  Pieces file(pieces);
+  // Only the header is gathered into one string; the tensors are copied
+  // from the pieces straight into their own buffers.
+  std::string head(static_cast<size_t>(std::min<uint64_t>(file.size(), kLengthPrefixBytes)), '\0');
+  file.CopyTo(0, head.size(), head.data());
+  if (head.size() == kLengthPrefixBytes) {
+    const uint64_t n = ReadLengthPrefix(head);
+    if (n <= kMaxSafetensorsHeaderBytes && n <= file.size() - kLengthPrefixBytes) {
+      head.resize(kLengthPrefixBytes + n);
+      file.CopyTo(kLengthPrefixBytes, n, head.data() + kLengthPrefixBytes);
+    }
+  }
+  uint64_t header_end = 0;
+  AMPD_ASSIGN_OR_RETURN(Header header, DecodeHeader(head, file.size(), &header_end));
+  const uint64_t buffer_size = file.size() - header_end;
+
+  AMPD_RETURN_IF_ERROR(CheckTiling(header, buffer_size, nullptr));
 
   StateDict state;
   state.metadata = std::move(header.metadata);

@@ -10,8 +10,10 @@
 // with spaces to a multiple of 8 bytes so the tensor bytes start 8-aligned.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -63,6 +65,32 @@ absl::StatusOr<StateDict> DecodeSafetensors(absl::string_view bytes);
 // tensors are copied from the pieces into their own buffers once, without
 // first joining the pieces into one string.
 absl::StatusOr<StateDict> DecodeSafetensors(absl::Span<const absl::string_view> pieces);
+
+// Where a file's tensors lie, from its header alone.
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::kF32;
+  Shape shape;
+  uint64_t begin = 0;  // [begin, end): in the byte buffer that follows the header
+  uint64_t end = 0;
+};
+struct SafetensorsLayout {
+  uint64_t header_bytes = 0;  // the 8-byte length and the header: where the buffer starts
+  uint64_t file_bytes = 0;    // header_bytes plus the buffer the tensors tile exactly
+  std::vector<SafetensorsEntry> tensors;  // in header order, which is their bytes' order
+  std::map<std::string, std::string> metadata;
+};
+
+// The length the first 8 bytes of a file give its header; InvalidArgument
+// past kMaxSafetensorsHeaderBytes. `prefix` has at least 8 bytes.
+absl::StatusOr<uint64_t> DecodeSafetensorsHeaderLength(absl::string_view prefix);
+
+// The layout of a file from its first bytes (`head`: the 8-byte length and
+// at least the header it announces). DecodeSafetensors's checks of the header
+// and of the offsets (tensors contiguous from 0 in header order, each the
+// size of its dtype and shape), with the same errors; the file's length is
+// not known here, so that it is file_bytes is the caller's to check.
+absl::StatusOr<SafetensorsLayout> DecodeSafetensorsLayout(absl::string_view head);
 
 // The "__metadata__" of a safetensors file from its first bytes: the 8-byte
 // length and the header (what follows, if anything, is not looked at). The

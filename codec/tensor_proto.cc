@@ -3,13 +3,18 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/error_reason.h"
 
 namespace ampd::codec {
 
-absl::StatusOr<HostTensor> TensorFromProto(const v1::Tensor& proto, absl::string_view field) {
+namespace {
+
+// dtype and shape of `proto`, checked against its byte length; the data is
+// left to the caller.
+absl::StatusOr<HostTensor> CheckedHeader(const v1::Tensor& proto, absl::string_view field) {
   HostTensor t;
   switch (proto.dtype()) {
     case v1::DTYPE_F32:
@@ -49,7 +54,20 @@ absl::StatusOr<HostTensor> TensorFromProto(const v1::Tensor& proto, absl::string
         absl::StrCat("has ", proto.data().size(), " bytes, shape ", ShapeToString(t.shape), " of ",
                      DTypeName(t.dtype), " needs ", want));
   }
-  t.data = proto.data();
+  return t;
+}
+
+}  // namespace
+
+absl::StatusOr<HostTensor> TensorFromProto(const v1::Tensor& proto, absl::string_view field) {
+  absl::StatusOr<HostTensor> t = CheckedHeader(proto, field);
+  if (t.ok()) t->data = proto.data();
+  return t;
+}
+
+absl::StatusOr<HostTensor> TakeTensorFromProto(v1::Tensor* proto, absl::string_view field) {
+  absl::StatusOr<HostTensor> t = CheckedHeader(*proto, field);
+  if (t.ok()) t->data = std::move(*proto->mutable_data());
   return t;
 }
 

@@ -18,6 +18,10 @@ namespace ampd::codec {
 // passes 2^40, or the bytes do not match shape and dtype. Every size is
 // checked before it is multiplied, so a hostile shape allocates nothing.
 absl::StatusOr<HostTensor> TensorFromProto(const v1::Tensor& proto, absl::string_view field);
+// The same checks; on success the bytes are moved out of *proto (left
+// empty) instead of copied: a batch of megabytes is received once, not
+// twice. On an error *proto is unchanged.
+absl::StatusOr<HostTensor> TakeTensorFromProto(v1::Tensor* proto, absl::string_view field);
 v1::Tensor TensorToProto(const HostTensor& tensor);
 
 }  // namespace ampd::codec

@@ -8,12 +8,14 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/impl/server_builder_option.h>
 #include <grpcpp/impl/server_builder_plugin.h>
+#include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <thread>
@@ -125,6 +127,22 @@ std::string HostOf(const std::string& address) {
   return colon == std::string::npos ? address : address.substr(0, colon);
 }
 
+// Step requests carry batches of megabytes that gRPC's threads allocate and
+// the job workers free, every step. With glibc's adaptive defaults the
+// freed buffers are soon trimmed off the arenas (madvise), so the next
+// step's buffer faults its pages in again: page faults and TLB shootdowns
+// that every thread of the process shares, once per step and job. Fixed
+// thresholds keep buffers below 32 MiB (glibc's largest mmap threshold) in
+// the arenas and up to 256 MiB of freed memory mapped per arena; larger
+// buffers (state dicts) are still mmapped and unmapped at free. Left alone
+// when GLIBC_TUNABLES sets malloc tunables: the operator's choice wins.
+void KeepBatchMemoryMapped() {
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  if (tunables != nullptr && absl::StrContains(tunables, "glibc.malloc.")) return;
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+}
+
 int g_signal_pipe[2] = {-1, -1};
 
 // Async-signal-safe: one write(2), nothing else.
@@ -136,6 +154,7 @@ void OnShutdownSignal(int sig) {
 }
 
 int Run() {
+  KeepBatchMemoryMapped();
   // Shutdown signals go through a self-pipe: the handler only write()s the
   // signal number, a thread reads it and wakes main. (sigwait would need the
   // signals blocked in every thread, and libraries such as OpenBLAS start

@@ -71,6 +71,13 @@ ABSL_FLAG(double, peak_tflops, 989.4,
           "gpt: the device's dense peak for MFU (989.4: H100 SXM bf16; 0 prints no MFU)");
 ABSL_FLAG(std::string, concurrent, "1,4,16", "small-job counts for the concurrency run ('' skips)");
 ABSL_FLAG(int, concurrent_steps, 50, "steps each small job takes in the concurrency run");
+ABSL_FLAG(std::string, concurrent_model, "mlp",
+          "the concurrency run's jobs: mlp (the reference MLP, fp16) or io (a Linear(1024, 1) "
+          "in fp32 fed a 2 MB F32 batch, as the MLP's: next to no compute, so the steps/s "
+          "measure the service's own per-step cost)");
+ABSL_FLAG(bool, share_connection, false,
+          "concurrency run: every job's client on one channel (one HTTP/2 connection) instead of "
+          "a connection each");
 ABSL_FLAG(bool, state, true, "time GetStateDict and LoadStateDict of each job");
 
 namespace {
@@ -188,6 +195,24 @@ Workload GptWorkload(int64_t vocab, int64_t context, int64_t d_model, int64_t n_
   return w;
 }
 
+// The MLP's payload (2 MB of F32 a step) with next to no compute: inputs
+// (512, 1024) and targets (512, 1) through one Linear(1024, 1), so the
+// step's rate is the service's own per-step cost (receiving, checking and
+// uploading the batch) rather than the model's.
+Workload IoWorkload() {
+  constexpr int64_t kWidth = 1024, kBatch = 512;
+  Workload w;
+  w.name = "io: Linear(1024, 1), batch 512 x 1024 F32 inputs (2 MB), MSE";
+  AddLinear(w.model, kWidth, 1);
+  w.linear_params = kWidth;
+  w.model.set_loss(ampd::v1::LOSS_MSE);
+  std::mt19937_64 rng(1);
+  *w.batch.mutable_inputs() = RandomF32(kBatch, kWidth, rng);
+  *w.batch.mutable_targets() = RandomF32(kBatch, 1, rng);
+  w.rows = kBatch;
+  return w;
+}
+
 Workload MlpWorkload() {
   constexpr int64_t kWidth = 1024, kLayers = 4, kBatch = 256;
   Workload w;
@@ -225,12 +250,16 @@ absl::StatusOr<ampd::v1::Job> Create(ampd::Client& client, const Workload& w,
   return client.CreateJob(std::move(request));
 }
 
+// The round trip's seconds; *engine_seconds (when given) gets the step's
+// own time as the server reports it (timings.total_seconds).
 absl::StatusOr<double> TimedStep(ampd::Client& client, ampd::v1::StepRequest& request,
-                                 int64_t sequence, float* loss = nullptr) {
+                                 int64_t sequence, float* loss = nullptr,
+                                 double* engine_seconds = nullptr) {
   request.set_sequence(sequence);
   const Clock::time_point t0 = Clock::now();
   AMPD_ASSIGN_OR_RETURN(ampd::v1::StepResponse r, client.Step(request));
   if (loss != nullptr) *loss = r.loss();
+  if (engine_seconds != nullptr) *engine_seconds = r.timings().total_seconds();
   return Since(t0);
 }
 
@@ -288,14 +317,22 @@ absl::Status RunPrecision(ampd::Client& client, const Workload& w, const std::st
   return client.DeleteJob(job.job_id());
 }
 
-// n reference-MLP jobs, one client thread each, stepping at once.
+// n small jobs (the reference MLP, or the io model), one client thread each,
+// stepping at once; each client on a connection of its own unless
+// --share_connection.
 absl::Status RunConcurrent(const std::string& server, int n, int steps) {
-  const Workload w = MlpWorkload();
+  const bool io = absl::GetFlag(FLAGS_concurrent_model) == "io";
+  const Workload w = io ? IoWorkload() : MlpWorkload();
+  // fp32 for the io model: no casts of the batch, the least compute a step.
+  const ampd::v1::Precision precision = io ? ampd::v1::PRECISION_FP32 : ampd::v1::PRECISION_FP16;
   std::vector<std::unique_ptr<ampd::Client>> clients;
   std::vector<std::string> ids;
+  const std::unique_ptr<ampd::Client> shared = ampd::Client::Connect(server);
   for (int i = 0; i < n; ++i) {
-    clients.push_back(ampd::Client::Connect(server));
-    AMPD_ASSIGN_OR_RETURN(ampd::v1::Job job, Create(*clients.back(), w, ampd::v1::PRECISION_FP16,
+    clients.push_back(absl::GetFlag(FLAGS_share_connection)
+                          ? std::make_unique<ampd::Client>(shared->channel(), ampd::ClientOptions())
+                          : ampd::Client::Connect(server));
+    AMPD_ASSIGN_OR_RETURN(ampd::v1::Job job, Create(*clients.back(), w, precision,
                                                     absl::StrCat("bench-concurrent-", i)));
     ids.push_back(job.job_id());
   }
@@ -309,17 +346,22 @@ absl::Status RunConcurrent(const std::string& server, int n, int steps) {
   }
   const Clock::time_point t0 = Clock::now();
   std::vector<std::thread> threads;
+  // Per job: the sums of the round trips and of the server's step times.
+  std::vector<double> round_trip(static_cast<size_t>(n)), engine(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) {
     threads.emplace_back([&, i] {
       ampd::v1::StepRequest request;
       request.set_job_id(ids[i]);
       *request.add_micro_batches() = w.batch;
       for (int s = 0; s < steps; ++s) {
-        absl::StatusOr<double> t = TimedStep(*clients[i], request, 2 + s);
+        double engine_s = 0;
+        absl::StatusOr<double> t = TimedStep(*clients[i], request, 2 + s, nullptr, &engine_s);
         if (!t.ok()) {
           results[i] = t.status();
           return;
         }
+        round_trip[i] += *t;
+        engine[i] += engine_s;
       }
     });
   }
@@ -328,8 +370,20 @@ absl::Status RunConcurrent(const std::string& server, int n, int steps) {
   for (const absl::Status& s : results) {
     if (!s.ok()) return s;
   }
-  std::printf("%3d concurrent small jobs (reference MLP, fp16): %8.1f steps/s in all\n", n,
-              static_cast<double>(n) * steps / seconds);
+  double round_trip_sum = 0, engine_sum = 0;
+  for (int i = 0; i < n; ++i) {
+    round_trip_sum += round_trip[i];
+    engine_sum += engine[i];
+  }
+  const double per_step = static_cast<double>(n) * steps;
+  // The step time the engine reports against the whole round trip: the
+  // difference is the service's (and, with many jobs, the queueing's).
+  std::printf(
+      "%3d concurrent small jobs (%s%s): %8.1f steps/s in all  (round trip %.3f ms, of "
+      "which the engine's step %.3f ms)\n",
+      n, io ? "io model, fp32" : "reference MLP, fp16",
+      absl::GetFlag(FLAGS_share_connection) ? ", one connection" : "", per_step / seconds,
+      1e3 * round_trip_sum / per_step, 1e3 * engine_sum / per_step);
   std::fflush(stdout);
   for (int i = 0; i < n; ++i) (void)clients[i]->DeleteJob(ids[i]);
   return absl::OkStatus();

@@ -49,6 +49,17 @@ constexpr size_t kStagingScalars = 16;
 // state dicts, not batches) are copied from the caller's memory directly.
 constexpr size_t kMaxStagedUploadBytes = size_t{64} << 20;
 constexpr size_t kInitialUploadArenaBytes = size_t{1} << 20;
+// The arena grows (doubling) until one step's uploads fit, up to this: two
+// of the largest staged uploads still overlap their DMAs. Past it a long run
+// of uploads (a state load's tensors of up to kMaxStagedUploadBytes) drains
+// the stream and reuses the arena instead of pinning gigabytes of host
+// memory, slowly, and keeping them for the backend's lifetime.
+constexpr size_t kMaxUploadArenaBytes = 2 * kMaxStagedUploadBytes;
+// ReadBack copies of more than this go straight into the caller's buffer
+// (the driver stages pageable copies itself) rather than through the
+// backend's pinned landing area, which would otherwise grow to the largest
+// tensor ever exported (an embedding of hundreds of MB) and stay pinned.
+constexpr size_t kMaxPinnedReadBackBytes = size_t{64} << 20;
 
 // Makes the backend's device current for the rest of the scope.
 #define AMPD_ENTER_DEVICE()                     \
@@ -102,6 +113,16 @@ class CudaBackend final : public Backend {
   static absl::StatusOr<std::unique_ptr<Backend>> Create(int device) {
     DeviceGuard guard(device);
     AMPD_CUDA_RETURN_IF_ERROR(guard.error());
+    // Waits (a step's one synchronisation) block the thread instead of
+    // spinning: with one context CUDA's default spins, and a server with a
+    // job worker per core waiting on the GPU at once would spin every core
+    // away from the gRPC threads that feed it. Costs a wake-up (microseconds)
+    // per wait. The flag is the device's, set again by every backend; a
+    // runtime that will not change an active context's flags leaves them
+    // (spinning works, only less well under load), so its error is dropped.
+    if (cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync) != cudaSuccess) {
+      (void)cudaGetLastError();
+    }
     auto backend = std::unique_ptr<CudaBackend>(new CudaBackend());
     backend->ctx_ = std::make_shared<StreamContext>();
     backend->ctx_->device = device;
@@ -250,8 +271,13 @@ class CudaBackend final : public Backend {
     AMPD_RETURN_IF_ERROR(ValidateReadBack(scalars, out.size(), copies));
     AMPD_ENTER_DEVICE();
     const size_t count = scalars.size();
-    size_t copy_bytes = 0;  // the copies side by side in readback_, 256-byte aligned
-    for (const HostCopy& c : copies) copy_bytes += (c.bytes + 255) & ~size_t{255};
+    // Large copies go straight to their destination (pageable; the driver
+    // stages them), the others side by side in readback_, 256-byte aligned.
+    const auto direct = [](const HostCopy& c) { return c.bytes > kMaxPinnedReadBackBytes; };
+    size_t copy_bytes = 0;
+    for (const HostCopy& c : copies) {
+      if (!direct(c)) copy_bytes += (c.bytes + 255) & ~size_t{255};
+    }
     if (count > scalar_slots_ || copy_bytes > readback_.bytes()) {
       // Queued work may still target the old buffers; drain it first.
       AMPD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream()));
@@ -265,6 +291,12 @@ class CudaBackend final : public Backend {
     // behind the step's kernels and share its one synchronisation.
     size_t offset = 0;
     for (const HostCopy& c : copies) {
+      if (direct(c)) {
+        // Into pageable memory: in stream order, done by the sync below.
+        AMPD_CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(c.dst, c.src->data(), c.bytes, cudaMemcpyDeviceToHost, stream()));
+        continue;
+      }
       if (c.bytes > 0) {
         AMPD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<char*>(readback_.data()) + offset,
                                                   c.src->data(), c.bytes, cudaMemcpyDeviceToHost,
@@ -295,6 +327,7 @@ class CudaBackend final : public Backend {
     for (size_t i = 0; i < count; ++i) out[i] = staged[i];
     offset = 0;
     for (const HostCopy& c : copies) {
+      if (direct(c)) continue;  // already there
       if (c.bytes > 0) std::memcpy(c.dst, static_cast<char*>(readback_.data()) + offset, c.bytes);
       offset += (c.bytes + 255) & ~size_t{255};
     }
@@ -599,7 +632,8 @@ class CudaBackend final : public Backend {
   // Copies src into the pinned upload arena and returns where. The arena is
   // reused from the start after every synchronisation (all its DMAs have
   // then completed); when one step's uploads outgrow it, the stream is
-  // drained once and the arena doubled, so later steps of that size fit.
+  // drained once and the arena doubled, up to kMaxUploadArenaBytes, so
+  // later steps of that size fit. (bytes <= kMaxStagedUploadBytes.)
   absl::StatusOr<void*> StageUpload(const void* src, size_t bytes) {
     if (upload_used_ + bytes > upload_.bytes()) {
       if (upload_used_ > 0) {
@@ -607,10 +641,11 @@ class CudaBackend final : public Backend {
         upload_used_ = 0;
       }
       if (bytes > upload_.bytes()) {
-        const size_t grown_bytes = std::max(bytes, 2 * upload_.bytes());
+        const size_t grown_bytes =
+            std::max(bytes, std::min(2 * upload_.bytes(), kMaxUploadArenaBytes));
         upload_ = PinnedHostBuffer();
         AMPD_ASSIGN_OR_RETURN(upload_, PinnedHostBuffer::Create(grown_bytes));
-      } else {
+      } else if (2 * upload_.bytes() <= kMaxUploadArenaBytes) {
         // Outgrown by several uploads together: double for the next step.
         const size_t grown_bytes = 2 * upload_.bytes();
         absl::StatusOr<PinnedHostBuffer> grown = PinnedHostBuffer::Create(grown_bytes);

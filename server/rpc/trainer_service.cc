@@ -4,10 +4,14 @@
 
 #include <algorithm>
 #include <memory>
+#include <new>
+#include <optional>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "codec/safetensors_receiver.h"
 #include "common/error_reason.h"
 #include "server/rpc/status_mapping.h"
 #include "server/rpc/translate.h"
@@ -60,6 +64,9 @@ class StateDictWriter final : public grpc::ServerWriteReactor<v1::StateDictChunk
     std::string* data = chunk_.mutable_data();
     data->clear();  // keeps its capacity: one chunk buffer for the stream
     file_.CopyOut(offset_, n, data);
+    // The first chunk says how long the file is, so the client can
+    // allocate it once.
+    chunk_.set_total_bytes(offset_ == 0 ? static_cast<int64_t>(size_) : 0);
     offset_ += n;
     StartWrite(&chunk_);
   }
@@ -77,10 +84,15 @@ class StateDictWriter final : public grpc::ServerWriteReactor<v1::StateDictChunk
   v1::StateDictChunk chunk_;
 };
 
-// Collects a client stream of chunks (the first message names the job), then
-// hands them to the job's worker, which decodes and loads the file. Each
-// chunk's bytes are moved out of its message as received, never appended to
-// one growing string (which would copy the file again at every doubling).
+// Receives a client stream of chunks (the first message names the job) and
+// decodes the safetensors file as it arrives (codec::SafetensorsReceiver):
+// each chunk's bytes are copied once, into the tensor they belong to, from
+// the one request message reused for every read, so the stream holds the
+// file once and no chunk outlives its read. A file that is not valid ends
+// the call at the chunk that shows it. At the end the decoded state goes to
+// the job's worker, which loads it. Memory is held against the per-stream
+// and server-wide limits before it is allocated (a tensor's buffer when its
+// first byte arrives).
 class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRequest> {
  public:
   StateDictReader(const TrainerService* service, engine::JobRegistry* registry, std::string tenant,
@@ -91,7 +103,8 @@ class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRe
         response_(response),
         max_bytes_(max_bytes),
         budget_(budget),
-        start_(absl::Now()) {
+        start_(absl::Now()),
+        receiver_([this](uint64_t n) { return Hold(n); }) {
     StartRead(&request_);
   }
 
@@ -101,8 +114,13 @@ class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRe
         Done(FieldError("job_id", "the first message must name the job"));
         return;
       }
-      const int64_t size = held_;
-      registry_->ImportState(tenant_, job_id_, std::move(chunks_),
+      absl::StatusOr<codec::StateDict> state = receiver_.Finish();
+      if (!state.ok()) {
+        Done(WithReason(state.status(), reason::kInvalidStateDict));
+        return;
+      }
+      const auto size = static_cast<int64_t>(receiver_.received_bytes());
+      registry_->ImportState(tenant_, job_id_, *std::move(state),
                              [this, size](absl::StatusOr<int64_t> n) {
                                if (n.ok()) {
                                  response_->set_bytes(size);
@@ -123,40 +141,83 @@ class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRe
         Done(FieldError("job_id", "the first message must name the job"));
         return;
       }
+      // Before any byte is held: a job this tenant does not have (or
+      // another tenant's, which answers the same) is known now, not after
+      // the whole file.
+      if (absl::Status s = registry_->GetJob(tenant_, job_id_).status(); !s.ok()) {
+        Done(s);
+        return;
+      }
     } else if (!request_.job_id().empty() && request_.job_id() != job_id_) {
       Done(FieldError("job_id", absl::StrCat("later messages name job '", Echo(request_.job_id()),
                                              "' but the stream is for '", Echo(job_id_), "'")));
       return;
     }
-    const int64_t n = static_cast<int64_t>(request_.data().size());
-    if (held_ + n > max_bytes_) {
-      Done(WithReason(
-          absl::ResourceExhaustedError(absl::StrCat(
-              "data: the state dict exceeds the server's limit of ", max_bytes_, " bytes")),
-          reason::kMemoryLimit, {{"limit_bytes", absl::StrCat(max_bytes_)}}));
+    if (absl::Status s = Receive(request_.data()); !s.ok()) {
+      Done(s);
       return;
     }
-    if (!budget_->TryAcquire(n)) {
-      Done(WithReason(absl::ResourceExhaustedError(absl::StrCat(
-                          "data: LoadStateDict streams in progress already hold ", budget_->held(),
-                          " bytes of the server's --max-state-dict-buffer-bytes=", budget_->limit(),
-                          "; retry later")),
-                      reason::kMemoryLimit, {{"limit_bytes", absl::StrCat(budget_->limit())}}));
-      return;
-    }
-    held_ += n;
-    if (n > 0) chunks_.push_back(std::move(*request_.mutable_data()));
-    request_.clear_data();
+    // Keeps the string's capacity: the next chunk is parsed into it.
+    request_.mutable_data()->clear();
     StartRead(&request_);
   }
   void OnDone() override { delete this; }
 
  private:
+  // Appends a chunk to the file. The receiver allocates tensors' buffers
+  // here, on a reaction thread: an allocation failure becomes the call's
+  // error rather than an exception through gRPC.
+  absl::Status Receive(absl::string_view data) {
+    absl::Status s;
+    try {
+      s = receiver_.Append(data);
+    } catch (const std::bad_alloc&) {
+      s = absl::ResourceExhaustedError("data: out of host memory for the state dict");
+    } catch (const std::length_error&) {
+      s = absl::ResourceExhaustedError("data: a tensor of the state dict exceeds the maximum size");
+    }
+    if (!s.ok()) {
+      return s.code() == absl::StatusCode::kInvalidArgument
+                 ? WithReason(s, reason::kInvalidStateDict)
+                 : s;
+    }
+    // The header declares the file's length: a file over the limit is
+    // refused now rather than after its first gigabytes.
+    if (const std::optional<uint64_t> declared = receiver_.declared_bytes();
+        declared.has_value() && *declared > static_cast<uint64_t>(max_bytes_)) {
+      return OverLimit();
+    }
+    return absl::OkStatus();
+  }
+
+  // The receiver's reserve: n more bytes held by this stream, against its
+  // own limit and the server's budget.
+  absl::Status Hold(uint64_t n) {
+    if (n > static_cast<uint64_t>(max_bytes_ - held_)) return OverLimit();
+    const auto bytes = static_cast<int64_t>(n);
+    if (!budget_->TryAcquire(bytes)) {
+      return WithReason(
+          absl::ResourceExhaustedError(absl::StrCat(
+              "data: LoadStateDict streams in progress already hold ", budget_->held(),
+              " bytes of the server's --max-state-dict-buffer-bytes=", budget_->limit(),
+              "; retry later")),
+          reason::kMemoryLimit, {{"limit_bytes", absl::StrCat(budget_->limit())}});
+    }
+    held_ += bytes;
+    return absl::OkStatus();
+  }
+
+  absl::Status OverLimit() const {
+    return WithReason(
+        absl::ResourceExhaustedError(absl::StrCat(
+            "data: the state dict exceeds the server's limit of ", max_bytes_, " bytes")),
+        reason::kMemoryLimit, {{"limit_bytes", absl::StrCat(max_bytes_)}});
+  }
+
   void Done(const absl::Status& status) {
     // The bytes are freed (loaded, or dropped with the stream) by now.
+    receiver_ = codec::SafetensorsReceiver(nullptr);
     budget_->Release(std::exchange(held_, 0));
-    chunks_.clear();
-    chunks_.shrink_to_fit();
     const grpc::Status grpc_status = ToGrpcStatus(status);
     service_->Record("LoadStateDict", grpc_status, start_);
     Finish(grpc_status);
@@ -173,7 +234,7 @@ class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRe
   v1::LoadStateDictRequest request_;
   bool first_ = true;
   std::string job_id_;
-  std::vector<std::string> chunks_;  // the file so far, in order
+  codec::SafetensorsReceiver receiver_;  // the file so far, decoded
 };
 
 // A stream refused before it started (the caller did not authenticate):
@@ -211,7 +272,10 @@ TrainerService::TrainerService(engine::JobRegistry* registry, RpcRecorder record
     : registry_(registry),
       record_(std::move(record)),
       options_(options),
-      state_dict_buffer_(options.max_state_dict_buffer_bytes) {}
+      state_dict_buffer_(options.max_state_dict_buffer_bytes) {
+  SetMessageAllocatorFor_Step(&step_messages_);
+  SetMessageAllocatorFor_Evaluate(&evaluate_messages_);
+}
 
 void TrainerService::Record(absl::string_view method, const grpc::Status& status,
                             absl::Time start) const {
@@ -328,12 +392,14 @@ grpc::ServerUnaryReactor* TrainerService::Step(grpc::CallbackServerContext* cont
     FinishUnary(reactor, "Step", start, tenant.status());
     return reactor;
   }
-  // Decoding copies the batch bytes once; it is linear and cheap next to a step.
   if (absl::Status s = CheckLength("job_id", request->job_id()); !s.ok()) {
     FinishUnary(reactor, "Step", start, s);
     return reactor;
   }
-  absl::StatusOr<engine::StepInput> input = StepInputFromProto(*request);
+  // The request is this service's own (step_messages_), not a const
+  // object: decoding moves the batch bytes out of it rather than copying.
+  absl::StatusOr<engine::StepInput> input =
+      StepInputFromProto(const_cast<v1::StepRequest*>(request));
   if (!input.ok()) {
     FinishUnary(reactor, "Step", start, input.status());
     return reactor;
@@ -360,7 +426,9 @@ grpc::ServerUnaryReactor* TrainerService::Evaluate(grpc::CallbackServerContext* 
     FinishUnary(reactor, "Evaluate", start, s);
     return reactor;
   }
-  absl::StatusOr<engine::EvaluateInput> input = EvaluateInputFromProto(*request);
+  // Ours too (evaluate_messages_): the bytes are moved, as Step's.
+  absl::StatusOr<engine::EvaluateInput> input =
+      EvaluateInputFromProto(const_cast<v1::EvaluateRequest*>(request));
   if (!input.ok()) {
     FinishUnary(reactor, "Evaluate", start, input.status());
     return reactor;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/message_allocator.h>
 
 #include <atomic>
 #include <cstdint>
@@ -52,6 +53,33 @@ class ByteBudget {
   std::atomic<int64_t> held_{0};
 };
 
+// Request and response of one unary call, made by the service rather than
+// by gRPC: gRPC hands a handler its request as const, and only an object
+// the service allocated itself is one it may then change, as Step and
+// Evaluate do when they move the batch bytes out of the request instead of
+// copying megabytes once more.
+template <typename Request, typename Response>
+class OwnedMessages final : public grpc::MessageHolder<Request, Response> {
+ public:
+  OwnedMessages() {
+    this->set_request(&request_);
+    this->set_response(&response_);
+  }
+  void Release() override { delete this; }
+
+ private:
+  Request request_;
+  Response response_;
+};
+
+template <typename Request, typename Response>
+class OwnedMessageAllocator final : public grpc::MessageAllocator<Request, Response> {
+ public:
+  grpc::MessageHolder<Request, Response>* AllocateMessages() override {
+    return new OwnedMessages<Request, Response>();
+  }
+};
+
 class TrainerService final : public v1::Trainer::CallbackService {
  public:
   // registry must outlive the service; record may be empty.
@@ -94,6 +122,10 @@ class TrainerService final : public v1::Trainer::CallbackService {
   const RpcRecorder record_;
   const ServiceOptions options_;
   ByteBudget state_dict_buffer_;
+  // Step's and Evaluate's messages (OwnedMessages); they outlive every call
+  // because the server is shut down before the service is destroyed.
+  OwnedMessageAllocator<v1::StepRequest, v1::StepResponse> step_messages_;
+  OwnedMessageAllocator<v1::EvaluateRequest, v1::EvaluateResponse> evaluate_messages_;
 };
 
 }  // namespace ampd::rpc

@@ -338,16 +338,21 @@ namespace {
 
 // The micro-batches of a Step or Evaluate, each tensor decoded and named by
 // its field (micro_batches[i].inputs / .targets).
+// Takes the tensors' bytes out of the messages (TakeTensorFromProto): the
+// batch is not copied once more on its way to the engine.
 absl::StatusOr<std::vector<engine::MicroBatch>> MicroBatchesFromProto(
-    const google::protobuf::RepeatedPtrField<v1::MicroBatch>& micro_batches) {
+    google::protobuf::RepeatedPtrField<v1::MicroBatch>* micro_batches) {
   std::vector<engine::MicroBatch> out;
-  for (int i = 0; i < micro_batches.size(); ++i) {
-    const v1::MicroBatch& mb = micro_batches.Get(i);
+  out.reserve(static_cast<size_t>(micro_batches->size()));
+  for (int i = 0; i < micro_batches->size(); ++i) {
+    v1::MicroBatch* mb = micro_batches->Mutable(i);
     const std::string field = absl::StrCat("micro_batches[", i, "]");
-    AMPD_ASSIGN_OR_RETURN(engine::HostTensor inputs,
-                          TensorFromProto(mb.inputs(), absl::StrCat(field, ".inputs")));
-    AMPD_ASSIGN_OR_RETURN(engine::HostTensor targets,
-                          TensorFromProto(mb.targets(), absl::StrCat(field, ".targets")));
+    AMPD_ASSIGN_OR_RETURN(
+        engine::HostTensor inputs,
+        codec::TakeTensorFromProto(mb->mutable_inputs(), absl::StrCat(field, ".inputs")));
+    AMPD_ASSIGN_OR_RETURN(
+        engine::HostTensor targets,
+        codec::TakeTensorFromProto(mb->mutable_targets(), absl::StrCat(field, ".targets")));
     out.push_back({std::move(inputs), std::move(targets)});
   }
   return out;
@@ -355,12 +360,13 @@ absl::StatusOr<std::vector<engine::MicroBatch>> MicroBatchesFromProto(
 
 }  // namespace
 
-absl::StatusOr<engine::StepInput> StepInputFromProto(const v1::StepRequest& request) {
+absl::StatusOr<engine::StepInput> StepInputFromProto(v1::StepRequest* request) {
   engine::StepInput input;
-  AMPD_ASSIGN_OR_RETURN(input.micro_batches, MicroBatchesFromProto(request.micro_batches()));
+  AMPD_ASSIGN_OR_RETURN(input.micro_batches,
+                        MicroBatchesFromProto(request->mutable_micro_batches()));
   // Whether there is a micro-batch and the learning rate is usable is the
   // engine's to say (CheckStepInput, before the step is queued).
-  if (request.has_learning_rate()) input.learning_rate = request.learning_rate();
+  if (request->has_learning_rate()) input.learning_rate = request->learning_rate();
   return input;
 }
 
@@ -392,9 +398,10 @@ void StepReportToProto(const engine::StepReport& r, v1::StepResponse* response) 
   response->set_learning_rate(r.learning_rate);
 }
 
-absl::StatusOr<engine::EvaluateInput> EvaluateInputFromProto(const v1::EvaluateRequest& request) {
+absl::StatusOr<engine::EvaluateInput> EvaluateInputFromProto(v1::EvaluateRequest* request) {
   engine::EvaluateInput input;
-  AMPD_ASSIGN_OR_RETURN(input.micro_batches, MicroBatchesFromProto(request.micro_batches()));
+  AMPD_ASSIGN_OR_RETURN(input.micro_batches,
+                        MicroBatchesFromProto(request->mutable_micro_batches()));
   // Whether there is a micro-batch is the engine's to say
   // (CheckEvaluateInput, before the evaluation is queued).
   return input;

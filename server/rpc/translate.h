@@ -27,10 +27,13 @@ v1::JobConfig JobConfigToProto(const engine::JobConfig& config);
 
 v1::Job JobToProto(const engine::JobSnapshot& snapshot);
 
-absl::StatusOr<engine::StepInput> StepInputFromProto(const v1::StepRequest& request);
+// The micro-batches' tensor bytes are moved out of *request (a batch is
+// megabytes; the request is not read again).
+absl::StatusOr<engine::StepInput> StepInputFromProto(v1::StepRequest* request);
 void StepReportToProto(const engine::StepReport& report, v1::StepResponse* response);
 
-absl::StatusOr<engine::EvaluateInput> EvaluateInputFromProto(const v1::EvaluateRequest& request);
+// Moves the tensor bytes out of *request, as StepInputFromProto.
+absl::StatusOr<engine::EvaluateInput> EvaluateInputFromProto(v1::EvaluateRequest* request);
 void EvaluateReportToProto(const engine::EvaluateReport& report, v1::EvaluateResponse* response);
 
 // Reads the ampd.create_request of a checkpoint written by an earlier ampd

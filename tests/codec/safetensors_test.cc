@@ -3,12 +3,15 @@
 // loop proving hostile bytes give an error rather than a crash.
 #include "codec/safetensors.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "codec/safetensors_receiver.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -432,6 +435,140 @@ TEST(SafetensorsTest, FuzzedFilesNeverCrash) {
   // Both outcomes occur, so the loop exercised the decoder's paths.
   EXPECT_GT(accepted, 0);
   EXPECT_GT(rejected, 0);
+}
+
+// ---- SafetensorsReceiver ---------------------------------------------------
+
+// The file through a receiver in chunks of `chunk` bytes, every reservation
+// granted; the first error of Append, else Finish's result.
+absl::StatusOr<StateDict> Receive(absl::string_view file, size_t chunk,
+                                  std::vector<uint64_t>* reserved = nullptr) {
+  SafetensorsReceiver receiver([&](uint64_t n) {
+    if (reserved != nullptr) reserved->push_back(n);
+    return absl::OkStatus();
+  });
+  for (size_t offset = 0; offset < file.size(); offset += chunk) {
+    if (absl::Status s = receiver.Append(file.substr(offset, chunk)); !s.ok()) return s;
+  }
+  return receiver.Finish();
+}
+
+TEST(SafetensorsReceiverTest, DecodesChunkedFilesAsDecodeSafetensorsDoes) {
+  const StateDict state = EveryKindOfState();
+  const std::string whole = EncodeSafetensors(state);
+  for (size_t chunk : {size_t{1}, size_t{3}, size_t{8}, size_t{9}, size_t{64}, whole.size()}) {
+    absl::StatusOr<StateDict> received = Receive(whole, chunk);
+    ASSERT_TRUE(received.ok()) << "chunk " << chunk << ": " << received.status();
+    ExpectSameState(state, *received);
+  }
+  // No tensors at all, and no metadata either.
+  absl::StatusOr<StateDict> empty = Receive(EncodeSafetensors(StateDict()), 3);
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_TRUE(empty->tensors.empty());
+}
+
+// Memory is asked for before it is taken: the header's length with its
+// prefix, then each tensor with bytes, in the file's order, once each.
+TEST(SafetensorsReceiverTest, ReservesTheHeaderThenEachTensorBeforeItsBytes) {
+  StateDict state;
+  state.tensors.push_back({"a", MakeTensor(DType::kF32, {100}, 1)});
+  state.tensors.push_back({"none", MakeTensor(DType::kF32, {0}, 2)});
+  state.tensors.push_back({"b", MakeTensor(DType::kI64, {7, 3}, 3)});
+  const std::string file = EncodeSafetensors(state);
+  const uint64_t header = file.size() - 400 - 168;
+  std::vector<uint64_t> reserved;
+  absl::StatusOr<StateDict> received = Receive(file, 16, &reserved);
+  ASSERT_TRUE(received.ok()) << received.status();
+  EXPECT_EQ(reserved, (std::vector<uint64_t>{header, 400, 168}));
+  ExpectSameState(state, *received);
+
+  // A refusal stops the file there, with the refusal's status, and sticks.
+  int calls = 0;
+  SafetensorsReceiver refusing([&](uint64_t n) {
+    ++calls;
+    return n == 168 ? absl::ResourceExhaustedError("over budget") : absl::OkStatus();
+  });
+  absl::Status s = refusing.Append(file);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_EQ(refusing.Append("x").code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(refusing.Finish().status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(calls, 3);
+}
+
+TEST(SafetensorsReceiverTest, KnowsTheDeclaredLengthOnceTheHeaderIsIn) {
+  const std::string file = EncodeSafetensors(EveryKindOfState());
+  SafetensorsReceiver receiver([](uint64_t) { return absl::OkStatus(); });
+  ASSERT_TRUE(receiver.Append(absl::string_view(file).substr(0, 9)).ok());
+  EXPECT_FALSE(receiver.declared_bytes().has_value());
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<uint8_t>(file[i])) << (8 * i);
+  ASSERT_TRUE(receiver.Append(absl::string_view(file).substr(9, 8 + n - 9)).ok());
+  ASSERT_TRUE(receiver.declared_bytes().has_value());
+  EXPECT_EQ(*receiver.declared_bytes(), file.size());
+  EXPECT_EQ(receiver.received_bytes(), 8 + n);
+}
+
+// Every malformed file the decoder refuses, the receiver refuses too
+// (InvalidArgument), in any chunking; those whose defect is in the header or
+// the layout with the decoder's words. A file cut short or run long is only
+// known as such while it streams, so those name the lengths instead.
+TEST(SafetensorsReceiverTest, RefusesEveryMalformedFile) {
+  const std::vector<std::string> length_defects = {"too short", "header length past the end",
+                                                   "past the end", "trailing bytes",
+                                                   "bytes with no tensors"};
+  for (const BadCase& c : BadCases()) {
+    SCOPED_TRACE(c.label);
+    for (size_t chunk : {size_t{1}, size_t{5}, c.file.size() + 1}) {
+      absl::StatusOr<StateDict> received = Receive(c.file, chunk);
+      ASSERT_FALSE(received.ok()) << "chunk " << chunk;
+      EXPECT_EQ(received.status().code(), absl::StatusCode::kInvalidArgument);
+      if (std::find(length_defects.begin(), length_defects.end(), c.label) ==
+          length_defects.end()) {
+        EXPECT_THAT(std::string(received.status().message()), HasSubstr(c.message));
+      }
+    }
+  }
+  EXPECT_THAT(std::string(Receive(BadCases()[3].file, 4).status().message()),
+              HasSubstr("exceeds the limit"));
+  const std::string valid = EncodeSafetensors(EveryKindOfState());
+  EXPECT_THAT(std::string(Receive(valid + "x", 64).status().message()),
+              HasSubstr("trailing bytes after the last tensor"));
+  EXPECT_THAT(std::string(Receive(valid.substr(0, valid.size() - 1), 64).status().message()),
+              HasSubstr(absl::StrCat("ends after ", valid.size() - 1, " bytes")));
+}
+
+// Damaged files: the receiver accepts exactly what the decoder accepts, and
+// decodes it to the same state.
+TEST(SafetensorsReceiverTest, AgreesWithTheDecoderOnDamagedFiles) {
+  const std::string valid = EncodeSafetensors(EveryKindOfState());
+  std::mt19937 rng(20261126);
+  int accepted = 0;
+  for (int iter = 0; iter < 5000; ++iter) {
+    std::string file = valid;
+    const size_t pos = rng() % file.size();
+    switch (rng() % 3) {
+      case 0:
+        file[pos] = static_cast<char>(file[pos] ^ (1 << (rng() % 8)));
+        break;
+      case 1:
+        file.resize(pos);
+        break;
+      case 2:
+        file.insert(pos, 1, static_cast<char>(rng()));
+        break;
+    }
+    const absl::StatusOr<StateDict> decoded = DecodeSafetensors(file);
+    const absl::StatusOr<StateDict> received = Receive(file, 1 + rng() % 97);
+    ASSERT_EQ(decoded.ok(), received.ok())
+        << "iteration " << iter << ": " << decoded.status() << " / " << received.status();
+    if (decoded.ok()) {
+      ++accepted;
+      ExpectSameState(*decoded, *received);
+    } else {
+      EXPECT_EQ(received.status().code(), absl::StatusCode::kInvalidArgument);
+    }
+  }
+  EXPECT_GT(accepted, 0);
 }
 
 }  // namespace

@@ -32,6 +32,30 @@ TEST(TensorProtoTest, EveryDtypeRoundTrips) {
   }
 }
 
+// TakeTensorFromProto: the same tensor, its bytes moved out of the message
+// (left empty); a malformed tensor's error leaves the message as it was.
+TEST(TensorProtoTest, TakeMovesTheBytesAndLeavesARefusedMessageAlone) {
+  HostTensor t;
+  t.dtype = DType::kF32;
+  t.shape = {4, 1024};
+  t.data.assign(4 * 1024 * 4, 'z');
+  v1::Tensor proto = TensorToProto(t);
+  const void* bytes = proto.data().data();
+  absl::StatusOr<HostTensor> taken = TakeTensorFromProto(&proto, "inputs");
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_EQ(taken->shape, t.shape);
+  EXPECT_EQ(taken->data, t.data);
+  EXPECT_EQ(static_cast<const void*>(taken->data.data()), bytes) << "copied, not moved";
+  EXPECT_TRUE(proto.data().empty());
+
+  v1::Tensor short_data = TensorToProto(t);
+  short_data.mutable_data()->pop_back();
+  const std::string before = short_data.SerializeAsString();
+  absl::StatusOr<HostTensor> refused = TakeTensorFromProto(&short_data, "inputs");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(short_data.SerializeAsString(), before);
+}
+
 // The status a malformed tensor decodes to, with its INVALID_FIELD field.
 void ExpectFieldError(const v1::Tensor& proto, const std::string& field, const std::string& what) {
   absl::StatusOr<HostTensor> t = TensorFromProto(proto, "micro_batches[0].inputs");

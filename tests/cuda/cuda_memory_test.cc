@@ -1,6 +1,7 @@
 // The CUDA backend's memory: BytesInUse counts live tensor bytes, the
-// per-device pool serves a warm step without cudaMalloc, and blocks are
-// shared (safely ordered) between backends on the same device.
+// per-device pool serves a warm step without cudaMalloc, blocks are shared
+// (safely ordered) between backends on the same device, and host copies of
+// state-load sizes arrive whole past the bounded pinned staging buffers.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -55,6 +56,54 @@ TEST_F(CudaVsCpuTest, BlocksMoveBetweenBackendsInStreamOrder) {
     got = Download(**other, b);
     EXPECT_EQ(got, v) << "round " << round;
   }
+}
+
+// A state load's shape of work: many uploads of up to the largest staged
+// size (64 MiB) with no synchronisation between them, more than the upload
+// arena's 128 MiB cap, then a larger one that goes straight from the
+// caller's memory. Every tensor must arrive whole, whichever way it went.
+TEST_F(CudaVsCpuTest, ManyLargeUploadsArriveWholePastTheArenaCap) {
+  constexpr int64_t kStaged = int64_t{16} << 20;  // floats: 64 MiB, the largest staged upload
+  std::vector<std::vector<float>> values;
+  std::vector<Tensor> tensors;
+  for (int i = 0; i < 5; ++i) {
+    values.push_back(
+        RandomValues(kStaged - i * 4099, 900 + static_cast<uint32_t>(i), -4, 4, DType::kF32));
+    tensors.push_back(*gpu_->Allocate(DType::kF32, {static_cast<int64_t>(values.back().size())}));
+    ASSERT_TRUE(gpu_->CopyFromHost(values.back().data(), values.back().size() * sizeof(float),
+                                   tensors.back())
+                    .ok());
+  }
+  values.push_back(RandomValues(kStaged + 12345, 999, -4, 4, DType::kF32));
+  tensors.push_back(*gpu_->Allocate(DType::kF32, {static_cast<int64_t>(values.back().size())}));
+  ASSERT_TRUE(
+      gpu_->CopyFromHost(values.back().data(), values.back().size() * sizeof(float), tensors.back())
+          .ok());
+  ASSERT_TRUE(gpu_->Synchronize().ok());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    EXPECT_TRUE(Download(*gpu_, tensors[i]) == values[i]) << "tensor " << i;
+  }
+}
+
+// ReadBack lands copies of more than 64 MiB straight in the caller's
+// memory and smaller ones through its pinned buffer, in one call with the
+// step's scalars: all of them must hold the device's bytes afterwards.
+TEST_F(CudaVsCpuTest, ReadBackOfLargeAndSmallCopiesTogether) {
+  const std::vector<float> big = RandomValues((int64_t{16} << 20) + 777, 41, -2, 2, DType::kF32);
+  const std::vector<float> small = RandomValues(1000, 42, -2, 2, DType::kF32);
+  const Tensor big_t = Upload(*gpu_, DType::kF32, {static_cast<int64_t>(big.size())}, big);
+  const Tensor small_t = Upload(*gpu_, DType::kF32, {static_cast<int64_t>(small.size())}, small);
+  const Tensor scalar = Upload(*gpu_, DType::kF32, {1}, {3.5f});
+  std::vector<float> big_out(big.size(), 0.0f);
+  std::vector<float> small_out(small.size(), 0.0f);
+  const std::vector<HostCopy> copies = {{&small_t, small_out.data(), small.size() * sizeof(float)},
+                                        {&big_t, big_out.data(), big.size() * sizeof(float)}};
+  const Tensor* scalars[] = {&scalar};
+  float read[1] = {0.0f};
+  ASSERT_TRUE(gpu_->ReadBack(scalars, absl::MakeSpan(read), copies).ok());
+  EXPECT_EQ(read[0], 3.5f);
+  EXPECT_TRUE(big_out == big);
+  EXPECT_TRUE(small_out == small);
 }
 
 }  // namespace

@@ -195,8 +195,11 @@ TEST_F(CheckpointBytes, ImportKeepsTheJobsSequenceAndCheckpointsTheRecordedBytes
   ASSERT_TRUE(registry.ok()) << registry.status();
   absl::StatusOr<JobSnapshot> job = Create(**registry, LegacyConfig(), "req-import");
   ASSERT_TRUE(job.ok()) << job.status();
+  absl::StatusOr<checkpoint::StateDict> file =
+      checkpoint::DecodeSafetensors(test_support::ReadFile(file_));
+  ASSERT_TRUE(file.ok()) << file.status();
   std::promise<absl::StatusOr<int64_t>> imported;
-  (*registry)->ImportState("", job->job_id, {test_support::ReadFile(file_)},
+  (*registry)->ImportState("", job->job_id, *std::move(file),
                            [&](absl::StatusOr<int64_t> n) { imported.set_value(std::move(n)); });
   absl::StatusOr<int64_t> tensors = imported.get_future().get();
   ASSERT_TRUE(tensors.ok()) << tensors.status();

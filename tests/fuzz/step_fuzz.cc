@@ -30,7 +30,7 @@ constexpr int64_t kMaxRows = 4096;
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ampd::v1::StepRequest request;
   if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
-  absl::StatusOr<ampd::engine::StepInput> input = ampd::rpc::StepInputFromProto(request);
+  absl::StatusOr<ampd::engine::StepInput> input = ampd::rpc::StepInputFromProto(&request);
   if (!input.ok()) return 0;
   int64_t rows = 0;
   for (const auto& batch : input->micro_batches) {

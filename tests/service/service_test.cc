@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <string>
@@ -1003,46 +1004,62 @@ TEST_F(ServiceTest, NamesAreBoundedAndErrorsDoNotEchoHugeInput) {
   EXPECT_EQ(jobs->size(), 1u);
 }
 
-// LoadStateDict streams share one budget of buffered bytes: two streams of
-// 600 KB against a 1 MB budget cannot both be held, whichever comes first;
-// once they are done the budget is free again. The server may also take the
-// second stream's chunk, finish that stream and free its bytes before the
-// first stream's chunk is read (the two are not ordered on the wire): both
-// then load in turn, which is right but does not test sharing, so the pair
-// is sent again, a bounded number of times, until they overlap.
+// LoadStateDict streams share one budget of held bytes: a stream holds a
+// tensor's bytes from when its first byte arrives (the file is decoded as
+// it comes), so two streams of a 600 KB tensor against a 1 MB budget cannot
+// both be held, whichever comes first; once they are done the budget is
+// free again. The server may also take the second stream's chunk, finish
+// that stream and free its bytes before the first stream's chunk is read
+// (the two are not ordered on the wire): both then go through in turn,
+// which is right but does not test sharing, so the pair is sent again, a
+// bounded number of times, until they overlap.
 TEST_F(ServiceTest, ConcurrentLoadStateDictStreamsShareOneBudget) {
   Start({"--max-state-dict-buffer-bytes=1000000"});
   const std::string id = CreateJob(1);
+  // The header of a file with one F32 tensor of 600000 bytes, and its
+  // first bytes: the stream then holds the whole tensor's buffer.
+  StateDict big;
+  big.tensors.push_back(
+      {"model.0.weight", {codec::DType::kF32, {150000}, std::string(600000, 'x')}});
+  const std::string file = codec::EncodeSafetensors(big);
   v1::LoadStateDictRequest chunk;
   chunk.set_job_id(id);
-  chunk.set_data(std::string(600000, 'x'));
+  chunk.set_data(file.substr(0, file.size() - 100000));
 
-  std::unique_ptr<LoadStream> first = OpenLoad();
-  std::unique_ptr<LoadStream> second = OpenLoad();
-  first->writer->Write(chunk);
-  second->writer->Write(chunk);
-  // Both streams stay open, holding their bytes, so whichever chunk reaches
-  // the server second is refused, in either order. The server ends that
-  // call at once; a further one-byte write on it then fails, which tells
-  // the test that the refusal has happened.
-  v1::LoadStateDictRequest byte;
-  byte.set_data("x");
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  bool first_open = true;
-  bool second_open = true;
-  while (first_open && second_open && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(20));
-    first_open = first->writer->Write(byte);
-    second_open = second->writer->Write(byte);
+  grpc::Status first_status;
+  grpc::Status second_status;
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    std::unique_ptr<LoadStream> first = OpenLoad();
+    std::unique_ptr<LoadStream> second = OpenLoad();
+    first->writer->Write(chunk);
+    second->writer->Write(chunk);
+    // Both streams stay open, holding their bytes, so whichever chunk
+    // reaches the server second is refused, in either order. The server
+    // ends that call at once; a further one-byte write on it then fails,
+    // which tells the test that the refusal has happened.
+    v1::LoadStateDictRequest byte;
+    byte.set_data("x");
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    bool first_open = true;
+    bool second_open = true;
+    while (first_open && second_open && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(20));
+      first_open = first->writer->Write(byte);
+      second_open = second->writer->Write(byte);
+    }
+    second->writer->WritesDone();
+    second_status = second->writer->Finish();
+    first->writer->WritesDone();
+    first_status = first->writer->Finish();
+    if (first_status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+        second_status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      break;
+    }
   }
-  second->writer->WritesDone();
-  const grpc::Status second_status = second->writer->Finish();
-  first->writer->WritesDone();
-  const grpc::Status first_status = first->writer->Finish();
   std::vector<grpc::StatusCode> codes = {first_status.error_code(), second_status.error_code()};
   std::sort(codes.begin(), codes.end());
-  // INVALID_ARGUMENT (3) for the one whose bytes were taken (they are not a
-  // safetensors file), RESOURCE_EXHAUSTED (8) for the one refused.
+  // INVALID_ARGUMENT (3) for the one whose bytes were taken (the file stops
+  // short), RESOURCE_EXHAUSTED (8) for the one refused.
   ASSERT_EQ(codes, (std::vector<grpc::StatusCode>{grpc::StatusCode::INVALID_ARGUMENT,
                                                   grpc::StatusCode::RESOURCE_EXHAUSTED}))
       << first_status.error_message() << " / " << second_status.error_message();
@@ -1060,6 +1077,117 @@ TEST_F(ServiceTest, ConcurrentLoadStateDictStreamsShareOneBudget) {
   EXPECT_EQ(third_status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
       << third_status.error_message();
   EXPECT_EQ(DetailsOf(third_status).reason(), "INVALID_STATE_DICT");
+  EXPECT_TRUE(absl::StrContains(third_status.error_message(), "the file ends after"))
+      << third_status.error_message();
+}
+
+// The file is decoded as it arrives: one that is not a safetensors file, or
+// that is larger than the server takes, ends the stream at the chunk that
+// shows it, and a stream for a job the caller does not have ends at its
+// first message, before any file bytes are held.
+TEST_F(ServiceTest, LoadStateDictStopsAtTheFirstChunkThatShowsAProblem) {
+  Start({"--max-memory-bytes=100000000"});  // also bounds a state dict to 100 MB
+  const std::string id = CreateJob(1);
+  v1::LoadStateDictRequest request;
+  request.set_job_id(id);
+  request.set_data("not a safetensors file at all");
+  std::unique_ptr<LoadStream> garbage = OpenLoad();
+  garbage->writer->Write(request);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  v1::LoadStateDictRequest more;
+  more.set_data(std::string(1000, 'x'));
+  while (garbage->writer->Write(more) && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_LT(absl::Now(), deadline) << "the server kept reading after a bad header";
+  grpc::Status s = garbage->writer->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_EQ(DetailsOf(s).reason(), "INVALID_STATE_DICT");
+
+  // A header that declares 200 MB of tensors: refused from the header.
+  const std::string json =
+      R"({"model.0.weight":{"dtype":"F32","shape":[50000000],"data_offsets":[0,200000000]}})";
+  std::string header;
+  for (int i = 0; i < 8; ++i) header.push_back(static_cast<char>((json.size() >> (8 * i)) & 0xFF));
+  header += json;
+  request.set_data(header);
+  std::unique_ptr<LoadStream> over = OpenLoad();
+  over->writer->Write(request);
+  over->writer->WritesDone();
+  s = over->writer->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_EQ(DetailsOf(s).reason(), "MEMORY_LIMIT");
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "exceeds the server's limit of 100000000 bytes"))
+      << s.error_message();
+
+  request.set_job_id("job-nope");
+  request.set_data(header);
+  std::unique_ptr<LoadStream> nobody = OpenLoad();
+  nobody->writer->Write(request);
+  nobody->writer->WritesDone();
+  s = nobody->writer->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+  EXPECT_EQ(DetailsOf(s).reason(), "JOB_NOT_FOUND");
+}
+
+// A job's creation checkpoint is its config and seed alone (no weights are
+// written, however large the model): a server killed before the job's
+// first step restores it bit for bit, and it trains on as a job created
+// afresh with the same seed does.
+TEST_F(ServiceTest, JobKilledAtStepZeroComesBackBitIdentical) {
+  Start();
+  const std::string id = CreateJob(1);
+  absl::StatusOr<std::string> created = client_->GetStateDict(id);
+  ASSERT_TRUE(created.ok()) << created.status();
+  const StateDict saved = ReadCheckpoint(id);
+  EXPECT_TRUE(saved.tensors.empty());
+  EXPECT_EQ(saved.metadata.at("ampd.step"), "0");
+  EXPECT_TRUE(saved.metadata.contains("ampd.initial_state"));
+  server_->Signal(SIGKILL);
+  server_->Wait(kExitDeadline);
+
+  Start();
+  absl::StatusOr<v1::Job> job = client_->GetJob(id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->step(), 0);
+  absl::StatusOr<std::string> restored = client_->GetStateDict(id);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_TRUE(*restored == *created) << "the restored state differs from the created one";
+  const std::string twin = CreateJob(1);
+  v1::StepResponse a;
+  v1::StepResponse b;
+  ASSERT_TRUE(RawStep(StepRequest(id, 1), &a).ok());
+  ASSERT_TRUE(RawStep(StepRequest(twin, 1), &b).ok());
+  EXPECT_EQ(a.loss(), b.loss());
+  EXPECT_EQ(a.scale_after(), b.scale_after());
+  EXPECT_TRUE(absl::StrContains(server_->Log(), absl::StrCat("job ", id, " restored at step 0")));
+}
+
+// A seed-only checkpoint whose config was altered (here its seed, which
+// still reads as a valid config) is refused with an error that names the
+// defect, and left on disk.
+TEST_F(ServiceTest, DamagedSeedOnlyCheckpointIsRefusedWithAClearError) {
+  Start();
+  const std::string id = CreateJob(1);
+  server_->Signal(SIGKILL);
+  server_->Wait(kExitDeadline);
+  StateDict saved = ReadCheckpoint(id);
+  std::string& config = saved.metadata.at("ampd.config");
+  const size_t seed = config.find("\"seed\":1");
+  ASSERT_NE(seed, std::string::npos) << config;
+  config.replace(seed, 8, "\"seed\":2");
+  const std::filesystem::path file = std::filesystem::path(state_dir_) / (id + ".safetensors");
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << codec::EncodeSafetensors(saved);
+
+  Start();
+  grpc::Status s = RawGetJob(id);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  const std::string log = server_->Log();
+  EXPECT_TRUE(absl::StrContains(log, absl::StrCat("job ", id,
+                                                  " failed to restore: DATA_LOSS: "
+                                                  "ampd.config_digest: does not match")))
+      << log;
+  EXPECT_TRUE(std::filesystem::exists(file));
 }
 
 TEST_F(ServiceTest, SigtermDrainsCheckpointsAndExitsZero) {

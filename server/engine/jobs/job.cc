@@ -106,6 +106,54 @@ bool DecodeHexFloats(absl::string_view text, std::vector<float>* out) {
   return true;
 }
 
+// FNV-1a, 64 bits: a digest whose value is the same in every build and on
+// every machine (absl::Hash is seeded per process), for kMetaConfigDigest.
+std::string ConfigDigest(absl::string_view config_json) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (const char c : config_json) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 0x100000001b3ULL;
+  }
+  return absl::StrFormat("%016x", h);
+}
+
+// The checks a seed-only checkpoint must pass before its job is rebuilt
+// from its config: DataLoss naming the key that is wrong.
+absl::Status CheckSeedOnly(const checkpoint::StateDict& state) {
+  const std::string& init = state.metadata.at(kMetaInitialState);
+  if (init != kSeededInitialisation) {
+    return absl::DataLossError(
+        absl::StrCat(kMetaInitialState, ": the checkpoint relies on the seeded initialisation \"",
+                     init, "\", which this build does not have (it has \"", kSeededInitialisation,
+                     "\"); the job was at step 0 and has no other state: create it again"));
+  }
+  if (!state.tensors.empty()) {
+    return absl::DataLossError(absl::StrCat(kMetaInitialState,
+                                            ": a seed-only checkpoint holds no tensors, this one "
+                                            "holds ",
+                                            state.tensors.size()));
+  }
+  auto step = state.metadata.find(kMetaStep);
+  if (step == state.metadata.end() || step->second != "0") {
+    return absl::DataLossError(
+        absl::StrCat(kMetaStep, ": a seed-only checkpoint is at step 0, this one says \"",
+                     step == state.metadata.end() ? "(missing)" : step->second, "\""));
+  }
+  auto config = state.metadata.find(kMetaConfig);
+  auto digest = state.metadata.find(kMetaConfigDigest);
+  if (config == state.metadata.end() || digest == state.metadata.end() ||
+      digest->second != ConfigDigest(config->second)) {
+    return absl::DataLossError(absl::StrCat(
+        kMetaConfigDigest, ": ",
+        digest == state.metadata.end()
+            ? "missing from a seed-only checkpoint"
+            : absl::StrCat("does not match the checkpoint's ", kMetaConfig),
+        " (the file is corrupted: its state is its config's model and seed, which cannot be "
+        "trusted)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string EncodeStepReport(const StepReport& r) {
@@ -291,6 +339,7 @@ absl::Status Job::Initialize(const std::string& device) {
 absl::Status Job::InitializeUnguarded(const std::string& device) {
   AMPD_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, kernels::CreateBackend(device));
   AMPD_ASSIGN_OR_RETURN(trainer_, Trainer::Create(config_, std::move(backend)));
+  initial_state_ = true;
   bytes_in_use_.store(trainer_->backend().BytesInUse(), std::memory_order_relaxed);
   absl::MutexLock lock(&mu_);
   RefreshSnapshot();
@@ -298,7 +347,13 @@ absl::Status Job::InitializeUnguarded(const std::string& device) {
 }
 
 absl::Status Job::Restore(const std::string& device, const checkpoint::StateDict& state) {
+  if (state.metadata.contains(kMetaInitialState)) {
+    // Checked before anything is built: a file that fails is left as it is.
+    AMPD_RETURN_IF_ERROR(CheckSeedOnly(state));
+    return Initialize(device);
+  }
   AMPD_RETURN_IF_ERROR(Initialize(device));
+  initial_state_ = false;
   AMPD_RETURN_IF_ERROR(AllocationGuard("restore", [&] { return trainer_->LoadState(state); }));
   // The Trainer took its counts from the checkpoint; the recorded response
   // is kept when it is the last step's.
@@ -356,6 +411,8 @@ absl::StatusOr<StepReport> Job::RunStep(int64_t sequence, StepInput input,
   const std::function<absl::Status(int64_t)> admit = [this](int64_t bytes) {
     return context_->admit_step ? context_->admit_step(*this, bytes) : absl::OkStatus();
   };
+  // Whatever the step's outcome, the state may no longer be the seed's.
+  initial_state_ = false;
   absl::StatusOr<StepReport> report = AllocationGuard("Step", [&]() -> absl::StatusOr<StepReport> {
     return trainer_->Step(input, admit, data_parallel);
   });
@@ -428,15 +485,13 @@ absl::StatusOr<checkpoint::EncodedSafetensors> Job::ExportSafetensorsUnguarded()
   return encoded;
 }
 
-absl::StatusOr<int64_t> Job::ImportSafetensors(absl::Span<const absl::string_view> pieces) {
-  return AllocationGuard("LoadStateDict", [&] { return ImportSafetensorsUnguarded(pieces); });
+absl::StatusOr<int64_t> Job::ImportSafetensors(checkpoint::StateDict state) {
+  return AllocationGuard("LoadStateDict",
+                         [&] { return ImportSafetensorsUnguarded(std::move(state)); });
 }
 
-absl::StatusOr<int64_t> Job::ImportSafetensorsUnguarded(
-    absl::Span<const absl::string_view> pieces) {
+absl::StatusOr<int64_t> Job::ImportSafetensorsUnguarded(checkpoint::StateDict state) {
   if (trainer_ == nullptr) return NotOpen();
-  absl::StatusOr<checkpoint::StateDict> state = checkpoint::DecodeSafetensors(pieces);
-  if (!state.ok()) return WithReason(state.status(), reason::kInvalidStateDict);
   // With a state directory the import is acknowledged only once it is on
   // disk; keep what to go back to if that write fails.
   std::optional<checkpoint::StateDict> previous;
@@ -444,10 +499,11 @@ absl::StatusOr<int64_t> Job::ImportSafetensorsUnguarded(
     AMPD_ASSIGN_OR_RETURN(previous, trainer_->ExportState());
   }
   const JobSnapshot before = Snapshot();
+  initial_state_ = false;
   // The step sequence is the job's protocol with its client: an imported
   // state replaces weights, optimizer and scaler, not the count of Step
   // calls this job has answered.
-  if (absl::Status s = trainer_->LoadState(*state, Trainer::StepCount::kKeep); !s.ok()) {
+  if (absl::Status s = trainer_->LoadState(state, Trainer::StepCount::kKeep); !s.ok()) {
     return s.code() == absl::StatusCode::kInvalidArgument ? WithReason(s, reason::kInvalidStateDict)
                                                           : s;
   }
@@ -482,7 +538,7 @@ absl::StatusOr<int64_t> Job::ImportSafetensorsUnguarded(
                 ? ""
                 : absl::StrCat("; restoring the previous state failed too: ", restored.message())));
   }
-  return static_cast<int64_t>(state->tensors.size());
+  return static_cast<int64_t>(state.tensors.size());
 }
 
 absl::Status Job::Checkpoint() {
@@ -491,7 +547,16 @@ absl::Status Job::Checkpoint() {
 
 absl::StatusOr<checkpoint::StateDict> Job::CheckpointState() const {
   if (trainer_ == nullptr) return NotOpen();
-  AMPD_ASSIGN_OR_RETURN(checkpoint::StateDict state, trainer_->ExportState());
+  checkpoint::StateDict state;
+  if (initial_state_) {
+    // The config and seed are the state (kMetaInitialState): no weights
+    // are read back or written, whatever the model's size.
+    state.metadata[kMetaInitialState] = kSeededInitialisation;
+    state.metadata[kMetaConfigDigest] = ConfigDigest(config_json_);
+    state.metadata.emplace(kMetaStep, "0");  // not = "0": GCC 12 -Wrestrict misfires on it
+  } else {
+    AMPD_ASSIGN_OR_RETURN(state, trainer_->ExportState());
+  }
   AddJobMetadata(state);
   return state;
 }

@@ -96,6 +96,25 @@ inline constexpr char kMetaRequestId[] = "ampd.request_id";
 // jobs had owners) means the anonymous tenant "".
 inline constexpr char kMetaOwner[] = "ampd.owner";
 inline constexpr char kMetaFailure[] = "ampd.failure";  // present while the job is failed
+// Present in a seed-only checkpoint: the one a job writes while it is still
+// exactly what its config and seed made (no step run, nothing imported), at
+// creation and at shutdown. Such a file holds no tensors: a restore rebuilds
+// the weights from ampd.config's model and seed, bit for bit (the seeded
+// initialisation is deterministic on every backend), so creating a job
+// never writes its weights to disk; its first full checkpoint replaces the
+// file. The value names the initialisation the file relies on.
+inline constexpr char kMetaInitialState[] = "ampd.initial_state";
+// The FNV-1a 64 digest of ampd.config's bytes, in hex, in a seed-only
+// checkpoint: there the config is the whole state, and a corrupted seed
+// still reads as valid JSON, so it must not silently rebuild other weights.
+inline constexpr char kMetaConfigDigest[] = "ampd.config_digest";
+// The seeded initialisation seed-only checkpoints rely on: model/init.cc's
+// PyTorch-default distributions drawn with Philox4x32-10, parameter k of
+// the model's parameter order from stream k of the seed.
+// tests/engine/seed_checkpoint_test.cc pins what it produces; a change that
+// moves that pin must rename this, so that files written before it are
+// refused with a clear error instead of restored with other weights.
+inline constexpr char kSeededInitialisation[] = "seed:philox4x32-10:v1";
 
 class Job : public std::enable_shared_from_this<Job> {
  public:
@@ -129,7 +148,11 @@ class Job : public std::enable_shared_from_this<Job> {
   // ---- strand-only (call from a posted task) ----------------------------------
   // Builds the Trainer on a new backend for `device` from the job's config.
   absl::Status Initialize(const std::string& device);
-  // Initialize, then load a checkpoint and continue its step sequence.
+  // Initialize, then load a checkpoint and continue its step sequence. A
+  // seed-only checkpoint (kMetaInitialState) loads nothing: Initialize
+  // rebuilds its state. One that names another initialisation, holds
+  // tensors, is past step 0 or whose config does not match its digest is
+  // refused (DataLoss naming the key).
   absl::Status Restore(const std::string& device, const checkpoint::StateDict& state);
   // Exactly-once: sequence == step()+1 trains; sequence == step() returns the
   // recorded report; anything else is FailedPrecondition SEQUENCE_MISMATCH
@@ -154,13 +177,12 @@ class Job : public std::enable_shared_from_this<Job> {
   // The Trainer's state as a safetensors file (header and host tensors,
   // not yet concatenated).
   absl::StatusOr<checkpoint::EncodedSafetensors> ExportSafetensors() const;
-  // Replaces weights, optimizer and scaler state from safetensors bytes and
-  // clears a failure; the step sequence is the job's own and does not change.
-  // With a state directory the new state is checkpointed before this
-  // returns, so an acknowledged import survives a crash; when that write
-  // fails the previous state is put back and the error returned.
-  // `pieces` are the file's consecutive pieces (a stream's chunks).
-  absl::StatusOr<int64_t> ImportSafetensors(absl::Span<const absl::string_view> pieces);
+  // Replaces weights, optimizer and scaler state from a decoded safetensors
+  // file and clears a failure; the step sequence is the job's own and does
+  // not change. With a state directory the new state is checkpointed before
+  // this returns, so an acknowledged import survives a crash; when that
+  // write fails the previous state is put back and the error returned.
+  absl::StatusOr<int64_t> ImportSafetensors(checkpoint::StateDict state);
   // Writes the checkpoint when there is a state directory (no-op otherwise)
   // and returns once it is on disk. A background write of this job still
   // queued is dropped (this one is newer) and one in flight is waited for,
@@ -186,9 +208,10 @@ class Job : public std::enable_shared_from_this<Job> {
   // an allocation guard (job.cc).
   absl::Status InitializeUnguarded(const std::string& device);
   absl::StatusOr<checkpoint::EncodedSafetensors> ExportSafetensorsUnguarded() const;
-  absl::StatusOr<int64_t> ImportSafetensorsUnguarded(absl::Span<const absl::string_view> pieces);
+  absl::StatusOr<int64_t> ImportSafetensorsUnguarded(checkpoint::StateDict state);
   absl::Status CheckpointUnguarded();
-  // The Trainer's state plus the job's ampd.* metadata, as checkpointed.
+  // The Trainer's state plus the job's ampd.* metadata, as checkpointed:
+  // seed-only while initial_state_ (kMetaInitialState), full otherwise.
   absl::StatusOr<checkpoint::StateDict> CheckpointState() const;
   // The job's ampd.* metadata into a state the Trainer exported.
   void AddJobMetadata(checkpoint::StateDict& state) const;
@@ -231,6 +254,11 @@ class Job : public std::enable_shared_from_this<Job> {
   // Owned by the strand (only tasks touch them).
   std::unique_ptr<Trainer> trainer_;
   std::optional<StepReport> last_report_;
+  // True while the Trainer holds exactly what Initialize built from the
+  // config and seed: its checkpoints are then seed-only. Cleared before
+  // anything that may change the Trainer's state (a step, an import, a
+  // distributed job's copy of another rank's state).
+  bool initial_state_ = false;
   std::atomic<int64_t> bytes_in_use_{0};
   std::atomic<int64_t> workspace_bytes_{0};
   // A distributed job's meeting point and formed group (strand-owned).

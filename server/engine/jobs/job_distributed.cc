@@ -177,6 +177,7 @@ absl::Status Job::SyncState(dist::ProcessGroup& group, bool* copied, int32_t* so
   AMPD_RETURN_IF_ERROR(group.Broadcast(bytes, src));
   if (trainer_->steps_run() == all[2 * src]) return absl::OkStatus();
   AMPD_ASSIGN_OR_RETURN(const checkpoint::StateDict state, checkpoint::DecodeSafetensors(bytes));
+  initial_state_ = false;
   AMPD_RETURN_IF_ERROR(trainer_->LoadState(state, Trainer::StepCount::kFromState));
   last_report_.reset();
   if (auto it = state.metadata.find(kMetaLastReport); it != state.metadata.end()) {

@@ -488,17 +488,16 @@ void JobRegistry::ExportState(
 }
 
 void JobRegistry::ImportState(const std::string& owner, const std::string& job_id,
-                              std::vector<std::string> chunks,
+                              checkpoint::StateDict state,
                               std::function<void(absl::StatusOr<int64_t>)> done) {
   std::shared_ptr<Job> job = Find(owner, job_id);
   if (job == nullptr) {
     done(JobNotFound(job_id));
     return;
   }
-  auto pieces = std::make_shared<std::vector<std::string>>(std::move(chunks));
-  job->Post([job, pieces, done = std::move(done)] {
-    std::vector<absl::string_view> views(pieces->begin(), pieces->end());
-    absl::StatusOr<int64_t> tensors = job->ImportSafetensors(views);
+  auto shared_state = std::make_shared<checkpoint::StateDict>(std::move(state));
+  job->Post([job, shared_state, done = std::move(done)] {
+    absl::StatusOr<int64_t> tensors = job->ImportSafetensors(std::move(*shared_state));
     if (tensors.ok()) LogEvent(absl::StrCat("job ", job->id(), " state loaded"));
     done(std::move(tensors));
   });

@@ -23,8 +23,8 @@
 #include "absl/synchronization/mutex.h"
 #include "server/engine/api.h"
 #include "server/engine/checkpoint/state_dict.h"
-#include "server/engine/jobs/job_config_codec.h"
 #include "server/engine/dist/rendezvous.h"
+#include "server/engine/jobs/job_config_codec.h"
 #include "server/engine/jobs/job_observer.h"
 
 namespace ampd::engine {
@@ -147,9 +147,9 @@ class JobRegistry {
                 std::function<void(absl::StatusOr<EvaluateReport>)> done);
   void ExportState(const std::string& owner, const std::string& job_id,
                    std::function<void(absl::StatusOr<checkpoint::EncodedSafetensors>)> done);
-  // `chunks`: the safetensors file's consecutive pieces, as they arrived.
-  void ImportState(const std::string& owner, const std::string& job_id,
-                   std::vector<std::string> chunks,
+  // `state`: the safetensors file, decoded as it arrived
+  // (codec::SafetensorsReceiver); loaded on the job's strand.
+  void ImportState(const std::string& owner, const std::string& job_id, checkpoint::StateDict state,
                    std::function<void(absl::StatusOr<int64_t>)> done);
 
   // New creates and steps answer Unavailable from now on.
@@ -204,7 +204,7 @@ class JobRegistry {
   std::unique_ptr<checkpoint::StateDirectory> state_dir_;  // nullptr: no state dir
   std::unique_ptr<WorkerPool> pool_;
   std::unique_ptr<WorkerPool> distributed_pool_;  // nullptr: no distributed jobs
-  std::unique_ptr<CheckpointWriter> writer_;  // nullptr: no state dir, or checkpoint_sync
+  std::unique_ptr<CheckpointWriter> writer_;      // nullptr: no state dir, or checkpoint_sync
   const std::unique_ptr<JobContext> context_;
 
   mutable absl::Mutex mu_;
