@@ -1,5 +1,6 @@
-// The CUDA backend: cuBLAS GEMM and hand-written kernels (one op per .cu
-// file in this folder) behind the Backend interface, one stream per backend
+// The CUDA backend: cuBLAS GEMM, cuBLASLt GEMMs with epilogues (the Linear
+// ops, gemm_lt.h) and hand-written kernels (one op per .cu file in this
+// folder) behind the Backend interface, one stream per backend
 // instance, device memory from a caching pool shared by all backends on the
 // same GPU (memory_pool.h). Compared op by op with the CPU oracle in
 // tests/cuda/.

@@ -836,6 +836,85 @@ void AddGemmBiasGradCases(std::vector<OpCase>& cases) {
   }
 }
 
+// The one rounding, bitwise: sums exact in fp32 that lie half an ulp of the
+// dtype above 1 (a tie), plus a bias or an old value of a quarter ulp. One
+// rounding of the fp32 total goes up; rounding the sum first (to 1, the
+// even neighbour) and then adding would stay at 1. So these catch an
+// epilogue that adds the bias, or a bias gradient that accumulates, after
+// a rounding to the 16-bit dtype. Every backend must give these bits.
+void AddOneRoundingCases(std::vector<OpCase>& cases) {
+  for (DType dt : kFloatDTypes) {
+    const double half_ulp = kt::Eps(dt) / 2;  // at 1
+    const int64_t m = 4, n = 16;
+    // GemmBiasActivation: a (m, 2) of ones, b (2, n) = [1; half_ulp], so
+    // every sum is 1 + half_ulp; the bias alternates +-half_ulp / 2.
+    auto forward = [=] {
+      const HostTensor a{dt, {m, 2}, std::vector<double>(static_cast<size_t>(m * 2), 1.0)};
+      HostTensor b{dt, {2, n}, {}};
+      for (int64_t j = 0; j < n; ++j) b.values.push_back(1.0);
+      for (int64_t j = 0; j < n; ++j) b.values.push_back(half_ulp);
+      HostTensor bias{dt, {n}, {}};
+      for (int64_t j = 0; j < n; ++j)
+        bias.values.push_back(j % 2 == 0 ? half_ulp / 2 : -half_ulp / 2);
+      CaseFns c;
+      c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+        Io io(be);
+        AMPD_ASSIGN_OR_RETURN(Tensor ta, io.Upload(a));
+        AMPD_ASSIGN_OR_RETURN(Tensor tb, io.Upload(b));
+        AMPD_ASSIGN_OR_RETURN(Tensor tbias, io.Upload(bias));
+        AMPD_ASSIGN_OR_RETURN(Tensor tc, io.Unwritten(dt, {m, n}));
+        AMPD_RETURN_IF_ERROR(be.GemmBiasActivation(false, false, ta, tb, &tbias,
+                                                   GemmActivation::kNone, tc, nullptr));
+        AMPD_RETURN_IF_ERROR(io.Read("c", tc, kBitwise));
+        return io.Take();
+      };
+      c.reference = [=] {
+        std::vector<double> want;
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            want.push_back(
+                kt::RefStore(dt, F32(F32(1.0 + half_ulp) + bias.values[static_cast<size_t>(j)])));
+          }
+        }
+        return Outputs{{"c", want, kBitwise}};
+      };
+      return c;
+    };
+    cases.push_back({"GemmBiasActivation", absl::StrCat(Lower(dt), "_one_rounding"), forward});
+
+    // GemmBiasGrad with beta 1: dy (2, n) = [1; half_ulp] and x (2, m) of
+    // ones, so dW and db both add 1 + half_ulp to an old half_ulp / 2.
+    auto grad = [=] {
+      const HostTensor x{dt, {2, m}, std::vector<double>(static_cast<size_t>(2 * m), 1.0)};
+      HostTensor dy{dt, {2, n}, {}};
+      for (int64_t j = 0; j < n; ++j) dy.values.push_back(1.0);
+      for (int64_t j = 0; j < n; ++j) dy.values.push_back(half_ulp);
+      const HostTensor c0{
+          dt, {m, n}, std::vector<double>(static_cast<size_t>(m * n), half_ulp / 2)};
+      const HostTensor db0{dt, {n}, std::vector<double>(static_cast<size_t>(n), half_ulp / 2)};
+      CaseFns c;
+      c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+        Io io(be);
+        AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(x));
+        AMPD_ASSIGN_OR_RETURN(Tensor tdy, io.Upload(dy));
+        AMPD_ASSIGN_OR_RETURN(Tensor tc, io.Upload(c0));
+        AMPD_ASSIGN_OR_RETURN(Tensor tdb, io.Upload(db0));
+        AMPD_RETURN_IF_ERROR(be.GemmBiasGrad(true, false, tx, tdy, 1.0f, tc, BiasGradOf::kB, tdb));
+        AMPD_RETURN_IF_ERROR(io.Read("c", tc, kBitwise));
+        AMPD_RETURN_IF_ERROR(io.Read("dbias", tdb, kBitwise));
+        return io.Take();
+      };
+      c.reference = [=] {
+        const double one = kt::RefStore(dt, F32(F32(1.0 + half_ulp) + half_ulp / 2));
+        return Outputs{{"c", std::vector<double>(static_cast<size_t>(m * n), one), kBitwise},
+                       {"dbias", std::vector<double>(static_cast<size_t>(n), one), kBitwise}};
+      };
+      return c;
+    };
+    cases.push_back({"GemmBiasGrad", absl::StrCat(Lower(dt), "_one_rounding"), grad});
+  }
+}
+
 // GemmActivationBackward: c = (alpha op(a) op(b)) * gelu_tanh'(pre), the
 // fp32 sums never rounded before the product; kNone is a plain GEMM.
 void AddGemmActivationBackwardCases(std::vector<OpCase>& cases) {
@@ -1928,6 +2007,7 @@ const std::vector<OpCase>& AllCases() {
     AddGemmCases(*all);
     AddGemmBiasActivationCases(*all);
     AddGemmBiasGradCases(*all);
+    AddOneRoundingCases(*all);
     AddGemmActivationBackwardCases(*all);
     AddAddBiasCases(*all);
     AddBiasGradCases(*all);
