@@ -29,6 +29,15 @@ namespace ampd::kernels {
 // trained with (see ActivationForward).
 enum class Activation : uint8_t { kReLU, kGELU, kTanh, kGELUTanh };
 
+// What a Linear layer's GEMM applies in its epilogue (GemmBiasActivation,
+// GemmActivationBackward): nothing, or GELU's tanh form (GPT-2's MLP; the
+// formula of Activation::kGELUTanh).
+enum class GemmActivation : uint8_t { kNone, kGELUTanh };
+
+// The operand of a weight-gradient GEMM that holds the output gradient dy,
+// whose sum over K is the bias gradient (GemmBiasGrad).
+enum class BiasGradOf : uint8_t { kA, kB };
+
 // A device-to-host copy that rides along with ReadBack's scalars.
 struct HostCopy {
   const Tensor* src = nullptr;  // any dtype
@@ -174,6 +183,52 @@ class Backend {
   virtual absl::Status AddBias(const Tensor& bias, Tensor& y) = 0;
   // dbias (C) = sum over rows of dy (N, C) + beta * dbias, accumulated in fp32.
   virtual absl::Status BiasGrad(const Tensor& dy, float beta, Tensor& dbias) = 0;
+
+  // ---- Linear layers: GEMMs with their epilogues ------------------------------
+  // A Linear's bias, its activation and its bias gradient ride in the GEMM
+  // instead of separate passes over the (M, N) output. op(x) = x^T when
+  // trans_x; op(a): (M, K), op(b): (K, N). Products are accumulated in fp32
+  // (never TF32 for F32 operands) and every stored element is rounded once,
+  // round-to-nearest-even, to its tensor's dtype.
+  //
+  // c (M, N) = act(p) rounded once, p = op(a) @ op(b) + bias: the bias (N)
+  // is added to each row's fp32 sums before any rounding, and the
+  // activation is evaluated on that fp32 p (not on a rounded copy).
+  // pre (M, N) = p rounded once: the pre-activation the backward's
+  // derivative reads; required when act is kGELUTanh, nullptr when kNone.
+  // bias may be nullptr (no bias). a, b, bias, c and pre share one float
+  // dtype; c and pre overlap no operand and not each other.
+  // CUDA runs this as one cuBLASLt matmul with a BIAS or GELU_AUX_BIAS
+  // epilogue where cuBLASLt has an algorithm for the call, else as a GEMM
+  // into fp32 scratch and one epilogue kernel; for F32 operands the GELU is
+  // always the backend's own kernel (the formula of ActivationForward), for
+  // F16/BF16 cuBLASLt's epilogue evaluates it with its own fp32 tanh, so
+  // the two may differ from the CPU by an ulp of the dtype.
+  virtual absl::Status GemmBiasActivation(bool trans_a, bool trans_b, const Tensor& a,
+                                          const Tensor& b, const Tensor* bias, GemmActivation act,
+                                          Tensor& c, Tensor* pre) = 0;
+  // A Linear's weight and bias gradients in one call:
+  //   c = op(a) @ op(b) + beta * c    (Gemm with alpha 1; c F32 or a's dtype)
+  //   dbias = (fp32 sum over K of the dy operand) + beta * dbias, rounded once
+  // with the dy operand stored (K, width), i.e. BiasGrad(dy, beta, dbias):
+  //   of == kB: dy = b, trans_b false, dbias (N)
+  //   of == kA: dy = a, trans_a true,  dbias (M)
+  // dbias any float dtype. Beta 1 accumulates micro-batches, one rounding
+  // per element. CUDA fuses the sum into the GEMM (cuBLASLt BGRADA/BGRADB)
+  // where cuBLASLt has an algorithm and the contract's one rounding can be
+  // kept, else runs Gemm then BiasGrad.
+  virtual absl::Status GemmBiasGrad(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
+                                    float beta, Tensor& c, BiasGradOf of, Tensor& dbias) = 0;
+  // The input gradient through a Linear and its activation:
+  //   c (M, N) = g * act'(pre) rounded once, g = alpha * op(a) @ op(b) in fp32
+  // with act' the derivative ActivationBackward uses (kGELUTanh's), read at
+  // the stored pre (M, N); kNone: c = g rounded (pre nullptr). a, b, c and
+  // pre share one float dtype; c overlaps no operand. CUDA uses cuBLASLt's
+  // DGELU epilogue for F16/BF16 where it has an algorithm, else a GEMM into
+  // fp32 scratch and one kernel (always for F32, as above).
+  virtual absl::Status GemmActivationBackward(bool trans_a, bool trans_b, float alpha,
+                                              const Tensor& a, const Tensor& b, GemmActivation act,
+                                              const Tensor* pre, Tensor& c) = 0;
 
   // ---- activations (same dtype and shape in and out) ----------------------
   // GELU is the exact form x Phi(x), PyTorch's default (approximate='none'),

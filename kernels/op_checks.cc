@@ -399,18 +399,27 @@ absl::Status ValidateAdd(const Tensor& x, const Tensor& y) {
   return CheckSameShape("Add", "x", x, "y", y);
 }
 
-absl::Status ValidateGemm(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
-                          const Tensor& c) {
-  constexpr absl::string_view kOp = "Gemm";
-  AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "a", a));
-  AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "b", b));
-  AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "c", c));
-  AMPD_RETURN_IF_ERROR(CheckRank(kOp, "a", a, 2));
-  AMPD_RETURN_IF_ERROR(CheckRank(kOp, "b", b, 2));
-  AMPD_RETURN_IF_ERROR(CheckRank(kOp, "c", c, 2));
-  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "b", b, "a", a));
+namespace {
+
+// The operands of a 2-D GEMM c (M, N) = op(a) (M, K) @ op(b) (K, N): float,
+// rank 2, a and b of one dtype, c F32 or a's dtype, the dims chained and
+// within BLAS's int; the dims are returned for the callers' own checks.
+struct GemmDims {
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+};
+absl::Status CheckGemm(absl::string_view op, bool trans_a, bool trans_b, const Tensor& a,
+                       const Tensor& b, const Tensor& c, GemmDims* dims) {
+  AMPD_RETURN_IF_ERROR(CheckFloat(op, "a", a));
+  AMPD_RETURN_IF_ERROR(CheckFloat(op, "b", b));
+  AMPD_RETURN_IF_ERROR(CheckFloat(op, "c", c));
+  AMPD_RETURN_IF_ERROR(CheckRank(op, "a", a, 2));
+  AMPD_RETURN_IF_ERROR(CheckRank(op, "b", b, 2));
+  AMPD_RETURN_IF_ERROR(CheckRank(op, "c", c, 2));
+  AMPD_RETURN_IF_ERROR(CheckSameDType(op, "b", b, "a", a));
   if (c.dtype() != DType::kF32 && c.dtype() != a.dtype()) {
-    return absl::InvalidArgumentError(absl::StrCat("Gemm: c is ", c.DebugString(), " but a is ",
+    return absl::InvalidArgumentError(absl::StrCat(op, ": c is ", c.DebugString(), " but a is ",
                                                    a.DebugString(), "; c must be F32 or ",
                                                    DTypeName(a.dtype())));
   }
@@ -421,21 +430,139 @@ absl::Status ValidateGemm(bool trans_a, bool trans_b, const Tensor& a, const Ten
   const int64_t n = trans_b ? b.dim(0) : b.dim(1);
   if (k != kb) {
     return absl::InvalidArgumentError(
-        absl::StrCat("Gemm: b is ", b.DebugString(), (trans_b ? " (transposed)" : ""), " but a is ",
+        absl::StrCat(op, ": b is ", b.DebugString(), (trans_b ? " (transposed)" : ""), " but a is ",
                      a.DebugString(), (trans_a ? " (transposed)" : ""), "; inner dims differ (", k,
                      " vs ", kb, ")"));
   }
   if (c.dim(0) != m || c.dim(1) != n) {
     return absl::InvalidArgumentError(
-        absl::StrCat("Gemm: c is ", c.DebugString(), " but op(a) @ op(b) is (", m, ", ", n, ")"));
+        absl::StrCat(op, ": c is ", c.DebugString(), " but op(a) @ op(b) is (", m, ", ", n, ")"));
   }
   // BLAS and cuBLAS take int dimensions (and int leading dimensions, which
   // are the stored column counts of a and b, each one of m, n or k).
   constexpr int64_t kMaxDim = 0x7fffffff;
   if (m > kMaxDim || n > kMaxDim || k > kMaxDim) {
-    return absl::InvalidArgumentError(absl::StrCat("Gemm: a ", a.DebugString(), " or b ",
+    return absl::InvalidArgumentError(absl::StrCat(op, ": a ", a.DebugString(), " or b ",
                                                    b.DebugString(), " is too large for BLAS"));
   }
+  *dims = {m, n, k};
+  return absl::OkStatus();
+}
+
+absl::Status CheckGemmActivation(absl::string_view op, GemmActivation act) {
+  if (act != GemmActivation::kNone && act != GemmActivation::kGELUTanh) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": unknown activation ", static_cast<int>(act)));
+  }
+  return absl::OkStatus();
+}
+
+// pre beside an (M, N) c: absent exactly when act is kNone, else c's dtype
+// and shape, with memory.
+absl::Status CheckPreActivation(absl::string_view op, GemmActivation act, const Tensor* pre,
+                                const Tensor& c) {
+  if (act == GemmActivation::kNone) {
+    if (pre != nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": pre is ", pre->DebugString(), " but act is none; expected nullptr"));
+    }
+    return absl::OkStatus();
+  }
+  if (pre == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": pre is null but act is gelu_tanh; expected ", c.DebugString()));
+  }
+  AMPD_RETURN_IF_ERROR(CheckSameDType(op, "pre", *pre, "c", c));
+  AMPD_RETURN_IF_ERROR(CheckSameShape(op, "pre", *pre, "c", c));
+  return CheckHasMemory(op, "pre", *pre);
+}
+
+}  // namespace
+
+absl::Status ValidateGemm(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
+                          const Tensor& c) {
+  GemmDims dims;
+  return CheckGemm("Gemm", trans_a, trans_b, a, b, c, &dims);
+}
+
+absl::Status ValidateGemmBiasActivation(bool trans_a, bool trans_b, const Tensor& a,
+                                        const Tensor& b, const Tensor* bias, GemmActivation act,
+                                        const Tensor& c, const Tensor* pre) {
+  constexpr absl::string_view kOp = "GemmBiasActivation";
+  AMPD_RETURN_IF_ERROR(CheckGemmActivation(kOp, act));
+  GemmDims d;
+  AMPD_RETURN_IF_ERROR(CheckGemm(kOp, trans_a, trans_b, a, b, c, &d));
+  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "c", c, "a", a));
+  if (bias != nullptr) {
+    AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "bias", *bias, "a", a));
+    AMPD_RETURN_IF_ERROR(CheckRank(kOp, "bias", *bias, 1));
+    if (bias->dim(0) != d.n) {
+      return absl::InvalidArgumentError(absl::StrCat(kOp, ": bias is ", bias->DebugString(),
+                                                     " but c is ", c.DebugString(),
+                                                     "; bias length must equal c's columns"));
+    }
+    AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "bias", *bias));
+  }
+  AMPD_RETURN_IF_ERROR(CheckPreActivation(kOp, act, pre, c));
+  AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "c", c, "a", a));
+  AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "c", c, "b", b));
+  if (bias != nullptr) AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "c", c, "bias", *bias));
+  if (pre != nullptr) {
+    AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "pre", *pre, "a", a));
+    AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "pre", *pre, "b", b));
+    if (bias != nullptr) AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "pre", *pre, "bias", *bias));
+    AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "pre", *pre, "c", c));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateGemmBiasGrad(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
+                                  const Tensor& c, BiasGradOf of, const Tensor& dbias) {
+  constexpr absl::string_view kOp = "GemmBiasGrad";
+  if (of != BiasGradOf::kA && of != BiasGradOf::kB) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": unknown bias gradient operand ", static_cast<int>(of)));
+  }
+  GemmDims d;
+  AMPD_RETURN_IF_ERROR(CheckGemm(kOp, trans_a, trans_b, a, b, c, &d));
+  // The bias gradient is the column sums of the dy operand as stored,
+  // (K, width): a transposed a, or an untransposed b.
+  const bool of_a = of == BiasGradOf::kA;
+  if (of_a ? !trans_a : trans_b) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kOp, ": the bias gradient of ", (of_a ? "a" : "b"), " needs ", (of_a ? "a" : "b"),
+        " stored (K, ", (of_a ? "M" : "N"), "), i.e. trans_", (of_a ? "a true" : "b false"),
+        "; got ", (of_a ? a.DebugString() : b.DebugString()),
+        (of_a ? (trans_a ? " (transposed)" : "") : (trans_b ? " (transposed)" : ""))));
+  }
+  AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "dbias", dbias));
+  AMPD_RETURN_IF_ERROR(CheckRank(kOp, "dbias", dbias, 1));
+  const int64_t width = of_a ? d.m : d.n;
+  if (dbias.dim(0) != width) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": dbias is ", dbias.DebugString(), " but ", (of_a ? "a" : "b"), " is ",
+                     (of_a ? a.DebugString() : b.DebugString()),
+                     "; dbias length must equal its columns (", width, ")"));
+  }
+  AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "c", c, "a", a));
+  AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "c", c, "b", b));
+  AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "dbias", dbias, "a", a));
+  AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "dbias", dbias, "b", b));
+  return CheckNoOverlap(kOp, "dbias", dbias, "c", c);
+}
+
+absl::Status ValidateGemmActivationBackward(bool trans_a, bool trans_b, const Tensor& a,
+                                            const Tensor& b, GemmActivation act, const Tensor* pre,
+                                            const Tensor& c) {
+  constexpr absl::string_view kOp = "GemmActivationBackward";
+  AMPD_RETURN_IF_ERROR(CheckGemmActivation(kOp, act));
+  GemmDims d;
+  AMPD_RETURN_IF_ERROR(CheckGemm(kOp, trans_a, trans_b, a, b, c, &d));
+  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "c", c, "a", a));
+  AMPD_RETURN_IF_ERROR(CheckPreActivation(kOp, act, pre, c));
+  AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "c", c, "a", a));
+  AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "c", c, "b", b));
+  if (pre != nullptr) AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "c", c, "pre", *pre));
   return absl::OkStatus();
 }
 

@@ -72,6 +72,18 @@ absl::Status ValidateAdd(const Tensor& x, const Tensor& y);
 absl::Status ValidateGemm(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
                           const Tensor& c);
 absl::Status ValidateAddBias(const Tensor& bias, const Tensor& y);
+// The Linear ops: Gemm's rules on a, b and c (named after the op), then c
+// of a's dtype (except GemmBiasGrad, whose c may be F32 as Gemm's), the
+// bias, pre or dbias per the op's comment in backend.h, and no output
+// overlapping an input or another output.
+absl::Status ValidateGemmBiasActivation(bool trans_a, bool trans_b, const Tensor& a,
+                                        const Tensor& b, const Tensor* bias, GemmActivation act,
+                                        const Tensor& c, const Tensor* pre);
+absl::Status ValidateGemmBiasGrad(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
+                                  const Tensor& c, BiasGradOf of, const Tensor& dbias);
+absl::Status ValidateGemmActivationBackward(bool trans_a, bool trans_b, const Tensor& a,
+                                            const Tensor& b, GemmActivation act, const Tensor* pre,
+                                            const Tensor& c);
 absl::Status ValidateBiasGrad(const Tensor& dy, const Tensor& dbias);
 
 // ---- activations

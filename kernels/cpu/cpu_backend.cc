@@ -130,6 +130,20 @@ class CpuBackend final : public Backend {
   absl::Status AddScaled(const Tensor& x, float scale, Tensor& y) override {
     return cpu::AddScaled(pool_, x, scale, y);
   }
+  absl::Status GemmBiasActivation(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
+                                  const Tensor* bias, GemmActivation act, Tensor& c,
+                                  Tensor* pre) override {
+    return cpu::GemmBiasActivation(pool_, trans_a, trans_b, a, b, bias, act, c, pre);
+  }
+  absl::Status GemmBiasGrad(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
+                            float beta, Tensor& c, BiasGradOf of, Tensor& dbias) override {
+    return cpu::GemmBiasGrad(pool_, trans_a, trans_b, a, b, beta, c, of, dbias);
+  }
+  absl::Status GemmActivationBackward(bool trans_a, bool trans_b, float alpha, const Tensor& a,
+                                      const Tensor& b, GemmActivation act, const Tensor* pre,
+                                      Tensor& c) override {
+    return cpu::GemmActivationBackward(pool_, trans_a, trans_b, alpha, a, b, act, pre, c);
+  }
   absl::Status AddBias(const Tensor& bias, Tensor& y) override {
     return cpu::AddBias(pool_, bias, y);
   }

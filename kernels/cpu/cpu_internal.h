@@ -140,6 +140,22 @@ absl::Status AddScaled(ThreadPool& pool, const Tensor& x, float scale, Tensor& y
 // gemm.cc
 absl::Status Gemm(ThreadPool& pool, bool trans_a, bool trans_b, float alpha, const Tensor& a,
                   const Tensor& b, float beta, Tensor& c);
+// out (M, N) F32 = alpha op(a) @ op(b): Gemm's fp32 sums before any
+// rounding or beta term (zeros when K == 0); the epilogue ops' first step.
+// The caller has validated the operands and owns out.
+void GemmF32(ThreadPool& pool, bool trans_a, bool trans_b, float alpha, const Tensor& a,
+             const Tensor& b, float* out);
+// gemm_bias_activation.cc
+absl::Status GemmBiasActivation(ThreadPool& pool, bool trans_a, bool trans_b, const Tensor& a,
+                                const Tensor& b, const Tensor* bias, GemmActivation act, Tensor& c,
+                                Tensor* pre);
+// gemm_bias_grad.cc
+absl::Status GemmBiasGrad(ThreadPool& pool, bool trans_a, bool trans_b, const Tensor& a,
+                          const Tensor& b, float beta, Tensor& c, BiasGradOf of, Tensor& dbias);
+// gemm_activation_backward.cc
+absl::Status GemmActivationBackward(ThreadPool& pool, bool trans_a, bool trans_b, float alpha,
+                                    const Tensor& a, const Tensor& b, GemmActivation act,
+                                    const Tensor* pre, Tensor& c);
 // add_bias.cc
 absl::Status AddBias(ThreadPool& pool, const Tensor& bias, Tensor& y);
 // bias_grad.cc

@@ -7,6 +7,7 @@
 // over the backend's thread pool.
 #include <cblas.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "common/status_macros.h"
@@ -39,6 +40,26 @@ float* Widen(ThreadPool& pool, const Tensor& t, int which) {
 }
 
 }  // namespace
+
+void GemmF32(ThreadPool& pool, bool trans_a, bool trans_b, float alpha, const Tensor& a,
+             const Tensor& b, float* out) {
+  // op(a): (M, K), op(b): (K, N), out: (M, N).
+  const int64_t m = trans_a ? a.dim(1) : a.dim(0);
+  const int64_t k = trans_a ? a.dim(0) : a.dim(1);
+  const int64_t n = trans_b ? b.dim(0) : b.dim(1);
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // the empty sum; BLAS rejects lda == 0
+    std::fill(out, out + m * n, 0.0f);
+    return;
+  }
+  const bool inputs_f32 = a.dtype() == DType::kF32;
+  const float* pa = inputs_f32 ? a.data_as<float>() : Widen(pool, a, 0);
+  const float* pb = inputs_f32 ? b.data_as<float>() : Widen(pool, b, 1);
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
+              static_cast<int>(k), alpha, pa, static_cast<int>(a.dim(1)), pb,
+              static_cast<int>(b.dim(1)), 0.0f, out, static_cast<int>(n));
+}
 
 absl::Status Gemm(ThreadPool& pool, bool trans_a, bool trans_b, float alpha, const Tensor& a,
                   const Tensor& b, float beta, Tensor& c) {

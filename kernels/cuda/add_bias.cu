@@ -1,5 +1,8 @@
 // AddBias: y (N, C) += bias (C) broadcast over rows; the sum is formed in
-// fp32 and rounded once to y's dtype.
+// fp32 and rounded once to y's dtype. A template per (bias, y) dtype pair;
+// when C is a multiple of the vector width (so no vector straddles a row)
+// and both are aligned, y and the bias move 16 bytes (of the wider dtype)
+// per access.
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/launchers.h"
@@ -7,13 +10,20 @@
 namespace ampd::kernels::cuda {
 namespace {
 
-__global__ void add_bias_kernel(const void* bias, DType bias_dtype, void* y, DType y_dtype,
-                                int64_t rows, int64_t cols) {
-  const int64_t n = rows * cols;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    StoreAs(y, i, y_dtype, LoadAs(y, i, y_dtype) + LoadAs(bias, i % cols, bias_dtype));
-  }
+template <typename B, typename Y>
+__global__ void add_bias_kernel(const B* bias, Y* y, int64_t rows, int64_t cols, bool vectorized) {
+  // bias (cols), y (rows, cols)
+  constexpr int N = VecWidth<B, Y>();
+  GridStride<N>(
+      rows * cols, vectorized,
+      [&](int64_t i) {
+        const Vec<B, N> bs = LoadVec<N>(bias, i % cols);
+        Vec<Y, N> ys = LoadVec<N>(y, i);
+#pragma unroll
+        for (int j = 0; j < N; ++j) ys.v[j] = FromFloat<Y>(ToFloat(ys.v[j]) + ToFloat(bs.v[j]));
+        StoreVec<N>(y, i, ys);
+      },
+      [&](int64_t i) { y[i] = FromFloat<Y>(ToFloat(y[i]) + ToFloat(bias[i % cols])); });
 }
 
 }  // namespace
@@ -21,10 +31,20 @@ __global__ void add_bias_kernel(const void* bias, DType bias_dtype, void* y, DTy
 absl::Status LaunchAddBias(const void* bias, DType bias_dtype, void* y, DType y_dtype, int64_t rows,
                            int64_t cols, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return absl::OkStatus();
-  add_bias_kernel<<<GridFor(rows * cols), kThreads, 0, stream>>>(bias, bias_dtype, y, y_dtype, rows,
-                                                                 cols);
-  AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();
-  return absl::OkStatus();
+  return DispatchFloat(bias_dtype, [&](auto bias_tag) {
+    return DispatchFloat(y_dtype, [&](auto y_tag) {
+      using B = decltype(bias_tag);
+      using Y = decltype(y_tag);
+      constexpr int N = VecWidth<B, Y>();
+      const B* bt = static_cast<const B*>(bias);
+      Y* yt = static_cast<Y*>(y);
+      const bool vectorized = cols % N == 0 && VecAligned<N>(bt) && VecAligned<N>(yt);
+      add_bias_kernel<B, Y><<<GridForVec<N>(rows * cols, vectorized), kThreads, 0, stream>>>(
+          bt, yt, rows, cols, vectorized);
+      AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();
+      return absl::OkStatus();
+    });
+  });
 }
 
 }  // namespace ampd::kernels::cuda

@@ -1,11 +1,14 @@
 // BiasGrad: dbias (C) = sum over rows of dy (N, C) + beta * dbias, summed in
-// fp32 and rounded once. Block (x, y) covers 32 columns of row slab y: the
-// 32 x-threads read consecutive columns (coalesced), the 16 y-threads split
-// the slab's rows, and a fixed-order shared-memory reduction forms the
-// slab's partial. With one slab the block finishes the column itself; with
-// several (ColumnSumSlabs, a function of the shape only) each writes its
-// partial to scratch and a second kernel adds the slabs in order 0..S-1.
-// Every order is fixed, so the result is deterministic.
+// fp32 and rounded once. Block (x, y) covers 32 column groups of row slab
+// y: the 32 x-threads read consecutive groups (coalesced), the 16 y-threads
+// split the slab's rows, and a fixed-order shared-memory reduction forms
+// the slab's partial per column. A group is one column, or N columns read
+// as one 16-byte vector when C is a multiple of N and dy is aligned: each
+// column's rows are still summed in the same order, so both give the same
+// bits. With one slab the block finishes the column itself; with several
+// (ColumnSumSlabs, a function of the shape only) each writes its partial
+// to scratch and a second kernel adds the slabs in order 0..S-1. Every
+// order is fixed, so the result is deterministic.
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/launchers.h"
@@ -23,29 +26,36 @@ __device__ __forceinline__ void FinishColumn(float total, float beta, void* dbia
   StoreAs(dbias, c, dbias_dtype, total);
 }
 
-__global__ void bias_grad_kernel(const void* dy, DType dy_dtype, int64_t rows, int64_t cols,
-                                 int64_t rows_per_slab, float beta, void* dbias, DType dbias_dtype,
-                                 float* partials) {
+// N columns per thread (1, or a 16-byte vector's worth with cols % N == 0).
+template <typename T, int N>
+__global__ void bias_grad_kernel(const T* dy, int64_t rows, int64_t cols, int64_t rows_per_slab,
+                                 float beta, void* dbias, DType dbias_dtype, float* partials) {
   // dy (rows, cols); dbias (cols); partials (gridDim.y, cols) when gridDim.y > 1
-  __shared__ float partial[kRowSplit][kColsPerBlock];
-  const int64_t c = blockIdx.x * int64_t{kColsPerBlock} + threadIdx.x;
+  __shared__ float partial[kRowSplit][N][kColsPerBlock];  // [y][column in group][x]
+  const int64_t c0 = (blockIdx.x * int64_t{kColsPerBlock} + threadIdx.x) * N;
   const int64_t r_begin = blockIdx.y * rows_per_slab;
   const int64_t r_end = r_begin + rows_per_slab < rows ? r_begin + rows_per_slab : rows;
-  float sum = 0.0f;
-  if (c < cols) {
+  float sum[N] = {};
+  if (c0 < cols) {
     for (int64_t r = r_begin + threadIdx.y; r < r_end; r += kRowSplit) {
-      sum += LoadAs(dy, r * cols + c, dy_dtype);
+      const Vec<T, N> v = LoadVec<N>(dy, r * cols + c0);
+#pragma unroll
+      for (int j = 0; j < N; ++j) sum[j] += ToFloat(v.v[j]);
     }
   }
-  partial[threadIdx.y][threadIdx.x] = sum;
+#pragma unroll
+  for (int j = 0; j < N; ++j) partial[threadIdx.y][j][threadIdx.x] = sum[j];
   __syncthreads();
-  if (threadIdx.y == 0 && c < cols) {
-    float total = 0.0f;
-    for (int k = 0; k < kRowSplit; ++k) total += partial[k][threadIdx.x];
-    if (gridDim.y == 1) {
-      FinishColumn(total, beta, dbias, dbias_dtype, c);
-    } else {
-      partials[blockIdx.y * cols + c] = total;
+  if (threadIdx.y == 0 && c0 < cols) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      float total = 0.0f;
+      for (int k = 0; k < kRowSplit; ++k) total += partial[k][j][threadIdx.x];
+      if (gridDim.y == 1) {
+        FinishColumn(total, beta, dbias, dbias_dtype, c0 + j);
+      } else {
+        partials[blockIdx.y * cols + c0 + j] = total;
+      }
     }
   }
 }
@@ -60,6 +70,20 @@ __global__ void bias_grad_finalize_kernel(const float* partials, int64_t slabs, 
   }
 }
 
+template <typename T, int N>
+absl::Status LaunchColumns(const T* dy, int64_t rows, int64_t cols, int64_t rows_per_slab,
+                           int64_t slabs, float beta, void* dbias, DType dbias_dtype,
+                           float* partials, cudaStream_t stream) {
+  const int64_t groups = (cols + N - 1) / N;
+  const dim3 block(kColsPerBlock, kRowSplit);
+  const dim3 grid(static_cast<unsigned>((groups + kColsPerBlock - 1) / kColsPerBlock),
+                  static_cast<unsigned>(slabs));
+  bias_grad_kernel<T, N><<<grid, block, 0, stream>>>(dy, rows, cols, rows_per_slab, beta, dbias,
+                                                     dbias_dtype, partials);
+  AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status LaunchBiasGrad(const void* dy, DType dy_dtype, int64_t rows, int64_t cols, float beta,
@@ -70,13 +94,18 @@ absl::Status LaunchBiasGrad(const void* dy, DType dy_dtype, int64_t rows, int64_
   if (slabs > 1 && partials == nullptr) {
     return absl::InternalError("LaunchBiasGrad: several row slabs but no partials scratch");
   }
-  const dim3 block(kColsPerBlock, kRowSplit);
-  const dim3 grid(static_cast<unsigned>((cols + kColsPerBlock - 1) / kColsPerBlock),
-                  static_cast<unsigned>(slabs));
-  bias_grad_kernel<<<grid, block, 0, stream>>>(dy, dy_dtype, rows, cols, rows_per_slab, beta, dbias,
-                                               dbias_dtype, partials);
-  AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();
-  if (slabs == 1) return absl::OkStatus();
+  const absl::Status summed = DispatchFloat(dy_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int N = VecWidth<T>();
+    const T* d = static_cast<const T*>(dy);
+    if (cols % N == 0 && VecAligned<N>(d)) {
+      return LaunchColumns<T, N>(d, rows, cols, rows_per_slab, slabs, beta, dbias, dbias_dtype,
+                                 partials, stream);
+    }
+    return LaunchColumns<T, 1>(d, rows, cols, rows_per_slab, slabs, beta, dbias, dbias_dtype,
+                               partials, stream);
+  });
+  if (!summed.ok() || slabs == 1) return summed;
   bias_grad_finalize_kernel<<<GridFor(cols), kThreads, 0, stream>>>(partials, slabs, cols, beta,
                                                                     dbias, dbias_dtype);
   AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();

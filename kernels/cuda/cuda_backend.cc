@@ -28,6 +28,7 @@
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_raii.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/launchers.h"
 #include "kernels/cuda/memory_pool.h"
 #include "kernels/op_checks.h"
@@ -110,7 +111,8 @@ class PoolMemory final : public Memory {
 
 class CudaBackend final : public Backend {
  public:
-  static absl::StatusOr<std::unique_ptr<Backend>> Create(int device) {
+  static absl::StatusOr<std::unique_ptr<Backend>> Create(int device,
+                                                         const CudaBackendOptions& options) {
     DeviceGuard guard(device);
     AMPD_CUDA_RETURN_IF_ERROR(guard.error());
     // Waits (a step's one synchronisation) block the thread instead of
@@ -154,6 +156,13 @@ class CudaBackend final : public Backend {
         backend->Allocate(DType::kF32, {static_cast<int64_t>(kCublasWorkspaceBytes / 4)}));
     AMPD_CUBLAS_RETURN_IF_ERROR(
         cublasSetWorkspace(h, backend->workspace_.data(), kCublasWorkspaceBytes));
+    // cuBLASLt (the Linear ops' epilogues) shares the workspace: both
+    // enqueue on the one stream, which orders their uses of it.
+    if (options.gemm_epilogues) {
+      AMPD_ASSIGN_OR_RETURN(
+          backend->lt_, LtMatmul::Create(absl::StrCat("cuda:", device), backend->workspace_.data(),
+                                         kCublasWorkspaceBytes));
+    }
     AMPD_ASSIGN_OR_RETURN(backend->partials_,
                           backend->Allocate(DType::kF32, {kMaxReductionBlocks}));
     AMPD_ASSIGN_OR_RETURN(backend->error_word_, backend->Allocate(DType::kI32, {1}));
@@ -169,13 +178,19 @@ class CudaBackend final : public Backend {
 
   NativeStream native_stream() override { return {stream(), ctx_->device}; }
 
+  // GemmEpiloguePlans (cuda_backend.h).
+  std::vector<std::string> EpiloguePlans() const {
+    return lt_ != nullptr ? lt_->Describe() : std::vector<std::string>{};
+  }
+
   ~CudaBackend() override {
     if (ctx_ == nullptr) return;
     // Everything is released inside the guard, in this body, rather than
     // by the member destructors after it, when the current device could be
-    // another GPU's. The cuBLAS handle goes before its workspace.
+    // another GPU's. The cuBLAS handles go before their workspace.
     DeviceGuard guard(ctx_->device);
     (void)cudaStreamSynchronize(stream());
+    lt_.reset();
     { CublasHandle released = std::move(cublas_); }
     { Tensor released = std::move(workspace_); }
     { Tensor released = std::move(partials_); }
@@ -365,6 +380,102 @@ class CudaBackend final : public Backend {
     return LaunchGemm(cublas_.get(), trans_a, trans_b, static_cast<int>(m), static_cast<int>(n),
                       static_cast<int>(k), alpha, a.data(), static_cast<int>(a.dim(1)), b.data(),
                       static_cast<int>(b.dim(1)), a.dtype(), beta, c.data(), c.dtype());
+  }
+
+  // ---- Linear layers: GEMMs with their epilogues ------------------------------
+  // Each runs as one cuBLASLt matmul with the epilogue fused where lt_ has
+  // an algorithm for the call (gemm_lt.h), else as the separate path: a
+  // cuBLAS GEMM into fp32 and the epilogue's kernel, or Gemm then
+  // BiasGrad. Both keep the contract in kernels/backend.h.
+  absl::Status GemmBiasActivation(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
+                                  const Tensor* bias, GemmActivation act, Tensor& c,
+                                  Tensor* pre) override {
+    AMPD_RETURN_IF_ERROR(ValidateGemmBiasActivation(trans_a, trans_b, a, b, bias, act, c, pre));
+    // op(a): (M, K), op(b): (K, N), c and pre: (M, N), bias: (N).
+    const int64_t m = c.dim(0);
+    const int64_t n = c.dim(1);
+    const int64_t k = trans_a ? a.dim(0) : a.dim(1);
+    if (m == 0 || n == 0) return absl::OkStatus();
+    const bool gelu = act == GemmActivation::kGELUTanh;
+    if (bias == nullptr && !gelu) return Gemm(trans_a, trans_b, 1.0f, a, b, 0.0f, c);
+    AMPD_ENTER_DEVICE();
+    const DType dtype = c.dtype();
+    // cuBLASLt's GELU is its own fp32 evaluation: F32 keeps the backend's
+    // (ActivationForward's formula, as the separate ops computed it), and
+    // the aux matrix's leading dimension must be a multiple of 8.
+    const bool lt_gelu_ok = dtype != DType::kF32 && n % 8 == 0;
+    if (lt_ != nullptr && k > 0 && bias != nullptr && (!gelu || lt_gelu_ok)) {
+      LtMatmulArgs args = LtArgs(trans_a, trans_b, m, n, k, 1.0f, a, b, 0.0f, c);
+      args.epilogue = gelu ? LtEpilogue::kGeluAuxBias : LtEpilogue::kBias;
+      args.bias = const_cast<void*>(bias->data());  // read only (BIAS, GELU_AUX_BIAS)
+      args.bias_dtype = bias->dtype();
+      args.aux = gelu ? pre->data() : nullptr;
+      AMPD_ASSIGN_OR_RETURN(const bool fused, lt_->Run(args, stream()));
+      if (fused) return absl::OkStatus();
+    }
+    // The fp32 sums land where the epilogue kernel reads them: in place for
+    // F32 (pre holds them for the GELU, c otherwise), else fp32 scratch.
+    float* acc = nullptr;  // (M, N)
+    if (dtype == DType::kF32) {
+      acc = (gelu ? pre : &c)->data_as<float>();
+    } else {
+      AMPD_ASSIGN_OR_RETURN(void* scratch, Scratch(static_cast<size_t>(m * n) * sizeof(float)));
+      acc = static_cast<float*>(scratch);
+    }
+    AMPD_RETURN_IF_ERROR(GemmF32(trans_a, trans_b, 1.0f, a, b, m, n, k, acc));
+    return LaunchBiasActivation(acc, bias != nullptr ? bias->data() : nullptr, act,
+                                gelu ? pre->data() : nullptr, c.data(), dtype, m, n, stream());
+  }
+
+  absl::Status GemmBiasGrad(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
+                            float beta, Tensor& c, BiasGradOf of, Tensor& dbias) override {
+    AMPD_RETURN_IF_ERROR(ValidateGemmBiasGrad(trans_a, trans_b, a, b, c, of, dbias));
+    // op(a): (M, K), op(b): (K, N), c: (M, N); dbias (M) for kA, (N) for kB.
+    const int64_t m = c.dim(0);
+    const int64_t n = c.dim(1);
+    const int64_t k = trans_a ? a.dim(0) : a.dim(1);
+    if (lt_ != nullptr && m > 0 && n > 0 && k > 0) {
+      AMPD_ENTER_DEVICE();
+      AMPD_ASSIGN_OR_RETURN(const bool fused,
+                            FusedBiasGrad(trans_a, trans_b, a, b, beta, c, of, dbias, m, n, k));
+      if (fused) return absl::OkStatus();
+    }
+    AMPD_RETURN_IF_ERROR(Gemm(trans_a, trans_b, 1.0f, a, b, beta, c));
+    return BiasGrad(of == BiasGradOf::kA ? a : b, beta, dbias);  // dy stored (K, width)
+  }
+
+  absl::Status GemmActivationBackward(bool trans_a, bool trans_b, float alpha, const Tensor& a,
+                                      const Tensor& b, GemmActivation act, const Tensor* pre,
+                                      Tensor& c) override {
+    AMPD_RETURN_IF_ERROR(ValidateGemmActivationBackward(trans_a, trans_b, a, b, act, pre, c));
+    // op(a): (M, K), op(b): (K, N), c and pre: (M, N).
+    const int64_t m = c.dim(0);
+    const int64_t n = c.dim(1);
+    const int64_t k = trans_a ? a.dim(0) : a.dim(1);
+    if (m == 0 || n == 0) return absl::OkStatus();
+    if (act == GemmActivation::kNone) return Gemm(trans_a, trans_b, alpha, a, b, 0.0f, c);
+    AMPD_ENTER_DEVICE();
+    const DType dtype = c.dtype();
+    // DGELU for F16/BF16 only, as GELU_AUX_BIAS in GemmBiasActivation.
+    if (lt_ != nullptr && k > 0 && dtype != DType::kF32 && n % 8 == 0) {
+      LtMatmulArgs args = LtArgs(trans_a, trans_b, m, n, k, alpha, a, b, 0.0f, c);
+      args.epilogue = LtEpilogue::kDGelu;
+      args.aux = const_cast<void*>(pre->data());  // read only (DGELU)
+      AMPD_ASSIGN_OR_RETURN(const bool fused, lt_->Run(args, stream()));
+      if (fused) return absl::OkStatus();
+    }
+    // g = alpha op(a) op(b) in fp32 (in place in c for F32), then
+    // c = g * gelu_tanh'(pre) rounded once.
+    float* g = nullptr;  // (M, N)
+    if (dtype == DType::kF32) {
+      g = c.data_as<float>();
+    } else {
+      AMPD_ASSIGN_OR_RETURN(void* scratch, Scratch(static_cast<size_t>(m * n) * sizeof(float)));
+      g = static_cast<float*>(scratch);
+    }
+    AMPD_RETURN_IF_ERROR(GemmF32(trans_a, trans_b, alpha, a, b, m, n, k, g));
+    return LaunchActivationBackwardF32Grad(Activation::kGELUTanh, pre->data(), g, c.data(), dtype,
+                                           m * n, stream());
   }
 
   absl::Status AddBias(const Tensor& bias, Tensor& y) override {
@@ -592,6 +703,76 @@ class CudaBackend final : public Backend {
 
   cudaStream_t stream() const { return ctx_->stream.get(); }
 
+  // A cuBLASLt call in the row-major terms of the op: c (m, n) = alpha
+  // op(a) op(b) + beta c; the caller sets the epilogue and its pointers.
+  static LtMatmulArgs LtArgs(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                             float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c) {
+    LtMatmulArgs args;
+    args.trans_a = trans_a;
+    args.trans_b = trans_b;
+    args.m = static_cast<int>(m);  // within int: the op's validation checked
+    args.n = static_cast<int>(n);
+    args.k = static_cast<int>(k);
+    args.a = a.data();
+    args.b = b.data();
+    args.ab_dtype = a.dtype();
+    args.c = c.data();
+    args.c_dtype = c.dtype();
+    args.alpha = alpha;
+    args.beta = beta;
+    return args;
+  }
+
+  // out (m, n) F32 = alpha op(a) op(b), the unrounded sums (zeros for k == 0).
+  absl::Status GemmF32(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
+                       int64_t m, int64_t n, int64_t k, float* out) {
+    if (k == 0) return LaunchFill(out, DType::kF32, m * n, 0.0f, stream());
+    return LaunchGemm(cublas_.get(), trans_a, trans_b, static_cast<int>(m), static_cast<int>(n),
+                      static_cast<int>(k), alpha, a.data(), static_cast<int>(a.dim(1)), b.data(),
+                      static_cast<int>(b.dim(1)), a.dtype(), 0.0f, out, DType::kF32);
+  }
+
+  // GemmBiasGrad as one cuBLASLt matmul with BGRADA/BGRADB, when that keeps
+  // the contract's one rounding of sum + beta * dbias; false (nothing
+  // enqueued) when it cannot. cuBLASLt writes the bias gradient without a
+  // beta, in c's type unless told otherwise, so:
+  // - an fp32 sum (asked for explicitly when c is 16-bit) goes straight
+  //   into an F32 dbias when beta == 0, else into fp32 scratch, then into
+  //   dbias with one rounding by Cast (beta 0) or AddScaled (beta 1);
+  // - a sum in c's 16-bit type, where cuBLASLt takes no fp32 one, is used
+  //   only when it is the final value: beta == 0 and dbias of c's dtype.
+  absl::StatusOr<bool> FusedBiasGrad(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
+                                     float beta, Tensor& c, BiasGradOf of, Tensor& dbias, int64_t m,
+                                     int64_t n, int64_t k) {
+    if (beta != 0.0f && beta != 1.0f) return false;
+    const int64_t width = dbias.numel();
+    for (const DType sum_dtype : {DType::kF32, c.dtype()}) {
+      const bool direct = beta == 0.0f && dbias.dtype() == sum_dtype;
+      if (sum_dtype != DType::kF32 && !direct) continue;
+      void* target = dbias.data();  // (width) of sum_dtype
+      if (!direct) {
+        AMPD_ASSIGN_OR_RETURN(target, Scratch(static_cast<size_t>(width) * sizeof(float)));
+      }
+      LtMatmulArgs args = LtArgs(trans_a, trans_b, m, n, k, 1.0f, a, b, beta, c);
+      args.epilogue = of == BiasGradOf::kA ? LtEpilogue::kBGradA : LtEpilogue::kBGradB;
+      args.bias = target;
+      args.bias_dtype = sum_dtype;
+      AMPD_ASSIGN_OR_RETURN(const bool fused, lt_->Run(args, stream()));
+      if (!fused) continue;
+      if (direct) return true;
+      const auto* sums = static_cast<const float*>(target);  // (width) F32
+      if (beta == 0.0f) {
+        AMPD_RETURN_IF_ERROR(
+            LaunchCast(sums, DType::kF32, dbias.data(), dbias.dtype(), width, stream()));
+      } else {
+        AMPD_RETURN_IF_ERROR(
+            LaunchAddScaled(sums, DType::kF32, 1.0f, dbias.data(), dbias.dtype(), width, stream()));
+      }
+      return true;
+    }
+    return false;
+  }
+
   // Grow-only device scratch for one op at a time (reduction partials, the
   // embedding sort): ops run in stream order, so the next op's use of the
   // same bytes starts after this one's kernels end. A larger request
@@ -743,12 +924,13 @@ class CudaBackend final : public Backend {
   // Declared first: destroyed last, after every tensor member below.
   std::shared_ptr<StreamContext> ctx_;
   CublasHandle cublas_;
-  Tensor workspace_;          // (8M) F32: cuBLAS workspace, 32 MiB
-  Tensor partials_;           // (kMaxReductionBlocks) F32: loss reduction partial sums
-  Tensor scratch_;            // grow-only op scratch (Scratch)
-  Tensor error_word_;         // (1) I32: kError* bits the kernels raise, device memory
-  Tensor gathered_;           // (scalar_slots_ + 1) F32: ReadScalars' device block
-  PinnedHostBuffer staging_;  // (scalar_slots_ + 1) floats: ReadScalars' landing area
+  std::unique_ptr<LtMatmul> lt_;  // cuBLASLt epilogue plans; null: epilogues off
+  Tensor workspace_;              // (8M) F32: cuBLAS and cuBLASLt workspace, 32 MiB
+  Tensor partials_;               // (kMaxReductionBlocks) F32: loss reduction partial sums
+  Tensor scratch_;                // grow-only op scratch (Scratch)
+  Tensor error_word_;             // (1) I32: kError* bits the kernels raise, device memory
+  Tensor gathered_;               // (scalar_slots_ + 1) F32: ReadScalars' device block
+  PinnedHostBuffer staging_;      // (scalar_slots_ + 1) floats: ReadScalars' landing area
   size_t scalar_slots_ = 0;
   int64_t capacity_bytes_ = 0;       // the device's total memory, read at creation
   AttentionKernelConfig attention_;  // what the attention kernels may use, read at creation
@@ -771,13 +953,19 @@ int DeviceCount() {
   return count;
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device) {
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device,
+                                                           const CudaBackendOptions& options) {
   const int count = DeviceCount();
   if (device < 0 || device >= count) {
     return absl::FailedPreconditionError(
         absl::StrCat("cuda:", device, " requested but ", count, " CUDA device(s) are visible"));
   }
-  return CudaBackend::Create(device);
+  return CudaBackend::Create(device, options);
+}
+
+std::vector<std::string> GemmEpiloguePlans(const Backend& backend) {
+  const auto* cuda = dynamic_cast<const CudaBackend*>(&backend);
+  return cuda != nullptr ? cuda->EpiloguePlans() : std::vector<std::string>{};
 }
 
 }  // namespace ampd::kernels::cuda

@@ -1,11 +1,14 @@
-// The CUDA backend: cuBLAS GEMM and hand-written kernels (one op per .cu
-// file in this folder) behind the Backend interface, one stream per backend
+// The CUDA backend: cuBLAS GEMM, cuBLASLt GEMMs with epilogues (the Linear
+// ops, gemm_lt.h) and hand-written kernels (one op per .cu file in this
+// folder) behind the Backend interface, one stream per backend
 // instance, device memory from a caching pool shared by all backends on the
 // same GPU (memory_pool.h). Compared op by op with the CPU oracle in
 // tests/cuda/.
 #pragma once
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
@@ -16,7 +19,21 @@ namespace ampd::kernels::cuda {
 // error: that is how a CPU-only machine answers).
 int DeviceCount();
 
-// A new backend with its own stream and cuBLAS handle on `device`.
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device);
+struct CudaBackendOptions {
+  // The Linear ops fuse their bias, GELU and bias gradient into cuBLASLt
+  // epilogues where cuBLASLt has an algorithm. false: always the separate
+  // path (a GEMM, then the epilogue's own kernel), which tests compare with
+  // the fused one; both meet the same contract (kernels/backend.h).
+  bool gemm_epilogues = true;
+};
+
+// A new backend with its own stream and cuBLAS/cuBLASLt handles on `device`.
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device,
+                                                           const CudaBackendOptions& options = {});
+
+// The cuBLASLt epilogue plans a CUDA backend has made so far, one line
+// each: the GEMM (epilogue, dtypes, m, n, k, transposes) and whether it
+// runs fused or on separate kernels, and why. Empty for another backend.
+std::vector<std::string> GemmEpiloguePlans(const Backend& backend);
 
 }  // namespace ampd::kernels::cuda

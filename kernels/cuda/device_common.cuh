@@ -74,6 +74,77 @@ __device__ __forceinline__ void StoreAs(void* p, int64_t i, DType dtype, float v
   }
 }
 
+// ---- 128-bit access ----------------------------------------------------------
+// Elementwise kernels move 16 bytes per load and store where the data
+// allows it: Vec<T, N> is N consecutive elements aligned as one access, N
+// chosen so the widest operand's vector is 16 bytes (8 fp16/bf16 or 4
+// fp32; a narrower operand of a mixed-dtype op then moves 8 bytes). The
+// arithmetic per element is unchanged, so vectorised results are bitwise
+// those of the scalar loop, which still handles the tail and any operand
+// that is not aligned.
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+template <typename T, typename U = T>
+__host__ __device__ constexpr int VecWidth() {
+  return static_cast<int>(16 / (sizeof(T) > sizeof(U) ? sizeof(T) : sizeof(U)));
+}
+
+// Host and device: whether p is aligned for Vec<T, N> accesses.
+template <int N, typename T>
+__host__ __device__ __forceinline__ bool VecAligned(const T* p) {
+  return reinterpret_cast<uintptr_t>(p) % (sizeof(T) * N) == 0;
+}
+
+template <int N, typename T>
+__device__ __forceinline__ Vec<T, N> LoadVec(const T* p, int64_t i) {
+  return *reinterpret_cast<const Vec<T, N>*>(p + i);
+}
+template <int N, typename T>
+__device__ __forceinline__ void StoreVec(T* p, int64_t i, const Vec<T, N>& v) {
+  *reinterpret_cast<Vec<T, N>*>(p + i) = v;
+}
+
+// Grid-stride over [0, n): vector(i) for each i = 0, N, 2N, ... below
+// n - n % N when `vectorized`, then scalar(i) for every index left. Each
+// index is handled exactly once, by one thread, which reads its elements
+// before writing them (in-place use stays safe).
+template <int N, typename VectorFn, typename ScalarFn>
+__device__ __forceinline__ void GridStride(int64_t n, bool vectorized, VectorFn&& vector,
+                                           ScalarFn&& scalar) {
+  const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  int64_t done = 0;
+  if (vectorized) {
+    const int64_t vectors = n / N;
+    for (int64_t v = first; v < vectors; v += stride) vector(v * N);
+    done = vectors * N;
+  }
+  for (int64_t i = done + first; i < n; i += stride) scalar(i);
+}
+
+// Blocks for GridStride over n elements, N at a time.
+template <int N>
+inline unsigned GridForVec(int64_t n, bool vectorized) {
+  return GridFor(vectorized ? (n + N - 1) / N : n);
+}
+
+// Calls fn(T{}) on the host with T the storage type of a float dtype, to
+// pick a kernel template's instantiation.
+template <typename Fn>
+decltype(auto) DispatchFloat(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kF16:
+      return fn(__half{});
+    case DType::kBF16:
+      return fn(__nv_bfloat16{});
+    default:
+      return fn(float{});
+  }
+}
+
 __device__ __forceinline__ int64_t LoadIndex(const void* ids, int64_t i, DType dtype) {
   return dtype == DType::kI32 ? static_cast<int64_t>(static_cast<const int32_t*>(ids)[i])
                               : static_cast<const int64_t*>(ids)[i];
@@ -118,6 +189,64 @@ __device__ __forceinline__ float BlockMaxNonNegative(float v) {
   __syncthreads();
   const int warps = static_cast<int>(blockDim.x >> 5);
   return WarpMax(lane < warps ? warp_maxes[lane] : 0.0f);
+}
+
+// ---- warp-per-row reductions with 16-byte loads ------------------------------
+// A warp that reduces a row lets lane l own columns l, l + 32, l + 64, ...
+// and add them in that order before the fixed-order WarpSum; the bits of
+// the result depend on that order. ForEachOwnColumn keeps it while loading
+// 16 bytes per lane: each tile of 32 N columns is loaded as one vector per
+// lane, widened into the warp's shared `stage` (32 N floats per array) and
+// read back strided, so lane l still visits columns l, l + 32, ... in
+// increasing order; the columns past the last whole tile (which starts at
+// a multiple of 32) are read one by one. fn(c, values...) gets each of the
+// lane's columns with the fp32 values of every row array at c. Every lane
+// of the warp must call it (the tiles synchronise the warp); vectorized
+// needs cols % N == 0 and every row pointer 16-byte aligned.
+template <int N, typename T, typename Fn>
+__device__ __forceinline__ void ForEachOwnColumn(const T* row, int64_t cols, bool vectorized,
+                                                 float* stage, Fn&& fn) {
+  const int lane = threadIdx.x & 31;
+  int64_t c0 = 0;
+  if (vectorized) {
+    for (; c0 + 32 * N <= cols; c0 += 32 * N) {
+      const Vec<T, N> v = LoadVec<N>(row, c0 + lane * N);
+#pragma unroll
+      for (int j = 0; j < N; ++j) stage[lane * N + j] = ToFloat(v.v[j]);
+      __syncwarp();
+#pragma unroll
+      for (int j = 0; j < N; ++j) fn(c0 + lane + 32 * j, stage[lane + 32 * j]);
+      __syncwarp();  // the stage is rewritten by the next tile
+    }
+  }
+  for (int64_t c = c0 + lane; c < cols; c += 32) fn(c, ToFloat(row[c]));
+}
+
+// The same over two row arrays of one shape (x and dy); stage holds 2 x 32 N floats.
+template <int N, typename T, typename Fn>
+__device__ __forceinline__ void ForEachOwnColumn(const T* row_a, const T* row_b, int64_t cols,
+                                                 bool vectorized, float* stage, Fn&& fn) {
+  const int lane = threadIdx.x & 31;
+  float* stage_b = stage + 32 * N;
+  int64_t c0 = 0;
+  if (vectorized) {
+    for (; c0 + 32 * N <= cols; c0 += 32 * N) {
+      const Vec<T, N> va = LoadVec<N>(row_a, c0 + lane * N);
+      const Vec<T, N> vb = LoadVec<N>(row_b, c0 + lane * N);
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        stage[lane * N + j] = ToFloat(va.v[j]);
+        stage_b[lane * N + j] = ToFloat(vb.v[j]);
+      }
+      __syncwarp();
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        fn(c0 + lane + 32 * j, stage[lane + 32 * j], stage_b[lane + 32 * j]);
+      }
+      __syncwarp();
+    }
+  }
+  for (int64_t c = c0 + lane; c < cols; c += 32) fn(c, ToFloat(row_a[c]), ToFloat(row_b[c]));
 }
 
 // ---- multi-tensor launches -------------------------------------------------

@@ -141,6 +141,18 @@ absl::Status LaunchActivationForward(Activation act, const void* x, void* y, DTy
                                      cudaStream_t stream);
 absl::Status LaunchActivationBackward(Activation act, const void* x, const void* dy, void* dx,
                                       DType dtype, int64_t n, cudaStream_t stream);
+// The same with dy (n) F32 (dx may be dy when dtype is F32): a GEMM's
+// unrounded sums times the derivative, rounded once to dtype.
+absl::Status LaunchActivationBackwardF32Grad(Activation act, const void* x, const float* dy,
+                                             void* dx, DType dtype, int64_t n, cudaStream_t stream);
+
+// GemmBiasActivation's epilogue after a GEMM into fp32 (gemm_bias_activation.cu):
+// p = acc + bias (cols) in fp32; pre = p (act GELUTanh only) and c =
+// act(p), each (rows, cols) of dtype, rounded once. For F32, acc may be c
+// (kNone) or pre (GELUTanh).
+absl::Status LaunchBiasActivation(const float* acc, const void* bias, GemmActivation act, void* pre,
+                                  void* c, DType dtype, int64_t rows, int64_t cols,
+                                  cudaStream_t stream);
 
 // Fused causal self-attention (attention_forward.cu, attention_backward.cu,
 // attention_backward_mma.cu); every float operand of dtype. qkv (batch,

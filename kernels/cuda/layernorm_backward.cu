@@ -8,7 +8,10 @@
 // are formed in fp32 per row slab (see ColumnSumSlabs in launchers.h), the
 // slabs added in a fixed order, added to the old value and rounded once:
 // deterministic. The column kernels run before the dx kernel, so dx may
-// alias x or dy.
+// alias x or dy. Templates per dtype; rows of a multiple of the vector
+// width move 16 bytes per access, in orders of addition that give the
+// element-by-element loops' bits (ForEachOwnColumn, and each column's rows
+// in the same order).
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/launchers.h"
@@ -20,35 +23,61 @@ constexpr int kWarpsPerBlock = kThreads / 32;
 constexpr int kColsPerBlock = static_cast<int>(kColumnSumColsPerBlock);
 constexpr int kRowSplit = 16;
 
-__global__ void layernorm_backward_dx_kernel(const void* x, DType dtype, const void* gamma,
-                                             DType gamma_dtype, const float* mean,
-                                             const float* rstd, const void* dy, void* dx,
-                                             int64_t rows, int64_t cols, float inv_cols) {
-  // x, dy, dx: (rows, cols); gamma: (cols) or nullptr; mean, rstd: (rows)
+template <typename T>
+__global__ void layernorm_backward_dx_kernel(const T* x, const T* gamma, const float* mean,
+                                             const float* rstd, const T* dy, T* dx, int64_t rows,
+                                             int64_t cols, float inv_cols, bool vectorized) {
+  // x, dy, dx: (rows, cols); gamma: (cols) or nullptr; mean, rstd: (rows).
+  // The row sums go through ForEachOwnColumn (each lane's order of
+  // additions kept, 16-byte loads when vectorized); the output is
+  // elementwise.
+  constexpr int N = VecWidth<T>();
+  __shared__ float stage[kWarpsPerBlock][2 * 32 * N];  // x's and dy's tiles
   const int lane = threadIdx.x & 31;
-  const int64_t row = blockIdx.x * int64_t{kWarpsPerBlock} + (threadIdx.x >> 5);
-  if (row >= rows) return;
-  const int64_t base = row * cols;
+  const int warp = threadIdx.x >> 5;
+  const int64_t row = blockIdx.x * int64_t{kWarpsPerBlock} + warp;
+  if (row >= rows) return;  // the whole warp: rows are per warp
+  const T* xr = x + row * cols;
+  const T* dyr = dy + row * cols;
+  T* dxr = dx + row * cols;
   const float mu = mean[row];
   const float rs = rstd[row];
   float sum_g = 0.0f;
   float sum_gx = 0.0f;
-  for (int64_t c = lane; c < cols; c += 32) {
-    const float xhat = (LoadAs(x, base + c, dtype) - mu) * rs;
-    float g = LoadAs(dy, base + c, dtype);
-    if (gamma != nullptr) g = g * LoadAs(gamma, c, gamma_dtype);
+  ForEachOwnColumn<N>(xr, dyr, cols, vectorized, stage[warp], [&](int64_t c, float xv, float gv) {
+    const float xhat = (xv - mu) * rs;
+    float g = gv;
+    if (gamma != nullptr) g = g * ToFloat(gamma[c]);
     sum_g += g;
     sum_gx += g * xhat;
-  }
+  });
   const float mean_g = WarpSum(sum_g) * inv_cols;
   const float mean_gx = WarpSum(sum_gx) * inv_cols;
   // Each lane re-reads and then writes only its own columns, so dx may
   // alias x or dy.
-  for (int64_t c = lane; c < cols; c += 32) {
-    const float xhat = (LoadAs(x, base + c, dtype) - mu) * rs;
-    float g = LoadAs(dy, base + c, dtype);
-    if (gamma != nullptr) g = g * LoadAs(gamma, c, gamma_dtype);
-    StoreAs(dx, base + c, dtype, rs * (g - mean_g - xhat * mean_gx));
+  if (vectorized) {
+    for (int64_t c = lane * int64_t{N}; c < cols; c += 32 * N) {
+      const Vec<T, N> xs = LoadVec<N>(xr, c);
+      const Vec<T, N> gs = LoadVec<N>(dyr, c);
+      Vec<T, N> gamma_v;
+      if (gamma != nullptr) gamma_v = LoadVec<N>(gamma, c);
+      Vec<T, N> out;
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const float xhat = (ToFloat(xs.v[j]) - mu) * rs;
+        float g = ToFloat(gs.v[j]);
+        if (gamma != nullptr) g = g * ToFloat(gamma_v.v[j]);
+        out.v[j] = FromFloat<T>(rs * (g - mean_g - xhat * mean_gx));
+      }
+      StoreVec<N>(dxr, c, out);
+    }
+  } else {
+    for (int64_t c = lane; c < cols; c += 32) {
+      const float xhat = (ToFloat(xr[c]) - mu) * rs;
+      float g = ToFloat(dyr[c]);
+      if (gamma != nullptr) g = g * ToFloat(gamma[c]);
+      dxr[c] = FromFloat<T>(rs * (g - mean_g - xhat * mean_gx));
+    }
   }
 }
 
@@ -57,43 +86,60 @@ __device__ __forceinline__ void AccumulateColumn(void* p, DType dtype, int64_t c
   if (p != nullptr) StoreAs(p, c, dtype, LoadAs(p, c, dtype) + total);
 }
 
-__global__ void layernorm_backward_params_kernel(const void* x, DType dtype, const float* mean,
-                                                 const float* rstd, const void* dy,
-                                                 int64_t rows_per_slab, void* dgamma,
+// N columns per thread: 1, or a 16-byte vector's worth of x and dy when
+// cols % N == 0 and both are aligned. Each column's rows are summed in the
+// same order either way, so both give the same bits.
+template <typename T, int N>
+__global__ void layernorm_backward_params_kernel(const T* x, const float* mean, const float* rstd,
+                                                 const T* dy, int64_t rows_per_slab, void* dgamma,
                                                  DType dgamma_dtype, void* dbeta, DType dbeta_dtype,
                                                  int64_t rows, int64_t cols, float* partials) {
   // partials (2, gridDim.y, cols) when gridDim.y > 1: dgamma's slabs, then dbeta's
-  __shared__ float partial_gamma[kRowSplit][kColsPerBlock];
-  __shared__ float partial_beta[kRowSplit][kColsPerBlock];
-  const int64_t c = blockIdx.x * int64_t{kColsPerBlock} + threadIdx.x;
+  __shared__ float partial_gamma[kRowSplit][N][kColsPerBlock];  // [y][column in group][x]
+  __shared__ float partial_beta[kRowSplit][N][kColsPerBlock];
+  const int64_t c0 = (blockIdx.x * int64_t{kColsPerBlock} + threadIdx.x) * N;
   const int64_t r_begin = blockIdx.y * rows_per_slab;
   const int64_t r_end = r_begin + rows_per_slab < rows ? r_begin + rows_per_slab : rows;
-  float sum_gamma = 0.0f;
-  float sum_beta = 0.0f;
-  if (c < cols) {
+  float sum_gamma[N] = {};
+  float sum_beta[N] = {};
+  if (c0 < cols) {
     for (int64_t r = r_begin + threadIdx.y; r < r_end; r += kRowSplit) {
-      const float g = LoadAs(dy, r * cols + c, dtype);
-      sum_gamma += g * ((LoadAs(x, r * cols + c, dtype) - mean[r]) * rstd[r]);
-      sum_beta += g;
+      const Vec<T, N> gs = LoadVec<N>(dy, r * cols + c0);
+      const Vec<T, N> xs = LoadVec<N>(x, r * cols + c0);
+      const float mu = mean[r];
+      const float rs = rstd[r];
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const float g = ToFloat(gs.v[j]);
+        sum_gamma[j] += g * ((ToFloat(xs.v[j]) - mu) * rs);
+        sum_beta[j] += g;
+      }
     }
   }
-  partial_gamma[threadIdx.y][threadIdx.x] = sum_gamma;
-  partial_beta[threadIdx.y][threadIdx.x] = sum_beta;
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    partial_gamma[threadIdx.y][j][threadIdx.x] = sum_gamma[j];
+    partial_beta[threadIdx.y][j][threadIdx.x] = sum_beta[j];
+  }
   __syncthreads();
-  if (threadIdx.y == 0 && c < cols) {
-    float total_gamma = 0.0f;
-    float total_beta = 0.0f;
-    for (int k = 0; k < kRowSplit; ++k) {
-      total_gamma += partial_gamma[k][threadIdx.x];
-      total_beta += partial_beta[k][threadIdx.x];
-    }
-    if (gridDim.y == 1) {
-      AccumulateColumn(dgamma, dgamma_dtype, c, total_gamma);
-      AccumulateColumn(dbeta, dbeta_dtype, c, total_beta);
-    } else {
-      const int64_t slab_base = blockIdx.y * cols;
-      partials[slab_base + c] = total_gamma;
-      partials[int64_t{gridDim.y} * cols + slab_base + c] = total_beta;
+  if (threadIdx.y == 0 && c0 < cols) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      float total_gamma = 0.0f;
+      float total_beta = 0.0f;
+      for (int k = 0; k < kRowSplit; ++k) {
+        total_gamma += partial_gamma[k][j][threadIdx.x];
+        total_beta += partial_beta[k][j][threadIdx.x];
+      }
+      const int64_t c = c0 + j;
+      if (gridDim.y == 1) {
+        AccumulateColumn(dgamma, dgamma_dtype, c, total_gamma);
+        AccumulateColumn(dbeta, dbeta_dtype, c, total_beta);
+      } else {
+        const int64_t slab_base = blockIdx.y * cols;
+        partials[slab_base + c] = total_gamma;
+        partials[int64_t{gridDim.y} * cols + slab_base + c] = total_beta;
+      }
     }
   }
 }
@@ -115,6 +161,21 @@ __global__ void layernorm_backward_params_finalize_kernel(const float* partials,
   }
 }
 
+template <typename T, int N>
+absl::Status LaunchParams(const T* x, const float* mean, const float* rstd, const T* dy,
+                          int64_t rows_per_slab, int64_t slabs, void* dgamma, DType dgamma_dtype,
+                          void* dbeta, DType dbeta_dtype, int64_t rows, int64_t cols,
+                          float* partials, cudaStream_t stream) {
+  const int64_t groups = (cols + N - 1) / N;
+  const dim3 grid(static_cast<unsigned>((groups + kColsPerBlock - 1) / kColsPerBlock),
+                  static_cast<unsigned>(slabs));
+  layernorm_backward_params_kernel<T, N><<<grid, dim3(kColsPerBlock, kRowSplit), 0, stream>>>(
+      x, mean, rstd, dy, rows_per_slab, dgamma, dgamma_dtype, dbeta, dbeta_dtype, rows, cols,
+      partials);
+  AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status LaunchLayerNormBackward(const void* x, DType dtype, const void* gamma,
@@ -123,6 +184,9 @@ absl::Status LaunchLayerNormBackward(const void* x, DType dtype, const void* gam
                                      void* dbeta, DType dbeta_dtype, int64_t rows, int64_t cols,
                                      float* partials, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return absl::OkStatus();
+  if (gamma != nullptr && gamma_dtype != dtype) {
+    return absl::InternalError("LaunchLayerNormBackward: gamma must have x's dtype");
+  }
   // Parameter gradients first: they read x and dy, which dx may overwrite.
   if (dgamma != nullptr || dbeta != nullptr) {
     const int64_t rows_per_slab = ColumnSumRowsPerSlab(rows, cols);
@@ -131,12 +195,19 @@ absl::Status LaunchLayerNormBackward(const void* x, DType dtype, const void* gam
       return absl::InternalError(
           "LaunchLayerNormBackward: several row slabs but no partials scratch");
     }
-    const dim3 grid(static_cast<unsigned>((cols + kColsPerBlock - 1) / kColsPerBlock),
-                    static_cast<unsigned>(slabs));
-    layernorm_backward_params_kernel<<<grid, dim3(kColsPerBlock, kRowSplit), 0, stream>>>(
-        x, dtype, mean, rstd, dy, rows_per_slab, dgamma, dgamma_dtype, dbeta, dbeta_dtype, rows,
-        cols, partials);
-    AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();
+    const absl::Status summed = DispatchFloat(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      constexpr int N = VecWidth<T>();
+      const T* xt = static_cast<const T*>(x);
+      const T* dyt = static_cast<const T*>(dy);
+      if (cols % N == 0 && VecAligned<N>(xt) && VecAligned<N>(dyt)) {
+        return LaunchParams<T, N>(xt, mean, rstd, dyt, rows_per_slab, slabs, dgamma, dgamma_dtype,
+                                  dbeta, dbeta_dtype, rows, cols, partials, stream);
+      }
+      return LaunchParams<T, 1>(xt, mean, rstd, dyt, rows_per_slab, slabs, dgamma, dgamma_dtype,
+                                dbeta, dbeta_dtype, rows, cols, partials, stream);
+    });
+    if (!summed.ok()) return summed;
     if (slabs > 1) {
       layernorm_backward_params_finalize_kernel<<<GridFor(cols), kThreads, 0, stream>>>(
           partials, slabs, cols, dgamma, dgamma_dtype, dbeta, dbeta_dtype);
@@ -146,10 +217,20 @@ absl::Status LaunchLayerNormBackward(const void* x, DType dtype, const void* gam
   // 1/C rounded once here, as the CPU oracle computes it.
   const float inv_cols = 1.0f / static_cast<float>(cols);
   const auto row_grid = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  layernorm_backward_dx_kernel<<<row_grid, kThreads, 0, stream>>>(
-      x, dtype, gamma, gamma_dtype, mean, rstd, dy, dx, rows, cols, inv_cols);
-  AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();
-  return absl::OkStatus();
+  return DispatchFloat(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int N = VecWidth<T>();
+    const T* xt = static_cast<const T*>(x);
+    const T* gt = static_cast<const T*>(gamma);
+    const T* dyt = static_cast<const T*>(dy);
+    T* dxt = static_cast<T*>(dx);
+    const bool vectorized = cols % N == 0 && VecAligned<N>(xt) && VecAligned<N>(gt) &&
+                            VecAligned<N>(dyt) && VecAligned<N>(dxt);
+    layernorm_backward_dx_kernel<T><<<row_grid, kThreads, 0, stream>>>(
+        xt, gt, mean, rstd, dyt, dxt, rows, cols, inv_cols, vectorized);
+    AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace ampd::kernels::cuda

@@ -4,6 +4,11 @@
 //   mean = sum(x) / C,  var = sum((x - mean)^2) / C  (biased, as PyTorch)
 //   rstd = 1 / sqrt(var + eps)   (exact sqrt and division, not rsqrtf)
 //   y = (x - mean) * rstd * gamma + beta
+// A template per dtype. Rows whose length is a multiple of the vector width
+// (and aligned operands) move 16 bytes per access: the sums through
+// ForEachOwnColumn, which keeps each lane's order of additions, so the
+// statistics have the bits of the element-by-element loop; the output
+// pass is elementwise.
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/launchers.h"
@@ -13,30 +18,60 @@ namespace {
 
 constexpr int kWarpsPerBlock = kThreads / 32;
 
-__global__ void layernorm_forward_kernel(const void* x, DType dtype, const void* gamma,
-                                         const void* beta, DType param_dtype, int64_t rows,
-                                         int64_t cols, float eps, void* y, float* mean,
-                                         float* rstd) {
+template <typename T>
+__device__ __forceinline__ float Normalise(float x, float mu, float rs, const T* gamma,
+                                           const T* beta, int64_t c) {
+  float v = (x - mu) * rs;
+  if (gamma != nullptr) v = v * ToFloat(gamma[c]);
+  if (beta != nullptr) v = v + ToFloat(beta[c]);
+  return v;
+}
+
+template <typename T>
+__global__ void layernorm_forward_kernel(const T* x, const T* gamma, const T* beta, int64_t rows,
+                                         int64_t cols, float eps, T* y, float* mean, float* rstd,
+                                         bool vectorized) {
   // x, y: (rows, cols); gamma, beta: (cols) or nullptr; mean, rstd: (rows)
+  constexpr int N = VecWidth<T>();
+  __shared__ float stage[kWarpsPerBlock][32 * N];
   const int lane = threadIdx.x & 31;
-  const int64_t row = blockIdx.x * int64_t{kWarpsPerBlock} + (threadIdx.x >> 5);
-  if (row >= rows) return;
-  const int64_t base = row * cols;
+  const int warp = threadIdx.x >> 5;
+  const int64_t row = blockIdx.x * int64_t{kWarpsPerBlock} + warp;
+  if (row >= rows) return;  // the whole warp: rows are per warp
+  const T* xr = x + row * cols;
+  T* yr = y + row * cols;
   float sum = 0.0f;
-  for (int64_t c = lane; c < cols; c += 32) sum += LoadAs(x, base + c, dtype);
+  ForEachOwnColumn<N>(xr, cols, vectorized, stage[warp], [&](int64_t, float v) { sum += v; });
   const float mu = WarpSum(sum) / static_cast<float>(cols);
   float sq = 0.0f;
-  for (int64_t c = lane; c < cols; c += 32) {
-    const float d = LoadAs(x, base + c, dtype) - mu;
+  ForEachOwnColumn<N>(xr, cols, vectorized, stage[warp], [&](int64_t, float v) {
+    const float d = v - mu;
     sq += d * d;
-  }
+  });
   const float var = WarpSum(sq) / static_cast<float>(cols);
   const float rs = 1.0f / sqrtf(var + eps);
-  for (int64_t c = lane; c < cols; c += 32) {
-    float v = (LoadAs(x, base + c, dtype) - mu) * rs;
-    if (gamma != nullptr) v = v * LoadAs(gamma, c, param_dtype);
-    if (beta != nullptr) v = v + LoadAs(beta, c, param_dtype);
-    StoreAs(y, base + c, dtype, v);
+  // Each lane reads and then writes only its own columns, so y may alias x.
+  if (vectorized) {
+    for (int64_t c = lane * int64_t{N}; c < cols; c += 32 * N) {
+      const Vec<T, N> in = LoadVec<N>(xr, c);
+      Vec<T, N> g;
+      Vec<T, N> b;
+      if (gamma != nullptr) g = LoadVec<N>(gamma, c);
+      if (beta != nullptr) b = LoadVec<N>(beta, c);
+      Vec<T, N> out;
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        float v = (ToFloat(in.v[j]) - mu) * rs;
+        if (gamma != nullptr) v = v * ToFloat(g.v[j]);
+        if (beta != nullptr) v = v + ToFloat(b.v[j]);
+        out.v[j] = FromFloat<T>(v);
+      }
+      StoreVec<N>(yr, c, out);
+    }
+  } else {
+    for (int64_t c = lane; c < cols; c += 32) {
+      yr[c] = FromFloat<T>(Normalise(ToFloat(xr[c]), mu, rs, gamma, beta, c));
+    }
   }
   if (lane == 0) {
     mean[row] = mu;
@@ -50,11 +85,24 @@ absl::Status LaunchLayerNormForward(const void* x, DType dtype, const void* gamm
                                     DType param_dtype, int64_t rows, int64_t cols, float eps,
                                     void* y, float* mean, float* rstd, cudaStream_t stream) {
   if (rows == 0) return absl::OkStatus();
+  if ((gamma != nullptr || beta != nullptr) && param_dtype != dtype) {
+    return absl::InternalError("LaunchLayerNormForward: gamma and beta must have x's dtype");
+  }
   const auto grid = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  layernorm_forward_kernel<<<grid, kThreads, 0, stream>>>(x, dtype, gamma, beta, param_dtype, rows,
-                                                          cols, eps, y, mean, rstd);
-  AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();
-  return absl::OkStatus();
+  return DispatchFloat(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int N = VecWidth<T>();
+    const T* xt = static_cast<const T*>(x);
+    const T* gt = static_cast<const T*>(gamma);
+    const T* bt = static_cast<const T*>(beta);
+    T* yt = static_cast<T*>(y);
+    const bool vectorized = cols % N == 0 && VecAligned<N>(xt) && VecAligned<N>(gt) &&
+                            VecAligned<N>(bt) && VecAligned<N>(yt);
+    layernorm_forward_kernel<T>
+        <<<grid, kThreads, 0, stream>>>(xt, gt, bt, rows, cols, eps, yt, mean, rstd, vectorized);
+    AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace ampd::kernels::cuda

@@ -651,6 +651,326 @@ void AddGemmCases(std::vector<OpCase>& cases) {
   }
 }
 
+// ---- the Linear ops: GEMMs with their epilogues ----
+// op(x)[i, p] of a row-major host matrix stored transposed or not.
+struct HostGemm {
+  HostTensor a, b;
+  bool ta, tb;
+  int64_t m, n, k;
+  double A(int64_t i, int64_t p) const {
+    return a.values[static_cast<size_t>(ta ? p * m + i : i * k + p)];
+  }
+  double B(int64_t p, int64_t j) const {
+    return b.values[static_cast<size_t>(tb ? j * k + p : p * n + j)];
+  }
+  // The exact sum over K in double, and the sum of |terms| (the scale of
+  // an fp32 summation's error).
+  double Sum(int64_t i, int64_t j, double* abs_sum = nullptr) const {
+    double s = 0, as = 0;
+    for (int64_t p = 0; p < k; ++p) {
+      s += A(i, p) * B(p, j);
+      as += std::fabs(A(i, p) * B(p, j));
+    }
+    if (abs_sum != nullptr) *abs_sum = as;
+    return s;
+  }
+};
+
+HostGemm RandomGemm(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, uint64_t seed,
+                    double b_range) {
+  return {Random(dt, ta ? Shape{k, m} : Shape{m, k}, seed, -1, 1),
+          Random(dt, tb ? Shape{n, k} : Shape{k, n}, seed + 1, -b_range, b_range),
+          ta,
+          tb,
+          m,
+          n,
+          k};
+}
+
+std::string Trans(bool ta, bool tb) { return absl::StrCat(ta ? "t" : "n", tb ? "t" : "n"); }
+
+// GELU computed by cuBLASLt's epilogue on F16/BF16 may use its own fp32
+// tanh. A tanh within 2^-10 relative moves gelu_tanh(p) = 0.5 p (1 + t) by
+// at most 0.5 |p| 2^-10 < 1e-3 for the |p| < 2 of these cases (a bias in
+// [-1, 1] plus sums of k = 64 products below 1/16 in magnitude, of
+// standard deviation 0.17), and the derivative (GemmActivationBackward) by
+// 2^-10 (0.5 + 0.8 |x| (1 + 0.134 x^2)) < 6e-3 for |x| <= 3, times |g|
+// below 0.35 there (products below 1/32): 2e-3 covers both, far below
+// what a wrong bias, GELU or layout moves the outputs by (O(0.1)).
+constexpr double kEpilogueGeluAtol = 2e-3;
+
+// GemmBiasActivation: c = act(op(a) op(b) + bias) with pre the rounded
+// pre-activation; the bias is added to the fp32 sums before the one
+// rounding of each output, the GELU evaluated on the unrounded sum. n = 48
+// keeps cuBLASLt's GELU epilogue eligible (aux leading dim % 8 == 0); n =
+// 45 takes the separate path on every backend.
+void AddGemmBiasActivationCases(std::vector<OpCase>& cases) {
+  const int64_t m = 37, k = 64;
+  for (DType dt : kFloatDTypes) {
+    for (GemmActivation act : {GemmActivation::kNone, GemmActivation::kGELUTanh}) {
+      const bool gelu = act == GemmActivation::kGELUTanh;
+      for (const auto& [ta, tb] : {std::pair{false, false}, {false, true}, {true, false}}) {
+        for (const int64_t n : {int64_t{48}, int64_t{45}}) {
+          for (const bool with_bias : {true, false}) {
+            if (!with_bias && !gelu) continue;  // that is Gemm
+            auto build = [=] {
+              // |sums| <= k / 16 = 4: within the GELU's interesting range.
+              const HostGemm g = RandomGemm(dt, ta, tb, m, n, k, 50, 1.0 / 16);
+              const HostTensor bias = Random(dt, {n}, 52, -1, 1);
+              CaseFns c;
+              c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+                Io io(be);
+                AMPD_ASSIGN_OR_RETURN(Tensor ta_, io.Upload(g.a));
+                AMPD_ASSIGN_OR_RETURN(Tensor tb_, io.Upload(g.b));
+                AMPD_ASSIGN_OR_RETURN(Tensor tbias, io.Upload(bias));
+                AMPD_ASSIGN_OR_RETURN(Tensor tc, io.Unwritten(dt, {m, n}));
+                AMPD_ASSIGN_OR_RETURN(Tensor tpre, io.Unwritten(dt, {m, n}));
+                AMPD_RETURN_IF_ERROR(be.GemmBiasActivation(ta, tb, ta_, tb_,
+                                                           with_bias ? &tbias : nullptr, act, tc,
+                                                           gelu ? &tpre : nullptr));
+                // Another backend's fp32 sums run in another order: ~k 2^-24.
+                const Tol sums = DeviceElementwise(dt) + Tol{0, k * 6e-8};
+                AMPD_RETURN_IF_ERROR(io.Read(
+                    "c", tc, gelu && dt != DType::kF32 ? sums + Tol{0, kEpilogueGeluAtol} : sums));
+                if (gelu) AMPD_RETURN_IF_ERROR(io.Read("pre", tpre, sums));
+                return io.Take();
+              };
+              c.reference = [=] {
+                std::vector<double> want_c, want_pre;
+                double worst_abs = 0;
+                for (int64_t i = 0; i < m; ++i) {
+                  for (int64_t j = 0; j < n; ++j) {
+                    double abs_sum = 0;
+                    const double p = g.Sum(i, j, &abs_sum) +
+                                     (with_bias ? bias.values[static_cast<size_t>(j)] : 0);
+                    worst_abs = std::max(worst_abs, abs_sum);
+                    want_pre.push_back(p);
+                    want_c.push_back(gelu ? RefGeluTanh(p) : p);
+                  }
+                }
+                // BLAS's blocked fp32 sum: 4 u per term of the sum of |terms|,
+                // then the bias's addition (one u of p), then one rounding to
+                // the dtype. The GELU (slope below 1.2) carries that error
+                // and adds its own fp32 evaluation's (ActivationForward's
+                // 16 u relative, 64 u absolute).
+                const Tol sum_tol = Ulps(dt, 1) + Tol{kU32, 4 * k * kU32 * worst_abs};
+                const Tol c_tol =
+                    gelu ? Ulps(dt, 1) + Tol{16 * kU32, 64 * kU32 + 1.2 * sum_tol.atol} : sum_tol;
+                Outputs out{{"c", want_c, c_tol}};
+                if (gelu) out.push_back({"pre", want_pre, sum_tol});
+                return out;
+              };
+              return c;
+            };
+            cases.push_back({"GemmBiasActivation",
+                             absl::StrCat(Lower(dt), gelu ? "_gelu_tanh_" : "_none_", Trans(ta, tb),
+                                          "_n", n, with_bias ? "" : "_nobias"),
+                             build});
+          }
+        }
+      }
+    }
+  }
+}
+
+// GemmBiasGrad: dW = op(a) op(b) + beta dW and db = column sums of the dy
+// operand (a transposed, or b) + beta db, each rounded once; dW in a's
+// dtype and in F32, db in a's dtype and in F32.
+void AddGemmBiasGradCases(std::vector<OpCase>& cases) {
+  const int64_t m = 40, n = 48, k = 300;  // k: the rows (tokens) summed over
+  for (DType dt : kFloatDTypes) {
+    for (const BiasGradOf of : {BiasGradOf::kA, BiasGradOf::kB}) {
+      const bool of_a = of == BiasGradOf::kA;
+      for (float beta : {0.0f, 1.0f}) {
+        const std::vector<DType> out_dtypes =
+            dt == DType::kF32 ? std::vector<DType>{dt} : std::vector<DType>{dt, DType::kF32};
+        for (const DType out_dt : out_dtypes) {
+          auto build = [=] {
+            // The engine's layouts: dW = dy^T x (of a) or x^T dy (of b).
+            const HostGemm g = RandomGemm(dt, /*ta=*/true, /*tb=*/false, m, n, k, 60, 1.0);
+            const int64_t width = of_a ? m : n;
+            const HostTensor c0 = Random(out_dt, {m, n}, 62, -1, 1);
+            const HostTensor db0 = Random(out_dt, {width}, 63, -1, 1);
+            CaseFns c;
+            c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+              Io io(be);
+              AMPD_ASSIGN_OR_RETURN(Tensor ta_, io.Upload(g.a));
+              AMPD_ASSIGN_OR_RETURN(Tensor tb_, io.Upload(g.b));
+              AMPD_ASSIGN_OR_RETURN(Tensor tc, io.Upload(c0));
+              AMPD_ASSIGN_OR_RETURN(Tensor tdb, io.Upload(db0));
+              AMPD_RETURN_IF_ERROR(be.GemmBiasGrad(true, false, ta_, tb_, beta, tc, of, tdb));
+              // Other summation orders: ~2^-24 per term of |terms| < 1.
+              const Tol tol = DeviceElementwise(out_dt) + Tol{0, k * 6e-8};
+              AMPD_RETURN_IF_ERROR(io.Read("c", tc, tol));
+              AMPD_RETURN_IF_ERROR(io.Read("dbias", tdb, tol));
+              return io.Take();
+            };
+            c.reference = [=] {
+              std::vector<double> want_c, want_db(static_cast<size_t>(width), 0.0);
+              for (int64_t i = 0; i < m; ++i) {
+                for (int64_t j = 0; j < n; ++j) {
+                  want_c.push_back(g.Sum(i, j) + beta * c0.values[static_cast<size_t>(i * n + j)]);
+                }
+              }
+              for (int64_t p = 0; p < k; ++p) {
+                for (int64_t w = 0; w < width; ++w) {
+                  want_db[static_cast<size_t>(w)] += of_a ? g.A(w, p) : g.B(p, w);
+                }
+              }
+              for (int64_t w = 0; w < width; ++w) {
+                want_db[static_cast<size_t>(w)] += beta * db0.values[static_cast<size_t>(w)];
+              }
+              // As Gemm's and BiasGrad's cases: 4 u per product or row.
+              return Outputs{{"c", want_c, Ulps(out_dt, 1) + Tol{0, 4 * k * kU32}},
+                             {"dbias", want_db, Ulps(out_dt, 1) + Tol{0, 4 * k * kU32}}};
+            };
+            return c;
+          };
+          cases.push_back({"GemmBiasGrad",
+                           absl::StrCat(Lower(dt), of_a ? "_of_a" : "_of_b", "_beta", beta, "_out_",
+                                        Lower(out_dt)),
+                           build});
+        }
+      }
+    }
+  }
+}
+
+// The one rounding, bitwise: sums exact in fp32 that lie half an ulp of the
+// dtype above 1 (a tie), plus a bias or an old value of a quarter ulp. One
+// rounding of the fp32 total goes up; rounding the sum first (to 1, the
+// even neighbour) and then adding would stay at 1. So these catch an
+// epilogue that adds the bias, or a bias gradient that accumulates, after
+// a rounding to the 16-bit dtype. Every backend must give these bits.
+void AddOneRoundingCases(std::vector<OpCase>& cases) {
+  for (DType dt : kFloatDTypes) {
+    const double half_ulp = kt::Eps(dt) / 2;  // at 1
+    const int64_t m = 4, n = 16;
+    // GemmBiasActivation: a (m, 2) of ones, b (2, n) = [1; half_ulp], so
+    // every sum is 1 + half_ulp; the bias alternates +-half_ulp / 2.
+    auto forward = [=] {
+      const HostTensor a{dt, {m, 2}, std::vector<double>(static_cast<size_t>(m * 2), 1.0)};
+      HostTensor b{dt, {2, n}, {}};
+      for (int64_t j = 0; j < n; ++j) b.values.push_back(1.0);
+      for (int64_t j = 0; j < n; ++j) b.values.push_back(half_ulp);
+      HostTensor bias{dt, {n}, {}};
+      for (int64_t j = 0; j < n; ++j)
+        bias.values.push_back(j % 2 == 0 ? half_ulp / 2 : -half_ulp / 2);
+      CaseFns c;
+      c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+        Io io(be);
+        AMPD_ASSIGN_OR_RETURN(Tensor ta, io.Upload(a));
+        AMPD_ASSIGN_OR_RETURN(Tensor tb, io.Upload(b));
+        AMPD_ASSIGN_OR_RETURN(Tensor tbias, io.Upload(bias));
+        AMPD_ASSIGN_OR_RETURN(Tensor tc, io.Unwritten(dt, {m, n}));
+        AMPD_RETURN_IF_ERROR(be.GemmBiasActivation(false, false, ta, tb, &tbias,
+                                                   GemmActivation::kNone, tc, nullptr));
+        AMPD_RETURN_IF_ERROR(io.Read("c", tc, kBitwise));
+        return io.Take();
+      };
+      c.reference = [=] {
+        std::vector<double> want;
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            want.push_back(
+                kt::RefStore(dt, F32(F32(1.0 + half_ulp) + bias.values[static_cast<size_t>(j)])));
+          }
+        }
+        return Outputs{{"c", want, kBitwise}};
+      };
+      return c;
+    };
+    cases.push_back({"GemmBiasActivation", absl::StrCat(Lower(dt), "_one_rounding"), forward});
+
+    // GemmBiasGrad with beta 1: dy (2, n) = [1; half_ulp] and x (2, m) of
+    // ones, so dW and db both add 1 + half_ulp to an old half_ulp / 2.
+    auto grad = [=] {
+      const HostTensor x{dt, {2, m}, std::vector<double>(static_cast<size_t>(2 * m), 1.0)};
+      HostTensor dy{dt, {2, n}, {}};
+      for (int64_t j = 0; j < n; ++j) dy.values.push_back(1.0);
+      for (int64_t j = 0; j < n; ++j) dy.values.push_back(half_ulp);
+      const HostTensor c0{
+          dt, {m, n}, std::vector<double>(static_cast<size_t>(m * n), half_ulp / 2)};
+      const HostTensor db0{dt, {n}, std::vector<double>(static_cast<size_t>(n), half_ulp / 2)};
+      CaseFns c;
+      c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+        Io io(be);
+        AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(x));
+        AMPD_ASSIGN_OR_RETURN(Tensor tdy, io.Upload(dy));
+        AMPD_ASSIGN_OR_RETURN(Tensor tc, io.Upload(c0));
+        AMPD_ASSIGN_OR_RETURN(Tensor tdb, io.Upload(db0));
+        AMPD_RETURN_IF_ERROR(be.GemmBiasGrad(true, false, tx, tdy, 1.0f, tc, BiasGradOf::kB, tdb));
+        AMPD_RETURN_IF_ERROR(io.Read("c", tc, kBitwise));
+        AMPD_RETURN_IF_ERROR(io.Read("dbias", tdb, kBitwise));
+        return io.Take();
+      };
+      c.reference = [=] {
+        const double one = kt::RefStore(dt, F32(F32(1.0 + half_ulp) + half_ulp / 2));
+        return Outputs{{"c", std::vector<double>(static_cast<size_t>(m * n), one), kBitwise},
+                       {"dbias", std::vector<double>(static_cast<size_t>(n), one), kBitwise}};
+      };
+      return c;
+    };
+    cases.push_back({"GemmBiasGrad", absl::StrCat(Lower(dt), "_one_rounding"), grad});
+  }
+}
+
+// GemmActivationBackward: c = (alpha op(a) op(b)) * gelu_tanh'(pre), the
+// fp32 sums never rounded before the product; kNone is a plain GEMM.
+void AddGemmActivationBackwardCases(std::vector<OpCase>& cases) {
+  const int64_t m = 37, n = 48, k = 64;
+  for (DType dt : kFloatDTypes) {
+    for (GemmActivation act : {GemmActivation::kNone, GemmActivation::kGELUTanh}) {
+      const bool gelu = act == GemmActivation::kGELUTanh;
+      for (const auto& [ta, tb] : {std::pair{false, true}, {false, false}, {true, false}}) {
+        for (const float alpha : {1.0f, 0.5f}) {
+          auto build = [=] {
+            // |g| <= k / 32 * alpha (in practice below 0.35); pre in [-3, 3].
+            const HostGemm g = RandomGemm(dt, ta, tb, m, n, k, 70, 1.0 / 32);
+            const HostTensor pre = Random(dt, {m, n}, 72, -3, 3);
+            CaseFns c;
+            c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+              Io io(be);
+              AMPD_ASSIGN_OR_RETURN(Tensor ta_, io.Upload(g.a));
+              AMPD_ASSIGN_OR_RETURN(Tensor tb_, io.Upload(g.b));
+              AMPD_ASSIGN_OR_RETURN(Tensor tpre, io.Upload(pre));
+              AMPD_ASSIGN_OR_RETURN(Tensor tc, io.Unwritten(dt, {m, n}));
+              AMPD_RETURN_IF_ERROR(be.GemmActivationBackward(ta, tb, alpha, ta_, tb_, act,
+                                                             gelu ? &tpre : nullptr, tc));
+              // A cuBLASLt DGELU may use its own tanh (kEpilogueGeluAtol).
+              const Tol sums = DeviceElementwise(dt) + Tol{0, k * 6e-8};
+              AMPD_RETURN_IF_ERROR(io.Read(
+                  "c", tc, gelu && dt != DType::kF32 ? sums + Tol{0, kEpilogueGeluAtol} : sums));
+              return io.Take();
+            };
+            c.reference = [=] {
+              std::vector<double> want;
+              for (int64_t i = 0; i < m; ++i) {
+                for (int64_t j = 0; j < n; ++j) {
+                  const double s = alpha * g.Sum(i, j);
+                  want.push_back(
+                      gelu ? s * RefGeluTanhGrad(pre.values[static_cast<size_t>(i * n + j)]) : s);
+                }
+              }
+              // The fp32 sum's 4 u per term (each below 1/32), times the
+              // derivative (below 1.2), plus the derivative's fp32
+              // evaluation (as ActivationBackward's case: 16 u relative,
+              // 64 u absolute per unit of |g| <= k / 32 = 2).
+              const Tol tol = Ulps(dt, 1) + Tol{16 * kU32, (1.2 * 4 * k / 32 + 64 * 2) * kU32};
+              return Outputs{{"c", want, tol}};
+            };
+            return c;
+          };
+          cases.push_back({"GemmActivationBackward",
+                           absl::StrCat(Lower(dt), gelu ? "_gelu_tanh_" : "_none_", Trans(ta, tb),
+                                        "_alpha", alpha),
+                           build});
+        }
+      }
+    }
+  }
+}
+
 // ---- activations ----
 double RefNormalCdf(double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)); }
 double RefNormalPdf(double x) { return std::exp(-0.5 * x * x) / std::sqrt(2.0 * std::numbers::pi); }
@@ -1701,6 +2021,10 @@ const std::vector<OpCase>& AllCases() {
     AddAddCases(*all);
     AddAddScaledCases(*all);
     AddGemmCases(*all);
+    AddGemmBiasActivationCases(*all);
+    AddGemmBiasGradCases(*all);
+    AddOneRoundingCases(*all);
+    AddGemmActivationBackwardCases(*all);
     AddAddBiasCases(*all);
     AddBiasGradCases(*all);
     AddActivationCases(*all);

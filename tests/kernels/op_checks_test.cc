@@ -76,6 +76,66 @@ TEST_F(OpChecksTest, BiasLengthAndActivationMessagesAreTheOraclesOnes) {
                 "ActivationForward: unknown activation 7");
 }
 
+TEST_F(OpChecksTest, LinearOpsNameTheOperandAndRefuseOverlaps) {
+  constexpr GemmActivation kGelu = GemmActivation::kGELUTanh;
+  constexpr GemmActivation kNone = GemmActivation::kNone;
+  Tensor x = Make(DType::kBF16, {4, 3});    // (M, K)
+  Tensor w = Make(DType::kBF16, {3, 8});    // (K, N)
+  Tensor bias = Make(DType::kBF16, {8});    // (N)
+  Tensor y = Make(DType::kBF16, {4, 8});    // (M, N)
+  Tensor pre = Make(DType::kBF16, {4, 8});  // (M, N)
+  EXPECT_TRUE(ValidateGemmBiasActivation(false, false, x, w, &bias, kGelu, y, &pre).ok());
+  EXPECT_TRUE(ValidateGemmBiasActivation(false, false, x, w, nullptr, kNone, y, nullptr).ok());
+  // Gemm's rules, under the op's name.
+  ExpectMessage(ValidateGemmBiasActivation(true, false, x, w, &bias, kNone, y, nullptr),
+                "GemmBiasActivation: b is BF16(3, 8) but a is BF16(4, 3) (transposed); inner "
+                "dims differ (4 vs 3)");
+  // One dtype for every float operand: no F32 output here, unlike Gemm.
+  Tensor y32 = Make(DType::kF32, {4, 8});
+  ExpectMessage(ValidateGemmBiasActivation(false, false, x, w, &bias, kNone, y32, nullptr),
+                "GemmBiasActivation: c is F32(4, 8) but a is BF16(4, 3); dtypes differ");
+  Tensor short_bias = Make(DType::kBF16, {7});
+  ExpectMessage(ValidateGemmBiasActivation(false, false, x, w, &short_bias, kNone, y, nullptr),
+                "GemmBiasActivation: bias is BF16(7) but c is BF16(4, 8); bias length must "
+                "equal c's columns");
+  ExpectMessage(ValidateGemmBiasActivation(false, false, x, w, &bias, kGelu, y, nullptr),
+                "GemmBiasActivation: pre is null but act is gelu_tanh; expected BF16(4, 8)");
+  ExpectMessage(ValidateGemmBiasActivation(false, false, x, w, &bias, kNone, y, &pre),
+                "GemmBiasActivation: pre is BF16(4, 8) but act is none; expected nullptr");
+  ExpectMessage(ValidateGemmBiasActivation(false, false, x, w, &bias,
+                                           static_cast<GemmActivation>(9), y, &pre),
+                "GemmBiasActivation: unknown activation 9");
+  ExpectMessage(ValidateGemmBiasActivation(false, false, x, w, &bias, kGelu, y, &y),
+                "GemmBiasActivation: pre BF16(4, 8) overlaps c BF16(4, 8)");
+
+  // GemmBiasGrad: the dy operand must be stored (K, width).
+  Tensor dy = Make(DType::kBF16, {4, 8});  // (K, N): tokens by features
+  Tensor xs = Make(DType::kBF16, {4, 3});  // (K, M)
+  Tensor dw = Make(DType::kBF16, {3, 8});  // (M, N)
+  Tensor db = Make(DType::kF32, {8});      // (N), any float dtype
+  EXPECT_TRUE(ValidateGemmBiasGrad(true, false, xs, dy, dw, BiasGradOf::kB, db).ok());
+  Tensor dw_t = Make(DType::kBF16, {8, 3});  // (N, M): dW = dy^T x
+  EXPECT_TRUE(ValidateGemmBiasGrad(true, false, dy, xs, dw_t, BiasGradOf::kA, db).ok());
+  Tensor dyt = Make(DType::kBF16, {8, 4});
+  ExpectMessage(ValidateGemmBiasGrad(true, true, xs, dyt, dw, BiasGradOf::kB, db),
+                "GemmBiasGrad: the bias gradient of b needs b stored (K, N), i.e. trans_b "
+                "false; got BF16(8, 4) (transposed)");
+  Tensor db3 = Make(DType::kF32, {3});
+  ExpectMessage(ValidateGemmBiasGrad(true, false, xs, dy, dw, BiasGradOf::kB, db3),
+                "GemmBiasGrad: dbias is F32(3) but b is BF16(4, 8); dbias length must equal its "
+                "columns (8)");
+
+  // GemmActivationBackward: pre beside c, c overlapping no input.
+  Tensor dx = Make(DType::kBF16, {4, 3});
+  Tensor pre_x = Make(DType::kBF16, {4, 3});
+  EXPECT_TRUE(ValidateGemmActivationBackward(false, true, dy, w, kGelu, &pre_x, dx).ok());
+  Tensor pre_bad = Make(DType::kBF16, {3, 4});
+  ExpectMessage(ValidateGemmActivationBackward(false, true, dy, w, kGelu, &pre_bad, dx),
+                "GemmActivationBackward: pre is BF16(3, 4) but c is BF16(4, 3); shapes differ");
+  ExpectMessage(ValidateGemmActivationBackward(false, true, dy, w, kGelu, &dx, dx),
+                "GemmActivationBackward: c BF16(4, 3) overlaps pre BF16(4, 3)");
+}
+
 TEST_F(OpChecksTest, LayerNormStatisticsMustBeOnePerRow) {
   Tensor x = Make(DType::kF32, {2, 4});
   Tensor y = Make(DType::kF32, {2, 4});

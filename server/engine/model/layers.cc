@@ -233,10 +233,14 @@ absl::Status Model::Forward(Workspace& any) {
     Tensor& y = ws.acts[i + 1];    // (N, out)
     switch (l.kind) {
       case LayerKind::kLinear:
-        // y (N, out) = x (N, in) @ W^T, W (out, in); fp32 accumulation.
+        // y (N, out) = x (N, in) @ W^T + b, W (out, in): fp32 accumulation,
+        // the bias added in the GEMM's epilogue before the one rounding. A
+        // GELU after it stays its own layer: the spec's GELU is the exact
+        // form, and the epilogues' is the tanh approximation.
         AMPD_RETURN_IF_ERROR(
-            backend_.Gemm(false, true, 1.0f, x, params()[lp.weight].value(), 0.0f, y));
-        if (lp.bias >= 0) AMPD_RETURN_IF_ERROR(backend_.AddBias(params()[lp.bias].value(), y));
+            backend_.GemmBiasActivation(false, true, x, params()[lp.weight].value(),
+                                        lp.bias >= 0 ? &params()[lp.bias].value() : nullptr,
+                                        kernels::GemmActivation::kNone, y, nullptr));
         break;
       case LayerKind::kLayerNorm:
         AMPD_RETURN_IF_ERROR(backend_.LayerNormForward(
@@ -284,10 +288,16 @@ absl::Status Model::Backward(Workspace& any, bool first_micro_batch, const Backw
       case LayerKind::kLinear: {
         // dW (out, in) = dy^T (out, N) @ x (N, in) + beta dW: beta = 1
         // accumulates micro-batches in one rounding per element, so an inf
-        // from any micro-batch survives (inf + x = inf).
-        AMPD_RETURN_IF_ERROR(
-            backend_.Gemm(true, false, 1.0f, dy, x, beta, params()[lp.weight].grad));
-        if (lp.bias >= 0) AMPD_RETURN_IF_ERROR(backend_.BiasGrad(dy, beta, params()[lp.bias].grad));
+        // from any micro-batch survives (inf + x = inf). db (out) = column
+        // sums of dy + beta db, in the same GEMM's epilogue.
+        if (lp.bias >= 0) {
+          AMPD_RETURN_IF_ERROR(
+              backend_.GemmBiasGrad(true, false, dy, x, beta, params()[lp.weight].grad,
+                                    kernels::BiasGradOf::kA, params()[lp.bias].grad));
+        } else {
+          AMPD_RETURN_IF_ERROR(
+              backend_.Gemm(true, false, 1.0f, dy, x, beta, params()[lp.weight].grad));
+        }
         // dx (N, in) = dx_scale * dy (N, out) @ W (out, in); dx_scale moves
         // the gradient to the previous group's loss scale (Backward's header).
         if (dx != nullptr) {

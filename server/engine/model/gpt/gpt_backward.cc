@@ -2,7 +2,8 @@
 // the blocks in reverse and the embeddings. d_res carries the residual
 // stream's gradient; each branch adds its LayerNorm's dx into it. Conv1D
 // weights W (in, out) with y = x W: dW = x^T dy (beta = 0 on the first
-// micro-batch, 1 after), dx = dy W^T. With per-layer scales, block l's
+// micro-batch, 1 after) with db in the same GEMM, dx = dy W^T (through
+// c_fc's GELU in the GEMM's epilogue). With per-layer scales, block l's
 // last residual add also moves d_res to block l - 1's group's scale
 // (residual_grad_scale_, gpt_model.h).
 #include "common/status_macros.h"
@@ -12,6 +13,8 @@
 namespace ampd::engine::model {
 
 using kernels::Tensor;
+// Every Conv1D's dy is the GEMM's b: dW = x^T dy, db = column sums of dy.
+constexpr kernels::BiasGradOf kOfB = kernels::BiasGradOf::kB;
 
 absl::Status GptModel::Backward(Workspace& any, bool first_micro_batch,
                                 const BackwardHooks& hooks) {
@@ -44,15 +47,15 @@ absl::Status GptModel::Backward(Workspace& any, bool first_micro_batch,
     const BlockParams& p = blocks_[l];
     GptWorkspace::Block& s = ws.blocks[l];
     // MLP branch; d_res = dL/dx_{l+1}.
+    AMPD_RETURN_IF_ERROR(b.GemmBiasGrad(true, false, s.fc_post, ws.d_res, beta,
+                                        grad(p.mlp_proj_weight), kOfB, grad(p.mlp_proj_bias)));
+    // d_pre = (d_res W^T) * gelu_tanh'(fc_pre): the derivative in the GEMM's
+    // epilogue, on its fp32 sums.
     AMPD_RETURN_IF_ERROR(
-        b.Gemm(true, false, 1.0f, s.fc_post, ws.d_res, beta, grad(p.mlp_proj_weight)));
-    AMPD_RETURN_IF_ERROR(b.BiasGrad(ws.d_res, beta, grad(p.mlp_proj_bias)));
-    AMPD_RETURN_IF_ERROR(
-        b.Gemm(false, true, 1.0f, ws.d_res, value(p.mlp_proj_weight), 0.0f, ws.d_fc));
-    AMPD_RETURN_IF_ERROR(
-        b.ActivationBackward(kernels::Activation::kGELUTanh, s.fc_pre, ws.d_fc, ws.d_pre));
-    AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, s.ln_2, ws.d_pre, beta, grad(p.c_fc_weight)));
-    AMPD_RETURN_IF_ERROR(b.BiasGrad(ws.d_pre, beta, grad(p.c_fc_bias)));
+        b.GemmActivationBackward(false, true, 1.0f, ws.d_res, value(p.mlp_proj_weight),
+                                 kernels::GemmActivation::kGELUTanh, &s.fc_pre, ws.d_pre));
+    AMPD_RETURN_IF_ERROR(b.GemmBiasGrad(true, false, s.ln_2, ws.d_pre, beta, grad(p.c_fc_weight),
+                                        kOfB, grad(p.c_fc_bias)));
     AMPD_RETURN_IF_ERROR(b.Gemm(false, true, 1.0f, ws.d_pre, value(p.c_fc_weight), 0.0f, ws.d_ln));
     AMPD_RETURN_IF_ERROR(b.LayerNormBackward(s.resid, &value(p.ln_2_weight), s.mean_2, s.rstd_2,
                                              ws.d_ln, ws.d_tmp, &grad(p.ln_2_weight),
@@ -60,9 +63,8 @@ absl::Status GptModel::Backward(Workspace& any, bool first_micro_batch,
     AMPD_RETURN_IF_ERROR(b.Add(ws.d_tmp, ws.d_res));
     // Attention branch; d_res = dL/dr_l. d_tmp holds the attention
     // output's gradient until LayerNorm's dx overwrites it.
-    AMPD_RETURN_IF_ERROR(
-        b.Gemm(true, false, 1.0f, s.attn_y, ws.d_res, beta, grad(p.attn_proj_weight)));
-    AMPD_RETURN_IF_ERROR(b.BiasGrad(ws.d_res, beta, grad(p.attn_proj_bias)));
+    AMPD_RETURN_IF_ERROR(b.GemmBiasGrad(true, false, s.attn_y, ws.d_res, beta,
+                                        grad(p.attn_proj_weight), kOfB, grad(p.attn_proj_bias)));
     AMPD_RETURN_IF_ERROR(
         b.Gemm(false, true, 1.0f, ws.d_res, value(p.attn_proj_weight), 0.0f, ws.d_tmp));
     AMPD_ASSIGN_OR_RETURN(const Tensor qkv, s.qkv.View(0, {ws.batch, ws.seq, 3 * c}));
@@ -70,8 +72,8 @@ absl::Status GptModel::Backward(Workspace& any, bool first_micro_batch,
     AMPD_ASSIGN_OR_RETURN(const Tensor d_attn_y, ws.d_tmp.View(0, {ws.batch, ws.seq, c}));
     AMPD_ASSIGN_OR_RETURN(Tensor d_qkv, ws.d_qkv.View(0, {ws.batch, ws.seq, 3 * c}));
     AMPD_RETURN_IF_ERROR(b.AttentionBackward(qkv, attn_y, d_attn_y, s.lse, g.n_head, d_qkv));
-    AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, s.ln_1, ws.d_qkv, beta, grad(p.c_attn_weight)));
-    AMPD_RETURN_IF_ERROR(b.BiasGrad(ws.d_qkv, beta, grad(p.c_attn_bias)));
+    AMPD_RETURN_IF_ERROR(b.GemmBiasGrad(true, false, s.ln_1, ws.d_qkv, beta, grad(p.c_attn_weight),
+                                        kOfB, grad(p.c_attn_bias)));
     AMPD_RETURN_IF_ERROR(
         b.Gemm(false, true, 1.0f, ws.d_qkv, value(p.c_attn_weight), 0.0f, ws.d_ln));
     AMPD_RETURN_IF_ERROR(b.LayerNormBackward(ws.x[l], &value(p.ln_1_weight), s.mean_1, s.rstd_1,

@@ -1,5 +1,6 @@
 // GptModel::Forward: embeddings, the blocks and the final LayerNorm,
-// saving what the backward pass reads (gpt_workspace.h). The LM head runs
+// saving what the backward pass reads (gpt_workspace.h). Each Conv1D is one
+// GEMM with its bias (and c_fc's GELU) in the epilogue. The LM head runs
 // in Loss (gpt_lm_head.cc), fused with the cross-entropy.
 #include "common/status_macros.h"
 #include "server/engine/model/gpt/gpt_model.h"
@@ -8,6 +9,8 @@
 namespace ampd::engine::model {
 
 using kernels::Tensor;
+constexpr kernels::GemmActivation kNone = kernels::GemmActivation::kNone;
+constexpr kernels::GemmActivation kGELUTanh = kernels::GemmActivation::kGELUTanh;
 
 absl::Status GptModel::Forward(Workspace& any) {
   AMPD_ASSIGN_OR_RETURN(GptWorkspace * own, Own<GptWorkspace>(any));
@@ -33,24 +36,24 @@ absl::Status GptModel::Forward(Workspace& any) {
     // Attention branch: r_l = x_l + c_proj(attention(c_attn(ln_1(x_l)))).
     AMPD_RETURN_IF_ERROR(b.LayerNormForward(x, &value(p.ln_1_weight), &value(p.ln_1_bias), eps,
                                             s.ln_1, s.mean_1, s.rstd_1));
-    AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, s.ln_1, value(p.c_attn_weight), 0.0f, s.qkv));
-    AMPD_RETURN_IF_ERROR(b.AddBias(value(p.c_attn_bias), s.qkv));
+    AMPD_RETURN_IF_ERROR(b.GemmBiasActivation(false, false, s.ln_1, value(p.c_attn_weight),
+                                              &value(p.c_attn_bias), kNone, s.qkv, nullptr));
     AMPD_ASSIGN_OR_RETURN(const Tensor qkv, s.qkv.View(0, {ws.batch, ws.seq, 3 * c}));
     AMPD_ASSIGN_OR_RETURN(Tensor attn_y, s.attn_y.View(0, {ws.batch, ws.seq, c}));
     AMPD_RETURN_IF_ERROR(b.AttentionForward(qkv, g.n_head, attn_y, s.lse));
-    AMPD_RETURN_IF_ERROR(
-        b.Gemm(false, false, 1.0f, s.attn_y, value(p.attn_proj_weight), 0.0f, s.resid));
-    AMPD_RETURN_IF_ERROR(b.AddBias(value(p.attn_proj_bias), s.resid));
+    AMPD_RETURN_IF_ERROR(b.GemmBiasActivation(false, false, s.attn_y, value(p.attn_proj_weight),
+                                              &value(p.attn_proj_bias), kNone, s.resid, nullptr));
     AMPD_RETURN_IF_ERROR(b.Add(x, s.resid));
     // MLP branch: x_{l+1} = r_l + c_proj(gelu_tanh(c_fc(ln_2(r_l)))).
     AMPD_RETURN_IF_ERROR(b.LayerNormForward(s.resid, &value(p.ln_2_weight), &value(p.ln_2_bias),
                                             eps, s.ln_2, s.mean_2, s.rstd_2));
-    AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, s.ln_2, value(p.c_fc_weight), 0.0f, s.fc_pre));
-    AMPD_RETURN_IF_ERROR(b.AddBias(value(p.c_fc_bias), s.fc_pre));
-    AMPD_RETURN_IF_ERROR(b.ActivationForward(kernels::Activation::kGELUTanh, s.fc_pre, s.fc_post));
-    AMPD_RETURN_IF_ERROR(
-        b.Gemm(false, false, 1.0f, s.fc_post, value(p.mlp_proj_weight), 0.0f, x_next));
-    AMPD_RETURN_IF_ERROR(b.AddBias(value(p.mlp_proj_bias), x_next));
+    // fc_post = gelu_tanh(fc_pre) and fc_pre itself (the backward's) from
+    // one GEMM: bias and GELU in its epilogue, on the fp32 sums.
+    AMPD_RETURN_IF_ERROR(b.GemmBiasActivation(false, false, s.ln_2, value(p.c_fc_weight),
+                                              &value(p.c_fc_bias), kGELUTanh, s.fc_post,
+                                              &s.fc_pre));
+    AMPD_RETURN_IF_ERROR(b.GemmBiasActivation(false, false, s.fc_post, value(p.mlp_proj_weight),
+                                              &value(p.mlp_proj_bias), kNone, x_next, nullptr));
     AMPD_RETURN_IF_ERROR(b.Add(s.resid, x_next));
   }
   return b.LayerNormForward(ws.x.back(), &value(ln_f_weight_), &value(ln_f_bias_), eps, ws.ln_f,

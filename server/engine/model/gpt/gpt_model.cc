@@ -77,7 +77,7 @@ absl::StatusOr<int64_t> GptWorkspaceBytes(const ModelSpec& spec, Precision preci
            product({g.n_layer + 2, n, c, w}),  // x_0..x_L and ln_f's output
            product({2, n, 4}),                 // ln_f's mean and rstd
            product({6, n, c, w}),              // d_res, d_tmp, d_ln, d_qkv (3 N C)
-           product({2, n, h, w}),              // d_fc, d_pre
+           product({n, h, w}),                 // d_pre
            product({LmHeadChunkRows(g, precision, n), g.vocab_size, w}),
            w == 4 ? 0 : product({g.vocab_size, c, 4}),  // the LM head's F32 gradient sum
            product({2, n, 8}),                          // ids and targets, I64 at most
@@ -231,7 +231,6 @@ absl::StatusOr<std::unique_ptr<Workspace>> GptModel::NewWorkspace(
   AMPD_RETURN_IF_ERROR(alloc(w, {n, c}, ws.d_res));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, c}, ws.d_tmp));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, c}, ws.d_ln));
-  AMPD_RETURN_IF_ERROR(alloc(w, {n, h}, ws.d_fc));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, h}, ws.d_pre));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, 3 * c}, ws.d_qkv));
   AMPD_RETURN_IF_ERROR(alloc(w, {ws.chunk_rows, g.vocab_size}, ws.logits));

@@ -42,8 +42,7 @@ struct GptWorkspace : Workspace {
   kernels::Tensor d_res;   // (N, C) gradient of the residual stream
   kernels::Tensor d_tmp;   // (N, C) a LayerNorm's dx, or the attention output's gradient
   kernels::Tensor d_ln;    // (N, C) gradient of a LayerNorm's output (Loss writes ln_f's)
-  kernels::Tensor d_fc;    // (N, H) gradient of the GELU's output
-  kernels::Tensor d_pre;   // (N, H) gradient of the GELU's input
+  kernels::Tensor d_pre;   // (N, H) gradient of the GELU's input (c_fc's output)
   kernels::Tensor d_qkv;   // (N, 3C)
   kernels::Tensor logits;  // (chunk_rows, V) one LM-head chunk, then its gradient
   // (V, C) F32: the LM head's gradient summed over the chunks before it is
