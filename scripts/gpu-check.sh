@@ -138,11 +138,15 @@ if [ "$on_gpu" -eq 1 ]; then
     # memcheck slows kernels 10-100x: the op tests only, not the training curves.
     part memcheck 100 "$sanitizer" --tool memcheck --error-exitcode 3 --print-limit 20 \
       "$bin/tests/cuda/cuda_backend_test" --gtest_brief=1
+    # racecheck: shared-memory hazards of the tiled kernels (attention).
+    part racecheck 90 "$sanitizer" --tool racecheck --error-exitcode 3 --print-limit 20 \
+      "$bin/tests/cuda/cuda_backend_test" --gtest_brief=1 --gtest_filter='*Attention*'
   else
     skip memcheck "compute-sanitizer not found"
   fi
 else
   skip memcheck "no GPU (--device=cpu)"
+  skip racecheck "no GPU (--device=cpu)"
 fi
 
 # ---- shapes --------------------------------------------------------------------
@@ -235,6 +239,9 @@ if [ -n "$port" ]; then
     --concurrent= --state=false "${token_shape[@]}"
   part service_mlp 90 "${svc[@]}" --model=mlp --precisions=fp32,fp16,bf16 --state=false \
     "${concurrent[@]}"
+  # The same concurrency with next to no compute: the service's own per-step cost.
+  part service_io 60 "${svc[@]}" --model=mlp --precisions= --state=false "${concurrent[@]}" \
+    --concurrent_model=io
 else
   echo "gpu-check: ampd did not start" >&2
   printf 'service\tampd did not start\t0\t\n' >>"$status_file"

@@ -121,12 +121,13 @@ def main() -> int:
         summary = ""
         if what == "skipped":
             summary = rest[0]
-        elif name in ("cuda_backend_test", "cuda_training_test", "backend_ops_cuda", "memcheck"):
+        elif name in ("cuda_backend_test", "cuda_training_test", "backend_ops_cuda", "memcheck",
+                      "racecheck"):
             text = read(out, name)
             summary = gtest_summary(text)
-            if name == "memcheck":
-                m = re.search(r"ERROR SUMMARY: (\d+) error", text)
-                summary = (f"memcheck: {m[1]} errors; " if m else "no ERROR SUMMARY; ") + summary
+            if name in ("memcheck", "racecheck"):
+                m = re.search(r"(?:ERROR|RACECHECK) SUMMARY: (\d+) (?:error|hazard)", text)
+                summary = (f"{name}: {m[1]} errors; " if m else "no ERROR SUMMARY; ") + summary
         lines.append(f"| {name} | {what} | {secs} | {summary} |")
 
     rows = []
@@ -177,9 +178,12 @@ def main() -> int:
     if m:
         rows.append((f"state dict export ({m[1]} GB)", f"{m[2]} GB/s", "", ""))
         rows.append((f"state dict import ({m[1]} GB)", f"{m[3]} GB/s", "", ""))
-    for n, sps in re.findall(r"^\s*(\d+) concurrent small jobs.*?([\d.]+) steps/s",
-                             read(out, "service_mlp"), re.M):
-        rows.append((f"{n} concurrent small jobs", f"{sps} steps/s", "", ""))
+    for source, label in (("service_mlp", "reference MLP fp16"), ("service_io", "io model")):
+        for n, sps, rt in re.findall(
+                r"^\s*(\d+) concurrent small jobs.*?([\d.]+) steps/s in all(?:\s+\(round trip ([\d.]+) ms)?",
+                read(out, source), re.M):
+            rows.append((f"{n} concurrent small jobs, {label}",
+                         f"{sps} steps/s" + (f" (round trip {rt} ms)" if rt else ""), "", ""))
     opt = read(out, "optimizer")
     bw = re.search(r"effective bandwidth\s+([\d.]+) GB/s", opt)
     cp = re.search(r"cudaMemcpy D2D.*?: ([\d.]+) GB/s", opt)
