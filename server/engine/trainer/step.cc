@@ -2,8 +2,9 @@
 // checks of its input.
 //
 // Step, in device order:
-//   zero the += gradients (LayerNorm, Embedding); Linear grads are written
-//     by the first micro-batch with beta = 0; zero found_inf and loss_sum
+//   zero the += gradients (LayerNorm, Embedding, a GPT's position table and
+//     LM head) in one FillTensors; Linear grads are written by the first
+//     micro-batch with beta = 0; zero found_inf and loss_sum
 //   per micro-batch k of K: upload, forward (working dtype, fp32 GEMM
 //     accumulation), loss with grad_scale = S / K (so K accumulated
 //     micro-batches give one big batch's gradient, times S), Add it into
