@@ -11,6 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/backend_factory.h"
+#include "kernels/cuda/memory_pool.h"
 #include "server/engine/model/gpt/gpt_model.h"
 #include "tests/engine/engine_test_util.h"
 
@@ -205,6 +206,35 @@ TEST_F(CudaPerLayerScales, LayerStackAndGptMatchTheCpuBackend) {
           << "step " << s + 1;
     }
   }
+}
+
+// A warm GPT step on CUDA takes nothing from the driver and no tensor from
+// the pool: its workspaces (the whole LM head's logits among them) stay
+// cached from step to step, however large.
+TEST_P(CudaTraining, WarmGptStepAllocatesNothing) {
+  const JobConfig config = GptJob(GetParam());
+  auto backend = kernels::CreateBackend("cuda:0");
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  auto trainer = Trainer::Create(config, *std::move(backend));
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  DataRng rng(12);
+  auto step = [&] {
+    StepInput input;
+    input.micro_batches.push_back(Sequences(rng, 8, 32));
+    input.micro_batches.push_back(Sequences(rng, 8, 32));
+    absl::StatusOr<StepReport> r = (*trainer)->Step(input);
+    EXPECT_TRUE(r.ok()) << r.status();
+  };
+  step();
+  kernels::cuda::DevicePool& pool = kernels::cuda::DevicePool::ForDevice(0);
+  const int64_t mallocs = pool.stats().device_allocations;
+  const int64_t allocations = (*trainer)->backend().AllocationCount();
+  const int64_t cached = (*trainer)->workspace_bytes();
+  EXPECT_GT(cached, 0);
+  for (int s = 0; s < 3; ++s) step();
+  EXPECT_EQ(pool.stats().device_allocations, mallocs);
+  EXPECT_EQ((*trainer)->backend().AllocationCount(), allocations);
+  EXPECT_EQ((*trainer)->workspace_bytes(), cached);
 }
 
 // The LM head's rounding contract on cuBLAS: one GEMM with beta = 1 into

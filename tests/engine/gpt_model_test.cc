@@ -692,5 +692,25 @@ TEST(GptTraining, Bf16AndFp16LossFallsWithTheScalerAtWork) {
   }
 }
 
+// The step's buffers (the LM head's logits in one chunk among them) stay
+// cached from step to step: once warm, a GPT step allocates no tensor.
+TEST(GptTraining, AWarmStepAllocatesNothing) {
+  for (model::Precision precision : {model::Precision::kBf16, model::Precision::kFp32}) {
+    SCOPED_TRACE(model::PrecisionName(precision));
+    auto trainer = MakeTrainer(GptConfig(precision));
+    ASSERT_TRUE(trainer);
+    DataRng rng(8);
+    ASSERT_TRUE(trainer->Step(RuleBatch(4, 16, 32, rng)).ok());
+    const int64_t allocations = trainer->backend().AllocationCount();
+    const int64_t in_use = trainer->backend().BytesInUse();
+    for (int step = 0; step < 3; ++step) {
+      absl::StatusOr<StepReport> r = trainer->Step(RuleBatch(4, 16, 32, rng));
+      ASSERT_TRUE(r.ok()) << r.status();
+    }
+    EXPECT_EQ(trainer->backend().AllocationCount(), allocations);
+    EXPECT_EQ(trainer->backend().BytesInUse(), in_use);
+  }
+}
+
 }  // namespace
 }  // namespace ampd::engine
