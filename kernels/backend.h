@@ -136,6 +136,12 @@ class Backend {
   // Same dtype and element count.
   virtual absl::Status Copy(const Tensor& src, Tensor& dst) = 0;
   virtual absl::Status Fill(Tensor& dst, float value) = 0;  // float dtypes
+  // Fill over a list: every element of every dsts[i] (float dtypes, any mix,
+  // none null) set to value rounded once to its dtype, in one pass over the
+  // list (CUDA: one launch per kFillTensorsPerLaunch tensors, 128), for the
+  // gradients a step zeroes at its start. InvalidArgument naming dsts[i],
+  // with nothing written.
+  virtual absl::Status FillTensors(absl::Span<Tensor* const> dsts, float value) = 0;
   // dst F32 filled per RandomFill; used to initialise weights on the device.
   virtual absl::Status FillRandom(Tensor& dst, const RandomFill& fill) = 0;
   // Between float dtypes, element counts equal; rounds RNE to dst's dtype.
@@ -157,6 +163,9 @@ class Backend {
   }
   // Bytes this backend holds in live tensors (for the memory gauge/limits).
   virtual int64_t BytesInUse() const = 0;
+  // Tensors Allocate has handed out so far (successful calls): a warm
+  // training step, whose buffers are cached, adds none.
+  virtual int64_t AllocationCount() const = 0;
   // Memory the device has in all (host RAM for the CPU backend, the GPU's
   // global memory for CUDA); 0 when it cannot be read.
   virtual int64_t MemoryCapacityBytes() const = 0;

@@ -325,6 +325,17 @@ absl::Status ValidateCopy(const Tensor& src, const Tensor& dst) {
 
 absl::Status ValidateFill(const Tensor& dst) { return CheckFloat("Fill", "dst", dst); }
 
+absl::Status ValidateFillTensors(absl::Span<Tensor* const> dsts) {
+  constexpr absl::string_view kOp = "FillTensors";
+  for (size_t i = 0; i < dsts.size(); ++i) {
+    const std::string name = absl::StrCat("dsts[", i, "]");
+    if (dsts[i] == nullptr)
+      return absl::InvalidArgumentError(absl::StrCat(kOp, ": ", name, " is null"));
+    AMPD_RETURN_IF_ERROR(CheckFloat(kOp, name, *dsts[i]));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateFillRandom(const Tensor& dst, const RandomFill& fill) {
   constexpr absl::string_view kOp = "FillRandom";
   AMPD_RETURN_IF_ERROR(CheckDType(kOp, "dst", dst, DType::kF32));

@@ -58,6 +58,8 @@ absl::Status ValidateCopyFromHost(const void* src, size_t bytes, const Tensor& d
 absl::Status ValidateCopyToHost(const Tensor& src, const void* dst, size_t bytes);
 absl::Status ValidateCopy(const Tensor& src, const Tensor& dst);
 absl::Status ValidateFill(const Tensor& dst);
+// Each dsts[i] non-null, float, with memory.
+absl::Status ValidateFillTensors(absl::Span<Tensor* const> dsts);
 // dst F32 with memory; the distribution's parameters in range; the draw
 // indices offset .. offset + numel - 1 within uint64.
 absl::Status ValidateFillRandom(const Tensor& dst, const RandomFill& fill);

@@ -82,6 +82,7 @@ class CpuBackend final : public Backend {
     }
     // Advice only: where THP is off the pages stay 4 KiB.
     if (align == kHugePage) (void)madvise(data, rounded, MADV_HUGEPAGE);
+    allocations_.fetch_add(1, std::memory_order_relaxed);
     return Tensor(std::make_unique<HostMemory>(data, bytes, bytes_in_use_), dtype, shape);
   }
 
@@ -105,6 +106,9 @@ class CpuBackend final : public Backend {
   }
 
   absl::Status Fill(Tensor& dst, float value) override { return cpu::Fill(pool_, dst, value); }
+  absl::Status FillTensors(absl::Span<Tensor* const> dsts, float value) override {
+    return cpu::FillTensors(pool_, dsts, value);
+  }
   absl::Status FillRandom(Tensor& dst, const RandomFill& fill) override {
     return cpu::FillRandom(pool_, dst, fill);
   }
@@ -117,6 +121,7 @@ class CpuBackend final : public Backend {
   }
 
   int64_t BytesInUse() const override { return bytes_in_use_->load(std::memory_order_relaxed); }
+  int64_t AllocationCount() const override { return allocations_.load(std::memory_order_relaxed); }
   int64_t MemoryCapacityBytes() const override {
     const long pages = sysconf(_SC_PHYS_PAGES);
     const long page_size = sysconf(_SC_PAGE_SIZE);
@@ -222,6 +227,8 @@ class CpuBackend final : public Backend {
  private:
   ByteCounter bytes_in_use_;
   cpu::ThreadPool pool_;  // started once; the ops that split their work use it
+
+  std::atomic<int64_t> allocations_{0};  // successful Allocate calls
 };
 
 }  // namespace

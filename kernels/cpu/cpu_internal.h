@@ -128,6 +128,7 @@ inline absl::Status CheckIdsInRange(absl::string_view op, absl::string_view name
 // The ops that take a ThreadPool split their work over it (cpu_parallel.h).
 // fill.cc
 absl::Status Fill(ThreadPool& pool, Tensor& dst, float value);
+absl::Status FillTensors(ThreadPool& pool, absl::Span<Tensor* const> dsts, float value);
 // fill_random.cc
 absl::Status FillRandom(ThreadPool& pool, Tensor& dst, const RandomFill& fill);
 // cast.cc

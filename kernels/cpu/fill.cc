@@ -1,14 +1,16 @@
-// Fill: every element of dst set to one value, rounded once to dst's dtype
-// and replicated, split over the backend's thread pool.
+// Fill and FillTensors: every element of one tensor (or of each of a list)
+// set to one value, rounded once to the tensor's dtype and replicated,
+// split over the backend's thread pool.
 #include <algorithm>
 
 #include "common/status_macros.h"
 #include "kernels/cpu/cpu_internal.h"
 
 namespace ampd::kernels::cpu {
+namespace {
 
-absl::Status Fill(ThreadPool& pool, Tensor& dst, float value) {
-  AMPD_RETURN_IF_ERROR(ValidateFill(dst));
+// dst checked by the caller.
+absl::Status FillChecked(ThreadPool& pool, Tensor& dst, float value) {
   return VisitFloat(dst.dtype(), [&](auto tag) {
     using Tag = decltype(tag);
     // Round once, then replicate the stored pattern.
@@ -19,6 +21,20 @@ absl::Status Fill(ThreadPool& pool, Tensor& dst, float value) {
     });
     return absl::OkStatus();
   });
+}
+
+}  // namespace
+
+absl::Status Fill(ThreadPool& pool, Tensor& dst, float value) {
+  AMPD_RETURN_IF_ERROR(ValidateFill(dst));
+  return FillChecked(pool, dst, value);
+}
+
+absl::Status FillTensors(ThreadPool& pool, absl::Span<Tensor* const> dsts, float value) {
+  // Every tensor is checked before the first is written.
+  AMPD_RETURN_IF_ERROR(ValidateFillTensors(dsts));
+  for (Tensor* dst : dsts) AMPD_RETURN_IF_ERROR(FillChecked(pool, *dst, value));
+  return absl::OkStatus();
 }
 
 }  // namespace ampd::kernels::cpu

@@ -6,8 +6,9 @@
 //   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
 //   w = w - step_size * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 //   working = round(w) to the working dtype
-// Every block first reads found_inf[0] and the backend's error word (both in
-// device memory) and returns when either is set (overflow, or a bad id/label earlier in the
+// Every block first reads found_inf[0] and the backend's error word (an int
+// in device memory: an L2 hit, not a PCIe round trip) and returns when
+// either is set (overflow, or a bad id/label earlier in the
 // step), so a skipped step is one tiny kernel with no host round trip and no
 // write at all. Traffic per element with fp16 grads and a working copy:
 // reads grad 2 + w 4 + m 4 + v 4, writes w 4 + m 4 + v 4 + working 2 = 28 B.

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -31,6 +32,7 @@
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/launchers.h"
 #include "kernels/cuda/memory_pool.h"
+#include "kernels/float16.h"
 #include "kernels/op_checks.h"
 
 namespace ampd::kernels::cuda {
@@ -210,6 +212,7 @@ class CudaBackend final : public Backend {
     const size_t bytes = static_cast<size_t>(NumElements(shape)) * SizeOf(dtype);
     AMPD_ENTER_DEVICE();
     AMPD_ASSIGN_OR_RETURN(auto* block, ctx_->pool->Allocate(bytes, stream()));
+    allocations_.fetch_add(1, std::memory_order_relaxed);
     return Tensor(std::make_unique<PoolMemory>(ctx_, block, bytes), dtype, shape);
   }
 
@@ -260,6 +263,25 @@ class CudaBackend final : public Backend {
     AMPD_RETURN_IF_ERROR(ValidateFill(dst));
     AMPD_ENTER_DEVICE();
     return LaunchFill(dst.data(), dst.dtype(), dst.numel(), value, stream());
+  }
+
+  absl::Status FillTensors(absl::Span<Tensor* const> dsts, float value) override {
+    AMPD_RETURN_IF_ERROR(ValidateFillTensors(dsts));
+    AMPD_ENTER_DEVICE();
+    fill_spans_.clear();  // keeps its capacity: a step's zeroing allocates nothing
+    for (Tensor* t : dsts) {
+      if (t->numel() == 0) continue;
+      const auto begin = reinterpret_cast<uintptr_t>(t->data());
+      const uintptr_t end = begin + t->nbytes();
+      const uintptr_t base = begin & ~uintptr_t{15};
+      FillSpan span;
+      span.data = t->data();
+      span.n = static_cast<int64_t>((end - base + 15) / 16);
+      span.last_bytes = static_cast<uint32_t>(end - (base + 16 * (span.n - 1)));
+      span.pattern = FillPattern(t->dtype(), value);
+      fill_spans_.push_back(span);
+    }
+    return LaunchFillTensors(fill_spans_.data(), static_cast<int>(fill_spans_.size()), stream());
   }
 
   absl::Status FillRandom(Tensor& dst, const RandomFill& fill) override {
@@ -351,6 +373,7 @@ class CudaBackend final : public Backend {
     return TakeDeviceErrors(bits);
   }
 
+  int64_t AllocationCount() const override { return allocations_.load(std::memory_order_relaxed); }
   int64_t BytesInUse() const override {
     return ctx_->bytes_in_use.load(std::memory_order_relaxed) - internal_bytes_;
   }
@@ -877,6 +900,19 @@ class CudaBackend final : public Backend {
         absl::StrCat(what, "; detected on the device, reported at the next synchronisation"));
   }
 
+  // value rounded once to dtype (kernels/float16.h: the device's RNE
+  // conversions, bit for bit), as the 32-bit word FillTensors replicates.
+  static uint32_t FillPattern(DType dtype, float value) {
+    switch (dtype) {
+      case DType::kF16:
+        return uint32_t{FloatToHalfBits(value)} * 0x10001u;
+      case DType::kBF16:
+        return uint32_t{FloatToBf16Bits(value)} * 0x10001u;
+      default:
+        return std::bit_cast<uint32_t>(value);
+    }
+  }
+
   // Launcher views of arguments the op_checks validation has accepted.
   static std::vector<GradSpan> ToGradSpans(const Tensor* const* grads, size_t count) {
     std::vector<GradSpan> spans;
@@ -937,6 +973,9 @@ class CudaBackend final : public Backend {
   PinnedHostBuffer readback_;        // ReadBack's copies land here first
   PinnedHostBuffer upload_;          // pinned arena for CopyFromHost's staged uploads
   size_t upload_used_ = 0;           // bytes of upload_ handed out since the last synchronisation
+
+  std::vector<FillSpan> fill_spans_;     // FillTensors' launcher view, reused
+  std::atomic<int64_t> allocations_{0};  // successful Allocate calls
   int64_t internal_bytes_ = 0;
 };
 

@@ -250,21 +250,23 @@ __device__ __forceinline__ void ForEachOwnColumn(const T* row_a, const T* row_b,
 }
 
 // ---- multi-tensor launches -------------------------------------------------
-// A chunk lists up to kChunkTensors tensors and, for each, the first block
-// that works on it; block b handles tile (b - block_start[t]) of tensor t.
-// It travels as a __grid_constant__ kernel parameter (< 4 KiB), so a list of
-// tensors costs one launch per kChunkTensors tensors and no host->device copy.
+// A chunk lists up to kChunkTensors tensors (kCapacity where an op's entries
+// are small enough for more) and, for each, the first block that works on
+// it; block b handles tile (b - block_start[t]) of tensor t. It travels as a
+// __grid_constant__ kernel parameter (< 4 KiB), so a list of tensors costs
+// one launch per kCapacity tensors and no host->device copy.
 constexpr int kChunkTensors = 24;
 
-template <typename Entry>
+template <typename Entry, int kCapacity = kChunkTensors>
 struct TensorChunk {
   int count = 0;
-  int block_start[kChunkTensors + 1] = {};
-  Entry entry[kChunkTensors];
+  int block_start[kCapacity + 1] = {};
+  Entry entry[kCapacity];
 };
 
-template <typename Entry>
-__device__ __forceinline__ int ChunkTensorOf(const TensorChunk<Entry>& chunk, int block) {
+template <typename Entry, int kCapacity>
+__device__ __forceinline__ int ChunkTensorOf(const TensorChunk<Entry, kCapacity>& chunk,
+                                             int block) {
   int t = 0;
   while (t + 1 < chunk.count && block >= chunk.block_start[t + 1]) ++t;
   return t;
@@ -272,14 +274,14 @@ __device__ __forceinline__ int ChunkTensorOf(const TensorChunk<Entry>& chunk, in
 
 // Splits entries[0, count) (each with a member n) into chunks of tiles of
 // `tile` elements and calls launch(chunk) for each; empty tensors are skipped.
-template <typename Entry, typename LaunchFn>
+template <int kCapacity = kChunkTensors, typename Entry, typename LaunchFn>
 cudaError_t ForEachChunk(const Entry* entries, int count, int64_t tile, LaunchFn launch) {
   constexpr int64_t kMaxBlocksPerLaunch = int64_t{1} << 30;
-  TensorChunk<Entry> chunk;
+  TensorChunk<Entry, kCapacity> chunk;
   for (int i = 0; i < count; ++i) {
     if (entries[i].n <= 0) continue;
     const int64_t blocks = (entries[i].n + tile - 1) / tile;
-    if (chunk.count == kChunkTensors ||
+    if (chunk.count == kCapacity ||
         (chunk.count > 0 && chunk.block_start[chunk.count] + blocks > kMaxBlocksPerLaunch)) {
       const cudaError_t error = launch(chunk);
       if (error != cudaSuccess) return error;

@@ -23,10 +23,11 @@
 //
 // Ids are checked on the device: an id outside [0, V) never indexes memory.
 // Forward writes a zero row for it, backward drops it, and either sets
-// kErrorEmbeddingId in the backend's mapped error word, which the backend
-// turns into InvalidArgument at the next Synchronize or CopyToHost (the
-// fused optimizer reads the word and skips the step). The flag word lives in
-// host memory, written only on that error path.
+// kErrorEmbeddingId in the backend's error word, which the backend turns
+// into InvalidArgument at the next ReadBack, Synchronize or CopyToHost (the
+// fused optimizer reads the word and skips the step). The word is an int in
+// device memory, written only on that error path and read back with the
+// step's scalars, never mapped host memory.
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_select.cuh>
 

@@ -1,5 +1,7 @@
-// Fill (dst = value, rounded once to dst's dtype) and Scale (y = alpha * y,
-// what a GEMM with K == 0 reduces to), 16 bytes per access where aligned.
+// Fill (dst = value, rounded once to dst's dtype), FillTensors (the same
+// over a list of tensors, one launch per kFillTensorsPerLaunch of them) and
+// Scale (y = alpha * y, what a GEMM with K == 0 reduces to), 16 bytes per
+// access where aligned.
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/launchers.h"
@@ -37,7 +39,52 @@ __global__ void scale_kernel(T* y, int64_t n, float alpha, bool vectorized) {
       [&](int64_t i) { y[i] = FromFloat<T>(alpha * ToFloat(y[i])); });
 }
 
+// FillTensors: each thread stores kSlotsPerThread 16-byte slots, a block
+// 16 KiB (4096 bf16 elements), consecutive threads on consecutive slots.
+constexpr int kSlotsPerThread = 4;
+constexpr int64_t kSlotsPerBlock = int64_t{kThreads} * kSlotsPerThread;
+
+using FillChunk = TensorChunk<FillSpan, kFillTensorsPerLaunch>;
+static_assert(sizeof(FillChunk) <= 4096, "a FillTensors chunk must fit the kernel parameters");
+
+__global__ void fill_tensors_kernel(const __grid_constant__ FillChunk chunk) {
+  const int t = ChunkTensorOf(chunk, static_cast<int>(blockIdx.x));
+  const FillSpan& f = chunk.entry[t];
+  const auto begin = reinterpret_cast<uintptr_t>(f.data);
+  const uintptr_t base = begin & ~uintptr_t{15};
+  const uintptr_t end = base + 16 * static_cast<uintptr_t>(f.n - 1) + f.last_bytes;
+  const uint32_t p = f.pattern;
+  const uint4 word = make_uint4(p, p, p, p);
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) - chunk.block_start[t]) * kSlotsPerBlock;
+  for (int k = 0; k < kSlotsPerThread; ++k) {
+    const int64_t s = first + k * kThreads + threadIdx.x;
+    if (s >= f.n) break;
+    const uintptr_t lo = base + 16 * static_cast<uintptr_t>(s);
+    if (lo >= begin && lo + 16 <= end) {
+      *reinterpret_cast<uint4*>(lo) = word;
+      continue;
+    }
+    // A slot the tensor starts or ends inside: only its own 2-byte halves,
+    // each the pattern's half for that address (little-endian: the low
+    // half of a 4-byte element is at the address that is 0 mod 4).
+    const uintptr_t from = lo > begin ? lo : begin;
+    const uintptr_t to = lo + 16 < end ? lo + 16 : end;
+    for (uintptr_t a = from; a < to; a += 2) {
+      *reinterpret_cast<uint16_t*>(a) = static_cast<uint16_t>((a & 2) != 0 ? p >> 16 : p);
+    }
+  }
+}
+
 }  // namespace
+
+absl::Status LaunchFillTensors(const FillSpan* spans, int count, cudaStream_t stream) {
+  AMPD_CUDA_RETURN_IF_ERROR(ForEachChunk<kFillTensorsPerLaunch>(
+      spans, count, kSlotsPerBlock, [&](const FillChunk& chunk) {
+        fill_tensors_kernel<<<chunk.block_start[chunk.count], kThreads, 0, stream>>>(chunk);
+        return cudaGetLastError();
+      }));
+  return absl::OkStatus();
+}
 
 absl::Status LaunchFill(void* dst, DType dtype, int64_t n, float value, cudaStream_t stream) {
   if (n == 0) return absl::OkStatus();

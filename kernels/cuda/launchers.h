@@ -56,6 +56,23 @@ struct GradSpan {
   int64_t n = 0;
 };
 
+// One tensor of FillTensors, as 16-byte slots: slot s covers the bytes
+// [floor16(data) + 16 s, + 16), and the n slots end with the tensor, whose
+// last byte is byte last_bytes - 1 of slot n - 1. A slot wholly inside the
+// tensor is one 16-byte store; the one or two it only partly covers are
+// written 2 bytes at a time (elements are 2 or 4 bytes, aligned to their
+// size), so the bytes beside a view are never touched. 24 bytes.
+struct FillSpan {
+  void* data = nullptr;
+  int64_t n = 0;
+  uint32_t pattern = 0;     // the stored element's bits, twice over for a 16-bit dtype
+  uint32_t last_bytes = 0;  // 1..16
+};
+// Tensors per FillTensors launch: a chunk of 128 FillSpans is 3.5 KiB,
+// inside the 4 KiB of kernel parameters, and holds the LayerNorm, embedding
+// and head gradients of a GPT of up to 31 blocks.
+inline constexpr int kFillTensorsPerLaunch = 128;
+
 // One parameter of a fused optimizer launch.
 struct ParamSpan {
   float* master = nullptr;
@@ -105,6 +122,9 @@ struct SgdArgs {
 };
 
 absl::Status LaunchFill(void* dst, DType dtype, int64_t n, float value, cudaStream_t stream);
+// Every byte of spans[0, count) set to its pattern: one launch per
+// kFillTensorsPerLaunch spans.
+absl::Status LaunchFillTensors(const FillSpan* spans, int count, cudaStream_t stream);
 // dst (n) F32 = Philox draws offset .. offset + n - 1 (kernels/philox.h).
 absl::Status LaunchFillRandom(float* dst, int64_t n, const RandomFill& fill, cudaStream_t stream);
 // y = alpha * y (used for GEMM with K == 0).

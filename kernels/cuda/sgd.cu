@@ -4,8 +4,8 @@
 //                  g = nesterov ? g + momentum buf : buf
 //   w = w - lr g;  working = round(w)
 // Skipped entirely (no writes) when found_inf[0] != 0 or the backend's
-// error word (device memory) is set (a bad id/label earlier in the step), both read
-// on the device.
+// error word is set (a bad id/label earlier in the step), both read on the
+// device from device memory.
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/optimizer_common.cuh"
 

@@ -3,9 +3,15 @@
 // too large for the machine is ResourceExhausted (not std::length_error or
 // std::bad_alloc on a worker thread); a Step's activation and workspace
 // memory is estimated exactly as the CPU backend allocates it and counted
-// with the jobs' weights against --max-memory-bytes; oversized workspaces
-// do not stay cached after their step.
+// with the jobs' weights against --max-memory-bytes; a step's workspaces
+// stay cached (and counted) after it until memory pressure or the job's
+// deletion frees them.
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <cstdint>
+#include <cstdio>
+#include <functional>
 #include <future>
 #include <limits>
 #include <memory>
@@ -15,6 +21,7 @@
 
 #include "common/error_reason.h"
 #include "engine_test_util.h"
+#include "server/engine/jobs/job.h"
 #include "server/engine/jobs/job_registry.h"
 #include "server/engine/model/layers.h"
 
@@ -158,9 +165,10 @@ TEST(Admission, WorkspaceEstimateIsWhatAStepAllocates) {
             absl::StatusCode::kInvalidArgument);
 }
 
-// A step whose buffers exceed the cache cap frees them when it ends: one
-// large batch does not keep its memory for the life of the job.
-TEST(Admission, OversizedWorkspaceIsFreedAfterItsStep) {
+// A step's buffers stay cached for the next step of the same sizes, however
+// large (a GPT-2 step's are gigabytes): a warm step allocates no tensor at
+// all, and the job frees them when asked (memory pressure, deletion).
+TEST(Admission, WorkspaceStaysCachedAndAWarmStepAllocatesNothing) {
   const JobConfig config = Mlp(4, 512, 2);
   auto t = MakeTrainer(config);
   ASSERT_TRUE(t);
@@ -168,13 +176,73 @@ TEST(Admission, OversizedWorkspaceIsFreedAfterItsStep) {
   const int64_t rows = 16384;
   auto big = model::WorkspaceBytes(config.model, config.precision, rows);
   ASSERT_TRUE(big.ok());
-  ASSERT_GT(*big, Trainer::kMaxCachedWorkspaceBytes);
-  auto r = t->Step(One(Batch(rows, 4, 2)));
-  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_GT(*big, int64_t{64} << 20);
+  const MicroBatch batch = Batch(rows, 4, 2);
+  ASSERT_TRUE(t->Step(One(batch)).ok());
+  EXPECT_EQ(t->workspace_bytes(), *big);
+  EXPECT_EQ(t->backend().BytesInUse() - weights, *big);
+  const int64_t allocations = t->backend().AllocationCount();
+  for (int i = 0; i < 2; ++i) {
+    auto r = t->Step(One(batch));
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+  EXPECT_EQ(t->backend().AllocationCount(), allocations) << "a warm step allocated";
+  EXPECT_EQ(t->workspace_bytes(), *big);
+  // An evaluation of the same size runs on the same buffers.
+  EvaluateInput eval;
+  eval.micro_batches.push_back(batch);
+  ASSERT_TRUE(t->Evaluate(eval).ok());
+  EXPECT_EQ(t->backend().AllocationCount(), allocations);
+  t->ReleaseWorkspaces();
   EXPECT_EQ(t->workspace_bytes(), 0);
   EXPECT_EQ(t->backend().BytesInUse(), weights);
-  ASSERT_TRUE(t->Step(One(Batch(64, 4, 2))).ok());
-  EXPECT_GT(t->workspace_bytes(), 0);  // a usual size stays cached
+}
+
+// The process's address space now, in bytes (/proc/self/statm's first
+// field, in pages).
+int64_t AddressSpaceBytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return -1;
+  long long pages = -1;
+  const int read = std::fscanf(f, "%lld", &pages);
+  std::fclose(f);
+  return read == 1 ? pages * static_cast<int64_t>(sysconf(_SC_PAGE_SIZE)) : -1;
+}
+
+// An allocation that fails for lack of memory asks the memory-pressure
+// handler to free memory held elsewhere and is retried once. Here the
+// memory is short because the address space is capped (RLIMIT_AS) a few
+// MiB above what the process holds, and "elsewhere" lifts the cap: the
+// step's 70 MB workspace fails, the handler runs once, the retry succeeds.
+// A step whose allocations succeed never calls it.
+TEST(Admission, AFailedWorkspaceAllocationIsRetriedOnceAfterRelief) {
+  const JobConfig config = Mlp(4, 512, 2);
+  auto t = MakeTrainer(config);
+  ASSERT_TRUE(t);
+  int relieved = 0;
+  struct rlimit saved {};
+  ASSERT_EQ(getrlimit(RLIMIT_AS, &saved), 0);
+  t->SetMemoryPressureHandler([&] {
+    ++relieved;
+    EXPECT_EQ(setrlimit(RLIMIT_AS, &saved), 0);
+  });
+  ASSERT_TRUE(t->Step(One(Batch(64, 4, 2))).ok());  // warm: threads, scratch
+  EXPECT_EQ(relieved, 0);
+  const MicroBatch big = Batch(16384, 4, 2);
+  const int64_t held = AddressSpaceBytes();
+  ASSERT_GT(held, 0);
+  struct rlimit capped = saved;
+  capped.rlim_cur = static_cast<rlim_t>(held + (int64_t{4} << 20));
+  if (saved.rlim_cur != RLIM_INFINITY && saved.rlim_cur < capped.rlim_cur) {
+    GTEST_SKIP() << "RLIMIT_AS is already below what the test would set";
+  }
+  ASSERT_EQ(setrlimit(RLIMIT_AS, &capped), 0);
+  absl::StatusOr<StepReport> r = t->Step(One(big));
+  ASSERT_EQ(setrlimit(RLIMIT_AS, &saved), 0);
+  EXPECT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(relieved, 1);
+  EXPECT_EQ(t->workspace_bytes(),
+            model::WorkspaceBytes(config.model, config.precision, 16384).value());
 }
 
 // A Trainer's admit hook sees the whole step's workspace before anything is
@@ -244,6 +312,152 @@ TEST(Admission, RegistryCountsStepWorkspaceAgainstMaxMemoryBytes) {
                          [&](absl::StatusOr<JobSnapshot> s) { created2.set_value(std::move(s)); });
   EXPECT_TRUE(created2.get_future().get().ok());
   (*registry)->Shutdown();
+}
+
+// Memory pressure through the registry: two jobs whose weights and one
+// step's workspace fit --max-memory-bytes, but not two workspaces. Each
+// job's workspace stays cached (and counted) after its step; the other
+// job's step, refused on the count, makes the idle job give its workspace
+// up and is then admitted. Deleting a job frees its workspace for the next.
+TEST(Admission, MemoryPressureReleasesAnIdleJobsWorkspace) {
+  const JobConfig config = Mlp(2, 64, 2);
+  const int64_t rows = 8192;
+  const int64_t weights = EstimateJobBytes(config);
+  const int64_t workspace = model::WorkspaceBytes(config.model, config.precision, rows).value();
+  RegistryOptions options;
+  options.max_memory_bytes = 2 * weights + workspace + workspace / 2;
+  options.worker_threads = 2;
+  absl::Mutex mu;
+  int64_t reported = -1;  // the registry's last device-memory report
+  options.on_device_memory = [&](int64_t bytes) {
+    absl::MutexLock lock(&mu);
+    reported = bytes;
+  };
+  auto last_report = [&] {
+    absl::MutexLock lock(&mu);
+    return reported;
+  };
+  auto registry = JobRegistry::Create(options);
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  auto create = [&] {
+    std::promise<absl::StatusOr<JobSnapshot>> created;
+    (*registry)->CreateJob("", config, "",
+                           [&](absl::StatusOr<JobSnapshot> s) { created.set_value(std::move(s)); });
+    return created.get_future().get();
+  };
+  auto step = [&](const std::string& job_id, int64_t sequence) {
+    std::promise<absl::StatusOr<StepReport>> done;
+    (*registry)->Step("", job_id, sequence, One(Batch(rows, 2, 2)),
+                      [&](absl::StatusOr<StepReport> r) { done.set_value(std::move(r)); });
+    return done.get_future().get();
+  };
+  absl::StatusOr<JobSnapshot> a = create();
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<JobSnapshot> b = create();
+  ASSERT_TRUE(b.ok()) << b.status();
+  const int64_t both_weights = last_report();
+
+  absl::StatusOr<StepReport> r = step(a->job_id, 1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(last_report(), both_weights + workspace);  // a's stays cached
+  // b's step needs a second workspace the limit cannot hold beside a's:
+  // a, idle, gives its up, and b's is admitted.
+  r = step(b->job_id, 1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(last_report(), both_weights + workspace);  // b's now, a's freed
+  // And back: b's cached workspace goes for a's next step.
+  r = step(a->job_id, 2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(last_report(), both_weights + workspace);
+
+  // A third job's weights fit beside both jobs' weights only once a, idle,
+  // gives up its cached workspace.
+  JobConfig third = DefaultJobConfig(Precision::kFp16);
+  third.model.layers = {Linear(2, 512), Linear(512, 512)};
+  const int64_t third_bytes = EstimateJobBytes(third);
+  ASSERT_GT(third_bytes, options.max_memory_bytes - 2 * weights - workspace);
+  ASSERT_LE(third_bytes, options.max_memory_bytes - 2 * weights);
+  std::promise<absl::StatusOr<JobSnapshot>> created;
+  (*registry)->CreateJob("", third, "",
+                         [&](absl::StatusOr<JobSnapshot> s) { created.set_value(std::move(s)); });
+  absl::StatusOr<JobSnapshot> c = created.get_future().get();
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto remove = [&](const std::string& job_id) {
+    std::promise<absl::Status> deleted;
+    (*registry)->DeleteJob("", job_id, [&](absl::Status s) { deleted.set_value(s); });
+    return deleted.get_future().get();
+  };
+  ASSERT_TRUE(remove(c->job_id).ok());
+  EXPECT_EQ(last_report(), both_weights);  // nothing cached any more
+
+  // Deleting a job frees its workspace with it: b steps (caching its
+  // workspace), and once b is deleted the report is a's weights alone.
+  r = step(b->job_id, 2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(last_report(), both_weights + workspace);
+  ASSERT_TRUE(remove(b->job_id).ok());
+  EXPECT_EQ(last_report(), both_weights / 2);
+  (*registry)->Shutdown();
+}
+
+// A job gives up its cached workspace only while it is idle: inside a step
+// it keeps it (ReleaseWorkspacesIfIdle returns 0 at once and touches
+// nothing); idle, it frees it and stops counting it; closed, it holds none.
+TEST(Admission, OnlyAnIdleJobGivesUpItsWorkspace) {
+  WorkerPool pool(1);
+  JobContext context;
+  context.pool = &pool;
+  // The second step's admission waits for the test: the step is then
+  // running, its cached workspace about to be used.
+  std::promise<void> admitting, admit;
+  std::shared_future<void> admitted = admit.get_future().share();
+  int admissions = 0;
+  context.admit_step = [&](Job&, int64_t) {
+    if (++admissions == 2) {
+      admitting.set_value();
+      admitted.wait();
+    }
+    return absl::OkStatus();
+  };
+  absl::StatusOr<ValidJobConfig> valid = ValidJobConfig::Check(Mlp(2, 64, 2));
+  ASSERT_TRUE(valid.ok()) << valid.status();
+  auto job = std::make_shared<Job>("job-test", "", "", *std::move(valid), &context);
+  auto run = [&](std::function<void()> task) {
+    std::promise<void> done;
+    job->Post([&] {
+      task();
+      done.set_value();
+    });
+    done.get_future().wait();
+  };
+  run([&] { ASSERT_TRUE(job->Initialize("cpu").ok()); });
+  run([&] { ASSERT_TRUE(job->Step(1, One(Batch(4096, 2, 2))).ok()); });
+  const int64_t workspace = job->workspace_bytes();
+  ASSERT_EQ(workspace, model::WorkspaceBytes(Mlp(2, 64, 2).model, Precision::kFp16, 4096).value());
+
+  std::promise<void> stepped;
+  job->Post([&] {
+    EXPECT_TRUE(job->Step(2, One(Batch(4096, 2, 2))).ok());
+    stepped.set_value();
+  });
+  admitting.get_future().wait();
+  EXPECT_EQ(job->ReleaseWorkspacesIfIdle(), 0);
+  EXPECT_EQ(job->workspace_bytes(), workspace);
+  admit.set_value();
+  stepped.get_future().wait();
+
+  // Between tasks, or in a task that is not a step: freed.
+  EXPECT_EQ(job->ReleaseWorkspacesIfIdle(), workspace);
+  EXPECT_EQ(job->workspace_bytes(), 0);
+  EXPECT_EQ(job->ReleaseWorkspacesIfIdle(), 0);  // nothing left
+  // The next step allocates afresh.
+  run([&] { ASSERT_TRUE(job->Step(3, One(Batch(4096, 2, 2))).ok()); });
+  EXPECT_EQ(job->workspace_bytes(), workspace);
+  run([&] { ASSERT_TRUE(job->Close(/*remove_checkpoint=*/false).ok()); });
+  EXPECT_EQ(job->workspace_bytes(), 0);
+  EXPECT_EQ(job->bytes_in_use(), 0);
+  EXPECT_EQ(job->ReleaseWorkspacesIfIdle(), 0);
+  pool.Shutdown();
 }
 
 // A tenant's max_memory_bytes bounds its own jobs' steps the same way, while

@@ -3,6 +3,7 @@
 // both, with loss curves that agree within a per-precision tolerance and
 // exactly the same steps skipped (the seed-000 overflow case backs the scale
 // off identically on both). Skips when no GPU is visible; runs in full on one.
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -10,6 +11,8 @@
 
 #include "gtest/gtest.h"
 #include "kernels/backend_factory.h"
+#include "kernels/cuda/memory_pool.h"
+#include "server/engine/model/gpt/gpt_model.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace ampd::engine {
@@ -202,6 +205,112 @@ TEST_F(CudaPerLayerScales, LayerStackAndGptMatchTheCpuBackend) {
                   Tolerance(model::Precision::kFp16) * std::fabs(cpu.loss[s]))
           << "step " << s + 1;
     }
+  }
+}
+
+// A warm GPT step on CUDA takes nothing from the driver and no tensor from
+// the pool: its workspaces (the whole LM head's logits among them) stay
+// cached from step to step, however large.
+TEST_P(CudaTraining, WarmGptStepAllocatesNothing) {
+  const JobConfig config = GptJob(GetParam());
+  auto backend = kernels::CreateBackend("cuda:0");
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  auto trainer = Trainer::Create(config, *std::move(backend));
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  DataRng rng(12);
+  auto step = [&] {
+    StepInput input;
+    input.micro_batches.push_back(Sequences(rng, 8, 32));
+    input.micro_batches.push_back(Sequences(rng, 8, 32));
+    absl::StatusOr<StepReport> r = (*trainer)->Step(input);
+    EXPECT_TRUE(r.ok()) << r.status();
+  };
+  step();
+  kernels::cuda::DevicePool& pool = kernels::cuda::DevicePool::ForDevice(0);
+  const int64_t mallocs = pool.stats().device_allocations;
+  const int64_t allocations = (*trainer)->backend().AllocationCount();
+  const int64_t cached = (*trainer)->workspace_bytes();
+  EXPECT_GT(cached, 0);
+  for (int s = 0; s < 3; ++s) step();
+  EXPECT_EQ(pool.stats().device_allocations, mallocs);
+  EXPECT_EQ((*trainer)->backend().AllocationCount(), allocations);
+  EXPECT_EQ((*trainer)->workspace_bytes(), cached);
+}
+
+// The LM head's rounding contract on cuBLAS: one GEMM with beta = 1 into
+// the 16-bit gradient (one chunk) against chunks summed in an F32 buffer and
+// added once. An untied head, one micro-batch. Both forms round the fp32
+// sum once, so they agree to a unit in the last place, two where cuBLAS's
+// kernel for a different row count rounds a logit differently; each is
+// also compared with the CPU oracle's same form.
+TEST_P(CudaTraining, LmHeadInOneChunkAndInSeveralAgreeWithinOneRounding) {
+  const model::Precision precision = GetParam();
+  JobConfig config = GptJob(precision);
+  config.model.gpt->tie_embeddings = false;
+  const model::ModelSpec& spec = config.model;
+  const kernels::DType dtype = model::WorkingDType(precision);
+  const int64_t vocab = spec.gpt->vocab_size, rows = 4 * 32;
+  // Room for 40 rows of 16-bit logits: four chunks of 32 (eight in fp32).
+  const int64_t split_bytes = 40 * vocab * 2;
+  ASSERT_LT(model::LmHeadChunkRows(*spec.gpt, precision, rows, split_bytes), rows);
+  DataRng rng(13);
+  const MicroBatch mb = Sequences(rng, 4, 32);
+  auto head_grad = [&](const std::string& device, int64_t chunk_bytes) {
+    std::vector<float> out;
+    auto backend = kernels::CreateBackend(device);
+    EXPECT_TRUE(backend.ok()) << backend.status();
+    if (!backend.ok()) return out;
+    auto net = model::GptModel::Create(spec, precision, 5, **backend, chunk_bytes);
+    EXPECT_TRUE(net.ok()) << net.status();
+    if (!net.ok()) return out;
+    auto loss = (*backend)->Allocate(kernels::DType::kF32, {1, 1});
+    auto ws = (*net)->GetWorkspace(mb.inputs.shape);
+    EXPECT_TRUE(loss.ok() && ws.ok());
+    if (!loss.ok() || !ws.ok()) return out;
+    EXPECT_TRUE((*net)->LoadBatch(mb.inputs, mb.targets, **ws).ok());
+    EXPECT_TRUE((*net)->ZeroGrads().ok());
+    EXPECT_TRUE((*net)->Forward(**ws).ok());
+    EXPECT_TRUE((*net)->Loss(**ws, 1024.0f, *loss).ok());
+    EXPECT_TRUE((*net)->Backward(**ws, /*first_micro_batch=*/true).ok());
+    const model::Parameter& head = (*net)->params().back();
+    EXPECT_EQ(head.name, "lm_head.weight");
+    auto f32 = (*backend)->Allocate(kernels::DType::kF32, head.grad.shape());
+    EXPECT_TRUE(f32.ok());
+    if (!f32.ok()) return out;
+    EXPECT_TRUE((head.grad.dtype() == kernels::DType::kF32 ? (*backend)->Copy(head.grad, *f32)
+                                                           : (*backend)->Cast(head.grad, *f32))
+                    .ok());
+    out.resize(static_cast<size_t>(f32->numel()));
+    EXPECT_TRUE((*backend)->CopyToHost(*f32, out.data(), out.size() * 4).ok());
+    return out;
+  };
+  const std::vector<float> one = head_grad("cuda:0", model::kLmHeadChunkBytes);
+  const std::vector<float> split = head_grad("cuda:0", split_bytes);
+  const std::vector<float> cpu_one = head_grad("cpu", model::kLmHeadChunkBytes);
+  const std::vector<float> cpu_split = head_grad("cpu", split_bytes);
+  ASSERT_EQ(one.size(), static_cast<size_t>(vocab * spec.gpt->d_model));
+  ASSERT_EQ(split.size(), one.size());
+  double largest = 0;
+  for (float g : cpu_one) largest = std::max(largest, std::fabs(static_cast<double>(g)));
+  ASSERT_GT(largest, 0.0);
+  const int mantissa = dtype == kernels::DType::kF16 ? 10 : dtype == kernels::DType::kBF16 ? 7 : 23;
+  auto units = [&](double a, double b) {
+    // |a - b| in units in the last place at max(|a|, |b|), with the
+    // dtype's smallest normal's unit as the floor near zero.
+    const double m =
+        std::max({std::fabs(a), std::fabs(b),
+                  dtype == kernels::DType::kF16 ? std::ldexp(1.0, -14) : std::ldexp(1.0, -126)});
+    return std::fabs(a - b) / std::ldexp(1.0, std::ilogb(m) - mantissa);
+  };
+  for (size_t i = 0; i < one.size(); ++i) {
+    if (dtype == kernels::DType::kF32) {
+      EXPECT_NEAR(one[i], split[i], 1e-5 * largest) << i;
+    } else {
+      EXPECT_LE(units(one[i], split[i]), 2.0) << i << ": " << one[i] << " vs " << split[i];
+    }
+    // Against the oracle: the backward's other sums differ in order too.
+    EXPECT_NEAR(one[i], cpu_one[i], Tolerance(precision) * largest) << i;
+    EXPECT_NEAR(split[i], cpu_split[i], Tolerance(precision) * largest) << i;
   }
 }
 

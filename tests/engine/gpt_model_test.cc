@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <string>
@@ -210,13 +211,16 @@ Batch RandomBatch(int64_t batch, int64_t seq, int64_t vocab, uint64_t seed) {
   return out;
 }
 
+// A GPT on the CPU backend; lm_head_chunk_bytes below its default splits a
+// small head into several chunks.
 class GptNet {
  public:
-  GptNet(const model::ModelSpec& spec, model::Precision precision, uint64_t seed) {
+  GptNet(const model::ModelSpec& spec, model::Precision precision, uint64_t seed,
+         int64_t lm_head_chunk_bytes = model::kLmHeadChunkBytes) {
     auto backend = kernels::CreateBackend("cpu");
     EXPECT_TRUE(backend.ok()) << backend.status();
     backend_ = *std::move(backend);
-    auto net = model::CreateNetwork(spec, precision, seed, *backend_);
+    auto net = model::GptModel::Create(spec, precision, seed, *backend_, lm_head_chunk_bytes);
     EXPECT_TRUE(net.ok()) << net.status();
     net_ = *std::move(net);
     auto loss = backend_->Allocate(DType::kF32, {1, 1});
@@ -257,8 +261,9 @@ class GptNet {
   kernels::Tensor loss_;
 };
 
-void ExpectForwardMatchesReference(const model::ModelSpec& spec, const Batch& data) {
-  GptNet m(spec, model::Precision::kFp32, 5);
+void ExpectForwardMatchesReference(const model::ModelSpec& spec, const Batch& data,
+                                   int64_t lm_head_chunk_bytes = model::kLmHeadChunkBytes) {
+  GptNet m(spec, model::Precision::kFp32, 5, lm_head_chunk_bytes);
   Jitter(m.backend(), m.net(), 17, 0.1f);
   ASSERT_TRUE(m.Load(data).ok());
   absl::StatusOr<float> loss = m.Loss();
@@ -279,18 +284,46 @@ TEST(GptForward, Fp32LossMatchesFloat64Reference) {
   ExpectForwardMatchesReference(untied, RandomBatch(2, 4, 13, 2));
 }
 
+// Bytes of `rows` rows of a V-token head's logits in `dtype_bytes`.
+int64_t LogitBytes(int64_t rows, int64_t vocab, int64_t dtype_bytes) {
+  return rows * vocab * dtype_bytes;
+}
+
 TEST(GptForward, ChunkedLmHeadMatchesReference) {
-  // A vocabulary of ~2^20 makes a row of fp32 logits 4 MiB, so the LM head
-  // runs in chunks of 7 rows: 10 rows take a full and a partial chunk.
-  const int64_t vocab = (int64_t{1} << 20) + 3;
-  model::ModelSpec spec = TinyGpt(vocab, 6, 8, 1, 2);
-  ASSERT_EQ(model::LmHeadChunkRows(*spec.gpt, model::Precision::kFp32, 10), 7);
-  ExpectForwardMatchesReference(spec, RandomBatch(2, 5, vocab, 3));
+  // Room for 3 rows of fp32 logits: 10 rows take four chunks of 3, 3, 3, 1.
+  const int64_t vocab = 29;
+  const model::ModelSpec spec = TinyGpt(vocab, 6, 8, 1, 2);
+  const int64_t chunk_bytes = LogitBytes(3, vocab, 4);
+  ASSERT_EQ(model::LmHeadChunkRows(*spec.gpt, model::Precision::kFp32, 10, chunk_bytes), 3);
+  ExpectForwardMatchesReference(spec, RandomBatch(2, 5, vocab, 3), chunk_bytes);
+}
+
+// The chunks: all rows while they fit, else the fewest chunks, as even as
+// they can be, each within the bytes (at least a row each).
+TEST(GptForward, LmHeadChunkRowsTakeTheFewestEvenChunks) {
+  const model::ModelSpec spec = TinyGpt(100, 6, 8, 1, 2);
+  const model::GptSpec& g = *spec.gpt;
+  const model::Precision bf16 = model::Precision::kBf16;
+  const model::Precision fp32 = model::Precision::kFp32;
+  EXPECT_EQ(model::LmHeadChunkRows(g, bf16, 8192), 8192);  // 1.6 MB: one chunk
+  EXPECT_EQ(model::LmHeadChunkRows(g, bf16, 10, LogitBytes(10, 100, 2)), 10);
+  EXPECT_EQ(model::LmHeadChunkRows(g, fp32, 10, LogitBytes(10, 100, 2)), 5);  // 2 of 5
+  EXPECT_EQ(model::LmHeadChunkRows(g, bf16, 10, LogitBytes(4, 100, 2)), 4);   // 4, 4, 2
+  EXPECT_EQ(model::LmHeadChunkRows(g, bf16, 9, LogitBytes(4, 100, 2)), 3);    // 3, 3, 3
+  EXPECT_EQ(model::LmHeadChunkRows(g, bf16, 10, LogitBytes(4, 100, 2) + 1), 4);
+  EXPECT_EQ(model::LmHeadChunkRows(g, bf16, 10, 1), 1);  // less than a row: a row each
+  // GPT-2 small's 8 x 1024 tokens: one chunk in bf16 (823 MB) and in fp32
+  // (1.65 GB).
+  const model::ModelSpec gpt2 = TinyGpt(50257, 1024, 768, 12, 12);
+  EXPECT_EQ(model::LmHeadChunkRows(*gpt2.gpt, bf16, 8192), 8192);
+  EXPECT_EQ(model::LmHeadChunkRows(*gpt2.gpt, fp32, 8192), 8192);
+  EXPECT_EQ(model::LmHeadChunkRows(*gpt2.gpt, bf16, 32768), 16384);  // 3.3 GB: two chunks
 }
 
 // In bf16 the head's gradient is summed over chunks in fp32 and added once:
-// with the same weights it agrees with the fp32 model's (one chunk per 15
-// rows here, so 40 rows take three).
+// with the same weights it agrees with the fp32 model's (room for 15 rows of
+// bf16 logits here, so 40 rows take three chunks of 14, 14, 12; the fp32
+// model takes six of 7).
 // Every parameter's gradient, byte for byte.
 std::vector<std::vector<char>> GradBytes(kernels::Backend& b, const model::Network& net) {
   std::vector<std::vector<char>> out;
@@ -302,25 +335,28 @@ std::vector<std::vector<char>> GradBytes(kernels::Backend& b, const model::Netwo
   return out;
 }
 
-// An evaluation's loss is the step's, and the LM head it runs (with two
-// chunks here) leaves every gradient as the step left it.
+// An evaluation's loss is the step's, and the LM head it runs (in one
+// chunk, and in several) leaves every gradient as the step left it.
 TEST(GptForward, EvalLossIsTheLossAndLeavesGradientsAlone) {
-  const int64_t vocab = (int64_t{1} << 20) + 3;
+  const int64_t vocab = 97;
   const model::ModelSpec spec = TinyGpt(vocab, 20, 8, 1, 2);
   const Batch data = RandomBatch(2, 20, vocab, 9);
-  for (model::Precision precision :
-       {model::Precision::kFp32, model::Precision::kBf16, model::Precision::kFp16}) {
-    GptNet m(spec, precision, 4);
-    ASSERT_TRUE(m.Load(data).ok());
-    ASSERT_TRUE(m.net().ZeroGrads().ok());
-    absl::StatusOr<float> loss = m.Loss(/*grad_scale=*/256.0f);
-    ASSERT_TRUE(loss.ok()) << loss.status();
-    ASSERT_TRUE(m.Backward().ok());
-    const std::vector<std::vector<char>> before = GradBytes(m.backend(), m.net());
-    absl::StatusOr<float> evaluated = m.EvalLoss();
-    ASSERT_TRUE(evaluated.ok()) << evaluated.status();
-    EXPECT_EQ(*evaluated, *loss) << model::PrecisionName(precision);
-    EXPECT_TRUE(GradBytes(m.backend(), m.net()) == before) << model::PrecisionName(precision);
+  for (const int64_t chunk_bytes : {model::kLmHeadChunkBytes, LogitBytes(20, vocab, 2)}) {
+    SCOPED_TRACE(chunk_bytes);
+    for (model::Precision precision :
+         {model::Precision::kFp32, model::Precision::kBf16, model::Precision::kFp16}) {
+      GptNet m(spec, precision, 4, chunk_bytes);
+      ASSERT_TRUE(m.Load(data).ok());
+      ASSERT_TRUE(m.net().ZeroGrads().ok());
+      absl::StatusOr<float> loss = m.Loss(/*grad_scale=*/256.0f);
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      ASSERT_TRUE(m.Backward().ok());
+      const std::vector<std::vector<char>> before = GradBytes(m.backend(), m.net());
+      absl::StatusOr<float> evaluated = m.EvalLoss();
+      ASSERT_TRUE(evaluated.ok()) << evaluated.status();
+      EXPECT_EQ(*evaluated, *loss) << model::PrecisionName(precision);
+      EXPECT_TRUE(GradBytes(m.backend(), m.net()) == before) << model::PrecisionName(precision);
+    }
   }
 }
 
@@ -339,15 +375,16 @@ TEST(GptBackward, ReportsEachGradientOnceWhenItIsFinal) {
 }
 
 TEST(GptBackward, ChunkedHeadGradientInBf16AgreesWithFp32) {
-  const int64_t vocab = (int64_t{1} << 20) + 3;
+  const int64_t vocab = 97;
   const model::ModelSpec spec = TinyGpt(vocab, 20, 8, 1, 2);
-  ASSERT_EQ(model::LmHeadChunkRows(*spec.gpt, model::Precision::kBf16, 40), 15);
+  const int64_t chunk_bytes = LogitBytes(15, vocab, 2);
+  ASSERT_EQ(model::LmHeadChunkRows(*spec.gpt, model::Precision::kBf16, 40, chunk_bytes), 14);
   const Batch data = RandomBatch(2, 20, vocab, 6);
   std::vector<float> grads[2];
   Weights weights;
   int k = 0;
   for (model::Precision precision : {model::Precision::kFp32, model::Precision::kBf16}) {
-    GptNet m(spec, precision, 3);
+    GptNet m(spec, precision, 3, chunk_bytes);
     if (weights.empty()) {
       Jitter(m.backend(), m.net(), 41, 0.2f);
       weights = ReadWeights(m.backend(), m.net());
@@ -383,6 +420,94 @@ TEST(GptBackward, ChunkedHeadGradientInBf16AgreesWithFp32) {
   }
   ASSERT_GT(norm, 0.0);
   EXPECT_LT(std::sqrt(diff / norm), 0.05);
+}
+
+// A parameter's gradient as floats (16-bit gradients widened exactly).
+std::vector<float> GradFloats(kernels::Backend& b, const model::Parameter& p) {
+  std::vector<float> g(static_cast<size_t>(p.grad.numel()));
+  if (p.grad.dtype() == DType::kF32) {
+    EXPECT_TRUE(b.CopyToHost(p.grad, g.data(), g.size() * 4).ok());
+    return g;
+  }
+  auto f32 = b.Allocate(DType::kF32, p.grad.shape());
+  EXPECT_TRUE(f32.ok());
+  EXPECT_TRUE(b.Cast(p.grad, *f32).ok());
+  EXPECT_TRUE(b.CopyToHost(*f32, g.data(), g.size() * 4).ok());
+  return g;
+}
+
+// One unit in the last place of a 16-bit dtype at magnitude m (its
+// subnormal quantum below the normal range).
+double Ulp16(DType dtype, double m) {
+  const int mantissa = dtype == DType::kF16 ? 10 : 7;
+  const int min_exponent = dtype == DType::kF16 ? -14 : -126;
+  const int e = m > 0 ? std::max(std::ilogb(m), min_exponent) : min_exponent;
+  return std::ldexp(1.0, e - mantissa);
+}
+
+// The LM head's rounding contract: each micro-batch's weight gradient is
+// added to the gradient in one rounding to its dtype, whether the head runs
+// as one GEMM into the gradient (one chunk) or as chunks summed in fp32 and
+// added once. The two differ only in how the fp32 sum is associated, so
+// after two micro-batches each 16-bit element agrees to within a unit in
+// the last place per micro-batch, and almost every element exactly (a
+// second rounding, of the sum before it is added, would part them far more
+// often); fp32 agrees within fp32 summation error. The single chunk holds
+// no F32 sum. An untied head, whose gradient comes from the head alone.
+TEST(GptBackward, HeadGradientOfOneChunkAndOfSeveralAgreeWithinOneRounding) {
+  const int64_t vocab = 97, c = 8, rows = 40;
+  const model::ModelSpec spec = TinyGpt(vocab, 20, c, 1, 2, /*tied=*/false);
+  const Batch data[2] = {RandomBatch(2, 20, vocab, 12), RandomBatch(2, 20, vocab, 13)};
+  const int64_t split_bytes = LogitBytes(15, vocab, 2);
+  for (model::Precision precision :
+       {model::Precision::kFp32, model::Precision::kBf16, model::Precision::kFp16}) {
+    SCOPED_TRACE(model::PrecisionName(precision));
+    const DType dtype = model::WorkingDType(precision);
+    const auto w = static_cast<int64_t>(kernels::SizeOf(dtype));
+    const int64_t split_rows = model::LmHeadChunkRows(*spec.gpt, precision, rows, split_bytes);
+    ASSERT_LT(split_rows, rows);
+    ASSERT_EQ(model::LmHeadChunkRows(*spec.gpt, precision, rows), rows);
+    std::vector<float> grads[2];
+    float losses[2] = {};
+    int64_t workspace[2] = {};
+    for (int k = 0; k < 2; ++k) {
+      GptNet m(spec, precision, 3, k == 0 ? model::kLmHeadChunkBytes : split_bytes);
+      Jitter(m.backend(), m.net(), 43, 0.2f);
+      ASSERT_TRUE(m.net().ZeroGrads().ok());
+      for (int mb = 0; mb < 2; ++mb) {
+        ASSERT_TRUE(m.Load(data[mb]).ok());
+        absl::StatusOr<float> loss = m.Loss(/*grad_scale=*/256.0f);
+        ASSERT_TRUE(loss.ok()) << loss.status();
+        losses[k] += *loss;
+        ASSERT_TRUE(m.net().Backward(m.workspace(), /*first_micro_batch=*/mb == 0).ok());
+      }
+      const model::Parameter& head = m.net().params().back();
+      ASSERT_EQ(head.name, "lm_head.weight");
+      grads[k] = GradFloats(m.backend(), head);
+      workspace[k] = m.net().cached_workspace_bytes();
+    }
+    // The single chunk's logits are all 40 rows, and a 16-bit head split in
+    // chunks also holds the (V, C) F32 sum.
+    EXPECT_EQ(workspace[0] - workspace[1],
+              (rows - split_rows) * vocab * w - (w == 4 ? 0 : vocab * c * 4));
+    EXPECT_NEAR(losses[0], losses[1], 1e-6 * std::fabs(losses[0]));
+    double largest = 0;
+    for (float g : grads[0]) largest = std::max(largest, std::fabs(static_cast<double>(g)));
+    ASSERT_GT(largest, 0.0);
+    int differ = 0;
+    for (size_t i = 0; i < grads[0].size(); ++i) {
+      const double a = grads[0][i], b = grads[1][i];
+      const double bound =
+          w == 4 ? 1e-5 * largest : 2 * Ulp16(dtype, std::max(std::fabs(a), std::fabs(b)));
+      EXPECT_LE(std::fabs(a - b), bound) << "lm_head.weight[" << i << "]: " << a << " vs " << b;
+      differ += a != b ? 1 : 0;
+    }
+    if (w != 4) {
+      EXPECT_LE(differ, static_cast<int>(grads[0].size() / 50));
+    }
+    std::printf("%s: %d of %zu head-gradient elements differ between 1 and several chunks\n",
+                std::string(model::PrecisionName(precision)).c_str(), differ, grads[0].size());
+  }
 }
 
 TEST(GptBackward, GradientsMatchCentralDifferencesForEveryParameterKind) {
@@ -473,16 +598,24 @@ TEST(GptInit, NanoGptDistributionsFromTheSeed) {
 // products that overflow.
 TEST(GptWorkspace, BytesBoundTheAllocationAndOverflowIsRefused) {
   const model::ModelSpec spec = TinyGpt(50, 16, 32, 3, 4, /*tied=*/false);
-  GptNet m(spec, model::Precision::kBf16, 1);
-  const int64_t before = m.backend().BytesInUse();
-  const Batch data = RandomBatch(3, 10, 50, 5);
-  ASSERT_TRUE(m.Load(data).ok());
-  const int64_t used = m.backend().BytesInUse() - before;
-  absl::StatusOr<int64_t> bytes = model::WorkspaceBytes(spec, model::Precision::kBf16, {3, 10});
-  ASSERT_TRUE(bytes.ok()) << bytes.status();
-  // ids and targets are I32 here, counted as I64: 2 x 30 x 4 bytes of slack.
-  EXPECT_EQ(*bytes - used, 2 * 30 * 4);
-  EXPECT_EQ(m.net().cached_workspace_bytes(), *bytes);
+  // The head in one chunk (no F32 sum), and in chunks of 7 rows (with it).
+  for (const int64_t chunk_bytes : {model::kLmHeadChunkBytes, LogitBytes(7, 50, 2)}) {
+    SCOPED_TRACE(chunk_bytes);
+    GptNet m(spec, model::Precision::kBf16, 1, chunk_bytes);
+    const int64_t before = m.backend().BytesInUse();
+    const Batch data = RandomBatch(3, 10, 50, 5);
+    ASSERT_TRUE(m.Load(data).ok());
+    const int64_t used = m.backend().BytesInUse() - before;
+    absl::StatusOr<int64_t> bytes =
+        model::GptWorkspaceBytes(spec, model::Precision::kBf16, {3, 10}, chunk_bytes);
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    // ids and targets are I32 here, counted as I64: 2 x 30 x 4 bytes of slack.
+    EXPECT_EQ(*bytes - used, 2 * 30 * 4);
+    EXPECT_EQ(m.net().cached_workspace_bytes(), *bytes);
+  }
+  // What admission counts is the default chunking's.
+  EXPECT_EQ(model::WorkspaceBytes(spec, model::Precision::kBf16, {3, 10}).value(),
+            model::GptWorkspaceBytes(spec, model::Precision::kBf16, {3, 10}).value());
 
   EXPECT_EQ(model::WorkspaceBytes(spec, model::Precision::kBf16, {3, 17}).status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -556,6 +689,26 @@ TEST(GptTraining, Bf16AndFp16LossFallsWithTheScalerAtWork) {
     } else {
       EXPECT_EQ(skipped, 0);
     }
+  }
+}
+
+// The step's buffers (the LM head's logits in one chunk among them) stay
+// cached from step to step: once warm, a GPT step allocates no tensor.
+TEST(GptTraining, AWarmStepAllocatesNothing) {
+  for (model::Precision precision : {model::Precision::kBf16, model::Precision::kFp32}) {
+    SCOPED_TRACE(model::PrecisionName(precision));
+    auto trainer = MakeTrainer(GptConfig(precision));
+    ASSERT_TRUE(trainer);
+    DataRng rng(8);
+    ASSERT_TRUE(trainer->Step(RuleBatch(4, 16, 32, rng)).ok());
+    const int64_t allocations = trainer->backend().AllocationCount();
+    const int64_t in_use = trainer->backend().BytesInUse();
+    for (int step = 0; step < 3; ++step) {
+      absl::StatusOr<StepReport> r = trainer->Step(RuleBatch(4, 16, 32, rng));
+      ASSERT_TRUE(r.ok()) << r.status();
+    }
+    EXPECT_EQ(trainer->backend().AllocationCount(), allocations);
+    EXPECT_EQ(trainer->backend().BytesInUse(), in_use);
   }
 }
 

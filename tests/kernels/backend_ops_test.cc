@@ -43,6 +43,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/backend.h"
@@ -298,6 +299,123 @@ void AddFillCases(std::vector<OpCase>& cases) {
     };
     cases.push_back({"Fill", Lower(dt), build});
   }
+}
+
+// FillTensors: Fill over a list in one pass. Views at every alignment
+// inside a larger tensor (whose other elements must keep their values), a
+// view that spans several CUDA blocks, mixed dtypes, an empty tensor, and
+// more tensors than one CUDA launch takes (128), so the chunking is
+// exercised too.
+void AddFillTensorsCases(std::vector<OpCase>& cases) {
+  // 65520 overflows to inf in fp16; 0 is what a step's zeroing writes.
+  static const float kValues[] = {0.0f, -3.7f, 65520.0f};
+  // (offset, length) of the views inside each dtype's 10,000-element
+  // parent: starts at every 2-byte phase of a 16-byte slot, lengths from one
+  // element to 9,000 (over two 16 KiB blocks even in bf16).
+  static const std::pair<int64_t, int64_t> kViews[] = {
+      {0, 1}, {2, 1}, {5, 3}, {9, 8}, {18, 7}, {27, 16}, {44, 33}, {80, 9000}, {9090, 900}};
+  constexpr int64_t kParent = 10000;
+  constexpr int kSmall = 140;  // (3) tensors, dtypes in turn
+  auto build = [] {
+    std::vector<HostTensor> parents;
+    uint64_t seed = 4100;
+    for (DType dt : kFloatDTypes) parents.push_back(Random(dt, {kParent}, seed++, -2, 2));
+    CaseFns c;
+    c.run = [parents](Backend& be) -> absl::StatusOr<Outputs> {
+      Io io(be);
+      for (float v : kValues) {
+        std::vector<Tensor> owned;
+        std::vector<Tensor> views;
+        for (const HostTensor& h : parents) {
+          AMPD_ASSIGN_OR_RETURN(Tensor parent, io.Upload(h));
+          for (const auto& [offset, length] : kViews) {
+            AMPD_ASSIGN_OR_RETURN(Tensor view, parent.View(offset, {length}));
+            views.push_back(std::move(view));
+          }
+          owned.push_back(std::move(parent));
+        }
+        AMPD_ASSIGN_OR_RETURN(Tensor empty, be.Allocate(DType::kF16, {0, 4}));
+        views.push_back(std::move(empty));
+        for (int i = 0; i < kSmall; ++i) {
+          AMPD_ASSIGN_OR_RETURN(Tensor small, io.Unwritten(kFloatDTypes[i % 3], {3}));
+          views.push_back(std::move(small));
+        }
+        std::vector<Tensor*> dsts;
+        for (Tensor& t : views) dsts.push_back(&t);
+        AMPD_RETURN_IF_ERROR(be.FillTensors(dsts, v));
+        for (size_t p = 0; p < owned.size(); ++p) {
+          AMPD_RETURN_IF_ERROR(
+              io.Read(absl::StrCat("value ", v, " parent ", p), owned[p], kBitwise));
+        }
+        std::vector<double> small_values;
+        for (size_t i = views.size() - kSmall; i < views.size(); ++i) {
+          AMPD_ASSIGN_OR_RETURN(std::vector<double> got, io.Values(views[i]));
+          small_values.insert(small_values.end(), got.begin(), got.end());
+        }
+        io.Add(absl::StrCat("value ", v, " small tensors"), std::move(small_values), kBitwise);
+      }
+      return io.Take();
+    };
+    c.reference = [parents] {
+      Outputs out;
+      for (float v : kValues) {
+        for (size_t p = 0; p < parents.size(); ++p) {
+          std::vector<double> want = parents[p].values;
+          for (const auto& [offset, length] : kViews) {
+            for (int64_t i = offset; i < offset + length; ++i) {
+              want[static_cast<size_t>(i)] = kt::RefStore(parents[p].dtype, v);
+            }
+          }
+          out.push_back({absl::StrCat("value ", v, " parent ", p), std::move(want), kBitwise});
+        }
+        std::vector<double> small;
+        for (int i = 0; i < kSmall; ++i) {
+          small.insert(small.end(), 3, kt::RefStore(kFloatDTypes[i % 3], v));
+        }
+        out.push_back({absl::StrCat("value ", v, " small tensors"), std::move(small), kBitwise});
+      }
+      return out;
+    };
+    return c;
+  };
+  cases.push_back({"FillTensors", "mixed_views", build});
+}
+
+// FillTensors refuses a null or non-float tensor anywhere in the list,
+// naming it, before it writes anything.
+void AddFillTensorsErrorCases(std::vector<OpCase>& cases) {
+  auto build = [] {
+    CaseFns c;
+    c.run = [](Backend& be) -> absl::StatusOr<Outputs> {
+      Io io(be);
+      AMPD_ASSIGN_OR_RETURN(Tensor first, io.Upload({DType::kF32, {4}, {1, 2, 3, 4}}));
+      AMPD_ASSIGN_OR_RETURN(Tensor ids, be.Allocate(DType::kI32, {4}));
+      Tensor* with_null[] = {&first, nullptr};
+      Tensor* with_ids[] = {&first, &ids};
+      const std::pair<const char*, absl::Span<Tensor* const>> calls[] = {
+          {"a null tensor", with_null}, {"an I32 tensor", with_ids}};
+      for (const auto& [what, dsts] : calls) {
+        const absl::Status s = be.FillTensors(dsts, 0.0f);
+        const bool named = s.code() == absl::StatusCode::kInvalidArgument &&
+                           absl::StrContains(s.message(), "dsts[1]");
+        io.Add(absl::StrCat(what, " is refused by name"), {named ? 1.0 : 0.0}, kBitwise);
+      }
+      AMPD_RETURN_IF_ERROR(io.Read("first untouched", first, kBitwise));
+      return io.Take();
+    };
+    c.check = [](const Outputs& got) -> ::testing::AssertionResult {
+      if (got.size() != 3) return ::testing::AssertionFailure() << got.size() << " outputs";
+      for (size_t i = 0; i < 2; ++i) {
+        if (got[i].values[0] != 1.0) return ::testing::AssertionFailure() << got[i].name;
+      }
+      if (got[2].values != std::vector<double>{1, 2, 3, 4}) {
+        return ::testing::AssertionFailure() << "the first tensor was written";
+      }
+      return ::testing::AssertionSuccess();
+    };
+    return c;
+  };
+  cases.push_back({"FillTensors", "refusals", build});
 }
 
 // Cast: exact widening, one rounding when narrowing.
@@ -2014,6 +2132,8 @@ const std::vector<OpCase>& AllCases() {
   static const std::vector<OpCase>* const cases = [] {
     auto* all = new std::vector<OpCase>;
     AddFillCases(*all);
+    AddFillTensorsCases(*all);
+    AddFillTensorsErrorCases(*all);
     AddFillRandomCases(*all);
     AddCastCases(*all);
     AddCopyCases(*all);

@@ -289,6 +289,21 @@ void Job::Post(std::function<void()> task) {
   if (schedule) Pool().Post([self = shared_from_this()] { self->RunOne(); });
 }
 
+int64_t Job::ReleaseWorkspacesIfIdle() {
+  // Never waits: a job inside a step holds workspace_mu_ and may itself be
+  // asking the others (its admission) for memory.
+  if (!workspace_mu_.TryLock()) return 0;
+  int64_t freed = 0;
+  if (trainer_ != nullptr) {
+    freed = trainer_->workspace_bytes();
+    trainer_->ReleaseWorkspaces();
+    bytes_in_use_.store(trainer_->backend().BytesInUse(), std::memory_order_relaxed);
+  }
+  set_workspace_bytes(0);
+  workspace_mu_.Unlock();
+  return freed;
+}
+
 // One task per pool turn, then the job queues itself again behind other jobs'
 // work, so a job with a long backlog cannot starve the others.
 void Job::RunOne() {
@@ -338,7 +353,26 @@ absl::Status Job::Initialize(const std::string& device) {
 
 absl::Status Job::InitializeUnguarded(const std::string& device) {
   AMPD_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, kernels::CreateBackend(device));
-  AMPD_ASSIGN_OR_RETURN(trainer_, Trainer::Create(config_, std::move(backend)));
+  const int64_t capacity = backend->MemoryCapacityBytes();
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(config_, std::move(backend));
+  // Weights that fit the device yet could not be allocated: memory pressure
+  // from other jobs' cached workspaces, which idle jobs give up, then one
+  // more try. (Weights larger than the device are refused before any
+  // allocation, and nothing is asked of the other jobs for them.)
+  if (!trainer.ok() && trainer.status().code() == absl::StatusCode::kResourceExhausted &&
+      (capacity == 0 || estimated_bytes_ <= capacity) && context_->release_idle_workspaces &&
+      context_->release_idle_workspaces(this) > 0) {
+    AMPD_ASSIGN_OR_RETURN(backend, kernels::CreateBackend(device));
+    trainer = Trainer::Create(config_, std::move(backend));
+  }
+  AMPD_RETURN_IF_ERROR(trainer.status());
+  (*trainer)->SetMemoryPressureHandler([this] {
+    if (context_->release_idle_workspaces) (void)context_->release_idle_workspaces(this);
+  });
+  {
+    absl::MutexLock lock(&workspace_mu_);
+    trainer_ = *std::move(trainer);
+  }
   initial_state_ = true;
   bytes_in_use_.store(trainer_->backend().BytesInUse(), std::memory_order_relaxed);
   absl::MutexLock lock(&mu_);
@@ -413,11 +447,19 @@ absl::StatusOr<StepReport> Job::RunStep(int64_t sequence, StepInput input,
   };
   // Whatever the step's outcome, the state may no longer be the seed's.
   initial_state_ = false;
-  absl::StatusOr<StepReport> report = AllocationGuard("Step", [&]() -> absl::StatusOr<StepReport> {
-    return trainer_->Step(input, admit, data_parallel);
-  });
-  // What stays cached is what the job holds until its next step.
-  set_workspace_bytes(trainer_->workspace_bytes());
+  absl::StatusOr<StepReport> report;
+  {
+    // The Trainer's workspaces are in use: memory pressure leaves them be.
+    absl::MutexLock lock(&workspace_mu_);
+    report = AllocationGuard("Step", [&]() -> absl::StatusOr<StepReport> {
+      return trainer_->Step(input, admit, data_parallel);
+    });
+    // What stays cached is what the job holds until its next step, counted
+    // for admission and, already in the memory report the step's caller
+    // makes, for the metrics.
+    set_workspace_bytes(trainer_->workspace_bytes());
+    bytes_in_use_.store(trainer_->backend().BytesInUse(), std::memory_order_relaxed);
+  }
   if (!report.ok()) {
     if (report.status().code() != absl::StatusCode::kFailedPrecondition) {
       // The other ranks may be left inside a collective this rank never
@@ -464,10 +506,15 @@ absl::StatusOr<EvaluateReport> Job::Evaluate(const EvaluateInput& input) {
   const std::function<absl::Status(int64_t)> admit = [this](int64_t bytes) {
     return context_->admit_step ? context_->admit_step(*this, bytes) : absl::OkStatus();
   };
-  absl::StatusOr<EvaluateReport> report = AllocationGuard(
-      "Evaluate",
-      [&]() -> absl::StatusOr<EvaluateReport> { return trainer_->Evaluate(input, admit); });
-  set_workspace_bytes(trainer_->workspace_bytes());
+  absl::StatusOr<EvaluateReport> report;
+  {
+    absl::MutexLock lock(&workspace_mu_);
+    report = AllocationGuard("Evaluate", [&]() -> absl::StatusOr<EvaluateReport> {
+      return trainer_->Evaluate(input, admit);
+    });
+    set_workspace_bytes(trainer_->workspace_bytes());
+    bytes_in_use_.store(trainer_->backend().BytesInUse(), std::memory_order_relaxed);
+  }
   if (report.ok() && context_->observer != nullptr) context_->observer->OnEvaluate(id_, *report);
   return report;
 }
@@ -608,10 +655,14 @@ absl::Status Job::Close(bool remove_checkpoint) {
   // gradients they sum; the other ranks' collectives fail and they wait.
   DropGroup();
   rendezvous_.reset();
-  trainer_.reset();
+  {
+    // Its workspaces go with it.
+    absl::MutexLock lock(&workspace_mu_);
+    trainer_.reset();
+    set_workspace_bytes(0);
+  }
   last_report_.reset();
   bytes_in_use_.store(0, std::memory_order_relaxed);
-  set_workspace_bytes(0);
   // The strand enqueues no more snapshots (no Trainer), so after this no
   // background write of the job can land.
   if (context_->writer != nullptr) context_->writer->Cancel(id_);

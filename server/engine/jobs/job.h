@@ -70,6 +70,11 @@ struct JobContext {
   // allocate (Trainer::Step's admit); an error refuses the step unchanged.
   // Nullable: no limit.
   std::function<absl::Status(Job& job, int64_t workspace_bytes)> admit_step;
+  // Memory pressure: frees the cached workspaces of every idle job but
+  // `except` (JobRegistry::ReleaseIdleWorkspaces) and returns the bytes
+  // freed. A job calls it when an allocation of its own fails for lack of
+  // memory, then retries that allocation once. Nullable.
+  std::function<int64_t(const Job* except)> release_idle_workspaces;
   // Distributed jobs (docs/DISTRIBUTED.md). Their strands run on a pool of
   // their own, one thread per distributed job the registry admits, because
   // a distributed job's task blocks while it waits for its peers: on the
@@ -136,7 +141,9 @@ class Job : public std::enable_shared_from_this<Job> {
   // admitted to allocate for the step it is running; counted with
   // estimated_bytes() against the registry's memory limit. Set by
   // JobContext::admit_step (under the registry's lock) and by the job after
-  // each step, to what its Trainer keeps cached.
+  // each step, to what its Trainer keeps cached: the workspaces of its last
+  // step's sizes stay allocated, and counted, between steps until
+  // ReleaseWorkspacesIfIdle or Close frees them.
   int64_t workspace_bytes() const { return workspace_bytes_.load(std::memory_order_relaxed); }
   void set_workspace_bytes(int64_t bytes) {
     workspace_bytes_.store(bytes, std::memory_order_relaxed);
@@ -144,6 +151,15 @@ class Job : public std::enable_shared_from_this<Job> {
 
   // Runs `task` on this job's strand, after every task posted before it.
   void Post(std::function<void()> task);
+
+  // Memory pressure, from any thread: unless the job is inside a step or
+  // an evaluation (whose workspaces are in use), frees its Trainer's
+  // cached workspaces right here and returns the bytes freed; 0 for a busy
+  // job, which is left alone. Never waits for the job: a step holds
+  // workspace_mu_, and this only tries it. Other strand work (exports,
+  // checkpoints, state loads) never touches the workspaces and may run
+  // meanwhile.
+  int64_t ReleaseWorkspacesIfIdle();
 
   // ---- strand-only (call from a posted task) ----------------------------------
   // Builds the Trainer on a new backend for `device` from the job's config.
@@ -251,7 +267,11 @@ class Job : public std::enable_shared_from_this<Job> {
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(queue_mu_);
   bool scheduled_ ABSL_GUARDED_BY(queue_mu_) = false;
 
-  // Owned by the strand (only tasks touch them).
+  // Owned by the strand (only tasks touch them), except that
+  // ReleaseWorkspacesIfIdle frees trainer_'s workspaces from another
+  // thread while it holds workspace_mu_, which the strand holds while a
+  // step or an evaluation uses them and while trainer_ is set or reset.
+  absl::Mutex workspace_mu_;
   std::unique_ptr<Trainer> trainer_;
   std::optional<StepReport> last_report_;
   // True while the Trainer holds exactly what Initialize built from the

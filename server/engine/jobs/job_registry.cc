@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/random/random.h"
 #include "absl/strings/escaping.h"
@@ -128,6 +130,9 @@ absl::StatusOr<std::unique_ptr<JobRegistry>> JobRegistry::Create(RegistryOptions
   JobRegistry* self = registry.get();
   registry->context_->admit_step = [self](Job& job, int64_t bytes) {
     return self->AdmitStep(job, bytes);
+  };
+  registry->context_->release_idle_workspaces = [self](const Job* except) {
+    return self->ReleaseIdleWorkspaces(except);
   };
   return registry;
 }
@@ -262,7 +267,43 @@ int64_t JobRegistry::MemoryHeld(const Job* except, const std::string* owner) con
   return used;
 }
 
+bool JobRegistry::MemoryRefuses(const std::string& owner, int64_t need) const {
+  if (options_.max_memory_bytes > 0 &&
+      SaturatingAdd(MemoryHeld(nullptr), need) > options_.max_memory_bytes) {
+    return true;
+  }
+  const TenantQuota* quota = QuotaOf(owner);
+  return quota != nullptr && quota->max_memory_bytes > 0 &&
+         SaturatingAdd(MemoryHeld(nullptr, &owner), need) > quota->max_memory_bytes;
+}
+
+int64_t JobRegistry::ReleaseIdleWorkspaces(const Job* except) {
+  std::vector<std::shared_ptr<Job>> holding;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, job] : jobs_) {
+      if (job.get() != except && job->workspace_bytes() > 0) holding.push_back(job);
+    }
+  }
+  // Outside the lock: freeing takes the jobs' strands (never waiting for
+  // one), and other jobs' admissions go on meanwhile.
+  int64_t freed = 0;
+  for (const std::shared_ptr<Job>& job : holding) {
+    freed = SaturatingAdd(freed, job->ReleaseWorkspacesIfIdle());
+  }
+  if (freed > 0) ReportMemory();
+  return freed;
+}
+
 absl::Status JobRegistry::AdmitStep(Job& job, int64_t workspace_bytes) {
+  absl::Status admitted = TryAdmitStep(job, workspace_bytes);
+  if (!admitted.ok() && ReleaseIdleWorkspaces(&job) > 0) {
+    admitted = TryAdmitStep(job, workspace_bytes);
+  }
+  return admitted;
+}
+
+absl::Status JobRegistry::TryAdmitStep(Job& job, int64_t workspace_bytes) {
   absl::MutexLock lock(&mu_);
   if (options_.max_memory_bytes > 0) {
     const int64_t used = MemoryHeld(&job);
@@ -310,6 +351,16 @@ void JobRegistry::CreateJob(const std::string& owner, JobConfig config, std::str
     done(absl::Status(valid.status().code(), absl::StrCat("config.", valid.status().message())));
     return;
   }
+  // Memory pressure: when the memory limits alone would refuse the job,
+  // the idle jobs first give up their cached workspaces, and the admission
+  // below decides on what is left.
+  const int64_t need = EstimateJobBytes(valid->get());
+  bool refused = false;
+  {
+    absl::MutexLock lock(&mu_);
+    refused = MemoryRefuses(owner, need);
+  }
+  if (refused) (void)ReleaseIdleWorkspaces(nullptr);
   std::shared_ptr<Job> job;
   {
     absl::MutexLock lock(&mu_);

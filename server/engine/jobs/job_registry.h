@@ -184,9 +184,23 @@ class JobRegistry {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t JobsOf(const std::string& owner) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const TenantQuota* QuotaOf(const std::string& owner) const;
+  // Whether the memory limits alone (--max-memory-bytes, `owner`'s quota)
+  // would refuse a new job of `need` bytes now.
+  bool MemoryRefuses(const std::string& owner, int64_t need) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // JobContext::admit_step: the workspace of a step or an evaluation
-  // against --max-memory-bytes.
+  // against --max-memory-bytes and the owner's quota (TryAdmitStep). When
+  // they refuse it, the idle jobs give up their cached workspaces
+  // (ReleaseIdleWorkspaces) and, if that freed anything, the step is
+  // admitted or refused on what is left.
   absl::Status AdmitStep(Job& job, int64_t workspace_bytes);
+  absl::Status TryAdmitStep(Job& job, int64_t workspace_bytes);
+  // Memory pressure (JobContext::release_idle_workspaces): every job but
+  // `except` that is idle frees its cached workspaces
+  // (Job::ReleaseWorkspacesIfIdle), so that a step, a job or an
+  // allocation another job needs can have their memory; busy jobs keep
+  // theirs. Returns the bytes freed. Takes mu_ itself.
+  int64_t ReleaseIdleWorkspaces(const Job* except);
   void Remove(const std::string& job_id);
   // RestoreAll's passes. AdmitForRestore puts the jobs of `ids` that the
   // limits admit into the table (in order) and returns them; the ones the

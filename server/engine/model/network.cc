@@ -73,8 +73,14 @@ absl::Status Network::CastWorking() {
 }
 
 absl::Status Network::ZeroGrads() {
-  for (int p : plus_equal_grads_) AMPD_RETURN_IF_ERROR(backend_.Fill(params_[p].grad, 0.0f));
-  return absl::OkStatus();
+  // Pointers into params_, which stops growing once the model is built (and
+  // LoadState move-assigns into the same tensors): listed on the first call,
+  // then the list is reused.
+  if (zeroed_grads_.size() != plus_equal_grads_.size()) {
+    zeroed_grads_.clear();
+    for (int p : plus_equal_grads_) zeroed_grads_.push_back(&params_[p].grad);
+  }
+  return backend_.FillTensors(zeroed_grads_, 0.0f);
 }
 
 absl::StatusOr<std::vector<std::string>> Network::CanonicalNames(

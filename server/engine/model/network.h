@@ -125,7 +125,15 @@ class Network {
     return Backward(ws, first_micro_batch, BackwardHooks{});
   }
   // Zeroes the gradients that Loss and Backward accumulate with += whatever
-  // the micro-batch; call once at step start.
+  // the micro-batch, all of them in one FillTensors (one launch on CUDA);
+  // call once at step start. They are the ones their op cannot simply write
+  // on the first micro-batch: LayerNorm's dgamma/dbeta (the op adds into
+  // them), an embedding's scatter-add (it touches only the rows of the ids
+  // it sees), a GPT's position table (only its first T rows, and T may
+  // differ by micro-batch) and its LM head (a tied one shares wte's
+  // gradient with the scatter-add; a head over several chunks adds them
+  // up). Zeroing them together costs one pass over their bytes, dominated
+  // by the embedding's, whatever their number.
   absl::Status ZeroGrads();
   // working <- master (rounded RNE); a no-op for fp32.
   absl::Status CastWorking();
@@ -194,11 +202,12 @@ class Network {
   kernels::DType working_dtype_;
   std::vector<Parameter> params_;
   std::vector<int> plus_equal_grads_;
+  std::vector<kernels::Tensor*> zeroed_grads_;  // ZeroGrads' list, built once
   int64_t parameter_count_ = 0;
   // Shapes seen recently; cleared when it grows past kMaxWorkspaces so a
   // client cycling through shapes cannot grow memory without bound (the
-  // Trainer also keeps only the shapes of the last step, and none at all
-  // once they exceed its cache cap).
+  // Trainer also keeps only the shapes of the last step, until the job
+  // gives them up under memory pressure).
   static constexpr size_t kMaxWorkspaces = 4;
   struct Cached {
     std::unique_ptr<Workspace> ws;

@@ -43,7 +43,7 @@ absl::Status Trainer::Impl::CalibrateLossScale(const StepInput& input,
   for (ScaleGroup& g : groups) AMPD_RETURN_IF_ERROR(b.Fill(g.max_abs, 0.0f));
   for (int64_t i = 0; i < k; ++i) {
     const MicroBatch& mb = input.micro_batches[static_cast<size_t>(i)];
-    AMPD_ASSIGN_OR_RETURN(model::Workspace * ws, model->GetWorkspace(mb.inputs.shape));
+    AMPD_ASSIGN_OR_RETURN(model::Workspace * ws, WorkspaceFor(mb.inputs.shape));
     AMPD_RETURN_IF_ERROR(model->LoadBatch(mb.inputs, mb.targets, *ws));
     AMPD_RETURN_IF_ERROR(model->Forward(*ws));
     AMPD_RETURN_IF_ERROR(model->Loss(*ws, 1.0f / static_cast<float>(global_k), loss));

@@ -35,14 +35,13 @@ absl::StatusOr<EvaluateReport> Trainer::Evaluate(
   kernels::Backend& b = *m.backend;
   model::Network& net = *m.model;
   AMPD_RETURN_IF_ERROR(m.AdmitWorkspaces(input.micro_batches, admit, "evaluation"));
-  const TrimWorkspacesOnExit trim{net};
 
   EvaluateReport report;
   const auto k = static_cast<int64_t>(input.micro_batches.size());
   AMPD_RETURN_IF_ERROR(b.Fill(m.loss_sum, 0.0f));
   for (const MicroBatch& mb : input.micro_batches) {
     report.samples += mb.inputs.shape[0];
-    AMPD_ASSIGN_OR_RETURN(model::Workspace * ws, net.GetWorkspace(mb.inputs.shape));
+    AMPD_ASSIGN_OR_RETURN(model::Workspace * ws, m.WorkspaceFor(mb.inputs.shape));
     AMPD_RETURN_IF_ERROR(net.LoadBatch(mb.inputs, mb.targets, *ws));
     AMPD_RETURN_IF_ERROR(net.Forward(*ws));
     AMPD_RETURN_IF_ERROR(net.EvalLoss(*ws, m.loss));

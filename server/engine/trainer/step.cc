@@ -2,8 +2,9 @@
 // checks of its input.
 //
 // Step, in device order:
-//   zero the += gradients (LayerNorm, Embedding); Linear grads are written
-//     by the first micro-batch with beta = 0; zero found_inf and loss_sum
+//   zero the += gradients (LayerNorm, Embedding, a GPT's position table and
+//     LM head) in one FillTensors; Linear grads are written by the first
+//     micro-batch with beta = 0; zero found_inf and loss_sum
 //   per micro-batch k of K: upload, forward (working dtype, fp32 GEMM
 //     accumulation), loss with grad_scale = S / K (so K accumulated
 //     micro-batches give one big batch's gradient, times S), Add it into
@@ -152,6 +153,17 @@ absl::Status Trainer::Impl::AdmitWorkspaces(const std::vector<MicroBatch>& micro
   return absl::OkStatus();
 }
 
+absl::StatusOr<model::Workspace*> Trainer::Impl::WorkspaceFor(const kernels::Shape& shape) {
+  absl::StatusOr<model::Workspace*> ws = model->GetWorkspace(shape);
+  if (ws.ok() || ws.status().code() != absl::StatusCode::kResourceExhausted || !relieve_memory) {
+    return ws;
+  }
+  // Admitted, yet the device (or host) is short: memory other jobs keep
+  // cached is the likely holder. A failed allocation left nothing behind.
+  relieve_memory();
+  return model->GetWorkspace(shape);
+}
+
 model::Network::GroupEntry Trainer::Impl::GroupEntryCheck() {
   return [this](int group, Tensor& entry) -> absl::Status {
     const auto g = static_cast<size_t>(group);
@@ -196,10 +208,9 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   model::Network& net = *m.model;
   StepReport report;
 
-  // Admission before allocation; whatever the outcome, a step's oversized
-  // buffers do not outlive it.
+  // Admission before allocation. The step's buffers stay cached after it,
+  // counted (workspace_bytes) until the job gives them up.
   AMPD_RETURN_IF_ERROR(m.AdmitWorkspaces(input.micro_batches, admit, "step"));
-  const TrimWorkspacesOnExit trim{net};
 
   const bool per_layer = m.config.scaler.per_layer_scales;
   if (per_layer && data_parallel != nullptr) {
@@ -267,7 +278,7 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   for (int64_t i = 0; i < local_k; ++i) {
     const MicroBatch& mb = input.micro_batches[static_cast<size_t>(i)];
     report.samples += mb.inputs.shape[0];
-    AMPD_ASSIGN_OR_RETURN(auto* ws, net.GetWorkspace(mb.inputs.shape));
+    AMPD_ASSIGN_OR_RETURN(auto* ws, m.WorkspaceFor(mb.inputs.shape));
     const Clock::time_point t0 = Clock::now();
     AMPD_RETURN_IF_ERROR(net.LoadBatch(mb.inputs, mb.targets, *ws));
     AMPD_RETURN_IF_ERROR(net.Forward(*ws));

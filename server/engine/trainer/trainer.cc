@@ -128,6 +128,10 @@ ScalerSnapshot Trainer::scaler() const {
                         s.config().per_layer_scales ? s.layer_scales() : std::vector<float>{}};
 }
 int64_t Trainer::workspace_bytes() const { return impl_->model->cached_workspace_bytes(); }
+void Trainer::ReleaseWorkspaces() { impl_->model->ReleaseWorkspaces(); }
+void Trainer::SetMemoryPressureHandler(std::function<void()> relieve) {
+  impl_->relieve_memory = std::move(relieve);
+}
 int64_t Trainer::parameter_count() const { return impl_->model->parameter_count(); }
 kernels::Backend& Trainer::backend() { return *impl_->backend; }
 

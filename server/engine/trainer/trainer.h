@@ -61,8 +61,11 @@ class Trainer {
   // holds exceed the backend's memory, and `admit` (when given) is asked for
   // it next, so a caller can hold it against a limit shared by several jobs;
   // its error is returned as is, with nothing changed. Workspaces of sizes
-  // the step does not use are freed first, and the step's own are freed
-  // after it when they exceed kMaxCachedWorkspaceBytes.
+  // the step does not use are freed first, and the step's own stay cached
+  // after it (workspace_bytes()), so that the next step of those sizes
+  // allocates nothing. An allocation of the step's that fails for lack of
+  // memory asks the memory-pressure handler (SetMemoryPressureHandler) to
+  // free memory held elsewhere, then is retried once.
   //
   // With `data_parallel` the step is this rank's share of a distributed
   // step: the gradients are summed across the ranks before the histogram
@@ -89,12 +92,19 @@ class Trainer {
   absl::StatusOr<EvaluateReport> Evaluate(
       const EvaluateInput& input, const std::function<absl::Status(int64_t)>& admit = nullptr);
 
-  // The most workspace memory a job keeps cached between steps; a step whose
-  // buffers are larger frees them when it ends (CUDA's pool keeps the blocks
-  // for reuse without a cudaMalloc, while the CPU backend returns them).
-  static constexpr int64_t kMaxCachedWorkspaceBytes = int64_t{64} << 20;
-  // Workspace bytes cached now (model::WorkspaceBytes of each).
+  // Workspace bytes cached now (model::WorkspaceBytes of each): the
+  // buffers of the last step's (or evaluation's) batch sizes, kept until a
+  // step of other sizes, ReleaseWorkspaces or the Trainer's end. A caller
+  // sharing memory between jobs counts them as held.
   int64_t workspace_bytes() const;
+  // Frees every cached workspace (workspace_bytes() becomes 0): what a job
+  // gives up when another needs the memory. The next step allocates afresh.
+  void ReleaseWorkspaces();
+  // `relieve` is called, at most once per allocation, when allocating a
+  // step's, an evaluation's or a calibration's workspace fails for lack of
+  // memory: it frees memory held elsewhere (other jobs' cached
+  // workspaces), and the allocation is retried once. Nullable.
+  void SetMemoryPressureHandler(std::function<void()> relieve);
 
   // Master weights, optimizer state and scaler state, and the two counts
   // (checkpoint/state_dict.h).

@@ -74,6 +74,13 @@ struct Trainer::Impl {
   // and max|g| check, unscaled by that group's 1 / group_scales[g].
   model::Network::GroupEntry GroupEntryCheck();
 
+  // Trainer::SetMemoryPressureHandler's; may be empty.
+  std::function<void()> relieve_memory;
+  // step.cc: the model's cached workspace for inputs of `shape`, allocated
+  // when there is none; an allocation that fails for lack of memory calls
+  // relieve_memory and is retried once.
+  absl::StatusOr<model::Workspace*> WorkspaceFor(const kernels::Shape& shape);
+
   // step.cc: admission of the workspaces a step or an evaluation (`what`)
   // needs for its micro-batches' sizes, before anything is allocated (see
   // Trainer::Step). Frees the cached workspaces of other sizes first.
@@ -97,15 +104,6 @@ struct SumsInFlight {
     return finishing != nullptr ? finishing->Finish() : absl::OkStatus();
   }
   ~SumsInFlight() { (void)Finish(); }
-};
-
-// Frees a step's or an evaluation's workspaces when it ends, whatever its
-// outcome, when they exceed Trainer::kMaxCachedWorkspaceBytes.
-struct TrimWorkspacesOnExit {
-  model::Network& net;
-  ~TrimWorkspacesOnExit() {
-    if (net.cached_workspace_bytes() > Trainer::kMaxCachedWorkspaceBytes) net.ReleaseWorkspaces();
-  }
 };
 
 }  // namespace ampd::engine

@@ -1,6 +1,7 @@
 // GptModel::Loss: the LM head fused with the token cross-entropy, over row
-// chunks of ln_f's output so that at most one chunk of logits exists (see
-// kLmHeadChunkBytes). Per chunk of r rows, h (r, C), W the head (V, C):
+// chunks of ln_f's output (LmHeadChunkRows: all N rows at once unless their
+// logits exceed the model's chunk bytes, kLmHeadChunkBytes). Per chunk of
+// r rows, h (r, C), W the head (V, C):
 //   logits (r, V) = h W^T
 //   CrossEntropyChunk: loss += multiplier / kept * sum of the chunk's
 //     per-token losses; logits <- dlogits = grad_scale * multiplier / kept
@@ -8,9 +9,22 @@
 //   dh (r, C) = dlogits W          (into ws.d_ln, where Backward starts)
 //   dW (V, C) += alpha dlogits^T h (the head's gradient: wte's when tied,
 //                                   moved to wte's per-layer scale by alpha)
-// In fp16/bf16, dW is summed over the chunks in an F32 buffer and added to
-// the 16-bit gradient once at the end: one rounding per micro-batch, as
-// every other weight gradient gets, however many chunks the head takes.
+// The rounding contract of dW: one rounding per micro-batch, as every
+// other weight gradient gets, however many chunks the head takes:
+//   one chunk (the usual case), any dtype: one GEMM with beta = 1 into the
+//     gradient, which forms alpha * sum + grad in fp32 (the Backend's GEMM
+//     contract: cuBLAS with a 16-bit C and fp32 compute, and the CPU
+//     oracle, convert C to fp32 and round the result once). The gradient
+//     is read and written once per micro-batch, and no F32 buffer exists.
+//   several chunks in fp16/bf16: each chunk's GEMM adds into an F32 sum
+//     (beta = 0 for the first), which one Add puts into the gradient:
+//     grad + sum in fp32, rounded once.
+//   several chunks in fp32: each chunk's GEMM adds into the gradient
+//     (fp32 throughout, so there is no 16-bit rounding to protect).
+// The two 16-bit forms differ only in how the fp32 sum over the rows is
+// associated (per chunk, then across chunks), so they agree to within the
+// one rounding: a tested bound. The gradient starts each step at zero
+// (ZeroGrads) and later micro-batches add to it.
 // kept, the micro-batch's targets other than kIgnoreIndex, was counted on
 // the host by LoadBatch, so the mean needs no device read. EvalLoss runs the
 // logits and the cross-entropy only: the two backward GEMMs are skipped and
@@ -49,8 +63,9 @@ absl::Status GptModel::HeadLoss(Workspace& any, float grad_scale, bool with_grad
   const auto loss_scale = static_cast<float>(per_target);
   const auto logit_grad_scale = static_cast<float>(static_cast<double>(grad_scale) * per_target);
   AMPD_RETURN_IF_ERROR(b.Fill(loss, 0.0f));
-  // The F32 sum starts afresh at the first chunk; without it the chunks add
-  // straight into the gradient, which ZeroGrads cleared.
+  // The F32 sum (several 16-bit chunks) starts afresh at the first chunk;
+  // without it the chunk, or the fp32 chunks, add straight into the
+  // gradient, which ZeroGrads cleared at the step's start.
   Tensor& head_sum = ws.head_grad.empty() ? head.grad : ws.head_grad;
   auto sum_beta = [&ws](int64_t start) { return ws.head_grad.empty() || start > 0 ? 1.0f : 0.0f; };
   for (int64_t start = 0; start < ws.rows; start += ws.chunk_rows) {

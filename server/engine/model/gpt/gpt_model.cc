@@ -39,14 +39,21 @@ absl::Status CheckInputShape(const GptSpec& gpt, const kernels::Shape& shape) {
 
 }  // namespace
 
-int64_t LmHeadChunkRows(const GptSpec& gpt, Precision precision, int64_t rows) {
+int64_t LmHeadChunkRows(const GptSpec& gpt, Precision precision, int64_t rows,
+                        int64_t chunk_bytes) {
+  const int64_t n = std::max<int64_t>(rows, 1);
   const auto element = static_cast<int64_t>(kernels::SizeOf(WorkingDType(precision)));
   const int64_t row_bytes = SaturatingMul(gpt.vocab_size, element);
-  return std::clamp<int64_t>(kLmHeadChunkBytes / row_bytes, 1, std::max<int64_t>(rows, 1));
+  const int64_t most = std::clamp<int64_t>(chunk_bytes / row_bytes, 1, n);
+  const int64_t chunks = (n + most - 1) / most;
+  // ceil(n / chunks) <= most, and chunks - 1 of them fall short of n, so
+  // the rows still take exactly `chunks` chunks.
+  return (n + chunks - 1) / chunks;
 }
 
 absl::StatusOr<int64_t> GptWorkspaceBytes(const ModelSpec& spec, Precision precision,
-                                          const kernels::Shape& input_shape) {
+                                          const kernels::Shape& input_shape,
+                                          int64_t lm_head_chunk_bytes) {
   AMPD_RETURN_IF_ERROR(ValidateModelSpec(spec));
   if (!spec.gpt.has_value()) return absl::InvalidArgumentError("gpt: not set");
   const GptSpec& g = *spec.gpt;
@@ -64,6 +71,10 @@ absl::StatusOr<int64_t> GptWorkspaceBytes(const ModelSpec& spec, Precision preci
     return ok ? p : 0;
   };
   const int64_t n = product({b, t});
+  const int64_t chunk_rows = LmHeadChunkRows(g, precision, n, lm_head_chunk_bytes);
+  // The F32 sum of a 16-bit head's chunks (gpt_lm_head.cc); one chunk, or
+  // an fp32 head, adds straight into the gradient.
+  const bool head_sum = w != 4 && chunk_rows < n;
   // Per block: ln_1, attn_y, resid, ln_2 (4 N C), qkv (3 N C), fc pre/post
   // (2 N H), the attention's lse (B, n_head, T) F32, and four (N) F32
   // statistics.
@@ -74,13 +85,13 @@ absl::StatusOr<int64_t> GptWorkspaceBytes(const ModelSpec& spec, Precision preci
   }
   int64_t total = product({g.n_layer, block});
   for (int64_t part : {
-           product({g.n_layer + 2, n, c, w}),  // x_0..x_L and ln_f's output
-           product({2, n, 4}),                 // ln_f's mean and rstd
-           product({6, n, c, w}),              // d_res, d_tmp, d_ln, d_qkv (3 N C)
-           product({n, h, w}),                 // d_pre
-           product({LmHeadChunkRows(g, precision, n), g.vocab_size, w}),
-           w == 4 ? 0 : product({g.vocab_size, c, 4}),  // the LM head's F32 gradient sum
-           product({2, n, 8}),                          // ids and targets, I64 at most
+           product({g.n_layer + 2, n, c, w}),             // x_0..x_L and ln_f's output
+           product({2, n, 4}),                            // ln_f's mean and rstd
+           product({6, n, c, w}),                         // d_res, d_tmp, d_ln, d_qkv (3 N C)
+           product({n, h, w}),                            // d_pre
+           product({chunk_rows, g.vocab_size, w}),        // one chunk of logits
+           head_sum ? product({g.vocab_size, c, 4}) : 0,  // the LM head's F32 gradient sum
+           product({2, n, 8}),                            // ids and targets, I64 at most
        }) {
     ok = ok && CheckedAdd(total, part, &total);
   }
@@ -92,8 +103,10 @@ absl::StatusOr<int64_t> GptWorkspaceBytes(const ModelSpec& spec, Precision preci
   return total;
 }
 
-GptModel::GptModel(const ModelSpec& spec, Precision precision, kernels::Backend& backend)
+GptModel::GptModel(const ModelSpec& spec, Precision precision, kernels::Backend& backend,
+                   int64_t lm_head_chunk_bytes)
     : Network(spec, precision, backend),
+      lm_head_chunk_bytes_(lm_head_chunk_bytes),
       residual_grad_scale_(static_cast<size_t>(spec.gpt->n_layer), 1.0f) {
   for (int64_t l = 0; l < spec.gpt->n_layer; ++l) {
     block_group_.push_back(static_cast<int>(GptBlockScaleGroup(l, spec.gpt->n_layer)));
@@ -131,10 +144,15 @@ absl::Status GptModel::SetGroupScales(absl::Span<const float> scales) {
 
 absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const ModelSpec& spec,
                                                            Precision precision, uint64_t seed,
-                                                           kernels::Backend& backend) {
+                                                           kernels::Backend& backend,
+                                                           int64_t lm_head_chunk_bytes) {
   AMPD_RETURN_IF_ERROR(ValidateModelSpec(spec));
   if (!spec.gpt.has_value()) return absl::InvalidArgumentError("gpt: not set");
-  std::unique_ptr<GptModel> m(new GptModel(spec, precision, backend));
+  if (lm_head_chunk_bytes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lm_head_chunk_bytes: must be >= 1, got ", lm_head_chunk_bytes));
+  }
+  std::unique_ptr<GptModel> m(new GptModel(spec, precision, backend, lm_head_chunk_bytes));
   const GptSpec& g = *spec.gpt;
   const int64_t c = g.d_model;
   const int64_t h = g.mlp_ratio * c;
@@ -147,8 +165,9 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const ModelSpec& spec
   ParamInit ones;
   ones.value = 1.0f;
   // Gradients that only accumulate (+=): the embeddings (scatter-add, and
-  // the tied LM head's chunks), the position table (only its first T rows
-  // are written), LayerNorms and an untied LM head (its chunks add up).
+  // the tied LM head), the position table (only its first T rows are
+  // written), LayerNorms and an untied LM head (its GEMM adds into it, in
+  // one rounding per micro-batch: gpt_lm_head.cc).
   const bool kPlusEqual = true;
   const bool kGemm = false;
   auto add = [&](const std::string& name, const kernels::Shape& shape, const ParamInit& init,
@@ -187,7 +206,7 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const ModelSpec& spec
 }
 
 absl::StatusOr<int64_t> GptModel::BytesFor(const kernels::Shape& input_shape) const {
-  return GptWorkspaceBytes(spec(), precision(), input_shape);
+  return GptWorkspaceBytes(spec(), precision(), input_shape, lm_head_chunk_bytes_);
 }
 
 absl::StatusOr<std::unique_ptr<Workspace>> GptModel::NewWorkspace(
@@ -199,7 +218,7 @@ absl::StatusOr<std::unique_ptr<Workspace>> GptModel::NewWorkspace(
   ws.batch = input_shape[0];
   ws.seq = input_shape[1];
   ws.rows = ws.batch * ws.seq;  // BytesFor checked every product first
-  ws.chunk_rows = LmHeadChunkRows(g, precision(), ws.rows);
+  ws.chunk_rows = LmHeadChunkRows(g, precision(), ws.rows, lm_head_chunk_bytes_);
   const int64_t n = ws.rows;
   const int64_t c = g.d_model;
   const int64_t h = g.mlp_ratio * c;
@@ -234,7 +253,9 @@ absl::StatusOr<std::unique_ptr<Workspace>> GptModel::NewWorkspace(
   AMPD_RETURN_IF_ERROR(alloc(w, {n, h}, ws.d_pre));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, 3 * c}, ws.d_qkv));
   AMPD_RETURN_IF_ERROR(alloc(w, {ws.chunk_rows, g.vocab_size}, ws.logits));
-  if (w != DType::kF32) AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {g.vocab_size, c}, ws.head_grad));
+  if (w != DType::kF32 && ws.chunk_rows < n) {
+    AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {g.vocab_size, c}, ws.head_grad));
+  }
   return std::unique_ptr<Workspace>(std::move(owned));
 }
 

@@ -9,9 +9,11 @@
 //                 m = ln_2(r_l); f = gelu_tanh(m c_fc.W + b)
 //                 x_{l+1} = r_l + f mlp.c_proj.W + b
 //   h = ln_f(x_L); logits = h W_head^T, W_head = wte (tied) or lm_head.weight
-// The LM head is fused with the cross-entropy in Loss and runs over row
-// chunks of at most kLmHeadChunkBytes of logits, so the (N, V) logits never
-// exist at once: per chunk, logits -> (in place) dlogits -> dh and dW_head.
+// The LM head is fused with the cross-entropy in Loss: per chunk of rows,
+// logits -> (in place) dlogits -> dh and dW_head. The whole (N, V) logits
+// are one chunk whenever they fit kLmHeadChunkBytes (a GPT-2 step of
+// 8 x 1024 tokens does: the head's weight gradient is then one GEMM, read
+// and written once), and are split into equal row chunks beyond it.
 //
 // State-dict names and layouts are Hugging Face GPT-2's
 // (transformers.GPT2LMHeadModel), in this order, which is also the order of
@@ -53,45 +55,57 @@
 namespace ampd::engine::model {
 
 // The most bytes of logits (and their gradient, in place) the LM head holds
-// at once: rows per chunk = max(1, kLmHeadChunkBytes / (V x working dtype
-// size)), at most N. 32 MiB is 333 rows of GPT-2's 50257-token vocabulary
-// in bf16 (instead of 8 x 1024 rows, 824 MB, at once): large enough that
-// each chunk's three GEMMs keep a GPU busy, small beside the activations.
-inline constexpr int64_t kLmHeadChunkBytes = int64_t{32} << 20;
+// at once. 2 GiB: GPT-2's (8 x 1024, 50257) logits in fp32 (1.65 GB), or
+// 16 x 1024 rows in bf16, are one chunk, as PyTorch holds them; 2.5% of an
+// 80 GB H100, and under the activations such a step saves anyway. A fixed
+// number rather than a share of the device's memory, so that the CPU
+// oracle splits a head exactly as a GPU does (the same sums in the same
+// order), and the workspace a step needs is a function of the spec and
+// the shape alone, which admission counts before any backend is asked.
+// At most 2 GiB also keeps a chunk's element count below 2^31.
+inline constexpr int64_t kLmHeadChunkBytes = int64_t{2} << 30;
 
-// Rows per LM-head chunk for this spec and precision and N rows.
-int64_t LmHeadChunkRows(const GptSpec& gpt, Precision precision, int64_t rows);
+// Rows per LM-head chunk for N rows: all N when N x V x (working dtype
+// size) fits chunk_bytes; else ceil(N / k) for the fewest k chunks of at
+// most chunk_bytes each (at least one row per chunk), so that the chunks
+// are as even as they can be and only the last may be shorter.
+int64_t LmHeadChunkRows(const GptSpec& gpt, Precision precision, int64_t rows,
+                        int64_t chunk_bytes = kLmHeadChunkBytes);
 
 // WorkspaceBytes of a GPT for inputs (B, T): per block the saved
 // activations (ln_1 and ln_2 outputs, attention output and r_l: 4 N C;
 // qkv 3 N C; fc pre- and post-activation 2 N H; all in the working dtype;
 // the attention's log-sum-exp B n_head T F32; LayerNorm mean and rstd
 // 4 N F32), the residual stream x_0..x_L and ln_f's output ((L + 2) N C),
-// the backward's scratch (3 N C + 3 N C + 2 N H; attention is fused and
-// needs nothing T x T), one LM-head
-// chunk of logits, the LM head's F32 gradient sum (V C x 4, fp16/bf16 only)
-// and the ids and targets (2 N x 8). Overflow-checked;
+// the backward's scratch (3 N C + 3 N C + N H; attention is fused and
+// needs nothing T x T), one LM-head chunk of logits (LmHeadChunkRows x V),
+// the LM head's F32 gradient sum (V C x 4: fp16/bf16 heads of more than
+// one chunk only) and the ids and targets (2 N x 8). Overflow-checked;
 // InvalidArgument when it overflows or the shape is not (B, T) with
 // 1 <= T <= context_length.
 absl::StatusOr<int64_t> GptWorkspaceBytes(const ModelSpec& spec, Precision precision,
-                                          const kernels::Shape& input_shape);
+                                          const kernels::Shape& input_shape,
+                                          int64_t lm_head_chunk_bytes = kLmHeadChunkBytes);
 
 class GptModel final : public Network {
  public:
   // Builds the parameters of a validated GPT spec and initialises them from
-  // seed (see above), then casts the working copy.
-  static absl::StatusOr<std::unique_ptr<GptModel>> Create(const ModelSpec& spec,
-                                                          Precision precision, uint64_t seed,
-                                                          kernels::Backend& backend);
+  // seed (see above), then casts the working copy. lm_head_chunk_bytes
+  // bounds the LM head's chunks (kLmHeadChunkBytes; a test may split a
+  // small head to compare its chunked and single-chunk sums).
+  static absl::StatusOr<std::unique_ptr<GptModel>> Create(
+      const ModelSpec& spec, Precision precision, uint64_t seed, kernels::Backend& backend,
+      int64_t lm_head_chunk_bytes = kLmHeadChunkBytes);
 
   // ids and targets keep their I32/I64 dtype; the targets other than
   // kIgnoreIndex are counted here, on the host, for the loss's mean.
   absl::Status LoadBatch(const HostTensor& inputs, const HostTensor& targets,
                          Workspace& ws) override;
   absl::Status Forward(Workspace& ws) override;
-  // The fused LM head and cross-entropy, chunk by chunk: loss =
+  // The fused LM head and cross-entropy (gpt_lm_head.cc): loss =
   // multiplier * mean over kept targets; dh (the gradient into ln_f's
-  // output) and the head weight's gradient (+=) times grad_scale.
+  // output) and the head weight's gradient (+=, one rounding per
+  // micro-batch) times grad_scale.
   absl::Status Loss(Workspace& ws, float grad_scale, kernels::Tensor& loss) override;
   // The head's logits and cross-entropy only: no dh, no head gradient.
   absl::Status EvalLoss(Workspace& ws, kernels::Tensor& loss) override;
@@ -133,13 +147,15 @@ class GptModel final : public Network {
     }
   };
 
-  GptModel(const ModelSpec& spec, Precision precision, kernels::Backend& backend);
+  GptModel(const ModelSpec& spec, Precision precision, kernels::Backend& backend,
+           int64_t lm_head_chunk_bytes);
   // Loss and EvalLoss: the head over row chunks, its backward only when
   // with_grad.
   absl::Status HeadLoss(Workspace& ws, float grad_scale, bool with_grad, kernels::Tensor& loss);
   const GptSpec& gpt() const { return *spec().gpt; }
   int head_weight() const { return gpt().tie_embeddings ? wte_ : lm_head_; }
 
+  const int64_t lm_head_chunk_bytes_;
   int wte_ = -1;
   int wpe_ = -1;
   std::vector<BlockParams> blocks_;

@@ -45,8 +45,10 @@ struct GptWorkspace : Workspace {
   kernels::Tensor d_pre;   // (N, H) gradient of the GELU's input (c_fc's output)
   kernels::Tensor d_qkv;   // (N, 3C)
   kernels::Tensor logits;  // (chunk_rows, V) one LM-head chunk, then its gradient
-  // (V, C) F32: the LM head's gradient summed over the chunks before it is
-  // added to the 16-bit parameter gradient in one rounding; empty in fp32.
+  // (V, C) F32: a 16-bit LM head's gradient summed over its chunks before
+  // it is added to the parameter gradient in one rounding; empty in fp32
+  // and when the head is one chunk (chunk_rows == rows), whose one GEMM
+  // adds into the gradient itself.
   kernels::Tensor head_grad;
 };
 
