@@ -184,7 +184,9 @@ class Backend {
   absl::Status Add(const Tensor& x, Tensor& y) { return AddScaled(x, 1.0f, y); }
   // c = alpha * op(a) @ op(b) + beta * c, op(x) = x^T when trans_x.
   // a, b: 2-D, both F32, both F16 or both BF16; products are accumulated in
-  // fp32 and the sum rounded once to c's dtype (F32 or a's dtype).
+  // fp32 and the sum rounded once to c's dtype (F32 or a's dtype). (CUDA
+  // computes a 16-bit c with beta == 1 as an fp32 GEMM into scratch plus
+  // one add: cuBLAS's own beta == 1 kernels round twice.)
   // op(a): (M, K), op(b): (K, N), c: (M, N).
   virtual absl::Status Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a,
                             const Tensor& b, float beta, Tensor& c) = 0;
@@ -212,7 +214,11 @@ class Backend {
   // into fp32 scratch and one epilogue kernel; for F32 operands the GELU is
   // always the backend's own kernel (the formula of ActivationForward), for
   // F16/BF16 cuBLASLt's epilogue evaluates it with its own fp32 tanh, so
-  // the two may differ from the CPU by an ulp of the dtype.
+  // the two may differ from the CPU by an ulp of the dtype. cuBLASLt does
+  // not promise where its epilogue rounds: on an H100 (cuBLAS 13.0) some
+  // of its kernels rounded a 16-bit output's sum to the dtype before
+  // adding the bias, so CUDA may differ from the oracle by that rounding
+  // too (half an ulp of |op(a) @ op(b)|), where the bias cancels the sum.
   virtual absl::Status GemmBiasActivation(bool trans_a, bool trans_b, const Tensor& a,
                                           const Tensor& b, const Tensor* bias, GemmActivation act,
                                           Tensor& c, Tensor* pre) = 0;

@@ -242,8 +242,14 @@ TEST_P(GemmEpilogueTest, EpilogueGeluOverASweepIsWithinTheStatedBound) {
     // 2 ulps of the dtype, plus what an epilogue tanh within 2^-10 of
     // exact could add at |x| <= 8: 0.5 |x| 2^-10 < 4e-3 for GELU, and
     // 2^-10 (0.5 + 0.8 |x| (1 + 0.134 x^2)) < 6e-2 for its derivative.
+    // F32 keeps the backend's own formula on both sides; CUDA's tanhf and
+    // glibc's each miss exact tanh by an ulp or two, which the derivative's
+    // 1 - t^2 turns into a few u absolute (6 u seen on an H100): 128 u, as
+    // backend_ops allows the separate ActivationBackward.
     const Tolerance elementwise = ElementwiseTolerance(dt);
-    const float extra = dt == DType::kF32 ? 0.0f : (std::string(name) == "GELU" ? 4e-3f : 6e-2f);
+    const bool is_gelu = std::string(name) == "GELU";
+    const float extra = dt == DType::kF32 ? (is_gelu ? 0.0f : 128 * 0x1p-24f)
+                                          : (is_gelu ? 4e-3f : 6e-2f);
     EXPECT_TRUE(AllClose(want, dev, {elementwise.rtol, elementwise.atol + extra})) << name;
   }
 }
