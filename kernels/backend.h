@@ -351,6 +351,15 @@ class Backend {
                                float grad_scale, Tensor& loss, Tensor& dpred) = 0;
   // loss (1) F32 = mean over rows of -log softmax(logits)[label], times
   // multiplier; logits (N, V) any float dtype; labels (N) I32 or I64 in [0, V).
+  // Per row, in fp32: max, sum = sum of exp(z - max), row loss = log(sum) -
+  // (z[label] - max); dlogits = ((multiplier * (1/N)) * (exp(z - max) *
+  // (1/sum) - onehot)) * grad_scale, rounded once (dlogits may be logits).
+  // The order in which a row's sum is added is each backend's own, fixed
+  // by the row alone (its values, length and dtype: never by the device,
+  // the grid or where the row sits in memory), so results repeat bit for
+  // bit; backends agree to the rounding of expf and of that sum, not bit
+  // for bit. The CPU adds in column order (ChunkedSum); CUDA per thread,
+  // then by a fixed tree (kernels/cuda/cross_entropy_rows.cuh).
   virtual absl::Status CrossEntropyLoss(const Tensor& logits, const Tensor& labels,
                                         float multiplier, float grad_scale, Tensor& loss,
                                         Tensor& dlogits) = 0;
@@ -368,6 +377,9 @@ class Backend {
   //     0 for ignored rows.
   // The caller folds the mean into the scales (loss_scale = multiplier /
   // kept_total, grad_scale = loss scale * multiplier / kept_total).
+  // A row's max and sum are CrossEntropyLoss's, in the same per-backend
+  // order; the rows' terms are added to loss in order on the CPU and as
+  // rows finish on CUDA.
   // dlogits may be the same tensor as logits (in place: a chunk's logits
   // become its gradient). A label outside [0, V) other than ignore_index is
   // InvalidArgument (CUDA: reported at the next ReadBack, its row zeroed and

@@ -15,6 +15,10 @@
 // power-of-two factor) the product by it is exact away from fp32's
 // subnormals, so there the order changes no finite result.
 // dlogits may alias logits: each row is read before it is written.
+// A row's sum of exponentials is a ChunkedSum in column order: the contract
+// (kernels/backend.h) leaves that order to each backend, as long as it
+// depends on the row alone; the CUDA kernels' order is described in
+// kernels/cuda/cross_entropy_rows.cuh, and the two agree to rounding.
 #include <cmath>
 #include <vector>
 

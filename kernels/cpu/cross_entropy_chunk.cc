@@ -5,7 +5,9 @@
 //   dlogits  = grad_scale * (softmax(z) - onehot(label)), one rounding
 // and loss[0] += loss_scale * row loss, row after row in order (the CUDA
 // kernel adds the same per-row terms atomically, in whatever order its
-// blocks finish). Ignored rows get a zero gradient and add nothing.
+// blocks finish). Ignored rows get a zero gradient and add nothing. The
+// row's sum of exponentials is a ChunkedSum in column order, as in
+// CrossEntropyLoss (CUDA's order: kernels/cuda/cross_entropy_rows.cuh).
 //
 // Labels are all checked before anything is written, so a bad batch leaves
 // loss and dlogits untouched. Rows are split over the thread pool; each
