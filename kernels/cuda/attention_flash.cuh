@@ -33,8 +33,8 @@ namespace ampd::kernels::cuda {
 // 16 bytes for cp.async.
 template <int D>
 struct FlashTile {
-  static constexpr int kLd = D + 8;                    // elements per row
-  static constexpr int kBytes = kAttnTile * kLd * 2;   // one tile
+  static constexpr int kLd = D + 8;                   // elements per row
+  static constexpr int kBytes = kAttnTile * kLd * 2;  // one tile
   static_assert(kBytes % 128 == 0, "tiles start on 128 bytes");
 };
 

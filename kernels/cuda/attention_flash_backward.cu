@@ -145,8 +145,8 @@ __global__ void __launch_bounds__(kAttnMmaThreads)
           const int half = i >> 1;
           const float p = expf(s[n][i] * g.scale - lse_r[half]);
           float ds = p * (dp[n][i] - delta_r[half]);
-          if (diagonal && (k0 + 8 * n + mma::AccElement(lane, i).col > q_abs[half] ||
-                           q_abs[half] >= g.t)) {
+          if (diagonal &&
+              (k0 + 8 * n + mma::AccElement(lane, i).col > q_abs[half] || q_abs[half] >= g.t)) {
             ds = 0.0f;
           }
           s[n][i] = ds;
@@ -159,8 +159,8 @@ __global__ void __launch_bounds__(kAttnMmaThreads)
     T* dst = dqkv + g.Token(b, q0 + strip) * ld + head_col;
     const float scale = g.scale;
     StoreStrip<T, D>(
-        dq, [scale](int, float x) { return x * scale; }, qs + strip * kLd, dst, ld,
-        q_valid - strip, lane);
+        dq, [scale](int, float x) { return x * scale; }, qs + strip * kLd, dst, ld, q_valid - strip,
+        lane);
   }
 #endif
 }
@@ -324,9 +324,8 @@ absl::Status Launch(const void* qkv, const void* out, const void* dout, const fl
 }
 
 template <typename T>
-absl::Status LaunchForHeadSize(const void* qkv, const void* out, const void* dout,
-                               const float* lse, float* delta, void* dqkv, const AttnShape& g,
-                               cudaStream_t stream) {
+absl::Status LaunchForHeadSize(const void* qkv, const void* out, const void* dout, const float* lse,
+                               float* delta, void* dqkv, const AttnShape& g, cudaStream_t stream) {
   return g.d == 64 ? Launch<T, 64>(qkv, out, dout, lse, delta, dqkv, g, stream)
                    : Launch<T, 128>(qkv, out, dout, lse, delta, dqkv, g, stream);
 }
