@@ -6,10 +6,10 @@
 // scratch (a thread per row, channels in order, as the CPU oracle sums).
 // Then either the tensor-core passes (attention_backward_mma.cu: fp16/bf16,
 // D = 64 or 128) or the generic ones here (fp32, other head sizes,
-// unaligned views). By default fp16/bf16 calls with D = 64 or 128 and
-// aligned operands take the register-tile passes instead
-// (attention_flash_backward.cu), which compute Delta in their dQ pass and
-// launch nothing from here. The generic passes:
+// unaligned views). By default, fp16/bf16 calls with D = 64 or 128 and
+// aligned operands take neither: the register-tile passes
+// (attention_flash_backward.cu) run instead, and compute Delta themselves
+// in their dQ pass. The generic passes:
 // - dK/dV: a warp per key s (4 per CTA); per block of 64 queries from the
 //   key's own block on, lanes compute P and dS for two queries each (dot
 //   products over the channels in order), rounded to the dtype, and each

@@ -1,7 +1,11 @@
 // Fused causal self-attention forward: the blockwise online softmax of
 // kernels/backend.h in one launch, nothing of size T x T in memory.
 //
-// Tensor-core kernel (fp16/bf16, D = 64 or 128): a CTA per (query tile of
+// fp16/bf16 calls with D = 64 or 128 and 16-byte aligned operands take the
+// register-tile kernel (attention_flash_forward.cu) by default; the wmma
+// kernel here when the backend was created with attention_wmma.
+//
+// wmma kernel (fp16/bf16, D = 64 or 128): a CTA per (query tile of
 // 64 rows, (b, h)); key blocks of 64 (the contract's kAttentionKeyBlock,
 // aligned with the query tiles, so every query of a tile ends in the tile's
 // own block and none visits a block wholly after it). Per key block, with
