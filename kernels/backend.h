@@ -284,7 +284,10 @@ class Backend {
   //   block's products are added onto the rescaled acc in fp32. (The CPU
   //   oracle's order: dot products over the channels in order, the block's
   //   P summed in two sequential halves of Bk / 2 keys, then added; products
-  //   added in key order.) Then, once:
+  //   added in key order. CUDA's register-tile kernels: dot products and
+  //   the block's products in the tensor cores' order, the block's P as
+  //   four partial sums over interleaved keys (keys j with j / 2 % 4 = i,
+  //   in order), added (0 + 1) + (2 + 3).) Then, once:
   //     out_t,d = acc_d / l  rounded to the working dtype;  lse_t = m + log(l).
   // A row's result depends only on q_t and keys 0 .. t: not on T, B, the
   // other rows, nor how many queries a call holds. The first t rows of a

@@ -5,7 +5,9 @@
 // per block the fp32 scores S = (q k) * scale (each dot product summed
 // over the channels in order), the running max m, P = exp(S - m), the
 // running sum l (the block's P summed in two sequential halves of 32 keys,
-// then added: the order of the CUDA tensor-core kernel's row owners), and
+// then added: the order of the CUDA wmma kernel's row owners and of its
+// generic kernel; the CUDA register-tile kernel sums four interleaved
+// quarters instead, an order the contract leaves free), and
 // acc = acc * alpha followed by the block's round(P) v products added in
 // key order. out = acc / l rounded once; lse = m + log(l).
 //

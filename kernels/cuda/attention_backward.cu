@@ -6,7 +6,10 @@
 // scratch (a thread per row, channels in order, as the CPU oracle sums).
 // Then either the tensor-core passes (attention_backward_mma.cu: fp16/bf16,
 // D = 64 or 128) or the generic ones here (fp32, other head sizes,
-// unaligned views):
+// unaligned views). By default, fp16/bf16 calls with D = 64 or 128 and
+// aligned operands take neither: the register-tile passes
+// (attention_flash_backward.cu) run instead, and compute Delta themselves
+// in their dQ pass. The generic passes:
 // - dK/dV: a warp per key s (4 per CTA); per block of 64 queries from the
 //   key's own block on, lanes compute P and dS for two queries each (dot
 //   products over the channels in order), rounded to the dtype, and each
@@ -20,6 +23,7 @@
 // has the CPU oracle's order, so they differ from it only in expf's bits.
 #include "common/status_macros.h"
 #include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/attention_flash.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/launchers.h"
@@ -225,6 +229,12 @@ template <typename T>
 absl::Status Backward(const void* qkv, const void* out, const void* dout, const float* lse,
                       DType dtype, int64_t batch, const AttnShape& g, void* dqkv, float* delta,
                       const AttentionKernelConfig& config, cudaStream_t stream) {
+  // The register-tile passes compute Delta themselves (in their dQ pass).
+  const bool sixteen = dtype == DType::kF16 || dtype == DType::kBF16;
+  if (sixteen && !config.wmma_kernels && Aligned16(qkv) && Aligned16(out) && Aligned16(dout) &&
+      Aligned16(dqkv) && AttentionFlashBackwardApplies(g.d, config)) {
+    return LaunchAttentionBackwardFlash(qkv, out, dout, lse, dtype, g, dqkv, delta, stream);
+  }
   AMPD_RETURN_IF_ERROR(LaunchDelta<T>(out, dout, delta, g, batch, stream));
   if (AttentionBackwardMmaApplies(dtype, g, qkv, dout, dqkv, config)) {
     return LaunchAttentionBackwardMma(qkv, dout, lse, delta, dtype, g, dqkv, stream);
@@ -235,6 +245,7 @@ absl::Status Backward(const void* qkv, const void* out, const void* dout, const 
 }  // namespace
 
 absl::Status ConfigureAttentionBackward(const AttentionKernelConfig& config) {
+  AMPD_RETURN_IF_ERROR(ConfigureAttentionFlashBackward(config));
   return ConfigureAttentionBackwardMma(config);
 }
 

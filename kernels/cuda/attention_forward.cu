@@ -1,7 +1,11 @@
 // Fused causal self-attention forward: the blockwise online softmax of
 // kernels/backend.h in one launch, nothing of size T x T in memory.
 //
-// Tensor-core kernel (fp16/bf16, D = 64 or 128): a CTA per (query tile of
+// fp16/bf16 calls with D = 64 or 128 and 16-byte aligned operands take the
+// register-tile kernel (attention_flash_forward.cu) by default; the wmma
+// kernel here when the backend was created with attention_wmma.
+//
+// wmma kernel (fp16/bf16, D = 64 or 128): a CTA per (query tile of
 // 64 rows, (b, h)); key blocks of 64 (the contract's kAttentionKeyBlock,
 // aligned with the query tiles, so every query of a tile ends in the tile's
 // own block and none visits a block wholly after it). Per key block, with
@@ -25,6 +29,7 @@
 
 #include "common/status_macros.h"
 #include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/attention_flash.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/launchers.h"
@@ -285,12 +290,17 @@ absl::Status LaunchGeneric(const void* qkv, void* out, float* lse, const AttnSha
   return absl::OkStatus();
 }
 
-// The tensor-core kernel for D in {64, 128}, when the device gave it its
-// shared memory and the tensors allow 16-byte access; else the generic one.
+// A tensor-core kernel for D in {64, 128}, when the device gave it its
+// shared memory and the tensors allow 16-byte access: the register-tile
+// one (attention_flash_forward.cu) unless the config asks for the wmma one
+// here; else the generic one.
 template <typename T>
-absl::Status Launch16(const void* qkv, void* out, float* lse, const AttnShape& g,
+absl::Status Launch16(const void* qkv, DType dtype, void* out, float* lse, const AttnShape& g,
                       const AttentionKernelConfig& config, cudaStream_t stream) {
   const bool aligned = Aligned16(qkv) && Aligned16(out);
+  if (aligned && !config.wmma_kernels && AttentionFlashForwardApplies(g.d, config)) {
+    return LaunchAttentionForwardFlash(qkv, dtype, g, out, lse, stream);
+  }
   if (aligned && g.d == 64 && ForwardSmem<64>::kBytes <= config.max_dynamic_smem) {
     return LaunchMma<T, 64>(qkv, out, lse, g, stream);
   }
@@ -303,6 +313,7 @@ absl::Status Launch16(const void* qkv, void* out, float* lse, const AttnShape& g
 }  // namespace
 
 absl::Status ConfigureAttentionForward(const AttentionKernelConfig& config) {
+  AMPD_RETURN_IF_ERROR(ConfigureAttentionFlashForward(config));
   const int max_smem = config.max_dynamic_smem;
   AMPD_CUDA_RETURN_IF_ERROR((ConfigureMma<__half, 64>(max_smem)));
   AMPD_CUDA_RETURN_IF_ERROR((ConfigureMma<__half, 128>(max_smem)));
@@ -318,9 +329,9 @@ absl::Status LaunchAttentionForward(const void* qkv, DType dtype, int64_t batch,
   const AttnShape g = MakeAttnShape(batch, seq, channels, heads);
   switch (dtype) {
     case DType::kF16:
-      return Launch16<__half>(qkv, out, lse, g, config, stream);
+      return Launch16<__half>(qkv, dtype, out, lse, g, config, stream);
     case DType::kBF16:
-      return Launch16<__nv_bfloat16>(qkv, out, lse, g, config, stream);
+      return Launch16<__nv_bfloat16>(qkv, dtype, out, lse, g, config, stream);
     default:
       return LaunchGeneric<float>(qkv, out, lse, g, stream);
   }

@@ -141,6 +141,7 @@ class CudaBackend final : public Backend {
     // The attention kernels' shared memory beyond 48 KiB is opted into once
     // here, never in a step.
     backend->attention_.max_dynamic_smem = static_cast<int>(props.sharedMemPerBlockOptin);
+    backend->attention_.wmma_kernels = options.attention_wmma;
     AMPD_RETURN_IF_ERROR(ConfigureAttentionForward(backend->attention_));
     AMPD_RETURN_IF_ERROR(ConfigureAttentionBackward(backend->attention_));
 
@@ -642,8 +643,8 @@ class CudaBackend final : public Backend {
   }
 
   // ---- causal self-attention ----------------------------------------------------
-  // Fused kernels, one launch forward, three backward; the backward's Delta
-  // (B, H, T) F32 lives in the grow-only scratch.
+  // Fused kernels, one launch forward, two or three backward; the
+  // backward's Delta (B, H, T) F32 lives in the grow-only scratch.
   absl::Status AttentionForward(const Tensor& qkv, int64_t n_head, Tensor& out,
                                 Tensor& lse) override {
     AMPD_RETURN_IF_ERROR(ValidateAttentionForward(qkv, n_head, out, lse));

@@ -25,6 +25,12 @@ struct CudaBackendOptions {
   // path (a GEMM, then the epilogue's own kernel), which tests compare with
   // the fused one; both meet the same contract (kernels/backend.h).
   bool gemm_epilogues = true;
+  // Fused attention in fp16/bf16 with heads of 64 or 128 channels: false
+  // (the default), the register-tile kernels (mma.sync with S, P and the
+  // accumulators in registers); true, the earlier wmma kernels, which stage
+  // S, P and O through shared memory (slower). Both meet the contract of
+  // kernels/backend.h; tests compare them.
+  bool attention_wmma = false;
 };
 
 // A new backend with its own stream and cuBLAS/cuBLASLt handles on `device`.

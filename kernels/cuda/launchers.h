@@ -175,7 +175,8 @@ absl::Status LaunchBiasActivation(const float* acc, const void* bias, GemmActiva
                                   cudaStream_t stream);
 
 // Fused causal self-attention (attention_forward.cu, attention_backward.cu,
-// attention_backward_mma.cu); every float operand of dtype. qkv (batch,
+// attention_backward_mma.cu, attention_flash_forward.cu,
+// attention_flash_backward.cu); every float operand of dtype. qkv (batch,
 // seq, 3 channels), out and dout (batch, seq, channels), lse (batch, heads,
 // seq) F32.
 struct AttentionKernelConfig {
@@ -183,6 +184,11 @@ struct AttentionKernelConfig {
   // kernel needing more is never configured nor launched (the generic
   // kernels run instead).
   int max_dynamic_smem = 0;
+  // Which tensor-core kernels take fp16/bf16 calls with D = 64 or 128:
+  // false, the register-tile ones (mma.sync, S, P and the accumulators in
+  // registers); true, the wmma ones that stage S, P and O through shared
+  // memory. Both meet the same contract; tests compare them.
+  bool wmma_kernels = false;
 };
 // Raise the tensor-core kernels' dynamic shared memory limits on the
 // current device; once, at backend creation (cudaFuncSetAttribute is not

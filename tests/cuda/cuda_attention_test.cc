@@ -7,19 +7,44 @@
 // - the generic kernels where the tensor-core ones do not apply (an
 //   unaligned view, head sizes other than 64 and 128) and more (b, h) pairs
 //   than a grid's y dimension holds, against the oracle.
-// Each runs the tensor-core kernels (fp16/bf16 with D = 64 and 128) and the
-// generic ones (fp32, D = 16).
+// - the register-tile kernels (the default) and the wmma ones
+//   (CudaBackendOptions::attention_wmma) against the oracle and each
+//   other, at GPT-2 small's shape and at ragged T and D = 128, with both
+//   kernels' times at GPT-2 small's full shape printed.
+// Each runs the tensor-core kernels (fp16/bf16 with D = 64 and 128; both
+// kinds) and the generic ones (fp32, D = 16).
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <memory>
 #include <vector>
 
+#include "kernels/cuda/cuda_backend.h"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace ampd::kernels::cuda_test {
 namespace {
+
+// A second CUDA backend that runs the wmma attention kernels.
+std::unique_ptr<Backend> WmmaBackend() {
+  cuda::CudaBackendOptions options;
+  options.attention_wmma = true;
+  absl::StatusOr<std::unique_ptr<Backend>> be = cuda::CreateCudaBackend(0, options);
+  EXPECT_TRUE(be.ok()) << be.status();
+  return be.ok() ? *std::move(be) : nullptr;
+}
+
+// rtol frac, and atol frac times the largest |value| of the oracle's output
+// (as cuda_ops_test.cc's attention comparison).
+Tolerance Scaled(const std::vector<float>& want, float frac) {
+  float max_abs = 0.0f;
+  for (float v : want) max_abs = std::max(max_abs, std::fabs(v));
+  return {frac, frac * max_abs};
+}
 
 struct Dims {
   int64_t b, t, c, heads;
@@ -41,43 +66,50 @@ AttnBytes ForwardBackward(Backend& be, DType dt, const Dims& s, const std::vecto
   return {DownloadBytes(be, out), DownloadBytes(be, lse), DownloadBytes(be, dqkv)};
 }
 
-// D = 64 and 128 (the tensor-core sizes in fp16/bf16) and 16 (generic).
-const Dims kShapes[] = {{2, 200, 128, 2}, {1, 130, 256, 2}, {2, 150, 32, 2}};
+// D = 64 and 128 (the tensor-core sizes in fp16/bf16) and 16 (generic);
+// GPT-2 small's heads at its full context.
+const Dims kShapes[] = {{2, 200, 128, 2}, {1, 130, 256, 2}, {2, 150, 32, 2}, {1, 1024, 768, 12}};
 
 TEST_P(CudaDTypeTest, AttentionIsBitwiseReproducible) {
   const DType dt = GetParam();
-  for (const Dims& s : kShapes) {
-    SCOPED_TRACE(::testing::Message() << "T=" << s.t << " D=" << s.c / s.heads);
-    const std::vector<float> qv = RandomValues(s.b * s.t * 3 * s.c, 80, -2, 2, dt);
-    const std::vector<float> gv = RandomValues(s.b * s.t * s.c, 81, -1, 1, dt);
-    const AttnBytes first = ForwardBackward(*gpu_, dt, s, qv, gv);
-    for (int i = 0; i < 3; ++i) {
-      // Another shape in between: the backward's scratch is reused at
-      // another size, and the kernels run on other tiles.
-      const Dims other{3, 70 + i, s.c, s.heads};
-      (void)ForwardBackward(*gpu_, dt, other,
-                            RandomValues(other.b * other.t * 3 * other.c, 82 + i, -2, 2, dt),
-                            RandomValues(other.b * other.t * other.c, 90 + i, -1, 1, dt));
-      const AttnBytes again = ForwardBackward(*gpu_, dt, s, qv, gv);
-      ASSERT_EQ(again.out, first.out) << i;
-      ASSERT_EQ(again.lse, first.lse) << i;
-      ASSERT_EQ(again.dqkv, first.dqkv) << i;
+  std::unique_ptr<Backend> wmma = WmmaBackend();
+  ASSERT_NE(wmma, nullptr);
+  for (Backend* be : {gpu_.get(), wmma.get()}) {
+    SCOPED_TRACE(be == gpu_.get() ? "register-tile kernels" : "wmma kernels");
+    for (const Dims& s : kShapes) {
+      SCOPED_TRACE(::testing::Message() << "T=" << s.t << " D=" << s.c / s.heads);
+      const std::vector<float> qv = RandomValues(s.b * s.t * 3 * s.c, 80, -2, 2, dt);
+      const std::vector<float> gv = RandomValues(s.b * s.t * s.c, 81, -1, 1, dt);
+      const AttnBytes first = ForwardBackward(*be, dt, s, qv, gv);
+      for (int i = 0; i < 3; ++i) {
+        // Another shape in between: the backward's scratch is reused at
+        // another size, and the kernels run on other tiles.
+        const Dims other{3, 70 + i, s.c, s.heads};
+        (void)ForwardBackward(*be, dt, other,
+                              RandomValues(other.b * other.t * 3 * other.c, 82 + i, -2, 2, dt),
+                              RandomValues(other.b * other.t * other.c, 90 + i, -1, 1, dt));
+        const AttnBytes again = ForwardBackward(*be, dt, s, qv, gv);
+        ASSERT_EQ(again.out, first.out) << i;
+        ASSERT_EQ(again.lse, first.lse) << i;
+        ASSERT_EQ(again.dqkv, first.dqkv) << i;
+      }
     }
   }
 }
 
-TEST_P(CudaDTypeTest, AttentionPrefixRowsAreTheLongerSequencesBits) {
-  const DType dt = GetParam();
+// The first t rows of a forward at T are rows 0 .. t-1 of the forward at
+// the longer T, bit for bit, on `gpu`.
+void ExpectPrefixRowsAreTheLongerSequencesBits(Backend& gpu, DType dt) {
   const size_t elem = SizeOf(dt);
   for (const Dims& s : kShapes) {
     SCOPED_TRACE(::testing::Message() << "D=" << s.c / s.heads);
     const std::vector<float> qv = RandomValues(s.b * s.t * 3 * s.c, 84, -2, 2, dt);
-    Tensor long_qkv = Upload(*gpu_, dt, {s.b, s.t, 3 * s.c}, qv);
-    Tensor long_out = *gpu_->Allocate(dt, {s.b, s.t, s.c});
-    Tensor long_lse = *gpu_->Allocate(DType::kF32, {s.b, s.heads, s.t});
-    AMPD_EXPECT_OK(gpu_->AttentionForward(long_qkv, s.heads, long_out, long_lse));
-    const std::vector<uint8_t> all_out = DownloadBytes(*gpu_, long_out);
-    const std::vector<uint8_t> all_lse = DownloadBytes(*gpu_, long_lse);
+    Tensor long_qkv = Upload(gpu, dt, {s.b, s.t, 3 * s.c}, qv);
+    Tensor long_out = *gpu.Allocate(dt, {s.b, s.t, s.c});
+    Tensor long_lse = *gpu.Allocate(DType::kF32, {s.b, s.heads, s.t});
+    AMPD_EXPECT_OK(gpu.AttentionForward(long_qkv, s.heads, long_out, long_lse));
+    const std::vector<uint8_t> all_out = DownloadBytes(gpu, long_out);
+    const std::vector<uint8_t> all_lse = DownloadBytes(gpu, long_lse);
     for (int64_t t : {int64_t{1}, int64_t{2}, int64_t{63}, int64_t{64}, int64_t{65}, int64_t{128},
                       int64_t{129}, s.t - 1}) {
       SCOPED_TRACE(::testing::Message() << "t=" << t);
@@ -86,12 +118,12 @@ TEST_P(CudaDTypeTest, AttentionPrefixRowsAreTheLongerSequencesBits) {
         const auto row0 = qv.begin() + b * s.t * 3 * s.c;
         prefix.insert(prefix.end(), row0, row0 + t * 3 * s.c);
       }
-      Tensor qkv = Upload(*gpu_, dt, {s.b, t, 3 * s.c}, prefix);
-      Tensor out = *gpu_->Allocate(dt, {s.b, t, s.c});
-      Tensor lse = *gpu_->Allocate(DType::kF32, {s.b, s.heads, t});
-      AMPD_EXPECT_OK(gpu_->AttentionForward(qkv, s.heads, out, lse));
-      const std::vector<uint8_t> got_out = DownloadBytes(*gpu_, out);
-      const std::vector<uint8_t> got_lse = DownloadBytes(*gpu_, lse);
+      Tensor qkv = Upload(gpu, dt, {s.b, t, 3 * s.c}, prefix);
+      Tensor out = *gpu.Allocate(dt, {s.b, t, s.c});
+      Tensor lse = *gpu.Allocate(DType::kF32, {s.b, s.heads, t});
+      AMPD_EXPECT_OK(gpu.AttentionForward(qkv, s.heads, out, lse));
+      const std::vector<uint8_t> got_out = DownloadBytes(gpu, out);
+      const std::vector<uint8_t> got_lse = DownloadBytes(gpu, lse);
       const size_t out_rows = static_cast<size_t>(t * s.c) * elem;  // t tokens
       const size_t lse_rows = static_cast<size_t>(t) * 4;           // t queries of a head
       for (int64_t b = 0; b < s.b; ++b) {
@@ -107,6 +139,16 @@ TEST_P(CudaDTypeTest, AttentionPrefixRowsAreTheLongerSequencesBits) {
         }
       }
     }
+  }
+}
+
+TEST_P(CudaDTypeTest, AttentionPrefixRowsAreTheLongerSequencesBits) {
+  const DType dt = GetParam();
+  std::unique_ptr<Backend> wmma = WmmaBackend();
+  ASSERT_NE(wmma, nullptr);
+  for (Backend* be : {gpu_.get(), wmma.get()}) {
+    SCOPED_TRACE(be == gpu_.get() ? "register-tile kernels" : "wmma kernels");
+    ExpectPrefixRowsAreTheLongerSequencesBits(*be, dt);
   }
 }
 
@@ -155,6 +197,102 @@ TEST_P(CudaDTypeTest, AttentionOfUnalignedViewsAndManyHeadsMatchesCpu) {
     EXPECT_TRUE(AllClose(lse[0], lse[1], {1e-5f, 1e-5f})) << "lse";
     EXPECT_TRUE(within(dqkv[0], dqkv[1])) << "dqkv";
   }
+}
+
+// The register-tile kernels (gpu_, the default) and the wmma ones against
+// the oracle, and against each other, in fp16 and bf16: GPT-2 small's
+// heads at its context (D = 64, T = 1024), T not a multiple of the 64-key
+// block, one token, D = 128, and more (b, h) pairs than gridDim.y holds.
+// Both backwards differentiate the oracle's forward.
+TEST_F(CudaVsCpuTest, AttentionRegisterTileAndWmmaKernelsMatchCpu) {
+  std::unique_ptr<Backend> wmma = WmmaBackend();
+  ASSERT_NE(wmma, nullptr);
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    const float frac = dt == DType::kF16 ? 6e-3f : 4e-2f;
+    for (const Dims& s : {Dims{1, 1024, 768, 12}, Dims{2, 300, 192, 3}, Dims{3, 1, 128, 2},
+                          Dims{2, 65, 256, 2}, Dims{1, 1000, 256, 2}, Dims{33000, 2, 128, 2}}) {
+      SCOPED_TRACE(::testing::Message()
+                   << DTypeName(dt) << " B=" << s.b << " T=" << s.t << " D=" << s.c / s.heads);
+      const std::vector<float> qv = RandomValues(s.b * s.t * 3 * s.c, 74, -1, 1, dt);
+      const std::vector<float> gv = RandomValues(s.b * s.t * s.c, 75, -1, 1, dt);
+      std::vector<std::vector<float>> out, lse, dqkv;
+      std::vector<float> cpu_out, cpu_lse;
+      for (Backend* be : {cpu_.get(), gpu_.get(), wmma.get()}) {
+        Tensor qkv = Upload(*be, dt, {s.b, s.t, 3 * s.c}, qv);
+        Tensor o = *be->Allocate(dt, {s.b, s.t, s.c});
+        Tensor l = *be->Allocate(DType::kF32, {s.b, s.heads, s.t});
+        AMPD_EXPECT_OK(be->AttentionForward(qkv, s.heads, o, l));
+        out.push_back(Download(*be, o));
+        lse.push_back(Download(*be, l));
+        if (be == cpu_.get()) {
+          cpu_out = out.back();
+          cpu_lse = lse.back();
+        }
+        Tensor fo = Upload(*be, dt, {s.b, s.t, s.c}, cpu_out);
+        Tensor fl = Upload(*be, DType::kF32, {s.b, s.heads, s.t}, cpu_lse);
+        Tensor g = Upload(*be, dt, {s.b, s.t, s.c}, gv);
+        Tensor dq = *be->Allocate(dt, {s.b, s.t, 3 * s.c});
+        AMPD_EXPECT_OK(be->AttentionBackward(qkv, fo, g, fl, s.heads, dq));
+        dqkv.push_back(Download(*be, dq));
+      }
+      const char* names[] = {"cpu", "register-tile", "wmma"};
+      for (int k = 1; k <= 2; ++k) {
+        SCOPED_TRACE(names[k]);
+        EXPECT_TRUE(AllClose(out[0], out[k], Scaled(out[0], frac))) << "out";
+        EXPECT_TRUE(AllClose(lse[0], lse[k], {1e-5f, 1e-5f})) << "lse";
+        EXPECT_TRUE(AllClose(dqkv[0], dqkv[k], Scaled(dqkv[0], frac))) << "dqkv";
+      }
+      // The two kernels differ from each other only in the order of fp32
+      // sums inside a block (and exp's last bits).
+      EXPECT_TRUE(AllClose(out[2], out[1], Scaled(out[2], frac))) << "out, register-tile vs wmma";
+      EXPECT_TRUE(AllClose(dqkv[2], dqkv[1], Scaled(dqkv[2], frac)))
+          << "dqkv, register-tile vs wmma";
+    }
+  }
+}
+
+// Milliseconds per call of `op` on `be`, over `reps` calls after two
+// warm-up calls, up to the synchronisation that ends them.
+template <typename Op>
+double MsPerCall(Backend& be, int reps, Op op) {
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(op().ok());
+  EXPECT_TRUE(be.Synchronize().ok());
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) EXPECT_TRUE(op().ok());
+  EXPECT_TRUE(be.Synchronize().ok());
+  const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - start;
+  return took.count() / reps;
+}
+
+// One GPT-2 small layer's attention (B = 8, T = 1024, 12 heads of 64, bf16),
+// forward and backward, on both kernels: the times are printed (the
+// register-tile kernels' targets are 0.1 ms forward and 0.3 ms backward on
+// an H100), and the register-tile kernels must beat the wmma ones.
+TEST_F(CudaVsCpuTest, AttentionTimesAtGpt2SmallShape) {
+  std::unique_ptr<Backend> wmma = WmmaBackend();
+  ASSERT_NE(wmma, nullptr);
+  const DType dt = DType::kBF16;
+  const Dims s{8, 1024, 768, 12};
+  const std::vector<float> qv = RandomValues(s.b * s.t * 3 * s.c, 76, -1, 1, dt);
+  const std::vector<float> gv = RandomValues(s.b * s.t * s.c, 77, -1, 1, dt);
+  double fwd[2], bwd[2];
+  const char* names[] = {"register-tile", "wmma"};
+  for (int k = 0; k < 2; ++k) {
+    Backend& be = k == 0 ? *gpu_ : *wmma;
+    Tensor qkv = Upload(be, dt, {s.b, s.t, 3 * s.c}, qv);
+    Tensor out = *be.Allocate(dt, {s.b, s.t, s.c});
+    Tensor lse = *be.Allocate(DType::kF32, {s.b, s.heads, s.t});
+    Tensor g = Upload(be, dt, {s.b, s.t, s.c}, gv);
+    Tensor dqkv = *be.Allocate(dt, {s.b, s.t, 3 * s.c});
+    fwd[k] = MsPerCall(be, 20, [&] { return be.AttentionForward(qkv, s.heads, out, lse); });
+    bwd[k] =
+        MsPerCall(be, 20, [&] { return be.AttentionBackward(qkv, out, g, lse, s.heads, dqkv); });
+    std::printf(
+        "attention B=8 T=1024 H=12 D=64 bf16, %s kernels: forward %.3f ms, backward %.3f ms\n",
+        names[k], fwd[k], bwd[k]);
+  }
+  EXPECT_LT(fwd[0], fwd[1]) << "forward";
+  EXPECT_LT(bwd[0], bwd[1]) << "backward";
 }
 
 // CudaDTypeTest is instantiated over every float dtype once, in
