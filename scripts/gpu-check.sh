@@ -187,6 +187,8 @@ part engine_token 90 "$bin/bench/engine/ampd_bench_engine" --model=token --devic
 if [ "$on_gpu" -eq 1 ]; then
   [ -x "$bin/bench/cuda/ampd_bench_cuda_optimizer" ] &&
     part optimizer 60 "$bin/bench/cuda/ampd_bench_cuda_optimizer" "$opt_millions" 20
+  [ -x "$bin/bench/cuda/ampd_bench_cuda_attention" ] &&
+    part attention 60 "$bin/bench/cuda/ampd_bench_cuda_attention" 10
   [ -x "$bin/bench/cuda/ampd_bench_cuda_cross_entropy" ] &&
     part cross_entropy 60 "$bin/bench/cuda/ampd_bench_cuda_cross_entropy" 10
 else
