@@ -539,21 +539,21 @@ absl::StatusOr<int64_t> Job::ImportSafetensors(checkpoint::StateDict state) {
 
 absl::StatusOr<int64_t> Job::ImportSafetensorsUnguarded(checkpoint::StateDict state) {
   if (trainer_ == nullptr) return NotOpen();
-  // With a state directory the import is acknowledged only once it is on
-  // disk; keep what to go back to if that write fails.
-  std::optional<checkpoint::StateDict> previous;
-  if (context_->state_dir != nullptr) {
-    AMPD_ASSIGN_OR_RETURN(previous, trainer_->ExportState());
-  }
+  const auto tensors = static_cast<int64_t>(state.tensors.size());
   const JobSnapshot before = Snapshot();
-  initial_state_ = false;
   // The step sequence is the job's protocol with its client: an imported
   // state replaces weights, optimizer and scaler, not the count of Step
-  // calls this job has answered.
-  if (absl::Status s = trainer_->LoadState(state, Trainer::StepCount::kKeep); !s.ok()) {
+  // calls this job has answered. What it replaces stays on the device until
+  // the import is on disk, to go back to if that write fails: no host copy
+  // of the old state is read back for it.
+  absl::StatusOr<Trainer::ReplacedState> replaced =
+      trainer_->ReplaceState(state, Trainer::StepCount::kKeep);
+  if (!replaced.ok()) {
+    const absl::Status& s = replaced.status();
     return s.code() == absl::StatusCode::kInvalidArgument ? WithReason(s, reason::kInvalidStateDict)
                                                           : s;
   }
+  const bool initial_before = std::exchange(initial_state_, false);
   // The recorded response belongs to the old weights; a retry of the last
   // sequence after an import must not pretend it was computed on the new ones.
   std::optional<StepReport> previous_report = std::exchange(last_report_, std::nullopt);
@@ -566,10 +566,21 @@ absl::StatusOr<int64_t> Job::ImportSafetensorsUnguarded(checkpoint::StateDict st
     snapshot_.failure.clear();
     RefreshSnapshot();
   }
-  if (absl::Status saved = Checkpoint(); !saved.ok()) {
+  if (context_->state_dir == nullptr) return tensors;
+  // With a state directory the import is acknowledged only once it is on
+  // disk. The checkpoint is the imported file's own host buffers (what
+  // ExportState would read back from the device, byte for byte).
+  absl::Status saved = AllocationGuard("checkpoint", [&]() -> absl::Status {
+    AMPD_ASSIGN_OR_RETURN(checkpoint::StateDict loaded,
+                          trainer_->ExportLoadedState(std::move(state)));
+    AddJobMetadata(loaded);
+    return WriteCheckpoint(loaded);
+  });
+  if (!saved.ok()) {
     // Not durable, so not done: put the job back as it was (memory and disk
     // agree again) and say so.
-    absl::Status restored = trainer_->LoadState(*previous);
+    absl::Status restored = trainer_->UndoReplace(*std::move(replaced));
+    initial_state_ = initial_before;
     last_report_ = std::move(previous_report);
     {
       absl::MutexLock lock(&mu_);
@@ -585,7 +596,7 @@ absl::StatusOr<int64_t> Job::ImportSafetensorsUnguarded(checkpoint::StateDict st
                 ? ""
                 : absl::StrCat("; restoring the previous state failed too: ", restored.message())));
   }
-  return static_cast<int64_t>(state.tensors.size());
+  return tensors;
 }
 
 absl::Status Job::Checkpoint() {
@@ -628,6 +639,11 @@ void Job::AddJobMetadata(checkpoint::StateDict& state) const {
 absl::Status Job::CheckpointUnguarded() {
   if (context_->state_dir == nullptr) return absl::OkStatus();
   AMPD_ASSIGN_OR_RETURN(const checkpoint::StateDict state, CheckpointState());
+  return WriteCheckpoint(state);
+}
+
+absl::Status Job::WriteCheckpoint(const checkpoint::StateDict& state) {
+  // A background write of an older state must not land after this one.
   if (context_->writer != nullptr) context_->writer->Cancel(id_);
   AMPD_RETURN_IF_ERROR(context_->state_dir->Write(id_, state));
   std::fprintf(stderr, "ampd: job %s checkpointed at step %s\n", id_.c_str(),

@@ -122,6 +122,37 @@ class Trainer {
   // accept other spellings of its names (a GPT takes Hugging Face's).
   absl::Status LoadState(const checkpoint::StateDict& state,
                          StepCount step_count = StepCount::kFromState);
+  // What ReplaceState replaced: the live tensors as they were (on the
+  // device, not copied), the scaler and the counts. Dropping it frees them;
+  // UndoReplace puts them back.
+  class ReplacedState {
+   public:
+    ReplacedState();
+    ~ReplacedState();
+    ReplacedState(ReplacedState&&) noexcept;
+    ReplacedState& operator=(ReplacedState&&) noexcept;
+
+   private:
+    friend class Trainer;
+    struct Parts;
+    std::unique_ptr<Parts> parts_;
+  };
+  // LoadState, keeping what it replaced until the result is dropped (the
+  // device holds both states until then): a caller with more to do before
+  // the load counts (a job's checkpoint of it) can go back exactly, without
+  // a host copy of the state it replaced. On error nothing is replaced.
+  absl::StatusOr<ReplacedState> ReplaceState(const checkpoint::StateDict& state,
+                                             StepCount step_count = StepCount::kFromState);
+  // Puts back what ReplaceState replaced (the working copy recast from the
+  // masters put back). Nothing may have run on the Trainer in between.
+  absl::Status UndoReplace(ReplacedState replaced);
+  // What ExportState would return now, when `loaded` is the state dict the
+  // last LoadState or ReplaceState took and nothing has run since: built
+  // from loaded's own host buffers (moved out of it, in ExportState's names
+  // and order, zeros for the moments a weights-only load started afresh)
+  // rather than read back from the device. Internal when loaded does not
+  // match the job's tensors.
+  absl::StatusOr<checkpoint::StateDict> ExportLoadedState(checkpoint::StateDict loaded) const;
 
   const JobConfig& config() const;
   // Step calls run so far (ampd.step); the next is number steps_run() + 1.
@@ -137,6 +168,8 @@ class Trainer {
  private:
   struct Impl;
   explicit Trainer(std::unique_ptr<Impl> impl);
+  // ExportState's metadata: the scaler's state, the two counts, the model's.
+  void AddStateMetadata(checkpoint::StateDict& state) const;
   std::unique_ptr<Impl> impl_;
 };
 
