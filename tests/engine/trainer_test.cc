@@ -235,11 +235,12 @@ TEST(Trainer, WeightsAloneLoadWithAFreshOptimizer) {
   EXPECT_NE(std::string(st.message()).find(": missing"), std::string::npos) << st;
 }
 
-// What a job checkpoints after an import without reading the device back:
-// the loaded file's own buffers, in ExportState's names and order, with
-// its metadata, byte for byte what ExportState gives (a full state in any
-// tensor order, kept or taken counts, weights alone with zero moments).
-TEST(Trainer, ExportLoadedStateIsWhatExportStateReadsBack) {
+// What a job checkpoints of an import, arranged before the upload and
+// without reading the device back: ExportState's names, order and
+// metadata, and byte for byte what ExportState reads back once the state
+// is loaded, whether the arranged state or the original is loaded (a full
+// state in any tensor order, kept or taken counts, weights alone).
+TEST(Trainer, ArrangeForLoadIsWhatExportStateReadsBackAfterTheLoad) {
   auto source = MakeTrainer(MlpConfig(Precision::kFp16, 77));
   ASSERT_TRUE(source);
   DataRng rng(6);
@@ -261,19 +262,34 @@ TEST(Trainer, ExportLoadedStateIsWhatExportStateReadsBack) {
                         Case{"weights alone", &weights, Trainer::StepCount::kKeep}}) {
     SCOPED_TRACE(c.what);
     auto t = MakeTrainer(MlpConfig(Precision::kFp16));
-    ASSERT_TRUE(t);
-    ASSERT_TRUE(t->Step(One(Batch(rng, 8))).ok());
-    ASSERT_TRUE(t->LoadState(*c.state, c.count).ok());
-    absl::StatusOr<checkpoint::StateDict> loaded = t->ExportLoadedState(*c.state);
-    ASSERT_TRUE(loaded.ok()) << loaded.status();
-    EXPECT_EQ(StateDiff(Export(*t), *loaded), "");
+    auto twin = MakeTrainer(MlpConfig(Precision::kFp16));
+    ASSERT_TRUE(t && twin);
+    const MicroBatch first = Batch(rng, 8);
+    ASSERT_TRUE(t->Step(One(first)).ok());
+    ASSERT_TRUE(twin->Step(One(first)).ok());
+    absl::StatusOr<checkpoint::StateDict> arranged = t->ArrangeForLoad(*c.state, c.count);
+    ASSERT_TRUE(arranged.ok()) << arranged.status();
+    ASSERT_TRUE(t->LoadState(*arranged, c.count).ok());
+    ASSERT_TRUE(twin->LoadState(*c.state, c.count).ok());
+    EXPECT_EQ(StateDiff(Export(*t), *arranged), "");
+    EXPECT_EQ(StateDiff(Export(*twin), *arranged), "");
+    EXPECT_EQ(t->steps_run(), twin->steps_run());
+    const MicroBatch next = Batch(rng, 8);
+    auto rt = t->Step(One(next));
+    auto rw = twin->Step(One(next));
+    ASSERT_TRUE(rt.ok() && rw.ok());
+    EXPECT_EQ(rt->loss, rw->loss);
   }
-  // A state that is not the one loaded is refused, not written as the job's.
+  // A state LoadState refuses is refused with LoadState's words.
   auto t = MakeTrainer(MlpConfig(Precision::kFp16));
-  ASSERT_TRUE(t && t->LoadState(full).ok());
-  checkpoint::StateDict other = full;
-  other.tensors[0].tensor.shape = {6, 16};
-  EXPECT_EQ(t->ExportLoadedState(other).status().code(), absl::StatusCode::kInternal);
+  ASSERT_TRUE(t);
+  checkpoint::StateDict bad = full;
+  bad.tensors[0].tensor.shape = {6, 16};
+  const absl::Status st = t->ArrangeForLoad(bad).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(std::string(st.message()).find("model.0.weight: expected F32(16, 6), got F32(6, 16)"),
+            std::string::npos)
+      << st;
 }
 
 // ReplaceState keeps what it replaced; UndoReplace puts it back exactly

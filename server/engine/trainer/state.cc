@@ -5,8 +5,8 @@
 // the job's count is kept: it replaces the weights, starts the optimizer
 // afresh (zero moments, no update applied) and leaves the scaler as it is.
 // ReplaceState is LoadState that keeps what it replaced (on the device) so
-// a caller can undo it, and ExportLoadedState turns the host state dict
-// just loaded into what ExportState would read back, without reading back.
+// a caller can undo it, and ArrangeForLoad turns a state dict into what
+// ExportState would read back once it is loaded, without loading it.
 #include <string>
 #include <utility>
 #include <vector>
@@ -102,14 +102,14 @@ absl::StatusOr<std::vector<Tensor>> StageTensors(
 
 }  // namespace
 
-void Trainer::AddStateMetadata(checkpoint::StateDict& state) const {
-  const Impl& m = *impl_;
-  for (const auto& [key, value] : m.scaler.StateDict()) {
+void Trainer::AddStateMetadata(const amp::GradScaler& scaler, int64_t opt_step, int64_t steps_run,
+                               checkpoint::StateDict& state) const {
+  for (const auto& [key, value] : scaler.StateDict()) {
     state.metadata[absl::StrCat("scaler.", key)] = amp::FormatStateNumber(value);
   }
-  state.metadata[kMetaOptimizerStep] = absl::StrCat(m.optimizer.applied_steps());
-  state.metadata[kMetaStep] = absl::StrCat(m.steps_run);
-  m.model->AnnotateExport(state);
+  state.metadata[kMetaOptimizerStep] = absl::StrCat(opt_step);
+  state.metadata[kMetaStep] = absl::StrCat(steps_run);
+  impl_->model->AnnotateExport(state);
 }
 
 absl::StatusOr<checkpoint::StateDict> Trainer::ExportState() const {
@@ -145,43 +145,7 @@ absl::StatusOr<checkpoint::StateDict> Trainer::ExportState() const {
     copies.push_back({sources[i].second, data.data(), data.size()});
     batch_bytes += bytes;
   }
-  AddStateMetadata(state);
-  return state;
-}
-
-absl::StatusOr<checkpoint::StateDict> Trainer::ExportLoadedState(
-    checkpoint::StateDict loaded) const {
-  Impl& m = *impl_;
-  // The names LoadState resolved; it refused duplicates and strangers.
-  AMPD_ASSIGN_OR_RETURN(const std::vector<std::string> names, m.model->CanonicalNames(loaded));
-  absl::flat_hash_map<std::string, HostTensor*> by_name;
-  for (size_t i = 0; i < loaded.tensors.size(); ++i) {
-    if (!names[i].empty()) by_name.emplace(names[i], &loaded.tensors[i].tensor);
-  }
-  checkpoint::StateDict state;
-  const std::vector<std::pair<std::string, Tensor*>> live = StateTensors(*m.model, m.optimizer);
-  state.tensors.reserve(live.size());
-  for (const auto& [name, t] : live) {
-    HostTensor h;
-    if (auto it = by_name.find(name); it != by_name.end()) {
-      // The bytes the device was given, so the bytes it would give back
-      // (an F32 copy is exact): moved, not copied.
-      h = std::move(*it->second);
-    } else {
-      // A moment a weights-only load started at zero.
-      h.dtype = DType::kF32;
-      h.shape = t->shape();
-      h.data.assign(t->nbytes(), '\0');
-    }
-    if (h.dtype != DType::kF32 || h.shape != t->shape() ||
-        h.data.size() != static_cast<size_t>(t->nbytes())) {
-      return absl::InternalError(absl::StrCat(name, ": not the state just loaded (", Got(h),
-                                              ", the job holds F32",
-                                              kernels::ShapeToString(t->shape()), ")"));
-    }
-    state.tensors.push_back({name, std::move(h)});
-  }
-  AddStateMetadata(state);
+  AddStateMetadata(m.scaler, m.optimizer.applied_steps(), m.steps_run, state);
   return state;
 }
 
@@ -190,91 +154,136 @@ absl::Status Trainer::LoadState(const checkpoint::StateDict& state, StepCount st
   return ReplaceState(state, step_count).status();
 }
 
-absl::StatusOr<Trainer::ReplacedState> Trainer::ReplaceState(const checkpoint::StateDict& state,
-                                                             StepCount step_count) {
+// What a load would do, checked (LoadState's steps 0 to 2): the live tensor
+// each of the state's tensors replaces, and the scaler and counts after it.
+struct Trainer::LoadPlan {
+  std::vector<std::pair<std::string, Tensor*>> targets;  // ExportState's order
+  // Index into state.tensors of each target's source; -1: a moment a
+  // weights-only load starts at zero.
+  std::vector<int64_t> sources;
+  amp::GradScaler scaler;
+  int64_t opt_step = 0;
+  int64_t steps_run = 0;
+};
+
+absl::StatusOr<Trainer::LoadPlan> Trainer::PlanLoad(const checkpoint::StateDict& state,
+                                                    StepCount step_count) const {
   Impl& m = *impl_;
 
   // 0. The model's own names for what the file calls its tensors (a GPT
   //    takes Hugging Face's variants); "" drops a tensor the model ignores.
   AMPD_ASSIGN_OR_RETURN(const std::vector<std::string> names, m.model->CanonicalNames(state));
-  absl::flat_hash_map<std::string, const HostTensor*> by_name;
+  absl::flat_hash_map<std::string, int64_t> by_name;
   for (size_t i = 0; i < state.tensors.size(); ++i) {
     if (names[i].empty()) continue;
-    if (!by_name.emplace(names[i], &state.tensors[i].tensor).second) {
+    if (!by_name.emplace(names[i], static_cast<int64_t>(i)).second) {
       return absl::InvalidArgumentError(
           absl::StrCat(state.tensors[i].name, ": ", names[i], " is given twice"));
     }
   }
   bool has_optimizer = state.metadata.contains(kMetaOptimizerStep);
-  for (const auto& [name, tensor] : by_name) {
+  for (const auto& [name, index] : by_name) {
     has_optimizer = has_optimizer || absl::StartsWith(name, "optimizer.");
   }
   const bool weights_only = !has_optimizer && step_count == StepCount::kKeep;
 
   // 1. Every expected tensor present with the right dtype, shape and bytes;
   //    nothing unexpected (a state saved for another model or optimizer).
-  const std::vector<std::pair<std::string, Tensor*>> targets = StateTensors(*m.model, m.optimizer);
+  LoadPlan plan{StateTensors(*m.model, m.optimizer), {}, m.scaler, 0, m.steps_run};
   const size_t weight_count = m.model->params().size();
-  std::vector<const HostTensor*> sources;
-  for (size_t t = 0; t < targets.size(); ++t) {
-    const auto& [name, live] = targets[t];
+  for (size_t t = 0; t < plan.targets.size(); ++t) {
+    const auto& [name, live] = plan.targets[t];
     if (weights_only && t >= weight_count) {
-      sources.push_back(nullptr);  // zero moments: the optimizer starts afresh
+      plan.sources.push_back(-1);  // zero moments: the optimizer starts afresh
       continue;
     }
     auto found = by_name.find(name);
-    const HostTensor* h = found == by_name.end() ? nullptr : found->second;
-    if (h == nullptr) return absl::InvalidArgumentError(absl::StrCat(name, ": missing"));
-    AMPD_RETURN_IF_ERROR(h->Validate(name));
-    if (h->dtype != DType::kF32 || h->shape != live->shape()) {
+    if (found == by_name.end()) return absl::InvalidArgumentError(absl::StrCat(name, ": missing"));
+    const HostTensor& h = state.tensors[static_cast<size_t>(found->second)].tensor;
+    AMPD_RETURN_IF_ERROR(h.Validate(name));
+    if (h.dtype != DType::kF32 || h.shape != live->shape()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          name, ": expected F32", kernels::ShapeToString(live->shape()), ", got ", Got(*h)));
+          name, ": expected F32", kernels::ShapeToString(live->shape()), ", got ", Got(h)));
     }
-    sources.push_back(h);
+    plan.sources.push_back(found->second);
   }
   absl::flat_hash_set<absl::string_view> known;
-  for (const auto& target : targets) known.insert(target.first);
+  for (const auto& target : plan.targets) known.insert(target.first);
   for (size_t i = 0; i < state.tensors.size(); ++i) {
     if (!names[i].empty() && !known.contains(names[i])) {
       return absl::InvalidArgumentError(
           absl::StrCat(state.tensors[i].name, ": not a tensor of this job's model or optimizer"));
     }
   }
-  // 2. Counters and the scaler, into copies (weights alone keep the scaler
-  //    and the job's count; the optimizer has applied nothing to them).
-  amp::GradScaler scaler = m.scaler;
-  int64_t opt_step = 0;
-  int64_t steps_run = m.steps_run;
-  if (!weights_only) {
-    AMPD_ASSIGN_OR_RETURN(opt_step, ParseCount(state, kMetaOptimizerStep));
-    AMPD_ASSIGN_OR_RETURN(const int64_t job_step, ParseCount(state, kMetaStep));
-    amp::ScalerState scaler_state;
-    for (const auto& [key, text] : state.metadata) {
-      if (!absl::StartsWith(key, "scaler.")) continue;
-      absl::StatusOr<double> v = amp::ParseStateNumber(key, text);
-      if (!v.ok())
-        return absl::Status(v.status().code(), absl::StrCat("metadata ", v.status().message()));
-      scaler_state[key.substr(7)] = *v;
+  // 2. Counters and the scaler, into the plan's copies (weights alone keep
+  //    the scaler and the job's count; the optimizer has applied nothing).
+  if (weights_only) return plan;
+  AMPD_ASSIGN_OR_RETURN(plan.opt_step, ParseCount(state, kMetaOptimizerStep));
+  AMPD_ASSIGN_OR_RETURN(const int64_t job_step, ParseCount(state, kMetaStep));
+  amp::ScalerState scaler_state;
+  for (const auto& [key, text] : state.metadata) {
+    if (!absl::StartsWith(key, "scaler.")) continue;
+    absl::StatusOr<double> v = amp::ParseStateNumber(key, text);
+    if (!v.ok())
+      return absl::Status(v.status().code(), absl::StrCat("metadata ", v.status().message()));
+    scaler_state[key.substr(7)] = *v;
+  }
+  if (absl::Status s = plan.scaler.LoadStateDict(scaler_state); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("metadata scaler.", s.message()));
+  }
+  if (step_count == StepCount::kFromState) plan.steps_run = job_step;
+  return plan;
+}
+
+absl::StatusOr<checkpoint::StateDict> Trainer::ArrangeForLoad(checkpoint::StateDict state,
+                                                              StepCount step_count) const {
+  AMPD_ASSIGN_OR_RETURN(LoadPlan plan, PlanLoad(state, step_count));
+  checkpoint::StateDict arranged;
+  arranged.tensors.reserve(plan.targets.size());
+  for (size_t t = 0; t < plan.targets.size(); ++t) {
+    const auto& [name, live] = plan.targets[t];
+    HostTensor h;
+    if (plan.sources[t] >= 0) {
+      // The bytes the device will be given, so the bytes it would give
+      // back (an F32 copy is exact): moved, not copied.
+      h = std::move(state.tensors[static_cast<size_t>(plan.sources[t])].tensor);
+    } else {
+      h.dtype = DType::kF32;
+      h.shape = live->shape();
+      h.data.assign(static_cast<size_t>(live->nbytes()), '\0');
     }
-    if (absl::Status s = scaler.LoadStateDict(scaler_state); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("metadata scaler.", s.message()));
-    }
-    if (step_count == StepCount::kFromState) steps_run = job_step;
+    arranged.tensors.push_back({name, std::move(h)});
+  }
+  AddStateMetadata(plan.scaler, plan.opt_step, plan.steps_run, arranged);
+  return arranged;
+}
+
+absl::StatusOr<Trainer::ReplacedState> Trainer::ReplaceState(const checkpoint::StateDict& state,
+                                                             StepCount step_count) {
+  Impl& m = *impl_;
+  AMPD_ASSIGN_OR_RETURN(LoadPlan plan, PlanLoad(state, step_count));
+  std::vector<const HostTensor*> sources;
+  sources.reserve(plan.sources.size());
+  for (const int64_t i : plan.sources) {
+    sources.push_back(i < 0 ? nullptr : &state.tensors[static_cast<size_t>(i)].tensor);
   }
   // 3. The device copies, into fresh tensors; then the commit swaps them
   //    into the live Tensor objects (their addresses are what the cached
   //    ParamRefs point at), and what was live is kept for UndoReplace.
-  AMPD_ASSIGN_OR_RETURN(std::vector<Tensor> fresh, StageTensors(*m.backend, targets, sources));
+  AMPD_ASSIGN_OR_RETURN(std::vector<Tensor> fresh, StageTensors(*m.backend, plan.targets, sources));
   ReplacedState replaced;
-  replaced.parts_ = std::make_unique<ReplacedState::Parts>(ReplacedState::Parts{
-      {}, std::exchange(m.scaler, std::move(scaler)), m.optimizer.applied_steps(), m.steps_run});
-  replaced.parts_->tensors.reserve(targets.size());
-  for (size_t i = 0; i < targets.size(); ++i) {
-    std::swap(*targets[i].second, fresh[i]);
-    replaced.parts_->tensors.emplace_back(targets[i].second, std::move(fresh[i]));
+  replaced.parts_ = std::make_unique<ReplacedState::Parts>(
+      ReplacedState::Parts{{},
+                           std::exchange(m.scaler, std::move(plan.scaler)),
+                           m.optimizer.applied_steps(),
+                           m.steps_run});
+  replaced.parts_->tensors.reserve(plan.targets.size());
+  for (size_t i = 0; i < plan.targets.size(); ++i) {
+    std::swap(*plan.targets[i].second, fresh[i]);
+    replaced.parts_->tensors.emplace_back(plan.targets[i].second, std::move(fresh[i]));
   }
-  m.optimizer.set_applied_steps(opt_step);
-  m.steps_run = steps_run;
+  m.optimizer.set_applied_steps(plan.opt_step);
+  m.steps_run = plan.steps_run;
   if (absl::Status cast = m.model->CastWorking(); !cast.ok()) {
     // The masters are in but the working copy is not theirs: go back.
     absl::Status undone = UndoReplace(std::move(replaced));

@@ -19,6 +19,10 @@
 
 namespace ampd::engine {
 
+namespace amp {
+class GradScaler;
+}  // namespace amp
+
 // The counts a Trainer writes into its state dict and reads back: the
 // optimizer updates applied and the Step calls run (the job's sequence).
 // The Trainer owns both; a Job reads them from it.
@@ -146,13 +150,15 @@ class Trainer {
   // Puts back what ReplaceState replaced (the working copy recast from the
   // masters put back). Nothing may have run on the Trainer in between.
   absl::Status UndoReplace(ReplacedState replaced);
-  // What ExportState would return now, when `loaded` is the state dict the
-  // last LoadState or ReplaceState took and nothing has run since: built
-  // from loaded's own host buffers (moved out of it, in ExportState's names
-  // and order, zeros for the moments a weights-only load started afresh)
-  // rather than read back from the device. Internal when loaded does not
-  // match the job's tensors.
-  absl::StatusOr<checkpoint::StateDict> ExportLoadedState(checkpoint::StateDict loaded) const;
+  // `state` checked as LoadState checks it (same errors) and arranged as
+  // ExportState will return it once loaded: ExportState's names and order,
+  // its metadata (the scaler and counts the load gives), zeros for the
+  // moments a weights-only load starts afresh; the buffers are moved out of
+  // `state`, not copied. Loading the result (kKeep, or step_count) does
+  // what loading `state` would, so a job can write its checkpoint of an
+  // import while the import is uploaded, and nothing is read back.
+  absl::StatusOr<checkpoint::StateDict> ArrangeForLoad(
+      checkpoint::StateDict state, StepCount step_count = StepCount::kFromState) const;
 
   const JobConfig& config() const;
   // Step calls run so far (ampd.step); the next is number steps_run() + 1.
@@ -168,8 +174,11 @@ class Trainer {
  private:
   struct Impl;
   explicit Trainer(std::unique_ptr<Impl> impl);
-  // ExportState's metadata: the scaler's state, the two counts, the model's.
-  void AddStateMetadata(checkpoint::StateDict& state) const;
+  struct LoadPlan;
+  absl::StatusOr<LoadPlan> PlanLoad(const checkpoint::StateDict& state, StepCount step_count) const;
+  // ExportState's metadata: a scaler's state, the two counts, the model's.
+  void AddStateMetadata(const amp::GradScaler& scaler, int64_t opt_step, int64_t steps_run,
+                        checkpoint::StateDict& state) const;
   std::unique_ptr<Impl> impl_;
 };
 
