@@ -143,6 +143,34 @@ TEST_F(StateDirectoryTest, OverwriteKeepsExactlyOneFile) {
   EXPECT_EQ(EncodeSafetensors(*read), EncodeSafetensors(SmallState(4.0f)));
 }
 
+// The two-step write: the temp file leaves the checkpoint as it was until
+// Publish replaces it; Discard leaves the checkpoint and nothing else.
+TEST_F(StateDirectoryTest, WriteTempChangesNothingUntilPublished) {
+  absl::StatusOr<StateDirectory> dir = StateDirectory::Open(root_);
+  ASSERT_TRUE(dir.ok());
+  ASSERT_TRUE(dir->Write("job", SmallState(1.0f)).ok());
+  absl::StatusOr<std::string> temp = dir->WriteTemp("job", SmallState(2.0f));
+  ASSERT_TRUE(temp.ok()) << temp.status();
+  EXPECT_EQ(Entries(root_).size(), 2u);
+  absl::StatusOr<StateDict> read = dir->Read("job");
+  ASSERT_TRUE(read.ok());
+  EXPECT_EQ(EncodeSafetensors(*read), EncodeSafetensors(SmallState(1.0f)));
+  dir->Discard(*temp);
+  EXPECT_THAT(Entries(root_), ElementsAre("job.safetensors"));
+
+  temp = dir->WriteTemp("job", SmallState(3.0f));
+  ASSERT_TRUE(temp.ok()) << temp.status();
+  ASSERT_TRUE(dir->Publish("job", *temp).ok());
+  EXPECT_THAT(Entries(root_), ElementsAre("job.safetensors"));
+  read = dir->Read("job");
+  ASSERT_TRUE(read.ok());
+  EXPECT_EQ(EncodeSafetensors(*read), EncodeSafetensors(SmallState(3.0f)));
+  // A temp file that is gone cannot be published; the checkpoint stays.
+  const absl::Status gone = dir->Publish("job", *temp);
+  EXPECT_EQ(gone.code(), absl::StatusCode::kInternal) << gone;
+  EXPECT_THAT(Entries(root_), ElementsAre("job.safetensors"));
+}
+
 TEST_F(StateDirectoryTest, LeftoverTempFileIsIgnoredAndCleanedByListJobs) {
   absl::StatusOr<StateDirectory> dir = StateDirectory::Open(root_);
   ASSERT_TRUE(dir.ok());

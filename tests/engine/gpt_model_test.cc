@@ -692,6 +692,39 @@ TEST(GptTraining, Bf16AndFp16LossFallsWithTheScalerAtWork) {
   }
 }
 
+// A Hugging Face GPT-2 file (names without "transformer.", attention mask
+// buffers the model ignores) loads as weights alone; what a job checkpoints
+// of it, arranged without reading the device back, is what ExportState
+// reads back once it is loaded.
+TEST(GptState, HuggingFaceFileArrangedForLoadIsWhatExportStateReadsBack) {
+  std::unique_ptr<Trainer> source = MakeTrainer(GptConfig(model::Precision::kBf16));
+  JobConfig config = GptConfig(model::Precision::kBf16);
+  config.seed = 4;
+  std::unique_ptr<Trainer> trainer = MakeTrainer(config);
+  ASSERT_TRUE(source && trainer);
+  absl::StatusOr<checkpoint::StateDict> exported = source->ExportState();
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  checkpoint::StateDict hf;
+  for (const codec::NamedTensor& n : exported->tensors) {
+    if (absl::StartsWith(n.name, "optimizer.")) continue;
+    codec::NamedTensor renamed = n;
+    if (absl::StartsWith(n.name, "transformer.")) renamed.name = n.name.substr(12);
+    hf.tensors.push_back(std::move(renamed));
+  }
+  hf.tensors.push_back({"h.0.attn.bias", F32({1}, {1.0f})});
+  absl::StatusOr<checkpoint::StateDict> arranged =
+      trainer->ArrangeForLoad(hf, Trainer::StepCount::kKeep);
+  ASSERT_TRUE(arranged.ok()) << arranged.status();
+  ASSERT_TRUE(trainer->LoadState(*arranged, Trainer::StepCount::kKeep).ok());
+  absl::StatusOr<checkpoint::StateDict> read_back = trainer->ExportState();
+  ASSERT_TRUE(read_back.ok()) << read_back.status();
+  EXPECT_EQ(StateDiff(*read_back, *arranged), "");
+  for (size_t i = 0; i < hf.tensors.size() - 1; ++i) {
+    EXPECT_TRUE(read_back->tensors[i].tensor.data == exported->tensors[i].tensor.data)
+        << read_back->tensors[i].name;
+  }
+}
+
 // The step's buffers (the LM head's logits in one chunk among them) stay
 // cached from step to step: once warm, a GPT step allocates no tensor.
 TEST(GptTraining, AWarmStepAllocatesNothing) {

@@ -1,6 +1,7 @@
 // Trainer step semantics on the CPU backend: a skipped step changes nothing,
 // micro-batch accumulation equals one big batch, determinism, state dict
 // round trips, and input validation before any state changes.
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -232,6 +233,101 @@ TEST(Trainer, WeightsAloneLoadWithAFreshOptimizer) {
   const absl::Status st = t->LoadState(partial, Trainer::StepCount::kKeep);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_NE(std::string(st.message()).find(": missing"), std::string::npos) << st;
+}
+
+// What a job checkpoints of an import, arranged before the upload and
+// without reading the device back: ExportState's names, order and
+// metadata, and byte for byte what ExportState reads back once the state
+// is loaded, whether the arranged state or the original is loaded (a full
+// state in any tensor order, kept or taken counts, weights alone).
+TEST(Trainer, ArrangeForLoadIsWhatExportStateReadsBackAfterTheLoad) {
+  auto source = MakeTrainer(MlpConfig(Precision::kFp16, 77));
+  ASSERT_TRUE(source);
+  DataRng rng(6);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(source->Step(One(Batch(rng, 8))).ok());
+  const checkpoint::StateDict full = Export(*source);
+  checkpoint::StateDict reversed = full;
+  std::reverse(reversed.tensors.begin(), reversed.tensors.end());
+  checkpoint::StateDict weights;
+  for (const auto& n : full.tensors) {
+    if (n.name.rfind("optimizer.", 0) != 0) weights.tensors.push_back(n);
+  }
+  struct Case {
+    std::string what;
+    const checkpoint::StateDict* state;
+    Trainer::StepCount count;
+  };
+  for (const Case& c : {Case{"full, counts from the state", &full, Trainer::StepCount::kFromState},
+                        Case{"reversed, count kept", &reversed, Trainer::StepCount::kKeep},
+                        Case{"weights alone", &weights, Trainer::StepCount::kKeep}}) {
+    SCOPED_TRACE(c.what);
+    auto t = MakeTrainer(MlpConfig(Precision::kFp16));
+    auto twin = MakeTrainer(MlpConfig(Precision::kFp16));
+    ASSERT_TRUE(t && twin);
+    const MicroBatch first = Batch(rng, 8);
+    ASSERT_TRUE(t->Step(One(first)).ok());
+    ASSERT_TRUE(twin->Step(One(first)).ok());
+    absl::StatusOr<checkpoint::StateDict> arranged = t->ArrangeForLoad(*c.state, c.count);
+    ASSERT_TRUE(arranged.ok()) << arranged.status();
+    ASSERT_TRUE(t->LoadState(*arranged, c.count).ok());
+    ASSERT_TRUE(twin->LoadState(*c.state, c.count).ok());
+    EXPECT_EQ(StateDiff(Export(*t), *arranged), "");
+    EXPECT_EQ(StateDiff(Export(*twin), *arranged), "");
+    EXPECT_EQ(t->steps_run(), twin->steps_run());
+    const MicroBatch next = Batch(rng, 8);
+    auto rt = t->Step(One(next));
+    auto rw = twin->Step(One(next));
+    ASSERT_TRUE(rt.ok() && rw.ok());
+    EXPECT_EQ(rt->loss, rw->loss);
+  }
+  // A state LoadState refuses is refused with LoadState's words.
+  auto t = MakeTrainer(MlpConfig(Precision::kFp16));
+  ASSERT_TRUE(t);
+  checkpoint::StateDict bad = full;
+  bad.tensors[0].tensor.shape = {6, 16};
+  const absl::Status st = t->ArrangeForLoad(bad).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(std::string(st.message()).find("model.0.weight: expected F32(16, 6), got F32(6, 16)"),
+            std::string::npos)
+      << st;
+}
+
+// ReplaceState keeps what it replaced; UndoReplace puts it back exactly
+// (tensors, scaler, counts, the working copy: the next step is the one the
+// trainer would have taken had it loaded nothing).
+TEST(Trainer, ReplaceStateUndoneLeavesTheTrainerAsItWas) {
+  auto a = MakeTrainer(MlpConfig(Precision::kFp16));
+  auto twin = MakeTrainer(MlpConfig(Precision::kFp16));
+  auto other = MakeTrainer(MlpConfig(Precision::kFp16, 77));
+  ASSERT_TRUE(a && twin && other);
+  DataRng rng(6);
+  for (int i = 0; i < 2; ++i) {
+    const MicroBatch mb = Batch(rng, 8);
+    ASSERT_TRUE(a->Step(One(mb)).ok());
+    ASSERT_TRUE(twin->Step(One(mb)).ok());
+  }
+  ASSERT_TRUE(other->Step(One(Batch(rng, 8))).ok());
+  const checkpoint::StateDict before = Export(*a);
+  const checkpoint::StateDict replacement = Export(*other);
+  absl::StatusOr<Trainer::ReplacedState> replaced = a->ReplaceState(replacement);
+  ASSERT_TRUE(replaced.ok()) << replaced.status();
+  EXPECT_EQ(StateDiff(replacement, Export(*a)), "");
+  EXPECT_EQ(a->steps_run(), 1);
+  ASSERT_TRUE(a->UndoReplace(*std::move(replaced)).ok());
+  EXPECT_EQ(StateDiff(before, Export(*a)), "");
+  EXPECT_EQ(a->steps_run(), 2);
+  EXPECT_EQ(a->applied_steps(), twin->applied_steps());
+  const MicroBatch next = Batch(rng, 8);
+  auto ra = a->Step(One(next));
+  auto rt = twin->Step(One(next));
+  ASSERT_TRUE(ra.ok() && rt.ok());
+  EXPECT_EQ(ra->loss, rt->loss);
+  EXPECT_EQ(StateDiff(Export(*a), Export(*twin)), "");
+  // A refused state replaces nothing, so there is nothing to undo.
+  checkpoint::StateDict bad = replacement;
+  bad.metadata.erase("ampd.step");
+  EXPECT_EQ(a->ReplaceState(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(StateDiff(Export(*twin), Export(*a)), "");
 }
 
 TEST(Trainer, LoadStateIsAllOrNothing) {

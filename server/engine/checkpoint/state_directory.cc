@@ -121,12 +121,17 @@ absl::StatusOr<StateDirectory> StateDirectory::Open(const std::string& path) {
 }
 
 absl::Status StateDirectory::Write(const std::string& job_id, const StateDict& state) const {
+  AMPD_ASSIGN_OR_RETURN(const std::string temp_path, WriteTemp(job_id, state));
+  return Publish(job_id, temp_path);
+}
+
+absl::StatusOr<std::string> StateDirectory::WriteTemp(const std::string& job_id,
+                                                      const StateDict& state) const {
   AMPD_RETURN_IF_ERROR(CheckJobId(job_id));
   AMPD_RETURN_IF_ERROR(ValidateStateDict(state));
   // The header, then each tensor's bytes where they are: no copy of the
   // whole file in memory.
   const std::string header = EncodeSafetensorsHeader(state);
-  const std::string final_path = absl::StrCat(path_, "/", job_id, kSuffix);
   std::string temp_path = absl::StrCat(path_, "/", job_id, kTempInfix, "XXXXXX");
 
   Fd fd(::mkstemp(temp_path.data()));
@@ -147,18 +152,29 @@ absl::Status StateDirectory::Write(const std::string& job_id, const StateDict& s
     if (::close(fd.Release()) != 0) {
       return OsError(absl::StatusCode::kInternal, "cannot close", temp_path, errno);
     }
-    if (::rename(temp_path.c_str(), final_path.c_str()) != 0) {
-      return OsError(absl::StatusCode::kInternal, absl::StrCat("cannot rename ", temp_path, " to"),
-                     final_path, errno);
-    }
     return absl::OkStatus();
   }();
   if (!status.ok()) {
-    ::unlink(temp_path.c_str());
+    Discard(temp_path);
     return status;
+  }
+  return temp_path;
+}
+
+absl::Status StateDirectory::Publish(const std::string& job_id,
+                                     const std::string& temp_path) const {
+  AMPD_RETURN_IF_ERROR(CheckJobId(job_id));
+  const std::string final_path = absl::StrCat(path_, "/", job_id, kSuffix);
+  if (::rename(temp_path.c_str(), final_path.c_str()) != 0) {
+    const int err = errno;
+    Discard(temp_path);
+    return OsError(absl::StatusCode::kInternal, absl::StrCat("cannot rename ", temp_path, " to"),
+                   final_path, err);
   }
   return FsyncDirectory(path_);
 }
+
+void StateDirectory::Discard(const std::string& temp_path) const { ::unlink(temp_path.c_str()); }
 
 absl::StatusOr<StateDict> StateDirectory::Read(const std::string& job_id) const {
   AMPD_RETURN_IF_ERROR(CheckJobId(job_id));

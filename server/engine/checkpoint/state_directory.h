@@ -26,6 +26,15 @@ class StateDirectory {
   // <path>/<job_id>.safetensors; OS errors come back as Internal naming the
   // path and the OS error, with the temp file removed.
   absl::Status Write(const std::string& job_id, const StateDict& state) const;
+  // Write in two steps, for a caller with other work to do while the file
+  // is written and a decision to take before it replaces the checkpoint:
+  // WriteTemp writes and fsyncs a temp file beside the checkpoint (which is
+  // unchanged) and returns its path; Publish renames it over the checkpoint
+  // and fsyncs the directory; Discard removes it. Errors as Write's, the
+  // temp file removed on any of them.
+  absl::StatusOr<std::string> WriteTemp(const std::string& job_id, const StateDict& state) const;
+  absl::Status Publish(const std::string& job_id, const std::string& temp_path) const;
+  void Discard(const std::string& temp_path) const;
   // NotFound when there is no checkpoint for job_id; DataLoss, naming the
   // file and the defect, when the file does not decode.
   absl::StatusOr<StateDict> Read(const std::string& job_id) const;

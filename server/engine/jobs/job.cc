@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <new>
 #include <stdexcept>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -539,37 +540,65 @@ absl::StatusOr<int64_t> Job::ImportSafetensors(checkpoint::StateDict state) {
 
 absl::StatusOr<int64_t> Job::ImportSafetensorsUnguarded(checkpoint::StateDict state) {
   if (trainer_ == nullptr) return NotOpen();
-  // With a state directory the import is acknowledged only once it is on
-  // disk; keep what to go back to if that write fails.
-  std::optional<checkpoint::StateDict> previous;
-  if (context_->state_dir != nullptr) {
-    AMPD_ASSIGN_OR_RETURN(previous, trainer_->ExportState());
-  }
-  const JobSnapshot before = Snapshot();
-  initial_state_ = false;
+  const auto tensors = static_cast<int64_t>(state.tensors.size());
+  auto refused = [](const absl::Status& s) {
+    return s.code() == absl::StatusCode::kInvalidArgument ? WithReason(s, reason::kInvalidStateDict)
+                                                          : s;
+  };
   // The step sequence is the job's protocol with its client: an imported
   // state replaces weights, optimizer and scaler, not the count of Step
   // calls this job has answered.
-  if (absl::Status s = trainer_->LoadState(state, Trainer::StepCount::kKeep); !s.ok()) {
-    return s.code() == absl::StatusCode::kInvalidArgument ? WithReason(s, reason::kInvalidStateDict)
-                                                          : s;
+  if (context_->state_dir == nullptr) {
+    absl::StatusOr<Trainer::ReplacedState> replaced =
+        trainer_->ReplaceState(state, Trainer::StepCount::kKeep);
+    if (!replaced.ok()) return refused(replaced.status());
+    AfterImport();
+    return tensors;
   }
-  // The recorded response belongs to the old weights; a retry of the last
-  // sequence after an import must not pretend it was computed on the new ones.
-  std::optional<StepReport> previous_report = std::exchange(last_report_, std::nullopt);
-  // A distributed job's ranks meet again at the next step and compare their
-  // states: the same import must reach every rank before it trains on.
-  DropGroup();
+  // With a state directory the import is acknowledged only once it is on
+  // disk. The checkpoint is the imported file's own host buffers, arranged
+  // as ExportState will read them back (nothing is read back), and it is
+  // written while the same buffers are uploaded. What the upload replaces
+  // stays on the device until the write is done, to go back to if it fails.
+  absl::StatusOr<checkpoint::StateDict> arranged =
+      trainer_->ArrangeForLoad(std::move(state), Trainer::StepCount::kKeep);
+  if (!arranged.ok()) return refused(arranged.status());
+  const JobSnapshot before = Snapshot();
+  const bool initial_before = initial_state_;
+  std::optional<StepReport> previous_report = last_report_;
+  // The checkpoint's job metadata is the job's after the import: active,
+  // no failure, no recorded response (set below, once the upload is in).
+  AddJobMetadata(*arranged);
+  arranged->metadata.erase(kMetaLastReport);
+  arranged->metadata.erase(kMetaFailure);
+  // A background write of an older state must not land after this one.
+  if (context_->writer != nullptr) context_->writer->Cancel(id_);
+  absl::StatusOr<std::string> temp = absl::InternalError("checkpoint: not written");
+  absl::StatusOr<Trainer::ReplacedState> replaced = absl::InternalError("not loaded");
   {
-    absl::MutexLock lock(&mu_);
-    snapshot_.state = JobState::kActive;
-    snapshot_.failure.clear();
-    RefreshSnapshot();
+    // Both only read *arranged; the thread is joined before it is touched.
+    std::jthread write([&] {
+      temp = AllocationGuard("checkpoint",
+                             [&] { return context_->state_dir->WriteTemp(id_, *arranged); });
+    });
+    // Guarded here: out of memory is an error to clean up after, not an
+    // exception past the temp file.
+    replaced = AllocationGuard("LoadStateDict", [&]() -> absl::StatusOr<Trainer::ReplacedState> {
+      return trainer_->ReplaceState(*arranged, Trainer::StepCount::kKeep);
+    });
   }
-  if (absl::Status saved = Checkpoint(); !saved.ok()) {
+  if (!replaced.ok()) {
+    if (temp.ok()) context_->state_dir->Discard(*temp);
+    return refused(replaced.status());
+  }
+  AfterImport();
+  absl::Status saved = temp.status();
+  if (saved.ok()) saved = context_->state_dir->Publish(id_, *temp);
+  if (!saved.ok()) {
     // Not durable, so not done: put the job back as it was (memory and disk
     // agree again) and say so.
-    absl::Status restored = trainer_->LoadState(*previous);
+    absl::Status restored = trainer_->UndoReplace(*std::move(replaced));
+    initial_state_ = initial_before;
     last_report_ = std::move(previous_report);
     {
       absl::MutexLock lock(&mu_);
@@ -585,7 +614,23 @@ absl::StatusOr<int64_t> Job::ImportSafetensorsUnguarded(checkpoint::StateDict st
                 ? ""
                 : absl::StrCat("; restoring the previous state failed too: ", restored.message())));
   }
-  return static_cast<int64_t>(state.tensors.size());
+  std::fprintf(stderr, "ampd: job %s checkpointed at step %s\n", id_.c_str(),
+               arranged->metadata.at(kMetaStep).c_str());
+  return tensors;
+}
+
+void Job::AfterImport() {
+  initial_state_ = false;
+  // The recorded response belongs to the old weights; a retry of the last
+  // sequence after an import must not pretend it was computed on the new ones.
+  last_report_.reset();
+  // A distributed job's ranks meet again at the next step and compare their
+  // states: the same import must reach every rank before it trains on.
+  DropGroup();
+  absl::MutexLock lock(&mu_);
+  snapshot_.state = JobState::kActive;
+  snapshot_.failure.clear();
+  RefreshSnapshot();
 }
 
 absl::Status Job::Checkpoint() {

@@ -226,6 +226,9 @@ class Job : public std::enable_shared_from_this<Job> {
   absl::StatusOr<checkpoint::EncodedSafetensors> ExportSafetensorsUnguarded() const;
   absl::StatusOr<int64_t> ImportSafetensorsUnguarded(checkpoint::StateDict state);
   absl::Status CheckpointUnguarded();
+  // What a successful import does to the job beside its Trainer: no longer
+  // seed-only, no recorded response, no group, active.
+  void AfterImport();
   // The Trainer's state plus the job's ampd.* metadata, as checkpointed:
   // seed-only while initial_state_ (kMetaInitialState), full otherwise.
   absl::StatusOr<checkpoint::StateDict> CheckpointState() const;

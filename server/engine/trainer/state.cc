@@ -4,6 +4,9 @@
 // and no optimizer.step, e.g. a pretrained model's file) loads too, when
 // the job's count is kept: it replaces the weights, starts the optimizer
 // afresh (zero moments, no update applied) and leaves the scaler as it is.
+// ReplaceState is LoadState that keeps what it replaced (on the device) so
+// a caller can undo it, and ArrangeForLoad turns a state dict into what
+// ExportState would read back once it is loaded, without loading it.
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,6 +24,20 @@ namespace ampd::engine {
 
 using kernels::DType;
 using kernels::Tensor;
+
+// The live tensors a ReplaceState swapped out (each beside the Tensor object
+// it was swapped out of), and the scaler and counts it replaced.
+struct Trainer::ReplacedState::Parts {
+  std::vector<std::pair<Tensor*, Tensor>> tensors;
+  amp::GradScaler scaler;
+  int64_t applied_steps = 0;
+  int64_t steps_run = 0;
+};
+
+Trainer::ReplacedState::ReplacedState() = default;
+Trainer::ReplacedState::~ReplacedState() = default;
+Trainer::ReplacedState::ReplacedState(ReplacedState&&) noexcept = default;
+Trainer::ReplacedState& Trainer::ReplacedState::operator=(ReplacedState&&) noexcept = default;
 
 namespace {
 
@@ -41,13 +58,30 @@ absl::StatusOr<int64_t> ParseCount(const checkpoint::StateDict& state, const std
   return v;
 }
 
-absl::Status CommitTensors(kernels::Backend& b,
-                           const std::vector<std::pair<std::string, Tensor*>>& targets,
-                           const std::vector<const HostTensor*>& sources) {
-  // Device copies into fresh tensors, so a device error leaves the live
-  // state whole; then commit by moving them into the live Tensor objects
-  // (their addresses are what the cached ParamRefs point at). A null source
-  // is a tensor that starts at zero.
+// The state dict's tensors in ExportState's order: each parameter's master
+// weight, then every parameter's optimizer buffers. Name -> live tensor.
+std::vector<std::pair<std::string, Tensor*>> StateTensors(model::Network& model,
+                                                          optim::OptimizerState& optimizer) {
+  std::vector<model::Parameter>& params = model.params();
+  const auto& buffer_names = optimizer.buffer_names();
+  std::vector<std::pair<std::string, Tensor*>> tensors;
+  tensors.reserve(params.size() * (1 + buffer_names.size()));
+  for (model::Parameter& p : params) tensors.emplace_back(p.name, &p.master);
+  for (size_t p = 0; p < params.size(); ++p) {
+    for (size_t i = 0; i < buffer_names.size(); ++i) {
+      tensors.emplace_back(absl::StrCat("optimizer.", params[p].name, ".", buffer_names[i]),
+                           &optimizer.buffers()[p][i]);
+    }
+  }
+  return tensors;
+}
+
+// Device copies of `sources` in fresh tensors shaped as `targets` (a null
+// source is a tensor that starts at zero), waited for: the live state is
+// untouched, and a device error leaves it whole.
+absl::StatusOr<std::vector<Tensor>> StageTensors(
+    kernels::Backend& b, const std::vector<std::pair<std::string, Tensor*>>& targets,
+    const std::vector<const HostTensor*>& sources) {
   std::vector<Tensor> fresh;
   fresh.reserve(targets.size());
   for (size_t i = 0; i < targets.size(); ++i) {
@@ -63,35 +97,35 @@ absl::Status CommitTensors(kernels::Backend& b,
   // (backend.h's CopyFromHost contract); wait for them before returning,
   // and before committing, so a device error leaves the live state whole.
   AMPD_RETURN_IF_ERROR(b.Synchronize());
-  for (size_t i = 0; i < targets.size(); ++i) *targets[i].second = std::move(fresh[i]);
-  return absl::OkStatus();
+  return fresh;
 }
 
 }  // namespace
 
+void Trainer::AddStateMetadata(const amp::GradScaler& scaler, int64_t opt_step, int64_t steps_run,
+                               checkpoint::StateDict& state) const {
+  for (const auto& [key, value] : scaler.StateDict()) {
+    state.metadata[absl::StrCat("scaler.", key)] = amp::FormatStateNumber(value);
+  }
+  state.metadata[kMetaOptimizerStep] = absl::StrCat(opt_step);
+  state.metadata[kMetaStep] = absl::StrCat(steps_run);
+  impl_->model->AnnotateExport(state);
+}
+
 absl::StatusOr<checkpoint::StateDict> Trainer::ExportState() const {
-  const Impl& m = *impl_;
+  Impl& m = *impl_;
   checkpoint::StateDict state;
   // The host tensors are laid out first and filled by a few batched
   // ReadBacks (one device sync per batch, not one per tensor); their buffers
   // are only addressed once the vector holding them stops growing.
-  std::vector<const Tensor*> sources;
-  auto add = [&](const std::string& name, const Tensor& t) {
+  const std::vector<std::pair<std::string, Tensor*>> sources = StateTensors(*m.model, m.optimizer);
+  state.tensors.reserve(sources.size());
+  for (const auto& [name, t] : sources) {
     HostTensor h;
     h.dtype = DType::kF32;
-    h.shape = t.shape();
-    ResizeForBulkCopy(&h.data, t.nbytes());
+    h.shape = t->shape();
+    ResizeForBulkCopy(&h.data, t->nbytes());
     state.tensors.push_back({name, std::move(h)});
-    sources.push_back(&t);
-  };
-  const std::vector<model::Parameter>& params = m.model->params();
-  const auto& names = m.optimizer.buffer_names();
-  state.tensors.reserve(params.size() * (1 + names.size()));
-  for (const model::Parameter& p : params) add(p.name, p.master);
-  for (size_t p = 0; p < params.size(); ++p) {
-    for (size_t i = 0; i < names.size(); ++i) {
-      add(absl::StrCat("optimizer.", params[p].name, ".", names[i]), m.optimizer.buffers()[p][i]);
-    }
   }
   // Batches of at most kExportBatchBytes (a larger tensor goes alone): a
   // CUDA backend stages ReadBack's copies in a pinned buffer it keeps, and
@@ -108,85 +142,83 @@ absl::StatusOr<checkpoint::StateDict> Trainer::ExportState() const {
     }
     if (i == sources.size()) break;
     std::string& data = state.tensors[i].tensor.data;
-    copies.push_back({sources[i], data.data(), data.size()});
+    copies.push_back({sources[i].second, data.data(), data.size()});
     batch_bytes += bytes;
   }
-  for (const auto& [key, value] : m.scaler.StateDict()) {
-    state.metadata[absl::StrCat("scaler.", key)] = amp::FormatStateNumber(value);
-  }
-  state.metadata[kMetaOptimizerStep] = absl::StrCat(m.optimizer.applied_steps());
-  state.metadata[kMetaStep] = absl::StrCat(m.steps_run);
-  m.model->AnnotateExport(state);
+  AddStateMetadata(m.scaler, m.optimizer.applied_steps(), m.steps_run, state);
   return state;
 }
 
 absl::Status Trainer::LoadState(const checkpoint::StateDict& state, StepCount step_count) {
+  // What was replaced is freed on the way out.
+  return ReplaceState(state, step_count).status();
+}
+
+// What a load would do, checked (LoadState's steps 0 to 2): the live tensor
+// each of the state's tensors replaces, and the scaler and counts after it.
+struct Trainer::LoadPlan {
+  std::vector<std::pair<std::string, Tensor*>> targets;  // ExportState's order
+  // Index into state.tensors of each target's source; -1: a moment a
+  // weights-only load starts at zero.
+  std::vector<int64_t> sources;
+  amp::GradScaler scaler;
+  int64_t opt_step = 0;
+  int64_t steps_run = 0;
+};
+
+absl::StatusOr<Trainer::LoadPlan> Trainer::PlanLoad(const checkpoint::StateDict& state,
+                                                    StepCount step_count) const {
   Impl& m = *impl_;
-  std::vector<model::Parameter>& params = m.model->params();
-  const auto& buffer_names = m.optimizer.buffer_names();
 
   // 0. The model's own names for what the file calls its tensors (a GPT
   //    takes Hugging Face's variants); "" drops a tensor the model ignores.
   AMPD_ASSIGN_OR_RETURN(const std::vector<std::string> names, m.model->CanonicalNames(state));
-  absl::flat_hash_map<std::string, const HostTensor*> by_name;
+  absl::flat_hash_map<std::string, int64_t> by_name;
   for (size_t i = 0; i < state.tensors.size(); ++i) {
     if (names[i].empty()) continue;
-    if (!by_name.emplace(names[i], &state.tensors[i].tensor).second) {
+    if (!by_name.emplace(names[i], static_cast<int64_t>(i)).second) {
       return absl::InvalidArgumentError(
           absl::StrCat(state.tensors[i].name, ": ", names[i], " is given twice"));
     }
   }
   bool has_optimizer = state.metadata.contains(kMetaOptimizerStep);
-  for (const auto& [name, tensor] : by_name) {
+  for (const auto& [name, index] : by_name) {
     has_optimizer = has_optimizer || absl::StartsWith(name, "optimizer.");
   }
   const bool weights_only = !has_optimizer && step_count == StepCount::kKeep;
 
   // 1. Every expected tensor present with the right dtype, shape and bytes;
   //    nothing unexpected (a state saved for another model or optimizer).
-  std::vector<std::pair<std::string, Tensor*>> targets;  // name -> live tensor it replaces
-  for (model::Parameter& p : params) targets.emplace_back(p.name, &p.master);
-  const size_t weight_count = targets.size();
-  for (size_t p = 0; p < params.size(); ++p) {
-    for (size_t i = 0; i < buffer_names.size(); ++i) {
-      targets.emplace_back(absl::StrCat("optimizer.", params[p].name, ".", buffer_names[i]),
-                           &m.optimizer.buffers()[p][i]);
-    }
-  }
-  std::vector<const HostTensor*> sources;
-  for (size_t t = 0; t < targets.size(); ++t) {
-    const auto& [name, live] = targets[t];
+  LoadPlan plan{StateTensors(*m.model, m.optimizer), {}, m.scaler, 0, m.steps_run};
+  const size_t weight_count = m.model->params().size();
+  for (size_t t = 0; t < plan.targets.size(); ++t) {
+    const auto& [name, live] = plan.targets[t];
     if (weights_only && t >= weight_count) {
-      sources.push_back(nullptr);  // zero moments: the optimizer starts afresh
+      plan.sources.push_back(-1);  // zero moments: the optimizer starts afresh
       continue;
     }
     auto found = by_name.find(name);
-    const HostTensor* h = found == by_name.end() ? nullptr : found->second;
-    if (h == nullptr) return absl::InvalidArgumentError(absl::StrCat(name, ": missing"));
-    AMPD_RETURN_IF_ERROR(h->Validate(name));
-    if (h->dtype != DType::kF32 || h->shape != live->shape()) {
+    if (found == by_name.end()) return absl::InvalidArgumentError(absl::StrCat(name, ": missing"));
+    const HostTensor& h = state.tensors[static_cast<size_t>(found->second)].tensor;
+    AMPD_RETURN_IF_ERROR(h.Validate(name));
+    if (h.dtype != DType::kF32 || h.shape != live->shape()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          name, ": expected F32", kernels::ShapeToString(live->shape()), ", got ", Got(*h)));
+          name, ": expected F32", kernels::ShapeToString(live->shape()), ", got ", Got(h)));
     }
-    sources.push_back(h);
+    plan.sources.push_back(found->second);
   }
   absl::flat_hash_set<absl::string_view> known;
-  for (const auto& target : targets) known.insert(target.first);
+  for (const auto& target : plan.targets) known.insert(target.first);
   for (size_t i = 0; i < state.tensors.size(); ++i) {
     if (!names[i].empty() && !known.contains(names[i])) {
       return absl::InvalidArgumentError(
           absl::StrCat(state.tensors[i].name, ": not a tensor of this job's model or optimizer"));
     }
   }
-  // 2. Counters and the scaler, into copies (weights alone keep the scaler
-  //    and the job's count; the optimizer has applied nothing to them).
-  amp::GradScaler scaler = m.scaler;
-  if (weights_only) {
-    AMPD_RETURN_IF_ERROR(CommitTensors(*m.backend, targets, sources));
-    m.optimizer.set_applied_steps(0);
-    return m.model->CastWorking();
-  }
-  AMPD_ASSIGN_OR_RETURN(const int64_t opt_step, ParseCount(state, kMetaOptimizerStep));
+  // 2. Counters and the scaler, into the plan's copies (weights alone keep
+  //    the scaler and the job's count; the optimizer has applied nothing).
+  if (weights_only) return plan;
+  AMPD_ASSIGN_OR_RETURN(plan.opt_step, ParseCount(state, kMetaOptimizerStep));
   AMPD_ASSIGN_OR_RETURN(const int64_t job_step, ParseCount(state, kMetaStep));
   amp::ScalerState scaler_state;
   for (const auto& [key, text] : state.metadata) {
@@ -196,13 +228,84 @@ absl::Status Trainer::LoadState(const checkpoint::StateDict& state, StepCount st
       return absl::Status(v.status().code(), absl::StrCat("metadata ", v.status().message()));
     scaler_state[key.substr(7)] = *v;
   }
-  if (absl::Status s = scaler.LoadStateDict(scaler_state); !s.ok()) {
+  if (absl::Status s = plan.scaler.LoadStateDict(scaler_state); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("metadata scaler.", s.message()));
   }
-  AMPD_RETURN_IF_ERROR(CommitTensors(*m.backend, targets, sources));
-  m.scaler = std::move(scaler);
-  m.optimizer.set_applied_steps(opt_step);
-  if (step_count == StepCount::kFromState) m.steps_run = job_step;
+  if (step_count == StepCount::kFromState) plan.steps_run = job_step;
+  return plan;
+}
+
+absl::StatusOr<checkpoint::StateDict> Trainer::ArrangeForLoad(checkpoint::StateDict state,
+                                                              StepCount step_count) const {
+  AMPD_ASSIGN_OR_RETURN(LoadPlan plan, PlanLoad(state, step_count));
+  checkpoint::StateDict arranged;
+  arranged.tensors.reserve(plan.targets.size());
+  for (size_t t = 0; t < plan.targets.size(); ++t) {
+    const auto& [name, live] = plan.targets[t];
+    HostTensor h;
+    if (plan.sources[t] >= 0) {
+      // The bytes the device will be given, so the bytes it would give
+      // back (an F32 copy is exact): moved, not copied.
+      h = std::move(state.tensors[static_cast<size_t>(plan.sources[t])].tensor);
+    } else {
+      h.dtype = DType::kF32;
+      h.shape = live->shape();
+      h.data.assign(static_cast<size_t>(live->nbytes()), '\0');
+    }
+    arranged.tensors.push_back({name, std::move(h)});
+  }
+  AddStateMetadata(plan.scaler, plan.opt_step, plan.steps_run, arranged);
+  return arranged;
+}
+
+absl::StatusOr<Trainer::ReplacedState> Trainer::ReplaceState(const checkpoint::StateDict& state,
+                                                             StepCount step_count) {
+  Impl& m = *impl_;
+  AMPD_ASSIGN_OR_RETURN(LoadPlan plan, PlanLoad(state, step_count));
+  std::vector<const HostTensor*> sources;
+  sources.reserve(plan.sources.size());
+  for (const int64_t i : plan.sources) {
+    sources.push_back(i < 0 ? nullptr : &state.tensors[static_cast<size_t>(i)].tensor);
+  }
+  // 3. The device copies, into fresh tensors; then the commit swaps them
+  //    into the live Tensor objects (their addresses are what the cached
+  //    ParamRefs point at), and what was live is kept for UndoReplace.
+  AMPD_ASSIGN_OR_RETURN(std::vector<Tensor> fresh, StageTensors(*m.backend, plan.targets, sources));
+  ReplacedState replaced;
+  replaced.parts_ = std::make_unique<ReplacedState::Parts>(
+      ReplacedState::Parts{{},
+                           std::exchange(m.scaler, std::move(plan.scaler)),
+                           m.optimizer.applied_steps(),
+                           m.steps_run});
+  replaced.parts_->tensors.reserve(plan.targets.size());
+  for (size_t i = 0; i < plan.targets.size(); ++i) {
+    std::swap(*plan.targets[i].second, fresh[i]);
+    replaced.parts_->tensors.emplace_back(plan.targets[i].second, std::move(fresh[i]));
+  }
+  m.optimizer.set_applied_steps(plan.opt_step);
+  m.steps_run = plan.steps_run;
+  if (absl::Status cast = m.model->CastWorking(); !cast.ok()) {
+    // The masters are in but the working copy is not theirs: go back.
+    absl::Status undone = UndoReplace(std::move(replaced));
+    return undone.ok()
+               ? cast
+               : absl::Status(cast.code(),
+                              absl::StrCat(cast.message(),
+                                           "; undoing the load failed too: ", undone.message()));
+  }
+  return replaced;
+}
+
+absl::Status Trainer::UndoReplace(ReplacedState replaced) {
+  if (replaced.parts_ == nullptr) {
+    return absl::FailedPreconditionError("UndoReplace: nothing was replaced");
+  }
+  Impl& m = *impl_;
+  ReplacedState::Parts& parts = *replaced.parts_;
+  for (auto& [live, previous] : parts.tensors) std::swap(*live, previous);
+  m.scaler = std::move(parts.scaler);
+  m.optimizer.set_applied_steps(parts.applied_steps);
+  m.steps_run = parts.steps_run;
   return m.model->CastWorking();
 }
 

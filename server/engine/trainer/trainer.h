@@ -19,6 +19,10 @@
 
 namespace ampd::engine {
 
+namespace amp {
+class GradScaler;
+}  // namespace amp
+
 // The counts a Trainer writes into its state dict and reads back: the
 // optimizer updates applied and the Step calls run (the job's sequence).
 // The Trainer owns both; a Job reads them from it.
@@ -122,6 +126,39 @@ class Trainer {
   // accept other spellings of its names (a GPT takes Hugging Face's).
   absl::Status LoadState(const checkpoint::StateDict& state,
                          StepCount step_count = StepCount::kFromState);
+  // What ReplaceState replaced: the live tensors as they were (on the
+  // device, not copied), the scaler and the counts. Dropping it frees them;
+  // UndoReplace puts them back.
+  class ReplacedState {
+   public:
+    ReplacedState();
+    ~ReplacedState();
+    ReplacedState(ReplacedState&&) noexcept;
+    ReplacedState& operator=(ReplacedState&&) noexcept;
+
+   private:
+    friend class Trainer;
+    struct Parts;
+    std::unique_ptr<Parts> parts_;
+  };
+  // LoadState, keeping what it replaced until the result is dropped (the
+  // device holds both states until then): a caller with more to do before
+  // the load counts (a job's checkpoint of it) can go back exactly, without
+  // a host copy of the state it replaced. On error nothing is replaced.
+  absl::StatusOr<ReplacedState> ReplaceState(const checkpoint::StateDict& state,
+                                             StepCount step_count = StepCount::kFromState);
+  // Puts back what ReplaceState replaced (the working copy recast from the
+  // masters put back). Nothing may have run on the Trainer in between.
+  absl::Status UndoReplace(ReplacedState replaced);
+  // `state` checked as LoadState checks it (same errors) and arranged as
+  // ExportState will return it once loaded: ExportState's names and order,
+  // its metadata (the scaler and counts the load gives), zeros for the
+  // moments a weights-only load starts afresh; the buffers are moved out of
+  // `state`, not copied. Loading the result (kKeep, or step_count) does
+  // what loading `state` would, so a job can write its checkpoint of an
+  // import while the import is uploaded, and nothing is read back.
+  absl::StatusOr<checkpoint::StateDict> ArrangeForLoad(
+      checkpoint::StateDict state, StepCount step_count = StepCount::kFromState) const;
 
   const JobConfig& config() const;
   // Step calls run so far (ampd.step); the next is number steps_run() + 1.
@@ -137,6 +174,11 @@ class Trainer {
  private:
   struct Impl;
   explicit Trainer(std::unique_ptr<Impl> impl);
+  struct LoadPlan;
+  absl::StatusOr<LoadPlan> PlanLoad(const checkpoint::StateDict& state, StepCount step_count) const;
+  // ExportState's metadata: a scaler's state, the two counts, the model's.
+  void AddStateMetadata(const amp::GradScaler& scaler, int64_t opt_step, int64_t steps_run,
+                        checkpoint::StateDict& state) const;
   std::unique_ptr<Impl> impl_;
 };
 
