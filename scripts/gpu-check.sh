@@ -136,11 +136,13 @@ if [ "$on_gpu" -eq 1 ]; then
   sanitizer="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n1)"
   if [ -n "$sanitizer" ]; then
     # memcheck slows kernels 10-100x: the op tests only, not the training curves.
-    part memcheck 100 "$sanitizer" --tool memcheck --error-exitcode 3 --print-limit 20 \
+    part memcheck 80 "$sanitizer" --tool memcheck --error-exitcode 3 --print-limit 20 \
       "$bin/tests/cuda/cuda_backend_test" --gtest_brief=1
     # racecheck: shared-memory hazards of the tiled kernels (attention).
-    part racecheck 90 "$sanitizer" --tool racecheck --error-exitcode 3 --print-limit 20 \
-      "$bin/tests/cuda/cuda_backend_test" --gtest_brief=1 --gtest_filter='*Attention*'
+    # (Two of them: racecheck instruments every shared-memory access.)
+    part racecheck 70 "$sanitizer" --tool racecheck --error-exitcode 3 --print-limit 20 \
+      "$bin/tests/cuda/cuda_backend_test" --gtest_brief=1 \
+      --gtest_filter='*AttentionPrefixRowsAreTheLongerSequencesBits*:*AttentionAtGpt2HeadSizeMatchesCpu/BF16'
   else
     skip memcheck "compute-sanitizer not found"
   fi
