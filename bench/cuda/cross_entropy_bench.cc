@@ -115,7 +115,15 @@ int main(int argc, char** argv) {
     fill.distribution = ampd::kernels::RandomDistribution::kNormal;
     fill.stddev = 2.0f;
     fill.seed = 1234;
-    Check(b.FillRandom(*logits, fill), "FillRandom");
+    // FillRandom writes F32 alone: 16-bit logits are drawn in F32 and cast.
+    if (s.dtype == DType::kF32) {
+      Check(b.FillRandom(*logits, fill), "FillRandom");
+    } else {
+      auto drawn = b.Allocate(DType::kF32, {s.rows, s.vocab});
+      Check(drawn.status(), "Allocate");
+      Check(b.FillRandom(*drawn, fill), "FillRandom");
+      Check(b.Cast(*drawn, *logits), "Cast");
+    }
     std::vector<int32_t> ids(static_cast<size_t>(s.rows));
     for (size_t i = 0; i < ids.size(); ++i) {
       ids[i] = static_cast<int32_t>((i * 7919) % static_cast<size_t>(s.vocab));

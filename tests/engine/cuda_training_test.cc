@@ -240,7 +240,7 @@ TEST_P(CudaTraining, WarmGptStepAllocatesNothing) {
 // The LM head's rounding contract on cuBLAS: one GEMM with beta = 1 into
 // the 16-bit gradient (one chunk) against chunks summed in an F32 buffer and
 // added once. An untied head, one micro-batch. Both forms round the fp32
-// sum once, so they agree to a unit in the last place, two where cuBLAS's
+// sum once, so they agree to a unit in the last place, a few where cuBLAS's
 // kernel for a different row count rounds a logit differently; each is
 // also compared with the CPU oracle's same form.
 TEST_P(CudaTraining, LmHeadInOneChunkAndInSeveralAgreeWithinOneRounding) {
@@ -302,16 +302,25 @@ TEST_P(CudaTraining, LmHeadInOneChunkAndInSeveralAgreeWithinOneRounding) {
                   dtype == kernels::DType::kF16 ? std::ldexp(1.0, -14) : std::ldexp(1.0, -126)});
     return std::fabs(a - b) / std::ldexp(1.0, std::ilogb(m) - mantissa);
   };
+  // A logit that cuBLAS rounds differently for another row count changes its
+  // softmax gradient by a rounding, and that term can be far larger than the
+  // column sum it joins: cancellation turns it into several units of the
+  // result (4 units at one element of 4,096 on an H100). So two units bound
+  // nearly all elements, and the few beyond are held to eight.
+  size_t beyond_two_units = 0;
   for (size_t i = 0; i < one.size(); ++i) {
     if (dtype == kernels::DType::kF32) {
       EXPECT_NEAR(one[i], split[i], 1e-5 * largest) << i;
     } else {
-      EXPECT_LE(units(one[i], split[i]), 2.0) << i << ": " << one[i] << " vs " << split[i];
+      const double u = units(one[i], split[i]);
+      if (u > 2.0) ++beyond_two_units;
+      EXPECT_LE(u, 8.0) << i << ": " << one[i] << " vs " << split[i];
     }
     // Against the oracle: the backward's other sums differ in order too.
     EXPECT_NEAR(one[i], cpu_one[i], Tolerance(precision) * largest) << i;
     EXPECT_NEAR(split[i], cpu_split[i], Tolerance(precision) * largest) << i;
   }
+  EXPECT_LE(beyond_two_units, one.size() / 1000) << "elements beyond two units";
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, CudaTraining,
