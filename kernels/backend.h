@@ -327,6 +327,21 @@ class Backend {
   virtual absl::Status AttentionBackward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
                                          const Tensor& lse, int64_t n_head, Tensor& dqkv) = 0;
 
+  // ---- grouped-query attention's shared K/V heads ----------------------------
+  // Hugging Face's repeat_kv on a fused row: src (B, T, (H + 2 Hkv) D) =
+  // [q | k | v] with H query heads and Hkv K/V heads (Hkv divides H, D =
+  // src.dim(2) / (H + 2 Hkv)); dst (B, T, 3 H D) = [q | k' | v'] where
+  // query head h's k' and v' are kv head h / (H / Hkv)'s: a copy, no
+  // rounding, so the attention above runs unchanged on dst.
+  virtual absl::Status ExpandKvHeads(const Tensor& src, int64_t heads, int64_t kv_heads,
+                                     Tensor& dst) = 0;
+  // Its backward: dsrc's q part is dexpanded's; kv head g's dk and dv are
+  // the sums over its query heads h = g G .. g G + G - 1 (G = H / Hkv), in
+  // that order in fp32, rounded once. dsrc overwritten, overlapping nothing.
+  virtual absl::Status ReduceKvHeads(const Tensor& dexpanded, int64_t heads, int64_t kv_heads,
+                                     Tensor& dsrc) = 0;
+
+  // ---- normalisation ------------------------------------------------------
   // ---- normalisation ------------------------------------------------------
   // x, y: (N, C) working dtype; gamma, beta: (C) working dtype or nullptr
   // (no affine); mean, rstd: (N) F32 saved for backward. Statistics in fp32.
@@ -337,6 +352,48 @@ class Backend {
   virtual absl::Status LayerNormBackward(const Tensor& x, const Tensor* gamma, const Tensor& mean,
                                          const Tensor& rstd, const Tensor& dy, Tensor& dx,
                                          Tensor* dgamma, Tensor* dbeta) = 0;
+
+  // RMSNorm (Llama/Qwen2 families), LayerNorm without the centring and the
+  // bias: in fp32, rstd = 1 / sqrt(sum(x^2) / C + eps) (exact sqrt and
+  // division), y = x * rstd * weight rounded once. x, y: (N, C) working
+  // dtype; weight (C) x's dtype; rstd (N) F32 saved for the backward. (Hugging
+  // Face's LlamaRMSNorm rounds x * rstd to the dtype before multiplying by
+  // the weight, a second rounding in fp16/bf16 that ampd does not make; in
+  // fp32 the two agree to the order of the sum.)
+  virtual absl::Status RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
+                                      Tensor& rstd) = 0;
+  // xhat = x * rstd, g = dy * weight, in fp32:
+  //   dx = rstd * (g - xhat * (sum(g * xhat) * (1/C)))   overwritten
+  //   dweight += sum over rows of dy * xhat               fp32, rounded once
+  virtual absl::Status RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                                       const Tensor& dy, Tensor& dx, Tensor& dweight) = 0;
+
+  // ---- rotary position embeddings (Llama/Qwen2 families) --------------------
+  // In place on x (B, T, W): the first `heads` heads of head_dim (D, even)
+  // columns each, W >= heads * D (the q and k heads at the start of a
+  // fused q|k|v row; later columns untouched). Row (b, t) sits at position
+  // p = positions[b, t] (I32 or I64) or p = t when positions is null.
+  // Hugging Face's rotate-half form, for i in [0, D/2), in fp32:
+  //   angle = float(p) * inv_freq[i]     (one fp32 product, as HF's fp32 matmul)
+  //   c = cos(angle), s = sin(angle)     (fp32; HF rounds them to a 16-bit
+  //                                       dtype first, ampd does not)
+  //   y_i = x_i c - x_{i+D/2} s,  y_{i+D/2} = x_{i+D/2} c + x_i s
+  // each rounded once. inverse: the transpose rotation (y_i = x_i c +
+  // x_{i+D/2} s, y_{i+D/2} = x_{i+D/2} c - x_i s), the backward of the
+  // forward. inv_freq (D/2) F32 is the caller's (1 / theta^(2i / D)).
+  virtual absl::Status Rope(Tensor& x, int64_t heads, int64_t head_dim, const Tensor& inv_freq,
+                            const Tensor* positions, bool inverse) = 0;
+
+  // ---- SwiGLU (Llama/Qwen2 MLP) ---------------------------------------------
+  // y = silu(gate) * up, in fp32, rounded once: silu(g) = g * s with
+  // s = 1 / (1 + exp(-g)). gate, up, y: the same float dtype and shape; y
+  // may be gate or up. (Hugging Face rounds silu(gate) to the dtype before
+  // the product; ampd rounds once.)
+  virtual absl::Status SiluMulForward(const Tensor& gate, const Tensor& up, Tensor& y) = 0;
+  // dgate = (dy * up) * (s * (1 + g * (1 - s))), dup = dy * (g * s), each
+  // in fp32 and rounded once; dgate and dup overlap no input.
+  virtual absl::Status SiluMulBackward(const Tensor& gate, const Tensor& up, const Tensor& dy,
+                                       Tensor& dgate, Tensor& dup) = 0;
 
   // ---- embedding ----------------------------------------------------------
   // ids (N) I32 or I64, each in [0, V); table (V, C); out (N, C) table's dtype.

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -694,6 +695,122 @@ absl::Status ValidateLayerNormBackward(const Tensor& x, const Tensor* gamma, con
         absl::StrCat(kOp, ": dgamma is ", dgamma->DebugString(), " but gamma is null"));
   }
   return absl::OkStatus();
+}
+
+absl::Status ValidateKvHeads(absl::string_view op, const Tensor& compact, int64_t heads,
+                             int64_t kv_heads, const Tensor& expanded) {
+  const absl::string_view compact_name = op == "ExpandKvHeads" ? "src" : "dsrc";
+  const absl::string_view expanded_name = op == "ExpandKvHeads" ? "dst" : "dexpanded";
+  AMPD_RETURN_IF_ERROR(CheckFloat(op, compact_name, compact));
+  AMPD_RETURN_IF_ERROR(CheckRank(op, compact_name, compact, 3));
+  // Bounded first, so that heads + 2 kv_heads and 3 heads D cannot overflow.
+  constexpr int64_t kMaxHeads = int64_t{1} << 20;
+  if (heads < 1 || heads > kMaxHeads || kv_heads < 1 || kv_heads > heads || heads % kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": heads ", heads, ", kv_heads ", kv_heads,
+        "; expected 1 <= kv_heads <= heads <= ", kMaxHeads, " with kv_heads dividing heads"));
+  }
+  const int64_t width = compact.dim(2);
+  const int64_t fused = heads + 2 * kv_heads;
+  if (width == 0 || width % fused != 0) {
+    return Expected(op, compact_name, compact,
+                    absl::StrCat("a last dim of (heads + 2 kv_heads) = ", fused, " heads of D"));
+  }
+  const int64_t head_dim = width / fused;
+  AMPD_RETURN_IF_ERROR(CheckSameDType(op, expanded_name, expanded, compact_name, compact));
+  AMPD_RETURN_IF_ERROR(CheckShapeIs(op, expanded_name, expanded,
+                                    {compact.dim(0), compact.dim(1), 3 * heads * head_dim},
+                                    "(B, T, 3 heads D)"));
+  return CheckNoOverlap(op, expanded_name, expanded, compact_name, compact);
+}
+
+absl::Status ValidateRmsNormForward(const Tensor& x, const Tensor& weight, const Tensor& y,
+                                    const Tensor& rstd) {
+  constexpr absl::string_view kOp = "RmsNormForward";
+  AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "x", x));
+  AMPD_RETURN_IF_ERROR(CheckRank(kOp, "x", x, 2));
+  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "y", y, "x", x));
+  AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "y", y, "x", x));
+  AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "y", y));
+  AMPD_RETURN_IF_ERROR(CheckAffine(kOp, "weight", &weight, x));
+  AMPD_RETURN_IF_ERROR(CheckStat(kOp, "rstd", rstd, x));
+  if (x.dim(1) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": x is ", x.DebugString(), "; cannot normalise zero columns"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateRmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                                     const Tensor& dy, const Tensor& dx, const Tensor& dweight) {
+  constexpr absl::string_view kOp = "RmsNormBackward";
+  AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "x", x));
+  AMPD_RETURN_IF_ERROR(CheckRank(kOp, "x", x, 2));
+  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "dy", dy, "x", x));
+  AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "dy", dy, "x", x));
+  AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "dy", dy));
+  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "dx", dx, "x", x));
+  AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "dx", dx, "x", x));
+  AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "dx", dx));
+  AMPD_RETURN_IF_ERROR(CheckAffine(kOp, "weight", &weight, x));
+  AMPD_RETURN_IF_ERROR(CheckStat(kOp, "rstd", rstd, x));
+  return CheckParamGrad(kOp, "dweight", &dweight, x);
+}
+
+absl::Status ValidateRope(const Tensor& x, int64_t heads, int64_t head_dim, const Tensor& inv_freq,
+                          const Tensor* positions) {
+  constexpr absl::string_view kOp = "Rope";
+  AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "x", x));
+  AMPD_RETURN_IF_ERROR(CheckRank(kOp, "x", x, 3));
+  if (head_dim < 2 || head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": head_dim is ", head_dim, "; expected an even number >= 2"));
+  }
+  // heads * head_dim formed only once heads is known to fit beside W.
+  if (heads < 0 || heads > x.dim(2) / head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": heads is ", heads, "; x is ",
+                                                   x.DebugString(), ", which holds at most ",
+                                                   x.dim(2) / head_dim, " heads of ", head_dim));
+  }
+  AMPD_RETURN_IF_ERROR(CheckDType(kOp, "inv_freq", inv_freq, DType::kF32));
+  AMPD_RETURN_IF_ERROR(CheckShapeIs(kOp, "inv_freq", inv_freq, {head_dim / 2}, "(head_dim / 2)"));
+  if (positions != nullptr) {
+    AMPD_RETURN_IF_ERROR(CheckIndex(kOp, "positions", *positions));
+    AMPD_RETURN_IF_ERROR(
+        CheckShapeIs(kOp, "positions", *positions, {x.dim(0), x.dim(1)}, "(B, T)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateSiluMulForward(const Tensor& gate, const Tensor& up, const Tensor& y) {
+  constexpr absl::string_view kOp = "SiluMulForward";
+  AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "gate", gate));
+  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "up", up, "gate", gate));
+  AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "up", up, "gate", gate));
+  AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "up", up));
+  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "y", y, "gate", gate));
+  AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "y", y, "gate", gate));
+  return CheckHasMemory(kOp, "y", y);
+}
+
+absl::Status ValidateSiluMulBackward(const Tensor& gate, const Tensor& up, const Tensor& dy,
+                                     const Tensor& dgate, const Tensor& dup) {
+  constexpr absl::string_view kOp = "SiluMulBackward";
+  AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "gate", gate));
+  const std::pair<absl::string_view, const Tensor*> same[] = {
+      {"up", &up}, {"dy", &dy}, {"dgate", &dgate}, {"dup", &dup}};
+  for (const auto& [name, t] : same) {
+    AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, name, *t, "gate", gate));
+    AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, name, *t, "gate", gate));
+    AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, name, *t));
+  }
+  // Elementwise, but dgate is written before dup's inputs are all read.
+  for (const auto& [name, t] :
+       {std::pair<absl::string_view, const Tensor*>{"gate", &gate}, {"up", &up}, {"dy", &dy}}) {
+    AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "dgate", dgate, name, *t));
+    AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "dup", dup, name, *t));
+  }
+  return CheckNoOverlap(kOp, "dup", dup, "dgate", dgate);
 }
 
 // ---- embedding --------------------------------------------------------------------

@@ -104,12 +104,40 @@ absl::Status ValidateAttentionForward(const Tensor& qkv, int64_t n_head, const T
 absl::Status ValidateAttentionBackward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
                                        const Tensor& lse, int64_t n_head, const Tensor& dqkv);
 
+// ---- grouped-query K/V heads
+// compact float (B, T, (H + 2 Hkv) D) with D >= 1, kv_heads >= 1 dividing
+// heads >= 1; expanded compact's dtype and (B, T, 3 H D); no overlap.
+absl::Status ValidateKvHeads(absl::string_view op, const Tensor& compact, int64_t heads,
+                             int64_t kv_heads, const Tensor& expanded);
+
 // ---- normalisation
 absl::Status ValidateLayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta,
                                       const Tensor& y, const Tensor& mean, const Tensor& rstd);
 absl::Status ValidateLayerNormBackward(const Tensor& x, const Tensor* gamma, const Tensor& mean,
                                        const Tensor& rstd, const Tensor& dy, const Tensor& dx,
                                        const Tensor* dgamma, const Tensor* dbeta);
+
+// x float (N, C), C >= 1; weight (C) x's dtype; y x's dtype and shape (may
+// be x); rstd (N) F32.
+absl::Status ValidateRmsNormForward(const Tensor& x, const Tensor& weight, const Tensor& y,
+                                    const Tensor& rstd);
+// dy and dx x's dtype and shape (dx may be x or dy); dweight (C) any float.
+absl::Status ValidateRmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                                     const Tensor& dy, const Tensor& dx, const Tensor& dweight);
+
+// ---- rotary position embeddings
+// x float (B, T, W); heads >= 0, head_dim even >= 2, heads * head_dim <= W;
+// inv_freq F32 (head_dim / 2); positions, when given, I32 or I64 (B, T).
+absl::Status ValidateRope(const Tensor& x, int64_t heads, int64_t head_dim, const Tensor& inv_freq,
+                          const Tensor* positions);
+
+// ---- SwiGLU
+// gate, up, y one float dtype and shape.
+absl::Status ValidateSiluMulForward(const Tensor& gate, const Tensor& up, const Tensor& y);
+// dy, dgate, dup gate's dtype and shape; dgate and dup overlap no input or
+// each other.
+absl::Status ValidateSiluMulBackward(const Tensor& gate, const Tensor& up, const Tensor& dy,
+                                     const Tensor& dgate, const Tensor& dup);
 
 // ---- embedding (the ids' range is the backend's to check)
 absl::Status ValidateEmbeddingForward(const Tensor& ids, const Tensor& table, const Tensor& out);

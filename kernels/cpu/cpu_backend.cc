@@ -183,6 +183,37 @@ class CpuBackend final : public Backend {
     return cpu::LayerNormBackward(x, gamma, mean, rstd, dy, dx, dgamma, dbeta);
   }
 
+  absl::Status RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
+                              Tensor& rstd) override {
+    return cpu::RmsNormForward(x, weight, eps, y, rstd);
+  }
+  absl::Status RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                               const Tensor& dy, Tensor& dx, Tensor& dweight) override {
+    return cpu::RmsNormBackward(x, weight, rstd, dy, dx, dweight);
+  }
+
+  absl::Status ExpandKvHeads(const Tensor& src, int64_t heads, int64_t kv_heads,
+                             Tensor& dst) override {
+    return cpu::ExpandKvHeads(pool_, src, heads, kv_heads, dst);
+  }
+  absl::Status ReduceKvHeads(const Tensor& dexpanded, int64_t heads, int64_t kv_heads,
+                             Tensor& dsrc) override {
+    return cpu::ReduceKvHeads(pool_, dexpanded, heads, kv_heads, dsrc);
+  }
+
+  absl::Status Rope(Tensor& x, int64_t heads, int64_t head_dim, const Tensor& inv_freq,
+                    const Tensor* positions, bool inverse) override {
+    return cpu::Rope(pool_, x, heads, head_dim, inv_freq, positions, inverse);
+  }
+
+  absl::Status SiluMulForward(const Tensor& gate, const Tensor& up, Tensor& y) override {
+    return cpu::SiluMulForward(pool_, gate, up, y);
+  }
+  absl::Status SiluMulBackward(const Tensor& gate, const Tensor& up, const Tensor& dy,
+                               Tensor& dgate, Tensor& dup) override {
+    return cpu::SiluMulBackward(pool_, gate, up, dy, dgate, dup);
+  }
+
   absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out) override {
     return cpu::EmbeddingForward(ids, table, out);
   }

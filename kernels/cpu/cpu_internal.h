@@ -171,13 +171,29 @@ absl::Status AttentionForward(ThreadPool& pool, const Tensor& qkv, int64_t n_hea
 // attention_backward.cc
 absl::Status AttentionBackward(ThreadPool& pool, const Tensor& qkv, const Tensor& out,
                                const Tensor& dout, const Tensor& lse, int64_t n_head, Tensor& dqkv);
-// layernorm_forward.cc
+// layernorm_forward.cc (LayerNorm and RMSNorm)
 absl::Status LayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps,
                               Tensor& y, Tensor& mean, Tensor& rstd);
-// layernorm_backward.cc
+// layernorm_backward.cc (LayerNorm and RMSNorm)
 absl::Status LayerNormBackward(const Tensor& x, const Tensor* gamma, const Tensor& mean,
                                const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor* dgamma,
                                Tensor* dbeta);
+absl::Status RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
+                            Tensor& rstd);
+absl::Status RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                             const Tensor& dy, Tensor& dx, Tensor& dweight);
+// kv_heads.cc
+absl::Status ExpandKvHeads(ThreadPool& pool, const Tensor& src, int64_t heads, int64_t kv_heads,
+                           Tensor& dst);
+absl::Status ReduceKvHeads(ThreadPool& pool, const Tensor& dexpanded, int64_t heads,
+                           int64_t kv_heads, Tensor& dsrc);
+// rope.cc
+absl::Status Rope(ThreadPool& pool, Tensor& x, int64_t heads, int64_t head_dim,
+                  const Tensor& inv_freq, const Tensor* positions, bool inverse);
+// silu_mul.cc
+absl::Status SiluMulForward(ThreadPool& pool, const Tensor& gate, const Tensor& up, Tensor& y);
+absl::Status SiluMulBackward(ThreadPool& pool, const Tensor& gate, const Tensor& up,
+                             const Tensor& dy, Tensor& dgate, Tensor& dup);
 // embedding.cc
 absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out);
 absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable);

@@ -1,7 +1,9 @@
-// LayerNorm backward over the last dimension, PyTorch's formula, from the
-// fp32 mean and rstd the forward pass saved: dx is overwritten, dgamma and
-// dbeta (when affine) get the column sums of the batch added in fp32 and
-// rounded once to their dtype.
+// LayerNorm and RMSNorm backward over the last dimension, PyTorch's
+// LayerNorm formula, from the fp32 statistics the forward pass saved: dx is
+// overwritten, dgamma and dbeta (when affine) get the column sums of the
+// batch added in fp32 and rounded once to their dtype. RMSNorm is the same
+// code with mean 0 and without the mean(dxhat) term (subtracting an exact
+// 0 changes no bit).
 #include <vector>
 
 #include "common/status_macros.h"
@@ -20,26 +22,24 @@ void AccumulateInto(const std::vector<float>& acc, Tensor& p) {
   });
 }
 
-}  // namespace
-
-absl::Status LayerNormBackward(const Tensor& x, const Tensor* gamma, const Tensor& mean,
-                               const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor* dgamma,
-                               Tensor* dbeta) {
-  AMPD_RETURN_IF_ERROR(ValidateLayerNormBackward(x, gamma, mean, rstd, dy, dx, dgamma, dbeta));
+// mean == nullptr: RMSNorm.
+absl::Status NormBackward(const Tensor& x, const Tensor* gamma, const Tensor* mean,
+                          const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor* dgamma,
+                          Tensor* dbeta) {
   const int64_t rows = x.dim(0);                                   // N
   const int64_t cols = x.dim(1);                                   // C
   std::vector<float> dgamma_acc(static_cast<size_t>(cols), 0.0f);  // (C)
   std::vector<float> dbeta_acc(static_cast<size_t>(cols), 0.0f);   // (C)
   absl::Status s = VisitFloat(x.dtype(), [&](auto tag) {
     using Tag = decltype(tag);
-    const auto* in = Ptr<Tag>(x);                         // (N, C)
-    const auto* grad_out = Ptr<Tag>(dy);                  // (N, C)
-    const auto* g = gamma ? Ptr<Tag>(*gamma) : nullptr;   // (C)
-    auto* grad_in = Ptr<Tag>(dx);                         // (N, C)
-    const float* mu = mean.data_as<float>();              // (N)
-    const float* rs = rstd.data_as<float>();              // (N)
-    std::vector<float> xhat(static_cast<size_t>(cols));   // (C)
-    std::vector<float> dxhat(static_cast<size_t>(cols));  // (C)
+    const auto* in = Ptr<Tag>(x);                               // (N, C)
+    const auto* grad_out = Ptr<Tag>(dy);                        // (N, C)
+    const auto* g = gamma ? Ptr<Tag>(*gamma) : nullptr;         // (C)
+    auto* grad_in = Ptr<Tag>(dx);                               // (N, C)
+    const float* mu = mean ? mean->data_as<float>() : nullptr;  // (N)
+    const float* rs = rstd.data_as<float>();                    // (N)
+    std::vector<float> xhat(static_cast<size_t>(cols));         // (C)
+    std::vector<float> dxhat(static_cast<size_t>(cols));        // (C)
     const float inv_cols = 1.0f / static_cast<float>(cols);
     for (int64_t n = 0; n < rows; ++n) {
       const auto* xr = in + n * cols;
@@ -50,14 +50,14 @@ absl::Status LayerNormBackward(const Tensor& x, const Tensor* gamma, const Tenso
       for (int64_t c = 0; c < cols; ++c) {
         const size_t ci = static_cast<size_t>(c);
         const float d = Tag::Load(dyr[c]);
-        xhat[ci] = (Tag::Load(xr[c]) - mu[n]) * rs[n];
+        xhat[ci] = (Tag::Load(xr[c]) - (mu != nullptr ? mu[n] : 0.0f)) * rs[n];
         dxhat[ci] = g != nullptr ? d * Tag::Load(g[c]) : d;
         sum_dxhat += dxhat[ci];
         sum_dxhat_xhat += dxhat[ci] * xhat[ci];
         dgamma_acc[ci] += d * xhat[ci];
         dbeta_acc[ci] += d;
       }
-      const float mean_dxhat = sum_dxhat * inv_cols;
+      const float mean_dxhat = mu != nullptr ? sum_dxhat * inv_cols : 0.0f;
       const float mean_dxhat_xhat = sum_dxhat_xhat * inv_cols;
       auto* dxr = grad_in + n * cols;
       for (int64_t c = 0; c < cols; ++c) {
@@ -71,6 +71,21 @@ absl::Status LayerNormBackward(const Tensor& x, const Tensor* gamma, const Tenso
   if (dgamma != nullptr) AccumulateInto(dgamma_acc, *dgamma);
   if (dbeta != nullptr) AccumulateInto(dbeta_acc, *dbeta);
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LayerNormBackward(const Tensor& x, const Tensor* gamma, const Tensor& mean,
+                               const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor* dgamma,
+                               Tensor* dbeta) {
+  AMPD_RETURN_IF_ERROR(ValidateLayerNormBackward(x, gamma, mean, rstd, dy, dx, dgamma, dbeta));
+  return NormBackward(x, gamma, &mean, rstd, dy, dx, dgamma, dbeta);
+}
+
+absl::Status RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                             const Tensor& dy, Tensor& dx, Tensor& dweight) {
+  AMPD_RETURN_IF_ERROR(ValidateRmsNormBackward(x, weight, rstd, dy, dx, dweight));
+  return NormBackward(x, &weight, nullptr, rstd, dy, dx, &dweight, nullptr);
 }
 
 }  // namespace ampd::kernels::cpu

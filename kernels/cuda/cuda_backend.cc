@@ -580,6 +580,75 @@ class CudaBackend final : public Backend {
         dbeta ? dbeta->dtype() : DType::kF32, x.dim(0), x.dim(1), partials, stream());
   }
 
+  absl::Status RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
+                              Tensor& rstd) override {
+    AMPD_RETURN_IF_ERROR(ValidateRmsNormForward(x, weight, y, rstd));
+    AMPD_ENTER_DEVICE();
+    return LaunchLayerNormForward(x.data(), x.dtype(), weight.data(), nullptr, x.dtype(), x.dim(0),
+                                  x.dim(1), eps, y.data(), nullptr, rstd.data_as<float>(),
+                                  stream());
+  }
+
+  absl::Status RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                               const Tensor& dy, Tensor& dx, Tensor& dweight) override {
+    AMPD_RETURN_IF_ERROR(ValidateRmsNormBackward(x, weight, rstd, dy, dx, dweight));
+    AMPD_ENTER_DEVICE();
+    const int64_t slabs = ColumnSumSlabs(x.dim(0), x.dim(1));
+    float* partials = nullptr;  // (2, slabs, C): dweight's sums (the second half unused)
+    if (slabs > 1) {
+      AMPD_ASSIGN_OR_RETURN(void* scratch,
+                            Scratch(static_cast<size_t>(2 * slabs * x.dim(1)) * sizeof(float)));
+      partials = static_cast<float*>(scratch);
+    }
+    return LaunchLayerNormBackward(x.data(), x.dtype(), weight.data(), x.dtype(), nullptr,
+                                   rstd.data_as<float>(), dy.data(), dx.data(), dweight.data(),
+                                   dweight.dtype(), nullptr, DType::kF32, x.dim(0), x.dim(1),
+                                   partials, stream());
+  }
+
+  // ---- grouped-query K/V heads --------------------------------------------------
+  absl::Status ExpandKvHeads(const Tensor& src, int64_t heads, int64_t kv_heads,
+                             Tensor& dst) override {
+    AMPD_RETURN_IF_ERROR(ValidateKvHeads("ExpandKvHeads", src, heads, kv_heads, dst));
+    AMPD_ENTER_DEVICE();
+    return LaunchKvHeads(true, src.data(), dst.data(), src.dtype(), src.dim(0) * src.dim(1), heads,
+                         kv_heads, src.dim(2) / (heads + 2 * kv_heads), stream());
+  }
+
+  absl::Status ReduceKvHeads(const Tensor& dexpanded, int64_t heads, int64_t kv_heads,
+                             Tensor& dsrc) override {
+    AMPD_RETURN_IF_ERROR(ValidateKvHeads("ReduceKvHeads", dsrc, heads, kv_heads, dexpanded));
+    AMPD_ENTER_DEVICE();
+    return LaunchKvHeads(false, dexpanded.data(), dsrc.data(), dsrc.dtype(),
+                         dsrc.dim(0) * dsrc.dim(1), heads, kv_heads,
+                         dsrc.dim(2) / (heads + 2 * kv_heads), stream());
+  }
+
+  // ---- rotary position embeddings and SwiGLU ----------------------------------
+  absl::Status Rope(Tensor& x, int64_t heads, int64_t head_dim, const Tensor& inv_freq,
+                    const Tensor* positions, bool inverse) override {
+    AMPD_RETURN_IF_ERROR(ValidateRope(x, heads, head_dim, inv_freq, positions));
+    AMPD_ENTER_DEVICE();
+    return LaunchRope(x.data(), x.dtype(), x.dim(0), x.dim(1), x.dim(2), heads, head_dim,
+                      inv_freq.data_as<float>(), positions ? positions->data() : nullptr,
+                      positions ? positions->dtype() : DType::kI64, inverse, stream());
+  }
+
+  absl::Status SiluMulForward(const Tensor& gate, const Tensor& up, Tensor& y) override {
+    AMPD_RETURN_IF_ERROR(ValidateSiluMulForward(gate, up, y));
+    AMPD_ENTER_DEVICE();
+    return LaunchSiluMulForward(gate.data(), up.data(), y.data(), gate.dtype(), gate.numel(),
+                                stream());
+  }
+
+  absl::Status SiluMulBackward(const Tensor& gate, const Tensor& up, const Tensor& dy,
+                               Tensor& dgate, Tensor& dup) override {
+    AMPD_RETURN_IF_ERROR(ValidateSiluMulBackward(gate, up, dy, dgate, dup));
+    AMPD_ENTER_DEVICE();
+    return LaunchSiluMulBackward(gate.data(), up.data(), dy.data(), dgate.data(), dup.data(),
+                                 gate.dtype(), gate.numel(), stream());
+  }
+
   // ---- embedding ------------------------------------------------------------
   absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out) override {
     // Ids outside [0, V) are caught on the device (the error word), not

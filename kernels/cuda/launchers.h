@@ -204,16 +204,33 @@ absl::Status LaunchAttentionBackward(const void* qkv, const void* out, const voi
                                      int64_t channels, int64_t heads, void* dqkv, float* delta,
                                      const AttentionKernelConfig& config, cudaStream_t stream);
 
+// LayerNorm, or RMSNorm where mean is nullptr (no centring, no beta).
 absl::Status LaunchLayerNormForward(const void* x, DType dtype, const void* gamma, const void* beta,
                                     DType param_dtype, int64_t rows, int64_t cols, float eps,
                                     void* y, float* mean, float* rstd, cudaStream_t stream);
 // partials: 2 * ColumnSumSlabs(rows, cols) * cols floats of scratch when
-// that count is > 1 and dgamma or dbeta is given, else unused.
+// that count is > 1 and dgamma or dbeta is given, else unused. mean nullptr:
+// RMSNorm's backward (mean 0, no sum(g) term; dbeta nullptr).
 absl::Status LaunchLayerNormBackward(const void* x, DType dtype, const void* gamma,
                                      DType gamma_dtype, const float* mean, const float* rstd,
                                      const void* dy, void* dx, void* dgamma, DType dgamma_dtype,
                                      void* dbeta, DType dbeta_dtype, int64_t rows, int64_t cols,
                                      float* partials, cudaStream_t stream);
+
+// expand: in (rows, (heads + 2 kv_heads) head_dim) -> out (rows, 3 heads
+// head_dim); else the reduction from out's shape back to in's.
+absl::Status LaunchKvHeads(bool expand, const void* in, void* out, DType dtype, int64_t rows,
+                           int64_t heads, int64_t kv_heads, int64_t head_dim, cudaStream_t stream);
+// x (batch, seq, width) in place; positions (batch * seq) of position_dtype
+// or nullptr (position = t).
+absl::Status LaunchRope(void* x, DType dtype, int64_t batch, int64_t seq, int64_t width,
+                        int64_t heads, int64_t head_dim, const float* inv_freq,
+                        const void* positions, DType position_dtype, bool inverse,
+                        cudaStream_t stream);
+absl::Status LaunchSiluMulForward(const void* gate, const void* up, void* y, DType dtype, int64_t n,
+                                  cudaStream_t stream);
+absl::Status LaunchSiluMulBackward(const void* gate, const void* up, const void* dy, void* dgate,
+                                   void* dup, DType dtype, int64_t n, cudaStream_t stream);
 
 absl::Status LaunchEmbeddingForward(const void* ids, DType id_dtype, int64_t n, const void* table,
                                     DType dtype, int64_t vocab, int64_t cols, void* out,

@@ -1,10 +1,11 @@
-// LayerNorm backward (PyTorch's formula), with xhat = (x - mean) * rstd and
+// LayerNorm and RMSNorm backward (PyTorch's LayerNorm formula), with xhat = (x - mean) * rstd and
 // g = dy * gamma (dy when not affine):
 //   dx     = rstd * (g - sum(g) * (1/C) - xhat * (sum(g * xhat) * (1/C)))
 //                                                             one warp per row
 //   dgamma += sum over rows of dy * xhat                      column kernel
 //   dbeta  += sum over rows of dy
-// (the CPU oracle's operation order: it multiplies by 1/C). The column sums
+// (the CPU oracle's operation order: it multiplies by 1/C). RMSNorm is
+// mean == nullptr: mean 0 and no sum(g) term, as in the CPU oracle. The column sums
 // are formed in fp32 per row slab (see ColumnSumSlabs in launchers.h), the
 // slabs added in a fixed order, added to the old value and rounded once:
 // deterministic. The column kernels run before the dx kernel, so dx may
@@ -40,7 +41,8 @@ __global__ void layernorm_backward_dx_kernel(const T* x, const T* gamma, const f
   const T* xr = x + row * cols;
   const T* dyr = dy + row * cols;
   T* dxr = dx + row * cols;
-  const float mu = mean[row];
+  const bool centre = mean != nullptr;  // false: RMSNorm
+  const float mu = centre ? mean[row] : 0.0f;
   const float rs = rstd[row];
   float sum_g = 0.0f;
   float sum_gx = 0.0f;
@@ -51,7 +53,8 @@ __global__ void layernorm_backward_dx_kernel(const T* x, const T* gamma, const f
     sum_g += g;
     sum_gx += g * xhat;
   });
-  const float mean_g = WarpSum(sum_g) * inv_cols;
+  const float total_g = WarpSum(sum_g);  // every lane takes part, whatever centre
+  const float mean_g = centre ? total_g * inv_cols : 0.0f;
   const float mean_gx = WarpSum(sum_gx) * inv_cols;
   // Each lane re-reads and then writes only its own columns, so dx may
   // alias x or dy.
@@ -106,7 +109,7 @@ __global__ void layernorm_backward_params_kernel(const T* x, const float* mean, 
     for (int64_t r = r_begin + threadIdx.y; r < r_end; r += kRowSplit) {
       const Vec<T, N> gs = LoadVec<N>(dy, r * cols + c0);
       const Vec<T, N> xs = LoadVec<N>(x, r * cols + c0);
-      const float mu = mean[r];
+      const float mu = mean != nullptr ? mean[r] : 0.0f;
       const float rs = rstd[r];
 #pragma unroll
       for (int j = 0; j < N; ++j) {

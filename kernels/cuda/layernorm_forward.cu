@@ -1,9 +1,11 @@
-// LayerNorm forward over the last dim: one warp per row. Statistics in fp32
+// LayerNorm and RMSNorm forward over the last dim: one warp per row. Statistics in fp32
 // with two passes (mean, then the mean of squared deviations) rather than
 // E[x^2] - E[x]^2, which cancels catastrophically for rows with a large mean.
 //   mean = sum(x) / C,  var = sum((x - mean)^2) / C  (biased, as PyTorch)
 //   rstd = 1 / sqrt(var + eps)   (exact sqrt and division, not rsqrtf)
 //   y = (x - mean) * rstd * gamma + beta
+// RMSNorm (mean == nullptr) skips the first pass: mean 0, no beta, so the
+// second pass sums x^2, as the CPU oracle does.
 // A template per dtype. Rows whose length is a multiple of the vector width
 // (and aligned operands) move 16 bytes per access: the sums through
 // ForEachOwnColumn, which keeps each lane's order of additions, so the
@@ -40,9 +42,12 @@ __global__ void layernorm_forward_kernel(const T* x, const T* gamma, const T* be
   if (row >= rows) return;  // the whole warp: rows are per warp
   const T* xr = x + row * cols;
   T* yr = y + row * cols;
-  float sum = 0.0f;
-  ForEachOwnColumn<N>(xr, cols, vectorized, stage[warp], [&](int64_t, float v) { sum += v; });
-  const float mu = WarpSum(sum) / static_cast<float>(cols);
+  float mu = 0.0f;        // RMSNorm: no centring
+  if (mean != nullptr) {  // the same for the whole warp
+    float sum = 0.0f;
+    ForEachOwnColumn<N>(xr, cols, vectorized, stage[warp], [&](int64_t, float v) { sum += v; });
+    mu = WarpSum(sum) / static_cast<float>(cols);
+  }
   float sq = 0.0f;
   ForEachOwnColumn<N>(xr, cols, vectorized, stage[warp], [&](int64_t, float v) {
     const float d = v - mu;
@@ -74,7 +79,7 @@ __global__ void layernorm_forward_kernel(const T* x, const T* gamma, const T* be
     }
   }
   if (lane == 0) {
-    mean[row] = mu;
+    if (mean != nullptr) mean[row] = mu;
     rstd[row] = rs;
   }
 }

@@ -852,7 +852,8 @@ void AddGemmBiasActivationCases(std::vector<OpCase>& cases) {
                 // some shapes; backend.h): half an ulp of the largest |sum|.
                 double max_sum = 0;
                 for (int64_t i = 0; i < m; ++i) {
-                  for (int64_t j = 0; j < n; ++j) max_sum = std::max(max_sum, std::fabs(g.Sum(i, j)));
+                  for (int64_t j = 0; j < n; ++j)
+                    max_sum = std::max(max_sum, std::fabs(g.Sum(i, j)));
                 }
                 const double bias_rounding = dt == DType::kF32 ? 0.0 : kt::Eps(dt) / 2 * max_sum;
                 const Tol sums = DeviceElementwise(dt) + Tol{0, k * 6e-8 + bias_rounding};
@@ -1141,8 +1142,7 @@ void AddActivationCases(std::vector<OpCase>& cases) {
       // reference's absolute term of exact, so two of them are within twice it.
       const Tol dev_grad_tol =
           relu ? kBitwise
-               : DeviceElementwise(dt) +
-                     Tol{0, (act == Activation::kGELUTanh ? 128 : 32) * kU32};
+               : DeviceElementwise(dt) + Tol{0, (act == Activation::kGELUTanh ? 128 : 32) * kU32};
 
       auto forward = [=] {
         const HostTensor x = Random(dt, {50, 100}, 40, -6, 6);
@@ -1375,6 +1375,310 @@ void AddLayerNormCases(std::vector<OpCase>& cases) {
       };
       cases.push_back({"LayerNormBackward", variant, backward});
     }
+  }
+}
+
+// ---- RMSNorm ----
+void AddRmsNormCases(std::vector<OpCase>& cases) {
+  const int64_t rows = 67, cols = 320;
+  const float eps = 1e-6f;
+  for (DType dt : kFloatDTypes) {
+    const std::string variant = Lower(dt);
+    auto ref_rstd = [=](const HostTensor& x) {
+      std::vector<double> rstd;
+      for (int64_t r = 0; r < rows; ++r) {
+        double sq = 0;
+        for (int64_t c = 0; c < cols; ++c) {
+          const double v = x.values[static_cast<size_t>(r * cols + c)];
+          sq += v * v;
+        }
+        rstd.push_back(1.0 / std::sqrt(sq / static_cast<double>(cols) + eps));
+      }
+      return rstd;
+    };
+    cases.push_back(
+        {"RmsNormForward", variant, [=] {
+           const HostTensor x = Random(dt, {rows, cols}, 60, -2, 2);
+           const HostTensor w = Random(dt, {cols}, 61, 0.5, 1.5);
+           CaseFns f;
+           f.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+             Io io(be);
+             AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(x));
+             AMPD_ASSIGN_OR_RETURN(Tensor tw, io.Upload(w));
+             AMPD_ASSIGN_OR_RETURN(Tensor ty, io.Unwritten(dt, x.shape));
+             AMPD_ASSIGN_OR_RETURN(Tensor tr, io.Unwritten(DType::kF32, {rows}));
+             AMPD_RETURN_IF_ERROR(be.RmsNormForward(tx, tw, eps, ty, tr));
+             AMPD_RETURN_IF_ERROR(io.Read("rstd", tr, {1e-5, 1e-6}));
+             AMPD_RETURN_IF_ERROR(io.Read("y", ty, DeviceElementwise(dt) + Tol{0, 1e-5}));
+             return io.Take();
+           };
+           f.reference = [=] {
+             const std::vector<double> rstd = ref_rstd(x);
+             std::vector<double> y;
+             for (int64_t r = 0; r < rows; ++r) {
+               for (int64_t c = 0; c < cols; ++c) {
+                 y.push_back(x.values[static_cast<size_t>(r * cols + c)] *
+                             rstd[static_cast<size_t>(r)] * w.values[static_cast<size_t>(c)]);
+               }
+             }
+             // The fp32 sum of 320 squares (relative error near
+             // sqrt(320) u by a random walk; 2e-5 allows 60 times
+             // that) and y's rounding to the dtype.
+             return Outputs{{"rstd", rstd, Tol{2e-5, 0}}, {"y", y, Ulps(dt, 1) + Tol{2e-5, 4e-5}}};
+           };
+           return f;
+         }});
+    cases.push_back({"RmsNormBackward", variant, [=] {
+                       const HostTensor x = Random(dt, {rows, cols}, 60, -2, 2);
+                       const HostTensor w = Random(dt, {cols}, 61, 0.5, 1.5);
+                       const HostTensor dy = Random(dt, {rows, cols}, 62, -1, 1);
+                       const HostTensor pw = Random(dt, {cols}, 63, -1, 1);
+                       HostTensor rstd{DType::kF32, {rows}, {}};
+                       for (double v : ref_rstd(x)) rstd.values.push_back(F32(v));
+                       CaseFns b;
+                       b.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+                         Io io(be);
+                         AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(x));
+                         AMPD_ASSIGN_OR_RETURN(Tensor tw, io.Upload(w));
+                         AMPD_ASSIGN_OR_RETURN(Tensor tr, io.Upload(rstd));
+                         AMPD_ASSIGN_OR_RETURN(Tensor tdy, io.Upload(dy));
+                         AMPD_ASSIGN_OR_RETURN(Tensor tdx, io.Unwritten(dt, x.shape));
+                         AMPD_ASSIGN_OR_RETURN(Tensor tdw, io.Upload(pw));
+                         AMPD_RETURN_IF_ERROR(be.RmsNormBackward(tx, tw, tr, tdy, tdx, tdw));
+                         const Tol tol = DeviceElementwise(dt) + Tol{0, 1e-5 + rows * 1e-6};
+                         AMPD_RETURN_IF_ERROR(io.Read("dx", tdx, tol));
+                         AMPD_RETURN_IF_ERROR(io.Read("dweight", tdw, tol));
+                         return io.Take();
+                       };
+                       b.reference = [=] {
+                         std::vector<double> dx, dw(pw.values);
+                         for (int64_t r = 0; r < rows; ++r) {
+                           const double rs = rstd.values[static_cast<size_t>(r)];
+                           double sum_gx = 0;
+                           for (int64_t c = 0; c < cols; ++c) {
+                             const size_t i = static_cast<size_t>(r * cols + c);
+                             const double xhat = x.values[i] * rs;
+                             sum_gx += dy.values[i] * w.values[static_cast<size_t>(c)] * xhat;
+                             dw[static_cast<size_t>(c)] += dy.values[i] * xhat;
+                           }
+                           for (int64_t c = 0; c < cols; ++c) {
+                             const size_t i = static_cast<size_t>(r * cols + c);
+                             const double g = dy.values[i] * w.values[static_cast<size_t>(c)];
+                             dx.push_back(rs * (g - x.values[i] * rs * sum_gx / cols));
+                           }
+                         }
+                         // As LayerNorm's: a row sum of 320 terms below 3 and
+                         // column sums of 67 terms below 2 in fp32.
+                         return Outputs{{"dx", dx, Ulps(dt, 1) + Tol{16 * kU32, 1e-5}},
+                                        {"dweight", dw, Ulps(dt, 1) + Tol{0, 8 * 2 * rows * kU32}}};
+                       };
+                       return b;
+                     }});
+  }
+}
+
+// ---- grouped-query K/V heads ----
+void AddKvHeadsCases(std::vector<OpCase>& cases) {
+  // 6 query heads sharing 2 K/V heads (groups of 3) of 5 channels.
+  const int64_t batch = 2, seq = 7, heads = 6, kv_heads = 2, d = 5;
+  const int64_t width = (heads + 2 * kv_heads) * d, group = heads / kv_heads;
+  // Column of expanded (B T, 3 H D) element (part, h, c) in the compact row.
+  auto source_col = [=](int64_t part, int64_t h, int64_t c) {
+    return part == 0 ? h * d + c : (heads + (part - 1) * kv_heads + h / group) * d + c;
+  };
+  for (DType dt : kFloatDTypes) {
+    cases.push_back(
+        {"ExpandKvHeads", Lower(dt), [=] {
+           const HostTensor src = Random(dt, {batch, seq, width}, 90, -3, 3);
+           CaseFns f;
+           f.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+             Io io(be);
+             AMPD_ASSIGN_OR_RETURN(Tensor ts, io.Upload(src));
+             AMPD_ASSIGN_OR_RETURN(Tensor td, io.Unwritten(dt, {batch, seq, 3 * heads * d}));
+             AMPD_RETURN_IF_ERROR(be.ExpandKvHeads(ts, heads, kv_heads, td));
+             AMPD_RETURN_IF_ERROR(io.Read("dst", td, kBitwise));
+             return io.Take();
+           };
+           f.reference = [=] {
+             std::vector<double> out;
+             for (int64_t r = 0; r < batch * seq; ++r) {
+               for (int64_t part = 0; part < 3; ++part) {
+                 for (int64_t h = 0; h < heads; ++h) {
+                   for (int64_t c = 0; c < d; ++c) {
+                     out.push_back(
+                         src.values[static_cast<size_t>(r * width + source_col(part, h, c))]);
+                   }
+                 }
+               }
+             }
+             return Outputs{{"dst", out, kBitwise}};
+           };
+           return f;
+         }});
+    cases.push_back(
+        {"ReduceKvHeads", Lower(dt), [=] {
+           const HostTensor dexp = Random(dt, {batch, seq, 3 * heads * d}, 91, -1, 1);
+           CaseFns f;
+           f.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+             Io io(be);
+             AMPD_ASSIGN_OR_RETURN(Tensor te, io.Upload(dexp));
+             AMPD_ASSIGN_OR_RETURN(Tensor ts, io.Unwritten(dt, {batch, seq, width}));
+             AMPD_RETURN_IF_ERROR(be.ReduceKvHeads(te, heads, kv_heads, ts));
+             // The same fp32 order on every backend: the same bits.
+             AMPD_RETURN_IF_ERROR(io.Read("dsrc", ts, kBitwise));
+             return io.Take();
+           };
+           f.reference = [=] {
+             std::vector<double> out(static_cast<size_t>(batch * seq * width), 0.0);
+             for (int64_t r = 0; r < batch * seq; ++r) {
+               for (int64_t part = 0; part < 3; ++part) {
+                 for (int64_t h = 0; h < heads; ++h) {
+                   for (int64_t c = 0; c < d; ++c) {
+                     out[static_cast<size_t>(r * width + source_col(part, h, c))] +=
+                         dexp.values[static_cast<size_t>((r * 3 + part) * heads * d + h * d + c)];
+                   }
+                 }
+               }
+             }
+             // Three terms below 1 summed in fp32, then one rounding.
+             return Outputs{{"dsrc", out, Ulps(dt, 1) + Tol{0, 4 * kU32}}};
+           };
+           return f;
+         }});
+  }
+}
+
+// ---- rotary position embeddings ----
+// inv_freq as a Llama config with rope_theta 10000 gives it, for head_dim D.
+HostTensor InvFreq(int64_t head_dim, double theta) {
+  HostTensor f{DType::kF32, {head_dim / 2}, {}};
+  for (int64_t i = 0; i < head_dim / 2; ++i) {
+    f.values.push_back(F32(1.0 / std::pow(theta, static_cast<double>(2 * i) / head_dim)));
+  }
+  return f;
+}
+
+void AddRopeCases(std::vector<OpCase>& cases) {
+  // Two q heads and one k head of 16 rotated; a v head of 16 and 5 more
+  // columns untouched. Positions up to 900 (given) or T - 1 (implicit).
+  const int64_t batch = 2, seq = 37, head_dim = 16, heads = 3, width = 4 * head_dim + 5;
+  for (DType dt : kFloatDTypes) {
+    for (bool given : {false, true}) {
+      for (bool inverse : {false, true}) {
+        const std::string variant =
+            absl::StrCat(Lower(dt), given ? "_positions" : "_implicit", inverse ? "_inverse" : "");
+        cases.push_back(
+            {"Rope", variant, [=] {
+               const HostTensor x = Random(dt, {batch, seq, width}, 70, -2, 2);
+               const HostTensor freq = InvFreq(head_dim, 10000.0);
+               const HostTensor pos = Ids(DType::kI64, batch * seq, 71, 900);
+               CaseFns f;
+               f.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+                 Io io(be);
+                 AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(x));
+                 AMPD_ASSIGN_OR_RETURN(Tensor tf, io.Upload(freq));
+                 HostTensor p2 = pos;
+                 p2.shape = {batch, seq};
+                 AMPD_ASSIGN_OR_RETURN(Tensor tp, io.Upload(p2));
+                 AMPD_RETURN_IF_ERROR(
+                     be.Rope(tx, heads, head_dim, tf, given ? &tp : nullptr, inverse));
+                 // cosf/sinf of angles up to 900 rad: CUDA's and
+                 // glibc's each within a couple of fp32 ulps.
+                 AMPD_RETURN_IF_ERROR(io.Read("x", tx, DeviceElementwise(dt) + Tol{0, 4e-6}));
+                 return io.Take();
+               };
+               f.reference = [=] {
+                 std::vector<double> y = x.values;
+                 const int64_t half = head_dim / 2;
+                 for (int64_t r = 0; r < batch * seq; ++r) {
+                   const double p = given ? pos.values[static_cast<size_t>(r)] : r % seq;
+                   for (int64_t i = 0; i < half; ++i) {
+                     // The fp32 angle, as the contract forms it.
+                     const double angle = F32(p * freq.values[static_cast<size_t>(i)]);
+                     const double c = std::cos(angle);
+                     const double sn = inverse ? -std::sin(angle) : std::sin(angle);
+                     for (int64_t h = 0; h < heads; ++h) {
+                       const size_t a = static_cast<size_t>(r * width + h * head_dim + i);
+                       const size_t b2 = a + static_cast<size_t>(half);
+                       const double x1 = x.values[a], x2 = x.values[b2];
+                       y[a] = x1 * c - x2 * sn;
+                       y[b2] = x2 * c + x1 * sn;
+                     }
+                   }
+                 }
+                 // fp32 cos/sin and two products and a sum (|x| <= 2).
+                 return Outputs{{"x", y, Ulps(dt, 1) + Tol{0, 16 * 2 * kU32}}};
+               };
+               return f;
+             }});
+      }
+    }
+  }
+}
+
+// ---- SwiGLU ----
+void AddSiluMulCases(std::vector<OpCase>& cases) {
+  const Shape shape{29, 67};  // odd: the vector tails too
+  for (DType dt : kFloatDTypes) {
+    auto silu = [](double g) { return g / (1.0 + std::exp(-g)); };
+    cases.push_back({"SiluMulForward", Lower(dt), [=] {
+                       const HostTensor g = Random(dt, shape, 80, -8, 8);
+                       const HostTensor u = Random(dt, shape, 81, -3, 3);
+                       CaseFns f;
+                       f.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+                         Io io(be);
+                         AMPD_ASSIGN_OR_RETURN(Tensor tg, io.Upload(g));
+                         AMPD_ASSIGN_OR_RETURN(Tensor tu, io.Upload(u));
+                         AMPD_ASSIGN_OR_RETURN(Tensor ty, io.Unwritten(dt, shape));
+                         AMPD_RETURN_IF_ERROR(be.SiluMulForward(tg, tu, ty));
+                         AMPD_RETURN_IF_ERROR(io.Read("y", ty, DeviceElementwise(dt)));
+                         return io.Take();
+                       };
+                       f.reference = [=] {
+                         std::vector<double> y;
+                         for (size_t i = 0; i < g.values.size(); ++i) {
+                           y.push_back(silu(g.values[i]) * u.values[i]);
+                         }
+                         // exp, the sum, the quotient and two products in fp32.
+                         return Outputs{{"y", y, Ulps(dt, 1) + Tol{12 * kU32, DenormMin(dt)}}};
+                       };
+                       return f;
+                     }});
+    cases.push_back(
+        {"SiluMulBackward", Lower(dt), [=] {
+           const HostTensor g = Random(dt, shape, 80, -8, 8);
+           const HostTensor u = Random(dt, shape, 81, -3, 3);
+           const HostTensor dy = Random(dt, shape, 82, -1, 1);
+           CaseFns f;
+           f.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+             Io io(be);
+             AMPD_ASSIGN_OR_RETURN(Tensor tg, io.Upload(g));
+             AMPD_ASSIGN_OR_RETURN(Tensor tu, io.Upload(u));
+             AMPD_ASSIGN_OR_RETURN(Tensor tdy, io.Upload(dy));
+             AMPD_ASSIGN_OR_RETURN(Tensor tdg, io.Unwritten(dt, shape));
+             AMPD_ASSIGN_OR_RETURN(Tensor tdu, io.Unwritten(dt, shape));
+             AMPD_RETURN_IF_ERROR(be.SiluMulBackward(tg, tu, tdy, tdg, tdu));
+             // 1 - s and 1 + g (1 - s) cancel for large |g|: an
+             // absolute floor of a few fp32 ulps of |dy u|.
+             AMPD_RETURN_IF_ERROR(io.Read("dgate", tdg, DeviceElementwise(dt) + Tol{0, 3e-6}));
+             AMPD_RETURN_IF_ERROR(io.Read("dup", tdu, DeviceElementwise(dt)));
+             return io.Take();
+           };
+           f.reference = [=] {
+             std::vector<double> dg, du;
+             for (size_t i = 0; i < g.values.size(); ++i) {
+               const double gv = g.values[i];
+               const double sg = 1.0 / (1.0 + std::exp(-gv));
+               dg.push_back(dy.values[i] * u.values[i] * sg * (1.0 + gv * (1.0 - sg)));
+               du.push_back(dy.values[i] * gv * sg);
+             }
+             // |dy u| <= 3 times the derivative's few fp32 roundings,
+             // 1 - s absolute near u32 where s is near 1 (times |g| <= 8).
+             return Outputs{{"dgate", dg, Ulps(dt, 1) + Tol{16 * kU32, 3 * 8 * 4 * kU32}},
+                            {"dup", du, Ulps(dt, 1) + Tol{12 * kU32, DenormMin(dt)}}};
+           };
+           return f;
+         }});
   }
 }
 
@@ -2157,6 +2461,10 @@ const std::vector<OpCase>& AllCases() {
     AddBiasGradCases(*all);
     AddActivationCases(*all);
     AddLayerNormCases(*all);
+    AddRmsNormCases(*all);
+    AddKvHeadsCases(*all);
+    AddRopeCases(*all);
+    AddSiluMulCases(*all);
     AddEmbeddingCases(*all);
     AddLossCases(*all);
     AddAttentionCases(*all);
