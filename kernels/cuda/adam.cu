@@ -44,31 +44,20 @@ __device__ __forceinline__ void AdamTile(const ParamSpan& p, int64_t begin, cons
   if (VectorTile<TGrad, TWork>(p, begin)) {
     // Thread t takes elements [4 (k kThreads + t), +4) of the tile: each
     // warp's accesses are contiguous, 16 bytes per thread for fp32.
-    // Every group's loads are issued before any store: the compiler may
-    // not move a load above a store through pointers that could alias, so
-    // a load-compute-store loop would keep one group's bytes in flight per
-    // thread instead of all of them.
-    constexpr int kGroups = kOptimizerElemsPerThread / kOptimizerVec;
-    float g[kGroups][4], w[kGroups][4], m[kGroups][4], v[kGroups][4];
 #pragma unroll
-    for (int k = 0; k < kGroups; ++k) {
+    for (int k = 0; k < kOptimizerElemsPerThread / kOptimizerVec; ++k) {
       const int64_t i = begin + (int64_t{k} * kThreads + threadIdx.x) * kOptimizerVec;
-      Vec4<TGrad>::Load(grad + i, g[k]);
-      Vec4<float>::Load(p.master + i, w[k]);
-      Vec4<float>::Load(p.state0 + i, m[k]);
-      Vec4<float>::Load(p.state1 + i, v[k]);
-    }
+      float g[4], w[4], m[4], v[4];
+      Vec4<TGrad>::Load(grad + i, g);
+      Vec4<float>::Load(p.master + i, w);
+      Vec4<float>::Load(p.state0 + i, m);
+      Vec4<float>::Load(p.state1 + i, v);
 #pragma unroll
-    for (int k = 0; k < kGroups; ++k) {
-      const int64_t i = begin + (int64_t{k} * kThreads + threadIdx.x) * kOptimizerVec;
-#pragma unroll
-      for (int j = 0; j < kOptimizerVec; ++j) {
-        AdamElement(g[k][j], w[k][j], m[k][j], v[k][j], a, f);
-      }
-      Vec4<float>::Store(p.state0 + i, m[k]);
-      Vec4<float>::Store(p.state1 + i, v[k]);
-      Vec4<float>::Store(p.master + i, w[k]);
-      if (working != nullptr) Vec4<TWork>::Store(working + i, w[k]);
+      for (int j = 0; j < kOptimizerVec; ++j) AdamElement(g[j], w[j], m[j], v[j], a, f);
+      Vec4<float>::Store(p.state0 + i, m);
+      Vec4<float>::Store(p.state1 + i, v);
+      Vec4<float>::Store(p.master + i, w);
+      if (working != nullptr) Vec4<TWork>::Store(working + i, w);
     }
     return;
   }
