@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 #include <utility>
 
 #include "absl/random/random.h"
@@ -12,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "codec/host_tensor.h"
+#include "common/pem_file.h"
 #include "common/status_macros.h"
 #include "google/rpc/status.pb.h"
 
@@ -77,41 +77,18 @@ std::string DescribeError(const absl::Status& status) {
   return absl::StrCat(code, " [", absl::StrJoin(facts, " "), "]: ", status.message());
 }
 
-namespace {
-
-// PEM files are a few KiB; a larger one is a wrong path.
-constexpr std::streamoff kMaxPemBytes = std::streamoff{1} << 20;
-
-absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) return absl::NotFoundError(absl::StrCat(flag, "=", path, ": cannot open"));
-  const std::streamoff size = in.tellg();
-  if (size <= 0 || size > kMaxPemBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, "=", path, ": expected a PEM file of 1 byte to 1 MiB"));
-  }
-  in.seekg(0);
-  std::string text(static_cast<size_t>(size), '\0');
-  if (!in.read(text.data(), size)) {
-    return absl::DataLossError(absl::StrCat(flag, "=", path, ": read failed"));
-  }
-  return text;
-}
-
-}  // namespace
-
 absl::Status LoadTlsFiles(const std::string& ca_path, const std::string& cert_path,
                           const std::string& key_path, ClientOptions& options) {
   if (cert_path.empty() != key_path.empty()) {
     return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
   }
   if (!ca_path.empty()) {
-    AMPD_ASSIGN_OR_RETURN(options.tls_ca_pem, ReadPem("--tls-ca", ca_path));
+    AMPD_ASSIGN_OR_RETURN(options.tls_ca_pem, ReadPemFile("--tls-ca", ca_path));
     options.tls = true;
   }
   if (!cert_path.empty()) {
-    AMPD_ASSIGN_OR_RETURN(std::string cert, ReadPem("--tls-cert", cert_path));
-    AMPD_ASSIGN_OR_RETURN(std::string key, ReadPem("--tls-key", key_path));
+    AMPD_ASSIGN_OR_RETURN(std::string cert, ReadPemFile("--tls-cert", cert_path));
+    AMPD_ASSIGN_OR_RETURN(std::string key, ReadPemFile("--tls-key", key_path));
     options.tls_cert_pem = std::move(cert);
     options.tls_key_pem = std::move(key);
     options.tls = true;

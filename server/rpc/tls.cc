@@ -5,34 +5,18 @@
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
 
-#include <fstream>
-
 #include "absl/status/status.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/pem_file.h"
 #include "common/status_macros.h"
 
 namespace ampd::rpc {
 namespace {
 
-// Certificates and keys are a few KiB; a larger file is a wrong path.
-constexpr std::streamoff kMaxPemBytes = std::streamoff{1} << 20;
-
+// The file must read as PEM now, so a bad path fails at start naming the
+// flag; the provider re-reads it on its own schedule.
 absl::Status CheckPemFile(const char* flag, const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) return absl::NotFoundError(absl::StrCat(flag, "=", path, ": cannot open"));
-  const std::streamoff size = in.tellg();
-  if (size <= 0 || size > kMaxPemBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, "=", path, ": expected a PEM file of 1 byte to 1 MiB"));
-  }
-  in.seekg(0);
-  std::string text(static_cast<size_t>(size), '\0');
-  in.read(text.data(), size);
-  if (!in || !absl::StrContains(text, "-----BEGIN ")) {
-    return absl::InvalidArgumentError(absl::StrCat(flag, "=", path, ": not a PEM file"));
-  }
-  return absl::OkStatus();
+  return ReadPemFile(flag, path).status();
 }
 
 }  // namespace
