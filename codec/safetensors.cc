@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "codec/json_text.h"
 #include "common/error_reason.h"
 #include "common/status_macros.h"
 
@@ -29,49 +30,6 @@ constexpr size_t kHeaderAlignment = 8;
 constexpr size_t kLengthPrefixBytes = 8;
 
 // ---------------------------------------------------------------- writing --
-
-// Escapes as serde_json does, so headers match the reference byte for byte:
-// '"' and '\\' and the short control escapes, other control characters as
-// \u00xx in lowercase hex, everything else (non-ASCII included) verbatim.
-void AppendJsonString(absl::string_view s, std::string* out) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  out->push_back('"');
-  for (char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"':
-        out->append("\\\"");
-        break;
-      case '\\':
-        out->append("\\\\");
-        break;
-      case '\b':
-        out->append("\\b");
-        break;
-      case '\f':
-        out->append("\\f");
-        break;
-      case '\n':
-        out->append("\\n");
-        break;
-      case '\r':
-        out->append("\\r");
-        break;
-      case '\t':
-        out->append("\\t");
-        break;
-      default:
-        if (c < 0x20) {
-          out->append("\\u00");
-          out->push_back(kHex[c >> 4]);
-          out->push_back(kHex[c & 0xf]);
-        } else {
-          out->push_back(ch);
-        }
-    }
-  }
-  out->push_back('"');
-}
 
 // ---------------------------------------------------------------- UTF-8 --
 
@@ -113,24 +71,6 @@ bool IsValidUtf8(absl::string_view s) {
     i += len;
   }
   return true;
-}
-
-void AppendUtf8(uint32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
 }
 
 // ---------------------------------------------------------------- reading --
@@ -203,12 +143,7 @@ class HeaderParser {
   // anywhere a caller compares Peek() against a structural character.
   char Peek() const { return pos_ < text_.size() ? text_[pos_] : '\0'; }
 
-  void SkipWhitespace() {
-    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' ||
-                                   text_[pos_] == '\n' || text_[pos_] == '\r')) {
-      ++pos_;
-    }
-  }
+  void SkipWhitespace() { SkipJsonSpace(text_, &pos_); }
 
   absl::Status ExpectChar(char c) {
     SkipWhitespace();
@@ -237,85 +172,11 @@ class HeaderParser {
     return Error(absl::StrCat("expected ',' or '", std::string(1, close), "'"));
   }
 
-  absl::Status ParseHex4(uint32_t* unit) {
-    if (text_.size() - pos_ < 4) return Error("truncated \\u escape");
-    uint32_t v = 0;
-    for (int k = 0; k < 4; ++k) {
-      const char c = text_[pos_++];
-      v <<= 4;
-      if (c >= '0' && c <= '9') {
-        v |= static_cast<uint32_t>(c - '0');
-      } else if (c >= 'a' && c <= 'f') {
-        v |= static_cast<uint32_t>(c - 'a' + 10);
-      } else if (c >= 'A' && c <= 'F') {
-        v |= static_cast<uint32_t>(c - 'A' + 10);
-      } else {
-        return Error("bad hex digit in \\u escape");
-      }
-    }
-    *unit = v;
-    return absl::OkStatus();
-  }
-
+  // The whole header was checked to be UTF-8 before parsing.
   absl::Status ParseString(std::string* out) {
     SkipWhitespace();
-    if (Peek() != '"') return Error("expected a string");
-    ++pos_;
-    out->clear();
-    while (true) {
-      if (pos_ >= text_.size()) return Error("unterminated string");
-      const char c = text_[pos_++];
-      if (c == '"') return absl::OkStatus();
-      if (static_cast<unsigned char>(c) < 0x20) return Error("control character in string");
-      if (c != '\\') {
-        out->push_back(c);  // the whole header was checked to be UTF-8
-        continue;
-      }
-      if (pos_ >= text_.size()) return Error("unterminated escape");
-      const char e = text_[pos_++];
-      switch (e) {
-        case '"':
-        case '\\':
-        case '/':
-          out->push_back(e);
-          break;
-        case 'b':
-          out->push_back('\b');
-          break;
-        case 'f':
-          out->push_back('\f');
-          break;
-        case 'n':
-          out->push_back('\n');
-          break;
-        case 'r':
-          out->push_back('\r');
-          break;
-        case 't':
-          out->push_back('\t');
-          break;
-        case 'u': {
-          uint32_t unit = 0;
-          AMPD_RETURN_IF_ERROR(ParseHex4(&unit));
-          if (unit >= 0xDC00 && unit <= 0xDFFF) return Error("lone low surrogate in \\u escape");
-          if (unit >= 0xD800 && unit <= 0xDBFF) {
-            // A high surrogate must be followed by an escaped low one.
-            if (text_.size() - pos_ < 2 || text_[pos_] != '\\' || text_[pos_ + 1] != 'u') {
-              return Error("lone high surrogate in \\u escape");
-            }
-            pos_ += 2;
-            uint32_t low = 0;
-            AMPD_RETURN_IF_ERROR(ParseHex4(&low));
-            if (low < 0xDC00 || low > 0xDFFF) return Error("lone high surrogate in \\u escape");
-            unit = 0x10000 + ((unit - 0xD800) << 10) + (low - 0xDC00);
-          }
-          AppendUtf8(unit, out);
-          break;
-        }
-        default:
-          return Error("bad escape in string");
-      }
-    }
+    if (absl::Status s = ReadJsonString(text_, &pos_, out); !s.ok()) return Error(s.message());
+    return absl::OkStatus();
   }
 
   // A JSON non-negative integer no larger than `max`: no sign, no leading

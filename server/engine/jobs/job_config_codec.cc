@@ -1,7 +1,9 @@
 // JobConfig <-> the JSON of a checkpoint's ampd.config (see the header). A
-// small strict JSON reader and writer of its own: the format is a handful of
+// small strict JSON document reader and writer: the format is a handful of
 // keys, and the reader must refuse what a general-purpose library would
 // accept (duplicate keys, unknown keys, numbers that do not fit the field).
+// String literals are read and written by codec/json_text.h, as the
+// safetensors header's are.
 #include "server/engine/jobs/job_config_codec.h"
 
 #include <cmath>
@@ -17,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "codec/json_text.h"
 #include "common/status_macros.h"
 
 namespace ampd::engine {
@@ -69,12 +72,7 @@ class Reader {
         absl::StrCat(kKey, ": not a JSON document: ", what, " at offset ", pos_));
   }
 
-  void SkipSpace() {
-    while (pos_ < s_.size() &&
-           (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) {
-      ++pos_;
-    }
-  }
+  void SkipSpace() { codec::SkipJsonSpace(s_, &pos_); }
 
   bool Consume(absl::string_view word) {
     if (s_.substr(pos_, word.size()) != word) return false;
@@ -172,95 +170,12 @@ class Reader {
     return v;
   }
 
-  absl::StatusOr<uint32_t> Hex4() {
-    if (s_.size() - pos_ < 4) return Error("a short \\u escape");
-    uint32_t value = 0;
-    for (int i = 0; i < 4; ++i) {
-      const char c = s_[pos_++];
-      value <<= 4;
-      if (c >= '0' && c <= '9') {
-        value |= static_cast<uint32_t>(c - '0');
-      } else if (c >= 'a' && c <= 'f') {
-        value |= static_cast<uint32_t>(c - 'a' + 10);
-      } else if (c >= 'A' && c <= 'F') {
-        value |= static_cast<uint32_t>(c - 'A' + 10);
-      } else {
-        return Error("a bad \\u escape");
-      }
-    }
-    return value;
-  }
-
-  static void AppendUtf8(uint32_t cp, std::string* out) {
-    if (cp < 0x80) {
-      out->push_back(static_cast<char>(cp));
-    } else if (cp < 0x800) {
-      out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else if (cp < 0x10000) {
-      out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-      out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else {
-      out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-      out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-      out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
-  }
-
-  // Bytes >= 0x80 are taken as they are (the writer writes them so).
   absl::StatusOr<std::string> String() {
-    ++pos_;  // "
     std::string out;
-    while (true) {
-      if (pos_ >= s_.size()) return Error("an unterminated string");
-      const char c = s_[pos_++];
-      if (c == '"') return out;
-      if (static_cast<unsigned char>(c) < 0x20) return Error("a control character in a string");
-      if (c != '\\') {
-        out.push_back(c);
-        continue;
-      }
-      if (pos_ >= s_.size()) return Error("an unterminated string");
-      const char e = s_[pos_++];
-      switch (e) {
-        case '"':
-        case '\\':
-        case '/':
-          out.push_back(e);
-          break;
-        case 'b':
-          out.push_back('\b');
-          break;
-        case 'f':
-          out.push_back('\f');
-          break;
-        case 'n':
-          out.push_back('\n');
-          break;
-        case 'r':
-          out.push_back('\r');
-          break;
-        case 't':
-          out.push_back('\t');
-          break;
-        case 'u': {
-          AMPD_ASSIGN_OR_RETURN(uint32_t cp, Hex4());
-          if (cp >= 0xDC00 && cp <= 0xDFFF) return Error("a lone low surrogate");
-          if (cp >= 0xD800 && cp <= 0xDBFF) {
-            if (!Consume("\\u")) return Error("a lone high surrogate");
-            AMPD_ASSIGN_OR_RETURN(uint32_t low, Hex4());
-            if (low < 0xDC00 || low > 0xDFFF) return Error("a lone high surrogate");
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
-          }
-          AppendUtf8(cp, &out);
-          break;
-        }
-        default:
-          return Error("a bad escape");
-      }
+    if (absl::Status s = codec::ReadJsonString(s_, &pos_, &out); !s.ok()) {
+      return Error(s.message());
     }
+    return out;
   }
 
   absl::string_view s_;
@@ -398,21 +313,6 @@ absl::StatusOr<Enum> FromName(absl::string_view name, std::initializer_list<Enum
 
 // ---- writer -----------------------------------------------------------------------
 
-void AppendQuoted(absl::string_view s, std::string* out) {
-  out->push_back('"');
-  for (const char c : s) {
-    if (c == '"' || c == '\\') {
-      out->push_back('\\');
-      out->push_back(c);
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      absl::StrAppendFormat(out, "\\u%04x", static_cast<unsigned char>(c));
-    } else {
-      out->push_back(c);
-    }
-  }
-  out->push_back('"');
-}
-
 // 9 significant digits read back to the same float32, 17 to the same
 // float64. A non-finite value (which ValidateJobConfig refuses) is written
 // as null, which the reader refuses.
@@ -430,13 +330,13 @@ class ObjectWriter {
   void Raw(absl::string_view key, absl::string_view value) {
     if (!first_) out_->push_back(',');
     first_ = false;
-    AppendQuoted(key, out_);
+    codec::AppendJsonString(key, out_);
     out_->push_back(':');
     out_->append(value.data(), value.size());
   }
   void String(absl::string_view key, absl::string_view value) {
     std::string quoted;
-    AppendQuoted(value, &quoted);
+    codec::AppendJsonString(value, &quoted);
     Raw(key, quoted);
   }
   void Bool(absl::string_view key, bool value) { Raw(key, value ? "true" : "false"); }
