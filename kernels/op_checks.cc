@@ -183,6 +183,15 @@ absl::Status CheckShapeIs(absl::string_view op, absl::string_view name, const Te
   return CheckHasMemory(op, name, t);
 }
 
+// t has ref's dtype and shape, with memory (an output or a second input
+// shaped like the op's main operand).
+absl::Status CheckLike(absl::string_view op, absl::string_view name, const Tensor& t,
+                       absl::string_view ref_name, const Tensor& ref) {
+  AMPD_RETURN_IF_ERROR(CheckSameDType(op, name, t, ref_name, ref));
+  AMPD_RETURN_IF_ERROR(CheckSameShape(op, name, t, ref_name, ref));
+  return CheckHasMemory(op, name, t);
+}
+
 // The dimensions of a qkv (B, T, 3C) tensor split into n_head heads.
 struct AttentionDims {
   int64_t batch = 0;
@@ -657,9 +666,7 @@ absl::Status ValidateLayerNormForward(const Tensor& x, const Tensor* gamma, cons
   constexpr absl::string_view kOp = "LayerNormForward";
   AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "x", x));
   AMPD_RETURN_IF_ERROR(CheckRank(kOp, "x", x, 2));
-  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "y", y, "x", x));
-  AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "y", y, "x", x));
-  AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "y", y));
+  AMPD_RETURN_IF_ERROR(CheckLike(kOp, "y", y, "x", x));
   AMPD_RETURN_IF_ERROR(CheckAffine(kOp, "gamma", gamma, x));
   AMPD_RETURN_IF_ERROR(CheckAffine(kOp, "beta", beta, x));
   AMPD_RETURN_IF_ERROR(CheckStat(kOp, "mean", mean, x));
@@ -678,12 +685,8 @@ absl::Status ValidateLayerNormBackward(const Tensor& x, const Tensor* gamma, con
   constexpr absl::string_view kOp = "LayerNormBackward";
   AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "x", x));
   AMPD_RETURN_IF_ERROR(CheckRank(kOp, "x", x, 2));
-  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "dy", dy, "x", x));
-  AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "dy", dy, "x", x));
-  AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "dy", dy));
-  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "dx", dx, "x", x));
-  AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "dx", dx, "x", x));
-  AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "dx", dx));
+  AMPD_RETURN_IF_ERROR(CheckLike(kOp, "dy", dy, "x", x));
+  AMPD_RETURN_IF_ERROR(CheckLike(kOp, "dx", dx, "x", x));
   AMPD_RETURN_IF_ERROR(CheckAffine(kOp, "gamma", gamma, x));
   AMPD_RETURN_IF_ERROR(CheckStat(kOp, "mean", mean, x));
   AMPD_RETURN_IF_ERROR(CheckStat(kOp, "rstd", rstd, x));
@@ -729,9 +732,7 @@ absl::Status ValidateRmsNormForward(const Tensor& x, const Tensor& weight, const
   constexpr absl::string_view kOp = "RmsNormForward";
   AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "x", x));
   AMPD_RETURN_IF_ERROR(CheckRank(kOp, "x", x, 2));
-  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "y", y, "x", x));
-  AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "y", y, "x", x));
-  AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "y", y));
+  AMPD_RETURN_IF_ERROR(CheckLike(kOp, "y", y, "x", x));
   AMPD_RETURN_IF_ERROR(CheckAffine(kOp, "weight", &weight, x));
   AMPD_RETURN_IF_ERROR(CheckStat(kOp, "rstd", rstd, x));
   if (x.dim(1) == 0) {
@@ -746,12 +747,8 @@ absl::Status ValidateRmsNormBackward(const Tensor& x, const Tensor& weight, cons
   constexpr absl::string_view kOp = "RmsNormBackward";
   AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "x", x));
   AMPD_RETURN_IF_ERROR(CheckRank(kOp, "x", x, 2));
-  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "dy", dy, "x", x));
-  AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "dy", dy, "x", x));
-  AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "dy", dy));
-  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "dx", dx, "x", x));
-  AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "dx", dx, "x", x));
-  AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "dx", dx));
+  AMPD_RETURN_IF_ERROR(CheckLike(kOp, "dy", dy, "x", x));
+  AMPD_RETURN_IF_ERROR(CheckLike(kOp, "dx", dx, "x", x));
   AMPD_RETURN_IF_ERROR(CheckAffine(kOp, "weight", &weight, x));
   AMPD_RETURN_IF_ERROR(CheckStat(kOp, "rstd", rstd, x));
   return CheckParamGrad(kOp, "dweight", &dweight, x);
@@ -785,9 +782,7 @@ absl::Status ValidateRope(const Tensor& x, int64_t heads, int64_t head_dim, cons
 absl::Status ValidateSiluMulForward(const Tensor& gate, const Tensor& up, const Tensor& y) {
   constexpr absl::string_view kOp = "SiluMulForward";
   AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "gate", gate));
-  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "up", up, "gate", gate));
-  AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "up", up, "gate", gate));
-  AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "up", up));
+  AMPD_RETURN_IF_ERROR(CheckLike(kOp, "up", up, "gate", gate));
   AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "y", y, "gate", gate));
   AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "y", y, "gate", gate));
   return CheckHasMemory(kOp, "y", y);
@@ -800,9 +795,7 @@ absl::Status ValidateSiluMulBackward(const Tensor& gate, const Tensor& up, const
   const std::pair<absl::string_view, const Tensor*> same[] = {
       {"up", &up}, {"dy", &dy}, {"dgate", &dgate}, {"dup", &dup}};
   for (const auto& [name, t] : same) {
-    AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, name, *t, "gate", gate));
-    AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, name, *t, "gate", gate));
-    AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, name, *t));
+    AMPD_RETURN_IF_ERROR(CheckLike(kOp, name, *t, "gate", gate));
   }
   // Elementwise, but dgate is written before dup's inputs are all read.
   for (const auto& [name, t] :
@@ -855,9 +848,7 @@ absl::Status ValidateMseLoss(const Tensor& pred, const Tensor& target, const Ten
   AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "pred", pred));
   AMPD_RETURN_IF_ERROR(CheckDType(kOp, "target", target, DType::kF32));
   AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "target", target, "pred", pred));
-  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "dpred", dpred, "pred", pred));
-  AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "dpred", dpred, "pred", pred));
-  AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "dpred", dpred));
+  AMPD_RETURN_IF_ERROR(CheckLike(kOp, "dpred", dpred, "pred", pred));
   AMPD_RETURN_IF_ERROR(CheckScalarF32(kOp, "loss", loss));
   if (pred.numel() == 0) {
     return absl::InvalidArgumentError(
