@@ -197,57 +197,58 @@ absl::Status Trainer::CheckInput(const StepInput& input) const {
   return CheckMicroBatchesFitModel(impl_->config.model, input.micro_batches);
 }
 
-absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
-                                         const std::function<absl::Status(int64_t)>& admit,
-                                         const DataParallelStep* data_parallel) {
-  const Clock::time_point t_start = Clock::now();
-  Impl& m = *impl_;
+absl::StatusOr<Trainer::Impl::StepPlan> Trainer::Impl::Admit(
+    const StepInput& input, const std::function<absl::Status(int64_t)>& admit,
+    const DataParallelStep* data_parallel) {
   AMPD_RETURN_IF_ERROR(CheckStepInput(input));
-  AMPD_RETURN_IF_ERROR(CheckMicroBatchesFitModel(m.config.model, input.micro_batches));
-  kernels::Backend& b = *m.backend;
-  model::Network& net = *m.model;
-  StepReport report;
-
+  AMPD_RETURN_IF_ERROR(CheckMicroBatchesFitModel(config.model, input.micro_batches));
   // Admission before allocation. The step's buffers stay cached after it,
   // counted (workspace_bytes) until the job gives them up.
-  AMPD_RETURN_IF_ERROR(m.AdmitWorkspaces(input.micro_batches, admit, "step"));
-
-  const bool per_layer = m.config.scaler.per_layer_scales;
-  if (per_layer && data_parallel != nullptr) {
+  AMPD_RETURN_IF_ERROR(AdmitWorkspaces(input.micro_batches, admit, "step"));
+  StepPlan plan;
+  plan.per_layer = config.scaler.per_layer_scales;
+  if (plan.per_layer && data_parallel != nullptr) {
     // Validation refuses the config; a Trainer handed one anyway must not
     // train ranks whose group scales were never reduced.
     return absl::InvalidArgumentError(
         "scaler.per_layer_scales: not available for distributed jobs");
   }
-  if (m.scaler.NeedsCalibration()) {
-    AMPD_RETURN_IF_ERROR(m.CalibrateLossScale(input, data_parallel));
+  if (scaler.NeedsCalibration()) {
+    AMPD_RETURN_IF_ERROR(CalibrateLossScale(input, data_parallel));
   }
-  if (per_layer) {
-    for (size_t g = 0; g < m.groups.size(); ++g) {
-      m.group_scales[g] = m.scaler.layer_scale(static_cast<int64_t>(g));
+  if (plan.per_layer) {
+    for (size_t g = 0; g < groups.size(); ++g) {
+      group_scales[g] = scaler.layer_scale(static_cast<int64_t>(g));
     }
-    AMPD_RETURN_IF_ERROR(net.SetGroupScales(m.group_scales));
+    AMPD_RETURN_IF_ERROR(model->SetGroupScales(group_scales));
   }
   // The loss gradient's scale: the job's, or the last layer group's.
-  const float scale = m.scaler.scale();
-  const auto local_k = static_cast<int64_t>(input.micro_batches.size());
+  plan.scale = scaler.scale();
+  plan.local_k = static_cast<int64_t>(input.micro_batches.size());
   // A distributed step's K counts every rank's micro-batches: the sum of
   // the ranks' gradients is then the whole batch's.
-  const int64_t k = data_parallel != nullptr ? data_parallel->global_micro_batches : local_k;
+  plan.k = data_parallel != nullptr ? data_parallel->global_micro_batches : plan.local_k;
   // d(S * mean_k L_k)/dw: each micro-batch's loss gradient carries S / K.
-  const float grad_scale = scale / static_cast<float>(k);
-  const bool clip = m.config.optimizer.max_grad_norm > 0.0f;
-  // Group g's 1 / S_g (one group, S, for a job-wide scale).
-  const auto inv_scale_of = [&](size_t g) {
-    const float s = per_layer ? m.group_scales[g] : scale;
-    return static_cast<float>(1.0 / static_cast<double>(s));
-  };
+  plan.grad_scale = plan.scale / static_cast<float>(plan.k);
+  plan.clip = config.optimizer.max_grad_norm > 0.0f;
+  return plan;
+}
 
+float Trainer::Impl::InvScale(const StepPlan& plan, size_t group) const {
+  const float s = plan.per_layer ? group_scales[group] : plan.scale;
+  return static_cast<float>(1.0 / static_cast<double>(s));
+}
+
+absl::Status Trainer::Impl::ForwardBackward(const StepInput& input, const StepPlan& plan,
+                                            const DataParallelStep* data_parallel,
+                                            StepReport& report) {
+  kernels::Backend& b = *backend;
+  model::Network& net = *model;
   AMPD_RETURN_IF_ERROR(net.ZeroGrads());
-  AMPD_RETURN_IF_ERROR(b.Fill(m.found_inf, 0.0f));
-  AMPD_RETURN_IF_ERROR(b.Fill(m.loss_sum, 0.0f));
-  AMPD_RETURN_IF_ERROR(b.Fill(m.norm_sq, 0.0f));
-  for (Impl::ScaleGroup& g : m.groups) AMPD_RETURN_IF_ERROR(b.Fill(g.max_abs, 0.0f));
+  AMPD_RETURN_IF_ERROR(b.Fill(found_inf, 0.0f));
+  AMPD_RETURN_IF_ERROR(b.Fill(loss_sum, 0.0f));
+  AMPD_RETURN_IF_ERROR(b.Fill(norm_sq, 0.0f));
+  for (ScaleGroup& g : groups) AMPD_RETURN_IF_ERROR(b.Fill(g.max_abs, 0.0f));
 
   // A distributed step starts summing each parameter's gradient as the last
   // micro-batch's backward finishes it, so the sums overlap the rest of the
@@ -260,32 +261,32 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   // Every micro-batch's backward checks the groups' entry gradients; the
   // last one's also starts the sums.
   model::Network::BackwardHooks hooks;
-  if (per_layer) hooks.group_entry = m.GroupEntryCheck();
+  if (plan.per_layer) hooks.group_entry = GroupEntryCheck();
   model::Network::BackwardHooks last_hooks = hooks;
   if (all_reduce != nullptr) {
-    std::fill(m.grad_started.begin(), m.grad_started.end(), 0);
-    last_hooks.grads_ready = [&m, all_reduce](absl::Span<const int> params) -> absl::Status {
-      m.ready_grads.clear();
+    std::fill(grad_started.begin(), grad_started.end(), 0);
+    last_hooks.grads_ready = [this, all_reduce](absl::Span<const int> params) -> absl::Status {
+      ready_grads.clear();
       for (const int p : params) {
-        if (m.grad_started[static_cast<size_t>(p)] != 0) continue;
-        m.grad_started[static_cast<size_t>(p)] = 1;
-        m.ready_grads.push_back(m.grads[static_cast<size_t>(p)]);
+        if (grad_started[static_cast<size_t>(p)] != 0) continue;
+        grad_started[static_cast<size_t>(p)] = 1;
+        ready_grads.push_back(grads[static_cast<size_t>(p)]);
       }
-      return all_reduce->Start(m.ready_grads);
+      return all_reduce->Start(ready_grads);
     };
   }
 
-  for (int64_t i = 0; i < local_k; ++i) {
+  for (int64_t i = 0; i < plan.local_k; ++i) {
     const MicroBatch& mb = input.micro_batches[static_cast<size_t>(i)];
     report.samples += mb.inputs.shape[0];
-    AMPD_ASSIGN_OR_RETURN(auto* ws, m.WorkspaceFor(mb.inputs.shape));
+    AMPD_ASSIGN_OR_RETURN(auto* ws, WorkspaceFor(mb.inputs.shape));
     const Clock::time_point t0 = Clock::now();
     AMPD_RETURN_IF_ERROR(net.LoadBatch(mb.inputs, mb.targets, *ws));
     AMPD_RETURN_IF_ERROR(net.Forward(*ws));
-    AMPD_RETURN_IF_ERROR(net.Loss(*ws, grad_scale, m.loss));
-    AMPD_RETURN_IF_ERROR(b.Add(m.loss, m.loss_sum));
+    AMPD_RETURN_IF_ERROR(net.Loss(*ws, plan.grad_scale, loss));
+    AMPD_RETURN_IF_ERROR(b.Add(loss, loss_sum));
     const Clock::time_point t1 = Clock::now();
-    const bool last = i == local_k - 1;
+    const bool last = i == plan.local_k - 1;
     AMPD_RETURN_IF_ERROR(
         net.Backward(*ws, /*first_micro_batch=*/i == 0, last ? last_hooks : hooks));
     const Clock::time_point t2 = Clock::now();
@@ -296,120 +297,145 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   if (all_reduce != nullptr) {
     // The communication backward did not hide: what a rank waits here.
     const Clock::time_point t0 = Clock::now();
-    m.ready_grads.clear();
-    for (size_t p = 0; p < m.grads.size(); ++p) {
-      if (m.grad_started[p] == 0) m.ready_grads.push_back(m.grads[p]);
+    ready_grads.clear();
+    for (size_t p = 0; p < grads.size(); ++p) {
+      if (grad_started[p] == 0) ready_grads.push_back(grads[p]);
     }
-    AMPD_RETURN_IF_ERROR(all_reduce->Start(m.ready_grads));
+    AMPD_RETURN_IF_ERROR(all_reduce->Start(ready_grads));
     AMPD_RETURN_IF_ERROR(in_flight.Finish());
     report.seconds.allreduce += Seconds(t0, Clock::now());
   }
+  return absl::OkStatus();
+}
 
+absl::Status Trainer::Impl::CheckGradients(const StepInput& input, const StepPlan& plan,
+                                           const DataParallelStep* data_parallel,
+                                           StepReport& report) {
+  kernels::Backend& b = *backend;
   if (input.sample_grad_histogram) {
     // On the scaled grads: what the operator needs to see is where the
     // values sit relative to fp16's range, i.e. what was actually stored.
     // One histogram per scale group, so each group's underflow is its own.
-    for (Impl::ScaleGroup& g : m.groups) {
+    for (ScaleGroup& g : groups) {
       AMPD_RETURN_IF_ERROR(
-          b.CopyFromHost(m.zero_bins.data(), m.zero_bins.size() * sizeof(int64_t), g.histogram));
+          b.CopyFromHost(zero_bins.data(), zero_bins.size() * sizeof(int64_t), g.histogram));
       AMPD_RETURN_IF_ERROR(b.GradLog2Histogram(g.const_grads, g.histogram));
     }
   }
-
-  const Clock::time_point t3 = Clock::now();
+  const Clock::time_point t0 = Clock::now();
   // found_inf is only ever set and norm_sq only added to, so the groups'
   // calls share them: the norm is the global one clipping needs.
-  for (size_t g = 0; g < m.groups.size(); ++g) {
-    AMPD_RETURN_IF_ERROR(b.UnscaleAndCheck(m.groups[g].grads, inv_scale_of(g), /*in_place=*/false,
-                                           m.found_inf, &m.norm_sq, &m.groups[g].max_abs));
+  for (size_t g = 0; g < groups.size(); ++g) {
+    AMPD_RETURN_IF_ERROR(b.UnscaleAndCheck(groups[g].grads, InvScale(plan, g), /*in_place=*/false,
+                                           found_inf, &norm_sq, &groups[g].max_abs));
   }
-  const Clock::time_point t_checked = Clock::now();
+  report.seconds.unscale = Seconds(t0, Clock::now());
   if (data_parallel != nullptr) {
     // The whole batch's loss, and found_inf as a sum of the ranks' flags
     // (non-zero when any is: MAX and SUM agree on 0/1 flags, and one
     // collective carries both). The ranks checked the same summed gradients,
     // so the flags agree already; summing them makes the skip a decision of
     // the group even so. The last collective before anything is applied.
-    const Clock::time_point t0 = Clock::now();
-    Tensor* const scalars[2] = {&m.loss_sum, &m.found_inf};
+    const Clock::time_point t1 = Clock::now();
+    Tensor* const scalars[2] = {&loss_sum, &found_inf};
     AMPD_RETURN_IF_ERROR(data_parallel->all_reduce->Sum(scalars));
-    report.seconds.allreduce += Seconds(t0, Clock::now());
+    report.seconds.allreduce += Seconds(t1, Clock::now());
   }
-  const Clock::time_point t4 = Clock::now();
+  return absl::OkStatus();
+}
 
+absl::Status Trainer::Impl::Update(const StepInput& input, const StepPlan& plan,
+                                   StepReport& report) {
+  const Clock::time_point t0 = Clock::now();
   // A disabled scaler (PyTorch's enabled=False) never skips, so the update
   // reads a found_inf that is always 0.
-  const bool scaler_enabled = m.config.scaler.enabled;
   kernels::GradTransform transform;
-  transform.found_inf = scaler_enabled ? &m.found_inf : &m.no_inf;
-  transform.norm_sq = clip ? &m.norm_sq : nullptr;
-  transform.max_grad_norm = m.config.optimizer.max_grad_norm;
+  transform.found_inf = config.scaler.enabled ? &found_inf : &no_inf;
+  transform.norm_sq = plan.clip ? &norm_sq : nullptr;
+  transform.max_grad_norm = config.optimizer.max_grad_norm;
   // The schedule's lr for the updates applied so far (a skipped step does
   // not advance it), unless the request overrides it.
-  const float lr =
+  report.learning_rate =
       input.learning_rate.has_value()
           ? *input.learning_rate
-          : optim::ScheduledLearningRate(m.config.optimizer, m.optimizer.applied_steps());
+          : optim::ScheduledLearningRate(config.optimizer, optimizer.applied_steps());
   // Each group's update with its own 1 / S_g; the optimizer's step count
-  // is the caller's to advance, once, below.
-  for (size_t g = 0; g < m.groups.size(); ++g) {
-    transform.inv_scale = inv_scale_of(g);
-    AMPD_RETURN_IF_ERROR(m.optimizer.Apply(b, m.groups[g].refs, lr, transform));
+  // is advanced once, after the read (Finish).
+  for (size_t g = 0; g < groups.size(); ++g) {
+    transform.inv_scale = InvScale(plan, g);
+    AMPD_RETURN_IF_ERROR(
+        optimizer.Apply(*backend, groups[g].refs, report.learning_rate, transform));
   }
-  const Clock::time_point t5 = Clock::now();
+  report.seconds.optimizer = Seconds(t0, Clock::now());
+  return absl::OkStatus();
+}
 
+absl::Status Trainer::Impl::Finish(const StepInput& input, const StepPlan& plan,
+                                   StepReport& report) {
   // One read brings the scalars and, when sampled, the histograms.
   std::vector<kernels::HostCopy> histogram_copies;
   if (input.sample_grad_histogram) {
-    histogram_copies.reserve(m.groups.size());
-    for (Impl::ScaleGroup& g : m.groups) {
+    histogram_copies.reserve(groups.size());
+    for (ScaleGroup& g : groups) {
       histogram_copies.push_back({&g.histogram, g.bins.data(), g.bins.size() * sizeof(int64_t)});
     }
   }
-  const std::vector<float>& host = m.read_values;
-  AMPD_RETURN_IF_ERROR(b.ReadBack(m.read_scalars, absl::MakeSpan(m.read_values), histogram_copies));
-  const bool found_inf = host[kReadFoundInf] != 0.0f;
+  const std::vector<float>& host = read_values;
+  AMPD_RETURN_IF_ERROR(
+      backend->ReadBack(read_scalars, absl::MakeSpan(read_values), histogram_copies));
+  const bool overflowed = host[kReadFoundInf] != 0.0f;
   amp::StepGradStats stats;
-  stats.found_inf = found_inf;
+  stats.found_inf = overflowed;
   float max_abs = 0.0f;
-  for (size_t g = 0; g < m.groups.size(); ++g) {
+  for (size_t g = 0; g < groups.size(); ++g) {
     // Exact, whatever the grouping: a max never rounds (fmax keeps inf).
     max_abs = std::fmax(max_abs, host[kReadMaxAbs + g]);
-    if (per_layer) stats.layer_max_abs.push_back(host[kReadMaxAbs + g]);
+    if (plan.per_layer) stats.layer_max_abs.push_back(host[kReadMaxAbs + g]);
   }
   stats.max_abs = max_abs;
   if (input.sample_grad_histogram) {
     report.grad_histogram.assign(kernels::kGradHistogramBins, 0);
-    for (const Impl::ScaleGroup& g : m.groups) {
+    for (const ScaleGroup& g : groups) {
       for (size_t i = 0; i < g.bins.size(); ++i) report.grad_histogram[i] += g.bins[i];
-      if (per_layer) stats.layer_underflow_fraction.push_back(amp::UnderflowFraction(g.bins));
+      if (plan.per_layer) stats.layer_underflow_fraction.push_back(amp::UnderflowFraction(g.bins));
     }
     stats.underflow_fraction = amp::UnderflowFraction(report.grad_histogram);
     report.grad_underflow_fraction = stats.underflow_fraction;
   }
-  absl::StatusOr<amp::ScalerUpdate> update = m.scaler.Update(stats);
+  absl::StatusOr<amp::ScalerUpdate> update = scaler.Update(stats);
   if (!update.ok()) {
     // deepspeed at min_scale: the device already skipped the update
     // (found_inf was set), so the job's state is as it was.
     return absl::FailedPreconditionError(update.status().message());
   }
-  const bool applied = !(scaler_enabled && found_inf);
-  if (applied) m.optimizer.set_applied_steps(m.optimizer.applied_steps() + 1);
-  ++m.steps_run;
+  const bool applied = !(config.scaler.enabled && overflowed);
+  if (applied) optimizer.set_applied_steps(optimizer.applied_steps() + 1);
+  ++steps_run;
 
-  report.step = m.steps_run;
-  report.applied_steps = m.optimizer.applied_steps();
-  report.loss = host[kReadLossSum] / static_cast<float>(k);
-  report.learning_rate = lr;
+  report.step = steps_run;
+  report.applied_steps = optimizer.applied_steps();
+  report.loss = host[kReadLossSum] / static_cast<float>(plan.k);
   report.scaler = *update;
   report.grad_max_abs = max_abs;
   // Every applied step reports its norm; a skipped one only when clipping
   // (the norm of gradients that overflowed is inf or NaN, kept as clipping
   // always reported it).
-  if (applied || clip) report.grad_norm = std::sqrt(host[kReadNormSq]);
-  report.seconds.unscale = Seconds(t3, t_checked);
-  report.seconds.optimizer = Seconds(t4, t5);
-  report.seconds.total = Seconds(t_start, Clock::now());
+  if (applied || plan.clip) report.grad_norm = std::sqrt(host[kReadNormSq]);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
+                                         const std::function<absl::Status(int64_t)>& admit,
+                                         const DataParallelStep* data_parallel) {
+  const Clock::time_point start = Clock::now();
+  Impl& m = *impl_;
+  AMPD_ASSIGN_OR_RETURN(const Impl::StepPlan plan, m.Admit(input, admit, data_parallel));
+  StepReport report;
+  AMPD_RETURN_IF_ERROR(m.ForwardBackward(input, plan, data_parallel, report));
+  AMPD_RETURN_IF_ERROR(m.CheckGradients(input, plan, data_parallel, report));
+  AMPD_RETURN_IF_ERROR(m.Update(input, plan, report));
+  AMPD_RETURN_IF_ERROR(m.Finish(input, plan, report));
+  report.seconds.total = Seconds(start, Clock::now());
   if (data_parallel != nullptr) report.seconds.wait = data_parallel->wait_seconds;
   return report;
 }

@@ -65,6 +65,37 @@ struct Trainer::Impl {
   std::vector<float> read_values;
   std::vector<float> group_scales;
 
+  // ---- step.cc: Trainer::Step's phases, in order ---------------------------------
+  // What Admit fixes for the rest of the step.
+  struct StepPlan {
+    bool per_layer = false;   // per-layer scales
+    float scale = 1.0f;       // the loss gradient's scale: the job's, or the last group's
+    int64_t local_k = 0;      // this rank's micro-batches
+    int64_t k = 0;            // every rank's: the mean's divisor
+    float grad_scale = 1.0f;  // scale / k, each micro-batch's loss gradient
+    bool clip = false;        // max_grad_norm > 0
+  };
+  // The input checked, its workspaces admitted, an adaptive scaler
+  // calibrated and the groups' scales set: the plan of the step.
+  absl::StatusOr<StepPlan> Admit(const StepInput& input,
+                                 const std::function<absl::Status(int64_t)>& admit,
+                                 const DataParallelStep* data_parallel);
+  // Group g's 1 / S_g (S for a job-wide scale).
+  float InvScale(const StepPlan& plan, size_t group) const;
+  // The step's scalars zeroed; every micro-batch's forward, loss and
+  // backward; a distributed step's gradient sums finished.
+  absl::Status ForwardBackward(const StepInput& input, const StepPlan& plan,
+                               const DataParallelStep* data_parallel, StepReport& report);
+  // The sampled histograms, the unscale-and-check pass of every group and a
+  // distributed step's sum of the loss and found_inf.
+  absl::Status CheckGradients(const StepInput& input, const StepPlan& plan,
+                              const DataParallelStep* data_parallel, StepReport& report);
+  // The fused update of every group at the step's learning rate (skipped
+  // on the device when found_inf is set).
+  absl::Status Update(const StepInput& input, const StepPlan& plan, StepReport& report);
+  // The step's one read, the scaler's update and the report's figures.
+  absl::Status Finish(const StepInput& input, const StepPlan& plan, StepReport& report);
+
   // calibrate.cc: the adaptive scaler's calibrated start, run by Step
   // before the step proper when the scaler NeedsCalibration().
   absl::Status CalibrateLossScale(const StepInput& input, const DataParallelStep* data_parallel);
