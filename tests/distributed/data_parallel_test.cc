@@ -407,6 +407,7 @@ TEST_F(DataParallelTest, AServerWithoutPeerAddressRefusesDistributedJobs) {
   EXPECT_EQ(job.status().code(), absl::StatusCode::kFailedPrecondition) << job.status();
   // And a malformed spec is the field's error.
   d->set_rank(5);
+  d->set_secret(std::string(32, 's'));
   job = client->CreateJob(request);
   ASSERT_FALSE(job.ok());
   EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument) << job.status();

@@ -16,6 +16,7 @@ recorded result, so every step is applied exactly once on every rank.
 """
 import concurrent.futures
 import math
+import secrets
 import time
 import uuid
 
@@ -74,6 +75,9 @@ class DataParallelJob:
             config.scaler.CopyFrom(scaler.to_proto() if hasattr(scaler, "to_proto") else scaler)
         config.distributed.world_size = len(servers)
         config.distributed.group = group
+        # What the ranks sign their calls to the meeting point with: known
+        # to this client and the ranks only.
+        config.distributed.secret = secrets.token_bytes(32)
         config.distributed.rendezvous = rendezvous
         config.distributed.timeout_ms = timeout_ms
         job = cls(clients, [None] * len(servers), group, retry_deadline)
