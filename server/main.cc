@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -94,8 +95,9 @@ ABSL_FLAG(std::string, peer_address, "",
           "HOST:PORT where this ampd meets the other replicas of distributed jobs "
           "(docs/DISTRIBUTED.md): the ampd.v1.Peer rendezvous listens there and the jobs' Gloo "
           "transport binds to HOST, so HOST must be an address the other replicas reach (a pod "
-          "IP, not 0.0.0.0). A cluster-private network: it carries no authentication. Empty: "
-          "no distributed jobs");
+          "IP, not 0.0.0.0). Only the ranks of this ampd's jobs are served there, each call "
+          "signed with a key of its job's distributed.secret; keep it cluster-private all the "
+          "same (Gloo's traffic is not encrypted). Empty: no distributed jobs");
 ABSL_FLAG(int32_t, max_distributed_jobs, 4,
           "Most distributed jobs held at once; each has a worker thread of its own");
 ABSL_FLAG(int64_t, shutdown_timeout_ms, 30000,
@@ -103,10 +105,13 @@ ABSL_FLAG(int64_t, shutdown_timeout_ms, 30000,
 
 namespace {
 
-// The Peer service's limits (its messages are group names, fingerprints and
-// transport addresses of a few hundred bytes).
-constexpr int kMaxPeerThreads = 64;
-constexpr int kMaxPeerMessageBytes = 1 << 20;
+// The Peer service's limits. Its messages are group names, fingerprints,
+// proofs and transport addresses of a few hundred bytes (a value at most
+// 64 KiB). Its threads outnumber the waits the meeting point allows
+// (RendezvousTable::Limits::max_waiters), so calls that do not wait are
+// served while every wait is taken.
+constexpr int kMaxPeerThreads = 256;
+constexpr int kMaxPeerMessageBytes = 80 << 10;
 
 // Drops the reflection plugin from a ServerBuilder. Linking gRPC's
 // reflection library registers the plugin with every builder through a
@@ -259,7 +264,16 @@ int Run() {
   }
   // The meeting point of distributed jobs' ranks, up before any job is
   // restored so that the other replicas can meet this one's jobs.
-  ampd::engine::dist::RendezvousTable rendezvous_table;
+  // It serves only the groups of this ampd's jobs, authenticated with their
+  // secrets: none until the registry exists (a rank that comes sooner is
+  // told NOT_FOUND and tries again).
+  std::atomic<ampd::engine::JobRegistry*> hosted_jobs{nullptr};
+  ampd::engine::dist::RendezvousTable rendezvous_table(
+      ampd::engine::dist::RendezvousTable::Limits(),
+      [&hosted_jobs](const std::string& group) -> std::vector<std::string> {
+        ampd::engine::JobRegistry* jobs = hosted_jobs.load();
+        return jobs == nullptr ? std::vector<std::string>() : jobs->PeerSecrets(group);
+      });
   ampd::rpc::PeerService peer_service(&rendezvous_table);
   std::unique_ptr<grpc::Server> peer_server;
   if (const std::string peer = absl::GetFlag(FLAGS_peer_address); !peer.empty()) {
@@ -344,6 +358,7 @@ int Run() {
     return 1;
   }
   const bool tls = !absl::GetFlag(FLAGS_tls_cert).empty();
+  hosted_jobs.store(registry->get());
   if (authenticator.open()) {
     std::fprintf(stderr, "ampd: WARNING: no --auth-tokens: every client may call every method\n");
   } else if (!tls) {
