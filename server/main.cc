@@ -17,7 +17,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,6 +28,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -48,6 +51,17 @@ ABSL_FLAG(std::string, listen, "",
           "127.0.0.1:50051 (an open server is not exposed unless asked)");
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9464",
           "Prometheus /metrics address HOST:PORT (port 0 picks one; empty disables)");
+ABSL_FLAG(std::string, metrics_tls_cert, "",
+          "PEM certificate chain: serve /metrics over HTTPS (with --metrics-tls-key; read at "
+          "start). Prometheus: scheme https and tls_config");
+ABSL_FLAG(std::string, metrics_tls_key, "", "PEM private key of --metrics-tls-cert");
+ABSL_FLAG(std::string, metrics_token_file, "",
+          "File holding the scrape token: /metrics then answers only 'Authorization: Bearer "
+          "TOKEN' (401 otherwise). Prometheus: authorization.credentials_file");
+ABSL_FLAG(bool, metrics_tenant_labels, true,
+          "Label per-job series with the job id and the tenant. false: no tenant label, and the "
+          "job label is a pseudonym of the id, so a scraper learns no tenant's names or job ids "
+          "(use it on a node tenants share)");
 ABSL_FLAG(std::string, state_dir, "",
           "Directory of job checkpoints (one safetensors file per job); jobs found there are "
           "restored at start. Empty: no checkpoints");
@@ -148,6 +162,29 @@ void KeepBatchMemoryMapped() {
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
 }
 
+// The /metrics exposition's TLS, scrape token and labels, from the flags.
+absl::StatusOr<ampd::metrics::MetricsOptions> MetricsOptionsFromFlags() {
+  ampd::metrics::MetricsOptions options;
+  options.exposer.tls_cert_file = absl::GetFlag(FLAGS_metrics_tls_cert);
+  options.exposer.tls_key_file = absl::GetFlag(FLAGS_metrics_tls_key);
+  options.tenant_labels = absl::GetFlag(FLAGS_metrics_tenant_labels);
+  if (const std::string path = absl::GetFlag(FLAGS_metrics_token_file); !path.empty()) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream text;
+    if (in.is_open()) text << in.rdbuf();
+    if (!in.is_open() || in.bad()) {
+      return absl::InvalidArgumentError(absl::StrCat("--metrics-token-file: cannot read ", path));
+    }
+    options.exposer.bearer_token = std::string(absl::StripAsciiWhitespace(text.str()));
+    if (options.exposer.bearer_token.empty() ||
+        options.exposer.bearer_token.find_first_of(" \t\r\n") != std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--metrics-token-file: ", path, " must hold one token, without spaces"));
+    }
+  }
+  return options;
+}
+
 int g_signal_pipe[2] = {-1, -1};
 
 // Async-signal-safe: one write(2), nothing else.
@@ -178,8 +215,13 @@ int Run() {
 
   std::unique_ptr<ampd::metrics::ServerMetrics> metrics;
   if (const std::string address = absl::GetFlag(FLAGS_metrics_listen); !address.empty()) {
+    absl::StatusOr<ampd::metrics::MetricsOptions> metrics_options = MetricsOptionsFromFlags();
+    if (!metrics_options.ok()) {
+      std::fprintf(stderr, "ampd: %s\n", std::string(metrics_options.status().message()).c_str());
+      return 1;
+    }
     absl::StatusOr<std::unique_ptr<ampd::metrics::ServerMetrics>> started =
-        ampd::metrics::ServerMetrics::Start(address);
+        ampd::metrics::ServerMetrics::Start(address, *metrics_options);
     if (!started.ok()) {
       std::fprintf(stderr, "ampd: --metrics_listen: %s\n", started.status().ToString().c_str());
       return 1;
@@ -316,6 +358,7 @@ int Run() {
     std::fprintf(stderr, "ampd: --state_dir: %s\n", registry.status().ToString().c_str());
     return 1;
   }
+  hosted_jobs.store(registry->get());
   // The engine reads its checkpoints' configs itself; the rpc decoder is
   // only for checkpoints of earlier versions (ampd.create_request).
   if (absl::Status s = (*registry)->RestoreAll(ampd::rpc::DecodeCreateRequest); !s.ok()) {
@@ -358,7 +401,6 @@ int Run() {
     return 1;
   }
   const bool tls = !absl::GetFlag(FLAGS_tls_cert).empty();
-  hosted_jobs.store(registry->get());
   if (authenticator.open()) {
     std::fprintf(stderr, "ampd: WARNING: no --auth-tokens: every client may call every method\n");
   } else if (!tls) {
