@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -359,6 +360,9 @@ int Run() {
     return 1;
   }
   hosted_jobs.store(registry->get());
+  // Destroyed before the registry on every return: the peer port stops
+  // asking it for its jobs' secrets first.
+  absl::Cleanup forget_hosted_jobs = [&hosted_jobs] { hosted_jobs.store(nullptr); };
   // The engine reads its checkpoints' configs itself; the rpc decoder is
   // only for checkpoints of earlier versions (ampd.create_request).
   if (absl::Status s = (*registry)->RestoreAll(ampd::rpc::DecodeCreateRequest); !s.ok()) {
