@@ -223,6 +223,22 @@ TEST(RendezvousTable, WaitsAreBoundedPerGroupAndInAll) {
   }
 }
 
+TEST(RendezvousTable, AGroupWaitsAtMostTwiceItsWorldSize) {
+  RendezvousTable table;  // the default bounds, far above a 2-rank group's
+  ASSERT_NO_FATAL_FAILURE(FormRound(table, "a"));
+  std::atomic<bool> gone{false};
+  std::vector<std::future<absl::StatusOr<std::string>>> waits;
+  for (int i = 0; i < 4; ++i) {
+    waits.push_back(std::async(std::launch::async, [&table, &gone, i] {
+      return table.Get(absl::StrCat("a/1/k", i), kLong, [&gone] { return gone.load(); });
+    }));
+  }
+  ASSERT_TRUE(table.AwaitWaiting(4, kLong));
+  EXPECT_EQ(table.Get("a/1/k4", kLong).status().code(), absl::StatusCode::kResourceExhausted);
+  gone = true;
+  for (auto& w : waits) EXPECT_EQ(w.get().status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
 TEST(RendezvousTable, OnlyCallsSignedWithTheGroupsKeyAreServed) {
   absl::Mutex mu;
   std::map<std::string, std::string> jobs = {{"g", std::string(32, 's')},

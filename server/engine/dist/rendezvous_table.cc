@@ -109,9 +109,14 @@ absl::Status RendezvousTable::CheckWaiters(const std::string& name, const Group&
     return absl::ResourceExhaustedError(absl::StrCat("the meeting point's ", limits_.max_waiters,
                                                      " waits are all taken; retry later"));
   }
-  if (group.waiters >= limits_.max_group_waiters) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "group ", name, ": its ", limits_.max_group_waiters, " waits are all taken; retry later"));
+  // Its ranks need at most world_size - 1 waits at a time (Joins, then
+  // Gets): twice that leaves room for ranks that retry, and keeps a group
+  // that misbehaves from taking the waits of the others.
+  const size_t cap = std::min(limits_.max_group_waiters,
+                              2 * static_cast<size_t>(std::max<int32_t>(group.world_size, 1)));
+  if (group.waiters >= cap) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("group ", name, ": its ", cap, " waits are all taken; retry later"));
   }
   return absl::OkStatus();
 }

@@ -42,8 +42,9 @@ class RendezvousTable {
     // a group of 64 ranks stores a few KiB of Gloo addresses per round.
     size_t max_group_bytes = 1 << 20;
     size_t max_bytes = 16 << 20;
-    // Calls blocked at once (Join and Get), in all and per group. A group
-    // of N ranks needs at most N-1 waiting Joins, then N-1 waiting Gets.
+    // Calls blocked at once (Join and Get), in all and per group (at most
+    // 2N for a group of N ranks, which needs N-1 waiting Joins, then N-1
+    // waiting Gets).
     // The Peer service gives the port more threads than max_waiters, so
     // that calls that do not wait are still served when every wait is taken.
     size_t max_waiters = 192;
