@@ -570,6 +570,7 @@ TEST_F(DataParallelTest, AnOutsiderCannotJamThePeerPortNorReadOrSquatAGroup) {
   ASSERT_GT(rss_before, 0);
   std::atomic<bool> stop{false};
   std::atomic<int64_t> calls{0};
+  std::atomic<int64_t> sets{0};
   std::atomic<int64_t> served{0};       // calls the port answered OK: must stay 0
   std::atomic<int64_t> longest_ms{0};   // the longest any outsider call took
   std::atomic<int64_t> other_codes{0};  // neither refused as an outsider nor busy
@@ -600,6 +601,9 @@ TEST_F(DataParallelTest, AnOutsiderCannotJamThePeerPortNorReadOrSquatAGroup) {
         v1::GetResponse response;
         const auto start = std::chrono::steady_clock::now();
         account(call(&v1::Peer::Stub::Get, wait, &response, 30000), start);
+        // Each comes back at once; 70 callers asking again every few
+        // milliseconds keep the port as busy as 70 held waits would.
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
       }
     });
   }
@@ -613,6 +617,7 @@ TEST_F(DataParallelTest, AnOutsiderCannotJamThePeerPortNorReadOrSquatAGroup) {
         v1::SetResponse response;
         const auto start = std::chrono::steady_clock::now();
         account(call(&v1::Peer::Stub::Set, flood, &response, 30000), start);
+        ++sets;
       }
     });
   }
@@ -628,14 +633,25 @@ TEST_F(DataParallelTest, AnOutsiderCannotJamThePeerPortNorReadOrSquatAGroup) {
     absl::StatusOr<v1::StepResponse> first = g.job->Step(i + 1, Shares(g.task.NextBatch(), 2));
     ASSERT_TRUE(first.ok()) << "step " << i + 1 << ": " << first.status();
   }
-  const auto flood_end = std::chrono::steady_clock::now() + std::chrono::seconds(3);
-  while (std::chrono::steady_clock::now() < flood_end && calls.load() < 5000) {
+  // At least as many 64 KiB Sets as once filled the table for good
+  // (16,384 keys, 1 GB).
+  const auto flood_end = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (std::chrono::steady_clock::now() < flood_end && sets.load() < 16400) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   stop = true;
   for (std::thread& t : outsiders) t.join();
   const int64_t rss_after = ResidentBytes(replicas[0].process->pid());
+  EXPECT_GE(sets.load(), 16400);
+  // After the flood, yet another job forms and trains: the table is not full.
+  SyntheticTask third_task(TaskOptions());
+  absl::StatusOr<std::unique_ptr<DataParallelJob>> third =
+      DataParallelJob::Create(Request(third_task, v1::PRECISION_FP32), Options(replicas));
+  ASSERT_TRUE(third.ok()) << third.status();
+  absl::StatusOr<v1::StepResponse> after = (*third)->Step(1, Shares(third_task.NextBatch(), 2));
+  ASSERT_TRUE(after.ok()) << after.status() << "\n" << replicas[0].process->Log();
   RecordProperty("outsider_calls", static_cast<int>(calls.load()));
+  RecordProperty("outsider_sets", static_cast<int>(sets.load()));
   RecordProperty("longest_outsider_call_ms", static_cast<int>(longest_ms.load()));
   RecordProperty("rank0_rss_growth_kib", static_cast<int>((rss_after - rss_before) >> 10));
   EXPECT_GT(calls.load(), 1000);
