@@ -2,6 +2,8 @@
 #include "client/data_parallel.h"
 
 #include <cmath>
+#include <cstdint>
+#include <random>
 #include <thread>
 
 #include "absl/random/random.h"
@@ -111,6 +113,16 @@ absl::StatusOr<std::unique_ptr<DataParallelJob>> DataParallelJob::Create(
     absl::BitGen gen;
     group = absl::StrFormat("ampctl-%016x", absl::Uniform<uint64_t>(gen));
   }
+  std::string secret = options.secret;
+  if (secret.empty()) {
+    // From the system's entropy (std::random_device reads getrandom), not
+    // a seeded generator: it is what keeps others out of the group.
+    std::random_device entropy;
+    while (secret.size() < 32) {
+      const uint32_t word = entropy();
+      secret.append(reinterpret_cast<const char*>(&word), sizeof(word));
+    }
+  }
   // A resent create returns the job the first one made, on every rank.
   if (request.request_id().empty()) request.set_request_id(absl::StrCat(group, "-create"));
   std::vector<std::unique_ptr<Client>> clients;
@@ -124,6 +136,7 @@ absl::StatusOr<std::unique_ptr<DataParallelJob>> DataParallelJob::Create(
   v1::Distributed* d = request.mutable_config()->mutable_distributed();
   d->set_world_size(world_size);
   d->set_group(group);
+  d->set_secret(secret);
   d->set_rendezvous(job->options_.rendezvous);
   d->set_timeout_ms(absl::ToInt64Milliseconds(job->options_.timeout));
   AMPD_ASSIGN_OR_RETURN(

@@ -21,9 +21,13 @@
 namespace ampd {
 
 struct DataParallelOptions {
-  std::vector<std::string> servers;             // rank order; world_size = servers.size()
-  std::string rendezvous;                       // HOST:PORT of rank 0's --peer-address
-  std::string group;                            // "" : a fresh random one
+  std::vector<std::string> servers;  // rank order; world_size = servers.size()
+  std::string rendezvous;            // HOST:PORT of rank 0's --peer-address
+  std::string group;                 // "" : a fresh random one
+  // The job's distributed.secret (16..64 bytes; the ranks sign their calls
+  // to the meeting point with it). "": 32 fresh random bytes. Give the same
+  // one again to create the rest of a group some of whose ranks exist.
+  std::string secret;
   absl::Duration timeout = absl::Seconds(30);   // the job's distributed.timeout_ms
   absl::Duration retry_for = absl::Minutes(5);  // how long one step is resent
   ClientOptions client;                         // per rank; its deadline must exceed `timeout`

@@ -13,18 +13,23 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -47,6 +52,17 @@ ABSL_FLAG(std::string, listen, "",
           "127.0.0.1:50051 (an open server is not exposed unless asked)");
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9464",
           "Prometheus /metrics address HOST:PORT (port 0 picks one; empty disables)");
+ABSL_FLAG(std::string, metrics_tls_cert, "",
+          "PEM certificate chain: serve /metrics over HTTPS (with --metrics-tls-key; read at "
+          "start). Prometheus: scheme https and tls_config");
+ABSL_FLAG(std::string, metrics_tls_key, "", "PEM private key of --metrics-tls-cert");
+ABSL_FLAG(std::string, metrics_token_file, "",
+          "File holding the scrape token: /metrics then answers only 'Authorization: Bearer "
+          "TOKEN' (401 otherwise). Prometheus: authorization.credentials_file");
+ABSL_FLAG(bool, metrics_tenant_labels, true,
+          "Label per-job series with the job id and the tenant. false: no tenant label, and the "
+          "job label is a pseudonym of the id, so a scraper learns no tenant's names or job ids "
+          "(use it on a node tenants share)");
 ABSL_FLAG(std::string, state_dir, "",
           "Directory of job checkpoints (one safetensors file per job); jobs found there are "
           "restored at start. Empty: no checkpoints");
@@ -94,8 +110,9 @@ ABSL_FLAG(std::string, peer_address, "",
           "HOST:PORT where this ampd meets the other replicas of distributed jobs "
           "(docs/DISTRIBUTED.md): the ampd.v1.Peer rendezvous listens there and the jobs' Gloo "
           "transport binds to HOST, so HOST must be an address the other replicas reach (a pod "
-          "IP, not 0.0.0.0). A cluster-private network: it carries no authentication. Empty: "
-          "no distributed jobs");
+          "IP, not 0.0.0.0). Only the ranks of this ampd's jobs are served there, each call "
+          "signed with a key of its job's distributed.secret; keep it cluster-private all the "
+          "same (Gloo's traffic is not encrypted). Empty: no distributed jobs");
 ABSL_FLAG(int32_t, max_distributed_jobs, 4,
           "Most distributed jobs held at once; each has a worker thread of its own");
 ABSL_FLAG(int64_t, shutdown_timeout_ms, 30000,
@@ -103,10 +120,13 @@ ABSL_FLAG(int64_t, shutdown_timeout_ms, 30000,
 
 namespace {
 
-// The Peer service's limits (its messages are group names, fingerprints and
-// transport addresses of a few hundred bytes).
-constexpr int kMaxPeerThreads = 64;
-constexpr int kMaxPeerMessageBytes = 1 << 20;
+// The Peer service's limits. Its messages are group names, fingerprints,
+// proofs and transport addresses of a few hundred bytes (a value at most
+// 64 KiB). Its threads outnumber the waits the meeting point allows
+// (RendezvousTable::Limits::max_waiters), so calls that do not wait are
+// served while every wait is taken.
+constexpr int kMaxPeerThreads = 256;
+constexpr int kMaxPeerMessageBytes = 80 << 10;
 
 // Drops the reflection plugin from a ServerBuilder. Linking gRPC's
 // reflection library registers the plugin with every builder through a
@@ -143,6 +163,29 @@ void KeepBatchMemoryMapped() {
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
 }
 
+// The /metrics exposition's TLS, scrape token and labels, from the flags.
+absl::StatusOr<ampd::metrics::MetricsOptions> MetricsOptionsFromFlags() {
+  ampd::metrics::MetricsOptions options;
+  options.exposer.tls_cert_file = absl::GetFlag(FLAGS_metrics_tls_cert);
+  options.exposer.tls_key_file = absl::GetFlag(FLAGS_metrics_tls_key);
+  options.tenant_labels = absl::GetFlag(FLAGS_metrics_tenant_labels);
+  if (const std::string path = absl::GetFlag(FLAGS_metrics_token_file); !path.empty()) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream text;
+    if (in.is_open()) text << in.rdbuf();
+    if (!in.is_open() || in.bad()) {
+      return absl::InvalidArgumentError(absl::StrCat("--metrics-token-file: cannot read ", path));
+    }
+    options.exposer.bearer_token = std::string(absl::StripAsciiWhitespace(text.str()));
+    if (options.exposer.bearer_token.empty() ||
+        options.exposer.bearer_token.find_first_of(" \t\r\n") != std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--metrics-token-file: ", path, " must hold one token, without spaces"));
+    }
+  }
+  return options;
+}
+
 int g_signal_pipe[2] = {-1, -1};
 
 // Async-signal-safe: one write(2), nothing else.
@@ -173,8 +216,13 @@ int Run() {
 
   std::unique_ptr<ampd::metrics::ServerMetrics> metrics;
   if (const std::string address = absl::GetFlag(FLAGS_metrics_listen); !address.empty()) {
+    absl::StatusOr<ampd::metrics::MetricsOptions> metrics_options = MetricsOptionsFromFlags();
+    if (!metrics_options.ok()) {
+      std::fprintf(stderr, "ampd: %s\n", std::string(metrics_options.status().message()).c_str());
+      return 1;
+    }
     absl::StatusOr<std::unique_ptr<ampd::metrics::ServerMetrics>> started =
-        ampd::metrics::ServerMetrics::Start(address);
+        ampd::metrics::ServerMetrics::Start(address, *metrics_options);
     if (!started.ok()) {
       std::fprintf(stderr, "ampd: --metrics_listen: %s\n", started.status().ToString().c_str());
       return 1;
@@ -259,7 +307,16 @@ int Run() {
   }
   // The meeting point of distributed jobs' ranks, up before any job is
   // restored so that the other replicas can meet this one's jobs.
-  ampd::engine::dist::RendezvousTable rendezvous_table;
+  // It serves only the groups of this ampd's jobs, authenticated with their
+  // secrets: none until the registry exists (a rank that comes sooner is
+  // told NOT_FOUND and tries again).
+  std::atomic<ampd::engine::JobRegistry*> hosted_jobs{nullptr};
+  ampd::engine::dist::RendezvousTable rendezvous_table(
+      ampd::engine::dist::RendezvousTable::Limits(),
+      [&hosted_jobs](const std::string& group) -> std::vector<std::string> {
+        ampd::engine::JobRegistry* jobs = hosted_jobs.load();
+        return jobs == nullptr ? std::vector<std::string>() : jobs->PeerSecrets(group);
+      });
   ampd::rpc::PeerService peer_service(&rendezvous_table);
   std::unique_ptr<grpc::Server> peer_server;
   if (const std::string peer = absl::GetFlag(FLAGS_peer_address); !peer.empty()) {
@@ -302,6 +359,10 @@ int Run() {
     std::fprintf(stderr, "ampd: --state_dir: %s\n", registry.status().ToString().c_str());
     return 1;
   }
+  hosted_jobs.store(registry->get());
+  // Destroyed before the registry on every return: the peer port stops
+  // asking it for its jobs' secrets first.
+  absl::Cleanup forget_hosted_jobs = [&hosted_jobs] { hosted_jobs.store(nullptr); };
   // The engine reads its checkpoints' configs itself; the rpc decoder is
   // only for checkpoints of earlier versions (ampd.create_request).
   if (absl::Status s = (*registry)->RestoreAll(ampd::rpc::DecodeCreateRequest); !s.ok()) {

@@ -4,6 +4,10 @@
 // are the operator's documentation, so they say how each value is derived.
 #include "server/metrics/server_metrics.h"
 
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -13,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
@@ -121,8 +126,9 @@ struct ServerMetrics::JobSeries {
   std::vector<Gauge*> loss_scale_layer ABSL_GUARDED_BY(mu);
 };
 
-ServerMetrics::ServerMetrics()
-    : registry_(std::make_shared<prometheus::Registry>()),
+ServerMetrics::ServerMetrics(const MetricsOptions& options)
+    : tenant_labels_(options.tenant_labels),
+      registry_(std::make_shared<prometheus::Registry>()),
       loss_scale_(BuildGauge()
                       .Name("ampd_loss_scale")
                       .Help("Loss scale S after the job's last step (1 when scaling is disabled).")
@@ -266,14 +272,32 @@ ServerMetrics::ServerMetrics()
 ServerMetrics::~ServerMetrics() = default;
 
 absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Start(
-    const std::string& listen_address) {
+    const std::string& listen_address, const MetricsOptions& options) {
   if (listen_address.empty()) {
     return absl::InvalidArgumentError("metrics listen address is empty");
   }
-  std::unique_ptr<ServerMetrics> metrics(new ServerMetrics());
-  AMPD_ASSIGN_OR_RETURN(metrics->exposer_, HttpExposer::Start(listen_address, metrics->registry_));
+  std::unique_ptr<ServerMetrics> metrics(new ServerMetrics(options));
+  if (!options.tenant_labels) {
+    unsigned char key[32];
+    if (RAND_bytes(key, sizeof(key)) != 1) {
+      return absl::InternalError("metrics: no random bytes for the job labels' pseudonyms");
+    }
+    metrics->pseudonym_key_.assign(reinterpret_cast<const char*>(key), sizeof(key));
+  }
+  AMPD_ASSIGN_OR_RETURN(metrics->exposer_,
+                        HttpExposer::Start(listen_address, metrics->registry_, options.exposer));
   metrics->port_ = metrics->exposer_->port();
   return metrics;
+}
+
+std::string ServerMetrics::JobLabel(const std::string& job_id) const {
+  if (tenant_labels_) return job_id;
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  HMAC(EVP_sha256(), pseudonym_key_.data(), static_cast<int>(pseudonym_key_.size()),
+       reinterpret_cast<const unsigned char*>(job_id.data()), job_id.size(), digest, &length);
+  return absl::StrCat(
+      "j", absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), 8)));
 }
 
 std::shared_ptr<ServerMetrics::JobSeries> ServerMetrics::FindOrCreateJob(const std::string& job_id,
@@ -287,9 +311,9 @@ std::shared_ptr<ServerMetrics::JobSeries> ServerMetrics::FindOrCreateJob(const s
   series->job_id = job_id;
   // The job's labels: its id, and its tenant where the server has tenants
   // (an empty label is no label to Prometheus, so an open server's series
-  // keep exactly the job label).
-  prometheus::Labels job{{"job", job_id}};
-  if (!tenant.empty()) job.emplace("tenant", tenant);
+  // keep exactly the job label); without tenant labels, the id's pseudonym.
+  prometheus::Labels job{{"job", JobLabel(job_id)}};
+  if (!tenant.empty() && tenant_labels_) job.emplace("tenant", tenant);
   series->labels = job;
   const auto with = [&job](const char* name, const char* value) {
     prometheus::Labels labels = job;

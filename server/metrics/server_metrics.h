@@ -38,12 +38,23 @@ prometheus::Histogram::BucketBoundaries GradMagnitudeLog2Bounds();
 // ampd_rpc_duration_seconds, in seconds (100 us .. 50 s, 1-2.5-5 steps).
 prometheus::Histogram::BucketBoundaries DurationBounds();
 
+struct MetricsOptions {
+  ExposerOptions exposer;  // TLS and a bearer token for the scrape
+  // false: no series names its tenant (no tenant label) or carries its job
+  // id: the job label is a pseudonym instead ("j" and 16 hex digits, an
+  // HMAC of the id under a key drawn at start), stable for the process's
+  // life, so that a scraper on a shared node learns no tenant's names or
+  // ids. Per-job series, dashboards and alerts work as before.
+  bool tenant_labels = true;
+};
+
 class ServerMetrics final : public engine::JobObserver {
  public:
   // Serves GET /metrics on listen_address ("127.0.0.1:9464"; port 0 picks a
-  // free port). InvalidArgument for an empty address, Unavailable when the
-  // address cannot be bound.
-  static absl::StatusOr<std::unique_ptr<ServerMetrics>> Start(const std::string& listen_address);
+  // free port). InvalidArgument for an empty address or unusable TLS files,
+  // Unavailable when the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<ServerMetrics>> Start(const std::string& listen_address,
+                                                              const MetricsOptions& options = {});
   ~ServerMetrics() override;
 
   ServerMetrics(const ServerMetrics&) = delete;
@@ -85,7 +96,9 @@ class ServerMetrics final : public engine::JobObserver {
     prometheus::Histogram* duration = nullptr;
   };
 
-  ServerMetrics();
+  explicit ServerMetrics(const MetricsOptions& options);
+  // The job label's value: the id, or its pseudonym without tenant labels.
+  std::string JobLabel(const std::string& job_id) const;
   // The job's series, created on first use. Takes mu_.
   std::shared_ptr<JobSeries> FindOrCreateJob(const std::string& job_id, const std::string& tenant,
                                              float initial_scale);
@@ -94,6 +107,8 @@ class ServerMetrics final : public engine::JobObserver {
   void AddDistributedSeries(JobSeries& series, const engine::dist::DistributedSpec* spec);
   void RemoveSeries(JobSeries& series);
 
+  const bool tenant_labels_;
+  std::string pseudonym_key_;  // random; only without tenant labels
   std::shared_ptr<prometheus::Registry> registry_;
 
   // Per job (label job).

@@ -11,9 +11,11 @@
 
 namespace ampd::rpc {
 
-// A Rendezvous to the Peer service at `address` (HOST:PORT). The channel
-// connects lazily: an unreachable address fails the first call (Unavailable).
+// A Rendezvous to the Peer service at `address` (HOST:PORT) for the ranks
+// of `group`, signing each call with the key of `secret`. The channel
+// connects lazily: an unreachable address fails the first call, at its
+// timeout (Unavailable or DeadlineExceeded).
 absl::StatusOr<std::unique_ptr<engine::dist::Rendezvous>> ConnectRendezvous(
-    const std::string& address);
+    const std::string& address, const std::string& group, const std::string& secret);
 
 }  // namespace ampd::rpc

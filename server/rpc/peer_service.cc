@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "server/engine/dist/peer_auth.h"
 #include "server/rpc/status_mapping.h"
 
 namespace ampd::rpc {
@@ -25,6 +26,15 @@ absl::Duration Timeout(const grpc::ServerContext& context, int64_t timeout_ms) {
 
 grpc::Status PeerService::Join(grpc::ServerContext* context, const v1::JoinRequest* request,
                                v1::JoinResponse* response) {
+  const absl::Status authentic = table_->Authenticate(
+      request->group(),
+      [request](absl::string_view key) {
+        return engine::dist::JoinProof(key, request->group(), request->rank(),
+                                       request->world_size(), request->fingerprint(),
+                                       request->timeout_ms());
+      },
+      request->proof());
+  if (!authentic.ok()) return ToGrpcStatus(authentic);
   absl::StatusOr<int64_t> round = table_->Join(
       request->group(), request->rank(), request->world_size(), request->fingerprint(),
       Timeout(*context, request->timeout_ms()), [context] { return context->IsCancelled(); });
@@ -35,11 +45,25 @@ grpc::Status PeerService::Join(grpc::ServerContext* context, const v1::JoinReque
 
 grpc::Status PeerService::Set(grpc::ServerContext*, const v1::SetRequest* request,
                               v1::SetResponse*) {
+  const absl::Status authentic = table_->Authenticate(
+      std::string(engine::dist::GroupOfKey(request->key())),
+      [request](absl::string_view key) {
+        return engine::dist::SetProof(key, request->key(), request->value());
+      },
+      request->proof());
+  if (!authentic.ok()) return ToGrpcStatus(authentic);
   return ToGrpcStatus(table_->Set(request->key(), request->value()));
 }
 
 grpc::Status PeerService::Get(grpc::ServerContext* context, const v1::GetRequest* request,
                               v1::GetResponse* response) {
+  const absl::Status authentic = table_->Authenticate(
+      std::string(engine::dist::GroupOfKey(request->key())),
+      [request](absl::string_view key) {
+        return engine::dist::GetProof(key, request->key(), request->timeout_ms());
+      },
+      request->proof());
+  if (!authentic.ok()) return ToGrpcStatus(authentic);
   absl::StatusOr<std::string> value =
       table_->Get(request->key(), Timeout(*context, request->timeout_ms()),
                   [context] { return context->IsCancelled(); });

@@ -1,7 +1,10 @@
 // PeerService: ampd.v1.Peer (proto/ampd/v1/peer.proto), the meeting point
 // of distributed jobs' ranks, served on --peer-address over the engine's
-// RendezvousTable. Synchronous: Join and Get block a gRPC thread while they
-// wait, up to their timeout, which the table bounds.
+// RendezvousTable. Every call is authenticated first (its proof against the
+// group's key, RendezvousTable::Authenticate), so an outsider's call ends at
+// once without waiting or storing anything. Synchronous: Join and Get block
+// a gRPC thread while they wait, up to their timeout; the table bounds how
+// many wait, in all and per group, below the port's thread count.
 #pragma once
 
 #include <grpcpp/grpcpp.h>

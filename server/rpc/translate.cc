@@ -233,6 +233,7 @@ absl::StatusOr<JobConfig> JobConfigFromProto(const v1::JobConfig& proto) {
     config.distributed.group = d.group();
     config.distributed.rendezvous = d.rendezvous();
     if (d.timeout_ms() != 0) config.distributed.timeout_ms = d.timeout_ms();
+    config.distributed.secret = d.secret();
   }
   return config;
 }
@@ -250,6 +251,7 @@ v1::JobConfig JobConfigToProto(const JobConfig& config) {
     d->set_group(config.distributed.group);
     d->set_rendezvous(config.distributed.rendezvous);
     d->set_timeout_ms(config.distributed.timeout_ms);
+    // The secret is not echoed: it is what the ranks prove they belong with.
   }
 
   v1::OptimizerConfig* o = proto.mutable_optimizer();

@@ -9,9 +9,11 @@
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <future>
 #include <limits>
 #include <memory>
@@ -19,7 +21,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "ampd/v1/peer.grpc.pb.h"
 #include "client/client.h"
 #include "client/synthetic_task.h"
@@ -402,6 +407,7 @@ TEST_F(DataParallelTest, AServerWithoutPeerAddressRefusesDistributedJobs) {
   d->set_world_size(2);
   d->set_group("g");
   d->set_rendezvous("127.0.0.1:1");
+  d->set_secret(std::string(32, 's'));
   absl::StatusOr<v1::Job> job = client->CreateJob(request);
   ASSERT_FALSE(job.ok());
   EXPECT_EQ(job.status().code(), absl::StatusCode::kFailedPrecondition) << job.status();
@@ -413,66 +419,251 @@ TEST_F(DataParallelTest, AServerWithoutPeerAddressRefusesDistributedJobs) {
   EXPECT_NE(job.status().message().find("distributed.rank"), std::string::npos) << job.status();
 }
 
-TEST_F(DataParallelTest, ThePeerPortBoundsWhatAHostilePeerCanHold) {
+// The resident set of process `pid` in bytes (VmRSS), 0 when unreadable.
+int64_t ResidentBytes(pid_t pid) {
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) != 0) continue;
+    absl::string_view value = absl::StripAsciiWhitespace(absl::string_view(line).substr(6));
+    absl::ConsumeSuffix(&value, "kB");
+    int64_t kib = 0;
+    if (absl::SimpleAtoi(absl::StripAsciiWhitespace(value), &kib)) return kib * 1024;
+  }
+  return 0;
+}
+
+TEST_F(DataParallelTest, ARendezvousIsHostPortAndTheSecretIsRequiredAndNeverEchoed) {
   Replica replica;
-  ASSERT_NO_FATAL_FAILURE(Start(replica, "peer"));
-  auto channel = grpc::CreateChannel(replica.peer(), grpc::InsecureChannelCredentials());
+  ASSERT_NO_FATAL_FAILURE(Start(replica, "validate"));
+  std::unique_ptr<Client> client = Client::Connect(replica.address());
+  SyntheticTask task(TaskOptions());
+  v1::CreateJobRequest request = Request(task, v1::PRECISION_FP32);
+  v1::Distributed* d = request.mutable_config()->mutable_distributed();
+  d->set_world_size(2);
+  d->set_rank(1);
+  d->set_group("validated");
+  d->set_secret(std::string(32, 's'));
+  // Each of these once passed CreateJob, and every step then failed as an
+  // unreachable meeting point.
+  for (const char* address : {"[::1", "127.0.0.1:1:2", "::1:80", "host:80x", "[::1]:0"}) {
+    d->set_rendezvous(address);
+    absl::StatusOr<v1::Job> job = client->CreateJob(request);
+    ASSERT_FALSE(job.ok()) << address;
+    EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument) << job.status();
+    std::optional<google::rpc::ErrorInfo> info = ErrorInfoOf(job.status());
+    ASSERT_TRUE(info.has_value()) << job.status();
+    EXPECT_EQ(info->reason(), "INVALID_FIELD");
+    EXPECT_EQ(info->metadata().at("field"), "config.distributed.rendezvous") << job.status();
+  }
+  d->set_rendezvous("[::1]:50052");
+  d->clear_secret();
+  absl::StatusOr<v1::Job> job = client->CreateJob(request);
+  ASSERT_FALSE(job.ok());
+  std::optional<google::rpc::ErrorInfo> info = ErrorInfoOf(job.status());
+  ASSERT_TRUE(info.has_value()) << job.status();
+  EXPECT_EQ(info->metadata().at("field"), "config.distributed.secret") << job.status();
+  d->set_secret(std::string(32, 's'));
+  job = client->CreateJob(request);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->config().distributed().rendezvous(), "[::1]:50052");
+  EXPECT_TRUE(job->config().distributed().secret().empty());
+  absl::StatusOr<v1::Job> got = client->GetJob(job->job_id());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->config().distributed().secret().empty());
+}
+
+TEST_F(DataParallelTest, AnUnreachableRendezvousFailsTheStepAtTimeoutMs) {
+  Replica replica;
+  ASSERT_NO_FATAL_FAILURE(Start(replica, "unreachable"));
+  ClientOptions once;
+  once.max_attempts = 1;
+  once.deadline = absl::Seconds(60);
+  std::unique_ptr<Client> client = Client::Connect(replica.address(), once);
+  SyntheticTask task(TaskOptions());
+  v1::CreateJobRequest request = Request(task, v1::PRECISION_FP32);
+  v1::Distributed* d = request.mutable_config()->mutable_distributed();
+  d->set_world_size(2);
+  d->set_rank(1);
+  d->set_group("alone");
+  d->set_rendezvous("127.0.0.1:1");  // nothing listens on port 1
+  d->set_timeout_ms(2000);
+  d->set_secret(std::string(32, 's'));
+  absl::StatusOr<v1::Job> job = client->CreateJob(request);
+  ASSERT_TRUE(job.ok()) << job.status();
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    v1::StepRequest step;
+    step.set_job_id(job->job_id());
+    step.set_sequence(1);
+    *step.add_micro_batches() = task.NextBatch();
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<v1::StepResponse> r = client->Step(step);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+    std::optional<google::rpc::ErrorInfo> info = ErrorInfoOf(r.status());
+    ASSERT_TRUE(info.has_value()) << r.status();
+    EXPECT_EQ(info->reason(), "PEER_UNAVAILABLE");
+    // timeout_ms, not timeout_ms + 5 s as before; a little for the step's
+    // own work and the call.
+    EXPECT_GE(seconds, 1.8) << r.status();
+    EXPECT_LT(seconds, 3.5) << r.status();
+  }
+}
+
+// The reproductions of an outsider on the peer port: 70 Get waits of 25 s
+// and a flood of 64 KiB Sets once exhausted the port's threads and filled
+// its key table, so every new data-parallel job failed; and anyone with a
+// group's name could read its keys or squat its formation. Now every call
+// the outsider makes is refused at once (it cannot sign with a group's
+// key), while a tenant's new job forms and trains, and rank 0's memory
+// stays where it was.
+TEST_F(DataParallelTest, AnOutsiderCannotJamThePeerPortNorReadOrSquatAGroup) {
+  Group g;
+  ASSERT_NO_FATAL_FAILURE(StartGroup(2, v1::PRECISION_FP32, &g));
+  std::vector<Replica>& replicas = g.replicas;
+  ASSERT_TRUE(g.job->Step(1, Shares(g.task.NextBatch(), 2)).ok());
+  const std::string group = g.job->group();
+
+  auto channel = grpc::CreateChannel(replicas[0].peer(), grpc::InsecureChannelCredentials());
   std::unique_ptr<v1::Peer::Stub> stub = v1::Peer::NewStub(channel);
   auto call = [&](auto method, const auto& request, auto* response, int deadline_ms) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
     return ((*stub).*method)(&context, request, response);
   };
-  v1::SetRequest set;
-  v1::SetResponse set_response;
-  set.set_key(std::string(600, 'k'));
-  EXPECT_EQ(call(&v1::Peer::Stub::Set, set, &set_response, 5000).error_code(),
-            grpc::StatusCode::INVALID_ARGUMENT);
-  set.set_key("k");
-  set.set_value(std::string(70 << 10, 'v'));
-  EXPECT_EQ(call(&v1::Peer::Stub::Set, set, &set_response, 5000).error_code(),
-            grpc::StatusCode::INVALID_ARGUMENT);
-  set.set_value(std::string(2 << 20, 'v'));  // past the port's message limit
-  EXPECT_EQ(call(&v1::Peer::Stub::Set, set, &set_response, 5000).error_code(),
-            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // Knowing the group's name is not enough to join it, read its round's
+  // keys (the Gloo addresses of round 0) or write one.
   v1::JoinRequest join;
   v1::JoinResponse join_response;
-  join.set_group("g");
-  join.set_world_size(0);
-  EXPECT_EQ(call(&v1::Peer::Stub::Join, join, &join_response, 5000).error_code(),
-            grpc::StatusCode::INVALID_ARGUMENT);
-  // Many callers asking to wait ten minutes, and going away after half a
-  // second: their threads come back, and the port still serves.
-  std::vector<std::thread> waiters;
-  for (int i = 0; i < 100; ++i) {
-    waiters.emplace_back([&, i] {
-      v1::GetRequest get;
-      get.set_key(absl::StrCat("never/", i));
-      get.set_timeout_ms(600000);
-      v1::GetResponse response;
-      const grpc::Status s = call(&v1::Peer::Stub::Get, get, &response, 500);
-      EXPECT_FALSE(s.ok());
+  join.set_group(group);
+  join.set_rank(1);
+  join.set_world_size(2);
+  join.set_timeout_ms(20000);
+  EXPECT_EQ(call(&v1::Peer::Stub::Join, join, &join_response, 30000).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  join.set_proof(std::string(32, 'p'));
+  EXPECT_EQ(call(&v1::Peer::Stub::Join, join, &join_response, 30000).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  v1::GetRequest get;
+  v1::GetResponse got;
+  get.set_key(absl::StrCat(group, "/0/rank_0"));
+  get.set_proof(std::string(32, 'p'));
+  EXPECT_EQ(call(&v1::Peer::Stub::Get, get, &got, 30000).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  v1::SetRequest set;
+  v1::SetResponse set_response;
+  set.set_key(absl::StrCat(group, "/1/rank_1"));
+  set.set_value("outsider");
+  EXPECT_EQ(call(&v1::Peer::Stub::Set, set, &set_response, 30000).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  join.set_group("no-such-group");
+  EXPECT_EQ(call(&v1::Peer::Stub::Join, join, &join_response, 30000).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  // Past the port's message limit.
+  set.set_value(std::string(1 << 20, 'v'));
+  EXPECT_EQ(call(&v1::Peer::Stub::Set, set, &set_response, 30000).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+
+  const int64_t rss_before = ResidentBytes(replicas[0].process->pid());
+  ASSERT_GT(rss_before, 0);
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> calls{0};
+  std::atomic<int64_t> sets{0};
+  std::atomic<int64_t> served{0};       // calls the port answered OK: must stay 0
+  std::atomic<int64_t> longest_ms{0};   // the longest any outsider call took
+  std::atomic<int64_t> other_codes{0};  // neither refused as an outsider nor busy
+  auto account = [&](const grpc::Status& s, std::chrono::steady_clock::time_point start) {
+    ++calls;
+    const int64_t ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                           std::chrono::steady_clock::now() - start)
+                           .count();
+    int64_t seen = longest_ms.load();
+    while (ms > seen && !longest_ms.compare_exchange_weak(seen, ms)) {
+    }
+    if (s.ok()) {
+      ++served;
+    } else if (s.error_code() != grpc::StatusCode::UNAUTHENTICATED &&
+               s.error_code() != grpc::StatusCode::NOT_FOUND &&
+               s.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      ++other_codes;
+    }
+  };
+  std::vector<std::thread> outsiders;
+  for (int i = 0; i < 70; ++i) {
+    outsiders.emplace_back([&, i] {
+      while (!stop.load()) {
+        v1::GetRequest wait;
+        wait.set_key(i % 2 == 0 ? absl::StrCat(group, "/9/never-", i) : absl::StrCat("x/", i));
+        wait.set_timeout_ms(25000);
+        wait.set_proof(std::string(32, static_cast<char>(i)));
+        v1::GetResponse response;
+        const auto start = std::chrono::steady_clock::now();
+        account(call(&v1::Peer::Stub::Get, wait, &response, 30000), start);
+        // Each comes back at once; 70 callers asking again every few
+        // milliseconds keep the port as busy as 70 held waits would.
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
     });
   }
-  for (std::thread& t : waiters) t.join();
-  // The waits end with their callers: the port serves again well before
-  // their ten minutes (a thread still finishing its wait answers
-  // RESOURCE_EXHAUSTED until it does).
-  set.set_value("address");
-  grpc::Status stored;
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  do {
-    stored = call(&v1::Peer::Stub::Set, set, &set_response, 5000);
-  } while (!stored.ok() && stored.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
-           std::chrono::steady_clock::now() < give_up);
-  EXPECT_TRUE(stored.ok()) << stored.error_code() << " " << stored.error_message();
-  v1::GetRequest get;
-  get.set_key("k");
-  v1::GetResponse got;
-  const grpc::Status s = call(&v1::Peer::Stub::Get, get, &got, 5000);
-  ASSERT_TRUE(s.ok()) << s.error_message();
-  EXPECT_EQ(got.value(), "address");
-  EXPECT_TRUE(replica.process->Log().find("stopped") == std::string::npos);
+  for (int i = 0; i < 4; ++i) {
+    outsiders.emplace_back([&, i] {
+      for (int64_t n = 0; !stop.load(); ++n) {
+        v1::SetRequest flood;
+        flood.set_key(n % 2 == 0 ? absl::StrCat(group, "/9/flood-", i, "-", n)
+                                 : absl::StrCat("flood-", i, "/", n));
+        flood.set_value(std::string(64 << 10, 'v'));
+        v1::SetResponse response;
+        const auto start = std::chrono::steady_clock::now();
+        account(call(&v1::Peer::Stub::Set, flood, &response, 30000), start);
+        ++sets;
+      }
+    });
+  }
+  // While it runs: a new job of the tenant forms its group at the same
+  // meeting point and trains, and the first one trains on.
+  SyntheticTask task(TaskOptions());
+  absl::StatusOr<std::unique_ptr<DataParallelJob>> second =
+      DataParallelJob::Create(Request(task, v1::PRECISION_FP32), Options(replicas));
+  ASSERT_TRUE(second.ok()) << second.status();
+  for (int64_t i = 1; i <= 3; ++i) {
+    absl::StatusOr<v1::StepResponse> r = (*second)->Step(i, Shares(task.NextBatch(), 2));
+    ASSERT_TRUE(r.ok()) << "step " << i << ": " << r.status() << "\n" << replicas[0].process->Log();
+    absl::StatusOr<v1::StepResponse> first = g.job->Step(i + 1, Shares(g.task.NextBatch(), 2));
+    ASSERT_TRUE(first.ok()) << "step " << i + 1 << ": " << first.status();
+  }
+  // At least as many 64 KiB Sets as once filled the table for good
+  // (16,384 keys, 1 GB).
+  const auto flood_end = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (std::chrono::steady_clock::now() < flood_end && sets.load() < 16400) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  stop = true;
+  for (std::thread& t : outsiders) t.join();
+  const int64_t rss_after = ResidentBytes(replicas[0].process->pid());
+  EXPECT_GE(sets.load(), 16400);
+  // After the flood, yet another job forms and trains: the table is not full.
+  SyntheticTask third_task(TaskOptions());
+  absl::StatusOr<std::unique_ptr<DataParallelJob>> third =
+      DataParallelJob::Create(Request(third_task, v1::PRECISION_FP32), Options(replicas));
+  ASSERT_TRUE(third.ok()) << third.status();
+  absl::StatusOr<v1::StepResponse> after = (*third)->Step(1, Shares(third_task.NextBatch(), 2));
+  ASSERT_TRUE(after.ok()) << after.status() << "\n" << replicas[0].process->Log();
+  RecordProperty("outsider_calls", static_cast<int>(calls.load()));
+  RecordProperty("outsider_sets", static_cast<int>(sets.load()));
+  RecordProperty("longest_outsider_call_ms", static_cast<int>(longest_ms.load()));
+  RecordProperty("rank0_rss_growth_kib", static_cast<int>((rss_after - rss_before) >> 10));
+  EXPECT_GT(calls.load(), 1000);
+  EXPECT_EQ(served.load(), 0);
+  EXPECT_EQ(other_codes.load(), 0);
+  // Refused at once: no outsider call waited (they asked for 25 s).
+  EXPECT_LT(longest_ms.load(), 5000);
+  // Once 16,371 Sets of 64 KiB grew rank 0 by over 1 GB, for good.
+  EXPECT_LT(rss_after - rss_before, int64_t{150} << 20)
+      << "before " << rss_before << ", after " << rss_after << " after " << calls.load()
+      << " calls";
+  EXPECT_TRUE(replicas[0].process->Log().find("stopped") == std::string::npos);
 }
 
 }  // namespace

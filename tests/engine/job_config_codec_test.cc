@@ -618,13 +618,15 @@ TEST(JobConfigCodec, DistributedConfigsAreVersionFourAndRoundTrip) {
   config.distributed.group = "run-7.a_b";
   config.distributed.rendezvous = "ampd-0.ampd-peers:50052";
   config.distributed.timeout_ms = 12345;
+  config.distributed.secret = std::string("0123456789abcdef\xff", 17);
   ASSERT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
   const std::string json = EncodeJobConfig(config, "");
   EXPECT_TRUE(absl::StartsWith(json, "{\"format_version\":4,")) << json;
   EXPECT_TRUE(
       absl::StrContains(json,
                         "\"distributed\":{\"world_size\":4,\"rank\":3,\"group\":\"run-7.a_b\","
-                        "\"rendezvous\":\"ampd-0.ampd-peers:50052\",\"timeout_ms\":12345}}"))
+                        "\"rendezvous\":\"ampd-0.ampd-peers:50052\",\"timeout_ms\":12345,"
+                        "\"secret\":\"30313233343536373839616263646566ff\"}}"))
       << json;
   absl::StatusOr<JobConfigRecord> decoded = DecodeJobConfig(json);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
@@ -645,8 +647,18 @@ TEST(DistributedSpec, ValidationNamesTheField) {
   EXPECT_TRUE(dist::ValidateDistributedSpec(spec).ok());
   spec.rank = 1;  // world_size 1 with a rank
   EXPECT_TRUE(absl::StrContains(dist::ValidateDistributedSpec(spec).message(), "world_size"));
-  spec = {.world_size = 2, .rank = 0, .group = "g", .rendezvous = "h:1"};
+  spec = {.world_size = 2,
+          .rank = 0,
+          .group = "g",
+          .rendezvous = "h:1",
+          .secret = std::string(16, 's')};
   EXPECT_TRUE(dist::ValidateDistributedSpec(spec).ok()) << dist::ValidateDistributedSpec(spec);
+  for (const char* address :
+       {"[::1]:50052", "10.0.0.7:1", "ampd-0.ampd-peers:65535", "[fe80::1%eth0]:9"}) {
+    dist::DistributedSpec good = spec;
+    good.rendezvous = address;
+    EXPECT_TRUE(dist::ValidateDistributedSpec(good).ok()) << address;
+  }
   auto error = [](dist::DistributedSpec s) { return dist::ValidateDistributedSpec(s); };
   dist::DistributedSpec bad = spec;
   bad.rank = 2;
@@ -660,7 +672,9 @@ TEST(DistributedSpec, ValidationNamesTheField) {
   bad.group = std::string(129, 'g');
   EXPECT_TRUE(absl::StartsWith(error(bad).message(), "group:"));
   bad = spec;
-  for (const char* address : {"", "host", "host:0", "host:65536", ":80", "a b:1", "h:x"}) {
+  for (const char* address : {"", "host", "host:0", "host:65536", ":80", "a b:1", "h:x", "[::1",
+                              "127.0.0.1:1:2", "::1:80", "[::1]", "[::1]x:80", "[]:80", "[a.b]:80",
+                              "h:+80", "h: 80", "h:080000", "h]:80", "[::1:80"}) {
     bad.rendezvous = address;
     EXPECT_TRUE(absl::StartsWith(error(bad).message(), "rendezvous:")) << address;
   }
@@ -669,6 +683,15 @@ TEST(DistributedSpec, ValidationNamesTheField) {
   EXPECT_TRUE(absl::StartsWith(error(bad).message(), "timeout_ms:"));
   bad.timeout_ms = 600001;
   EXPECT_TRUE(absl::StartsWith(error(bad).message(), "timeout_ms:"));
+  bad = spec;
+  for (size_t size : {size_t{0}, size_t{15}, size_t{65}}) {
+    bad.secret = std::string(size, 's');
+    EXPECT_TRUE(absl::StartsWith(error(bad).message(), "secret:")) << size;
+  }
+  // A job of one ampd carries no secret.
+  bad = {};
+  bad.secret = std::string(16, 's');
+  EXPECT_TRUE(absl::StartsWith(error(bad).message(), "world_size:"));
 }
 
 }  // namespace

@@ -508,6 +508,7 @@ TEST(PerLayerConfig, RefusedOutsideAdaptiveJobsOfOneAmpdAndBeyond32LinearGroups)
   distributed.distributed.rank = 1;
   distributed.distributed.group = "g";
   distributed.distributed.rendezvous = "127.0.0.1:9";
+  distributed.distributed.secret = std::string(32, 's');
   distributed.scaler.per_layer_scales = false;
   ASSERT_TRUE(ValidateJobConfig(distributed).ok()) << ValidateJobConfig(distributed);
   distributed.scaler.per_layer_scales = true;

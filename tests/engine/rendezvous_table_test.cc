@@ -1,18 +1,23 @@
 // RendezvousTable, the meeting point of a distributed job's ranks: a round
 // forms only when every rank of the group has joined with the same
 // fingerprint and world size, a rank that joins again takes its own place,
-// waits end at their timeout, older rounds' keys are dropped, and every size
-// a peer sends is bounded.
+// waits end at their timeout, older rounds' keys are dropped, every size a
+// peer sends is bounded (keys in bytes per group and in all, waits per
+// group and in all), only calls signed with a group's key are served, and
+// a group's keys go with its job.
 #include "server/engine/dist/rendezvous_table.h"
 
 #include <atomic>
 #include <future>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
+#include "server/engine/dist/peer_auth.h"
 
 namespace ampd::engine::dist {
 namespace {
@@ -87,6 +92,7 @@ TEST(RendezvousTable, ACallerThatWentAwayFreesItsPlaceAtOnce) {
   auto waiter = std::async(std::launch::async, [&] {
     return table.Join("g", 0, 2, "f", kLong, [&gone] { return gone.load(); });
   });
+  ASSERT_TRUE(table.AwaitWaiting(1, kLong));  // the group has met: its keys may be read
   auto getter = std::async(std::launch::async, [&] {
     return table.Get("g/0/k", kLong, [&gone] { return gone.load(); });
   });
@@ -101,35 +107,41 @@ TEST(RendezvousTable, ACallerThatWentAwayFreesItsPlaceAtOnce) {
             absl::StatusCode::kDeadlineExceeded);
 }
 
+// Forms one round of group `g` of two ranks.
+void FormRound(RendezvousTable& table, const std::string& g) {
+  auto other =
+      std::async(std::launch::async, [&table, g] { return table.Join(g, 1, 2, "f", kLong); });
+  ASSERT_TRUE(table.Join(g, 0, 2, "f", kLong).ok());
+  ASSERT_TRUE(other.get().ok());
+}
+
 TEST(RendezvousTable, GetWaitsForSetAndOlderRoundsKeysGo) {
   RendezvousTable table;
+  // No key of a group that never met here.
+  EXPECT_EQ(table.Set("g/0/addr", "bytes").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(table.Get("g/0/addr", kLong).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(table.Set("nogroup", "bytes").code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_NO_FATAL_FAILURE(FormRound(table, "g"));
   auto get = std::async(std::launch::async, [&table] { return table.Get("g/0/addr", kLong); });
   ASSERT_TRUE(table.AwaitWaiting(1, kLong));
   ASSERT_TRUE(table.Set("g/0/addr", "bytes").ok());
   EXPECT_EQ(*get.get(), "bytes");
-  // Rounds 0 and 1 form: round 1's forming drops round 0's keys.
-  for (int round = 0; round < 2; ++round) {
-    auto other =
-        std::async(std::launch::async, [&table] { return table.Join("g", 1, 2, "f", kLong); });
-    ASSERT_TRUE(table.Join("g", 0, 2, "f", kLong).ok());
-    ASSERT_TRUE(other.get().ok());
-  }
+  EXPECT_EQ(table.bytes(), std::string("g/0/addr").size() + 5 + RendezvousTable::kEntryOverhead);
+  // Round 1 forms: its forming drops round 0's keys, and their bytes.
+  ASSERT_NO_FATAL_FAILURE(FormRound(table, "g"));
   EXPECT_EQ(table.Get("g/0/addr", absl::ZeroDuration()).status().code(),
             absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(table.bytes(), 0u);
 }
 
 TEST(RendezvousTable, EverySizeIsBounded) {
   RendezvousTable::Limits limits;
   limits.max_groups = 2;
-  limits.max_keys = 3;
   limits.max_value_bytes = 8;
   RendezvousTable table(limits);
   EXPECT_EQ(table.Set(std::string(513, 'k'), "v").code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(table.Set("", "v").code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(table.Set("k", std::string(9, 'v')).code(), absl::StatusCode::kInvalidArgument);
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(table.Set(absl::StrCat("k", i), "v").ok());
-  EXPECT_EQ(table.Set("k3", "v").code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_TRUE(table.Set("k0", "w").ok());  // replacing a key holds no more
   EXPECT_EQ(table.Join("g", 0, 2, std::string(65, 'f'), kLong).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(table.Join("g", 2, 2, "f", kLong).status().code(), absl::StatusCode::kInvalidArgument);
@@ -145,10 +157,129 @@ TEST(RendezvousTable, EverySizeIsBounded) {
   EXPECT_TRUE(table.Join("b", 1, 2, "f", kLong).ok());
   EXPECT_TRUE(a.get().ok());
   EXPECT_TRUE(b.get().ok());
-  // Now idle, the older groups make room for a new one.
+  ASSERT_TRUE(table.Set("a/0/k", "v").ok());
+  ASSERT_NO_FATAL_FAILURE(FormRound(table, "b"));  // a is now the idle longest
+  // Now idle, the older group makes room for a new one, its keys with it.
   auto c = std::async(std::launch::async, [&table] { return table.Join("c", 0, 2, "f", kLong); });
   EXPECT_TRUE(table.Join("c", 1, 2, "f", kLong).ok());
   EXPECT_TRUE(c.get().ok());
+  EXPECT_EQ(table.bytes(), 0u);
+}
+
+TEST(RendezvousTable, KeysAreBoundedInBytesPerGroupAndInAll) {
+  RendezvousTable::Limits limits;
+  limits.max_value_bytes = 1000;
+  limits.max_group_bytes = 3 * (1000 + 16 + RendezvousTable::kEntryOverhead);
+  limits.max_bytes = 5 * (1000 + 16 + RendezvousTable::kEntryOverhead);
+  RendezvousTable table(limits);
+  ASSERT_NO_FATAL_FAILURE(FormRound(table, "a"));
+  ASSERT_NO_FATAL_FAILURE(FormRound(table, "b"));
+  const std::string value(1000, 'v');
+  // Keys of 16 bytes: "a/1/key-0000000N".
+  auto key = [](const std::string& g, int i) { return absl::StrCat(g, "/1/key-", 10000000 + i); };
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(table.Set(key("a", i), value).ok()) << i;
+  EXPECT_EQ(table.Set(key("a", 3), value).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(table.Set(key("a", 0), "w").ok());  // replacing a key holds no more
+  EXPECT_TRUE(table.Set(key("a", 0), value).ok());
+  ASSERT_TRUE(table.Set(key("b", 0), value).ok());
+  ASSERT_TRUE(table.Set(key("b", 1), value).ok());
+  // Group b is under its own bound, the table is at its own.
+  const absl::Status full = table.Set(key("b", 2), value);
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_NE(full.message().find("meeting point holds"), std::string::npos) << full;
+}
+
+TEST(RendezvousTable, WaitsAreBoundedPerGroupAndInAll) {
+  RendezvousTable::Limits limits;
+  limits.max_waiters = 3;
+  limits.max_group_waiters = 2;
+  RendezvousTable table(limits);
+  ASSERT_NO_FATAL_FAILURE(FormRound(table, "a"));
+  ASSERT_NO_FATAL_FAILURE(FormRound(table, "b"));
+  std::atomic<bool> gone{false};
+  auto wait_for = [&](const std::string& key) {
+    return std::async(std::launch::async, [&table, &gone, key] {
+      return table.Get(key, kLong, [&gone] { return gone.load(); });
+    });
+  };
+  auto a0 = wait_for("a/1/x");
+  auto a1 = wait_for("a/1/y");
+  ASSERT_TRUE(table.AwaitWaiting(2, kLong));
+  // Group a has both its waits; b still has room, until the table is full.
+  EXPECT_EQ(table.Get("a/1/z", kLong).status().code(), absl::StatusCode::kResourceExhausted);
+  auto b0 = wait_for("b/1/x");
+  ASSERT_TRUE(table.AwaitWaiting(3, kLong));
+  const absl::StatusOr<std::string> refused = table.Get("b/1/y", kLong);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_EQ(table.Join("b", 0, 2, "f", kLong).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // A key already there is answered without a wait, and a Join that
+  // completes a round waits for nothing either.
+  ASSERT_TRUE(table.Set("b/1/set", "v").ok());
+  EXPECT_EQ(*table.Get("b/1/set", kLong), "v");
+  gone = true;
+  for (auto* f : {&a0, &a1, &b0}) {
+    EXPECT_EQ(f->get().status().code(), absl::StatusCode::kDeadlineExceeded);
+  }
+}
+
+TEST(RendezvousTable, AGroupWaitsAtMostTwiceItsWorldSize) {
+  RendezvousTable table;  // the default bounds, far above a 2-rank group's
+  ASSERT_NO_FATAL_FAILURE(FormRound(table, "a"));
+  std::atomic<bool> gone{false};
+  std::vector<std::future<absl::StatusOr<std::string>>> waits;
+  for (int i = 0; i < 4; ++i) {
+    waits.push_back(std::async(std::launch::async, [&table, &gone, i] {
+      return table.Get(absl::StrCat("a/1/k", i), kLong, [&gone] { return gone.load(); });
+    }));
+  }
+  ASSERT_TRUE(table.AwaitWaiting(4, kLong));
+  EXPECT_EQ(table.Get("a/1/k4", kLong).status().code(), absl::StatusCode::kResourceExhausted);
+  gone = true;
+  for (auto& w : waits) EXPECT_EQ(w.get().status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST(RendezvousTable, OnlyCallsSignedWithTheGroupsKeyAreServed) {
+  absl::Mutex mu;
+  std::map<std::string, std::string> jobs = {{"g", std::string(32, 's')},
+                                             {"h", std::string(32, 'h')}};
+  RendezvousTable table(RendezvousTable::Limits(), [&](const std::string& group) {
+    absl::MutexLock lock(&mu);
+    auto it = jobs.find(group);
+    return it == jobs.end() ? std::vector<std::string>() : std::vector<std::string>{it->second};
+  });
+  auto set_proof = [](absl::string_view key) { return SetProof(key, "g/0/k", "v"); };
+  const std::string right = SetProof(GroupKey(std::string(32, 's'), "g"), "g/0/k", "v");
+  const std::string wrong = SetProof(GroupKey(std::string(32, 'x'), "g"), "g/0/k", "v");
+  EXPECT_TRUE(table.Authenticate("g", set_proof, right).ok());
+  EXPECT_EQ(table.Authenticate("g", set_proof, wrong).code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(table.Authenticate("g", set_proof, "").code(), absl::StatusCode::kUnauthenticated);
+  // Signed for another value: a proof binds the call's fields.
+  const std::string other_value = SetProof(GroupKey(std::string(32, 's'), "g"), "g/0/k", "w");
+  EXPECT_EQ(table.Authenticate("g", set_proof, other_value).code(),
+            absl::StatusCode::kUnauthenticated);
+  // Another group's key signs nothing of this one.
+  const std::string h_key = SetProof(GroupKey(std::string(32, 'h'), "h"), "g/0/k", "v");
+  EXPECT_EQ(table.Authenticate("g", set_proof, h_key).code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(table.Authenticate("other", set_proof, right).code(), absl::StatusCode::kNotFound);
+
+  // The group's keys go with its job: once it is gone, the next call of
+  // another group past the sweep's interval forgets it.
+  ASSERT_NO_FATAL_FAILURE(FormRound(table, "g"));
+  ASSERT_TRUE(table.Set("g/0/k", "v").ok());
+  EXPECT_GT(table.bytes(), 0u);
+  {
+    absl::MutexLock lock(&mu);
+    jobs.erase("g");
+  }
+  EXPECT_EQ(table.Authenticate("g", set_proof, right).code(), absl::StatusCode::kNotFound);
+  absl::SleepFor(absl::Milliseconds(1100));
+  auto h_proof = [](absl::string_view key) { return GetProof(key, "h/0/k", 5); };
+  ASSERT_TRUE(
+      table.Authenticate("h", h_proof, GetProof(GroupKey(std::string(32, 'h'), "h"), "h/0/k", 5))
+          .ok());
+  EXPECT_EQ(table.bytes(), 0u);
+  EXPECT_EQ(table.Set("g/0/k", "v").code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

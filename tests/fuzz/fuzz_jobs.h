@@ -4,6 +4,7 @@
 // well-formed requests and state dicts the seed corpus starts from.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -29,6 +30,18 @@ engine::Trainer& TrainerFor(FuzzJob job);
 
 // A well-formed step for the job: `rows` rows, finite values.
 v1::StepRequest StepRequestFor(FuzzJob job, int rows);
+
+// The peer target's input (peer_fuzz.cc): one byte, then a serialized
+// ampd.v1.Peer request. The byte's low two bits pick the method (0 Join,
+// 1 Set, 2 Get, 3 Join), bit 2 signs the request with the key of
+// kPeerSecret (the only group the target's meeting point hosts is
+// kPeerGroup), so fuzzed requests reach the table as well as the refusals.
+inline constexpr char kPeerGroup[] = "fuzz-group";
+inline constexpr char kPeerSecret[] = "fuzz-secret-0123456789abcdef";
+inline constexpr uint8_t kPeerJoin = 0;
+inline constexpr uint8_t kPeerSet = 1;
+inline constexpr uint8_t kPeerGet = 2;
+inline constexpr uint8_t kPeerSigned = 4;
 
 // Aborts with `what` when `ok` is false: a broken invariant is a finding.
 void Check(bool ok, const char* what);

@@ -11,6 +11,7 @@
 #include <limits>
 #include <string>
 
+#include "ampd/v1/peer.pb.h"
 #include "codec/safetensors.h"
 #include "server/engine/amp/grad_scaler.h"
 #include "tests/fuzz/fuzz_jobs.h"
@@ -117,5 +118,41 @@ int main(int argc, char** argv) {
     ok &= Write(scaler, std::string("pytorch_scale_") + bad,
                 std::string(1, '\0') + "scale=" + bad + "\n");
   }
+  // Peer: signed and unsigned calls of the hosted group, a stranger's
+  // group, keys without a group, and the 64 KiB value of a flood.
+  const fs::path peer = root / "peer";
+  auto peer_input = [](uint8_t op, const google::protobuf::Message& request) {
+    return std::string(1, static_cast<char>(op)) + request.SerializeAsString();
+  };
+  for (int rank = 0; rank < 2; ++rank) {
+    ampd::v1::JoinRequest join;
+    join.set_group(ampd::fuzz::kPeerGroup);
+    join.set_rank(rank);
+    join.set_world_size(2);
+    join.set_fingerprint("fingerprint");
+    join.set_timeout_ms(25000);
+    const std::string name = "join_rank_" + std::to_string(rank);
+    ok &= Write(peer, name + "_signed",
+                peer_input(ampd::fuzz::kPeerJoin | ampd::fuzz::kPeerSigned, join));
+    ok &= Write(peer, name, peer_input(ampd::fuzz::kPeerJoin, join));
+    join.set_group("stranger");
+    ok &= Write(peer, name + "_stranger",
+                peer_input(ampd::fuzz::kPeerJoin | ampd::fuzz::kPeerSigned, join));
+  }
+  ampd::v1::SetRequest set;
+  set.set_key(std::string(ampd::fuzz::kPeerGroup) + "/0/rank_0");
+  set.set_value("127.0.0.1:40000");
+  ok &= Write(peer, "set_signed", peer_input(ampd::fuzz::kPeerSet | ampd::fuzz::kPeerSigned, set));
+  ok &= Write(peer, "set", peer_input(ampd::fuzz::kPeerSet, set));
+  set.set_value(std::string(64 << 10, 'v'));
+  ok &= Write(peer, "set_64k_signed",
+              peer_input(ampd::fuzz::kPeerSet | ampd::fuzz::kPeerSigned, set));
+  set.set_key("no-group");
+  ok &= Write(peer, "set_no_group", peer_input(ampd::fuzz::kPeerSet, set));
+  ampd::v1::GetRequest get;
+  get.set_key(std::string(ampd::fuzz::kPeerGroup) + "/0/rank_0");
+  get.set_timeout_ms(25000);
+  ok &= Write(peer, "get_signed", peer_input(ampd::fuzz::kPeerGet | ampd::fuzz::kPeerSigned, get));
+  ok &= Write(peer, "get", peer_input(ampd::fuzz::kPeerGet, get));
   return ok ? 0 : 1;
 }

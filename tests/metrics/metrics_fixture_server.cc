@@ -71,7 +71,8 @@ int main(int argc, char** argv) {
                              .rank = 1,
                              .group = "fixture-group",
                              .rendezvous = "ampd-0:50052",
-                             .timeout_ms = 30000};
+                             .timeout_ms = 30000,
+                             .secret = "fixture-secret-0123456789"};
   metrics.OnJobCreated("dist-job", "", distributed);
   metrics.OnGroupFormed("dist-job",
                         {.round = 0, .copied_state = true, .source_rank = 0, .seconds = 0.2});

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -590,6 +591,75 @@ TEST_F(ServerMetricsTest, PromtoolAcceptsTheExposition) {
       << "):\n"
       << lint.out << lint.err << "\n---\n"
       << text;
+}
+
+TEST(ServerMetricsPrivacyTest, WithoutTenantLabelsJobsArePseudonymsStableAndDistinct) {
+  MetricsOptions options;
+  options.tenant_labels = false;
+  auto started = ServerMetrics::Start("127.0.0.1:0", options);
+  ASSERT_TRUE(started.ok()) << started.status();
+  ServerMetrics& metrics = **started;
+  metrics.OnJobCreated("job-alpha-7", "tenant-alice", Fp16Config());
+  metrics.OnJobCreated("job-beta-9", "tenant-alice", Fp16Config());
+  metrics.OnStep("job-alpha-7", NormalStep(1, 65536));
+  metrics.OnStep("job-beta-9", NormalStep(1, 65536));
+  absl::StatusOr<std::string> first = HttpGetBody(metrics.port(), "/metrics");
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->find("job-alpha-7"), std::string::npos) << *first;
+  EXPECT_EQ(first->find("job-beta-9"), std::string::npos) << *first;
+  EXPECT_EQ(first->find("tenant"), std::string::npos) << *first;
+  std::set<std::string> labels;
+  for (const auto& [series, value] : ParseSamples(*first)) {
+    if (series.rfind("ampd_loss_scale{", 0) != 0) continue;
+    const size_t at = series.find("job=\"");
+    ASSERT_NE(at, std::string::npos) << series;
+    const std::string label = series.substr(at + 5, series.find('"', at + 5) - at - 5);
+    EXPECT_EQ(label.size(), 17u) << label;
+    EXPECT_EQ(label[0], 'j') << label;
+    labels.insert(label);
+  }
+  EXPECT_EQ(labels.size(), 2u) << *first;
+  // A later step of the same job lands on the same series.
+  metrics.OnStep("job-alpha-7", NormalStep(2, 65536));
+  absl::StatusOr<std::string> second = HttpGetBody(metrics.port(), "/metrics");
+  ASSERT_TRUE(second.ok()) << second.status();
+  size_t loss_scales = 0;
+  for (const auto& [series, value] : ParseSamples(*second)) {
+    if (series.rfind("ampd_loss_scale{", 0) == 0) {
+      ++loss_scales;
+      EXPECT_TRUE(labels.contains(series.substr(series.find("job=\"") + 5, 17))) << series;
+    }
+  }
+  EXPECT_EQ(loss_scales, 2u);
+}
+
+TEST(ServerMetricsPrivacyTest, AScrapeWithoutTheTokenGets401AndNoSeries) {
+  MetricsOptions options;
+  options.exposer.bearer_token = "scrape-token";
+  auto started = ServerMetrics::Start("127.0.0.1:0", options);
+  ASSERT_TRUE(started.ok()) << started.status();
+  (*started)->OnJobCreated("job-a", "", Fp16Config());
+  absl::StatusOr<test_support::HttpResponse> refused =
+      test_support::HttpGet((*started)->port(), "/metrics");
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_EQ(refused->status, 401);
+  EXPECT_NE(refused->headers.find("WWW-Authenticate: Bearer"), std::string::npos)
+      << refused->headers;
+  EXPECT_EQ(refused->body.find("ampd_"), std::string::npos) << refused->body;
+}
+
+TEST(ServerMetricsPrivacyTest, TlsFilesThatCannotBeLoadedAreNamed) {
+  MetricsOptions half_options;
+  half_options.exposer.tls_cert_file = "/nonexistent";
+  auto half = ServerMetrics::Start("127.0.0.1:0", half_options);
+  EXPECT_EQ(half.status().code(), absl::StatusCode::kInvalidArgument);
+  MetricsOptions missing_options;
+  missing_options.exposer.tls_cert_file = "/nonexistent.crt";
+  missing_options.exposer.tls_key_file = "/nonexistent.key";
+  auto missing = ServerMetrics::Start("127.0.0.1:0", missing_options);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.status().message().find("/nonexistent.crt"), std::string::npos)
+      << missing.status();
 }
 
 }  // namespace

@@ -41,6 +41,8 @@ class AmpdProcess {
   // The --peer-address port ampd reported ("ampd: peers on HOST:PORT"), 0
   // when it serves none.
   int peer_port() const { return peer_port_; }
+  // The server's process id (-1 when it could not be started).
+  pid_t pid() const { return pid_; }
   // "HOST:PORT" of the gRPC server, for Client::Connect and --server=.
   std::string address() const;
 

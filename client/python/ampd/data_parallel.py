@@ -16,6 +16,7 @@ recorded result, so every step is applied exactly once on every rank.
 """
 import concurrent.futures
 import math
+import secrets
 import time
 import uuid
 
@@ -56,10 +57,14 @@ class DataParallelJob:
 
     @classmethod
     def create(cls, servers, rendezvous, model, precision="fp16", optimizer=None, scaler=None,
-               seed=0, group=None, timeout_ms=30000, retry_deadline=300.0, **client_options):
+               seed=0, group=None, timeout_ms=30000, retry_deadline=300.0, secret=None,
+               **client_options):
         """Create the job on every server (rank order) meeting at `rendezvous`
         (rank 0's --peer-address). client_options go to each ampd.Client
-        (token, tls_ca, ...); each call waits up to the group's timeout."""
+        (token, tls_ca, ...); each call waits up to the group's timeout.
+        `secret` (16..64 bytes) is what the ranks sign their calls to the
+        meeting point with; None draws 32 random bytes. Give the same one
+        again to create the rest of a group some of whose ranks exist."""
         if len(servers) < 2:
             raise ValueError("a data-parallel job needs at least 2 servers")
         group = group or "py-" + uuid.uuid4().hex[:16]
@@ -74,6 +79,9 @@ class DataParallelJob:
             config.scaler.CopyFrom(scaler.to_proto() if hasattr(scaler, "to_proto") else scaler)
         config.distributed.world_size = len(servers)
         config.distributed.group = group
+        # What the ranks sign their calls to the meeting point with: known
+        # to this client and the ranks only.
+        config.distributed.secret = secret if secret is not None else secrets.token_bytes(32)
         config.distributed.rendezvous = rendezvous
         config.distributed.timeout_ms = timeout_ms
         job = cls(clients, [None] * len(servers), group, retry_deadline)

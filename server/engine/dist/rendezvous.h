@@ -23,7 +23,7 @@ class Rendezvous {
   // same fingerprint; returns the round's number. DeadlineExceeded when the
   // others do not come within timeout, FailedPrecondition when a rank's
   // fingerprint or world_size differs, Unavailable when the meeting point
-  // cannot be reached.
+  // cannot be reached; none of them later than timeout.
   virtual absl::StatusOr<int64_t> Join(const std::string& group, int32_t rank, int32_t world_size,
                                        const std::string& fingerprint, absl::Duration timeout) = 0;
   virtual absl::Status Set(const std::string& key, const std::string& value) = 0;
@@ -31,8 +31,10 @@ class Rendezvous {
   virtual absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) = 0;
 };
 
-// Opens a Rendezvous to the meeting point at `address` (HOST:PORT).
-using RendezvousConnector =
-    std::function<absl::StatusOr<std::unique_ptr<Rendezvous>>(const std::string& address)>;
+// Opens a Rendezvous to the meeting point at `address` (HOST:PORT) for the
+// ranks of `group`, whose calls it signs with the key of the job's `secret`
+// (dist/peer_auth.h).
+using RendezvousConnector = std::function<absl::StatusOr<std::unique_ptr<Rendezvous>>(
+    const std::string& address, const std::string& group, const std::string& secret)>;
 
 }  // namespace ampd::engine::dist

@@ -1,12 +1,16 @@
-// RendezvousTable: rounds by barrier, keys by wait.
+// RendezvousTable: rounds by barrier, keys by wait, every call counted
+// against the table's bounds before it waits or stores anything.
 #include "server/engine/dist/rendezvous_table.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
+#include "server/engine/dist/peer_auth.h"
 
 namespace ampd::engine::dist {
 
@@ -14,6 +18,12 @@ namespace {
 
 // How often a waiting call looks whether its caller went away.
 constexpr absl::Duration kCancelPoll = absl::Milliseconds(100);
+// How often Authenticate looks for groups whose jobs have gone.
+constexpr absl::Duration kSweepEvery = absl::Seconds(1);
+
+size_t EntryBytes(const std::string& key, const std::string& value) {
+  return key.size() + value.size() + RendezvousTable::kEntryOverhead;
+}
 
 }  // namespace
 
@@ -37,6 +47,90 @@ bool RendezvousTable::AwaitWaiting(size_t calls, absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto enough = [this, calls]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return waiting_ >= calls; };
   return mu_.AwaitWithDeadline(absl::Condition(&enough), absl::Now() + timeout);
+}
+
+size_t RendezvousTable::bytes() const {
+  absl::MutexLock lock(&mu_);
+  return bytes_;
+}
+
+absl::Status RendezvousTable::Authenticate(const std::string& group, const ExpectedProof& expected,
+                                           absl::string_view proof) {
+  if (!secrets_) return absl::OkStatus();
+  const std::vector<std::string> secrets = secrets_(group);
+  if (secrets.empty()) {
+    return absl::NotFoundError(absl::StrCat("group ", group.substr(0, 128),
+                                            ": no job of this ampd meets its ranks (yet)"));
+  }
+  bool matched = false;
+  for (const std::string& secret : secrets) {
+    if (ProofMatches(expected(GroupKey(secret, group)), proof)) {
+      matched = true;
+      break;
+    }
+  }
+  if (!matched) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        "group ", group.substr(0, 128),
+        ": the call's proof is not signed with the group's key (distributed.secret differs, or "
+        "the caller is no rank of the job)"));
+  }
+  ForgetGoneGroups();
+  return absl::OkStatus();
+}
+
+void RendezvousTable::ForgetGoneGroups() {
+  std::vector<std::string> names;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    if (now - last_sweep_ < kSweepEvery) return;
+    last_sweep_ = now;
+    for (const auto& [name, g] : groups_) names.push_back(name);
+  }
+  std::vector<std::string> gone;
+  for (const std::string& name : names) {
+    if (secrets_(name).empty()) gone.push_back(name);
+  }
+  if (gone.empty()) return;
+  absl::MutexLock lock(&mu_);
+  for (const std::string& name : gone) {
+    auto it = groups_.find(name);
+    // A waiter holds a reference to its group: the group goes once its
+    // waits end (at their timeout, which the job's timeout_ms bounds).
+    if (it == groups_.end() || it->second.waiters > 0 || !it->second.joined.empty()) continue;
+    DropKeysBefore(name, INT64_MAX);
+    groups_.erase(it);
+  }
+}
+
+absl::Status RendezvousTable::CheckWaiters(const std::string& name, const Group& group) const {
+  if (waiting_ >= limits_.max_waiters) {
+    return absl::ResourceExhaustedError(absl::StrCat("the meeting point's ", limits_.max_waiters,
+                                                     " waits are all taken; retry later"));
+  }
+  // Its ranks need at most world_size - 1 waits at a time (Joins, then
+  // Gets): twice that leaves room for ranks that retry, and keeps a group
+  // that misbehaves from taking the waits of the others.
+  const size_t cap = std::min(limits_.max_group_waiters,
+                              2 * static_cast<size_t>(std::max<int32_t>(group.world_size, 1)));
+  if (group.waiters >= cap) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("group ", name, ": its ", cap, " waits are all taken; retry later"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RendezvousTable::Group*> RendezvousTable::GroupOf(const std::string& key) {
+  const std::string name(GroupOfKey(key));
+  auto it = groups_.find(name);
+  if (name.empty() || it == groups_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("key ", key.substr(0, 128),
+                     ": keys are '<group>/...' of a group that has met here, and its group has "
+                     "not"));
+  }
+  return &it->second;
 }
 
 absl::Status RendezvousTable::CheckKey(const std::string& key) const {
@@ -76,6 +170,9 @@ void RendezvousTable::DropKeysBefore(const std::string& group, int64_t round) {
     int64_t key_round = 0;
     const bool numbered = absl::SimpleAtoi(rest.substr(0, rest.find('/')), &key_round);
     if (!numbered || key_round < round) {
+      const size_t entry = EntryBytes(it->first, it->second);
+      bytes_ -= entry;
+      if (auto g = groups_.find(group); g != groups_.end()) g->second.bytes -= entry;
       it = values_.erase(it);
     } else {
       ++it;
@@ -121,9 +218,12 @@ absl::StatusOr<int64_t> RendezvousTable::Join(const std::string& group, int32_t 
                           "config but for its rank)")));
   }
   const int64_t round = g.open_round;
+  const bool completes =
+      static_cast<int32_t>(g.joined.size() + (g.joined.contains(rank) ? 0 : 1)) == g.world_size;
+  if (!completes) AMPD_RETURN_IF_ERROR(CheckWaiters(group, g));
   const uint64_t ticket = next_ticket_++;
   g.joined[rank] = ticket;
-  if (static_cast<int32_t>(g.joined.size()) == g.world_size) {
+  if (completes) {
     g.formed_round = round;
     ++g.open_round;
     g.joined.clear();
@@ -161,10 +261,23 @@ absl::Status RendezvousTable::Set(const std::string& key, const std::string& val
         absl::StrCat("value: at most ", limits_.max_value_bytes, " bytes, got ", value.size()));
   }
   absl::MutexLock lock(&mu_);
-  if (values_.size() >= limits_.max_keys && values_.count(key) == 0) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("key: ", limits_.max_keys, " keys are held already"));
+  AMPD_ASSIGN_OR_RETURN(Group * g, GroupOf(key));
+  auto it = values_.find(key);
+  const size_t old_bytes = it == values_.end() ? 0 : EntryBytes(it->first, it->second);
+  const size_t new_bytes = EntryBytes(key, value);
+  if (g->bytes - old_bytes + new_bytes > limits_.max_group_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("key: group ", GroupOfKey(key), " holds ",
+                                                     g->bytes, " bytes of keys already, at most ",
+                                                     limits_.max_group_bytes));
   }
+  if (bytes_ - old_bytes + new_bytes > limits_.max_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("key: the meeting point holds ", bytes_,
+                                                     " bytes of keys already, at most ",
+                                                     limits_.max_bytes));
+  }
+  g->bytes = g->bytes - old_bytes + new_bytes;
+  bytes_ = bytes_ - old_bytes + new_bytes;
+  g->last_used = absl::Now();
   values_[key] = value;
   return absl::OkStatus();
 }
@@ -174,9 +287,16 @@ absl::StatusOr<std::string> RendezvousTable::Get(const std::string& key, absl::D
   if (absl::Status s = CheckKey(key); !s.ok()) return s;
   const absl::Time deadline = absl::Now() + std::min(timeout, limits_.max_wait);
   absl::MutexLock lock(&mu_);
-  auto present = [this, &key]()
-                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return values_.count(key) == 1; };
-  WaitFor(absl::Condition(&present), deadline, cancelled);
+  AMPD_ASSIGN_OR_RETURN(Group * g, GroupOf(key));
+  if (!values_.contains(key)) {
+    AMPD_RETURN_IF_ERROR(CheckWaiters(std::string(GroupOfKey(key)), *g));
+    auto present = [this, &key]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return values_.count(key) == 1; };
+    // The group stays while it has a waiter (neither evicted nor forgotten).
+    ++g->waiters;
+    WaitFor(absl::Condition(&present), deadline, cancelled);
+    --g->waiters;
+  }
   auto it = values_.find(key);
   if (it == values_.end()) {
     return absl::DeadlineExceededError(

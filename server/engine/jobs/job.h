@@ -133,6 +133,7 @@ class Job : public std::enable_shared_from_this<Job> {
   const std::string& id() const { return id_; }
   const std::string& owner() const { return owner_; }
   const std::string& request_id() const { return request_id_; }
+  const dist::DistributedSpec& distributed_spec() const { return config_.get().distributed; }
   JobSnapshot Snapshot() const;
   int64_t estimated_bytes() const { return estimated_bytes_; }
   // Backend bytes in use, refreshed by the worker after each task.

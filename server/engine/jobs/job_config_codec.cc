@@ -6,6 +6,7 @@
 // safetensors header's are.
 #include "server/engine/jobs/job_config_codec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -401,6 +402,8 @@ std::string DistributedJson(const dist::DistributedSpec& spec) {
   w.String("group", spec.group);
   w.String("rendezvous", spec.rendezvous);
   w.Int("timeout_ms", spec.timeout_ms);
+  // Hex; absent from configs written before distributed jobs carried one.
+  if (!spec.secret.empty()) w.String("secret", absl::BytesToHexString(spec.secret));
   w.Close();
   return out;
 }
@@ -663,6 +666,14 @@ absl::StatusOr<dist::DistributedSpec> DistributedFromJson(const Json& v) {
   AMPD_ASSIGN_OR_RETURN(spec.group, f.String("group"));
   AMPD_ASSIGN_OR_RETURN(spec.rendezvous, f.String("rendezvous"));
   AMPD_ASSIGN_OR_RETURN(spec.timeout_ms, f.Integer<int64_t>("timeout_ms"));
+  if (f.Has("secret")) {
+    AMPD_ASSIGN_OR_RETURN(const std::string hex, f.String("secret"));
+    const bool is_hex = hex.size() % 2 == 0 && std::all_of(hex.begin(), hex.end(), [](char c) {
+                          return absl::ascii_isxdigit(static_cast<unsigned char>(c));
+                        });
+    if (!is_hex) return Corrupt(f.PathOf("secret"), "not a hex string");
+    spec.secret = absl::HexStringToBytes(hex);
+  }
   AMPD_RETURN_IF_ERROR(f.Done());
   return spec;
 }

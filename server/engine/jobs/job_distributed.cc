@@ -92,7 +92,8 @@ absl::Status Job::EnsureGroup() {
         "distributed: this ampd was started without --peer-address and takes no distributed job");
   }
   if (rendezvous_ == nullptr) {
-    absl::StatusOr<std::unique_ptr<dist::Rendezvous>> r = context_->rendezvous(spec.rendezvous);
+    absl::StatusOr<std::unique_ptr<dist::Rendezvous>> r =
+        context_->rendezvous(spec.rendezvous, spec.group, spec.secret);
     if (!r.ok()) return PeerUnavailable(r.status().message());
     rendezvous_ = *std::move(r);
   }
@@ -102,6 +103,16 @@ absl::Status Job::EnsureGroup() {
   if (!group.ok()) {
     if (group.status().code() == absl::StatusCode::kFailedPrecondition) {
       return WithReason(group.status(), reason::kReplicasDiffer, {{"group", spec.group}});
+    }
+    if (group.status().code() == absl::StatusCode::kUnauthenticated) {
+      // Rank 0 holds the group under another secret: the ranks' configs
+      // differ, which no retry mends.
+      return WithReason(
+          absl::FailedPreconditionError(absl::StrCat(
+              "distributed job ", id_, ": rank 0 of group ", spec.group,
+              " refused this rank's proof; every rank needs the same distributed.secret (",
+              group.status().message(), ")")),
+          reason::kReplicasDiffer, {{"group", spec.group}});
     }
     return PeerUnavailable(group.status().message());
   }

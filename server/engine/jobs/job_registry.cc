@@ -422,6 +422,16 @@ absl::StatusOr<JobSnapshot> JobRegistry::GetJob(const std::string& owner,
   return job->Snapshot();
 }
 
+std::vector<std::string> JobRegistry::PeerSecrets(const std::string& group) const {
+  std::vector<std::string> secrets;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, job] : jobs_) {
+    const dist::DistributedSpec& spec = job->distributed_spec();
+    if (spec.enabled() && spec.rank == 0 && spec.group == group) secrets.push_back(spec.secret);
+  }
+  return secrets;
+}
+
 absl::StatusOr<JobPage> JobRegistry::ListJobs(const std::string& owner, int page_size,
                                               const std::string& page_token) const {
   if (page_size < 0) return absl::InvalidArgumentError("page_size: must be >= 0");

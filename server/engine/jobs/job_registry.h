@@ -152,6 +152,11 @@ class JobRegistry {
   void ImportState(const std::string& owner, const std::string& job_id, checkpoint::StateDict state,
                    std::function<void(absl::StatusOr<int64_t>)> done);
 
+  // The secrets of the distributed jobs held here that are rank 0 of
+  // `group`: the meeting point this ampd hosts (dist::RendezvousTable)
+  // authenticates the group's calls with them. Empty when none is.
+  std::vector<std::string> PeerSecrets(const std::string& group) const;
+
   // New creates and steps answer Unavailable from now on.
   void StartDraining();
   // Checkpoints every job after its queued work and waits for it (jobs in
