@@ -954,6 +954,34 @@ TEST_F(ServiceTest, AnUnusableCheckpointKeepsItsJobListedAsFailed) {
   EXPECT_TRUE(RawStep(StepRequest(id, 1), &response).ok());
 }
 
+// --checkpoint-every=1 without --checkpoint-sync: a SIGKILL at any moment
+// loses at most one acknowledged step (the README's bound, 2N - 1 for N =
+// 1): each restart's job is at least at the last acknowledged step - 1.
+TEST_F(ServiceTest, SigkillLosesNoMoreAcknowledgedStepsThanTheBound) {
+  Start({"--checkpoint-every=1"});
+  const std::string id = CreateJob(1);
+  int64_t acknowledged = 0;
+  int64_t lost = 0;
+  for (int kill = 0; kill < 5; ++kill) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(150);
+    v1::StepResponse response;
+    while (std::chrono::steady_clock::now() < until) {
+      ASSERT_TRUE(RawStep(StepRequest(id, acknowledged + 1, 0), &response).ok());
+      acknowledged = response.global_step();
+    }
+    server_->Signal(SIGKILL);
+    server_->Wait(kExitDeadline);
+    Start({"--checkpoint-every=1"});
+    v1::Job job;
+    ASSERT_TRUE(RawGetJob(id, &job).ok()) << server_->Log();
+    EXPECT_GE(job.step(), acknowledged - 1) << "kill " << kill;
+    EXPECT_LE(job.step(), acknowledged);
+    lost += acknowledged - job.step();
+    acknowledged = job.step();
+  }
+  EXPECT_LE(lost, 5);
+}
+
 // An acknowledged LoadStateDict is on disk: a SIGKILL right after the
 // response restores the imported weights, not the ones before the import.
 TEST_F(ServiceTest, LoadStateDictIsDurableOnceAcknowledged) {

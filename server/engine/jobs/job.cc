@@ -718,6 +718,11 @@ absl::Status Job::CheckpointUnguarded() {
 absl::Status Job::CheckpointInBackground() {
   if (context_->state_dir == nullptr) return absl::OkStatus();
   if (context_->writer == nullptr) return Checkpoint();
+  // The previous snapshot must be on disk first: with one unwritten
+  // snapshot at most, no acknowledged step runs more than 2N - 1 steps past
+  // the last durable checkpoint (N = checkpoint_every; the README's bound).
+  // A step waits here only when the writer is slower than N steps.
+  context_->writer->WaitForJob(id_);
   return AllocationGuard("checkpoint", [&]() -> absl::Status {
     AMPD_ASSIGN_OR_RETURN(checkpoint::StateDict state, CheckpointState());
     // The writer encodes and validates (StateDirectory::Write) off the strand.

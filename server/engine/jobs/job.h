@@ -212,9 +212,10 @@ class Job : public std::enable_shared_from_this<Job> {
   // queued is dropped (this one is newer) and one in flight is waited for,
   // so it cannot land after this one.
   absl::Status Checkpoint();
-  // The periodic checkpoint: with JobContext::writer, snapshots the state
-  // into host memory and queues it for the writer (the step waits only for
-  // the snapshot); without, Checkpoint().
+  // The periodic checkpoint: with JobContext::writer, waits until the
+  // job's previous snapshot is written (CheckpointWriter::WaitForJob), then
+  // snapshots the state into host memory and queues it for the writer;
+  // without, Checkpoint().
   absl::Status CheckpointInBackground();
   // Releases the Trainer; later tasks see NotFound. Cancels a background
   // write of this job (CheckpointWriter::Cancel), then removes the
