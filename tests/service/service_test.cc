@@ -982,6 +982,30 @@ TEST_F(ServiceTest, SigkillLosesNoMoreAcknowledgedStepsThanTheBound) {
   EXPECT_LE(lost, 5);
 }
 
+// A LoadStateDict stream whose first 8 bytes declare a header longer than
+// any allowed is refused at that chunk, before the rest is sent and held.
+TEST_F(ServiceTest, LoadStateDictRefusesAnOversizedHeaderFromItsFirstBytes) {
+  Start();
+  const std::string id = CreateJob(1);
+  std::unique_ptr<LoadStream> stream = OpenLoad();
+  v1::LoadStateDictRequest first;
+  first.set_job_id(id);
+  const uint64_t declared = uint64_t{1} << 40;  // 1 TiB of header
+  first.mutable_data()->assign(reinterpret_cast<const char*>(&declared), 8);
+  ASSERT_TRUE(stream->writer->Write(first));
+  v1::LoadStateDictRequest chunk;
+  chunk.mutable_data()->assign(size_t{1} << 20, ' ');
+  int written = 0;
+  for (; written < 2000 && stream->writer->Write(chunk); ++written) {
+  }
+  EXPECT_LT(written, 2000);  // the server ended the call long before 2 GB
+  stream->writer->WritesDone();
+  grpc::Status s = stream->writer->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_EQ(DetailsOf(s).reason(), "INVALID_STATE_DICT");
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "header length")) << s.error_message();
+}
+
 // An acknowledged LoadStateDict is on disk: a SIGKILL right after the
 // response restores the imported weights, not the ones before the import.
 TEST_F(ServiceTest, LoadStateDictIsDurableOnceAcknowledged) {
