@@ -43,6 +43,8 @@ class AmpdProcess {
   int peer_port() const { return peer_port_; }
   // "HOST:PORT" of the gRPC server, for Client::Connect and --server=.
   std::string address() const;
+  // The process, for what /proc says of it (memory).
+  pid_t pid() const { return pid_; }
 
   // Everything ampd wrote to stderr so far.
   std::string Log() const;
