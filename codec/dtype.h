@@ -12,7 +12,12 @@
 
 namespace ampd::codec {
 
-enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kI64 };
+// kU8 and kBool exist for files that carry them beside a model's weights
+// (Hugging Face GPT-2's attn.bias causal-mask buffer, saved as U8 or BOOL
+// by some versions): a state dict decodes them, and the engine drops the
+// buffers it knows and refuses any other tensor of them by name. No
+// backend op takes them, and the wire has no dtype for them.
+enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kI64, kU8, kBool };
 
 constexpr size_t SizeOf(DType dtype) {
   switch (dtype) {
@@ -24,6 +29,9 @@ constexpr size_t SizeOf(DType dtype) {
       return 2;
     case DType::kI64:
       return 8;
+    case DType::kU8:
+    case DType::kBool:
+      return 1;
   }
   return 0;
 }
@@ -32,7 +40,8 @@ constexpr bool IsFloating(DType dtype) {
   return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
 }
 
-// Names as safetensors spells them ("F32", "F16", "BF16", "I32", "I64").
+// Names as safetensors spells them ("F32", "F16", "BF16", "I32", "I64",
+// "U8", "BOOL").
 constexpr absl::string_view DTypeName(DType dtype) {
   switch (dtype) {
     case DType::kF32:
@@ -45,12 +54,17 @@ constexpr absl::string_view DTypeName(DType dtype) {
       return "I32";
     case DType::kI64:
       return "I64";
+    case DType::kU8:
+      return "U8";
+    case DType::kBool:
+      return "BOOL";
   }
   return "?";
 }
 
 constexpr std::optional<DType> DTypeFromName(absl::string_view name) {
-  for (DType d : {DType::kF32, DType::kF16, DType::kBF16, DType::kI32, DType::kI64}) {
+  for (DType d : {DType::kF32, DType::kF16, DType::kBF16, DType::kI32, DType::kI64, DType::kU8,
+                  DType::kBool}) {
     if (DTypeName(d) == name) return d;
   }
   return std::nullopt;

@@ -89,6 +89,11 @@ v1::Tensor TensorToProto(const HostTensor& tensor) {
     case DType::kI64:
       proto.set_dtype(v1::DTYPE_I64);
       break;
+    case DType::kU8:
+    case DType::kBool:
+      // The wire has no such dtype: left unset, which a server refuses
+      // naming the field.
+      break;
   }
   for (int64_t d : tensor.shape) proto.add_shape(d);
   proto.set_data(tensor.data);

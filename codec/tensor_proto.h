@@ -22,6 +22,7 @@ absl::StatusOr<HostTensor> TensorFromProto(const v1::Tensor& proto, absl::string
 // empty) instead of copied: a batch of megabytes is received once, not
 // twice. On an error *proto is unchanged.
 absl::StatusOr<HostTensor> TakeTensorFromProto(v1::Tensor* proto, absl::string_view field);
+// A U8 or BOOL tensor (which the wire has no dtype for) gets dtype unset.
 v1::Tensor TensorToProto(const HostTensor& tensor);
 
 }  // namespace ampd::codec

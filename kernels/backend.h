@@ -105,6 +105,19 @@ struct GradTransform {
   float max_grad_norm = 0.0f;         // <= 0: no clipping
 };
 
+// What a step's ops run on beyond their tensors, for Backend::ScratchBytes
+// (model::StepScratchExtents gives them for a model and a batch shape).
+struct ScratchExtents {
+  DType dtype = DType::kF32;  // the GEMMs' operand dtype (the working dtype)
+  int64_t gemm_a = 0;         // the most elements of a GEMM's first operand
+  int64_t gemm_b = 0;         // ... of its second operand
+  int64_t gemm_c = 0;         // ... of its result
+  int64_t attention_seq = 0;  // T of a fused attention (0: none)
+  int64_t head_dim = 0;       // its head size
+  int64_t classes = 0;        // V of a cross-entropy (0: none)
+  int64_t rows = 0;           // the loss's rows
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -169,6 +182,21 @@ class Backend {
   // Memory the device has in all (host RAM for the CPU backend, the GPU's
   // global memory for CUDA); 0 when it cannot be read.
   virtual int64_t MemoryCapacityBytes() const = 0;
+  // Bytes the backend holds beyond the tensors it is given to run a step of
+  // these extents whose workspace tensors total `tensor_bytes`: the ops'
+  // own scratch, kept between steps for reuse until ReleaseScratch, and the
+  // rounding its allocator adds to those tensors. Admission adds it to the
+  // step's workspace estimate. The CPU oracle widens 16-bit GEMM operands
+  // and results to fp32 and sums fused GEMMs in fp32 (per backend), holds
+  // per-thread attention and cross-entropy rows, and places large tensors
+  // on 2 MiB pages; a backend with none of that returns 0.
+  virtual int64_t ScratchBytes(const ScratchExtents& extents, int64_t tensor_bytes) const {
+    (void)extents;
+    (void)tensor_bytes;
+    return 0;
+  }
+  // Frees the scratch ScratchBytes counts (an idle job's release).
+  virtual void ReleaseScratch() {}
 
   // ---- dense algebra ------------------------------------------------------
   // y = scale * (y + x) elementwise, same shape; x and y any float dtypes

@@ -6,6 +6,7 @@
 // has nothing to wait for.
 #include "kernels/cpu/cpu_backend.h"
 
+#include <malloc.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -13,12 +14,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/checked_math.h"
 #include "common/status_macros.h"
+#include "kernels/attention_params.h"
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/op_checks.h"
 
@@ -33,6 +37,19 @@ constexpr size_t kAlignment = 64;
 // Their size is rounded up to whole huge pages (at most 1/8 more memory).
 constexpr size_t kHugePage = size_t{2} << 20;
 constexpr size_t kHugeMin = 8 * kHugePage;
+
+// glibc serves allocations below its mmap threshold from heap arenas that
+// keep freed memory, and by default raises that threshold (up to 32 MiB)
+// each time a larger block is freed: released workspaces and scratch would
+// then stay in the process's resident memory, outside anything admission
+// counts. A fixed threshold keeps every block of 256 KiB or more mapped on
+// its own, so freeing it gives it back. Process-wide and once.
+void FixMmapThreshold() {
+  static std::once_flag once;
+  std::call_once(once, [] { (void)mallopt(M_MMAP_THRESHOLD, 256 * 1024); });
+}
+
+bool Is16Bit(DType dtype) { return dtype == DType::kF16 || dtype == DType::kBF16; }
 
 // Shared between the backend and every block it handed out, so a tensor
 // that outlives its backend still decrements a live counter.
@@ -63,7 +80,9 @@ class HostMemory final : public Memory {
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads)
-      : bytes_in_use_(std::make_shared<std::atomic<int64_t>>(0)), pool_(threads) {}
+      : bytes_in_use_(std::make_shared<std::atomic<int64_t>>(0)), pool_(threads) {
+    FixMmapThreshold();
+  }
 
   std::string name() const override { return "cpu"; }
 
@@ -127,6 +146,48 @@ class CpuBackend final : public Backend {
     const long page_size = sysconf(_SC_PAGE_SIZE);
     return pages > 0 && page_size > 0 ? static_cast<int64_t>(pages) * page_size : 0;
   }
+
+  // Every buffer below is fp32. Per backend (the pool's scratch,
+  // ThreadPool::ScratchSlot): a 16-bit GEMM's widened operands and its
+  // fp32 result (gemm.cc), and the fused GEMMs' sums, one buffer each for
+  // GemmBiasActivation and GemmActivationBackward, at most the largest
+  // result each. Per thread of the pool (the caller included): a head's
+  // rows in the attention forward (3 T D + D + the key block) and backward
+  // (7 T D + 3 T + D), and a row of logits in the cross-entropy (V); on
+  // the caller, the loss's per-row values (N). Tensors of 16 MiB or more
+  // are rounded up to 2 MiB pages: at most 1/8 more.
+  // And what running any step brings in beside them: the pool threads'
+  // stacks and malloc arenas, OpenBLAS's packing buffers, the batch's
+  // copies on the way in (2-3 MiB measured on two cores for a 4 x
+  // 1024-token GPT step), counted as 8 MiB plus 256 KiB a thread.
+  int64_t ScratchBytes(const ScratchExtents& e, int64_t tensor_bytes) const override {
+    constexpr int64_t kRunningBytes = int64_t{8} << 20;
+    constexpr int64_t kThreadBytes = int64_t{256} << 10;
+    const int64_t threads = pool_.threads();
+    int64_t floats = 0;
+    auto add = [&floats](int64_t n) { floats = SaturatingAdd(floats, n); };
+    if (Is16Bit(e.dtype)) {
+      add(e.gemm_a);
+      add(e.gemm_b);
+      add(e.gemm_c);
+    }
+    add(SaturatingMul(2, e.gemm_c));
+    if (e.attention_seq > 0) {
+      const int64_t td = SaturatingMul(e.attention_seq, e.head_dim);
+      add(SaturatingMul(threads,
+                        SaturatingAdd(SaturatingMul(10, td),
+                                      SaturatingAdd(SaturatingMul(3, e.attention_seq),
+                                                    2 * e.head_dim + kAttentionKeyBlock))));
+    }
+    if (e.classes > 0) {
+      add(SaturatingMul(threads, e.classes));
+      add(e.rows);
+    }
+    const int64_t running = kRunningBytes + threads * kThreadBytes;
+    return SaturatingAdd(SaturatingAdd(SaturatingMul(floats, 4), tensor_bytes / 8), running);
+  }
+
+  void ReleaseScratch() override { pool_.ReleaseScratch(); }
 
   absl::Status Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
                     float beta, Tensor& c) override {

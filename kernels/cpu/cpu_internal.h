@@ -69,6 +69,8 @@ absl::Status VisitFloat(DType dtype, Fn&& fn) {
       return std::forward<Fn>(fn)(BF16Tag{});
     case DType::kI32:
     case DType::kI64:
+    case DType::kU8:
+    case DType::kBool:
       break;
   }
   return absl::InternalError(

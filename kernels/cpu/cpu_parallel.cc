@@ -111,4 +111,8 @@ void ThreadPool::WorkerLoop() {
   }
 }
 
+void ThreadPool::ReleaseScratch() {
+  for (std::vector<float>& slot : scratch_) std::vector<float>().swap(slot);
+}
+
 }  // namespace ampd::kernels::cpu

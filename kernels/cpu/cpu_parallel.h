@@ -47,6 +47,24 @@ class ThreadPool {
   // hardware's concurrency.
   static int DefaultThreads();
 
+  // fp32 scratch the backend's GEMMs reuse from call to call: one set per
+  // pool, i.e. per backend (a job's ops run one at a time, on its strand),
+  // not per calling thread, so that a job holds it once, counts it
+  // (CpuBackend::ScratchBytes) and gives it up (ReleaseScratch) with its
+  // workspaces, instead of every worker thread that ever ran a step keeping
+  // the largest one it saw.
+  enum ScratchSlot {
+    kWidenA,                  // a 16-bit GEMM's first operand, widened
+    kWidenB,                  // its second operand
+    kAccumulate,              // a 16-bit GEMM's result, accumulated in fp32
+    kBiasActivationSums,      // GemmBiasActivation's fp32 sums
+    kActivationBackwardSums,  // GemmActivationBackward's fp32 sums
+    kScratchSlots,
+  };
+  std::vector<float>& Scratch(ScratchSlot slot) { return scratch_[slot]; }
+  // Frees every slot's memory.
+  void ReleaseScratch();
+
  private:
   void WorkerLoop();
   // Claims and runs chunks of job `tag` until none is left (or the job is
@@ -67,6 +85,7 @@ class ThreadPool {
   // next job with the old function.
   std::atomic<uint64_t> claim_{0};
   std::atomic<int64_t> done_{0};  // chunks of the current job finished
+  std::vector<float> scratch_[kScratchSlots];
 };
 
 // Elements per chunk for streaming passes: 64 KiB of fp32, large enough that

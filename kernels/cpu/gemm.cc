@@ -16,17 +16,22 @@
 namespace ampd::kernels::cpu {
 namespace {
 
-// Per-thread scratch reused across calls: a training step runs the same
-// shapes every time, so after the first step no GEMM allocates.
-std::vector<float>& Scratch(int which) {
-  thread_local std::vector<float> buffers[3];
-  return buffers[which];
+// The pool's scratch (ThreadPool::Scratch), reused across calls: a training
+// step runs the same shapes every time, so after the first step no GEMM
+// allocates. Grown to exactly what a call needs, never more.
+std::vector<float>& Sized(ThreadPool& pool, ThreadPool::ScratchSlot slot, int64_t elements) {
+  std::vector<float>& buf = pool.Scratch(slot);
+  if (buf.capacity() < static_cast<size_t>(elements)) {
+    buf = std::vector<float>();  // frees the smaller one first
+    buf.reserve(static_cast<size_t>(elements));
+  }
+  buf.resize(static_cast<size_t>(elements));
+  return buf;
 }
 
 // Widens a float tensor of any dtype into fp32 scratch.
-float* Widen(ThreadPool& pool, const Tensor& t, int which) {
-  std::vector<float>& buf = Scratch(which);
-  buf.resize(static_cast<size_t>(t.numel()));
+float* Widen(ThreadPool& pool, const Tensor& t, ThreadPool::ScratchSlot slot) {
+  std::vector<float>& buf = Sized(pool, slot, t.numel());
   float* out = buf.data();
   (void)VisitFloat(t.dtype(), [&](auto tag) {
     using Tag = decltype(tag);
@@ -53,8 +58,8 @@ void GemmF32(ThreadPool& pool, bool trans_a, bool trans_b, float alpha, const Te
     return;
   }
   const bool inputs_f32 = a.dtype() == DType::kF32;
-  const float* pa = inputs_f32 ? a.data_as<float>() : Widen(pool, a, 0);
-  const float* pb = inputs_f32 ? b.data_as<float>() : Widen(pool, b, 1);
+  const float* pa = inputs_f32 ? a.data_as<float>() : Widen(pool, a, ThreadPool::kWidenA);
+  const float* pb = inputs_f32 ? b.data_as<float>() : Widen(pool, b, ThreadPool::kWidenB);
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
               static_cast<int>(k), alpha, pa, static_cast<int>(a.dim(1)), pb,
@@ -80,8 +85,8 @@ absl::Status Gemm(ThreadPool& pool, bool trans_a, bool trans_b, float alpha, con
   const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
 
   const bool inputs_f32 = a.dtype() == DType::kF32;
-  const float* pa = inputs_f32 ? a.data_as<float>() : Widen(pool, a, 0);
-  const float* pb = inputs_f32 ? b.data_as<float>() : Widen(pool, b, 1);
+  const float* pa = inputs_f32 ? a.data_as<float>() : Widen(pool, a, ThreadPool::kWidenA);
+  const float* pb = inputs_f32 ? b.data_as<float>() : Widen(pool, b, ThreadPool::kWidenB);
 
   // k == 0: the product is empty and c = beta * c; BLAS rejects lda == 0,
   // so handle it here. Likewise beta == 0 never reads c (BLAS convention:
@@ -103,11 +108,9 @@ absl::Status Gemm(ThreadPool& pool, bool trans_a, bool trans_b, float alpha, con
   // when beta != 0), then round the finished value once.
   float* acc;
   if (beta != 0.0f) {
-    acc = Widen(pool, c, 2);
+    acc = Widen(pool, c, ThreadPool::kAccumulate);
   } else {
-    std::vector<float>& buf = Scratch(2);
-    buf.resize(static_cast<size_t>(c.numel()));
-    acc = buf.data();
+    acc = Sized(pool, ThreadPool::kAccumulate, c.numel()).data();
   }
   run_sgemm(acc);
   return VisitFloat(c.dtype(), [&](auto tag) {

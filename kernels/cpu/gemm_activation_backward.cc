@@ -13,9 +13,15 @@
 namespace ampd::kernels::cpu {
 namespace {
 
-// Per-thread fp32 sums, reused across calls (see gemm_bias_activation.cc).
-std::vector<float>& Sums() {
-  thread_local std::vector<float> sums;
+// The pool's fp32 sums (ThreadPool::Scratch), reused across calls: a step
+// repeats its shapes, so after the first step no call allocates.
+std::vector<float>& Sums(ThreadPool& pool, int64_t elements) {
+  std::vector<float>& sums = pool.Scratch(ThreadPool::kActivationBackwardSums);
+  if (sums.capacity() < static_cast<size_t>(elements)) {
+    sums = std::vector<float>();  // frees the smaller one first
+    sums.reserve(static_cast<size_t>(elements));
+  }
+  sums.resize(static_cast<size_t>(elements));
   return sums;
 }
 
@@ -27,8 +33,7 @@ absl::Status GemmActivationBackward(ThreadPool& pool, bool trans_a, bool trans_b
   AMPD_RETURN_IF_ERROR(ValidateGemmActivationBackward(trans_a, trans_b, a, b, act, pre, c));
   const int64_t n = c.numel();  // M * N
   if (n == 0) return absl::OkStatus();
-  std::vector<float>& sums = Sums();  // (M, N) g = alpha op(a) @ op(b), fp32
-  sums.resize(static_cast<size_t>(n));
+  std::vector<float>& sums = Sums(pool, n);  // (M, N) g = alpha op(a) @ op(b), fp32
   GemmF32(pool, trans_a, trans_b, alpha, a, b, sums.data());
   return VisitFloat(c.dtype(), [&](auto tag) {
     using Tag = decltype(tag);

@@ -14,10 +14,15 @@
 namespace ampd::kernels::cpu {
 namespace {
 
-// Per-thread fp32 sums, reused across calls: a step repeats its shapes, so
-// after the first step no call allocates.
-std::vector<float>& Sums() {
-  thread_local std::vector<float> sums;
+// The pool's fp32 sums (ThreadPool::Scratch), reused across calls: a step
+// repeats its shapes, so after the first step no call allocates.
+std::vector<float>& Sums(ThreadPool& pool, int64_t elements) {
+  std::vector<float>& sums = pool.Scratch(ThreadPool::kBiasActivationSums);
+  if (sums.capacity() < static_cast<size_t>(elements)) {
+    sums = std::vector<float>();  // frees the smaller one first
+    sums.reserve(static_cast<size_t>(elements));
+  }
+  sums.resize(static_cast<size_t>(elements));
   return sums;
 }
 
@@ -30,8 +35,7 @@ absl::Status GemmBiasActivation(ThreadPool& pool, bool trans_a, bool trans_b, co
   const int64_t rows = c.dim(0);  // M
   const int64_t cols = c.dim(1);  // N
   if (rows == 0 || cols == 0) return absl::OkStatus();
-  std::vector<float>& sums = Sums();  // (M, N) fp32 sums of op(a) @ op(b)
-  sums.resize(static_cast<size_t>(rows * cols));
+  std::vector<float>& sums = Sums(pool, rows * cols);  // (M, N) fp32 sums of op(a) @ op(b)
   GemmF32(pool, trans_a, trans_b, 1.0f, a, b, sums.data());
   return VisitFloat(c.dtype(), [&](auto tag) {
     using Tag = decltype(tag);

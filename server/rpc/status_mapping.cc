@@ -31,17 +31,25 @@ static_assert(static_cast<int>(absl::StatusCode::kInvalidArgument) ==
 
 // "config.optimizer.lr: must be finite" -> "config.optimizer.lr": the
 // field-path prefix every InvalidArgument of ampd starts with, when there is
-// one.
+// one. An index may name an element of a 2-D tensor
+// ("micro_batches[0].inputs[1, 3]: 96 is outside [0, 96)").
 std::optional<std::string> FieldOfMessage(absl::string_view message) {
   const size_t colon = message.find(": ");
   if (colon == 0 || colon == absl::string_view::npos) return std::nullopt;
   const absl::string_view field = message.substr(0, colon);
+  bool in_index = false;
   for (char c : field) {
-    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' && c != '[' &&
-        c != ']') {
+    const bool alnum = absl::ascii_isalnum(static_cast<unsigned char>(c));
+    if (c == '[' && !in_index) {
+      in_index = true;
+    } else if (c == ']' && in_index) {
+      in_index = false;
+    } else if (in_index ? !(alnum || c == ',' || c == ' ' || c == '-')
+                        : !(alnum || c == '_' || c == '.')) {
       return std::nullopt;
     }
   }
+  if (in_index) return std::nullopt;
   return std::string(field);
 }
 

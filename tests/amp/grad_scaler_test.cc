@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 
 namespace ampd::engine::amp {
 namespace {
@@ -115,6 +116,12 @@ TEST(Defaults, PerPolicy) {
   EXPECT_EQ(mg.growth_interval, 1000);
   EXPECT_EQ(mg.hysteresis, 2);
   EXPECT_EQ(mg.min_scale, 1.0);
+
+  // Only DeepSpeed raises at its floor; adaptive is ampd's own and does.
+  EXPECT_FALSE(pt.raise_at_min_scale);
+  EXPECT_FALSE(pd.raise_at_min_scale);
+  EXPECT_FALSE(mg.raise_at_min_scale);
+  EXPECT_TRUE(ScalerConfig::Defaults(ScalerPolicy::kAdaptive).raise_at_min_scale);
 
   for (const ScalerConfig& c : {pt, pd, ds, mg}) EXPECT_TRUE(c.Validate().ok());
 }
@@ -442,6 +449,128 @@ TEST(Megatron, FloorsAtMinScaleWithoutError) {
   c.hysteresis = 1;
   GradScaler s = MakeScaler(c);
   ExpectTrace(s, {I, I, I, I}, {2, 1, 1, 1}, {{"hysteresis_tracker", {0, -1, -2, -3}}});
+}
+
+// Every policy (adaptive's job-wide and per-layer scales too): a run of
+// overflows backs the scale off until the next backoff would leave a scale
+// whose inverse overflows float32 (2^-128); that step fails the job with
+// FailedPrecondition, whatever raise_at_min_scale says, instead of letting
+// the scale reach 0 and skipping every later step. Every state on the way,
+// the last included, loads back into a fresh scaler.
+TEST(Floor, UnderflowFailsForEveryPolicyAndEveryStateReachedLoads) {
+  for (const ScalerPolicy policy :
+       {ScalerPolicy::kPyTorch, ScalerPolicy::kPaddle, ScalerPolicy::kDeepSpeed,
+        ScalerPolicy::kMegatron, ScalerPolicy::kAdaptive}) {
+    for (const bool raise : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(PolicyName(policy), raise ? " raise" : " no raise"));
+      ScalerConfig c = ScalerConfig::Defaults(policy);
+      c.init_scale = std::ldexp(1.0, -100);
+      c.hysteresis = 1;
+      c.raise_at_min_scale = raise;
+      c.max_scale.reset();
+      // deepspeed needs a floor: the smallest float32, below every usable scale.
+      c.min_scale.reset();
+      if (policy == ScalerPolicy::kDeepSpeed) c.min_scale = std::ldexp(1.0, -149);
+      GradScaler s = MakeScaler(c);
+      int steps = 0;
+      absl::StatusOr<ScalerUpdate> u = s.Update(I);
+      for (; u.ok() && steps < 100; ++steps) {
+        ASSERT_GT(s.scale(), 0.0f);
+        GradScaler fresh = MakeScaler(c);
+        ASSERT_TRUE(fresh.LoadStateDict(s.StateDict()).ok());
+        ASSERT_EQ(fresh.StateDict(), s.StateDict());
+        u = s.Update(I);
+      }
+      ASSERT_FALSE(u.ok());
+      EXPECT_EQ(steps, 27);  // 2^-100 down to 2^-127
+      EXPECT_EQ(u.status().code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_TRUE(absl::StrContains(u.status().message(), "minimum loss scale")) << u.status();
+      EXPECT_TRUE(absl::StrContains(u.status().message(), "overflows float32")) << u.status();
+      // The state is the last usable one, and it loads.
+      EXPECT_EQ(s.scale(), std::ldexp(1.0f, -127));
+      const ScalerState last = s.StateDict();
+      EXPECT_FALSE(s.Update(I).ok());
+      EXPECT_EQ(s.StateDict(), last);
+      GradScaler fresh = MakeScaler(c);
+      ASSERT_TRUE(fresh.LoadStateDict(last).ok());
+      // A clean step still applies there, and the scale can grow again.
+      EXPECT_TRUE(s.Update(G).ok());
+    }
+  }
+}
+
+// A loaded scale that is already unusable (its inverse is inf) fails at its
+// first overflow, without a flag that could let it loop.
+TEST(Floor, UnusableLoadedScaleFailsAtItsFirstOverflow) {
+  ScalerConfig c = ScalerConfig::Defaults(ScalerPolicy::kPyTorch);
+  GradScaler s = MakeScaler(c);
+  ScalerState state = s.StateDict();
+  state["scale"] = 1e-45;
+  ASSERT_TRUE(s.LoadStateDict(state).ok());
+  absl::StatusOr<ScalerUpdate> u = s.Update(I);
+  ASSERT_FALSE(u.ok());
+  EXPECT_EQ(u.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_GT(s.scale(), 0.0f);
+}
+
+// raise_at_min_scale means the same for every policy that has a min_scale:
+// an overflow due to back off at the floor fails (state unchanged), and
+// without it the scale stays at the floor and the step is only skipped.
+TEST(Floor, RaiseAtMinScaleForEveryPolicy) {
+  for (const ScalerPolicy policy :
+       {ScalerPolicy::kPyTorch, ScalerPolicy::kPaddle, ScalerPolicy::kDeepSpeed,
+        ScalerPolicy::kMegatron, ScalerPolicy::kAdaptive}) {
+    SCOPED_TRACE(PolicyName(policy));
+    ScalerConfig c = ScalerConfig::Defaults(policy);
+    c.init_scale = 8;
+    c.min_scale = 4;
+    c.max_scale.reset();
+    c.hysteresis = 1;
+    c.raise_at_min_scale = true;
+    GradScaler raising = MakeScaler(c);
+    ASSERT_TRUE(raising.Update(I).ok());
+    EXPECT_EQ(raising.scale(), 4.0f);
+    const ScalerState at_floor = raising.StateDict();
+    absl::StatusOr<ScalerUpdate> u = raising.Update(I);
+    ASSERT_FALSE(u.ok());
+    EXPECT_EQ(u.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(absl::StrContains(u.status().message(), "(min_scale 4)")) << u.status();
+    EXPECT_EQ(raising.StateDict(), at_floor);
+
+    c.raise_at_min_scale = false;
+    GradScaler holding = MakeScaler(c);
+    for (int i = 0; i < 3; ++i) {
+      absl::StatusOr<ScalerUpdate> held = holding.Update(I);
+      ASSERT_TRUE(held.ok()) << held.status();
+      EXPECT_TRUE(held->skipped);
+      EXPECT_EQ(holding.scale(), 4.0f);
+    }
+  }
+}
+
+// Per-layer scales: the group that backs off fails the job when it cannot.
+TEST(Floor, PerLayerGroupUnderflowFails) {
+  ScalerConfig c = ScalerConfig::Defaults(ScalerPolicy::kAdaptive);
+  c.per_layer_scales = true;
+  c.max_scale.reset();
+  c.init_scale = std::ldexp(1.0, -126);
+  absl::StatusOr<GradScaler> made = GradScaler::Create(c, 2);
+  ASSERT_TRUE(made.ok()) << made.status();
+  GradScaler s = *std::move(made);
+  StepGradStats overflow;
+  overflow.found_inf = true;
+  overflow.layer_max_abs = {std::numeric_limits<float>::infinity(), 1.0f};
+  ASSERT_TRUE(s.Update(overflow).ok());  // group 0: 2^-126 -> 2^-127
+  EXPECT_EQ(s.layer_scale(0), std::ldexp(1.0f, -127));
+  const ScalerState last = s.StateDict();
+  absl::StatusOr<ScalerUpdate> u = s.Update(overflow);
+  ASSERT_FALSE(u.ok());
+  EXPECT_EQ(u.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.StateDict(), last);
+  absl::StatusOr<GradScaler> fresh = GradScaler::Create(c, 2);
+  ASSERT_TRUE(fresh.ok());
+  ASSERT_TRUE(fresh->LoadStateDict(last).ok());
+  EXPECT_EQ(fresh->StateDict(), last);
 }
 
 TEST(Megatron, CapResetsBothTrackers) {
@@ -864,20 +993,25 @@ TEST(StateDict, UnknownOrForeignKeysAreRefused) {
   ExpectInvalidNaming(megatron.LoadStateDict(pytorch.StateDict()), "growth_tracker");
 }
 
-// With no floor, PyTorch's float32 scale underflows to 0 after enough
-// backoffs, here as there; such a state is refused on load (its inverse is
-// inf: the job could never apply a step), and so is any scale that is 0 in
-// float32. The smallest positive float32 still loads.
+// A scale of 0 (or one that is 0 in float32) is refused on load: its
+// inverse is inf, and the job could never apply a step. No scaler reaches
+// it (PyTorch's float32 scale underflows to 0 after enough backoffs; here
+// the backoff that would leave no usable scale fails instead, and the state
+// stays at the last usable one, which loads). The smallest positive float32
+// still loads.
 TEST(StateDict, ZeroScaleIsRefusedOnLoad) {
   ScalerConfig c;
   c.init_scale = 1e-30;
   c.backoff_factor = 0.001;
   GradScaler s = MakeScaler(c);
-  for (int i = 0; i < 6; ++i) Step(s, I);
-  ASSERT_EQ(s.scale(), 0.0f);
+  for (int i = 0; i < 2; ++i) Step(s, I);              // 1e-33, 1e-36
+  absl::StatusOr<ScalerUpdate> refused = s.Update(I);  // 1e-39 has an inf inverse
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_EQ(s.scale(), 1e-36f);
   GradScaler t = MakeScaler(ScalerConfig{});
   const ScalerState before = t.StateDict();
-  ExpectInvalidNaming(t.LoadStateDict(s.StateDict()), "scale");
+  ASSERT_TRUE(t.LoadStateDict(s.StateDict()).ok());
+  ASSERT_TRUE(t.LoadStateDict(before).ok());
   ScalerState state = before;
   for (double zero : {0.0, -0.0, 1e-50}) {
     state["scale"] = zero;
@@ -972,15 +1106,32 @@ float Floor(float backed_off, const Bounds& b) {
   return backed_off;
 }
 
+// ampd's floor, the same for every policy (grad_scaler.h): a backoff at
+// min_scale fails with raise_at_min_scale (DeepSpeed's error) and leaves
+// the scale there without it; one that would leave a scale whose inverse
+// overflows float32 fails whatever the flag. False where the step fails.
+bool UsableRef(float scale) { return scale > 0.0f && std::isfinite(float(1.0 / double(scale))); }
+bool BackOffRef(float& scale, float backed_off, const Bounds& b, bool raise) {
+  const float next = Floor(backed_off, b);
+  const bool at_min = b.has_min && scale <= b.min;
+  if (!at_min && UsableRef(next)) {
+    scale = next;
+    return true;
+  }
+  return at_min && UsableRef(scale) && !raise;
+}
+
 struct RefTorch {
   float scale;
   double growth_factor, backoff_factor;
   int64_t growth_interval;
   int64_t _growth_tracker = 0;
   Bounds b;
-  void update(bool inf) {
+  bool raise = true;
+  // False where the step fails (at the floor); nothing changes then.
+  bool update(bool inf) {
     if (inf) {
-      scale = Floor(float(double(scale) * backoff_factor), b);
+      if (!BackOffRef(scale, float(double(scale) * backoff_factor), b, raise)) return false;
       _growth_tracker = 0;
     } else if (_growth_tracker + 1 == growth_interval) {
       scale = CapThenGuard(scale, float(double(scale) * growth_factor), b);
@@ -988,6 +1139,7 @@ struct RefTorch {
     } else {
       _growth_tracker++;
     }
+    return true;
   }
   ScalerState state() const {
     return {{"scale", scale},
@@ -1005,15 +1157,17 @@ struct RefPaddle {
   int64_t incr_count = 0, decr_count = 0;
   bool use_dynamic_loss_scaling;
   Bounds b;
-  void update(bool inf) {
-    if (!use_dynamic_loss_scaling) return;
+  bool raise = true;
+  bool update(bool inf) {
+    if (!use_dynamic_loss_scaling) return true;
     if (inf) {
+      if (decr_count + 1 == decr_every_n_nan_or_inf &&
+          !BackOffRef(scale, scale * float(decr_ratio), b, raise)) {
+        return false;
+      }
       incr_count = 0;
       decr_count++;
-      if (decr_count == decr_every_n_nan_or_inf) {
-        scale = Floor(scale * float(decr_ratio), b);
-        decr_count = 0;
-      }
+      if (decr_count == decr_every_n_nan_or_inf) decr_count = 0;
     } else {
       decr_count = 0;
       incr_count++;
@@ -1022,6 +1176,7 @@ struct RefPaddle {
         incr_count = 0;
       }
     }
+    return true;
   }
   ScalerState state() const {
     return {{"scale", scale},
@@ -1048,8 +1203,10 @@ struct RefDeepSpeed {
   bool update(bool overflow) {
     if (overflow) {
       if (delayed_shift == 1 || cur_hysteresis == 1) {
-        if (cur_scale == float(min_scale) && raise_error_at_min_scale) return false;
-        cur_scale = Floor(float(double(cur_scale) / scale_factor), b);
+        if (!BackOffRef(cur_scale, float(double(cur_scale) / scale_factor), b,
+                        raise_error_at_min_scale)) {
+          return false;
+        }
       } else {
         cur_hysteresis -= 1;
       }
@@ -1087,11 +1244,15 @@ struct RefMegatron {
   int64_t growth_interval, hysteresis;
   int64_t _growth_tracker = 0, _hysteresis_tracker;
   Bounds b;
-  void update(bool found_inf) {
+  bool raise = true;
+  bool update(bool found_inf) {
     if (found_inf) {
+      if (_hysteresis_tracker - 1 <= 0 &&
+          !BackOffRef(_scale, _scale * float(backoff_factor), b, raise)) {
+        return false;
+      }
       _growth_tracker = 0;
       _hysteresis_tracker -= 1;
-      if (_hysteresis_tracker <= 0) _scale = Floor(_scale * float(backoff_factor), b);
     } else {
       _growth_tracker += 1;
       if (_growth_tracker == growth_interval) {
@@ -1100,6 +1261,7 @@ struct RefMegatron {
         _scale = CapThenGuard(_scale, _scale * float(growth_factor), b);
       }
     }
+    return true;
   }
   ScalerState state() const {
     return {{"scale", _scale},
@@ -1175,9 +1337,10 @@ struct Reference {
     b.has_max = c.max_scale.has_value();
     b.max = b.has_max ? float(*c.max_scale) : 0.0f;
     const float s = float(c.init_scale);
-    torch = {s, c.growth_factor, c.backoff_factor, c.growth_interval, 0, b};
+    torch = {s, c.growth_factor, c.backoff_factor, c.growth_interval, 0, b, c.raise_at_min_scale};
     paddle = {
-        s, c.growth_factor, c.backoff_factor, c.growth_interval, c.hysteresis, 0, 0, c.dynamic, b};
+        s, c.growth_factor,     c.backoff_factor, c.growth_interval, c.hysteresis, 0, 0, c.dynamic,
+        b, c.raise_at_min_scale};
     deepspeed = {s,
                  0,
                  -1,
@@ -1190,10 +1353,11 @@ struct Reference {
                  c.raise_at_min_scale,
                  b};
     megatron = {
-        s, c.growth_factor, c.backoff_factor, c.growth_interval, c.hysteresis, 0, c.hysteresis, b};
+        s, c.growth_factor,     c.backoff_factor, c.growth_interval, c.hysteresis, 0, c.hysteresis,
+        b, c.raise_at_min_scale};
   }
 
-  // Returns false where the step must fail (deepspeed at its floor).
+  // Returns false where the step must fail (at the floor: BackOffRef).
   bool Update(bool inf) {
     if (!config.enabled) return true;
     // Static scaling: Paddle's update() returns at once; the others have no
@@ -1201,16 +1365,13 @@ struct Reference {
     if (!config.dynamic && config.policy != ScalerPolicy::kPaddle) return true;
     switch (config.policy) {
       case ScalerPolicy::kPyTorch:
-        torch.update(inf);
-        return true;
+        return torch.update(inf);
       case ScalerPolicy::kPaddle:
-        paddle.update(inf);
-        return true;
+        return paddle.update(inf);
       case ScalerPolicy::kDeepSpeed:
         return deepspeed.update(inf);
       case ScalerPolicy::kMegatron:
-        megatron.update(inf);
-        return true;
+        return megatron.update(inf);
       case ScalerPolicy::kAdaptive:  // no framework to mirror: adaptive_scaler_test.cc
         ADD_FAILURE() << "RandomConfig draws the framework policies only";
         return true;
@@ -1288,16 +1449,12 @@ TEST(Randomized, MatchesPlainReferenceStepForStep) {
       // Now and then, continue from a fresh scaler loaded from the state.
       if (rng.Chance(0.03)) {
         GradScaler reloaded = MakeScaler(config);
+        // Every state a scaler reaches loads back: no scale reaches 0.
         const absl::Status loaded = reloaded.LoadStateDict(scaler.StateDict());
-        if (config.enabled && scaler.scale() == 0.0f) {
-          // An underflowed scale is refused (ZeroScaleIsRefusedOnLoad).
-          ASSERT_EQ(loaded.code(), absl::StatusCode::kInvalidArgument) << loaded;
-        } else {
-          ASSERT_TRUE(loaded.ok()) << loaded;
-          ASSERT_EQ(reloaded.StateDict(), scaler.StateDict());
-          scaler = std::move(reloaded);
-          ++reloads;
-        }
+        ASSERT_TRUE(loaded.ok()) << loaded;
+        ASSERT_EQ(reloaded.StateDict(), scaler.StateDict());
+        scaler = std::move(reloaded);
+        ++reloads;
       }
     }
   }

@@ -9,6 +9,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -54,6 +55,16 @@ StepInput One(MicroBatch mb) {
   StepInput in;
   in.micro_batches.push_back(std::move(mb));
   return in;
+}
+
+// What a CPU job holds beside a step's workspaces, for batches of at most
+// `rows` rows of `config`'s model whose workspaces total `tensor_bytes`:
+// the backend's scratch (kernels::Backend::ScratchBytes), counted with them.
+int64_t Scratch(const JobConfig& config, int64_t rows, int64_t tensor_bytes) {
+  static const auto* const cpu = kernels::CreateBackend("cpu")->release();
+  const int64_t in = config.model.layers.front().in_features;
+  return cpu->ScratchBytes(model::StepScratchExtents(config.model, config.precision, {rows, in}),
+                           tensor_bytes);
 }
 
 TEST(Admission, ParameterCountOverflowIsInvalidArgument) {
@@ -145,7 +156,9 @@ TEST(Admission, WorkspaceEstimateIsWhatAStepAllocates) {
   auto bytes = model::WorkspaceBytes(config.model, config.precision, 37);
   ASSERT_TRUE(bytes.ok()) << bytes.status();
   EXPECT_EQ(t->backend().BytesInUse() - before, *bytes);
-  EXPECT_EQ(t->workspace_bytes(), *bytes);
+  // Counted with the backend's scratch (fp32 staging of the fp16 GEMMs).
+  ASSERT_GT(Scratch(config, 37, *bytes), 0);
+  EXPECT_EQ(t->workspace_bytes(), *bytes + Scratch(config, 37, *bytes));
   // acts 6,16,16,16,3 and grads 16,16,16,3 in fp16, 2 LayerNorm stats, F32
   // staging (N, 6) and targets (N, 3).
   EXPECT_EQ(*bytes, 37 * ((6 + 16 * 3 + 3) * 2 + (16 * 3 + 3) * 2 + 2 * 4 + 6 * 4 + 3 * 4));
@@ -156,9 +169,11 @@ TEST(Admission, WorkspaceEstimateIsWhatAStepAllocates) {
   ASSERT_TRUE(t->Step(two).ok());
   auto five = model::WorkspaceBytes(config.model, config.precision, 5);
   ASSERT_TRUE(five.ok());
-  EXPECT_EQ(t->workspace_bytes(), *bytes + *five);
+  const int64_t scratch = Scratch(config, 37, *bytes + *five);
+  EXPECT_EQ(t->workspace_bytes(), *bytes + *five + scratch);
+  // The scratch stays at the largest size run until released.
   ASSERT_TRUE(t->Step(One(Batch(5, 6, 3))).ok());
-  EXPECT_EQ(t->workspace_bytes(), *five);
+  EXPECT_EQ(t->workspace_bytes(), *five + scratch);
   EXPECT_EQ(t->backend().BytesInUse() - before, *five);
   // Rows whose byte count overflows int64 are refused by the estimate.
   EXPECT_EQ(model::WorkspaceBytes(config.model, config.precision, kInt64Max / 4).status().code(),
@@ -179,7 +194,8 @@ TEST(Admission, WorkspaceStaysCachedAndAWarmStepAllocatesNothing) {
   ASSERT_GT(*big, int64_t{64} << 20);
   const MicroBatch batch = Batch(rows, 4, 2);
   ASSERT_TRUE(t->Step(One(batch)).ok());
-  EXPECT_EQ(t->workspace_bytes(), *big);
+  const int64_t held = *big + Scratch(config, rows, *big);
+  EXPECT_EQ(t->workspace_bytes(), held);
   EXPECT_EQ(t->backend().BytesInUse() - weights, *big);
   const int64_t allocations = t->backend().AllocationCount();
   for (int i = 0; i < 2; ++i) {
@@ -187,7 +203,7 @@ TEST(Admission, WorkspaceStaysCachedAndAWarmStepAllocatesNothing) {
     ASSERT_TRUE(r.ok()) << r.status();
   }
   EXPECT_EQ(t->backend().AllocationCount(), allocations) << "a warm step allocated";
-  EXPECT_EQ(t->workspace_bytes(), *big);
+  EXPECT_EQ(t->workspace_bytes(), held);
   // An evaluation of the same size runs on the same buffers.
   EvaluateInput eval;
   eval.micro_batches.push_back(batch);
@@ -241,8 +257,8 @@ TEST(Admission, AFailedWorkspaceAllocationIsRetriedOnceAfterRelief) {
   ASSERT_EQ(setrlimit(RLIMIT_AS, &saved), 0);
   EXPECT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(relieved, 1);
-  EXPECT_EQ(t->workspace_bytes(),
-            model::WorkspaceBytes(config.model, config.precision, 16384).value());
+  const int64_t workspace = model::WorkspaceBytes(config.model, config.precision, 16384).value();
+  EXPECT_EQ(t->workspace_bytes(), workspace + Scratch(config, 16384, workspace));
 }
 
 // A Trainer's admit hook sees the whole step's workspace before anything is
@@ -263,19 +279,20 @@ TEST(Admission, RefusedStepChangesNothing) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
   auto want = model::WorkspaceBytes(config.model, config.precision, 4096);
   ASSERT_TRUE(want.ok());
-  EXPECT_EQ(asked, *want);
+  EXPECT_EQ(asked, *want + Scratch(config, 4096, *want));
   EXPECT_LE(t->backend().BytesInUse(), in_use);
   auto after = t->ExportState();
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(StateDiff(*state, *after), "");
 }
 
-// Through the registry, as the service runs it: a 4 MiB limit admits a small
-// job and its usual steps, refuses a 65,536-row step with
-// RESOURCE_EXHAUSTED, and still runs the next usual step.
+// Through the registry, as the service runs it: a 32 MiB limit admits a
+// small job and its usual steps (with the CPU backend's scratch, some
+// 9 MiB), refuses a 65,536-row step with RESOURCE_EXHAUSTED, and still
+// runs the next usual step.
 TEST(Admission, RegistryCountsStepWorkspaceAgainstMaxMemoryBytes) {
   RegistryOptions options;
-  options.max_memory_bytes = int64_t{4} << 20;
+  options.max_memory_bytes = int64_t{32} << 20;
   options.worker_threads = 1;
   auto registry = JobRegistry::Create(options);
   ASSERT_TRUE(registry.ok()) << registry.status();
@@ -323,7 +340,10 @@ TEST(Admission, MemoryPressureReleasesAnIdleJobsWorkspace) {
   const JobConfig config = Mlp(2, 64, 2);
   const int64_t rows = 8192;
   const int64_t weights = EstimateJobBytes(config);
-  const int64_t workspace = model::WorkspaceBytes(config.model, config.precision, rows).value();
+  const int64_t tensors = model::WorkspaceBytes(config.model, config.precision, rows).value();
+  // Admission counts the backend's scratch with the workspace; the device
+  // memory report, the tensors alone.
+  const int64_t workspace = tensors + Scratch(config, rows, tensors);
   RegistryOptions options;
   options.max_memory_bytes = 2 * weights + workspace + workspace / 2;
   options.worker_threads = 2;
@@ -359,21 +379,23 @@ TEST(Admission, MemoryPressureReleasesAnIdleJobsWorkspace) {
 
   absl::StatusOr<StepReport> r = step(a->job_id, 1);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(last_report(), both_weights + workspace);  // a's stays cached
+  EXPECT_EQ(last_report(), both_weights + tensors);  // a's stays cached
   // b's step needs a second workspace the limit cannot hold beside a's:
   // a, idle, gives its up, and b's is admitted.
   r = step(b->job_id, 1);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(last_report(), both_weights + workspace);  // b's now, a's freed
+  EXPECT_EQ(last_report(), both_weights + tensors);  // b's now, a's freed
   // And back: b's cached workspace goes for a's next step.
   r = step(a->job_id, 2);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(last_report(), both_weights + workspace);
+  EXPECT_EQ(last_report(), both_weights + tensors);
 
   // A third job's weights fit beside both jobs' weights only once a, idle,
   // gives up its cached workspace.
+  // About h^2 parameters at 16 bytes each (fp16 AdamW): about a workspace.
   JobConfig third = DefaultJobConfig(Precision::kFp16);
-  third.model.layers = {Linear(2, 512), Linear(512, 512)};
+  const auto h = static_cast<int64_t>(std::sqrt(static_cast<double>(workspace) / 16.0));
+  third.model.layers = {Linear(2, h), Linear(h, h)};
   const int64_t third_bytes = EstimateJobBytes(third);
   ASSERT_GT(third_bytes, options.max_memory_bytes - 2 * weights - workspace);
   ASSERT_LE(third_bytes, options.max_memory_bytes - 2 * weights);
@@ -394,7 +416,7 @@ TEST(Admission, MemoryPressureReleasesAnIdleJobsWorkspace) {
   // workspace), and once b is deleted the report is a's weights alone.
   r = step(b->job_id, 2);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(last_report(), both_weights + workspace);
+  EXPECT_EQ(last_report(), both_weights + tensors);
   ASSERT_TRUE(remove(b->job_id).ok());
   EXPECT_EQ(last_report(), both_weights / 2);
   (*registry)->Shutdown();
@@ -433,7 +455,9 @@ TEST(Admission, OnlyAnIdleJobGivesUpItsWorkspace) {
   run([&] { ASSERT_TRUE(job->Initialize("cpu").ok()); });
   run([&] { ASSERT_TRUE(job->Step(1, One(Batch(4096, 2, 2))).ok()); });
   const int64_t workspace = job->workspace_bytes();
-  ASSERT_EQ(workspace, model::WorkspaceBytes(Mlp(2, 64, 2).model, Precision::kFp16, 4096).value());
+  const int64_t tensors =
+      model::WorkspaceBytes(Mlp(2, 64, 2).model, Precision::kFp16, 4096).value();
+  ASSERT_EQ(workspace, tensors + Scratch(Mlp(2, 64, 2), 4096, tensors));
 
   std::promise<void> stepped;
   job->Post([&] {
@@ -465,7 +489,7 @@ TEST(Admission, OnlyAnIdleJobGivesUpItsWorkspace) {
 TEST(Admission, TenantMemoryQuotaBoundsItsStepsOnly) {
   RegistryOptions options;
   options.worker_threads = 1;
-  options.tenant_quotas["alice"] = {.max_jobs = 0, .max_memory_bytes = int64_t{4} << 20};
+  options.tenant_quotas["alice"] = {.max_jobs = 0, .max_memory_bytes = int64_t{32} << 20};
   auto registry = JobRegistry::Create(options);
   ASSERT_TRUE(registry.ok()) << registry.status();
   auto create = [&](const std::string& owner) {

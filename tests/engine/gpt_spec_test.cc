@@ -85,8 +85,15 @@ TEST(GptSpec, RefusesSizesThatOverflow) {
   ModelSpec wide = Gpt(256, 64, 128, 1, 1);
   wide.gpt->mlp_ratio = int64_t{1} << 60;
   ExpectInvalid(wide, "gpt.mlp_ratio: gives the MLP's hidden width");
-  ModelSpec s = Gpt(256, 64, int64_t{1} << 28, 1, 1);
+  // c_attn alone (3 C^2 = 3 x 2^54) fits; the MLP's 8 C^2 does not.
+  ModelSpec s = Gpt(256, 64, int64_t{1} << 27, 1, 1);
+  s.gpt->mlp_ratio = 8;
   ExpectInvalid(s, "gpt.mlp_ratio: gives the MLP's weights");
+  // A d_model too large by itself is d_model's fault, whatever mlp_ratio.
+  for (const int64_t d_model : {int64_t{1} << 28, int64_t{1} << 31, int64_t{1} << 40}) {
+    s = Gpt(256, 64, d_model, 1, 1);
+    ExpectInvalid(s, "gpt.d_model: gives the attention's c_attn weight");
+  }
   s = Gpt(int64_t{1} << 50, 64, 128, 1, 1);
   ExpectInvalid(s, "gpt.vocab_size: gives the token embedding");
   s = Gpt(256, int64_t{1} << 50, 128, 1, 1);

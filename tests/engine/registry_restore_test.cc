@@ -88,6 +88,8 @@ class LegacyCheckpoint : public ::testing::Test {
     config.optimizer.max_grad_norm = 5.0f;
     config.scaler.init_scale = 128.0;
     config.scaler.growth_interval = 3;
+    // The default when the request was written (pytorch's is false now).
+    config.scaler.raise_at_min_scale = true;
     return config;
   }
 

@@ -195,8 +195,10 @@ TEST_F(SeedCheckpoint, CheckpointsAreFullOnceTheJobHasChanged) {
   EXPECT_TRUE(Export(**restarted, stepped->job_id) == state);
 }
 
-// Each kind of damage to a seed-only file: the job is not restored and the
-// file is left as it was, for an operator to inspect.
+// Each kind of damage to a seed-only file: the job is not restored but
+// listed as failed, with the damage named, and the file is left as it was
+// (a registry's shutdown does not overwrite it), for an operator to
+// inspect.
 TEST_F(SeedCheckpoint, DamagedOrForeignSeedOnlyFilesAreRefusedAndKept) {
   const std::string id = CreateAndDrop(LayersConfig(5), nullptr);
   const checkpoint::StateDict good = ReadCheckpoint(id);
@@ -227,7 +229,11 @@ TEST_F(SeedCheckpoint, DamagedOrForeignSeedOnlyFilesAreRefusedAndKept) {
     auto registry = Open(root_.path());
     ASSERT_TRUE(registry.ok()) << registry.status();
     ASSERT_TRUE((*registry)->RestoreAll().ok());
-    EXPECT_EQ((*registry)->job_count(), 0);
+    absl::StatusOr<JobSnapshot> job = (*registry)->GetJob("", id);
+    ASSERT_TRUE(job.ok()) << job.status();
+    EXPECT_EQ(job->state, JobState::kFailed);
+    EXPECT_NE(job->failure.find("failed to restore: DATA_LOSS"), std::string::npos) << job->failure;
+    ASSERT_TRUE((*registry)->CheckpointAll().ok());
     registry->reset();
     EXPECT_EQ(test_support::ReadFile(File(id)), bytes);
   }
@@ -237,6 +243,7 @@ TEST_F(SeedCheckpoint, DamagedOrForeignSeedOnlyFilesAreRefusedAndKept) {
   ASSERT_TRUE(registry.ok()) << registry.status();
   ASSERT_TRUE((*registry)->RestoreAll().ok());
   EXPECT_EQ((*registry)->job_count(), 1);
+  EXPECT_EQ((*registry)->GetJob("", id)->state, JobState::kActive);
 }
 
 // FNV-1a 64 of the master weights' bytes, in the export's order.

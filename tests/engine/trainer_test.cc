@@ -562,11 +562,14 @@ bool AllFinite(const checkpoint::StateDict& state) {
   return !state.tensors.empty();
 }
 
-// Enough consecutive overflows underflow the pytorch policy's float32 scale
-// to exactly 0 (PyTorch's does too); inv_scale is then inf, and a finite
-// step's unscaled gradients are inf or NaN. That step must be reported as an
-// overflow and skipped, never applied with NaN written into the weights.
-TEST(Trainer, ScaleUnderflowedToZeroSkipsInsteadOfWritingNaN) {
+// Enough consecutive overflows take the pytorch policy's float32 scale to
+// the last one whose inverse is finite; the next overflow fails the step
+// (FailedPrecondition: the job fails) instead of underflowing the scale to
+// 0, as PyTorch's does. And a state loaded at a scale whose inverse is inf
+// (1e-45): a finite step's unscaled gradients are then inf or NaN, so the
+// step is an overflow, refused the same way, and never applied with NaN
+// written into the weights.
+TEST(Trainer, ScaleUnderflowFailsTheStepInsteadOfWritingNaN) {
   for (Precision precision : {Precision::kFp16, Precision::kFp32}) {
     SCOPED_TRACE(model::PrecisionName(precision));
     JobConfig config = MlpConfig(Precision::kFp16);
@@ -581,26 +584,30 @@ TEST(Trainer, ScaleUnderflowedToZeroSkipsInsteadOfWritingNaN) {
     x[0] = std::numeric_limits<float>::infinity();
     bad.inputs = F32({4, 6}, x);
     int backoffs = 0;
-    while (t->scaler().scale != 0.0f && backoffs < 400) {
-      auto r = t->Step(One(bad));
-      ASSERT_TRUE(r.ok()) << r.status();
+    absl::StatusOr<StepReport> r = t->Step(One(bad));
+    for (; r.ok() && backoffs < 400; r = t->Step(One(bad))) {
       ASSERT_TRUE(r->scaler.skipped);
       ++backoffs;
     }
-    ASSERT_EQ(t->scaler().scale, 0.0f) << "after " << backoffs << " overflows";
+    ASSERT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+    EXPECT_EQ(t->scaler().scale, std::ldexp(1.0f, -127)) << "after " << backoffs << " overflows";
+
+    checkpoint::StateDict tiny = Export(*t);
+    tiny.metadata["scaler.scale"] = "1e-45";
+    absl::StatusOr<checkpoint::StateDict> arranged =
+        t->ArrangeForLoad(tiny, Trainer::StepCount::kKeep);
+    ASSERT_TRUE(arranged.ok()) << arranged.status();
+    ASSERT_TRUE(t->LoadState(*arranged, Trainer::StepCount::kKeep).ok());
     const checkpoint::StateDict before = Export(*t);
     ASSERT_TRUE(AllFinite(before));
     for (int i = 0; i < 3; ++i) {
-      auto r = t->Step(One(Batch(rng, 4)));
-      ASSERT_TRUE(r.ok()) << r.status();
-      EXPECT_TRUE(r->scaler.found_inf);
-      EXPECT_TRUE(r->scaler.skipped);
-      EXPECT_FALSE(r->grad_norm.has_value());
-      EXPECT_EQ(r->applied_steps, 0);
+      r = t->Step(One(Batch(rng, 4)));
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
     }
     const checkpoint::StateDict after = Export(*t);
     EXPECT_TRUE(AllFinite(after));
     EXPECT_EQ(StateDiff(before, after, /*compare_metadata=*/false), "");
+    EXPECT_EQ(t->applied_steps(), 0);
   }
 }
 

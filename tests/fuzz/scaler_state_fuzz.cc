@@ -6,13 +6,16 @@
 // positive scale, and the scaler's own StateDict must load back to the same
 // state. A few updates follow, with gradient statistics (max|g|, underflow
 // fraction) drawn from the first byte, so the adaptive policy's deferral,
-// early growth and calibration run from every state it accepts.
+// early growth and calibration run from every state it accepts; every
+// state they reach must load back as it is, and an update the scaler
+// refuses (at its floor) must change nothing.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "server/engine/amp/grad_scaler.h"
@@ -61,16 +64,29 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     ampd::fuzz::Check(std::isfinite(calibrated) && calibrated > 0.0f,
                       "calibration gives a finite, positive scale");
   }
-  // A few updates from the loaded state must keep the scale usable.
+  // A few updates from the loaded state must keep the scale usable, and
+  // every state they reach (or refuse to leave) must load back.
   for (int i = 0; i < 4; ++i) {
     amp::StepGradStats stats;
     stats.found_inf = (pick >> 2) & (1 << i);
     if ((pick >> i) & 1) stats.max_abs = max_abs_choices[(pick + i) % 7];
     if ((pick >> (i + 1)) & 1) stats.underflow_fraction = ((pick >> i) & 7) / 7.0;
+    const amp::ScalerState before = again->StateDict();
     absl::StatusOr<amp::ScalerUpdate> update = again->Update(stats);
-    if (!update.ok()) break;  // deepspeed at its minimum: a clean refusal
-    ampd::fuzz::Check(std::isfinite(again->scale()) && again->scale() >= 0.0f,
-                      "updates keep the scale finite");
+    absl::StatusOr<amp::GradScaler> reloaded =
+        amp::GradScaler::Create(amp::ScalerConfig::Defaults(policy));
+    ampd::fuzz::Check(reloaded.ok() && reloaded->LoadStateDict(again->StateDict()).ok() &&
+                          reloaded->StateDict() == again->StateDict(),
+                      "every state a scaler reaches loads back as it is");
+    if (!update.ok()) {
+      // At its floor: a clean refusal that fails the job.
+      ampd::fuzz::Check(update.status().code() == absl::StatusCode::kFailedPrecondition &&
+                            again->StateDict() == before,
+                        "a refused update is FailedPrecondition and changes nothing");
+      break;
+    }
+    ampd::fuzz::Check(std::isfinite(again->scale()) && again->scale() > 0.0f,
+                      "updates keep the scale finite and positive");
     ampd::fuzz::Check(update->skipped == (stats.found_inf && again->config().enabled),
                       "a step is skipped exactly when it overflowed");
   }

@@ -150,6 +150,10 @@ std::vector<uint8_t> Encode(DType dtype, const std::vector<double>& values) {
         std::memcpy(&bytes[i * 8], &x, 8);
         break;
       }
+      case DType::kU8:
+      case DType::kBool:
+        bytes[i] = static_cast<uint8_t>(v);
+        break;
     }
   }
   return bytes;
@@ -185,6 +189,10 @@ std::vector<double> Decode(DType dtype, const uint8_t* bytes, size_t n) {
         out[i] = static_cast<double>(x);
         break;
       }
+      case DType::kU8:
+      case DType::kBool:
+        out[i] = static_cast<double>(bytes[i]);
+        break;
     }
   }
   return out;

@@ -118,6 +118,10 @@ inline Tensor MakeTensor(Backend& be, DType dtype, const Shape& shape,
         std::memcpy(&bytes[i * 8], &x, 8);
         break;
       }
+      case DType::kU8:
+      case DType::kBool:
+        bytes[i] = static_cast<uint8_t>(v);
+        break;
     }
   }
   EXPECT_TRUE(be.CopyFromHost(bytes.data(), bytes.size(), *t).ok());
@@ -188,6 +192,10 @@ inline std::vector<double> ReadTensor(Backend& be, const Tensor& t) {
         out[i] = static_cast<double>(x);
         break;
       }
+      case DType::kU8:
+      case DType::kBool:
+        out[i] = static_cast<double>(bytes[i]);
+        break;
     }
   }
   return out;

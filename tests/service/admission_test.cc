@@ -4,18 +4,25 @@
 // not fit --max-memory-bytes is RESOURCE_EXHAUSTED (an Evaluate's too), and
 // after each the same
 // ampd process still answers and trains (before, the first two killed it
-// with std::length_error and std::bad_alloc on a worker thread).
+// with std::length_error and std::bad_alloc on a worker thread). And the
+// estimate holds: GPT steps of several shapes admitted at exactly their
+// estimate grow the process's peak resident memory by no more than
+// --max-memory-bytes.
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "gtest/gtest.h"
 #include "tests/support/ampd_process.h"
@@ -101,6 +108,66 @@ class AdmissionTest : public ::testing::Test {
     EXPECT_TRUE(RawStep(StepOf(created.job().job_id(), 1, 16)).ok());
   }
 
+  // A GPT (vocab, context = t, d_model, n_layer, n_head), fp16, and a
+  // step's batch of (b, t) token ids.
+  static v1::CreateJobRequest GptRequest(int64_t vocab, int64_t t, int64_t d_model, int64_t n_layer,
+                                         int64_t n_head) {
+    v1::CreateJobRequest request;
+    v1::Gpt* gpt = request.mutable_config()->mutable_model()->mutable_gpt();
+    gpt->set_vocab_size(vocab);
+    gpt->set_context_length(t);
+    gpt->set_d_model(d_model);
+    gpt->set_n_layer(n_layer);
+    gpt->set_n_head(n_head);
+    request.mutable_config()->set_precision(v1::PRECISION_FP16);
+    return request;
+  }
+  static v1::StepRequest GptStep(const std::string& job_id, int64_t sequence, int64_t vocab,
+                                 int64_t b, int64_t t) {
+    v1::StepRequest request;
+    request.set_job_id(job_id);
+    request.set_sequence(sequence);
+    v1::MicroBatch* mb = request.add_micro_batches();
+    std::vector<int32_t> ids(static_cast<size_t>(b * t));
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 7 + 3) % vocab);
+    for (v1::Tensor* tensor : {mb->mutable_inputs(), mb->mutable_targets()}) {
+      tensor->set_dtype(v1::DTYPE_I32);
+      tensor->add_shape(b);
+      tensor->add_shape(t);
+      tensor->set_data(std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * 4));
+    }
+    return request;
+  }
+
+  // /proc/<ampd>/status's `key` (VmRSS, VmHWM) in bytes; 0 when unread.
+  int64_t ProcBytes(const std::string& key) const {
+    std::ifstream status(absl::StrCat("/proc/", server_->pid(), "/status"));
+    std::string line;
+    while (std::getline(status, line)) {
+      if (!absl::StartsWith(line, key + ":")) continue;
+      int64_t kb = 0;
+      std::string digits;
+      for (char c : line) {
+        if (c >= '0' && c <= '9') digits.push_back(c);
+      }
+      return absl::SimpleAtoi(digits, &kb) ? kb * 1024 : 0;
+    }
+    return 0;
+  }
+
+  // requested_bytes of a MEMORY_LIMIT refusal; 0 (and a failure) otherwise.
+  static int64_t RequestedBytes(const grpc::Status& s) {
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+    const std::optional<google::rpc::ErrorInfo> info = ErrorInfoOf(s);
+    if (!info.has_value() || !info->metadata().contains("requested_bytes")) {
+      ADD_FAILURE() << "no requested_bytes in " << s.error_message();
+      return 0;
+    }
+    int64_t bytes = 0;
+    EXPECT_TRUE(absl::SimpleAtoi(info->metadata().at("requested_bytes"), &bytes));
+    return bytes;
+  }
+
   TempDir root_{"ampd-admission-test"};
   std::unique_ptr<AmpdProcess> server_;
   std::unique_ptr<Client> client_;
@@ -118,7 +185,7 @@ TEST_F(AdmissionTest, OversizedModelsAreRefusedAndTheServerLives) {
 }
 
 TEST_F(AdmissionTest, StepWorkspaceCountsAgainstMaxMemoryBytes) {
-  Start({"--max-memory-bytes=4194304"});
+  Start({"--max-memory-bytes=33554432"});
   v1::CreateJobResponse created;
   grpc::Status s = RawCreate(Request(2, 64), &created);
   ASSERT_TRUE(s.ok()) << s.error_message();
@@ -136,7 +203,7 @@ TEST_F(AdmissionTest, StepWorkspaceCountsAgainstMaxMemoryBytes) {
 }
 
 TEST_F(AdmissionTest, EvaluateWorkspaceCountsAgainstMaxMemoryBytes) {
-  Start({"--max-memory-bytes=4194304"});
+  Start({"--max-memory-bytes=33554432"});
   v1::CreateJobResponse created;
   grpc::Status s = RawCreate(Request(2, 64), &created);
   ASSERT_TRUE(s.ok()) << s.error_message();
@@ -157,6 +224,54 @@ TEST_F(AdmissionTest, EvaluateWorkspaceCountsAgainstMaxMemoryBytes) {
   // The job is untouched and trains from sequence 1.
   EXPECT_TRUE(RawStep(StepOf(job_id, 1, 256)).ok());
   ExpectStillServing();
+}
+
+// The shapes, scaled to a CPU test: (vocab 256, T 1024, d 64) as
+// filed with 4 sequences instead of 32; a 32768-token vocabulary (the
+// logits and the LM head dominate); a deeper model with several heads. For
+// each, the estimate of the job's weights and of its step is read from the
+// refusals of a server with too little room, then a server whose
+// --max-memory-bytes is exactly their sum admits the job and two steps,
+// and its peak resident memory (VmHWM) must not have grown by more than
+// that limit since before the job: everything the step allocates (fp32
+// staging of the 16-bit GEMMs, attention and loss rows, allocator
+// rounding) is counted.
+TEST_F(AdmissionTest, GptStepsStayWithinMaxMemoryBytes) {
+  struct Shape {
+    int64_t vocab, t, d_model, n_layer, n_head, b;
+  };
+  for (const Shape& shape : {Shape{256, 1024, 64, 1, 1, 4}, Shape{32768, 64, 32, 1, 2, 4},
+                             Shape{1024, 128, 64, 2, 4, 8}}) {
+    SCOPED_TRACE(absl::StrCat("vocab ", shape.vocab, ", T ", shape.t, ", d ", shape.d_model,
+                              ", layers ", shape.n_layer, ", B ", shape.b));
+    const v1::CreateJobRequest request =
+        GptRequest(shape.vocab, shape.t, shape.d_model, shape.n_layer, shape.n_head);
+    v1::CreateJobResponse created;
+    Start({"--max-memory-bytes=1", "--worker-threads=2"});
+    const int64_t weights = RequestedBytes(RawCreate(request, &created));
+    ASSERT_GT(weights, 0);
+    Start({absl::StrCat("--max-memory-bytes=", weights), "--worker-threads=2"});
+    ASSERT_TRUE(RawCreate(request, &created).ok());
+    const int64_t step =
+        RequestedBytes(RawStep(GptStep(created.job().job_id(), 1, shape.vocab, shape.b, shape.t)));
+    ASSERT_GT(step, 0);
+
+    const int64_t limit = weights + step;
+    Start({absl::StrCat("--max-memory-bytes=", limit), "--worker-threads=2"});
+    const int64_t before = ProcBytes("VmRSS");
+    ASSERT_GT(before, 0);
+    grpc::Status s = RawCreate(request, &created);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    for (int64_t seq = 1; seq <= 2; ++seq) {
+      s = RawStep(GptStep(created.job().job_id(), seq, shape.vocab, shape.b, shape.t));
+      ASSERT_TRUE(s.ok()) << s.error_message();
+    }
+    const int64_t growth = ProcBytes("VmHWM") - before;
+    std::fprintf(stderr, "limit %lld (weights %lld, step %lld), peak RSS growth %lld\n",
+                 static_cast<long long>(limit), static_cast<long long>(weights),
+                 static_cast<long long>(step), static_cast<long long>(growth));
+    EXPECT_LE(growth, limit);
+  }
 }
 
 }  // namespace

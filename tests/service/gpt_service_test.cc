@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -191,10 +192,13 @@ TEST_F(GptServiceTest, TrainsExportsInHfLayoutAndAnHfFileLoadsWithTheSameLoss) {
     hf.tensors.push_back({name, t.tensor});
   }
   for (int64_t l = 0; l < kLayers; ++l) {
+    // Saved as U8 or BOOL by some transformers versions, F32 by others:
+    // dropped whatever the dtype.
     HostTensor mask;
-    mask.dtype = codec::DType::kF32;
+    const codec::DType mask_dtypes[] = {codec::DType::kU8, codec::DType::kBool, codec::DType::kF32};
+    mask.dtype = mask_dtypes[l % 3];
     mask.shape = {1, 1, kContext, kContext};
-    mask.data.assign(static_cast<size_t>(kContext * kContext * 4), '\0');
+    mask.data.assign(static_cast<size_t>(kContext * kContext) * codec::SizeOf(mask.dtype), '\1');
     hf.tensors.push_back({absl::StrCat("h.", l, ".attn.bias"), mask});
     HostTensor masked;
     masked.dtype = codec::DType::kF32;
@@ -258,10 +262,18 @@ TEST_F(GptServiceTest, BadInputIsInvalidArgumentNamingTheField) {
   absl::StatusOr<v1::Job> job = client_->CreateJob(GptRequest(1, v1::PRECISION_BF16));
   ASSERT_TRUE(job.ok()) << job.status();
   const std::string id = job->job_id();
+  // Each message starts with the field it names, and the ErrorInfo's
+  // `field` says the same.
   auto expect = [&](const v1::StepRequest& request, const std::string& message) {
     const grpc::Status s = RawStep(request);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
     EXPECT_TRUE(absl::StrContains(s.error_message(), message)) << s.error_message();
+    const std::optional<google::rpc::ErrorInfo> info = ErrorInfoOf(s);
+    ASSERT_TRUE(info.has_value()) << s.error_message();
+    EXPECT_EQ(info->reason(), "INVALID_FIELD");
+    const auto field = info->metadata().find("field");
+    ASSERT_NE(field, info->metadata().end()) << s.error_message();
+    EXPECT_EQ(field->second, message.substr(0, message.find(": "))) << s.error_message();
   };
   v1::MicroBatch mb = RuleBatch(2, 17, 1);
   expect(Step(id, 1, mb), "micro_batches[0].inputs: T = 17 exceeds context_length 16");
@@ -288,6 +300,16 @@ TEST_F(GptServiceTest, BadInputIsInvalidArgumentNamingTheField) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_TRUE(absl::StrContains(s.error_message(), "config.model.layers: must be empty when gpt"))
       << s.error_message();
+  // A d_model too large by itself is d_model's fault (not the mlp_ratio
+  // it is multiplied with later).
+  v1::CreateJobRequest wide = GptRequest(1, v1::PRECISION_BF16);
+  wide.mutable_config()->mutable_model()->mutable_gpt()->set_d_model(int64_t{1} << 31);
+  wide.mutable_config()->mutable_model()->mutable_gpt()->set_n_head(1);
+  s = RawCreate(wide);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  const std::optional<google::rpc::ErrorInfo> wide_info = ErrorInfoOf(s);
+  ASSERT_TRUE(wide_info.has_value()) << s.error_message();
+  EXPECT_EQ(wide_info->metadata().at("field"), "config.model.gpt.d_model") << s.error_message();
   v1::CreateJobRequest heads = GptRequest(1, v1::PRECISION_BF16);
   heads.mutable_config()->mutable_model()->mutable_gpt()->set_n_head(5);
   s = RawCreate(heads);

@@ -831,6 +831,181 @@ TEST_F(ServiceTest, ScalerAtItsMinimumFailsTheJobUntilAStateIsLoaded) {
   EXPECT_EQ(response.global_step(), 2);
 }
 
+// Infinite inputs until the loss scale can go no lower (the issue's
+// reproduction: pytorch from its init scale, adaptive from its calibrated
+// one, and a state loaded with a scale of 1e-45): each job fails visibly
+// with SCALER_AT_MIN_SCALE instead of skipping forever, and after a SIGTERM
+// and a restart it is still listed, failed, and refuses steps with
+// JOB_FAILED; a good state brings it back.
+TEST_F(ServiceTest, ScaleUnderflowFailsTheJobAndARestartKeepsItListed) {
+  Start();
+  const float inf = std::numeric_limits<float>::infinity();
+  auto overflowing = [&](const std::string& id, int64_t sequence) {
+    v1::StepRequest request = StepRequest(id, sequence);
+    std::string* data = request.mutable_micro_batches(0)->mutable_targets()->mutable_data();
+    std::memcpy(data->data(), &inf, sizeof(float));
+    return request;
+  };
+  // Steps until the scaler gives up; the last sequence applied.
+  auto overflow_until_failed = [&](const std::string& id, int64_t first) -> int64_t {
+    v1::StepResponse response;
+    for (int64_t seq = first; seq < first + 400; ++seq) {
+      grpc::Status s = RawStep(overflowing(id, seq), &response);
+      if (s.ok()) {
+        EXPECT_TRUE(response.skipped());
+        EXPECT_GT(response.scale_after(), 0.0f);
+        continue;
+      }
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+      EXPECT_EQ(DetailsOf(s).reason(), "SCALER_AT_MIN_SCALE") << s.error_message();
+      return seq - 1;
+    }
+    ADD_FAILURE() << "job " << id << " never failed";
+    return 0;
+  };
+  v1::CreateJobRequest pytorch = JobRequest(1);
+  pytorch.mutable_config()->mutable_scaler()->set_policy(v1::SCALER_POLICY_PYTORCH);
+  v1::CreateJobRequest adaptive = JobRequest(2);
+  adaptive.mutable_config()->mutable_scaler()->set_policy(v1::SCALER_POLICY_ADAPTIVE);
+  adaptive.mutable_config()->mutable_scaler()->clear_init_scale();
+  std::vector<std::string> ids;
+  std::vector<int64_t> steps;
+  for (const v1::CreateJobRequest& request : {pytorch, adaptive}) {
+    absl::StatusOr<v1::Job> created = client_->CreateJob(request);
+    ASSERT_TRUE(created.ok()) << created.status();
+    ids.push_back(created->job_id());
+    steps.push_back(overflow_until_failed(ids.back(), 1));
+  }
+  EXPECT_GT(steps[0], 100);  // 1024 down to 2^-127, one halving a step
+
+  // A state whose scale is already the smallest float32 fails at once.
+  const std::string loaded_id = CreateJob(3);
+  ASSERT_TRUE(client_->Step(StepRequest(loaded_id, 1)).ok());
+  absl::StatusOr<std::string> exported = client_->GetStateDict(loaded_id);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  absl::StatusOr<StateDict> tiny = DecodeSafetensors(*exported);
+  ASSERT_TRUE(tiny.ok()) << tiny.status();
+  tiny->metadata["scaler.scale"] = "1e-45";
+  ASSERT_TRUE(client_->LoadStateDict(loaded_id, codec::EncodeSafetensors(*tiny)).ok());
+  ids.push_back(loaded_id);
+  steps.push_back(overflow_until_failed(loaded_id, 2));
+  EXPECT_EQ(steps.back(), 1);
+
+  EXPECT_EQ(server_->Terminate(kExitDeadline).code, 0) << server_->Log();
+  Start();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    v1::Job job;
+    ASSERT_TRUE(RawGetJob(ids[i], &job).ok()) << ids[i] << "\n" << server_->Log();
+    EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+    EXPECT_TRUE(absl::StrContains(job.failure(), "minimum loss scale")) << job.failure();
+    EXPECT_EQ(job.step(), steps[i]);
+    EXPECT_GT(job.loss_scale(), 0.0f);
+    v1::StepResponse response;
+    grpc::Status s = RawStep(StepRequest(ids[i], steps[i] + 1), &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_EQ(DetailsOf(s).reason(), "JOB_FAILED");
+  }
+  EXPECT_FALSE(absl::StrContains(server_->Log(), "failed to restore")) << server_->Log();
+  ASSERT_TRUE(client_->LoadStateDict(loaded_id, *exported).ok());
+  v1::StepResponse response;
+  EXPECT_TRUE(RawStep(StepRequest(loaded_id, 2), &response).ok());
+}
+
+// A checkpoint an earlier ampd wrote with a scale of 0 (which no state may
+// carry) is not dropped at restart: the job is listed as failed with the
+// reason, steps are refused with JOB_FAILED, the file is kept byte for
+// byte, and a good state brings the job back.
+TEST_F(ServiceTest, AnUnusableCheckpointKeepsItsJobListedAsFailed) {
+  Start({"--checkpoint-every=1", "--checkpoint-sync"});
+  const std::string id = CreateJob(1);
+  ASSERT_TRUE(client_->Step(StepRequest(id, 1)).ok());
+  absl::StatusOr<std::string> good = client_->GetStateDict(id);
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ(server_->Terminate(kExitDeadline).code, 0) << server_->Log();
+  StateDict saved = ReadCheckpoint(id);
+  saved.metadata["scaler.scale"] = "0";
+  const std::filesystem::path file = std::filesystem::path(state_dir_) / (id + ".safetensors");
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << codec::EncodeSafetensors(saved);
+  const std::string unusable = ReadFile(file);
+
+  Start({"--checkpoint-every=1", "--checkpoint-sync"});
+  v1::Job job;
+  ASSERT_TRUE(RawGetJob(id, &job).ok()) << server_->Log();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(absl::StrContains(job.failure(), "failed to restore")) << job.failure();
+  EXPECT_TRUE(absl::StrContains(job.failure(), "'scale'")) << job.failure();
+  absl::StatusOr<std::vector<v1::Job>> listed = client_->ListAllJobs();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].state(), v1::JOB_STATE_FAILED);
+  v1::StepResponse response;
+  grpc::Status s = RawStep(StepRequest(id, 2), &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(DetailsOf(s).reason(), "JOB_FAILED");
+  EXPECT_EQ(client_->GetStateDict(id).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(server_->Terminate(kExitDeadline).code, 0) << server_->Log();
+  EXPECT_EQ(ReadFile(file), unusable);
+
+  Start({"--checkpoint-every=1", "--checkpoint-sync"});
+  ASSERT_TRUE(client_->LoadStateDict(id, *good).ok());
+  ASSERT_TRUE(RawGetJob(id, &job).ok());
+  EXPECT_EQ(job.state(), v1::JOB_STATE_ACTIVE);
+  EXPECT_EQ(job.step(), 0);  // the job's own count was in the file it could not read
+  EXPECT_TRUE(RawStep(StepRequest(id, 1), &response).ok());
+}
+
+// --checkpoint-every=1 without --checkpoint-sync: a SIGKILL at any moment
+// loses at most one acknowledged step (the README's bound, 2N - 1 for N =
+// 1): each restart's job is at least at the last acknowledged step - 1.
+TEST_F(ServiceTest, SigkillLosesNoMoreAcknowledgedStepsThanTheBound) {
+  Start({"--checkpoint-every=1"});
+  const std::string id = CreateJob(1);
+  int64_t acknowledged = 0;
+  int64_t lost = 0;
+  for (int kill = 0; kill < 5; ++kill) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(150);
+    v1::StepResponse response;
+    while (std::chrono::steady_clock::now() < until) {
+      ASSERT_TRUE(RawStep(StepRequest(id, acknowledged + 1, 0), &response).ok());
+      acknowledged = response.global_step();
+    }
+    server_->Signal(SIGKILL);
+    server_->Wait(kExitDeadline);
+    Start({"--checkpoint-every=1"});
+    v1::Job job;
+    ASSERT_TRUE(RawGetJob(id, &job).ok()) << server_->Log();
+    EXPECT_GE(job.step(), acknowledged - 1) << "kill " << kill;
+    EXPECT_LE(job.step(), acknowledged);
+    lost += acknowledged - job.step();
+    acknowledged = job.step();
+  }
+  EXPECT_LE(lost, 5);
+}
+
+// A LoadStateDict stream whose first 8 bytes declare a header longer than
+// any allowed is refused at that chunk, before the rest is sent and held.
+TEST_F(ServiceTest, LoadStateDictRefusesAnOversizedHeaderFromItsFirstBytes) {
+  Start();
+  const std::string id = CreateJob(1);
+  std::unique_ptr<LoadStream> stream = OpenLoad();
+  v1::LoadStateDictRequest first;
+  first.set_job_id(id);
+  const uint64_t declared = uint64_t{1} << 40;  // 1 TiB of header
+  first.mutable_data()->assign(reinterpret_cast<const char*>(&declared), 8);
+  ASSERT_TRUE(stream->writer->Write(first));
+  v1::LoadStateDictRequest chunk;
+  chunk.mutable_data()->assign(size_t{1} << 20, ' ');
+  int written = 0;
+  for (; written < 2000 && stream->writer->Write(chunk); ++written) {
+  }
+  EXPECT_LT(written, 2000);  // the server ended the call long before 2 GB
+  stream->writer->WritesDone();
+  grpc::Status s = stream->writer->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_EQ(DetailsOf(s).reason(), "INVALID_STATE_DICT");
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "header length")) << s.error_message();
+}
+
 // An acknowledged LoadStateDict is on disk: a SIGKILL right after the
 // response restores the imported weights, not the ones before the import.
 TEST_F(ServiceTest, LoadStateDictIsDurableOnceAcknowledged) {
@@ -924,10 +1099,10 @@ TEST_F(ServiceTest, RestoreHonoursMaxJobs) {
   EXPECT_EQ(all->size(), 4u);
 }
 
-// A checkpoint whose header admits it but whose tensors do not restore frees
-// its place under --max-jobs: the next newest job is restored in its stead,
-// as a one-at-a-time restore would do.
-TEST_F(ServiceTest, ACheckpointThatFailsToRestoreLeavesItsPlaceToTheNext) {
+// A checkpoint whose header admits it but whose tensors do not restore is
+// never dropped: its job keeps its place under --max-jobs, listed as failed
+// with the reason, and its file stays as it was.
+TEST_F(ServiceTest, ACheckpointThatFailsToRestoreKeepsItsJobListedAsFailed) {
   Start({"--checkpoint-every=1", "--checkpoint-sync"});
   std::vector<std::string> ids;
   for (uint64_t seed = 1; seed <= 3; ++seed) ids.push_back(CreateJob(seed));
@@ -942,18 +1117,30 @@ TEST_F(ServiceTest, ACheckpointThatFailsToRestoreLeavesItsPlaceToTheNext) {
   const std::filesystem::path newest =
       std::filesystem::path(state_dir_) / (ids[2] + ".safetensors");
   std::filesystem::resize_file(newest, std::filesystem::file_size(newest) - 4);
+  const std::string damaged = ReadFile(newest);
 
   Start({"--checkpoint-every=1", "--max-jobs=2"});
   absl::StatusOr<std::vector<v1::Job>> jobs = client_->ListAllJobs();
   ASSERT_TRUE(jobs.ok()) << jobs.status();
   std::vector<std::string> restored;
   for (const v1::Job& job : *jobs) restored.push_back(job.job_id());
-  std::vector<std::string> want = {ids[0], ids[1]};
+  std::vector<std::string> want = {ids[1], ids[2]};
   std::sort(want.begin(), want.end());
   EXPECT_EQ(restored, want) << server_->Log();
   EXPECT_TRUE(absl::StrContains(server_->Log(), absl::StrCat("job ", ids[2], " failed to restore")))
       << server_->Log();
-  EXPECT_TRUE(std::filesystem::exists(newest));
+  EXPECT_TRUE(absl::StrContains(server_->Log(), absl::StrCat("job ", ids[0], " not restored")))
+      << server_->Log();
+  v1::Job job;
+  ASSERT_TRUE(RawGetJob(ids[2], &job).ok());
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(absl::StrContains(job.failure(), "failed to restore")) << job.failure();
+  v1::StepResponse response;
+  grpc::Status s = RawStep(StepRequest(ids[2], 2), &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(DetailsOf(s).reason(), "JOB_FAILED");
+  EXPECT_EQ(server_->Terminate(kExitDeadline).code, 0) << server_->Log();
+  EXPECT_EQ(ReadFile(newest), damaged);
 }
 
 // Names the server stores and sends back are bounded, and input echoed in an
@@ -1165,7 +1352,7 @@ TEST_F(ServiceTest, JobKilledAtStepZeroComesBackBitIdentical) {
 
 // A seed-only checkpoint whose config was altered (here its seed, which
 // still reads as a valid config) is refused with an error that names the
-// defect, and left on disk.
+// defect: the job is listed as failed with it, and the file left as it was.
 TEST_F(ServiceTest, DamagedSeedOnlyCheckpointIsRefusedWithAClearError) {
   Start();
   const std::string id = CreateJob(1);
@@ -1179,15 +1366,21 @@ TEST_F(ServiceTest, DamagedSeedOnlyCheckpointIsRefusedWithAClearError) {
   const std::filesystem::path file = std::filesystem::path(state_dir_) / (id + ".safetensors");
   std::ofstream(file, std::ios::binary | std::ios::trunc) << codec::EncodeSafetensors(saved);
 
+  const std::string damaged = ReadFile(file);
+
   Start();
-  grpc::Status s = RawGetJob(id);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  v1::Job job;
+  ASSERT_TRUE(RawGetJob(id, &job).ok());
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(absl::StrContains(job.failure(), "ampd.config_digest: does not match"))
+      << job.failure();
   const std::string log = server_->Log();
   EXPECT_TRUE(absl::StrContains(log, absl::StrCat("job ", id,
                                                   " failed to restore: DATA_LOSS: "
                                                   "ampd.config_digest: does not match")))
       << log;
-  EXPECT_TRUE(std::filesystem::exists(file));
+  EXPECT_EQ(server_->Terminate(kExitDeadline).code, 0) << server_->Log();
+  EXPECT_EQ(ReadFile(file), damaged);
 }
 
 TEST_F(ServiceTest, SigtermDrainsCheckpointsAndExitsZero) {

@@ -128,6 +128,14 @@ TEST(StatusMapping, InvalidArgumentNamesTheFieldItsMessageStartsWith) {
       {"no colon at all", {}},
       {"field:no space after the colon", {}},
       {"a-b: dash", {}},
+      // An element of a 2-D batch (the token-id checks name them so).
+      {"micro_batches[0].inputs[1, 3]: 96 is outside [0, 96)",
+       {{"field", "micro_batches[0].inputs[1, 3]"}}},
+      {"micro_batches[2].targets[0, 7]: 5 is outside [0, 4) and not -100",
+       {{"field", "micro_batches[2].targets[0, 7]"}}},
+      {"a[1, 2: unclosed", {}},
+      {"a[1]]: unopened", {}},
+      {"a b[1, 2]: a space outside the index", {}},
   };
   for (const auto& [message, metadata] : cases) {
     ExpectMapped(absl::InvalidArgumentError(message), grpc::StatusCode::INVALID_ARGUMENT, message,

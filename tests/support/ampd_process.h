@@ -45,6 +45,8 @@ class AmpdProcess {
   pid_t pid() const { return pid_; }
   // "HOST:PORT" of the gRPC server, for Client::Connect and --server=.
   std::string address() const;
+  // The process, for what /proc says of it (memory).
+  pid_t pid() const { return pid_; }
 
   // Everything ampd wrote to stderr so far.
   std::string Log() const;

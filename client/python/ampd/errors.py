@@ -115,7 +115,8 @@ class JobFailed(FailedPrecondition):
 
 
 class ScalerAtMinScale(JobFailed):
-    """This step overflowed at the minimum scale with raise_at_min_scale; not applied."""
+    """This step overflowed at the minimum scale (raise_at_min_scale, or no usable
+    scale left below it); not applied, and the job is now failed."""
 
 
 class ResourceExhausted(AmpdError):

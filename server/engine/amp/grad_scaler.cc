@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <set>
 #include <string>
@@ -40,6 +41,15 @@ absl::Status CheckScaleValue(double value, absl::string_view name) {
         absl::StrCat(name, " must be a finite float32 value > 0, got ", value));
   }
   return absl::OkStatus();
+}
+
+// Whether a step can unscale by 1 / S: the step multiplies its gradients by
+// inv_scale = float(1.0 / double(S)), which overflows to inf for S below
+// about 2^-128 (and for S = 0). Gradients times inf are never finite, so a
+// scaler below this can never apply a step again.
+bool UsableScale(float scale) {
+  return scale > 0.0f && std::isfinite(scale) &&
+         std::isfinite(static_cast<float>(1.0 / static_cast<double>(scale)));
 }
 
 absl::Status CheckGrowthFactor(double value, absl::string_view name) {
@@ -596,8 +606,14 @@ absl::StatusOr<std::vector<std::pair<float, int64_t>>> LoadLayerScales(StateRead
     const std::string tracker_key = absl::StrCat("layer.", g, "._growth_tracker");
     AMPD_ASSIGN_OR_RETURN(const double scale, reader.Value(scale_key, ValueKind::kReal));
     AMPD_ASSIGN_OR_RETURN(const double tracker, reader.Value(tracker_key, ValueKind::kInteger));
+    // The value names a float32 exactly, or in the 9 significant digits
+    // StateDict writes it with (2^-20 is written 9.53674316e-07, which a
+    // double reads as a neighbour of 2^-20 that rounds to it in float32).
     const float as_float = static_cast<float>(scale);
-    if (!IsPowerOfTwo(scale) || static_cast<double>(as_float) != scale ||
+    const bool names_float =
+        static_cast<double>(as_float) == scale ||
+        ParseStateNumber(scale_key, FormatStateNumber(as_float)).value_or(0) == scale;
+    if (!IsPowerOfTwo(as_float) || !names_float ||
         (config.min_scale.has_value() && as_float < static_cast<float>(*config.min_scale)) ||
         (config.max_scale.has_value() && as_float > static_cast<float>(*config.max_scale))) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -624,10 +640,17 @@ std::string FormatStateNumber(double v) {
   char buf[64];
   if (std::isfinite(v) && v == std::trunc(v) && std::fabs(v) < 9007199254740992.0) {
     std::snprintf(buf, sizeof(buf), "%lld", static_cast<long long>(v));
-  } else if (static_cast<double>(static_cast<float>(v)) == v) {
-    std::snprintf(buf, sizeof(buf), "%.9g", v);
   } else {
-    std::snprintf(buf, sizeof(buf), "%.17g", v);
+    // 9 digits read back as the same float32, not always as the same
+    // double: a double-valued field (a factor, deepspeed's min_scale) that
+    // happens to be a float32 must read back as itself, or a restored job
+    // would write another number (2^-149 as "1.40129846e-45" reads back 1
+    // ulp away, then writes "1.4012984600000001e-45"). So 9 only when they
+    // are exact, else 17.
+    std::snprintf(buf, sizeof(buf), "%.9g", v);
+    if (static_cast<double>(static_cast<float>(v)) != v || std::strtod(buf, nullptr) != v) {
+      std::snprintf(buf, sizeof(buf), "%.17g", v);
+    }
   }
   return buf;
 }
@@ -666,7 +689,9 @@ ScalerConfig ScalerConfig::Defaults(ScalerPolicy policy) {
   switch (policy) {
     case ScalerPolicy::kPyTorch:
       // torch.amp.GradScaler(init_scale=2**16, growth_factor=2.0,
-      // backoff_factor=0.5, growth_interval=2000).
+      // backoff_factor=0.5, growth_interval=2000). No floor and no error
+      // at one (a min_scale set on it floors as Apex's does).
+      config.raise_at_min_scale = false;
       break;
     case ScalerPolicy::kPaddle:
       // paddle.amp.GradScaler's documented signature: init_loss_scaling
@@ -674,6 +699,7 @@ ScalerConfig ScalerConfig::Defaults(ScalerPolicy policy) {
       config.init_scale = 32768.0;
       config.growth_interval = 1000;
       config.hysteresis = 2;
+      config.raise_at_min_scale = false;  // as pytorch's
       break;
     case ScalerPolicy::kDeepSpeed:
       // DeepSpeed's fp16 config defaults: initial_scale_power 16,
@@ -691,6 +717,8 @@ ScalerConfig ScalerConfig::Defaults(ScalerPolicy policy) {
       config.growth_interval = 1000;
       config.hysteresis = 2;
       config.min_scale = 1.0;
+      // Megatron floors the scale at min_loss_scale and trains on.
+      config.raise_at_min_scale = false;
       break;
     case ScalerPolicy::kAdaptive:
       // pytorch's scale, factors and interval (the scheduled growth is
@@ -838,11 +866,42 @@ float GradScaler::BackedOff(float scale) const {
   return backed_off;
 }
 
-void GradScaler::UpdatePyTorch(bool found_inf) {
+absl::Status GradScaler::BackOff(float& scale) const {
+  const float backed_off = BackedOff(scale);
+  const bool at_min_scale =
+      config_.min_scale.has_value() && scale <= static_cast<float>(*config_.min_scale);
+  if (!at_min_scale && UsableScale(backed_off)) {
+    scale = backed_off;
+    return absl::OkStatus();
+  }
+  // The scale cannot decrease. At a configured min_scale without
+  // raise_at_min_scale it stays there (Megatron's and Apex's floor: the job
+  // goes on and skips its overflowing steps). Otherwise the job fails, as
+  // DeepSpeed's raises: and below the smallest usable scale whatever the
+  // flag, since no step could ever be applied again (PyTorch's scale
+  // underflows to 0 there and every later step is skipped, silently).
+  const bool floor_usable = at_min_scale && UsableScale(scale);
+  if (floor_usable && !config_.raise_at_min_scale) return absl::OkStatus();
+  const std::string floor =
+      floor_usable
+          ? absl::StrCat("min_scale ", *config_.min_scale)
+          : absl::StrCat("scale ", scale, ": the next, ", backed_off,
+                         ", has an inverse that overflows float32, so no step could be applied");
+  const absl::string_view remedy = floor_usable ? "lower min_scale, or set raise_at_min_scale=false"
+                                                : "raise init_scale, or set a usable min_scale";
+  return absl::FailedPreconditionError(
+      absl::StrCat(PolicyName(config_.policy),
+                   " loss scaler: gradients overflowed at the minimum loss scale (", floor,
+                   "); the scale cannot be decreased further. The job must stop: check for "
+                   "NaN/inf in the data or model, ",
+                   remedy));
+}
+
+absl::Status GradScaler::UpdatePyTorch(bool found_inf) {
   if (found_inf) {
-    scale_ = BackedOff(scale_);
+    AMPD_RETURN_IF_ERROR(BackOff(scale_));
     growth_tracker_ = 0;
-    return;
+    return absl::OkStatus();
   }
   const int64_t successful = growth_tracker_ + 1;
   if (successful == config_.growth_interval) {
@@ -851,18 +910,19 @@ void GradScaler::UpdatePyTorch(bool found_inf) {
   } else {
     growth_tracker_ = successful;
   }
+  return absl::OkStatus();
 }
 
-void GradScaler::UpdatePaddle(bool found_inf) {
+absl::Status GradScaler::UpdatePaddle(bool found_inf) {
   if (found_inf) {
     // Bad steps count consecutively: a good step below resets decr_count.
     growth_tracker_ = 0;
     bad_steps_ += 1;
     if (bad_steps_ == config_.hysteresis) {
-      scale_ = BackedOff(scale_);
+      AMPD_RETURN_IF_ERROR(BackOff(scale_));
       bad_steps_ = 0;
     }
-    return;
+    return absl::OkStatus();
   }
   bad_steps_ = 0;
   growth_tracker_ += 1;
@@ -870,22 +930,13 @@ void GradScaler::UpdatePaddle(bool found_inf) {
     scale_ = Grown(scale_);
     growth_tracker_ = 0;
   }
+  return absl::OkStatus();
 }
 
 absl::Status GradScaler::UpdateDeepSpeed(bool found_inf) {
   if (found_inf) {
     if (config_.hysteresis == 1 || hysteresis_left_ == 1) {
-      if (config_.raise_at_min_scale && scale_ == static_cast<float>(*config_.min_scale)) {
-        // DeepSpeed raises here; looping at the floor would skip every step
-        // of the job forever while reporting nothing.
-        return absl::FailedPreconditionError(absl::StrCat(
-            "deepspeed loss scaler: gradients overflowed at the minimum loss scale (min_scale ",
-            *config_.min_scale,
-            "); the scale cannot be decreased further. The job must stop: "
-            "check for NaN/inf in the data or model, lower min_scale, or set "
-            "raise_at_min_scale=false"));
-      }
-      scale_ = BackedOff(scale_);
+      AMPD_RETURN_IF_ERROR(BackOff(scale_));
     } else {
       hysteresis_left_ -= 1;
     }
@@ -906,14 +957,14 @@ absl::Status GradScaler::UpdateDeepSpeed(bool found_inf) {
   return absl::OkStatus();
 }
 
-void GradScaler::UpdateMegatron(bool found_inf) {
+absl::Status GradScaler::UpdateMegatron(bool found_inf) {
   if (found_inf) {
     growth_tracker_ = 0;
     // Not refilled on backoff: once spent, every further overflow backs off
     // until a growth refills it (the tracker may go below 0, as Megatron's).
     hysteresis_left_ -= 1;
-    if (hysteresis_left_ <= 0) scale_ = BackedOff(scale_);
-    return;
+    if (hysteresis_left_ <= 0) AMPD_RETURN_IF_ERROR(BackOff(scale_));
+    return absl::OkStatus();
   }
   growth_tracker_ += 1;
   if (growth_tracker_ == config_.growth_interval) {
@@ -921,6 +972,7 @@ void GradScaler::UpdateMegatron(bool found_inf) {
     hysteresis_left_ = config_.hysteresis;
     scale_ = Grown(scale_);
   }
+  return absl::OkStatus();
 }
 
 bool GradScaler::AdaptiveCleanStep(std::optional<float> max_abs,
@@ -950,20 +1002,21 @@ bool GradScaler::AdaptiveCleanStep(std::optional<float> max_abs,
   return false;
 }
 
-void GradScaler::UpdateAdaptive(const StepGradStats& stats, ScalerUpdate& update) {
+absl::Status GradScaler::UpdateAdaptive(const StepGradStats& stats, ScalerUpdate& update) {
   if (stats.found_inf) {
     // A real overflow: pytorch's backoff.
-    scale_ = BackedOff(scale_);
+    AMPD_RETURN_IF_ERROR(BackOff(scale_));
     growth_tracker_ = 0;
-    return;
+    return absl::OkStatus();
   }
   if (AdaptiveCleanStep(stats.max_abs, stats.underflow_fraction, scale_, growth_tracker_)) {
     ++growths_deferred_;
     update.growth_deferred = true;
   }
+  return absl::OkStatus();
 }
 
-void GradScaler::UpdateAdaptiveLayers(const StepGradStats& stats, ScalerUpdate& update) {
+absl::Status GradScaler::UpdateAdaptiveLayers(const StepGradStats& stats, ScalerUpdate& update) {
   const size_t groups = layers_.size();
   if (stats.found_inf) {
     // The highest group whose max is inf is where the overflow entered the
@@ -977,7 +1030,7 @@ void GradScaler::UpdateAdaptiveLayers(const StepGradStats& stats, ScalerUpdate& 
       }
     }
     for (size_t g = 0; g < groups; ++g) {
-      if (culprit == groups || culprit == g) layers_[g].scale = BackedOff(layers_[g].scale);
+      if (culprit == groups || culprit == g) AMPD_RETURN_IF_ERROR(BackOff(layers_[g].scale));
       layers_[g].growth_tracker = 0;
     }
   } else {
@@ -1007,6 +1060,7 @@ void GradScaler::UpdateAdaptiveLayers(const StepGradStats& stats, ScalerUpdate& 
   }
   scale_ = layers_.back().scale;
   growth_tracker_ = layers_.back().growth_tracker;
+  return absl::OkStatus();
 }
 
 bool GradScaler::NeedsCalibration() const {
@@ -1062,27 +1116,30 @@ absl::StatusOr<ScalerUpdate> GradScaler::Update(const StepGradStats& stats) {
   update.skipped = found_inf;
   if (!layers_.empty()) update.layer_scales_before = layer_scales();
   if (config_.dynamic) {
+    // A refusal leaves the state as it was: the policies update their
+    // counters before they back off, so they run on a copy.
+    GradScaler next = *this;
+    absl::Status s;
     switch (config_.policy) {
       case ScalerPolicy::kPyTorch:
-        UpdatePyTorch(found_inf);
+        s = next.UpdatePyTorch(found_inf);
         break;
       case ScalerPolicy::kPaddle:
-        UpdatePaddle(found_inf);
+        s = next.UpdatePaddle(found_inf);
         break;
       case ScalerPolicy::kDeepSpeed:
-        AMPD_RETURN_IF_ERROR(UpdateDeepSpeed(found_inf));
+        s = next.UpdateDeepSpeed(found_inf);
         break;
       case ScalerPolicy::kMegatron:
-        UpdateMegatron(found_inf);
+        s = next.UpdateMegatron(found_inf);
         break;
       case ScalerPolicy::kAdaptive:
-        if (layers_.empty()) {
-          UpdateAdaptive(stats, update);
-        } else {
-          UpdateAdaptiveLayers(stats, update);
-        }
+        s = next.layers_.empty() ? next.UpdateAdaptive(stats, update)
+                                 : next.UpdateAdaptiveLayers(stats, update);
         break;
     }
+    AMPD_RETURN_IF_ERROR(s);
+    *this = std::move(next);
   }
   update.scale_after = scale_;
   update.grew = update.scale_after > update.scale_before;

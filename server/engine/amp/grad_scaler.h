@@ -41,10 +41,23 @@
 //  - init_scale outside [min_scale, max_scale] is rejected, not clamped, and
 //    so is a loaded scale outside them: a silent clamp would hide a config
 //    mistake.
-//  - A loaded scale must be > 0 as a float32. The pytorch policy can still
-//    underflow to 0 at run time, as PyTorch's does (every later step is then
-//    skipped: g * inf is never finite), but a state carrying 0 is refused
-//    rather than loading a job that can never apply a step again.
+//  - A loaded scale must be > 0 as a float32, and a state carrying 0 is
+//    refused. No policy reaches 0 at run time: a scale is usable while its
+//    inverse float(1.0 / double(S)) is a finite float32 (S >= about
+//    2^-128); below it g * inv_scale is never finite, so every later step
+//    would be skipped (PyTorch's scale underflows to 0 there and skips
+//    forever). A backoff that would leave no usable scale fails the job
+//    instead (FailedPrecondition, the state as it was), whatever
+//    raise_at_min_scale says, for every policy and every layer group; so
+//    every state a scaler reaches loads again.
+//  - raise_at_min_scale applies to every policy with a min_scale: an
+//    overflow due to back off while the scale is at min_scale fails the
+//    job (DeepSpeed's error); without the flag the scale stays at
+//    min_scale and only the step is skipped (Megatron's and Apex's floor).
+//    Defaults: true for deepspeed (DeepSpeed's raise_error_at_min_scale)
+//    and adaptive; false for pytorch, paddle and megatron, whose frameworks
+//    have no such error (Megatron floors at min_loss_scale and trains on),
+//    so that the effective config says what a job does.
 //  - dynamic=false freezes the whole state (scale and counters): Paddle's
 //    update() returns at once when use_dynamic_loss_scaling is false.
 //  - LoadStateDict rejects keys the policy does not name, so that a state
@@ -136,7 +149,8 @@ struct ScalerConfig {
                                    // deepspeed loss_scale_window
   int64_t hysteresis = 1;          // paddle decr_every_n_nan_or_inf, deepspeed/megatron hysteresis
   bool consecutive_hysteresis = false;  // deepspeed
-  bool raise_at_min_scale = true;       // deepspeed: fail instead of looping at min_scale
+  bool raise_at_min_scale = true;       // fail instead of looping at min_scale (every
+                                        // policy; Defaults: deepspeed and adaptive only)
   std::optional<double> min_scale;      // floor (deepspeed/megatron default 1.0)
   std::optional<double> max_scale;      // cap (none by default, Apex uses 2^24)
   // adaptive only: growth is taken only while max|g| * S * growth_factor
@@ -153,13 +167,13 @@ struct ScalerConfig {
   bool per_layer_scales = false;
 
   // The policy's documented defaults:
-  //   pytorch:   65536, 2, 0.5, 2000, no floor, no cap.
+  //   pytorch:   65536, 2, 0.5, 2000, no floor, no cap, no raise at min.
   //   paddle:    32768, 2, 0.5, 1000, decr_every_n_nan_or_inf 2 (the
   //              documented paddle.amp.GradScaler signature; newer Paddle
-  //              code defaults to 65536, 2000 and 1).
+  //              code defaults to 65536, 2000 and 1), no raise at min.
   //   deepspeed: 2^16 (initial_scale_power 16), 2, window 1000, hysteresis 2,
   //              consecutive_hysteresis false, min_loss_scale 1, raise at min.
-  //   megatron:  2^32, 2, 0.5, window 1000, hysteresis 2, min_loss_scale 1.
+  //   megatron:  2^32, 2, 0.5, window 1000, hysteresis 2, min_loss_scale 1, no raise at min.
   //   adaptive:  pytorch's (65536, 2, 0.5, 2000), margin 2^3, underflow
   //              threshold 2^-10, cap 2^24 (adaptive_policy.h says why).
   static ScalerConfig Defaults(ScalerPolicy policy);
@@ -251,9 +265,10 @@ using ScalerState = std::map<std::string, double>;
 // InvalidArgument whose message starts with `key` otherwise. Range and integrality per key are
 // LoadStateDict's.
 absl::StatusOr<double> ParseStateNumber(absl::string_view key, absl::string_view text);
-// The text a checkpoint stores for a state value, read back exactly by
-// ParseStateNumber: integers as integers, float32 values with 9 significant
-// digits (enough to round-trip any float32), anything else with 17.
+// The text a checkpoint stores for a state value, read back exactly (the
+// same double) by ParseStateNumber: integers as integers, values with 9
+// significant digits where those are exact (short decimals, and most
+// float32 values a scaler holds), anything else with 17.
 std::string FormatStateNumber(double v);
 
 class GradScaler {
@@ -265,9 +280,10 @@ class GradScaler {
   const ScalerConfig& config() const { return config_; }
   // S for the coming step (1.0 when disabled). float32, as PyTorch keeps it.
   float scale() const;
-  // Advance one optimizer step. FailedPrecondition when the deepspeed policy
-  // overflows at min_scale with raise_at_min_scale (the job must stop); the
-  // scaler's state is then left as it was.
+  // Advance one optimizer step. FailedPrecondition when a backoff is due at
+  // min_scale with raise_at_min_scale, or would leave no usable scale (the
+  // job must stop: the file comment); the scaler's state is then left as
+  // it was.
   absl::StatusOr<ScalerUpdate> Update(bool found_inf);
   // The same with the step's gradient statistics (only adaptive reads more
   // than found_inf).
@@ -311,12 +327,13 @@ class GradScaler {
   explicit GradScaler(const ScalerConfig& config);
 
   // One dynamic update per policy; they only touch the members below.
-  void UpdatePyTorch(bool found_inf);
-  void UpdatePaddle(bool found_inf);
+  // FailedPrecondition when a backoff is due at the floor (BackOff).
+  absl::Status UpdatePyTorch(bool found_inf);
+  absl::Status UpdatePaddle(bool found_inf);
   absl::Status UpdateDeepSpeed(bool found_inf);
-  void UpdateMegatron(bool found_inf);
-  void UpdateAdaptive(const StepGradStats& stats, ScalerUpdate& update);
-  void UpdateAdaptiveLayers(const StepGradStats& stats, ScalerUpdate& update);
+  absl::Status UpdateMegatron(bool found_inf);
+  absl::Status UpdateAdaptive(const StepGradStats& stats, ScalerUpdate& update);
+  absl::Status UpdateAdaptiveLayers(const StepGradStats& stats, ScalerUpdate& update);
   // adaptive's rule on a clean step for one scale (the job's or a group's)
   // and its tracker; true when a scheduled growth was deferred.
   bool AdaptiveCleanStep(std::optional<float> max_abs, std::optional<double> underflow_fraction,
@@ -325,6 +342,12 @@ class GradScaler {
   // own rounding, then the floor or the cap and the finite guard.
   float Grown(float scale) const;
   float BackedOff(float scale) const;
+  // Every policy's backoff of `scale` (the job's or a group's): BackedOff,
+  // unless the scale is at its floor: a configured min_scale, where it
+  // stays when !raise_at_min_scale, or the smallest usable scale (the
+  // file comment). FailedPrecondition, `scale` unchanged, when the job must
+  // stop.
+  absl::Status BackOff(float& scale) const;
 
   // One layer group's scale and growth tracker (per-layer scales).
   struct LayerScale {

@@ -42,6 +42,19 @@ void CheckpointWriter::Cancel(const std::string& job_id) {
       &args));
 }
 
+void CheckpointWriter::WaitForJob(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  struct Args {
+    CheckpointWriter* self;
+    const std::string* id;
+  } args{this, &job_id};
+  mu_.Await(absl::Condition(
+      +[](Args* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return !a->self->pending_.contains(*a->id) && !a->self->in_flight_.contains(*a->id);
+      },
+      &args));
+}
+
 bool CheckpointWriter::Idle() const { return pending_.empty() && in_flight_.empty(); }
 
 void CheckpointWriter::Flush() {

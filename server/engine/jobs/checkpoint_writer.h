@@ -4,7 +4,8 @@
 // atomically (StateDirectory::Write) and fsync it. One write per job at a
 // time; a snapshot queued while an older one of the same job still waits
 // replaces it, so a slow disk costs at most one pending and one in-flight
-// snapshot per job, never a growing queue.
+// snapshot per job, never a growing queue. A job waits (WaitForJob) for its
+// previous snapshot before it queues the next, so in practice it has one.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +39,12 @@ class CheckpointWriter {
   // Enqueue: the caller may then write or remove the file itself without an
   // older background write landing after it.
   void Cancel(const std::string& job_id);
+  // Waits until job_id has no snapshot queued or being written (each is on
+  // disk, or its write failed). A job calls it before it queues its next
+  // snapshot, so that it never holds more than one unwritten: that bounds
+  // how far its acknowledged steps run ahead of its last durable
+  // checkpoint (Job::CheckpointInBackground).
+  void WaitForJob(const std::string& job_id);
   // Waits until every snapshot queued before the call is on disk (or failed).
   void Flush();
   // Writes what is queued, then joins the threads. Idempotent.

@@ -329,6 +329,14 @@ void Job::RunOne() {
 }
 
 absl::Status Job::NotOpen() const {
+  if (!unrestored_.empty() && !closed()) {
+    return WithReason(
+        absl::FailedPreconditionError(absl::StrCat(
+            "job ", id_, " has failed: its checkpoint could not be restored (", unrestored_,
+            "); the file is kept as it was: load a good state with LoadStateDict "
+            "to resume the job, or delete it")),
+        reason::kJobFailed, {{"job_id", id_}});
+  }
   return WithReason(absl::NotFoundError(absl::StrCat("job_id: no job ", id_)), reason::kJobNotFound,
                     {{"job_id", id_}});
 }
@@ -404,6 +412,20 @@ absl::Status Job::Restore(const std::string& device, const checkpoint::StateDict
   absl::MutexLock lock(&mu_);
   RefreshSnapshot();
   return absl::OkStatus();
+}
+
+void Job::KeepUnrestored(std::string device, std::string why) {
+  {
+    absl::MutexLock lock(&workspace_mu_);
+    trainer_.reset();
+    set_workspace_bytes(0);
+  }
+  last_report_.reset();
+  initial_state_ = false;
+  bytes_in_use_.store(0, std::memory_order_relaxed);
+  device_ = std::move(device);
+  unrestored_ = std::move(why);
+  SetFailure(absl::StrCat("failed to restore: ", unrestored_));
 }
 
 WorkerPool& Job::Pool() const {
@@ -539,6 +561,17 @@ absl::StatusOr<int64_t> Job::ImportSafetensors(checkpoint::StateDict state) {
 }
 
 absl::StatusOr<int64_t> Job::ImportSafetensorsUnguarded(checkpoint::StateDict state) {
+  if (trainer_ == nullptr && !unrestored_.empty() && !closed()) {
+    // A job whose checkpoint could not be restored comes back through a
+    // good state: built from its config, then loaded as any import. Until
+    // the import is on disk it stays as it was (no Trainer, its file kept).
+    AMPD_RETURN_IF_ERROR(InitializeUnguarded(device_));
+    const std::string why = unrestored_;
+    unrestored_.clear();
+    absl::StatusOr<int64_t> loaded = ImportSafetensorsUnguarded(std::move(state));
+    if (!loaded.ok()) KeepUnrestored(device_, why);
+    return loaded;
+  }
   if (trainer_ == nullptr) return NotOpen();
   const auto tensors = static_cast<int64_t>(state.tensors.size());
   auto refused = [](const absl::Status& s) {
@@ -672,6 +705,8 @@ void Job::AddJobMetadata(checkpoint::StateDict& state) const {
 
 absl::Status Job::CheckpointUnguarded() {
   if (context_->state_dir == nullptr) return absl::OkStatus();
+  // The checkpoint that could not be restored stays on disk untouched.
+  if (trainer_ == nullptr && !unrestored_.empty()) return absl::OkStatus();
   AMPD_ASSIGN_OR_RETURN(const checkpoint::StateDict state, CheckpointState());
   if (context_->writer != nullptr) context_->writer->Cancel(id_);
   AMPD_RETURN_IF_ERROR(context_->state_dir->Write(id_, state));
@@ -683,6 +718,11 @@ absl::Status Job::CheckpointUnguarded() {
 absl::Status Job::CheckpointInBackground() {
   if (context_->state_dir == nullptr) return absl::OkStatus();
   if (context_->writer == nullptr) return Checkpoint();
+  // The previous snapshot must be on disk first: with one unwritten
+  // snapshot at most, no acknowledged step runs more than 2N - 1 steps past
+  // the last durable checkpoint (N = checkpoint_every; the README's bound).
+  // A step waits here only when the writer is slower than N steps.
+  context_->writer->WaitForJob(id_);
   return AllocationGuard("checkpoint", [&]() -> absl::Status {
     AMPD_ASSIGN_OR_RETURN(checkpoint::StateDict state, CheckpointState());
     // The writer encodes and validates (StateDirectory::Write) off the strand.

@@ -171,6 +171,13 @@ class Job : public std::enable_shared_from_this<Job> {
   // tensors, is past step 0 or whose config does not match its digest is
   // refused (DataLoss naming the key).
   absl::Status Restore(const std::string& device, const checkpoint::StateDict& state);
+  // After a Restore (or reading the checkpoint) failed with `why`: the job
+  // stays listed, failed ("failed to restore: why"), without a Trainer.
+  // Steps, evaluations and exports answer JOB_FAILED; its checkpoint is
+  // never overwritten, except by an ImportSafetensors of a good state,
+  // which builds the job from its config on `device` and makes it active;
+  // DeleteJob removes it.
+  void KeepUnrestored(std::string device, std::string why);
   // Exactly-once: sequence == step()+1 trains; sequence == step() returns the
   // recorded report; anything else is FailedPrecondition SEQUENCE_MISMATCH
   // naming the expected one. A scaler that gives up fails the job
@@ -195,19 +202,21 @@ class Job : public std::enable_shared_from_this<Job> {
   // not yet concatenated).
   absl::StatusOr<checkpoint::EncodedSafetensors> ExportSafetensors() const;
   // Replaces weights, optimizer and scaler state from a decoded safetensors
-  // file and clears a failure; the step sequence is the job's own and does
-  // not change. With a state directory the new state is checkpointed before
-  // this returns, so an acknowledged import survives a crash; when that
-  // write fails the previous state is put back and the error returned.
+  // file and clears a failure (an unrestored job's too: KeepUnrestored);
+  // the step sequence is the job's own and does not change. With a state
+  // directory the new state is checkpointed before this returns, so an
+  // acknowledged import survives a crash; when that write fails the
+  // previous state is put back and the error returned.
   absl::StatusOr<int64_t> ImportSafetensors(checkpoint::StateDict state);
   // Writes the checkpoint when there is a state directory (no-op otherwise)
   // and returns once it is on disk. A background write of this job still
   // queued is dropped (this one is newer) and one in flight is waited for,
   // so it cannot land after this one.
   absl::Status Checkpoint();
-  // The periodic checkpoint: with JobContext::writer, snapshots the state
-  // into host memory and queues it for the writer (the step waits only for
-  // the snapshot); without, Checkpoint().
+  // The periodic checkpoint: with JobContext::writer, waits until the
+  // job's previous snapshot is written (CheckpointWriter::WaitForJob), then
+  // snapshots the state into host memory and queues it for the writer;
+  // without, Checkpoint().
   absl::Status CheckpointInBackground();
   // Releases the Trainer; later tasks see NotFound. Cancels a background
   // write of this job (CheckpointWriter::Cancel), then removes the
@@ -283,6 +292,10 @@ class Job : public std::enable_shared_from_this<Job> {
   // anything that may change the Trainer's state (a step, an import, a
   // distributed job's copy of another rank's state).
   bool initial_state_ = false;
+  // KeepUnrestored's reason (empty while the job has its state) and the
+  // device an import builds the job on.
+  std::string unrestored_;
+  std::string device_;
   std::atomic<int64_t> bytes_in_use_{0};
   std::atomic<int64_t> workspace_bytes_{0};
   // A distributed job's meeting point and formed group (strand-owned).

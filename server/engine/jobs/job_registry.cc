@@ -2,7 +2,6 @@
 #include "server/engine/jobs/job_registry.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
 #include <memory>
 #include <utility>
@@ -579,21 +578,13 @@ absl::Status JobRegistry::RestoreAll(const CreateRequestDecoder& legacy_decode) 
   });
   std::vector<std::string> candidates;
   for (const auto& [written, id] : order) candidates.push_back(id);
-  // Passes of admission then parallel rebuild. A job admitted from its
-  // header whose file then fails to restore frees its place, so the jobs
-  // the limits turned away get another pass: the restored set is the one a
-  // one-at-a-time restore in this order would give.
-  for (;;) {
-    std::vector<std::string> turned_away;
-    std::vector<std::string> refusals;  // logged once no pass is left
-    const std::vector<std::shared_ptr<Job>> admitted =
-        AdmitForRestore(candidates, legacy_decode, &turned_away, &refusals);
-    if (RestoreInParallel(admitted) == 0 || turned_away.empty()) {
-      for (const std::string& line : refusals) LogEvent(line);
-      break;
-    }
-    candidates = std::move(turned_away);
-  }
+  // Admission, then the parallel rebuild. A job admitted from its header
+  // whose file then fails to restore keeps its place: it stays listed as
+  // failed (Job::KeepUnrestored), to be loaded again or deleted.
+  std::vector<std::string> turned_away;
+  std::vector<std::string> refusals;
+  RestoreInParallel(AdmitForRestore(candidates, legacy_decode, &turned_away, &refusals));
+  for (const std::string& line : refusals) LogEvent(line);
   ReportMemory();
   return absl::OkStatus();
 }
@@ -641,35 +632,32 @@ std::vector<std::shared_ptr<Job>> JobRegistry::AdmitForRestore(
   return admitted;
 }
 
-int JobRegistry::RestoreInParallel(const std::vector<std::shared_ptr<Job>>& jobs) {
+void JobRegistry::RestoreInParallel(const std::vector<std::shared_ptr<Job>>& jobs) {
   // Reading, decoding and rebuilding (backend, weights, optimizer state)
   // dominate a restart: the jobs run them in parallel, at most one per
   // worker thread, so at most that many files are in host memory at once.
   absl::BlockingCounter pending(static_cast<int>(jobs.size()));
-  std::atomic<int> failed{0};
   for (const std::shared_ptr<Job>& job : jobs) {
-    pool_->Post([this, job, &pending, &failed] {
+    pool_->Post([this, job, &pending] {
       absl::Status s = [&]() -> absl::Status {
         AMPD_ASSIGN_OR_RETURN(const checkpoint::StateDict state, state_dir_->Read(job->id()));
         return job->Restore(options_.device, state);
       }();
       if (s.ok()) {
-        const JobSnapshot snapshot = job->Snapshot();
-        if (options_.observer != nullptr) {
-          options_.observer->OnJobCreated(job->id(), job->owner(), snapshot.config);
-        }
-        LogEvent(absl::StrCat("job ", job->id(), " restored at step ", snapshot.step));
+        LogEvent(absl::StrCat("job ", job->id(), " restored at step ", job->Snapshot().step));
       } else {
-        (void)job->Close(/*remove_checkpoint=*/false);
-        Remove(job->id());
-        LogEvent(absl::StrCat("job ", job->id(), " failed to restore: ", s.ToString()));
-        failed.fetch_add(1, std::memory_order_relaxed);
+        // Never dropped: listed as failed with the reason, its file kept.
+        job->KeepUnrestored(options_.device, s.ToString());
+        LogEvent(absl::StrCat("job ", job->id(), " failed to restore: ", s.ToString(),
+                              "; it is listed as failed and its checkpoint is left on disk"));
+      }
+      if (options_.observer != nullptr) {
+        options_.observer->OnJobCreated(job->id(), job->owner(), job->Snapshot().config);
       }
       pending.DecrementCount();
     });
   }
   pending.Wait();
-  return failed.load(std::memory_order_relaxed);
 }
 
 void JobRegistry::StartDraining() {

@@ -110,8 +110,12 @@ class JobRegistry {
   // most recently written first, as long as --max-jobs and
   // --max-memory-bytes admit them: the others are logged ("not restored")
   // and their checkpoints left on disk untouched, to be restored by a later
-  // start with room for them. A checkpoint that cannot be restored is logged
-  // and left on disk too. Admission reads only the files' headers, in that
+  // start with room for them. A job whose checkpoint names its config but
+  // cannot be restored from it is never dropped: it is listed as failed
+  // with the reason (Job::KeepUnrestored), its file left on disk untouched
+  // until a LoadStateDict of a good state or a DeleteJob. A file whose
+  // header or config cannot be read names no job (nor its owner): it is
+  // logged and left on disk. Admission reads only the files' headers, in that
   // order; the admitted jobs are then read and rebuilt in parallel on the
   // worker threads. A job's config is read from its ampd.config; one
   // written before that key existed has an ampd.create_request instead,
@@ -211,12 +215,12 @@ class JobRegistry {
   // limits admit into the table (in order) and returns them; the ones the
   // limits turn away go to *turned_away, with the line that says why to
   // *refusals. RestoreInParallel rebuilds `jobs` from their files on the
-  // worker pool, removes those that fail, and returns how many failed.
+  // worker pool; those that fail stay, failed (Job::KeepUnrestored).
   std::vector<std::shared_ptr<Job>> AdmitForRestore(const std::vector<std::string>& ids,
                                                     const CreateRequestDecoder& legacy_decode,
                                                     std::vector<std::string>* turned_away,
                                                     std::vector<std::string>* refusals);
-  int RestoreInParallel(const std::vector<std::shared_ptr<Job>>& jobs);
+  void RestoreInParallel(const std::vector<std::shared_ptr<Job>>& jobs);
   void ReportMemory() const;
 
   const RegistryOptions options_;

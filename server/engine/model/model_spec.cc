@@ -152,10 +152,12 @@ absl::Status ValidateGptSpec(const ModelSpec& spec) {
     int64_t a, b;
     absl::string_view field, what;
   };
+  // d_model's own products first: a d_model too large by itself is blamed
+  // on d_model, not on the mlp_ratio it is later multiplied with.
   const Derived derived[] = {
+      {3, SaturatingMul(g.d_model, g.d_model), "d_model", "the attention's c_attn weight"},
       {g.mlp_ratio, g.d_model, "mlp_ratio", "the MLP's hidden width (mlp_ratio * d_model)"},
       {g.mlp_ratio, SaturatingMul(g.d_model, g.d_model), "mlp_ratio", "the MLP's weights"},
-      {3, SaturatingMul(g.d_model, g.d_model), "d_model", "the attention's c_attn weight"},
       {g.vocab_size, g.d_model, "vocab_size", "the token embedding (vocab_size * d_model)"},
       {g.context_length, g.d_model, "context_length",
        "the position embedding (context_length * d_model)"},

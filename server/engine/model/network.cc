@@ -3,6 +3,7 @@
 // choice of kind from the spec.
 #include "server/engine/model/network.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "common/checked_math.h"
@@ -21,6 +22,34 @@ absl::StatusOr<int64_t> WorkspaceBytes(const ModelSpec& spec, Precision precisio
     return absl::InvalidArgumentError("inputs: a batch needs at least one dimension");
   }
   return WorkspaceBytes(spec, precision, input_shape[0]);
+}
+
+kernels::ScratchExtents StepScratchExtents(const ModelSpec& spec, Precision precision,
+                                           const kernels::Shape& input_shape) {
+  if (spec.gpt.has_value()) return GptScratchExtents(spec, precision, input_shape);
+  kernels::ScratchExtents e;
+  e.dtype = WorkingDType(precision);
+  const int64_t rows = input_shape.empty() ? 0 : input_shape[0];
+  // A Linear (in, out) over N rows: forward (N, in) x (in, out) -> (N, out),
+  // backward (N, out) x (out, in) -> (N, in) and (out, N) x (N, in) ->
+  // (out, in). So every operand and result is at most N max(in, out) or
+  // in out elements.
+  int64_t widest = 0;
+  int64_t weights = 0;
+  for (const LayerSpec& layer : spec.layers) {
+    if (layer.kind != LayerKind::kLinear) continue;
+    widest = std::max({widest, layer.in_features, layer.out_features});
+    weights = std::max(weights, SaturatingMul(layer.in_features, layer.out_features));
+  }
+  const int64_t activations = SaturatingMul(rows, widest);
+  e.gemm_a = activations;
+  e.gemm_b = std::max(activations, weights);
+  e.gemm_c = std::max(activations, weights);
+  if (spec.loss == LossKind::kCrossEntropy) {
+    e.classes = widest;
+    e.rows = rows;
+  }
+  return e;
 }
 
 absl::StatusOr<std::unique_ptr<Network>> CreateNetwork(const ModelSpec& spec, Precision precision,

@@ -57,6 +57,14 @@ class Workspace {
 absl::StatusOr<int64_t> WorkspaceBytes(const ModelSpec& spec, Precision precision,
                                        const kernels::Shape& input_shape);
 
+// What a step of a micro-batch whose inputs have `input_shape` runs
+// through this model beyond its workspace: its GEMMs' largest operands and
+// result, its attention and its loss (kernels::ScratchExtents), for the
+// backend's Backend::ScratchBytes, which admission adds to WorkspaceBytes.
+// The shape must fit the model (WorkspaceBytes succeeded for it).
+kernels::ScratchExtents StepScratchExtents(const ModelSpec& spec, Precision precision,
+                                           const kernels::Shape& input_shape);
+
 class Network {
  public:
   virtual ~Network() = default;

@@ -135,11 +135,28 @@ absl::Status Trainer::Impl::AdmitWorkspaces(const std::vector<MicroBatch>& micro
   }
   net.KeepWorkspaces(shapes);
   int64_t need = 0;
+  // The backend's scratch is reused by every size: the largest extents.
+  kernels::ScratchExtents extents;
   for (const kernels::Shape& shape : shapes) {
     AMPD_ASSIGN_OR_RETURN(const int64_t bytes,
                           model::WorkspaceBytes(config.model, config.precision, shape));
     need = SaturatingAdd(need, bytes);
+    const kernels::ScratchExtents e =
+        model::StepScratchExtents(config.model, config.precision, shape);
+    extents.dtype = e.dtype;
+    extents.gemm_a = std::max(extents.gemm_a, e.gemm_a);
+    extents.gemm_b = std::max(extents.gemm_b, e.gemm_b);
+    extents.gemm_c = std::max(extents.gemm_c, e.gemm_c);
+    extents.attention_seq = std::max(extents.attention_seq, e.attention_seq);
+    extents.head_dim = std::max(extents.head_dim, e.head_dim);
+    extents.classes = std::max(extents.classes, e.classes);
+    extents.rows = std::max(extents.rows, e.rows);
   }
+  // What the ops hold beside the workspace tensors (fp32 staging, per-thread
+  // rows, the allocator's rounding): counted, or a step admitted at its
+  // estimate would still grow the process past the limit.
+  const int64_t scratch = b.ScratchBytes(extents, need);
+  need = SaturatingAdd(need, scratch);
   const int64_t capacity = b.MemoryCapacityBytes();
   const int64_t to_allocate = need - net.cached_workspace_bytes();
   if (capacity > 0 && SaturatingAdd(b.BytesInUse(), to_allocate) > capacity) {
@@ -150,6 +167,8 @@ absl::Status Trainer::Impl::AdmitWorkspaces(const std::vector<MicroBatch>& micro
                      " bytes of ", b.name(), "; send smaller micro-batches"));
   }
   if (admit) AMPD_RETURN_IF_ERROR(admit(need));
+  // The scratch only grows (to the largest sizes run) until released.
+  scratch_bytes = std::max(scratch_bytes, scratch);
   return absl::OkStatus();
 }
 

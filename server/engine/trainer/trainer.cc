@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/checked_math.h"
 #include "common/status_macros.h"
 #include "server/engine/trainer/trainer_impl.h"
 
@@ -127,8 +128,14 @@ ScalerSnapshot Trainer::scaler() const {
   return ScalerSnapshot{s.scale(), s.counters(),
                         s.config().per_layer_scales ? s.layer_scales() : std::vector<float>{}};
 }
-int64_t Trainer::workspace_bytes() const { return impl_->model->cached_workspace_bytes(); }
-void Trainer::ReleaseWorkspaces() { impl_->model->ReleaseWorkspaces(); }
+int64_t Trainer::workspace_bytes() const {
+  return SaturatingAdd(impl_->model->cached_workspace_bytes(), impl_->scratch_bytes);
+}
+void Trainer::ReleaseWorkspaces() {
+  impl_->model->ReleaseWorkspaces();
+  impl_->backend->ReleaseScratch();
+  impl_->scratch_bytes = 0;
+}
 void Trainer::SetMemoryPressureHandler(std::function<void()> relieve) {
   impl_->relieve_memory = std::move(relieve);
 }

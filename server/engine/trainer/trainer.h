@@ -60,11 +60,13 @@ class Trainer {
   // (deepspeed at min_scale); the job's state is then unchanged.
   //
   // Memory: before anything is allocated, the workspace the step needs (its
-  // distinct micro-batch sizes, model::WorkspaceBytes each) is computed with
-  // overflow checks; ResourceExhausted when it and what the backend already
-  // holds exceed the backend's memory, and `admit` (when given) is asked for
-  // it next, so a caller can hold it against a limit shared by several jobs;
-  // its error is returned as is, with nothing changed. Workspaces of sizes
+  // distinct micro-batch sizes, model::WorkspaceBytes each, and the
+  // backend's scratch for them, kernels::Backend::ScratchBytes of
+  // model::StepScratchExtents) is computed with overflow checks;
+  // ResourceExhausted when it and what the backend already holds exceed
+  // the backend's memory, and `admit` (when given) is asked for it next, so
+  // a caller can hold it against a limit shared by several jobs; its error
+  // is returned as is, with nothing changed. Workspaces of sizes
   // the step does not use are freed first, and the step's own stay cached
   // after it (workspace_bytes()), so that the next step of those sizes
   // allocates nothing. An allocation of the step's that fails for lack of
@@ -96,7 +98,8 @@ class Trainer {
   absl::StatusOr<EvaluateReport> Evaluate(
       const EvaluateInput& input, const std::function<absl::Status(int64_t)>& admit = nullptr);
 
-  // Workspace bytes cached now (model::WorkspaceBytes of each): the
+  // Workspace bytes cached now (model::WorkspaceBytes of each, plus the
+  // backend's scratch for them, kernels::Backend::ScratchBytes): the
   // buffers of the last step's (or evaluation's) batch sizes, kept until a
   // step of other sizes, ReleaseWorkspaces or the Trainer's end. A caller
   // sharing memory between jobs counts them as held.

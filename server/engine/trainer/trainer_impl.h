@@ -118,6 +118,10 @@ struct Trainer::Impl {
   absl::Status AdmitWorkspaces(const std::vector<MicroBatch>& micro_batches,
                                const std::function<absl::Status(int64_t)>& admit,
                                absl::string_view what);
+  // The backend's scratch (kernels::Backend::ScratchBytes) for the last
+  // admitted sizes: held with the cached workspaces, counted with them
+  // (Trainer::workspace_bytes) and released with them.
+  int64_t scratch_bytes = 0;
 };
 
 // step.cc: each micro-batch checked against the model, InvalidArgument

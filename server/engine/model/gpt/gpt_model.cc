@@ -103,6 +103,31 @@ absl::StatusOr<int64_t> GptWorkspaceBytes(const ModelSpec& spec, Precision preci
   return total;
 }
 
+kernels::ScratchExtents GptScratchExtents(const ModelSpec& spec, Precision precision,
+                                          const kernels::Shape& input_shape,
+                                          int64_t lm_head_chunk_bytes) {
+  const GptSpec& g = *spec.gpt;
+  kernels::ScratchExtents e;
+  e.dtype = WorkingDType(precision);
+  const int64_t n = SaturatingMul(input_shape[0], input_shape[1]);
+  const int64_t c = g.d_model;
+  const int64_t h = SaturatingMul(g.mlp_ratio, c);
+  const int64_t r = LmHeadChunkRows(g, precision, n, lm_head_chunk_bytes);
+  const int64_t widest = std::max({SaturatingMul(3, c), h});  // a block's widest activation
+  const int64_t activations = SaturatingMul(n, widest);
+  const int64_t logits = SaturatingMul(r, g.vocab_size);
+  const int64_t head = SaturatingMul(g.vocab_size, c);
+  const int64_t block_weights = SaturatingMul(c, widest);
+  e.gemm_a = std::max({activations, logits});
+  e.gemm_b = std::max({activations, logits, head, block_weights});
+  e.gemm_c = std::max({activations, logits, head, block_weights});
+  e.attention_seq = input_shape[1];
+  e.head_dim = c / g.n_head;
+  e.classes = g.vocab_size;
+  e.rows = n;
+  return e;
+}
+
 GptModel::GptModel(const ModelSpec& spec, Precision precision, kernels::Backend& backend,
                    int64_t lm_head_chunk_bytes)
     : Network(spec, precision, backend),

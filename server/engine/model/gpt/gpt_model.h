@@ -87,6 +87,17 @@ absl::StatusOr<int64_t> GptWorkspaceBytes(const ModelSpec& spec, Precision preci
                                           const kernels::Shape& input_shape,
                                           int64_t lm_head_chunk_bytes = kLmHeadChunkBytes);
 
+// StepScratchExtents of a GPT for inputs (B, T) (validated as
+// GptWorkspaceBytes validates them): per block the fused c_attn (N, C) x
+// (C, 3C), c_proj (N, C) x (C, C), c_fc (N, C) x (C, H) and mlp c_proj
+// (N, H) x (H, C) GEMMs and their backward; the LM head per chunk of R
+// rows: (R, C) x (C, V) -> (R, V) logits, (R, V) x (V, C) -> dh and
+// (V, R) x (R, C) -> the head's gradient; the attention over T with head
+// size C / n_head; the cross-entropy over V.
+kernels::ScratchExtents GptScratchExtents(const ModelSpec& spec, Precision precision,
+                                          const kernels::Shape& input_shape,
+                                          int64_t lm_head_chunk_bytes = kLmHeadChunkBytes);
+
 class GptModel final : public Network {
  public:
   // Builds the parameters of a validated GPT spec and initialises them from

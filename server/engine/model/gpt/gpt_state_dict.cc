@@ -21,7 +21,9 @@ constexpr absl::string_view kLmHead = "lm_head.weight";
 constexpr absl::string_view kWte = "transformer.wte.weight";
 
 // transformer.h.{i}.attn.bias / .attn.masked_bias: the causal mask buffers
-// older GPT-2 checkpoints carry; the mask is not a parameter here.
+// older GPT-2 checkpoints carry, in whatever dtype they were saved (F32,
+// or U8 / BOOL in some transformers versions); the mask is not a parameter
+// here.
 bool IsMaskBuffer(absl::string_view name) {
   if (absl::StartsWith(name, kPrefix)) name.remove_prefix(kPrefix.size());
   return absl::StartsWith(name, "h.") &&
