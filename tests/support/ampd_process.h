@@ -41,12 +41,11 @@ class AmpdProcess {
   // The --peer-address port ampd reported ("ampd: peers on HOST:PORT"), 0
   // when it serves none.
   int peer_port() const { return peer_port_; }
-  // The server's process id (-1 when it could not be started).
+  // The server's process id (-1 when it could not be started), for signals
+  // and for what /proc says of it (memory).
   pid_t pid() const { return pid_; }
   // "HOST:PORT" of the gRPC server, for Client::Connect and --server=.
   std::string address() const;
-  // The process, for what /proc says of it (memory).
-  pid_t pid() const { return pid_; }
 
   // Everything ampd wrote to stderr so far.
   std::string Log() const;
