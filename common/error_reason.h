@@ -23,7 +23,7 @@
 
 namespace ampd {
 
-// The reasons ampd reports (ErrorInfo.reason, domain "ampd"). README's error
+// The reasons ampd reports (ErrorInfo.reason, domain "ampd"). docs/API.md's error
 // table lists each with its code and metadata; keep the two in step.
 namespace reason {
 inline constexpr char kInvalidField[] = "INVALID_FIELD";            // metadata: field

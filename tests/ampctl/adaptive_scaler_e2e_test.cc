@@ -9,7 +9,7 @@
 // while adaptive must land on fp32's loss. With the loss multiplied by 100,
 // pytorch skips more steps still and adaptive, with no init_scale tuning,
 // again none; with frequent growth, pytorch's overflowing growths cost steps
-// that adaptive defers. The README's comparison table comes from these
+// that adaptive defers. docs/DESIGN.md's comparison table comes from these
 // commands.
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>

@@ -523,7 +523,7 @@ TEST(PerLayerConfig, RefusedOutsideAdaptiveJobsOfOneAmpdAndBeyond32LinearGroups)
   EXPECT_TRUE(ValidateJobConfig(deep).ok()) << ValidateJobConfig(deep);
 }
 
-// The README's comparison: the wide-range model (first-layer weight
+// docs/DESIGN.md's comparison: the wide-range model (first-layer weight
 // gradients more than 2^20 below the last layer's) trained 300 steps on 8
 // batches cycled, the gradient histogram sampled on every step. Zero
 // elements are the histogram's zero bin summed over the steps, i.e. what

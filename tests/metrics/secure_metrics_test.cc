@@ -1,4 +1,4 @@
-// /metrics of a real ampd on a node tenants share (README, Security):
+// /metrics of a real ampd on a node tenants share (docs/OPERATIONS.md, Security):
 // served over HTTPS with certificates from scripts/make-dev-certs.sh,
 // answered only with the scrape token, and without anything that names a
 // tenant or one of its jobs. Scraped with curl the way Prometheus scrapes

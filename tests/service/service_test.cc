@@ -955,7 +955,7 @@ TEST_F(ServiceTest, AnUnusableCheckpointKeepsItsJobListedAsFailed) {
 }
 
 // --checkpoint-every=1 without --checkpoint-sync: a SIGKILL at any moment
-// loses at most one acknowledged step (the README's bound, 2N - 1 for N =
+// loses at most one acknowledged step (docs/OPERATIONS.md's bound, 2N - 1 for N =
 // 1): each restart's job is at least at the last acknowledged step - 1.
 TEST_F(ServiceTest, SigkillLosesNoMoreAcknowledgedStepsThanTheBound) {
   Start({"--checkpoint-every=1"});

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Train through server crashes without losing or repeating a step.
 
-Against the server of the project README's "Running" command:
+Against the server of docs/USER_GUIDE.md's "Running" command:
 
     build/dev/server/ampd --listen=0.0.0.0:50051 --metrics-listen=0.0.0.0:9464 \\
         --state-dir=/var/lib/ampd --device=auto

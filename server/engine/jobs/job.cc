@@ -720,7 +720,7 @@ absl::Status Job::CheckpointInBackground() {
   if (context_->writer == nullptr) return Checkpoint();
   // The previous snapshot must be on disk first: with one unwritten
   // snapshot at most, no acknowledged step runs more than 2N - 1 steps past
-  // the last durable checkpoint (N = checkpoint_every; the README's bound).
+  // the last durable checkpoint (N = checkpoint_every; the bound docs/OPERATIONS.md states).
   // A step waits here only when the writer is slower than N steps.
   context_->writer->WaitForJob(id_);
   return AllocationGuard("checkpoint", [&]() -> absl::Status {
