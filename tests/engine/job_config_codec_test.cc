@@ -264,7 +264,7 @@ TEST(JobConfigCodec, WritesTheDocumentedKeys) {
       "\"weight_decay\":0.00999999978,\"max_grad_norm\":0},\"scaler\":{\"policy\":\"pytorch\","
       "\"enabled\":true,\"dynamic\":true,\"init_scale\":65536,\"growth_factor\":2,"
       "\"backoff_factor\":0.5,\"growth_interval\":2000,\"hysteresis\":1,"
-      "\"consecutive_hysteresis\":false,\"raise_at_min_scale\":true}}");
+      "\"consecutive_hysteresis\":false,\"raise_at_min_scale\":false}}");
 }
 
 TEST(JobConfigCodec, ReadsJsonEscapesAndWhitespace) {
