@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -36,6 +37,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/dashed_flags.h"
+#include "common/status_macros.h"
 #include "server/engine/dist/rendezvous_table.h"
 #include "server/engine/jobs/job_registry.h"
 #include "server/metrics/server_metrics.h"
@@ -196,15 +198,18 @@ void OnShutdownSignal(int sig) {
   errno = saved;
 }
 
-int Run() {
-  KeepBatchMemoryMapped();
-  // Shutdown signals go through a self-pipe: the handler only write()s the
-  // signal number, a thread reads it and wakes main. (sigwait would need the
-  // signals blocked in every thread, and libraries such as OpenBLAS start
-  // threads before main runs.)
+// A startup failure: main prints "ampd: MESSAGE" and exits with status 1.
+absl::Status StartupError(absl::string_view message) {
+  return absl::FailedPreconditionError(message);
+}
+
+// Shutdown signals go through a self-pipe: the handler only write()s the
+// signal number, a thread reads it and wakes main. (sigwait would need the
+// signals blocked in every thread, and libraries such as OpenBLAS start
+// threads before main runs.)
+absl::Status InstallSignalHandlers() {
   if (pipe(g_signal_pipe) != 0) {
-    std::perror("ampd: pipe");
-    return 1;
+    return StartupError(absl::StrCat("pipe: ", std::strerror(errno)));
   }
   struct sigaction action = {};
   action.sa_handler = OnShutdownSignal;
@@ -213,236 +218,11 @@ int Run() {
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGINT, &action, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  return absl::OkStatus();
+}
 
-  std::unique_ptr<ampd::metrics::ServerMetrics> metrics;
-  if (const std::string address = absl::GetFlag(FLAGS_metrics_listen); !address.empty()) {
-    absl::StatusOr<ampd::metrics::MetricsOptions> metrics_options = MetricsOptionsFromFlags();
-    if (!metrics_options.ok()) {
-      std::fprintf(stderr, "ampd: %s\n", std::string(metrics_options.status().message()).c_str());
-      return 1;
-    }
-    absl::StatusOr<std::unique_ptr<ampd::metrics::ServerMetrics>> started =
-        ampd::metrics::ServerMetrics::Start(address, *metrics_options);
-    if (!started.ok()) {
-      std::fprintf(stderr, "ampd: --metrics_listen: %s\n", started.status().ToString().c_str());
-      return 1;
-    }
-    metrics = *std::move(started);
-    std::printf("ampd: metrics on %s:%d\n", HostOf(address).c_str(), metrics->port());
-  }
-
-  // Resolve --device once ("auto" becomes "cuda:0" or "cpu") by creating a
-  // backend: a missing GPU fails here, clearly, instead of at the first job.
-  std::string device;
-  int64_t total_memory = 0;
-  {
-    absl::StatusOr<ampd::engine::DeviceInfo> probe =
-        ampd::engine::ResolveDevice(absl::GetFlag(FLAGS_device));
-    if (!probe.ok()) {
-      std::fprintf(stderr, "ampd: --device: %s\n", probe.status().ToString().c_str());
-      return 1;
-    }
-    device = probe->name;
-    total_memory = probe->memory_capacity_bytes;
-  }
-
-  // Who may call: the tenants file, or nobody checked (then only loopback
-  // by default).
-  ampd::rpc::Authenticator authenticator;
-  if (const std::string path = absl::GetFlag(FLAGS_auth_tokens); !path.empty()) {
-    absl::StatusOr<std::vector<ampd::rpc::Tenant>> tenants = ampd::rpc::LoadTenantsFile(path);
-    if (!tenants.ok()) {
-      std::fprintf(stderr, "ampd: --auth-tokens: %s\n",
-                   std::string(tenants.status().message()).c_str());
-      return 1;
-    }
-    authenticator =
-        ampd::rpc::Authenticator(*std::move(tenants), absl::GetFlag(FLAGS_tenant_from_client_cert));
-  }
-  if (absl::GetFlag(FLAGS_tenant_from_client_cert) &&
-      (authenticator.open() || absl::GetFlag(FLAGS_tls_client_ca).empty())) {
-    std::fprintf(stderr,
-                 "ampd: --tenant-from-client-cert needs --auth-tokens and --tls-client-ca\n");
-    return 1;
-  }
-  for (const ampd::rpc::Tenant& tenant : authenticator.tenants()) {
-    if (!tenant.has_token && !authenticator.tenant_from_client_cert()) {
-      std::fprintf(stderr,
-                   "ampd: --auth-tokens: tenant '%s' has no token ('-') and could never call "
-                   "without --tenant-from-client-cert\n",
-                   tenant.name.c_str());
-      return 1;
-    }
-  }
-  ampd::engine::RegistryOptions options;
-  options.device = device;
-  options.max_jobs = absl::GetFlag(FLAGS_max_jobs);
-  options.max_memory_bytes = absl::GetFlag(FLAGS_max_memory_bytes);
-  options.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
-  options.checkpoint_sync = absl::GetFlag(FLAGS_checkpoint_sync);
-  options.grad_histogram_every = absl::GetFlag(FLAGS_grad_histogram_every);
-  options.state_dir = absl::GetFlag(FLAGS_state_dir);
-  const int threads = absl::GetFlag(FLAGS_worker_threads);
-  options.worker_threads =
-      threads > 0 ? threads : std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
-  options.observer = metrics.get();
-  // The tenants' quotas are checked by the registry, beside the server-wide
-  // limits (and already when it restores jobs).
-  for (const ampd::rpc::Tenant& tenant : authenticator.tenants()) {
-    options.tenant_quotas[tenant.name] = {.max_jobs = tenant.max_jobs,
-                                          .max_memory_bytes = tenant.max_memory_bytes};
-  }
-  if (metrics != nullptr) {
-    ampd::metrics::ServerMetrics* m = metrics.get();
-    options.on_device_memory = [m, total_memory](int64_t in_use) {
-      m->SetDeviceMemory(in_use, total_memory);
-    };
-  }
-  if (options.max_jobs < 0 || options.max_memory_bytes < 0 || options.checkpoint_every < 0 ||
-      options.grad_histogram_every < 0) {
-    std::fprintf(stderr,
-                 "ampd: --max_jobs, --max_memory_bytes, --checkpoint_every and "
-                 "--grad_histogram_every must be >= 0\n");
-    return 1;
-  }
-  // The meeting point of distributed jobs' ranks, up before any job is
-  // restored so that the other replicas can meet this one's jobs.
-  // It serves only the groups of this ampd's jobs, authenticated with their
-  // secrets: none until the registry exists (a rank that comes sooner is
-  // told NOT_FOUND and tries again).
-  std::atomic<ampd::engine::JobRegistry*> hosted_jobs{nullptr};
-  ampd::engine::dist::RendezvousTable rendezvous_table(
-      ampd::engine::dist::RendezvousTable::Limits(),
-      [&hosted_jobs](const std::string& group) -> std::vector<std::string> {
-        ampd::engine::JobRegistry* jobs = hosted_jobs.load();
-        return jobs == nullptr ? std::vector<std::string>() : jobs->PeerSecrets(group);
-      });
-  ampd::rpc::PeerService peer_service(&rendezvous_table);
-  std::unique_ptr<grpc::Server> peer_server;
-  if (const std::string peer = absl::GetFlag(FLAGS_peer_address); !peer.empty()) {
-    const std::string peer_host = HostOf(peer);
-    if (peer_host.empty() || peer_host == "0.0.0.0" || peer_host == "::" || peer_host == "[::]") {
-      std::fprintf(stderr,
-                   "ampd: --peer-address: %s: give the address the other replicas reach this "
-                   "one at (e.g. the pod IP), not a wildcard\n",
-                   peer.c_str());
-      return 1;
-    }
-    grpc::ServerBuilder peer_builder;
-    peer_builder.SetOption(std::make_unique<WithoutReflection>());
-    int peer_port = 0;
-    peer_builder.AddListeningPort(peer, grpc::InsecureServerCredentials(), &peer_port);
-    peer_builder.RegisterService(&peer_service);
-    // Join and Get hold a thread while they wait: bound the threads and the
-    // message size, so peers that flood the meeting point cannot exhaust
-    // the process (the table bounds what it keeps).
-    grpc::ResourceQuota peer_quota("ampd-peers");
-    peer_quota.SetMaxThreads(kMaxPeerThreads);
-    peer_builder.SetResourceQuota(peer_quota);
-    peer_builder.SetMaxReceiveMessageSize(kMaxPeerMessageBytes);
-    peer_server = peer_builder.BuildAndStart();
-    if (peer_server == nullptr || peer_port == 0) {
-      std::fprintf(stderr, "ampd: --peer-address: cannot listen on %s\n", peer.c_str());
-      return 1;
-    }
-    options.peer_host =
-        peer_host.front() == '[' ? peer_host.substr(1, peer_host.size() - 2) : peer_host;
-    options.rendezvous = ampd::rpc::ConnectRendezvous;
-    options.max_distributed_jobs = absl::GetFlag(FLAGS_max_distributed_jobs);
-    // On stdout beside the listening line: with port 0 this is how a
-    // launcher learns the port to give as the group's rendezvous.
-    std::printf("ampd: peers on %s:%d\n", peer_host.c_str(), peer_port);
-  }
-  absl::StatusOr<std::unique_ptr<ampd::engine::JobRegistry>> registry =
-      ampd::engine::JobRegistry::Create(options);
-  if (!registry.ok()) {
-    std::fprintf(stderr, "ampd: --state_dir: %s\n", registry.status().ToString().c_str());
-    return 1;
-  }
-  hosted_jobs.store(registry->get());
-  // Destroyed before the registry on every return: the peer port stops
-  // asking it for its jobs' secrets first.
-  absl::Cleanup forget_hosted_jobs = [&hosted_jobs] { hosted_jobs.store(nullptr); };
-  // The engine reads its checkpoints' configs itself; the rpc decoder is
-  // only for checkpoints of earlier versions (ampd.create_request).
-  if (absl::Status s = (*registry)->RestoreAll(ampd::rpc::DecodeCreateRequest); !s.ok()) {
-    std::fprintf(stderr, "ampd: restoring jobs: %s\n", s.ToString().c_str());
-    return 1;
-  }
-
-  ampd::rpc::RpcRecorder record;
-  if (metrics != nullptr) {
-    ampd::metrics::ServerMetrics* m = metrics.get();
-    record = [m](absl::string_view method, absl::string_view code, double seconds) {
-      m->RecordRpc(method, code, seconds);
-    };
-  }
-  ampd::rpc::ServiceOptions service_options;
-  if (options.max_memory_bytes > 0) service_options.max_state_dict_bytes = options.max_memory_bytes;
-  service_options.max_state_dict_buffer_bytes = absl::GetFlag(FLAGS_max_state_dict_buffer_bytes);
-  if (service_options.max_state_dict_buffer_bytes < 0) {
-    std::fprintf(stderr, "ampd: --max_state_dict_buffer_bytes must be >= 0\n");
-    return 1;
-  }
-  if (service_options.max_state_dict_buffer_bytes == 0) {
-    // A quarter of physical memory: room for a few large imports at once
-    // without letting concurrent streams take the machine down.
-    const long pages = sysconf(_SC_PHYS_PAGES);
-    const long page_size = sysconf(_SC_PAGE_SIZE);
-    service_options.max_state_dict_buffer_bytes =
-        pages > 0 && page_size > 0 ? static_cast<int64_t>(pages) * page_size / 4 : int64_t{1} << 30;
-  }
-  service_options.authenticator = &authenticator;
-  const int32_t reload_interval = absl::GetFlag(FLAGS_tls_reload_interval_s);
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-      ampd::rpc::MakeServerCredentials(
-          {.cert = absl::GetFlag(FLAGS_tls_cert),
-           .key = absl::GetFlag(FLAGS_tls_key),
-           .client_ca = absl::GetFlag(FLAGS_tls_client_ca),
-           .reload_interval_s = static_cast<unsigned int>(std::max(reload_interval, 0))});
-  if (!credentials.ok()) {
-    std::fprintf(stderr, "ampd: %s\n", credentials.status().ToString().c_str());
-    return 1;
-  }
-  const bool tls = !absl::GetFlag(FLAGS_tls_cert).empty();
-  if (authenticator.open()) {
-    std::fprintf(stderr, "ampd: WARNING: no --auth-tokens: every client may call every method\n");
-  } else if (!tls) {
-    std::fprintf(stderr,
-                 "ampd: WARNING: --auth-tokens without --tls-cert: tokens travel in clear\n");
-  }
-  ampd::rpc::TrainerService service(registry->get(), record, service_options);
-
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  if (!absl::GetFlag(FLAGS_reflection)) {
-    builder.SetOption(std::make_unique<WithoutReflection>());
-  }
-  std::string listen = absl::GetFlag(FLAGS_listen);
-  if (listen.empty()) listen = authenticator.open() ? "127.0.0.1:50051" : "0.0.0.0:50051";
-  int port = 0;
-  builder.AddListeningPort(listen, *credentials, &port);
-  const int64_t max_receive = absl::GetFlag(FLAGS_max_receive_message_bytes);
-  builder.SetMaxReceiveMessageSize(
-      static_cast<int>(std::min<int64_t>(std::max<int64_t>(max_receive, 1), INT32_MAX)));
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    std::fprintf(stderr, "ampd: --listen: cannot listen on %s\n", listen.c_str());
-    return 1;
-  }
-  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
-  health->SetServingStatus(true);
-  std::printf("ampd: listening on %s:%d\n", HostOf(listen).c_str(), port);
-  std::fflush(stdout);
-  std::fprintf(
-      stderr, "ampd: serving on %s:%d (%s, %s) with device %s, %lld job(s) restored\n",
-      HostOf(listen).c_str(), port,
-      tls ? (absl::GetFlag(FLAGS_tls_client_ca).empty() ? "TLS" : "mutual TLS") : "plaintext",
-      authenticator.open() ? "open" : "bearer tokens", device.c_str(),
-      static_cast<long long>((*registry)->job_count()));
-
+// Blocks until SIGTERM or SIGINT; returns which.
+int WaitForShutdownSignal() {
   absl::Notification stop;
   int received = 0;
   std::thread waiter([&] {
@@ -454,26 +234,291 @@ int Run() {
   });
   stop.WaitForNotification();
   waiter.join();
+  return received;
+}
 
-  std::fprintf(stderr, "ampd: %s received, draining\n", received == SIGINT ? "SIGINT" : "SIGTERM");
-  health->SetServingStatus(false);
+// /metrics when --metrics-listen is set, else nullptr.
+absl::StatusOr<std::unique_ptr<ampd::metrics::ServerMetrics>> StartMetrics() {
+  const std::string address = absl::GetFlag(FLAGS_metrics_listen);
+  if (address.empty()) return nullptr;
+  absl::StatusOr<ampd::metrics::MetricsOptions> metrics_options = MetricsOptionsFromFlags();
+  if (!metrics_options.ok()) return StartupError(metrics_options.status().message());
+  absl::StatusOr<std::unique_ptr<ampd::metrics::ServerMetrics>> started =
+      ampd::metrics::ServerMetrics::Start(address, *metrics_options);
+  if (!started.ok()) {
+    return StartupError(absl::StrCat("--metrics_listen: ", started.status().ToString()));
+  }
+  std::printf("ampd: metrics on %s:%d\n", HostOf(address).c_str(), (*started)->port());
+  return started;
+}
+
+// Who may call: the tenants file, or nobody checked (then only loopback by
+// default), with the flags that depend on it checked against it.
+absl::StatusOr<ampd::rpc::Authenticator> AuthenticatorFromFlags() {
+  ampd::rpc::Authenticator authenticator;
+  if (const std::string path = absl::GetFlag(FLAGS_auth_tokens); !path.empty()) {
+    absl::StatusOr<std::vector<ampd::rpc::Tenant>> tenants = ampd::rpc::LoadTenantsFile(path);
+    if (!tenants.ok()) {
+      return StartupError(absl::StrCat("--auth-tokens: ", tenants.status().message()));
+    }
+    authenticator =
+        ampd::rpc::Authenticator(*std::move(tenants), absl::GetFlag(FLAGS_tenant_from_client_cert));
+  }
+  if (absl::GetFlag(FLAGS_tenant_from_client_cert) &&
+      (authenticator.open() || absl::GetFlag(FLAGS_tls_client_ca).empty())) {
+    return StartupError("--tenant-from-client-cert needs --auth-tokens and --tls-client-ca");
+  }
+  for (const ampd::rpc::Tenant& tenant : authenticator.tenants()) {
+    if (!tenant.has_token && !authenticator.tenant_from_client_cert()) {
+      return StartupError(absl::StrCat("--auth-tokens: tenant '", tenant.name,
+                                       "' has no token ('-') and could never call without "
+                                       "--tenant-from-client-cert"));
+    }
+  }
+  return authenticator;
+}
+
+// The registry's options from the flags, the resolved device and the
+// tenants' quotas; the metrics observer when /metrics is served.
+absl::StatusOr<ampd::engine::RegistryOptions> RegistryOptionsFromFlags(
+    const ampd::engine::DeviceInfo& device, const ampd::rpc::Authenticator& authenticator,
+    ampd::metrics::ServerMetrics* metrics) {
+  ampd::engine::RegistryOptions options;
+  options.device = device.name;
+  options.max_jobs = absl::GetFlag(FLAGS_max_jobs);
+  options.max_memory_bytes = absl::GetFlag(FLAGS_max_memory_bytes);
+  options.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  options.checkpoint_sync = absl::GetFlag(FLAGS_checkpoint_sync);
+  options.grad_histogram_every = absl::GetFlag(FLAGS_grad_histogram_every);
+  options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  const int threads = absl::GetFlag(FLAGS_worker_threads);
+  options.worker_threads =
+      threads > 0 ? threads : std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
+  options.observer = metrics;
+  // The tenants' quotas are checked by the registry, beside the server-wide
+  // limits (and already when it restores jobs).
+  for (const ampd::rpc::Tenant& tenant : authenticator.tenants()) {
+    options.tenant_quotas[tenant.name] = {.max_jobs = tenant.max_jobs,
+                                          .max_memory_bytes = tenant.max_memory_bytes};
+  }
+  if (metrics != nullptr) {
+    const int64_t total_memory = device.memory_capacity_bytes;
+    options.on_device_memory = [metrics, total_memory](int64_t in_use) {
+      metrics->SetDeviceMemory(in_use, total_memory);
+    };
+  }
+  if (options.max_jobs < 0 || options.max_memory_bytes < 0 || options.checkpoint_every < 0 ||
+      options.grad_histogram_every < 0) {
+    return StartupError(
+        "--max_jobs, --max_memory_bytes, --checkpoint_every and --grad_histogram_every must be "
+        ">= 0");
+  }
+  return options;
+}
+
+// The meeting point of distributed jobs' ranks when --peer-address is set
+// (else nullptr), and what the registry needs to reach it.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartPeerServer(
+    ampd::rpc::PeerService& peer_service, ampd::engine::RegistryOptions& options) {
+  const std::string peer = absl::GetFlag(FLAGS_peer_address);
+  if (peer.empty()) return nullptr;
+  const std::string peer_host = HostOf(peer);
+  if (peer_host.empty() || peer_host == "0.0.0.0" || peer_host == "::" || peer_host == "[::]") {
+    return StartupError(
+        absl::StrCat("--peer-address: ", peer,
+                     ": give the address the other replicas reach this one at (e.g. the pod "
+                     "IP), not a wildcard"));
+  }
+  grpc::ServerBuilder peer_builder;
+  peer_builder.SetOption(std::make_unique<WithoutReflection>());
+  int peer_port = 0;
+  peer_builder.AddListeningPort(peer, grpc::InsecureServerCredentials(), &peer_port);
+  peer_builder.RegisterService(&peer_service);
+  // Join and Get hold a thread while they wait: bound the threads and the
+  // message size, so peers that flood the meeting point cannot exhaust
+  // the process (the table bounds what it keeps).
+  grpc::ResourceQuota peer_quota("ampd-peers");
+  peer_quota.SetMaxThreads(kMaxPeerThreads);
+  peer_builder.SetResourceQuota(peer_quota);
+  peer_builder.SetMaxReceiveMessageSize(kMaxPeerMessageBytes);
+  std::unique_ptr<grpc::Server> peer_server = peer_builder.BuildAndStart();
+  if (peer_server == nullptr || peer_port == 0) {
+    return StartupError(absl::StrCat("--peer-address: cannot listen on ", peer));
+  }
+  options.peer_host =
+      peer_host.front() == '[' ? peer_host.substr(1, peer_host.size() - 2) : peer_host;
+  options.rendezvous = ampd::rpc::ConnectRendezvous;
+  options.max_distributed_jobs = absl::GetFlag(FLAGS_max_distributed_jobs);
+  // On stdout beside the listening line: with port 0 this is how a
+  // launcher learns the port to give as the group's rendezvous.
+  std::printf("ampd: peers on %s:%d\n", peer_host.c_str(), peer_port);
+  return peer_server;
+}
+
+// The Trainer service's options: state-dict limits and the authenticator.
+absl::StatusOr<ampd::rpc::ServiceOptions> ServiceOptionsFromFlags(
+    const ampd::engine::RegistryOptions& options, const ampd::rpc::Authenticator* authenticator) {
+  ampd::rpc::ServiceOptions service_options;
+  if (options.max_memory_bytes > 0) service_options.max_state_dict_bytes = options.max_memory_bytes;
+  service_options.max_state_dict_buffer_bytes = absl::GetFlag(FLAGS_max_state_dict_buffer_bytes);
+  if (service_options.max_state_dict_buffer_bytes < 0) {
+    return StartupError("--max_state_dict_buffer_bytes must be >= 0");
+  }
+  if (service_options.max_state_dict_buffer_bytes == 0) {
+    // A quarter of physical memory: room for a few large imports at once
+    // without letting concurrent streams take the machine down.
+    const long pages = sysconf(_SC_PHYS_PAGES);
+    const long page_size = sysconf(_SC_PAGE_SIZE);
+    service_options.max_state_dict_buffer_bytes =
+        pages > 0 && page_size > 0 ? static_cast<int64_t>(pages) * page_size / 4 : int64_t{1} << 30;
+  }
+  service_options.authenticator = authenticator;
+  return service_options;
+}
+
+// The Trainer service on --listen, with TLS per the --tls-* flags and gRPC's
+// health service; *port is the port it listens on.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartTrainerServer(
+    ampd::rpc::TrainerService& service, const ampd::rpc::Authenticator& authenticator,
+    std::string* listen, int* port) {
+  const int32_t reload_interval = absl::GetFlag(FLAGS_tls_reload_interval_s);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      ampd::rpc::MakeServerCredentials(
+          {.cert = absl::GetFlag(FLAGS_tls_cert),
+           .key = absl::GetFlag(FLAGS_tls_key),
+           .client_ca = absl::GetFlag(FLAGS_tls_client_ca),
+           .reload_interval_s = static_cast<unsigned int>(std::max(reload_interval, 0))});
+  if (!credentials.ok()) return StartupError(credentials.status().ToString());
+  if (authenticator.open()) {
+    std::fprintf(stderr, "ampd: WARNING: no --auth-tokens: every client may call every method\n");
+  } else if (absl::GetFlag(FLAGS_tls_cert).empty()) {
+    std::fprintf(stderr,
+                 "ampd: WARNING: --auth-tokens without --tls-cert: tokens travel in clear\n");
+  }
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  if (!absl::GetFlag(FLAGS_reflection)) {
+    builder.SetOption(std::make_unique<WithoutReflection>());
+  }
+  *listen = absl::GetFlag(FLAGS_listen);
+  if (listen->empty()) *listen = authenticator.open() ? "127.0.0.1:50051" : "0.0.0.0:50051";
+  builder.AddListeningPort(*listen, *credentials, port);
+  const int64_t max_receive = absl::GetFlag(FLAGS_max_receive_message_bytes);
+  builder.SetMaxReceiveMessageSize(
+      static_cast<int>(std::min<int64_t>(std::max<int64_t>(max_receive, 1), INT32_MAX)));
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || *port == 0) {
+    return StartupError(absl::StrCat("--listen: cannot listen on ", *listen));
+  }
+  server->GetHealthCheckService()->SetServingStatus(true);
+  return server;
+}
+
+// After a shutdown signal: not serving, the grace, then draining: calls in
+// flight finish (their steps on the job workers), every job checkpoints,
+// the registry stops, and the peer port closes last.
+absl::Status Drain(grpc::Server& server, ampd::engine::JobRegistry& registry,
+                   grpc::Server* peer_server) {
+  server.GetHealthCheckService()->SetServingStatus(false);
   if (const int64_t grace = absl::GetFlag(FLAGS_drain_grace_ms); grace > 0) {
     absl::SleepFor(absl::Milliseconds(grace));
   }
-  (*registry)->StartDraining();
-  // Waits for in-flight calls (their steps finish on the job workers).
-  server->Shutdown(std::chrono::system_clock::now() +
-                   std::chrono::milliseconds(absl::GetFlag(FLAGS_shutdown_timeout_ms)));
-  server->Wait();
-  const absl::Status checkpointed = (*registry)->CheckpointAll();
-  (*registry)->Shutdown();
+  registry.StartDraining();
+  server.Shutdown(std::chrono::system_clock::now() +
+                  std::chrono::milliseconds(absl::GetFlag(FLAGS_shutdown_timeout_ms)));
+  server.Wait();
+  const absl::Status checkpointed = registry.CheckpointAll();
+  registry.Shutdown();
   if (peer_server != nullptr) {
     // Other replicas' waits here end now rather than at their timeouts.
     peer_server->Shutdown(std::chrono::system_clock::now());
     peer_server->Wait();
   }
+  return checkpointed;
+}
+
+// Flags -> config -> registry -> servers -> serve until a signal. Every
+// startup error is returned, and main prints it; so is a final checkpoint
+// that could not be written (the exit status says the drain lost work).
+absl::Status Run() {
+  KeepBatchMemoryMapped();
+  AMPD_RETURN_IF_ERROR(InstallSignalHandlers());
+  AMPD_ASSIGN_OR_RETURN(std::unique_ptr<ampd::metrics::ServerMetrics> metrics, StartMetrics());
+  // Resolve --device once ("auto" becomes "cuda:0" or "cpu") by creating a
+  // backend: a missing GPU fails here, clearly, instead of at the first job.
+  absl::StatusOr<ampd::engine::DeviceInfo> device =
+      ampd::engine::ResolveDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) return StartupError(absl::StrCat("--device: ", device.status().ToString()));
+  AMPD_ASSIGN_OR_RETURN(const ampd::rpc::Authenticator authenticator, AuthenticatorFromFlags());
+  AMPD_ASSIGN_OR_RETURN(ampd::engine::RegistryOptions options,
+                        RegistryOptionsFromFlags(*device, authenticator, metrics.get()));
+
+  // The meeting point of distributed jobs' ranks, up before any job is
+  // restored so that the other replicas can meet this one's jobs. It serves
+  // only the groups of this ampd's jobs, authenticated with their secrets:
+  // none until the registry exists (a rank that comes sooner is told
+  // NOT_FOUND and tries again).
+  std::atomic<ampd::engine::JobRegistry*> hosted_jobs{nullptr};
+  ampd::engine::dist::RendezvousTable rendezvous_table(
+      ampd::engine::dist::RendezvousTable::Limits(),
+      [&hosted_jobs](const std::string& group) -> std::vector<std::string> {
+        ampd::engine::JobRegistry* jobs = hosted_jobs.load();
+        return jobs == nullptr ? std::vector<std::string>() : jobs->PeerSecrets(group);
+      });
+  ampd::rpc::PeerService peer_service(&rendezvous_table);
+  AMPD_ASSIGN_OR_RETURN(std::unique_ptr<grpc::Server> peer_server,
+                        StartPeerServer(peer_service, options));
+
+  absl::StatusOr<std::unique_ptr<ampd::engine::JobRegistry>> registry =
+      ampd::engine::JobRegistry::Create(options);
+  if (!registry.ok()) {
+    return StartupError(absl::StrCat("--state_dir: ", registry.status().ToString()));
+  }
+  hosted_jobs.store(registry->get());
+  // Destroyed before the registry on every return: the peer port stops
+  // asking it for its jobs' secrets first.
+  absl::Cleanup forget_hosted_jobs = [&hosted_jobs] { hosted_jobs.store(nullptr); };
+  // The engine reads its checkpoints' configs itself; the rpc decoder is
+  // only for checkpoints of earlier versions (ampd.create_request).
+  if (absl::Status s = (*registry)->RestoreAll(ampd::rpc::DecodeCreateRequest); !s.ok()) {
+    return StartupError(absl::StrCat("restoring jobs: ", s.ToString()));
+  }
+
+  ampd::rpc::RpcRecorder record;
+  if (metrics != nullptr) {
+    ampd::metrics::ServerMetrics* m = metrics.get();
+    record = [m](absl::string_view method, absl::string_view code, double seconds) {
+      m->RecordRpc(method, code, seconds);
+    };
+  }
+  AMPD_ASSIGN_OR_RETURN(const ampd::rpc::ServiceOptions service_options,
+                        ServiceOptionsFromFlags(options, &authenticator));
+  ampd::rpc::TrainerService service(registry->get(), record, service_options);
+  std::string listen;
+  int port = 0;
+  AMPD_ASSIGN_OR_RETURN(std::unique_ptr<grpc::Server> server,
+                        StartTrainerServer(service, authenticator, &listen, &port));
+  std::printf("ampd: listening on %s:%d\n", HostOf(listen).c_str(), port);
+  std::fflush(stdout);
+  const bool tls = !absl::GetFlag(FLAGS_tls_cert).empty();
+  std::fprintf(
+      stderr, "ampd: serving on %s:%d (%s, %s) with device %s, %lld job(s) restored\n",
+      HostOf(listen).c_str(), port,
+      tls ? (absl::GetFlag(FLAGS_tls_client_ca).empty() ? "TLS" : "mutual TLS") : "plaintext",
+      authenticator.open() ? "open" : "bearer tokens", device->name.c_str(),
+      static_cast<long long>((*registry)->job_count()));
+
+  const int received = WaitForShutdownSignal();
+  std::fprintf(stderr, "ampd: %s received, draining\n", received == SIGINT ? "SIGINT" : "SIGTERM");
+  const absl::Status checkpointed = Drain(*server, **registry, peer_server.get());
   std::fprintf(stderr, "ampd: stopped\n");
-  return checkpointed.ok() ? 0 : 1;
+  if (!checkpointed.ok()) {
+    return absl::Status(checkpointed.code(),
+                        absl::StrCat("final checkpoints: ", checkpointed.message()));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -491,5 +536,7 @@ int main(int argc, char** argv) {
       "Usage: ampd --listen=HOST:PORT [--state-dir=DIR] [--device=auto|cpu|cuda[:N]] ...");
   std::vector<std::string> arg_storage;
   ampd::ParseDashedCommandLine(argc, argv, arg_storage);
-  return Run();
+  const absl::Status status = Run();
+  if (!status.ok()) std::fprintf(stderr, "ampd: %s\n", std::string(status.message()).c_str());
+  return status.ok() ? 0 : 1;
 }
