@@ -3,10 +3,12 @@
 #include "server/rpc/trainer_service.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <memory>
 #include <new>
 #include <optional>
 #include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -33,16 +35,19 @@ class StateDictWriter final : public grpc::ServerWriteReactor<v1::StateDictChunk
       Done(ToGrpcStatus(s));
       return;
     }
-    registry->ExportState(tenant, job_id,
-                          [this](absl::StatusOr<engine::checkpoint::EncodedSafetensors> file) {
-                            if (!file.ok()) {
-                              Done(ToGrpcStatus(file.status()));
-                              return;
-                            }
-                            file_ = *std::move(file);
-                            size_ = file_.size();
-                            WriteNext();
-                          });
+    registry->ExportState(
+        tenant, job_id,
+        [this, job_id](absl::StatusOr<engine::checkpoint::EncodedSafetensors> file) {
+          if (!file.ok()) {
+            Done(ToGrpcStatus(file.status()));
+            return;
+          }
+          file_ = *std::move(file);
+          size_ = file_.size();
+          exported_ = absl::Now();
+          job_id_ = job_id;
+          WriteNext();
+        });
   }
 
   void OnWriteDone(bool ok) override {
@@ -72,12 +77,26 @@ class StateDictWriter final : public grpc::ServerWriteReactor<v1::StateDictChunk
   }
   void Done(const grpc::Status& status) {
     service_->Record("GetStateDict", status, start_);
+    if (status.ok()) {
+      // Where a large export's time goes (the state's read back on the job's
+      // worker, then the stream), for whoever tunes the node.
+      const double total = absl::ToDoubleSeconds(absl::Now() - start_);
+      std::fprintf(stderr,
+                   "ampd: GetStateDict of job %s: %llu bytes, state read in %.3f s, streamed in "
+                   "%.3f s (%.2f GB/s in all)\n",
+                   job_id_.c_str(), static_cast<unsigned long long>(size_),
+                   absl::ToDoubleSeconds(exported_ - start_),
+                   absl::ToDoubleSeconds(absl::Now() - exported_),
+                   total > 0 ? static_cast<double>(size_) / total / 1e9 : 0.0);
+    }
     Finish(status);
   }
 
   const TrainerService* service_;
   const size_t chunk_bytes_;
   const absl::Time start_;
+  absl::Time exported_;  // when the state was read, before the first chunk
+  std::string job_id_;
   engine::checkpoint::EncodedSafetensors file_;
   uint64_t size_ = 0;
   uint64_t offset_ = 0;
@@ -120,14 +139,25 @@ class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRe
         return;
       }
       const auto size = static_cast<int64_t>(receiver_.received_bytes());
-      registry_->ImportState(tenant_, job_id_, *std::move(state),
-                             [this, size](absl::StatusOr<int64_t> n) {
-                               if (n.ok()) {
-                                 response_->set_bytes(size);
-                                 response_->set_tensors(*n);
-                               }
-                               Done(n.status());
-                             });
+      const absl::Time received = absl::Now();
+      registry_->ImportState(
+          tenant_, job_id_, *std::move(state), [this, size, received](absl::StatusOr<int64_t> n) {
+            if (n.ok()) {
+              response_->set_bytes(size);
+              response_->set_tensors(*n);
+              // Where a large import's time goes: the stream, then the load
+              // on the job's worker (upload, and the checkpoint beside it).
+              const double total = absl::ToDoubleSeconds(absl::Now() - start_);
+              std::fprintf(stderr,
+                           "ampd: LoadStateDict of job %s: %lld bytes received in %.3f s, loaded "
+                           "in %.3f s (%.2f GB/s in all)\n",
+                           job_id_.c_str(), static_cast<long long>(size),
+                           absl::ToDoubleSeconds(received - start_),
+                           absl::ToDoubleSeconds(absl::Now() - received),
+                           total > 0 ? static_cast<double>(size) / total / 1e9 : 0.0);
+            }
+            Done(n.status());
+          });
       return;
     }
     if (absl::Status s = CheckLength("job_id", request_.job_id()); !s.ok()) {

@@ -2,6 +2,7 @@
 // exactly-once step sequence, and checkpoints.
 #include "server/engine/jobs/job.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <new>
@@ -608,18 +609,30 @@ absl::StatusOr<int64_t> Job::ImportSafetensorsUnguarded(checkpoint::StateDict st
   if (context_->writer != nullptr) context_->writer->Cancel(id_);
   absl::StatusOr<std::string> temp = absl::InternalError("checkpoint: not written");
   absl::StatusOr<Trainer::ReplacedState> replaced = absl::InternalError("not loaded");
+  double write_seconds = 0.0;
+  double upload_seconds = 0.0;
   {
     // Both only read *arranged; the thread is joined before it is touched.
     std::jthread write([&] {
+      const auto start = std::chrono::steady_clock::now();
       temp = AllocationGuard("checkpoint",
                              [&] { return context_->state_dir->WriteTemp(id_, *arranged); });
+      write_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     });
     // Guarded here: out of memory is an error to clean up after, not an
     // exception past the temp file.
+    const auto start = std::chrono::steady_clock::now();
     replaced = AllocationGuard("LoadStateDict", [&]() -> absl::StatusOr<Trainer::ReplacedState> {
       return trainer_->ReplaceState(*arranged, Trainer::StepCount::kKeep);
     });
+    upload_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
+  // Which of the two bounds an import: the device's upload or the disk.
+  std::fprintf(stderr,
+               "ampd: job %s import: upload %.3f s, checkpoint written in %.3f s beside it\n",
+               id_.c_str(), upload_seconds, write_seconds);
   if (!replaced.ok()) {
     if (temp.ok()) context_->state_dir->Discard(*temp);
     return refused(replaced.status());
