@@ -25,6 +25,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/notification.h"
 #include "ampd/v1/peer.grpc.pb.h"
 #include "client/client.h"
 #include "client/synthetic_task.h"
@@ -571,6 +572,10 @@ TEST_F(DataParallelTest, AnOutsiderCannotJamThePeerPortNorReadOrSquatAGroup) {
   std::atomic<bool> stop{false};
   std::atomic<int64_t> calls{0};
   std::atomic<int64_t> sets{0};
+  // At least as many 64 KiB Sets as once filled the table for good
+  // (16,384 keys, 1 GB).
+  constexpr int64_t kFloodSets = 16400;
+  absl::Notification flooded;
   std::atomic<int64_t> served{0};       // calls the port answered OK: must stay 0
   std::atomic<int64_t> longest_ms{0};   // the longest any outsider call took
   std::atomic<int64_t> other_codes{0};  // neither refused as an outsider nor busy
@@ -617,7 +622,7 @@ TEST_F(DataParallelTest, AnOutsiderCannotJamThePeerPortNorReadOrSquatAGroup) {
         v1::SetResponse response;
         const auto start = std::chrono::steady_clock::now();
         account(call(&v1::Peer::Stub::Set, flood, &response, 30000), start);
-        ++sets;
+        if (++sets == kFloodSets) flooded.Notify();
       }
     });
   }
@@ -633,16 +638,11 @@ TEST_F(DataParallelTest, AnOutsiderCannotJamThePeerPortNorReadOrSquatAGroup) {
     absl::StatusOr<v1::StepResponse> first = g.job->Step(i + 1, Shares(g.task.NextBatch(), 2));
     ASSERT_TRUE(first.ok()) << "step " << i + 1 << ": " << first.status();
   }
-  // At least as many 64 KiB Sets as once filled the table for good
-  // (16,384 keys, 1 GB).
-  const auto flood_end = std::chrono::steady_clock::now() + std::chrono::seconds(90);
-  while (std::chrono::steady_clock::now() < flood_end && sets.load() < 16400) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  flooded.WaitForNotificationWithTimeout(absl::Seconds(90));
   stop = true;
   for (std::thread& t : outsiders) t.join();
   const int64_t rss_after = ResidentBytes(replicas[0].process->pid());
-  EXPECT_GE(sets.load(), 16400);
+  EXPECT_GE(sets.load(), kFloodSets);
   // After the flood, yet another job forms and trains: the table is not full.
   SyntheticTask third_task(TaskOptions());
   absl::StatusOr<std::unique_ptr<DataParallelJob>> third =

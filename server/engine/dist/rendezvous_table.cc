@@ -18,8 +18,6 @@ namespace {
 
 // How often a waiting call looks whether its caller went away.
 constexpr absl::Duration kCancelPoll = absl::Milliseconds(100);
-// How often Authenticate looks for groups whose jobs have gone.
-constexpr absl::Duration kSweepEvery = absl::Seconds(1);
 
 size_t EntryBytes(const std::string& key, const std::string& value) {
   return key.size() + value.size() + RendezvousTable::kEntryOverhead;
@@ -84,7 +82,7 @@ void RendezvousTable::ForgetGoneGroups() {
   {
     absl::MutexLock lock(&mu_);
     const absl::Time now = absl::Now();
-    if (now - last_sweep_ < kSweepEvery) return;
+    if (now - last_sweep_ < limits_.sweep_every) return;
     last_sweep_ = now;
     for (const auto& [name, g] : groups_) names.push_back(name);
   }

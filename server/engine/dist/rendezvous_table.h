@@ -50,6 +50,9 @@ class RendezvousTable {
     size_t max_waiters = 192;
     size_t max_group_waiters = 128;
     absl::Duration max_wait = absl::Minutes(10);
+    // How often Authenticate looks for groups whose jobs have gone (each
+    // look asks the registry for every group's secrets).
+    absl::Duration sweep_every = absl::Seconds(1);
   };
   // What one stored entry costs beyond its key and value bytes (the map's
   // node and the strings' headers).
