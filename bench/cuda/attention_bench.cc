@@ -18,27 +18,18 @@
 #include <random>
 #include <vector>
 
+#include "bench/cuda/bench_common.h"
 #include "kernels/backend.h"
 #include "kernels/backend_factory.h"
 #include "kernels/cuda/cuda_backend.h"
 
 namespace {
 
+using ampd::bench::Check;
+using ampd::bench::Median;
 using ampd::kernels::Backend;
 using ampd::kernels::DType;
 using ampd::kernels::Tensor;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-void Check(const absl::Status& s, const char* what) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "%s: %s\n", what, s.ToString().c_str());
-    std::exit(1);
-  }
-}
 
 // (n) values uniform in [-1, 1) as F32, cast on the device to dtype.
 Tensor Random(Backend& b, DType dtype, const ampd::kernels::Shape& shape, uint64_t seed) {
@@ -98,7 +89,8 @@ int main(int argc, char** argv) {
   for (const bool wmma : {false, true}) {
     ampd::kernels::cuda::CudaBackendOptions options;
     options.attention_wmma = wmma;
-    absl::StatusOr<std::unique_ptr<Backend>> be = ampd::kernels::cuda::CreateCudaBackend(0, options);
+    absl::StatusOr<std::unique_ptr<Backend>> be =
+        ampd::kernels::cuda::CreateCudaBackend(0, options);
     Check(be.status(), "CreateCudaBackend");
     Backend& b = **be;
     for (const DType dt : {DType::kBF16, DType::kF16}) {
@@ -110,16 +102,17 @@ int main(int argc, char** argv) {
       Check(out.status(), "Allocate");
       Check(lse.status(), "Allocate");
       Check(dqkv.status(), "Allocate");
-      const double fwd = DeviceMs(b, runs, [&] { return b.AttentionForward(qkv, heads, *out, *lse); });
+      const double fwd =
+          DeviceMs(b, runs, [&] { return b.AttentionForward(qkv, heads, *out, *lse); });
       const double bwd = DeviceMs(
           b, runs, [&] { return b.AttentionBackward(qkv, *out, dout, *lse, heads, *dqkv); });
       std::printf(
           "attention B=%lld T=%lld H=%lld D=%lld %s, %s kernels: forward %.3f ms (%.0f TFLOP/s), "
           "backward %.3f ms (%.0f TFLOP/s)\n",
-          static_cast<long long>(batch), static_cast<long long>(seq),
-          static_cast<long long>(heads), static_cast<long long>(head_dim),
-          dt == DType::kBF16 ? "bf16" : "fp16", wmma ? "wmma" : "register-tile", fwd,
-          fwd_flop / fwd / 1e9, bwd, 2.5 * fwd_flop / bwd / 1e9);
+          static_cast<long long>(batch), static_cast<long long>(seq), static_cast<long long>(heads),
+          static_cast<long long>(head_dim), dt == DType::kBF16 ? "bf16" : "fp16",
+          wmma ? "wmma" : "register-tile", fwd, fwd_flop / fwd / 1e9, bwd,
+          2.5 * fwd_flop / bwd / 1e9);
     }
   }
   return 0;

@@ -19,51 +19,18 @@
 #include <cstdlib>
 #include <vector>
 
+#include "bench/cuda/bench_common.h"
 #include "kernels/backend.h"
 #include "kernels/backend_factory.h"
 
 namespace {
 
+using ampd::bench::Check;
+using ampd::bench::MeasureMemcpy;
+using ampd::bench::Median;
 using ampd::kernels::Backend;
 using ampd::kernels::DType;
 using ampd::kernels::Tensor;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// Device-to-device cudaMemcpy bandwidth (read + write bytes per second).
-bool MeasureMemcpy(size_t bytes, int runs, double* gbps) {
-  void* src = nullptr;
-  void* dst = nullptr;
-  cudaEvent_t start = nullptr, stop = nullptr;
-  bool ok = cudaMalloc(&src, bytes) == cudaSuccess && cudaMalloc(&dst, bytes) == cudaSuccess &&
-            cudaEventCreate(&start) == cudaSuccess && cudaEventCreate(&stop) == cudaSuccess &&
-            cudaMemset(src, 1, bytes) == cudaSuccess;
-  std::vector<double> samples;
-  for (int i = 0; ok && i < runs + 2; ++i) {
-    float ms = 0;
-    ok = cudaEventRecord(start) == cudaSuccess &&
-         cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice) == cudaSuccess &&
-         cudaEventRecord(stop) == cudaSuccess && cudaEventSynchronize(stop) == cudaSuccess &&
-         cudaEventElapsedTime(&ms, start, stop) == cudaSuccess;
-    if (ok && i >= 2) samples.push_back(2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9);
-  }
-  if (start) cudaEventDestroy(start);
-  if (stop) cudaEventDestroy(stop);
-  if (src) cudaFree(src);
-  if (dst) cudaFree(dst);
-  if (ok) *gbps = Median(samples);
-  return ok;
-}
-
-void Check(const absl::Status& s, const char* what) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "%s: %s\n", what, s.ToString().c_str());
-    std::exit(1);
-  }
-}
 
 struct Shape {
   const char* name;

@@ -20,11 +20,14 @@
 #include <memory>
 #include <vector>
 
+#include "bench/cuda/bench_common.h"
 #include "kernels/backend.h"
 #include "kernels/backend_factory.h"
 
 namespace {
 
+using ampd::bench::MeasureMemcpy;
+using ampd::bench::Median;
 using ampd::kernels::AdamConfig;
 using ampd::kernels::Backend;
 using ampd::kernels::DType;
@@ -33,40 +36,6 @@ using ampd::kernels::ParamRef;
 using ampd::kernels::Tensor;
 
 constexpr double kBytesPerParam = 28.0;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// Device-to-device cudaMemcpy bandwidth (read + write bytes per second),
-// median of `runs`, timed with events on a private stream.
-bool MeasureMemcpy(size_t bytes, int runs, double* gbps) {
-  void* src = nullptr;
-  void* dst = nullptr;
-  cudaStream_t stream = nullptr;
-  cudaEvent_t start = nullptr, stop = nullptr;
-  bool ok = cudaMalloc(&src, bytes) == cudaSuccess && cudaMalloc(&dst, bytes) == cudaSuccess &&
-            cudaStreamCreate(&stream) == cudaSuccess && cudaEventCreate(&start) == cudaSuccess &&
-            cudaEventCreate(&stop) == cudaSuccess && cudaMemset(src, 1, bytes) == cudaSuccess;
-  std::vector<double> samples;
-  for (int i = 0; ok && i < runs + 2; ++i) {
-    float ms = 0;
-    ok = cudaEventRecord(start, stream) == cudaSuccess &&
-         cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream) == cudaSuccess &&
-         cudaEventRecord(stop, stream) == cudaSuccess &&
-         cudaEventSynchronize(stop) == cudaSuccess &&
-         cudaEventElapsedTime(&ms, start, stop) == cudaSuccess;
-    if (ok && i >= 2) samples.push_back(2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9);
-  }
-  if (start) cudaEventDestroy(start);
-  if (stop) cudaEventDestroy(stop);
-  if (stream) cudaStreamDestroy(stream);
-  if (src) cudaFree(src);
-  if (dst) cudaFree(dst);
-  if (ok) *gbps = Median(samples);
-  return ok;
-}
 
 }  // namespace
 
