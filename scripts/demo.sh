@@ -28,6 +28,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# ampd.out exists before ampd starts: its redirect runs in the forked child,
+# which may not have run when the loop first reads it.
+: >"$work/ampd.out"
 "$bin"/server/ampd --listen=127.0.0.1:0 --metrics-listen=127.0.0.1:0 --device=auto \
   --state-dir="$work/state" --checkpoint-every=20 >"$work/ampd.out" 2>"$work/ampd.log" &
 ampd_pid=$!

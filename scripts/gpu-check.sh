@@ -221,6 +221,7 @@ stop_ampd() {
 trap 'stop_ampd; rm -rf "$svc_dir"' EXIT
 # With a state directory, as a service runs: CreateJob writes its creation
 # checkpoint there.
+: >"$svc_dir/ampd.out"  # exists before the forked child opens it
 "$bin/server/ampd" --listen=127.0.0.1:0 --metrics-listen= --device="$device" \
   --state-dir="$svc_dir/state" \
   >"$svc_dir/ampd.out" 2>"$logs/ampd_server.log" &

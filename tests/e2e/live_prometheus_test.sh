@@ -63,6 +63,10 @@ deadline=$((SECONDS + timeout_s))
 
 # Port 0 for both: ampd binds free ports and prints them, so nothing can take
 # a port between choosing it and binding it.
+# The files exist before ampd starts: the redirects below run in the forked
+# child, which may not have run when the loop first reads ampd.out.
+: > "$workdir/ampd.out"
+: > "$workdir/ampd.log"
 "$ampd_bin" --listen=127.0.0.1:0 --metrics-listen=127.0.0.1:0 --device=cpu \
   --worker-threads=2 > "$workdir/ampd.out" 2> "$workdir/ampd.log" &
 ampd_pid=$!
