@@ -3,16 +3,19 @@
 // summed by a thread of the job's own, one Gloo collective per bucket, so
 // the sums of the last layers run while backward computes the first ones. A
 // bucket of several tensors is packed into a staging buffer (allocated here,
-// once); a tensor as large as the buffer is summed in place alone.
+// once); a tensor as large as the buffer is summed in place alone. The
+// job's thread is a WorkerPool of one (server/common/worker_pool.h), which
+// runs the buckets in the order they were sent.
+#include <algorithm>
 #include <cstring>
-#include <deque>
-#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
+#include "server/common/worker_pool.h"
 #include "server/engine/dist/gradient_all_reduce.h"
 #include "server/engine/dist/nccl_all_reduce.h"
 
@@ -23,14 +26,16 @@ namespace {
 class GlooAllReduce final : public GradientAllReduce {
  public:
   GlooAllReduce(ProcessGroup& group, size_t staging_bytes)
-      : group_(group), staging_(staging_bytes), thread_([this] { Run(); }) {}
+      : group_(group), staging_(staging_bytes), pool_(1) {}
 
   ~GlooAllReduce() override {
     {
       absl::MutexLock lock(&mu_);
       stopping_ = true;
     }
-    thread_.join();
+    // The sum running finishes (or fails with the group); the queued ones
+    // return at once.
+    pool_.Shutdown();
   }
 
   absl::Status Start(absl::Span<kernels::Tensor* const> tensors) override {
@@ -48,55 +53,36 @@ class GlooAllReduce final : public GradientAllReduce {
 
   absl::Status Finish() override {
     Send();
+    pool_.WaitIdle();
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](GlooAllReduce* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
-          return self->queue_.empty() && !self->busy_;
-        },
-        this));
     return std::exchange(error_, absl::OkStatus());
   }
 
  private:
   using Bucket = std::vector<kernels::Tensor*>;
 
-  // Hands the open bucket to the thread.
+  // Hands the open bucket to the pool's thread, behind the ones sent before.
   void Send() {
     if (open_.empty()) return;
-    absl::MutexLock lock(&mu_);
-    queue_.push_back(std::move(open_));
+    pool_.Post([this, bucket = std::move(open_)] { Sum(bucket); });
     open_.clear();
     open_bytes_ = 0;
   }
 
-  void Run() {
-    for (;;) {
-      Bucket bucket;
-      {
-        absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(
-            +[](GlooAllReduce* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
-              return self->stopping_ || !self->queue_.empty();
-            },
-            this));
-        // Stopping (the group is being dropped): what is queued is not sent.
-        if (stopping_ || queue_.empty()) return;
-        bucket = std::move(queue_.front());
-        queue_.pop_front();
-        busy_ = true;
-      }
-      // After a failure the group is broken: the later buckets are not sent
-      // (they would wait out the timeout again), Finish reports the first.
-      absl::Status s;
-      {
-        absl::MutexLock lock(&mu_);
-        s = error_;
-      }
-      if (s.ok()) s = SumBucket(bucket);
+  // On the pool's one thread, in the order the buckets were sent: every
+  // rank runs the same collectives in the same order.
+  void Sum(const Bucket& bucket) {
+    {
       absl::MutexLock lock(&mu_);
-      if (error_.ok()) error_ = s;
-      busy_ = false;
+      // Stopping (the group is being dropped): what is queued is not sent.
+      // After a failure the group is broken: the later buckets are not sent
+      // either (they would wait out the timeout again), Finish reports the
+      // first.
+      if (stopping_ || !error_.ok()) return;
     }
+    const absl::Status s = SumBucket(bucket);
+    absl::MutexLock lock(&mu_);
+    if (error_.ok()) error_ = s;
   }
 
   absl::Status SumBucket(const Bucket& bucket) {
@@ -121,17 +107,15 @@ class GlooAllReduce final : public GradientAllReduce {
   }
 
   ProcessGroup& group_;
-  std::vector<char> staging_;  // the thread's
+  std::vector<char> staging_;  // the pool thread's
   // The bucket being gathered (the caller's thread only).
   Bucket open_;
   size_t open_bytes_ = 0;
 
   absl::Mutex mu_;
-  std::deque<Bucket> queue_ ABSL_GUARDED_BY(mu_);
-  bool busy_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;  // last: it starts once every member above exists
+  WorkerPool pool_;  // last: its thread starts once every member above exists
 };
 
 }  // namespace

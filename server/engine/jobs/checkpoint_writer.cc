@@ -8,11 +8,8 @@
 
 namespace ampd::engine {
 
-CheckpointWriter::CheckpointWriter(const checkpoint::StateDirectory* dir, int threads) : dir_(dir) {
-  threads = std::max(threads, 1);
-  threads_.reserve(static_cast<size_t>(threads));
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
-}
+CheckpointWriter::CheckpointWriter(const checkpoint::StateDirectory* dir, int threads)
+    : dir_(dir), pool_(threads) {}
 
 CheckpointWriter::~CheckpointWriter() { Shutdown(); }
 
@@ -25,7 +22,11 @@ void CheckpointWriter::Enqueue(const std::string& job_id, int64_t step,
   it->second.state = std::move(state);
   // A replaced snapshot keeps its place in ready_ (or waits for the write in
   // flight, whose end queues it).
-  if (inserted && !in_flight_.contains(job_id)) ready_.push_back(job_id);
+  if (!inserted || in_flight_.contains(job_id)) return;
+  ready_.push_back(job_id);
+  // Under mu_: Shutdown sets stopping_ before it stops the pool, so a write
+  // queued here is posted before the pool stops taking posts.
+  pool_.Post([this] { WriteReady(); });
 }
 
 void CheckpointWriter::Cancel(const std::string& job_id) {
@@ -68,24 +69,18 @@ void CheckpointWriter::Shutdown() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  for (std::thread& t : threads_) {
-    if (t.joinable()) t.join();
-  }
-  absl::MutexLock lock(&mu_);
-  threads_.clear();
+  // The pool runs the writes already posted, even now: those are
+  // acknowledged steps.
+  pool_.Shutdown();
 }
 
-void CheckpointWriter::Run() {
+void CheckpointWriter::WriteReady() {
   for (;;) {
     std::string job_id;
     Pending snapshot;
     {
       absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
-          +[](CheckpointWriter* w)
-               ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu_) { return w->stopping_ || !w->ready_.empty(); },
-          this));
-      // Drain what is queued even when stopping: those are acknowledged steps.
+      // Empty too when Cancel took the id this task was posted for.
       if (ready_.empty()) return;
       job_id = std::move(ready_.front());
       ready_.pop_front();
@@ -110,7 +105,8 @@ void CheckpointWriter::Run() {
     snapshot.state = {};  // free the host copy before the next one is taken
     absl::MutexLock lock(&mu_);
     in_flight_.erase(job_id);
-    // A snapshot that arrived during the write goes next.
+    // A snapshot that arrived during the write goes next (this loop, or
+    // another task's, takes it).
     if (pending_.contains(job_id)) ready_.push_back(job_id);
   }
 }

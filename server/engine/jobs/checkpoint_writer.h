@@ -6,6 +6,8 @@
 // replaces it, so a slow disk costs at most one pending and one in-flight
 // snapshot per job, never a growing queue. A job waits (WaitForJob) for its
 // previous snapshot before it queues the next, so in practice it has one.
+// The writes run on a WorkerPool of the writer's own: the strands wait for
+// them (WaitForJob), so they must never queue behind the strands' work.
 #pragma once
 
 #include <cstdint>
@@ -13,11 +15,10 @@
 #include <map>
 #include <set>
 #include <string>
-#include <thread>
-#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "server/common/worker_pool.h"
 #include "server/engine/checkpoint/state_dict.h"
 #include "server/engine/checkpoint/state_directory.h"
 
@@ -55,7 +56,10 @@ class CheckpointWriter {
     int64_t step = 0;
     checkpoint::StateDict state;
   };
-  void Run();
+  // A pool task: writes the ready snapshots, oldest first, until none is
+  // ready. Each id put in ready_ by Enqueue posts one; one that a write's
+  // end puts back is taken by the loop that wrote it.
+  void WriteReady();
   bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const checkpoint::StateDirectory* const dir_;
@@ -65,7 +69,7 @@ class CheckpointWriter {
   std::deque<std::string> ready_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> in_flight_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::thread> threads_;
+  WorkerPool pool_;  // last: its threads start once every member above exists
 };
 
 }  // namespace ampd::engine

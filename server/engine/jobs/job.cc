@@ -1,4 +1,4 @@
-// Job and WorkerPool: the strand that serialises one job's work, the
+// Job: the strand that serialises one job's work on a WorkerPool, the
 // exactly-once step sequence, and checkpoints.
 #include "server/engine/jobs/job.h"
 
@@ -22,51 +22,6 @@
 #include "server/engine/jobs/job_config_codec.h"
 
 namespace ampd::engine {
-
-// ---- WorkerPool -----------------------------------------------------------------
-
-WorkerPool::WorkerPool(int threads) {
-  if (threads < 1) threads = 1;
-  threads_.reserve(static_cast<size_t>(threads));
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
-}
-
-WorkerPool::~WorkerPool() { Shutdown(); }
-
-void WorkerPool::Post(std::function<void()> task) {
-  absl::MutexLock lock(&mu_);
-  if (stopping_) return;
-  tasks_.push_back(std::move(task));
-}
-
-void WorkerPool::Shutdown() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
-  for (std::thread& t : threads_) {
-    if (t.joinable()) t.join();
-  }
-  threads_.clear();
-}
-
-void WorkerPool::Run() {
-  for (;;) {
-    std::function<void()> task;
-    {
-      absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
-          +[](WorkerPool* p)
-               ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) { return p->stopping_ || !p->tasks_.empty(); },
-          this));
-      // Drain what is queued even when stopping: those tasks finish calls.
-      if (tasks_.empty()) return;
-      task = std::move(tasks_.front());
-      tasks_.pop_front();
-    }
-    task();
-  }
-}
 
 // ---- helpers ----------------------------------------------------------------------
 

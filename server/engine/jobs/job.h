@@ -1,9 +1,9 @@
 // Job: one training job — its Trainer, its step sequence (exactly-once
 // Steps), its checkpoints — and the ordered worker that is the Trainer's only
 // caller. A job's work runs as tasks on a strand over a small shared
-// WorkerPool: one task of a job at a time, in post order, different jobs in
-// parallel. No gRPC or protobuf here; the rpc layer posts tasks and finishes
-// its calls from them.
+// WorkerPool (server/common/worker_pool.h): one task of a job at a time, in
+// post order, different jobs in parallel. No gRPC or protobuf here; the rpc
+// layer posts tasks and finishes its calls from them.
 #pragma once
 
 #include <atomic>
@@ -13,13 +13,13 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "server/common/worker_pool.h"
 #include "server/engine/checkpoint/state_dict.h"
 #include "server/engine/checkpoint/state_directory.h"
 #include "server/engine/dist/gradient_all_reduce.h"
@@ -31,27 +31,6 @@
 #include "server/engine/trainer/trainer.h"
 
 namespace ampd::engine {
-
-// A fixed set of threads running posted tasks in FIFO order. Shutdown runs
-// what is queued, then joins; Post after Shutdown runs nothing.
-class WorkerPool {
- public:
-  explicit WorkerPool(int threads);
-  ~WorkerPool();
-  WorkerPool(const WorkerPool&) = delete;
-  WorkerPool& operator=(const WorkerPool&) = delete;
-
-  void Post(std::function<void()> task);
-  void Shutdown();
-
- private:
-  void Run();
-
-  absl::Mutex mu_;
-  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::thread> threads_;
-};
 
 class Job;
 

@@ -27,6 +27,10 @@
 #include "server/engine/jobs/job_config_codec.h"
 #include "server/engine/jobs/job_observer.h"
 
+namespace ampd {
+class WorkerPool;
+}  // namespace ampd
+
 namespace ampd::engine {
 
 namespace checkpoint {
@@ -35,7 +39,6 @@ class StateDirectory;
 class CheckpointWriter;
 class Job;
 struct JobContext;
-class WorkerPool;
 
 // A tenant's own limits, on top of the server-wide ones (0: none).
 struct TenantQuota {
