@@ -9,9 +9,11 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/grad_histogram.h"
 #include "server/engine/amp/grad_scaler.h"
 #include "server/engine/dist/distributed_spec.h"
@@ -65,10 +67,28 @@ struct StepInput {
 // The checks of a step's input that need no model: at least one
 // micro-batch, and a learning rate (when given) finite and >= 0.
 // InvalidArgument naming the field ("micro_batches", "learning_rate").
-// The step runs them again with the model's own checks; a caller that
-// queues steps runs them first, so such a request is refused before it
-// waits behind other work (and before its sequence number is looked at).
 absl::Status CheckStepInput(const StepInput& input);
+
+// A StepInput that passed CheckStepInput. Only Check makes one, so what
+// takes a ValidStepInput (a job's step, the Trainer's) never runs unchecked
+// input and never checks it again. The registry checks a step where it
+// accepts it, so a malformed request is refused before it waits behind
+// other work (and before its sequence number is looked at); the Trainer
+// adds the checks against its model (Trainer::CheckInput).
+class ValidStepInput {
+ public:
+  // CheckStepInput's error, or the input.
+  static absl::StatusOr<ValidStepInput> Check(StepInput input);
+
+  const StepInput& get() const { return input_; }
+  // Which steps sample the histogram is the job's choice (every
+  // --grad-histogram-every steps), and no check covers it.
+  void set_sample_grad_histogram(bool sample) { input_.sample_grad_histogram = sample; }
+
+ private:
+  explicit ValidStepInput(StepInput input) : input_(std::move(input)) {}
+  StepInput input_;
+};
 
 struct PhaseSeconds {
   double forward = 0;
@@ -120,6 +140,20 @@ struct EvaluateInput {
 
 // At least one micro-batch; InvalidArgument naming "micro_batches".
 absl::Status CheckEvaluateInput(const EvaluateInput& input);
+
+// An EvaluateInput that passed CheckEvaluateInput, as ValidStepInput is for
+// a step: checked once, where the registry accepts the call.
+class ValidEvaluateInput {
+ public:
+  // CheckEvaluateInput's error, or the input.
+  static absl::StatusOr<ValidEvaluateInput> Check(EvaluateInput input);
+
+  const EvaluateInput& get() const { return input_; }
+
+ private:
+  explicit ValidEvaluateInput(EvaluateInput input) : input_(std::move(input)) {}
+  EvaluateInput input_;
+};
 
 struct EvaluateReport {
   float loss = 0;       // mean over micro-batches, unscaled fp32 (multiplier included)

@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/error_reason.h"
@@ -425,6 +426,9 @@ TEST(Admission, MemoryPressureReleasesAnIdleJobsWorkspace) {
 // A job gives up its cached workspace only while it is idle: inside a step
 // it keeps it (ReleaseWorkspacesIfIdle returns 0 at once and touches
 // nothing); idle, it frees it and stops counting it; closed, it holds none.
+// A Job takes its input as the registry hands it over: checked.
+ValidStepInput Valid(StepInput input) { return ValidStepInput::Check(std::move(input)).value(); }
+
 TEST(Admission, OnlyAnIdleJobGivesUpItsWorkspace) {
   WorkerPool pool(1);
   JobContext context;
@@ -453,7 +457,7 @@ TEST(Admission, OnlyAnIdleJobGivesUpItsWorkspace) {
     done.get_future().wait();
   };
   run([&] { ASSERT_TRUE(job->Initialize("cpu").ok()); });
-  run([&] { ASSERT_TRUE(job->Step(1, One(Batch(4096, 2, 2))).ok()); });
+  run([&] { ASSERT_TRUE(job->Step(1, Valid(One(Batch(4096, 2, 2)))).ok()); });
   const int64_t workspace = job->workspace_bytes();
   const int64_t tensors =
       model::WorkspaceBytes(Mlp(2, 64, 2).model, Precision::kFp16, 4096).value();
@@ -461,7 +465,7 @@ TEST(Admission, OnlyAnIdleJobGivesUpItsWorkspace) {
 
   std::promise<void> stepped;
   job->Post([&] {
-    EXPECT_TRUE(job->Step(2, One(Batch(4096, 2, 2))).ok());
+    EXPECT_TRUE(job->Step(2, Valid(One(Batch(4096, 2, 2)))).ok());
     stepped.set_value();
   });
   admitting.get_future().wait();
@@ -475,7 +479,7 @@ TEST(Admission, OnlyAnIdleJobGivesUpItsWorkspace) {
   EXPECT_EQ(job->workspace_bytes(), 0);
   EXPECT_EQ(job->ReleaseWorkspacesIfIdle(), 0);  // nothing left
   // The next step allocates afresh.
-  run([&] { ASSERT_TRUE(job->Step(3, One(Batch(4096, 2, 2))).ok()); });
+  run([&] { ASSERT_TRUE(job->Step(3, Valid(One(Batch(4096, 2, 2)))).ok()); });
   EXPECT_EQ(job->workspace_bytes(), workspace);
   run([&] { ASSERT_TRUE(job->Close(/*remove_checkpoint=*/false).ok()); });
   EXPECT_EQ(job->workspace_bytes(), 0);

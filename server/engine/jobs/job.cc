@@ -389,19 +389,23 @@ WorkerPool& Job::Pool() const {
                                                                 : *context_->pool;
 }
 
-absl::StatusOr<StepReport> Job::Step(int64_t sequence, StepInput input) {
+absl::StatusOr<StepReport> Job::Step(int64_t sequence, ValidStepInput input) {
   if (trainer_ == nullptr) return NotOpen();
+  const int64_t every = context_->grad_histogram_every;
+  input.set_sample_grad_histogram(every > 0 && sequence % every == 0);
   if (distributed()) return DistributedStep(sequence, std::move(input));
-  return RunStep(sequence, std::move(input), nullptr);
+  AMPD_ASSIGN_OR_RETURN(std::optional<StepReport> recorded, CheckSequence(sequence));
+  if (recorded.has_value()) return *std::move(recorded);
+  AMPD_ASSIGN_OR_RETURN(const FittedStepInput fitted, trainer_->CheckInput(std::move(input)));
+  return RunStep(sequence, fitted, nullptr);
 }
 
-absl::StatusOr<StepReport> Job::RunStep(int64_t sequence, StepInput input,
-                                        const DataParallelStep* data_parallel) {
+absl::StatusOr<std::optional<StepReport>> Job::CheckSequence(int64_t sequence) const {
   const JobSnapshot current = Snapshot();
   const int64_t done = trainer_->steps_run();
   const std::string expected = absl::StrCat(done + 1);
   if (sequence == done && done > 0) {
-    if (last_report_.has_value()) return *last_report_;
+    if (last_report_.has_value()) return std::optional<StepReport>(*last_report_);
     return WithReason(
         absl::FailedPreconditionError(absl::StrCat(
             "sequence: step ", done,
@@ -419,8 +423,11 @@ absl::StatusOr<StepReport> Job::RunStep(int64_t sequence, StepInput input,
                           absl::StrCat("sequence: expected ", expected, ", got ", sequence)),
                       reason::kSequenceMismatch, {{"expected_sequence", expected}});
   }
-  const int64_t every = context_->grad_histogram_every;
-  input.sample_grad_histogram = every > 0 && sequence % every == 0;
+  return std::nullopt;
+}
+
+absl::StatusOr<StepReport> Job::RunStep(int64_t sequence, const FittedStepInput& input,
+                                        const DataParallelStep* data_parallel) {
   const std::function<absl::Status(int64_t)> admit = [this](int64_t bytes) {
     return context_->admit_step ? context_->admit_step(*this, bytes) : absl::OkStatus();
   };
@@ -480,7 +487,7 @@ absl::StatusOr<StepReport> Job::RunStep(int64_t sequence, StepInput input,
   return report;
 }
 
-absl::StatusOr<EvaluateReport> Job::Evaluate(const EvaluateInput& input) {
+absl::StatusOr<EvaluateReport> Job::Evaluate(const ValidEvaluateInput& input) {
   if (trainer_ == nullptr) return NotOpen();
   const std::function<absl::Status(int64_t)> admit = [this](int64_t bytes) {
     return context_->admit_step ? context_->admit_step(*this, bytes) : absl::OkStatus();

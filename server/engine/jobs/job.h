@@ -171,12 +171,17 @@ class Job : public std::enable_shared_from_this<Job> {
   // the group forms again on the next Step; FailedPrecondition when the
   // ranks' configs or states disagree, InvalidArgument on every rank when
   // one rank's share is invalid.
-  absl::StatusOr<StepReport> Step(int64_t sequence, StepInput input);
+  //
+  // `input` was checked where the step was accepted (ValidStepInput); its
+  // batches are checked against the model here, once (Trainer::CheckInput):
+  // after the sequence rules for a job of its own, before the ranks agree
+  // for a distributed one.
+  absl::StatusOr<StepReport> Step(int64_t sequence, ValidStepInput input);
   // Trainer::Evaluate on the job's weights: NotFound when closed; a failed
   // job still evaluates (its weights are what it holds). Admitted as a
   // step's workspaces are (JobContext::admit_step), and reported to the
   // observer. Neither the step sequence nor the recorded report changes.
-  absl::StatusOr<EvaluateReport> Evaluate(const EvaluateInput& input);
+  absl::StatusOr<EvaluateReport> Evaluate(const ValidEvaluateInput& input);
   // The Trainer's state as a safetensors file (header and host tensors,
   // not yet concatenated).
   absl::StatusOr<checkpoint::EncodedSafetensors> ExportSafetensors() const;
@@ -226,14 +231,17 @@ class Job : public std::enable_shared_from_this<Job> {
   void RefreshSnapshot() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status NotOpen() const;
   void SetFailure(std::string failure);
-  // The sequence rules and the Trainer's step (job.cc), with the group's
-  // part of a distributed job's step.
-  absl::StatusOr<StepReport> RunStep(int64_t sequence, StepInput input,
+  // The exactly-once rules for `sequence` (job.cc): the recorded report of
+  // a retried step, nullopt for the next one (to be run), or the error.
+  absl::StatusOr<std::optional<StepReport>> CheckSequence(int64_t sequence) const;
+  // The Trainer's step of a sequence CheckSequence let through (job.cc),
+  // with the group's part of a distributed job's step.
+  absl::StatusOr<StepReport> RunStep(int64_t sequence, const FittedStepInput& input,
                                      const DataParallelStep* data_parallel);
 
   // ---- distributed jobs (job_distributed.cc) ----
   bool distributed() const { return config_.get().distributed.enabled(); }
-  absl::StatusOr<StepReport> DistributedStep(int64_t sequence, StepInput input);
+  absl::StatusOr<StepReport> DistributedStep(int64_t sequence, ValidStepInput input);
   // Forms the group when there is none: meet, connect, bring every rank to
   // the most advanced rank's state, make the gradient all-reduce.
   absl::Status EnsureGroup();

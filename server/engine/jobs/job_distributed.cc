@@ -210,12 +210,13 @@ absl::Status Job::SyncState(dist::ProcessGroup& group, bool* copied, int32_t* so
   return absl::OkStatus();
 }
 
-absl::StatusOr<StepReport> Job::DistributedStep(int64_t sequence, StepInput input) {
+absl::StatusOr<StepReport> Job::DistributedStep(int64_t sequence, ValidStepInput input) {
   AMPD_RETURN_IF_ERROR(EnsureGroup());
   const dist::DistributedSpec& spec = config_.get().distributed;
-  const absl::Status input_ok = trainer_->CheckInput(input);
-  const int64_t header[kHeaderSize] = {sequence, static_cast<int64_t>(input.micro_batches.size()),
-                                       input_ok.ok() ? 1 : 0};
+  const auto micro_batches = static_cast<int64_t>(input.get().micro_batches.size());
+  // The share's one check against the model: the ranks agree on it below.
+  const absl::StatusOr<FittedStepInput> fitted = trainer_->CheckInput(std::move(input));
+  const int64_t header[kHeaderSize] = {sequence, micro_batches, fitted.ok() ? 1 : 0};
   const Clock::time_point wait_start = Clock::now();
   absl::StatusOr<std::vector<int64_t>> all = group_->AllGather(header);
   const double wait_seconds = std::chrono::duration<double>(Clock::now() - wait_start).count();
@@ -233,7 +234,7 @@ absl::StatusOr<StepReport> Job::DistributedStep(int64_t sequence, StepInput inpu
     if (h[kHeaderInputOk] == 0) refused.push_back(absl::StrCat(r));
     if (h[kHeaderSequence] != sequence) same_sequence = false;
   }
-  if (!input_ok.ok()) return input_ok;
+  if (!fitted.ok()) return fitted.status();
   if (!refused.empty()) {
     return WithReason(absl::InvalidArgumentError(absl::StrCat(
                           "micro_batches: the share of rank(s) ", absl::StrJoin(refused, ", "),
@@ -253,11 +254,14 @@ absl::StatusOr<StepReport> Job::DistributedStep(int64_t sequence, StepInput inpu
             absl::StrJoin(sequences, ", "), "); send every rank the same step")),
         reason::kReplicasDiffer, {{"group", spec.group}});
   }
+  // Every rank holds the same state, so every rank decides alike.
+  AMPD_ASSIGN_OR_RETURN(std::optional<StepReport> recorded, CheckSequence(sequence));
+  if (recorded.has_value()) return *std::move(recorded);
   DataParallelStep data_parallel;
   data_parallel.global_micro_batches = global_micro_batches;
   data_parallel.all_reduce = all_reduce_.get();
   data_parallel.wait_seconds = wait_seconds;
-  return RunStep(sequence, std::move(input), &data_parallel);
+  return RunStep(sequence, *fitted, &data_parallel);
 }
 
 }  // namespace ampd::engine

@@ -200,10 +200,10 @@ absl::Status JobRegistry::CheckAdmission(const std::string& owner, const JobConf
       if (job->Snapshot().config.distributed.enabled()) ++distributed;
     }
     if (distributed >= options_.max_distributed_jobs) {
-      return WithReason(absl::ResourceExhaustedError(absl::StrCat(
-                            "config.distributed: the server already holds ", distributed,
-                            " distributed jobs (--max-distributed-jobs=",
-                            options_.max_distributed_jobs, "); delete one first")),
+      return WithReason(absl::ResourceExhaustedError(
+                            absl::StrCat("config.distributed: the server already holds ",
+                                         distributed, " distributed jobs (--max-distributed-jobs=",
+                                         options_.max_distributed_jobs, "); delete one first")),
                         reason::kJobLimit,
                         {{"max_distributed_jobs", absl::StrCat(options_.max_distributed_jobs)}});
     }
@@ -489,14 +489,16 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::AcceptWork(const absl::Status&
 void JobRegistry::Step(const std::string& owner, const std::string& job_id, int64_t sequence,
                        StepInput input, std::function<void(absl::StatusOr<StepReport>)> done) {
   // A malformed request is refused before it is queued, whatever the job's
-  // state or sequence (the Trainer checks the batches against the model).
-  absl::StatusOr<std::shared_ptr<Job>> found = AcceptWork(CheckStepInput(input), owner, job_id);
+  // state or sequence: the one check of the input's own fields (the job
+  // checks the batches against the model).
+  absl::StatusOr<ValidStepInput> valid = ValidStepInput::Check(std::move(input));
+  absl::StatusOr<std::shared_ptr<Job>> found = AcceptWork(valid.status(), owner, job_id);
   if (!found.ok()) {
     done(found.status());
     return;
   }
   std::shared_ptr<Job> job = *std::move(found);
-  auto shared_input = std::make_shared<StepInput>(std::move(input));
+  auto shared_input = std::make_shared<ValidStepInput>(*std::move(valid));
   job->Post([this, job, sequence, shared_input, done = std::move(done)] {
     absl::StatusOr<StepReport> report = job->Step(sequence, std::move(*shared_input));
     const std::optional<ErrorReason> why = GetErrorReason(report.status());
@@ -517,13 +519,14 @@ void JobRegistry::Step(const std::string& owner, const std::string& job_id, int6
 
 void JobRegistry::Evaluate(const std::string& owner, const std::string& job_id, EvaluateInput input,
                            std::function<void(absl::StatusOr<EvaluateReport>)> done) {
-  absl::StatusOr<std::shared_ptr<Job>> found = AcceptWork(CheckEvaluateInput(input), owner, job_id);
+  absl::StatusOr<ValidEvaluateInput> valid = ValidEvaluateInput::Check(std::move(input));
+  absl::StatusOr<std::shared_ptr<Job>> found = AcceptWork(valid.status(), owner, job_id);
   if (!found.ok()) {
     done(found.status());
     return;
   }
   std::shared_ptr<Job> job = *std::move(found);
-  auto shared_input = std::make_shared<EvaluateInput>(std::move(input));
+  auto shared_input = std::make_shared<ValidEvaluateInput>(*std::move(valid));
   job->Post([this, job, shared_input, done = std::move(done)] {
     absl::StatusOr<EvaluateReport> report = job->Evaluate(*shared_input);
     if (report.ok()) {

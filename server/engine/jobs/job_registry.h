@@ -143,8 +143,9 @@ class JobRegistry {
   // Runs after the job's queued work; removes its checkpoint.
   void DeleteJob(const std::string& owner, const std::string& job_id,
                  std::function<void(absl::Status)> done);
-  // CheckStepInput's error first, before the job is looked up; the rest of
-  // the checks and the step run on the job's strand (Job::Step).
+  // CheckStepInput's error first, before the job is looked up: the input
+  // is checked once, here (ValidStepInput); the checks against the model
+  // and the step run on the job's strand (Job::Step).
   void Step(const std::string& owner, const std::string& job_id, int64_t sequence, StepInput input,
             std::function<void(absl::StatusOr<StepReport>)> done);
   // CheckEvaluateInput's error first, then the job's strand (Job::Evaluate),

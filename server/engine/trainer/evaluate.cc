@@ -11,6 +11,7 @@
 // the step count or the applied count.
 #include <chrono>
 #include <cstdint>
+#include <utility>
 
 #include "common/status_macros.h"
 #include "server/engine/trainer/trainer.h"
@@ -25,12 +26,28 @@ absl::Status CheckEvaluateInput(const EvaluateInput& input) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<ValidEvaluateInput> ValidEvaluateInput::Check(EvaluateInput input) {
+  AMPD_RETURN_IF_ERROR(CheckEvaluateInput(input));
+  return ValidEvaluateInput(std::move(input));
+}
+
 absl::StatusOr<EvaluateReport> Trainer::Evaluate(
+    const ValidEvaluateInput& input, const std::function<absl::Status(int64_t)>& admit) {
+  return EvaluateChecked(input.get(), admit);
+}
+
+absl::StatusOr<EvaluateReport> Trainer::Evaluate(
+    const EvaluateInput& input, const std::function<absl::Status(int64_t)>& admit) {
+  AMPD_RETURN_IF_ERROR(CheckEvaluateInput(input));
+  return EvaluateChecked(input, admit);
+}
+
+absl::StatusOr<EvaluateReport> Trainer::EvaluateChecked(
     const EvaluateInput& input, const std::function<absl::Status(int64_t)>& admit) {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
   Impl& m = *impl_;
-  AMPD_RETURN_IF_ERROR(CheckEvaluateInput(input));
+  // The one check that needs the model; CheckEvaluateInput ran before.
   AMPD_RETURN_IF_ERROR(CheckMicroBatchesFitModel(m.config.model, input.micro_batches));
   kernels::Backend& b = *m.backend;
   model::Network& net = *m.model;

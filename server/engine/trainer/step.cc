@@ -1,5 +1,6 @@
 // Trainer::Step: one mixed-precision training step on a Backend, and the
-// checks of its input.
+// checks of its input (ValidStepInput's, then Trainer::CheckInput's against
+// the model), each run once per step.
 //
 // Step, in device order:
 //   zero the += gradients (LayerNorm, Embedding, a GPT's position table and
@@ -79,6 +80,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -209,18 +211,21 @@ absl::Status CheckStepInput(const StepInput& input) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<ValidStepInput> ValidStepInput::Check(StepInput input) {
+  AMPD_RETURN_IF_ERROR(CheckStepInput(input));
+  return ValidStepInput(std::move(input));
+}
+
 std::vector<Tensor*> Trainer::gradient_tensors() { return impl_->grads; }
 
-absl::Status Trainer::CheckInput(const StepInput& input) const {
-  AMPD_RETURN_IF_ERROR(CheckStepInput(input));
-  return CheckMicroBatchesFitModel(impl_->config.model, input.micro_batches);
+absl::StatusOr<FittedStepInput> Trainer::CheckInput(ValidStepInput input) const {
+  AMPD_RETURN_IF_ERROR(CheckMicroBatchesFitModel(impl_->config.model, input.get().micro_batches));
+  return FittedStepInput(std::move(input), this);
 }
 
 absl::StatusOr<Trainer::Impl::StepPlan> Trainer::Impl::Admit(
     const StepInput& input, const std::function<absl::Status(int64_t)>& admit,
     const DataParallelStep* data_parallel) {
-  AMPD_RETURN_IF_ERROR(CheckStepInput(input));
-  AMPD_RETURN_IF_ERROR(CheckMicroBatchesFitModel(config.model, input.micro_batches));
   // Admission before allocation. The step's buffers stay cached after it,
   // counted (workspace_bytes) until the job gives them up.
   AMPD_RETURN_IF_ERROR(AdmitWorkspaces(input.micro_batches, admit, "step"));
@@ -446,6 +451,25 @@ absl::Status Trainer::Impl::Finish(const StepInput& input, const StepPlan& plan,
 absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
                                          const std::function<absl::Status(int64_t)>& admit,
                                          const DataParallelStep* data_parallel) {
+  // The checks CheckInput's FittedStepInput proves, on the caller's input
+  // itself (no copy of its batches).
+  AMPD_RETURN_IF_ERROR(CheckStepInput(input));
+  AMPD_RETURN_IF_ERROR(CheckMicroBatchesFitModel(impl_->config.model, input.micro_batches));
+  return StepChecked(input, admit, data_parallel);
+}
+
+absl::StatusOr<StepReport> Trainer::Step(const FittedStepInput& input,
+                                         const std::function<absl::Status(int64_t)>& admit,
+                                         const DataParallelStep* data_parallel) {
+  if (input.trainer_ != this) {
+    return absl::InternalError("Trainer::Step: the input was checked by another Trainer");
+  }
+  return StepChecked(input.get(), admit, data_parallel);
+}
+
+absl::StatusOr<StepReport> Trainer::StepChecked(const StepInput& input,
+                                                const std::function<absl::Status(int64_t)>& admit,
+                                                const DataParallelStep* data_parallel) {
   const Clock::time_point start = Clock::now();
   Impl& m = *impl_;
   AMPD_ASSIGN_OR_RETURN(const Impl::StepPlan plan, m.Admit(input, admit, data_parallel));

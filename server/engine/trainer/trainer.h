@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -42,6 +43,24 @@ struct DataParallelStep {
   double wait_seconds = 0;
 };
 
+class Trainer;
+
+// A ValidStepInput whose batches fit one Trainer's model too (shapes and
+// dtypes, Trainer::CheckInput): what Trainer::Step runs, checked once per
+// step. Only CheckInput makes one; Step refuses one made by another
+// Trainer.
+class FittedStepInput {
+ public:
+  const StepInput& get() const { return input_.get(); }
+
+ private:
+  friend class Trainer;
+  FittedStepInput(ValidStepInput input, const Trainer* trainer)
+      : input_(std::move(input)), trainer_(trainer) {}
+  ValidStepInput input_;
+  const Trainer* trainer_;  // whose model the batches fit
+};
+
 class Trainer {
  public:
   // Validates config, builds the model on backend, initialises weights from
@@ -53,10 +72,10 @@ class Trainer {
                                                          std::unique_ptr<kernels::Backend> backend);
   ~Trainer();
 
-  // One optimizer step over the micro-batches. InvalidArgument (naming
-  // micro_batches[i].inputs etc.) for bad shapes/dtypes, before any state
-  // changes. Non-finite values in a batch are not an error: they overflow and
-  // the step is skipped. FailedPrecondition when the scaler gives up
+  // One optimizer step over the micro-batches, checked before (bad shapes
+  // and dtypes are CheckInput's InvalidArgument, before any state changes).
+  // Non-finite values in a batch are not an error: they overflow and the
+  // step is skipped. FailedPrecondition when the scaler gives up
   // (deepspeed at min_scale); the job's state is then unchanged.
   //
   // Memory: before anything is allocated, the workspace the step needs (its
@@ -80,13 +99,19 @@ class Trainer {
   // is the mean over every rank's micro-batches. A sum that fails
   // (Unavailable) leaves the job's state as it was: nothing is applied
   // before the last sum.
+  absl::StatusOr<StepReport> Step(const FittedStepInput& input,
+                                  const std::function<absl::Status(int64_t)>& admit = nullptr,
+                                  const DataParallelStep* data_parallel = nullptr);
+  // CheckStepInput and CheckInput's checks, then the Step above: for a
+  // caller that holds a Trainer alone (tests, benchmarks).
   absl::StatusOr<StepReport> Step(const StepInput& input,
                                   const std::function<absl::Status(int64_t)>& admit = nullptr,
                                   const DataParallelStep* data_parallel = nullptr);
-  // Step's checks of its input, against the model too (InvalidArgument
-  // naming the field), without running it: a distributed job's ranks agree
-  // on a step only when every rank's share passes them.
-  absl::Status CheckInput(const StepInput& input) const;
+  // Step's checks of its batches against the model (InvalidArgument naming
+  // micro_batches[i].inputs or .targets), without running it: a job runs
+  // them once per step, and a distributed job's ranks agree on a step only
+  // when every rank's share passes them.
+  absl::StatusOr<FittedStepInput> CheckInput(ValidStepInput input) const;
   // The gradient tensors a distributed job's GradientAllReduce sums.
   std::vector<kernels::Tensor*> gradient_tensors();
 
@@ -95,6 +120,9 @@ class Trainer {
   // and both counts left as they are. The same input checks (InvalidArgument
   // naming the field) and the same workspace admission as Step, `admit`
   // included; the gradient buffers are not touched.
+  absl::StatusOr<EvaluateReport> Evaluate(
+      const ValidEvaluateInput& input, const std::function<absl::Status(int64_t)>& admit = nullptr);
+  // CheckEvaluateInput, then the Evaluate above (tests, benchmarks).
   absl::StatusOr<EvaluateReport> Evaluate(
       const EvaluateInput& input, const std::function<absl::Status(int64_t)>& admit = nullptr);
 
@@ -177,6 +205,12 @@ class Trainer {
  private:
   struct Impl;
   explicit Trainer(std::unique_ptr<Impl> impl);
+  // Step and Evaluate on input their public callers checked.
+  absl::StatusOr<StepReport> StepChecked(const StepInput& input,
+                                         const std::function<absl::Status(int64_t)>& admit,
+                                         const DataParallelStep* data_parallel);
+  absl::StatusOr<EvaluateReport> EvaluateChecked(const EvaluateInput& input,
+                                                 const std::function<absl::Status(int64_t)>& admit);
   struct LoadPlan;
   absl::StatusOr<LoadPlan> PlanLoad(const checkpoint::StateDict& state, StepCount step_count) const;
   // ExportState's metadata: a scaler's state, the two counts, the model's.

@@ -75,7 +75,7 @@ struct Trainer::Impl {
     float grad_scale = 1.0f;  // scale / k, each micro-batch's loss gradient
     bool clip = false;        // max_grad_norm > 0
   };
-  // The input checked, its workspaces admitted, an adaptive scaler
+  // The (checked) input's workspaces admitted, an adaptive scaler
   // calibrated and the groups' scales set: the plan of the step.
   absl::StatusOr<StepPlan> Admit(const StepInput& input,
                                  const std::function<absl::Status(int64_t)>& admit,
