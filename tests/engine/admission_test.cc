@@ -438,12 +438,12 @@ TEST(Admission, OnlyAnIdleJobGivesUpItsWorkspace) {
   std::promise<void> admitting, admit;
   std::shared_future<void> admitted = admit.get_future().share();
   int admissions = 0;
-  context.admit_step = [&](Job&, int64_t) {
+  context.admit_step = [&](Job&, int64_t) -> absl::StatusOr<WorkspaceReservation> {
     if (++admissions == 2) {
       admitting.set_value();
       admitted.wait();
     }
-    return absl::OkStatus();
+    return WorkspaceReservation();
   };
   absl::StatusOr<ValidJobConfig> valid = ValidJobConfig::Check(Mlp(2, 64, 2));
   ASSERT_TRUE(valid.ok()) << valid.status();

@@ -256,7 +256,7 @@ int64_t Job::ReleaseWorkspacesIfIdle() {
     trainer_->ReleaseWorkspaces();
     bytes_in_use_.store(trainer_->backend().BytesInUse(), std::memory_order_relaxed);
   }
-  set_workspace_bytes(0);
+  RecordWorkspace();
   workspace_mu_.Unlock();
   return freed;
 }
@@ -295,6 +295,17 @@ absl::Status Job::NotOpen() const {
   }
   return WithReason(absl::NotFoundError(absl::StrCat("job_id: no job ", id_)), reason::kJobNotFound,
                     {{"job_id", id_}});
+}
+
+void Job::RecordWorkspace() {
+  workspace_bytes_.store(trainer_ != nullptr ? trainer_->workspace_bytes() : 0,
+                         std::memory_order_relaxed);
+}
+
+absl::Status Job::AdmitWorkspace(int64_t bytes, WorkspaceReservation* reservation) {
+  if (!context_->admit_step) return absl::OkStatus();
+  AMPD_ASSIGN_OR_RETURN(*reservation, context_->admit_step(*this, bytes));
+  return absl::OkStatus();
 }
 
 void Job::SetFailure(std::string failure) {
@@ -374,7 +385,7 @@ void Job::KeepUnrestored(std::string device, std::string why) {
   {
     absl::MutexLock lock(&workspace_mu_);
     trainer_.reset();
-    set_workspace_bytes(0);
+    RecordWorkspace();
   }
   last_report_.reset();
   initial_state_ = false;
@@ -428,8 +439,9 @@ absl::StatusOr<std::optional<StepReport>> Job::CheckSequence(int64_t sequence) c
 
 absl::StatusOr<StepReport> Job::RunStep(int64_t sequence, const FittedStepInput& input,
                                         const DataParallelStep* data_parallel) {
-  const std::function<absl::Status(int64_t)> admit = [this](int64_t bytes) {
-    return context_->admit_step ? context_->admit_step(*this, bytes) : absl::OkStatus();
+  WorkspaceReservation reservation;
+  const std::function<absl::Status(int64_t)> admit = [this, &reservation](int64_t bytes) {
+    return AdmitWorkspace(bytes, &reservation);
   };
   // Whatever the step's outcome, the state may no longer be the seed's.
   initial_state_ = false;
@@ -441,9 +453,11 @@ absl::StatusOr<StepReport> Job::RunStep(int64_t sequence, const FittedStepInput&
       return trainer_->Step(input, admit, data_parallel);
     });
     // What stays cached is what the job holds until its next step, counted
-    // for admission and, already in the memory report the step's caller
-    // makes, for the metrics.
-    set_workspace_bytes(trainer_->workspace_bytes());
+    // for admission (in place of the step's reservation, dropped once it is
+    // recorded) and, already in the memory report the step's caller makes,
+    // for the metrics.
+    RecordWorkspace();
+    reservation.Reset();
     bytes_in_use_.store(trainer_->backend().BytesInUse(), std::memory_order_relaxed);
   }
   if (!report.ok()) {
@@ -489,8 +503,9 @@ absl::StatusOr<StepReport> Job::RunStep(int64_t sequence, const FittedStepInput&
 
 absl::StatusOr<EvaluateReport> Job::Evaluate(const ValidEvaluateInput& input) {
   if (trainer_ == nullptr) return NotOpen();
-  const std::function<absl::Status(int64_t)> admit = [this](int64_t bytes) {
-    return context_->admit_step ? context_->admit_step(*this, bytes) : absl::OkStatus();
+  WorkspaceReservation reservation;
+  const std::function<absl::Status(int64_t)> admit = [this, &reservation](int64_t bytes) {
+    return AdmitWorkspace(bytes, &reservation);
   };
   absl::StatusOr<EvaluateReport> report;
   {
@@ -498,7 +513,8 @@ absl::StatusOr<EvaluateReport> Job::Evaluate(const ValidEvaluateInput& input) {
     report = AllocationGuard("Evaluate", [&]() -> absl::StatusOr<EvaluateReport> {
       return trainer_->Evaluate(input, admit);
     });
-    set_workspace_bytes(trainer_->workspace_bytes());
+    RecordWorkspace();
+    reservation.Reset();
     bytes_in_use_.store(trainer_->backend().BytesInUse(), std::memory_order_relaxed);
   }
   if (report.ok() && context_->observer != nullptr) context_->observer->OnEvaluate(id_, *report);
@@ -719,7 +735,7 @@ absl::Status Job::Close(bool remove_checkpoint) {
     // Its workspaces go with it.
     absl::MutexLock lock(&workspace_mu_);
     trainer_.reset();
-    set_workspace_bytes(0);
+    RecordWorkspace();
   }
   last_report_.reset();
   bytes_in_use_.store(0, std::memory_order_relaxed);

@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -34,6 +35,33 @@ namespace ampd::engine {
 
 class Job;
 
+// A step's (or an evaluation's) workspace admitted against a memory limit
+// (JobContext::admit_step). Whoever admitted it counts it for the job, in
+// place of the job's workspace_bytes(), until it is dropped: the job drops
+// it once it has recorded what its Trainer keeps cached after the call, so
+// the bytes are counted throughout and two jobs cannot both be admitted
+// into the same free bytes. Move-only; an empty one holds nothing.
+class WorkspaceReservation {
+ public:
+  WorkspaceReservation() = default;
+  // `release` runs once, when the reservation is dropped.
+  explicit WorkspaceReservation(std::function<void()> release) : release_(std::move(release)) {}
+  WorkspaceReservation(WorkspaceReservation&& other) noexcept
+      : release_(std::exchange(other.release_, nullptr)) {}
+  WorkspaceReservation& operator=(WorkspaceReservation&& other) noexcept {
+    Reset();
+    release_ = std::exchange(other.release_, nullptr);
+    return *this;
+  }
+  ~WorkspaceReservation() { Reset(); }
+  void Reset() {
+    if (release_) std::exchange(release_, nullptr)();
+  }
+
+ private:
+  std::function<void()> release_;
+};
+
 // Shared by every job of a registry; outlives them.
 struct JobContext {
   WorkerPool* pool = nullptr;
@@ -45,10 +73,11 @@ struct JobContext {
   CheckpointWriter* writer = nullptr;
   int64_t grad_histogram_every = 0;         // 0: never sample
   std::function<void()> on_memory_changed;  // nullable
-  // Asked, on the job's strand, for the workspace bytes a Step is about to
-  // allocate (Trainer::Step's admit); an error refuses the step unchanged.
-  // Nullable: no limit.
-  std::function<absl::Status(Job& job, int64_t workspace_bytes)> admit_step;
+  // Asked, on the job's strand, for the workspace bytes a Step (or an
+  // Evaluate) is about to allocate (Trainer::Step's admit); an error
+  // refuses the step unchanged. The job holds the reservation until the
+  // step is over. Nullable: no limit.
+  std::function<absl::StatusOr<WorkspaceReservation>(Job& job, int64_t workspace_bytes)> admit_step;
   // Memory pressure: frees the cached workspaces of every idle job but
   // `except` (JobRegistry::ReleaseIdleWorkspaces) and returns the bytes
   // freed. A job calls it when an allocation of its own fails for lack of
@@ -117,17 +146,13 @@ class Job : public std::enable_shared_from_this<Job> {
   int64_t estimated_bytes() const { return estimated_bytes_; }
   // Backend bytes in use, refreshed by the worker after each task.
   int64_t bytes_in_use() const { return bytes_in_use_.load(std::memory_order_relaxed); }
-  // Workspace bytes (activations, buffers) the job holds or has been
-  // admitted to allocate for the step it is running; counted with
-  // estimated_bytes() against the registry's memory limit. Set by
-  // JobContext::admit_step (under the registry's lock) and by the job after
-  // each step, to what its Trainer keeps cached: the workspaces of its last
-  // step's sizes stay allocated, and counted, between steps until
-  // ReleaseWorkspacesIfIdle or Close frees them.
+  // Workspace bytes (activations, buffers) the job's Trainer keeps cached:
+  // the workspaces of its last step's sizes stay allocated between steps
+  // until ReleaseWorkspacesIfIdle or Close frees them. The job alone sets
+  // it (RecordWorkspace); a registry counts it with estimated_bytes()
+  // against its memory limit, except while a step's WorkspaceReservation
+  // stands in for it.
   int64_t workspace_bytes() const { return workspace_bytes_.load(std::memory_order_relaxed); }
-  void set_workspace_bytes(int64_t bytes) {
-    workspace_bytes_.store(bytes, std::memory_order_relaxed);
-  }
 
   // Runs `task` on this job's strand, after every task posted before it.
   void Post(std::function<void()> task);
@@ -229,6 +254,12 @@ class Job : public std::enable_shared_from_this<Job> {
   // The job's ampd.* metadata into a state the Trainer exported.
   void AddJobMetadata(checkpoint::StateDict& state) const;
   void RefreshSnapshot() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // workspace_bytes() := what the Trainer keeps cached now (0 without one):
+  // its one writer. Called holding workspace_mu_.
+  void RecordWorkspace();
+  // The admit callback of a Trainer's Step or Evaluate: JobContext::
+  // admit_step, its reservation kept in *reservation.
+  absl::Status AdmitWorkspace(int64_t bytes, WorkspaceReservation* reservation);
   absl::Status NotOpen() const;
   void SetFailure(std::string failure);
   // The exactly-once rules for `sequence` (job.cc): the recorded report of

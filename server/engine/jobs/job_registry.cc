@@ -1,4 +1,6 @@
 // JobRegistry: the job table and the orchestration of jobs' strand tasks.
+// Memory admission is in job_admission.cc, restore at start in
+// job_restore.cc.
 #include "server/engine/jobs/job_registry.h"
 
 #include <algorithm>
@@ -8,11 +10,9 @@
 #include <vector>
 
 #include "absl/random/random.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/blocking_counter.h"
-#include "common/checked_math.h"
 #include "common/error_reason.h"
 #include "common/status_macros.h"
 #include "kernels/backend_factory.h"
@@ -22,9 +22,6 @@
 
 namespace ampd::engine {
 namespace {
-
-// One line per job event (never per step), on stderr.
-void LogEvent(const std::string& line) { std::fprintf(stderr, "ampd: %s\n", line.c_str()); }
 
 std::string NewJobId() {
   static absl::Mutex mu(absl::kConstInit);
@@ -42,54 +39,11 @@ absl::Status Draining() {
   return WithReason(absl::UnavailableError("the server is shutting down"), reason::kServerDraining);
 }
 
-struct RestoredConfig {
-  ValidJobConfig config;
-  std::string request_id;
-  std::string owner;
-};
-
-// The checkpoint's owner; one written before jobs had owners belongs to the
-// anonymous tenant.
-std::string OwnerOfCheckpoint(const std::map<std::string, std::string>& metadata) {
-  auto it = metadata.find(kMetaOwner);
-  return it == metadata.end() ? std::string() : it->second;
-}
-
-// The config and request_id a checkpoint recreates its job from: its
-// ampd.config, or, for a checkpoint written before that key existed, its
-// ampd.create_request through `legacy_decode`.
-absl::StatusOr<RestoredConfig> ConfigOfCheckpoint(
-    const std::map<std::string, std::string>& metadata, const CreateRequestDecoder& legacy_decode) {
-  if (auto it = metadata.find(kMetaConfig); it != metadata.end()) {
-    AMPD_ASSIGN_OR_RETURN(JobConfigRecord record, DecodeJobConfig(it->second));
-    AMPD_ASSIGN_OR_RETURN(ValidJobConfig valid, ValidJobConfig::Check(std::move(record.config)));
-    return RestoredConfig{std::move(valid), std::move(record.request_id),
-                          OwnerOfCheckpoint(metadata)};
-  }
-  auto it = metadata.find(kMetaCreateRequest);
-  if (it == metadata.end()) {
-    return absl::DataLossError(
-        absl::StrCat("neither ", kMetaConfig, " nor ", kMetaCreateRequest, " in the metadata"));
-  }
-  std::string blob;
-  if (!absl::Base64Unescape(it->second, &blob)) {
-    return absl::DataLossError(absl::StrCat(kMetaCreateRequest, ": not base64"));
-  }
-  if (!legacy_decode) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        kMetaCreateRequest, ": written by an earlier ampd, and no reader of it was given"));
-  }
-  AMPD_ASSIGN_OR_RETURN(JobConfigRecord record, legacy_decode(blob));
-  absl::StatusOr<ValidJobConfig> valid = ValidJobConfig::Check(std::move(record.config));
-  if (!valid.ok()) {
-    return absl::Status(valid.status().code(),
-                        absl::StrCat(kMetaCreateRequest, ": ", valid.status().message()));
-  }
-  return RestoredConfig{*std::move(valid), std::move(record.request_id),
-                        OwnerOfCheckpoint(metadata)};
-}
-
 }  // namespace
+
+void JobRegistry::LogEvent(const std::string& line) {
+  std::fprintf(stderr, "ampd: %s\n", line.c_str());
+}
 
 absl::StatusOr<DeviceInfo> ResolveDevice(const std::string& device) {
   AMPD_ASSIGN_OR_RETURN(const std::unique_ptr<kernels::Backend> backend,
@@ -175,171 +129,6 @@ void JobRegistry::ReportMemory() const {
     for (const auto& [id, job] : jobs_) total += job->bytes_in_use();
   }
   options_.on_device_memory(total);
-}
-
-const TenantQuota* JobRegistry::QuotaOf(const std::string& owner) const {
-  auto it = options_.tenant_quotas.find(owner);
-  return it == options_.tenant_quotas.end() ? nullptr : &it->second;
-}
-
-int64_t JobRegistry::JobsOf(const std::string& owner) const {
-  int64_t n = 0;
-  for (const auto& [id, job] : jobs_) n += job->owner() == owner ? 1 : 0;
-  return n;
-}
-
-absl::Status JobRegistry::CheckAdmission(const std::string& owner, const JobConfig& config) const {
-  if (config.distributed.enabled()) {
-    if (distributed_pool_ == nullptr) {
-      return absl::FailedPreconditionError(
-          "config.distributed: this ampd takes no distributed job; start it with "
-          "--peer-address=HOST:PORT (and --max-distributed-jobs > 0)");
-    }
-    int64_t distributed = 0;
-    for (const auto& [id, job] : jobs_) {
-      if (job->Snapshot().config.distributed.enabled()) ++distributed;
-    }
-    if (distributed >= options_.max_distributed_jobs) {
-      return WithReason(absl::ResourceExhaustedError(
-                            absl::StrCat("config.distributed: the server already holds ",
-                                         distributed, " distributed jobs (--max-distributed-jobs=",
-                                         options_.max_distributed_jobs, "); delete one first")),
-                        reason::kJobLimit,
-                        {{"max_distributed_jobs", absl::StrCat(options_.max_distributed_jobs)}});
-    }
-  }
-  if (options_.max_jobs > 0 && static_cast<int64_t>(jobs_.size()) >= options_.max_jobs) {
-    return WithReason(absl::ResourceExhaustedError(absl::StrCat(
-                          "job_id: the server already holds ", jobs_.size(),
-                          " jobs (--max-jobs=", options_.max_jobs, "); delete one first")),
-                      reason::kJobLimit, {{"max_jobs", absl::StrCat(options_.max_jobs)}});
-  }
-  if (options_.max_memory_bytes > 0) {
-    const int64_t used = MemoryHeld(nullptr);
-    const int64_t need = EstimateJobBytes(config);
-    if (SaturatingAdd(used, need) > options_.max_memory_bytes) {
-      return WithReason(
-          absl::ResourceExhaustedError(absl::StrCat(
-              "config.model: the job needs an estimated ", need, " bytes and jobs hold ", used,
-              " of --max-memory-bytes=", options_.max_memory_bytes)),
-          reason::kMemoryLimit,
-          {{"limit_bytes", absl::StrCat(options_.max_memory_bytes)},
-           {"requested_bytes", absl::StrCat(need)}});
-    }
-  }
-  const TenantQuota* quota = QuotaOf(owner);
-  if (quota == nullptr) return absl::OkStatus();
-  if (quota->max_jobs > 0) {
-    const int64_t held = JobsOf(owner);
-    if (held >= quota->max_jobs) {
-      return WithReason(absl::ResourceExhaustedError(absl::StrCat(
-                            "job_id: tenant '", owner, "' already holds ", held,
-                            " jobs, its quota (max_jobs=", quota->max_jobs, "); delete one first")),
-                        reason::kJobLimit,
-                        {{"tenant", owner}, {"max_jobs", absl::StrCat(quota->max_jobs)}});
-    }
-  }
-  if (quota->max_memory_bytes > 0) {
-    const int64_t used = MemoryHeld(nullptr, &owner);
-    const int64_t need = EstimateJobBytes(config);
-    if (SaturatingAdd(used, need) > quota->max_memory_bytes) {
-      return WithReason(absl::ResourceExhaustedError(absl::StrCat(
-                            "config.model: the job needs an estimated ", need,
-                            " bytes and the jobs of tenant '", owner, "' hold ", used,
-                            " of its quota (max_memory_bytes=", quota->max_memory_bytes, ")")),
-                        reason::kMemoryLimit,
-                        {{"tenant", owner},
-                         {"limit_bytes", absl::StrCat(quota->max_memory_bytes)},
-                         {"requested_bytes", absl::StrCat(need)}});
-    }
-  }
-  return absl::OkStatus();
-}
-
-int64_t JobRegistry::MemoryHeld(const Job* except, const std::string* owner) const {
-  int64_t used = 0;
-  for (const auto& [id, job] : jobs_) {
-    if (owner != nullptr && job->owner() != *owner) continue;
-    used = SaturatingAdd(used, job->estimated_bytes());
-    if (job.get() != except) used = SaturatingAdd(used, job->workspace_bytes());
-  }
-  return used;
-}
-
-bool JobRegistry::MemoryRefuses(const std::string& owner, int64_t need) const {
-  if (options_.max_memory_bytes > 0 &&
-      SaturatingAdd(MemoryHeld(nullptr), need) > options_.max_memory_bytes) {
-    return true;
-  }
-  const TenantQuota* quota = QuotaOf(owner);
-  return quota != nullptr && quota->max_memory_bytes > 0 &&
-         SaturatingAdd(MemoryHeld(nullptr, &owner), need) > quota->max_memory_bytes;
-}
-
-int64_t JobRegistry::ReleaseIdleWorkspaces(const Job* except) {
-  std::vector<std::shared_ptr<Job>> holding;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const auto& [id, job] : jobs_) {
-      if (job.get() != except && job->workspace_bytes() > 0) holding.push_back(job);
-    }
-  }
-  // Outside the lock: freeing takes the jobs' strands (never waiting for
-  // one), and other jobs' admissions go on meanwhile.
-  int64_t freed = 0;
-  for (const std::shared_ptr<Job>& job : holding) {
-    freed = SaturatingAdd(freed, job->ReleaseWorkspacesIfIdle());
-  }
-  if (freed > 0) ReportMemory();
-  return freed;
-}
-
-absl::Status JobRegistry::AdmitStep(Job& job, int64_t workspace_bytes) {
-  absl::Status admitted = TryAdmitStep(job, workspace_bytes);
-  if (!admitted.ok() && ReleaseIdleWorkspaces(&job) > 0) {
-    admitted = TryAdmitStep(job, workspace_bytes);
-  }
-  return admitted;
-}
-
-absl::Status JobRegistry::TryAdmitStep(Job& job, int64_t workspace_bytes) {
-  absl::MutexLock lock(&mu_);
-  if (options_.max_memory_bytes > 0) {
-    const int64_t used = MemoryHeld(&job);
-    if (SaturatingAdd(used, workspace_bytes) > options_.max_memory_bytes) {
-      return WithReason(
-          absl::ResourceExhaustedError(absl::StrCat(
-              "micro_batches: they need an estimated ", workspace_bytes,
-              " bytes of activation and workspace memory for its batch sizes, and the jobs' "
-              "weights and other jobs' workspaces hold ",
-              used, " of --max-memory-bytes=", options_.max_memory_bytes,
-              "; send smaller micro-batches")),
-          reason::kMemoryLimit,
-          {{"limit_bytes", absl::StrCat(options_.max_memory_bytes)},
-           {"requested_bytes", absl::StrCat(workspace_bytes)}});
-    }
-  }
-  if (const TenantQuota* quota = QuotaOf(job.owner());
-      quota != nullptr && quota->max_memory_bytes > 0) {
-    const int64_t used = MemoryHeld(&job, &job.owner());
-    if (SaturatingAdd(used, workspace_bytes) > quota->max_memory_bytes) {
-      return WithReason(
-          absl::ResourceExhaustedError(absl::StrCat(
-              "micro_batches: they need an estimated ", workspace_bytes,
-              " bytes of activation and workspace memory for its batch sizes, and the weights "
-              "and other workspaces of tenant '",
-              job.owner(), "' hold ", used, " of its quota (max_memory_bytes=",
-              quota->max_memory_bytes, "); send smaller micro-batches")),
-          reason::kMemoryLimit,
-          {{"tenant", job.owner()},
-           {"limit_bytes", absl::StrCat(quota->max_memory_bytes)},
-           {"requested_bytes", absl::StrCat(workspace_bytes)}});
-    }
-  }
-  // Reserved under the lock, so two jobs stepping at once cannot both fit
-  // into the same free bytes.
-  job.set_workspace_bytes(workspace_bytes);
-  return absl::OkStatus();
 }
 
 void JobRegistry::CreateJob(const std::string& owner, JobConfig config, std::string request_id,
@@ -564,103 +353,6 @@ void JobRegistry::ImportState(const std::string& owner, const std::string& job_i
     if (tensors.ok()) LogEvent(absl::StrCat("job ", job->id(), " state loaded"));
     done(std::move(tensors));
   });
-}
-
-absl::Status JobRegistry::RestoreAll(const CreateRequestDecoder& legacy_decode) {
-  if (!state_dir_) return absl::OkStatus();
-  AMPD_ASSIGN_OR_RETURN(const std::vector<std::string> ids, state_dir_->ListJobs());
-  // Most recently written first: when --max-jobs or --max-memory-bytes cannot
-  // hold every checkpoint, the jobs that trained last are the ones restored.
-  std::vector<std::pair<int64_t, std::string>> order;
-  for (const std::string& id : ids) {
-    absl::StatusOr<int64_t> written = state_dir_->WriteTimeNanos(id);
-    order.emplace_back(written.ok() ? *written : 0, id);
-  }
-  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
-    return a.first != b.first ? a.first > b.first : a.second < b.second;
-  });
-  std::vector<std::string> candidates;
-  for (const auto& [written, id] : order) candidates.push_back(id);
-  // Admission, then the parallel rebuild. A job admitted from its header
-  // whose file then fails to restore keeps its place: it stays listed as
-  // failed (Job::KeepUnrestored), to be loaded again or deleted.
-  std::vector<std::string> turned_away;
-  std::vector<std::string> refusals;
-  RestoreInParallel(AdmitForRestore(candidates, legacy_decode, &turned_away, &refusals));
-  for (const std::string& line : refusals) LogEvent(line);
-  ReportMemory();
-  return absl::OkStatus();
-}
-
-std::vector<std::shared_ptr<Job>> JobRegistry::AdmitForRestore(
-    const std::vector<std::string>& ids, const CreateRequestDecoder& legacy_decode,
-    std::vector<std::string>* turned_away, std::vector<std::string>* refusals) {
-  // In order, from the headers alone: an admitted job enters the table at
-  // once, so its bytes count against the limits for the next.
-  std::vector<std::shared_ptr<Job>> admitted;
-  for (const std::string& id : ids) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (options_.max_jobs > 0 && static_cast<int64_t>(jobs_.size()) >= options_.max_jobs) {
-        turned_away->push_back(id);
-        refusals->push_back(absl::StrCat("job ", id,
-                                         " not restored: --max-jobs=", options_.max_jobs,
-                                         " jobs are held; its checkpoint is left on disk"));
-        continue;
-      }
-    }
-    absl::StatusOr<std::map<std::string, std::string>> metadata = state_dir_->ReadMetadata(id);
-    if (!metadata.ok()) {
-      LogEvent(absl::StrCat("job ", id, " failed to restore: ", metadata.status().ToString()));
-      continue;
-    }
-    absl::StatusOr<RestoredConfig> request = ConfigOfCheckpoint(*metadata, legacy_decode);
-    if (!request.ok()) {
-      LogEvent(absl::StrCat("job ", id, " failed to restore: ", request.status().ToString()));
-      continue;
-    }
-    absl::MutexLock lock(&mu_);
-    if (absl::Status s = CheckAdmission(request->owner, request->config.get()); !s.ok()) {
-      turned_away->push_back(id);
-      refusals->push_back(absl::StrCat("job ", id, " not restored: ", s.message(),
-                                       "; its checkpoint is left on disk"));
-      continue;
-    }
-    auto job = std::make_shared<Job>(id, request->owner, request->request_id, request->config,
-                                     context_.get());
-    jobs_[id] = job;
-    if (!request->request_id.empty()) by_request_id_[{request->owner, request->request_id}] = id;
-    admitted.push_back(std::move(job));
-  }
-  return admitted;
-}
-
-void JobRegistry::RestoreInParallel(const std::vector<std::shared_ptr<Job>>& jobs) {
-  // Reading, decoding and rebuilding (backend, weights, optimizer state)
-  // dominate a restart: the jobs run them in parallel, at most one per
-  // worker thread, so at most that many files are in host memory at once.
-  absl::BlockingCounter pending(static_cast<int>(jobs.size()));
-  for (const std::shared_ptr<Job>& job : jobs) {
-    pool_->Post([this, job, &pending] {
-      absl::Status s = [&]() -> absl::Status {
-        AMPD_ASSIGN_OR_RETURN(const checkpoint::StateDict state, state_dir_->Read(job->id()));
-        return job->Restore(options_.device, state);
-      }();
-      if (s.ok()) {
-        LogEvent(absl::StrCat("job ", job->id(), " restored at step ", job->Snapshot().step));
-      } else {
-        // Never dropped: listed as failed with the reason, its file kept.
-        job->KeepUnrestored(options_.device, s.ToString());
-        LogEvent(absl::StrCat("job ", job->id(), " failed to restore: ", s.ToString(),
-                              "; it is listed as failed and its checkpoint is left on disk"));
-      }
-      if (options_.observer != nullptr) {
-        options_.observer->OnJobCreated(job->id(), job->owner(), job->Snapshot().config);
-      }
-      pending.DecrementCount();
-    });
-  }
-  pending.Wait();
 }
 
 void JobRegistry::StartDraining() {

@@ -39,6 +39,7 @@ class StateDirectory;
 class CheckpointWriter;
 class Job;
 struct JobContext;
+class WorkspaceReservation;
 
 // A tenant's own limits, on top of the server-wide ones (0: none).
 struct TenantQuota {
@@ -205,9 +206,10 @@ class JobRegistry {
   // against --max-memory-bytes and the owner's quota (TryAdmitStep). When
   // they refuse it, the idle jobs give up their cached workspaces
   // (ReleaseIdleWorkspaces) and, if that freed anything, the step is
-  // admitted or refused on what is left.
-  absl::Status AdmitStep(Job& job, int64_t workspace_bytes);
-  absl::Status TryAdmitStep(Job& job, int64_t workspace_bytes);
+  // admitted or refused on what is left. Admitted, the bytes are reserved
+  // for the job (reserved_) until it drops the reservation.
+  absl::StatusOr<WorkspaceReservation> AdmitStep(Job& job, int64_t workspace_bytes);
+  absl::StatusOr<WorkspaceReservation> TryAdmitStep(Job& job, int64_t workspace_bytes);
   // Memory pressure (JobContext::release_idle_workspaces): every job but
   // `except` that is idle frees its cached workspaces
   // (Job::ReleaseWorkspacesIfIdle), so that a step, a job or an
@@ -226,6 +228,8 @@ class JobRegistry {
                                                     std::vector<std::string>* refusals);
   void RestoreInParallel(const std::vector<std::shared_ptr<Job>>& jobs);
   void ReportMemory() const;
+  // One line per job event (never per step), on stderr.
+  static void LogEvent(const std::string& line);
 
   const RegistryOptions options_;
   std::unique_ptr<checkpoint::StateDirectory> state_dir_;  // nullptr: no state dir
@@ -239,6 +243,10 @@ class JobRegistry {
   // (owner, request_id) -> job id: deduplication is per tenant.
   std::map<std::pair<std::string, std::string>, std::string> by_request_id_ ABSL_GUARDED_BY(mu_);
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  // The workspace admitted for each job's step or evaluation in progress
+  // (TryAdmitStep), counted in place of the job's workspace_bytes() until
+  // the job drops its WorkspaceReservation.
+  std::map<const Job*, int64_t> reserved_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ampd::engine

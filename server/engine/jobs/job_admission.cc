@@ -1,0 +1,191 @@
+// JobRegistry's memory admission: a new job against --max-jobs,
+// --max-memory-bytes, --max-distributed-jobs and its tenant's quota; a
+// step's (or an evaluation's) workspace against the memory limits, reserved
+// for it while it runs; and the idle jobs' cached workspaces given up under
+// memory pressure.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/checked_math.h"
+#include "common/error_reason.h"
+#include "server/engine/jobs/job.h"
+#include "server/engine/jobs/job_registry.h"
+
+namespace ampd::engine {
+
+const TenantQuota* JobRegistry::QuotaOf(const std::string& owner) const {
+  auto it = options_.tenant_quotas.find(owner);
+  return it == options_.tenant_quotas.end() ? nullptr : &it->second;
+}
+
+int64_t JobRegistry::JobsOf(const std::string& owner) const {
+  int64_t n = 0;
+  for (const auto& [id, job] : jobs_) n += job->owner() == owner ? 1 : 0;
+  return n;
+}
+
+absl::Status JobRegistry::CheckAdmission(const std::string& owner, const JobConfig& config) const {
+  if (config.distributed.enabled()) {
+    if (distributed_pool_ == nullptr) {
+      return absl::FailedPreconditionError(
+          "config.distributed: this ampd takes no distributed job; start it with "
+          "--peer-address=HOST:PORT (and --max-distributed-jobs > 0)");
+    }
+    int64_t distributed = 0;
+    for (const auto& [id, job] : jobs_) {
+      if (job->Snapshot().config.distributed.enabled()) ++distributed;
+    }
+    if (distributed >= options_.max_distributed_jobs) {
+      return WithReason(absl::ResourceExhaustedError(
+                            absl::StrCat("config.distributed: the server already holds ",
+                                         distributed, " distributed jobs (--max-distributed-jobs=",
+                                         options_.max_distributed_jobs, "); delete one first")),
+                        reason::kJobLimit,
+                        {{"max_distributed_jobs", absl::StrCat(options_.max_distributed_jobs)}});
+    }
+  }
+  if (options_.max_jobs > 0 && static_cast<int64_t>(jobs_.size()) >= options_.max_jobs) {
+    return WithReason(absl::ResourceExhaustedError(absl::StrCat(
+                          "job_id: the server already holds ", jobs_.size(),
+                          " jobs (--max-jobs=", options_.max_jobs, "); delete one first")),
+                      reason::kJobLimit, {{"max_jobs", absl::StrCat(options_.max_jobs)}});
+  }
+  if (options_.max_memory_bytes > 0) {
+    const int64_t used = MemoryHeld(nullptr);
+    const int64_t need = EstimateJobBytes(config);
+    if (SaturatingAdd(used, need) > options_.max_memory_bytes) {
+      return WithReason(
+          absl::ResourceExhaustedError(absl::StrCat(
+              "config.model: the job needs an estimated ", need, " bytes and jobs hold ", used,
+              " of --max-memory-bytes=", options_.max_memory_bytes)),
+          reason::kMemoryLimit,
+          {{"limit_bytes", absl::StrCat(options_.max_memory_bytes)},
+           {"requested_bytes", absl::StrCat(need)}});
+    }
+  }
+  const TenantQuota* quota = QuotaOf(owner);
+  if (quota == nullptr) return absl::OkStatus();
+  if (quota->max_jobs > 0) {
+    const int64_t held = JobsOf(owner);
+    if (held >= quota->max_jobs) {
+      return WithReason(absl::ResourceExhaustedError(absl::StrCat(
+                            "job_id: tenant '", owner, "' already holds ", held,
+                            " jobs, its quota (max_jobs=", quota->max_jobs, "); delete one first")),
+                        reason::kJobLimit,
+                        {{"tenant", owner}, {"max_jobs", absl::StrCat(quota->max_jobs)}});
+    }
+  }
+  if (quota->max_memory_bytes > 0) {
+    const int64_t used = MemoryHeld(nullptr, &owner);
+    const int64_t need = EstimateJobBytes(config);
+    if (SaturatingAdd(used, need) > quota->max_memory_bytes) {
+      return WithReason(absl::ResourceExhaustedError(absl::StrCat(
+                            "config.model: the job needs an estimated ", need,
+                            " bytes and the jobs of tenant '", owner, "' hold ", used,
+                            " of its quota (max_memory_bytes=", quota->max_memory_bytes, ")")),
+                        reason::kMemoryLimit,
+                        {{"tenant", owner},
+                         {"limit_bytes", absl::StrCat(quota->max_memory_bytes)},
+                         {"requested_bytes", absl::StrCat(need)}});
+    }
+  }
+  return absl::OkStatus();
+}
+
+int64_t JobRegistry::MemoryHeld(const Job* except, const std::string* owner) const {
+  int64_t used = 0;
+  for (const auto& [id, job] : jobs_) {
+    if (owner != nullptr && job->owner() != *owner) continue;
+    used = SaturatingAdd(used, job->estimated_bytes());
+    if (job.get() == except) continue;
+    // A step's reservation stands in for the job's cached workspace, which
+    // it holds again once the step is over.
+    auto reserved = reserved_.find(job.get());
+    used = SaturatingAdd(used,
+                         reserved != reserved_.end() ? reserved->second : job->workspace_bytes());
+  }
+  return used;
+}
+
+bool JobRegistry::MemoryRefuses(const std::string& owner, int64_t need) const {
+  if (options_.max_memory_bytes > 0 &&
+      SaturatingAdd(MemoryHeld(nullptr), need) > options_.max_memory_bytes) {
+    return true;
+  }
+  const TenantQuota* quota = QuotaOf(owner);
+  return quota != nullptr && quota->max_memory_bytes > 0 &&
+         SaturatingAdd(MemoryHeld(nullptr, &owner), need) > quota->max_memory_bytes;
+}
+
+int64_t JobRegistry::ReleaseIdleWorkspaces(const Job* except) {
+  std::vector<std::shared_ptr<Job>> holding;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, job] : jobs_) {
+      if (job.get() != except && job->workspace_bytes() > 0) holding.push_back(job);
+    }
+  }
+  // Outside the lock: freeing takes the jobs' strands (never waiting for
+  // one), and other jobs' admissions go on meanwhile.
+  int64_t freed = 0;
+  for (const std::shared_ptr<Job>& job : holding) {
+    freed = SaturatingAdd(freed, job->ReleaseWorkspacesIfIdle());
+  }
+  if (freed > 0) ReportMemory();
+  return freed;
+}
+
+absl::StatusOr<WorkspaceReservation> JobRegistry::AdmitStep(Job& job, int64_t workspace_bytes) {
+  absl::StatusOr<WorkspaceReservation> admitted = TryAdmitStep(job, workspace_bytes);
+  if (!admitted.ok() && ReleaseIdleWorkspaces(&job) > 0) {
+    admitted = TryAdmitStep(job, workspace_bytes);
+  }
+  return admitted;
+}
+
+absl::StatusOr<WorkspaceReservation> JobRegistry::TryAdmitStep(Job& job, int64_t workspace_bytes) {
+  absl::MutexLock lock(&mu_);
+  if (options_.max_memory_bytes > 0) {
+    const int64_t used = MemoryHeld(&job);
+    if (SaturatingAdd(used, workspace_bytes) > options_.max_memory_bytes) {
+      return WithReason(
+          absl::ResourceExhaustedError(absl::StrCat(
+              "micro_batches: they need an estimated ", workspace_bytes,
+              " bytes of activation and workspace memory for its batch sizes, and the jobs' "
+              "weights and other jobs' workspaces hold ",
+              used, " of --max-memory-bytes=", options_.max_memory_bytes,
+              "; send smaller micro-batches")),
+          reason::kMemoryLimit,
+          {{"limit_bytes", absl::StrCat(options_.max_memory_bytes)},
+           {"requested_bytes", absl::StrCat(workspace_bytes)}});
+    }
+  }
+  if (const TenantQuota* quota = QuotaOf(job.owner());
+      quota != nullptr && quota->max_memory_bytes > 0) {
+    const int64_t used = MemoryHeld(&job, &job.owner());
+    if (SaturatingAdd(used, workspace_bytes) > quota->max_memory_bytes) {
+      return WithReason(
+          absl::ResourceExhaustedError(absl::StrCat(
+              "micro_batches: they need an estimated ", workspace_bytes,
+              " bytes of activation and workspace memory for its batch sizes, and the weights "
+              "and other workspaces of tenant '",
+              job.owner(), "' hold ", used, " of its quota (max_memory_bytes=",
+              quota->max_memory_bytes, "); send smaller micro-batches")),
+          reason::kMemoryLimit,
+          {{"tenant", job.owner()},
+           {"limit_bytes", absl::StrCat(quota->max_memory_bytes)},
+           {"requested_bytes", absl::StrCat(workspace_bytes)}});
+    }
+  }
+  // Reserved under the lock, so two jobs stepping at once cannot both fit
+  // into the same free bytes.
+  reserved_[&job] = workspace_bytes;
+  return WorkspaceReservation([this, key = &job] {
+    absl::MutexLock release_lock(&mu_);
+    reserved_.erase(key);
+  });
+}
+
+}  // namespace ampd::engine
