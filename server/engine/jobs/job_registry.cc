@@ -61,9 +61,8 @@ std::string OwnerOfCheckpoint(const std::map<std::string, std::string>& metadata
 absl::StatusOr<RestoredConfig> ConfigOfCheckpoint(
     const std::map<std::string, std::string>& metadata, const CreateRequestDecoder& legacy_decode) {
   if (auto it = metadata.find(kMetaConfig); it != metadata.end()) {
-    AMPD_ASSIGN_OR_RETURN(JobConfigRecord record, DecodeJobConfig(it->second));
-    AMPD_ASSIGN_OR_RETURN(ValidJobConfig valid, ValidJobConfig::Check(std::move(record.config)));
-    return RestoredConfig{std::move(valid), std::move(record.request_id),
+    AMPD_ASSIGN_OR_RETURN(DecodedJobConfig decoded, DecodeJobConfig(it->second));
+    return RestoredConfig{std::move(decoded.config), std::move(decoded.request_id),
                           OwnerOfCheckpoint(metadata)};
   }
   auto it = metadata.find(kMetaCreateRequest);
@@ -200,10 +199,10 @@ absl::Status JobRegistry::CheckAdmission(const std::string& owner, const JobConf
       if (job->Snapshot().config.distributed.enabled()) ++distributed;
     }
     if (distributed >= options_.max_distributed_jobs) {
-      return WithReason(absl::ResourceExhaustedError(absl::StrCat(
-                            "config.distributed: the server already holds ", distributed,
-                            " distributed jobs (--max-distributed-jobs=",
-                            options_.max_distributed_jobs, "); delete one first")),
+      return WithReason(absl::ResourceExhaustedError(
+                            absl::StrCat("config.distributed: the server already holds ",
+                                         distributed, " distributed jobs (--max-distributed-jobs=",
+                                         options_.max_distributed_jobs, "); delete one first")),
                         reason::kJobLimit,
                         {{"max_distributed_jobs", absl::StrCat(options_.max_distributed_jobs)}});
     }
