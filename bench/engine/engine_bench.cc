@@ -32,7 +32,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "kernels/backend_factory.h"
-#include "server/engine/jobs/job_config.h"
+#include "server/engine/config/job_config.h"
 #include "server/engine/trainer/trainer.h"
 
 namespace {
@@ -160,9 +160,10 @@ int BenchUpload(const std::string& device, const MicroBatch& batch, int warmup, 
     }
     if (s >= warmup) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
-  std::printf("batch upload: inputs + targets, %.2f MB, CopyFromHost + Synchronize: median %.3f ms\n",
-              static_cast<double>(batch.inputs.data.size() + batch.targets.data.size()) / 1e6,
-              Median(times) * 1e3);
+  std::printf(
+      "batch upload: inputs + targets, %.2f MB, CopyFromHost + Synchronize: median %.3f ms\n",
+      static_cast<double>(batch.inputs.data.size() + batch.targets.data.size()) / 1e6,
+      Median(times) * 1e3);
   return 0;
 }
 
