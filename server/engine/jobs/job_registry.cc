@@ -200,10 +200,10 @@ absl::Status JobRegistry::CheckAdmission(const std::string& owner, const JobConf
       if (job->Snapshot().config.distributed.enabled()) ++distributed;
     }
     if (distributed >= options_.max_distributed_jobs) {
-      return WithReason(absl::ResourceExhaustedError(absl::StrCat(
-                            "config.distributed: the server already holds ", distributed,
-                            " distributed jobs (--max-distributed-jobs=",
-                            options_.max_distributed_jobs, "); delete one first")),
+      return WithReason(absl::ResourceExhaustedError(
+                            absl::StrCat("config.distributed: the server already holds ",
+                                         distributed, " distributed jobs (--max-distributed-jobs=",
+                                         options_.max_distributed_jobs, "); delete one first")),
                         reason::kJobLimit,
                         {{"max_distributed_jobs", absl::StrCat(options_.max_distributed_jobs)}});
     }
@@ -548,7 +548,7 @@ void JobRegistry::ExportState(
 }
 
 void JobRegistry::ImportState(const std::string& owner, const std::string& job_id,
-                              checkpoint::StateDict state,
+                              checkpoint::StateDict state, bool partial,
                               std::function<void(absl::StatusOr<int64_t>)> done) {
   std::shared_ptr<Job> job = Find(owner, job_id);
   if (job == nullptr) {
@@ -556,8 +556,8 @@ void JobRegistry::ImportState(const std::string& owner, const std::string& job_i
     return;
   }
   auto shared_state = std::make_shared<checkpoint::StateDict>(std::move(state));
-  job->Post([job, shared_state, done = std::move(done)] {
-    absl::StatusOr<int64_t> tensors = job->ImportSafetensors(std::move(*shared_state));
+  job->Post([job, shared_state, partial, done = std::move(done)] {
+    absl::StatusOr<int64_t> tensors = job->ImportSafetensors(std::move(*shared_state), partial);
     if (tensors.ok()) LogEvent(absl::StrCat("job ", job->id(), " state loaded"));
     done(std::move(tensors));
   });
