@@ -51,6 +51,9 @@ ABSL_FLAG(std::string, tls_server_name, "",
 ABSL_FLAG(bool, json, false, "Machine-readable output (one JSON object per line)");
 ABSL_FLAG(std::string, job, "", "Job id (state export/import, jobs get/delete)");
 ABSL_FLAG(std::string, out, "", "Output file (state export)");
+ABSL_FLAG(bool, partial, false,
+          "state import: each FILE holds some of the model's weights (the files of a sharded "
+          "checkpoint), loaded one by one; nothing else changes");
 // Job creation (jobs create, train).
 ABSL_FLAG(std::string, name, "", "Display name of the job");
 ABSL_FLAG(std::string, layers, "",
@@ -607,15 +610,25 @@ absl::Status State(ampd::Client& client, const std::vector<char*>& args) {
   }
   if (verb == "import") {
     AMPD_ASSIGN_OR_RETURN(std::string id, JobArg(args, 99));
-    if (args.size() < 4) return Fail("usage: ampctl state import --job=ID FILE");
-    std::ifstream file(args[3], std::ios::binary);
-    if (!file) return Fail(absl::StrCat("cannot read ", args[3]));
-    std::stringstream buffer;
-    buffer << file.rdbuf();
-    AMPD_ASSIGN_OR_RETURN(ampd::v1::LoadStateDictResponse r,
-                          client.LoadStateDict(id, buffer.str()));
-    std::printf("loaded %lld tensors (%lld bytes) into %s\n", static_cast<long long>(r.tensors()),
-                static_cast<long long>(r.bytes()), id.c_str());
+    if (args.size() < 4) return Fail("usage: ampctl state import --job=ID [--partial] FILE...");
+    const bool partial = absl::GetFlag(FLAGS_partial);
+    if (args.size() > 4 && !partial) {
+      return Fail("state import: several files are the shards of one checkpoint: add --partial");
+    }
+    for (size_t i = 3; i < args.size(); ++i) {
+      std::ifstream file(args[i], std::ios::binary);
+      if (!file) return Fail(absl::StrCat("cannot read ", args[i]));
+      std::stringstream buffer;
+      buffer << file.rdbuf();
+      absl::StatusOr<ampd::v1::LoadStateDictResponse> r =
+          client.LoadStateDict(id, buffer.str(), partial);
+      if (!r.ok()) {
+        return absl::Status(r.status().code(), absl::StrCat(args[i], ": ", r.status().message()));
+      }
+      std::printf("loaded %lld tensors (%lld bytes) from %s into %s\n",
+                  static_cast<long long>(r->tensors()), static_cast<long long>(r->bytes()),
+                  args[i], id.c_str());
+    }
     return absl::OkStatus();
   }
   return Fail("usage: ampctl state export --job=ID --out=FILE | state import --job=ID FILE");
@@ -652,7 +665,7 @@ int main(int argc, char** argv) {
       "  ampctl train --world-size=N --server=HOST:PORT,... --rendezvous=HOST:PORT"
       " [--micro-batches=M] ...\n"
       "  ampctl state export --job=ID --out=FILE\n"
-      "  ampctl state import --job=ID FILE\n"
+      "  ampctl state import --job=ID FILE | --partial FILE...  (the shards of a checkpoint)\n"
       "\n"
       "train runs the built-in synthetic regression task unless --batches names a safetensors\n"
       "file holding inputs.<i> and targets.<i> for i = 0..B-1, used in order and cycled over\n"

@@ -9,7 +9,9 @@
 
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -18,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "client/batch_file.h"
 #include "client/sequence_task.h"
+#include "codec/safetensors.h"
 #include "gtest/gtest.h"
 #include "server/rpc/wire.h"
 #include "tests/support/ampd_process.h"
@@ -148,6 +151,71 @@ TEST(DecoderAmpctlE2eTest, Fp16WithDynamicScalingHalvesTheLoss) {
   EXPECT_LE(last, 0.5 * first) << first << " -> " << last;
   EXPECT_GE(skipped, 1) << "the scale never overflowed";
   if (HasFailure()) std::fprintf(stderr, "%s\n", server.Describe().c_str());
+}
+
+// `ampctl state import --partial` loads the files of a sharded checkpoint one
+// by one: one job's weights, split in two files, replace another's, whose
+// optimizer state stays its own; a single file without --partial is refused.
+TEST(DecoderAmpctlE2eTest, ShardedImportReplacesTheWeights) {
+  TempDir root("ampd_decoder_shards");
+  AmpdProcess server(AMPD_SERVER_BINARY, {}, root.path() / "ampd.log");
+  ASSERT_NE(server.port(), 0) << server.Describe();
+  auto ampctl = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {AMPCTL_BINARY, "--server=" + server.address()});
+    return RunCommand(args, std::chrono::seconds(120));
+  };
+  auto train = [&](const std::string& seed) {
+    const CommandResult r =
+        ampctl({"train", "--layers=llama:64:32:64:1:4:2:16", "--steps=1", "--batch-size=2",
+                "--seq-len=8", "--precision=fp32", "--seed=" + seed, "--json"});
+    EXPECT_EQ(r.status.code, 0) << r.out << r.err;
+    google::protobuf::Struct s;
+    EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(r.out, &s).ok()) << r.out;
+    return s.fields().contains("job_id") ? s.fields().at("job_id").string_value() : "";
+  };
+  auto state = [&](const std::string& job) -> codec::StateDict {
+    const std::string path = (root.path() / (job + ".safetensors")).string();
+    const CommandResult r = ampctl({"state", "export", "--job=" + job, "--out=" + path});
+    EXPECT_EQ(r.status.code, 0) << r.out << r.err;
+    std::ifstream f(path, std::ios::binary);
+    std::stringstream bytes;
+    bytes << f.rdbuf();
+    absl::StatusOr<codec::StateDict> decoded = codec::DecodeSafetensors(bytes.str());
+    EXPECT_TRUE(decoded.ok()) << decoded.status();
+    return decoded.ok() ? *std::move(decoded) : codec::StateDict{};
+  };
+  const std::string source = train("1");
+  const std::string target = train("2");
+  const codec::StateDict weights = state(source);
+  const codec::StateDict before = state(target);
+  ASSERT_FALSE(weights.tensors.empty());
+  codec::StateDict shards[2];
+  size_t count = 0;
+  for (const codec::NamedTensor& t : weights.tensors) {
+    if (!absl::StartsWith(t.name, "optimizer.")) shards[count++ % 2].tensors.push_back(t);
+  }
+  std::vector<std::string> files;
+  for (int i = 0; i < 2; ++i) {
+    files.push_back((root.path() / absl::StrCat("shard", i, ".safetensors")).string());
+    std::ofstream f(files.back(), std::ios::binary | std::ios::trunc);
+    const std::string bytes = codec::EncodeSafetensors(shards[i]);
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  const CommandResult whole = ampctl({"state", "import", "--job=" + target, files[0]});
+  EXPECT_NE(whole.status.code, 0) << whole.out;
+  EXPECT_TRUE(absl::StrContains(whole.err, "missing")) << whole.err;
+  const CommandResult both =
+      ampctl({"state", "import", "--job=" + target, "--partial", files[0], files[1]});
+  ASSERT_EQ(both.status.code, 0) << both.out << both.err;
+  const codec::StateDict after = state(target);
+  ASSERT_EQ(after.tensors.size(), before.tensors.size());
+  for (size_t i = 0; i < after.tensors.size(); ++i) {
+    const codec::NamedTensor& t = after.tensors[i];
+    const codec::NamedTensor& want =
+        absl::StartsWith(t.name, "optimizer.") ? before.tensors[i] : weights.tensors[i];
+    EXPECT_EQ(t.name, want.name);
+    EXPECT_TRUE(t.tensor.data == want.tensor.data) << t.name;
+  }
 }
 
 }  // namespace

@@ -627,5 +627,27 @@ TEST(DecoderTraining, Bf16AndFp16LossFallsWithTheScalerAtWork) {
   }
 }
 
+// The step's buffers (the stacked q|k|v matrices among them) stay cached:
+// once warm, a decoder step allocates no tensor.
+TEST(DecoderTraining, AWarmStepAllocatesNothing) {
+  for (model::Precision precision : {model::Precision::kBf16, model::Precision::kFp32}) {
+    SCOPED_TRACE(model::PrecisionName(precision));
+    JobConfig config = DefaultJobConfig(precision);
+    config.model = TinyDecoder(32, 32, 4, 2, 2);
+    auto trainer = MakeTrainer(config);
+    ASSERT_TRUE(trainer);
+    DataRng rng(8);
+    ASSERT_TRUE(trainer->Step(RuleBatch(4, 16, 32, rng)).ok());
+    const int64_t allocations = trainer->backend().AllocationCount();
+    const int64_t in_use = trainer->backend().BytesInUse();
+    for (int step = 0; step < 3; ++step) {
+      absl::StatusOr<StepReport> r = trainer->Step(RuleBatch(4, 16, 32, rng));
+      ASSERT_TRUE(r.ok()) << r.status();
+    }
+    EXPECT_EQ(trainer->backend().AllocationCount(), allocations);
+    EXPECT_EQ(trainer->backend().BytesInUse(), in_use);
+  }
+}
+
 }  // namespace
 }  // namespace ampd::engine
