@@ -1,6 +1,6 @@
-// The JSON text ampd's two strict readers share (safetensors headers, and a
-// checkpoint's job config in jobs/job_config_codec.cc): whitespace, string
-// literals with every escape and surrogate pairs, and the one way ampd
+// The JSON text ampd's two strict readers share (safetensors headers, and
+// a checkpoint's job config in server/engine/config/job_config_codec.cc):
+// whitespace, string literals with every escape and surrogate pairs, and the one way ampd
 // writes a string. Each reader keeps its own grammar and error wording on
 // top (a schema-driven header parser, a small document reader); what a
 // string literal means, and which are refused, is decided here once.

@@ -20,7 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "kernels/grad_histogram.h"
+#include "common/grad_histogram.h"
 #include "kernels/tensor.h"
 
 namespace ampd::kernels {

@@ -39,7 +39,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "kernels/backend_factory.h"
-#include "server/engine/jobs/job_config.h"
+#include "server/engine/config/job_config.h"
 #include "server/engine/trainer/trainer.h"
 
 namespace {

@@ -1,9 +1,11 @@
-// The engine's surface: the plain types every layer around it (rpc, metrics,
-// main, the tests of those) reads and writes. A job's config, one step's
-// input and report, what a job and its scaler look like from outside, and the
-// gradient histogram's bins. No Backend, Trainer or checkpoint internals:
-// those stay behind JobRegistry (jobs/job_registry.h), the one handle the
-// outer layers hold.
+// The engine's face: the plain types every layer around it (rpc, metrics,
+// main, the benchmarks, the tests of those) reads and writes, with a job's
+// config (config/job_config.h and the specs it holds) and, for those that
+// run jobs, JobRegistry (jobs/job_registry.h) and JobObserver
+// (jobs/job_observer.h). One step's input and report, what a job and its
+// scaler look like from outside, and the gradient histogram's bins. No
+// Backend, Trainer or checkpoint internals: those stay behind JobRegistry,
+// the one handle the outer layers hold.
 #pragma once
 
 #include <cstdint>
@@ -12,39 +14,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "kernels/grad_histogram.h"
-#include "server/engine/amp/grad_scaler.h"
-#include "server/engine/dist/distributed_spec.h"
+#include "common/grad_histogram.h"
+#include "server/engine/config/job_config.h"
 #include "server/engine/host_tensor.h"
-#include "server/engine/model/model_spec.h"
-#include "server/engine/optim/optimizer_spec.h"
 
 namespace ampd::engine {
-
-// ---- a job's config ----------------------------------------------------------
-
-// Everything that defines a training job at creation, with the defaults
-// filled in (the "effective config" CreateJob returns).
-struct JobConfig {
-  std::string display_name;
-  model::ModelSpec model;
-  model::Precision precision = model::Precision::kFp16;
-  optim::OptimizerSpec optimizer;
-  amp::ScalerConfig scaler;
-  uint64_t seed = 0;
-  dist::DistributedSpec distributed;  // world_size 1: this ampd alone
-};
-
-// The defaults of a job of this precision, scaler policy and optimizer: the
-// optimizer's PyTorch defaults (optim::DefaultOptimizerSpec), and the scaler
-// the precision needs: the policy's dynamic defaults for fp16; for bf16 and
-// fp32 a static scale of 1 that still detects non-finite gradients and
-// skips those steps (amp::ScalerConfig::ForPrecisionDefault). The model is
-// left empty. Every caller (the rpc layer included) starts from these and
-// sets only what its request names; the engine validates the result.
-JobConfig DefaultJobConfig(model::Precision precision,
-                           amp::ScalerPolicy policy = amp::ScalerPolicy::kPyTorch,
-                           optim::OptimizerKind optimizer = optim::OptimizerKind::kAdamW);
 
 // ---- one step ----------------------------------------------------------------
 
@@ -127,11 +101,11 @@ struct EvaluateReport {
   double seconds = 0;   // wall time of the evaluation on the job's worker
 };
 
-// StepReport::grad_histogram's bins (kernels/grad_histogram.h, where the
+// StepReport::grad_histogram's bins (common/grad_histogram.h, where the
 // kernels that count them read them too).
-using kernels::kGradHistogramBins;
-using kernels::kGradHistogramMaxLog2;
-using kernels::kGradHistogramMinLog2;
+using ::ampd::kGradHistogramBins;
+using ::ampd::kGradHistogramMaxLog2;
+using ::ampd::kGradHistogramMinLog2;
 
 // ---- a job from outside ---------------------------------------------------------
 

@@ -35,19 +35,18 @@ class StateDictWriter final : public grpc::ServerWriteReactor<v1::StateDictChunk
       Done(ToGrpcStatus(s));
       return;
     }
-    registry->ExportState(
-        tenant, job_id,
-        [this, job_id](absl::StatusOr<engine::checkpoint::EncodedSafetensors> file) {
-          if (!file.ok()) {
-            Done(ToGrpcStatus(file.status()));
-            return;
-          }
-          file_ = *std::move(file);
-          size_ = file_.size();
-          exported_ = absl::Now();
-          job_id_ = job_id;
-          WriteNext();
-        });
+    registry->ExportState(tenant, job_id,
+                          [this, job_id](absl::StatusOr<codec::EncodedSafetensors> file) {
+                            if (!file.ok()) {
+                              Done(ToGrpcStatus(file.status()));
+                              return;
+                            }
+                            file_ = *std::move(file);
+                            size_ = file_.size();
+                            exported_ = absl::Now();
+                            job_id_ = job_id;
+                            WriteNext();
+                          });
   }
 
   void OnWriteDone(bool ok) override {
@@ -97,7 +96,7 @@ class StateDictWriter final : public grpc::ServerWriteReactor<v1::StateDictChunk
   const absl::Time start_;
   absl::Time exported_;  // when the state was read, before the first chunk
   std::string job_id_;
-  engine::checkpoint::EncodedSafetensors file_;
+  codec::EncodedSafetensors file_;
   uint64_t size_ = 0;
   uint64_t offset_ = 0;
   v1::StateDictChunk chunk_;

@@ -13,7 +13,7 @@
 #include "ampd/v1/trainer.pb.h"
 #include "codec/tensor_proto.h"
 #include "common/error_reason.h"
-#include "server/engine/model/model_spec.h"
+#include "server/engine/config/model_spec.h"
 
 namespace ampd::rpc {
 

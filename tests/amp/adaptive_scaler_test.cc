@@ -16,7 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "codec/dtype.h"
-#include "kernels/grad_histogram.h"
+#include "common/grad_histogram.h"
 #include "server/engine/amp/adaptive_policy.h"
 #include "server/engine/amp/grad_scaler.h"
 
@@ -312,7 +312,7 @@ TEST(AdaptiveState, EmptyStateRecalibratesAndBadStatesAreRefused) {
 }
 
 TEST(AdaptiveHistogram, UnderflowFractionCountsZerosAndFp16Subnormals) {
-  std::vector<int64_t> bins(kernels::kGradHistogramBins, 0);
+  std::vector<int64_t> bins(kGradHistogramBins, 0);
   EXPECT_EQ(UnderflowFraction(bins), 0.0);
   bins[0] = 10;  // exact zeros
   bins[1] = 5;   // below 2^-30
@@ -320,7 +320,7 @@ TEST(AdaptiveHistogram, UnderflowFractionCountsZerosAndFp16Subnormals) {
   // [2^-14, 2^-13) (fp16's smallest normals) j = 16.
   bins[2 + 15] = 5;
   bins[2 + 16] = 30;
-  bins[kernels::kGradHistogramBins - 1] = 50;
+  bins[kGradHistogramBins - 1] = 50;
   EXPECT_DOUBLE_EQ(UnderflowFraction(bins), 20.0 / 100.0);
 }
 

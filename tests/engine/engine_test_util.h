@@ -11,8 +11,8 @@
 
 #include "gtest/gtest.h"
 #include "kernels/backend_factory.h"
+#include "server/engine/config/job_config.h"
 #include "server/engine/host_tensor.h"
-#include "server/engine/jobs/job_config.h"
 #include "server/engine/model/network.h"
 #include "server/engine/trainer/trainer.h"
 

@@ -9,8 +9,8 @@
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
+#include "server/engine/config/model_spec.h"
 #include "server/engine/model/batch_check.h"
-#include "server/engine/model/model_spec.h"
 
 namespace ampd::engine::model {
 namespace {

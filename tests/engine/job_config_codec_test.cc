@@ -2,7 +2,7 @@
 // bit for bit over every scaler policy, precision, optimizer kind and layer
 // kind, and the reader refuses what is not a config of its format with the
 // key at fault. Also the engine's per-kind optimizer defaults.
-#include "server/engine/jobs/job_config_codec.h"
+#include "server/engine/config/job_config_codec.h"
 
 #include <cmath>
 #include <cstdint>
@@ -258,12 +258,12 @@ TEST(JobConfigCodec, RoundTripsEveryFieldBitForBit) {
     const std::string request_id = i % 2 == 0 ? "" : absl::StrCat("req-", i);
     const std::string json = EncodeJobConfig(config, request_id);
     SCOPED_TRACE(json);
-    absl::StatusOr<JobConfigRecord> decoded = DecodeJobConfig(json);
+    absl::StatusOr<DecodedJobConfig> decoded = DecodeJobConfig(json);
     ASSERT_TRUE(decoded.ok()) << decoded.status();
     EXPECT_EQ(decoded->request_id, request_id);
-    ExpectSameConfig(config, decoded->config);
+    ExpectSameConfig(config, decoded->config.get());
     // And the text is a fixed point.
-    EXPECT_EQ(EncodeJobConfig(decoded->config, decoded->request_id), json);
+    EXPECT_EQ(EncodeJobConfig(decoded->config.get(), decoded->request_id), json);
   }
 }
 
@@ -293,9 +293,9 @@ TEST(JobConfigCodec, ReadsJsonEscapesAndWhitespace) {
   json = absl::StrReplaceAll(
       json, {{"\"display_name\":\"\"", "\"display_name\" :\n\t\"\\u00e9\\ud83d\\ude00\\/\\n\\\"\""},
              {",", " , "}});
-  absl::StatusOr<JobConfigRecord> decoded = DecodeJobConfig(json);
+  absl::StatusOr<DecodedJobConfig> decoded = DecodeJobConfig(json);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
-  EXPECT_EQ(decoded->config.display_name, "\xc3\xa9\xf0\x9f\x98\x80/\n\"");
+  EXPECT_EQ(decoded->config.get().display_name, "\xc3\xa9\xf0\x9f\x98\x80/\n\"");
   EXPECT_EQ(decoded->request_id, "");
 }
 
@@ -313,7 +313,7 @@ class JobConfigCodecRefuses : public ::testing::Test {
 
   // A JSON syntax error: the message up to the offset, which it ends with.
   static void ExpectSyntaxError(const std::string& json, absl::string_view what) {
-    absl::StatusOr<JobConfigRecord> decoded = DecodeJobConfig(json);
+    absl::StatusOr<DecodedJobConfig> decoded = DecodeJobConfig(json);
     ASSERT_FALSE(decoded.ok()) << json;
     EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss) << decoded.status();
     EXPECT_TRUE(
@@ -324,7 +324,7 @@ class JobConfigCodecRefuses : public ::testing::Test {
 
   static void ExpectError(const std::string& json, absl::StatusCode code,
                           absl::string_view message) {
-    absl::StatusOr<JobConfigRecord> decoded = DecodeJobConfig(json);
+    absl::StatusOr<DecodedJobConfig> decoded = DecodeJobConfig(json);
     ASSERT_FALSE(decoded.ok()) << json;
     EXPECT_EQ(decoded.status().code(), code) << decoded.status();
     EXPECT_EQ(decoded.status().message(), message) << json;
@@ -430,9 +430,9 @@ TEST(JobConfigCodec, AdaptiveConfigsAreVersionTwoOthersStayVersionOne) {
   EXPECT_TRUE(absl::StrContains(json, "\"policy\":\"adaptive\"")) << json;
   EXPECT_TRUE(absl::StrContains(json, "\"overflow_margin_log2\":3,\"underflow_threshold\":"))
       << json;
-  absl::StatusOr<JobConfigRecord> decoded = DecodeJobConfig(json);
+  absl::StatusOr<DecodedJobConfig> decoded = DecodeJobConfig(json);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
-  ExpectSameConfig(config, decoded->config);
+  ExpectSameConfig(config, decoded->config.get());
 
   const std::string v1 =
       absl::StrReplaceAll(json, {{"\"format_version\":2", "\"format_version\":1"}});
@@ -463,10 +463,10 @@ TEST(JobConfigCodec, PerLayerScaleConfigsAreVersionFive) {
   const std::string json = EncodeJobConfig(config, "");
   EXPECT_TRUE(absl::StartsWith(json, "{\"format_version\":5,")) << json;
   EXPECT_TRUE(absl::StrContains(json, ",\"per_layer_scales\":true}")) << json;
-  absl::StatusOr<JobConfigRecord> decoded = DecodeJobConfig(json);
+  absl::StatusOr<DecodedJobConfig> decoded = DecodeJobConfig(json);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
-  ExpectSameConfig(config, decoded->config);
-  EXPECT_EQ(EncodeJobConfig(decoded->config, ""), json);
+  ExpectSameConfig(config, decoded->config.get());
+  EXPECT_EQ(EncodeJobConfig(decoded->config.get(), ""), json);
 
   for (const char* older : {"2", "3", "4"}) {
     decoded = DecodeJobConfig(absl::StrReplaceAll(
@@ -507,9 +507,9 @@ TEST(JobConfigCodec, ScheduleConfigsAreVersionThreeOthersKeepTheirBytes) {
                                 "\"lr_schedule\":{\"kind\":\"warmup_cosine\",\"warmup_steps\":100,"
                                 "\"decay_steps\":5000,\"min_lr\":5.99999985e-05}"))
       << json;
-  absl::StatusOr<JobConfigRecord> decoded = DecodeJobConfig(json);
+  absl::StatusOr<DecodedJobConfig> decoded = DecodeJobConfig(json);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
-  ExpectSameConfig(config, decoded->config);
+  ExpectSameConfig(config, decoded->config.get());
 
   for (const char* older : {"1", "2"}) {
     decoded = DecodeJobConfig(absl::StrReplaceAll(
@@ -603,9 +603,9 @@ TEST(JobConfigCodec, GptConfigsAreVersionThree) {
   EXPECT_TRUE(absl::StrContains(
       json, "\"gpt\":{\"vocab_size\":50257,\"context_length\":1024,\"d_model\":768,"))
       << json;
-  absl::StatusOr<JobConfigRecord> decoded = DecodeJobConfig(json);
+  absl::StatusOr<DecodedJobConfig> decoded = DecodeJobConfig(json);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
-  ExpectSameConfig(config, decoded->config);
+  ExpectSameConfig(config, decoded->config.get());
 
   const std::string v2 =
       absl::StrReplaceAll(json, {{"\"format_version\":3", "\"format_version\":2"}});
@@ -651,9 +651,9 @@ TEST(JobConfigCodec, DecoderConfigsAreVersionSix) {
   EXPECT_TRUE(absl::StrContains(
       json, "\"decoder\":{\"vocab_size\":151936,\"hidden_size\":896,\"intermediate_size\":4864,"))
       << json;
-  absl::StatusOr<JobConfigRecord> decoded = DecodeJobConfig(json);
+  absl::StatusOr<DecodedJobConfig> decoded = DecodeJobConfig(json);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
-  ExpectSameConfig(config, decoded->config);
+  ExpectSameConfig(config, decoded->config.get());
 
   decoded = DecodeJobConfig(
       absl::StrReplaceAll(json, {{"\"format_version\":6", "\"format_version\":5"}}));
@@ -695,9 +695,9 @@ TEST(JobConfigCodec, DistributedConfigsAreVersionFourAndRoundTrip) {
                         "\"rendezvous\":\"ampd-0.ampd-peers:50052\",\"timeout_ms\":12345,"
                         "\"secret\":\"30313233343536373839616263646566ff\"}}"))
       << json;
-  absl::StatusOr<JobConfigRecord> decoded = DecodeJobConfig(json);
+  absl::StatusOr<DecodedJobConfig> decoded = DecodeJobConfig(json);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
-  EXPECT_EQ(decoded->config.distributed, config.distributed);
+  EXPECT_EQ(decoded->config.get().distributed, config.distributed);
 
   // Not a key of older versions; and a job of one ampd keeps its version.
   const std::string v3 =

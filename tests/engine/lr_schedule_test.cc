@@ -14,7 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "server/engine/optim/optimizer_spec.h"
+#include "server/engine/config/optimizer_spec.h"
 #include "tests/engine/engine_test_util.h"
 #include "tests/support/nanogpt_lr.h"
 

@@ -19,7 +19,7 @@
 #include "kernels/backend_factory.h"
 #include "kernels/float16.h"
 #include "server/engine/amp/grad_scaler.h"
-#include "server/engine/jobs/job_config.h"
+#include "server/engine/config/job_config.h"
 #include "server/engine/trainer/trainer.h"
 #include "tests/engine/engine_test_util.h"
 

@@ -12,7 +12,7 @@
 
 #include "engine_test_util.h"
 #include "gtest/gtest.h"
-#include "server/engine/jobs/job_config_codec.h"
+#include "server/engine/config/job_config_codec.h"
 #include "server/engine/jobs/job_registry.h"
 #include "tests/support/temp_dir.h"
 

@@ -537,7 +537,7 @@ TEST(Trainer, ReportsPhasesSamplesNormAndHistogram) {
   EXPECT_EQ(r->samples, 13);
   ASSERT_TRUE(r->grad_norm.has_value());
   EXPECT_GT(*r->grad_norm, 1e-3f);
-  ASSERT_EQ(r->grad_histogram.size(), static_cast<size_t>(kernels::kGradHistogramBins));
+  ASSERT_EQ(r->grad_histogram.size(), static_cast<size_t>(kGradHistogramBins));
   int64_t total = 0;
   for (int64_t c : r->grad_histogram) total += c;
   EXPECT_EQ(total, t->parameter_count());

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "ampd/v1/trainer.pb.h"
-#include "server/engine/jobs/job_config.h"
+#include "server/engine/config/job_config.h"
 #include "server/engine/trainer/trainer.h"
 
 namespace ampd::fuzz {

@@ -94,7 +94,7 @@ StepReport OverflowStep(int64_t step, int64_t applied, float scale_before) {
   return report;
 }
 
-// Engine bin of the octave [2^k, 2^(k+1)) (kernels/grad_histogram.h: bin 2 starts
+// Engine bin of the octave [2^k, 2^(k+1)) (common/grad_histogram.h: bin 2 starts
 // at 2^-30).
 constexpr int OctaveBin(int k) { return k - engine::kGradHistogramMinLog2 + 2; }
 

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/grad_histogram.h"
+#include "common/grad_histogram.h"
 
 namespace ampd::engine::amp {
 
@@ -42,7 +42,7 @@ double UnderflowFraction(absl::Span<const int64_t> histogram) {
   // Bin 0: exact zeros; bin 1: below 2^kGradHistogramMinLog2; bin 2 + j:
   // [2^(min + j), 2^(min + j + 1)). Every bin whose octave lies below 2^-14
   // holds fp16 subnormals.
-  constexpr int kLastUnderflowBin = 2 + (kFp16MinNormalLog2 - 1 - kernels::kGradHistogramMinLog2);
+  constexpr int kLastUnderflowBin = 2 + (kFp16MinNormalLog2 - 1 - kGradHistogramMinLog2);
   int64_t total = 0;
   int64_t under = 0;
   for (size_t b = 0; b < histogram.size(); ++b) {

@@ -18,7 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/dtype.h"
-#include "server/engine/dist/distributed_spec.h"
+#include "server/engine/config/distributed_spec.h"
 #include "server/engine/dist/rendezvous.h"
 
 namespace gloo {

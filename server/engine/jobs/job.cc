@@ -19,7 +19,7 @@
 #include "common/status_macros.h"
 #include "kernels/backend_factory.h"
 #include "server/engine/checkpoint/state_dict.h"
-#include "server/engine/jobs/job_config_codec.h"
+#include "server/engine/config/job_config_codec.h"
 
 namespace ampd::engine {
 

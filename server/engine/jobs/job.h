@@ -22,11 +22,11 @@
 #include "absl/synchronization/mutex.h"
 #include "server/engine/checkpoint/state_dict.h"
 #include "server/engine/checkpoint/state_directory.h"
+#include "server/engine/config/job_config.h"
 #include "server/engine/dist/gradient_all_reduce.h"
 #include "server/engine/dist/process_group.h"
 #include "server/engine/dist/rendezvous.h"
 #include "server/engine/jobs/checkpoint_writer.h"
-#include "server/engine/jobs/job_config.h"
 #include "server/engine/jobs/job_observer.h"
 #include "server/engine/trainer/trainer.h"
 

@@ -28,8 +28,8 @@
 #include "absl/strings/str_join.h"
 #include "common/error_reason.h"
 #include "common/status_macros.h"
+#include "server/engine/config/job_config_codec.h"
 #include "server/engine/jobs/job.h"
-#include "server/engine/jobs/job_config_codec.h"
 
 namespace ampd::engine {
 

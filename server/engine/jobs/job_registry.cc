@@ -61,9 +61,8 @@ std::string OwnerOfCheckpoint(const std::map<std::string, std::string>& metadata
 absl::StatusOr<RestoredConfig> ConfigOfCheckpoint(
     const std::map<std::string, std::string>& metadata, const CreateRequestDecoder& legacy_decode) {
   if (auto it = metadata.find(kMetaConfig); it != metadata.end()) {
-    AMPD_ASSIGN_OR_RETURN(JobConfigRecord record, DecodeJobConfig(it->second));
-    AMPD_ASSIGN_OR_RETURN(ValidJobConfig valid, ValidJobConfig::Check(std::move(record.config)));
-    return RestoredConfig{std::move(valid), std::move(record.request_id),
+    AMPD_ASSIGN_OR_RETURN(DecodedJobConfig decoded, DecodeJobConfig(it->second));
+    return RestoredConfig{std::move(decoded.config), std::move(decoded.request_id),
                           OwnerOfCheckpoint(metadata)};
   }
   auto it = metadata.find(kMetaCreateRequest);

@@ -21,10 +21,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "codec/safetensors.h"
+#include "codec/state_dict.h"
 #include "server/engine/api.h"
-#include "server/engine/checkpoint/state_dict.h"
+#include "server/engine/config/job_config_codec.h"
 #include "server/engine/dist/rendezvous.h"
-#include "server/engine/jobs/job_config_codec.h"
 #include "server/engine/jobs/job_observer.h"
 
 namespace ampd::engine {
@@ -150,11 +151,11 @@ class JobRegistry {
   void Evaluate(const std::string& owner, const std::string& job_id, EvaluateInput input,
                 std::function<void(absl::StatusOr<EvaluateReport>)> done);
   void ExportState(const std::string& owner, const std::string& job_id,
-                   std::function<void(absl::StatusOr<checkpoint::EncodedSafetensors>)> done);
+                   std::function<void(absl::StatusOr<codec::EncodedSafetensors>)> done);
   // `state`: the safetensors file, decoded as it arrived
   // (codec::SafetensorsReceiver); loaded on the job's strand. partial: it
   // holds some of the model's weights (Job::ImportSafetensors).
-  void ImportState(const std::string& owner, const std::string& job_id, checkpoint::StateDict state,
+  void ImportState(const std::string& owner, const std::string& job_id, codec::StateDict state,
                    bool partial, std::function<void(absl::StatusOr<int64_t>)> done);
 
   // The secrets of the distributed jobs held here that are rank 0 of

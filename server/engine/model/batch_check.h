@@ -9,8 +9,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "codec/batch_layout.h"
+#include "server/engine/config/model_spec.h"
 #include "server/engine/host_tensor.h"
-#include "server/engine/model/model_spec.h"
 
 namespace ampd::engine::model {
 

@@ -17,8 +17,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "server/engine/config/model_spec.h"
 #include "server/engine/host_tensor.h"
-#include "server/engine/model/model_spec.h"
 #include "server/engine/model/network.h"
 
 namespace ampd::engine::model {

@@ -20,8 +20,8 @@
 #include "absl/types/span.h"
 #include "codec/state_dict.h"
 #include "kernels/backend.h"
+#include "server/engine/config/model_spec.h"
 #include "server/engine/host_tensor.h"
-#include "server/engine/model/model_spec.h"
 
 namespace ampd::engine::model {
 

@@ -13,7 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/backend.h"
-#include "server/engine/optim/optimizer_spec.h"
+#include "server/engine/config/optimizer_spec.h"
 
 namespace ampd::engine::optim {
 

@@ -413,7 +413,7 @@ absl::Status Trainer::Impl::Finish(const StepInput& input, const StepPlan& plan,
   }
   stats.max_abs = max_abs;
   if (input.sample_grad_histogram) {
-    report.grad_histogram.assign(kernels::kGradHistogramBins, 0);
+    report.grad_histogram.assign(kGradHistogramBins, 0);
     for (const ScaleGroup& g : groups) {
       for (size_t i = 0; i < g.bins.size(); ++i) report.grad_histogram[i] += g.bins[i];
       if (plan.per_layer) stats.layer_underflow_fraction.push_back(amp::UnderflowFraction(g.bins));

@@ -107,7 +107,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   }
   for (Impl::ScaleGroup& g : impl->groups) {
     AMPD_ASSIGN_OR_RETURN(g.max_abs, AllocScalar(b, {1, 1}));
-    AMPD_ASSIGN_OR_RETURN(g.histogram, b.Allocate(DType::kI64, {kernels::kGradHistogramBins}));
+    AMPD_ASSIGN_OR_RETURN(g.histogram, b.Allocate(DType::kI64, {kGradHistogramBins}));
   }
   for (Tensor* t :
        {&impl->loss, &impl->loss_sum, &impl->found_inf, &impl->norm_sq, &impl->no_inf}) {

@@ -14,8 +14,8 @@
 #include "kernels/backend.h"
 #include "server/engine/api.h"
 #include "server/engine/checkpoint/state_dict.h"
+#include "server/engine/config/job_config.h"
 #include "server/engine/dist/gradient_all_reduce.h"
-#include "server/engine/jobs/job_config.h"
 
 namespace ampd::engine {
 

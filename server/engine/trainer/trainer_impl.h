@@ -44,7 +44,7 @@ struct Trainer::Impl {
   kernels::Tensor found_inf;  // (1, 1) F32
   kernels::Tensor norm_sq;    // (1, 1) F32
   kernels::Tensor no_inf;     // (1, 1) F32 zero: the update's found_inf when the scaler is disabled
-  std::vector<int64_t> zero_bins = std::vector<int64_t>(kernels::kGradHistogramBins, 0);
+  std::vector<int64_t> zero_bins = std::vector<int64_t>(kGradHistogramBins, 0);
 
   // The parameters one loss scale covers: all of them (one group) for a
   // job-wide scale, one layer group's each with per-layer scales. Each is
@@ -56,7 +56,7 @@ struct Trainer::Impl {
     std::vector<const kernels::Tensor*> const_grads;
     kernels::Tensor max_abs;    // (1, 1) F32, max |g| of the group's unscaled grads
     kernels::Tensor histogram;  // (kGradHistogramBins) I64 of its scaled grads
-    std::vector<int64_t> bins = std::vector<int64_t>(kernels::kGradHistogramBins, 0);
+    std::vector<int64_t> bins = std::vector<int64_t>(kGradHistogramBins, 0);
   };
   std::vector<ScaleGroup> groups;
   // Host buffers of the step's one ReadBack, sized once: [loss sum,

@@ -1,6 +1,6 @@
 // JobConfig validation (each part's own validator, its message prefixed with
 // the part's field name) and the per-precision defaults.
-#include "server/engine/jobs/job_config.h"
+#include "server/engine/config/job_config.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/checked_math.h"

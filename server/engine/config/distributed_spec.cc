@@ -1,5 +1,5 @@
 // DistributedSpec's validation.
-#include "server/engine/dist/distributed_spec.h"
+#include "server/engine/config/distributed_spec.h"
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"

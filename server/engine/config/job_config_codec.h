@@ -50,14 +50,14 @@
 // The reader is strict: every key of the format must be present, an
 // unknown key, a wrong type, a duplicate key or a format_version other than
 // the one it reads is an error naming the key, and the decoded config must
-// pass ValidateJobConfig.
+// pass ValidateJobConfig (DecodeJobConfig returns it as a ValidJobConfig).
 #pragma once
 
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "server/engine/jobs/job_config.h"
+#include "server/engine/config/job_config.h"
 
 namespace ampd::engine {
 
@@ -68,9 +68,16 @@ namespace ampd::engine {
 // else 1), DecodeJobConfig reads 1 to it.
 inline constexpr int kJobConfigFormatVersion = 6;
 
-// A job's config and the request_id it was created with ("" when none).
+// A job's config and the request_id it was created with ("" when none), as
+// an older checkpoint's create request decodes (not yet validated).
 struct JobConfigRecord {
   JobConfig config;
+  std::string request_id;
+};
+
+// A decoded ampd.config: validated once, here, so a restore holds the proof.
+struct DecodedJobConfig {
+  ValidJobConfig config;
   std::string request_id;
 };
 
@@ -81,6 +88,6 @@ std::string EncodeJobConfig(const JobConfig& config, absl::string_view request_i
 // number") for text that is not a config of a version it reads;
 // ValidateJobConfig's error, prefixed "ampd.config: ", for one that decodes
 // but is not valid.
-absl::StatusOr<JobConfigRecord> DecodeJobConfig(absl::string_view json);
+absl::StatusOr<DecodedJobConfig> DecodeJobConfig(absl::string_view json);
 
 }  // namespace ampd::engine

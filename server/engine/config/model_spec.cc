@@ -1,6 +1,6 @@
 // Model spec validation and the derived sizes (input/output widths,
 // parameter count) the Trainer and the service need before building anything.
-#include "server/engine/model/model_spec.h"
+#include "server/engine/config/model_spec.h"
 
 #include <algorithm>
 #include <cmath>

@@ -153,7 +153,7 @@ int64_t OutputFeatures(const ModelSpec& spec);
 bool IsSequenceModel(const ModelSpec& spec);
 
 // The most layer groups a GPT's per-layer loss scales use: the scaler's
-// kMaxLayerScaleGroups (amp/grad_scaler.h; jobs/job_config.cc asserts
+// kMaxLayerScaleGroups (config/scaler_config.h; config/job_config.cc asserts
 // they agree). A deeper GPT shares each scale among consecutive blocks.
 inline constexpr int64_t kMaxGptScaleGroups = 32;
 

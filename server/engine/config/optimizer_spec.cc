@@ -1,6 +1,6 @@
 // Optimizer hyperparameter validation with PyTorch's own rules, and the
 // learning-rate schedules.
-#include "server/engine/optim/optimizer_spec.h"
+#include "server/engine/config/optimizer_spec.h"
 
 #include <cmath>
 #include <numbers>

@@ -4,7 +4,7 @@
 // accept (duplicate keys, unknown keys, numbers that do not fit the field).
 // String literals are read and written by codec/json_text.h, as the
 // safetensors header's are.
-#include "server/engine/jobs/job_config_codec.h"
+#include "server/engine/config/job_config_codec.h"
 
 #include <algorithm>
 #include <cmath>
@@ -754,7 +754,7 @@ std::string EncodeJobConfig(const JobConfig& config, absl::string_view request_i
   return out;
 }
 
-absl::StatusOr<JobConfigRecord> DecodeJobConfig(absl::string_view json) {
+absl::StatusOr<DecodedJobConfig> DecodeJobConfig(absl::string_view json) {
   AMPD_ASSIGN_OR_RETURN(const Json document, Reader(json).Document());
   AMPD_ASSIGN_OR_RETURN(Fields f, Fields::Of(document, ""));
   // The version first: a later format may have changed any other key.
@@ -794,10 +794,11 @@ absl::StatusOr<JobConfigRecord> DecodeJobConfig(absl::string_view json) {
     AMPD_ASSIGN_OR_RETURN(config.distributed, DistributedFromJson(*distributed));
   }
   AMPD_RETURN_IF_ERROR(f.Done());
-  if (absl::Status s = ValidateJobConfig(config); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat(kKey, ": ", s.message()));
+  absl::StatusOr<ValidJobConfig> valid = ValidJobConfig::Check(std::move(record.config));
+  if (!valid.ok()) {
+    return absl::Status(valid.status().code(), absl::StrCat(kKey, ": ", valid.status().message()));
   }
-  return record;
+  return DecodedJobConfig{*std::move(valid), std::move(record.request_id)};
 }
 
 }  // namespace ampd::engine

@@ -1,0 +1,73 @@
+// A job's config: everything that defines a training job at creation (the
+// model, precision, optimizer, loss scaler, seed and data-parallel group),
+// its defaults, its validation (ValidJobConfig, the proof a config passed)
+// and the memory estimate admission reads. Part of the engine's face
+// (api.h includes it); job_config_codec.h is its checkpoint encoding.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/engine/config/distributed_spec.h"
+#include "server/engine/config/model_spec.h"
+#include "server/engine/config/optimizer_spec.h"
+#include "server/engine/config/scaler_config.h"
+
+namespace ampd::engine {
+
+// Everything that defines a training job at creation, with the defaults
+// filled in (the "effective config" CreateJob returns).
+struct JobConfig {
+  std::string display_name;
+  model::ModelSpec model;
+  model::Precision precision = model::Precision::kFp16;
+  optim::OptimizerSpec optimizer;
+  amp::ScalerConfig scaler;
+  uint64_t seed = 0;
+  dist::DistributedSpec distributed;  // world_size 1: this ampd alone
+};
+
+// The defaults of a job of this precision, scaler policy and optimizer: the
+// optimizer's PyTorch defaults (optim::DefaultOptimizerSpec), and the scaler
+// the precision needs: the policy's dynamic defaults for fp16; for bf16 and
+// fp32 a static scale of 1 that still detects non-finite gradients and
+// skips those steps (amp::ScalerConfig::ForPrecisionDefault). The model is
+// left empty. Every caller (the rpc layer included) starts from these and
+// sets only what its request names; the engine validates the result.
+JobConfig DefaultJobConfig(model::Precision precision,
+                           amp::ScalerPolicy policy = amp::ScalerPolicy::kPyTorch,
+                           optim::OptimizerKind optimizer = optim::OptimizerKind::kAdamW);
+
+// Validates every part; the message names the field ("scaler.growth_factor",
+// "model.layers[2].in_features", "optimizer.adam.beta1", "display_name").
+absl::Status ValidateJobConfig(const JobConfig& config);
+
+// A JobConfig that ValidateJobConfig accepted. Holding one is the proof, so
+// a create validates once (where the config enters the engine) and the
+// layers it is handed to do not check again.
+class ValidJobConfig {
+ public:
+  // ValidateJobConfig's error for an invalid config.
+  static absl::StatusOr<ValidJobConfig> Check(JobConfig config);
+
+  const JobConfig& get() const { return config_; }
+
+ private:
+  explicit ValidJobConfig(JobConfig config) : config_(std::move(config)) {}
+  JobConfig config_;
+};
+
+// Estimated bytes a job's weights hold on its backend for its lifetime:
+// parameters x (4 for the fp32 master + 2 x the working dtype's size for the
+// working copy and the gradient + the optimizer's fp32 state: 8 for
+// Adam/AdamW's two moments, 4 for SGD momentum, 0 for plain SGD); an upper
+// bound for fp32 jobs, whose forward reads the master directly. Activations
+// and buffers depend on the batch: model::WorkspaceBytes counts those, per
+// step. Computed with saturating arithmetic, so a spec whose count overflows
+// reads INT64_MAX and fails any limit.
+int64_t EstimateJobBytes(const JobConfig& config);
+
+}  // namespace ampd::engine
