@@ -626,8 +626,8 @@ absl::Status State(ampd::Client& client, const std::vector<char*>& args) {
         return absl::Status(r.status().code(), absl::StrCat(args[i], ": ", r.status().message()));
       }
       std::printf("loaded %lld tensors (%lld bytes) from %s into %s\n",
-                  static_cast<long long>(r->tensors()), static_cast<long long>(r->bytes()),
-                  args[i], id.c_str());
+                  static_cast<long long>(r->tensors()), static_cast<long long>(r->bytes()), args[i],
+                  id.c_str());
     }
     return absl::OkStatus();
   }
