@@ -51,12 +51,17 @@ ABSL_FLAG(std::string, tls_server_name, "",
 ABSL_FLAG(bool, json, false, "Machine-readable output (one JSON object per line)");
 ABSL_FLAG(std::string, job, "", "Job id (state export/import, jobs get/delete)");
 ABSL_FLAG(std::string, out, "", "Output file (state export)");
+ABSL_FLAG(bool, partial, false,
+          "state import: each FILE holds some of the model's weights (the files of a sharded "
+          "checkpoint), loaded one by one; nothing else changes");
 // Job creation (jobs create, train).
 ABSL_FLAG(std::string, name, "", "Display name of the job");
 ABSL_FLAG(std::string, layers, "",
           "The job's model, comma-separated: linear:IN:OUT[:nobias], relu, gelu, tanh, "
           "layer_norm:N, embedding:VOCAB:DIM (first only); or a GPT, "
-          "gpt:VOCAB:CONTEXT:DMODEL:NLAYER:NHEAD. Required with --batches; "
+          "gpt:VOCAB:CONTEXT:DMODEL:NLAYER:NHEAD; or a Llama/Qwen2 decoder, "
+          "llama:VOCAB:HIDDEN:INTER:LAYERS:HEADS:KV_HEADS[:CONTEXT] (qwen2:... biases q, k, v). "
+          "Required with --batches; "
           "default: the synthetic task's linear:16:64,gelu,linear:64:4");
 ABSL_FLAG(std::optional<std::string>, loss, std::nullopt,
           "The model's loss with --layers: mse (default) or cross_entropy");
@@ -237,16 +242,17 @@ ampd::SyntheticTask MakeTask() {
   return ampd::SyntheticTask(options);
 }
 
-// A GPT's synthetic sequence task from --batch-size, --seq-len and --seed.
-absl::StatusOr<ampd::SequenceTask> MakeSequenceTask(const ampd::v1::Gpt& gpt) {
-  if (absl::GetFlag(FLAGS_seq_len).value_or(0) > gpt.context_length()) {
-    return Fail(absl::StrCat("--seq_len: must be at most the GPT's context_length ",
-                             gpt.context_length(), ", got ", *absl::GetFlag(FLAGS_seq_len)));
+// A GPT's or decoder's synthetic sequence task (`model` their batch
+// layout) from --batch-size, --seq-len and --seed.
+absl::StatusOr<ampd::SequenceTask> MakeSequenceTask(const ampd::codec::BatchLayout& model) {
+  if (absl::GetFlag(FLAGS_seq_len).value_or(0) > model.context_length) {
+    return Fail(absl::StrCat("--seq_len: must be at most the model's context length ",
+                             model.context_length, ", got ", *absl::GetFlag(FLAGS_seq_len)));
   }
   return ampd::SequenceTask::Create(
-      {.vocab_size = gpt.vocab_size(),
+      {.vocab_size = model.num_embeddings,
        .batch_size = absl::GetFlag(FLAGS_batch_size).value_or(8),
-       .seq_len = absl::GetFlag(FLAGS_seq_len).value_or(gpt.context_length()),
+       .seq_len = absl::GetFlag(FLAGS_seq_len).value_or(model.context_length),
        .seed = absl::GetFlag(FLAGS_seed)});
 }
 
@@ -261,7 +267,7 @@ struct TrainData {
   ampd::v1::ModelSpec model;
   std::vector<ampd::v1::MicroBatch> file_batches;  // empty: a synthetic task
   std::optional<ampd::SyntheticTask> task;
-  std::optional<ampd::SequenceTask> sequences;  // a GPT's
+  std::optional<ampd::SequenceTask> sequences;  // a GPT's or a decoder's
 
   ampd::v1::MicroBatch Batch(int64_t step) {  // step: 1-based
     if (task) return task->NextBatch();
@@ -286,13 +292,14 @@ absl::StatusOr<TrainData> PrepareTrainData() {
     data.model = *spec;
     return data;
   }
-  if (spec.has_value() && spec->has_gpt()) {
-    AMPD_ASSIGN_OR_RETURN(ampd::SequenceTask task, MakeSequenceTask(spec->gpt()));
+  if (spec.has_value() && ampd::BatchLayoutOf(*spec).sequences) {
+    AMPD_ASSIGN_OR_RETURN(ampd::SequenceTask task, MakeSequenceTask(ampd::BatchLayoutOf(*spec)));
     data.sequences.emplace(std::move(task));
     data.model = *spec;
     return data;
   }
-  if (absl::GetFlag(FLAGS_seq_len).has_value()) return Fail("--seq_len: only for a GPT");
+  if (absl::GetFlag(FLAGS_seq_len).has_value())
+    return Fail("--seq_len: only for a GPT or a decoder");
   if (absl::GetFlag(FLAGS_batch_size).value_or(64) < 1) return Fail("--batch_size: must be >= 1");
   data.task.emplace(MakeTask());
   if (!spec.has_value()) {
@@ -453,7 +460,7 @@ absl::Status Train(ampd::Client& client, const ampd::ClientOptions& client_optio
                   absl::GetFlag(FLAGS_batches).c_str());
     }
     if (data.sequences) {
-      const int64_t vocab = data.model.gpt().vocab_size();
+      const int64_t vocab = ampd::BatchLayoutOf(data.model).num_embeddings;
       std::printf(
           "synthetic sequences: a Markov chain over %lld tokens with %d likely successors "
           "each; loss floor %.3f nats/token, ln(vocab) %.3f\n",
@@ -504,11 +511,13 @@ absl::StatusOr<std::vector<ampd::v1::MicroBatch>> EvalBatches(const ampd::v1::Mo
     }
     return batches;
   }
-  if (model.has_gpt()) {
-    AMPD_ASSIGN_OR_RETURN(ampd::SequenceTask sequences, MakeSequenceTask(model.gpt()));
+  if (ampd::BatchLayoutOf(model).sequences) {
+    AMPD_ASSIGN_OR_RETURN(ampd::SequenceTask sequences,
+                          MakeSequenceTask(ampd::BatchLayoutOf(model)));
     return std::vector<ampd::v1::MicroBatch>{sequences.NextBatch()};
   }
-  if (absl::GetFlag(FLAGS_seq_len).has_value()) return Fail("--seq_len: only for a GPT");
+  if (absl::GetFlag(FLAGS_seq_len).has_value())
+    return Fail("--seq_len: only for a GPT or a decoder");
   if (absl::GetFlag(FLAGS_batch_size).value_or(64) < 1) return Fail("--batch_size: must be >= 1");
   ampd::SyntheticTask task = MakeTask();
   std::vector<ampd::v1::MicroBatch> batches = {task.NextBatch()};
@@ -601,15 +610,25 @@ absl::Status State(ampd::Client& client, const std::vector<char*>& args) {
   }
   if (verb == "import") {
     AMPD_ASSIGN_OR_RETURN(std::string id, JobArg(args, 99));
-    if (args.size() < 4) return Fail("usage: ampctl state import --job=ID FILE");
-    std::ifstream file(args[3], std::ios::binary);
-    if (!file) return Fail(absl::StrCat("cannot read ", args[3]));
-    std::stringstream buffer;
-    buffer << file.rdbuf();
-    AMPD_ASSIGN_OR_RETURN(ampd::v1::LoadStateDictResponse r,
-                          client.LoadStateDict(id, buffer.str()));
-    std::printf("loaded %lld tensors (%lld bytes) into %s\n", static_cast<long long>(r.tensors()),
-                static_cast<long long>(r.bytes()), id.c_str());
+    if (args.size() < 4) return Fail("usage: ampctl state import --job=ID [--partial] FILE...");
+    const bool partial = absl::GetFlag(FLAGS_partial);
+    if (args.size() > 4 && !partial) {
+      return Fail("state import: several files are the shards of one checkpoint: add --partial");
+    }
+    for (size_t i = 3; i < args.size(); ++i) {
+      std::ifstream file(args[i], std::ios::binary);
+      if (!file) return Fail(absl::StrCat("cannot read ", args[i]));
+      std::stringstream buffer;
+      buffer << file.rdbuf();
+      absl::StatusOr<ampd::v1::LoadStateDictResponse> r =
+          client.LoadStateDict(id, buffer.str(), partial);
+      if (!r.ok()) {
+        return absl::Status(r.status().code(), absl::StrCat(args[i], ": ", r.status().message()));
+      }
+      std::printf("loaded %lld tensors (%lld bytes) from %s into %s\n",
+                  static_cast<long long>(r->tensors()), static_cast<long long>(r->bytes()), args[i],
+                  id.c_str());
+    }
     return absl::OkStatus();
   }
   return Fail("usage: ampctl state export --job=ID --out=FILE | state import --job=ID FILE");
@@ -641,10 +660,12 @@ int main(int argc, char** argv) {
       "  ampctl eval --job=ID [--batches=FILE | --batch-size=N --seed=S] [--json]\n"
       "  ampctl train --layers=gpt:VOCAB:CONTEXT:DMODEL:NLAYER:NHEAD [--batch-size=B]"
       " [--seq-len=T] [--batches=FILE] ...\n"
+      "  ampctl train --layers=llama|qwen2:VOCAB:HIDDEN:INTER:LAYERS:HEADS:KV_HEADS[:CONTEXT]"
+      " [--batch-size=B] [--seq-len=T] ...\n"
       "  ampctl train --world-size=N --server=HOST:PORT,... --rendezvous=HOST:PORT"
       " [--micro-batches=M] ...\n"
       "  ampctl state export --job=ID --out=FILE\n"
-      "  ampctl state import --job=ID FILE\n"
+      "  ampctl state import --job=ID FILE | --partial FILE...  (the shards of a checkpoint)\n"
       "\n"
       "train runs the built-in synthetic regression task unless --batches names a safetensors\n"
       "file holding inputs.<i> and targets.<i> for i = 0..B-1, used in order and cycled over\n"
@@ -667,6 +688,10 @@ int main(int argc, char** argv) {
       "--batches on token sequences from a fixed random Markov chain (--seed) whose loss can\n"
       "fall well below ln(VOCAB), --batch-size sequences (default 8) of --seq-len tokens\n"
       "(default CONTEXT) a step.\n"
+      "--layers=llama:VOCAB:HIDDEN:INTER:LAYERS:HEADS:KV_HEADS[:CONTEXT] trains a Llama-family\n"
+      "decoder (RMSNorm, rotary positions, KV_HEADS K/V heads shared by the HEADS query heads,\n"
+      "SwiGLU MLP of width INTER; CONTEXT default 2048) on the same sequences; qwen2:... gives\n"
+      "q, k and v their biases as Qwen2 does.\n"
       "Exit status: 0 on success, 2 for invalid arguments (flags, batch file), 1 otherwise.");
 
   std::vector<std::string> arg_storage;

@@ -140,6 +140,46 @@ absl::StatusOr<v1::ModelSpec> ParseGpt(absl::string_view item, absl::string_view
   return spec;
 }
 
+// "llama:VOCAB:HIDDEN:INTER:LAYERS:HEADS:KV_HEADS[:CONTEXT]" (no biases) or
+// "qwen2:..." (q, k and v biased): a Llama/Qwen2-family decoder with
+// Hugging Face's other defaults, CONTEXT (max_position_embeddings) 2048
+// unless given.
+absl::StatusOr<v1::ModelSpec> ParseDecoder(absl::string_view item, absl::string_view loss) {
+  const std::vector<absl::string_view> parts = absl::StrSplit(item, ':');
+  const std::string family = absl::AsciiStrToLower(parts[0]);
+  if (parts.size() != 7 && parts.size() != 8) {
+    return Invalid(absl::StrCat("--layers: \"", item, "\": expected ", family,
+                                ":VOCAB:HIDDEN:INTER:LAYERS:HEADS:KV_HEADS[:CONTEXT]"));
+  }
+  AMPD_ASSIGN_OR_RETURN(const int64_t vocab, ParseSize(item, "VOCAB", parts[1]));
+  AMPD_ASSIGN_OR_RETURN(const int64_t hidden, ParseSize(item, "HIDDEN", parts[2]));
+  AMPD_ASSIGN_OR_RETURN(const int64_t inter, ParseSize(item, "INTER", parts[3]));
+  AMPD_ASSIGN_OR_RETURN(const int64_t layers, ParseSize(item, "LAYERS", parts[4]));
+  AMPD_ASSIGN_OR_RETURN(const int64_t heads, ParseSize(item, "HEADS", parts[5]));
+  AMPD_ASSIGN_OR_RETURN(const int64_t kv_heads, ParseSize(item, "KV_HEADS", parts[6]));
+  int64_t context = 2048;
+  if (parts.size() == 8) {
+    AMPD_ASSIGN_OR_RETURN(context, ParseSize(item, "CONTEXT", parts[7]));
+  }
+  const std::string l = absl::AsciiStrToLower(loss);
+  if (!l.empty() && l != "cross_entropy" && l != "cross-entropy" && l != "ce") {
+    return Invalid(absl::StrCat(
+        "--loss=", loss, ": a decoder's loss is the token cross-entropy (leave --loss out)"));
+  }
+  v1::ModelSpec spec;
+  v1::Decoder* d = spec.mutable_decoder();
+  d->set_vocab_size(vocab);
+  d->set_hidden_size(hidden);
+  d->set_intermediate_size(inter);
+  d->set_num_hidden_layers(layers);
+  d->set_num_attention_heads(heads);
+  d->set_num_key_value_heads(kv_heads);
+  d->set_max_position_embeddings(context);
+  d->set_qkv_bias(family == "qwen2");
+  spec.set_loss(v1::LOSS_CROSS_ENTROPY);
+  return spec;
+}
+
 }  // namespace
 
 absl::StatusOr<v1::ModelSpec> ParseModelFlags(absl::string_view layers, absl::string_view loss) {
@@ -149,6 +189,10 @@ absl::StatusOr<v1::ModelSpec> ParseModelFlags(absl::string_view layers, absl::st
   }
   if (absl::StartsWithIgnoreCase(absl::StripAsciiWhitespace(layers), "gpt:")) {
     return ParseGpt(absl::StripAsciiWhitespace(layers), loss);
+  }
+  if (absl::StartsWithIgnoreCase(absl::StripAsciiWhitespace(layers), "llama:") ||
+      absl::StartsWithIgnoreCase(absl::StripAsciiWhitespace(layers), "qwen2:")) {
+    return ParseDecoder(absl::StripAsciiWhitespace(layers), loss);
   }
   for (absl::string_view item : absl::StrSplit(layers, ',')) {
     item = absl::StripAsciiWhitespace(item);
@@ -188,6 +232,13 @@ codec::BatchLayout BatchLayoutOf(const v1::ModelSpec& model) {
     layout.context_length = model.gpt().context_length();
     layout.num_embeddings = model.gpt().vocab_size();
     layout.outputs = model.gpt().vocab_size();
+    return layout;
+  }
+  if (model.has_decoder()) {
+    layout.sequences = true;
+    layout.context_length = model.decoder().max_position_embeddings();
+    layout.num_embeddings = model.decoder().vocab_size();
+    layout.outputs = model.decoder().vocab_size();
     return layout;
   }
   if (model.layers_size() > 0 && model.layers(0).has_embedding()) {

@@ -29,7 +29,10 @@ namespace ampd {
 //   layer_norm:N  (or layernorm:N)  embedding:VOCAB:DIM (first layer only)
 // Or the whole model as a GPT: gpt:VOCAB:CONTEXT:DMODEL:NLAYER:NHEAD (the
 // other GPT fields take the server's defaults; --loss may only be
-// cross_entropy or empty).
+// cross_entropy or empty), or a Llama/Qwen2 decoder:
+// llama:VOCAB:HIDDEN:INTER:LAYERS:HEADS:KV_HEADS[:CONTEXT] without biases,
+// qwen2:... with q/k/v biases (CONTEXT, max_position_embeddings, 2048 when
+// not given; the rest the server's defaults).
 // --loss: "mse" or "cross_entropy" ("cross-entropy" and "ce" too).
 // Fields the flags do not give (eps, loss_multiplier) stay unset, for the
 // server's defaults. InvalidArgument naming the flag and the offending item
@@ -37,7 +40,8 @@ namespace ampd {
 absl::StatusOr<v1::ModelSpec> ParseModelFlags(absl::string_view layers, absl::string_view loss);
 
 // The batch layout of `model` as the wire describes it: a GPT's token
-// sequences ((B, T) ids, T <= context_length, next-token targets or -100);
+// sequences ((B, T) ids, T <= context_length, next-token targets or -100),
+// a decoder's likewise up to max_position_embeddings;
 // otherwise ids when the first layer is an embedding, else the first sized
 // layer's input width; labels for cross-entropy, else the width the last
 // layer produces. For a model

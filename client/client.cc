@@ -245,7 +245,8 @@ absl::StatusOr<std::string> Client::GetStateDict(const std::string& job_id) {
 }
 
 absl::StatusOr<v1::LoadStateDictResponse> Client::LoadStateDict(const std::string& job_id,
-                                                                absl::string_view safetensors) {
+                                                                absl::string_view safetensors,
+                                                                bool partial) {
   grpc::ClientContext context;
   Prepare(context);
   v1::LoadStateDictResponse response;
@@ -257,8 +258,10 @@ absl::StatusOr<v1::LoadStateDictResponse> Client::LoadStateDict(const std::strin
   do {
     if (offset == 0) {
       message.set_job_id(job_id);
+      message.set_partial(partial);
     } else {
       message.clear_job_id();
+      message.clear_partial();
     }
     const size_t n = std::min(chunk, safetensors.size() - offset);
     message.mutable_data()->assign(safetensors.data() + offset, n);

@@ -92,8 +92,11 @@ class Client {
   absl::StatusOr<v1::EvaluateResponse> Evaluate(const v1::EvaluateRequest& request);
   // The job's state as one safetensors file.
   absl::StatusOr<std::string> GetStateDict(const std::string& job_id);
+  // partial: the file holds some of the model's weights (one file of a
+  // sharded checkpoint; LoadStateDictRequest.partial).
   absl::StatusOr<v1::LoadStateDictResponse> LoadStateDict(const std::string& job_id,
-                                                          absl::string_view safetensors);
+                                                          absl::string_view safetensors,
+                                                          bool partial = false);
   // grpc.health.v1 Check: the serving status ("" = the whole server).
   absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> Health(
       const std::string& service = "");

@@ -159,6 +159,13 @@ if [ "$quick" -eq 1 ]; then
   gpt_svc_shape=(--gpt_vocab=512 --gpt_context=64 --gpt_d_model=64 --gpt_n_layer=2
                  --gpt_n_head=4 --gpt_batch=2)
   token_shape=(--vocab=512 --width=128 --depth=2 --tokens=64)
+  decoder_svc_shape=(--decoder_vocab=512 --decoder_hidden=64 --decoder_intermediate=128
+                     --decoder_layers=2 --decoder_heads=4 --decoder_kv_heads=2 --decoder_batch=2
+                     --decoder_seq_len=64)
+  decoder_shape=(--vocab=512 --hidden=64 --intermediate=128 --layers=2 --heads=4 --kv-heads=2
+                 --batch=2 --seq-len=64)
+  decoder_py_shape=(--vocab 512 --hidden 64 --intermediate 128 --layers 2 --heads 4
+                    --kv-heads 2 --batch 2 --seq-len 64)
   token_py_shape=(--vocab 512 --width 128 --depth 2 --tokens 64)
   concurrent=(--concurrent=1,2 --concurrent_steps=5)
   opt_millions=4
@@ -168,6 +175,9 @@ else
   gpt_py_shape=()
   gpt_svc_shape=()
   token_shape=()  # vocab 32768, width 4096, depth 4: 335M parameters, 8192 tokens
+  decoder_shape=()  # Qwen2.5-0.5B's shape, 8 x 1024 tokens
+  decoder_svc_shape=()
+  decoder_py_shape=()
   token_py_shape=()
   concurrent=(--concurrent=1,4,16 --concurrent_steps=50)
   opt_millions=256
@@ -184,6 +194,8 @@ part engine_mlp 60 "$bin/bench/engine/ampd_bench_engine" --device="$device" \
   --steps=$((steps * 5)) --warmup=$((warmup * 2))
 part engine_gpt 120 "$bin/bench/engine/ampd_bench_engine" --model=gpt --device="$device" \
   --precisions=bf16,fp16 --steps="$steps" --warmup="$warmup" "${peak[@]}" "${gpt_shape[@]}"
+part engine_decoder 180 "$bin/bench/engine/ampd_bench_engine" --model=decoder --device="$device" \
+  --precisions=bf16,fp16 --steps="$steps" --warmup="$warmup" "${peak[@]}" "${decoder_shape[@]}"
 part engine_token 90 "$bin/bench/engine/ampd_bench_engine" --model=token --device="$device" \
   --precisions=fp16,bf16 --steps="$steps" --warmup="$warmup" "${token_shape[@]}"
 if [ "$on_gpu" -eq 1 ]; then
@@ -204,6 +216,9 @@ part torch_mlp_host_batch 90 "${py[@]}" bench/pytorch/amp_mlp.py --device "$torc
   --steps $((steps * 5)) --warmup $((warmup * 2)) --host-batch "${threads[@]}"
 part torch_gpt 120 "${py[@]}" bench/pytorch/gpt.py --device "$torch_device" --precisions bf16,fp16 \
   --steps "$steps" --warmup "$warmup" "${gpt_py_shape[@]}" "${threads[@]}"
+part torch_decoder 180 "${py[@]}" bench/pytorch/decoder.py --device "$torch_device" \
+  --precisions bf16,fp16 --steps "$steps" --warmup "$warmup" "${decoder_py_shape[@]}" \
+  "${threads[@]}"
 part torch_token 90 "${py[@]}" bench/pytorch/token_model.py --device "$torch_device" \
   --steps "$steps" --warmup "$warmup" "${token_py_shape[@]}"
 
@@ -239,6 +254,8 @@ if [ -n "$port" ]; then
   [ "$on_gpu" -eq 0 ] && svc+=(--peak_tflops=0)
   part service_gpt 150 "${svc[@]}" --model=gpt --precisions=bf16,fp16 --concurrent= --state=false \
     "${gpt_svc_shape[@]}"
+  part service_decoder 240 "${svc[@]}" --model=decoder --precisions=bf16,fp16 --concurrent= \
+    --state=false "${decoder_svc_shape[@]}"
   # The 335M token model: CreateJob, steps, and its state dict out and back in.
   part service_token 120 "${svc[@]}" --model=token --precisions=fp16 --concurrent= \
     "${token_shape[@]}"

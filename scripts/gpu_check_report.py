@@ -157,6 +157,16 @@ def main() -> int:
             if c is not None:
                 rows.append((f"GPT tokens/s, {p} ({label}) vs torch.compile", fmt(a), fmt(c),
                              ratio(a, c)))
+    # The Qwen2.5-0.5B-shaped decoder in process, against its eager PyTorch peer
+    # (decoder.py prints gpt.py's line).
+    eager = gpt_lines(read(out, "torch_decoder"))
+    for source, label in (("engine_decoder", "in process"), ("service_decoder", "through gRPC")):
+        ours = gpt_lines(read(out, source))
+        for p in ("bf16", "fp16"):
+            a = ours.get(p, (None, None))[1]
+            e = eager.get(p, (None, None))[1]
+            rows.append((f"decoder tokens/s, {p} ({label}) vs eager", fmt(a), fmt(e),
+                         ratio(a, e)))
     # Token model through the service.
     svc_text = read(out, "service_token") + read(out, "service_token_bf16_fp32")
     svc, torch_tok = token_service(svc_text), token_torch(read(out, "torch_token"))

@@ -12,11 +12,18 @@
 // tokens/s, TFLOP/s and MFU, counting 6 N + 12 n_layer T d_model FLOPs a
 // token (N: every parameter but the position table) over --peak-tflops
 // (default 989.4, an H100 SXM's dense bf16, on CUDA; none on the CPU).
+// --model=decoder times a Llama/Qwen2 decoder the same way (Qwen2.5-0.5B's
+// shape by default, 8 x 1024 tokens; FLOPs 6 N + 12 L T (heads x head
+// width) a token, N every parameter but an untied embedding), beside
+// bench/pytorch/decoder.py's line.
 //
 //   ampd_bench_engine [--device=cpu|cuda|cuda:N] [--steps=N] [--warmup=N] [--create]
 //   ampd_bench_engine --model=gpt [--device=cuda:0] [--precisions=bf16,fp16] [--vocab=50304]
 //       [--context=1024] [--d-model=768] [--n-layer=12] [--n-head=12] [--batch=8]
 //       [--seq-len=1024] [--peak-tflops=989.4] [--steps=20] [--warmup=5]
+//   ampd_bench_engine --model=decoder [--device=cuda:0] [--precisions=bf16,fp16] [--vocab=151936]
+//       [--hidden=896] [--intermediate=4864] [--layers=24] [--heads=14] [--kv-heads=2] [--untied]
+//       [--batch=8] [--seq-len=1024] [--peak-tflops=989.4] [--steps=20] [--warmup=5]
 //   ampd_bench_engine --model=token [--device=cuda:0] [--precisions=fp16,bf16] [--vocab=32768]
 //       [--width=4096] [--depth=4] [--tokens=8192]   (service_bench's token model, in process)
 #include <algorithm>
@@ -227,18 +234,37 @@ ampd::engine::HostTensor RandomIds(int64_t b, int64_t t, int64_t vocab, std::mt1
   return ids;
 }
 
+// The shape of a token model's step, what it multiplies and how it prints.
+struct SequenceBench {
+  ampd::engine::model::ModelSpec model;
+  int64_t vocab = 0;
+  int64_t batch = 0;
+  int64_t seq_len = 0;
+  int64_t flop_params = 0;      // N of 6 N FLOPs a token
+  int64_t attention_flops = 0;  // 12 L T (heads x head width) a token
+  std::string precisions;
+  double peak_tflops = -1;
+};
+
+int BenchSequenceModel(const std::string& device, const SequenceBench& sb, int warmup, int steps);
+
 int BenchGpt(const std::string& device, const GptBench& g, int warmup, int steps) {
   namespace m = ampd::engine::model;
   const int64_t t = g.seq_len > 0 ? g.seq_len : g.spec.context_length;
-  double peak = g.peak_tflops;
-  if (peak < 0) peak = device.rfind("cuda", 0) == 0 ? 989.4 : 0;
+  SequenceBench sb;
+  sb.model.gpt = g.spec;
+  sb.model.loss = m::LossKind::kCrossEntropy;
+  sb.vocab = g.spec.vocab_size;
+  sb.batch = g.batch;
+  sb.seq_len = t;
   // Parameters that multiply: all but the position table (a lookup).
-  const int64_t n = m::GptParameterCount(g.spec) - g.spec.context_length * g.spec.d_model;
-  const double tokens = static_cast<double>(g.batch * t);
-  const double flops = (6.0 * static_cast<double>(n) +
-                        12.0 * static_cast<double>(g.spec.n_layer * t * g.spec.d_model)) *
-                       tokens;
+  sb.flop_params = m::GptParameterCount(g.spec) - g.spec.context_length * g.spec.d_model;
+  sb.attention_flops = 12 * g.spec.n_layer * t * g.spec.d_model;
+  sb.precisions = g.precisions;
+  sb.peak_tflops = g.peak_tflops;
   char peak_text[48] = "";
+  const double peak =
+      g.peak_tflops >= 0 ? g.peak_tflops : (device.rfind("cuda", 0) == 0 ? 989.4 : 0);
   if (peak > 0) std::snprintf(peak_text, sizeof(peak_text), ", peak %.1f TFLOP/s", peak);
   std::printf(
       "device: %s\ngpt: vocab %lld, context %lld, d_model %lld, %lld layers, %lld heads, "
@@ -247,11 +273,75 @@ int BenchGpt(const std::string& device, const GptBench& g, int warmup, int steps
       static_cast<long long>(g.spec.context_length), static_cast<long long>(g.spec.d_model),
       static_cast<long long>(g.spec.n_layer), static_cast<long long>(g.spec.n_head),
       static_cast<long long>(g.batch), static_cast<long long>(t), peak_text);
+  return BenchSequenceModel(device, sb, warmup, steps);
+}
+
+// A Llama/Qwen2 decoder (Qwen2.5-0.5B's shape by default: 24 layers, hidden
+// 896, 14 heads, 2 K/V heads, intermediate 4864, vocab 151936, tied, q/k/v
+// biases), as bench/pytorch/decoder.py builds it.
+struct DecoderBench {
+  ampd::engine::model::DecoderSpec spec = {.vocab_size = 151936,
+                                           .hidden_size = 896,
+                                           .intermediate_size = 4864,
+                                           .num_hidden_layers = 24,
+                                           .num_attention_heads = 14,
+                                           .num_key_value_heads = 2,
+                                           .rope_theta = 1000000.0f,
+                                           .max_position_embeddings = 1024,
+                                           .tie_word_embeddings = true,
+                                           .qkv_bias = true};
+};
+
+int BenchDecoder(const std::string& device, const DecoderBench& d, const GptBench& g, int warmup,
+                 int steps) {
+  namespace m = ampd::engine::model;
+  const int64_t t = g.seq_len > 0 ? g.seq_len : d.spec.max_position_embeddings;
+  SequenceBench sb;
+  sb.model.decoder = d.spec;
+  sb.model.decoder->max_position_embeddings = std::max(t, d.spec.max_position_embeddings);
+  sb.model.loss = m::LossKind::kCrossEntropy;
+  sb.vocab = d.spec.vocab_size;
+  sb.batch = g.batch;
+  sb.seq_len = t;
+  // Parameters that multiply: all but an untied embedding (a lookup); a
+  // tied one is counted once, as the LM head's GEMM (decoder.py's count).
+  sb.flop_params = m::DecoderParameterCount(d.spec) -
+                   (d.spec.tie_word_embeddings ? 0 : d.spec.vocab_size * d.spec.hidden_size);
+  sb.attention_flops =
+      12 * d.spec.num_hidden_layers * t * d.spec.num_attention_heads * m::DecoderHeadDim(d.spec);
+  sb.precisions = g.precisions;
+  sb.peak_tflops = g.peak_tflops;
+  char peak_text[48] = "";
+  const double peak =
+      g.peak_tflops >= 0 ? g.peak_tflops : (device.rfind("cuda", 0) == 0 ? 989.4 : 0);
+  if (peak > 0) std::snprintf(peak_text, sizeof(peak_text), ", peak %.1f TFLOP/s", peak);
+  std::printf(
+      "device: %s\ndecoder: vocab %lld, hidden %lld, intermediate %lld, %lld layers, %lld heads "
+      "/ %lld kv heads, %s, batch %lld x %lld tokens, AdamW, in-process Trainer%s\n",
+      device.c_str(), static_cast<long long>(d.spec.vocab_size),
+      static_cast<long long>(d.spec.hidden_size), static_cast<long long>(d.spec.intermediate_size),
+      static_cast<long long>(d.spec.num_hidden_layers),
+      static_cast<long long>(d.spec.num_attention_heads),
+      static_cast<long long>(d.spec.num_key_value_heads),
+      d.spec.tie_word_embeddings ? "tied" : "untied", static_cast<long long>(g.batch),
+      static_cast<long long>(t), peak_text);
+  return BenchSequenceModel(device, sb, warmup, steps);
+}
+
+int BenchSequenceModel(const std::string& device, const SequenceBench& sb, int warmup, int steps) {
+  namespace m = ampd::engine::model;
+  double peak = sb.peak_tflops;
+  if (peak < 0) peak = device.rfind("cuda", 0) == 0 ? 989.4 : 0;
+  const int64_t t = sb.seq_len;
+  const int64_t n = sb.flop_params;
+  const double tokens = static_cast<double>(sb.batch * t);
+  const double flops =
+      (6.0 * static_cast<double>(n) + static_cast<double>(sb.attention_flops)) * tokens;
   std::mt19937_64 rng(1);
   StepInput input;
-  input.micro_batches.push_back(MicroBatch{RandomIds(g.batch, t, g.spec.vocab_size, rng),
-                                           RandomIds(g.batch, t, g.spec.vocab_size, rng)});
-  for (const absl::string_view name : absl::StrSplit(g.precisions, ',', absl::SkipEmpty())) {
+  input.micro_batches.push_back(
+      MicroBatch{RandomIds(sb.batch, t, sb.vocab, rng), RandomIds(sb.batch, t, sb.vocab, rng)});
+  for (const absl::string_view name : absl::StrSplit(sb.precisions, ',', absl::SkipEmpty())) {
     Precision precision;
     if (name == "fp32") {
       precision = Precision::kFp32;
@@ -265,8 +355,7 @@ int BenchGpt(const std::string& device, const GptBench& g, int warmup, int steps
       return 2;
     }
     JobConfig config = ampd::engine::DefaultJobConfig(precision);
-    config.model.gpt = g.spec;
-    config.model.loss = m::LossKind::kCrossEntropy;
+    config.model = sb.model;
     config.optimizer.adam.lr = 6e-4f;
     config.optimizer.adam.beta1 = 0.9f;
     config.optimizer.adam.beta2 = 0.95f;
@@ -430,9 +519,10 @@ bool PositiveFlag(const std::string& a, const std::string& name, int64_t* out, b
 int main(int argc, char** argv) {
   std::string device = "cpu";
   int steps = 10, warmup = 3;
-  bool create = false, gpt = false, token = false, bad = false, steps_given = false,
-       warmup_given = false, vocab_given = false;
+  bool create = false, gpt = false, token = false, decoder = false, bad = false,
+       steps_given = false, warmup_given = false, vocab_given = false;
   GptBench g;
+  DecoderBench d;
   TokenBench tb;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -440,6 +530,15 @@ int main(int argc, char** argv) {
       gpt = true;
     } else if (a == "--model=token") {
       token = true;
+    } else if (a == "--model=decoder") {
+      decoder = true;
+    } else if (PositiveFlag(a, "hidden", &d.spec.hidden_size, &bad) ||
+               PositiveFlag(a, "intermediate", &d.spec.intermediate_size, &bad) ||
+               PositiveFlag(a, "layers", &d.spec.num_hidden_layers, &bad) ||
+               PositiveFlag(a, "heads", &d.spec.num_attention_heads, &bad) ||
+               PositiveFlag(a, "kv-heads", &d.spec.num_key_value_heads, &bad)) {
+    } else if (a == "--untied") {
+      d.spec.tie_word_embeddings = false;
     } else if (a == "--model=mlp") {
       gpt = false;
     } else if (PositiveFlag(a, "vocab", &g.spec.vocab_size, &bad)) {
@@ -479,13 +578,25 @@ int main(int argc, char** argv) {
                  "[--context=C] [--d-model=D] [--n-layer=L] [--n-head=H] [--batch=B] "
                  "[--seq-len=T] [--peak-tflops=P]\n"
                  "       %s --model=token [--device=..] [--precisions=fp16,bf16] [--vocab=V] "
-                 "[--width=D] [--depth=L] [--tokens=N]\n",
-                 argv[0], argv[0], argv[0]);
+                 "[--width=D] [--depth=L] [--tokens=N]\n"
+                 "       %s --model=decoder [--device=..] [--precisions=bf16,fp16] [--vocab=V] "
+                 "[--hidden=C] [--intermediate=I] [--layers=L] [--heads=H] [--kv-heads=K] "
+                 "[--untied] [--batch=B] [--seq-len=T] [--peak-tflops=P]\n",
+                 argv[0], argv[0], argv[0], argv[0]);
     return 2;
   }
   if (token) {
     if (vocab_given) tb.vocab = g.spec.vocab_size;
     return BenchToken(device, tb, warmup_given ? warmup : 3, steps_given ? steps : 20);
+  }
+  if (decoder) {
+    if (vocab_given) d.spec.vocab_size = g.spec.vocab_size;
+    const int64_t t = g.seq_len > 0 ? g.seq_len : d.spec.max_position_embeddings;
+    if (g.batch > (int64_t{1} << 30) / t) {
+      std::fprintf(stderr, "--batch x --seq-len must be <= 2^30\n");
+      return 2;
+    }
+    return BenchDecoder(device, d, g, warmup_given ? warmup : 5, steps_given ? steps : 20);
   }
   if (gpt) {
     const int64_t t = g.seq_len > 0 ? g.seq_len : g.spec.context_length;

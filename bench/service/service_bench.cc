@@ -1,7 +1,7 @@
 // ampd_bench_service: drives a running ampd over gRPC, as a client would,
 // and prints what a user of the service sees: CreateJob time, the first
 // step, median step time and TFLOP/s, state-dict export/import GB/s, and
-// the steps/s of N small jobs stepping concurrently. Three models:
+// the steps/s of N small jobs stepping concurrently. Four models:
 //
 //   token: Embedding(V, D), depth x (Linear D->D, GELU), Linear D->V,
 //          cross-entropy over T tokens a step (ids I32). Defaults are the
@@ -14,12 +14,17 @@
 //          8 x 1024 random tokens, AdamW(lr 6e-4, betas (0.9, 0.95), weight
 //          decay 0.1); bench/pytorch/gpt.py is its PyTorch peer, and its
 //          lines have the peer's format: tokens/s and MFU.
+//   decoder: a Qwen2-style decoder (ModelSpec.decoder), Qwen2.5-0.5B's shape
+//          by default (vocab 151936, hidden 896, intermediate 4864, 24
+//          layers, 14 heads, 2 K/V heads, tied, q/k/v biases), 8 x 1024
+//          random tokens, the GPT's optimizer; bench/pytorch/decoder.py's peer.
 //
 // TFLOP/s counts the GEMMs only: 6 x (Linear parameters) x rows, i.e. the
 // forward product and the two backward products of every Linear layer. For
 // the GPT it is gpt.py's count: 6 N + 12 n_layer T d_model per token (N:
 // every parameter but the position table; the attention's QK^T and PV over
-// the full T x T), and MFU divides it by --peak_tflops.
+// the full T x T), and MFU divides it by --peak_tflops; for the decoder
+// decoder.py's, 6 N + 12 L T (heads x head width).
 // Prints figures; it never passes or fails.
 //
 //   ampd_bench_service --server=127.0.0.1:50051 [--model=token|mlp]
@@ -29,6 +34,9 @@
 //   ampd_bench_service --model=gpt --precisions=bf16,fp16 --concurrent= [--gpt_vocab=50304
 //       --gpt_context=1024 --gpt_d_model=768 --gpt_n_layer=12 --gpt_n_head=12
 //       --gpt_batch=8 --gpt_seq_len=1024] [--peak_tflops=989.4]
+//   ampd_bench_service --model=decoder --precisions=bf16,fp16 --concurrent= [--decoder_vocab=151936
+//       --decoder_hidden=896 --decoder_intermediate=4864 --decoder_layers=24 --decoder_heads=14
+//       --decoder_kv_heads=2 --decoder_batch=8 --decoder_seq_len=1024] [--peak_tflops=989.4]
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -52,7 +60,7 @@
 #include "common/status_macros.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "ampd's gRPC address");
-ABSL_FLAG(std::string, model, "token", "token, mlp or gpt");
+ABSL_FLAG(std::string, model, "token", "token, mlp, gpt or decoder");
 ABSL_FLAG(std::string, precisions, "fp16,bf16,fp32", "comma-separated: fp16, bf16, fp32");
 ABSL_FLAG(int, steps, 20, "timed steps per precision");
 ABSL_FLAG(int, warmup, 3, "untimed steps after the first");
@@ -67,6 +75,14 @@ ABSL_FLAG(int64_t, gpt_n_layer, 12, "gpt: n_layer");
 ABSL_FLAG(int64_t, gpt_n_head, 12, "gpt: n_head");
 ABSL_FLAG(int64_t, gpt_batch, 8, "gpt: sequences per step");
 ABSL_FLAG(int64_t, gpt_seq_len, 0, "gpt: tokens per sequence (0: the context)");
+ABSL_FLAG(int64_t, decoder_vocab, 151936, "decoder: vocab_size");
+ABSL_FLAG(int64_t, decoder_hidden, 896, "decoder: hidden_size");
+ABSL_FLAG(int64_t, decoder_intermediate, 4864, "decoder: intermediate_size");
+ABSL_FLAG(int64_t, decoder_layers, 24, "decoder: num_hidden_layers");
+ABSL_FLAG(int64_t, decoder_heads, 14, "decoder: num_attention_heads");
+ABSL_FLAG(int64_t, decoder_kv_heads, 2, "decoder: num_key_value_heads");
+ABSL_FLAG(int64_t, decoder_batch, 8, "decoder: sequences per step");
+ABSL_FLAG(int64_t, decoder_seq_len, 1024, "decoder: tokens per sequence");
 ABSL_FLAG(double, peak_tflops, 989.4,
           "gpt: the device's dense peak for MFU (989.4: H100 SXM bf16; 0 prints no MFU)");
 ABSL_FLAG(std::string, concurrent, "1,4,16", "small-job counts for the concurrency run ('' skips)");
@@ -195,6 +211,47 @@ Workload GptWorkload(int64_t vocab, int64_t context, int64_t d_model, int64_t n_
   return w;
 }
 
+// A Qwen2-style decoder (tied, q/k/v biases, rope_theta 1e6) with gpt.py's
+// optimizer, as bench/pytorch/decoder.py builds it; (B, T) random ids and
+// targets. FLOPs: decoder.py's count, 6 N + 12 L T (heads x head width).
+Workload DecoderWorkload(int64_t vocab, int64_t hidden, int64_t inter, int64_t layers,
+                         int64_t heads, int64_t kv_heads, int64_t batch, int64_t seq_len) {
+  Workload w;
+  ampd::v1::Decoder* d = w.model.mutable_decoder();
+  d->set_vocab_size(vocab);
+  d->set_hidden_size(hidden);
+  d->set_intermediate_size(inter);
+  d->set_num_hidden_layers(layers);
+  d->set_num_attention_heads(heads);
+  d->set_num_key_value_heads(kv_heads);
+  d->set_max_position_embeddings(seq_len);
+  d->set_rope_theta(1000000.0f);
+  d->set_tie_word_embeddings(true);
+  d->set_qkv_bias(true);
+  w.model.set_loss(ampd::v1::LOSS_CROSS_ENTROPY);
+  const double c = static_cast<double>(hidden);
+  const double head_dim = static_cast<double>(hidden / heads);
+  const double q = static_cast<double>(heads) * head_dim;
+  const double qkv = q + 2 * static_cast<double>(kv_heads) * head_dim;
+  const double block = 2 * c + qkv * c + qkv + c * q + 3 * static_cast<double>(inter) * c;
+  const double n = static_cast<double>(vocab) * c + static_cast<double>(layers) * block + c;
+  const double tokens = static_cast<double>(batch * seq_len);
+  w.gpt_flops = (6 * n + 12.0 * static_cast<double>(layers * seq_len) * q) * tokens;
+  w.linear_params = static_cast<int64_t>(n);
+  w.name = absl::StrCat("decoder: vocab ", vocab, ", hidden ", hidden, ", intermediate ", inter,
+                        ", ", layers, " layers, ", heads, " heads / ", kv_heads,
+                        " kv heads, tied, batch ", batch, " x ", seq_len, " tokens, AdamW");
+  std::mt19937_64 rng(1);
+  for (ampd::v1::Tensor* t : {w.batch.mutable_inputs(), w.batch.mutable_targets()}) {
+    *t = RandomIds(batch * seq_len, vocab, rng);
+    t->clear_shape();
+    t->add_shape(batch);
+    t->add_shape(seq_len);
+  }
+  w.rows = batch * seq_len;
+  return w;
+}
+
 // The MLP's payload (2 MB of F32 a step) with next to no compute: inputs
 // (512, 1024) and targets (512, 1) through one Linear(1024, 1), so the
 // step's rate is the service's own per-step cost (receiving, checking and
@@ -237,7 +294,7 @@ absl::StatusOr<ampd::v1::Job> Create(ampd::Client& client, const Workload& w,
   request.mutable_config()->set_precision(precision);
   request.mutable_config()->set_display_name(name);
   ampd::v1::OptimizerConfig* o = request.mutable_config()->mutable_optimizer();
-  if (w.model.has_gpt()) {
+  if (w.model.has_gpt() || w.model.has_decoder()) {
     o->set_kind(ampd::v1::OPTIMIZER_ADAMW);
     o->set_lr(6e-4f);
     o->set_beta1(0.9f);
@@ -398,8 +455,8 @@ int main(int argc, char** argv) {
   options.deadline = absl::Minutes(10);  // large models: creation and state transfer
   std::unique_ptr<ampd::Client> client = ampd::Client::Connect(server, options);
   const std::string model = absl::GetFlag(FLAGS_model);
-  if (model != "token" && model != "mlp" && model != "gpt") {
-    std::fprintf(stderr, "ampd_bench_service: --model must be token, mlp or gpt, got %s\n",
+  if (model != "token" && model != "mlp" && model != "gpt" && model != "decoder") {
+    std::fprintf(stderr, "ampd_bench_service: --model must be token, mlp, gpt or decoder, got %s\n",
                  model.c_str());
     return 2;
   }
@@ -410,15 +467,28 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ampd_bench_service: --gpt_batch x --gpt_seq_len must be in [1, 2^30]\n");
     return 2;
   }
+  const int64_t decoder_batch = absl::GetFlag(FLAGS_decoder_batch);
+  const int64_t decoder_seq = absl::GetFlag(FLAGS_decoder_seq_len);
+  if (model == "decoder" &&
+      (decoder_batch < 1 || decoder_seq < 1 || decoder_batch > (int64_t{1} << 30) / decoder_seq)) {
+    std::fprintf(stderr,
+                 "ampd_bench_service: --decoder_batch x --decoder_seq_len must be in [1, 2^30]\n");
+    return 2;
+  }
   const Workload w =
       model == "mlp" ? MlpWorkload()
+      : model == "decoder"
+          ? DecoderWorkload(absl::GetFlag(FLAGS_decoder_vocab), absl::GetFlag(FLAGS_decoder_hidden),
+                            absl::GetFlag(FLAGS_decoder_intermediate),
+                            absl::GetFlag(FLAGS_decoder_layers), absl::GetFlag(FLAGS_decoder_heads),
+                            absl::GetFlag(FLAGS_decoder_kv_heads), decoder_batch, decoder_seq)
       : model == "gpt"
           ? GptWorkload(absl::GetFlag(FLAGS_gpt_vocab), absl::GetFlag(FLAGS_gpt_context),
                         absl::GetFlag(FLAGS_gpt_d_model), absl::GetFlag(FLAGS_gpt_n_layer),
                         absl::GetFlag(FLAGS_gpt_n_head), absl::GetFlag(FLAGS_gpt_batch), seq_len)
           : TokenWorkload(absl::GetFlag(FLAGS_vocab), absl::GetFlag(FLAGS_width),
                           absl::GetFlag(FLAGS_depth), absl::GetFlag(FLAGS_tokens));
-  if (model == "gpt") {
+  if (model == "gpt" || model == "decoder") {
     std::printf(
         "ampd at %s\n%s%s\n", server.c_str(), w.name.c_str(),
         absl::GetFlag(FLAGS_peak_tflops) > 0

@@ -140,7 +140,8 @@ class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRe
       const auto size = static_cast<int64_t>(receiver_.received_bytes());
       const absl::Time received = absl::Now();
       registry_->ImportState(
-          tenant_, job_id_, *std::move(state), [this, size, received](absl::StatusOr<int64_t> n) {
+          tenant_, job_id_, *std::move(state), partial_,
+          [this, size, received](absl::StatusOr<int64_t> n) {
             if (n.ok()) {
               response_->set_bytes(size);
               response_->set_tensors(*n);
@@ -166,6 +167,7 @@ class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRe
     if (first_) {
       first_ = false;
       job_id_ = request_.job_id();
+      partial_ = request_.partial();
       if (job_id_.empty()) {
         Done(FieldError("job_id", "the first message must name the job"));
         return;
@@ -261,6 +263,7 @@ class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRe
   int64_t held_ = 0;  // of budget_, for this stream
   const absl::Time start_;
   v1::LoadStateDictRequest request_;
+  bool partial_ = false;  // the first message's partial
   bool first_ = true;
   std::string job_id_;
   codec::SafetensorsReceiver receiver_;  // the file so far, decoded

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -45,10 +46,57 @@ absl::Status GptFromProto(const v1::Gpt& proto, absl::string_view field_prefix,
   return absl::OkStatus();
 }
 
+// The decoder's fields with Hugging Face's defaults for unset optional
+// ones; the engine validates the sizes.
+absl::Status DecoderFromProto(const v1::Decoder& proto, absl::string_view field_prefix,
+                              model::DecoderSpec* d) {
+  d->vocab_size = proto.vocab_size();
+  d->hidden_size = proto.hidden_size();
+  d->intermediate_size = proto.intermediate_size();
+  d->num_hidden_layers = proto.num_hidden_layers();
+  d->num_attention_heads = proto.num_attention_heads();
+  d->num_key_value_heads =
+      proto.has_num_key_value_heads() ? proto.num_key_value_heads() : proto.num_attention_heads();
+  d->head_dim = proto.head_dim();
+  d->max_position_embeddings = proto.max_position_embeddings();
+  const std::pair<bool, std::pair<const char*, float>> reals[] = {
+      {proto.has_rms_norm_eps(), {"rms_norm_eps", proto.rms_norm_eps()}},
+      {proto.has_rope_theta(), {"rope_theta", proto.rope_theta()}},
+      {proto.has_initializer_range(), {"initializer_range", proto.initializer_range()}},
+  };
+  for (const auto& [set, field] : reals) {
+    if (!set) continue;
+    AMPD_RETURN_IF_ERROR(
+        CheckFinite(absl::StrCat(field_prefix, ".decoder.", field.first), field.second));
+  }
+  if (proto.has_rms_norm_eps()) d->rms_norm_eps = proto.rms_norm_eps();
+  if (proto.has_rope_theta()) d->rope_theta = proto.rope_theta();
+  if (proto.has_initializer_range()) d->initializer_range = proto.initializer_range();
+  d->tie_word_embeddings = proto.tie_word_embeddings();
+  d->qkv_bias = proto.qkv_bias();
+  d->o_bias = proto.o_bias();
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ModelSpecFromProto(const v1::ModelSpec& proto, absl::string_view field_prefix,
                                 model::ModelSpec* spec) {
+  if (proto.has_decoder()) {
+    if (proto.layers_size() > 0) {
+      return FieldError(
+          absl::StrCat(field_prefix, ".layers"),
+          absl::StrCat("must be empty when decoder is set, got ", proto.layers_size(), " layers"));
+    }
+    if (proto.loss() != v1::LOSS_UNSPECIFIED && proto.loss() != v1::LOSS_CROSS_ENTROPY) {
+      return FieldError(absl::StrCat(field_prefix, ".loss"),
+                        "a decoder's loss is the token cross-entropy (leave it unset)");
+    }
+    model::DecoderSpec decoder;
+    AMPD_RETURN_IF_ERROR(DecoderFromProto(proto.decoder(), field_prefix, &decoder));
+    spec->decoder = decoder;
+    spec->loss = model::LossKind::kCrossEntropy;
+  }
   if (proto.has_gpt()) {
     // Both set is the client's mistake, named here rather than left to
     // look like a layer-stack error.
@@ -109,7 +157,7 @@ absl::Status ModelSpecFromProto(const v1::ModelSpec& proto, absl::string_view fi
   }
   switch (proto.loss()) {
     case v1::LOSS_UNSPECIFIED:
-      if (!spec->gpt.has_value()) spec->loss = model::LossKind::kMse;
+      if (!model::IsSequenceModel(*spec)) spec->loss = model::LossKind::kMse;
       break;
     case v1::LOSS_MSE:
       spec->loss = model::LossKind::kMse;
@@ -172,6 +220,24 @@ v1::ModelSpec ModelSpecToProto(const model::ModelSpec& spec) {
     gpt->set_mlp_ratio(spec.gpt->mlp_ratio);
     gpt->set_layer_norm_eps(spec.gpt->layer_norm_eps);
     gpt->set_tie_embeddings(spec.gpt->tie_embeddings);
+  }
+  if (spec.decoder.has_value()) {
+    const model::DecoderSpec& d = *spec.decoder;
+    v1::Decoder* out = proto.mutable_decoder();
+    out->set_vocab_size(d.vocab_size);
+    out->set_hidden_size(d.hidden_size);
+    out->set_intermediate_size(d.intermediate_size);
+    out->set_num_hidden_layers(d.num_hidden_layers);
+    out->set_num_attention_heads(d.num_attention_heads);
+    out->set_num_key_value_heads(d.num_key_value_heads);
+    out->set_head_dim(model::DecoderHeadDim(d));  // the effective width, default filled in
+    out->set_rms_norm_eps(d.rms_norm_eps);
+    out->set_rope_theta(d.rope_theta);
+    out->set_max_position_embeddings(d.max_position_embeddings);
+    out->set_tie_word_embeddings(d.tie_word_embeddings);
+    out->set_initializer_range(d.initializer_range);
+    out->set_qkv_bias(d.qkv_bias);
+    out->set_o_bias(d.o_bias);
   }
   proto.set_loss(spec.loss == model::LossKind::kCrossEntropy ? v1::LOSS_CROSS_ENTROPY
                                                              : v1::LOSS_MSE);

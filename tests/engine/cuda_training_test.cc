@@ -60,6 +60,25 @@ JobConfig GptJob(model::Precision precision) {
   return config;
 }
 
+// A Qwen2-style decoder of the same size: 4 query heads sharing 2 K/V
+// heads (RoPE, the K/V expansion and its reduction), q/k/v biases, SwiGLU,
+// an untied head.
+JobConfig DecoderJob(model::Precision precision) {
+  JobConfig config = GptJob(precision);
+  config.model.gpt.reset();
+  model::DecoderSpec d;
+  d.vocab_size = 64;
+  d.hidden_size = 64;
+  d.intermediate_size = 128;
+  d.num_hidden_layers = 2;
+  d.num_attention_heads = 4;
+  d.num_key_value_heads = 2;
+  d.max_position_embeddings = 32;
+  d.qkv_bias = true;
+  config.model.decoder = d;
+  return config;
+}
+
 // Sequences following next = (5 t + 3) mod 64 from random starts, with the
 // last target of each row ignored.
 MicroBatch Sequences(DataRng& rng, int64_t batch, int64_t seq) {
@@ -88,7 +107,7 @@ Curve Train(const std::string& device, const JobConfig& config, int steps) {
   for (int s = 0; s < steps; ++s) {
     StepInput input;
     for (int k = 0; k < 2; ++k) {
-      if (config.model.gpt.has_value()) {
+      if (model::IsSequenceModel(config.model)) {
         // Two shapes, so each step runs two workspaces.
         input.micro_batches.push_back(Sequences(rng, 4, k == 0 ? 32 : 20));
         continue;
@@ -172,6 +191,23 @@ TEST_P(CudaTraining, GptLossCurveMatchesTheCpuBackend) {
   EXPECT_LT(cpu.loss.back(), 0.7f * cpu.loss.front());
 }
 
+// The decoder (RMSNorm, RoPE, grouped K/V heads, SwiGLU, the stacked q|k|v
+// projection) on CUDA against the CPU oracle, step by step.
+TEST_P(CudaTraining, DecoderLossCurveMatchesTheCpuBackend) {
+  const JobConfig config = DecoderJob(GetParam());
+  const int kSteps = 30;
+  const Curve cpu = Train("cpu", config, kSteps);
+  const Curve gpu = Train("cuda:0", config, kSteps);
+  ASSERT_EQ(cpu.loss.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(gpu.loss.size(), static_cast<size_t>(kSteps));
+  for (int s = 0; s < kSteps; ++s) {
+    EXPECT_EQ(cpu.skipped[s], gpu.skipped[s]) << "step " << s + 1;
+    EXPECT_NEAR(gpu.loss[s], cpu.loss[s], Tolerance(GetParam()) * std::fabs(cpu.loss[s]))
+        << "step " << s + 1;
+  }
+  EXPECT_LT(cpu.loss.back(), 0.7f * cpu.loss.front());
+}
+
 // Per-layer loss scales (adaptive, fp16) on CUDA against the CPU oracle: a
 // layer stack (the group boundary is a dx GEMM's alpha) and a GPT (the
 // residual add's scale, the tied head's GEMM alpha), each calibrated and
@@ -186,9 +222,11 @@ class CudaPerLayerScales : public ::testing::Test {
 };
 
 TEST_F(CudaPerLayerScales, LayerStackAndGptMatchTheCpuBackend) {
-  for (JobConfig config :
-       {MlpJob(model::Precision::kFp16, 65536.0, 100.0f), GptJob(model::Precision::kFp16)}) {
-    SCOPED_TRACE(config.model.gpt.has_value() ? "gpt" : "layer stack");
+  for (JobConfig config : {MlpJob(model::Precision::kFp16, 65536.0, 100.0f),
+                           GptJob(model::Precision::kFp16), DecoderJob(model::Precision::kFp16)}) {
+    SCOPED_TRACE(config.model.gpt.has_value()       ? "gpt"
+                 : config.model.decoder.has_value() ? "decoder"
+                                                    : "layer stack");
     config.scaler = amp::ScalerConfig::Defaults(amp::ScalerPolicy::kAdaptive);
     config.scaler.growth_interval = 5;
     config.scaler.per_layer_scales = true;
@@ -208,11 +246,11 @@ TEST_F(CudaPerLayerScales, LayerStackAndGptMatchTheCpuBackend) {
   }
 }
 
-// A warm GPT step on CUDA takes nothing from the driver and no tensor from
-// the pool: its workspaces (the whole LM head's logits among them) stay
-// cached from step to step, however large.
-TEST_P(CudaTraining, WarmGptStepAllocatesNothing) {
-  const JobConfig config = GptJob(GetParam());
+// A warm GPT or decoder step on CUDA takes nothing from the driver and no
+// tensor from the pool: its workspaces (the whole LM head's logits, the
+// decoder's stacked q|k|v matrices among them) stay cached from step to
+// step, however large.
+void ExpectWarmStepAllocatesNothing(const JobConfig& config) {
   auto backend = kernels::CreateBackend("cuda:0");
   ASSERT_TRUE(backend.ok()) << backend.status();
   auto trainer = Trainer::Create(config, *std::move(backend));
@@ -235,6 +273,13 @@ TEST_P(CudaTraining, WarmGptStepAllocatesNothing) {
   EXPECT_EQ(pool.stats().device_allocations, mallocs);
   EXPECT_EQ((*trainer)->backend().AllocationCount(), allocations);
   EXPECT_EQ((*trainer)->workspace_bytes(), cached);
+}
+
+TEST_P(CudaTraining, WarmGptAndDecoderStepsAllocateNothing) {
+  for (const JobConfig& config : {GptJob(GetParam()), DecoderJob(GetParam())}) {
+    SCOPED_TRACE(config.model.gpt.has_value() ? "gpt" : "decoder");
+    ExpectWarmStepAllocatesNothing(config);
+  }
 }
 
 // The LM head's rounding contract on cuBLAS: one GEMM with beta = 1 into

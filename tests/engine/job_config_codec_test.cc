@@ -63,6 +63,25 @@ void ExpectSameConfig(const JobConfig& a, const JobConfig& b) {
     EXPECT_TRUE(SameBits(x.layer_norm_eps, y.layer_norm_eps));
     EXPECT_EQ(x.tie_embeddings, y.tie_embeddings);
   }
+  ASSERT_EQ(a.model.decoder.has_value(), b.model.decoder.has_value());
+  if (a.model.decoder.has_value()) {
+    const model::DecoderSpec& x = *a.model.decoder;
+    const model::DecoderSpec& y = *b.model.decoder;
+    EXPECT_EQ(x.vocab_size, y.vocab_size);
+    EXPECT_EQ(x.hidden_size, y.hidden_size);
+    EXPECT_EQ(x.intermediate_size, y.intermediate_size);
+    EXPECT_EQ(x.num_hidden_layers, y.num_hidden_layers);
+    EXPECT_EQ(x.num_attention_heads, y.num_attention_heads);
+    EXPECT_EQ(x.num_key_value_heads, y.num_key_value_heads);
+    EXPECT_EQ(x.head_dim, y.head_dim);
+    EXPECT_TRUE(SameBits(x.rms_norm_eps, y.rms_norm_eps));
+    EXPECT_TRUE(SameBits(x.rope_theta, y.rope_theta));
+    EXPECT_EQ(x.max_position_embeddings, y.max_position_embeddings);
+    EXPECT_EQ(x.tie_word_embeddings, y.tie_word_embeddings);
+    EXPECT_TRUE(SameBits(x.initializer_range, y.initializer_range));
+    EXPECT_EQ(x.qkv_bias, y.qkv_bias);
+    EXPECT_EQ(x.o_bias, y.o_bias);
+  }
   EXPECT_EQ(a.model.loss, b.model.loss);
   EXPECT_TRUE(SameBits(a.model.loss_multiplier, b.model.loss_multiplier));
   const optim::OptimizerSpec& o = a.optimizer;
@@ -388,14 +407,14 @@ TEST_F(JobConfigCodecRefuses, WrongTypesAndRanges) {
 
 TEST_F(JobConfigCodecRefuses, OtherFormatVersions) {
   ExpectError(Edited("\"format_version\":1", "\"format_version\":0"), absl::StatusCode::kDataLoss,
-              "ampd.config: format_version: 0 is not a version this ampd reads (1 to 5); the "
+              "ampd.config: format_version: 0 is not a version this ampd reads (1 to 6); the "
               "checkpoint was written by another ampd");
   ExpectError(Edited("\"format_version\":1,", ""), absl::StatusCode::kDataLoss,
               "ampd.config: format_version: missing");
   // A later format may change any key: the version is checked before them.
-  ExpectError(Edited("\"format_version\":1,", "\"format_version\":6,\"new\":{},"),
+  ExpectError(Edited("\"format_version\":1,", "\"format_version\":7,\"new\":{},"),
               absl::StatusCode::kDataLoss,
-              "ampd.config: format_version: 6 is not a version this ampd reads (1 to 5); the "
+              "ampd.config: format_version: 7 is not a version this ampd reads (1 to 6); the "
               "checkpoint was written by a newer ampd");
 }
 
@@ -603,6 +622,54 @@ TEST(JobConfigCodec, GptConfigsAreVersionThree) {
   EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(decoded.status().message(), "model.gpt.n_head: must divide"))
       << decoded.status();
+}
+
+// A Qwen2.5-0.5B-shaped decoder (with per-layer scales, which alone would
+// be version 5) is written as version 6 and reads back bit for bit; an
+// older version naming it, or a decoder the engine refuses, is refused.
+TEST(JobConfigCodec, DecoderConfigsAreVersionSix) {
+  JobConfig config = DefaultJobConfig(Precision::kFp16, amp::ScalerPolicy::kAdaptive);
+  config.scaler.per_layer_scales = true;
+  config.model.loss = model::LossKind::kCrossEntropy;
+  model::DecoderSpec d;
+  d.vocab_size = 151936;
+  d.hidden_size = 896;
+  d.intermediate_size = 4864;
+  d.num_hidden_layers = 24;
+  d.num_attention_heads = 14;
+  d.num_key_value_heads = 2;
+  d.rms_norm_eps = 1e-6f;
+  d.rope_theta = 1000000.0f;
+  d.max_position_embeddings = 32768;
+  d.tie_word_embeddings = true;
+  d.initializer_range = 0.02f;
+  d.qkv_bias = true;
+  config.model.decoder = d;
+  ASSERT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
+  const std::string json = EncodeJobConfig(config, "");
+  EXPECT_TRUE(absl::StartsWith(json, "{\"format_version\":6,")) << json;
+  EXPECT_TRUE(absl::StrContains(
+      json, "\"decoder\":{\"vocab_size\":151936,\"hidden_size\":896,\"intermediate_size\":4864,"))
+      << json;
+  absl::StatusOr<DecodedJobConfig> decoded = DecodeJobConfig(json);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  ExpectSameConfig(config, decoded->config.get());
+
+  decoded = DecodeJobConfig(
+      absl::StrReplaceAll(json, {{"\"format_version\":6", "\"format_version\":5"}}));
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_EQ(decoded.status().message(),
+            "ampd.config: model.decoder: not a key of format_version 5");
+  decoded = DecodeJobConfig(
+      absl::StrReplaceAll(json, {{"\"num_key_value_heads\":2", "\"num_key_value_heads\":3"}}));
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(decoded.status().message(),
+                                "model.decoder.num_key_value_heads: must divide"))
+      << decoded.status();
+  decoded = DecodeJobConfig(absl::StrReplaceAll(json, {{",\"o_bias\":false", ""}}));
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
 }
 
 TEST(JobConfigCodec, DistributedConfigsAreVersionFourAndRoundTrip) {

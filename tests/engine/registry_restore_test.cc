@@ -201,7 +201,7 @@ TEST_F(CheckpointBytes, ImportKeepsTheJobsSequenceAndCheckpointsTheRecordedBytes
       checkpoint::DecodeSafetensors(test_support::ReadFile(file_));
   ASSERT_TRUE(file.ok()) << file.status();
   std::promise<absl::StatusOr<int64_t>> imported;
-  (*registry)->ImportState("", job->job_id, *std::move(file),
+  (*registry)->ImportState("", job->job_id, *std::move(file), /*partial=*/false,
                            [&](absl::StatusOr<int64_t> n) { imported.set_value(std::move(n)); });
   absl::StatusOr<int64_t> tensors = imported.get_future().get();
   ASSERT_TRUE(tensors.ok()) << tensors.status();

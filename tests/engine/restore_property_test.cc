@@ -145,8 +145,9 @@ class RestoreProperty : public ::testing::TestWithParam<Case> {
         }
       }
     }
-    absl::StatusOr<int64_t> loaded = Wait<absl::StatusOr<int64_t>>(
-        [&](auto done) { live_->ImportState("", id_, std::move(state), std::move(done)); });
+    absl::StatusOr<int64_t> loaded = Wait<absl::StatusOr<int64_t>>([&](auto done) {
+      live_->ImportState("", id_, std::move(state), /*partial=*/false, std::move(done));
+    });
     ASSERT_TRUE(loaded.ok()) << loaded.status();
   }
 

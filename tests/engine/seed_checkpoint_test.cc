@@ -174,7 +174,7 @@ TEST_F(SeedCheckpoint, CheckpointsAreFullOnceTheJobHasChanged) {
       checkpoint::DecodeSafetensors(Export(**registry, stepped->job_id));
   ASSERT_TRUE(other.ok()) << other.status();
   std::promise<absl::StatusOr<int64_t>> loaded;
-  (*registry)->ImportState("", imported->job_id, *std::move(other),
+  (*registry)->ImportState("", imported->job_id, *std::move(other), /*partial=*/false,
                            [&](absl::StatusOr<int64_t> n) { loaded.set_value(std::move(n)); });
   ASSERT_TRUE(loaded.get_future().get().ok());
   // The import is checkpointed before it is acknowledged.

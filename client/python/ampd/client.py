@@ -411,9 +411,11 @@ class Job:
         optimizer.step and ampd.step."""
         return safetensors.loads(self.state_dict_bytes())
 
-    def load_state_dict_bytes(self, data):
+    def load_state_dict_bytes(self, data, partial=False):
         """Replace the job's state with safetensors bytes (LoadStateDict).
 
+        partial=True: the file holds some of the model's weights (one file of
+        a sharded checkpoint); they replace theirs and nothing else changes.
         Loading the same bytes twice leaves the same state, so this retries
         transient failures; next_sequence follows the loaded ampd.step.
         """
@@ -421,20 +423,23 @@ class Job:
         job_id = self.job_id
 
         def messages():
-            yield pb.LoadStateDictRequest(job_id=job_id, data=data[:_CHUNK])
+            yield pb.LoadStateDictRequest(job_id=job_id, data=data[:_CHUNK], partial=partial)
             for offset in range(_CHUNK, len(data), _CHUNK):
                 yield pb.LoadStateDictRequest(data=data[offset:offset + _CHUNK])
 
         self._client._call(lambda md, t: stub.LoadStateDict(messages(), metadata=md, timeout=t))
         self.refresh()
 
-    def load_state_dict(self, state, metadata=None):
+    def load_state_dict(self, state, metadata=None, partial=False):
         """Load a state dict: a StateDict from state_dict()/ampd.safetensors, or a
         plain dict of arrays with metadata given here. Every tensor and the
-        scaler metadata of the job must be present (the server checks)."""
+        scaler metadata of the job must be present (the server checks), or
+        every weight for a weights-only load; partial=True loads the weights
+        it holds and leaves the rest as it is."""
         if metadata is None:
             metadata = getattr(state, "metadata", {})
-        self.load_state_dict_bytes(safetensors.dumps(state, metadata, getattr(state, "dtypes", {})))
+        self.load_state_dict_bytes(safetensors.dumps(state, metadata, getattr(state, "dtypes", {})),
+                                   partial=partial)
 
     def export(self, path):
         """Write the job's state to a safetensors file (as `ampctl state export`)."""
@@ -443,10 +448,27 @@ class Job:
             f.write(data)
         return path
 
-    def load(self, path):
-        """Load a safetensors file written by export() (or ampctl) into this job."""
+    def load(self, path, partial=False):
+        """Load a safetensors file written by export() (or ampctl) into this job;
+        partial=True for one file of a sharded checkpoint."""
         with open(path, "rb") as f:
-            self.load_state_dict_bytes(f.read())
+            self.load_state_dict_bytes(f.read(), partial=partial)
+
+    def load_sharded(self, paths):
+        """Load a sharded checkpoint (model-00001-of-00002.safetensors, ...)
+        file by file, each a partial load: every file must hold only weights
+        of this job's model, and together they replace the ones they hold.
+        paths: the files, or a model.safetensors.index.json whose weight_map
+        names them (relative to its folder)."""
+        if isinstance(paths, (str, bytes)) and str(paths).endswith(".index.json"):
+            import json
+            import os
+            with open(paths) as f:
+                weight_map = json.load(f)["weight_map"]
+            folder = os.path.dirname(os.path.abspath(paths))
+            paths = [os.path.join(folder, name) for name in sorted(set(weight_map.values()))]
+        for path in paths:
+            self.load(path, partial=True)
 
     def delete(self):
         """Delete the job (and its checkpoint).

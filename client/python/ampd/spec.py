@@ -129,6 +129,95 @@ class GPT:
 
 
 @dataclass(frozen=True)
+class Decoder:
+    """A Llama/Qwen2-family decoder-only transformer (the fields of Hugging
+    Face's LlamaConfig / Qwen2Config).
+
+    Token embeddings, pre-RMSNorm blocks (causal self-attention with rotary
+    position embeddings and num_key_value_heads K/V heads shared by the
+    query heads; a SwiGLU MLP down(silu(gate(x)) * up(x))), a final RMSNorm
+    and the LM head (tied to the embedding with tie_word_embeddings).
+    Batches as a GPT's: (B, T) token ids, T <= max_position_embeddings,
+    targets -100 ignored. The state dict uses Hugging Face's names
+    (model.embed_tokens.weight, model.layers.{i}.self_attn.q_proj.weight,
+    ...). Biases: qkv_bias on q/k/v_proj (Qwen2 always; Llama's
+    attention_bias), o_bias on o_proj (Llama's attention_bias). Unset (None)
+    fields take the server's defaults (Hugging Face's).
+    """
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    max_position_embeddings: int
+    num_key_value_heads: Optional[int] = None
+    head_dim: Optional[int] = None
+    rms_norm_eps: Optional[float] = None
+    rope_theta: Optional[float] = None
+    tie_word_embeddings: Optional[bool] = None
+    initializer_range: Optional[float] = None
+    qkv_bias: Optional[bool] = None
+    o_bias: Optional[bool] = None
+    loss_multiplier: Optional[float] = None
+
+    # The config.json keys this spec takes (the rest are checked or ignored:
+    # see from_hf_config).
+    _HF_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads", "max_position_embeddings", "num_key_value_heads",
+                "head_dim", "rms_norm_eps", "rope_theta", "tie_word_embeddings",
+                "initializer_range")
+
+    @classmethod
+    def from_hf_config(cls, config, max_position_embeddings=None, **overrides):
+        """The spec of a Hugging Face config.json (a path, or its dict):
+        model_type "llama" (attention_bias biases q, k, v and o_proj) or
+        "qwen2" (q, k, v biased, o_proj not). What the model would compute
+        differently is refused: rope_scaling, a hidden_act other than silu,
+        Llama's mlp_bias, Qwen2's sliding window. max_position_embeddings
+        (and any field, by keyword) may be lowered for training on shorter
+        sequences."""
+        if not isinstance(config, dict):
+            import json
+            with open(config) as f:
+                config = json.load(f)
+        model_type = config.get("model_type")
+        if model_type not in ("llama", "qwen2"):
+            raise ValueError("model_type must be llama or qwen2, not %r" % (model_type,))
+        if config.get("rope_scaling") is not None:
+            raise ValueError("rope_scaling %r: only the default rotary embedding is supported"
+                             % (config["rope_scaling"],))
+        if config.get("hidden_act", "silu") != "silu":
+            raise ValueError("hidden_act %r: the MLP is SwiGLU (silu)" % (config["hidden_act"],))
+        if config.get("mlp_bias"):
+            raise ValueError("mlp_bias: the MLP's projections have no biases here")
+        if model_type == "qwen2" and config.get("use_sliding_window"):
+            raise ValueError("use_sliding_window: sliding-window attention is not supported")
+        values = {key: config[key] for key in cls._HF_KEYS if config.get(key) is not None}
+        if model_type == "llama":
+            bias = bool(config.get("attention_bias", False))
+            values.update(qkv_bias=bias, o_bias=bias)
+        else:
+            values.update(qkv_bias=True, o_bias=False)
+        if max_position_embeddings is not None:
+            values["max_position_embeddings"] = max_position_embeddings
+        values.update(overrides)
+        return cls(**values)
+
+    def to_proto(self):
+        decoder = _set(pb.Decoder(vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+                                  intermediate_size=self.intermediate_size,
+                                  num_hidden_layers=self.num_hidden_layers,
+                                  num_attention_heads=self.num_attention_heads,
+                                  max_position_embeddings=self.max_position_embeddings),
+                       num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim,
+                       rms_norm_eps=self.rms_norm_eps, rope_theta=self.rope_theta,
+                       tie_word_embeddings=self.tie_word_embeddings,
+                       initializer_range=self.initializer_range, qkv_bias=self.qkv_bias,
+                       o_bias=self.o_bias)
+        return _set(pb.ModelSpec(decoder=decoder), loss_multiplier=self.loss_multiplier)
+
+
+@dataclass(frozen=True)
 class _Optimizer:
     """lr_schedule (keyword only): "constant" (the default) or "warmup_cosine",
     nanoGPT's get_lr over the applied update count: linear warmup over

@@ -6,7 +6,8 @@ the matching torch.nn.Sequential, and the state dict names agree after the
 (Linear, LayerNorm and Embedding keep PyTorch's parameter layouts: Linear
 weight is (out, in)). A GPT job's weights carry Hugging Face GPT-2's names
 and layouts: gpt2_state_dict() gives them to GPT2LMHeadModel, load_gpt2()
-takes a pretrained GPT-2's into a job.
+takes a pretrained GPT-2's into a job; a decoder job's carry Llama/Qwen2's
+(decoder_state_dict()).
 """
 from collections import OrderedDict
 
@@ -162,3 +163,22 @@ def load_gpt2(job, state_dict):
                              % (name, value.shape, state[name].shape))
         state[name] = value
     job.load_state_dict(state)
+
+
+# ---- Llama / Qwen2 decoder -----------------------------------------------------
+
+
+def decoder_state_dict(job_or_state):
+    """A decoder job's weights as a state dict that transformers'
+    LlamaForCausalLM / Qwen2ForCausalLM (and bench/pytorch/decoder.py's
+    Decoder) load: Hugging Face's names and layouts, fp32 master weights,
+    lm_head.weight added as the embedding when the job ties them.
+    job_or_state: an ampd.Job or a StateDict from Job.state_dict()."""
+    state = job_or_state.state_dict() if hasattr(job_or_state, "state_dict") else job_or_state
+    out = OrderedDict()
+    for name, value in state.items():
+        if not name.startswith(_OPTIMIZER_PREFIX):
+            out[name] = torch.from_numpy(np.array(value, copy=True))
+    if "lm_head.weight" not in out and "model.embed_tokens.weight" in out:
+        out["lm_head.weight"] = out["model.embed_tokens.weight"]
+    return out

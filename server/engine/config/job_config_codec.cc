@@ -394,6 +394,27 @@ std::string GptJson(const model::GptSpec& gpt) {
   return out;
 }
 
+std::string DecoderJson(const model::DecoderSpec& d) {
+  std::string out;
+  ObjectWriter w(&out);
+  w.Int("vocab_size", d.vocab_size);
+  w.Int("hidden_size", d.hidden_size);
+  w.Int("intermediate_size", d.intermediate_size);
+  w.Int("num_hidden_layers", d.num_hidden_layers);
+  w.Int("num_attention_heads", d.num_attention_heads);
+  w.Int("num_key_value_heads", d.num_key_value_heads);
+  w.Int("head_dim", d.head_dim);
+  w.Float("rms_norm_eps", d.rms_norm_eps);
+  w.Float("rope_theta", d.rope_theta);
+  w.Int("max_position_embeddings", d.max_position_embeddings);
+  w.Bool("tie_word_embeddings", d.tie_word_embeddings);
+  w.Float("initializer_range", d.initializer_range);
+  w.Bool("qkv_bias", d.qkv_bias);
+  w.Bool("o_bias", d.o_bias);
+  w.Close();
+  return out;
+}
+
 std::string DistributedJson(const dist::DistributedSpec& spec) {
   std::string out;
   ObjectWriter w(&out);
@@ -420,6 +441,7 @@ std::string ModelJson(const model::ModelSpec& spec) {
   w.Raw("layers", layers);
   // Only when set: a layer-stack config encodes as it always has.
   if (spec.gpt.has_value()) w.Raw("gpt", GptJson(*spec.gpt));
+  if (spec.decoder.has_value()) w.Raw("decoder", DecoderJson(*spec.decoder));
   w.String("loss", LossName(spec.loss));
   w.Float("loss_multiplier", spec.loss_multiplier);
   w.Close();
@@ -537,6 +559,27 @@ absl::StatusOr<model::GptSpec> GptFromJson(const Json& v) {
   return gpt;
 }
 
+absl::StatusOr<model::DecoderSpec> DecoderFromJson(const Json& v) {
+  AMPD_ASSIGN_OR_RETURN(Fields f, Fields::Of(v, "model.decoder"));
+  model::DecoderSpec d;
+  AMPD_ASSIGN_OR_RETURN(d.vocab_size, f.Integer<int64_t>("vocab_size"));
+  AMPD_ASSIGN_OR_RETURN(d.hidden_size, f.Integer<int64_t>("hidden_size"));
+  AMPD_ASSIGN_OR_RETURN(d.intermediate_size, f.Integer<int64_t>("intermediate_size"));
+  AMPD_ASSIGN_OR_RETURN(d.num_hidden_layers, f.Integer<int64_t>("num_hidden_layers"));
+  AMPD_ASSIGN_OR_RETURN(d.num_attention_heads, f.Integer<int64_t>("num_attention_heads"));
+  AMPD_ASSIGN_OR_RETURN(d.num_key_value_heads, f.Integer<int64_t>("num_key_value_heads"));
+  AMPD_ASSIGN_OR_RETURN(d.head_dim, f.Integer<int64_t>("head_dim"));
+  AMPD_ASSIGN_OR_RETURN(d.rms_norm_eps, f.Float("rms_norm_eps"));
+  AMPD_ASSIGN_OR_RETURN(d.rope_theta, f.Float("rope_theta"));
+  AMPD_ASSIGN_OR_RETURN(d.max_position_embeddings, f.Integer<int64_t>("max_position_embeddings"));
+  AMPD_ASSIGN_OR_RETURN(d.tie_word_embeddings, f.Bool("tie_word_embeddings"));
+  AMPD_ASSIGN_OR_RETURN(d.initializer_range, f.Float("initializer_range"));
+  AMPD_ASSIGN_OR_RETURN(d.qkv_bias, f.Bool("qkv_bias"));
+  AMPD_ASSIGN_OR_RETURN(d.o_bias, f.Bool("o_bias"));
+  AMPD_RETURN_IF_ERROR(f.Done());
+  return d;
+}
+
 absl::StatusOr<model::ModelSpec> ModelFromJson(const Json& v, int64_t version) {
   AMPD_ASSIGN_OR_RETURN(Fields f, Fields::Of(v, "model"));
   model::ModelSpec spec;
@@ -552,6 +595,13 @@ absl::StatusOr<model::ModelSpec> ModelFromJson(const Json& v, int64_t version) {
     if (version < 3) return Corrupt("model.gpt", "not a key of format_version 1 or 2");
     AMPD_ASSIGN_OR_RETURN(const Json* gpt, f.Get("gpt"));
     AMPD_ASSIGN_OR_RETURN(spec.gpt, GptFromJson(*gpt));
+  }
+  if (f.Has("decoder")) {
+    if (version < 6) {
+      return Corrupt("model.decoder", absl::StrCat("not a key of format_version ", version));
+    }
+    AMPD_ASSIGN_OR_RETURN(const Json* decoder, f.Get("decoder"));
+    AMPD_ASSIGN_OR_RETURN(spec.decoder, DecoderFromJson(*decoder));
   }
   AMPD_ASSIGN_OR_RETURN(const std::string loss, f.String("loss"));
   AMPD_ASSIGN_OR_RETURN(
@@ -690,6 +740,7 @@ std::string EncodeJobConfig(const JobConfig& config, absl::string_view request_i
   if (config.model.gpt.has_value()) version = 3;
   if (config.distributed.enabled()) version = 4;
   if (config.scaler.per_layer_scales) version = 5;
+  if (config.model.decoder.has_value()) version = 6;
   w.Int("format_version", version);
   w.String("display_name", config.display_name);
   if (!request_id.empty()) w.String("request_id", request_id);

@@ -32,7 +32,13 @@
 // world_size > 1 (any other is written as before). Version 5 adds
 // per-layer loss scales: an adaptive scaler object carries
 // "per_layer_scales":true last, written only when they are on (such a
-// config is never distributed, so 4 and 5 never meet). A layer
+// config is never distributed, so 4 and 5 never meet). Version 6 adds the
+// Llama/Qwen2 decoder: its model carries "decoder":{"vocab_size",
+// "hidden_size","intermediate_size","num_hidden_layers",
+// "num_attention_heads","num_key_value_heads","head_dim","rms_norm_eps",
+// "rope_theta","max_position_embeddings","tie_word_embeddings",
+// "initializer_range","qkv_bias","o_bias"} beside an empty layers array
+// (written only for a decoder, whatever else the config holds). A layer
 // carries the fields of its kind only (linear: in_features, out_features,
 // bias; layer_norm: normalized_shape, eps, elementwise_affine; embedding:
 // num_embeddings, embedding_dim); the optimizer those of its kind (sgd: lr,
@@ -56,10 +62,11 @@
 namespace ampd::engine {
 
 // The newest format_version: EncodeJobConfig writes the oldest version that
-// holds a config (5 with per-layer loss scales, 4 for a distributed job,
+// holds a config (6 for a decoder, 5 with per-layer loss scales, 4 for a
+// distributed job,
 // else 3 with an lr schedule or a GPT, else 2 for adaptive-scaler configs,
 // else 1), DecodeJobConfig reads 1 to it.
-inline constexpr int kJobConfigFormatVersion = 5;
+inline constexpr int kJobConfigFormatVersion = 6;
 
 // A job's config and the request_id it was created with ("" when none), as
 // an older checkpoint's create request decodes (not yet validated).

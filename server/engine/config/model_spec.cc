@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
+#include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/checked_math.h"
@@ -178,7 +181,127 @@ absl::Status ValidateGptSpec(const ModelSpec& spec) {
   return absl::OkStatus();
 }
 
+absl::Status DecoderField(bool ok, absl::string_view field, absl::string_view rule,
+                          const std::string& got) {
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("decoder.", field, ": ", rule, ", got ", got));
+}
+
+absl::Status ValidateDecoderSpec(const ModelSpec& spec) {
+  const DecoderSpec& d = *spec.decoder;
+  if (spec.gpt.has_value()) {
+    return absl::InvalidArgumentError("decoder: a model is a GPT or a decoder, not both");
+  }
+  if (!spec.layers.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layers: must be empty when decoder is set, got ", spec.layers.size(), " layers"));
+  }
+  if (spec.loss != LossKind::kCrossEntropy) {
+    return absl::InvalidArgumentError("loss: a decoder's loss is the token cross-entropy");
+  }
+  const std::pair<int64_t, absl::string_view> positive[] = {
+      {d.vocab_size, "vocab_size"},
+      {d.hidden_size, "hidden_size"},
+      {d.intermediate_size, "intermediate_size"},
+      {d.num_hidden_layers, "num_hidden_layers"},
+      {d.num_attention_heads, "num_attention_heads"},
+      {d.num_key_value_heads, "num_key_value_heads"},
+      {d.max_position_embeddings, "max_position_embeddings"},
+  };
+  for (const auto& [value, field] : positive) {
+    AMPD_RETURN_IF_ERROR(DecoderField(value > 0, field, "must be > 0", absl::StrCat(value)));
+  }
+  AMPD_RETURN_IF_ERROR(
+      DecoderField(d.num_attention_heads % d.num_key_value_heads == 0, "num_key_value_heads",
+                   absl::StrCat("must divide num_attention_heads ", d.num_attention_heads),
+                   absl::StrCat(d.num_key_value_heads)));
+  if (d.head_dim == 0) {
+    AMPD_RETURN_IF_ERROR(
+        DecoderField(d.hidden_size % d.num_attention_heads == 0, "num_attention_heads",
+                     absl::StrCat("must divide hidden_size ", d.hidden_size, " when head_dim is 0"),
+                     absl::StrCat(d.num_attention_heads)));
+  }
+  const int64_t head_dim = DecoderHeadDim(d);
+  AMPD_RETURN_IF_ERROR(DecoderField(head_dim > 0 && head_dim % 2 == 0, "head_dim",
+                                    "must be even and > 0 (RoPE rotates pairs)",
+                                    absl::StrCat(head_dim)));
+  const std::pair<float, absl::string_view> reals[] = {
+      {d.rms_norm_eps, "rms_norm_eps"},
+      {d.rope_theta, "rope_theta"},
+      {d.initializer_range, "initializer_range"},
+  };
+  for (const auto& [value, field] : reals) {
+    AMPD_RETURN_IF_ERROR(DecoderField(std::isfinite(value) && value > 0.0f, field,
+                                      "must be finite and > 0", absl::StrCat(value)));
+  }
+  struct Derived {
+    std::initializer_list<int64_t> factors;
+    absl::string_view field, what;
+  };
+  // The head width's products first, then the widths they multiply.
+  const Derived derived[] = {
+      {{d.num_attention_heads, head_dim, 3}, "head_dim", "the expanded q|k|v row"},
+      {{d.num_attention_heads + 2 * d.num_key_value_heads, head_dim, d.hidden_size},
+       "hidden_size",
+       "the q/k/v projections"},
+      {{d.intermediate_size, d.hidden_size}, "intermediate_size", "the MLP's weights"},
+      {{d.vocab_size, d.hidden_size}, "vocab_size", "the token embedding"},
+      {{d.max_position_embeddings, d.hidden_size},
+       "max_position_embeddings",
+       "a sequence's activations"},
+  };
+  for (const Derived& x : derived) {
+    int64_t v = 1;
+    bool ok = true;
+    for (const int64_t f : x.factors) ok = ok && CheckedMul(v, f, &v);
+    if (!ok || v > kMaxParameters) {
+      return absl::InvalidArgumentError(absl::StrCat("decoder.", x.field, ": gives ", x.what,
+                                                     " more than ", kMaxParameters,
+                                                     " (2^56) elements"));
+    }
+  }
+  if (DecoderParameterCount(d) > kMaxParameters) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("decoder: the model has more than ", kMaxParameters, " (2^56) parameters"));
+  }
+  if (!std::isfinite(spec.loss_multiplier) || spec.loss_multiplier <= 0.0f) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("loss_multiplier: must be finite and > 0, got ", spec.loss_multiplier));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+int64_t DecoderHeadDim(const DecoderSpec& d) {
+  if (d.head_dim != 0) return d.head_dim;
+  return d.num_attention_heads > 0 ? d.hidden_size / d.num_attention_heads : 0;
+}
+
+int64_t DecoderParameterCount(const DecoderSpec& d) {
+  const int64_t c = d.hidden_size;
+  const int64_t head_dim = DecoderHeadDim(d);
+  const int64_t q = SaturatingMul(d.num_attention_heads, head_dim);
+  const int64_t kv = SaturatingMul(d.num_key_value_heads, head_dim);
+  const int64_t qkv = SaturatingAdd(q, SaturatingMul(2, kv));
+  // input_layernorm, post_attention_layernorm (C each); q/k/v (qkv x C, + qkv
+  // biased); o (C x q, + C biased); gate, up, down (3 x I x C).
+  int64_t block = SaturatingMul(2, c);
+  block = SaturatingAdd(block, SaturatingMul(qkv, c));
+  if (d.qkv_bias) block = SaturatingAdd(block, qkv);
+  block = SaturatingAdd(block, SaturatingMul(c, q));
+  if (d.o_bias) block = SaturatingAdd(block, c);
+  block = SaturatingAdd(block, SaturatingMul(3, SaturatingMul(d.intermediate_size, c)));
+  int64_t total = SaturatingMul(d.vocab_size, c);  // embed_tokens
+  total = SaturatingAdd(total, SaturatingMul(d.num_hidden_layers, block));
+  total = SaturatingAdd(total, c);  // norm
+  if (!d.tie_word_embeddings) total = SaturatingAdd(total, SaturatingMul(d.vocab_size, c));
+  return total;
+}
+
+bool IsSequenceModel(const ModelSpec& spec) {
+  return spec.gpt.has_value() || spec.decoder.has_value();
+}
 
 int64_t GptParameterCount(const GptSpec& g) {
   const int64_t c = g.d_model;
@@ -200,6 +323,7 @@ int64_t GptParameterCount(const GptSpec& g) {
 }
 
 absl::Status ValidateModelSpec(const ModelSpec& spec) {
+  if (spec.decoder.has_value()) return ValidateDecoderSpec(spec);
   if (spec.gpt.has_value()) return ValidateGptSpec(spec);
   if (spec.layers.empty()) return absl::InvalidArgumentError("layers: the model has no layers");
   int64_t width = 0;  // 0 until a sized layer fixes it
@@ -286,6 +410,7 @@ int64_t OutputFeatures(const ModelSpec& spec) {
 
 int64_t ParameterCount(const ModelSpec& spec) {
   if (spec.gpt.has_value()) return GptParameterCount(*spec.gpt);
+  if (spec.decoder.has_value()) return DecoderParameterCount(*spec.decoder);
   int64_t count = 0;
   for (const LayerSpec& layer : spec.layers) {
     count = SaturatingAdd(count, LayerParameterCount(layer));
@@ -300,6 +425,9 @@ int64_t GptBlockScaleGroup(int64_t block, int64_t n_layer) {
 
 int64_t LayerScaleGroups(const ModelSpec& spec) {
   if (spec.gpt.has_value()) return std::min(spec.gpt->n_layer, kMaxGptScaleGroups);
+  if (spec.decoder.has_value()) {
+    return std::min(spec.decoder->num_hidden_layers, kMaxGptScaleGroups);
+  }
   int64_t linears = 0;
   for (const LayerSpec& l : spec.layers) linears += l.kind == LayerKind::kLinear ? 1 : 0;
   return std::max<int64_t>(1, linears);

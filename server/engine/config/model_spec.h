@@ -1,8 +1,7 @@
-// The declarative model a job trains: a sequence of layers and a loss, or a
-// GPT-2-style transformer, sent by the client (translated from protobuf by
-// server/rpc) and validated here.
-// No code is ever loaded from a client; weights come from the job's seed or
-// a state dict.
+// The declarative model a job trains: a sequence of layers and a loss, a
+// GPT-2-style transformer or a Llama/Qwen2-family decoder, sent by the client (translated from
+// protobuf by server/rpc) and validated here. No code is ever loaded from a client; weights come
+// from the job's seed or a state dict.
 #pragma once
 
 #include <cstdint>
@@ -60,16 +59,50 @@ struct GptSpec {
   bool tie_embeddings = true;  // the LM head reads wte (no lm_head.weight)
 };
 
+// A Llama/Qwen2-family decoder-only transformer, with the fields of Hugging
+// Face's LlamaConfig / Qwen2Config: token embeddings (no position table),
+// num_hidden_layers pre-RMSNorm blocks (input_layernorm, causal self-attention
+// with rotary position embeddings and num_key_value_heads K/V heads shared by
+// the query heads, residual; post_attention_layernorm, the SwiGLU MLP
+// down(silu(gate(x)) * up(x)) without biases, residual), a final RMSNorm and
+// the LM head. Its loss is the mean token cross-entropy over targets other
+// than kIgnoreIndex. The biases as each family has them: Llama's
+// attention_bias sets both qkv_bias and o_bias; Qwen2 has qkv_bias only.
+struct DecoderSpec {
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;  // divides num_attention_heads
+  // Each head's width; 0: hidden_size / num_attention_heads (Hugging Face's
+  // default), which must then divide. Even (RoPE rotates pairs).
+  int64_t head_dim = 0;
+  float rms_norm_eps = 1e-6f;
+  float rope_theta = 10000.0f;
+  int64_t max_position_embeddings = 0;  // the longest sequence
+  bool tie_word_embeddings = false;     // the LM head reads embed_tokens
+  float initializer_range = 0.02f;      // every Linear's and the embedding's N(0, this^2)
+  bool qkv_bias = false;                // q_proj, k_proj, v_proj have biases
+  bool o_bias = false;                  // o_proj has a bias
+};
+
+// A decoder's head width: head_dim, or hidden_size / num_attention_heads
+// when it is 0.
+int64_t DecoderHeadDim(const DecoderSpec& decoder);
+
 // The target value whose position carries no loss (PyTorch's ignore_index).
 inline constexpr int64_t kIgnoreIndex = codec::kIgnoreTarget;
 
 struct ModelSpec {
-  // The layer stack; empty when gpt is set.
+  // The layer stack; empty when gpt or decoder is set.
   std::vector<LayerSpec> layers;
-  // The layer stack's loss; always kCrossEntropy for a GPT.
+  // The layer stack's loss; always kCrossEntropy for a GPT or a decoder.
   LossKind loss = LossKind::kMse;
   // Set: this transformer instead of a layer stack.
   std::optional<GptSpec> gpt;
+  // Set: this decoder instead of a layer stack (never with gpt).
+  std::optional<DecoderSpec> decoder;
   // The job's own constant factor on the loss, applied before scaling (e.g.
   // 100, which on top of a scale of 65536 overflows fp16 gradients).
   float loss_multiplier = 1.0f;
@@ -90,12 +123,19 @@ inline constexpr int64_t kMaxParameters = int64_t{1} << 56;
 // dividing d_model, layer_norm_eps finite and > 0, and every derived size
 // (mlp_ratio * d_model, 3 * d_model, each tensor and the total parameter
 // count) at most kMaxParameters; the message names the field
-// ("gpt.n_head").
+// ("gpt.n_head"). For a decoder likewise: every size positive,
+// num_key_value_heads dividing num_attention_heads, an even head width
+// (hidden_size / num_attention_heads dividing when head_dim is 0),
+// rms_norm_eps, rope_theta and initializer_range finite and > 0, every
+// derived size and the total at most kMaxParameters ("decoder.head_dim").
 absl::Status ValidateModelSpec(const ModelSpec& spec);
 
 // Parameters of a GPT: embeddings, blocks, final LayerNorm and, when
 // untied, the LM head; saturates at INT64_MAX when the count overflows.
 int64_t GptParameterCount(const GptSpec& gpt);
+// The same for a decoder: embeddings, blocks (two RMSNorms, q/k/v/o with
+// their biases, gate/up/down), the final RMSNorm and an untied head.
+int64_t DecoderParameterCount(const DecoderSpec& decoder);
 
 // Parameter count of the model (weights and biases); saturates at INT64_MAX
 // for a spec whose count overflows (ValidateModelSpec refuses those).
@@ -108,6 +148,10 @@ int64_t ParameterCount(const ModelSpec& spec);
 int64_t InputFeatures(const ModelSpec& spec);
 int64_t OutputFeatures(const ModelSpec& spec);
 
+// True for the transformers (GPT, decoder): token sequences in, the token
+// cross-entropy out.
+bool IsSequenceModel(const ModelSpec& spec);
+
 // The most layer groups a GPT's per-layer loss scales use: the scaler's
 // kMaxLayerScaleGroups (config/scaler_config.h; config/job_config.cc asserts
 // they agree). A deeper GPT shares each scale among consecutive blocks.
@@ -117,7 +161,8 @@ inline constexpr int64_t kMaxGptScaleGroups = 32;
 // A layer stack: each Linear starts one, holding it and the layers after it
 // up to the next Linear; layers before the first Linear join group 0:
 // max(1, Linear count). A GPT: one per block up to kMaxGptScaleGroups,
-// min(n_layer, 32) (GptBlockScaleGroup).
+// min(n_layer, 32) (GptBlockScaleGroup). A decoder: the same over its
+// num_hidden_layers.
 int64_t LayerScaleGroups(const ModelSpec& spec);
 
 // The group of GPT block `block` (0-based) of n_layer:

@@ -534,12 +534,14 @@ absl::StatusOr<checkpoint::EncodedSafetensors> Job::ExportSafetensorsUnguarded()
   return encoded;
 }
 
-absl::StatusOr<int64_t> Job::ImportSafetensors(checkpoint::StateDict state) {
+absl::StatusOr<int64_t> Job::ImportSafetensors(checkpoint::StateDict state, bool partial) {
   return AllocationGuard("LoadStateDict",
-                         [&] { return ImportSafetensorsUnguarded(std::move(state)); });
+                         [&] { return ImportSafetensorsUnguarded(std::move(state), partial); });
 }
 
-absl::StatusOr<int64_t> Job::ImportSafetensorsUnguarded(checkpoint::StateDict state) {
+absl::StatusOr<int64_t> Job::ImportSafetensorsUnguarded(checkpoint::StateDict state, bool partial) {
+  const Trainer::Coverage coverage =
+      partial ? Trainer::Coverage::kPartial : Trainer::Coverage::kComplete;
   if (trainer_ == nullptr && !unrestored_.empty() && !closed()) {
     // A job whose checkpoint could not be restored comes back through a
     // good state: built from its config, then loaded as any import. Until
@@ -547,7 +549,7 @@ absl::StatusOr<int64_t> Job::ImportSafetensorsUnguarded(checkpoint::StateDict st
     AMPD_RETURN_IF_ERROR(InitializeUnguarded(device_));
     const std::string why = unrestored_;
     unrestored_.clear();
-    absl::StatusOr<int64_t> loaded = ImportSafetensorsUnguarded(std::move(state));
+    absl::StatusOr<int64_t> loaded = ImportSafetensorsUnguarded(std::move(state), partial);
     if (!loaded.ok()) KeepUnrestored(device_, why);
     return loaded;
   }
@@ -562,7 +564,7 @@ absl::StatusOr<int64_t> Job::ImportSafetensorsUnguarded(checkpoint::StateDict st
   // calls this job has answered.
   if (context_->state_dir == nullptr) {
     absl::StatusOr<Trainer::ReplacedState> replaced =
-        trainer_->ReplaceState(state, Trainer::StepCount::kKeep);
+        trainer_->ReplaceState(state, Trainer::StepCount::kKeep, coverage);
     if (!replaced.ok()) return refused(replaced.status());
     AfterImport();
     return tensors;
@@ -573,7 +575,7 @@ absl::StatusOr<int64_t> Job::ImportSafetensorsUnguarded(checkpoint::StateDict st
   // written while the same buffers are uploaded. What the upload replaces
   // stays on the device until the write is done, to go back to if it fails.
   absl::StatusOr<checkpoint::StateDict> arranged =
-      trainer_->ArrangeForLoad(std::move(state), Trainer::StepCount::kKeep);
+      trainer_->ArrangeForLoad(std::move(state), Trainer::StepCount::kKeep, coverage);
   if (!arranged.ok()) return refused(arranged.status());
   const JobSnapshot before = Snapshot();
   const bool initial_before = initial_state_;

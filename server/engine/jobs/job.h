@@ -215,8 +215,10 @@ class Job : public std::enable_shared_from_this<Job> {
   // the step sequence is the job's own and does not change. With a state
   // directory the new state is checkpointed before this returns, so an
   // acknowledged import survives a crash; when that write fails the
-  // previous state is put back and the error returned.
-  absl::StatusOr<int64_t> ImportSafetensors(checkpoint::StateDict state);
+  // previous state is put back and the error returned. partial: the file
+  // holds some of the model's weights (one file of a sharded checkpoint),
+  // which replace theirs and nothing else (Trainer::Coverage::kPartial).
+  absl::StatusOr<int64_t> ImportSafetensors(checkpoint::StateDict state, bool partial = false);
   // Writes the checkpoint when there is a state directory (no-op otherwise)
   // and returns once it is on disk. A background write of this job still
   // queued is dropped (this one is newer) and one in flight is waited for,
@@ -243,7 +245,7 @@ class Job : public std::enable_shared_from_this<Job> {
   // an allocation guard (job.cc).
   absl::Status InitializeUnguarded(const std::string& device);
   absl::StatusOr<checkpoint::EncodedSafetensors> ExportSafetensorsUnguarded() const;
-  absl::StatusOr<int64_t> ImportSafetensorsUnguarded(checkpoint::StateDict state);
+  absl::StatusOr<int64_t> ImportSafetensorsUnguarded(checkpoint::StateDict state, bool partial);
   absl::Status CheckpointUnguarded();
   // What a successful import does to the job beside its Trainer: no longer
   // seed-only, no recorded response, no group, active.

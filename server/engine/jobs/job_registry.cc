@@ -340,7 +340,7 @@ void JobRegistry::ExportState(
 }
 
 void JobRegistry::ImportState(const std::string& owner, const std::string& job_id,
-                              checkpoint::StateDict state,
+                              checkpoint::StateDict state, bool partial,
                               std::function<void(absl::StatusOr<int64_t>)> done) {
   std::shared_ptr<Job> job = Find(owner, job_id);
   if (job == nullptr) {
@@ -348,8 +348,8 @@ void JobRegistry::ImportState(const std::string& owner, const std::string& job_i
     return;
   }
   auto shared_state = std::make_shared<checkpoint::StateDict>(std::move(state));
-  job->Post([job, shared_state, done = std::move(done)] {
-    absl::StatusOr<int64_t> tensors = job->ImportSafetensors(std::move(*shared_state));
+  job->Post([job, shared_state, partial, done = std::move(done)] {
+    absl::StatusOr<int64_t> tensors = job->ImportSafetensors(std::move(*shared_state), partial);
     if (tensors.ok()) LogEvent(absl::StrCat("job ", job->id(), " state loaded"));
     done(std::move(tensors));
   });

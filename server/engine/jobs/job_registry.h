@@ -158,9 +158,10 @@ class JobRegistry {
   void ExportState(const std::string& owner, const std::string& job_id,
                    std::function<void(absl::StatusOr<codec::EncodedSafetensors>)> done);
   // `state`: the safetensors file, decoded as it arrived
-  // (codec::SafetensorsReceiver); loaded on the job's strand.
+  // (codec::SafetensorsReceiver); loaded on the job's strand. partial: it
+  // holds some of the model's weights (Job::ImportSafetensors).
   void ImportState(const std::string& owner, const std::string& job_id, codec::StateDict state,
-                   std::function<void(absl::StatusOr<int64_t>)> done);
+                   bool partial, std::function<void(absl::StatusOr<int64_t>)> done);
 
   // The secrets of the distributed jobs held here that are rank 0 of
   // `group`: the meeting point this ampd hosts (dist::RendezvousTable)

@@ -4,12 +4,13 @@
 namespace ampd::engine::model {
 
 codec::BatchLayout LayoutOf(const ModelSpec& spec) {
-  if (spec.gpt.has_value()) {
+  if (spec.gpt.has_value() || spec.decoder.has_value()) {
     codec::BatchLayout layout;
     layout.sequences = true;
-    layout.context_length = spec.gpt->context_length;
-    layout.num_embeddings = spec.gpt->vocab_size;
-    layout.outputs = spec.gpt->vocab_size;
+    layout.context_length =
+        spec.gpt.has_value() ? spec.gpt->context_length : spec.decoder->max_position_embeddings;
+    layout.num_embeddings = spec.gpt.has_value() ? spec.gpt->vocab_size : spec.decoder->vocab_size;
+    layout.outputs = layout.num_embeddings;
     return layout;
   }
   const LayerSpec& first = spec.layers.front();

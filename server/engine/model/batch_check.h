@@ -16,8 +16,8 @@ namespace ampd::engine::model {
 
 // The layout of a valid spec's batches: for a GPT, (B, T) token sequences
 // with T <= context_length and ids below vocab_size (targets may also be
-// kIgnoreIndex); for a layer stack, ids when the first layer is an
-// Embedding, InputFeatures(spec) float columns otherwise; labels for
+// kIgnoreIndex), a decoder's likewise with max_position_embeddings; for a layer stack, ids when the
+// first layer is an Embedding, InputFeatures(spec) float columns otherwise; labels for
 // cross-entropy, OutputFeatures(spec) F32 columns for MSE.
 codec::BatchLayout LayoutOf(const ModelSpec& spec);
 

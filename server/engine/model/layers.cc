@@ -34,7 +34,7 @@ kernels::Activation ActivationOf(LayerKind kind) {
 
 absl::StatusOr<int64_t> WorkspaceBytes(const ModelSpec& spec, Precision precision, int64_t rows) {
   AMPD_RETURN_IF_ERROR(ValidateModelSpec(spec));
-  if (spec.gpt.has_value()) return absl::InvalidArgumentError("gpt: not a layer stack");
+  if (IsSequenceModel(spec)) return absl::InvalidArgumentError("model: not a layer stack");
   if (rows < 0) return absl::InvalidArgumentError(absl::StrCat("rows: ", rows, " < 0"));
   const auto working = static_cast<int64_t>(kernels::SizeOf(WorkingDType(precision)));
   const bool embedding_first = spec.layers.front().kind == LayerKind::kEmbedding;
@@ -115,7 +115,7 @@ absl::Status Model::SetGroupScales(absl::Span<const float> scales) {
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, Precision precision,
                                                      uint64_t seed, kernels::Backend& backend) {
   AMPD_RETURN_IF_ERROR(ValidateModelSpec(spec));
-  if (spec.gpt.has_value()) return absl::InvalidArgumentError("gpt: not a layer stack");
+  if (IsSequenceModel(spec)) return absl::InvalidArgumentError("model: not a layer stack");
   std::unique_ptr<Model> m(new Model(spec, precision, backend));
   int64_t width = InputFeatures(spec);
   m->widths_.push_back(width);

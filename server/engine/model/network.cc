@@ -1,6 +1,6 @@
 // The parts of a Network every model kind shares: parameters, the
 // workspace cache, gradient zeroing and the working-copy cast; and the
-// choice of kind from the spec.
+// choice of kind from the spec (layer stack, GPT, decoder).
 #include "server/engine/model/network.h"
 
 #include <algorithm>
@@ -8,6 +8,7 @@
 
 #include "common/checked_math.h"
 #include "common/status_macros.h"
+#include "server/engine/model/decoder/decoder_model.h"
 #include "server/engine/model/gpt/gpt_model.h"
 #include "server/engine/model/layers.h"
 
@@ -18,6 +19,7 @@ using kernels::DType;
 absl::StatusOr<int64_t> WorkspaceBytes(const ModelSpec& spec, Precision precision,
                                        const kernels::Shape& input_shape) {
   if (spec.gpt.has_value()) return GptWorkspaceBytes(spec, precision, input_shape);
+  if (spec.decoder.has_value()) return DecoderWorkspaceBytes(spec, precision, input_shape);
   if (input_shape.empty()) {
     return absl::InvalidArgumentError("inputs: a batch needs at least one dimension");
   }
@@ -27,6 +29,7 @@ absl::StatusOr<int64_t> WorkspaceBytes(const ModelSpec& spec, Precision precisio
 kernels::ScratchExtents StepScratchExtents(const ModelSpec& spec, Precision precision,
                                            const kernels::Shape& input_shape) {
   if (spec.gpt.has_value()) return GptScratchExtents(spec, precision, input_shape);
+  if (spec.decoder.has_value()) return DecoderScratchExtents(spec, precision, input_shape);
   kernels::ScratchExtents e;
   e.dtype = WorkingDType(precision);
   const int64_t rows = input_shape.empty() ? 0 : input_shape[0];
@@ -58,6 +61,11 @@ absl::StatusOr<std::unique_ptr<Network>> CreateNetwork(const ModelSpec& spec, Pr
     AMPD_ASSIGN_OR_RETURN(std::unique_ptr<GptModel> gpt,
                           GptModel::Create(spec, precision, seed, backend));
     return std::unique_ptr<Network>(std::move(gpt));
+  }
+  if (spec.decoder.has_value()) {
+    AMPD_ASSIGN_OR_RETURN(std::unique_ptr<DecoderModel> decoder,
+                          DecoderModel::Create(spec, precision, seed, backend));
+    return std::unique_ptr<Network>(std::move(decoder));
   }
   AMPD_ASSIGN_OR_RETURN(std::unique_ptr<Model> stack,
                         Model::Create(spec, precision, seed, backend));

@@ -1,5 +1,6 @@
 // Network: what the Trainer needs of a model, whatever its kind (the layer
-// stack of layers.h, the GPT of gpt/gpt_model.h): its parameters (fp32
+// stack of layers.h, the GPT of gpt/gpt_model.h, the decoder of
+// decoder/decoder_model.h): its parameters (fp32
 // master, working copy, gradient), per-batch-shape buffers whose size is
 // known before they are allocated, and the passes of the mixed-precision
 // step. A step calls, per micro-batch, GetWorkspace(inputs.shape),

@@ -4,6 +4,8 @@
 // and no optimizer.step, e.g. a pretrained model's file) loads too, when
 // the job's count is kept: it replaces the weights, starts the optimizer
 // afresh (zero moments, no update applied) and leaves the scaler as it is.
+// A partial state (Coverage::kPartial: one file of a sharded checkpoint)
+// replaces the weights it holds and nothing else.
 // ReplaceState is LoadState that keeps what it replaced (on the device) so
 // a caller can undo it, and ArrangeForLoad turns a state dict into what
 // ExportState would read back once it is loaded, without loading it.
@@ -149,15 +151,17 @@ absl::StatusOr<checkpoint::StateDict> Trainer::ExportState() const {
   return state;
 }
 
-absl::Status Trainer::LoadState(const checkpoint::StateDict& state, StepCount step_count) {
+absl::Status Trainer::LoadState(const checkpoint::StateDict& state, StepCount step_count,
+                                Coverage coverage) {
   // What was replaced is freed on the way out.
-  return ReplaceState(state, step_count).status();
+  return ReplaceState(state, step_count, coverage).status();
 }
 
 // What a load would do, checked (LoadState's steps 0 to 2): the live tensor
 // each of the state's tensors replaces, and the scaler and counts after it.
 struct Trainer::LoadPlan {
-  std::vector<std::pair<std::string, Tensor*>> targets;  // ExportState's order
+  // ExportState's order; a partial load's are the weights it holds only.
+  std::vector<std::pair<std::string, Tensor*>> targets;
   // Index into state.tensors of each target's source; -1: a moment a
   // weights-only load starts at zero.
   std::vector<int64_t> sources;
@@ -167,7 +171,7 @@ struct Trainer::LoadPlan {
 };
 
 absl::StatusOr<Trainer::LoadPlan> Trainer::PlanLoad(const checkpoint::StateDict& state,
-                                                    StepCount step_count) const {
+                                                    StepCount step_count, Coverage coverage) const {
   Impl& m = *impl_;
 
   // 0. The model's own names for what the file calls its tensors (a GPT
@@ -186,11 +190,23 @@ absl::StatusOr<Trainer::LoadPlan> Trainer::PlanLoad(const checkpoint::StateDict&
     has_optimizer = has_optimizer || absl::StartsWith(name, "optimizer.");
   }
   const bool weights_only = !has_optimizer && step_count == StepCount::kKeep;
+  const bool partial = coverage == Coverage::kPartial;
+  if (partial) {
+    for (const auto& [key, value] : state.metadata) {
+      if (key == kMetaOptimizerStep || absl::StartsWith(key, "scaler.")) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("metadata ", key,
+                         ": a partial load replaces model weights only; load the whole "
+                         "state to restore the optimizer or the scaler"));
+      }
+    }
+  }
 
   // 1. Every expected tensor present with the right dtype, shape and bytes;
   //    nothing unexpected (a state saved for another model or optimizer).
   LoadPlan plan{StateTensors(*m.model, m.optimizer), {}, m.scaler, 0, m.steps_run};
   const size_t weight_count = m.model->params().size();
+  std::vector<std::pair<std::string, Tensor*>> present;  // a partial load's targets
   for (size_t t = 0; t < plan.targets.size(); ++t) {
     const auto& [name, live] = plan.targets[t];
     if (weights_only && t >= weight_count) {
@@ -198,7 +214,14 @@ absl::StatusOr<Trainer::LoadPlan> Trainer::PlanLoad(const checkpoint::StateDict&
       continue;
     }
     auto found = by_name.find(name);
+    if (found == by_name.end() && partial) continue;  // stays as it is
     if (found == by_name.end()) return absl::InvalidArgumentError(absl::StrCat(name, ": missing"));
+    if (partial && t >= weight_count) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(state.tensors[static_cast<size_t>(found->second)].name,
+                       ": a partial load replaces model weights only"));
+    }
+    if (partial) present.push_back(plan.targets[t]);
     const HostTensor& h = state.tensors[static_cast<size_t>(found->second)].tensor;
     AMPD_RETURN_IF_ERROR(h.Validate(name));
     if (h.dtype != DType::kF32 || h.shape != live->shape()) {
@@ -216,7 +239,17 @@ absl::StatusOr<Trainer::LoadPlan> Trainer::PlanLoad(const checkpoint::StateDict&
     }
   }
   // 2. Counters and the scaler, into the plan's copies (weights alone keep
-  //    the scaler and the job's count; the optimizer has applied nothing).
+  //    the scaler and the job's count; the optimizer has applied nothing,
+  //    or, partial, what it had).
+  if (partial) {
+    if (present.empty()) {
+      return absl::InvalidArgumentError(
+          "tensors: a partial load holds none of the model's weights");
+    }
+    plan.targets = std::move(present);
+    plan.opt_step = m.optimizer.applied_steps();
+    return plan;
+  }
   if (weights_only) return plan;
   AMPD_ASSIGN_OR_RETURN(plan.opt_step, ParseCount(state, kMetaOptimizerStep));
   AMPD_ASSIGN_OR_RETURN(const int64_t job_step, ParseCount(state, kMetaStep));
@@ -236,8 +269,21 @@ absl::StatusOr<Trainer::LoadPlan> Trainer::PlanLoad(const checkpoint::StateDict&
 }
 
 absl::StatusOr<checkpoint::StateDict> Trainer::ArrangeForLoad(checkpoint::StateDict state,
-                                                              StepCount step_count) const {
-  AMPD_ASSIGN_OR_RETURN(LoadPlan plan, PlanLoad(state, step_count));
+                                                              StepCount step_count,
+                                                              Coverage coverage) const {
+  AMPD_ASSIGN_OR_RETURN(LoadPlan plan, PlanLoad(state, step_count, coverage));
+  if (coverage == Coverage::kPartial) {
+    // What the load leaves as it is must be read back: the job's state
+    // with the file's weights laid over it.
+    AMPD_ASSIGN_OR_RETURN(checkpoint::StateDict arranged, ExportState());
+    absl::flat_hash_map<std::string, size_t> index;
+    for (size_t i = 0; i < arranged.tensors.size(); ++i) index[arranged.tensors[i].name] = i;
+    for (size_t t = 0; t < plan.targets.size(); ++t) {
+      arranged.tensors[index.at(plan.targets[t].first)].tensor =
+          std::move(state.tensors[static_cast<size_t>(plan.sources[t])].tensor);
+    }
+    return arranged;
+  }
   checkpoint::StateDict arranged;
   arranged.tensors.reserve(plan.targets.size());
   for (size_t t = 0; t < plan.targets.size(); ++t) {
@@ -259,9 +305,10 @@ absl::StatusOr<checkpoint::StateDict> Trainer::ArrangeForLoad(checkpoint::StateD
 }
 
 absl::StatusOr<Trainer::ReplacedState> Trainer::ReplaceState(const checkpoint::StateDict& state,
-                                                             StepCount step_count) {
+                                                             StepCount step_count,
+                                                             Coverage coverage) {
   Impl& m = *impl_;
-  AMPD_ASSIGN_OR_RETURN(LoadPlan plan, PlanLoad(state, step_count));
+  AMPD_ASSIGN_OR_RETURN(LoadPlan plan, PlanLoad(state, step_count, coverage));
   std::vector<const HostTensor*> sources;
   sources.reserve(plan.sources.size());
   for (const int64_t i : plan.sources) {

@@ -149,6 +149,15 @@ class Trainer {
   // kKeep leaves the count as it is (a state dict from elsewhere replaces
   // the training state, and the job's sequence goes on).
   enum class StepCount { kFromState, kKeep };
+  // How much of the model a state dict covers. kComplete: every tensor the
+  // load needs (a missing one is refused). kPartial: some of the model's
+  // weights only, as one file of a sharded checkpoint holds them: those
+  // present replace theirs, every other weight, the optimizer's moments and
+  // count, the scaler and the job's count stay as they are; an optimizer.*
+  // tensor, optimizer.step or scaler.* metadata, a name the model does not
+  // have or a wrong shape is still refused (each file of a checkpoint loads
+  // in turn, the job stepping only between calls).
+  enum class Coverage { kComplete, kPartial };
   // Replaces them all, or nothing: InvalidArgument naming the missing or
   // mismatched tensor or key. The working copy is recast from the masters.
   // With kKeep, a state of model weights alone (no optimizer.* tensor, no
@@ -156,7 +165,8 @@ class Trainer {
   // (zero moments, no update applied), the scaler unchanged. The model may
   // accept other spellings of its names (a GPT takes Hugging Face's).
   absl::Status LoadState(const checkpoint::StateDict& state,
-                         StepCount step_count = StepCount::kFromState);
+                         StepCount step_count = StepCount::kFromState,
+                         Coverage coverage = Coverage::kComplete);
   // What ReplaceState replaced: the live tensors as they were (on the
   // device, not copied), the scaler and the counts. Dropping it frees them;
   // UndoReplace puts them back.
@@ -177,7 +187,8 @@ class Trainer {
   // the load counts (a job's checkpoint of it) can go back exactly, without
   // a host copy of the state it replaced. On error nothing is replaced.
   absl::StatusOr<ReplacedState> ReplaceState(const checkpoint::StateDict& state,
-                                             StepCount step_count = StepCount::kFromState);
+                                             StepCount step_count = StepCount::kFromState,
+                                             Coverage coverage = Coverage::kComplete);
   // Puts back what ReplaceState replaced (the working copy recast from the
   // masters put back). Nothing may have run on the Trainer in between.
   absl::Status UndoReplace(ReplacedState replaced);
@@ -187,9 +198,11 @@ class Trainer {
   // moments a weights-only load starts afresh; the buffers are moved out of
   // `state`, not copied. Loading the result (kKeep, or step_count) does
   // what loading `state` would, so a job can write its checkpoint of an
-  // import while the import is uploaded, and nothing is read back.
+  // import while the import is uploaded, and nothing is read back. A
+  // partial state is laid over ExportState's (the rest is read back).
   absl::StatusOr<checkpoint::StateDict> ArrangeForLoad(
-      checkpoint::StateDict state, StepCount step_count = StepCount::kFromState) const;
+      checkpoint::StateDict state, StepCount step_count = StepCount::kFromState,
+      Coverage coverage = Coverage::kComplete) const;
 
   const JobConfig& config() const;
   // Step calls run so far (ampd.step); the next is number steps_run() + 1.
@@ -212,7 +225,8 @@ class Trainer {
   absl::StatusOr<EvaluateReport> EvaluateChecked(const EvaluateInput& input,
                                                  const std::function<absl::Status(int64_t)>& admit);
   struct LoadPlan;
-  absl::StatusOr<LoadPlan> PlanLoad(const checkpoint::StateDict& state, StepCount step_count) const;
+  absl::StatusOr<LoadPlan> PlanLoad(const checkpoint::StateDict& state, StepCount step_count,
+                                    Coverage coverage) const;
   // ExportState's metadata: a scaler's state, the two counts, the model's.
   void AddStateMetadata(const amp::GradScaler& scaler, int64_t opt_step, int64_t steps_run,
                         checkpoint::StateDict& state) const;

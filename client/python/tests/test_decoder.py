@@ -1,0 +1,236 @@
+"""A Llama/Qwen2-family decoder trained through the real ampd against the same
+decoder in PyTorch.
+
+For three tiny decoders in fp32 (Qwen2-style: fewer K/V heads than query
+heads, q/k/v biases, untied head; Llama with attention_bias: q/k/v and o
+biased; a tied one), the job's initial state dict, exported over
+GetStateDict, loads into bench/pytorch/decoder.py's Decoder (Hugging Face's
+names, rotate-half RoPE, repeat_kv, attention as a plain masked softmax) by
+name with strict checking; then 30 identical AdamW steps on identical (B, T)
+batches (some targets -100) must give the same loss curve to 1e-5 relative.
+A state dict written by that PyTorch model in Hugging Face's layout, sharded
+into two safetensors files (with the index.json transformers writes), loads
+into a fresh job file by file, and the next step's loss is PyTorch's. Also:
+the spec's wire form, Decoder.from_hf_config, the initialisation, and the
+benchmark peer on the CPU.
+
+Skipped, saying so, where torch is not importable."""
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not importable: the decoder conformance "
+                                           "tests compare ampd with a PyTorch decoder")
+
+import ampd  # noqa: E402
+import ampd.safetensors  # noqa: E402
+import ampd.torch as ampd_torch  # noqa: E402
+from ampd.v1 import trainer_pb2 as pb  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.environ["AMPD_SOURCE_DIR"], "bench", "pytorch"))
+import decoder as torch_decoder  # noqa: E402  (bench/pytorch/decoder.py)
+
+VOCAB, HIDDEN, INTER, LAYERS, CONTEXT = 48, 32, 64, 2, 16
+LR, WEIGHT_DECAY = 3e-3, 0.01
+
+FAMILIES = {
+    "qwen2": dict(num_attention_heads=4, num_key_value_heads=2, qkv_bias=True, o_bias=False,
+                  tie_word_embeddings=False, rope_theta=1000000.0),
+    "llama": dict(num_attention_heads=4, num_key_value_heads=4, qkv_bias=True, o_bias=True,
+                  tie_word_embeddings=False, rope_theta=10000.0, rms_norm_eps=1e-5),
+    "tied": dict(num_attention_heads=2, num_key_value_heads=1, qkv_bias=False, o_bias=False,
+                 tie_word_embeddings=True, rope_theta=500000.0, head_dim=8),
+}
+
+
+def spec_of(family):
+    return ampd.Decoder(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER,
+                        num_hidden_layers=LAYERS, max_position_embeddings=CONTEXT,
+                        **FAMILIES[family])
+
+
+def torch_model(family):
+    return torch_decoder.Decoder(VOCAB, HIDDEN, INTER, LAYERS, max_position_embeddings=CONTEXT,
+                                 attention="manual", **FAMILIES[family])
+
+
+def sequences(step, batch=4, seq_len=CONTEXT):
+    """Step's (B, T) int64 ids and targets, a few -100: each target a fixed
+    function of its input token (a bigram to learn), so the loss falls."""
+    rng = np.random.default_rng(700 + step)
+    ids = rng.integers(0, VOCAB, size=(batch, seq_len), dtype=np.int64)
+    targets = (7 * ids + 2) % VOCAB
+    targets[rng.random(targets.shape) < 0.1] = -100
+    return ids, targets
+
+
+def torch_loss(model, ids, targets):
+    return model(torch.from_numpy(ids), torch.from_numpy(targets))
+
+
+def test_spec_becomes_the_proto_decoder():
+    proto = spec_of("qwen2").to_proto()
+    assert proto.WhichOneof("architecture") == "decoder"
+    d = proto.decoder
+    assert (d.vocab_size, d.hidden_size, d.intermediate_size, d.num_hidden_layers,
+            d.num_attention_heads, d.num_key_value_heads, d.max_position_embeddings) == (
+        VOCAB, HIDDEN, INTER, LAYERS, 4, 2, CONTEXT)
+    assert d.qkv_bias and not d.o_bias and d.HasField("o_bias")
+    assert not d.HasField("head_dim") and not d.HasField("rms_norm_eps")
+    assert isinstance(proto, pb.ModelSpec) and len(proto.layers) == 0
+
+
+def test_from_hf_config_reads_both_families(tmp_path):
+    llama = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 2048,
+             "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
+             "num_key_value_heads": 8, "head_dim": 64, "rms_norm_eps": 1e-5,
+             "rope_theta": 500000.0, "max_position_embeddings": 131072,
+             "tie_word_embeddings": True, "initializer_range": 0.02, "attention_bias": False,
+             "hidden_act": "silu", "mlp_bias": False, "rope_scaling": None,
+             "torch_dtype": "bfloat16"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(llama))
+    spec = ampd.Decoder.from_hf_config(str(path), max_position_embeddings=4096)
+    assert (spec.num_key_value_heads, spec.head_dim, spec.max_position_embeddings) == (8, 64, 4096)
+    assert spec.tie_word_embeddings and not spec.qkv_bias and not spec.o_bias
+    biased = ampd.Decoder.from_hf_config(dict(llama, attention_bias=True))
+    assert biased.qkv_bias and biased.o_bias
+    qwen2 = {"model_type": "qwen2", "vocab_size": 151936, "hidden_size": 896,
+             "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+             "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+             "max_position_embeddings": 32768, "tie_word_embeddings": True,
+             "use_sliding_window": False, "sliding_window": 32768, "hidden_act": "silu"}
+    spec = ampd.Decoder.from_hf_config(qwen2)
+    assert spec.qkv_bias and not spec.o_bias and spec.head_dim is None
+    assert spec.to_proto().decoder.rope_theta == 1000000.0
+    for bad, match in ((dict(llama, rope_scaling={"rope_type": "llama3"}), "rope_scaling"),
+                       (dict(llama, model_type="mistral"), "model_type"),
+                       (dict(llama, hidden_act="gelu"), "hidden_act"),
+                       (dict(qwen2, use_sliding_window=True), "sliding")):
+        with pytest.raises(ValueError, match=match):
+            ampd.Decoder.from_hf_config(bad)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_fp32_loss_curve_equals_pytorch(server, family):
+    with ampd.Client(server.address) as client:
+        job = client.create_job(model=spec_of(family), precision="fp32", seed=11,
+                                optimizer=ampd.AdamW(lr=LR, weight_decay=WEIGHT_DECAY))
+        model = torch_model(family)
+        # Strict: every Hugging Face name matches, shapes included.
+        model.load_state_dict(ampd_torch.decoder_state_dict(job), strict=True)
+        opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+        ours, theirs = [], []
+        for step in range(30):
+            ids, targets = sequences(step)
+            ours.append(job.step(ids, targets).loss)
+            opt.zero_grad()
+            loss = torch_loss(model, ids, targets)
+            loss.backward()
+            opt.step()
+            theirs.append(loss.item())
+        for step, (a, b) in enumerate(zip(ours, theirs)):
+            assert a == pytest.approx(b, rel=1e-5), "step %d: ampd %r, PyTorch %r" % (step + 1, a, b)
+        assert theirs[-1] < theirs[0] - 0.5  # it learned, so equal curves say something
+        # ampd's final weights, loaded into PyTorch, give the loss ampd's next step reports.
+        final = torch_model(family)
+        final.load_state_dict(ampd_torch.decoder_state_dict(job), strict=True)
+        ids, targets = sequences(30)
+        with torch.no_grad():
+            expected = torch_loss(final, ids, targets).item()
+        assert job.step(ids, targets).loss == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "tied"])
+def test_sharded_pytorch_checkpoint_loads_file_by_file(server, tmp_path, family):
+    torch.manual_seed(5)
+    source = torch_model(family)
+    weights = {k: v.detach().numpy().copy() for k, v in source.state_dict().items()}
+    if FAMILIES[family]["tie_word_embeddings"]:
+        weights.pop("lm_head.weight")  # save_pretrained writes a tied head once
+    names = list(weights)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    weight_map = {}
+    for file, held in shards.items():
+        ampd.safetensors.save_file({k: weights[k] for k in held}, str(tmp_path / file),
+                                   {"format": "pt"})
+        weight_map.update({k: file for k in held})
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    with ampd.Client(server.address) as client:
+        job = client.create_job(model=spec_of(family), precision="fp32", seed=3,
+                                optimizer=ampd.AdamW(lr=LR, weight_decay=WEIGHT_DECAY))
+        # One file alone replaces the weights it holds; the rest stay the job's.
+        job.load(str(tmp_path / "model-00001-of-00002.safetensors"), partial=True)
+        half = ampd_torch.decoder_state_dict(job)
+        for name in shards["model-00001-of-00002.safetensors"]:
+            assert np.array_equal(half[name].numpy(), weights[name]), name
+        projection = [n for n in shards["model-00002-of-00002.safetensors"] if "proj" in n][-1]
+        assert not np.array_equal(half[projection].numpy(), weights[projection])
+        # A file alone is not the whole model.
+        with pytest.raises(ampd.InvalidStateDict, match="missing"):
+            job.load(str(tmp_path / "model-00002-of-00002.safetensors"))
+        job.load_sharded(str(index))
+        loaded = ampd_torch.decoder_state_dict(job)
+        for name, value in source.state_dict().items():
+            assert np.array_equal(loaded[name].numpy(), value.numpy()), name
+        ids, targets = sequences(0)
+        with torch.no_grad():
+            expected = torch_loss(source, ids, targets).item()
+        assert job.step(ids, targets).loss == pytest.approx(expected, rel=1e-5)
+        # A name the model does not have is refused, partial or not.
+        ampd.safetensors.save_file({"model.layers.7.mlp.up_proj.weight": weights[names[-1]]},
+                                   str(tmp_path / "other.safetensors"))
+        with pytest.raises(ampd.InvalidStateDict, match="not a tensor of this job"):
+            job.load(str(tmp_path / "other.safetensors"), partial=True)
+
+
+def test_initialisation_is_hugging_faces(server):
+    with ampd.Client(server.address) as client:
+        job = client.create_job(
+            model=ampd.Decoder(vocab_size=512, hidden_size=64, intermediate_size=128,
+                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                               max_position_embeddings=32, qkv_bias=True,
+                               initializer_range=0.04),
+            precision="fp32", seed=1)
+        state = ampd_torch.decoder_state_dict(job)
+    for name, value in state.items():
+        if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+            assert torch.equal(value, torch.ones_like(value)), name
+        elif name.endswith("bias"):
+            assert torch.equal(value, torch.zeros_like(value)), name
+        else:
+            assert value.std().item() == pytest.approx(0.04, rel=0.1), name
+    assert tuple(state["model.layers.0.self_attn.k_proj.weight"].shape) == (32, 64)
+    assert tuple(state["model.layers.1.mlp.down_proj.weight"].shape) == (64, 128)
+
+
+def test_bench_peer_runs_and_counts_the_parameters_ampd_counts(server):
+    """bench/pytorch/decoder.py on the CPU with tiny flags: a line per
+    precision, and its FLOP count's N (every parameter, the tied embedding
+    once) from the same sizes as ampd's job."""
+    import re
+    import subprocess
+    script = os.path.join(os.environ["AMPD_SOURCE_DIR"], "bench", "pytorch", "decoder.py")
+    run = subprocess.run(
+        [sys.executable, script, "--device", "cpu", "--vocab", str(VOCAB), "--hidden",
+         str(HIDDEN), "--intermediate", str(INTER), "--layers", str(LAYERS), "--heads", "4",
+         "--kv-heads", "2", "--batch", "2", "--seq-len", str(CONTEXT), "--steps", "2",
+         "--warmup", "1", "--precisions", "fp32,bf16", "--peak-tflops", "1"],
+        capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = re.findall(r"^(fp32|bf16) +step median +[0-9.]+ ms +[0-9]+ tokens/s +[0-9.]+ TFLOP/s "
+                       r"+MFU +[0-9.]+%  \((\d+) params, loss ([0-9.]+)\)$", run.stdout, re.M)
+    assert [line[0] for line in lines] == ["fp32", "bf16"], run.stdout
+    with ampd.Client(server.address) as client:
+        job = client.create_job(
+            model=ampd.Decoder(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER,
+                               num_hidden_layers=LAYERS, num_attention_heads=4,
+                               num_key_value_heads=2, max_position_embeddings=CONTEXT,
+                               qkv_bias=True, tie_word_embeddings=True),
+            precision="fp32")
+    assert int(lines[0][1]) == job.parameter_count

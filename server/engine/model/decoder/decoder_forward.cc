@@ -1,0 +1,70 @@
+// DecoderModel::Forward: the embedding, the blocks and the final RMSNorm,
+// saving what the backward pass reads (decoder_workspace.h). The q|k|v
+// projection is one GEMM over the stacked weight (decoder_model.h); RoPE
+// rotates its q and k heads in place, and grouped K/V heads are expanded
+// so that the GPT's fused causal attention runs unchanged. The LM head
+// runs in Loss (decoder_lm_head.cc), fused with the cross-entropy.
+#include "common/status_macros.h"
+#include "server/engine/model/decoder/decoder_model.h"
+#include "server/engine/model/decoder/decoder_workspace.h"
+
+namespace ampd::engine::model {
+
+using kernels::Tensor;
+constexpr kernels::GemmActivation kNone = kernels::GemmActivation::kNone;
+
+absl::Status DecoderModel::Forward(Workspace& any) {
+  AMPD_ASSIGN_OR_RETURN(DecoderWorkspace * own, Own<DecoderWorkspace>(any));
+  DecoderWorkspace& ws = *own;
+  kernels::Backend& b = backend_;
+  const DecoderSpec& s = decoder();
+  const int64_t heads = s.num_attention_heads;
+  const int64_t kv_heads = s.num_key_value_heads;
+  const int64_t head_dim = DecoderHeadDim(s);
+  const float eps = s.rms_norm_eps;
+  auto value = [this](int index) -> const Tensor& { return params()[index].value(); };
+  Tensor* qkv_bias = ws.b_qkv.empty() ? nullptr : &ws.b_qkv;
+
+  AMPD_RETURN_IF_ERROR(b.EmbeddingForward(ws.ids, value(embed_), ws.x[0]));
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    const BlockParams& p = blocks_[l];
+    DecoderWorkspace::Block& sv = ws.blocks[l];
+    const Tensor& x = ws.x[l];
+    Tensor& x_next = ws.x[l + 1];
+    // Attention branch: r_l = x_l + o_proj(attention(rope(qkv(rmsnorm(x_l))))).
+    AMPD_RETURN_IF_ERROR(b.RmsNormForward(x, value(p.input_norm), eps, sv.ln_1, sv.rstd_1));
+    AMPD_RETURN_IF_ERROR(CopyQkv(p, /*grads=*/false, /*to_params=*/false, ws.w_qkv, qkv_bias));
+    AMPD_RETURN_IF_ERROR(
+        b.GemmBiasActivation(false, true, sv.ln_1, ws.w_qkv, qkv_bias, kNone, sv.qkv, nullptr));
+    AMPD_ASSIGN_OR_RETURN(Tensor qkv, sv.qkv.View(0, {ws.batch, ws.seq, sv.qkv.dim(1)}));
+    // The q heads and then the k heads open each row: one call rotates both.
+    AMPD_RETURN_IF_ERROR(
+        b.Rope(qkv, heads + kv_heads, head_dim, ws.inv_freq, /*positions=*/nullptr, false));
+    if (!sv.qkv_x.empty()) {
+      AMPD_ASSIGN_OR_RETURN(Tensor expanded, sv.qkv_x.View(0, {ws.batch, ws.seq, sv.qkv_x.dim(1)}));
+      AMPD_RETURN_IF_ERROR(b.ExpandKvHeads(qkv, heads, kv_heads, expanded));
+    }
+    const Tensor& attention_in = sv.attention_input();
+    AMPD_ASSIGN_OR_RETURN(const Tensor fused,
+                          attention_in.View(0, {ws.batch, ws.seq, attention_in.dim(1)}));
+    AMPD_ASSIGN_OR_RETURN(Tensor attn_y, sv.attn_y.View(0, {ws.batch, ws.seq, sv.attn_y.dim(1)}));
+    AMPD_RETURN_IF_ERROR(b.AttentionForward(fused, heads, attn_y, sv.lse));
+    const Tensor* o_bias = p.o_bias >= 0 ? &value(p.o_bias) : nullptr;
+    AMPD_RETURN_IF_ERROR(b.GemmBiasActivation(false, true, sv.attn_y, value(p.o_weight), o_bias,
+                                              kNone, sv.resid, nullptr));
+    AMPD_RETURN_IF_ERROR(b.Add(x, sv.resid));
+    // MLP branch: x_{l+1} = r_l + down(silu(gate(m)) * up(m)), m = rmsnorm(r_l).
+    AMPD_RETURN_IF_ERROR(b.RmsNormForward(sv.resid, value(p.post_norm), eps, sv.ln_2, sv.rstd_2));
+    AMPD_RETURN_IF_ERROR(b.GemmBiasActivation(false, true, sv.ln_2, value(p.gate), nullptr, kNone,
+                                              sv.gate, nullptr));
+    AMPD_RETURN_IF_ERROR(
+        b.GemmBiasActivation(false, true, sv.ln_2, value(p.up), nullptr, kNone, sv.up, nullptr));
+    AMPD_RETURN_IF_ERROR(b.SiluMulForward(sv.gate, sv.up, sv.act));
+    AMPD_RETURN_IF_ERROR(
+        b.GemmBiasActivation(false, true, sv.act, value(p.down), nullptr, kNone, x_next, nullptr));
+    AMPD_RETURN_IF_ERROR(b.Add(sv.resid, x_next));
+  }
+  return b.RmsNormForward(ws.x.back(), value(norm_), eps, ws.ln_f, ws.rstd_f);
+}
+
+}  // namespace ampd::engine::model

@@ -1,0 +1,385 @@
+// DecoderModel: its parameters and their initialisation, the workspace of
+// one (B, T) shape and its byte count, and loading a micro-batch.
+#include "server/engine/model/decoder/decoder_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <initializer_list>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/checked_math.h"
+#include "common/status_macros.h"
+#include "server/engine/model/decoder/decoder_workspace.h"
+#include "server/engine/model/init.h"
+
+namespace ampd::engine::model {
+
+using kernels::DType;
+using kernels::Tensor;
+
+namespace {
+
+// (B, T) with B >= 1 and 1 <= T <= max_position_embeddings.
+absl::Status CheckInputShape(const DecoderSpec& d, const kernels::Shape& shape) {
+  if (shape.size() != 2 || shape[0] < 1 || shape[1] < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("inputs: a decoder takes (B, T) token ids with B, T >= 1, got ",
+                     kernels::ShapeToString(shape)));
+  }
+  if (shape[1] > d.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "inputs: T = ", shape[1], " exceeds max_position_embeddings ", d.max_position_embeddings));
+  }
+  return absl::OkStatus();
+}
+
+// The widths of decoder_model.h, all validated to fit.
+struct Widths {
+  int64_t c, d, q, kv, qkv, i, v;
+  explicit Widths(const DecoderSpec& s)
+      : c(s.hidden_size),
+        d(DecoderHeadDim(s)),
+        q(s.num_attention_heads * d),
+        kv(s.num_key_value_heads * d),
+        qkv(q + 2 * kv),
+        i(s.intermediate_size),
+        v(s.vocab_size) {}
+};
+
+// LmHeadChunkRows reads the vocabulary size alone.
+GptSpec HeadOf(const DecoderSpec& d) {
+  GptSpec head;
+  head.vocab_size = d.vocab_size;
+  return head;
+}
+
+int64_t CountKept(const HostTensor& targets) {
+  const int64_t n = kernels::NumElements(targets.shape);
+  int64_t kept = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t v = 0;
+    if (targets.dtype == DType::kI32) {
+      int32_t x = 0;
+      std::memcpy(&x, targets.data.data() + i * 4, 4);
+      v = x;
+    } else {
+      std::memcpy(&v, targets.data.data() + i * 8, 8);
+    }
+    kept += v != kIgnoreIndex ? 1 : 0;
+  }
+  return kept;
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> DecoderWorkspaceBytes(const ModelSpec& spec, Precision precision,
+                                              const kernels::Shape& input_shape,
+                                              int64_t lm_head_chunk_bytes) {
+  AMPD_RETURN_IF_ERROR(ValidateModelSpec(spec));
+  if (!spec.decoder.has_value()) return absl::InvalidArgumentError("decoder: not set");
+  const DecoderSpec& s = *spec.decoder;
+  AMPD_RETURN_IF_ERROR(CheckInputShape(s, input_shape));
+  const Widths wd(s);
+  const int64_t b = input_shape[0];
+  const int64_t t = input_shape[1];
+  const auto w = static_cast<int64_t>(kernels::SizeOf(WorkingDType(precision)));
+  const bool grouped = s.num_key_value_heads < s.num_attention_heads;
+  bool ok = true;
+  auto product = [&ok](std::initializer_list<int64_t> factors) {
+    int64_t p = 1;
+    for (int64_t f : factors) ok = ok && CheckedMul(p, f, &p);
+    return ok ? p : 0;
+  };
+  const int64_t n = product({b, t});
+  const int64_t chunk_rows = LmHeadChunkRows(HeadOf(s), precision, n, lm_head_chunk_bytes);
+  const bool head_sum = w != 4 && chunk_rows < n;
+  // Per block: ln_1, resid, ln_2 (3 N C); qkv, its expansion, attn_y; gate,
+  // up, act (3 N I); lse (B, H, T) and two rstd (N), F32.
+  int64_t block = 0;
+  for (int64_t part :
+       {product({3, n, wd.c, w}), product({n, wd.qkv, w}), grouped ? product({3, n, wd.q, w}) : 0,
+        product({n, wd.q, w}), product({3, n, wd.i, w}), product({b, s.num_attention_heads, t, 4}),
+        product({2, n, 4})}) {
+    ok = ok && CheckedAdd(block, part, &block);
+  }
+  int64_t total = product({s.num_hidden_layers, block});
+  const int64_t qkv_bias = s.qkv_bias ? wd.qkv : 0;
+  for (int64_t part : {
+           product({s.num_hidden_layers + 2, n, wd.c, w}),  // x_0..x_L and the final norm's
+           product({n, 4}),                                 // its rstd
+           product({3, n, wd.c, w}),                        // d_res, d_tmp, d_ln
+           product({n, wd.q, w}),                           // d_attn
+           product({n, wd.qkv, w}),                         // d_qkv
+           grouped ? product({3, n, wd.q, w}) : 0,          // d_qkv_x
+           product({3, n, wd.i, w}),                        // d_act, d_gate, d_up
+           product({2, wd.qkv, wd.c, w}),                   // w_qkv, dw_qkv
+           product({2, qkv_bias, w}),                       // b_qkv, db_qkv
+           product({wd.d / 2, 4}),                          // inv_freq
+           product({chunk_rows, wd.v, w}),                  // one chunk of logits
+           head_sum ? product({wd.v, wd.c, 4}) : 0,         // the LM head's F32 gradient sum
+           product({2, n, 8}),                              // ids and targets, I64 at most
+       }) {
+    ok = ok && CheckedAdd(total, part, &total);
+  }
+  if (!ok) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("micro_batches: inputs ", kernels::ShapeToString(input_shape),
+                     " through this model need more than 2^63 bytes"));
+  }
+  return total;
+}
+
+kernels::ScratchExtents DecoderScratchExtents(const ModelSpec& spec, Precision precision,
+                                              const kernels::Shape& input_shape,
+                                              int64_t lm_head_chunk_bytes) {
+  const DecoderSpec& s = *spec.decoder;
+  const Widths wd(s);
+  kernels::ScratchExtents e;
+  e.dtype = WorkingDType(precision);
+  const int64_t n = SaturatingMul(input_shape[0], input_shape[1]);
+  const int64_t r = LmHeadChunkRows(HeadOf(s), precision, n, lm_head_chunk_bytes);
+  const int64_t widest = std::max({wd.c, wd.qkv, SaturatingMul(3, wd.q), wd.i});
+  const int64_t activations = SaturatingMul(n, widest);
+  const int64_t logits = SaturatingMul(r, wd.v);
+  const int64_t head = SaturatingMul(wd.v, wd.c);
+  const int64_t block_weights =
+      std::max({SaturatingMul(wd.qkv, wd.c), SaturatingMul(wd.c, wd.q), SaturatingMul(wd.i, wd.c)});
+  e.gemm_a = std::max({activations, logits, block_weights});
+  e.gemm_b = std::max({activations, logits, head, block_weights});
+  e.gemm_c = std::max({activations, logits, head, block_weights});
+  e.attention_seq = input_shape[1];
+  e.head_dim = wd.d;
+  e.classes = wd.v;
+  e.rows = n;
+  return e;
+}
+
+std::vector<int> DecoderModel::BlockParams::All() const {
+  std::vector<int> all;
+  for (const int i : {input_norm, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, o_weight,
+                      o_bias, post_norm, gate, up, down}) {
+    if (i >= 0) all.push_back(i);
+  }
+  return all;
+}
+
+DecoderModel::DecoderModel(const ModelSpec& spec, Precision precision, kernels::Backend& backend,
+                           int64_t lm_head_chunk_bytes)
+    : Network(spec, precision, backend),
+      lm_head_chunk_bytes_(lm_head_chunk_bytes),
+      residual_grad_scale_(static_cast<size_t>(spec.decoder->num_hidden_layers), 1.0f) {
+  const int64_t layers = spec.decoder->num_hidden_layers;
+  for (int64_t l = 0; l < layers; ++l) {
+    block_group_.push_back(static_cast<int>(GptBlockScaleGroup(l, layers)));
+  }
+  // Hugging Face's _compute_default_rope_parameters, in fp32:
+  // 1 / (base ** (arange(0, D, 2).float() / D)).
+  const int64_t d = DecoderHeadDim(*spec.decoder);
+  const float base = spec.decoder->rope_theta;
+  for (int64_t i = 0; i < d; i += 2) {
+    const float exponent = static_cast<float>(i) / static_cast<float>(d);
+    inv_freq_.push_back(1.0f / std::pow(base, exponent));
+  }
+}
+
+std::vector<int> DecoderModel::ParamScaleGroups() const {
+  const int last = block_group_.back();
+  std::vector<int> groups(params().size(), last);  // the final norm, an untied head
+  groups[static_cast<size_t>(embed_)] = 0;
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    for (const int index : blocks_[l].All()) groups[static_cast<size_t>(index)] = block_group_[l];
+  }
+  return groups;
+}
+
+absl::Status DecoderModel::SetGroupScales(absl::Span<const float> scales) {
+  AMPD_RETURN_IF_ERROR(CheckGroupScaleCount(scales));
+  // Ratios of powers of two: exact (GptModel::SetGroupScales).
+  auto ratio = [](float to, float from) {
+    return static_cast<float>(static_cast<double>(to) / static_cast<double>(from));
+  };
+  residual_grad_scale_[0] = 1.0f;
+  for (size_t l = 1; l < residual_grad_scale_.size(); ++l) {
+    residual_grad_scale_[l] = ratio(scales[static_cast<size_t>(block_group_[l - 1])],
+                                    scales[static_cast<size_t>(block_group_[l])]);
+  }
+  head_grad_alpha_ = decoder().tie_word_embeddings ? ratio(scales.front(), scales.back()) : 1.0f;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Create(const ModelSpec& spec,
+                                                                   Precision precision,
+                                                                   uint64_t seed,
+                                                                   kernels::Backend& backend,
+                                                                   int64_t lm_head_chunk_bytes) {
+  AMPD_RETURN_IF_ERROR(ValidateModelSpec(spec));
+  if (!spec.decoder.has_value()) return absl::InvalidArgumentError("decoder: not set");
+  if (lm_head_chunk_bytes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lm_head_chunk_bytes: must be >= 1, got ", lm_head_chunk_bytes));
+  }
+  std::unique_ptr<DecoderModel> m(new DecoderModel(spec, precision, backend, lm_head_chunk_bytes));
+  const DecoderSpec& s = *spec.decoder;
+  const Widths wd(s);
+  const ParamInit normal{true, NormalInit(seed, 0, s.initializer_range)};
+  ParamInit zeros;
+  ParamInit ones;
+  ones.value = 1.0f;
+  // Gradients that only accumulate (+=): the embedding (scatter-add, and a
+  // tied head), the RMSNorm weights and an untied LM head (gpt_lm_head.cc's
+  // contract); every projection's GEMM writes its own on the first
+  // micro-batch.
+  const bool kPlusEqual = true;
+  const bool kGemm = false;
+  auto add = [&](const std::string& name, const kernels::Shape& shape, const ParamInit& init,
+                 bool plus_equal) { return m->AddParameter(name, shape, init, plus_equal); };
+  AMPD_ASSIGN_OR_RETURN(m->embed_,
+                        add("model.embed_tokens.weight", {wd.v, wd.c}, normal, kPlusEqual));
+  for (int64_t l = 0; l < s.num_hidden_layers; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    BlockParams b;
+    AMPD_ASSIGN_OR_RETURN(b.input_norm,
+                          add(p + "input_layernorm.weight", {wd.c}, ones, kPlusEqual));
+    const struct {
+      const char* name;
+      int64_t rows;
+      int* weight;
+      int* bias;
+    } projections[] = {{"q_proj", wd.q, &b.q_weight, &b.q_bias},
+                       {"k_proj", wd.kv, &b.k_weight, &b.k_bias},
+                       {"v_proj", wd.kv, &b.v_weight, &b.v_bias}};
+    for (const auto& proj : projections) {
+      const std::string name = absl::StrCat(p, "self_attn.", proj.name);
+      AMPD_ASSIGN_OR_RETURN(*proj.weight, add(name + ".weight", {proj.rows, wd.c}, normal, kGemm));
+      if (s.qkv_bias) {
+        AMPD_ASSIGN_OR_RETURN(*proj.bias, add(name + ".bias", {proj.rows}, zeros, kGemm));
+      }
+    }
+    AMPD_ASSIGN_OR_RETURN(b.o_weight,
+                          add(p + "self_attn.o_proj.weight", {wd.c, wd.q}, normal, kGemm));
+    if (s.o_bias) {
+      AMPD_ASSIGN_OR_RETURN(b.o_bias, add(p + "self_attn.o_proj.bias", {wd.c}, zeros, kGemm));
+    }
+    AMPD_ASSIGN_OR_RETURN(b.post_norm,
+                          add(p + "post_attention_layernorm.weight", {wd.c}, ones, kPlusEqual));
+    AMPD_ASSIGN_OR_RETURN(b.gate, add(p + "mlp.gate_proj.weight", {wd.i, wd.c}, normal, kGemm));
+    AMPD_ASSIGN_OR_RETURN(b.up, add(p + "mlp.up_proj.weight", {wd.i, wd.c}, normal, kGemm));
+    AMPD_ASSIGN_OR_RETURN(b.down, add(p + "mlp.down_proj.weight", {wd.c, wd.i}, normal, kGemm));
+    m->blocks_.push_back(b);
+  }
+  AMPD_ASSIGN_OR_RETURN(m->norm_, add("model.norm.weight", {wd.c}, ones, kPlusEqual));
+  if (!s.tie_word_embeddings) {
+    AMPD_ASSIGN_OR_RETURN(m->lm_head_, add("lm_head.weight", {wd.v, wd.c}, normal, kPlusEqual));
+  }
+  AMPD_RETURN_IF_ERROR(m->CastWorking());
+  return m;
+}
+
+absl::StatusOr<int64_t> DecoderModel::BytesFor(const kernels::Shape& input_shape) const {
+  return DecoderWorkspaceBytes(spec(), precision(), input_shape, lm_head_chunk_bytes_);
+}
+
+absl::StatusOr<std::unique_ptr<Workspace>> DecoderModel::NewWorkspace(
+    const kernels::Shape& input_shape) {
+  const DecoderSpec& s = decoder();
+  AMPD_RETURN_IF_ERROR(CheckInputShape(s, input_shape));
+  const Widths wd(s);
+  const bool grouped = s.num_key_value_heads < s.num_attention_heads;
+  auto owned = std::make_unique<DecoderWorkspace>();
+  DecoderWorkspace& ws = *owned;
+  ws.batch = input_shape[0];
+  ws.seq = input_shape[1];
+  ws.rows = ws.batch * ws.seq;  // BytesFor checked every product first
+  ws.chunk_rows = LmHeadChunkRows(HeadOf(s), precision(), ws.rows, lm_head_chunk_bytes_);
+  const int64_t n = ws.rows;
+  const DType w = working_dtype();
+  auto alloc = [&](DType dtype, const kernels::Shape& shape, Tensor& t) -> absl::Status {
+    AMPD_ASSIGN_OR_RETURN(t, backend_.Allocate(dtype, shape));
+    return absl::OkStatus();
+  };
+  AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {wd.d / 2}, ws.inv_freq));
+  AMPD_RETURN_IF_ERROR(
+      backend_.CopyFromHost(inv_freq_.data(), inv_freq_.size() * sizeof(float), ws.inv_freq));
+  ws.x.resize(static_cast<size_t>(s.num_hidden_layers + 1));
+  for (Tensor& t : ws.x) AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, t));
+  ws.blocks.resize(static_cast<size_t>(s.num_hidden_layers));
+  for (DecoderWorkspace::Block& b : ws.blocks) {
+    AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, b.ln_1));
+    AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n}, b.rstd_1));
+    AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.qkv}, b.qkv));
+    if (grouped) AMPD_RETURN_IF_ERROR(alloc(w, {n, 3 * wd.q}, b.qkv_x));
+    AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {ws.batch, s.num_attention_heads, ws.seq}, b.lse));
+    AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.q}, b.attn_y));
+    AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, b.resid));
+    AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, b.ln_2));
+    AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n}, b.rstd_2));
+    AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.i}, b.gate));
+    AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.i}, b.up));
+    AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.i}, b.act));
+  }
+  AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, ws.ln_f));
+  AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n}, ws.rstd_f));
+  AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv, wd.c}, ws.w_qkv));
+  AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv, wd.c}, ws.dw_qkv));
+  if (s.qkv_bias) {
+    AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv}, ws.b_qkv));
+    AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv}, ws.db_qkv));
+  }
+  AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, ws.d_res));
+  AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, ws.d_tmp));
+  AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, ws.d_ln));
+  AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.q}, ws.d_attn));
+  AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.qkv}, ws.d_qkv));
+  if (grouped) AMPD_RETURN_IF_ERROR(alloc(w, {n, 3 * wd.q}, ws.d_qkv_x));
+  AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.i}, ws.d_act));
+  AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.i}, ws.d_gate));
+  AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.i}, ws.d_up));
+  AMPD_RETURN_IF_ERROR(alloc(w, {ws.chunk_rows, wd.v}, ws.logits));
+  if (w != DType::kF32 && ws.chunk_rows < n) {
+    AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {wd.v, wd.c}, ws.head_grad));
+  }
+  return std::unique_ptr<Workspace>(std::move(owned));
+}
+
+absl::Status DecoderModel::LoadBatch(const HostTensor& inputs, const HostTensor& targets,
+                                     Workspace& any) {
+  AMPD_ASSIGN_OR_RETURN(DecoderWorkspace * ws, Own<DecoderWorkspace>(any));
+  if (inputs.shape != ws->shape() || targets.shape != ws->shape()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("inputs: ", kernels::ShapeToString(inputs.shape), " and targets ",
+                     kernels::ShapeToString(targets.shape), " do not match the workspace's ",
+                     kernels::ShapeToString(ws->shape())));
+  }
+  ws->kept = CountKept(targets);
+  AMPD_RETURN_IF_ERROR(EnsureTensor(backend_, inputs.dtype, {ws->rows}, ws->ids));
+  AMPD_RETURN_IF_ERROR(backend_.CopyFromHost(inputs.data.data(), inputs.data.size(), ws->ids));
+  AMPD_RETURN_IF_ERROR(EnsureTensor(backend_, targets.dtype, {ws->rows}, ws->targets));
+  return backend_.CopyFromHost(targets.data.data(), targets.data.size(), ws->targets);
+}
+
+absl::Status DecoderModel::CopyQkv(const BlockParams& p, bool grads, bool to_params, Tensor& weight,
+                                   Tensor* bias) {
+  const Widths wd(decoder());
+  const int64_t offsets[] = {0, wd.q, wd.q + wd.kv};
+  const int64_t rows[] = {wd.q, wd.kv, wd.kv};
+  const int weights[] = {p.q_weight, p.k_weight, p.v_weight};
+  const int biases[] = {p.q_bias, p.k_bias, p.v_bias};
+  auto copy = [&](int index, Tensor& stacked) -> absl::Status {
+    Parameter& param = params()[static_cast<size_t>(index)];
+    if (to_params) return backend_.Copy(stacked, param.grad);
+    return backend_.Copy(grads ? param.grad : param.value(), stacked);
+  };
+  for (int j = 0; j < 3; ++j) {
+    AMPD_ASSIGN_OR_RETURN(Tensor block, weight.View(offsets[j] * wd.c, {rows[j], wd.c}));
+    AMPD_RETURN_IF_ERROR(copy(weights[j], block));
+    if (bias == nullptr) continue;
+    AMPD_ASSIGN_OR_RETURN(Tensor part, bias->View(offsets[j], {rows[j]}));
+    AMPD_RETURN_IF_ERROR(copy(biases[j], part));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ampd::engine::model

@@ -1,0 +1,162 @@
+// DecoderModel: a Llama/Qwen2-family decoder-only transformer (DecoderSpec)
+// as a Network.
+//
+// Forward, per micro-batch of B sequences of T tokens (N = B*T rows, C =
+// hidden_size, H query heads and K K/V heads of D = head_dim columns, Q =
+// H D, KV = K D, I = intermediate_size, V = vocab_size), in the working
+// dtype with fp32 accumulation. Linear weights are Hugging Face's (out, in):
+// y = x W^T + b.
+//   x_0 = embed_tokens[ids]
+//   per block l:  a = rmsnorm(x_l) input_layernorm.weight
+//                 qkv (N, Q + 2 KV) = a [Wq; Wk; Wv]^T + [bq; bk; bv]
+//                 RoPE (rotate-half, position t, inv_freq from rope_theta)
+//                   on the H + K q and k heads at the start of each row
+//                 expand the K/V heads to H (repeat_kv; skipped when K == H)
+//                 y = causal attention (scale 1/sqrt(D)); r_l = x_l + y Wo^T (+ bo)
+//                 m = rmsnorm(r_l) post_attention_layernorm.weight
+//                 x_{l+1} = r_l + (silu(m Wg^T) * (m Wu^T)) Wd^T
+//   h = rmsnorm(x_L) model.norm.weight; logits = h W_head^T, W_head =
+//   embed_tokens (tied) or lm_head.weight.
+// The q, k and v projections are three parameters (Hugging Face's names and
+// shapes) whose rows, stacked, are one (Q + 2 KV, C) matrix: the forward
+// copies them into one workspace matrix (and the biases into one vector) so
+// that a single GEMM writes the fused q|k|v rows the RoPE, K/V expansion
+// and attention ops read; the backward forms the stacked weight gradient
+// in one GEMM into a workspace matrix (starting from the parameters'
+// gradients on later micro-batches, so each element is still rounded once
+// per micro-batch) and copies its row blocks back. The copies cost
+// (Q + 2 KV) C elements per block and pass, against the GEMMs' N times that.
+// The LM head is fused with the cross-entropy in Loss, over row chunks, as
+// the GPT's is (gpt/gpt_model.h, LmHeadChunkRows).
+//
+// State-dict names and layouts are Hugging Face's (LlamaForCausalLM,
+// Qwen2ForCausalLM), in this order, which is also params()' and that of the
+// Philox streams that initialise them:
+//   model.embed_tokens.weight (V, C),
+//   model.layers.{i}.input_layernorm.weight (C),
+//   model.layers.{i}.self_attn.q_proj.weight (Q, C) [.bias (Q) with qkv_bias],
+//   model.layers.{i}.self_attn.k_proj.weight (KV, C) [.bias (KV)],
+//   model.layers.{i}.self_attn.v_proj.weight (KV, C) [.bias (KV)],
+//   model.layers.{i}.self_attn.o_proj.weight (C, Q) [.bias (C) with o_bias],
+//   model.layers.{i}.post_attention_layernorm.weight (C),
+//   model.layers.{i}.mlp.gate_proj.weight (I, C), .up_proj.weight (I, C),
+//   model.layers.{i}.mlp.down_proj.weight (C, I),
+//   model.norm.weight (C), lm_head.weight (V, C) when untied.
+// Initialisation is Hugging Face's _init_weights: every Linear weight and
+// the embedding N(0, initializer_range^2), biases 0, RMSNorm weights 1.
+// Per-layer loss scales as the GPT's: block l in group GptBlockScaleGroup(l),
+// the embedding in group 0, the final norm and an untied head in the last.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "server/engine/model/gpt/gpt_model.h"
+#include "server/engine/model/network.h"
+
+namespace ampd::engine::model {
+
+// WorkspaceBytes of a decoder for inputs (B, T): per block the saved
+// activations (the two RMSNorm outputs and r_l: 3 N C; the fused q|k|v
+// N (Q + 2 KV), its K/V-expanded copy N 3Q when K < H, the attention
+// output N Q, gate, up and their SwiGLU product 3 N I, all working dtype;
+// the attention's log-sum-exp B H T and two RMSNorm rstd N, F32), the
+// residual stream x_0..x_L and the final norm's output ((L + 2) N C, its
+// rstd N F32), the backward's scratch (3 N C, N Q, N (Q + 2 KV), N 3Q when
+// K < H, 3 N I), the stacked q/k/v weight and its gradient (2 (Q + 2 KV) C,
+// and 2 (Q + 2 KV) for biases), RoPE's inv_freq (D/2 F32), one LM-head
+// chunk of logits, the head's F32 gradient sum (fp16/bf16 heads of more
+// than one chunk) and the ids and targets. Overflow-checked; InvalidArgument
+// when it overflows or the shape is not (B, T) with 1 <= T <=
+// max_position_embeddings.
+absl::StatusOr<int64_t> DecoderWorkspaceBytes(const ModelSpec& spec, Precision precision,
+                                              const kernels::Shape& input_shape,
+                                              int64_t lm_head_chunk_bytes = kLmHeadChunkBytes);
+
+// StepScratchExtents of a decoder for inputs (B, T): the largest operands
+// of its projections (N x max(Q + 2 KV, 3Q, I, C) activations, (Q + 2 KV) C,
+// C Q and I C weights), the LM head's chunks and weight, the attention over T
+// with head size D, the cross-entropy over V.
+kernels::ScratchExtents DecoderScratchExtents(const ModelSpec& spec, Precision precision,
+                                              const kernels::Shape& input_shape,
+                                              int64_t lm_head_chunk_bytes = kLmHeadChunkBytes);
+
+class DecoderModel final : public Network {
+ public:
+  // Builds the parameters of a validated decoder spec and initialises them
+  // from seed (see above), then casts the working copy.
+  static absl::StatusOr<std::unique_ptr<DecoderModel>> Create(
+      const ModelSpec& spec, Precision precision, uint64_t seed, kernels::Backend& backend,
+      int64_t lm_head_chunk_bytes = kLmHeadChunkBytes);
+
+  absl::Status LoadBatch(const HostTensor& inputs, const HostTensor& targets,
+                         Workspace& ws) override;
+  absl::Status Forward(Workspace& ws) override;
+  // The fused LM head and cross-entropy, as GptModel::Loss.
+  absl::Status Loss(Workspace& ws, float grad_scale, kernels::Tensor& loss) override;
+  absl::Status EvalLoss(Workspace& ws, kernels::Tensor& loss) override;
+  using Network::Backward;
+  absl::Status Backward(Workspace& ws, bool first_micro_batch, const BackwardHooks& hooks) override;
+
+  std::vector<int> ParamScaleGroups() const override;
+  absl::Status SetGroupScales(absl::Span<const float> scales) override;
+
+  // Drops the rotary inv_freq buffers some Llama checkpoints carry
+  // (model.layers.{i}.self_attn.rotary_emb.inv_freq) and, for a tied model,
+  // lm_head.weight when it equals model.embed_tokens.weight.
+  absl::StatusOr<std::vector<std::string>> CanonicalNames(
+      const codec::StateDict& state) const override;
+  // {"format": "pt"}: transformers' from_pretrained requires it.
+  void AnnotateExport(codec::StateDict& state) const override;
+
+ protected:
+  absl::StatusOr<int64_t> BytesFor(const kernels::Shape& input_shape) const override;
+  absl::StatusOr<std::unique_ptr<Workspace>> NewWorkspace(
+      const kernels::Shape& input_shape) override;
+
+ private:
+  // Indices into params() of one block's parameters; -1 for an absent bias.
+  struct BlockParams {
+    int input_norm = -1;
+    int q_weight = -1, q_bias = -1;
+    int k_weight = -1, k_bias = -1;
+    int v_weight = -1, v_bias = -1;
+    int o_weight = -1, o_bias = -1;
+    int post_norm = -1;
+    int gate = -1, up = -1, down = -1;
+    // The present ones, in params()' order.
+    std::vector<int> All() const;
+  };
+
+  DecoderModel(const ModelSpec& spec, Precision precision, kernels::Backend& backend,
+               int64_t lm_head_chunk_bytes);
+  const DecoderSpec& decoder() const { return *spec().decoder; }
+  int head_weight() const { return decoder().tie_word_embeddings ? embed_ : lm_head_; }
+  absl::Status HeadLoss(Workspace& ws, float grad_scale, bool with_grad, kernels::Tensor& loss);
+  // Copies block p's q, k and v weights and biases (their values, or their
+  // gradients when grads) into the stacked (Q + 2 KV, C) matrix and
+  // (Q + 2 KV) vector (bias nullptr: none), or, to_params, the stacked ones
+  // back into the gradients.
+  absl::Status CopyQkv(const BlockParams& p, bool grads, bool to_params, kernels::Tensor& weight,
+                       kernels::Tensor* bias);
+
+  const int64_t lm_head_chunk_bytes_;
+  // RoPE's inv_freq (D/2), 1 / rope_theta^(2i / D) in fp32 as Hugging Face
+  // computes it; each workspace copies it to the backend.
+  std::vector<float> inv_freq_;
+  int embed_ = -1;
+  std::vector<BlockParams> blocks_;
+  int norm_ = -1;
+  int lm_head_ = -1;  // -1 when tied
+  // Per-layer scales, as GptModel's.
+  std::vector<int> block_group_;
+  std::vector<float> residual_grad_scale_;
+  float head_grad_alpha_ = 1.0f;
+};
+
+}  // namespace ampd::engine::model

@@ -1,0 +1,66 @@
+// DecoderWorkspace: the buffers of one decoder micro-batch shape (B, T),
+// shared by the DecoderModel's files (decoder_model.cc allocates them,
+// decoder_forward.cc, decoder_lm_head.cc and decoder_backward.cc use them).
+// Private to decoder/. Row-major 2-D (N, width) tensors, N = B*T; the
+// attention, RoPE and K/V ops take 3-D views of them. Widths as in
+// decoder_model.h: C hidden, Q = H D query, KV = K D key/value, I
+// intermediate.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/tensor.h"
+#include "server/engine/model/network.h"
+
+namespace ampd::engine::model {
+
+struct DecoderWorkspace : Workspace {
+  int64_t batch = 0;  // B
+  int64_t seq = 0;    // T
+  int64_t rows = 0;   // N = B*T
+  int64_t chunk_rows = 0;
+  int64_t kept = 0;  // targets other than kIgnoreIndex (LoadBatch counts them)
+
+  kernels::Tensor ids;       // (N) I32/I64 as the client sent them
+  kernels::Tensor targets;   // (N) I32/I64
+  kernels::Tensor inv_freq;  // (D/2) F32, RoPE's frequencies
+
+  // What forward saves for backward, per block.
+  struct Block {
+    kernels::Tensor ln_1, rstd_1;  // (N, C) working; (N) F32
+    kernels::Tensor qkv;           // (N, Q + 2 KV) after RoPE
+    // (N, 3 Q): qkv with the K/V heads expanded to H; empty when K == H,
+    // where qkv already has that layout.
+    kernels::Tensor qkv_x;
+    kernels::Tensor lse;            // (B, H, T) F32 attention log-sum-exp
+    kernels::Tensor attn_y;         // (N, Q) attention output, o_proj's input
+    kernels::Tensor resid;          // (N, C) r_l = x_l + attention branch
+    kernels::Tensor ln_2, rstd_2;   // (N, C); (N) F32
+    kernels::Tensor gate, up, act;  // (N, I) gate_proj, up_proj, silu(gate) * up
+    const kernels::Tensor& attention_input() const { return qkv_x.empty() ? qkv : qkv_x; }
+  };
+  std::vector<kernels::Tensor> x;  // x_0..x_L (N, C): the residual stream into each block
+  std::vector<Block> blocks;
+  kernels::Tensor ln_f, rstd_f;  // (N, C); (N) F32
+
+  // The stacked q|k|v projection: its weight (Q + 2 KV, C) and bias
+  // (Q + 2 KV, empty without qkv_bias) copied from a block's parameters,
+  // and their gradients before they are copied back. Reused by every block.
+  kernels::Tensor w_qkv, b_qkv, dw_qkv, db_qkv;
+
+  // Backward scratch, reused by every block.
+  kernels::Tensor d_res;    // (N, C) gradient of the residual stream
+  kernels::Tensor d_tmp;    // (N, C) an RMSNorm's dx
+  kernels::Tensor d_ln;     // (N, C) gradient of an RMSNorm's output (Loss writes the final one's)
+  kernels::Tensor d_attn;   // (N, Q) gradient of the attention output
+  kernels::Tensor d_qkv_x;  // (N, 3 Q) expanded q|k|v gradient; empty when K == H
+  kernels::Tensor d_qkv;    // (N, Q + 2 KV)
+  kernels::Tensor d_act;    // (N, I) gradient of silu(gate) * up
+  kernels::Tensor d_gate;   // (N, I)
+  kernels::Tensor d_up;     // (N, I)
+  kernels::Tensor logits;   // (chunk_rows, V) one LM-head chunk, then its gradient
+  kernels::Tensor head_grad;  // (V, C) F32 as GptWorkspace's
+};
+
+}  // namespace ampd::engine::model
