@@ -31,7 +31,7 @@ absl::StatusOr<EvaluateReport> Trainer::Evaluate(
   const Clock::time_point start = Clock::now();
   Impl& m = *impl_;
   AMPD_RETURN_IF_ERROR(CheckEvaluateInput(input));
-  AMPD_RETURN_IF_ERROR(CheckMicroBatchesFitModel(m.config.model, input.micro_batches));
+  AMPD_RETURN_IF_ERROR(CheckMicroBatchesFitModel(m.config.model, LossFn{}, input.micro_batches));
   kernels::Backend& b = *m.backend;
   model::Network& net = *m.model;
   AMPD_RETURN_IF_ERROR(m.AdmitWorkspaces(input.micro_batches, admit, "evaluation"));

@@ -25,6 +25,10 @@
 // associated (per chunk, then across chunks), so they agree to within the
 // one rounding: a tested bound. The gradient starts each step at zero
 // (ZeroGrads) and later micro-batches add to it.
+// A token loss (LoadBatch's loss_fn: Tinker's cross_entropy,
+// importance_sampling or ppo) runs the same chunks with the chunk's
+// per-token inputs (TokenTermsOf) and sums instead of averaging: loss_scale
+// = multiplier, grad_scale = loss scale * multiplier.
 // kept, the micro-batch's targets other than kIgnoreIndex, was counted on
 // the host by LoadBatch, so the mean needs no device read. EvalLoss runs the
 // logits and the cross-entropy only: the two backward GEMMs are skipped and
@@ -47,6 +51,37 @@ absl::Status GptModel::EvalLoss(Workspace& ws, Tensor& loss) {
   return HeadLoss(ws, 0.0f, /*with_grad=*/false, loss);
 }
 
+absl::StatusOr<kernels::TokenLossTerms> GptModel::TokenTermsOf(GptWorkspace& ws, int64_t start,
+                                                               int64_t r) {
+  kernels::TokenLossTerms terms;
+  switch (ws.loss_fn.kind) {
+    case LossFnKind::kModel:
+    case LossFnKind::kCrossEntropy:
+      terms.kind = kernels::TokenLossKind::kCrossEntropy;
+      break;
+    case LossFnKind::kImportanceSampling:
+      terms.kind = kernels::TokenLossKind::kImportanceSampling;
+      break;
+    case LossFnKind::kPpo:
+      terms.kind = kernels::TokenLossKind::kPpo;
+      break;
+  }
+  terms.clip_low = ws.loss_fn.ppo_clip_low;
+  terms.clip_high = ws.loss_fn.ppo_clip_high;
+  auto view = [&](kernels::Tensor& all, kernels::Tensor& chunk,
+                  const kernels::Tensor*& out) -> absl::Status {
+    if (all.empty()) return absl::OkStatus();
+    AMPD_ASSIGN_OR_RETURN(chunk, all.View(start, {r}));
+    out = &chunk;
+    return absl::OkStatus();
+  };
+  AMPD_RETURN_IF_ERROR(view(ws.token_weights, ws.chunk_weights, terms.weights));
+  AMPD_RETURN_IF_ERROR(view(ws.token_advantages, ws.chunk_advantages, terms.advantages));
+  AMPD_RETURN_IF_ERROR(
+      view(ws.token_sampling_logprobs, ws.chunk_sampling_logprobs, terms.sampling_logprobs));
+  return terms;
+}
+
 absl::Status GptModel::HeadLoss(Workspace& any, float grad_scale, bool with_grad, Tensor& loss) {
   AMPD_ASSIGN_OR_RETURN(GptWorkspace * own, Own<GptWorkspace>(any));
   GptWorkspace& ws = *own;
@@ -58,8 +93,11 @@ absl::Status GptModel::HeadLoss(Workspace& any, float grad_scale, bool with_grad
   const int64_t c = g.d_model;
   const int64_t v = g.vocab_size;
   Parameter& head = params()[head_weight()];
-  const double per_target =
-      static_cast<double>(spec().loss_multiplier) / static_cast<double>(ws.kept);
+  // The model's own loss is the mean over kept targets; a token loss
+  // (LoadBatch's loss_fn) is the sum over them.
+  const bool token_loss = ws.loss_fn.kind != LossFnKind::kModel;
+  const double per_target = static_cast<double>(spec().loss_multiplier) /
+                            (token_loss ? 1.0 : static_cast<double>(ws.kept));
   const auto loss_scale = static_cast<float>(per_target);
   const auto logit_grad_scale = static_cast<float>(static_cast<double>(grad_scale) * per_target);
   AMPD_RETURN_IF_ERROR(b.Fill(loss, 0.0f));
@@ -75,7 +113,8 @@ absl::Status GptModel::HeadLoss(Workspace& any, float grad_scale, bool with_grad
     AMPD_ASSIGN_OR_RETURN(const Tensor labels, ws.targets.View(start, {r}));
     AMPD_ASSIGN_OR_RETURN(Tensor logits, ws.logits.View(0, {r, v}));
     AMPD_RETURN_IF_ERROR(b.Gemm(false, true, 1.0f, h, head.value(), 0.0f, logits));
-    AMPD_RETURN_IF_ERROR(b.CrossEntropyChunk(logits, labels, kIgnoreIndex, loss_scale,
+    AMPD_ASSIGN_OR_RETURN(const kernels::TokenLossTerms terms, TokenTermsOf(ws, start, r));
+    AMPD_RETURN_IF_ERROR(b.CrossEntropyChunk(logits, labels, kIgnoreIndex, terms, loss_scale,
                                              logit_grad_scale, loss, logits));
     if (!with_grad) continue;
     AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, logits, head.value(), 0.0f, dh));

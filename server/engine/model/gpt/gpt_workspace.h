@@ -23,6 +23,14 @@ struct GptWorkspace : Workspace {
 
   kernels::Tensor ids;      // (N) I32/I64 as the client sent them
   kernels::Tensor targets;  // (N) I32/I64
+  // The token loss the next Loss trains on (LoadBatch sets it every time),
+  // and its per-token inputs: (N) F32 each, empty when absent.
+  LossFn loss_fn;
+  kernels::Tensor token_weights;
+  kernels::Tensor token_advantages;
+  kernels::Tensor token_sampling_logprobs;
+  // Views of those for the LM head's current chunk (gpt_lm_head.cc).
+  kernels::Tensor chunk_weights, chunk_advantages, chunk_sampling_logprobs;
 
   // What forward saves for backward, per block.
   struct Block {
