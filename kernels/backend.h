@@ -22,6 +22,7 @@
 #include "absl/types/span.h"
 #include "common/grad_histogram.h"
 #include "kernels/tensor.h"
+#include "kernels/token_loss.h"
 
 namespace ampd::kernels {
 
@@ -52,6 +53,20 @@ struct ParamRef {
   const Tensor* grad;  // scaled gradient, working dtype (F32 for fp32 jobs), master's shape
   Tensor* state0;      // F32: Adam's exp_avg (m) or SGD's momentum; nullptr for plain SGD
   Tensor* state1;      // F32: Adam's exp_avg_sq (v); nullptr for SGD
+};
+
+// What CrossEntropyChunk's kept rows are trained on beyond plain token
+// cross-entropy (kernels/token_loss.h has the formulas). Per-row inputs are
+// (N) F32 on the backend's device, N the chunk's rows; an input the kind
+// does not read must be null.
+struct TokenLossTerms {
+  TokenLossKind kind = TokenLossKind::kCrossEntropy;
+  const Tensor* weights = nullptr;            // kCrossEntropy, optional (null: every weight 1)
+  const Tensor* advantages = nullptr;         // kImportanceSampling and kPpo: required
+  const Tensor* sampling_logprobs = nullptr;  // kImportanceSampling and kPpo: required
+  float clip_low = 0.8f;                      // kPpo: r is clipped to [clip_low, clip_high]
+  float clip_high = 1.2f;
+  Tensor* logprobs = nullptr;  // optional output (N) F32: each kept row's logp, 0 when ignored
 };
 
 enum class RandomDistribution : uint8_t { kUniform, kNormal };
@@ -472,9 +487,26 @@ class Backend {
   // become its gradient). A label outside [0, V) other than ignore_index is
   // InvalidArgument (CUDA: reported at the next ReadBack, its row zeroed and
   // counted 0).
+  //
+  // With `terms`, each kept row i is trained on a per-token loss instead
+  // (kernels/token_loss.h: Tinker's cross_entropy, importance_sampling and
+  // ppo): with logp_i = -(the row loss above) and TokenLossTerm's term_i
+  // and coef_i,
+  //   loss += loss_scale * term_i;
+  //   dlogits_i = (grad_scale * coef_i) * (softmax - onehot), one rounding;
+  //   terms.logprobs[i] = logp_i (0 for ignored rows), when given.
+  // Plain cross-entropy is the default terms (weight 1: term_i is the row
+  // loss and coef_i 1, so the bits are those of the call without terms).
   virtual absl::Status CrossEntropyChunk(const Tensor& logits, const Tensor& labels,
-                                         int64_t ignore_index, float loss_scale, float grad_scale,
-                                         Tensor& loss, Tensor& dlogits) = 0;
+                                         int64_t ignore_index, const TokenLossTerms& terms,
+                                         float loss_scale, float grad_scale, Tensor& loss,
+                                         Tensor& dlogits) = 0;
+  absl::Status CrossEntropyChunk(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
+                                 float loss_scale, float grad_scale, Tensor& loss,
+                                 Tensor& dlogits) {
+    return CrossEntropyChunk(logits, labels, ignore_index, TokenLossTerms{}, loss_scale, grad_scale,
+                             loss, dlogits);
+  }
 
   // ---- loss scaling and the optimizer -------------------------------------
   // One pass over every gradient tensor: found_inf (1) F32 is set to 1 if any

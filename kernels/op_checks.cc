@@ -893,10 +893,63 @@ absl::Status ValidateCrossEntropyLoss(const Tensor& logits, const Tensor& labels
   return absl::OkStatus();
 }
 
+namespace {
+
+// A token loss's per-row input or output: (N) F32 with memory, beside
+// logits (N, V); `required` by the kind, or refused when the kind does not
+// read it.
+absl::Status CheckTokenRow(absl::string_view op, absl::string_view name, const Tensor* t,
+                           const Tensor& logits, bool read) {
+  if (t == nullptr) return absl::OkStatus();
+  if (!read) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": terms.", name, " is given but this loss kind does not read it"));
+  }
+  AMPD_RETURN_IF_ERROR(CheckDType(op, name, *t, DType::kF32));
+  if (t->rank() != 1 || t->dim(0) != logits.dim(0)) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": terms.", name, " is ", t->DebugString(),
+                                                   " but logits is ", logits.DebugString(),
+                                                   "; expected (", logits.dim(0), ")"));
+  }
+  return CheckHasMemory(op, name, *t);
+}
+
+absl::Status CheckTokenLossTerms(absl::string_view op, const Tensor& logits,
+                                 const TokenLossTerms& terms) {
+  const bool policy =
+      terms.kind == TokenLossKind::kImportanceSampling || terms.kind == TokenLossKind::kPpo;
+  if (terms.kind != TokenLossKind::kCrossEntropy && !policy) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": terms.kind is not a token loss kind"));
+  }
+  if (policy && (terms.advantages == nullptr || terms.sampling_logprobs == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op,
+                     ": terms.advantages and terms.sampling_logprobs are required by the "
+                     "importance_sampling and ppo losses"));
+  }
+  if (terms.kind == TokenLossKind::kPpo &&
+      !(std::isfinite(terms.clip_low) && std::isfinite(terms.clip_high) && terms.clip_low >= 0 &&
+        terms.clip_low <= 1.0f && terms.clip_high >= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": terms.clip_low must be in [0, 1] and terms.clip_high >= 1, got ",
+                     terms.clip_low, " and ", terms.clip_high));
+  }
+  AMPD_RETURN_IF_ERROR(CheckTokenRow(op, "weights", terms.weights, logits,
+                                     terms.kind == TokenLossKind::kCrossEntropy));
+  AMPD_RETURN_IF_ERROR(CheckTokenRow(op, "advantages", terms.advantages, logits, policy));
+  AMPD_RETURN_IF_ERROR(
+      CheckTokenRow(op, "sampling_logprobs", terms.sampling_logprobs, logits, policy));
+  return CheckTokenRow(op, "logprobs", terms.logprobs, logits, true);
+}
+
+}  // namespace
+
 absl::Status ValidateCrossEntropyChunk(const Tensor& logits, const Tensor& labels,
-                                       const Tensor& loss, const Tensor& dlogits) {
+                                       const TokenLossTerms& terms, const Tensor& loss,
+                                       const Tensor& dlogits) {
   constexpr absl::string_view kOp = "CrossEntropyChunk";
   AMPD_RETURN_IF_ERROR(CheckCrossEntropyOperands(kOp, logits, labels, loss, dlogits));
+  AMPD_RETURN_IF_ERROR(CheckTokenLossTerms(kOp, logits, terms));
   // A softmax over no classes has no label. An empty chunk (N = 0) is fine.
   if (logits.dim(1) == 0) {
     return absl::InvalidArgumentError(
@@ -908,7 +961,14 @@ absl::Status ValidateCrossEntropyChunk(const Tensor& logits, const Tensor& label
     AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "dlogits", dlogits, "logits", logits));
   }
   AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "loss", loss, "logits", logits));
-  return CheckNoOverlap(kOp, "loss", loss, "dlogits", dlogits);
+  AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "loss", loss, "dlogits", dlogits));
+  if (terms.logprobs != nullptr) {
+    AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "terms.logprobs", *terms.logprobs, "logits", logits));
+    AMPD_RETURN_IF_ERROR(
+        CheckNoOverlap(kOp, "terms.logprobs", *terms.logprobs, "dlogits", dlogits));
+    AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "terms.logprobs", *terms.logprobs, "loss", loss));
+  }
+  return absl::OkStatus();
 }
 
 // ---- loss scaling and the optimizer ----------------------------------------------

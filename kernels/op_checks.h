@@ -152,7 +152,8 @@ absl::Status ValidateCrossEntropyLoss(const Tensor& logits, const Tensor& labels
 // I32 or I64; dlogits logits' dtype and shape, either logits itself or
 // disjoint from it; loss a one-element F32.
 absl::Status ValidateCrossEntropyChunk(const Tensor& logits, const Tensor& labels,
-                                       const Tensor& loss, const Tensor& dlogits);
+                                       const TokenLossTerms& terms, const Tensor& loss,
+                                       const Tensor& dlogits);
 
 // ---- loss scaling and the optimizer
 absl::Status ValidateUnscaleAndCheck(absl::Span<Tensor* const> grads, const Tensor& found_inf,

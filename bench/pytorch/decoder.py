@@ -184,7 +184,8 @@ class Decoder(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype)[None, None], emb.sin().to(dtype)[None, None]
 
-    def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """(B, T, V) logits of (B, T) ids."""
         t = ids.shape[1]
         if t > self.context:
             raise ValueError(f"sequence length {t} exceeds max_position_embeddings {self.context}")
@@ -195,7 +196,10 @@ class Decoder(nn.Module):
         cos, sin = self.rotary(t, ids.device, dtype)
         for layer in self.model.layers:
             x = layer(x, cos, sin)
-        logits = self.lm_head(self.model.norm(x))
+        return self.lm_head(self.model.norm(x))
+
+    def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.logits(ids)
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1),
                                ignore_index=-100)
 

@@ -155,7 +155,8 @@ class GPT(nn.Module):
         """Parameters that take part in a multiply: all but the position embedding."""
         return sum(p.numel() for p in self.parameters()) - self.transformer.wpe.weight.numel()
 
-    def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """(B, T, V) logits of (B, T) ids."""
         t = ids.shape[1]
         if t > self.context_length:
             raise ValueError(f"sequence length {t} exceeds the context {self.context_length}")
@@ -163,7 +164,10 @@ class GPT(nn.Module):
         x = self.transformer.wte(ids) + self.transformer.wpe(pos)
         for block in self.transformer.h:
             x = block(x)
-        logits = self.lm_head(self.transformer.ln_f(x))
+        return self.lm_head(self.transformer.ln_f(x))
+
+    def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.logits(ids)
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1),
                                ignore_index=-100)
 

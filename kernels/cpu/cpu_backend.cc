@@ -291,11 +291,12 @@ class CpuBackend final : public Backend {
     return cpu::CrossEntropyLoss(logits, labels, multiplier, grad_scale, loss, dlogits);
   }
 
+  using Backend::CrossEntropyChunk;
   absl::Status CrossEntropyChunk(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
-                                 float loss_scale, float grad_scale, Tensor& loss,
-                                 Tensor& dlogits) override {
-    return cpu::CrossEntropyChunk(pool_, logits, labels, ignore_index, loss_scale, grad_scale, loss,
-                                  dlogits);
+                                 const TokenLossTerms& terms, float loss_scale, float grad_scale,
+                                 Tensor& loss, Tensor& dlogits) override {
+    return cpu::CrossEntropyChunk(pool_, logits, labels, ignore_index, terms, loss_scale,
+                                  grad_scale, loss, dlogits);
   }
 
   using Backend::UnscaleAndCheck;

@@ -9,6 +9,11 @@
 // row's sum of exponentials is a ChunkedSum in column order, as in
 // CrossEntropyLoss (CUDA's order: kernels/cuda/cross_entropy_rows.cuh).
 //
+// With token-loss terms (kernels/token_loss.h), a kept row's logp is minus
+// that row loss; TokenLossTerm turns it into the row's term (added in place
+// of the row loss) and its coefficient, and the gradient is
+// (grad_scale * coef) * (softmax - onehot), one rounding.
+//
 // Labels are all checked before anything is written, so a bad batch leaves
 // loss and dlogits untouched. Rows are split over the thread pool; each
 // row's loss lands in its own slot and the slots are added in row order, so
@@ -24,11 +29,20 @@
 
 namespace ampd::kernels::cpu {
 
+namespace {
+
+// Row n of an optional (N) F32 input, or `absent`.
+float RowOr(const Tensor* t, int64_t n, float absent) {
+  return t == nullptr ? absent : t->data_as<float>()[n];
+}
+
+}  // namespace
+
 absl::Status CrossEntropyChunk(ThreadPool& pool, const Tensor& logits, const Tensor& labels,
-                               int64_t ignore_index, float loss_scale, float grad_scale,
-                               Tensor& loss, Tensor& dlogits) {
+                               int64_t ignore_index, const TokenLossTerms& terms, float loss_scale,
+                               float grad_scale, Tensor& loss, Tensor& dlogits) {
   constexpr absl::string_view kOp = "CrossEntropyChunk";
-  AMPD_RETURN_IF_ERROR(ValidateCrossEntropyChunk(logits, labels, loss, dlogits));
+  AMPD_RETURN_IF_ERROR(ValidateCrossEntropyChunk(logits, labels, terms, loss, dlogits));
   const int64_t rows = logits.dim(0);     // N
   const int64_t classes = logits.dim(1);  // V
   for (int64_t n = 0; n < rows; ++n) {
@@ -58,6 +72,7 @@ absl::Status CrossEntropyChunk(ThreadPool& pool, const Tensor& logits, const Ten
         auto* dzr = dz + n * classes;
         if (label == ignore_index) {
           for (int64_t v = 0; v < classes; ++v) dzr[v] = Tag::Store(0.0f);
+          if (terms.logprobs != nullptr) terms.logprobs->data_as<float>()[n] = 0.0f;
           continue;
         }
         const auto* zr = z + n * classes;
@@ -75,11 +90,17 @@ absl::Status CrossEntropyChunk(ThreadPool& pool, const Tensor& logits, const Ten
         const float sum = sum_exp.Total();
         // log(sum) - (z[label] - max), not (max + log(sum)) - z[label],
         // which cancels when the logits are large.
-        row_losses[n] = std::log(sum) - (label_logit - max);
+        const float nll = std::log(sum) - (label_logit - max);
+        const TokenTerm t = TokenLossTerm(
+            terms.kind, -nll, RowOr(terms.weights, n, 1.0f), RowOr(terms.advantages, n, 0.0f),
+            RowOr(terms.sampling_logprobs, n, 0.0f), terms.clip_low, terms.clip_high);
+        row_losses[n] = t.term;
+        if (terms.logprobs != nullptr) terms.logprobs->data_as<float>()[n] = -nll;
+        const float row_scale = grad_scale * t.coef;
         const float inv_sum = 1.0f / sum;
         for (int64_t v = 0; v < classes; ++v) {
           const float softmax = row[v] * inv_sum;
-          dzr[v] = Tag::Store(grad_scale * (v == label ? softmax - 1.0f : softmax));
+          dzr[v] = Tag::Store(row_scale * (v == label ? softmax - 1.0f : softmax));
         }
       }
     });

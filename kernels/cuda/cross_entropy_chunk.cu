@@ -10,7 +10,9 @@
 // outside [0, V) otherwise sets kErrorCrossEntropyChunkLabel in the
 // backend's error word (reported at the step's read-back), and its row is
 // treated as ignored. The loss is the CPU oracle's sum of the same per-row
-// terms, added in the order the rows finish.
+// terms, added in the order the rows finish. With token-loss terms a row's
+// term (kernels/token_loss.h) replaces its loss and its coefficient joins
+// grad_scale, in the row engine.
 #include "kernels/cuda/cross_entropy_rows.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_common.cuh"
@@ -25,9 +27,9 @@ constexpr int64_t kMaxRowBlocks = int64_t{1} << 20;  // rows beyond are grid-str
 
 absl::Status LaunchCrossEntropyChunk(const void* logits, DType dtype, const void* labels,
                                      DType label_dtype, int64_t rows, int64_t vocab,
-                                     int64_t ignore_index, float loss_scale, float grad_scale,
-                                     float* loss, void* dlogits, int* error_flags,
-                                     cudaStream_t stream) {
+                                     int64_t ignore_index, const TokenLossTerms& terms,
+                                     float loss_scale, float grad_scale, float* loss, void* dlogits,
+                                     int* error_flags, cudaStream_t stream) {
   if (rows == 0) return absl::OkStatus();
   xent::RowArgs args{};
   args.logits = logits;
@@ -41,6 +43,16 @@ absl::Status LaunchCrossEntropyChunk(const void* logits, DType dtype, const void
   args.loss_scale = loss_scale;
   args.loss = loss;
   args.error_flags = error_flags;
+  args.token_kind = terms.kind;
+  auto row_input = [](const Tensor* t) -> const float* {
+    return t == nullptr ? nullptr : t->data_as<float>();
+  };
+  args.weights = row_input(terms.weights);
+  args.advantages = row_input(terms.advantages);
+  args.sampling_logprobs = row_input(terms.sampling_logprobs);
+  args.clip_low = terms.clip_low;
+  args.clip_high = terms.clip_high;
+  args.logprobs = terms.logprobs == nullptr ? nullptr : terms.logprobs->data_as<float>();
   DispatchFloat(dtype, [&](auto tag) {
     return xent::LaunchRows<decltype(tag), /*kChunk=*/true>(args, kMaxRowBlocks, stream);
   });

@@ -3,7 +3,9 @@
 //   max = the row's max; sum = sum of exp(z - max);
 //   row loss = log(sum) - (z[label] - max);
 //   gradient = softmax - onehot(label) = exp(z - max) * (1 / sum) - onehot,
-// scaled and rounded once to the dtype. The kernels are memory bound: one
+// scaled and rounded once to the dtype. The chunk kernel may train the row
+// on a token loss instead (kernels/token_loss.h): its term replaces the row
+// loss and its coefficient multiplies the scale. The kernels are memory bound: one
 // row (~100 KB at GPT-2's vocabulary) is read once and written once.
 //
 // Layout. A row is split into groups of W consecutive elements (W = 8 for
@@ -41,6 +43,7 @@
 
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/launchers.h"
+#include "kernels/token_loss.h"
 
 namespace ampd::kernels::cuda::xent {
 
@@ -59,6 +62,16 @@ struct RowArgs {
   float loss_scale;  // the chunk: loss[0] += loss_scale * row loss
   float* loss;       // the chunk: (1); the mean loss: partials (gridDim.x)
   int* error_flags;
+  // The chunk's token-loss terms (kernels/token_loss.h); per-row (rows)
+  // F32 pointers, null when not given. Plain cross-entropy is kind
+  // kCrossEntropy with no weights.
+  TokenLossKind token_kind;
+  const float* weights;
+  const float* advantages;
+  const float* sampling_logprobs;
+  float clip_low;
+  float clip_high;
+  float* logprobs;  // out: each kept row's logp, 0 for ignored rows
   bool vectorized;  // vocab % W == 0 and both pointers 16-byte aligned
 };
 
@@ -203,13 +216,24 @@ __device__ __forceinline__ void ZeroRow(T* dz, int64_t groups, int64_t vocab, bo
   for (int64_t g = rt; g < groups; g += kRowThreads) StoreGroup(dz, g, vocab, vectorized, zero);
 }
 
+// row_scale: the chunk's grad_scale * the row's token coefficient (exactly
+// grad_scale for plain cross-entropy, whose coefficient is 1).
 template <bool kChunk>
-__device__ __forceinline__ float Gradient(const RowArgs& a, float d) {
+__device__ __forceinline__ float Gradient(const RowArgs& a, float row_scale, float d) {
   if constexpr (kChunk) {
-    return a.grad_scale * d;
+    return row_scale * d;
   } else {
     return (a.coef * d) * a.grad_scale;  // the scale last: see cross_entropy.cu
   }
+}
+
+// The chunk's row: its token term and the gradient's row scale, from its
+// nll = log(sum) - (z[label] - max) and the row's inputs.
+__device__ __forceinline__ TokenTerm ChunkRowTerm(const RowArgs& a, int64_t row, float nll) {
+  const float weight = a.weights == nullptr ? 1.0f : a.weights[row];
+  const float advantage = a.advantages == nullptr ? 0.0f : a.advantages[row];
+  const float sampled = a.sampling_logprobs == nullptr ? 0.0f : a.sampling_logprobs[row];
+  return TokenLossTerm(a.token_kind, -nll, weight, advantage, sampled, a.clip_low, a.clip_high);
 }
 
 // How many of a tile's kSlots groups, g0, g0 + kRowThreads, ..., lie in
@@ -221,10 +245,11 @@ __device__ __forceinline__ int SlotsInRow(int64_t g0, int64_t groups) {
   return n < kSlots ? static_cast<int>(n) : kSlots;
 }
 
-// The row's loss (in each of its threads), with dz written.
+// The row's loss (in each of its threads), with dz written: the mean
+// loss's row loss, or the chunk's token term (ChunkRowTerm).
 template <typename T, int kRowThreads, int kSlots, bool kChunk>
-__device__ __forceinline__ float ProcessRow(const RowArgs& a, const T* z, T* dz, int64_t label,
-                                            int rt) {
+__device__ __forceinline__ float ProcessRow(const RowArgs& a, const T* z, T* dz, int64_t row,
+                                            int64_t label, int rt) {
   constexpr int W = VecWidth<T>();
   constexpr int64_t kTileGroups = int64_t{kRowThreads} * kSlots;
   const int64_t vocab = a.vocab;
@@ -272,6 +297,16 @@ __device__ __forceinline__ float ProcessRow(const RowArgs& a, const T* z, T* dz,
   }
   const float sum = RowSum<kRowThreads>(s);
   const float inv_sum = 1.0f / sum;
+  // log(sum) - (z[label] - max), not (max + log(sum)) - z[label]: the
+  // latter cancels catastrophically when the logits are large.
+  const float nll = logf(sum) - (label_logit - m);
+  float row_scale = a.grad_scale;
+  float row_loss = nll;
+  if constexpr (kChunk) {
+    const TokenTerm t = ChunkRowTerm(a, row, nll);
+    row_scale = a.grad_scale * t.coef;
+    row_loss = t.term;
+  }
 
   // The gradient: the last tile from the registers, the others re-read.
   for (int64_t tile = tiles - 1; tile >= 0; --tile) {
@@ -292,7 +327,8 @@ __device__ __forceinline__ float ProcessRow(const RowArgs& a, const T* z, T* dz,
         for (int k = 0; k < 4; ++k) {
           const float lo = expf(Bits<T>::Get(d[j].v[k], 0) - m) * inv_sum;
           const float hi = kPer == 2 ? expf(Bits<T>::Get(d[j].v[k], 1) - m) * inv_sum : 0.0f;
-          d[j].v[k] = Bits<T>::Put(Gradient<kChunk>(a, lo), Gradient<kChunk>(a, hi));
+          d[j].v[k] =
+              Bits<T>::Put(Gradient<kChunk>(a, row_scale, lo), Gradient<kChunk>(a, row_scale, hi));
         }
         StoreGroup(dz, g0 + int64_t{j} * kRowThreads, vocab, vectorized, d[j]);
       }
@@ -301,11 +337,13 @@ __device__ __forceinline__ float ProcessRow(const RowArgs& a, const T* z, T* dz,
   // The label's element, softmax - 1, rewritten by the thread that stored
   // its group (program order: this store lands last).
   if (rt == (label / W) % kRowThreads) {
-    dz[label] = FromFloat<T>(Gradient<kChunk>(a, expf(label_logit - m) * inv_sum - 1.0f));
+    dz[label] =
+        FromFloat<T>(Gradient<kChunk>(a, row_scale, expf(label_logit - m) * inv_sum - 1.0f));
   }
-  // log(sum) - (z[label] - max), not (max + log(sum)) - z[label]: the
-  // latter cancels catastrophically when the logits are large.
-  return logf(sum) - (label_logit - m);
+  if constexpr (kChunk) {
+    if (a.logprobs != nullptr && rt == 0) a.logprobs[row] = -nll;
+  }
+  return row_loss;
 }
 
 // kRowThreads threads per row (32, or the whole block), kBlockThreads /
@@ -336,10 +374,11 @@ __global__ void __launch_bounds__(kBlockThreads, 1024 / kBlockThreads)
       if (!ignored && rt == 0) {
         atomicOr(a.error_flags, kChunk ? kErrorCrossEntropyChunkLabel : kErrorCrossEntropyLabel);
       }
+      if (kChunk && a.logprobs != nullptr && rt == 0) a.logprobs[row] = 0.0f;
       ZeroRow<kRowThreads>(dz, groups, a.vocab, a.vectorized, rt);
       continue;  // counted 0
     }
-    const float row_loss = ProcessRow<T, kRowThreads, kSlots, kChunk>(a, z, dz, label, rt);
+    const float row_loss = ProcessRow<T, kRowThreads, kSlots, kChunk>(a, z, dz, row, label, rt);
     if (rt == 0) {
       if constexpr (kChunk) {
         atomicAdd(a.loss, a.loss_scale * row_loss);

@@ -699,14 +699,15 @@ class CudaBackend final : public Backend {
                               error_word_.data_as<int>(), stream());
   }
 
+  using Backend::CrossEntropyChunk;
   absl::Status CrossEntropyChunk(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
-                                 float loss_scale, float grad_scale, Tensor& loss,
-                                 Tensor& dlogits) override {
+                                 const TokenLossTerms& terms, float loss_scale, float grad_scale,
+                                 Tensor& loss, Tensor& dlogits) override {
     // Bad labels are flagged on the device (the error word), as above.
-    AMPD_RETURN_IF_ERROR(ValidateCrossEntropyChunk(logits, labels, loss, dlogits));
+    AMPD_RETURN_IF_ERROR(ValidateCrossEntropyChunk(logits, labels, terms, loss, dlogits));
     AMPD_ENTER_DEVICE();
     return LaunchCrossEntropyChunk(logits.data(), logits.dtype(), labels.data(), labels.dtype(),
-                                   logits.dim(0), logits.dim(1), ignore_index, loss_scale,
+                                   logits.dim(0), logits.dim(1), ignore_index, terms, loss_scale,
                                    grad_scale, loss.data_as<float>(), dlogits.data(),
                                    error_word_.data_as<int>(), stream());
   }

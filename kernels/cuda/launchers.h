@@ -256,11 +256,14 @@ absl::Status LaunchCrossEntropy(const void* logits, DType dtype, const void* lab
 
 // loss (1) += loss_scale * each kept row's loss (atomically); dlogits
 // (may be logits) written; a bad label sets kErrorCrossEntropyChunkLabel.
+// With token-loss terms (TokenLossTerms, pointers to device (rows) F32),
+// each kept row's term replaces its loss and its coefficient scales its
+// gradient; terms.logprobs, when given, gets each row's logp.
 absl::Status LaunchCrossEntropyChunk(const void* logits, DType dtype, const void* labels,
                                      DType label_dtype, int64_t rows, int64_t vocab,
-                                     int64_t ignore_index, float loss_scale, float grad_scale,
-                                     float* loss, void* dlogits, int* error_flags,
-                                     cudaStream_t stream);
+                                     int64_t ignore_index, const TokenLossTerms& terms,
+                                     float loss_scale, float grad_scale, float* loss, void* dlogits,
+                                     int* error_flags, cudaStream_t stream);
 
 // norm_sq (if not null) += sum of (g * inv_scale)^2, two-stage: each block
 // writes its partial to `partials` (UnscaleAndCheckBlocks(grads, count)

@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/grad_histogram.h"
 #include "server/engine/config/job_config.h"
 #include "server/engine/host_tensor.h"
@@ -27,20 +28,65 @@ namespace ampd::engine {
 // One micro-batch. inputs: (N, in_features) float (any float dtype, cast to
 // the working dtype) or (N) I32/I64 ids when the first layer is Embedding;
 // targets: (N, out) F32 for MSE, (N) I32/I64 labels for cross-entropy.
+// A language model's token losses (LossFn) also read per-token F32 inputs of the
+// targets' shape (B, T): weights, advantages and sampling_logprobs (the
+// sampler's log-prob of each target token).
 struct MicroBatch {
   HostTensor inputs;
   HostTensor targets;
+  // Brace-initialised so that {inputs, targets} leaves them out.
+  std::optional<HostTensor> weights{};
+  std::optional<HostTensor> advantages{};
+  std::optional<HostTensor> sampling_logprobs{};
+};
+
+// What a step trains on. kModel: the model's own loss (a GPT's mean token
+// cross-entropy over the targets not ignored; the mean over micro-batches).
+// The other three are a language model's token losses as Tinker defines them, sums
+// over every target token of every micro-batch (never means), with logp a
+// token's log-prob under the model, q its sampling_logprob, A its advantage
+// and r = exp(logp - q) (kernels/token_loss.h):
+//   kCrossEntropy:       -sum w * logp              (weights optional: 1)
+//   kImportanceSampling: -sum r * A
+//   kPpo:                -sum min(r * A, clip(r, ppo_clip_low, ppo_clip_high) * A)
+// Tokens whose target is kIgnoreIndex add nothing.
+enum class LossFnKind { kModel, kCrossEntropy, kImportanceSampling, kPpo };
+
+// "model", "cross_entropy", "importance_sampling", "ppo" (the Python
+// client's names).
+inline absl::string_view LossFnName(LossFnKind kind) {
+  switch (kind) {
+    case LossFnKind::kModel:
+      return "model";
+    case LossFnKind::kCrossEntropy:
+      return "cross_entropy";
+    case LossFnKind::kImportanceSampling:
+      return "importance_sampling";
+    case LossFnKind::kPpo:
+      return "ppo";
+  }
+  return "unknown";
+}
+
+struct LossFn {
+  LossFnKind kind = LossFnKind::kModel;
+  // kPpo: the ratio's clip range, 0 <= ppo_clip_low <= 1 <= ppo_clip_high
+  // (Tinker's defaults).
+  float ppo_clip_low = 0.8f;
+  float ppo_clip_high = 1.2f;
 };
 
 struct StepInput {
   std::vector<MicroBatch> micro_batches;  // >= 1; gradients accumulate over them
   std::optional<float> learning_rate;     // overrides the optimizer's lr for this step
   bool sample_grad_histogram = false;     // fill StepReport::grad_histogram (costs a pass)
+  LossFn loss_fn;
 };
 
 // The checks of a step's input that need no model: at least one
-// micro-batch, and a learning rate (when given) finite and >= 0.
-// InvalidArgument naming the field ("micro_batches", "learning_rate").
+// micro-batch, a learning rate (when given) finite and >= 0, and a PPO clip
+// range in order. InvalidArgument naming the field ("micro_batches",
+// "learning_rate", "ppo_clip_low").
 absl::Status CheckStepInput(const StepInput& input);
 
 // A StepInput that passed CheckStepInput. Only Check makes one, so what
@@ -79,7 +125,8 @@ struct PhaseSeconds {
 struct StepReport {
   int64_t step = 0;                // 1-based number of this Step call in the job
   int64_t applied_steps = 0;       // optimizer updates applied so far, this one included
-  float loss = 0;                  // mean over micro-batches, unscaled fp32 (multiplier included)
+  float loss = 0;                  // mean over micro-batches, unscaled fp32 (multiplier included);
+                                   // a token loss (LossFn): the sum over every token
   amp::ScalerUpdate scaler;        // scale before/after, found_inf, skipped, grew, backed_off
   std::optional<float> grad_norm;  // L2 of unscaled grads (before clipping): every applied
                                    // step, and skipped ones when clipping

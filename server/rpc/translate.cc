@@ -355,7 +355,26 @@ absl::StatusOr<std::vector<engine::MicroBatch>> MicroBatchesFromProto(
     AMPD_ASSIGN_OR_RETURN(
         engine::HostTensor targets,
         codec::TakeTensorFromProto(mb->mutable_targets(), absl::StrCat(field, ".targets")));
-    out.push_back({std::move(inputs), std::move(targets)});
+    engine::MicroBatch batch{std::move(inputs), std::move(targets)};
+    // A token loss's per-token inputs, each when sent (the engine checks
+    // which the step's loss_fn reads). has_* is read before mutable_*,
+    // which would create the field.
+    auto take = [&](bool has, v1::Tensor* (v1::MicroBatch::*mutable_field)(),
+                    absl::string_view name,
+                    std::optional<engine::HostTensor>& dst) -> absl::Status {
+      if (!has) return absl::OkStatus();
+      AMPD_ASSIGN_OR_RETURN(
+          dst, codec::TakeTensorFromProto((mb->*mutable_field)(), absl::StrCat(field, ".", name)));
+      return absl::OkStatus();
+    };
+    AMPD_RETURN_IF_ERROR(
+        take(mb->has_weights(), &v1::MicroBatch::mutable_weights, "weights", batch.weights));
+    AMPD_RETURN_IF_ERROR(take(mb->has_advantages(), &v1::MicroBatch::mutable_advantages,
+                              "advantages", batch.advantages));
+    AMPD_RETURN_IF_ERROR(take(mb->has_sampling_logprobs(),
+                              &v1::MicroBatch::mutable_sampling_logprobs, "sampling_logprobs",
+                              batch.sampling_logprobs));
+    out.push_back(std::move(batch));
   }
   return out;
 }
@@ -369,6 +388,24 @@ absl::StatusOr<engine::StepInput> StepInputFromProto(v1::StepRequest* request) {
   // Whether there is a micro-batch and the learning rate is usable is the
   // engine's to say (CheckStepInput, before the step is queued).
   if (request->has_learning_rate()) input.learning_rate = request->learning_rate();
+  switch (request->loss_fn()) {
+    case v1::LOSS_FN_MODEL:
+      break;
+    case v1::LOSS_FN_CROSS_ENTROPY:
+      input.loss_fn.kind = engine::LossFnKind::kCrossEntropy;
+      break;
+    case v1::LOSS_FN_IMPORTANCE_SAMPLING:
+      input.loss_fn.kind = engine::LossFnKind::kImportanceSampling;
+      break;
+    case v1::LOSS_FN_PPO:
+      input.loss_fn.kind = engine::LossFnKind::kPpo;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("loss_fn: unknown value ", static_cast<int>(request->loss_fn())));
+  }
+  if (request->has_ppo_clip_low()) input.loss_fn.ppo_clip_low = request->ppo_clip_low();
+  if (request->has_ppo_clip_high()) input.loss_fn.ppo_clip_high = request->ppo_clip_high();
   return input;
 }
 

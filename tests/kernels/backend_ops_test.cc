@@ -2023,6 +2023,131 @@ void AddCrossEntropyChunkCases(std::vector<OpCase>& cases) {
   }
 }
 
+// ---- token losses in the chunked cross-entropy ----
+// cross_entropy with weights, importance_sampling and ppo (kernels/
+// token_loss.h) with the logprobs output, in place. The sampler's log-probs
+// sit within 0.3 of the model's, so ratios straddle PPO's clip range.
+void AddTokenLossCases(std::vector<OpCase>& cases) {
+  constexpr int64_t kIgnore = -100;
+  const struct { int64_t rows, vocab; } kSizes[] = {{37, 50}, {24, 1000}, {3, 5000}};
+  const TokenLossKind kKinds[] = {TokenLossKind::kCrossEntropy, TokenLossKind::kImportanceSampling,
+                                  TokenLossKind::kPpo};
+  uint64_t seed = 900;
+  for (DType dt : kFloatDTypes) {
+    for (const TokenLossKind kind : kKinds) {
+      for (const auto& size : kSizes) {
+        const int64_t rows = size.rows, vocab = size.vocab;
+        const uint64_t case_seed = seed++;
+        auto build = [=] {
+          const HostTensor logits = Random(dt, {rows, vocab}, case_seed, -6, 6);
+          HostTensor labels = Ids(DType::kI64, rows, case_seed + 1, vocab);
+          for (int64_t r = 2; r < rows; r += 5) labels.values[static_cast<size_t>(r)] = kIgnore;
+          // Each kept row's log-prob in double, for q and the reference.
+          std::vector<double> logp(static_cast<size_t>(rows), 0.0);
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t label = static_cast<int64_t>(labels.values[static_cast<size_t>(r)]);
+            if (label == kIgnore) continue;
+            const double* z = &logits.values[static_cast<size_t>(r * vocab)];
+            const double mx = *std::max_element(z, z + vocab);
+            double sum = 0;
+            for (int64_t v = 0; v < vocab; ++v) sum += std::exp(z[v] - mx);
+            logp[static_cast<size_t>(r)] = z[label] - mx - std::log(sum);
+          }
+          const HostTensor weights = Random(DType::kF32, {rows}, case_seed + 2, 0, 2);
+          const HostTensor advantages = Random(DType::kF32, {rows}, case_seed + 3, -2, 2);
+          HostTensor sampled = Random(DType::kF32, {rows}, case_seed + 4, -0.3, 0.3);
+          for (int64_t r = 0; r < rows; ++r) {
+            double& q = sampled.values[static_cast<size_t>(r)];
+            q = static_cast<float>(logp[static_cast<size_t>(r)] + q);
+          }
+          const float lo = 0.9f, hi = 1.1f, grad_scale = 32.0f;
+          const double sum_err = ChunkedSumBound(vocab) + 4 * kU32;
+          CaseFns c;
+          c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+            Io io(be);
+            AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(logits));
+            AMPD_ASSIGN_OR_RETURN(Tensor ty, io.Upload(labels));
+            AMPD_ASSIGN_OR_RETURN(Tensor tw, io.Upload(weights));
+            AMPD_ASSIGN_OR_RETURN(Tensor ta, io.Upload(advantages));
+            AMPD_ASSIGN_OR_RETURN(Tensor tq, io.Upload(sampled));
+            AMPD_ASSIGN_OR_RETURN(Tensor tl, io.Scalar(0.5f));
+            AMPD_ASSIGN_OR_RETURN(Tensor tp, io.Unwritten(DType::kF32, {rows}));
+            TokenLossTerms terms;
+            terms.kind = kind;
+            terms.clip_low = lo;
+            terms.clip_high = hi;
+            if (kind == TokenLossKind::kCrossEntropy) {
+              terms.weights = &tw;
+            } else {
+              terms.advantages = &ta;
+              terms.sampling_logprobs = &tq;
+            }
+            terms.logprobs = &tp;
+            AMPD_RETURN_IF_ERROR(
+                be.CrossEntropyChunk(tx, ty, kIgnore, terms, 1.0f, grad_scale, tl, tx));
+            AMPD_RETURN_IF_ERROR(io.Read("loss", tl, {1e-5, 1e-5}));
+            AMPD_RETURN_IF_ERROR(io.Read("logprobs", tp, {1e-6, 1e-5}));
+            AMPD_RETURN_IF_ERROR(
+                io.Read("dlogits", tx, DeviceElementwise(dt) + Tol{0, grad_scale * 4e-6}));
+            return io.Take();
+          };
+          c.reference = [=] {
+            double total = 0;
+            std::vector<double> grad;
+            for (int64_t r = 0; r < rows; ++r) {
+              const auto i = static_cast<size_t>(r);
+              const int64_t label = static_cast<int64_t>(labels.values[i]);
+              if (label == kIgnore) {
+                grad.insert(grad.end(), static_cast<size_t>(vocab), 0.0);
+                continue;
+              }
+              // The term and -d term / d logp by the definitions; PPO's
+              // tie splits the gradient (torch.minimum), clamp passes it
+              // inside [lo, hi].
+              const double ratio = std::exp(logp[i] - sampled.values[i]);
+              const double a = advantages.values[i];
+              double term = 0, coef = 0;
+              if (kind == TokenLossKind::kCrossEntropy) {
+                term = -weights.values[i] * logp[i];
+                coef = weights.values[i];
+              } else if (kind == TokenLossKind::kImportanceSampling) {
+                term = -ratio * a;
+                coef = ratio * a;
+              } else {
+                const double unclipped = ratio * a;
+                const double clipped = std::clamp(ratio, double{lo}, double{hi}) * a;
+                const double inside = ratio >= lo && ratio <= hi ? 1.0 : 0.0;
+                term = -std::min(unclipped, clipped);
+                coef = unclipped * (unclipped < clipped   ? 1.0
+                                    : unclipped > clipped ? inside
+                                                          : 0.5 * (1.0 + inside));
+              }
+              total += term;
+              const double* z = &logits.values[static_cast<size_t>(r * vocab)];
+              const double mx = *std::max_element(z, z + vocab);
+              double sum = 0;
+              for (int64_t v = 0; v < vocab; ++v) sum += std::exp(z[v] - mx);
+              for (int64_t v = 0; v < vocab; ++v) {
+                const double softmax = std::exp(z[v] - mx) / sum;
+                grad.push_back(grad_scale * coef * (softmax - (v == label ? 1.0 : 0.0)));
+              }
+            }
+            return Outputs{{"loss", {0.5 + total}, {1e-5, 1e-5 * static_cast<double>(rows)}},
+                           {"logprobs", logp, {1e-6, sum_err * 4 + 1e-6}},
+                           {"dlogits", grad, Ulps(dt, 1) + Tol{1e-5, sum_err * grad_scale * 8}}};
+          };
+          return c;
+        };
+        const char* name = kind == TokenLossKind::kCrossEntropy         ? "cross_entropy"
+                           : kind == TokenLossKind::kImportanceSampling ? "importance_sampling"
+                                                                        : "ppo";
+        cases.push_back({"CrossEntropyChunkTokenLoss",
+                         absl::StrCat(Lower(dt), "_", name, "_n", rows, "_v", vocab), build});
+      }
+    }
+  }
+}
+
 // ---- loss scaling and the optimizers ----
 // Sizes straddle the CUDA kernels' tile edges (1024 and 2048 elements) and span
 // several blocks.
@@ -2477,6 +2602,7 @@ const std::vector<OpCase>& AllCases() {
     AddLossCases(*all);
     AddAttentionCases(*all);
     AddCrossEntropyChunkCases(*all);
+    AddTokenLossCases(*all);
     AddUnscaleCases(*all);
     AddAdamCases(*all);
     AddSgdCases(*all);

@@ -185,11 +185,11 @@ TEST_F(OpChecksTest, AttentionAndChunkedLossMessagesNameTheOperand) {
   Tensor logits = Make(DType::kBF16, {3, 7});
   Tensor labels = Make(DType::kI32, {3});
   Tensor loss = Make(DType::kF32, {1});
-  EXPECT_TRUE(ValidateCrossEntropyChunk(logits, labels, loss, logits).ok());  // in place
+  EXPECT_TRUE(ValidateCrossEntropyChunk(logits, labels, {}, loss, logits).ok());  // in place
   Tensor empty_chunk = Make(DType::kBF16, {0, 7});
   Tensor no_labels = Make(DType::kI32, {0});
-  EXPECT_TRUE(ValidateCrossEntropyChunk(empty_chunk, no_labels, loss, empty_chunk).ok());
-  ExpectMessage(ValidateCrossEntropyChunk(logits, no_labels, loss, logits),
+  EXPECT_TRUE(ValidateCrossEntropyChunk(empty_chunk, no_labels, {}, loss, empty_chunk).ok());
+  ExpectMessage(ValidateCrossEntropyChunk(logits, no_labels, {}, loss, logits),
                 "CrossEntropyChunk: labels is I32(0) but logits is BF16(3, 7); expected (3)");
 }
 

@@ -145,6 +145,43 @@ def _micro_batches(inputs, targets, micro_batches, what):
     return micro_batches
 
 
+_LOSS_FNS = {
+    "cross_entropy": pb.LOSS_FN_CROSS_ENTROPY,
+    "importance_sampling": pb.LOSS_FN_IMPORTANCE_SAMPLING,
+    "ppo": pb.LOSS_FN_PPO,
+}
+
+
+def _per_micro_batch(values, count, name):
+    """A per-token input as one array per micro-batch (None: not sent)."""
+    if values is None:
+        return [None] * count
+    if count == 1 and not isinstance(values, (list, tuple)):
+        values = [values]
+    values = list(values)
+    if len(values) != count:
+        raise ValueError("%s: %d arrays for %d micro-batches" % (name, len(values), count))
+    return values
+
+
+def _set_token_loss(request, micro_batches, loss_fn, weights, advantages, sampling_logprobs,
+                    ppo_clip):
+    """step()'s token loss into the request (the server checks the rest)."""
+    if loss_fn is not None:
+        if loss_fn not in _LOSS_FNS:
+            raise ValueError("loss_fn must be one of %s, got %r"
+                             % (", ".join(sorted(_LOSS_FNS)), loss_fn))
+        request.loss_fn = _LOSS_FNS[loss_fn]
+    if ppo_clip is not None:
+        request.ppo_clip_low, request.ppo_clip_high = (float(v) for v in ppo_clip)
+    count = len(micro_batches)
+    for name, values in (("weights", weights), ("advantages", advantages),
+                         ("sampling_logprobs", sampling_logprobs)):
+        for mb, value in zip(request.micro_batches, _per_micro_batch(values, count, name)):
+            if value is not None:
+                getattr(mb, name).CopyFrom(to_tensor(np.asarray(value, dtype=np.float32)))
+
+
 class Client:
     """A connection to one ampd server.
 
@@ -327,13 +364,24 @@ class Job:
 
     # ---- steps -----------------------------------------------------------------
 
-    def step(self, inputs=None, targets=None, *, micro_batches=None, learning_rate=None):
+    def step(self, inputs=None, targets=None, *, micro_batches=None, learning_rate=None,
+             loss_fn=None, weights=None, advantages=None, sampling_logprobs=None,
+             ppo_clip=None):
         """Train one step; returns a StepResult.
 
         job.step(inputs, targets) with NumPy arrays or torch tensors, or
         job.step([(inputs, targets), ...]) (or micro_batches=[...]) for
         gradient accumulation over micro-batches with one scale for the step.
         learning_rate overrides the optimizer's lr for this step only.
+
+        loss_fn (a GPT's token losses, Tinker's names and definitions, sums
+        over every target token): "cross_entropy" (-sum weights * logp;
+        weights optional), "importance_sampling" (-sum exp(logp - q) * A)
+        or "ppo" (-sum min(r A, clip(r, lo, hi) A), ppo_clip=(lo, hi),
+        default (0.8, 1.2)), with advantages A and sampling_logprobs q.
+        weights, advantages and sampling_logprobs are float32 arrays of the
+        targets' shape, one per micro-batch (a list when there are several).
+        None: the model's own loss (the mean token cross-entropy).
         """
         micro_batches = _micro_batches(inputs, targets, micro_batches, "step")
         request = pb.StepRequest(
@@ -342,6 +390,8 @@ class Job:
                            for x, y in micro_batches])
         if learning_rate is not None:
             request.learning_rate = learning_rate
+        _set_token_loss(request, micro_batches, loss_fn, weights, advantages,
+                        sampling_logprobs, ppo_clip)
         stub = self._client._stub
         try:
             response = self._client._call(

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "codec/batch_layout.h"
+#include "server/engine/api.h"
 #include "server/engine/config/model_spec.h"
 #include "server/engine/host_tensor.h"
 
@@ -32,5 +33,15 @@ codec::BatchLayout LayoutOf(const ModelSpec& spec);
 absl::Status CheckBatchFitsModel(const ModelSpec& spec, const HostTensor& inputs,
                                  const HostTensor& targets, absl::string_view inputs_name,
                                  absl::string_view targets_name);
+
+// The per-token inputs a step's LossFn reads (api.h), beside a micro-batch
+// that fits the model (CheckBatchFitsModel first): none for kModel; for a
+// token loss, a GPT, and weights (kCrossEntropy, optional), advantages and
+// sampling_logprobs (kImportanceSampling and kPpo, required), each F32 of
+// the targets' shape with every value finite. InvalidArgument naming
+// "<prefix>.weights" (and the element of a non-finite value), or
+// "loss_fn" when the model has no token loss.
+absl::Status CheckTokenLossInputs(const ModelSpec& spec, const LossFn& fn, const MicroBatch& mb,
+                                  absl::string_view prefix);
 
 }  // namespace ampd::engine::model

@@ -206,7 +206,12 @@ absl::StatusOr<Workspace*> Model::GetWorkspace(int64_t rows) {
                                           : kernels::Shape{rows, input_features});
 }
 
-absl::Status Model::LoadBatch(const HostTensor& inputs, const HostTensor& targets, Workspace& any) {
+absl::Status Model::LoadBatch(const HostTensor& inputs, const HostTensor& targets,
+                              const TokenLossInputs& tokens, Workspace& any) {
+  if (tokens.fn.kind != LossFnKind::kModel) {
+    return absl::InvalidArgumentError(absl::StrCat("loss_fn: ", LossFnName(tokens.fn.kind),
+                                                   " is a token loss, which needs a language model (gpt or decoder)"));
+  }
   AMPD_ASSIGN_OR_RETURN(LayerWorkspace * own, Own<LayerWorkspace>(any));
   LayerWorkspace& ws = *own;
   if (spec().layers.front().kind == LayerKind::kEmbedding) {

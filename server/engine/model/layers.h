@@ -63,8 +63,10 @@ class Model final : public Network {
 
   // Float inputs are cast to the working dtype, ids and targets keep their
   // dtype.
+  // A layer stack has no token loss (CheckTokenLossInputs refuses one).
+  using Network::LoadBatch;
   absl::Status LoadBatch(const HostTensor& inputs, const HostTensor& targets,
-                         Workspace& ws) override;
+                         const TokenLossInputs& tokens, Workspace& ws) override;
   absl::Status Forward(Workspace& ws) override;
   // dL/dpred * grad_scale into grads.back().
   absl::Status Loss(Workspace& ws, float grad_scale, kernels::Tensor& loss) override;

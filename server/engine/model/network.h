@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "absl/types/span.h"
 #include "codec/state_dict.h"
 #include "kernels/backend.h"
+#include "server/engine/api.h"
 #include "server/engine/config/model_spec.h"
 #include "server/engine/host_tensor.h"
 
@@ -33,6 +35,22 @@ struct Parameter {
 
   // The tensor forward/backward read: the working copy, or the master in fp32.
   const kernels::Tensor& value() const { return working.empty() ? master : working; }
+};
+
+// A micro-batch's token loss (api.h's LossFn and MicroBatch fields) as a
+// model's Loss reads it: the kind, the PPO clip range and the per-token
+// inputs, each null when absent. kModel (the default): the model's own loss.
+struct TokenLossInputs {
+  LossFn fn;
+  const HostTensor* weights = nullptr;
+  const HostTensor* advantages = nullptr;
+  const HostTensor* sampling_logprobs = nullptr;
+
+  // The step's loss_fn with the micro-batch's inputs.
+  static TokenLossInputs Of(const LossFn& fn, const MicroBatch& mb) {
+    auto ptr = [](const std::optional<HostTensor>& t) { return t.has_value() ? &*t : nullptr; };
+    return {fn, ptr(mb.weights), ptr(mb.advantages), ptr(mb.sampling_logprobs)};
+  }
 };
 
 class Network;
@@ -90,9 +108,15 @@ class Network {
   // WorkspaceBytes summed over the cached workspaces.
   int64_t cached_workspace_bytes() const { return cached_workspace_bytes_; }
 
-  // Copies a validated micro-batch (model/batch_check.h) into ws.
+  // Copies a validated micro-batch (model/batch_check.h) into ws, with the
+  // token-loss inputs the next Loss trains on (CheckTokenLossInputs
+  // passed; none: the model's own loss). Every LoadBatch sets them afresh,
+  // so a cached workspace never carries a previous step's.
   virtual absl::Status LoadBatch(const HostTensor& inputs, const HostTensor& targets,
-                                 Workspace& ws) = 0;
+                                 const TokenLossInputs& tokens, Workspace& ws) = 0;
+  absl::Status LoadBatch(const HostTensor& inputs, const HostTensor& targets, Workspace& ws) {
+    return LoadBatch(inputs, targets, TokenLossInputs{}, ws);
+  }
   virtual absl::Status Forward(Workspace& ws) = 0;
   // loss (1, 1) F32 = loss_multiplier * the micro-batch's mean loss, and its
   // gradient times grad_scale into ws, where Backward starts. A kind whose

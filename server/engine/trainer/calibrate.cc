@@ -44,9 +44,14 @@ absl::Status Trainer::Impl::CalibrateLossScale(const StepInput& input,
   for (int64_t i = 0; i < k; ++i) {
     const MicroBatch& mb = input.micro_batches[static_cast<size_t>(i)];
     AMPD_ASSIGN_OR_RETURN(model::Workspace * ws, WorkspaceFor(mb.inputs.shape));
-    AMPD_RETURN_IF_ERROR(model->LoadBatch(mb.inputs, mb.targets, *ws));
+    AMPD_RETURN_IF_ERROR(model->LoadBatch(mb.inputs, mb.targets,
+                                          model::TokenLossInputs::Of(input.loss_fn, mb), *ws));
     AMPD_RETURN_IF_ERROR(model->Forward(*ws));
-    AMPD_RETURN_IF_ERROR(model->Loss(*ws, 1.0f / static_cast<float>(global_k), loss));
+    // The step's own loss gradient at scale 1 (a token loss sums, the
+    // model's loss averages over the micro-batches).
+    const float grad_scale =
+        input.loss_fn.kind != LossFnKind::kModel ? 1.0f : 1.0f / static_cast<float>(global_k);
+    AMPD_RETURN_IF_ERROR(model->Loss(*ws, grad_scale, loss));
     AMPD_RETURN_IF_ERROR(model->Backward(*ws, /*first_micro_batch=*/i == 0, hooks));
   }
   if (data_parallel != nullptr) AMPD_RETURN_IF_ERROR(data_parallel->all_reduce->Sum(grads));

@@ -48,7 +48,7 @@ absl::StatusOr<EvaluateReport> Trainer::EvaluateChecked(
   const Clock::time_point start = Clock::now();
   Impl& m = *impl_;
   // The one check that needs the model; CheckEvaluateInput ran before.
-  AMPD_RETURN_IF_ERROR(CheckMicroBatchesFitModel(m.config.model, input.micro_batches));
+  AMPD_RETURN_IF_ERROR(CheckMicroBatchesFitModel(m.config.model, LossFn{}, input.micro_batches));
   kernels::Backend& b = *m.backend;
   model::Network& net = *m.model;
   AMPD_RETURN_IF_ERROR(m.AdmitWorkspaces(input.micro_batches, admit, "evaluation"));

@@ -111,13 +111,15 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 
 }  // namespace
 
-absl::Status CheckMicroBatchesFitModel(const model::ModelSpec& spec,
+absl::Status CheckMicroBatchesFitModel(const model::ModelSpec& spec, const LossFn& loss_fn,
                                        const std::vector<MicroBatch>& micro_batches) {
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const MicroBatch& mb = micro_batches[i];
-    AMPD_RETURN_IF_ERROR(model::CheckBatchFitsModel(
-        spec, mb.inputs, mb.targets, absl::StrCat("micro_batches[", i, "].inputs"),
-        absl::StrCat("micro_batches[", i, "].targets")));
+    const std::string prefix = absl::StrCat("micro_batches[", i, "]");
+    AMPD_RETURN_IF_ERROR(model::CheckBatchFitsModel(spec, mb.inputs, mb.targets,
+                                                    absl::StrCat(prefix, ".inputs"),
+                                                    absl::StrCat(prefix, ".targets")));
+    AMPD_RETURN_IF_ERROR(model::CheckTokenLossInputs(spec, loss_fn, mb, prefix));
   }
   return absl::OkStatus();
 }
@@ -208,6 +210,15 @@ absl::Status CheckStepInput(const StepInput& input) {
     return absl::InvalidArgumentError(
         absl::StrCat("learning_rate: must be finite and >= 0, got ", *input.learning_rate));
   }
+  const LossFn& fn = input.loss_fn;
+  if (fn.kind == LossFnKind::kPpo &&
+      !(std::isfinite(fn.ppo_clip_low) && std::isfinite(fn.ppo_clip_high) &&
+        fn.ppo_clip_low >= 0.0f && fn.ppo_clip_low <= 1.0f && fn.ppo_clip_high >= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ppo_clip_low: the ppo clip range must satisfy 0 <= ppo_clip_low <= 1 <= "
+                     "ppo_clip_high, got ppo_clip_low ",
+                     fn.ppo_clip_low, " and ppo_clip_high ", fn.ppo_clip_high));
+  }
   return absl::OkStatus();
 }
 
@@ -219,7 +230,8 @@ absl::StatusOr<ValidStepInput> ValidStepInput::Check(StepInput input) {
 std::vector<Tensor*> Trainer::gradient_tensors() { return impl_->grads; }
 
 absl::StatusOr<FittedStepInput> Trainer::CheckInput(ValidStepInput input) const {
-  AMPD_RETURN_IF_ERROR(CheckMicroBatchesFitModel(impl_->config.model, input.get().micro_batches));
+  AMPD_RETURN_IF_ERROR(CheckMicroBatchesFitModel(impl_->config.model, input.get().loss_fn,
+                                                 input.get().micro_batches));
   return FittedStepInput(std::move(input), this);
 }
 
@@ -231,6 +243,11 @@ absl::StatusOr<Trainer::Impl::StepPlan> Trainer::Impl::Admit(
   AMPD_RETURN_IF_ERROR(AdmitWorkspaces(input.micro_batches, admit, "step"));
   StepPlan plan;
   plan.per_layer = config.scaler.per_layer_scales;
+  plan.token_loss = input.loss_fn.kind != LossFnKind::kModel;
+  if (plan.token_loss && data_parallel != nullptr) {
+    return absl::InvalidArgumentError(
+        "loss_fn: token losses are not available for distributed jobs yet");
+  }
   if (plan.per_layer && data_parallel != nullptr) {
     // Validation refuses the config; a Trainer handed one anyway must not
     // train ranks whose group scales were never reduced.
@@ -252,8 +269,9 @@ absl::StatusOr<Trainer::Impl::StepPlan> Trainer::Impl::Admit(
   // A distributed step's K counts every rank's micro-batches: the sum of
   // the ranks' gradients is then the whole batch's.
   plan.k = data_parallel != nullptr ? data_parallel->global_micro_batches : plan.local_k;
-  // d(S * mean_k L_k)/dw: each micro-batch's loss gradient carries S / K.
-  plan.grad_scale = plan.scale / static_cast<float>(plan.k);
+  // d(S * mean_k L_k)/dw: each micro-batch's loss gradient carries S / K;
+  // a token loss sums over every micro-batch's tokens, so S alone.
+  plan.grad_scale = plan.token_loss ? plan.scale : plan.scale / static_cast<float>(plan.k);
   plan.clip = config.optimizer.max_grad_norm > 0.0f;
   return plan;
 }
@@ -305,7 +323,8 @@ absl::Status Trainer::Impl::ForwardBackward(const StepInput& input, const StepPl
     report.samples += mb.inputs.shape[0];
     AMPD_ASSIGN_OR_RETURN(auto* ws, WorkspaceFor(mb.inputs.shape));
     const Clock::time_point t0 = Clock::now();
-    AMPD_RETURN_IF_ERROR(net.LoadBatch(mb.inputs, mb.targets, *ws));
+    AMPD_RETURN_IF_ERROR(
+        net.LoadBatch(mb.inputs, mb.targets, model::TokenLossInputs::Of(input.loss_fn, mb), *ws));
     AMPD_RETURN_IF_ERROR(net.Forward(*ws));
     AMPD_RETURN_IF_ERROR(net.Loss(*ws, plan.grad_scale, loss));
     AMPD_RETURN_IF_ERROR(b.Add(loss, loss_sum));
@@ -438,7 +457,8 @@ absl::Status Trainer::Impl::Finish(const StepInput& input, const StepPlan& plan,
 
   report.step = steps_run;
   report.applied_steps = optimizer.applied_steps();
-  report.loss = host[kReadLossSum] / static_cast<float>(plan.k);
+  report.loss =
+      plan.token_loss ? host[kReadLossSum] : host[kReadLossSum] / static_cast<float>(plan.k);
   report.scaler = *update;
   report.grad_max_abs = max_abs;
   // Every applied step reports its norm; a skipped one only when clipping
@@ -454,7 +474,8 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   // The checks CheckInput's FittedStepInput proves, on the caller's input
   // itself (no copy of its batches).
   AMPD_RETURN_IF_ERROR(CheckStepInput(input));
-  AMPD_RETURN_IF_ERROR(CheckMicroBatchesFitModel(impl_->config.model, input.micro_batches));
+  AMPD_RETURN_IF_ERROR(
+      CheckMicroBatchesFitModel(impl_->config.model, input.loss_fn, input.micro_batches));
   return StepChecked(input, admit, data_parallel);
 }
 

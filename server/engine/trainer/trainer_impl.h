@@ -72,8 +72,10 @@ struct Trainer::Impl {
     float scale = 1.0f;       // the loss gradient's scale: the job's, or the last group's
     int64_t local_k = 0;      // this rank's micro-batches
     int64_t k = 0;            // every rank's: the mean's divisor
-    float grad_scale = 1.0f;  // scale / k, each micro-batch's loss gradient
+    float grad_scale = 1.0f;  // scale / k (scale for a token loss), each micro-batch's
+                              // loss gradient
     bool clip = false;        // max_grad_norm > 0
+    bool token_loss = false;  // loss_fn is a token loss: a sum over every micro-batch's tokens
   };
   // The (checked) input's workspaces admitted, an adaptive scaler
   // calibrated and the groups' scales set: the plan of the step.
@@ -124,9 +126,10 @@ struct Trainer::Impl {
   int64_t scratch_bytes = 0;
 };
 
-// step.cc: each micro-batch checked against the model, InvalidArgument
-// naming micro_batches[i].inputs / .targets.
-absl::Status CheckMicroBatchesFitModel(const model::ModelSpec& spec,
+// step.cc: each micro-batch checked against the model and the step's
+// loss_fn, InvalidArgument naming micro_batches[i].inputs / .targets /
+// .weights / .advantages / .sampling_logprobs.
+absl::Status CheckMicroBatchesFitModel(const model::ModelSpec& spec, const LossFn& loss_fn,
                                        const std::vector<MicroBatch>& micro_batches);
 
 // The gradient sums a distributed step started: Finish waits for them;

@@ -345,7 +345,7 @@ absl::StatusOr<std::unique_ptr<Workspace>> DecoderModel::NewWorkspace(
 }
 
 absl::Status DecoderModel::LoadBatch(const HostTensor& inputs, const HostTensor& targets,
-                                     Workspace& any) {
+                                     const TokenLossInputs& tokens, Workspace& any) {
   AMPD_ASSIGN_OR_RETURN(DecoderWorkspace * ws, Own<DecoderWorkspace>(any));
   if (inputs.shape != ws->shape() || targets.shape != ws->shape()) {
     return absl::InvalidArgumentError(
@@ -357,7 +357,9 @@ absl::Status DecoderModel::LoadBatch(const HostTensor& inputs, const HostTensor&
   AMPD_RETURN_IF_ERROR(EnsureTensor(backend_, inputs.dtype, {ws->rows}, ws->ids));
   AMPD_RETURN_IF_ERROR(backend_.CopyFromHost(inputs.data.data(), inputs.data.size(), ws->ids));
   AMPD_RETURN_IF_ERROR(EnsureTensor(backend_, targets.dtype, {ws->rows}, ws->targets));
-  return backend_.CopyFromHost(targets.data.data(), targets.data.size(), ws->targets);
+  AMPD_RETURN_IF_ERROR(
+      backend_.CopyFromHost(targets.data.data(), targets.data.size(), ws->targets));
+  return ws->tokens.Load(backend_, tokens, ws->rows);
 }
 
 absl::Status DecoderModel::CopyQkv(const BlockParams& p, bool grads, bool to_params, Tensor& weight,

@@ -94,8 +94,9 @@ class DecoderModel final : public Network {
       const ModelSpec& spec, Precision precision, uint64_t seed, kernels::Backend& backend,
       int64_t lm_head_chunk_bytes = kLmHeadChunkBytes);
 
+  using Network::LoadBatch;
   absl::Status LoadBatch(const HostTensor& inputs, const HostTensor& targets,
-                         Workspace& ws) override;
+                         const TokenLossInputs& tokens, Workspace& ws) override;
   absl::Status Forward(Workspace& ws) override;
   // The fused LM head and cross-entropy, as GptModel::Loss.
   absl::Status Loss(Workspace& ws, float grad_scale, kernels::Tensor& loss) override;

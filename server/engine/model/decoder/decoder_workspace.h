@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/tensor.h"
+#include "server/engine/model/lm_head.h"
 #include "server/engine/model/network.h"
 
 namespace ampd::engine::model {
@@ -20,7 +21,8 @@ struct DecoderWorkspace : Workspace {
   int64_t seq = 0;    // T
   int64_t rows = 0;   // N = B*T
   int64_t chunk_rows = 0;
-  int64_t kept = 0;  // targets other than kIgnoreIndex (LoadBatch counts them)
+  int64_t kept = 0;       // targets other than kIgnoreIndex (LoadBatch counts them)
+  TokenLossState tokens;  // the token loss the next Loss trains on (LoadBatch sets it)
 
   kernels::Tensor ids;       // (N) I32/I64 as the client sent them
   kernels::Tensor targets;   // (N) I32/I64

@@ -92,6 +92,7 @@ absl::StatusOr<int64_t> GptWorkspaceBytes(const ModelSpec& spec, Precision preci
            product({chunk_rows, g.vocab_size, w}),        // one chunk of logits
            head_sum ? product({g.vocab_size, c, 4}) : 0,  // the LM head's F32 gradient sum
            product({2, n, 8}),                            // ids and targets, I64 at most
+           product({4, n, 4}),  // a token loss's weights/advantages/sampling logprobs, logprobs
        }) {
     ok = ok && CheckedAdd(total, part, &total);
   }
@@ -306,7 +307,7 @@ int64_t CountKept(const HostTensor& targets) {
 }  // namespace
 
 absl::Status GptModel::LoadBatch(const HostTensor& inputs, const HostTensor& targets,
-                                 Workspace& any) {
+                                 const TokenLossInputs& tokens, Workspace& any) {
   AMPD_ASSIGN_OR_RETURN(GptWorkspace * ws, Own<GptWorkspace>(any));
   if (inputs.shape != ws->shape() || targets.shape != ws->shape()) {
     return absl::InvalidArgumentError(
@@ -318,7 +319,9 @@ absl::Status GptModel::LoadBatch(const HostTensor& inputs, const HostTensor& tar
   AMPD_RETURN_IF_ERROR(EnsureTensor(backend_, inputs.dtype, {ws->rows}, ws->ids));
   AMPD_RETURN_IF_ERROR(backend_.CopyFromHost(inputs.data.data(), inputs.data.size(), ws->ids));
   AMPD_RETURN_IF_ERROR(EnsureTensor(backend_, targets.dtype, {ws->rows}, ws->targets));
-  return backend_.CopyFromHost(targets.data.data(), targets.data.size(), ws->targets);
+  AMPD_RETURN_IF_ERROR(
+      backend_.CopyFromHost(targets.data.data(), targets.data.size(), ws->targets));
+  return ws->tokens.Load(backend_, tokens, ws->rows);
 }
 
 }  // namespace ampd::engine::model

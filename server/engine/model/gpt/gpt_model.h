@@ -54,6 +54,8 @@
 
 namespace ampd::engine::model {
 
+struct GptWorkspace;
+
 // The most bytes of logits (and their gradient, in place) the LM head holds
 // at once. 2 GiB: GPT-2's (8 x 1024, 50257) logits in fp32 (1.65 GB), or
 // 16 x 1024 rows in bf16, are one chunk, as PyTorch holds them; 2.5% of an
@@ -110,8 +112,9 @@ class GptModel final : public Network {
 
   // ids and targets keep their I32/I64 dtype; the targets other than
   // kIgnoreIndex are counted here, on the host, for the loss's mean.
+  using Network::LoadBatch;
   absl::Status LoadBatch(const HostTensor& inputs, const HostTensor& targets,
-                         Workspace& ws) override;
+                         const TokenLossInputs& tokens, Workspace& ws) override;
   absl::Status Forward(Workspace& ws) override;
   // The fused LM head and cross-entropy (gpt_lm_head.cc): loss =
   // multiplier * mean over kept targets; dh (the gradient into ln_f's

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/tensor.h"
+#include "server/engine/model/lm_head.h"
 #include "server/engine/model/network.h"
 
 namespace ampd::engine::model {
@@ -23,6 +24,7 @@ struct GptWorkspace : Workspace {
 
   kernels::Tensor ids;      // (N) I32/I64 as the client sent them
   kernels::Tensor targets;  // (N) I32/I64
+  TokenLossState tokens;    // the token loss the next Loss trains on (LoadBatch sets it)
 
   // What forward saves for backward, per block.
   struct Block {

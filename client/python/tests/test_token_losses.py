@@ -1,0 +1,161 @@
+"""A language model's token losses (Step's loss_fn) through the real ampd
+against a hand-written PyTorch version of Tinker's definitions, in fp32.
+
+The job's initial weights load into bench/pytorch/gpt.py's GPT (or
+bench/pytorch/decoder.py's Qwen2-style decoder); then each
+loss (cross_entropy with per-token weights, importance_sampling, ppo with a
+clip range that some ratios leave) trains 4 plain-SGD steps on both sides.
+SGD moves the weights by lr times the gradient, so equal weights after the
+steps say the gradients were equal, and each step's reported loss must be
+PyTorch's sum over the target tokens to 1e-5 relative. Also: a sum over two
+micro-batches is the sum over one batch of both, and the refusals name the
+field. Skipped, saying so, where torch is not importable."""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not importable: the token-loss "
+                                           "conformance tests compare ampd with PyTorch")
+import torch.nn.functional as F  # noqa: E402
+
+import ampd  # noqa: E402
+import ampd.torch as ampd_torch  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.environ["AMPD_SOURCE_DIR"], "bench", "pytorch"))
+import decoder as torch_decoder  # noqa: E402  (bench/pytorch/decoder.py)
+import gpt as torch_gpt  # noqa: E402  (bench/pytorch/gpt.py)
+
+VOCAB, CONTEXT, D_MODEL, N_LAYER, N_HEAD = 48, 12, 32, 2, 2
+SPEC = ampd.GPT(vocab_size=VOCAB, context_length=CONTEXT, d_model=D_MODEL, n_layer=N_LAYER,
+                n_head=N_HEAD)
+# A Qwen2-style decoder: grouped K/V heads, q/k/v biases, untied.
+DECODER = ampd.Decoder(vocab_size=VOCAB, hidden_size=D_MODEL, intermediate_size=64,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       max_position_embeddings=CONTEXT, qkv_bias=True)
+
+
+def models(kind):
+    """ampd's spec, a PyTorch peer factory and the exporter, per model kind."""
+    if kind == "gpt":
+        return (SPEC, lambda: torch_gpt.GPT(VOCAB, CONTEXT, D_MODEL, N_LAYER, N_HEAD,
+                                            attention="manual"), ampd_torch.gpt2_state_dict)
+    return (DECODER, lambda: torch_decoder.Decoder(VOCAB, D_MODEL, 64, 2, 4, 2,
+                                                   max_position_embeddings=CONTEXT,
+                                                   qkv_bias=True, attention="manual"),
+            ampd_torch.decoder_state_dict)
+LR = 0.05
+CLIP = (0.9, 1.1)
+
+
+def torch_token_loss(model, ids, targets, loss_fn, weights, advantages, sampling):
+    """Tinker's definitions, summed over the target tokens (-100 adds nothing)."""
+    logits = model.logits(torch.from_numpy(ids)).float()
+    targets = torch.from_numpy(targets)
+    keep = targets != -100
+    logp = F.log_softmax(logits, dim=-1).gather(-1, targets.clamp(min=0).unsqueeze(-1))
+    logp = logp.squeeze(-1)
+    if loss_fn == "cross_entropy":
+        term = -torch.from_numpy(weights) * logp
+    else:
+        ratio = torch.exp(logp - torch.from_numpy(sampling))
+        a = torch.from_numpy(advantages)
+        if loss_fn == "importance_sampling":
+            term = -ratio * a
+        else:
+            term = -torch.minimum(ratio * a, torch.clamp(ratio, *CLIP) * a)
+    return (term * keep).sum(), logp.detach()
+
+
+def batch(step, size=3):
+    rng = np.random.default_rng(900 + step)
+    ids = rng.integers(0, VOCAB, size=(size, CONTEXT), dtype=np.int64)
+    targets = (3 * ids + 1) % VOCAB
+    targets[rng.random(targets.shape) < 0.15] = -100
+    weights = rng.uniform(0.0, 2.0, size=ids.shape).astype(np.float32)
+    advantages = rng.uniform(-1.0, 1.0, size=ids.shape).astype(np.float32)
+    return ids, targets, weights, advantages, rng
+
+
+@pytest.mark.parametrize("kind", ["gpt", "decoder"])
+@pytest.mark.parametrize("loss_fn", ["cross_entropy", "importance_sampling", "ppo"])
+def test_token_loss_and_gradients_equal_pytorch(server, loss_fn, kind):
+    spec, peer, export = models(kind)
+    with ampd.Client(server.address) as client:
+        job = client.create_job(model=spec, precision="fp32", seed=4,
+                                optimizer=ampd.SGD(lr=LR))
+        model = peer()
+        model.load_state_dict(export(job), strict=True)
+        opt = torch.optim.SGD(model.parameters(), lr=LR)
+        for step in range(4):
+            ids, targets, weights, advantages, rng = batch(step)
+            # The sampler's log-probs: the model's own, moved by up to 0.3,
+            # so PPO's ratios straddle its clip range.
+            with torch.no_grad():
+                _, logp = torch_token_loss(model, ids, targets, "cross_entropy", weights,
+                                           None, None)
+            sampling = (logp.numpy() + rng.uniform(-0.3, 0.3, size=ids.shape)).astype(np.float32)
+            kwargs = {"loss_fn": loss_fn}
+            if loss_fn == "cross_entropy":
+                kwargs["weights"] = weights
+            else:
+                kwargs.update(advantages=advantages, sampling_logprobs=sampling)
+            if loss_fn == "ppo":
+                kwargs["ppo_clip"] = CLIP
+            ours = job.step(ids, targets, **kwargs).loss
+            opt.zero_grad()
+            theirs, _ = torch_token_loss(model, ids, targets, loss_fn, weights, advantages,
+                                         sampling)
+            theirs.backward()
+            opt.step()
+            assert ours == pytest.approx(theirs.item(), rel=1e-5, abs=1e-5), \
+                "step %d: ampd %r, PyTorch %r" % (step + 1, ours, theirs.item())
+        final = export(job)
+        for name, value in model.state_dict().items():
+            assert torch.allclose(final[name], value, rtol=1e-4, atol=2e-6), name
+
+
+def test_a_sum_over_micro_batches_is_the_sum_over_one_batch(server):
+    ids, targets, weights, _, _ = batch(7, size=4)
+    with ampd.Client(server.address) as client:
+        whole = client.create_job(model=SPEC, precision="fp32", seed=5)
+        split = client.create_job(model=SPEC, precision="fp32", seed=5)
+        one = whole.step(ids, targets, loss_fn="cross_entropy", weights=weights).loss
+        two = split.step(micro_batches=[(ids[:2], targets[:2]), (ids[2:], targets[2:])],
+                         loss_fn="cross_entropy", weights=[weights[:2], weights[2:]]).loss
+        assert two == pytest.approx(one, rel=1e-5)
+        # Weights of 1 are the sum of the mean loss's terms.
+        mean = client.create_job(model=SPEC, precision="fp32", seed=5).step(ids, targets).loss
+        summed = client.create_job(model=SPEC, precision="fp32", seed=5).step(
+            ids, targets, loss_fn="cross_entropy").loss
+        assert summed == pytest.approx(mean * np.count_nonzero(targets != -100), rel=1e-5)
+
+
+def test_token_losses_refuse_naming_the_field(server):
+    ids, targets, weights, advantages, _ = batch(0)
+    with ampd.Client(server.address) as client:
+        job = client.create_job(model=SPEC, precision="fp32")
+        with pytest.raises(ampd.InvalidArgument, match="advantages"):
+            job.step(ids, targets, loss_fn="ppo", sampling_logprobs=weights)
+        with pytest.raises(ampd.InvalidArgument, match="weights"):
+            job.step(ids, targets, loss_fn="importance_sampling", advantages=advantages,
+                     sampling_logprobs=weights, weights=weights)
+        with pytest.raises(ampd.InvalidArgument, match="weights"):
+            job.step(ids, targets, weights=weights)  # the model's own loss reads none
+        with pytest.raises(ampd.InvalidArgument, match="sampling_logprobs"):
+            job.step(ids, targets, loss_fn="ppo", advantages=advantages,
+                     sampling_logprobs=weights[:, :3])
+        bad = weights.copy()
+        bad[1, 2] = np.nan
+        with pytest.raises(ampd.InvalidArgument, match="weights"):
+            job.step(ids, targets, loss_fn="cross_entropy", weights=bad)
+        with pytest.raises(ampd.InvalidArgument, match="ppo_clip_low"):
+            job.step(ids, targets, loss_fn="ppo", advantages=advantages,
+                     sampling_logprobs=weights, ppo_clip=(1.2, 1.5))
+        assert job.refresh().step_count == 0
+        mlp = client.create_job(model=ampd.Model([ampd.Linear(4, 2)]), precision="fp32")
+        x = np.zeros((3, 4), np.float32)
+        y = np.zeros((3, 2), np.float32)
+        with pytest.raises(ampd.InvalidArgument, match="loss_fn"):
+            mlp.step(x, y, loss_fn="cross_entropy")

@@ -1,0 +1,97 @@
+// LmHeadLoss and TokenLossState (lm_head.h).
+#include "server/engine/model/lm_head.h"
+
+#include <algorithm>
+
+#include "common/status_macros.h"
+#include "server/engine/config/model_spec.h"
+
+namespace ampd::engine::model {
+
+using kernels::Tensor;
+
+absl::Status TokenLossState::Load(kernels::Backend& backend, const TokenLossInputs& tokens,
+                                  int64_t rows) {
+  loss_fn = tokens.fn;
+  auto load = [&](const HostTensor* host, Tensor& dst) -> absl::Status {
+    if (host == nullptr) {
+      dst = Tensor();
+      return absl::OkStatus();
+    }
+    AMPD_RETURN_IF_ERROR(EnsureTensor(backend, kernels::DType::kF32, {rows}, dst));
+    return backend.CopyFromHost(host->data.data(), host->data.size(), dst);
+  };
+  AMPD_RETURN_IF_ERROR(load(tokens.weights, weights));
+  AMPD_RETURN_IF_ERROR(load(tokens.advantages, advantages));
+  return load(tokens.sampling_logprobs, sampling_logprobs);
+}
+
+absl::StatusOr<kernels::TokenLossTerms> TokenLossState::ChunkTerms(int64_t start, int64_t r) {
+  kernels::TokenLossTerms terms;
+  switch (loss_fn.kind) {
+    case LossFnKind::kModel:
+    case LossFnKind::kCrossEntropy:
+      terms.kind = kernels::TokenLossKind::kCrossEntropy;
+      break;
+    case LossFnKind::kImportanceSampling:
+      terms.kind = kernels::TokenLossKind::kImportanceSampling;
+      break;
+    case LossFnKind::kPpo:
+      terms.kind = kernels::TokenLossKind::kPpo;
+      break;
+  }
+  terms.clip_low = loss_fn.ppo_clip_low;
+  terms.clip_high = loss_fn.ppo_clip_high;
+  auto view = [&](const Tensor& all, Tensor& chunk, const Tensor*& out) -> absl::Status {
+    if (all.empty()) return absl::OkStatus();
+    AMPD_ASSIGN_OR_RETURN(chunk, all.View(start, {r}));
+    out = &chunk;
+    return absl::OkStatus();
+  };
+  AMPD_RETURN_IF_ERROR(view(weights, chunk_weights, terms.weights));
+  AMPD_RETURN_IF_ERROR(view(advantages, chunk_advantages, terms.advantages));
+  AMPD_RETURN_IF_ERROR(view(sampling_logprobs, chunk_sampling_logprobs, terms.sampling_logprobs));
+  return terms;
+}
+
+absl::Status LmHeadLoss(kernels::Backend& b, const LmHeadBuffers& ws, Parameter& head,
+                        float head_grad_alpha, float multiplier, float grad_scale, bool with_grad,
+                        Tensor& loss) {
+  if (ws.kept <= 0) {
+    return absl::FailedPreconditionError("targets: no target to average over (LoadBatch first)");
+  }
+  const int64_t c = ws.hidden->dim(1);
+  const int64_t v = head.value().dim(0);
+  // The model's own loss is the mean over kept targets; a token loss the
+  // sum over them.
+  const double per_target =
+      static_cast<double>(multiplier) / (ws.tokens->summed() ? 1.0 : static_cast<double>(ws.kept));
+  const auto loss_scale = static_cast<float>(per_target);
+  const auto logit_grad_scale = static_cast<float>(static_cast<double>(grad_scale) * per_target);
+  AMPD_RETURN_IF_ERROR(b.Fill(loss, 0.0f));
+  // The F32 sum (several 16-bit chunks) starts afresh at the first chunk;
+  // without it the chunk, or the fp32 chunks, add straight into the
+  // gradient, which ZeroGrads cleared at the step's start.
+  const bool summed_head = !ws.head_grad->empty();
+  Tensor& head_sum = summed_head ? *ws.head_grad : head.grad;
+  auto sum_beta = [summed_head](int64_t start) { return !summed_head || start > 0 ? 1.0f : 0.0f; };
+  for (int64_t start = 0; start < ws.rows; start += ws.chunk_rows) {
+    const int64_t r = std::min(ws.chunk_rows, ws.rows - start);
+    AMPD_ASSIGN_OR_RETURN(const Tensor h, ws.hidden->View(start * c, {r, c}));
+    AMPD_ASSIGN_OR_RETURN(Tensor dh, ws.d_hidden->View(start * c, {r, c}));
+    AMPD_ASSIGN_OR_RETURN(const Tensor labels, ws.targets->View(start, {r}));
+    AMPD_ASSIGN_OR_RETURN(Tensor logits, ws.logits->View(0, {r, v}));
+    AMPD_RETURN_IF_ERROR(b.Gemm(false, true, 1.0f, h, head.value(), 0.0f, logits));
+    AMPD_ASSIGN_OR_RETURN(const kernels::TokenLossTerms terms, ws.tokens->ChunkTerms(start, r));
+    AMPD_RETURN_IF_ERROR(b.CrossEntropyChunk(logits, labels, kIgnoreIndex, terms, loss_scale,
+                                             logit_grad_scale, loss, logits));
+    if (!with_grad) continue;
+    AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, logits, head.value(), 0.0f, dh));
+    AMPD_RETURN_IF_ERROR(
+        b.Gemm(true, false, head_grad_alpha, logits, h, sum_beta(start), head_sum));
+  }
+  if (with_grad && summed_head) AMPD_RETURN_IF_ERROR(b.Add(*ws.head_grad, head.grad));
+  return absl::OkStatus();
+}
+
+}  // namespace ampd::engine::model

@@ -1,0 +1,226 @@
+// CrossEntropyChunk's token losses on the CPU oracle (kernels/token_loss.h):
+// cross_entropy with weights, importance_sampling and ppo against a float64
+// reference written from the definitions (not from TokenLossTerm), the
+// kernel's gradient against central finite differences of that
+// reference's loss, the logprobs output, the default terms giving the bits
+// of the plain call, and the refusals. The CUDA backend is compared with
+// this oracle in backend_ops_test.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "tests/kernels/kernel_test_util.h"
+
+namespace ampd::kernels {
+namespace {
+
+using testing::MakeTensor;
+using testing::RandomValues;
+using testing::ReadTensor;
+
+constexpr int64_t kIgnore = -100;
+
+struct Case {
+  int64_t rows = 0;
+  int64_t classes = 0;
+  std::vector<double> z;  // (rows, classes)
+  std::vector<int64_t> labels;
+  std::vector<double> weights, advantages, sampling;  // (rows) each
+};
+
+// The loss of every kept row by the definitions, in double: logp is the
+// log-softmax of the label; r = exp(logp - q).
+double RefLoss(TokenLossKind kind, const Case& c, const std::vector<double>& z, double lo,
+               double hi) {
+  double total = 0.0;
+  for (int64_t n = 0; n < c.rows; ++n) {
+    if (c.labels[n] == kIgnore) continue;
+    const double* row = &z[static_cast<size_t>(n * c.classes)];
+    const double max = *std::max_element(row, row + c.classes);
+    double sum = 0.0;
+    for (int64_t v = 0; v < c.classes; ++v) sum += std::exp(row[v] - max);
+    const double logp = row[c.labels[n]] - max - std::log(sum);
+    const double r = std::exp(logp - c.sampling[n]);
+    const double a = c.advantages[n];
+    switch (kind) {
+      case TokenLossKind::kCrossEntropy:
+        total += -c.weights[n] * logp;
+        break;
+      case TokenLossKind::kImportanceSampling:
+        total += -r * a;
+        break;
+      case TokenLossKind::kPpo:
+        total += -std::min(r * a, std::clamp(r, lo, hi) * a);
+        break;
+    }
+  }
+  return total;
+}
+
+Case RandomCase(std::mt19937_64& rng, int64_t rows, int64_t classes) {
+  Case c;
+  c.rows = rows;
+  c.classes = classes;
+  c.z = RandomValues(rng, DType::kF32, static_cast<size_t>(rows * classes), -3.0, 3.0);
+  std::uniform_int_distribution<int64_t> pick(0, classes - 1);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  for (int64_t n = 0; n < rows; ++n) {
+    c.labels.push_back(n % 7 == 3 ? kIgnore : pick(rng));
+    c.weights.push_back(static_cast<float>(unit(rng) * 2.0));
+    c.advantages.push_back(static_cast<float>(unit(rng) * 4.0 - 2.0));
+    c.sampling.push_back(
+        static_cast<float>(-std::log(static_cast<double>(classes)) + (unit(rng) - 0.5)));
+  }
+  return c;
+}
+
+class CpuTokenLossTest : public ::testing::TestWithParam<TokenLossKind> {
+ protected:
+  Tensor Rows(const std::vector<double>& v) {
+    return MakeTensor(*be_, DType::kF32, {static_cast<int64_t>(v.size())}, v);
+  }
+  Tensor Labels(const std::vector<int64_t>& labels) {
+    std::vector<double> v(labels.begin(), labels.end());
+    return MakeTensor(*be_, DType::kI64, {static_cast<int64_t>(labels.size())}, v);
+  }
+
+  std::unique_ptr<Backend> be_ = CreateCpuBackend();
+  std::mt19937_64 rng_{20261126};
+};
+
+// The loss against the definitions, the gradient against central
+// differences of them (fp32 logits: the kernel's one rounding is 2^-24
+// relative), and the logprobs output against the log-softmax.
+TEST_P(CpuTokenLossTest, LossAndGradientMatchTheDefinitions) {
+  const TokenLossKind kind = GetParam();
+  const Case c = RandomCase(rng_, 23, 11);
+  const double lo = 0.9, hi = 1.1;  // narrow, so some PPO rows are clipped
+  Tensor z = MakeTensor(*be_, DType::kF32, {c.rows, c.classes}, c.z);
+  Tensor labels = Labels(c.labels);
+  Tensor weights = Rows(c.weights), advantages = Rows(c.advantages), sampling = Rows(c.sampling);
+  Tensor logprobs = Rows(std::vector<double>(static_cast<size_t>(c.rows), 7.0));
+  TokenLossTerms terms;
+  terms.kind = kind;
+  terms.clip_low = static_cast<float>(lo);
+  terms.clip_high = static_cast<float>(hi);
+  if (kind == TokenLossKind::kCrossEntropy) {
+    terms.weights = &weights;
+  } else {
+    terms.advantages = &advantages;
+    terms.sampling_logprobs = &sampling;
+  }
+  terms.logprobs = &logprobs;
+  const float grad_scale = 64.0f;
+  Tensor loss = MakeTensor(*be_, DType::kF32, {1}, {0.5});
+  Tensor dz =
+      MakeTensor(*be_, DType::kF32, {c.rows, c.classes}, std::vector<double>(c.z.size(), 9.0));
+  ASSERT_TRUE(be_->CrossEntropyChunk(z, labels, kIgnore, terms, 1.0f, grad_scale, loss, dz).ok());
+
+  const double want = 0.5 + RefLoss(kind, c, c.z, lo, hi);
+  EXPECT_NEAR(ReadTensor(*be_, loss)[0], want, 1e-5 * (1.0 + std::fabs(want)));
+  const std::vector<double> got = ReadTensor(*be_, dz);
+  const double h = 1e-6;
+  int checked = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    std::vector<double> zp = c.z, zm = c.z;
+    zp[i] += h;
+    zm[i] -= h;
+    const double fd = (RefLoss(kind, c, zp, lo, hi) - RefLoss(kind, c, zm, lo, hi)) / (2 * h);
+    // A PPO row sitting on a clip edge has a kink; none of these does by
+    // more than h, and the tolerance is the fp32 kernel's.
+    EXPECT_NEAR(got[i] / grad_scale, fd, 2e-5 * (1.0 + std::fabs(fd))) << i;
+    ++checked;
+  }
+  EXPECT_EQ(checked, c.rows * c.classes);
+  const std::vector<double> lp = ReadTensor(*be_, logprobs);
+  for (int64_t n = 0; n < c.rows; ++n) {
+    if (c.labels[n] == kIgnore) {
+      EXPECT_EQ(lp[n], 0.0) << n;
+      continue;
+    }
+    const double* row = &c.z[static_cast<size_t>(n * c.classes)];
+    const double max = *std::max_element(row, row + c.classes);
+    double sum = 0.0;
+    for (int64_t v = 0; v < c.classes; ++v) sum += std::exp(row[v] - max);
+    EXPECT_NEAR(lp[n], row[c.labels[n]] - max - std::log(sum), 1e-6) << n;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, CpuTokenLossTest,
+                         ::testing::Values(TokenLossKind::kCrossEntropy,
+                                           TokenLossKind::kImportanceSampling, TokenLossKind::kPpo),
+                         [](const ::testing::TestParamInfo<TokenLossKind>& kind_info) {
+                           switch (kind_info.param) {
+                             case TokenLossKind::kCrossEntropy:
+                               return std::string("CrossEntropy");
+                             case TokenLossKind::kImportanceSampling:
+                               return std::string("ImportanceSampling");
+                             case TokenLossKind::kPpo:
+                               return std::string("Ppo");
+                           }
+                           return std::string("Unknown");
+                         });
+
+// Default terms are plain cross-entropy: the same bits as the call without
+// terms, in every dtype (the GPT's own loss is unchanged by token losses).
+TEST(CpuTokenLossDefaults, DefaultTermsGiveThePlainCallsBits) {
+  std::unique_ptr<Backend> be = CreateCpuBackend();
+  std::mt19937_64 rng(7);
+  for (const DType dt : testing::kFloatTypes) {
+    const std::vector<double> z = RandomValues(rng, dt, 9 * 13, -5.0, 5.0);
+    std::vector<double> labels = {3, kIgnore, 0, 12, 5, 5, kIgnore, 1, 2};
+    Tensor lt = MakeTensor(*be, DType::kI32, {9}, labels);
+    Tensor za = MakeTensor(*be, dt, {9, 13}, z), zb = MakeTensor(*be, dt, {9, 13}, z);
+    Tensor la = MakeTensor(*be, DType::kF32, {1}, {0.0}),
+           lb = MakeTensor(*be, DType::kF32, {1}, {0.0});
+    ASSERT_TRUE(be->CrossEntropyChunk(za, lt, kIgnore, 0.125f, 3.0f, la, za).ok());
+    ASSERT_TRUE(
+        be->CrossEntropyChunk(zb, lt, kIgnore, TokenLossTerms{}, 0.125f, 3.0f, lb, zb).ok());
+    EXPECT_EQ(testing::RawBytes(*be, za), testing::RawBytes(*be, zb)) << DTypeName(dt);
+    EXPECT_EQ(testing::RawBytes(*be, la), testing::RawBytes(*be, lb)) << DTypeName(dt);
+  }
+}
+
+// Inputs the kind needs, inputs it does not read, wrong shapes and an
+// unordered clip range are InvalidArgument naming the operand.
+TEST(CpuTokenLossRefusals, BadTermsAreNamed) {
+  std::unique_ptr<Backend> be = CreateCpuBackend();
+  Tensor z = MakeTensor(*be, DType::kF32, {2, 3}, std::vector<double>(6, 0.5));
+  Tensor labels = MakeTensor(*be, DType::kI32, {2}, {0, 2});
+  Tensor loss = MakeTensor(*be, DType::kF32, {1}, {0.0});
+  Tensor dz = MakeTensor(*be, DType::kF32, {2, 3}, std::vector<double>(6, 0.0));
+  Tensor two = MakeTensor(*be, DType::kF32, {2}, {1.0, 1.0});
+  Tensor three = MakeTensor(*be, DType::kF32, {3}, {1.0, 1.0, 1.0});
+  auto expect = [&](const TokenLossTerms& terms, const std::string& operand) {
+    const absl::Status s = be->CrossEntropyChunk(z, labels, kIgnore, terms, 1.0f, 1.0f, loss, dz);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << operand << ": " << s;
+    EXPECT_NE(std::string(s.message()).find(operand), std::string::npos) << s;
+  };
+  TokenLossTerms is;
+  is.kind = TokenLossKind::kImportanceSampling;
+  expect(is, "advantages");  // required
+  is.advantages = &two;
+  is.sampling_logprobs = &three;
+  expect(is, "sampling_logprobs");  // (3), not (2)
+  is.sampling_logprobs = &two;
+  is.weights = &two;
+  expect(is, "weights");  // not read by importance sampling
+  TokenLossTerms ppo = is;
+  ppo.weights = nullptr;
+  ppo.kind = TokenLossKind::kPpo;
+  ppo.clip_low = 1.5f;
+  expect(ppo, "clip_low");
+  TokenLossTerms ce;
+  ce.logprobs = &three;
+  expect(ce, "logprobs");
+}
+
+}  // namespace
+}  // namespace ampd::kernels
