@@ -157,6 +157,9 @@ struct GroupFormation {
 // Forward and loss only, on micro-batches checked as a step's are.
 struct EvaluateInput {
   std::vector<MicroBatch> micro_batches;  // >= 1
+  // A language model's per-token log-probs back (EvaluateReport::logprobs),
+  // what Tinker calls compute_logprobs.
+  bool return_logprobs = false;
 };
 
 // At least one micro-batch; InvalidArgument naming "micro_batches".
@@ -180,6 +183,10 @@ struct EvaluateReport {
   float loss = 0;       // mean over micro-batches, unscaled fp32 (multiplier included)
   int64_t samples = 0;  // rows over all micro-batches
   double seconds = 0;   // wall time of the evaluation on the job's worker
+  // return_logprobs: per micro-batch, (B, T) F32: entry [b, t] is the
+  // log-prob of targets[b, t] given inputs[b, 0..t], computed by the
+  // training forward's own kernels (0 where the target is ignored).
+  std::vector<HostTensor> logprobs{};  // brace-initialised: {loss, samples, seconds} leaves it out
 };
 
 // StepReport::grad_histogram's bins (common/grad_histogram.h, where the

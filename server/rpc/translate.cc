@@ -443,6 +443,7 @@ absl::StatusOr<engine::EvaluateInput> EvaluateInputFromProto(v1::EvaluateRequest
                         MicroBatchesFromProto(request->mutable_micro_batches()));
   // Whether there is a micro-batch is the engine's to say
   // (CheckEvaluateInput, before the evaluation is queued).
+  input.return_logprobs = request->return_logprobs();
   return input;
 }
 
@@ -450,6 +451,9 @@ void EvaluateReportToProto(const engine::EvaluateReport& r, v1::EvaluateResponse
   response->set_loss(r.loss);
   response->set_samples(r.samples);
   response->set_seconds(r.seconds);
+  for (const engine::HostTensor& logprobs : r.logprobs) {
+    *response->add_logprobs() = codec::TensorToProto(logprobs);
+  }
 }
 
 absl::StatusOr<engine::JobConfigRecord> DecodeCreateRequest(absl::string_view bytes) {

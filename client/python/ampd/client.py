@@ -123,10 +123,18 @@ class StepResult:
 @dataclass(frozen=True)
 class EvaluateResult:
     """One Evaluate's outcome: the loss a Step on the same micro-batches would
-    report now (mean over them), rows evaluated, server-side seconds."""
+    report now (mean over them), rows evaluated, server-side seconds, and
+    with return_logprobs one float32 array per micro-batch of the targets'
+    shape: each target token's log-prob (0 where the target is -100)."""
     loss: float
     samples: int
     seconds: float
+    logprobs: Optional[list] = None
+
+
+def _f32_array(tensor):
+    """A float32 pb.Tensor as a NumPy array of its shape."""
+    return np.frombuffer(tensor.data, dtype="<f4").reshape(tuple(tensor.shape)).astype(np.float32)
 
 
 def _micro_batches(inputs, targets, micro_batches, what):
@@ -405,19 +413,39 @@ class Job:
         self.layer_scales = list(response.layer_scales_after)
         return StepResult.from_proto(response)
 
-    def evaluate(self, inputs=None, targets=None, *, micro_batches=None):
+    def evaluate(self, inputs=None, targets=None, *, micro_batches=None, return_logprobs=False):
         """Forward and loss only (a validation loss); returns an EvaluateResult.
 
         Takes what step() takes. The job's weights, optimizer, loss scale and
         step sequence are unchanged; it runs after the steps sent before it.
+        return_logprobs (a GPT or decoder): each target token's log-prob too.
         """
-        request = pb.EvaluateRequest(job_id=self.job_id, micro_batches=[
+        request = pb.EvaluateRequest(job_id=self.job_id, return_logprobs=return_logprobs,
+                                     micro_batches=[
             pb.MicroBatch(inputs=to_tensor(x), targets=to_tensor(y))
             for x, y in _micro_batches(inputs, targets, micro_batches, "evaluate")])
         stub = self._client._stub
         response = self._client._call(
             lambda md, t: stub.Evaluate(request, metadata=md, timeout=t))
-        return EvaluateResult(response.loss, response.samples, response.seconds)
+        logprobs = [_f32_array(t) for t in response.logprobs] if return_logprobs else None
+        return EvaluateResult(response.loss, response.samples, response.seconds, logprobs)
+
+    def logprobs(self, sequences):
+        """Per-token log-probs of token sequences under the job's weights,
+        without training (Tinker's compute_logprobs): one float32 array per
+        sequence of length len - 1, whose entry i is the log-prob of token
+        i + 1 given tokens 0..i. Sequences may differ in length (each is its
+        own micro-batch of one) and need at least two tokens."""
+        batches = []
+        for i, sequence in enumerate(sequences):
+            ids = np.asarray(sequence, dtype=np.int64).reshape(-1)
+            if ids.size < 2:
+                raise ValueError("sequences[%d]: needs at least two tokens, got %d" % (i, ids.size))
+            batches.append((ids[None, :-1], ids[None, 1:]))
+        if not batches:
+            raise ValueError("logprobs takes at least one sequence")
+        result = self.evaluate(micro_batches=batches, return_logprobs=True)
+        return [values[0] for values in result.logprobs]
 
     def _resynchronise(self, sequence, mismatch):
         """The error to raise for a SEQUENCE_MISMATCH on `sequence`, after GetJob.

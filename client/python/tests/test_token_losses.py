@@ -159,3 +159,38 @@ def test_token_losses_refuse_naming_the_field(server):
         y = np.zeros((3, 2), np.float32)
         with pytest.raises(ampd.InvalidArgument, match="loss_fn"):
             mlp.step(x, y, loss_fn="cross_entropy")
+
+
+@pytest.mark.parametrize("kind", ["gpt", "decoder"])
+def test_logprobs_are_pytorchs_and_the_training_forwards_own(server, kind):
+    spec, peer, export = models(kind)
+    rng = np.random.default_rng(11)
+    sequences = [rng.integers(0, VOCAB, size=n) for n in (CONTEXT + 1, 5, 2, 9)]
+    with ampd.Client(server.address) as client:
+        job = client.create_job(model=spec, precision="fp32", seed=6)
+        model = peer()
+        model.load_state_dict(export(job), strict=True)
+        got = job.logprobs(sequences)
+        assert [g.shape for g in got] == [(len(s) - 1,) for s in sequences]
+        for sequence, values in zip(sequences, got):
+            ids = torch.from_numpy(np.asarray(sequence[None, :-1], dtype=np.int64))
+            with torch.no_grad():
+                logp = F.log_softmax(model.logits(ids).float(), dim=-1)[0]
+            want = logp.gather(-1, torch.from_numpy(sequence[1:]).unsqueeze(-1)).squeeze(-1)
+            np.testing.assert_allclose(values, want.numpy(), rtol=1e-5, atol=1e-5)
+
+        # The log-probs are the ones a step of the same batch trains on: as
+        # the sampler's, every ratio r = exp(logp - q) is exactly 1, so the
+        # importance-sampling loss with advantages of 1 is minus the count of
+        # target tokens, exactly.
+        ids, targets, _, _, _ = batch(3)
+        q = job.evaluate(ids, targets, return_logprobs=True).logprobs[0]
+        assert q.shape == targets.shape and np.all(q[targets == -100] == 0)
+        loss = job.step(ids, targets, loss_fn="importance_sampling",
+                        advantages=np.ones(ids.shape, np.float32), sampling_logprobs=q).loss
+        assert loss == -float(np.count_nonzero(targets != -100))
+
+        mlp = client.create_job(model=ampd.Model([ampd.Linear(4, 2)]), precision="fp32")
+        with pytest.raises(ampd.InvalidArgument, match="return_logprobs"):
+            mlp.evaluate(np.zeros((3, 4), np.float32), np.zeros((3, 2), np.float32),
+                         return_logprobs=True)

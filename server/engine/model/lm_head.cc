@@ -2,7 +2,10 @@
 #include "server/engine/model/lm_head.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "server/engine/config/model_spec.h"
 
@@ -23,7 +26,12 @@ absl::Status TokenLossState::Load(kernels::Backend& backend, const TokenLossInpu
   };
   AMPD_RETURN_IF_ERROR(load(tokens.weights, weights));
   AMPD_RETURN_IF_ERROR(load(tokens.advantages, advantages));
-  return load(tokens.sampling_logprobs, sampling_logprobs);
+  AMPD_RETURN_IF_ERROR(load(tokens.sampling_logprobs, sampling_logprobs));
+  if (!tokens.logprobs) {
+    logprobs = Tensor();
+    return absl::OkStatus();
+  }
+  return EnsureTensor(backend, kernels::DType::kF32, {rows}, logprobs);
 }
 
 absl::StatusOr<kernels::TokenLossTerms> TokenLossState::ChunkTerms(int64_t start, int64_t r) {
@@ -51,7 +59,52 @@ absl::StatusOr<kernels::TokenLossTerms> TokenLossState::ChunkTerms(int64_t start
   AMPD_RETURN_IF_ERROR(view(weights, chunk_weights, terms.weights));
   AMPD_RETURN_IF_ERROR(view(advantages, chunk_advantages, terms.advantages));
   AMPD_RETURN_IF_ERROR(view(sampling_logprobs, chunk_sampling_logprobs, terms.sampling_logprobs));
+  if (!logprobs.empty()) {
+    AMPD_ASSIGN_OR_RETURN(chunk_logprobs, logprobs.View(start, {r}));
+    terms.logprobs = &chunk_logprobs;
+  }
   return terms;
+}
+
+namespace {
+
+int64_t CountKept(const HostTensor& targets) {
+  const int64_t n = kernels::NumElements(targets.shape);
+  int64_t kept = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t v = 0;
+    if (targets.dtype == kernels::DType::kI32) {
+      int32_t x = 0;
+      std::memcpy(&x, targets.data.data() + i * 4, 4);
+      v = x;
+    } else {
+      std::memcpy(&v, targets.data.data() + i * 8, 8);
+    }
+    kept += v != kIgnoreIndex ? 1 : 0;
+  }
+  return kept;
+}
+
+}  // namespace
+
+absl::Status LoadTokenBatch(kernels::Backend& backend, const HostTensor& inputs,
+                            const HostTensor& targets, const TokenLossInputs& tokens,
+                            const kernels::Shape& shape, Tensor& ids, Tensor& device_targets,
+                            int64_t& kept, TokenLossState& state) {
+  if (inputs.shape != shape || targets.shape != shape) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("inputs: ", kernels::ShapeToString(inputs.shape), " and targets ",
+                     kernels::ShapeToString(targets.shape), " do not match the workspace's ",
+                     kernels::ShapeToString(shape)));
+  }
+  const int64_t rows = kernels::NumElements(shape);
+  kept = CountKept(targets);
+  AMPD_RETURN_IF_ERROR(EnsureTensor(backend, inputs.dtype, {rows}, ids));
+  AMPD_RETURN_IF_ERROR(backend.CopyFromHost(inputs.data.data(), inputs.data.size(), ids));
+  AMPD_RETURN_IF_ERROR(EnsureTensor(backend, targets.dtype, {rows}, device_targets));
+  AMPD_RETURN_IF_ERROR(
+      backend.CopyFromHost(targets.data.data(), targets.data.size(), device_targets));
+  return state.Load(backend, tokens, rows);
 }
 
 absl::Status LmHeadLoss(kernels::Backend& b, const LmHeadBuffers& ws, Parameter& head,

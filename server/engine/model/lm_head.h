@@ -37,9 +37,13 @@ struct TokenLossState {
   LossFn loss_fn;
   kernels::Tensor weights, advantages, sampling_logprobs;
   kernels::Tensor chunk_weights, chunk_advantages, chunk_sampling_logprobs;
+  // (N) F32 each token's log-prob, written by the head when LoadBatch asked
+  // for it (empty otherwise), and its chunk's view.
+  kernels::Tensor logprobs, chunk_logprobs;
 
   // Uploads `tokens` for a batch of `rows` tokens (or empties what it does
-  // not carry, so no previous step's input is read).
+  // not carry, so no previous step's input is read), and keeps a logprobs
+  // buffer when they ask for one.
   absl::Status Load(kernels::Backend& backend, const TokenLossInputs& tokens, int64_t rows);
   // The chunk [start, start + r)'s terms for CrossEntropyChunk: plain
   // cross-entropy for the model's own loss.
@@ -48,6 +52,15 @@ struct TokenLossState {
   // the mean over the kept targets.
   bool summed() const { return loss_fn.kind != LossFnKind::kModel; }
 };
+
+// A language model's LoadBatch: (B, T) ids and targets, which must be
+// `shape`, into (N) device tensors of their own dtype, the targets other
+// than kIgnoreIndex counted on the host (the mean needs no device read),
+// and the token loss's inputs.
+absl::Status LoadTokenBatch(kernels::Backend& backend, const HostTensor& inputs,
+                            const HostTensor& targets, const TokenLossInputs& tokens,
+                            const kernels::Shape& shape, kernels::Tensor& ids,
+                            kernels::Tensor& device_targets, int64_t& kept, TokenLossState& state);
 
 // What a language model's workspace holds for its head.
 struct LmHeadBuffers {

@@ -45,6 +45,9 @@ struct TokenLossInputs {
   const HostTensor* weights = nullptr;
   const HostTensor* advantages = nullptr;
   const HostTensor* sampling_logprobs = nullptr;
+  // Whether the next Loss/EvalLoss keeps each token's log-prob
+  // (Network::TokenLogprobs).
+  bool logprobs = false;
 
   // The step's loss_fn with the micro-batch's inputs.
   static TokenLossInputs Of(const LossFn& fn, const MicroBatch& mb) {
@@ -128,6 +131,14 @@ class Network {
   // only; a kind whose Loss touches parameter gradients overrides it.
   virtual absl::Status EvalLoss(Workspace& ws, kernels::Tensor& loss) {
     return Loss(ws, 1.0f, loss);
+  }
+  // The (N) F32 log-probs of the targets that the last Loss or EvalLoss
+  // wrote, when LoadBatch asked for them (TokenLossInputs::logprobs); a
+  // model without a language-model head has none (InvalidArgument).
+  virtual absl::StatusOr<const kernels::Tensor*> TokenLogprobs(Workspace& ws) {
+    (void)ws;
+    return absl::InvalidArgumentError(
+        "return_logprobs: per-token log-probs need a language model (gpt or decoder)");
   }
   // What Backward calls as it goes; each may be empty, and an error from
   // either ends Backward.

@@ -6,7 +6,9 @@
 // EvalLoss, the loss Step's Loss computes without any parameter gradient)
 // in the same order, so it reports exactly the loss a Step on the same
 // batches would report now (Step reports the loss before its update).
-// Backward is never called, so no parameter gradient, no master or working
+// With return_logprobs, each micro-batch's per-token log-probs (the LM
+// head's own, as the training forward computes them) are copied back after
+// its loss. Backward is never called, so no parameter gradient, no master or working
 // weight, no optimizer buffer and no scaler state changes, and neither does
 // the step count or the applied count.
 #include <chrono>
@@ -49,6 +51,11 @@ absl::StatusOr<EvaluateReport> Trainer::EvaluateChecked(
   Impl& m = *impl_;
   // The one check that needs the model; CheckEvaluateInput ran before.
   AMPD_RETURN_IF_ERROR(CheckMicroBatchesFitModel(m.config.model, LossFn{}, input.micro_batches));
+  if (input.return_logprobs && !m.config.model.gpt.has_value() &&
+      !m.config.model.decoder.has_value()) {
+    return absl::InvalidArgumentError(
+        "return_logprobs: per-token log-probs need a language model (gpt or decoder)");
+  }
   kernels::Backend& b = *m.backend;
   model::Network& net = *m.model;
   AMPD_RETURN_IF_ERROR(m.AdmitWorkspaces(input.micro_batches, admit, "evaluation"));
@@ -56,13 +63,26 @@ absl::StatusOr<EvaluateReport> Trainer::EvaluateChecked(
   EvaluateReport report;
   const auto k = static_cast<int64_t>(input.micro_batches.size());
   AMPD_RETURN_IF_ERROR(b.Fill(m.loss_sum, 0.0f));
+  model::TokenLossInputs tokens;
+  tokens.logprobs = input.return_logprobs;
   for (const MicroBatch& mb : input.micro_batches) {
     report.samples += mb.inputs.shape[0];
     AMPD_ASSIGN_OR_RETURN(model::Workspace * ws, m.WorkspaceFor(mb.inputs.shape));
-    AMPD_RETURN_IF_ERROR(net.LoadBatch(mb.inputs, mb.targets, *ws));
+    AMPD_RETURN_IF_ERROR(net.LoadBatch(mb.inputs, mb.targets, tokens, *ws));
     AMPD_RETURN_IF_ERROR(net.Forward(*ws));
     AMPD_RETURN_IF_ERROR(net.EvalLoss(*ws, m.loss));
     AMPD_RETURN_IF_ERROR(b.Add(m.loss, m.loss_sum));
+    if (input.return_logprobs) {
+      // The next micro-batch of this shape reuses the workspace: its
+      // log-probs are read back now (one copy per micro-batch).
+      AMPD_ASSIGN_OR_RETURN(const kernels::Tensor* logprobs, net.TokenLogprobs(*ws));
+      HostTensor out;
+      out.dtype = codec::DType::kF32;
+      out.shape = mb.targets.shape;
+      out.data.resize(logprobs->nbytes());
+      AMPD_RETURN_IF_ERROR(b.CopyToHost(*logprobs, out.data.data(), out.data.size()));
+      report.logprobs.push_back(std::move(out));
+    }
   }
   const kernels::Tensor* const scalars[1] = {&m.loss_sum};
   float host[1] = {0};  // [loss sum]

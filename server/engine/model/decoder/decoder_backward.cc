@@ -21,21 +21,101 @@ constexpr bool kValues = false;
 constexpr bool kToStack = false;
 constexpr bool kToParams = true;
 
+// Block l's MLP branch: d_res (dL/dx_{l+1}) gains the branch's RMSNorm
+// dx; the branch's weight gradients with `beta`.
+absl::Status DecoderModel::BackwardMlp(DecoderWorkspace& ws, size_t l, float beta) {
+  kernels::Backend& b = backend_;
+  std::vector<Parameter>& ps = params();
+  auto value = [&ps](int index) -> const Tensor& { return ps[index].value(); };
+  auto grad = [&ps](int index) -> Tensor& { return ps[index].grad; };
+  const BlockParams& p = blocks_[l];
+  DecoderWorkspace::Block& sv = ws.blocks[l];
+  // MLP branch; d_res = dL/dx_{l+1}.
+  AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, ws.d_res, sv.act, beta, grad(p.down)));
+  AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, ws.d_res, value(p.down), 0.0f, ws.d_act));
+  AMPD_RETURN_IF_ERROR(b.SiluMulBackward(sv.gate, sv.up, ws.d_act, ws.d_gate, ws.d_up));
+  AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, ws.d_gate, sv.ln_2, beta, grad(p.gate)));
+  AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, ws.d_up, sv.ln_2, beta, grad(p.up)));
+  AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, ws.d_gate, value(p.gate), 0.0f, ws.d_ln));
+  AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, ws.d_up, value(p.up), 1.0f, ws.d_ln));
+  AMPD_RETURN_IF_ERROR(b.RmsNormBackward(sv.resid, value(p.post_norm), sv.rstd_2, ws.d_ln, ws.d_tmp,
+                                         grad(p.post_norm)));
+  AMPD_RETURN_IF_ERROR(b.Add(ws.d_tmp, ws.d_res));
+  return absl::OkStatus();
+}
+
+// Block l's attention branch: from d_res (dL/dr_l) to input_norm's dx in
+// d_tmp, the stacked q|k|v gradient copied into the three parameters'.
+absl::Status DecoderModel::BackwardAttention(DecoderWorkspace& ws, size_t l, bool first_micro_batch,
+                                             float beta) {
+  kernels::Backend& b = backend_;
+  std::vector<Parameter>& ps = params();
+  auto value = [&ps](int index) -> const Tensor& { return ps[index].value(); };
+  auto grad = [&ps](int index) -> Tensor& { return ps[index].grad; };
+  const BlockParams& p = blocks_[l];
+  DecoderWorkspace::Block& sv = ws.blocks[l];
+  const DecoderSpec& s = decoder();
+  const int64_t heads = s.num_attention_heads;
+  const int64_t kv_heads = s.num_key_value_heads;
+  const int64_t head_dim = DecoderHeadDim(s);
+  Tensor* qkv_bias_grad = ws.db_qkv.empty() ? nullptr : &ws.db_qkv;
+  // Attention branch; d_res = dL/dr_l.
+  if (p.o_bias >= 0) {
+    AMPD_RETURN_IF_ERROR(b.GemmBiasGrad(true, false, ws.d_res, sv.attn_y, beta, grad(p.o_weight),
+                                        kOfA, grad(p.o_bias)));
+  } else {
+    AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, ws.d_res, sv.attn_y, beta, grad(p.o_weight)));
+  }
+  AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, ws.d_res, value(p.o_weight), 0.0f, ws.d_attn));
+  const Tensor& attention_in = sv.attention_input();
+  AMPD_ASSIGN_OR_RETURN(const Tensor fused,
+                        attention_in.View(0, {ws.batch, ws.seq, attention_in.dim(1)}));
+  AMPD_ASSIGN_OR_RETURN(const Tensor attn_y,
+                        sv.attn_y.View(0, {ws.batch, ws.seq, sv.attn_y.dim(1)}));
+  AMPD_ASSIGN_OR_RETURN(const Tensor d_attn,
+                        ws.d_attn.View(0, {ws.batch, ws.seq, ws.d_attn.dim(1)}));
+  AMPD_ASSIGN_OR_RETURN(Tensor d_qkv, ws.d_qkv.View(0, {ws.batch, ws.seq, ws.d_qkv.dim(1)}));
+  if (ws.d_qkv_x.empty()) {
+    AMPD_RETURN_IF_ERROR(b.AttentionBackward(fused, attn_y, d_attn, sv.lse, heads, d_qkv));
+  } else {
+    AMPD_ASSIGN_OR_RETURN(Tensor d_expanded,
+                          ws.d_qkv_x.View(0, {ws.batch, ws.seq, ws.d_qkv_x.dim(1)}));
+    AMPD_RETURN_IF_ERROR(b.AttentionBackward(fused, attn_y, d_attn, sv.lse, heads, d_expanded));
+    AMPD_RETURN_IF_ERROR(b.ReduceKvHeads(d_expanded, heads, kv_heads, d_qkv));
+  }
+  // RoPE is a rotation: its backward is the inverse rotation of dq, dk.
+  AMPD_RETURN_IF_ERROR(
+      b.Rope(d_qkv, heads + kv_heads, head_dim, ws.inv_freq, /*positions=*/nullptr, true));
+  // The stacked projection's gradient: later micro-batches start from
+  // the parameters' gradients so that the GEMM's beta = 1 sum rounds
+  // each element once, as every other weight gradient is.
+  if (!first_micro_batch) {
+    AMPD_RETURN_IF_ERROR(CopyQkv(p, kGrads, kToStack, ws.dw_qkv, qkv_bias_grad));
+  }
+  if (qkv_bias_grad != nullptr) {
+    AMPD_RETURN_IF_ERROR(
+        b.GemmBiasGrad(true, false, ws.d_qkv, sv.ln_1, beta, ws.dw_qkv, kOfA, ws.db_qkv));
+  } else {
+    AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, ws.d_qkv, sv.ln_1, beta, ws.dw_qkv));
+  }
+  AMPD_RETURN_IF_ERROR(CopyQkv(p, kGrads, kToParams, ws.dw_qkv, qkv_bias_grad));
+  AMPD_RETURN_IF_ERROR(CopyQkv(p, kValues, kToStack, ws.w_qkv, nullptr));
+  AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, ws.d_qkv, ws.w_qkv, 0.0f, ws.d_ln));
+  AMPD_RETURN_IF_ERROR(b.RmsNormBackward(ws.x[l], value(p.input_norm), sv.rstd_1, ws.d_ln, ws.d_tmp,
+                                         grad(p.input_norm)));
+  return absl::OkStatus();
+}
+
 absl::Status DecoderModel::Backward(Workspace& any, bool first_micro_batch,
                                     const BackwardHooks& hooks) {
   AMPD_ASSIGN_OR_RETURN(DecoderWorkspace * own, Own<DecoderWorkspace>(any));
   DecoderWorkspace& ws = *own;
   kernels::Backend& b = backend_;
-  const DecoderSpec& s = decoder();
-  const int64_t heads = s.num_attention_heads;
-  const int64_t kv_heads = s.num_key_value_heads;
-  const int64_t head_dim = DecoderHeadDim(s);
   const float beta = first_micro_batch ? 0.0f : 1.0f;
   std::vector<Parameter>& ps = params();
   auto value = [&ps](int index) -> const Tensor& { return ps[index].value(); };
   auto grad = [&ps](int index) -> Tensor& { return ps[index].grad; };
   const GradsReady& ready = hooks.grads_ready;
-  Tensor* qkv_bias_grad = ws.db_qkv.empty() ? nullptr : &ws.db_qkv;
   if (hooks.group_entry) {
     AMPD_RETURN_IF_ERROR(hooks.group_entry(block_group_.back(), ws.d_ln));
   }
@@ -49,62 +129,8 @@ absl::Status DecoderModel::Backward(Workspace& any, bool first_micro_batch,
   }
   for (size_t l = blocks_.size(); l-- > 0;) {
     const BlockParams& p = blocks_[l];
-    DecoderWorkspace::Block& sv = ws.blocks[l];
-    // MLP branch; d_res = dL/dx_{l+1}.
-    AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, ws.d_res, sv.act, beta, grad(p.down)));
-    AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, ws.d_res, value(p.down), 0.0f, ws.d_act));
-    AMPD_RETURN_IF_ERROR(b.SiluMulBackward(sv.gate, sv.up, ws.d_act, ws.d_gate, ws.d_up));
-    AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, ws.d_gate, sv.ln_2, beta, grad(p.gate)));
-    AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, ws.d_up, sv.ln_2, beta, grad(p.up)));
-    AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, ws.d_gate, value(p.gate), 0.0f, ws.d_ln));
-    AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, ws.d_up, value(p.up), 1.0f, ws.d_ln));
-    AMPD_RETURN_IF_ERROR(b.RmsNormBackward(sv.resid, value(p.post_norm), sv.rstd_2, ws.d_ln,
-                                           ws.d_tmp, grad(p.post_norm)));
-    AMPD_RETURN_IF_ERROR(b.Add(ws.d_tmp, ws.d_res));
-    // Attention branch; d_res = dL/dr_l.
-    if (p.o_bias >= 0) {
-      AMPD_RETURN_IF_ERROR(b.GemmBiasGrad(true, false, ws.d_res, sv.attn_y, beta, grad(p.o_weight),
-                                          kOfA, grad(p.o_bias)));
-    } else {
-      AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, ws.d_res, sv.attn_y, beta, grad(p.o_weight)));
-    }
-    AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, ws.d_res, value(p.o_weight), 0.0f, ws.d_attn));
-    const Tensor& attention_in = sv.attention_input();
-    AMPD_ASSIGN_OR_RETURN(const Tensor fused,
-                          attention_in.View(0, {ws.batch, ws.seq, attention_in.dim(1)}));
-    AMPD_ASSIGN_OR_RETURN(const Tensor attn_y,
-                          sv.attn_y.View(0, {ws.batch, ws.seq, sv.attn_y.dim(1)}));
-    AMPD_ASSIGN_OR_RETURN(const Tensor d_attn,
-                          ws.d_attn.View(0, {ws.batch, ws.seq, ws.d_attn.dim(1)}));
-    AMPD_ASSIGN_OR_RETURN(Tensor d_qkv, ws.d_qkv.View(0, {ws.batch, ws.seq, ws.d_qkv.dim(1)}));
-    if (ws.d_qkv_x.empty()) {
-      AMPD_RETURN_IF_ERROR(b.AttentionBackward(fused, attn_y, d_attn, sv.lse, heads, d_qkv));
-    } else {
-      AMPD_ASSIGN_OR_RETURN(Tensor d_expanded,
-                            ws.d_qkv_x.View(0, {ws.batch, ws.seq, ws.d_qkv_x.dim(1)}));
-      AMPD_RETURN_IF_ERROR(b.AttentionBackward(fused, attn_y, d_attn, sv.lse, heads, d_expanded));
-      AMPD_RETURN_IF_ERROR(b.ReduceKvHeads(d_expanded, heads, kv_heads, d_qkv));
-    }
-    // RoPE is a rotation: its backward is the inverse rotation of dq, dk.
-    AMPD_RETURN_IF_ERROR(
-        b.Rope(d_qkv, heads + kv_heads, head_dim, ws.inv_freq, /*positions=*/nullptr, true));
-    // The stacked projection's gradient: later micro-batches start from
-    // the parameters' gradients so that the GEMM's beta = 1 sum rounds
-    // each element once, as every other weight gradient is.
-    if (!first_micro_batch) {
-      AMPD_RETURN_IF_ERROR(CopyQkv(p, kGrads, kToStack, ws.dw_qkv, qkv_bias_grad));
-    }
-    if (qkv_bias_grad != nullptr) {
-      AMPD_RETURN_IF_ERROR(
-          b.GemmBiasGrad(true, false, ws.d_qkv, sv.ln_1, beta, ws.dw_qkv, kOfA, ws.db_qkv));
-    } else {
-      AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, ws.d_qkv, sv.ln_1, beta, ws.dw_qkv));
-    }
-    AMPD_RETURN_IF_ERROR(CopyQkv(p, kGrads, kToParams, ws.dw_qkv, qkv_bias_grad));
-    AMPD_RETURN_IF_ERROR(CopyQkv(p, kValues, kToStack, ws.w_qkv, nullptr));
-    AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, ws.d_qkv, ws.w_qkv, 0.0f, ws.d_ln));
-    AMPD_RETURN_IF_ERROR(b.RmsNormBackward(ws.x[l], value(p.input_norm), sv.rstd_1, ws.d_ln,
-                                           ws.d_tmp, grad(p.input_norm)));
+    AMPD_RETURN_IF_ERROR(BackwardMlp(ws, l, beta));
+    AMPD_RETURN_IF_ERROR(BackwardAttention(ws, l, first_micro_batch, beta));
     AMPD_RETURN_IF_ERROR(b.AddScaled(ws.d_tmp, residual_grad_scale_[l], ws.d_res));
     if (hooks.group_entry && l > 0 && block_group_[l - 1] != block_group_[l]) {
       AMPD_RETURN_IF_ERROR(hooks.group_entry(block_group_[l - 1], ws.d_res));

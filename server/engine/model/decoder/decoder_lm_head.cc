@@ -35,4 +35,12 @@ absl::Status DecoderModel::HeadLoss(Workspace& any, float grad_scale, bool with_
                     spec().loss_multiplier, grad_scale, with_grad, loss);
 }
 
+absl::StatusOr<const Tensor*> DecoderModel::TokenLogprobs(Workspace& any) {
+  AMPD_ASSIGN_OR_RETURN(DecoderWorkspace * ws, Own<DecoderWorkspace>(any));
+  if (ws->tokens.logprobs.empty()) {
+    return absl::FailedPreconditionError("logprobs: LoadBatch did not ask for them");
+  }
+  return &ws->tokens.logprobs;
+}
+
 }  // namespace ampd::engine::model

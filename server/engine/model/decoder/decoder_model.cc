@@ -14,6 +14,7 @@
 #include "common/status_macros.h"
 #include "server/engine/model/decoder/decoder_workspace.h"
 #include "server/engine/model/init.h"
+#include "server/engine/model/lm_head.h"
 
 namespace ampd::engine::model {
 
@@ -54,23 +55,6 @@ GptSpec HeadOf(const DecoderSpec& d) {
   GptSpec head;
   head.vocab_size = d.vocab_size;
   return head;
-}
-
-int64_t CountKept(const HostTensor& targets) {
-  const int64_t n = kernels::NumElements(targets.shape);
-  int64_t kept = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t v = 0;
-    if (targets.dtype == DType::kI32) {
-      int32_t x = 0;
-      std::memcpy(&x, targets.data.data() + i * 4, 4);
-      v = x;
-    } else {
-      std::memcpy(&v, targets.data.data() + i * 8, 8);
-    }
-    kept += v != kIgnoreIndex ? 1 : 0;
-  }
-  return kept;
 }
 
 }  // namespace
@@ -121,6 +105,7 @@ absl::StatusOr<int64_t> DecoderWorkspaceBytes(const ModelSpec& spec, Precision p
            product({chunk_rows, wd.v, w}),                  // one chunk of logits
            head_sum ? product({wd.v, wd.c, 4}) : 0,         // the LM head's F32 gradient sum
            product({2, n, 8}),                              // ids and targets, I64 at most
+           product({4, n, 4}),  // a token loss's per-token inputs and log-probs (lm_head.h)
        }) {
     ok = ok && CheckedAdd(total, part, &total);
   }
@@ -347,19 +332,8 @@ absl::StatusOr<std::unique_ptr<Workspace>> DecoderModel::NewWorkspace(
 absl::Status DecoderModel::LoadBatch(const HostTensor& inputs, const HostTensor& targets,
                                      const TokenLossInputs& tokens, Workspace& any) {
   AMPD_ASSIGN_OR_RETURN(DecoderWorkspace * ws, Own<DecoderWorkspace>(any));
-  if (inputs.shape != ws->shape() || targets.shape != ws->shape()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("inputs: ", kernels::ShapeToString(inputs.shape), " and targets ",
-                     kernels::ShapeToString(targets.shape), " do not match the workspace's ",
-                     kernels::ShapeToString(ws->shape())));
-  }
-  ws->kept = CountKept(targets);
-  AMPD_RETURN_IF_ERROR(EnsureTensor(backend_, inputs.dtype, {ws->rows}, ws->ids));
-  AMPD_RETURN_IF_ERROR(backend_.CopyFromHost(inputs.data.data(), inputs.data.size(), ws->ids));
-  AMPD_RETURN_IF_ERROR(EnsureTensor(backend_, targets.dtype, {ws->rows}, ws->targets));
-  AMPD_RETURN_IF_ERROR(
-      backend_.CopyFromHost(targets.data.data(), targets.data.size(), ws->targets));
-  return ws->tokens.Load(backend_, tokens, ws->rows);
+  return LoadTokenBatch(backend_, inputs, targets, tokens, ws->shape(), ws->ids, ws->targets,
+                        ws->kept, ws->tokens);
 }
 
 absl::Status DecoderModel::CopyQkv(const BlockParams& p, bool grads, bool to_params, Tensor& weight,

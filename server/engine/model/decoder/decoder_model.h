@@ -61,6 +61,8 @@
 
 namespace ampd::engine::model {
 
+struct DecoderWorkspace;
+
 // WorkspaceBytes of a decoder for inputs (B, T): per block the saved
 // activations (the two RMSNorm outputs and r_l: 3 N C; the fused q|k|v
 // N (Q + 2 KV), its K/V-expanded copy N 3Q when K < H, the attention
@@ -98,6 +100,7 @@ class DecoderModel final : public Network {
   absl::Status LoadBatch(const HostTensor& inputs, const HostTensor& targets,
                          const TokenLossInputs& tokens, Workspace& ws) override;
   absl::Status Forward(Workspace& ws) override;
+  absl::StatusOr<const kernels::Tensor*> TokenLogprobs(Workspace& ws) override;
   // The fused LM head and cross-entropy, as GptModel::Loss.
   absl::Status Loss(Workspace& ws, float grad_scale, kernels::Tensor& loss) override;
   absl::Status EvalLoss(Workspace& ws, kernels::Tensor& loss) override;
@@ -139,6 +142,10 @@ class DecoderModel final : public Network {
   const DecoderSpec& decoder() const { return *spec().decoder; }
   int head_weight() const { return decoder().tie_word_embeddings ? embed_ : lm_head_; }
   absl::Status HeadLoss(Workspace& ws, float grad_scale, bool with_grad, kernels::Tensor& loss);
+  // Backward's two branches of block l (decoder_backward.cc).
+  absl::Status BackwardMlp(DecoderWorkspace& ws, size_t l, float beta);
+  absl::Status BackwardAttention(DecoderWorkspace& ws, size_t l, bool first_micro_batch,
+                                 float beta);
   // Copies block p's q, k and v weights and biases (their values, or their
   // gradients when grads) into the stacked (Q + 2 KV, C) matrix and
   // (Q + 2 KV) vector (bias nullptr: none), or, to_params, the stacked ones

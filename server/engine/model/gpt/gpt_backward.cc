@@ -16,13 +16,68 @@ using kernels::Tensor;
 // Every Conv1D's dy is the GEMM's b: dW = x^T dy, db = column sums of dy.
 constexpr kernels::BiasGradOf kOfB = kernels::BiasGradOf::kB;
 
+// Block l's MLP branch: d_res (dL/dx_{l+1}) gains the branch's LayerNorm
+// dx; the branch's parameter gradients with `beta`.
+absl::Status GptModel::BackwardMlp(GptWorkspace& ws, size_t l, float beta) {
+  kernels::Backend& b = backend_;
+  std::vector<Parameter>& ps = params();
+  auto value = [&ps](int index) -> const Tensor& { return ps[index].value(); };
+  auto grad = [&ps](int index) -> Tensor& { return ps[index].grad; };
+  const BlockParams& p = blocks_[l];
+  GptWorkspace::Block& s = ws.blocks[l];
+  // MLP branch; d_res = dL/dx_{l+1}.
+  AMPD_RETURN_IF_ERROR(b.GemmBiasGrad(true, false, s.fc_post, ws.d_res, beta,
+                                      grad(p.mlp_proj_weight), kOfB, grad(p.mlp_proj_bias)));
+  // d_pre = (d_res W^T) * gelu_tanh'(fc_pre): the derivative in the GEMM's
+  // epilogue, on its fp32 sums.
+  AMPD_RETURN_IF_ERROR(
+      b.GemmActivationBackward(false, true, 1.0f, ws.d_res, value(p.mlp_proj_weight),
+                               kernels::GemmActivation::kGELUTanh, &s.fc_pre, ws.d_pre));
+  AMPD_RETURN_IF_ERROR(b.GemmBiasGrad(true, false, s.ln_2, ws.d_pre, beta, grad(p.c_fc_weight),
+                                      kOfB, grad(p.c_fc_bias)));
+  AMPD_RETURN_IF_ERROR(b.Gemm(false, true, 1.0f, ws.d_pre, value(p.c_fc_weight), 0.0f, ws.d_ln));
+  AMPD_RETURN_IF_ERROR(b.LayerNormBackward(s.resid, &value(p.ln_2_weight), s.mean_2, s.rstd_2,
+                                           ws.d_ln, ws.d_tmp, &grad(p.ln_2_weight),
+                                           &grad(p.ln_2_bias)));
+  AMPD_RETURN_IF_ERROR(b.Add(ws.d_tmp, ws.d_res));
+  return absl::OkStatus();
+}
+
+// Block l's attention branch: from d_res (dL/dr_l) to ln_1's dx in d_tmp.
+absl::Status GptModel::BackwardAttention(GptWorkspace& ws, size_t l, float beta) {
+  kernels::Backend& b = backend_;
+  std::vector<Parameter>& ps = params();
+  auto value = [&ps](int index) -> const Tensor& { return ps[index].value(); };
+  auto grad = [&ps](int index) -> Tensor& { return ps[index].grad; };
+  const BlockParams& p = blocks_[l];
+  GptWorkspace::Block& s = ws.blocks[l];
+  const int64_t c = gpt().d_model;
+  // Attention branch; d_res = dL/dr_l. d_tmp holds the attention
+  // output's gradient until LayerNorm's dx overwrites it.
+  AMPD_RETURN_IF_ERROR(b.GemmBiasGrad(true, false, s.attn_y, ws.d_res, beta,
+                                      grad(p.attn_proj_weight), kOfB, grad(p.attn_proj_bias)));
+  AMPD_RETURN_IF_ERROR(
+      b.Gemm(false, true, 1.0f, ws.d_res, value(p.attn_proj_weight), 0.0f, ws.d_tmp));
+  AMPD_ASSIGN_OR_RETURN(const Tensor qkv, s.qkv.View(0, {ws.batch, ws.seq, 3 * c}));
+  AMPD_ASSIGN_OR_RETURN(const Tensor attn_y, s.attn_y.View(0, {ws.batch, ws.seq, c}));
+  AMPD_ASSIGN_OR_RETURN(const Tensor d_attn_y, ws.d_tmp.View(0, {ws.batch, ws.seq, c}));
+  AMPD_ASSIGN_OR_RETURN(Tensor d_qkv, ws.d_qkv.View(0, {ws.batch, ws.seq, 3 * c}));
+  AMPD_RETURN_IF_ERROR(b.AttentionBackward(qkv, attn_y, d_attn_y, s.lse, gpt().n_head, d_qkv));
+  AMPD_RETURN_IF_ERROR(b.GemmBiasGrad(true, false, s.ln_1, ws.d_qkv, beta, grad(p.c_attn_weight),
+                                      kOfB, grad(p.c_attn_bias)));
+  AMPD_RETURN_IF_ERROR(b.Gemm(false, true, 1.0f, ws.d_qkv, value(p.c_attn_weight), 0.0f, ws.d_ln));
+  AMPD_RETURN_IF_ERROR(b.LayerNormBackward(ws.x[l], &value(p.ln_1_weight), s.mean_1, s.rstd_1,
+                                           ws.d_ln, ws.d_tmp, &grad(p.ln_1_weight),
+                                           &grad(p.ln_1_bias)));
+  return absl::OkStatus();
+}
+
 absl::Status GptModel::Backward(Workspace& any, bool first_micro_batch,
                                 const BackwardHooks& hooks) {
   AMPD_ASSIGN_OR_RETURN(GptWorkspace * own, Own<GptWorkspace>(any));
   GptWorkspace& ws = *own;
   kernels::Backend& b = backend_;
-  const GptSpec& g = gpt();
-  const int64_t c = g.d_model;
+  const int64_t c = gpt().d_model;
   const float beta = first_micro_batch ? 0.0f : 1.0f;
   std::vector<Parameter>& ps = params();
   auto value = [&ps](int index) -> const Tensor& { return ps[index].value(); };
@@ -45,40 +100,8 @@ absl::Status GptModel::Backward(Workspace& any, bool first_micro_batch,
   }
   for (size_t l = blocks_.size(); l-- > 0;) {
     const BlockParams& p = blocks_[l];
-    GptWorkspace::Block& s = ws.blocks[l];
-    // MLP branch; d_res = dL/dx_{l+1}.
-    AMPD_RETURN_IF_ERROR(b.GemmBiasGrad(true, false, s.fc_post, ws.d_res, beta,
-                                        grad(p.mlp_proj_weight), kOfB, grad(p.mlp_proj_bias)));
-    // d_pre = (d_res W^T) * gelu_tanh'(fc_pre): the derivative in the GEMM's
-    // epilogue, on its fp32 sums.
-    AMPD_RETURN_IF_ERROR(
-        b.GemmActivationBackward(false, true, 1.0f, ws.d_res, value(p.mlp_proj_weight),
-                                 kernels::GemmActivation::kGELUTanh, &s.fc_pre, ws.d_pre));
-    AMPD_RETURN_IF_ERROR(b.GemmBiasGrad(true, false, s.ln_2, ws.d_pre, beta, grad(p.c_fc_weight),
-                                        kOfB, grad(p.c_fc_bias)));
-    AMPD_RETURN_IF_ERROR(b.Gemm(false, true, 1.0f, ws.d_pre, value(p.c_fc_weight), 0.0f, ws.d_ln));
-    AMPD_RETURN_IF_ERROR(b.LayerNormBackward(s.resid, &value(p.ln_2_weight), s.mean_2, s.rstd_2,
-                                             ws.d_ln, ws.d_tmp, &grad(p.ln_2_weight),
-                                             &grad(p.ln_2_bias)));
-    AMPD_RETURN_IF_ERROR(b.Add(ws.d_tmp, ws.d_res));
-    // Attention branch; d_res = dL/dr_l. d_tmp holds the attention
-    // output's gradient until LayerNorm's dx overwrites it.
-    AMPD_RETURN_IF_ERROR(b.GemmBiasGrad(true, false, s.attn_y, ws.d_res, beta,
-                                        grad(p.attn_proj_weight), kOfB, grad(p.attn_proj_bias)));
-    AMPD_RETURN_IF_ERROR(
-        b.Gemm(false, true, 1.0f, ws.d_res, value(p.attn_proj_weight), 0.0f, ws.d_tmp));
-    AMPD_ASSIGN_OR_RETURN(const Tensor qkv, s.qkv.View(0, {ws.batch, ws.seq, 3 * c}));
-    AMPD_ASSIGN_OR_RETURN(const Tensor attn_y, s.attn_y.View(0, {ws.batch, ws.seq, c}));
-    AMPD_ASSIGN_OR_RETURN(const Tensor d_attn_y, ws.d_tmp.View(0, {ws.batch, ws.seq, c}));
-    AMPD_ASSIGN_OR_RETURN(Tensor d_qkv, ws.d_qkv.View(0, {ws.batch, ws.seq, 3 * c}));
-    AMPD_RETURN_IF_ERROR(b.AttentionBackward(qkv, attn_y, d_attn_y, s.lse, g.n_head, d_qkv));
-    AMPD_RETURN_IF_ERROR(b.GemmBiasGrad(true, false, s.ln_1, ws.d_qkv, beta, grad(p.c_attn_weight),
-                                        kOfB, grad(p.c_attn_bias)));
-    AMPD_RETURN_IF_ERROR(
-        b.Gemm(false, true, 1.0f, ws.d_qkv, value(p.c_attn_weight), 0.0f, ws.d_ln));
-    AMPD_RETURN_IF_ERROR(b.LayerNormBackward(ws.x[l], &value(p.ln_1_weight), s.mean_1, s.rstd_1,
-                                             ws.d_ln, ws.d_tmp, &grad(p.ln_1_weight),
-                                             &grad(p.ln_1_bias)));
+    AMPD_RETURN_IF_ERROR(BackwardMlp(ws, l, beta));
+    AMPD_RETURN_IF_ERROR(BackwardAttention(ws, l, beta));
     // d_res = dL/dx_l, at block l - 1's scale from here on: its group's
     // entry when block l - 1 starts a new one.
     AMPD_RETURN_IF_ERROR(b.AddScaled(ws.d_tmp, residual_grad_scale_[l], ws.d_res));

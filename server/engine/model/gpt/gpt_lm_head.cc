@@ -37,4 +37,12 @@ absl::Status GptModel::HeadLoss(Workspace& any, float grad_scale, bool with_grad
                     spec().loss_multiplier, grad_scale, with_grad, loss);
 }
 
+absl::StatusOr<const Tensor*> GptModel::TokenLogprobs(Workspace& any) {
+  AMPD_ASSIGN_OR_RETURN(GptWorkspace * ws, Own<GptWorkspace>(any));
+  if (ws->tokens.logprobs.empty()) {
+    return absl::FailedPreconditionError("logprobs: LoadBatch did not ask for them");
+  }
+  return &ws->tokens.logprobs;
+}
+
 }  // namespace ampd::engine::model

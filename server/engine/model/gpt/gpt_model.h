@@ -116,6 +116,7 @@ class GptModel final : public Network {
   absl::Status LoadBatch(const HostTensor& inputs, const HostTensor& targets,
                          const TokenLossInputs& tokens, Workspace& ws) override;
   absl::Status Forward(Workspace& ws) override;
+  absl::StatusOr<const kernels::Tensor*> TokenLogprobs(Workspace& ws) override;
   // The fused LM head and cross-entropy (gpt_lm_head.cc): loss =
   // multiplier * mean over kept targets; dh (the gradient into ln_f's
   // output) and the head weight's gradient (+=, one rounding per
@@ -166,6 +167,9 @@ class GptModel final : public Network {
   // Loss and EvalLoss: the head over row chunks, its backward only when
   // with_grad.
   absl::Status HeadLoss(Workspace& ws, float grad_scale, bool with_grad, kernels::Tensor& loss);
+  // Backward's two branches of block l (gpt_backward.cc).
+  absl::Status BackwardMlp(GptWorkspace& ws, size_t l, float beta);
+  absl::Status BackwardAttention(GptWorkspace& ws, size_t l, float beta);
   const GptSpec& gpt() const { return *spec().gpt; }
   int head_weight() const { return gpt().tie_embeddings ? wte_ : lm_head_; }
 
