@@ -39,7 +39,7 @@ int ThreadPool::DefaultThreads() {
   return hw == 0 ? 1 : static_cast<int>(hw);
 }
 
-void ThreadPool::Drain(uint32_t tag, absl::FunctionRef<void(int64_t)> fn, int64_t chunks) {
+void ThreadPool::Drain(uint32_t tag, const absl::FunctionRef<void(int64_t)>* fn, int64_t chunks) {
   for (;;) {
     uint64_t cur = claim_.load(std::memory_order_acquire);
     int64_t c;
@@ -47,8 +47,10 @@ void ThreadPool::Drain(uint32_t tag, absl::FunctionRef<void(int64_t)> fn, int64_
       c = static_cast<int64_t>(cur & 0xffffffffu);
       if (static_cast<uint32_t>(cur >> 32) != tag || c >= chunks) return;
     } while (!claim_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel));
+    // Dereferenced only now: a chunk of this tag is claimed, so its caller
+    // is still waiting and *fn (on the caller's stack) is alive.
     in_chunk = true;
-    fn(c);
+    (*fn)(c);
     in_chunk = false;
     if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == chunks) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -76,7 +78,7 @@ void ThreadPool::ForEachChunk(int64_t chunks, absl::FunctionRef<void(int64_t)> f
     claim_.store(static_cast<uint64_t>(tag) << 32, std::memory_order_release);
   }
   wake_.notify_all();
-  Drain(tag, fn, chunks);
+  Drain(tag, &fn, chunks);
   if (done_.load(std::memory_order_acquire) != chunks) {
     std::unique_lock<std::mutex> lock(mu_);
     finished_.wait(lock, [&] { return done_.load(std::memory_order_acquire) == chunks; });
@@ -105,9 +107,10 @@ void ThreadPool::WorkerLoop() {
       fn = fn_;
       chunks = chunks_;
     }
-    // fn is only called for a chunk claimed under this job's tag, i.e.
-    // while the caller is still waiting for that chunk and fn is alive.
-    Drain(tag, *fn, chunks);
+    // fn is only read for a chunk claimed under this job's tag, i.e.
+    // while the caller is still waiting for that chunk and fn is alive: a
+    // worker that wakes after the job finished must not even copy it.
+    Drain(tag, fn, chunks);
   }
 }
 

@@ -69,7 +69,7 @@ class ThreadPool {
   void WorkerLoop();
   // Claims and runs chunks of job `tag` until none is left (or the job is
   // no longer the current one).
-  void Drain(uint32_t tag, absl::FunctionRef<void(int64_t)> fn, int64_t chunks);
+  void Drain(uint32_t tag, const absl::FunctionRef<void(int64_t)>* fn, int64_t chunks);
 
   std::vector<std::thread> workers_;
   std::mutex call_mu_;  // one ForEachChunk at a time

@@ -17,6 +17,8 @@ namespace {
 constexpr int kMlpIn = 8;
 constexpr int kMlpOut = 4;
 constexpr int kVocab = 32;
+// GPT: vocab 32, context 8, d_model 8, 1 layer, 2 heads; sequences of 4.
+constexpr int kGptSeq = 4;
 
 v1::Layer LinearLayer(int in, int out) {
   v1::Layer layer;
@@ -49,6 +51,18 @@ v1::Tensor IdTensor(int rows, int limit) {
   return t;
 }
 
+// (rows, kGptSeq) I64 token ids below kVocab.
+v1::Tensor SequenceTensor(int rows, int shift) {
+  v1::Tensor t;
+  t.set_dtype(v1::DTYPE_I64);
+  t.add_shape(rows);
+  t.add_shape(kGptSeq);
+  std::vector<int64_t> ids(static_cast<size_t>(rows * kGptSeq));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 5 + shift) % kVocab);
+  t.set_data(ids.data(), ids.size() * sizeof(int64_t));
+  return t;
+}
+
 std::unique_ptr<engine::Trainer> Build(FuzzJob job) {
   absl::StatusOr<engine::JobConfig> config =
       rpc::JobConfigFromProto(CreateRequestFor(job).config());
@@ -67,6 +81,7 @@ std::unique_ptr<engine::Trainer> Build(FuzzJob job) {
 }  // namespace
 
 FuzzJob JobFor(const std::string& job_id) {
+  if (job_id == "gpt") return FuzzJob::kGpt;
   return job_id == "ce" ? FuzzJob::kEmbedding : FuzzJob::kMlp;
 }
 
@@ -83,6 +98,15 @@ v1::CreateJobRequest CreateRequestFor(FuzzJob job) {
     model.add_layers()->mutable_layer_norm()->set_normalized_shape(16);
     *model.add_layers() = LinearLayer(16, kMlpOut);
     model.set_loss(v1::LOSS_MSE);
+  } else if (job == FuzzJob::kGpt) {
+    config.set_display_name("fuzz-gpt");
+    config.set_precision(v1::PRECISION_FP16);
+    v1::Gpt& gpt = *model.mutable_gpt();
+    gpt.set_vocab_size(kVocab);
+    gpt.set_context_length(8);
+    gpt.set_d_model(8);
+    gpt.set_n_layer(1);
+    gpt.set_n_head(2);
   } else {
     config.set_display_name("fuzz-ce");
     config.set_precision(v1::PRECISION_BF16);
@@ -100,20 +124,42 @@ v1::CreateJobRequest CreateRequestFor(FuzzJob job) {
 engine::Trainer& TrainerFor(FuzzJob job) {
   static engine::Trainer* const mlp = Build(FuzzJob::kMlp).release();
   static engine::Trainer* const embedding = Build(FuzzJob::kEmbedding).release();
+  static engine::Trainer* const gpt = Build(FuzzJob::kGpt).release();
+  if (job == FuzzJob::kGpt) return *gpt;
   return job == FuzzJob::kMlp ? *mlp : *embedding;
 }
 
 v1::StepRequest StepRequestFor(FuzzJob job, int rows) {
   v1::StepRequest request;
-  request.set_job_id(job == FuzzJob::kMlp ? "mlp" : "ce");
+  request.set_job_id(job == FuzzJob::kMlp ? "mlp" : job == FuzzJob::kGpt ? "gpt" : "ce");
   request.set_sequence(1);
   v1::MicroBatch& batch = *request.add_micro_batches();
-  if (job == FuzzJob::kMlp) {
+  if (job == FuzzJob::kGpt) {
+    *batch.mutable_inputs() = SequenceTensor(rows, 0);
+    *batch.mutable_targets() = SequenceTensor(rows, 1);
+  } else if (job == FuzzJob::kMlp) {
     *batch.mutable_inputs() = FloatTensor({rows, kMlpIn}, -0.5f);
     *batch.mutable_targets() = FloatTensor({rows, kMlpOut}, 0.25f);
   } else {
     *batch.mutable_inputs() = IdTensor(rows, kVocab);
     *batch.mutable_targets() = IdTensor(rows, kVocab);
+  }
+  return request;
+}
+
+v1::StepRequest TokenLossStepFor(v1::LossFn loss_fn, int rows) {
+  v1::StepRequest request = StepRequestFor(FuzzJob::kGpt, rows);
+  request.set_loss_fn(loss_fn);
+  v1::MicroBatch& batch = *request.mutable_micro_batches(0);
+  if (loss_fn == v1::LOSS_FN_CROSS_ENTROPY) {
+    *batch.mutable_weights() = FloatTensor({rows, kGptSeq}, 0.5f);
+  } else {
+    *batch.mutable_advantages() = FloatTensor({rows, kGptSeq}, -0.2f);
+    *batch.mutable_sampling_logprobs() = FloatTensor({rows, kGptSeq}, -3.5f);
+    if (loss_fn == v1::LOSS_FN_PPO) {
+      request.set_ppo_clip_low(0.9f);
+      request.set_ppo_clip_high(1.1f);
+    }
   }
   return request;
 }

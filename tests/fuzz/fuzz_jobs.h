@@ -1,7 +1,8 @@
 // The small fixed jobs the fuzz targets aim hostile bytes at: an MLP with
-// an MSE loss (fp16, pytorch scaler) and an Embedding model with
-// cross-entropy (bf16, deepspeed scaler), both on the CPU backend, and the
-// well-formed requests and state dicts the seed corpus starts from.
+// an MSE loss (fp16, pytorch scaler), an Embedding model with cross-entropy
+// (bf16, deepspeed scaler) and a tiny GPT (fp16) whose steps may carry token
+// losses, all on the CPU backend, and the well-formed requests and state
+// dicts the seed corpus starts from.
 #pragma once
 
 #include <cstdint>
@@ -14,9 +15,9 @@
 
 namespace ampd::fuzz {
 
-// The job a StepRequest's job_id names: "ce" is the Embedding model, any
-// other id the MLP.
-enum class FuzzJob { kMlp, kEmbedding };
+// The job a StepRequest's job_id names: "ce" is the Embedding model, "gpt"
+// the GPT, any other id the MLP.
+enum class FuzzJob { kMlp, kEmbedding, kGpt };
 FuzzJob JobFor(const std::string& job_id);
 
 // The job's config as CreateJob would carry it.
@@ -28,8 +29,13 @@ v1::CreateJobRequest CreateRequestFor(FuzzJob job);
 // (the fuzz binary is then broken, not the input).
 engine::Trainer& TrainerFor(FuzzJob job);
 
-// A well-formed step for the job: `rows` rows, finite values.
+// A well-formed step for the job: `rows` rows (the GPT: `rows` sequences
+// of 4 tokens), finite values.
 v1::StepRequest StepRequestFor(FuzzJob job, int rows);
+
+// A well-formed GPT step on a token loss: `loss_fn` with the per-token
+// inputs it reads.
+v1::StepRequest TokenLossStepFor(v1::LossFn loss_fn, int rows);
 
 // The peer target's input (peer_fuzz.cc): one byte, then a serialized
 // ampd.v1.Peer request. The byte's low two bits pick the method (0 Join,

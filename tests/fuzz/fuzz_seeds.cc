@@ -75,6 +75,14 @@ int main(int argc, char** argv) {
   const fs::path step = root / "step";
   ok &= Write(step, "mlp", ampd::fuzz::StepRequestFor(FuzzJob::kMlp, 4).SerializeAsString());
   ok &= Write(step, "ce", ampd::fuzz::StepRequestFor(FuzzJob::kEmbedding, 4).SerializeAsString());
+  ok &= Write(step, "gpt", ampd::fuzz::StepRequestFor(FuzzJob::kGpt, 2).SerializeAsString());
+  ok &= Write(step, "gpt_cross_entropy",
+              ampd::fuzz::TokenLossStepFor(ampd::v1::LOSS_FN_CROSS_ENTROPY, 2).SerializeAsString());
+  ok &= Write(
+      step, "gpt_importance_sampling",
+      ampd::fuzz::TokenLossStepFor(ampd::v1::LOSS_FN_IMPORTANCE_SAMPLING, 2).SerializeAsString());
+  ok &= Write(step, "gpt_ppo",
+              ampd::fuzz::TokenLossStepFor(ampd::v1::LOSS_FN_PPO, 3).SerializeAsString());
   ampd::v1::StepRequest two = ampd::fuzz::StepRequestFor(FuzzJob::kMlp, 3);
   *two.add_micro_batches() = two.micro_batches(0);
   ok &= Write(step, "mlp_two_micro_batches", two.SerializeAsString());
