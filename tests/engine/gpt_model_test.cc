@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -590,6 +591,57 @@ TEST(GptInit, NanoGptDistributionsFromTheSeed) {
   for (float x : w.at("transformer.h.0.attn.c_attn.bias")) EXPECT_EQ(x, 0.0f);
   // Each tensor its own stream: equal shapes, different draws.
   EXPECT_NE(w.at("transformer.h.0.mlp.c_fc.weight"), w.at("transformer.h.1.mlp.c_fc.weight"));
+}
+
+// A token loss's per-token buffers stay with the workspace: once a batch
+// with every input and the log-probs has run, plain and token-loss batches
+// in any order allocate nothing more, and a plain batch reads none of the
+// previous batch's inputs (its loss is the mean again).
+TEST(GptWorkspace, TokenLossBuffersAreKeptAndNotReadByALaterPlainBatch) {
+  const model::ModelSpec spec = TinyGpt(50, 16, 32, 1, 4, /*tied=*/true);
+  GptNet m(spec, model::Precision::kFp32, 1);
+  const Batch data = RandomBatch(2, 6, 50, 9);
+  const HostTensor ids = I32({2, 6}, data.ids);
+  const HostTensor targets = I32({2, 6}, data.targets);
+  HostTensor ones{DType::kF32, {2, 6}, std::string(12 * sizeof(float), '\0')};
+  for (int i = 0; i < 12; ++i) {
+    const float one = 1.0f;
+    std::memcpy(ones.data.data() + i * sizeof(float), &one, sizeof(float));
+  }
+  model::TokenLossInputs ppo;
+  ppo.fn.kind = LossFnKind::kPpo;
+  ppo.advantages = &ones;
+  ppo.sampling_logprobs = &ones;
+  ppo.weights = nullptr;
+  ppo.logprobs = true;
+  model::TokenLossInputs weighted;
+  weighted.fn.kind = LossFnKind::kCrossEntropy;
+  weighted.weights = &ones;
+
+  ASSERT_TRUE(m.Load(data).ok());
+  absl::StatusOr<float> mean = m.Loss();
+  ASSERT_TRUE(mean.ok()) << mean.status();
+  ASSERT_TRUE(m.net().LoadBatch(ids, targets, ppo, m.workspace()).ok());
+  ASSERT_TRUE(m.Loss().ok());
+  ASSERT_TRUE(m.net().LoadBatch(ids, targets, weighted, m.workspace()).ok());
+  absl::StatusOr<float> summed = m.Loss();
+  ASSERT_TRUE(summed.ok()) << summed.status();
+  const int64_t warm = m.backend().BytesInUse();
+  for (int round = 0; round < 2; ++round) {
+    ASSERT_TRUE(m.Load(data).ok());
+    absl::StatusOr<float> again = m.Loss();
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(*again, *mean);  // no weights or log-probs of the batch before
+    EXPECT_FALSE(m.net().TokenLogprobs(m.workspace()).ok());
+    ASSERT_TRUE(m.net().LoadBatch(ids, targets, ppo, m.workspace()).ok());
+    ASSERT_TRUE(m.Loss().ok());
+    EXPECT_TRUE(m.net().TokenLogprobs(m.workspace()).ok());
+    EXPECT_EQ(m.backend().BytesInUse(), warm);
+  }
+  // Weights of 1 sum what the mean averages over the kept targets.
+  int64_t kept = 0;
+  for (const int64_t t : data.targets) kept += t != model::kIgnoreIndex ? 1 : 0;
+  EXPECT_NEAR(*summed, *mean * static_cast<float>(kept), 1e-4f * *summed);
 }
 
 // WorkspaceBytes is what admission holds a step to: an upper bound of what

@@ -16,22 +16,18 @@ using kernels::Tensor;
 absl::Status TokenLossState::Load(kernels::Backend& backend, const TokenLossInputs& tokens,
                                   int64_t rows) {
   loss_fn = tokens.fn;
-  auto load = [&](const HostTensor* host, Tensor& dst) -> absl::Status {
-    if (host == nullptr) {
-      dst = Tensor();
-      return absl::OkStatus();
-    }
-    AMPD_RETURN_IF_ERROR(EnsureTensor(backend, kernels::DType::kF32, {rows}, dst));
-    return backend.CopyFromHost(host->data.data(), host->data.size(), dst);
+  auto load = [&](const HostTensor* host, Row& row) -> absl::Status {
+    row.live = host != nullptr;
+    if (!row.live) return absl::OkStatus();
+    AMPD_RETURN_IF_ERROR(EnsureTensor(backend, kernels::DType::kF32, {rows}, row.all));
+    return backend.CopyFromHost(host->data.data(), host->data.size(), row.all);
   };
   AMPD_RETURN_IF_ERROR(load(tokens.weights, weights));
   AMPD_RETURN_IF_ERROR(load(tokens.advantages, advantages));
   AMPD_RETURN_IF_ERROR(load(tokens.sampling_logprobs, sampling_logprobs));
-  if (!tokens.logprobs) {
-    logprobs = Tensor();
-    return absl::OkStatus();
-  }
-  return EnsureTensor(backend, kernels::DType::kF32, {rows}, logprobs);
+  logprobs.live = tokens.logprobs;
+  if (!logprobs.live) return absl::OkStatus();
+  return EnsureTensor(backend, kernels::DType::kF32, {rows}, logprobs.all);
 }
 
 absl::StatusOr<kernels::TokenLossTerms> TokenLossState::ChunkTerms(int64_t start, int64_t r) {
@@ -50,19 +46,16 @@ absl::StatusOr<kernels::TokenLossTerms> TokenLossState::ChunkTerms(int64_t start
   }
   terms.clip_low = loss_fn.ppo_clip_low;
   terms.clip_high = loss_fn.ppo_clip_high;
-  auto view = [&](const Tensor& all, Tensor& chunk, const Tensor*& out) -> absl::Status {
-    if (all.empty()) return absl::OkStatus();
-    AMPD_ASSIGN_OR_RETURN(chunk, all.View(start, {r}));
-    out = &chunk;
-    return absl::OkStatus();
+  // The chunk's view of a row this batch carries (null otherwise).
+  auto view = [&](Row& row) -> absl::StatusOr<Tensor*> {
+    if (!row.live) return nullptr;
+    AMPD_ASSIGN_OR_RETURN(row.chunk, row.all.View(start, {r}));
+    return &row.chunk;
   };
-  AMPD_RETURN_IF_ERROR(view(weights, chunk_weights, terms.weights));
-  AMPD_RETURN_IF_ERROR(view(advantages, chunk_advantages, terms.advantages));
-  AMPD_RETURN_IF_ERROR(view(sampling_logprobs, chunk_sampling_logprobs, terms.sampling_logprobs));
-  if (!logprobs.empty()) {
-    AMPD_ASSIGN_OR_RETURN(chunk_logprobs, logprobs.View(start, {r}));
-    terms.logprobs = &chunk_logprobs;
-  }
+  AMPD_ASSIGN_OR_RETURN(terms.weights, view(weights));
+  AMPD_ASSIGN_OR_RETURN(terms.advantages, view(advantages));
+  AMPD_ASSIGN_OR_RETURN(terms.sampling_logprobs, view(sampling_logprobs));
+  AMPD_ASSIGN_OR_RETURN(terms.logprobs, view(logprobs));
   return terms;
 }
 
@@ -89,53 +82,51 @@ int64_t CountKept(const HostTensor& targets) {
 
 absl::Status LoadTokenBatch(kernels::Backend& backend, const HostTensor& inputs,
                             const HostTensor& targets, const TokenLossInputs& tokens,
-                            const kernels::Shape& shape, Tensor& ids, Tensor& device_targets,
-                            int64_t& kept, TokenLossState& state) {
+                            LmWorkspace& ws) {
+  const kernels::Shape& shape = ws.shape();
   if (inputs.shape != shape || targets.shape != shape) {
     return absl::InvalidArgumentError(
         absl::StrCat("inputs: ", kernels::ShapeToString(inputs.shape), " and targets ",
                      kernels::ShapeToString(targets.shape), " do not match the workspace's ",
                      kernels::ShapeToString(shape)));
   }
-  const int64_t rows = kernels::NumElements(shape);
-  kept = CountKept(targets);
-  AMPD_RETURN_IF_ERROR(EnsureTensor(backend, inputs.dtype, {rows}, ids));
-  AMPD_RETURN_IF_ERROR(backend.CopyFromHost(inputs.data.data(), inputs.data.size(), ids));
-  AMPD_RETURN_IF_ERROR(EnsureTensor(backend, targets.dtype, {rows}, device_targets));
-  AMPD_RETURN_IF_ERROR(
-      backend.CopyFromHost(targets.data.data(), targets.data.size(), device_targets));
-  return state.Load(backend, tokens, rows);
+  ws.kept = CountKept(targets);
+  AMPD_RETURN_IF_ERROR(EnsureTensor(backend, inputs.dtype, {ws.rows}, ws.ids));
+  AMPD_RETURN_IF_ERROR(backend.CopyFromHost(inputs.data.data(), inputs.data.size(), ws.ids));
+  AMPD_RETURN_IF_ERROR(EnsureTensor(backend, targets.dtype, {ws.rows}, ws.targets));
+  AMPD_RETURN_IF_ERROR(backend.CopyFromHost(targets.data.data(), targets.data.size(), ws.targets));
+  return ws.tokens.Load(backend, tokens, ws.rows);
 }
 
-absl::Status LmHeadLoss(kernels::Backend& b, const LmHeadBuffers& ws, Parameter& head,
+absl::Status LmHeadLoss(kernels::Backend& b, LmWorkspace& ws, Parameter& head,
                         float head_grad_alpha, float multiplier, float grad_scale, bool with_grad,
                         Tensor& loss) {
   if (ws.kept <= 0) {
     return absl::FailedPreconditionError("targets: no target to average over (LoadBatch first)");
   }
-  const int64_t c = ws.hidden->dim(1);
+  const int64_t c = ws.ln_f.dim(1);
   const int64_t v = head.value().dim(0);
   // The model's own loss is the mean over kept targets; a token loss the
   // sum over them.
   const double per_target =
-      static_cast<double>(multiplier) / (ws.tokens->summed() ? 1.0 : static_cast<double>(ws.kept));
+      static_cast<double>(multiplier) / (ws.tokens.summed() ? 1.0 : static_cast<double>(ws.kept));
   const auto loss_scale = static_cast<float>(per_target);
   const auto logit_grad_scale = static_cast<float>(static_cast<double>(grad_scale) * per_target);
   AMPD_RETURN_IF_ERROR(b.Fill(loss, 0.0f));
   // The F32 sum (several 16-bit chunks) starts afresh at the first chunk;
   // without it the chunk, or the fp32 chunks, add straight into the
   // gradient, which ZeroGrads cleared at the step's start.
-  const bool summed_head = !ws.head_grad->empty();
-  Tensor& head_sum = summed_head ? *ws.head_grad : head.grad;
+  const bool summed_head = !ws.head_grad.empty();
+  Tensor& head_sum = summed_head ? ws.head_grad : head.grad;
   auto sum_beta = [summed_head](int64_t start) { return !summed_head || start > 0 ? 1.0f : 0.0f; };
   for (int64_t start = 0; start < ws.rows; start += ws.chunk_rows) {
     const int64_t r = std::min(ws.chunk_rows, ws.rows - start);
-    AMPD_ASSIGN_OR_RETURN(const Tensor h, ws.hidden->View(start * c, {r, c}));
-    AMPD_ASSIGN_OR_RETURN(Tensor dh, ws.d_hidden->View(start * c, {r, c}));
-    AMPD_ASSIGN_OR_RETURN(const Tensor labels, ws.targets->View(start, {r}));
-    AMPD_ASSIGN_OR_RETURN(Tensor logits, ws.logits->View(0, {r, v}));
+    AMPD_ASSIGN_OR_RETURN(const Tensor h, ws.ln_f.View(start * c, {r, c}));
+    AMPD_ASSIGN_OR_RETURN(Tensor dh, ws.d_ln.View(start * c, {r, c}));
+    AMPD_ASSIGN_OR_RETURN(const Tensor labels, ws.targets.View(start, {r}));
+    AMPD_ASSIGN_OR_RETURN(Tensor logits, ws.logits.View(0, {r, v}));
     AMPD_RETURN_IF_ERROR(b.Gemm(false, true, 1.0f, h, head.value(), 0.0f, logits));
-    AMPD_ASSIGN_OR_RETURN(const kernels::TokenLossTerms terms, ws.tokens->ChunkTerms(start, r));
+    AMPD_ASSIGN_OR_RETURN(const kernels::TokenLossTerms terms, ws.tokens.ChunkTerms(start, r));
     AMPD_RETURN_IF_ERROR(b.CrossEntropyChunk(logits, labels, kIgnoreIndex, terms, loss_scale,
                                              logit_grad_scale, loss, logits));
     if (!with_grad) continue;
@@ -143,8 +134,15 @@ absl::Status LmHeadLoss(kernels::Backend& b, const LmHeadBuffers& ws, Parameter&
     AMPD_RETURN_IF_ERROR(
         b.Gemm(true, false, head_grad_alpha, logits, h, sum_beta(start), head_sum));
   }
-  if (with_grad && summed_head) AMPD_RETURN_IF_ERROR(b.Add(*ws.head_grad, head.grad));
+  if (with_grad && summed_head) AMPD_RETURN_IF_ERROR(b.Add(ws.head_grad, head.grad));
   return absl::OkStatus();
+}
+
+absl::StatusOr<const Tensor*> TokenLogprobsOf(LmWorkspace& ws) {
+  if (!ws.tokens.logprobs.live) {
+    return absl::FailedPreconditionError("logprobs: LoadBatch did not ask for them");
+  }
+  return &ws.tokens.logprobs.all;
 }
 
 }  // namespace ampd::engine::model

@@ -34,16 +34,20 @@ namespace ampd::engine::model {
 // the device ((N) F32 each, empty when absent), set by every LoadBatch, and
 // views of them for the head's current chunk.
 struct TokenLossState {
+  // One (N) F32 per-token tensor on the device, allocated on its first use
+  // and kept with the workspace (its bytes are in the workspace's count),
+  // the current chunk's view of it, and whether this batch carries it.
+  struct Row {
+    kernels::Tensor all;
+    kernels::Tensor chunk;
+    bool live = false;
+  };
   LossFn loss_fn;
-  kernels::Tensor weights, advantages, sampling_logprobs;
-  kernels::Tensor chunk_weights, chunk_advantages, chunk_sampling_logprobs;
-  // (N) F32 each token's log-prob, written by the head when LoadBatch asked
-  // for it (empty otherwise), and its chunk's view.
-  kernels::Tensor logprobs, chunk_logprobs;
+  Row weights, advantages, sampling_logprobs;
+  Row logprobs;  // written by the head: each token's log-prob, when asked for
 
-  // Uploads `tokens` for a batch of `rows` tokens (or empties what it does
-  // not carry, so no previous step's input is read), and keeps a logprobs
-  // buffer when they ask for one.
+  // Uploads `tokens` for a batch of `rows` tokens; what they do not carry
+  // is marked absent (never read), its buffer kept for a later step.
   absl::Status Load(kernels::Backend& backend, const TokenLossInputs& tokens, int64_t rows);
   // The chunk [start, start + r)'s terms for CrossEntropyChunk: plain
   // cross-entropy for the model's own loss.
@@ -53,32 +57,44 @@ struct TokenLossState {
   bool summed() const { return loss_fn.kind != LossFnKind::kModel; }
 };
 
-// A language model's LoadBatch: (B, T) ids and targets, which must be
-// `shape`, into (N) device tensors of their own dtype, the targets other
-// than kIgnoreIndex counted on the host (the mean needs no device read),
-// and the token loss's inputs.
-absl::Status LoadTokenBatch(kernels::Backend& backend, const HostTensor& inputs,
-                            const HostTensor& targets, const TokenLossInputs& tokens,
-                            const kernels::Shape& shape, kernels::Tensor& ids,
-                            kernels::Tensor& device_targets, int64_t& kept, TokenLossState& state);
-
-// What a language model's workspace holds for its head.
-struct LmHeadBuffers {
-  int64_t rows = 0;                          // N
-  int64_t chunk_rows = 0;                    // rows per chunk
-  int64_t kept = 0;                          // targets other than kIgnoreIndex
-  const kernels::Tensor* hidden = nullptr;   // (N, C) the final norm's output
-  kernels::Tensor* d_hidden = nullptr;       // (N, C) its gradient, written
-  const kernels::Tensor* targets = nullptr;  // (N) I32/I64
-  kernels::Tensor* logits = nullptr;         // (chunk_rows, V) one chunk, then its gradient
-  kernels::Tensor* head_grad = nullptr;      // (V, C) F32 sum over 16-bit chunks, or empty
-  TokenLossState* tokens = nullptr;
+// What every language model's workspace holds for its batch and its head
+// (GptWorkspace and DecoderWorkspace derive from it): row-major (N, width)
+// tensors, N = B*T.
+struct LmWorkspace : Workspace {
+  int64_t batch = 0;        // B
+  int64_t seq = 0;          // T
+  int64_t rows = 0;         // N = B*T
+  int64_t chunk_rows = 0;   // rows per LM-head chunk
+  int64_t kept = 0;         // targets other than kIgnoreIndex (LoadTokenBatch counts them)
+  TokenLossState tokens;    // the token loss the next Loss trains on (LoadTokenBatch sets it)
+  kernels::Tensor ids;      // (N) I32/I64 as the client sent them
+  kernels::Tensor targets;  // (N) I32/I64
+  kernels::Tensor ln_f;     // (N, C) the final norm's output, the head's input
+  kernels::Tensor d_ln;     // (N, C) a norm's output gradient (Loss writes the final one's)
+  kernels::Tensor logits;   // (chunk_rows, V) one LM-head chunk, then its gradient
+  // (V, C) F32: a 16-bit head's gradient summed over its chunks before it
+  // is added to the parameter gradient in one rounding; empty in fp32 and
+  // when the head is one chunk, whose one GEMM adds into the gradient.
+  kernels::Tensor head_grad;
 };
 
+// A language model's LoadBatch: (B, T) ids and targets, which must be the
+// workspace's shape, into (N) device tensors of their own dtype, the
+// targets other than kIgnoreIndex counted on the host (the mean needs no
+// device read), and the token loss's inputs.
+absl::Status LoadTokenBatch(kernels::Backend& backend, const HostTensor& inputs,
+                            const HostTensor& targets, const TokenLossInputs& tokens,
+                            LmWorkspace& ws);
+
 // loss (1) F32 = the micro-batch's loss (times multiplier); with_grad: dh
-// and the head's gradient as above (an evaluation leaves every gradient).
-absl::Status LmHeadLoss(kernels::Backend& b, const LmHeadBuffers& ws, Parameter& head,
+// into ws.d_ln and the head's gradient as above (an evaluation leaves every
+// gradient).
+absl::Status LmHeadLoss(kernels::Backend& b, LmWorkspace& ws, Parameter& head,
                         float head_grad_alpha, float multiplier, float grad_scale, bool with_grad,
                         kernels::Tensor& loss);
+
+// Network::TokenLogprobs of a language model: the (N) F32 log-probs the last
+// head wrote, when LoadTokenBatch asked for them.
+absl::StatusOr<const kernels::Tensor*> TokenLogprobsOf(LmWorkspace& ws);
 
 }  // namespace ampd::engine::model

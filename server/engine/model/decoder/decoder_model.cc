@@ -332,8 +332,7 @@ absl::StatusOr<std::unique_ptr<Workspace>> DecoderModel::NewWorkspace(
 absl::Status DecoderModel::LoadBatch(const HostTensor& inputs, const HostTensor& targets,
                                      const TokenLossInputs& tokens, Workspace& any) {
   AMPD_ASSIGN_OR_RETURN(DecoderWorkspace * ws, Own<DecoderWorkspace>(any));
-  return LoadTokenBatch(backend_, inputs, targets, tokens, ws->shape(), ws->ids, ws->targets,
-                        ws->kept, ws->tokens);
+  return LoadTokenBatch(backend_, inputs, targets, tokens, *ws);
 }
 
 absl::Status DecoderModel::CopyQkv(const BlockParams& p, bool grads, bool to_params, Tensor& weight,

@@ -16,16 +16,9 @@
 
 namespace ampd::engine::model {
 
-struct DecoderWorkspace : Workspace {
-  int64_t batch = 0;  // B
-  int64_t seq = 0;    // T
-  int64_t rows = 0;   // N = B*T
-  int64_t chunk_rows = 0;
-  int64_t kept = 0;       // targets other than kIgnoreIndex (LoadBatch counts them)
-  TokenLossState tokens;  // the token loss the next Loss trains on (LoadBatch sets it)
-
-  kernels::Tensor ids;       // (N) I32/I64 as the client sent them
-  kernels::Tensor targets;   // (N) I32/I64
+// The batch, the final norm's output ln_f, its gradient d_ln and the head's
+// buffers are LmWorkspace's (lm_head.h).
+struct DecoderWorkspace : LmWorkspace {
   kernels::Tensor inv_freq;  // (D/2) F32, RoPE's frequencies
 
   // What forward saves for backward, per block.
@@ -44,7 +37,7 @@ struct DecoderWorkspace : Workspace {
   };
   std::vector<kernels::Tensor> x;  // x_0..x_L (N, C): the residual stream into each block
   std::vector<Block> blocks;
-  kernels::Tensor ln_f, rstd_f;  // (N, C); (N) F32
+  kernels::Tensor rstd_f;  // the final norm's statistic, (N) F32
 
   // The stacked q|k|v projection: its weight (Q + 2 KV, C) and bias
   // (Q + 2 KV, empty without qkv_bias) copied from a block's parameters,
@@ -54,15 +47,12 @@ struct DecoderWorkspace : Workspace {
   // Backward scratch, reused by every block.
   kernels::Tensor d_res;    // (N, C) gradient of the residual stream
   kernels::Tensor d_tmp;    // (N, C) an RMSNorm's dx
-  kernels::Tensor d_ln;     // (N, C) gradient of an RMSNorm's output (Loss writes the final one's)
   kernels::Tensor d_attn;   // (N, Q) gradient of the attention output
   kernels::Tensor d_qkv_x;  // (N, 3 Q) expanded q|k|v gradient; empty when K == H
   kernels::Tensor d_qkv;    // (N, Q + 2 KV)
   kernels::Tensor d_act;    // (N, I) gradient of silu(gate) * up
   kernels::Tensor d_gate;   // (N, I)
   kernels::Tensor d_up;     // (N, I)
-  kernels::Tensor logits;   // (chunk_rows, V) one LM-head chunk, then its gradient
-  kernels::Tensor head_grad;  // (V, C) F32 as GptWorkspace's
 };
 
 }  // namespace ampd::engine::model

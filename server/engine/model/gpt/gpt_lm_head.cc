@@ -24,25 +24,13 @@ absl::Status GptModel::EvalLoss(Workspace& ws, Tensor& loss) {
 
 absl::Status GptModel::HeadLoss(Workspace& any, float grad_scale, bool with_grad, Tensor& loss) {
   AMPD_ASSIGN_OR_RETURN(GptWorkspace * ws, Own<GptWorkspace>(any));
-  const LmHeadBuffers head{.rows = ws->rows,
-                           .chunk_rows = ws->chunk_rows,
-                           .kept = ws->kept,
-                           .hidden = &ws->ln_f,
-                           .d_hidden = &ws->d_ln,
-                           .targets = &ws->targets,
-                           .logits = &ws->logits,
-                           .head_grad = &ws->head_grad,
-                           .tokens = &ws->tokens};
-  return LmHeadLoss(backend_, head, params()[head_weight()], head_grad_alpha_,
+  return LmHeadLoss(backend_, *ws, params()[head_weight()], head_grad_alpha_,
                     spec().loss_multiplier, grad_scale, with_grad, loss);
 }
 
 absl::StatusOr<const Tensor*> GptModel::TokenLogprobs(Workspace& any) {
   AMPD_ASSIGN_OR_RETURN(GptWorkspace * ws, Own<GptWorkspace>(any));
-  if (ws->tokens.logprobs.empty()) {
-    return absl::FailedPreconditionError("logprobs: LoadBatch did not ask for them");
-  }
-  return &ws->tokens.logprobs;
+  return TokenLogprobsOf(*ws);
 }
 
 }  // namespace ampd::engine::model

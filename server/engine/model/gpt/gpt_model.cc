@@ -289,8 +289,7 @@ absl::StatusOr<std::unique_ptr<Workspace>> GptModel::NewWorkspace(
 absl::Status GptModel::LoadBatch(const HostTensor& inputs, const HostTensor& targets,
                                  const TokenLossInputs& tokens, Workspace& any) {
   AMPD_ASSIGN_OR_RETURN(GptWorkspace * ws, Own<GptWorkspace>(any));
-  return LoadTokenBatch(backend_, inputs, targets, tokens, ws->shape(), ws->ids, ws->targets,
-                        ws->kept, ws->tokens);
+  return LoadTokenBatch(backend_, inputs, targets, tokens, *ws);
 }
 
 }  // namespace ampd::engine::model

@@ -15,17 +15,9 @@
 
 namespace ampd::engine::model {
 
-struct GptWorkspace : Workspace {
-  int64_t batch = 0;  // B
-  int64_t seq = 0;    // T
-  int64_t rows = 0;   // N = B*T
-  int64_t chunk_rows = 0;
-  int64_t kept = 0;  // targets other than kIgnoreIndex (LoadBatch counts them)
-
-  kernels::Tensor ids;      // (N) I32/I64 as the client sent them
-  kernels::Tensor targets;  // (N) I32/I64
-  TokenLossState tokens;    // the token loss the next Loss trains on (LoadBatch sets it)
-
+// The batch, ln_f's output, its gradient d_ln and the head's buffers are
+// LmWorkspace's (lm_head.h).
+struct GptWorkspace : LmWorkspace {
   // What forward saves for backward, per block.
   struct Block {
     kernels::Tensor ln_1, mean_1, rstd_1;  // (N, C) working; (N) F32 twice
@@ -38,20 +30,13 @@ struct GptWorkspace : Workspace {
   };
   std::vector<kernels::Tensor> x;  // x_0..x_L (N, C): the residual stream into each block
   std::vector<Block> blocks;
-  kernels::Tensor ln_f, mean_f, rstd_f;  // (N, C); (N) F32 twice
+  kernels::Tensor mean_f, rstd_f;  // ln_f's statistics, (N) F32 twice
 
   // Backward scratch, reused by every block.
-  kernels::Tensor d_res;   // (N, C) gradient of the residual stream
-  kernels::Tensor d_tmp;   // (N, C) a LayerNorm's dx, or the attention output's gradient
-  kernels::Tensor d_ln;    // (N, C) gradient of a LayerNorm's output (Loss writes ln_f's)
-  kernels::Tensor d_pre;   // (N, H) gradient of the GELU's input (c_fc's output)
-  kernels::Tensor d_qkv;   // (N, 3C)
-  kernels::Tensor logits;  // (chunk_rows, V) one LM-head chunk, then its gradient
-  // (V, C) F32: a 16-bit LM head's gradient summed over its chunks before
-  // it is added to the parameter gradient in one rounding; empty in fp32
-  // and when the head is one chunk (chunk_rows == rows), whose one GEMM
-  // adds into the gradient itself.
-  kernels::Tensor head_grad;
+  kernels::Tensor d_res;  // (N, C) gradient of the residual stream
+  kernels::Tensor d_tmp;  // (N, C) a LayerNorm's dx, or the attention output's gradient
+  kernels::Tensor d_pre;  // (N, H) gradient of the GELU's input (c_fc's output)
+  kernels::Tensor d_qkv;  // (N, 3C)
 };
 
 }  // namespace ampd::engine::model
