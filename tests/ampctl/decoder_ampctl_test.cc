@@ -116,6 +116,40 @@ TEST(DecoderWireTest, DefaultsFillInAndTheEffectiveSpecRoundTrips) {
                                 "model.decoder.rope_theta"));
 }
 
+TEST(DecoderWireTest, LoraRoundTripsWithTheDefaultTargets) {
+  absl::StatusOr<v1::ModelSpec> proto = ParseModelFlags("llama:256:64:128:2:4:2:64", "");
+  ASSERT_TRUE(proto.ok());
+  engine::model::ModelSpec spec;
+  ASSERT_TRUE(rpc::ModelSpecFromProto(*proto, "model", &spec).ok());
+  EXPECT_FALSE(spec.decoder->lora.has_value());
+  EXPECT_FALSE(rpc::ModelSpecToProto(spec).decoder().has_lora());
+
+  v1::LoRA* lora = proto->mutable_decoder()->mutable_lora();
+  lora->set_rank(8);
+  lora->set_alpha(16.0f);
+  ASSERT_TRUE(rpc::ModelSpecFromProto(*proto, "model", &spec).ok());
+  ASSERT_TRUE(spec.decoder->lora.has_value());
+  EXPECT_EQ(spec.decoder->lora->rank, 8);
+  EXPECT_EQ(spec.decoder->lora->alpha, 16.0f);
+  // None named: PEFT's Llama default, the attention's four.
+  EXPECT_EQ(spec.decoder->lora->target_modules,
+            (std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj"}));
+  const v1::ModelSpec effective = rpc::ModelSpecToProto(spec);
+  EXPECT_EQ(effective.decoder().lora().target_modules_size(), 4);
+  engine::model::ModelSpec again;
+  ASSERT_TRUE(rpc::ModelSpecFromProto(effective, "model", &again).ok());
+  EXPECT_EQ(rpc::ModelSpecToProto(again).SerializeAsString(), effective.SerializeAsString());
+
+  lora->add_target_modules("gate_proj");
+  lora->add_target_modules("down_proj");
+  ASSERT_TRUE(rpc::ModelSpecFromProto(*proto, "model", &spec).ok());
+  EXPECT_EQ(spec.decoder->lora->target_modules,
+            (std::vector<std::string>{"gate_proj", "down_proj"}));
+  lora->set_alpha(std::nanf(""));
+  EXPECT_TRUE(absl::StrContains(rpc::ModelSpecFromProto(*proto, "model", &spec).message(),
+                                "model.decoder.lora.alpha"));
+}
+
 // ---- end to end ----------------------------------------------------------------
 
 constexpr int kSteps = 300;
