@@ -65,6 +65,11 @@ ABSL_FLAG(std::string, layers, "",
           "default: the synthetic task's linear:16:64,gelu,linear:64:4");
 ABSL_FLAG(std::optional<std::string>, loss, std::nullopt,
           "The model's loss with --layers: mse (default) or cross_entropy");
+ABSL_FLAG(std::optional<int64_t>, lora_rank, std::nullopt,
+          "A decoder's LoRA rank: train adapters on frozen base weights");
+ABSL_FLAG(std::optional<double>, lora_alpha, std::nullopt, "LoRA alpha (default: the rank)");
+ABSL_FLAG(std::string, lora_targets, "",
+          "LoRA target modules, comma-separated (default q_proj,k_proj,v_proj,o_proj)");
 ABSL_FLAG(std::string, precision, "fp16", "fp32, fp16 or bf16");
 ABSL_FLAG(uint64_t, seed, 0, "Seed of the weights and of the synthetic task");
 ABSL_FLAG(std::string, optimizer, "adamw", "sgd, adam or adamw");
@@ -147,6 +152,9 @@ absl::StatusOr<std::optional<ampd::v1::ModelSpec>> ModelFromFlags() {
   const std::string layers = absl::GetFlag(FLAGS_layers);
   const std::optional<std::string> loss = absl::GetFlag(FLAGS_loss);
   if (layers.empty()) {
+    if (absl::GetFlag(FLAGS_lora_rank).has_value()) {
+      return Fail("--lora-rank: LoRA adapts a decoder; give --layers=llama:... or qwen2:...");
+    }
     if (!absl::GetFlag(FLAGS_batches).empty()) {
       return Fail(
           "--batches: give the job's model too, e.g. --layers=linear:16:64,gelu,linear:64:8 "
@@ -159,6 +167,13 @@ absl::StatusOr<std::optional<ampd::v1::ModelSpec>> ModelFromFlags() {
     return std::nullopt;
   }
   AMPD_ASSIGN_OR_RETURN(ampd::v1::ModelSpec spec, ampd::ParseModelFlags(layers, loss.value_or("")));
+  if (const std::optional<int64_t> rank = absl::GetFlag(FLAGS_lora_rank)) {
+    AMPD_RETURN_IF_ERROR(ampd::ApplyLoraFlags(*rank, absl::GetFlag(FLAGS_lora_alpha),
+                                              absl::GetFlag(FLAGS_lora_targets), spec));
+  } else if (absl::GetFlag(FLAGS_lora_alpha).has_value() ||
+             !absl::GetFlag(FLAGS_lora_targets).empty()) {
+    return Fail("--lora-alpha, --lora-targets: give --lora-rank too");
+  }
   return spec;
 }
 

@@ -182,6 +182,26 @@ absl::StatusOr<v1::ModelSpec> ParseDecoder(absl::string_view item, absl::string_
 
 }  // namespace
 
+absl::Status ApplyLoraFlags(int64_t rank, std::optional<double> alpha, absl::string_view targets,
+                            v1::ModelSpec& spec) {
+  if (!spec.has_decoder()) {
+    return Invalid(
+        "--lora-rank: LoRA adapts a decoder; give --layers=llama:... or --layers=qwen2:...");
+  }
+  v1::LoRA* lora = spec.mutable_decoder()->mutable_lora();
+  lora->set_rank(rank);
+  lora->set_alpha(static_cast<float>(alpha.value_or(static_cast<double>(rank))));
+  if (absl::StripAsciiWhitespace(targets).empty()) return absl::OkStatus();
+  for (absl::string_view item : absl::StrSplit(targets, ',')) {
+    item = absl::StripAsciiWhitespace(item);
+    if (item.empty()) {
+      return Invalid(absl::StrCat("--lora-targets: empty item in \"", targets, "\""));
+    }
+    lora->add_target_modules(std::string(item));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::ModelSpec> ParseModelFlags(absl::string_view layers, absl::string_view loss) {
   v1::ModelSpec spec;
   if (absl::StripAsciiWhitespace(layers).empty()) {

@@ -13,6 +13,8 @@
 // exists. Nothing here links the engine.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +40,14 @@ namespace ampd {
 // server's defaults. InvalidArgument naming the flag and the offending item
 // otherwise; whether the sizes chain is the server's check (CreateJob).
 absl::StatusOr<v1::ModelSpec> ParseModelFlags(absl::string_view layers, absl::string_view loss);
+
+// LoRA adapters on a decoder spec from --lora-rank, --lora-alpha (unset:
+// the rank, PEFT's default scale of 1) and --lora-targets (comma-separated
+// module names; empty: the server's default, q/k/v/o_proj). InvalidArgument
+// naming the flag when the model is not a decoder or an item is empty;
+// the values themselves are the server's check (CreateJob).
+absl::Status ApplyLoraFlags(int64_t rank, std::optional<double> alpha, absl::string_view targets,
+                            v1::ModelSpec& spec);
 
 // The batch layout of `model` as the wire describes it: a GPT's token
 // sequences ((B, T) ids, T <= context_length, next-token targets or -100),

@@ -75,6 +75,18 @@ absl::Status DecoderFromProto(const v1::Decoder& proto, absl::string_view field_
   d->tie_word_embeddings = proto.tie_word_embeddings();
   d->qkv_bias = proto.qkv_bias();
   d->o_bias = proto.o_bias();
+  if (proto.has_lora()) {
+    model::LoraSpec lora;
+    lora.rank = proto.lora().rank();
+    AMPD_RETURN_IF_ERROR(
+        CheckFinite(absl::StrCat(field_prefix, ".decoder.lora.alpha"), proto.lora().alpha()));
+    lora.alpha = proto.lora().alpha();
+    if (proto.lora().target_modules_size() > 0) {
+      lora.target_modules.assign(proto.lora().target_modules().begin(),
+                                 proto.lora().target_modules().end());
+    }
+    d->lora = std::move(lora);
+  }
   return absl::OkStatus();
 }
 
@@ -238,6 +250,12 @@ v1::ModelSpec ModelSpecToProto(const model::ModelSpec& spec) {
     out->set_initializer_range(d.initializer_range);
     out->set_qkv_bias(d.qkv_bias);
     out->set_o_bias(d.o_bias);
+    if (d.lora.has_value()) {
+      v1::LoRA* lora = out->mutable_lora();
+      lora->set_rank(d.lora->rank);
+      lora->set_alpha(d.lora->alpha);
+      for (const std::string& module : d.lora->target_modules) lora->add_target_modules(module);
+    }
   }
   proto.set_loss(spec.loss == model::LossKind::kCrossEntropy ? v1::LOSS_CROSS_ENTROPY
                                                              : v1::LOSS_MSE);

@@ -116,6 +116,59 @@ TEST(DecoderWireTest, DefaultsFillInAndTheEffectiveSpecRoundTrips) {
                                 "model.decoder.rope_theta"));
 }
 
+TEST(DecoderFlagTest, LoraFlagsSetTheDecodersAdapters) {
+  absl::StatusOr<v1::ModelSpec> spec = ParseModelFlags("qwen2:256:64:128:2:4:2:64", "");
+  ASSERT_TRUE(spec.ok());
+  ASSERT_TRUE(ApplyLoraFlags(8, std::nullopt, "", *spec).ok());
+  EXPECT_EQ(spec->decoder().lora().rank(), 8);
+  EXPECT_EQ(spec->decoder().lora().alpha(), 8.0f);  // PEFT's default scale, 1
+  EXPECT_EQ(spec->decoder().lora().target_modules_size(), 0);
+  ASSERT_TRUE(ApplyLoraFlags(4, 16.0, " q_proj, gate_proj ", *spec).ok());
+  EXPECT_EQ(spec->decoder().lora().alpha(), 16.0f);
+  ASSERT_EQ(spec->decoder().lora().target_modules_size(), 2);
+  EXPECT_EQ(spec->decoder().lora().target_modules(1), "gate_proj");
+  const absl::Status empty = ApplyLoraFlags(4, 16.0, "q_proj,,v_proj", *spec);
+  EXPECT_TRUE(absl::StartsWith(empty.message(), "--lora-targets: empty item")) << empty;
+  absl::StatusOr<v1::ModelSpec> gpt = ParseModelFlags("gpt:64:16:32:2:4", "");
+  ASSERT_TRUE(gpt.ok());
+  const absl::Status refused = ApplyLoraFlags(4, std::nullopt, "", *gpt);
+  EXPECT_TRUE(absl::StartsWith(refused.message(), "--lora-rank: LoRA adapts a decoder")) << refused;
+}
+
+TEST(DecoderWireTest, LoraRoundTripsWithTheDefaultTargets) {
+  absl::StatusOr<v1::ModelSpec> proto = ParseModelFlags("llama:256:64:128:2:4:2:64", "");
+  ASSERT_TRUE(proto.ok());
+  engine::model::ModelSpec spec;
+  ASSERT_TRUE(rpc::ModelSpecFromProto(*proto, "model", &spec).ok());
+  EXPECT_FALSE(spec.decoder->lora.has_value());
+  EXPECT_FALSE(rpc::ModelSpecToProto(spec).decoder().has_lora());
+
+  v1::LoRA* lora = proto->mutable_decoder()->mutable_lora();
+  lora->set_rank(8);
+  lora->set_alpha(16.0f);
+  ASSERT_TRUE(rpc::ModelSpecFromProto(*proto, "model", &spec).ok());
+  ASSERT_TRUE(spec.decoder->lora.has_value());
+  EXPECT_EQ(spec.decoder->lora->rank, 8);
+  EXPECT_EQ(spec.decoder->lora->alpha, 16.0f);
+  // None named: PEFT's Llama default, the attention's four.
+  EXPECT_EQ(spec.decoder->lora->target_modules,
+            (std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj"}));
+  const v1::ModelSpec effective = rpc::ModelSpecToProto(spec);
+  EXPECT_EQ(effective.decoder().lora().target_modules_size(), 4);
+  engine::model::ModelSpec again;
+  ASSERT_TRUE(rpc::ModelSpecFromProto(effective, "model", &again).ok());
+  EXPECT_EQ(rpc::ModelSpecToProto(again).SerializeAsString(), effective.SerializeAsString());
+
+  lora->add_target_modules("gate_proj");
+  lora->add_target_modules("down_proj");
+  ASSERT_TRUE(rpc::ModelSpecFromProto(*proto, "model", &spec).ok());
+  EXPECT_EQ(spec.decoder->lora->target_modules,
+            (std::vector<std::string>{"gate_proj", "down_proj"}));
+  lora->set_alpha(std::nanf(""));
+  EXPECT_TRUE(absl::StrContains(rpc::ModelSpecFromProto(*proto, "model", &spec).message(),
+                                "model.decoder.lora.alpha"));
+}
+
 // ---- end to end ----------------------------------------------------------------
 
 constexpr int kSteps = 300;
@@ -150,6 +203,34 @@ TEST(DecoderAmpctlE2eTest, Fp16WithDynamicScalingHalvesTheLoss) {
   EXPECT_NEAR(losses[0], std::log(256.0), 0.1);
   EXPECT_LE(last, 0.5 * first) << first << " -> " << last;
   EXPECT_GE(skipped, 1) << "the scale never overflowed";
+  if (HasFailure()) std::fprintf(stderr, "%s\n", server.Describe().c_str());
+}
+
+// `ampctl train --lora-rank` reaches the server as the decoder's LoRA spec:
+// a rank no target can hold is refused naming the field, and a valid one
+// is refused as not yet trained (never run as a full fine-tune).
+TEST(DecoderAmpctlE2eTest, LoraFlagsReachTheServer) {
+  TempDir root("ampd_decoder_lora");
+  AmpdProcess server(AMPD_SERVER_BINARY, {}, root.path() / "ampd.log");
+  ASSERT_NE(server.port(), 0) << server.Describe();
+  auto train = [&](std::vector<std::string> lora) {
+    std::vector<std::string> args = {AMPCTL_BINARY, "--server=" + server.address(),
+                                     "train",       "--layers=llama:256:64:128:2:4:2:64",
+                                     "--steps=1",   "--batch-size=2",
+                                     "--seq-len=8", "--precision=fp16"};
+    args.insert(args.end(), lora.begin(), lora.end());
+    return RunCommand(args, std::chrono::seconds(60));
+  };
+  CommandResult result = train({"--lora-rank=33", "--lora-targets=k_proj"});
+  EXPECT_NE(result.status.code, 0);
+  EXPECT_TRUE(absl::StrContains(result.err, "decoder.lora.rank")) << result.err;
+  result = train({"--lora-rank=8", "--lora-alpha=16"});
+  EXPECT_NE(result.status.code, 0);
+  EXPECT_TRUE(absl::StrContains(result.err, "decoder.lora: LoRA adapters are not trained"))
+      << result.err;
+  result = train({"--lora-alpha=16"});
+  EXPECT_NE(result.status.code, 0);
+  EXPECT_TRUE(absl::StrContains(result.err, "give --lora-rank too")) << result.err;
   if (HasFailure()) std::fprintf(stderr, "%s\n", server.Describe().c_str());
 }
 

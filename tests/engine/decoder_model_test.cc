@@ -438,6 +438,24 @@ TEST(DecoderSpec, ValidationNamesTheField) {
   s = TinyDecoder();
   s.loss = model::LossKind::kMse;
   EXPECT_TRUE(absl::StartsWith(error(s), "loss")) << error(s);
+  s = TinyDecoder();
+  s.decoder->lora = model::LoraSpec{2, 4.0f, {"q_proj", "up_proj", "k_proj"}};
+  EXPECT_TRUE(model::ValidateModelSpec(s).ok()) << error(s);
+  s.decoder->lora->rank = 100;
+  EXPECT_TRUE(absl::StartsWith(error(s), "decoder.lora.rank")) << error(s);
+}
+
+TEST(DecoderLora, ModelRefusesAdaptersItCannotTrainYet) {
+  // Frozen base weights are not held yet: a LoRA spec must not silently
+  // become a full fine-tune.
+  model::ModelSpec spec = TinyDecoder();
+  spec.decoder->lora = model::LoraSpec{2, 4.0f, {"q_proj", "v_proj"}};
+  auto backend = kernels::CreateBackend("cpu");
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  auto net = model::DecoderModel::Create(spec, model::Precision::kFp32, 1, **backend);
+  ASSERT_FALSE(net.ok());
+  EXPECT_EQ(net.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_TRUE(absl::StartsWith(net.status().message(), "decoder.lora:")) << net.status();
 }
 
 TEST(DecoderWorkspace, BytesBoundTheAllocationAndOverflowIsRefused) {

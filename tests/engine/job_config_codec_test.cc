@@ -81,6 +81,12 @@ void ExpectSameConfig(const JobConfig& a, const JobConfig& b) {
     EXPECT_TRUE(SameBits(x.initializer_range, y.initializer_range));
     EXPECT_EQ(x.qkv_bias, y.qkv_bias);
     EXPECT_EQ(x.o_bias, y.o_bias);
+    ASSERT_EQ(x.lora.has_value(), y.lora.has_value());
+    if (x.lora.has_value()) {
+      EXPECT_EQ(x.lora->rank, y.lora->rank);
+      EXPECT_TRUE(SameBits(x.lora->alpha, y.lora->alpha));
+      EXPECT_EQ(x.lora->target_modules, y.lora->target_modules);
+    }
   }
   EXPECT_EQ(a.model.loss, b.model.loss);
   EXPECT_TRUE(SameBits(a.model.loss_multiplier, b.model.loss_multiplier));
@@ -407,14 +413,14 @@ TEST_F(JobConfigCodecRefuses, WrongTypesAndRanges) {
 
 TEST_F(JobConfigCodecRefuses, OtherFormatVersions) {
   ExpectError(Edited("\"format_version\":1", "\"format_version\":0"), absl::StatusCode::kDataLoss,
-              "ampd.config: format_version: 0 is not a version this ampd reads (1 to 6); the "
+              "ampd.config: format_version: 0 is not a version this ampd reads (1 to 7); the "
               "checkpoint was written by another ampd");
   ExpectError(Edited("\"format_version\":1,", ""), absl::StatusCode::kDataLoss,
               "ampd.config: format_version: missing");
   // A later format may change any key: the version is checked before them.
-  ExpectError(Edited("\"format_version\":1,", "\"format_version\":7,\"new\":{},"),
+  ExpectError(Edited("\"format_version\":1,", "\"format_version\":8,\"new\":{},"),
               absl::StatusCode::kDataLoss,
-              "ampd.config: format_version: 7 is not a version this ampd reads (1 to 6); the "
+              "ampd.config: format_version: 8 is not a version this ampd reads (1 to 7); the "
               "checkpoint was written by a newer ampd");
 }
 
@@ -670,6 +676,105 @@ TEST(JobConfigCodec, DecoderConfigsAreVersionSix) {
   decoded = DecodeJobConfig(absl::StrReplaceAll(json, {{",\"o_bias\":false", ""}}));
   ASSERT_FALSE(decoded.ok());
   EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+}
+
+// A small Llama-shaped decoder config (fp32, like a LoRA conformance job).
+JobConfig SmallDecoderConfig() {
+  JobConfig config = DefaultJobConfig(Precision::kFp32);
+  config.model.loss = model::LossKind::kCrossEntropy;
+  model::DecoderSpec d;
+  d.vocab_size = 64;
+  d.hidden_size = 32;
+  d.intermediate_size = 48;
+  d.num_hidden_layers = 2;
+  d.num_attention_heads = 4;
+  d.num_key_value_heads = 2;
+  d.max_position_embeddings = 16;
+  config.model.decoder = d;
+  return config;
+}
+
+TEST(JobConfigCodec, LoraConfigsAreVersionSevenAndOthersKeepTheirBytes) {
+  JobConfig config = SmallDecoderConfig();
+  const std::string plain = EncodeJobConfig(config, "");
+  EXPECT_TRUE(absl::StartsWith(plain, "{\"format_version\":6,")) << plain;
+  EXPECT_FALSE(absl::StrContains(plain, "lora")) << plain;
+
+  model::LoraSpec lora;
+  lora.rank = 4;
+  lora.alpha = 8.0f;
+  lora.target_modules = {"q_proj", "v_proj", "down_proj"};
+  config.model.decoder->lora = lora;
+  ASSERT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
+  const std::string json = EncodeJobConfig(config, "");
+  EXPECT_TRUE(absl::StartsWith(json, "{\"format_version\":7,")) << json;
+  EXPECT_TRUE(absl::StrContains(json,
+                                "\"o_bias\":false,\"lora\":{\"rank\":4,\"alpha\":8,"
+                                "\"target_modules\":[\"q_proj\",\"v_proj\",\"down_proj\"]}}"))
+      << json;
+  // Without the lora key the rest is the plain config's bytes.
+  EXPECT_EQ(absl::StrReplaceAll(json, {{"\"format_version\":7", "\"format_version\":6"},
+                                       {",\"lora\":{\"rank\":4,\"alpha\":8,\"target_modules\":["
+                                        "\"q_proj\",\"v_proj\",\"down_proj\"]}",
+                                        ""}}),
+            plain);
+  absl::StatusOr<DecodedJobConfig> decoded = DecodeJobConfig(json);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  ExpectSameConfig(config, decoded->config.get());
+
+  decoded = DecodeJobConfig(
+      absl::StrReplaceAll(json, {{"\"format_version\":7", "\"format_version\":6"}}));
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_EQ(decoded.status().message(),
+            "ampd.config: model.decoder.lora: not a key of format_version 6");
+  decoded = DecodeJobConfig(absl::StrReplaceAll(json, {{"\"down_proj\"]", "7]"}}));
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(decoded.status().message(), "model.decoder.lora.target_modules[2]"))
+      << decoded.status();
+  decoded = DecodeJobConfig(absl::StrReplaceAll(json, {{"\"rank\":4", "\"rank\":0"}}));
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(decoded.status().message(), "decoder.lora.rank: must be >= 1"))
+      << decoded.status();
+  decoded = DecodeJobConfig(absl::StrReplaceAll(json, {{",\"alpha\":8", ""}}));
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(JobConfigCodec, LoraValidationNamesTheField) {
+  struct Case {
+    int64_t rank;
+    float alpha;
+    std::vector<std::string> modules;
+    std::string error;
+  };
+  // q_proj (32, 32), k_proj/v_proj (16, 32), gate_proj (48, 32), down_proj (32, 48).
+  const Case cases[] = {
+      {0, 8.0f, {"q_proj"}, "decoder.lora.rank: must be >= 1 and <= 32"},
+      {17, 8.0f, {"q_proj", "k_proj"}, "decoder.lora.rank: must be >= 1 and <= 16"},
+      {33, 8.0f, {"down_proj"}, "decoder.lora.rank: must be >= 1 and <= 32"},
+      {4, 0.0f, {"q_proj"}, "decoder.lora.alpha: must be finite and > 0, got 0"},
+      {4, std::numeric_limits<float>::infinity(), {"q_proj"}, "decoder.lora.alpha: must be finite"},
+      {4, 8.0f, {}, "decoder.lora.target_modules: must name at least one projection"},
+      {4, 8.0f, {"q_proj", "lm_head"}, "decoder.lora.target_modules[1]: must be one of"},
+      {4,
+       8.0f,
+       {"q_proj", "v_proj", "q_proj"},
+       "decoder.lora.target_modules[2]: repeats target_modules[0]"},
+  };
+  for (const Case& c : cases) {
+    JobConfig config = SmallDecoderConfig();
+    config.model.decoder->lora = model::LoraSpec{c.rank, c.alpha, c.modules};
+    const absl::Status s = ValidateJobConfig(config);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.error;
+    EXPECT_TRUE(absl::StrContains(s.message(), c.error)) << s;
+  }
+  JobConfig config = SmallDecoderConfig();
+  config.model.decoder->lora = model::LoraSpec{16, 32.0f, {"q_proj", "k_proj", "gate_proj"}};
+  EXPECT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
+  // Per block: q (32 + 32) r, k (32 + 16) r, gate (32 + 48) r; two blocks.
+  EXPECT_EQ(model::LoraParameterCount(*config.model.decoder), 2 * 16 * (64 + 48 + 80));
 }
 
 TEST(JobConfigCodec, DistributedConfigsAreVersionFourAndRoundTrip) {

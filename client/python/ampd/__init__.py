@@ -32,14 +32,14 @@ from ampd.errors import (Aborted, AmpdError, CreateRetry, DataLoss, DeadlineExce
                          SequenceMismatch, ServerDraining, StepResponseLost, StepsLost,
                          Unauthenticated, Unavailable)
 from ampd.safetensors import StateDict
-from ampd.spec import (GELU, GPT, SGD, Adam, AdamW, Decoder, Embedding, LayerNorm, Linear, Model,
-                       ReLU, Scaler, Tanh)
+from ampd.spec import (GELU, GPT, SGD, Adam, AdamW, Decoder, Embedding, LayerNorm, Linear, LoRA,
+                       Model, ReLU, Scaler, Tanh)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Client", "Job", "DataParallelJob", "StepResult", "EvaluateResult", "Timings", "StateDict", "to_tensor",
-    "Model", "GPT", "Decoder", "Linear", "ReLU", "GELU", "Tanh", "LayerNorm", "Embedding",
+    "Model", "GPT", "Decoder", "LoRA", "Linear", "ReLU", "GELU", "Tanh", "LayerNorm", "Embedding",
     "SGD", "Adam", "AdamW", "Scaler",
     "AmpdError", "InvalidArgument", "InvalidField", "InvalidStateDict", "NotFound",
     "JobNotFound", "FailedPrecondition", "SequenceMismatch", "StepsLost",

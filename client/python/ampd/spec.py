@@ -129,6 +129,23 @@ class GPT:
 
 
 @dataclass(frozen=True)
+class LoRA:
+    """LoRA adapters on a Decoder's projections (PEFT's LoraConfig): each
+    target W (out, in) is frozen and gains (alpha / rank) x A^T B^T with
+    trainable A (rank, in) and B (out, rank). target_modules: of q_proj,
+    k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; None: the
+    attention's four. Passed as Decoder(lora=...): it belongs to the decoder
+    (its limits are the decoder's widths)."""
+    rank: int
+    alpha: float
+    target_modules: Optional[Sequence[str]] = None
+
+    def to_proto(self):
+        return pb.LoRA(rank=self.rank, alpha=self.alpha,
+                       target_modules=list(self.target_modules or ()))
+
+
+@dataclass(frozen=True)
 class Decoder:
     """A Llama/Qwen2-family decoder-only transformer (the fields of Hugging
     Face's LlamaConfig / Qwen2Config).
@@ -141,8 +158,9 @@ class Decoder:
     targets -100 ignored. The state dict uses Hugging Face's names
     (model.embed_tokens.weight, model.layers.{i}.self_attn.q_proj.weight,
     ...). Biases: qkv_bias on q/k/v_proj (Qwen2 always; Llama's
-    attention_bias), o_bias on o_proj (Llama's attention_bias). Unset (None)
-    fields take the server's defaults (Hugging Face's).
+    attention_bias), o_bias on o_proj (Llama's attention_bias). lora: a
+    LoRA fine-tune (LoRA). Unset (None) fields take the server's defaults
+    (Hugging Face's).
     """
     vocab_size: int
     hidden_size: int
@@ -159,6 +177,7 @@ class Decoder:
     qkv_bias: Optional[bool] = None
     o_bias: Optional[bool] = None
     loss_multiplier: Optional[float] = None
+    lora: Optional[LoRA] = None
 
     # The config.json keys this spec takes (the rest are checked or ignored:
     # see from_hf_config).
@@ -214,6 +233,8 @@ class Decoder:
                        tie_word_embeddings=self.tie_word_embeddings,
                        initializer_range=self.initializer_range, qkv_bias=self.qkv_bias,
                        o_bias=self.o_bias)
+        if self.lora is not None:
+            decoder.lora.CopyFrom(self.lora.to_proto())
         return _set(pb.ModelSpec(decoder=decoder), loss_multiplier=self.loss_multiplier)
 
 

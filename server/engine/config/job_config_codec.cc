@@ -411,6 +411,22 @@ std::string DecoderJson(const model::DecoderSpec& d) {
   w.Float("initializer_range", d.initializer_range);
   w.Bool("qkv_bias", d.qkv_bias);
   w.Bool("o_bias", d.o_bias);
+  // Version 7, and only when set: a full fine-tune keeps its bytes.
+  if (d.lora.has_value()) {
+    std::string modules = "[";
+    for (size_t i = 0; i < d.lora->target_modules.size(); ++i) {
+      if (i > 0) modules.push_back(',');
+      codec::AppendJsonString(d.lora->target_modules[i], &modules);
+    }
+    modules.push_back(']');
+    std::string lora;
+    ObjectWriter l(&lora);
+    l.Int("rank", d.lora->rank);
+    l.Float("alpha", d.lora->alpha);
+    l.Raw("target_modules", modules);
+    l.Close();
+    w.Raw("lora", lora);
+  }
   w.Close();
   return out;
 }
@@ -559,7 +575,25 @@ absl::StatusOr<model::GptSpec> GptFromJson(const Json& v) {
   return gpt;
 }
 
-absl::StatusOr<model::DecoderSpec> DecoderFromJson(const Json& v) {
+absl::StatusOr<model::LoraSpec> LoraFromJson(const Json& v) {
+  AMPD_ASSIGN_OR_RETURN(Fields f, Fields::Of(v, "model.decoder.lora"));
+  model::LoraSpec lora;
+  AMPD_ASSIGN_OR_RETURN(lora.rank, f.Integer<int64_t>("rank"));
+  AMPD_ASSIGN_OR_RETURN(lora.alpha, f.Float("alpha"));
+  AMPD_ASSIGN_OR_RETURN(const Json* modules, f.Get("target_modules"));
+  const std::string path = f.PathOf("target_modules");
+  AMPD_RETURN_IF_ERROR(Expect(*modules, Json::Type::kArray, path));
+  lora.target_modules.clear();
+  for (size_t i = 0; i < modules->items.size(); ++i) {
+    AMPD_RETURN_IF_ERROR(
+        Expect(modules->items[i], Json::Type::kString, absl::StrCat(path, "[", i, "]")));
+    lora.target_modules.push_back(modules->items[i].text);
+  }
+  AMPD_RETURN_IF_ERROR(f.Done());
+  return lora;
+}
+
+absl::StatusOr<model::DecoderSpec> DecoderFromJson(const Json& v, int64_t version) {
   AMPD_ASSIGN_OR_RETURN(Fields f, Fields::Of(v, "model.decoder"));
   model::DecoderSpec d;
   AMPD_ASSIGN_OR_RETURN(d.vocab_size, f.Integer<int64_t>("vocab_size"));
@@ -576,6 +610,13 @@ absl::StatusOr<model::DecoderSpec> DecoderFromJson(const Json& v) {
   AMPD_ASSIGN_OR_RETURN(d.initializer_range, f.Float("initializer_range"));
   AMPD_ASSIGN_OR_RETURN(d.qkv_bias, f.Bool("qkv_bias"));
   AMPD_ASSIGN_OR_RETURN(d.o_bias, f.Bool("o_bias"));
+  if (f.Has("lora")) {
+    if (version < 7) {
+      return Corrupt("model.decoder.lora", absl::StrCat("not a key of format_version ", version));
+    }
+    AMPD_ASSIGN_OR_RETURN(const Json* lora, f.Get("lora"));
+    AMPD_ASSIGN_OR_RETURN(d.lora, LoraFromJson(*lora));
+  }
   AMPD_RETURN_IF_ERROR(f.Done());
   return d;
 }
@@ -601,7 +642,7 @@ absl::StatusOr<model::ModelSpec> ModelFromJson(const Json& v, int64_t version) {
       return Corrupt("model.decoder", absl::StrCat("not a key of format_version ", version));
     }
     AMPD_ASSIGN_OR_RETURN(const Json* decoder, f.Get("decoder"));
-    AMPD_ASSIGN_OR_RETURN(spec.decoder, DecoderFromJson(*decoder));
+    AMPD_ASSIGN_OR_RETURN(spec.decoder, DecoderFromJson(*decoder, version));
   }
   AMPD_ASSIGN_OR_RETURN(const std::string loss, f.String("loss"));
   AMPD_ASSIGN_OR_RETURN(
@@ -741,6 +782,7 @@ std::string EncodeJobConfig(const JobConfig& config, absl::string_view request_i
   if (config.distributed.enabled()) version = 4;
   if (config.scaler.per_layer_scales) version = 5;
   if (config.model.decoder.has_value()) version = 6;
+  if (config.model.decoder.has_value() && config.model.decoder->lora.has_value()) version = 7;
   w.Int("format_version", version);
   w.String("display_name", config.display_name);
   if (!request_id.empty()) w.String("request_id", request_id);

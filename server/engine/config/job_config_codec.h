@@ -62,11 +62,11 @@
 namespace ampd::engine {
 
 // The newest format_version: EncodeJobConfig writes the oldest version that
-// holds a config (6 for a decoder, 5 with per-layer loss scales, 4 for a
+// holds a config (7 for a decoder with LoRA, 6 for a decoder, 5 with per-layer loss scales, 4 for a
 // distributed job,
 // else 3 with an lr schedule or a GPT, else 2 for adaptive-scaler configs,
 // else 1), DecodeJobConfig reads 1 to it.
-inline constexpr int kJobConfigFormatVersion = 6;
+inline constexpr int kJobConfigFormatVersion = 7;
 
 // A job's config and the request_id it was created with ("" when none), as
 // an older checkpoint's create request decodes (not yet validated).

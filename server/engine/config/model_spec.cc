@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <initializer_list>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/checked_math.h"
 #include "common/status_macros.h"
 
@@ -187,6 +189,35 @@ absl::Status DecoderField(bool ok, absl::string_view field, absl::string_view ru
   return absl::InvalidArgumentError(absl::StrCat("decoder.", field, ": ", rule, ", got ", got));
 }
 
+absl::Status ValidateLoraSpec(const DecoderSpec& d) {
+  const LoraSpec& lora = *d.lora;
+  if (lora.target_modules.empty()) {
+    return absl::InvalidArgumentError(
+        "decoder.lora.target_modules: must name at least one projection, got none");
+  }
+  int64_t narrowest = INT64_MAX;
+  for (size_t i = 0; i < lora.target_modules.size(); ++i) {
+    const std::string& name = lora.target_modules[i];
+    const std::string field = absl::StrCat("lora.target_modules[", i, "]");
+    const auto [out, in] = DecoderProjectionShape(d, name);
+    AMPD_RETURN_IF_ERROR(DecoderField(
+        out > 0, field, absl::StrCat("must be one of ", absl::StrJoin(kLoraModules, ", ")),
+        absl::StrCat("\"", name, "\"")));
+    for (size_t j = 0; j < i; ++j) {
+      AMPD_RETURN_IF_ERROR(DecoderField(lora.target_modules[j] != name, field,
+                                        absl::StrCat("repeats target_modules[", j, "]"),
+                                        absl::StrCat("\"", name, "\"")));
+    }
+    narrowest = std::min({narrowest, out, in});
+  }
+  AMPD_RETURN_IF_ERROR(DecoderField(
+      lora.rank >= 1 && lora.rank <= narrowest, "lora.rank",
+      absl::StrCat("must be >= 1 and <= ", narrowest, " (the narrowest target's min(in, out))"),
+      absl::StrCat(lora.rank)));
+  return DecoderField(std::isfinite(lora.alpha) && lora.alpha > 0.0f, "lora.alpha",
+                      "must be finite and > 0", absl::StrCat(lora.alpha));
+}
+
 absl::Status ValidateDecoderSpec(const ModelSpec& spec) {
   const DecoderSpec& d = *spec.decoder;
   if (spec.gpt.has_value()) {
@@ -264,6 +295,8 @@ absl::Status ValidateDecoderSpec(const ModelSpec& spec) {
     return absl::InvalidArgumentError(
         absl::StrCat("decoder: the model has more than ", kMaxParameters, " (2^56) parameters"));
   }
+  // rank <= min(in, out) keeps the adapters within the base's count.
+  if (d.lora.has_value()) AMPD_RETURN_IF_ERROR(ValidateLoraSpec(d));
   if (!std::isfinite(spec.loss_multiplier) || spec.loss_multiplier <= 0.0f) {
     return absl::InvalidArgumentError(
         absl::StrCat("loss_multiplier: must be finite and > 0, got ", spec.loss_multiplier));
@@ -276,6 +309,31 @@ absl::Status ValidateDecoderSpec(const ModelSpec& spec) {
 int64_t DecoderHeadDim(const DecoderSpec& d) {
   if (d.head_dim != 0) return d.head_dim;
   return d.num_attention_heads > 0 ? d.hidden_size / d.num_attention_heads : 0;
+}
+
+std::pair<int64_t, int64_t> DecoderProjectionShape(const DecoderSpec& d,
+                                                   const std::string& module) {
+  const int64_t c = d.hidden_size;
+  const int64_t head_dim = DecoderHeadDim(d);
+  const int64_t q = SaturatingMul(d.num_attention_heads, head_dim);
+  const int64_t kv = SaturatingMul(d.num_key_value_heads, head_dim);
+  const int64_t i = d.intermediate_size;
+  if (module == "q_proj") return {q, c};
+  if (module == "k_proj" || module == "v_proj") return {kv, c};
+  if (module == "o_proj") return {c, q};
+  if (module == "gate_proj" || module == "up_proj") return {i, c};
+  if (module == "down_proj") return {c, i};
+  return {0, 0};
+}
+
+int64_t LoraParameterCount(const DecoderSpec& d) {
+  if (!d.lora.has_value()) return 0;
+  int64_t block = 0;
+  for (const std::string& module : d.lora->target_modules) {
+    const auto [out, in] = DecoderProjectionShape(d, module);
+    block = SaturatingAdd(block, SaturatingMul(d.lora->rank, SaturatingAdd(in, out)));
+  }
+  return SaturatingMul(d.num_hidden_layers, block);
 }
 
 int64_t DecoderParameterCount(const DecoderSpec& d) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -59,6 +60,24 @@ struct GptSpec {
   bool tie_embeddings = true;  // the LM head reads wte (no lm_head.weight)
 };
 
+// LoRA adapters (Hu et al. 2021, as PEFT's LoraConfig) on a decoder's
+// projections: each target W (out, in) is frozen and its output gains
+// (alpha / rank) x A^T B^T with trainable A (rank, in) and B (out, rank).
+// It lives in DecoderSpec rather than beside the model in JobConfig because
+// it is a decoder-only property whose limits (rank <= min(in, out)) are the
+// decoder's widths, and the model that builds the parameters reads it.
+struct LoraSpec {
+  int64_t rank = 0;    // r, 1 <= r <= min(in, out) of every target
+  float alpha = 0.0f;  // lora_alpha, finite and > 0
+  // Of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; each
+  // at most once. PEFT's Llama default: the attention's four.
+  std::vector<std::string> target_modules = {"q_proj", "k_proj", "v_proj", "o_proj"};
+};
+
+// The module names a LoraSpec may target, in a block's parameter order.
+inline constexpr const char* kLoraModules[] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                               "gate_proj", "up_proj", "down_proj"};
+
 // A Llama/Qwen2-family decoder-only transformer, with the fields of Hugging
 // Face's LlamaConfig / Qwen2Config: token embeddings (no position table),
 // num_hidden_layers pre-RMSNorm blocks (input_layernorm, causal self-attention
@@ -85,7 +104,18 @@ struct DecoderSpec {
   float initializer_range = 0.02f;      // every Linear's and the embedding's N(0, this^2)
   bool qkv_bias = false;                // q_proj, k_proj, v_proj have biases
   bool o_bias = false;                  // o_proj has a bias
+  // Set: a LoRA fine-tune of this decoder (base weights frozen).
+  std::optional<LoraSpec> lora;
 };
+
+// The (out, in) of a decoder's projection named as kLoraModules; {0, 0}
+// for another name.
+std::pair<int64_t, int64_t> DecoderProjectionShape(const DecoderSpec& decoder,
+                                                   const std::string& module);
+
+// The adapters' parameters of a decoder with LoRA: per block and target,
+// rank x (in + out); 0 without LoRA. Saturates at INT64_MAX.
+int64_t LoraParameterCount(const DecoderSpec& decoder);
 
 // A decoder's head width: head_dim, or hidden_size / num_attention_heads
 // when it is 0.
@@ -128,6 +158,9 @@ inline constexpr int64_t kMaxParameters = int64_t{1} << 56;
 // (hidden_size / num_attention_heads dividing when head_dim is 0),
 // rms_norm_eps, rope_theta and initializer_range finite and > 0, every
 // derived size and the total at most kMaxParameters ("decoder.head_dim").
+// With LoRA: rank >= 1 and <= min(in, out) of every target, alpha finite
+// and > 0, target_modules non-empty, known and without repeats
+// ("decoder.lora.target_modules[1]").
 absl::Status ValidateModelSpec(const ModelSpec& spec);
 
 // Parameters of a GPT: embeddings, blocks, final LayerNorm and, when

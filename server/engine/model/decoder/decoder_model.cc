@@ -206,6 +206,14 @@ absl::StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Create(const ModelSp
     return absl::InvalidArgumentError(
         absl::StrCat("lm_head_chunk_bytes: must be >= 1, got ", lm_head_chunk_bytes));
   }
+  if (spec.decoder->lora.has_value()) {
+    // Training only the adapters needs frozen base parameters (no master,
+    // gradient or optimizer state), which the engine does not hold yet: a
+    // full fine-tune in its place would silently be another job.
+    return absl::UnimplementedError(
+        "decoder.lora: LoRA adapters are not trained by this ampd yet; omit lora for a full "
+        "fine-tune");
+  }
   std::unique_ptr<DecoderModel> m(new DecoderModel(spec, precision, backend, lm_head_chunk_bytes));
   const DecoderSpec& s = *spec.decoder;
   const Widths wd(s);
