@@ -408,8 +408,11 @@ class Backend {
   // xhat = x * rstd, g = dy * weight, in fp32:
   //   dx = rstd * (g - xhat * (sum(g * xhat) * (1/C)))   overwritten
   //   dweight += sum over rows of dy * xhat               fp32, rounded once
+  // dweight nullptr: the weight is frozen (a LoRA fine-tune's base), no
+  // weight gradient is formed and only dx is written, with the same bits
+  // as with a dweight.
   virtual absl::Status RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                                       const Tensor& dy, Tensor& dx, Tensor& dweight) = 0;
+                                       const Tensor& dy, Tensor& dx, Tensor* dweight) = 0;
 
   // ---- rotary position embeddings (Llama/Qwen2 families) --------------------
   // In place on x (B, T, W): the first `heads` heads of head_dim (D, even)

@@ -743,7 +743,7 @@ absl::Status ValidateRmsNormForward(const Tensor& x, const Tensor& weight, const
 }
 
 absl::Status ValidateRmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                                     const Tensor& dy, const Tensor& dx, const Tensor& dweight) {
+                                     const Tensor& dy, const Tensor& dx, const Tensor* dweight) {
   constexpr absl::string_view kOp = "RmsNormBackward";
   AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "x", x));
   AMPD_RETURN_IF_ERROR(CheckRank(kOp, "x", x, 2));
@@ -751,7 +751,7 @@ absl::Status ValidateRmsNormBackward(const Tensor& x, const Tensor& weight, cons
   AMPD_RETURN_IF_ERROR(CheckLike(kOp, "dx", dx, "x", x));
   AMPD_RETURN_IF_ERROR(CheckAffine(kOp, "weight", &weight, x));
   AMPD_RETURN_IF_ERROR(CheckStat(kOp, "rstd", rstd, x));
-  return CheckParamGrad(kOp, "dweight", &dweight, x);
+  return CheckParamGrad(kOp, "dweight", dweight, x);
 }
 
 absl::Status ValidateRope(const Tensor& x, int64_t heads, int64_t head_dim, const Tensor& inv_freq,

@@ -121,9 +121,10 @@ absl::Status ValidateLayerNormBackward(const Tensor& x, const Tensor* gamma, con
 // be x); rstd (N) F32.
 absl::Status ValidateRmsNormForward(const Tensor& x, const Tensor& weight, const Tensor& y,
                                     const Tensor& rstd);
-// dy and dx x's dtype and shape (dx may be x or dy); dweight (C) any float.
+// dy and dx x's dtype and shape (dx may be x or dy); dweight, when given,
+// (C) any float.
 absl::Status ValidateRmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                                     const Tensor& dy, const Tensor& dx, const Tensor& dweight);
+                                     const Tensor& dy, const Tensor& dx, const Tensor* dweight);
 
 // ---- rotary position embeddings
 // x float (B, T, W); heads >= 0, head_dim even >= 2, heads * head_dim <= W;

@@ -249,7 +249,7 @@ class CpuBackend final : public Backend {
     return cpu::RmsNormForward(x, weight, eps, y, rstd);
   }
   absl::Status RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                               const Tensor& dy, Tensor& dx, Tensor& dweight) override {
+                               const Tensor& dy, Tensor& dx, Tensor* dweight) override {
     return cpu::RmsNormBackward(x, weight, rstd, dy, dx, dweight);
   }
 

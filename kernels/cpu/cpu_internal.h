@@ -183,7 +183,7 @@ absl::Status LayerNormBackward(const Tensor& x, const Tensor* gamma, const Tenso
 absl::Status RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
                             Tensor& rstd);
 absl::Status RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                             const Tensor& dy, Tensor& dx, Tensor& dweight);
+                             const Tensor& dy, Tensor& dx, Tensor* dweight);
 // kv_heads.cc
 absl::Status ExpandKvHeads(ThreadPool& pool, const Tensor& src, int64_t heads, int64_t kv_heads,
                            Tensor& dst);

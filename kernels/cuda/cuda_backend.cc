@@ -590,20 +590,22 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                               const Tensor& dy, Tensor& dx, Tensor& dweight) override {
+                               const Tensor& dy, Tensor& dx, Tensor* dweight) override {
     AMPD_RETURN_IF_ERROR(ValidateRmsNormBackward(x, weight, rstd, dy, dx, dweight));
     AMPD_ENTER_DEVICE();
     const int64_t slabs = ColumnSumSlabs(x.dim(0), x.dim(1));
     float* partials = nullptr;  // (2, slabs, C): dweight's sums (the second half unused)
-    if (slabs > 1) {
+    // A frozen weight (dweight null): the launcher runs only the dx kernel,
+    // so no scratch is taken either.
+    if (slabs > 1 && dweight != nullptr) {
       AMPD_ASSIGN_OR_RETURN(void* scratch,
                             Scratch(static_cast<size_t>(2 * slabs * x.dim(1)) * sizeof(float)));
       partials = static_cast<float*>(scratch);
     }
-    return LaunchLayerNormBackward(x.data(), x.dtype(), weight.data(), x.dtype(), nullptr,
-                                   rstd.data_as<float>(), dy.data(), dx.data(), dweight.data(),
-                                   dweight.dtype(), nullptr, DType::kF32, x.dim(0), x.dim(1),
-                                   partials, stream());
+    return LaunchLayerNormBackward(
+        x.data(), x.dtype(), weight.data(), x.dtype(), nullptr, rstd.data_as<float>(), dy.data(),
+        dx.data(), dweight ? dweight->data() : nullptr, dweight ? dweight->dtype() : DType::kF32,
+        nullptr, DType::kF32, x.dim(0), x.dim(1), partials, stream());
   }
 
   // ---- grouped-query K/V heads --------------------------------------------------

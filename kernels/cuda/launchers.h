@@ -210,7 +210,9 @@ absl::Status LaunchLayerNormForward(const void* x, DType dtype, const void* gamm
                                     void* y, float* mean, float* rstd, cudaStream_t stream);
 // partials: 2 * ColumnSumSlabs(rows, cols) * cols floats of scratch when
 // that count is > 1 and dgamma or dbeta is given, else unused. mean nullptr:
-// RMSNorm's backward (mean 0, no sum(g) term; dbeta nullptr).
+// RMSNorm's backward (mean 0, no sum(g) term; dbeta nullptr). dgamma and
+// dbeta both nullptr: only the dx kernel runs (a frozen RMSNorm weight, a
+// LayerNorm without affine).
 absl::Status LaunchLayerNormBackward(const void* x, DType dtype, const void* gamma,
                                      DType gamma_dtype, const float* mean, const float* rstd,
                                      const void* dy, void* dx, void* dgamma, DType dgamma_dtype,
