@@ -57,6 +57,11 @@ absl::Status ValidateAllocate(const Shape& shape);
 absl::Status ValidateCopyFromHost(const void* src, size_t bytes, const Tensor& dst);
 absl::Status ValidateCopyToHost(const Tensor& src, const void* dst, size_t bytes);
 absl::Status ValidateCopy(const Tensor& src, const Tensor& dst);
+// src and dst 2-D, one dtype (any), the same rows, with memory; cols >= 0,
+// src_col and dst_col >= 0 with the block inside each; dst overlapping no
+// byte of src.
+absl::Status ValidateCopyColumns(const Tensor& src, int64_t src_col, int64_t cols,
+                                 const Tensor& dst, int64_t dst_col);
 absl::Status ValidateFill(const Tensor& dst);
 // Each dsts[i] non-null, float, with memory.
 absl::Status ValidateFillTensors(absl::Span<Tensor* const> dsts);

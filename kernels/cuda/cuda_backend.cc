@@ -260,6 +260,18 @@ class CudaBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  absl::Status CopyColumns(const Tensor& src, int64_t src_col, int64_t cols, Tensor& dst,
+                           int64_t dst_col) override {
+    AMPD_RETURN_IF_ERROR(ValidateCopyColumns(src, src_col, cols, dst, dst_col));
+    if (src.dim(0) == 0 || cols == 0) return absl::OkStatus();
+    AMPD_ENTER_DEVICE();
+    const auto elem = static_cast<int64_t>(SizeOf(src.dtype()));
+    return LaunchCopyColumns(static_cast<const unsigned char*>(src.data()) + src_col * elem,
+                             src.dim(1) * elem,
+                             static_cast<unsigned char*>(dst.data()) + dst_col * elem,
+                             dst.dim(1) * elem, src.dim(0), cols * elem, elem, stream());
+  }
+
   absl::Status Fill(Tensor& dst, float value) override {
     AMPD_RETURN_IF_ERROR(ValidateFill(dst));
     AMPD_ENTER_DEVICE();

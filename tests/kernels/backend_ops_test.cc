@@ -483,6 +483,62 @@ void AddCopyCases(std::vector<OpCase>& cases) {
   }
 }
 
+// CopyColumns: a column block into another matrix's, bitwise, the rest of
+// dst kept. Shapes that take each CUDA path: "odd" offsets and widths (one
+// element per access; tall enough that the grid-stride loop goes round
+// more than once), "aligned" blocks whose offsets, strides and width are
+// multiples of 16 bytes (16-byte accesses), and integer dtypes of 8 and 1
+// bytes for the other element sizes.
+void AddCopyColumnsCases(std::vector<OpCase>& cases) {
+  struct Block {
+    const char* name;
+    int64_t rows, src_width, src_col, cols, dst_width, dst_col;
+  };
+  static const Block kBlocks[] = {
+      {"odd", 4099, 301, 7, 293, 307, 11},
+      {"aligned", 64, 1024, 256, 512, 768, 128},
+      {"edges", 3, 40, 32, 8, 8, 0},
+  };
+  const DType kDTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kI64, DType::kU8};
+  for (DType dt : kDTypes) {
+    for (const Block& k : kBlocks) {
+      if (!IsFloating(dt) && std::string(k.name) == "edges") continue;
+      auto random = [dt](const Shape& shape, uint64_t seed) {
+        if (IsFloating(dt)) return Random(dt, shape, seed, -5, 5);
+        HostTensor h = Ids(dt, NumElements(shape), seed, 256);
+        h.shape = shape;
+        return h;
+      };
+      auto build = [=] {
+        const HostTensor src = random({k.rows, k.src_width}, 28);
+        const HostTensor dst = random({k.rows, k.dst_width}, 29);
+        CaseFns c;
+        c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+          Io io(be);
+          AMPD_ASSIGN_OR_RETURN(Tensor s, io.Upload(src));
+          AMPD_ASSIGN_OR_RETURN(Tensor d, io.Upload(dst));
+          AMPD_RETURN_IF_ERROR(be.CopyColumns(s, k.src_col, k.cols, d, k.dst_col));
+          AMPD_RETURN_IF_ERROR(io.Read("dst", d, kBitwise));
+          AMPD_RETURN_IF_ERROR(io.Read("src", s, kBitwise));
+          return io.Take();
+        };
+        c.reference = [=] {
+          std::vector<double> want = dst.values;
+          for (int64_t r = 0; r < k.rows; ++r) {
+            for (int64_t j = 0; j < k.cols; ++j) {
+              want[static_cast<size_t>(r * k.dst_width + k.dst_col + j)] =
+                  src.values[static_cast<size_t>(r * k.src_width + k.src_col + j)];
+            }
+          }
+          return Outputs{{"dst", want, kBitwise}, {"src", src.values, kBitwise}};
+        };
+        return c;
+      };
+      cases.push_back({"CopyColumns", absl::StrCat(Lower(dt), "_", k.name), build});
+    }
+  }
+}
+
 // ReadBack: scalars written by queued ops (the read must wait for them) and
 // a raw copy of a tensor in the case's dtype, in one call.
 void AddReadBackCases(std::vector<OpCase>& cases) {
@@ -2602,6 +2658,7 @@ const std::vector<OpCase>& AllCases() {
     AddFillRandomCases(*all);
     AddCastCases(*all);
     AddCopyCases(*all);
+    AddCopyColumnsCases(*all);
     AddReadBackCases(*all);
     AddAddCases(*all);
     AddAddScaledCases(*all);
