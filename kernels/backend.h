@@ -163,6 +163,19 @@ class Backend {
   virtual absl::Status CopyToHost(const Tensor& src, void* dst, size_t bytes) = 0;
   // Same dtype and element count.
   virtual absl::Status Copy(const Tensor& src, Tensor& dst) = 0;
+  // A block of columns from one matrix into another: src (R, Cs) and dst
+  // (R, Cd), both 2-D, one dtype (any: a byte copy, no rounding), the same
+  // R; dst[:, dst_col : dst_col + cols] = src[:, src_col : src_col + cols],
+  // every other element of dst untouched. cols == 0 copies nothing. src and
+  // dst must not share bytes (a copy between two column blocks of one
+  // tensor goes through a second tensor). Why: the decoder's fused q|k|v
+  // rows hold q, k and v as column blocks, and LoRA adapters on them need
+  // blocks copied in and out (a block-diagonal adapter matrix assembled
+  // from the per-projection adapters, the diagonal blocks of its gradient
+  // taken back out); the backend has no strided GEMM that could read a
+  // block in place.
+  virtual absl::Status CopyColumns(const Tensor& src, int64_t src_col, int64_t cols, Tensor& dst,
+                                   int64_t dst_col) = 0;
   virtual absl::Status Fill(Tensor& dst, float value) = 0;  // float dtypes
   // Fill over a list: every element of every dsts[i] (float dtypes, any mix,
   // none null) set to value rounded once to its dtype, in one pass over the
@@ -408,8 +421,11 @@ class Backend {
   // xhat = x * rstd, g = dy * weight, in fp32:
   //   dx = rstd * (g - xhat * (sum(g * xhat) * (1/C)))   overwritten
   //   dweight += sum over rows of dy * xhat               fp32, rounded once
+  // dweight nullptr: the weight is frozen (a LoRA fine-tune's base), no
+  // weight gradient is formed and only dx is written, with the same bits
+  // as with a dweight.
   virtual absl::Status RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                                       const Tensor& dy, Tensor& dx, Tensor& dweight) = 0;
+                                       const Tensor& dy, Tensor& dx, Tensor* dweight) = 0;
 
   // ---- rotary position embeddings (Llama/Qwen2 families) --------------------
   // In place on x (B, T, W): the first `heads` heads of head_dim (D, even)

@@ -333,6 +333,36 @@ absl::Status ValidateCopy(const Tensor& src, const Tensor& dst) {
   return CheckHasMemory("Copy", "dst", dst);
 }
 
+absl::Status ValidateCopyColumns(const Tensor& src, int64_t src_col, int64_t cols,
+                                 const Tensor& dst, int64_t dst_col) {
+  constexpr absl::string_view kOp = "CopyColumns";
+  AMPD_RETURN_IF_ERROR(CheckRank(kOp, "src", src, 2));
+  AMPD_RETURN_IF_ERROR(CheckRank(kOp, "dst", dst, 2));
+  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "dst", dst, "src", src));
+  if (dst.dim(0) != src.dim(0)) return Differs(kOp, "dst", dst, "src", src, "row counts");
+  if (cols < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": cols is ", cols, "; expected >= 0"));
+  }
+  // col > C - cols rather than col + cols > C: no overflow for any int64.
+  const struct {
+    const char* name;
+    int64_t col;
+    const char* tensor_name;
+    const Tensor* t;
+  } blocks[] = {{"src_col", src_col, "src", &src}, {"dst_col", dst_col, "dst", &dst}};
+  for (const auto& b : blocks) {
+    const int64_t width = b.t->dim(1);
+    if (b.col < 0 || cols > width || b.col > width - cols) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kOp, ": ", b.name, " is ", b.col, " with cols ", cols, " but ", b.tensor_name, " is ",
+          b.t->DebugString(), "; expected 0 <= ", b.name, " and ", b.name, " + cols <= ", width));
+    }
+  }
+  AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "src", src));
+  AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "dst", dst));
+  return CheckNoOverlap(kOp, "dst", dst, "src", src);
+}
+
 absl::Status ValidateFill(const Tensor& dst) { return CheckFloat("Fill", "dst", dst); }
 
 absl::Status ValidateFillTensors(absl::Span<Tensor* const> dsts) {
@@ -743,7 +773,7 @@ absl::Status ValidateRmsNormForward(const Tensor& x, const Tensor& weight, const
 }
 
 absl::Status ValidateRmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                                     const Tensor& dy, const Tensor& dx, const Tensor& dweight) {
+                                     const Tensor& dy, const Tensor& dx, const Tensor* dweight) {
   constexpr absl::string_view kOp = "RmsNormBackward";
   AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "x", x));
   AMPD_RETURN_IF_ERROR(CheckRank(kOp, "x", x, 2));
@@ -751,7 +781,7 @@ absl::Status ValidateRmsNormBackward(const Tensor& x, const Tensor& weight, cons
   AMPD_RETURN_IF_ERROR(CheckLike(kOp, "dx", dx, "x", x));
   AMPD_RETURN_IF_ERROR(CheckAffine(kOp, "weight", &weight, x));
   AMPD_RETURN_IF_ERROR(CheckStat(kOp, "rstd", rstd, x));
-  return CheckParamGrad(kOp, "dweight", &dweight, x);
+  return CheckParamGrad(kOp, "dweight", dweight, x);
 }
 
 absl::Status ValidateRope(const Tensor& x, int64_t heads, int64_t head_dim, const Tensor& inv_freq,

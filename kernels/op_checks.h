@@ -57,6 +57,11 @@ absl::Status ValidateAllocate(const Shape& shape);
 absl::Status ValidateCopyFromHost(const void* src, size_t bytes, const Tensor& dst);
 absl::Status ValidateCopyToHost(const Tensor& src, const void* dst, size_t bytes);
 absl::Status ValidateCopy(const Tensor& src, const Tensor& dst);
+// src and dst 2-D, one dtype (any), the same rows, with memory; cols >= 0,
+// src_col and dst_col >= 0 with the block inside each; dst overlapping no
+// byte of src.
+absl::Status ValidateCopyColumns(const Tensor& src, int64_t src_col, int64_t cols,
+                                 const Tensor& dst, int64_t dst_col);
 absl::Status ValidateFill(const Tensor& dst);
 // Each dsts[i] non-null, float, with memory.
 absl::Status ValidateFillTensors(absl::Span<Tensor* const> dsts);
@@ -121,9 +126,10 @@ absl::Status ValidateLayerNormBackward(const Tensor& x, const Tensor* gamma, con
 // be x); rstd (N) F32.
 absl::Status ValidateRmsNormForward(const Tensor& x, const Tensor& weight, const Tensor& y,
                                     const Tensor& rstd);
-// dy and dx x's dtype and shape (dx may be x or dy); dweight (C) any float.
+// dy and dx x's dtype and shape (dx may be x or dy); dweight, when given,
+// (C) any float.
 absl::Status ValidateRmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                                     const Tensor& dy, const Tensor& dx, const Tensor& dweight);
+                                     const Tensor& dy, const Tensor& dx, const Tensor* dweight);
 
 // ---- rotary position embeddings
 // x float (B, T, W); heads >= 0, head_dim even >= 2, heads * head_dim <= W;

@@ -123,6 +123,10 @@ class CpuBackend final : public Backend {
     if (src.nbytes() != 0) std::memmove(dst.data(), src.data(), src.nbytes());
     return absl::OkStatus();
   }
+  absl::Status CopyColumns(const Tensor& src, int64_t src_col, int64_t cols, Tensor& dst,
+                           int64_t dst_col) override {
+    return cpu::CopyColumns(pool_, src, src_col, cols, dst, dst_col);
+  }
 
   absl::Status Fill(Tensor& dst, float value) override { return cpu::Fill(pool_, dst, value); }
   absl::Status FillTensors(absl::Span<Tensor* const> dsts, float value) override {
@@ -249,7 +253,7 @@ class CpuBackend final : public Backend {
     return cpu::RmsNormForward(x, weight, eps, y, rstd);
   }
   absl::Status RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                               const Tensor& dy, Tensor& dx, Tensor& dweight) override {
+                               const Tensor& dy, Tensor& dx, Tensor* dweight) override {
     return cpu::RmsNormBackward(x, weight, rstd, dy, dx, dweight);
   }
 

@@ -135,6 +135,9 @@ absl::Status FillTensors(ThreadPool& pool, absl::Span<Tensor* const> dsts, float
 absl::Status FillRandom(ThreadPool& pool, Tensor& dst, const RandomFill& fill);
 // cast.cc
 absl::Status Cast(ThreadPool& pool, const Tensor& src, Tensor& dst);
+// copy_columns.cc
+absl::Status CopyColumns(ThreadPool& pool, const Tensor& src, int64_t src_col, int64_t cols,
+                         Tensor& dst, int64_t dst_col);
 // read_back.cc
 absl::Status ReadBack(absl::Span<const Tensor* const> scalars, absl::Span<float> out,
                       absl::Span<const HostCopy> copies);
@@ -183,7 +186,7 @@ absl::Status LayerNormBackward(const Tensor& x, const Tensor* gamma, const Tenso
 absl::Status RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
                             Tensor& rstd);
 absl::Status RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                             const Tensor& dy, Tensor& dx, Tensor& dweight);
+                             const Tensor& dy, Tensor& dx, Tensor* dweight);
 // kv_heads.cc
 absl::Status ExpandKvHeads(ThreadPool& pool, const Tensor& src, int64_t heads, int64_t kv_heads,
                            Tensor& dst);

@@ -1,9 +1,10 @@
 // LayerNorm and RMSNorm backward over the last dimension, PyTorch's
 // LayerNorm formula, from the fp32 statistics the forward pass saved: dx is
-// overwritten, dgamma and dbeta (when affine) get the column sums of the
-// batch added in fp32 and rounded once to their dtype. RMSNorm is the same
-// code with mean 0 and without the mean(dxhat) term (subtracting an exact
-// 0 changes no bit).
+// overwritten, dgamma and dbeta (when given: LayerNorm is affine, an
+// RMSNorm weight is not frozen) get the column sums of the batch added in
+// fp32 and rounded once to their dtype; dx does not depend on whether they
+// are formed. RMSNorm is the same code with mean 0 and without the
+// mean(dxhat) term (subtracting an exact 0 changes no bit).
 #include <vector>
 
 #include "common/status_macros.h"
@@ -26,10 +27,13 @@ void AccumulateInto(const std::vector<float>& acc, Tensor& p) {
 absl::Status NormBackward(const Tensor& x, const Tensor* gamma, const Tensor* mean,
                           const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor* dgamma,
                           Tensor* dbeta) {
-  const int64_t rows = x.dim(0);                                   // N
-  const int64_t cols = x.dim(1);                                   // C
-  std::vector<float> dgamma_acc(static_cast<size_t>(cols), 0.0f);  // (C)
-  std::vector<float> dbeta_acc(static_cast<size_t>(cols), 0.0f);   // (C)
+  const int64_t rows = x.dim(0);  // N
+  const int64_t cols = x.dim(1);  // C
+  // (C) each, empty when that gradient is not asked for.
+  std::vector<float> dgamma_acc(dgamma != nullptr ? static_cast<size_t>(cols) : 0, 0.0f);
+  std::vector<float> dbeta_acc(dbeta != nullptr ? static_cast<size_t>(cols) : 0, 0.0f);
+  const bool sum_dgamma = dgamma != nullptr;
+  const bool sum_dbeta = dbeta != nullptr;
   absl::Status s = VisitFloat(x.dtype(), [&](auto tag) {
     using Tag = decltype(tag);
     const auto* in = Ptr<Tag>(x);                               // (N, C)
@@ -54,8 +58,8 @@ absl::Status NormBackward(const Tensor& x, const Tensor* gamma, const Tensor* me
         dxhat[ci] = g != nullptr ? d * Tag::Load(g[c]) : d;
         sum_dxhat += dxhat[ci];
         sum_dxhat_xhat += dxhat[ci] * xhat[ci];
-        dgamma_acc[ci] += d * xhat[ci];
-        dbeta_acc[ci] += d;
+        if (sum_dgamma) dgamma_acc[ci] += d * xhat[ci];
+        if (sum_dbeta) dbeta_acc[ci] += d;
       }
       const float mean_dxhat = mu != nullptr ? sum_dxhat * inv_cols : 0.0f;
       const float mean_dxhat_xhat = sum_dxhat_xhat * inv_cols;
@@ -83,9 +87,9 @@ absl::Status LayerNormBackward(const Tensor& x, const Tensor* gamma, const Tenso
 }
 
 absl::Status RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                             const Tensor& dy, Tensor& dx, Tensor& dweight) {
+                             const Tensor& dy, Tensor& dx, Tensor* dweight) {
   AMPD_RETURN_IF_ERROR(ValidateRmsNormBackward(x, weight, rstd, dy, dx, dweight));
-  return NormBackward(x, &weight, nullptr, rstd, dy, dx, &dweight, nullptr);
+  return NormBackward(x, &weight, nullptr, rstd, dy, dx, dweight, nullptr);
 }
 
 }  // namespace ampd::kernels::cpu

@@ -260,6 +260,18 @@ class CudaBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  absl::Status CopyColumns(const Tensor& src, int64_t src_col, int64_t cols, Tensor& dst,
+                           int64_t dst_col) override {
+    AMPD_RETURN_IF_ERROR(ValidateCopyColumns(src, src_col, cols, dst, dst_col));
+    if (src.dim(0) == 0 || cols == 0) return absl::OkStatus();
+    AMPD_ENTER_DEVICE();
+    const auto elem = static_cast<int64_t>(SizeOf(src.dtype()));
+    return LaunchCopyColumns(static_cast<const unsigned char*>(src.data()) + src_col * elem,
+                             src.dim(1) * elem,
+                             static_cast<unsigned char*>(dst.data()) + dst_col * elem,
+                             dst.dim(1) * elem, src.dim(0), cols * elem, elem, stream());
+  }
+
   absl::Status Fill(Tensor& dst, float value) override {
     AMPD_RETURN_IF_ERROR(ValidateFill(dst));
     AMPD_ENTER_DEVICE();
@@ -590,20 +602,22 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                               const Tensor& dy, Tensor& dx, Tensor& dweight) override {
+                               const Tensor& dy, Tensor& dx, Tensor* dweight) override {
     AMPD_RETURN_IF_ERROR(ValidateRmsNormBackward(x, weight, rstd, dy, dx, dweight));
     AMPD_ENTER_DEVICE();
     const int64_t slabs = ColumnSumSlabs(x.dim(0), x.dim(1));
     float* partials = nullptr;  // (2, slabs, C): dweight's sums (the second half unused)
-    if (slabs > 1) {
+    // A frozen weight (dweight null): the launcher runs only the dx kernel,
+    // so no scratch is taken either.
+    if (slabs > 1 && dweight != nullptr) {
       AMPD_ASSIGN_OR_RETURN(void* scratch,
                             Scratch(static_cast<size_t>(2 * slabs * x.dim(1)) * sizeof(float)));
       partials = static_cast<float*>(scratch);
     }
-    return LaunchLayerNormBackward(x.data(), x.dtype(), weight.data(), x.dtype(), nullptr,
-                                   rstd.data_as<float>(), dy.data(), dx.data(), dweight.data(),
-                                   dweight.dtype(), nullptr, DType::kF32, x.dim(0), x.dim(1),
-                                   partials, stream());
+    return LaunchLayerNormBackward(
+        x.data(), x.dtype(), weight.data(), x.dtype(), nullptr, rstd.data_as<float>(), dy.data(),
+        dx.data(), dweight ? dweight->data() : nullptr, dweight ? dweight->dtype() : DType::kF32,
+        nullptr, DType::kF32, x.dim(0), x.dim(1), partials, stream());
   }
 
   // ---- grouped-query K/V heads --------------------------------------------------

@@ -210,13 +210,22 @@ absl::Status LaunchLayerNormForward(const void* x, DType dtype, const void* gamm
                                     void* y, float* mean, float* rstd, cudaStream_t stream);
 // partials: 2 * ColumnSumSlabs(rows, cols) * cols floats of scratch when
 // that count is > 1 and dgamma or dbeta is given, else unused. mean nullptr:
-// RMSNorm's backward (mean 0, no sum(g) term; dbeta nullptr).
+// RMSNorm's backward (mean 0, no sum(g) term; dbeta nullptr). dgamma and
+// dbeta both nullptr: only the dx kernel runs (a frozen RMSNorm weight, a
+// LayerNorm without affine).
 absl::Status LaunchLayerNormBackward(const void* x, DType dtype, const void* gamma,
                                      DType gamma_dtype, const float* mean, const float* rstd,
                                      const void* dy, void* dx, void* dgamma, DType dgamma_dtype,
                                      void* dbeta, DType dbeta_dtype, int64_t rows, int64_t cols,
                                      float* partials, cudaStream_t stream);
 
+// src and dst: the first byte of the block in row 0 of each; rows of
+// src_stride and dst_stride bytes; block_bytes copied per row (all
+// multiples of elem_bytes, which is 1, 2, 4 or 8). The regions must not
+// overlap.
+absl::Status LaunchCopyColumns(const void* src, int64_t src_stride, void* dst, int64_t dst_stride,
+                               int64_t rows, int64_t block_bytes, int64_t elem_bytes,
+                               cudaStream_t stream);
 // expand: in (rows, (heads + 2 kv_heads) head_dim) -> out (rows, 3 heads
 // head_dim); else the reduction from out's shape back to in's.
 absl::Status LaunchKvHeads(bool expand, const void* in, void* out, DType dtype, int64_t rows,

@@ -8,9 +8,10 @@
 // mean == nullptr: mean 0 and no sum(g) term, as in the CPU oracle. The column sums
 // are formed in fp32 per row slab (see ColumnSumSlabs in launchers.h), the
 // slabs added in a fixed order, added to the old value and rounded once:
-// deterministic. The column kernels run before the dx kernel, so dx may
-// alias x or dy. Templates per dtype; rows of a multiple of the vector
-// width move 16 bytes per access, in orders of addition that give the
+// deterministic. Neither dgamma nor dbeta given (LayerNorm without affine,
+// a frozen RMSNorm weight): no column kernel runs, only dx's. The column
+// kernels run before the dx kernel, so dx may alias x or dy. Templates per dtype; rows of a
+// multiple of the vector width move 16 bytes per access, in orders of addition that give the
 // element-by-element loops' bits (ForEachOwnColumn, and each column's rows
 // in the same order).
 #include "kernels/cuda/cuda_status.h"

@@ -483,6 +483,62 @@ void AddCopyCases(std::vector<OpCase>& cases) {
   }
 }
 
+// CopyColumns: a column block into another matrix's, bitwise, the rest of
+// dst kept. Shapes that take each CUDA path: "odd" offsets and widths (one
+// element per access; tall enough that the grid-stride loop goes round
+// more than once), "aligned" blocks whose offsets, strides and width are
+// multiples of 16 bytes (16-byte accesses), and integer dtypes of 8 and 1
+// bytes for the other element sizes.
+void AddCopyColumnsCases(std::vector<OpCase>& cases) {
+  struct Block {
+    const char* name;
+    int64_t rows, src_width, src_col, cols, dst_width, dst_col;
+  };
+  static const Block kBlocks[] = {
+      {"odd", 4099, 301, 7, 293, 307, 11},
+      {"aligned", 64, 1024, 256, 512, 768, 128},
+      {"edges", 3, 40, 32, 8, 8, 0},
+  };
+  const DType kDTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kI64, DType::kU8};
+  for (DType dt : kDTypes) {
+    for (const Block& k : kBlocks) {
+      if (!IsFloating(dt) && std::string(k.name) == "edges") continue;
+      auto random = [dt](const Shape& shape, uint64_t seed) {
+        if (IsFloating(dt)) return Random(dt, shape, seed, -5, 5);
+        HostTensor h = Ids(dt, NumElements(shape), seed, 256);
+        h.shape = shape;
+        return h;
+      };
+      auto build = [=] {
+        const HostTensor src = random({k.rows, k.src_width}, 28);
+        const HostTensor dst = random({k.rows, k.dst_width}, 29);
+        CaseFns c;
+        c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+          Io io(be);
+          AMPD_ASSIGN_OR_RETURN(Tensor s, io.Upload(src));
+          AMPD_ASSIGN_OR_RETURN(Tensor d, io.Upload(dst));
+          AMPD_RETURN_IF_ERROR(be.CopyColumns(s, k.src_col, k.cols, d, k.dst_col));
+          AMPD_RETURN_IF_ERROR(io.Read("dst", d, kBitwise));
+          AMPD_RETURN_IF_ERROR(io.Read("src", s, kBitwise));
+          return io.Take();
+        };
+        c.reference = [=] {
+          std::vector<double> want = dst.values;
+          for (int64_t r = 0; r < k.rows; ++r) {
+            for (int64_t j = 0; j < k.cols; ++j) {
+              want[static_cast<size_t>(r * k.dst_width + k.dst_col + j)] =
+                  src.values[static_cast<size_t>(r * k.src_width + k.src_col + j)];
+            }
+          }
+          return Outputs{{"dst", want, kBitwise}, {"src", src.values, kBitwise}};
+        };
+        return c;
+      };
+      cases.push_back({"CopyColumns", absl::StrCat(Lower(dt), "_", k.name), build});
+    }
+  }
+}
+
 // ReadBack: scalars written by queued ops (the read must wait for them) and
 // a raw copy of a tensor in the case's dtype, in one call.
 void AddReadBackCases(std::vector<OpCase>& cases) {
@@ -1436,52 +1492,72 @@ void AddRmsNormCases(std::vector<OpCase>& cases) {
            };
            return f;
          }});
-    cases.push_back({"RmsNormBackward", variant, [=] {
-                       const HostTensor x = Random(dt, {rows, cols}, 60, -2, 2);
-                       const HostTensor w = Random(dt, {cols}, 61, 0.5, 1.5);
-                       const HostTensor dy = Random(dt, {rows, cols}, 62, -1, 1);
-                       const HostTensor pw = Random(dt, {cols}, 63, -1, 1);
-                       HostTensor rstd{DType::kF32, {rows}, {}};
-                       for (double v : ref_rstd(x)) rstd.values.push_back(F32(v));
-                       CaseFns b;
-                       b.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
-                         Io io(be);
-                         AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(x));
-                         AMPD_ASSIGN_OR_RETURN(Tensor tw, io.Upload(w));
-                         AMPD_ASSIGN_OR_RETURN(Tensor tr, io.Upload(rstd));
-                         AMPD_ASSIGN_OR_RETURN(Tensor tdy, io.Upload(dy));
-                         AMPD_ASSIGN_OR_RETURN(Tensor tdx, io.Unwritten(dt, x.shape));
-                         AMPD_ASSIGN_OR_RETURN(Tensor tdw, io.Upload(pw));
-                         AMPD_RETURN_IF_ERROR(be.RmsNormBackward(tx, tw, tr, tdy, tdx, tdw));
-                         const Tol tol = DeviceElementwise(dt) + Tol{0, 1e-5 + rows * 1e-6};
-                         AMPD_RETURN_IF_ERROR(io.Read("dx", tdx, tol));
-                         AMPD_RETURN_IF_ERROR(io.Read("dweight", tdw, tol));
-                         return io.Take();
-                       };
-                       b.reference = [=] {
-                         std::vector<double> dx, dw(pw.values);
-                         for (int64_t r = 0; r < rows; ++r) {
-                           const double rs = rstd.values[static_cast<size_t>(r)];
-                           double sum_gx = 0;
-                           for (int64_t c = 0; c < cols; ++c) {
-                             const size_t i = static_cast<size_t>(r * cols + c);
-                             const double xhat = x.values[i] * rs;
-                             sum_gx += dy.values[i] * w.values[static_cast<size_t>(c)] * xhat;
-                             dw[static_cast<size_t>(c)] += dy.values[i] * xhat;
-                           }
-                           for (int64_t c = 0; c < cols; ++c) {
-                             const size_t i = static_cast<size_t>(r * cols + c);
-                             const double g = dy.values[i] * w.values[static_cast<size_t>(c)];
-                             dx.push_back(rs * (g - x.values[i] * rs * sum_gx / cols));
-                           }
-                         }
-                         // As LayerNorm's: a row sum of 320 terms below 3 and
-                         // column sums of 67 terms below 2 in fp32.
-                         return Outputs{{"dx", dx, Ulps(dt, 1) + Tol{16 * kU32, 1e-5}},
-                                        {"dweight", dw, Ulps(dt, 1) + Tol{0, 8 * 2 * rows * kU32}}};
-                       };
-                       return b;
-                     }});
+    // frozen: dweight nullptr (a LoRA fine-tune's base weight), dx alone.
+    for (bool frozen : {false, true}) {
+      cases.push_back(
+          {"RmsNormBackward", frozen ? variant + "_frozen" : variant, [=] {
+             const HostTensor x = Random(dt, {rows, cols}, 60, -2, 2);
+             const HostTensor w = Random(dt, {cols}, 61, 0.5, 1.5);
+             const HostTensor dy = Random(dt, {rows, cols}, 62, -1, 1);
+             const HostTensor pw = Random(dt, {cols}, 63, -1, 1);
+             HostTensor rstd{DType::kF32, {rows}, {}};
+             for (double v : ref_rstd(x)) rstd.values.push_back(F32(v));
+             CaseFns b;
+             b.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+               Io io(be);
+               AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(x));
+               AMPD_ASSIGN_OR_RETURN(Tensor tw, io.Upload(w));
+               AMPD_ASSIGN_OR_RETURN(Tensor tr, io.Upload(rstd));
+               AMPD_ASSIGN_OR_RETURN(Tensor tdy, io.Upload(dy));
+               AMPD_ASSIGN_OR_RETURN(Tensor tdx, io.Unwritten(dt, x.shape));
+               AMPD_ASSIGN_OR_RETURN(Tensor tdw, io.Upload(pw));
+               AMPD_RETURN_IF_ERROR(
+                   be.RmsNormBackward(tx, tw, tr, tdy, tdx, frozen ? nullptr : &tdw));
+               const Tol tol = DeviceElementwise(dt) + Tol{0, 1e-5 + rows * 1e-6};
+               AMPD_RETURN_IF_ERROR(io.Read("dx", tdx, tol));
+               if (!frozen) {
+                 AMPD_RETURN_IF_ERROR(io.Read("dweight", tdw, tol));
+               } else {
+                 // On every backend dx must not depend on whether dweight
+                 // is formed: the same bits with it as without.
+                 AMPD_ASSIGN_OR_RETURN(Tensor tdx2, io.Unwritten(dt, x.shape));
+                 AMPD_RETURN_IF_ERROR(be.RmsNormBackward(tx, tw, tr, tdy, tdx2, &tdw));
+                 AMPD_ASSIGN_OR_RETURN(std::vector<double> without, io.Values(tdx));
+                 AMPD_ASSIGN_OR_RETURN(std::vector<double> with, io.Values(tdx2));
+                 io.Add("dx the same with dweight", {without == with ? 1.0 : 0.0}, kBitwise);
+               }
+               return io.Take();
+             };
+             b.reference = [=] {
+               std::vector<double> dx, dw(pw.values);
+               for (int64_t r = 0; r < rows; ++r) {
+                 const double rs = rstd.values[static_cast<size_t>(r)];
+                 double sum_gx = 0;
+                 for (int64_t c = 0; c < cols; ++c) {
+                   const size_t i = static_cast<size_t>(r * cols + c);
+                   const double xhat = x.values[i] * rs;
+                   sum_gx += dy.values[i] * w.values[static_cast<size_t>(c)] * xhat;
+                   dw[static_cast<size_t>(c)] += dy.values[i] * xhat;
+                 }
+                 for (int64_t c = 0; c < cols; ++c) {
+                   const size_t i = static_cast<size_t>(r * cols + c);
+                   const double g = dy.values[i] * w.values[static_cast<size_t>(c)];
+                   dx.push_back(rs * (g - x.values[i] * rs * sum_gx / cols));
+                 }
+               }
+               // As LayerNorm's: a row sum of 320 terms below 3 and
+               // column sums of 67 terms below 2 in fp32.
+               Outputs out{{"dx", dx, Ulps(dt, 1) + Tol{16 * kU32, 1e-5}}};
+               if (!frozen) {
+                 out.push_back({"dweight", dw, Ulps(dt, 1) + Tol{0, 8 * 2 * rows * kU32}});
+               } else {
+                 out.push_back({"dx the same with dweight", {1.0}, kBitwise});
+               }
+               return out;
+             };
+             return b;
+           }});
+    }
   }
 }
 
@@ -2582,6 +2658,7 @@ const std::vector<OpCase>& AllCases() {
     AddFillRandomCases(*all);
     AddCastCases(*all);
     AddCopyCases(*all);
+    AddCopyColumnsCases(*all);
     AddReadBackCases(*all);
     AddAddCases(*all);
     AddAddScaledCases(*all);

@@ -74,7 +74,7 @@ TEST_F(CpuDecoderOpsTest, RmsNormBackwardIsTheForwardsDerivative) {
   ASSERT_TRUE(be_->RmsNormForward(xt, wt, eps, y, rstd).ok());
   Tensor dx = Filled(DType::kF32, {rows, cols}, 7);
   Tensor dw = Filled(DType::kF32, {cols}, 0);
-  ASSERT_TRUE(be_->RmsNormBackward(xt, wt, rstd, dyt, dx, dw).ok());
+  ASSERT_TRUE(be_->RmsNormBackward(xt, wt, rstd, dyt, dx, &dw).ok());
   const std::vector<double> got_dx = ReadTensor(*be_, dx);
   const std::vector<double> got_dw = ReadTensor(*be_, dw);
   const double h = 1.0 / 256;  // x +- h exact in fp32 for these x
@@ -92,6 +92,37 @@ TEST_F(CpuDecoderOpsTest, RmsNormBackwardIsTheForwardsDerivative) {
     wm[c] -= h;
     const double fd = (loss(x, wp) - loss(x, wm)) / (2 * h);
     EXPECT_NEAR(got_dw[c], fd, 3e-4 + 1e-3 * std::fabs(fd)) << "w[" << c << "]";
+  }
+}
+
+// A frozen weight (dweight null) changes nothing about dx: the same bits
+// as with a dweight, in every float dtype, every element written.
+TEST_F(CpuDecoderOpsTest, RmsNormBackwardWithoutDweightGivesTheSameDx) {
+  const int64_t rows = 9, cols = 40;
+  const size_t n = static_cast<size_t>(rows * cols);
+  for (DType dt : testing::kFloatTypes) {
+    SCOPED_TRACE(DTypeName(dt));
+    Tensor x = MakeTensor(*be_, dt, {rows, cols}, RandomValues(rng_, dt, n, -2, 2));
+    Tensor w =
+        MakeTensor(*be_, dt, {cols}, RandomValues(rng_, dt, static_cast<size_t>(cols), 0.5, 1.5));
+    Tensor dy = MakeTensor(*be_, dt, {rows, cols}, RandomValues(rng_, dt, n, -1, 1));
+    Tensor y = Filled(dt, {rows, cols}, 0);
+    Tensor rstd = Filled(DType::kF32, {rows}, 0);
+    ASSERT_TRUE(be_->RmsNormForward(x, w, 1e-6f, y, rstd).ok());
+    Tensor dx_trained = Filled(dt, {rows, cols}, 7);
+    Tensor dw = Filled(dt, {cols}, 0);
+    ASSERT_TRUE(be_->RmsNormBackward(x, w, rstd, dy, dx_trained, &dw).ok());
+    Tensor dx_frozen = Filled(dt, {rows, cols}, 7);
+    ASSERT_TRUE(be_->RmsNormBackward(x, w, rstd, dy, dx_frozen, nullptr).ok());
+    EXPECT_TRUE(testing::RawBytes(*be_, dx_frozen) == testing::RawBytes(*be_, dx_trained));
+    size_t sevens = 0;
+    for (double v : ReadTensor(*be_, dx_frozen)) sevens += v == 7.0;
+    EXPECT_EQ(sevens, 0u) << "dx elements left unwritten";
+    // dweight was formed in the first call (not all zero), so the equality
+    // above compares a run that summed it with one that did not.
+    size_t zeros = 0;
+    for (double v : ReadTensor(*be_, dw)) zeros += v == 0.0;
+    EXPECT_LT(zeros, static_cast<size_t>(cols));
   }
 }
 
@@ -229,7 +260,10 @@ TEST_F(CpuDecoderOpsTest, RefusesBadOperandsNamingThem) {
   ExpectInvalidNaming(be_->RmsNormForward(x, w_f32, 1e-6f, y, r), "weight");
   ExpectInvalidNaming(be_->RmsNormForward(x, w, 1e-6f, y, r_bad), "rstd");
   Tensor dw_bad = Filled(DType::kF32, {9}, 0);
-  ExpectInvalidNaming(be_->RmsNormBackward(x, w, r, x, y, dw_bad), "dweight");
+  ExpectInvalidNaming(be_->RmsNormBackward(x, w, r, x, y, &dw_bad), "dweight");
+  // A frozen weight skips only dweight's checks.
+  ExpectInvalidNaming(be_->RmsNormBackward(x, w_bad, r, x, y, nullptr), "weight");
+  ExpectInvalidNaming(be_->RmsNormBackward(x, w, r_bad, x, y, nullptr), "rstd");
 
   Tensor q = Filled(DType::kBF16, {2, 3, 12}, 1);
   Tensor f = Filled(DType::kF32, {2}, 1);

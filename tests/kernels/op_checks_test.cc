@@ -64,6 +64,34 @@ TEST_F(OpChecksTest, CopyChecksDTypeAndCountBeforeMemory) {
   ExpectMessage(ValidateCopy(one, empty), "Copy: dst is F32() but holds no memory");
 }
 
+TEST_F(OpChecksTest, CopyColumnsNamesTheColumnAndItsBounds) {
+  Tensor src = Make(DType::kBF16, {4, 6});
+  Tensor dst = Make(DType::kBF16, {4, 9});
+  EXPECT_TRUE(ValidateCopyColumns(src, 6, 0, dst, 9).ok());  // an empty block at the end
+  ExpectMessage(ValidateCopyColumns(src, 2, 5, dst, 0),
+                "CopyColumns: src_col is 2 with cols 5 but src is BF16(4, 6); expected 0 <= "
+                "src_col and src_col + cols <= 6");
+  ExpectMessage(ValidateCopyColumns(src, 0, 6, dst, -1),
+                "CopyColumns: dst_col is -1 with cols 6 but dst is BF16(4, 9); expected 0 <= "
+                "dst_col and dst_col + cols <= 9");
+  ExpectMessage(ValidateCopyColumns(src, 0, -2, dst, 0), "CopyColumns: cols is -2; expected >= 0");
+  Tensor tall = Make(DType::kBF16, {5, 9});
+  ExpectMessage(ValidateCopyColumns(src, 0, 1, tall, 0),
+                "CopyColumns: dst is BF16(5, 9) but src is BF16(4, 6); row counts differ");
+  ExpectMessage(ValidateCopyColumns(src, 0, 1, src, 2),
+                "CopyColumns: dst BF16(4, 6) overlaps src BF16(4, 6)");
+}
+
+TEST_F(OpChecksTest, RmsNormBackwardTakesANullDweight) {
+  Tensor x = Make(DType::kF16, {3, 8});
+  Tensor w = Make(DType::kF16, {8});
+  Tensor rstd = Make(DType::kF32, {3});
+  Tensor dw_bad = Make(DType::kF32, {7});
+  EXPECT_TRUE(ValidateRmsNormBackward(x, w, rstd, x, x, nullptr).ok());
+  ExpectMessage(ValidateRmsNormBackward(x, w, rstd, x, x, &dw_bad),
+                "RmsNormBackward: dweight is F32(7) but x is F16(3, 8); expected (8)");
+}
+
 TEST_F(OpChecksTest, BiasLengthAndActivationMessagesAreTheOraclesOnes) {
   Tensor y = Make(DType::kF32, {4, 3});
   Tensor bias = Make(DType::kF32, {2});

@@ -39,7 +39,7 @@ absl::Status DecoderModel::BackwardMlp(DecoderWorkspace& ws, size_t l, float bet
   AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, ws.d_gate, value(p.gate), 0.0f, ws.d_ln));
   AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, ws.d_up, value(p.up), 1.0f, ws.d_ln));
   AMPD_RETURN_IF_ERROR(b.RmsNormBackward(sv.resid, value(p.post_norm), sv.rstd_2, ws.d_ln, ws.d_tmp,
-                                         grad(p.post_norm)));
+                                         &grad(p.post_norm)));
   AMPD_RETURN_IF_ERROR(b.Add(ws.d_tmp, ws.d_res));
   return absl::OkStatus();
 }
@@ -102,7 +102,7 @@ absl::Status DecoderModel::BackwardAttention(DecoderWorkspace& ws, size_t l, boo
   AMPD_RETURN_IF_ERROR(CopyQkv(p, kValues, kToStack, ws.w_qkv, nullptr));
   AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, ws.d_qkv, ws.w_qkv, 0.0f, ws.d_ln));
   AMPD_RETURN_IF_ERROR(b.RmsNormBackward(ws.x[l], value(p.input_norm), sv.rstd_1, ws.d_ln, ws.d_tmp,
-                                         grad(p.input_norm)));
+                                         &grad(p.input_norm)));
   return absl::OkStatus();
 }
 
@@ -122,7 +122,7 @@ absl::Status DecoderModel::Backward(Workspace& any, bool first_micro_batch,
 
   // The final norm: d_res = dL/dx_L.
   AMPD_RETURN_IF_ERROR(
-      b.RmsNormBackward(ws.x.back(), value(norm_), ws.rstd_f, ws.d_ln, ws.d_res, grad(norm_)));
+      b.RmsNormBackward(ws.x.back(), value(norm_), ws.rstd_f, ws.d_ln, ws.d_res, &grad(norm_)));
   if (ready) {
     const int done[2] = {norm_, lm_head_};
     AMPD_RETURN_IF_ERROR(ready(absl::MakeConstSpan(done, lm_head_ >= 0 ? 2 : 1)));
