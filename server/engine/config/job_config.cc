@@ -70,8 +70,13 @@ int64_t EstimateJobBytes(const JobConfig& config) {
       optimizer = 8;  // exp_avg + exp_avg_sq
       break;
   }
-  // master fp32 + working copy + gradients + optimizer state.
-  return SaturatingMul(params, 4 + 2 * working + optimizer);
+  // Trainable: master fp32 + working copy + gradients + optimizer state.
+  // Frozen (a LoRA job's base): the working copy alone.
+  const int64_t frozen = model::FrozenParameterCount(config.model);
+  // (Not params - frozen: either count may have saturated.)
+  const int64_t trainable = frozen > 0 ? model::LoraParameterCount(*config.model.decoder) : params;
+  return SaturatingAdd(SaturatingMul(trainable, 4 + 2 * working + optimizer),
+                       SaturatingMul(frozen, working));
 }
 
 JobConfig DefaultJobConfig(model::Precision precision, amp::ScalerPolicy policy,

@@ -63,7 +63,8 @@ class ValidJobConfig {
 // Estimated bytes a job's weights hold on its backend for its lifetime:
 // parameters x (4 for the fp32 master + 2 x the working dtype's size for the
 // working copy and the gradient + the optimizer's fp32 state: 8 for
-// Adam/AdamW's two moments, 4 for SGD momentum, 0 for plain SGD); an upper
+// Adam/AdamW's two moments, 4 for SGD momentum, 0 for plain SGD), except
+// the frozen ones of a LoRA job, which hold their working copy alone; an upper
 // bound for fp32 jobs, whose forward reads the master directly. Activations
 // and buffers depend on the batch: model::WorkspaceBytes counts those, per
 // step. Computed with saturating arithmetic, so a spec whose count overflows

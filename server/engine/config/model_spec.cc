@@ -468,12 +468,19 @@ int64_t OutputFeatures(const ModelSpec& spec) {
 
 int64_t ParameterCount(const ModelSpec& spec) {
   if (spec.gpt.has_value()) return GptParameterCount(*spec.gpt);
-  if (spec.decoder.has_value()) return DecoderParameterCount(*spec.decoder);
+  if (spec.decoder.has_value()) {
+    return SaturatingAdd(DecoderParameterCount(*spec.decoder), LoraParameterCount(*spec.decoder));
+  }
   int64_t count = 0;
   for (const LayerSpec& layer : spec.layers) {
     count = SaturatingAdd(count, LayerParameterCount(layer));
   }
   return count;
+}
+
+int64_t FrozenParameterCount(const ModelSpec& spec) {
+  const bool lora = spec.decoder.has_value() && spec.decoder->lora.has_value();
+  return lora ? DecoderParameterCount(*spec.decoder) : 0;
 }
 
 int64_t GptBlockScaleGroup(int64_t block, int64_t n_layer) {

@@ -170,9 +170,13 @@ int64_t GptParameterCount(const GptSpec& gpt);
 // their biases, gate/up/down), the final RMSNorm and an untied head.
 int64_t DecoderParameterCount(const DecoderSpec& decoder);
 
-// Parameter count of the model (weights and biases); saturates at INT64_MAX
-// for a spec whose count overflows (ValidateModelSpec refuses those).
+// Parameter count of the model (weights and biases, and a LoRA decoder's
+// adapters); saturates at INT64_MAX for a spec whose count overflows
+// (ValidateModelSpec refuses those).
 int64_t ParameterCount(const ModelSpec& spec);
+// Of those, the ones a job holds frozen, in the working dtype only (a LoRA
+// decoder's base: DecoderParameterCount); the others train. Saturating.
+int64_t FrozenParameterCount(const ModelSpec& spec);
 
 // For a valid layer-stack spec: the width of a float input row (the first Linear's
 // in_features or LayerNorm's normalized_shape; 0 when the first layer is an

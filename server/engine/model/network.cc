@@ -99,13 +99,44 @@ absl::StatusOr<int> Network::AddParameter(std::string name, const kernels::Shape
   parameter_count_ += p.master.numel();
   const auto index = static_cast<int>(params_.size());
   params_.push_back(std::move(p));
+  trainable_.push_back(index);
   if (plus_equal) plus_equal_grads_.push_back(index);
+  return index;
+}
+
+absl::StatusOr<int> Network::AddFrozenParameter(std::string name, const kernels::Shape& shape,
+                                                ParamInit init) {
+  Parameter p;
+  p.name = std::move(name);
+  p.frozen = true;
+  // Drawn in F32 as a trainable parameter's master is; a 16-bit job keeps
+  // the rounded copy only (the F32 draw is freed on return).
+  AMPD_ASSIGN_OR_RETURN(kernels::Tensor drawn, backend_.Allocate(DType::kF32, shape));
+  if (init.random) {
+    init.fill.stream = params_.size();
+    AMPD_RETURN_IF_ERROR(backend_.FillRandom(drawn, init.fill));
+  } else {
+    AMPD_RETURN_IF_ERROR(backend_.Fill(drawn, init.value));
+  }
+  if (working_dtype_ == DType::kF32) {
+    p.master = std::move(drawn);
+  } else {
+    AMPD_ASSIGN_OR_RETURN(p.working, backend_.Allocate(working_dtype_, shape));
+    // Freeing the draw after a queued cast is safe: the backends free in
+    // stream order.
+    AMPD_RETURN_IF_ERROR(backend_.Cast(drawn, p.working));
+  }
+  parameter_count_ += p.held().numel();
+  const auto index = static_cast<int>(params_.size());
+  params_.push_back(std::move(p));
   return index;
 }
 
 absl::Status Network::CastWorking() {
   if (working_dtype_ == DType::kF32) return absl::OkStatus();
-  for (Parameter& p : params_) AMPD_RETURN_IF_ERROR(backend_.Cast(p.master, p.working));
+  for (Parameter& p : params_) {
+    if (!p.frozen) AMPD_RETURN_IF_ERROR(backend_.Cast(p.master, p.working));
+  }
   return absl::OkStatus();
 }
 

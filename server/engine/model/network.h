@@ -27,14 +27,25 @@
 
 namespace ampd::engine::model {
 
+// A trainable parameter has all three tensors below (working empty in fp32).
+// A frozen one (a LoRA job's base weights) is held once, in the working
+// dtype: the working copy of a 16-bit job (no master) or the F32 master of
+// an fp32 one, and never has a gradient, an optimizer state or an update;
+// that is what makes a LoRA job cost about 2 bytes per base parameter in
+// fp16/bf16 instead of 16.
 struct Parameter {
   std::string name;         // its state-dict name (state_dict.h, gpt/gpt_model.h)
-  kernels::Tensor master;   // F32, what the optimizer updates and the state dict holds
+  kernels::Tensor master;   // F32, what the optimizer updates; empty when frozen in 16 bits
   kernels::Tensor working;  // F16/BF16 copy the GEMMs read; empty for fp32 jobs
-  kernels::Tensor grad;     // working dtype (F32 for fp32), accumulated over micro-batches
+  kernels::Tensor grad;     // working dtype (F32 for fp32), accumulated over
+                            // micro-batches; empty when frozen
+  bool frozen = false;
 
   // The tensor forward/backward read: the working copy, or the master in fp32.
   const kernels::Tensor& value() const { return working.empty() ? master : working; }
+  // The tensor the state dict holds: the master, or a frozen 16-bit
+  // parameter's working copy (exported and loaded in the working dtype).
+  kernels::Tensor& held() { return master.empty() ? working : master; }
 };
 
 // A micro-batch's token loss (api.h's LossFn and MicroBatch fields) as a
@@ -98,7 +109,12 @@ class Network {
   kernels::DType working_dtype() const { return working_dtype_; }
   std::vector<Parameter>& params() { return params_; }
   const std::vector<Parameter>& params() const { return params_; }
+  // Elements of every parameter, frozen ones included.
   int64_t parameter_count() const { return parameter_count_; }
+  // The indices into params() of the parameters that train (all but the
+  // frozen ones), in params()' order: what the optimizer, the loss scaler's
+  // checks and the update cover.
+  const std::vector<int>& trainable() const { return trainable_; }
 
   // The cached buffers for inputs of this shape (allocated on first use).
   absl::StatusOr<Workspace*> GetWorkspace(const kernels::Shape& input_shape);
@@ -179,7 +195,8 @@ class Network {
   // up). Zeroing them together costs one pass over their bytes, dominated
   // by the embedding's, whatever their number.
   absl::Status ZeroGrads();
-  // working <- master (rounded RNE); a no-op for fp32.
+  // working <- master (rounded RNE) of every trainable parameter; a no-op
+  // for fp32.
   absl::Status CastWorking();
 
   // This model's own name for each of a loaded state dict's tensors, in
@@ -190,6 +207,20 @@ class Network {
       const codec::StateDict& state) const;
   // Metadata this model's exported state dicts carry beside the Trainer's.
   virtual void AnnotateExport(codec::StateDict& state) const;
+
+  // LoRA (a decoder's, decoder/decoder_lora.h): each adapter as indices
+  // into params() of the frozen weight W (out, in) it adapts and of its A
+  // (r, in) and B (out, r), in params()' order of the A's; empty for a model
+  // without adapters. The adapted weight is W + scale B A.
+  struct AdapterRef {
+    int weight = -1;
+    int a = -1;
+    int b = -1;
+  };
+  virtual std::vector<AdapterRef> Adapters() const { return {}; }
+  virtual float AdapterScale() const { return 0.0f; }
+  // PEFT's adapter_config.json for the adapters ("" without any).
+  virtual std::string AdapterConfigJson() const { return ""; }
 
   // Per-layer loss scales (amp/grad_scaler.h): the layer group of each
   // parameter in params() order, groups numbered from 0 in forward order
@@ -219,6 +250,11 @@ class Network {
   // clears it).
   absl::StatusOr<int> AddParameter(std::string name, const kernels::Shape& shape, ParamInit init,
                                    bool plus_equal);
+  // A frozen parameter (see Parameter), drawn as AddParameter would draw it
+  // (the same Philox stream for the same index, so a LoRA job's base equals
+  // the full job's of the same seed) and held in the working dtype only.
+  absl::StatusOr<int> AddFrozenParameter(std::string name, const kernels::Shape& shape,
+                                         ParamInit init);
 
   // SetGroupScales' check: InvalidArgument unless there is one scale per
   // layer group (LayerScaleGroups of the spec).
@@ -245,6 +281,7 @@ class Network {
   Precision precision_;
   kernels::DType working_dtype_;
   std::vector<Parameter> params_;
+  std::vector<int> trainable_;
   std::vector<int> plus_equal_grads_;
   std::vector<kernels::Tensor*> zeroed_grads_;  // ZeroGrads' list, built once
   int64_t parameter_count_ = 0;

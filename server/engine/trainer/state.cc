@@ -9,6 +9,10 @@
 // ReplaceState is LoadState that keeps what it replaced (on the device) so
 // a caller can undo it, and ArrangeForLoad turns a state dict into what
 // ExportState would read back once it is loaded, without loading it.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,6 +23,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/float16.h"
 #include "server/engine/trainer/trainer.h"
 #include "server/engine/trainer/trainer_impl.h"
 
@@ -60,34 +65,69 @@ absl::StatusOr<int64_t> ParseCount(const checkpoint::StateDict& state, const std
   return v;
 }
 
-// The state dict's tensors in ExportState's order: each parameter's master
-// weight, then every parameter's optimizer buffers. Name -> live tensor.
+// The state dict's tensors in ExportState's order: each parameter's held
+// tensor (its F32 master, or a frozen 16-bit parameter's working copy), then
+// every trainable parameter's optimizer buffers. Name -> live tensor.
 std::vector<std::pair<std::string, Tensor*>> StateTensors(model::Network& model,
                                                           optim::OptimizerState& optimizer) {
   std::vector<model::Parameter>& params = model.params();
   const auto& buffer_names = optimizer.buffer_names();
   std::vector<std::pair<std::string, Tensor*>> tensors;
-  tensors.reserve(params.size() * (1 + buffer_names.size()));
-  for (model::Parameter& p : params) tensors.emplace_back(p.name, &p.master);
-  for (size_t p = 0; p < params.size(); ++p) {
+  tensors.reserve(params.size() + model.trainable().size() * buffer_names.size());
+  for (model::Parameter& p : params) tensors.emplace_back(p.name, &p.held());
+  for (size_t slot = 0; slot < model.trainable().size(); ++slot) {
+    const std::string& name = params[static_cast<size_t>(model.trainable()[slot])].name;
     for (size_t i = 0; i < buffer_names.size(); ++i) {
-      tensors.emplace_back(absl::StrCat("optimizer.", params[p].name, ".", buffer_names[i]),
-                           &optimizer.buffers()[p][i]);
+      tensors.emplace_back(absl::StrCat("optimizer.", name, ".", buffer_names[i]),
+                           &optimizer.buffers()[slot][i]);
     }
   }
   return tensors;
 }
 
-// Device copies of `sources` in fresh tensors shaped as `targets` (a null
-// source is a tensor that starts at zero), waited for: the live state is
-// untouched, and a device error leaves it whole.
+// A state tensor for a live tensor of dtype `live`: of that dtype, or F32
+// for a 16-bit one (a frozen base given in full precision, as a full job
+// exports it), rounded to nearest even here. InvalidArgument for another
+// dtype, or an F32 value the 16-bit dtype cannot hold (inf from a finite
+// value would freeze a non-finite weight into the model).
+bool LoadsInto(DType given, DType live) {
+  return given == live || (given == DType::kF32 && live != DType::kF32);
+}
+
+absl::StatusOr<HostTensor> RoundedTo(const std::string& name, const HostTensor& f32, DType dtype) {
+  HostTensor out;
+  out.dtype = dtype;
+  out.shape = f32.shape;
+  const size_t n = f32.data.size() / sizeof(float);
+  ResizeForBulkCopy(&out.data, n * sizeof(uint16_t));
+  for (size_t i = 0; i < n; ++i) {
+    float v = 0.0f;
+    std::memcpy(&v, f32.data.data() + i * sizeof(float), sizeof(float));
+    const uint16_t bits =
+        dtype == DType::kF16 ? kernels::FloatToHalfBits(v) : kernels::FloatToBf16Bits(v);
+    const float back =
+        dtype == DType::kF16 ? kernels::HalfBitsToFloat(bits) : kernels::Bf16BitsToFloat(bits);
+    if (std::isfinite(v) && !std::isfinite(back)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": element ", i, " (", v, ") overflows ", kernels::DTypeName(dtype)));
+    }
+    std::memcpy(out.data.data() + i * sizeof(uint16_t), &bits, sizeof(uint16_t));
+  }
+  return out;
+}
+
+// Device copies of `sources` in fresh tensors shaped and typed as
+// `targets` (a null source is a tensor that starts at zero), waited for:
+// the live state is untouched, and a device error leaves it whole. Each
+// source is of its target's dtype (PlanLoad converts the others).
 absl::StatusOr<std::vector<Tensor>> StageTensors(
     kernels::Backend& b, const std::vector<std::pair<std::string, Tensor*>>& targets,
     const std::vector<const HostTensor*>& sources) {
   std::vector<Tensor> fresh;
   fresh.reserve(targets.size());
   for (size_t i = 0; i < targets.size(); ++i) {
-    AMPD_ASSIGN_OR_RETURN(Tensor t, b.Allocate(DType::kF32, targets[i].second->shape()));
+    const Tensor& live = *targets[i].second;
+    AMPD_ASSIGN_OR_RETURN(Tensor t, b.Allocate(live.dtype(), live.shape()));
     if (sources[i] == nullptr) {
       AMPD_RETURN_IF_ERROR(b.Fill(t, 0.0f));
     } else {
@@ -114,20 +154,19 @@ void Trainer::AddStateMetadata(const amp::GradScaler& scaler, int64_t opt_step, 
   impl_->model->AnnotateExport(state);
 }
 
-absl::StatusOr<checkpoint::StateDict> Trainer::ExportState() const {
-  Impl& m = *impl_;
-  checkpoint::StateDict state;
+absl::StatusOr<std::vector<codec::NamedTensor>> ReadHostTensors(
+    kernels::Backend& backend, const std::vector<std::pair<std::string, Tensor*>>& sources) {
   // The host tensors are laid out first and filled by a few batched
   // ReadBacks (one device sync per batch, not one per tensor); their buffers
   // are only addressed once the vector holding them stops growing.
-  const std::vector<std::pair<std::string, Tensor*>> sources = StateTensors(*m.model, m.optimizer);
-  state.tensors.reserve(sources.size());
+  std::vector<codec::NamedTensor> tensors;
+  tensors.reserve(sources.size());
   for (const auto& [name, t] : sources) {
     HostTensor h;
-    h.dtype = DType::kF32;
+    h.dtype = t->dtype();
     h.shape = t->shape();
     ResizeForBulkCopy(&h.data, t->nbytes());
-    state.tensors.push_back({name, std::move(h)});
+    tensors.push_back({name, std::move(h)});
   }
   // Batches of at most kExportBatchBytes (a larger tensor goes alone): a
   // CUDA backend stages ReadBack's copies in a pinned buffer it keeps, and
@@ -136,17 +175,25 @@ absl::StatusOr<checkpoint::StateDict> Trainer::ExportState() const {
   std::vector<kernels::HostCopy> copies;
   size_t batch_bytes = 0;
   for (size_t i = 0; i <= sources.size(); ++i) {
-    const size_t bytes = i < sources.size() ? state.tensors[i].tensor.data.size() : 0;
+    const size_t bytes = i < sources.size() ? tensors[i].tensor.data.size() : 0;
     if (!copies.empty() && (i == sources.size() || batch_bytes + bytes > kExportBatchBytes)) {
-      AMPD_RETURN_IF_ERROR(m.backend->ReadBack({}, {}, copies));
+      AMPD_RETURN_IF_ERROR(backend.ReadBack({}, {}, copies));
       copies.clear();
       batch_bytes = 0;
     }
     if (i == sources.size()) break;
-    std::string& data = state.tensors[i].tensor.data;
+    std::string& data = tensors[i].tensor.data;
     copies.push_back({sources[i].second, data.data(), data.size()});
     batch_bytes += bytes;
   }
+  return tensors;
+}
+
+absl::StatusOr<checkpoint::StateDict> Trainer::ExportState() const {
+  Impl& m = *impl_;
+  checkpoint::StateDict state;
+  AMPD_ASSIGN_OR_RETURN(state.tensors,
+                        ReadHostTensors(*m.backend, StateTensors(*m.model, m.optimizer)));
   AddStateMetadata(m.scaler, m.optimizer.applied_steps(), m.steps_run, state);
   return state;
 }
@@ -165,6 +212,17 @@ struct Trainer::LoadPlan {
   // Index into state.tensors of each target's source; -1: a moment a
   // weights-only load starts at zero.
   std::vector<int64_t> sources;
+  // By target: the source rounded to the target's 16-bit dtype, where the
+  // state gave it in F32 (LoadsInto); loaded in its place.
+  std::map<size_t, HostTensor> rounded;
+
+  // Target t's source in `state` (the one planned, or an arranged copy of
+  // it), rounded when it had to be; nullptr for a zero moment.
+  template <typename State>
+  auto Source(State& state, size_t t) -> decltype(&state.tensors[0].tensor) {
+    if (auto it = rounded.find(t); it != rounded.end()) return &it->second;
+    return sources[t] < 0 ? nullptr : &state.tensors[static_cast<size_t>(sources[t])].tensor;
+  }
   amp::GradScaler scaler;
   int64_t opt_step = 0;
   int64_t steps_run = 0;
@@ -204,7 +262,7 @@ absl::StatusOr<Trainer::LoadPlan> Trainer::PlanLoad(const checkpoint::StateDict&
 
   // 1. Every expected tensor present with the right dtype, shape and bytes;
   //    nothing unexpected (a state saved for another model or optimizer).
-  LoadPlan plan{StateTensors(*m.model, m.optimizer), {}, m.scaler, 0, m.steps_run};
+  LoadPlan plan{StateTensors(*m.model, m.optimizer), {}, {}, m.scaler, 0, m.steps_run};
   const size_t weight_count = m.model->params().size();
   std::vector<std::pair<std::string, Tensor*>> present;  // a partial load's targets
   for (size_t t = 0; t < plan.targets.size(); ++t) {
@@ -224,9 +282,15 @@ absl::StatusOr<Trainer::LoadPlan> Trainer::PlanLoad(const checkpoint::StateDict&
     if (partial) present.push_back(plan.targets[t]);
     const HostTensor& h = state.tensors[static_cast<size_t>(found->second)].tensor;
     AMPD_RETURN_IF_ERROR(h.Validate(name));
-    if (h.dtype != DType::kF32 || h.shape != live->shape()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          name, ": expected F32", kernels::ShapeToString(live->shape()), ", got ", Got(h)));
+    if (!LoadsInto(h.dtype, live->dtype()) || h.shape != live->shape()) {
+      const std::string also_f32 = live->dtype() != DType::kF32 ? " (or F32)" : "";
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": expected ", kernels::DTypeName(live->dtype()), also_f32,
+                       kernels::ShapeToString(live->shape()), ", got ", Got(h)));
+    }
+    if (h.dtype != live->dtype()) {
+      AMPD_ASSIGN_OR_RETURN(HostTensor rounded, RoundedTo(name, h, live->dtype()));
+      plan.rounded.emplace(plan.sources.size(), std::move(rounded));  // this target's index
     }
     plan.sources.push_back(found->second);
   }
@@ -279,8 +343,7 @@ absl::StatusOr<checkpoint::StateDict> Trainer::ArrangeForLoad(checkpoint::StateD
     absl::flat_hash_map<std::string, size_t> index;
     for (size_t i = 0; i < arranged.tensors.size(); ++i) index[arranged.tensors[i].name] = i;
     for (size_t t = 0; t < plan.targets.size(); ++t) {
-      arranged.tensors[index.at(plan.targets[t].first)].tensor =
-          std::move(state.tensors[static_cast<size_t>(plan.sources[t])].tensor);
+      arranged.tensors[index.at(plan.targets[t].first)].tensor = std::move(*plan.Source(state, t));
     }
     return arranged;
   }
@@ -289,12 +352,12 @@ absl::StatusOr<checkpoint::StateDict> Trainer::ArrangeForLoad(checkpoint::StateD
   for (size_t t = 0; t < plan.targets.size(); ++t) {
     const auto& [name, live] = plan.targets[t];
     HostTensor h;
-    if (plan.sources[t] >= 0) {
+    if (HostTensor* source = plan.Source(state, t); source != nullptr) {
       // The bytes the device will be given, so the bytes it would give
-      // back (an F32 copy is exact): moved, not copied.
-      h = std::move(state.tensors[static_cast<size_t>(plan.sources[t])].tensor);
+      // back (a copy in the live dtype is exact): moved, not copied.
+      h = std::move(*source);
     } else {
-      h.dtype = DType::kF32;
+      h.dtype = live->dtype();
       h.shape = live->shape();
       h.data.assign(static_cast<size_t>(live->nbytes()), '\0');
     }
@@ -311,9 +374,7 @@ absl::StatusOr<Trainer::ReplacedState> Trainer::ReplaceState(const checkpoint::S
   AMPD_ASSIGN_OR_RETURN(LoadPlan plan, PlanLoad(state, step_count, coverage));
   std::vector<const HostTensor*> sources;
   sources.reserve(plan.sources.size());
-  for (const int64_t i : plan.sources) {
-    sources.push_back(i < 0 ? nullptr : &state.tensors[static_cast<size_t>(i)].tensor);
-  }
+  for (size_t t = 0; t < plan.sources.size(); ++t) sources.push_back(plan.Source(state, t));
   // 3. The device copies, into fresh tensors; then the commit swaps them
   //    into the live Tensor objects (their addresses are what the cached
   //    ParamRefs point at), and what was live is kept for UndoReplace.

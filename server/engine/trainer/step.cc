@@ -310,9 +310,10 @@ absl::Status Trainer::Impl::ForwardBackward(const StepInput& input, const StepPl
     last_hooks.grads_ready = [this, all_reduce](absl::Span<const int> params) -> absl::Status {
       ready_grads.clear();
       for (const int p : params) {
-        if (grad_started[static_cast<size_t>(p)] != 0) continue;
-        grad_started[static_cast<size_t>(p)] = 1;
-        ready_grads.push_back(grads[static_cast<size_t>(p)]);
+        const int slot = slot_of[static_cast<size_t>(p)];  // -1: frozen, nothing to sum
+        if (slot < 0 || grad_started[static_cast<size_t>(slot)] != 0) continue;
+        grad_started[static_cast<size_t>(slot)] = 1;
+        ready_grads.push_back(grads[static_cast<size_t>(slot)]);
       }
       return all_reduce->Start(ready_grads);
     };

@@ -63,16 +63,24 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   AMPD_ASSIGN_OR_RETURN(impl->model,
                         model::CreateNetwork(config.model, config.precision, config.seed, b));
 
+  // The optimizer, the scaler's checks and the update cover the trainable
+  // parameters alone (a LoRA job's frozen base has no master, gradient or
+  // state); impl's per-parameter lists are in model->trainable()'s order.
+  std::vector<model::Parameter>& params = impl->model->params();
   std::vector<std::string> names;
   std::vector<kernels::Shape> shapes;
-  for (const model::Parameter& p : impl->model->params()) {
+  for (const int index : impl->model->trainable()) {
+    const model::Parameter& p = params[static_cast<size_t>(index)];
     names.push_back(p.name);
     shapes.push_back(p.master.shape());
   }
   AMPD_ASSIGN_OR_RETURN(impl->optimizer,
                         optim::OptimizerState::Create(config.optimizer, names, shapes, b));
 
-  for (model::Parameter& p : impl->model->params()) {
+  impl->slot_of.assign(params.size(), -1);
+  for (const int index : impl->model->trainable()) {
+    model::Parameter& p = params[static_cast<size_t>(index)];
+    impl->slot_of[static_cast<size_t>(index)] = static_cast<int>(impl->refs.size());
     kernels::ParamRef r{};
     r.master = &p.master;
     r.working = p.working.empty() ? nullptr : &p.working;
@@ -86,21 +94,23 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   impl->grad_started.assign(impl->grads.size(), 0);
 
   // One scale group of every parameter, or one per layer group.
-  std::vector<int> group_of(impl->refs.size(), 0);
+  std::vector<int> group_of(params.size(), 0);
   if (config.scaler.per_layer_scales) group_of = impl->model->ParamScaleGroups();
   // The model's own grouping must cover every parameter with a group the
   // scaler has: anything else is a bug of the model kind, not of the config.
-  if (group_of.size() != impl->refs.size()) {
+  if (group_of.size() != params.size()) {
     return absl::InternalError(absl::StrCat("per_layer_scales: the model grouped ", group_of.size(),
-                                            " of ", impl->refs.size(), " parameters"));
+                                            " of ", params.size(), " parameters"));
   }
   impl->groups.resize(static_cast<size_t>(layer_groups));
-  for (size_t p = 0; p < group_of.size(); ++p) {
-    if (group_of[p] < 0 || group_of[p] >= layer_groups) {
-      return absl::InternalError(absl::StrCat("per_layer_scales: parameter ", p, " in group ",
-                                              group_of[p], " of ", layer_groups));
+  for (size_t slot = 0; slot < impl->refs.size(); ++slot) {
+    const int group = group_of[static_cast<size_t>(impl->model->trainable()[slot])];
+    if (group < 0 || group >= layer_groups) {
+      return absl::InternalError(absl::StrCat("per_layer_scales: parameter ", slot, " in group ",
+                                              group, " of ", layer_groups));
     }
-    Impl::ScaleGroup& g = impl->groups[static_cast<size_t>(group_of[p])];
+    const size_t p = slot;
+    Impl::ScaleGroup& g = impl->groups[static_cast<size_t>(group)];
     g.refs.push_back(impl->refs[p]);
     g.grads.push_back(impl->grads[p]);
     g.const_grads.push_back(impl->const_grads[p]);

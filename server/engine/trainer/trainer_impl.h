@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -31,6 +32,10 @@ struct Trainer::Impl {
 
   // Views the Backend calls take, built once (the tensors never move:
   // LoadState move-assigns into the same Tensor objects).
+  // One entry per trainable parameter (model->trainable()'s order: its
+  // "slot"); slot_of maps an index into model->params() to its slot, -1 for
+  // a frozen one.
+  std::vector<int> slot_of;
   std::vector<kernels::ParamRef> refs;
   std::vector<kernels::Tensor*> grads;
   std::vector<const kernels::Tensor*> const_grads;
@@ -51,6 +56,10 @@ struct Trainer::Impl {
   // unscaled with its own 1 / S_g and updated with it; found_inf and
   // norm_sq are shared (both accumulate across UnscaleAndCheck calls).
   struct ScaleGroup {
+    // One entry per trainable parameter (model->trainable()'s order: its
+    // "slot"); slot_of maps an index into model->params() to its slot, -1 for
+    // a frozen one.
+    std::vector<int> slot_of;
     std::vector<kernels::ParamRef> refs;
     std::vector<kernels::Tensor*> grads;
     std::vector<const kernels::Tensor*> const_grads;
@@ -131,6 +140,12 @@ struct Trainer::Impl {
 // .weights / .advantages / .sampling_logprobs.
 absl::Status CheckMicroBatchesFitModel(const model::ModelSpec& spec, const LossFn& loss_fn,
                                        const std::vector<MicroBatch>& micro_batches);
+
+// state.cc: the device tensors of `sources` read into host tensors of
+// their names, dtypes and shapes, in a few batched ReadBacks.
+absl::StatusOr<std::vector<codec::NamedTensor>> ReadHostTensors(
+    kernels::Backend& backend,
+    const std::vector<std::pair<std::string, kernels::Tensor*>>& sources);
 
 // The gradient sums a distributed step started: Finish waits for them;
 // a step that returns early (an error) finishes them on the way out, so no
