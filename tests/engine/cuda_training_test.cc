@@ -79,6 +79,19 @@ JobConfig DecoderJob(model::Precision precision) {
   return config;
 }
 
+// The decoder above fine-tuned through LoRA adapters on every projection
+// (the stacked q|k|v adapters' block-diagonal B among them), its base
+// frozen in the working dtype and drawn wide enough (std 0.3) that the
+// frozen head lets the loss fall far.
+JobConfig LoraDecoderJob(model::Precision precision) {
+  JobConfig config = DecoderJob(precision);
+  config.model.decoder->initializer_range = 0.3f;
+  config.model.decoder->lora = model::LoraSpec{
+      8, 16.0f, {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}};
+  config.optimizer.adam.lr = 1e-2f;
+  return config;
+}
+
 // Sequences following next = (5 t + 3) mod 64 from random starts, with the
 // last target of each row ignored.
 MicroBatch Sequences(DataRng& rng, int64_t batch, int64_t seq) {
@@ -208,6 +221,24 @@ TEST_P(CudaTraining, DecoderLossCurveMatchesTheCpuBackend) {
   EXPECT_LT(cpu.loss.back(), 0.7f * cpu.loss.front());
 }
 
+// A LoRA job on CUDA against the CPU oracle, step by step: the adapters'
+// GEMMs, the column-block copies of the stacked q|k|v adapters, the
+// frozen RMSNorms' backward without a weight gradient.
+TEST_P(CudaTraining, LoraDecoderLossCurveMatchesTheCpuBackend) {
+  const JobConfig config = LoraDecoderJob(GetParam());
+  const int kSteps = 30;
+  const Curve cpu = Train("cpu", config, kSteps);
+  const Curve gpu = Train("cuda:0", config, kSteps);
+  ASSERT_EQ(cpu.loss.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(gpu.loss.size(), static_cast<size_t>(kSteps));
+  for (int s = 0; s < kSteps; ++s) {
+    EXPECT_EQ(cpu.skipped[s], gpu.skipped[s]) << "step " << s + 1;
+    EXPECT_NEAR(gpu.loss[s], cpu.loss[s], Tolerance(GetParam()) * std::fabs(cpu.loss[s]))
+        << "step " << s + 1;
+  }
+  EXPECT_LT(cpu.loss.back(), 0.9f * cpu.loss.front());
+}
+
 // Per-layer loss scales (adaptive, fp16) on CUDA against the CPU oracle: a
 // layer stack (the group boundary is a dx GEMM's alpha) and a GPT (the
 // residual add's scale, the tied head's GEMM alpha), each calibrated and
@@ -276,8 +307,11 @@ void ExpectWarmStepAllocatesNothing(const JobConfig& config) {
 }
 
 TEST_P(CudaTraining, WarmGptAndDecoderStepsAllocateNothing) {
-  for (const JobConfig& config : {GptJob(GetParam()), DecoderJob(GetParam())}) {
-    SCOPED_TRACE(config.model.gpt.has_value() ? "gpt" : "decoder");
+  for (const JobConfig& config :
+       {GptJob(GetParam()), DecoderJob(GetParam()), LoraDecoderJob(GetParam())}) {
+    SCOPED_TRACE(config.model.gpt.has_value()             ? "gpt"
+                 : config.model.decoder->lora.has_value() ? "LoRA decoder"
+                                                          : "decoder");
     ExpectWarmStepAllocatesNothing(config);
   }
 }

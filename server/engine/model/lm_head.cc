@@ -131,10 +131,14 @@ absl::Status LmHeadLoss(kernels::Backend& b, LmWorkspace& ws, Parameter& head,
                                              logit_grad_scale, loss, logits));
     if (!with_grad) continue;
     AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, logits, head.value(), 0.0f, dh));
+    // A frozen head (a LoRA job's) passes dh down and forms no gradient.
+    if (head.frozen) continue;
     AMPD_RETURN_IF_ERROR(
         b.Gemm(true, false, head_grad_alpha, logits, h, sum_beta(start), head_sum));
   }
-  if (with_grad && summed_head) AMPD_RETURN_IF_ERROR(b.Add(ws.head_grad, head.grad));
+  if (with_grad && summed_head && !head.frozen) {
+    AMPD_RETURN_IF_ERROR(b.Add(ws.head_grad, head.grad));
+  }
   return absl::OkStatus();
 }
 

@@ -6,8 +6,12 @@
 // W. The stacked q|k|v weight's gradient is formed in the workspace and
 // copied into the three parameters' (decoder_model.h). With per-layer
 // scales, block l's last residual add also moves d_res to block l - 1's
-// group's scale, as the GPT's does.
+// group's scale, as the GPT's does. A LoRA job forms no gradient of its
+// frozen base: the activations' gradients flow through the frozen weights,
+// and each adapter adds its weights' gradients and its share of dx
+// (decoder_adapters.cc).
 #include "common/status_macros.h"
+#include "server/engine/model/decoder/decoder_lora.h"
 #include "server/engine/model/decoder/decoder_model.h"
 #include "server/engine/model/decoder/decoder_workspace.h"
 
@@ -30,16 +34,33 @@ absl::Status DecoderModel::BackwardMlp(DecoderWorkspace& ws, size_t l, float bet
   auto grad = [&ps](int index) -> Tensor& { return ps[index].grad; };
   const BlockParams& p = blocks_[l];
   DecoderWorkspace::Block& sv = ws.blocks[l];
+  const bool frozen = lora();
   // MLP branch; d_res = dL/dx_{l+1}.
-  AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, ws.d_res, sv.act, beta, grad(p.down)));
+  if (!frozen) {
+    AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, ws.d_res, sv.act, beta, grad(p.down)));
+  }
   AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, ws.d_res, value(p.down), 0.0f, ws.d_act));
+  if (p.lora[kDown].present()) {
+    AMPD_RETURN_IF_ERROR(AdapterBackward(p.lora[kDown], ws, sv.act, sv.lora_u[kDown - kO], ws.d_res,
+                                         beta, ws.d_act));
+  }
   AMPD_RETURN_IF_ERROR(b.SiluMulBackward(sv.gate, sv.up, ws.d_act, ws.d_gate, ws.d_up));
-  AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, ws.d_gate, sv.ln_2, beta, grad(p.gate)));
-  AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, ws.d_up, sv.ln_2, beta, grad(p.up)));
+  if (!frozen) {
+    AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, ws.d_gate, sv.ln_2, beta, grad(p.gate)));
+    AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, ws.d_up, sv.ln_2, beta, grad(p.up)));
+  }
   AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, ws.d_gate, value(p.gate), 0.0f, ws.d_ln));
   AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, ws.d_up, value(p.up), 1.0f, ws.d_ln));
+  if (p.lora[kGate].present()) {
+    AMPD_RETURN_IF_ERROR(AdapterBackward(p.lora[kGate], ws, sv.ln_2, sv.lora_u[kGate - kO],
+                                         ws.d_gate, beta, ws.d_ln));
+  }
+  if (p.lora[kUp].present()) {
+    AMPD_RETURN_IF_ERROR(
+        AdapterBackward(p.lora[kUp], ws, sv.ln_2, sv.lora_u[kUp - kO], ws.d_up, beta, ws.d_ln));
+  }
   AMPD_RETURN_IF_ERROR(b.RmsNormBackward(sv.resid, value(p.post_norm), sv.rstd_2, ws.d_ln, ws.d_tmp,
-                                         &grad(p.post_norm)));
+                                         GradOrNull(p.post_norm)));
   AMPD_RETURN_IF_ERROR(b.Add(ws.d_tmp, ws.d_res));
   return absl::OkStatus();
 }
@@ -59,14 +80,21 @@ absl::Status DecoderModel::BackwardAttention(DecoderWorkspace& ws, size_t l, boo
   const int64_t kv_heads = s.num_key_value_heads;
   const int64_t head_dim = DecoderHeadDim(s);
   Tensor* qkv_bias_grad = ws.db_qkv.empty() ? nullptr : &ws.db_qkv;
+  const bool frozen = lora();
   // Attention branch; d_res = dL/dr_l.
-  if (p.o_bias >= 0) {
+  if (frozen) {
+    // No weight gradient of the frozen o_proj.
+  } else if (p.o_bias >= 0) {
     AMPD_RETURN_IF_ERROR(b.GemmBiasGrad(true, false, ws.d_res, sv.attn_y, beta, grad(p.o_weight),
                                         kOfA, grad(p.o_bias)));
   } else {
     AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, ws.d_res, sv.attn_y, beta, grad(p.o_weight)));
   }
   AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, ws.d_res, value(p.o_weight), 0.0f, ws.d_attn));
+  if (p.lora[kO].present()) {
+    AMPD_RETURN_IF_ERROR(
+        AdapterBackward(p.lora[kO], ws, sv.attn_y, sv.lora_u[kO - kO], ws.d_res, beta, ws.d_attn));
+  }
   const Tensor& attention_in = sv.attention_input();
   AMPD_ASSIGN_OR_RETURN(const Tensor fused,
                         attention_in.View(0, {ws.batch, ws.seq, attention_in.dim(1)}));
@@ -89,20 +117,33 @@ absl::Status DecoderModel::BackwardAttention(DecoderWorkspace& ws, size_t l, boo
   // The stacked projection's gradient: later micro-batches start from
   // the parameters' gradients so that the GEMM's beta = 1 sum rounds
   // each element once, as every other weight gradient is.
-  if (!first_micro_batch) {
+  if (!frozen && !first_micro_batch) {
     AMPD_RETURN_IF_ERROR(CopyQkv(p, kGrads, kToStack, ws.dw_qkv, qkv_bias_grad));
   }
-  if (qkv_bias_grad != nullptr) {
+  if (frozen) {
+    // No weight gradient of the frozen q, k, v.
+  } else if (qkv_bias_grad != nullptr) {
     AMPD_RETURN_IF_ERROR(
         b.GemmBiasGrad(true, false, ws.d_qkv, sv.ln_1, beta, ws.dw_qkv, kOfA, ws.db_qkv));
   } else {
     AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, ws.d_qkv, sv.ln_1, beta, ws.dw_qkv));
   }
-  AMPD_RETURN_IF_ERROR(CopyQkv(p, kGrads, kToParams, ws.dw_qkv, qkv_bias_grad));
+  if (!frozen) AMPD_RETURN_IF_ERROR(CopyQkv(p, kGrads, kToParams, ws.dw_qkv, qkv_bias_grad));
   AMPD_RETURN_IF_ERROR(CopyQkv(p, kValues, kToStack, ws.w_qkv, nullptr));
   AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, ws.d_qkv, ws.w_qkv, 0.0f, ws.d_ln));
+  if (!qkv_targets_.empty()) {
+    // The stacked adapters as forward saw them for this block, their
+    // gradients accumulated as the stacked weight's are.
+    AMPD_RETURN_IF_ERROR(StackQkvAdapters(p, ws));
+    if (!first_micro_batch) AMPD_RETURN_IF_ERROR(CopyQkvAdapterGrads(p, kToStack, ws));
+    AMPD_ASSIGN_OR_RETURN(Tensor du, ws.lora_du.View(0, sv.lora_u_qkv.shape()));
+    AMPD_RETURN_IF_ERROR(LoraBackward(b, lora_scale_, sv.ln_1, sv.lora_u_qkv, ws.d_qkv,
+                                      ws.lora_a_qkv, ws.lora_b_qkv, beta, du, ws.lora_da_qkv,
+                                      ws.lora_db_qkv, ws.d_ln));
+    AMPD_RETURN_IF_ERROR(CopyQkvAdapterGrads(p, kToParams, ws));
+  }
   AMPD_RETURN_IF_ERROR(b.RmsNormBackward(ws.x[l], value(p.input_norm), sv.rstd_1, ws.d_ln, ws.d_tmp,
-                                         &grad(p.input_norm)));
+                                         GradOrNull(p.input_norm)));
   return absl::OkStatus();
 }
 
@@ -121,8 +162,8 @@ absl::Status DecoderModel::Backward(Workspace& any, bool first_micro_batch,
   }
 
   // The final norm: d_res = dL/dx_L.
-  AMPD_RETURN_IF_ERROR(
-      b.RmsNormBackward(ws.x.back(), value(norm_), ws.rstd_f, ws.d_ln, ws.d_res, &grad(norm_)));
+  AMPD_RETURN_IF_ERROR(b.RmsNormBackward(ws.x.back(), value(norm_), ws.rstd_f, ws.d_ln, ws.d_res,
+                                         GradOrNull(norm_)));
   if (ready) {
     const int done[2] = {norm_, lm_head_};
     AMPD_RETURN_IF_ERROR(ready(absl::MakeConstSpan(done, lm_head_ >= 0 ? 2 : 1)));
@@ -137,7 +178,8 @@ absl::Status DecoderModel::Backward(Workspace& any, bool first_micro_batch,
     }
     if (ready) AMPD_RETURN_IF_ERROR(ready(p.All()));
   }
-  AMPD_RETURN_IF_ERROR(b.EmbeddingBackward(ws.ids, ws.d_res, grad(embed_)));
+  // A frozen embedding needs nothing of d_res.
+  if (!lora()) AMPD_RETURN_IF_ERROR(b.EmbeddingBackward(ws.ids, ws.d_res, grad(embed_)));
   if (ready) {
     const int done[1] = {embed_};
     AMPD_RETURN_IF_ERROR(ready(done));

@@ -3,8 +3,11 @@
 // projection is one GEMM over the stacked weight (decoder_model.h); RoPE
 // rotates its q and k heads in place, and grouped K/V heads are expanded
 // so that the GPT's fused causal attention runs unchanged. The LM head
-// runs in Loss (decoder_lm_head.cc), fused with the cross-entropy.
+// runs in Loss (decoder_lm_head.cc), fused with the cross-entropy. A LoRA
+// job's adapters add their terms to their projections' outputs
+// (decoder_adapters.cc), before RoPE, the residual adds and the SwiGLU.
 #include "common/status_macros.h"
+#include "server/engine/model/decoder/decoder_lora.h"
 #include "server/engine/model/decoder/decoder_model.h"
 #include "server/engine/model/decoder/decoder_workspace.h"
 
@@ -36,6 +39,11 @@ absl::Status DecoderModel::Forward(Workspace& any) {
     AMPD_RETURN_IF_ERROR(CopyQkv(p, /*grads=*/false, /*to_params=*/false, ws.w_qkv, qkv_bias));
     AMPD_RETURN_IF_ERROR(
         b.GemmBiasActivation(false, true, sv.ln_1, ws.w_qkv, qkv_bias, kNone, sv.qkv, nullptr));
+    if (!qkv_targets_.empty()) {
+      AMPD_RETURN_IF_ERROR(StackQkvAdapters(p, ws));
+      AMPD_RETURN_IF_ERROR(LoraForward(b, lora_scale_, sv.ln_1, ws.lora_a_qkv, ws.lora_b_qkv,
+                                       sv.lora_u_qkv, sv.qkv));
+    }
     AMPD_ASSIGN_OR_RETURN(Tensor qkv, sv.qkv.View(0, {ws.batch, ws.seq, sv.qkv.dim(1)}));
     // The q heads and then the k heads open each row: one call rotates both.
     AMPD_RETURN_IF_ERROR(
@@ -52,6 +60,9 @@ absl::Status DecoderModel::Forward(Workspace& any) {
     const Tensor* o_bias = p.o_bias >= 0 ? &value(p.o_bias) : nullptr;
     AMPD_RETURN_IF_ERROR(b.GemmBiasActivation(false, true, sv.attn_y, value(p.o_weight), o_bias,
                                               kNone, sv.resid, nullptr));
+    if (p.lora[kO].present()) {
+      AMPD_RETURN_IF_ERROR(AdapterForward(p.lora[kO], sv.attn_y, sv.lora_u[kO - kO], sv.resid));
+    }
     AMPD_RETURN_IF_ERROR(b.Add(x, sv.resid));
     // MLP branch: x_{l+1} = r_l + down(silu(gate(m)) * up(m)), m = rmsnorm(r_l).
     AMPD_RETURN_IF_ERROR(b.RmsNormForward(sv.resid, value(p.post_norm), eps, sv.ln_2, sv.rstd_2));
@@ -59,9 +70,18 @@ absl::Status DecoderModel::Forward(Workspace& any) {
                                               sv.gate, nullptr));
     AMPD_RETURN_IF_ERROR(
         b.GemmBiasActivation(false, true, sv.ln_2, value(p.up), nullptr, kNone, sv.up, nullptr));
+    if (p.lora[kGate].present()) {
+      AMPD_RETURN_IF_ERROR(AdapterForward(p.lora[kGate], sv.ln_2, sv.lora_u[kGate - kO], sv.gate));
+    }
+    if (p.lora[kUp].present()) {
+      AMPD_RETURN_IF_ERROR(AdapterForward(p.lora[kUp], sv.ln_2, sv.lora_u[kUp - kO], sv.up));
+    }
     AMPD_RETURN_IF_ERROR(b.SiluMulForward(sv.gate, sv.up, sv.act));
     AMPD_RETURN_IF_ERROR(
         b.GemmBiasActivation(false, true, sv.act, value(p.down), nullptr, kNone, x_next, nullptr));
+    if (p.lora[kDown].present()) {
+      AMPD_RETURN_IF_ERROR(AdapterForward(p.lora[kDown], sv.act, sv.lora_u[kDown - kO], x_next));
+    }
     AMPD_RETURN_IF_ERROR(b.Add(sv.resid, x_next));
   }
   return b.RmsNormForward(ws.x.back(), value(norm_), eps, ws.ln_f, ws.rstd_f);

@@ -1,4 +1,5 @@
-// LoraMerge and LoraGrads: three GEMMs (decoder_lora.h has the algebra).
+// LoraForward and LoraBackward: GEMMs (decoder_lora.h has the
+// algebra), their operands' shapes checked first.
 #include "server/engine/model/decoder/decoder_lora.h"
 
 #include "absl/strings/str_cat.h"
@@ -8,40 +9,59 @@ namespace ampd::engine::model {
 
 namespace {
 
-// a (r, in), b (out, r) and an (out, in) operand named `what`.
-absl::Status CheckShapes(const kernels::Tensor& a, const kernels::Tensor& b,
-                         const kernels::Tensor& w, const char* what) {
-  const kernels::Shape& sa = a.shape();
-  const kernels::Shape& sb = b.shape();
-  const kernels::Shape& sw = w.shape();
-  if (sa.size() != 2 || sb.size() != 2 || sw.size() != 2 || sb[1] != sa[0] || sw[0] != sb[0] ||
-      sw[1] != sa[1]) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "lora: A ", kernels::ShapeToString(sa), ", B ", kernels::ShapeToString(sb), " and ", what,
-        " ", kernels::ShapeToString(sw), " are not (r, in), (out, r) and (out, in)"));
-  }
-  return absl::OkStatus();
+using kernels::Shape;
+using kernels::ShapeToString;
+using kernels::Tensor;
+
+bool Is2D(const Tensor& t) { return t.shape().size() == 2; }
+
+// a (r, in), b (out, r); x (N, in) and y (N, out) when given.
+absl::Status CheckAdapter(const Tensor& a, const Tensor& b, const Tensor* x, const Tensor* y,
+                          const char* x_name, const char* y_name) {
+  const Shape& sa = a.shape();
+  const Shape& sb = b.shape();
+  bool ok = Is2D(a) && Is2D(b) && sb[1] == sa[0];
+  if (ok && x != nullptr) ok = Is2D(*x) && x->dim(1) == sa[1];
+  if (ok && y != nullptr) ok = Is2D(*y) && y->dim(1) == sb[0];
+  if (ok && x != nullptr && y != nullptr) ok = x->dim(0) == y->dim(0);
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("lora: A ", ShapeToString(sa), ", B ", ShapeToString(sb),
+                   x != nullptr ? absl::StrCat(", ", x_name, " ", ShapeToString(x->shape())) : "",
+                   y != nullptr ? absl::StrCat(", ", y_name, " ", ShapeToString(y->shape())) : "",
+                   " are not (r, in), (out, r), (N, in), (N, out)"));
+}
+
+absl::Status CheckSame(const Tensor& t, const Shape& shape, const char* name) {
+  if (t.shape() == shape) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("lora: ", name, " is ", ShapeToString(t.shape()),
+                                                 ", expected ", ShapeToString(shape)));
 }
 
 }  // namespace
 
-absl::Status LoraMerge(kernels::Backend& backend, float scale, const kernels::Tensor& a,
-                       const kernels::Tensor& b, kernels::Tensor& w_eff) {
-  AMPD_RETURN_IF_ERROR(CheckShapes(a, b, w_eff, "W"));
-  return backend.Gemm(false, false, scale, b, a, 1.0f, w_eff);
+absl::Status LoraForward(kernels::Backend& backend, float scale, const Tensor& x, const Tensor& a,
+                         const Tensor& b, Tensor& u, Tensor& y) {
+  AMPD_RETURN_IF_ERROR(CheckAdapter(a, b, &x, &y, "x", "y"));
+  AMPD_RETURN_IF_ERROR(CheckSame(u, {x.dim(0), a.dim(0)}, "u"));
+  AMPD_RETURN_IF_ERROR(backend.Gemm(false, true, 1.0f, x, a, 0.0f, u));
+  return backend.Gemm(false, true, scale, u, b, 1.0f, y);
 }
 
-absl::Status LoraGrads(kernels::Backend& backend, float scale, const kernels::Tensor& g,
-                       const kernels::Tensor& a, const kernels::Tensor& b, float beta,
-                       kernels::Tensor& da, kernels::Tensor& db) {
-  AMPD_RETURN_IF_ERROR(CheckShapes(a, b, g, "dW"));
-  if (da.shape() != a.shape() || db.shape() != b.shape()) {
-    return absl::InvalidArgumentError(absl::StrCat("lora: dA ", kernels::ShapeToString(da.shape()),
-                                                   " and dB ", kernels::ShapeToString(db.shape()),
-                                                   " must be shaped as A and B"));
-  }
-  AMPD_RETURN_IF_ERROR(backend.Gemm(false, true, scale, g, a, beta, db));
-  return backend.Gemm(true, false, scale, b, g, beta, da);
+absl::Status LoraBackward(kernels::Backend& backend, float scale, const Tensor& x, const Tensor& u,
+                          const Tensor& dy, const Tensor& a, const Tensor& b, float beta,
+                          Tensor& du, Tensor& da, Tensor& db, Tensor& dx) {
+  AMPD_RETURN_IF_ERROR(CheckAdapter(a, b, &x, &dy, "x", "dy"));
+  const Shape rows_by_rank = {x.dim(0), a.dim(0)};
+  AMPD_RETURN_IF_ERROR(CheckSame(u, rows_by_rank, "u"));
+  AMPD_RETURN_IF_ERROR(CheckSame(du, rows_by_rank, "du"));
+  AMPD_RETURN_IF_ERROR(CheckSame(da, a.shape(), "dA"));
+  AMPD_RETURN_IF_ERROR(CheckSame(db, b.shape(), "dB"));
+  AMPD_RETURN_IF_ERROR(CheckSame(dx, x.shape(), "dx"));
+  AMPD_RETURN_IF_ERROR(backend.Gemm(true, false, scale, dy, u, beta, db));
+  AMPD_RETURN_IF_ERROR(backend.Gemm(false, false, scale, dy, b, 0.0f, du));
+  AMPD_RETURN_IF_ERROR(backend.Gemm(true, false, 1.0f, du, x, beta, da));
+  return backend.Gemm(false, false, 1.0f, du, a, 1.0f, dx);
 }
 
 }  // namespace ampd::engine::model

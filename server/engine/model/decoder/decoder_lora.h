@@ -1,21 +1,26 @@
 // The arithmetic of one LoRA adapter (config/model_spec.h LoraSpec) on a
 // decoder projection, on the backend's GEMMs alone.
 //
-// A projection y = x W^T with frozen W (out, in) and adapter A (r, in),
-// B (out, r), scale s = alpha / r, computes y = x W_eff^T with
-//   W_eff = W + s B A                                    (LoraMerge)
-// so the decoder's GEMMs, its stacked q|k|v matrix (decoder_model.h)
-// included, run unchanged on W_eff: the row blocks of the stacked matrix
-// are contiguous, where the output's q, k and v column blocks are not, and
-// the backend has no strided GEMM. Merging costs out x in x r multiply-adds
-// per pass against the projection's N x out x in (N rows).
+// A projection y = x W^T (+ b) with frozen W (out, in), adapter A (r, in)
+// and B (out, r), scale s = alpha / r, computes, as PEFT's lora.Linear does
+// (dropout 0),
+//   u = x A^T                (N, r)
+//   y = x W^T + s u B^T      (N, out)                    (LoraForward)
+// The adapter's term is added to the projection's output, not merged into
+// W: in fp16/bf16 a merged W + s B A would round the adapter's small early
+// updates away against W's magnitude. Backward, from dy (N, out):
+//   dB = s dy^T u            (out, r)
+//   du = s dy B              (N, r)
+//   dA = du^T x              (r, in)
+//   dx += du A               (N, in), after the frozen path's dx = dy W
+// (LoraBackward): four GEMMs of N r (in + out) multiply-adds against the
+// base's N in out, and no (out, in) weight gradient at all.
 //
-// Backward: with G = dL/dW_eff (out, in) = dy^T x, which the decoder's
-// weight-gradient GEMM already forms, the chain rule through W_eff gives
-//   dB (out, r) = s G A^T,  dA (r, in) = s B^T G          (LoraGrads)
-// and dx = dy W_eff is the base's plus the adapter's path in one GEMM.
-// Each result is one GEMM, fp32-accumulated and rounded once to its dtype
-// (backend.h's Gemm), accumulating over micro-batches with beta = 1.
+// The decoder's stacked q|k|v projection (decoder_model.h) runs the same
+// functions on stacked operands: A = [A_q; A_k; A_v] (t r, in) and a
+// block-diagonal B (Q + 2 KV, t r) whose block j holds target j's B_j, so
+// one GEMM adds every target's term to its column block of the fused rows.
+// The diagonal blocks of that B's gradient are target j's dB_j.
 #pragma once
 
 #include "absl/status/status.h"
@@ -23,18 +28,23 @@
 
 namespace ampd::engine::model {
 
-// w_eff (out, in) += scale * b (out, r) @ a (r, in): w_eff holds W (a copy
-// of the frozen weight, or a row block of the stacked q|k|v one) on entry.
-// a, b and w_eff share one float dtype.
-absl::Status LoraMerge(kernels::Backend& backend, float scale, const kernels::Tensor& a,
-                       const kernels::Tensor& b, kernels::Tensor& w_eff);
+// y (N, out) += scale * u B^T with u (N, r) = x (N, in) A^T, saved for the
+// backward. a (r, in), b (out, r); every operand of one float dtype.
+absl::Status LoraForward(kernels::Backend& backend, float scale, const kernels::Tensor& x,
+                         const kernels::Tensor& a, const kernels::Tensor& b, kernels::Tensor& u,
+                         kernels::Tensor& y);
 
-// From g = dL/dW_eff (out, in):
-//   db (out, r) = scale * g @ a^T + beta * db
-//   da (r, in)  = scale * b^T @ g + beta * da
-// beta 0 on a step's first micro-batch, 1 after (Network::Backward).
-absl::Status LoraGrads(kernels::Backend& backend, float scale, const kernels::Tensor& g,
-                       const kernels::Tensor& a, const kernels::Tensor& b, float beta,
-                       kernels::Tensor& da, kernels::Tensor& db);
+// From dy (N, out) and what LoraForward read and saved (x, u):
+//   db (out, r) = scale dy^T u + beta db
+//   du (N, r)   = scale dy B                 (scratch, overwritten)
+//   da (r, in)  = du^T x + beta da
+//   dx (N, in) += du A
+// beta 0 on a step's first micro-batch, 1 after (Network::Backward); each
+// result rounded once to its dtype.
+absl::Status LoraBackward(kernels::Backend& backend, float scale, const kernels::Tensor& x,
+                          const kernels::Tensor& u, const kernels::Tensor& dy,
+                          const kernels::Tensor& a, const kernels::Tensor& b, float beta,
+                          kernels::Tensor& du, kernels::Tensor& da, kernels::Tensor& db,
+                          kernels::Tensor& dx);
 
 }  // namespace ampd::engine::model

@@ -50,6 +50,29 @@ struct Widths {
         v(s.vocab_size) {}
 };
 
+// How many of a LoRA spec's targets are among q, k, v (stacked) and among
+// o, gate, up, down; zeros without LoRA.
+struct LoraTargets {
+  int64_t qkv = 0;
+  int64_t others = 0;
+};
+LoraTargets TargetsOf(const DecoderSpec& d) {
+  LoraTargets t;
+  if (!d.lora.has_value()) return t;
+  for (const std::string& m : d.lora->target_modules) {
+    (m == "q_proj" || m == "k_proj" || m == "v_proj" ? t.qkv : t.others) += 1;
+  }
+  return t;
+}
+
+// PEFT's name of block l's adapter matrix ("lora_A" or "lora_B") on
+// kLoraModules[module].
+std::string AdapterName(int64_t l, int module, const char* matrix) {
+  const char* branch = module <= 3 ? "self_attn" : "mlp";
+  return absl::StrCat("base_model.model.model.layers.", l, ".", branch, ".", kLoraModules[module],
+                      ".", matrix, ".weight");
+}
+
 // LmHeadChunkRows reads the vocabulary size alone.
 GptSpec HeadOf(const DecoderSpec& d) {
   GptSpec head;
@@ -89,8 +112,18 @@ absl::StatusOr<int64_t> DecoderWorkspaceBytes(const ModelSpec& spec, Precision p
         product({2, n, 4})}) {
     ok = ok && CheckedAdd(block, part, &block);
   }
+  // LoRA: each block's u of its targets (N r each), the stacked q|k|v
+  // adapters and their gradients, dL/du; and no gradient scratch of the
+  // frozen base (the stacked q|k|v weight's, the head's F32 sum).
+  const bool frozen = s.lora.has_value();
+  const int64_t rank = frozen ? s.lora->rank : 0;
+  const LoraTargets targets = TargetsOf(s);
+  if (frozen) {
+    ok = ok && CheckedAdd(block, product({n, rank, targets.qkv + targets.others, w}), &block);
+  }
   int64_t total = product({s.num_hidden_layers, block});
   const int64_t qkv_bias = s.qkv_bias ? wd.qkv : 0;
+  const int64_t stacked_rank = product({targets.qkv, rank});
   for (int64_t part : {
            product({s.num_hidden_layers + 2, n, wd.c, w}),  // x_0..x_L and the final norm's
            product({n, 4}),                                 // its rstd
@@ -99,12 +132,14 @@ absl::StatusOr<int64_t> DecoderWorkspaceBytes(const ModelSpec& spec, Precision p
            product({n, wd.qkv, w}),                         // d_qkv
            grouped ? product({3, n, wd.q, w}) : 0,          // d_qkv_x
            product({3, n, wd.i, w}),                        // d_act, d_gate, d_up
-           product({2, wd.qkv, wd.c, w}),                   // w_qkv, dw_qkv
-           product({2, qkv_bias, w}),                       // b_qkv, db_qkv
-           product({wd.d / 2, 4}),                          // inv_freq
-           product({chunk_rows, wd.v, w}),                  // one chunk of logits
-           head_sum ? product({wd.v, wd.c, 4}) : 0,         // the LM head's F32 gradient sum
-           product({2, n, 8}),                              // ids and targets, I64 at most
+           product({frozen ? 1 : 2, wd.qkv, wd.c, w}),      // w_qkv, dw_qkv
+           product({frozen ? 1 : 2, qkv_bias, w}),          // b_qkv, db_qkv
+           product({2, stacked_rank, wd.c + wd.qkv, w}),    // LoRA's stacked A, B, dA, dB
+           frozen ? product({n, std::max<int64_t>(stacked_rank, rank), w}) : 0,  // lora_du
+           product({wd.d / 2, 4}),                                               // inv_freq
+           product({chunk_rows, wd.v, w}),                      // one chunk of logits
+           head_sum && !frozen ? product({wd.v, wd.c, 4}) : 0,  // the LM head's F32 gradient sum
+           product({2, n, 8}),                                  // ids and targets, I64 at most
            product({4, n, 4}),  // a token loss's per-token inputs and log-probs (lm_head.h)
        }) {
     ok = ok && CheckedAdd(total, part, &total);
@@ -147,6 +182,11 @@ std::vector<int> DecoderModel::BlockParams::All() const {
   for (const int i : {input_norm, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, o_weight,
                       o_bias, post_norm, gate, up, down}) {
     if (i >= 0) all.push_back(i);
+  }
+  for (const Adapter& adapter : lora) {
+    if (!adapter.present()) continue;
+    all.push_back(adapter.a);
+    all.push_back(adapter.b);
   }
   return all;
 }
@@ -206,14 +246,6 @@ absl::StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Create(const ModelSp
     return absl::InvalidArgumentError(
         absl::StrCat("lm_head_chunk_bytes: must be >= 1, got ", lm_head_chunk_bytes));
   }
-  if (spec.decoder->lora.has_value()) {
-    // Training only the adapters needs frozen base parameters (no master,
-    // gradient or optimizer state), which the engine does not hold yet: a
-    // full fine-tune in its place would silently be another job.
-    return absl::UnimplementedError(
-        "decoder.lora: LoRA adapters are not trained by this ampd yet; omit lora for a full "
-        "fine-tune");
-  }
   std::unique_ptr<DecoderModel> m(new DecoderModel(spec, precision, backend, lm_head_chunk_bytes));
   const DecoderSpec& s = *spec.decoder;
   const Widths wd(s);
@@ -227,8 +259,13 @@ absl::StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Create(const ModelSp
   // micro-batch.
   const bool kPlusEqual = true;
   const bool kGemm = false;
+  // A LoRA job's base is frozen: no gradient, so nothing to accumulate.
+  const bool frozen = s.lora.has_value();
   auto add = [&](const std::string& name, const kernels::Shape& shape, const ParamInit& init,
-                 bool plus_equal) { return m->AddParameter(name, shape, init, plus_equal); };
+                 bool plus_equal) {
+    return frozen ? m->AddFrozenParameter(name, shape, init)
+                  : m->AddParameter(name, shape, init, plus_equal);
+  };
   AMPD_ASSIGN_OR_RETURN(m->embed_,
                         add("model.embed_tokens.weight", {wd.v, wd.c}, normal, kPlusEqual));
   for (int64_t l = 0; l < s.num_hidden_layers; ++l) {
@@ -266,6 +303,34 @@ absl::StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Create(const ModelSp
   AMPD_ASSIGN_OR_RETURN(m->norm_, add("model.norm.weight", {wd.c}, ones, kPlusEqual));
   if (!s.tie_word_embeddings) {
     AMPD_ASSIGN_OR_RETURN(m->lm_head_, add("lm_head.weight", {wd.v, wd.c}, normal, kPlusEqual));
+  }
+  if (frozen) {
+    const LoraSpec& adapters = *s.lora;
+    m->lora_scale_ = adapters.alpha / static_cast<float>(adapters.rank);
+    for (int module = 0; module < kModules; ++module) {
+      const auto& targets = adapters.target_modules;
+      if (module <= kV &&
+          std::find(targets.begin(), targets.end(), kLoraModules[module]) != targets.end()) {
+        m->qkv_targets_.push_back(static_cast<Module>(module));
+      }
+    }
+    for (int64_t l = 0; l < s.num_hidden_layers; ++l) {
+      BlockParams& b = m->blocks_[static_cast<size_t>(l)];
+      for (int module = 0; module < kModules; ++module) {
+        const auto& targets = adapters.target_modules;
+        if (std::find(targets.begin(), targets.end(), kLoraModules[module]) == targets.end()) {
+          continue;
+        }
+        const auto [out, in] = DecoderProjectionShape(s, kLoraModules[module]);
+        // The stream is the parameter's index, as every parameter's.
+        const ParamInit kaiming{true, LinearUniformInit(seed, 0, in)};
+        Adapter& adapter = b.lora[static_cast<size_t>(module)];
+        AMPD_ASSIGN_OR_RETURN(adapter.a, m->AddParameter(AdapterName(l, module, "lora_A"),
+                                                         {adapters.rank, in}, kaiming, kGemm));
+        AMPD_ASSIGN_OR_RETURN(adapter.b, m->AddParameter(AdapterName(l, module, "lora_B"),
+                                                         {out, adapters.rank}, zeros, kGemm));
+      }
+    }
   }
   AMPD_RETURN_IF_ERROR(m->CastWorking());
   return m;
@@ -312,14 +377,37 @@ absl::StatusOr<std::unique_ptr<Workspace>> DecoderModel::NewWorkspace(
     AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.i}, b.gate));
     AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.i}, b.up));
     AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.i}, b.act));
+    if (!lora()) continue;
+    const int64_t rank = s.lora->rank;
+    if (!qkv_targets_.empty()) {
+      AMPD_RETURN_IF_ERROR(
+          alloc(w, {n, static_cast<int64_t>(qkv_targets_.size()) * rank}, b.lora_u_qkv));
+    }
+    for (int module = kO; module < kModules; ++module) {
+      if (!blocks_.front().lora[static_cast<size_t>(module)].present()) continue;
+      AMPD_RETURN_IF_ERROR(alloc(w, {n, rank}, b.lora_u[static_cast<size_t>(module - kO)]));
+    }
+  }
+  if (lora()) {
+    const int64_t rank = s.lora->rank;
+    const int64_t stacked = static_cast<int64_t>(qkv_targets_.size()) * rank;
+    if (stacked > 0) {
+      AMPD_RETURN_IF_ERROR(alloc(w, {stacked, wd.c}, ws.lora_a_qkv));
+      AMPD_RETURN_IF_ERROR(alloc(w, {stacked, wd.c}, ws.lora_da_qkv));
+      AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv, stacked}, ws.lora_b_qkv));
+      AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv, stacked}, ws.lora_db_qkv));
+      // Only the diagonal blocks are ever written (StackQkvAdapters).
+      AMPD_RETURN_IF_ERROR(backend_.Fill(ws.lora_b_qkv, 0.0f));
+    }
+    AMPD_RETURN_IF_ERROR(alloc(w, {n, std::max(stacked, rank)}, ws.lora_du));
   }
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, ws.ln_f));
   AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n}, ws.rstd_f));
   AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv, wd.c}, ws.w_qkv));
-  AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv, wd.c}, ws.dw_qkv));
+  if (!lora()) AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv, wd.c}, ws.dw_qkv));
   if (s.qkv_bias) {
     AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv}, ws.b_qkv));
-    AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv}, ws.db_qkv));
+    if (!lora()) AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv}, ws.db_qkv));
   }
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, ws.d_res));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, ws.d_tmp));
@@ -331,7 +419,7 @@ absl::StatusOr<std::unique_ptr<Workspace>> DecoderModel::NewWorkspace(
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.i}, ws.d_gate));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.i}, ws.d_up));
   AMPD_RETURN_IF_ERROR(alloc(w, {ws.chunk_rows, wd.v}, ws.logits));
-  if (w != DType::kF32 && ws.chunk_rows < n) {
+  if (w != DType::kF32 && ws.chunk_rows < n && !lora()) {
     AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {wd.v, wd.c}, ws.head_grad));
   }
   return std::unique_ptr<Workspace>(std::move(owned));
@@ -341,6 +429,11 @@ absl::Status DecoderModel::LoadBatch(const HostTensor& inputs, const HostTensor&
                                      const TokenLossInputs& tokens, Workspace& any) {
   AMPD_ASSIGN_OR_RETURN(DecoderWorkspace * ws, Own<DecoderWorkspace>(any));
   return LoadTokenBatch(backend_, inputs, targets, tokens, *ws);
+}
+
+Tensor* DecoderModel::GradOrNull(int index) {
+  Parameter& p = params()[static_cast<size_t>(index)];
+  return p.frozen ? nullptr : &p.grad;
 }
 
 absl::Status DecoderModel::CopyQkv(const BlockParams& p, bool grads, bool to_params, Tensor& weight,

@@ -44,10 +44,24 @@
 //   model.norm.weight (C), lm_head.weight (V, C) when untied.
 // Initialisation is Hugging Face's _init_weights: every Linear weight and
 // the embedding N(0, initializer_range^2), biases 0, RMSNorm weights 1.
+//
+// With LoRA (DecoderSpec::lora), every parameter above is frozen (held in
+// the working dtype only, network.h's Parameter) and drawn as the full
+// model's, so a seed gives the same base either way; after them come the
+// adapters of each block's targets (decoder_lora.h), in kLoraModules order,
+// in PEFT's names and shapes:
+//   base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight (r, C),
+//   ....lora_B.weight (Q, r), likewise k, v, o_proj and mlp.{gate,up,down}_proj;
+// A as PEFT initialises it (kaiming_uniform_(a=sqrt(5)): U(+-1/sqrt(in))),
+// B zeros, so the adapted model starts as the base. Only the adapters have
+// masters, gradients and optimizer state; the backward forms the
+// activations' gradients through the frozen weights and no weight gradient
+// of theirs.
 // Per-layer loss scales as the GPT's: block l in group GptBlockScaleGroup(l),
 // the embedding in group 0, the final norm and an untied head in the last.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -117,6 +131,12 @@ class DecoderModel final : public Network {
       const codec::StateDict& state) const override;
   // {"format": "pt"}: transformers' from_pretrained requires it.
   void AnnotateExport(codec::StateDict& state) const override;
+  std::vector<AdapterRef> Adapters() const override;
+  float AdapterScale() const override { return lora_scale_; }
+  // {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r", "lora_alpha",
+  // "target_modules", "lora_dropout": 0.0, "bias": "none", ...}: what
+  // PeftModel.from_pretrained reads beside the adapter's weights.
+  std::string AdapterConfigJson() const override;
 
  protected:
   absl::StatusOr<int64_t> BytesFor(const kernels::Shape& input_shape) const override;
@@ -124,6 +144,14 @@ class DecoderModel final : public Network {
       const kernels::Shape& input_shape) override;
 
  private:
+  // A projection's index in kLoraModules.
+  enum Module { kQ = 0, kK, kV, kO, kGate, kUp, kDown, kModules };
+  // Indices into params() of a LoRA adapter's A and B; -1 when the module
+  // is no target.
+  struct Adapter {
+    int a = -1, b = -1;
+    bool present() const { return a >= 0; }
+  };
   // Indices into params() of one block's parameters; -1 for an absent bias.
   struct BlockParams {
     int input_norm = -1;
@@ -133,7 +161,8 @@ class DecoderModel final : public Network {
     int o_weight = -1, o_bias = -1;
     int post_norm = -1;
     int gate = -1, up = -1, down = -1;
-    // The present ones, in params()' order.
+    std::array<Adapter, kModules> lora;
+    // The present ones, base then adapters.
     std::vector<int> All() const;
   };
 
@@ -152,6 +181,22 @@ class DecoderModel final : public Network {
   // back into the gradients.
   absl::Status CopyQkv(const BlockParams& p, bool grads, bool to_params, kernels::Tensor& weight,
                        kernels::Tensor* bias);
+  // LoRA (decoder_adapters.cc): block p's q/k/v adapters as the stacked A
+  // (t r, C) and block-diagonal B (Q + 2 KV, t r) of decoder_lora.h, into
+  // ws; their gradients from the parameters' into the stacked scratch
+  // (to_params false) or back.
+  absl::Status StackQkvAdapters(const BlockParams& p, DecoderWorkspace& ws);
+  absl::Status CopyQkvAdapterGrads(const BlockParams& p, bool to_params, DecoderWorkspace& ws);
+  // y += the adapter's term of `module` (decoder_lora.h), saving its u.
+  absl::Status AdapterForward(const Adapter& adapter, const kernels::Tensor& x, kernels::Tensor& u,
+                              kernels::Tensor& y);
+  // The adapter's gradients (beta) and its share of dx.
+  absl::Status AdapterBackward(const Adapter& adapter, DecoderWorkspace& ws,
+                               const kernels::Tensor& x, const kernels::Tensor& u,
+                               const kernels::Tensor& dy, float beta, kernels::Tensor& dx);
+  // A frozen parameter's gradient is nullptr; a trainable one's its own.
+  kernels::Tensor* GradOrNull(int index);
+  bool lora() const { return decoder().lora.has_value(); }
 
   const int64_t lm_head_chunk_bytes_;
   // RoPE's inv_freq (D/2), 1 / rope_theta^(2i / D) in fp32 as Hugging Face
@@ -159,6 +204,10 @@ class DecoderModel final : public Network {
   std::vector<float> inv_freq_;
   int embed_ = -1;
   std::vector<BlockParams> blocks_;
+  // LoRA: alpha / r, and the targeted modules among q, k, v in order (their
+  // slot in the stacked adapters).
+  float lora_scale_ = 0.0f;
+  std::vector<Module> qkv_targets_;
   int norm_ = -1;
   int lm_head_ = -1;  // -1 when tied
   // Per-layer scales, as GptModel's.

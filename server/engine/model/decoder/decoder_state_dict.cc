@@ -7,6 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "server/engine/model/decoder/decoder_model.h"
 
 namespace ampd::engine::model {
@@ -58,6 +59,33 @@ absl::StatusOr<std::vector<std::string>> DecoderModel::CanonicalNames(
 
 void DecoderModel::AnnotateExport(codec::StateDict& state) const {
   state.metadata["format"] = "pt";
+}
+
+std::vector<Network::AdapterRef> DecoderModel::Adapters() const {
+  std::vector<AdapterRef> adapters;
+  for (const BlockParams& p : blocks_) {
+    const int weights[kModules] = {p.q_weight, p.k_weight, p.v_weight, p.o_weight,
+                                   p.gate,     p.up,       p.down};
+    for (int module = 0; module < kModules; ++module) {
+      const Adapter& adapter = p.lora[static_cast<size_t>(module)];
+      if (adapter.present()) adapters.push_back({weights[module], adapter.a, adapter.b});
+    }
+  }
+  return adapters;
+}
+
+std::string DecoderModel::AdapterConfigJson() const {
+  if (!lora()) return "";
+  const LoraSpec& spec = *decoder().lora;
+  // The module names are kLoraModules' (validated): no escaping needed.
+  std::vector<std::string> quoted;
+  for (const std::string& m : spec.target_modules) quoted.push_back(absl::StrCat("\"", m, "\""));
+  return absl::StrCat(
+      "{\"peft_type\": \"LORA\", \"task_type\": \"CAUSAL_LM\", \"r\": ", spec.rank,
+      ", \"lora_alpha\": ", spec.alpha, ", \"target_modules\": [", absl::StrJoin(quoted, ", "),
+      "], \"lora_dropout\": 0.0, \"bias\": \"none\", \"fan_in_fan_out\": false, "
+      "\"use_rslora\": false, \"init_lora_weights\": true, \"inference_mode\": true, "
+      "\"base_model_name_or_path\": null}");
 }
 
 }  // namespace ampd::engine::model

@@ -7,6 +7,7 @@
 // intermediate.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -33,6 +34,11 @@ struct DecoderWorkspace : LmWorkspace {
     kernels::Tensor resid;          // (N, C) r_l = x_l + attention branch
     kernels::Tensor ln_2, rstd_2;   // (N, C); (N) F32
     kernels::Tensor gate, up, act;  // (N, I) gate_proj, up_proj, silu(gate) * up
+    // LoRA's u = x A^T (decoder_lora.h) of the block's targets: the stacked
+    // q|k|v adapters' (N, t r), and o, gate, up, down's (N, r) each (by
+    // module - kO); empty where there is no such target.
+    kernels::Tensor lora_u_qkv;
+    std::array<kernels::Tensor, 4> lora_u;
     const kernels::Tensor& attention_input() const { return qkv_x.empty() ? qkv : qkv_x; }
   };
   std::vector<kernels::Tensor> x;  // x_0..x_L (N, C): the residual stream into each block
@@ -41,8 +47,16 @@ struct DecoderWorkspace : LmWorkspace {
 
   // The stacked q|k|v projection: its weight (Q + 2 KV, C) and bias
   // (Q + 2 KV, empty without qkv_bias) copied from a block's parameters,
-  // and their gradients before they are copied back. Reused by every block.
+  // and their gradients before they are copied back (no gradients for a
+  // LoRA job's frozen base). Reused by every block.
   kernels::Tensor w_qkv, b_qkv, dw_qkv, db_qkv;
+
+  // LoRA's stacked q|k|v adapters (decoder_lora.h), rebuilt for each block
+  // in each pass: A (t r, C), block-diagonal B (Q + 2 KV, t r; its
+  // off-diagonal blocks stay zero) and their gradients; empty without q, k
+  // or v targets. lora_du (N, max(t, 1) r): dL/du of one adapter at a time.
+  kernels::Tensor lora_a_qkv, lora_b_qkv, lora_da_qkv, lora_db_qkv;
+  kernels::Tensor lora_du;
 
   // Backward scratch, reused by every block.
   kernels::Tensor d_res;    // (N, C) gradient of the residual stream

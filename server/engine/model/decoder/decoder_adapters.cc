@@ -1,0 +1,96 @@
+// DecoderModel's LoRA adapters in its passes: one adapter's forward and
+// backward term (decoder_lora.h), and the q/k/v adapters stacked as one
+// A and a block-diagonal B so that the fused q|k|v rows take all their
+// terms in one GEMM, their gradients copied out of the stacked ones.
+#include "common/status_macros.h"
+#include "server/engine/model/decoder/decoder_lora.h"
+#include "server/engine/model/decoder/decoder_model.h"
+#include "server/engine/model/decoder/decoder_workspace.h"
+
+namespace ampd::engine::model {
+
+using kernels::Tensor;
+
+namespace {
+
+// Where module m (kQ, kK or kV) sits in the fused q|k|v rows: its first
+// column and its width (Q or KV).
+struct QkvBlock {
+  int64_t offset = 0;
+  int64_t width = 0;
+};
+
+}  // namespace
+
+absl::Status DecoderModel::AdapterForward(const Adapter& adapter, const Tensor& x, Tensor& u,
+                                          Tensor& y) {
+  const std::vector<Parameter>& ps = params();
+  return LoraForward(backend_, lora_scale_, x, ps[static_cast<size_t>(adapter.a)].value(),
+                     ps[static_cast<size_t>(adapter.b)].value(), u, y);
+}
+
+absl::Status DecoderModel::AdapterBackward(const Adapter& adapter, DecoderWorkspace& ws,
+                                           const Tensor& x, const Tensor& u, const Tensor& dy,
+                                           float beta, Tensor& dx) {
+  std::vector<Parameter>& ps = params();
+  Parameter& a = ps[static_cast<size_t>(adapter.a)];
+  Parameter& b = ps[static_cast<size_t>(adapter.b)];
+  AMPD_ASSIGN_OR_RETURN(Tensor du, ws.lora_du.View(0, {x.dim(0), a.value().dim(0)}));
+  return LoraBackward(backend_, lora_scale_, x, u, dy, a.value(), b.value(), beta, du, a.grad,
+                      b.grad, dx);
+}
+
+absl::Status DecoderModel::StackQkvAdapters(const BlockParams& p, DecoderWorkspace& ws) {
+  const DecoderSpec& s = decoder();
+  const int64_t c = s.hidden_size;
+  const int64_t rank = s.lora->rank;
+  const int64_t stacked = ws.lora_b_qkv.dim(1);
+  const int64_t q = s.num_attention_heads * DecoderHeadDim(s);
+  const int64_t kv = s.num_key_value_heads * DecoderHeadDim(s);
+  const QkvBlock blocks[] = {{0, q}, {q, kv}, {q + kv, kv}};
+  for (size_t slot = 0; slot < qkv_targets_.size(); ++slot) {
+    const Module m = qkv_targets_[slot];
+    const Adapter& adapter = p.lora[static_cast<size_t>(m)];
+    const QkvBlock& block = blocks[m];
+    const auto first = static_cast<int64_t>(slot) * rank;
+    AMPD_ASSIGN_OR_RETURN(Tensor a_rows, ws.lora_a_qkv.View(first * c, {rank, c}));
+    AMPD_RETURN_IF_ERROR(backend_.Copy(params()[static_cast<size_t>(adapter.a)].value(), a_rows));
+    AMPD_ASSIGN_OR_RETURN(Tensor b_rows,
+                          ws.lora_b_qkv.View(block.offset * stacked, {block.width, stacked}));
+    AMPD_RETURN_IF_ERROR(backend_.CopyColumns(params()[static_cast<size_t>(adapter.b)].value(), 0,
+                                              rank, b_rows, first));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DecoderModel::CopyQkvAdapterGrads(const BlockParams& p, bool to_params,
+                                               DecoderWorkspace& ws) {
+  const DecoderSpec& s = decoder();
+  const int64_t c = s.hidden_size;
+  const int64_t rank = s.lora->rank;
+  const int64_t stacked = ws.lora_db_qkv.dim(1);
+  const int64_t q = s.num_attention_heads * DecoderHeadDim(s);
+  const int64_t kv = s.num_key_value_heads * DecoderHeadDim(s);
+  const QkvBlock blocks[] = {{0, q}, {q, kv}, {q + kv, kv}};
+  for (size_t slot = 0; slot < qkv_targets_.size(); ++slot) {
+    const Module m = qkv_targets_[slot];
+    const Adapter& adapter = p.lora[static_cast<size_t>(m)];
+    Tensor& da = params()[static_cast<size_t>(adapter.a)].grad;
+    Tensor& db = params()[static_cast<size_t>(adapter.b)].grad;
+    const QkvBlock& block = blocks[m];
+    const auto first = static_cast<int64_t>(slot) * rank;
+    AMPD_ASSIGN_OR_RETURN(Tensor da_rows, ws.lora_da_qkv.View(first * c, {rank, c}));
+    AMPD_ASSIGN_OR_RETURN(Tensor db_rows,
+                          ws.lora_db_qkv.View(block.offset * stacked, {block.width, stacked}));
+    if (to_params) {
+      AMPD_RETURN_IF_ERROR(backend_.Copy(da_rows, da));
+      AMPD_RETURN_IF_ERROR(backend_.CopyColumns(db_rows, first, rank, db, 0));
+    } else {
+      AMPD_RETURN_IF_ERROR(backend_.Copy(da, da_rows));
+      AMPD_RETURN_IF_ERROR(backend_.CopyColumns(db, 0, rank, db_rows, first));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ampd::engine::model
