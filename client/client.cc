@@ -219,9 +219,10 @@ absl::StatusOr<v1::EvaluateResponse> Client::Evaluate(const v1::EvaluateRequest&
   return response;
 }
 
-absl::StatusOr<std::string> Client::GetStateDict(const std::string& job_id) {
+absl::StatusOr<std::string> Client::GetStateDict(const std::string& job_id, v1::StateView view) {
   v1::GetStateDictRequest request;
   request.set_job_id(job_id);
+  request.set_view(view);
   std::string bytes;
   grpc::Status s = WithRetries([&](grpc::ClientContext& context) {
     bytes.clear();

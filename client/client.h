@@ -90,8 +90,10 @@ class Client {
   absl::StatusOr<v1::StepResponse> Step(const v1::StepRequest& request);
   // Forward and loss only; the job's weights and step sequence are unchanged.
   absl::StatusOr<v1::EvaluateResponse> Evaluate(const v1::EvaluateRequest& request);
-  // The job's state as one safetensors file.
-  absl::StatusOr<std::string> GetStateDict(const std::string& job_id);
+  // The job's state as one safetensors file; a LoRA job's adapter or
+  // merged view on request (GetStateDictRequest.view).
+  absl::StatusOr<std::string> GetStateDict(const std::string& job_id,
+                                           v1::StateView view = v1::STATE_VIEW_FULL);
   // partial: the file holds some of the model's weights (one file of a
   // sharded checkpoint; LoadStateDictRequest.partial).
   absl::StatusOr<v1::LoadStateDictResponse> LoadStateDict(const std::string& job_id,

@@ -209,6 +209,16 @@ struct ScalerSnapshot {
 // A job trains (kActive) until its loss scaler gives up at its minimum scale
 // (deepspeed's raise_at_min_scale): it is then kFailed, refuses steps, and a
 // LoadStateDict of a good state makes it active again.
+// What a GetStateDict exports. kFull: the whole training state (weights,
+// optimizer, scaler, counts), what a checkpoint holds and LoadStateDict
+// restores. kAdapter: a LoRA job's adapters alone, F32, in PEFT's names,
+// with PEFT's adapter_config (JSON) in the metadata. kMerged: the model's
+// weights alone, every one F32, a LoRA job's adapters merged into the
+// weights they adapt (W + (alpha/r) B A): a plain model that transformers
+// loads without PEFT, or that a partial load puts under another job (a
+// pretrained base for a LoRA job).
+enum class StateView { kFull, kAdapter, kMerged };
+
 enum class JobState { kActive, kFailed };
 
 // What GetJob/ListJobs report, readable from any thread.

@@ -29,13 +29,19 @@ namespace {
 class StateDictWriter final : public grpc::ServerWriteReactor<v1::StateDictChunk> {
  public:
   StateDictWriter(const TrainerService* service, engine::JobRegistry* registry,
-                  const std::string& tenant, const std::string& job_id, int64_t chunk_bytes)
+                  const std::string& tenant, const std::string& job_id, int view,
+                  int64_t chunk_bytes)
       : service_(service), chunk_bytes_(static_cast<size_t>(chunk_bytes)), start_(absl::Now()) {
     if (absl::Status s = CheckLength("job_id", job_id); !s.ok()) {
       Done(ToGrpcStatus(s));
       return;
     }
-    registry->ExportState(tenant, job_id,
+    absl::StatusOr<engine::StateView> state_view = StateViewFromProto(view);
+    if (!state_view.ok()) {
+      Done(ToGrpcStatus(state_view.status()));
+      return;
+    }
+    registry->ExportState(tenant, job_id, *state_view,
                           [this, job_id](absl::StatusOr<codec::EncodedSafetensors> file) {
                             if (!file.ok()) {
                               Done(ToGrpcStatus(file.status()));
@@ -481,7 +487,8 @@ grpc::ServerWriteReactor<v1::StateDictChunk>* TrainerService::GetStateDict(
     return new RefusedStream<grpc::ServerWriteReactor<v1::StateDictChunk>>(this, "GetStateDict",
                                                                            tenant.status());
   }
-  return new StateDictWriter(this, registry_, *tenant, request->job_id(), options_.chunk_bytes);
+  return new StateDictWriter(this, registry_, *tenant, request->job_id(), request->view(),
+                             options_.chunk_bytes);
 }
 
 grpc::ServerReadReactor<v1::LoadStateDictRequest>* TrainerService::LoadStateDict(

@@ -466,4 +466,17 @@ absl::StatusOr<engine::JobConfigRecord> DecodeCreateRequest(absl::string_view by
   return engine::JobConfigRecord{std::move(config), request.request_id()};
 }
 
+absl::StatusOr<engine::StateView> StateViewFromProto(int view) {
+  switch (view) {
+    case v1::STATE_VIEW_FULL:
+      return engine::StateView::kFull;
+    case v1::STATE_VIEW_ADAPTER:
+      return engine::StateView::kAdapter;
+    case v1::STATE_VIEW_MERGED:
+      return engine::StateView::kMerged;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("view: unknown value ", view));
+  }
+}
+
 }  // namespace ampd::rpc

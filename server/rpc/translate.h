@@ -36,6 +36,10 @@ void StepReportToProto(const engine::StepReport& report, v1::StepResponse* respo
 absl::StatusOr<engine::EvaluateInput> EvaluateInputFromProto(v1::EvaluateRequest* request);
 void EvaluateReportToProto(const engine::EvaluateReport& report, v1::EvaluateResponse* response);
 
+// GetStateDictRequest.view: InvalidArgument naming "view" for a value the
+// proto does not define.
+absl::StatusOr<engine::StateView> StateViewFromProto(int view);
+
 // Reads the ampd.create_request of a checkpoint written by an earlier ampd
 // (a serialized CreateJobRequest): the registry's legacy decoder. New
 // checkpoints carry the engine's own ampd.config instead.

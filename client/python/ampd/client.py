@@ -27,6 +27,9 @@ from ampd.v1 import trainer_pb2_grpc as pb_grpc
 # Codes after which Client._call resends a call (every call it makes is safe to resend).
 _TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 _CHUNK = 1 << 20  # LoadStateDict message size
+# GetStateDictRequest.view by name.
+_STATE_VIEWS = {"full": pb.STATE_VIEW_FULL, "adapter": pb.STATE_VIEW_ADAPTER,
+                "merged": pb.STATE_VIEW_MERGED}
 
 _NUMPY_DTYPES = {
     np.dtype(np.float32): pb.DTYPE_F32, np.dtype(np.float16): pb.DTYPE_F16,
@@ -472,9 +475,18 @@ class Job:
 
     # ---- state -----------------------------------------------------------------
 
-    def state_dict_bytes(self):
-        """The job's state as safetensors bytes (GetStateDict)."""
-        request = pb.GetStateDictRequest(job_id=self.job_id)
+    def state_dict_bytes(self, view="full"):
+        """The job's state as safetensors bytes (GetStateDict).
+
+        view: "full" (weights, optimizer, scaler: what load_state_dict
+        restores); "merged" (the model's weights alone, F32, a LoRA job's
+        adapters merged into them: a plain model, or a base another job loads
+        with partial=True); for a LoRA job "adapter" (the adapters in PEFT's
+        names, with PEFT's adapter_config JSON in the metadata key
+        "adapter_config")."""
+        if view not in _STATE_VIEWS:
+            raise ValueError(f"view: one of {sorted(_STATE_VIEWS)}, got {view!r}")
+        request = pb.GetStateDictRequest(job_id=self.job_id, view=_STATE_VIEWS[view])
         stub = self._client._stub
 
         def fetch(md, t):
@@ -483,11 +495,12 @@ class Job:
         data = self._client._call(fetch)
         return data
 
-    def state_dict(self):
+    def state_dict(self, view="full"):
         """A StateDict: name -> NumPy array (model.{i}.weight, optimizer moments...),
         with .metadata holding scaler.<key> (the policy's own names),
-        optimizer.step and ampd.step."""
-        return safetensors.loads(self.state_dict_bytes())
+        optimizer.step and ampd.step; or the "merged" or a LoRA job's
+        "adapter" view (state_dict_bytes)."""
+        return safetensors.loads(self.state_dict_bytes(view))
 
     def load_state_dict_bytes(self, data, partial=False):
         """Replace the job's state with safetensors bytes (LoadStateDict).
@@ -519,12 +532,28 @@ class Job:
         self.load_state_dict_bytes(safetensors.dumps(state, metadata, getattr(state, "dtypes", {})),
                                    partial=partial)
 
-    def export(self, path):
-        """Write the job's state to a safetensors file (as `ampctl state export`)."""
-        data = self.state_dict_bytes()
+    def export(self, path, view="full"):
+        """Write the job's state (or its "merged" or a LoRA job's "adapter"
+        view) to a safetensors file (as `ampctl state export`)."""
+        data = self.state_dict_bytes(view)
         with open(path, "wb") as f:
             f.write(data)
         return path
+
+    def export_peft(self, directory):
+        """Write a LoRA job's adapter as PEFT saves one: adapter_model.safetensors
+        and adapter_config.json in `directory` (created if needed), which
+        peft.PeftModel.from_pretrained(base_model, directory) loads."""
+        import json
+        import os
+        state = self.state_dict("adapter")
+        os.makedirs(directory, exist_ok=True)
+        config = json.loads(state.metadata["adapter_config"])
+        with open(os.path.join(directory, "adapter_config.json"), "w") as f:
+            json.dump(config, f, indent=2)
+        with open(os.path.join(directory, "adapter_model.safetensors"), "wb") as f:
+            f.write(safetensors.dumps(state, {"format": "pt"}, getattr(state, "dtypes", {})))
+        return directory
 
     def load(self, path, partial=False):
         """Load a safetensors file written by export() (or ampctl) into this job;

@@ -125,7 +125,8 @@ def gpt2_state_dict(job_or_state):
     state = job_or_state.state_dict() if hasattr(job_or_state, "state_dict") else job_or_state
     out = OrderedDict()
     for name, value in state.items():
-        if not name.startswith(_OPTIMIZER_PREFIX):
+        # A LoRA job's adapters (PEFT's names) are not the decoder's: lora_state_dict.
+        if not name.startswith(_OPTIMIZER_PREFIX) and not _is_adapter(name):
             out[name] = torch.from_numpy(np.array(value, copy=True))
     if "lm_head.weight" not in out and "transformer.wte.weight" in out:
         out["lm_head.weight"] = out["transformer.wte.weight"]
@@ -168,16 +169,32 @@ def load_gpt2(job, state_dict):
 # ---- Llama / Qwen2 decoder -----------------------------------------------------
 
 
+def _is_adapter(name):
+    return ".lora_A." in name or ".lora_B." in name
+
+
+def lora_state_dict(job_or_state):
+    """A LoRA job's adapters (fp32 masters) in PEFT's names
+    (base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight, ...), as
+    torch tensors: what peft's set_peft_model_state_dict takes."""
+    state = job_or_state.state_dict() if hasattr(job_or_state, "state_dict") else job_or_state
+    return OrderedDict((name, torch.from_numpy(np.array(value, copy=True)))
+                       for name, value in state.items()
+                       if not name.startswith(_OPTIMIZER_PREFIX) and _is_adapter(name))
+
+
 def decoder_state_dict(job_or_state):
     """A decoder job's weights as a state dict that transformers'
     LlamaForCausalLM / Qwen2ForCausalLM (and bench/pytorch/decoder.py's
-    Decoder) load: Hugging Face's names and layouts, fp32 master weights,
+    Decoder) load: Hugging Face's names and layouts, fp32 master weights (a
+    LoRA job's frozen base in its working dtype, its adapters left out),
     lm_head.weight added as the embedding when the job ties them.
     job_or_state: an ampd.Job or a StateDict from Job.state_dict()."""
     state = job_or_state.state_dict() if hasattr(job_or_state, "state_dict") else job_or_state
     out = OrderedDict()
     for name, value in state.items():
-        if not name.startswith(_OPTIMIZER_PREFIX):
+        # A LoRA job's adapters (PEFT's names) are not the decoder's: lora_state_dict.
+        if not name.startswith(_OPTIMIZER_PREFIX) and not _is_adapter(name):
             out[name] = torch.from_numpy(np.array(value, copy=True))
     if "lm_head.weight" not in out and "model.embed_tokens.weight" in out:
         out["lm_head.weight"] = out["model.embed_tokens.weight"]

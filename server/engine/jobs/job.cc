@@ -521,14 +521,15 @@ absl::StatusOr<EvaluateReport> Job::Evaluate(const ValidEvaluateInput& input) {
   return report;
 }
 
-absl::StatusOr<checkpoint::EncodedSafetensors> Job::ExportSafetensors() const {
-  return AllocationGuard("GetStateDict", [&] { return ExportSafetensorsUnguarded(); });
+absl::StatusOr<checkpoint::EncodedSafetensors> Job::ExportSafetensors(StateView view) const {
+  return AllocationGuard("GetStateDict", [&] { return ExportSafetensorsUnguarded(view); });
 }
 
-absl::StatusOr<checkpoint::EncodedSafetensors> Job::ExportSafetensorsUnguarded() const {
+absl::StatusOr<checkpoint::EncodedSafetensors> Job::ExportSafetensorsUnguarded(
+    StateView view) const {
   if (trainer_ == nullptr) return NotOpen();
   checkpoint::EncodedSafetensors encoded;
-  AMPD_ASSIGN_OR_RETURN(encoded.state, trainer_->ExportState());
+  AMPD_ASSIGN_OR_RETURN(encoded.state, trainer_->ExportView(view));
   AMPD_RETURN_IF_ERROR(checkpoint::ValidateStateDict(encoded.state));
   encoded.header = checkpoint::EncodeSafetensorsHeader(encoded.state);
   return encoded;

@@ -207,9 +207,10 @@ class Job : public std::enable_shared_from_this<Job> {
   // step's workspaces are (JobContext::admit_step), and reported to the
   // observer. Neither the step sequence nor the recorded report changes.
   absl::StatusOr<EvaluateReport> Evaluate(const ValidEvaluateInput& input);
-  // The Trainer's state as a safetensors file (header and host tensors,
-  // not yet concatenated).
-  absl::StatusOr<checkpoint::EncodedSafetensors> ExportSafetensors() const;
+  // The Trainer's state, or a view of it (api.h StateView), as a
+  // safetensors file (header and host tensors, not yet concatenated).
+  absl::StatusOr<checkpoint::EncodedSafetensors> ExportSafetensors(
+      StateView view = StateView::kFull) const;
   // Replaces weights, optimizer and scaler state from a decoded safetensors
   // file and clears a failure (an unrestored job's too: KeepUnrestored);
   // the step sequence is the job's own and does not change. With a state
@@ -244,7 +245,7 @@ class Job : public std::enable_shared_from_this<Job> {
   // The bodies of the public calls of the same names, which run them under
   // an allocation guard (job.cc).
   absl::Status InitializeUnguarded(const std::string& device);
-  absl::StatusOr<checkpoint::EncodedSafetensors> ExportSafetensorsUnguarded() const;
+  absl::StatusOr<checkpoint::EncodedSafetensors> ExportSafetensorsUnguarded(StateView view) const;
   absl::StatusOr<int64_t> ImportSafetensorsUnguarded(checkpoint::StateDict state, bool partial);
   absl::Status CheckpointUnguarded();
   // What a successful import does to the job beside its Trainer: no longer

@@ -331,12 +331,18 @@ void JobRegistry::Evaluate(const std::string& owner, const std::string& job_id, 
 void JobRegistry::ExportState(
     const std::string& owner, const std::string& job_id,
     std::function<void(absl::StatusOr<checkpoint::EncodedSafetensors>)> done) {
+  ExportState(owner, job_id, StateView::kFull, std::move(done));
+}
+
+void JobRegistry::ExportState(
+    const std::string& owner, const std::string& job_id, StateView view,
+    std::function<void(absl::StatusOr<checkpoint::EncodedSafetensors>)> done) {
   std::shared_ptr<Job> job = Find(owner, job_id);
   if (job == nullptr) {
     done(JobNotFound(job_id));
     return;
   }
-  job->Post([job, done = std::move(done)] { done(job->ExportSafetensors()); });
+  job->Post([job, view, done = std::move(done)] { done(job->ExportSafetensors(view)); });
 }
 
 void JobRegistry::ImportState(const std::string& owner, const std::string& job_id,

@@ -157,6 +157,9 @@ class JobRegistry {
                 std::function<void(absl::StatusOr<EvaluateReport>)> done);
   void ExportState(const std::string& owner, const std::string& job_id,
                    std::function<void(absl::StatusOr<codec::EncodedSafetensors>)> done);
+  // A view of it (api.h StateView): a LoRA job's adapters or merged model.
+  void ExportState(const std::string& owner, const std::string& job_id, StateView view,
+                   std::function<void(absl::StatusOr<codec::EncodedSafetensors>)> done);
   // `state`: the safetensors file, decoded as it arrived
   // (codec::SafetensorsReceiver); loaded on the job's strand. partial: it
   // holds some of the model's weights (Job::ImportSafetensors).

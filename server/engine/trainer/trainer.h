@@ -144,6 +144,10 @@ class Trainer {
   // Master weights, optimizer state and scaler state, and the two counts
   // (checkpoint/state_dict.h).
   absl::StatusOr<checkpoint::StateDict> ExportState() const;
+  // ExportState, or another view of the state (api.h StateView;
+  // InvalidArgument naming "view" for the adapter view of a job without
+  // adapters).
+  absl::StatusOr<checkpoint::StateDict> ExportView(StateView view) const;
   // What LoadState does with the state's ampd.step, which it checks either
   // way: kFromState makes it the count (a job resuming its own checkpoint),
   // kKeep leaves the count as it is (a state dict from elsewhere replaces
