@@ -1,9 +1,14 @@
-"""LoRA on the decoder: ampd.LoRA on the wire and through CreateJob's checks,
-and the hand-written PyTorch LoRA (bench/pytorch/lora.py) that ampd's LoRA
-jobs are compared with: PEFT's initialisation, its names, only the
-adapters training, and the merged model computing what the adapted one does.
+"""LoRA on the decoder, through the real ampd: ampd.LoRA on the wire and
+through CreateJob's checks; fp32 LoRA jobs (three sets of targets) against
+the hand-written PyTorch LoRA (bench/pytorch/lora.py) loaded from the job's
+exported base and adapters, 30 AdamW steps to 1e-5 relative; the adapter
+view (PEFT's names and adapter_config) and the merged view loading into
+PyTorch; an fp16 LoRA job's frozen fp16 base and its admitted bytes; and
+the reference itself: PEFT's initialisation, its names, only the adapters
+training, and the merged model computing what the adapted one does.
 
 Skipped, saying so, where torch is not importable."""
+import json
 import os
 import sys
 
@@ -15,6 +20,8 @@ torch = pytest.importorskip("torch", reason="torch is not importable: the LoRA r
                                             "needs PyTorch")
 
 import ampd  # noqa: E402
+import ampd.safetensors  # noqa: E402
+import ampd.torch as ampd_torch  # noqa: E402
 from ampd.v1 import trainer_pb2 as pb  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.environ["AMPD_SOURCE_DIR"], "bench", "pytorch"))
@@ -64,13 +71,145 @@ def test_create_job_names_the_bad_lora_field(server):
                 client.create_job(model=spec_of(lora), precision="fp32", seed=1)
 
 
-def test_a_valid_lora_job_is_refused_until_the_engine_trains_adapters(server):
-    # A full fine-tune in its place would be another job: refused, named.
+LR, WEIGHT_DECAY = 1e-2, 0.01
+TARGET_SETS = {
+    "attention": ("q_proj", "k_proj", "v_proj", "o_proj"),
+    # k and v alone among the stacked q|k|v: their blocks are not the first.
+    "kv_mlp": ("k_proj", "v_proj", "gate_proj", "up_proj", "down_proj"),
+    "all": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+}
+
+
+def lora_job(client, targets, precision="fp32", seed=5, rank=4, alpha=8.0):
+    return client.create_job(
+        model=spec_of(ampd.LoRA(rank=rank, alpha=alpha, target_modules=targets)),
+        precision=precision, seed=seed, optimizer=ampd.AdamW(lr=LR, weight_decay=WEIGHT_DECAY))
+
+
+def torch_lora_of(job, targets, rank=4, alpha=8.0):
+    """bench/pytorch's decoder with PEFT's LoRA, holding the job's base and adapters."""
+    model = torch_model()
+    model.load_state_dict(ampd_torch.decoder_state_dict(job), strict=True)
+    torch_lora.apply_lora(model, rank=rank, alpha=alpha, target_modules=targets)
+    torch_lora.load_adapter_state_dict(model, ampd_torch.lora_state_dict(job))
+    return model
+
+
+@pytest.mark.parametrize("which", sorted(TARGET_SETS))
+def test_fp32_lora_loss_curve_equals_pytorch(server, which):
+    targets = TARGET_SETS[which]
     with ampd.Client(server.address) as client:
-        with pytest.raises(ampd.AmpdError, match="decoder.lora") as error:
-            client.create_job(model=spec_of(ampd.LoRA(rank=4, alpha=8.0)), precision="fp32",
-                              seed=1)
-        assert error.value.code == grpc.StatusCode.UNIMPLEMENTED
+        job = lora_job(client, targets)
+        # The job holds the base (Hugging Face's names) and the adapters (PEFT's).
+        state = job.state_dict()
+        adapters = [n for n in state if ".lora_" in n and not n.startswith("optimizer.")]
+        assert len(adapters) == 2 * LAYERS * len(targets)
+        moments = [n for n in state if n.startswith("optimizer.") and n.endswith(".exp_avg")]
+        assert sorted(moments) == sorted("optimizer.%s.exp_avg" % n for n in adapters)
+        assert not np.any(state[adapters[1]])  # B starts at zero
+        model = torch_lora_of(job, targets)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR,
+                                weight_decay=WEIGHT_DECAY)
+        ours, theirs = [], []
+        for step in range(30):
+            ids, targets_ = sequences(step)
+            ours.append(job.step(ids.numpy(), targets_.numpy()).loss)
+            opt.zero_grad()
+            loss = model(ids, targets_)
+            loss.backward()
+            opt.step()
+            theirs.append(loss.item())
+        for step, (a, b) in enumerate(zip(ours, theirs)):
+            assert a == pytest.approx(b, rel=1e-5), "step %d: ampd %r, PyTorch %r" % (step + 1, a, b)
+        assert theirs[-1] < theirs[0] - 0.05  # the adapters learned
+        # The base never moved; the adapters are PyTorch's.
+        after = job.state_dict()
+        for name in state:
+            if ".lora_" not in name and not name.startswith("optimizer."):
+                assert np.array_equal(after[name], state[name]), name
+        for name, value in torch_lora.adapter_state_dict(model).items():
+            np.testing.assert_allclose(after[name], value.numpy(), rtol=1e-3, atol=1e-5)
+
+
+def test_adapter_and_merged_views_load_into_pytorch(server, tmp_path):
+    targets = TARGET_SETS["kv_mlp"]
+    with ampd.Client(server.address) as client:
+        job = lora_job(client, targets)
+        for step in range(5):
+            ids, targets_ = sequences(step)
+            job.step(ids.numpy(), targets_.numpy())
+        ids, targets_ = sequences(50)
+        expected = job.evaluate(ids.numpy(), targets_.numpy()).loss
+        # The adapter view: PEFT's names, only the adapters, PEFT's config.
+        adapter = job.state_dict("adapter")
+        assert all(".lora_A." in n or ".lora_B." in n for n in adapter)
+        assert len(adapter) == 2 * LAYERS * len(targets)
+        config = json.loads(adapter.metadata["adapter_config"])
+        assert (config["peft_type"], config["task_type"], config["r"], config["lora_alpha"],
+                config["target_modules"]) == ("LORA", "CAUSAL_LM", 4, 8.0, list(targets))
+        model = torch_model()
+        model.load_state_dict(ampd_torch.decoder_state_dict(job), strict=True)
+        torch_lora.apply_lora(model, rank=4, alpha=8.0, target_modules=targets)
+        torch_lora.load_adapter_state_dict(
+            model, {k: torch.from_numpy(np.array(v)) for k, v in adapter.items()})
+        with torch.no_grad():
+            assert model(ids, targets_).item() == pytest.approx(expected, rel=1e-5)
+        # The merged view: a plain decoder in Hugging Face's names.
+        merged = job.state_dict("merged")
+        assert not any(".lora_" in n or n.startswith("optimizer.") for n in merged)
+        plain = torch_model()
+        plain.load_state_dict(ampd_torch.decoder_state_dict(merged), strict=True)
+        with torch.no_grad():
+            assert plain(ids, targets_).item() == pytest.approx(expected, rel=1e-5)
+        # export_peft writes what PeftModel.from_pretrained reads.
+        out = job.export_peft(str(tmp_path / "adapter"))
+        assert json.load(open(os.path.join(out, "adapter_config.json")))["r"] == 4
+        again = ampd.safetensors.load_file(os.path.join(out, "adapter_model.safetensors"))
+        assert list(again) == list(adapter)
+
+
+def test_a_job_without_adapters_has_a_merged_view_and_no_adapter_view(server):
+    with ampd.Client(server.address) as client:
+        job = client.create_job(model=spec_of(None), precision="bf16", seed=1)
+        with pytest.raises(ampd.InvalidArgument, match="view"):
+            job.state_dict("adapter")
+        with pytest.raises(ValueError, match="view"):
+            job.state_dict("peft")
+        # Its weights alone, F32: the masters, without optimizer state.
+        full, merged = job.state_dict(), job.state_dict("merged")
+        weights = [n for n in full if not n.startswith("optimizer.")]
+        assert list(merged) == weights
+        for name in weights:
+            assert merged[name].dtype == np.float32
+            np.testing.assert_array_equal(merged[name], full[name])
+        assert not any(k.startswith("scaler.") for k in merged.metadata)
+
+
+def test_fp16_lora_job_holds_its_base_in_fp16(server):
+    targets = TARGET_SETS["attention"]
+    with ampd.Client(server.address) as client:
+        job = lora_job(client, targets, precision="fp16")
+        full = client.create_job(model=spec_of(None), precision="fp16", seed=5)
+        base = sum(np.prod(v.shape) for n, v in full.state_dict().items()
+                   if not n.startswith("optimizer."))
+        adapters = LAYERS * 4 * sum(HIDDEN + out for out in (32, 16, 16, 32))  # r (in + out)
+        # Frozen base: 2 bytes each (fp16); adapters: fp32 master, fp16 working
+        # copy and gradient, two fp32 moments (16 bytes each).
+        assert job.parameter_count == base + adapters
+        assert job.estimated_bytes == 2 * base + 16 * adapters
+        state = job.state_dict()
+        assert state["model.embed_tokens.weight"].dtype == np.float16
+        # The base is the full job's of the same seed, rounded to fp16.
+        full_state = full.state_dict()
+        np.testing.assert_array_equal(
+            state["model.layers.0.self_attn.q_proj.weight"],
+            full_state["model.layers.0.self_attn.q_proj.weight"].astype(np.float16))
+        for step in range(3):
+            ids, targets_ = sequences(step)
+            reply = job.step(ids.numpy(), targets_.numpy())
+            assert np.isfinite(reply.loss)
+        # A full state loads back (the F16 base as it was exported).
+        job.load_state_dict(state)
 
 
 def test_reference_lora_is_pefts():
