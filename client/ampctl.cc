@@ -51,6 +51,9 @@ ABSL_FLAG(std::string, tls_server_name, "",
 ABSL_FLAG(bool, json, false, "Machine-readable output (one JSON object per line)");
 ABSL_FLAG(std::string, job, "", "Job id (state export/import, jobs get/delete)");
 ABSL_FLAG(std::string, out, "", "Output file (state export)");
+ABSL_FLAG(std::string, view, "full",
+          "state export: full (the training state), or a LoRA job's adapter (PEFT's names, "
+          "adapter_config in the metadata) or merged (the adapters merged into the weights)");
 ABSL_FLAG(bool, partial, false,
           "state import: each FILE holds some of the model's weights (the files of a sharded "
           "checkpoint), loaded one by one; nothing else changes");
@@ -107,6 +110,10 @@ ABSL_FLAG(std::optional<bool>, scaling, std::nullopt,
           "Loss scaling enabled (the scaler's enabled)");
 // Training (train).
 ABSL_FLAG(int64_t, steps, 100, "Steps to run (train)");
+ABSL_FLAG(std::string, init_from, "",
+          "train: comma-separated safetensors files of weights (a pretrained model, a job's "
+          "merged export, the shards of a checkpoint) loaded into the new job as partial loads "
+          "before its first step: the base of a LoRA fine-tune");
 ABSL_FLAG(std::string, batches, "",
           "Train on this safetensors file's inputs.<i>/targets.<i> (i = 0..B-1), cycled over "
           "--steps, instead of the synthetic task; needs --layers");
@@ -453,6 +460,38 @@ absl::Status TrainDistributed(const ampd::ClientOptions& client_options, TrainDa
   return absl::OkStatus();
 }
 
+// A file's bytes, or InvalidArgument naming `flag` and the path.
+absl::StatusOr<std::string> ReadFile(const std::string& flag, const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) return Fail(absl::StrCat(flag, ": cannot read ", path));
+  std::stringstream buffer;
+  buffer << file.rdbuf();
+  return buffer.str();
+}
+
+// --init-from: each file loaded into the job as a partial load (the
+// weights it holds replace the job's), in order.
+absl::Status InitFrom(ampd::Client& client, const std::string& job_id, const std::string& files,
+                      bool json) {
+  if (files.empty()) return absl::OkStatus();
+  for (absl::string_view item : absl::StrSplit(files, ',')) {
+    const std::string path(absl::StripAsciiWhitespace(item));
+    if (path.empty()) return Fail("--init-from: empty item in the list");
+    AMPD_ASSIGN_OR_RETURN(std::string bytes, ReadFile("--init-from", path));
+    absl::StatusOr<ampd::v1::LoadStateDictResponse> r =
+        client.LoadStateDict(job_id, bytes, /*partial=*/true);
+    if (!r.ok()) {
+      return absl::Status(r.status().code(),
+                          absl::StrCat("--init-from ", path, ": ", r.status().message()));
+    }
+    if (!json) {
+      std::printf("job %s: loaded %lld tensors from %s\n", job_id.c_str(),
+                  static_cast<long long>(r->tensors()), path.c_str());
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Train(ampd::Client& client, const ampd::ClientOptions& client_options) {
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   if (steps < 0) return Fail("--steps: must be >= 0");
@@ -460,10 +499,14 @@ absl::Status Train(ampd::Client& client, const ampd::ClientOptions& client_optio
   AMPD_ASSIGN_OR_RETURN(ampd::v1::CreateJobRequest request, BuildCreateRequest(data.model));
   if (absl::GetFlag(FLAGS_world_size) < 1) return Fail("--world_size: must be >= 1");
   if (absl::GetFlag(FLAGS_world_size) > 1) {
+    if (!absl::GetFlag(FLAGS_init_from).empty()) {
+      return Fail("--init-from: loads one job; not available with --world-size > 1");
+    }
     return TrainDistributed(client_options, data, request, steps);
   }
   AMPD_ASSIGN_OR_RETURN(ampd::v1::Job job, client.CreateJob(request));
   const bool json = absl::GetFlag(FLAGS_json);
+  AMPD_RETURN_IF_ERROR(InitFrom(client, job.job_id(), absl::GetFlag(FLAGS_init_from), json));
   const ampd::v1::ScalerConfig& sc = job.config().scaler();
   if (!json) {
     std::printf("job %s: %lld parameters, %s, scaler %s (init_scale %g, growth_interval %lld)\n",
@@ -616,7 +659,16 @@ absl::Status State(ampd::Client& client, const std::vector<char*>& args) {
     std::string out = absl::GetFlag(FLAGS_out);
     if (out.empty() && args.size() > 3) out = args[3];
     if (out.empty()) return Fail("--out: give the output file");
-    AMPD_ASSIGN_OR_RETURN(std::string bytes, client.GetStateDict(id));
+    const std::string view_name = absl::GetFlag(FLAGS_view);
+    ampd::v1::StateView view = ampd::v1::STATE_VIEW_FULL;
+    if (view_name == "adapter") {
+      view = ampd::v1::STATE_VIEW_ADAPTER;
+    } else if (view_name == "merged") {
+      view = ampd::v1::STATE_VIEW_MERGED;
+    } else if (view_name != "full") {
+      return Fail(absl::StrCat("--view: full, adapter or merged, got \"", view_name, "\""));
+    }
+    AMPD_ASSIGN_OR_RETURN(std::string bytes, client.GetStateDict(id, view));
     std::ofstream file(out, std::ios::binary | std::ios::trunc);
     file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     if (!file.good()) return absl::InternalError(absl::StrCat("--out: cannot write ", out));
@@ -631,12 +683,8 @@ absl::Status State(ampd::Client& client, const std::vector<char*>& args) {
       return Fail("state import: several files are the shards of one checkpoint: add --partial");
     }
     for (size_t i = 3; i < args.size(); ++i) {
-      std::ifstream file(args[i], std::ios::binary);
-      if (!file) return Fail(absl::StrCat("cannot read ", args[i]));
-      std::stringstream buffer;
-      buffer << file.rdbuf();
-      absl::StatusOr<ampd::v1::LoadStateDictResponse> r =
-          client.LoadStateDict(id, buffer.str(), partial);
+      AMPD_ASSIGN_OR_RETURN(std::string bytes, ReadFile("state import", args[i]));
+      absl::StatusOr<ampd::v1::LoadStateDictResponse> r = client.LoadStateDict(id, bytes, partial);
       if (!r.ok()) {
         return absl::Status(r.status().code(), absl::StrCat(args[i], ": ", r.status().message()));
       }
@@ -679,7 +727,7 @@ int main(int argc, char** argv) {
       " [--batch-size=B] [--seq-len=T] ...\n"
       "  ampctl train --world-size=N --server=HOST:PORT,... --rendezvous=HOST:PORT"
       " [--micro-batches=M] ...\n"
-      "  ampctl state export --job=ID --out=FILE\n"
+      "  ampctl state export --job=ID --out=FILE [--view=full|adapter|merged]\n"
       "  ampctl state import --job=ID FILE | --partial FILE...  (the shards of a checkpoint)\n"
       "\n"
       "train runs the built-in synthetic regression task unless --batches names a safetensors\n"
