@@ -27,10 +27,20 @@ over the full T x T square, as gpt.py counts), N every parameter but the
 embedding when the head is untied (a lookup); a tied embedding is counted
 once, as the LM head's GEMM.
 
+--lora-rank R: a LoRA fine-tune of that model as PEFT users run one: the
+base held in the precision's 16-bit dtype (model.to(dtype), as a base
+loaded with torch_dtype is), bench/pytorch/lora.py's adapters (rank R,
+alpha 2 R, targets q/k/v/o_proj or --lora-targets) left in fp32 (PEFT's
+autocast_adapter_dtype default), autocast on, a GradScaler for fp16, and
+the same AdamW over the adapters alone. FLOPs per token: 4 N_base (the
+frozen base's forward and input gradients; no weight gradients) +
+6 N_adapters + the attention's 12 L T (H D).
+
 Usage: python3 decoder.py [--vocab 151936] [--hidden 896] [--intermediate 4864]
            [--layers 24] [--heads 14] [--kv-heads 2] [--batch 8] [--seq-len 1024]
            [--steps 20] [--warmup 5] [--device cuda] [--precisions bf16,fp16]
            [--compile] [--attention auto|sdpa|manual] [--untied] [--peak-tflops 989.4]
+           [--lora-rank 16 [--lora-targets q_proj,k_proj,v_proj,o_proj]]
 """
 
 import argparse
@@ -44,6 +54,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+import lora
 from amp_compat import autocast_supported, make_scaler
 from gpt import H100_SXM_BF16_DENSE_TFLOPS, has_sdpa, make_optimizer
 
@@ -204,18 +215,33 @@ class Decoder(nn.Module):
                                ignore_index=-100)
 
 
-def flops_per_token(n_params: int, layers: int, seq_len: int, attention_width: int) -> float:
-    return 6.0 * n_params + 12.0 * layers * seq_len * attention_width
+def flops_per_token(n_params: int, layers: int, seq_len: int, attention_width: int,
+                    n_frozen: int = 0) -> float:
+    """6 per trainable parameter, 4 per frozen one (forward and input
+    gradients, no weight gradients), and the attention's QK^T and PV."""
+    return 6.0 * n_params + 4.0 * n_frozen + 12.0 * layers * seq_len * attention_width
 
 
 def time_precision(args, precision: str, device: torch.device):
+    """(median step seconds, trainable FLOP parameters, frozen FLOP
+    parameters, last loss) of one precision."""
     torch.manual_seed(0)
+    dtype = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
     model = Decoder(args.vocab, args.hidden, args.intermediate, args.layers, args.heads,
                     args.kv_heads, args.seq_len, rope_theta=1e6, tie_word_embeddings=not args.untied,
-                    qkv_bias=True, attention=args.attention).to(device)
-    opt = make_optimizer(model, device, lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1)
+                    qkv_bias=True, attention=args.attention)
+    if args.lora_rank:
+        if dtype is not None:
+            # The base as from_pretrained(torch_dtype=...) holds it; the
+            # rotary frequencies stay fp32 (Hugging Face computes them so).
+            model.to(dtype)
+            model.inv_freq = model.inv_freq.float()
+        # Adapters in fp32 (nn.Linear's default dtype), as PEFT leaves them.
+        lora.apply_lora(model, args.lora_rank, 2.0 * args.lora_rank, args.lora_targets)
+    model.to(device)
+    opt = make_optimizer(model, device, trainable_only=bool(args.lora_rank), lr=6e-4,
+                         betas=(0.9, 0.95), weight_decay=0.1)
     step_model = torch.compile(model) if args.compile else model
-    dtype = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
     scaler = make_scaler(device, enabled=(precision == "fp16"))
     ids = torch.randint(0, args.vocab, (args.batch, args.seq_len), device=device)
     targets = torch.randint(0, args.vocab, (args.batch, args.seq_len), device=device)
@@ -237,11 +263,13 @@ def time_precision(args, precision: str, device: torch.device):
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
     n_params = model.num_flop_params()
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    frozen = n_params - trainable
     final_loss = float(loss)
     del step_model, model, opt
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return statistics.median(times), n_params, final_loss
+    return statistics.median(times), trainable, frozen, final_loss
 
 
 def main() -> int:
@@ -265,7 +293,14 @@ def main() -> int:
                         help="dense peak for MFU; default 989.4 (H100 SXM bf16) on CUDA")
     parser.add_argument("--threads", type=int, default=0,
                         help="CPU threads for torch (torch.set_num_threads); 0 keeps its default")
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="LoRA fine-tune of rank R (alpha 2 R, base frozen); 0: full")
+    parser.add_argument("--lora-targets", default=",".join(lora.DEFAULT_TARGETS),
+                        help="the projections LoRA adapts, comma-separated")
     args = parser.parse_args()
+    args.lora_targets = tuple(t for t in args.lora_targets.split(",") if t)
+    if args.lora_rank < 0:
+        parser.error("--lora-rank must be >= 0")
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -291,6 +326,11 @@ def main() -> int:
           f"{'untied' if args.untied else 'tied'}, batch {args.batch} x {args.seq_len} tokens, "
           f"AdamW, attention {attention}{', torch.compile' if args.compile else ''}"
           f"{'' if peak is None else f', peak {peak:.1f} TFLOP/s'}")
+    if args.lora_rank:
+        print(f"LoRA rank {args.lora_rank}, alpha {2 * args.lora_rank}, targets "
+              f"{','.join(args.lora_targets)}: base frozen in the precision's dtype, adapters "
+              f"fp32, AdamW over the adapters; FLOPs a token 4 x base + 6 x adapter params + "
+              f"attention")
     for precision in args.precisions.split(","):
         if precision not in ("fp32", "fp16", "bf16"):
             print(f"decoder.py: unknown precision {precision!r}", file=sys.stderr)
@@ -302,13 +342,15 @@ def main() -> int:
                 device, {"fp16": torch.float16, "bf16": torch.bfloat16}[precision]):
             print(f"{precision}: autocast does not support it on {device.type} in this torch")
             continue
-        median, n_params, final_loss = time_precision(args, precision, device)
+        median, n_params, n_frozen, final_loss = time_precision(args, precision, device)
         flops = flops_per_token(n_params, args.layers, args.seq_len,
-                                args.heads * head_dim) * tokens
+                                args.heads * head_dim, n_frozen) * tokens
         tflops = flops / median / 1e12
         mfu = "MFU n/a" if peak is None else f"MFU {100.0 * tflops / peak:5.1f}%"
+        params = (f"{n_frozen} base + {n_params} adapter params" if args.lora_rank
+                  else f"{n_params} params")
         print(f"{precision:5s} step median {median * 1e3:9.3f} ms  {tokens / median:10.0f} "
-              f"tokens/s  {tflops:7.2f} TFLOP/s  {mfu}  ({n_params} params, "
+              f"tokens/s  {tflops:7.2f} TFLOP/s  {mfu}  ({params}, "
               f"loss {final_loss:.4f})")
     return 0
 

@@ -172,13 +172,17 @@ class GPT(nn.Module):
                                ignore_index=-100)
 
 
-def make_optimizer(model: nn.Module, device: torch.device, **kwargs) -> torch.optim.Optimizer:
+def make_optimizer(model: nn.Module, device: torch.device, trainable_only: bool = False,
+                   **kwargs) -> torch.optim.Optimizer:
+    """AdamW over the model's parameters (those with requires_grad alone when
+    trainable_only, as a LoRA fine-tune's), fused on CUDA where torch has it."""
+    params = [p for p in model.parameters() if p.requires_grad or not trainable_only]
     if device.type == "cuda":
         try:
-            return torch.optim.AdamW(model.parameters(), fused=True, **kwargs)
+            return torch.optim.AdamW(params, fused=True, **kwargs)
         except (TypeError, RuntimeError):  # torch without the fused kernel
             pass
-    return torch.optim.AdamW(model.parameters(), **kwargs)
+    return torch.optim.AdamW(params, **kwargs)
 
 
 def flops_per_token(n_params: int, n_layer: int, seq_len: int, d_model: int) -> float:
