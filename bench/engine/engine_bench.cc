@@ -15,7 +15,11 @@
 // --model=decoder times a Llama/Qwen2 decoder the same way (Qwen2.5-0.5B's
 // shape by default, 8 x 1024 tokens; FLOPs 6 N + 12 L T (heads x head
 // width) a token, N every parameter but an untied embedding), beside
-// bench/pytorch/decoder.py's line.
+// bench/pytorch/decoder.py's line. --lora-rank=R makes it a LoRA fine-tune
+// of that decoder (alpha 2R, PEFT's usual; targets q/k/v/o_proj or
+// --lora-targets): its step runs the frozen base's forward (2 FLOPs a
+// parameter a token) and its activation gradients (2) but no weight
+// gradients, so it counts 4 N_base + 6 N_adapters + the attention's.
 //
 //   ampd_bench_engine [--device=cpu|cuda|cuda:N] [--steps=N] [--warmup=N] [--create]
 //   ampd_bench_engine --model=gpt [--device=cuda:0] [--precisions=bf16,fp16] [--vocab=50304]
@@ -24,6 +28,7 @@
 //   ampd_bench_engine --model=decoder [--device=cuda:0] [--precisions=bf16,fp16] [--vocab=151936]
 //       [--hidden=896] [--intermediate=4864] [--layers=24] [--heads=14] [--kv-heads=2] [--untied]
 //       [--batch=8] [--seq-len=1024] [--peak-tflops=989.4] [--steps=20] [--warmup=5]
+//       [--lora-rank=R [--lora-targets=q_proj,k_proj,v_proj,o_proj]]
 //   ampd_bench_engine --model=token [--device=cuda:0] [--precisions=fp16,bf16] [--vocab=32768]
 //       [--width=4096] [--depth=4] [--tokens=8192]   (service_bench's token model, in process)
 #include <algorithm>
@@ -32,11 +37,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "kernels/backend_factory.h"
 #include "server/engine/config/job_config.h"
@@ -240,8 +247,9 @@ struct SequenceBench {
   int64_t vocab = 0;
   int64_t batch = 0;
   int64_t seq_len = 0;
-  int64_t flop_params = 0;      // N of 6 N FLOPs a token
-  int64_t attention_flops = 0;  // 12 L T (heads x head width) a token
+  int64_t flop_params = 0;         // trainable N of 6 N FLOPs a token
+  int64_t frozen_flop_params = 0;  // frozen N of 4 N (forward, input gradients)
+  int64_t attention_flops = 0;     // 12 L T (heads x head width) a token
   std::string precisions;
   double peak_tflops = -1;
 };
@@ -289,7 +297,11 @@ struct DecoderBench {
                                            .rope_theta = 1000000.0f,
                                            .max_position_embeddings = 1024,
                                            .tie_word_embeddings = true,
-                                           .qkv_bias = true};
+                                           .qkv_bias = true,
+                                           .lora = std::nullopt};
+  // --lora-rank: set, LoRA of rank R and alpha 2 R on lora_targets.
+  int64_t lora_rank = 0;
+  std::vector<std::string> lora_targets = ampd::engine::model::LoraSpec().target_modules;
 };
 
 int BenchDecoder(const std::string& device, const DecoderBench& d, const GptBench& g, int warmup,
@@ -299,14 +311,28 @@ int BenchDecoder(const std::string& device, const DecoderBench& d, const GptBenc
   SequenceBench sb;
   sb.model.decoder = d.spec;
   sb.model.decoder->max_position_embeddings = std::max(t, d.spec.max_position_embeddings);
+  if (d.lora_rank > 0) {
+    sb.model.decoder->lora = m::LoraSpec{.rank = d.lora_rank,
+                                         .alpha = 2.0f * static_cast<float>(d.lora_rank),
+                                         .target_modules = d.lora_targets};
+  }
   sb.model.loss = m::LossKind::kCrossEntropy;
   sb.vocab = d.spec.vocab_size;
   sb.batch = g.batch;
   sb.seq_len = t;
   // Parameters that multiply: all but an untied embedding (a lookup); a
   // tied one is counted once, as the LM head's GEMM (decoder.py's count).
-  sb.flop_params = m::DecoderParameterCount(d.spec) -
-                   (d.spec.tie_word_embeddings ? 0 : d.spec.vocab_size * d.spec.hidden_size);
+  // DecoderParameterCount is the base's alone: the adapters are LoRA's.
+  const int64_t base = m::DecoderParameterCount(d.spec) -
+                       (d.spec.tie_word_embeddings ? 0 : d.spec.vocab_size * d.spec.hidden_size);
+  if (d.lora_rank > 0) {
+    // The frozen base computes its forward and the gradients of its inputs
+    // (the adapters below it need them) but no weight gradients.
+    sb.flop_params = m::LoraParameterCount(*sb.model.decoder);
+    sb.frozen_flop_params = base;
+  } else {
+    sb.flop_params = base;
+  }
   sb.attention_flops =
       12 * d.spec.num_hidden_layers * t * d.spec.num_attention_heads * m::DecoderHeadDim(d.spec);
   sb.precisions = g.precisions;
@@ -325,6 +351,14 @@ int BenchDecoder(const std::string& device, const DecoderBench& d, const GptBenc
       static_cast<long long>(d.spec.num_key_value_heads),
       d.spec.tie_word_embeddings ? "tied" : "untied", static_cast<long long>(g.batch),
       static_cast<long long>(t), peak_text);
+  if (d.lora_rank > 0) {
+    std::printf(
+        "LoRA rank %lld, alpha %lld, targets %s: base frozen, FLOPs a token 4 x %lld base + 6 x "
+        "%lld adapter params + attention %lld\n",
+        static_cast<long long>(d.lora_rank), static_cast<long long>(2 * d.lora_rank),
+        absl::StrJoin(d.lora_targets, ",").c_str(), static_cast<long long>(sb.frozen_flop_params),
+        static_cast<long long>(sb.flop_params), static_cast<long long>(sb.attention_flops));
+  }
   return BenchSequenceModel(device, sb, warmup, steps);
 }
 
@@ -336,7 +370,9 @@ int BenchSequenceModel(const std::string& device, const SequenceBench& sb, int w
   const int64_t n = sb.flop_params;
   const double tokens = static_cast<double>(sb.batch * t);
   const double flops =
-      (6.0 * static_cast<double>(n) + static_cast<double>(sb.attention_flops)) * tokens;
+      (6.0 * static_cast<double>(n) + 4.0 * static_cast<double>(sb.frozen_flop_params) +
+       static_cast<double>(sb.attention_flops)) *
+      tokens;
   std::mt19937_64 rng(1);
   StepInput input;
   input.micro_batches.push_back(
@@ -393,11 +429,16 @@ int BenchSequenceModel(const std::string& device, const SequenceBench& sb, int w
     const double tflops = flops / median / 1e12;
     char mfu[32] = "MFU n/a";
     if (peak > 0) std::snprintf(mfu, sizeof(mfu), "MFU %5.1f%%", 100.0 * tflops / peak);
-    std::printf(
-        "%-5s step median %9.3f ms  %10.0f tokens/s  %7.2f TFLOP/s  %s  (%lld params, "
-        "loss %.4f)\n",
-        std::string(name).c_str(), median * 1e3, tokens / median, tflops, mfu,
-        static_cast<long long>(n), static_cast<double>(last_loss));
+    char params[80];
+    if (sb.frozen_flop_params > 0) {
+      std::snprintf(params, sizeof(params), "%lld base + %lld adapter params",
+                    static_cast<long long>(sb.frozen_flop_params), static_cast<long long>(n));
+    } else {
+      std::snprintf(params, sizeof(params), "%lld params", static_cast<long long>(n));
+    }
+    std::printf("%-5s step median %9.3f ms  %10.0f tokens/s  %7.2f TFLOP/s  %s  (%s, loss %.4f)\n",
+                std::string(name).c_str(), median * 1e3, tokens / median, tflops, mfu, params,
+                static_cast<double>(last_loss));
     // Where the step's wall time goes, as the Trainer reports it (host
     // clocks around each phase; on a GPU, queued work shows up in the phase
     // that waits for it).
@@ -520,7 +561,7 @@ int main(int argc, char** argv) {
   std::string device = "cpu";
   int steps = 10, warmup = 3;
   bool create = false, gpt = false, token = false, decoder = false, bad = false,
-       steps_given = false, warmup_given = false, vocab_given = false;
+       steps_given = false, warmup_given = false, vocab_given = false, lora_targets_given = false;
   GptBench g;
   DecoderBench d;
   TokenBench tb;
@@ -539,6 +580,10 @@ int main(int argc, char** argv) {
                PositiveFlag(a, "kv-heads", &d.spec.num_key_value_heads, &bad)) {
     } else if (a == "--untied") {
       d.spec.tie_word_embeddings = false;
+    } else if (PositiveFlag(a, "lora-rank", &d.lora_rank, &bad)) {
+    } else if (a.rfind("--lora-targets=", 0) == 0) {
+      d.lora_targets = absl::StrSplit(a.substr(15), ',', absl::SkipEmpty());
+      lora_targets_given = true;
     } else if (a == "--model=mlp") {
       gpt = false;
     } else if (PositiveFlag(a, "vocab", &g.spec.vocab_size, &bad)) {
@@ -581,8 +626,17 @@ int main(int argc, char** argv) {
                  "[--width=D] [--depth=L] [--tokens=N]\n"
                  "       %s --model=decoder [--device=..] [--precisions=bf16,fp16] [--vocab=V] "
                  "[--hidden=C] [--intermediate=I] [--layers=L] [--heads=H] [--kv-heads=K] "
-                 "[--untied] [--batch=B] [--seq-len=T] [--peak-tflops=P]\n",
+                 "[--untied] [--batch=B] [--seq-len=T] [--peak-tflops=P] [--lora-rank=R "
+                 "[--lora-targets=q_proj,k_proj,v_proj,o_proj]]\n",
                  argv[0], argv[0], argv[0], argv[0]);
+    return 2;
+  }
+  if ((d.lora_rank > 0 || lora_targets_given) && !decoder) {
+    std::fprintf(stderr, "--lora-rank and --lora-targets: only with --model=decoder\n");
+    return 2;
+  }
+  if (lora_targets_given && d.lora_rank == 0) {
+    std::fprintf(stderr, "--lora-targets: needs --lora-rank\n");
     return 2;
   }
   if (token) {
