@@ -24,7 +24,11 @@
 // the GPT it is gpt.py's count: 6 N + 12 n_layer T d_model per token (N:
 // every parameter but the position table; the attention's QK^T and PV over
 // the full T x T), and MFU divides it by --peak_tflops; for the decoder
-// decoder.py's, 6 N + 12 L T (heads x head width).
+// decoder.py's, 6 N + 12 L T (heads x head width). --decoder_lora_rank=R
+// makes the decoder a LoRA fine-tune (alpha 2R; targets q/k/v/o_proj or
+// --decoder_lora_targets): the frozen base runs its forward and its input
+// gradients but no weight gradients, so 4 N_base + 6 N_adapters + the
+// attention's, as decoder.py --lora-rank counts.
 // Prints figures; it never passes or fails.
 //
 //   ampd_bench_service --server=127.0.0.1:50051 [--model=token|mlp]
@@ -37,6 +41,7 @@
 //   ampd_bench_service --model=decoder --precisions=bf16,fp16 --concurrent= [--decoder_vocab=151936
 //       --decoder_hidden=896 --decoder_intermediate=4864 --decoder_layers=24 --decoder_heads=14
 //       --decoder_kv_heads=2 --decoder_batch=8 --decoder_seq_len=1024] [--peak_tflops=989.4]
+//       [--decoder_lora_rank=16 [--decoder_lora_targets=q_proj,k_proj,v_proj,o_proj]]
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -55,6 +60,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "common/status_macros.h"
@@ -83,6 +89,10 @@ ABSL_FLAG(int64_t, decoder_heads, 14, "decoder: num_attention_heads");
 ABSL_FLAG(int64_t, decoder_kv_heads, 2, "decoder: num_key_value_heads");
 ABSL_FLAG(int64_t, decoder_batch, 8, "decoder: sequences per step");
 ABSL_FLAG(int64_t, decoder_seq_len, 1024, "decoder: tokens per sequence");
+ABSL_FLAG(int64_t, decoder_lora_rank, 0,
+          "decoder: LoRA rank (alpha 2 x rank, base frozen); 0: full fine-tuning");
+ABSL_FLAG(std::string, decoder_lora_targets, "q_proj,k_proj,v_proj,o_proj",
+          "decoder: the projections LoRA adapts, comma-separated");
 ABSL_FLAG(double, peak_tflops, 989.4,
           "gpt: the device's dense peak for MFU (989.4: H100 SXM bf16; 0 prints no MFU)");
 ABSL_FLAG(std::string, concurrent, "1,4,16", "small-job counts for the concurrency run ('' skips)");
@@ -130,6 +140,8 @@ struct Workload {
   int64_t rows = 0;            // samples (tokens) a step
   std::string name;
   double gpt_flops = 0;  // a GPT's FLOPs a step (gpt.py's count); 0 for the others
+  // A LoRA decoder's frozen base (its linear_params are then the adapters').
+  int64_t frozen_params = 0;
 };
 
 ampd::v1::Tensor RandomIds(int64_t n, int64_t vocab, std::mt19937_64& rng) {
@@ -213,9 +225,11 @@ Workload GptWorkload(int64_t vocab, int64_t context, int64_t d_model, int64_t n_
 
 // A Qwen2-style decoder (tied, q/k/v biases, rope_theta 1e6) with gpt.py's
 // optimizer, as bench/pytorch/decoder.py builds it; (B, T) random ids and
-// targets. FLOPs: decoder.py's count, 6 N + 12 L T (heads x head width).
+// targets. FLOPs: decoder.py's count, 6 N + 12 L T (heads x head width);
+// with LoRA (lora_rank > 0) 4 N + 6 N_adapters + 12 L T (heads x head width).
 Workload DecoderWorkload(int64_t vocab, int64_t hidden, int64_t inter, int64_t layers,
-                         int64_t heads, int64_t kv_heads, int64_t batch, int64_t seq_len) {
+                         int64_t heads, int64_t kv_heads, int64_t batch, int64_t seq_len,
+                         int64_t lora_rank, const std::vector<std::string>& lora_targets) {
   Workload w;
   ampd::v1::Decoder* d = w.model.mutable_decoder();
   d->set_vocab_size(vocab);
@@ -232,15 +246,44 @@ Workload DecoderWorkload(int64_t vocab, int64_t hidden, int64_t inter, int64_t l
   const double c = static_cast<double>(hidden);
   const double head_dim = static_cast<double>(hidden / heads);
   const double q = static_cast<double>(heads) * head_dim;
-  const double qkv = q + 2 * static_cast<double>(kv_heads) * head_dim;
+  const double kv = static_cast<double>(kv_heads) * head_dim;
+  const double qkv = q + 2 * kv;
   const double block = 2 * c + qkv * c + qkv + c * q + 3 * static_cast<double>(inter) * c;
   const double n = static_cast<double>(vocab) * c + static_cast<double>(layers) * block + c;
   const double tokens = static_cast<double>(batch * seq_len);
-  w.gpt_flops = (6 * n + 12.0 * static_cast<double>(layers * seq_len) * q) * tokens;
+  const double attention = 12.0 * static_cast<double>(layers * seq_len) * q;
+  w.gpt_flops = (6 * n + attention) * tokens;
   w.linear_params = static_cast<int64_t>(n);
   w.name = absl::StrCat("decoder: vocab ", vocab, ", hidden ", hidden, ", intermediate ", inter,
                         ", ", layers, " layers, ", heads, " heads / ", kv_heads,
                         " kv heads, tied, batch ", batch, " x ", seq_len, " tokens, AdamW");
+  if (lora_rank > 0) {
+    ampd::v1::LoRA* lora = d->mutable_lora();
+    lora->set_rank(lora_rank);
+    lora->set_alpha(2.0f * static_cast<float>(lora_rank));
+    // Each target's rank x (in + out) a layer (the server's
+    // LoraParameterCount); an unknown name counts 0 here and CreateJob
+    // rejects it, naming the field.
+    const double i = static_cast<double>(inter);
+    double adapters = 0;
+    for (const std::string& target : lora_targets) {
+      lora->add_target_modules(target);
+      const double in_out = target == "q_proj"                             ? c + q
+                            : target == "k_proj" || target == "v_proj"     ? c + kv
+                            : target == "o_proj"                           ? q + c
+                            : target == "gate_proj" || target == "up_proj" ? c + i
+                            : target == "down_proj"                        ? i + c
+                                                                           : 0;
+      adapters += static_cast<double>(lora_rank) * in_out;
+    }
+    adapters *= static_cast<double>(layers);
+    w.gpt_flops = (4 * n + 6 * adapters + attention) * tokens;
+    w.frozen_params = static_cast<int64_t>(n);
+    w.linear_params = static_cast<int64_t>(adapters);
+    absl::StrAppend(&w.name, ", LoRA rank ", lora_rank, ", alpha ", 2 * lora_rank, ", targets ",
+                    absl::StrJoin(lora_targets, ","),
+                    " (base frozen; FLOPs a token 4 x base + 6 x adapter params + attention)");
+  }
   std::mt19937_64 rng(1);
   for (ampd::v1::Tensor* t : {w.batch.mutable_inputs(), w.batch.mutable_targets()}) {
     *t = RandomIds(batch * seq_len, vocab, rng);
@@ -345,11 +388,15 @@ absl::Status RunPrecision(ampd::Client& client, const Workload& w, const std::st
     const double peak = absl::GetFlag(FLAGS_peak_tflops);
     const std::string mfu =
         peak > 0 ? absl::StrFormat("MFU %5.1f%%", 100.0 * tflops / peak) : "MFU n/a";
+    const std::string params =
+        w.frozen_params > 0
+            ? absl::StrCat(w.frozen_params, " base + ", w.linear_params, " adapter params")
+            : absl::StrCat(w.linear_params, " params");
     std::printf(
-        "%-5s step median %9.3f ms  %10.0f tokens/s  %7.2f TFLOP/s  %s  (%lld params, "
+        "%-5s step median %9.3f ms  %10.0f tokens/s  %7.2f TFLOP/s  %s  (%s, "
         "loss %.4f)\n      create %.3f s, first step %.3f s\n",
         precision.c_str(), median * 1e3, static_cast<double>(w.rows) / median, tflops, mfu.c_str(),
-        static_cast<long long>(w.linear_params), loss, create_s, first);
+        params.c_str(), loss, create_s, first);
   } else {
     const double tflops =
         6.0 * static_cast<double>(w.linear_params) * static_cast<double>(w.rows) / median / 1e12;
@@ -475,13 +522,28 @@ int main(int argc, char** argv) {
                  "ampd_bench_service: --decoder_batch x --decoder_seq_len must be in [1, 2^30]\n");
     return 2;
   }
+  const int64_t lora_rank = absl::GetFlag(FLAGS_decoder_lora_rank);
+  if (lora_rank < 0 || (lora_rank > 0 && model != "decoder")) {
+    std::fprintf(stderr,
+                 "ampd_bench_service: --decoder_lora_rank must be >= 0, and only with "
+                 "--model=decoder\n");
+    return 2;
+  }
+  const std::vector<std::string> lora_targets =
+      absl::StrSplit(absl::GetFlag(FLAGS_decoder_lora_targets), ',', absl::SkipEmpty());
+  if (lora_rank > 0 && lora_targets.empty()) {
+    // (The wire's empty list means the default four; the FLOP count would not.)
+    std::fprintf(stderr, "ampd_bench_service: --decoder_lora_targets must name a projection\n");
+    return 2;
+  }
   const Workload w =
       model == "mlp" ? MlpWorkload()
       : model == "decoder"
           ? DecoderWorkload(absl::GetFlag(FLAGS_decoder_vocab), absl::GetFlag(FLAGS_decoder_hidden),
                             absl::GetFlag(FLAGS_decoder_intermediate),
                             absl::GetFlag(FLAGS_decoder_layers), absl::GetFlag(FLAGS_decoder_heads),
-                            absl::GetFlag(FLAGS_decoder_kv_heads), decoder_batch, decoder_seq)
+                            absl::GetFlag(FLAGS_decoder_kv_heads), decoder_batch, decoder_seq,
+                            lora_rank, lora_targets)
       : model == "gpt"
           ? GptWorkload(absl::GetFlag(FLAGS_gpt_vocab), absl::GetFlag(FLAGS_gpt_context),
                         absl::GetFlag(FLAGS_gpt_d_model), absl::GetFlag(FLAGS_gpt_n_layer),
