@@ -182,6 +182,9 @@ else
   concurrent=(--concurrent=1,4,16 --concurrent_steps=50)
   opt_millions=256
 fi
+# The decoder's LoRA parts: rank 16, PEFT's common choice (it fits the
+# --quick shape too: no projection there is narrower than 32).
+lora_rank=16
 peak=()
 [ "$on_gpu" -eq 0 ] && peak=(--peak-tflops=0)
 torch_device="cpu"
@@ -196,6 +199,11 @@ part engine_gpt 120 "$bin/bench/engine/ampd_bench_engine" --model=gpt --device="
   --precisions=bf16,fp16 --steps="$steps" --warmup="$warmup" "${peak[@]}" "${gpt_shape[@]}"
 part engine_decoder 180 "$bin/bench/engine/ampd_bench_engine" --model=decoder --device="$device" \
   --precisions=bf16,fp16 --steps="$steps" --warmup="$warmup" "${peak[@]}" "${decoder_shape[@]}"
+# The same decoder as a LoRA fine-tune (q/k/v/o_proj, alpha 2 x rank): the
+# frozen 16-bit base's forward and input gradients, the adapters trained.
+part engine_decoder_lora 150 "$bin/bench/engine/ampd_bench_engine" --model=decoder \
+  --device="$device" --precisions=bf16,fp16 --steps="$steps" --warmup="$warmup" "${peak[@]}" \
+  "${decoder_shape[@]}" --lora-rank="$lora_rank"
 part engine_token 90 "$bin/bench/engine/ampd_bench_engine" --model=token --device="$device" \
   --precisions=fp16,bf16 --steps="$steps" --warmup="$warmup" "${token_shape[@]}"
 if [ "$on_gpu" -eq 1 ]; then
@@ -219,6 +227,9 @@ part torch_gpt 120 "${py[@]}" bench/pytorch/gpt.py --device "$torch_device" --pr
 part torch_decoder 180 "${py[@]}" bench/pytorch/decoder.py --device "$torch_device" \
   --precisions bf16,fp16 --steps "$steps" --warmup "$warmup" "${decoder_py_shape[@]}" \
   "${threads[@]}"
+part torch_decoder_lora 150 "${py[@]}" bench/pytorch/decoder.py --device "$torch_device" \
+  --precisions bf16,fp16 --steps "$steps" --warmup "$warmup" "${decoder_py_shape[@]}" \
+  --lora-rank "$lora_rank" "${threads[@]}"
 part torch_token 90 "${py[@]}" bench/pytorch/token_model.py --device "$torch_device" \
   --steps "$steps" --warmup "$warmup" "${token_py_shape[@]}"
 
@@ -256,6 +267,8 @@ if [ -n "$port" ]; then
     "${gpt_svc_shape[@]}"
   part service_decoder 240 "${svc[@]}" --model=decoder --precisions=bf16,fp16 --concurrent= \
     --state=false "${decoder_svc_shape[@]}"
+  part service_decoder_lora 180 "${svc[@]}" --model=decoder --precisions=bf16,fp16 \
+    --concurrent= --state=false "${decoder_svc_shape[@]}" --decoder_lora_rank="$lora_rank"
   # The 335M token model: CreateJob, steps, and its state dict out and back in.
   part service_token 120 "${svc[@]}" --model=token --precisions=fp16 --concurrent= \
     "${token_shape[@]}"

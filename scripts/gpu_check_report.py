@@ -159,14 +159,18 @@ def main() -> int:
                              ratio(a, c)))
     # The Qwen2.5-0.5B-shaped decoder in process, against its eager PyTorch peer
     # (decoder.py prints gpt.py's line).
-    eager = gpt_lines(read(out, "torch_decoder"))
-    for source, label in (("engine_decoder", "in process"), ("service_decoder", "through gRPC")):
-        ours = gpt_lines(read(out, source))
-        for p in ("bf16", "fp16"):
-            a = ours.get(p, (None, None))[1]
-            e = eager.get(p, (None, None))[1]
-            rows.append((f"decoder tokens/s, {p} ({label}) vs eager", fmt(a), fmt(e),
-                         ratio(a, e)))
+    # Full fine-tuning, then LoRA rank 16 (decoder.py --lora-rank: the base in
+    # the 16-bit dtype, fp32 adapters, as PEFT runs it).
+    for kind, suffix in (("decoder", ""), ("decoder LoRA", "_lora")):
+        eager = gpt_lines(read(out, f"torch_decoder{suffix}"))
+        for source, label in ((f"engine_decoder{suffix}", "in process"),
+                              (f"service_decoder{suffix}", "through gRPC")):
+            ours = gpt_lines(read(out, source))
+            for p in ("bf16", "fp16"):
+                a = ours.get(p, (None, None))[1]
+                e = eager.get(p, (None, None))[1]
+                rows.append((f"{kind} tokens/s, {p} ({label}) vs eager", fmt(a), fmt(e),
+                             ratio(a, e)))
     # Token model through the service.
     svc_text = read(out, "service_token") + read(out, "service_token_bf16_fp32")
     svc, torch_tok = token_service(svc_text), token_torch(read(out, "torch_token"))
