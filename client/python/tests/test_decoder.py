@@ -234,3 +234,45 @@ def test_bench_peer_runs_and_counts_the_parameters_ampd_counts(server):
                                qkv_bias=True, tie_word_embeddings=True),
             precision="fp32")
     assert int(lines[0][1]) == job.parameter_count
+
+
+@pytest.mark.parametrize("targets", [("q_proj", "k_proj", "v_proj", "o_proj"),
+                                     ("gate_proj", "up_proj", "down_proj")])
+def test_bench_peer_with_lora_counts_the_parameters_ampd_counts(server, targets):
+    """bench/pytorch/decoder.py --lora-rank on the CPU: a line per
+    precision, and its FLOP count's two N (the frozen base, every parameter
+    with the tied embedding once; the adapters) those of ampd's LoRA job of
+    the same shape, whose parameter count is the base's plus the adapters'."""
+    import re
+    import subprocess
+    script = os.path.join(os.environ["AMPD_SOURCE_DIR"], "bench", "pytorch", "decoder.py")
+    run = subprocess.run(
+        [sys.executable, script, "--device", "cpu", "--vocab", str(VOCAB), "--hidden",
+         str(HIDDEN), "--intermediate", str(INTER), "--layers", str(LAYERS), "--heads", "4",
+         "--kv-heads", "2", "--batch", "2", "--seq-len", str(CONTEXT), "--steps", "2",
+         "--warmup", "1", "--precisions", "fp32,bf16", "--peak-tflops", "1", "--lora-rank", "4",
+         "--lora-targets", ",".join(targets)],
+        capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"LoRA rank 4, alpha 8, targets {','.join(targets)}:" in run.stdout, run.stdout
+    lines = re.findall(r"^(fp32|bf16) +step median +[0-9.]+ ms +[0-9]+ tokens/s +[0-9.]+ TFLOP/s "
+                       r"+MFU +[0-9.]+%  \((\d+) base \+ (\d+) adapter params, loss ([0-9.]+)\)$",
+                       run.stdout, re.M)
+    assert [line[0] for line in lines] == ["fp32", "bf16"], run.stdout
+    shape = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER,
+                 num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
+                 max_position_embeddings=CONTEXT, qkv_bias=True, tie_word_embeddings=True)
+    with ampd.Client(server.address) as client:
+        full = client.create_job(model=ampd.Decoder(**shape), precision="fp32")
+        lora = client.create_job(
+            model=ampd.Decoder(lora=ampd.LoRA(rank=4, alpha=8.0, target_modules=targets),
+                               **shape),
+            precision="fp32")
+    for _, base, adapters, _ in lines:
+        assert int(base) == full.parameter_count
+        assert int(adapters) == lora.parameter_count - full.parameter_count
+    # rank x (in + out) per target and layer: q/o (32 + 32), k/v (32 + 16),
+    # gate/up/down (32 + 64).
+    widths = {"q_proj": 64, "k_proj": 48, "v_proj": 48, "o_proj": 64, "gate_proj": 96,
+              "up_proj": 96, "down_proj": 96}
+    assert int(lines[0][2]) == LAYERS * 4 * sum(widths[t] for t in targets)
