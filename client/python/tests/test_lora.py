@@ -11,6 +11,7 @@ Skipped, saying so, where torch is not importable."""
 import json
 import os
 import sys
+import threading
 
 import grpc
 import numpy as np
@@ -210,6 +211,32 @@ def test_fp16_lora_job_holds_its_base_in_fp16(server):
             assert np.isfinite(reply.loss)
         # A full state loads back (the F16 base as it was exported).
         job.load_state_dict(state)
+
+
+def test_sigkill_loses_nothing_of_a_lora_job(start_ampd, workdir):
+    """A fp16 LoRA job checkpointed every step survives SIGKILL: after a
+    restart it goes on exactly as an uninterrupted job (same losses, same
+    frozen fp16 base, adapters and moments bit for bit)."""
+    server = start_ampd("--state-dir=" + os.path.join(workdir, "state"), "--checkpoint-every=1",
+                        "--checkpoint-sync")
+    client = ampd.Client(server.address, timeout=10, retry_deadline=60)
+    targets = TARGET_SETS["all"]
+    reference = lora_job(client, targets, precision="fp16")
+    ref = [reference.step(*(t.numpy() for t in sequences(s))).loss for s in range(12)]
+    job = lora_job(client, targets, precision="fp16")
+    losses = []
+    for s in range(12):
+        if s == 6:
+            server.kill()
+            threading.Timer(0.5, server.restart).start()
+        losses.append(job.step(*(t.numpy() for t in sequences(s))).loss)
+    assert losses == ref
+    a, b = job.state_dict(), reference.state_dict()
+    assert list(a) == list(b)
+    for name in a:
+        assert a[name].dtype == b[name].dtype and np.array_equal(a[name], b[name]), name
+    assert a["model.norm.weight"].dtype == np.float16
+    client.close()
 
 
 def test_reference_lora_is_pefts():
