@@ -160,9 +160,13 @@ void GemmF32(ThreadPool& pool, GemmOrder order, bool trans_a, bool trans_b, floa
 // fp32 operands laid out as cblas_sgemm takes them (row-major, leading
 // dimensions lda and ldb, out's is N), in the fixed per-element order that
 // file describes; beta == 0 never reads out.
+// `isa` picks its tile code (kBest: the widest the CPU has); every choice
+// computes the same bits, which tests check on each the CPU supports.
+enum class InvariantGemmIsa : uint8_t { kBest, kAvx512, kAvx2, kSse2 };
+bool CpuSupports(InvariantGemmIsa isa);
 void GemmInvariantF32(ThreadPool& pool, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                       float alpha, const float* pa, int64_t lda, const float* pb, int64_t ldb,
-                      float beta, float* out);
+                      float beta, float* out, InvariantGemmIsa isa = InvariantGemmIsa::kBest);
 // gemm_bias_activation.cc
 absl::Status GemmBiasActivation(ThreadPool& pool, GemmOrder order, bool trans_a, bool trans_b,
                                 const Tensor& a, const Tensor& b, const Tensor* bias,

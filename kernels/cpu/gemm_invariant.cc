@@ -23,8 +23,10 @@
 // broadcast a[m][l] times b[l][n:n+NR]. The last tile's missing rows repeat
 // the last row and are not stored: every stored element runs the same code
 // as in a full tile. Tiles are split over the backend's thread pool. The
-// tile shape follows the CPU (AVX2: 6 x 16 in 12 ymm registers; else
-// 4 x 8 on SSE2); both compute the same bits.
+// tile shape follows the CPU (AVX-512: 12 x 32 in 24 zmm registers; AVX2:
+// 6 x 16 in 12 ymm registers; else 4 x 8 on SSE2); all compute the same
+// bits (cpu_gemm_invariant_test runs each the CPU has). No variant enables
+// FMA, so none could fuse a multiply and an add.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -35,13 +37,15 @@
 namespace ampd::kernels::cpu {
 namespace {
 
-// Eight fp32 lanes (GCC vector extension): one ymm register with AVX2, two
-// xmm registers on SSE2. Lanes are independent output elements.
+// fp32 lanes (GCC vector extensions), each an independent output element:
+// eight are one ymm register with AVX2 (two xmm on SSE2), sixteen one zmm
+// register with AVX-512.
 using V8 = float __attribute__((vector_size(32)));
-// The same vector read from any float address (packed panels are only
+using V16 = float __attribute__((vector_size(64)));
+// The same vectors read from any float address (packed panels are only
 // float-aligned): one unaligned load, no staging through the stack.
 using V8Load = float __attribute__((vector_size(32), aligned(4), may_alias));
-constexpr int kLanes = 8;
+using V16Load = float __attribute__((vector_size(64), aligned(4), may_alias));
 // The sequential run length of the fixed order above. Part of the order:
 // changing it changes bits.
 constexpr int64_t kChunkK = 256;
@@ -61,32 +65,33 @@ struct TileArgs {
   int cols_valid;
 };
 
-template <int MR, int NR>
+template <typename V, typename VLoad, int MR, int NR>
 [[gnu::always_inline]] inline void TileBody(const TileArgs& t) {
+  constexpr int kLanes = static_cast<int>(sizeof(V) / sizeof(float));
   static_assert(NR % kLanes == 0, "a panel is whole vectors");
   constexpr int kNV = NR / kLanes;
   const float* rows[MR];
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) rows[i] = t.rows[i];
-  V8 total[MR][kNV];
+  V total[MR][kNV];
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) {
 #pragma GCC unroll 16
-    for (int j = 0; j < kNV; ++j) total[i][j] = V8{};
+    for (int j = 0; j < kNV; ++j) total[i][j] = V{};
   }
   for (int64_t k0 = 0; k0 < t.k; k0 += kChunkK) {
     const int64_t k1 = std::min(t.k, k0 + kChunkK);
-    V8 acc[MR][kNV];
+    V acc[MR][kNV];
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
 #pragma GCC unroll 16
-      for (int j = 0; j < kNV; ++j) acc[i][j] = V8{};
+      for (int j = 0; j < kNV; ++j) acc[i][j] = V{};
     }
     for (int64_t l = k0; l < k1; ++l) {
-      V8 b[kNV];
+      V b[kNV];
 #pragma GCC unroll 16
       for (int j = 0; j < kNV; ++j) {
-        b[j] = *reinterpret_cast<const V8Load*>(t.panel + l * NR + j * kLanes);
+        b[j] = *reinterpret_cast<const VLoad*>(t.panel + l * NR + j * kLanes);
       }
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) {
@@ -112,8 +117,9 @@ template <int MR, int NR>
   }
 }
 
-[[gnu::target("avx2")]] void TileAvx2(const TileArgs& t) { TileBody<6, 16>(t); }
-void TileSse2(const TileArgs& t) { TileBody<4, 8>(t); }
+[[gnu::target("avx512f")]] void TileAvx512(const TileArgs& t) { TileBody<V16, V16Load, 12, 32>(t); }
+[[gnu::target("avx2")]] void TileAvx2(const TileArgs& t) { TileBody<V8, V8Load, 6, 16>(t); }
+void TileSse2(const TileArgs& t) { TileBody<V8, V8Load, 4, 8>(t); }
 
 // Rows per task: a block of op(a) (kRowTiles tiles of MR rows, all of K)
 // stays in cache while the task runs over panels of op(b).
@@ -178,19 +184,44 @@ void Run(ThreadPool& pool, void (*tile)(const TileArgs&), bool trans_a, bool tra
 
 }  // namespace
 
+bool CpuSupports(InvariantGemmIsa isa) {
+  switch (isa) {
+    case InvariantGemmIsa::kAvx512:
+      return __builtin_cpu_supports("avx512f");
+    case InvariantGemmIsa::kAvx2:
+      return __builtin_cpu_supports("avx2");
+    case InvariantGemmIsa::kBest:
+    case InvariantGemmIsa::kSse2:
+      break;
+  }
+  return true;  // x86-64's baseline
+}
+
 void GemmInvariantF32(ThreadPool& pool, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                       float alpha, const float* pa, int64_t lda, const float* pb, int64_t ldb,
-                      float beta, float* out) {
+                      float beta, float* out, InvariantGemmIsa isa) {
   if (m == 0 || n == 0) return;
   if (k == 0) {  // the empty sum: out = beta * out, never reading out when beta == 0
     for (int64_t i = 0; i < m * n; ++i) out[i] = beta == 0.0f ? 0.0f : beta * out[i];
     return;
   }
-  if (__builtin_cpu_supports("avx2")) {
-    Run<6, 16>(pool, TileAvx2, trans_a, trans_b, m, n, k, alpha, pa, lda, pb, ldb, beta, out);
-  } else {
-    Run<4, 8>(pool, TileSse2, trans_a, trans_b, m, n, k, alpha, pa, lda, pb, ldb, beta, out);
+  if (isa == InvariantGemmIsa::kBest) {
+    isa = CpuSupports(InvariantGemmIsa::kAvx512) ? InvariantGemmIsa::kAvx512
+          : CpuSupports(InvariantGemmIsa::kAvx2) ? InvariantGemmIsa::kAvx2
+                                                 : InvariantGemmIsa::kSse2;
   }
+  switch (isa) {
+    case InvariantGemmIsa::kAvx512:
+      Run<12, 32>(pool, TileAvx512, trans_a, trans_b, m, n, k, alpha, pa, lda, pb, ldb, beta, out);
+      return;
+    case InvariantGemmIsa::kAvx2:
+      Run<6, 16>(pool, TileAvx2, trans_a, trans_b, m, n, k, alpha, pa, lda, pb, ldb, beta, out);
+      return;
+    case InvariantGemmIsa::kBest:
+    case InvariantGemmIsa::kSse2:
+      break;
+  }
+  Run<4, 8>(pool, TileSse2, trans_a, trans_b, m, n, k, alpha, pa, lda, pb, ldb, beta, out);
 }
 
 }  // namespace ampd::kernels::cpu

@@ -23,6 +23,8 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_internal.h"
+#include "kernels/cpu/cpu_parallel.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace ampd::kernels {
@@ -299,6 +301,55 @@ TEST(GemmInvariantMode, SixteenBitOutputIsRoundedOnce) {
   Tensor c = MakeTensor(*be, DType::kF16, {1, 1}, {0.0});
   ASSERT_TRUE(be->Gemm(false, false, 1.0f, a, b, 0.0f, c).ok());
   EXPECT_EQ(ReadTensor(*be, c)[0], 2050.0);
+}
+
+// The kernel's tile code for each instruction set this CPU has (AVX-512,
+// AVX2, SSE2: different tile shapes and vector widths) computes the same
+// bits, rows of short calls included, so the oracle's answer does not
+// depend on the machine it runs on.
+TEST(GemmInvariantIsa, EveryTileCodeComputesTheSameBits) {
+  using cpu::InvariantGemmIsa;
+  cpu::ThreadPool pool(2);
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  struct Dims {
+    int64_t m, k, n;
+  };
+  for (const Dims d : {Dims{257, 768, 768}, Dims{7, 37, 19}, Dims{45, 1000, 33}}) {
+    for (const bool ta : {false, true}) {
+      for (const bool tb : {false, true}) {
+        std::vector<float> a(static_cast<size_t>(d.m * d.k));
+        std::vector<float> b(static_cast<size_t>(d.k * d.n));
+        for (float& v : a) v = dist(rng);
+        for (float& v : b) v = dist(rng);
+        const int64_t lda = ta ? d.m : d.k;
+        const int64_t ldb = tb ? d.k : d.n;
+        std::vector<float> best(static_cast<size_t>(d.m * d.n));
+        cpu::GemmInvariantF32(pool, ta, tb, d.m, d.n, d.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f,
+                              best.data());
+        for (const InvariantGemmIsa isa :
+             {InvariantGemmIsa::kAvx512, InvariantGemmIsa::kAvx2, InvariantGemmIsa::kSse2}) {
+          if (!cpu::CpuSupports(isa)) {
+            std::cout << "tile code " << static_cast<int>(isa) << " not run: the CPU lacks it\n";
+            continue;
+          }
+          std::vector<float> got(best.size());
+          cpu::GemmInvariantF32(pool, ta, tb, d.m, d.n, d.k, 1.0f, a.data(), lda, b.data(), ldb,
+                                0.0f, got.data(), isa);
+          EXPECT_EQ(std::memcmp(got.data(), best.data(), best.size() * sizeof(float)), 0)
+              << "isa " << static_cast<int>(isa) << ", M " << d.m << " K " << d.k << " N " << d.n
+              << (ta ? " Ta" : " Na") << (tb ? " Tb" : " Nb");
+          // The first row alone (trans_a: its column, stride lda) on this
+          // tile code: the same bits as within the whole call.
+          std::vector<float> row(static_cast<size_t>(d.n));
+          cpu::GemmInvariantF32(pool, ta, tb, 1, d.n, d.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f,
+                                row.data(), isa);
+          EXPECT_EQ(std::memcmp(row.data(), best.data(), row.size() * sizeof(float)), 0)
+              << "isa " << static_cast<int>(isa) << ", one row of K " << d.k << " N " << d.n;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
