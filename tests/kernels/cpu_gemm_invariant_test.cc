@@ -6,7 +6,8 @@
 // turning the mode off gives OpenBLAS back bit for bit. With the mode off
 // the same comparison is printed, not asserted: OpenBLAS is not invariant
 // (it takes a GEMV path for M == 1), but a BLAS that happened to be must
-// not fail the build.
+// not fail the build. The CUDA backend, where present, must refuse the mode
+// with its reason.
 //
 // The row comparison catches an order that depends on the batch: with the
 // kernel's 256-long runs of K shortened to 64 whenever M < 8, or to 128 in
@@ -22,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/backend_factory.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/cpu/cpu_parallel.h"
@@ -349,6 +351,28 @@ TEST(GemmInvariantIsa, EveryTileCodeComputesTheSameBits) {
         }
       }
     }
+  }
+}
+
+// Which backends take the mode: the CPU does; CUDA refuses turning it on
+// with the reason (its GEMM order follows cuBLAS's choice by shape) and
+// accepts turning it off. Skips where the build or machine has no GPU.
+TEST(GemmInvariantMode, EachBackendAcceptsOrRefusesWithTheReason) {
+  for (const std::string device : {"cpu", "cuda:0"}) {
+    absl::StatusOr<std::unique_ptr<Backend>> be = CreateBackend(device);
+    if (!be.ok()) {
+      std::cout << device << " not run: " << be.status() << "\n";
+      continue;
+    }
+    const absl::Status on = (*be)->SetBatchInvariant(true);
+    if (device == "cpu") {
+      EXPECT_TRUE(on.ok()) << on;
+    } else {
+      EXPECT_EQ(on.code(), absl::StatusCode::kUnimplemented) << on;
+      EXPECT_NE(on.message().find("batch_invariant"), absl::string_view::npos) << on;
+      EXPECT_NE(on.message().find(device), absl::string_view::npos) << on;
+    }
+    EXPECT_TRUE((*be)->SetBatchInvariant(false).ok()) << device;
   }
 }
 
