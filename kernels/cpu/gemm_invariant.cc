@@ -139,28 +139,43 @@ void Run(ThreadPool& pool, void (*tile)(const TileArgs&), bool trans_a, bool tra
   }
   packed_buf.resize(packed_elements);
   float* packed = packed_buf.data();  // (panels, K, NR)
-  pool.ForEachChunk(panels, [&](int64_t p) {
+  auto pack = [&](int64_t p) {
     float* dst = packed + p * k * NR;
     const int64_t col0 = p * NR;
     const int cols = static_cast<int>(std::min<int64_t>(NR, n - col0));
-    for (int64_t l = 0; l < k; ++l) {
-      float* row = dst + l * NR;
-      for (int j = 0; j < cols; ++j) {
-        row[j] = trans_b ? pb[(col0 + j) * ldb + l] : pb[l * ldb + col0 + j];
+    if (trans_b) {
+      // b (N, K): the panel's NR rows are read side by side, one element
+      // of each per step of K (NR sequential streams).
+      for (int64_t l = 0; l < k; ++l) {
+        for (int j = 0; j < cols; ++j) dst[l * NR + j] = pb[(col0 + j) * ldb + l];
       }
-      for (int j = cols; j < NR; ++j) row[j] = 0.0f;
+    } else {
+      for (int64_t l = 0; l < k; ++l) {
+        std::memcpy(dst + l * NR, pb + l * ldb + col0, static_cast<size_t>(cols) * sizeof(float));
+      }
     }
-  });
+    if (cols < NR) {
+      for (int64_t l = 0; l < k; ++l) {
+        for (int j = cols; j < NR; ++j) dst[l * NR + j] = 0.0f;
+      }
+    }
+  };
 
   const int64_t rows_per_task = MR * kRowTiles;
   const int64_t row_blocks = (m + rows_per_task - 1) / rows_per_task;
   const int64_t a_step = trans_a ? lda : 1;
+  // One block of rows (a sampling step's few): each panel is used by one
+  // task, which packs it just before, while it is still in cache. More
+  // blocks share every panel, so all are packed first.
+  const bool pack_in_task = row_blocks == 1;
+  if (!pack_in_task) pool.ForEachChunk(panels, pack);
   pool.ForEachChunk(row_blocks * panels, [&](int64_t task) {
     const int64_t p = task % panels;
     const int64_t block = task / panels;
     const int64_t col0 = p * NR;
     const int cols = static_cast<int>(std::min<int64_t>(NR, n - col0));
     const int64_t row_end = std::min(m, (block + 1) * rows_per_task);
+    if (pack_in_task) pack(p);
     for (int64_t r0 = block * rows_per_task; r0 < row_end; r0 += MR) {
       const float* rows[MR];
       for (int i = 0; i < MR; ++i) {
