@@ -238,7 +238,7 @@ class Backend {
   // Everything else the GEMM contracts say still holds (fp32 accumulation,
   // alpha and beta, one rounding to c's dtype). Off: the backend picks its
   // fastest GEMM, whose order may change with the shape (OpenBLAS takes a
-  // GEMV path for M == 1 and blocks K differently for small M). The CPU
+  // GEMV path for M == 1 and other kernels for other small M). The CPU
   // backend's order is in kernels/cpu/gemm_invariant.cc. Unimplemented
   // where the backend cannot pin its order (turning it off is then a no-op
   // that succeeds: the mode was never on).

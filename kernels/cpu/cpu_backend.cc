@@ -177,8 +177,10 @@ class CpuBackend final : public Backend {
       add(e.gemm_c);
     }
     add(SaturatingMul(2, e.gemm_c));
-    // Batch-invariant GEMMs pack op(b) into panels of N rounded up to 16
-    // columns: at most twice op(b) where N >= 16, as every Linear's is.
+    // Batch-invariant GEMMs pack op(b) into panels of N rounded up to 32
+    // columns (the AVX-512 tile's width): at most twice op(b) where
+    // N >= 32; a narrower product's padding (31 K floats, under 1 MiB for
+    // K <= 8192) fits in the running allowance below.
     if (gemm_order_ == cpu::GemmOrder::kBatchInvariant) add(SaturatingMul(2, e.gemm_b));
     if (e.attention_seq > 0) {
       const int64_t td = SaturatingMul(e.attention_seq, e.head_dim);

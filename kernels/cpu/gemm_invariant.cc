@@ -14,7 +14,7 @@
 // ulps of the sum of |terms| instead of K. Nothing in it depends on M, on
 // where a row sits in the call or on the thread count, so a row's bits are
 // the same computed alone or among any others: OpenBLAS, by contrast, takes
-// a GEMV path for M == 1 and blocks K by the shape.
+// a GEMV path for M == 1 and picks its kernels by the shape.
 //
 // Speed: op(b) is packed into panels of NR columns, (K, NR) each,
 // zero-padded past N; a register tile of MR rows x NR columns is
