@@ -25,8 +25,9 @@
 // as in a full tile. Tiles are split over the backend's thread pool. The
 // tile shape follows the CPU (AVX-512: 12 x 32 in 24 zmm registers; AVX2:
 // 6 x 16 in 12 ymm registers; else 4 x 8 on SSE2); all compute the same
-// bits (cpu_gemm_invariant_test runs each the CPU has). No variant enables
-// FMA, so none could fuse a multiply and an add.
+// bits (cpu_gemm_invariant_test runs each the CPU has). AVX-512F brings
+// FMA instructions with it; with contraction off the compiler emits none
+// (the object file has no vfmadd).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
