@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "common/grad_histogram.h"
 #include "kernels/tensor.h"
@@ -225,6 +226,27 @@ class Backend {
   }
   // Frees the scratch ScratchBytes counts (an idle job's release).
   virtual void ReleaseScratch() {}
+
+  // ---- modes ----------------------------------------------------------------
+  // Batch-invariant GEMMs, a mode of this backend instance (each job owns
+  // its backend), off until set. When on, every GEMM (Gemm and the fused
+  // Gemm* ops below) computes each output element with one fixed summation
+  // order over K that depends on neither M, nor the row's position in the
+  // call, nor the thread count: a row's bits are the same whether it is
+  // computed alone or among any other rows, so a sequence's log-probs
+  // sampled alone equal those its training forward computed in a batch.
+  // Everything else the GEMM contracts say still holds (fp32 accumulation,
+  // alpha and beta, one rounding to c's dtype). Off: the backend picks its
+  // fastest GEMM, whose order may change with the shape (OpenBLAS takes a
+  // GEMV path for M == 1 and other kernels for other small M). The CPU
+  // backend's order is in kernels/cpu/gemm_invariant.cc. Unimplemented
+  // where the backend cannot pin its order (turning it off is then a no-op
+  // that succeeds: the mode was never on).
+  virtual absl::Status SetBatchInvariant(bool on) {
+    if (!on) return absl::OkStatus();
+    return absl::UnimplementedError(
+        absl::StrCat("batch_invariant: batch-invariant GEMMs are not available on ", name()));
+  }
 
   // ---- dense algebra ------------------------------------------------------
   // y = scale * (y + x) elementwise, same shape; x and y any float dtypes

@@ -153,7 +153,8 @@ class CpuBackend final : public Backend {
 
   // Every buffer below is fp32. Per backend (the pool's scratch,
   // ThreadPool::ScratchSlot): a 16-bit GEMM's widened operands and its
-  // fp32 result (gemm.cc), and the fused GEMMs' sums, one buffer each for
+  // fp32 result (gemm.cc), the batch-invariant GEMM's packed op(b)
+  // (gemm_invariant.cc), and the fused GEMMs' sums, one buffer each for
   // GemmBiasActivation and GemmActivationBackward, at most the largest
   // result each. Per thread of the pool (the caller included): a head's
   // rows in the attention forward (3 T D + D + the key block) and backward
@@ -176,6 +177,11 @@ class CpuBackend final : public Backend {
       add(e.gemm_c);
     }
     add(SaturatingMul(2, e.gemm_c));
+    // Batch-invariant GEMMs pack op(b) into panels of N rounded up to 32
+    // columns (the AVX-512 tile's width): at most twice op(b) where
+    // N >= 32; a narrower product's padding (31 K floats, under 1 MiB for
+    // K <= 8192) fits in the running allowance below.
+    if (gemm_order_ == cpu::GemmOrder::kBatchInvariant) add(SaturatingMul(2, e.gemm_b));
     if (e.attention_seq > 0) {
       const int64_t td = SaturatingMul(e.attention_seq, e.head_dim);
       add(SaturatingMul(threads,
@@ -193,9 +199,14 @@ class CpuBackend final : public Backend {
 
   void ReleaseScratch() override { pool_.ReleaseScratch(); }
 
+  absl::Status SetBatchInvariant(bool on) override {
+    gemm_order_ = on ? cpu::GemmOrder::kBatchInvariant : cpu::GemmOrder::kBlas;
+    return absl::OkStatus();
+  }
+
   absl::Status Gemm(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
                     float beta, Tensor& c) override {
-    return cpu::Gemm(pool_, trans_a, trans_b, alpha, a, b, beta, c);
+    return cpu::Gemm(pool_, gemm_order_, trans_a, trans_b, alpha, a, b, beta, c);
   }
   absl::Status AddScaled(const Tensor& x, float scale, Tensor& y) override {
     return cpu::AddScaled(pool_, x, scale, y);
@@ -203,16 +214,17 @@ class CpuBackend final : public Backend {
   absl::Status GemmBiasActivation(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
                                   const Tensor* bias, GemmActivation act, Tensor& c,
                                   Tensor* pre) override {
-    return cpu::GemmBiasActivation(pool_, trans_a, trans_b, a, b, bias, act, c, pre);
+    return cpu::GemmBiasActivation(pool_, gemm_order_, trans_a, trans_b, a, b, bias, act, c, pre);
   }
   absl::Status GemmBiasGrad(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
                             float beta, Tensor& c, BiasGradOf of, Tensor& dbias) override {
-    return cpu::GemmBiasGrad(pool_, trans_a, trans_b, a, b, beta, c, of, dbias);
+    return cpu::GemmBiasGrad(pool_, gemm_order_, trans_a, trans_b, a, b, beta, c, of, dbias);
   }
   absl::Status GemmActivationBackward(bool trans_a, bool trans_b, float alpha, const Tensor& a,
                                       const Tensor& b, GemmActivation act, const Tensor* pre,
                                       Tensor& c) override {
-    return cpu::GemmActivationBackward(pool_, trans_a, trans_b, alpha, a, b, act, pre, c);
+    return cpu::GemmActivationBackward(pool_, gemm_order_, trans_a, trans_b, alpha, a, b, act, pre,
+                                       c);
   }
   absl::Status AddBias(const Tensor& bias, Tensor& y) override {
     return cpu::AddBias(pool_, bias, y);
@@ -324,6 +336,9 @@ class CpuBackend final : public Backend {
  private:
   ByteCounter bytes_in_use_;
   cpu::ThreadPool pool_;  // started once; the ops that split their work use it
+  // SetBatchInvariant's mode. Set between ops by the job that owns the
+  // backend (its ops run one at a time), read by every GEMM op.
+  cpu::GemmOrder gemm_order_ = cpu::GemmOrder::kBlas;
 
   std::atomic<int64_t> allocations_{0};  // successful Allocate calls
 };

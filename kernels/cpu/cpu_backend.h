@@ -1,6 +1,7 @@
 // The CPU backend: the bit-faithful reference every other backend is tested
 // against. fp16/bf16 tensors hold raw bits (uint16_t) and every store rounds
-// with kernels/float16.h; fp32 GEMM goes to OpenBLAS.
+// with kernels/float16.h; fp32 GEMM goes to OpenBLAS, or in batch-invariant
+// mode (Backend::SetBatchInvariant) to kernels/cpu/gemm_invariant.cc.
 #pragma once
 
 #include <memory>

@@ -143,25 +143,42 @@ absl::Status ReadBack(absl::Span<const Tensor* const> scalars, absl::Span<float>
                       absl::Span<const HostCopy> copies);
 // add.cc
 absl::Status AddScaled(ThreadPool& pool, const Tensor& x, float scale, Tensor& y);
+// How the GEMMs form their fp32 sums: OpenBLAS's cblas_sgemm (fastest, its
+// order over K depends on the shape), or gemm_invariant.cc's one fixed order
+// per element (Backend::SetBatchInvariant). The backend holds the mode and
+// passes it to every GEMM op.
+enum class GemmOrder : uint8_t { kBlas, kBatchInvariant };
 // gemm.cc
-absl::Status Gemm(ThreadPool& pool, bool trans_a, bool trans_b, float alpha, const Tensor& a,
-                  const Tensor& b, float beta, Tensor& c);
+absl::Status Gemm(ThreadPool& pool, GemmOrder order, bool trans_a, bool trans_b, float alpha,
+                  const Tensor& a, const Tensor& b, float beta, Tensor& c);
 // out (M, N) F32 = alpha op(a) @ op(b): Gemm's fp32 sums before any
 // rounding or beta term (zeros when K == 0); the epilogue ops' first step.
 // The caller has validated the operands and owns out.
-void GemmF32(ThreadPool& pool, bool trans_a, bool trans_b, float alpha, const Tensor& a,
-             const Tensor& b, float* out);
+void GemmF32(ThreadPool& pool, GemmOrder order, bool trans_a, bool trans_b, float alpha,
+             const Tensor& a, const Tensor& b, float* out);
+// gemm_invariant.cc: out (M, N) = alpha * op(a) @ op(b) + beta * out over
+// fp32 operands laid out as cblas_sgemm takes them (row-major, leading
+// dimensions lda and ldb, out's is N), in the fixed per-element order that
+// file describes; beta == 0 never reads out.
+// `isa` picks its tile code (kBest: the widest the CPU has); every choice
+// computes the same bits, which tests check on each the CPU supports.
+enum class InvariantGemmIsa : uint8_t { kBest, kAvx512, kAvx2, kSse2 };
+bool CpuSupports(InvariantGemmIsa isa);
+void GemmInvariantF32(ThreadPool& pool, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                      float alpha, const float* pa, int64_t lda, const float* pb, int64_t ldb,
+                      float beta, float* out, InvariantGemmIsa isa = InvariantGemmIsa::kBest);
 // gemm_bias_activation.cc
-absl::Status GemmBiasActivation(ThreadPool& pool, bool trans_a, bool trans_b, const Tensor& a,
-                                const Tensor& b, const Tensor* bias, GemmActivation act, Tensor& c,
-                                Tensor* pre);
+absl::Status GemmBiasActivation(ThreadPool& pool, GemmOrder order, bool trans_a, bool trans_b,
+                                const Tensor& a, const Tensor& b, const Tensor* bias,
+                                GemmActivation act, Tensor& c, Tensor* pre);
 // gemm_bias_grad.cc
-absl::Status GemmBiasGrad(ThreadPool& pool, bool trans_a, bool trans_b, const Tensor& a,
-                          const Tensor& b, float beta, Tensor& c, BiasGradOf of, Tensor& dbias);
+absl::Status GemmBiasGrad(ThreadPool& pool, GemmOrder order, bool trans_a, bool trans_b,
+                          const Tensor& a, const Tensor& b, float beta, Tensor& c, BiasGradOf of,
+                          Tensor& dbias);
 // gemm_activation_backward.cc
-absl::Status GemmActivationBackward(ThreadPool& pool, bool trans_a, bool trans_b, float alpha,
-                                    const Tensor& a, const Tensor& b, GemmActivation act,
-                                    const Tensor* pre, Tensor& c);
+absl::Status GemmActivationBackward(ThreadPool& pool, GemmOrder order, bool trans_a, bool trans_b,
+                                    float alpha, const Tensor& a, const Tensor& b,
+                                    GemmActivation act, const Tensor* pre, Tensor& c);
 // add_bias.cc
 absl::Status AddBias(ThreadPool& pool, const Tensor& bias, Tensor& y);
 // bias_grad.cc

@@ -59,6 +59,7 @@ class ThreadPool {
     kAccumulate,              // a 16-bit GEMM's result, accumulated in fp32
     kBiasActivationSums,      // GemmBiasActivation's fp32 sums
     kActivationBackwardSums,  // GemmActivationBackward's fp32 sums
+    kPackB,                   // the batch-invariant GEMM's packed op(b) panels
     kScratchSlots,
   };
   std::vector<float>& Scratch(ScratchSlot slot) { return scratch_[slot]; }

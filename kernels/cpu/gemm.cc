@@ -1,4 +1,5 @@
-// GEMM: c = alpha * op(a) @ op(b) + beta * c on OpenBLAS's cblas_sgemm.
+// GEMM: c = alpha * op(a) @ op(b) + beta * c on OpenBLAS's cblas_sgemm, or
+// in batch-invariant mode on gemm_invariant.cc's fixed order (GemmOrder).
 // F32 inputs go straight to BLAS. F16/BF16 inputs are widened to fp32
 // (exact), multiplied with fp32 accumulation, and the finished value
 // alpha * sum + beta * c is rounded once to c's dtype: the tensor-core
@@ -46,8 +47,8 @@ float* Widen(ThreadPool& pool, const Tensor& t, ThreadPool::ScratchSlot slot) {
 
 }  // namespace
 
-void GemmF32(ThreadPool& pool, bool trans_a, bool trans_b, float alpha, const Tensor& a,
-             const Tensor& b, float* out) {
+void GemmF32(ThreadPool& pool, GemmOrder order, bool trans_a, bool trans_b, float alpha,
+             const Tensor& a, const Tensor& b, float* out) {
   // op(a): (M, K), op(b): (K, N), out: (M, N).
   const int64_t m = trans_a ? a.dim(1) : a.dim(0);
   const int64_t k = trans_a ? a.dim(0) : a.dim(1);
@@ -60,14 +61,18 @@ void GemmF32(ThreadPool& pool, bool trans_a, bool trans_b, float alpha, const Te
   const bool inputs_f32 = a.dtype() == DType::kF32;
   const float* pa = inputs_f32 ? a.data_as<float>() : Widen(pool, a, ThreadPool::kWidenA);
   const float* pb = inputs_f32 ? b.data_as<float>() : Widen(pool, b, ThreadPool::kWidenB);
+  if (order == GemmOrder::kBatchInvariant) {
+    GemmInvariantF32(pool, trans_a, trans_b, m, n, k, alpha, pa, a.dim(1), pb, b.dim(1), 0.0f, out);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
               static_cast<int>(k), alpha, pa, static_cast<int>(a.dim(1)), pb,
               static_cast<int>(b.dim(1)), 0.0f, out, static_cast<int>(n));
 }
 
-absl::Status Gemm(ThreadPool& pool, bool trans_a, bool trans_b, float alpha, const Tensor& a,
-                  const Tensor& b, float beta, Tensor& c) {
+absl::Status Gemm(ThreadPool& pool, GemmOrder order, bool trans_a, bool trans_b, float alpha,
+                  const Tensor& a, const Tensor& b, float beta, Tensor& c) {
   AMPD_RETURN_IF_ERROR(ValidateGemm(trans_a, trans_b, a, b, c));
   // op(a): (M, K), op(b): (K, N), c: (M, N).
   const int64_t m = trans_a ? a.dim(1) : a.dim(0);
@@ -92,6 +97,10 @@ absl::Status Gemm(ThreadPool& pool, bool trans_a, bool trans_b, float alpha, con
   // so handle it here. Likewise beta == 0 never reads c (BLAS convention:
   // a freshly allocated, unspecified c may hold NaN bit patterns).
   auto run_sgemm = [&](float* out) {
+    if (order == GemmOrder::kBatchInvariant) {
+      GemmInvariantF32(pool, trans_a, trans_b, m, n, k, alpha, pa, lda, pb, ldb, beta, out);
+      return;
+    }
     if (k == 0) {
       for (int64_t i = 0; i < m * n; ++i) out[i] = beta == 0.0f ? 0.0f : beta * out[i];
       return;

@@ -1,6 +1,6 @@
 // GemmActivationBackward: the input gradient through a Linear and its
 // activation, c = g * act'(pre) rounded once with g = alpha op(a) @ op(b)
-// the fp32 sums (GemmF32), never rounded on the way: the contract of
+// the fp32 sums (GemmF32, in the backend's GemmOrder), never rounded on the way: the contract of
 // cuBLASLt's DGELU epilogue (kernels/backend.h). act' is
 // ActivationBackward's GELUTanh derivative (activation_math.h). The
 // elements are split over the backend's thread pool.
@@ -27,14 +27,14 @@ std::vector<float>& Sums(ThreadPool& pool, int64_t elements) {
 
 }  // namespace
 
-absl::Status GemmActivationBackward(ThreadPool& pool, bool trans_a, bool trans_b, float alpha,
-                                    const Tensor& a, const Tensor& b, GemmActivation act,
-                                    const Tensor* pre, Tensor& c) {
+absl::Status GemmActivationBackward(ThreadPool& pool, GemmOrder order, bool trans_a, bool trans_b,
+                                    float alpha, const Tensor& a, const Tensor& b,
+                                    GemmActivation act, const Tensor* pre, Tensor& c) {
   AMPD_RETURN_IF_ERROR(ValidateGemmActivationBackward(trans_a, trans_b, a, b, act, pre, c));
   const int64_t n = c.numel();  // M * N
   if (n == 0) return absl::OkStatus();
   std::vector<float>& sums = Sums(pool, n);  // (M, N) g = alpha op(a) @ op(b), fp32
-  GemmF32(pool, trans_a, trans_b, alpha, a, b, sums.data());
+  GemmF32(pool, order, trans_a, trans_b, alpha, a, b, sums.data());
   return VisitFloat(c.dtype(), [&](auto tag) {
     using Tag = decltype(tag);
     const auto* pre_in = pre != nullptr ? Ptr<Tag>(*pre) : nullptr;  // (M, N)

@@ -1,9 +1,8 @@
 // GemmBiasActivation: a Linear's forward with its epilogue. The fp32 sums
-// of op(a) @ op(b) (GemmF32, OpenBLAS) get the bias added in fp32, the
-// pre-activation is stored rounded once, and the activation is evaluated
-// on the unrounded fp32 value and rounded once: the contract cuBLASLt's
-// BIAS and GELU_AUX_BIAS epilogues implement (kernels/backend.h). The
-// epilogue's rows are split over the backend's thread pool.
+// of op(a) @ op(b) (GemmF32: OpenBLAS, or the batch-invariant order) get the bias added in fp32,
+// the pre-activation is stored rounded once, and the activation is evaluated on the unrounded fp32
+// value and rounded once: the contract cuBLASLt's BIAS and GELU_AUX_BIAS epilogues implement
+// (kernels/backend.h). The epilogue's rows are split over the backend's thread pool.
 #include <algorithm>
 #include <vector>
 
@@ -28,15 +27,15 @@ std::vector<float>& Sums(ThreadPool& pool, int64_t elements) {
 
 }  // namespace
 
-absl::Status GemmBiasActivation(ThreadPool& pool, bool trans_a, bool trans_b, const Tensor& a,
-                                const Tensor& b, const Tensor* bias, GemmActivation act, Tensor& c,
-                                Tensor* pre) {
+absl::Status GemmBiasActivation(ThreadPool& pool, GemmOrder order, bool trans_a, bool trans_b,
+                                const Tensor& a, const Tensor& b, const Tensor* bias,
+                                GemmActivation act, Tensor& c, Tensor* pre) {
   AMPD_RETURN_IF_ERROR(ValidateGemmBiasActivation(trans_a, trans_b, a, b, bias, act, c, pre));
   const int64_t rows = c.dim(0);  // M
   const int64_t cols = c.dim(1);  // N
   if (rows == 0 || cols == 0) return absl::OkStatus();
   std::vector<float>& sums = Sums(pool, rows * cols);  // (M, N) fp32 sums of op(a) @ op(b)
-  GemmF32(pool, trans_a, trans_b, 1.0f, a, b, sums.data());
+  GemmF32(pool, order, trans_a, trans_b, 1.0f, a, b, sums.data());
   return VisitFloat(c.dtype(), [&](auto tag) {
     using Tag = decltype(tag);
     const auto* bias_in = bias != nullptr ? Ptr<Tag>(*bias) : nullptr;  // (N)

@@ -7,10 +7,11 @@
 
 namespace ampd::kernels::cpu {
 
-absl::Status GemmBiasGrad(ThreadPool& pool, bool trans_a, bool trans_b, const Tensor& a,
-                          const Tensor& b, float beta, Tensor& c, BiasGradOf of, Tensor& dbias) {
+absl::Status GemmBiasGrad(ThreadPool& pool, GemmOrder order, bool trans_a, bool trans_b,
+                          const Tensor& a, const Tensor& b, float beta, Tensor& c, BiasGradOf of,
+                          Tensor& dbias) {
   AMPD_RETURN_IF_ERROR(ValidateGemmBiasGrad(trans_a, trans_b, a, b, c, of, dbias));
-  AMPD_RETURN_IF_ERROR(Gemm(pool, trans_a, trans_b, 1.0f, a, b, beta, c));
+  AMPD_RETURN_IF_ERROR(Gemm(pool, order, trans_a, trans_b, 1.0f, a, b, beta, c));
   // dy (K, width): a when of is kA (trans_a), b when kB (not trans_b).
   return BiasGrad(pool, of == BiasGradOf::kA ? a : b, beta, dbias);
 }

@@ -208,6 +208,17 @@ class CudaBackend final : public Backend {
 
   std::string name() const override { return absl::StrCat("cuda:", ctx_->device); }
 
+  // Not yet: cuBLAS and cuBLASLt pick their kernel, tile and split-K by the
+  // shape (M included), so a row's summation order changes with the batch.
+  // Pinning one algorithm and split-K setting per (N, K) is future work.
+  absl::Status SetBatchInvariant(bool on) override {
+    if (!on) return absl::OkStatus();
+    return absl::UnimplementedError(absl::StrCat(
+        "batch_invariant: not available on ", name(),
+        ": cuBLAS picks its GEMM kernels and split-K by shape, so a row's summation order "
+        "depends on M; pinning them is not implemented"));
+  }
+
   absl::StatusOr<Tensor> Allocate(DType dtype, const Shape& shape) override {
     AMPD_RETURN_IF_ERROR(ValidateAllocate(shape));
     const size_t bytes = static_cast<size_t>(NumElements(shape)) * SizeOf(dtype);
