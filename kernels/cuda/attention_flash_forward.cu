@@ -14,6 +14,8 @@
 //   O (16 x D fp32 registers) *= alpha, then O += round(P) V with P
 //   packed straight from S's registers as the A operand and V's
 //   fragments by ldmatrix.trans.
+// (The steps are attention_flash.cuh's FlashScores, FlashSoftmaxBlock and
+// AccTimesRows, which the decode twin in attention_decode.cu runs too.)
 // No barrier between the two products; two per block around the K/V
 // buffers. out = O / l rounded once (staged through shared memory for
 // 16-byte stores), lse = m + log(l). Tiles run heaviest (last) first.
