@@ -77,8 +77,9 @@ __global__ void __launch_bounds__(32)
                                   const T* __restrict__ v_cache, const void* __restrict__ positions,
                                   T* __restrict__ out, DecodeShape g) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  static_assert(sizeof(T) == 2, "fp16/bf16 tiles");
   constexpr int kLd = FlashTile<D>::kLd;
-  constexpr int kChunks = D / 8;                           // 16-byte chunks per row
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
   // [Q strip (16, D) | K tile (64, D) | V tile (64, D)], rows padded to kLd;
   // 39 KiB at D = 128, within the static 48 KiB (no opt-in to configure).
   constexpr int kTileElems = kAttnTile * kLd;
