@@ -405,6 +405,41 @@ class Backend {
   virtual absl::Status AttentionBackward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
                                          const Tensor& lse, int64_t n_head, Tensor& dqkv) = 0;
 
+  // The decode step of sampling with a KV cache: one new query row per
+  // sequence against that sequence's cached keys and values.
+  // q (S, H D): sequence s's new query row (already rotated where the
+  //   model uses RoPE), head h in columns h D .. h D + D - 1.
+  // k_cache, v_cache (S, T_max, Hkv D): sequence s's keys and values at
+  //   positions 0 .. positions[s], the current token's included; positions
+  //   after positions[s] are never read (they may hold anything).
+  // positions (S) I32 or I64, on the backend's device: row s's query
+  //   position t = positions[s], 0 <= t < T_max.
+  // heads H >= 1, kv_heads Hkv dividing H: query head h reads kv head
+  //   h / (H / Hkv) (grouped-query attention; Hkv = H is plain multi-head).
+  // out (S, H D), written. Every float tensor one dtype (F32, F16, BF16);
+  //   out overlaps no input. S = 0 does nothing.
+  // Contract: out[s, head h] is, bit for bit, the row t = positions[s] of
+  // head h that AttentionForward on this backend writes when that row's q
+  // is q[s, h] and its keys and values 0 .. t are the cache's (the kv heads
+  // expanded to H as ExpandKvHeads does): the same key blocks at absolute
+  // positions and the same sums in the same order. The CPU backend shares
+  // the row's code with its forward. The CUDA backend runs, for each call,
+  // the decode twin of the forward kernel the same dtype, D and alignment
+  // would take: for F16/BF16 with D = 64 or 128 and 16-byte aligned q,
+  // caches and out, the register-tile kernel's order (unless the backend
+  // was created with attention_wmma, whose wmma forward has no twin: the
+  // decode then agrees with it to fp tolerance only); otherwise the generic
+  // kernel's. So the equality holds on CUDA when the forward's qkv and out
+  // are 16-byte aligned too, up to the sign of an exactly zero output.
+  // The CPU backend refuses a position outside [0, T_max). On CUDA the
+  // positions are device data that the op cannot check without a sync, so
+  // the caller, who writes them and knows them on the host, must keep them
+  // in range; the kernel writes NaN rows for one outside it (it reads no
+  // cache row for it) rather than report an error.
+  virtual absl::Status AttentionDecode(const Tensor& q, const Tensor& k_cache,
+                                       const Tensor& v_cache, const Tensor& positions,
+                                       int64_t heads, int64_t kv_heads, Tensor& out) = 0;
+
   // ---- grouped-query attention's shared K/V heads ----------------------------
   // Hugging Face's repeat_kv on a fused row: src (B, T, (H + 2 Hkv) D) =
   // [q | k | v] with H query heads and Hkv K/V heads (Hkv divides H, D =

@@ -689,6 +689,52 @@ absl::Status ValidateAttentionBackward(const Tensor& qkv, const Tensor& out, con
   return absl::OkStatus();
 }
 
+absl::Status ValidateAttentionDecode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                     const Tensor& positions, int64_t heads, int64_t kv_heads,
+                                     const Tensor& out) {
+  constexpr absl::string_view kOp = "AttentionDecode";
+  AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "q", q));
+  AMPD_RETURN_IF_ERROR(CheckRank(kOp, "q", q, 2));
+  // Bounded first, so that Hkv D and the kernels' int arithmetic cannot
+  // overflow.
+  constexpr int64_t kMaxHeads = int64_t{1} << 20;
+  if (heads < 1 || heads > kMaxHeads || kv_heads < 1 || kv_heads > heads || heads % kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kOp, ": heads ", heads, ", kv_heads ", kv_heads,
+        "; expected 1 <= kv_heads <= heads <= ", kMaxHeads, " with kv_heads dividing heads"));
+  }
+  constexpr int64_t kMaxDim = 0x7fffffff;
+  const int64_t width = q.dim(1);
+  if (width == 0 || width % heads != 0 || width > kMaxDim) {
+    return Expected(kOp, "q", q, absl::StrCat("(S, heads D) with heads = ", heads, ", D >= 1"));
+  }
+  const int64_t seqs = q.dim(0);
+  const int64_t head_dim = width / heads;
+  const struct {
+    const char* name;
+    const Tensor* t;
+  } caches[] = {{"k_cache", &k_cache}, {"v_cache", &v_cache}};
+  for (const auto& c : caches) {
+    AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, c.name, *c.t, "q", q));
+    AMPD_RETURN_IF_ERROR(CheckRank(kOp, c.name, *c.t, 3));
+    if (c.t->dim(1) > kMaxDim) return Expected(kOp, c.name, *c.t, "T_max within int");
+    AMPD_RETURN_IF_ERROR(CheckShapeIs(kOp, c.name, *c.t, {seqs, c.t->dim(1), kv_heads * head_dim},
+                                      "(S, T_max, kv_heads D)"));
+  }
+  AMPD_RETURN_IF_ERROR(CheckSameShape(kOp, "v_cache", v_cache, "k_cache", k_cache));
+  AMPD_RETURN_IF_ERROR(CheckIndex(kOp, "positions", positions));
+  AMPD_RETURN_IF_ERROR(CheckShapeIs(kOp, "positions", positions, {seqs}, "(S)"));
+  AMPD_RETURN_IF_ERROR(CheckLike(kOp, "out", out, "q", q));
+  const struct {
+    const char* name;
+    const Tensor* t;
+  } inputs[] = {{"q", &q}, {"k_cache", &k_cache}, {"v_cache", &v_cache}, {"positions", &positions}};
+  for (const auto& in : inputs) {
+    AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", out, in.name, *in.t));
+  }
+  return absl::OkStatus();
+}
+
 // ---- normalisation ----------------------------------------------------------------
 
 absl::Status ValidateLayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta,

@@ -109,6 +109,15 @@ absl::Status ValidateAttentionForward(const Tensor& qkv, int64_t n_head, const T
 absl::Status ValidateAttentionBackward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
                                        const Tensor& lse, int64_t n_head, const Tensor& dqkv);
 
+// q float (S, H D) with D >= 1 and H D within int; kv_heads >= 1 dividing
+// heads >= 1 (both at most 2^20); k_cache and v_cache q's dtype and
+// (S, T_max, Hkv D) with T_max within int; positions I32 or I64 (S); out
+// q's dtype and shape, overlapping no input. Position values are the
+// backend's to check (they may live on a device).
+absl::Status ValidateAttentionDecode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                     const Tensor& positions, int64_t heads, int64_t kv_heads,
+                                     const Tensor& out);
+
 // ---- grouped-query K/V heads
 // compact float (B, T, (H + 2 Hkv) D) with D >= 1, kv_heads >= 1 dividing
 // heads >= 1; expanded compact's dtype and (B, T, 3 H D); no overlap.

@@ -1,6 +1,7 @@
 // Causal self-attention forward, the oracle of the CUDA kernels: the
 // blockwise online softmax of kernels/backend.h, step for step. Per batch
-// row b, head h and query t, keys are visited in blocks of
+// row b, head h and query t, the row's arithmetic is AttentionRow
+// (attention_row.h, shared with AttentionDecode): keys visited in blocks of
 // kAttentionKeyBlock at absolute positions, up to the query's own block;
 // per block the fp32 scores S = (q k) * scale (each dot product summed
 // over the channels in order), the running max m, P = exp(S - m), the
@@ -20,13 +21,11 @@
 // widened once into per-thread fp32 scratch (k transposed so the score loop
 // runs over contiguous keys), and every sum keeps a sequential order, so the
 // result does not depend on the thread count.
-#include <algorithm>
-#include <cmath>
 #include <vector>
 
 #include "common/status_macros.h"
 #include "kernels/attention_params.h"
-#include "kernels/cpu/attention_rows.h"
+#include "kernels/cpu/attention_row.h"
 #include "kernels/cpu/cpu_internal.h"
 
 namespace ampd::kernels::cpu {
@@ -80,39 +79,13 @@ void ForwardHead(const typename Tag::Storage* qkv, typename Tag::Storage* out, f
 
   float* lse_row = lse + (b * heads + h) * t_len;  // (T) of (b, h)
   for (int64_t t = 0; t < t_len; ++t) {
-    float m = -INFINITY;
-    float l = 0.0f;
-    for (int64_t d = 0; d < d_len; ++d) acc[d] = 0.0f;
-    for (int64_t k0 = 0; k0 <= t; k0 += kBlock) {
-      const int64_t n = std::min(kBlock, t + 1 - k0);  // visible keys k0 .. k0 + n - 1
-      // Scores: each a sequential sum over the channels, then scaled.
-      for (int64_t j = 0; j < n; ++j) p[j] = 0.0f;
-      for (int64_t d = 0; d < d_len; ++d) {
-        const float qd = q[t * d_len + d];
-        const float* kd = kt + d * t_len + k0;
-        for (int64_t j = 0; j < n; ++j) p[j] += qd * kd[j];
-      }
-      float block_max = -INFINITY;
-      for (int64_t j = 0; j < n; ++j) {
-        p[j] *= scale;
-        block_max = std::fmax(block_max, p[j]);
-      }
-      const float m_new = std::fmax(m, block_max);
-      const float alpha = std::exp(m - m_new);
-      float half_sum[2] = {0.0f, 0.0f};
-      for (int64_t j = 0; j < n; ++j) {
-        p[j] = std::exp(p[j] - m_new);
-        half_sum[j / (kBlock / 2)] += p[j];
-      }
-      l = l * alpha + (half_sum[0] + half_sum[1]);
-      for (int64_t j = 0; j < n; ++j) p[j] = Tag::Load(Tag::Store(p[j]));  // the MMA operand
-      for (int64_t d = 0; d < d_len; ++d) acc[d] *= alpha;
-      AccumulateRows(p, v + k0 * d_len, n, d_len, acc);
-      m = m_new;
-    }
     Storage* o = out + (b * t_len + t) * channels + h * d_len;
-    for (int64_t d = 0; d < d_len; ++d) o[d] = Tag::Store(acc[d] / l);
-    lse_row[t] = m + std::log(l);
+    lse_row[t] = AttentionRow<Tag>(
+        q + t * d_len, t, d_len, scale,
+        [&](int64_t k0, int64_t /*n*/) {
+          return AttentionKeyBlock{kt + k0, t_len, v + k0 * d_len};
+        },
+        p, acc, o);
   }
 }
 

@@ -249,6 +249,11 @@ class CpuBackend final : public Backend {
                                  const Tensor& lse, int64_t n_head, Tensor& dqkv) override {
     return cpu::AttentionBackward(pool_, qkv, out, dout, lse, n_head, dqkv);
   }
+  absl::Status AttentionDecode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                               const Tensor& positions, int64_t heads, int64_t kv_heads,
+                               Tensor& out) override {
+    return cpu::AttentionDecode(pool_, q, k_cache, v_cache, positions, heads, kv_heads, out);
+  }
 
   absl::Status LayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps,
                                 Tensor& y, Tensor& mean, Tensor& rstd) override {

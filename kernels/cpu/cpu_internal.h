@@ -193,6 +193,10 @@ absl::Status AttentionForward(ThreadPool& pool, const Tensor& qkv, int64_t n_hea
 // attention_backward.cc
 absl::Status AttentionBackward(ThreadPool& pool, const Tensor& qkv, const Tensor& out,
                                const Tensor& dout, const Tensor& lse, int64_t n_head, Tensor& dqkv);
+// attention_decode.cc
+absl::Status AttentionDecode(ThreadPool& pool, const Tensor& q, const Tensor& k_cache,
+                             const Tensor& v_cache, const Tensor& positions, int64_t heads,
+                             int64_t kv_heads, Tensor& out);
 // layernorm_forward.cc (LayerNorm and RMSNorm)
 absl::Status LayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps,
                               Tensor& y, Tensor& mean, Tensor& rstd);

@@ -229,6 +229,98 @@ __device__ __forceinline__ float QuadMax(float x) {
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 
+// ---- the forward's steps ----------------------------------------------------
+// One query strip's steps per key block, shared by the register-tile
+// forward (attention_flash_forward.cu) and its decode twin
+// (attention_decode.cu), so that a decoded row has the forward's bits.
+
+// The strip's Q as A fragments, one per k-step of 16 channels: rows
+// 0 .. 15 of the (16, D) tile at q_strip (row stride FlashTile<D>::kLd).
+template <typename T, int D>
+__device__ __forceinline__ void FlashLoadQ(uint32_t (&qf)[D / 16][4], const T* q_strip, int lane) {
+  constexpr int kLd = FlashTile<D>::kLd;
+  const mma::RowCol ao = mma::LdsmA(lane);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) Ldsm4(qf[kk], q_strip + ao.row * kLd + kk * 16 + ao.col);
+}
+
+// S (16 x 64, fp32, zeroed here) = the strip's Q times the transpose of the
+// (64, D) key tile ks: k-steps in increasing order, each over the 8 n8
+// tiles of keys in order.
+template <typename T, int D>
+__device__ __forceinline__ void FlashScores(float (&s)[8][4], const uint32_t (&qf)[D / 16][4],
+                                            const T* ks, int lane) {
+  constexpr int kLd = FlashTile<D>::kLd;
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s[n][i] = 0.0f;
+  }
+  const mma::RowCol bo = mma::LdsmBFromNK(lane);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      uint32_t bf[4];
+      Ldsm4(bf, ks + (np * 16 + bo.row) * kLd + kk * 16 + bo.col);
+      Mma<T>(s[2 * np], qf[kk], bf[0], bf[1]);
+      Mma<T>(s[2 * np + 1], qf[kk], bf[2], bf[3]);
+    }
+  }
+}
+
+// The online softmax step of key block k0 for the lane's two rows (half 0:
+// query position q_abs[0], half 1: q_abs[1]): S *= scale; in the diagonal
+// block (the rows' own) keys after the query -> -inf; the rows' block max
+// over the quad, m', alpha; P = exp(S - m') in place; l = l alpha + the
+// block's P sum (each lane's 16 keys in key order, then
+// (lanes 0 + 1) + (lanes 2 + 3) of the quad); m = m'; O *= alpha.
+template <int D>
+__device__ __forceinline__ void FlashSoftmaxBlock(float (&s)[8][4], float (&o)[D / 8][4],
+                                                  float (&m)[2], float (&l)[2], float scale,
+                                                  bool diagonal, int k0, const int (&q_abs)[2],
+                                                  int lane) {
+  float block_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int half = i >> 1;
+      float x = s[n][i] * scale;
+      if (diagonal && k0 + 8 * n + mma::AccElement(lane, i).col > q_abs[half]) x = -INFINITY;
+      s[n][i] = x;
+      block_max[half] = fmaxf(block_max[half], x);
+    }
+  }
+  float m_new[2], alpha[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    m_new[half] = fmaxf(m[half], QuadMax(block_max[half]));
+    alpha[half] = expf(m[half] - m_new[half]);  // 0 on the first block
+  }
+  // P in place, each lane's keys in key order (8n + 2 (lane % 4), + 1).
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int half = i >> 1;
+      const float p = expf(s[n][i] - m_new[half]);  // masked: exp(-inf) = 0
+      s[n][i] = p;
+      sum[half] += p;
+    }
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    l[half] = l[half] * alpha[half] + QuadSum(sum[half]);
+    m[half] = m_new[half];
+  }
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) o[n][i] *= alpha[i >> 1];
+  }
+}
+
 // ---- launch side ------------------------------------------------------------
 // Whether the register-tile kernels take a call: fp16/bf16, D = 64 or 128,
 // 16-byte aligned operands (checked by the caller), their shared memory

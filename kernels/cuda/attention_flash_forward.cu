@@ -14,6 +14,8 @@
 //   O (16 x D fp32 registers) *= alpha, then O += round(P) V with P
 //   packed straight from S's registers as the A operand and V's
 //   fragments by ldmatrix.trans.
+// (The steps are attention_flash.cuh's FlashScores, FlashSoftmaxBlock and
+// AccTimesRows, which the decode twin in attention_decode.cu runs too.)
 // No barrier between the two products; two per block around the K/V
 // buffers. out = O / l rounded once (staged through shared memory for
 // 16-byte stores), lse = m + log(l). Tiles run heaviest (last) first.
@@ -97,77 +99,14 @@ __global__ void __launch_bounds__(kAttnMmaThreads)
       __syncthreads();  // block kb (and Q) landed for every thread's copies
       const T* ks = kvs + (kb & 1) * 2 * kTileElems;
       const T* vs = ks + kTileElems;
-      if (kb == 0) {
-        const mma::RowCol ao = mma::LdsmA(lane);
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          Ldsm4(qf[kk], qs + (strip + ao.row) * kLd + kk * 16 + ao.col);
-        }
-      }
+      if (kb == 0) FlashLoadQ<T, D>(qf, qs + strip * kLd, lane);
 
       // S (16 x 64) = Q K^T.
       float s[8][4];
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) s[n][i] = 0.0f;
-      }
-      {
-        const mma::RowCol bo = mma::LdsmBFromNK(lane);
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-          for (int np = 0; np < 4; ++np) {
-            uint32_t bf[4];
-            Ldsm4(bf, ks + (np * 16 + bo.row) * kLd + kk * 16 + bo.col);
-            Mma<T>(s[2 * np], qf[kk], bf[0], bf[1]);
-            Mma<T>(s[2 * np + 1], qf[kk], bf[2], bf[3]);
-          }
-        }
-      }
+      FlashScores<T, D>(s, qf, ks, lane);
 
-      // Scale, mask (the diagonal block only), the rows' block max.
-      const int k0 = kb * kAttnTile;
-      const bool diagonal = kb == tile;
-      float block_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int half = i >> 1;
-          float x = s[n][i] * g.scale;
-          if (diagonal && k0 + 8 * n + mma::AccElement(lane, i).col > q_abs[half]) x = -INFINITY;
-          s[n][i] = x;
-          block_max[half] = fmaxf(block_max[half], x);
-        }
-      }
-      float m_new[2], alpha[2], sum[2] = {0.0f, 0.0f};
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        m_new[half] = fmaxf(m[half], QuadMax(block_max[half]));
-        alpha[half] = expf(m[half] - m_new[half]);  // 0 on the first block
-      }
-      // P in place, each lane's keys in key order (8n + 2 (lane % 4), + 1).
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int half = i >> 1;
-          const float p = expf(s[n][i] - m_new[half]);  // masked: exp(-inf) = 0
-          s[n][i] = p;
-          sum[half] += p;
-        }
-      }
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        l[half] = l[half] * alpha[half] + QuadSum(sum[half]);
-        m[half] = m_new[half];
-      }
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) o[n][i] *= alpha[i >> 1];
-      }
+      // The online softmax step: S -> P in place, m, l, O *= alpha.
+      FlashSoftmaxBlock<D>(s, o, m, l, g.scale, kb == tile, kb * kAttnTile, q_abs, lane);
 
       // O (16 x D) += round(P) (16 x 64) V (64 x D).
       AccTimesRows<T, D, 4>(o, s, vs, 0, lane);

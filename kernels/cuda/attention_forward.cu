@@ -20,7 +20,8 @@
 // too little shared memory): a warp per query row, lanes over the block's
 // 64 keys (two each) for the scores and over channels (4 each, a slice of
 // 128 per grid z) for the output, each dot product and sum in the CPU
-// oracle's order.
+// oracle's order; the row's arithmetic is GenericAttentionRowSlice
+// (attention_generic_row.cuh), shared with the generic decode.
 //
 // A query row's result depends only on its own q and keys 0 .. t (rows and
 // keys past T are zero-filled, masked keys get P = 0 exactly), so a prefix
@@ -30,6 +31,7 @@
 #include "common/status_macros.h"
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/attention_flash.cuh"
+#include "kernels/cuda/attention_generic_row.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/launchers.h"
@@ -184,16 +186,6 @@ __global__ void __launch_bounds__(kAttnMmaThreads)
 
 // ---- generic ----------------------------------------------------------------
 
-// S = (q . k) * scale, channels in order; -inf for a masked key.
-template <typename T>
-__device__ __forceinline__ float GenericScore(const T* q, const T* k, bool visible,
-                                              const AttnShape& g) {
-  if (!visible) return -INFINITY;
-  float dot = 0.0f;
-  for (int d = 0; d < g.d; ++d) dot += ToFloat(q[d]) * ToFloat(k[d]);
-  return dot * g.scale;
-}
-
 template <typename T>
 __global__ void __launch_bounds__(32 * kAttnGenericWarps)
     attention_forward_generic_kernel(const T* __restrict__ qkv, T* __restrict__ out,
@@ -215,38 +207,9 @@ __global__ void __launch_bounds__(32 * kAttnGenericWarps)
     for (int d0 = static_cast<int>(blockIdx.z) * kAttnGenericSlice; d0 < g.d;
          d0 += static_cast<int>(gridDim.z) * kAttnGenericSlice) {
       float acc[kAttnGenericChannels];
-#pragma unroll
-      for (int c = 0; c < kAttnGenericChannels; ++c) acc[c] = 0.0f;
-      float m = -INFINITY;
-      float l = 0.0f;
-      for (int k0 = 0; k0 <= t; k0 += kAttnTile) {
-        const int n = min(kAttnTile, t + 1 - k0);  // visible keys
-        const float s0 = GenericScore(q, base + g.c + (k0 + lane) * ld, lane < n, g);
-        const float s1 = GenericScore(q, base + g.c + (k0 + lane + 32) * ld, lane + 32 < n, g);
-        const float m_new = fmaxf(m, WarpMax(fmaxf(s0, s1)));
-        const float alpha = expf(m - m_new);
-        p[lane] = expf(s0 - m_new);
-        p[lane + 32] = expf(s1 - m_new);
-        __syncwarp();
-        // l's block sum as the oracle orders it: two sequential halves.
-        float half0 = 0.0f, half1 = 0.0f;
-        for (int j = 0; j < 32; ++j) half0 += p[j];
-        for (int j = 32; j < 64; ++j) half1 += p[j];
-        l = l * alpha + (half0 + half1);
-        m = m_new;
-#pragma unroll
-        for (int c = 0; c < kAttnGenericChannels; ++c) acc[c] *= alpha;
-        for (int j = 0; j < n; ++j) {
-          const float pj = ToFloat(FromFloat<T>(p[j]));  // the MMA operand's rounding
-          const T* v = base + 2 * g.c + (k0 + j) * ld;
-#pragma unroll
-          for (int c = 0; c < kAttnGenericChannels; ++c) {
-            const int d = d0 + lane + 32 * c;
-            if (d < g.d) acc[c] += pj * ToFloat(v[d]);
-          }
-        }
-        __syncwarp();  // p is rewritten by the next block
-      }
+      float m, l;
+      GenericAttentionRowSlice(q, base + g.c, base + 2 * g.c, ld, t, d0, g.d, g.scale, p, lane, acc,
+                               m, l);
       T* o = out + g.Token(b, t) * g.c + h * g.d;
 #pragma unroll
       for (int c = 0; c < kAttnGenericChannels; ++c) {

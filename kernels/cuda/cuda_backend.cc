@@ -747,6 +747,18 @@ class CudaBackend final : public Backend {
     return LaunchAttentionForward(qkv.data(), qkv.dtype(), qkv.dim(0), qkv.dim(1), qkv.dim(2) / 3,
                                   n_head, out.data(), lse.data_as<float>(), attention_, stream());
   }
+  absl::Status AttentionDecode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                               const Tensor& positions, int64_t heads, int64_t kv_heads,
+                               Tensor& out) override {
+    AMPD_RETURN_IF_ERROR(
+        ValidateAttentionDecode(q, k_cache, v_cache, positions, heads, kv_heads, out));
+    AMPD_ENTER_DEVICE();
+    // positions stay on the device (no sync to check them here): the
+    // kernel turns one out of range into NaN rows, never a stray read.
+    return LaunchAttentionDecode(q.data(), k_cache.data(), v_cache.data(), positions.data(),
+                                 q.dtype(), positions.dtype(), q.dim(0), k_cache.dim(1), heads,
+                                 kv_heads, q.dim(1) / heads, out.data(), attention_, stream());
+  }
   absl::Status AttentionBackward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
                                  const Tensor& lse, int64_t n_head, Tensor& dqkv) override {
     AMPD_RETURN_IF_ERROR(ValidateAttentionBackward(qkv, out, dout, lse, n_head, dqkv));

@@ -198,6 +198,17 @@ absl::Status ConfigureAttentionBackward(const AttentionKernelConfig& config);
 absl::Status LaunchAttentionForward(const void* qkv, DType dtype, int64_t batch, int64_t seq,
                                     int64_t channels, int64_t heads, void* out, float* lse,
                                     const AttentionKernelConfig& config, cudaStream_t stream);
+// The decode step against a KV cache (attention_decode.cu): q and out
+// (seqs, heads head_dim), k_cache and v_cache (seqs, t_max, kv_heads
+// head_dim), every float operand of dtype; positions (seqs) of pos_dtype
+// (I32 or I64) on the device, read by the kernel (a position outside
+// [0, t_max) gives NaN rows). The forward kernel whose order it follows is
+// chosen as LaunchAttentionForward chooses with the same config.
+absl::Status LaunchAttentionDecode(const void* q, const void* k_cache, const void* v_cache,
+                                   const void* positions, DType dtype, DType pos_dtype,
+                                   int64_t seqs, int64_t t_max, int64_t heads, int64_t kv_heads,
+                                   int64_t head_dim, void* out, const AttentionKernelConfig& config,
+                                   cudaStream_t stream);
 // delta: batch * heads * seq floats of scratch (Delta of the contract).
 absl::Status LaunchAttentionBackward(const void* qkv, const void* out, const void* dout,
                                      const float* lse, DType dtype, int64_t batch, int64_t seq,

@@ -2019,6 +2019,104 @@ void AddAttentionCases(std::vector<OpCase>& cases) {
   }
 }
 
+// ---- attention decode against a KV cache ----
+// (S, T_max, H, Hkv, D) and each sequence's position: D = 64 and 128 (the
+// CUDA register-tile twin in fp16/bf16), 16 and 160 (the generic twin, 160
+// beyond one channel slice); MHA, GQA and a group of 32 query heads (two
+// 16-row strips per kv head); positions at 0, inside, at and across key
+// blocks and at T_max - 1. Cache positions after a sequence's are NaN (never
+// read). The reference: the forward's row t in double, from a q|k|v whose
+// keys and values are the cache's, expanded to H heads.
+struct DecodeDimsCase {
+  int64_t s, t_max, heads, kv_heads, d;
+  std::vector<int64_t> positions;
+};
+
+void AddAttentionDecodeCases(std::vector<OpCase>& cases) {
+  const std::vector<DecodeDimsCase> dims = {{3, 150, 4, 2, 64, {0, 63, 149}},
+                                            {2, 70, 4, 4, 128, {64, 69}},
+                                            {3, 40, 6, 2, 16, {1, 17, 39}},
+                                            {2, 130, 4, 1, 160, {128, 100}},
+                                            {2, 90, 32, 1, 64, {70, 89}}};
+  uint64_t seed = 350;
+  for (DType dt : kFloatDTypes) {
+    for (size_t i = 0; i < dims.size(); ++i) {
+      const DecodeDimsCase g = dims[i];
+      const DType idt = kIdDTypes[i % 2];
+      const std::string variant = absl::StrCat(Lower(dt), "_s", g.s, "_t", g.t_max, "_h", g.heads,
+                                               "_kv", g.kv_heads, "_d", g.d, "_", Lower(idt));
+      const uint64_t case_seed = seed++;
+      auto build = [=] {
+        const int64_t q_width = g.heads * g.d, kv_width = g.kv_heads * g.d;
+        const HostTensor q = Random(dt, {g.s, q_width}, case_seed, -1.5, 1.5);
+        HostTensor k = Random(dt, {g.s, g.t_max, kv_width}, case_seed + 1000, -1.5, 1.5);
+        HostTensor v = Random(dt, {g.s, g.t_max, kv_width}, case_seed + 2000, -1.5, 1.5);
+        for (int64_t s = 0; s < g.s; ++s) {
+          for (int64_t p = g.positions[static_cast<size_t>(s)] + 1; p < g.t_max; ++p) {
+            for (int64_t c = 0; c < kv_width; ++c) {
+              const size_t at = static_cast<size_t>((s * g.t_max + p) * kv_width + c);
+              k.values[at] = std::numeric_limits<double>::quiet_NaN();
+              v.values[at] = std::numeric_limits<double>::quiet_NaN();
+            }
+          }
+        }
+        HostTensor pos{idt, {g.s}, {}};
+        for (int64_t p : g.positions) pos.values.push_back(static_cast<double>(p));
+        // Row t of each sequence's forward in double, and its bound.
+        auto reference = [=](std::vector<double>* want, double* bound) {
+          const int64_t group = g.heads / g.kv_heads;
+          for (int64_t s = 0; s < g.s; ++s) {
+            const int64_t t = g.positions[static_cast<size_t>(s)];
+            std::vector<double> qkv(static_cast<size_t>((t + 1) * 3 * q_width), 0.0);
+            for (int64_t p = 0; p <= t; ++p) {
+              double* tok = &qkv[static_cast<size_t>(p * 3 * q_width)];
+              for (int64_t h = 0; h < g.heads; ++h) {
+                for (int64_t d = 0; d < g.d; ++d) {
+                  const size_t cache =
+                      static_cast<size_t>((s * g.t_max + p) * kv_width + (h / group) * g.d + d);
+                  if (p == t)
+                    tok[h * g.d + d] = q.values[static_cast<size_t>(s * q_width + h * g.d + d)];
+                  tok[q_width + h * g.d + d] = k.values[cache];
+                  tok[2 * q_width + h * g.d + d] = v.values[cache];
+                }
+              }
+            }
+            const AttnForwardRef ref = RefAttnForward(dt, {1, t + 1, q_width, g.heads}, qkv);
+            for (int64_t c = 0; c < q_width; ++c) {
+              const size_t at = static_cast<size_t>(t * q_width + c);
+              want->push_back(ref.out.want[at]);
+              *bound = std::max(*bound, ref.out.bound[at]);
+            }
+          }
+        };
+        CaseFns c;
+        c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+          std::vector<double> want;
+          double bound = 0.0;
+          reference(&want, &bound);
+          Io io(be);
+          AMPD_ASSIGN_OR_RETURN(Tensor tq, io.Upload(q));
+          AMPD_ASSIGN_OR_RETURN(Tensor tk, io.Upload(k));
+          AMPD_ASSIGN_OR_RETURN(Tensor tv, io.Upload(v));
+          AMPD_ASSIGN_OR_RETURN(Tensor tp, io.Upload(pos));
+          AMPD_ASSIGN_OR_RETURN(Tensor to, io.Unwritten(dt, {g.s, q_width}));
+          AMPD_RETURN_IF_ERROR(be.AttentionDecode(tq, tk, tv, tp, g.heads, g.kv_heads, to));
+          AMPD_RETURN_IF_ERROR(io.Read("out", to, Twice(Tol{0.0, bound})));
+          return io.Take();
+        };
+        c.reference = [=] {
+          std::vector<double> want;
+          double bound = 0.0;
+          reference(&want, &bound);
+          return Outputs{{"out", want, Tol{0.0, bound}}};
+        };
+        return c;
+      };
+      cases.push_back({"AttentionDecode", variant, build});
+    }
+  }
+}
+
 // ---- chunked token cross-entropy ----
 // Rows labelled -100 are ignored; the loss starts at 0.5 to show it is
 // accumulated into; in place writes the gradient over the logits.
@@ -2678,6 +2776,7 @@ const std::vector<OpCase>& AllCases() {
     AddEmbeddingCases(*all);
     AddLossCases(*all);
     AddAttentionCases(*all);
+    AddAttentionDecodeCases(*all);
     AddCrossEntropyChunkCases(*all);
     AddTokenLossCases(*all);
     AddUnscaleCases(*all);
