@@ -98,6 +98,10 @@ absl::Status LoadTokenBatch(kernels::Backend& backend, const HostTensor& inputs,
   return ws.tokens.Load(backend, tokens, ws.rows);
 }
 
+absl::Status LmLogits(kernels::Backend& b, const Tensor& h, const Parameter& head, Tensor& logits) {
+  return b.Gemm(false, true, 1.0f, h, head.value(), 0.0f, logits);
+}
+
 absl::Status LmHeadLoss(kernels::Backend& b, LmWorkspace& ws, Parameter& head,
                         float head_grad_alpha, float multiplier, float grad_scale, bool with_grad,
                         Tensor& loss) {
@@ -125,7 +129,7 @@ absl::Status LmHeadLoss(kernels::Backend& b, LmWorkspace& ws, Parameter& head,
     AMPD_ASSIGN_OR_RETURN(Tensor dh, ws.d_ln.View(start * c, {r, c}));
     AMPD_ASSIGN_OR_RETURN(const Tensor labels, ws.targets.View(start, {r}));
     AMPD_ASSIGN_OR_RETURN(Tensor logits, ws.logits.View(0, {r, v}));
-    AMPD_RETURN_IF_ERROR(b.Gemm(false, true, 1.0f, h, head.value(), 0.0f, logits));
+    AMPD_RETURN_IF_ERROR(LmLogits(b, h, head, logits));
     AMPD_ASSIGN_OR_RETURN(const kernels::TokenLossTerms terms, ws.tokens.ChunkTerms(start, r));
     AMPD_RETURN_IF_ERROR(b.CrossEntropyChunk(logits, labels, kIgnoreIndex, terms, loss_scale,
                                              logit_grad_scale, loss, logits));

@@ -86,6 +86,12 @@ absl::Status LoadTokenBatch(kernels::Backend& backend, const HostTensor& inputs,
                             const HostTensor& targets, const TokenLossInputs& tokens,
                             LmWorkspace& ws);
 
+// logits (R, V) = h (R, C) head^T: the LM head's GEMM, the one a
+// training loss and a sampler run (row for row the same bits on a
+// batch-invariant backend).
+absl::Status LmLogits(kernels::Backend& b, const kernels::Tensor& h, const Parameter& head,
+                      kernels::Tensor& logits);
+
 // loss (1) F32 = the micro-batch's loss (times multiplier); with_grad: dh
 // into ws.d_ln and the head's gradient as above (an evaluation leaves every
 // gradient).

@@ -161,6 +161,39 @@ absl::StatusOr<std::vector<std::string>> Network::CanonicalNames(
 
 void Network::AnnotateExport(codec::StateDict&) const {}
 
+namespace {
+absl::Status NotALanguageModel() {
+  return absl::InvalidArgumentError("sampling: needs a language model (gpt or decoder)");
+}
+}  // namespace
+
+absl::StatusOr<int64_t> Network::DecodeStateBytes(int64_t, int64_t) const {
+  return NotALanguageModel();
+}
+
+absl::StatusOr<std::unique_ptr<DecodeState>> Network::NewDecodeState(int64_t sequences,
+                                                                     int64_t max_len) {
+  AMPD_RETURN_IF_ERROR(DecodeStateBytes(sequences, max_len).status());
+  AMPD_ASSIGN_OR_RETURN(std::unique_ptr<DecodeState> state, MakeDecodeState(sequences, max_len));
+  state->owner_ = this;
+  state->sequences_ = sequences;
+  state->max_len_ = max_len;
+  return state;
+}
+
+absl::StatusOr<std::unique_ptr<DecodeState>> Network::MakeDecodeState(int64_t, int64_t) {
+  return NotALanguageModel();
+}
+
+absl::Status Network::Prefill(Workspace&, absl::Span<const int64_t>, DecodeState&) {
+  return NotALanguageModel();
+}
+
+absl::Status Network::DecodeStep(absl::Span<const int64_t>, absl::Span<const int64_t>,
+                                 DecodeState&) {
+  return NotALanguageModel();
+}
+
 absl::Status Network::CheckGroupScaleCount(absl::Span<const float> scales) const {
   const int64_t groups = LayerScaleGroups(spec_);
   if (static_cast<int64_t>(scales.size()) == groups) return absl::OkStatus();

@@ -69,6 +69,28 @@ struct TokenLossInputs {
 
 class Network;
 
+// A language model's state for sampling S sequences of up to max_len
+// positions each (Network::NewDecodeState): its KV cache and the buffers of
+// one decode step over the S rows; each kind derives its own and only
+// accepts those it made.
+class DecodeState {
+ public:
+  virtual ~DecodeState() = default;
+  int64_t sequences() const { return sequences_; }
+  int64_t max_len() const { return max_len_; }
+  // (S, C): each sequence's last token's final-norm output, the LM head's
+  // input (Network::Prefill and DecodeStep write it).
+  kernels::Tensor hidden;
+  kernels::Tensor positions;  // (S) I64, the decode step's positions on the device
+  kernels::Tensor tokens;     // (S) I64, the decode step's tokens on the device
+
+ private:
+  friend class Network;
+  const Network* owner_ = nullptr;
+  int64_t sequences_ = 0;
+  int64_t max_len_ = 0;
+};
+
 // The buffers of one micro-batch shape; each kind of Network derives its own
 // and only accepts those it made.
 class Workspace {
@@ -208,6 +230,35 @@ class Network {
   // Metadata this model's exported state dicts carry beside the Trainer's.
   virtual void AnnotateExport(codec::StateDict& state) const;
 
+  // ---- sampling (language models: a GPT, a decoder) ------------------------
+  // A sampler runs the model's own forward on the prompts (S sequences
+  // right-padded to P tokens: causal, so a sequence's rows never read its
+  // padding), then one token per sequence at a time against a KV cache.
+  // Every row goes through the same model code and kernels as training's
+  // forward (the decode step shares each block's code with Forward; only
+  // the attention reads the cache, Backend::AttentionDecode), so with
+  // batch-invariant kernels (Backend::SetBatchInvariant) a token's
+  // log-prob is the training forward's bit for bit.
+  //
+  // Bytes of a DecodeState for `sequences` x `max_len` (overflow-checked,
+  // InvalidArgument when it overflows or max_len exceeds the model's
+  // context); a model without an LM head refuses sampling.
+  virtual absl::StatusOr<int64_t> DecodeStateBytes(int64_t sequences, int64_t max_len) const;
+  absl::StatusOr<std::unique_ptr<DecodeState>> NewDecodeState(int64_t sequences, int64_t max_len);
+  // After Forward over a workspace of (S, P) prompts: sequence s's first
+  // lengths[s] positions' keys and values into the cache, and the final
+  // norm's output at position lengths[s] - 1 into state.hidden.
+  virtual absl::Status Prefill(Workspace& ws, absl::Span<const int64_t> lengths,
+                               DecodeState& state);
+  // One token per sequence (tokens[s] at positions[s], each < max_len): the
+  // forward of those S rows, their keys and values written into the cache
+  // at their positions, the final norm's output into state.hidden.
+  virtual absl::Status DecodeStep(absl::Span<const int64_t> tokens,
+                                  absl::Span<const int64_t> positions, DecodeState& state);
+  // The LM head's weight (V, C) as the loss's GEMM reads it; null for a
+  // model without one.
+  virtual const Parameter* LmHead() const { return nullptr; }
+
   // LoRA (a decoder's, decoder/decoder_lora.h): each adapter as indices
   // into params() of the frozen weight W (out, in) it adapts and of its A
   // (r, in) and B (out, r), in params()' order of the A's; empty for a model
@@ -259,6 +310,18 @@ class Network {
   // SetGroupScales' check: InvalidArgument unless there is one scale per
   // layer group (LayerScaleGroups of the spec).
   absl::Status CheckGroupScaleCount(absl::Span<const float> scales) const;
+
+  // This kind's DecodeState for NewDecodeState (DecodeStateBytes checked).
+  virtual absl::StatusOr<std::unique_ptr<DecodeState>> MakeDecodeState(int64_t sequences,
+                                                                       int64_t max_len);
+  // state as the derived kind D, when this network made it.
+  template <typename D>
+  absl::StatusOr<D*> OwnState(DecodeState& state) const {
+    if (state.owner_ != this) {
+      return absl::FailedPreconditionError("decode state: made by another model");
+    }
+    return static_cast<D*>(&state);
+  }
 
   // This kind's WorkspaceBytes and its buffers for one input shape.
   virtual absl::StatusOr<int64_t> BytesFor(const kernels::Shape& input_shape) const = 0;

@@ -40,11 +40,11 @@ absl::Status DecoderModel::AdapterBackward(const Adapter& adapter, DecoderWorksp
                       b.grad, dx);
 }
 
-absl::Status DecoderModel::StackQkvAdapters(const BlockParams& p, DecoderWorkspace& ws) {
+absl::Status DecoderModel::StackQkvAdapters(const BlockParams& p, QkvStack& stack) {
   const DecoderSpec& s = decoder();
   const int64_t c = s.hidden_size;
   const int64_t rank = s.lora->rank;
-  const int64_t stacked = ws.lora_b_qkv.dim(1);
+  const int64_t stacked = stack.lora_b.dim(1);
   const int64_t q = s.num_attention_heads * DecoderHeadDim(s);
   const int64_t kv = s.num_key_value_heads * DecoderHeadDim(s);
   const QkvBlock blocks[] = {{0, q}, {q, kv}, {q + kv, kv}};
@@ -53,10 +53,10 @@ absl::Status DecoderModel::StackQkvAdapters(const BlockParams& p, DecoderWorkspa
     const Adapter& adapter = p.lora[static_cast<size_t>(m)];
     const QkvBlock& block = blocks[m];
     const auto first = static_cast<int64_t>(slot) * rank;
-    AMPD_ASSIGN_OR_RETURN(Tensor a_rows, ws.lora_a_qkv.View(first * c, {rank, c}));
+    AMPD_ASSIGN_OR_RETURN(Tensor a_rows, stack.lora_a.View(first * c, {rank, c}));
     AMPD_RETURN_IF_ERROR(backend_.Copy(params()[static_cast<size_t>(adapter.a)].value(), a_rows));
     AMPD_ASSIGN_OR_RETURN(Tensor b_rows,
-                          ws.lora_b_qkv.View(block.offset * stacked, {block.width, stacked}));
+                          stack.lora_b.View(block.offset * stacked, {block.width, stacked}));
     AMPD_RETURN_IF_ERROR(backend_.CopyColumns(params()[static_cast<size_t>(adapter.b)].value(), 0,
                                               rank, b_rows, first));
   }

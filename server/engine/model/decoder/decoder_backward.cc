@@ -129,16 +129,16 @@ absl::Status DecoderModel::BackwardAttention(DecoderWorkspace& ws, size_t l, boo
     AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, ws.d_qkv, sv.ln_1, beta, ws.dw_qkv));
   }
   if (!frozen) AMPD_RETURN_IF_ERROR(CopyQkv(p, kGrads, kToParams, ws.dw_qkv, qkv_bias_grad));
-  AMPD_RETURN_IF_ERROR(CopyQkv(p, kValues, kToStack, ws.w_qkv, nullptr));
-  AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, ws.d_qkv, ws.w_qkv, 0.0f, ws.d_ln));
+  AMPD_RETURN_IF_ERROR(CopyQkv(p, kValues, kToStack, ws.stack.w, nullptr));
+  AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, ws.d_qkv, ws.stack.w, 0.0f, ws.d_ln));
   if (!qkv_targets_.empty()) {
     // The stacked adapters as forward saw them for this block, their
     // gradients accumulated as the stacked weight's are.
-    AMPD_RETURN_IF_ERROR(StackQkvAdapters(p, ws));
+    AMPD_RETURN_IF_ERROR(StackQkvAdapters(p, ws.stack));
     if (!first_micro_batch) AMPD_RETURN_IF_ERROR(CopyQkvAdapterGrads(p, kToStack, ws));
     AMPD_ASSIGN_OR_RETURN(Tensor du, ws.lora_du.View(0, sv.lora_u_qkv.shape()));
     AMPD_RETURN_IF_ERROR(LoraBackward(b, lora_scale_, sv.ln_1, sv.lora_u_qkv, ws.d_qkv,
-                                      ws.lora_a_qkv, ws.lora_b_qkv, beta, du, ws.lora_da_qkv,
+                                      ws.stack.lora_a, ws.stack.lora_b, beta, du, ws.lora_da_qkv,
                                       ws.lora_db_qkv, ws.d_ln));
     AMPD_RETURN_IF_ERROR(CopyQkvAdapterGrads(p, kToParams, ws));
   }

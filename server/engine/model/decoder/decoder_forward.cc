@@ -6,6 +6,10 @@
 // runs in Loss (decoder_lm_head.cc), fused with the cross-entropy. A LoRA
 // job's adapters add their terms to their projections' outputs
 // (decoder_adapters.cc), before RoPE, the residual adds and the SwiGLU.
+//
+// BlockForward is one block's code, shared by Forward and the sampler's
+// decode step (decoder_sampling.cc): only the attention differs (over the
+// whole sequence here, over the KV cache there).
 #include "common/status_macros.h"
 #include "server/engine/model/decoder/decoder_lora.h"
 #include "server/engine/model/decoder/decoder_model.h"
@@ -16,6 +20,53 @@ namespace ampd::engine::model {
 using kernels::Tensor;
 constexpr kernels::GemmActivation kNone = kernels::GemmActivation::kNone;
 
+absl::Status DecoderModel::BlockForward(size_t l, const Tensor& x, DecoderBlockBuffers& sv,
+                                        QkvStack& stack, const Attend& attend, Tensor& x_next) {
+  kernels::Backend& b = backend_;
+  const DecoderSpec& s = decoder();
+  const float eps = s.rms_norm_eps;
+  auto value = [this](int index) -> const Tensor& { return params()[index].value(); };
+  const BlockParams& p = blocks_[l];
+  Tensor* qkv_bias = stack.b.empty() ? nullptr : &stack.b;
+  // Attention branch: r_l = x_l + o_proj(attention(rope(qkv(rmsnorm(x_l))))).
+  AMPD_RETURN_IF_ERROR(b.RmsNormForward(x, value(p.input_norm), eps, sv.ln_1, sv.rstd_1));
+  AMPD_RETURN_IF_ERROR(CopyQkv(p, /*grads=*/false, /*to_params=*/false, stack.w, qkv_bias));
+  AMPD_RETURN_IF_ERROR(
+      b.GemmBiasActivation(false, true, sv.ln_1, stack.w, qkv_bias, kNone, sv.qkv, nullptr));
+  if (!qkv_targets_.empty()) {
+    AMPD_RETURN_IF_ERROR(StackQkvAdapters(p, stack));
+    AMPD_RETURN_IF_ERROR(
+        LoraForward(b, lora_scale_, sv.ln_1, stack.lora_a, stack.lora_b, sv.lora_u_qkv, sv.qkv));
+  }
+  AMPD_RETURN_IF_ERROR(attend(sv));
+  const Tensor* o_bias = p.o_bias >= 0 ? &value(p.o_bias) : nullptr;
+  AMPD_RETURN_IF_ERROR(b.GemmBiasActivation(false, true, sv.attn_y, value(p.o_weight), o_bias,
+                                            kNone, sv.resid, nullptr));
+  if (p.lora[kO].present()) {
+    AMPD_RETURN_IF_ERROR(AdapterForward(p.lora[kO], sv.attn_y, sv.lora_u[kO - kO], sv.resid));
+  }
+  AMPD_RETURN_IF_ERROR(b.Add(x, sv.resid));
+  // MLP branch: x_{l+1} = r_l + down(silu(gate(m)) * up(m)), m = rmsnorm(r_l).
+  AMPD_RETURN_IF_ERROR(b.RmsNormForward(sv.resid, value(p.post_norm), eps, sv.ln_2, sv.rstd_2));
+  AMPD_RETURN_IF_ERROR(
+      b.GemmBiasActivation(false, true, sv.ln_2, value(p.gate), nullptr, kNone, sv.gate, nullptr));
+  AMPD_RETURN_IF_ERROR(
+      b.GemmBiasActivation(false, true, sv.ln_2, value(p.up), nullptr, kNone, sv.up, nullptr));
+  if (p.lora[kGate].present()) {
+    AMPD_RETURN_IF_ERROR(AdapterForward(p.lora[kGate], sv.ln_2, sv.lora_u[kGate - kO], sv.gate));
+  }
+  if (p.lora[kUp].present()) {
+    AMPD_RETURN_IF_ERROR(AdapterForward(p.lora[kUp], sv.ln_2, sv.lora_u[kUp - kO], sv.up));
+  }
+  AMPD_RETURN_IF_ERROR(b.SiluMulForward(sv.gate, sv.up, sv.act));
+  AMPD_RETURN_IF_ERROR(
+      b.GemmBiasActivation(false, true, sv.act, value(p.down), nullptr, kNone, x_next, nullptr));
+  if (p.lora[kDown].present()) {
+    AMPD_RETURN_IF_ERROR(AdapterForward(p.lora[kDown], sv.act, sv.lora_u[kDown - kO], x_next));
+  }
+  return b.Add(sv.resid, x_next);
+}
+
 absl::Status DecoderModel::Forward(Workspace& any) {
   AMPD_ASSIGN_OR_RETURN(DecoderWorkspace * own, Own<DecoderWorkspace>(any));
   DecoderWorkspace& ws = *own;
@@ -24,26 +75,8 @@ absl::Status DecoderModel::Forward(Workspace& any) {
   const int64_t heads = s.num_attention_heads;
   const int64_t kv_heads = s.num_key_value_heads;
   const int64_t head_dim = DecoderHeadDim(s);
-  const float eps = s.rms_norm_eps;
-  auto value = [this](int index) -> const Tensor& { return params()[index].value(); };
-  Tensor* qkv_bias = ws.b_qkv.empty() ? nullptr : &ws.b_qkv;
-
-  AMPD_RETURN_IF_ERROR(b.EmbeddingForward(ws.ids, value(embed_), ws.x[0]));
-  for (size_t l = 0; l < blocks_.size(); ++l) {
-    const BlockParams& p = blocks_[l];
-    DecoderWorkspace::Block& sv = ws.blocks[l];
-    const Tensor& x = ws.x[l];
-    Tensor& x_next = ws.x[l + 1];
-    // Attention branch: r_l = x_l + o_proj(attention(rope(qkv(rmsnorm(x_l))))).
-    AMPD_RETURN_IF_ERROR(b.RmsNormForward(x, value(p.input_norm), eps, sv.ln_1, sv.rstd_1));
-    AMPD_RETURN_IF_ERROR(CopyQkv(p, /*grads=*/false, /*to_params=*/false, ws.w_qkv, qkv_bias));
-    AMPD_RETURN_IF_ERROR(
-        b.GemmBiasActivation(false, true, sv.ln_1, ws.w_qkv, qkv_bias, kNone, sv.qkv, nullptr));
-    if (!qkv_targets_.empty()) {
-      AMPD_RETURN_IF_ERROR(StackQkvAdapters(p, ws));
-      AMPD_RETURN_IF_ERROR(LoraForward(b, lora_scale_, sv.ln_1, ws.lora_a_qkv, ws.lora_b_qkv,
-                                       sv.lora_u_qkv, sv.qkv));
-    }
+  // The whole sequence's causal attention, its log-sum-exp saved.
+  const Attend attend = [&](DecoderBlockBuffers& sv) -> absl::Status {
     AMPD_ASSIGN_OR_RETURN(Tensor qkv, sv.qkv.View(0, {ws.batch, ws.seq, sv.qkv.dim(1)}));
     // The q heads and then the k heads open each row: one call rotates both.
     AMPD_RETURN_IF_ERROR(
@@ -56,35 +89,14 @@ absl::Status DecoderModel::Forward(Workspace& any) {
     AMPD_ASSIGN_OR_RETURN(const Tensor fused,
                           attention_in.View(0, {ws.batch, ws.seq, attention_in.dim(1)}));
     AMPD_ASSIGN_OR_RETURN(Tensor attn_y, sv.attn_y.View(0, {ws.batch, ws.seq, sv.attn_y.dim(1)}));
-    AMPD_RETURN_IF_ERROR(b.AttentionForward(fused, heads, attn_y, sv.lse));
-    const Tensor* o_bias = p.o_bias >= 0 ? &value(p.o_bias) : nullptr;
-    AMPD_RETURN_IF_ERROR(b.GemmBiasActivation(false, true, sv.attn_y, value(p.o_weight), o_bias,
-                                              kNone, sv.resid, nullptr));
-    if (p.lora[kO].present()) {
-      AMPD_RETURN_IF_ERROR(AdapterForward(p.lora[kO], sv.attn_y, sv.lora_u[kO - kO], sv.resid));
-    }
-    AMPD_RETURN_IF_ERROR(b.Add(x, sv.resid));
-    // MLP branch: x_{l+1} = r_l + down(silu(gate(m)) * up(m)), m = rmsnorm(r_l).
-    AMPD_RETURN_IF_ERROR(b.RmsNormForward(sv.resid, value(p.post_norm), eps, sv.ln_2, sv.rstd_2));
-    AMPD_RETURN_IF_ERROR(b.GemmBiasActivation(false, true, sv.ln_2, value(p.gate), nullptr, kNone,
-                                              sv.gate, nullptr));
-    AMPD_RETURN_IF_ERROR(
-        b.GemmBiasActivation(false, true, sv.ln_2, value(p.up), nullptr, kNone, sv.up, nullptr));
-    if (p.lora[kGate].present()) {
-      AMPD_RETURN_IF_ERROR(AdapterForward(p.lora[kGate], sv.ln_2, sv.lora_u[kGate - kO], sv.gate));
-    }
-    if (p.lora[kUp].present()) {
-      AMPD_RETURN_IF_ERROR(AdapterForward(p.lora[kUp], sv.ln_2, sv.lora_u[kUp - kO], sv.up));
-    }
-    AMPD_RETURN_IF_ERROR(b.SiluMulForward(sv.gate, sv.up, sv.act));
-    AMPD_RETURN_IF_ERROR(
-        b.GemmBiasActivation(false, true, sv.act, value(p.down), nullptr, kNone, x_next, nullptr));
-    if (p.lora[kDown].present()) {
-      AMPD_RETURN_IF_ERROR(AdapterForward(p.lora[kDown], sv.act, sv.lora_u[kDown - kO], x_next));
-    }
-    AMPD_RETURN_IF_ERROR(b.Add(sv.resid, x_next));
+    return b.AttentionForward(fused, heads, attn_y, sv.lse);
+  };
+  auto value = [this](int index) -> const Tensor& { return params()[index].value(); };
+  AMPD_RETURN_IF_ERROR(b.EmbeddingForward(ws.ids, value(embed_), ws.x[0]));
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    AMPD_RETURN_IF_ERROR(BlockForward(l, ws.x[l], ws.blocks[l], ws.stack, attend, ws.x[l + 1]));
   }
-  return b.RmsNormForward(ws.x.back(), value(norm_), eps, ws.ln_f, ws.rstd_f);
+  return b.RmsNormForward(ws.x.back(), value(norm_), s.rms_norm_eps, ws.ln_f, ws.rstd_f);
 }
 
 }  // namespace ampd::engine::model

@@ -392,21 +392,21 @@ absl::StatusOr<std::unique_ptr<Workspace>> DecoderModel::NewWorkspace(
     const int64_t rank = s.lora->rank;
     const int64_t stacked = static_cast<int64_t>(qkv_targets_.size()) * rank;
     if (stacked > 0) {
-      AMPD_RETURN_IF_ERROR(alloc(w, {stacked, wd.c}, ws.lora_a_qkv));
+      AMPD_RETURN_IF_ERROR(alloc(w, {stacked, wd.c}, ws.stack.lora_a));
       AMPD_RETURN_IF_ERROR(alloc(w, {stacked, wd.c}, ws.lora_da_qkv));
-      AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv, stacked}, ws.lora_b_qkv));
+      AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv, stacked}, ws.stack.lora_b));
       AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv, stacked}, ws.lora_db_qkv));
       // Only the diagonal blocks are ever written (StackQkvAdapters).
-      AMPD_RETURN_IF_ERROR(backend_.Fill(ws.lora_b_qkv, 0.0f));
+      AMPD_RETURN_IF_ERROR(backend_.Fill(ws.stack.lora_b, 0.0f));
     }
     AMPD_RETURN_IF_ERROR(alloc(w, {n, std::max(stacked, rank)}, ws.lora_du));
   }
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, ws.ln_f));
   AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n}, ws.rstd_f));
-  AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv, wd.c}, ws.w_qkv));
+  AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv, wd.c}, ws.stack.w));
   if (!lora()) AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv, wd.c}, ws.dw_qkv));
   if (s.qkv_bias) {
-    AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv}, ws.b_qkv));
+    AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv}, ws.stack.b));
     if (!lora()) AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv}, ws.db_qkv));
   }
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, ws.d_res));

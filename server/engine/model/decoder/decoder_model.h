@@ -63,6 +63,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -76,6 +77,9 @@
 namespace ampd::engine::model {
 
 struct DecoderWorkspace;
+struct DecoderBlockBuffers;
+struct DecoderDecodeState;
+struct QkvStack;
 
 // WorkspaceBytes of a decoder for inputs (B, T): per block the saved
 // activations (the two RMSNorm outputs and r_l: 3 N C; the fused q|k|v
@@ -132,6 +136,15 @@ class DecoderModel final : public Network {
   // {"format": "pt"}: transformers' from_pretrained requires it.
   void AnnotateExport(codec::StateDict& state) const override;
   std::vector<AdapterRef> Adapters() const override;
+
+  // Sampling (decoder_sampling.cc; network.h): a KV cache of each layer's
+  // K/V heads, (S, max_len, KV) each.
+  absl::StatusOr<int64_t> DecodeStateBytes(int64_t sequences, int64_t max_len) const override;
+  absl::Status Prefill(Workspace& ws, absl::Span<const int64_t> lengths,
+                       DecodeState& state) override;
+  absl::Status DecodeStep(absl::Span<const int64_t> tokens, absl::Span<const int64_t> positions,
+                          DecodeState& state) override;
+  const Parameter* LmHead() const override { return &params()[static_cast<size_t>(head_weight())]; }
   float AdapterScale() const override { return lora_scale_; }
   // {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r", "lora_alpha",
   // "target_modules", "lora_dropout": 0.0, "bias": "none", ...}: what
@@ -142,6 +155,8 @@ class DecoderModel final : public Network {
   absl::StatusOr<int64_t> BytesFor(const kernels::Shape& input_shape) const override;
   absl::StatusOr<std::unique_ptr<Workspace>> NewWorkspace(
       const kernels::Shape& input_shape) override;
+  absl::StatusOr<std::unique_ptr<DecodeState>> MakeDecodeState(int64_t sequences,
+                                                               int64_t max_len) override;
 
  private:
   // A projection's index in kLoraModules.
@@ -183,9 +198,9 @@ class DecoderModel final : public Network {
                        kernels::Tensor* bias);
   // LoRA (decoder_adapters.cc): block p's q/k/v adapters as the stacked A
   // (t r, C) and block-diagonal B (Q + 2 KV, t r) of decoder_lora.h, into
-  // ws; their gradients from the parameters' into the stacked scratch
+  // stack; their gradients from the parameters' into ws's stacked scratch
   // (to_params false) or back.
-  absl::Status StackQkvAdapters(const BlockParams& p, DecoderWorkspace& ws);
+  absl::Status StackQkvAdapters(const BlockParams& p, QkvStack& stack);
   absl::Status CopyQkvAdapterGrads(const BlockParams& p, bool to_params, DecoderWorkspace& ws);
   // y += the adapter's term of `module` (decoder_lora.h), saving its u.
   absl::Status AdapterForward(const Adapter& adapter, const kernels::Tensor& x, kernels::Tensor& u,
@@ -194,6 +209,13 @@ class DecoderModel final : public Network {
   absl::Status AdapterBackward(const Adapter& adapter, DecoderWorkspace& ws,
                                const kernels::Tensor& x, const kernels::Tensor& u,
                                const kernels::Tensor& dy, float beta, kernels::Tensor& dx);
+  // One block's attention (decoder_forward.cc): from its q|k|v rows
+  // (sv.qkv, before RoPE) to sv.attn_y.
+  using Attend = std::function<absl::Status(DecoderBlockBuffers& sv)>;
+  // Block l's forward on sv's rows from x to x_next, `attend` running its
+  // attention: Forward's code and the sampler's decode step's.
+  absl::Status BlockForward(size_t l, const kernels::Tensor& x, DecoderBlockBuffers& sv,
+                            QkvStack& stack, const Attend& attend, kernels::Tensor& x_next);
   // A frozen parameter's gradient is nullptr; a trainable one's its own.
   kernels::Tensor* GradOrNull(int index);
   bool lora() const { return decoder().lora.has_value(); }

@@ -17,45 +17,57 @@
 
 namespace ampd::engine::model {
 
+// The stacked q|k|v projection a block's forward reads (decoder_model.h):
+// its weight w (Q + 2 KV, C) and bias b (Q + 2 KV, empty without
+// qkv_bias) copied from a block's parameters, and LoRA's stacked q|k|v
+// adapters (decoder_lora.h): lora_a (t r, C) and the block-diagonal
+// lora_b (Q + 2 KV, t r; its off-diagonal blocks stay zero), empty
+// without q, k or v targets. Rebuilt for each block in each pass; a
+// training workspace and a sampler's decode state hold one each.
+struct QkvStack {
+  kernels::Tensor w, b, lora_a, lora_b;
+};
+
+// One block's activations over N rows: what a training forward saves for
+// the backward (one per block in DecoderWorkspace), or a sampler's decode
+// step's buffers for its S rows (one, reused by every block).
+struct DecoderBlockBuffers {
+  kernels::Tensor ln_1, rstd_1;  // (N, C) working; (N) F32
+  kernels::Tensor qkv;           // (N, Q + 2 KV) after RoPE
+  // (N, 3 Q): qkv with the K/V heads expanded to H; empty when K == H,
+  // where qkv already has that layout.
+  kernels::Tensor qkv_x;
+  kernels::Tensor lse;            // (B, H, T) F32 attention log-sum-exp
+  kernels::Tensor attn_y;         // (N, Q) attention output, o_proj's input
+  kernels::Tensor resid;          // (N, C) r_l = x_l + attention branch
+  kernels::Tensor ln_2, rstd_2;   // (N, C); (N) F32
+  kernels::Tensor gate, up, act;  // (N, I) gate_proj, up_proj, silu(gate) * up
+  // LoRA's u = x A^T (decoder_lora.h) of the block's targets: the stacked
+  // q|k|v adapters' (N, t r), and o, gate, up, down's (N, r) each (by
+  // module - kO); empty where there is no such target.
+  kernels::Tensor lora_u_qkv;
+  std::array<kernels::Tensor, 4> lora_u;
+  const kernels::Tensor& attention_input() const { return qkv_x.empty() ? qkv : qkv_x; }
+};
+
 // The batch, the final norm's output ln_f, its gradient d_ln and the head's
 // buffers are LmWorkspace's (lm_head.h).
 struct DecoderWorkspace : LmWorkspace {
   kernels::Tensor inv_freq;  // (D/2) F32, RoPE's frequencies
 
   // What forward saves for backward, per block.
-  struct Block {
-    kernels::Tensor ln_1, rstd_1;  // (N, C) working; (N) F32
-    kernels::Tensor qkv;           // (N, Q + 2 KV) after RoPE
-    // (N, 3 Q): qkv with the K/V heads expanded to H; empty when K == H,
-    // where qkv already has that layout.
-    kernels::Tensor qkv_x;
-    kernels::Tensor lse;            // (B, H, T) F32 attention log-sum-exp
-    kernels::Tensor attn_y;         // (N, Q) attention output, o_proj's input
-    kernels::Tensor resid;          // (N, C) r_l = x_l + attention branch
-    kernels::Tensor ln_2, rstd_2;   // (N, C); (N) F32
-    kernels::Tensor gate, up, act;  // (N, I) gate_proj, up_proj, silu(gate) * up
-    // LoRA's u = x A^T (decoder_lora.h) of the block's targets: the stacked
-    // q|k|v adapters' (N, t r), and o, gate, up, down's (N, r) each (by
-    // module - kO); empty where there is no such target.
-    kernels::Tensor lora_u_qkv;
-    std::array<kernels::Tensor, 4> lora_u;
-    const kernels::Tensor& attention_input() const { return qkv_x.empty() ? qkv : qkv_x; }
-  };
+  using Block = DecoderBlockBuffers;
   std::vector<kernels::Tensor> x;  // x_0..x_L (N, C): the residual stream into each block
   std::vector<Block> blocks;
   kernels::Tensor rstd_f;  // the final norm's statistic, (N) F32
 
-  // The stacked q|k|v projection: its weight (Q + 2 KV, C) and bias
-  // (Q + 2 KV, empty without qkv_bias) copied from a block's parameters,
-  // and their gradients before they are copied back (no gradients for a
-  // LoRA job's frozen base). Reused by every block.
-  kernels::Tensor w_qkv, b_qkv, dw_qkv, db_qkv;
-
-  // LoRA's stacked q|k|v adapters (decoder_lora.h), rebuilt for each block
-  // in each pass: A (t r, C), block-diagonal B (Q + 2 KV, t r; its
-  // off-diagonal blocks stay zero) and their gradients; empty without q, k
-  // or v targets. lora_du (N, max(t, 1) r): dL/du of one adapter at a time.
-  kernels::Tensor lora_a_qkv, lora_b_qkv, lora_da_qkv, lora_db_qkv;
+  QkvStack stack;
+  // The gradients of the stacked q|k|v weight and bias before they are
+  // copied back (none for a LoRA job's frozen base), and of LoRA's stacked
+  // adapters (lora_da_qkv (t r, C), lora_db_qkv (Q + 2 KV, t r)). Reused by
+  // every block. lora_du (N, max(t, 1) r): dL/du of one adapter at a time.
+  kernels::Tensor dw_qkv, db_qkv;
+  kernels::Tensor lora_da_qkv, lora_db_qkv;
   kernels::Tensor lora_du;
 
   // Backward scratch, reused by every block.

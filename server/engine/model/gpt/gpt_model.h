@@ -43,6 +43,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,6 +56,7 @@
 namespace ampd::engine::model {
 
 struct GptWorkspace;
+struct GptBlockBuffers;
 
 // The most bytes of logits (and their gradient, in place) the LM head holds
 // at once. 2 GiB: GPT-2's (8 x 1024, 50257) logits in fp32 (1.65 GB), or
@@ -141,8 +143,19 @@ class GptModel final : public Network {
   // {"format": "pt"}: transformers' from_pretrained requires it.
   void AnnotateExport(codec::StateDict& state) const override;
 
+  // Sampling (gpt_sampling.cc; network.h): a KV cache of each layer's keys
+  // and values, (S, max_len, C) each.
+  absl::StatusOr<int64_t> DecodeStateBytes(int64_t sequences, int64_t max_len) const override;
+  absl::Status Prefill(Workspace& ws, absl::Span<const int64_t> lengths,
+                       DecodeState& state) override;
+  absl::Status DecodeStep(absl::Span<const int64_t> tokens, absl::Span<const int64_t> positions,
+                          DecodeState& state) override;
+  const Parameter* LmHead() const override { return &params()[static_cast<size_t>(head_weight())]; }
+
  protected:
   absl::StatusOr<int64_t> BytesFor(const kernels::Shape& input_shape) const override;
+  absl::StatusOr<std::unique_ptr<DecodeState>> MakeDecodeState(int64_t sequences,
+                                                               int64_t max_len) override;
   absl::StatusOr<std::unique_ptr<Workspace>> NewWorkspace(
       const kernels::Shape& input_shape) override;
 
@@ -164,6 +177,13 @@ class GptModel final : public Network {
 
   GptModel(const ModelSpec& spec, Precision precision, kernels::Backend& backend,
            int64_t lm_head_chunk_bytes);
+  // One block's attention (gpt_forward.cc): from its q|k|v rows (sv.qkv)
+  // to sv.attn_y.
+  using Attend = std::function<absl::Status(GptBlockBuffers& sv)>;
+  // Block l's forward on sv's rows from x to x_next, `attend` running its
+  // attention: Forward's code and the sampler's decode step's.
+  absl::Status BlockForward(size_t l, const kernels::Tensor& x, GptBlockBuffers& sv,
+                            const Attend& attend, kernels::Tensor& x_next);
   // Loss and EvalLoss: the head over row chunks, its backward only when
   // with_grad.
   absl::Status HeadLoss(Workspace& ws, float grad_scale, bool with_grad, kernels::Tensor& loss);

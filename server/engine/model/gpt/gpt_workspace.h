@@ -15,19 +15,24 @@
 
 namespace ampd::engine::model {
 
+// One block's activations over N rows: what a training forward saves for
+// the backward (one per block in GptWorkspace), or a sampler's decode
+// step's buffers for its S rows (one, reused by every block; no lse).
+struct GptBlockBuffers {
+  kernels::Tensor ln_1, mean_1, rstd_1;  // (N, C) working; (N) F32 twice
+  kernels::Tensor qkv;                   // (N, 3C)
+  kernels::Tensor lse;                   // (B, n_head, T) F32 attention log-sum-exp
+  kernels::Tensor attn_y;                // (N, C) attention output, c_proj's input
+  kernels::Tensor resid;                 // (N, C) r_l = x_l + attention branch
+  kernels::Tensor ln_2, mean_2, rstd_2;  // (N, C); (N) F32 twice
+  kernels::Tensor fc_pre, fc_post;       // (N, H) before and after GELU
+};
+
 // The batch, ln_f's output, its gradient d_ln and the head's buffers are
 // LmWorkspace's (lm_head.h).
 struct GptWorkspace : LmWorkspace {
   // What forward saves for backward, per block.
-  struct Block {
-    kernels::Tensor ln_1, mean_1, rstd_1;  // (N, C) working; (N) F32 twice
-    kernels::Tensor qkv;                   // (N, 3C)
-    kernels::Tensor lse;                   // (B, n_head, T) F32 attention log-sum-exp
-    kernels::Tensor attn_y;                // (N, C) attention output, c_proj's input
-    kernels::Tensor resid;                 // (N, C) r_l = x_l + attention branch
-    kernels::Tensor ln_2, mean_2, rstd_2;  // (N, C); (N) F32 twice
-    kernels::Tensor fc_pre, fc_post;       // (N, H) before and after GELU
-  };
+  using Block = GptBlockBuffers;
   std::vector<kernels::Tensor> x;  // x_0..x_L (N, C): the residual stream into each block
   std::vector<Block> blocks;
   kernels::Tensor mean_f, rstd_f;  // ln_f's statistics, (N) F32 twice
