@@ -189,6 +189,57 @@ struct EvaluateReport {
   std::vector<HostTensor> logprobs{};  // brace-initialised: {loss, samples, seconds} leaves it out
 };
 
+// ---- sampling -----------------------------------------------------------------
+
+// Completions of prompts from a language model's current weights (Tinker's
+// sample): every prompt gets num_samples completions of up to max_tokens
+// tokens, each token drawn from softmax(logits / temperature) restricted
+// to the top_k most likely tokens (0: all) and to the smallest set whose
+// probability reaches top_p (1: all); temperature 0 takes the most likely
+// token. A completion ends after max_tokens tokens or after a token in
+// stop_token_ids (which it keeps). Draws come from Philox under `seed`, one
+// stream per completion, so a request gives the same tokens every time.
+struct SampleInput {
+  std::vector<std::vector<int64_t>> prompts;  // each 1 .. context tokens, in [0, vocab)
+  int64_t num_samples = 1;
+  int64_t max_tokens = 16;
+  float temperature = 1.0f;
+  int64_t top_k = 0;
+  float top_p = 1.0f;
+  std::vector<int64_t> stop_token_ids{};
+  uint64_t seed = 0;
+};
+
+// The limits CheckSampleInput enforces before anything else runs.
+inline constexpr int64_t kMaxSamplePrompts = 1024;
+inline constexpr int64_t kMaxSamplesPerPrompt = 256;
+inline constexpr int64_t kMaxSampleSequences = 4096;  // prompts x num_samples
+inline constexpr int64_t kMaxStopTokens = 64;
+
+// What can be checked without the model: counts and ranges, sizes
+// overflow-checked (InvalidArgument naming the field: "prompts[3]",
+// "num_samples", "temperature"...).
+absl::Status CheckSampleInput(const SampleInput& input);
+
+enum class StopReason { kLength, kStopToken };
+
+struct Completion {
+  std::vector<int64_t> tokens;
+  // logprobs[i]: the log-prob of tokens[i] given the prompt and tokens[0..i)
+  // under the model at temperature 1, from the training forward's kernels:
+  // on a batch-invariant job (JobConfig::batch_invariant) the value a Step
+  // or Evaluate computes for that token, bit for bit.
+  std::vector<float> logprobs;
+  StopReason stop = StopReason::kLength;
+};
+
+struct SampleReport {
+  // completions[p][i]: prompt p's i-th completion.
+  std::vector<std::vector<Completion>> completions;
+  int64_t tokens = 0;  // sampled tokens over all completions
+  double seconds = 0;  // wall time on the job's worker
+};
+
 // StepReport::grad_histogram's bins (common/grad_histogram.h, where the
 // kernels that count them read them too).
 using ::ampd::kGradHistogramBins;

@@ -114,6 +114,9 @@ struct ServerMetrics::JobSeries {
   Counter* evaluations = nullptr;
   Histogram* evaluate_seconds = nullptr;
   Gauge* eval_loss ABSL_GUARDED_BY(mu) = nullptr;  // created on the first evaluation
+  Counter* sampled_tokens = nullptr;
+  Counter* sampled_sequences = nullptr;
+  Histogram* sample_seconds = nullptr;
   // A distributed job's: null for a single job.
   bool distributed ABSL_GUARDED_BY(mu) = false;
   std::array<Histogram*, kDistributedPhases.size()> distributed_phase_seconds ABSL_GUARDED_BY(mu){};
@@ -216,6 +219,18 @@ ServerMetrics::ServerMetrics(const MetricsOptions& options)
                              .Name("ampd_evaluate_duration_seconds")
                              .Help("Wall time of an evaluation on the job's worker.")
                              .Register(*registry_)),
+      sampled_tokens_(BuildCounter()
+                          .Name("ampd_sampled_tokens_total")
+                          .Help("Tokens the job's Sample calls drew, over all completions.")
+                          .Register(*registry_)),
+      sampled_sequences_(BuildCounter()
+                             .Name("ampd_sampled_sequences_total")
+                             .Help("Completions the job's Sample calls returned.")
+                             .Register(*registry_)),
+      sample_duration_(BuildHistogram()
+                           .Name("ampd_sample_duration_seconds")
+                           .Help("Wall time of a Sample call on the job's worker.")
+                           .Register(*registry_)),
       eval_loss_(BuildGauge()
                      .Name("ampd_eval_loss")
                      .Help("Unscaled fp32 loss of the job's last evaluation, mean over its "
@@ -338,6 +353,9 @@ std::shared_ptr<ServerMetrics::JobSeries> ServerMetrics::FindOrCreateJob(const s
   series->samples = &samples_.Add(job);
   series->evaluations = &evaluations_.Add(job);
   series->evaluate_seconds = &evaluate_duration_.Add(job, DurationBounds());
+  series->sampled_tokens = &sampled_tokens_.Add(job);
+  series->sampled_sequences = &sampled_sequences_.Add(job);
+  series->sample_seconds = &sample_duration_.Add(job, DurationBounds());
   jobs_by_id_.emplace(job_id, series);
   jobs_.Set(static_cast<double>(jobs_by_id_.size()));
   return series;
@@ -455,6 +473,21 @@ void ServerMetrics::OnEvaluate(const std::string& job_id, const engine::Evaluate
   series->eval_loss->Set(report.loss);
 }
 
+void ServerMetrics::OnSample(const std::string& job_id, const engine::SampleReport& report) {
+  // As in OnEvaluate, 1 stands for the scale until the job's first step.
+  std::shared_ptr<JobSeries> series = FindOrCreateJob(job_id, "", 1.0f);
+  absl::MutexLock lock(&series->mu);
+  if (series->removed) return;
+  int64_t sequences = 0;
+  for (const auto& per_prompt : report.completions) {
+    sequences += static_cast<int64_t>(per_prompt.size());
+  }
+  series->sampled_tokens->Increment(static_cast<double>(report.tokens));
+  series->sampled_sequences->Increment(static_cast<double>(sequences));
+  series->sample_seconds->Observe(std::isfinite(report.seconds) ? std::max(report.seconds, 0.0)
+                                                                : 0.0);
+}
+
 void ServerMetrics::OnGroupFormed(const std::string& job_id,
                                   const engine::GroupFormation& formation) {
   // As in OnEvaluate, 1 stands for the scale until the job's first step.
@@ -486,6 +519,9 @@ void ServerMetrics::RemoveSeries(JobSeries& series) {
   if (series.learning_rate != nullptr) learning_rate_.Remove(series.learning_rate);
   evaluations_.Remove(series.evaluations);
   evaluate_duration_.Remove(series.evaluate_seconds);
+  sampled_tokens_.Remove(series.sampled_tokens);
+  sampled_sequences_.Remove(series.sampled_sequences);
+  sample_duration_.Remove(series.sample_seconds);
   if (series.eval_loss != nullptr) eval_loss_.Remove(series.eval_loss);
   if (series.distributed) {
     for (Histogram* h : series.distributed_phase_seconds) step_duration_.Remove(h);

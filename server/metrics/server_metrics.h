@@ -78,6 +78,9 @@ class ServerMetrics final : public engine::JobObserver {
   // Counts the evaluation and observes its wall time; like OnStep, creates
   // the series of a job not announced.
   void OnEvaluate(const std::string& job_id, const engine::EvaluateReport& report) override;
+  // Counts the sampled tokens and completions and observes the call's wall
+  // time; like OnStep, creates the series of a job not announced.
+  void OnSample(const std::string& job_id, const engine::SampleReport& report) override;
   void OnJobDeleted(const std::string& job_id) override;  // removes that job's series
   // Counts the formation by copied_state. A job not announced gets its
   // series here (as in OnEvaluate), with the distributed phases but without
@@ -128,6 +131,9 @@ class ServerMetrics final : public engine::JobObserver {
   prometheus::Family<prometheus::Gauge>& learning_rate_;
   prometheus::Family<prometheus::Counter>& evaluations_;
   prometheus::Family<prometheus::Histogram>& evaluate_duration_;
+  prometheus::Family<prometheus::Counter>& sampled_tokens_;
+  prometheus::Family<prometheus::Counter>& sampled_sequences_;
+  prometheus::Family<prometheus::Histogram>& sample_duration_;
   prometheus::Family<prometheus::Gauge>& eval_loss_;
   prometheus::Family<prometheus::Counter>& group_formations_;
   prometheus::Family<prometheus::Gauge>& distributed_rank_;

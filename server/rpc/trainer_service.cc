@@ -480,6 +480,33 @@ grpc::ServerUnaryReactor* TrainerService::Evaluate(grpc::CallbackServerContext* 
   return reactor;
 }
 
+grpc::ServerUnaryReactor* TrainerService::Sample(grpc::CallbackServerContext* context,
+                                                 const v1::SampleRequest* request,
+                                                 v1::SampleResponse* response) {
+  const absl::Time start = absl::Now();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::StatusOr<std::string> tenant = Authenticate(*context);
+  if (!tenant.ok()) {
+    FinishUnary(reactor, "Sample", start, tenant.status());
+    return reactor;
+  }
+  if (absl::Status s = CheckLength("job_id", request->job_id()); !s.ok()) {
+    FinishUnary(reactor, "Sample", start, s);
+    return reactor;
+  }
+  absl::StatusOr<engine::SampleInput> input = SampleInputFromProto(*request);
+  if (!input.ok()) {
+    FinishUnary(reactor, "Sample", start, input.status());
+    return reactor;
+  }
+  registry_->Sample(*tenant, request->job_id(), *std::move(input),
+                    [this, reactor, response, start](absl::StatusOr<engine::SampleReport> report) {
+                      if (report.ok()) SampleReportToProto(*report, response);
+                      FinishUnary(reactor, "Sample", start, report.status());
+                    });
+  return reactor;
+}
+
 grpc::ServerWriteReactor<v1::StateDictChunk>* TrainerService::GetStateDict(
     grpc::CallbackServerContext* context, const v1::GetStateDictRequest* request) {
   absl::StatusOr<std::string> tenant = Authenticate(*context);

@@ -103,6 +103,9 @@ class TrainerService final : public v1::Trainer::CallbackService {
   grpc::ServerUnaryReactor* Evaluate(grpc::CallbackServerContext* context,
                                      const v1::EvaluateRequest* request,
                                      v1::EvaluateResponse* response) override;
+  grpc::ServerUnaryReactor* Sample(grpc::CallbackServerContext* context,
+                                   const v1::SampleRequest* request,
+                                   v1::SampleResponse* response) override;
   grpc::ServerWriteReactor<v1::StateDictChunk>* GetStateDict(
       grpc::CallbackServerContext* context, const v1::GetStateDictRequest* request) override;
   grpc::ServerReadReactor<v1::LoadStateDictRequest>* LoadStateDict(

@@ -221,6 +221,7 @@ absl::StatusOr<JobConfig> JobConfigFromProto(const v1::JobConfig& proto) {
   AMPD_RETURN_IF_ERROR(CheckLength("config.display_name", proto.display_name()));
   config.display_name = proto.display_name();
   config.seed = proto.seed();
+  config.batch_invariant = proto.batch_invariant();
   AMPD_RETURN_IF_ERROR(ModelSpecFromProto(proto.model(), "config.model", &config.model));
   AMPD_RETURN_IF_ERROR(OptimizerFromProto(proto.optimizer(), &config.optimizer));
   AMPD_RETURN_IF_ERROR(ScalerFromProto(proto.scaler(), &config.scaler));
@@ -242,6 +243,7 @@ v1::JobConfig JobConfigToProto(const JobConfig& config) {
   v1::JobConfig proto;
   proto.set_display_name(config.display_name);
   proto.set_seed(config.seed);
+  proto.set_batch_invariant(config.batch_invariant);
   proto.set_precision(PrecisionToProto(config.precision));
   *proto.mutable_model() = ModelSpecToProto(config.model);
   if (config.distributed.enabled()) {
@@ -477,6 +479,49 @@ absl::StatusOr<engine::StateView> StateViewFromProto(int view) {
     default:
       return absl::InvalidArgumentError(absl::StrCat("view: unknown value ", view));
   }
+}
+
+absl::StatusOr<engine::SampleInput> SampleInputFromProto(const v1::SampleRequest& request) {
+  engine::SampleInput input;
+  // The counts first, so that an oversized request is refused before any
+  // of its prompts is copied.
+  if (request.prompts_size() > engine::kMaxSamplePrompts) {
+    return absl::InvalidArgumentError(absl::StrCat("prompts: 1 to ", engine::kMaxSamplePrompts,
+                                                   " prompts, got ", request.prompts_size()));
+  }
+  input.prompts.reserve(static_cast<size_t>(request.prompts_size()));
+  for (const v1::TokenSequence& prompt : request.prompts()) {
+    input.prompts.emplace_back(prompt.tokens().begin(), prompt.tokens().end());
+  }
+  input.num_samples = request.num_samples() == 0 ? 1 : request.num_samples();
+  input.max_tokens = request.max_tokens() == 0 ? 16 : request.max_tokens();
+  if (request.has_temperature()) input.temperature = request.temperature();
+  input.top_k = request.top_k();
+  if (request.has_top_p()) input.top_p = request.top_p();
+  if (request.stop_token_ids_size() > engine::kMaxStopTokens) {
+    return absl::InvalidArgumentError(absl::StrCat("stop_token_ids: at most ",
+                                                   engine::kMaxStopTokens, ", got ",
+                                                   request.stop_token_ids_size()));
+  }
+  input.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
+  input.seed = request.seed();
+  return input;
+}
+
+void SampleReportToProto(const engine::SampleReport& report, v1::SampleResponse* response) {
+  for (const auto& per_prompt : report.completions) {
+    v1::PromptCompletions* out = response->add_prompts();
+    for (const engine::Completion& c : per_prompt) {
+      v1::Completion* completion = out->add_completions();
+      completion->mutable_tokens()->Assign(c.tokens.begin(), c.tokens.end());
+      completion->mutable_logprobs()->Assign(c.logprobs.begin(), c.logprobs.end());
+      completion->set_stop_reason(c.stop == engine::StopReason::kStopToken
+                                      ? v1::STOP_REASON_STOP_TOKEN
+                                      : v1::STOP_REASON_LENGTH);
+    }
+  }
+  response->set_tokens(report.tokens);
+  response->set_seconds(report.seconds);
 }
 
 }  // namespace ampd::rpc

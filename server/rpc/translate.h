@@ -36,6 +36,12 @@ void StepReportToProto(const engine::StepReport& report, v1::StepResponse* respo
 absl::StatusOr<engine::EvaluateInput> EvaluateInputFromProto(v1::EvaluateRequest* request);
 void EvaluateReportToProto(const engine::EvaluateReport& report, v1::EvaluateResponse* response);
 
+// SampleRequest's fields with their defaults (num_samples 1, max_tokens 16,
+// temperature 1, top_p 1); the engine checks the values
+// (engine::CheckSampleInput).
+absl::StatusOr<engine::SampleInput> SampleInputFromProto(const v1::SampleRequest& request);
+void SampleReportToProto(const engine::SampleReport& report, v1::SampleResponse* response);
+
 // GetStateDictRequest.view: InvalidArgument naming "view" for a value the
 // proto does not define.
 absl::StatusOr<engine::StateView> StateViewFromProto(int view);

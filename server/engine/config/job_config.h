@@ -28,6 +28,10 @@ struct JobConfig {
   amp::ScalerConfig scaler;
   uint64_t seed = 0;
   dist::DistributedSpec distributed;  // world_size 1: this ampd alone
+  // Batch-invariant kernels (kernels::Backend::SetBatchInvariant): a row's
+  // bits never depend on the batch it is computed in, so sampled log-probs
+  // equal trained ones bit for bit.
+  bool batch_invariant = false;
 };
 
 // The defaults of a job of this precision, scaler policy and optimizer: the

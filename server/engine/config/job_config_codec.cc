@@ -783,6 +783,7 @@ std::string EncodeJobConfig(const JobConfig& config, absl::string_view request_i
   if (config.scaler.per_layer_scales) version = 5;
   if (config.model.decoder.has_value()) version = 6;
   if (config.model.decoder.has_value() && config.model.decoder->lora.has_value()) version = 7;
+  if (config.batch_invariant) version = 8;
   w.Int("format_version", version);
   w.String("display_name", config.display_name);
   if (!request_id.empty()) w.String("request_id", request_id);
@@ -792,6 +793,7 @@ std::string EncodeJobConfig(const JobConfig& config, absl::string_view request_i
   w.Raw("optimizer", OptimizerJson(config.optimizer));
   w.Raw("scaler", ScalerJson(config.scaler));
   if (config.distributed.enabled()) w.Raw("distributed", DistributedJson(config.distributed));
+  if (config.batch_invariant) w.Raw("batch_invariant", "true");
   w.Close();
   return out;
 }
@@ -834,6 +836,13 @@ absl::StatusOr<DecodedJobConfig> DecodeJobConfig(absl::string_view json) {
     }
     AMPD_ASSIGN_OR_RETURN(const Json* distributed, f.Get("distributed"));
     AMPD_ASSIGN_OR_RETURN(config.distributed, DistributedFromJson(*distributed));
+  }
+  // Absent in configs of jobs without batch-invariant kernels.
+  if (f.Has("batch_invariant")) {
+    if (version < 8) {
+      return Corrupt("batch_invariant", absl::StrCat("not a key of format_version ", version));
+    }
+    AMPD_ASSIGN_OR_RETURN(config.batch_invariant, f.Bool("batch_invariant"));
   }
   AMPD_RETURN_IF_ERROR(f.Done());
   absl::StatusOr<ValidJobConfig> valid = ValidJobConfig::Check(std::move(record.config));

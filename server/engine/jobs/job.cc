@@ -521,6 +521,25 @@ absl::StatusOr<EvaluateReport> Job::Evaluate(const ValidEvaluateInput& input) {
   return report;
 }
 
+absl::StatusOr<SampleReport> Job::Sample(const SampleInput& input) {
+  if (trainer_ == nullptr) return NotOpen();
+  WorkspaceReservation reservation;
+  const std::function<absl::Status(int64_t)> admit = [this, &reservation](int64_t bytes) {
+    return AdmitWorkspace(bytes, &reservation);
+  };
+  absl::StatusOr<SampleReport> report;
+  {
+    absl::MutexLock lock(&workspace_mu_);
+    report = AllocationGuard(
+        "Sample", [&]() -> absl::StatusOr<SampleReport> { return trainer_->Sample(input, admit); });
+    RecordWorkspace();
+    reservation.Reset();
+    bytes_in_use_.store(trainer_->backend().BytesInUse(), std::memory_order_relaxed);
+  }
+  if (report.ok() && context_->observer != nullptr) context_->observer->OnSample(id_, *report);
+  return report;
+}
+
 absl::StatusOr<checkpoint::EncodedSafetensors> Job::ExportSafetensors(StateView view) const {
   return AllocationGuard("GetStateDict", [&] { return ExportSafetensorsUnguarded(view); });
 }

@@ -207,6 +207,9 @@ class Job : public std::enable_shared_from_this<Job> {
   // step's workspaces are (JobContext::admit_step), and reported to the
   // observer. Neither the step sequence nor the recorded report changes.
   absl::StatusOr<EvaluateReport> Evaluate(const ValidEvaluateInput& input);
+  // Trainer::Sample on the job's weights, admitted and reported as
+  // Evaluate is.
+  absl::StatusOr<SampleReport> Sample(const SampleInput& input);
   // The Trainer's state, or a view of it (api.h StateView), as a
   // safetensors file (header and host tensors, not yet concatenated).
   absl::StatusOr<checkpoint::EncodedSafetensors> ExportSafetensors(

@@ -18,6 +18,8 @@ class JobObserver {
                             const JobConfig& config) = 0;
   virtual void OnStep(const std::string& job_id, const StepReport& report) = 0;
   virtual void OnEvaluate(const std::string& job_id, const EvaluateReport& report) = 0;
+  // After a successful Sample.
+  virtual void OnSample(const std::string& job_id, const SampleReport& report) = 0;
   virtual void OnJobDeleted(const std::string& job_id) = 0;
   // A distributed job's rank formed its group (before the step that needed
   // it). Most observers have no use for it.

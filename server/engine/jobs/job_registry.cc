@@ -328,6 +328,27 @@ void JobRegistry::Evaluate(const std::string& owner, const std::string& job_id, 
   });
 }
 
+void JobRegistry::Sample(const std::string& owner, const std::string& job_id, SampleInput input,
+                         std::function<void(absl::StatusOr<SampleReport>)> done) {
+  absl::StatusOr<std::shared_ptr<Job>> found = AcceptWork(CheckSampleInput(input), owner, job_id);
+  if (!found.ok()) {
+    done(found.status());
+    return;
+  }
+  std::shared_ptr<Job> job = *std::move(found);
+  auto shared_input = std::make_shared<SampleInput>(std::move(input));
+  job->Post([this, job, shared_input, done = std::move(done)] {
+    absl::StatusOr<SampleReport> report = job->Sample(*shared_input);
+    if (report.ok()) {
+      ReportMemory();
+    } else if (report.status().code() != absl::StatusCode::kInvalidArgument &&
+               report.status().code() != absl::StatusCode::kNotFound) {
+      LogEvent(absl::StrCat("job ", job->id(), " sample failed: ", report.status().ToString()));
+    }
+    done(std::move(report));
+  });
+}
+
 void JobRegistry::ExportState(
     const std::string& owner, const std::string& job_id,
     std::function<void(absl::StatusOr<checkpoint::EncodedSafetensors>)> done) {

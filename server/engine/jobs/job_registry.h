@@ -155,6 +155,11 @@ class JobRegistry {
   // sent before it. Refused with Unavailable while draining, as a step is.
   void Evaluate(const std::string& owner, const std::string& job_id, EvaluateInput input,
                 std::function<void(absl::StatusOr<EvaluateReport>)> done);
+  // CheckSampleInput's error first, then the job's strand (Job::Sample),
+  // after its queued steps: completions of the weights every step sent
+  // before it trained. Refused with Unavailable while draining.
+  void Sample(const std::string& owner, const std::string& job_id, SampleInput input,
+              std::function<void(absl::StatusOr<SampleReport>)> done);
   void ExportState(const std::string& owner, const std::string& job_id,
                    std::function<void(absl::StatusOr<codec::EncodedSafetensors>)> done);
   // A view of it (api.h StateView): a LoRA job's adapters or merged model.

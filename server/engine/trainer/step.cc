@@ -126,7 +126,7 @@ absl::Status CheckMicroBatchesFitModel(const model::ModelSpec& spec, const LossF
 
 absl::Status Trainer::Impl::AdmitWorkspaces(const std::vector<MicroBatch>& micro_batches,
                                             const std::function<absl::Status(int64_t)>& admit,
-                                            absl::string_view what) {
+                                            absl::string_view what, int64_t extra_bytes) {
   kernels::Backend& b = *backend;
   model::Network& net = *model;
   // The workspace of every distinct batch shape, whether cached already or
@@ -161,6 +161,7 @@ absl::Status Trainer::Impl::AdmitWorkspaces(const std::vector<MicroBatch>& micro
   // estimate would still grow the process past the limit.
   const int64_t scratch = b.ScratchBytes(extents, need);
   need = SaturatingAdd(need, scratch);
+  need = SaturatingAdd(need, extra_bytes);
   const int64_t capacity = b.MemoryCapacityBytes();
   const int64_t to_allocate = need - net.cached_workspace_bytes();
   if (capacity > 0 && SaturatingAdd(b.BytesInUse(), to_allocate) > capacity) {

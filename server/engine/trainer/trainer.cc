@@ -57,6 +57,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
         absl::StrCat("model: the job's weights, gradients and optimizer state need an estimated ",
                      need, " bytes, more than the ", capacity, " bytes of ", backend->name()));
   }
+  if (config.batch_invariant) {
+    // Refused where the backend cannot pin its kernels: a job that asked
+    // for bitwise sampler-trainer agreement must not silently lose it.
+    if (absl::Status s = backend->SetBatchInvariant(true); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("batch_invariant: ", s.message()));
+    }
+  }
   auto impl = std::make_unique<Impl>(config, std::move(backend), std::move(scaler));
   kernels::Backend& b = *impl->backend;
 

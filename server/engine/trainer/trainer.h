@@ -126,6 +126,18 @@ class Trainer {
   absl::StatusOr<EvaluateReport> Evaluate(
       const EvaluateInput& input, const std::function<absl::Status(int64_t)>& admit = nullptr);
 
+  // Completions of the prompts from the current weights (sample.cc; api.h
+  // SampleInput): the model's forward over the prompts, then one token per
+  // completion at a time against a KV cache, every row through the training
+  // forward's code (model/network.h). CheckSampleInput's errors, then the
+  // model's (InvalidArgument naming "prompts[i]" for a token outside the
+  // vocabulary or a prompt plus max_tokens beyond the context), then the
+  // admission of the prompts' workspace and the cache (`admit`, as Step's),
+  // all before anything is allocated. Weights, optimizer, scaler and counts
+  // are left as they are.
+  absl::StatusOr<SampleReport> Sample(const SampleInput& input,
+                                      const std::function<absl::Status(int64_t)>& admit = nullptr);
+
   // Workspace bytes cached now (model::WorkspaceBytes of each, plus the
   // backend's scratch for them, kernels::Backend::ScratchBytes): the
   // buffers of the last step's (or evaluation's) batch sizes, kept until a

@@ -1,0 +1,331 @@
+// Trainer::Sample on the CPU backend, and the invariant it exists for: on
+// a batch-invariant job, the log-prob Sample reports for each token equals
+// bit for bit the one the training forward computes for that sequence
+// (Evaluate with return_logprobs: the forward and the loss's kernel Step
+// runs), whether the sequence was sampled alone, among 3 or among 16
+// prompts of mixed lengths, and whether it is evaluated alone, in one
+// padded batch of all of them, or split over micro-batches of other
+// shapes. For a GPT-2-style model and Llama/Qwen-style decoders (grouped
+// K/V heads; LoRA off and on), in fp32, fp16 and bf16, after a few
+// training steps (so that the adapters are not zero). Also: the same
+// request draws the same tokens, temperature 0 takes the most likely
+// token, stop tokens end a completion, and the input checks.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "engine_test_util.h"
+#include "gtest/gtest.h"
+
+namespace ampd::engine {
+namespace {
+
+using namespace ampd::engine::testing;
+
+constexpr int64_t kVocab = 29;
+
+JobConfig Gpt(model::Precision precision) {
+  JobConfig config = DefaultJobConfig(precision);
+  model::GptSpec g;
+  g.vocab_size = kVocab;
+  g.context_length = 32;
+  g.d_model = 32;
+  g.n_layer = 2;
+  g.n_head = 4;
+  config.model.gpt = g;
+  config.model.loss = model::LossKind::kCrossEntropy;
+  return config;
+}
+
+JobConfig Decoder(model::Precision precision, bool lora) {
+  JobConfig config = DefaultJobConfig(precision);
+  model::DecoderSpec d;
+  d.vocab_size = kVocab;
+  d.hidden_size = 32;
+  d.intermediate_size = 48;
+  d.num_hidden_layers = 2;
+  d.num_attention_heads = 4;
+  d.num_key_value_heads = 2;
+  d.max_position_embeddings = 32;
+  d.rope_theta = 10000.0f;
+  d.qkv_bias = true;
+  if (lora) {
+    d.lora = model::LoraSpec{4, 8.0f, {"q_proj", "v_proj", "o_proj", "up_proj", "down_proj"}};
+  }
+  config.model.decoder = d;
+  config.model.loss = model::LossKind::kCrossEntropy;
+  return config;
+}
+
+// Mixed-length prompts (1 .. 13 tokens).
+std::vector<std::vector<int64_t>> Prompts(int count, uint64_t seed) {
+  DataRng rng(seed);
+  std::vector<std::vector<int64_t>> prompts;
+  for (int i = 0; i < count; ++i) {
+    std::vector<int64_t> p(static_cast<size_t>(1 + (i * 5 + 3) % 13));
+    for (int64_t& t : p) t = rng.Index(kVocab);
+    prompts.push_back(p);
+  }
+  return prompts;
+}
+
+// A few steps on rule sequences, so the weights (and a LoRA job's B) move.
+void Train(Trainer& trainer) {
+  DataRng rng(4);
+  for (int step = 0; step < 3; ++step) {
+    std::vector<int32_t> ids, targets;
+    for (int b = 0; b < 4; ++b) {
+      int32_t t = rng.Index(kVocab);
+      for (int s = 0; s < 12; ++s) {
+        ids.push_back(t);
+        t = (3 * t + 1) % kVocab;
+        targets.push_back(t);
+      }
+    }
+    StepInput input;
+    input.micro_batches.push_back({I32({4, 12}, ids), I32({4, 12}, targets)});
+    absl::StatusOr<StepReport> r = trainer.Step(input);
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+}
+
+HostTensor I64(kernels::Shape shape, const std::vector<int64_t>& values) {
+  HostTensor t;
+  t.dtype = kernels::DType::kI64;
+  t.shape = std::move(shape);
+  t.data.assign(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(int64_t));
+  return t;
+}
+
+uint32_t Bits(float f) {
+  uint32_t b = 0;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+struct Sampled {
+  std::vector<int64_t> sequence;  // prompt + completion
+  size_t prompt_len = 0;
+  std::vector<float> logprobs;  // the completion's, as Sample reported them
+};
+
+// Every sequence's completion log-probs against Evaluate's, bit for bit:
+// `groups` lists which sequences share an evaluation micro-batch (padded to
+// its longest with targets -100).
+void ExpectEvaluateAgrees(Trainer& trainer, const std::vector<Sampled>& all,
+                          const std::vector<std::vector<size_t>>& groups, const std::string& how) {
+  EvaluateInput input;
+  input.return_logprobs = true;
+  for (const std::vector<size_t>& group : groups) {
+    size_t longest = 0;
+    for (size_t i : group) longest = std::max(longest, all[i].sequence.size() - 1);
+    std::vector<int64_t> ids, targets;
+    for (size_t i : group) {
+      const std::vector<int64_t>& seq = all[i].sequence;
+      for (size_t t = 0; t < longest; ++t) {
+        ids.push_back(t + 1 < seq.size() ? seq[t] : 0);
+        targets.push_back(t + 1 < seq.size() ? seq[t + 1] : model::kIgnoreIndex);
+      }
+    }
+    const auto rows = static_cast<int64_t>(group.size());
+    const auto cols = static_cast<int64_t>(longest);
+    input.micro_batches.push_back({I64({rows, cols}, ids), I64({rows, cols}, targets)});
+  }
+  absl::StatusOr<EvaluateReport> r = trainer.Evaluate(input);
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const std::vector<float> lp = ToFloats(r->logprobs[g]);
+    const int64_t cols = r->logprobs[g].shape[1];
+    for (size_t row = 0; row < groups[g].size(); ++row) {
+      const Sampled& s = all[groups[g][row]];
+      for (size_t k = 0; k < s.logprobs.size(); ++k) {
+        // Completion token k sits at position prompt_len + k, predicted at
+        // row position prompt_len + k - 1.
+        const float trained = lp[row * cols + (s.prompt_len + k - 1)];
+        ASSERT_EQ(Bits(s.logprobs[k]), Bits(trained))
+            << how << ": sequence " << groups[g][row] << " token " << k << ": sampled "
+            << s.logprobs[k] << ", trained " << trained;
+      }
+    }
+  }
+}
+
+std::vector<Sampled> SampleAll(Trainer& trainer, const std::vector<std::vector<int64_t>>& prompts,
+                               uint64_t seed) {
+  SampleInput input;
+  input.prompts = prompts;
+  input.max_tokens = 6;
+  input.temperature = 1.0f;
+  input.seed = seed;
+  absl::StatusOr<SampleReport> r = trainer.Sample(input);
+  EXPECT_TRUE(r.ok()) << r.status();
+  std::vector<Sampled> out;
+  if (!r.ok()) return out;
+  EXPECT_EQ(r->completions.size(), prompts.size());
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    const Completion& c = r->completions[p][0];
+    EXPECT_EQ(c.tokens.size(), 6u);
+    EXPECT_EQ(c.logprobs.size(), c.tokens.size());
+    Sampled s;
+    s.sequence = prompts[p];
+    s.prompt_len = prompts[p].size();
+    s.sequence.insert(s.sequence.end(), c.tokens.begin(), c.tokens.end());
+    s.logprobs = c.logprobs;
+    for (float lp : c.logprobs) EXPECT_TRUE(std::isfinite(lp) && lp <= 0.0f) << lp;
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+struct Case {
+  std::string name;
+  JobConfig config;
+};
+
+std::vector<Case> Cases() {
+  std::vector<Case> cases;
+  for (model::Precision p :
+       {model::Precision::kFp32, model::Precision::kFp16, model::Precision::kBf16}) {
+    const std::string suffix(model::PrecisionName(p));
+    cases.push_back({"gpt " + suffix, Gpt(p)});
+    cases.push_back({"decoder " + suffix, Decoder(p, false)});
+    cases.push_back({"decoder LoRA " + suffix, Decoder(p, true)});
+  }
+  for (Case& c : cases) c.config.batch_invariant = true;
+  return cases;
+}
+
+TEST(SampleInvariance, LogprobsEqualTheTrainingForwardBitForBit) {
+  for (const Case& c : Cases()) {
+    SCOPED_TRACE(c.name);
+    std::unique_ptr<Trainer> trainer = MakeTrainer(c.config);
+    ASSERT_TRUE(trainer);
+    Train(*trainer);
+    const std::vector<std::vector<int64_t>> prompts = Prompts(16, 11);
+    // Sampled among 16, among 3 and alone.
+    std::vector<Sampled> all = SampleAll(*trainer, prompts, 7);
+    ASSERT_EQ(all.size(), 16u);
+    for (const Sampled& s : SampleAll(*trainer, {prompts[0], prompts[1], prompts[2]}, 8)) {
+      all.push_back(s);
+    }
+    for (const Sampled& s : SampleAll(*trainer, {prompts[5]}, 9)) all.push_back(s);
+    const size_t n = all.size();  // 20
+    // Evaluated alone, all in one padded batch, and in three micro-batches.
+    std::vector<std::vector<size_t>> alone, one, three(3);
+    std::vector<size_t> everything;
+    for (size_t i = 0; i < n; ++i) {
+      alone.push_back({i});
+      everything.push_back(i);
+      three[i % 3].push_back(i);
+    }
+    one.push_back(everything);
+    ExpectEvaluateAgrees(*trainer, all, alone, "alone");
+    ExpectEvaluateAgrees(*trainer, all, one, "one batch");
+    ExpectEvaluateAgrees(*trainer, all, three, "three micro-batches");
+  }
+}
+
+TEST(Sample, TheSameRequestDrawsTheSameTokensAndTemperatureZeroIsGreedy) {
+  JobConfig config = Decoder(model::Precision::kBf16, true);
+  config.batch_invariant = true;
+  std::unique_ptr<Trainer> trainer = MakeTrainer(config);
+  ASSERT_TRUE(trainer);
+  Train(*trainer);
+  SampleInput input;
+  input.prompts = Prompts(4, 3);
+  input.num_samples = 3;
+  input.max_tokens = 5;
+  input.seed = 42;
+  absl::StatusOr<SampleReport> a = trainer->Sample(input);
+  absl::StatusOr<SampleReport> b = trainer->Sample(input);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  EXPECT_EQ(a->tokens, 4 * 3 * 5);
+  for (size_t p = 0; p < 4; ++p) {
+    ASSERT_EQ(a->completions[p].size(), 3u);
+    for (size_t j = 0; j < 3; ++j) {
+      EXPECT_EQ(a->completions[p][j].tokens, b->completions[p][j].tokens);
+    }
+  }
+  // Another seed draws other tokens somewhere.
+  input.seed = 43;
+  absl::StatusOr<SampleReport> c = trainer->Sample(input);
+  ASSERT_TRUE(c.ok());
+  bool differs = false;
+  for (size_t p = 0; p < 4; ++p) {
+    for (size_t j = 0; j < 3; ++j) {
+      differs = differs || c->completions[p][j].tokens != a->completions[p][j].tokens;
+    }
+  }
+  EXPECT_TRUE(differs);
+  // Greedy: each token is the most likely one, whose log-prob is the
+  // largest: every sample of a prompt is the same.
+  input.temperature = 0.0f;
+  absl::StatusOr<SampleReport> greedy = trainer->Sample(input);
+  ASSERT_TRUE(greedy.ok());
+  for (size_t p = 0; p < 4; ++p) {
+    EXPECT_EQ(greedy->completions[p][0].tokens, greedy->completions[p][2].tokens);
+    for (float lp : greedy->completions[p][0].logprobs) EXPECT_GT(lp, -std::log(float{kVocab}));
+  }
+  // A stop token ends its completion, kept; the others run to max_tokens.
+  input.temperature = 1.0f;
+  input.seed = 42;
+  const int64_t stop = a->completions[0][0].tokens[1];
+  input.stop_token_ids = {stop};
+  absl::StatusOr<SampleReport> stopped = trainer->Sample(input);
+  ASSERT_TRUE(stopped.ok());
+  const Completion& first = stopped->completions[0][0];
+  ASSERT_LE(first.tokens.size(), 2u);
+  EXPECT_EQ(first.tokens.back(), stop);
+  EXPECT_EQ(first.stop, StopReason::kStopToken);
+}
+
+TEST(Sample, RefusesWhatTheModelCannotTake) {
+  JobConfig config = Gpt(model::Precision::kFp32);
+  std::unique_ptr<Trainer> trainer = MakeTrainer(config);
+  ASSERT_TRUE(trainer);
+  auto refused = [&](SampleInput input) {
+    const absl::Status s = trainer->Sample(input).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    return std::string(s.message());
+  };
+  SampleInput ok;
+  ok.prompts = {{1, 2, 3}};
+  SampleInput bad = ok;
+  bad.prompts = {{1, 2}, {}};
+  EXPECT_TRUE(absl::StartsWith(refused(bad), "prompts[1]: empty"));
+  bad = ok;
+  bad.prompts = {{1, kVocab}};
+  EXPECT_TRUE(absl::StartsWith(refused(bad), "prompts[0][1]: token 29")) << refused(bad);
+  bad = ok;
+  bad.max_tokens = 31;  // 3 + 31 - 1 > 32
+  EXPECT_TRUE(absl::StartsWith(refused(bad), "prompts[0]: 3 tokens + max_tokens 31"));
+  bad = ok;
+  bad.temperature = -1.0f;
+  EXPECT_TRUE(absl::StartsWith(refused(bad), "temperature"));
+  bad = ok;
+  bad.top_p = 0.0f;
+  EXPECT_TRUE(absl::StartsWith(refused(bad), "top_p"));
+  bad = ok;
+  bad.num_samples = 0;
+  EXPECT_TRUE(absl::StartsWith(refused(bad), "num_samples"));
+  bad = ok;
+  bad.stop_token_ids = {-1};
+  EXPECT_TRUE(absl::StartsWith(refused(bad), "stop_token_ids[0]"));
+  // A model without an LM head cannot sample.
+  JobConfig mlp = DefaultJobConfig(model::Precision::kFp32);
+  mlp.model.layers = {Linear(4, 4)};
+  std::unique_ptr<Trainer> stack = MakeTrainer(mlp);
+  ASSERT_TRUE(stack);
+  EXPECT_TRUE(absl::StrContains(stack->Sample(ok).status().message(), "language model"));
+  // And the job is untouched by any of it.
+  EXPECT_TRUE(trainer->Sample(ok).ok());
+  EXPECT_EQ(trainer->steps_run(), 0);
+}
+
+}  // namespace
+}  // namespace ampd::engine
