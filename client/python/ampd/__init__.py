@@ -23,7 +23,7 @@
 The stubs (ampd.v1.trainer_pb2, trainer_pb2_grpc) are generated from
 proto/ampd/v1/trainer.proto when the package is built.
 """
-from ampd.client import Client, EvaluateResult, Job, StepResult, Timings, to_tensor
+from ampd.client import Client, Completion, EvaluateResult, Job, StepResult, Timings, to_tensor
 from ampd.data_parallel import DataParallelJob
 from ampd.errors import (Aborted, AmpdError, CreateRetry, DataLoss, DeadlineExceeded,
                          FailedPrecondition, Internal, InvalidArgument, InvalidField,
@@ -38,7 +38,8 @@ from ampd.spec import (GELU, GPT, SGD, Adam, AdamW, Decoder, Embedding, LayerNor
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "Job", "DataParallelJob", "StepResult", "EvaluateResult", "Timings", "StateDict", "to_tensor",
+    "Client", "Job", "DataParallelJob", "StepResult", "EvaluateResult", "Completion", "Timings",
+    "StateDict", "to_tensor",
     "Model", "GPT", "Decoder", "LoRA", "Linear", "ReLU", "GELU", "Tanh", "LayerNorm", "Embedding",
     "SGD", "Adam", "AdamW", "Scaler",
     "AmpdError", "InvalidArgument", "InvalidField", "InvalidStateDict", "NotFound",

@@ -10,6 +10,7 @@ the last checkpoint on disk were lost); the Job then resynchronises from
 GetJob and raises StepsLost naming the sequences whose batches the caller
 must resend.
 """
+import collections
 import os
 import random
 import time
@@ -275,7 +276,7 @@ class Client:
     # ---- jobs ------------------------------------------------------------------
 
     def create_job(self, model, precision="fp16", optimizer=None, scaler=None, seed=0,
-                   display_name="", request_id=None):
+                   display_name="", request_id=None, batch_invariant=False):
         """Create a job; returns its Job.
 
         model: an ampd.Model (or a pb.ModelSpec); optimizer: ampd.SGD / Adam /
@@ -283,11 +284,14 @@ class Client:
         (default the pytorch policy's defaults for fp16, a static scale of 1
         for bf16/fp32). request_id makes a retried create return the same job;
         one is generated when not given, so this call's own retries are safe.
+        batch_invariant: kernels whose every row's bits do not depend on the
+        batch, so Job.sample's log-probs equal the trainer's bit for bit.
         """
         config = pb.JobConfig(
             display_name=display_name,
             model=model.to_proto() if hasattr(model, "to_proto") else model,
-            precision=spec.precision_proto(precision), seed=seed)
+            precision=spec.precision_proto(precision), seed=seed,
+            batch_invariant=batch_invariant)
         if optimizer is not None:
             config.optimizer.CopyFrom(optimizer.to_proto() if hasattr(optimizer, "to_proto") else optimizer)
         if scaler is not None:
@@ -329,6 +333,11 @@ class Client:
             lambda md, t: self._stub.GetJob(request, metadata=md, timeout=t))
         return response.job
 
+
+
+# One completion of Job.sample: its tokens, each token's log-prob (float32,
+# temperature 1, the trainer's) and why it ended ("length" or "stop").
+Completion = collections.namedtuple("Completion", ["tokens", "logprobs", "stop_reason"])
 
 class Job:
     """A training job on the server, and this client's place in its sequence.
@@ -449,6 +458,28 @@ class Job:
             raise ValueError("logprobs takes at least one sequence")
         result = self.evaluate(micro_batches=batches, return_logprobs=True)
         return [values[0] for values in result.logprobs]
+
+    def sample(self, prompts, num_samples=1, max_tokens=16, temperature=1.0, top_k=0, top_p=1.0,
+               stop=(), seed=0):
+        """Completions of token-id prompts from the job's current weights (the
+        Sample RPC, after the steps sent before it): per prompt, a list of
+        num_samples Completion(tokens, logprobs, stop_reason), logprobs[i]
+        being the log-prob of tokens[i] at temperature 1 as the trainer
+        computes it (bit for bit on a batch_invariant job). temperature 0
+        takes the most likely token; stop: token ids that end a completion
+        (kept); seed: the same request gives the same tokens."""
+        request = pb.SampleRequest(
+            job_id=self.job_id,
+            prompts=[pb.TokenSequence(tokens=[int(t) for t in np.asarray(p).reshape(-1)])
+                     for p in prompts],
+            num_samples=num_samples, max_tokens=max_tokens, temperature=temperature,
+            top_k=top_k, top_p=top_p, stop_token_ids=[int(t) for t in stop], seed=seed)
+        stub = self._client._stub
+        response = self._client._call(lambda md, t: stub.Sample(request, metadata=md, timeout=t))
+        return [[Completion(list(c.tokens), np.asarray(c.logprobs, dtype=np.float32),
+                            "stop" if c.stop_reason == pb.STOP_REASON_STOP_TOKEN else "length")
+                 for c in prompt.completions]
+                for prompt in response.prompts]
 
     def _resynchronise(self, sequence, mismatch):
         """The error to raise for a SEQUENCE_MISMATCH on `sequence`, after GetJob.
