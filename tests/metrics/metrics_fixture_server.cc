@@ -60,6 +60,14 @@ int main(int argc, char** argv) {
   evaluation.seconds = 0.003;
   metrics.OnEvaluate("fixture-job", evaluation);
 
+  // A Sample call: two prompts, two completions each.
+  ampd::engine::SampleReport sampled;
+  sampled.completions.resize(2);
+  for (auto& per_prompt : sampled.completions) per_prompt.resize(2);
+  sampled.tokens = 24;
+  sampled.seconds = 0.01;
+  metrics.OnSample("fixture-job", sampled);
+
   // A tenant's job: its series carry a tenant label beside job.
   metrics.OnJobCreated("tenant-job", "team-a", config);
   metrics.OnStep("tenant-job", step);
