@@ -221,13 +221,15 @@ absl::StatusOr<SampleReport> Trainer::Sample(const SampleInput& input,
   }
 
   // Admission before any allocation: the prompts' workspace and scratch,
-  // the KV cache and decode buffers, and the head's logits and their
-  // scratch gradient (S, V) in the working dtype.
+  // the KV cache and decode buffers, the head's logits and their scratch
+  // gradient (S, V) in the working dtype, and their host copies (the
+  // read-back bytes and their floats).
   AMPD_ASSIGN_OR_RETURN(const int64_t state_bytes, net.DecodeStateBytes(n, max_len));
   const auto w = static_cast<int64_t>(kernels::SizeOf(net.working_dtype()));
   int64_t extra = state_bytes;
   int64_t logits_bytes = 0;
-  if (!CheckedMul(n, vocab, &logits_bytes) || !CheckedMul(logits_bytes, 2 * w, &logits_bytes) ||
+  if (!CheckedMul(n, vocab, &logits_bytes) ||
+      !CheckedMul(logits_bytes, 3 * w + 4, &logits_bytes) ||
       !CheckedAdd(extra, logits_bytes, &extra) || !CheckedAdd(extra, n * 16, &extra)) {
     return absl::InvalidArgumentError(
         "num_samples: the sampler's logits need more than 2^63 bytes");
