@@ -327,5 +327,39 @@ TEST(Sample, RefusesWhatTheModelCannotTake) {
   EXPECT_EQ(trainer->steps_run(), 0);
 }
 
+// The prompts' workspace, the KV cache and the logits are admitted before
+// anything is allocated: a refusal leaves the backend as it was.
+TEST(Sample, AdmitsBeforeAllocating) {
+  JobConfig config = Decoder(model::Precision::kFp16, false);
+  std::unique_ptr<Trainer> trainer = MakeTrainer(config);
+  ASSERT_TRUE(trainer);
+  SampleInput input;
+  input.prompts = Prompts(16, 5);
+  input.num_samples = 8;
+  input.max_tokens = 12;
+  int64_t asked = 0;
+  const auto refuse = [&asked](int64_t bytes) {
+    asked = bytes;
+    return absl::ResourceExhaustedError("over the limit");
+  };
+  const int64_t allocations = trainer->backend().AllocationCount();
+  const int64_t in_use = trainer->backend().BytesInUse();
+  const absl::Status s = trainer->Sample(input, refuse).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_EQ(trainer->backend().AllocationCount(), allocations);
+  EXPECT_EQ(trainer->backend().BytesInUse(), in_use);
+  // At least the cache: 2 x layers x 128 sequences x 24 positions x KV (16) x 2 bytes.
+  EXPECT_GE(asked, 2 * 2 * 128 * 24 * 16 * 2);
+  // Admitted, it runs.
+  int64_t admitted = 0;
+  absl::StatusOr<SampleReport> r = trainer->Sample(input, [&admitted](int64_t bytes) {
+    admitted = bytes;
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(admitted, asked);
+  EXPECT_EQ(r->tokens, 16 * 8 * 12);
+}
+
 }  // namespace
 }  // namespace ampd::engine

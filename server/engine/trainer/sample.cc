@@ -200,11 +200,33 @@ absl::StatusOr<SampleReport> Trainer::Sample(const SampleInput& input,
   const auto samples = input.num_samples;
   const int64_t n = static_cast<int64_t>(input.prompts.size()) * samples;  // S, checked
 
-  // The prompts as one (S, P) micro-batch of I64 ids, no target kept.
+  // The prompts as one (S, P) micro-batch of I64 ids, no target kept: its
+  // shape first (admission reads only that), its bytes once admitted.
   MicroBatch prefill;
   for (HostTensor* t : {&prefill.inputs, &prefill.targets}) {
     t->dtype = DType::kI64;
     t->shape = {n, prompt_len};
+  }
+
+  // Admission before any allocation: the prompts' workspace and scratch,
+  // the KV cache and decode buffers, the head's logits and their scratch
+  // gradient (S, V) in the working dtype, their host copies (the read-back
+  // bytes and their floats), and the prompts' host ids and targets.
+  AMPD_ASSIGN_OR_RETURN(const int64_t state_bytes, net.DecodeStateBytes(n, max_len));
+  const auto w = static_cast<int64_t>(kernels::SizeOf(net.working_dtype()));
+  int64_t extra = state_bytes;
+  int64_t logits_bytes = 0;
+  int64_t prompt_bytes = 0;
+  if (!CheckedMul(n, vocab, &logits_bytes) ||
+      !CheckedMul(logits_bytes, 3 * w + 4, &logits_bytes) ||
+      !CheckedAdd(extra, logits_bytes, &extra) || !CheckedAdd(extra, n * 16, &extra) ||
+      !CheckedMul(n, prompt_len, &prompt_bytes) || !CheckedMul(prompt_bytes, 16, &prompt_bytes) ||
+      !CheckedAdd(extra, prompt_bytes, &extra)) {
+    return absl::InvalidArgumentError("num_samples: the sampler's buffers need more than 2^63 bytes");
+  }
+  AMPD_RETURN_IF_ERROR(m.AdmitWorkspaces({prefill}, admit, "sampling", extra));
+
+  for (HostTensor* t : {&prefill.inputs, &prefill.targets}) {
     t->data.assign(static_cast<size_t>(n * prompt_len) * sizeof(int64_t), '\0');
   }
   std::vector<int64_t> lengths(static_cast<size_t>(n));
@@ -219,22 +241,6 @@ absl::StatusOr<SampleReport> Trainer::Sample(const SampleInput& input,
                   ignored.size() * sizeof(int64_t));
     }
   }
-
-  // Admission before any allocation: the prompts' workspace and scratch,
-  // the KV cache and decode buffers, the head's logits and their scratch
-  // gradient (S, V) in the working dtype, and their host copies (the
-  // read-back bytes and their floats).
-  AMPD_ASSIGN_OR_RETURN(const int64_t state_bytes, net.DecodeStateBytes(n, max_len));
-  const auto w = static_cast<int64_t>(kernels::SizeOf(net.working_dtype()));
-  int64_t extra = state_bytes;
-  int64_t logits_bytes = 0;
-  if (!CheckedMul(n, vocab, &logits_bytes) ||
-      !CheckedMul(logits_bytes, 3 * w + 4, &logits_bytes) ||
-      !CheckedAdd(extra, logits_bytes, &extra) || !CheckedAdd(extra, n * 16, &extra)) {
-    return absl::InvalidArgumentError(
-        "num_samples: the sampler's logits need more than 2^63 bytes");
-  }
-  AMPD_RETURN_IF_ERROR(m.AdmitWorkspaces({prefill}, admit, "sampling", extra));
 
   AMPD_ASSIGN_OR_RETURN(model::Workspace * ws, m.WorkspaceFor(prefill.inputs.shape));
   AMPD_RETURN_IF_ERROR(net.LoadBatch(prefill.inputs, prefill.targets, *ws));
