@@ -32,6 +32,7 @@ bool SameBits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
 // Every field a job of this kind reads, compared exactly (floats by bits).
 void ExpectSameConfig(const JobConfig& a, const JobConfig& b) {
+  EXPECT_EQ(a.batch_invariant, b.batch_invariant);
   EXPECT_EQ(a.display_name, b.display_name);
   EXPECT_EQ(a.seed, b.seed);
   EXPECT_EQ(a.precision, b.precision);
@@ -413,14 +414,14 @@ TEST_F(JobConfigCodecRefuses, WrongTypesAndRanges) {
 
 TEST_F(JobConfigCodecRefuses, OtherFormatVersions) {
   ExpectError(Edited("\"format_version\":1", "\"format_version\":0"), absl::StatusCode::kDataLoss,
-              "ampd.config: format_version: 0 is not a version this ampd reads (1 to 7); the "
+              "ampd.config: format_version: 0 is not a version this ampd reads (1 to 8); the "
               "checkpoint was written by another ampd");
   ExpectError(Edited("\"format_version\":1,", ""), absl::StatusCode::kDataLoss,
               "ampd.config: format_version: missing");
   // A later format may change any key: the version is checked before them.
-  ExpectError(Edited("\"format_version\":1,", "\"format_version\":8,\"new\":{},"),
+  ExpectError(Edited("\"format_version\":1,", "\"format_version\":9,\"new\":{},"),
               absl::StatusCode::kDataLoss,
-              "ampd.config: format_version: 8 is not a version this ampd reads (1 to 7); the "
+              "ampd.config: format_version: 9 is not a version this ampd reads (1 to 8); the "
               "checkpoint was written by a newer ampd");
 }
 
@@ -738,6 +739,32 @@ TEST(JobConfigCodec, LoraConfigsAreVersionSevenAndOthersKeepTheirBytes) {
   EXPECT_TRUE(absl::StrContains(decoded.status().message(), "decoder.lora.rank: must be >= 1"))
       << decoded.status();
   decoded = DecodeJobConfig(absl::StrReplaceAll(json, {{",\"alpha\":8", ""}}));
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+}
+
+// Version 8: "batch_invariant":true last, written only when it is on; any
+// other config keeps its version and bytes.
+TEST(JobConfigCodec, BatchInvariantJobsAreVersionEight) {
+  JobConfig config = DefaultJobConfig(Precision::kBf16);
+  config.model = Models()[0];
+  const std::string plain = EncodeJobConfig(config, "");
+  config.batch_invariant = true;
+  const std::string json = EncodeJobConfig(config, "");
+  EXPECT_TRUE(absl::StartsWith(json, "{\"format_version\":8,")) << json;
+  EXPECT_TRUE(absl::EndsWith(json, ",\"batch_invariant\":true}")) << json;
+  const std::string version = plain.substr(0, plain.find(','));
+  EXPECT_EQ(absl::StrReplaceAll(json, {{"{\"format_version\":8", version},
+                                       {",\"batch_invariant\":true", ""}}),
+            plain);
+  absl::StatusOr<DecodedJobConfig> decoded = DecodeJobConfig(json);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  ExpectSameConfig(config, decoded->config.get());
+  decoded = DecodeJobConfig(absl::StrReplaceAll(json, {{"{\"format_version\":8", version}}));
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_TRUE(absl::StrContains(decoded.status().message(), "batch_invariant: not a key"))
+      << decoded.status();
+  decoded = DecodeJobConfig(absl::StrReplaceAll(json, {{":true}", ":1}"}}));
   ASSERT_FALSE(decoded.ok());
   EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
 }
