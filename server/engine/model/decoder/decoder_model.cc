@@ -37,33 +37,7 @@ absl::Status CheckInputShape(const DecoderSpec& d, const kernels::Shape& shape) 
   return absl::OkStatus();
 }
 
-// The widths of decoder_model.h, all validated to fit.
-struct Widths {
-  int64_t c, d, q, kv, qkv, i, v;
-  explicit Widths(const DecoderSpec& s)
-      : c(s.hidden_size),
-        d(DecoderHeadDim(s)),
-        q(s.num_attention_heads * d),
-        kv(s.num_key_value_heads * d),
-        qkv(q + 2 * kv),
-        i(s.intermediate_size),
-        v(s.vocab_size) {}
-};
-
-// How many of a LoRA spec's targets are among q, k, v (stacked) and among
-// o, gate, up, down; zeros without LoRA.
-struct LoraTargets {
-  int64_t qkv = 0;
-  int64_t others = 0;
-};
-LoraTargets TargetsOf(const DecoderSpec& d) {
-  LoraTargets t;
-  if (!d.lora.has_value()) return t;
-  for (const std::string& m : d.lora->target_modules) {
-    (m == "q_proj" || m == "k_proj" || m == "v_proj" ? t.qkv : t.others) += 1;
-  }
-  return t;
-}
+using Widths = DecoderWidths;
 
 // PEFT's name of block l's adapter matrix ("lora_A" or "lora_B") on
 // kLoraModules[module].
@@ -117,7 +91,7 @@ absl::StatusOr<int64_t> DecoderWorkspaceBytes(const ModelSpec& spec, Precision p
   // frozen base (the stacked q|k|v weight's, the head's F32 sum).
   const bool frozen = s.lora.has_value();
   const int64_t rank = frozen ? s.lora->rank : 0;
-  const LoraTargets targets = TargetsOf(s);
+  const LoraTargets targets = LoraTargetsOf(s);
   if (frozen) {
     ok = ok && CheckedAdd(block, product({n, rank, targets.qkv + targets.others, w}), &block);
   }

@@ -9,13 +9,44 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kernels/tensor.h"
+#include "server/engine/config/model_spec.h"
 #include "server/engine/model/lm_head.h"
 #include "server/engine/model/network.h"
 
 namespace ampd::engine::model {
+
+// The widths of decoder_model.h: C hidden, D head, Q = H D, KV = K D,
+// Q + 2 KV, I intermediate, V vocabulary; all validated to fit.
+struct DecoderWidths {
+  int64_t c, d, q, kv, qkv, i, v;
+  explicit DecoderWidths(const DecoderSpec& s)
+      : c(s.hidden_size),
+        d(DecoderHeadDim(s)),
+        q(s.num_attention_heads * d),
+        kv(s.num_key_value_heads * d),
+        qkv(q + 2 * kv),
+        i(s.intermediate_size),
+        v(s.vocab_size) {}
+};
+
+// How many of a LoRA spec's targets are among q, k, v (the stacked
+// adapters) and among o, gate, up, down; zeros without LoRA.
+struct LoraTargets {
+  int64_t qkv = 0;
+  int64_t others = 0;
+};
+inline LoraTargets LoraTargetsOf(const DecoderSpec& d) {
+  LoraTargets t;
+  if (!d.lora.has_value()) return t;
+  for (const std::string& m : d.lora->target_modules) {
+    (m == "q_proj" || m == "k_proj" || m == "v_proj" ? t.qkv : t.others) += 1;
+  }
+  return t;
+}
 
 // The stacked q|k|v projection a block's forward reads (decoder_model.h):
 // its weight w (Q + 2 KV, C) and bias b (Q + 2 KV, empty without

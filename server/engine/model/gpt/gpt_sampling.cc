@@ -12,6 +12,7 @@
 #include "common/status_macros.h"
 #include "server/engine/model/gpt/gpt_model.h"
 #include "server/engine/model/gpt/gpt_workspace.h"
+#include "server/engine/model/kv_cache.h"
 
 namespace ampd::engine::model {
 
@@ -21,13 +22,12 @@ using kernels::Tensor;
 // A GPT's DecodeState: the cache and one decode step's buffers over its S
 // rows (C = d_model, H = mlp_ratio C).
 struct GptDecodeState : DecodeState {
-  std::vector<Tensor> k_cache, v_cache;  // per layer (S, max_len, C)
-  std::array<Tensor, 2> x;               // (S, C) the residual stream, in turn
-  Tensor position_rows;                  // (S, C) wpe[positions]
-  GptBlockBuffers rows;                  // one block's buffers, reused by every block
-  Tensor q;                              // (S, C) the query heads, contiguous
-  Tensor mean_f, rstd_f;                 // (S) F32, ln_f's statistics
-  std::vector<int64_t> host_positions;   // the step's positions, for the cache writes
+  KvCache cache;            // per layer (S, max_len, C)
+  std::array<Tensor, 2> x;  // (S, C) the residual stream, in turn
+  Tensor position_rows;     // (S, C) wpe[positions]
+  GptBlockBuffers rows;     // one block's buffers, reused by every block
+  Tensor q;                 // (S, C) the query heads, contiguous
+  Tensor mean_f, rstd_f;    // (S) F32, ln_f's statistics
 };
 
 absl::StatusOr<int64_t> GptModel::DecodeStateBytes(int64_t sequences, int64_t max_len) const {
@@ -80,12 +80,8 @@ absl::StatusOr<std::unique_ptr<DecodeState>> GptModel::MakeDecodeState(int64_t s
     AMPD_ASSIGN_OR_RETURN(t, backend_.Allocate(dtype, shape));
     return absl::OkStatus();
   };
-  st.k_cache.resize(static_cast<size_t>(g.n_layer));
-  st.v_cache.resize(static_cast<size_t>(g.n_layer));
-  for (size_t l = 0; l < st.k_cache.size(); ++l) {
-    AMPD_RETURN_IF_ERROR(alloc(w, {n, max_len, c}, st.k_cache[l]));
-    AMPD_RETURN_IF_ERROR(alloc(w, {n, max_len, c}, st.v_cache[l]));
-  }
+  // A fused row is q | k | v, C columns each.
+  AMPD_RETURN_IF_ERROR(st.cache.Allocate(backend_, w, g.n_layer, n, max_len, c, c, 2 * c));
   for (Tensor& t : st.x) AMPD_RETURN_IF_ERROR(alloc(w, {n, c}, t));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, c}, st.position_rows));
   GptBlockBuffers& r = st.rows;
@@ -107,32 +103,11 @@ absl::Status GptModel::Prefill(Workspace& any, absl::Span<const int64_t> lengths
                                DecodeState& state) {
   AMPD_ASSIGN_OR_RETURN(GptWorkspace * ws, Own<GptWorkspace>(any));
   AMPD_ASSIGN_OR_RETURN(GptDecodeState * st, OwnState<GptDecodeState>(state));
-  const int64_t c = gpt().d_model;
-  const int64_t n = st->sequences();
-  const int64_t max_len = st->max_len();
-  if (static_cast<int64_t>(lengths.size()) != n || ws->batch != n) {
-    return absl::InvalidArgumentError(absl::StrCat("prefill: ", lengths.size(), " lengths and ",
-                                                   ws->batch, " prompts for ", n, " sequences"));
-  }
-  for (int64_t s = 0; s < n; ++s) {
-    const int64_t len = lengths[static_cast<size_t>(s)];
-    if (len < 1 || len > ws->seq || len > max_len) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("prefill: prompt ", s, " of ", len, " tokens in rows of ", ws->seq));
-    }
-    const int64_t first = s * ws->seq;  // the sequence's first row
-    for (size_t l = 0; l < blocks_.size(); ++l) {
-      AMPD_ASSIGN_OR_RETURN(const Tensor rows, ws->blocks[l].qkv.View(first * 3 * c, {len, 3 * c}));
-      AMPD_ASSIGN_OR_RETURN(Tensor k, st->k_cache[l].View(s * max_len * c, {len, c}));
-      AMPD_ASSIGN_OR_RETURN(Tensor v, st->v_cache[l].View(s * max_len * c, {len, c}));
-      AMPD_RETURN_IF_ERROR(backend_.CopyColumns(rows, c, c, k, 0));
-      AMPD_RETURN_IF_ERROR(backend_.CopyColumns(rows, 2 * c, c, v, 0));
-    }
-    AMPD_ASSIGN_OR_RETURN(const Tensor last, ws->ln_f.View((first + len - 1) * c, {1, c}));
-    AMPD_ASSIGN_OR_RETURN(Tensor hidden, st->hidden.View(s * c, {1, c}));
-    AMPD_RETURN_IF_ERROR(backend_.Copy(last, hidden));
-  }
-  return absl::OkStatus();
+  AMPD_RETURN_IF_ERROR(CheckPrefill(lengths, ws->batch, ws->seq, *st));
+  std::vector<const Tensor*> rows;  // each layer's fused q|k|v rows
+  for (const GptBlockBuffers& b : ws->blocks) rows.push_back(&b.qkv);
+  AMPD_RETURN_IF_ERROR(st->cache.Prefill(backend_, rows, ws->seq, lengths));
+  return KeepLastRows(backend_, ws->ln_f, ws->seq, lengths, st->hidden);
 }
 
 absl::Status GptModel::DecodeStep(absl::Span<const int64_t> tokens,
@@ -142,39 +117,14 @@ absl::Status GptModel::DecodeStep(absl::Span<const int64_t> tokens,
   kernels::Backend& b = backend_;
   const GptSpec& g = gpt();
   const int64_t c = g.d_model;
-  const int64_t n = st.sequences();
-  if (static_cast<int64_t>(tokens.size()) != n || static_cast<int64_t>(positions.size()) != n) {
-    return absl::InvalidArgumentError(absl::StrCat("decode: ", tokens.size(), " tokens and ",
-                                                   positions.size(), " positions for ", n,
-                                                   " sequences"));
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t t = tokens[static_cast<size_t>(i)];
-    const int64_t p = positions[static_cast<size_t>(i)];
-    if (t < 0 || t >= g.vocab_size || p < 0 || p >= st.max_len()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("decode: sequence ", i, " token ", t, " at position ", p));
-    }
-  }
-  st.host_positions.assign(positions.begin(), positions.end());
-  AMPD_RETURN_IF_ERROR(b.CopyFromHost(tokens.data(), tokens.size() * sizeof(int64_t), st.tokens));
-  AMPD_RETURN_IF_ERROR(
-      b.CopyFromHost(positions.data(), positions.size() * sizeof(int64_t), st.positions));
+  AMPD_RETURN_IF_ERROR(LoadDecodeStep(b, tokens, positions, g.vocab_size, st, st.cache));
   auto value = [this](int index) -> const Tensor& { return params()[index].value(); };
   size_t layer = 0;
   // Each row's new query over its cached keys, its own K/V written first.
   const Attend attend = [&](GptBlockBuffers& sv) -> absl::Status {
-    const int64_t max_len = st.max_len();
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t slot = i * max_len + st.host_positions[static_cast<size_t>(i)];
-      AMPD_ASSIGN_OR_RETURN(const Tensor row, sv.qkv.View(i * 3 * c, {1, 3 * c}));
-      AMPD_ASSIGN_OR_RETURN(Tensor k, st.k_cache[layer].View(slot * c, {1, c}));
-      AMPD_ASSIGN_OR_RETURN(Tensor v, st.v_cache[layer].View(slot * c, {1, c}));
-      AMPD_RETURN_IF_ERROR(b.CopyColumns(row, c, c, k, 0));
-      AMPD_RETURN_IF_ERROR(b.CopyColumns(row, 2 * c, c, v, 0));
-    }
+    AMPD_RETURN_IF_ERROR(st.cache.Write(b, layer, sv.qkv));
     AMPD_RETURN_IF_ERROR(b.CopyColumns(sv.qkv, 0, c, st.q, 0));
-    return b.AttentionDecode(st.q, st.k_cache[layer], st.v_cache[layer], st.positions, g.n_head,
+    return b.AttentionDecode(st.q, st.cache.k[layer], st.cache.v[layer], st.positions, g.n_head,
                              g.n_head, sv.attn_y);
   };
   // x_0 = wte[token] + wpe[position]: Forward's sum of the same two rows.
