@@ -239,6 +239,61 @@ TEST_P(CudaTraining, LoraDecoderLossCurveMatchesTheCpuBackend) {
   EXPECT_LT(cpu.loss.back(), 0.9f * cpu.loss.front());
 }
 
+// Sampling on CUDA (the KV cache, AttentionDecode's twins, the per-row
+// cache writes), GPT, decoder and LoRA decoder: greedy completions of
+// mixed-length prompts, each token's log-prob against the log-prob CUDA's
+// own training forward (Evaluate) computes for the finished sequence.
+// Without batch-invariant GEMMs (CUDA refuses them for now) the two agree
+// within the precision's tolerance, not bit for bit.
+TEST_P(CudaTraining, SampledLogprobsAgreeWithTheTrainingForward) {
+  for (const JobConfig& config :
+       {GptJob(GetParam()), DecoderJob(GetParam()), LoraDecoderJob(GetParam())}) {
+    SCOPED_TRACE(config.model.gpt.has_value()             ? "gpt"
+                 : config.model.decoder->lora.has_value() ? "LoRA decoder"
+                                                          : "decoder");
+    auto backend = kernels::CreateBackend("cuda:0");
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    auto trainer = Trainer::Create(config, *std::move(backend));
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    DataRng rng(3);
+    SampleInput input;
+    for (int64_t len : {1, 7, 3, 12}) {
+      std::vector<int64_t> prompt;
+      for (int64_t i = 0; i < len; ++i) prompt.push_back(rng.Index(64));
+      input.prompts.push_back(prompt);
+    }
+    input.max_tokens = 8;
+    input.temperature = 0.0f;
+    absl::StatusOr<SampleReport> sampled = (*trainer)->Sample(input);
+    ASSERT_TRUE(sampled.ok()) << sampled.status();
+    for (size_t p = 0; p < input.prompts.size(); ++p) {
+      const Completion& c = sampled->completions[p][0];
+      ASSERT_EQ(c.tokens.size(), 8u);
+      std::vector<int32_t> ids, targets;
+      std::vector<int64_t> sequence = input.prompts[p];
+      sequence.insert(sequence.end(), c.tokens.begin(), c.tokens.end());
+      for (size_t t = 0; t + 1 < sequence.size(); ++t) {
+        ids.push_back(static_cast<int32_t>(sequence[t]));
+        targets.push_back(static_cast<int32_t>(sequence[t + 1]));
+      }
+      const auto cols = static_cast<int64_t>(ids.size());
+      EvaluateInput evaluate;
+      evaluate.return_logprobs = true;
+      evaluate.micro_batches.push_back(
+          {testing::I32({1, cols}, ids), testing::I32({1, cols}, targets)});
+      absl::StatusOr<EvaluateReport> trained = (*trainer)->Evaluate(evaluate);
+      ASSERT_TRUE(trained.ok()) << trained.status();
+      const std::vector<float> lp = testing::ToFloats(trained->logprobs[0]);
+      const size_t start = input.prompts[p].size() - 1;
+      for (size_t k = 0; k < c.logprobs.size(); ++k) {
+        EXPECT_NEAR(c.logprobs[k], lp[start + k],
+                    Tolerance(GetParam()) * (1.0 + std::fabs(lp[start + k])))
+            << "prompt " << p << " token " << k;
+      }
+    }
+  }
+}
+
 // Per-layer loss scales (adaptive, fp16) on CUDA against the CPU oracle: a
 // layer stack (the group boundary is a dx GEMM's alpha) and a GPT (the
 // residual add's scale, the tied head's GEMM alpha), each calibrated and
