@@ -271,6 +271,23 @@ TEST(Sample, TheSameRequestDrawsTheSameTokensAndTemperatureZeroIsGreedy) {
     EXPECT_EQ(greedy->completions[p][0].tokens, greedy->completions[p][2].tokens);
     for (float lp : greedy->completions[p][0].logprobs) EXPECT_GT(lp, -std::log(float{kVocab}));
   }
+  // Truncated to the most likely token (top_k 1, or a nucleus of mass
+  // 1e-6), any draw is the greedy one.
+  input.temperature = 1.0f;
+  for (const auto& [top_k, top_p] : {std::pair<int64_t, float>{1, 1.0f}, {0, 1e-6f}}) {
+    input.top_k = top_k;
+    input.top_p = top_p;
+    absl::StatusOr<SampleReport> truncated = trainer->Sample(input);
+    ASSERT_TRUE(truncated.ok()) << truncated.status();
+    for (size_t p = 0; p < 4; ++p) {
+      for (size_t j = 0; j < 3; ++j) {
+        EXPECT_EQ(truncated->completions[p][j].tokens, greedy->completions[p][0].tokens)
+            << "top_k " << top_k << " top_p " << top_p;
+      }
+    }
+  }
+  input.top_k = 0;
+  input.top_p = 1.0f;
   // A stop token ends its completion, kept; the others run to max_tokens.
   input.temperature = 1.0f;
   input.seed = 42;

@@ -89,13 +89,32 @@ namespace {
 // The token drawn from one row of logits: softmax(logits / temperature)
 // over the top_k most likely tokens (0: all), then the smallest set of the
 // most likely whose probability reaches top_p, sampled by inverse CDF with
-// u in [0, 1); temperature 0: the most likely (the lowest id among ties).
+// u in [0, 1) (in id order when nothing is truncated, which needs no
+// sort); temperature 0: the most likely (the lowest id among ties).
 // In float64 on the host: the draw is the sampler's own choice, and the
 // log-prob reported for the drawn token is the kernel's, not this.
 int64_t Draw(const float* logits, int64_t vocab, const SampleInput& in, double u,
              std::vector<int64_t>& order, std::vector<double>& weights) {
   if (in.temperature == 0.0f) {
     return std::max_element(logits, logits + vocab) - logits;
+  }
+  const double inv_t = 1.0 / static_cast<double>(in.temperature);
+  if (in.top_k == 0 && in.top_p >= 1.0f) {
+    // No truncation: the inverse CDF in id order, no sort of the vocabulary.
+    const double top = static_cast<double>(*std::max_element(logits, logits + vocab)) * inv_t;
+    weights.resize(static_cast<size_t>(vocab));
+    double total = 0.0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      weights[static_cast<size_t>(i)] = std::exp(static_cast<double>(logits[i]) * inv_t - top);
+      total += weights[static_cast<size_t>(i)];
+    }
+    const double target = u * total;
+    double cumulative = 0.0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      cumulative += weights[static_cast<size_t>(i)];
+      if (target < cumulative) return i;
+    }
+    return vocab - 1;
   }
   order.resize(static_cast<size_t>(vocab));
   std::iota(order.begin(), order.end(), int64_t{0});
@@ -105,7 +124,6 @@ int64_t Draw(const float* logits, int64_t vocab, const SampleInput& in, double u
   };
   const int64_t keep = in.top_k > 0 ? std::min(in.top_k, vocab) : vocab;
   std::partial_sort(order.begin(), order.begin() + keep, order.end(), likelier);
-  const double inv_t = 1.0 / static_cast<double>(in.temperature);
   const double top = static_cast<double>(logits[order[0]]) * inv_t;
   weights.resize(static_cast<size_t>(keep));
   double total = 0.0;
@@ -209,20 +227,20 @@ absl::StatusOr<SampleReport> Trainer::Sample(const SampleInput& input,
   }
 
   // Admission before any allocation: the prompts' workspace and scratch,
-  // the KV cache and decode buffers, the head's logits and their scratch
-  // gradient (S, V) in the working dtype, their host copies (the read-back
-  // bytes and their floats), and the prompts' host ids and targets.
+  // the KV cache and decode buffers, the head's logits (S, V) in the
+  // working dtype, their host copies (the read-back bytes and their
+  // floats), and the prompts' host ids and targets.
   AMPD_ASSIGN_OR_RETURN(const int64_t state_bytes, net.DecodeStateBytes(n, max_len));
   const auto w = static_cast<int64_t>(kernels::SizeOf(net.working_dtype()));
   int64_t extra = state_bytes;
   int64_t logits_bytes = 0;
   int64_t prompt_bytes = 0;
-  if (!CheckedMul(n, vocab, &logits_bytes) ||
-      !CheckedMul(logits_bytes, 3 * w + 4, &logits_bytes) ||
+  if (!CheckedMul(n, vocab, &logits_bytes) || !CheckedMul(logits_bytes, 2 * w + 4, &logits_bytes) ||
       !CheckedAdd(extra, logits_bytes, &extra) || !CheckedAdd(extra, n * 16, &extra) ||
       !CheckedMul(n, prompt_len, &prompt_bytes) || !CheckedMul(prompt_bytes, 16, &prompt_bytes) ||
       !CheckedAdd(extra, prompt_bytes, &extra)) {
-    return absl::InvalidArgumentError("num_samples: the sampler's buffers need more than 2^63 bytes");
+    return absl::InvalidArgumentError(
+        "num_samples: the sampler's buffers need more than 2^63 bytes");
   }
   AMPD_RETURN_IF_ERROR(m.AdmitWorkspaces({prefill}, admit, "sampling", extra));
 
@@ -250,7 +268,6 @@ absl::StatusOr<SampleReport> Trainer::Sample(const SampleInput& input,
 
   const DType dtype = net.working_dtype();
   AMPD_ASSIGN_OR_RETURN(Tensor logits, b.Allocate(dtype, {n, vocab}));
-  AMPD_ASSIGN_OR_RETURN(Tensor dlogits, b.Allocate(dtype, {n, vocab}));
   AMPD_ASSIGN_OR_RETURN(Tensor labels, b.Allocate(DType::kI64, {n}));
   AMPD_ASSIGN_OR_RETURN(Tensor logprobs, b.Allocate(DType::kF32, {n}));
   kernels::TokenLossTerms terms;
@@ -286,11 +303,12 @@ absl::StatusOr<SampleReport> Trainer::Sample(const SampleInput& input,
       drawn[static_cast<size_t>(s)] =
           Draw(host_logits.data() + s * vocab, vocab, input, u, order, weights);
     }
-    // Each drawn token's log-prob from the loss's own kernel.
+    // Each drawn token's log-prob from the loss's own kernel. The logits
+    // were read already: its (unused) gradient overwrites them in place.
     AMPD_RETURN_IF_ERROR(b.CopyFromHost(drawn.data(), drawn.size() * sizeof(int64_t), labels));
     AMPD_RETURN_IF_ERROR(b.Fill(m.loss, 0.0f));
     AMPD_RETURN_IF_ERROR(b.CrossEntropyChunk(logits, labels, model::kIgnoreIndex, terms, 0.0f, 0.0f,
-                                             m.loss, dlogits));
+                                             m.loss, logits));
     AMPD_RETURN_IF_ERROR(
         b.CopyToHost(logprobs, host_logprobs.data(), host_logprobs.size() * sizeof(float)));
     bool all_done = true;

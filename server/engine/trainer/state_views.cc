@@ -86,14 +86,15 @@ absl::StatusOr<checkpoint::StateDict> Trainer::ExportView(StateView view) const 
     model::Parameter& p = params[static_cast<size_t>(index)];
     return std::pair<std::string, Tensor*>(p.name, &p.held());
   };
+  // Every adapter's A then B, in params()' order.
+  std::vector<std::pair<std::string, Tensor*>> adapter_sources;
+  for (const model::Network::AdapterRef& r : adapters) {
+    adapter_sources.push_back(source(r.a));
+    adapter_sources.push_back(source(r.b));
+  }
   checkpoint::StateDict state;
   if (view == StateView::kAdapter) {
-    std::vector<std::pair<std::string, Tensor*>> sources;
-    for (const model::Network::AdapterRef& r : adapters) {
-      sources.push_back(source(r.a));
-      sources.push_back(source(r.b));
-    }
-    AMPD_ASSIGN_OR_RETURN(state.tensors, ReadHostTensors(*m.backend, sources));
+    AMPD_ASSIGN_OR_RETURN(state.tensors, ReadHostTensors(*m.backend, adapter_sources));
     net.AnnotateExport(state);
     state.metadata["adapter_config"] = net.AdapterConfigJson();
     return state;
@@ -108,11 +109,6 @@ absl::StatusOr<checkpoint::StateDict> Trainer::ExportView(StateView view) const 
     if (adapter_params.contains(static_cast<int>(i))) continue;
     sources.push_back(source(static_cast<int>(i)));
     index_of.push_back(static_cast<int>(i));
-  }
-  std::vector<std::pair<std::string, Tensor*>> adapter_sources;
-  for (const model::Network::AdapterRef& r : adapters) {
-    adapter_sources.push_back(source(r.a));
-    adapter_sources.push_back(source(r.b));
   }
   AMPD_ASSIGN_OR_RETURN(std::vector<codec::NamedTensor> weights,
                         ReadHostTensors(*m.backend, sources));

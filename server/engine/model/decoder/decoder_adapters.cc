@@ -40,57 +40,55 @@ absl::Status DecoderModel::AdapterBackward(const Adapter& adapter, DecoderWorksp
                       b.grad, dx);
 }
 
-absl::Status DecoderModel::StackQkvAdapters(const BlockParams& p, QkvStack& stack) {
+absl::Status DecoderModel::ForEachStackedAdapter(const BlockParams& p, StackedAdapterFn fn) const {
   const DecoderSpec& s = decoder();
-  const int64_t c = s.hidden_size;
   const int64_t rank = s.lora->rank;
-  const int64_t stacked = stack.lora_b.dim(1);
   const int64_t q = s.num_attention_heads * DecoderHeadDim(s);
   const int64_t kv = s.num_key_value_heads * DecoderHeadDim(s);
   const QkvBlock blocks[] = {{0, q}, {q, kv}, {q + kv, kv}};
   for (size_t slot = 0; slot < qkv_targets_.size(); ++slot) {
     const Module m = qkv_targets_[slot];
-    const Adapter& adapter = p.lora[static_cast<size_t>(m)];
     const QkvBlock& block = blocks[m];
-    const auto first = static_cast<int64_t>(slot) * rank;
-    AMPD_ASSIGN_OR_RETURN(Tensor a_rows, stack.lora_a.View(first * c, {rank, c}));
-    AMPD_RETURN_IF_ERROR(backend_.Copy(params()[static_cast<size_t>(adapter.a)].value(), a_rows));
-    AMPD_ASSIGN_OR_RETURN(Tensor b_rows,
-                          stack.lora_b.View(block.offset * stacked, {block.width, stacked}));
-    AMPD_RETURN_IF_ERROR(backend_.CopyColumns(params()[static_cast<size_t>(adapter.b)].value(), 0,
-                                              rank, b_rows, first));
+    AMPD_RETURN_IF_ERROR(fn(p.lora[static_cast<size_t>(m)], static_cast<int64_t>(slot) * rank,
+                            block.offset, block.width));
   }
   return absl::OkStatus();
 }
 
+absl::Status DecoderModel::StackQkvAdapters(const BlockParams& p, QkvStack& stack) {
+  const int64_t c = decoder().hidden_size;
+  const int64_t rank = decoder().lora->rank;
+  const int64_t stacked = stack.lora_b.dim(1);
+  return ForEachStackedAdapter(
+      p, [&](const Adapter& adapter, int64_t first, int64_t offset, int64_t width) -> absl::Status {
+        AMPD_ASSIGN_OR_RETURN(Tensor a_rows, stack.lora_a.View(first * c, {rank, c}));
+        AMPD_RETURN_IF_ERROR(
+            backend_.Copy(params()[static_cast<size_t>(adapter.a)].value(), a_rows));
+        AMPD_ASSIGN_OR_RETURN(Tensor b_rows, stack.lora_b.View(offset * stacked, {width, stacked}));
+        return backend_.CopyColumns(params()[static_cast<size_t>(adapter.b)].value(), 0, rank,
+                                    b_rows, first);
+      });
+}
+
 absl::Status DecoderModel::CopyQkvAdapterGrads(const BlockParams& p, bool to_params,
                                                DecoderWorkspace& ws) {
-  const DecoderSpec& s = decoder();
-  const int64_t c = s.hidden_size;
-  const int64_t rank = s.lora->rank;
+  const int64_t c = decoder().hidden_size;
+  const int64_t rank = decoder().lora->rank;
   const int64_t stacked = ws.lora_db_qkv.dim(1);
-  const int64_t q = s.num_attention_heads * DecoderHeadDim(s);
-  const int64_t kv = s.num_key_value_heads * DecoderHeadDim(s);
-  const QkvBlock blocks[] = {{0, q}, {q, kv}, {q + kv, kv}};
-  for (size_t slot = 0; slot < qkv_targets_.size(); ++slot) {
-    const Module m = qkv_targets_[slot];
-    const Adapter& adapter = p.lora[static_cast<size_t>(m)];
-    Tensor& da = params()[static_cast<size_t>(adapter.a)].grad;
-    Tensor& db = params()[static_cast<size_t>(adapter.b)].grad;
-    const QkvBlock& block = blocks[m];
-    const auto first = static_cast<int64_t>(slot) * rank;
-    AMPD_ASSIGN_OR_RETURN(Tensor da_rows, ws.lora_da_qkv.View(first * c, {rank, c}));
-    AMPD_ASSIGN_OR_RETURN(Tensor db_rows,
-                          ws.lora_db_qkv.View(block.offset * stacked, {block.width, stacked}));
-    if (to_params) {
-      AMPD_RETURN_IF_ERROR(backend_.Copy(da_rows, da));
-      AMPD_RETURN_IF_ERROR(backend_.CopyColumns(db_rows, first, rank, db, 0));
-    } else {
-      AMPD_RETURN_IF_ERROR(backend_.Copy(da, da_rows));
-      AMPD_RETURN_IF_ERROR(backend_.CopyColumns(db, 0, rank, db_rows, first));
-    }
-  }
-  return absl::OkStatus();
+  return ForEachStackedAdapter(
+      p, [&](const Adapter& adapter, int64_t first, int64_t offset, int64_t width) -> absl::Status {
+        Tensor& da = params()[static_cast<size_t>(adapter.a)].grad;
+        Tensor& db = params()[static_cast<size_t>(adapter.b)].grad;
+        AMPD_ASSIGN_OR_RETURN(Tensor da_rows, ws.lora_da_qkv.View(first * c, {rank, c}));
+        AMPD_ASSIGN_OR_RETURN(Tensor db_rows,
+                              ws.lora_db_qkv.View(offset * stacked, {width, stacked}));
+        if (to_params) {
+          AMPD_RETURN_IF_ERROR(backend_.Copy(da_rows, da));
+          return backend_.CopyColumns(db_rows, first, rank, db, 0);
+        }
+        AMPD_RETURN_IF_ERROR(backend_.Copy(da, da_rows));
+        return backend_.CopyColumns(db, 0, rank, db_rows, first);
+      });
 }
 
 }  // namespace ampd::engine::model

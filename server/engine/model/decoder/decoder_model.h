@@ -68,6 +68,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
@@ -201,6 +202,13 @@ class DecoderModel final : public Network {
   // stack; their gradients from the parameters' into ws's stacked scratch
   // (to_params false) or back.
   absl::Status StackQkvAdapters(const BlockParams& p, QkvStack& stack);
+  // Calls fn for each of block p's q/k/v adapters with where it sits in the
+  // stacked matrices: A's rows [first, first + r) of (t r, C); B's rows
+  // [offset, offset + width) and columns [first, first + r) of
+  // (Q + 2 KV, t r).
+  using StackedAdapterFn = absl::FunctionRef<absl::Status(const Adapter& adapter, int64_t first,
+                                                          int64_t offset, int64_t width)>;
+  absl::Status ForEachStackedAdapter(const BlockParams& p, StackedAdapterFn fn) const;
   absl::Status CopyQkvAdapterGrads(const BlockParams& p, bool to_params, DecoderWorkspace& ws);
   // y += the adapter's term of `module` (decoder_lora.h), saving its u.
   absl::Status AdapterForward(const Adapter& adapter, const kernels::Tensor& x, kernels::Tensor& u,
