@@ -81,6 +81,9 @@ struct StepInput {
   std::optional<float> learning_rate;     // overrides the optimizer's lr for this step
   bool sample_grad_histogram = false;     // fill StepReport::grad_histogram (costs a pass)
   LossFn loss_fn;
+  // A language model's per-token log-probs (and, for a loss with
+  // sampling_logprobs, the ratios) back in the report (StepReport::logprobs).
+  bool return_logprobs = false;
 };
 
 // The checks of a step's input that need no model: at least one
@@ -141,6 +144,22 @@ struct StepReport {
   // The lr the update used (or would have, when skipped): the schedule's
   // for the applied count before the step, or the input's override.
   float learning_rate = 0;
+  // return_logprobs: per micro-batch, (B, T) F32: entry [b, t] is the
+  // log-prob of targets[b, t] that this step's forward computed (the
+  // weights before its update), 0 where the target is ignored; the values
+  // Evaluate with return_logprobs reports for the same weights.
+  std::vector<HostTensor> logprobs{};
+  // return_logprobs with importance_sampling or ppo: per micro-batch, (B, T)
+  // F32 r = exp(logprobs - sampling_logprobs), formed on the host in fp32
+  // from the two (the loss's own exp runs on the device: on CUDA its last
+  // place may differ), 0 where the target is ignored.
+  std::vector<HostTensor> ratios{};
+  // importance_sampling or ppo: max |logp - sampling_logprob| over every
+  // kept target token of the step, logp from this step's forward. When the
+  // samples came from these same weights it is the sampler-trainer
+  // mismatch (exactly 0 on a batch-invariant job); after updates on the
+  // same samples it also holds how far the policy has moved.
+  std::optional<float> logprob_mismatch{};
 };
 
 // A distributed job's group formed (docs/DISTRIBUTED.md): its round at the

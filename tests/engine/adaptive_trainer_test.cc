@@ -152,5 +152,24 @@ TEST(AdaptiveTrainer, RecordedStepReportKeepsAGrowthDeferral) {
                    .ok());
 }
 
+// A token loss's mismatch survives the record too (NaN included: a NaN
+// log-prob is reported, not hidden); a report without one writes no key.
+TEST(RecordedStepReport, KeepsTheLogprobMismatch) {
+  StepReport r;
+  r.step = 4;
+  EXPECT_FALSE(absl::StrContains(EncodeStepReport(r), "logprob_mismatch"));
+  for (const float mismatch : {0.0f, 0.375f, std::nanf("")}) {
+    r.logprob_mismatch = mismatch;
+    absl::StatusOr<StepReport> back = DecodeStepReport(EncodeStepReport(r));
+    ASSERT_TRUE(back.ok()) << back.status();
+    ASSERT_TRUE(back->logprob_mismatch.has_value());
+    if (std::isnan(mismatch)) {
+      EXPECT_TRUE(std::isnan(*back->logprob_mismatch));
+    } else {
+      EXPECT_EQ(*back->logprob_mismatch, mismatch);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ampd::engine

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine_test_util.h"
 #include "gtest/gtest.h"
+#include "server/engine/model/lm_head.h"
 
 namespace ampd::engine {
 namespace {
@@ -227,6 +228,91 @@ TEST(SampleInvariance, LogprobsEqualTheTrainingForwardBitForBit) {
     ExpectEvaluateAgrees(*trainer, all, alone, "alone");
     ExpectEvaluateAgrees(*trainer, all, one, "one batch");
     ExpectEvaluateAgrees(*trainer, all, three, "three micro-batches");
+  }
+}
+
+// The sampled sequences as token-loss micro-batches (`groups` as in
+// ExpectEvaluateAgrees): the prompt's targets -100, each completion token's
+// sampling_logprob its Sample log-prob and an advantage of 1.
+StepInput ImportanceSamplingStep(const std::vector<Sampled>& all,
+                                 const std::vector<std::vector<size_t>>& groups) {
+  StepInput input;
+  input.loss_fn.kind = LossFnKind::kImportanceSampling;
+  input.return_logprobs = true;
+  for (const std::vector<size_t>& group : groups) {
+    size_t longest = 0;
+    for (size_t i : group) longest = std::max(longest, all[i].sequence.size() - 1);
+    std::vector<int64_t> ids, targets;
+    std::vector<float> q, advantages;
+    for (size_t i : group) {
+      const Sampled& s = all[i];
+      for (size_t t = 0; t < longest; ++t) {
+        const bool sampled = t + 1 >= s.prompt_len && t + 1 < s.sequence.size();
+        ids.push_back(t + 1 < s.sequence.size() ? s.sequence[t] : 0);
+        targets.push_back(sampled ? s.sequence[t + 1] : model::kIgnoreIndex);
+        q.push_back(sampled ? s.logprobs[t + 1 - s.prompt_len] : 0.0f);
+        advantages.push_back(1.0f);
+      }
+    }
+    const kernels::Shape shape = {static_cast<int64_t>(group.size()),
+                                  static_cast<int64_t>(longest)};
+    MicroBatch mb{I64(shape, ids), I64(shape, targets)};
+    mb.sampling_logprobs = F32(shape, q);
+    mb.advantages = F32(shape, advantages);
+    input.micro_batches.push_back(std::move(mb));
+  }
+  return input;
+}
+
+// What an RL step sees: a token loss on the samples, trained on the weights
+// they came from, reports them with no mismatch at all (its own log-probs
+// are the sampled ones, every ratio exactly 1), in one micro-batch or
+// split; a second step on the same samples, after an update, does not.
+TEST(SampleInvariance, AStepOnTheSamplesReportsNoMismatch) {
+  for (const Case& c : Cases()) {
+    SCOPED_TRACE(c.name);
+    std::unique_ptr<Trainer> trainer = MakeTrainer(c.config);
+    ASSERT_TRUE(trainer);
+    Train(*trainer);
+    const std::vector<Sampled> all = SampleAll(*trainer, Prompts(16, 21), 5);
+    ASSERT_EQ(all.size(), 16u);
+    std::vector<size_t> everything(all.size());
+    for (size_t i = 0; i < all.size(); ++i) everything[i] = i;
+    // Two micro-batches of other shapes: the step forward's bits.
+    std::vector<std::vector<size_t>> split(2);
+    for (size_t i = 0; i < all.size(); ++i) split[i < 5 ? 0 : 1].push_back(i);
+    for (const auto& groups : {std::vector<std::vector<size_t>>{everything}, split}) {
+      // Each pass starts from the sampled weights: a fresh job of the same
+      // seed, trained the same way, samples the same tokens.
+      std::unique_ptr<Trainer> fresh = MakeTrainer(c.config);
+      ASSERT_TRUE(fresh);
+      Train(*fresh);
+      const StepInput input = ImportanceSamplingStep(all, groups);
+      absl::StatusOr<StepReport> first = fresh->Step(input);
+      ASSERT_TRUE(first.ok()) << first.status();
+      ASSERT_TRUE(first->logprob_mismatch.has_value());
+      EXPECT_EQ(Bits(*first->logprob_mismatch), Bits(0.0f));
+      ASSERT_EQ(first->logprobs.size(), groups.size());
+      ASSERT_EQ(first->ratios.size(), groups.size());
+      for (size_t g = 0; g < groups.size(); ++g) {
+        const std::vector<float> lp = ToFloats(first->logprobs[g]);
+        const std::vector<float> ratio = ToFloats(first->ratios[g]);
+        const std::vector<float> q = ToFloats(*input.micro_batches[g].sampling_logprobs);
+        ASSERT_EQ(lp.size(), q.size());
+        for (size_t i = 0; i < lp.size(); ++i) {
+          ASSERT_EQ(Bits(lp[i]), Bits(q[i])) << "micro-batch " << g << " token " << i;
+          const bool kept = model::TokenIdAt(input.micro_batches[g].targets,
+                                             static_cast<int64_t>(i)) != model::kIgnoreIndex;
+          EXPECT_EQ(ratio[i], kept ? 1.0f : 0.0f) << "micro-batch " << g << " token " << i;
+        }
+      }
+      absl::StatusOr<StepReport> second = fresh->Step(input);
+      ASSERT_TRUE(second.ok()) << second.status();
+      ASSERT_TRUE(second->logprob_mismatch.has_value());
+      if (!first->scaler.skipped) {
+        EXPECT_GT(*second->logprob_mismatch, 0.0f);
+      }
+    }
   }
 }
 

@@ -132,6 +132,12 @@ std::string EncodeStepReport(const StepReport& r) {
       absl::StrCat("samples=", r.samples),
   };
   if (r.grad_norm.has_value()) parts.push_back(absl::StrCat("grad_norm=", HexFloat(*r.grad_norm)));
+  // A token loss with sampling_logprobs only. The per-token log-probs and
+  // ratios are not recorded: a resend answered from a checkpoint's record
+  // carries the scalars alone.
+  if (r.logprob_mismatch.has_value()) {
+    parts.push_back(absl::StrCat("logprob_mismatch=", HexFloat(*r.logprob_mismatch)));
+  }
   // Only when set (an adaptive scaler's deferred growth), so that every
   // other report, and the checkpoints that carry one, keep their bytes.
   if (r.scaler.growth_deferred) parts.push_back("growth_deferred=1");
@@ -185,6 +191,8 @@ absl::StatusOr<StepReport> DecodeStepReport(absl::string_view text) {
       r.learning_rate = static_cast<float>(d);
     else if (k == "grad_norm" && is_float)
       r.grad_norm = static_cast<float>(d);
+    else if (k == "logprob_mismatch" && is_float)
+      r.logprob_mismatch = static_cast<float>(d);
     else if (k == "forward" && is_float)
       r.seconds.forward = d;
     else if (k == "backward" && is_float)

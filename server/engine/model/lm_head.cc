@@ -59,22 +59,23 @@ absl::StatusOr<kernels::TokenLossTerms> TokenLossState::ChunkTerms(int64_t start
   return terms;
 }
 
+int64_t TokenIdAt(const HostTensor& ids, int64_t i) {
+  if (ids.dtype == kernels::DType::kI32) {
+    int32_t x = 0;
+    std::memcpy(&x, ids.data.data() + i * 4, 4);
+    return x;
+  }
+  int64_t v = 0;
+  std::memcpy(&v, ids.data.data() + i * 8, 8);
+  return v;
+}
+
 namespace {
 
 int64_t CountKept(const HostTensor& targets) {
   const int64_t n = kernels::NumElements(targets.shape);
   int64_t kept = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t v = 0;
-    if (targets.dtype == kernels::DType::kI32) {
-      int32_t x = 0;
-      std::memcpy(&x, targets.data.data() + i * 4, 4);
-      v = x;
-    } else {
-      std::memcpy(&v, targets.data.data() + i * 8, 8);
-    }
-    kept += v != kIgnoreIndex ? 1 : 0;
-  }
+  for (int64_t i = 0; i < n; ++i) kept += TokenIdAt(targets, i) != kIgnoreIndex ? 1 : 0;
   return kept;
 }
 

@@ -86,6 +86,10 @@ absl::Status LoadTokenBatch(kernels::Backend& backend, const HostTensor& inputs,
                             const HostTensor& targets, const TokenLossInputs& tokens,
                             LmWorkspace& ws);
 
+// Element i of a host tensor of I32 or I64 ids or targets (checked by
+// CheckBatchFitsModel: the dtype is one of the two, i is in range).
+int64_t TokenIdAt(const HostTensor& ids, int64_t i);
+
 // logits (R, V) = h (R, C) head^T: the LM head's GEMM, the one a
 // training loss and a sampler run (row for row the same bits on a
 // batch-invariant backend).

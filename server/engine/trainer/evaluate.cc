@@ -51,11 +51,7 @@ absl::StatusOr<EvaluateReport> Trainer::EvaluateChecked(
   Impl& m = *impl_;
   // The one check that needs the model; CheckEvaluateInput ran before.
   AMPD_RETURN_IF_ERROR(CheckMicroBatchesFitModel(m.config.model, LossFn{}, input.micro_batches));
-  if (input.return_logprobs && !m.config.model.gpt.has_value() &&
-      !m.config.model.decoder.has_value()) {
-    return absl::InvalidArgumentError(
-        "return_logprobs: per-token log-probs need a language model (gpt or decoder)");
-  }
+  AMPD_RETURN_IF_ERROR(CheckLogprobsWanted(m.config.model, input.return_logprobs));
   kernels::Backend& b = *m.backend;
   model::Network& net = *m.model;
   AMPD_RETURN_IF_ERROR(m.AdmitWorkspaces(input.micro_batches, admit, "evaluation"));

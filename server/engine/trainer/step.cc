@@ -21,9 +21,11 @@
 //     optim::ScheduledLearningRate) or the input's override; the device
 //     skips it entirely on found_inf and it recasts the working copy
 //   ONE ReadBack of [loss_sum, found_inf, norm_sq, max_abs] (and the
-//     histogram when sampled), then scaler.Update with found_inf, max|g| of
-//     the unscaled grads (the check pass computes it in the same read) and,
-//     when sampled, the histogram's fp16 underflow fraction.
+//     histogram when sampled, and every token's log-prob when the report
+//     returns them or the loss reads sampling_logprobs: each micro-batch's
+//     copied on the device after its loss into one buffer), then scaler.Update with found_inf,
+//     max|g| of the unscaled grads (the check pass computes it in the same read) and, when sampled,
+//     the histogram's fp16 underflow fraction.
 // A rank of a distributed job (DataParallelStep) sums the gradients across
 // the ranks right after the backward loop (so the histogram, the check,
 // the norm and max|g| are the whole batch's, identical on every rank) and
@@ -233,16 +235,37 @@ std::vector<Tensor*> Trainer::gradient_tensors() { return impl_->grads; }
 absl::StatusOr<FittedStepInput> Trainer::CheckInput(ValidStepInput input) const {
   AMPD_RETURN_IF_ERROR(CheckMicroBatchesFitModel(impl_->config.model, input.get().loss_fn,
                                                  input.get().micro_batches));
+  AMPD_RETURN_IF_ERROR(CheckLogprobsWanted(impl_->config.model, input.get().return_logprobs));
   return FittedStepInput(std::move(input), this);
 }
 
 absl::StatusOr<Trainer::Impl::StepPlan> Trainer::Impl::Admit(
     const StepInput& input, const std::function<absl::Status(int64_t)>& admit,
     const DataParallelStep* data_parallel) {
+  StepPlan plan;
+  // Each token's log-prob is kept for the report, or for the mismatch a
+  // loss with sampling_logprobs reports.
+  plan.keep_logprobs = input.return_logprobs ||
+                       input.loss_fn.kind == LossFnKind::kImportanceSampling ||
+                       input.loss_fn.kind == LossFnKind::kPpo;
+  int64_t logprob_bytes = 0;
+  if (plan.keep_logprobs) {
+    // Validated batches: each B*T is a language model's, well inside int64.
+    for (const MicroBatch& mb : input.micro_batches) {
+      plan.tokens = SaturatingAdd(plan.tokens, kernels::NumElements(mb.targets.shape));
+    }
+    // The device buffer when it must grow, its host twin, and the report's
+    // log-probs and ratios.
+    const int64_t grow = std::max<int64_t>(0, plan.tokens - step_logprobs.numel());
+    logprob_bytes = SaturatingMul(SaturatingAdd(grow, SaturatingMul(3, plan.tokens)), 4);
+  }
   // Admission before allocation. The step's buffers stay cached after it,
   // counted (workspace_bytes) until the job gives them up.
-  AMPD_RETURN_IF_ERROR(AdmitWorkspaces(input.micro_batches, admit, "step"));
-  StepPlan plan;
+  AMPD_RETURN_IF_ERROR(AdmitWorkspaces(input.micro_batches, admit, "step", logprob_bytes));
+  if (plan.keep_logprobs && step_logprobs.numel() < plan.tokens) {
+    step_logprobs = kernels::Tensor();  // the smaller one goes before the larger comes
+    AMPD_ASSIGN_OR_RETURN(step_logprobs, backend->Allocate(kernels::DType::kF32, {plan.tokens}));
+  }
   plan.per_layer = config.scaler.per_layer_scales;
   plan.token_loss = input.loss_fn.kind != LossFnKind::kModel;
   if (plan.token_loss && data_parallel != nullptr) {
@@ -320,16 +343,26 @@ absl::Status Trainer::Impl::ForwardBackward(const StepInput& input, const StepPl
     };
   }
 
+  int64_t logprobs_at = 0;  // where the next micro-batch's log-probs go in step_logprobs
   for (int64_t i = 0; i < plan.local_k; ++i) {
     const MicroBatch& mb = input.micro_batches[static_cast<size_t>(i)];
     report.samples += mb.inputs.shape[0];
     AMPD_ASSIGN_OR_RETURN(auto* ws, WorkspaceFor(mb.inputs.shape));
     const Clock::time_point t0 = Clock::now();
-    AMPD_RETURN_IF_ERROR(
-        net.LoadBatch(mb.inputs, mb.targets, model::TokenLossInputs::Of(input.loss_fn, mb), *ws));
+    model::TokenLossInputs tokens = model::TokenLossInputs::Of(input.loss_fn, mb);
+    tokens.logprobs = plan.keep_logprobs;
+    AMPD_RETURN_IF_ERROR(net.LoadBatch(mb.inputs, mb.targets, tokens, *ws));
     AMPD_RETURN_IF_ERROR(net.Forward(*ws));
     AMPD_RETURN_IF_ERROR(net.Loss(*ws, plan.grad_scale, loss));
     AMPD_RETURN_IF_ERROR(b.Add(loss, loss_sum));
+    if (plan.keep_logprobs) {
+      // A later micro-batch of this shape reuses the workspace: its
+      // log-probs move to the step's buffer now, on the device.
+      AMPD_ASSIGN_OR_RETURN(const Tensor* logprobs, net.TokenLogprobs(*ws));
+      AMPD_ASSIGN_OR_RETURN(Tensor slot, step_logprobs.View(logprobs_at, {logprobs->numel()}));
+      AMPD_RETURN_IF_ERROR(b.Copy(*logprobs, slot));
+      logprobs_at += logprobs->numel();
+    }
     const Clock::time_point t1 = Clock::now();
     const bool last = i == plan.local_k - 1;
     AMPD_RETURN_IF_ERROR(
@@ -417,17 +450,25 @@ absl::Status Trainer::Impl::Update(const StepInput& input, const StepPlan& plan,
 
 absl::Status Trainer::Impl::Finish(const StepInput& input, const StepPlan& plan,
                                    StepReport& report) {
-  // One read brings the scalars and, when sampled, the histograms.
-  std::vector<kernels::HostCopy> histogram_copies;
+  // One read brings the scalars, the histograms when sampled, and the
+  // step's per-token log-probs when kept.
+  std::vector<kernels::HostCopy> copies;
   if (input.sample_grad_histogram) {
-    histogram_copies.reserve(groups.size());
+    copies.reserve(groups.size());
     for (ScaleGroup& g : groups) {
-      histogram_copies.push_back({&g.histogram, g.bins.data(), g.bins.size() * sizeof(int64_t)});
+      copies.push_back({&g.histogram, g.bins.data(), g.bins.size() * sizeof(int64_t)});
     }
   }
+  Tensor logprobs_read;
+  if (plan.keep_logprobs) {
+    AMPD_ASSIGN_OR_RETURN(logprobs_read, step_logprobs.View(0, {plan.tokens}));
+    step_logprobs_host.resize(static_cast<size_t>(plan.tokens));
+    copies.push_back({&logprobs_read, step_logprobs_host.data(),
+                      static_cast<size_t>(plan.tokens) * sizeof(float)});
+  }
   const std::vector<float>& host = read_values;
-  AMPD_RETURN_IF_ERROR(
-      backend->ReadBack(read_scalars, absl::MakeSpan(read_values), histogram_copies));
+  AMPD_RETURN_IF_ERROR(backend->ReadBack(read_scalars, absl::MakeSpan(read_values), copies));
+  if (plan.keep_logprobs) ReportStepLogprobs(input, step_logprobs_host, report);
   const bool overflowed = host[kReadFoundInf] != 0.0f;
   amp::StepGradStats stats;
   stats.found_inf = overflowed;
@@ -478,6 +519,7 @@ absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
   AMPD_RETURN_IF_ERROR(CheckStepInput(input));
   AMPD_RETURN_IF_ERROR(
       CheckMicroBatchesFitModel(impl_->config.model, input.loss_fn, input.micro_batches));
+  AMPD_RETURN_IF_ERROR(CheckLogprobsWanted(impl_->config.model, input.return_logprobs));
   return StepChecked(input, admit, data_parallel);
 }
 

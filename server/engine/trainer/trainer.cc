@@ -146,12 +146,14 @@ ScalerSnapshot Trainer::scaler() const {
                         s.config().per_layer_scales ? s.layer_scales() : std::vector<float>{}};
 }
 int64_t Trainer::workspace_bytes() const {
-  return SaturatingAdd(impl_->model->cached_workspace_bytes(), impl_->scratch_bytes);
+  return SaturatingAdd(SaturatingAdd(impl_->model->cached_workspace_bytes(), impl_->scratch_bytes),
+                       static_cast<int64_t>(impl_->step_logprobs.nbytes()));
 }
 void Trainer::ReleaseWorkspaces() {
   impl_->model->ReleaseWorkspaces();
   impl_->backend->ReleaseScratch();
   impl_->scratch_bytes = 0;
+  impl_->step_logprobs = kernels::Tensor();
 }
 void Trainer::SetMemoryPressureHandler(std::function<void()> relieve) {
   impl_->relieve_memory = std::move(relieve);

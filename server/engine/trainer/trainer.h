@@ -139,7 +139,8 @@ class Trainer {
                                       const std::function<absl::Status(int64_t)>& admit = nullptr);
 
   // Workspace bytes cached now (model::WorkspaceBytes of each, plus the
-  // backend's scratch for them, kernels::Backend::ScratchBytes): the
+  // backend's scratch for them, kernels::Backend::ScratchBytes, and the
+  // largest step's per-token log-prob buffer): the
   // buffers of the last step's (or evaluation's) batch sizes, kept until a
   // step of other sizes, ReleaseWorkspaces or the Trainer's end. A caller
   // sharing memory between jobs counts them as held.

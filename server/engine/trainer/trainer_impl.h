@@ -73,6 +73,14 @@ struct Trainer::Impl {
   std::vector<const kernels::Tensor*> read_scalars;
   std::vector<float> read_values;
   std::vector<float> group_scales;
+  // A step's per-token log-probs (StepPlan::keep_logprobs): each
+  // micro-batch's (B*T) copied after its loss, in order, into one (tokens)
+  // F32 device buffer that the step's one ReadBack brings into the host
+  // twin. Kept between steps, grown only when a step has more tokens than
+  // any before it, counted in workspace_bytes and released with the
+  // workspaces.
+  kernels::Tensor step_logprobs;
+  std::vector<float> step_logprobs_host;
 
   // ---- step.cc: Trainer::Step's phases, in order ---------------------------------
   // What Admit fixes for the rest of the step.
@@ -85,6 +93,10 @@ struct Trainer::Impl {
                               // loss gradient
     bool clip = false;        // max_grad_norm > 0
     bool token_loss = false;  // loss_fn is a token loss: a sum over every micro-batch's tokens
+    // Each token's log-prob read back: return_logprobs, or a loss whose
+    // sampling_logprobs the mismatch compares with.
+    bool keep_logprobs = false;
+    int64_t tokens = 0;  // B*T summed over the micro-batches when keep_logprobs
   };
   // The (checked) input's workspaces admitted, an adaptive scaler
   // calibrated and the groups' scales set: the plan of the step.
@@ -136,6 +148,16 @@ struct Trainer::Impl {
   // (Trainer::workspace_bytes) and released with them.
   int64_t scratch_bytes = 0;
 };
+
+// step_logprobs.cc: StepReport's logprobs, ratios and logprob_mismatch
+// from the (tokens) F32 log-probs the step read back, micro-batch after
+// micro-batch in input order.
+void ReportStepLogprobs(const StepInput& input, absl::Span<const float> logprobs,
+                        StepReport& report);
+
+// Per-token log-probs (return_logprobs) need a language model's head:
+// InvalidArgument naming return_logprobs otherwise.
+absl::Status CheckLogprobsWanted(const model::ModelSpec& spec, bool return_logprobs);
 
 // step.cc: each micro-batch checked against the model and the step's
 // loss_fn, InvalidArgument naming micro_batches[i].inputs / .targets /
