@@ -408,6 +408,7 @@ absl::StatusOr<engine::StepInput> StepInputFromProto(v1::StepRequest* request) {
   }
   if (request->has_ppo_clip_low()) input.loss_fn.ppo_clip_low = request->ppo_clip_low();
   if (request->has_ppo_clip_high()) input.loss_fn.ppo_clip_high = request->ppo_clip_high();
+  input.return_logprobs = request->return_logprobs();
   return input;
 }
 
@@ -437,6 +438,13 @@ void StepReportToProto(const engine::StepReport& r, v1::StepResponse* response) 
   t->set_wait_seconds(r.seconds.wait);
   response->set_samples(r.samples);
   response->set_learning_rate(r.learning_rate);
+  for (const engine::HostTensor& logprobs : r.logprobs) {
+    *response->add_logprobs() = codec::TensorToProto(logprobs);
+  }
+  for (const engine::HostTensor& ratios : r.ratios) {
+    *response->add_ratios() = codec::TensorToProto(ratios);
+  }
+  if (r.logprob_mismatch.has_value()) response->set_logprob_mismatch(*r.logprob_mismatch);
 }
 
 absl::StatusOr<engine::EvaluateInput> EvaluateInputFromProto(v1::EvaluateRequest* request) {

@@ -106,6 +106,16 @@ class StepResult:
     # Per-layer scales: each layer group's scale after the step (group 0
     # first; the last is scale_after); empty for a job-wide scale.
     layer_scales_after: Tuple[float, ...] = ()
+    # return_logprobs: one float32 array per micro-batch of the targets'
+    # shape, each target token's log-prob from this step's forward (the
+    # weights before its update; 0 where the target is -100).
+    logprobs: Optional[list] = None
+    # return_logprobs with importance_sampling or ppo: exp(logprobs -
+    # sampling_logprobs) per micro-batch, as the loss's ratios.
+    ratios: Optional[list] = None
+    # importance_sampling or ppo: max |logp - sampling_logprob| over the
+    # step's target tokens (0 when the sampler and the trainer agree).
+    logprob_mismatch: Optional[float] = None
 
     @classmethod
     def from_proto(cls, r):
@@ -121,7 +131,11 @@ class StepResult:
             timings=Timings(t.forward_seconds, t.backward_seconds, t.unscale_seconds,
                             t.optimizer_seconds, t.total_seconds),
             learning_rate=r.learning_rate,
-            layer_scales_after=tuple(r.layer_scales_after))
+            layer_scales_after=tuple(r.layer_scales_after),
+            logprobs=[_f32_array(t) for t in r.logprobs] if r.logprobs else None,
+            ratios=[_f32_array(t) for t in r.ratios] if r.ratios else None,
+            logprob_mismatch=(r.logprob_mismatch if r.HasField("logprob_mismatch")
+                              else None))
 
 
 @dataclass(frozen=True)
@@ -386,7 +400,7 @@ class Job:
 
     def step(self, inputs=None, targets=None, *, micro_batches=None, learning_rate=None,
              loss_fn=None, weights=None, advantages=None, sampling_logprobs=None,
-             ppo_clip=None):
+             ppo_clip=None, return_logprobs=False):
         """Train one step; returns a StepResult.
 
         job.step(inputs, targets) with NumPy arrays or torch tensors, or
@@ -402,6 +416,10 @@ class Job:
         weights, advantages and sampling_logprobs are float32 arrays of the
         targets' shape, one per micro-batch (a list when there are several).
         None: the model's own loss (the mean token cross-entropy).
+        A loss with sampling_logprobs reports logprob_mismatch, max |logp - q|
+        over the target tokens. return_logprobs (a GPT or decoder): the
+        result's logprobs (and ratios, with sampling_logprobs) per
+        micro-batch, from this step's forward.
         """
         micro_batches = _micro_batches(inputs, targets, micro_batches, "step")
         request = pb.StepRequest(
@@ -410,6 +428,7 @@ class Job:
                            for x, y in micro_batches])
         if learning_rate is not None:
             request.learning_rate = learning_rate
+        request.return_logprobs = bool(return_logprobs)
         _set_token_loss(request, micro_batches, loss_fn, weights, advantages,
                         sampling_logprobs, ppo_clip)
         stub = self._client._stub

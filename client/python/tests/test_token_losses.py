@@ -103,14 +103,30 @@ def test_token_loss_and_gradients_equal_pytorch(server, loss_fn, kind):
                 kwargs.update(advantages=advantages, sampling_logprobs=sampling)
             if loss_fn == "ppo":
                 kwargs["ppo_clip"] = CLIP
-            ours = job.step(ids, targets, **kwargs).loss
+            result = job.step(ids, targets, return_logprobs=True, **kwargs)
+            ours = result.loss
             opt.zero_grad()
-            theirs, _ = torch_token_loss(model, ids, targets, loss_fn, weights, advantages,
-                                         sampling)
+            theirs, their_logp = torch_token_loss(model, ids, targets, loss_fn, weights,
+                                                  advantages, sampling)
             theirs.backward()
             opt.step()
             assert ours == pytest.approx(theirs.item(), rel=1e-5, abs=1e-5), \
                 "step %d: ampd %r, PyTorch %r" % (step + 1, ours, theirs.item())
+            # The step's own log-probs: PyTorch's before the update, 0 where ignored.
+            keep = targets != -100
+            (logp,) = result.logprobs
+            assert logp.shape == targets.shape and np.all(logp[~keep] == 0)
+            np.testing.assert_allclose(logp[keep], their_logp.numpy()[keep], rtol=1e-5,
+                                       atol=1e-5)
+            if loss_fn == "cross_entropy":
+                assert result.ratios is None and result.logprob_mismatch is None
+            else:
+                (ratio,) = result.ratios
+                np.testing.assert_allclose(ratio[keep], np.exp(logp - sampling)[keep], rtol=1e-6)
+                assert np.all(ratio[~keep] == 0)
+                # fp32 subtraction and max are exact: the same value, bit for bit.
+                assert result.logprob_mismatch == np.max(np.abs(logp - sampling)[keep])
+                assert result.logprob_mismatch > 0.0
         final = export(job)
         for name, value in model.state_dict().items():
             assert torch.allclose(final[name], value, rtol=1e-4, atol=2e-6), name
@@ -186,11 +202,31 @@ def test_logprobs_are_pytorchs_and_the_training_forwards_own(server, kind):
         ids, targets, _, _, _ = batch(3)
         q = job.evaluate(ids, targets, return_logprobs=True).logprobs[0]
         assert q.shape == targets.shape and np.all(q[targets == -100] == 0)
-        loss = job.step(ids, targets, loss_fn="importance_sampling",
-                        advantages=np.ones(ids.shape, np.float32), sampling_logprobs=q).loss
-        assert loss == -float(np.count_nonzero(targets != -100))
+        result = job.step(ids, targets, loss_fn="importance_sampling",
+                          advantages=np.ones(ids.shape, np.float32), sampling_logprobs=q,
+                          return_logprobs=True)
+        assert result.loss == -float(np.count_nonzero(targets != -100))
+        # The step reports the same log-probs, so no mismatch and ratios of 1.
+        assert result.logprob_mismatch == 0.0
+        assert np.array_equal(result.logprobs[0], q)
+        assert np.all(result.ratios[0] == (targets != -100))
+
+        # Micro-batches of two shapes, one shape twice (its workspace
+        # reused): each one's log-probs in input order, Evaluate's bits.
+        split = [(ids[:1], targets[:1]), (ids[1:], targets[1:]), (ids[2:], targets[2:])]
+        want = job.evaluate(micro_batches=split, return_logprobs=True).logprobs
+        got = job.step(micro_batches=split, return_logprobs=True)
+        assert got.ratios is None and got.logprob_mismatch is None
+        assert [g.shape for g in got.logprobs] == [t.shape for _, t in split]
+        for g, w in zip(got.logprobs, want):
+            assert np.array_equal(g, w)
+        assert job.step(ids, targets).logprobs is None
 
         mlp = client.create_job(model=ampd.Model([ampd.Linear(4, 2)]), precision="fp32")
         with pytest.raises(ampd.InvalidArgument, match="return_logprobs"):
             mlp.evaluate(np.zeros((3, 4), np.float32), np.zeros((3, 2), np.float32),
                          return_logprobs=True)
+        with pytest.raises(ampd.InvalidArgument, match="return_logprobs"):
+            mlp.step(np.zeros((3, 4), np.float32), np.zeros((3, 2), np.float32),
+                     return_logprobs=True)
+        assert mlp.refresh().step_count == 0
