@@ -106,6 +106,8 @@ struct ServerMetrics::JobSeries {
   Gauge* grad_underflow_fraction ABSL_GUARDED_BY(mu) = nullptr;  // from the first sampled step
   Gauge* loss = nullptr;
   Gauge* grad_norm ABSL_GUARDED_BY(mu) = nullptr;  // created on the first reported norm
+  // Created on the first step whose loss read sampling_logprobs.
+  Gauge* logprob_mismatch ABSL_GUARDED_BY(mu) = nullptr;
   Histogram* grad_magnitude = nullptr;
   Counter* grad_zero_elements = nullptr;
   std::array<Histogram*, kPhases.size()> phase_seconds{};
@@ -176,6 +178,14 @@ ServerMetrics::ServerMetrics(const MetricsOptions& options)
                      .Help("L2 norm of the unscaled gradients of the job's last step that "
                            "computed one (gradient clipping); absent until then.")
                      .Register(*registry_)),
+      logprob_mismatch_(
+          BuildGauge()
+              .Name("ampd_logprob_mismatch")
+              .Help("max |trainer log-prob - sampling_logprob| over the target tokens of the "
+                    "job's last importance_sampling or ppo step, the trainer's from that "
+                    "step's forward: the sampler-trainer mismatch on samples from the same "
+                    "weights (0 on a batch_invariant job); absent until such a step.")
+              .Register(*registry_)),
       grad_magnitude_(
           BuildHistogram()
               .Name("ampd_grad_magnitude_log2")
@@ -421,6 +431,12 @@ void ServerMetrics::OnStep(const std::string& job_id, const engine::StepReport& 
     if (series->grad_norm == nullptr) series->grad_norm = &grad_norm_.Add(series->labels);
     series->grad_norm->Set(*report.grad_norm);
   }
+  if (report.logprob_mismatch.has_value()) {
+    if (series->logprob_mismatch == nullptr) {
+      series->logprob_mismatch = &logprob_mismatch_.Add(series->labels);
+    }
+    series->logprob_mismatch->Set(*report.logprob_mismatch);
+  }
   // Anything but the engine's documented bin count is a malformed report;
   // ObserveMultiple would throw on a length mismatch inside a job worker.
   if (report.grad_histogram.size() == static_cast<size_t>(kEngineBins)) {
@@ -512,6 +528,7 @@ void ServerMetrics::RemoveSeries(JobSeries& series) {
   }
   loss_.Remove(series.loss);
   if (series.grad_norm != nullptr) grad_norm_.Remove(series.grad_norm);
+  if (series.logprob_mismatch != nullptr) logprob_mismatch_.Remove(series.logprob_mismatch);
   grad_magnitude_.Remove(series.grad_magnitude);
   grad_zero_elements_.Remove(series.grad_zero_elements);
   for (Histogram* h : series.phase_seconds) step_duration_.Remove(h);

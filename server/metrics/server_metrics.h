@@ -124,6 +124,7 @@ class ServerMetrics final : public engine::JobObserver {
   prometheus::Family<prometheus::Gauge>& grad_underflow_fraction_;
   prometheus::Family<prometheus::Gauge>& loss_;
   prometheus::Family<prometheus::Gauge>& grad_norm_;
+  prometheus::Family<prometheus::Gauge>& logprob_mismatch_;
   prometheus::Family<prometheus::Histogram>& grad_magnitude_;
   prometheus::Family<prometheus::Counter>& grad_zero_elements_;
   prometheus::Family<prometheus::Histogram>& step_duration_;

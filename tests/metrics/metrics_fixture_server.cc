@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
   step.samples = 64;
   step.grad_histogram.assign(ampd::engine::kGradHistogramBins, 1);
   step.grad_underflow_fraction = 18.0 / ampd::engine::kGradHistogramBins;
+  step.logprob_mismatch = 0.0f;  // an importance_sampling step on its own samples
   metrics.OnStep("fixture-job", step);
 
   // A job with per-layer loss scales: one gauge per layer group.

@@ -256,6 +256,24 @@ TEST_F(ServerMetricsTest, GradNormSeriesAppearsOnlyOnceReported) {
   EXPECT_EQ(Value(R"(ampd_grad_norm{job="job-a"})"), 1.25);
 }
 
+TEST_F(ServerMetricsTest, LogprobMismatchSeriesAppearsWithATokenLossAndGoesWithTheJob) {
+  observer().OnJobCreated("job-a", "", Fp16Config());
+  observer().OnStep("job-a", NormalStep(1, 65536));
+  EXPECT_EQ(ParseSamples(Scrape()).count(R"(ampd_logprob_mismatch{job="job-a"})"), 0u);
+  StepReport rl = NormalStep(2, 65536);
+  rl.logprob_mismatch = 0.0f;
+  observer().OnStep("job-a", rl);
+  EXPECT_EQ(Value(R"(ampd_logprob_mismatch{job="job-a"})"), 0.0);
+  rl.logprob_mismatch = 0.125f;
+  observer().OnStep("job-a", rl);
+  EXPECT_EQ(Value(R"(ampd_logprob_mismatch{job="job-a"})"), 0.125);
+  // A plain step in between keeps the last token loss's value.
+  observer().OnStep("job-a", NormalStep(4, 65536));
+  EXPECT_EQ(Value(R"(ampd_logprob_mismatch{job="job-a"})"), 0.125);
+  observer().OnJobDeleted("job-a");
+  EXPECT_EQ(Scrape().find("ampd_logprob_mismatch{"), std::string::npos);
+}
+
 TEST_F(ServerMetricsTest, GradHistogramBinsBecomeCumulativeLog2Buckets) {
   observer().OnJobCreated("job-a", "", Fp16Config());
   StepReport report = NormalStep(1, 65536);

@@ -151,7 +151,7 @@ def check_dashboard(path):
                  "ampd_loss_scale_backoffs_total", "ampd_loss_scale_growths_deferred_total",
                  "ampd_grad_underflow_fraction", "ampd_loss{", "ampd_grad_norm",
                  "ampd_samples_total", "ampd_jobs", "ampd_device_memory_used_bytes",
-                 "ampd_distributed_group_formations_total"]:
+                 "ampd_distributed_group_formations_total", "ampd_logprob_mismatch"]:
         check(any(name in e for e in exprs), "dashboard: nothing charts %s" % name)
     for e in exprs:
         check('job=~"$job"' not in e or 'tenant=~"$tenant"' in e,
