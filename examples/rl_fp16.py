@@ -10,12 +10,13 @@ that are the previous token + 1 mod 10. Every iteration:
      weights, each token with its log-prob q (the trainer's own kernels);
   2. rewards, and advantages A = reward - the mean reward of its prompt's
      group (GRPO's baseline);
-  3. the mismatch: job.logprobs() recomputes every completion token's log-prob
-     with the training forward, and max |logp - q| is printed; on a
-     batch_invariant job it is exactly 0;
-  4. job.step(loss_fn="importance_sampling") with per-token advantages and
+  3. job.step(loss_fn="importance_sampling") with per-token advantages and
      sampling log-probs: -sum exp(logp - q) A over the completion tokens
-     (Tinker's definition), fp16 with the job's dynamic loss scaler.
+     (Tinker's definition; the prompt's targets are -100), fp16 with the
+     job's dynamic loss scaler;
+  4. the mismatch: the step reports max |logp - q| over the completion
+     tokens, logp from the training forward it trains on (the weights the
+     samples came from); on a batch_invariant job it is exactly 0.
 
 Prints reward, skipped steps, the loss scale and the mismatch per iteration.
 
@@ -84,16 +85,13 @@ def main():
                     sequences.append(prompt + list(c.tokens))
                     advantages.append(a)
                     sampled.append(c.logprobs)
-            # The trainer's log-probs of the same tokens, recomputed.
-            recomputed = job.logprobs(sequences)
-            p = len(batch[0])
-            mismatch = max(float(np.max(np.abs(lp[p - 1:] - q)))
-                           for lp, q in zip(recomputed, sampled))
-            worst_mismatch = max(worst_mismatch, mismatch)
             # One micro-batch: inputs seq[:-1], targets seq[1:]; the prompt's
-            # targets carry no advantage (they are not the policy's tokens).
+            # targets are -100 (not the policy's tokens: no loss, and outside
+            # the mismatch).
+            p = len(batch[0])
             ids = np.array(sequences, dtype=np.int64)
-            inputs, targets = ids[:, :-1], ids[:, 1:]
+            inputs, targets = ids[:, :-1], ids[:, 1:].copy()
+            targets[:, :p - 1] = -100
             adv = np.zeros(targets.shape, dtype=np.float32)
             q = np.zeros(targets.shape, dtype=np.float32)
             for i, (a, lp) in enumerate(zip(advantages, sampled)):
@@ -101,6 +99,8 @@ def main():
                 q[i, p - 1:] = lp
             result = job.step(inputs, targets, loss_fn="importance_sampling", advantages=adv,
                               sampling_logprobs=q)
+            mismatch = result.logprob_mismatch
+            worst_mismatch = float(np.maximum(worst_mismatch, mismatch))  # keeps a NaN
             skipped += int(result.skipped)
             rewards.append(float(np.mean(scores)))
             print(f"iter {it + 1:3d}  reward {rewards[-1]:.3f}  skipped {skipped:3d}  "
