@@ -10,6 +10,11 @@
 #
 # On a GPU machine, from a tree packed with ../shared/tools/gpu-bundle build/ci:
 #   bash .gpu/run scripts/gpu-check.sh --out="$OUT" --pack
+# (the sampling parts' client is the ampd Python package: gpu-bundle carries
+# executables only, so carry build/ci/client/python/package beside .gpu, or
+# have grpc_tools there to generate its stubs; without either they are
+# skipped, saying so). --parts=REGEX runs only the parts whose names match
+# (e.g. --parts='sample' for the sampling parts alone).
 # In CI (tests/CMakeLists.txt registers it):
 #   scripts/gpu-check.sh --device=cpu --quick --build=build/ci --out=/tmp/x
 #
@@ -29,6 +34,7 @@ pack=0
 build="build/ci"
 out="${OUT:-}"
 budget=480  # seconds for the whole check: a lent GPU has minutes, not hours
+only=""     # --parts=REGEX: the parts to run (bash =~ on the name); empty: all
 for arg in "$@"; do
   case "$arg" in
     --device=*) device="${arg#--device=}" ;;
@@ -37,7 +43,8 @@ for arg in "$@"; do
     --build=*) build="${arg#--build=}" ;;
     --out=*) out="${arg#--out=}" ;;
     --budget=*) budget="${arg#--budget=}" ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    --parts=*) only="${arg#--parts=}" ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
@@ -72,6 +79,10 @@ py=(env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 "$python")
 part() {
   local name="$1" limit="$2"
   shift 2
+  if [ -n "$only" ] && ! [[ "$name" =~ $only ]]; then
+    printf '%s\tskipped\t0\tnot in --parts=%s\n' "$name" "$only" >>"$status_file"
+    return 0
+  fi
   local now left
   now=$(date +%s)
   left=$((budget - (now - start) - 10))
@@ -284,6 +295,76 @@ else
   printf 'service\tampd did not start\t0\t\n' >>"$status_file"
   failed=1
 fi
+
+# ---- sampling: the Sample RPC beside PyTorch's generation loops --------------------
+# Tokens/s of one Sample call (S prompts x P tokens, T new tokens each,
+# temperature 1, no stop tokens: every sequence runs T) through the ampd
+# above, on GPT-2 small and the Qwen2.5-0.5B-shaped decoder, fp16 and bf16;
+# again on a batch_invariant job (a backend without batch-invariant kernels
+# refuses it: the part reports "refused"); beside PyTorch's peers of the same
+# shapes and counts on the same device: bench/pytorch/generate.py's
+# hand-written KV-cache loop (16-bit weights) and transformers' generate
+# (random weights from a GPT2Config / Qwen2Config; "skipped" where
+# transformers is not installed). Each: one warm-up call, the median of
+# --repeats; only generated tokens count.
+if [ "$quick" -eq 1 ]; then
+  sample_gpt_shape=(--vocab 512 --hidden 64 --layers 2 --heads 4)
+  sample_decoder_shape=(--vocab 512 --hidden 64 --intermediate 128 --layers 2 --heads 4
+                        --kv-heads 2)
+  sample_run=(--prompts 2 --prompt-len 8 --max-tokens 8 --temperature 1 --repeats 2)
+else
+  sample_gpt_shape=()      # GPT-2 small: vocab 50304, 768 wide, 12 layers, 12 heads
+  sample_decoder_shape=()  # Qwen2.5-0.5B: vocab 151936, hidden 896, 24 layers, 14 / 2 heads
+  sample_run=(--prompts 16 --prompt-len 128 --max-tokens 128 --temperature 1 --repeats 3)
+fi
+# The client is the ampd Python package with its generated stubs: the
+# build's staged copy, or (a bundle carries executables only) stubs made
+# here by grpc_tools from the checkout's proto.
+sample_pkg="$bin/client/python/package"
+sample_import() {  # sample_import DIR: why `import ampd` fails from DIR; nothing if it works
+  local err
+  err="$(env -u LD_LIBRARY_PATH PYTHONPATH="$1" "$python" -c 'import ampd' 2>&1)" && return 0
+  echo "${err##*$'\n'}"
+}
+sample_why="$(sample_import "$sample_pkg")"
+if [ -n "$sample_why" ] && env -u LD_LIBRARY_PATH "$python" -c 'import grpc_tools' 2>/dev/null; then
+  sample_pkg="$svc_dir/python"
+  mkdir -p "$sample_pkg" && cp -r client/python/ampd "$sample_pkg/" &&
+    env -u LD_LIBRARY_PATH "$python" -m grpc_tools.protoc --proto_path=proto \
+      --python_out="$sample_pkg" --grpc_python_out="$sample_pkg" ampd/v1/trainer.proto \
+      >"$logs/sample_stubs.log" 2>&1
+  sample_why="$(sample_import "$sample_pkg")"
+fi
+sample=(env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 PYTHONPATH="$sample_pkg" "$python"
+        bench/service/sample_bench.py --precisions=bf16,fp16 "${sample_run[@]}")
+if [ -z "$port" ]; then
+  for m in gpt decoder gpt_bi decoder_bi; do skip "service_sample_$m" "ampd did not start"; done
+elif [ -n "$sample_why" ]; then
+  for m in gpt decoder gpt_bi decoder_bi; do
+    skip "service_sample_$m" "the ampd Python package does not import: $sample_why"
+  done
+else
+  part service_sample_gpt 120 "${sample[@]}" --server="127.0.0.1:$port" --model=gpt \
+    "${sample_gpt_shape[@]}"
+  part service_sample_decoder 150 "${sample[@]}" --server="127.0.0.1:$port" --model=decoder \
+    "${sample_decoder_shape[@]}"
+  part service_sample_gpt_bi 150 "${sample[@]}" --server="127.0.0.1:$port" --model=gpt \
+    --batch-invariant "${sample_gpt_shape[@]}"
+  part service_sample_decoder_bi 180 "${sample[@]}" --server="127.0.0.1:$port" \
+    --model=decoder --batch-invariant "${sample_decoder_shape[@]}"
+fi
+part torch_sample_gpt 120 "${py[@]}" bench/pytorch/generate.py --device "$torch_device" \
+  --model gpt --precisions bf16,fp16 --weights-16 "${sample_run[@]}" "${sample_gpt_shape[@]}" \
+  "${threads[@]}"
+part torch_sample_decoder 150 "${py[@]}" bench/pytorch/generate.py --device "$torch_device" \
+  --model decoder --precisions bf16,fp16 --weights-16 "${sample_run[@]}" \
+  "${sample_decoder_shape[@]}" "${threads[@]}"
+part hf_sample_gpt 150 "${py[@]}" bench/pytorch/hf_generate.py --device "$torch_device" \
+  --model gpt --precisions bf16,fp16 "${sample_run[@]}" "${sample_gpt_shape[@]}" "${threads[@]}"
+part hf_sample_decoder 180 "${py[@]}" bench/pytorch/hf_generate.py --device "$torch_device" \
+  --model decoder --precisions bf16,fp16 "${sample_run[@]}" "${sample_decoder_shape[@]}" \
+  "${threads[@]}"
+# ---- end of sampling ----------------------------------------------------------------
 stop_ampd
 
 # torch.compile last: its first compilation alone takes a minute or more.

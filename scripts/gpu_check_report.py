@@ -46,8 +46,56 @@ def token_torch(text: str) -> dict:
         r"^(fp32|fp16|bf16)\s+step median\s+([\d.]+) ms\s+[\d.]+ TFLOP/s", text, re.M)}
 
 
+SAMPLE_PARTS = ("service_sample_", "torch_sample_", "hf_sample_")
+
+
+def sample_figures(text: str) -> dict:
+    """precision -> sampled tokens/s, or why there is none: 'bf16  sample
+    median  812.3 ms  2522 sampled tokens/s ...' (sample_bench.py,
+    generate.py and hf_generate.py alike), 'bf16 refused: REASON' (a job
+    ampd refused), 'fp16: not supported: REASON' (this torch), or one
+    'skipped: REASON' line for every precision (no transformers)."""
+    out = {}
+    skipped = re.search(r"^skipped: (.*)$", text, re.M)
+    if skipped:
+        out.update({p: f"skipped: {skipped[1]}" for p in PRECISIONS})
+    for p, why in re.findall(r"^(fp32|fp16|bf16):?\s+(refused|not supported)", text, re.M):
+        out[p] = why
+    for p, tps in re.findall(r"^(fp32|fp16|bf16)\s+sample median\s+[\d.]+ ms\s+([\d.]+) "
+                             r"sampled tokens/s", text, re.M):
+        out[p] = float(tps)
+    return out
+
+
+def sample_outcome(text: str):
+    """(outcome, summary) of a sampling part that exited 0 but measured
+    nothing, or part of it: its refusals and skips, said as such."""
+    skipped = re.search(r"^skipped: (.*)$", text, re.M)
+    if skipped:
+        return "skipped", skipped[1]
+    why = re.findall(r"^((?:fp32|fp16|bf16):?\s+(?:refused|not supported):? .*)$", text, re.M)
+    measured = re.findall(r"^(?:fp32|fp16|bf16)\s+sample median", text, re.M)
+    if not why:
+        return None, ""
+    summary = "; ".join(w[:160] for w in why)
+    return ("refused" if not measured and "refused" in summary else "ok"), summary
+
+
 def fmt(x, unit="", digits=3):
     return "n/a" if x is None else f"{x:.{digits}g}{unit}"
+
+
+def sample_cell(x) -> str:
+    """A sampled tokens/s figure, or the reason in its place."""
+    if isinstance(x, float):
+        return fmt(x)
+    return x or "n/a"
+
+
+def sample_ratio(ampd_speed, torch_speed) -> str:
+    if isinstance(ampd_speed, float) and isinstance(torch_speed, float):
+        return ratio(ampd_speed, torch_speed)
+    return "n/a"
 
 
 def ratio(ampd_speed, torch_speed):
@@ -121,6 +169,9 @@ def main() -> int:
         summary = ""
         if what == "skipped":
             summary = rest[0]
+        elif what == "ok" and name.startswith(SAMPLE_PARTS):
+            outcome, summary = sample_outcome(read(out, name))
+            what = outcome or what
         elif name in ("cuda_backend_test", "cuda_training_test", "backend_ops_cuda", "memcheck",
                       "racecheck"):
             text = read(out, name)
@@ -171,6 +222,26 @@ def main() -> int:
                 e = eager.get(p, (None, None))[1]
                 rows.append((f"{kind} tokens/s, {p} ({label}) vs eager", fmt(a), fmt(e),
                              ratio(a, e)))
+    # Sampling: the Sample RPC's tokens/s against transformers' generate and
+    # generate.py's KV-cache loop, then on a batch_invariant job (its cost:
+    # its tokens/s over the plain job's). Where a side has no figure its
+    # reason (refused, skipped: ...) stands in the cell.
+    for model, label in (("gpt", "GPT"), ("decoder", "decoder")):
+        ampd_plain = sample_figures(read(out, f"service_sample_{model}"))
+        ampd_bi = sample_figures(read(out, f"service_sample_{model}_bi"))
+        loop = sample_figures(read(out, f"torch_sample_{model}"))
+        hf = sample_figures(read(out, f"hf_sample_{model}"))
+        for p in ("bf16", "fp16"):
+            a, b, lp, h = (ampd_plain.get(p), ampd_bi.get(p), loop.get(p), hf.get(p))
+            rows.append((f"{label} Sample tokens/s, {p} (through gRPC) vs transformers generate",
+                         sample_cell(a), sample_cell(h), sample_ratio(a, h)))
+            rows.append((f"{label} Sample tokens/s, {p} (through gRPC) vs KV-cache loop",
+                         sample_cell(a), sample_cell(lp), sample_ratio(a, lp)))
+            rows.append((f"{label} Sample tokens/s, {p}, batch_invariant job vs transformers "
+                         f"generate", sample_cell(b), sample_cell(h), sample_ratio(b, h)))
+            if isinstance(a, float) and isinstance(b, float):
+                rows.append((f"{label} Sample, {p}: batch_invariant's tokens/s over the plain "
+                             f"job's", sample_cell(b), "", f"{b / a:.2f}x"))
     # Token model through the service.
     svc_text = read(out, "service_token") + read(out, "service_token_bf16_fp32")
     svc, torch_tok = token_service(svc_text), token_torch(read(out, "torch_token"))

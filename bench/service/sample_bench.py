@@ -1,12 +1,23 @@
 """Sampling through ampd's Sample RPC: the median sampled tokens/s of one
-call of --prompts prompts x --max-tokens new tokens on a Qwen2-shaped
-decoder (tied, q/k/v biases, rope_theta 1e6), beside bench/pytorch/
-generate.py's KV-cache loop of the same shapes.
+call of --prompts prompts x --max-tokens new tokens, on a GPT-2-style GPT
+(--model gpt: learned positions, LayerNorm, tied head) or a Qwen2-shaped
+decoder (--model decoder: tied, q/k/v biases, rope_theta 1e6), beside
+bench/pytorch/generate.py's KV-cache loop and bench/pytorch/hf_generate.py's
+transformers `generate` of the same shapes.
 
-  python3 bench/service/sample_bench.py --server=127.0.0.1:50051 [--precision fp16]
-      [--vocab 151936 --hidden 896 --intermediate 4864 --layers 24 --heads 14
-       --kv-heads 2] [--prompts 16 --prompt-len 32 --max-tokens 64] [--repeats 5]
-      [--batch-invariant]
+  python3 bench/service/sample_bench.py --server=127.0.0.1:50051 [--model decoder]
+      [--precisions fp16,bf16] [--vocab V --hidden C --layers L --heads H]
+      [--intermediate I --kv-heads K] [--prompts 16 --prompt-len 32 --max-tokens 64]
+      [--temperature 1] [--repeats 5] [--batch-invariant]
+
+Shapes default to the model's full size: GPT-2 small (vocab 50304, 768 wide,
+12 layers, 12 heads; the GPT benchmarks' padded vocab) or Qwen2.5-0.5B (vocab
+151936, hidden 896, intermediate 4864, 24 layers, 14 heads / 2 K/V heads).
+The context is --prompt-len + --max-tokens. Each precision runs on a job of
+its own, created for it and deleted after it. Only generated tokens count
+(no stop tokens: every sequence runs --max-tokens). A --batch-invariant job
+the server refuses (a backend without batch-invariant kernels) prints
+"PRECISION refused: REASON" and is not an error.
 
 Needs the ampd Python package (a build's client/python/package) and numpy.
 """
@@ -20,49 +31,99 @@ import numpy as np
 
 import ampd
 
+# The full-size shapes: (vocab, hidden, layers, heads, intermediate, kv heads).
+DEFAULTS = {"gpt": (50304, 768, 12, 12, None, None),
+            "decoder": (151936, 896, 24, 14, 4864, 2)}
+
+
+def make_model(args):
+    context = args.prompt_len + args.max_tokens
+    if args.model == "gpt":
+        return ampd.GPT(vocab_size=args.vocab, context_length=context, d_model=args.hidden,
+                        n_layer=args.layers, n_head=args.heads)
+    return ampd.Decoder(vocab_size=args.vocab, hidden_size=args.hidden,
+                        intermediate_size=args.intermediate, num_hidden_layers=args.layers,
+                        num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+                        max_position_embeddings=context, rope_theta=1e6,
+                        tie_word_embeddings=True, qkv_bias=True)
+
+
+def time_precision(client, args, precision, prompts):
+    """(median seconds, generated tokens a call), or the refusal's text."""
+    try:
+        job = client.create_job(model=make_model(args), precision=precision, seed=0,
+                                batch_invariant=args.batch_invariant)
+    except ampd.AmpdError as e:
+        # Only the batch-invariant mode may be refused: any other error is one.
+        if args.batch_invariant and "batch_invariant" in str(e):
+            return str(e)
+        raise
+    try:
+        times, sampled = [], 0
+        for i in range(args.repeats + 1):
+            t0 = time.perf_counter()
+            groups = job.sample(prompts, max_tokens=args.max_tokens,
+                                temperature=args.temperature, seed=i)
+            elapsed = time.perf_counter() - t0
+            sampled = sum(len(c.tokens) for g in groups for c in g)
+            if sampled != args.prompts * args.max_tokens:
+                raise RuntimeError(f"{sampled} tokens sampled, expected {args.prompts} x "
+                                   f"{args.max_tokens}: a sequence stopped early")
+            if i > 0:  # the first call warms up (allocations, the workspace)
+                times.append(elapsed)
+    finally:
+        job.delete()
+    return statistics.median(times), sampled
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--server", default="127.0.0.1:50051")
-    parser.add_argument("--vocab", type=int, default=151936)
-    parser.add_argument("--hidden", type=int, default=896)
-    parser.add_argument("--intermediate", type=int, default=4864)
-    parser.add_argument("--layers", type=int, default=24)
-    parser.add_argument("--heads", type=int, default=14)
-    parser.add_argument("--kv-heads", type=int, default=2)
+    parser.add_argument("--model", default="decoder", choices=sorted(DEFAULTS))
+    parser.add_argument("--vocab", type=int)
+    parser.add_argument("--hidden", type=int, help="the GPT's d_model or the decoder's hidden")
+    parser.add_argument("--layers", type=int)
+    parser.add_argument("--heads", type=int)
+    parser.add_argument("--intermediate", type=int, help="the decoder's MLP width")
+    parser.add_argument("--kv-heads", type=int, help="the decoder's K/V heads")
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--precision", default="fp16", choices=("fp32", "fp16", "bf16"))
+    parser.add_argument("--precisions", "--precision", default="fp16",
+                        help="comma-separated: fp32, fp16, bf16")
     parser.add_argument("--batch-invariant", action="store_true")
     args = parser.parse_args()
-    model = ampd.Decoder(vocab_size=args.vocab, hidden_size=args.hidden,
-                         intermediate_size=args.intermediate, num_hidden_layers=args.layers,
-                         num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-                         max_position_embeddings=args.prompt_len + args.max_tokens,
-                         rope_theta=1e6, tie_word_embeddings=True, qkv_bias=True)
+    for name, value in zip(("vocab", "hidden", "layers", "heads", "intermediate", "kv_heads"),
+                           DEFAULTS[args.model]):
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    precisions = args.precisions.split(",")
+    for precision in precisions:
+        if precision not in ("fp32", "fp16", "bf16"):
+            print(f"sample_bench.py: unknown precision {precision!r}", file=sys.stderr)
+            return 2
     rng = np.random.default_rng(0)
     prompts = rng.integers(0, args.vocab, size=(args.prompts, args.prompt_len)).tolist()
+    shape = (f"gpt vocab {args.vocab}, d_model {args.hidden}, {args.layers} layers, "
+             f"{args.heads} heads" if args.model == "gpt" else
+             f"decoder vocab {args.vocab}, hidden {args.hidden}, intermediate "
+             f"{args.intermediate}, {args.layers} layers, {args.heads} heads / "
+             f"{args.kv_heads} kv heads")
+    print(f"sample: {shape}; {args.prompts} prompts x {args.prompt_len} tokens, "
+          f"{args.max_tokens} new tokens each, temperature {args.temperature:g}"
+          f"{', batch-invariant' if args.batch_invariant else ''}, through the Sample RPC; "
+          f"median of {args.repeats} after one warm-up call")
     with ampd.Client(args.server, timeout=600) as client:
-        job = client.create_job(model=model, precision=args.precision, seed=0,
-                                batch_invariant=args.batch_invariant)
-        print(f"sample: decoder vocab {args.vocab}, hidden {args.hidden}, {args.layers} layers, "
-              f"{args.heads} heads / {args.kv_heads} kv heads; {args.prompts} prompts x "
-              f"{args.prompt_len} tokens, {args.max_tokens} new tokens each, {args.precision}"
-              f"{', batch-invariant' if args.batch_invariant else ''}, through the Sample RPC")
-        times, sampled = [], 0
-        for i in range(args.repeats + 1):
-            t0 = time.perf_counter()
-            groups = job.sample(prompts, max_tokens=args.max_tokens, seed=i)
-            elapsed = time.perf_counter() - t0
-            sampled = sum(len(c.tokens) for g in groups for c in g)
-            if i > 0:  # the first call warms up (allocations, the workspace)
-                times.append(elapsed)
-        job.delete()
-    median = statistics.median(times)
-    print(f"{args.precision:5s} sample median {median * 1e3:9.3f} ms  "
-          f"{sampled / median:10.0f} sampled tokens/s  ({sampled} tokens a call)")
+        for precision in precisions:
+            result = time_precision(client, args, precision, prompts)
+            if isinstance(result, str):
+                print(f"{precision:5s} refused: {result}")
+                continue
+            median, sampled = result
+            print(f"{precision:5s} sample median {median * 1e3:9.3f} ms  "
+                  f"{sampled / median:10.0f} sampled tokens/s  ({sampled} tokens a call)")
     return 0
 
 
