@@ -101,6 +101,18 @@ absl::StatusOr<std::vector<v1::MicroBatch>> SplitRows(const v1::MicroBatch& batc
   };
   AMPD_RETURN_IF_ERROR(split(batch.inputs(), "inputs", &v1::MicroBatch::mutable_inputs));
   AMPD_RETURN_IF_ERROR(split(batch.targets(), "targets", &v1::MicroBatch::mutable_targets));
+  // A token loss's per-token inputs share the targets' rows.
+  if (batch.has_weights()) {
+    AMPD_RETURN_IF_ERROR(split(batch.weights(), "weights", &v1::MicroBatch::mutable_weights));
+  }
+  if (batch.has_advantages()) {
+    AMPD_RETURN_IF_ERROR(
+        split(batch.advantages(), "advantages", &v1::MicroBatch::mutable_advantages));
+  }
+  if (batch.has_sampling_logprobs()) {
+    AMPD_RETURN_IF_ERROR(split(batch.sampling_logprobs(), "sampling_logprobs",
+                               &v1::MicroBatch::mutable_sampling_logprobs));
+  }
   return out;
 }
 
@@ -151,7 +163,8 @@ absl::StatusOr<std::unique_ptr<DataParallelJob>> DataParallelJob::Create(
 }
 
 absl::StatusOr<v1::StepResponse> DataParallelJob::Step(
-    int64_t sequence, const std::vector<std::vector<v1::MicroBatch>>& shares) {
+    int64_t sequence, const std::vector<std::vector<v1::MicroBatch>>& shares,
+    const v1::StepRequest& common) {
   if (static_cast<int>(shares.size()) != world_size()) {
     return absl::InvalidArgumentError("shares: one list of micro-batches per rank");
   }
@@ -159,7 +172,8 @@ absl::StatusOr<v1::StepResponse> DataParallelJob::Step(
                         UntilEveryRankAnswers<v1::StepResponse>(
                             world_size(), options_.retry_for, absl::StrCat("Step ", sequence),
                             [&](int r) -> absl::StatusOr<v1::StepResponse> {
-                              v1::StepRequest request;
+                              v1::StepRequest request = common;
+                              request.clear_micro_batches();
                               request.set_job_id(jobs_[static_cast<size_t>(r)].job_id());
                               request.set_sequence(sequence);
                               for (const v1::MicroBatch& mb : shares[static_cast<size_t>(r)]) {

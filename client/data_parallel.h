@@ -34,7 +34,9 @@ struct DataParallelOptions {
 };
 
 // Every micro-batch of `batch` cut along dim 0 into `parts` consecutive row
-// ranges of equal size: InvalidArgument when the rows do not divide.
+// ranges of equal size, its token-loss inputs (weights, advantages,
+// sampling_logprobs) with it where present: InvalidArgument when the rows do
+// not divide.
 absl::StatusOr<std::vector<v1::MicroBatch>> SplitRows(const v1::MicroBatch& batch, int64_t parts);
 
 class DataParallelJob {
@@ -48,11 +50,16 @@ class DataParallelJob {
   const std::vector<v1::Job>& jobs() const { return jobs_; }
   const std::string& group() const { return group_; }
 
-  // Step `sequence` with shares[r] the micro-batches of rank r. Rank 0's
-  // response, after checking that every rank reports the same step, loss
-  // scale and skip (DataLoss when they do not: the replicas diverged).
+  // Step `sequence` with shares[r] the micro-batches of rank r, and the
+  // rest of the request (loss_fn, its ppo clip range, learning_rate) from
+  // `common`, the same on every rank (its job_id, sequence and micro_batches
+  // are ignored). Rank 0's response, after checking that every rank reports
+  // the same step, loss, scale and skip (DataLoss when they do not: the
+  // replicas diverged). A token loss's reported loss is the sum over every
+  // rank's tokens, the same on every rank.
   absl::StatusOr<v1::StepResponse> Step(int64_t sequence,
-                                        const std::vector<std::vector<v1::MicroBatch>>& shares);
+                                        const std::vector<std::vector<v1::MicroBatch>>& shares,
+                                        const v1::StepRequest& common = v1::StepRequest());
   // DeleteJob on every rank.
   absl::Status Delete();
 

@@ -49,7 +49,8 @@ struct MicroBatch {
 //   kCrossEntropy:       -sum w * logp              (weights optional: 1)
 //   kImportanceSampling: -sum r * A
 //   kPpo:                -sum min(r * A, clip(r, ppo_clip_low, ppo_clip_high) * A)
-// Tokens whose target is kIgnoreIndex add nothing.
+// Tokens whose target is kIgnoreIndex add nothing. A distributed job's step
+// sums over every rank's tokens (its ranks agree on the LossFn first).
 enum class LossFnKind { kModel, kCrossEntropy, kImportanceSampling, kPpo };
 
 // "model", "cross_entropy", "importance_sampling", "ppo" (the Python
@@ -129,7 +130,8 @@ struct StepReport {
   int64_t step = 0;                // 1-based number of this Step call in the job
   int64_t applied_steps = 0;       // optimizer updates applied so far, this one included
   float loss = 0;                  // mean over micro-batches, unscaled fp32 (multiplier included);
-                                   // a token loss (LossFn): the sum over every token
+                                   // a token loss (LossFn): the sum over every token; a
+                                   // distributed step's: over every rank's micro-batches
   amp::ScalerUpdate scaler;        // scale before/after, found_inf, skipped, grew, backed_off
   std::optional<float> grad_norm;  // L2 of unscaled grads (before clipping): every applied
                                    // step, and skipped ones when clipping

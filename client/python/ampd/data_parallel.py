@@ -7,6 +7,12 @@
         precision="fp16")
     r = job.step(x, y)   # x, y: the whole batch; rank r trains rows r*B/N .. (r+1)*B/N
 
+A GPT's or decoder's token losses split the same way (the per-token arrays
+with their rows), and the reported loss is then the sum over every rank's
+tokens:
+
+    r = job.step(ids, targets, loss_fn="ppo", advantages=A, sampling_logprobs=q)
+
 The job is created on every replica with the same config but for its rank.
 Each step goes to every rank at once with the same sequence number and the
 rank's share of the batch (a rank's Step waits until every rank has come).
@@ -23,7 +29,7 @@ import uuid
 import grpc
 
 from ampd import errors, spec
-from ampd.client import Client, Job, StepResult, to_tensor
+from ampd.client import Client, Job, StepResult, _set_token_loss, to_tensor
 from ampd.v1 import trainer_pb2 as pb
 
 # Failures that mean "a rank is not there (yet)": the step is sent again.
@@ -117,13 +123,21 @@ class DataParallelJob:
                                   error.reason, error.metadata, error.domain)
             attempt += 1
 
-    def step(self, inputs, targets, *, micro_batches_per_rank=1):
+    def step(self, inputs, targets, *, micro_batches_per_rank=1, learning_rate=None,
+             loss_fn=None, weights=None, advantages=None, sampling_logprobs=None,
+             ppo_clip=None):
         """Train one step on the whole batch (NumPy arrays or torch tensors),
         its rows split evenly across the ranks (and within a rank into
-        micro_batches_per_rank micro-batches). Rank 0's StepResult, after
-        checking every rank reports the same step."""
+        micro_batches_per_rank micro-batches). learning_rate, loss_fn and
+        ppo_clip as Job.step's, the same on every rank; weights, advantages
+        and sampling_logprobs are the whole batch's (the targets' shape),
+        split with its rows. A token loss's loss is the sum over every
+        rank's tokens. Rank 0's StepResult, after checking every rank
+        reports the same step and loss."""
         parts = self.world_size * micro_batches_per_rank
         xs, ys = split_rows(inputs, parts), split_rows(targets, parts)
+        ws, advs, qs = (None if v is None else split_rows(v, parts)
+                        for v in (weights, advantages, sampling_logprobs))
         sequence = self.next_sequence
 
         def step_on(rank):
@@ -132,6 +146,13 @@ class DataParallelJob:
                 job_id=self.jobs[rank].job_id, sequence=sequence,
                 micro_batches=[pb.MicroBatch(inputs=to_tensor(xs[i]), targets=to_tensor(ys[i]))
                                for i in share])
+            if learning_rate is not None:
+                request.learning_rate = learning_rate
+
+            def mine(parts_of):  # this rank's micro-batches' arrays
+                return None if parts_of is None else [parts_of[i] for i in share]
+
+            _set_token_loss(request, share, loss_fn, mine(ws), mine(advs), mine(qs), ppo_clip)
             c = self._clients[rank]
             return c._stub.Step(request, metadata=c._metadata(), timeout=c.timeout)
 

@@ -12,9 +12,11 @@
 // died. Ranks at the same step with different states are an error, not
 // something to paper over by copying (a LoadStateDict sent to one rank only).
 //
-// Each step: the ranks all-gather (sequence, micro-batches, input valid) and
-// decide together: a rank whose share is invalid refuses the step on every
-// rank; ranks sent different sequences refuse it on every rank; otherwise
+// Each step: the ranks all-gather (sequence, micro-batches, input valid,
+// loss_fn) and decide together: a rank whose share is invalid refuses the
+// step on every rank; ranks sent different sequences, or different loss
+// functions (a token loss's gradients and loss are sums, the model's
+// means: a mix would be neither), refuse it on every rank; otherwise
 // every rank, holding the same state, takes the same exactly-once decision
 // (run it, answer the recorded report, or refuse the sequence) and runs its
 // share with the all-reduces of Trainer::Step.
@@ -41,7 +43,34 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kHeaderSequence = 0;
 constexpr size_t kHeaderMicroBatches = 1;
 constexpr size_t kHeaderInputOk = 2;
-constexpr size_t kHeaderSize = 3;
+constexpr size_t kHeaderLossFn = 3;   // LossFnKind
+constexpr size_t kHeaderPpoClip = 4;  // PpoClipWord
+constexpr size_t kHeaderSize = 5;
+
+// A PPO step's clip range as one int64: both bounds' bit patterns, so the
+// ranks agree on the exact values. 0 for the other losses, which read none.
+int64_t PpoClipWord(const LossFn& fn) {
+  if (fn.kind != LossFnKind::kPpo) return 0;
+  uint32_t low = 0;
+  uint32_t high = 0;
+  std::memcpy(&low, &fn.ppo_clip_low, sizeof(low));
+  std::memcpy(&high, &fn.ppo_clip_high, sizeof(high));
+  return static_cast<int64_t>((static_cast<uint64_t>(high) << 32) | low);
+}
+
+// One rank's loss function as its header carries it, for an error.
+std::string LossFnText(const int64_t* header) {
+  const auto kind = static_cast<LossFnKind>(header[kHeaderLossFn]);
+  if (kind != LossFnKind::kPpo) return std::string(LossFnName(kind));
+  const auto word = static_cast<uint64_t>(header[kHeaderPpoClip]);
+  const auto low_bits = static_cast<uint32_t>(word);
+  const auto high_bits = static_cast<uint32_t>(word >> 32);
+  float low = 0;
+  float high = 0;
+  std::memcpy(&low, &low_bits, sizeof(low));
+  std::memcpy(&high, &high_bits, sizeof(high));
+  return absl::StrCat("ppo (clip ", low, ", ", high, ")");
+}
 
 std::string Sha256(absl::string_view bytes) {
   unsigned char digest[SHA256_DIGEST_LENGTH];
@@ -214,9 +243,11 @@ absl::StatusOr<StepReport> Job::DistributedStep(int64_t sequence, ValidStepInput
   AMPD_RETURN_IF_ERROR(EnsureGroup());
   const dist::DistributedSpec& spec = config_.get().distributed;
   const auto micro_batches = static_cast<int64_t>(input.get().micro_batches.size());
+  const LossFn loss_fn = input.get().loss_fn;
   // The share's one check against the model: the ranks agree on it below.
   const absl::StatusOr<FittedStepInput> fitted = trainer_->CheckInput(std::move(input));
-  const int64_t header[kHeaderSize] = {sequence, micro_batches, fitted.ok() ? 1 : 0};
+  const int64_t header[kHeaderSize] = {sequence, micro_batches, fitted.ok() ? 1 : 0,
+                                       static_cast<int64_t>(loss_fn.kind), PpoClipWord(loss_fn)};
   const Clock::time_point wait_start = Clock::now();
   absl::StatusOr<std::vector<int64_t>> all = group_->AllGather(header);
   const double wait_seconds = std::chrono::duration<double>(Clock::now() - wait_start).count();
@@ -228,11 +259,15 @@ absl::StatusOr<StepReport> Job::DistributedStep(int64_t sequence, ValidStepInput
   int64_t global_micro_batches = 0;
   std::vector<std::string> refused;
   bool same_sequence = true;
+  bool same_loss_fn = true;
   for (int32_t r = 0; r < spec.world_size; ++r) {
     const int64_t* h = all->data() + static_cast<size_t>(r) * kHeaderSize;
     global_micro_batches += h[kHeaderMicroBatches];
     if (h[kHeaderInputOk] == 0) refused.push_back(absl::StrCat(r));
     if (h[kHeaderSequence] != sequence) same_sequence = false;
+    if (h[kHeaderLossFn] != (*all)[kHeaderLossFn] || h[kHeaderPpoClip] != (*all)[kHeaderPpoClip]) {
+      same_loss_fn = false;
+    }
   }
   if (!fitted.ok()) return fitted.status();
   if (!refused.empty()) {
@@ -253,6 +288,18 @@ absl::StatusOr<StepReport> Job::DistributedStep(int64_t sequence, ValidStepInput
             "sequence: the ranks of group ", spec.group, " were sent different sequences (",
             absl::StrJoin(sequences, ", "), "); send every rank the same step")),
         reason::kReplicasDiffer, {{"group", spec.group}});
+  }
+  if (!same_loss_fn) {
+    std::vector<std::string> loss_fns;
+    for (int32_t r = 0; r < spec.world_size; ++r) {
+      loss_fns.push_back(absl::StrCat(
+          "rank ", r, ": ", LossFnText(all->data() + static_cast<size_t>(r) * kHeaderSize)));
+    }
+    return WithReason(
+        absl::FailedPreconditionError(absl::StrCat(
+            "loss_fn: the ranks of group ", spec.group, " were sent different loss functions (",
+            absl::StrJoin(loss_fns, ", "), "); send every rank the same loss_fn")),
+        reason::kReplicasDiffer, {{"group", spec.group}, {"field", "loss_fn"}});
   }
   // Every rank holds the same state, so every rank decides alike.
   AMPD_ASSIGN_OR_RETURN(std::optional<StepReport> recorded, CheckSequence(sequence));

@@ -1,7 +1,9 @@
 // Trainer::Impl::CalibrateLossScale: the adaptive scaler's calibrated start
 // (server/engine/amp/adaptive_policy.h). The step's micro-batches run
 // forward and backward at a loss scale of 1 (each micro-batch's gradient
-// carrying 1 / K, as in the step), the fused check pass produces max|g|,
+// carrying 1 / K, or 1 for a token loss's sum, as in the step; a
+// distributed job's K and summed gradients are every rank's), the fused
+// check pass produces max|g|,
 // and one small read brings found_inf and the max back; the scaler then
 // starts at the largest power of two that keeps max|g| * S under its
 // overflow margin. S = 1 is the safe scale: gradients overflow there only

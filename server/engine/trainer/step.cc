@@ -268,10 +268,6 @@ absl::StatusOr<Trainer::Impl::StepPlan> Trainer::Impl::Admit(
   }
   plan.per_layer = config.scaler.per_layer_scales;
   plan.token_loss = input.loss_fn.kind != LossFnKind::kModel;
-  if (plan.token_loss && data_parallel != nullptr) {
-    return absl::InvalidArgumentError(
-        "loss_fn: token losses are not available for distributed jobs yet");
-  }
   if (plan.per_layer && data_parallel != nullptr) {
     // Validation refuses the config; a Trainer handed one anyway must not
     // train ranks whose group scales were never reduced.
@@ -294,7 +290,10 @@ absl::StatusOr<Trainer::Impl::StepPlan> Trainer::Impl::Admit(
   // the ranks' gradients is then the whole batch's.
   plan.k = data_parallel != nullptr ? data_parallel->global_micro_batches : plan.local_k;
   // d(S * mean_k L_k)/dw: each micro-batch's loss gradient carries S / K;
-  // a token loss sums over every micro-batch's tokens, so S alone.
+  // a token loss sums over every micro-batch's tokens, so S alone, on every
+  // rank too: the ranks' summed gradients are then the whole batch's sum,
+  // and their summed loss_sum (CheckGradients) the loss over every token.
+  // The job's ranks agree on loss_fn before the step (job_distributed.cc).
   plan.grad_scale = plan.token_loss ? plan.scale : plan.scale / static_cast<float>(plan.k);
   plan.clip = config.optimizer.max_grad_norm > 0.0f;
   return plan;
