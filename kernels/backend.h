@@ -238,10 +238,16 @@ class Backend {
   // Everything else the GEMM contracts say still holds (fp32 accumulation,
   // alpha and beta, one rounding to c's dtype). Off: the backend picks its
   // fastest GEMM, whose order may change with the shape (OpenBLAS takes a
-  // GEMV path for M == 1 and other kernels for other small M). The CPU
-  // backend's order is in kernels/cpu/gemm_invariant.cc. Unimplemented
-  // where the backend cannot pin its order (turning it off is then a no-op
-  // that succeeds: the mode was never on).
+  // GEMV path for M == 1 and other kernels for other small M; cuBLAS and
+  // cuBLASLt pick a kernel and a split-K by shape). The CPU backend's order
+  // is in kernels/cpu/gemm_invariant.cc; CUDA's in
+  // kernels/cuda/gemm_invariant.cu (F32 the same order as the CPU's, bit
+  // for bit; F16/BF16 tensor-core steps of 16 over K, so equal to the CPU
+  // within fp32 rounding), where the Linear ops also give up their fused
+  // cuBLASLt epilogues for the separate, row-local kernels. Setting it
+  // allocates, synchronizes and queries nothing. Unimplemented where the
+  // backend cannot pin its order (turning it off is then a no-op that
+  // succeeds: the mode was never on).
   virtual absl::Status SetBatchInvariant(bool on) {
     if (!on) return absl::OkStatus();
     return absl::UnimplementedError(

@@ -224,6 +224,7 @@ if [ "$on_gpu" -eq 1 ]; then
     part attention 60 "$bin/bench/cuda/ampd_bench_cuda_attention" 10
   [ -x "$bin/bench/cuda/ampd_bench_cuda_cross_entropy" ] &&
     part cross_entropy 60 "$bin/bench/cuda/ampd_bench_cuda_cross_entropy" 10
+  [ -x "$bin/bench/cuda/ampd_bench_cuda_gemm" ] && part gemm_invariant 120 "$bin/bench/cuda/ampd_bench_cuda_gemm" 5
 else
   skip optimizer "needs a GPU; the engine_mlp log has the CPU's fused AdamUpdate GB/s"
 fi

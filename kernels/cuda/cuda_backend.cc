@@ -208,15 +208,16 @@ class CudaBackend final : public Backend {
 
   std::string name() const override { return absl::StrCat("cuda:", ctx_->device); }
 
-  // Not yet: cuBLAS and cuBLASLt pick their kernel, tile and split-K by the
-  // shape (M included), so a row's summation order changes with the batch.
-  // Pinning one algorithm and split-K setting per (N, K) is future work.
+  // cuBLAS and cuBLASLt pick their kernel, tile and split-K by the shape
+  // (M included), so a row's summation order changes with the batch. On,
+  // every GEMM runs gemm_invariant.cu's fixed-order kernel instead and the
+  // fused Linear ops take their separate-kernel paths (that GEMM into fp32,
+  // then the bias/activation kernel); off, cuBLAS and cuBLASLt again. Only
+  // a flag: no allocation, sync or device query, so it may be set between
+  // any two ops.
   absl::Status SetBatchInvariant(bool on) override {
-    if (!on) return absl::OkStatus();
-    return absl::UnimplementedError(absl::StrCat(
-        "batch_invariant: not available on ", name(),
-        ": cuBLAS picks its GEMM kernels and split-K by shape, so a row's summation order "
-        "depends on M; pinning them is not implemented"));
+    batch_invariant_ = on;
+    return absl::OkStatus();
   }
 
   absl::StatusOr<Tensor> Allocate(DType dtype, const Shape& shape) override {
@@ -424,6 +425,13 @@ class CudaBackend final : public Backend {
       if (beta == 0.0f) return LaunchFill(c.data(), c.dtype(), c.numel(), 0.0f, stream());
       return LaunchScale(c.data(), c.dtype(), c.numel(), beta, stream());
     }
+    if (batch_invariant_) {
+      // One rounding of alpha * sum + beta * c for every c dtype and beta.
+      return LaunchGemmInvariant(trans_a, trans_b, static_cast<int>(m), static_cast<int>(n),
+                                 static_cast<int>(k), alpha, a.data(), static_cast<int>(a.dim(1)),
+                                 b.data(), static_cast<int>(b.dim(1)), a.dtype(), beta, c.data(),
+                                 c.dtype(), stream());
+    }
     if (beta == 1.0f && c.dtype() != DType::kF32) {
       // Accumulating into a 16-bit c (a weight gradient's later
       // micro-batches, the LM head's gradient): on an H100 with cuBLAS 13,
@@ -446,7 +454,9 @@ class CudaBackend final : public Backend {
   // Each runs as one cuBLASLt matmul with the epilogue fused where lt_ has
   // an algorithm for the call (gemm_lt.h), else as the separate path: a
   // cuBLAS GEMM into fp32 and the epilogue's kernel, or Gemm then
-  // BiasGrad. Both keep the contract in kernels/backend.h.
+  // BiasGrad. Both keep the contract in kernels/backend.h. Batch-invariant
+  // mode always takes the separate path, its GEMM gemm_invariant.cu's
+  // (the epilogue kernels are elementwise, so the bits stay row-local).
   absl::Status GemmBiasActivation(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
                                   const Tensor* bias, GemmActivation act, Tensor& c,
                                   Tensor* pre) override {
@@ -464,7 +474,7 @@ class CudaBackend final : public Backend {
     // (ActivationForward's formula, as the separate ops computed it), and
     // the aux matrix's leading dimension must be a multiple of 8.
     const bool lt_gelu_ok = dtype != DType::kF32 && n % 8 == 0;
-    if (lt_ != nullptr && k > 0 && bias != nullptr && (!gelu || lt_gelu_ok)) {
+    if (UseLt() && k > 0 && bias != nullptr && (!gelu || lt_gelu_ok)) {
       LtMatmulArgs args = LtArgs(trans_a, trans_b, m, n, k, 1.0f, a, b, 0.0f, c);
       args.epilogue = gelu ? LtEpilogue::kGeluAuxBias : LtEpilogue::kBias;
       args.bias = const_cast<void*>(bias->data());  // read only (BIAS, GELU_AUX_BIAS)
@@ -494,7 +504,7 @@ class CudaBackend final : public Backend {
     const int64_t m = c.dim(0);
     const int64_t n = c.dim(1);
     const int64_t k = trans_a ? a.dim(0) : a.dim(1);
-    if (lt_ != nullptr && m > 0 && n > 0 && k > 0) {
+    if (UseLt() && m > 0 && n > 0 && k > 0) {
       AMPD_ENTER_DEVICE();
       AMPD_ASSIGN_OR_RETURN(const bool fused,
                             FusedBiasGrad(trans_a, trans_b, a, b, beta, c, of, dbias, m, n, k));
@@ -517,7 +527,7 @@ class CudaBackend final : public Backend {
     AMPD_ENTER_DEVICE();
     const DType dtype = c.dtype();
     // DGELU for F16/BF16 only, as GELU_AUX_BIAS in GemmBiasActivation.
-    if (lt_ != nullptr && k > 0 && dtype != DType::kF32 && n % 8 == 0) {
+    if (UseLt() && k > 0 && dtype != DType::kF32 && n % 8 == 0) {
       LtMatmulArgs args = LtArgs(trans_a, trans_b, m, n, k, alpha, a, b, 0.0f, c);
       args.epilogue = LtEpilogue::kDGelu;
       args.aux = const_cast<void*>(pre->data());  // read only (DGELU)
@@ -867,10 +877,20 @@ class CudaBackend final : public Backend {
     return args;
   }
 
+  // Whether a Linear op may try its cuBLASLt epilogue: not in
+  // batch-invariant mode, whose GEMMs are all gemm_invariant.cu's.
+  bool UseLt() const { return lt_ != nullptr && !batch_invariant_; }
+
   // out (m, n) F32 = alpha op(a) op(b), the unrounded sums (zeros for k == 0).
   absl::Status GemmF32(bool trans_a, bool trans_b, float alpha, const Tensor& a, const Tensor& b,
                        int64_t m, int64_t n, int64_t k, float* out) {
     if (k == 0) return LaunchFill(out, DType::kF32, m * n, 0.0f, stream());
+    if (batch_invariant_) {
+      return LaunchGemmInvariant(trans_a, trans_b, static_cast<int>(m), static_cast<int>(n),
+                                 static_cast<int>(k), alpha, a.data(), static_cast<int>(a.dim(1)),
+                                 b.data(), static_cast<int>(b.dim(1)), a.dtype(), 0.0f, out,
+                                 DType::kF32, stream());
+    }
     return LaunchGemm(cublas_.get(), trans_a, trans_b, static_cast<int>(m), static_cast<int>(n),
                       static_cast<int>(k), alpha, a.data(), static_cast<int>(a.dim(1)), b.data(),
                       static_cast<int>(b.dim(1)), a.dtype(), 0.0f, out, DType::kF32);
@@ -1085,12 +1105,15 @@ class CudaBackend final : public Backend {
   std::shared_ptr<StreamContext> ctx_;
   CublasHandle cublas_;
   std::unique_ptr<LtMatmul> lt_;  // cuBLASLt epilogue plans; null: epilogues off
-  Tensor workspace_;              // (8M) F32: cuBLAS and cuBLASLt workspace, 32 MiB
-  Tensor partials_;               // (kMaxReductionBlocks) F32: loss reduction partial sums
-  Tensor scratch_;                // grow-only op scratch (Scratch)
-  Tensor error_word_;             // (1) I32: kError* bits the kernels raise, device memory
-  Tensor gathered_;               // (scalar_slots_ + 1) F32: ReadScalars' device block
-  PinnedHostBuffer staging_;      // (scalar_slots_ + 1) floats: ReadScalars' landing area
+  // SetBatchInvariant's mode. Set between ops by the job that owns the
+  // backend; read by the GEMM ops.
+  bool batch_invariant_ = false;
+  Tensor workspace_;          // (8M) F32: cuBLAS and cuBLASLt workspace, 32 MiB
+  Tensor partials_;           // (kMaxReductionBlocks) F32: loss reduction partial sums
+  Tensor scratch_;            // grow-only op scratch (Scratch)
+  Tensor error_word_;         // (1) I32: kError* bits the kernels raise, device memory
+  Tensor gathered_;           // (scalar_slots_ + 1) F32: ReadScalars' device block
+  PinnedHostBuffer staging_;  // (scalar_slots_ + 1) floats: ReadScalars' landing area
   size_t scalar_slots_ = 0;
   int64_t capacity_bytes_ = 0;       // the device's total memory, read at creation
   AttentionKernelConfig attention_;  // what the attention kernels may use, read at creation

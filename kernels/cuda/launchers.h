@@ -137,6 +137,15 @@ absl::Status LaunchGemm(cublasHandle_t handle, bool trans_a, bool trans_b, int m
                         float alpha, const void* a, int lda, const void* b, int ldb, DType ab_dtype,
                         float beta, void* c, DType c_dtype);
 
+// The batch-invariant GEMM (gemm_invariant.cu): c (m, n) = alpha op(a)
+// op(b) + beta c with each element's sum over K in one order fixed by K
+// alone (F32: the CPU oracle's order, bit for bit; F16/BF16: tensor-core
+// steps of 16 from 0). c is F32 or ab_dtype, rounded once; beta == 0 never
+// reads c. m, n, k > 0; lda, ldb the stored row lengths.
+absl::Status LaunchGemmInvariant(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                                 const void* a, int lda, const void* b, int ldb, DType ab_dtype,
+                                 float beta, void* c, DType c_dtype, cudaStream_t stream);
+
 // Row-major strided-batched GEMM on cuBLAS (gemm.cc): for i in [0, batch),
 // C_i (m, n) = alpha op(A_i) op(B_i) + beta C_i with X_i = X + i * stride_x
 // elements; lda, ldb, ldc are the row lengths (elements) of the stored
