@@ -121,6 +121,20 @@ struct GradTransform {
   float max_grad_norm = 0.0f;         // <= 0: no clipping
 };
 
+// A sampler's per-token draw (Backend::SampleTokens): softmax(logits /
+// temperature) over the top_k most likely tokens (0: all), then the
+// smallest set of the most likely whose probability reaches top_p; row r
+// of a step draws with u = philox::Unit53 of Philox block (seed, stream =
+// r, counter = step) (kernels/philox.h).
+struct SampleParams {
+  float temperature = 1.0f;  // finite, >= 0; 0: the most likely token
+  int64_t top_k = 0;         // >= 0; 0: no top-k truncation
+  float top_p = 1.0f;        // in (0, 1]; 1: no nucleus truncation
+  uint64_t seed = 0;
+  uint64_t step = 0;
+  int64_t ignore_index = -100;  // the token of a row that is not live
+};
+
 // What a step's ops run on beyond their tensors, for Backend::ScratchBytes
 // (model::StepScratchExtents gives them for a model and a batch shape).
 struct ScratchExtents {
@@ -446,6 +460,22 @@ class Backend {
                                        const Tensor& v_cache, const Tensor& positions,
                                        int64_t heads, int64_t kv_heads, Tensor& out) = 0;
 
+  // The decode step's new keys and values into a KV cache, every sequence
+  // at its own position, one call per layer: rows (S, R) the layer's fused
+  // rows (q | k | v in column blocks); k_cache, v_cache (S, T_max, W),
+  // rows' dtype (any: a byte copy, no rounding); positions (S) I32 or I64
+  // on the backend's device;
+  //   k_cache[s, positions[s], :] = rows[s, k_col : k_col + W]
+  //   v_cache[s, positions[s], :] = rows[s, v_col : v_col + W]
+  // every other cache row untouched: the bytes S x 2 CopyColumns calls of
+  // one row each would write, in one pass (CUDA: one launch). The CPU
+  // backend refuses a position outside [0, T_max) with nothing written; on
+  // CUDA the positions are device data the op cannot check without a sync,
+  // so the caller keeps them in range, and the kernel writes nothing for a
+  // sequence whose position is outside it.
+  virtual absl::Status WriteKvRows(const Tensor& rows, int64_t k_col, int64_t v_col,
+                                   const Tensor& positions, Tensor& k_cache, Tensor& v_cache) = 0;
+
   // ---- grouped-query attention's shared K/V heads ----------------------------
   // Hugging Face's repeat_kv on a fused row: src (B, T, (H + 2 Hkv) D) =
   // [q | k | v] with H query heads and Hkv K/V heads (Hkv divides H, D =
@@ -585,6 +615,43 @@ class Backend {
                                  Tensor& dlogits) {
     return CrossEntropyChunk(logits, labels, ignore_index, TokenLossTerms{}, loss_scale, grad_scale,
                              loss, dlogits);
+  }
+
+  // ---- sampling --------------------------------------------------------------
+  // One token per row of logits (S, V) (F32, F16 or BF16) drawn on the
+  // device (SampleParams): tokens (S) I64 gets row r's token where
+  // live[r] != 0 (live (S) I64, on the device), params.ignore_index where
+  // live[r] == 0, so tokens can serve as CrossEntropyChunk's labels as they
+  // are. Per live row, with z the logits widened exactly to float and all
+  // arithmetic in float64, inv_t = 1 / temperature:
+  //   temperature 0: the most likely token, the lowest id among ties.
+  //   untruncated (top_k 0, top_p 1): w_i = exp(z_i inv_t - max(z)
+  //     inv_t); the first id i, in id order, with u sum(w) < w_0 + .. + w_i
+  //     (V - 1 if none).
+  //   truncated (any other top_k, top_p): the tokens ordered most likely first (ties by id, a total
+  //     order); the first keep = min(top_k, V) of them (all when top_k is
+  //     0); w_j = exp(z_j inv_t - z_top inv_t) in that order; the nucleus is
+  //     the shortest prefix whose sum of w_j / sum(w) reaches top_p (the
+  //     whole keep when top_p is 1); the token is the first of the nucleus,
+  //     in that order, whose cumulative w exceeds u times the nucleus's w.
+  // The CPU backend sums each w in the order given (sequentially, as the
+  // sampler always did on the host). CUDA sums in a fixed order of its own
+  // (kernels/cuda/sample_tokens.cu: per-thread runs then a fixed tree), so
+  // its tokens equal the CPU's except where u lands within a float64
+  // rounding of a cumulative boundary (in theory about 1e-15 of draws) or
+  // where exp differs by its last bit in the same place; temperature 0
+  // agrees exactly. NaN logits give an unspecified (in-range) token.
+  // Refused: temperature < 0 or not finite, top_k < 0, top_p outside
+  // (0, 1], mismatched shapes or dtypes, tokens overlapping an input.
+  virtual absl::Status SampleTokens(const Tensor& logits, const Tensor& live,
+                                    const SampleParams& params, Tensor& tokens) = 0;
+  // Bytes SampleTokens holds beside its tensors for (rows, vocab) logits
+  // (the CPU: each pool thread's widened row, order and weights; CUDA:
+  // none), for a sampler's admission, which adds it to the step's scratch.
+  virtual int64_t SampleScratchBytes(int64_t rows, int64_t vocab) const {
+    (void)rows;
+    (void)vocab;
+    return 0;
   }
 
   // ---- loss scaling and the optimizer -------------------------------------

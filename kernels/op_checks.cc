@@ -689,6 +689,80 @@ absl::Status ValidateAttentionBackward(const Tensor& qkv, const Tensor& out, con
   return absl::OkStatus();
 }
 
+absl::Status ValidateWriteKvRows(const Tensor& rows, int64_t k_col, int64_t v_col,
+                                 const Tensor& positions, const Tensor& k_cache,
+                                 const Tensor& v_cache) {
+  constexpr absl::string_view kOp = "WriteKvRows";
+  AMPD_RETURN_IF_ERROR(CheckRank(kOp, "rows", rows, 2));
+  AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "rows", rows));
+  const int64_t seqs = rows.dim(0);
+  AMPD_RETURN_IF_ERROR(CheckRank(kOp, "k_cache", k_cache, 3));
+  AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "k_cache", k_cache, "rows", rows));
+  if (k_cache.dim(0) != seqs || k_cache.dim(1) < 1) {
+    return Expected(kOp, "k_cache", k_cache,
+                    absl::StrCat("(S, T_max, W) with S = ", seqs, " and T_max >= 1"));
+  }
+  AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "k_cache", k_cache));
+  AMPD_RETURN_IF_ERROR(CheckLike(kOp, "v_cache", v_cache, "k_cache", k_cache));
+  const int64_t width = k_cache.dim(2);
+  const int64_t row_width = rows.dim(1);
+  const struct {
+    const char* name;
+    int64_t col;
+  } blocks[] = {{"k_col", k_col}, {"v_col", v_col}};
+  for (const auto& b : blocks) {
+    // col > R - W rather than col + W > R: no overflow for any int64.
+    if (b.col < 0 || width > row_width || b.col > row_width - width) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kOp, ": ", b.name, " is ", b.col, " with the caches' W = ", width, " but rows is ",
+          rows.DebugString(), "; expected 0 <= ", b.name, " and ", b.name, " + W <= ", row_width));
+    }
+  }
+  AMPD_RETURN_IF_ERROR(CheckIndex(kOp, "positions", positions));
+  AMPD_RETURN_IF_ERROR(CheckShapeIs(kOp, "positions", positions, {seqs}, "(S)"));
+  const struct {
+    const char* name;
+    const Tensor* t;
+  } inputs[] = {{"rows", &rows}, {"positions", &positions}, {"v_cache", &v_cache}};
+  for (const auto& in : inputs) {
+    AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "k_cache", k_cache, in.name, *in.t));
+  }
+  AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "v_cache", v_cache, "rows", rows));
+  return CheckNoOverlap(kOp, "v_cache", v_cache, "positions", positions);
+}
+
+absl::Status ValidateSampleTokens(const Tensor& logits, const Tensor& live,
+                                  const SampleParams& params, const Tensor& tokens) {
+  constexpr absl::string_view kOp = "SampleTokens";
+  AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "logits", logits));
+  AMPD_RETURN_IF_ERROR(CheckRank(kOp, "logits", logits, 2));
+  // Ids fit an int (the CUDA kernel's loop index) and a key's low 32 bits.
+  constexpr int64_t kMaxVocab = 0x7fffffff;
+  if (logits.dim(1) < 1 || logits.dim(1) > kMaxVocab) {
+    return Expected(kOp, "logits", logits, absl::StrCat("(S, V) with 1 <= V <= ", kMaxVocab));
+  }
+  const int64_t seqs = logits.dim(0);
+  AMPD_RETURN_IF_ERROR(CheckDType(kOp, "live", live, DType::kI64));
+  AMPD_RETURN_IF_ERROR(CheckShapeIs(kOp, "live", live, {seqs}, "(S)"));
+  AMPD_RETURN_IF_ERROR(CheckDType(kOp, "tokens", tokens, DType::kI64));
+  AMPD_RETURN_IF_ERROR(CheckShapeIs(kOp, "tokens", tokens, {seqs}, "(S)"));
+  AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "tokens", tokens, "logits", logits));
+  AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "tokens", tokens, "live", live));
+  if (!std::isfinite(params.temperature) || params.temperature < 0.0f) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": temperature is ", params.temperature, "; expected finite and >= 0"));
+  }
+  if (params.top_k < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": top_k is ", params.top_k, "; expected >= 0"));
+  }
+  if (!(params.top_p > 0.0f && params.top_p <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": top_p is ", params.top_p, "; expected in (0, 1]"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateAttentionDecode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                      const Tensor& positions, int64_t heads, int64_t kv_heads,
                                      const Tensor& out) {

@@ -117,6 +117,18 @@ absl::Status ValidateAttentionBackward(const Tensor& qkv, const Tensor& out, con
 absl::Status ValidateAttentionDecode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                      const Tensor& positions, int64_t heads, int64_t kv_heads,
                                      const Tensor& out);
+// rows 2-D (S, R) with memory; k_cache and v_cache rows' dtype, (S, T_max,
+// W) both, T_max >= 1; k_col and v_col >= 0 with each W-column block inside
+// R; positions I32 or I64 (S); neither cache overlapping rows, positions
+// or the other cache. Position values are the backend's to check.
+absl::Status ValidateWriteKvRows(const Tensor& rows, int64_t k_col, int64_t v_col,
+                                 const Tensor& positions, const Tensor& k_cache,
+                                 const Tensor& v_cache);
+// logits float (S, V) with V >= 1 and V < 2^31; live I64 (S); tokens I64
+// (S) overlapping neither input; temperature finite and >= 0, top_k >= 0,
+// top_p in (0, 1].
+absl::Status ValidateSampleTokens(const Tensor& logits, const Tensor& live,
+                                  const SampleParams& params, const Tensor& tokens);
 
 // ---- grouped-query K/V heads
 // compact float (B, T, (H + 2 Hkv) D) with D >= 1, kv_heads >= 1 dividing

@@ -255,6 +255,23 @@ class CpuBackend final : public Backend {
     return cpu::AttentionDecode(pool_, q, k_cache, v_cache, positions, heads, kv_heads, out);
   }
 
+  absl::Status WriteKvRows(const Tensor& rows, int64_t k_col, int64_t v_col,
+                           const Tensor& positions, Tensor& k_cache, Tensor& v_cache) override {
+    return cpu::WriteKvRows(rows, k_col, v_col, positions, k_cache, v_cache);
+  }
+
+  absl::Status SampleTokens(const Tensor& logits, const Tensor& live, const SampleParams& params,
+                            Tensor& tokens) override {
+    return cpu::SampleTokens(pool_, logits, live, params, tokens);
+  }
+  // Per pool thread (the caller included): a row widened to float (4 bytes
+  // an id), its order (8) and its float64 weights (8), kept thread_local
+  // between calls as the cross-entropy's rows are.
+  int64_t SampleScratchBytes(int64_t rows, int64_t vocab) const override {
+    (void)rows;
+    return SaturatingMul(SaturatingMul(pool_.threads(), vocab), 20);
+  }
+
   absl::Status LayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps,
                                 Tensor& y, Tensor& mean, Tensor& rstd) override {
     return cpu::LayerNormForward(x, gamma, beta, eps, y, mean, rstd);

@@ -197,6 +197,12 @@ absl::Status AttentionBackward(ThreadPool& pool, const Tensor& qkv, const Tensor
 absl::Status AttentionDecode(ThreadPool& pool, const Tensor& q, const Tensor& k_cache,
                              const Tensor& v_cache, const Tensor& positions, int64_t heads,
                              int64_t kv_heads, Tensor& out);
+// write_kv_rows.cc
+absl::Status WriteKvRows(const Tensor& rows, int64_t k_col, int64_t v_col, const Tensor& positions,
+                         Tensor& k_cache, Tensor& v_cache);
+// sample_tokens.cc
+absl::Status SampleTokens(ThreadPool& pool, const Tensor& logits, const Tensor& live,
+                          const SampleParams& params, Tensor& tokens);
 // layernorm_forward.cc (LayerNorm and RMSNorm)
 absl::Status LayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps,
                               Tensor& y, Tensor& mean, Tensor& rstd);

@@ -757,6 +757,27 @@ class CudaBackend final : public Backend {
     return LaunchAttentionForward(qkv.data(), qkv.dtype(), qkv.dim(0), qkv.dim(1), qkv.dim(2) / 3,
                                   n_head, out.data(), lse.data_as<float>(), attention_, stream());
   }
+
+  absl::Status WriteKvRows(const Tensor& rows, int64_t k_col, int64_t v_col,
+                           const Tensor& positions, Tensor& k_cache, Tensor& v_cache) override {
+    AMPD_RETURN_IF_ERROR(ValidateWriteKvRows(rows, k_col, v_col, positions, k_cache, v_cache));
+    AMPD_ENTER_DEVICE();
+    const auto elem = static_cast<int64_t>(SizeOf(rows.dtype()));
+    // positions stay on the device (no sync to check them here): the
+    // kernel skips a sequence whose position is out of range.
+    return LaunchWriteKvRows(rows.data(), rows.dim(1) * elem, k_col * elem, v_col * elem,
+                             positions.data(), positions.dtype(), rows.dim(0), k_cache.dim(1),
+                             k_cache.dim(2) * elem, elem, k_cache.data(), v_cache.data(), stream());
+  }
+
+  absl::Status SampleTokens(const Tensor& logits, const Tensor& live, const SampleParams& params,
+                            Tensor& tokens) override {
+    AMPD_RETURN_IF_ERROR(ValidateSampleTokens(logits, live, params, tokens));
+    AMPD_ENTER_DEVICE();
+    return LaunchSampleTokens(logits.data(), logits.dtype(), logits.dim(0), logits.dim(1),
+                              live.data_as<int64_t>(), params, tokens.data_as<int64_t>(), stream());
+  }
+
   absl::Status AttentionDecode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                const Tensor& positions, int64_t heads, int64_t kv_heads,
                                Tensor& out) override {

@@ -246,6 +246,20 @@ absl::Status LaunchLayerNormBackward(const void* x, DType dtype, const void* gam
 absl::Status LaunchCopyColumns(const void* src, int64_t src_stride, void* dst, int64_t dst_stride,
                                int64_t rows, int64_t block_bytes, int64_t elem_bytes,
                                cudaStream_t stream);
+// The decode step's K/V rows into a layer's caches (WriteKvRows): rows
+// (seqs, row_bytes / elem_bytes) of fused rows; the key block starts at
+// byte k_byte of a row, the value block at v_byte, each width_bytes wide;
+// caches (seqs, t_max, width); positions (seqs) of pos_dtype on the
+// device (a sequence whose position is outside [0, t_max) is skipped).
+absl::Status LaunchWriteKvRows(const void* rows, int64_t row_bytes, int64_t k_byte, int64_t v_byte,
+                               const void* positions, DType pos_dtype, int64_t seqs, int64_t t_max,
+                               int64_t width_bytes, int64_t elem_bytes, void* k_cache,
+                               void* v_cache, cudaStream_t stream);
+// One token per row of logits (rows, vocab) of dtype (SampleTokens): live
+// and tokens (rows) I64 on the device; one block per row.
+absl::Status LaunchSampleTokens(const void* logits, DType dtype, int64_t rows, int64_t vocab,
+                                const int64_t* live, const SampleParams& params, int64_t* tokens,
+                                cudaStream_t stream);
 // expand: in (rows, (heads + 2 kv_heads) head_dim) -> out (rows, 3 heads
 // head_dim); else the reduction from out's shape back to in's.
 absl::Status LaunchKvHeads(bool expand, const void* in, void* out, DType dtype, int64_t rows,

@@ -1,5 +1,7 @@
-// KvCache and the decode step's host side (kv_cache.h): copies of column
-// blocks (Backend::CopyColumns) between fused q|k|v rows and the cache.
+// KvCache and the decode step's host side (kv_cache.h): the prompts' keys
+// and values copied as column blocks (Backend::CopyColumns) from fused
+// q|k|v rows into the cache, a decode step's in one Backend::WriteKvRows
+// per layer.
 #include "server/engine/model/kv_cache.h"
 
 #include "absl/strings/str_cat.h"
@@ -47,19 +49,9 @@ absl::Status KvCache::Prefill(kernels::Backend& backend, absl::Span<const Tensor
   return absl::OkStatus();
 }
 
-absl::Status KvCache::Write(kernels::Backend& backend, size_t layer, const Tensor& rows) {
-  const int64_t row_width = rows.dim(1);
-  const int64_t max_len = k[layer].dim(1);
-  for (size_t i = 0; i < host_positions.size(); ++i) {
-    const auto seq = static_cast<int64_t>(i);
-    const int64_t slot = seq * max_len + host_positions[i];
-    AMPD_ASSIGN_OR_RETURN(const Tensor row, rows.View(seq * row_width, {1, row_width}));
-    AMPD_ASSIGN_OR_RETURN(Tensor key, k[layer].View(slot * width, {1, width}));
-    AMPD_ASSIGN_OR_RETURN(Tensor value, v[layer].View(slot * width, {1, width}));
-    AMPD_RETURN_IF_ERROR(backend.CopyColumns(row, k_col, width, key, 0));
-    AMPD_RETURN_IF_ERROR(backend.CopyColumns(row, v_col, width, value, 0));
-  }
-  return absl::OkStatus();
+absl::Status KvCache::Write(kernels::Backend& backend, size_t layer, const Tensor& rows,
+                            const Tensor& positions) {
+  return backend.WriteKvRows(rows, k_col, v_col, positions, k[layer], v[layer]);
 }
 
 absl::Status CheckPrefill(absl::Span<const int64_t> lengths, int64_t batch, int64_t prompt_len,
@@ -80,8 +72,8 @@ absl::Status CheckPrefill(absl::Span<const int64_t> lengths, int64_t batch, int6
 }
 
 absl::Status LoadDecodeStep(kernels::Backend& backend, absl::Span<const int64_t> tokens,
-                            absl::Span<const int64_t> positions, int64_t vocab, DecodeState& state,
-                            KvCache& cache) {
+                            absl::Span<const int64_t> positions, int64_t vocab,
+                            DecodeState& state) {
   const int64_t n = state.sequences();
   if (static_cast<int64_t>(tokens.size()) != n || static_cast<int64_t>(positions.size()) != n) {
     return absl::InvalidArgumentError(absl::StrCat("decode: ", tokens.size(), " tokens and ",
@@ -95,7 +87,6 @@ absl::Status LoadDecodeStep(kernels::Backend& backend, absl::Span<const int64_t>
                                                      " at position ", positions[i]));
     }
   }
-  cache.host_positions.assign(positions.begin(), positions.end());
   AMPD_RETURN_IF_ERROR(
       backend.CopyFromHost(tokens.data(), tokens.size() * sizeof(int64_t), state.tokens));
   return backend.CopyFromHost(positions.data(), positions.size() * sizeof(int64_t),

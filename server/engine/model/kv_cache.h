@@ -19,7 +19,6 @@ struct KvCache {
   int64_t width = 0;                  // W: one position's key (and value) columns
   // Where the key and the value start in a layer's fused q|k|v row.
   int64_t k_col = 0, v_col = 0;
-  std::vector<int64_t> host_positions;  // the decode step's, for Write
 
   absl::Status Allocate(kernels::Backend& backend, kernels::DType dtype, int64_t layers,
                         int64_t sequences, int64_t max_len, int64_t width, int64_t k_col,
@@ -31,8 +30,10 @@ struct KvCache {
                        absl::Span<const kernels::Tensor* const> layer_rows, int64_t prompt_len,
                        absl::Span<const int64_t> lengths);
   // Row i of a layer's fused rows (S, row width) into position
-  // host_positions[i] of sequence i.
-  absl::Status Write(kernels::Backend& backend, size_t layer, const kernels::Tensor& rows);
+  // positions[i] of sequence i (positions (S) I64 on the backend's device,
+  // the decode step's): one WriteKvRows for both K and V.
+  absl::Status Write(kernels::Backend& backend, size_t layer, const kernels::Tensor& rows,
+                     const kernels::Tensor& positions);
 };
 
 // Prefill's arguments: one length per sequence of `state`, each in
@@ -41,11 +42,10 @@ absl::Status CheckPrefill(absl::Span<const int64_t> lengths, int64_t batch, int6
                           const DecodeState& state);
 
 // A decode step's tokens (each in [0, vocab)) and positions (each in
-// [0, max_len)) checked, uploaded into state.tokens and state.positions,
-// and the positions kept in cache.host_positions.
+// [0, max_len)) checked and uploaded into state.tokens and state.positions
+// (checked here on the host: the device ops that read them cannot).
 absl::Status LoadDecodeStep(kernels::Backend& backend, absl::Span<const int64_t> tokens,
-                            absl::Span<const int64_t> positions, int64_t vocab, DecodeState& state,
-                            KvCache& cache);
+                            absl::Span<const int64_t> positions, int64_t vocab, DecodeState& state);
 
 // Each sequence's last prompt row of the final norm's output ln_f
 // (S P, C) into hidden (S, C).

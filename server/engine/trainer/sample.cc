@@ -7,13 +7,16 @@
 //             it); Network::Prefill keeps each sequence's keys and values
 //             and its last prompt row's final-norm output.
 //   per token the LM head's GEMM over the S rows (LmLogits, the loss's),
-//             one read of the logits to draw each live sequence's token on
-//             the host (Philox under the request's seed, stream = the
-//             sequence's index, one block per token), then the head's
-//             CrossEntropyChunk with the drawn tokens as labels gives each
-//             token's log-prob (the kernel Step and Evaluate take theirs
-//             from, at temperature 1), read back; then Network::DecodeStep
-//             feeds the drawn tokens.
+//             then each live sequence's token drawn on the device
+//             (Backend::SampleTokens: Philox under the request's seed,
+//             stream = the sequence's index, one block per token), which
+//             serve as the labels of the head's CrossEntropyChunk that
+//             gives each token's log-prob (the kernel Step and Evaluate
+//             take theirs from, at temperature 1); one read brings the
+//             tokens and their log-probs back (the host needs them for
+//             stop tokens and the reply); then Network::DecodeStep feeds
+//             the drawn tokens, each layer's new keys and values written
+//             into the cache in one op.
 // A sequence that has stopped keeps decoding its last token at its last
 // position (its rows are never read again): the S rows stay one batch.
 // With batch-invariant kernels every row's bits are those of the same
@@ -24,15 +27,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <numeric>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/checked_math.h"
 #include "common/status_macros.h"
-#include "kernels/float16.h"
-#include "kernels/philox.h"
 #include "server/engine/model/lm_head.h"
 #include "server/engine/trainer/trainer.h"
 #include "server/engine/trainer/trainer_impl.h"
@@ -83,94 +83,6 @@ absl::Status CheckSampleInput(const SampleInput& input) {
   }
   return absl::OkStatus();
 }
-
-namespace {
-
-// The token drawn from one row of logits: softmax(logits / temperature)
-// over the top_k most likely tokens (0: all), then the smallest set of the
-// most likely whose probability reaches top_p, sampled by inverse CDF with
-// u in [0, 1) (in id order when nothing is truncated, which needs no
-// sort); temperature 0: the most likely (the lowest id among ties).
-// In float64 on the host: the draw is the sampler's own choice, and the
-// log-prob reported for the drawn token is the kernel's, not this.
-int64_t Draw(const float* logits, int64_t vocab, const SampleInput& in, double u,
-             std::vector<int64_t>& order, std::vector<double>& weights) {
-  if (in.temperature == 0.0f) {
-    return std::max_element(logits, logits + vocab) - logits;
-  }
-  const double inv_t = 1.0 / static_cast<double>(in.temperature);
-  if (in.top_k == 0 && in.top_p >= 1.0f) {
-    // No truncation: the inverse CDF in id order, no sort of the vocabulary.
-    const double top = static_cast<double>(*std::max_element(logits, logits + vocab)) * inv_t;
-    weights.resize(static_cast<size_t>(vocab));
-    double total = 0.0;
-    for (int64_t i = 0; i < vocab; ++i) {
-      weights[static_cast<size_t>(i)] = std::exp(static_cast<double>(logits[i]) * inv_t - top);
-      total += weights[static_cast<size_t>(i)];
-    }
-    const double target = u * total;
-    double cumulative = 0.0;
-    for (int64_t i = 0; i < vocab; ++i) {
-      cumulative += weights[static_cast<size_t>(i)];
-      if (target < cumulative) return i;
-    }
-    return vocab - 1;
-  }
-  order.resize(static_cast<size_t>(vocab));
-  std::iota(order.begin(), order.end(), int64_t{0});
-  // Most likely first, ties by id: a total order, so the draw repeats.
-  auto likelier = [logits](int64_t a, int64_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  };
-  const int64_t keep = in.top_k > 0 ? std::min(in.top_k, vocab) : vocab;
-  std::partial_sort(order.begin(), order.begin() + keep, order.end(), likelier);
-  const double top = static_cast<double>(logits[order[0]]) * inv_t;
-  weights.resize(static_cast<size_t>(keep));
-  double total = 0.0;
-  for (int64_t i = 0; i < keep; ++i) {
-    weights[static_cast<size_t>(i)] =
-        std::exp(static_cast<double>(logits[order[static_cast<size_t>(i)]]) * inv_t - top);
-    total += weights[static_cast<size_t>(i)];
-  }
-  // The nucleus: the most likely tokens until their mass reaches top_p.
-  int64_t nucleus = keep;
-  if (in.top_p < 1.0f) {
-    double mass = 0.0;
-    for (int64_t i = 0; i < keep; ++i) {
-      mass += weights[static_cast<size_t>(i)] / total;
-      if (mass >= static_cast<double>(in.top_p)) {
-        nucleus = i + 1;
-        break;
-      }
-    }
-  }
-  double in_nucleus = 0.0;
-  for (int64_t i = 0; i < nucleus; ++i) in_nucleus += weights[static_cast<size_t>(i)];
-  const double target = u * in_nucleus;
-  double cumulative = 0.0;
-  for (int64_t i = 0; i < nucleus; ++i) {
-    cumulative += weights[static_cast<size_t>(i)];
-    if (target < cumulative) return order[static_cast<size_t>(i)];
-  }
-  return order[static_cast<size_t>(nucleus - 1)];
-}
-
-// Row-major (rows, vocab) logits of `dtype` read back as floats (exact).
-void Widen(const std::string& raw, DType dtype, std::vector<float>& out) {
-  const size_t n = raw.size() / kernels::SizeOf(dtype);
-  out.resize(n);
-  if (dtype == DType::kF32) {
-    std::memcpy(out.data(), raw.data(), raw.size());
-    return;
-  }
-  for (size_t i = 0; i < n; ++i) {
-    uint16_t bits = 0;
-    std::memcpy(&bits, raw.data() + 2 * i, 2);
-    out[i] = dtype == DType::kF16 ? kernels::HalfBitsToFloat(bits) : kernels::Bf16BitsToFloat(bits);
-  }
-}
-
-}  // namespace
 
 absl::StatusOr<SampleReport> Trainer::Sample(const SampleInput& input,
                                              const std::function<absl::Status(int64_t)>& admit) {
@@ -228,17 +140,19 @@ absl::StatusOr<SampleReport> Trainer::Sample(const SampleInput& input,
 
   // Admission before any allocation: the prompts' workspace and scratch,
   // the KV cache and decode buffers, the head's logits (S, V) in the
-  // working dtype, their host copies (the read-back bytes and their
-  // floats), and the prompts' host ids and targets.
+  // working dtype and what SampleTokens holds beside them, the per-token
+  // tensors and their host copies (tokens, live flags and log-probs: 48
+  // bytes a sequence, rounded up), and the prompts' host ids and targets.
   AMPD_ASSIGN_OR_RETURN(const int64_t state_bytes, net.DecodeStateBytes(n, max_len));
   const auto w = static_cast<int64_t>(kernels::SizeOf(net.working_dtype()));
   int64_t extra = state_bytes;
   int64_t logits_bytes = 0;
   int64_t prompt_bytes = 0;
-  if (!CheckedMul(n, vocab, &logits_bytes) || !CheckedMul(logits_bytes, 2 * w + 4, &logits_bytes) ||
-      !CheckedAdd(extra, logits_bytes, &extra) || !CheckedAdd(extra, n * 16, &extra) ||
-      !CheckedMul(n, prompt_len, &prompt_bytes) || !CheckedMul(prompt_bytes, 16, &prompt_bytes) ||
-      !CheckedAdd(extra, prompt_bytes, &extra)) {
+  if (!CheckedMul(n, vocab, &logits_bytes) || !CheckedMul(logits_bytes, w, &logits_bytes) ||
+      !CheckedAdd(extra, logits_bytes, &extra) ||
+      !CheckedAdd(extra, b.SampleScratchBytes(n, vocab), &extra) ||
+      !CheckedAdd(extra, n * 48, &extra) || !CheckedMul(n, prompt_len, &prompt_bytes) ||
+      !CheckedMul(prompt_bytes, 16, &prompt_bytes) || !CheckedAdd(extra, prompt_bytes, &extra)) {
     return absl::InvalidArgumentError(
         "num_samples: the sampler's buffers need more than 2^63 bytes");
   }
@@ -267,11 +181,20 @@ absl::StatusOr<SampleReport> Trainer::Sample(const SampleInput& input,
   AMPD_RETURN_IF_ERROR(net.Prefill(*ws, lengths, *state));
 
   const DType dtype = net.working_dtype();
-  AMPD_ASSIGN_OR_RETURN(Tensor logits, b.Allocate(dtype, {n, vocab}));
+  AMPD_ASSIGN_OR_RETURN(Tensor logits, b.Allocate(dtype, {n, vocab}));  // (S, V)
+  // (S) each sequence's drawn token, kIgnoreIndex once it stopped: the
+  // cross-entropy's labels as they are.
   AMPD_ASSIGN_OR_RETURN(Tensor labels, b.Allocate(DType::kI64, {n}));
-  AMPD_ASSIGN_OR_RETURN(Tensor logprobs, b.Allocate(DType::kF32, {n}));
+  AMPD_ASSIGN_OR_RETURN(Tensor live, b.Allocate(DType::kI64, {n}));      // (S) 1 until stopped
+  AMPD_ASSIGN_OR_RETURN(Tensor logprobs, b.Allocate(DType::kF32, {n}));  // (S)
   kernels::TokenLossTerms terms;
   terms.logprobs = &logprobs;
+  kernels::SampleParams draw;
+  draw.temperature = input.temperature;
+  draw.top_k = input.top_k;
+  draw.top_p = input.top_p;
+  draw.seed = input.seed;
+  draw.ignore_index = model::kIgnoreIndex;
 
   SampleReport report;
   report.completions.resize(input.prompts.size());
@@ -280,38 +203,36 @@ absl::StatusOr<SampleReport> Trainer::Sample(const SampleInput& input,
     return report.completions[static_cast<size_t>(s / samples)][static_cast<size_t>(s % samples)];
   };
   std::vector<bool> done(static_cast<size_t>(n), false);
+  // live_flags is uploaded (asynchronously) whenever a sequence stops: it
+  // stays unchanged until the next ReadBack has synchronised.
+  std::vector<int64_t> live_flags(static_cast<size_t>(n), 1);
   std::vector<int64_t> tokens(static_cast<size_t>(n), 0);
   std::vector<int64_t> drawn(static_cast<size_t>(n), model::kIgnoreIndex);
   std::vector<int64_t> positions(static_cast<size_t>(n), 0);
-  std::vector<float> host_logits, host_logprobs(static_cast<size_t>(n));
-  std::string raw;
-  std::vector<int64_t> order;
-  std::vector<double> weights;
+  std::vector<float> host_logprobs(static_cast<size_t>(n), 0.0f);
+  // The step's one read: the drawn tokens and their log-probs together.
+  const kernels::HostCopy copies[] = {
+      {&labels, drawn.data(), drawn.size() * sizeof(int64_t)},
+      {&logprobs, host_logprobs.data(), host_logprobs.size() * sizeof(float)}};
+  AMPD_RETURN_IF_ERROR(
+      b.CopyFromHost(live_flags.data(), live_flags.size() * sizeof(int64_t), live));
+  // One read before the loop, of defined bytes, so that a backend sizes its
+  // landing area for these copies here and never inside the loop.
+  AMPD_RETURN_IF_ERROR(b.CopyFromHost(drawn.data(), drawn.size() * sizeof(int64_t), labels));
+  AMPD_RETURN_IF_ERROR(b.Fill(logprobs, 0.0f));
+  AMPD_RETURN_IF_ERROR(b.ReadBack({}, {}, copies));
   for (int64_t step = 0; step < input.max_tokens; ++step) {
     AMPD_RETURN_IF_ERROR(model::LmLogits(b, state->hidden, *head, logits));
-    raw.resize(static_cast<size_t>(logits.nbytes()));
-    AMPD_RETURN_IF_ERROR(b.CopyToHost(logits, raw.data(), raw.size()));
-    Widen(raw, dtype, host_logits);
-    for (int64_t s = 0; s < n; ++s) {
-      if (done[static_cast<size_t>(s)]) {
-        drawn[static_cast<size_t>(s)] = model::kIgnoreIndex;
-        continue;
-      }
-      const kernels::philox::Block r = kernels::philox::StreamBlock(
-          input.seed, static_cast<uint64_t>(s), static_cast<uint64_t>(step));
-      const double u = kernels::philox::Unit53(r.v[0], r.v[1]);
-      drawn[static_cast<size_t>(s)] =
-          Draw(host_logits.data() + s * vocab, vocab, input, u, order, weights);
-    }
+    draw.step = static_cast<uint64_t>(step);
+    AMPD_RETURN_IF_ERROR(b.SampleTokens(logits, live, draw, labels));
     // Each drawn token's log-prob from the loss's own kernel. The logits
-    // were read already: its (unused) gradient overwrites them in place.
-    AMPD_RETURN_IF_ERROR(b.CopyFromHost(drawn.data(), drawn.size() * sizeof(int64_t), labels));
+    // were drawn from already: its (unused) gradient overwrites them.
     AMPD_RETURN_IF_ERROR(b.Fill(m.loss, 0.0f));
     AMPD_RETURN_IF_ERROR(b.CrossEntropyChunk(logits, labels, model::kIgnoreIndex, terms, 0.0f, 0.0f,
                                              m.loss, logits));
-    AMPD_RETURN_IF_ERROR(
-        b.CopyToHost(logprobs, host_logprobs.data(), host_logprobs.size() * sizeof(float)));
+    AMPD_RETURN_IF_ERROR(b.ReadBack({}, {}, copies));
     bool all_done = true;
+    bool stopped = false;
     for (int64_t s = 0; s < n; ++s) {
       const size_t i = static_cast<size_t>(s);
       if (!done[i]) {
@@ -325,10 +246,18 @@ absl::StatusOr<SampleReport> Trainer::Sample(const SampleInput& input,
                                     drawn[i]) != input.stop_token_ids.end();
         if (stop) c.stop = StopReason::kStopToken;
         done[i] = stop || step + 1 == input.max_tokens;
+        if (stop) {
+          live_flags[i] = 0;
+          stopped = true;
+        }
       }
       all_done = all_done && done[i];
     }
     if (all_done) break;
+    if (stopped) {
+      AMPD_RETURN_IF_ERROR(
+          b.CopyFromHost(live_flags.data(), live_flags.size() * sizeof(int64_t), live));
+    }
     AMPD_RETURN_IF_ERROR(net.DecodeStep(tokens, positions, *state));
   }
   report.seconds = std::chrono::duration<double>(Clock::now() - start).count();

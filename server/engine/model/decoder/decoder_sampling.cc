@@ -156,7 +156,7 @@ absl::Status DecoderModel::DecodeStep(absl::Span<const int64_t> tokens,
   const DecoderSpec& s = decoder();
   const Widths wd(s);
   const int64_t n = st.sequences();
-  AMPD_RETURN_IF_ERROR(LoadDecodeStep(b, tokens, positions, s.vocab_size, st, st.cache));
+  AMPD_RETURN_IF_ERROR(LoadDecodeStep(b, tokens, positions, s.vocab_size, st));
   const int64_t heads = s.num_attention_heads;
   const int64_t kv_heads = s.num_key_value_heads;
   size_t layer = 0;
@@ -166,7 +166,7 @@ absl::Status DecoderModel::DecodeStep(absl::Span<const int64_t> tokens,
     AMPD_ASSIGN_OR_RETURN(Tensor qkv, sv.qkv.View(0, {n, 1, wd.qkv}));
     AMPD_ASSIGN_OR_RETURN(const Tensor at, st.positions.View(0, {n, 1}));
     AMPD_RETURN_IF_ERROR(b.Rope(qkv, heads + kv_heads, wd.d, st.inv_freq, &at, false));
-    AMPD_RETURN_IF_ERROR(st.cache.Write(b, layer, sv.qkv));
+    AMPD_RETURN_IF_ERROR(st.cache.Write(b, layer, sv.qkv, st.positions));
     AMPD_RETURN_IF_ERROR(b.CopyColumns(sv.qkv, 0, wd.q, st.q, 0));
     return b.AttentionDecode(st.q, st.cache.k[layer], st.cache.v[layer], st.positions, heads,
                              kv_heads, sv.attn_y);

@@ -117,12 +117,12 @@ absl::Status GptModel::DecodeStep(absl::Span<const int64_t> tokens,
   kernels::Backend& b = backend_;
   const GptSpec& g = gpt();
   const int64_t c = g.d_model;
-  AMPD_RETURN_IF_ERROR(LoadDecodeStep(b, tokens, positions, g.vocab_size, st, st.cache));
+  AMPD_RETURN_IF_ERROR(LoadDecodeStep(b, tokens, positions, g.vocab_size, st));
   auto value = [this](int index) -> const Tensor& { return params()[index].value(); };
   size_t layer = 0;
   // Each row's new query over its cached keys, its own K/V written first.
   const Attend attend = [&](GptBlockBuffers& sv) -> absl::Status {
-    AMPD_RETURN_IF_ERROR(st.cache.Write(b, layer, sv.qkv));
+    AMPD_RETURN_IF_ERROR(st.cache.Write(b, layer, sv.qkv, st.positions));
     AMPD_RETURN_IF_ERROR(b.CopyColumns(sv.qkv, 0, c, st.q, 0));
     return b.AttentionDecode(st.q, st.cache.k[layer], st.cache.v[layer], st.positions, g.n_head,
                              g.n_head, sv.attn_y);

@@ -1,0 +1,123 @@
+// SampleTokens (the contract in kernels/backend.h): one token per live row
+// of logits, drawn in float64 with the row's Philox uniform, the oracle of
+// the CUDA kernel. This is the draw the sampler always made on the host
+// (its tokens for a seed are unchanged): the inverse CDF in id order when
+// nothing is truncated (no sort), else a partial sort of the top_k most
+// likely (all when top_k is 0), the nucleus cut from them, and the inverse
+// CDF over the nucleus in that order. Each sum runs sequentially in the
+// order it names. Rows are split over the thread pool; each row's draw
+// depends on that row alone, so the tokens do not depend on the thread
+// count. Scratch per thread: the row widened to float, its order and its
+// weights (Backend::SampleScratchBytes counts them).
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "common/status_macros.h"
+#include "kernels/cpu/cpu_internal.h"
+#include "kernels/philox.h"
+
+namespace ampd::kernels::cpu {
+
+namespace {
+
+// The token drawn from one row of logits with u in [0, 1) (the contract's
+// formulas; temperature 0: the most likely, the lowest id among ties).
+int64_t Draw(const float* logits, int64_t vocab, const SampleParams& in, double u,
+             std::vector<int64_t>& order, std::vector<double>& weights) {
+  if (in.temperature == 0.0f) {
+    return std::max_element(logits, logits + vocab) - logits;
+  }
+  const double inv_t = 1.0 / static_cast<double>(in.temperature);
+  if (in.top_k == 0 && in.top_p >= 1.0f) {
+    // No truncation: the inverse CDF in id order, no sort of the vocabulary.
+    const double top = static_cast<double>(*std::max_element(logits, logits + vocab)) * inv_t;
+    weights.resize(static_cast<size_t>(vocab));
+    double total = 0.0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      weights[static_cast<size_t>(i)] = std::exp(static_cast<double>(logits[i]) * inv_t - top);
+      total += weights[static_cast<size_t>(i)];
+    }
+    const double target = u * total;
+    double cumulative = 0.0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      cumulative += weights[static_cast<size_t>(i)];
+      if (target < cumulative) return i;
+    }
+    return vocab - 1;
+  }
+  order.resize(static_cast<size_t>(vocab));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  // Most likely first, ties by id: a total order, so the draw repeats.
+  auto likelier = [logits](int64_t a, int64_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  const int64_t keep = in.top_k > 0 ? std::min(in.top_k, vocab) : vocab;
+  std::partial_sort(order.begin(), order.begin() + keep, order.end(), likelier);
+  const double top = static_cast<double>(logits[order[0]]) * inv_t;
+  weights.resize(static_cast<size_t>(keep));
+  double total = 0.0;
+  for (int64_t i = 0; i < keep; ++i) {
+    weights[static_cast<size_t>(i)] =
+        std::exp(static_cast<double>(logits[order[static_cast<size_t>(i)]]) * inv_t - top);
+    total += weights[static_cast<size_t>(i)];
+  }
+  // The nucleus: the most likely tokens until their mass reaches top_p.
+  int64_t nucleus = keep;
+  if (in.top_p < 1.0f) {
+    double mass = 0.0;
+    for (int64_t i = 0; i < keep; ++i) {
+      mass += weights[static_cast<size_t>(i)] / total;
+      if (mass >= static_cast<double>(in.top_p)) {
+        nucleus = i + 1;
+        break;
+      }
+    }
+  }
+  double in_nucleus = 0.0;
+  for (int64_t i = 0; i < nucleus; ++i) in_nucleus += weights[static_cast<size_t>(i)];
+  const double target = u * in_nucleus;
+  double cumulative = 0.0;
+  for (int64_t i = 0; i < nucleus; ++i) {
+    cumulative += weights[static_cast<size_t>(i)];
+    if (target < cumulative) return order[static_cast<size_t>(i)];
+  }
+  return order[static_cast<size_t>(nucleus - 1)];
+}
+
+}  // namespace
+
+absl::Status SampleTokens(ThreadPool& pool, const Tensor& logits, const Tensor& live,
+                          const SampleParams& params, Tensor& tokens) {
+  AMPD_RETURN_IF_ERROR(ValidateSampleTokens(logits, live, params, tokens));
+  const int64_t rows = logits.dim(0);           // S
+  const int64_t vocab = logits.dim(1);          // V
+  const auto* alive = live.data_as<int64_t>();  // (S)
+  auto* out = tokens.data_as<int64_t>();        // (S)
+  return VisitFloat(logits.dtype(), [&](auto tag) -> absl::Status {
+    using Tag = decltype(tag);
+    const auto* z = Ptr<Tag>(logits);  // (S, V)
+    pool.ParallelFor(rows, 1, [&](int64_t begin, int64_t end) {
+      thread_local std::vector<float> row;  // (V) the row widened (exactly) to float
+      thread_local std::vector<int64_t> order;
+      thread_local std::vector<double> weights;
+      row.resize(static_cast<size_t>(vocab));
+      for (int64_t r = begin; r < end; ++r) {
+        if (alive[r] == 0) {
+          out[r] = params.ignore_index;
+          continue;
+        }
+        const auto* zr = z + r * vocab;
+        for (int64_t i = 0; i < vocab; ++i) row[static_cast<size_t>(i)] = Tag::Load(zr[i]);
+        const philox::Block b =
+            philox::StreamBlock(params.seed, static_cast<uint64_t>(r), params.step);
+        const double u = philox::Unit53(b.v[0], b.v[1]);
+        out[r] = Draw(row.data(), vocab, params, u, order, weights);
+      }
+    });
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace ampd::kernels::cpu

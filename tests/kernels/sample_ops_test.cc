@@ -1,0 +1,326 @@
+// The sampler's device ops on every backend this build can create (cpu,
+// and cuda:0 where a device is visible; absent backends skip):
+// - SampleTokens against the host draw the sampler made before it was an
+//   op (copied here verbatim as the reference: float64, Philox uniform per
+//   row and step), for temperature 0, 0.7 and 1 with top_k and top_p on and
+//   off, in every float dtype, rows with ties, stopped rows. The CPU must
+//   equal it token for token. CUDA sums the weights in another fixed order
+//   (kernels/cuda/sample_tokens.cu), which changes a token only where u
+//   lands within a float64 rounding of a cumulative boundary; on these
+//   inputs that never happens, so it is held to equality too.
+// - WriteKvRows against the per-sequence CopyColumns it replaced: every
+//   byte of both caches (the untouched rows included), aligned and
+//   unaligned widths, I32 and I64 positions.
+// - The refusals, with nothing written.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "kernels/backend_factory.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/philox.h"
+#include "tests/kernels/kernel_test_util.h"
+
+namespace ampd::kernels {
+namespace {
+
+using testing::MakeTensor;
+using testing::RandomValues;
+using testing::RawBytes;
+
+// ---- the reference: the sampler's host draw, as it was --------------------------
+struct DrawInput {
+  float temperature = 1.0f;
+  int64_t top_k = 0;
+  float top_p = 1.0f;
+};
+
+int64_t ReferenceDraw(const float* logits, int64_t vocab, const DrawInput& in, double u,
+                      std::vector<int64_t>& order, std::vector<double>& weights) {
+  if (in.temperature == 0.0f) {
+    return std::max_element(logits, logits + vocab) - logits;
+  }
+  const double inv_t = 1.0 / static_cast<double>(in.temperature);
+  if (in.top_k == 0 && in.top_p >= 1.0f) {
+    const double top = static_cast<double>(*std::max_element(logits, logits + vocab)) * inv_t;
+    weights.resize(static_cast<size_t>(vocab));
+    double total = 0.0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      weights[static_cast<size_t>(i)] = std::exp(static_cast<double>(logits[i]) * inv_t - top);
+      total += weights[static_cast<size_t>(i)];
+    }
+    const double target = u * total;
+    double cumulative = 0.0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      cumulative += weights[static_cast<size_t>(i)];
+      if (target < cumulative) return i;
+    }
+    return vocab - 1;
+  }
+  order.resize(static_cast<size_t>(vocab));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  auto likelier = [logits](int64_t a, int64_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  const int64_t keep = in.top_k > 0 ? std::min(in.top_k, vocab) : vocab;
+  std::partial_sort(order.begin(), order.begin() + keep, order.end(), likelier);
+  const double top = static_cast<double>(logits[order[0]]) * inv_t;
+  weights.resize(static_cast<size_t>(keep));
+  double total = 0.0;
+  for (int64_t i = 0; i < keep; ++i) {
+    weights[static_cast<size_t>(i)] =
+        std::exp(static_cast<double>(logits[order[static_cast<size_t>(i)]]) * inv_t - top);
+    total += weights[static_cast<size_t>(i)];
+  }
+  int64_t nucleus = keep;
+  if (in.top_p < 1.0f) {
+    double mass = 0.0;
+    for (int64_t i = 0; i < keep; ++i) {
+      mass += weights[static_cast<size_t>(i)] / total;
+      if (mass >= static_cast<double>(in.top_p)) {
+        nucleus = i + 1;
+        break;
+      }
+    }
+  }
+  double in_nucleus = 0.0;
+  for (int64_t i = 0; i < nucleus; ++i) in_nucleus += weights[static_cast<size_t>(i)];
+  const double target = u * in_nucleus;
+  double cumulative = 0.0;
+  for (int64_t i = 0; i < nucleus; ++i) {
+    cumulative += weights[static_cast<size_t>(i)];
+    if (target < cumulative) return order[static_cast<size_t>(i)];
+  }
+  return order[static_cast<size_t>(nucleus - 1)];
+}
+
+// ---- fixtures ------------------------------------------------------------------------
+class SampleOpsTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<Backend>> b = CreateBackend(GetParam());
+    if (!b.ok() && b.status().code() == absl::StatusCode::kFailedPrecondition) {
+      GTEST_SKIP() << GetParam() << ": no device (" << b.status().message() << ")";
+    }
+    ASSERT_TRUE(b.ok()) << GetParam() << ": " << b.status();
+    be_ = std::move(*b);
+  }
+  std::unique_ptr<Backend> be_;
+};
+
+// (rows, vocab) logits in dtype: uniform in [-spread, spread], with row 1
+// flat (every token tied) and row 2 holding a run of ties at its maximum.
+std::vector<double> Logits(std::mt19937_64& rng, DType dtype, int64_t rows, int64_t vocab,
+                           double spread) {
+  std::vector<double> z =
+      RandomValues(rng, dtype, static_cast<size_t>(rows * vocab), -spread, spread);
+  if (rows > 1) std::fill(z.begin() + vocab, z.begin() + 2 * vocab, 0.5);
+  if (rows > 2) {
+    for (int64_t i = 0; i < std::min<int64_t>(vocab, 7); ++i) {
+      z[static_cast<size_t>(2 * vocab + i * (vocab / 7))] = spread + 1.0;
+    }
+  }
+  return z;
+}
+
+TEST_P(SampleOpsTest, SampleTokensEqualsTheHostDraw) {
+  constexpr int64_t kRows = 6;
+  // A Qwen2.5-sized vocabulary too (bf16, one spread: its CPU reference
+  // sorts 151,936 logits per row and case).
+  const int64_t vocabs[] = {1000, 4099, 151936};
+  const float temperatures[] = {0.0f, 0.7f, 1.0f};
+  struct Truncation {
+    int64_t top_k;
+    float top_p;
+  };
+  const Truncation truncations[] = {{0, 1.0f}, {1, 1.0f},  {5, 1.0f},    {0, 0.9f},
+                                    {0, 0.3f}, {40, 0.8f}, {5000, 1.0f}, {5000, 0.95f}};
+  std::mt19937_64 rng(7);
+  std::vector<int64_t> order;
+  std::vector<double> weights;
+  int draws = 0;
+  for (DType dtype : testing::kFloatTypes) {
+    for (int64_t vocab : vocabs) {
+      // A narrow spread makes the truncated sets and the nucleus wide.
+      for (double spread : {3.0, 12.0}) {
+        if (vocab > 10000 && (dtype != DType::kBF16 || spread != 3.0)) continue;
+        const std::vector<double> z = Logits(rng, dtype, kRows, vocab, spread);
+        const Tensor logits = MakeTensor(*be_, dtype, {kRows, vocab}, z);
+        const std::vector<double> flags = {1, 1, 1, 0, 1, 1};  // row 3 stopped
+        const Tensor live = MakeTensor(*be_, DType::kI64, {kRows}, flags);
+        std::vector<float> zf(z.begin(), z.end());
+        for (float t : temperatures) {
+          for (const Truncation& tr : truncations) {
+            for (uint64_t step : {uint64_t{0}, uint64_t{3}}) {
+              SampleParams p;
+              p.temperature = t;
+              p.top_k = tr.top_k;
+              p.top_p = tr.top_p;
+              p.seed = 1234;
+              p.step = step;
+              p.ignore_index = -100;
+              absl::StatusOr<Tensor> tokens = be_->Allocate(DType::kI64, {kRows});
+              ASSERT_TRUE(tokens.ok());
+              ASSERT_TRUE(be_->SampleTokens(logits, live, p, *tokens).ok());
+              std::vector<int64_t> got(kRows);
+              ASSERT_TRUE(be_->CopyToHost(*tokens, got.data(), got.size() * 8).ok());
+              for (int64_t r = 0; r < kRows; ++r) {
+                int64_t want = -100;
+                if (flags[static_cast<size_t>(r)] != 0) {
+                  const philox::Block b =
+                      philox::StreamBlock(p.seed, static_cast<uint64_t>(r), step);
+                  const double u = philox::Unit53(b.v[0], b.v[1]);
+                  want = ReferenceDraw(zf.data() + r * vocab, vocab,
+                                       DrawInput{t, tr.top_k, tr.top_p}, u, order, weights);
+                }
+                EXPECT_EQ(got[static_cast<size_t>(r)], want)
+                    << GetParam() << " " << DTypeName(dtype) << " V " << vocab << " spread "
+                    << spread << " T " << t << " top_k " << tr.top_k << " top_p " << tr.top_p
+                    << " step " << step << " row " << r;
+                ++draws;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(draws, 1000);
+}
+
+TEST_P(SampleOpsTest, SampleTokensRefusesBadParameters) {
+  const Tensor logits = MakeTensor(*be_, DType::kF32, {2, 8}, std::vector<double>(16, 0.0));
+  const Tensor live = MakeTensor(*be_, DType::kI64, {2}, {1, 1});
+  Tensor tokens = MakeTensor(*be_, DType::kI64, {2}, {7, 7});
+  const Tensor wrong = MakeTensor(*be_, DType::kI32, {2}, {1, 1});
+  SampleParams p;
+  auto refused = [&](const SampleParams& q, const Tensor& lv, Tensor& out) {
+    testing::ExpectInvalid(be_->SampleTokens(logits, lv, q, out));
+  };
+  p.temperature = -1.0f;
+  refused(p, live, tokens);
+  p.temperature = std::nanf("");
+  refused(p, live, tokens);
+  p = SampleParams{};
+  p.top_k = -1;
+  refused(p, live, tokens);
+  p = SampleParams{};
+  p.top_p = 0.0f;
+  refused(p, live, tokens);
+  p.top_p = 1.5f;
+  refused(p, live, tokens);
+  p = SampleParams{};
+  refused(p, wrong, tokens);  // live must be I64
+  Tensor wrong_out = MakeTensor(*be_, DType::kI32, {2}, {7, 7});
+  refused(p, live, wrong_out);
+  std::vector<int64_t> after(2);
+  ASSERT_TRUE(be_->CopyToHost(tokens, after.data(), 16).ok());
+  EXPECT_EQ(after, (std::vector<int64_t>{7, 7}));  // nothing written
+}
+
+// ---- WriteKvRows ---------------------------------------------------------------------
+// Random bytes of a tensor's size, uploaded.
+Tensor RandomBytes(Backend& be, std::mt19937_64& rng, DType dtype, const Shape& shape) {
+  absl::StatusOr<Tensor> t = be.Allocate(dtype, shape);
+  EXPECT_TRUE(t.ok());
+  std::vector<unsigned char> bytes(t->nbytes());
+  for (unsigned char& c : bytes) c = static_cast<unsigned char>(rng());
+  EXPECT_TRUE(be.CopyFromHost(bytes.data(), bytes.size(), *t).ok());
+  return std::move(*t);
+}
+
+Tensor Upload(Backend& be, const std::vector<unsigned char>& bytes, DType dtype,
+              const Shape& shape) {
+  absl::StatusOr<Tensor> t = be.Allocate(dtype, shape);
+  EXPECT_TRUE(t.ok());
+  EXPECT_TRUE(be.CopyFromHost(bytes.data(), bytes.size(), *t).ok());
+  return std::move(*t);
+}
+
+TEST_P(SampleOpsTest, WriteKvRowsEqualsPerSequenceCopies) {
+  const std::unique_ptr<Backend> oracle = CreateCpuBackend();
+  std::mt19937_64 rng(11);
+  struct Layout {
+    int64_t width, k_col, v_col, row_width;
+  };
+  // GPT (q | k | v, C each), a GQA decoder (H D | Hkv D | Hkv D), and widths
+  // and offsets that are no multiple of 16 bytes.
+  const Layout layouts[] = {{64, 64, 128, 192}, {32, 128, 160, 192}, {7, 3, 11, 21}};
+  constexpr int64_t kSeqs = 5;
+  constexpr int64_t kMaxLen = 9;
+  for (DType dtype : testing::kFloatTypes) {
+    for (const Layout& l : layouts) {
+      for (DType pos_dtype : {DType::kI64, DType::kI32}) {
+        const Tensor rows = RandomBytes(*be_, rng, dtype, {kSeqs, l.row_width});
+        const Tensor k0 = RandomBytes(*be_, rng, dtype, {kSeqs, kMaxLen, l.width});
+        const Tensor v0 = RandomBytes(*be_, rng, dtype, {kSeqs, kMaxLen, l.width});
+        const std::vector<double> at = {0, 8, 3, 3, 5};
+        const Tensor positions = MakeTensor(*be_, pos_dtype, {kSeqs}, at);
+        Tensor k = Upload(*be_, RawBytes(*be_, k0), dtype, k0.shape());
+        Tensor v = Upload(*be_, RawBytes(*be_, v0), dtype, v0.shape());
+        ASSERT_TRUE(be_->WriteKvRows(rows, l.k_col, l.v_col, positions, k, v).ok());
+
+        // The copies it replaced, one row of K and one of V per sequence,
+        // on the CPU oracle from the same bytes.
+        const Tensor rows_c = Upload(*oracle, RawBytes(*be_, rows), dtype, rows.shape());
+        Tensor k_c = Upload(*oracle, RawBytes(*be_, k0), dtype, k0.shape());
+        Tensor v_c = Upload(*oracle, RawBytes(*be_, v0), dtype, v0.shape());
+        for (int64_t s = 0; s < kSeqs; ++s) {
+          const int64_t slot = s * kMaxLen + static_cast<int64_t>(at[static_cast<size_t>(s)]);
+          absl::StatusOr<Tensor> row = rows_c.View(s * l.row_width, {1, l.row_width});
+          absl::StatusOr<Tensor> key = k_c.View(slot * l.width, {1, l.width});
+          absl::StatusOr<Tensor> value = v_c.View(slot * l.width, {1, l.width});
+          ASSERT_TRUE(row.ok() && key.ok() && value.ok());
+          ASSERT_TRUE(oracle->CopyColumns(*row, l.k_col, l.width, *key, 0).ok());
+          ASSERT_TRUE(oracle->CopyColumns(*row, l.v_col, l.width, *value, 0).ok());
+        }
+        EXPECT_EQ(RawBytes(*be_, k), RawBytes(*oracle, k_c))
+            << GetParam() << " " << DTypeName(dtype) << " W " << l.width;
+        EXPECT_EQ(RawBytes(*be_, v), RawBytes(*oracle, v_c))
+            << GetParam() << " " << DTypeName(dtype) << " W " << l.width;
+      }
+    }
+  }
+}
+
+TEST_P(SampleOpsTest, WriteKvRowsRefusesBadOperands) {
+  std::mt19937_64 rng(3);
+  const Tensor rows = RandomBytes(*be_, rng, DType::kF32, {2, 12});
+  Tensor k = RandomBytes(*be_, rng, DType::kF32, {2, 4, 4});
+  Tensor v = RandomBytes(*be_, rng, DType::kF32, {2, 4, 4});
+  const Tensor positions = MakeTensor(*be_, DType::kI64, {2}, {0, 1});
+  Tensor k16 = RandomBytes(*be_, rng, DType::kF16, {2, 4, 4});
+  testing::ExpectInvalid(be_->WriteKvRows(rows, 4, 9, positions, k, v));    // v block past R
+  testing::ExpectInvalid(be_->WriteKvRows(rows, -1, 8, positions, k, v));   // negative column
+  testing::ExpectInvalid(be_->WriteKvRows(rows, 4, 8, positions, k16, v));  // dtype
+  testing::ExpectInvalid(be_->WriteKvRows(rows, 4, 8, positions, k, k));    // caches overlap
+  const Tensor three = MakeTensor(*be_, DType::kI64, {3}, {0, 1, 2});
+  testing::ExpectInvalid(be_->WriteKvRows(rows, 4, 8, three, k, v));
+  if (GetParam() == "cpu") {
+    // The CPU reads the positions: one out of range is refused, nothing written.
+    const std::vector<unsigned char> before = RawBytes(*be_, k);
+    const Tensor outside = MakeTensor(*be_, DType::kI64, {2}, {0, 4});
+    testing::ExpectInvalid(be_->WriteKvRows(rows, 4, 8, outside, k, v));
+    EXPECT_EQ(RawBytes(*be_, k), before);
+  }
+}
+
+std::string BackendName(const ::testing::TestParamInfo<std::string>& param) {
+  return param.param == "cpu" ? std::string("cpu") : std::string("cuda0");
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, SampleOpsTest,
+                         ::testing::Values(std::string("cpu"), std::string("cuda:0")), BackendName);
+
+}  // namespace
+}  // namespace ampd::kernels
