@@ -40,10 +40,8 @@ from torch.nn import functional as F
 from amp_compat import autocast_supported
 from decoder import Decoder, repeat_kv, rotate_half
 from gpt import GPT
+import sampling_args
 
-# The full-size shapes: (vocab, hidden, layers, heads, intermediate, kv heads).
-DEFAULTS = {"gpt": (50304, 768, 12, 12, None, None),
-            "decoder": (151936, 896, 24, 14, 4864, 2)}
 DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -203,34 +201,14 @@ def time_precision(args, precision, device):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="decoder", choices=sorted(DEFAULTS))
-    parser.add_argument("--vocab", type=int)
-    parser.add_argument("--hidden", type=int, help="the GPT's d_model or the decoder's hidden")
-    parser.add_argument("--layers", type=int)
-    parser.add_argument("--heads", type=int)
-    parser.add_argument("--intermediate", type=int, help="the decoder's MLP width")
-    parser.add_argument("--kv-heads", type=int, help="the decoder's K/V heads")
-    parser.add_argument("--prompts", type=int, default=16)
-    parser.add_argument("--prompt-len", type=int, default=32)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--repeats", type=int, default=5)
+    sampling_args.add_arguments(parser)
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--precisions", "--precision", default="fp16",
-                        help="comma-separated: fp32, fp16, bf16")
     parser.add_argument("--weights-16", action="store_true",
                         help="hold the weights in the 16-bit dtype instead of fp32")
     parser.add_argument("--threads", type=int, default=0)
-    args = parser.parse_args()
-    for name, value in zip(("vocab", "hidden", "layers", "heads", "intermediate", "kv_heads"),
-                           DEFAULTS[args.model]):
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    precisions = args.precisions.split(",")
-    for precision in precisions:
-        if precision not in DTYPES:
-            print(f"generate.py: unknown precision {precision!r}", file=sys.stderr)
-            return 2
+    args, precisions = sampling_args.parse(parser, "generate.py")
+    if args is None:
+        return 2
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -238,11 +216,7 @@ def main() -> int:
         print("generate.py: no CUDA device visible; pass --device cpu", file=sys.stderr)
         return 1
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    shape = (f"gpt vocab {args.vocab}, d_model {args.hidden}, {args.layers} layers, "
-             f"{args.heads} heads" if args.model == "gpt" else
-             f"decoder vocab {args.vocab}, hidden {args.hidden}, intermediate "
-             f"{args.intermediate}, {args.layers} layers, {args.heads} heads / "
-             f"{args.kv_heads} kv heads")
+    shape = sampling_args.describe(args)
     print(f"device: {name}  torch {torch.__version__}  threads {torch.get_num_threads()}")
     print(f"generate: {shape}; {args.prompts} prompts x {args.prompt_len} tokens, "
           f"{args.max_tokens} new tokens each, temperature {args.temperature:g}, "

@@ -28,8 +28,7 @@ import statistics
 import sys
 import time
 
-DEFAULTS = {"gpt": (50304, 768, 12, 12, None, None),
-            "decoder": (151936, 896, 24, 14, 4864, 2)}
+import sampling_args  # bench/pytorch, beside this file
 
 
 def make_config(transformers, args):
@@ -111,33 +110,13 @@ def time_precision(torch, transformers, args, precision, device):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="decoder", choices=sorted(DEFAULTS))
-    parser.add_argument("--vocab", type=int)
-    parser.add_argument("--hidden", type=int, help="the GPT's n_embd or the decoder's hidden")
-    parser.add_argument("--layers", type=int)
-    parser.add_argument("--heads", type=int)
-    parser.add_argument("--intermediate", type=int, help="the decoder's MLP width")
-    parser.add_argument("--kv-heads", type=int, help="the decoder's K/V heads")
-    parser.add_argument("--prompts", type=int, default=16)
-    parser.add_argument("--prompt-len", type=int, default=32)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--repeats", type=int, default=5)
+    sampling_args.add_arguments(parser)
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--precisions", "--precision", default="fp16",
-                        help="comma-separated: fp32, fp16, bf16")
     parser.add_argument("--attention", default="sdpa", choices=("sdpa", "eager"))
     parser.add_argument("--threads", type=int, default=0)
-    args = parser.parse_args()
-    for name, value in zip(("vocab", "hidden", "layers", "heads", "intermediate", "kv_heads"),
-                           DEFAULTS[args.model]):
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    precisions = args.precisions.split(",")
-    for precision in precisions:
-        if precision not in ("fp32", "fp16", "bf16"):
-            print(f"hf_generate.py: unknown precision {precision!r}", file=sys.stderr)
-            return 2
+    args, precisions = sampling_args.parse(parser, "hf_generate.py")
+    if args is None:
+        return 2
     # The CPU check machine has torch without transformers: say so, do not
     # fail, and do not spend seconds importing torch first.
     for module in ("transformers", "torch"):
@@ -154,11 +133,7 @@ def main() -> int:
         print("hf_generate.py: no CUDA device visible; pass --device cpu", file=sys.stderr)
         return 1
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    shape = (f"gpt vocab {args.vocab}, d_model {args.hidden}, {args.layers} layers, "
-             f"{args.heads} heads" if args.model == "gpt" else
-             f"decoder vocab {args.vocab}, hidden {args.hidden}, intermediate "
-             f"{args.intermediate}, {args.layers} layers, {args.heads} heads / "
-             f"{args.kv_heads} kv heads")
+    shape = sampling_args.describe(args)
     print(f"device: {name}  torch {torch.__version__}  transformers {transformers.__version__}  "
           f"threads {torch.get_num_threads()}")
     print(f"hf generate: {shape}; {args.prompts} prompts x {args.prompt_len} tokens, "

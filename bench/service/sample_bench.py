@@ -23,6 +23,7 @@ Needs the ampd Python package (a build's client/python/package) and numpy.
 """
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -31,9 +32,9 @@ import numpy as np
 
 import ampd
 
-# The full-size shapes: (vocab, hidden, layers, heads, intermediate, kv heads).
-DEFAULTS = {"gpt": (50304, 768, 12, 12, None, None),
-            "decoder": (151936, 896, 24, 14, 4864, 2)}
+# The arguments every sampling benchmark shares (bench/pytorch/sampling_args.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pytorch"))
+import sampling_args  # noqa: E402
 
 
 def make_model(args):
@@ -79,38 +80,16 @@ def time_precision(client, args, precision, prompts):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--server", default="127.0.0.1:50051")
-    parser.add_argument("--model", default="decoder", choices=sorted(DEFAULTS))
-    parser.add_argument("--vocab", type=int)
-    parser.add_argument("--hidden", type=int, help="the GPT's d_model or the decoder's hidden")
-    parser.add_argument("--layers", type=int)
-    parser.add_argument("--heads", type=int)
-    parser.add_argument("--intermediate", type=int, help="the decoder's MLP width")
-    parser.add_argument("--kv-heads", type=int, help="the decoder's K/V heads")
-    parser.add_argument("--prompts", type=int, default=16)
-    parser.add_argument("--prompt-len", type=int, default=32)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--repeats", type=int, default=5)
+    sampling_args.add_arguments(parser)
     parser.add_argument("--precisions", "--precision", default="fp16",
                         help="comma-separated: fp32, fp16, bf16")
     parser.add_argument("--batch-invariant", action="store_true")
-    args = parser.parse_args()
-    for name, value in zip(("vocab", "hidden", "layers", "heads", "intermediate", "kv_heads"),
-                           DEFAULTS[args.model]):
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    precisions = args.precisions.split(",")
-    for precision in precisions:
-        if precision not in ("fp32", "fp16", "bf16"):
-            print(f"sample_bench.py: unknown precision {precision!r}", file=sys.stderr)
-            return 2
+    args, precisions = sampling_args.parse(parser, "sample_bench.py")
+    if args is None:
+        return 2
     rng = np.random.default_rng(0)
     prompts = rng.integers(0, args.vocab, size=(args.prompts, args.prompt_len)).tolist()
-    shape = (f"gpt vocab {args.vocab}, d_model {args.hidden}, {args.layers} layers, "
-             f"{args.heads} heads" if args.model == "gpt" else
-             f"decoder vocab {args.vocab}, hidden {args.hidden}, intermediate "
-             f"{args.intermediate}, {args.layers} layers, {args.heads} heads / "
-             f"{args.kv_heads} kv heads")
+    shape = sampling_args.describe(args)
     print(f"sample: {shape}; {args.prompts} prompts x {args.prompt_len} tokens, "
           f"{args.max_tokens} new tokens each, temperature {args.temperature:g}"
           f"{', batch-invariant' if args.batch_invariant else ''}, through the Sample RPC; "
