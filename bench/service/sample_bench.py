@@ -81,8 +81,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--server", default="127.0.0.1:50051")
     sampling_args.add_arguments(parser)
-    parser.add_argument("--precisions", "--precision", default="fp16",
-                        help="comma-separated: fp32, fp16, bf16")
     parser.add_argument("--batch-invariant", action="store_true")
     args, precisions = sampling_args.parse(parser, "sample_bench.py")
     if args is None:

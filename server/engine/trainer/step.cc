@@ -249,6 +249,8 @@ absl::StatusOr<Trainer::Impl::StepPlan> Trainer::Impl::Admit(
                        input.loss_fn.kind == LossFnKind::kImportanceSampling ||
                        input.loss_fn.kind == LossFnKind::kPpo;
   int64_t logprob_bytes = 0;
+  // (An empty tensor's shape is {}: one element by NumElements, none held.)
+  const int64_t held = step_logprobs.empty() ? 0 : step_logprobs.numel();
   if (plan.keep_logprobs) {
     // Validated batches: each B*T is a language model's, well inside int64.
     for (const MicroBatch& mb : input.micro_batches) {
@@ -256,13 +258,13 @@ absl::StatusOr<Trainer::Impl::StepPlan> Trainer::Impl::Admit(
     }
     // The device buffer when it must grow, its host twin, and the report's
     // log-probs and ratios.
-    const int64_t grow = std::max<int64_t>(0, plan.tokens - step_logprobs.numel());
+    const int64_t grow = std::max<int64_t>(0, plan.tokens - held);
     logprob_bytes = SaturatingMul(SaturatingAdd(grow, SaturatingMul(3, plan.tokens)), 4);
   }
   // Admission before allocation. The step's buffers stay cached after it,
   // counted (workspace_bytes) until the job gives them up.
   AMPD_RETURN_IF_ERROR(AdmitWorkspaces(input.micro_batches, admit, "step", logprob_bytes));
-  if (plan.keep_logprobs && step_logprobs.numel() < plan.tokens) {
+  if (plan.keep_logprobs && held < plan.tokens) {
     step_logprobs = kernels::Tensor();  // the smaller one goes before the larger comes
     AMPD_ASSIGN_OR_RETURN(step_logprobs, backend->Allocate(kernels::DType::kF32, {plan.tokens}));
   }
