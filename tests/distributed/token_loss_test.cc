@@ -305,7 +305,7 @@ TEST_F(DistributedTokenLossTest, TwoRanksOnHalvesTrainAsOneProcessOnBoth) {
 // Rank 1's advantages of the wrong shape, then rank 0's sampling log-probs
 // with a NaN: the rank answers INVALID_ARGUMENT naming the field, the other
 // REPLICAS_DIFFER; ranks sent different loss functions (or PPO clip ranges)
-// are refused on both. Nothing is applied, and the same sequence trains.
+// or learning rates are refused on both. Nothing is applied, and the same sequence trains.
 TEST_F(DistributedTokenLossTest, ARefusedTokenLossStepIsRefusedOnEveryRankAndTheGroupTrainsOn) {
   ASSERT_NO_FATAL_FAILURE(StartGroup());
   const std::vector<v1::MicroBatch> first = Halves(StepBatch(1));
@@ -358,15 +358,24 @@ TEST_F(DistributedTokenLossTest, ARefusedTokenLossStepIsRefusedOnEveryRankAndThe
       }
     }
   }
-  // Both valid, but not the same loss: neither a sum nor a mean.
-  for (const bool clip_differs : {false, true}) {
-    SCOPED_TRACE(clip_differs ? "ppo clip ranges differ" : "loss functions differ");
+  // Both valid, but not the same loss (neither a sum nor a mean), or not
+  // the same learning rate (the ranks' weights would part).
+  struct Differ {
+    std::string what;
+    std::string field;
+    std::function<void(v1::StepRequest&)> change;
+  };
+  const std::vector<Differ> differ = {
+      {"loss functions differ", "loss_fn",
+       [](v1::StepRequest& s) { s.set_loss_fn(v1::LOSS_FN_IMPORTANCE_SAMPLING); }},
+      {"ppo clip ranges differ", "loss_fn", [](v1::StepRequest& s) { s.set_ppo_clip_high(1.2f); }},
+      {"one rank overrides the learning rate", "learning_rate",
+       [](v1::StepRequest& s) { s.set_learning_rate(0.5f); }},
+  };
+  for (const Differ& d : differ) {
+    SCOPED_TRACE(d.what);
     std::vector<v1::StepRequest> sent = requests(2);
-    if (clip_differs) {
-      sent[1].set_ppo_clip_high(1.2f);
-    } else {
-      sent[1].set_loss_fn(v1::LOSS_FN_IMPORTANCE_SAMPLING);
-    }
+    d.change(sent[1]);
     std::vector<absl::StatusOr<v1::StepResponse>> results = SendEach(sent);
     for (size_t r = 0; r < 2; ++r) {
       ASSERT_FALSE(results[r].ok()) << "rank " << r;
@@ -375,7 +384,7 @@ TEST_F(DistributedTokenLossTest, ARefusedTokenLossStepIsRefusedOnEveryRankAndThe
       std::optional<google::rpc::ErrorInfo> info = ErrorInfoOf(results[r].status());
       ASSERT_TRUE(info.has_value()) << results[r].status();
       EXPECT_EQ(info->reason(), "REPLICAS_DIFFER");
-      EXPECT_EQ(info->metadata().at("field"), "loss_fn");
+      EXPECT_EQ(info->metadata().at("field"), d.field);
     }
   }
   // Nothing was applied: the same sequence trains on both.

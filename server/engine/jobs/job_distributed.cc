@@ -13,18 +13,20 @@
 // something to paper over by copying (a LoadStateDict sent to one rank only).
 //
 // Each step: the ranks all-gather (sequence, micro-batches, input valid,
-// loss_fn) and decide together: a rank whose share is invalid refuses the
-// step on every rank; ranks sent different sequences, or different loss
-// functions (a token loss's gradients and loss are sums, the model's
-// means: a mix would be neither), refuse it on every rank; otherwise
-// every rank, holding the same state, takes the same exactly-once decision
-// (run it, answer the recorded report, or refuse the sequence) and runs its
-// share with the all-reduces of Trainer::Step.
+// loss_fn, learning-rate override) and decide together: a rank whose share
+// is invalid refuses the step on every rank; ranks sent different
+// sequences, different loss functions (a token loss's gradients and loss
+// are sums, the model's means: a mix would be neither) or different
+// learning rates (the ranks' weights would part), refuse it on every rank;
+// otherwise every rank, holding the same state, takes the same exactly-once
+// decision (run it, answer the recorded report, or refuse the sequence) and
+// runs its share with the all-reduces of Trainer::Step.
 #include <openssl/sha.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -43,9 +45,30 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kHeaderSequence = 0;
 constexpr size_t kHeaderMicroBatches = 1;
 constexpr size_t kHeaderInputOk = 2;
-constexpr size_t kHeaderLossFn = 3;   // LossFnKind
-constexpr size_t kHeaderPpoClip = 4;  // PpoClipWord
-constexpr size_t kHeaderSize = 5;
+constexpr size_t kHeaderLossFn = 3;        // LossFnKind
+constexpr size_t kHeaderPpoClip = 4;       // PpoClipWord
+constexpr size_t kHeaderLearningRate = 5;  // LearningRateWord
+constexpr size_t kHeaderSize = 6;
+
+// A step's learning-rate override as one int64: 1 << 32 | its bits, or 0
+// without one (the schedule's, which every rank computes alike), so the
+// ranks agree on the exact value or on its absence.
+int64_t LearningRateWord(const std::optional<float>& lr) {
+  if (!lr.has_value()) return 0;
+  uint32_t bits = 0;
+  std::memcpy(&bits, &*lr, sizeof(bits));
+  return static_cast<int64_t>((uint64_t{1} << 32) | bits);
+}
+
+// One rank's learning rate as its header carries it, for an error.
+std::string LearningRateText(const int64_t* header) {
+  const auto word = static_cast<uint64_t>(header[kHeaderLearningRate]);
+  if ((word >> 32) == 0) return "the schedule's";
+  const auto bits = static_cast<uint32_t>(word);
+  float lr = 0;
+  std::memcpy(&lr, &bits, sizeof(lr));
+  return absl::StrCat(lr);
+}
 
 // A PPO step's clip range as one int64: both bounds' bit patterns, so the
 // ranks agree on the exact values. 0 for the other losses, which read none.
@@ -244,10 +267,15 @@ absl::StatusOr<StepReport> Job::DistributedStep(int64_t sequence, ValidStepInput
   const dist::DistributedSpec& spec = config_.get().distributed;
   const auto micro_batches = static_cast<int64_t>(input.get().micro_batches.size());
   const LossFn loss_fn = input.get().loss_fn;
+  const std::optional<float> learning_rate = input.get().learning_rate;
   // The share's one check against the model: the ranks agree on it below.
   const absl::StatusOr<FittedStepInput> fitted = trainer_->CheckInput(std::move(input));
-  const int64_t header[kHeaderSize] = {sequence, micro_batches, fitted.ok() ? 1 : 0,
-                                       static_cast<int64_t>(loss_fn.kind), PpoClipWord(loss_fn)};
+  const int64_t header[kHeaderSize] = {sequence,
+                                       micro_batches,
+                                       fitted.ok() ? 1 : 0,
+                                       static_cast<int64_t>(loss_fn.kind),
+                                       PpoClipWord(loss_fn),
+                                       LearningRateWord(learning_rate)};
   const Clock::time_point wait_start = Clock::now();
   absl::StatusOr<std::vector<int64_t>> all = group_->AllGather(header);
   const double wait_seconds = std::chrono::duration<double>(Clock::now() - wait_start).count();
@@ -260,6 +288,7 @@ absl::StatusOr<StepReport> Job::DistributedStep(int64_t sequence, ValidStepInput
   std::vector<std::string> refused;
   bool same_sequence = true;
   bool same_loss_fn = true;
+  bool same_learning_rate = true;
   for (int32_t r = 0; r < spec.world_size; ++r) {
     const int64_t* h = all->data() + static_cast<size_t>(r) * kHeaderSize;
     global_micro_batches += h[kHeaderMicroBatches];
@@ -268,6 +297,7 @@ absl::StatusOr<StepReport> Job::DistributedStep(int64_t sequence, ValidStepInput
     if (h[kHeaderLossFn] != (*all)[kHeaderLossFn] || h[kHeaderPpoClip] != (*all)[kHeaderPpoClip]) {
       same_loss_fn = false;
     }
+    if (h[kHeaderLearningRate] != (*all)[kHeaderLearningRate]) same_learning_rate = false;
   }
   if (!fitted.ok()) return fitted.status();
   if (!refused.empty()) {
@@ -300,6 +330,18 @@ absl::StatusOr<StepReport> Job::DistributedStep(int64_t sequence, ValidStepInput
             "loss_fn: the ranks of group ", spec.group, " were sent different loss functions (",
             absl::StrJoin(loss_fns, ", "), "); send every rank the same loss_fn")),
         reason::kReplicasDiffer, {{"group", spec.group}, {"field", "loss_fn"}});
+  }
+  if (!same_learning_rate) {
+    std::vector<std::string> rates;
+    for (int32_t r = 0; r < spec.world_size; ++r) {
+      rates.push_back(absl::StrCat(
+          "rank ", r, ": ", LearningRateText(all->data() + static_cast<size_t>(r) * kHeaderSize)));
+    }
+    return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                          "learning_rate: the ranks of group ", spec.group,
+                          " were sent different learning rates (", absl::StrJoin(rates, ", "),
+                          "); send every rank the same learning_rate")),
+                      reason::kReplicasDiffer, {{"group", spec.group}, {"field", "learning_rate"}});
   }
   // Every rank holds the same state, so every rank decides alike.
   AMPD_ASSIGN_OR_RETURN(std::optional<StepReport> recorded, CheckSequence(sequence));
