@@ -198,9 +198,11 @@ __global__ void __launch_bounds__(kSampleThreads)
   }
   const T* row = logits + static_cast<int64_t>(r) * vocab;  // (V)
   uint64_t best = 0;
+  uint64_t worst_flipped = 0;  // ~(the smallest key this thread saw)
   ForEachOwn(row, vocab, [&](int id, float z) {
     const uint64_t key = KeyOf(z, id);
     best = key > best ? key : best;
+    worst_flipped = ~key > worst_flipped ? ~key : worst_flipped;
   });
   const uint64_t max_key = BlockMaxKey(best, kslots);
   if (params.temperature == 0.0f) {
@@ -261,8 +263,15 @@ __global__ void __launch_bounds__(kSampleThreads)
 
   const int keep =
       params.top_k > 0 && params.top_k < vocab ? static_cast<int>(params.top_k) : vocab;
-  // Every key is >= 1 (ids < 2^31), so threshold 0 keeps the whole row.
-  const uint64_t kept_from = keep == vocab ? 0 : KthLargestKey(row, vocab, keep, hist, chosen);
+  // The lower bound of both searches must be a real key of the row: where
+  // every mass is NaN (a +inf or NaN logit, or a row of all -inf, so
+  // exp(-inf - -inf)) no probe satisfies its predicate and the searches
+  // return their lower bound, whose IdOf must be an id. With keep == V
+  // that is the row's smallest key (~ the largest ~key), never 0, whose
+  // IdOf is -1; it keeps the same elements as threshold 0 and gives the
+  // CPU's token for such a row, order[keep - 1].
+  const uint64_t kept_from = keep == vocab ? ~BlockMaxKey(worst_flipped, kslots)
+                                           : KthLargestKey(row, vocab, keep, hist, chosen);
   const double total = MassAtLeast(row, vocab, kept_from, inv_t, top, dslots);
   uint64_t nucleus_from = kept_from;
   double in_nucleus = total;
