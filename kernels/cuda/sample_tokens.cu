@@ -75,15 +75,16 @@ template <typename T, typename Fn>
 __device__ __forceinline__ void ForEachOwn(const T* row, int vocab, Fn&& fn) {
   constexpr int N = 16 / static_cast<int>(sizeof(T));
   const bool aligned = VecAligned<N>(row);
-  const int units = (vocab + N - 1) / N;
+  // No vocab + N - 1 or base + N: V may be up to 2^31 - 1 (op_checks).
+  const int units = vocab / N + (vocab % N != 0 ? 1 : 0);
   for (int u = threadIdx.x; u < units; u += blockDim.x) {
     const int base = u * N;
-    if (aligned && base + N <= vocab) {
+    if (aligned && N <= vocab - base) {
       const Vec<T, N> v = LoadVec<N>(row, base);
 #pragma unroll
       for (int k = 0; k < N; ++k) fn(base + k, ToFloat(v.v[k]));
     } else {
-      for (int k = 0; k < N && base + k < vocab; ++k) fn(base + k, ToFloat(row[base + k]));
+      for (int k = 0; k < N && k < vocab - base; ++k) fn(base + k, ToFloat(row[base + k]));
     }
   }
 }
@@ -216,9 +217,11 @@ __global__ void __launch_bounds__(kSampleThreads)
 
   if (params.top_k == 0 && params.top_p >= 1.0f) {
     // Thread t's run of ids [t run, (t + 1) run), summed in id order.
-    const int run = (vocab + kSampleThreads - 1) / kSampleThreads;
+    // Without vocab + 511 or begin + run, which overflow an int for V
+    // near 2^31 (op_checks allows up to 2^31 - 1); t run < 2^31 still.
+    const int run = vocab / kSampleThreads + (vocab % kSampleThreads != 0 ? 1 : 0);
     const int begin = min(vocab, static_cast<int>(threadIdx.x) * run);
-    const int end = min(vocab, begin + run);
+    const int end = begin + min(run, vocab - begin);
     double own = 0.0;
     for (int i = begin; i < end; ++i) own += Weight(ToFloat(row[i]), inv_t, top);
     // Inclusive scan over the threads in thread order: a shuffle scan in
