@@ -75,15 +75,16 @@ template <typename T, typename Fn>
 __device__ __forceinline__ void ForEachOwn(const T* row, int vocab, Fn&& fn) {
   constexpr int N = 16 / static_cast<int>(sizeof(T));
   const bool aligned = VecAligned<N>(row);
-  const int units = (vocab + N - 1) / N;
+  // No vocab + N - 1 or base + N: V may be up to 2^31 - 1 (op_checks).
+  const int units = vocab / N + (vocab % N != 0 ? 1 : 0);
   for (int u = threadIdx.x; u < units; u += blockDim.x) {
     const int base = u * N;
-    if (aligned && base + N <= vocab) {
+    if (aligned && N <= vocab - base) {
       const Vec<T, N> v = LoadVec<N>(row, base);
 #pragma unroll
       for (int k = 0; k < N; ++k) fn(base + k, ToFloat(v.v[k]));
     } else {
-      for (int k = 0; k < N && base + k < vocab; ++k) fn(base + k, ToFloat(row[base + k]));
+      for (int k = 0; k < N && k < vocab - base; ++k) fn(base + k, ToFloat(row[base + k]));
     }
   }
 }
@@ -198,9 +199,11 @@ __global__ void __launch_bounds__(kSampleThreads)
   }
   const T* row = logits + static_cast<int64_t>(r) * vocab;  // (V)
   uint64_t best = 0;
+  uint64_t worst_flipped = 0;  // ~(the smallest key this thread saw)
   ForEachOwn(row, vocab, [&](int id, float z) {
     const uint64_t key = KeyOf(z, id);
     best = key > best ? key : best;
+    worst_flipped = ~key > worst_flipped ? ~key : worst_flipped;
   });
   const uint64_t max_key = BlockMaxKey(best, kslots);
   if (params.temperature == 0.0f) {
@@ -214,9 +217,11 @@ __global__ void __launch_bounds__(kSampleThreads)
 
   if (params.top_k == 0 && params.top_p >= 1.0f) {
     // Thread t's run of ids [t run, (t + 1) run), summed in id order.
-    const int run = (vocab + kSampleThreads - 1) / kSampleThreads;
+    // Without vocab + 511 or begin + run, which overflow an int for V
+    // near 2^31 (op_checks allows up to 2^31 - 1); t run < 2^31 still.
+    const int run = vocab / kSampleThreads + (vocab % kSampleThreads != 0 ? 1 : 0);
     const int begin = min(vocab, static_cast<int>(threadIdx.x) * run);
-    const int end = min(vocab, begin + run);
+    const int end = begin + min(run, vocab - begin);
     double own = 0.0;
     for (int i = begin; i < end; ++i) own += Weight(ToFloat(row[i]), inv_t, top);
     // Inclusive scan over the threads in thread order: a shuffle scan in
@@ -261,8 +266,15 @@ __global__ void __launch_bounds__(kSampleThreads)
 
   const int keep =
       params.top_k > 0 && params.top_k < vocab ? static_cast<int>(params.top_k) : vocab;
-  // Every key is >= 1 (ids < 2^31), so threshold 0 keeps the whole row.
-  const uint64_t kept_from = keep == vocab ? 0 : KthLargestKey(row, vocab, keep, hist, chosen);
+  // The lower bound of both searches must be a real key of the row: where
+  // every mass is NaN (a +inf or NaN logit, or a row of all -inf, so
+  // exp(-inf - -inf)) no probe satisfies its predicate and the searches
+  // return their lower bound, whose IdOf must be an id. With keep == V
+  // that is the row's smallest key (~ the largest ~key), never 0, whose
+  // IdOf is -1; it keeps the same elements as threshold 0 and gives the
+  // CPU's token for such a row, order[keep - 1].
+  const uint64_t kept_from = keep == vocab ? ~BlockMaxKey(worst_flipped, kslots)
+                                           : KthLargestKey(row, vocab, keep, hist, chosen);
   const double total = MassAtLeast(row, vocab, kept_from, inv_t, top, dslots);
   uint64_t nucleus_from = kept_from;
   double in_nucleus = total;

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -196,6 +197,57 @@ TEST_P(SampleOpsTest, SampleTokensEqualsTheHostDraw) {
     }
   }
   EXPECT_GT(draws, 1000);
+}
+
+// Rows whose weights are NaN: all -inf (exp(-inf - -inf)) and one +inf
+// (exp(inf - inf)) give the host draw's token, a NaN logit any in-range
+// one. On CUDA, with nothing cut by top_k, the truncated path's searches
+// then end at their lower bound, which must be a token of the row (it once
+// was threshold 0, drawn as id -1).
+TEST_P(SampleOpsTest, SampleTokensDrawsAnIdFromRowsWithNonFiniteLogits) {
+  constexpr int64_t kVocab = 300;
+  constexpr int64_t kRows = 3;
+  const double inf = std::numeric_limits<double>::infinity();
+  std::mt19937_64 rng(19);
+  for (DType dtype : testing::kFloatTypes) {
+    std::vector<double> z = RandomValues(rng, dtype, kRows * kVocab, -3.0, 3.0);
+    std::fill(z.begin(), z.begin() + kVocab, -inf);  // row 0: all -inf
+    z[kVocab + 123] = inf;                           // row 1: one +inf
+    z[2 * kVocab + 45] = std::nan("");               // row 2: one NaN
+    const Tensor logits = MakeTensor(*be_, dtype, {kRows, kVocab}, z);
+    const Tensor live = MakeTensor(*be_, DType::kI64, {kRows}, {1, 1, 1});
+    const std::vector<float> zf(z.begin(), z.end());
+    std::vector<int64_t> order;
+    std::vector<double> weights;
+    for (float t : {0.0f, 1.0f}) {
+      for (const DrawInput& in : {DrawInput{t, 0, 1.0f}, DrawInput{t, 0, 0.9f},
+                                  DrawInput{t, kVocab, 1.0f}, DrawInput{t, 5, 0.5f}}) {
+        SampleParams p;
+        p.temperature = in.temperature;
+        p.top_k = in.top_k;
+        p.top_p = in.top_p;
+        p.seed = 99;
+        absl::StatusOr<Tensor> tokens = be_->Allocate(DType::kI64, {kRows});
+        ASSERT_TRUE(tokens.ok());
+        ASSERT_TRUE(be_->SampleTokens(logits, live, p, *tokens).ok());
+        std::vector<int64_t> got(kRows);
+        ASSERT_TRUE(be_->CopyToHost(*tokens, got.data(), got.size() * 8).ok());
+        for (int64_t r = 0; r < kRows; ++r) {
+          const std::string where = GetParam() + " " + std::string(DTypeName(dtype)) + " T " +
+                                    std::to_string(t) + " top_k " + std::to_string(in.top_k) +
+                                    " top_p " + std::to_string(in.top_p) + " row " +
+                                    std::to_string(r);
+          EXPECT_GE(got[static_cast<size_t>(r)], 0) << where;
+          EXPECT_LT(got[static_cast<size_t>(r)], kVocab) << where;
+          if (r == 2) continue;  // NaN: unspecified
+          const philox::Block b = philox::StreamBlock(p.seed, static_cast<uint64_t>(r), p.step);
+          const int64_t want = ReferenceDraw(zf.data() + r * kVocab, kVocab, in,
+                                             philox::Unit53(b.v[0], b.v[1]), order, weights);
+          EXPECT_EQ(got[static_cast<size_t>(r)], want) << where;
+        }
+      }
+    }
+  }
 }
 
 TEST_P(SampleOpsTest, SampleTokensRefusesBadParameters) {
