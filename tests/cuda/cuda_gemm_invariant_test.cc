@@ -19,10 +19,16 @@
 namespace ampd::kernels::cuda_test {
 namespace {
 
-// K past one 256-long run and no multiple of any tile (16, 32); N no
-// multiple of any block width (32, 64, 128).
-constexpr int64_t kK = 300;
-constexpr int64_t kN = 130;
+// (K, N): K past one 256-long run and no multiple of any tile (16, 32), N
+// no multiple of any block width (32, 64, 128), so every tile edge is
+// zero-filled and every load takes the scalar path; then multiples of 8,
+// as a model's widths are, so the 16-bit operands move in 16-byte vectors
+// (still partial tiles: 136 is no multiple of 32).
+struct Dims {
+  int64_t k;
+  int64_t n;
+};
+constexpr Dims kDims[] = {{300, 130}, {320, 136}};
 constexpr int64_t kBigM = 257;
 constexpr int64_t kRowCounts[] = {1, 2, 3, 7, 16, 64, 257};
 
@@ -69,16 +75,16 @@ std::vector<Case> Cases(DType ab) {
 }
 
 // c (rows, N) = alpha op(a) op(b) + beta c0 on `be`, op(a) the logical rows
-// [row0, row0 + rows) of a_full (kBigM, kK); returns c's raw bytes.
-std::vector<uint8_t> RunRows(Backend& be, DType ab, const Case& cs,
+// [row0, row0 + rows) of a_full (kBigM, K); returns c's raw bytes.
+std::vector<uint8_t> RunRows(Backend& be, DType ab, const Case& cs, int64_t depth, int64_t cols,
                              const std::vector<float>& a_full, const Tensor& b,
                              const std::vector<float>& c0_full, int64_t row0, int64_t rows) {
-  const std::vector<float> a_rows(a_full.begin() + row0 * kK, a_full.begin() + (row0 + rows) * kK);
+  const std::vector<float> a_rows(a_full.begin() + row0 * depth, a_full.begin() + (row0 + rows) * depth);
   Tensor a =
-      Upload(be, ab, StoredShape(rows, kK, cs.trans_a), Stored(a_rows, rows, kK, cs.trans_a));
-  const std::vector<float> c_rows(c0_full.begin() + row0 * kN,
-                                  c0_full.begin() + (row0 + rows) * kN);
-  Tensor c = Upload(be, cs.c_dtype, {rows, kN}, c_rows);
+      Upload(be, ab, StoredShape(rows, depth, cs.trans_a), Stored(a_rows, rows, depth, cs.trans_a));
+  const std::vector<float> c_rows(c0_full.begin() + row0 * cols,
+                                  c0_full.begin() + (row0 + rows) * cols);
+  Tensor c = Upload(be, cs.c_dtype, {rows, cols}, c_rows);
   const absl::Status st = be.Gemm(cs.trans_a, cs.trans_b, cs.alpha, a, b, cs.beta, c);
   EXPECT_TRUE(st.ok()) << st;
   return DownloadBytes(be, c);
@@ -90,23 +96,27 @@ class GemmInvariantTest : public CudaDTypeTest {};
 TEST_P(GemmInvariantTest, RowsAreBitIdenticalWhateverTheBatch) {
   const DType ab = GetParam();
   AMPD_EXPECT_OK(gpu_->SetBatchInvariant(true));
-  const std::vector<float> a_full = RandomValues(kBigM * kK, 11, -1, 1, ab);
-  const std::vector<float> b_logical = RandomValues(kK * kN, 12, -1, 1, ab);
-  for (const Case& cs : Cases(ab)) {
-    SCOPED_TRACE(Describe(ab, cs));
-    const std::vector<float> c0 = RandomValues(kBigM * kN, 13, -4, 4, cs.c_dtype);
-    Tensor b =
-        Upload(*gpu_, ab, StoredShape(kK, kN, cs.trans_b), Stored(b_logical, kK, kN, cs.trans_b));
-    const std::vector<uint8_t> big = RunRows(*gpu_, ab, cs, a_full, b, c0, 0, kBigM);
-    const size_t row_bytes = static_cast<size_t>(kN) * SizeOf(cs.c_dtype);
-    for (int64_t rows : kRowCounts) {
-      // The block at the end and one in the middle: a row's position within
-      // its tile changes, its bits must not.
-      for (int64_t row0 : {kBigM - rows, (kBigM - rows) / 2}) {
-        const std::vector<uint8_t> got = RunRows(*gpu_, ab, cs, a_full, b, c0, row0, rows);
-        ASSERT_EQ(got.size(), static_cast<size_t>(rows) * row_bytes);
-        EXPECT_EQ(std::memcmp(got.data(), big.data() + row0 * row_bytes, got.size()), 0)
-            << rows << " rows from row " << row0 << " differ from the same rows of M = " << kBigM;
+  for (const auto& [depth, cols] : kDims) {
+    SCOPED_TRACE("K " + std::to_string(depth) + ", N " + std::to_string(cols));
+    const std::vector<float> a_full = RandomValues(kBigM * depth, 11, -1, 1, ab);
+    const std::vector<float> b_logical = RandomValues(depth * cols, 12, -1, 1, ab);
+    for (const Case& cs : Cases(ab)) {
+      SCOPED_TRACE(Describe(ab, cs));
+      const std::vector<float> c0 = RandomValues(kBigM * cols, 13, -4, 4, cs.c_dtype);
+      Tensor b =
+          Upload(*gpu_, ab, StoredShape(depth, cols, cs.trans_b), Stored(b_logical, depth, cols, cs.trans_b));
+      const std::vector<uint8_t> big = RunRows(*gpu_, ab, cs, depth, cols, a_full, b, c0, 0, kBigM);
+      const size_t row_bytes = static_cast<size_t>(cols) * SizeOf(cs.c_dtype);
+      for (int64_t rows : kRowCounts) {
+        // The block at the end and one in the middle: a row's position within
+        // its tile changes, its bits must not.
+        for (int64_t row0 : {kBigM - rows, (kBigM - rows) / 2}) {
+          const std::vector<uint8_t> got =
+              RunRows(*gpu_, ab, cs, depth, cols, a_full, b, c0, row0, rows);
+          ASSERT_EQ(got.size(), static_cast<size_t>(rows) * row_bytes);
+          EXPECT_EQ(std::memcmp(got.data(), big.data() + row0 * row_bytes, got.size()), 0)
+              << rows << " rows from row " << row0 << " differ from the same rows of M = " << kBigM;
+        }
       }
     }
   }
@@ -118,45 +128,48 @@ TEST_P(GemmInvariantTest, RowsAreBitIdenticalWhateverTheBatch) {
 TEST_P(GemmInvariantTest, MatchesAFloat64Reference) {
   const DType ab = GetParam();
   AMPD_EXPECT_OK(gpu_->SetBatchInvariant(true));
-  const std::vector<float> a_full = RandomValues(kBigM * kK, 21, -1, 1, ab);
-  const std::vector<float> b_logical = RandomValues(kK * kN, 22, -1, 1, ab);
-  for (const Case& cs : Cases(ab)) {
-    SCOPED_TRACE(Describe(ab, cs));
-    const std::vector<float> c0 = RandomValues(kBigM * kN, 23, -4, 4, cs.c_dtype);
-    Tensor a = Upload(*gpu_, ab, StoredShape(kBigM, kK, cs.trans_a),
-                      Stored(a_full, kBigM, kK, cs.trans_a));
-    Tensor b =
-        Upload(*gpu_, ab, StoredShape(kK, kN, cs.trans_b), Stored(b_logical, kK, kN, cs.trans_b));
-    Tensor c = Upload(*gpu_, cs.c_dtype, {kBigM, kN}, c0);
-    AMPD_EXPECT_OK(gpu_->Gemm(cs.trans_a, cs.trans_b, cs.alpha, a, b, cs.beta, c));
-    const std::vector<float> got = Download(*gpu_, c);
-    // Relative rounding of c's dtype, and of an fp32 sum: the sequential
-    // runs of 256 and the sum of runs, or the mma steps, each add at most
-    // one fp32 rounding of the running |sum| per term.
-    const double out_eps = cs.c_dtype == DType::kF16    ? std::ldexp(1.0, -11)
-                           : cs.c_dtype == DType::kBF16 ? std::ldexp(1.0, -8)
-                                                        : std::ldexp(1.0, -24);
-    const double acc_eps = (256.0 + kK / 256.0 + 4.0) * std::ldexp(1.0, -24);
-    int bad = 0;
-    for (int64_t i = 0; i < kBigM && bad < 5; ++i) {
-      for (int64_t j = 0; j < kN && bad < 5; ++j) {
-        double sum = 0.0, mag = 0.0;
-        for (int64_t l = 0; l < kK; ++l) {
-          const double t = static_cast<double>(a_full[i * kK + l]) * b_logical[l * kN + j];
-          sum += t;
-          mag += std::fabs(t);
-        }
-        const double c_in = c0[i * kN + j];
-        const double want = cs.alpha * sum + cs.beta * c_in;
-        const double bound =
-            std::fabs(cs.alpha) * acc_eps * mag + std::fabs(cs.beta * c_in) * std::ldexp(1.0, -23) +
-            out_eps * std::fabs(want) * 1.01 +
-            (cs.c_dtype == DType::kF16 ? std::ldexp(1.0, -25) : 0.0);  // subnormals
-        const double err = std::fabs(got[i * kN + j] - want);
-        if (!(err <= bound)) {
-          ++bad;
-          ADD_FAILURE() << "c[" << i << "][" << j << "] = " << got[i * kN + j] << ", float64 "
-                        << want << ", |err| " << err << " > " << bound;
+  for (const auto& [depth, cols] : kDims) {
+    SCOPED_TRACE("K " + std::to_string(depth) + ", N " + std::to_string(cols));
+    const std::vector<float> a_full = RandomValues(kBigM * depth, 21, -1, 1, ab);
+    const std::vector<float> b_logical = RandomValues(depth * cols, 22, -1, 1, ab);
+    for (const Case& cs : Cases(ab)) {
+      SCOPED_TRACE(Describe(ab, cs));
+      const std::vector<float> c0 = RandomValues(kBigM * cols, 23, -4, 4, cs.c_dtype);
+      Tensor a = Upload(*gpu_, ab, StoredShape(kBigM, depth, cs.trans_a),
+                        Stored(a_full, kBigM, depth, cs.trans_a));
+      Tensor b =
+          Upload(*gpu_, ab, StoredShape(depth, cols, cs.trans_b), Stored(b_logical, depth, cols, cs.trans_b));
+      Tensor c = Upload(*gpu_, cs.c_dtype, {kBigM, cols}, c0);
+      AMPD_EXPECT_OK(gpu_->Gemm(cs.trans_a, cs.trans_b, cs.alpha, a, b, cs.beta, c));
+      const std::vector<float> got = Download(*gpu_, c);
+      // Relative rounding of c's dtype, and of an fp32 sum: the sequential
+      // runs of 256 and the sum of runs, or the mma steps, each add at most
+      // one fp32 rounding of the running |sum| per term.
+      const double out_eps = cs.c_dtype == DType::kF16    ? std::ldexp(1.0, -11)
+                             : cs.c_dtype == DType::kBF16 ? std::ldexp(1.0, -8)
+                                                          : std::ldexp(1.0, -24);
+      const double acc_eps = (256.0 + depth / 256.0 + 4.0) * std::ldexp(1.0, -24);
+      int bad = 0;
+      for (int64_t i = 0; i < kBigM && bad < 5; ++i) {
+        for (int64_t j = 0; j < cols && bad < 5; ++j) {
+          double sum = 0.0, mag = 0.0;
+          for (int64_t l = 0; l < depth; ++l) {
+            const double t = static_cast<double>(a_full[i * depth + l]) * b_logical[l * cols + j];
+            sum += t;
+            mag += std::fabs(t);
+          }
+          const double c_in = c0[i * cols + j];
+          const double want = cs.alpha * sum + cs.beta * c_in;
+          const double bound =
+              std::fabs(cs.alpha) * acc_eps * mag +
+              std::fabs(cs.beta * c_in) * std::ldexp(1.0, -23) + out_eps * std::fabs(want) * 1.01 +
+              (cs.c_dtype == DType::kF16 ? std::ldexp(1.0, -25) : 0.0);  // subnormals
+          const double err = std::fabs(got[i * cols + j] - want);
+          if (!(err <= bound)) {
+            ++bad;
+            ADD_FAILURE() << "c[" << i << "][" << j << "] = " << got[i * cols + j] << ", float64 "
+                          << want << ", |err| " << err << " > " << bound;
+          }
         }
       }
     }
@@ -170,18 +183,21 @@ TEST_P(GemmInvariantTest, F32IsTheCpuOracleBitForBit) {
   if (ab != DType::kF32) GTEST_SKIP() << "tensor-core sums are not the CPU's order";
   AMPD_EXPECT_OK(gpu_->SetBatchInvariant(true));
   AMPD_EXPECT_OK(cpu_->SetBatchInvariant(true));
-  const std::vector<float> a_full = RandomValues(kBigM * kK, 31, -1, 1, ab);
-  const std::vector<float> b_logical = RandomValues(kK * kN, 32, -1, 1, ab);
-  for (const Case& cs : Cases(ab)) {
-    SCOPED_TRACE(Describe(ab, cs));
-    const std::vector<float> c0 = RandomValues(kBigM * kN, 33, -4, 4, cs.c_dtype);
-    std::vector<std::vector<uint8_t>> out;
-    for (Backend* be : {gpu_.get(), cpu_.get()}) {
-      Tensor b =
-          Upload(*be, ab, StoredShape(kK, kN, cs.trans_b), Stored(b_logical, kK, kN, cs.trans_b));
-      out.push_back(RunRows(*be, ab, cs, a_full, b, c0, 0, kBigM));
+  for (const auto& [depth, cols] : kDims) {
+    SCOPED_TRACE("K " + std::to_string(depth) + ", N " + std::to_string(cols));
+    const std::vector<float> a_full = RandomValues(kBigM * depth, 31, -1, 1, ab);
+    const std::vector<float> b_logical = RandomValues(depth * cols, 32, -1, 1, ab);
+    for (const Case& cs : Cases(ab)) {
+      SCOPED_TRACE(Describe(ab, cs));
+      const std::vector<float> c0 = RandomValues(kBigM * cols, 33, -4, 4, cs.c_dtype);
+      std::vector<std::vector<uint8_t>> out;
+      for (Backend* be : {gpu_.get(), cpu_.get()}) {
+        Tensor b =
+            Upload(*be, ab, StoredShape(depth, cols, cs.trans_b), Stored(b_logical, depth, cols, cs.trans_b));
+        out.push_back(RunRows(*be, ab, cs, depth, cols, a_full, b, c0, 0, kBigM));
+      }
+      EXPECT_TRUE(out[0] == out[1]) << "cuda and cpu invariant GEMMs differ";
     }
-    EXPECT_TRUE(out[0] == out[1]) << "cuda and cpu invariant GEMMs differ";
   }
 }
 
