@@ -209,13 +209,9 @@ def main() -> int:
     args, precisions = sampling_args.parse(parser, "generate.py")
     if args is None:
         return 2
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("generate.py: no CUDA device visible; pass --device cpu", file=sys.stderr)
+    device, name = sampling_args.torch_device(torch, args, "generate.py")
+    if device is None:
         return 1
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     shape = sampling_args.describe(args)
     print(f"device: {name}  torch {torch.__version__}  threads {torch.get_num_threads()}")
     print(f"generate: {shape}; {args.prompts} prompts x {args.prompt_len} tokens, "
@@ -223,16 +219,13 @@ def main() -> int:
           f"{'16-bit weights' if args.weights_16 else 'autocast over fp32 weights'}, KV cache, "
           f"eager; median of {args.repeats} after one warm-up call")
     for precision in precisions:
-        if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            print(f"{precision}: not supported on this device")
+        if sampling_args.bf16_unsupported(torch, device, precision):
             continue
         result = time_precision(args, precision, device)
         if isinstance(result, str):
             print(f"{precision}: not supported: {result}")
             continue
-        median, sampled = result
-        print(f"{precision:5s} sample median {median * 1e3:9.3f} ms  "
-              f"{sampled / median:10.0f} sampled tokens/s  ({sampled} tokens a call)")
+        sampling_args.report(precision, *result)
     return 0
 
 

@@ -126,13 +126,9 @@ def main() -> int:
     import torch
     import transformers
     transformers.logging.set_verbosity_error()
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("hf_generate.py: no CUDA device visible; pass --device cpu", file=sys.stderr)
+    device, name = sampling_args.torch_device(torch, args, "hf_generate.py")
+    if device is None:
         return 1
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     shape = sampling_args.describe(args)
     print(f"device: {name}  torch {torch.__version__}  transformers {transformers.__version__}  "
           f"threads {torch.get_num_threads()}")
@@ -141,12 +137,10 @@ def main() -> int:
           f"weights in the precision's dtype, {args.attention} attention, eager; median of "
           f"{args.repeats} after one warm-up call")
     for precision in precisions:
-        if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            print(f"{precision}: not supported on this device")
+        if sampling_args.bf16_unsupported(torch, device, precision):
             continue
-        median, generated = time_precision(torch, transformers, args, precision, device)
-        print(f"{precision:5s} sample median {median * 1e3:9.3f} ms  "
-              f"{generated / median:10.0f} sampled tokens/s  ({generated} tokens a call)")
+        sampling_args.report(precision, *time_precision(torch, transformers, args, precision,
+                                                        device))
     return 0
 
 

@@ -58,3 +58,31 @@ def describe(args):
     return (f"decoder vocab {args.vocab}, hidden {args.hidden}, intermediate "
             f"{args.intermediate}, {args.layers} layers, {args.heads} heads / "
             f"{args.kv_heads} kv heads")
+
+
+def report(precision, median, tokens):
+    """The result line every sampling tool prints, the form
+    scripts/gpu_check_report.py reads: median seconds of a call that
+    generated `tokens` tokens."""
+    print(f"{precision:5s} sample median {median * 1e3:9.3f} ms  "
+          f"{tokens / median:10.0f} sampled tokens/s  ({tokens} tokens a call)")
+
+
+def torch_device(torch, args, tool):
+    """A PyTorch peer's device (after --threads) and its name; (None, None),
+    after saying why, when CUDA is asked for and none is visible."""
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(f"{tool}: no CUDA device visible; pass --device cpu", file=sys.stderr)
+        return None, None
+    return device, torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def bf16_unsupported(torch, device, precision):
+    """Whether `precision` is bf16 on a CUDA device without it (said so)."""
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        print(f"{precision}: not supported on this device")
+        return True
+    return False

@@ -98,9 +98,7 @@ def main() -> int:
             if isinstance(result, str):
                 print(f"{precision:5s} refused: {result}")
                 continue
-            median, sampled = result
-            print(f"{precision:5s} sample median {median * 1e3:9.3f} ms  "
-                  f"{sampled / median:10.0f} sampled tokens/s  ({sampled} tokens a call)")
+            sampling_args.report(precision, *result)
     return 0
 
 

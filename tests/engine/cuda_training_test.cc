@@ -241,6 +241,32 @@ TEST_P(CudaTraining, LoraDecoderLossCurveMatchesTheCpuBackend) {
   EXPECT_LT(cpu.loss.back(), 0.9f * cpu.loss.front());
 }
 
+// The sampling tests' pieces: which model a case is, a CUDA trainer of
+// it, and four prompts of mixed lengths (1, 7, 3, 12 tokens, so decode rows
+// sit at different positions), 8 new tokens each.
+const char* ModelName(const JobConfig& config) {
+  if (config.model.gpt.has_value()) return "gpt";
+  return config.model.decoder->lora.has_value() ? "LoRA decoder" : "decoder";
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> CudaTrainer(const JobConfig& config) {
+  absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend("cuda:0");
+  if (!backend.ok()) return backend.status();
+  return Trainer::Create(config, *std::move(backend));
+}
+
+SampleInput MixedPrompts() {
+  DataRng rng(3);
+  SampleInput input;
+  for (int64_t len : {1, 7, 3, 12}) {
+    std::vector<int64_t> prompt;
+    for (int64_t i = 0; i < len; ++i) prompt.push_back(rng.Index(64));
+    input.prompts.push_back(prompt);
+  }
+  input.max_tokens = 8;
+  return input;
+}
+
 // Sampling on CUDA (the KV cache, AttentionDecode's twins, the per-row
 // cache writes), GPT, decoder and LoRA decoder: greedy completions of
 // mixed-length prompts, each token's log-prob against the log-prob CUDA's
@@ -251,21 +277,10 @@ TEST_P(CudaTraining, LoraDecoderLossCurveMatchesTheCpuBackend) {
 TEST_P(CudaTraining, SampledLogprobsAgreeWithTheTrainingForward) {
   for (const JobConfig& config :
        {GptJob(GetParam()), DecoderJob(GetParam()), LoraDecoderJob(GetParam())}) {
-    SCOPED_TRACE(config.model.gpt.has_value()             ? "gpt"
-                 : config.model.decoder->lora.has_value() ? "LoRA decoder"
-                                                          : "decoder");
-    auto backend = kernels::CreateBackend("cuda:0");
-    ASSERT_TRUE(backend.ok()) << backend.status();
-    auto trainer = Trainer::Create(config, *std::move(backend));
+    SCOPED_TRACE(ModelName(config));
+    absl::StatusOr<std::unique_ptr<Trainer>> trainer = CudaTrainer(config);
     ASSERT_TRUE(trainer.ok()) << trainer.status();
-    DataRng rng(3);
-    SampleInput input;
-    for (int64_t len : {1, 7, 3, 12}) {
-      std::vector<int64_t> prompt;
-      for (int64_t i = 0; i < len; ++i) prompt.push_back(rng.Index(64));
-      input.prompts.push_back(prompt);
-    }
-    input.max_tokens = 8;
+    SampleInput input = MixedPrompts();
     input.temperature = 0.0f;
     absl::StatusOr<SampleReport> sampled = (*trainer)->Sample(input);
     ASSERT_TRUE(sampled.ok()) << sampled.status();
@@ -314,12 +329,8 @@ TEST_P(CudaTraining, BatchInvariantSampledLogprobsEqualTheTrainingForwardBitForB
   for (JobConfig config :
        {GptJob(GetParam()), DecoderJob(GetParam()), LoraDecoderJob(GetParam())}) {
     config.batch_invariant = true;
-    SCOPED_TRACE(config.model.gpt.has_value()             ? "gpt"
-                 : config.model.decoder->lora.has_value() ? "LoRA decoder"
-                                                          : "decoder");
-    auto backend = kernels::CreateBackend("cuda:0");
-    ASSERT_TRUE(backend.ok()) << backend.status();
-    auto trainer = Trainer::Create(config, *std::move(backend));
+    SCOPED_TRACE(ModelName(config));
+    absl::StatusOr<std::unique_ptr<Trainer>> trainer = CudaTrainer(config);
     ASSERT_TRUE(trainer.ok()) << trainer.status();
     // A few steps first, so the weights are not the initial ones.
     DataRng train_rng(5);
@@ -329,14 +340,7 @@ TEST_P(CudaTraining, BatchInvariantSampledLogprobsEqualTheTrainingForwardBitForB
       absl::StatusOr<StepReport> report = (*trainer)->Step(input);
       ASSERT_TRUE(report.ok()) << report.status();
     }
-    DataRng rng(3);
-    SampleInput input;
-    for (int64_t len : {1, 7, 3, 12}) {
-      std::vector<int64_t> prompt;
-      for (int64_t i = 0; i < len; ++i) prompt.push_back(rng.Index(64));
-      input.prompts.push_back(prompt);
-    }
-    input.max_tokens = 8;
+    SampleInput input = MixedPrompts();
     input.temperature = 1.0f;
     input.seed = 17;
     absl::StatusOr<SampleReport> sampled = (*trainer)->Sample(input);

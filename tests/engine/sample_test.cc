@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -115,6 +116,32 @@ struct Sampled {
   std::vector<float> logprobs;  // the completion's, as Sample reported them
 };
 
+// One micro-batch of the sequences in `group`: row r holds sequence
+// group[r] as inputs seq[:-1] and targets seq[1:], right-padded to the
+// longest with token 0 and target -100; `per_token`, when given, is called
+// for every position (sequence, t) in row order, e.g. to fill per-token
+// inputs of the same shape. completions_only: the prompt's targets are
+// -100 too (only the sampled tokens count).
+MicroBatch Padded(const std::vector<Sampled>& all, const std::vector<size_t>& group,
+                  bool completions_only,
+                  const std::function<void(const Sampled&, size_t, bool)>& per_token = nullptr) {
+  size_t longest = 0;
+  for (size_t i : group) longest = std::max(longest, all[i].sequence.size() - 1);
+  std::vector<int64_t> ids, targets;
+  for (size_t i : group) {
+    const Sampled& s = all[i];
+    for (size_t t = 0; t < longest; ++t) {
+      const bool real = t + 1 < s.sequence.size();
+      const bool kept = real && (!completions_only || t + 1 >= s.prompt_len);
+      ids.push_back(real ? s.sequence[t] : 0);
+      targets.push_back(kept ? s.sequence[t + 1] : model::kIgnoreIndex);
+      if (per_token) per_token(s, t, kept);
+    }
+  }
+  const kernels::Shape shape = {static_cast<int64_t>(group.size()), static_cast<int64_t>(longest)};
+  return {I64(shape, ids), I64(shape, targets)};
+}
+
 // Every sequence's completion log-probs against Evaluate's, bit for bit:
 // `groups` lists which sequences share an evaluation micro-batch (padded to
 // its longest with targets -100).
@@ -123,19 +150,7 @@ void ExpectEvaluateAgrees(Trainer& trainer, const std::vector<Sampled>& all,
   EvaluateInput input;
   input.return_logprobs = true;
   for (const std::vector<size_t>& group : groups) {
-    size_t longest = 0;
-    for (size_t i : group) longest = std::max(longest, all[i].sequence.size() - 1);
-    std::vector<int64_t> ids, targets;
-    for (size_t i : group) {
-      const std::vector<int64_t>& seq = all[i].sequence;
-      for (size_t t = 0; t < longest; ++t) {
-        ids.push_back(t + 1 < seq.size() ? seq[t] : 0);
-        targets.push_back(t + 1 < seq.size() ? seq[t + 1] : model::kIgnoreIndex);
-      }
-    }
-    const auto rows = static_cast<int64_t>(group.size());
-    const auto cols = static_cast<int64_t>(longest);
-    input.micro_batches.push_back({I64({rows, cols}, ids), I64({rows, cols}, targets)});
+    input.micro_batches.push_back(Padded(all, group, /*completions_only=*/false));
   }
   absl::StatusOr<EvaluateReport> r = trainer.Evaluate(input);
   ASSERT_TRUE(r.ok()) << r.status();
@@ -240,25 +255,14 @@ StepInput ImportanceSamplingStep(const std::vector<Sampled>& all,
   input.loss_fn.kind = LossFnKind::kImportanceSampling;
   input.return_logprobs = true;
   for (const std::vector<size_t>& group : groups) {
-    size_t longest = 0;
-    for (size_t i : group) longest = std::max(longest, all[i].sequence.size() - 1);
-    std::vector<int64_t> ids, targets;
     std::vector<float> q, advantages;
-    for (size_t i : group) {
-      const Sampled& s = all[i];
-      for (size_t t = 0; t < longest; ++t) {
-        const bool sampled = t + 1 >= s.prompt_len && t + 1 < s.sequence.size();
-        ids.push_back(t + 1 < s.sequence.size() ? s.sequence[t] : 0);
-        targets.push_back(sampled ? s.sequence[t + 1] : model::kIgnoreIndex);
-        q.push_back(sampled ? s.logprobs[t + 1 - s.prompt_len] : 0.0f);
-        advantages.push_back(1.0f);
-      }
-    }
-    const kernels::Shape shape = {static_cast<int64_t>(group.size()),
-                                  static_cast<int64_t>(longest)};
-    MicroBatch mb{I64(shape, ids), I64(shape, targets)};
-    mb.sampling_logprobs = F32(shape, q);
-    mb.advantages = F32(shape, advantages);
+    MicroBatch mb =
+        Padded(all, group, /*completions_only=*/true, [&](const Sampled& s, size_t t, bool kept) {
+          q.push_back(kept ? s.logprobs[t + 1 - s.prompt_len] : 0.0f);
+          advantages.push_back(1.0f);
+        });
+    mb.sampling_logprobs = F32(mb.targets.shape, q);
+    mb.advantages = F32(mb.targets.shape, advantages);
     input.micro_batches.push_back(std::move(mb));
   }
   return input;

@@ -249,8 +249,7 @@ absl::StatusOr<Trainer::Impl::StepPlan> Trainer::Impl::Admit(
                        input.loss_fn.kind == LossFnKind::kImportanceSampling ||
                        input.loss_fn.kind == LossFnKind::kPpo;
   int64_t logprob_bytes = 0;
-  // (An empty tensor's shape is {}: one element by NumElements, none held.)
-  const int64_t held = step_logprobs.empty() ? 0 : step_logprobs.numel();
+  const int64_t held = step_logprobs_held();
   if (plan.keep_logprobs) {
     // Validated batches: each B*T is a language model's, well inside int64.
     for (const MicroBatch& mb : input.micro_batches) {

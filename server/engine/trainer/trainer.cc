@@ -146,9 +146,8 @@ ScalerSnapshot Trainer::scaler() const {
                         s.config().per_layer_scales ? s.layer_scales() : std::vector<float>{}};
 }
 int64_t Trainer::workspace_bytes() const {
-  return SaturatingAdd(
-      SaturatingAdd(impl_->model->cached_workspace_bytes(), impl_->scratch_bytes),
-      impl_->step_logprobs.empty() ? 0 : static_cast<int64_t>(impl_->step_logprobs.nbytes()));
+  return SaturatingAdd(SaturatingAdd(impl_->model->cached_workspace_bytes(), impl_->scratch_bytes),
+                       SaturatingMul(impl_->step_logprobs_held(), int64_t{sizeof(float)}));
 }
 void Trainer::ReleaseWorkspaces() {
   impl_->model->ReleaseWorkspaces();

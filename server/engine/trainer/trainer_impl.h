@@ -81,6 +81,9 @@ struct Trainer::Impl {
   // workspaces.
   kernels::Tensor step_logprobs;
   std::vector<float> step_logprobs_host;
+  // The tokens step_logprobs holds: 0 before a step first kept them (an
+  // empty Tensor's shape {} counts one element).
+  int64_t step_logprobs_held() const { return step_logprobs.empty() ? 0 : step_logprobs.numel(); }
 
   // ---- step.cc: Trainer::Step's phases, in order ---------------------------------
   // What Admit fixes for the rest of the step.
