@@ -115,6 +115,10 @@ ABSL_FLAG(std::string, peer_address, "",
           "IP, not 0.0.0.0). Only the ranks of this ampd's jobs are served there, each call "
           "signed with a key of its job's distributed.secret; keep it cluster-private all the "
           "same (Gloo's traffic is not encrypted). Empty: no distributed jobs");
+ABSL_FLAG(int32_t, peer_waits_per_tenant, 96,
+          "Most calls the Peer meeting point lets wait at once (of its 192) for the groups of one "
+          "tenant, so that one tenant cannot hold every wait while another's group forms; 1..192 "
+          "(docs/DISTRIBUTED.md)");
 ABSL_FLAG(int32_t, max_distributed_jobs, 4,
           "Most distributed jobs held at once; each has a worker thread of its own");
 ABSL_FLAG(int64_t, shutdown_timeout_ms, 30000,
@@ -316,6 +320,19 @@ absl::StatusOr<ampd::engine::RegistryOptions> RegistryOptionsFromFlags(
   return options;
 }
 
+// The meeting point's bounds: the defaults, and each tenant's share of its
+// waits from --peer-waits-per-tenant.
+absl::StatusOr<ampd::engine::dist::RendezvousTable::Limits> PeerLimitsFromFlags() {
+  ampd::engine::dist::RendezvousTable::Limits limits;
+  const int32_t per_tenant = absl::GetFlag(FLAGS_peer_waits_per_tenant);
+  if (per_tenant < 1 || static_cast<size_t>(per_tenant) > limits.max_waiters) {
+    return StartupError(absl::StrCat("--peer-waits-per-tenant: must be 1..", limits.max_waiters,
+                                     ", got ", per_tenant));
+  }
+  limits.max_tenant_waiters = static_cast<size_t>(per_tenant);
+  return limits;
+}
+
 // The meeting point of distributed jobs' ranks when --peer-address is set
 // (else nullptr), and what the registry needs to reach it.
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartPeerServer(
@@ -461,12 +478,17 @@ absl::Status Run() {
   // none until the registry exists (a rank that comes sooner is told
   // NOT_FOUND and tries again).
   std::atomic<ampd::engine::JobRegistry*> hosted_jobs{nullptr};
-  ampd::engine::dist::RendezvousTable rendezvous_table(
-      ampd::engine::dist::RendezvousTable::Limits(),
-      [&hosted_jobs](const std::string& group) -> std::vector<std::string> {
-        ampd::engine::JobRegistry* jobs = hosted_jobs.load();
-        return jobs == nullptr ? std::vector<std::string>() : jobs->PeerSecrets(group);
-      });
+  using ampd::engine::dist::RendezvousTable;
+  AMPD_ASSIGN_OR_RETURN(const RendezvousTable::Limits peer_limits, PeerLimitsFromFlags());
+  RendezvousTable rendezvous_table(peer_limits, [&hosted_jobs](const std::string& group) {
+    std::vector<RendezvousTable::GroupOwner> owners;
+    ampd::engine::JobRegistry* jobs = hosted_jobs.load();
+    if (jobs == nullptr) return owners;
+    for (ampd::engine::JobRegistry::PeerSecret& job : jobs->PeerSecrets(group)) {
+      owners.push_back({std::move(job.secret), std::move(job.owner)});
+    }
+    return owners;
+  });
   ampd::rpc::PeerService peer_service(&rendezvous_table);
   AMPD_ASSIGN_OR_RETURN(std::unique_ptr<grpc::Server> peer_server,
                         StartPeerServer(peer_service, options));

@@ -1,4 +1,6 @@
-// PeerService: each call is the table's, its status mapped to gRPC's. A
+// PeerService: each call is the table's, in the room of the job whose
+// secret signed it (RendezvousTable::Authenticate), its status mapped to
+// gRPC's. A
 // waiting call ends at its own deadline, or as soon as its caller cancels:
 // past that nobody listens for the answer, and the thread it holds is
 // wanted by other peers.
@@ -26,7 +28,7 @@ absl::Duration Timeout(const grpc::ServerContext& context, int64_t timeout_ms) {
 
 grpc::Status PeerService::Join(grpc::ServerContext* context, const v1::JoinRequest* request,
                                v1::JoinResponse* response) {
-  const absl::Status authentic = table_->Authenticate(
+  const absl::StatusOr<engine::dist::RendezvousTable::Member> member = table_->Authenticate(
       request->group(),
       [request](absl::string_view key) {
         return engine::dist::JoinProof(key, request->group(), request->rank(),
@@ -34,9 +36,9 @@ grpc::Status PeerService::Join(grpc::ServerContext* context, const v1::JoinReque
                                        request->timeout_ms());
       },
       request->proof());
-  if (!authentic.ok()) return ToGrpcStatus(authentic);
+  if (!member.ok()) return ToGrpcStatus(member.status());
   absl::StatusOr<int64_t> round = table_->Join(
-      request->group(), request->rank(), request->world_size(), request->fingerprint(),
+      *member, request->rank(), request->world_size(), request->fingerprint(),
       Timeout(*context, request->timeout_ms()), [context] { return context->IsCancelled(); });
   if (!round.ok()) return ToGrpcStatus(round.status());
   response->set_round(*round);
@@ -45,27 +47,27 @@ grpc::Status PeerService::Join(grpc::ServerContext* context, const v1::JoinReque
 
 grpc::Status PeerService::Set(grpc::ServerContext*, const v1::SetRequest* request,
                               v1::SetResponse*) {
-  const absl::Status authentic = table_->Authenticate(
+  const absl::StatusOr<engine::dist::RendezvousTable::Member> member = table_->Authenticate(
       std::string(engine::dist::GroupOfKey(request->key())),
       [request](absl::string_view key) {
         return engine::dist::SetProof(key, request->key(), request->value());
       },
       request->proof());
-  if (!authentic.ok()) return ToGrpcStatus(authentic);
-  return ToGrpcStatus(table_->Set(request->key(), request->value()));
+  if (!member.ok()) return ToGrpcStatus(member.status());
+  return ToGrpcStatus(table_->Set(*member, request->key(), request->value()));
 }
 
 grpc::Status PeerService::Get(grpc::ServerContext* context, const v1::GetRequest* request,
                               v1::GetResponse* response) {
-  const absl::Status authentic = table_->Authenticate(
+  const absl::StatusOr<engine::dist::RendezvousTable::Member> member = table_->Authenticate(
       std::string(engine::dist::GroupOfKey(request->key())),
       [request](absl::string_view key) {
         return engine::dist::GetProof(key, request->key(), request->timeout_ms());
       },
       request->proof());
-  if (!authentic.ok()) return ToGrpcStatus(authentic);
+  if (!member.ok()) return ToGrpcStatus(member.status());
   absl::StatusOr<std::string> value =
-      table_->Get(request->key(), Timeout(*context, request->timeout_ms()),
+      table_->Get(*member, request->key(), Timeout(*context, request->timeout_ms()),
                   [context] { return context->IsCancelled(); });
   if (!value.ok()) return ToGrpcStatus(value.status());
   response->set_value(*std::move(value));

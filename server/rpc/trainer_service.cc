@@ -233,11 +233,14 @@ class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRe
     if (n > static_cast<uint64_t>(max_bytes_ - held_)) return OverLimit();
     const auto bytes = static_cast<int64_t>(n);
     if (!budget_->TryAcquire(bytes)) {
+      // The budget is every tenant's: the refusal names the limit and this
+      // stream's own bytes only, never what the other streams hold.
       return WithReason(
           absl::ResourceExhaustedError(absl::StrCat(
-              "data: LoadStateDict streams in progress already hold ", budget_->held(),
-              " bytes of the server's --max-state-dict-buffer-bytes=", budget_->limit(),
-              "; retry later")),
+              "data: the state dict's next ", n,
+              " bytes do not fit beside the LoadStateDict streams in progress under the "
+              "server's --max-state-dict-buffer-bytes=",
+              budget_->limit(), " now; this stream holds ", held_, " bytes; retry later")),
           reason::kMemoryLimit, {{"limit_bytes", absl::StrCat(budget_->limit())}});
     }
     held_ += bytes;

@@ -25,20 +25,29 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "ampd/v1/peer.grpc.pb.h"
 #include "client/client.h"
 #include "client/synthetic_task.h"
 #include "codec/safetensors.h"
 #include "gtest/gtest.h"
+#include "server/engine/dist/peer_auth.h"
 #include "tests/support/ampd_process.h"
+#include "tests/support/subprocess.h"
 #include "tests/support/temp_dir.h"
 
 namespace ampd {
 namespace {
 
 using test_support::AmpdProcess;
+using test_support::CommandResult;
+using test_support::RunCommand;
 using test_support::TempDir;
+
+// Tokens of two tenants (only their SHA-256 is written to the tenants file).
+constexpr char kAliceToken[] = "alice-token-data-parallel";
+constexpr char kBobToken[] = "bob-token-data-parallel";
 
 // A replica's ports are the kernel's picks on its first start (ampd prints
 // them); a restart comes back on the same gRPC port, which its clients dial,
@@ -227,6 +236,79 @@ class DataParallelTest : public ::testing::Test {
   }
 
   void KillAndRestart(int killed);
+
+  // The flag of a tenants file naming alice and bob, the same for every
+  // replica (the ranks' fingerprints include the owning tenant's name).
+  std::string TenantsFlag() {
+    auto digest = [](const std::string& token) {
+      const CommandResult sum = RunCommand({"/usr/bin/sha256sum"}, std::chrono::seconds(30), token);
+      EXPECT_EQ(sum.status.code, 0) << sum.err;
+      return sum.out.substr(0, 64);
+    };
+    const std::string path = (root_.path() / "tenants").string();
+    std::ofstream(path) << "alice " << digest(kAliceToken) << "\n"
+                        << "bob " << digest(kBobToken) << "\n";
+    return "--auth-tokens=" + path;
+  }
+
+  // A call to a replica's Peer port as an outsider would make it, with its
+  // own context so that another thread may cancel it.
+  struct PeerCaller {
+    explicit PeerCaller(const Replica& replica)
+        : stub(v1::Peer::NewStub(
+              grpc::CreateChannel(replica.peer(), grpc::InsecureChannelCredentials()))) {}
+    template <typename Method, typename Request, typename Response>
+    grpc::Status Call(Method method, const Request& request, Response* response,
+                      grpc::ClientContext* context, int deadline_ms = 60000) {
+      context->set_deadline(std::chrono::system_clock::now() +
+                            std::chrono::milliseconds(deadline_ms));
+      return ((*stub).*method)(context, request, response);
+    }
+    std::unique_ptr<v1::Peer::Stub> stub;
+  };
+
+  // A Join or Get signed with the key of `secret` for `group`, as the
+  // owner of a job of that group (or of another job under its name) can
+  // sign it.
+  static v1::JoinRequest SignedJoin(const std::string& secret, const std::string& group,
+                                    int32_t rank, int32_t world_size,
+                                    const std::string& fingerprint, int64_t timeout_ms) {
+    v1::JoinRequest join;
+    join.set_group(group);
+    join.set_rank(rank);
+    join.set_world_size(world_size);
+    join.set_fingerprint(fingerprint);
+    join.set_timeout_ms(timeout_ms);
+    join.set_proof(engine::dist::JoinProof(engine::dist::GroupKey(secret, group), group, rank,
+                                           world_size, fingerprint, timeout_ms));
+    return join;
+  }
+  static v1::GetRequest SignedGet(const std::string& secret, const std::string& key,
+                                  int64_t timeout_ms) {
+    v1::GetRequest get;
+    get.set_key(key);
+    get.set_timeout_ms(timeout_ms);
+    const std::string group(engine::dist::GroupOfKey(key));
+    get.set_proof(engine::dist::GetProof(engine::dist::GroupKey(secret, group), key, timeout_ms));
+    return get;
+  }
+
+  // A rank-0 job of `world_size` ranks under `group` with `secret`, created
+  // on `replica` by `client`'s tenant.
+  static absl::StatusOr<v1::Job> CreateRankZero(Client& client, const Replica& replica,
+                                                const std::string& group, const std::string& secret,
+                                                int32_t world_size) {
+    SyntheticTask task(TaskOptions());
+    v1::CreateJobRequest request = Request(task, v1::PRECISION_FP32);
+    v1::Distributed* d = request.mutable_config()->mutable_distributed();
+    d->set_world_size(world_size);
+    d->set_rank(0);
+    d->set_group(group);
+    d->set_rendezvous(replica.peer());
+    d->set_timeout_ms(5000);
+    d->set_secret(secret);
+    return client.CreateJob(request);
+  }
 
   TempDir root_{"ampd_data_parallel_test"};
 };
@@ -664,6 +746,188 @@ TEST_F(DataParallelTest, AnOutsiderCannotJamThePeerPortNorReadOrSquatAGroup) {
       << "before " << rss_before << ", after " << rss_after << " after " << calls.load()
       << " calls";
   EXPECT_TRUE(replicas[0].process->Log().find("stopped") == std::string::npos);
+}
+
+// Bob, a tenant of the same servers, creates a rank-0 job under the name of
+// Alice's group with his own secret. Once that made his key a key of her
+// group: he read her round's Gloo addresses, and his waiting Join (his
+// fingerprint) kept her ranks from forming again. Now a group name belongs
+// to the owner whose secret signs for it: his job meets apart, he reads
+// nothing of hers, and her job forms again while he keeps trying.
+TEST_F(DataParallelTest, AnotherTenantCannotCreateJoinOrReadAGroupUnderItsName) {
+  std::vector<Replica> replicas = StartReplicas(2, {TenantsFlag()});
+  ASSERT_FALSE(HasFatalFailure());
+  SyntheticTask task(TaskOptions());
+  DataParallelOptions options = Options(replicas);
+  options.client.token = kAliceToken;
+  absl::StatusOr<std::unique_ptr<DataParallelJob>> alice =
+      DataParallelJob::Create(Request(task, v1::PRECISION_FP32), options);
+  ASSERT_TRUE(alice.ok()) << alice.status();
+  ASSERT_TRUE((*alice)->Step(1, Shares(task.NextBatch(), 2)).ok());
+  const std::string group = (*alice)->group();
+
+  // His job under her group's name is his own group: nothing of hers.
+  ClientOptions bob_options;
+  bob_options.token = kBobToken;
+  bob_options.max_attempts = 1;
+  std::unique_ptr<Client> bob = Client::Connect(replicas[0].address(), bob_options);
+  const std::string bob_secret(32, 'b');
+  absl::StatusOr<v1::Job> squat = CreateRankZero(*bob, replicas[0], group, bob_secret, 2);
+  ASSERT_TRUE(squat.ok()) << squat.status();
+  EXPECT_EQ(bob->GetJob((*alice)->jobs()[0].job_id()).status().code(), absl::StatusCode::kNotFound);
+
+  PeerCaller peer(replicas[0]);
+  // Her round 0's keys: the Gloo address of each of her ranks.
+  for (int r = 0; r < 2; ++r) {
+    grpc::ClientContext context;
+    v1::GetResponse got;
+    const grpc::Status read =
+        peer.Call(&v1::Peer::Stub::Get,
+                  SignedGet(bob_secret, absl::StrCat(group, "/0/rank_", r), 0), &got, &context);
+    EXPECT_FALSE(read.ok()) << "rank " << r << ": Bob read " << got.value().size() << " bytes";
+  }
+
+  // Bob holds a Join as rank 0 of the name, with a fingerprint of his own,
+  // again and again, while Alice's ranks leave their group (a state loaded
+  // into each) and form it again at her next steps.
+  std::atomic<bool> stop{false};
+  std::atomic<int> bob_joined{0};
+  absl::Mutex mu;
+  grpc::ClientContext* current = nullptr;
+  std::thread squatter([&] {
+    while (!stop.load()) {
+      grpc::ClientContext context;
+      {
+        absl::MutexLock lock(&mu);
+        current = &context;
+      }
+      v1::JoinResponse joined;
+      const grpc::Status s =
+          peer.Call(&v1::Peer::Stub::Join, SignedJoin(bob_secret, group, 0, 2, "bob", 20000),
+                    &joined, &context, 25000);
+      {
+        absl::MutexLock lock(&mu);
+        current = nullptr;
+      }
+      if (s.ok()) ++bob_joined;
+      if (!s.ok() && s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED &&
+          s.error_code() != grpc::StatusCode::CANCELLED) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // his Join waits
+  ClientOptions alice_options;
+  alice_options.token = kAliceToken;
+  std::unique_ptr<Client> c0 = Client::Connect(replicas[0].address(), alice_options);
+  std::unique_ptr<Client> c1 = Client::Connect(replicas[1].address(), alice_options);
+  for (int64_t step = 2; step <= 3; ++step) {
+    absl::StatusOr<std::string> state = c0->GetStateDict((*alice)->jobs()[0].job_id());
+    ASSERT_TRUE(state.ok()) << state.status();
+    ASSERT_TRUE(c0->LoadStateDict((*alice)->jobs()[0].job_id(), *state).ok());
+    ASSERT_TRUE(c1->LoadStateDict((*alice)->jobs()[1].job_id(), *state).ok());
+    absl::StatusOr<v1::StepResponse> r = (*alice)->Step(step, Shares(task.NextBatch(), 2));
+    ASSERT_TRUE(r.ok()) << "step " << step << ": " << r.status() << "\n"
+                        << replicas[0].process->Log();
+    EXPECT_EQ(r->global_step(), step);
+    // Nor can he read the keys of the round she just formed.
+    for (int64_t round = 1; round <= 2; ++round) {
+      grpc::ClientContext context;
+      v1::GetResponse got;
+      const grpc::Status read = peer.Call(
+          &v1::Peer::Stub::Get,
+          SignedGet(bob_secret, absl::StrCat(group, "/", round, "/rank_0"), 0), &got, &context);
+      EXPECT_FALSE(read.ok()) << "round " << round;
+    }
+  }
+  stop = true;
+  {
+    absl::MutexLock lock(&mu);
+    if (current != nullptr) current->TryCancel();
+  }
+  squatter.join();
+  EXPECT_EQ(bob_joined.load(), 0);
+}
+
+// Bob's two groups of 64 ranks once took all 192 waits of the meeting point
+// (128 Gets in one, 64 in the other), and Alice's new data-parallel jobs
+// failed PEER_UNAVAILABLE for as long as he held them. Now one tenant's
+// groups wait at most --peer-waits-per-tenant (96) calls together: the rest
+// of his are refused at once, and Alice's group forms and trains meanwhile.
+TEST_F(DataParallelTest, ATenantTakesAtMostItsShareOfTheMeetingPointsWaits) {
+  std::vector<Replica> replicas = StartReplicas(2, {TenantsFlag()});
+  ASSERT_FALSE(HasFatalFailure());
+  ClientOptions bob_options;
+  bob_options.token = kBobToken;
+  std::unique_ptr<Client> bob = Client::Connect(replicas[0].address(), bob_options);
+  PeerCaller peer(replicas[0]);
+  constexpr int kRanks = 64;
+  const std::vector<std::string> groups = {"bob-a", "bob-b"};
+  const std::vector<std::string> secrets = {std::string(32, 'a'), std::string(32, 'b')};
+  for (size_t g = 0; g < groups.size(); ++g) {
+    absl::StatusOr<v1::Job> job = CreateRankZero(*bob, replicas[0], groups[g], secrets[g], kRanks);
+    ASSERT_TRUE(job.ok()) << job.status();
+    // All 64 ranks meet once, so that his group's keys may be waited for.
+    std::vector<std::future<grpc::Status>> joins;
+    for (int r = 0; r < kRanks; ++r) {
+      joins.push_back(std::async(std::launch::async, [&, g, r] {
+        grpc::ClientContext context;
+        v1::JoinResponse joined;
+        return peer.Call(&v1::Peer::Stub::Join,
+                         SignedJoin(secrets[g], groups[g], r, kRanks, "bob", 30000), &joined,
+                         &context);
+      }));
+    }
+    for (auto& j : joins) {
+      const grpc::Status s = j.get();
+      ASSERT_TRUE(s.ok()) << s.error_message();
+    }
+  }
+
+  // 192 Gets of keys nobody sets, 96 for each group: as many as the whole
+  // meeting point lets wait.
+  constexpr int kGets = 192;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  for (int i = 0; i < kGets; ++i) contexts.push_back(std::make_unique<grpc::ClientContext>());
+  std::atomic<int> refused{0};
+  std::atomic<int> refused_for_tenant{0};
+  std::vector<std::thread> waits;
+  for (int i = 0; i < kGets; ++i) {
+    waits.emplace_back([&, i] {
+      const size_t g = static_cast<size_t>(i % 2);
+      v1::GetResponse got;
+      const grpc::Status s =
+          peer.Call(&v1::Peer::Stub::Get,
+                    SignedGet(secrets[g], absl::StrCat(groups[g], "/0/never-", i), 60000), &got,
+                    contexts[static_cast<size_t>(i)].get(), 65000);
+      if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+        ++refused;
+        if (s.error_message().find("tenant") != std::string::npos) ++refused_for_tenant;
+      }
+    });
+  }
+  // Refusals come at once; what is not refused waits.
+  for (int i = 0; i < 100 && refused.load() < kGets / 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_EQ(refused.load(), kGets - 96);
+  EXPECT_EQ(refused_for_tenant.load(), refused.load());
+
+  // Alice's job of two ranks forms at the same meeting point and trains.
+  SyntheticTask task(TaskOptions());
+  DataParallelOptions options = Options(replicas);
+  options.client.token = kAliceToken;
+  options.retry_for = absl::Seconds(20);
+  absl::StatusOr<std::unique_ptr<DataParallelJob>> alice =
+      DataParallelJob::Create(Request(task, v1::PRECISION_FP32), options);
+  ASSERT_TRUE(alice.ok()) << alice.status();
+  for (int64_t step = 1; step <= 2; ++step) {
+    absl::StatusOr<v1::StepResponse> r = (*alice)->Step(step, Shares(task.NextBatch(), 2));
+    EXPECT_TRUE(r.ok()) << "step " << step << ": " << r.status();
+  }
+  for (auto& context : contexts) context->TryCancel();
+  for (std::thread& t : waits) t.join();
 }
 
 }  // namespace

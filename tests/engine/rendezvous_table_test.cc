@@ -3,8 +3,9 @@
 // fingerprint and world size, a rank that joins again takes its own place,
 // waits end at their timeout, older rounds' keys are dropped, every size a
 // peer sends is bounded (keys in bytes per group and in all, waits per
-// group and in all), only calls signed with a group's key are served, and
-// a group's keys go with its job.
+// group, per tenant and in all), only calls signed with a group's key are
+// served, another owner's job under the same group name meets apart, and a
+// group's keys go with its job.
 #include "server/engine/dist/rendezvous_table.h"
 
 #include <atomic>
@@ -239,49 +240,176 @@ TEST(RendezvousTable, AGroupWaitsAtMostTwiceItsWorldSize) {
   for (auto& w : waits) EXPECT_EQ(w.get().status().code(), absl::StatusCode::kDeadlineExceeded);
 }
 
+// The owners of a table's groups, as JobRegistry::PeerSecrets gives them.
+class Owners {
+ public:
+  void Add(const std::string& group, const std::string& secret, const std::string& tenant) {
+    absl::MutexLock lock(&mu_);
+    jobs_[group].push_back({secret, tenant});
+  }
+  void Remove(const std::string& group) {
+    absl::MutexLock lock(&mu_);
+    jobs_.erase(group);
+  }
+  RendezvousTable::GroupSecrets Secrets() {
+    return [this](const std::string& group) {
+      absl::MutexLock lock(&mu_);
+      auto it = jobs_.find(group);
+      return it == jobs_.end() ? std::vector<RendezvousTable::GroupOwner>() : it->second;
+    };
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, std::vector<RendezvousTable::GroupOwner>> jobs_ ABSL_GUARDED_BY(mu_);
+};
+
+// The member a Join of `group` signed with `secret` acts for.
+absl::StatusOr<RendezvousTable::Member> JoinAs(RendezvousTable& table, const std::string& group,
+                                               const std::string& secret, int32_t rank = 0) {
+  auto expected = [&](absl::string_view key) { return JoinProof(key, group, rank, 2, "f", 5); };
+  return table.Authenticate(group, expected,
+                            JoinProof(GroupKey(secret, group), group, rank, 2, "f", 5));
+}
+
 TEST(RendezvousTable, OnlyCallsSignedWithTheGroupsKeyAreServed) {
-  absl::Mutex mu;
-  std::map<std::string, std::string> jobs = {{"g", std::string(32, 's')},
-                                             {"h", std::string(32, 'h')}};
+  Owners jobs;
+  jobs.Add("g", std::string(32, 's'), "");
+  jobs.Add("h", std::string(32, 'h'), "");
   // Every call looks for gone groups: the test need not outwait the interval.
   RendezvousTable::Limits limits;
   limits.sweep_every = absl::ZeroDuration();
-  RendezvousTable table(limits, [&](const std::string& group) {
-    absl::MutexLock lock(&mu);
-    auto it = jobs.find(group);
-    return it == jobs.end() ? std::vector<std::string>() : std::vector<std::string>{it->second};
-  });
+  RendezvousTable table(limits, jobs.Secrets());
   auto set_proof = [](absl::string_view key) { return SetProof(key, "g/0/k", "v"); };
   const std::string right = SetProof(GroupKey(std::string(32, 's'), "g"), "g/0/k", "v");
   const std::string wrong = SetProof(GroupKey(std::string(32, 'x'), "g"), "g/0/k", "v");
   EXPECT_TRUE(table.Authenticate("g", set_proof, right).ok());
-  EXPECT_EQ(table.Authenticate("g", set_proof, wrong).code(), absl::StatusCode::kUnauthenticated);
-  EXPECT_EQ(table.Authenticate("g", set_proof, "").code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(table.Authenticate("g", set_proof, wrong).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(table.Authenticate("g", set_proof, "").status().code(),
+            absl::StatusCode::kUnauthenticated);
   // Signed for another value: a proof binds the call's fields.
   const std::string other_value = SetProof(GroupKey(std::string(32, 's'), "g"), "g/0/k", "w");
-  EXPECT_EQ(table.Authenticate("g", set_proof, other_value).code(),
+  EXPECT_EQ(table.Authenticate("g", set_proof, other_value).status().code(),
             absl::StatusCode::kUnauthenticated);
   // Another group's key signs nothing of this one.
   const std::string h_key = SetProof(GroupKey(std::string(32, 'h'), "h"), "g/0/k", "v");
-  EXPECT_EQ(table.Authenticate("g", set_proof, h_key).code(), absl::StatusCode::kUnauthenticated);
-  EXPECT_EQ(table.Authenticate("other", set_proof, right).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(table.Authenticate("g", set_proof, h_key).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(table.Authenticate("other", set_proof, right).status().code(),
+            absl::StatusCode::kNotFound);
 
   // The group's keys go with its job: once it is gone, the next call of
   // another group past the sweep's interval (zero here) forgets it.
-  ASSERT_NO_FATAL_FAILURE(FormRound(table, "g"));
-  ASSERT_TRUE(table.Set("g/0/k", "v").ok());
+  absl::StatusOr<RendezvousTable::Member> g0 = JoinAs(table, "g", std::string(32, 's'), 0);
+  absl::StatusOr<RendezvousTable::Member> g1 = JoinAs(table, "g", std::string(32, 's'), 1);
+  ASSERT_TRUE(g0.ok() && g1.ok()) << g0.status() << g1.status();
+  auto other = std::async(std::launch::async, [&] { return table.Join(*g1, 1, 2, "f", kLong); });
+  ASSERT_TRUE(table.Join(*g0, 0, 2, "f", kLong).ok());
+  ASSERT_TRUE(other.get().ok());
+  ASSERT_TRUE(table.Set(*g0, "g/0/k", "v").ok());
   EXPECT_GT(table.bytes(), 0u);
-  {
-    absl::MutexLock lock(&mu);
-    jobs.erase("g");
-  }
-  EXPECT_EQ(table.Authenticate("g", set_proof, right).code(), absl::StatusCode::kNotFound);
+  jobs.Remove("g");
+  EXPECT_EQ(table.Authenticate("g", set_proof, right).status().code(), absl::StatusCode::kNotFound);
   auto h_proof = [](absl::string_view key) { return GetProof(key, "h/0/k", 5); };
   ASSERT_TRUE(
       table.Authenticate("h", h_proof, GetProof(GroupKey(std::string(32, 'h'), "h"), "h/0/k", 5))
           .ok());
   EXPECT_EQ(table.bytes(), 0u);
-  EXPECT_EQ(table.Set("g/0/k", "v").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(table.Set(*g0, "g/0/k", "v").code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// Bob's job under Alice's group name, signed with his own secret, meets in
+// a room of its own: his Join neither completes nor blocks her round, his
+// Get never sees her keys, and she never sees his.
+TEST(RendezvousTable, AnotherOwnersJobUnderTheSameNameMeetsApart) {
+  Owners jobs;
+  const std::string alice_secret(32, 'a');
+  const std::string bob_secret(32, 'b');
+  jobs.Add("shared", alice_secret, "alice");
+  jobs.Add("shared", bob_secret, "bob");
+  RendezvousTable table(RendezvousTable::Limits(), jobs.Secrets());
+  absl::StatusOr<RendezvousTable::Member> alice = JoinAs(table, "shared", alice_secret);
+  absl::StatusOr<RendezvousTable::Member> bob = JoinAs(table, "shared", bob_secret);
+  ASSERT_TRUE(alice.ok() && bob.ok()) << alice.status() << bob.status();
+  EXPECT_EQ(alice->tenant, "alice");
+  EXPECT_EQ(bob->tenant, "bob");
+  EXPECT_NE(alice->room, bob->room);
+  // Bob waits as rank 0 with a fingerprint of his own; Alice's two ranks
+  // still form their round (before, his waiter set the round's fingerprint
+  // and hers were refused).
+  auto bob_waits = std::async(std::launch::async,
+                              [&] { return table.Join(*bob, 0, 2, "bob's", absl::Seconds(2)); });
+  ASSERT_TRUE(table.AwaitWaiting(1, kLong));
+  auto alice_rank1 =
+      std::async(std::launch::async, [&] { return table.Join(*alice, 1, 2, "alice's", kLong); });
+  absl::StatusOr<int64_t> round = table.Join(*alice, 0, 2, "alice's", kLong);
+  ASSERT_TRUE(round.ok()) << round.status();
+  EXPECT_EQ(*alice_rank1.get(), *round);
+  ASSERT_TRUE(table.Set(*alice, absl::StrCat("shared/", *round, "/rank_0"), "alice-addr").ok());
+  EXPECT_EQ(bob_waits.get().status().code(), absl::StatusCode::kDeadlineExceeded);
+  // His room holds nothing of hers: his Get of her round's key finds
+  // nothing, and what he writes under that key stays in his room.
+  const std::string key = absl::StrCat("shared/", *round, "/rank_0");
+  EXPECT_EQ(table.Get(*bob, key, absl::Milliseconds(200)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  ASSERT_TRUE(table.Set(*bob, key, "bob-addr").ok());
+  EXPECT_EQ(*table.Get(*alice, key, kLong), "alice-addr");
+  EXPECT_EQ(*table.Get(*bob, key, kLong), "bob-addr");
+  // A key of another group name is never the member's.
+  EXPECT_EQ(table.Set(*alice, "other/0/k", "v").code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// One tenant's groups together wait at most max_tenant_waiters calls, so
+// another tenant's group still finds waits; an open server's tenant ""
+// (everybody) is bound by the table's and the groups' bounds only.
+TEST(RendezvousTable, ATenantsGroupsTakeAtMostItsShareOfTheWaits) {
+  Owners jobs;
+  for (const char* g : {"b1", "b2"}) jobs.Add(g, std::string(32, 'b'), "bob");
+  jobs.Add("a1", std::string(32, 'a'), "alice");
+  jobs.Add("o1", std::string(32, 'o'), "");
+  jobs.Add("o2", std::string(32, 'p'), "");
+  RendezvousTable::Limits limits;
+  limits.max_waiters = 12;
+  limits.max_tenant_waiters = 5;
+  RendezvousTable table(limits, jobs.Secrets());
+  auto member = [&](const std::string& g, char s) {
+    absl::StatusOr<RendezvousTable::Member> m = JoinAs(table, g, std::string(32, s));
+    EXPECT_TRUE(m.ok()) << m.status();
+    return *m;
+  };
+  const RendezvousTable::Member b1 = member("b1", 'b');
+  const RendezvousTable::Member b2 = member("b2", 'b');
+  const RendezvousTable::Member a1 = member("a1", 'a');
+  std::atomic<bool> gone{false};
+  std::vector<std::future<absl::StatusOr<int64_t>>> waits;
+  auto wait = [&](const RendezvousTable::Member& m, int32_t rank, int32_t world) {
+    waits.push_back(std::async(std::launch::async, [&table, &gone, m, rank, world] {
+      return table.Join(m, rank, world, "f", kLong, [&gone] { return gone.load(); });
+    }));
+  };
+  // Bob's two groups of 8 ranks: each could wait 7, together only 5.
+  for (int r = 1; r <= 3; ++r) wait(b1, r, 8);
+  for (int r = 1; r <= 2; ++r) wait(b2, r, 8);
+  ASSERT_TRUE(table.AwaitWaiting(5, kLong));
+  const absl::StatusOr<int64_t> refused = table.Join(b1, 4, 8, "f", kLong);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_NE(refused.status().message().find("tenant"), std::string::npos) << refused.status();
+  EXPECT_EQ(table.Join(b2, 3, 8, "f", kLong).status().code(), absl::StatusCode::kResourceExhausted);
+  // Alice's group of 2 still forms.
+  auto alice_rank1 =
+      std::async(std::launch::async, [&] { return table.Join(a1, 1, 2, "f", kLong); });
+  EXPECT_TRUE(table.Join(a1, 0, 2, "f", kLong).ok());
+  EXPECT_TRUE(alice_rank1.get().ok());
+  // The open server's callers: past 5 together, up to the table's 12.
+  const RendezvousTable::Member o1 = member("o1", 'o');
+  const RendezvousTable::Member o2 = member("o2", 'p');
+  for (int r = 1; r <= 4; ++r) wait(o1, r, 8);
+  for (int r = 1; r <= 3; ++r) wait(o2, r, 8);
+  ASSERT_TRUE(table.AwaitWaiting(12, kLong));
+  EXPECT_EQ(table.Join(o2, 4, 8, "f", kLong).status().code(), absl::StatusCode::kResourceExhausted);
+  gone = true;
+  for (auto& w : waits) EXPECT_EQ(w.get().status().code(), absl::StatusCode::kCancelled);
 }
 
 }  // namespace

@@ -38,8 +38,9 @@ dist::RendezvousTable::Limits SmallLimits() {
 
 dist::RendezvousTable& Table() {
   static auto* table = new dist::RendezvousTable(SmallLimits(), [](const std::string& group) {
-    return group == fuzz::kPeerGroup ? std::vector<std::string>{fuzz::kPeerSecret}
-                                     : std::vector<std::string>();
+    return group == fuzz::kPeerGroup
+               ? std::vector<dist::RendezvousTable::GroupOwner>{{fuzz::kPeerSecret, "tenant"}}
+               : std::vector<dist::RendezvousTable::GroupOwner>();
   });
   return *table;
 }

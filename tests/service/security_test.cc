@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "client/synthetic_task.h"
+#include "codec/safetensors.h"
 #include "gtest/gtest.h"
 #include "reflection_subset.grpc.pb.h"
 #include "server/rpc/auth.h"
@@ -532,6 +533,141 @@ TEST_F(SecurityTest, TenantQuotasHoldWhenJobsAreRestored) {
   ASSERT_TRUE(restored.ok()) << restored.status();
   EXPECT_EQ(restored->size(), 3u);
   for (const v1::Job& job : *restored) EXPECT_EQ(job.step(), 1) << job.job_id();
+}
+
+// A refusal against a server-wide limit tells the caller the limit and its
+// own usage, never what other tenants hold: with --max-memory-bytes a
+// refused CreateJob, Step or Sample once said how many bytes all jobs
+// held (it rose by exactly the size of another tenant's new job), and with
+// --max-state-dict-buffer-bytes a refused upload said how many bytes the
+// other uploads in progress held. Bob's refusals now read the same before
+// and after Alice creates a job and holds an upload open.
+TEST_F(SecurityTest, RefusalsNameOnlyTheCallersOwnUsage) {
+  Start({"--auth-tokens=" + WriteTenants(), "--max-memory-bytes=" + std::to_string(32 << 20),
+         "--max-state-dict-buffer-bytes=1000000"});
+  std::unique_ptr<Client> alice = Connect("", "", kAliceToken);
+  std::unique_ptr<Client> bob = Connect("", "", kBobToken);
+
+  // Bob's job: wide enough that a batch of 4096 rows needs far more than
+  // the limit for its activations, small enough in weights to be admitted.
+  SyntheticTaskOptions wide_options;
+  wide_options.hidden = 4096;
+  wide_options.batch_size = 4096;
+  SyntheticTask wide(wide_options);
+  v1::CreateJobRequest bob_request = JobRequest();
+  *bob_request.mutable_config()->mutable_model() = wide.Model();
+  absl::StatusOr<v1::Job> bob_job = bob->CreateJob(bob_request);
+  ASSERT_TRUE(bob_job.ok()) << bob_job.status();
+  // A GPT of Bob's whose Sample of 4096 sequences needs far more than the
+  // limit for its caches.
+  v1::CreateJobRequest gpt_request;
+  v1::Gpt* gpt = gpt_request.mutable_config()->mutable_model()->mutable_gpt();
+  gpt->set_vocab_size(64);
+  gpt->set_context_length(256);
+  gpt->set_d_model(32);
+  gpt->set_n_layer(2);
+  gpt->set_n_head(4);
+  gpt_request.mutable_config()->set_precision(v1::PRECISION_FP32);
+  absl::StatusOr<v1::Job> bob_gpt = bob->CreateJob(gpt_request);
+  ASSERT_TRUE(bob_gpt.ok()) << bob_gpt.status();
+
+  v1::CreateJobRequest too_big = JobRequest();
+  SyntheticTaskOptions huge_options;
+  huge_options.hidden = int64_t{1} << 20;
+  *too_big.mutable_config()->mutable_model() = SyntheticTask(huge_options).Model();
+  v1::StepRequest step;
+  step.set_job_id(bob_job->job_id());
+  step.set_sequence(1);
+  *step.add_micro_batches() = wide.NextBatch();
+  v1::SampleRequest sample;
+  sample.set_job_id(bob_gpt->job_id());
+  for (int p = 0; p < 16; ++p) sample.add_prompts()->add_tokens(p + 1);
+  sample.set_num_samples(256);
+  sample.set_max_tokens(200);
+  auto sample_refusal = [&]() -> std::string {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", std::string("Bearer ") + kBobToken);
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::SampleResponse response;
+    const grpc::Status s = bob->stub().Sample(&context, sample, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+    return s.error_message();
+  };
+  // A state dict of one 4 MB tensor: more than the whole upload buffer.
+  codec::StateDict oversized;
+  oversized.tensors.push_back(
+      {"model.0.weight", {codec::DType::kF32, {1000000}, std::string(4000000, 'x')}});
+  const std::string oversized_file = codec::EncodeSafetensors(oversized);
+  auto refusal = [](const absl::Status& s) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    std::optional<google::rpc::ErrorInfo> info = ErrorInfoOf(s);
+    EXPECT_TRUE(info.has_value() && info->reason() == "MEMORY_LIMIT") << s;
+    return std::string(s.message());
+  };
+  struct Refusals {
+    std::string create, step, sample, load;
+  };
+  auto refusals = [&]() {
+    Refusals r;
+    r.create = refusal(bob->CreateJob(too_big).status());
+    r.step = refusal(bob->Step(step).status());
+    r.sample = sample_refusal();
+    r.load = refusal(bob->LoadStateDict(bob_job->job_id(), oversized_file).status());
+    return r;
+  };
+  const Refusals alone = refusals();
+
+  // Alice creates a job, and holds an upload of a 600 KB tensor open.
+  absl::StatusOr<v1::Job> alice_job = alice->CreateJob(JobRequest());
+  ASSERT_TRUE(alice_job.ok()) << alice_job.status();
+  codec::StateDict held;
+  held.tensors.push_back(
+      {"model.0.weight", {codec::DType::kF32, {150000}, std::string(600000, 'x')}});
+  const std::string held_file = codec::EncodeSafetensors(held);
+  struct Upload {
+    grpc::ClientContext context;
+    v1::LoadStateDictResponse response;
+    std::unique_ptr<grpc::ClientWriter<v1::LoadStateDictRequest>> writer;
+  };
+  v1::LoadStateDictRequest chunk;
+  chunk.set_job_id(alice_job->job_id());
+  chunk.set_data(held_file.substr(0, held_file.size() - 100000));
+  // Her bytes are held once an upload of Bob's of the same size no longer
+  // fits beside them. The server reads her chunk when it comes to it: if
+  // one of his uploads held its bytes just then, hers is the one refused,
+  // and she opens another.
+  std::unique_ptr<Upload> upload;
+  std::string beside;
+  for (int attempt = 0; attempt < 20 && beside.empty(); ++attempt) {
+    if (upload != nullptr) {
+      upload->writer->WritesDone();
+      upload->writer->Finish();
+    }
+    upload = std::make_unique<Upload>();
+    upload->context.AddMetadata("authorization", std::string("Bearer ") + kAliceToken);
+    upload->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    upload->writer = alice->stub().LoadStateDict(&upload->context, &upload->response);
+    ASSERT_TRUE(upload->writer->Write(chunk));
+    absl::SleepFor(absl::Milliseconds(200));
+    for (int probe = 0; probe < 10 && beside.empty(); ++probe) {
+      const absl::Status s = bob->LoadStateDict(bob_job->job_id(), held_file).status();
+      if (s.code() == absl::StatusCode::kResourceExhausted) {
+        beside = std::string(s.message());
+      } else {
+        absl::SleepFor(absl::Milliseconds(50));
+      }
+    }
+  }
+  ASSERT_FALSE(beside.empty()) << "Alice's upload never held its bytes";
+  EXPECT_FALSE(absl::StrContains(beside, absl::StrCat(held_file.size()))) << beside;
+
+  const Refusals besides_alice = refusals();
+  EXPECT_EQ(besides_alice.create, alone.create);
+  EXPECT_EQ(besides_alice.step, alone.step);
+  EXPECT_EQ(besides_alice.sample, alone.sample);
+  EXPECT_EQ(besides_alice.load, alone.load);
+  upload->writer->WritesDone();
+  upload->writer->Finish();
 }
 
 TEST_F(SecurityTest, AmpctlTrainsOverMutualTlsWithATokenFromTheEnvironment) {

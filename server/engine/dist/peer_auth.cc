@@ -8,6 +8,7 @@
 
 #include <initializer_list>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 
 namespace ampd::engine::dist {
@@ -54,6 +55,11 @@ std::string SetProof(absl::string_view key, absl::string_view name, absl::string
 
 std::string GetProof(absl::string_view key, absl::string_view name, int64_t timeout_ms) {
   return Hmac(key, Fields({"Get", name, absl::StrCat(timeout_ms)}));
+}
+
+std::string RoomId(absl::string_view group_key, absl::string_view tenant) {
+  const std::string digest = Hmac(group_key, Fields({"ampd.v1.Peer room", tenant}));
+  return absl::BytesToHexString(absl::string_view(digest).substr(0, 16));
 }
 
 bool ProofMatches(absl::string_view expected, absl::string_view received) {

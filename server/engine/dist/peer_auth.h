@@ -28,6 +28,12 @@ std::string JoinProof(absl::string_view key, absl::string_view group, int32_t ra
 std::string SetProof(absl::string_view key, absl::string_view name, absl::string_view value);
 std::string GetProof(absl::string_view key, absl::string_view name, int64_t timeout_ms);
 
+// The name of the meeting place (RendezvousTable's room) of the group whose
+// key is `group_key` for jobs of `tenant`: 32 hex digits, a hash of both,
+// so that two owners of one group name never share a room, and the key
+// itself is not what the table holds.
+std::string RoomId(absl::string_view group_key, absl::string_view tenant);
+
 // Constant-time comparison of a proof received with the one expected.
 bool ProofMatches(absl::string_view expected, absl::string_view received);
 

@@ -38,28 +38,30 @@ absl::Status JobRegistry::CheckAdmission(const std::string& owner, const JobConf
       if (job->Snapshot().config.distributed.enabled()) ++distributed;
     }
     if (distributed >= options_.max_distributed_jobs) {
-      return WithReason(absl::ResourceExhaustedError(
-                            absl::StrCat("config.distributed: the server already holds ",
-                                         distributed, " distributed jobs (--max-distributed-jobs=",
-                                         options_.max_distributed_jobs, "); delete one first")),
+      return WithReason(absl::ResourceExhaustedError(absl::StrCat(
+                            "config.distributed: the server holds as many distributed jobs as "
+                            "--max-distributed-jobs=",
+                            options_.max_distributed_jobs, " allows; retry once one is deleted")),
                         reason::kJobLimit,
                         {{"max_distributed_jobs", absl::StrCat(options_.max_distributed_jobs)}});
     }
   }
+  // The server-wide refusals name the limit and the caller's own figures
+  // only: how many jobs or bytes the server holds is other tenants' too.
   if (options_.max_jobs > 0 && static_cast<int64_t>(jobs_.size()) >= options_.max_jobs) {
     return WithReason(absl::ResourceExhaustedError(absl::StrCat(
-                          "job_id: the server already holds ", jobs_.size(),
-                          " jobs (--max-jobs=", options_.max_jobs, "); delete one first")),
+                          "job_id: the server holds as many jobs as --max-jobs=", options_.max_jobs,
+                          " allows, ", JobsOf(owner), " of them yours; retry once one is deleted")),
                       reason::kJobLimit, {{"max_jobs", absl::StrCat(options_.max_jobs)}});
   }
   if (options_.max_memory_bytes > 0) {
-    const int64_t used = MemoryHeld(nullptr);
     const int64_t need = EstimateJobBytes(config);
-    if (SaturatingAdd(used, need) > options_.max_memory_bytes) {
+    if (SaturatingAdd(MemoryHeld(nullptr), need) > options_.max_memory_bytes) {
       return WithReason(
           absl::ResourceExhaustedError(absl::StrCat(
-              "config.model: the job needs an estimated ", need, " bytes and jobs hold ", used,
-              " of --max-memory-bytes=", options_.max_memory_bytes)),
+              "config.model: the job needs an estimated ", need,
+              " bytes, more than --max-memory-bytes=", options_.max_memory_bytes,
+              " leaves free now; your jobs hold ", MemoryHeld(nullptr, &owner), " of it")),
           reason::kMemoryLimit,
           {{"limit_bytes", absl::StrCat(options_.max_memory_bytes)},
            {"requested_bytes", absl::StrCat(need)}});
@@ -147,20 +149,19 @@ absl::StatusOr<WorkspaceReservation> JobRegistry::AdmitStep(Job& job, int64_t wo
 
 absl::StatusOr<WorkspaceReservation> JobRegistry::TryAdmitStep(Job& job, int64_t workspace_bytes) {
   absl::MutexLock lock(&mu_);
-  if (options_.max_memory_bytes > 0) {
-    const int64_t used = MemoryHeld(&job);
-    if (SaturatingAdd(used, workspace_bytes) > options_.max_memory_bytes) {
-      return WithReason(
-          absl::ResourceExhaustedError(absl::StrCat(
-              "micro_batches: they need an estimated ", workspace_bytes,
-              " bytes of activation and workspace memory for its batch sizes, and the jobs' "
-              "weights and other jobs' workspaces hold ",
-              used, " of --max-memory-bytes=", options_.max_memory_bytes,
-              "; send smaller micro-batches")),
-          reason::kMemoryLimit,
-          {{"limit_bytes", absl::StrCat(options_.max_memory_bytes)},
-           {"requested_bytes", absl::StrCat(workspace_bytes)}});
-    }
+  if (options_.max_memory_bytes > 0 &&
+      SaturatingAdd(MemoryHeld(&job), workspace_bytes) > options_.max_memory_bytes) {
+    return WithReason(
+        absl::ResourceExhaustedError(
+            absl::StrCat("micro_batches: they need an estimated ", workspace_bytes,
+                         " bytes of activation and workspace memory for its batch sizes, more than "
+                         "--max-memory-bytes=",
+                         options_.max_memory_bytes,
+                         " leaves free now; your jobs' weights and other workspaces hold ",
+                         MemoryHeld(&job, &job.owner()), " of it; send smaller micro-batches")),
+        reason::kMemoryLimit,
+        {{"limit_bytes", absl::StrCat(options_.max_memory_bytes)},
+         {"requested_bytes", absl::StrCat(workspace_bytes)}});
   }
   if (const TenantQuota* quota = QuotaOf(job.owner());
       quota != nullptr && quota->max_memory_bytes > 0) {

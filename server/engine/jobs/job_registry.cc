@@ -210,12 +210,14 @@ absl::StatusOr<JobSnapshot> JobRegistry::GetJob(const std::string& owner,
   return job->Snapshot();
 }
 
-std::vector<std::string> JobRegistry::PeerSecrets(const std::string& group) const {
-  std::vector<std::string> secrets;
+std::vector<JobRegistry::PeerSecret> JobRegistry::PeerSecrets(const std::string& group) const {
+  std::vector<PeerSecret> secrets;
   absl::MutexLock lock(&mu_);
   for (const auto& [id, job] : jobs_) {
     const dist::DistributedSpec& spec = job->distributed_spec();
-    if (spec.enabled() && spec.rank == 0 && spec.group == group) secrets.push_back(spec.secret);
+    if (spec.enabled() && spec.rank == 0 && spec.group == group) {
+      secrets.push_back(PeerSecret{spec.secret, job->owner()});
+    }
   }
   return secrets;
 }

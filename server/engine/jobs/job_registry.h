@@ -171,10 +171,15 @@ class JobRegistry {
   void ImportState(const std::string& owner, const std::string& job_id, codec::StateDict state,
                    bool partial, std::function<void(absl::StatusOr<int64_t>)> done);
 
-  // The secrets of the distributed jobs held here that are rank 0 of
-  // `group`: the meeting point this ampd hosts (dist::RendezvousTable)
-  // authenticates the group's calls with them. Empty when none is.
-  std::vector<std::string> PeerSecrets(const std::string& group) const;
+  // The secrets and owners of the distributed jobs held here that are rank
+  // 0 of `group`: the meeting point this ampd hosts (dist::RendezvousTable)
+  // authenticates the group's calls with them, and keeps each owner's
+  // group apart. Empty when none is.
+  struct PeerSecret {
+    std::string secret;
+    std::string owner;
+  };
+  std::vector<PeerSecret> PeerSecrets(const std::string& group) const;
 
   // New creates and steps answer Unavailable from now on.
   void StartDraining();
