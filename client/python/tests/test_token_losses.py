@@ -127,9 +127,15 @@ def test_token_loss_and_gradients_equal_pytorch(server, loss_fn, kind):
                 # fp32 subtraction and max are exact: the same value, bit for bit.
                 assert result.logprob_mismatch == np.max(np.abs(logp - sampling)[keep])
                 assert result.logprob_mismatch > 0.0
+        # Elementwise within 1e-4 of the tensor's own scale: a weight that
+        # four updates brought near zero keeps the absolute rounding of the
+        # sums that moved it (the decoder's embedding measured 1.8e-5 apart
+        # on an element of 2e-3 in a tensor of 1.56, with OpenBLAS's Haswell
+        # kernels; 1.2e-5 of its scale), which no fixed atol fits.
         final = export(job)
         for name, value in model.state_dict().items():
-            assert torch.allclose(final[name], value, rtol=1e-4, atol=2e-6), name
+            scale = float(value.abs().max())
+            assert torch.allclose(final[name], value, rtol=1e-4, atol=1e-4 * scale), name
 
 
 def test_a_sum_over_micro_batches_is_the_sum_over_one_batch(server):
