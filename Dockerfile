@@ -21,7 +21,7 @@ COPY . .
 # AMPD_CUDA=ON: the image exists to run on GPUs, so a missing nvcc must fail
 # the build rather than silently produce a CPU-only server.
 RUN cmake --preset dev -DCMAKE_BUILD_TYPE=Release -DAMPD_CUDA=ON \
-      -DAMPD_BUILD_TESTS=OFF -DAMPD_BUILD_BENCHMARKS=OFF \
+      -DAMPD_BUILD_TESTS=OFF -DAMPD_BUILD_BENCHMARKS=OFF -DAMPD_SHARED_KERNELS=OFF \
  && cmake --build --preset dev --target ampd ampctl
 
 # The binaries, and the packages owning every shared library they link (the

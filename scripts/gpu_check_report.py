@@ -81,6 +81,23 @@ def sample_outcome(text: str):
     return ("refused" if not measured and "refused" in summary else "ok"), summary
 
 
+def attention_lines(text: str) -> dict:
+    """(dtype, kernels) -> (forward ms, backward ms): 'attention B=8 T=1024
+    H=12 D=64 bf16, register-tile kernels: forward 0.5 ms (..), backward
+    1.2 ms (..)' (ampd_bench_cuda_attention) and '..., sdpa flash: ...'
+    (bench/pytorch/attention.py)."""
+    return {(m[0], m[1]): (float(m[2]), float(m[3])) for m in re.findall(
+        r"^attention B=\d+ T=\d+ H=\d+ D=\d+ (bf16|fp16), (register-tile|wmma|sdpa \w+)"
+        r"(?: kernels)?: forward ([\d.]+) ms .*?backward ([\d.]+) ms", text, re.M)}
+
+
+def rl_summary(text: str) -> str:
+    """examples/rl_fp16.py's last line: 'reward A -> B; max sampler-trainer mismatch M'."""
+    m = re.search(r"^(reward .* mismatch .*)$", text, re.M)
+    failed = re.search(r"^check failed.*$", text, re.M)
+    return (m[1] if m else "no summary line") + (f"; {failed[0]}" if failed else "")
+
+
 def fmt(x, unit="", digits=3):
     return "n/a" if x is None else f"{x:.{digits}g}{unit}"
 
@@ -167,18 +184,21 @@ def main() -> int:
     for row in (out / "parts.tsv").read_text().splitlines():
         name, what, secs, *rest = row.split("\t") + [""]
         summary = ""
-        if what == "skipped":
-            summary = rest[0]
+        if what in ("skipped", "cut"):
+            summary = rest[0] if what == "skipped" or secs == "0" else "ended by the budget"
         elif what == "ok" and name.startswith(SAMPLE_PARTS):
             outcome, summary = sample_outcome(read(out, name))
             what = outcome or what
-        elif name in ("cuda_backend_test", "cuda_training_test", "backend_ops_cuda", "memcheck",
-                      "racecheck"):
+        elif name == "rl_fp16":
+            summary = rl_summary(read(out, name))
+        elif name in ("cuda_backend_test", "cuda_training_test", "backend_ops_cuda",
+                      "sample_ops_cuda", "sample_invariance_cuda", "memcheck",
+                      "memcheck_sampler", "racecheck"):
             text = read(out, name)
             summary = gtest_summary(text)
-            if name in ("memcheck", "racecheck"):
+            if name.startswith(("memcheck", "racecheck")):
                 m = re.search(r"(?:ERROR|RACECHECK) SUMMARY: (\d+) (?:error|hazard)", text)
-                summary = (f"{name}: {m[1]} errors; " if m else "no ERROR SUMMARY; ") + summary
+                summary = (f"{m[1]} errors; " if m else "no ERROR SUMMARY; ") + summary
         lines.append(f"| {name} | {what} | {secs} | {summary} |")
 
     rows = []
@@ -214,14 +234,29 @@ def main() -> int:
     # the 16-bit dtype, fp32 adapters, as PEFT runs it).
     for kind, suffix in (("decoder", ""), ("decoder LoRA", "_lora")):
         eager = gpt_lines(read(out, f"torch_decoder{suffix}"))
+        compiled = gpt_lines(read(out, "torch_decoder_compile")) if not suffix else {}
         for source, label in ((f"engine_decoder{suffix}", "in process"),
                               (f"service_decoder{suffix}", "through gRPC")):
             ours = gpt_lines(read(out, source))
             for p in ("bf16", "fp16"):
                 a = ours.get(p, (None, None))[1]
                 e = eager.get(p, (None, None))[1]
+                c = compiled.get(p, (None, None))[1]
                 rows.append((f"{kind} tokens/s, {p} ({label}) vs eager", fmt(a), fmt(e),
                              ratio(a, e)))
+                if c is not None:
+                    rows.append((f"{kind} tokens/s, {p} ({label}) vs torch.compile", fmt(a),
+                                 fmt(c), ratio(a, c)))
+    # Causal attention, forward + backward, against SDPA's flash backend.
+    ours = attention_lines(read(out, "attention"))
+    theirs = attention_lines(read(out, "torch_attention"))
+    for p in ("bf16", "fp16"):
+        a = ours.get((p, "register-tile"))
+        t = theirs.get((p, "sdpa flash"))
+        if a or t:
+            rows.append((f"causal attention forward + backward, {p} (GPT-2 layer) vs SDPA flash",
+                         fmt(sum(a), " ms") if a else "n/a", fmt(sum(t), " ms") if t else "n/a",
+                         ratio(1 / sum(a), 1 / sum(t)) if a and t else "n/a"))
     # Sampling: the Sample RPC's tokens/s against transformers' generate and
     # generate.py's KV-cache loop, then on a batch_invariant job (its cost:
     # its tokens/s over the plain job's). Where a side has no figure its

@@ -3,33 +3,31 @@
 // (the max, the sum of exp(z - max) and the gradient all from registers,
 // for V up to 65536 fp16/bf16 or 32768 fp32), writes
 // grad_scale * (softmax - onehot) rounded once to the dtype (in place when
-// dlogits is logits), and the row's first thread adds
-// loss_scale * (log(sum) - (z[label] - max)) into loss[0] with one fp32
-// atomicAdd.
+// dlogits is logits), and each row's loss_scale * (log(sum) - (z[label] -
+// max)) joins its block's partial sum; one block then adds the partials,
+// in block order, into loss[0] (which the chunks of a step accumulate).
+// Nothing is added atomically, so a step's loss is the same bits from run
+// to run (the grid depends only on rows and V).
 // A row labelled ignore_index gets a zero gradient and adds nothing; a label
 // outside [0, V) otherwise sets kErrorCrossEntropyChunkLabel in the
 // backend's error word (reported at the step's read-back), and its row is
 // treated as ignored. The loss is the CPU oracle's sum of the same per-row
-// terms, added in the order the rows finish. With token-loss terms a row's
+// terms, added in another (fixed) order. With token-loss terms a row's
 // term (kernels/token_loss.h) replaces its loss and its coefficient joins
 // grad_scale, in the row engine.
 #include "kernels/cuda/cross_entropy_rows.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/launchers.h"
+#include "kernels/cuda/loss_common.cuh"
 
 namespace ampd::kernels::cuda {
-namespace {
-
-constexpr int64_t kMaxRowBlocks = int64_t{1} << 20;  // rows beyond are grid-strided
-
-}  // namespace
 
 absl::Status LaunchCrossEntropyChunk(const void* logits, DType dtype, const void* labels,
                                      DType label_dtype, int64_t rows, int64_t vocab,
                                      int64_t ignore_index, const TokenLossTerms& terms,
                                      float loss_scale, float grad_scale, float* loss, void* dlogits,
-                                     int* error_flags, cudaStream_t stream) {
+                                     float* partials, int* error_flags, cudaStream_t stream) {
   if (rows == 0) return absl::OkStatus();
   xent::RowArgs args{};
   args.logits = logits;
@@ -41,7 +39,7 @@ absl::Status LaunchCrossEntropyChunk(const void* logits, DType dtype, const void
   args.ignore_index = ignore_index;
   args.grad_scale = grad_scale;
   args.loss_scale = loss_scale;
-  args.loss = loss;
+  args.loss = partials;  // (blocks) F32: each block's sum of its rows' terms
   args.error_flags = error_flags;
   args.token_kind = terms.kind;
   auto row_input = [](const Tensor* t) -> const float* {
@@ -53,9 +51,11 @@ absl::Status LaunchCrossEntropyChunk(const void* logits, DType dtype, const void
   args.clip_low = terms.clip_low;
   args.clip_high = terms.clip_high;
   args.logprobs = terms.logprobs == nullptr ? nullptr : terms.logprobs->data_as<float>();
-  DispatchFloat(dtype, [&](auto tag) {
-    return xent::LaunchRows<decltype(tag), /*kChunk=*/true>(args, kMaxRowBlocks, stream);
+  const int blocks = DispatchFloat(dtype, [&](auto tag) {
+    return xent::LaunchRows<decltype(tag), /*kChunk=*/true>(args, kMaxReductionBlocks, stream);
   });
+  AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();
+  accumulate_loss_kernel<><<<1, kThreads, 0, stream>>>(partials, blocks, loss);
   AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }

@@ -347,11 +347,12 @@ __device__ __forceinline__ float ProcessRow(const RowArgs& a, const T* z, T* dz,
 }
 
 // kRowThreads threads per row (32, or the whole block), kBlockThreads /
-// kRowThreads rows at a time per block, rows grid-strided. The chunk
-// (kChunk) adds each kept row's loss_scale * loss into a.loss[0]
-// atomically; the mean loss writes the sum of its block's row losses
-// (each row slot's rows in order, then the slots in order) to
-// a.loss[blockIdx.x], for finalize_loss_kernel.
+// kRowThreads rows at a time per block, rows grid-strided. Each block
+// writes the sum of its rows' terms (each row slot's rows in order, then
+// the slots in order) to a.loss[blockIdx.x]: the mean loss's row losses,
+// for finalize_loss_kernel; the chunk's (kChunk) loss_scale * row loss of
+// each kept row, for accumulate_loss_kernel. No atomics: the grid depends
+// only on the shape, so the loss is the same bits from run to run.
 template <typename T, int kRowThreads, int kBlockThreads, int kSlots, bool kChunk>
 __global__ void __launch_bounds__(kBlockThreads, 1024 / kBlockThreads)
     cross_entropy_rows_kernel(RowArgs a) {
@@ -363,7 +364,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1024 / kBlockThreads)
   const int rt = static_cast<int>(threadIdx.x) % kRowThreads;
   const int slot = static_cast<int>(threadIdx.x) / kRowThreads;
   const int64_t groups = (a.vocab + W - 1) / W;
-  float loss_sum = 0.0f;  // the mean loss: this slot's rows, in order
+  float loss_sum = 0.0f;  // this slot's rows' terms, in order
   for (int64_t row = blockIdx.x * int64_t{kRowsPerBlock} + slot; row < a.rows;
        row += int64_t{gridDim.x} * kRowsPerBlock) {
     const int64_t label = LoadIndex(a.labels, row, a.label_dtype);
@@ -381,21 +382,19 @@ __global__ void __launch_bounds__(kBlockThreads, 1024 / kBlockThreads)
     const float row_loss = ProcessRow<T, kRowThreads, kSlots, kChunk>(a, z, dz, row, label, rt);
     if (rt == 0) {
       if constexpr (kChunk) {
-        atomicAdd(a.loss, a.loss_scale * row_loss);
+        loss_sum += a.loss_scale * row_loss;
       } else {
         loss_sum += row_loss;
       }
     }
   }
-  if constexpr (!kChunk) {
-    __shared__ float slot_loss[kRowsPerBlock];
-    if (rt == 0) slot_loss[slot] = loss_sum;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float total = 0.0f;
-      for (int i = 0; i < kRowsPerBlock; ++i) total += slot_loss[i];
-      a.loss[blockIdx.x] = total;
-    }
+  __shared__ float slot_loss[kRowsPerBlock];
+  if (rt == 0) slot_loss[slot] = loss_sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int i = 0; i < kRowsPerBlock; ++i) total += slot_loss[i];
+    a.loss[blockIdx.x] = total;
   }
 }
 

@@ -744,7 +744,8 @@ class CudaBackend final : public Backend {
     return LaunchCrossEntropyChunk(logits.data(), logits.dtype(), labels.data(), labels.dtype(),
                                    logits.dim(0), logits.dim(1), ignore_index, terms, loss_scale,
                                    grad_scale, loss.data_as<float>(), dlogits.data(),
-                                   error_word_.data_as<int>(), stream());
+                                   partials_.data_as<float>(), error_word_.data_as<int>(),
+                                   stream());
   }
 
   // ---- causal self-attention ----------------------------------------------------

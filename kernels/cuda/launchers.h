@@ -297,7 +297,8 @@ absl::Status LaunchCrossEntropy(const void* logits, DType dtype, const void* lab
                                 float grad_scale, float* loss, void* dlogits, float* partials,
                                 int* error_flags, cudaStream_t stream);
 
-// loss (1) += loss_scale * each kept row's loss (atomically); dlogits
+// loss (1) += the sum of loss_scale * each kept row's loss, added in a
+// fixed order through partials ((kMaxReductionBlocks) F32); dlogits
 // (may be logits) written; a bad label sets kErrorCrossEntropyChunkLabel.
 // With token-loss terms (TokenLossTerms, pointers to device (rows) F32),
 // each kept row's term replaces its loss and its coefficient scales its
@@ -306,7 +307,7 @@ absl::Status LaunchCrossEntropyChunk(const void* logits, DType dtype, const void
                                      DType label_dtype, int64_t rows, int64_t vocab,
                                      int64_t ignore_index, const TokenLossTerms& terms,
                                      float loss_scale, float grad_scale, float* loss, void* dlogits,
-                                     int* error_flags, cudaStream_t stream);
+                                     float* partials, int* error_flags, cudaStream_t stream);
 
 // norm_sq (if not null) += sum of (g * inv_scale)^2, two-stage: each block
 // writes its partial to `partials` (UnscaleAndCheckBlocks(grads, count)

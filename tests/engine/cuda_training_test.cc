@@ -465,6 +465,35 @@ void ExpectWarmStepAllocatesNothing(const JobConfig& config) {
   EXPECT_EQ((*trainer)->workspace_bytes(), cached);
 }
 
+// The reported loss is the same bits from run to run: two fresh jobs of
+// the same seed, fed the same micro-batches, report bitwise equal losses at
+// every step (the chunked LM-head loss adds its rows' terms in a fixed
+// order, never atomically; an atomicAdd made the last bits depend on which
+// block finished first).
+TEST_P(CudaTraining, StepLossIsTheSameBitsFromRunToRun) {
+  for (const JobConfig& config :
+       {GptJob(GetParam()), DecoderJob(GetParam()), LoraDecoderJob(GetParam())}) {
+    SCOPED_TRACE(ModelName(config));
+    std::vector<std::vector<uint32_t>> runs;
+    for (int run = 0; run < 2; ++run) {
+      absl::StatusOr<std::unique_ptr<Trainer>> trainer = CudaTrainer(config);
+      ASSERT_TRUE(trainer.ok()) << trainer.status();
+      DataRng rng(9);
+      std::vector<uint32_t> losses;
+      for (int step = 0; step < 4; ++step) {
+        StepInput input;
+        input.micro_batches.push_back(Sequences(rng, 8, 32));
+        input.micro_batches.push_back(Sequences(rng, 8, 32));
+        absl::StatusOr<StepReport> report = (*trainer)->Step(input);
+        ASSERT_TRUE(report.ok()) << report.status();
+        losses.push_back(Bits(report->loss));
+      }
+      runs.push_back(losses);
+    }
+    EXPECT_EQ(runs[0], runs[1]);
+  }
+}
+
 TEST_P(CudaTraining, WarmGptAndDecoderStepsAllocateNothing) {
   for (const JobConfig& config :
        {GptJob(GetParam()), DecoderJob(GetParam()), LoraDecoderJob(GetParam())}) {

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -93,8 +94,9 @@ inline model::LayerSpec Embedding(int64_t v, int64_t c) {
   return l;
 }
 
-inline std::unique_ptr<Trainer> MakeTrainer(const JobConfig& config) {
-  auto backend = kernels::CreateBackend("cpu");
+inline std::unique_ptr<Trainer> MakeTrainer(const JobConfig& config,
+                                            const std::string& device = "cpu") {
+  auto backend = kernels::CreateBackend(device);
   EXPECT_TRUE(backend.ok()) << backend.status();
   auto trainer = Trainer::Create(config, *std::move(backend));
   EXPECT_TRUE(trainer.ok()) << trainer.status();

@@ -7,7 +7,9 @@
 // padded batch of all of them, or split over micro-batches of other
 // shapes. For a GPT-2-style model and Llama/Qwen-style decoders (grouped
 // K/V heads; LoRA off and on), in fp32, fp16 and bf16, after a few
-// training steps (so that the adapters are not zero). Also: the same
+// training steps (so that the adapters are not zero); on the CPU backend,
+// and on cuda:0 where a device is visible (skipped, saying so, elsewhere).
+// Also: the same
 // request draws the same tokens, temperature 0 takes the most likely
 // token, stop tokens end a completion, and the input checks.
 #include <cmath>
@@ -216,10 +218,24 @@ std::vector<Case> Cases() {
   return cases;
 }
 
-TEST(SampleInvariance, LogprobsEqualTheTrainingForwardBitForBit) {
+// The invariance cases run on each backend: the CPU oracle, and cuda:0
+// where a device is visible (the backends' GEMMs, attention and norms are
+// separate code, and each must keep its own sampler and trainer equal).
+class SampleInvariance : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<kernels::Backend>> b = kernels::CreateBackend(GetParam());
+    if (!b.ok()) GTEST_SKIP() << GetParam() << ": no device (" << b.status().message() << ")";
+  }
+  std::unique_ptr<Trainer> Make(const JobConfig& config) const {
+    return MakeTrainer(config, GetParam());
+  }
+};
+
+TEST_P(SampleInvariance, LogprobsEqualTheTrainingForwardBitForBit) {
   for (const Case& c : Cases()) {
     SCOPED_TRACE(c.name);
-    std::unique_ptr<Trainer> trainer = MakeTrainer(c.config);
+    std::unique_ptr<Trainer> trainer = Make(c.config);
     ASSERT_TRUE(trainer);
     Train(*trainer);
     const std::vector<std::vector<int64_t>> prompts = Prompts(16, 11);
@@ -272,10 +288,10 @@ StepInput ImportanceSamplingStep(const std::vector<Sampled>& all,
 // they came from, reports them with no mismatch at all (its own log-probs
 // are the sampled ones, every ratio exactly 1), in one micro-batch or
 // split; a second step on the same samples, after an update, does not.
-TEST(SampleInvariance, AStepOnTheSamplesReportsNoMismatch) {
+TEST_P(SampleInvariance, AStepOnTheSamplesReportsNoMismatch) {
   for (const Case& c : Cases()) {
     SCOPED_TRACE(c.name);
-    std::unique_ptr<Trainer> trainer = MakeTrainer(c.config);
+    std::unique_ptr<Trainer> trainer = Make(c.config);
     ASSERT_TRUE(trainer);
     Train(*trainer);
     const std::vector<Sampled> all = SampleAll(*trainer, Prompts(16, 21), 5);
@@ -288,7 +304,7 @@ TEST(SampleInvariance, AStepOnTheSamplesReportsNoMismatch) {
     for (const auto& groups : {std::vector<std::vector<size_t>>{everything}, split}) {
       // Each pass starts from the sampled weights: a fresh job of the same
       // seed, trained the same way, samples the same tokens.
-      std::unique_ptr<Trainer> fresh = MakeTrainer(c.config);
+      std::unique_ptr<Trainer> fresh = Make(c.config);
       ASSERT_TRUE(fresh);
       Train(*fresh);
       const StepInput input = ImportanceSamplingStep(all, groups);
@@ -319,6 +335,13 @@ TEST(SampleInvariance, AStepOnTheSamplesReportsNoMismatch) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, SampleInvariance,
+                         ::testing::Values(std::string("cpu"), std::string("cuda:0")),
+                         [](const ::testing::TestParamInfo<std::string>& param) {
+                           return param.param == "cpu" ? std::string("cpu")
+                                                       : std::string("cuda0");
+                         });
 
 TEST(Sample, TheSameRequestDrawsTheSameTokensAndTemperatureZeroIsGreedy) {
   JobConfig config = Decoder(model::Precision::kBf16, true);

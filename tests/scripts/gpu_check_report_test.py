@@ -4,6 +4,9 @@ in the form the sampling parts print: a refused batch_invariant job reads
 "refused" (not "ok", not a failure), transformers' absence "skipped", a
 torch that cannot run fp16 "not supported", and figures pair into ratios.
 The CPU check (gpu_check_cpu_quick) never meets a refusal: this does.
+Also: a part the budget ended reads "cut" (parts.tsv as gpu-check.sh
+writes it), attention pairs with SDPA's flash backend, and the RL check's
+summary line reaches the parts table.
 
     python3 tests/scripts/gpu_check_report_test.py
 """
@@ -35,7 +38,17 @@ LOGS = {
     "hf_sample_decoder": "skipped: transformers not installed\n",
     "hf_sample_gpt": "bf16  sample median   400.000 ms        5120 sampled tokens/s  "
     "(2048 tokens a call)\n",
+    "attention": "attention B=8 T=1024 H=12 D=64 bf16, register-tile kernels: forward 1.000 ms "
+    "(103 TFLOP/s), backward 3.000 ms (86 TFLOP/s)\n"
+    "attention B=8 T=1024 H=12 D=64 bf16, wmma kernels: forward 2.000 ms (51 TFLOP/s), "
+    "backward 5.000 ms (52 TFLOP/s)\n",
+    "torch_attention": "attention B=8 T=1024 H=12 D=64 bf16, sdpa flash: forward 0.500 ms "
+    "(206 TFLOP/s), backward 1.500 ms (172 TFLOP/s)\n"
+    "attention B=8 T=1024 H=12 D=64 fp16: skipped: no fp16\n",
+    "rl_fp16": "iteration 0 ...\nreward 0.250 -> 0.700; max sampler-trainer mismatch 0\n",
 }
+# Outcomes other than ok, as gpu-check.sh's part() writes them.
+PARTS = {"torch_gpt_compile": "cut\t42\tcmd", "profile_gpt": "cut\t0\tnot started: the budget was spent"}
 
 
 class SamplingRows(unittest.TestCase):
@@ -44,7 +57,9 @@ class SamplingRows(unittest.TestCase):
     def setUpClass(cls):
         with tempfile.TemporaryDirectory() as d:
             out = pathlib.Path(d)
-            (out / "parts.tsv").write_text("".join(f"{name}\tok\t3\tcmd\n" for name in LOGS))
+            (out / "parts.tsv").write_text(
+                "".join(f"{name}\tok\t3\tcmd\n" for name in LOGS) +
+                "".join(f"{name}\t{row}\n" for name, row in PARTS.items()))
             for name, text in LOGS.items():
                 (out / f"{name}.log").write_text(text)
             cls.report = subprocess.run([sys.executable, str(REPORT), str(out)], check=True,
@@ -87,6 +102,22 @@ class SamplingRows(unittest.TestCase):
                                 "transformers generate"])
         self.assertIn("| 2.05e+03 | not supported | n/a |",
                       self.rows["decoder Sample tokens/s, fp16 (through gRPC) vs KV-cache loop"])
+
+
+    def test_budget_cut_reads_cut(self):
+        self.assertIn("| cut | 42 | ended by the budget |", self.rows["torch_gpt_compile"])
+        self.assertIn("| cut | 0 | not started: the budget was spent |", self.rows["profile_gpt"])
+
+    def test_attention_pairs_with_sdpa_flash(self):
+        self.assertIn("| 4 ms | 2 ms | 0.50x |",
+                      self.rows["causal attention forward + backward, bf16 (GPT-2 layer) vs SDPA "
+                                "flash"])
+        self.assertNotIn("causal attention forward + backward, fp16 (GPT-2 layer) vs SDPA flash",
+                         self.rows)
+
+    def test_rl_check_summary_in_the_parts_table(self):
+        self.assertIn("reward 0.250 -> 0.700; max sampler-trainer mismatch 0",
+                      self.rows["rl_fp16"])
 
 
 if __name__ == "__main__":
