@@ -1,6 +1,7 @@
 // WorkerPool: the threads and their FIFO queues (short and long tasks).
 #include "server/common/worker_pool.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace ampd {

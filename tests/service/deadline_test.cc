@@ -63,6 +63,28 @@ std::chrono::system_clock::time_point In(std::chrono::milliseconds d) {
   return std::chrono::system_clock::now() + d;
 }
 
+// A GPT micro-batch of one row of T tokens (next = 3 t + 1 mod V).
+v1::MicroBatch GptBatch(int64_t tokens, int32_t start) {
+  std::vector<int32_t> ids;
+  std::vector<int32_t> targets;
+  int32_t t = start;
+  for (int64_t i = 0; i < tokens; ++i) {
+    ids.push_back(t);
+    t = static_cast<int32_t>((3 * int64_t{t} + 1) % kVocab);
+    targets.push_back(t);
+  }
+  v1::MicroBatch mb;
+  for (auto [tensor, values] :
+       {std::pair{mb.mutable_inputs(), &ids}, std::pair{mb.mutable_targets(), &targets}}) {
+    tensor->set_dtype(v1::DTYPE_I32);
+    tensor->add_shape(1);
+    tensor->add_shape(tokens);
+    tensor->set_data(std::string(reinterpret_cast<const char*>(values->data()),
+                                 values->size() * sizeof(int32_t)));
+  }
+  return mb;
+}
+
 class DeadlineTest : public ::testing::Test {
  protected:
   void SetUp() override { state_dir_ = (root_.path() / "state").string(); }
@@ -167,6 +189,35 @@ class DeadlineTest : public ::testing::Test {
         << "this machine samples too fast for the test to tell a stopped Sample from a "
            "finished one";
     return completions;
+  }
+
+  grpc::Status GptStep(const std::string& job, int64_t sequence, int64_t micro_batches,
+                       std::chrono::milliseconds deadline, v1::StepResponse* response) {
+    v1::StepRequest request;
+    request.set_job_id(job);
+    request.set_sequence(sequence);
+    for (int64_t i = 0; i < micro_batches; ++i) {
+      *request.add_micro_batches() = GptBatch(64, static_cast<int32_t>(i % kVocab));
+    }
+    grpc::ClientContext context;
+    context.set_deadline(In(deadline));
+    return client_->stub().Step(&context, request, response);
+  }
+
+  // Steps 1 and 2 of a new GPT job: the first allocates the workspaces,
+  // the second measures a micro-batch. Returns how many micro-batches make
+  // step 3 run for kFullSampleSeconds.
+  int64_t MicroBatchesForALongStep(const std::string& job) {
+    v1::StepResponse response;
+    EXPECT_TRUE(GptStep(job, 1, 1, std::chrono::seconds(120), &response).ok());
+    const Clock::time_point start = Clock::now();
+    EXPECT_TRUE(GptStep(job, 2, 1, std::chrono::seconds(120), &response).ok());
+    const double per_micro_batch = std::max(1e-3, SecondsSince(start));
+    const auto micro_batches = std::clamp<int64_t>(
+        static_cast<int64_t>(std::ceil(kFullSampleSeconds / per_micro_batch)), 8, 4096);
+    std::fprintf(stderr, "micro-batch: %.0f ms; step 3 has %lld\n", per_micro_batch * 1e3,
+                 static_cast<long long>(micro_batches));
+    return micro_batches;
   }
 
   // The value of `series` in /metrics (0 when absent).
@@ -289,60 +340,16 @@ TEST_F(DeadlineTest, LongSamplesLeaveAWorkerForAnotherJobsStep) {
   EXPECT_TRUE(NextCallOn(b).ok());
 }
 
-// A GPT micro-batch of one row of T tokens (next = 3 t + 1 mod V).
-v1::MicroBatch GptBatch(int64_t tokens, int32_t start) {
-  std::vector<int32_t> ids;
-  std::vector<int32_t> targets;
-  int32_t t = start;
-  for (int64_t i = 0; i < tokens; ++i) {
-    ids.push_back(t);
-    t = static_cast<int32_t>((3 * int64_t{t} + 1) % kVocab);
-    targets.push_back(t);
-  }
-  v1::MicroBatch mb;
-  for (auto [tensor, values] :
-       {std::pair{mb.mutable_inputs(), &ids}, std::pair{mb.mutable_targets(), &targets}}) {
-    tensor->set_dtype(v1::DTYPE_I32);
-    tensor->add_shape(1);
-    tensor->add_shape(tokens);
-    tensor->set_data(std::string(reinterpret_cast<const char*>(values->data()),
-                                 values->size() * sizeof(int32_t)));
-  }
-  return mb;
-}
-
 TEST_F(DeadlineTest, AStoppedStepAppliesNothingAndItsSequenceIsSentAgain) {
   ASSERT_NO_FATAL_FAILURE(Start());
   const std::string job = CreateGpt(6);
   ASSERT_FALSE(job.empty());
-  auto step = [&](int64_t sequence, int64_t micro_batches, std::chrono::milliseconds deadline,
-                  v1::StepResponse* response) {
-    v1::StepRequest request;
-    request.set_job_id(job);
-    request.set_sequence(sequence);
-    for (int64_t i = 0; i < micro_batches; ++i) {
-      *request.add_micro_batches() = GptBatch(64, static_cast<int32_t>(i % kVocab));
-    }
-    grpc::ClientContext context;
-    context.set_deadline(In(deadline));
-    return client_->stub().Step(&context, request, response);
-  };
-  // Step 1 allocates the workspaces, step 2 measures a micro-batch, and
-  // step 3 has enough of them to run for kFullSampleSeconds.
-  v1::StepResponse response;
-  ASSERT_TRUE(step(1, 1, std::chrono::seconds(120), &response).ok());
-  const Clock::time_point start = Clock::now();
-  ASSERT_TRUE(step(2, 1, std::chrono::seconds(120), &response).ok());
-  const double per_micro_batch = std::max(1e-3, SecondsSince(start));
-  const auto micro_batches = std::clamp<int64_t>(
-      static_cast<int64_t>(std::ceil(kFullSampleSeconds / per_micro_batch)), 8, 4096);
-  std::fprintf(stderr, "micro-batch: %.0f ms; step 3 has %lld\n", per_micro_batch * 1e3,
-               static_cast<long long>(micro_batches));
+  const int64_t micro_batches = MicroBatchesForALongStep(job);
   const absl::StatusOr<std::string> before = client_->GetStateDict(job);
   ASSERT_TRUE(before.ok()) << before.status();
 
   v1::StepResponse stopped;
-  const grpc::Status abandoned = step(3, micro_batches, kAbandonAfter, &stopped);
+  const grpc::Status abandoned = GptStep(job, 3, micro_batches, kAbandonAfter, &stopped);
   ASSERT_EQ(abandoned.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
       << abandoned.error_message();
   // The export waits for the job's worker: the step has stopped by then,
@@ -357,7 +364,7 @@ TEST_F(DeadlineTest, AStoppedStepAppliesNothingAndItsSequenceIsSentAgain) {
 
   // Sequence 3 was not used: sent again, it trains.
   v1::StepResponse retried;
-  const grpc::Status resent = step(3, 1, std::chrono::seconds(120), &retried);
+  const grpc::Status resent = GptStep(job, 3, 1, std::chrono::seconds(120), &retried);
   ASSERT_TRUE(resent.ok()) << resent.error_message();
   EXPECT_EQ(retried.global_step(), 3);
   EXPECT_EQ(retried.applied_steps(), 3);
@@ -388,6 +395,48 @@ TEST_F(DeadlineTest, SigtermDuringALongSampleEndsWithinTheShutdownTimeout) {
       << "SIGTERM to exit; " << server_->Log();
   // Stopped for the drain: a client retries it on another server.
   EXPECT_EQ(sampled.error_code(), grpc::StatusCode::UNAVAILABLE) << sampled.error_message();
+}
+
+// Past the shutdown timeout the calls still running are cancelled: a Step
+// stops at its next micro-batch, applying nothing, and the job restarts at
+// the step before it.
+TEST_F(DeadlineTest, SigtermCancelsALongStepAtTheShutdownTimeout) {
+  constexpr auto kShutdownTimeout = std::chrono::seconds(3);
+  const std::string timeout_flag =
+      absl::StrCat("--shutdown-timeout-ms=",
+                   std::chrono::duration_cast<std::chrono::milliseconds>(kShutdownTimeout).count());
+  ASSERT_NO_FATAL_FAILURE(Start({timeout_flag}));
+  const std::string job = CreateGpt(7);
+  ASSERT_FALSE(job.empty());
+  const int64_t micro_batches = MicroBatchesForALongStep(job);
+
+  grpc::Status stepped;
+  std::thread call([&] {
+    v1::StepResponse response;
+    stepped = GptStep(job, 3, micro_batches, std::chrono::seconds(600), &response);
+  });
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const Clock::time_point start = Clock::now();
+  server_->Signal(SIGTERM);
+  const test_support::ExitStatus exit = server_->Wait(std::chrono::seconds(120));
+  const double took = SecondsSince(start);
+  std::fprintf(stderr, "SIGTERM to exit: %.1f s\n", took);
+  call.join();
+  EXPECT_TRUE(exit.exited && exit.code == 0) << exit.ToString();
+  EXPECT_LT(took, std::chrono::duration<double>(kShutdownTimeout + kFreeWithin).count())
+      << server_->Log();
+  EXPECT_FALSE(stepped.ok());
+
+  // Restarted from its final checkpoint: step 3 was not applied, and sent
+  // again it trains.
+  ASSERT_NO_FATAL_FAILURE(Start({timeout_flag}));
+  absl::StatusOr<v1::Job> restored = client_->GetJob(job);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(restored->step(), 2);
+  v1::StepResponse resent;
+  const grpc::Status again = GptStep(job, 3, 1, std::chrono::seconds(120), &resent);
+  ASSERT_TRUE(again.ok()) << again.error_message();
+  EXPECT_EQ(resent.global_step(), 3);
 }
 
 }  // namespace

@@ -48,6 +48,12 @@
 // Backward hook): one read of those activations, so that a group's max|g|,
 // from which its scale is calibrated and grown, bounds what flows through
 // the group too.
+// The caller's CallToken is checked before the step, before each
+// micro-batch (the calibration pass's too) and after the check pass, the
+// last point before the update: a stopped step returns there with nothing
+// applied (the scaler a calibration pass set is put back; the gradients it
+// accumulated are zeroed by the next step). A distributed share is checked
+// only before it starts.
 // An adaptive-scaler job's first step (and its first after a state without
 // scaler keys was loaded) first runs CalibrateLossScale (calibrate.cc): one
 // extra forward and backward at S = 1 and one small read, so that the step
