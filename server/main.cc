@@ -122,7 +122,9 @@ ABSL_FLAG(int32_t, peer_waits_per_tenant, 96,
 ABSL_FLAG(int32_t, max_distributed_jobs, 4,
           "Most distributed jobs held at once; each has a worker thread of its own");
 ABSL_FLAG(int64_t, shutdown_timeout_ms, 30000,
-          "On SIGTERM, how long in-flight calls may take to finish before they are cancelled");
+          "On SIGTERM, how long in-flight calls may take to finish before they are cancelled "
+          "(Samples are stopped at once, UNAVAILABLE; a cancelled call stops at its next "
+          "micro-batch or decode step, applying nothing)");
 
 namespace {
 
@@ -433,9 +435,11 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartTrainerServer(
   return server;
 }
 
-// After a shutdown signal: not serving, the grace, then draining: calls in
-// flight finish (their steps on the job workers), every job checkpoints,
-// the registry stops, and the peer port closes last.
+// After a shutdown signal: not serving, the grace, then draining: Samples
+// stop at once (their length is the client's max_tokens), other calls in
+// flight finish (their steps on the job workers) or, past the shutdown
+// timeout, are cancelled and stop at their next unit of work; every job
+// checkpoints, the registry stops, and the peer port closes last.
 absl::Status Drain(grpc::Server& server, ampd::engine::JobRegistry& registry,
                    grpc::Server* peer_server) {
   server.GetHealthCheckService()->SetServingStatus(false);

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "codec/safetensors_receiver.h"
 #include "common/error_reason.h"
+#include "server/rpc/call_stop.h"
 #include "server/rpc/status_mapping.h"
 #include "server/rpc/translate.h"
 
@@ -29,9 +30,12 @@ namespace {
 class StateDictWriter final : public grpc::ServerWriteReactor<v1::StateDictChunk> {
  public:
   StateDictWriter(const TrainerService* service, engine::JobRegistry* registry,
-                  const std::string& tenant, const std::string& job_id, int view,
-                  int64_t chunk_bytes)
-      : service_(service), chunk_bytes_(static_cast<size_t>(chunk_bytes)), start_(absl::Now()) {
+                  const grpc::CallbackServerContext& context, const std::string& tenant,
+                  const std::string& job_id, int view, int64_t chunk_bytes)
+      : service_(service),
+        chunk_bytes_(static_cast<size_t>(chunk_bytes)),
+        start_(absl::Now()),
+        call_(CallTokenFor(context)) {
     if (absl::Status s = CheckLength("job_id", job_id); !s.ok()) {
       Done(ToGrpcStatus(s));
       return;
@@ -41,20 +45,24 @@ class StateDictWriter final : public grpc::ServerWriteReactor<v1::StateDictChunk
       Done(ToGrpcStatus(state_view.status()));
       return;
     }
-    registry->ExportState(tenant, job_id, *state_view,
-                          [this, job_id](absl::StatusOr<codec::EncodedSafetensors> file) {
-                            if (!file.ok()) {
-                              Done(ToGrpcStatus(file.status()));
-                              return;
-                            }
-                            file_ = *std::move(file);
-                            size_ = file_.size();
-                            exported_ = absl::Now();
-                            job_id_ = job_id;
-                            WriteNext();
-                          });
+    registry->ExportState(
+        tenant, job_id, *state_view,
+        [this, job_id](absl::StatusOr<codec::EncodedSafetensors> file) {
+          if (!file.ok()) {
+            Done(ToGrpcStatus(file.status()));
+            return;
+          }
+          file_ = *std::move(file);
+          size_ = file_.size();
+          exported_ = absl::Now();
+          job_id_ = job_id;
+          WriteNext();
+        },
+        call_);
   }
 
+  // An export not started yet is skipped; chunks stop with OnWriteDone.
+  void OnCancel() override { StopCancelledCall(call_); }
   void OnWriteDone(bool ok) override {
     if (!ok) {
       Done(grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading"));
@@ -106,6 +114,7 @@ class StateDictWriter final : public grpc::ServerWriteReactor<v1::StateDictChunk
   uint64_t size_ = 0;
   uint64_t offset_ = 0;
   v1::StateDictChunk chunk_;
+  const engine::CallToken call_;
 };
 
 // Receives a client stream of chunks (the first message names the job) and
@@ -119,9 +128,11 @@ class StateDictWriter final : public grpc::ServerWriteReactor<v1::StateDictChunk
 // first byte arrives).
 class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRequest> {
  public:
-  StateDictReader(const TrainerService* service, engine::JobRegistry* registry, std::string tenant,
+  StateDictReader(const TrainerService* service, engine::JobRegistry* registry,
+                  const grpc::CallbackServerContext& context, std::string tenant,
                   v1::LoadStateDictResponse* response, int64_t max_bytes, ByteBudget* budget)
-      : service_(service),
+      : call_(CallTokenFor(context)),
+        service_(service),
         registry_(registry),
         tenant_(std::move(tenant)),
         response_(response),
@@ -132,8 +143,15 @@ class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRe
     StartRead(&request_);
   }
 
+  // A load not made yet is not made (JobRegistry::ImportState).
+  void OnCancel() override { StopCancelledCall(call_); }
+
   void OnReadDone(bool ok) override {
-    if (!ok) {  // The client half-closed: the file is complete.
+    if (!ok) {  // The client half-closed (the file is complete), or the call ended.
+      if (absl::Status s = call_.Check("LoadStateDict stopped; nothing was loaded"); !s.ok()) {
+        Done(s);
+        return;
+      }
       if (job_id_.empty()) {
         Done(FieldError("job_id", "the first message must name the job"));
         return;
@@ -163,7 +181,8 @@ class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRe
                            total > 0 ? static_cast<double>(size) / total / 1e9 : 0.0);
             }
             Done(n.status());
-          });
+          },
+          call_);
       return;
     }
     if (absl::Status s = CheckLength("job_id", request_.job_id()); !s.ok()) {
@@ -263,6 +282,7 @@ class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRe
     Finish(grpc_status);
   }
 
+  const engine::CallToken call_;  // stopped by OnCancel; the load checks it
   const TrainerService* service_;
   engine::JobRegistry* registry_;
   const std::string tenant_;  // the caller's: only its own jobs are found
@@ -427,7 +447,7 @@ grpc::ServerUnaryReactor* TrainerService::Step(grpc::CallbackServerContext* cont
                                                const v1::StepRequest* request,
                                                v1::StepResponse* response) {
   const absl::Time start = absl::Now();
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto* reactor = new StoppableUnaryReactor(*context);
   const absl::StatusOr<std::string> tenant = Authenticate(*context);
   if (!tenant.ok()) {
     FinishUnary(reactor, "Step", start, tenant.status());
@@ -445,11 +465,13 @@ grpc::ServerUnaryReactor* TrainerService::Step(grpc::CallbackServerContext* cont
     FinishUnary(reactor, "Step", start, input.status());
     return reactor;
   }
-  registry_->Step(*tenant, request->job_id(), request->sequence(), *std::move(input),
-                  [this, reactor, response, start](absl::StatusOr<engine::StepReport> report) {
-                    if (report.ok()) StepReportToProto(*report, response);
-                    FinishUnary(reactor, "Step", start, report.status());
-                  });
+  registry_->Step(
+      *tenant, request->job_id(), request->sequence(), *std::move(input),
+      [this, reactor, response, start](absl::StatusOr<engine::StepReport> report) {
+        if (report.ok()) StepReportToProto(*report, response);
+        FinishUnary(reactor, "Step", start, report.status());
+      },
+      reactor->call());
   return reactor;
 }
 
@@ -457,7 +479,7 @@ grpc::ServerUnaryReactor* TrainerService::Evaluate(grpc::CallbackServerContext* 
                                                    const v1::EvaluateRequest* request,
                                                    v1::EvaluateResponse* response) {
   const absl::Time start = absl::Now();
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto* reactor = new StoppableUnaryReactor(*context);
   const absl::StatusOr<std::string> tenant = Authenticate(*context);
   if (!tenant.ok()) {
     FinishUnary(reactor, "Evaluate", start, tenant.status());
@@ -479,7 +501,8 @@ grpc::ServerUnaryReactor* TrainerService::Evaluate(grpc::CallbackServerContext* 
       [this, reactor, response, start](absl::StatusOr<engine::EvaluateReport> report) {
         if (report.ok()) EvaluateReportToProto(*report, response);
         FinishUnary(reactor, "Evaluate", start, report.status());
-      });
+      },
+      reactor->call());
   return reactor;
 }
 
@@ -487,7 +510,7 @@ grpc::ServerUnaryReactor* TrainerService::Sample(grpc::CallbackServerContext* co
                                                  const v1::SampleRequest* request,
                                                  v1::SampleResponse* response) {
   const absl::Time start = absl::Now();
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto* reactor = new StoppableUnaryReactor(*context);
   const absl::StatusOr<std::string> tenant = Authenticate(*context);
   if (!tenant.ok()) {
     FinishUnary(reactor, "Sample", start, tenant.status());
@@ -502,11 +525,13 @@ grpc::ServerUnaryReactor* TrainerService::Sample(grpc::CallbackServerContext* co
     FinishUnary(reactor, "Sample", start, input.status());
     return reactor;
   }
-  registry_->Sample(*tenant, request->job_id(), *std::move(input),
-                    [this, reactor, response, start](absl::StatusOr<engine::SampleReport> report) {
-                      if (report.ok()) SampleReportToProto(*report, response);
-                      FinishUnary(reactor, "Sample", start, report.status());
-                    });
+  registry_->Sample(
+      *tenant, request->job_id(), *std::move(input),
+      [this, reactor, response, start](absl::StatusOr<engine::SampleReport> report) {
+        if (report.ok()) SampleReportToProto(*report, response);
+        FinishUnary(reactor, "Sample", start, report.status());
+      },
+      reactor->call());
   return reactor;
 }
 
@@ -517,7 +542,7 @@ grpc::ServerWriteReactor<v1::StateDictChunk>* TrainerService::GetStateDict(
     return new RefusedStream<grpc::ServerWriteReactor<v1::StateDictChunk>>(this, "GetStateDict",
                                                                            tenant.status());
   }
-  return new StateDictWriter(this, registry_, *tenant, request->job_id(), request->view(),
+  return new StateDictWriter(this, registry_, *context, *tenant, request->job_id(), request->view(),
                              options_.chunk_bytes);
 }
 
@@ -528,7 +553,7 @@ grpc::ServerReadReactor<v1::LoadStateDictRequest>* TrainerService::LoadStateDict
     return new RefusedStream<grpc::ServerReadReactor<v1::LoadStateDictRequest>>(
         this, "LoadStateDict", tenant.status());
   }
-  return new StateDictReader(this, registry_, *std::move(tenant), response,
+  return new StateDictReader(this, registry_, *context, *std::move(tenant), response,
                              options_.max_state_dict_bytes, &state_dict_buffer_);
 }
 

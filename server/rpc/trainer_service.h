@@ -2,6 +2,9 @@
 // handler decodes and validates its request, hands the work to the
 // JobRegistry (which runs it on the job's ordered worker) and finishes the
 // call from the completion; no reaction ever trains, checkpoints or waits.
+// The long calls (Step, Evaluate, Sample, the state dict streams) hand the
+// engine a CallToken of their deadline, stopped when gRPC cancels the call
+// (call_stop.h), so work nobody waits for ends at its next unit.
 #pragma once
 
 #include <grpcpp/grpcpp.h>

@@ -244,14 +244,15 @@ bool Job::closed() const {
   return closed_;
 }
 
-void Job::Post(std::function<void()> task) {
+void Job::Post(std::function<void()> task, WorkerPool::Lane lane) {
   bool schedule = false;
   {
     absl::MutexLock lock(&queue_mu_);
-    queue_.push_back(std::move(task));
+    queue_.push_back(Task{std::move(task), lane});
     if (!scheduled_) scheduled_ = schedule = true;
   }
-  if (schedule) Pool().Post([self = shared_from_this()] { self->RunOne(); });
+  // Unscheduled, the queue was empty: this task is its front.
+  if (schedule) Pool().Post([self = shared_from_this()] { self->RunOne(); }, lane);
 }
 
 int64_t Job::ReleaseWorkspacesIfIdle() {
@@ -270,26 +271,28 @@ int64_t Job::ReleaseWorkspacesIfIdle() {
 }
 
 // One task per pool turn, then the job queues itself again behind other jobs'
-// work, so a job with a long backlog cannot starve the others.
+// work, so a job with a long backlog cannot starve the others; in the lane
+// of its next task, so a long one waits for a thread long tasks may take.
 void Job::RunOne() {
   std::function<void()> task;
   {
     absl::MutexLock lock(&queue_mu_);
-    task = std::move(queue_.front());
+    task = std::move(queue_.front().run);
     queue_.pop_front();
   }
   task();
+  task = nullptr;  // what it captured (a finished call's buffers) goes now
   bytes_in_use_.store(trainer_ ? trainer_->backend().BytesInUse() : 0, std::memory_order_relaxed);
-  bool again = false;
+  std::optional<WorkerPool::Lane> next;
   {
     absl::MutexLock lock(&queue_mu_);
     if (queue_.empty()) {
       scheduled_ = false;
     } else {
-      again = true;
+      next = queue_.front().lane;
     }
   }
-  if (again) Pool().Post([self = shared_from_this()] { self->RunOne(); });
+  if (next.has_value()) Pool().Post([self = shared_from_this()] { self->RunOne(); }, *next);
 }
 
 absl::Status Job::NotOpen() const {
@@ -408,7 +411,8 @@ WorkerPool& Job::Pool() const {
                                                                 : *context_->pool;
 }
 
-absl::StatusOr<StepReport> Job::Step(int64_t sequence, ValidStepInput input) {
+absl::StatusOr<StepReport> Job::Step(int64_t sequence, ValidStepInput input,
+                                     const CallToken& call) {
   if (trainer_ == nullptr) return NotOpen();
   const int64_t every = context_->grad_histogram_every;
   input.set_sample_grad_histogram(every > 0 && sequence % every == 0);
@@ -416,7 +420,7 @@ absl::StatusOr<StepReport> Job::Step(int64_t sequence, ValidStepInput input) {
   AMPD_ASSIGN_OR_RETURN(std::optional<StepReport> recorded, CheckSequence(sequence));
   if (recorded.has_value()) return *std::move(recorded);
   AMPD_ASSIGN_OR_RETURN(const FittedStepInput fitted, trainer_->CheckInput(std::move(input)));
-  return RunStep(sequence, fitted, nullptr);
+  return RunStep(sequence, fitted, nullptr, call);
 }
 
 absl::StatusOr<std::optional<StepReport>> Job::CheckSequence(int64_t sequence) const {
@@ -446,19 +450,22 @@ absl::StatusOr<std::optional<StepReport>> Job::CheckSequence(int64_t sequence) c
 }
 
 absl::StatusOr<StepReport> Job::RunStep(int64_t sequence, const FittedStepInput& input,
-                                        const DataParallelStep* data_parallel) {
+                                        const DataParallelStep* data_parallel,
+                                        const CallToken& call) {
   WorkspaceReservation reservation;
   const std::function<absl::Status(int64_t)> admit = [this, &reservation](int64_t bytes) {
     return AdmitWorkspace(bytes, &reservation);
   };
-  // Whatever the step's outcome, the state may no longer be the seed's.
+  // Whatever the step's outcome, the state may no longer be the seed's;
+  // except a step of its own stopped by its caller, which changed nothing.
+  const bool initial_before = initial_state_;
   initial_state_ = false;
   absl::StatusOr<StepReport> report;
   {
     // The Trainer's workspaces are in use: memory pressure leaves them be.
     absl::MutexLock lock(&workspace_mu_);
     report = AllocationGuard("Step", [&]() -> absl::StatusOr<StepReport> {
-      return trainer_->Step(input, admit, data_parallel);
+      return trainer_->Step(input, admit, data_parallel, call);
     });
     // What stays cached is what the job holds until its next step, counted
     // for admission (in place of the step's reservation, dropped once it is
@@ -469,6 +476,10 @@ absl::StatusOr<StepReport> Job::RunStep(int64_t sequence, const FittedStepInput&
     bytes_in_use_.store(trainer_->backend().BytesInUse(), std::memory_order_relaxed);
   }
   if (!report.ok()) {
+    if (data_parallel == nullptr && StoppedByCaller(report.status())) {
+      initial_state_ = initial_before;
+      return report.status();
+    }
     if (report.status().code() != absl::StatusCode::kFailedPrecondition) {
       // The other ranks may be left inside a collective this rank never
       // reached; they time out, and every rank forms the group afresh.
@@ -509,7 +520,8 @@ absl::StatusOr<StepReport> Job::RunStep(int64_t sequence, const FittedStepInput&
   return report;
 }
 
-absl::StatusOr<EvaluateReport> Job::Evaluate(const ValidEvaluateInput& input) {
+absl::StatusOr<EvaluateReport> Job::Evaluate(const ValidEvaluateInput& input,
+                                             const CallToken& call) {
   if (trainer_ == nullptr) return NotOpen();
   WorkspaceReservation reservation;
   const std::function<absl::Status(int64_t)> admit = [this, &reservation](int64_t bytes) {
@@ -519,7 +531,7 @@ absl::StatusOr<EvaluateReport> Job::Evaluate(const ValidEvaluateInput& input) {
   {
     absl::MutexLock lock(&workspace_mu_);
     report = AllocationGuard("Evaluate", [&]() -> absl::StatusOr<EvaluateReport> {
-      return trainer_->Evaluate(input, admit);
+      return trainer_->Evaluate(input, admit, call);
     });
     RecordWorkspace();
     reservation.Reset();
@@ -529,7 +541,7 @@ absl::StatusOr<EvaluateReport> Job::Evaluate(const ValidEvaluateInput& input) {
   return report;
 }
 
-absl::StatusOr<SampleReport> Job::Sample(const SampleInput& input) {
+absl::StatusOr<SampleReport> Job::Sample(const SampleInput& input, const CallToken& call) {
   if (trainer_ == nullptr) return NotOpen();
   WorkspaceReservation reservation;
   const std::function<absl::Status(int64_t)> admit = [this, &reservation](int64_t bytes) {
@@ -538,8 +550,9 @@ absl::StatusOr<SampleReport> Job::Sample(const SampleInput& input) {
   absl::StatusOr<SampleReport> report;
   {
     absl::MutexLock lock(&workspace_mu_);
-    report = AllocationGuard(
-        "Sample", [&]() -> absl::StatusOr<SampleReport> { return trainer_->Sample(input, admit); });
+    report = AllocationGuard("Sample", [&]() -> absl::StatusOr<SampleReport> {
+      return trainer_->Sample(input, admit, call);
+    });
     RecordWorkspace();
     reservation.Reset();
     bytes_in_use_.store(trainer_->backend().BytesInUse(), std::memory_order_relaxed);

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "server/common/worker_pool.h"
+#include "server/engine/call_token.h"
 #include "server/engine/checkpoint/state_dict.h"
 #include "server/engine/checkpoint/state_directory.h"
 #include "server/engine/config/job_config.h"
@@ -155,7 +156,10 @@ class Job : public std::enable_shared_from_this<Job> {
   int64_t workspace_bytes() const { return workspace_bytes_.load(std::memory_order_relaxed); }
 
   // Runs `task` on this job's strand, after every task posted before it.
-  void Post(std::function<void()> task);
+  // A long task (WorkerPool::Lane::kLong: a Sample) waits, once its turn
+  // on the strand has come, for one of the pool's threads that long tasks
+  // may take, so that it never holds the threads other jobs' calls need.
+  void Post(std::function<void()> task, WorkerPool::Lane lane = WorkerPool::Lane::kShort);
 
   // Memory pressure, from any thread: unless the job is inside a step or
   // an evaluation (whose workspaces are in use), frees its Trainer's
@@ -201,15 +205,24 @@ class Job : public std::enable_shared_from_this<Job> {
   // batches are checked against the model here, once (Trainer::CheckInput):
   // after the sequence rules for a job of its own, before the ranks agree
   // for a distributed one.
-  absl::StatusOr<StepReport> Step(int64_t sequence, ValidStepInput input);
+  //
+  // `call` stops a step of a job of its own between its micro-batches
+  // (Trainer::Step): nothing is applied, the sequence does not advance and
+  // the same sequence may be sent again. A distributed step is not stopped
+  // once it has started.
+  absl::StatusOr<StepReport> Step(int64_t sequence, ValidStepInput input,
+                                  const CallToken& call = CallToken());
   // Trainer::Evaluate on the job's weights: NotFound when closed; a failed
   // job still evaluates (its weights are what it holds). Admitted as a
   // step's workspaces are (JobContext::admit_step), and reported to the
   // observer. Neither the step sequence nor the recorded report changes.
-  absl::StatusOr<EvaluateReport> Evaluate(const ValidEvaluateInput& input);
+  // `call` stops it between micro-batches.
+  absl::StatusOr<EvaluateReport> Evaluate(const ValidEvaluateInput& input,
+                                          const CallToken& call = CallToken());
   // Trainer::Sample on the job's weights, admitted and reported as
-  // Evaluate is.
-  absl::StatusOr<SampleReport> Sample(const SampleInput& input);
+  // Evaluate is; `call` stops it between decode steps.
+  absl::StatusOr<SampleReport> Sample(const SampleInput& input,
+                                      const CallToken& call = CallToken());
   // The Trainer's state, or a view of it (api.h StateView), as a
   // safetensors file (header and host tensors, not yet concatenated).
   absl::StatusOr<checkpoint::EncodedSafetensors> ExportSafetensors(
@@ -274,7 +287,8 @@ class Job : public std::enable_shared_from_this<Job> {
   // The Trainer's step of a sequence CheckSequence let through (job.cc),
   // with the group's part of a distributed job's step.
   absl::StatusOr<StepReport> RunStep(int64_t sequence, const FittedStepInput& input,
-                                     const DataParallelStep* data_parallel);
+                                     const DataParallelStep* data_parallel,
+                                     const CallToken& call = CallToken());
 
   // ---- distributed jobs (job_distributed.cc) ----
   bool distributed() const { return config_.get().distributed.enabled(); }
@@ -300,8 +314,12 @@ class Job : public std::enable_shared_from_this<Job> {
   const int64_t estimated_bytes_;
 
   // Strand queue.
+  struct Task {
+    std::function<void()> run;
+    WorkerPool::Lane lane;
+  };
   absl::Mutex queue_mu_;
-  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(queue_mu_);
+  std::deque<Task> queue_ ABSL_GUARDED_BY(queue_mu_);
   bool scheduled_ ABSL_GUARDED_BY(queue_mu_) = false;
 
   // Owned by the strand (only tasks touch them), except that

@@ -39,6 +39,12 @@ absl::Status Draining() {
   return WithReason(absl::UnavailableError("the server is shutting down"), reason::kServerDraining);
 }
 
+// A call whose caller is gone by its turn on the job's strand is not
+// started: the token's status, or OK to run it.
+absl::Status NotStarted(const CallToken& call) {
+  return call.Check("the call stopped before its turn on the job's worker came");
+}
+
 }  // namespace
 
 void JobRegistry::LogEvent(const std::string& line) {
@@ -61,7 +67,10 @@ absl::StatusOr<std::unique_ptr<JobRegistry>> JobRegistry::Create(RegistryOptions
                           checkpoint::StateDirectory::Open(registry->options_.state_dir));
     registry->state_dir_ = std::make_unique<checkpoint::StateDirectory>(std::move(dir));
   }
-  registry->pool_ = std::make_unique<WorkerPool>(registry->options_.worker_threads);
+  // Long tasks (Samples) may hold all threads but one: whatever they are
+  // asked for, the other jobs' steps and reads still find a thread.
+  const int threads = std::max(1, registry->options_.worker_threads);
+  registry->pool_ = std::make_unique<WorkerPool>(threads, std::max(1, threads - 1));
   registry->context_->pool = registry->pool_.get();
   if (registry->options_.rendezvous && registry->options_.max_distributed_jobs > 0) {
     registry->distributed_pool_ =
@@ -278,7 +287,8 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::AcceptWork(const absl::Status&
 }
 
 void JobRegistry::Step(const std::string& owner, const std::string& job_id, int64_t sequence,
-                       StepInput input, std::function<void(absl::StatusOr<StepReport>)> done) {
+                       StepInput input, std::function<void(absl::StatusOr<StepReport>)> done,
+                       CallToken call) {
   // A malformed request is refused before it is queued, whatever the job's
   // state or sequence: the one check of the input's own fields (the job
   // checks the batches against the model).
@@ -290,11 +300,18 @@ void JobRegistry::Step(const std::string& owner, const std::string& job_id, int6
   }
   std::shared_ptr<Job> job = *std::move(found);
   auto shared_input = std::make_shared<ValidStepInput>(*std::move(valid));
-  job->Post([this, job, sequence, shared_input, done = std::move(done)] {
-    absl::StatusOr<StepReport> report = job->Step(sequence, std::move(*shared_input));
+  job->Post([this, job, sequence, shared_input, call, done = std::move(done)] {
+    if (absl::Status s = NotStarted(call); !s.ok()) {
+      done(s);
+      return;
+    }
+    absl::StatusOr<StepReport> report = job->Step(sequence, std::move(*shared_input), call);
     const std::optional<ErrorReason> why = GetErrorReason(report.status());
     if (report.ok()) {
       ReportMemory();
+    } else if (StoppedByCaller(report.status())) {
+      LogEvent(absl::StrCat("job ", job->id(), " step ", sequence,
+                            " stopped: ", report.status().ToString()));
     } else if (why.has_value() && why->reason == reason::kScalerAtMinScale) {
       LogEvent(absl::StrCat("job ", job->id(), " failed at step ", sequence, ": ",
                             report.status().message()));
@@ -309,7 +326,8 @@ void JobRegistry::Step(const std::string& owner, const std::string& job_id, int6
 }
 
 void JobRegistry::Evaluate(const std::string& owner, const std::string& job_id, EvaluateInput input,
-                           std::function<void(absl::StatusOr<EvaluateReport>)> done) {
+                           std::function<void(absl::StatusOr<EvaluateReport>)> done,
+                           CallToken call) {
   absl::StatusOr<ValidEvaluateInput> valid = ValidEvaluateInput::Check(std::move(input));
   absl::StatusOr<std::shared_ptr<Job>> found = AcceptWork(valid.status(), owner, job_id);
   if (!found.ok()) {
@@ -318,10 +336,16 @@ void JobRegistry::Evaluate(const std::string& owner, const std::string& job_id, 
   }
   std::shared_ptr<Job> job = *std::move(found);
   auto shared_input = std::make_shared<ValidEvaluateInput>(*std::move(valid));
-  job->Post([this, job, shared_input, done = std::move(done)] {
-    absl::StatusOr<EvaluateReport> report = job->Evaluate(*shared_input);
+  job->Post([this, job, shared_input, call, done = std::move(done)] {
+    if (absl::Status s = NotStarted(call); !s.ok()) {
+      done(s);
+      return;
+    }
+    absl::StatusOr<EvaluateReport> report = job->Evaluate(*shared_input, call);
     if (report.ok()) {
       ReportMemory();
+    } else if (StoppedByCaller(report.status())) {
+      LogEvent(absl::StrCat("job ", job->id(), " evaluate stopped: ", report.status().ToString()));
     } else if (report.status().code() != absl::StatusCode::kInvalidArgument &&
                report.status().code() != absl::StatusCode::kNotFound) {
       LogEvent(absl::StrCat("job ", job->id(), " evaluate failed: ", report.status().ToString()));
@@ -331,24 +355,52 @@ void JobRegistry::Evaluate(const std::string& owner, const std::string& job_id, 
 }
 
 void JobRegistry::Sample(const std::string& owner, const std::string& job_id, SampleInput input,
-                         std::function<void(absl::StatusOr<SampleReport>)> done) {
+                         std::function<void(absl::StatusOr<SampleReport>)> done, CallToken call) {
   absl::StatusOr<std::shared_ptr<Job>> found = AcceptWork(CheckSampleInput(input), owner, job_id);
   if (!found.ok()) {
     done(found.status());
     return;
   }
+  uint64_t long_call = 0;
+  if (!AddLongCall(&long_call, call)) {
+    done(Draining());
+    return;
+  }
   std::shared_ptr<Job> job = *std::move(found);
   auto shared_input = std::make_shared<SampleInput>(std::move(input));
-  job->Post([this, job, shared_input, done = std::move(done)] {
-    absl::StatusOr<SampleReport> report = job->Sample(*shared_input);
-    if (report.ok()) {
-      ReportMemory();
-    } else if (report.status().code() != absl::StatusCode::kInvalidArgument &&
-               report.status().code() != absl::StatusCode::kNotFound) {
-      LogEvent(absl::StrCat("job ", job->id(), " sample failed: ", report.status().ToString()));
-    }
-    done(std::move(report));
-  });
+  job->Post(
+      [this, job, shared_input, call, long_call, done = std::move(done)] {
+        const absl::Status not_started = NotStarted(call);
+        absl::StatusOr<SampleReport> report = not_started.ok()
+                                                  ? job->Sample(*shared_input, call)
+                                                  : absl::StatusOr<SampleReport>(not_started);
+        RemoveLongCall(long_call);
+        if (report.ok()) {
+          ReportMemory();
+        } else if (StoppedByCaller(report.status()) ||
+                   report.status().code() == absl::StatusCode::kUnavailable) {
+          LogEvent(
+              absl::StrCat("job ", job->id(), " sample stopped: ", report.status().ToString()));
+        } else if (report.status().code() != absl::StatusCode::kInvalidArgument &&
+                   report.status().code() != absl::StatusCode::kNotFound) {
+          LogEvent(absl::StrCat("job ", job->id(), " sample failed: ", report.status().ToString()));
+        }
+        done(std::move(report));
+      },
+      WorkerPool::Lane::kLong);
+}
+
+bool JobRegistry::AddLongCall(uint64_t* id, const CallToken& call) {
+  absl::MutexLock lock(&mu_);
+  if (draining_) return false;
+  *id = next_long_call_++;
+  long_calls_.emplace(*id, call);
+  return true;
+}
+
+void JobRegistry::RemoveLongCall(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  long_calls_.erase(id);
 }
 
 void JobRegistry::ExportState(
@@ -359,25 +411,39 @@ void JobRegistry::ExportState(
 
 void JobRegistry::ExportState(
     const std::string& owner, const std::string& job_id, StateView view,
-    std::function<void(absl::StatusOr<checkpoint::EncodedSafetensors>)> done) {
+    std::function<void(absl::StatusOr<checkpoint::EncodedSafetensors>)> done, CallToken call) {
   std::shared_ptr<Job> job = Find(owner, job_id);
   if (job == nullptr) {
     done(JobNotFound(job_id));
     return;
   }
-  job->Post([job, view, done = std::move(done)] { done(job->ExportSafetensors(view)); });
+  // The read of the state is one unit; its chunks are streamed by the
+  // caller, which stops when its client does.
+  job->Post([job, view, call, done = std::move(done)] {
+    if (absl::Status s = NotStarted(call); !s.ok()) {
+      done(s);
+      return;
+    }
+    done(job->ExportSafetensors(view));
+  });
 }
 
 void JobRegistry::ImportState(const std::string& owner, const std::string& job_id,
                               checkpoint::StateDict state, bool partial,
-                              std::function<void(absl::StatusOr<int64_t>)> done) {
+                              std::function<void(absl::StatusOr<int64_t>)> done, CallToken call) {
   std::shared_ptr<Job> job = Find(owner, job_id);
   if (job == nullptr) {
     done(JobNotFound(job_id));
     return;
   }
   auto shared_state = std::make_shared<checkpoint::StateDict>(std::move(state));
-  job->Post([job, shared_state, partial, done = std::move(done)] {
+  job->Post([job, shared_state, partial, call, done = std::move(done)] {
+    // A load nobody waits for is not made: its client was never told it
+    // was, and the job stays as it was.
+    if (absl::Status s = NotStarted(call); !s.ok()) {
+      done(s);
+      return;
+    }
     absl::StatusOr<int64_t> tensors = job->ImportSafetensors(std::move(*shared_state), partial);
     if (tensors.ok()) LogEvent(absl::StrCat("job ", job->id(), " state loaded"));
     done(std::move(tensors));
@@ -387,6 +453,7 @@ void JobRegistry::ImportState(const std::string& owner, const std::string& job_i
 void JobRegistry::StartDraining() {
   absl::MutexLock lock(&mu_);
   draining_ = true;
+  for (const auto& [id, call] : long_calls_) call.Cancel(Draining());
 }
 
 absl::Status JobRegistry::CheckpointAll() {

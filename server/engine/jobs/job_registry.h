@@ -5,7 +5,10 @@
 // to the tenant (owner) that created it, and every call names its caller's
 // tenant: another tenant's job answers exactly as a job that does not exist. Asynchronous calls
 // take a completion that runs on the job's strand, so the caller (a gRPC reaction) never blocks on
-// training.
+// training. The long ones (Step, Evaluate, Sample, ExportState, ImportState) take the caller's
+// CallToken too: a call whose token has stopped by the time its turn on the strand comes is
+// answered with the token's status without being started, and one in progress stops at its next
+// unit of work (a micro-batch, a decode step), leaving the job as it was.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +27,7 @@
 #include "codec/safetensors.h"
 #include "codec/state_dict.h"
 #include "server/engine/api.h"
+#include "server/engine/call_token.h"
 #include "server/engine/config/job_config_codec.h"
 #include "server/engine/dist/rendezvous.h"
 #include "server/engine/jobs/job_observer.h"
@@ -149,27 +153,35 @@ class JobRegistry {
   // is checked once, here (ValidStepInput); the checks against the model
   // and the step run on the job's strand (Job::Step).
   void Step(const std::string& owner, const std::string& job_id, int64_t sequence, StepInput input,
-            std::function<void(absl::StatusOr<StepReport>)> done);
+            std::function<void(absl::StatusOr<StepReport>)> done, CallToken call = CallToken());
   // CheckEvaluateInput's error first, then the job's strand (Job::Evaluate),
   // after its queued steps: an evaluation sees the weights of every step
   // sent before it. Refused with Unavailable while draining, as a step is.
   void Evaluate(const std::string& owner, const std::string& job_id, EvaluateInput input,
-                std::function<void(absl::StatusOr<EvaluateReport>)> done);
+                std::function<void(absl::StatusOr<EvaluateReport>)> done,
+                CallToken call = CallToken());
   // CheckSampleInput's error first, then the job's strand (Job::Sample),
   // after its queued steps: completions of the weights every step sent
-  // before it trained. Refused with Unavailable while draining.
+  // before it trained. Refused with Unavailable while draining. A Sample
+  // is a long task (WorkerPool::Lane::kLong): its length is set by
+  // max_tokens, not by the request's size, so Samples take at most
+  // worker_threads - 1 of the worker threads at once and the other calls
+  // of every job are served meanwhile. StartDraining stops the Samples in
+  // progress (Unavailable, SERVER_DRAINING).
   void Sample(const std::string& owner, const std::string& job_id, SampleInput input,
-              std::function<void(absl::StatusOr<SampleReport>)> done);
+              std::function<void(absl::StatusOr<SampleReport>)> done, CallToken call = CallToken());
   void ExportState(const std::string& owner, const std::string& job_id,
                    std::function<void(absl::StatusOr<codec::EncodedSafetensors>)> done);
   // A view of it (api.h StateView): a LoRA job's adapters or merged model.
   void ExportState(const std::string& owner, const std::string& job_id, StateView view,
-                   std::function<void(absl::StatusOr<codec::EncodedSafetensors>)> done);
+                   std::function<void(absl::StatusOr<codec::EncodedSafetensors>)> done,
+                   CallToken call = CallToken());
   // `state`: the safetensors file, decoded as it arrived
   // (codec::SafetensorsReceiver); loaded on the job's strand. partial: it
   // holds some of the model's weights (Job::ImportSafetensors).
   void ImportState(const std::string& owner, const std::string& job_id, codec::StateDict state,
-                   bool partial, std::function<void(absl::StatusOr<int64_t>)> done);
+                   bool partial, std::function<void(absl::StatusOr<int64_t>)> done,
+                   CallToken call = CallToken());
 
   // The secrets and owners of the distributed jobs held here that are rank
   // 0 of `group`: the meeting point this ampd hosts (dist::RendezvousTable)
@@ -181,7 +193,10 @@ class JobRegistry {
   };
   std::vector<PeerSecret> PeerSecrets(const std::string& group) const;
 
-  // New creates and steps answer Unavailable from now on.
+  // New creates and steps answer Unavailable from now on, and the Samples
+  // queued or in progress stop (Unavailable, SERVER_DRAINING: a client
+  // retries them elsewhere) rather than hold the shutdown for as long as
+  // their max_tokens asks. Other calls in progress run to their end.
   void StartDraining();
   // Checkpoints every job after its queued work and waits for it (jobs in
   // parallel on the worker threads; each final write supersedes a
@@ -232,6 +247,10 @@ class JobRegistry {
   // theirs. Returns the bytes freed. Takes mu_ itself.
   int64_t ReleaseIdleWorkspaces(const Job* except);
   void Remove(const std::string& job_id);
+  // The Samples StartDraining stops: each one's token from before it is
+  // queued until it has answered. Refused (false) once draining.
+  bool AddLongCall(uint64_t* id, const CallToken& call);
+  void RemoveLongCall(uint64_t id);
   // RestoreAll's passes. AdmitForRestore puts the jobs of `ids` that the
   // limits admit into the table (in order) and returns them; the ones the
   // limits turn away go to *turned_away, with the line that says why to
@@ -262,6 +281,8 @@ class JobRegistry {
   // (TryAdmitStep), counted in place of the job's workspace_bytes() until
   // the job drops its WorkspaceReservation.
   std::map<const Job*, int64_t> reserved_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, CallToken> long_calls_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_long_call_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ampd::engine

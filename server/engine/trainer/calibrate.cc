@@ -21,13 +21,15 @@
 #include <cstdint>
 #include <limits>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "server/engine/trainer/trainer_impl.h"
 
 namespace ampd::engine {
 
 absl::Status Trainer::Impl::CalibrateLossScale(const StepInput& input,
-                                               const DataParallelStep* data_parallel) {
+                                               const DataParallelStep* data_parallel,
+                                               const CallToken& call) {
   kernels::Backend& b = *backend;
   const auto k = static_cast<int64_t>(input.micro_batches.size());
   // A distributed job calibrates on the whole batch's gradient, the same on
@@ -44,6 +46,12 @@ absl::Status Trainer::Impl::CalibrateLossScale(const StepInput& input,
   AMPD_RETURN_IF_ERROR(b.Fill(found_inf, 0.0f));
   for (ScaleGroup& g : groups) AMPD_RETURN_IF_ERROR(b.Fill(g.max_abs, 0.0f));
   for (int64_t i = 0; i < k; ++i) {
+    // As the step's own micro-batches (step.cc): a distributed share runs on.
+    if (data_parallel == nullptr) {
+      AMPD_RETURN_IF_ERROR(
+          call.Check(absl::StrCat("the step stopped in its calibration, before micro-batch ", i,
+                                  " of ", k, "; nothing was applied")));
+    }
     const MicroBatch& mb = input.micro_batches[static_cast<size_t>(i)];
     AMPD_ASSIGN_OR_RETURN(model::Workspace * ws, WorkspaceFor(mb.inputs.shape));
     AMPD_RETURN_IF_ERROR(model->LoadBatch(mb.inputs, mb.targets,

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "server/engine/trainer/trainer.h"
 #include "server/engine/trainer/trainer_impl.h"
@@ -33,19 +34,22 @@ absl::StatusOr<ValidEvaluateInput> ValidEvaluateInput::Check(EvaluateInput input
   return ValidEvaluateInput(std::move(input));
 }
 
-absl::StatusOr<EvaluateReport> Trainer::Evaluate(
-    const ValidEvaluateInput& input, const std::function<absl::Status(int64_t)>& admit) {
-  return EvaluateChecked(input.get(), admit);
+absl::StatusOr<EvaluateReport> Trainer::Evaluate(const ValidEvaluateInput& input,
+                                                 const std::function<absl::Status(int64_t)>& admit,
+                                                 const CallToken& call) {
+  return EvaluateChecked(input.get(), admit, call);
 }
 
-absl::StatusOr<EvaluateReport> Trainer::Evaluate(
-    const EvaluateInput& input, const std::function<absl::Status(int64_t)>& admit) {
+absl::StatusOr<EvaluateReport> Trainer::Evaluate(const EvaluateInput& input,
+                                                 const std::function<absl::Status(int64_t)>& admit,
+                                                 const CallToken& call) {
   AMPD_RETURN_IF_ERROR(CheckEvaluateInput(input));
-  return EvaluateChecked(input, admit);
+  return EvaluateChecked(input, admit, call);
 }
 
 absl::StatusOr<EvaluateReport> Trainer::EvaluateChecked(
-    const EvaluateInput& input, const std::function<absl::Status(int64_t)>& admit) {
+    const EvaluateInput& input, const std::function<absl::Status(int64_t)>& admit,
+    const CallToken& call) {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
   Impl& m = *impl_;
@@ -61,7 +65,10 @@ absl::StatusOr<EvaluateReport> Trainer::EvaluateChecked(
   AMPD_RETURN_IF_ERROR(b.Fill(m.loss_sum, 0.0f));
   model::TokenLossInputs tokens;
   tokens.logprobs = input.return_logprobs;
-  for (const MicroBatch& mb : input.micro_batches) {
+  for (int64_t i = 0; i < k; ++i) {
+    AMPD_RETURN_IF_ERROR(
+        call.Check(absl::StrCat("the evaluation stopped before micro-batch ", i, " of ", k)));
+    const MicroBatch& mb = input.micro_batches[static_cast<size_t>(i)];
     report.samples += mb.inputs.shape[0];
     AMPD_ASSIGN_OR_RETURN(model::Workspace * ws, m.WorkspaceFor(mb.inputs.shape));
     AMPD_RETURN_IF_ERROR(net.LoadBatch(mb.inputs, mb.targets, tokens, *ws));

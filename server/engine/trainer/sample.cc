@@ -17,6 +17,8 @@
 //             stop tokens and the reply); then Network::DecodeStep feeds
 //             the drawn tokens, each layer's new keys and values written
 //             into the cache in one op.
+// The caller's CallToken is checked before the prefill and before every
+// decode step, so a call nobody waits for any more ends within one step.
 // A sequence that has stopped keeps decoding its last token at its last
 // position (its rows are never read again): the S rows stay one batch.
 // With batch-invariant kernels every row's bits are those of the same
@@ -85,7 +87,8 @@ absl::Status CheckSampleInput(const SampleInput& input) {
 }
 
 absl::StatusOr<SampleReport> Trainer::Sample(const SampleInput& input,
-                                             const std::function<absl::Status(int64_t)>& admit) {
+                                             const std::function<absl::Status(int64_t)>& admit,
+                                             const CallToken& call) {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
   AMPD_RETURN_IF_ERROR(CheckSampleInput(input));
@@ -174,6 +177,7 @@ absl::StatusOr<SampleReport> Trainer::Sample(const SampleInput& input,
     }
   }
 
+  AMPD_RETURN_IF_ERROR(call.Check("sampling stopped before the prompts' forward"));
   AMPD_ASSIGN_OR_RETURN(model::Workspace * ws, m.WorkspaceFor(prefill.inputs.shape));
   AMPD_RETURN_IF_ERROR(net.LoadBatch(prefill.inputs, prefill.targets, *ws));
   AMPD_RETURN_IF_ERROR(net.Forward(*ws));
@@ -222,6 +226,10 @@ absl::StatusOr<SampleReport> Trainer::Sample(const SampleInput& input,
   AMPD_RETURN_IF_ERROR(b.Fill(logprobs, 0.0f));
   AMPD_RETURN_IF_ERROR(b.ReadBack({}, {}, copies));
   for (int64_t step = 0; step < input.max_tokens; ++step) {
+    // A caller gone (its deadline passed, it cancelled, the server drains)
+    // stops the loop here: at most one decode step after it went.
+    AMPD_RETURN_IF_ERROR(call.Check(
+        absl::StrCat("sampling stopped after ", step, " of ", input.max_tokens, " decode steps")));
     AMPD_RETURN_IF_ERROR(model::LmLogits(b, state->hidden, *head, logits));
     draw.step = static_cast<uint64_t>(step);
     AMPD_RETURN_IF_ERROR(b.SampleTokens(logits, live, draw, labels));

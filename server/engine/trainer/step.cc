@@ -48,6 +48,12 @@
 // Backward hook): one read of those activations, so that a group's max|g|,
 // from which its scale is calibrated and grown, bounds what flows through
 // the group too.
+// The caller's CallToken is checked before the step, before each
+// micro-batch (the calibration pass's too) and after the check pass, the
+// last point before the update: a stopped step returns there with nothing
+// applied (the scaler a calibration pass set is put back; the gradients it
+// accumulated are zeroed by the next step). A distributed share is checked
+// only before it starts.
 // An adaptive-scaler job's first step (and its first after a state without
 // scaler keys was loaded) first runs CalibrateLossScale (calibrate.cc): one
 // extra forward and backward at S = 1 and one small read, so that the step
@@ -82,6 +88,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -109,6 +116,15 @@ constexpr int kReadMaxAbs = 3;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
+}
+
+// Whether the step's caller still waits for it, between two units of work
+// (call_token.h). A distributed step's share runs to its end: a rank that
+// left the collectives part-way would fail its group's other ranks.
+absl::Status CheckCall(const CallToken& call, const DataParallelStep* data_parallel,
+                       absl::string_view where) {
+  if (data_parallel != nullptr) return absl::OkStatus();
+  return call.Check(absl::StrCat("the step stopped ", where, "; nothing was applied"));
 }
 
 }  // namespace
@@ -241,7 +257,7 @@ absl::StatusOr<FittedStepInput> Trainer::CheckInput(ValidStepInput input) const 
 
 absl::StatusOr<Trainer::Impl::StepPlan> Trainer::Impl::Admit(
     const StepInput& input, const std::function<absl::Status(int64_t)>& admit,
-    const DataParallelStep* data_parallel) {
+    const DataParallelStep* data_parallel, const CallToken& call) {
   StepPlan plan;
   // Each token's log-prob is kept for the report, or for the mismatch a
   // loss with sampling_logprobs reports.
@@ -276,7 +292,7 @@ absl::StatusOr<Trainer::Impl::StepPlan> Trainer::Impl::Admit(
         "scaler.per_layer_scales: not available for distributed jobs");
   }
   if (scaler.NeedsCalibration()) {
-    AMPD_RETURN_IF_ERROR(CalibrateLossScale(input, data_parallel));
+    AMPD_RETURN_IF_ERROR(CalibrateLossScale(input, data_parallel, call));
   }
   if (plan.per_layer) {
     for (size_t g = 0; g < groups.size(); ++g) {
@@ -307,7 +323,7 @@ float Trainer::Impl::InvScale(const StepPlan& plan, size_t group) const {
 
 absl::Status Trainer::Impl::ForwardBackward(const StepInput& input, const StepPlan& plan,
                                             const DataParallelStep* data_parallel,
-                                            StepReport& report) {
+                                            const CallToken& call, StepReport& report) {
   kernels::Backend& b = *backend;
   model::Network& net = *model;
   AMPD_RETURN_IF_ERROR(net.ZeroGrads());
@@ -345,6 +361,10 @@ absl::Status Trainer::Impl::ForwardBackward(const StepInput& input, const StepPl
 
   int64_t logprobs_at = 0;  // where the next micro-batch's log-probs go in step_logprobs
   for (int64_t i = 0; i < plan.local_k; ++i) {
+    // Gradients accumulated so far are zeroed by the next step: only the
+    // update changes the job.
+    AMPD_RETURN_IF_ERROR(CheckCall(call, data_parallel,
+                                   absl::StrCat("before micro-batch ", i, " of ", plan.local_k)));
     const MicroBatch& mb = input.micro_batches[static_cast<size_t>(i)];
     report.samples += mb.inputs.shape[0];
     AMPD_ASSIGN_OR_RETURN(auto* ws, WorkspaceFor(mb.inputs.shape));
@@ -513,36 +533,55 @@ absl::Status Trainer::Impl::Finish(const StepInput& input, const StepPlan& plan,
 
 absl::StatusOr<StepReport> Trainer::Step(const StepInput& input,
                                          const std::function<absl::Status(int64_t)>& admit,
-                                         const DataParallelStep* data_parallel) {
+                                         const DataParallelStep* data_parallel,
+                                         const CallToken& call) {
   // The checks CheckInput's FittedStepInput proves, on the caller's input
   // itself (no copy of its batches).
   AMPD_RETURN_IF_ERROR(CheckStepInput(input));
   AMPD_RETURN_IF_ERROR(
       CheckMicroBatchesFitModel(impl_->config.model, input.loss_fn, input.micro_batches));
   AMPD_RETURN_IF_ERROR(CheckLogprobsWanted(impl_->config.model, input.return_logprobs));
-  return StepChecked(input, admit, data_parallel);
+  return StepChecked(input, admit, data_parallel, call);
 }
 
 absl::StatusOr<StepReport> Trainer::Step(const FittedStepInput& input,
                                          const std::function<absl::Status(int64_t)>& admit,
-                                         const DataParallelStep* data_parallel) {
+                                         const DataParallelStep* data_parallel,
+                                         const CallToken& call) {
   if (input.trainer_ != this) {
     return absl::InternalError("Trainer::Step: the input was checked by another Trainer");
   }
-  return StepChecked(input.get(), admit, data_parallel);
+  return StepChecked(input.get(), admit, data_parallel, call);
 }
 
 absl::StatusOr<StepReport> Trainer::StepChecked(const StepInput& input,
                                                 const std::function<absl::Status(int64_t)>& admit,
-                                                const DataParallelStep* data_parallel) {
+                                                const DataParallelStep* data_parallel,
+                                                const CallToken& call) {
   const Clock::time_point start = Clock::now();
   Impl& m = *impl_;
-  AMPD_ASSIGN_OR_RETURN(const Impl::StepPlan plan, m.Admit(input, admit, data_parallel));
+  AMPD_RETURN_IF_ERROR(CheckCall(call, data_parallel, "before it started"));
+  // Nothing before the update changes the job, except an adaptive scaler's
+  // calibration (Admit): a step of its own that fails or is stopped before
+  // the update puts the scaler back, so the next step calibrates again. (A
+  // distributed share keeps it: its ranks calibrated together.)
+  std::optional<amp::GradScaler> scaler_before;
+  if (data_parallel == nullptr && m.scaler.NeedsCalibration()) scaler_before = m.scaler;
   StepReport report;
-  AMPD_RETURN_IF_ERROR(m.ForwardBackward(input, plan, data_parallel, report));
-  AMPD_RETURN_IF_ERROR(m.CheckGradients(input, plan, data_parallel, report));
-  AMPD_RETURN_IF_ERROR(m.Update(input, plan, report));
-  AMPD_RETURN_IF_ERROR(m.Finish(input, plan, report));
+  absl::StatusOr<Impl::StepPlan> plan = [&]() -> absl::StatusOr<Impl::StepPlan> {
+    AMPD_ASSIGN_OR_RETURN(Impl::StepPlan p, m.Admit(input, admit, data_parallel, call));
+    AMPD_RETURN_IF_ERROR(m.ForwardBackward(input, p, data_parallel, call, report));
+    AMPD_RETURN_IF_ERROR(m.CheckGradients(input, p, data_parallel, report));
+    // The last point to stop at: the update and the read run to the end.
+    AMPD_RETURN_IF_ERROR(CheckCall(call, data_parallel, "before its update"));
+    return p;
+  }();
+  if (!plan.ok()) {
+    if (scaler_before.has_value()) m.scaler = *std::move(scaler_before);
+    return plan.status();
+  }
+  AMPD_RETURN_IF_ERROR(m.Update(input, *plan, report));
+  AMPD_RETURN_IF_ERROR(m.Finish(input, *plan, report));
   report.seconds.total = Seconds(start, Clock::now());
   if (data_parallel != nullptr) report.seconds.wait = data_parallel->wait_seconds;
   return report;

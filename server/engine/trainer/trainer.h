@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 #include "server/engine/api.h"
+#include "server/engine/call_token.h"
 #include "server/engine/checkpoint/state_dict.h"
 #include "server/engine/config/job_config.h"
 #include "server/engine/dist/gradient_all_reduce.h"
@@ -99,14 +100,23 @@ class Trainer {
   // is the mean over every rank's micro-batches. A sum that fails
   // (Unavailable) leaves the job's state as it was: nothing is applied
   // before the last sum.
+  //
+  // `call` (call_token.h) is checked before the step starts, before each
+  // micro-batch (the adaptive scaler's calibration pass's too) and once
+  // more before the update: a stopped call returns its status (Cancelled,
+  // DeadlineExceeded...) with nothing applied, the scaler and both counts
+  // as they were. A distributed step's share checks it only before it
+  // starts: stopping one rank inside the collectives would fail the others.
   absl::StatusOr<StepReport> Step(const FittedStepInput& input,
                                   const std::function<absl::Status(int64_t)>& admit = nullptr,
-                                  const DataParallelStep* data_parallel = nullptr);
+                                  const DataParallelStep* data_parallel = nullptr,
+                                  const CallToken& call = CallToken());
   // CheckStepInput and CheckInput's checks, then the Step above: for a
   // caller that holds a Trainer alone (tests, benchmarks).
   absl::StatusOr<StepReport> Step(const StepInput& input,
                                   const std::function<absl::Status(int64_t)>& admit = nullptr,
-                                  const DataParallelStep* data_parallel = nullptr);
+                                  const DataParallelStep* data_parallel = nullptr,
+                                  const CallToken& call = CallToken());
   // Step's checks of its batches against the model (InvalidArgument naming
   // micro_batches[i].inputs or .targets), without running it: a job runs
   // them once per step, and a distributed job's ranks agree on a step only
@@ -119,12 +129,15 @@ class Trainer {
   // would report for them now, with weights, optimizer state, loss scaler
   // and both counts left as they are. The same input checks (InvalidArgument
   // naming the field) and the same workspace admission as Step, `admit`
-  // included; the gradient buffers are not touched.
+  // included; the gradient buffers are not touched. `call` is checked
+  // before each micro-batch.
   absl::StatusOr<EvaluateReport> Evaluate(
-      const ValidEvaluateInput& input, const std::function<absl::Status(int64_t)>& admit = nullptr);
+      const ValidEvaluateInput& input, const std::function<absl::Status(int64_t)>& admit = nullptr,
+      const CallToken& call = CallToken());
   // CheckEvaluateInput, then the Evaluate above (tests, benchmarks).
   absl::StatusOr<EvaluateReport> Evaluate(
-      const EvaluateInput& input, const std::function<absl::Status(int64_t)>& admit = nullptr);
+      const EvaluateInput& input, const std::function<absl::Status(int64_t)>& admit = nullptr,
+      const CallToken& call = CallToken());
 
   // Completions of the prompts from the current weights (sample.cc; api.h
   // SampleInput): the model's forward over the prompts, then one token per
@@ -134,9 +147,12 @@ class Trainer {
   // vocabulary or a prompt plus max_tokens beyond the context), then the
   // admission of the prompts' workspace and the cache (`admit`, as Step's),
   // all before anything is allocated. Weights, optimizer, scaler and counts
-  // are left as they are.
+  // are left as they are. `call` is checked before the prompts' forward
+  // and before each decode step: a stopped call returns its status and no
+  // completion.
   absl::StatusOr<SampleReport> Sample(const SampleInput& input,
-                                      const std::function<absl::Status(int64_t)>& admit = nullptr);
+                                      const std::function<absl::Status(int64_t)>& admit = nullptr,
+                                      const CallToken& call = CallToken());
 
   // Workspace bytes cached now (model::WorkspaceBytes of each, plus the
   // backend's scratch for them, kernels::Backend::ScratchBytes, and the
@@ -238,9 +254,11 @@ class Trainer {
   // Step and Evaluate on input their public callers checked.
   absl::StatusOr<StepReport> StepChecked(const StepInput& input,
                                          const std::function<absl::Status(int64_t)>& admit,
-                                         const DataParallelStep* data_parallel);
+                                         const DataParallelStep* data_parallel,
+                                         const CallToken& call);
   absl::StatusOr<EvaluateReport> EvaluateChecked(const EvaluateInput& input,
-                                                 const std::function<absl::Status(int64_t)>& admit);
+                                                 const std::function<absl::Status(int64_t)>& admit,
+                                                 const CallToken& call);
   struct LoadPlan;
   absl::StatusOr<LoadPlan> PlanLoad(const checkpoint::StateDict& state, StepCount step_count,
                                     Coverage coverage) const;

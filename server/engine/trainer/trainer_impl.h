@@ -103,15 +103,18 @@ struct Trainer::Impl {
   };
   // The (checked) input's workspaces admitted, an adaptive scaler
   // calibrated and the groups' scales set: the plan of the step.
+  // `call` is checked before each micro-batch of a calibration pass.
   absl::StatusOr<StepPlan> Admit(const StepInput& input,
                                  const std::function<absl::Status(int64_t)>& admit,
-                                 const DataParallelStep* data_parallel);
+                                 const DataParallelStep* data_parallel, const CallToken& call);
   // Group g's 1 / S_g (S for a job-wide scale).
   float InvScale(const StepPlan& plan, size_t group) const;
   // The step's scalars zeroed; every micro-batch's forward, loss and
-  // backward; a distributed step's gradient sums finished.
+  // backward; a distributed step's gradient sums finished. `call` is
+  // checked before each micro-batch (not in a distributed step).
   absl::Status ForwardBackward(const StepInput& input, const StepPlan& plan,
-                               const DataParallelStep* data_parallel, StepReport& report);
+                               const DataParallelStep* data_parallel, const CallToken& call,
+                               StepReport& report);
   // The sampled histograms, the unscale-and-check pass of every group and a
   // distributed step's sum of the loss and found_inf.
   absl::Status CheckGradients(const StepInput& input, const StepPlan& plan,
@@ -124,7 +127,8 @@ struct Trainer::Impl {
 
   // calibrate.cc: the adaptive scaler's calibrated start, run by Step
   // before the step proper when the scaler NeedsCalibration().
-  absl::Status CalibrateLossScale(const StepInput& input, const DataParallelStep* data_parallel);
+  absl::Status CalibrateLossScale(const StepInput& input, const DataParallelStep* data_parallel,
+                                  const CallToken& call);
 
   // step.cc, per-layer scales: the Backward hook that joins each group's
   // entry gradient (Network::BackwardHooks::group_entry) to its found_inf
