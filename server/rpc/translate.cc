@@ -2,6 +2,7 @@
 #include "server/rpc/translate.h"
 
 #include <cstdint>
+#include <optional>
 #include <tuple>
 #include <utility>
 
@@ -498,11 +499,21 @@ absl::StatusOr<engine::SampleInput> SampleInputFromProto(const v1::SampleRequest
                                                    " prompts, got ", request.prompts_size()));
   }
   input.prompts.reserve(static_cast<size_t>(request.prompts_size()));
+  bool any_seed = false;
   for (const v1::TokenSequence& prompt : request.prompts()) {
     input.prompts.emplace_back(prompt.tokens().begin(), prompt.tokens().end());
+    any_seed = any_seed || prompt.has_seed();
+  }
+  if (any_seed) {
+    input.prompt_seeds.reserve(input.prompts.size());
+    for (const v1::TokenSequence& prompt : request.prompts()) {
+      input.prompt_seeds.push_back(prompt.has_seed() ? std::optional<uint64_t>(prompt.seed())
+                                                     : std::nullopt);
+    }
   }
   input.num_samples = request.num_samples() == 0 ? 1 : request.num_samples();
-  input.max_tokens = request.max_tokens() == 0 ? 16 : request.max_tokens();
+  // Unset: 16. An explicit 0 is kept, for CheckSampleInput to refuse.
+  if (request.has_max_tokens()) input.max_tokens = request.max_tokens();
   if (request.has_temperature()) input.temperature = request.temperature();
   input.top_k = request.top_k();
   if (request.has_top_p()) input.top_p = request.top_p();

@@ -82,10 +82,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "common/checked_math.h"
 #include "common/status_macros.h"
 #include "server/engine/amp/adaptive_policy.h"
@@ -126,9 +129,33 @@ absl::Status CheckMicroBatchesFitModel(const model::ModelSpec& spec, const LossF
   return absl::OkStatus();
 }
 
+namespace {
+
+// A refusal of the registry's admission (which words it for a step) named
+// for the call that asked: its field and advice in place of a step's,
+// every payload (the ErrorInfo's reason and facts) kept.
+absl::Status NamedFor(const absl::Status& refused, MemoryField names) {
+  const MemoryField step = kStepMemory;
+  if (refused.ok() || names.field == step.field) return refused;
+  std::string message(refused.message());
+  const std::string prefix = absl::StrCat(step.field, ": ");
+  if (absl::StartsWith(message, prefix)) {
+    message = absl::StrCat(names.field, ": ", message.substr(prefix.size()));
+  }
+  message = absl::StrReplaceAll(message, {{step.advice, names.advice}});
+  absl::Status named(refused.code(), message);
+  refused.ForEachPayload([&named](absl::string_view url, const absl::Cord& payload) {
+    named.SetPayload(url, payload);
+  });
+  return named;
+}
+
+}  // namespace
+
 absl::Status Trainer::Impl::AdmitWorkspaces(const std::vector<MicroBatch>& micro_batches,
                                             const std::function<absl::Status(int64_t)>& admit,
-                                            absl::string_view what, int64_t extra_bytes) {
+                                            absl::string_view what, int64_t extra_bytes,
+                                            MemoryField names) {
   kernels::Backend& b = *backend;
   model::Network& net = *model;
   // The workspace of every distinct batch shape, whether cached already or
@@ -168,12 +195,12 @@ absl::Status Trainer::Impl::AdmitWorkspaces(const std::vector<MicroBatch>& micro
   const int64_t to_allocate = need - net.cached_workspace_bytes();
   if (capacity > 0 && SaturatingAdd(b.BytesInUse(), to_allocate) > capacity) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("micro_batches: the ", what, " needs an estimated ", need,
-                     " bytes of activation and workspace memory for its batch sizes, and with the ",
+        absl::StrCat(names.field, ": the ", what, " needs an estimated ", need,
+                     " bytes of activation and workspace memory for its sizes, and with the ",
                      b.BytesInUse(), " bytes the job holds that exceeds the ", capacity,
-                     " bytes of ", b.name(), "; send smaller micro-batches"));
+                     " bytes of ", b.name(), "; ", names.advice));
   }
-  if (admit) AMPD_RETURN_IF_ERROR(admit(need));
+  if (admit) AMPD_RETURN_IF_ERROR(NamedFor(admit(need), names));
   // The scratch only grows (to the largest sizes run) until released.
   scratch_bytes = std::max(scratch_bytes, scratch);
   return absl::OkStatus();
