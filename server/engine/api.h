@@ -90,7 +90,7 @@ struct StepInput {
 // The checks of a step's input that need no model: at least one
 // micro-batch, a learning rate (when given) finite and >= 0, and a PPO clip
 // range in order. InvalidArgument naming the field ("micro_batches",
-// "learning_rate", "ppo_clip_low").
+// "learning_rate", "ppo_clip_low", "ppo_clip_high").
 absl::Status CheckStepInput(const StepInput& input);
 
 // A StepInput that passed CheckStepInput. Only Check makes one, so what

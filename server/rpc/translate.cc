@@ -407,6 +407,19 @@ absl::StatusOr<engine::StepInput> StepInputFromProto(v1::StepRequest* request) {
       return absl::InvalidArgumentError(
           absl::StrCat("loss_fn: unknown value ", static_cast<int>(request->loss_fn())));
   }
+  // The clip range is PPO's alone: another loss refuses it, as it refuses
+  // a per-token input it does not read.
+  const std::pair<bool, absl::string_view> clips[] = {
+      {request->has_ppo_clip_low(), "ppo_clip_low"},
+      {request->has_ppo_clip_high(), "ppo_clip_high"},
+  };
+  for (const auto& [set, field] : clips) {
+    if (set && input.loss_fn.kind != engine::LossFnKind::kPpo) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": loss_fn ",
+                                                     engine::LossFnName(input.loss_fn.kind),
+                                                     " does not read it; send none"));
+    }
+  }
   if (request->has_ppo_clip_low()) input.loss_fn.ppo_clip_low = request->ppo_clip_low();
   if (request->has_ppo_clip_high()) input.loss_fn.ppo_clip_high = request->ppo_clip_high();
   input.return_logprobs = request->return_logprobs();

@@ -241,11 +241,18 @@ absl::Status CheckStepInput(const StepInput& input) {
         absl::StrCat("learning_rate: must be finite and >= 0, got ", *input.learning_rate));
   }
   const LossFn& fn = input.loss_fn;
-  if (fn.kind == LossFnKind::kPpo &&
-      !(std::isfinite(fn.ppo_clip_low) && std::isfinite(fn.ppo_clip_high) &&
-        fn.ppo_clip_low >= 0.0f && fn.ppo_clip_low <= 1.0f && fn.ppo_clip_high >= 1.0f)) {
+  if (fn.kind != LossFnKind::kPpo) return absl::OkStatus();
+  // Each bound named on its own: the field the caller must change.
+  const std::pair<absl::string_view, bool> bounds[] = {
+      {"ppo_clip_low",
+       std::isfinite(fn.ppo_clip_low) && fn.ppo_clip_low >= 0.0f && fn.ppo_clip_low <= 1.0f},
+      {"ppo_clip_high", std::isfinite(fn.ppo_clip_high) && fn.ppo_clip_high >= 1.0f},
+  };
+  for (const auto& [field, ok] : bounds) {
+    if (ok) continue;
     return absl::InvalidArgumentError(
-        absl::StrCat("ppo_clip_low: the ppo clip range must satisfy 0 <= ppo_clip_low <= 1 <= "
+        absl::StrCat(field,
+                     ": the ppo clip range must satisfy 0 <= ppo_clip_low <= 1 <= "
                      "ppo_clip_high, got ppo_clip_low ",
                      fn.ppo_clip_low, " and ppo_clip_high ", fn.ppo_clip_high));
   }
