@@ -113,7 +113,8 @@ ABSL_FLAG(int64_t, steps, 100, "Steps to run (train)");
 ABSL_FLAG(std::string, init_from, "",
           "train: comma-separated safetensors files of weights (a pretrained model, a job's "
           "merged export, the shards of a checkpoint) loaded into the new job as partial loads "
-          "before its first step: the base of a LoRA fine-tune");
+          "before its first step: the base of a LoRA fine-tune (each file checked readable "
+          "before the job is created; a load the server refuses deletes the job it created)");
 ABSL_FLAG(std::string, batches, "",
           "Train on this safetensors file's inputs.<i>/targets.<i> (i = 0..B-1), cycled over "
           "--steps, instead of the synthetic task; needs --layers");
@@ -469,14 +470,25 @@ absl::StatusOr<std::string> ReadFile(const std::string& flag, const std::string&
   return buffer.str();
 }
 
+// --init-from's paths, each checked readable before the job is created (so
+// that a missing file creates nothing); read one at a time when loaded.
+absl::StatusOr<std::vector<std::string>> InitFromPaths(const std::string& files) {
+  std::vector<std::string> paths;
+  if (files.empty()) return paths;
+  for (absl::string_view item : absl::StrSplit(files, ',')) {
+    std::string path(absl::StripAsciiWhitespace(item));
+    if (path.empty()) return Fail("--init-from: empty item in the list");
+    if (!std::ifstream(path, std::ios::binary)) return Fail("--init-from: cannot read " + path);
+    paths.push_back(std::move(path));
+  }
+  return paths;
+}
+
 // --init-from: each file loaded into the job as a partial load (the
 // weights it holds replace the job's), in order.
-absl::Status InitFrom(ampd::Client& client, const std::string& job_id, const std::string& files,
-                      bool json) {
-  if (files.empty()) return absl::OkStatus();
-  for (absl::string_view item : absl::StrSplit(files, ',')) {
-    const std::string path(absl::StripAsciiWhitespace(item));
-    if (path.empty()) return Fail("--init-from: empty item in the list");
+absl::Status InitFrom(ampd::Client& client, const std::string& job_id,
+                      const std::vector<std::string>& paths, bool json) {
+  for (const std::string& path : paths) {
     AMPD_ASSIGN_OR_RETURN(std::string bytes, ReadFile("--init-from", path));
     absl::StatusOr<ampd::v1::LoadStateDictResponse> r =
         client.LoadStateDict(job_id, bytes, /*partial=*/true);
@@ -504,9 +516,21 @@ absl::Status Train(ampd::Client& client, const ampd::ClientOptions& client_optio
     }
     return TrainDistributed(client_options, data, request, steps);
   }
+  AMPD_ASSIGN_OR_RETURN(const std::vector<std::string> init_paths,
+                        InitFromPaths(absl::GetFlag(FLAGS_init_from)));
   AMPD_ASSIGN_OR_RETURN(ampd::v1::Job job, client.CreateJob(request));
   const bool json = absl::GetFlag(FLAGS_json);
-  AMPD_RETURN_IF_ERROR(InitFrom(client, job.job_id(), absl::GetFlag(FLAGS_init_from), json));
+  if (absl::Status loaded = InitFrom(client, job.job_id(), init_paths, json); !loaded.ok()) {
+    // The job was created for this run alone and never trained: a failed
+    // load leaves none behind (none counted against --max-jobs or a quota).
+    if (absl::Status deleted = client.DeleteJob(job.job_id()); !deleted.ok()) {
+      return absl::Status(loaded.code(),
+                          absl::StrCat(loaded.message(), "; deleting job ", job.job_id(),
+                                       " failed too: ", deleted.message()));
+    }
+    return absl::Status(loaded.code(),
+                        absl::StrCat(loaded.message(), " (job ", job.job_id(), " deleted)"));
+  }
   const ampd::v1::ScalerConfig& sc = job.config().scaler();
   if (!json) {
     std::printf("job %s: %lld parameters, %s, scaler %s (init_scale %g, growth_interval %lld)\n",

@@ -54,9 +54,13 @@ absl::Status CheckTargetsBelow(const HostTensor& t, int64_t limit, absl::string_
     }
     ++kept;
   }
+  // The model's own loss is a mean over the kept targets, a token loss a
+  // sum over them; either way a micro-batch with none has nothing to train
+  // on, and is refused rather than sent through the model for nothing.
   if (kept == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": every target is ", kIgnoreTarget,
-                                                   "; the loss is a mean over at least one"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": every target is ", kIgnoreTarget,
+                     "; a micro-batch needs at least one target token to train on"));
   }
   return absl::OkStatus();
 }

@@ -23,7 +23,8 @@ struct BatchLayout {
   // Token sequences (a GPT): inputs (B, T) I32/I64 ids in
   // [0, num_embeddings) with 1 <= T <= context_length; targets (B, T)
   // I32/I64 ids in [0, outputs) or kIgnoreTarget, at least one of them not
-  // ignored (the loss is their mean). The fields below it then only give
+  // ignored (every micro-batch trains on at least one target token, whether
+  // its loss is their mean or their sum). The fields below it then only give
   // num_embeddings and outputs.
   bool sequences = false;
   int64_t context_length = 0;

@@ -122,17 +122,22 @@ struct GradTransform {
 };
 
 // A sampler's per-token draw (Backend::SampleTokens): softmax(logits /
-// temperature) over the top_k most likely tokens (0: all), then the
-// smallest set of the most likely whose probability reaches top_p; row r
-// of a step draws with u = philox::Unit53 of Philox block (seed, stream =
-// r, counter = step) (kernels/philox.h).
+// temperature) over the top_k most likely tokens (0, or any top_k >= V:
+// all), then the smallest set of the most likely whose probability reaches
+// top_p; row r of a step draws with u = philox::Unit53 of Philox block
+// (key, stream, counter = step) (kernels/philox.h), where (key, stream) is
+// row r of `keys` when given, else (seed, r).
 struct SampleParams {
   float temperature = 1.0f;  // finite, >= 0; 0: the most likely token
-  int64_t top_k = 0;         // >= 0; 0: no top-k truncation
+  int64_t top_k = 0;         // >= 0; 0 or >= V: no top-k truncation
   float top_p = 1.0f;        // in (0, 1]; 1: no nucleus truncation
   uint64_t seed = 0;
   uint64_t step = 0;
   int64_t ignore_index = -100;  // the token of a row that is not live
+  // Or nullptr: (S, 2) I64 on the device, row r's Philox key and stream
+  // (each read as the uint64 of its bits), so that a row's draws need not
+  // depend on its position in the call.
+  const Tensor* keys = nullptr;
 };
 
 // What a step's ops run on beyond their tensors, for Backend::ScratchBytes
@@ -628,9 +633,10 @@ class Backend {
   //   untruncated (top_k 0, top_p 1): w_i = exp(z_i inv_t - max(z)
   //     inv_t); the first id i, in id order, with u sum(w) < w_0 + .. + w_i
   //     (V - 1 if none).
-  //   truncated (any other top_k, top_p): the tokens ordered most likely first (ties by id, a total
-  //     order); the first keep = min(top_k, V) of them (all when top_k is
-  //     0); w_j = exp(z_j inv_t - z_top inv_t) in that order; the nucleus is
+  //   (top_k >= V keeps every token: it is untruncated when top_p is 1.)
+  //   truncated (0 < top_k < V, or top_p < 1): the tokens ordered most likely first (ties by id, a
+  //     total order); the first keep = top_k of them (all when top_k is
+  //     0 or >= V); w_j = exp(z_j inv_t - z_top inv_t) in that order; the nucleus is
   //     the shortest prefix whose sum of w_j / sum(w) reaches top_p (the
   //     whole keep when top_p is 1); the token is the first of the nucleus,
   //     in that order, whose cumulative w exceeds u times the nucleus's w.
@@ -642,7 +648,8 @@ class Backend {
   // where exp differs by its last bit in the same place; temperature 0
   // agrees exactly. NaN logits give an unspecified (in-range) token.
   // Refused: temperature < 0 or not finite, top_k < 0, top_p outside
-  // (0, 1], mismatched shapes or dtypes, tokens overlapping an input.
+  // (0, 1], keys not (S, 2) I64, mismatched shapes or dtypes, tokens
+  // overlapping an input.
   virtual absl::Status SampleTokens(const Tensor& logits, const Tensor& live,
                                     const SampleParams& params, Tensor& tokens) = 0;
   // Bytes SampleTokens holds beside its tensors for (rows, vocab) logits

@@ -748,6 +748,11 @@ absl::Status ValidateSampleTokens(const Tensor& logits, const Tensor& live,
   AMPD_RETURN_IF_ERROR(CheckShapeIs(kOp, "tokens", tokens, {seqs}, "(S)"));
   AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "tokens", tokens, "logits", logits));
   AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "tokens", tokens, "live", live));
+  if (params.keys != nullptr) {
+    AMPD_RETURN_IF_ERROR(CheckDType(kOp, "keys", *params.keys, DType::kI64));
+    AMPD_RETURN_IF_ERROR(CheckShapeIs(kOp, "keys", *params.keys, {seqs, 2}, "(S, 2)"));
+    AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "tokens", tokens, "keys", *params.keys));
+  }
   if (!std::isfinite(params.temperature) || params.temperature < 0.0f) {
     return absl::InvalidArgumentError(
         absl::StrCat(kOp, ": temperature is ", params.temperature, "; expected finite and >= 0"));

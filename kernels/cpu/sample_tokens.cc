@@ -2,9 +2,11 @@
 // of logits, drawn in float64 with the row's Philox uniform, the oracle of
 // the CUDA kernel. This is the draw the sampler always made on the host
 // (its tokens for a seed are unchanged): the inverse CDF in id order when
-// nothing is truncated (no sort), else a partial sort of the top_k most
-// likely (all when top_k is 0), the nucleus cut from them, and the inverse
-// CDF over the nucleus in that order. Each sum runs sequentially in the
+// nothing is truncated (no sort; top_k >= V truncates nothing either),
+// else a partial sort of the top_k most likely (all when top_k is 0), the
+// nucleus cut from them, and the inverse CDF over the nucleus in that
+// order. Row r's uniform comes from its own (key, stream) when the caller
+// gives them (params.keys), else from (seed, r). Each sum runs sequentially in the
 // order it names. Rows are split over the thread pool; each row's draw
 // depends on that row alone, so the tokens do not depend on the thread
 // count. Scratch per thread: the row widened to float, its order and its
@@ -30,7 +32,10 @@ int64_t Draw(const float* logits, int64_t vocab, const SampleParams& in, double 
     return std::max_element(logits, logits + vocab) - logits;
   }
   const double inv_t = 1.0 / static_cast<double>(in.temperature);
-  if (in.top_k == 0 && in.top_p >= 1.0f) {
+  // top_k >= V keeps every token: the same distribution as top_k 0, so the
+  // same draw (the untruncated one when nothing else truncates).
+  const int64_t keep = in.top_k > 0 && in.top_k < vocab ? in.top_k : vocab;
+  if (keep == vocab && in.top_p >= 1.0f) {
     // No truncation: the inverse CDF in id order, no sort of the vocabulary.
     const double top = static_cast<double>(*std::max_element(logits, logits + vocab)) * inv_t;
     weights.resize(static_cast<size_t>(vocab));
@@ -53,7 +58,6 @@ int64_t Draw(const float* logits, int64_t vocab, const SampleParams& in, double 
   auto likelier = [logits](int64_t a, int64_t b) {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
   };
-  const int64_t keep = in.top_k > 0 ? std::min(in.top_k, vocab) : vocab;
   std::partial_sort(order.begin(), order.begin() + keep, order.end(), likelier);
   const double top = static_cast<double>(logits[order[0]]) * inv_t;
   weights.resize(static_cast<size_t>(keep));
@@ -95,6 +99,8 @@ absl::Status SampleTokens(ThreadPool& pool, const Tensor& logits, const Tensor& 
   const int64_t vocab = logits.dim(1);          // V
   const auto* alive = live.data_as<int64_t>();  // (S)
   auto* out = tokens.data_as<int64_t>();        // (S)
+  // (S, 2) each row's Philox key and stream, or none: (seed, r).
+  const int64_t* keys = params.keys != nullptr ? params.keys->data_as<int64_t>() : nullptr;
   return VisitFloat(logits.dtype(), [&](auto tag) -> absl::Status {
     using Tag = decltype(tag);
     const auto* z = Ptr<Tag>(logits);  // (S, V)
@@ -110,8 +116,10 @@ absl::Status SampleTokens(ThreadPool& pool, const Tensor& logits, const Tensor& 
         }
         const auto* zr = z + r * vocab;
         for (int64_t i = 0; i < vocab; ++i) row[static_cast<size_t>(i)] = Tag::Load(zr[i]);
-        const philox::Block b =
-            philox::StreamBlock(params.seed, static_cast<uint64_t>(r), params.step);
+        const uint64_t key = keys != nullptr ? static_cast<uint64_t>(keys[2 * r]) : params.seed;
+        const uint64_t stream =
+            keys != nullptr ? static_cast<uint64_t>(keys[2 * r + 1]) : static_cast<uint64_t>(r);
+        const philox::Block b = philox::StreamBlock(key, stream, params.step);
         const double u = philox::Unit53(b.v[0], b.v[1]);
         out[r] = Draw(row.data(), vocab, params, u, order, weights);
       }

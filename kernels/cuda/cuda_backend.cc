@@ -775,8 +775,10 @@ class CudaBackend final : public Backend {
                             Tensor& tokens) override {
     AMPD_RETURN_IF_ERROR(ValidateSampleTokens(logits, live, params, tokens));
     AMPD_ENTER_DEVICE();
+    const int64_t* keys = params.keys != nullptr ? params.keys->data_as<int64_t>() : nullptr;
     return LaunchSampleTokens(logits.data(), logits.dtype(), logits.dim(0), logits.dim(1),
-                              live.data_as<int64_t>(), params, tokens.data_as<int64_t>(), stream());
+                              live.data_as<int64_t>(), keys, params, tokens.data_as<int64_t>(),
+                              stream());
   }
 
   absl::Status AttentionDecode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,

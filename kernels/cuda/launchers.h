@@ -256,10 +256,12 @@ absl::Status LaunchWriteKvRows(const void* rows, int64_t row_bytes, int64_t k_by
                                int64_t width_bytes, int64_t elem_bytes, void* k_cache,
                                void* v_cache, cudaStream_t stream);
 // One token per row of logits (rows, vocab) of dtype (SampleTokens): live
-// and tokens (rows) I64 on the device; one block per row.
+// and tokens (rows) I64 on the device, keys (rows, 2) I64 on the device or
+// nullptr (params.keys' data; params.keys itself is not read); one block
+// per row.
 absl::Status LaunchSampleTokens(const void* logits, DType dtype, int64_t rows, int64_t vocab,
-                                const int64_t* live, const SampleParams& params, int64_t* tokens,
-                                cudaStream_t stream);
+                                const int64_t* live, const int64_t* keys,
+                                const SampleParams& params, int64_t* tokens, cudaStream_t stream);
 // expand: in (rows, (heads + 2 kv_heads) head_dim) -> out (rows, 3 heads
 // head_dim); else the reduction from out's shape back to in's.
 absl::Status LaunchKvHeads(bool expand, const void* in, void* out, DType dtype, int64_t rows,

@@ -8,7 +8,7 @@
 // two zeros tie as the CPU's comparisons make them). The larger key is the
 // likelier token, and every key is distinct.
 //   temperature 0   the largest key (the most likely, lowest id of ties).
-//   untruncated     the inverse CDF in id order: thread t owns a run of
+//   untruncated     (top_k 0 or >= V, top_p 1) the inverse CDF in id order: thread t owns a run of
 //                   ceil(V / threads) consecutive ids and sums its weights
 //                   in id order; a fixed scan over the threads' sums gives
 //                   each run's start and the total; the run in which u
@@ -186,7 +186,8 @@ __device__ uint64_t KthLargestKey(const T* row, int vocab, int keep, int* hist, 
 template <typename T>
 __global__ void __launch_bounds__(kSampleThreads)
     sample_tokens_kernel(const T* __restrict__ logits, int vocab, const int64_t* __restrict__ live,
-                         SampleParams params, int64_t* __restrict__ tokens) {
+                         const int64_t* __restrict__ keys, SampleParams params,
+                         int64_t* __restrict__ tokens) {
   __shared__ double dslots[kWarps];
   __shared__ uint64_t kslots[kWarps];
   __shared__ int hist[256];
@@ -210,12 +211,18 @@ __global__ void __launch_bounds__(kSampleThreads)
     if (threadIdx.x == 0) tokens[r] = IdOf(max_key);
     return;
   }
-  const philox::Block b = philox::StreamBlock(params.seed, static_cast<uint64_t>(r), params.step);
+  // Row r's (key, stream): its own when given (keys (S, 2)), else (seed, r).
+  const uint64_t key = keys != nullptr ? static_cast<uint64_t>(keys[2 * r]) : params.seed;
+  const uint64_t stream =
+      keys != nullptr ? static_cast<uint64_t>(keys[2 * r + 1]) : static_cast<uint64_t>(r);
+  const philox::Block b = philox::StreamBlock(key, stream, params.step);
   const double u = philox::Unit53(b.v[0], b.v[1]);
   const double inv_t = 1.0 / static_cast<double>(params.temperature);
   const double top = __dmul_rn(static_cast<double>(LogitOf(max_key)), inv_t);
 
-  if (params.top_k == 0 && params.top_p >= 1.0f) {
+  // top_k >= V keeps every token: drawn as top_k 0 (the CPU oracle's rule).
+  const bool all_kept = params.top_k == 0 || params.top_k >= vocab;
+  if (all_kept && params.top_p >= 1.0f) {
     // Thread t's run of ids [t run, (t + 1) run), summed in id order.
     // Without vocab + 511 or begin + run, which overflow an int for V
     // near 2^31 (op_checks allows up to 2^31 - 1); t run < 2^31 still.
@@ -264,8 +271,7 @@ __global__ void __launch_bounds__(kSampleThreads)
     return;
   }
 
-  const int keep =
-      params.top_k > 0 && params.top_k < vocab ? static_cast<int>(params.top_k) : vocab;
+  const int keep = all_kept ? vocab : static_cast<int>(params.top_k);
   // The lower bound of both searches must be a real key of the row: where
   // every mass is NaN (a +inf or NaN logit, or a row of all -inf, so
   // exp(-inf - -inf)) no probe satisfies its predicate and the searches
@@ -295,14 +301,14 @@ __global__ void __launch_bounds__(kSampleThreads)
 }  // namespace
 
 absl::Status LaunchSampleTokens(const void* logits, DType dtype, int64_t rows, int64_t vocab,
-                                const int64_t* live, const SampleParams& params, int64_t* tokens,
-                                cudaStream_t stream) {
+                                const int64_t* live, const int64_t* keys,
+                                const SampleParams& params, int64_t* tokens, cudaStream_t stream) {
   if (rows == 0) return absl::OkStatus();
   if (rows > 0x7fffffff) return absl::InvalidArgumentError("SampleTokens: more than 2^31 rows");
   return DispatchFloat(dtype, [&](auto tag) -> absl::Status {
     using T = decltype(tag);
     sample_tokens_kernel<T><<<static_cast<unsigned>(rows), kSampleThreads, 0, stream>>>(
-        static_cast<const T*>(logits), static_cast<int>(vocab), live, params, tokens);
+        static_cast<const T*>(logits), static_cast<int>(vocab), live, keys, params, tokens);
     AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();
     return absl::OkStatus();
   });

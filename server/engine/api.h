@@ -90,7 +90,7 @@ struct StepInput {
 // The checks of a step's input that need no model: at least one
 // micro-batch, a learning rate (when given) finite and >= 0, and a PPO clip
 // range in order. InvalidArgument naming the field ("micro_batches",
-// "learning_rate", "ppo_clip_low").
+// "learning_rate", "ppo_clip_low", "ppo_clip_high").
 absl::Status CheckStepInput(const StepInput& input);
 
 // A StepInput that passed CheckStepInput. Only Check makes one, so what
@@ -218,10 +218,15 @@ struct EvaluateReport {
 // to the top_k most likely tokens (0: all) and to the smallest set whose
 // probability reaches top_p (1: all); temperature 0 takes the most likely
 // token. A completion ends after max_tokens tokens or after a token in
-// stop_token_ids (which it keeps). Draws come from Philox under `seed`, one
-// stream per completion, so a request gives the same tokens every time.
+// stop_token_ids (which it keeps). Draws come from Philox, one stream per
+// completion (SampleStream), so a request gives the same tokens every time;
+// a prompt with a seed of its own draws the same tokens wherever it sits.
+// top_k >= the vocabulary truncates nothing: it draws as top_k 0 does.
 struct SampleInput {
   std::vector<std::vector<int64_t>> prompts;  // each 1 .. context tokens, in [0, vocab)
+  // Empty, or one per prompt: that prompt's own Philox key, or none (the
+  // request's seed, split by position).
+  std::vector<std::optional<uint64_t>> prompt_seeds{};
   int64_t num_samples = 1;
   int64_t max_tokens = 16;
   float temperature = 1.0f;
@@ -230,6 +235,15 @@ struct SampleInput {
   std::vector<int64_t> stop_token_ids{};
   uint64_t seed = 0;
 };
+
+// The Philox key and stream of completion j of prompt i: (its own seed, j)
+// for a prompt with one, else (seed, i x num_samples + j), so prompt 0 of a
+// request draws what the same prompt sent with its own seed = seed draws.
+struct SampleStream {
+  uint64_t key = 0;
+  uint64_t stream = 0;
+};
+SampleStream SampleStreamOf(const SampleInput& input, int64_t prompt, int64_t sample);
 
 // The limits CheckSampleInput enforces before anything else runs.
 inline constexpr int64_t kMaxSamplePrompts = 1024;

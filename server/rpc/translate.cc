@@ -2,6 +2,7 @@
 #include "server/rpc/translate.h"
 
 #include <cstdint>
+#include <optional>
 #include <tuple>
 #include <utility>
 
@@ -406,6 +407,19 @@ absl::StatusOr<engine::StepInput> StepInputFromProto(v1::StepRequest* request) {
       return absl::InvalidArgumentError(
           absl::StrCat("loss_fn: unknown value ", static_cast<int>(request->loss_fn())));
   }
+  // The clip range is PPO's alone: another loss refuses it, as it refuses
+  // a per-token input it does not read.
+  const std::pair<bool, absl::string_view> clips[] = {
+      {request->has_ppo_clip_low(), "ppo_clip_low"},
+      {request->has_ppo_clip_high(), "ppo_clip_high"},
+  };
+  for (const auto& [set, field] : clips) {
+    if (set && input.loss_fn.kind != engine::LossFnKind::kPpo) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": loss_fn ",
+                                                     engine::LossFnName(input.loss_fn.kind),
+                                                     " does not read it; send none"));
+    }
+  }
   if (request->has_ppo_clip_low()) input.loss_fn.ppo_clip_low = request->ppo_clip_low();
   if (request->has_ppo_clip_high()) input.loss_fn.ppo_clip_high = request->ppo_clip_high();
   input.return_logprobs = request->return_logprobs();
@@ -498,11 +512,21 @@ absl::StatusOr<engine::SampleInput> SampleInputFromProto(const v1::SampleRequest
                                                    " prompts, got ", request.prompts_size()));
   }
   input.prompts.reserve(static_cast<size_t>(request.prompts_size()));
+  bool any_seed = false;
   for (const v1::TokenSequence& prompt : request.prompts()) {
     input.prompts.emplace_back(prompt.tokens().begin(), prompt.tokens().end());
+    any_seed = any_seed || prompt.has_seed();
+  }
+  if (any_seed) {
+    input.prompt_seeds.reserve(input.prompts.size());
+    for (const v1::TokenSequence& prompt : request.prompts()) {
+      input.prompt_seeds.push_back(prompt.has_seed() ? std::optional<uint64_t>(prompt.seed())
+                                                     : std::nullopt);
+    }
   }
   input.num_samples = request.num_samples() == 0 ? 1 : request.num_samples();
-  input.max_tokens = request.max_tokens() == 0 ? 16 : request.max_tokens();
+  // Unset: 16. An explicit 0 is kept, for CheckSampleInput to refuse.
+  if (request.has_max_tokens()) input.max_tokens = request.max_tokens();
   if (request.has_temperature()) input.temperature = request.temperature();
   input.top_k = request.top_k();
   if (request.has_top_p()) input.top_p = request.top_p();

@@ -57,6 +57,13 @@ absl::Status DecoderFromProto(const v1::Decoder& proto, absl::string_view field_
   d->num_attention_heads = proto.num_attention_heads();
   d->num_key_value_heads =
       proto.has_num_key_value_heads() ? proto.num_key_value_heads() : proto.num_attention_heads();
+  // The engine's 0 is "unset" (hidden_size / num_attention_heads): an
+  // explicit 0 is a width, and no width is 0.
+  if (proto.has_head_dim() && proto.head_dim() == 0) {
+    return FieldError(absl::StrCat(field_prefix, ".decoder.head_dim"),
+                      "must be even and > 0 when set (unset: hidden_size / num_attention_heads), "
+                      "got 0");
+  }
   d->head_dim = proto.head_dim();
   d->max_position_embeddings = proto.max_position_embeddings();
   const std::pair<bool, std::pair<const char*, float>> reals[] = {

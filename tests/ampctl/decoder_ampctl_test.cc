@@ -307,6 +307,60 @@ TEST(DecoderAmpctlE2eTest, LoraFlagsReachTheServer) {
   if (HasFailure()) std::fprintf(stderr, "%s\n", server.Describe().c_str());
 }
 
+// `ampctl train --init-from` with a file the job cannot take fails, and
+// leaves no job behind (none counted against --max-jobs or a quota): an
+// all-NaN base (refused by the server, naming the tensor), a file of
+// another model's tensors, and a file that cannot be read (refused before
+// any job is created).
+TEST(DecoderAmpctlE2eTest, AFailedInitFromLeavesNoJob) {
+  TempDir root("ampd_decoder_init_from");
+  AmpdProcess server(AMPD_SERVER_BINARY, {"--max-jobs=1"}, root.path() / "ampd.log");
+  ASSERT_NE(server.port(), 0) << server.Describe();
+  auto ampctl = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {AMPCTL_BINARY, "--server=" + server.address()});
+    return RunCommand(args, std::chrono::seconds(60));
+  };
+  auto write = [&](const std::string& name, const std::string& tensor, float value) {
+    codec::StateDict state;
+    codec::HostTensor t;
+    t.dtype = codec::DType::kF32;
+    t.shape = {256, 64};  // the embedding of llama:256:64:...
+    const std::vector<float> values(256 * 64, value);
+    t.data.assign(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+    state.tensors.push_back({tensor, std::move(t)});
+    const std::string path = (root.path() / name).string();
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    const std::string bytes = codec::EncodeSafetensors(state);
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    return path;
+  };
+  const std::string nan_base = write("nan.safetensors", "model.embed_tokens.weight", NAN);
+  const std::string other = write("other.safetensors", "transformer.wte.weight", 0.5f);
+  const std::string good = write("good.safetensors", "model.embed_tokens.weight", 0.01f);
+  const std::vector<std::pair<std::string, std::string>> failing = {
+      {nan_base, "model.embed_tokens.weight: element 0 is inf or NaN"},
+      {other, "--init-from " + other + ": "},
+      {(root.path() / "absent").string(), "--init-from: cannot read"},
+      {good + "," + nan_base, "inf or NaN"},
+  };
+  for (const auto& [files, message] : failing) {
+    const CommandResult result =
+        ampctl({"train", "--layers=llama:256:64:128:2:4:2:64", "--steps=1", "--batch-size=2",
+                "--seq-len=8", "--precision=fp16", "--lora-rank=8", "--init-from=" + files});
+    EXPECT_NE(result.status.code, 0) << files << ": " << result.out << result.err;
+    EXPECT_TRUE(absl::StrContains(result.err, message)) << result.err;
+    const CommandResult jobs = ampctl({"jobs", "list"});
+    EXPECT_EQ(jobs.status.code, 0) << jobs.err;
+    EXPECT_EQ(jobs.out, "") << "a job left behind by --init-from=" << files;
+  }
+  // The one job --max-jobs allows is still free: a good base trains.
+  const CommandResult trained =
+      ampctl({"train", "--layers=llama:256:64:128:2:4:2:64", "--steps=1", "--batch-size=2",
+              "--seq-len=8", "--precision=fp16", "--lora-rank=8", "--init-from=" + good});
+  EXPECT_EQ(trained.status.code, 0) << trained.out << trained.err;
+  if (HasFailure()) std::fprintf(stderr, "%s\n", server.Describe().c_str());
+}
+
 // `ampctl state import --partial` loads the files of a sharded checkpoint one
 // by one: one job's weights, split in two files, replace another's, whose
 // optimizer state stays its own; a single file without --partial is refused.

@@ -367,7 +367,12 @@ TEST_F(DistributedTokenLossTest, ARefusedTokenLossStepIsRefusedOnEveryRankAndThe
   };
   const std::vector<Differ> differ = {
       {"loss functions differ", "loss_fn",
-       [](v1::StepRequest& s) { s.set_loss_fn(v1::LOSS_FN_IMPORTANCE_SAMPLING); }},
+       [](v1::StepRequest& s) {
+         // Without PPO's clip range, which importance sampling refuses.
+         s.set_loss_fn(v1::LOSS_FN_IMPORTANCE_SAMPLING);
+         s.clear_ppo_clip_low();
+         s.clear_ppo_clip_high();
+       }},
       {"ppo clip ranges differ", "loss_fn", [](v1::StepRequest& s) { s.set_ppo_clip_high(1.2f); }},
       {"one rank overrides the learning rate", "learning_rate",
        [](v1::StepRequest& s) { s.set_learning_rate(0.5f); }},

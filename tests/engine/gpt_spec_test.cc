@@ -150,7 +150,8 @@ TEST(GptBatch, RefusesBadSequencesNamingTheField) {
   expect(Ids(DType::kI32, {2, 2}, {0, 1, 2, 3}), Ids(DType::kI32, {2, 2}, {0, 1, -1, 3}),
          "micro_batches[0].targets[1, 0]: -1 is outside [0, 10) and not -100");
   expect(Ids(DType::kI32, {1, 2}, {0, 1}), Ids(DType::kI32, {1, 2}, {-100, -100}),
-         "micro_batches[0].targets: every target is -100; the loss is a mean over at least one");
+         "micro_batches[0].targets: every target is -100; a micro-batch needs at least one target "
+         "token to train on");
   expect(Ids(DType::kI32, {4}, {0, 1, 2, 3}), Ids(DType::kI32, {4}, {0, 1, 2, 3}),
          "micro_batches[0].inputs: expected I32 or I64 (B, T) token ids with B, T >= 1, got "
          "I32(4)");

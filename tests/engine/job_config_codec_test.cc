@@ -754,8 +754,8 @@ TEST(JobConfigCodec, BatchInvariantJobsAreVersionEight) {
   EXPECT_TRUE(absl::StartsWith(json, "{\"format_version\":8,")) << json;
   EXPECT_TRUE(absl::EndsWith(json, ",\"batch_invariant\":true}")) << json;
   const std::string version = plain.substr(0, plain.find(','));
-  EXPECT_EQ(absl::StrReplaceAll(json, {{"{\"format_version\":8", version},
-                                       {",\"batch_invariant\":true", ""}}),
+  EXPECT_EQ(absl::StrReplaceAll(
+                json, {{"{\"format_version\":8", version}, {",\"batch_invariant\":true", ""}}),
             plain);
   absl::StatusOr<DecodedJobConfig> decoded = DecodeJobConfig(json);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
@@ -781,8 +781,9 @@ TEST(JobConfigCodec, LoraValidationNamesTheField) {
       {0, 8.0f, {"q_proj"}, "decoder.lora.rank: must be >= 1 and <= 32"},
       {17, 8.0f, {"q_proj", "k_proj"}, "decoder.lora.rank: must be >= 1 and <= 16"},
       {33, 8.0f, {"down_proj"}, "decoder.lora.rank: must be >= 1 and <= 32"},
-      {4, 0.0f, {"q_proj"}, "decoder.lora.alpha: must be finite and > 0, got 0"},
-      {4, std::numeric_limits<float>::infinity(), {"q_proj"}, "decoder.lora.alpha: must be finite"},
+      {4, 0.0f, {"q_proj"}, "decoder.lora.alpha: must be in (0, 65536], got 0"},
+      {4, std::numeric_limits<float>::infinity(), {"q_proj"}, "decoder.lora.alpha: must be in"},
+      {4, 3.4e38f, {"q_proj"}, "decoder.lora.alpha: must be in (0, 65536], got 3.4e+38"},
       {4, 8.0f, {}, "decoder.lora.target_modules: must name at least one projection"},
       {4, 8.0f, {"q_proj", "lm_head"}, "decoder.lora.target_modules[1]: must be one of"},
       {4,

@@ -3,7 +3,8 @@
 // - SampleTokens against the host draw the sampler made before it was an
 //   op (copied here verbatim as the reference: float64, Philox uniform per
 //   row and step), for temperature 0, 0.7 and 1 with top_k and top_p on and
-//   off, in every float dtype, rows with ties, stopped rows. The CPU must
+//   off, in every float dtype, rows with ties, stopped rows; and with each
+//   row's own Philox key and stream (SampleParams::keys). The CPU must
 //   equal it token for token. CUDA sums the weights in another fixed order
 //   (kernels/cuda/sample_tokens.cu), which changes a token only where u
 //   lands within a float64 rounding of a cumulative boundary; on these
@@ -40,6 +41,8 @@ using testing::RandomValues;
 using testing::RawBytes;
 
 // ---- the reference: the sampler's host draw, as it was --------------------------
+// (But for one rule added since: top_k >= V keeps every token, and so draws
+// as top_k 0 does, in id order when nothing else truncates.)
 struct DrawInput {
   float temperature = 1.0f;
   int64_t top_k = 0;
@@ -52,7 +55,7 @@ int64_t ReferenceDraw(const float* logits, int64_t vocab, const DrawInput& in, d
     return std::max_element(logits, logits + vocab) - logits;
   }
   const double inv_t = 1.0 / static_cast<double>(in.temperature);
-  if (in.top_k == 0 && in.top_p >= 1.0f) {
+  if ((in.top_k == 0 || in.top_k >= vocab) && in.top_p >= 1.0f) {
     const double top = static_cast<double>(*std::max_element(logits, logits + vocab)) * inv_t;
     weights.resize(static_cast<size_t>(vocab));
     double total = 0.0;
@@ -250,6 +253,67 @@ TEST_P(SampleOpsTest, SampleTokensDrawsAnIdFromRowsWithNonFiniteLogits) {
   }
 }
 
+// Rows with keys of their own (SampleParams::keys): row r draws from
+// (keys[r, 0], keys[r, 1]) whatever its index, so a row moved to another
+// position with its key draws the same token; and top_k at or above V
+// draws what top_k 0 draws.
+TEST_P(SampleOpsTest, SampleTokensDrawsFromEachRowsOwnKey) {
+  constexpr int64_t kRows = 5;
+  constexpr int64_t kVocab = 777;
+  std::mt19937_64 rng(23);
+  const std::vector<double> z = RandomValues(rng, DType::kF32, kRows * kVocab, -2.0, 2.0);
+  const Tensor logits = MakeTensor(*be_, DType::kF32, {kRows, kVocab}, z);
+  const Tensor live = MakeTensor(*be_, DType::kI64, {kRows}, {1, 1, 0, 1, 1});
+  // Keys with their high bits set too (uint64 read from the I64 bits).
+  std::vector<int64_t> keys(2 * kRows);
+  for (int64_t& k : keys) k = static_cast<int64_t>(rng());
+  absl::StatusOr<Tensor> key_tensor = be_->Allocate(DType::kI64, {kRows, 2});
+  ASSERT_TRUE(key_tensor.ok());
+  ASSERT_TRUE(be_->CopyFromHost(keys.data(), keys.size() * 8, *key_tensor).ok());
+  ASSERT_TRUE(be_->Synchronize().ok());
+  const std::vector<float> zf(z.begin(), z.end());
+  std::vector<int64_t> order;
+  std::vector<double> weights;
+  for (const DrawInput& in : {DrawInput{1.0f, 0, 1.0f}, DrawInput{0.8f, 0, 0.9f},
+                              DrawInput{1.0f, 10, 1.0f}, DrawInput{1.0f, kVocab, 1.0f},
+                              DrawInput{1.0f, kVocab + 1, 1.0f}, DrawInput{1.0f, 1 << 30, 0.7f}}) {
+    for (uint64_t step : {uint64_t{0}, uint64_t{5}}) {
+      SampleParams p;
+      p.temperature = in.temperature;
+      p.top_k = in.top_k;
+      p.top_p = in.top_p;
+      p.seed = 1;  // not read when keys are given
+      p.step = step;
+      p.keys = &*key_tensor;
+      absl::StatusOr<Tensor> tokens = be_->Allocate(DType::kI64, {kRows});
+      ASSERT_TRUE(tokens.ok());
+      ASSERT_TRUE(be_->SampleTokens(logits, live, p, *tokens).ok());
+      std::vector<int64_t> got(kRows);
+      ASSERT_TRUE(be_->CopyToHost(*tokens, got.data(), got.size() * 8).ok());
+      for (int64_t r = 0; r < kRows; ++r) {
+        int64_t want = -100;
+        if (r != 2) {
+          const philox::Block b = philox::StreamBlock(
+              static_cast<uint64_t>(keys[static_cast<size_t>(2 * r)]),
+              static_cast<uint64_t>(keys[static_cast<size_t>(2 * r + 1)]), step);
+          want = ReferenceDraw(zf.data() + r * kVocab, kVocab, in, philox::Unit53(b.v[0], b.v[1]),
+                               order, weights);
+          if (in.top_k >= kVocab) {
+            // The same token as top_k 0 with the same uniform.
+            DrawInput all = in;
+            all.top_k = 0;
+            EXPECT_EQ(want, ReferenceDraw(zf.data() + r * kVocab, kVocab, all,
+                                          philox::Unit53(b.v[0], b.v[1]), order, weights));
+          }
+        }
+        EXPECT_EQ(got[static_cast<size_t>(r)], want)
+            << GetParam() << " top_k " << in.top_k << " top_p " << in.top_p << " step " << step
+            << " row " << r;
+      }
+    }
+  }
+}
+
 TEST_P(SampleOpsTest, SampleTokensRefusesBadParameters) {
   const Tensor logits = MakeTensor(*be_, DType::kF32, {2, 8}, std::vector<double>(16, 0.0));
   const Tensor live = MakeTensor(*be_, DType::kI64, {2}, {1, 1});
@@ -275,6 +339,14 @@ TEST_P(SampleOpsTest, SampleTokensRefusesBadParameters) {
   refused(p, wrong, tokens);  // live must be I64
   Tensor wrong_out = MakeTensor(*be_, DType::kI32, {2}, {7, 7});
   refused(p, live, wrong_out);
+  const Tensor keys_i32 = MakeTensor(*be_, DType::kI32, {2, 2}, {1, 2, 3, 4});
+  const Tensor keys_short = MakeTensor(*be_, DType::kI64, {1, 2}, {1, 2});
+  const Tensor keys_flat = MakeTensor(*be_, DType::kI64, {4}, {1, 2, 3, 4});
+  for (const Tensor* keys : {&keys_i32, &keys_short, &keys_flat}) {
+    p.keys = keys;
+    refused(p, live, tokens);  // keys must be (S, 2) I64
+  }
+  p.keys = nullptr;
   std::vector<int64_t> after(2);
   ASSERT_TRUE(be_->CopyToHost(tokens, after.data(), 16).ok());
   EXPECT_EQ(after, (std::vector<int64_t>{7, 7}));  // nothing written

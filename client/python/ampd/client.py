@@ -479,20 +479,34 @@ class Job:
         return [values[0] for values in result.logprobs]
 
     def sample(self, prompts, num_samples=1, max_tokens=16, temperature=1.0, top_k=0, top_p=1.0,
-               stop=(), seed=0):
+               stop=(), seed=0, seeds=None):
         """Completions of token-id prompts from the job's current weights (the
         Sample RPC, after the steps sent before it): per prompt, a list of
         num_samples Completion(tokens, logprobs, stop_reason), logprobs[i]
         being the log-prob of tokens[i] at temperature 1 as the trainer
         computes it (bit for bit on a batch_invariant job). temperature 0
-        takes the most likely token; stop: token ids that end a completion
-        (kept); seed: the same request gives the same tokens."""
+        takes the most likely token; top_k 0 (or >= the vocabulary) keeps
+        every token; stop: token ids that end a completion (kept, at most
+        64); max_tokens >= 1. seed: the same request gives the same tokens
+        (completion j of prompt i draws from Philox stream i * num_samples
+        + j under it). seeds: None, or one per prompt, each an int (the
+        prompt's own key: its completion j draws from stream j, so the
+        prompt gives the same completions wherever it sits in any request)
+        or None (the request's seed, by position)."""
+        prompts = list(prompts)
+        if seeds is not None:
+            seeds = list(seeds)
+            if len(seeds) != len(prompts):
+                raise ValueError(f"seeds: one per prompt ({len(prompts)}), got {len(seeds)}")
         request = pb.SampleRequest(
             job_id=self.job_id,
             prompts=[pb.TokenSequence(tokens=[int(t) for t in np.asarray(p).reshape(-1)])
                      for p in prompts],
             num_samples=num_samples, max_tokens=max_tokens, temperature=temperature,
             top_k=top_k, top_p=top_p, stop_token_ids=[int(t) for t in stop], seed=seed)
+        for sequence, own in zip(request.prompts, seeds or ()):
+            if own is not None:
+                sequence.seed = int(own)
         stub = self._client._stub
         response = self._client._call(lambda md, t: stub.Sample(request, metadata=md, timeout=t))
         return [[Completion(list(c.tokens), np.asarray(c.logprobs, dtype=np.float32),

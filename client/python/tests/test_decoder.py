@@ -83,6 +83,24 @@ def test_spec_becomes_the_proto_decoder():
     assert isinstance(proto, pb.ModelSpec) and len(proto.layers) == 0
 
 
+def test_values_a_job_could_never_train_with_are_refused_naming_the_field(server):
+    base = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER,
+                num_hidden_layers=LAYERS, max_position_embeddings=CONTEXT,
+                num_attention_heads=4)
+    with ampd.Client(server.address) as client:
+        for extra, field in ((dict(head_dim=0), "decoder.head_dim"),
+                             (dict(initializer_range=3.4e38), "decoder.initializer_range"),
+                             (dict(initializer_range=1.5), "decoder.initializer_range")):
+            with pytest.raises(ampd.InvalidArgument, match=field) as refused:
+                client.create_job(model=ampd.Decoder(**base, **extra), precision="fp32")
+            assert refused.value.field.endswith(field), refused.value.field
+        # Unset head_dim is hidden / heads; the largest initializer_range is taken.
+        job = client.create_job(model=ampd.Decoder(**base, initializer_range=1.0),
+                                precision="fp32")
+        assert job.config.model.decoder.head_dim == HIDDEN // 4
+        assert len(list(client.jobs())) == 1
+
+
 def test_from_hf_config_reads_both_families(tmp_path):
     llama = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 2048,
              "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,

@@ -66,10 +66,42 @@ def test_create_job_names_the_bad_lora_field(server):
     with ampd.Client(server.address) as client:
         for lora, field in ((ampd.LoRA(rank=17, alpha=8.0), "decoder.lora.rank"),
                             (ampd.LoRA(rank=4, alpha=-1.0), "decoder.lora.alpha"),
+                            # Finite, yet every step would overflow: above 2^16.
+                            (ampd.LoRA(rank=4, alpha=3.4e38), "decoder.lora.alpha"),
+                            (ampd.LoRA(rank=4, alpha=65537.0), "decoder.lora.alpha"),
                             (ampd.LoRA(rank=4, alpha=8.0, target_modules=("q_proj", "lm_head")),
                              "decoder.lora.target_modules[1]")):
             with pytest.raises(ampd.InvalidArgument, match=field.replace("[", r"\[")):
                 client.create_job(model=spec_of(lora), precision="fp32", seed=1)
+        # The bound itself is taken.
+        client.create_job(model=spec_of(ampd.LoRA(rank=4, alpha=65536.0)), precision="fp32")
+
+
+@pytest.mark.parametrize("where", ["frozen base", "lora_A", "lora_B"])
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_a_loaded_state_with_inf_or_nan_is_refused_naming_the_tensor(server, where, value):
+    with ampd.Client(server.address) as client:
+        job = lora_job(client, TARGET_SETS["attention"], precision="fp16")
+        state = job.state_dict()
+        name = {"frozen base": "model.layers.1.mlp.up_proj.weight",
+                "lora_A": "base_model.model.model.layers.0.self_attn.v_proj.lora_A.weight",
+                "lora_B": "base_model.model.model.layers.0.self_attn.v_proj.lora_B.weight"}[where]
+        assert name in state, sorted(state)
+        before = state[name].copy()
+        bad = state[name].copy()
+        bad.reshape(-1)[3] = value
+        state[name] = bad
+        for partial in (False, True):
+            load = state if not partial else {name: bad}
+            with pytest.raises(ampd.InvalidArgument, match=name.replace(".", r"\.")):
+                job.load_state_dict(load, partial=partial)
+        # An all-NaN file, as a base loaded with partial=True, too.
+        with pytest.raises(ampd.InvalidArgument, match="inf or NaN"):
+            job.load_state_dict({name: np.full_like(before, np.nan)}, partial=True)
+        # Nothing was loaded, and the job still trains.
+        np.testing.assert_array_equal(job.state_dict()[name], before)
+        ids, targets = sequences(0)
+        assert np.isfinite(job.step(ids.numpy(), targets.numpy()).loss)
 
 
 LR, WEIGHT_DECAY = 1e-2, 0.01

@@ -65,6 +65,79 @@ def test_sampled_logprobs_are_the_trainers_bit_for_bit(server, which):
                 assert c1.logprobs.tobytes() == c2.logprobs.tobytes()
 
 
+def test_a_prompt_with_its_own_seed_draws_the_same_wherever_it_sits(server):
+    with ampd.Client(server.address) as client:
+        job = trained_job(client, "decoder")
+        rng = np.random.default_rng(21)
+        mine = rng.integers(0, VOCAB, size=4).tolist()
+        others = [rng.integers(0, VOCAB, size=n).tolist() for n in (3, 6, 2)]
+
+        def tokens(groups):
+            return [[c.tokens for c in group] for group in groups]
+
+        kwargs = dict(num_samples=3, max_tokens=6, temperature=1.0)
+        alone = tokens(job.sample([mine], seeds=[77], seed=5, **kwargs))[0]
+        third = tokens(job.sample(others[:2] + [mine] + others[2:], seeds=[1, None, 77, 2],
+                                  seed=9, **kwargs))[2]
+        first = tokens(job.sample([mine] + others, seeds=[77, None, None, None], **kwargs))[0]
+        assert alone == third == first
+        # Its completion j draws from stream j: fewer samples, the first ones.
+        assert tokens(job.sample([mine], seeds=[77], num_samples=2, max_tokens=6))[0] == alone[:2]
+        # Without seeds of their own, the request's seed is split by position
+        # (stream i * num_samples + j): prompt 0 draws what the same prompt
+        # with its own seed equal to the request's draws, a later one does not.
+        by_position = tokens(job.sample(others[:2] + [mine], seed=77, **kwargs))
+        assert by_position[2] != alone
+        assert tokens(job.sample([mine] + others[:2], seed=77, **kwargs))[0] == alone
+        with pytest.raises(ValueError, match="seeds"):
+            job.sample([mine, mine], seeds=[1])
+
+
+def test_top_k_above_the_vocabulary_draws_as_top_k_zero(server):
+    with ampd.Client(server.address) as client:
+        job = trained_job(client, "gpt")
+        rng = np.random.default_rng(4)
+        prompts = [rng.integers(0, VOCAB, size=n).tolist() for n in (2, 5, 3)]
+        draws = {}
+        for top_k in (0, VOCAB, VOCAB + 1, 1000):
+            groups = job.sample(prompts, num_samples=4, max_tokens=6, top_k=top_k, seed=13)
+            draws[top_k] = [[c.tokens for c in g] for g in groups]
+        assert draws[VOCAB] == draws[0]
+        assert draws[VOCAB + 1] == draws[0]
+        assert draws[1000] == draws[0]
+        # A real truncation still truncates: top_k 1 is the most likely token.
+        greedy = job.sample(prompts, max_tokens=6, temperature=0.0)
+        top1 = job.sample(prompts, max_tokens=6, top_k=1, seed=13)
+        assert [[c.tokens for c in g] for g in top1] == [[c.tokens for c in g] for g in greedy]
+
+
+def test_max_tokens_zero_is_refused_and_unset_means_16(server):
+    from ampd.v1 import trainer_pb2 as pb
+    with ampd.Client(server.address) as client:
+        job = trained_job(client, "gpt")
+        with pytest.raises(ampd.InvalidArgument, match="max_tokens") as refused:
+            job.sample([[1]], max_tokens=0)
+        assert refused.value.field == "max_tokens"
+        # A raw request without max_tokens: 16 tokens.
+        request = pb.SampleRequest(job_id=job.job_id, prompts=[pb.TokenSequence(tokens=[1])],
+                                   stop_token_ids=[], seed=3)
+        stub = client._stub
+        response = client._call(lambda md, t: stub.Sample(request, metadata=md, timeout=t))
+        assert len(response.prompts[0].completions[0].tokens) == 16
+
+
+def test_a_sample_over_the_memory_limit_names_samples_field(start_ampd):
+    server = start_ampd("--max-memory-bytes=%d" % (24 << 20))
+    with ampd.Client(server.address) as client:
+        job = client.create_job(model=MODELS["gpt"], precision="fp32", seed=3)
+        job.sample([[1, 2]], max_tokens=4)  # a small one fits
+        with pytest.raises(ampd.ResourceExhausted) as refused:
+            job.sample([[1, 2]] * 1024, num_samples=4, max_tokens=20)
+        message = str(refused.value)
+        assert "micro_batches" not in message and "micro-batches" not in message, message
+        assert "num_samples: " in message, message
+
+
 def test_bad_requests_name_the_field(server):
     with ampd.Client(server.address) as client:
         job = trained_job(client, "decoder")

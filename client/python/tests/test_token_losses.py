@@ -172,9 +172,30 @@ def test_token_losses_refuse_naming_the_field(server):
         bad[1, 2] = np.nan
         with pytest.raises(ampd.InvalidArgument, match="weights"):
             job.step(ids, targets, loss_fn="cross_entropy", weights=bad)
-        with pytest.raises(ampd.InvalidArgument, match="ppo_clip_low"):
-            job.step(ids, targets, loss_fn="ppo", advantages=advantages,
-                     sampling_logprobs=weights, ppo_clip=(1.2, 1.5))
+        # Each bound of the clip range is named on its own.
+        for clip, field in (((1.2, 1.5), "ppo_clip_low"), ((0.8, 0.9), "ppo_clip_high"),
+                            ((-0.1, 1.2), "ppo_clip_low"), ((0.8, float("inf")), "ppo_clip_high")):
+            with pytest.raises(ampd.InvalidArgument, match=field) as refused:
+                job.step(ids, targets, loss_fn="ppo", advantages=advantages,
+                         sampling_logprobs=weights, ppo_clip=clip)
+            assert refused.value.field == field, (clip, refused.value.field)
+        # A loss that does not read the clip range refuses it, as it refuses
+        # a per-token input it does not read.
+        for loss_fn, kwargs in (("importance_sampling",
+                                 dict(advantages=advantages, sampling_logprobs=weights)),
+                                ("cross_entropy", dict(weights=weights)), (None, {})):
+            with pytest.raises(ampd.InvalidArgument, match="does not read it") as refused:
+                job.step(ids, targets, loss_fn=loss_fn, ppo_clip=(0.8, 1.2), **kwargs)
+            assert refused.value.field == "ppo_clip_low", (loss_fn, refused.value.field)
+        # Every target -100: refused in words true of a sum as of a mean.
+        ignored = np.full_like(targets, -100)
+        for loss_fn, kwargs in (("cross_entropy", dict(weights=weights)),
+                                ("ppo", dict(advantages=advantages, sampling_logprobs=weights)),
+                                (None, {})):
+            with pytest.raises(ampd.InvalidArgument, match="at least one target token") as refused:
+                job.step(ids, ignored, loss_fn=loss_fn, **kwargs)
+            assert "mean" not in str(refused.value), str(refused.value)
+            assert refused.value.field == "micro_batches[0].targets"
         assert job.refresh().step_count == 0
         mlp = client.create_job(model=ampd.Model([ampd.Linear(4, 2)]), precision="fp32")
         x = np.zeros((3, 4), np.float32)

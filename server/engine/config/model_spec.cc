@@ -214,8 +214,9 @@ absl::Status ValidateLoraSpec(const DecoderSpec& d) {
       lora.rank >= 1 && lora.rank <= narrowest, "lora.rank",
       absl::StrCat("must be >= 1 and <= ", narrowest, " (the narrowest target's min(in, out))"),
       absl::StrCat(lora.rank)));
-  return DecoderField(std::isfinite(lora.alpha) && lora.alpha > 0.0f, "lora.alpha",
-                      "must be finite and > 0", absl::StrCat(lora.alpha));
+  return DecoderField(std::isfinite(lora.alpha) && lora.alpha > 0.0f && lora.alpha <= kMaxLoraAlpha,
+                      "lora.alpha", absl::StrCat("must be in (0, ", kMaxLoraAlpha, "]"),
+                      absl::StrCat(lora.alpha));
 }
 
 absl::Status ValidateDecoderSpec(const ModelSpec& spec) {
@@ -265,6 +266,10 @@ absl::Status ValidateDecoderSpec(const ModelSpec& spec) {
     AMPD_RETURN_IF_ERROR(DecoderField(std::isfinite(value) && value > 0.0f, field,
                                       "must be finite and > 0", absl::StrCat(value)));
   }
+  AMPD_RETURN_IF_ERROR(DecoderField(
+      d.initializer_range <= kMaxInitializerRange, "initializer_range",
+      absl::StrCat("must be <= ", kMaxInitializerRange, " (the init's standard deviation)"),
+      absl::StrCat(d.initializer_range)));
   struct Derived {
     std::initializer_list<int64_t> factors;
     absl::string_view field, what;

@@ -68,7 +68,7 @@ struct GptSpec {
 // decoder's widths, and the model that builds the parameters reads it.
 struct LoraSpec {
   int64_t rank = 0;    // r, 1 <= r <= min(in, out) of every target
-  float alpha = 0.0f;  // lora_alpha, finite and > 0
+  float alpha = 0.0f;  // lora_alpha, in (0, kMaxLoraAlpha]
   // Of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; each
   // at most once. PEFT's Llama default: the attention's four.
   std::vector<std::string> target_modules = {"q_proj", "k_proj", "v_proj", "o_proj"};
@@ -145,6 +145,16 @@ struct ModelSpec {
 // too large for the memory at hand, which admission reports separately.
 inline constexpr int64_t kMaxParameters = int64_t{1} << 56;
 
+// Bounds on a decoder's real-valued fields that would otherwise let a job be
+// created that can never train. initializer_range is a standard deviation:
+// Hugging Face's families use 0.02, and weights drawn with one above 1 make
+// the activations of a deep stack overflow the 16-bit dtypes. lora_alpha
+// scales the adapters' product by alpha / rank: PEFT configs use up to a
+// few hundred; 2^16 leaves room for any of them, while 3.4e38 turned every
+// gradient into inf.
+inline constexpr float kMaxInitializerRange = 1.0f;
+inline constexpr float kMaxLoraAlpha = 65536.0f;
+
 // Checks that feature sizes chain from layer to layer, sizes are positive,
 // Embedding comes first if at all, eps and loss_multiplier are finite and
 // positive, and no layer nor the model has more than kMaxParameters; the
@@ -156,10 +166,11 @@ inline constexpr int64_t kMaxParameters = int64_t{1} << 56;
 // ("gpt.n_head"). For a decoder likewise: every size positive,
 // num_key_value_heads dividing num_attention_heads, an even head width
 // (hidden_size / num_attention_heads dividing when head_dim is 0),
-// rms_norm_eps, rope_theta and initializer_range finite and > 0, every
-// derived size and the total at most kMaxParameters ("decoder.head_dim").
-// With LoRA: rank >= 1 and <= min(in, out) of every target, alpha finite
-// and > 0, target_modules non-empty, known and without repeats
+// rms_norm_eps, rope_theta and initializer_range finite and > 0 (and
+// initializer_range <= kMaxInitializerRange), every derived size and the
+// total at most kMaxParameters ("decoder.head_dim"). With LoRA: rank >= 1
+// and <= min(in, out) of every target, alpha in (0, kMaxLoraAlpha], target_modules non-empty, known
+// and without repeats
 // ("decoder.lora.target_modules[1]").
 absl::Status ValidateModelSpec(const ModelSpec& spec);
 

@@ -8,8 +8,8 @@
 //             and its last prompt row's final-norm output.
 //   per token the LM head's GEMM over the S rows (LmLogits, the loss's),
 //             then each live sequence's token drawn on the device
-//             (Backend::SampleTokens: Philox under the request's seed,
-//             stream = the sequence's index, one block per token), which
+//             (Backend::SampleTokens: Philox under each sequence's own
+//             key and stream, SampleStreamOf, one block per token), which
 //             serve as the labels of the head's CrossEntropyChunk that
 //             gives each token's log-prob (the kernel Step and Evaluate
 //             take theirs from, at temperature 1); one read brings the
@@ -44,11 +44,33 @@ namespace ampd::engine {
 using kernels::DType;
 using kernels::Tensor;
 
+namespace {
+
+// A sampler's memory is sized by its prompts, num_samples and max_tokens.
+constexpr MemoryField kSampleMemory{"num_samples",
+                                    "send fewer prompts or num_samples, or a smaller max_tokens"};
+
+}  // namespace
+
+SampleStream SampleStreamOf(const SampleInput& input, int64_t prompt, int64_t sample) {
+  const auto p = static_cast<size_t>(prompt);
+  if (p < input.prompt_seeds.size() && input.prompt_seeds[p].has_value()) {
+    return {*input.prompt_seeds[p], static_cast<uint64_t>(sample)};
+  }
+  // The request's seed split by position (what every request did before
+  // prompts had seeds of their own): stream i x num_samples + j.
+  return {input.seed, static_cast<uint64_t>(prompt * input.num_samples + sample)};
+}
+
 absl::Status CheckSampleInput(const SampleInput& input) {
   const auto prompts = static_cast<int64_t>(input.prompts.size());
   if (prompts < 1 || prompts > kMaxSamplePrompts) {
     return absl::InvalidArgumentError(
         absl::StrCat("prompts: 1 to ", kMaxSamplePrompts, " prompts, got ", prompts));
+  }
+  if (!input.prompt_seeds.empty() && input.prompt_seeds.size() != input.prompts.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("prompts: ", input.prompt_seeds.size(),
+                                                   " prompt seeds for ", prompts, " prompts"));
   }
   for (size_t i = 0; i < input.prompts.size(); ++i) {
     if (input.prompts[i].empty()) {
@@ -144,8 +166,9 @@ absl::StatusOr<SampleReport> Trainer::Sample(const SampleInput& input,
   // Admission before any allocation: the prompts' workspace and scratch,
   // the KV cache and decode buffers, the head's logits (S, V) in the
   // working dtype and what SampleTokens holds beside them, the per-token
-  // tensors and their host copies (tokens, live flags and log-probs: 48
-  // bytes a sequence, rounded up), and the prompts' host ids and targets.
+  // tensors and their host copies (tokens, live flags, log-probs and the
+  // rows' Philox keys: 80 bytes a sequence, rounded up), and the prompts'
+  // host ids and targets.
   AMPD_ASSIGN_OR_RETURN(const int64_t state_bytes, net.DecodeStateBytes(n, max_len));
   const auto w = static_cast<int64_t>(kernels::SizeOf(net.working_dtype()));
   int64_t extra = state_bytes;
@@ -154,12 +177,12 @@ absl::StatusOr<SampleReport> Trainer::Sample(const SampleInput& input,
   if (!CheckedMul(n, vocab, &logits_bytes) || !CheckedMul(logits_bytes, w, &logits_bytes) ||
       !CheckedAdd(extra, logits_bytes, &extra) ||
       !CheckedAdd(extra, b.SampleScratchBytes(n, vocab), &extra) ||
-      !CheckedAdd(extra, n * 48, &extra) || !CheckedMul(n, prompt_len, &prompt_bytes) ||
+      !CheckedAdd(extra, n * 80, &extra) || !CheckedMul(n, prompt_len, &prompt_bytes) ||
       !CheckedMul(prompt_bytes, 16, &prompt_bytes) || !CheckedAdd(extra, prompt_bytes, &extra)) {
     return absl::InvalidArgumentError(
         "num_samples: the sampler's buffers need more than 2^63 bytes");
   }
-  AMPD_RETURN_IF_ERROR(m.AdmitWorkspaces({prefill}, admit, "sampling", extra));
+  AMPD_RETURN_IF_ERROR(m.AdmitWorkspaces({prefill}, admit, "sampling", extra, kSampleMemory));
 
   for (HostTensor* t : {&prefill.inputs, &prefill.targets}) {
     t->data.assign(static_cast<size_t>(n * prompt_len) * sizeof(int64_t), '\0');
@@ -191,13 +214,22 @@ absl::StatusOr<SampleReport> Trainer::Sample(const SampleInput& input,
   AMPD_ASSIGN_OR_RETURN(Tensor labels, b.Allocate(DType::kI64, {n}));
   AMPD_ASSIGN_OR_RETURN(Tensor live, b.Allocate(DType::kI64, {n}));      // (S) 1 until stopped
   AMPD_ASSIGN_OR_RETURN(Tensor logprobs, b.Allocate(DType::kF32, {n}));  // (S)
+  // (S, 2) each sequence's Philox key and stream, fixed for the call.
+  AMPD_ASSIGN_OR_RETURN(Tensor keys, b.Allocate(DType::kI64, {n, 2}));
+  std::vector<int64_t> host_keys(static_cast<size_t>(2 * n));
+  for (int64_t s = 0; s < n; ++s) {
+    const SampleStream k = SampleStreamOf(input, s / samples, s % samples);
+    host_keys[static_cast<size_t>(2 * s)] = static_cast<int64_t>(k.key);
+    host_keys[static_cast<size_t>(2 * s + 1)] = static_cast<int64_t>(k.stream);
+  }
+  AMPD_RETURN_IF_ERROR(b.CopyFromHost(host_keys.data(), host_keys.size() * sizeof(int64_t), keys));
   kernels::TokenLossTerms terms;
   terms.logprobs = &logprobs;
   kernels::SampleParams draw;
   draw.temperature = input.temperature;
   draw.top_k = input.top_k;
   draw.top_p = input.top_p;
-  draw.seed = input.seed;
+  draw.keys = &keys;
   draw.ignore_index = model::kIgnoreIndex;
 
   SampleReport report;

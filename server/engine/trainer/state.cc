@@ -5,7 +5,8 @@
 // the job's count is kept: it replaces the weights, starts the optimizer
 // afresh (zero moments, no update applied) and leaves the scaler as it is.
 // A partial state (Coverage::kPartial: one file of a sharded checkpoint)
-// replaces the weights it holds and nothing else.
+// replaces the weights it holds and nothing else. A state from elsewhere
+// (StepCount::kKeep: an import) must hold finite values only.
 // ReplaceState is LoadState that keeps what it replaced (on the device) so
 // a caller can undo it, and ArrangeForLoad turns a state dict into what
 // ExportState would read back once it is loaded, without loading it.
@@ -114,6 +115,44 @@ absl::StatusOr<HostTensor> RoundedTo(const std::string& name, const HostTensor& 
     std::memcpy(out.data.data() + i * sizeof(uint16_t), &bits, sizeof(uint16_t));
   }
   return out;
+}
+
+// InvalidArgument naming the tensor and the first element that is inf or
+// NaN, for a floating tensor: a state dict from elsewhere (a base model, an
+// adapter, another job's export) with one would make a job that can never
+// take a step (every gradient non-finite, or a frozen weight that stays
+// NaN), so it is refused at the load.
+absl::Status CheckFiniteValues(const std::string& name, const HostTensor& t) {
+  // The exponent bits all set: inf or NaN, in each format's own layout.
+  auto first_non_finite = [&t](auto word, uint64_t exponent) -> int64_t {
+    using Word = decltype(word);
+    const size_t n = t.data.size() / sizeof(Word);
+    for (size_t i = 0; i < n; ++i) {
+      Word bits;
+      std::memcpy(&bits, t.data.data() + i * sizeof(Word), sizeof(Word));
+      if ((static_cast<uint64_t>(bits) & exponent) == exponent) return static_cast<int64_t>(i);
+    }
+    return -1;
+  };
+  int64_t bad = -1;
+  switch (t.dtype) {
+    case DType::kF32:
+      bad = first_non_finite(uint32_t{0}, 0x7f800000u);
+      break;
+    case DType::kF16:
+      bad = first_non_finite(uint16_t{0}, 0x7c00u);
+      break;
+    case DType::kBF16:
+      bad = first_non_finite(uint16_t{0}, 0x7f80u);
+      break;
+    default:
+      return absl::OkStatus();
+  }
+  if (bad < 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(name, ": element ", bad,
+                   " is inf or NaN; a loaded state must be finite (a job that holds it "
+                   "could never train)"));
 }
 
 // Device copies of `sources` in fresh tensors shaped and typed as
@@ -282,6 +321,9 @@ absl::StatusOr<Trainer::LoadPlan> Trainer::PlanLoad(const checkpoint::StateDict&
     if (partial) present.push_back(plan.targets[t]);
     const HostTensor& h = state.tensors[static_cast<size_t>(found->second)].tensor;
     AMPD_RETURN_IF_ERROR(h.Validate(name));
+    // A state from elsewhere is checked value by value; a job's own
+    // checkpoint (kFromState) restores as it was written.
+    if (step_count == StepCount::kKeep) AMPD_RETURN_IF_ERROR(CheckFiniteValues(name, h));
     if (!LoadsInto(h.dtype, live->dtype()) || h.shape != live->shape()) {
       const std::string also_f32 = live->dtype() != DType::kF32 ? " (or F32)" : "";
       return absl::InvalidArgumentError(

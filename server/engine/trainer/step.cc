@@ -89,10 +89,13 @@
 #include <chrono>
 #include <cmath>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "common/checked_math.h"
 #include "common/status_macros.h"
 #include "server/engine/amp/adaptive_policy.h"
@@ -142,9 +145,33 @@ absl::Status CheckMicroBatchesFitModel(const model::ModelSpec& spec, const LossF
   return absl::OkStatus();
 }
 
+namespace {
+
+// A refusal of the registry's admission (which words it for a step) named
+// for the call that asked: its field and advice in place of a step's,
+// every payload (the ErrorInfo's reason and facts) kept.
+absl::Status NamedFor(const absl::Status& refused, MemoryField names) {
+  const MemoryField step = kStepMemory;
+  if (refused.ok() || names.field == step.field) return refused;
+  std::string message(refused.message());
+  const std::string prefix = absl::StrCat(step.field, ": ");
+  if (absl::StartsWith(message, prefix)) {
+    message = absl::StrCat(names.field, ": ", message.substr(prefix.size()));
+  }
+  message = absl::StrReplaceAll(message, {{step.advice, names.advice}});
+  absl::Status named(refused.code(), message);
+  refused.ForEachPayload([&named](absl::string_view url, const absl::Cord& payload) {
+    named.SetPayload(url, payload);
+  });
+  return named;
+}
+
+}  // namespace
+
 absl::Status Trainer::Impl::AdmitWorkspaces(const std::vector<MicroBatch>& micro_batches,
                                             const std::function<absl::Status(int64_t)>& admit,
-                                            absl::string_view what, int64_t extra_bytes) {
+                                            absl::string_view what, int64_t extra_bytes,
+                                            MemoryField names) {
   kernels::Backend& b = *backend;
   model::Network& net = *model;
   // The workspace of every distinct batch shape, whether cached already or
@@ -184,12 +211,12 @@ absl::Status Trainer::Impl::AdmitWorkspaces(const std::vector<MicroBatch>& micro
   const int64_t to_allocate = need - net.cached_workspace_bytes();
   if (capacity > 0 && SaturatingAdd(b.BytesInUse(), to_allocate) > capacity) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("micro_batches: the ", what, " needs an estimated ", need,
-                     " bytes of activation and workspace memory for its batch sizes, and with the ",
+        absl::StrCat(names.field, ": the ", what, " needs an estimated ", need,
+                     " bytes of activation and workspace memory for its sizes, and with the ",
                      b.BytesInUse(), " bytes the job holds that exceeds the ", capacity,
-                     " bytes of ", b.name(), "; send smaller micro-batches"));
+                     " bytes of ", b.name(), "; ", names.advice));
   }
-  if (admit) AMPD_RETURN_IF_ERROR(admit(need));
+  if (admit) AMPD_RETURN_IF_ERROR(NamedFor(admit(need), names));
   // The scratch only grows (to the largest sizes run) until released.
   scratch_bytes = std::max(scratch_bytes, scratch);
   return absl::OkStatus();
@@ -230,11 +257,18 @@ absl::Status CheckStepInput(const StepInput& input) {
         absl::StrCat("learning_rate: must be finite and >= 0, got ", *input.learning_rate));
   }
   const LossFn& fn = input.loss_fn;
-  if (fn.kind == LossFnKind::kPpo &&
-      !(std::isfinite(fn.ppo_clip_low) && std::isfinite(fn.ppo_clip_high) &&
-        fn.ppo_clip_low >= 0.0f && fn.ppo_clip_low <= 1.0f && fn.ppo_clip_high >= 1.0f)) {
+  if (fn.kind != LossFnKind::kPpo) return absl::OkStatus();
+  // Each bound named on its own: the field the caller must change.
+  const std::pair<absl::string_view, bool> bounds[] = {
+      {"ppo_clip_low",
+       std::isfinite(fn.ppo_clip_low) && fn.ppo_clip_low >= 0.0f && fn.ppo_clip_low <= 1.0f},
+      {"ppo_clip_high", std::isfinite(fn.ppo_clip_high) && fn.ppo_clip_high >= 1.0f},
+  };
+  for (const auto& [field, ok] : bounds) {
+    if (ok) continue;
     return absl::InvalidArgumentError(
-        absl::StrCat("ppo_clip_low: the ppo clip range must satisfy 0 <= ppo_clip_low <= 1 <= "
+        absl::StrCat(field,
+                     ": the ppo clip range must satisfy 0 <= ppo_clip_low <= 1 <= "
                      "ppo_clip_high, got ppo_clip_low ",
                      fn.ppo_clip_low, " and ppo_clip_high ", fn.ppo_clip_high));
   }

@@ -195,8 +195,11 @@ class Trainer {
   // mismatched tensor or key. The working copy is recast from the masters.
   // With kKeep, a state of model weights alone (no optimizer.* tensor, no
   // optimizer.step) replaces the weights and starts the optimizer afresh
-  // (zero moments, no update applied), the scaler unchanged. The model may
-  // accept other spellings of its names (a GPT takes Hugging Face's).
+  // (zero moments, no update applied), the scaler unchanged; and every
+  // floating value it loads must be finite (InvalidArgument naming the
+  // tensor: a base or an adapter with inf or NaN makes a job that can
+  // never train). The model may accept other spellings of its names (a
+  // GPT takes Hugging Face's).
   absl::Status LoadState(const checkpoint::StateDict& state,
                          StepCount step_count = StepCount::kFromState,
                          Coverage coverage = Coverage::kComplete);

@@ -19,6 +19,14 @@
 
 namespace ampd::engine {
 
+// How a memory refusal names the request's field that sized the call, and
+// what to send instead (Trainer::Impl::AdmitWorkspaces).
+struct MemoryField {
+  absl::string_view field;
+  absl::string_view advice;
+};
+inline constexpr MemoryField kStepMemory{"micro_batches", "send smaller micro-batches"};
+
 struct Trainer::Impl {
   Impl(const JobConfig& c, std::unique_ptr<kernels::Backend> b, amp::GradScaler s)
       : config(c), backend(std::move(b)), scaler(std::move(s)) {}
@@ -146,10 +154,12 @@ struct Trainer::Impl {
   // needs for its micro-batches' sizes, before anything is allocated (see
   // Trainer::Step). Frees the cached workspaces of other sizes first.
   // extra_bytes: what the call allocates beside the workspaces (a
-  // sampler's KV cache), admitted with them.
+  // sampler's KV cache), admitted with them. A refusal (the device's, or
+  // admit's) names `names.field`, the request's own.
   absl::Status AdmitWorkspaces(const std::vector<MicroBatch>& micro_batches,
                                const std::function<absl::Status(int64_t)>& admit,
-                               absl::string_view what, int64_t extra_bytes = 0);
+                               absl::string_view what, int64_t extra_bytes = 0,
+                               MemoryField names = kStepMemory);
   // The backend's scratch (kernels::Backend::ScratchBytes) for the last
   // admitted sizes: held with the cached workspaces, counted with them
   // (Trainer::workspace_bytes) and released with them.
