@@ -142,7 +142,7 @@ ServerMetrics::ServerMetrics(const MetricsOptions& options)
                       .Register(*registry_)),
       steps_(BuildCounter()
                  .Name("ampd_steps_total")
-                 .Help("Step calls run by the job, applied and skipped.")
+                 .Help("Step and OptimStep calls run by the job, applied and skipped.")
                  .Register(*registry_)),
       skipped_steps_(BuildCounter()
                          .Name("ampd_skipped_steps_total")

@@ -291,8 +291,8 @@ class Client:
         """invoke(metadata, timeout) once, or until it stops failing transiently.
 
         Every call passed here is safe to resend: reads (Evaluate among them),
-        CreateJob (request_id), Step (sequence) and LoadStateDict (the same bytes
-        load the same state). DeleteJob is not (a resend finds the job gone) and has its own loop.
+        CreateJob (request_id), Step and OptimStep (sequence), ForwardBackward
+        (sequence and index) and LoadStateDict (the same bytes load the same state). DeleteJob is not (a resend finds the job gone) and has its own loop.
         """
         deadline = time.monotonic() + self.retry_deadline
         attempt = 0
@@ -518,7 +518,8 @@ class Job:
         weight_decay, max_grad_norm (<= 0: no clipping). An overflow skips
         the update (result.skipped) and drops the accumulated gradients, as
         PyTorch's GradScaler does. Raises AccumulationLost when the server
-        no longer holds every call sent (a restart): nothing is applied.
+        no longer holds every call sent (a restart): nothing is applied; and
+        InvalidArgument when no forward_backward call was sent.
         """
         request = pb.OptimStepRequest(job_id=self.job_id, sequence=self.next_sequence,
                                       forward_backward_calls=self.pending)

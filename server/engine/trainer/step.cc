@@ -1,6 +1,8 @@
 // Trainer::Step: one mixed-precision training step on a Backend, and the
 // checks of its input (ValidStepInput's, then Trainer::CheckInput's against
-// the model), each run once per step.
+// the model), each run once per step. Its phases are also the two halves
+// accumulate.cc runs as separate calls (ForwardBackward, then OptimStep's
+// Apply): a Step is the update whose only forward and backward is its own.
 //
 // Step, in device order:
 //   zero the += gradients (LayerNorm, Embedding, a GPT's position table and
