@@ -167,6 +167,14 @@ def test_retries_replay_and_misuse_is_refused(server):
     client = ampd.Client(server.address)
     job = create(client, "fp32", False)
     batches = micro_batches(0)
+    # Calls accumulate in index order: on a job that dropped nothing, a call
+    # ahead of the next index arrived early (SEQUENCE_MISMATCH), not lost.
+    job.pending = 2
+    with pytest.raises(ampd.SequenceMismatch) as e:
+        job.forward_backward(*batches[0], loss_fn="cross_entropy")
+    assert not isinstance(e.value, ampd.AccumulationLost)
+    assert e.value.metadata["expected_index"] == "1"
+    job.pending = 0
     first = job.forward_backward(*batches[0], loss_fn="cross_entropy", return_logprobs=True)
     # A resent call (the same sequence and index) gets its recorded answer
     # and accumulates nothing more.

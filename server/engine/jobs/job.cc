@@ -358,6 +358,8 @@ absl::Status Job::Restore(const std::string& device, const checkpoint::StateDict
   }
   AMPD_RETURN_IF_ERROR(Initialize(device));
   initial_state_ = false;
+  // Whatever ForwardBackward calls the job held before the restart are gone.
+  accumulation_dropped_ = true;
   AMPD_RETURN_IF_ERROR(AllocationGuard("restore", [&] { return trainer_->LoadState(state); }));
   // The Trainer took its counts from the checkpoint; the recorded response
   // is kept when it is the last step's.
@@ -688,6 +690,7 @@ void Job::AfterImport() {
   last_call_.reset();
   if (trainer_ != nullptr && trainer_->pending_forward_backward() > 0) {
     trainer_->DropAccumulated();
+    accumulation_dropped_ = true;
     ReportPending();
   }
   // A distributed job's ranks meet again at the next step and compare their

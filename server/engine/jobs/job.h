@@ -207,18 +207,19 @@ class Job : public std::enable_shared_from_this<Job> {
   // sequence number, the one its OptimStep carries) and its 1-based
   // `index` among that update's calls. index == pending + 1 runs; the last
   // call resent (index == pending, same sequence) returns its recorded
-  // report; index > pending + 1 means accumulated calls were lost (a
-  // restart, a state load or a call that failed after admission):
+  // report; index > pending + 1 after accumulated calls were dropped (a
+  // restart, a state load or a call that failed after admission) is
   // FailedPrecondition ACCUMULATION_LOST with pending_lost, the calls to
-  // resend, and expected_index; any other index or sequence is
-  // SEQUENCE_MISMATCH. Not for distributed jobs (Unimplemented).
+  // resend, and expected_index; any other index (a call that arrived
+  // before the one before it) or sequence is SEQUENCE_MISMATCH. Not for
+  // distributed jobs (Unimplemented).
   absl::StatusOr<ForwardBackwardReport> ForwardBackward(int64_t sequence, int64_t index,
                                                         const ForwardBackwardInput& input);
   // The update (Trainer::OptimStep) of sequence number `sequence`, under
   // Step's exactly-once rules (it shares the job's sequence and recorded
   // report with Step). forward_backward_calls must be the calls pending:
-  // more is ACCUMULATION_LOST (pending_lost = the difference), fewer is
-  // SEQUENCE_MISMATCH.
+  // more, after calls were dropped, is ACCUMULATION_LOST (pending_lost =
+  // the difference); any other difference is SEQUENCE_MISMATCH.
   absl::StatusOr<StepReport> OptimStep(int64_t sequence, OptimStepInput input);
   // ForwardBackward calls accumulated and not applied (0 without a Trainer).
   int64_t pending_forward_backward() const;
@@ -350,6 +351,12 @@ class Job : public std::enable_shared_from_this<Job> {
   // what a resend of it gets back (not checkpointed: a restart loses the
   // accumulated gradients anyway).
   std::optional<ForwardBackwardReport> last_call_;
+  // Whether calls the client sent may have been dropped since its last
+  // successful call or update: after a restore (a restart loses them), an
+  // import, or a call that failed part-way. A call past the next index is
+  // then ACCUMULATION_LOST; otherwise it arrived out of order
+  // (SEQUENCE_MISMATCH).
+  bool accumulation_dropped_ = false;
   // True while the Trainer holds exactly what Initialize built from the
   // config and seed: its checkpoints are then seed-only. Cleared before
   // anything that may change the Trainer's state (a step, an import, a

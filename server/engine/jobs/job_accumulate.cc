@@ -63,7 +63,7 @@ absl::StatusOr<std::optional<ForwardBackwardReport>> Job::CheckAccumulation(int6
     return std::optional<ForwardBackwardReport>(*last_call_);
   }
   if (index == pending + 1) return std::nullopt;
-  if (index > pending + 1) {
+  if (index > pending + 1 && accumulation_dropped_) {
     return Lost(
         absl::StrCat("index: this is call ", index, " of update ", sequence, ", but the job holds ",
                      pending, " accumulated call(s): the gradients of calls ", pending + 1, " to ",
@@ -73,10 +73,12 @@ absl::StatusOr<std::optional<ForwardBackwardReport>> Job::CheckAccumulation(int6
                      pending + 1, ", then this one"),
         index - 1 - pending, pending + 1);
   }
+  // Calls accumulate in index order (the sums must be Step's): one that
+  // arrived before the call ahead of it is resent once that one is in.
   return WithReason(
-      absl::FailedPreconditionError(absl::StrCat("index: expected ", pending + 1, " (", pending,
-                                                 " call(s) accumulated for update ", sequence,
-                                                 "), got ", index)),
+      absl::FailedPreconditionError(absl::StrCat(
+          "index: expected ", pending + 1, " (", pending, " call(s) accumulated for update ",
+          sequence, "), got ", index, "; calls accumulate in index order")),
       reason::kSequenceMismatch,
       {{"expected_sequence", absl::StrCat(next)}, {"expected_index", absl::StrCat(pending + 1)}});
 }
@@ -94,6 +96,7 @@ absl::StatusOr<ForwardBackwardReport> Job::ForwardBackward(int64_t sequence, int
   };
   // An adaptive scaler's calibration may move the scale: not the seed's.
   initial_state_ = false;
+  const int64_t pending_before = trainer_->pending_forward_backward();
   absl::StatusOr<ForwardBackwardReport> report;
   {
     absl::MutexLock lock(&workspace_mu_);
@@ -106,10 +109,14 @@ absl::StatusOr<ForwardBackwardReport> Job::ForwardBackward(int64_t sequence, int
   }
   if (!report.ok()) {
     // Dropped by the Trainer when the call failed after admission.
-    if (trainer_->pending_forward_backward() == 0) last_call_.reset();
+    if (trainer_->pending_forward_backward() == 0) {
+      last_call_.reset();
+      if (pending_before > 0) accumulation_dropped_ = true;
+    }
     ReportPending();
     return report.status();
   }
+  accumulation_dropped_ = false;
   report->sequence = sequence;
   report->index = index;
   last_call_ = *report;
@@ -130,7 +137,7 @@ absl::StatusOr<StepReport> Job::OptimStep(int64_t sequence, OptimStepInput input
   if (recorded.has_value()) return *std::move(recorded);
   const int64_t pending = trainer_->pending_forward_backward();
   const int64_t sent = input.forward_backward_calls;
-  if (sent > pending) {
+  if (sent > pending && (accumulation_dropped_ || pending == 0)) {
     return Lost(absl::StrCat("forward_backward_calls: update ", sequence, " applies ", sent,
                              " call(s), but the job holds ", pending, ": the gradients of calls ",
                              pending + 1, " to ", sent,
@@ -138,7 +145,7 @@ absl::StatusOr<StepReport> Job::OptimStep(int64_t sequence, OptimStepInput input
                              "call failed); resend them, then OptimStep"),
                 sent - pending, pending + 1);
   }
-  if (sent < pending) {
+  if (sent != pending) {
     return WithReason(
         absl::FailedPreconditionError(absl::StrCat("forward_backward_calls: the job holds ",
                                                    pending, " accumulated call(s) for update ",
@@ -151,6 +158,7 @@ absl::StatusOr<StepReport> Job::OptimStep(int64_t sequence, OptimStepInput input
       [&](const std::function<absl::Status(int64_t)>&) { return trainer_->OptimStep(input); },
       nullptr);
   if (trainer_ != nullptr && trainer_->pending_forward_backward() == 0) last_call_.reset();
+  if (report.ok()) accumulation_dropped_ = false;
   ReportPending();
   return report;
 }
