@@ -211,6 +211,24 @@ absl::StatusOr<v1::StepResponse> Client::Step(const v1::StepRequest& request) {
   return response;
 }
 
+absl::StatusOr<v1::ForwardBackwardResponse> Client::ForwardBackward(
+    const v1::ForwardBackwardRequest& request) {
+  v1::ForwardBackwardResponse response;
+  grpc::Status s = WithRetries([&](grpc::ClientContext& context) {
+    return stub_->ForwardBackward(&context, request, &response);
+  });
+  if (!s.ok()) return FromGrpcStatus(s);
+  return response;
+}
+
+absl::StatusOr<v1::StepResponse> Client::OptimStep(const v1::OptimStepRequest& request) {
+  v1::StepResponse response;
+  grpc::Status s = WithRetries(
+      [&](grpc::ClientContext& context) { return stub_->OptimStep(&context, request, &response); });
+  if (!s.ok()) return FromGrpcStatus(s);
+  return response;
+}
+
 absl::StatusOr<v1::EvaluateResponse> Client::Evaluate(const v1::EvaluateRequest& request) {
   v1::EvaluateResponse response;
   grpc::Status s = WithRetries(

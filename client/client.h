@@ -1,6 +1,7 @@
 // ampd::Client: a C++ client for ampd.v1.Trainer with a deadline on every
 // call and bounded retries with exponential backoff where a retry is safe:
-// Step (the sequence number makes a resend exactly-once), GetJob/ListJobs/
+// Step, ForwardBackward and OptimStep (sequence numbers make a resend
+// exactly-once), GetJob/ListJobs/
 // GetStateDict/Evaluate (reads), CreateJob (a request_id, generated when the caller
 // gives none, makes a resend return the same job), and the health check.
 // DeleteJob and LoadStateDict are sent once.
@@ -88,6 +89,12 @@ class Client {
   absl::StatusOr<std::vector<v1::Job>> ListAllJobs();
   absl::Status DeleteJob(const std::string& job_id);
   absl::StatusOr<v1::StepResponse> Step(const v1::StepRequest& request);
+  // A step in two halves: calls accumulate gradients (sequence and index
+  // make a resend exactly-once), an OptimStep applies them (its sequence,
+  // as Step's).
+  absl::StatusOr<v1::ForwardBackwardResponse> ForwardBackward(
+      const v1::ForwardBackwardRequest& request);
+  absl::StatusOr<v1::StepResponse> OptimStep(const v1::OptimStepRequest& request);
   // Forward and loss only; the job's weights and step sequence are unchanged.
   absl::StatusOr<v1::EvaluateResponse> Evaluate(const v1::EvaluateRequest& request);
   // The job's state as one safetensors file; a LoRA job's adapter or

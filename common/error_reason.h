@@ -32,9 +32,15 @@ inline constexpr char kJobNotFound[] = "JOB_NOT_FOUND";             // metadata:
 inline constexpr char kSequenceMismatch[] = "SEQUENCE_MISMATCH";    // expected_sequence
 inline constexpr char kScalerAtMinScale[] = "SCALER_AT_MIN_SCALE";  // the step that raised
 inline constexpr char kJobFailed[] = "JOB_FAILED";                  // later steps of that job
-inline constexpr char kJobLimit[] = "JOB_LIMIT";                    // --max-jobs
-inline constexpr char kMemoryLimit[] = "MEMORY_LIMIT";              // limit_bytes
-inline constexpr char kRetryCreate[] = "CREATE_RETRY";              // request_id's first try failed
+// A ForwardBackward or OptimStep that counts on accumulated calls the job
+// no longer holds (a restart, a state load or a failed call dropped them):
+// metadata pending_lost (how many to resend), expected_index.
+inline constexpr char kAccumulationLost[] = "ACCUMULATION_LOST";
+// A Step while ForwardBackward calls are accumulated: metadata pending.
+inline constexpr char kAccumulationPending[] = "ACCUMULATION_PENDING";
+inline constexpr char kJobLimit[] = "JOB_LIMIT";        // --max-jobs
+inline constexpr char kMemoryLimit[] = "MEMORY_LIMIT";  // limit_bytes
+inline constexpr char kRetryCreate[] = "CREATE_RETRY";  // request_id's first try failed
 inline constexpr char kServerDraining[] = "SERVER_DRAINING";
 // A distributed job's other ranks are not there (yet): metadata group, rank.
 inline constexpr char kPeerUnavailable[] = "PEER_UNAVAILABLE";

@@ -164,6 +164,66 @@ struct StepReport {
   std::optional<float> logprob_mismatch{};
 };
 
+// ---- accumulate, then apply ---------------------------------------------------
+
+// One ForwardBackward call (Tinker's forward_backward): a step's forward,
+// loss and backward over `batch` (its micro_batches, loss_fn and
+// return_logprobs; a learning_rate or histogram there is refused), its
+// gradients added to those the job accumulated since its last update,
+// scaled by the job's loss scale now, as Step scales them. The model's own
+// (mean) loss divides each micro-batch's gradient by
+// micro_batches_in_update: the micro-batches the update averages over, in
+// every call of it (0: this call's own). Token losses are sums and ignore
+// it. K calls over a partition of a Step's micro-batches, in order, with
+// micro_batches_in_update the Step's count, followed by an OptimStep of the
+// Step's learning rate, train exactly as that Step does, bit for bit.
+struct ForwardBackwardInput {
+  StepInput batch;
+  int64_t micro_batches_in_update = 0;
+};
+
+// CheckStepInput's checks of the batch, no learning_rate, and
+// micro_batches_in_update >= 0 (InvalidArgument naming the field).
+absl::Status CheckForwardBackwardInput(const ForwardBackwardInput& input);
+
+struct ForwardBackwardReport {
+  int64_t sequence = 0;  // the update the gradients go into (the job's next sequence)
+  int64_t index = 0;     // this call's 1-based position among that update's calls
+  // Unscaled: the mean over this call's micro-batches of the model's loss,
+  // or a token loss's sum over this call's tokens.
+  float loss = 0;
+  float loss_scale = 1;  // the scale the call's gradients carry
+  int64_t samples = 0;   // rows over this call's micro-batches
+  int64_t pending = 0;   // calls accumulated now, this one included
+  PhaseSeconds seconds;  // forward, backward and total
+  // As StepReport's, for this call's micro-batches.
+  std::vector<HostTensor> logprobs{};
+  std::vector<HostTensor> ratios{};
+  std::optional<float> logprob_mismatch{};
+};
+
+// One OptimStep (Tinker's optim_step): the update from every gradient
+// accumulated since the last one. Each hyperparameter, when given, replaces
+// the job's for this update only (torch.optim.AdamW's names; max_grad_norm
+// <= 0 disables clipping); betas and eps apply to Adam and AdamW jobs only.
+struct OptimStepInput {
+  // The ForwardBackward calls the client sent for this update: an update
+  // of fewer than it expects (gradients lost to a restart) is refused.
+  int64_t forward_backward_calls = 0;
+  std::optional<float> learning_rate;
+  std::optional<float> beta1;
+  std::optional<float> beta2;
+  std::optional<float> eps;
+  std::optional<float> weight_decay;
+  std::optional<float> max_grad_norm;
+  bool sample_grad_histogram = false;  // the job's choice, as a step's
+};
+
+// forward_backward_calls >= 1 and each given hyperparameter in PyTorch's
+// range (lr >= 0, betas in [0, 1), eps > 0, weight_decay >= 0, all finite):
+// InvalidArgument naming the field.
+absl::Status CheckOptimStepInput(const OptimStepInput& input);
+
 // A distributed job's group formed (docs/DISTRIBUTED.md): its round at the
 // rendezvous, and whether this rank copied the state of a rank ahead of it.
 struct GroupFormation {

@@ -116,6 +116,8 @@ struct ServerMetrics::JobSeries {
   Counter* evaluations = nullptr;
   Histogram* evaluate_seconds = nullptr;
   Gauge* eval_loss ABSL_GUARDED_BY(mu) = nullptr;  // created on the first evaluation
+  // ForwardBackward calls accumulated and not applied; created on the first.
+  Gauge* accumulated_pending ABSL_GUARDED_BY(mu) = nullptr;
   Counter* sampled_tokens = nullptr;
   Counter* sampled_sequences = nullptr;
   Histogram* sample_seconds = nullptr;
@@ -140,7 +142,7 @@ ServerMetrics::ServerMetrics(const MetricsOptions& options)
                       .Register(*registry_)),
       steps_(BuildCounter()
                  .Name("ampd_steps_total")
-                 .Help("Step calls run by the job, applied and skipped.")
+                 .Help("Step and OptimStep calls run by the job, applied and skipped.")
                  .Register(*registry_)),
       skipped_steps_(BuildCounter()
                          .Name("ampd_skipped_steps_total")
@@ -246,6 +248,12 @@ ServerMetrics::ServerMetrics(const MetricsOptions& options)
                      .Help("Unscaled fp32 loss of the job's last evaluation, mean over its "
                            "micro-batches; absent until one.")
                      .Register(*registry_)),
+      accumulated_pending_(
+          BuildGauge()
+              .Name("ampd_accumulated_calls_pending")
+              .Help("ForwardBackward calls the job holds accumulated and not yet applied by an "
+                    "OptimStep (lost on a restart); absent until the job's first call.")
+              .Register(*registry_)),
       group_formations_(
           BuildCounter()
               .Name("ampd_distributed_group_formations_total")
@@ -504,6 +512,17 @@ void ServerMetrics::OnSample(const std::string& job_id, const engine::SampleRepo
                                                                 : 0.0);
 }
 
+void ServerMetrics::OnAccumulated(const std::string& job_id, int64_t pending) {
+  // As in OnEvaluate, 1 stands for the scale until the job's first step.
+  std::shared_ptr<JobSeries> series = FindOrCreateJob(job_id, "", 1.0f);
+  absl::MutexLock lock(&series->mu);
+  if (series->removed) return;
+  if (series->accumulated_pending == nullptr) {
+    series->accumulated_pending = &accumulated_pending_.Add(series->labels);
+  }
+  series->accumulated_pending->Set(static_cast<double>(pending));
+}
+
 void ServerMetrics::OnGroupFormed(const std::string& job_id,
                                   const engine::GroupFormation& formation) {
   // As in OnEvaluate, 1 stands for the scale until the job's first step.
@@ -540,6 +559,9 @@ void ServerMetrics::RemoveSeries(JobSeries& series) {
   sampled_sequences_.Remove(series.sampled_sequences);
   sample_duration_.Remove(series.sample_seconds);
   if (series.eval_loss != nullptr) eval_loss_.Remove(series.eval_loss);
+  if (series.accumulated_pending != nullptr) {
+    accumulated_pending_.Remove(series.accumulated_pending);
+  }
   if (series.distributed) {
     for (Histogram* h : series.distributed_phase_seconds) step_duration_.Remove(h);
     group_formations_.Remove(series.formations_copied);

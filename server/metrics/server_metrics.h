@@ -82,6 +82,9 @@ class ServerMetrics final : public engine::JobObserver {
   // time; like OnStep, creates the series of a job not announced.
   void OnSample(const std::string& job_id, const engine::SampleReport& report) override;
   void OnJobDeleted(const std::string& job_id) override;  // removes that job's series
+  // Sets ampd_accumulated_calls_pending; like OnStep, creates the series of
+  // a job not announced.
+  void OnAccumulated(const std::string& job_id, int64_t pending) override;
   // Counts the formation by copied_state. A job not announced gets its
   // series here (as in OnEvaluate), with the distributed phases but without
   // rank and world size, which only its config carries.
@@ -136,6 +139,7 @@ class ServerMetrics final : public engine::JobObserver {
   prometheus::Family<prometheus::Counter>& sampled_sequences_;
   prometheus::Family<prometheus::Histogram>& sample_duration_;
   prometheus::Family<prometheus::Gauge>& eval_loss_;
+  prometheus::Family<prometheus::Gauge>& accumulated_pending_;
   prometheus::Family<prometheus::Counter>& group_formations_;
   prometheus::Family<prometheus::Gauge>& distributed_rank_;
   prometheus::Family<prometheus::Gauge>& distributed_world_size_;

@@ -336,6 +336,7 @@ TrainerService::TrainerService(engine::JobRegistry* registry, RpcRecorder record
       state_dict_buffer_(options.max_state_dict_buffer_bytes) {
   SetMessageAllocatorFor_Step(&step_messages_);
   SetMessageAllocatorFor_Evaluate(&evaluate_messages_);
+  SetMessageAllocatorFor_ForwardBackward(&forward_backward_messages_);
 }
 
 void TrainerService::Record(absl::string_view method, const grpc::Status& status,
@@ -472,6 +473,59 @@ grpc::ServerUnaryReactor* TrainerService::Step(grpc::CallbackServerContext* cont
         FinishUnary(reactor, "Step", start, report.status());
       },
       reactor->call());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* TrainerService::ForwardBackward(grpc::CallbackServerContext* context,
+                                                          const v1::ForwardBackwardRequest* request,
+                                                          v1::ForwardBackwardResponse* response) {
+  const absl::Time start = absl::Now();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::StatusOr<std::string> tenant = Authenticate(*context);
+  if (!tenant.ok()) {
+    FinishUnary(reactor, "ForwardBackward", start, tenant.status());
+    return reactor;
+  }
+  if (absl::Status s = CheckLength("job_id", request->job_id()); !s.ok()) {
+    FinishUnary(reactor, "ForwardBackward", start, s);
+    return reactor;
+  }
+  // Ours too (forward_backward_messages_): the bytes are moved, as Step's.
+  absl::StatusOr<engine::ForwardBackwardInput> input =
+      ForwardBackwardInputFromProto(const_cast<v1::ForwardBackwardRequest*>(request));
+  if (!input.ok()) {
+    FinishUnary(reactor, "ForwardBackward", start, input.status());
+    return reactor;
+  }
+  registry_->ForwardBackward(
+      *tenant, request->job_id(), request->sequence(), request->index(), *std::move(input),
+      [this, reactor, response, start](absl::StatusOr<engine::ForwardBackwardReport> report) {
+        if (report.ok()) ForwardBackwardReportToProto(*report, response);
+        FinishUnary(reactor, "ForwardBackward", start, report.status());
+      });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* TrainerService::OptimStep(grpc::CallbackServerContext* context,
+                                                    const v1::OptimStepRequest* request,
+                                                    v1::StepResponse* response) {
+  const absl::Time start = absl::Now();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::StatusOr<std::string> tenant = Authenticate(*context);
+  if (!tenant.ok()) {
+    FinishUnary(reactor, "OptimStep", start, tenant.status());
+    return reactor;
+  }
+  if (absl::Status s = CheckLength("job_id", request->job_id()); !s.ok()) {
+    FinishUnary(reactor, "OptimStep", start, s);
+    return reactor;
+  }
+  registry_->OptimStep(*tenant, request->job_id(), request->sequence(),
+                       OptimStepInputFromProto(*request),
+                       [this, reactor, response, start](absl::StatusOr<engine::StepReport> report) {
+                         if (report.ok()) StepReportToProto(*report, response);
+                         FinishUnary(reactor, "OptimStep", start, report.status());
+                       });
   return reactor;
 }
 

@@ -106,6 +106,12 @@ class TrainerService final : public v1::Trainer::CallbackService {
   grpc::ServerUnaryReactor* Evaluate(grpc::CallbackServerContext* context,
                                      const v1::EvaluateRequest* request,
                                      v1::EvaluateResponse* response) override;
+  grpc::ServerUnaryReactor* ForwardBackward(grpc::CallbackServerContext* context,
+                                            const v1::ForwardBackwardRequest* request,
+                                            v1::ForwardBackwardResponse* response) override;
+  grpc::ServerUnaryReactor* OptimStep(grpc::CallbackServerContext* context,
+                                      const v1::OptimStepRequest* request,
+                                      v1::StepResponse* response) override;
   grpc::ServerUnaryReactor* Sample(grpc::CallbackServerContext* context,
                                    const v1::SampleRequest* request,
                                    v1::SampleResponse* response) override;
@@ -128,10 +134,12 @@ class TrainerService final : public v1::Trainer::CallbackService {
   const RpcRecorder record_;
   const ServiceOptions options_;
   ByteBudget state_dict_buffer_;
-  // Step's and Evaluate's messages (OwnedMessages); they outlive every call
+  // Step's, Evaluate's and ForwardBackward's messages (OwnedMessages); they outlive every call
   // because the server is shut down before the service is destroyed.
   OwnedMessageAllocator<v1::StepRequest, v1::StepResponse> step_messages_;
   OwnedMessageAllocator<v1::EvaluateRequest, v1::EvaluateResponse> evaluate_messages_;
+  OwnedMessageAllocator<v1::ForwardBackwardRequest, v1::ForwardBackwardResponse>
+      forward_backward_messages_;
 };
 
 }  // namespace ampd::rpc

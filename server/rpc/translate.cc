@@ -384,13 +384,15 @@ absl::StatusOr<std::vector<engine::MicroBatch>> MicroBatchesFromProto(
 
 }  // namespace
 
-absl::StatusOr<engine::StepInput> StepInputFromProto(v1::StepRequest* request) {
+namespace {
+
+// A Step's or a ForwardBackward call's micro-batches (their bytes moved
+// out), loss_fn and return_logprobs: the fields the two requests share.
+template <typename Request>
+absl::StatusOr<engine::StepInput> BatchFromProto(Request* request) {
   engine::StepInput input;
   AMPD_ASSIGN_OR_RETURN(input.micro_batches,
                         MicroBatchesFromProto(request->mutable_micro_batches()));
-  // Whether there is a micro-batch and the learning rate is usable is the
-  // engine's to say (CheckStepInput, before the step is queued).
-  if (request->has_learning_rate()) input.learning_rate = request->learning_rate();
   switch (request->loss_fn()) {
     case v1::LOSS_FN_MODEL:
       break;
@@ -426,6 +428,64 @@ absl::StatusOr<engine::StepInput> StepInputFromProto(v1::StepRequest* request) {
   return input;
 }
 
+void PhaseSecondsToProto(const engine::PhaseSeconds& s, v1::PhaseTimings* t) {
+  t->set_forward_seconds(s.forward);
+  t->set_backward_seconds(s.backward);
+  t->set_unscale_seconds(s.unscale);
+  t->set_optimizer_seconds(s.optimizer);
+  t->set_total_seconds(s.total);
+  t->set_allreduce_seconds(s.allreduce);
+  t->set_wait_seconds(s.wait);
+}
+
+}  // namespace
+
+absl::StatusOr<engine::StepInput> StepInputFromProto(v1::StepRequest* request) {
+  AMPD_ASSIGN_OR_RETURN(engine::StepInput input, BatchFromProto(request));
+  // Whether there is a micro-batch and the learning rate is usable is the
+  // engine's to say (CheckStepInput, before the step is queued).
+  if (request->has_learning_rate()) input.learning_rate = request->learning_rate();
+  return input;
+}
+
+absl::StatusOr<engine::ForwardBackwardInput> ForwardBackwardInputFromProto(
+    v1::ForwardBackwardRequest* request) {
+  engine::ForwardBackwardInput input;
+  AMPD_ASSIGN_OR_RETURN(input.batch, BatchFromProto(request));
+  input.micro_batches_in_update = request->micro_batches_in_update();
+  return input;
+}
+
+void ForwardBackwardReportToProto(const engine::ForwardBackwardReport& r,
+                                  v1::ForwardBackwardResponse* response) {
+  response->set_sequence(r.sequence);
+  response->set_index(r.index);
+  response->set_loss(r.loss);
+  response->set_loss_scale(r.loss_scale);
+  response->set_samples(r.samples);
+  response->set_pending(r.pending);
+  PhaseSecondsToProto(r.seconds, response->mutable_timings());
+  for (const engine::HostTensor& logprobs : r.logprobs) {
+    *response->add_logprobs() = codec::TensorToProto(logprobs);
+  }
+  for (const engine::HostTensor& ratios : r.ratios) {
+    *response->add_ratios() = codec::TensorToProto(ratios);
+  }
+  if (r.logprob_mismatch.has_value()) response->set_logprob_mismatch(*r.logprob_mismatch);
+}
+
+engine::OptimStepInput OptimStepInputFromProto(const v1::OptimStepRequest& request) {
+  engine::OptimStepInput input;
+  input.forward_backward_calls = request.forward_backward_calls();
+  if (request.has_learning_rate()) input.learning_rate = request.learning_rate();
+  if (request.has_beta1()) input.beta1 = request.beta1();
+  if (request.has_beta2()) input.beta2 = request.beta2();
+  if (request.has_eps()) input.eps = request.eps();
+  if (request.has_weight_decay()) input.weight_decay = request.weight_decay();
+  if (request.has_max_grad_norm()) input.max_grad_norm = request.max_grad_norm();
+  return input;
+}
+
 void StepReportToProto(const engine::StepReport& r, v1::StepResponse* response) {
   response->set_global_step(r.step);
   response->set_applied_steps(r.applied_steps);
@@ -442,14 +502,7 @@ void StepReportToProto(const engine::StepReport& r, v1::StepResponse* response) 
   response->mutable_scaler_counters()->set_overflows_until_backoff(
       r.scaler.counters.overflows_until_backoff);
   if (r.grad_norm.has_value()) response->set_grad_norm(*r.grad_norm);
-  v1::PhaseTimings* t = response->mutable_timings();
-  t->set_forward_seconds(r.seconds.forward);
-  t->set_backward_seconds(r.seconds.backward);
-  t->set_unscale_seconds(r.seconds.unscale);
-  t->set_optimizer_seconds(r.seconds.optimizer);
-  t->set_total_seconds(r.seconds.total);
-  t->set_allreduce_seconds(r.seconds.allreduce);
-  t->set_wait_seconds(r.seconds.wait);
+  PhaseSecondsToProto(r.seconds, response->mutable_timings());
   response->set_samples(r.samples);
   response->set_learning_rate(r.learning_rate);
   for (const engine::HostTensor& logprobs : r.logprobs) {

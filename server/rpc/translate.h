@@ -32,6 +32,15 @@ v1::Job JobToProto(const engine::JobSnapshot& snapshot);
 absl::StatusOr<engine::StepInput> StepInputFromProto(v1::StepRequest* request);
 void StepReportToProto(const engine::StepReport& report, v1::StepResponse* response);
 
+// Moves the tensor bytes out of *request, as StepInputFromProto; the engine
+// checks the values (engine::CheckForwardBackwardInput).
+absl::StatusOr<engine::ForwardBackwardInput> ForwardBackwardInputFromProto(
+    v1::ForwardBackwardRequest* request);
+void ForwardBackwardReportToProto(const engine::ForwardBackwardReport& report,
+                                  v1::ForwardBackwardResponse* response);
+// Every field as sent; the engine checks them (engine::CheckOptimStepInput).
+engine::OptimStepInput OptimStepInputFromProto(const v1::OptimStepRequest& request);
+
 // Moves the tensor bytes out of *request, as StepInputFromProto.
 absl::StatusOr<engine::EvaluateInput> EvaluateInputFromProto(v1::EvaluateRequest* request);
 void EvaluateReportToProto(const engine::EvaluateReport& report, v1::EvaluateResponse* response);

@@ -410,6 +410,19 @@ TEST_F(ServerMetricsTest, LearningRateAndEvaluations) {
   EXPECT_EQ(text.find("job-a"), std::string::npos) << text;
 }
 
+TEST_F(ServerMetricsTest, AccumulatedCallsPendingFollowTheJobAndGoWithIt) {
+  observer().OnJobCreated("job-a", "", Fp16Config());
+  // Absent until the job's first ForwardBackward call.
+  EXPECT_EQ(Scrape().find("ampd_accumulated_calls_pending{"), std::string::npos);
+  observer().OnAccumulated("job-a", 1);
+  observer().OnAccumulated("job-a", 3);
+  EXPECT_EQ(Value(R"(ampd_accumulated_calls_pending{job="job-a"})"), 3);
+  observer().OnAccumulated("job-a", 0);  // the OptimStep that applied them
+  EXPECT_EQ(Value(R"(ampd_accumulated_calls_pending{job="job-a"})"), 0);
+  observer().OnJobDeleted("job-a");
+  EXPECT_EQ(Scrape().find("ampd_accumulated_calls_pending{"), std::string::npos);
+}
+
 TEST_F(ServerMetricsTest, StepOfAnUnannouncedJobCreatesItsSeries) {
   observer().OnStep("restored", OverflowStep(7, 6, 1024));
   EXPECT_EQ(Value(R"(ampd_loss_scale{job="restored"})"), 512);

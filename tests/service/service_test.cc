@@ -542,6 +542,80 @@ TEST_F(ServiceTest, RestartAfterSigkillRestoresTheCheckpoint) {
   EXPECT_TRUE(absl::StrContains(server_->Log(), "restored at step 4"));
 }
 
+// ForwardBackward calls then OptimStep over the wire train as one Step (the
+// model's mean loss, divided by micro_batches_in_update); a SIGKILL between
+// calls loses only the accumulated gradients, and the next call and the
+// OptimStep say how many calls to resend.
+TEST_F(ServiceTest, AccumulatedCallsEqualAStepAndASigkillNamesTheCallsToResend) {
+  Start({"--checkpoint-every=1", "--checkpoint-sync"});
+  const std::string fused = CreateJob(3);
+  const std::string split = CreateJob(3);
+  v1::StepRequest step = StepRequest(fused, 1, 0);
+  *step.add_micro_batches() = Batch(7, 1);
+  absl::StatusOr<v1::StepResponse> a = client_->Step(step);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto call = [&](int64_t sequence, int64_t index, int batch) {
+    v1::ForwardBackwardRequest request;
+    request.set_job_id(split);
+    request.set_sequence(sequence);
+    request.set_index(index);
+    request.set_micro_batches_in_update(2);
+    *request.add_micro_batches() = Batch(7, batch);
+    return request;
+  };
+  auto raw = [&](const auto& request, auto* response, auto method) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    return (client_->stub().*method)(&context, request, response);
+  };
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<v1::ForwardBackwardResponse> r = client_->ForwardBackward(call(1, i + 1, i));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->pending(), i + 1);
+    EXPECT_EQ(r->loss_scale(), a->scale_before());
+  }
+  v1::OptimStepRequest optim;
+  optim.set_job_id(split);
+  optim.set_sequence(1);
+  optim.set_forward_backward_calls(2);
+  absl::StatusOr<v1::StepResponse> b = client_->OptimStep(optim);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->loss(), a->loss());
+  EXPECT_EQ(b->scale_after(), a->scale_after());
+  absl::StatusOr<std::string> fused_bytes = client_->GetStateDict(fused);
+  absl::StatusOr<std::string> split_bytes = client_->GetStateDict(split);
+  ASSERT_TRUE(fused_bytes.ok() && split_bytes.ok());
+  absl::StatusOr<StateDict> applied = DecodeSafetensors(*split_bytes);
+  ASSERT_TRUE(applied.ok());
+  ExpectSameTensors(*DecodeSafetensors(*fused_bytes), *applied);
+
+  ASSERT_TRUE(client_->ForwardBackward(call(2, 1, 2)).ok());
+  server_->Signal(SIGKILL);
+  (void)server_->Wait(kExitDeadline);
+  Start({"--checkpoint-every=1", "--checkpoint-sync"});
+  v1::ForwardBackwardResponse fb_response;
+  grpc::Status lost = raw(call(2, 2, 3), &fb_response, &v1::Trainer::Stub::ForwardBackward);
+  EXPECT_EQ(lost.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << lost.error_message();
+  google::rpc::ErrorInfo info = DetailsOf(lost);
+  EXPECT_EQ(info.reason(), "ACCUMULATION_LOST");
+  EXPECT_EQ(Meta(info, "pending_lost"), "1");
+  EXPECT_EQ(Meta(info, "expected_index"), "1");
+  optim.set_sequence(2);
+  v1::StepResponse optim_response;
+  lost = raw(optim, &optim_response, &v1::Trainer::Stub::OptimStep);
+  info = DetailsOf(lost);
+  EXPECT_EQ(info.reason(), "ACCUMULATION_LOST");
+  EXPECT_EQ(Meta(info, "pending_lost"), "2");
+  // The applied update survived; nothing of the lost calls was applied.
+  absl::StatusOr<std::string> restored = client_->GetStateDict(split);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  ExpectSameTensors(*applied, *DecodeSafetensors(*restored));
+  absl::StatusOr<v1::Job> job = client_->GetJob(split);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->step(), 1);
+  EXPECT_EQ(job->applied_steps(), 1);
+}
+
 TEST_F(ServiceTest, EveryErrorCarriesAnErrorInfoWithAStableReason) {
   Start({"--max-jobs=1"});
   const std::string id = CreateJob(1);

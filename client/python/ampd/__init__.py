@@ -23,9 +23,10 @@
 The stubs (ampd.v1.trainer_pb2, trainer_pb2_grpc) are generated from
 proto/ampd/v1/trainer.proto when the package is built.
 """
-from ampd.client import Client, Completion, EvaluateResult, Job, StepResult, Timings, to_tensor
+from ampd.client import (Client, Completion, EvaluateResult, ForwardBackwardResult, Job,
+                         StepResult, Timings, to_tensor)
 from ampd.data_parallel import DataParallelJob
-from ampd.errors import (Aborted, AmpdError, CreateRetry, DataLoss, DeadlineExceeded,
+from ampd.errors import (AccumulationLost, AccumulationPending, Aborted, AmpdError, CreateRetry, DataLoss, DeadlineExceeded,
                          FailedPrecondition, Internal, InvalidArgument, InvalidField,
                          InvalidStateDict, JobFailed, JobLimit, JobNotFound, MemoryLimit,
                          NotFound, PermissionDenied, ResourceExhausted, ScalerAtMinScale,
@@ -38,7 +39,8 @@ from ampd.spec import (GELU, GPT, SGD, Adam, AdamW, Decoder, Embedding, LayerNor
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "Job", "DataParallelJob", "StepResult", "EvaluateResult", "Completion", "Timings",
+    "Client", "Job", "DataParallelJob", "StepResult", "ForwardBackwardResult", "EvaluateResult",
+    "Completion", "Timings",
     "StateDict", "to_tensor",
     "Model", "GPT", "Decoder", "LoRA", "Linear", "ReLU", "GELU", "Tanh", "LayerNorm", "Embedding",
     "SGD", "Adam", "AdamW", "Scaler",
@@ -47,4 +49,5 @@ __all__ = [
     "StepResponseLost", "JobFailed", "ScalerAtMinScale", "ResourceExhausted", "JobLimit",
     "MemoryLimit", "Aborted", "CreateRetry", "Unavailable", "ServerDraining",
     "DeadlineExceeded", "Unauthenticated", "PermissionDenied", "Internal", "DataLoss",
+    "AccumulationLost", "AccumulationPending",
 ]

@@ -139,6 +139,24 @@ class StepResult:
 
 
 @dataclass(frozen=True)
+class ForwardBackwardResult:
+    """One forward_backward call's outcome: its loss (the mean over its
+    micro-batches of the model's loss, or a token loss's sum over its
+    tokens), the loss scale its gradients carry, and the calls accumulated
+    for the next optim_step (this one included); logprobs, ratios and
+    logprob_mismatch as StepResult's, for this call's micro-batches."""
+    sequence: int
+    index: int
+    loss: float
+    loss_scale: float
+    samples: int
+    pending: int
+    logprobs: Optional[list] = None
+    ratios: Optional[list] = None
+    logprob_mismatch: Optional[float] = None
+
+
+@dataclass(frozen=True)
 class EvaluateResult:
     """One Evaluate's outcome: the loss a Step on the same micro-batches would
     report now (mean over them), rows evaluated, server-side seconds, and
@@ -273,8 +291,8 @@ class Client:
         """invoke(metadata, timeout) once, or until it stops failing transiently.
 
         Every call passed here is safe to resend: reads (Evaluate among them),
-        CreateJob (request_id), Step (sequence) and LoadStateDict (the same bytes
-        load the same state). DeleteJob is not (a resend finds the job gone) and has its own loop.
+        CreateJob (request_id), Step and OptimStep (sequence), ForwardBackward
+        (sequence and index) and LoadStateDict (the same bytes load the same state). DeleteJob is not (a resend finds the job gone) and has its own loop.
         """
         deadline = time.monotonic() + self.retry_deadline
         attempt = 0
@@ -361,13 +379,16 @@ class Job:
     applied_steps, loss_scale, layer_scales (each layer group's scale with
     per-layer scales, else empty), state ("active"/"failed"), failure,
     parameter_count, estimated_bytes, growth_tracker, overflows_until_backoff.
-    next_sequence is the sequence the next step() sends.
+    next_sequence is the sequence the next step() (or optim_step()) sends;
+    pending, the forward_backward calls sent since the last update.
     """
 
     def __init__(self, client, proto):
         self._client = client
         self._update(proto)
         self.next_sequence = proto.step + 1
+        # forward_backward calls this client sent for the next optim_step.
+        self.pending = 0
 
     def _update(self, proto):
         self.proto = proto
@@ -437,6 +458,89 @@ class Job:
                 lambda md, t: stub.Step(request, metadata=md, timeout=t))
         except errors.SequenceMismatch as e:
             raise self._resynchronise(request.sequence, e) from e
+        self.next_sequence = request.sequence + 1
+        self.step_count = response.global_step
+        self.applied_steps = response.applied_steps
+        self.loss_scale = response.scale_after
+        self.layer_scales = list(response.layer_scales_after)
+        return StepResult.from_proto(response)
+
+    def forward_backward(self, inputs=None, targets=None, *, micro_batches=None, loss_fn=None,
+                         weights=None, advantages=None, sampling_logprobs=None, ppo_clip=None,
+                         return_logprobs=False, micro_batches_in_update=0):
+        """Forward and backward only: the gradients are added to those the
+        job holds for its next update, applied by optim_step(); returns a
+        ForwardBackwardResult.
+
+        Takes step()'s batch and token-loss arguments. Several calls, then
+        one optim_step(), train exactly as one step() over all their
+        micro-batches (in order) does. The model's own loss is a mean over
+        micro-batches: pass micro_batches_in_update, the number of
+        micro-batches over every call of the update, for each call to carry
+        its share (0: this call's own count). Token losses are sums and need
+        nothing. The accumulated gradients live in the server's memory: a
+        restart loses them and the next call raises AccumulationLost, whose
+        pending_lost calls (from expected_index) must be sent again.
+        """
+        micro_batches = _micro_batches(inputs, targets, micro_batches, "forward_backward")
+        request = pb.ForwardBackwardRequest(
+            job_id=self.job_id, sequence=self.next_sequence, index=self.pending + 1,
+            micro_batches=[pb.MicroBatch(inputs=to_tensor(x), targets=to_tensor(y))
+                           for x, y in micro_batches],
+            return_logprobs=bool(return_logprobs),
+            micro_batches_in_update=int(micro_batches_in_update))
+        _set_token_loss(request, micro_batches, loss_fn, weights, advantages,
+                        sampling_logprobs, ppo_clip)
+        stub = self._client._stub
+        try:
+            # Safe to resend: the server answers a resent last call from its record.
+            r = self._client._call(
+                lambda md, t: stub.ForwardBackward(request, metadata=md, timeout=t))
+        except errors.AccumulationLost as e:
+            # The server holds expected_index - 1 calls: resend from there.
+            self.pending = (e.expected_index or 1) - 1
+            raise
+        self.pending = r.pending
+        return ForwardBackwardResult(
+            sequence=r.sequence, index=r.index, loss=r.loss, loss_scale=r.loss_scale,
+            samples=r.samples, pending=r.pending,
+            logprobs=[_f32_array(t) for t in r.logprobs] if r.logprobs else None,
+            ratios=[_f32_array(t) for t in r.ratios] if r.ratios else None,
+            logprob_mismatch=(r.logprob_mismatch if r.HasField("logprob_mismatch") else None))
+
+    def optim_step(self, lr=None, betas=None, eps=None, weight_decay=None, max_grad_norm=None):
+        """Apply the gradients of the forward_backward calls since the last
+        update; returns a StepResult (its loss: the update's, as one step()
+        over the same micro-batches reports it).
+
+        Each hyperparameter given replaces the job's for this update only,
+        as torch.optim.AdamW reads it: lr, betas=(beta1, beta2), eps,
+        weight_decay, max_grad_norm (<= 0: no clipping). An overflow skips
+        the update (result.skipped) and drops the accumulated gradients, as
+        PyTorch's GradScaler does. Raises AccumulationLost when the server
+        no longer holds every call sent (a restart): nothing is applied; and
+        InvalidArgument when no forward_backward call was sent.
+        """
+        request = pb.OptimStepRequest(job_id=self.job_id, sequence=self.next_sequence,
+                                      forward_backward_calls=self.pending)
+        if lr is not None:
+            request.learning_rate = lr
+        if betas is not None:
+            request.beta1, request.beta2 = (float(b) for b in betas)
+        if eps is not None:
+            request.eps = eps
+        if weight_decay is not None:
+            request.weight_decay = weight_decay
+        if max_grad_norm is not None:
+            request.max_grad_norm = max_grad_norm
+        stub = self._client._stub
+        try:
+            response = self._client._call(
+                lambda md, t: stub.OptimStep(request, metadata=md, timeout=t))
+        except errors.AccumulationLost as e:
+            self.pending = (e.expected_index or 1) - 1
+            raise
+        self.pending = 0
         self.next_sequence = request.sequence + 1
         self.step_count = response.global_step
         self.applied_steps = response.applied_steps

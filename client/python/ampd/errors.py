@@ -103,6 +103,35 @@ class StepResponseLost(SequenceMismatch):
         super().__init__(code, message, "SEQUENCE_MISMATCH", metadata, "ampd")
 
 
+class AccumulationLost(FailedPrecondition):
+    """Gradients this client accumulated with forward_backward are gone.
+
+    A server restart (or a state load, or a call that failed part-way)
+    dropped them; nothing was applied from them. `pending_lost` calls must
+    be sent again, from index `expected_index`, before the call that raised
+    (or optim_step). Raised by Job.forward_backward and Job.optim_step.
+    """
+
+    @property
+    def pending_lost(self):
+        value = self.metadata.get("pending_lost")
+        return int(value) if value is not None else None
+
+    @property
+    def expected_index(self):
+        value = self.metadata.get("expected_index")
+        return int(value) if value is not None else None
+
+
+class AccumulationPending(FailedPrecondition):
+    """A step() while forward_backward calls are accumulated: optim_step first."""
+
+    @property
+    def pending(self):
+        value = self.metadata.get("pending")
+        return int(value) if value is not None else None
+
+
 class JobFailed(FailedPrecondition):
     """The job failed (its loss scaler gave up at its minimum scale).
 
@@ -174,6 +203,8 @@ _BY_REASON = {
     "SEQUENCE_MISMATCH": SequenceMismatch,
     "SCALER_AT_MIN_SCALE": ScalerAtMinScale,
     "JOB_FAILED": JobFailed,
+    "ACCUMULATION_LOST": AccumulationLost,
+    "ACCUMULATION_PENDING": AccumulationPending,
     "JOB_LIMIT": JobLimit,
     "MEMORY_LIMIT": MemoryLimit,
     "CREATE_RETRY": CreateRetry,

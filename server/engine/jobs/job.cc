@@ -20,27 +20,13 @@
 #include "kernels/backend_factory.h"
 #include "server/engine/checkpoint/state_dict.h"
 #include "server/engine/config/job_config_codec.h"
+#include "server/engine/jobs/allocation_guard.h"
 
 namespace ampd::engine {
 
 // ---- helpers ----------------------------------------------------------------------
 
 namespace {
-
-// Runs f, turning an allocation failure thrown anywhere inside it (a host
-// vector or string the size of a tensor or a state dict) into
-// ResourceExhausted: on a strand worker an escaping exception would reach
-// std::terminate and take every job down with it.
-template <typename F>
-auto AllocationGuard(absl::string_view what, F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(absl::StrCat(what, ": out of host memory"));
-  } catch (const std::length_error&) {
-    return absl::ResourceExhaustedError(absl::StrCat(what, ": a buffer exceeds the maximum size"));
-  }
-}
 
 std::string HexFloat(double v) { return absl::StrFormat("%a", v); }
 
@@ -375,6 +361,8 @@ absl::Status Job::Restore(const std::string& device, const checkpoint::StateDict
   }
   AMPD_RETURN_IF_ERROR(Initialize(device));
   initial_state_ = false;
+  // Whatever ForwardBackward calls the job held before the restart are gone.
+  accumulation_dropped_ = true;
   AMPD_RETURN_IF_ERROR(AllocationGuard("restore", [&] { return trainer_->LoadState(state); }));
   // The Trainer took its counts from the checkpoint; the recorded response
   // is kept when it is the last step's.
@@ -419,6 +407,14 @@ absl::StatusOr<StepReport> Job::Step(int64_t sequence, ValidStepInput input,
   if (distributed()) return DistributedStep(sequence, std::move(input));
   AMPD_ASSIGN_OR_RETURN(std::optional<StepReport> recorded, CheckSequence(sequence));
   if (recorded.has_value()) return *std::move(recorded);
+  if (const int64_t pending = trainer_->pending_forward_backward(); pending > 0) {
+    // A Step would drop them: the client meant them for an OptimStep.
+    return WithReason(
+        absl::FailedPreconditionError(absl::StrCat(
+            "sequence: ", pending, " ForwardBackward call(s) are accumulated for update ", sequence,
+            "; apply them with OptimStep before a Step")),
+        reason::kAccumulationPending, {{"pending", absl::StrCat(pending)}});
+  }
   AMPD_ASSIGN_OR_RETURN(const FittedStepInput fitted, trainer_->CheckInput(std::move(input)));
   return RunStep(sequence, fitted, nullptr, call);
 }
@@ -452,6 +448,19 @@ absl::StatusOr<std::optional<StepReport>> Job::CheckSequence(int64_t sequence) c
 absl::StatusOr<StepReport> Job::RunStep(int64_t sequence, const FittedStepInput& input,
                                         const DataParallelStep* data_parallel,
                                         const CallToken& call) {
+  return RunUpdate(
+      sequence, "Step",
+      [&](const std::function<absl::Status(int64_t)>& admit) {
+        return trainer_->Step(input, admit, data_parallel, call);
+      },
+      data_parallel);
+}
+
+absl::StatusOr<StepReport> Job::RunUpdate(
+    int64_t sequence, absl::string_view what,
+    const std::function<absl::StatusOr<StepReport>(const std::function<absl::Status(int64_t)>&)>&
+        run,
+    const DataParallelStep* data_parallel) {
   WorkspaceReservation reservation;
   const std::function<absl::Status(int64_t)> admit = [this, &reservation](int64_t bytes) {
     return AdmitWorkspace(bytes, &reservation);
@@ -464,9 +473,7 @@ absl::StatusOr<StepReport> Job::RunStep(int64_t sequence, const FittedStepInput&
   {
     // The Trainer's workspaces are in use: memory pressure leaves them be.
     absl::MutexLock lock(&workspace_mu_);
-    report = AllocationGuard("Step", [&]() -> absl::StatusOr<StepReport> {
-      return trainer_->Step(input, admit, data_parallel, call);
-    });
+    report = AllocationGuard(what, [&]() -> absl::StatusOr<StepReport> { return run(admit); });
     // What stays cached is what the job holds until its next step, counted
     // for admission (in place of the step's reservation, dropped once it is
     // recorded) and, already in the memory report the step's caller makes,
@@ -691,6 +698,14 @@ void Job::AfterImport() {
   // The recorded response belongs to the old weights; a retry of the last
   // sequence after an import must not pretend it was computed on the new ones.
   last_report_.reset();
+  // So do accumulated gradients: the client's next call learns they are
+  // gone (ACCUMULATION_LOST) rather than applying them to other weights.
+  last_call_.reset();
+  if (trainer_ != nullptr && trainer_->pending_forward_backward() > 0) {
+    trainer_->DropAccumulated();
+    accumulation_dropped_ = true;
+    ReportPending();
+  }
   // A distributed job's ranks meet again at the next step and compare their
   // states: the same import must reach every rank before it trains on.
   DropGroup();

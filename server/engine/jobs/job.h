@@ -212,6 +212,28 @@ class Job : public std::enable_shared_from_this<Job> {
   // once it has started.
   absl::StatusOr<StepReport> Step(int64_t sequence, ValidStepInput input,
                                   const CallToken& call = CallToken());
+  // Accumulate, then apply (job_accumulate.cc). A ForwardBackward call
+  // names the update its gradients go into (`sequence`, the job's next
+  // sequence number, the one its OptimStep carries) and its 1-based
+  // `index` among that update's calls. index == pending + 1 runs; the last
+  // call resent (index == pending, same sequence) returns its recorded
+  // report; index > pending + 1 after accumulated calls were dropped (a
+  // restart, a state load or a call that failed after admission) is
+  // FailedPrecondition ACCUMULATION_LOST with pending_lost, the calls to
+  // resend, and expected_index; any other index (a call that arrived
+  // before the one before it) or sequence is SEQUENCE_MISMATCH. Not for
+  // distributed jobs (Unimplemented).
+  absl::StatusOr<ForwardBackwardReport> ForwardBackward(int64_t sequence, int64_t index,
+                                                        const ForwardBackwardInput& input);
+  // The update (Trainer::OptimStep) of sequence number `sequence`, under
+  // Step's exactly-once rules (it shares the job's sequence and recorded
+  // report with Step). forward_backward_calls must be the calls pending:
+  // more, after calls were dropped, is ACCUMULATION_LOST (pending_lost =
+  // the difference); any other difference is SEQUENCE_MISMATCH.
+  absl::StatusOr<StepReport> OptimStep(int64_t sequence, OptimStepInput input);
+  // ForwardBackward calls accumulated and not applied (0 without a Trainer).
+  int64_t pending_forward_backward() const;
+
   // Trainer::Evaluate on the job's weights: NotFound when closed; a failed
   // job still evaluates (its weights are what it holds). Admitted as a
   // step's workspaces are (JobContext::admit_step), and reported to the
@@ -289,6 +311,20 @@ class Job : public std::enable_shared_from_this<Job> {
   absl::StatusOr<StepReport> RunStep(int64_t sequence, const FittedStepInput& input,
                                      const DataParallelStep* data_parallel,
                                      const CallToken& call = CallToken());
+  // What RunStep does around the Trainer's update `run` (a Step's or an
+  // OptimStep's): admission, the failure of a scaler that gives up, the
+  // recorded report, the observer, the periodic checkpoint.
+  absl::StatusOr<StepReport> RunUpdate(
+      int64_t sequence, absl::string_view what,
+      const std::function<absl::StatusOr<StepReport>(const std::function<absl::Status(int64_t)>&)>&
+          run,
+      const DataParallelStep* data_parallel);
+  // The exactly-once rules of a ForwardBackward call (job_accumulate.cc):
+  // its recorded report when resent, nullopt to run it, or the error.
+  absl::StatusOr<std::optional<ForwardBackwardReport>> CheckAccumulation(int64_t sequence,
+                                                                         int64_t index) const;
+  // Tells the observer how many calls are pending now.
+  void ReportPending() const;
 
   // ---- distributed jobs (job_distributed.cc) ----
   bool distributed() const { return config_.get().distributed.enabled(); }
@@ -329,6 +365,16 @@ class Job : public std::enable_shared_from_this<Job> {
   absl::Mutex workspace_mu_;
   std::unique_ptr<Trainer> trainer_;
   std::optional<StepReport> last_report_;
+  // The last ForwardBackward call's report, while its update is pending:
+  // what a resend of it gets back (not checkpointed: a restart loses the
+  // accumulated gradients anyway).
+  std::optional<ForwardBackwardReport> last_call_;
+  // Whether calls the client sent may have been dropped since its last
+  // successful call or update: after a restore (a restart loses them), an
+  // import, or a call that failed part-way. A call past the next index is
+  // then ACCUMULATION_LOST; otherwise it arrived out of order
+  // (SEQUENCE_MISMATCH).
+  bool accumulation_dropped_ = false;
   // True while the Trainer holds exactly what Initialize built from the
   // config and seed: its checkpoints are then seed-only. Cleared before
   // anything that may change the Trainer's state (a step, an import, a

@@ -3,6 +3,7 @@
 // includes prometheus). Called from job workers, concurrently across jobs.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "server/engine/api.h"
@@ -21,6 +22,13 @@ class JobObserver {
   // After a successful Sample.
   virtual void OnSample(const std::string& job_id, const SampleReport& report) = 0;
   virtual void OnJobDeleted(const std::string& job_id) = 0;
+  // The ForwardBackward calls a job holds accumulated and not applied,
+  // whenever that count changes (a call, an update, a drop). An update
+  // also reports OnStep.
+  virtual void OnAccumulated(const std::string& job_id, int64_t pending) {
+    (void)job_id;
+    (void)pending;
+  }
   // A distributed job's rank formed its group (before the step that needed
   // it). Most observers have no use for it.
   virtual void OnGroupFormed(const std::string& job_id, const GroupFormation& formation) {

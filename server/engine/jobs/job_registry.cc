@@ -325,6 +325,64 @@ void JobRegistry::Step(const std::string& owner, const std::string& job_id, int6
   });
 }
 
+void JobRegistry::ForwardBackward(const std::string& owner, const std::string& job_id,
+                                  int64_t sequence, int64_t index, ForwardBackwardInput input,
+                                  std::function<void(absl::StatusOr<ForwardBackwardReport>)> done) {
+  absl::Status check = CheckForwardBackwardInput(input);
+  if (check.ok() && index < 1) {
+    check = absl::InvalidArgumentError(absl::StrCat(
+        "index: a ForwardBackward call's 1-based position in its update, got ", index));
+  }
+  absl::StatusOr<std::shared_ptr<Job>> found = AcceptWork(check, owner, job_id);
+  if (!found.ok()) {
+    done(found.status());
+    return;
+  }
+  std::shared_ptr<Job> job = *std::move(found);
+  auto shared_input = std::make_shared<ForwardBackwardInput>(std::move(input));
+  job->Post([this, job, sequence, index, shared_input, done = std::move(done)] {
+    absl::StatusOr<ForwardBackwardReport> report =
+        job->ForwardBackward(sequence, index, *shared_input);
+    if (report.ok()) {
+      ReportMemory();
+    } else if (report.status().code() != absl::StatusCode::kInvalidArgument &&
+               report.status().code() != absl::StatusCode::kFailedPrecondition &&
+               report.status().code() != absl::StatusCode::kNotFound) {
+      LogEvent(absl::StrCat("job ", job->id(), " forward_backward ", sequence, ".", index,
+                            " failed: ", report.status().ToString()));
+    }
+    done(std::move(report));
+  });
+}
+
+void JobRegistry::OptimStep(const std::string& owner, const std::string& job_id, int64_t sequence,
+                            OptimStepInput input,
+                            std::function<void(absl::StatusOr<StepReport>)> done) {
+  absl::StatusOr<std::shared_ptr<Job>> found =
+      AcceptWork(CheckOptimStepInput(input), owner, job_id);
+  if (!found.ok()) {
+    done(found.status());
+    return;
+  }
+  std::shared_ptr<Job> job = *std::move(found);
+  job->Post([this, job, sequence, input, done = std::move(done)] {
+    absl::StatusOr<StepReport> report = job->OptimStep(sequence, input);
+    const std::optional<ErrorReason> why = GetErrorReason(report.status());
+    if (report.ok()) {
+      ReportMemory();
+    } else if (why.has_value() && why->reason == reason::kScalerAtMinScale) {
+      LogEvent(absl::StrCat("job ", job->id(), " failed at step ", sequence, ": ",
+                            report.status().message()));
+    } else if (report.status().code() != absl::StatusCode::kInvalidArgument &&
+               report.status().code() != absl::StatusCode::kFailedPrecondition &&
+               report.status().code() != absl::StatusCode::kNotFound) {
+      LogEvent(absl::StrCat("job ", job->id(), " optim_step ", sequence,
+                            " failed: ", report.status().ToString()));
+    }
+    done(std::move(report));
+  });
+}
+
 void JobRegistry::Evaluate(const std::string& owner, const std::string& job_id, EvaluateInput input,
                            std::function<void(absl::StatusOr<EvaluateReport>)> done,
                            CallToken call) {

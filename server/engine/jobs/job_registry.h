@@ -154,6 +154,14 @@ class JobRegistry {
   // and the step run on the job's strand (Job::Step).
   void Step(const std::string& owner, const std::string& job_id, int64_t sequence, StepInput input,
             std::function<void(absl::StatusOr<StepReport>)> done, CallToken call = CallToken());
+  // CheckForwardBackwardInput's (or CheckOptimStepInput's) error and an
+  // index < 1 first, then the job's strand (Job::ForwardBackward,
+  // Job::OptimStep), in order with its steps.
+  void ForwardBackward(const std::string& owner, const std::string& job_id, int64_t sequence,
+                       int64_t index, ForwardBackwardInput input,
+                       std::function<void(absl::StatusOr<ForwardBackwardReport>)> done);
+  void OptimStep(const std::string& owner, const std::string& job_id, int64_t sequence,
+                 OptimStepInput input, std::function<void(absl::StatusOr<StepReport>)> done);
   // CheckEvaluateInput's error first, then the job's strand (Job::Evaluate),
   // after its queued steps: an evaluation sees the weights of every step
   // sent before it. Refused with Unavailable while draining, as a step is.

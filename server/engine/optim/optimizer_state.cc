@@ -64,16 +64,21 @@ kernels::AdamConfig AdamUpdateConfig(const OptimizerSpec& spec) {
 
 absl::Status OptimizerState::Apply(kernels::Backend& backend,
                                    absl::Span<const kernels::ParamRef> refs,
-                                   std::optional<float> lr,
+                                   const UpdateOverrides& overrides,
                                    const kernels::GradTransform& transform) const {
   if (spec_.kind == OptimizerKind::kSgd) {
     kernels::SgdConfig config = SgdUpdateConfig(spec_);
-    if (lr.has_value()) config.lr = *lr;
+    if (overrides.lr.has_value()) config.lr = *overrides.lr;
+    if (overrides.weight_decay.has_value()) config.weight_decay = *overrides.weight_decay;
     // PyTorch initialises the momentum buffer to g on the first update.
     return backend.SgdUpdate(refs, config, applied_steps_ == 0, transform);
   }
   kernels::AdamConfig config = AdamUpdateConfig(spec_);
-  if (lr.has_value()) config.lr = *lr;
+  if (overrides.lr.has_value()) config.lr = *overrides.lr;
+  if (overrides.beta1.has_value()) config.beta1 = *overrides.beta1;
+  if (overrides.beta2.has_value()) config.beta2 = *overrides.beta2;
+  if (overrides.eps.has_value()) config.eps = *overrides.eps;
+  if (overrides.weight_decay.has_value()) config.weight_decay = *overrides.weight_decay;
   return backend.AdamUpdate(refs, config, applied_steps_ + 1, transform);
 }
 

@@ -23,6 +23,18 @@ namespace ampd::engine::optim {
 kernels::SgdConfig SgdUpdateConfig(const OptimizerSpec& spec);
 kernels::AdamConfig AdamUpdateConfig(const OptimizerSpec& spec);
 
+// What one update may change of the spec's hyperparameters (an OptimStep's
+// or a Step's learning rate): each one given replaces the spec's for that
+// update. beta1, beta2 and eps are Adam's and AdamW's; the caller refuses
+// them for SGD.
+struct UpdateOverrides {
+  std::optional<float> lr;
+  std::optional<float> beta1;
+  std::optional<float> beta2;
+  std::optional<float> eps;
+  std::optional<float> weight_decay;
+};
+
 class OptimizerState {
  public:
   // One entry per parameter, in model order: its name ("model.0.weight") and
@@ -51,9 +63,10 @@ class OptimizerState {
   // The fused update for the step that would be number applied_steps() + 1;
   // on the device it is skipped entirely when transform.found_inf is set.
   // Does not advance applied_steps(): the caller does once it has read
-  // found_inf back. lr overrides the configured learning rate.
+  // found_inf back. `overrides` replace the configured hyperparameters.
   absl::Status Apply(kernels::Backend& backend, absl::Span<const kernels::ParamRef> refs,
-                     std::optional<float> lr, const kernels::GradTransform& transform) const;
+                     const UpdateOverrides& overrides,
+                     const kernels::GradTransform& transform) const;
 
  private:
   OptimizerSpec spec_;

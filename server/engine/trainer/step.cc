@@ -1,6 +1,8 @@
 // Trainer::Step: one mixed-precision training step on a Backend, and the
 // checks of its input (ValidStepInput's, then Trainer::CheckInput's against
-// the model), each run once per step.
+// the model), each run once per step. Its phases are also the two halves
+// accumulate.cc runs as separate calls (ForwardBackward, then OptimStep's
+// Apply): a Step is the update whose only forward and backward is its own.
 //
 // Step, in device order:
 //   zero the += gradients (LayerNorm, Embedding, a GPT's position table and
@@ -291,8 +293,11 @@ absl::StatusOr<FittedStepInput> Trainer::CheckInput(ValidStepInput input) const 
 
 absl::StatusOr<Trainer::Impl::StepPlan> Trainer::Impl::Admit(
     const StepInput& input, const std::function<absl::Status(int64_t)>& admit,
-    const DataParallelStep* data_parallel, const CallToken& call) {
+    const DataParallelStep* data_parallel, const CallToken& call,
+    const ForwardBackwardInput* accumulating) {
   StepPlan plan;
+  plan.accumulate = accumulating != nullptr;
+  plan.first = accumulating == nullptr || accumulation.calls == 0;
   // Each token's log-prob is kept for the report, or for the mismatch a
   // loss with sampling_logprobs reports.
   plan.keep_logprobs = input.return_logprobs ||
@@ -325,7 +330,9 @@ absl::StatusOr<Trainer::Impl::StepPlan> Trainer::Impl::Admit(
     return absl::InvalidArgumentError(
         "scaler.per_layer_scales: not available for distributed jobs");
   }
-  if (scaler.NeedsCalibration()) {
+  // Calibration runs a backward of its own over the gradient buffers: only
+  // before the update's first forward and backward.
+  if (plan.first && scaler.NeedsCalibration()) {
     AMPD_RETURN_IF_ERROR(CalibrateLossScale(input, data_parallel, call));
   }
   if (plan.per_layer) {
@@ -340,13 +347,16 @@ absl::StatusOr<Trainer::Impl::StepPlan> Trainer::Impl::Admit(
   // A distributed step's K counts every rank's micro-batches: the sum of
   // the ranks' gradients is then the whole batch's.
   plan.k = data_parallel != nullptr ? data_parallel->global_micro_batches : plan.local_k;
+  // A ForwardBackward call's mean is over the update's micro-batches.
+  if (call != nullptr && call->micro_batches_in_update > 0) plan.k = call->micro_batches_in_update;
   // d(S * mean_k L_k)/dw: each micro-batch's loss gradient carries S / K;
   // a token loss sums over every micro-batch's tokens, so S alone, on every
   // rank too: the ranks' summed gradients are then the whole batch's sum,
   // and their summed loss_sum (CheckGradients) the loss over every token.
   // The job's ranks agree on loss_fn before the step (job_distributed.cc).
   plan.grad_scale = plan.token_loss ? plan.scale : plan.scale / static_cast<float>(plan.k);
-  plan.clip = config.optimizer.max_grad_norm > 0.0f;
+  plan.max_grad_norm = config.optimizer.max_grad_norm;
+  plan.clip = plan.max_grad_norm > 0.0f;
   return plan;
 }
 
@@ -360,11 +370,16 @@ absl::Status Trainer::Impl::ForwardBackward(const StepInput& input, const StepPl
                                             const CallToken& call, StepReport& report) {
   kernels::Backend& b = *backend;
   model::Network& net = *model;
-  AMPD_RETURN_IF_ERROR(net.ZeroGrads());
-  AMPD_RETURN_IF_ERROR(b.Fill(found_inf, 0.0f));
+  if (plan.first) {
+    // The update starts: what earlier calls accumulated is applied or
+    // dropped by now.
+    AMPD_RETURN_IF_ERROR(net.ZeroGrads());
+    AMPD_RETURN_IF_ERROR(b.Fill(found_inf, 0.0f));
+    AMPD_RETURN_IF_ERROR(b.Fill(norm_sq, 0.0f));
+    for (ScaleGroup& g : groups) AMPD_RETURN_IF_ERROR(b.Fill(g.max_abs, 0.0f));
+    if (plan.accumulate) AMPD_RETURN_IF_ERROR(b.Fill(accum_loss, 0.0f));
+  }
   AMPD_RETURN_IF_ERROR(b.Fill(loss_sum, 0.0f));
-  AMPD_RETURN_IF_ERROR(b.Fill(norm_sq, 0.0f));
-  for (ScaleGroup& g : groups) AMPD_RETURN_IF_ERROR(b.Fill(g.max_abs, 0.0f));
 
   // A distributed step starts summing each parameter's gradient as the last
   // micro-batch's backward finishes it, so the sums overlap the rest of the
@@ -409,6 +424,7 @@ absl::Status Trainer::Impl::ForwardBackward(const StepInput& input, const StepPl
     AMPD_RETURN_IF_ERROR(net.Forward(*ws));
     AMPD_RETURN_IF_ERROR(net.Loss(*ws, plan.grad_scale, loss));
     AMPD_RETURN_IF_ERROR(b.Add(loss, loss_sum));
+    if (plan.accumulate) AMPD_RETURN_IF_ERROR(b.Add(loss, accum_loss));
     if (plan.keep_logprobs) {
       // A later micro-batch of this shape reuses the workspace: its
       // log-probs move to the step's buffer now, on the device.
@@ -419,8 +435,10 @@ absl::Status Trainer::Impl::ForwardBackward(const StepInput& input, const StepPl
     }
     const Clock::time_point t1 = Clock::now();
     const bool last = i == plan.local_k - 1;
+    // Linear grads are written (beta = 0) by the update's first micro-batch
+    // and added to by every later one, in this call or a later one.
     AMPD_RETURN_IF_ERROR(
-        net.Backward(*ws, /*first_micro_batch=*/i == 0, last ? last_hooks : hooks));
+        net.Backward(*ws, /*first_micro_batch=*/plan.first && i == 0, last ? last_hooks : hooks));
     const Clock::time_point t2 = Clock::now();
     report.seconds.forward += Seconds(t0, t1);
     report.seconds.backward += Seconds(t1, t2);
@@ -440,11 +458,20 @@ absl::Status Trainer::Impl::ForwardBackward(const StepInput& input, const StepPl
   return absl::OkStatus();
 }
 
-absl::Status Trainer::Impl::CheckGradients(const StepInput& input, const StepPlan& plan,
+absl::Status Trainer::Impl::Apply(const optim::UpdateOverrides& overrides,
+                                  bool sample_grad_histogram, const StepPlan& plan,
+                                  const DataParallelStep* data_parallel,
+                                  const StepInput* logprobs_of, StepReport& report) {
+  AMPD_RETURN_IF_ERROR(CheckGradients(sample_grad_histogram, plan, data_parallel, report));
+  AMPD_RETURN_IF_ERROR(Update(overrides, plan, report));
+  return Finish(sample_grad_histogram, plan, logprobs_of, report);
+}
+
+absl::Status Trainer::Impl::CheckGradients(bool sample_grad_histogram, const StepPlan& plan,
                                            const DataParallelStep* data_parallel,
                                            StepReport& report) {
   kernels::Backend& b = *backend;
-  if (input.sample_grad_histogram) {
+  if (sample_grad_histogram) {
     // On the scaled grads: what the operator needs to see is where the
     // values sit relative to fp16's range, i.e. what was actually stored.
     // One histogram per scale group, so each group's underflow is its own.
@@ -476,7 +503,7 @@ absl::Status Trainer::Impl::CheckGradients(const StepInput& input, const StepPla
   return absl::OkStatus();
 }
 
-absl::Status Trainer::Impl::Update(const StepInput& input, const StepPlan& plan,
+absl::Status Trainer::Impl::Update(const optim::UpdateOverrides& overrides, const StepPlan& plan,
                                    StepReport& report) {
   const Clock::time_point t0 = Clock::now();
   // A disabled scaler (PyTorch's enabled=False) never skips, so the update
@@ -484,37 +511,39 @@ absl::Status Trainer::Impl::Update(const StepInput& input, const StepPlan& plan,
   kernels::GradTransform transform;
   transform.found_inf = config.scaler.enabled ? &found_inf : &no_inf;
   transform.norm_sq = plan.clip ? &norm_sq : nullptr;
-  transform.max_grad_norm = config.optimizer.max_grad_norm;
+  transform.max_grad_norm = plan.max_grad_norm;
   // The schedule's lr for the updates applied so far (a skipped step does
   // not advance it), unless the request overrides it.
   report.learning_rate =
-      input.learning_rate.has_value()
-          ? *input.learning_rate
+      overrides.lr.has_value()
+          ? *overrides.lr
           : optim::ScheduledLearningRate(config.optimizer, optimizer.applied_steps());
+  optim::UpdateOverrides applied = overrides;
+  applied.lr = report.learning_rate;
   // Each group's update with its own 1 / S_g; the optimizer's step count
   // is advanced once, after the read (Finish).
   for (size_t g = 0; g < groups.size(); ++g) {
     transform.inv_scale = InvScale(plan, g);
-    AMPD_RETURN_IF_ERROR(
-        optimizer.Apply(*backend, groups[g].refs, report.learning_rate, transform));
+    AMPD_RETURN_IF_ERROR(optimizer.Apply(*backend, groups[g].refs, applied, transform));
   }
   report.seconds.optimizer = Seconds(t0, Clock::now());
   return absl::OkStatus();
 }
 
-absl::Status Trainer::Impl::Finish(const StepInput& input, const StepPlan& plan,
-                                   StepReport& report) {
+absl::Status Trainer::Impl::Finish(bool sample_grad_histogram, const StepPlan& plan,
+                                   const StepInput* logprobs_of, StepReport& report) {
   // One read brings the scalars, the histograms when sampled, and the
   // step's per-token log-probs when kept.
+  const bool keep_logprobs = plan.keep_logprobs && logprobs_of != nullptr;
   std::vector<kernels::HostCopy> copies;
-  if (input.sample_grad_histogram) {
+  if (sample_grad_histogram) {
     copies.reserve(groups.size());
     for (ScaleGroup& g : groups) {
       copies.push_back({&g.histogram, g.bins.data(), g.bins.size() * sizeof(int64_t)});
     }
   }
   Tensor logprobs_read;
-  if (plan.keep_logprobs) {
+  if (keep_logprobs) {
     AMPD_ASSIGN_OR_RETURN(logprobs_read, step_logprobs.View(0, {plan.tokens}));
     step_logprobs_host.resize(static_cast<size_t>(plan.tokens));
     copies.push_back({&logprobs_read, step_logprobs_host.data(),
@@ -522,7 +551,7 @@ absl::Status Trainer::Impl::Finish(const StepInput& input, const StepPlan& plan,
   }
   const std::vector<float>& host = read_values;
   AMPD_RETURN_IF_ERROR(backend->ReadBack(read_scalars, absl::MakeSpan(read_values), copies));
-  if (plan.keep_logprobs) ReportStepLogprobs(input, step_logprobs_host, report);
+  if (keep_logprobs) ReportStepLogprobs(*logprobs_of, step_logprobs_host, report);
   const bool overflowed = host[kReadFoundInf] != 0.0f;
   amp::StepGradStats stats;
   stats.found_inf = overflowed;
@@ -533,7 +562,7 @@ absl::Status Trainer::Impl::Finish(const StepInput& input, const StepPlan& plan,
     if (plan.per_layer) stats.layer_max_abs.push_back(host[kReadMaxAbs + g]);
   }
   stats.max_abs = max_abs;
-  if (input.sample_grad_histogram) {
+  if (sample_grad_histogram) {
     report.grad_histogram.assign(kGradHistogramBins, 0);
     for (const ScaleGroup& g : groups) {
       for (size_t i = 0; i < g.bins.size(); ++i) report.grad_histogram[i] += g.bins[i];
@@ -604,8 +633,10 @@ absl::StatusOr<StepReport> Trainer::StepChecked(const StepInput& input,
   StepReport report;
   absl::StatusOr<Impl::StepPlan> plan = [&]() -> absl::StatusOr<Impl::StepPlan> {
     AMPD_ASSIGN_OR_RETURN(Impl::StepPlan p, m.Admit(input, admit, data_parallel, call));
+    // A Step is the update's only forward and backward: whatever calls
+    // accumulated before it (a Job refuses the Step then) is dropped.
+    m.accumulation = Impl::Accumulation();
     AMPD_RETURN_IF_ERROR(m.ForwardBackward(input, p, data_parallel, call, report));
-    AMPD_RETURN_IF_ERROR(m.CheckGradients(input, p, data_parallel, report));
     // The last point to stop at: the update and the read run to the end.
     AMPD_RETURN_IF_ERROR(CheckCall(call, data_parallel, "before its update"));
     return p;
@@ -614,8 +645,10 @@ absl::StatusOr<StepReport> Trainer::StepChecked(const StepInput& input,
     if (scaler_before.has_value()) m.scaler = *std::move(scaler_before);
     return plan.status();
   }
-  AMPD_RETURN_IF_ERROR(m.Update(input, *plan, report));
-  AMPD_RETURN_IF_ERROR(m.Finish(input, *plan, report));
+  optim::UpdateOverrides overrides;
+  overrides.lr = input.learning_rate;
+  AMPD_RETURN_IF_ERROR(
+      m.Apply(overrides, input.sample_grad_histogram, *plan, data_parallel, &input, report));
   report.seconds.total = Seconds(start, Clock::now());
   if (data_parallel != nullptr) report.seconds.wait = data_parallel->wait_seconds;
   return report;

@@ -126,8 +126,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     AMPD_ASSIGN_OR_RETURN(g.max_abs, AllocScalar(b, {1, 1}));
     AMPD_ASSIGN_OR_RETURN(g.histogram, b.Allocate(DType::kI64, {kGradHistogramBins}));
   }
-  for (Tensor* t :
-       {&impl->loss, &impl->loss_sum, &impl->found_inf, &impl->norm_sq, &impl->no_inf}) {
+  for (Tensor* t : {&impl->loss, &impl->loss_sum, &impl->accum_loss, &impl->found_inf,
+                    &impl->norm_sq, &impl->no_inf}) {
     AMPD_ASSIGN_OR_RETURN(*t, AllocScalar(b, {1, 1}));
   }
   impl->read_scalars = {&impl->loss_sum, &impl->found_inf, &impl->norm_sq};

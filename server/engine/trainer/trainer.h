@@ -125,6 +125,31 @@ class Trainer {
   // The gradient tensors a distributed job's GradientAllReduce sums.
   std::vector<kernels::Tensor*> gradient_tensors();
 
+  // A step in two halves (accumulate.cc; api.h ForwardBackwardInput and
+  // OptimStepInput). ForwardBackward: the forward, loss and backward of
+  // one call, its gradients added to those of the calls since the last
+  // update (the first such call zeroes the buffers), with Step's checks and
+  // admission. An error after admission drops every accumulated call (the
+  // buffers then hold part of this one). Not for a distributed job's ranks.
+  // `call` is checked before each micro-batch, as a Step's is: a stopped
+  // call, like any error after admission, drops the accumulated calls.
+  absl::StatusOr<ForwardBackwardReport> ForwardBackward(
+      const ForwardBackwardInput& input,
+      const std::function<absl::Status(int64_t)>& admit = nullptr,
+      const CallToken& call = CallToken());
+  // The update from the accumulated gradients, as Step's (one check pass,
+  // the fused update skipped on an overflow, the scaler's update) with the
+  // input's hyperparameters; the accumulated calls are spent whatever the
+  // outcome. InvalidArgument for betas or eps on an SGD job,
+  // FailedPrecondition when no call is accumulated and, as Step's, when the
+  // scaler gives up. The report's loss is the update's as Step would report
+  // it (the first call's kind of loss and micro_batches_in_update).
+  absl::StatusOr<StepReport> OptimStep(const OptimStepInput& input);
+  // ForwardBackward calls accumulated and not yet applied.
+  int64_t pending_forward_backward() const;
+  // Forgets them (a state load replaced the weights they were computed on).
+  void DropAccumulated();
+
   // Forward and loss over the micro-batches (evaluate.cc): the loss Step
   // would report for them now, with weights, optimizer state, loss scaler
   // and both counts left as they are. The same input checks (InvalidArgument

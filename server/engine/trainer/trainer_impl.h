@@ -52,8 +52,11 @@ struct Trainer::Impl {
   std::vector<kernels::Tensor*> ready_grads;
   std::vector<char> grad_started;
 
-  kernels::Tensor loss;       // (1, 1) F32, one micro-batch's loss
-  kernels::Tensor loss_sum;   // (1, 1) F32, sum of the step's micro-batch losses
+  kernels::Tensor loss;      // (1, 1) F32, one micro-batch's loss
+  kernels::Tensor loss_sum;  // (1, 1) F32, sum of the step's (or the call's) micro-batch losses
+  // (1, 1) F32, sum of the micro-batch losses of every ForwardBackward call
+  // of the pending update, added in the order a Step adds them into loss_sum.
+  kernels::Tensor accum_loss;
   kernels::Tensor found_inf;  // (1, 1) F32
   kernels::Tensor norm_sq;    // (1, 1) F32
   kernels::Tensor no_inf;     // (1, 1) F32 zero: the update's found_inf when the scaler is disabled
@@ -93,17 +96,35 @@ struct Trainer::Impl {
   // empty Tensor's shape {} counts one element).
   int64_t step_logprobs_held() const { return step_logprobs.empty() ? 0 : step_logprobs.numel(); }
 
+  // The update ForwardBackward calls accumulate (step.cc): the calls run
+  // since the last update (0: none pending, the gradient buffers hold
+  // nothing to apply) and what the update's report needs of them.
+  struct Accumulation {
+    int64_t calls = 0;
+    bool token_loss = false;  // the first call's: how the update's loss is reported
+    int64_t k = 1;            // its mean's divisor (micro_batches_in_update)
+  };
+  Accumulation accumulation;
+
   // ---- step.cc: Trainer::Step's phases, in order ---------------------------------
   // What Admit fixes for the rest of the step.
   struct StepPlan {
-    bool per_layer = false;   // per-layer scales
-    float scale = 1.0f;       // the loss gradient's scale: the job's, or the last group's
-    int64_t local_k = 0;      // this rank's micro-batches
-    int64_t k = 0;            // every rank's: the mean's divisor
-    float grad_scale = 1.0f;  // scale / k (scale for a token loss), each micro-batch's
-                              // loss gradient
-    bool clip = false;        // max_grad_norm > 0
-    bool token_loss = false;  // loss_fn is a token loss: a sum over every micro-batch's tokens
+    // The update's first forward and backward: the gradients and the
+    // update's scalars are zeroed before it (every Step; a ForwardBackward
+    // call when none is pending).
+    bool first = true;
+    // A ForwardBackward call: its micro-batches' losses are also added
+    // into accum_loss, and loss_sum holds the call's own.
+    bool accumulate = false;
+    float max_grad_norm = 0.0f;  // the update's (the job's, or an OptimStep's)
+    bool per_layer = false;      // per-layer scales
+    float scale = 1.0f;          // the loss gradient's scale: the job's, or the last group's
+    int64_t local_k = 0;         // this rank's micro-batches
+    int64_t k = 0;               // every rank's: the mean's divisor
+    float grad_scale = 1.0f;     // scale / k (scale for a token loss), each micro-batch's
+                                 // loss gradient
+    bool clip = false;           // max_grad_norm > 0
+    bool token_loss = false;     // loss_fn is a token loss: a sum over every micro-batch's tokens
     // Each token's log-prob read back: return_logprobs, or a loss whose
     // sampling_logprobs the mismatch compares with.
     bool keep_logprobs = false;
@@ -112,9 +133,12 @@ struct Trainer::Impl {
   // The (checked) input's workspaces admitted, an adaptive scaler
   // calibrated and the groups' scales set: the plan of the step.
   // `call` is checked before each micro-batch of a calibration pass.
+  // `accumulating`: a ForwardBackward call's input (its mean's divisor; an
+  // adaptive scaler calibrates on the update's first call only).
   absl::StatusOr<StepPlan> Admit(const StepInput& input,
                                  const std::function<absl::Status(int64_t)>& admit,
-                                 const DataParallelStep* data_parallel, const CallToken& call);
+                                 const DataParallelStep* data_parallel, const CallToken& call,
+                                 const ForwardBackwardInput* accumulating = nullptr);
   // Group g's 1 / S_g (S for a job-wide scale).
   float InvScale(const StepPlan& plan, size_t group) const;
   // The step's scalars zeroed; every micro-batch's forward, loss and
@@ -123,15 +147,26 @@ struct Trainer::Impl {
   absl::Status ForwardBackward(const StepInput& input, const StepPlan& plan,
                                const DataParallelStep* data_parallel, const CallToken& call,
                                StepReport& report);
+  // The update from the gradients the forward and backward passes left:
+  // CheckGradients, Update and Finish, as a Step and an OptimStep run them.
+  // `logprobs_of`: the Step whose kept log-probs the one read brings back
+  // (nullptr for an OptimStep).
+  absl::Status Apply(const optim::UpdateOverrides& overrides, bool sample_grad_histogram,
+                     const StepPlan& plan, const DataParallelStep* data_parallel,
+                     const StepInput* logprobs_of, StepReport& report);
   // The sampled histograms, the unscale-and-check pass of every group and a
   // distributed step's sum of the loss and found_inf.
-  absl::Status CheckGradients(const StepInput& input, const StepPlan& plan,
+  absl::Status CheckGradients(bool sample_grad_histogram, const StepPlan& plan,
                               const DataParallelStep* data_parallel, StepReport& report);
   // The fused update of every group at the step's learning rate (skipped
   // on the device when found_inf is set).
-  absl::Status Update(const StepInput& input, const StepPlan& plan, StepReport& report);
+  absl::Status Update(const optim::UpdateOverrides& overrides, const StepPlan& plan,
+                      StepReport& report);
   // The step's one read, the scaler's update and the report's figures.
-  absl::Status Finish(const StepInput& input, const StepPlan& plan, StepReport& report);
+  absl::Status Finish(bool sample_grad_histogram, const StepPlan& plan,
+                      const StepInput* logprobs_of, StepReport& report);
+  // A ForwardBackward call's one read: its loss sum and kept log-probs.
+  absl::Status ReadCall(const StepInput& input, const StepPlan& plan, StepReport& report);
 
   // calibrate.cc: the adaptive scaler's calibrated start, run by Step
   // before the step proper when the scaler NeedsCalibration().

@@ -1,0 +1,182 @@
+// Trainer::ForwardBackward and Trainer::OptimStep: a step's two halves as
+// separate calls, so that a client can accumulate gradients over several
+// calls and then apply them with the hyperparameters of its choice. Both
+// run Step's own phases (step.cc): a call is Admit and ForwardBackward with
+// the update's first call zeroing what Step zeroes, and the update is
+// Apply (the check pass over everything accumulated, the fused update, the
+// one read and the scaler's update). Nothing here is a second copy of the
+// step, which is why the two halves train exactly as one Step does.
+#include <chrono>
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "server/engine/trainer/trainer.h"
+#include "server/engine/trainer/trainer_impl.h"
+
+namespace ampd::engine {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+absl::Status CheckHyperparameter(absl::string_view field, const std::optional<float>& value,
+                                 bool ok, absl::string_view rule) {
+  if (!value.has_value() || ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, ": must be ", rule, ", got ", *value));
+}
+
+}  // namespace
+
+absl::Status CheckForwardBackwardInput(const ForwardBackwardInput& input) {
+  AMPD_RETURN_IF_ERROR(CheckStepInput(input.batch));
+  if (input.batch.learning_rate.has_value()) {
+    return absl::InvalidArgumentError(
+        "learning_rate: a ForwardBackward call applies nothing; OptimStep carries the learning "
+        "rate");
+  }
+  if (input.micro_batches_in_update < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("micro_batches_in_update: must be >= 0, got ", input.micro_batches_in_update));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckOptimStepInput(const OptimStepInput& input) {
+  if (input.forward_backward_calls < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("forward_backward_calls: the ForwardBackward calls this update applies, "
+                     "must be >= 1, got ",
+                     input.forward_backward_calls));
+  }
+  auto finite = [](const std::optional<float>& v) { return v.has_value() && std::isfinite(*v); };
+  const auto& in = input;
+  AMPD_RETURN_IF_ERROR(CheckHyperparameter("learning_rate", in.learning_rate,
+                                           finite(in.learning_rate) && *in.learning_rate >= 0.0f,
+                                           "finite and >= 0"));
+  AMPD_RETURN_IF_ERROR(CheckHyperparameter(
+      "beta1", in.beta1, finite(in.beta1) && *in.beta1 >= 0.0f && *in.beta1 < 1.0f, "in [0, 1)"));
+  AMPD_RETURN_IF_ERROR(CheckHyperparameter(
+      "beta2", in.beta2, finite(in.beta2) && *in.beta2 >= 0.0f && *in.beta2 < 1.0f, "in [0, 1)"));
+  AMPD_RETURN_IF_ERROR(
+      CheckHyperparameter("eps", in.eps, finite(in.eps) && *in.eps > 0.0f, "finite and > 0"));
+  AMPD_RETURN_IF_ERROR(CheckHyperparameter("weight_decay", in.weight_decay,
+                                           finite(in.weight_decay) && *in.weight_decay >= 0.0f,
+                                           "finite and >= 0"));
+  AMPD_RETURN_IF_ERROR(CheckHyperparameter("max_grad_norm", in.max_grad_norm,
+                                           finite(in.max_grad_norm), "finite (<= 0: no clipping)"));
+  return absl::OkStatus();
+}
+
+int64_t Trainer::pending_forward_backward() const { return impl_->accumulation.calls; }
+
+void Trainer::DropAccumulated() { impl_->accumulation = Impl::Accumulation(); }
+
+absl::Status Trainer::Impl::ReadCall(const StepInput& input, const StepPlan& plan,
+                                     StepReport& report) {
+  std::vector<kernels::HostCopy> copies;
+  kernels::Tensor logprobs_read;
+  if (plan.keep_logprobs) {
+    AMPD_ASSIGN_OR_RETURN(logprobs_read, step_logprobs.View(0, {plan.tokens}));
+    step_logprobs_host.resize(static_cast<size_t>(plan.tokens));
+    copies.push_back({&logprobs_read, step_logprobs_host.data(),
+                      static_cast<size_t>(plan.tokens) * sizeof(float)});
+  }
+  const kernels::Tensor* const scalars[1] = {&loss_sum};
+  float call_loss = 0.0f;
+  AMPD_RETURN_IF_ERROR(backend->ReadBack(scalars, absl::MakeSpan(&call_loss, 1), copies));
+  if (plan.keep_logprobs) ReportStepLogprobs(input, step_logprobs_host, report);
+  // The call's own loss: its mean over its micro-batches, or its tokens' sum.
+  report.loss = plan.token_loss ? call_loss : call_loss / static_cast<float>(plan.local_k);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ForwardBackwardReport> Trainer::ForwardBackward(
+    const ForwardBackwardInput& input, const std::function<absl::Status(int64_t)>& admit,
+    const CallToken& call) {
+  AMPD_RETURN_IF_ERROR(CheckForwardBackwardInput(input));
+  AMPD_RETURN_IF_ERROR(CheckMicroBatchesFitModel(impl_->config.model, input.batch.loss_fn,
+                                                 input.batch.micro_batches));
+  AMPD_RETURN_IF_ERROR(CheckLogprobsWanted(impl_->config.model, input.batch.return_logprobs));
+  const Clock::time_point start = Clock::now();
+  Impl& m = *impl_;
+  // Admission's errors leave the accumulated gradients as they were.
+  AMPD_ASSIGN_OR_RETURN(const Impl::StepPlan plan, m.Admit(input.batch, admit, nullptr, call, &input));
+  StepReport step;
+  absl::Status ran = m.ForwardBackward(input.batch, plan, nullptr, call, step);
+  if (ran.ok()) ran = m.ReadCall(input.batch, plan, step);
+  if (!ran.ok()) {
+    // Some of the call's gradients may be in the buffers: what was
+    // accumulated is no longer what the calls sent, so none of it counts.
+    DropAccumulated();
+    return ran;
+  }
+  if (plan.first) {
+    m.accumulation.token_loss = plan.token_loss;
+    m.accumulation.k = plan.k;
+  }
+  ++m.accumulation.calls;
+  ForwardBackwardReport report;
+  report.loss = step.loss;
+  report.loss_scale = plan.scale;
+  report.samples = step.samples;
+  report.pending = m.accumulation.calls;
+  report.seconds = step.seconds;
+  report.seconds.total = Seconds(start, Clock::now());
+  report.logprobs = std::move(step.logprobs);
+  report.ratios = std::move(step.ratios);
+  report.logprob_mismatch = step.logprob_mismatch;
+  return report;
+}
+
+absl::StatusOr<StepReport> Trainer::OptimStep(const OptimStepInput& input) {
+  AMPD_RETURN_IF_ERROR(CheckOptimStepInput(input));
+  Impl& m = *impl_;
+  const optim::OptimizerSpec& spec = m.config.optimizer;
+  if (spec.kind == optim::OptimizerKind::kSgd &&
+      (input.beta1.has_value() || input.beta2.has_value() || input.eps.has_value())) {
+    return absl::InvalidArgumentError(
+        "beta1: betas and eps are Adam's and AdamW's; this job's optimizer is sgd");
+  }
+  if (m.accumulation.calls == 0) {
+    return absl::FailedPreconditionError(
+        "forward_backward_calls: no ForwardBackward call is accumulated; there is nothing to "
+        "apply");
+  }
+  const Clock::time_point start = Clock::now();
+  // The plan the update's calls ran under: the scaler has not moved since
+  // the first of them (only an update moves it), so its scales are theirs.
+  Impl::StepPlan plan;
+  plan.per_layer = m.config.scaler.per_layer_scales;
+  plan.scale = m.scaler.scale();
+  plan.token_loss = m.accumulation.token_loss;
+  plan.k = m.accumulation.k;
+  plan.local_k = plan.k;
+  plan.max_grad_norm = input.max_grad_norm.has_value() ? *input.max_grad_norm : spec.max_grad_norm;
+  plan.clip = plan.max_grad_norm > 0.0f;
+  optim::UpdateOverrides overrides;
+  overrides.lr = input.learning_rate;
+  overrides.beta1 = input.beta1;
+  overrides.beta2 = input.beta2;
+  overrides.eps = input.eps;
+  overrides.weight_decay = input.weight_decay;
+  // Whatever the update's outcome (applied, skipped on an overflow as
+  // GradScaler skips it, or an error), the accumulated gradients are spent.
+  DropAccumulated();
+  StepReport report;
+  // The update's loss, summed over its calls in Step's order, goes where
+  // the one read looks for a step's.
+  AMPD_RETURN_IF_ERROR(m.backend->Copy(m.accum_loss, m.loss_sum));
+  AMPD_RETURN_IF_ERROR(m.Apply(overrides, input.sample_grad_histogram, plan, nullptr,
+                               /*logprobs_of=*/nullptr, report));
+  report.seconds.total = Seconds(start, Clock::now());
+  return report;
+}
+
+}  // namespace ampd::engine
