@@ -480,7 +480,7 @@ grpc::ServerUnaryReactor* TrainerService::ForwardBackward(grpc::CallbackServerCo
                                                           const v1::ForwardBackwardRequest* request,
                                                           v1::ForwardBackwardResponse* response) {
   const absl::Time start = absl::Now();
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto* reactor = new StoppableUnaryReactor(*context);
   const absl::StatusOr<std::string> tenant = Authenticate(*context);
   if (!tenant.ok()) {
     FinishUnary(reactor, "ForwardBackward", start, tenant.status());
@@ -502,7 +502,8 @@ grpc::ServerUnaryReactor* TrainerService::ForwardBackward(grpc::CallbackServerCo
       [this, reactor, response, start](absl::StatusOr<engine::ForwardBackwardReport> report) {
         if (report.ok()) ForwardBackwardReportToProto(*report, response);
         FinishUnary(reactor, "ForwardBackward", start, report.status());
-      });
+      },
+      reactor->call());
   return reactor;
 }
 

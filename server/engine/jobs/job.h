@@ -223,8 +223,11 @@ class Job : public std::enable_shared_from_this<Job> {
   // resend, and expected_index; any other index (a call that arrived
   // before the one before it) or sequence is SEQUENCE_MISMATCH. Not for
   // distributed jobs (Unimplemented).
+  // `call` stops it between micro-batches (Trainer::ForwardBackward): the
+  // accumulated calls are then dropped, as after any failed call.
   absl::StatusOr<ForwardBackwardReport> ForwardBackward(int64_t sequence, int64_t index,
-                                                        const ForwardBackwardInput& input);
+                                                        const ForwardBackwardInput& input,
+                                                        const CallToken& call = CallToken());
   // The update (Trainer::OptimStep) of sequence number `sequence`, under
   // Step's exactly-once rules (it shares the job's sequence and recorded
   // report with Step). forward_backward_calls must be the calls pending:

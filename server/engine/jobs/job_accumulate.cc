@@ -84,7 +84,8 @@ absl::StatusOr<std::optional<ForwardBackwardReport>> Job::CheckAccumulation(int6
 }
 
 absl::StatusOr<ForwardBackwardReport> Job::ForwardBackward(int64_t sequence, int64_t index,
-                                                           const ForwardBackwardInput& input) {
+                                                           const ForwardBackwardInput& input,
+                                                           const CallToken& call) {
   if (trainer_ == nullptr) return NotOpen();
   if (distributed()) return NotDistributed("ForwardBackward");
   AMPD_ASSIGN_OR_RETURN(std::optional<ForwardBackwardReport> recorded,
@@ -101,7 +102,7 @@ absl::StatusOr<ForwardBackwardReport> Job::ForwardBackward(int64_t sequence, int
   {
     absl::MutexLock lock(&workspace_mu_);
     report = AllocationGuard("ForwardBackward", [&]() -> absl::StatusOr<ForwardBackwardReport> {
-      return trainer_->ForwardBackward(input, admit);
+      return trainer_->ForwardBackward(input, admit, call);
     });
     RecordWorkspace();
     reservation.Reset();

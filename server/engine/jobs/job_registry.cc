@@ -327,7 +327,8 @@ void JobRegistry::Step(const std::string& owner, const std::string& job_id, int6
 
 void JobRegistry::ForwardBackward(const std::string& owner, const std::string& job_id,
                                   int64_t sequence, int64_t index, ForwardBackwardInput input,
-                                  std::function<void(absl::StatusOr<ForwardBackwardReport>)> done) {
+                                  std::function<void(absl::StatusOr<ForwardBackwardReport>)> done,
+                                  CallToken call) {
   absl::Status check = CheckForwardBackwardInput(input);
   if (check.ok() && index < 1) {
     check = absl::InvalidArgumentError(absl::StrCat(
@@ -340,11 +341,18 @@ void JobRegistry::ForwardBackward(const std::string& owner, const std::string& j
   }
   std::shared_ptr<Job> job = *std::move(found);
   auto shared_input = std::make_shared<ForwardBackwardInput>(std::move(input));
-  job->Post([this, job, sequence, index, shared_input, done = std::move(done)] {
+  job->Post([this, job, sequence, index, shared_input, call, done = std::move(done)] {
+    if (absl::Status s = NotStarted(call); !s.ok()) {
+      done(s);
+      return;
+    }
     absl::StatusOr<ForwardBackwardReport> report =
-        job->ForwardBackward(sequence, index, *shared_input);
+        job->ForwardBackward(sequence, index, *shared_input, call);
     if (report.ok()) {
       ReportMemory();
+    } else if (StoppedByCaller(report.status())) {
+      LogEvent(absl::StrCat("job ", job->id(), " forward_backward ", sequence, ".", index,
+                            " stopped: ", report.status().ToString()));
     } else if (report.status().code() != absl::StatusCode::kInvalidArgument &&
                report.status().code() != absl::StatusCode::kFailedPrecondition &&
                report.status().code() != absl::StatusCode::kNotFound) {

@@ -159,7 +159,8 @@ class JobRegistry {
   // Job::OptimStep), in order with its steps.
   void ForwardBackward(const std::string& owner, const std::string& job_id, int64_t sequence,
                        int64_t index, ForwardBackwardInput input,
-                       std::function<void(absl::StatusOr<ForwardBackwardReport>)> done);
+                       std::function<void(absl::StatusOr<ForwardBackwardReport>)> done,
+                       CallToken call = CallToken());
   void OptimStep(const std::string& owner, const std::string& job_id, int64_t sequence,
                  OptimStepInput input, std::function<void(absl::StatusOr<StepReport>)> done);
   // CheckEvaluateInput's error first, then the job's strand (Job::Evaluate),
