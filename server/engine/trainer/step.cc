@@ -348,7 +348,9 @@ absl::StatusOr<Trainer::Impl::StepPlan> Trainer::Impl::Admit(
   // the ranks' gradients is then the whole batch's.
   plan.k = data_parallel != nullptr ? data_parallel->global_micro_batches : plan.local_k;
   // A ForwardBackward call's mean is over the update's micro-batches.
-  if (call != nullptr && call->micro_batches_in_update > 0) plan.k = call->micro_batches_in_update;
+  if (accumulating != nullptr && accumulating->micro_batches_in_update > 0) {
+    plan.k = accumulating->micro_batches_in_update;
+  }
   // d(S * mean_k L_k)/dw: each micro-batch's loss gradient carries S / K;
   // a token loss sums over every micro-batch's tokens, so S alone, on every
   // rank too: the ranks' summed gradients are then the whole batch's sum,
