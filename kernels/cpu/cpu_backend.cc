@@ -168,6 +168,7 @@ class CpuBackend final : public Backend {
   int64_t ScratchBytes(const ScratchExtents& e, int64_t tensor_bytes) const override {
     constexpr int64_t kRunningBytes = int64_t{8} << 20;
     constexpr int64_t kThreadBytes = int64_t{256} << 10;
+    constexpr int64_t kBlasPanelDepth = 512;
     const int64_t threads = pool_.threads();
     int64_t floats = 0;
     auto add = [&floats](int64_t n) { floats = SaturatingAdd(floats, n); };
@@ -176,12 +177,24 @@ class CpuBackend final : public Backend {
       add(e.gemm_b);
       add(e.gemm_c);
     }
-    add(SaturatingMul(2, e.gemm_c));
+    // The fused GEMMs' fp32 sums, one slot each (cpu_parallel.h).
+    add(e.bias_activation_c);
+    add(e.activation_backward_c);
     // Batch-invariant GEMMs pack op(b) into panels of N rounded up to 32
     // columns (the AVX-512 tile's width): at most twice op(b) where
     // N >= 32; a narrower product's padding (31 K floats, under 1 MiB for
     // K <= 8192) fits in the running allowance below.
     if (gemm_order_ == cpu::GemmOrder::kBatchInvariant) add(SaturatingMul(2, e.gemm_b));
+    // OpenBLAS packs op(a) (in its column-major terms, op(b)) into its
+    // per-thread buffers as (min(K, its Q), M) panels, Q some 384 (512
+    // here, an upper bound), M split over the threads: a language model's
+    // LM-head weight gradient, M = V and K = the chunk's rows, touches
+    // 4 x 384 x V bytes of them (33 MB for a 32k vocabulary), far past the
+    // running allowance below. M is at most the rows (the blocks' GEMMs)
+    // or the classes (the head's weight gradient; ScratchExtents).
+    if (gemm_order_ == cpu::GemmOrder::kBlas) {
+      add(std::min(e.gemm_a, SaturatingMul(kBlasPanelDepth, std::max(e.rows, e.classes))));
+    }
     if (e.attention_seq > 0) {
       const int64_t td = SaturatingMul(e.attention_seq, e.head_dim);
       add(SaturatingMul(threads,

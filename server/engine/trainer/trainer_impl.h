@@ -141,11 +141,13 @@ struct Trainer::Impl {
   // step.cc: admission of the workspaces a step or an evaluation (`what`)
   // needs for its micro-batches' sizes, before anything is allocated (see
   // Trainer::Step). Frees the cached workspaces of other sizes first.
-  // extra_bytes: what the call allocates beside the workspaces (a
+  // backward: whether the call runs a backward (a step) or the forward
+  // alone (an evaluation, a sampler's prefill), whose ops need less
+  // scratch. extra_bytes: what the call allocates beside the workspaces (a
   // sampler's KV cache), admitted with them.
   absl::Status AdmitWorkspaces(const std::vector<MicroBatch>& micro_batches,
                                const std::function<absl::Status(int64_t)>& admit,
-                               absl::string_view what, int64_t extra_bytes = 0);
+                               absl::string_view what, bool backward, int64_t extra_bytes = 0);
   // The backend's scratch (kernels::Backend::ScratchBytes) for the last
   // admitted sizes: held with the cached workspaces, counted with them
   // (Trainer::workspace_bytes) and released with them.
