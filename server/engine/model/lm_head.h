@@ -54,9 +54,11 @@ inline constexpr int64_t kLmHeadChunkBytes = int64_t{256} << 20;
 // chunk), so that the chunks are as even as they can be and only the last
 // may be shorter. Every row's logits, loss term, log-prob and dh are
 // computed row by row (and the CPU's loss adds its rows in order), so on a
-// batch-invariant backend they are the same bits in any chunking; only the
-// head's dW, a sum over the rows, is associated differently (within its
-// one rounding, above).
+// batch-invariant backend they are the same bits in any chunking (BLAS
+// picks kernels by shape: there a row's logits may move in their last bits
+// with the chunk's row count, as with the batch size); only the head's dW,
+// a sum over the rows, is associated differently (within its one
+// rounding, above).
 int64_t LmHeadChunkRows(int64_t vocab, Precision precision, int64_t rows,
                         int64_t chunk_bytes = kLmHeadChunkBytes);
 
