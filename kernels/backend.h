@@ -147,6 +147,11 @@ struct ScratchExtents {
   int64_t gemm_a = 0;         // the most elements of a GEMM's first operand
   int64_t gemm_b = 0;         // ... of its second operand
   int64_t gemm_c = 0;         // ... of its result
+  // The most elements of a fused GEMM's result, whose fp32 sums a backend
+  // may hold: GemmBiasActivation's (a forward's), GemmActivationBackward's
+  // (a backward's; 0 for a call without one).
+  int64_t bias_activation_c = 0;
+  int64_t activation_backward_c = 0;
   int64_t attention_seq = 0;  // T of a fused attention (0: none)
   int64_t head_dim = 0;       // its head size
   int64_t classes = 0;        // V of a cross-entropy (0: none)

@@ -156,18 +156,17 @@ class CpuBackend final : public Backend {
   // fp32 result (gemm.cc), the batch-invariant GEMM's packed op(b)
   // (gemm_invariant.cc), and the fused GEMMs' sums, one buffer each for
   // GemmBiasActivation and GemmActivationBackward, at most the largest
-  // result each. Per thread of the pool (the caller included): a head's
-  // rows in the attention forward (3 T D + D + the key block) and backward
-  // (7 T D + 3 T + D), and a row of logits in the cross-entropy (V); on
-  // the caller, the loss's per-row values (N). Tensors of 16 MiB or more
-  // are rounded up to 2 MiB pages: at most 1/8 more.
-  // And what running any step brings in beside them: the pool threads'
-  // stacks and malloc arenas, OpenBLAS's packing buffers, the batch's
-  // copies on the way in (2-3 MiB measured on two cores for a 4 x
-  // 1024-token GPT step), counted as 8 MiB plus 256 KiB a thread.
+  // result of each; OpenBLAS's packed panels (below). Per thread of the pool (the caller included):
+  // a head's rows in the attention forward (3 T D + D + the key block) and backward (7 T D + 3 T +
+  // D), and a row of logits in the cross-entropy (V); on the caller, the loss's per-row values (N).
+  // Tensors of 16 MiB or more are rounded up to 2 MiB pages: at most 1/8 more. And what running any
+  // step brings in beside them: the pool threads' stacks and malloc arenas, OpenBLAS's small
+  // panels, the batch's copies on the way in (2-3 MiB measured on two cores for a 4 x 1024-token
+  // GPT step), counted as 8 MiB plus 256 KiB a thread.
   int64_t ScratchBytes(const ScratchExtents& e, int64_t tensor_bytes) const override {
     constexpr int64_t kRunningBytes = int64_t{8} << 20;
     constexpr int64_t kThreadBytes = int64_t{256} << 10;
+    constexpr int64_t kBlasPanelDepth = 512;
     const int64_t threads = pool_.threads();
     int64_t floats = 0;
     auto add = [&floats](int64_t n) { floats = SaturatingAdd(floats, n); };
@@ -176,12 +175,24 @@ class CpuBackend final : public Backend {
       add(e.gemm_b);
       add(e.gemm_c);
     }
-    add(SaturatingMul(2, e.gemm_c));
+    // The fused GEMMs' fp32 sums, one slot each (cpu_parallel.h).
+    add(e.bias_activation_c);
+    add(e.activation_backward_c);
     // Batch-invariant GEMMs pack op(b) into panels of N rounded up to 32
     // columns (the AVX-512 tile's width): at most twice op(b) where
     // N >= 32; a narrower product's padding (31 K floats, under 1 MiB for
     // K <= 8192) fits in the running allowance below.
     if (gemm_order_ == cpu::GemmOrder::kBatchInvariant) add(SaturatingMul(2, e.gemm_b));
+    // OpenBLAS packs op(a) (in its column-major terms, op(b)) into its
+    // per-thread buffers as (min(K, its Q), M) panels, Q some 384 (512
+    // here, an upper bound), M split over the threads: a language model's
+    // LM-head weight gradient, M = V and K = the chunk's R rows, touches
+    // 4 x min(R, Q) x V bytes of them (measured: 33 MB for 256 rows of a
+    // 32k vocabulary), far past the running allowance below. M is at most the rows (the blocks'
+    // GEMMs) or the classes (the head's weight gradient; ScratchExtents).
+    if (gemm_order_ == cpu::GemmOrder::kBlas) {
+      add(std::min(e.gemm_a, SaturatingMul(kBlasPanelDepth, std::max(e.rows, e.classes))));
+    }
     if (e.attention_seq > 0) {
       const int64_t td = SaturatingMul(e.attention_seq, e.head_dim);
       add(SaturatingMul(threads,

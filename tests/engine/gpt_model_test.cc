@@ -295,7 +295,8 @@ TEST(GptForward, ChunkedLmHeadMatchesReference) {
   const int64_t vocab = 29;
   const model::ModelSpec spec = TinyGpt(vocab, 6, 8, 1, 2);
   const int64_t chunk_bytes = LogitBytes(3, vocab, 4);
-  ASSERT_EQ(model::LmHeadChunkRows(*spec.gpt, model::Precision::kFp32, 10, chunk_bytes), 3);
+  ASSERT_EQ(model::LmHeadChunkRows(spec.gpt->vocab_size, model::Precision::kFp32, 10, chunk_bytes),
+            3);
   ExpectForwardMatchesReference(spec, RandomBatch(2, 5, vocab, 3), chunk_bytes);
 }
 
@@ -306,19 +307,25 @@ TEST(GptForward, LmHeadChunkRowsTakeTheFewestEvenChunks) {
   const model::GptSpec& g = *spec.gpt;
   const model::Precision bf16 = model::Precision::kBf16;
   const model::Precision fp32 = model::Precision::kFp32;
-  EXPECT_EQ(model::LmHeadChunkRows(g, bf16, 8192), 8192);  // 1.6 MB: one chunk
-  EXPECT_EQ(model::LmHeadChunkRows(g, bf16, 10, LogitBytes(10, 100, 2)), 10);
-  EXPECT_EQ(model::LmHeadChunkRows(g, fp32, 10, LogitBytes(10, 100, 2)), 5);  // 2 of 5
-  EXPECT_EQ(model::LmHeadChunkRows(g, bf16, 10, LogitBytes(4, 100, 2)), 4);   // 4, 4, 2
-  EXPECT_EQ(model::LmHeadChunkRows(g, bf16, 9, LogitBytes(4, 100, 2)), 3);    // 3, 3, 3
-  EXPECT_EQ(model::LmHeadChunkRows(g, bf16, 10, LogitBytes(4, 100, 2) + 1), 4);
-  EXPECT_EQ(model::LmHeadChunkRows(g, bf16, 10, 1), 1);  // less than a row: a row each
-  // GPT-2 small's 8 x 1024 tokens: one chunk in bf16 (823 MB) and in fp32
-  // (1.65 GB).
+  EXPECT_EQ(model::LmHeadChunkRows(g.vocab_size, bf16, 8192), 8192);  // 1.6 MB: one chunk
+  EXPECT_EQ(model::LmHeadChunkRows(g.vocab_size, bf16, 10, LogitBytes(10, 100, 2)), 10);
+  EXPECT_EQ(model::LmHeadChunkRows(g.vocab_size, fp32, 10, LogitBytes(10, 100, 2)), 5);  // 2 of 5
+  EXPECT_EQ(model::LmHeadChunkRows(g.vocab_size, bf16, 10, LogitBytes(4, 100, 2)), 4);   // 4, 4, 2
+  EXPECT_EQ(model::LmHeadChunkRows(g.vocab_size, bf16, 9, LogitBytes(4, 100, 2)), 3);    // 3, 3, 3
+  EXPECT_EQ(model::LmHeadChunkRows(g.vocab_size, bf16, 10, LogitBytes(4, 100, 2) + 1), 4);
+  EXPECT_EQ(model::LmHeadChunkRows(g.vocab_size, bf16, 10, 1), 1);  // less than a row: a row each
+  // GPT-2 small's 8 x 1024 tokens: four chunks in bf16 (823 MB), seven in
+  // fp32 (1.65 GB), never more than 256 MiB of logits whatever the batch.
   const model::ModelSpec gpt2 = TinyGpt(50257, 1024, 768, 12, 12);
-  EXPECT_EQ(model::LmHeadChunkRows(*gpt2.gpt, bf16, 8192), 8192);
-  EXPECT_EQ(model::LmHeadChunkRows(*gpt2.gpt, fp32, 8192), 8192);
-  EXPECT_EQ(model::LmHeadChunkRows(*gpt2.gpt, bf16, 32768), 16384);  // 3.3 GB: two chunks
+  EXPECT_EQ(model::LmHeadChunkRows(gpt2.gpt->vocab_size, bf16, 8192), 2048);
+  EXPECT_EQ(model::LmHeadChunkRows(gpt2.gpt->vocab_size, fp32, 8192), 1171);
+  EXPECT_EQ(model::LmHeadChunkRows(gpt2.gpt->vocab_size, bf16, 32768), 2521);  // 13 chunks
+  // A 32k vocabulary, 64 x 256 tokens in fp16 (1 GiB): four chunks.
+  EXPECT_EQ(model::LmHeadChunkRows(32000, model::Precision::kFp16, 64 * 256), 4096);
+  for (const int64_t rows : {int64_t{1}, int64_t{8192}, int64_t{1} << 20}) {
+    EXPECT_LE(model::LmHeadChunkRows(gpt2.gpt->vocab_size, bf16, rows) * 50257 * 2,
+              model::kLmHeadChunkBytes);
+  }
 }
 
 // In bf16 the head's gradient is summed over chunks in fp32 and added once:
@@ -361,6 +368,60 @@ TEST(GptForward, EvalLossIsTheLossAndLeavesGradientsAlone) {
   }
 }
 
+// The head in chunks is the head in one chunk, row by row: on a
+// batch-invariant backend the loss, every token's log-prob and every
+// gradient the head's dh feeds (all but the head's own weight gradient, a
+// sum over the rows that the chunks associate differently: the next tests)
+// are the same bits, in each precision, for one chunk of 40 rows and for
+// chunks of 7 (6 chunks, the last of 5).
+TEST(GptForward, ChunkedHeadIsTheOneChunkHeadBitForBit) {
+  const int64_t vocab = 53;
+  const model::ModelSpec spec = TinyGpt(vocab, 20, 16, 2, 2, /*tied=*/false);
+  const Batch data = RandomBatch(2, 20, vocab, 21);
+  for (model::Precision precision :
+       {model::Precision::kFp32, model::Precision::kBf16, model::Precision::kFp16}) {
+    SCOPED_TRACE(model::PrecisionName(precision));
+    const auto w = static_cast<int64_t>(kernels::SizeOf(model::WorkingDType(precision)));
+    const int64_t split_bytes = LogitBytes(7, vocab, w);
+    ASSERT_EQ(model::LmHeadChunkRows(vocab, precision, 40, split_bytes), 7);
+    ASSERT_EQ(model::LmHeadChunkRows(vocab, precision, 40), 40);
+    float losses[2] = {};
+    std::vector<float> logprobs[2];
+    std::vector<std::vector<char>> grads[2];
+    for (int k = 0; k < 2; ++k) {
+      GptNet m(spec, precision, 6, k == 0 ? model::kLmHeadChunkBytes : split_bytes);
+      ASSERT_TRUE(m.backend().SetBatchInvariant(true).ok());
+      ASSERT_TRUE(m.net().ZeroGrads().ok());
+      ASSERT_TRUE(m.Load(data).ok());
+      // The batch again, asking for each token's log-prob.
+      model::TokenLossInputs tokens;
+      tokens.logprobs = true;
+      ASSERT_TRUE(m.net()
+                      .LoadBatch(I32({data.batch, data.seq}, data.ids),
+                                 I32({data.batch, data.seq}, data.targets), tokens, m.workspace())
+                      .ok());
+      absl::StatusOr<float> loss = m.Loss(/*grad_scale=*/64.0f);
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      losses[k] = *loss;
+      absl::StatusOr<const kernels::Tensor*> lp = m.net().TokenLogprobs(m.workspace());
+      ASSERT_TRUE(lp.ok()) << lp.status();
+      logprobs[k].resize(static_cast<size_t>((*lp)->numel()));
+      ASSERT_TRUE(m.backend().CopyToHost(**lp, logprobs[k].data(), logprobs[k].size() * 4).ok());
+      ASSERT_TRUE(m.Backward().ok());
+      grads[k] = GradBytes(m.backend(), m.net());
+      for (size_t i = 0; i < m.net().params().size(); ++i) {
+        if (m.net().params()[i].name == "lm_head.weight") grads[k][i].clear();
+      }
+    }
+    EXPECT_EQ(std::memcmp(&losses[0], &losses[1], 4), 0) << losses[0] << " vs " << losses[1];
+    EXPECT_TRUE(logprobs[0] == logprobs[1]);
+    ASSERT_EQ(grads[0].size(), grads[1].size());
+    for (size_t i = 0; i < grads[0].size(); ++i) {
+      EXPECT_TRUE(grads[0][i] == grads[1][i]) << "gradient " << i;
+    }
+  }
+}
+
 // Tied and untied heads: every parameter is reported once, when backward
 // has finished it (a tied wte only after the embedding's backward).
 TEST(GptBackward, ReportsEachGradientOnceWhenItIsFinal) {
@@ -379,7 +440,8 @@ TEST(GptBackward, ChunkedHeadGradientInBf16AgreesWithFp32) {
   const int64_t vocab = 97;
   const model::ModelSpec spec = TinyGpt(vocab, 20, 8, 1, 2);
   const int64_t chunk_bytes = LogitBytes(15, vocab, 2);
-  ASSERT_EQ(model::LmHeadChunkRows(*spec.gpt, model::Precision::kBf16, 40, chunk_bytes), 14);
+  ASSERT_EQ(model::LmHeadChunkRows(spec.gpt->vocab_size, model::Precision::kBf16, 40, chunk_bytes),
+            14);
   const Batch data = RandomBatch(2, 20, vocab, 6);
   std::vector<float> grads[2];
   Weights weights;
@@ -465,9 +527,10 @@ TEST(GptBackward, HeadGradientOfOneChunkAndOfSeveralAgreeWithinOneRounding) {
     SCOPED_TRACE(model::PrecisionName(precision));
     const DType dtype = model::WorkingDType(precision);
     const auto w = static_cast<int64_t>(kernels::SizeOf(dtype));
-    const int64_t split_rows = model::LmHeadChunkRows(*spec.gpt, precision, rows, split_bytes);
+    const int64_t split_rows =
+        model::LmHeadChunkRows(spec.gpt->vocab_size, precision, rows, split_bytes);
     ASSERT_LT(split_rows, rows);
-    ASSERT_EQ(model::LmHeadChunkRows(*spec.gpt, precision, rows), rows);
+    ASSERT_EQ(model::LmHeadChunkRows(spec.gpt->vocab_size, precision, rows), rows);
     std::vector<float> grads[2];
     float losses[2] = {};
     int64_t workspace[2] = {};

@@ -7,7 +7,9 @@
 // with std::length_error and std::bad_alloc on a worker thread). And the
 // estimate holds: GPT steps of several shapes admitted at exactly their
 // estimate grow the process's peak resident memory by no more than
-// --max-memory-bytes.
+// --max-memory-bytes; and a large-vocabulary GPT's Evaluate and Step hold
+// the LM head in bounded chunks, their estimate within 20% of what they
+// grow the process by.
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
@@ -137,6 +139,27 @@ class AdmissionTest : public ::testing::Test {
       tensor->set_data(std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * 4));
     }
     return request;
+  }
+
+  static v1::EvaluateRequest GptEvaluate(const std::string& job_id, int64_t vocab, int64_t b,
+                                         int64_t t) {
+    v1::EvaluateRequest request;
+    request.set_job_id(job_id);
+    *request.add_micro_batches() = GptStep(job_id, 1, vocab, b, t).micro_batches(0);
+    return request;
+  }
+  // Evaluate and Step of a large batch: two cores may take a while.
+  grpc::Status RawEvaluate(const v1::EvaluateRequest& request) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(300));
+    v1::EvaluateResponse response;
+    return client_->stub().Evaluate(&context, request, &response);
+  }
+  grpc::Status LongStep(const v1::StepRequest& request) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(300));
+    v1::StepResponse response;
+    return client_->stub().Step(&context, request, &response);
   }
 
   // /proc/<ampd>/status's `key` (VmRSS, VmHWM) in bytes; 0 when unread.
@@ -271,6 +294,57 @@ TEST_F(AdmissionTest, GptStepsStayWithinMaxMemoryBytes) {
                  static_cast<long long>(limit), static_cast<long long>(weights),
                  static_cast<long long>(step), static_cast<long long>(growth));
     EXPECT_LE(growth, limit);
+  }
+}
+
+// The large-vocabulary GPT at its own size: vocab 32000, a batch
+// of 64 x 256 tokens, fp16 (d_model 64, two layers, so that the LM head
+// dominates, as it does in the filed report). Its whole (N, V) logits are
+// 1 GiB in fp16, and a CPU step widens them to fp32 twice: a head that is
+// not chunked grows the process by gigabytes and an estimate that counts
+// every GEMM operand at the logits' size says 12 GB. The batch runs in full
+// (a few seconds on two cores): a smaller one would fit the head's bound
+// in one chunk and show nothing. For Evaluate and for Step, each on a fresh
+// server: the estimate (the job's weights, from a refused CreateJob, plus
+// the call's, from a refused call) is what admission counts; the growth is
+// the peak resident memory (VmHWM) since before the job was created. The
+// growth stays within twice the estimate, and the estimate within 20% of
+// the growth.
+TEST_F(AdmissionTest, LargeVocabularyHeadIsChunkedAndItsEstimateHolds) {
+  constexpr int64_t kVocab = 32000, kT = 256, kB = 64;
+  const v1::CreateJobRequest request = GptRequest(kVocab, kT, 64, 2, 2);
+  v1::CreateJobResponse created;
+  Start({"--max-memory-bytes=1", "--worker-threads=2"});
+  const int64_t weights = RequestedBytes(RawCreate(request, &created));
+  ASSERT_GT(weights, 0);
+  Start({absl::StrCat("--max-memory-bytes=", weights), "--worker-threads=2"});
+  ASSERT_TRUE(RawCreate(request, &created).ok());
+  const std::string refused_job = created.job().job_id();
+  const int64_t evaluate = RequestedBytes(RawEvaluate(GptEvaluate(refused_job, kVocab, kB, kT)));
+  const int64_t step = RequestedBytes(RawStep(GptStep(refused_job, 1, kVocab, kB, kT)));
+  ASSERT_GT(evaluate, 0);
+  ASSERT_GT(step, 0);
+
+  for (const bool is_step : {false, true}) {
+    SCOPED_TRACE(is_step ? "Step" : "Evaluate");
+    const int64_t estimate = weights + (is_step ? step : evaluate);
+    Start({absl::StrCat("--max-memory-bytes=", estimate), "--worker-threads=2"});
+    const int64_t before = ProcBytes("VmRSS");
+    ASSERT_GT(before, 0);
+    grpc::Status s = RawCreate(request, &created);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    const std::string job = created.job().job_id();
+    s = is_step ? LongStep(GptStep(job, 1, kVocab, kB, kT))
+                : RawEvaluate(GptEvaluate(job, kVocab, kB, kT));
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    const int64_t growth = ProcBytes("VmHWM") - before;
+    std::fprintf(stderr, "%s: estimate %lld (weights %lld), peak RSS growth %lld (%.2fx)\n",
+                 is_step ? "Step" : "Evaluate", static_cast<long long>(estimate),
+                 static_cast<long long>(weights), static_cast<long long>(growth),
+                 static_cast<double>(growth) / static_cast<double>(estimate));
+    EXPECT_LE(growth, 2 * estimate);
+    EXPECT_LE(static_cast<double>(estimate), 1.2 * static_cast<double>(growth));
+    EXPECT_GE(static_cast<double>(estimate), 0.8 * static_cast<double>(growth));
   }
 }
 

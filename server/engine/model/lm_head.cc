@@ -1,4 +1,4 @@
-// LmHeadLoss and TokenLossState (lm_head.h).
+// LmHeadLoss, its chunks and their extents, and TokenLossState (lm_head.h).
 #include "server/engine/model/lm_head.h"
 
 #include <algorithm>
@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/checked_math.h"
 #include "common/status_macros.h"
 #include "server/engine/config/model_spec.h"
 
@@ -57,6 +58,32 @@ absl::StatusOr<kernels::TokenLossTerms> TokenLossState::ChunkTerms(int64_t start
   AMPD_ASSIGN_OR_RETURN(terms.sampling_logprobs, view(sampling_logprobs));
   AMPD_ASSIGN_OR_RETURN(terms.logprobs, view(logprobs));
   return terms;
+}
+
+int64_t LmHeadChunkRows(int64_t vocab, Precision precision, int64_t rows, int64_t chunk_bytes) {
+  const int64_t n = std::max<int64_t>(rows, 1);
+  const auto element = static_cast<int64_t>(kernels::SizeOf(WorkingDType(precision)));
+  const int64_t row_bytes = std::max<int64_t>(SaturatingMul(vocab, element), 1);
+  const int64_t most = std::clamp<int64_t>(chunk_bytes / row_bytes, 1, n);
+  const int64_t chunks = (n + most - 1) / most;
+  // ceil(n / chunks) <= most, and chunks - 1 of them fall short of n, so
+  // the rows still take exactly `chunks` chunks.
+  return (n + chunks - 1) / chunks;
+}
+
+void AddLmHeadExtents(int64_t vocab, int64_t width, Precision precision, int64_t rows,
+                      int64_t chunk_bytes, bool with_grad, kernels::ScratchExtents& e) {
+  const int64_t r = LmHeadChunkRows(vocab, precision, rows, chunk_bytes);
+  const int64_t logits = SaturatingMul(r, vocab);    // (R, V)
+  const int64_t h = SaturatingMul(r, width);         // (R, C)
+  const int64_t head = SaturatingMul(vocab, width);  // (V, C)
+  e.gemm_a = std::max({e.gemm_a, h, with_grad ? logits : 0});
+  e.gemm_b = std::max({e.gemm_b, head, with_grad ? h : 0});
+  e.gemm_c = std::max({e.gemm_c, logits, with_grad ? head : 0});
+  e.classes = std::max(e.classes, vocab);
+  // The loss's rows: a chunk's at a time, but the CPU backend also reads
+  // rows as the blocks' GEMMs' M (its BLAS panels), which is all N.
+  e.rows = std::max(e.rows, rows);
 }
 
 int64_t TokenIdAt(const HostTensor& ids, int64_t i) {

@@ -30,6 +30,48 @@
 
 namespace ampd::engine::model {
 
+// The most bytes of logits (and their gradient, in place) the LM head holds
+// at once, whatever the batch: 256 MiB, so that the head's memory is bounded
+// by a constant and never grows with B x T x V (a 64 x 256 batch over a
+// 32k vocabulary in fp16 is 1 GiB of logits: four chunks). The bound trades
+// memory against the head's weight gradient: a 16-bit head of several
+// chunks adds each chunk's dW into an F32 (V, C) sum, read and written once
+// a chunk, so the chunks must stay long: 2048 rows of GPT-2's vocabulary in
+// bf16 (four chunks for 8 x 1024 tokens, some 1.2 GB of sum traffic, under
+// 0.5 ms of an H100's step) and 880 rows of Qwen's 152k. A fixed number
+// rather than a share of the device's memory, so that the CPU oracle splits
+// a head exactly as a GPU does (the same sums in the same order), and the
+// workspace a step needs is a function of the spec and the shape alone,
+// which admission counts before any backend is asked. The CPU oracle also
+// holds a 16-bit chunk widened to fp32 twice (kernels/cpu/gemm.cc), so its
+// head holds at most 5 x 256 MiB. (It was 2 GiB, the whole (N, V) logits
+// of most batches: 12 GB estimated for that 32k batch on the CPU.)
+inline constexpr int64_t kLmHeadChunkBytes = int64_t{256} << 20;
+
+// Rows per LM-head chunk for N rows of a vocab-V head: all N when
+// N x V x (working dtype size) fits chunk_bytes; else ceil(N / k) for the
+// fewest k chunks of at most chunk_bytes each (at least one row per
+// chunk), so that the chunks are as even as they can be and only the last
+// may be shorter. Every row's logits, loss term, log-prob and dh are
+// computed row by row (and the CPU's loss adds its rows in order), so on a
+// batch-invariant backend they are the same bits in any chunking (BLAS
+// picks kernels by shape: there a row's logits may move in their last bits
+// with the chunk's row count, as with the batch size); only the head's dW,
+// a sum over the rows, is associated differently (within its one
+// rounding, above).
+int64_t LmHeadChunkRows(int64_t vocab, Precision precision, int64_t rows,
+                        int64_t chunk_bytes = kLmHeadChunkBytes);
+
+// The LM head's GEMMs over chunks of R = LmHeadChunkRows rows of width C
+// (kernels::ScratchExtents, for the backend's ScratchBytes), folded into
+// `e` (each field the larger of its own and the head's):
+//   logits (R, C) x (C, V) -> (R, V)
+//   with_grad: dh (R, V) x (V, C) -> (R, C); dW (V, R) x (R, C) -> (V, C)
+// and the loss over V classes, R rows at a time. An evaluation (or a
+// sampler's prefill, which runs no head) never has dlogits as an operand.
+void AddLmHeadExtents(int64_t vocab, int64_t width, Precision precision, int64_t rows,
+                      int64_t chunk_bytes, bool with_grad, kernels::ScratchExtents& e);
+
 // A workspace's token loss: the step's LossFn and its per-token inputs on
 // the device ((N) F32 each, empty when absent), set by every LoadBatch, and
 // views of them for the head's current chunk.

@@ -27,9 +27,11 @@ absl::StatusOr<int64_t> WorkspaceBytes(const ModelSpec& spec, Precision precisio
 }
 
 kernels::ScratchExtents StepScratchExtents(const ModelSpec& spec, Precision precision,
-                                           const kernels::Shape& input_shape) {
-  if (spec.gpt.has_value()) return GptScratchExtents(spec, precision, input_shape);
-  if (spec.decoder.has_value()) return DecoderScratchExtents(spec, precision, input_shape);
+                                           const kernels::Shape& input_shape, bool backward) {
+  if (spec.gpt.has_value()) return GptScratchExtents(spec, precision, input_shape, backward);
+  if (spec.decoder.has_value()) {
+    return DecoderScratchExtents(spec, precision, input_shape, backward);
+  }
   kernels::ScratchExtents e;
   e.dtype = WorkingDType(precision);
   const int64_t rows = input_shape.empty() ? 0 : input_shape[0];
@@ -48,6 +50,10 @@ kernels::ScratchExtents StepScratchExtents(const ModelSpec& spec, Precision prec
   e.gemm_a = activations;
   e.gemm_b = std::max(activations, weights);
   e.gemm_c = std::max(activations, weights);
+  // A layer stack counts its fused sums as it always has (both, for either
+  // direction): its steps are small.
+  e.bias_activation_c = e.gemm_c;
+  e.activation_backward_c = e.gemm_c;
   if (spec.loss == LossKind::kCrossEntropy) {
     e.classes = widest;
     e.rows = rows;

@@ -116,9 +116,11 @@ absl::StatusOr<int64_t> WorkspaceBytes(const ModelSpec& spec, Precision precisio
 // through this model beyond its workspace: its GEMMs' largest operands and
 // result, its attention and its loss (kernels::ScratchExtents), for the
 // backend's Backend::ScratchBytes, which admission adds to WorkspaceBytes.
-// The shape must fit the model (WorkspaceBytes succeeded for it).
+// The shape must fit the model (WorkspaceBytes succeeded for it). Without
+// `backward` (an evaluation, a sampler's prefill) only the forward's GEMMs
+// and the loss count.
 kernels::ScratchExtents StepScratchExtents(const ModelSpec& spec, Precision precision,
-                                           const kernels::Shape& input_shape);
+                                           const kernels::Shape& input_shape, bool backward = true);
 
 class Network {
  public:

@@ -58,7 +58,8 @@ absl::StatusOr<EvaluateReport> Trainer::EvaluateChecked(
   AMPD_RETURN_IF_ERROR(CheckLogprobsWanted(m.config.model, input.return_logprobs));
   kernels::Backend& b = *m.backend;
   model::Network& net = *m.model;
-  AMPD_RETURN_IF_ERROR(m.AdmitWorkspaces(input.micro_batches, admit, "evaluation"));
+  AMPD_RETURN_IF_ERROR(
+      m.AdmitWorkspaces(input.micro_batches, admit, "evaluation", /*backward=*/false));
 
   EvaluateReport report;
   const auto k = static_cast<int64_t>(input.micro_batches.size());

@@ -182,7 +182,8 @@ absl::StatusOr<SampleReport> Trainer::Sample(const SampleInput& input,
     return absl::InvalidArgumentError(
         "num_samples: the sampler's buffers need more than 2^63 bytes");
   }
-  AMPD_RETURN_IF_ERROR(m.AdmitWorkspaces({prefill}, admit, "sampling", extra, kSampleMemory));
+  AMPD_RETURN_IF_ERROR(m.AdmitWorkspaces({prefill}, admit, "sampling", /*backward=*/false, extra,
+                                         kSampleMemory));
 
   for (HostTensor* t : {&prefill.inputs, &prefill.targets}) {
     t->data.assign(static_cast<size_t>(n * prompt_len) * sizeof(int64_t), '\0');

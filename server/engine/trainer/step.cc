@@ -172,8 +172,8 @@ absl::Status NamedFor(const absl::Status& refused, MemoryField names) {
 
 absl::Status Trainer::Impl::AdmitWorkspaces(const std::vector<MicroBatch>& micro_batches,
                                             const std::function<absl::Status(int64_t)>& admit,
-                                            absl::string_view what, int64_t extra_bytes,
-                                            MemoryField names) {
+                                            absl::string_view what, bool backward,
+                                            int64_t extra_bytes, MemoryField names) {
   kernels::Backend& b = *backend;
   model::Network& net = *model;
   // The workspace of every distinct batch shape, whether cached already or
@@ -193,11 +193,14 @@ absl::Status Trainer::Impl::AdmitWorkspaces(const std::vector<MicroBatch>& micro
                           model::WorkspaceBytes(config.model, config.precision, shape));
     need = SaturatingAdd(need, bytes);
     const kernels::ScratchExtents e =
-        model::StepScratchExtents(config.model, config.precision, shape);
+        model::StepScratchExtents(config.model, config.precision, shape, backward);
     extents.dtype = e.dtype;
     extents.gemm_a = std::max(extents.gemm_a, e.gemm_a);
     extents.gemm_b = std::max(extents.gemm_b, e.gemm_b);
     extents.gemm_c = std::max(extents.gemm_c, e.gemm_c);
+    extents.bias_activation_c = std::max(extents.bias_activation_c, e.bias_activation_c);
+    extents.activation_backward_c =
+        std::max(extents.activation_backward_c, e.activation_backward_c);
     extents.attention_seq = std::max(extents.attention_seq, e.attention_seq);
     extents.head_dim = std::max(extents.head_dim, e.head_dim);
     extents.classes = std::max(extents.classes, e.classes);
@@ -317,7 +320,8 @@ absl::StatusOr<Trainer::Impl::StepPlan> Trainer::Impl::Admit(
   }
   // Admission before allocation. The step's buffers stay cached after it,
   // counted (workspace_bytes) until the job gives them up.
-  AMPD_RETURN_IF_ERROR(AdmitWorkspaces(input.micro_batches, admit, "step", logprob_bytes));
+  AMPD_RETURN_IF_ERROR(
+      AdmitWorkspaces(input.micro_batches, admit, "step", /*backward=*/true, logprob_bytes));
   if (plan.keep_logprobs && held < plan.tokens) {
     step_logprobs = kernels::Tensor();  // the smaller one goes before the larger comes
     AMPD_ASSIGN_OR_RETURN(step_logprobs, backend->Allocate(kernels::DType::kF32, {plan.tokens}));

@@ -188,12 +188,14 @@ struct Trainer::Impl {
   // step.cc: admission of the workspaces a step or an evaluation (`what`)
   // needs for its micro-batches' sizes, before anything is allocated (see
   // Trainer::Step). Frees the cached workspaces of other sizes first.
-  // extra_bytes: what the call allocates beside the workspaces (a
+  // backward: whether the call runs a backward (a step) or the forward
+  // alone (an evaluation, a sampler's prefill), whose ops need less
+  // scratch. extra_bytes: what the call allocates beside the workspaces (a
   // sampler's KV cache), admitted with them. A refusal (the device's, or
   // admit's) names `names.field`, the request's own.
   absl::Status AdmitWorkspaces(const std::vector<MicroBatch>& micro_batches,
                                const std::function<absl::Status(int64_t)>& admit,
-                               absl::string_view what, int64_t extra_bytes = 0,
+                               absl::string_view what, bool backward, int64_t extra_bytes = 0,
                                MemoryField names = kStepMemory);
   // The backend's scratch (kernels::Backend::ScratchBytes) for the last
   // admitted sizes: held with the cached workspaces, counted with them

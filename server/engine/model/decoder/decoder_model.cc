@@ -47,13 +47,6 @@ std::string AdapterName(int64_t l, int module, const char* matrix) {
                       ".", matrix, ".weight");
 }
 
-// LmHeadChunkRows reads the vocabulary size alone.
-GptSpec HeadOf(const DecoderSpec& d) {
-  GptSpec head;
-  head.vocab_size = d.vocab_size;
-  return head;
-}
-
 }  // namespace
 
 absl::StatusOr<int64_t> DecoderWorkspaceBytes(const ModelSpec& spec, Precision precision,
@@ -75,7 +68,7 @@ absl::StatusOr<int64_t> DecoderWorkspaceBytes(const ModelSpec& spec, Precision p
     return ok ? p : 0;
   };
   const int64_t n = product({b, t});
-  const int64_t chunk_rows = LmHeadChunkRows(HeadOf(s), precision, n, lm_head_chunk_bytes);
+  const int64_t chunk_rows = LmHeadChunkRows(s.vocab_size, precision, n, lm_head_chunk_bytes);
   const bool head_sum = w != 4 && chunk_rows < n;
   // Per block: ln_1, resid, ln_2 (3 N C); qkv, its expansion, attn_y; gate,
   // up, act (3 N I); lse (B, H, T) and two rstd (N), F32.
@@ -127,27 +120,24 @@ absl::StatusOr<int64_t> DecoderWorkspaceBytes(const ModelSpec& spec, Precision p
 }
 
 kernels::ScratchExtents DecoderScratchExtents(const ModelSpec& spec, Precision precision,
-                                              const kernels::Shape& input_shape,
+                                              const kernels::Shape& input_shape, bool backward,
                                               int64_t lm_head_chunk_bytes) {
   const DecoderSpec& s = *spec.decoder;
   const Widths wd(s);
   kernels::ScratchExtents e;
   e.dtype = WorkingDType(precision);
   const int64_t n = SaturatingMul(input_shape[0], input_shape[1]);
-  const int64_t r = LmHeadChunkRows(HeadOf(s), precision, n, lm_head_chunk_bytes);
   const int64_t widest = std::max({wd.c, wd.qkv, SaturatingMul(3, wd.q), wd.i});
   const int64_t activations = SaturatingMul(n, widest);
-  const int64_t logits = SaturatingMul(r, wd.v);
-  const int64_t head = SaturatingMul(wd.v, wd.c);
   const int64_t block_weights =
       std::max({SaturatingMul(wd.qkv, wd.c), SaturatingMul(wd.c, wd.q), SaturatingMul(wd.i, wd.c)});
-  e.gemm_a = std::max({activations, logits, block_weights});
-  e.gemm_b = std::max({activations, logits, head, block_weights});
-  e.gemm_c = std::max({activations, logits, head, block_weights});
+  e.gemm_a = std::max(activations, backward ? block_weights : 0);
+  e.gemm_b = std::max(backward ? activations : 0, block_weights);
+  e.gemm_c = std::max(activations, backward ? block_weights : 0);
+  e.bias_activation_c = activations;  // the projections' forward, fused
+  AddLmHeadExtents(wd.v, wd.c, precision, n, lm_head_chunk_bytes, backward, e);
   e.attention_seq = input_shape[1];
   e.head_dim = wd.d;
-  e.classes = wd.v;
-  e.rows = n;
   return e;
 }
 
@@ -325,7 +315,7 @@ absl::StatusOr<std::unique_ptr<Workspace>> DecoderModel::NewWorkspace(
   ws.batch = input_shape[0];
   ws.seq = input_shape[1];
   ws.rows = ws.batch * ws.seq;  // BytesFor checked every product first
-  ws.chunk_rows = LmHeadChunkRows(HeadOf(s), precision(), ws.rows, lm_head_chunk_bytes_);
+  ws.chunk_rows = LmHeadChunkRows(s.vocab_size, precision(), ws.rows, lm_head_chunk_bytes_);
   const int64_t n = ws.rows;
   const DType w = working_dtype();
   auto alloc = [&](DType dtype, const kernels::Shape& shape, Tensor& t) -> absl::Status {

@@ -27,7 +27,7 @@
 // per micro-batch) and copies its row blocks back. The copies cost
 // (Q + 2 KV) C elements per block and pass, against the GEMMs' N times that.
 // The LM head is fused with the cross-entropy in Loss, over row chunks, as
-// the GPT's is (gpt/gpt_model.h, LmHeadChunkRows).
+// the GPT's is (model/lm_head.h, LmHeadChunkRows).
 //
 // State-dict names and layouts are Hugging Face's (LlamaForCausalLM,
 // Qwen2ForCausalLM), in this order, which is also params()' and that of the
@@ -101,10 +101,12 @@ absl::StatusOr<int64_t> DecoderWorkspaceBytes(const ModelSpec& spec, Precision p
 
 // StepScratchExtents of a decoder for inputs (B, T): the largest operands
 // of its projections (N x max(Q + 2 KV, 3Q, I, C) activations, (Q + 2 KV) C,
-// C Q and I C weights), the LM head's chunks and weight, the attention over T
-// with head size D, the cross-entropy over V.
+// C Q and I C weights), the LM head's chunks and weight (AddLmHeadExtents),
+// the attention over T with head size D, the cross-entropy over V; without
+// `backward`, the forward's alone.
 kernels::ScratchExtents DecoderScratchExtents(const ModelSpec& spec, Precision precision,
                                               const kernels::Shape& input_shape,
+                                              bool backward = true,
                                               int64_t lm_head_chunk_bytes = kLmHeadChunkBytes);
 
 class DecoderModel final : public Network {

@@ -40,18 +40,6 @@ absl::Status CheckInputShape(const GptSpec& gpt, const kernels::Shape& shape) {
 
 }  // namespace
 
-int64_t LmHeadChunkRows(const GptSpec& gpt, Precision precision, int64_t rows,
-                        int64_t chunk_bytes) {
-  const int64_t n = std::max<int64_t>(rows, 1);
-  const auto element = static_cast<int64_t>(kernels::SizeOf(WorkingDType(precision)));
-  const int64_t row_bytes = SaturatingMul(gpt.vocab_size, element);
-  const int64_t most = std::clamp<int64_t>(chunk_bytes / row_bytes, 1, n);
-  const int64_t chunks = (n + most - 1) / most;
-  // ceil(n / chunks) <= most, and chunks - 1 of them fall short of n, so
-  // the rows still take exactly `chunks` chunks.
-  return (n + chunks - 1) / chunks;
-}
-
 absl::StatusOr<int64_t> GptWorkspaceBytes(const ModelSpec& spec, Precision precision,
                                           const kernels::Shape& input_shape,
                                           int64_t lm_head_chunk_bytes) {
@@ -72,7 +60,7 @@ absl::StatusOr<int64_t> GptWorkspaceBytes(const ModelSpec& spec, Precision preci
     return ok ? p : 0;
   };
   const int64_t n = product({b, t});
-  const int64_t chunk_rows = LmHeadChunkRows(g, precision, n, lm_head_chunk_bytes);
+  const int64_t chunk_rows = LmHeadChunkRows(g.vocab_size, precision, n, lm_head_chunk_bytes);
   // The F32 sum of a 16-bit head's chunks (gpt_lm_head.cc); one chunk, or
   // an fp32 head, adds straight into the gradient.
   const bool head_sum = w != 4 && chunk_rows < n;
@@ -106,7 +94,7 @@ absl::StatusOr<int64_t> GptWorkspaceBytes(const ModelSpec& spec, Precision preci
 }
 
 kernels::ScratchExtents GptScratchExtents(const ModelSpec& spec, Precision precision,
-                                          const kernels::Shape& input_shape,
+                                          const kernels::Shape& input_shape, bool backward,
                                           int64_t lm_head_chunk_bytes) {
   const GptSpec& g = *spec.gpt;
   kernels::ScratchExtents e;
@@ -114,19 +102,19 @@ kernels::ScratchExtents GptScratchExtents(const ModelSpec& spec, Precision preci
   const int64_t n = SaturatingMul(input_shape[0], input_shape[1]);
   const int64_t c = g.d_model;
   const int64_t h = SaturatingMul(g.mlp_ratio, c);
-  const int64_t r = LmHeadChunkRows(g, precision, n, lm_head_chunk_bytes);
   const int64_t widest = std::max({SaturatingMul(3, c), h});  // a block's widest activation
   const int64_t activations = SaturatingMul(n, widest);
-  const int64_t logits = SaturatingMul(r, g.vocab_size);
-  const int64_t head = SaturatingMul(g.vocab_size, c);
   const int64_t block_weights = SaturatingMul(c, widest);
-  e.gemm_a = std::max({activations, logits});
-  e.gemm_b = std::max({activations, logits, head, block_weights});
-  e.gemm_c = std::max({activations, logits, head, block_weights});
+  // The blocks' GEMMs: activations times weights into activations, and
+  // backward activations times activations into weight gradients.
+  e.gemm_a = activations;
+  e.gemm_b = std::max(backward ? activations : 0, block_weights);
+  e.gemm_c = std::max(activations, backward ? block_weights : 0);
+  e.bias_activation_c = activations;
+  e.activation_backward_c = backward ? SaturatingMul(n, h) : 0;  // d of GELU(c_fc)
+  AddLmHeadExtents(g.vocab_size, c, precision, n, lm_head_chunk_bytes, backward, e);
   e.attention_seq = input_shape[1];
   e.head_dim = c / g.n_head;
-  e.classes = g.vocab_size;
-  e.rows = n;
   return e;
 }
 
@@ -245,7 +233,7 @@ absl::StatusOr<std::unique_ptr<Workspace>> GptModel::NewWorkspace(
   ws.batch = input_shape[0];
   ws.seq = input_shape[1];
   ws.rows = ws.batch * ws.seq;  // BytesFor checked every product first
-  ws.chunk_rows = LmHeadChunkRows(g, precision(), ws.rows, lm_head_chunk_bytes_);
+  ws.chunk_rows = LmHeadChunkRows(g.vocab_size, precision(), ws.rows, lm_head_chunk_bytes_);
   const int64_t n = ws.rows;
   const int64_t c = g.d_model;
   const int64_t h = g.mlp_ratio * c;

@@ -10,10 +10,11 @@
 //                 x_{l+1} = r_l + f mlp.c_proj.W + b
 //   h = ln_f(x_L); logits = h W_head^T, W_head = wte (tied) or lm_head.weight
 // The LM head is fused with the cross-entropy in Loss: per chunk of rows,
-// logits -> (in place) dlogits -> dh and dW_head. The whole (N, V) logits
-// are one chunk whenever they fit kLmHeadChunkBytes (a GPT-2 step of
-// 8 x 1024 tokens does: the head's weight gradient is then one GEMM, read
-// and written once), and are split into equal row chunks beyond it.
+// logits -> (in place) dlogits -> dh and dW_head (model/lm_head.h, shared
+// with the decoder). The (N, V) logits are one chunk while they fit
+// kLmHeadChunkBytes (the head's weight gradient is then one GEMM, read and
+// written once), and are split into equal row chunks beyond it, so that
+// the head's memory never grows with B x T x V.
 //
 // State-dict names and layouts are Hugging Face GPT-2's
 // (transformers.GPT2LMHeadModel), in this order, which is also the order of
@@ -51,30 +52,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "server/engine/model/lm_head.h"
 #include "server/engine/model/network.h"
 
 namespace ampd::engine::model {
 
 struct GptWorkspace;
 struct GptBlockBuffers;
-
-// The most bytes of logits (and their gradient, in place) the LM head holds
-// at once. 2 GiB: GPT-2's (8 x 1024, 50257) logits in fp32 (1.65 GB), or
-// 16 x 1024 rows in bf16, are one chunk, as PyTorch holds them; 2.5% of an
-// 80 GB H100, and under the activations such a step saves anyway. A fixed
-// number rather than a share of the device's memory, so that the CPU
-// oracle splits a head exactly as a GPU does (the same sums in the same
-// order), and the workspace a step needs is a function of the spec and
-// the shape alone, which admission counts before any backend is asked.
-// At most 2 GiB also keeps a chunk's element count below 2^31.
-inline constexpr int64_t kLmHeadChunkBytes = int64_t{2} << 30;
-
-// Rows per LM-head chunk for N rows: all N when N x V x (working dtype
-// size) fits chunk_bytes; else ceil(N / k) for the fewest k chunks of at
-// most chunk_bytes each (at least one row per chunk), so that the chunks
-// are as even as they can be and only the last may be shorter.
-int64_t LmHeadChunkRows(const GptSpec& gpt, Precision precision, int64_t rows,
-                        int64_t chunk_bytes = kLmHeadChunkBytes);
 
 // WorkspaceBytes of a GPT for inputs (B, T): per block the saved
 // activations (ln_1 and ln_2 outputs, attention output and r_l: 4 N C;
@@ -94,12 +78,11 @@ absl::StatusOr<int64_t> GptWorkspaceBytes(const ModelSpec& spec, Precision preci
 // StepScratchExtents of a GPT for inputs (B, T) (validated as
 // GptWorkspaceBytes validates them): per block the fused c_attn (N, C) x
 // (C, 3C), c_proj (N, C) x (C, C), c_fc (N, C) x (C, H) and mlp c_proj
-// (N, H) x (H, C) GEMMs and their backward; the LM head per chunk of R
-// rows: (R, C) x (C, V) -> (R, V) logits, (R, V) x (V, C) -> dh and
-// (V, R) x (R, C) -> the head's gradient; the attention over T with head
-// size C / n_head; the cross-entropy over V.
+// (N, H) x (H, C) GEMMs and, with `backward`, their backward; the LM head
+// per chunk (AddLmHeadExtents); the attention over T with head size
+// C / n_head; the cross-entropy over V.
 kernels::ScratchExtents GptScratchExtents(const ModelSpec& spec, Precision precision,
-                                          const kernels::Shape& input_shape,
+                                          const kernels::Shape& input_shape, bool backward = true,
                                           int64_t lm_head_chunk_bytes = kLmHeadChunkBytes);
 
 class GptModel final : public Network {
