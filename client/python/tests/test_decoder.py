@@ -124,7 +124,10 @@ def test_from_hf_config_reads_both_families(tmp_path):
     spec = ampd.Decoder.from_hf_config(qwen2)
     assert spec.qkv_bias and not spec.o_bias and spec.head_dim is None
     assert spec.to_proto().decoder.rope_theta == 1000000.0
-    for bad, match in ((dict(llama, rope_scaling={"rope_type": "llama3"}), "rope_scaling"),
+    for bad, match in ((dict(llama, rope_scaling={"rope_type": "yarn", "factor": 4.0}),
+                        "rope_scaling.rope_type 'yarn'"),
+                       (dict(llama, rope_scaling={"rope_type": "llama3"}),
+                        "rope_scaling.factor"),
                        (dict(llama, model_type="mistral"), "model_type"),
                        (dict(llama, hidden_act="gelu"), "hidden_act"),
                        (dict(qwen2, use_sliding_window=True), "sliding")):
