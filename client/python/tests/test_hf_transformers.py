@@ -73,13 +73,14 @@ def seq_len(family):
 
 def make_folder(family, directory, seed=0):
     """transformers' model of the family from its config, random weights,
-    written with save_pretrained; the llama3_tied folder's config.json is
-    rewritten in transformers 4.x's keys (rope_theta + rope_scaling)."""
+    written with save_pretrained (llama3's in shards with their index); the
+    llama3_tied folder's config.json is rewritten in transformers 4.x's keys
+    (rope_theta + rope_scaling)."""
     config_class, values = FAMILIES[family]
     torch.manual_seed(seed)
     config = config_class(**values)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-    model.save_pretrained(directory)
+    model.save_pretrained(directory, max_shard_size="100KB" if family == "llama3" else "1GB")
     if family == "llama3_tied":
         path = os.path.join(directory, "config.json")
         with open(path) as f:
@@ -152,6 +153,9 @@ def create(client, directory, **kwargs):
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_forward_equals_transformers(server, tmp_path, family):
     model = make_folder(family, tmp_path / "hf")
+    if family == "llama3":  # a sharded folder, loaded file by file
+        index = json.load(open(tmp_path / "hf" / "model.safetensors.index.json"))
+        assert len(set(index["weight_map"].values())) > 2
     with ampd.Client(server.address) as client:
         job = create(client, str(tmp_path / "hf"))
         ids, targets = batch(family, 0)
