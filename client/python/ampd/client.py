@@ -321,7 +321,11 @@ class Client:
                 job = Job(self, response.job)
                 # ampd.from_pretrained: the folder's weights (loading them twice is harmless).
                 if hasattr(model, "load_weights"):
-                    model.load_weights(job)
+                    try:
+                        model.load_weights(job)
+                    except BaseException:
+                        job.delete()  # no half-loaded job left behind
+                        raise
                 return job
             except errors.CreateRetry:
                 # The first create with this request_id failed server-side; a

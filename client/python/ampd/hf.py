@@ -16,7 +16,9 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from ampd import spec
+import numpy as np
+
+from ampd import safetensors, spec
 from ampd.v1 import trainer_pb2 as pb
 
 _INDEX = "model.safetensors.index.json"
@@ -102,9 +104,25 @@ class Pretrained:
     def load_weights(self, job):
         """Every weight file of the folder (then the adapter's), each a partial load."""
         for path in _weight_files(self.directory):
-            job.load(path, partial=True)
+            _load_widened(job, path)
         if self.adapter is not None:
-            job.load(os.path.join(self.adapter, "adapter_model.safetensors"), partial=True)
+            _load_widened(job, os.path.join(self.adapter, "adapter_model.safetensors"))
+
+
+def _load_widened(job, path):
+    """One file as a partial load. A checkpoint in bf16 or fp16 (as most
+    published ones are) is widened to F32 here, exactly: every job takes
+    F32 weights (a full job's masters are F32; a LoRA job rounds its base
+    to the working dtype), not every job another dtype. An F32 file goes up
+    as its own bytes."""
+    with open(path, "rb") as f:
+        data = f.read()
+    state = safetensors.loads(data)
+    if not state.dtypes and all(v.dtype == np.float32 for v in state.values()):
+        job.load_state_dict_bytes(data, partial=True)
+        return
+    widened = {name: np.asarray(value, dtype=np.float32) for name, value in state.items()}
+    job.load_state_dict(widened, metadata={"format": "pt"}, partial=True)
 
 
 def from_pretrained(directory, *, lora=None, adapter=None, **overrides):
@@ -193,7 +211,6 @@ def save_pretrained(job, directory):
     config.json from the job's spec and model.safetensors with the merged
     view (fp32 masters; a LoRA job's adapters merged in; a tied head left to
     the embedding), in `directory` (made if needed). Returns directory."""
-    from ampd import safetensors
     job.refresh()
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "config.json"), "w") as f:

@@ -165,6 +165,27 @@ def test_forward_equals_transformers(server, tmp_path, family):
         assert_close("%s loss" % family, ours, loss.item())
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_bf16_folder_loads_widened(server, tmp_path, precision):
+    """Published checkpoints are bf16: such a folder loads into any job (its
+    weights widened exactly), and an fp32 job computes what transformers
+    computes in fp32 from them. A folder that does not fit leaves no job."""
+    make_folder("qwen2.5", tmp_path / "f32").to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    model = load_hf(str(tmp_path / "bf16"))  # dtype float32: the bf16 values, widened
+    with ampd.Client(server.address) as client:
+        job = client.create_job(model=ampd.from_pretrained(str(tmp_path / "bf16")),
+                                precision=precision)
+        if precision == "fp32":
+            ids, targets = batch("qwen2.5", 0)
+            theirs, _ = hf_logprobs_and_loss(model, ids, targets)
+            assert_close("bf16 folder log-probs", ampd_logprobs(job, ids), theirs)
+        before = len(client.jobs())
+        with pytest.raises(ampd.InvalidArgument, match="model.embed_tokens.weight"):
+            client.create_job(model=ampd.from_pretrained(str(tmp_path / "bf16"),
+                                                         vocab_size=VOCAB + 1), precision=precision)
+        assert len(client.jobs()) == before
+
+
 def test_llama3_scaling_matters_and_both_key_styles_read_alike(tmp_path):
     """The llama3 folder's RoPE is not the default's over these positions
     (so the test above checks the scaling), and 4.x's keys give 5.x's spec."""
