@@ -295,6 +295,7 @@ struct DecoderBench {
                                            .num_attention_heads = 14,
                                            .num_key_value_heads = 2,
                                            .rope_theta = 1000000.0f,
+                                           .rope_scaling = {},
                                            .max_position_embeddings = 1024,
                                            .tie_word_embeddings = true,
                                            .qkv_bias = true,

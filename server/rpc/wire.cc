@@ -2,8 +2,10 @@
 #include "server/rpc/wire.h"
 
 #include <cmath>
+#include <iterator>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -46,6 +48,71 @@ absl::Status GptFromProto(const v1::Gpt& proto, absl::string_view field_prefix,
   return absl::OkStatus();
 }
 
+// RoPE's scaling: the type and the fields it reads (one it does not read
+// must be unset, so that nothing sent is silently ignored); the engine
+// validates the values.
+absl::Status RopeScalingFromProto(const v1::RopeScaling& proto, absl::string_view field_prefix,
+                                  model::RopeScaling* r) {
+  const std::string prefix = absl::StrCat(field_prefix, ".decoder.rope_scaling.");
+  switch (proto.rope_type()) {
+    case v1::ROPE_TYPE_DEFAULT:
+      r->type = model::RopeType::kDefault;
+      break;
+    case v1::ROPE_TYPE_LINEAR:
+      r->type = model::RopeType::kLinear;
+      break;
+    case v1::ROPE_TYPE_LLAMA3:
+      r->type = model::RopeType::kLlama3;
+      break;
+    default:
+      return FieldError(absl::StrCat(prefix, "rope_type"),
+                        absl::StrCat("must be default, linear or llama3, got ", proto.rope_type()));
+  }
+  const bool scaled = r->type != model::RopeType::kDefault;
+  const bool llama3 = r->type == model::RopeType::kLlama3;
+  const struct {
+    bool set, read;
+    const char* name;
+  } fields[] = {
+      {proto.has_factor(), scaled, "factor"},
+      {proto.has_low_freq_factor(), llama3, "low_freq_factor"},
+      {proto.has_high_freq_factor(), llama3, "high_freq_factor"},
+      {proto.has_original_max_position_embeddings(), llama3, "original_max_position_embeddings"},
+  };
+  for (const auto& f : fields) {
+    if (f.set == f.read) continue;
+    return FieldError(absl::StrCat(prefix, f.name),
+                      absl::StrCat(f.read ? "required" : "not read", " by rope_type ",
+                                   model::RopeTypeName(r->type)));
+  }
+  const std::pair<const char*, float> reals[] = {{"factor", proto.factor()},
+                                                 {"low_freq_factor", proto.low_freq_factor()},
+                                                 {"high_freq_factor", proto.high_freq_factor()}};
+  for (const auto& [name, value] : reals) {
+    AMPD_RETURN_IF_ERROR(CheckFinite(absl::StrCat(prefix, name), value));
+  }
+  if (scaled) r->factor = proto.factor();
+  r->low_freq_factor = proto.low_freq_factor();
+  r->high_freq_factor = proto.high_freq_factor();
+  r->original_max_position_embeddings = proto.original_max_position_embeddings();
+  return absl::OkStatus();
+}
+
+// PEFT's target_modules forms as kLoraModules names: a dotted suffix
+// becomes its module, "all-linear" every module; the engine refuses the
+// rest, naming the entry.
+std::vector<std::string> LoraTargetsFromProto(const v1::LoRA& proto) {
+  std::vector<std::string> targets;
+  for (const std::string& target : proto.target_modules()) {
+    if (target == model::kLoraAllLinear) {
+      targets.insert(targets.end(), std::begin(model::kLoraModules), std::end(model::kLoraModules));
+    } else {
+      targets.push_back(model::LoraModuleOfPeftTarget(target));
+    }
+  }
+  return targets;
+}
+
 // The decoder's fields with Hugging Face's defaults for unset optional
 // ones; the engine validates the sizes.
 absl::Status DecoderFromProto(const v1::Decoder& proto, absl::string_view field_prefix,
@@ -82,6 +149,10 @@ absl::Status DecoderFromProto(const v1::Decoder& proto, absl::string_view field_
   d->tie_word_embeddings = proto.tie_word_embeddings();
   d->qkv_bias = proto.qkv_bias();
   d->o_bias = proto.o_bias();
+  if (proto.has_rope_scaling()) {
+    AMPD_RETURN_IF_ERROR(
+        RopeScalingFromProto(proto.rope_scaling(), field_prefix, &d->rope_scaling));
+  }
   if (proto.has_lora()) {
     model::LoraSpec lora;
     lora.rank = proto.lora().rank();
@@ -89,8 +160,7 @@ absl::Status DecoderFromProto(const v1::Decoder& proto, absl::string_view field_
         CheckFinite(absl::StrCat(field_prefix, ".decoder.lora.alpha"), proto.lora().alpha()));
     lora.alpha = proto.lora().alpha();
     if (proto.lora().target_modules_size() > 0) {
-      lora.target_modules.assign(proto.lora().target_modules().begin(),
-                                 proto.lora().target_modules().end());
+      lora.target_modules = LoraTargetsFromProto(proto.lora());
     }
     d->lora = std::move(lora);
   }
@@ -257,6 +327,17 @@ v1::ModelSpec ModelSpecToProto(const model::ModelSpec& spec) {
     out->set_initializer_range(d.initializer_range);
     out->set_qkv_bias(d.qkv_bias);
     out->set_o_bias(d.o_bias);
+    if (d.rope_scaling.type != model::RopeType::kDefault) {
+      v1::RopeScaling* r = out->mutable_rope_scaling();
+      r->set_rope_type(d.rope_scaling.type == model::RopeType::kLinear ? v1::ROPE_TYPE_LINEAR
+                                                                       : v1::ROPE_TYPE_LLAMA3);
+      r->set_factor(d.rope_scaling.factor);
+      if (d.rope_scaling.type == model::RopeType::kLlama3) {
+        r->set_low_freq_factor(d.rope_scaling.low_freq_factor);
+        r->set_high_freq_factor(d.rope_scaling.high_freq_factor);
+        r->set_original_max_position_embeddings(d.rope_scaling.original_max_position_embeddings);
+      }
+    }
     if (d.lora.has_value()) {
       v1::LoRA* lora = out->mutable_lora();
       lora->set_rank(d.lora->rank);

@@ -82,6 +82,12 @@ void ExpectSameConfig(const JobConfig& a, const JobConfig& b) {
     EXPECT_TRUE(SameBits(x.initializer_range, y.initializer_range));
     EXPECT_EQ(x.qkv_bias, y.qkv_bias);
     EXPECT_EQ(x.o_bias, y.o_bias);
+    EXPECT_EQ(x.rope_scaling.type, y.rope_scaling.type);
+    EXPECT_TRUE(SameBits(x.rope_scaling.factor, y.rope_scaling.factor));
+    EXPECT_TRUE(SameBits(x.rope_scaling.low_freq_factor, y.rope_scaling.low_freq_factor));
+    EXPECT_TRUE(SameBits(x.rope_scaling.high_freq_factor, y.rope_scaling.high_freq_factor));
+    EXPECT_EQ(x.rope_scaling.original_max_position_embeddings,
+              y.rope_scaling.original_max_position_embeddings);
     ASSERT_EQ(x.lora.has_value(), y.lora.has_value());
     if (x.lora.has_value()) {
       EXPECT_EQ(x.lora->rank, y.lora->rank);
@@ -414,14 +420,14 @@ TEST_F(JobConfigCodecRefuses, WrongTypesAndRanges) {
 
 TEST_F(JobConfigCodecRefuses, OtherFormatVersions) {
   ExpectError(Edited("\"format_version\":1", "\"format_version\":0"), absl::StatusCode::kDataLoss,
-              "ampd.config: format_version: 0 is not a version this ampd reads (1 to 8); the "
+              "ampd.config: format_version: 0 is not a version this ampd reads (1 to 9); the "
               "checkpoint was written by another ampd");
   ExpectError(Edited("\"format_version\":1,", ""), absl::StatusCode::kDataLoss,
               "ampd.config: format_version: missing");
   // A later format may change any key: the version is checked before them.
-  ExpectError(Edited("\"format_version\":1,", "\"format_version\":9,\"new\":{},"),
+  ExpectError(Edited("\"format_version\":1,", "\"format_version\":10,\"new\":{},"),
               absl::StatusCode::kDataLoss,
-              "ampd.config: format_version: 9 is not a version this ampd reads (1 to 8); the "
+              "ampd.config: format_version: 10 is not a version this ampd reads (1 to 9); the "
               "checkpoint was written by a newer ampd");
 }
 
@@ -767,6 +773,69 @@ TEST(JobConfigCodec, BatchInvariantJobsAreVersionEight) {
   decoded = DecodeJobConfig(absl::StrReplaceAll(json, {{":true}", ":1}"}}));
   ASSERT_FALSE(decoded.ok());
   EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+}
+
+// Version 9: a decoder's RoPE scaling after "o_bias", written only when its
+// type is not the default; every other config keeps its version and bytes.
+TEST(JobConfigCodec, RopeScaledDecodersAreVersionNine) {
+  JobConfig config = SmallDecoderConfig();
+  const std::string plain = EncodeJobConfig(config, "");
+  config.model.decoder->rope_scaling = {model::RopeType::kLlama3, 8.0f, 1.0f, 4.0f, 8192};
+  ASSERT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
+  const std::string json = EncodeJobConfig(config, "");
+  EXPECT_TRUE(absl::StartsWith(json, "{\"format_version\":9,")) << json;
+  const std::string rope =
+      ",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":1,"
+      "\"high_freq_factor\":4,\"original_max_position_embeddings\":8192}";
+  EXPECT_TRUE(absl::StrContains(json, absl::StrCat("\"o_bias\":false", rope))) << json;
+  EXPECT_EQ(
+      absl::StrReplaceAll(json, {{"\"format_version\":9", "\"format_version\":6"}, {rope, ""}}),
+      plain);
+  absl::StatusOr<DecodedJobConfig> decoded = DecodeJobConfig(json);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  ExpectSameConfig(config, decoded->config.get());
+
+  decoded = DecodeJobConfig(
+      absl::StrReplaceAll(json, {{"\"format_version\":9", "\"format_version\":8"}}));
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_EQ(decoded.status().message(),
+            "ampd.config: model.decoder.rope_scaling: not a key of format_version 8");
+  decoded = DecodeJobConfig(absl::StrReplaceAll(json, {{"\"llama3\"", "\"yarn\""}}));
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(decoded.status().message(), "model.decoder.rope_scaling.rope_type"))
+      << decoded.status();
+
+  config.model.decoder->rope_scaling = {model::RopeType::kLinear, 2.0f, 0.0f, 0.0f, 0};
+  decoded = DecodeJobConfig(EncodeJobConfig(config, ""));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  ExpectSameConfig(config, decoded->config.get());
+}
+
+TEST(JobConfigCodec, RopeScalingValidationNamesTheField) {
+  struct Case {
+    model::RopeScaling rope;
+    std::string error;
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const Case cases[] = {
+      {{model::RopeType::kLinear, 0.5f, 0.0f, 0.0f, 0},
+       "decoder.rope_scaling.factor: must be finite and >= 1, got 0.5"},
+      {{model::RopeType::kLlama3, nan, 1.0f, 4.0f, 8192}, "decoder.rope_scaling.factor"},
+      {{model::RopeType::kLlama3, 8.0f, 0.0f, 4.0f, 8192},
+       "decoder.rope_scaling.low_freq_factor: must be finite and > 0"},
+      {{model::RopeType::kLlama3, 8.0f, 4.0f, 4.0f, 8192},
+       "decoder.rope_scaling.high_freq_factor: must be finite and > low_freq_factor 4"},
+      {{model::RopeType::kLlama3, 8.0f, 1.0f, 4.0f, 0},
+       "decoder.rope_scaling.original_max_position_embeddings: must be > 0"},
+  };
+  for (const Case& c : cases) {
+    JobConfig config = SmallDecoderConfig();
+    config.model.decoder->rope_scaling = c.rope;
+    const absl::Status s = ValidateJobConfig(config);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.error;
+    EXPECT_TRUE(absl::StrContains(s.message(), c.error)) << s;
+  }
 }
 
 TEST(JobConfigCodec, LoraValidationNamesTheField) {

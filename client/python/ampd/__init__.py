@@ -20,6 +20,10 @@
                                      rendezvous="ampd-0:50052", model=..., precision="fp16")
     r = dp.step(x, y)
 
+    # A Hugging Face folder (GPT-2, Llama 2/3.x, Qwen2/2.5), weights and all.
+    job = client.create_job(model=ampd.from_pretrained("Llama-3.2-1B"), precision="bf16")
+    job.save_pretrained("out")  # AutoModelForCausalLM.from_pretrained("out") opens it
+
 The stubs (ampd.v1.trainer_pb2, trainer_pb2_grpc) are generated from
 proto/ampd/v1/trainer.proto when the package is built.
 """
@@ -32,9 +36,10 @@ from ampd.errors import (AccumulationLost, AccumulationPending, Aborted, AmpdErr
                          NotFound, PermissionDenied, ResourceExhausted, ScalerAtMinScale,
                          SequenceMismatch, ServerDraining, StepResponseLost, StepsLost,
                          Unauthenticated, Unavailable)
+from ampd.hf import from_pretrained
 from ampd.safetensors import StateDict
 from ampd.spec import (GELU, GPT, SGD, Adam, AdamW, Decoder, Embedding, LayerNorm, Linear, LoRA,
-                       Model, ReLU, Scaler, Tanh)
+                       Model, ReLU, RopeScaling, Scaler, Tanh)
 
 __version__ = "0.1.0"
 
@@ -42,6 +47,7 @@ __all__ = [
     "Client", "Job", "DataParallelJob", "StepResult", "ForwardBackwardResult", "EvaluateResult",
     "Completion", "Timings",
     "StateDict", "to_tensor",
+    "from_pretrained", "RopeScaling",
     "Model", "GPT", "Decoder", "LoRA", "Linear", "ReLU", "GELU", "Tanh", "LayerNorm", "Embedding",
     "SGD", "Adam", "AdamW", "Scaler",
     "AmpdError", "InvalidArgument", "InvalidField", "InvalidStateDict", "NotFound",

@@ -311,7 +311,8 @@ class Client:
                    display_name="", request_id=None, batch_invariant=False):
         """Create a job; returns its Job.
 
-        model: an ampd.Model (or a pb.ModelSpec); optimizer: ampd.SGD / Adam /
+        model: an ampd.Model (or a pb.ModelSpec), or ampd.from_pretrained(DIR)
+        (a Hugging Face folder, whose weights are loaded before this returns); optimizer: ampd.SGD / Adam /
         AdamW (default AdamW with PyTorch's defaults); scaler: ampd.Scaler
         (default the pytorch policy's defaults for fp16, a static scale of 1
         for bf16/fp32). request_id makes a retried create return the same job;
@@ -335,7 +336,15 @@ class Client:
             try:
                 response = self._call(
                     lambda md, t: self._stub.CreateJob(request, metadata=md, timeout=t))
-                return Job(self, response.job)
+                job = Job(self, response.job)
+                # ampd.from_pretrained: the folder's weights (loading them twice is harmless).
+                if hasattr(model, "load_weights"):
+                    try:
+                        model.load_weights(job)
+                    except BaseException:
+                        job.delete()  # no half-loaded job left behind
+                        raise
+                return job
             except errors.CreateRetry:
                 # The first create with this request_id failed server-side; a
                 # new attempt with the same id is what the server asks for.
@@ -722,6 +731,13 @@ class Job:
         with open(os.path.join(directory, "adapter_model.safetensors"), "wb") as f:
             f.write(safetensors.dumps(state, {"format": "pt"}, getattr(state, "dtypes", {})))
         return directory
+
+    def save_pretrained(self, directory):
+        """Write the job's weights as a Hugging Face folder (config.json and
+        model.safetensors, a LoRA job's adapters merged in) that
+        transformers.AutoModelForCausalLM.from_pretrained opens (ampd.hf)."""
+        from ampd import hf
+        return hf.save_pretrained(self, directory)
 
     def load(self, path, partial=False):
         """Load a safetensors file written by export() (or ampctl) into this job;

@@ -96,6 +96,15 @@ _LR_SCHEDULES = {"constant": pb.LR_SCHEDULE_CONSTANT,
                  "warmup_cosine": pb.LR_SCHEDULE_WARMUP_COSINE}
 
 
+def _read_config(config):
+    """A config.json's dict: config itself, or the file at that path."""
+    if isinstance(config, dict):
+        return config
+    import json
+    with open(config) as f:
+        return json.load(f)
+
+
 @dataclass(frozen=True)
 class GPT:
     """A GPT-2-style decoder-only transformer (the fields of GPT2Config).
@@ -120,6 +129,37 @@ class GPT:
     tie_embeddings: Optional[bool] = None
     loss_multiplier: Optional[float] = None
 
+    @classmethod
+    def from_hf_config(cls, config, **overrides):
+        """The spec of a Hugging Face GPT-2 config.json (a path, or its dict):
+        n_positions, n_embd, n_layer, n_head, n_inner, layer_norm_epsilon,
+        tie_word_embeddings. Refused, naming the key: an activation other
+        than gelu_new (the tanh GELU), n_inner not a multiple of n_embd,
+        unscaled or layer-scaled attention, cross-attention. Dropout is a
+        training-time choice ampd does not make (it trains without)."""
+        config = _read_config(config)
+        if config.get("model_type") != "gpt2":
+            raise ValueError("model_type must be gpt2, not %r" % (config.get("model_type"),))
+        act = config.get("activation_function", "gelu_new")
+        if act not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise ValueError("activation_function %r: the MLP's GELU is the tanh approximation "
+                             "(gelu_new)" % (act,))
+        for key, wanted in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
+                            ("add_cross_attention", False)):
+            if config.get(key, wanted) != wanted:
+                raise ValueError("%s %r: only %r is supported" % (key, config[key], wanted))
+        d_model = config["n_embd"]
+        inner = config.get("n_inner") or 4 * d_model
+        if inner % d_model:
+            raise ValueError("n_inner %d: must be a multiple of n_embd %d" % (inner, d_model))
+        values = dict(vocab_size=config["vocab_size"], context_length=config["n_positions"],
+                      d_model=d_model, n_layer=config["n_layer"], n_head=config["n_head"],
+                      mlp_ratio=inner // d_model,
+                      layer_norm_eps=config.get("layer_norm_epsilon", 1e-5),
+                      tie_embeddings=bool(config.get("tie_word_embeddings", True)))
+        values.update(overrides)
+        return cls(**values)
+
     def to_proto(self):
         gpt = _set(pb.Gpt(vocab_size=self.vocab_size, context_length=self.context_length,
                           d_model=self.d_model, n_layer=self.n_layer, n_head=self.n_head),
@@ -134,15 +174,84 @@ class LoRA:
     target W (out, in) is frozen and gains (alpha / rank) x A^T B^T with
     trainable A (rank, in) and B (out, rank). target_modules: of q_proj,
     k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; None: the
-    attention's four. Passed as Decoder(lora=...): it belongs to the decoder
+    attention's four. PEFT's forms are taken too: a dotted suffix
+    (self_attn.q_proj, mlp.down_proj) or "all-linear" (all seven; a string
+    is one entry). Passed as Decoder(lora=...): it belongs to the decoder
     (its limits are the decoder's widths)."""
     rank: int
     alpha: float
     target_modules: Optional[Sequence[str]] = None
 
     def to_proto(self):
-        return pb.LoRA(rank=self.rank, alpha=self.alpha,
-                       target_modules=list(self.target_modules or ()))
+        modules = self.target_modules or ()
+        if isinstance(modules, str):
+            modules = (modules,)
+        return pb.LoRA(rank=self.rank, alpha=self.alpha, target_modules=list(modules))
+
+
+_ROPE_TYPES = {"default": pb.ROPE_TYPE_DEFAULT, "linear": pb.ROPE_TYPE_LINEAR,
+               "llama3": pb.ROPE_TYPE_LLAMA3}
+_LLAMA3_KEYS = ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE's frequency scaling, as transformers' rope_scaling (4.x) or
+    rope_parameters (5.x) give it: rope_type "linear" (every frequency /
+    factor) or "llama3" (Llama 3.1: low frequencies / factor, high ones kept,
+    a blend between, with low_freq_factor, high_freq_factor and
+    original_max_position_embeddings); "default" is no scaling."""
+    rope_type: str
+    factor: Optional[float] = None
+    low_freq_factor: Optional[float] = None
+    high_freq_factor: Optional[float] = None
+    original_max_position_embeddings: Optional[int] = None
+
+    def to_proto(self):
+        if self.rope_type not in _ROPE_TYPES:
+            raise ValueError("rope_type: one of %s, not %r" % (sorted(_ROPE_TYPES), self.rope_type))
+        return _set(pb.RopeScaling(rope_type=_ROPE_TYPES[self.rope_type]), factor=self.factor,
+                    low_freq_factor=self.low_freq_factor, high_freq_factor=self.high_freq_factor,
+                    original_max_position_embeddings=self.original_max_position_embeddings)
+
+
+def _rope_of_hf_config(config):
+    """(rope_theta or None, RopeScaling or None) of a Hugging Face config in
+    either style: transformers 4.x's rope_theta + rope_scaling, or 5.x's
+    rope_parameters (which holds rope_theta). What ampd would compute
+    differently is refused, naming the key."""
+    if config.get("rope_parameters") is not None:
+        key, params = "rope_parameters", dict(config["rope_parameters"])
+        if any(isinstance(v, dict) for v in params.values()):
+            raise ValueError("rope_parameters: one set for every layer is supported, not one per "
+                             "layer type (%s)" % sorted(params))
+        theta = params.pop("rope_theta", config.get("rope_theta"))
+    else:
+        key, params = "rope_scaling", dict(config.get("rope_scaling") or {})
+        theta = config.get("rope_theta")
+    partial = params.pop("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+    if partial not in (None, 1, 1.0):
+        raise ValueError("partial_rotary_factor %r: RoPE rotates the whole head here" % (partial,))
+    rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
+    params.pop("type", None)
+    if rope_type not in _ROPE_TYPES:
+        raise ValueError("%s.rope_type %r: ampd computes default, linear and llama3 RoPE"
+                         % (key, rope_type))
+    known = {"default": (), "linear": ("factor",), "llama3": ("factor",) + _LLAMA3_KEYS}[rope_type]
+    for name in sorted(params):
+        if name not in known and params[name] is not None:
+            raise ValueError("%s.%s: not read by rope_type %s, and ampd would compute without it"
+                             % (key, name, rope_type))
+    if rope_type == "default":
+        return theta, None
+    values = {name: params.get(name) for name in known}
+    if rope_type == "llama3" and values["original_max_position_embeddings"] is None:
+        # transformers' own fallback (standardize_rope_params).
+        values["original_max_position_embeddings"] = config.get("max_position_embeddings")
+    for name, value in values.items():
+        if value is None:
+            raise ValueError("%s.%s: rope_type %s needs it" % (key, name, rope_type))
+    return theta, RopeScaling(rope_type, **values)
 
 
 @dataclass(frozen=True)
@@ -178,33 +287,31 @@ class Decoder:
     o_bias: Optional[bool] = None
     loss_multiplier: Optional[float] = None
     lora: Optional[LoRA] = None
+    rope_scaling: Optional[RopeScaling] = None
 
     # The config.json keys this spec takes (the rest are checked or ignored:
     # see from_hf_config).
     _HF_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                 "num_attention_heads", "max_position_embeddings", "num_key_value_heads",
-                "head_dim", "rms_norm_eps", "rope_theta", "tie_word_embeddings",
-                "initializer_range")
+                "head_dim", "rms_norm_eps", "tie_word_embeddings", "initializer_range")
 
     @classmethod
     def from_hf_config(cls, config, max_position_embeddings=None, **overrides):
         """The spec of a Hugging Face config.json (a path, or its dict):
         model_type "llama" (attention_bias biases q, k, v and o_proj) or
-        "qwen2" (q, k, v biased, o_proj not). What the model would compute
-        differently is refused: rope_scaling, a hidden_act other than silu,
+        "qwen2" (q, k, v biased, o_proj not). RoPE in either key style
+        (transformers 4.x's rope_theta and rope_scaling, 5.x's
+        rope_parameters), of rope_type default, linear or llama3. What the
+        model would compute differently is refused, naming the key: another
+        rope_type, partial_rotary_factor, a hidden_act other than silu,
         Llama's mlp_bias, Qwen2's sliding window. max_position_embeddings
         (and any field, by keyword) may be lowered for training on shorter
         sequences."""
-        if not isinstance(config, dict):
-            import json
-            with open(config) as f:
-                config = json.load(f)
+        config = _read_config(config)
         model_type = config.get("model_type")
         if model_type not in ("llama", "qwen2"):
             raise ValueError("model_type must be llama or qwen2, not %r" % (model_type,))
-        if config.get("rope_scaling") is not None:
-            raise ValueError("rope_scaling %r: only the default rotary embedding is supported"
-                             % (config["rope_scaling"],))
+        rope_theta, rope_scaling = _rope_of_hf_config(config)
         if config.get("hidden_act", "silu") != "silu":
             raise ValueError("hidden_act %r: the MLP is SwiGLU (silu)" % (config["hidden_act"],))
         if config.get("mlp_bias"):
@@ -212,6 +319,10 @@ class Decoder:
         if model_type == "qwen2" and config.get("use_sliding_window"):
             raise ValueError("use_sliding_window: sliding-window attention is not supported")
         values = {key: config[key] for key in cls._HF_KEYS if config.get(key) is not None}
+        if rope_theta is not None:
+            values["rope_theta"] = rope_theta
+        if rope_scaling is not None:
+            values["rope_scaling"] = rope_scaling
         if model_type == "llama":
             bias = bool(config.get("attention_bias", False))
             values.update(qkv_bias=bias, o_bias=bias)
@@ -235,6 +346,8 @@ class Decoder:
                        o_bias=self.o_bias)
         if self.lora is not None:
             decoder.lora.CopyFrom(self.lora.to_proto())
+        if self.rope_scaling is not None:
+            decoder.rope_scaling.CopyFrom(self.rope_scaling.to_proto())
         return _set(pb.ModelSpec(decoder=decoder), loss_multiplier=self.loss_multiplier)
 
 

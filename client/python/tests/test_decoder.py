@@ -15,6 +15,7 @@ the spec's wire form, Decoder.from_hf_config, the initialisation, and the
 benchmark peer on the CPU.
 
 Skipped, saying so, where torch is not importable."""
+import dataclasses
 import json
 import os
 import sys
@@ -124,12 +125,56 @@ def test_from_hf_config_reads_both_families(tmp_path):
     spec = ampd.Decoder.from_hf_config(qwen2)
     assert spec.qkv_bias and not spec.o_bias and spec.head_dim is None
     assert spec.to_proto().decoder.rope_theta == 1000000.0
-    for bad, match in ((dict(llama, rope_scaling={"rope_type": "llama3"}), "rope_scaling"),
+    for bad, match in ((dict(llama, rope_scaling={"rope_type": "yarn", "factor": 4.0}),
+                        "rope_scaling.rope_type 'yarn'"),
+                       (dict(llama, rope_scaling={"rope_type": "llama3"}),
+                        "rope_scaling.factor"),
                        (dict(llama, model_type="mistral"), "model_type"),
                        (dict(llama, hidden_act="gelu"), "hidden_act"),
                        (dict(qwen2, use_sliding_window=True), "sliding")):
         with pytest.raises(ValueError, match=match):
             ampd.Decoder.from_hf_config(bad)
+
+
+LLAMA32 = {"model_type": "llama", "vocab_size": VOCAB, "hidden_size": HIDDEN,
+           "intermediate_size": INTER, "num_hidden_layers": LAYERS, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "max_position_embeddings": CONTEXT, "hidden_act": "silu",
+           "rope_theta": 500000.0,
+           "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
+
+
+def test_llama3_rope_scaling_in_both_key_styles_reaches_the_job(server):
+    """transformers 4.x's rope_theta + rope_scaling and 5.x's rope_parameters
+    give one spec; CreateJob keeps it in the effective config and refuses a
+    bad field by name."""
+    old = ampd.Decoder.from_hf_config(LLAMA32)
+    new_style = {k: v for k, v in LLAMA32.items() if k not in ("rope_theta", "rope_scaling")}
+    new_style["rope_parameters"] = dict(LLAMA32["rope_scaling"], rope_theta=500000.0)
+    assert ampd.Decoder.from_hf_config(new_style) == old
+    assert old.rope_theta == 500000.0
+    assert old.rope_scaling == ampd.RopeScaling("llama3", 32.0, 1.0, 4.0, 8192)
+    linear = ampd.Decoder.from_hf_config(dict(LLAMA32, rope_scaling={"type": "linear",
+                                                                     "factor": 2.0}))
+    assert linear.rope_scaling == ampd.RopeScaling("linear", 2.0)
+    with ampd.Client(server.address) as client:
+        job = client.create_job(model=old, precision="fp32", seed=1)
+        r = job.config.model.decoder.rope_scaling
+        assert (r.rope_type, r.factor, r.low_freq_factor, r.high_freq_factor,
+                r.original_max_position_embeddings) == (pb.ROPE_TYPE_LLAMA3, 32.0, 1.0, 4.0, 8192)
+        job = client.create_job(model=linear, precision="fp32", seed=1)
+        r = job.config.model.decoder.rope_scaling
+        assert (r.rope_type, r.factor, r.HasField("low_freq_factor")) == (pb.ROPE_TYPE_LINEAR, 2.0,
+                                                                          False)
+        for scaling, field in ((ampd.RopeScaling("linear", 0.5), "decoder.rope_scaling.factor"),
+                               (ampd.RopeScaling("llama3", 8.0, 4.0, 1.0, 8192),
+                                "decoder.rope_scaling.high_freq_factor"),
+                               (ampd.RopeScaling("llama3", 8.0), "rope_scaling.low_freq_factor"),
+                               (ampd.RopeScaling("linear", 2.0, low_freq_factor=1.0),
+                                "rope_scaling.low_freq_factor")):
+            bad = dataclasses.replace(old, rope_scaling=scaling)
+            with pytest.raises(ampd.InvalidArgument, match=field):
+                client.create_job(model=bad, precision="fp32", seed=1)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

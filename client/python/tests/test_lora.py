@@ -104,6 +104,27 @@ def test_a_loaded_state_with_inf_or_nan_is_refused_naming_the_tensor(server, whe
         assert np.isfinite(job.step(ids.numpy(), targets.numpy()).loss)
 
 
+def test_target_modules_in_pefts_forms(server):
+    """PEFT's dotted suffixes name their module; "all-linear" is all seven;
+    a path into one layer (PEFT would adapt that layer alone) is refused."""
+    with ampd.Client(server.address) as client:
+        for given, effective in (
+                (("self_attn.q_proj", "mlp.down_proj", "v_proj"), ["q_proj", "down_proj", "v_proj"]),
+                ("all-linear", ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                "down_proj"])):
+            job = client.create_job(model=spec_of(ampd.LoRA(rank=4, alpha=8.0,
+                                                            target_modules=given)),
+                                    precision="fp32", seed=1)
+            assert list(job.config.model.decoder.lora.target_modules) == effective
+        for given, field in ((("model.layers.0.self_attn.q_proj",), "target_modules[0]"),
+                             (("mlp.q_proj",), "target_modules[0]"),
+                             (("q_proj", "self_attn.q_proj"), "target_modules[1]: repeats")):
+            with pytest.raises(ampd.InvalidArgument, match=field.replace("[", r"\[")):
+                client.create_job(model=spec_of(ampd.LoRA(rank=4, alpha=8.0,
+                                                          target_modules=given)),
+                                  precision="fp32", seed=1)
+
+
 LR, WEIGHT_DECAY = 1e-2, 0.01
 TARGET_SETS = {
     "attention": ("q_proj", "k_proj", "v_proj", "o_proj"),

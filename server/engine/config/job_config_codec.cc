@@ -411,6 +411,18 @@ std::string DecoderJson(const model::DecoderSpec& d) {
   w.Float("initializer_range", d.initializer_range);
   w.Bool("qkv_bias", d.qkv_bias);
   w.Bool("o_bias", d.o_bias);
+  // Version 9, and only when scaled: every other decoder keeps its bytes.
+  if (d.rope_scaling.type != model::RopeType::kDefault) {
+    std::string rope;
+    ObjectWriter r(&rope);
+    r.String("rope_type", model::RopeTypeName(d.rope_scaling.type));
+    r.Float("factor", d.rope_scaling.factor);
+    r.Float("low_freq_factor", d.rope_scaling.low_freq_factor);
+    r.Float("high_freq_factor", d.rope_scaling.high_freq_factor);
+    r.Int("original_max_position_embeddings", d.rope_scaling.original_max_position_embeddings);
+    r.Close();
+    w.Raw("rope_scaling", rope);
+  }
   // Version 7, and only when set: a full fine-tune keeps its bytes.
   if (d.lora.has_value()) {
     std::string modules = "[";
@@ -593,6 +605,23 @@ absl::StatusOr<model::LoraSpec> LoraFromJson(const Json& v) {
   return lora;
 }
 
+absl::StatusOr<model::RopeScaling> RopeScalingFromJson(const Json& v) {
+  AMPD_ASSIGN_OR_RETURN(Fields f, Fields::Of(v, "model.decoder.rope_scaling"));
+  model::RopeScaling r;
+  AMPD_ASSIGN_OR_RETURN(const std::string type, f.String("rope_type"));
+  AMPD_ASSIGN_OR_RETURN(r.type, FromName(type,
+                                         {model::RopeType::kDefault, model::RopeType::kLinear,
+                                          model::RopeType::kLlama3},
+                                         model::RopeTypeName, f.PathOf("rope_type")));
+  AMPD_ASSIGN_OR_RETURN(r.factor, f.Float("factor"));
+  AMPD_ASSIGN_OR_RETURN(r.low_freq_factor, f.Float("low_freq_factor"));
+  AMPD_ASSIGN_OR_RETURN(r.high_freq_factor, f.Float("high_freq_factor"));
+  AMPD_ASSIGN_OR_RETURN(r.original_max_position_embeddings,
+                        f.Integer<int64_t>("original_max_position_embeddings"));
+  AMPD_RETURN_IF_ERROR(f.Done());
+  return r;
+}
+
 absl::StatusOr<model::DecoderSpec> DecoderFromJson(const Json& v, int64_t version) {
   AMPD_ASSIGN_OR_RETURN(Fields f, Fields::Of(v, "model.decoder"));
   model::DecoderSpec d;
@@ -610,6 +639,14 @@ absl::StatusOr<model::DecoderSpec> DecoderFromJson(const Json& v, int64_t versio
   AMPD_ASSIGN_OR_RETURN(d.initializer_range, f.Float("initializer_range"));
   AMPD_ASSIGN_OR_RETURN(d.qkv_bias, f.Bool("qkv_bias"));
   AMPD_ASSIGN_OR_RETURN(d.o_bias, f.Bool("o_bias"));
+  if (f.Has("rope_scaling")) {
+    if (version < 9) {
+      return Corrupt("model.decoder.rope_scaling",
+                     absl::StrCat("not a key of format_version ", version));
+    }
+    AMPD_ASSIGN_OR_RETURN(const Json* rope, f.Get("rope_scaling"));
+    AMPD_ASSIGN_OR_RETURN(d.rope_scaling, RopeScalingFromJson(*rope));
+  }
   if (f.Has("lora")) {
     if (version < 7) {
       return Corrupt("model.decoder.lora", absl::StrCat("not a key of format_version ", version));
@@ -784,6 +821,10 @@ std::string EncodeJobConfig(const JobConfig& config, absl::string_view request_i
   if (config.model.decoder.has_value()) version = 6;
   if (config.model.decoder.has_value() && config.model.decoder->lora.has_value()) version = 7;
   if (config.batch_invariant) version = 8;
+  if (config.model.decoder.has_value() &&
+      config.model.decoder->rope_scaling.type != model::RopeType::kDefault) {
+    version = 9;
+  }
   w.Int("format_version", version);
   w.String("display_name", config.display_name);
   if (!request_id.empty()) w.String("request_id", request_id);

@@ -41,7 +41,10 @@
 // (written only for a decoder, whatever else the config holds). Version 7
 // adds a decoder's LoRA adapters ("lora":{"rank","alpha","target_modules"}
 // in the decoder object), written only for a LoRA job. Version 8 adds
-// "batch_invariant":true last, written only when it is on. A layer
+// "batch_invariant":true last, written only when it is on. Version 9 adds
+// a decoder's RoPE scaling ("rope_scaling":{"rope_type","factor",
+// "low_freq_factor","high_freq_factor","original_max_position_embeddings"}
+// after "o_bias"), written only when its type is not "default". A layer
 // carries the fields of its kind only (linear: in_features, out_features,
 // bias; layer_norm: normalized_shape, eps, elementwise_affine; embedding:
 // num_embeddings, embedding_dim); the optimizer those of its kind (sgd: lr,
@@ -69,7 +72,7 @@ namespace ampd::engine {
 // distributed job,
 // else 3 with an lr schedule or a GPT, else 2 for adaptive-scaler configs,
 // else 1), DecodeJobConfig reads 1 to it.
-inline constexpr int kJobConfigFormatVersion = 8;
+inline constexpr int kJobConfigFormatVersion = 9;
 
 // A job's config and the request_id it was created with ("" when none), as
 // an older checkpoint's create request decodes (not yet validated).

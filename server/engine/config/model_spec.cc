@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <iterator>
 #include <string>
 #include <utility>
 
@@ -219,6 +220,29 @@ absl::Status ValidateLoraSpec(const DecoderSpec& d) {
                       absl::StrCat(lora.alpha));
 }
 
+// The scaling's fields its type reads: linear a factor >= 1 (Hugging
+// Face's own check); llama3 that and 0 < low_freq_factor < high_freq_factor
+// with original_max_position_embeddings > 0 (the blend divides by their
+// difference and by the context).
+absl::Status ValidateRopeScaling(const RopeScaling& r) {
+  if (r.type == RopeType::kDefault) return absl::OkStatus();
+  AMPD_RETURN_IF_ERROR(DecoderField(std::isfinite(r.factor) && r.factor >= 1.0f,
+                                    "rope_scaling.factor", "must be finite and >= 1",
+                                    absl::StrCat(r.factor)));
+  if (r.type != RopeType::kLlama3) return absl::OkStatus();
+  AMPD_RETURN_IF_ERROR(DecoderField(std::isfinite(r.low_freq_factor) && r.low_freq_factor > 0.0f,
+                                    "rope_scaling.low_freq_factor", "must be finite and > 0",
+                                    absl::StrCat(r.low_freq_factor)));
+  AMPD_RETURN_IF_ERROR(
+      DecoderField(std::isfinite(r.high_freq_factor) && r.high_freq_factor > r.low_freq_factor,
+                   "rope_scaling.high_freq_factor",
+                   absl::StrCat("must be finite and > low_freq_factor ", r.low_freq_factor),
+                   absl::StrCat(r.high_freq_factor)));
+  return DecoderField(r.original_max_position_embeddings > 0,
+                      "rope_scaling.original_max_position_embeddings", "must be > 0",
+                      absl::StrCat(r.original_max_position_embeddings));
+}
+
 absl::Status ValidateDecoderSpec(const ModelSpec& spec) {
   const DecoderSpec& d = *spec.decoder;
   if (spec.gpt.has_value()) {
@@ -270,6 +294,7 @@ absl::Status ValidateDecoderSpec(const ModelSpec& spec) {
       d.initializer_range <= kMaxInitializerRange, "initializer_range",
       absl::StrCat("must be <= ", kMaxInitializerRange, " (the init's standard deviation)"),
       absl::StrCat(d.initializer_range)));
+  AMPD_RETURN_IF_ERROR(ValidateRopeScaling(d.rope_scaling));
   struct Derived {
     std::initializer_list<int64_t> factors;
     absl::string_view field, what;
@@ -310,6 +335,29 @@ absl::Status ValidateDecoderSpec(const ModelSpec& spec) {
 }
 
 }  // namespace
+
+const char* RopeTypeName(RopeType type) {
+  switch (type) {
+    case RopeType::kDefault:
+      return "default";
+    case RopeType::kLinear:
+      return "linear";
+    case RopeType::kLlama3:
+      return "llama3";
+  }
+  return "?";
+}
+
+std::string LoraModuleOfPeftTarget(absl::string_view target) {
+  for (size_t i = 0; i < std::size(kLoraModules); ++i) {
+    const absl::string_view module = kLoraModules[i];
+    // The attention's four (first in kLoraModules) live in self_attn, the
+    // MLP's three in mlp.
+    const absl::string_view parent = i < 4 ? "self_attn." : "mlp.";
+    if (target == module || target == absl::StrCat(parent, module)) return std::string(module);
+  }
+  return std::string(target);
+}
 
 int64_t DecoderHeadDim(const DecoderSpec& d) {
   if (d.head_dim != 0) return d.head_dim;

@@ -78,6 +78,36 @@ struct LoraSpec {
 inline constexpr const char* kLoraModules[] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                                "gate_proj", "up_proj", "down_proj"};
 
+// RoPE's frequency scaling, as Hugging Face names it in rope_scaling
+// (transformers 4.x) or rope_parameters (5.x), "rope_type": kDefault keeps
+// inv_freq = 1 / rope_theta^(2i / D); kLinear divides every frequency by
+// factor; kLlama3 (Llama 3.1+) divides the low frequencies (wavelength >
+// original_max_position_embeddings / low_freq_factor) by factor, keeps the
+// high ones (wavelength < original / high_freq_factor) and blends linearly
+// in between. Neither scales the attention (attention_factor 1).
+enum class RopeType { kDefault, kLinear, kLlama3 };
+
+struct RopeScaling {
+  RopeType type = RopeType::kDefault;
+  float factor = 1.0f;                           // linear, llama3: finite and >= 1
+  float low_freq_factor = 0.0f;                  // llama3: finite and > 0
+  float high_freq_factor = 0.0f;                 // llama3: finite and > low_freq_factor
+  int64_t original_max_position_embeddings = 0;  // llama3: > 0
+};
+
+// Hugging Face's names of the rope types ("default", "linear", "llama3").
+const char* RopeTypeName(RopeType type);
+
+// The kLoraModules name a PEFT target_modules entry stands for: the name
+// itself (q_proj) or its dotted suffix in Hugging Face's module tree
+// (self_attn.q_proj, mlp.down_proj), which PEFT matches in every layer
+// alike. Anything else comes back unchanged, for validation to refuse.
+std::string LoraModuleOfPeftTarget(absl::string_view target);
+
+// PEFT's target_modules="all-linear" for a decoder: every projection of
+// kLoraModules (PEFT leaves out the LM head).
+inline constexpr const char* kLoraAllLinear = "all-linear";
+
 // A Llama/Qwen2-family decoder-only transformer, with the fields of Hugging
 // Face's LlamaConfig / Qwen2Config: token embeddings (no position table),
 // num_hidden_layers pre-RMSNorm blocks (input_layernorm, causal self-attention
@@ -99,6 +129,7 @@ struct DecoderSpec {
   int64_t head_dim = 0;
   float rms_norm_eps = 1e-6f;
   float rope_theta = 10000.0f;
+  RopeScaling rope_scaling;             // the default: no scaling
   int64_t max_position_embeddings = 0;  // the longest sequence
   bool tie_word_embeddings = false;     // the LM head reads embed_tokens
   float initializer_range = 0.02f;      // every Linear's and the embedding's N(0, this^2)
@@ -168,9 +199,12 @@ inline constexpr float kMaxLoraAlpha = 65536.0f;
 // (hidden_size / num_attention_heads dividing when head_dim is 0),
 // rms_norm_eps, rope_theta and initializer_range finite and > 0 (and
 // initializer_range <= kMaxInitializerRange), every derived size and the
-// total at most kMaxParameters ("decoder.head_dim"). With LoRA: rank >= 1
-// and <= min(in, out) of every target, alpha in (0, kMaxLoraAlpha], target_modules non-empty, known
-// and without repeats
+// total at most kMaxParameters ("decoder.head_dim"). rope_scaling's fields
+// as its type needs them (linear and llama3 a factor >= 1; llama3 0 <
+// low_freq_factor < high_freq_factor and original_max_position_embeddings
+// > 0: "decoder.rope_scaling.factor"). With LoRA: rank >= 1 and <= min(in,
+// out) of every target, alpha in (0, kMaxLoraAlpha], target_modules
+// non-empty, known and without repeats
 // ("decoder.lora.target_modules[1]").
 absl::Status ValidateModelSpec(const ModelSpec& spec);
 

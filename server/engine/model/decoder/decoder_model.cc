@@ -13,6 +13,7 @@
 #include "common/checked_math.h"
 #include "common/status_macros.h"
 #include "server/engine/model/decoder/decoder_workspace.h"
+#include "server/engine/model/decoder/rope_frequencies.h"
 #include "server/engine/model/init.h"
 #include "server/engine/model/lm_head.h"
 
@@ -164,14 +165,7 @@ DecoderModel::DecoderModel(const ModelSpec& spec, Precision precision, kernels::
   for (int64_t l = 0; l < layers; ++l) {
     block_group_.push_back(static_cast<int>(GptBlockScaleGroup(l, layers)));
   }
-  // Hugging Face's _compute_default_rope_parameters, in fp32:
-  // 1 / (base ** (arange(0, D, 2).float() / D)).
-  const int64_t d = DecoderHeadDim(*spec.decoder);
-  const float base = spec.decoder->rope_theta;
-  for (int64_t i = 0; i < d; i += 2) {
-    const float exponent = static_cast<float>(i) / static_cast<float>(d);
-    inv_freq_.push_back(1.0f / std::pow(base, exponent));
-  }
+  inv_freq_ = RopeInverseFrequencies(*spec.decoder);
 }
 
 std::vector<int> DecoderModel::ParamScaleGroups() const {

@@ -9,7 +9,8 @@
 //   x_0 = embed_tokens[ids]
 //   per block l:  a = rmsnorm(x_l) input_layernorm.weight
 //                 qkv (N, Q + 2 KV) = a [Wq; Wk; Wv]^T + [bq; bk; bv]
-//                 RoPE (rotate-half, position t, inv_freq from rope_theta)
+//                 RoPE (rotate-half, position t, inv_freq from rope_theta
+//                   and rope_scaling: rope_frequencies.h)
 //                   on the H + K q and k heads at the start of each row
 //                 expand the K/V heads to H (repeat_kv; skipped when K == H)
 //                 y = causal attention (scale 1/sqrt(D)); r_l = x_l + y Wo^T (+ bo)
@@ -231,8 +232,8 @@ class DecoderModel final : public Network {
   bool lora() const { return decoder().lora.has_value(); }
 
   const int64_t lm_head_chunk_bytes_;
-  // RoPE's inv_freq (D/2), 1 / rope_theta^(2i / D) in fp32 as Hugging Face
-  // computes it; each workspace copies it to the backend.
+  // RoPE's inv_freq (D/2) as Hugging Face computes it (RopeInverseFrequencies);
+  // each workspace copies it to the backend.
   std::vector<float> inv_freq_;
   int embed_ = -1;
   std::vector<BlockParams> blocks_;

@@ -1,0 +1,298 @@
+"""ampd against transformers itself (the pinned versions of
+scripts/requirements-hf.txt, run by CTest under scripts/python-env.sh's
+environment): for GPT-2, Llama 3.x (GQA and llama3 RoPE scaling over a
+context longer than its original one, untied and tied, config keys in
+transformers 5.x's and 4.x's styles; also linear scaling) and Qwen2.5 (q/k/v
+biases, tied), a model transformers builds from a small config (random
+weights, nothing downloaded) and writes with save_pretrained loads into a
+real ampd through ampd.from_pretrained, and in fp32:
+- its log-probabilities over the whole vocabulary (the logits up to each
+  row's constant: what ampd's Evaluate returns) and its loss equal
+  transformers' forward and loss function to 1e-5 relative;
+- 10 AdamW steps give transformers + torch.optim.AdamW's losses to 1e-5
+  relative, and the same weights;
+- greedy Sample gives transformers' greedy generate token for token;
+- job.save_pretrained writes a folder AutoModelForCausalLM.from_pretrained
+  opens, with ampd's log-probabilities.
+Each test prints its largest differences (pytest -s shows them).
+
+Outside CI these skip, saying so, where transformers is not importable (run
+them through CTest after scripts/python-env.sh); with CI=true they fail."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+if os.environ.get("CI") != "true":
+    pytest.importorskip("transformers", reason="transformers is not importable: these tests run "
+                                               "under scripts/python-env.sh's environment")
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+import ampd  # noqa: E402
+
+torch.use_deterministic_algorithms(True)
+VOCAB = 96
+RTOL = 1e-5
+LR, WEIGHT_DECAY = 1e-3, 0.01
+
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               # A 16-token original context: the 48-token sequences below
+               # reach three times past it, where the scaling matters.
+               "original_max_position_embeddings": 16}
+DECODER = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+               initializer_range=0.1, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+
+FAMILIES = {
+    "gpt2": (transformers.GPT2Config,
+             dict(vocab_size=VOCAB, n_positions=48, n_embd=64, n_layer=2, n_head=4,
+                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, initializer_range=0.1,
+                  bos_token_id=None, eos_token_id=None)),
+    "llama3": (transformers.LlamaConfig,
+               dict(DECODER, rope_parameters=LLAMA3_ROPE, tie_word_embeddings=False)),
+    "llama3_tied": (transformers.LlamaConfig,
+                    dict(DECODER, rope_parameters=LLAMA3_ROPE, tie_word_embeddings=True,
+                         attention_bias=True)),
+    "llama_linear": (transformers.LlamaConfig,
+                     dict(DECODER, rope_parameters={"rope_type": "linear", "rope_theta": 500000.0,
+                                                    "factor": 4.0},
+                          tie_word_embeddings=False)),
+    "qwen2.5": (transformers.Qwen2Config,
+                dict(DECODER, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                     tie_word_embeddings=True, rms_norm_eps=1e-6)),
+}
+SEQ = {"gpt2": 48}  # tokens per sequence (decoders 48 of their 64)
+
+
+def seq_len(family):
+    return SEQ.get(family, 48)
+
+
+def make_folder(family, directory, seed=0):
+    """transformers' model of the family from its config, random weights,
+    written with save_pretrained (llama3's in shards with their index); the
+    llama3_tied folder's config.json is rewritten in transformers 4.x's keys
+    (rope_theta + rope_scaling)."""
+    config_class, values = FAMILIES[family]
+    torch.manual_seed(seed)
+    config = config_class(**values)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    model.save_pretrained(directory, max_shard_size="100KB" if family == "llama3" else "1GB")
+    if family == "llama3_tied":
+        path = os.path.join(directory, "config.json")
+        with open(path) as f:
+            saved = json.load(f)
+        rope = saved.pop("rope_parameters")
+        saved["rope_theta"] = rope.pop("rope_theta")
+        saved["rope_scaling"] = rope
+        with open(path, "w") as f:
+            json.dump(saved, f)
+    return load_hf(directory)
+
+
+def load_hf(directory):
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        directory, attn_implementation="eager", dtype=torch.float32)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model.eval()
+
+
+def batch(family, step, rows=2):
+    """(rows, T) int64 ids and targets, a few -100: each target a fixed
+    function of its token (a bigram to learn, so that training goes
+    somewhere and equal curves say something)."""
+    rng = np.random.default_rng(900 + step)
+    ids = rng.integers(0, VOCAB, size=(rows, seq_len(family)), dtype=np.int64)
+    targets = (7 * ids + 2) % VOCAB
+    targets[rng.random(targets.shape) < 0.1] = -100
+    return ids, targets
+
+
+def hf_logprobs_and_loss(model, ids, targets, grad=False):
+    """transformers' (B, T, V) log-probs and its causal-LM loss function's
+    loss (shift_labels: the targets are already the next tokens)."""
+    with torch.set_grad_enabled(grad):
+        logits = model(input_ids=torch.from_numpy(ids)).logits
+        loss = model.loss_function(logits=logits, labels=None, vocab_size=VOCAB,
+                                   shift_labels=torch.from_numpy(targets))
+    return torch.log_softmax(logits.detach().double(), dim=-1).numpy(), loss
+
+
+def ampd_logprobs(job, ids):
+    """ampd's (B, T, V) log-probs: one Evaluate of the B rows repeated V times,
+    copy v's targets all v."""
+    rows, t = ids.shape
+    inputs = np.tile(ids, (VOCAB, 1))
+    targets = np.repeat(np.arange(VOCAB, dtype=np.int64), rows)[:, None].repeat(t, axis=1)
+    values = job.evaluate(inputs, targets, return_logprobs=True).logprobs[0]
+    return values.reshape(VOCAB, rows, t).transpose(1, 2, 0).astype(np.float64)
+
+
+def report(what, ours, theirs):
+    ours, theirs = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+    diff = np.abs(ours - theirs)
+    rel = diff / np.maximum(np.abs(theirs), 1e-30)
+    print("%s: max abs diff %.3g, max rel diff %.3g" % (what, diff.max(), rel.max()))
+    return diff.max(), rel.max()
+
+
+def assert_close(what, ours, theirs, rtol=RTOL, atol=0.0):
+    report(what, ours, theirs)
+    np.testing.assert_allclose(ours, theirs, rtol=rtol, atol=atol, err_msg=what)
+
+
+def create(client, directory, **kwargs):
+    return client.create_job(model=ampd.from_pretrained(directory), precision="fp32",
+                             optimizer=ampd.AdamW(lr=LR, weight_decay=WEIGHT_DECAY), **kwargs)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_forward_equals_transformers(server, tmp_path, family):
+    model = make_folder(family, tmp_path / "hf")
+    if family == "llama3":  # a sharded folder, loaded file by file
+        index = json.load(open(tmp_path / "hf" / "model.safetensors.index.json"))
+        assert len(set(index["weight_map"].values())) > 2
+    with ampd.Client(server.address) as client:
+        job = create(client, str(tmp_path / "hf"))
+        ids, targets = batch(family, 0)
+        theirs, loss = hf_logprobs_and_loss(model, ids, targets)
+        assert_close("%s log-probs" % family, ampd_logprobs(job, ids), theirs)
+        ours = job.evaluate(ids, targets).loss
+        assert_close("%s loss" % family, ours, loss.item())
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_bf16_folder_loads_widened(server, tmp_path, precision):
+    """Published checkpoints are bf16: such a folder loads into any job (its
+    weights widened exactly), and an fp32 job computes what transformers
+    computes in fp32 from them. A folder that does not fit leaves no job."""
+    make_folder("qwen2.5", tmp_path / "f32").to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    model = load_hf(str(tmp_path / "bf16"))  # dtype float32: the bf16 values, widened
+    with ampd.Client(server.address) as client:
+        job = client.create_job(model=ampd.from_pretrained(str(tmp_path / "bf16")),
+                                precision=precision)
+        if precision == "fp32":
+            ids, targets = batch("qwen2.5", 0)
+            theirs, _ = hf_logprobs_and_loss(model, ids, targets)
+            assert_close("bf16 folder log-probs", ampd_logprobs(job, ids), theirs)
+        before = len(client.jobs())
+        with pytest.raises(ampd.InvalidArgument, match="model.embed_tokens.weight"):
+            client.create_job(model=ampd.from_pretrained(str(tmp_path / "bf16"),
+                                                         vocab_size=VOCAB + 1), precision=precision)
+        assert len(client.jobs()) == before
+
+
+def test_llama3_scaling_matters_and_both_key_styles_read_alike(tmp_path):
+    """The llama3 folder's RoPE is not the default's over these positions
+    (so the test above checks the scaling), and 4.x's keys give 5.x's spec."""
+    make_folder("llama3", tmp_path / "a")
+    spec = ampd.from_pretrained(str(tmp_path / "a")).model
+    assert spec.rope_scaling == ampd.RopeScaling("llama3", 8.0, 1.0, 4.0, 16)
+    assert spec.rope_theta == 10000.0
+    with open(tmp_path / "a" / "config.json") as f:
+        config = json.load(f)
+    rope = dict(config.pop("rope_parameters"))
+    old = dict(config, rope_theta=rope.pop("rope_theta"), rope_scaling=rope)
+    assert ampd.Decoder.from_hf_config(old) == spec
+    # transformers' own frequencies differ from the unscaled ones.
+    scaled = transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS["llama3"](
+        transformers.LlamaConfig(**FAMILIES["llama3"][1]), "cpu")[0]
+    plain = 1.0 / (10000.0 ** (torch.arange(0, 16, 2).float() / 16))
+    assert not torch.allclose(scaled, plain, rtol=1e-3)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_ten_adamw_steps_equal_transformers(server, tmp_path, family):
+    model = make_folder(family, tmp_path / "hf")
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    with ampd.Client(server.address) as client:
+        job = create(client, str(tmp_path / "hf"))
+        ours, theirs = [], []
+        for step in range(10):
+            ids, targets = batch(family, step)
+            ours.append(job.step(ids, targets).loss)
+            opt.zero_grad()
+            _, loss = hf_logprobs_and_loss(model, ids, targets, grad=True)
+            loss.backward()
+            opt.step()
+            theirs.append(loss.item())
+        assert_close("%s 10-step losses" % family, ours, theirs)
+        assert theirs[-1] < theirs[0]  # it moved, so equal curves say something
+        # The weights: Adam moves an element by about lr a step whatever its
+        # gradient's size, so the few whose gradient is at fp32's rounding
+        # noise (a key bias's, exactly 0 in real numbers; sums that cancel)
+        # go their own way in any two implementations. All but those agree.
+        merged = job.state_dict("merged")
+        hf_state = model.state_dict()
+        diffs = np.concatenate([np.abs(value - hf_state[name].numpy()).ravel()
+                                for name, value in merged.items()])
+        apart = float((diffs > 1e-5).mean())
+        print("%s weights after 10 steps: max abs diff %.3g; %.3g%% of elements over 1e-5"
+              % (family, diffs.max(), 100 * apart))
+        assert apart < 0.005
+        model.eval()
+        ids, targets = batch(family, 10)
+        theirs_lp, _ = hf_logprobs_and_loss(model, ids, targets)
+        assert_close("%s log-probs after 10 steps" % family, ampd_logprobs(job, ids), theirs_lp)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_greedy_sample_equals_generate(server, tmp_path, family):
+    model = make_folder(family, tmp_path / "hf")
+    rng = np.random.default_rng(3)
+    prompts = rng.integers(0, VOCAB, size=(3, 6), dtype=np.int64)
+    new = seq_len(family) - prompts.shape[1]
+    with ampd.Client(server.address) as client:
+        job = create(client, str(tmp_path / "hf"))
+        completions = job.sample(list(prompts), max_tokens=new, temperature=0.0)
+        seen = set()
+        for prompt, [completion] in zip(prompts, completions):
+            with torch.no_grad():
+                out = model.generate(torch.from_numpy(prompt[None]), max_new_tokens=new,
+                                     min_new_tokens=new, do_sample=False)
+            theirs = out[0, len(prompt):].tolist()
+            assert completion.tokens == theirs
+            seen.update(theirs)
+        assert len(seen) > 5  # not one token over and over
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_export_loads_back_into_transformers(server, tmp_path, family):
+    make_folder(family, tmp_path / "hf")
+    with ampd.Client(server.address) as client:
+        job = create(client, str(tmp_path / "hf"))
+        for step in range(3):  # weights of ampd's own, not the folder's
+            job.step(*batch(family, step))
+        job.save_pretrained(str(tmp_path / "out"))
+        model = load_hf(str(tmp_path / "out"))
+        assert model.config.model_type == FAMILIES[family][0].model_type
+        ids, targets = batch(family, 5)
+        theirs, loss = hf_logprobs_and_loss(model, ids, targets)
+        assert_close("%s exported log-probs" % family, ampd_logprobs(job, ids), theirs)
+        assert_close("%s exported loss" % family, job.evaluate(ids, targets).loss, loss.item())
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("rope_parameters", {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0},
+     r"rope_parameters.rope_type 'yarn'"),
+    ("rope_parameters", {"rope_type": "llama3", "rope_theta": 1e4, "factor": 4.0},
+     r"rope_parameters.low_freq_factor"),
+    ("rope_parameters", {"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0,
+                         "attention_factor": 2.0}, r"rope_parameters.attention_factor"),
+    ("rope_scaling", {"type": "dynamic", "factor": 2.0}, r"rope_scaling.rope_type 'dynamic'"),
+    ("partial_rotary_factor", 0.5, r"partial_rotary_factor"),
+])
+def test_what_ampd_cannot_compute_is_refused_naming_the_key(tmp_path, key, value, match):
+    make_folder("llama3", tmp_path)
+    with open(tmp_path / "config.json") as f:
+        config = json.load(f)
+    if key == "rope_scaling":
+        config.pop("rope_parameters")
+    config[key] = value
+    with pytest.raises(ValueError, match=match):
+        ampd.Decoder.from_hf_config(config)
