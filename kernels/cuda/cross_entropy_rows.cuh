@@ -71,8 +71,10 @@ struct RowArgs {
   const float* sampling_logprobs;
   float clip_low;
   float clip_high;
-  float* logprobs;  // out: each kept row's logp, 0 for ignored rows
-  bool vectorized;  // vocab % W == 0 and both pointers 16-byte aligned
+  float beta;
+  float* logprobs;      // out: each kept row's logp, 0 for ignored rows
+  float* token_losses;  // out: each kept row's loss_scale * term, 0 for ignored rows
+  bool vectorized;      // vocab % W == 0 and both pointers 16-byte aligned
 };
 
 // A group is 16 bytes, held as 4 raw 32-bit words (two fp16/bf16 elements
@@ -233,7 +235,8 @@ __device__ __forceinline__ TokenTerm ChunkRowTerm(const RowArgs& a, int64_t row,
   const float weight = a.weights == nullptr ? 1.0f : a.weights[row];
   const float advantage = a.advantages == nullptr ? 0.0f : a.advantages[row];
   const float sampled = a.sampling_logprobs == nullptr ? 0.0f : a.sampling_logprobs[row];
-  return TokenLossTerm(a.token_kind, -nll, weight, advantage, sampled, a.clip_low, a.clip_high);
+  return TokenLossTerm(a.token_kind, -nll, weight, advantage, sampled, a.clip_low, a.clip_high,
+                       a.beta);
 }
 
 // How many of a tile's kSlots groups, g0, g0 + kRowThreads, ..., lie in
@@ -375,13 +378,16 @@ __global__ void __launch_bounds__(kBlockThreads, 1024 / kBlockThreads)
         atomicOr(a.error_flags, kChunk ? kErrorCrossEntropyChunkLabel : kErrorCrossEntropyLabel);
       }
       if (kChunk && a.logprobs != nullptr && rt == 0) a.logprobs[row] = 0.0f;
+      if (kChunk && a.token_losses != nullptr && rt == 0) a.token_losses[row] = 0.0f;
       ZeroRow<kRowThreads>(dz, groups, a.vocab, a.vectorized, rt);
       continue;  // counted 0
     }
     const float row_loss = ProcessRow<T, kRowThreads, kSlots, kChunk>(a, z, dz, row, label, rt);
     if (rt == 0) {
       if constexpr (kChunk) {
-        atomicAdd(a.loss, a.loss_scale * row_loss);
+        const float added = a.loss_scale * row_loss;
+        atomicAdd(a.loss, added);
+        if (a.token_losses != nullptr) a.token_losses[row] = added;
       } else {
         loss_sum += row_loss;
       }
