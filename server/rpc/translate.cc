@@ -402,12 +402,23 @@ absl::StatusOr<engine::StepInput> StepInputFromProto(v1::StepRequest* request) {
     case v1::LOSS_FN_PPO:
       input.loss_fn.kind = engine::LossFnKind::kPpo;
       break;
+    case v1::LOSS_FN_CISPO:
+      input.loss_fn.kind = engine::LossFnKind::kCispo;
+      break;
+    case v1::LOSS_FN_DRO:
+      input.loss_fn.kind = engine::LossFnKind::kDro;
+      break;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("loss_fn: unknown value ", static_cast<int>(request->loss_fn())));
   }
   if (request->has_ppo_clip_low()) input.loss_fn.ppo_clip_low = request->ppo_clip_low();
   if (request->has_ppo_clip_high()) input.loss_fn.ppo_clip_high = request->ppo_clip_high();
+  if (request->has_cispo_clip_low()) input.loss_fn.cispo_clip_low = request->cispo_clip_low();
+  if (request->has_cispo_clip_high()) input.loss_fn.cispo_clip_high = request->cispo_clip_high();
+  if (request->has_dro_beta()) input.loss_fn.dro_beta = request->dro_beta();
+  // Which of them the loss reads, and their ranges, are the engine's to
+  // say (CheckLossFn, with the rest of the step's input).
   input.return_logprobs = request->return_logprobs();
   return input;
 }
@@ -443,6 +454,9 @@ void StepReportToProto(const engine::StepReport& r, v1::StepResponse* response) 
   }
   for (const engine::HostTensor& ratios : r.ratios) {
     *response->add_ratios() = codec::TensorToProto(ratios);
+  }
+  for (const engine::HostTensor& losses : r.token_losses) {
+    *response->add_token_losses() = codec::TensorToProto(losses);
   }
   if (r.logprob_mismatch.has_value()) response->set_logprob_mismatch(*r.logprob_mismatch);
 }
