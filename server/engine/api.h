@@ -255,6 +255,7 @@ struct ForwardBackwardReport {
   // As StepReport's, for this call's micro-batches.
   std::vector<HostTensor> logprobs{};
   std::vector<HostTensor> ratios{};
+  std::vector<HostTensor> token_losses{};
   std::optional<float> logprob_mismatch{};
 };
 

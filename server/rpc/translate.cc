@@ -471,6 +471,9 @@ void ForwardBackwardReportToProto(const engine::ForwardBackwardReport& r,
     *response->add_ratios() = codec::TensorToProto(ratios);
   }
   if (r.logprob_mismatch.has_value()) response->set_logprob_mismatch(*r.logprob_mismatch);
+  for (const engine::HostTensor& losses : r.token_losses) {
+    *response->add_token_losses() = codec::TensorToProto(losses);
+  }
 }
 
 engine::OptimStepInput OptimStepInputFromProto(const v1::OptimStepRequest& request) {

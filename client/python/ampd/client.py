@@ -149,8 +149,9 @@ class ForwardBackwardResult:
     """One forward_backward call's outcome: its loss (the mean over its
     micro-batches of the model's loss, or a token loss's sum over its
     tokens), the loss scale its gradients carry, and the calls accumulated
-    for the next optim_step (this one included); logprobs, ratios and
-    logprob_mismatch as StepResult's, for this call's micro-batches."""
+    for the next optim_step (this one included); logprobs, ratios,
+    token_losses and logprob_mismatch as StepResult's, for this call's
+    micro-batches."""
     sequence: int
     index: int
     loss: float
@@ -160,6 +161,7 @@ class ForwardBackwardResult:
     logprobs: Optional[list] = None
     ratios: Optional[list] = None
     logprob_mismatch: Optional[float] = None
+    token_losses: Optional[list] = None
 
 
 @dataclass(frozen=True)
@@ -485,7 +487,8 @@ class Job:
 
     def forward_backward(self, inputs=None, targets=None, *, micro_batches=None, loss_fn=None,
                          weights=None, advantages=None, sampling_logprobs=None, ppo_clip=None,
-                         return_logprobs=False, micro_batches_in_update=0):
+                         cispo_clip=None, dro_beta=None, return_logprobs=False,
+                         micro_batches_in_update=0):
         """Forward and backward only: the gradients are added to those the
         job holds for its next update, applied by optim_step(); returns a
         ForwardBackwardResult.
@@ -508,7 +511,7 @@ class Job:
             return_logprobs=bool(return_logprobs),
             micro_batches_in_update=int(micro_batches_in_update))
         _set_token_loss(request, micro_batches, loss_fn, weights, advantages,
-                        sampling_logprobs, ppo_clip)
+                        sampling_logprobs, ppo_clip, cispo_clip, dro_beta)
         stub = self._client._stub
         try:
             # Safe to resend: the server answers a resent last call from its record.
@@ -524,7 +527,8 @@ class Job:
             samples=r.samples, pending=r.pending,
             logprobs=[_f32_array(t) for t in r.logprobs] if r.logprobs else None,
             ratios=[_f32_array(t) for t in r.ratios] if r.ratios else None,
-            logprob_mismatch=(r.logprob_mismatch if r.HasField("logprob_mismatch") else None))
+            logprob_mismatch=(r.logprob_mismatch if r.HasField("logprob_mismatch") else None),
+            token_losses=[_f32_array(t) for t in r.token_losses] if r.token_losses else None)
 
     def optim_step(self, lr=None, betas=None, eps=None, weight_decay=None, max_grad_norm=None):
         """Apply the gradients of the forward_backward calls since the last

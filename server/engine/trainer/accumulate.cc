@@ -132,6 +132,7 @@ absl::StatusOr<ForwardBackwardReport> Trainer::ForwardBackward(
   report.seconds.total = Seconds(start, Clock::now());
   report.logprobs = std::move(step.logprobs);
   report.ratios = std::move(step.ratios);
+  report.token_losses = std::move(step.token_losses);
   report.logprob_mismatch = step.logprob_mismatch;
   return report;
 }
