@@ -51,7 +51,7 @@ class DataParallelJob {
   const std::string& group() const { return group_; }
 
   // Step `sequence` with shares[r] the micro-batches of rank r, and the
-  // rest of the request (loss_fn, its ppo clip range, learning_rate) from
+  // rest of the request (loss_fn, its parameters, learning_rate) from
   // `common`, the same on every rank (its job_id, sequence and micro_batches
   // are ignored). Rank 0's response, after checking that every rank reports
   // the same step, loss, scale and skip (DataLoss when they do not: the

@@ -63,11 +63,17 @@ struct ParamRef {
 struct TokenLossTerms {
   TokenLossKind kind = TokenLossKind::kCrossEntropy;
   const Tensor* weights = nullptr;            // kCrossEntropy, optional (null: every weight 1)
-  const Tensor* advantages = nullptr;         // kImportanceSampling and kPpo: required
-  const Tensor* sampling_logprobs = nullptr;  // kImportanceSampling and kPpo: required
-  float clip_low = 0.8f;                      // kPpo: r is clipped to [clip_low, clip_high]
+  const Tensor* advantages = nullptr;         // every kind but kCrossEntropy: required
+  const Tensor* sampling_logprobs = nullptr;  // every kind but kCrossEntropy: required
+  // kPpo, kCispo: r is clipped to [clip_low, clip_high] (kPpo: 0 <= clip_low
+  // <= 1 <= clip_high; kCispo: 0 <= clip_low <= clip_high; both finite).
+  float clip_low = 0.8f;
   float clip_high = 1.2f;
+  float beta = 0.05f;          // kDro: the quadratic penalty's weight, finite and >= 0
   Tensor* logprobs = nullptr;  // optional output (N) F32: each kept row's logp, 0 when ignored
+  // Optional output (N) F32: what each kept row adds to loss (loss_scale *
+  // its term), 0 when ignored.
+  Tensor* token_losses = nullptr;
 };
 
 enum class RandomDistribution : uint8_t { kUniform, kNormal };
@@ -608,12 +614,14 @@ class Backend {
   // counted 0).
   //
   // With `terms`, each kept row i is trained on a per-token loss instead
-  // (kernels/token_loss.h: Tinker's cross_entropy, importance_sampling and
-  // ppo): with logp_i = -(the row loss above) and TokenLossTerm's term_i
-  // and coef_i,
+  // (kernels/token_loss.h: Tinker's cross_entropy, importance_sampling,
+  // ppo, cispo and dro): with logp_i = -(the row loss above) and
+  // TokenLossTerm's term_i and coef_i,
   //   loss += loss_scale * term_i;
   //   dlogits_i = (grad_scale * coef_i) * (softmax - onehot), one rounding;
-  //   terms.logprobs[i] = logp_i (0 for ignored rows), when given.
+  //   terms.logprobs[i] = logp_i (0 for ignored rows), when given;
+  //   terms.token_losses[i] = loss_scale * term_i (0 for ignored rows), when
+  //     given: the very value added to loss.
   // Plain cross-entropy is the default terms (weight 1: term_i is the row
   // loss and coef_i 1, so the bits are those of the call without terms).
   virtual absl::Status CrossEntropyChunk(const Tensor& logits, const Tensor& labels,

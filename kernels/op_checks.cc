@@ -1071,29 +1071,48 @@ absl::Status CheckTokenRow(absl::string_view op, absl::string_view name, const T
 
 absl::Status CheckTokenLossTerms(absl::string_view op, const Tensor& logits,
                                  const TokenLossTerms& terms) {
-  const bool policy =
-      terms.kind == TokenLossKind::kImportanceSampling || terms.kind == TokenLossKind::kPpo;
-  if (terms.kind != TokenLossKind::kCrossEntropy && !policy) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": terms.kind is not a token loss kind"));
+  switch (terms.kind) {
+    case TokenLossKind::kCrossEntropy:
+    case TokenLossKind::kImportanceSampling:
+    case TokenLossKind::kPpo:
+    case TokenLossKind::kCispo:
+    case TokenLossKind::kDro:
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(op, ": terms.kind is not a token loss kind"));
   }
+  const bool policy = ReadsSamplingLogprobs(terms.kind);
   if (policy && (terms.advantages == nullptr || terms.sampling_logprobs == nullptr)) {
     return absl::InvalidArgumentError(
         absl::StrCat(op,
                      ": terms.advantages and terms.sampling_logprobs are required by the "
-                     "importance_sampling and ppo losses"));
+                     "importance_sampling, ppo, cispo and dro losses"));
   }
+  const bool finite_clip = std::isfinite(terms.clip_low) && std::isfinite(terms.clip_high);
   if (terms.kind == TokenLossKind::kPpo &&
-      !(std::isfinite(terms.clip_low) && std::isfinite(terms.clip_high) && terms.clip_low >= 0 &&
-        terms.clip_low <= 1.0f && terms.clip_high >= 1.0f)) {
+      !(finite_clip && terms.clip_low >= 0 && terms.clip_low <= 1.0f && terms.clip_high >= 1.0f)) {
     return absl::InvalidArgumentError(
         absl::StrCat(op, ": terms.clip_low must be in [0, 1] and terms.clip_high >= 1, got ",
                      terms.clip_low, " and ", terms.clip_high));
+  }
+  if (terms.kind == TokenLossKind::kCispo &&
+      !(finite_clip && terms.clip_low >= 0 && terms.clip_low <= terms.clip_high)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op,
+                     ": terms.clip_low and terms.clip_high must be finite with 0 <= clip_low <= "
+                     "clip_high, got ",
+                     terms.clip_low, " and ", terms.clip_high));
+  }
+  if (terms.kind == TokenLossKind::kDro && !(std::isfinite(terms.beta) && terms.beta >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": terms.beta must be finite and >= 0, got ", terms.beta));
   }
   AMPD_RETURN_IF_ERROR(CheckTokenRow(op, "weights", terms.weights, logits,
                                      terms.kind == TokenLossKind::kCrossEntropy));
   AMPD_RETURN_IF_ERROR(CheckTokenRow(op, "advantages", terms.advantages, logits, policy));
   AMPD_RETURN_IF_ERROR(
       CheckTokenRow(op, "sampling_logprobs", terms.sampling_logprobs, logits, policy));
+  AMPD_RETURN_IF_ERROR(CheckTokenRow(op, "token_losses", terms.token_losses, logits, true));
   return CheckTokenRow(op, "logprobs", terms.logprobs, logits, true);
 }
 
@@ -1117,11 +1136,18 @@ absl::Status ValidateCrossEntropyChunk(const Tensor& logits, const Tensor& label
   }
   AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "loss", loss, "logits", logits));
   AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "loss", loss, "dlogits", dlogits));
-  if (terms.logprobs != nullptr) {
-    AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "terms.logprobs", *terms.logprobs, "logits", logits));
-    AMPD_RETURN_IF_ERROR(
-        CheckNoOverlap(kOp, "terms.logprobs", *terms.logprobs, "dlogits", dlogits));
-    AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "terms.logprobs", *terms.logprobs, "loss", loss));
+  // Each per-row output apart from every other operand it could clobber.
+  const std::pair<const char*, const Tensor*> outputs[] = {
+      {"terms.logprobs", terms.logprobs}, {"terms.token_losses", terms.token_losses}};
+  for (const auto& [name, out] : outputs) {
+    if (out == nullptr) continue;
+    AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, name, *out, "logits", logits));
+    AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, name, *out, "dlogits", dlogits));
+    AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, name, *out, "loss", loss));
+  }
+  if (terms.logprobs != nullptr && terms.token_losses != nullptr) {
+    AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "terms.token_losses", *terms.token_losses,
+                                        "terms.logprobs", *terms.logprobs));
   }
   return absl::OkStatus();
 }

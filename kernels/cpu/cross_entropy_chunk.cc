@@ -12,7 +12,8 @@
 // With token-loss terms (kernels/token_loss.h), a kept row's logp is minus
 // that row loss; TokenLossTerm turns it into the row's term (added in place
 // of the row loss) and its coefficient, and the gradient is
-// (grad_scale * coef) * (softmax - onehot), one rounding.
+// (grad_scale * coef) * (softmax - onehot), one rounding. terms.token_losses,
+// when given, gets each row's loss_scale * term: the value added to loss.
 //
 // Labels are all checked before anything is written, so a bad batch leaves
 // loss and dlogits untouched. Rows are split over the thread pool; each
@@ -55,7 +56,7 @@ absl::Status CrossEntropyChunk(ThreadPool& pool, const Tensor& logits, const Ten
   }
   if (rows == 0) return absl::OkStatus();
 
-  thread_local std::vector<float> row_loss;  // (N): each kept row's loss, 0 when ignored
+  thread_local std::vector<float> row_loss;  // (N): each kept row's loss_scale * term, 0 ignored
   row_loss.assign(static_cast<size_t>(rows), 0.0f);
   float* row_losses = row_loss.data();
   const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / classes);
@@ -73,6 +74,7 @@ absl::Status CrossEntropyChunk(ThreadPool& pool, const Tensor& logits, const Ten
         if (label == ignore_index) {
           for (int64_t v = 0; v < classes; ++v) dzr[v] = Tag::Store(0.0f);
           if (terms.logprobs != nullptr) terms.logprobs->data_as<float>()[n] = 0.0f;
+          if (terms.token_losses != nullptr) terms.token_losses->data_as<float>()[n] = 0.0f;
           continue;
         }
         const auto* zr = z + n * classes;
@@ -93,9 +95,10 @@ absl::Status CrossEntropyChunk(ThreadPool& pool, const Tensor& logits, const Ten
         const float nll = std::log(sum) - (label_logit - max);
         const TokenTerm t = TokenLossTerm(
             terms.kind, -nll, RowOr(terms.weights, n, 1.0f), RowOr(terms.advantages, n, 0.0f),
-            RowOr(terms.sampling_logprobs, n, 0.0f), terms.clip_low, terms.clip_high);
-        row_losses[n] = t.term;
+            RowOr(terms.sampling_logprobs, n, 0.0f), terms.clip_low, terms.clip_high, terms.beta);
+        row_losses[n] = loss_scale * t.term;
         if (terms.logprobs != nullptr) terms.logprobs->data_as<float>()[n] = -nll;
+        if (terms.token_losses != nullptr) terms.token_losses->data_as<float>()[n] = row_losses[n];
         const float row_scale = grad_scale * t.coef;
         const float inv_sum = 1.0f / sum;
         for (int64_t v = 0; v < classes; ++v) {
@@ -108,7 +111,7 @@ absl::Status CrossEntropyChunk(ThreadPool& pool, const Tensor& logits, const Ten
   }));
   float total = loss.data_as<float>()[0];
   for (int64_t n = 0; n < rows; ++n) {
-    if (LoadIndex(labels, n) != ignore_index) total += loss_scale * row_losses[n];
+    if (LoadIndex(labels, n) != ignore_index) total += row_losses[n];
   }
   loss.data_as<float>()[0] = total;
   return absl::OkStatus();

@@ -14,7 +14,8 @@
 // treated as ignored. The loss is the CPU oracle's sum of the same per-row
 // terms, added in another (fixed) order. With token-loss terms a row's
 // term (kernels/token_loss.h) replaces its loss and its coefficient joins
-// grad_scale, in the row engine.
+// grad_scale, in the row engine, which also writes each row's log-prob and
+// what it added to loss when asked (terms.logprobs, terms.token_losses).
 #include "kernels/cuda/cross_entropy_rows.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_common.cuh"
@@ -50,7 +51,12 @@ absl::Status LaunchCrossEntropyChunk(const void* logits, DType dtype, const void
   args.sampling_logprobs = row_input(terms.sampling_logprobs);
   args.clip_low = terms.clip_low;
   args.clip_high = terms.clip_high;
-  args.logprobs = terms.logprobs == nullptr ? nullptr : terms.logprobs->data_as<float>();
+  args.beta = terms.beta;
+  auto row_output = [](Tensor* t) -> float* {
+    return t == nullptr ? nullptr : t->data_as<float>();
+  };
+  args.logprobs = row_output(terms.logprobs);
+  args.token_losses = row_output(terms.token_losses);
   const int blocks = DispatchFloat(dtype, [&](auto tag) {
     return xent::LaunchRows<decltype(tag), /*kChunk=*/true>(args, kMaxReductionBlocks, stream);
   });

@@ -59,8 +59,8 @@ struct RowArgs {
   // grad_scale * (softmax - onehot) (the chunk; coef unused).
   float coef;
   float grad_scale;
-  float loss_scale;  // the chunk: loss[0] += loss_scale * row loss
-  float* loss;       // the chunk: (1); the mean loss: partials (gridDim.x)
+  float loss_scale;  // the chunk: each row adds loss_scale * row loss
+  float* loss;       // partials (gridDim.x): each block's sum of its rows' terms
   int* error_flags;
   // The chunk's token-loss terms (kernels/token_loss.h); per-row (rows)
   // F32 pointers, null when not given. Plain cross-entropy is kind
@@ -71,8 +71,10 @@ struct RowArgs {
   const float* sampling_logprobs;
   float clip_low;
   float clip_high;
-  float* logprobs;  // out: each kept row's logp, 0 for ignored rows
-  bool vectorized;  // vocab % W == 0 and both pointers 16-byte aligned
+  float beta;
+  float* logprobs;      // out: each kept row's logp, 0 for ignored rows
+  float* token_losses;  // out: each kept row's loss_scale * term, 0 for ignored rows
+  bool vectorized;      // vocab % W == 0 and both pointers 16-byte aligned
 };
 
 // A group is 16 bytes, held as 4 raw 32-bit words (two fp16/bf16 elements
@@ -233,7 +235,8 @@ __device__ __forceinline__ TokenTerm ChunkRowTerm(const RowArgs& a, int64_t row,
   const float weight = a.weights == nullptr ? 1.0f : a.weights[row];
   const float advantage = a.advantages == nullptr ? 0.0f : a.advantages[row];
   const float sampled = a.sampling_logprobs == nullptr ? 0.0f : a.sampling_logprobs[row];
-  return TokenLossTerm(a.token_kind, -nll, weight, advantage, sampled, a.clip_low, a.clip_high);
+  return TokenLossTerm(a.token_kind, -nll, weight, advantage, sampled, a.clip_low, a.clip_high,
+                       a.beta);
 }
 
 // How many of a tile's kSlots groups, g0, g0 + kRowThreads, ..., lie in
@@ -376,13 +379,16 @@ __global__ void __launch_bounds__(kBlockThreads, 1024 / kBlockThreads)
         atomicOr(a.error_flags, kChunk ? kErrorCrossEntropyChunkLabel : kErrorCrossEntropyLabel);
       }
       if (kChunk && a.logprobs != nullptr && rt == 0) a.logprobs[row] = 0.0f;
+      if (kChunk && a.token_losses != nullptr && rt == 0) a.token_losses[row] = 0.0f;
       ZeroRow<kRowThreads>(dz, groups, a.vocab, a.vectorized, rt);
       continue;  // counted 0
     }
     const float row_loss = ProcessRow<T, kRowThreads, kSlots, kChunk>(a, z, dz, row, label, rt);
     if (rt == 0) {
       if constexpr (kChunk) {
-        loss_sum += a.loss_scale * row_loss;
+        const float added = a.loss_scale * row_loss;
+        loss_sum += added;
+        if (a.token_losses != nullptr) a.token_losses[row] = added;
       } else {
         loss_sum += row_loss;
       }

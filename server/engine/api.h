@@ -42,19 +42,21 @@ struct MicroBatch {
 
 // What a step trains on. kModel: the model's own loss (a GPT's mean token
 // cross-entropy over the targets not ignored; the mean over micro-batches).
-// The other three are a language model's token losses as Tinker defines them, sums
+// The others are a language model's token losses as Tinker defines them, sums
 // over every target token of every micro-batch (never means), with logp a
-// token's log-prob under the model, q its sampling_logprob, A its advantage
-// and r = exp(logp - q) (kernels/token_loss.h):
+// token's log-prob under the model, q its sampling_logprob, A its advantage,
+// r = exp(logp - q) and sg a stop-gradient (kernels/token_loss.h):
 //   kCrossEntropy:       -sum w * logp              (weights optional: 1)
 //   kImportanceSampling: -sum r * A
 //   kPpo:                -sum min(r * A, clip(r, ppo_clip_low, ppo_clip_high) * A)
+//   kCispo:              -sum sg(clip(r, cispo_clip_low, cispo_clip_high)) * logp * A
+//   kDro:                -sum (logp * A - 0.5 * dro_beta * (logp - q)^2)
 // Tokens whose target is kIgnoreIndex add nothing. A distributed job's step
 // sums over every rank's tokens (its ranks agree on the LossFn first).
-enum class LossFnKind { kModel, kCrossEntropy, kImportanceSampling, kPpo };
+enum class LossFnKind { kModel, kCrossEntropy, kImportanceSampling, kPpo, kCispo, kDro };
 
-// "model", "cross_entropy", "importance_sampling", "ppo" (the Python
-// client's names).
+// "model", "cross_entropy", "importance_sampling", "ppo", "cispo", "dro"
+// (the Python client's names).
 inline absl::string_view LossFnName(LossFnKind kind) {
   switch (kind) {
     case LossFnKind::kModel:
@@ -65,17 +67,62 @@ inline absl::string_view LossFnName(LossFnKind kind) {
       return "importance_sampling";
     case LossFnKind::kPpo:
       return "ppo";
+    case LossFnKind::kCispo:
+      return "cispo";
+    case LossFnKind::kDro:
+      return "dro";
   }
   return "unknown";
 }
 
+// Whether a loss reads advantages and sampling_logprobs (every token loss
+// but cross_entropy); its steps report the log-prob mismatch.
+inline bool ReadsSamplingLogprobs(LossFnKind kind) {
+  return kind == LossFnKind::kImportanceSampling || kind == LossFnKind::kPpo ||
+         kind == LossFnKind::kCispo || kind == LossFnKind::kDro;
+}
+
+// A token loss's parameters: each is read by one kind only, and given to
+// another kind it is refused (CheckStepInput), as a per-token input the
+// loss does not read is; absent, Tinker's default.
 struct LossFn {
   LossFnKind kind = LossFnKind::kModel;
   // kPpo: the ratio's clip range, 0 <= ppo_clip_low <= 1 <= ppo_clip_high
-  // (Tinker's defaults).
-  float ppo_clip_low = 0.8f;
-  float ppo_clip_high = 1.2f;
+  // (Tinker's defaults 0.8 and 1.2).
+  std::optional<float> ppo_clip_low;
+  std::optional<float> ppo_clip_high;
+  // kCispo: the clip range of the ratio's coefficient, finite, 0 <=
+  // cispo_clip_low <= cispo_clip_high (defaults 0 and 4: one-sided, as
+  // Tinker's cispo and MiniMax-M1's CISPO).
+  std::optional<float> cispo_clip_low;
+  std::optional<float> cispo_clip_high;
+  // kDro: the quadratic penalty's weight, finite and >= 0 (default 0.05).
+  std::optional<float> dro_beta;
+
+  static constexpr float kPpoClipLow = 0.8f;
+  static constexpr float kPpoClipHigh = 1.2f;
+  static constexpr float kCispoClipLow = 0.0f;
+  static constexpr float kCispoClipHigh = 4.0f;
+  static constexpr float kDroBeta = 0.05f;
+
+  // The clip range the kind reads (kPpo's or kCispo's, defaults filled; 0
+  // and 0 for the others) and kDro's beta (0 for the others).
+  float clip_low() const {
+    if (kind == LossFnKind::kPpo) return ppo_clip_low.value_or(kPpoClipLow);
+    if (kind == LossFnKind::kCispo) return cispo_clip_low.value_or(kCispoClipLow);
+    return 0.0f;
+  }
+  float clip_high() const {
+    if (kind == LossFnKind::kPpo) return ppo_clip_high.value_or(kPpoClipHigh);
+    if (kind == LossFnKind::kCispo) return cispo_clip_high.value_or(kCispoClipHigh);
+    return 0.0f;
+  }
+  float beta() const { return kind == LossFnKind::kDro ? dro_beta.value_or(kDroBeta) : 0.0f; }
 };
+
+// A LossFn's parameters: only those its kind reads, each in the range
+// above. InvalidArgument naming the field ("ppo_clip_low", "dro_beta", ...).
+absl::Status CheckLossFn(const LossFn& fn);
 
 struct StepInput {
   std::vector<MicroBatch> micro_batches;  // >= 1; gradients accumulate over them
@@ -83,14 +130,16 @@ struct StepInput {
   bool sample_grad_histogram = false;     // fill StepReport::grad_histogram (costs a pass)
   LossFn loss_fn;
   // A language model's per-token log-probs (and, for a loss with
-  // sampling_logprobs, the ratios) back in the report (StepReport::logprobs).
+  // sampling_logprobs, the ratios; for a token loss, each token's loss)
+  // back in the report (StepReport::logprobs).
   bool return_logprobs = false;
 };
 
 // The checks of a step's input that need no model: at least one
-// micro-batch, a learning rate (when given) finite and >= 0, and a PPO clip
-// range in order. InvalidArgument naming the field ("micro_batches",
-// "learning_rate", "ppo_clip_low", "ppo_clip_high").
+// micro-batch, a learning rate (when given) finite and >= 0, and the loss's
+// parameters: only those its kind reads, each in range. InvalidArgument
+// naming the field ("micro_batches", "learning_rate", "ppo_clip_low",
+// "cispo_clip_high", "dro_beta", ...).
 absl::Status CheckStepInput(const StepInput& input);
 
 // A StepInput that passed CheckStepInput. Only Check makes one, so what
@@ -151,12 +200,19 @@ struct StepReport {
   // weights before its update), 0 where the target is ignored; the values
   // Evaluate with return_logprobs reports for the same weights.
   std::vector<HostTensor> logprobs{};
-  // return_logprobs with importance_sampling or ppo: per micro-batch, (B, T)
-  // F32 r = exp(logprobs - sampling_logprobs), formed on the host in fp32
-  // from the two (the loss's own exp runs on the device: on CUDA its last
-  // place may differ), 0 where the target is ignored.
+  // return_logprobs with a loss with sampling_logprobs (every token loss
+  // but cross_entropy): per micro-batch, (B, T) F32 r = exp(logprobs -
+  // sampling_logprobs), formed on the host in fp32 from the two (the loss's
+  // own exp runs on the device: on CUDA its last place may differ), 0 where
+  // the target is ignored.
   std::vector<HostTensor> ratios{};
-  // importance_sampling or ppo: max |logp - sampling_logprob| over every
+  // return_logprobs with a token loss (not kModel): per micro-batch, (B, T)
+  // F32: what each target token added to `loss` (its term, times the
+  // model's loss_multiplier; Tinker's elementwise loss), as the device
+  // computed it, 0 where the target is ignored. They sum to `loss` up to
+  // the order of the fp32 additions.
+  std::vector<HostTensor> token_losses{};
+  // A loss with sampling_logprobs: max |logp - sampling_logprob| over every
   // kept target token of the step, logp from this step's forward. When the
   // samples came from these same weights it is the sampler-trainer
   // mismatch (exactly 0 on a batch-invariant job); after updates on the
@@ -199,6 +255,7 @@ struct ForwardBackwardReport {
   // As StepReport's, for this call's micro-batches.
   std::vector<HostTensor> logprobs{};
   std::vector<HostTensor> ratios{};
+  std::vector<HostTensor> token_losses{};
   std::optional<float> logprob_mismatch{};
 };
 

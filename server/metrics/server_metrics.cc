@@ -184,7 +184,8 @@ ServerMetrics::ServerMetrics(const MetricsOptions& options)
           BuildGauge()
               .Name("ampd_logprob_mismatch")
               .Help("max |trainer log-prob - sampling_logprob| over the target tokens of the "
-                    "job's last importance_sampling or ppo step, the trainer's from that "
+                    "job's last step with sampling_logprobs (importance_sampling, ppo, cispo, "
+                    "dro), the trainer's from that "
                     "step's forward: the sampler-trainer mismatch on samples from the same "
                     "weights (0 on a batch_invariant job); absent until such a step.")
               .Register(*registry_)),

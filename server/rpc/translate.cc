@@ -405,25 +405,24 @@ absl::StatusOr<engine::StepInput> BatchFromProto(Request* request) {
     case v1::LOSS_FN_PPO:
       input.loss_fn.kind = engine::LossFnKind::kPpo;
       break;
+    case v1::LOSS_FN_CISPO:
+      input.loss_fn.kind = engine::LossFnKind::kCispo;
+      break;
+    case v1::LOSS_FN_DRO:
+      input.loss_fn.kind = engine::LossFnKind::kDro;
+      break;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("loss_fn: unknown value ", static_cast<int>(request->loss_fn())));
   }
-  // The clip range is PPO's alone: another loss refuses it, as it refuses
-  // a per-token input it does not read.
-  const std::pair<bool, absl::string_view> clips[] = {
-      {request->has_ppo_clip_low(), "ppo_clip_low"},
-      {request->has_ppo_clip_high(), "ppo_clip_high"},
-  };
-  for (const auto& [set, field] : clips) {
-    if (set && input.loss_fn.kind != engine::LossFnKind::kPpo) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ": loss_fn ",
-                                                     engine::LossFnName(input.loss_fn.kind),
-                                                     " does not read it; send none"));
-    }
-  }
   if (request->has_ppo_clip_low()) input.loss_fn.ppo_clip_low = request->ppo_clip_low();
   if (request->has_ppo_clip_high()) input.loss_fn.ppo_clip_high = request->ppo_clip_high();
+  if (request->has_cispo_clip_low()) input.loss_fn.cispo_clip_low = request->cispo_clip_low();
+  if (request->has_cispo_clip_high()) input.loss_fn.cispo_clip_high = request->cispo_clip_high();
+  if (request->has_dro_beta()) input.loss_fn.dro_beta = request->dro_beta();
+  // Which of them the loss reads (a parameter another loss does not read
+  // is refused, as an unread per-token input is) and their ranges are the
+  // engine's to say (CheckLossFn, with the rest of the step's input).
   input.return_logprobs = request->return_logprobs();
   return input;
 }
@@ -472,6 +471,9 @@ void ForwardBackwardReportToProto(const engine::ForwardBackwardReport& r,
     *response->add_ratios() = codec::TensorToProto(ratios);
   }
   if (r.logprob_mismatch.has_value()) response->set_logprob_mismatch(*r.logprob_mismatch);
+  for (const engine::HostTensor& losses : r.token_losses) {
+    *response->add_token_losses() = codec::TensorToProto(losses);
+  }
 }
 
 engine::OptimStepInput OptimStepInputFromProto(const v1::OptimStepRequest& request) {
@@ -510,6 +512,9 @@ void StepReportToProto(const engine::StepReport& r, v1::StepResponse* response) 
   }
   for (const engine::HostTensor& ratios : r.ratios) {
     *response->add_ratios() = codec::TensorToProto(ratios);
+  }
+  for (const engine::HostTensor& losses : r.token_losses) {
+    *response->add_token_losses() = codec::TensorToProto(losses);
   }
   if (r.logprob_mismatch.has_value()) response->set_logprob_mismatch(*r.logprob_mismatch);
 }

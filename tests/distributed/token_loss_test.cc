@@ -1,4 +1,5 @@
-// A GPT's token losses (weighted cross_entropy, importance_sampling, ppo) in
+// A GPT's token losses (weighted cross_entropy, importance_sampling, ppo,
+// cispo, dro) in
 // a data-parallel job through real ampd processes over Gloo on loopback: two
 // ranks on their shares train as one process on every micro-batch (each
 // step's loss the sum over both ranks' tokens, the same on every rank; the
@@ -64,16 +65,20 @@ class Draw {
   uint64_t state_;
 };
 
-// Step `step`'s loss function: the three token losses in turn, and the
-// model's own mean loss every fourth step (a job may change it per step).
+// Step `step`'s loss function: the five token losses in turn, and the
+// model's own mean loss every sixth step (a job may change it per step).
 v1::LossFn LossOf(int64_t step) {
-  switch (step % 4) {
+  switch (step % 6) {
     case 1:
       return v1::LOSS_FN_CROSS_ENTROPY;
     case 2:
       return v1::LOSS_FN_IMPORTANCE_SAMPLING;
     case 3:
       return v1::LOSS_FN_PPO;
+    case 4:
+      return v1::LOSS_FN_CISPO;
+    case 5:
+      return v1::LOSS_FN_DRO;
     default:
       return v1::LOSS_FN_MODEL;
   }
@@ -105,7 +110,7 @@ v1::MicroBatch StepBatch(int64_t step) {
   if (fn == v1::LOSS_FN_CROSS_ENTROPY) {
     *mb.mutable_weights() = Tensor(v1::DTYPE_F32, weights.data(), n * 4);
   }
-  if (fn == v1::LOSS_FN_IMPORTANCE_SAMPLING || fn == v1::LOSS_FN_PPO) {
+  if (fn != v1::LOSS_FN_MODEL && fn != v1::LOSS_FN_CROSS_ENTROPY) {
     *mb.mutable_advantages() = Tensor(v1::DTYPE_F32, advantages.data(), n * 4);
     *mb.mutable_sampling_logprobs() = Tensor(v1::DTYPE_F32, logprobs.data(), n * 4);
   }
@@ -116,10 +121,16 @@ v1::MicroBatch StepBatch(int64_t step) {
 v1::StepRequest Common(int64_t step) {
   v1::StepRequest common;
   common.set_loss_fn(LossOf(step));
+  // Narrow clip ranges: more tokens clipped.
   if (common.loss_fn() == v1::LOSS_FN_PPO) {
-    common.set_ppo_clip_low(0.9f);  // narrow: more tokens clipped
+    common.set_ppo_clip_low(0.9f);
     common.set_ppo_clip_high(1.1f);
   }
+  if (common.loss_fn() == v1::LOSS_FN_CISPO) {
+    common.set_cispo_clip_low(0.95f);
+    common.set_cispo_clip_high(1.05f);
+  }
+  if (common.loss_fn() == v1::LOSS_FN_DRO) common.set_dro_beta(0.5f);
   return common;
 }
 
@@ -372,6 +383,13 @@ TEST_F(DistributedTokenLossTest, ARefusedTokenLossStepIsRefusedOnEveryRankAndThe
          s.set_loss_fn(v1::LOSS_FN_IMPORTANCE_SAMPLING);
          s.clear_ppo_clip_low();
          s.clear_ppo_clip_high();
+       }},
+      {"a dro step beside a ppo one", "loss_fn",
+       [](v1::StepRequest& s) {
+         s.set_loss_fn(v1::LOSS_FN_DRO);
+         s.clear_ppo_clip_low();
+         s.clear_ppo_clip_high();
+         s.set_dro_beta(0.5f);
        }},
       {"ppo clip ranges differ", "loss_fn", [](v1::StepRequest& s) { s.set_ppo_clip_high(1.2f); }},
       {"one rank overrides the learning rate", "learning_rate",

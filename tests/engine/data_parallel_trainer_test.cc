@@ -1,8 +1,8 @@
 // Trainer::Step as a rank of a distributed job (DataParallelStep), with the
 // ranks as threads of this process and an in-process gradient sum in place
 // of Gloo: the engine's side of a data-parallel step without sockets. A
-// GPT's token losses (weighted cross_entropy, importance_sampling, ppo)
-// trained by two ranks on their shares equal one Trainer on every
+// GPT's token losses (weighted cross_entropy, importance_sampling, ppo,
+// cispo, dro) trained by two ranks on their shares equal one Trainer on every
 // micro-batch, in each step's loss (the sum over every rank's tokens, the
 // same on every rank) and in the weights; the adaptive scaler's calibration
 // starts every rank at the one Trainer's scale. tests/distributed/ runs the
@@ -172,7 +172,7 @@ MicroBatch TokenBatch(LossFnKind fn, int64_t rows, DataRng& rng) {
   }
   MicroBatch mb{I32({rows, kSeq}, ids), I32({rows, kSeq}, targets)};
   if (fn == LossFnKind::kCrossEntropy) mb.weights = F32({rows, kSeq}, rng.UniformVector(n, 0, 2));
-  if (fn == LossFnKind::kImportanceSampling || fn == LossFnKind::kPpo) {
+  if (ReadsSamplingLogprobs(fn)) {
     mb.advantages = F32({rows, kSeq}, rng.UniformVector(n, -1, 1));
     mb.sampling_logprobs = F32({rows, kSeq}, rng.UniformVector(n, -3.9f, -3.0f));
   }
@@ -192,8 +192,17 @@ StepInput Input(LossFnKind fn, std::vector<MicroBatch> mbs) {
   StepInput input;
   input.micro_batches = std::move(mbs);
   input.loss_fn.kind = fn;
-  input.loss_fn.ppo_clip_low = 0.9f;  // narrow: more tokens clipped
-  input.loss_fn.ppo_clip_high = 1.1f;
+  // Each loss its own parameters (another's is refused): narrow clip
+  // ranges, so that more tokens are clipped, and a beta far from 0.
+  if (fn == LossFnKind::kPpo) {
+    input.loss_fn.ppo_clip_low = 0.9f;
+    input.loss_fn.ppo_clip_high = 1.1f;
+  }
+  if (fn == LossFnKind::kCispo) {
+    input.loss_fn.cispo_clip_low = 0.95f;
+    input.loss_fn.cispo_clip_high = 1.05f;
+  }
+  if (fn == LossFnKind::kDro) input.loss_fn.dro_beta = 0.5f;
   return input;
 }
 
@@ -349,7 +358,8 @@ TEST_P(DataParallelTokenLoss, TwoRanksOnSharesEqualOneTrainerOnEveryMicroBatch) 
 INSTANTIATE_TEST_SUITE_P(Losses, DataParallelTokenLoss,
                          ::testing::Values(Case{LossFnKind::kCrossEntropy, 1},
                                            Case{LossFnKind::kImportanceSampling, 1},
-                                           Case{LossFnKind::kPpo, 1}, Case{LossFnKind::kPpo, 2}),
+                                           Case{LossFnKind::kPpo, 1}, Case{LossFnKind::kPpo, 2},
+                                           Case{LossFnKind::kCispo, 1}, Case{LossFnKind::kDro, 2}),
                          [](const ::testing::TestParamInfo<Case>& param) {
                            return absl::StrCat(LossFnName(param.param.fn), "_",
                                                param.param.per_rank, "_per_rank");

@@ -725,9 +725,10 @@ TEST(GptWorkspace, BytesBoundTheAllocationAndOverflowIsRefused) {
         model::GptWorkspaceBytes(spec, model::Precision::kBf16, {3, 10}, chunk_bytes);
     ASSERT_TRUE(bytes.ok()) << bytes.status();
     // ids and targets are I32 here, counted as I64: 2 x 30 x 4 bytes of slack.
-    // The token loss's four (N) F32 buffers are counted and allocated only
-    // by a step that uses them: 4 x 30 x 4 more.
-    EXPECT_EQ(*bytes - used, 2 * 30 * 4 + 4 * 30 * 4);
+    // The token loss's five (N) F32 buffers (three inputs, the log-probs,
+    // the per-token losses) are counted and allocated only by a step that
+    // uses them: 5 x 30 x 4 more.
+    EXPECT_EQ(*bytes - used, 2 * 30 * 4 + 5 * 30 * 4);
     EXPECT_EQ(m.net().cached_workspace_bytes(), *bytes);
   }
   // What admission counts is the default chunking's.

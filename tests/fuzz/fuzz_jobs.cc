@@ -160,6 +160,11 @@ v1::StepRequest TokenLossStepFor(v1::LossFn loss_fn, int rows) {
       request.set_ppo_clip_low(0.9f);
       request.set_ppo_clip_high(1.1f);
     }
+    if (loss_fn == v1::LOSS_FN_CISPO) {
+      request.set_cispo_clip_low(0.5f);
+      request.set_cispo_clip_high(2.0f);
+    }
+    if (loss_fn == v1::LOSS_FN_DRO) request.set_dro_beta(0.1f);
   }
   return request;
 }

@@ -83,6 +83,10 @@ int main(int argc, char** argv) {
       ampd::fuzz::TokenLossStepFor(ampd::v1::LOSS_FN_IMPORTANCE_SAMPLING, 2).SerializeAsString());
   ok &= Write(step, "gpt_ppo",
               ampd::fuzz::TokenLossStepFor(ampd::v1::LOSS_FN_PPO, 3).SerializeAsString());
+  ok &= Write(step, "gpt_cispo",
+              ampd::fuzz::TokenLossStepFor(ampd::v1::LOSS_FN_CISPO, 2).SerializeAsString());
+  ok &= Write(step, "gpt_dro",
+              ampd::fuzz::TokenLossStepFor(ampd::v1::LOSS_FN_DRO, 2).SerializeAsString());
   ampd::v1::StepRequest two = ampd::fuzz::StepRequestFor(FuzzJob::kMlp, 3);
   *two.add_micro_batches() = two.micro_batches(0);
   ok &= Write(step, "mlp_two_micro_batches", two.SerializeAsString());

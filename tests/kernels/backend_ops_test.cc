@@ -2198,14 +2198,15 @@ void AddCrossEntropyChunkCases(std::vector<OpCase>& cases) {
 }
 
 // ---- token losses in the chunked cross-entropy ----
-// cross_entropy with weights, importance_sampling and ppo (kernels/
-// token_loss.h) with the logprobs output, in place. The sampler's log-probs
-// sit within 0.3 of the model's, so ratios straddle PPO's clip range.
+// cross_entropy with weights, importance_sampling, ppo, cispo and dro
+// (kernels/token_loss.h) with the logprobs and token_losses outputs, in
+// place. The sampler's log-probs sit within 0.3 of the model's, so ratios
+// straddle the clip range.
 void AddTokenLossCases(std::vector<OpCase>& cases) {
   constexpr int64_t kIgnore = -100;
   const struct { int64_t rows, vocab; } kSizes[] = {{37, 50}, {24, 1000}, {3, 5000}};
   const TokenLossKind kKinds[] = {TokenLossKind::kCrossEntropy, TokenLossKind::kImportanceSampling,
-                                  TokenLossKind::kPpo};
+                                  TokenLossKind::kPpo, TokenLossKind::kCispo, TokenLossKind::kDro};
   uint64_t seed = 900;
   for (DType dt : kFloatDTypes) {
     for (const TokenLossKind kind : kKinds) {
@@ -2234,7 +2235,7 @@ void AddTokenLossCases(std::vector<OpCase>& cases) {
             double& q = sampled.values[static_cast<size_t>(r)];
             q = static_cast<float>(logp[static_cast<size_t>(r)] + q);
           }
-          const float lo = 0.9f, hi = 1.1f, grad_scale = 32.0f;
+          const float lo = 0.9f, hi = 1.1f, beta = 0.5f, grad_scale = 32.0f;
           const double sum_err = ChunkedSumBound(vocab) + 4 * kU32;
           CaseFns c;
           c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
@@ -2246,10 +2247,12 @@ void AddTokenLossCases(std::vector<OpCase>& cases) {
             AMPD_ASSIGN_OR_RETURN(Tensor tq, io.Upload(sampled));
             AMPD_ASSIGN_OR_RETURN(Tensor tl, io.Scalar(0.5f));
             AMPD_ASSIGN_OR_RETURN(Tensor tp, io.Unwritten(DType::kF32, {rows}));
+            AMPD_ASSIGN_OR_RETURN(Tensor tt, io.Unwritten(DType::kF32, {rows}));
             TokenLossTerms terms;
             terms.kind = kind;
             terms.clip_low = lo;
             terms.clip_high = hi;
+            terms.beta = beta;
             if (kind == TokenLossKind::kCrossEntropy) {
               terms.weights = &tw;
             } else {
@@ -2257,10 +2260,12 @@ void AddTokenLossCases(std::vector<OpCase>& cases) {
               terms.sampling_logprobs = &tq;
             }
             terms.logprobs = &tp;
+            terms.token_losses = &tt;
             AMPD_RETURN_IF_ERROR(
                 be.CrossEntropyChunk(tx, ty, kIgnore, terms, 1.0f, grad_scale, tl, tx));
             AMPD_RETURN_IF_ERROR(io.Read("loss", tl, {1e-5, 1e-5}));
             AMPD_RETURN_IF_ERROR(io.Read("logprobs", tp, {1e-6, 1e-5}));
+            AMPD_RETURN_IF_ERROR(io.Read("token_losses", tt, {1e-6, 1e-5}));
             AMPD_RETURN_IF_ERROR(
                 io.Read("dlogits", tx, DeviceElementwise(dt) + Tol{0, grad_scale * 4e-6}));
             return io.Take();
@@ -2268,6 +2273,7 @@ void AddTokenLossCases(std::vector<OpCase>& cases) {
           c.reference = [=] {
             double total = 0;
             std::vector<double> grad;
+            std::vector<double> token_terms(static_cast<size_t>(rows), 0.0);
             for (int64_t r = 0; r < rows; ++r) {
               const auto i = static_cast<size_t>(r);
               const int64_t label = static_cast<int64_t>(labels.values[i]);
@@ -2287,6 +2293,15 @@ void AddTokenLossCases(std::vector<OpCase>& cases) {
               } else if (kind == TokenLossKind::kImportanceSampling) {
                 term = -ratio * a;
                 coef = ratio * a;
+              } else if (kind == TokenLossKind::kCispo) {
+                // The clipped ratio is a constant (stop-gradient).
+                const double clipped = std::clamp(ratio, double{lo}, double{hi});
+                term = -(clipped * logp[i] * a);
+                coef = clipped * a;
+              } else if (kind == TokenLossKind::kDro) {
+                const double delta = logp[i] - sampled.values[i];
+                term = -(logp[i] * a - 0.5 * beta * delta * delta);
+                coef = a - beta * delta;
               } else {
                 const double unclipped = ratio * a;
                 const double clipped = std::clamp(ratio, double{lo}, double{hi}) * a;
@@ -2297,6 +2312,7 @@ void AddTokenLossCases(std::vector<OpCase>& cases) {
                                                           : 0.5 * (1.0 + inside));
               }
               total += term;
+              token_terms[i] = term;
               const double* z = &logits.values[static_cast<size_t>(r * vocab)];
               const double mx = *std::max_element(z, z + vocab);
               double sum = 0;
@@ -2308,13 +2324,16 @@ void AddTokenLossCases(std::vector<OpCase>& cases) {
             }
             return Outputs{{"loss", {0.5 + total}, {1e-5, 1e-5 * static_cast<double>(rows)}},
                            {"logprobs", logp, {1e-6, sum_err * 4 + 1e-6}},
+                           {"token_losses", token_terms, {1e-5, sum_err * 8 + 1e-6}},
                            {"dlogits", grad, Ulps(dt, 1) + Tol{1e-5, sum_err * grad_scale * 8}}};
           };
           return c;
         };
         const char* name = kind == TokenLossKind::kCrossEntropy         ? "cross_entropy"
                            : kind == TokenLossKind::kImportanceSampling ? "importance_sampling"
-                                                                        : "ppo";
+                           : kind == TokenLossKind::kPpo                ? "ppo"
+                           : kind == TokenLossKind::kCispo              ? "cispo"
+                                                                        : "dro";
         cases.push_back({"CrossEntropyChunkTokenLoss",
                          absl::StrCat(Lower(dt), "_", name, "_n", rows, "_v", vocab), build});
       }

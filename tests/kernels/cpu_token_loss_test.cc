@@ -1,15 +1,17 @@
 // CrossEntropyChunk's token losses on the CPU oracle (kernels/token_loss.h):
-// cross_entropy with weights, importance_sampling and ppo against a float64
-// reference written from the definitions (not from TokenLossTerm), the
-// kernel's gradient against central finite differences of that
-// reference's loss, the logprobs output, the default terms giving the bits
-// of the plain call, and the refusals. The CUDA backend is compared with
-// this oracle in backend_ops_test.
+// cross_entropy with weights, importance_sampling, ppo, cispo and dro
+// against a float64 reference written from the definitions (not from
+// TokenLossTerm), the kernel's gradient against central finite differences
+// of that reference's loss (cispo's clipped ratio held at its unperturbed
+// value: the stop-gradient), the logprobs and token_losses outputs, the
+// default terms giving the bits of the plain call, and the refusals. The
+// CUDA backend is compared with this oracle in backend_ops_test.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -35,32 +37,61 @@ struct Case {
   std::vector<double> weights, advantages, sampling;  // (rows) each
 };
 
-// The loss of every kept row by the definitions, in double: logp is the
-// log-softmax of the label; r = exp(logp - q).
-double RefLoss(TokenLossKind kind, const Case& c, const std::vector<double>& z, double lo,
-               double hi) {
-  double total = 0.0;
-  for (int64_t n = 0; n < c.rows; ++n) {
-    if (c.labels[n] == kIgnore) continue;
-    const double* row = &z[static_cast<size_t>(n * c.classes)];
+// The parameters of the kinds that read them.
+struct Params {
+  double lo = 0.9, hi = 1.1;  // ppo, cispo: narrow, so some rows are clipped
+  double beta = 0.5;          // dro
+};
+
+// Each kept row's term by the definitions, in double (0 for ignored rows):
+// logp is the log-softmax of the label; r = exp(logp - q). cispo's clipped
+// ratio is a constant of the loss (Tinker's .detach()): taken from
+// `detached` logits when given (the finite differences hold it there), else
+// from z.
+std::vector<double> RefTerms(TokenLossKind kind, const Case& c, const std::vector<double>& z,
+                             const Params& p, const std::vector<double>* detached = nullptr) {
+  auto logp_of = [&](const std::vector<double>& logits, int64_t n) {
+    const double* row = &logits[static_cast<size_t>(n * c.classes)];
     const double max = *std::max_element(row, row + c.classes);
     double sum = 0.0;
     for (int64_t v = 0; v < c.classes; ++v) sum += std::exp(row[v] - max);
-    const double logp = row[c.labels[n]] - max - std::log(sum);
-    const double r = std::exp(logp - c.sampling[n]);
+    return row[c.labels[n]] - max - std::log(sum);
+  };
+  std::vector<double> terms(static_cast<size_t>(c.rows), 0.0);
+  for (int64_t n = 0; n < c.rows; ++n) {
+    if (c.labels[n] == kIgnore) continue;
+    const double logp = logp_of(z, n);
+    const double q = c.sampling[n];
+    const double r = std::exp(logp - q);
     const double a = c.advantages[n];
+    double& term = terms[static_cast<size_t>(n)];
     switch (kind) {
       case TokenLossKind::kCrossEntropy:
-        total += -c.weights[n] * logp;
+        term = -c.weights[n] * logp;
         break;
       case TokenLossKind::kImportanceSampling:
-        total += -r * a;
+        term = -r * a;
         break;
       case TokenLossKind::kPpo:
-        total += -std::min(r * a, std::clamp(r, lo, hi) * a);
+        term = -std::min(r * a, std::clamp(r, p.lo, p.hi) * a);
+        break;
+      case TokenLossKind::kCispo: {
+        const double r_const = detached == nullptr ? r : std::exp(logp_of(*detached, n) - q);
+        term = -(std::clamp(r_const, p.lo, p.hi) * logp * a);
+        break;
+      }
+      case TokenLossKind::kDro:
+        term = -(logp * a - 0.5 * p.beta * (logp - q) * (logp - q));
         break;
     }
   }
+  return terms;
+}
+
+double RefLoss(TokenLossKind kind, const Case& c, const std::vector<double>& z, const Params& p,
+               const std::vector<double>* detached = nullptr) {
+  double total = 0.0;
+  for (const double t : RefTerms(kind, c, z, p, detached)) total += t;
   return total;
 }
 
@@ -97,19 +128,23 @@ class CpuTokenLossTest : public ::testing::TestWithParam<TokenLossKind> {
 
 // The loss against the definitions, the gradient against central
 // differences of them (fp32 logits: the kernel's one rounding is 2^-24
-// relative), and the logprobs output against the log-softmax.
+// relative), the logprobs output against the log-softmax, and the
+// token_losses output against each row's term times loss_scale, summing to
+// what the call added to loss.
 TEST_P(CpuTokenLossTest, LossAndGradientMatchTheDefinitions) {
   const TokenLossKind kind = GetParam();
   const Case c = RandomCase(rng_, 23, 11);
-  const double lo = 0.9, hi = 1.1;  // narrow, so some PPO rows are clipped
+  const Params p;
   Tensor z = MakeTensor(*be_, DType::kF32, {c.rows, c.classes}, c.z);
   Tensor labels = Labels(c.labels);
   Tensor weights = Rows(c.weights), advantages = Rows(c.advantages), sampling = Rows(c.sampling);
   Tensor logprobs = Rows(std::vector<double>(static_cast<size_t>(c.rows), 7.0));
+  Tensor token_losses = Rows(std::vector<double>(static_cast<size_t>(c.rows), 7.0));
   TokenLossTerms terms;
   terms.kind = kind;
-  terms.clip_low = static_cast<float>(lo);
-  terms.clip_high = static_cast<float>(hi);
+  terms.clip_low = static_cast<float>(p.lo);
+  terms.clip_high = static_cast<float>(p.hi);
+  terms.beta = static_cast<float>(p.beta);
   if (kind == TokenLossKind::kCrossEntropy) {
     terms.weights = &weights;
   } else {
@@ -117,14 +152,31 @@ TEST_P(CpuTokenLossTest, LossAndGradientMatchTheDefinitions) {
     terms.sampling_logprobs = &sampling;
   }
   terms.logprobs = &logprobs;
-  const float grad_scale = 64.0f;
+  terms.token_losses = &token_losses;
+  const float grad_scale = 64.0f;  // the gradient's scale, apart from the loss's
+  const float loss_scale = 2.0f;   // a loss_multiplier: each token's share carries it
   Tensor loss = MakeTensor(*be_, DType::kF32, {1}, {0.5});
   Tensor dz =
       MakeTensor(*be_, DType::kF32, {c.rows, c.classes}, std::vector<double>(c.z.size(), 9.0));
-  ASSERT_TRUE(be_->CrossEntropyChunk(z, labels, kIgnore, terms, 1.0f, grad_scale, loss, dz).ok());
+  ASSERT_TRUE(
+      be_->CrossEntropyChunk(z, labels, kIgnore, terms, loss_scale, grad_scale, loss, dz).ok());
 
-  const double want = 0.5 + RefLoss(kind, c, c.z, lo, hi);
-  EXPECT_NEAR(ReadTensor(*be_, loss)[0], want, 1e-5 * (1.0 + std::fabs(want)));
+  const double want = 0.5 + loss_scale * RefLoss(kind, c, c.z, p);
+  const double got_loss = ReadTensor(*be_, loss)[0];
+  EXPECT_NEAR(got_loss, want, 1e-5 * (1.0 + std::fabs(want)));
+  const std::vector<double> ref_terms = RefTerms(kind, c, c.z, p);
+  const std::vector<double> per_token = ReadTensor(*be_, token_losses);
+  float added = 0.5f;  // the kernel's own order: row after row, in fp32
+  for (int64_t n = 0; n < c.rows; ++n) {
+    const auto i = static_cast<size_t>(n);
+    const double want_i = loss_scale * ref_terms[i];
+    EXPECT_NEAR(per_token[i], want_i, 1e-6 * (1.0 + std::fabs(want_i))) << n;
+    if (c.labels[n] == kIgnore) {
+      EXPECT_EQ(per_token[i], 0.0) << n;
+    }
+    added += static_cast<float>(per_token[i]);
+  }
+  EXPECT_EQ(added, static_cast<float>(got_loss));  // the very values added, in the same order
   const std::vector<double> got = ReadTensor(*be_, dz);
   const double h = 1e-6;
   int checked = 0;
@@ -132,7 +184,7 @@ TEST_P(CpuTokenLossTest, LossAndGradientMatchTheDefinitions) {
     std::vector<double> zp = c.z, zm = c.z;
     zp[i] += h;
     zm[i] -= h;
-    const double fd = (RefLoss(kind, c, zp, lo, hi) - RefLoss(kind, c, zm, lo, hi)) / (2 * h);
+    const double fd = (RefLoss(kind, c, zp, p, &c.z) - RefLoss(kind, c, zm, p, &c.z)) / (2 * h);
     // A PPO row sitting on a clip edge has a kink; none of these does by
     // more than h, and the tolerance is the fp32 kernel's.
     EXPECT_NEAR(got[i] / grad_scale, fd, 2e-5 * (1.0 + std::fabs(fd))) << i;
@@ -155,7 +207,8 @@ TEST_P(CpuTokenLossTest, LossAndGradientMatchTheDefinitions) {
 
 INSTANTIATE_TEST_SUITE_P(Kinds, CpuTokenLossTest,
                          ::testing::Values(TokenLossKind::kCrossEntropy,
-                                           TokenLossKind::kImportanceSampling, TokenLossKind::kPpo),
+                                           TokenLossKind::kImportanceSampling, TokenLossKind::kPpo,
+                                           TokenLossKind::kCispo, TokenLossKind::kDro),
                          [](const ::testing::TestParamInfo<TokenLossKind>& kind_info) {
                            switch (kind_info.param) {
                              case TokenLossKind::kCrossEntropy:
@@ -164,6 +217,10 @@ INSTANTIATE_TEST_SUITE_P(Kinds, CpuTokenLossTest,
                                return std::string("ImportanceSampling");
                              case TokenLossKind::kPpo:
                                return std::string("Ppo");
+                             case TokenLossKind::kCispo:
+                               return std::string("Cispo");
+                             case TokenLossKind::kDro:
+                               return std::string("Dro");
                            }
                            return std::string("Unknown");
                          });
@@ -217,9 +274,27 @@ TEST(CpuTokenLossRefusals, BadTermsAreNamed) {
   ppo.kind = TokenLossKind::kPpo;
   ppo.clip_low = 1.5f;
   expect(ppo, "clip_low");
+  TokenLossTerms cispo = ppo;
+  cispo.kind = TokenLossKind::kCispo;
+  cispo.clip_low = 2.0f;  // above clip_high
+  cispo.clip_high = 1.5f;
+  expect(cispo, "clip_low");
+  cispo.clip_low = 0.0f;
+  cispo.clip_high = std::numeric_limits<float>::infinity();
+  expect(cispo, "clip_high");
+  TokenLossTerms dro = ppo;
+  dro.kind = TokenLossKind::kDro;
+  dro.beta = -0.5f;
+  expect(dro, "beta");
+  dro.beta = 0.5f;
+  dro.weights = &two;
+  expect(dro, "weights");  // not read by dro
   TokenLossTerms ce;
   ce.logprobs = &three;
   expect(ce, "logprobs");
+  ce.logprobs = nullptr;
+  ce.token_losses = &three;
+  expect(ce, "token_losses");
 }
 
 }  // namespace

@@ -110,12 +110,17 @@ class StepResult:
     # shape, each target token's log-prob from this step's forward (the
     # weights before its update; 0 where the target is -100).
     logprobs: Optional[list] = None
-    # return_logprobs with importance_sampling or ppo: exp(logprobs -
+    # return_logprobs with a loss that reads sampling_logprobs
+    # (importance_sampling, ppo, cispo, dro): exp(logprobs -
     # sampling_logprobs) per micro-batch, as the loss's ratios.
     ratios: Optional[list] = None
-    # importance_sampling or ppo: max |logp - sampling_logprob| over the
-    # step's target tokens (0 when the sampler and the trainer agree).
+    # A loss that reads sampling_logprobs: max |logp - sampling_logprob| over
+    # the step's target tokens (0 when the sampler and the trainer agree).
     logprob_mismatch: Optional[float] = None
+    # return_logprobs with a loss_fn: one float32 array per micro-batch of the
+    # targets' shape, what each target token added to loss (Tinker's
+    # elementwise loss; 0 where the target is -100); they sum to loss.
+    token_losses: Optional[list] = None
 
     @classmethod
     def from_proto(cls, r):
@@ -135,7 +140,8 @@ class StepResult:
             logprobs=[_f32_array(t) for t in r.logprobs] if r.logprobs else None,
             ratios=[_f32_array(t) for t in r.ratios] if r.ratios else None,
             logprob_mismatch=(r.logprob_mismatch if r.HasField("logprob_mismatch")
-                              else None))
+                              else None),
+            token_losses=[_f32_array(t) for t in r.token_losses] if r.token_losses else None)
 
 
 @dataclass(frozen=True)
@@ -143,8 +149,9 @@ class ForwardBackwardResult:
     """One forward_backward call's outcome: its loss (the mean over its
     micro-batches of the model's loss, or a token loss's sum over its
     tokens), the loss scale its gradients carry, and the calls accumulated
-    for the next optim_step (this one included); logprobs, ratios and
-    logprob_mismatch as StepResult's, for this call's micro-batches."""
+    for the next optim_step (this one included); logprobs, ratios,
+    token_losses and logprob_mismatch as StepResult's, for this call's
+    micro-batches."""
     sequence: int
     index: int
     loss: float
@@ -154,6 +161,7 @@ class ForwardBackwardResult:
     logprobs: Optional[list] = None
     ratios: Optional[list] = None
     logprob_mismatch: Optional[float] = None
+    token_losses: Optional[list] = None
 
 
 @dataclass(frozen=True)
@@ -193,6 +201,8 @@ _LOSS_FNS = {
     "cross_entropy": pb.LOSS_FN_CROSS_ENTROPY,
     "importance_sampling": pb.LOSS_FN_IMPORTANCE_SAMPLING,
     "ppo": pb.LOSS_FN_PPO,
+    "cispo": pb.LOSS_FN_CISPO,
+    "dro": pb.LOSS_FN_DRO,
 }
 
 
@@ -209,8 +219,9 @@ def _per_micro_batch(values, count, name):
 
 
 def _set_token_loss(request, micro_batches, loss_fn, weights, advantages, sampling_logprobs,
-                    ppo_clip):
-    """step()'s token loss into the request (the server checks the rest)."""
+                    ppo_clip, cispo_clip=None, dro_beta=None):
+    """step()'s token loss into the request (the server checks the rest,
+    refusing a parameter the loss does not read)."""
     if loss_fn is not None:
         if loss_fn not in _LOSS_FNS:
             raise ValueError("loss_fn must be one of %s, got %r"
@@ -218,6 +229,10 @@ def _set_token_loss(request, micro_batches, loss_fn, weights, advantages, sampli
         request.loss_fn = _LOSS_FNS[loss_fn]
     if ppo_clip is not None:
         request.ppo_clip_low, request.ppo_clip_high = (float(v) for v in ppo_clip)
+    if cispo_clip is not None:
+        request.cispo_clip_low, request.cispo_clip_high = (float(v) for v in cispo_clip)
+    if dro_beta is not None:
+        request.dro_beta = float(dro_beta)
     count = len(micro_batches)
     for name, values in (("weights", weights), ("advantages", advantages),
                          ("sampling_logprobs", sampling_logprobs)):
@@ -430,7 +445,7 @@ class Job:
 
     def step(self, inputs=None, targets=None, *, micro_batches=None, learning_rate=None,
              loss_fn=None, weights=None, advantages=None, sampling_logprobs=None,
-             ppo_clip=None, return_logprobs=False):
+             ppo_clip=None, cispo_clip=None, dro_beta=None, return_logprobs=False):
         """Train one step; returns a StepResult.
 
         job.step(inputs, targets) with NumPy arrays or torch tensors, or
@@ -440,15 +455,20 @@ class Job:
 
         loss_fn (a GPT's token losses, Tinker's names and definitions, sums
         over every target token): "cross_entropy" (-sum weights * logp;
-        weights optional), "importance_sampling" (-sum exp(logp - q) * A)
-        or "ppo" (-sum min(r A, clip(r, lo, hi) A), ppo_clip=(lo, hi),
-        default (0.8, 1.2)), with advantages A and sampling_logprobs q.
+        weights optional), "importance_sampling" (-sum exp(logp - q) * A),
+        "ppo" (-sum min(r A, clip(r, lo, hi) A), ppo_clip=(lo, hi),
+        default (0.8, 1.2)), "cispo" (-sum sg(clip(r, lo, hi)) logp A, the
+        clipped ratio a constant, cispo_clip=(lo, hi), default (0, 4)) or
+        "dro" (-sum (logp A - dro_beta / 2 (logp - q)^2), dro_beta default
+        0.05), with advantages A, sampling_logprobs q and r = exp(logp - q).
+        A parameter the loss does not read is refused (InvalidArgument).
         weights, advantages and sampling_logprobs are float32 arrays of the
         targets' shape, one per micro-batch (a list when there are several).
         None: the model's own loss (the mean token cross-entropy).
         A loss with sampling_logprobs reports logprob_mismatch, max |logp - q|
         over the target tokens. return_logprobs (a GPT or decoder): the
-        result's logprobs (and ratios, with sampling_logprobs) per
+        result's logprobs (and ratios, with sampling_logprobs; and
+        token_losses, each token's share of loss, with a loss_fn) per
         micro-batch, from this step's forward.
         """
         micro_batches = _micro_batches(inputs, targets, micro_batches, "step")
@@ -460,7 +480,7 @@ class Job:
             request.learning_rate = learning_rate
         request.return_logprobs = bool(return_logprobs)
         _set_token_loss(request, micro_batches, loss_fn, weights, advantages,
-                        sampling_logprobs, ppo_clip)
+                        sampling_logprobs, ppo_clip, cispo_clip, dro_beta)
         stub = self._client._stub
         try:
             response = self._client._call(
@@ -476,7 +496,8 @@ class Job:
 
     def forward_backward(self, inputs=None, targets=None, *, micro_batches=None, loss_fn=None,
                          weights=None, advantages=None, sampling_logprobs=None, ppo_clip=None,
-                         return_logprobs=False, micro_batches_in_update=0):
+                         cispo_clip=None, dro_beta=None, return_logprobs=False,
+                         micro_batches_in_update=0):
         """Forward and backward only: the gradients are added to those the
         job holds for its next update, applied by optim_step(); returns a
         ForwardBackwardResult.
@@ -499,7 +520,7 @@ class Job:
             return_logprobs=bool(return_logprobs),
             micro_batches_in_update=int(micro_batches_in_update))
         _set_token_loss(request, micro_batches, loss_fn, weights, advantages,
-                        sampling_logprobs, ppo_clip)
+                        sampling_logprobs, ppo_clip, cispo_clip, dro_beta)
         stub = self._client._stub
         try:
             # Safe to resend: the server answers a resent last call from its record.
@@ -515,7 +536,8 @@ class Job:
             samples=r.samples, pending=r.pending,
             logprobs=[_f32_array(t) for t in r.logprobs] if r.logprobs else None,
             ratios=[_f32_array(t) for t in r.ratios] if r.ratios else None,
-            logprob_mismatch=(r.logprob_mismatch if r.HasField("logprob_mismatch") else None))
+            logprob_mismatch=(r.logprob_mismatch if r.HasField("logprob_mismatch") else None),
+            token_losses=[_f32_array(t) for t in r.token_losses] if r.token_losses else None)
 
     def optim_step(self, lr=None, betas=None, eps=None, weight_decay=None, max_grad_norm=None):
         """Apply the gradients of the forward_backward calls since the last

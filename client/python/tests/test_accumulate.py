@@ -1,9 +1,10 @@
 """forward_backward + optim_step through the real ampd: several calls then
 one update train exactly as one step() over the same micro-batches does
-(fp32, bf16, fp16 through a skipped update; a full and a LoRA decoder),
-optim_step's hyperparameters against torch.optim.AdamW, and a SIGKILL
-between calls: the client learns from AccumulationLost how many calls to
-resend, and nothing an update applied is lost."""
+(fp32, bf16, fp16 through a skipped update; a full and a LoRA decoder; a
+cispo update, its per-token losses too), optim_step's hyperparameters
+against torch.optim.AdamW, and a SIGKILL between calls: the client learns
+from AccumulationLost how many calls to resend, and nothing an update
+applied is lost."""
 import os
 
 import numpy as np
@@ -74,6 +75,49 @@ def test_calls_then_optim_step_equal_one_step_bit_for_bit(server, precision, lor
             break
     if precision == "fp16":
         assert skipped > 0 and applied >= 2
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_cispo_calls_then_optim_step_equal_one_cispo_step_bit_for_bit(server, precision):
+    """cispo with its clip range through forward_backward: each call's
+    per-token log-probs and losses are the Step's for those micro-batches,
+    and the update leaves the job exactly as the Step does."""
+    client = ampd.Client(server.address)
+    fused, split = create(client, precision, False), create(client, precision, False)
+    for update in range(2):
+        batches = micro_batches(update)
+        rng = np.random.default_rng(400 + update)
+        # Sampling log-probs near the model's (about -log V) and advantages
+        # of both signs: ratios on both sides of the clip range.
+        sampling = [(rng.uniform(-1.0, 1.0, size=y.shape) - np.log(VOCAB)).astype(np.float32)
+                    for _, y in batches]
+        advantages = [rng.normal(size=y.shape).astype(np.float32) for _, y in batches]
+        loss = dict(loss_fn="cispo", cispo_clip=(0.9, 1.5), return_logprobs=True)
+        a = fused.step(micro_batches=batches, advantages=advantages,
+                       sampling_logprobs=sampling, **loss)
+        token_losses, logprobs, losses = [], [], []
+        for lo, hi in ((0, 1), (1, 3), (3, 4)):
+            r = split.forward_backward(micro_batches=batches[lo:hi],
+                                       advantages=advantages[lo:hi],
+                                       sampling_logprobs=sampling[lo:hi], **loss)
+            assert len(r.token_losses) == hi - lo
+            token_losses += r.token_losses
+            logprobs += r.logprobs
+            losses.append(r.loss)
+        b = split.optim_step()
+        assert not a.skipped and not b.skipped
+        assert (b.scale_after, b.grad_norm) == (a.scale_after, a.grad_norm)
+        assert np.float32(b.loss).tobytes() == np.float32(a.loss).tobytes()
+        assert sum(losses) == pytest.approx(a.loss, rel=1e-5, abs=1e-5)
+        for ours, theirs in zip(token_losses + logprobs, a.token_losses + a.logprobs):
+            assert ours.tobytes() == theirs.tobytes()
+        same_state(fused, split)
+    # A parameter cispo does not read is refused naming it; nothing accumulates.
+    with pytest.raises(ampd.InvalidArgument) as refused:
+        split.forward_backward(*batches[0], loss_fn="cispo", advantages=advantages[0],
+                               sampling_logprobs=sampling[0], dro_beta=0.05)
+    assert refused.value.field == "dro_beta"
+    assert split.pending == 0
 
 
 def test_optim_step_hyperparameters_match_torch_adamw(server):

@@ -3,13 +3,16 @@ against a hand-written PyTorch version of Tinker's definitions, in fp32.
 
 The job's initial weights load into bench/pytorch/gpt.py's GPT (or
 bench/pytorch/decoder.py's Qwen2-style decoder); then each
-loss (cross_entropy with per-token weights, importance_sampling, ppo with a
-clip range that some ratios leave) trains 4 plain-SGD steps on both sides.
-SGD moves the weights by lr times the gradient, so equal weights after the
-steps say the gradients were equal, and each step's reported loss must be
-PyTorch's sum over the target tokens to 1e-5 relative. Also: a sum over two
-micro-batches is the sum over one batch of both, and the refusals name the
-field. Skipped, saying so, where torch is not importable."""
+loss (cross_entropy with per-token weights, importance_sampling, ppo and
+cispo with clip ranges that some ratios leave, dro) trains 4 plain-SGD steps
+on both sides. SGD moves the weights by lr times the gradient, so equal
+weights after the steps say the gradients were equal, and each step's
+reported loss must be PyTorch's sum over the target tokens to 1e-5 relative,
+each token's loss (token_losses) PyTorch's elementwise loss. Also: the
+defaults of cispo and dro are Tinker's, fp16 and bf16 jobs agree with
+PyTorch to their precision, a sum over two micro-batches is the sum over one
+batch of both, and the refusals name the field. Skipped, saying so, where
+torch is not importable."""
 import os
 import sys
 
@@ -47,10 +50,17 @@ def models(kind):
             ampd_torch.decoder_state_dict)
 LR = 0.05
 CLIP = (0.9, 1.1)
+CISPO_CLIP = (0.95, 1.1)  # not the defaults (0, 4): both sides clip some ratios
+DRO_BETA = 0.5  # not the default 0.05
+# The parameters each loss is sent (the others it would refuse).
+PARAMS = {"ppo": {"ppo_clip": CLIP}, "cispo": {"cispo_clip": CISPO_CLIP},
+          "dro": {"dro_beta": DRO_BETA}}
 
 
-def torch_token_loss(model, ids, targets, loss_fn, weights, advantages, sampling):
-    """Tinker's definitions, summed over the target tokens (-100 adds nothing)."""
+def torch_token_terms(model, ids, targets, loss_fn, weights, advantages, sampling,
+                      cispo_clip=CISPO_CLIP, dro_beta=DRO_BETA):
+    """Tinker's definitions (tinker-docs.thinkingmachines.ai/losses), each
+    target token's elementwise loss (0 where the target is -100), and logp."""
     logits = model.logits(torch.from_numpy(ids)).float()
     targets = torch.from_numpy(targets)
     keep = targets != -100
@@ -59,13 +69,43 @@ def torch_token_loss(model, ids, targets, loss_fn, weights, advantages, sampling
     if loss_fn == "cross_entropy":
         term = -torch.from_numpy(weights) * logp
     else:
-        ratio = torch.exp(logp - torch.from_numpy(sampling))
+        q = torch.from_numpy(sampling)
+        ratio = torch.exp(logp - q)
         a = torch.from_numpy(advantages)
         if loss_fn == "importance_sampling":
             term = -ratio * a
-        else:
+        elif loss_fn == "ppo":
             term = -torch.minimum(ratio * a, torch.clamp(ratio, *CLIP) * a)
-    return (term * keep).sum(), logp.detach()
+        elif loss_fn == "cispo":
+            term = -(torch.clamp(ratio, *cispo_clip).detach() * logp * a)
+        else:
+            term = -(logp * a - 0.5 * dro_beta * (logp - q) ** 2)
+    return term * keep, logp.detach()
+
+
+def definition(loss_fn, logp, weights, advantages, sampling, cispo_clip=CISPO_CLIP,
+               dro_beta=DRO_BETA):
+    """Each token's term by Tinker's definitions, in float64, from given
+    log-probs (ignored targets not masked)."""
+    logp = logp.astype(np.float64)
+    if loss_fn == "cross_entropy":
+        return -weights * logp
+    q = sampling.astype(np.float64)
+    a = advantages.astype(np.float64)
+    r = np.exp(logp - q)
+    if loss_fn == "importance_sampling":
+        return -r * a
+    if loss_fn == "ppo":
+        return -np.minimum(r * a, np.clip(r, *CLIP) * a)
+    if loss_fn == "cispo":
+        return -(np.clip(r, *cispo_clip) * logp * a)
+    return -(logp * a - 0.5 * dro_beta * (logp - q) ** 2)
+
+
+def torch_token_loss(model, ids, targets, loss_fn, weights, advantages, sampling):
+    """Tinker's definitions, summed over the target tokens (-100 adds nothing)."""
+    terms, logp = torch_token_terms(model, ids, targets, loss_fn, weights, advantages, sampling)
+    return terms.sum(), logp
 
 
 def batch(step, size=3):
@@ -79,7 +119,8 @@ def batch(step, size=3):
 
 
 @pytest.mark.parametrize("kind", ["gpt", "decoder"])
-@pytest.mark.parametrize("loss_fn", ["cross_entropy", "importance_sampling", "ppo"])
+@pytest.mark.parametrize("loss_fn", ["cross_entropy", "importance_sampling", "ppo", "cispo",
+                                     "dro"])
 def test_token_loss_and_gradients_equal_pytorch(server, loss_fn, kind):
     spec, peer, export = models(kind)
     with ampd.Client(server.address) as client:
@@ -101,17 +142,34 @@ def test_token_loss_and_gradients_equal_pytorch(server, loss_fn, kind):
                 kwargs["weights"] = weights
             else:
                 kwargs.update(advantages=advantages, sampling_logprobs=sampling)
-            if loss_fn == "ppo":
-                kwargs["ppo_clip"] = CLIP
+            kwargs.update(PARAMS.get(loss_fn, {}))
             result = job.step(ids, targets, return_logprobs=True, **kwargs)
             ours = result.loss
             opt.zero_grad()
-            theirs, their_logp = torch_token_loss(model, ids, targets, loss_fn, weights,
-                                                  advantages, sampling)
+            their_terms, their_logp = torch_token_terms(model, ids, targets, loss_fn, weights,
+                                                        advantages, sampling)
+            theirs = their_terms.sum()
             theirs.backward()
             opt.step()
-            assert ours == pytest.approx(theirs.item(), rel=1e-5, abs=1e-5), \
+            # Each token's log-prob agrees with PyTorch's to 1e-5 (below), so
+            # the sum over the tokens to 1e-5 of the sum of their sizes.
+            size = float(np.sum(np.abs(their_terms.detach().numpy())))
+            assert ours == pytest.approx(theirs.item(), rel=1e-5, abs=1e-5 * max(1.0, size)), \
                 "step %d: ampd %r, PyTorch %r" % (step + 1, ours, theirs.item())
+            # Each token's loss: PyTorch's elementwise loss (to the log-probs'
+            # agreement), Tinker's definition of the step's own log-probs in
+            # float64 (to fp32 rounding), 0 where ignored, summing to the
+            # reported loss.
+            (token_losses,) = result.token_losses
+            assert token_losses.shape == targets.shape
+            np.testing.assert_allclose(token_losses, their_terms.detach().numpy(), rtol=1e-5,
+                                       atol=2e-5)
+            own = definition(loss_fn, result.logprobs[0], weights, advantages, sampling)
+            own[targets == -100] = 0
+            np.testing.assert_allclose(token_losses, own, rtol=1e-6, atol=1e-6)
+            assert np.all(token_losses[targets == -100] == 0)
+            assert float(np.sum(token_losses, dtype=np.float64)) == pytest.approx(
+                ours, rel=1e-5, abs=1e-5)
             # The step's own log-probs: PyTorch's before the update, 0 where ignored.
             keep = targets != -100
             (logp,) = result.logprobs
@@ -136,6 +194,92 @@ def test_token_loss_and_gradients_equal_pytorch(server, loss_fn, kind):
         for name, value in model.state_dict().items():
             scale = float(value.abs().max())
             assert torch.allclose(final[name], value, rtol=1e-4, atol=1e-4 * scale), name
+
+
+def test_cispo_and_dro_defaults_are_tinkers(server):
+    """cispo without cispo_clip clips to (0, 4), dro without dro_beta
+    weighs the penalty by 0.05; over two micro-batches, each one's
+    token_losses in input order."""
+    ids, targets, weights, advantages, rng = batch(5, size=4)
+    with ampd.Client(server.address) as client:
+        for loss_fn, defaults in (("cispo", {"cispo_clip": (0.0, 4.0)}),
+                                  ("dro", {"dro_beta": 0.05})):
+            job = client.create_job(model=SPEC, precision="fp32", seed=8)
+            model = torch_gpt.GPT(VOCAB, CONTEXT, D_MODEL, N_LAYER, N_HEAD, attention="manual")
+            model.load_state_dict(ampd_torch.gpt2_state_dict(job), strict=True)
+            with torch.no_grad():
+                _, logp = torch_token_terms(model, ids, targets, "cross_entropy", weights,
+                                            None, None)
+                # Ratios up to e^1.6, some past cispo's default bound of 4.
+                sampling = (logp.numpy() - rng.uniform(-0.2, 1.6, size=ids.shape)).astype(
+                    np.float32)
+                # Tinker's defaults (each loss reads its own).
+                terms, _ = torch_token_terms(model, ids, targets, loss_fn, weights, advantages,
+                                             sampling, cispo_clip=(0.0, 4.0), dro_beta=0.05)
+            result = job.step(micro_batches=[(ids[:1], targets[:1]), (ids[1:], targets[1:])],
+                              loss_fn=loss_fn, advantages=[advantages[:1], advantages[1:]],
+                              sampling_logprobs=[sampling[:1], sampling[1:]],
+                              return_logprobs=True)
+            assert result.loss == pytest.approx(terms.sum().item(), rel=1e-5, abs=1e-5)
+            assert [t.shape for t in result.token_losses] == [(1, CONTEXT), (3, CONTEXT)]
+            np.testing.assert_allclose(np.concatenate(result.token_losses), terms.numpy(),
+                                       rtol=1e-5, atol=1e-6)
+            if loss_fn == "cispo":
+                assert np.any(np.exp(logp.numpy() - sampling)[targets != -100] > 4.0)
+            # The same losses with the defaults spelled out: the same bits.
+            again = client.create_job(model=SPEC, precision="fp32", seed=8).step(
+                micro_batches=[(ids[:1], targets[:1]), (ids[1:], targets[1:])], loss_fn=loss_fn,
+                advantages=[advantages[:1], advantages[1:]],
+                sampling_logprobs=[sampling[:1], sampling[1:]], **defaults)
+            assert again.loss == result.loss
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("loss_fn", ["cispo", "dro"])
+def test_cispo_and_dro_in_16_bits_agree_with_pytorch_to_the_precision(server, loss_fn,
+                                                                       precision):
+    """A 16-bit job's first step against PyTorch's fp32 on the weights the
+    job computes with (its masters rounded to the precision): its loss, each
+    token's loss, and its SGD update (lr times the gradient, read from the
+    fp32 masters) to the precision's tolerance (the job's activations and
+    gradients are rounded to 16 bits)."""
+    ids, targets, weights, advantages, rng = batch(6)
+    tol = {"fp16": 2e-2, "bf16": 8e-2}[precision]
+    with ampd.Client(server.address) as client:
+        # A static scale of 8: no overflow in either dtype, and no skip.
+        job = client.create_job(model=SPEC, precision=precision, seed=9,
+                                optimizer=ampd.SGD(lr=LR),
+                                scaler=ampd.Scaler(dynamic=False, init_scale=8.0))
+        before = ampd_torch.gpt2_state_dict(job)
+        working = {"fp16": torch.float16, "bf16": torch.bfloat16}[precision]
+        model = torch_gpt.GPT(VOCAB, CONTEXT, D_MODEL, N_LAYER, N_HEAD, attention="manual")
+        model.load_state_dict({k: v.to(working).float() for k, v in before.items()},
+                              strict=True)
+        with torch.no_grad():
+            _, logp = torch_token_terms(model, ids, targets, "cross_entropy", weights, None, None)
+        sampling = (logp.numpy() + rng.uniform(-0.3, 0.3, size=ids.shape)).astype(np.float32)
+        terms, _ = torch_token_terms(model, ids, targets, loss_fn, weights, advantages, sampling)
+        terms.sum().backward()
+        result = job.step(ids, targets, loss_fn=loss_fn, advantages=advantages,
+                          sampling_logprobs=sampling, return_logprobs=True, **PARAMS[loss_fn])
+        assert not result.skipped
+        want = terms.detach().numpy()
+        scale = float(np.max(np.abs(want)))
+        assert result.loss == pytest.approx(want.sum(), rel=tol,
+                                            abs=tol * float(np.sum(np.abs(want))))
+        (token_losses,) = result.token_losses
+        np.testing.assert_allclose(token_losses, want, rtol=tol, atol=tol * scale)
+        assert float(np.sum(token_losses, dtype=np.float64)) == pytest.approx(
+            result.loss, rel=1e-5, abs=1e-5)
+        after = ampd_torch.gpt2_state_dict(job)
+        grads = dict(model.named_parameters())
+        for name, value in after.items():
+            if name not in grads or grads[name].grad is None:
+                continue
+            ours = (value - before[name]).numpy()
+            theirs = (-LR * grads[name].grad).numpy()
+            bound = tol * float(np.max(np.abs(theirs))) + 1e-6  # + fp32 cancellation
+            assert np.max(np.abs(ours - theirs)) <= bound, name
 
 
 def test_a_sum_over_micro_batches_is_the_sum_over_one_batch(server):
@@ -196,6 +340,28 @@ def test_token_losses_refuse_naming_the_field(server):
                 job.step(ids, ignored, loss_fn=loss_fn, **kwargs)
             assert "mean" not in str(refused.value), str(refused.value)
             assert refused.value.field == "micro_batches[0].targets"
+        # A loss parameter is refused by every loss that does not read it,
+        # and out of its range by the one that does; ErrorInfo names it.
+        policy = {"advantages": advantages, "sampling_logprobs": weights}
+        for field, loss_fn, extra in (
+                ("cispo_clip_low", "ppo", {"cispo_clip": (0.0, 4.0)}),
+                ("dro_beta", "cispo", {"dro_beta": 0.05}),
+                ("ppo_clip_low", "importance_sampling", {"ppo_clip": (0.8, 1.2)}),
+                ("ppo_clip_low", "dro", {"ppo_clip": (0.8, 1.2)}),
+                ("cispo_clip_low", "cross_entropy", {"cispo_clip": (0.0, 4.0)}),
+                ("cispo_clip_high", "cispo", {"cispo_clip": (2.0, 1.0)}),
+                ("cispo_clip_low", "cispo", {"cispo_clip": (-0.5, 1.0)}),
+                ("cispo_clip_high", "cispo", {"cispo_clip": (0.0, float("inf"))}),
+                ("dro_beta", "dro", {"dro_beta": -0.5}),
+                ("dro_beta", "dro", {"dro_beta": float("nan")})):
+            inputs = {} if loss_fn == "cross_entropy" else policy
+            with pytest.raises(ampd.InvalidArgument, match=field) as refused:
+                job.step(ids, targets, loss_fn=loss_fn, **inputs, **extra)
+            assert refused.value.field == field, (loss_fn, extra, refused.value)
+        with pytest.raises(ampd.InvalidArgument, match="weights"):
+            job.step(ids, targets, loss_fn="dro", weights=weights, **policy)
+        with pytest.raises(ampd.InvalidArgument, match="advantages"):
+            job.step(ids, targets, loss_fn="cispo", sampling_logprobs=weights)
         assert job.refresh().step_count == 0
         mlp = client.create_job(model=ampd.Model([ampd.Linear(4, 2)]), precision="fp32")
         x = np.zeros((3, 4), np.float32)

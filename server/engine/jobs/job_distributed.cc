@@ -46,7 +46,7 @@ constexpr size_t kHeaderSequence = 0;
 constexpr size_t kHeaderMicroBatches = 1;
 constexpr size_t kHeaderInputOk = 2;
 constexpr size_t kHeaderLossFn = 3;        // LossFnKind
-constexpr size_t kHeaderPpoClip = 4;       // PpoClipWord
+constexpr size_t kHeaderLossParams = 4;    // LossParamsWord
 constexpr size_t kHeaderLearningRate = 5;  // LearningRateWord
 constexpr size_t kHeaderSize = 6;
 
@@ -70,29 +70,41 @@ std::string LearningRateText(const int64_t* header) {
   return absl::StrCat(lr);
 }
 
-// A PPO step's clip range as one int64: both bounds' bit patterns, so the
-// ranks agree on the exact values. 0 for the other losses, which read none.
-int64_t PpoClipWord(const LossFn& fn) {
-  if (fn.kind != LossFnKind::kPpo) return 0;
-  uint32_t low = 0;
-  uint32_t high = 0;
-  std::memcpy(&low, &fn.ppo_clip_low, sizeof(low));
-  std::memcpy(&high, &fn.ppo_clip_high, sizeof(high));
-  return static_cast<int64_t>((static_cast<uint64_t>(high) << 32) | low);
+// A step's loss parameters as one int64, so that the ranks agree on the
+// exact values: a ppo or cispo step's clip range (both bounds' bit
+// patterns), a dro step's beta (its bits). 0 for the other losses, which
+// read none. Defaults are filled first: a rank that sent Tinker's default
+// agrees with one that left it out.
+int64_t LossParamsWord(const LossFn& fn) {
+  auto bits = [](float v) {
+    uint32_t b = 0;
+    std::memcpy(&b, &v, sizeof(b));
+    return b;
+  };
+  if (fn.kind == LossFnKind::kPpo || fn.kind == LossFnKind::kCispo) {
+    return static_cast<int64_t>((static_cast<uint64_t>(bits(fn.clip_high())) << 32) |
+                                bits(fn.clip_low()));
+  }
+  if (fn.kind == LossFnKind::kDro) return static_cast<int64_t>(bits(fn.beta()));
+  return 0;
 }
 
 // One rank's loss function as its header carries it, for an error.
 std::string LossFnText(const int64_t* header) {
   const auto kind = static_cast<LossFnKind>(header[kHeaderLossFn]);
-  if (kind != LossFnKind::kPpo) return std::string(LossFnName(kind));
-  const auto word = static_cast<uint64_t>(header[kHeaderPpoClip]);
-  const auto low_bits = static_cast<uint32_t>(word);
-  const auto high_bits = static_cast<uint32_t>(word >> 32);
-  float low = 0;
-  float high = 0;
-  std::memcpy(&low, &low_bits, sizeof(low));
-  std::memcpy(&high, &high_bits, sizeof(high));
-  return absl::StrCat("ppo (clip ", low, ", ", high, ")");
+  const auto word = static_cast<uint64_t>(header[kHeaderLossParams]);
+  auto value = [](uint32_t bits) {
+    float v = 0;
+    std::memcpy(&v, &bits, sizeof(v));
+    return v;
+  };
+  const float low = value(static_cast<uint32_t>(word));
+  const float high = value(static_cast<uint32_t>(word >> 32));
+  if (kind == LossFnKind::kPpo || kind == LossFnKind::kCispo) {
+    return absl::StrCat(LossFnName(kind), " (clip ", low, ", ", high, ")");
+  }
+  if (kind == LossFnKind::kDro) return absl::StrCat("dro (beta ", low, ")");
+  return std::string(LossFnName(kind));
 }
 
 std::string Sha256(absl::string_view bytes) {
@@ -274,7 +286,7 @@ absl::StatusOr<StepReport> Job::DistributedStep(int64_t sequence, ValidStepInput
                                        micro_batches,
                                        fitted.ok() ? 1 : 0,
                                        static_cast<int64_t>(loss_fn.kind),
-                                       PpoClipWord(loss_fn),
+                                       LossParamsWord(loss_fn),
                                        LearningRateWord(learning_rate)};
   const Clock::time_point wait_start = Clock::now();
   absl::StatusOr<std::vector<int64_t>> all = group_->AllGather(header);
@@ -294,7 +306,8 @@ absl::StatusOr<StepReport> Job::DistributedStep(int64_t sequence, ValidStepInput
     global_micro_batches += h[kHeaderMicroBatches];
     if (h[kHeaderInputOk] == 0) refused.push_back(absl::StrCat(r));
     if (h[kHeaderSequence] != sequence) same_sequence = false;
-    if (h[kHeaderLossFn] != (*all)[kHeaderLossFn] || h[kHeaderPpoClip] != (*all)[kHeaderPpoClip]) {
+    if (h[kHeaderLossFn] != (*all)[kHeaderLossFn] ||
+        h[kHeaderLossParams] != (*all)[kHeaderLossParams]) {
       same_loss_fn = false;
     }
     if (h[kHeaderLearningRate] != (*all)[kHeaderLearningRate]) same_learning_rate = false;

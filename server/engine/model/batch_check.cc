@@ -78,7 +78,7 @@ absl::Status CheckTokenInput(const std::optional<HostTensor>& t, bool read, bool
 absl::Status CheckTokenLossInputs(const ModelSpec& spec, const LossFn& fn, const MicroBatch& mb,
                                   absl::string_view prefix) {
   const bool ce = fn.kind == LossFnKind::kCrossEntropy;
-  const bool policy = fn.kind == LossFnKind::kImportanceSampling || fn.kind == LossFnKind::kPpo;
+  const bool policy = ReadsSamplingLogprobs(fn.kind);
   if ((ce || policy) && !spec.gpt.has_value() && !spec.decoder.has_value()) {
     return absl::InvalidArgumentError(
         absl::StrCat("loss_fn: ", LossFnName(fn.kind),

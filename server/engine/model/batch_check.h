@@ -37,7 +37,7 @@ absl::Status CheckBatchFitsModel(const ModelSpec& spec, const HostTensor& inputs
 // The per-token inputs a step's LossFn reads (api.h), beside a micro-batch
 // that fits the model (CheckBatchFitsModel first): none for kModel; for a
 // token loss, a GPT, and weights (kCrossEntropy, optional), advantages and
-// sampling_logprobs (kImportanceSampling and kPpo, required), each F32 of
+// sampling_logprobs (every other token loss, required), each F32 of
 // the targets' shape with every value finite. InvalidArgument naming
 // "<prefix>.weights" (and the element of a non-finite value), or
 // "loss_fn" when the model has no token loss.

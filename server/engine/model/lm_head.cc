@@ -26,9 +26,14 @@ absl::Status TokenLossState::Load(kernels::Backend& backend, const TokenLossInpu
   AMPD_RETURN_IF_ERROR(load(tokens.weights, weights));
   AMPD_RETURN_IF_ERROR(load(tokens.advantages, advantages));
   AMPD_RETURN_IF_ERROR(load(tokens.sampling_logprobs, sampling_logprobs));
-  logprobs.live = tokens.logprobs;
-  if (!logprobs.live) return absl::OkStatus();
-  return EnsureTensor(backend, kernels::DType::kF32, {rows}, logprobs.all);
+  // The head's per-token outputs, when asked for.
+  auto output = [&](bool wanted, Row& row) -> absl::Status {
+    row.live = wanted;
+    if (!row.live) return absl::OkStatus();
+    return EnsureTensor(backend, kernels::DType::kF32, {rows}, row.all);
+  };
+  AMPD_RETURN_IF_ERROR(output(tokens.logprobs, logprobs));
+  return output(tokens.token_losses, token_losses);
 }
 
 absl::StatusOr<kernels::TokenLossTerms> TokenLossState::ChunkTerms(int64_t start, int64_t r) {
@@ -44,9 +49,18 @@ absl::StatusOr<kernels::TokenLossTerms> TokenLossState::ChunkTerms(int64_t start
     case LossFnKind::kPpo:
       terms.kind = kernels::TokenLossKind::kPpo;
       break;
+    case LossFnKind::kCispo:
+      terms.kind = kernels::TokenLossKind::kCispo;
+      break;
+    case LossFnKind::kDro:
+      terms.kind = kernels::TokenLossKind::kDro;
+      break;
   }
-  terms.clip_low = loss_fn.ppo_clip_low;
-  terms.clip_high = loss_fn.ppo_clip_high;
+  if (terms.kind == kernels::TokenLossKind::kPpo || terms.kind == kernels::TokenLossKind::kCispo) {
+    terms.clip_low = loss_fn.clip_low();
+    terms.clip_high = loss_fn.clip_high();
+  }
+  terms.beta = loss_fn.beta();
   // The chunk's view of a row this batch carries (null otherwise).
   auto view = [&](Row& row) -> absl::StatusOr<Tensor*> {
     if (!row.live) return nullptr;
@@ -57,6 +71,7 @@ absl::StatusOr<kernels::TokenLossTerms> TokenLossState::ChunkTerms(int64_t start
   AMPD_ASSIGN_OR_RETURN(terms.advantages, view(advantages));
   AMPD_ASSIGN_OR_RETURN(terms.sampling_logprobs, view(sampling_logprobs));
   AMPD_ASSIGN_OR_RETURN(terms.logprobs, view(logprobs));
+  AMPD_ASSIGN_OR_RETURN(terms.token_losses, view(token_losses));
   return terms;
 }
 
@@ -179,6 +194,13 @@ absl::StatusOr<const Tensor*> TokenLogprobsOf(LmWorkspace& ws) {
     return absl::FailedPreconditionError("logprobs: LoadBatch did not ask for them");
   }
   return &ws.tokens.logprobs.all;
+}
+
+absl::StatusOr<const Tensor*> TokenLossesOf(LmWorkspace& ws) {
+  if (!ws.tokens.token_losses.live) {
+    return absl::FailedPreconditionError("token_losses: LoadBatch did not ask for them");
+  }
+  return &ws.tokens.token_losses.all;
 }
 
 }  // namespace ampd::engine::model

@@ -86,7 +86,8 @@ struct TokenLossState {
   };
   LossFn loss_fn;
   Row weights, advantages, sampling_logprobs;
-  Row logprobs;  // written by the head: each token's log-prob, when asked for
+  Row logprobs;      // written by the head: each token's log-prob, when asked for
+  Row token_losses;  // written by the head: what each token added to the loss, when asked for
 
   // Uploads `tokens` for a batch of `rows` tokens; what they do not carry
   // is marked absent (never read), its buffer kept for a later step.
@@ -148,5 +149,10 @@ absl::Status LmHeadLoss(kernels::Backend& b, LmWorkspace& ws, Parameter& head,
 // Network::TokenLogprobs of a language model: the (N) F32 log-probs the last
 // head wrote, when LoadTokenBatch asked for them.
 absl::StatusOr<const kernels::Tensor*> TokenLogprobsOf(LmWorkspace& ws);
+
+// Network::TokenLosses of a language model: the (N) F32 per-token losses
+// (kernels::TokenLossTerms::token_losses) the last head wrote, when
+// LoadTokenBatch asked for them.
+absl::StatusOr<const kernels::Tensor*> TokenLossesOf(LmWorkspace& ws);
 
 }  // namespace ampd::engine::model

@@ -49,7 +49,7 @@ struct Parameter {
 };
 
 // A micro-batch's token loss (api.h's LossFn and MicroBatch fields) as a
-// model's Loss reads it: the kind, the PPO clip range and the per-token
+// model's Loss reads it: the kind, its parameters and the per-token
 // inputs, each null when absent. kModel (the default): the model's own loss.
 struct TokenLossInputs {
   LossFn fn;
@@ -57,8 +57,9 @@ struct TokenLossInputs {
   const HostTensor* advantages = nullptr;
   const HostTensor* sampling_logprobs = nullptr;
   // Whether the next Loss/EvalLoss keeps each token's log-prob
-  // (Network::TokenLogprobs).
+  // (Network::TokenLogprobs) and each token's loss (Network::TokenLosses).
   bool logprobs = false;
+  bool token_losses = false;
 
   // The step's loss_fn with the micro-batch's inputs.
   static TokenLossInputs Of(const LossFn& fn, const MicroBatch& mb) {
@@ -179,6 +180,14 @@ class Network {
     (void)ws;
     return absl::InvalidArgumentError(
         "return_logprobs: per-token log-probs need a language model (gpt or decoder)");
+  }
+  // The (N) F32 per-token losses (what each target added to the loss) the
+  // last Loss wrote, when LoadBatch asked for them
+  // (TokenLossInputs::token_losses); none without a language-model head.
+  virtual absl::StatusOr<const kernels::Tensor*> TokenLosses(Workspace& ws) {
+    (void)ws;
+    return absl::InvalidArgumentError(
+        "return_logprobs: per-token losses need a language model (gpt or decoder)");
   }
   // What Backward calls as it goes; each may be empty, and an error from
   // either ends Backward.

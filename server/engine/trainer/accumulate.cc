@@ -83,15 +83,15 @@ absl::Status Trainer::Impl::ReadCall(const StepInput& input, const StepPlan& pla
   std::vector<kernels::HostCopy> copies;
   kernels::Tensor logprobs_read;
   if (plan.keep_logprobs) {
-    AMPD_ASSIGN_OR_RETURN(logprobs_read, step_logprobs.View(0, {plan.tokens}));
-    step_logprobs_host.resize(static_cast<size_t>(plan.tokens));
-    copies.push_back({&logprobs_read, step_logprobs_host.data(),
-                      static_cast<size_t>(plan.tokens) * sizeof(float)});
+    const auto read_rows = static_cast<size_t>(plan.read_rows());
+    AMPD_ASSIGN_OR_RETURN(logprobs_read, step_logprobs.View(0, {plan.read_rows()}));
+    step_logprobs_host.resize(read_rows);
+    copies.push_back({&logprobs_read, step_logprobs_host.data(), read_rows * sizeof(float)});
   }
   const kernels::Tensor* const scalars[1] = {&loss_sum};
   float call_loss = 0.0f;
   AMPD_RETURN_IF_ERROR(backend->ReadBack(scalars, absl::MakeSpan(&call_loss, 1), copies));
-  if (plan.keep_logprobs) ReportStepLogprobs(input, step_logprobs_host, report);
+  if (plan.keep_logprobs) ReportKeptLogprobs(input, plan, report);
   // The call's own loss: its mean over its micro-batches, or its tokens' sum.
   report.loss = plan.token_loss ? call_loss : call_loss / static_cast<float>(plan.local_k);
   return absl::OkStatus();
@@ -107,7 +107,8 @@ absl::StatusOr<ForwardBackwardReport> Trainer::ForwardBackward(
   const Clock::time_point start = Clock::now();
   Impl& m = *impl_;
   // Admission's errors leave the accumulated gradients as they were.
-  AMPD_ASSIGN_OR_RETURN(const Impl::StepPlan plan, m.Admit(input.batch, admit, nullptr, call, &input));
+  AMPD_ASSIGN_OR_RETURN(const Impl::StepPlan plan,
+                        m.Admit(input.batch, admit, nullptr, call, &input));
   StepReport step;
   absl::Status ran = m.ForwardBackward(input.batch, plan, nullptr, call, step);
   if (ran.ok()) ran = m.ReadCall(input.batch, plan, step);
@@ -131,6 +132,7 @@ absl::StatusOr<ForwardBackwardReport> Trainer::ForwardBackward(
   report.seconds.total = Seconds(start, Clock::now());
   report.logprobs = std::move(step.logprobs);
   report.ratios = std::move(step.ratios);
+  report.token_losses = std::move(step.token_losses);
   report.logprob_mismatch = step.logprob_mismatch;
   return report;
 }

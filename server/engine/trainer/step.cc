@@ -24,7 +24,8 @@
 //     skips it entirely on found_inf and it recasts the working copy
 //   ONE ReadBack of [loss_sum, found_inf, norm_sq, max_abs] (and the
 //     histogram when sampled, and every token's log-prob when the report
-//     returns them or the loss reads sampling_logprobs: each micro-batch's
+//     returns them or the loss reads sampling_logprobs, and a token loss's
+//     per-token losses when the report returns them: each micro-batch's
 //     copied on the device after its loss into one buffer), then scaler.Update with found_inf,
 //     max|g| of the unscaled grads (the check pass computes it in the same read) and, when sampled,
 //     the histogram's fp16 underflow fraction.
@@ -261,23 +262,7 @@ absl::Status CheckStepInput(const StepInput& input) {
     return absl::InvalidArgumentError(
         absl::StrCat("learning_rate: must be finite and >= 0, got ", *input.learning_rate));
   }
-  const LossFn& fn = input.loss_fn;
-  if (fn.kind != LossFnKind::kPpo) return absl::OkStatus();
-  // Each bound named on its own: the field the caller must change.
-  const std::pair<absl::string_view, bool> bounds[] = {
-      {"ppo_clip_low",
-       std::isfinite(fn.ppo_clip_low) && fn.ppo_clip_low >= 0.0f && fn.ppo_clip_low <= 1.0f},
-      {"ppo_clip_high", std::isfinite(fn.ppo_clip_high) && fn.ppo_clip_high >= 1.0f},
-  };
-  for (const auto& [field, ok] : bounds) {
-    if (ok) continue;
-    return absl::InvalidArgumentError(
-        absl::StrCat(field,
-                     ": the ppo clip range must satisfy 0 <= ppo_clip_low <= 1 <= "
-                     "ppo_clip_high, got ppo_clip_low ",
-                     fn.ppo_clip_low, " and ppo_clip_high ", fn.ppo_clip_high));
-  }
-  return absl::OkStatus();
+  return CheckLossFn(input.loss_fn);
 }
 
 absl::StatusOr<ValidStepInput> ValidStepInput::Check(StepInput input) {
@@ -301,11 +286,12 @@ absl::StatusOr<Trainer::Impl::StepPlan> Trainer::Impl::Admit(
   StepPlan plan;
   plan.accumulate = accumulating != nullptr;
   plan.first = accumulating == nullptr || accumulation.calls == 0;
+  plan.token_loss = input.loss_fn.kind != LossFnKind::kModel;
   // Each token's log-prob is kept for the report, or for the mismatch a
-  // loss with sampling_logprobs reports.
-  plan.keep_logprobs = input.return_logprobs ||
-                       input.loss_fn.kind == LossFnKind::kImportanceSampling ||
-                       input.loss_fn.kind == LossFnKind::kPpo;
+  // loss with sampling_logprobs reports; a token loss's per-token losses
+  // for the report.
+  plan.keep_logprobs = input.return_logprobs || ReadsSamplingLogprobs(input.loss_fn.kind);
+  plan.keep_losses = input.return_logprobs && plan.token_loss;
   int64_t logprob_bytes = 0;
   const int64_t held = step_logprobs_held();
   if (plan.keep_logprobs) {
@@ -314,20 +300,22 @@ absl::StatusOr<Trainer::Impl::StepPlan> Trainer::Impl::Admit(
       plan.tokens = SaturatingAdd(plan.tokens, kernels::NumElements(mb.targets.shape));
     }
     // The device buffer when it must grow, its host twin, and the report's
-    // log-probs and ratios.
-    const int64_t grow = std::max<int64_t>(0, plan.tokens - held);
-    logprob_bytes = SaturatingMul(SaturatingAdd(grow, SaturatingMul(3, plan.tokens)), 4);
+    // log-probs and ratios (and losses).
+    const int64_t rows = plan.read_rows();
+    const int64_t grow = std::max<int64_t>(0, rows - held);
+    const int64_t host = SaturatingAdd(rows, SaturatingMul(plan.keep_losses ? 3 : 2, plan.tokens));
+    logprob_bytes = SaturatingMul(SaturatingAdd(grow, host), 4);
   }
   // Admission before allocation. The step's buffers stay cached after it,
   // counted (workspace_bytes) until the job gives them up.
   AMPD_RETURN_IF_ERROR(
       AdmitWorkspaces(input.micro_batches, admit, "step", /*backward=*/true, logprob_bytes));
-  if (plan.keep_logprobs && held < plan.tokens) {
+  if (plan.keep_logprobs && held < plan.read_rows()) {
     step_logprobs = kernels::Tensor();  // the smaller one goes before the larger comes
-    AMPD_ASSIGN_OR_RETURN(step_logprobs, backend->Allocate(kernels::DType::kF32, {plan.tokens}));
+    AMPD_ASSIGN_OR_RETURN(step_logprobs,
+                          backend->Allocate(kernels::DType::kF32, {plan.read_rows()}));
   }
   plan.per_layer = config.scaler.per_layer_scales;
-  plan.token_loss = input.loss_fn.kind != LossFnKind::kModel;
   if (plan.per_layer && data_parallel != nullptr) {
     // Validation refuses the config; a Trainer handed one anyway must not
     // train ranks whose group scales were never reduced.
@@ -426,6 +414,7 @@ absl::Status Trainer::Impl::ForwardBackward(const StepInput& input, const StepPl
     const Clock::time_point t0 = Clock::now();
     model::TokenLossInputs tokens = model::TokenLossInputs::Of(input.loss_fn, mb);
     tokens.logprobs = plan.keep_logprobs;
+    tokens.token_losses = plan.keep_losses;
     AMPD_RETURN_IF_ERROR(net.LoadBatch(mb.inputs, mb.targets, tokens, *ws));
     AMPD_RETURN_IF_ERROR(net.Forward(*ws));
     AMPD_RETURN_IF_ERROR(net.Loss(*ws, plan.grad_scale, loss));
@@ -433,10 +422,17 @@ absl::Status Trainer::Impl::ForwardBackward(const StepInput& input, const StepPl
     if (plan.accumulate) AMPD_RETURN_IF_ERROR(b.Add(loss, accum_loss));
     if (plan.keep_logprobs) {
       // A later micro-batch of this shape reuses the workspace: its
-      // log-probs move to the step's buffer now, on the device.
+      // log-probs (and losses, plan.tokens further on) move to the step's
+      // buffer now, on the device.
       AMPD_ASSIGN_OR_RETURN(const Tensor* logprobs, net.TokenLogprobs(*ws));
       AMPD_ASSIGN_OR_RETURN(Tensor slot, step_logprobs.View(logprobs_at, {logprobs->numel()}));
       AMPD_RETURN_IF_ERROR(b.Copy(*logprobs, slot));
+      if (plan.keep_losses) {
+        AMPD_ASSIGN_OR_RETURN(const Tensor* losses, net.TokenLosses(*ws));
+        AMPD_ASSIGN_OR_RETURN(Tensor loss_slot,
+                              step_logprobs.View(plan.tokens + logprobs_at, {losses->numel()}));
+        AMPD_RETURN_IF_ERROR(b.Copy(*losses, loss_slot));
+      }
       logprobs_at += logprobs->numel();
     }
     const Clock::time_point t1 = Clock::now();
@@ -539,7 +535,7 @@ absl::Status Trainer::Impl::Update(const optim::UpdateOverrides& overrides, cons
 absl::Status Trainer::Impl::Finish(bool sample_grad_histogram, const StepPlan& plan,
                                    const StepInput* logprobs_of, StepReport& report) {
   // One read brings the scalars, the histograms when sampled, and the
-  // step's per-token log-probs when kept.
+  // step's per-token log-probs (and losses) when kept.
   const bool keep_logprobs = plan.keep_logprobs && logprobs_of != nullptr;
   std::vector<kernels::HostCopy> copies;
   if (sample_grad_histogram) {
@@ -549,15 +545,15 @@ absl::Status Trainer::Impl::Finish(bool sample_grad_histogram, const StepPlan& p
     }
   }
   Tensor logprobs_read;
+  const auto read_rows = static_cast<size_t>(plan.read_rows());
   if (keep_logprobs) {
-    AMPD_ASSIGN_OR_RETURN(logprobs_read, step_logprobs.View(0, {plan.tokens}));
-    step_logprobs_host.resize(static_cast<size_t>(plan.tokens));
-    copies.push_back({&logprobs_read, step_logprobs_host.data(),
-                      static_cast<size_t>(plan.tokens) * sizeof(float)});
+    AMPD_ASSIGN_OR_RETURN(logprobs_read, step_logprobs.View(0, {plan.read_rows()}));
+    step_logprobs_host.resize(read_rows);
+    copies.push_back({&logprobs_read, step_logprobs_host.data(), read_rows * sizeof(float)});
   }
   const std::vector<float>& host = read_values;
   AMPD_RETURN_IF_ERROR(backend->ReadBack(read_scalars, absl::MakeSpan(read_values), copies));
-  if (keep_logprobs) ReportStepLogprobs(*logprobs_of, step_logprobs_host, report);
+  if (keep_logprobs) ReportKeptLogprobs(*logprobs_of, plan, report);
   const bool overflowed = host[kReadFoundInf] != 0.0f;
   amp::StepGradStats stats;
   stats.found_inf = overflowed;

@@ -4,7 +4,9 @@
 // order). From them, per micro-batch of targets (B, T):
 //   logprobs  (B, T) F32, as the head wrote them (0 where ignored);
 //   ratios    (B, T) F32 exp(logp - q) for a loss with sampling_logprobs q;
-//   mismatch  max |logp - q| over every kept target token of the step.
+//   mismatch  max |logp - q| over every kept target token of the step;
+//   token_losses (B, T) F32, what each token added to the loss, as the head
+//             wrote them (0 where ignored), when the step read them back.
 // The mismatch is what an RL loop watches: on samples drawn from the same
 // weights it is the sampler-trainer disagreement, which a batch-invariant
 // job holds at exactly 0.
@@ -30,10 +32,6 @@ HostTensor F32Tensor(const kernels::Shape& shape, const float* values, int64_t n
   return t;
 }
 
-bool ReadsSamplingLogprobs(LossFnKind kind) {
-  return kind == LossFnKind::kImportanceSampling || kind == LossFnKind::kPpo;
-}
-
 }  // namespace
 
 absl::Status CheckLogprobsWanted(const model::ModelSpec& spec, bool return_logprobs) {
@@ -45,7 +43,7 @@ absl::Status CheckLogprobsWanted(const model::ModelSpec& spec, bool return_logpr
 }
 
 void ReportStepLogprobs(const StepInput& input, absl::Span<const float> logprobs,
-                        StepReport& report) {
+                        absl::Span<const float> losses, StepReport& report) {
   const bool with_q = ReadsSamplingLogprobs(input.loss_fn.kind);
   float mismatch = 0.0f;
   bool saw_nan = false;  // a NaN log-prob reports NaN, which fmax would drop
@@ -54,6 +52,9 @@ void ReportStepLogprobs(const StepInput& input, absl::Span<const float> logprobs
   for (const MicroBatch& mb : input.micro_batches) {
     const int64_t n = kernels::NumElements(mb.targets.shape);  // B*T
     const float* lp = logprobs.data() + offset;
+    if (!losses.empty()) {
+      report.token_losses.push_back(F32Tensor(mb.targets.shape, losses.data() + offset, n));
+    }
     offset += static_cast<size_t>(n);
     if (input.return_logprobs) report.logprobs.push_back(F32Tensor(mb.targets.shape, lp, n));
     if (!with_q || !mb.sampling_logprobs.has_value()) continue;
@@ -77,6 +78,15 @@ void ReportStepLogprobs(const StepInput& input, absl::Span<const float> logprobs
     }
   }
   if (with_q) report.logprob_mismatch = saw_nan ? std::nanf("") : mismatch;
+}
+
+void Trainer::Impl::ReportKeptLogprobs(const StepInput& input, const StepPlan& plan,
+                                       StepReport& report) const {
+  const auto tokens = static_cast<size_t>(plan.tokens);
+  const absl::Span<const float> read(step_logprobs_host.data(),
+                                     static_cast<size_t>(plan.read_rows()));
+  ReportStepLogprobs(input, read.subspan(0, tokens),
+                     plan.keep_losses ? read.subspan(tokens) : absl::Span<const float>(), report);
 }
 
 }  // namespace ampd::engine

@@ -86,7 +86,8 @@ struct Trainer::Impl {
   std::vector<float> group_scales;
   // A step's per-token log-probs (StepPlan::keep_logprobs): each
   // micro-batch's (B*T) copied after its loss, in order, into one (tokens)
-  // F32 device buffer that the step's one ReadBack brings into the host
+  // F32 device buffer, followed by as many per-token losses when
+  // StepPlan::keep_losses, that the step's one ReadBack brings into the host
   // twin. Kept between steps, grown only when a step has more tokens than
   // any before it, counted in workspace_bytes and released with the
   // workspaces.
@@ -128,7 +129,12 @@ struct Trainer::Impl {
     // Each token's log-prob read back: return_logprobs, or a loss whose
     // sampling_logprobs the mismatch compares with.
     bool keep_logprobs = false;
+    // Each token's loss read back too (return_logprobs with a token loss);
+    // only with keep_logprobs.
+    bool keep_losses = false;
     int64_t tokens = 0;  // B*T summed over the micro-batches when keep_logprobs
+    // The F32 values the step reads back: the log-probs, then the losses.
+    int64_t read_rows() const { return keep_losses ? 2 * tokens : tokens; }
   };
   // The (checked) input's workspaces admitted, an adaptive scaler
   // calibrated and the groups' scales set: the plan of the step.
@@ -167,6 +173,10 @@ struct Trainer::Impl {
                       const StepInput* logprobs_of, StepReport& report);
   // A ForwardBackward call's one read: its loss sum and kept log-probs.
   absl::Status ReadCall(const StepInput& input, const StepPlan& plan, StepReport& report);
+  // step_logprobs.cc: ReportStepLogprobs from what a step's or a call's one
+  // read brought into step_logprobs_host: plan.read_rows() values, the
+  // log-probs and then (plan.keep_losses) the losses.
+  void ReportKeptLogprobs(const StepInput& input, const StepPlan& plan, StepReport& report) const;
 
   // calibrate.cc: the adaptive scaler's calibrated start, run by Step
   // before the step proper when the scaler NeedsCalibration().
@@ -203,11 +213,12 @@ struct Trainer::Impl {
   int64_t scratch_bytes = 0;
 };
 
-// step_logprobs.cc: StepReport's logprobs, ratios and logprob_mismatch
-// from the (tokens) F32 log-probs the step read back, micro-batch after
+// step_logprobs.cc: StepReport's logprobs, ratios, token_losses and
+// logprob_mismatch from the (tokens) F32 log-probs and the (tokens, or
+// empty) per-token losses the step read back, micro-batch after
 // micro-batch in input order.
 void ReportStepLogprobs(const StepInput& input, absl::Span<const float> logprobs,
-                        StepReport& report);
+                        absl::Span<const float> losses, StepReport& report);
 
 // Per-token log-probs (return_logprobs) need a language model's head:
 // InvalidArgument naming return_logprobs otherwise.

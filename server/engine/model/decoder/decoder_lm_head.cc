@@ -31,4 +31,9 @@ absl::StatusOr<const Tensor*> DecoderModel::TokenLogprobs(Workspace& any) {
   return TokenLogprobsOf(*ws);
 }
 
+absl::StatusOr<const Tensor*> DecoderModel::TokenLosses(Workspace& any) {
+  AMPD_ASSIGN_OR_RETURN(DecoderWorkspace * ws, Own<DecoderWorkspace>(any));
+  return TokenLossesOf(*ws);
+}
+
 }  // namespace ampd::engine::model

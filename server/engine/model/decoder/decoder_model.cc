@@ -108,7 +108,7 @@ absl::StatusOr<int64_t> DecoderWorkspaceBytes(const ModelSpec& spec, Precision p
            product({chunk_rows, wd.v, w}),                      // one chunk of logits
            head_sum && !frozen ? product({wd.v, wd.c, 4}) : 0,  // the LM head's F32 gradient sum
            product({2, n, 8}),                                  // ids and targets, I64 at most
-           product({4, n, 4}),  // a token loss's per-token inputs and log-probs (lm_head.h)
+           product({5, n, 4}),  // a token loss's per-token inputs, log-probs, losses (lm_head.h)
        }) {
     ok = ok && CheckedAdd(total, part, &total);
   }

@@ -123,6 +123,7 @@ class DecoderModel final : public Network {
                          const TokenLossInputs& tokens, Workspace& ws) override;
   absl::Status Forward(Workspace& ws) override;
   absl::StatusOr<const kernels::Tensor*> TokenLogprobs(Workspace& ws) override;
+  absl::StatusOr<const kernels::Tensor*> TokenLosses(Workspace& ws) override;
   // The fused LM head and cross-entropy, as GptModel::Loss.
   absl::Status Loss(Workspace& ws, float grad_scale, kernels::Tensor& loss) override;
   absl::Status EvalLoss(Workspace& ws, kernels::Tensor& loss) override;

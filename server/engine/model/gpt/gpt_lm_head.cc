@@ -33,4 +33,9 @@ absl::StatusOr<const Tensor*> GptModel::TokenLogprobs(Workspace& any) {
   return TokenLogprobsOf(*ws);
 }
 
+absl::StatusOr<const Tensor*> GptModel::TokenLosses(Workspace& any) {
+  AMPD_ASSIGN_OR_RETURN(GptWorkspace * ws, Own<GptWorkspace>(any));
+  return TokenLossesOf(*ws);
+}
+
 }  // namespace ampd::engine::model

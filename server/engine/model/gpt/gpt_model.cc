@@ -81,7 +81,7 @@ absl::StatusOr<int64_t> GptWorkspaceBytes(const ModelSpec& spec, Precision preci
            product({chunk_rows, g.vocab_size, w}),        // one chunk of logits
            head_sum ? product({g.vocab_size, c, 4}) : 0,  // the LM head's F32 gradient sum
            product({2, n, 8}),                            // ids and targets, I64 at most
-           product({4, n, 4}),  // a token loss's per-token inputs and log-probs (lm_head.h)
+           product({5, n, 4}),  // a token loss's per-token inputs, log-probs, losses (lm_head.h)
        }) {
     ok = ok && CheckedAdd(total, part, &total);
   }

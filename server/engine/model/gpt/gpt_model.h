@@ -102,6 +102,7 @@ class GptModel final : public Network {
                          const TokenLossInputs& tokens, Workspace& ws) override;
   absl::Status Forward(Workspace& ws) override;
   absl::StatusOr<const kernels::Tensor*> TokenLogprobs(Workspace& ws) override;
+  absl::StatusOr<const kernels::Tensor*> TokenLosses(Workspace& ws) override;
   // The fused LM head and cross-entropy (gpt_lm_head.cc): loss =
   // multiplier * mean over kept targets; dh (the gradient into ln_f's
   // output) and the head weight's gradient (+=, one rounding per
