@@ -1,6 +1,7 @@
 // The activations' scalar formulas on the device, in fp32, shared by the
-// pointwise kernels (activation.cu) and the Linear GEMMs' epilogue kernels
-// (gemm_bias_activation.cu, gemm_activation_backward.cu): the same fp32
+// pointwise kernels (activation.cu, whose LaunchActivationBackwardF32Grad
+// is also GemmActivationBackward's unfused epilogue) and the Linear GEMMs'
+// forward epilogue (gemm_bias_activation.cu): the same fp32
 // operations in the same order as the CPU oracle's
 // (kernels/cpu/activation_math.h), unfused (--fmad=false), so the backends
 // differ only by their erfcf/expf/tanhf ulps.

@@ -1,5 +1,5 @@
 // The engine's face: the plain types every layer around it (rpc, metrics,
-// main, the benchmarks, the tests of those) reads and writes, with a job's
+// main, and the tests of those) reads and writes, with a job's
 // config (config/job_config.h and the specs it holds) and, for those that
 // run jobs, JobRegistry (jobs/job_registry.h) and JobObserver
 // (jobs/job_observer.h). One step's input and report, what a job and its

@@ -2,7 +2,8 @@
 // checks that only the wire can get wrong (unset enums, NaN in an optional
 // field, a tensor's byte length) happen here and name the request field
 // ("config.optimizer.lr", "micro_batches[1].targets"); everything else is the
-// engine's validation (once, in the registry), its field names prefixed with
+// engine's validation (the registry checks a request's own fields; the job
+// checks its batches against the model), its field names prefixed with
 // "config.".
 #pragma once
 

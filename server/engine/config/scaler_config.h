@@ -3,7 +3,8 @@
 // its knobs with each framework's names, their defaults and validation, and
 // the plain records a scaler reports (its counters, one update). The scaler
 // itself, its rules and its state dict are server/engine/amp/grad_scaler.h;
-// SCALER.md and that header's comment say what every knob means.
+// docs/DESIGN.md (its notes on the scalers) and that header's comment say
+// what every knob means.
 #pragma once
 
 #include <cstdint>
