@@ -522,14 +522,9 @@ class Job:
         _set_token_loss(request, micro_batches, loss_fn, weights, advantages,
                         sampling_logprobs, ppo_clip, cispo_clip, dro_beta)
         stub = self._client._stub
-        try:
-            # Safe to resend: the server answers a resent last call from its record.
-            r = self._client._call(
-                lambda md, t: stub.ForwardBackward(request, metadata=md, timeout=t))
-        except errors.AccumulationLost as e:
-            # The server holds expected_index - 1 calls: resend from there.
-            self.pending = (e.expected_index or 1) - 1
-            raise
+        # Safe to resend: the server answers a resent last call from its record.
+        r = self._accumulating_call(
+            lambda md, t: stub.ForwardBackward(request, metadata=md, timeout=t))
         self.pending = r.pending
         return ForwardBackwardResult(
             sequence=r.sequence, index=r.index, loss=r.loss, loss_scale=r.loss_scale,
@@ -538,6 +533,16 @@ class Job:
             ratios=[_f32_array(t) for t in r.ratios] if r.ratios else None,
             logprob_mismatch=(r.logprob_mismatch if r.HasField("logprob_mismatch") else None),
             token_losses=[_f32_array(t) for t in r.token_losses] if r.token_losses else None)
+
+    def _accumulating_call(self, rpc):
+        """A ForwardBackward or OptimStep call; on AccumulationLost the
+        calls the server still holds (expected_index - 1) become pending, so
+        the caller resends from there."""
+        try:
+            return self._client._call(rpc)
+        except errors.AccumulationLost as e:
+            self.pending = (e.expected_index or 1) - 1
+            raise
 
     def optim_step(self, lr=None, betas=None, eps=None, weight_decay=None, max_grad_norm=None):
         """Apply the gradients of the forward_backward calls since the last
@@ -565,12 +570,8 @@ class Job:
         if max_grad_norm is not None:
             request.max_grad_norm = max_grad_norm
         stub = self._client._stub
-        try:
-            response = self._client._call(
-                lambda md, t: stub.OptimStep(request, metadata=md, timeout=t))
-        except errors.AccumulationLost as e:
-            self.pending = (e.expected_index or 1) - 1
-            raise
+        response = self._accumulating_call(
+            lambda md, t: stub.OptimStep(request, metadata=md, timeout=t))
         self.pending = 0
         self.next_sequence = request.sequence + 1
         self.step_count = response.global_step

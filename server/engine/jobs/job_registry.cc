@@ -286,6 +286,23 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::AcceptWork(const absl::Status&
   return job;
 }
 
+void JobRegistry::AfterUpdateCall(const Job& job, absl::string_view what, int64_t sequence,
+                                  const absl::Status& status) {
+  const std::optional<ErrorReason> why = GetErrorReason(status);
+  if (status.ok()) {
+    ReportMemory();
+  } else if (StoppedByCaller(status)) {
+    LogEvent(absl::StrCat("job ", job.id(), " ", what, " stopped: ", status.ToString()));
+  } else if (why.has_value() && why->reason == reason::kScalerAtMinScale) {
+    LogEvent(absl::StrCat("job ", job.id(), " failed at step ", sequence, ": ", status.message()));
+  } else if (status.code() != absl::StatusCode::kInvalidArgument &&
+             status.code() != absl::StatusCode::kFailedPrecondition &&
+             status.code() != absl::StatusCode::kNotFound) {
+    // Refusals of what the client sent are the client's to read, not the log's.
+    LogEvent(absl::StrCat("job ", job.id(), " ", what, " failed: ", status.ToString()));
+  }
+}
+
 void JobRegistry::Step(const std::string& owner, const std::string& job_id, int64_t sequence,
                        StepInput input, std::function<void(absl::StatusOr<StepReport>)> done,
                        CallToken call) {
@@ -306,21 +323,7 @@ void JobRegistry::Step(const std::string& owner, const std::string& job_id, int6
       return;
     }
     absl::StatusOr<StepReport> report = job->Step(sequence, std::move(*shared_input), call);
-    const std::optional<ErrorReason> why = GetErrorReason(report.status());
-    if (report.ok()) {
-      ReportMemory();
-    } else if (StoppedByCaller(report.status())) {
-      LogEvent(absl::StrCat("job ", job->id(), " step ", sequence,
-                            " stopped: ", report.status().ToString()));
-    } else if (why.has_value() && why->reason == reason::kScalerAtMinScale) {
-      LogEvent(absl::StrCat("job ", job->id(), " failed at step ", sequence, ": ",
-                            report.status().message()));
-    } else if (report.status().code() != absl::StatusCode::kInvalidArgument &&
-               report.status().code() != absl::StatusCode::kFailedPrecondition &&
-               report.status().code() != absl::StatusCode::kNotFound) {
-      LogEvent(absl::StrCat("job ", job->id(), " step ", sequence,
-                            " failed: ", report.status().ToString()));
-    }
+    AfterUpdateCall(*job, absl::StrCat("step ", sequence), sequence, report.status());
     done(std::move(report));
   });
 }
@@ -348,17 +351,8 @@ void JobRegistry::ForwardBackward(const std::string& owner, const std::string& j
     }
     absl::StatusOr<ForwardBackwardReport> report =
         job->ForwardBackward(sequence, index, *shared_input, call);
-    if (report.ok()) {
-      ReportMemory();
-    } else if (StoppedByCaller(report.status())) {
-      LogEvent(absl::StrCat("job ", job->id(), " forward_backward ", sequence, ".", index,
-                            " stopped: ", report.status().ToString()));
-    } else if (report.status().code() != absl::StatusCode::kInvalidArgument &&
-               report.status().code() != absl::StatusCode::kFailedPrecondition &&
-               report.status().code() != absl::StatusCode::kNotFound) {
-      LogEvent(absl::StrCat("job ", job->id(), " forward_backward ", sequence, ".", index,
-                            " failed: ", report.status().ToString()));
-    }
+    AfterUpdateCall(*job, absl::StrCat("forward_backward ", sequence, ".", index), sequence,
+                    report.status());
     done(std::move(report));
   });
 }
@@ -375,18 +369,7 @@ void JobRegistry::OptimStep(const std::string& owner, const std::string& job_id,
   std::shared_ptr<Job> job = *std::move(found);
   job->Post([this, job, sequence, input, done = std::move(done)] {
     absl::StatusOr<StepReport> report = job->OptimStep(sequence, input);
-    const std::optional<ErrorReason> why = GetErrorReason(report.status());
-    if (report.ok()) {
-      ReportMemory();
-    } else if (why.has_value() && why->reason == reason::kScalerAtMinScale) {
-      LogEvent(absl::StrCat("job ", job->id(), " failed at step ", sequence, ": ",
-                            report.status().message()));
-    } else if (report.status().code() != absl::StatusCode::kInvalidArgument &&
-               report.status().code() != absl::StatusCode::kFailedPrecondition &&
-               report.status().code() != absl::StatusCode::kNotFound) {
-      LogEvent(absl::StrCat("job ", job->id(), " optim_step ", sequence,
-                            " failed: ", report.status().ToString()));
-    }
+    AfterUpdateCall(*job, absl::StrCat("optim_step ", sequence), sequence, report.status());
     done(std::move(report));
   });
 }

@@ -228,6 +228,12 @@ class JobRegistry {
   absl::StatusOr<std::shared_ptr<Job>> AcceptWork(const absl::Status& input_check,
                                                   const std::string& owner,
                                                   const std::string& job_id) const;
+  // After a Step, ForwardBackward or OptimStep (`what`, e.g. "step 3") on
+  // the job's strand: the memory report when it ran, else a log line for a
+  // call stopped by its caller, a job failed at its minimum scale, or an
+  // error that is not a refusal of the request.
+  void AfterUpdateCall(const Job& job, absl::string_view what, int64_t sequence,
+                       const absl::Status& status);
   // The server-wide limits, then `owner`'s quota.
   absl::Status CheckAdmission(const std::string& owner, const JobConfig& config) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
