@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 import ampd  # noqa: E402
 from test_hf_transformers import (ampd_logprobs, assert_close, batch, hf_logprobs_and_loss,  # noqa: E402,E501
-                                  load_hf, make_folder)
+                                  load_hf, make_folder, train_both)
 
 FAMILY = "llama3"
 LR, WEIGHT_DECAY = 1e-3, 0.01
@@ -81,15 +81,7 @@ def test_lora_trains_as_peft_and_goes_back_to_it(server, tmp_path, which):
         adapted.train()
         trainable = [p for p in adapted.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(trainable, lr=LR, weight_decay=WEIGHT_DECAY)
-        ours, theirs = [], []
-        for step in range(5):
-            ids, targets = batch(FAMILY, step)
-            ours.append(job.step(ids, targets).loss)
-            opt.zero_grad()
-            _, loss = hf_logprobs_and_loss(adapted, ids, targets, grad=True)
-            loss.backward()
-            opt.step()
-            theirs.append(loss.item())
+        ours, theirs = train_both(job, adapted, opt, FAMILY, 5)
         assert_close("%s 5-step losses" % which, ours, theirs)
         assert theirs[-1] < theirs[0]
         ours_adapter = job.state_dict("adapter")

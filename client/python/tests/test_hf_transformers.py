@@ -145,6 +145,21 @@ def assert_close(what, ours, theirs, rtol=RTOL, atol=0.0):
     np.testing.assert_allclose(ours, theirs, rtol=rtol, atol=atol, err_msg=what)
 
 
+def train_both(job, model, opt, family, steps):
+    """`steps` steps of the same batches in ampd (job.step) and in PyTorch
+    (model, opt): the two loss curves."""
+    ours, theirs = [], []
+    for step in range(steps):
+        ids, targets = batch(family, step)
+        ours.append(job.step(ids, targets).loss)
+        opt.zero_grad()
+        _, loss = hf_logprobs_and_loss(model, ids, targets, grad=True)
+        loss.backward()
+        opt.step()
+        theirs.append(loss.item())
+    return ours, theirs
+
+
 def create(client, directory, **kwargs):
     return client.create_job(model=ampd.from_pretrained(directory), precision="fp32",
                              optimizer=ampd.AdamW(lr=LR, weight_decay=WEIGHT_DECAY), **kwargs)
@@ -212,15 +227,7 @@ def test_ten_adamw_steps_equal_transformers(server, tmp_path, family):
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
     with ampd.Client(server.address) as client:
         job = create(client, str(tmp_path / "hf"))
-        ours, theirs = [], []
-        for step in range(10):
-            ids, targets = batch(family, step)
-            ours.append(job.step(ids, targets).loss)
-            opt.zero_grad()
-            _, loss = hf_logprobs_and_loss(model, ids, targets, grad=True)
-            loss.backward()
-            opt.step()
-            theirs.append(loss.item())
+        ours, theirs = train_both(job, model, opt, family, 10)
         assert_close("%s 10-step losses" % family, ours, theirs)
         assert theirs[-1] < theirs[0]  # it moved, so equal curves say something
         # The weights: Adam moves an element by about lr a step whatever its
