@@ -151,6 +151,7 @@ void JobRegistry::RestoreInParallel(const std::vector<std::shared_ptr<Job>>& job
         return job->Restore(options_.device, state);
       }();
       if (s.ok()) {
+        job->RestoreSamplerSnapshots();
         LogEvent(absl::StrCat("job ", job->id(), " restored at step ", job->Snapshot().step));
       } else {
         // Never dropped: listed as failed with the reason, its file kept.
