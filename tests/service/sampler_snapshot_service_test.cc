@@ -36,7 +36,9 @@ google::rpc::ErrorInfo InfoOf(const grpc::Status& status) {
   google::rpc::Status details;
   google::rpc::ErrorInfo info;
   EXPECT_TRUE(details.ParseFromString(status.error_details())) << status.error_message();
-  if (details.details_size() == 1) EXPECT_TRUE(details.details(0).UnpackTo(&info));
+  if (details.details_size() == 1) {
+    EXPECT_TRUE(details.details(0).UnpackTo(&info));
+  }
   return info;
 }
 
