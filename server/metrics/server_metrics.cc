@@ -539,8 +539,7 @@ void ServerMetrics::OnAccumulated(const std::string& job_id, int64_t pending) {
   series->accumulated_pending->Set(static_cast<double>(pending));
 }
 
-void ServerMetrics::OnSamplerSnapshots(const std::string& job_id, int64_t count,
-                                       int64_t bytes) {
+void ServerMetrics::OnSamplerSnapshots(const std::string& job_id, int64_t count, int64_t bytes) {
   // As in OnEvaluate, 1 stands for the scale until the job's first step.
   std::shared_ptr<JobSeries> series = FindOrCreateJob(job_id, "", 1.0f);
   absl::MutexLock lock(&series->mu);

@@ -118,9 +118,9 @@ class TrainerService final : public v1::Trainer::CallbackService {
   grpc::ServerUnaryReactor* SaveSamplerSnapshot(grpc::CallbackServerContext* context,
                                                 const v1::SaveSamplerSnapshotRequest* request,
                                                 v1::SaveSamplerSnapshotResponse* response) override;
-  grpc::ServerUnaryReactor* ListSamplerSnapshots(grpc::CallbackServerContext* context,
-                                                 const v1::ListSamplerSnapshotsRequest* request,
-                                                 v1::ListSamplerSnapshotsResponse* response) override;
+  grpc::ServerUnaryReactor* ListSamplerSnapshots(
+      grpc::CallbackServerContext* context, const v1::ListSamplerSnapshotsRequest* request,
+      v1::ListSamplerSnapshotsResponse* response) override;
   grpc::ServerUnaryReactor* DeleteSamplerSnapshot(
       grpc::CallbackServerContext* context, const v1::DeleteSamplerSnapshotRequest* request,
       v1::DeleteSamplerSnapshotResponse* response) override;

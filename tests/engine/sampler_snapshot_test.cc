@@ -214,11 +214,11 @@ TEST_P(SamplerSnapshot, SamplesTheTrainingForwardOfItsStepWhileTheJobTrainsOn) {
     const bool lora = c.config.model.decoder.has_value() && c.config.model.decoder->lora;
     for (const codec::NamedTensor& t : host->tensors) {
       expected += static_cast<int64_t>(t.tensor.data.size());
-      EXPECT_EQ(t.tensor.dtype, c.config.precision == model::Precision::kFp32
-                                    ? kernels::DType::kF32
-                                    : (c.config.precision == model::Precision::kFp16
-                                           ? kernels::DType::kF16
-                                           : kernels::DType::kBF16))
+      EXPECT_EQ(t.tensor.dtype,
+                c.config.precision == model::Precision::kFp32
+                    ? kernels::DType::kF32
+                    : (c.config.precision == model::Precision::kFp16 ? kernels::DType::kF16
+                                                                     : kernels::DType::kBF16))
           << t.name;
       if (lora) {
         EXPECT_NE(t.name.find("lora_"), std::string::npos) << t.name;

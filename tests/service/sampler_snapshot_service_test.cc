@@ -175,7 +175,8 @@ class SamplerSnapshotServiceTest : public ::testing::Test {
     request.set_max_tokens(5);
     request.set_seed(13);
     request.set_snapshot(snapshot);
-    return Call([&](grpc::ClientContext* c) { return client_->stub().Sample(c, request, response); });
+    return Call(
+        [&](grpc::ClientContext* c) { return client_->stub().Sample(c, request, response); });
   }
   static std::vector<std::vector<int64_t>> Prompts() { return {{3, 1, 4}, {7}, {2, 7, 1, 8}}; }
 
@@ -247,8 +248,8 @@ TEST_F(SamplerSnapshotServiceTest, ASnapshotSamplesItsStepWhileTrainingGoesOnAnd
     }
   }
   v1::StepResponse rl_response;
-  const grpc::Status rl_status = Call(
-      [&](grpc::ClientContext* c) { return client_->stub().Step(c, rl, &rl_response); });
+  const grpc::Status rl_status =
+      Call([&](grpc::ClientContext* c) { return client_->stub().Step(c, rl, &rl_response); });
   ASSERT_TRUE(rl_status.ok()) << rl_status.error_message();
   ASSERT_TRUE(rl_response.has_logprob_mismatch());
   EXPECT_EQ(rl_response.logprob_mismatch(), 0.0f);

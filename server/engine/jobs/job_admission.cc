@@ -201,16 +201,15 @@ absl::Status JobRegistry::TryAdmitSnapshot(Job& job, int64_t bytes) {
   // is held beside it.
   if (options_.max_memory_bytes > 0 &&
       SaturatingAdd(MemoryHeld(nullptr), bytes) > options_.max_memory_bytes) {
-    return WithReason(
-        absl::ResourceExhaustedError(absl::StrCat(
-            "snapshot: a sampler snapshot of this job needs ", bytes,
-            " bytes (its trainable weights), more than --max-memory-bytes=",
-            options_.max_memory_bytes, " leaves free now; your jobs hold ",
-            MemoryHeld(nullptr, &job.owner()), " of it; delete a snapshot first")),
-        reason::kMemoryLimit,
-        {{"field", "snapshot"},
-         {"limit_bytes", absl::StrCat(options_.max_memory_bytes)},
-         {"requested_bytes", absl::StrCat(bytes)}});
+    return WithReason(absl::ResourceExhaustedError(absl::StrCat(
+                          "snapshot: a sampler snapshot of this job needs ", bytes,
+                          " bytes (its trainable weights), more than --max-memory-bytes=",
+                          options_.max_memory_bytes, " leaves free now; your jobs hold ",
+                          MemoryHeld(nullptr, &job.owner()), " of it; delete a snapshot first")),
+                      reason::kMemoryLimit,
+                      {{"field", "snapshot"},
+                       {"limit_bytes", absl::StrCat(options_.max_memory_bytes)},
+                       {"requested_bytes", absl::StrCat(bytes)}});
   }
   if (const TenantQuota* quota = QuotaOf(job.owner());
       quota != nullptr && quota->max_memory_bytes > 0) {

@@ -475,8 +475,8 @@ void JobRegistry::SaveSamplerSnapshot(
                saved.status().code() != absl::StatusCode::kAlreadyExists &&
                saved.status().code() != absl::StatusCode::kNotFound &&
                saved.status().code() != absl::StatusCode::kFailedPrecondition) {
-      LogEvent(absl::StrCat("job ", job->id(), " sampler snapshot failed: ",
-                            saved.status().ToString()));
+      LogEvent(
+          absl::StrCat("job ", job->id(), " sampler snapshot failed: ", saved.status().ToString()));
     }
     done(std::move(saved));
   });

@@ -39,10 +39,9 @@ absl::StatusOr<SamplerWeights*> Job::FindSnapshot(absl::string_view field,
 absl::StatusOr<const checkpoint::StateDirectory*> Job::SnapshotDirectory() {
   if (context_->state_dir == nullptr) return nullptr;
   if (snapshot_dir_ == nullptr) {
-    AMPD_ASSIGN_OR_RETURN(
-        checkpoint::StateDirectory dir,
-        checkpoint::StateDirectory::Open(
-            absl::StrCat(context_->state_dir->path(), "/snapshots/", id_)));
+    AMPD_ASSIGN_OR_RETURN(checkpoint::StateDirectory dir,
+                          checkpoint::StateDirectory::Open(
+                              absl::StrCat(context_->state_dir->path(), "/snapshots/", id_)));
     snapshot_dir_ = std::make_unique<checkpoint::StateDirectory>(std::move(dir));
   }
   return snapshot_dir_.get();
@@ -91,19 +90,19 @@ absl::StatusOr<SamplerSnapshotInfo> Job::SaveSamplerSnapshot(const std::string& 
   }
   if (same_weights(chosen)) return snapshots_.at(chosen).info;
   if (snapshots_.contains(chosen)) {
-    return WithReason(
-        absl::AlreadyExistsError(absl::StrCat(
-            "snapshot: the job holds a sampler snapshot '", chosen,
-            "' of other weights (taken at step ", snapshots_.at(chosen).info.step,
-            "); delete it first or choose another name")),
-        reason::kSnapshotExists, {{"field", "snapshot"}, {"snapshot", chosen}});
+    return WithReason(absl::AlreadyExistsError(absl::StrCat(
+                          "snapshot: the job holds a sampler snapshot '", chosen,
+                          "' of other weights (taken at step ", snapshots_.at(chosen).info.step,
+                          "); delete it first or choose another name")),
+                      reason::kSnapshotExists, {{"field", "snapshot"}, {"snapshot", chosen}});
   }
   if (static_cast<int64_t>(snapshots_.size()) >= kMaxSamplerSnapshots) {
-    return WithReason(absl::ResourceExhaustedError(absl::StrCat(
-                          "snapshot: the job holds ", snapshots_.size(),
-                          " sampler snapshots, the most a job may; delete one first")),
-                      reason::kSnapshotLimit,
-                      {{"field", "snapshot"}, {"max_snapshots", absl::StrCat(kMaxSamplerSnapshots)}});
+    return WithReason(
+        absl::ResourceExhaustedError(
+            absl::StrCat("snapshot: the job holds ", snapshots_.size(),
+                         " sampler snapshots, the most a job may; delete one first")),
+        reason::kSnapshotLimit,
+        {{"field", "snapshot"}, {"max_snapshots", absl::StrCat(kMaxSamplerSnapshots)}});
   }
   const int64_t bytes = trainer_->sampler_weights_bytes();
   AMPD_RETURN_IF_ERROR(AdmitSnapshot(bytes));

@@ -29,10 +29,9 @@ absl::Status CheckSnapshotName(absl::string_view field, absl::string_view name) 
            c == '-';
   });
   if (name.empty() || name.size() > kMaxSnapshotNameBytes || !safe) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": a snapshot name is 1 to ",
-                                                   kMaxSnapshotNameBytes,
-                                                   " bytes of [A-Za-z0-9_-], got \"",
-                                                   name.substr(0, kMaxSnapshotNameBytes), "\""));
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": a snapshot name is 1 to ", kMaxSnapshotNameBytes,
+        " bytes of [A-Za-z0-9_-], got \"", name.substr(0, kMaxSnapshotNameBytes), "\""));
   }
   return absl::OkStatus();
 }
@@ -41,8 +40,8 @@ int64_t Trainer::sampler_weights_bytes() const {
   const model::Network& net = *impl_->model;
   int64_t bytes = 0;
   for (const int i : net.trainable()) {
-    bytes = SaturatingAdd(bytes,
-                          static_cast<int64_t>(net.params()[static_cast<size_t>(i)].value().nbytes()));
+    bytes = SaturatingAdd(
+        bytes, static_cast<int64_t>(net.params()[static_cast<size_t>(i)].value().nbytes()));
   }
   return bytes;
 }
@@ -133,9 +132,9 @@ absl::StatusOr<SamplerWeights> Trainer::LoadSamplerWeights(const checkpoint::Sta
     const HostTensor& h = *it->second;
     const Tensor& value = p.value();
     if (h.dtype != value.dtype() || h.shape != value.shape() || h.data.size() != value.nbytes()) {
-      return absl::DataLossError(
-          absl::StrCat(p.name, ": the snapshot's tensor (", kernels::DTypeName(h.dtype), ", ",
-                       h.data.size(), " bytes) is not the model's ", value.DebugString()));
+      return absl::DataLossError(absl::StrCat(p.name, ": the snapshot's tensor (",
+                                              kernels::DTypeName(h.dtype), ", ", h.data.size(),
+                                              " bytes) is not the model's ", value.DebugString()));
     }
     AMPD_ASSIGN_OR_RETURN(Tensor copy, m.backend->Allocate(value.dtype(), value.shape()));
     AMPD_RETURN_IF_ERROR(m.backend->CopyFromHost(h.data.data(), h.data.size(), copy));
