@@ -151,7 +151,6 @@ void JobRegistry::RestoreInParallel(const std::vector<std::shared_ptr<Job>>& job
         return job->Restore(options_.device, state);
       }();
       if (s.ok()) {
-        job->RestoreSamplerSnapshots();
         LogEvent(absl::StrCat("job ", job->id(), " restored at step ", job->Snapshot().step));
       } else {
         // Never dropped: listed as failed with the reason, its file kept.
@@ -162,6 +161,8 @@ void JobRegistry::RestoreInParallel(const std::vector<std::shared_ptr<Job>>& job
       if (options_.observer != nullptr) {
         options_.observer->OnJobCreated(job->id(), job->owner(), job->Snapshot().config);
       }
+      // After the job is announced, so that their gauges carry its labels.
+      if (s.ok()) job->RestoreSamplerSnapshots();
       pending.DecrementCount();
     });
   }
