@@ -191,7 +191,10 @@ absl::StatusOr<WorkspaceReservation> JobRegistry::TryAdmitStep(Job& job, int64_t
 
 absl::Status JobRegistry::AdmitSnapshot(Job& job, int64_t bytes) {
   absl::Status admitted = TryAdmitSnapshot(job, bytes);
-  if (!admitted.ok() && ReleaseIdleWorkspaces(&job) > 0) admitted = TryAdmitSnapshot(job, bytes);
+  // The job's own cached workspace too: a save runs outside its steps.
+  if (!admitted.ok() && ReleaseIdleWorkspaces(nullptr) > 0) {
+    admitted = TryAdmitSnapshot(job, bytes);
+  }
   return admitted;
 }
 

@@ -269,7 +269,8 @@ class JobRegistry {
   absl::StatusOr<WorkspaceReservation> TryAdmitStep(Job& job, int64_t workspace_bytes);
   // JobContext::admit_snapshot: a sampler snapshot's bytes against the same
   // limits, counted for the job (Job::HoldSnapshotBytes) under mu_ when
-  // admitted; idle jobs' cached workspaces are given up once when refused.
+  // admitted; idle jobs' cached workspaces (the saving job's own too) are
+  // given up once when refused.
   absl::Status AdmitSnapshot(Job& job, int64_t bytes);
   absl::Status TryAdmitSnapshot(Job& job, int64_t bytes);
   // Memory pressure (JobContext::release_idle_workspaces): every job but
