@@ -207,9 +207,21 @@ def test_a_persisted_snapshot_survives_sigkill_with_its_bits(start_ampd, workdir
         assert [(seq, bits(lp)) for seq, lp in after] == [(seq, bits(lp)) for seq, lp in before]
         job.delete_sampler_snapshot("drop")
     server.kill()
+    # The file's format version and its job's config digest are checked:
+    # a file of another version is left on disk, not restored.
+    files = os.path.join(workdir, "state", "snapshots", job_id)
+    assert sorted(os.listdir(files)) == ["keep.safetensors"]
+    keep = ampd.safetensors.load_file(os.path.join(files, "keep.safetensors"))
+    assert keep.metadata["ampd.sampler_snapshot"] == "1"
+    assert keep.metadata["ampd.snapshot_step"] == "3"
+    assert all("lora_" in name for name in keep)  # a LoRA job's adapters alone
+    other = keep.copy()
+    other.metadata["ampd.sampler_snapshot"] = "2"
+    ampd.safetensors.save_file(other, os.path.join(files, "other.safetensors"))
     server.restart()
     with ampd.Client(server.address) as client:
         assert [s.name for s in client.job(job_id).sampler_snapshots()] == ["keep"]
+        server.wait_for_log("sampler snapshot other not restored")
         client.job(job_id).delete()
     assert not os.listdir(os.path.join(workdir, "state", "snapshots"))
 
