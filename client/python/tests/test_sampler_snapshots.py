@@ -246,3 +246,32 @@ def test_another_tenant_can_neither_see_nor_use_a_jobs_snapshots(start_ampd, wor
                 call()
         assert [s.name for s in job.sampler_snapshots()] == ["mine"]
         job.sample(PROMPTS, snapshot="mine")
+
+
+def test_a_snapshot_counts_against_its_tenants_memory_quota(start_ampd, workdir):
+    tenants = os.path.join(workdir, "tenants")
+    digest = hashlib.sha256(b"alice-secret").hexdigest()
+
+    def write_tenants(quota=""):
+        with open(tenants, "w", encoding="utf-8") as f:
+            f.write("alice %s %s\n" % (digest, quota))
+
+    write_tenants()
+    state = "--state-dir=" + os.path.join(workdir, "state")
+    server = start_ampd("--auth-tokens=" + tenants, state)
+    with ampd.Client(server.address, token="alice-secret") as alice:
+        job = alice.create_job(model=MODELS["lora"], precision="fp16", seed=3,
+                               batch_invariant=True)
+        job.save_sampler_snapshot("a")
+        [a] = job.sampler_snapshots()
+    server.stop()
+    write_tenants("max_memory_bytes=%d" % (job.estimated_bytes + a.bytes + a.bytes // 2))
+    server = start_ampd("--auth-tokens=" + tenants, state)
+    with ampd.Client(server.address, token="alice-secret") as alice:
+        job = alice.job(job.job_id)
+        with pytest.raises(ampd.MemoryLimit) as refused:
+            job.save_sampler_snapshot("b")
+        assert refused.value.metadata["tenant"] == "alice"
+        assert refused.value.metadata["field"] == "snapshot"
+        job.delete_sampler_snapshot("a")
+        job.save_sampler_snapshot("b")
