@@ -48,6 +48,12 @@ inline constexpr char kPeerUnavailable[] = "PEER_UNAVAILABLE";
 // sent): metadata group.
 inline constexpr char kReplicasDiffer[] = "REPLICAS_DIFFER";
 inline constexpr char kUnauthenticated[] = "UNAUTHENTICATED";  // no or an unknown token
+// Sampler snapshots: a name the job does not hold (NOT_FOUND), a name it
+// holds for other weights (ALREADY_EXISTS), the job's count at its limit
+// (RESOURCE_EXHAUSTED, max_snapshots). Metadata field and snapshot.
+inline constexpr char kSnapshotNotFound[] = "SNAPSHOT_NOT_FOUND";
+inline constexpr char kSnapshotExists[] = "SNAPSHOT_EXISTS";
+inline constexpr char kSnapshotLimit[] = "SNAPSHOT_LIMIT";
 }  // namespace reason
 
 // The domain every ampd ErrorInfo carries.

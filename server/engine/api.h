@@ -351,6 +351,9 @@ struct SampleInput {
   float top_p = 1.0f;
   std::vector<int64_t> stop_token_ids{};
   uint64_t seed = 0;
+  // Empty: the job's current weights; else the sampler snapshot of this
+  // name (SaveSamplerSnapshot), whatever the job trained since.
+  std::string snapshot{};
 };
 
 // The Philox key and stream of completion j of prompt i: (its own seed, j)
@@ -391,6 +394,30 @@ struct SampleReport {
   int64_t tokens = 0;  // sampled tokens over all completions
   double seconds = 0;  // wall time on the job's worker
 };
+
+// ---- sampler snapshots ------------------------------------------------------------
+
+// A named, immutable copy of the weights Sample reads (Tinker's
+// save_weights_for_sampler): every trainable parameter's working copy (a
+// LoRA job's adapters alone: its frozen base is the job's own, shared), on
+// the job's device. Sample with SampleInput::snapshot reads it while the
+// job trains on; on a batch_invariant job its log-probs are, bit for bit,
+// those the training forward computed at the step it was taken.
+struct SamplerSnapshotInfo {
+  std::string name;
+  int64_t step = 0;           // the job's Step count (sequence) when it was taken
+  int64_t applied_steps = 0;  // optimizer updates applied by then
+  int64_t bytes = 0;          // device bytes it holds
+};
+
+// The most snapshots one job holds; SaveSamplerSnapshot beyond it is
+// RESOURCE_EXHAUSTED (SNAPSHOT_LIMIT) until one is deleted.
+inline constexpr int64_t kMaxSamplerSnapshots = 32;
+inline constexpr size_t kMaxSnapshotNameBytes = 64;
+
+// A snapshot's name: 1 to 64 bytes of [A-Za-z0-9_-] (it names a file
+// beside the job's checkpoint). InvalidArgument naming `field`.
+absl::Status CheckSnapshotName(absl::string_view field, absl::string_view name);
 
 // StepReport::grad_histogram's bins (common/grad_histogram.h, where the
 // kernels that count them read them too).

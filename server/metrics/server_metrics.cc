@@ -118,6 +118,9 @@ struct ServerMetrics::JobSeries {
   Gauge* eval_loss ABSL_GUARDED_BY(mu) = nullptr;  // created on the first evaluation
   // ForwardBackward calls accumulated and not applied; created on the first.
   Gauge* accumulated_pending ABSL_GUARDED_BY(mu) = nullptr;
+  // Sampler snapshots held and their bytes; created on the first save.
+  Gauge* sampler_snapshots ABSL_GUARDED_BY(mu) = nullptr;
+  Gauge* sampler_snapshot_bytes ABSL_GUARDED_BY(mu) = nullptr;
   Counter* sampled_tokens = nullptr;
   Counter* sampled_sequences = nullptr;
   Histogram* sample_seconds = nullptr;
@@ -254,6 +257,18 @@ ServerMetrics::ServerMetrics(const MetricsOptions& options)
               .Name("ampd_accumulated_calls_pending")
               .Help("ForwardBackward calls the job holds accumulated and not yet applied by an "
                     "OptimStep (lost on a restart); absent until the job's first call.")
+              .Register(*registry_)),
+      sampler_snapshots_(BuildGauge()
+                             .Name("ampd_sampler_snapshots")
+                             .Help("Sampler snapshots the job holds (SaveSamplerSnapshot); absent "
+                                   "until its first.")
+                             .Register(*registry_)),
+      sampler_snapshot_bytes_(
+          BuildGauge()
+              .Name("ampd_sampler_snapshot_bytes")
+              .Help("Device bytes of the sampler snapshots the job holds (its trainable "
+                    "weights' working copies, a LoRA job's adapters alone); absent until its "
+                    "first.")
               .Register(*registry_)),
       group_formations_(
           BuildCounter()
@@ -524,6 +539,19 @@ void ServerMetrics::OnAccumulated(const std::string& job_id, int64_t pending) {
   series->accumulated_pending->Set(static_cast<double>(pending));
 }
 
+void ServerMetrics::OnSamplerSnapshots(const std::string& job_id, int64_t count, int64_t bytes) {
+  // As in OnEvaluate, 1 stands for the scale until the job's first step.
+  std::shared_ptr<JobSeries> series = FindOrCreateJob(job_id, "", 1.0f);
+  absl::MutexLock lock(&series->mu);
+  if (series->removed) return;
+  if (series->sampler_snapshots == nullptr) {
+    series->sampler_snapshots = &sampler_snapshots_.Add(series->labels);
+    series->sampler_snapshot_bytes = &sampler_snapshot_bytes_.Add(series->labels);
+  }
+  series->sampler_snapshots->Set(static_cast<double>(count));
+  series->sampler_snapshot_bytes->Set(static_cast<double>(bytes));
+}
+
 void ServerMetrics::OnGroupFormed(const std::string& job_id,
                                   const engine::GroupFormation& formation) {
   // As in OnEvaluate, 1 stands for the scale until the job's first step.
@@ -562,6 +590,10 @@ void ServerMetrics::RemoveSeries(JobSeries& series) {
   if (series.eval_loss != nullptr) eval_loss_.Remove(series.eval_loss);
   if (series.accumulated_pending != nullptr) {
     accumulated_pending_.Remove(series.accumulated_pending);
+  }
+  if (series.sampler_snapshots != nullptr) {
+    sampler_snapshots_.Remove(series.sampler_snapshots);
+    sampler_snapshot_bytes_.Remove(series.sampler_snapshot_bytes);
   }
   if (series.distributed) {
     for (Histogram* h : series.distributed_phase_seconds) step_duration_.Remove(h);

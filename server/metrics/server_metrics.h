@@ -85,6 +85,9 @@ class ServerMetrics final : public engine::JobObserver {
   // Sets ampd_accumulated_calls_pending; like OnStep, creates the series of
   // a job not announced.
   void OnAccumulated(const std::string& job_id, int64_t pending) override;
+  // Sets ampd_sampler_snapshots and ampd_sampler_snapshot_bytes; like
+  // OnStep, creates the series of a job not announced.
+  void OnSamplerSnapshots(const std::string& job_id, int64_t count, int64_t bytes) override;
   // Counts the formation by copied_state. A job not announced gets its
   // series here (as in OnEvaluate), with the distributed phases but without
   // rank and world size, which only its config carries.
@@ -140,6 +143,8 @@ class ServerMetrics final : public engine::JobObserver {
   prometheus::Family<prometheus::Histogram>& sample_duration_;
   prometheus::Family<prometheus::Gauge>& eval_loss_;
   prometheus::Family<prometheus::Gauge>& accumulated_pending_;
+  prometheus::Family<prometheus::Gauge>& sampler_snapshots_;
+  prometheus::Family<prometheus::Gauge>& sampler_snapshot_bytes_;
   prometheus::Family<prometheus::Counter>& group_formations_;
   prometheus::Family<prometheus::Gauge>& distributed_rank_;
   prometheus::Family<prometheus::Gauge>& distributed_world_size_;

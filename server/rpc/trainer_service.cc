@@ -590,6 +590,75 @@ grpc::ServerUnaryReactor* TrainerService::Sample(grpc::CallbackServerContext* co
   return reactor;
 }
 
+grpc::ServerUnaryReactor* TrainerService::SaveSamplerSnapshot(
+    grpc::CallbackServerContext* context, const v1::SaveSamplerSnapshotRequest* request,
+    v1::SaveSamplerSnapshotResponse* response) {
+  const absl::Time start = absl::Now();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::StatusOr<std::string> tenant = Authenticate(*context);
+  if (!tenant.ok()) {
+    FinishUnary(reactor, "SaveSamplerSnapshot", start, tenant.status());
+    return reactor;
+  }
+  if (absl::Status s = CheckLength("job_id", request->job_id()); !s.ok()) {
+    FinishUnary(reactor, "SaveSamplerSnapshot", start, s);
+    return reactor;
+  }
+  registry_->SaveSamplerSnapshot(
+      *tenant, request->job_id(), request->snapshot(),
+      [this, reactor, response, start](absl::StatusOr<engine::SamplerSnapshotInfo> saved) {
+        if (saved.ok()) *response->mutable_snapshot() = SamplerSnapshotToProto(*saved);
+        FinishUnary(reactor, "SaveSamplerSnapshot", start, saved.status());
+      });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* TrainerService::ListSamplerSnapshots(
+    grpc::CallbackServerContext* context, const v1::ListSamplerSnapshotsRequest* request,
+    v1::ListSamplerSnapshotsResponse* response) {
+  const absl::Time start = absl::Now();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::StatusOr<std::string> tenant = Authenticate(*context);
+  if (!tenant.ok()) {
+    FinishUnary(reactor, "ListSamplerSnapshots", start, tenant.status());
+    return reactor;
+  }
+  if (absl::Status s = CheckLength("job_id", request->job_id()); !s.ok()) {
+    FinishUnary(reactor, "ListSamplerSnapshots", start, s);
+    return reactor;
+  }
+  absl::StatusOr<std::vector<engine::SamplerSnapshotInfo>> listed =
+      registry_->ListSamplerSnapshots(*tenant, request->job_id());
+  if (listed.ok()) {
+    for (const engine::SamplerSnapshotInfo& info : *listed) {
+      *response->add_snapshots() = SamplerSnapshotToProto(info);
+    }
+  }
+  FinishUnary(reactor, "ListSamplerSnapshots", start, listed.status());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* TrainerService::DeleteSamplerSnapshot(
+    grpc::CallbackServerContext* context, const v1::DeleteSamplerSnapshotRequest* request,
+    v1::DeleteSamplerSnapshotResponse* /*response*/) {
+  const absl::Time start = absl::Now();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::StatusOr<std::string> tenant = Authenticate(*context);
+  if (!tenant.ok()) {
+    FinishUnary(reactor, "DeleteSamplerSnapshot", start, tenant.status());
+    return reactor;
+  }
+  if (absl::Status s = CheckLength("job_id", request->job_id()); !s.ok()) {
+    FinishUnary(reactor, "DeleteSamplerSnapshot", start, s);
+    return reactor;
+  }
+  registry_->DeleteSamplerSnapshot(*tenant, request->job_id(), request->snapshot(),
+                                   [this, reactor, start](absl::Status s) {
+                                     FinishUnary(reactor, "DeleteSamplerSnapshot", start, s);
+                                   });
+  return reactor;
+}
+
 grpc::ServerWriteReactor<v1::StateDictChunk>* TrainerService::GetStateDict(
     grpc::CallbackServerContext* context, const v1::GetStateDictRequest* request) {
   absl::StatusOr<std::string> tenant = Authenticate(*context);

@@ -115,6 +115,15 @@ class TrainerService final : public v1::Trainer::CallbackService {
   grpc::ServerUnaryReactor* Sample(grpc::CallbackServerContext* context,
                                    const v1::SampleRequest* request,
                                    v1::SampleResponse* response) override;
+  grpc::ServerUnaryReactor* SaveSamplerSnapshot(grpc::CallbackServerContext* context,
+                                                const v1::SaveSamplerSnapshotRequest* request,
+                                                v1::SaveSamplerSnapshotResponse* response) override;
+  grpc::ServerUnaryReactor* ListSamplerSnapshots(
+      grpc::CallbackServerContext* context, const v1::ListSamplerSnapshotsRequest* request,
+      v1::ListSamplerSnapshotsResponse* response) override;
+  grpc::ServerUnaryReactor* DeleteSamplerSnapshot(
+      grpc::CallbackServerContext* context, const v1::DeleteSamplerSnapshotRequest* request,
+      v1::DeleteSamplerSnapshotResponse* response) override;
   grpc::ServerWriteReactor<v1::StateDictChunk>* GetStateDict(
       grpc::CallbackServerContext* context, const v1::GetStateDictRequest* request) override;
   grpc::ServerReadReactor<v1::LoadStateDictRequest>* LoadStateDict(

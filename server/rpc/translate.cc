@@ -595,7 +595,17 @@ absl::StatusOr<engine::SampleInput> SampleInputFromProto(const v1::SampleRequest
   }
   input.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
   input.seed = request.seed();
+  input.snapshot = request.snapshot();
   return input;
+}
+
+v1::SamplerSnapshot SamplerSnapshotToProto(const engine::SamplerSnapshotInfo& info) {
+  v1::SamplerSnapshot out;
+  out.set_name(info.name);
+  out.set_step(info.step);
+  out.set_applied_steps(info.applied_steps);
+  out.set_bytes(info.bytes);
+  return out;
 }
 
 void SampleReportToProto(const engine::SampleReport& report, v1::SampleResponse* response) {

@@ -51,6 +51,7 @@ void EvaluateReportToProto(const engine::EvaluateReport& report, v1::EvaluateRes
 // (engine::CheckSampleInput).
 absl::StatusOr<engine::SampleInput> SampleInputFromProto(const v1::SampleRequest& request);
 void SampleReportToProto(const engine::SampleReport& report, v1::SampleResponse* response);
+v1::SamplerSnapshot SamplerSnapshotToProto(const engine::SamplerSnapshotInfo& info);
 
 // GetStateDictRequest.view: InvalidArgument naming "view" for a value the
 // proto does not define.

@@ -423,6 +423,25 @@ TEST_F(ServerMetricsTest, AccumulatedCallsPendingFollowTheJobAndGoWithIt) {
   EXPECT_EQ(Scrape().find("ampd_accumulated_calls_pending{"), std::string::npos);
 }
 
+TEST_F(ServerMetricsTest, SamplerSnapshotsFollowTheJobAndGoWithIt) {
+  observer().OnJobCreated("job-a", "", Fp16Config());
+  // Absent until the job's first snapshot.
+  EXPECT_EQ(Scrape().find("ampd_sampler_snapshot"), std::string::npos);
+  observer().OnSamplerSnapshots("job-a", 1, 3584);
+  observer().OnSamplerSnapshots("job-a", 2, 7168);
+  EXPECT_EQ(Value(R"(ampd_sampler_snapshots{job="job-a"})"), 2);
+  EXPECT_EQ(Value(R"(ampd_sampler_snapshot_bytes{job="job-a"})"), 7168);
+  observer().OnSamplerSnapshots("job-a", 0, 0);  // deleted
+  EXPECT_EQ(Value(R"(ampd_sampler_snapshots{job="job-a"})"), 0);
+  EXPECT_EQ(Value(R"(ampd_sampler_snapshot_bytes{job="job-a"})"), 0);
+  // A restored job's snapshots come before it is announced.
+  observer().OnSamplerSnapshots("restored", 1, 64);
+  EXPECT_EQ(Value(R"(ampd_sampler_snapshots{job="restored"})"), 1);
+  observer().OnJobDeleted("job-a");
+  observer().OnJobDeleted("restored");
+  EXPECT_EQ(Scrape().find("ampd_sampler_snapshot"), std::string::npos);
+}
+
 TEST_F(ServerMetricsTest, StepOfAnUnannouncedJobCreatesItsSeries) {
   observer().OnStep("restored", OverflowStep(7, 6, 1024));
   EXPECT_EQ(Value(R"(ampd_loss_scale{job="restored"})"), 512);
@@ -604,6 +623,7 @@ TEST_F(ServerMetricsTest, PromtoolAcceptsTheExposition) {
   report.grad_histogram.assign(engine::kGradHistogramBins, 2);
   observer().OnStep("job-a", report);
   observer().OnStep("job-a", OverflowStep(2, 1, 65536));
+  observer().OnSamplerSnapshots("job-a", 2, 7168);
   observer().OnJobCreated("job-d", "team-a", DistributedConfig(0, 2));
   observer().OnGroupFormed("job-d", {.round = 0, .copied_state = false, .source_rank = 0});
   observer().OnStep("job-d", DistributedStep(1, 0.002, 0.001));

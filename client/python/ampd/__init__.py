@@ -28,14 +28,16 @@ The stubs (ampd.v1.trainer_pb2, trainer_pb2_grpc) are generated from
 proto/ampd/v1/trainer.proto when the package is built.
 """
 from ampd.client import (Client, Completion, EvaluateResult, ForwardBackwardResult, Job,
-                         StepResult, Timings, to_tensor)
+                         SamplerSnapshot, StepResult, Timings, to_tensor)
 from ampd.data_parallel import DataParallelJob
-from ampd.errors import (AccumulationLost, AccumulationPending, Aborted, AmpdError, CreateRetry, DataLoss, DeadlineExceeded,
+from ampd.errors import (AccumulationLost, AccumulationPending, Aborted, AlreadyExists, AmpdError,
+                         CreateRetry, DataLoss, DeadlineExceeded,
                          FailedPrecondition, Internal, InvalidArgument, InvalidField,
                          InvalidStateDict, JobFailed, JobLimit, JobNotFound, MemoryLimit,
                          NotFound, PermissionDenied, ResourceExhausted, ScalerAtMinScale,
-                         SequenceMismatch, ServerDraining, StepResponseLost, StepsLost,
-                         Unauthenticated, Unavailable)
+                         SequenceMismatch, ServerDraining, SnapshotExists, SnapshotLimit,
+                         SnapshotNotFound, StepResponseLost, StepsLost, Unauthenticated,
+                         Unavailable)
 from ampd.hf import from_pretrained
 from ampd.safetensors import StateDict
 from ampd.spec import (GELU, GPT, SGD, Adam, AdamW, Decoder, Embedding, LayerNorm, Linear, LoRA,
@@ -45,7 +47,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Client", "Job", "DataParallelJob", "StepResult", "ForwardBackwardResult", "EvaluateResult",
-    "Completion", "Timings",
+    "Completion", "SamplerSnapshot", "Timings",
     "StateDict", "to_tensor",
     "from_pretrained", "RopeScaling",
     "Model", "GPT", "Decoder", "LoRA", "Linear", "ReLU", "GELU", "Tanh", "LayerNorm", "Embedding",
@@ -55,5 +57,6 @@ __all__ = [
     "StepResponseLost", "JobFailed", "ScalerAtMinScale", "ResourceExhausted", "JobLimit",
     "MemoryLimit", "Aborted", "CreateRetry", "Unavailable", "ServerDraining",
     "DeadlineExceeded", "Unauthenticated", "PermissionDenied", "Internal", "DataLoss",
-    "AccumulationLost", "AccumulationPending",
+    "AccumulationLost", "AccumulationPending", "AlreadyExists", "SnapshotExists",
+    "SnapshotLimit", "SnapshotNotFound",
 ]

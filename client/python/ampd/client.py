@@ -394,6 +394,10 @@ class Client:
 # One completion of Job.sample: its tokens, each token's log-prob (float32,
 # temperature 1, the trainer's) and why it ended ("length" or "stop").
 Completion = collections.namedtuple("Completion", ["tokens", "logprobs", "stop_reason"])
+# A sampler snapshot of a job (Job.sampler_snapshots): step is the job's step
+# count when it was taken, bytes what it holds on the device.
+SamplerSnapshot = collections.namedtuple("SamplerSnapshot",
+                                         ["name", "step", "applied_steps", "bytes"])
 
 class Job:
     """A training job on the server, and this client's place in its sequence.
@@ -615,7 +619,7 @@ class Job:
         return [values[0] for values in result.logprobs]
 
     def sample(self, prompts, num_samples=1, max_tokens=16, temperature=1.0, top_k=0, top_p=1.0,
-               stop=(), seed=0, seeds=None):
+               stop=(), seed=0, seeds=None, snapshot=None):
         """Completions of token-id prompts from the job's current weights (the
         Sample RPC, after the steps sent before it): per prompt, a list of
         num_samples Completion(tokens, logprobs, stop_reason), logprobs[i]
@@ -628,7 +632,10 @@ class Job:
         + j under it). seeds: None, or one per prompt, each an int (the
         prompt's own key: its completion j draws from stream j, so the
         prompt gives the same completions wherever it sits in any request)
-        or None (the request's seed, by position)."""
+        or None (the request's seed, by position). snapshot: the name of a
+        sampler snapshot (save_sampler_snapshot) to sample from instead of
+        the current weights, however far the job trained since; an unknown
+        name raises SnapshotNotFound."""
         prompts = list(prompts)
         if seeds is not None:
             seeds = list(seeds)
@@ -639,7 +646,8 @@ class Job:
             prompts=[pb.TokenSequence(tokens=[int(t) for t in np.asarray(p).reshape(-1)])
                      for p in prompts],
             num_samples=num_samples, max_tokens=max_tokens, temperature=temperature,
-            top_k=top_k, top_p=top_p, stop_token_ids=[int(t) for t in stop], seed=seed)
+            top_k=top_k, top_p=top_p, stop_token_ids=[int(t) for t in stop], seed=seed,
+            snapshot=snapshot or "")
         for sequence, own in zip(request.prompts, seeds or ()):
             if own is not None:
                 sequence.seed = int(own)
@@ -649,6 +657,44 @@ class Job:
                             "stop" if c.stop_reason == pb.STOP_REASON_STOP_TOKEN else "length")
                  for c in prompt.completions]
                 for prompt in response.prompts]
+
+    # ---- sampler snapshots -------------------------------------------------------
+
+    def save_sampler_snapshot(self, name=None):
+        """Name an immutable copy of the weights sample() reads now (Tinker's
+        save_weights_for_sampler), after the steps sent before it; returns
+        its name. sample(..., snapshot=NAME) then samples from it while the
+        job trains on (on a batch_invariant job its log-probs are, bit for
+        bit, the training forward's at this step). A LoRA job's snapshot
+        holds its adapters alone. name: 1 to 64 of [A-Za-z0-9_-]; None:
+        "step-N". Saving again under a name that holds exactly the weights
+        now returns it (a retry makes no second copy); a name held for other
+        weights raises SnapshotExists. The copy is admitted against the
+        server's memory limits (MemoryLimit), at most 32 a job
+        (SnapshotLimit), and with --state-dir it survives a restart."""
+        request = pb.SaveSamplerSnapshotRequest(job_id=self.job_id, snapshot=name or "")
+        stub = self._client._stub
+        response = self._client._call(
+            lambda md, t: stub.SaveSamplerSnapshot(request, metadata=md, timeout=t))
+        return response.snapshot.name
+
+    def sampler_snapshots(self):
+        """The job's sampler snapshots, sorted by name: SamplerSnapshot(name,
+        step, applied_steps, bytes), step being the job's step count when it
+        was taken."""
+        request = pb.ListSamplerSnapshotsRequest(job_id=self.job_id)
+        stub = self._client._stub
+        response = self._client._call(
+            lambda md, t: stub.ListSamplerSnapshots(request, metadata=md, timeout=t))
+        return [SamplerSnapshot(s.name, s.step, s.applied_steps, s.bytes)
+                for s in response.snapshots]
+
+    def delete_sampler_snapshot(self, name):
+        """Free a sampler snapshot (and its file); SnapshotNotFound if none."""
+        request = pb.DeleteSamplerSnapshotRequest(job_id=self.job_id, snapshot=name)
+        stub = self._client._stub
+        self._client._call(
+            lambda md, t: stub.DeleteSamplerSnapshot(request, metadata=md, timeout=t))
 
     def _resynchronise(self, sequence, mismatch):
         """The error to raise for a SEQUENCE_MISMATCH on `sequence`, after GetJob.

@@ -196,6 +196,36 @@ class DataLoss(AmpdError):
     pass
 
 
+class SnapshotNotFound(NotFound):
+    """The job holds no sampler snapshot of that name (SNAPSHOT_NOT_FOUND)."""
+
+    @property
+    def snapshot(self):
+        return self.metadata.get("snapshot")
+
+
+class AlreadyExists(AmpdError):
+    pass
+
+
+class SnapshotExists(AlreadyExists):
+    """save_sampler_snapshot with a name the job holds for other weights
+    (SNAPSHOT_EXISTS, ALREADY_EXISTS): delete it first or choose another."""
+
+    @property
+    def snapshot(self):
+        return self.metadata.get("snapshot")
+
+
+class SnapshotLimit(ResourceExhausted):
+    """The job holds as many sampler snapshots as it may (SNAPSHOT_LIMIT)."""
+
+    @property
+    def max_snapshots(self):
+        value = self.metadata.get("max_snapshots")
+        return int(value) if value is not None else None
+
+
 _BY_REASON = {
     "INVALID_FIELD": InvalidField,
     "INVALID_STATE_DICT": InvalidStateDict,
@@ -210,6 +240,9 @@ _BY_REASON = {
     "CREATE_RETRY": CreateRetry,
     "SERVER_DRAINING": ServerDraining,
     "UNAUTHENTICATED": Unauthenticated,
+    "SNAPSHOT_NOT_FOUND": SnapshotNotFound,
+    "SNAPSHOT_EXISTS": SnapshotExists,
+    "SNAPSHOT_LIMIT": SnapshotLimit,
 }
 
 _BY_CODE = {
@@ -224,6 +257,7 @@ _BY_CODE = {
     grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
     grpc.StatusCode.INTERNAL: Internal,
     grpc.StatusCode.DATA_LOSS: DataLoss,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
 }
 
 

@@ -319,4 +319,15 @@ absl::StatusOr<std::vector<std::string>> StateDirectory::ListJobs() const {
   return jobs;
 }
 
+absl::Status StateDirectory::RemoveAll() const {
+  AMPD_ASSIGN_OR_RETURN(const std::vector<std::string> ids, ListJobs());
+  for (const std::string& id : ids) AMPD_RETURN_IF_ERROR(Remove(id));
+  // Anything else (not ours) keeps the directory: rmdir fails, and that
+  // is fine.
+  if (::rmdir(path_.c_str()) != 0 && errno != ENOTEMPTY && errno != EEXIST && errno != ENOENT) {
+    return OsError(absl::StatusCode::kInternal, "cannot remove", path_, errno);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace ampd::engine::checkpoint

@@ -51,6 +51,10 @@ class StateDirectory {
   // it removes them, call it when no Write is in flight (at start-up);
   // a concurrent Write's rename would otherwise fail.
   absl::StatusOr<std::vector<std::string>> ListJobs() const;
+  // Removes every checkpoint in the directory (ListJobs's), then the
+  // directory itself when nothing else is left in it: a sub-directory a
+  // job kept files of its own in (its sampler snapshots), deleted with it.
+  absl::Status RemoveAll() const;
 
  private:
   explicit StateDirectory(std::string path) : path_(std::move(path)) {}

@@ -49,17 +49,6 @@ bool DecodeHexFloats(absl::string_view text, std::vector<float>* out) {
   return true;
 }
 
-// FNV-1a, 64 bits: a digest whose value is the same in every build and on
-// every machine (absl::Hash is seeded per process), for kMetaConfigDigest.
-std::string ConfigDigest(absl::string_view config_json) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (const char c : config_json) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 0x100000001b3ULL;
-  }
-  return absl::StrFormat("%016x", h);
-}
-
 // The checks a seed-only checkpoint must pass before its job is rebuilt
 // from its config: DataLoss naming the key that is wrong.
 absl::Status CheckSeedOnly(const checkpoint::StateDict& state) {
@@ -196,6 +185,17 @@ absl::StatusOr<StepReport> DecodeStepReport(absl::string_view text) {
       return absl::InvalidArgumentError(absl::StrCat(kMetaLastReport, ": bad entry '", part, "'"));
   }
   return r;
+}
+
+// FNV-1a, 64 bits: a digest whose value is the same in every build and on
+// every machine (absl::Hash is seeded per process), for kMetaConfigDigest.
+std::string ConfigDigest(absl::string_view config_json) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (const char c : config_json) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 0x100000001b3ULL;
+  }
+  return absl::StrFormat("%016x", h);
 }
 
 // ---- Job ----------------------------------------------------------------------------
@@ -381,6 +381,7 @@ absl::Status Job::Restore(const std::string& device, const checkpoint::StateDict
 }
 
 void Job::KeepUnrestored(std::string device, std::string why) {
+  (void)DropSnapshots(/*remove_files=*/false);
   {
     absl::MutexLock lock(&workspace_mu_);
     trainer_.reset();
@@ -512,6 +513,7 @@ absl::StatusOr<StepReport> Job::RunUpdate(
   // steps_run() + 1, and an import keeps the count), so report->step is
   // `sequence` already.
   last_report_ = *report;
+  ++weights_version_;
   {
     absl::MutexLock lock(&mu_);
     RefreshSnapshot();
@@ -550,6 +552,10 @@ absl::StatusOr<EvaluateReport> Job::Evaluate(const ValidEvaluateInput& input,
 
 absl::StatusOr<SampleReport> Job::Sample(const SampleInput& input, const CallToken& call) {
   if (trainer_ == nullptr) return NotOpen();
+  SamplerWeights* snapshot = nullptr;
+  if (!input.snapshot.empty()) {
+    AMPD_ASSIGN_OR_RETURN(snapshot, FindSnapshot("snapshot", input.snapshot));
+  }
   WorkspaceReservation reservation;
   const std::function<absl::Status(int64_t)> admit = [this, &reservation](int64_t bytes) {
     return AdmitWorkspace(bytes, &reservation);
@@ -558,7 +564,8 @@ absl::StatusOr<SampleReport> Job::Sample(const SampleInput& input, const CallTok
   {
     absl::MutexLock lock(&workspace_mu_);
     report = AllocationGuard("Sample", [&]() -> absl::StatusOr<SampleReport> {
-      return trainer_->Sample(input, admit, call);
+      return snapshot != nullptr ? trainer_->SampleFrom(*snapshot, input, admit, call)
+                                 : trainer_->Sample(input, admit, call);
     });
     RecordWorkspace();
     reservation.Reset();
@@ -695,6 +702,7 @@ absl::StatusOr<int64_t> Job::ImportSafetensorsUnguarded(checkpoint::StateDict st
 
 void Job::AfterImport() {
   initial_state_ = false;
+  ++weights_version_;
   // The recorded response belongs to the old weights; a retry of the last
   // sequence after an import must not pretend it was computed on the new ones.
   last_report_.reset();
@@ -789,6 +797,8 @@ absl::Status Job::Close(bool remove_checkpoint) {
   // gradients they sum; the other ranks' collectives fail and they wait.
   DropGroup();
   rendezvous_.reset();
+  // Before the Trainer, whose backend holds them; a deleted job's files go.
+  const absl::Status snapshots_dropped = DropSnapshots(remove_checkpoint);
   {
     // Its workspaces go with it.
     absl::MutexLock lock(&workspace_mu_);
@@ -801,9 +811,9 @@ absl::Status Job::Close(bool remove_checkpoint) {
   // background write of the job can land.
   if (context_->writer != nullptr) context_->writer->Cancel(id_);
   if (remove_checkpoint && context_->state_dir != nullptr) {
-    return context_->state_dir->Remove(id_);
+    AMPD_RETURN_IF_ERROR(context_->state_dir->Remove(id_));
   }
-  return absl::OkStatus();
+  return snapshots_dropped;
 }
 
 }  // namespace ampd::engine

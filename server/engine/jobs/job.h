@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -84,6 +85,12 @@ struct JobContext {
   // freed. A job calls it when an allocation of its own fails for lack of
   // memory, then retries that allocation once. Nullable.
   std::function<int64_t(const Job* except)> release_idle_workspaces;
+  // Asked, on the job's strand, before a sampler snapshot of `bytes` is
+  // made or restored: OK once the bytes are counted for the job
+  // (Job::HoldSnapshotBytes, under the limits' own lock, so two jobs cannot
+  // both take the same free bytes); an error refuses the snapshot.
+  // Nullable: no limit (the job counts them itself).
+  std::function<absl::Status(Job& job, int64_t bytes)> admit_snapshot;
   // Distributed jobs (docs/DISTRIBUTED.md). Their strands run on a pool of
   // their own, one thread per distributed job the registry admits, because
   // a distributed job's task blocks while it waits for its peers: on the
@@ -96,6 +103,17 @@ struct JobContext {
   std::string peer_host;
   dist::RendezvousConnector rendezvous;
 };
+
+// A sampler snapshot's file (job_snapshots.cc), in the sub-directory
+// snapshots/<job id>/ of the state directory, named <snapshot>.safetensors:
+// the snapshot's weights under the parameters' names in the working dtype,
+// and these keys. kMetaSnapshotFormat is the file's format version (a file
+// of another version is not restored, and left on disk);
+// kMetaConfigDigest ties it to its job's config.
+inline constexpr char kMetaSnapshotFormat[] = "ampd.sampler_snapshot";
+inline constexpr char kSnapshotFormatVersion[] = "1";
+inline constexpr char kMetaSnapshotStep[] = "ampd.snapshot_step";
+inline constexpr char kMetaSnapshotAppliedSteps[] = "ampd.snapshot_applied_steps";
 
 // Metadata keys a job writes into its checkpoints (state_dict.h's ampd.*),
 // beside the Trainer's own (kMetaStep, kMetaOptimizerStep).
@@ -129,6 +147,9 @@ inline constexpr char kMetaConfigDigest[] = "ampd.config_digest";
 // moves that pin must rename this, so that files written before it are
 // refused with a clear error instead of restored with other weights.
 inline constexpr char kSeededInitialisation[] = "seed:philox4x32-10:v1";
+
+// The FNV-1a 64 digest of a job's config JSON, in hex (kMetaConfigDigest).
+std::string ConfigDigest(absl::string_view config_json);
 
 class Job : public std::enable_shared_from_this<Job> {
  public:
@@ -244,10 +265,38 @@ class Job : public std::enable_shared_from_this<Job> {
   // `call` stops it between micro-batches.
   absl::StatusOr<EvaluateReport> Evaluate(const ValidEvaluateInput& input,
                                           const CallToken& call = CallToken());
-  // Trainer::Sample on the job's weights, admitted and reported as
-  // Evaluate is; `call` stops it between decode steps.
+  // Trainer::Sample on the job's weights (or on its sampler snapshot
+  // input.snapshot: NotFound SNAPSHOT_NOT_FOUND when it holds none of that
+  // name), admitted and reported as Evaluate is; `call` stops it between
+  // decode steps.
   absl::StatusOr<SampleReport> Sample(const SampleInput& input,
                                       const CallToken& call = CallToken());
+
+  // ---- sampler snapshots (job_snapshots.cc) ----
+  // A named copy of the weights Sample reads now (Trainer::
+  // CopySamplerWeights), admitted first (JobContext::admit_snapshot) and,
+  // with a state directory, written to its own file before this returns.
+  // An empty name is "step-N" (N the job's step count; "step-N-2", ... when
+  // that name holds other weights). A name the job holds for exactly its
+  // weights now (no update or load since) returns that snapshot: a resend
+  // makes nothing. Otherwise a name held is AlreadyExists SNAPSHOT_EXISTS,
+  // and the job's kMaxSamplerSnapshots-th is ResourceExhausted
+  // SNAPSHOT_LIMIT.
+  absl::StatusOr<SamplerSnapshotInfo> SaveSamplerSnapshot(const std::string& name);
+  // Frees the snapshot and removes its file; NotFound SNAPSHOT_NOT_FOUND.
+  absl::Status DeleteSamplerSnapshot(const std::string& name);
+  // After Restore: the snapshots of the job's sub-directory, each admitted
+  // and loaded; one that cannot be (a bad file, no memory) is logged and
+  // its file left on disk.
+  void RestoreSamplerSnapshots();
+  // Any thread: the job's snapshots sorted by name, and their bytes.
+  std::vector<SamplerSnapshotInfo> SamplerSnapshots() const;
+  int64_t snapshot_bytes() const { return snapshot_bytes_.load(std::memory_order_relaxed); }
+  // Counts (or, negative, uncounts) snapshot bytes: JobContext::
+  // admit_snapshot's, under its lock.
+  void HoldSnapshotBytes(int64_t delta) {
+    snapshot_bytes_.fetch_add(delta, std::memory_order_relaxed);
+  }
   // The Trainer's state, or a view of it (api.h StateView), as a
   // safetensors file (header and host tensors, not yet concatenated).
   absl::StatusOr<checkpoint::EncodedSafetensors> ExportSafetensors(
@@ -328,6 +377,17 @@ class Job : public std::enable_shared_from_this<Job> {
                                                                          int64_t index) const;
   // Tells the observer how many calls are pending now.
   void ReportPending() const;
+  // Sampler snapshots (job_snapshots.cc): the one of `name`, or NotFound
+  // SNAPSHOT_NOT_FOUND naming field `field`; the directory their files go
+  // to (nullptr without a state directory); the admission of `bytes`; the
+  // listing and the observer after a change; all of them dropped (Close,
+  // KeepUnrestored: before the Trainer whose backend holds them), and
+  // their files too when `remove_files`.
+  absl::StatusOr<SamplerWeights*> FindSnapshot(absl::string_view field, const std::string& name);
+  absl::StatusOr<const checkpoint::StateDirectory*> SnapshotDirectory();
+  absl::Status AdmitSnapshot(int64_t bytes);
+  void SnapshotsChanged();
+  absl::Status DropSnapshots(bool remove_files);
 
   // ---- distributed jobs (job_distributed.cc) ----
   bool distributed() const { return config_.get().distributed.enabled(); }
@@ -367,6 +427,20 @@ class Job : public std::enable_shared_from_this<Job> {
   // step or an evaluation uses them and while trainer_ is set or reset.
   absl::Mutex workspace_mu_;
   std::unique_ptr<Trainer> trainer_;
+  // Sampler snapshots by name (strand-owned; declared after trainer_, so
+  // that they go before the backend that holds them).
+  struct StoredSnapshot {
+    SamplerWeights weights;
+    SamplerSnapshotInfo info;
+    // weights_version_ when taken (-1: restored, never "the weights now").
+    int64_t version = -1;
+  };
+  std::map<std::string, StoredSnapshot> snapshots_;
+  // Counts every change of the Trainer's weights in this process (an
+  // update run, a load): a snapshot of the same version holds them.
+  int64_t weights_version_ = 0;
+  std::unique_ptr<checkpoint::StateDirectory> snapshot_dir_;  // opened on first use
+  std::atomic<int64_t> snapshot_bytes_{0};
   std::optional<StepReport> last_report_;
   // The last ForwardBackward call's report, while its update is pending:
   // what a resend of it gets back (not checkpointed: a restart loses the
@@ -397,6 +471,7 @@ class Job : public std::enable_shared_from_this<Job> {
   // Snapshot for readers on other threads.
   mutable absl::Mutex mu_;
   JobSnapshot snapshot_ ABSL_GUARDED_BY(mu_);
+  std::vector<SamplerSnapshotInfo> snapshot_infos_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 

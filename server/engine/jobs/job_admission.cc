@@ -100,7 +100,7 @@ int64_t JobRegistry::MemoryHeld(const Job* except, const std::string* owner) con
   int64_t used = 0;
   for (const auto& [id, job] : jobs_) {
     if (owner != nullptr && job->owner() != *owner) continue;
-    used = SaturatingAdd(used, job->estimated_bytes());
+    used = SaturatingAdd(used, SaturatingAdd(job->estimated_bytes(), job->snapshot_bytes()));
     if (job.get() == except) continue;
     // A step's reservation stands in for the job's cached workspace, which
     // it holds again once the step is over.
@@ -187,6 +187,52 @@ absl::StatusOr<WorkspaceReservation> JobRegistry::TryAdmitStep(Job& job, int64_t
     absl::MutexLock release_lock(&mu_);
     reserved_.erase(key);
   });
+}
+
+absl::Status JobRegistry::AdmitSnapshot(Job& job, int64_t bytes) {
+  absl::Status admitted = TryAdmitSnapshot(job, bytes);
+  // The job's own cached workspace too: a save runs outside its steps.
+  if (!admitted.ok() && ReleaseIdleWorkspaces(nullptr) > 0) {
+    admitted = TryAdmitSnapshot(job, bytes);
+  }
+  return admitted;
+}
+
+absl::Status JobRegistry::TryAdmitSnapshot(Job& job, int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  // The job's own cached workspace counts: unlike a step's, the snapshot
+  // is held beside it.
+  if (options_.max_memory_bytes > 0 &&
+      SaturatingAdd(MemoryHeld(nullptr), bytes) > options_.max_memory_bytes) {
+    return WithReason(absl::ResourceExhaustedError(absl::StrCat(
+                          "snapshot: a sampler snapshot of this job needs ", bytes,
+                          " bytes (its trainable weights), more than --max-memory-bytes=",
+                          options_.max_memory_bytes, " leaves free now; your jobs hold ",
+                          MemoryHeld(nullptr, &job.owner()), " of it; delete a snapshot first")),
+                      reason::kMemoryLimit,
+                      {{"field", "snapshot"},
+                       {"limit_bytes", absl::StrCat(options_.max_memory_bytes)},
+                       {"requested_bytes", absl::StrCat(bytes)}});
+  }
+  if (const TenantQuota* quota = QuotaOf(job.owner());
+      quota != nullptr && quota->max_memory_bytes > 0) {
+    const int64_t used = MemoryHeld(nullptr, &job.owner());
+    if (SaturatingAdd(used, bytes) > quota->max_memory_bytes) {
+      return WithReason(absl::ResourceExhaustedError(absl::StrCat(
+                            "snapshot: a sampler snapshot of this job needs ", bytes,
+                            " bytes and the jobs of tenant '", job.owner(), "' hold ", used,
+                            " of its quota (max_memory_bytes=", quota->max_memory_bytes,
+                            "); delete a snapshot first")),
+                        reason::kMemoryLimit,
+                        {{"field", "snapshot"},
+                         {"tenant", job.owner()},
+                         {"limit_bytes", absl::StrCat(quota->max_memory_bytes)},
+                         {"requested_bytes", absl::StrCat(bytes)}});
+    }
+  }
+  // Counted under the lock, as a step's reservation is.
+  job.HoldSnapshotBytes(bytes);
+  return absl::OkStatus();
 }
 
 }  // namespace ampd::engine

@@ -254,6 +254,7 @@ absl::Status Job::SyncState(dist::ProcessGroup& group, bool* copied, int32_t* so
   AMPD_ASSIGN_OR_RETURN(const checkpoint::StateDict state, checkpoint::DecodeSafetensors(bytes));
   initial_state_ = false;
   AMPD_RETURN_IF_ERROR(trainer_->LoadState(state, Trainer::StepCount::kFromState));
+  ++weights_version_;
   last_report_.reset();
   if (auto it = state.metadata.find(kMetaLastReport); it != state.metadata.end()) {
     absl::StatusOr<StepReport> report = DecodeStepReport(it->second);

@@ -29,6 +29,13 @@ class JobObserver {
     (void)job_id;
     (void)pending;
   }
+  // The sampler snapshots a job holds and their device bytes, whenever
+  // they change (a save, a delete, a restore, the job's end: 0 and 0).
+  virtual void OnSamplerSnapshots(const std::string& job_id, int64_t count, int64_t bytes) {
+    (void)job_id;
+    (void)count;
+    (void)bytes;
+  }
   // A distributed job's rank formed its group (before the step that needed
   // it). Most observers have no use for it.
   virtual void OnGroupFormed(const std::string& job_id, const GroupFormation& formation) {

@@ -93,6 +93,9 @@ absl::StatusOr<std::unique_ptr<JobRegistry>> JobRegistry::Create(RegistryOptions
   registry->context_->admit_step = [self](Job& job, int64_t bytes) {
     return self->AdmitStep(job, bytes);
   };
+  registry->context_->admit_snapshot = [self](Job& job, int64_t bytes) {
+    return self->AdmitSnapshot(job, bytes);
+  };
   registry->context_->release_idle_workspaces = [self](const Job* except) {
     return self->ReleaseIdleWorkspaces(except);
   };
@@ -405,7 +408,9 @@ void JobRegistry::Evaluate(const std::string& owner, const std::string& job_id, 
 
 void JobRegistry::Sample(const std::string& owner, const std::string& job_id, SampleInput input,
                          std::function<void(absl::StatusOr<SampleReport>)> done, CallToken call) {
-  absl::StatusOr<std::shared_ptr<Job>> found = AcceptWork(CheckSampleInput(input), owner, job_id);
+  absl::Status check = CheckSampleInput(input);
+  if (check.ok() && !input.snapshot.empty()) check = CheckSnapshotName("snapshot", input.snapshot);
+  absl::StatusOr<std::shared_ptr<Job>> found = AcceptWork(check, owner, job_id);
   if (!found.ok()) {
     done(found.status());
     return;
@@ -450,6 +455,54 @@ bool JobRegistry::AddLongCall(uint64_t* id, const CallToken& call) {
 void JobRegistry::RemoveLongCall(uint64_t id) {
   absl::MutexLock lock(&mu_);
   long_calls_.erase(id);
+}
+
+void JobRegistry::SaveSamplerSnapshot(
+    const std::string& owner, const std::string& job_id, std::string name,
+    std::function<void(absl::StatusOr<SamplerSnapshotInfo>)> done) {
+  absl::StatusOr<std::shared_ptr<Job>> found = AcceptWork(
+      name.empty() ? absl::OkStatus() : CheckSnapshotName("snapshot", name), owner, job_id);
+  if (!found.ok()) {
+    done(found.status());
+    return;
+  }
+  std::shared_ptr<Job> job = *std::move(found);
+  job->Post([this, job, name = std::move(name), done = std::move(done)] {
+    absl::StatusOr<SamplerSnapshotInfo> saved = job->SaveSamplerSnapshot(name);
+    if (saved.ok()) {
+      ReportMemory();
+    } else if (saved.status().code() != absl::StatusCode::kResourceExhausted &&
+               saved.status().code() != absl::StatusCode::kAlreadyExists &&
+               saved.status().code() != absl::StatusCode::kNotFound &&
+               saved.status().code() != absl::StatusCode::kFailedPrecondition) {
+      LogEvent(
+          absl::StrCat("job ", job->id(), " sampler snapshot failed: ", saved.status().ToString()));
+    }
+    done(std::move(saved));
+  });
+}
+
+absl::StatusOr<std::vector<SamplerSnapshotInfo>> JobRegistry::ListSamplerSnapshots(
+    const std::string& owner, const std::string& job_id) const {
+  std::shared_ptr<Job> job = Find(owner, job_id);
+  if (job == nullptr) return JobNotFound(job_id);
+  return job->SamplerSnapshots();
+}
+
+void JobRegistry::DeleteSamplerSnapshot(const std::string& owner, const std::string& job_id,
+                                        std::string name, std::function<void(absl::Status)> done) {
+  absl::StatusOr<std::shared_ptr<Job>> found =
+      AcceptWork(CheckSnapshotName("snapshot", name), owner, job_id);
+  if (!found.ok()) {
+    done(found.status());
+    return;
+  }
+  std::shared_ptr<Job> job = *std::move(found);
+  job->Post([this, job, name = std::move(name), done = std::move(done)] {
+    absl::Status s = job->DeleteSamplerSnapshot(name);
+    if (s.ok()) ReportMemory();
+    done(s);
+  });
 }
 
 void JobRegistry::ExportState(

@@ -179,6 +179,18 @@ class JobRegistry {
   // progress (Unavailable, SERVER_DRAINING).
   void Sample(const std::string& owner, const std::string& job_id, SampleInput input,
               std::function<void(absl::StatusOr<SampleReport>)> done, CallToken call = CallToken());
+  // Sampler snapshots (Job::SaveSamplerSnapshot): a name (when given)
+  // checked first (CheckSnapshotName), then the job's strand, in order with
+  // its steps: the snapshot holds the weights of every step sent before
+  // it. Its bytes are admitted against --max-memory-bytes and the owner's
+  // quota (AdmitSnapshot) and held until it is deleted.
+  void SaveSamplerSnapshot(const std::string& owner, const std::string& job_id, std::string name,
+                           std::function<void(absl::StatusOr<SamplerSnapshotInfo>)> done);
+  // The job's snapshots now, sorted by name (no wait for its strand).
+  absl::StatusOr<std::vector<SamplerSnapshotInfo>> ListSamplerSnapshots(
+      const std::string& owner, const std::string& job_id) const;
+  void DeleteSamplerSnapshot(const std::string& owner, const std::string& job_id, std::string name,
+                             std::function<void(absl::Status)> done);
   void ExportState(const std::string& owner, const std::string& job_id,
                    std::function<void(absl::StatusOr<codec::EncodedSafetensors>)> done);
   // A view of it (api.h StateView): a LoRA job's adapters or merged model.
@@ -255,6 +267,12 @@ class JobRegistry {
   // for the job (reserved_) until it drops the reservation.
   absl::StatusOr<WorkspaceReservation> AdmitStep(Job& job, int64_t workspace_bytes);
   absl::StatusOr<WorkspaceReservation> TryAdmitStep(Job& job, int64_t workspace_bytes);
+  // JobContext::admit_snapshot: a sampler snapshot's bytes against the same
+  // limits, counted for the job (Job::HoldSnapshotBytes) under mu_ when
+  // admitted; idle jobs' cached workspaces (the saving job's own too) are
+  // given up once when refused.
+  absl::Status AdmitSnapshot(Job& job, int64_t bytes);
+  absl::Status TryAdmitSnapshot(Job& job, int64_t bytes);
   // Memory pressure (JobContext::release_idle_workspaces): every job but
   // `except` that is idle frees its cached workspaces
   // (Job::ReleaseWorkspacesIfIdle), so that a step, a job or an

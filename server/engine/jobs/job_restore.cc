@@ -161,6 +161,8 @@ void JobRegistry::RestoreInParallel(const std::vector<std::shared_ptr<Job>>& job
       if (options_.observer != nullptr) {
         options_.observer->OnJobCreated(job->id(), job->owner(), job->Snapshot().config);
       }
+      // After the job is announced, so that their gauges carry its labels.
+      if (s.ok()) job->RestoreSamplerSnapshots();
       pending.DecrementCount();
     });
   }

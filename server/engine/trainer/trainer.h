@@ -62,6 +62,27 @@ class FittedStepInput {
   const Trainer* trainer_;  // whose model the batches fit
 };
 
+// A copy of the weights Trainer::Sample reads (sampler_weights.cc): each
+// trainable parameter's value() (the working copy, or the fp32 master), in
+// the model's trainable() order, on the Trainer's backend. A frozen base is
+// not copied: it never changes, so the snapshot shares the job's. Made and
+// read only by the Trainer that owns the backend; move-only; what it holds
+// is freed with it.
+class SamplerWeights {
+ public:
+  SamplerWeights();
+  ~SamplerWeights();
+  SamplerWeights(SamplerWeights&&) noexcept;
+  SamplerWeights& operator=(SamplerWeights&&) noexcept;
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  friend class Trainer;
+  std::vector<kernels::Tensor> tensors_;  // one per trainable parameter
+  int64_t bytes_ = 0;
+  const Trainer* owner_ = nullptr;
+};
+
 class Trainer {
  public:
   // Validates config, builds the model on backend, initialises weights from
@@ -178,6 +199,27 @@ class Trainer {
   absl::StatusOr<SampleReport> Sample(const SampleInput& input,
                                       const std::function<absl::Status(int64_t)>& admit = nullptr,
                                       const CallToken& call = CallToken());
+
+  // ---- sampler snapshots (sampler_weights.cc) ----
+  // The device bytes a SamplerWeights copy of this model holds, known
+  // before anything is allocated (for admission).
+  int64_t sampler_weights_bytes() const;
+  // A device copy of the weights Sample reads now (Backend::Copy of each
+  // trainable parameter's value()).
+  absl::StatusOr<SamplerWeights> CopySamplerWeights();
+  // Sample (above) from `weights` instead of the current weights: they are
+  // swapped into the parameters for the call and swapped back before it
+  // returns, whatever it returns (the job's strand runs nothing else
+  // meanwhile). InvalidArgument for weights of another Trainer.
+  absl::StatusOr<SampleReport> SampleFrom(SamplerWeights& weights, const SampleInput& input,
+                                          const std::function<absl::Status(int64_t)>& admit,
+                                          const CallToken& call = CallToken());
+  // `weights` read into host tensors under the parameters' state-dict
+  // names, in the working dtype (what a snapshot's file holds), and back:
+  // LoadSamplerWeights checks every trainable parameter is there with its
+  // dtype and shape and nothing else (DataLoss naming the tensor).
+  absl::StatusOr<checkpoint::StateDict> ExportSamplerWeights(const SamplerWeights& weights);
+  absl::StatusOr<SamplerWeights> LoadSamplerWeights(const checkpoint::StateDict& state);
 
   // Workspace bytes cached now (model::WorkspaceBytes of each, plus the
   // backend's scratch for them, kernels::Backend::ScratchBytes, and the
