@@ -301,6 +301,15 @@ class CpuBackend final : public Backend {
                                const Tensor& dy, Tensor& dx, Tensor* dweight) override {
     return cpu::RmsNormBackward(x, weight, rstd, dy, dx, dweight);
   }
+  absl::Status HeadRmsNormForward(const Tensor& x, int64_t col, int64_t heads, const Tensor& weight,
+                                  float eps, Tensor& y, Tensor& rstd) override {
+    return cpu::HeadRmsNormForward(x, col, heads, weight, eps, y, rstd);
+  }
+  absl::Status HeadRmsNormBackward(const Tensor& x, int64_t col, int64_t heads,
+                                   const Tensor& weight, const Tensor& rstd, const Tensor& dy,
+                                   Tensor& dx, Tensor* dweight) override {
+    return cpu::HeadRmsNormBackward(x, col, heads, weight, rstd, dy, dx, dweight);
+  }
 
   absl::Status ExpandKvHeads(const Tensor& src, int64_t heads, int64_t kv_heads,
                              Tensor& dst) override {

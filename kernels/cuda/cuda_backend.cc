@@ -591,7 +591,8 @@ class CudaBackend final : public Backend {
     AMPD_ENTER_DEVICE();
     return LaunchLayerNormForward(x.data(), x.dtype(), gamma ? gamma->data() : nullptr,
                                   beta ? beta->data() : nullptr, x.dtype(), x.dim(0), x.dim(1), eps,
-                                  y.data(), mean.data_as<float>(), rstd.data_as<float>(), stream());
+                                  y.data(), mean.data_as<float>(), rstd.data_as<float>(), stream(),
+                                  NormRows::Plain(x.dim(1)));
   }
 
   absl::Status LayerNormBackward(const Tensor& x, const Tensor* gamma, const Tensor& mean,
@@ -610,7 +611,8 @@ class CudaBackend final : public Backend {
         x.data(), x.dtype(), gamma ? gamma->data() : nullptr, x.dtype(), mean.data_as<float>(),
         rstd.data_as<float>(), dy.data(), dx.data(), dgamma ? dgamma->data() : nullptr,
         dgamma ? dgamma->dtype() : DType::kF32, dbeta ? dbeta->data() : nullptr,
-        dbeta ? dbeta->dtype() : DType::kF32, x.dim(0), x.dim(1), partials, stream());
+        dbeta ? dbeta->dtype() : DType::kF32, x.dim(0), x.dim(1), partials, stream(),
+        NormRows::Plain(x.dim(1)));
   }
 
   absl::Status RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
@@ -618,8 +620,8 @@ class CudaBackend final : public Backend {
     AMPD_RETURN_IF_ERROR(ValidateRmsNormForward(x, weight, y, rstd));
     AMPD_ENTER_DEVICE();
     return LaunchLayerNormForward(x.data(), x.dtype(), weight.data(), nullptr, x.dtype(), x.dim(0),
-                                  x.dim(1), eps, y.data(), nullptr, rstd.data_as<float>(),
-                                  stream());
+                                  x.dim(1), eps, y.data(), nullptr, rstd.data_as<float>(), stream(),
+                                  NormRows::Plain(x.dim(1)));
   }
 
   absl::Status RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
@@ -638,7 +640,38 @@ class CudaBackend final : public Backend {
     return LaunchLayerNormBackward(
         x.data(), x.dtype(), weight.data(), x.dtype(), nullptr, rstd.data_as<float>(), dy.data(),
         dx.data(), dweight ? dweight->data() : nullptr, dweight ? dweight->dtype() : DType::kF32,
-        nullptr, DType::kF32, x.dim(0), x.dim(1), partials, stream());
+        nullptr, DType::kF32, x.dim(0), x.dim(1), partials, stream(), NormRows::Plain(x.dim(1)));
+  }
+
+  // The RMSNorm kernels over each head's columns: R x heads rows of D.
+  absl::Status HeadRmsNormForward(const Tensor& x, int64_t col, int64_t heads, const Tensor& weight,
+                                  float eps, Tensor& y, Tensor& rstd) override {
+    AMPD_RETURN_IF_ERROR(ValidateHeadRmsNormForward(x, col, heads, weight, y, rstd));
+    AMPD_ENTER_DEVICE();
+    const int64_t d = weight.dim(0);
+    return LaunchLayerNormForward(x.data(), x.dtype(), weight.data(), nullptr, x.dtype(),
+                                  x.dim(0) * heads, d, eps, y.data(), nullptr,
+                                  rstd.data_as<float>(), stream(), NormRows{heads, x.dim(1), col});
+  }
+
+  absl::Status HeadRmsNormBackward(const Tensor& x, int64_t col, int64_t heads,
+                                   const Tensor& weight, const Tensor& rstd, const Tensor& dy,
+                                   Tensor& dx, Tensor* dweight) override {
+    AMPD_RETURN_IF_ERROR(ValidateHeadRmsNormBackward(x, col, heads, weight, rstd, dy, dx, dweight));
+    AMPD_ENTER_DEVICE();
+    const int64_t rows = x.dim(0) * heads;
+    const int64_t d = weight.dim(0);
+    const int64_t slabs = ColumnSumSlabs(rows, d);
+    float* partials = nullptr;  // (2, slabs, D): dweight's sums (the second half unused)
+    if (slabs > 1 && dweight != nullptr) {
+      AMPD_ASSIGN_OR_RETURN(void* scratch,
+                            Scratch(static_cast<size_t>(2 * slabs * d) * sizeof(float)));
+      partials = static_cast<float*>(scratch);
+    }
+    return LaunchLayerNormBackward(
+        x.data(), x.dtype(), weight.data(), x.dtype(), nullptr, rstd.data_as<float>(), dy.data(),
+        dx.data(), dweight ? dweight->data() : nullptr, dweight ? dweight->dtype() : DType::kF32,
+        nullptr, DType::kF32, rows, d, partials, stream(), NormRows{heads, x.dim(1), col});
   }
 
   // ---- grouped-query K/V heads --------------------------------------------------
@@ -741,11 +774,10 @@ class CudaBackend final : public Backend {
     // Bad labels are flagged on the device (the error word), as above.
     AMPD_RETURN_IF_ERROR(ValidateCrossEntropyChunk(logits, labels, terms, loss, dlogits));
     AMPD_ENTER_DEVICE();
-    return LaunchCrossEntropyChunk(logits.data(), logits.dtype(), labels.data(), labels.dtype(),
-                                   logits.dim(0), logits.dim(1), ignore_index, terms, loss_scale,
-                                   grad_scale, loss.data_as<float>(), dlogits.data(),
-                                   partials_.data_as<float>(), error_word_.data_as<int>(),
-                                   stream());
+    return LaunchCrossEntropyChunk(
+        logits.data(), logits.dtype(), labels.data(), labels.dtype(), logits.dim(0), logits.dim(1),
+        ignore_index, terms, loss_scale, grad_scale, loss.data_as<float>(), dlogits.data(),
+        partials_.data_as<float>(), error_word_.data_as<int>(), stream());
   }
 
   // ---- causal self-attention ----------------------------------------------------
