@@ -1,0 +1,393 @@
+"""Tinker's models, checkpoints and samplers on ampd's jobs.
+
+A Tinker model is a LoRA job on the Hugging Face folder its base_model names
+in the models directory (ampd.from_pretrained), in the front's precision,
+batch_invariant so that a sampler's log-probs equal the trainer's bit for
+bit. Its calls run one at a time in seq_id order (Runner). A checkpoint
+lives under the state directory at the path its tinker:// name spells:
+tinker://MODEL/weights/NAME (save_state: the job's full state, optimizer
+included, and its adapter as PEFT writes one) and
+tinker://MODEL/sampler_weights/NAME (the adapter alone). A sampler is such an
+adapter loaded into a LoRA job of the same base, cached (LRU, bounded).
+
+Every method here blocks on gRPC; the server runs them in threads.
+"""
+import collections
+import json
+import os
+import re
+import shutil
+import threading
+import time
+import uuid
+
+import numpy as np
+
+import ampd
+from ampd_tinker import losses
+
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
+_ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+_MLP = ("gate_proj", "up_proj", "down_proj")
+LORA_ALPHA = 32.0
+
+
+class NotFound(Exception):
+    """An unknown (or another key's) model, checkpoint or sampler."""
+
+
+class UserError(ValueError):
+    """The caller's mistake, in words the SDK shows."""
+
+
+def check_name(name, what):
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise UserError("%s %r: letters, digits, '_', '-', '.', at most 128, not starting "
+                        "with '.' or '-'" % (what, name))
+    return name
+
+
+class Model:
+    """One Tinker training model: its ampd job and what made it."""
+
+    def __init__(self, model_id, owner, base_model, rank, job):
+        self.model_id = model_id
+        self.owner = owner
+        self.base_model = base_model
+        self.rank = rank
+        self.job = job
+        self.runner = None  # set by the server: its Runner
+
+    def record(self):
+        return {"owner": self.owner, "base_model": self.base_model, "rank": self.rank,
+                "job_id": self.job.job_id}
+
+
+class Engine:
+    def __init__(self, ampd_address, models_dir, state_dir, precision="fp16", tokens=None,
+                 max_samplers=4, max_models=64, default_token=None):
+        self.models_dir = os.path.abspath(models_dir)
+        self.state_dir = os.path.abspath(state_dir)
+        self.precision = precision
+        self.max_samplers = max_samplers
+        self.max_models = max_models
+        self._address = ampd_address
+        self._tokens = tokens or {}  # owner -> ampd bearer token
+        self._default_token = default_token  # owners without their own
+        self._clients = {}
+        self._lock = threading.Lock()
+        self.models = {}  # model_id -> Model
+        self._samplers = collections.OrderedDict()  # adapter dir or base -> ampd.Job, LRU
+        self._sampler_locks = collections.defaultdict(threading.Lock)
+        self.sessions = {}  # sampling_session_id -> (owner, base_model, adapter dir or None)
+        os.makedirs(os.path.join(self.state_dir, "checkpoints"), exist_ok=True)
+
+    # ---- ampd connections and the models registry --------------------------------
+
+    def client(self, owner):
+        token = self._tokens.get(owner, self._default_token)
+        with self._lock:
+            if token not in self._clients:
+                self._clients[token] = ampd.Client(self._address, token=token,
+                                                   timeout=600.0, retry_deadline=60.0)
+            return self._clients[token]
+
+    def _registry_path(self):
+        return os.path.join(self.state_dir, "models.json")
+
+    def _save_registry(self):
+        tmp = self._registry_path() + ".tmp"
+        with self._lock:
+            data = {mid: m.record() for mid, m in self.models.items()}
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._registry_path())
+
+    def restore(self):
+        """Reattach the models of an earlier run to their ampd jobs; returns them."""
+        if not os.path.exists(self._registry_path()):
+            return []
+        with open(self._registry_path(), encoding="utf-8") as f:
+            data = json.load(f)
+        restored = []
+        for model_id, r in data.items():
+            try:
+                job = self.client(r["owner"]).job(r["job_id"])
+            except ampd.AmpdError:
+                continue  # the job is gone (ampd restarted without its state)
+            model = Model(model_id, r["owner"], r["base_model"], r["rank"], job)
+            self.models[model_id] = model
+            restored.append(model)
+        return restored
+
+    def model(self, owner, model_id):
+        with self._lock:
+            model = self.models.get(model_id)
+        if model is None or model.owner != owner:
+            raise NotFound("model %r: no such model" % (model_id,))
+        return model
+
+    def base_dir(self, base_model):
+        """The folder of a base model name ("Qwen/Qwen2.5-0.5B" -> DIR/Qwen/Qwen2.5-0.5B)."""
+        parts = str(base_model).split("/")
+        if not base_model or any(p in ("", ".", "..") or not _NAME.match(p) for p in parts):
+            raise UserError("base_model %r: not a model name" % (base_model,))
+        path = os.path.join(self.models_dir, *parts)
+        if not os.path.exists(os.path.join(path, "config.json")):
+            raise UserError("base_model %r: not served here (no %s/config.json)"
+                            % (base_model, "/".join(parts)))
+        return path
+
+    def base_models(self):
+        """The names of the folders under the models directory that hold config.json."""
+        names = []
+        for root, dirs, files in os.walk(self.models_dir):
+            dirs.sort()
+            if "config.json" in files:
+                names.append(os.path.relpath(root, self.models_dir).replace(os.sep, "/"))
+        return names
+
+    # ---- training ----------------------------------------------------------------
+
+    def create_model(self, owner, base_model, lora_config):
+        lora_config = lora_config or {}
+        rank = lora_config.get("rank", 32)
+        if not isinstance(rank, int) or not 1 <= rank <= 1024:
+            raise UserError("lora_config.rank %r: an integer in 1..1024" % (rank,))
+        targets = []
+        if lora_config.get("train_attn", True):
+            targets += _ATTN
+        if lora_config.get("train_mlp", True):
+            targets += _MLP
+        if not targets:
+            raise UserError("lora_config: train_attn or train_mlp (ampd adapts no unembedding)")
+        seed = lora_config.get("seed")
+        seed = int(seed) if isinstance(seed, int) and seed >= 0 else 0
+        directory = self.base_dir(base_model)
+        with self._lock:
+            if len(self.models) >= self.max_models:
+                raise UserError("%d models loaded, the front's limit: unload one" % len(self.models))
+        job = self.client(owner).create_job(
+            ampd.from_pretrained(directory, lora=ampd.LoRA(rank=rank, alpha=LORA_ALPHA,
+                                                           target_modules=list(targets))),
+            precision=self.precision, optimizer=ampd.AdamW(lr=1e-4, betas=(0.9, 0.95), eps=1e-12,
+                                                            weight_decay=0.0),
+            seed=seed, batch_invariant=True, display_name="tinker:" + base_model)
+        model = Model("m" + uuid.uuid4().hex[:20], owner, base_model, rank, job)
+        with self._lock:
+            self.models[model.model_id] = model
+        self._save_registry()
+        return model
+
+    def unload_model(self, model):
+        with self._lock:
+            self.models.pop(model.model_id, None)
+        self._save_registry()
+        model.job.delete()
+
+    def forward_backward(self, model, batch, forward_only):
+        """Returns ({"logprobs": [...], "elementwise_loss": [...]}, metrics)."""
+        if forward_only:
+            result = model.job.evaluate(micro_batches=batch.micro_batches, return_logprobs=True)
+            logprobs = [lp.reshape(-1) for lp in result.logprobs]
+            elementwise = losses.elementwise_losses(batch, logprobs)
+        else:
+            kwargs = dict(batch.kwargs)
+            result = model.job.forward_backward(micro_batches=batch.micro_batches,
+                                                return_logprobs=True, **kwargs)
+            logprobs = [lp.reshape(-1) for lp in result.logprobs]
+            elementwise = [t.reshape(-1) for t in result.token_losses]
+        loss = float(np.sum([np.sum(e, dtype=np.float64) for e in elementwise]))
+        return {"logprobs": logprobs, "elementwise_loss": elementwise}, {"loss:sum": loss}
+
+    def optim_step(self, model, adam):
+        def number(key, default):
+            value = adam.get(key, default)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not np.isfinite(value):
+                raise UserError("adam_params.%s %r: a number" % (key, value))
+            return float(value)
+
+        lr = number("learning_rate", 1e-4)
+        betas = (number("beta1", 0.9), number("beta2", 0.95))
+        eps, wd = number("eps", 1e-12), number("weight_decay", 0.0)
+        clip = number("grad_clip_norm", 0.0)
+        if lr < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1) or eps <= 0 or wd < 0:
+            raise UserError("adam_params: lr >= 0, betas in [0, 1), eps > 0, weight_decay >= 0")
+        r = model.job.optim_step(lr=lr, betas=betas, eps=eps, weight_decay=wd, max_grad_norm=clip)
+        metrics = {"loss_scale:unique": float(r.scale_after), "skipped:unique": float(r.skipped),
+                   "step:unique": float(r.global_step)}
+        if r.grad_norm is not None:
+            metrics["grad_norm:mean"] = float(r.grad_norm)
+        return {"metrics": metrics}
+
+    # ---- checkpoints -------------------------------------------------------------
+
+    def _checkpoint_dir(self, owner, model_id, kind, name):
+        return os.path.join(self.state_dir, "checkpoints", owner, model_id, kind, name)
+
+    def parse_path(self, owner, path, kinds=("weights", "sampler_weights")):
+        """A tinker:// path of this owner as (model_id, kind, name, directory)."""
+        if not isinstance(path, str) or not path.startswith("tinker://"):
+            raise UserError("path %r: a tinker:// path" % (path,))
+        parts = path[len("tinker://"):].split("/")
+        if len(parts) != 3 or parts[1] not in kinds:
+            raise UserError("path %r: tinker://MODEL/{%s}/NAME" % (path, "|".join(kinds)))
+        model_id, kind, name = parts
+        check_name(model_id, "model id")
+        check_name(name, "checkpoint name")
+        directory = self._checkpoint_dir(owner, model_id, kind, name)
+        if not os.path.exists(os.path.join(directory, "meta.json")):
+            raise NotFound("checkpoint %s: no such checkpoint" % path)
+        return model_id, kind, name, directory
+
+    def _write_checkpoint(self, model, kind, name, write):
+        directory = self._checkpoint_dir(model.owner, model.model_id, kind, name)
+        tmp = directory + ".tmp-" + uuid.uuid4().hex[:8]
+        os.makedirs(tmp)
+        try:
+            write(tmp)
+            with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
+                json.dump({"base_model": model.base_model, "rank": model.rank,
+                           "step": model.job.step_count, "time": time.time()}, f)
+            if os.path.exists(directory):
+                shutil.rmtree(directory)
+            os.replace(tmp, directory)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return "tinker://%s/%s/%s" % (model.model_id, kind, name)
+
+    def save_state(self, model, name):
+        check_name(name, "checkpoint name")
+
+        def write(directory):
+            model.job.export(os.path.join(directory, "state.safetensors"))
+            model.job.export_peft(os.path.join(directory, "adapter"))
+
+        return self._write_checkpoint(model, "weights", name, write)
+
+    def load_state(self, model, path, optimizer):
+        """The weights (and with optimizer, the optimizer's moments and the
+        scaler) of a save_state checkpoint. Without optimizer the model gets
+        a fresh job with the checkpoint's adapter, so its optimizer starts anew."""
+        _, _, _, directory = self.parse_path(model.owner, path, kinds=("weights",))
+        with open(os.path.join(directory, "meta.json"), encoding="utf-8") as f:
+            meta = json.load(f)
+        if meta["base_model"] != model.base_model or meta["rank"] != model.rank:
+            raise UserError("checkpoint %s: base %s rank %d, the model's %s rank %d" % (
+                path, meta["base_model"], meta["rank"], model.base_model, model.rank))
+        if optimizer:
+            model.job.load(os.path.join(directory, "state.safetensors"))
+            return
+        old = model.job
+        model.job = self.client(model.owner).create_job(
+            ampd.from_pretrained(self.base_dir(model.base_model),
+                                 adapter=os.path.join(directory, "adapter")),
+            precision=self.precision, optimizer=ampd.AdamW(lr=1e-4, betas=(0.9, 0.95), eps=1e-12,
+                                                            weight_decay=0.0),
+            batch_invariant=True, display_name="tinker:" + model.base_model)
+        self._save_registry()
+        old.delete()
+
+    def save_for_sampler(self, model, name):
+        """The adapter as a sampler checkpoint; returns its tinker:// path."""
+        check_name(name, "sampler name")
+        return self._write_checkpoint(model, "sampler_weights", name, model.job.export_peft)
+
+    def delete_checkpoint(self, owner, path):
+        _, _, _, directory = self.parse_path(owner, path)
+        with self._lock:
+            job = self._samplers.pop(directory, None)
+        if job is not None:
+            job.delete()
+        shutil.rmtree(directory)
+
+    def list_checkpoints(self, owner, model_id):
+        out = []
+        for kind in ("weights", "sampler_weights"):
+            folder = os.path.join(self.state_dir, "checkpoints", owner, model_id, kind)
+            for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
+                meta_path = os.path.join(folder, name, "meta.json")
+                if not os.path.exists(meta_path):
+                    continue  # a write in progress
+                with open(meta_path, encoding="utf-8") as f:
+                    meta = json.load(f)
+                out.append({"checkpoint_id": kind + "/" + name,
+                            "checkpoint_type": "training" if kind == "weights" else "sampler",
+                            "tinker_path": "tinker://%s/%s/%s" % (model_id, kind, name),
+                            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                  time.gmtime(meta["time"])),
+                            "size_bytes": None, "public": False})
+        return out
+
+    # ---- sampling ----------------------------------------------------------------
+
+    def create_session(self, owner, model_path=None, base_model=None):
+        if model_path:
+            _, kind, _, directory = self.parse_path(owner, model_path)
+            with open(os.path.join(directory, "meta.json"), encoding="utf-8") as f:
+                base_model = json.load(f)["base_model"]
+            adapter = directory if kind == "sampler_weights" else os.path.join(directory, "adapter")
+        elif base_model:
+            self.base_dir(base_model)
+            adapter = None
+        else:
+            raise UserError("create_sampling_session: model_path or base_model")
+        session_id = "s" + uuid.uuid4().hex[:20]
+        with self._lock:
+            self.sessions[session_id] = (owner, base_model, adapter, model_path)
+        return session_id
+
+    def session(self, owner, session_id):
+        with self._lock:
+            entry = self.sessions.get(session_id)
+        if entry is None or entry[0] != owner:
+            raise NotFound("sampling session %r: no such session" % (session_id,))
+        return entry
+
+    def _sampler_job(self, owner, base_model, adapter):
+        """The ampd job a sampler samples with, made once and kept (LRU)."""
+        key = adapter or ("base:" + base_model)
+        with self._sampler_locks[key]:
+            with self._lock:
+                job = self._samplers.get(key)
+                if job is not None:
+                    self._samplers.move_to_end(key)
+                    return job
+            directory = self.base_dir(base_model)
+            pretrained = (ampd.from_pretrained(directory, adapter=adapter) if adapter
+                          else ampd.from_pretrained(directory))
+            job = self.client(owner).create_job(pretrained, precision=self.precision,
+                                                batch_invariant=True,
+                                                display_name="tinker-sampler:" + base_model)
+            evicted = []
+            with self._lock:
+                self._samplers[key] = job
+                while len(self._samplers) > self.max_samplers:
+                    evicted.append(self._samplers.popitem(last=False)[1])
+            for old in evicted:
+                old.delete()
+            return job
+
+    def sample(self, owner, session, request):
+        """One asample: ([(tokens, logprobs, reason)], prompt_logprobs or None)."""
+        _, base_model, adapter, _ = session
+        prompt = request["tokens"]
+        params = request["sampling_params"]
+        job = self._sampler_job(owner, base_model, adapter)
+        num_samples = request["num_samples"]
+        max_tokens = params["max_tokens"]
+        prompt_logprobs = None
+        if request["prompt_logprobs"]:
+            if len(prompt) < 2:
+                prompt_logprobs = np.full(len(prompt), np.nan, dtype=np.float32)
+            else:
+                values = job.logprobs([prompt])[0]
+                prompt_logprobs = np.concatenate([[np.nan], values]).astype(np.float32)
+        completions = job.sample([prompt], num_samples=num_samples, max_tokens=max_tokens,
+                                 temperature=params["temperature"], top_k=params["top_k"],
+                                 top_p=params["top_p"], stop=params["stop"], seed=params["seed"])
+        sequences = [(c.tokens, c.logprobs, c.stop_reason) for c in completions[0]]
+        return sequences, prompt_logprobs

@@ -1,0 +1,524 @@
+"""The HTTP face: Tinker's /api/v1 endpoints on aiohttp, health and metrics.
+
+Every body is checked here (size, JSON or protobuf, the fields a call reads)
+before anything reaches ampd; a call that trains, saves or samples returns a
+future at once ({"request_id": ...}) and runs in a thread, a model's calls in
+seq_id order (Runner). Errors use the statuses the SDK acts on: 400 with a
+{"detail"} body for a bad request (it retries a bare 400 a few times, then
+raises), 401 for a missing or unknown key, 404 for an unknown id or another
+key's, 410 for a future it no longer holds (it sends its request again), 429
+when full (it backs off). A failed call's future answers
+{"error", "category"}, which the SDK raises as RequestFailedError.
+"""
+import asyncio
+import concurrent.futures
+import hashlib
+import json
+import logging
+import time
+
+import ampd
+from aiohttp import web
+
+from ampd_tinker import futures as futures_mod
+from ampd_tinker import losses, wire
+from ampd_tinker.engine import NotFound, UserError, check_name
+from ampd_tinker.runner import Replay, Runner
+
+log = logging.getLogger("ampd_tinker")
+MAX_JSON = 8 << 20
+SDK_CONFIG = {
+    # Parallel chunks (the SDK's default); the front orders them by seq_id.
+    "parallel_fwdbwd_chunks": True,
+    "proto_compress_fwdbwd": False,  # zstd bodies would need one more package
+    "fwdbwd_max_chunk_len": 128,
+    "fwdbwd_max_chunk_bytes_count": 4_000_000,
+    "sample_max_concurrent_requests": 256,
+    "pjwt_auth_enabled": False,
+    "credential_default_source": "api_key",
+}
+
+
+class Keys:
+    """API keys -> owners. keys: {api_key: owner} from --api-keys; None: any
+    key starting tml- is its own owner (a digest of it)."""
+
+    def __init__(self, keys=None):
+        self.keys = keys
+
+    def owner(self, key):
+        if not key:
+            return None
+        if self.keys is not None:
+            return self.keys.get(key)
+        if not key.startswith("tml-") or len(key) > 512:
+            return None
+        return "k" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _error(status, detail):
+    return web.json_response({"detail": detail}, status=status)
+
+
+class Front:
+    def __init__(self, engine, keys, state_dir, workers=16, gap_timeout=120.0,
+                 max_body=64 << 20, max_pending=4096, max_done=16384):
+        self.engine = engine
+        self.keys = keys
+        self.max_body = max_body
+        self.gap_timeout = gap_timeout
+        self.futures = futures_mod.FutureStore(state_dir, max_pending, max_done)
+        self.pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="ampd-call")
+        self.started = time.time()
+        self.counters = {}  # (endpoint, status) -> count
+        self.sessions = set()
+
+    # ---- plumbing ----------------------------------------------------------------
+
+    def app(self):
+        app = web.Application(client_max_size=self.max_body,
+                              middlewares=[self._middleware])
+        r = app.router
+        r.add_get("/healthz", self.healthz)
+        r.add_get("/metrics", self.metrics)
+        r.add_route("*", "/api/v1/healthz", self.healthz)
+        for name in ("client/config", "client/dynamic_config"):
+            r.add_post("/api/v1/" + name, self.client_config)
+        r.add_post("/api/v1/create_session", self.create_session)
+        r.add_post("/api/v1/session_heartbeat", self.heartbeat)
+        r.add_post("/api/v1/sessions/{session_id}/finish", self.finish_session)
+        r.add_post("/api/v1/telemetry", self.telemetry)
+        r.add_get("/api/v1/get_server_capabilities", self.capabilities)
+        r.add_post("/api/v1/create_model", self.create_model)
+        r.add_post("/api/v1/get_info", self.get_info)
+        r.add_post("/api/v1/weights_info", self.weights_info)
+        r.add_post("/api/v1/unload_model", self.unload_model)
+        r.add_post("/api/v1/forward_backward", self.forward_backward)
+        r.add_post("/api/v1/optim_step", self.optim_step)
+        r.add_post("/api/v1/save_weights", self.save_weights)
+        r.add_post("/api/v1/load_weights", self.load_weights)
+        r.add_post("/api/v1/save_weights_for_sampler", self.save_weights_for_sampler)
+        r.add_post("/api/v1/create_sampling_session", self.create_sampling_session)
+        r.add_get("/api/v1/samplers/{sampler_id}", self.get_sampler)
+        r.add_post("/api/v1/asample", self.asample)
+        r.add_post("/api/v1/retrieve_future", self.retrieve_future)
+        r.add_get("/api/v1/training_runs/{model_id}/checkpoints", self.list_checkpoints)
+        r.add_delete("/api/v1/training_runs/{model_id}/checkpoints/{kind}/{name}",
+                     self.delete_checkpoint)
+        app.on_startup.append(self._restore)
+        return app
+
+    @web.middleware
+    async def _middleware(self, request, handler):
+        """Authentication, and no exception ever escapes as a crash."""
+        path = request.path
+        status = 500
+        try:
+            if path in ("/healthz", "/metrics", "/api/v1/healthz"):
+                response = await handler(request)
+            else:
+                owner = self.keys.owner(request.headers.get("X-API-Key"))
+                if owner is None:
+                    response = _error(401, "a valid X-API-Key is needed")
+                else:
+                    request["owner"] = owner
+                    response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as e:
+            status = e.status
+            if e.status == 413:
+                return _error(413, "body too large: at most %d bytes" % self.max_body)
+            raise
+        except (UserError, ValueError, KeyError, TypeError) as e:
+            status = 400
+            return _error(400, str(e))
+        except NotFound as e:
+            status = 404
+            return _error(404, str(e))
+        except futures_mod.Full as e:
+            status = 429
+            return _error(429, str(e))
+        except Exception:  # a bug: the front answers and stays up
+            log.exception("%s %s", request.method, path)
+            return _error(500, "internal error")
+        finally:
+            key = (request.match_info.route.resource.canonical
+                   if request.match_info.route.resource is not None else "unmatched", status)
+            self.counters[key] = self.counters.get(key, 0) + 1
+
+    async def _json(self, request):
+        body = await request.read()
+        return wire.json_body(body, MAX_JSON)
+
+    def _blocking(self, fn):
+        return asyncio.get_running_loop().run_in_executor(self.pool, fn)
+
+    def _model(self, request, body, key="model_id"):
+        model_id = body.get(key)
+        if not isinstance(model_id, str):
+            raise UserError("%s: a string" % key)
+        return self.engine.model(request["owner"], model_id)
+
+    def _runner(self, model):
+        if model.runner is None:
+            model.runner = Runner(self._blocking_logged, self.gap_timeout)
+        return model.runner
+
+    async def _blocking_logged(self, work):
+        await self._blocking(work)
+
+    def _complete(self, future, fn, durable=False):
+        """A blocking callable that runs fn and settles future with its
+        result, or its error (user errors as such, the rest as server's)."""
+        def work():
+            try:
+                self.futures.finish(future, fn(), durable=durable)
+            except (UserError, ValueError, NotFound) as e:
+                self.futures.fail(future, str(e), "user")
+            except ampd.AmpdError as e:
+                user = isinstance(e, (ampd.InvalidArgument, ampd.NotFound, ampd.FailedPrecondition,
+                                      ampd.PermissionDenied, ampd.MemoryLimit, ampd.JobLimit))
+                self.futures.fail(future, "ampd: %s" % e, "user" if user else "server")
+            except Exception as e:  # noqa: BLE001 - reported in the future, logged here
+                log.exception("call %s", future.request_id)
+                self.futures.fail(future, "internal error: %s" % type(e).__name__, "server")
+        return work
+
+    def _in_order(self, request, model, body_digest, seq_id, fn, kind="json", durable=False):
+        """Queue fn on the model's runner under seq_id; the future's JSON."""
+        if seq_id is not None and (not isinstance(seq_id, int) or isinstance(seq_id, bool)
+                                   or seq_id < 0):
+            raise UserError("seq_id %r: a non-negative integer" % (seq_id,))
+        future = self.futures.create(request["owner"], kind)
+        try:
+            chosen = self._runner(model).submit(seq_id, body_digest, future,
+                                                self._complete(future, fn, durable))
+        except Replay as e:
+            self.futures.fail(future, str(e))
+            raise UserError(str(e)) from None
+        if chosen is not future:  # an identical resend: the first call's future
+            self.futures.fail(future, "superseded")
+        return web.json_response({"request_id": chosen.request_id, "model_id": model.model_id})
+
+    def _now(self, request, fn, kind="json", durable=False, extra=None):
+        """Run fn in a thread now (not ordered); the future's JSON."""
+        future = self.futures.create(request["owner"], kind)
+        asyncio.get_running_loop().run_in_executor(self.pool, self._complete(future, fn, durable))
+        body = {"request_id": future.request_id}
+        body.update(extra(future) if extra else {})
+        return web.json_response(body)
+
+    async def _restore(self, app):
+        restored = await self._blocking(self.engine.restore)
+        for model in restored:
+            model.runner = Runner(self._blocking_logged, self.gap_timeout, next_seq=None)
+        if restored:
+            log.info("reattached %d models", len(restored))
+
+    # ---- service -----------------------------------------------------------------
+
+    async def healthz(self, request):
+        return web.json_response({"status": "ok"})
+
+    async def metrics(self, request):
+        pending, done = self.futures.counts()
+        lines = [
+            "# TYPE ampd_tinker_futures gauge",
+            'ampd_tinker_futures{state="pending"} %d' % pending,
+            'ampd_tinker_futures{state="finished"} %d' % done,
+            "# TYPE ampd_tinker_futures_evicted_total counter",
+            "ampd_tinker_futures_evicted_total %d" % self.futures.evicted,
+            "# TYPE ampd_tinker_models gauge",
+            "ampd_tinker_models %d" % len(self.engine.models),
+            "# TYPE ampd_tinker_sampling_sessions gauge",
+            "ampd_tinker_sampling_sessions %d" % len(self.engine.sessions),
+            "# TYPE ampd_tinker_requests_total counter",
+        ]
+        for (endpoint, status), count in sorted(self.counters.items()):
+            lines.append('ampd_tinker_requests_total{endpoint="%s",status="%d"} %d'
+                         % (endpoint.replace('"', ""), status, count))
+        return web.Response(text="\n".join(lines) + "\n",
+                            content_type="text/plain", charset="utf-8")
+
+    async def client_config(self, request):
+        await self._json(request)
+        return web.json_response(SDK_CONFIG)
+
+    async def create_session(self, request):
+        await self._json(request)
+        session_id = "session-" + hashlib.sha256(
+            ("%s%f" % (request["owner"], time.time())).encode()).hexdigest()[:16]
+        return web.json_response({"type": "create_session", "session_id": session_id})
+
+    async def heartbeat(self, request):
+        await self._json(request)
+        return web.json_response({"type": "session_heartbeat"})
+
+    async def finish_session(self, request):
+        return web.json_response({})
+
+    async def telemetry(self, request):
+        return web.json_response({"status": "accepted"})
+
+    async def capabilities(self, request):
+        names = await self._blocking(self.engine.base_models)
+        return web.json_response({"supported_models": [
+            {"model_name": n, "trainable": True, "sampleable": True} for n in names]})
+
+    # ---- training ----------------------------------------------------------------
+
+    async def create_model(self, request):
+        body = await self._json(request)
+        base_model = body.get("base_model")
+        lora = body.get("lora_config") or {}
+        if not isinstance(lora, dict):
+            raise UserError("lora_config: an object")
+        self.engine.base_dir(base_model)  # an unknown name is refused now, not in the future
+        owner = request["owner"]
+
+        def create():
+            model = self.engine.create_model(owner, base_model, lora)
+            return {"type": "create_model", "model_id": model.model_id}
+
+        return self._now(request, create)
+
+    async def get_info(self, request):
+        body = await self._json(request)
+        model = self._model(request, body)
+        return web.json_response({
+            "type": "get_info", "model_id": model.model_id, "is_lora": True,
+            "lora_rank": model.rank, "model_name": model.base_model,
+            "model_data": {"arch": "ampd", "model_name": model.base_model,
+                           "tokenizer_id": self.engine.base_dir(model.base_model)}})
+
+    async def weights_info(self, request):
+        body = await self._json(request)
+        path = body.get("tinker_path") or body.get("path")
+        _, _, _, directory = self.engine.parse_path(request["owner"], path)
+        with open(directory + "/meta.json", encoding="utf-8") as f:
+            meta = json.load(f)
+        return web.json_response({"base_model": meta["base_model"], "is_lora": True,
+                                  "lora_rank": meta["rank"], "train_unembed": False,
+                                  "train_mlp": True, "train_attn": True})
+
+    async def unload_model(self, request):
+        body = await self._json(request)
+        model = self._model(request, body)
+
+        def unload():
+            model.runner and model.runner.close()
+            self.engine.unload_model(model)
+            return {"type": "unload_model", "model_id": model.model_id}
+
+        return self._now(request, unload)
+
+    async def forward_backward(self, request):
+        body = await request.read()
+        if request.content_type == "application/json":
+            raise UserError("forward_backward: send it as protobuf (%s)" % wire.PROTO)
+        message = wire.parse_forward_backward(body)
+        model = self.engine.model(request["owner"], message.model_id)
+        batch = losses.batch_of_request(message)
+        forward_only = message.forward_only
+
+        def run():
+            fields, metrics = self.engine.forward_backward(model, batch, forward_only)
+            return wire.forward_backward_output(fields, metrics)
+
+        digest = hashlib.sha256(body).hexdigest()
+        return self._in_order(request, model, digest, message.seq_id or None, run,
+                              kind="forward_backward")
+
+    async def optim_step(self, request):
+        raw = await request.read()
+        body = wire.json_body(raw, MAX_JSON)
+        model = self._model(request, body)
+        adam = body.get("adam_params") or body.get("optim_params") or {}
+        if not isinstance(adam, dict) or body.get("optimizer_params") is not None:
+            raise UserError("optim_step: adam_params (ampd trains with AdamW)")
+        return self._in_order(request, model, hashlib.sha256(raw).hexdigest(), body.get("seq_id"),
+                              lambda: self.engine.optim_step(model, adam), durable=True)
+
+    async def save_weights(self, request):
+        raw = await request.read()
+        body = wire.json_body(raw, MAX_JSON)
+        model = self._model(request, body)
+        name = check_name(body.get("path") or "state-%d" % int(time.time() * 1000),
+                          "checkpoint name")
+
+        def save():
+            return {"type": "save_weights", "path": self.engine.save_state(model, name)}
+
+        return self._in_order(request, model, hashlib.sha256(raw).hexdigest(), body.get("seq_id"),
+                              save, durable=True)
+
+    async def load_weights(self, request):
+        raw = await request.read()
+        body = wire.json_body(raw, MAX_JSON)
+        if body.get("model_id") is None:
+            raise UserError("load_weights: a model_id (create the model first; "
+                            "create-from-state is not served)")
+        model = self._model(request, body)
+        path = body.get("path")
+        optimizer = bool(body.get("optimizer"))
+        self.engine.parse_path(request["owner"], path, kinds=("weights",))
+
+        def load():
+            self.engine.load_state(model, path, optimizer)
+            return {"type": "load_weights", "path": path, "model_id": model.model_id}
+
+        return self._in_order(request, model, hashlib.sha256(raw).hexdigest(), body.get("seq_id"),
+                              load)
+
+    async def save_weights_for_sampler(self, request):
+        raw = await request.read()
+        body = wire.json_body(raw, MAX_JSON)
+        model = self._model(request, body)
+        name = body.get("path")
+        owner = request["owner"]
+        if name is not None:
+            check_name(name, "sampler name")
+        if body.get("kind", "snapshot") != "snapshot":
+            raise UserError("save_weights_for_sampler: kind 'snapshot' only")
+
+        def save():
+            path = self.engine.save_for_sampler(model, name or "sampler-%s" % model.job.step_count
+                                                + "-" + hashlib.sha256(raw).hexdigest()[:8])
+            if name is not None:
+                return {"type": "save_weights_for_sampler", "path": path}
+            session_id = self.engine.create_session(owner, model_path=path)
+            return {"type": "save_weights_for_sampler", "path": path,
+                    "sampling_session_id": session_id}
+
+        return self._in_order(request, model, hashlib.sha256(raw).hexdigest(), body.get("seq_id"),
+                              save)
+
+    # ---- sampling ----------------------------------------------------------------
+
+    async def create_sampling_session(self, request):
+        body = await self._json(request)
+        session_id = await self._blocking(lambda: self.engine.create_session(
+            request["owner"], body.get("model_path"), body.get("base_model")))
+        return web.json_response({"type": "create_sampling_session",
+                                  "sampling_session_id": session_id})
+
+    async def get_sampler(self, request):
+        session_id = request.match_info["sampler_id"]
+        _, base_model, _, model_path = self.engine.session(request["owner"], session_id)
+        return web.json_response({"sampler_id": session_id, "base_model": base_model,
+                                  "model_path": model_path})
+
+    async def asample(self, request):
+        body = await self._json(request)
+        owner = request["owner"]
+        if body.get("sampling_session_id"):
+            session = self.engine.session(owner, body["sampling_session_id"])
+        else:
+            session_id = await self._blocking(lambda: self.engine.create_session(
+                owner, body.get("model_path"), body.get("base_model")))
+            session = self.engine.session(owner, session_id)
+        sample = _sample_request(body)
+
+        def run():
+            sequences, prompt_logprobs = self.engine.sample(owner, session, sample)
+            return wire.sample_output(sequences, prompt_logprobs)
+
+        return self._now(request, run, kind="sample", extra=lambda f: {
+            "sample_sequence_ids": ["%s-%d" % (f.request_id, i)
+                                    for i in range(sample["num_samples"])]})
+
+    # ---- futures and checkpoints ---------------------------------------------------
+
+    async def retrieve_future(self, request):
+        body = await self._json(request)
+        request_id = body.get("request_id")
+        if not isinstance(request_id, str):
+            raise UserError("request_id: a string")
+        future = self.futures.get(request_id, request["owner"])
+        if future is None:
+            return _error(410, "request %s: not held (unknown, or evicted); send it again"
+                          % request_id)
+        deadline = time.monotonic() + 20.0  # a long poll, under the SDK's 45 s
+        while future.state == futures_mod.PENDING and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        if future.state == futures_mod.PENDING:
+            return web.json_response({"type": "try_again", "request_id": request_id,
+                                      "queue_state": "active"})
+        if future.state == futures_mod.FAILED:
+            return web.json_response({"error": future.error, "category": future.category})
+        if future.kind == "json":
+            return web.json_response(future.result)
+        proto, as_json = future.result
+        if wire.PROTO in request.headers.get("Accept", ""):
+            return web.Response(body=proto, content_type=wire.PROTO)
+        return web.json_response(as_json)
+
+    async def list_checkpoints(self, request):
+        model_id = check_name(request.match_info["model_id"], "model id")
+        found = self.engine.list_checkpoints(request["owner"], model_id)
+        return web.json_response({"checkpoints": found, "cursor": None})
+
+    async def delete_checkpoint(self, request):
+        info = request.match_info
+        path = "tinker://%s/%s/%s" % (info["model_id"], info["kind"], info["name"])
+        await self._blocking(lambda: self.engine.delete_checkpoint(request["owner"], path))
+        return web.json_response({})
+
+
+def _sample_request(body):
+    """asample's body, checked: {tokens, num_samples, sampling_params, prompt_logprobs}."""
+    chunks = (body.get("prompt") or {}).get("chunks")
+    if not isinstance(chunks, list) or not chunks:
+        raise UserError("prompt.chunks: a non-empty list")
+    tokens = []
+    for chunk in chunks:
+        if not isinstance(chunk, dict) or chunk.get("type", "encoded_text") != "encoded_text":
+            raise UserError("prompt: only encoded_text chunks")
+        values = chunk.get("tokens")
+        if not isinstance(values, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 1 << 31 for t in values):
+            raise UserError("prompt: tokens are non-negative integers")
+        tokens.extend(values)
+    if not tokens or len(tokens) > 1 << 20:
+        raise UserError("prompt: 1..%d tokens" % (1 << 20))
+    num_samples = body.get("num_samples", 1)
+    if not isinstance(num_samples, int) or not 1 <= num_samples <= 1024:
+        raise UserError("num_samples: 1..1024")
+    params = body.get("sampling_params") or {}
+    if not isinstance(params, dict):
+        raise UserError("sampling_params: an object")
+    for key in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
+        if body.get(key):
+            raise UserError("%s: not served by ampd" % key)
+    if body.get("target_prompt_logprobs") is not None or body.get("prompt_logprobs_last_n"):
+        raise UserError("target_prompt_logprobs and prompt_logprobs_last_n: not served by ampd")
+    stop = params.get("stop")
+    if stop is None:
+        stop = []
+    elif isinstance(stop, (str, int)):
+        stop = [stop]
+    if not all(isinstance(s, int) and not isinstance(s, bool) for s in stop):
+        raise UserError("sampling_params.stop: token ids (ampd does not match stop strings)")
+    max_tokens = params.get("max_tokens") or 16
+    seed = params.get("seed")
+    if seed is None:
+        seed = int.from_bytes(hashlib.sha256(str(time.time_ns()).encode()).digest()[:7], "little")
+    temperature = params.get("temperature", 1.0)
+    top_k = params.get("top_k", -1)
+    top_p = params.get("top_p", 1.0)
+    for name, value in (("max_tokens", max_tokens), ("seed", seed), ("top_k", top_k)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise UserError("sampling_params.%s: an integer" % name)
+    for name, value in (("temperature", temperature), ("top_p", top_p)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise UserError("sampling_params.%s: a number" % name)
+    if not 1 <= max_tokens <= 1 << 16 or seed < 0 or seed >= 1 << 64 or temperature < 0 \
+            or not 0 < top_p <= 1:
+        raise UserError("sampling_params: max_tokens 1..65536, seed >= 0, temperature >= 0, "
+                        "top_p in (0, 1]")
+    return {"tokens": tokens, "num_samples": num_samples, "prompt_logprobs":
+            bool(body.get("prompt_logprobs")),
+            "sampling_params": {"max_tokens": max_tokens, "seed": seed,
+                                "temperature": float(temperature),
+                                "top_k": max(0, top_k), "top_p": float(top_p), "stop": stop}}
