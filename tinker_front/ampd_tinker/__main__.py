@@ -16,7 +16,7 @@ import sys
 from aiohttp import web
 
 from ampd_tinker.engine import Engine
-from ampd_tinker.server import Front, Keys
+from ampd_tinker.server import SDK_CONFIG, Front, Keys
 
 
 def read_keys(path):
@@ -51,6 +51,8 @@ def main(argv=None):
     p.add_argument("--max-finished", type=int, default=16384, help="finished futures kept")
     p.add_argument("--gap-timeout", type=float, default=120.0,
                    help="seconds a model waits for a missing seq_id before skipping it")
+    p.add_argument("--sdk-chunk-len", type=int, default=128,
+                   help="datums per forward_backward request the SDK is told to send")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="ampd-tinker %(levelname)s %(message)s")
 
@@ -59,6 +61,7 @@ def main(argv=None):
     engine = Engine(args.ampd, args.models_dir, args.state_dir, args.precision,
                     tokens=tokens, max_samplers=args.max_samplers, max_models=args.max_models,
                     default_token=args.ampd_token)
+    SDK_CONFIG["fwdbwd_max_chunk_len"] = max(1, args.sdk_chunk_len)
     front = Front(engine, Keys(keys), args.state_dir, max_body=args.max_body_bytes,
                   max_pending=args.max_pending, max_done=args.max_finished,
                   gap_timeout=args.gap_timeout)

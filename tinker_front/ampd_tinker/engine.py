@@ -27,6 +27,9 @@ import ampd
 from ampd_tinker import losses
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
+# Model ids: the front's own, or SESSION:train:N (the SDK names a model it
+# creates from a checkpoint itself).
+_MODEL_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]{0,159}$")
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
 LORA_ALPHA = 32.0
@@ -151,7 +154,7 @@ class Engine:
 
     # ---- training ----------------------------------------------------------------
 
-    def create_model(self, owner, base_model, lora_config):
+    def create_model(self, owner, base_model, lora_config, model_id=None):
         lora_config = lora_config or {}
         rank = lora_config.get("rank", 32)
         if not isinstance(rank, int) or not 1 <= rank <= 1024:
@@ -175,8 +178,11 @@ class Engine:
             precision=self.precision, optimizer=ampd.AdamW(lr=1e-4, betas=(0.9, 0.95), eps=1e-12,
                                                             weight_decay=0.0),
             seed=seed, batch_invariant=True, display_name="tinker:" + base_model)
-        model = Model("m" + uuid.uuid4().hex[:20], owner, base_model, rank, job)
+        model = Model(model_id or "m" + uuid.uuid4().hex[:20], owner, base_model, rank, job)
         with self._lock:
+            if model.model_id in self.models:
+                job.delete()
+                raise UserError("model %s exists" % model.model_id)
             self.models[model.model_id] = model
         self._save_registry()
         return model
@@ -200,7 +206,8 @@ class Engine:
             logprobs = [lp.reshape(-1) for lp in result.logprobs]
             elementwise = [t.reshape(-1) for t in result.token_losses]
         loss = float(np.sum([np.sum(e, dtype=np.float64) for e in elementwise]))
-        return {"logprobs": logprobs, "elementwise_loss": elementwise}, {"loss:sum": loss}
+        metrics = {"loss:sum": loss} if np.isfinite(loss) else {}  # JSON has no inf
+        return {"logprobs": logprobs, "elementwise_loss": elementwise}, metrics
 
     def optim_step(self, model, adam):
         def number(key, default):
@@ -218,7 +225,7 @@ class Engine:
         r = model.job.optim_step(lr=lr, betas=betas, eps=eps, weight_decay=wd, max_grad_norm=clip)
         metrics = {"loss_scale:unique": float(r.scale_after), "skipped:unique": float(r.skipped),
                    "step:unique": float(r.global_step)}
-        if r.grad_norm is not None:
+        if r.grad_norm is not None and np.isfinite(r.grad_norm):  # JSON has no inf
             metrics["grad_norm:mean"] = float(r.grad_norm)
         return {"metrics": metrics}
 
@@ -235,7 +242,8 @@ class Engine:
         if len(parts) != 3 or parts[1] not in kinds:
             raise UserError("path %r: tinker://MODEL/{%s}/NAME" % (path, "|".join(kinds)))
         model_id, kind, name = parts
-        check_name(model_id, "model id")
+        if not _MODEL_ID.match(model_id):
+            raise UserError("path %r: no model id" % (path,))
         check_name(name, "checkpoint name")
         directory = self._checkpoint_dir(owner, model_id, kind, name)
         if not os.path.exists(os.path.join(directory, "meta.json")):
@@ -290,6 +298,35 @@ class Engine:
             batch_invariant=True, display_name="tinker:" + model.base_model)
         self._save_registry()
         old.delete()
+
+    def create_model_from_state(self, owner, model_id, path, optimizer):
+        """The SDK's create_training_client_from_state: a new model named
+        model_id with a checkpoint's weights (and optimizer, with optimizer)."""
+        if not isinstance(model_id, str) or not _MODEL_ID.match(model_id):
+            raise UserError("model id %r: not a model id" % (model_id,))
+        _, _, _, directory = self.parse_path(owner, path, kinds=("weights",))
+        with open(os.path.join(directory, "meta.json"), encoding="utf-8") as f:
+            meta = json.load(f)
+        with self._lock:
+            if model_id in self.models:
+                raise UserError("model %s exists" % model_id)
+        job = self.client(owner).create_job(
+            ampd.from_pretrained(self.base_dir(meta["base_model"]),
+                                 adapter=os.path.join(directory, "adapter")),
+            precision=self.precision, optimizer=ampd.AdamW(lr=1e-4, betas=(0.9, 0.95), eps=1e-12,
+                                                            weight_decay=0.0),
+            batch_invariant=True, display_name="tinker:" + meta["base_model"])
+        model = Model(model_id, owner, meta["base_model"], meta["rank"], job)
+        try:
+            if optimizer:
+                job.load(os.path.join(directory, "state.safetensors"))
+        except BaseException:
+            job.delete()
+            raise
+        with self._lock:
+            self.models[model_id] = model
+        self._save_registry()
+        return model
 
     def save_for_sampler(self, model, name):
         """The adapter as a sampler checkpoint; returns its tinker:// path."""

@@ -56,8 +56,17 @@ class Keys:
         return "k" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
+def _json_response(value, status=200):
+    return web.json_response(value, status=status, dumps=_dumps)
+
+
+def _dumps(value):
+    """JSON, never NaN or Infinity (which no JSON parser takes)."""
+    return json.dumps(value, allow_nan=False)
+
+
 def _error(status, detail):
-    return web.json_response({"detail": detail}, status=status)
+    return _json_response({"detail": detail}, status=status)
 
 
 class Front:
@@ -199,7 +208,7 @@ class Front:
             raise UserError(str(e)) from None
         if chosen is not future:  # an identical resend: the first call's future
             self.futures.fail(future, "superseded")
-        return web.json_response({"request_id": chosen.request_id, "model_id": model.model_id})
+        return _json_response({"request_id": chosen.request_id, "model_id": model.model_id})
 
     def _now(self, request, fn, kind="json", durable=False, extra=None):
         """Run fn in a thread now (not ordered); the future's JSON."""
@@ -207,7 +216,7 @@ class Front:
         asyncio.get_running_loop().run_in_executor(self.pool, self._complete(future, fn, durable))
         body = {"request_id": future.request_id}
         body.update(extra(future) if extra else {})
-        return web.json_response(body)
+        return _json_response(body)
 
     async def _restore(self, app):
         restored = await self._blocking(self.engine.restore)
@@ -219,7 +228,7 @@ class Front:
     # ---- service -----------------------------------------------------------------
 
     async def healthz(self, request):
-        return web.json_response({"status": "ok"})
+        return _json_response({"status": "ok"})
 
     async def metrics(self, request):
         pending, done = self.futures.counts()
@@ -243,27 +252,27 @@ class Front:
 
     async def client_config(self, request):
         await self._json(request)
-        return web.json_response(SDK_CONFIG)
+        return _json_response(SDK_CONFIG)
 
     async def create_session(self, request):
         await self._json(request)
         session_id = "session-" + hashlib.sha256(
             ("%s%f" % (request["owner"], time.time())).encode()).hexdigest()[:16]
-        return web.json_response({"type": "create_session", "session_id": session_id})
+        return _json_response({"type": "create_session", "session_id": session_id})
 
     async def heartbeat(self, request):
         await self._json(request)
-        return web.json_response({"type": "session_heartbeat"})
+        return _json_response({"type": "session_heartbeat"})
 
     async def finish_session(self, request):
-        return web.json_response({})
+        return _json_response({})
 
     async def telemetry(self, request):
-        return web.json_response({"status": "accepted"})
+        return _json_response({"status": "accepted"})
 
     async def capabilities(self, request):
         names = await self._blocking(self.engine.base_models)
-        return web.json_response({"supported_models": [
+        return _json_response({"supported_models": [
             {"model_name": n, "trainable": True, "sampleable": True} for n in names]})
 
     # ---- training ----------------------------------------------------------------
@@ -286,7 +295,7 @@ class Front:
     async def get_info(self, request):
         body = await self._json(request)
         model = self._model(request, body)
-        return web.json_response({
+        return _json_response({
             "type": "get_info", "model_id": model.model_id, "is_lora": True,
             "lora_rank": model.rank, "model_name": model.base_model,
             "model_data": {"arch": "ampd", "model_name": model.base_model,
@@ -298,7 +307,7 @@ class Front:
         _, _, _, directory = self.engine.parse_path(request["owner"], path)
         with open(directory + "/meta.json", encoding="utf-8") as f:
             meta = json.load(f)
-        return web.json_response({"base_model": meta["base_model"], "is_lora": True,
+        return _json_response({"base_model": meta["base_model"], "is_lora": True,
                                   "lora_rank": meta["rank"], "train_unembed": False,
                                   "train_mlp": True, "train_attn": True})
 
@@ -356,13 +365,23 @@ class Front:
     async def load_weights(self, request):
         raw = await request.read()
         body = wire.json_body(raw, MAX_JSON)
-        if body.get("model_id") is None:
-            raise UserError("load_weights: a model_id (create the model first; "
-                            "create-from-state is not served)")
-        model = self._model(request, body)
         path = body.get("path")
         optimizer = bool(body.get("optimizer"))
-        self.engine.parse_path(request["owner"], path, kinds=("weights",))
+        owner = request["owner"]
+        self.engine.parse_path(owner, path, kinds=("weights",))
+        if body.get("model_id") is None:
+            # Create-from-state: the SDK names the model SESSION:train:SEQ.
+            session_id, seq = body.get("session_id"), body.get("model_seq_id")
+            if not isinstance(session_id, str) or not isinstance(seq, int):
+                raise UserError("load_weights: a model_id, or a session_id and model_seq_id")
+            model_id = "%s:train:%d" % (session_id, seq)
+
+            def create():
+                self.engine.create_model_from_state(owner, model_id, path, optimizer)
+                return {"type": "load_weights", "path": path, "model_id": model_id}
+
+            return self._now(request, create)
+        model = self._model(request, body)
 
         def load():
             self.engine.load_state(model, path, optimizer)
@@ -400,13 +419,13 @@ class Front:
         body = await self._json(request)
         session_id = await self._blocking(lambda: self.engine.create_session(
             request["owner"], body.get("model_path"), body.get("base_model")))
-        return web.json_response({"type": "create_sampling_session",
+        return _json_response({"type": "create_sampling_session",
                                   "sampling_session_id": session_id})
 
     async def get_sampler(self, request):
         session_id = request.match_info["sampler_id"]
         _, base_model, _, model_path = self.engine.session(request["owner"], session_id)
-        return web.json_response({"sampler_id": session_id, "base_model": base_model,
+        return _json_response({"sampler_id": session_id, "base_model": base_model,
                                   "model_path": model_path})
 
     async def asample(self, request):
@@ -443,27 +462,27 @@ class Front:
         while future.state == futures_mod.PENDING and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
         if future.state == futures_mod.PENDING:
-            return web.json_response({"type": "try_again", "request_id": request_id,
+            return _json_response({"type": "try_again", "request_id": request_id,
                                       "queue_state": "active"})
         if future.state == futures_mod.FAILED:
-            return web.json_response({"error": future.error, "category": future.category})
+            return _json_response({"error": future.error, "category": future.category})
         if future.kind == "json":
-            return web.json_response(future.result)
+            return _json_response(future.result)
         proto, as_json = future.result
         if wire.PROTO in request.headers.get("Accept", ""):
             return web.Response(body=proto, content_type=wire.PROTO)
-        return web.json_response(as_json)
+        return _json_response(as_json)
 
     async def list_checkpoints(self, request):
         model_id = check_name(request.match_info["model_id"], "model id")
         found = self.engine.list_checkpoints(request["owner"], model_id)
-        return web.json_response({"checkpoints": found, "cursor": None})
+        return _json_response({"checkpoints": found, "cursor": None})
 
     async def delete_checkpoint(self, request):
         info = request.match_info
         path = "tinker://%s/%s/%s" % (info["model_id"], info["kind"], info["name"])
         await self._blocking(lambda: self.engine.delete_checkpoint(request["owner"], path))
-        return web.json_response({})
+        return _json_response({})
 
 
 def _sample_request(body):

@@ -17,8 +17,11 @@ if ! env_dir="$("$AMPD_SOURCE_DIR/scripts/tinker-env.sh")"; then
 fi
 export AMPD_TINKER_PYTHON="$env_dir/bin/python"
 sdk_path=""
+export AMPD_TINKER_SDK_VERSION
+AMPD_TINKER_SDK_VERSION="$(sed -n 's/^tinker==//p' "$AMPD_SOURCE_DIR/scripts/requirements-tinker.txt")"
 if [[ "$sdk" == "older" ]]; then
-  sdk_path="$env_dir/sdk-$(cat "$env_dir/older-sdk"):"
+  AMPD_TINKER_SDK_VERSION="$(cat "$env_dir/older-sdk")"
+  sdk_path="$env_dir/sdk-$AMPD_TINKER_SDK_VERSION:"
 fi
 export PYTHONPATH="$sdk_path$AMPD_TINKER_PYTHONPATH"
 exec "$env_dir/bin/python" -m pytest "$@"

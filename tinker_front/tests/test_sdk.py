@@ -1,0 +1,227 @@
+"""The tinker SDK, unchanged, against ampd-tinker and a real ampd: a LoRA
+training client on a tiny Qwen2-family base, forward_backward with each of
+Tinker's five losses (several chunked calls sent before any is awaited),
+optim_step with AdamParams, save_state / load_state with and without the
+optimizer, a sampler from the saved weights (seeded, greedy at temperature
+0), compute_logprobs, and the sampler's log-probs equal to the trainer's
+forward bit for bit (the job is batch_invariant)."""
+import os
+
+import numpy as np
+import pytest
+import tinker
+from tinker import types
+
+from conftest import BASE, KEY, start_front
+
+LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro")
+TEXTS = ["1+1=2", "2+3=5", "4+4=8", "3+5=8", "6+1=7"]
+
+
+def resolved(value):
+    """Newer SDKs return a future where older ones return the client."""
+    return value.result() if type(value).__name__.startswith("Backcompat") else value
+
+
+@pytest.fixture(scope="module")
+def front(workdir, ampd_server, models_dir):
+    # Two datums a request: five datums go out as three requests at once.
+    server = start_front(workdir, ampd_server.address, models_dir, "--sdk-chunk-len=2")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def service(front):
+    client = tinker.ServiceClient(base_url="http://" + front.address, api_key=KEY)
+    return client
+
+
+@pytest.fixture(scope="module")
+def trainer(service):
+    return resolved(service.create_lora_training_client(base_model=BASE, rank=4, seed=3))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(trainer):
+    return trainer.get_tokenizer()
+
+
+def datum(ids, loss, rng):
+    """Next-token datum of ids for a loss (its per-token inputs drawn from rng)."""
+    n = len(ids) - 1
+    inputs = {"target_tokens": np.asarray(ids[1:], dtype=np.int64)}
+    if loss == "cross_entropy":
+        inputs["weights"] = rng.uniform(0.5, 1.5, n).astype(np.float32)
+    else:
+        inputs["logprobs"] = rng.uniform(-4.0, -1.0, n).astype(np.float32)
+        inputs["advantages"] = rng.standard_normal(n).astype(np.float32)
+    return types.Datum(model_input=types.ModelInput.from_ints(list(ids[:-1])),
+                       loss_fn_inputs=inputs)
+
+
+def logprobs_of(result):
+    return [np.asarray(o["logprobs"].to_numpy(), dtype=np.float32) for o in result.loss_fn_outputs]
+
+
+def forward_logprobs(trainer, sequences):
+    data = [datum(s, "cross_entropy", np.random.default_rng(0)) for s in sequences]
+    return logprobs_of(trainer.forward(data, "cross_entropy").result())
+
+
+def test_the_sdk_is_the_pinned_one():
+    from tinker import _version
+    assert _version.__version__ == os.environ["AMPD_TINKER_SDK_VERSION"]
+
+
+def test_five_losses_chunked_then_optim_step(trainer, tokenizer):
+    sequences = [tokenizer.encode(t) for t in TEXTS]
+    before = forward_logprobs(trainer, sequences)
+    rng = np.random.default_rng(1)
+    data = {loss: [datum(s, loss, rng) for s in sequences] for loss in LOSSES}
+    # Every call is sent before any is awaited; each is three requests.
+    futures = [trainer.forward_backward(data[loss], loss) for loss in LOSSES]
+    results = [f.result() for f in futures]
+    for loss, result in zip(LOSSES, results):
+        assert len(result.loss_fn_outputs) == len(TEXTS), loss
+        # No update between them: each call saw the weights forward saw.
+        for ours, theirs in zip(logprobs_of(result), before):
+            np.testing.assert_array_equal(ours, theirs, err_msg=loss)
+        total = sum(float(np.sum(o["elementwise_loss"].to_numpy(), dtype=np.float64))
+                    for o in result.loss_fn_outputs)
+        assert result.metrics["loss:sum"] == pytest.approx(total, rel=1e-6), loss
+    ce = results[0]
+    for d, out in zip(data["cross_entropy"], ce.loss_fn_outputs):
+        w = d.loss_fn_inputs["weights"].to_numpy()
+        np.testing.assert_allclose(out["elementwise_loss"].to_numpy(),
+                                   -w * out["logprobs"].to_numpy(), rtol=1e-6)
+    for d, out in zip(data["importance_sampling"], results[1].loss_fn_outputs):
+        q, a = d.loss_fn_inputs["logprobs"].to_numpy(), d.loss_fn_inputs["advantages"].to_numpy()
+        lp = out["logprobs"].to_numpy().astype(np.float64)
+        np.testing.assert_allclose(out["elementwise_loss"].to_numpy(), -np.exp(lp - q) * a,
+                                   rtol=1e-4, atol=1e-6)
+
+    # fp16 with dynamic loss scaling: an update may be skipped while the
+    # scale backs off, so train until the weights move.
+    for _ in range(6):
+        step = trainer.optim_step(types.AdamParams(learning_rate=5e-2, beta1=0.9, beta2=0.99,
+                                                   eps=1e-8, weight_decay=0.01,
+                                                   grad_clip_norm=1.0)).result()
+        assert "loss_scale:unique" in step.metrics
+        if step.metrics["skipped:unique"] == 0.0:
+            break
+        trainer.forward_backward(data["cross_entropy"], "cross_entropy").result()
+    else:
+        pytest.fail("every update was skipped")
+    after = forward_logprobs(trainer, sequences)
+    assert any(not np.array_equal(a, b) for a, b in zip(after, before))
+
+
+def train_once(trainer, sequences):
+    rng = np.random.default_rng(5)
+    trainer.forward_backward([datum(s, "cross_entropy", rng) for s in sequences],
+                             "cross_entropy").result()
+    return trainer.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+
+
+def test_save_state_and_load_state(trainer, tokenizer):
+    sequences = [tokenizer.encode(t) for t in TEXTS]
+    path = trainer.save_state("ckpt-a").result().path
+    assert path.startswith("tinker://") and path.endswith("/weights/ckpt-a")
+    saved = forward_logprobs(trainer, sequences)
+    for _ in range(3):
+        train_once(trainer, sequences)
+    moved = forward_logprobs(trainer, sequences)
+    assert any(not np.array_equal(a, b) for a, b in zip(saved, moved))
+
+    trainer.load_state_with_optimizer(path).result()
+    for ours, theirs in zip(forward_logprobs(trainer, sequences), saved):
+        np.testing.assert_array_equal(ours, theirs)
+    # The same update from the same state (optimizer moments included).
+    first = train_once(trainer, sequences)
+    one = forward_logprobs(trainer, sequences)
+    trainer.load_state_with_optimizer(path).result()
+    second = train_once(trainer, sequences)
+    # The same update from the same state (the job's step count goes on).
+    assert {k: v for k, v in first.metrics.items() if k != "step:unique"} == \
+        {k: v for k, v in second.metrics.items() if k != "step:unique"}
+    for ours, theirs in zip(forward_logprobs(trainer, sequences), one):
+        np.testing.assert_array_equal(ours, theirs)
+
+    trainer.load_state(path).result()  # weights only: a fresh optimizer
+    for ours, theirs in zip(forward_logprobs(trainer, sequences), saved):
+        np.testing.assert_array_equal(ours, theirs)
+
+
+def test_a_training_client_from_state(service, trainer, tokenizer):
+    if not hasattr(service, "create_training_client_from_state_with_optimizer"):
+        pytest.skip("this SDK has no create_training_client_from_state_with_optimizer")
+    sequences = [tokenizer.encode(t) for t in TEXTS]
+    path = trainer.save_state("ckpt-c").result().path
+    saved = forward_logprobs(trainer, sequences)
+    first = train_once(trainer, sequences)
+    one = forward_logprobs(trainer, sequences)
+    for with_optimizer in (True, False):
+        create = (service.create_training_client_from_state_with_optimizer if with_optimizer
+                  else service.create_training_client_from_state)
+        other = resolved(create(path))
+        assert other.model_id != trainer.model_id
+        for ours, theirs in zip(forward_logprobs(other, sequences), saved):
+            np.testing.assert_array_equal(ours, theirs)
+        if with_optimizer:
+            second = train_once(other, sequences)
+            assert second.metrics["loss_scale:unique"] == first.metrics["loss_scale:unique"]
+            for ours, theirs in zip(forward_logprobs(other, sequences), one):
+                np.testing.assert_array_equal(ours, theirs)
+
+
+def test_sampler_equals_trainer_bit_for_bit(trainer, tokenizer):
+    sampler = resolved(trainer.save_weights_and_get_sampling_client())
+    prompt = tokenizer.encode("2+2=")
+    params = types.SamplingParams(max_tokens=6, seed=11, temperature=1.0)
+    first = sampler.sample(types.ModelInput.from_ints(prompt), 3, params).result()
+    again = sampler.sample(types.ModelInput.from_ints(prompt), 3, params).result()
+    assert [s.tokens for s in first.sequences] == [s.tokens for s in again.sequences]
+    other = sampler.sample(types.ModelInput.from_ints(prompt), 3,
+                           types.SamplingParams(max_tokens=6, seed=12)).result()
+    assert [s.tokens for s in other.sequences] != [s.tokens for s in first.sequences]
+
+    greedy = [sampler.sample(types.ModelInput.from_ints(prompt), 2,
+                             types.SamplingParams(max_tokens=6, seed=seed, temperature=0.0)
+                             ).result() for seed in (1, 2)]
+    tokens = [s.tokens for r in greedy for s in r.sequences]
+    assert all(t == tokens[0] for t in tokens)
+
+    for sequence in first.sequences:
+        full = prompt + list(sequence.tokens)
+        trained = forward_logprobs(trainer, [full])[0][len(prompt) - 1:]
+        sampled = np.asarray(sequence.logprobs, dtype=np.float32)
+        np.testing.assert_array_equal(sampled, trained)
+        scored = sampler.compute_logprobs(types.ModelInput.from_ints(full)).result()
+        assert scored[0] is None
+        np.testing.assert_array_equal(np.asarray(scored[len(prompt):], dtype=np.float32),
+                                      trained)
+
+
+def test_named_sampler_weights_and_a_sampling_client_of_them(service, trainer, tokenizer):
+    path = trainer.save_weights_for_sampler("sampler-b").result().path
+    assert path.endswith("/sampler_weights/sampler-b")
+    sampler = resolved(service.create_sampling_client(model_path=path))
+    prompt = tokenizer.encode("1+")
+    result = sampler.sample(types.ModelInput.from_ints(prompt), 1,
+                            types.SamplingParams(max_tokens=4, seed=3)).result()
+    full = prompt + list(result.sequences[0].tokens)
+    np.testing.assert_array_equal(np.asarray(result.sequences[0].logprobs, dtype=np.float32),
+                                  forward_logprobs(trainer, [full])[0][len(prompt) - 1:])
+    # (A SamplingClient's get_tokenizer looks its base_model name up with
+    # transformers, which finds no tiny/qwen2-chars offline: see docs/TINKER.md.)
+
+
+def test_an_unknown_base_model_is_refused_naming_it(service):
+    with pytest.raises(Exception, match="not served here"):
+        resolved(service.create_lora_training_client(base_model="no/such-model", rank=4))
+
+
+def test_the_front_and_ampd_are_alive(front, ampd_server):
+    assert front.alive() and ampd_server.alive()
+    assert "Traceback" not in front.log(), front.log()
