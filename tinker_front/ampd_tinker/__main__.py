@@ -54,7 +54,7 @@ def main(argv=None):
     p.add_argument("--sdk-chunk-len", type=int, default=128,
                    help="datums per forward_backward request the SDK is told to send")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="ampd-tinker %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.INFO, format="ampd-tinker %(name)s %(levelname)s %(message)s")
 
     keys, tokens = read_keys(args.api_keys) if args.api_keys else (None, {})
     os.makedirs(args.state_dir, exist_ok=True)

@@ -519,7 +519,8 @@ def _sample_request(body):
         stop = [stop]
     if not all(isinstance(s, int) and not isinstance(s, bool) for s in stop):
         raise UserError("sampling_params.stop: token ids (ampd does not match stop strings)")
-    max_tokens = params.get("max_tokens") or 16
+    max_tokens = params.get("max_tokens")
+    max_tokens = 16 if max_tokens is None else max_tokens
     seed = params.get("seed")
     if seed is None:
         seed = int.from_bytes(hashlib.sha256(str(time.time_ns()).encode()).digest()[:7], "little")
