@@ -118,6 +118,10 @@ class Engine:
         for model_id, r in data.items():
             try:
                 job = self.client(r["owner"]).job(r["job_id"])
+                # Gradients accumulated before the restart belong to calls
+                # whose futures died with it; loading the job's own state
+                # drops them (and nothing else), so the model starts clean.
+                job.load_state_dict_bytes(job.state_dict_bytes("full"))
             except ampd.AmpdError:
                 continue  # the job is gone (ampd restarted without its state)
             model = Model(model_id, r["owner"], r["base_model"], r["rank"], job)

@@ -213,15 +213,25 @@ def test_a_restart_keeps_acknowledged_optim_steps(workdir, ampd_server, models_d
         step_id = r.json()["request_id"]
         acknowledged = api.result(step_id).json()
         assert "metrics" in acknowledged
+        # Accumulated, not applied, when the front dies: its future dies too.
+        r = api.post("forward_backward", content=fb_body(model_id, 3), headers=PROTO)
+        assert api.result(r.json()["request_id"]).status_code == 200
         front.stop(signal.SIGKILL)
         front.start()
         api = Api(front)
         assert api.result(step_id).json() == acknowledged
         info = api.post("get_info", {"model_id": model_id})
         assert info.status_code == 200 and info.json()["model_id"] == model_id
-        # The model goes on from the next seq_id the SDK sends.
-        r = api.post("forward_backward", content=fb_body(model_id, 3), headers=PROTO)
-        assert api.result(r.json()["request_id"], accept="application/x-protobuf"
-                          ).status_code == 200
+        # The model goes on from the next seq_id the SDK sends, without the
+        # dead call's gradients (nor its recorded answer given for a new call).
+        tokens = (9, 10, 11, 12, 13)
+        r = api.post("forward_backward", content=fb_body(model_id, 4, tokens=tokens),
+                     headers=PROTO)
+        out = api.result(r.json()["request_id"], accept="application/x-protobuf")
+        assert out.status_code == 200, out.text
+        record = pb.ForwardBackwardOutput.FromString(out.content).loss_fn_outputs[0]
+        assert len(record.fields["logprobs"].data) == 4 * (len(tokens) - 1)
+        r = api.post("optim_step", {"model_id": model_id, "seq_id": 5, "adam_params": {}})
+        assert "metrics" in api.result(r.json()["request_id"]).json()
     finally:
         front.stop()
