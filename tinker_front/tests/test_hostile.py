@@ -192,6 +192,14 @@ def test_bad_sample_requests(api, model_id):
         assert r.json()["detail"]
 
 
+def test_unload_model(api):
+    model_id = api.create_model()
+    r = api.post("unload_model", {"model_id": model_id})
+    assert api.result(r.json()["request_id"]).json()["model_id"] == model_id
+    assert "no such model" in detail(api.post("get_info", {"model_id": model_id}), 404)
+    assert detail(api.post("forward_backward", content=fb_body(model_id, 1), headers=PROTO), 404)
+
+
 def test_still_up_with_metrics(front, ampd_server, api):
     assert front.alive() and ampd_server.alive()
     text = api.http.get("/metrics").text

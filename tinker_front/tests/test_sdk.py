@@ -225,3 +225,41 @@ def test_an_unknown_base_model_is_refused_naming_it(service):
 def test_the_front_and_ampd_are_alive(front, ampd_server):
     assert front.alive() and ampd_server.alive()
     assert "ampd_tinker ERROR" not in front.log(), front.log()  # no bug of its own
+
+
+def test_checkpoints_listed_and_deleted(service, trainer):
+    if not hasattr(service, "create_rest_client"):
+        pytest.skip("this SDK has no RestClient")
+    rest = service.create_rest_client()
+    path = trainer.save_state("to-delete").result().path
+    listed = rest.list_checkpoints(trainer.model_id).result().checkpoints
+    by_path = {c.tinker_path: c for c in listed}
+    assert path in by_path and by_path[path].checkpoint_type == "training"
+    assert any(c.checkpoint_type == "sampler" for c in listed)
+    rest.delete_checkpoint_from_tinker_path(path).result()
+    assert path not in {c.tinker_path for c in rest.list_checkpoints(trainer.model_id)
+                        .result().checkpoints}
+    with pytest.raises(Exception):
+        trainer.load_state_with_optimizer(path).result()
+
+
+@pytest.mark.parametrize("precision", ["bf16"])
+def test_other_precisions_sample_as_they_train(workdir, ampd_server, models_dir, precision):
+    front = start_front(workdir, ampd_server.address, models_dir, "--precision=" + precision)
+    try:
+        service = tinker.ServiceClient(base_url="http://" + front.address, api_key=KEY)
+        trainer = resolved(service.create_lora_training_client(base_model=BASE, rank=4))
+        tokenizer = trainer.get_tokenizer()
+        sequences = [tokenizer.encode(t) for t in TEXTS]
+        train_once(trainer, sequences)
+        train_once(trainer, sequences)
+        sampler = resolved(trainer.save_weights_and_get_sampling_client())
+        prompt = tokenizer.encode("5+")
+        result = sampler.sample(types.ModelInput.from_ints(prompt), 2,
+                                types.SamplingParams(max_tokens=5, seed=4)).result()
+        for sequence in result.sequences:
+            full = prompt + list(sequence.tokens)
+            np.testing.assert_array_equal(np.asarray(sequence.logprobs, dtype=np.float32),
+                                          forward_logprobs(trainer, [full])[0][len(prompt) - 1:])
+    finally:
+        front.stop()
