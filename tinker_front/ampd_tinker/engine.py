@@ -33,6 +33,7 @@ _MODEL_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]{0,159}$")
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
 LORA_ALPHA = 32.0
+KEEP_EPHEMERAL = 32  # unnamed sampler checkpoints kept per model
 
 
 class NotFound(Exception):
@@ -81,7 +82,7 @@ class Engine:
         self._lock = threading.Lock()
         self.models = {}  # model_id -> Model
         self._samplers = collections.OrderedDict()  # adapter dir or base -> ampd.Job, LRU
-        self._sampler_locks = collections.defaultdict(threading.Lock)
+        self._sampler_create_lock = threading.Lock()
         self.sessions = {}  # sampling_session_id -> (owner, base_model, adapter dir or None)
         os.makedirs(os.path.join(self.state_dir, "checkpoints"), exist_ok=True)
 
@@ -264,6 +265,7 @@ class Engine:
                 json.dump({"base_model": model.base_model, "rank": model.rank,
                            "step": model.job.step_count, "time": time.time()}, f)
             if os.path.exists(directory):
+                self._drop_samplers(directory)
                 shutil.rmtree(directory)
             os.replace(tmp, directory)
         except BaseException:
@@ -332,17 +334,27 @@ class Engine:
         self._save_registry()
         return model
 
-    def save_for_sampler(self, model, name):
-        """The adapter as a sampler checkpoint; returns its tinker:// path."""
+    def save_for_sampler(self, model, name=None):
+        """The adapter as a sampler checkpoint; returns its tinker:// path.
+        Unnamed (save_weights_and_get_sampling_client): an ephemeral one, of
+        which a model keeps its newest KEEP_EPHEMERAL."""
+        if name is None:
+            name = "ephemeral-%d-%s" % (model.job.step_count, uuid.uuid4().hex[:8])
         check_name(name, "sampler name")
-        return self._write_checkpoint(model, "sampler_weights", name, model.job.export_peft)
+        path = self._write_checkpoint(model, "sampler_weights", name, model.job.export_peft)
+        folder = os.path.join(self.state_dir, "checkpoints", model.owner, model.model_id,
+                              "sampler_weights")
+        ephemeral = sorted((os.path.getmtime(os.path.join(folder, n, "meta.json")), n)
+                           for n in os.listdir(folder) if n.startswith("ephemeral-")
+                           and os.path.exists(os.path.join(folder, n, "meta.json")))
+        for _, old in ephemeral[:-KEEP_EPHEMERAL]:
+            self._drop_samplers(os.path.join(folder, old))
+            shutil.rmtree(os.path.join(folder, old), ignore_errors=True)
+        return path
 
     def delete_checkpoint(self, owner, path):
         _, _, _, directory = self.parse_path(owner, path)
-        with self._lock:
-            job = self._samplers.pop(directory, None)
-        if job is not None:
-            job.delete()
+        self._drop_samplers(directory)
         shutil.rmtree(directory)
 
     def list_checkpoints(self, owner, model_id):
@@ -366,10 +378,12 @@ class Engine:
     # ---- sampling ----------------------------------------------------------------
 
     def create_session(self, owner, model_path=None, base_model=None):
+        version = None
         if model_path:
             _, kind, _, directory = self.parse_path(owner, model_path)
             with open(os.path.join(directory, "meta.json"), encoding="utf-8") as f:
-                base_model = json.load(f)["base_model"]
+                meta = json.load(f)
+            base_model, version = meta["base_model"], meta["time"]
             adapter = directory if kind == "sampler_weights" else os.path.join(directory, "adapter")
         elif base_model:
             self.base_dir(base_model)
@@ -378,7 +392,7 @@ class Engine:
             raise UserError("create_sampling_session: model_path or base_model")
         session_id = "s" + uuid.uuid4().hex[:20]
         with self._lock:
-            self.sessions[session_id] = (owner, base_model, adapter, model_path)
+            self.sessions[session_id] = (owner, base_model, adapter, model_path, version)
         return session_id
 
     def session(self, owner, session_id):
@@ -388,15 +402,32 @@ class Engine:
             raise NotFound("sampling session %r: no such session" % (session_id,))
         return entry
 
-    def _sampler_job(self, owner, base_model, adapter):
-        """The ampd job a sampler samples with, made once and kept (LRU)."""
-        key = adapter or ("base:" + base_model)
-        with self._sampler_locks[key]:
+    def _sampler_job(self, owner, base_model, adapter, version):
+        """The ampd job a sampler samples with, made once and kept (LRU).
+        Keyed by the checkpoint's folder and its save time: a sampler never
+        serves weights saved over the ones its session was made for."""
+        key = (adapter, version) if adapter else ("base", base_model)
+        with self._lock:
+            job = self._samplers.get(key)
+            if job is not None:
+                self._samplers.move_to_end(key)
+                return job
+        with self._sampler_create_lock:  # one load at a time; the next finds it
             with self._lock:
                 job = self._samplers.get(key)
                 if job is not None:
-                    self._samplers.move_to_end(key)
                     return job
+            if adapter:
+                meta_path = os.path.join(os.path.dirname(adapter) if adapter.endswith(
+                    os.sep + "adapter") else adapter, "meta.json")
+                try:
+                    with open(meta_path, encoding="utf-8") as f:
+                        current = json.load(f)["time"]
+                except FileNotFoundError:
+                    current = None
+                if current != version:
+                    raise UserError("the weights this sampling client was made for were "
+                                    "deleted or saved over; make a new sampling client")
             directory = self.base_dir(base_model)
             pretrained = (ampd.from_pretrained(directory, adapter=adapter) if adapter
                           else ampd.from_pretrained(directory))
@@ -412,12 +443,21 @@ class Engine:
                 old.delete()
             return job
 
+    def _drop_samplers(self, directory):
+        """Delete the sampler jobs made from a checkpoint folder."""
+        with self._lock:
+            keys = [k for k in self._samplers if k[0] in (directory, os.path.join(directory,
+                                                                                  "adapter"))]
+            jobs = [self._samplers.pop(k) for k in keys]
+        for job in jobs:
+            job.delete()
+
     def sample(self, owner, session, request):
         """One asample: ([(tokens, logprobs, reason)], prompt_logprobs or None)."""
-        _, base_model, adapter, _ = session
+        _, base_model, adapter, _, version = session
         prompt = request["tokens"]
         params = request["sampling_params"]
-        job = self._sampler_job(owner, base_model, adapter)
+        job = self._sampler_job(owner, base_model, adapter, version)
         num_samples = request["num_samples"]
         max_tokens = params["max_tokens"]
         prompt_logprobs = None

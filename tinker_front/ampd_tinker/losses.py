@@ -14,13 +14,11 @@ import numpy as np
 from ampd_tinker import wire
 
 LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro")
-# Tinker's loss_fn_config keys -> ampd's keyword arguments.
-_CONFIG = {
-    "ppo": {"clip_low_threshold": ("ppo_clip", 0, 0.8), "clip_high_threshold": ("ppo_clip", 1, 1.2)},
-    "cispo": {"clip_low_threshold": ("cispo_clip", 0, 0.0),
-              "clip_high_threshold": ("cispo_clip", 1, 4.0)},
-    "dro": {"beta": ("dro_beta", None, 0.05)},
-}
+# The loss_fn_config keys each loss reads, and the clip ranges' defaults
+# (ampd's, which are Tinker's) for a config that gives one end only.
+_CONFIG_KEYS = {"ppo": ("clip_low_threshold", "clip_high_threshold"),
+                "cispo": ("clip_low_threshold", "clip_high_threshold"), "dro": ("beta",)}
+_CLIP_DEFAULTS = {"ppo": (0.8, 1.2), "cispo": (0.0, 4.0)}
 MAX_DATA = 4096       # datums in one request
 MAX_TOKENS = 1 << 20  # tokens over one request's datums
 
@@ -111,16 +109,17 @@ def batch_of_request(request):
     kwargs = {"loss_fn": loss_fn}
     kwargs.update(per_token)
     config = _config(request)
-    table = _CONFIG.get(loss_fn, {})
-    for key in config:
-        if key not in table:
+    keys = _CONFIG_KEYS.get(loss_fn, ())
+    for key, value in config.items():
+        if key not in keys:
             raise BadRequest("loss_fn_config[%s]: %s takes %s" % (
-                key, loss_fn, ", ".join(sorted(table)) or "none"))
-        if not math.isfinite(config[key]):
+                key, loss_fn, ", ".join(keys) or "none"))
+        if not math.isfinite(value):
             raise BadRequest("loss_fn_config[%s]: a finite number" % key)
-    if loss_fn in ("ppo", "cispo") and config:
-        (lo_arg, _, lo), (_, _, hi) = table["clip_low_threshold"], table["clip_high_threshold"]
-        kwargs[lo_arg] = (config.get("clip_low_threshold", lo), config.get("clip_high_threshold", hi))
+    if loss_fn in _CLIP_DEFAULTS and config:
+        lo, hi = _CLIP_DEFAULTS[loss_fn]
+        kwargs[loss_fn + "_clip"] = (config.get("clip_low_threshold", lo),
+                                     config.get("clip_high_threshold", hi))
     if loss_fn == "dro" and "beta" in config:
         kwargs["dro_beta"] = config["beta"]
     return Batch(loss_fn, micro_batches, kwargs, inputs)

@@ -80,7 +80,8 @@ class Front:
         self.pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="ampd-call")
         self.started = time.time()
         self.counters = {}  # (endpoint, status) -> count
-        self.sessions = set()
+        self._waiters = {}  # request_id -> asyncio.Event of the polls waiting on it
+        self._loop = None  # the event loop, once serving
 
     # ---- plumbing ----------------------------------------------------------------
 
@@ -192,13 +193,47 @@ class Front:
             except Exception as e:  # noqa: BLE001 - reported in the future, logged here
                 log.exception("call %s", future.request_id)
                 self.futures.fail(future, "internal error: %s" % type(e).__name__, "server")
+            self._loop.call_soon_threadsafe(self._settled, future.request_id)
         return work
 
-    def _in_order(self, request, model, body_digest, seq_id, fn, kind="json", durable=False):
-        """Queue fn on the model's runner under seq_id; the future's JSON."""
+    def _settled(self, request_id):
+        """On the event loop: wake the polls waiting for this future."""
+        event = self._waiters.pop(request_id, None)
+        if event is not None:
+            event.set()
+
+    async def _wait(self, future, timeout):
+        """Until the future settles or timeout seconds pass (a long poll)."""
+        if future.state != futures_mod.PENDING:
+            return
+        # The worker sets the state before it schedules _settled on this
+        # loop, so a future still pending here will find its event set.
+        event = self._waiters.setdefault(future.request_id, asyncio.Event())
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    def _in_order(self, request, model, body_digest, seq_id, prepare, kind="json",
+                  durable=False):
+        """Queue prepare()'s callable on the model's runner under seq_id; the
+        future's JSON. A call refused by prepare (its body's checks) still
+        takes its seq_id, as the SDK counted it: else the model would wait
+        for it until the gap timeout."""
         if seq_id is not None and (not isinstance(seq_id, int) or isinstance(seq_id, bool)
                                    or seq_id < 0):
             raise UserError("seq_id %r: a non-negative integer" % (seq_id,))
+        try:
+            fn = prepare()
+        except Exception:
+            if seq_id is not None:
+                refused = self.futures.create(request["owner"], kind)
+                self.futures.fail(refused, "refused")
+                try:
+                    self._runner(model).submit(seq_id, body_digest, refused, lambda: None)
+                except Replay:
+                    pass
+            raise
         future = self.futures.create(request["owner"], kind)
         try:
             chosen = self._runner(model).submit(seq_id, body_digest, future,
@@ -219,6 +254,7 @@ class Front:
         return _json_response(body)
 
     async def _restore(self, app):
+        self._loop = asyncio.get_running_loop()
         restored = await self._blocking(self.engine.restore)
         for model in restored:
             model.runner = Runner(self._blocking_logged, self.gap_timeout, next_seq=None)
@@ -328,39 +364,43 @@ class Front:
             raise UserError("forward_backward: send it as protobuf (%s)" % wire.PROTO)
         message = wire.parse_forward_backward(body)
         model = self.engine.model(request["owner"], message.model_id)
-        batch = losses.batch_of_request(message)
-        forward_only = message.forward_only
 
-        def run():
-            fields, metrics = self.engine.forward_backward(model, batch, forward_only)
-            return wire.forward_backward_output(fields, metrics)
+        def prepare():
+            batch = losses.batch_of_request(message)
+            forward_only = message.forward_only
+            return lambda: wire.forward_backward_output(
+                *self.engine.forward_backward(model, batch, forward_only))
 
         digest = hashlib.sha256(body).hexdigest()
-        return self._in_order(request, model, digest, message.seq_id or None, run,
+        return self._in_order(request, model, digest, message.seq_id or None, prepare,
                               kind="forward_backward")
 
     async def optim_step(self, request):
         raw = await request.read()
         body = wire.json_body(raw, MAX_JSON)
         model = self._model(request, body)
-        adam = body.get("adam_params") or body.get("optim_params") or {}
-        if not isinstance(adam, dict) or body.get("optimizer_params") is not None:
-            raise UserError("optim_step: adam_params (ampd trains with AdamW)")
+
+        def prepare():
+            adam = body.get("adam_params") or body.get("optim_params") or {}
+            if not isinstance(adam, dict) or body.get("optimizer_params") is not None:
+                raise UserError("optim_step: adam_params (ampd trains with AdamW)")
+            return lambda: self.engine.optim_step(model, adam)
+
         return self._in_order(request, model, hashlib.sha256(raw).hexdigest(), body.get("seq_id"),
-                              lambda: self.engine.optim_step(model, adam), durable=True)
+                              prepare, durable=True)
 
     async def save_weights(self, request):
         raw = await request.read()
         body = wire.json_body(raw, MAX_JSON)
         model = self._model(request, body)
-        name = check_name(body.get("path") or "state-%d" % int(time.time() * 1000),
-                          "checkpoint name")
 
-        def save():
-            return {"type": "save_weights", "path": self.engine.save_state(model, name)}
+        def prepare():
+            name = check_name(body.get("path") or "state-%d" % int(time.time() * 1000),
+                              "checkpoint name")
+            return lambda: {"type": "save_weights", "path": self.engine.save_state(model, name)}
 
         return self._in_order(request, model, hashlib.sha256(raw).hexdigest(), body.get("seq_id"),
-                              save, durable=True)
+                              prepare, durable=True)
 
     async def load_weights(self, request):
         raw = await request.read()
@@ -368,8 +408,8 @@ class Front:
         path = body.get("path")
         optimizer = bool(body.get("optimizer"))
         owner = request["owner"]
-        self.engine.parse_path(owner, path, kinds=("weights",))
         if body.get("model_id") is None:
+            self.engine.parse_path(owner, path, kinds=("weights",))
             # Create-from-state: the SDK names the model SESSION:train:SEQ.
             session_id, seq = body.get("session_id"), body.get("model_seq_id")
             if not isinstance(session_id, str) or not isinstance(seq, int):
@@ -383,12 +423,16 @@ class Front:
             return self._now(request, create)
         model = self._model(request, body)
 
-        def load():
-            self.engine.load_state(model, path, optimizer)
-            return {"type": "load_weights", "path": path, "model_id": model.model_id}
+        def prepare():
+            self.engine.parse_path(owner, path, kinds=("weights",))
+
+            def load():
+                self.engine.load_state(model, path, optimizer)
+                return {"type": "load_weights", "path": path, "model_id": model.model_id}
+            return load
 
         return self._in_order(request, model, hashlib.sha256(raw).hexdigest(), body.get("seq_id"),
-                              load)
+                              prepare)
 
     async def save_weights_for_sampler(self, request):
         raw = await request.read()
@@ -396,14 +440,16 @@ class Front:
         model = self._model(request, body)
         name = body.get("path")
         owner = request["owner"]
-        if name is not None:
-            check_name(name, "sampler name")
-        if body.get("kind", "snapshot") != "snapshot":
-            raise UserError("save_weights_for_sampler: kind 'snapshot' only")
+
+        def prepare():
+            if name is not None:
+                check_name(name, "sampler name")
+            if body.get("kind", "snapshot") != "snapshot":
+                raise UserError("save_weights_for_sampler: kind 'snapshot' only")
+            return save
 
         def save():
-            path = self.engine.save_for_sampler(model, name or "sampler-%s" % model.job.step_count
-                                                + "-" + hashlib.sha256(raw).hexdigest()[:8])
+            path = self.engine.save_for_sampler(model, name)
             if name is not None:
                 return {"type": "save_weights_for_sampler", "path": path}
             session_id = self.engine.create_session(owner, model_path=path)
@@ -411,7 +457,7 @@ class Front:
                     "sampling_session_id": session_id}
 
         return self._in_order(request, model, hashlib.sha256(raw).hexdigest(), body.get("seq_id"),
-                              save)
+                              prepare)
 
     # ---- sampling ----------------------------------------------------------------
 
@@ -424,7 +470,7 @@ class Front:
 
     async def get_sampler(self, request):
         session_id = request.match_info["sampler_id"]
-        _, base_model, _, model_path = self.engine.session(request["owner"], session_id)
+        _, base_model, _, model_path, _ = self.engine.session(request["owner"], session_id)
         return _json_response({"sampler_id": session_id, "base_model": base_model,
                                   "model_path": model_path})
 
@@ -458,9 +504,7 @@ class Front:
         if future is None:
             return _error(410, "request %s: not held (unknown, or evicted); send it again"
                           % request_id)
-        deadline = time.monotonic() + 20.0  # a long poll, under the SDK's 45 s
-        while future.state == futures_mod.PENDING and time.monotonic() < deadline:
-            await asyncio.sleep(0.005)
+        await self._wait(future, 20.0)  # a long poll, under the SDK's 45 s
         if future.state == futures_mod.PENDING:
             return _json_response({"type": "try_again", "request_id": request_id,
                                       "queue_state": "active"})

@@ -3,7 +3,6 @@ bodies, unknown and other keys' ids, replayed seq_ids, missing keys; each
 gets the status the SDK acts on and a {"detail"} naming the fault, and the
 front and ampd stay up. A restart of the front (SIGKILL) keeps every
 acknowledged optim_step's result and its models."""
-import json
 import os
 import signal
 import time
@@ -21,7 +20,7 @@ MAX_BODY = 1 << 20
 @pytest.fixture(scope="module")
 def front(workdir, ampd_server, models_dir):
     server = start_front(workdir, ampd_server.address, models_dir,
-                         "--max-body-bytes=%d" % MAX_BODY)
+                         "--max-body-bytes=%d" % MAX_BODY, "--gap-timeout=600")
     yield server
     server.stop()
 
@@ -39,13 +38,15 @@ class Api:
         return self.http.post("/api/v1/" + path, content=content, headers=h)
 
     def result(self, request_id, key=None, accept=None):
-        while True:
+        deadline = time.monotonic() + 60  # a stalled model fails here, not at ctest's timeout
+        while time.monotonic() < deadline:
             h = {"Accept": accept} if accept else {}
             r = self.post("retrieve_future", {"request_id": request_id}, headers=h, key=key)
             if r.status_code != 200 or "application/json" not in r.headers["content-type"]:
                 return r
             if r.json().get("type") != "try_again":
                 return r
+        raise AssertionError("request %s never finished" % request_id)
 
     def create_model(self):
         r = self.post("create_model", {"session_id": "s", "model_seq_id": 0,
@@ -132,7 +133,9 @@ def test_huge_bodies(api, model_id):
 
 
 def test_a_token_out_of_the_vocabulary_fails_its_future_as_a_user_error(api, model_id):
-    r = api.post("forward_backward", content=fb_body(model_id, 1, tokens=(1, 2, 10 ** 6)),
+    # (The refused calls above took seq_id 1, as the SDK counted it: the
+    # model does not wait for it.)
+    r = api.post("forward_backward", content=fb_body(model_id, 2, tokens=(1, 2, 10 ** 6)),
                  headers=PROTO)
     assert r.status_code == 200, r.text
     failed = api.result(r.json()["request_id"]).json()
@@ -141,16 +144,16 @@ def test_a_token_out_of_the_vocabulary_fails_its_future_as_a_user_error(api, mod
 
 def test_unknown_and_other_keys_ids(api, front, model_id):
     assert detail(api.post("retrieve_future", {"request_id": "nope"}), 410)
-    r = api.post("forward_backward", content=fb_body(model_id, 2), headers=PROTO)
+    r = api.post("forward_backward", content=fb_body(model_id, 3), headers=PROTO)
     request_id = r.json()["request_id"]
     other = Api(front, OTHER_KEY)
     assert detail(other.post("retrieve_future", {"request_id": request_id}), 410)
     assert "no such model" in detail(other.post("get_info", {"model_id": model_id}), 404)
     assert "no such model" in detail(other.post("forward_backward",
-                                                content=fb_body(model_id, 3), headers=PROTO), 404)
-    assert detail(other.post("optim_step", {"model_id": model_id, "seq_id": 3,
+                                                content=fb_body(model_id, 4), headers=PROTO), 404)
+    assert detail(other.post("optim_step", {"model_id": model_id, "seq_id": 4,
                                             "adam_params": {}}), 404)
-    r = api.post("save_weights", {"model_id": model_id, "path": "mine", "seq_id": 3})
+    r = api.post("save_weights", {"model_id": model_id, "path": "mine", "seq_id": 4})
     path = api.result(r.json()["request_id"]).json()["path"]
     assert "no such checkpoint" in detail(other.post("create_sampling_session", {
         "session_id": "s", "sampling_session_seq_id": 0, "model_path": path}), 404)
@@ -160,12 +163,12 @@ def test_unknown_and_other_keys_ids(api, front, model_id):
 
 
 def test_replayed_seq_ids(api, model_id):
-    body = fb_body(model_id, 4)
+    body = fb_body(model_id, 5)
     first = api.post("forward_backward", content=body, headers=PROTO).json()["request_id"]
     again = api.post("forward_backward", content=body, headers=PROTO).json()["request_id"]
     assert first == again  # a resend: the same future
     assert "already used" in detail(api.post("forward_backward",
-                                             content=fb_body(model_id, 4, tokens=(9, 9, 9)),
+                                             content=fb_body(model_id, 5, tokens=(9, 9, 9)),
                                              headers=PROTO), 400)
     api.result(first)
     assert "seq_id 2" in detail(api.post("forward_backward", content=fb_body(model_id, 2,
@@ -174,7 +177,7 @@ def test_replayed_seq_ids(api, model_id):
 
 
 def test_bad_sample_requests(api, model_id):
-    r = api.post("save_weights_for_sampler", {"model_id": model_id, "path": "s1", "seq_id": 5})
+    r = api.post("save_weights_for_sampler", {"model_id": model_id, "path": "s1", "seq_id": 6})
     path = api.result(r.json()["request_id"]).json()["path"]
     good = {"num_samples": 1, "prompt": {"chunks": [{"type": "encoded_text", "tokens": [5, 6]}]},
             "sampling_params": {"max_tokens": 2, "seed": 1}, "model_path": path}

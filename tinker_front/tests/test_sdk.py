@@ -6,6 +6,7 @@ optimizer, a sampler from the saved weights (seeded, greedy at temperature
 0), compute_logprobs, and the sampler's log-probs equal to the trainer's
 forward bit for bit (the job is batch_invariant)."""
 import os
+import time
 
 import numpy as np
 import pytest
@@ -80,7 +81,9 @@ def test_five_losses_chunked_then_optim_step(trainer, tokenizer):
     rng = np.random.default_rng(1)
     data = {loss: [datum(s, loss, rng) for s in sequences] for loss in LOSSES}
     # Every call is sent before any is awaited; each is three requests.
-    futures = [trainer.forward_backward(data[loss], loss) for loss in LOSSES]
+    config = {"ppo": {"clip_low_threshold": 0.9, "clip_high_threshold": 1.05},
+              "dro": {"beta": 0.2}}
+    futures = [trainer.forward_backward(data[loss], loss, config.get(loss)) for loss in LOSSES]
     results = [f.result() for f in futures]
     for loss, result in zip(LOSSES, results):
         assert len(result.loss_fn_outputs) == len(TEXTS), loss
@@ -100,6 +103,28 @@ def test_five_losses_chunked_then_optim_step(trainer, tokenizer):
         lp = out["logprobs"].to_numpy().astype(np.float64)
         np.testing.assert_allclose(out["elementwise_loss"].to_numpy(), -np.exp(lp - q) * a,
                                    rtol=1e-4, atol=1e-6)
+
+    for loss, result in zip(LOSSES, results):
+        if loss == "cross_entropy":
+            continue
+        for d, out in zip(data[loss], result.loss_fn_outputs):
+            q = d.loss_fn_inputs["logprobs"].to_numpy().astype(np.float64)
+            a = d.loss_fn_inputs["advantages"].to_numpy().astype(np.float64)
+            lp = out["logprobs"].to_numpy().astype(np.float64)
+            r = np.exp(lp - q)
+            expected = {
+                "importance_sampling": -r * a,
+                "ppo": -np.minimum(r * a, np.clip(r, 0.9, 1.05) * a),
+                "cispo": -np.clip(r, 0.0, 4.0) * lp * a,
+                "dro": -(lp * a - 0.5 * 0.2 * (lp - q) ** 2)}[loss]
+            np.testing.assert_allclose(out["elementwise_loss"].to_numpy(), expected,
+                                       rtol=1e-4, atol=1e-5, err_msg=loss)
+        # forward (no gradients) reports the same losses, computed by the front.
+        again = trainer.forward(data[loss], loss, config.get(loss)).result()
+        for ours, theirs in zip(again.loss_fn_outputs, result.loss_fn_outputs):
+            np.testing.assert_allclose(ours["elementwise_loss"].to_numpy(),
+                                       theirs["elementwise_loss"].to_numpy(), rtol=1e-5,
+                                       atol=1e-6, err_msg=loss)
 
     # fp16 with dynamic loss scaling: an update may be skipped while the
     # scale backs off, so train until the weights move.
@@ -227,7 +252,11 @@ def test_the_front_and_ampd_are_alive(front, ampd_server):
     assert "ampd_tinker ERROR" not in front.log(), front.log()  # no bug of its own
 
 
-def test_checkpoints_listed_and_deleted(service, trainer):
+def trainer_data(tokenizer):
+    return [datum(tokenizer.encode(t), "cross_entropy", np.random.default_rng(0)) for t in TEXTS]
+
+
+def test_checkpoints_listed_and_deleted(service, trainer, tokenizer):
     if not hasattr(service, "create_rest_client"):
         pytest.skip("this SDK has no RestClient")
     rest = service.create_rest_client()
@@ -241,6 +270,11 @@ def test_checkpoints_listed_and_deleted(service, trainer):
                         .result().checkpoints}
     with pytest.raises(Exception):
         trainer.load_state_with_optimizer(path).result()
+    # The refused call took its seq_id: the next call does not wait for it
+    # (the front would skip the gap only after --gap-timeout, 120 s).
+    start = time.monotonic()
+    trainer.forward(trainer_data(tokenizer), "cross_entropy").result()
+    assert time.monotonic() - start < 30
 
 
 @pytest.mark.parametrize("precision", ["bf16"])
@@ -263,3 +297,22 @@ def test_other_precisions_sample_as_they_train(workdir, ampd_server, models_dir,
                                           forward_logprobs(trainer, [full])[0][len(prompt) - 1:])
     finally:
         front.stop()
+
+
+def test_sampler_weights_saved_over_are_never_served_stale(service, trainer, tokenizer):
+    sequences = [tokenizer.encode(t) for t in TEXTS]
+    prompt = tokenizer.encode("8-")
+    params = types.SamplingParams(max_tokens=3, seed=9)
+    path = trainer.save_weights_for_sampler("same-name").result().path
+    old = resolved(service.create_sampling_client(model_path=path))
+    old.sample(types.ModelInput.from_ints(prompt), 1, params).result()
+    for _ in range(3):
+        train_once(trainer, sequences)
+    assert trainer.save_weights_for_sampler("same-name").result().path == path
+    new = resolved(service.create_sampling_client(model_path=path))
+    result = new.sample(types.ModelInput.from_ints(prompt), 1, params).result()
+    full = prompt + list(result.sequences[0].tokens)
+    np.testing.assert_array_equal(np.asarray(result.sequences[0].logprobs, dtype=np.float32),
+                                  forward_logprobs(trainer, [full])[0][len(prompt) - 1:])
+    with pytest.raises(Exception, match="saved over"):
+        old.sample(types.ModelInput.from_ints(prompt), 1, params).result()
