@@ -45,30 +45,36 @@ class FutureStore:
         self.max_done = max_done
         self.evicted = 0
         self._journal_path = os.path.join(state_dir, "futures.jsonl") if state_dir else None
+        self._journal_lock = threading.Lock()  # one writer at a time
+        self._journalled = collections.deque(maxlen=max_done)  # the entries worth keeping
+        self._journal_lines = 0
         if self._journal_path and os.path.exists(self._journal_path):
             self._load_journal()
         self._journal = open(self._journal_path, "a", encoding="utf-8") if self._journal_path else None
 
     def _load_journal(self):
-        entries = []
         with open(self._journal_path, encoding="utf-8") as f:
             for line in f:
                 try:
-                    entries.append(json.loads(line))
+                    self._journalled.append(json.loads(line))
                 except ValueError:
                     break  # a torn last line: what follows never reached the disk
-        for entry in entries[-self.max_done:]:
+        for entry in self._journalled:
             future = Future(entry["request_id"], entry["owner"], "json")
             future.state, future.result = DONE, entry["result"]
             self._futures[future.request_id] = future
-        # Rewrite it with what was kept, so it stays bounded across restarts.
+        self._rewrite_journal()
+
+    def _rewrite_journal(self):
+        """The journal as the entries kept (at most max_done): it stays bounded."""
         tmp = self._journal_path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
-            for entry in entries[-self.max_done:]:
+            for entry in self._journalled:
                 f.write(json.dumps(entry) + "\n")
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self._journal_path)
+        self._journal_lines = len(self._journalled)
 
     def create(self, owner, kind="json"):
         with self._lock:
@@ -82,10 +88,17 @@ class FutureStore:
     def finish(self, future, result, durable=False):
         """The result; durable: journalled (fsync) before anyone can read it."""
         if durable and self._journal is not None:
-            self._journal.write(json.dumps({"request_id": future.request_id, "owner": future.owner,
-                                            "result": result}) + "\n")
-            self._journal.flush()
-            os.fsync(self._journal.fileno())
+            entry = {"request_id": future.request_id, "owner": future.owner, "result": result}
+            with self._journal_lock:
+                self._journal.write(json.dumps(entry) + "\n")
+                self._journal.flush()
+                os.fsync(self._journal.fileno())
+                self._journalled.append(entry)
+                self._journal_lines += 1
+                if self._journal_lines > 2 * self.max_done:
+                    self._journal.close()
+                    self._rewrite_journal()
+                    self._journal = open(self._journal_path, "a", encoding="utf-8")
         with self._lock:
             future.result, future.state = result, DONE
             self._settle()
