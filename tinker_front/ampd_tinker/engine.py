@@ -24,6 +24,7 @@ import uuid
 import numpy as np
 
 import ampd
+from ampd import safetensors
 from ampd_tinker import losses
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
@@ -49,6 +50,27 @@ def check_name(name, what):
         raise UserError("%s %r: letters, digits, '_', '-', '.', at most 128, not starting "
                         "with '.' or '-'" % (what, name))
     return name
+
+
+def _is_base_weight(name):
+    """A LoRA job's frozen base weight (every name but the adapters' and the
+    optimizer's): the same in every job on that base, so never checkpointed."""
+    return not (name.startswith("base_model.model.") or name.startswith("optimizer."))
+
+
+def _load_trained_state(job, path):
+    """A save_state file into a job on the same base: the job's own base
+    weights complete it into the full state a full load takes."""
+    with open(path, "rb") as f:
+        trained = safetensors.loads(f.read())
+    state = job.state_dict("full")
+    unknown = sorted(set(trained) - set(state))
+    if unknown:
+        raise UserError("checkpoint: %d tensors this model has not (%s...)" % (
+            len(unknown), unknown[0]))
+    state.update(trained)
+    state.dtypes.update(trained.dtypes)
+    job.load_state_dict(state, metadata=trained.metadata)
 
 
 class Model:
@@ -80,6 +102,7 @@ class Engine:
         self._default_token = default_token  # owners without their own
         self._clients = {}
         self._lock = threading.Lock()
+        self._registry_lock = threading.Lock()
         self.models = {}  # model_id -> Model
         self._samplers = collections.OrderedDict()  # adapter dir or base -> ampd.Job, LRU
         self._sampler_create_lock = threading.Lock()
@@ -100,14 +123,16 @@ class Engine:
         return os.path.join(self.state_dir, "models.json")
 
     def _save_registry(self):
+        """models.json as the table is now (one writer at a time)."""
         tmp = self._registry_path() + ".tmp"
-        with self._lock:
-            data = {mid: m.record() for mid, m in self.models.items()}
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self._registry_path())
+        with self._registry_lock:
+            with self._lock:
+                data = {mid: m.record() for mid, m in self.models.items()}
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(data, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self._registry_path())
 
     def restore(self):
         """Reattach the models of an earlier run to their ampd jobs; returns them."""
@@ -274,10 +299,16 @@ class Engine:
         return "tinker://%s/%s/%s" % (model.model_id, kind, name)
 
     def save_state(self, model, name):
+        """The job's full state but its frozen base (what training changes:
+        the adapters, their AdamW moments, the scaler and step counts), and
+        its adapter as PEFT lays one out."""
         check_name(name, "checkpoint name")
 
         def write(directory):
-            model.job.export(os.path.join(directory, "state.safetensors"))
+            state = model.job.state_dict("full")
+            trained = {k: v for k, v in state.items() if not _is_base_weight(k)}
+            with open(os.path.join(directory, "state.safetensors"), "wb") as f:
+                f.write(safetensors.dumps(trained, state.metadata, state.dtypes))
             model.job.export_peft(os.path.join(directory, "adapter"))
 
         return self._write_checkpoint(model, "weights", name, write)
@@ -293,7 +324,7 @@ class Engine:
             raise UserError("checkpoint %s: base %s rank %d, the model's %s rank %d" % (
                 path, meta["base_model"], meta["rank"], model.base_model, model.rank))
         if optimizer:
-            model.job.load(os.path.join(directory, "state.safetensors"))
+            _load_trained_state(model.job, os.path.join(directory, "state.safetensors"))
             return
         old = model.job
         model.job = self.client(model.owner).create_job(
@@ -325,7 +356,7 @@ class Engine:
         model = Model(model_id, owner, meta["base_model"], meta["rank"], job)
         try:
             if optimizer:
-                job.load(os.path.join(directory, "state.safetensors"))
+                _load_trained_state(job, os.path.join(directory, "state.safetensors"))
         except BaseException:
             job.delete()
             raise

@@ -5,6 +5,7 @@ optim_step with AdamParams, save_state / load_state with and without the
 optimizer, a sampler from the saved weights (seeded, greedy at temperature
 0), compute_logprobs, and the sampler's log-probs equal to the trainer's
 forward bit for bit (the job is batch_invariant)."""
+import glob
 import os
 import time
 
@@ -149,10 +150,18 @@ def train_once(trainer, sequences):
     return trainer.optim_step(types.AdamParams(learning_rate=5e-2)).result()
 
 
-def test_save_state_and_load_state(trainer, tokenizer):
+def test_save_state_and_load_state(trainer, tokenizer, workdir):
     sequences = [tokenizer.encode(t) for t in TEXTS]
     path = trainer.save_state("ckpt-a").result().path
     assert path.startswith("tinker://") and path.endswith("/weights/ckpt-a")
+    # What training changed (adapters, their moments), never the frozen base.
+    from ampd import safetensors
+    [saved_file] = glob.glob(os.path.join(workdir, "front-state", "checkpoints", "*",
+                                          trainer.model_id, "weights", "ckpt-a",
+                                          "state.safetensors"))
+    names = list(safetensors.loads(open(saved_file, "rb").read()))
+    assert any(".lora_A." in n for n in names) and any(n.endswith(".exp_avg") for n in names)
+    assert not [n for n in names if n.startswith("model.")]
     saved = forward_logprobs(trainer, sequences)
     for _ in range(3):
         train_once(trainer, sequences)
