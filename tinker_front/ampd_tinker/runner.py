@@ -90,5 +90,10 @@ class Runner:
                 pass
 
     def close(self):
+        """Stop; returns the futures of the calls that will never run."""
         self.closed = True
         self._wake.set()
+        dropped = [future for _, future, _ in self._queued.values()]
+        self._queued.clear()
+        self._unnumbered.clear()
+        return dropped

@@ -352,10 +352,13 @@ class Front:
         model = self._model(request, body)
 
         def unload():
-            model.runner and model.runner.close()
             self.engine.unload_model(model)
             return {"type": "unload_model", "model_id": model.model_id}
 
+        if model.runner is not None:
+            for dropped in model.runner.close():
+                self.futures.fail(dropped, "the model was unloaded")
+                self._settled(dropped.request_id)
         return self._now(request, unload)
 
     async def forward_backward(self, request):
