@@ -502,4 +502,12 @@ class Engine:
                                  temperature=params["temperature"], top_k=params["top_k"],
                                  top_p=params["top_p"], stop=params["stop"], seed=params["seed"])
         sequences = [(c.tokens, c.logprobs, c.stop_reason) for c in completions[0]]
+        # Diverged weights (an fp16 forward past 65504) give NaN logits, from
+        # which ampd draws the last token with a NaN log-prob: an RL loop
+        # would train on garbage. Say so instead.
+        if not all(np.all(np.isfinite(lp)) for _, lp, _ in sequences) or (
+                prompt_logprobs is not None and not np.all(np.isfinite(prompt_logprobs[1:]))):
+            raise UserError("the sampler's forward is not finite (NaN or infinite log-probs): "
+                            "the weights have diverged in %s; lower the learning rate, or "
+                            "load an earlier state" % self.precision)
         return sequences, prompt_logprobs

@@ -325,3 +325,31 @@ def test_sampler_weights_saved_over_are_never_served_stale(service, trainer, tok
                                   forward_logprobs(trainer, [full])[0][len(prompt) - 1:])
     with pytest.raises(Exception, match="saved over"):
         old.sample(types.ModelInput.from_ints(prompt), 1, params).result()
+
+
+def test_a_diverged_sampler_is_an_error_not_nan_log_probs(service, trainer, tokenizer, workdir):
+    """Adapters scaled past what fp16 holds (as a too-high learning rate
+    leaves them) make the forward NaN: the sample fails saying so."""
+    import json
+    import shutil
+
+    from ampd import safetensors
+    good = trainer.save_weights_for_sampler("not-yet-diverged").result().path
+    [folder] = glob.glob(os.path.join(workdir, "front-state", "checkpoints", "*",
+                                      trainer.model_id, "sampler_weights", "not-yet-diverged"))
+    bad_folder = os.path.join(os.path.dirname(folder), "diverged")
+    shutil.copytree(folder, bad_folder)
+    weights = os.path.join(bad_folder, "adapter_model.safetensors")
+    state = safetensors.loads(open(weights, "rb").read())
+    for name in state:
+        state[name] = (state[name] + 1.0) * 3e3
+    with open(weights, "wb") as f:
+        f.write(safetensors.dumps(state, state.metadata, state.dtypes))
+    meta = json.load(open(os.path.join(bad_folder, "meta.json")))
+    meta["time"] += 1.0
+    json.dump(meta, open(os.path.join(bad_folder, "meta.json"), "w"))
+    bad = resolved(service.create_sampling_client(model_path=good.replace("not-yet-diverged",
+                                                                          "diverged")))
+    with pytest.raises(Exception, match="not finite"):
+        bad.sample(types.ModelInput.from_ints(tokenizer.encode("1+")), 1,
+                   types.SamplingParams(max_tokens=3, seed=1)).result()
