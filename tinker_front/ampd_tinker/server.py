@@ -112,6 +112,8 @@ class Front:
         r.add_get("/api/v1/samplers/{sampler_id}", self.get_sampler)
         r.add_post("/api/v1/asample", self.asample)
         r.add_post("/api/v1/retrieve_future", self.retrieve_future)
+        r.add_get("/api/v1/training_runs", self.list_training_runs)
+        r.add_get("/api/v1/training_runs/{model_id}", self.get_training_run)
         r.add_get("/api/v1/training_runs/{model_id}/checkpoints", self.list_checkpoints)
         r.add_delete("/api/v1/training_runs/{model_id}/checkpoints/{kind}/{name}",
                      self.delete_checkpoint)
@@ -278,6 +280,8 @@ class Front:
             "ampd_tinker_models %d" % len(self.engine.models),
             "# TYPE ampd_tinker_sampling_sessions gauge",
             "ampd_tinker_sampling_sessions %d" % len(self.engine.sessions),
+            "# TYPE ampd_tinker_start_time_seconds gauge",
+            "ampd_tinker_start_time_seconds %.3f" % self.started,
             "# TYPE ampd_tinker_requests_total counter",
         ]
         for (endpoint, status), count in sorted(self.counters.items()):
@@ -519,6 +523,36 @@ class Front:
         if wire.PROTO in request.headers.get("Accept", ""):
             return web.Response(body=proto, content_type=wire.PROTO)
         return _json_response(as_json)
+
+    def _training_run(self, model):
+        found = self.engine.list_checkpoints(model.owner, model.model_id)
+        last = {kind: [c for c in found if c["checkpoint_type"] == kind][-1:]
+                for kind in ("training", "sampler")}
+        return {"training_run_id": model.model_id, "base_model": model.base_model,
+                "model_owner": model.owner, "is_lora": True, "lora_rank": model.rank,
+                "last_request_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "last_checkpoint": (last["training"] or [None])[0],
+                "last_sampler_checkpoint": (last["sampler"] or [None])[0]}
+
+    async def list_training_runs(self, request):
+        try:
+            limit = int(request.query.get("limit", 20))
+            offset = int(request.query.get("offset", 0))
+        except ValueError:
+            raise UserError("limit and offset: integers") from None
+        if not 0 < limit <= 1000 or offset < 0:
+            raise UserError("limit in 1..1000, offset >= 0")
+        owner = request["owner"]
+        mine = sorted((m for m in list(self.engine.models.values()) if m.owner == owner),
+                      key=lambda m: m.model_id)
+        runs = await self._blocking(lambda: [self._training_run(m)
+                                             for m in mine[offset:offset + limit]])
+        return _json_response({"training_runs": runs, "cursor": {
+            "offset": offset, "limit": limit, "total_count": len(mine)}})
+
+    async def get_training_run(self, request):
+        model = self.engine.model(request["owner"], request.match_info["model_id"])
+        return _json_response(await self._blocking(lambda: self._training_run(model)))
 
     async def list_checkpoints(self, request):
         model_id = check_name(request.match_info["model_id"], "model id")

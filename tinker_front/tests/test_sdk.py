@@ -274,6 +274,14 @@ def test_checkpoints_listed_and_deleted(service, trainer, tokenizer):
     by_path = {c.tinker_path: c for c in listed}
     assert path in by_path and by_path[path].checkpoint_type == "training"
     assert any(c.checkpoint_type == "sampler" for c in listed)
+    info = rest.get_weights_info_by_tinker_path(path).result()
+    assert (info.base_model, info.is_lora, info.lora_rank) == (BASE, True, 4)
+    if hasattr(rest, "list_training_runs"):
+        runs = rest.list_training_runs().result()
+        assert trainer.model_id in [r.training_run_id for r in runs.training_runs]
+        run = rest.get_training_run(trainer.model_id).result()
+        assert (run.base_model, run.lora_rank) == (BASE, 4)
+        assert run.last_checkpoint is not None
     rest.delete_checkpoint_from_tinker_path(path).result()
     assert path not in {c.tinker_path for c in rest.list_checkpoints(trainer.model_id)
                         .result().checkpoints}
