@@ -16,22 +16,8 @@ import sys
 from aiohttp import web
 
 from ampd_tinker.engine import Engine
-from ampd_tinker.server import SDK_CONFIG, Front, Keys
-
-
-def read_keys(path):
-    keys, tokens = {}, {}
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            fields = line.split("#", 1)[0].split()
-            if not fields:
-                continue
-            if len(fields) not in (2, 3):
-                raise SystemExit("%s:%d: API_KEY TENANT [AMPD_TOKEN]" % (path, number))
-            keys[fields[0]] = fields[1]
-            if len(fields) == 3:
-                tokens[fields[1]] = fields[2]
-    return keys, tokens
+from ampd_tinker.keys import Keys, read_keys
+from ampd_tinker.server import SDK_CONFIG, Front
 
 
 def main(argv=None):

@@ -5,17 +5,15 @@ in the models directory (ampd.from_pretrained), in the front's precision,
 batch_invariant so that a sampler's log-probs equal the trainer's bit for
 bit. Its calls run one at a time in seq_id order (Runner). A checkpoint
 lives under the state directory at the path its tinker:// name spells:
-tinker://MODEL/weights/NAME (save_state: the job's full state, optimizer
-included, and its adapter as PEFT writes one) and
-tinker://MODEL/sampler_weights/NAME (the adapter alone). A sampler is such an
-adapter loaded into a LoRA job of the same base, cached (LRU, bounded).
+tinker://MODEL/weights/NAME (save_state: what training changed, the
+adapters with their AdamW moments and the scaler, and the adapter as PEFT
+writes one) and tinker://MODEL/sampler_weights/NAME (the adapter alone),
+which samplers.py serves.
 
 Every method here blocks on gRPC; the server runs them in threads.
 """
-import collections
 import json
 import os
-import re
 import shutil
 import threading
 import time
@@ -25,31 +23,15 @@ import numpy as np
 
 import ampd
 from ampd import safetensors
-from ampd_tinker import losses
 
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
-# Model ids: the front's own, or SESSION:train:N (the SDK names a model it
-# creates from a checkpoint itself).
-_MODEL_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]{0,159}$")
+from ampd_tinker import losses
+from ampd_tinker.errors import MODEL_ID, NAME, NotFound, UserError, check_name
+from ampd_tinker.samplers import Samplers
+
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
 LORA_ALPHA = 32.0
 KEEP_EPHEMERAL = 32  # unnamed sampler checkpoints kept per model
-
-
-class NotFound(Exception):
-    """An unknown (or another key's) model, checkpoint or sampler."""
-
-
-class UserError(ValueError):
-    """The caller's mistake, in words the SDK shows."""
-
-
-def check_name(name, what):
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise UserError("%s %r: letters, digits, '_', '-', '.', at most 128, not starting "
-                        "with '.' or '-'" % (what, name))
-    return name
 
 
 def _is_base_weight(name):
@@ -95,7 +77,6 @@ class Engine:
         self.models_dir = os.path.abspath(models_dir)
         self.state_dir = os.path.abspath(state_dir)
         self.precision = precision
-        self.max_samplers = max_samplers
         self.max_models = max_models
         self._address = ampd_address
         self._tokens = tokens or {}  # owner -> ampd bearer token
@@ -104,9 +85,7 @@ class Engine:
         self._lock = threading.Lock()
         self._registry_lock = threading.Lock()
         self.models = {}  # model_id -> Model
-        self._samplers = collections.OrderedDict()  # adapter dir or base -> ampd.Job, LRU
-        self._sampler_create_lock = threading.Lock()
-        self.sessions = {}  # sampling_session_id -> (owner, base_model, adapter dir or None)
+        self.samplers = Samplers(self, max_samplers)
         os.makedirs(os.path.join(self.state_dir, "checkpoints"), exist_ok=True)
 
     # ---- ampd connections and the models registry --------------------------------
@@ -165,7 +144,7 @@ class Engine:
     def base_dir(self, base_model):
         """The folder of a base model name ("Qwen/Qwen2.5-0.5B" -> DIR/Qwen/Qwen2.5-0.5B)."""
         parts = str(base_model).split("/")
-        if not base_model or any(p in ("", ".", "..") or not _NAME.match(p) for p in parts):
+        if not base_model or any(p in ("", ".", "..") or not NAME.match(p) for p in parts):
             raise UserError("base_model %r: not a model name" % (base_model,))
         path = os.path.join(self.models_dir, *parts)
         if not os.path.exists(os.path.join(path, "config.json")):
@@ -272,7 +251,7 @@ class Engine:
         if len(parts) != 3 or parts[1] not in kinds:
             raise UserError("path %r: tinker://MODEL/{%s}/NAME" % (path, "|".join(kinds)))
         model_id, kind, name = parts
-        if not _MODEL_ID.match(model_id):
+        if not MODEL_ID.match(model_id):
             raise UserError("path %r: no model id" % (path,))
         check_name(name, "checkpoint name")
         directory = self._checkpoint_dir(owner, model_id, kind, name)
@@ -290,7 +269,7 @@ class Engine:
                 json.dump({"base_model": model.base_model, "rank": model.rank,
                            "step": model.job.step_count, "time": time.time()}, f)
             if os.path.exists(directory):
-                self._drop_samplers(directory)
+                self.samplers.drop(directory)
                 shutil.rmtree(directory)
             os.replace(tmp, directory)
         except BaseException:
@@ -339,7 +318,7 @@ class Engine:
     def create_model_from_state(self, owner, model_id, path, optimizer):
         """The SDK's create_training_client_from_state: a new model named
         model_id with a checkpoint's weights (and optimizer, with optimizer)."""
-        if not isinstance(model_id, str) or not _MODEL_ID.match(model_id):
+        if not isinstance(model_id, str) or not MODEL_ID.match(model_id):
             raise UserError("model id %r: not a model id" % (model_id,))
         _, _, _, directory = self.parse_path(owner, path, kinds=("weights",))
         with open(os.path.join(directory, "meta.json"), encoding="utf-8") as f:
@@ -379,13 +358,13 @@ class Engine:
                            for n in os.listdir(folder) if n.startswith("ephemeral-")
                            and os.path.exists(os.path.join(folder, n, "meta.json")))
         for _, old in ephemeral[:-KEEP_EPHEMERAL]:
-            self._drop_samplers(os.path.join(folder, old))
+            self.samplers.drop(os.path.join(folder, old))
             shutil.rmtree(os.path.join(folder, old), ignore_errors=True)
         return path
 
     def delete_checkpoint(self, owner, path):
         _, _, _, directory = self.parse_path(owner, path)
-        self._drop_samplers(directory)
+        self.samplers.drop(directory)
         shutil.rmtree(directory)
 
     def list_checkpoints(self, owner, model_id):
@@ -405,109 +384,3 @@ class Engine:
                                                   time.gmtime(meta["time"])),
                             "size_bytes": None, "public": False})
         return out
-
-    # ---- sampling ----------------------------------------------------------------
-
-    def create_session(self, owner, model_path=None, base_model=None):
-        version = None
-        if model_path:
-            _, kind, _, directory = self.parse_path(owner, model_path)
-            with open(os.path.join(directory, "meta.json"), encoding="utf-8") as f:
-                meta = json.load(f)
-            base_model, version = meta["base_model"], meta["time"]
-            adapter = directory if kind == "sampler_weights" else os.path.join(directory, "adapter")
-        elif base_model:
-            self.base_dir(base_model)
-            adapter = None
-        else:
-            raise UserError("create_sampling_session: model_path or base_model")
-        session_id = "s" + uuid.uuid4().hex[:20]
-        with self._lock:
-            self.sessions[session_id] = (owner, base_model, adapter, model_path, version)
-        return session_id
-
-    def session(self, owner, session_id):
-        with self._lock:
-            entry = self.sessions.get(session_id)
-        if entry is None or entry[0] != owner:
-            raise NotFound("sampling session %r: no such session" % (session_id,))
-        return entry
-
-    def _sampler_job(self, owner, base_model, adapter, version):
-        """The ampd job a sampler samples with, made once and kept (LRU).
-        Keyed by the checkpoint's folder and its save time: a sampler never
-        serves weights saved over the ones its session was made for."""
-        key = (adapter, version) if adapter else ("base", base_model)
-        with self._lock:
-            job = self._samplers.get(key)
-            if job is not None:
-                self._samplers.move_to_end(key)
-                return job
-        with self._sampler_create_lock:  # one load at a time; the next finds it
-            with self._lock:
-                job = self._samplers.get(key)
-                if job is not None:
-                    return job
-            if adapter:
-                meta_path = os.path.join(os.path.dirname(adapter) if adapter.endswith(
-                    os.sep + "adapter") else adapter, "meta.json")
-                try:
-                    with open(meta_path, encoding="utf-8") as f:
-                        current = json.load(f)["time"]
-                except FileNotFoundError:
-                    current = None
-                if current != version:
-                    raise UserError("the weights this sampling client was made for were "
-                                    "deleted or saved over; make a new sampling client")
-            directory = self.base_dir(base_model)
-            pretrained = (ampd.from_pretrained(directory, adapter=adapter) if adapter
-                          else ampd.from_pretrained(directory))
-            job = self.client(owner).create_job(pretrained, precision=self.precision,
-                                                batch_invariant=True,
-                                                display_name="tinker-sampler:" + base_model)
-            evicted = []
-            with self._lock:
-                self._samplers[key] = job
-                while len(self._samplers) > self.max_samplers:
-                    evicted.append(self._samplers.popitem(last=False)[1])
-            for old in evicted:
-                old.delete()
-            return job
-
-    def _drop_samplers(self, directory):
-        """Delete the sampler jobs made from a checkpoint folder."""
-        with self._lock:
-            keys = [k for k in self._samplers if k[0] in (directory, os.path.join(directory,
-                                                                                  "adapter"))]
-            jobs = [self._samplers.pop(k) for k in keys]
-        for job in jobs:
-            job.delete()
-
-    def sample(self, owner, session, request):
-        """One asample: ([(tokens, logprobs, reason)], prompt_logprobs or None)."""
-        _, base_model, adapter, _, version = session
-        prompt = request["tokens"]
-        params = request["sampling_params"]
-        job = self._sampler_job(owner, base_model, adapter, version)
-        num_samples = request["num_samples"]
-        max_tokens = params["max_tokens"]
-        prompt_logprobs = None
-        if request["prompt_logprobs"]:
-            if len(prompt) < 2:
-                prompt_logprobs = np.full(len(prompt), np.nan, dtype=np.float32)
-            else:
-                values = job.logprobs([prompt])[0]
-                prompt_logprobs = np.concatenate([[np.nan], values]).astype(np.float32)
-        completions = job.sample([prompt], num_samples=num_samples, max_tokens=max_tokens,
-                                 temperature=params["temperature"], top_k=params["top_k"],
-                                 top_p=params["top_p"], stop=params["stop"], seed=params["seed"])
-        sequences = [(c.tokens, c.logprobs, c.stop_reason) for c in completions[0]]
-        # Diverged weights (an fp16 forward past 65504) give NaN logits, from
-        # which ampd draws the last token with a NaN log-prob: an RL loop
-        # would train on garbage. Say so instead.
-        if not all(np.all(np.isfinite(lp)) for _, lp, _ in sequences) or (
-                prompt_logprobs is not None and not np.all(np.isfinite(prompt_logprobs[1:]))):
-            raise UserError("the sampler's forward is not finite (NaN or infinite log-probs): "
-                            "the weights have diverged in %s; lower the learning rate, or "
-                            "load an earlier state" % self.precision)
-        return sequences, prompt_logprobs

@@ -16,13 +16,14 @@ import hashlib
 import json
 import logging
 import time
+import uuid
 
 import ampd
 from aiohttp import web
 
 from ampd_tinker import futures as futures_mod
-from ampd_tinker import losses, wire
-from ampd_tinker.engine import NotFound, UserError, check_name
+from ampd_tinker import losses, sample_request, wire
+from ampd_tinker.errors import NotFound, UserError, check_name
 from ampd_tinker.runner import Replay, Runner
 
 log = logging.getLogger("ampd_tinker")
@@ -37,23 +38,6 @@ SDK_CONFIG = {
     "pjwt_auth_enabled": False,
     "credential_default_source": "api_key",
 }
-
-
-class Keys:
-    """API keys -> owners. keys: {api_key: owner} from --api-keys; None: any
-    key starting tml- is its own owner (a digest of it)."""
-
-    def __init__(self, keys=None):
-        self.keys = keys
-
-    def owner(self, key):
-        if not key:
-            return None
-        if self.keys is not None:
-            return self.keys.get(key)
-        if not key.startswith("tml-") or len(key) > 512:
-            return None
-        return "k" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def _json_response(value, status=200):
@@ -279,7 +263,7 @@ class Front:
             "# TYPE ampd_tinker_models gauge",
             "ampd_tinker_models %d" % len(self.engine.models),
             "# TYPE ampd_tinker_sampling_sessions gauge",
-            "ampd_tinker_sampling_sessions %d" % len(self.engine.sessions),
+            "ampd_tinker_sampling_sessions %d" % len(self.engine.samplers.sessions),
             "# TYPE ampd_tinker_start_time_seconds gauge",
             "ampd_tinker_start_time_seconds %.3f" % self.started,
             "# TYPE ampd_tinker_requests_total counter",
@@ -296,8 +280,7 @@ class Front:
 
     async def create_session(self, request):
         await self._json(request)
-        session_id = "session-" + hashlib.sha256(
-            ("%s%f" % (request["owner"], time.time())).encode()).hexdigest()[:16]
+        session_id = "session-" + uuid.uuid4().hex[:16]
         return _json_response({"type": "create_session", "session_id": session_id})
 
     async def heartbeat(self, request):
@@ -459,7 +442,7 @@ class Front:
             path = self.engine.save_for_sampler(model, name)
             if name is not None:
                 return {"type": "save_weights_for_sampler", "path": path}
-            session_id = self.engine.create_session(owner, model_path=path)
+            session_id = self.engine.samplers.create_session(owner, model_path=path)
             return {"type": "save_weights_for_sampler", "path": path,
                     "sampling_session_id": session_id}
 
@@ -470,14 +453,14 @@ class Front:
 
     async def create_sampling_session(self, request):
         body = await self._json(request)
-        session_id = await self._blocking(lambda: self.engine.create_session(
+        session_id = await self._blocking(lambda: self.engine.samplers.create_session(
             request["owner"], body.get("model_path"), body.get("base_model")))
         return _json_response({"type": "create_sampling_session",
                                   "sampling_session_id": session_id})
 
     async def get_sampler(self, request):
         session_id = request.match_info["sampler_id"]
-        _, base_model, _, model_path, _ = self.engine.session(request["owner"], session_id)
+        _, base_model, _, model_path, _ = self.engine.samplers.session(request["owner"], session_id)
         return _json_response({"sampler_id": session_id, "base_model": base_model,
                                   "model_path": model_path})
 
@@ -485,15 +468,15 @@ class Front:
         body = await self._json(request)
         owner = request["owner"]
         if body.get("sampling_session_id"):
-            session = self.engine.session(owner, body["sampling_session_id"])
+            session = self.engine.samplers.session(owner, body["sampling_session_id"])
         else:
-            session_id = await self._blocking(lambda: self.engine.create_session(
+            session_id = await self._blocking(lambda: self.engine.samplers.create_session(
                 owner, body.get("model_path"), body.get("base_model")))
-            session = self.engine.session(owner, session_id)
-        sample = _sample_request(body)
+            session = self.engine.samplers.session(owner, session_id)
+        sample = sample_request.parse(body)
 
         def run():
-            sequences, prompt_logprobs = self.engine.sample(owner, session, sample)
+            sequences, prompt_logprobs = self.engine.samplers.sample(owner, session, sample)
             return wire.sample_output(sequences, prompt_logprobs)
 
         return self._now(request, run, kind="sample", extra=lambda f: {
@@ -564,62 +547,3 @@ class Front:
         path = "tinker://%s/%s/%s" % (info["model_id"], info["kind"], info["name"])
         await self._blocking(lambda: self.engine.delete_checkpoint(request["owner"], path))
         return _json_response({})
-
-
-def _sample_request(body):
-    """asample's body, checked: {tokens, num_samples, sampling_params, prompt_logprobs}."""
-    chunks = (body.get("prompt") or {}).get("chunks")
-    if not isinstance(chunks, list) or not chunks:
-        raise UserError("prompt.chunks: a non-empty list")
-    tokens = []
-    for chunk in chunks:
-        if not isinstance(chunk, dict) or chunk.get("type", "encoded_text") != "encoded_text":
-            raise UserError("prompt: only encoded_text chunks")
-        values = chunk.get("tokens")
-        if not isinstance(values, list) or not all(
-                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 1 << 31 for t in values):
-            raise UserError("prompt: tokens are non-negative integers")
-        tokens.extend(values)
-    if not tokens or len(tokens) > 1 << 20:
-        raise UserError("prompt: 1..%d tokens" % (1 << 20))
-    num_samples = body.get("num_samples", 1)
-    if not isinstance(num_samples, int) or not 1 <= num_samples <= 1024:
-        raise UserError("num_samples: 1..1024")
-    params = body.get("sampling_params") or {}
-    if not isinstance(params, dict):
-        raise UserError("sampling_params: an object")
-    for key in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
-        if body.get(key):
-            raise UserError("%s: not served by ampd" % key)
-    if body.get("target_prompt_logprobs") is not None or body.get("prompt_logprobs_last_n"):
-        raise UserError("target_prompt_logprobs and prompt_logprobs_last_n: not served by ampd")
-    stop = params.get("stop")
-    if stop is None:
-        stop = []
-    elif isinstance(stop, (str, int)):
-        stop = [stop]
-    if not all(isinstance(s, int) and not isinstance(s, bool) for s in stop):
-        raise UserError("sampling_params.stop: token ids (ampd does not match stop strings)")
-    max_tokens = params.get("max_tokens")
-    max_tokens = 16 if max_tokens is None else max_tokens
-    seed = params.get("seed")
-    if seed is None:
-        seed = int.from_bytes(hashlib.sha256(str(time.time_ns()).encode()).digest()[:7], "little")
-    temperature = params.get("temperature", 1.0)
-    top_k = params.get("top_k", -1)
-    top_p = params.get("top_p", 1.0)
-    for name, value in (("max_tokens", max_tokens), ("seed", seed), ("top_k", top_k)):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise UserError("sampling_params.%s: an integer" % name)
-    for name, value in (("temperature", temperature), ("top_p", top_p)):
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise UserError("sampling_params.%s: a number" % name)
-    if not 1 <= max_tokens <= 1 << 16 or seed < 0 or seed >= 1 << 64 or temperature < 0 \
-            or not 0 < top_p <= 1:
-        raise UserError("sampling_params: max_tokens 1..65536, seed >= 0, temperature >= 0, "
-                        "top_p in (0, 1]")
-    return {"tokens": tokens, "num_samples": num_samples, "prompt_logprobs":
-            bool(body.get("prompt_logprobs")),
-            "sampling_params": {"max_tokens": max_tokens, "seed": seed,
-                                "temperature": float(temperature),
-                                "top_k": max(0, top_k), "top_p": float(top_p), "stop": stop}}
