@@ -7,7 +7,8 @@ every smaller one has; a seq_id seen before is a replay, answered with the
 first call's future when the body is the same (the SDK resent it) and
 refused otherwise. A gap that stays open gap_timeout seconds (a call the SDK
 never sent) is skipped so that one lost request cannot stall the model. After
-a restart of the front the first seq_id to arrive starts the count.
+a restart of the front the smallest seq_id to arrive within half a second
+starts the count.
 """
 import asyncio
 import collections
@@ -19,6 +20,7 @@ class Replay(ValueError):
 
 
 class Runner:
+    RESTART_GRACE_S = 0.5
     def __init__(self, run_blocking, gap_timeout=120.0, next_seq=1, remember=1024):
         self._run_blocking = run_blocking  # fn -> awaitable running fn() in a thread
         self._gap_timeout = gap_timeout
@@ -48,8 +50,6 @@ class Runner:
         if self.next_seq is not None and seq_id < self.next_seq:
             raise Replay("seq_id %s is behind the model's next (%s)" % (seq_id, self.next_seq))
         self._queued[seq_id] = (digest, future, work)
-        if self.next_seq is None:
-            self.next_seq = seq_id
         self._start()
         return future
 
@@ -64,6 +64,11 @@ class Runner:
     async def _loop(self):
         waiting_since = None
         while not self.closed:
+            if self.next_seq is None and self._queued:
+                # After a restart: the chunks of one call arrive together,
+                # the first last; start from the smallest after a moment.
+                await asyncio.sleep(self.RESTART_GRACE_S)
+                self.next_seq = min(self._queued)
             if self.next_seq in self._queued:
                 seq_id = self.next_seq
                 digest, future, work = self._queued.pop(seq_id)
