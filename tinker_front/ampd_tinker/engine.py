@@ -13,6 +13,7 @@ which samplers.py serves.
 Every method here blocks on gRPC; the server runs them in threads.
 """
 import json
+import math
 import os
 import shutil
 import threading
@@ -166,17 +167,22 @@ class Engine:
     def create_model(self, owner, base_model, lora_config, model_id=None):
         lora_config = lora_config or {}
         rank = lora_config.get("rank", 32)
-        if not isinstance(rank, int) or not 1 <= rank <= 1024:
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 1 <= rank <= 1024:
             raise UserError("lora_config.rank %r: an integer in 1..1024" % (rank,))
-        targets = []
-        if lora_config.get("train_attn", True):
-            targets += _ATTN
-        if lora_config.get("train_mlp", True):
-            targets += _MLP
+        flags = {}
+        for key in ("train_attn", "train_mlp", "train_unembed"):
+            flags[key] = lora_config.get(key, True)
+            if not isinstance(flags[key], bool):
+                raise UserError("lora_config.%s %r: true or false" % (key, flags[key]))
+        targets = list(_ATTN if flags["train_attn"] else ()) + list(
+            _MLP if flags["train_mlp"] else ())
         if not targets:
             raise UserError("lora_config: train_attn or train_mlp (ampd adapts no unembedding)")
         seed = lora_config.get("seed")
-        seed = int(seed) if isinstance(seed, int) and seed >= 0 else 0
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)
+                                 or not 0 <= seed < 1 << 64):
+            raise UserError("lora_config.seed %r: an integer in [0, 2^64)" % (seed,))
+        seed = seed or 0
         directory = self.base_dir(base_model)
         with self._lock:
             if len(self.models) >= self.max_models:
@@ -221,8 +227,12 @@ class Engine:
     def optim_step(self, model, adam):
         def number(key, default):
             value = adam.get(key, default)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not np.isfinite(value):
-                raise UserError("adam_params.%s %r: a number" % (key, value))
+            try:
+                ok = not isinstance(value, bool) and math.isfinite(float(value))
+            except (TypeError, ValueError, OverflowError):
+                ok = False
+            if not ok or isinstance(value, str):
+                raise UserError("adam_params.%s %r: a finite number" % (key, value))
             return float(value)
 
         lr = number("learning_rate", 1e-4)

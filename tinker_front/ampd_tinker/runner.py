@@ -21,6 +21,7 @@ class Replay(ValueError):
 
 class Runner:
     RESTART_GRACE_S = 0.5
+    MAX_AHEAD = 1 << 16  # calls queued past the next: the SDK never runs this far ahead
     def __init__(self, run_blocking, gap_timeout=120.0, next_seq=1, remember=1024):
         self._run_blocking = run_blocking  # fn -> awaitable running fn() in a thread
         self._gap_timeout = gap_timeout
@@ -49,6 +50,9 @@ class Runner:
             raise Replay("seq_id %s was already used by another request" % seq_id)
         if self.next_seq is not None and seq_id < self.next_seq:
             raise Replay("seq_id %s is behind the model's next (%s)" % (seq_id, self.next_seq))
+        if self.next_seq is not None and seq_id >= self.next_seq + self.MAX_AHEAD:
+            raise Replay("seq_id %s is more than %d ahead of the model's next (%s)"
+                         % (seq_id, self.MAX_AHEAD, self.next_seq))
         self._queued[seq_id] = (digest, future, work)
         self._start()
         return future

@@ -4,14 +4,31 @@ ampd serves (max_tokens, seed, temperature, top_k, top_p, stop as token
 ids); what it does not serve (stop strings, top-k or target prompt
 log-probs, prompt_logprobs_last_n) is refused by name."""
 import hashlib
+import math
 import time
 
 from ampd_tinker.errors import UserError
 
 
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
 def parse(body):
     """asample's body, checked: {tokens, num_samples, sampling_params, prompt_logprobs}."""
-    chunks = (body.get("prompt") or {}).get("chunks")
+    prompt = body.get("prompt")
+    if not isinstance(prompt, dict):
+        raise UserError("prompt: a ModelInput object")
+    chunks = prompt.get("chunks")
     if not isinstance(chunks, list) or not chunks:
         raise UserError("prompt.chunks: a non-empty list")
     tokens = []
@@ -26,7 +43,7 @@ def parse(body):
     if not tokens or len(tokens) > 1 << 20:
         raise UserError("prompt: 1..%d tokens" % (1 << 20))
     num_samples = body.get("num_samples", 1)
-    if not isinstance(num_samples, int) or not 1 <= num_samples <= 1024:
+    if not _is_int(num_samples) or not 1 <= num_samples <= 1024:
         raise UserError("num_samples: 1..1024")
     params = body.get("sampling_params") or {}
     if not isinstance(params, dict):
@@ -41,8 +58,9 @@ def parse(body):
         stop = []
     elif isinstance(stop, (str, int)):
         stop = [stop]
-    if not all(isinstance(s, int) and not isinstance(s, bool) for s in stop):
-        raise UserError("sampling_params.stop: token ids (ampd does not match stop strings)")
+    if not all(_is_int(s) and 0 <= s < 1 << 31 for s in stop) or len(stop) > 64:
+        raise UserError("sampling_params.stop: at most 64 token ids (ampd does not match "
+                        "stop strings)")
     max_tokens = params.get("max_tokens")
     max_tokens = 16 if max_tokens is None else max_tokens
     seed = params.get("seed")
@@ -52,15 +70,15 @@ def parse(body):
     top_k = params.get("top_k", -1)
     top_p = params.get("top_p", 1.0)
     for name, value in (("max_tokens", max_tokens), ("seed", seed), ("top_k", top_k)):
-        if not isinstance(value, int) or isinstance(value, bool):
+        if not _is_int(value):
             raise UserError("sampling_params.%s: an integer" % name)
     for name, value in (("temperature", temperature), ("top_p", top_p)):
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise UserError("sampling_params.%s: a number" % name)
-    if not 1 <= max_tokens <= 1 << 16 or seed < 0 or seed >= 1 << 64 or temperature < 0 \
-            or not 0 < top_p <= 1:
-        raise UserError("sampling_params: max_tokens 1..65536, seed >= 0, temperature >= 0, "
-                        "top_p in (0, 1]")
+        if not _is_number(value):
+            raise UserError("sampling_params.%s: a finite number" % name)
+    if not 1 <= max_tokens <= 1 << 16 or not 0 <= seed < 1 << 64 or not -1 <= top_k < 1 << 31 \
+            or not 0 <= temperature <= 100 or not 0 < top_p <= 1:
+        raise UserError("sampling_params: max_tokens 1..65536, seed in [0, 2^64), top_k >= -1, "
+                        "temperature in [0, 100], top_p in (0, 1]")
     return {"tokens": tokens, "num_samples": num_samples, "prompt_logprobs":
             bool(body.get("prompt_logprobs")),
             "sampling_params": {"max_tokens": max_tokens, "seed": seed,

@@ -207,8 +207,8 @@ class Front:
         takes its seq_id, as the SDK counted it: else the model would wait
         for it until the gap timeout."""
         if seq_id is not None and (not isinstance(seq_id, int) or isinstance(seq_id, bool)
-                                   or seq_id < 0):
-            raise UserError("seq_id %r: a non-negative integer" % (seq_id,))
+                                   or not 0 <= seq_id < 1 << 31):
+            raise UserError("seq_id %r: an integer in [0, 2^31)" % (seq_id,))
         try:
             fn = prepare()
         except Exception:

@@ -203,6 +203,59 @@ def test_unload_model(api):
     assert detail(api.post("forward_backward", content=fb_body(model_id, 1), headers=PROTO), 404)
 
 
+ODD_VALUES = [None, [], {}, "x", -1, 1.5, True, [1, "a"], {"a": {"b": []}}, "tinker://x/y/z",
+              10 ** 30]
+
+
+def test_odd_json_never_breaks_the_front(api, front, model_id):
+    """Each field of a valid body of every JSON endpoint replaced by each odd
+    JSON value: an answer the SDK reads (2xx, or 4xx with a detail), and if
+    accepted, a future that settles; never a 500."""
+    r = api.post("save_weights", {"model_id": model_id, "path": "odd-base"})
+    state = api.result(r.json()["request_id"]).json()["path"]
+    r = api.post("save_weights_for_sampler", {"model_id": model_id, "path": "odd-sampler"})
+    sampler = api.result(r.json()["request_id"]).json()["path"]
+    prompt = {"chunks": [{"type": "encoded_text", "tokens": [5, 6]}]}
+    bases = {
+        "create_model": {"session_id": "s", "model_seq_id": 0, "base_model": BASE,
+                         "lora_config": {"rank": 2, "seed": 1, "train_mlp": False}},
+        "get_info": {"model_id": model_id},
+        "weights_info": {"tinker_path": state},
+        "optim_step": {"model_id": model_id, "adam_params": {"learning_rate": 1e-3}},
+        "save_weights": {"model_id": model_id, "path": "odd"},
+        "load_weights": {"model_id": model_id, "path": state, "optimizer": True},
+        "save_weights_for_sampler": {"model_id": model_id, "path": "odd-s"},
+        "create_sampling_session": {"session_id": "s", "sampling_session_seq_id": 0,
+                                    "model_path": sampler},
+        "asample": {"num_samples": 1, "prompt": prompt, "model_path": sampler,
+                    "sampling_params": {"max_tokens": 1, "seed": 1, "stop": [3],
+                                        "temperature": 1.0, "top_p": 1.0, "top_k": -1}},
+        "retrieve_future": {"request_id": "x"},
+    }
+    for endpoint, base in bases.items():
+        for field in list(base) + ["seq_id"]:
+            for value in ODD_VALUES:
+                body = dict(base, **{field: value})
+                r = api.post(endpoint, body)
+                assert r.status_code < 500, (endpoint, body, r.status_code, r.text)
+                if r.status_code >= 400:
+                    assert r.json()["detail"], (endpoint, body)
+                elif "request_id" in r.json() and endpoint != "retrieve_future":
+                    assert api.result(r.json()["request_id"]).status_code == 200
+        for field in ("sampling_params", "prompt", "lora_config", "adam_params"):
+            if field not in base:
+                continue
+            for key in list(base[field]) or ["x"]:
+                for value in ODD_VALUES:
+                    body = dict(base, **{field: dict(base[field], **{key: value})})
+                    r = api.post(endpoint, body)
+                    assert r.status_code < 500, (endpoint, body, r.status_code, r.text)
+                    if r.status_code == 200 and "request_id" in r.json():
+                        assert api.result(r.json()["request_id"]).status_code == 200
+    assert front.alive()
+    assert "ampd_tinker ERROR" not in front.log(), front.log()
+
+
 def test_still_up_with_metrics(front, ampd_server, api):
     assert front.alive() and ampd_server.alive()
     text = api.http.get("/metrics").text
