@@ -7,11 +7,11 @@ precision), so its log-probs are the trainer's bit for bit; jobs are made on
 first use and kept, least recently used first out past max_jobs, and
 dropped with the checkpoint they were made from.
 """
+import base64
 import collections
 import json
 import os
 import threading
-import uuid
 
 import numpy as np
 
@@ -26,32 +26,49 @@ class Samplers:
         self._lock = threading.Lock()
         self._create_lock = threading.Lock()  # one load at a time; the next finds it
         self._samplers = collections.OrderedDict()  # (adapter, version) or base -> ampd.Job
-        self.sessions = {}  # session id -> (owner, base_model, adapter, model_path, version)
+        self.sessions = collections.OrderedDict()  # ids made since start (for metrics)
 
     def create_session(self, owner, model_path=None, base_model=None):
-        version = None
+        """A session id that spells what it samples (the checkpoint's path
+        and save time, or the base model), so that it outlives a restart of
+        the front with nothing stored; it means something only to the key
+        whose checkpoint it names."""
         if model_path:
-            _, kind, _, directory = self._engine.parse_path(owner, model_path)
+            _, _, _, directory = self._engine.parse_path(owner, model_path)
             with open(os.path.join(directory, "meta.json"), encoding="utf-8") as f:
-                meta = json.load(f)
-            base_model, version = meta["base_model"], meta["time"]
-            adapter = directory if kind == "sampler_weights" else os.path.join(directory, "adapter")
+                spelled = [model_path, None, json.load(f)["time"]]
         elif base_model:
             self._engine.base_dir(base_model)
-            adapter = None
+            spelled = [None, base_model, None]
         else:
             raise UserError("create_sampling_session: model_path or base_model")
-        session_id = "s" + uuid.uuid4().hex[:20]
-        with self._lock:
-            self.sessions[session_id] = (owner, base_model, adapter, model_path, version)
+        session_id = "s" + base64.urlsafe_b64encode(json.dumps(spelled).encode()).decode()
+        self.sessions[session_id] = True  # counted by the metrics (bounded below)
+        while len(self.sessions) > 4096:
+            self.sessions.pop(next(iter(self.sessions)))
         return session_id
 
     def session(self, owner, session_id):
-        with self._lock:
-            entry = self.sessions.get(session_id)
-        if entry is None or entry[0] != owner:
-            raise NotFound("sampling session %r: no such session" % (session_id,))
-        return entry
+        """(owner, base_model, adapter dir or None, model_path, save time)."""
+        try:
+            if not session_id.startswith("s") or len(session_id) > 4096:
+                raise ValueError(session_id)
+            model_path, base_model, version = json.loads(
+                base64.urlsafe_b64decode(session_id[1:].encode()))
+        except (ValueError, TypeError, UnicodeError, AttributeError):
+            raise NotFound("sampling session %r: no such session" % (session_id,)) from None
+        if model_path is None:
+            self._engine.base_dir(base_model)
+            return owner, base_model, None, None, None
+        try:
+            _, kind, _, directory = self._engine.parse_path(owner, model_path)
+        except (NotFound, UserError):
+            raise NotFound("sampling session %r: no such session (its weights are gone or "
+                           "another key's)" % (session_id,)) from None
+        with open(os.path.join(directory, "meta.json"), encoding="utf-8") as f:
+            base_model = json.load(f)["base_model"]
+        adapter = directory if kind == "sampler_weights" else os.path.join(directory, "adapter")
+        return owner, base_model, adapter, model_path, version
 
     def _job(self, owner, base_model, adapter, version):
         """The ampd job a sampler samples with, made once and kept (LRU).

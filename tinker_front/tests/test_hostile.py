@@ -330,5 +330,20 @@ def test_a_restart_keeps_acknowledged_optim_steps(workdir, ampd_server, models_d
         assert len(record.fields["logprobs"].data) == 4 * (len(tokens) - 1)
         r = api.post("optim_step", {"model_id": model_id, "seq_id": 5, "adam_params": {}})
         assert "metrics" in api.result(r.json()["request_id"]).json()
+
+        # A sampling session outlives a restart (its id spells what it samples).
+        r = api.post("save_weights_for_sampler", {"model_id": model_id, "seq_id": 6})
+        session = api.result(r.json()["request_id"]).json()["sampling_session_id"]
+        ask = {"sampling_session_id": session, "seq_id": 1, "num_samples": 2,
+               "prompt": {"chunks": [{"type": "encoded_text", "tokens": [5, 6, 7]}]},
+               "sampling_params": {"max_tokens": 4, "seed": 3}}
+        r = api.post("asample", ask)
+        before = api.result(r.json()["request_id"]).json()
+        front.stop(signal.SIGKILL)
+        front.start()
+        api = Api(front)
+        r = api.post("asample", ask)
+        assert api.result(r.json()["request_id"]).json() == before
+        assert detail(Api(front, OTHER_KEY).post("asample", ask), 404)
     finally:
         front.stop()
