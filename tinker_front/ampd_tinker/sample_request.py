@@ -56,7 +56,7 @@ def parse(body):
     stop = params.get("stop")
     if stop is None:
         stop = []
-    elif isinstance(stop, (str, int)):
+    elif not isinstance(stop, list):
         stop = [stop]
     if not all(_is_int(s) and 0 <= s < 1 << 31 for s in stop) or len(stop) > 64:
         raise UserError("sampling_params.stop: at most 64 token ids (ampd does not match "

@@ -126,7 +126,7 @@ class Front:
             if e.status == 413:
                 return _error(413, "body too large: at most %d bytes" % self.max_body)
             raise
-        except (UserError, ValueError, KeyError, TypeError) as e:
+        except ValueError as e:  # UserError, WireError, BadRequest: the caller's mistake
             status = 400
             return _error(400, str(e))
         except NotFound as e:
@@ -158,10 +158,10 @@ class Front:
 
     def _runner(self, model):
         if model.runner is None:
-            model.runner = Runner(self._blocking_logged, self.gap_timeout)
+            model.runner = Runner(self._run_work, self.gap_timeout)
         return model.runner
 
-    async def _blocking_logged(self, work):
+    async def _run_work(self, work):
         await self._blocking(work)
 
     def _complete(self, future, fn, durable=False):
@@ -211,10 +211,10 @@ class Front:
             raise UserError("seq_id %r: an integer in [0, 2^31)" % (seq_id,))
         try:
             fn = prepare()
-        except Exception:
+        except Exception as e:
             if seq_id is not None:
                 refused = self.futures.create(request["owner"], kind)
-                self.futures.fail(refused, "refused")
+                self.futures.fail(refused, "refused: %s" % e)
                 try:
                     self._runner(model).submit(seq_id, body_digest, refused, lambda: None)
                 except Replay:
@@ -243,7 +243,7 @@ class Front:
         self._loop = asyncio.get_running_loop()
         restored = await self._blocking(self.engine.restore)
         for model in restored:
-            model.runner = Runner(self._blocking_logged, self.gap_timeout, next_seq=None)
+            model.runner = Runner(self._run_work, self.gap_timeout, next_seq=None)
         if restored:
             log.info("reattached %d models", len(restored))
 
@@ -501,11 +501,16 @@ class Front:
         if future.state == futures_mod.FAILED:
             return _json_response({"error": future.error, "category": future.category})
         if future.kind == "json":
-            return _json_response(future.result)
+            return _json_response(future.result)  # finite by construction
         proto, as_json = future.result
         if wire.PROTO in request.headers.get("Accept", ""):
             return web.Response(body=proto, content_type=wire.PROTO)
-        return _json_response(as_json)
+        try:
+            return _json_response(as_json)
+        except ValueError:  # NaN or infinity, which JSON cannot carry
+            return _json_response({"error": "the result holds values JSON cannot carry (NaN "
+                                   "or infinity); ask for it as %s" % wire.PROTO,
+                                   "category": "user"})
 
     def _training_run(self, model):
         found = self.engine.list_checkpoints(model.owner, model.model_id)
