@@ -33,6 +33,7 @@ _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
 LORA_ALPHA = 32.0
 KEEP_EPHEMERAL = 32  # unnamed sampler checkpoints kept per model
+KEEP_SNAPSHOTS = 16  # ampd sampler snapshots kept per job (ampd holds at most 32)
 
 
 def _is_base_weight(name):
@@ -269,18 +270,19 @@ class Engine:
             raise NotFound("checkpoint %s: no such checkpoint" % path)
         return model_id, kind, name, directory
 
-    def _write_checkpoint(self, model, kind, name, write):
+    def _write_checkpoint(self, model, kind, name, write, extra=None):
         directory = self._checkpoint_dir(model.owner, model.model_id, kind, name)
         tmp = directory + ".tmp-" + uuid.uuid4().hex[:8]
         os.makedirs(tmp)
         try:
             write(tmp)
+            meta = {"base_model": model.base_model, "rank": model.rank,
+                    "step": model.job.step_count, "time": time.time()}
+            meta.update(extra or {})
             with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
-                json.dump({"base_model": model.base_model, "rank": model.rank,
-                           "step": model.job.step_count, "time": time.time()}, f)
+                json.dump(meta, f)
             if os.path.exists(directory):
-                self.samplers.drop(directory)
-                shutil.rmtree(directory)
+                self._forget(directory)
             os.replace(tmp, directory)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -361,21 +363,68 @@ class Engine:
         if name is None:
             name = "ephemeral-%d-%s" % (model.job.step_count, uuid.uuid4().hex[:8])
         check_name(name, "sampler name")
-        path = self._write_checkpoint(model, "sampler_weights", name, model.job.export_peft)
+        snapshot = self._snapshot(model)
+        path = self._write_checkpoint(
+            model, "sampler_weights", name, model.job.export_peft,
+            extra={"snapshot": snapshot, "job_id": model.job.job_id} if snapshot else None)
         folder = os.path.join(self.state_dir, "checkpoints", model.owner, model.model_id,
                               "sampler_weights")
         ephemeral = sorted((os.path.getmtime(os.path.join(folder, n, "meta.json")), n)
                            for n in os.listdir(folder) if n.startswith("ephemeral-")
                            and os.path.exists(os.path.join(folder, n, "meta.json")))
         for _, old in ephemeral[:-KEEP_EPHEMERAL]:
-            self.samplers.drop(os.path.join(folder, old))
-            shutil.rmtree(os.path.join(folder, old), ignore_errors=True)
+            self._forget(os.path.join(folder, old))
         return path
+
+    def _snapshot(self, model):
+        """A sampler snapshot of the model's job now (ampd's immutable copy
+        of the weights Sample reads: a LoRA job's adapters alone), its
+        oldest dropped when the job holds KEEP_SNAPSHOTS; None when ampd
+        cannot hold one (its memory limits): the sampler then loads the
+        adapter into a job of its own."""
+        name = "tk-" + uuid.uuid4().hex[:20]
+        for _ in range(2):
+            try:
+                held = model.job.sampler_snapshots()
+                for old in sorted(held, key=lambda s: s.step)[:max(0, len(held) + 1
+                                                                   - KEEP_SNAPSHOTS)]:
+                    model.job.delete_sampler_snapshot(old.name)
+                return model.job.save_sampler_snapshot(name)
+            except (ampd.SnapshotLimit, ampd.SnapshotNotFound):
+                continue  # another save raced this one: look again
+            except ampd.MemoryLimit:
+                return None
+        return None
+
+    def live_snapshot(self, meta):
+        """(the job, snapshot name) a checkpoint's meta names, while that job
+        is still the model's; else None."""
+        if not meta.get("snapshot"):
+            return None
+        with self._lock:
+            for model in self.models.values():
+                if model.job.job_id == meta["job_id"]:
+                    return model.job, meta["snapshot"]
+        return None
+
+    def _forget(self, directory):
+        """Remove a checkpoint folder, its snapshot and the samplers made of it."""
+        try:
+            with open(os.path.join(directory, "meta.json"), encoding="utf-8") as f:
+                live = self.live_snapshot(json.load(f))
+        except (OSError, ValueError):
+            live = None
+        if live is not None:
+            try:
+                live[0].delete_sampler_snapshot(live[1])
+            except ampd.AmpdError:
+                pass  # gone with its job, or already
+        self.samplers.drop(directory)
+        shutil.rmtree(directory, ignore_errors=True)
 
     def delete_checkpoint(self, owner, path):
         _, _, _, directory = self.parse_path(owner, path)
-        self.samplers.drop(directory)
-        shutil.rmtree(directory)
+        self._forget(directory)
 
     def list_checkpoints(self, owner, model_id):
         out = []

@@ -1,11 +1,16 @@
 """Sampling sessions and the ampd jobs that serve them.
 
 A session names what it samples: a base model, or a checkpoint's adapter
-with the save time it had when the session was made. Its job is a LoRA job
-on the same base holding that adapter (batch_invariant, the front's
-precision), so its log-probs are the trainer's bit for bit; jobs are made on
-first use and kept, least recently used first out past max_jobs, and
-dropped with the checkpoint they were made from.
+with the save time it had when the session was made. A sampler checkpoint
+carries an ampd sampler snapshot of its training job (an immutable copy of
+the adapters Sample reads while the job trains on); while that job lives,
+its samples come from the snapshot. Otherwise (the job replaced or unloaded,
+the snapshot dropped, a training checkpoint, a base model) and for prompt
+log-probs (Evaluate has no snapshots), a LoRA job on the same base holding
+the checkpoint's adapter serves them. Both are batch_invariant in the
+front's precision, so their log-probs are the trainer's bit for bit; the
+adapter jobs are made on first use and kept, least recently used first out
+past max_jobs, and dropped with the checkpoint they were made from.
 """
 import base64
 import collections
@@ -49,7 +54,8 @@ class Samplers:
         return session_id
 
     def session(self, owner, session_id):
-        """(owner, base_model, adapter dir or None, model_path, save time)."""
+        """(owner, base_model, adapter dir or None, model_path, save time,
+        the checkpoint's meta or None)."""
         try:
             if not session_id.startswith("s") or len(session_id) > 4096:
                 raise ValueError(session_id)
@@ -59,16 +65,16 @@ class Samplers:
             raise NotFound("sampling session %r: no such session" % (session_id,)) from None
         if model_path is None:
             self._engine.base_dir(base_model)
-            return owner, base_model, None, None, None
+            return owner, base_model, None, None, None, None
         try:
             _, kind, _, directory = self._engine.parse_path(owner, model_path)
         except (NotFound, UserError):
             raise NotFound("sampling session %r: no such session (its weights are gone or "
                            "another key's)" % (session_id,)) from None
         with open(os.path.join(directory, "meta.json"), encoding="utf-8") as f:
-            base_model = json.load(f)["base_model"]
+            meta = json.load(f)
         adapter = directory if kind == "sampler_weights" else os.path.join(directory, "adapter")
-        return owner, base_model, adapter, model_path, version
+        return owner, meta["base_model"], adapter, model_path, version, meta
 
     def _job(self, owner, base_model, adapter, version):
         """The ampd job a sampler samples with, made once and kept (LRU).
@@ -122,22 +128,34 @@ class Samplers:
 
     def sample(self, owner, session, request):
         """One asample: ([(tokens, logprobs, reason)], prompt_logprobs or None)."""
-        _, base_model, adapter, _, version = session
+        _, base_model, adapter, _, version, meta = session
+        if meta is not None and meta["time"] != version:
+            raise UserError("the weights this sampling client was made for were saved over; "
+                            "make a new sampling client")
         prompt = request["tokens"]
         params = request["sampling_params"]
-        job = self._job(owner, base_model, adapter, version)
-        num_samples = request["num_samples"]
-        max_tokens = params["max_tokens"]
+        sample_args = dict(num_samples=request["num_samples"], max_tokens=params["max_tokens"],
+                           temperature=params["temperature"], top_k=params["top_k"],
+                           top_p=params["top_p"], stop=params["stop"], seed=params["seed"])
         prompt_logprobs = None
         if request["prompt_logprobs"]:
+            # ampd's snapshots serve Sample alone: the prompt's log-probs
+            # come from a job holding the checkpoint's adapter.
             if len(prompt) < 2:
                 prompt_logprobs = np.full(len(prompt), np.nan, dtype=np.float32)
             else:
-                values = job.logprobs([prompt])[0]
+                values = self._job(owner, base_model, adapter, version).logprobs([prompt])[0]
                 prompt_logprobs = np.concatenate([[np.nan], values]).astype(np.float32)
-        completions = job.sample([prompt], num_samples=num_samples, max_tokens=max_tokens,
-                                 temperature=params["temperature"], top_k=params["top_k"],
-                                 top_p=params["top_p"], stop=params["stop"], seed=params["seed"])
+        completions = None
+        live = self._engine.live_snapshot(meta) if meta is not None else None
+        if live is not None:
+            try:
+                completions = live[0].sample([prompt], snapshot=live[1], **sample_args)
+            except (ampd.SnapshotNotFound, ampd.JobNotFound):
+                completions = None  # dropped meanwhile: the adapter's own job serves it
+        if completions is None:
+            completions = self._job(owner, base_model, adapter, version).sample(
+                [prompt], **sample_args)
         sequences = [(c.tokens, c.logprobs, c.stop_reason) for c in completions[0]]
         # Diverged weights (an fp16 forward past 65504) give NaN logits, from
         # which ampd draws the last token with a NaN log-prob: an RL loop

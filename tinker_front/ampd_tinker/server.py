@@ -460,7 +460,8 @@ class Front:
 
     async def get_sampler(self, request):
         session_id = request.match_info["sampler_id"]
-        _, base_model, _, model_path, _ = self.engine.samplers.session(request["owner"], session_id)
+        _, base_model, _, model_path, _, _ = self.engine.samplers.session(request["owner"],
+                                                                          session_id)
         return _json_response({"sampler_id": session_id, "base_model": base_model,
                                   "model_path": model_path})
 

@@ -209,7 +209,14 @@ def test_a_training_client_from_state(service, trainer, tokenizer):
                 np.testing.assert_array_equal(ours, theirs)
 
 
-def test_sampler_equals_trainer_bit_for_bit(trainer, tokenizer):
+def sampler_jobs(ampd_server):
+    """The ampd jobs the front made to hold adapters for sampling."""
+    import ampd
+    with ampd.Client(ampd_server.address) as client:
+        return [j for j in client.jobs() if j.config.display_name.startswith("tinker-sampler")]
+
+
+def test_sampler_equals_trainer_bit_for_bit(trainer, tokenizer, ampd_server):
     sampler = resolved(trainer.save_weights_and_get_sampling_client())
     prompt = tokenizer.encode("2+2=")
     params = types.SamplingParams(max_tokens=6, seed=11, temperature=1.0)
@@ -219,6 +226,8 @@ def test_sampler_equals_trainer_bit_for_bit(trainer, tokenizer):
     other = sampler.sample(types.ModelInput.from_ints(prompt), 3,
                            types.SamplingParams(max_tokens=6, seed=12)).result()
     assert [s.tokens for s in other.sequences] != [s.tokens for s in first.sequences]
+    # Served by an ampd sampler snapshot of the training job: no second model.
+    assert sampler_jobs(ampd_server) == []
 
     greedy = [sampler.sample(types.ModelInput.from_ints(prompt), 2,
                              types.SamplingParams(max_tokens=6, seed=seed, temperature=0.0)
@@ -237,16 +246,28 @@ def test_sampler_equals_trainer_bit_for_bit(trainer, tokenizer):
                                       trained)
 
 
-def test_named_sampler_weights_and_a_sampling_client_of_them(service, trainer, tokenizer):
+def test_named_sampler_weights_and_a_sampling_client_of_them(service, trainer, tokenizer,
+                                                             ampd_server):
     path = trainer.save_weights_for_sampler("sampler-b").result().path
     assert path.endswith("/sampler_weights/sampler-b")
     sampler = resolved(service.create_sampling_client(model_path=path))
     prompt = tokenizer.encode("1+")
-    result = sampler.sample(types.ModelInput.from_ints(prompt), 1,
-                            types.SamplingParams(max_tokens=4, seed=3)).result()
+    params = types.SamplingParams(max_tokens=4, seed=3)
+    result = sampler.sample(types.ModelInput.from_ints(prompt), 2, params).result()
     full = prompt + list(result.sequences[0].tokens)
     np.testing.assert_array_equal(np.asarray(result.sequences[0].logprobs, dtype=np.float32),
                                   forward_logprobs(trainer, [full])[0][len(prompt) - 1:])
+    # A weights-only load gives the model a new job; the old job's snapshot
+    # goes with it, and the checkpoint's adapter in a job of its own serves
+    # the same tokens with the same log-probs, bit for bit.
+    before = {j.job_id for j in sampler_jobs(ampd_server)}
+    trainer.load_state(trainer.save_state("before-new-job").result().path).result()
+    again = sampler.sample(types.ModelInput.from_ints(prompt), 2, params).result()
+    for ours, theirs in zip(again.sequences, result.sequences):
+        assert ours.tokens == theirs.tokens
+        np.testing.assert_array_equal(np.asarray(ours.logprobs, dtype=np.float32),
+                                      np.asarray(theirs.logprobs, dtype=np.float32))
+    assert {j.job_id for j in sampler_jobs(ampd_server)} - before  # made for the fallback
     # (A SamplingClient's get_tokenizer looks its base_model name up with
     # transformers, which finds no tiny/qwen2-chars offline: see docs/TINKER.md.)
 
@@ -355,6 +376,7 @@ def test_a_diverged_sampler_is_an_error_not_nan_log_probs(service, trainer, toke
         f.write(safetensors.dumps(state, state.metadata, state.dtypes))
     meta = json.load(open(os.path.join(bad_folder, "meta.json")))
     meta["time"] += 1.0
+    meta.pop("snapshot", None)  # its snapshot holds the good weights: an adapter-only copy
     json.dump(meta, open(os.path.join(bad_folder, "meta.json"), "w"))
     bad = resolved(service.create_sampling_client(model_path=good.replace("not-yet-diverged",
                                                                           "diverged")))
