@@ -17,6 +17,10 @@
   every rank's --peer-address is an address the others reach, rank 0's name
   is stable, each rank has its own state volume, and the unauthenticated
   peer port is reachable only by the ranks.
+- The Tinker front (tinker/): its sidecar overlay names files that exist,
+  reaches ampd on the pod's loopback, probes /healthz on its port, shares
+  the state volume and mounts the models read-only; its Dockerfile runs
+  `python -m ampd_tinker` on the port the manifests use.
 
 Exits non-zero with every problem listed.
 """
@@ -269,6 +273,52 @@ def check_k8s(deploy_dir):
 PEER_PORT = 50052
 
 
+def check_tinker(deploy_dir):
+    folder = os.path.join(deploy_dir, "tinker", "k8s")
+    (kustomization,) = load_yaml_all(os.path.join(folder, "kustomization.yaml"))
+    for name in kustomization.get("resources", []):
+        check(os.path.exists(os.path.join(folder, name)), "tinker/k8s: no resource %s" % name)
+    for patch in kustomization.get("patches", []):
+        check(os.path.exists(os.path.join(folder, patch["path"])),
+              "tinker/k8s: no patch %s" % patch["path"])
+    docs = []
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".yaml") and name != "kustomization.yaml":
+            docs.extend(load_yaml_all(os.path.join(folder, name)))
+    by_kind = {d["kind"]: d for d in docs}
+    pod = by_kind.get("Deployment", {}).get("spec", {}).get("template", {}).get("spec", {})
+    containers = {c["name"]: c for c in pod.get("containers", [])}
+    front = containers.get("ampd-tinker")
+    if not check(front is not None, "tinker/k8s: no ampd-tinker container"):
+        return
+    check("--ampd=127.0.0.1:50051" in front.get("args", []),
+          "tinker/k8s: the front must reach ampd on the pod's loopback")
+    port = {p["name"]: p["containerPort"] for p in front.get("ports", [])}.get("tinker")
+    check(port == 8000, "tinker/k8s: container port tinker 8000")
+    for probe in ("readinessProbe", "livenessProbe"):
+        get = front.get(probe, {}).get("httpGet", {})
+        check(get.get("path") == "/healthz" and get.get("port") == "tinker",
+              "tinker/k8s: %s must GET /healthz on port tinker" % probe)
+    mounts = {m["mountPath"]: m for m in front.get("volumeMounts", [])}
+    check(mounts.get("/var/lib/ampd", {}).get("name") == "state",
+          "tinker/k8s: the front keeps its state on ampd's state volume")
+    check(mounts.get("/models", {}).get("readOnly") is True,
+          "tinker/k8s: /models mounted read-only")
+    claims = {v["name"]: v.get("persistentVolumeClaim", {}).get("claimName")
+              for v in pod.get("volumes", [])}
+    pvcs = {d["metadata"]["name"] for d in docs if d["kind"] == "PersistentVolumeClaim"}
+    check(claims.get("models") in pvcs, "tinker/k8s: the models claim is not defined")
+    svc = by_kind.get("Service", {})
+    check([(p["port"], p["targetPort"]) for p in svc.get("spec", {}).get("ports", [])]
+          == [(8000, "tinker")], "tinker/k8s: Service must expose 8000 (tinker)")
+    with open(os.path.join(deploy_dir, "tinker", "Dockerfile")) as f:
+        dockerfile = f.read()
+    check(re.search(r"^EXPOSE 8000$", dockerfile, re.M) is not None,
+          "tinker/Dockerfile: EXPOSE 8000")
+    check('"-m", "ampd_tinker"' in dockerfile and "--listen=0.0.0.0:8000" in dockerfile,
+          "tinker/Dockerfile: the entrypoint runs python -m ampd_tinker on 0.0.0.0:8000")
+
+
 def is_headless(svc):
     return svc["spec"].get("clusterIP") == "None"
 
@@ -467,6 +517,7 @@ def main():
     check_k8s_distributed(args.deploy_dir)
     check_compose_distributed(args.deploy_dir, args.dockerfile)
     check_dockerfile(args.dockerfile)
+    check_tinker(args.deploy_dir)
 
     if problems:
         for p in problems:
