@@ -3,6 +3,7 @@
 #include "server/engine/jobs/base_models.h"
 
 #include <openssl/evp.h>
+#include <malloc.h>
 #include <stdlib.h>
 
 #include <algorithm>
@@ -191,6 +192,11 @@ absl::StatusOr<std::shared_ptr<const model::FrozenBase>> BaseModels::Acquire(
       model::FrozenBase::Upload({name, std::move(weights.digest)}, spec, precision,
                                 std::move(backend), std::move(weights.tensors)));
   entry->base = base;
+  // The load freed about the base's size in host buffers at once (the
+  // files' tensors and their conversions, each below the mmap threshold
+  // main.cc sets, so kept in the arenas): give them back, or the server
+  // would hold a second base's worth of idle memory per base loaded.
+  malloc_trim(0);
   absl::MutexLock lock(&mu_);
   entry->loaded = base;
   return base;
