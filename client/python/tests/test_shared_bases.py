@@ -18,6 +18,8 @@ save_pretrained; LoRA jobs name one as their base_model.
 import json
 import os
 import shutil
+import socket
+import urllib.request
 
 import numpy as np
 import pytest
@@ -79,6 +81,22 @@ def rss_bytes(server):
     raise AssertionError("no VmRSS")
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gauge(port, name):
+    """A server-wide gauge's value from ampd's /metrics."""
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as response:
+        text = response.read().decode()
+    values = [float(line.split()[1]) for line in text.splitlines()
+              if line.split(" ")[0] == name]
+    assert len(values) == 1, (name, text)
+    return values[0]
+
+
 def adapters(job):
     state = job.state_dict("adapter")
     return {name: np.asarray(state[name]).tobytes() for name in state}
@@ -121,13 +139,18 @@ def test_sixteen_lora_jobs_hold_one_base(models_dir, start_ampd, monkeypatch):
     # Room for one base and 16 adapter jobs with 5% to spare: 16 private
     # bases (870 MB) could never be admitted.
     limit = int(expected * 1.05)
-    server = start_ampd("--models-dir=%s" % models_dir, "--max-memory-bytes=%d" % limit)
+    metrics = free_port()
+    server = start_ampd("--models-dir=%s" % models_dir, "--max-memory-bytes=%d" % limit,
+                        "--metrics-listen=127.0.0.1:%d" % metrics)
     # 7.3M fp32 parameters with plain SGD (12 bytes each): 88 MB, about the
     # base's size, more than the room left while the base is held.
     near_base = ampd.Model([ampd.Linear(4096, 1792, bias=False)])
     with ampd.Client(server.address) as client:
+        assert gauge(metrics, "ampd_shared_bases") == 0
         jobs = [client.create_job(base_model="big", lora=LORA, precision="bf16", seed=i)
                 for i in range(16)]
+        assert gauge(metrics, "ampd_shared_bases") == 1
+        assert gauge(metrics, "ampd_shared_base_bytes") == base_bytes
         # Another base (fp32) does not fit beside them.
         with pytest.raises(ampd.ResourceExhausted):
             client.create_job(base_model="big", lora=LORA, precision="fp32", seed=99)
@@ -141,6 +164,8 @@ def test_sixteen_lora_jobs_hold_one_base(models_dir, start_ampd, monkeypatch):
         # The last job took the base with it: its bytes are free again, in
         # resident memory and for admission.
         assert held - rss_bytes(server) > 0.8 * base_bytes, (held, rss_bytes(server))
+        assert (gauge(metrics, "ampd_shared_bases"), gauge(metrics, "ampd_shared_base_bytes")) == \
+            (0, 0)
         client.create_job(model=near_base, precision="fp32", optimizer=ampd.SGD(lr=0.1))
 
 
@@ -209,6 +234,15 @@ def test_hostile_and_unmappable_bases_are_refused(models_dir, start_ampd, tmp_pa
     config["hidden_act"] = "gelu"
     with open(os.path.join(odd, "config.json"), "w") as f:
         json.dump(config, f)
+    # Weights the config's model does not match: one missing.
+    holey = os.path.join(models_dir, "holey")
+    shutil.copytree(os.path.join(models_dir, "Org", "small"), holey)
+    weights = os.path.join(holey, "model.safetensors")
+    with open(weights, "rb") as f:
+        state = ampd.safetensors.loads(f.read())
+    kept = {name: value for name, value in state.items() if name != "model.norm.weight"}
+    with open(weights, "wb") as f:
+        f.write(ampd.safetensors.dumps(kept, {"format": "pt"}))
     try:
         server = start_ampd("--models-dir=%s" % models_dir)
         with ampd.Client(server.address) as client:
@@ -216,7 +250,8 @@ def test_hostile_and_unmappable_bases_are_refused(models_dir, start_ampd, tmp_pa
                                ("/etc", "absolute"), ("Org//small", "component"),
                                ("escape", "symlink out of --models-dir"),
                                ("nothing", "no such folder"), ("Org", "config.json: missing"),
-                               ("odd", "hidden_act")):
+                               ("odd", "hidden_act"),
+                               ("holey", "model.norm.weight: missing from its weight files")):
                 with pytest.raises(ampd.InvalidArgument, match=says) as e:
                     client.create_job(base_model=name, lora=LORA)
                 assert e.value.field == "config.base_model", (name, e.value)
@@ -236,6 +271,7 @@ def test_hostile_and_unmappable_bases_are_refused(models_dir, start_ampd, tmp_pa
     finally:
         os.unlink(escape)
         shutil.rmtree(odd)
+        shutil.rmtree(holey)
 
 
 def test_shared_base_jobs_survive_sigkill(models_dir, start_ampd, tmp_path):

@@ -34,7 +34,7 @@ float Widened(const codec::HostTensor& t, size_t i) {
 absl::StatusOr<std::string> Converted(const std::string& base, const std::string& name,
                                       const codec::HostTensor& t, DType dtype) {
   if (t.dtype != DType::kF32 && t.dtype != DType::kF16 && t.dtype != DType::kBF16) {
-    return absl::InvalidArgumentError(absl::StrCat("base_model ", base, ": ", name, ": ",
+    return absl::InvalidArgumentError(absl::StrCat("config.base_model: ", base, ": ", name, ": ",
                                                    kernels::DTypeName(t.dtype),
                                                    ", not a floating dtype (F32, F16, BF16)"));
   }
@@ -45,7 +45,7 @@ absl::StatusOr<std::string> Converted(const std::string& base, const std::string
     const float v = Widened(t, i);
     if (!std::isfinite(v)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("base_model ", base, ": ", name, ": element ", i,
+          absl::StrCat("config.base_model: ", base, ": ", name, ": element ", i,
                        " is inf or NaN; a job on it could never train"));
     }
     if (dtype == DType::kF32) {
@@ -57,8 +57,8 @@ absl::StatusOr<std::string> Converted(const std::string& base, const std::string
     const float back =
         dtype == DType::kF16 ? kernels::HalfBitsToFloat(bits) : kernels::Bf16BitsToFloat(bits);
     if (!std::isfinite(back)) {
-      return absl::InvalidArgumentError(absl::StrCat("base_model ", base, ": ", name, ": element ",
-                                                     i, " (", v, ") overflows ",
+      return absl::InvalidArgumentError(absl::StrCat("config.base_model: ", base, ": ", name,
+                                                     ": element ", i, " (", v, ") overflows ",
                                                      kernels::DTypeName(dtype)));
     }
     std::memcpy(out.data() + i * sizeof(uint16_t), &bits, sizeof(uint16_t));
@@ -118,7 +118,7 @@ absl::StatusOr<std::shared_ptr<const FrozenBase>> FrozenBase::Upload(
   }
   if (tied && head != nullptr && (embedding == nullptr || !SameValues(*head, *embedding))) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "base_model ", name,
+        "config.base_model: ", name,
         ": lm_head.weight: the config ties the head to model.embed_tokens.weight, and the files' "
         "head differs from it"));
   }
@@ -129,7 +129,7 @@ absl::StatusOr<std::shared_ptr<const FrozenBase>> FrozenBase::Upload(
     AMPD_RETURN_IF_ERROR(t.tensor.Validate(t.name));
     if (base->tensors_.contains(t.name)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("base_model ", name, ": ", t.name, ": given twice"));
+          absl::StrCat("config.base_model: ", name, ": ", t.name, ": given twice"));
     }
     AMPD_ASSIGN_OR_RETURN(std::string bytes, Converted(name, t.name, t.tensor, dtype));
     t.tensor.data = std::string();  // the file's copy goes as soon as it is converted
@@ -154,12 +154,12 @@ absl::StatusOr<kernels::Tensor> FrozenBase::View(const std::string& name,
                                                  const kernels::Shape& shape) const {
   auto it = tensors_.find(name);
   if (it == tensors_.end()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("base_model ", identity_.name, ": ", name, ": missing from its weight files"));
+    return absl::InvalidArgumentError(absl::StrCat("config.base_model: ", identity_.name, ": ",
+                                                   name, ": missing from its weight files"));
   }
   if (it->second.shape() != shape) {
     return absl::InvalidArgumentError(
-        absl::StrCat("base_model ", identity_.name, ": ", name, ": the files hold ",
+        absl::StrCat("config.base_model: ", identity_.name, ": ", name, ": the files hold ",
                      kernels::ShapeToString(it->second.shape()), ", its config.json makes it ",
                      kernels::ShapeToString(shape)));
   }

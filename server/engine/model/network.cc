@@ -91,6 +91,10 @@ Network::Network(const ModelSpec& spec, Precision precision, kernels::Backend& b
       precision_(precision),
       working_dtype_(WorkingDType(precision)) {}
 
+Network::~Network() {
+  if (frozen_base_ != nullptr) (void)backend_.Synchronize();
+}
+
 absl::StatusOr<int> Network::AddParameter(std::string name, const kernels::Shape& shape,
                                           ParamInit init, bool plus_equal) {
   Parameter p;
@@ -166,7 +170,7 @@ absl::Status Network::CheckFrozenBaseUsed() const {
   for (const std::string& name : frozen_base_->names()) {
     if (!viewed.contains(name)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("base_model ", frozen_base_->identity().name, ": ", name,
+          absl::StrCat("config.base_model: ", frozen_base_->identity().name, ": ", name,
                        ": not a weight of the model its config.json describes"));
     }
   }

@@ -129,7 +129,10 @@ kernels::ScratchExtents StepScratchExtents(const ModelSpec& spec, Precision prec
 
 class Network {
  public:
-  virtual ~Network() = default;
+  // With a shared base: waits for this network's queued work first, which
+  // may still read the base's tensors that the last job's end frees (on
+  // the base's own stream).
+  virtual ~Network();
   Network(const Network&) = delete;
   Network& operator=(const Network&) = delete;
 
