@@ -205,6 +205,44 @@ def test_shared_base_jobs_step_as_their_own_base_would(models_dir, start_ampd):
         assert np.asarray(completion.logprobs, np.float32).tobytes() == trained.tobytes()
 
 
+def test_a_sharded_16_bit_base_is_read_as_from_pretrained_reads_it(models_dir, start_ampd,
+                                                                    tmp_path):
+    """Two shards with an index, one in BF16 and one in F16, as published
+    checkpoints come: the server's load and the client's give the same bits,
+    in every precision."""
+    root = tmp_path / "models"
+    folder = root / "sharded"
+    folder.mkdir(parents=True)
+    shutil.copy(os.path.join(models_dir, "Org", "small", "config.json"), folder)
+    with open(os.path.join(models_dir, "Org", "small", "model.safetensors"), "rb") as f:
+        state = ampd.safetensors.loads(f.read())
+    names = sorted(state)
+    halves = {"model-00001-of-00002.safetensors": names[::2],
+              "model-00002-of-00002.safetensors": names[1::2]}
+    first, second = halves
+    ampd.safetensors.save_file({n: state[n] for n in halves[first]}, str(folder / first),
+                               {"format": "pt"}, {n: "BF16" for n in halves[first]})
+    ampd.safetensors.save_file({n: state[n].astype(np.float16) for n in halves[second]},
+                               str(folder / second), {"format": "pt"})
+    with open(folder / "model.safetensors.index.json", "w") as f:
+        json.dump({"metadata": {}, "weight_map": {n: file for file, ns in halves.items()
+                                                  for n in ns}}, f)
+    server = start_ampd("--models-dir=%s" % root)
+    probe = tokens(3, SMALL["vocab_size"])
+    with ampd.Client(server.address) as client:
+        assert client.models() == ["sharded"]
+        for precision in ("bf16", "fp16", "fp32"):
+            shared = client.create_job(base_model="sharded", lora=LORA, precision=precision,
+                                       seed=5)
+            alone = client.create_job(model=ampd.from_pretrained(str(folder), lora=LORA),
+                                      precision=precision, seed=5)
+            for job in (shared, alone):
+                job.result = [job.evaluate(*probe, return_logprobs=True).logprobs[0].tobytes()]
+                job.result += [job.step(*tokens(s, SMALL["vocab_size"])).loss for s in range(2)]
+            assert shared.result == alone.result, precision
+            assert adapters(shared) == adapters(alone), precision
+
+
 def test_a_full_job_from_a_base_model_is_from_pretrained(models_dir, start_ampd):
     folder = os.path.join(models_dir, "Org", "small")
     server = start_ampd("--models-dir=%s" % models_dir)

@@ -2,8 +2,8 @@
 // weight files read, the digest, and the table of shared bases.
 #include "server/engine/jobs/base_models.h"
 
-#include <openssl/evp.h>
 #include <malloc.h>
+#include <openssl/evp.h>
 #include <stdlib.h>
 
 #include <algorithm>
@@ -103,7 +103,8 @@ absl::StatusOr<model::ModelSpec> BaseModels::Spec(const std::string& name) const
   return spec;
 }
 
-absl::StatusOr<BaseModels::Weights> BaseModels::ReadWeights(const std::string& name) const {
+absl::StatusOr<std::string> BaseModels::ForEachWeightFile(const std::string& name,
+                                                          WeightFileFn each) const {
   AMPD_ASSIGN_OR_RETURN(const std::string folder, Folder(name));
   std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> sha(EVP_MD_CTX_new(), EVP_MD_CTX_free);
   if (sha == nullptr || EVP_DigestInit_ex(sha.get(), EVP_sha256(), nullptr) != 1) {
@@ -141,7 +142,6 @@ absl::StatusOr<BaseModels::Weights> BaseModels::ReadWeights(const std::string& n
   } else {
     files.push_back(kSingle);
   }
-  Weights weights;
   std::set<std::string> seen;
   for (const std::string& file : files) {
     AMPD_ASSIGN_OR_RETURN(std::string bytes,
@@ -150,21 +150,20 @@ absl::StatusOr<BaseModels::Weights> BaseModels::ReadWeights(const std::string& n
     absl::StatusOr<codec::StateDict> state = codec::DecodeSafetensors(bytes);
     if (!state.ok()) return Invalid(name, absl::StrCat(file, ": ", state.status().message()));
     bytes = std::string();
-    for (codec::NamedTensor& t : state->tensors) {
+    for (const codec::NamedTensor& t : state->tensors) {
       if (!seen.insert(t.name).second) {
         return Invalid(name, absl::StrCat(file, ": ", t.name, ": in more than one file"));
       }
-      weights.tensors.push_back(std::move(t));
     }
+    AMPD_RETURN_IF_ERROR(each(std::move(state->tensors)));
   }
   unsigned char out[EVP_MAX_MD_SIZE];
   unsigned int length = 0;
   if (EVP_DigestFinal_ex(sha.get(), out, &length) != 1) {
     return absl::InternalError("SHA-256: cannot finish a digest");
   }
-  weights.digest = absl::StrCat(
+  return absl::StrCat(
       "sha256:", absl::BytesToHexString(absl::string_view(reinterpret_cast<char*>(out), length)));
-  return weights;
 }
 
 absl::StatusOr<std::shared_ptr<const model::FrozenBase>> BaseModels::Acquire(
@@ -185,12 +184,14 @@ absl::StatusOr<std::shared_ptr<const model::FrozenBase>> BaseModels::Acquire(
   }
   absl::MutexLock load(&entry->load_mu);
   if (std::shared_ptr<const model::FrozenBase> held = entry->base.lock()) return held;
-  AMPD_ASSIGN_OR_RETURN(Weights weights, ReadWeights(name));
   AMPD_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, kernels::CreateBackend(device));
-  AMPD_ASSIGN_OR_RETURN(
-      std::shared_ptr<const model::FrozenBase> base,
-      model::FrozenBase::Upload({name, std::move(weights.digest)}, spec, precision,
-                                std::move(backend), std::move(weights.tensors)));
+  model::FrozenBase::Loader loader(name, spec, precision, std::move(backend));
+  AMPD_ASSIGN_OR_RETURN(std::string digest,
+                        ForEachWeightFile(name, [&](std::vector<codec::NamedTensor> tensors) {
+                          return loader.Add(std::move(tensors));
+                        }));
+  AMPD_ASSIGN_OR_RETURN(std::shared_ptr<const model::FrozenBase> base,
+                        loader.Finish(std::move(digest)));
   entry->base = base;
   // The load freed about the base's size in host buffers at once (the
   // files' tensors and their conversions, each below the mmap threshold

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "codec/state_dict.h"
@@ -37,18 +38,18 @@ class BaseModels {
   // FailedPrecondition without a models dir.
   absl::StatusOr<model::ModelSpec> Spec(const std::string& name) const;
 
-  // The folder's weights (every weight file in the index's order, or the
-  // one model.safetensors) as the files hold them, and the digest of the
-  // folder's files (SHA-256 over config.json and each weight file, named):
-  // what a checkpoint of a job on the base is tied to.
-  struct Weights {
-    std::vector<codec::NamedTensor> tensors;
-    std::string digest;
-  };
-  absl::StatusOr<Weights> ReadWeights(const std::string& name) const;
+  // Calls `each` with the tensors of each weight file of base `name` in
+  // turn (the index's files in name order, or the one model.safetensors),
+  // as the file holds them, one file in host memory at a time; returns the
+  // digest of the folder's files ("sha256:" and the hex of SHA-256 over
+  // config.json and each weight file, each named and sized): what a
+  // checkpoint of a job on the base is tied to. A tensor in two files is
+  // refused.
+  using WeightFileFn = absl::FunctionRef<absl::Status(std::vector<codec::NamedTensor> tensors)>;
+  absl::StatusOr<std::string> ForEachWeightFile(const std::string& name, WeightFileFn each) const;
 
   // The shared base of `name` in `precision` on `device`: the one held now,
-  // or loaded (ReadWeights, model::FrozenBase::Upload) on a backend of its
+  // or loaded (ForEachWeightFile, model::FrozenBase::Loader) on a backend of its
   // own by this call, once however many jobs ask at once.
   absl::StatusOr<std::shared_ptr<const model::FrozenBase>> Acquire(const std::string& name,
                                                                    const model::ModelSpec& spec,

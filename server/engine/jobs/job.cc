@@ -10,6 +10,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -347,24 +348,30 @@ absl::Status Job::LoadBaseWeights() {
     return absl::FailedPreconditionError(
         "config.base_model: this ampd has no --models-dir, so no base model");
   }
-  AMPD_ASSIGN_OR_RETURN(BaseModels::Weights weights,
-                        context_->bases->ReadWeights(config_.get().base_model));
-  // What ampd.from_pretrained sends: every weight widened to F32, loaded
-  // as a partial state (each weight replaced, the optimizer fresh).
-  checkpoint::StateDict state;
-  state.metadata["format"] = "pt";
-  for (codec::NamedTensor& t : weights.tensors) {
-    AMPD_ASSIGN_OR_RETURN(HostTensor widened, model::WidenedToF32(t.name, t.tensor));
-    t.tensor = HostTensor();
-    state.tensors.push_back({std::move(t.name), std::move(widened)});
-  }
+  // What ampd.from_pretrained sends: each weight file in turn, its weights
+  // widened to F32, as a partial load (each weight replaced, the optimizer
+  // fresh).
   absl::Status loaded =
-      trainer_->LoadState(state, Trainer::StepCount::kKeep, Trainer::Coverage::kPartial);
-  if (!loaded.ok()) {
+      context_->bases
+          ->ForEachWeightFile(config_.get().base_model,
+                              [&](std::vector<codec::NamedTensor> tensors) -> absl::Status {
+                                checkpoint::StateDict state;
+                                state.metadata["format"] = "pt";
+                                for (codec::NamedTensor& t : tensors) {
+                                  AMPD_ASSIGN_OR_RETURN(HostTensor widened,
+                                                        model::WidenedToF32(t.name, t.tensor));
+                                  t.tensor = HostTensor();
+                                  state.tensors.push_back({std::move(t.name), std::move(widened)});
+                                }
+                                return trainer_->LoadState(state, Trainer::StepCount::kKeep,
+                                                           Trainer::Coverage::kPartial);
+                              })
+          .status();
+  if (!loaded.ok() && !absl::StartsWith(loaded.message(), "config.base_model")) {
     return absl::Status(loaded.code(), absl::StrCat("config.base_model: ", config_.get().base_model,
                                                     ": ", loaded.message()));
   }
-  return absl::OkStatus();
+  return loaded;
 }
 
 absl::Status Job::InitializeUnguarded(const std::string& device) {

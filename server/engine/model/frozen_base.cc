@@ -66,17 +66,6 @@ absl::StatusOr<std::string> Converted(const std::string& base, const std::string
   return out;
 }
 
-// Whether two tensors hold the same values once widened (a tied head saved
-// beside its embedding).
-bool SameValues(const codec::HostTensor& a, const codec::HostTensor& b) {
-  if (a.shape != b.shape) return false;
-  const size_t n = static_cast<size_t>(codec::NumElements(a.shape));
-  for (size_t i = 0; i < n; ++i) {
-    if (Widened(a, i) != Widened(b, i)) return false;
-  }
-  return true;
-}
-
 }  // namespace
 
 absl::StatusOr<codec::HostTensor> WidenedToF32(const std::string& name,
@@ -100,47 +89,71 @@ absl::StatusOr<codec::HostTensor> WidenedToF32(const std::string& name,
 
 FrozenBase::~FrozenBase() = default;
 
-absl::StatusOr<std::shared_ptr<const FrozenBase>> FrozenBase::Upload(
-    Identity identity, const ModelSpec& spec, Precision precision,
-    std::unique_ptr<kernels::Backend> backend, std::vector<codec::NamedTensor> tensors) {
-  if (backend == nullptr) return absl::InvalidArgumentError("backend: null");
-  std::shared_ptr<FrozenBase> base(new FrozenBase());
-  base->identity_ = std::move(identity);
-  base->precision_ = precision;
-  base->backend_ = std::move(backend);
-  const std::string& name = base->identity_.name;
-  const bool tied = spec.decoder.has_value() && spec.decoder->tie_word_embeddings;
-  const codec::HostTensor* embedding = nullptr;
-  const codec::HostTensor* head = nullptr;
-  for (const codec::NamedTensor& t : tensors) {
-    if (t.name == "model.embed_tokens.weight") embedding = &t.tensor;
-    if (t.name == "lm_head.weight") head = &t.tensor;
+FrozenBase::Loader::Loader(std::string name, const ModelSpec& spec, Precision precision,
+                           std::unique_ptr<kernels::Backend> backend)
+    : base_(new FrozenBase()),
+      tied_(spec.decoder.has_value() && spec.decoder->tie_word_embeddings) {
+  base_->identity_.name = std::move(name);
+  base_->precision_ = precision;
+  base_->backend_ = std::move(backend);
+}
+
+FrozenBase::Loader::~Loader() = default;
+
+absl::Status FrozenBase::Loader::Add(std::vector<codec::NamedTensor> tensors) {
+  if (base_ == nullptr || base_->backend_ == nullptr) {
+    return absl::FailedPreconditionError("FrozenBase::Loader: finished, or made without a backend");
   }
-  if (tied && head != nullptr && (embedding == nullptr || !SameValues(*head, *embedding))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config.base_model: ", name,
-        ": lm_head.weight: the config ties the head to model.embed_tokens.weight, and the files' "
-        "head differs from it"));
-  }
-  const DType dtype = WorkingDType(precision);
+  const std::string& name = base_->identity_.name;
+  const DType dtype = WorkingDType(base_->precision_);
   for (codec::NamedTensor& t : tensors) {
     if (absl::EndsWith(t.name, ".rotary_emb.inv_freq")) continue;
-    if (tied && t.name == "lm_head.weight") continue;
     AMPD_RETURN_IF_ERROR(t.tensor.Validate(t.name));
-    if (base->tensors_.contains(t.name)) {
+    if (base_->tensors_.contains(t.name) || (tied_ && t.name == "lm_head.weight" && has_head_)) {
       return absl::InvalidArgumentError(
           absl::StrCat("config.base_model: ", name, ": ", t.name, ": given twice"));
     }
     AMPD_ASSIGN_OR_RETURN(std::string bytes, Converted(name, t.name, t.tensor, dtype));
     t.tensor.data = std::string();  // the file's copy goes as soon as it is converted
-    AMPD_ASSIGN_OR_RETURN(kernels::Tensor device, base->backend_->Allocate(dtype, t.tensor.shape));
-    AMPD_RETURN_IF_ERROR(base->backend_->CopyFromHost(bytes.data(), bytes.size(), device));
+    if (tied_ && t.name == "lm_head.weight") {
+      // Kept to be compared with the embedding, which may be in a later file.
+      head_ = std::move(bytes);
+      head_shape_ = t.tensor.shape;
+      has_head_ = true;
+      continue;
+    }
+    AMPD_ASSIGN_OR_RETURN(kernels::Tensor device, base_->backend_->Allocate(dtype, t.tensor.shape));
+    AMPD_RETURN_IF_ERROR(base_->backend_->CopyFromHost(bytes.data(), bytes.size(), device));
     // The copy may only be queued, reading `bytes` later (backend.h).
-    AMPD_RETURN_IF_ERROR(base->backend_->Synchronize());
-    base->bytes_ += static_cast<int64_t>(device.nbytes());
-    base->tensors_.emplace(t.name, std::move(device));
+    AMPD_RETURN_IF_ERROR(base_->backend_->Synchronize());
+    base_->bytes_ += static_cast<int64_t>(device.nbytes());
+    base_->tensors_.emplace(t.name, std::move(device));
   }
-  return std::shared_ptr<const FrozenBase>(std::move(base));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const FrozenBase>> FrozenBase::Loader::Finish(std::string digest) {
+  if (base_ == nullptr) return absl::FailedPreconditionError("FrozenBase::Loader: finished");
+  const std::string& name = base_->identity_.name;
+  if (has_head_) {
+    // A tied model's head is the embedding: taken only when it holds the
+    // embedding's values (in the working dtype), as a job's load takes it.
+    auto embedding = base_->tensors_.find("model.embed_tokens.weight");
+    std::string held;
+    if (embedding != base_->tensors_.end() && embedding->second.shape() == head_shape_) {
+      held.resize(embedding->second.nbytes());
+      AMPD_RETURN_IF_ERROR(
+          base_->backend_->CopyToHost(embedding->second, held.data(), held.size()));
+    }
+    if (held != head_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config.base_model: ", name,
+          ": lm_head.weight: the config ties the head to model.embed_tokens.weight, and the "
+          "files' head differs from it"));
+    }
+  }
+  base_->identity_.digest = std::move(digest);
+  return std::shared_ptr<const FrozenBase>(std::move(base_));
 }
 
 std::vector<std::string> FrozenBase::names() const {

@@ -39,18 +39,35 @@ class FrozenBase {
     std::string digest;
   };
 
-  // The base's weights (decoder state-dict names, as the files hold them:
-  // F32, F16 or BF16) rounded into the working dtype of `precision` and
-  // uploaded to `backend`, which the base owns from now on (its memory
-  // must be readable by the jobs' backends: the host for the CPU, one
-  // device for CUDA). The rotary inv_freq buffers some Llama checkpoints
-  // carry are dropped, and a tied model's lm_head.weight is taken only when
-  // it equals the embedding, as DecoderModel::CanonicalNames does.
-  // InvalidArgument naming the tensor for a dtype other than those, a value
-  // that is inf or NaN or that overflows the working dtype.
-  static absl::StatusOr<std::shared_ptr<const FrozenBase>> Upload(
-      Identity identity, const ModelSpec& spec, Precision precision,
-      std::unique_ptr<kernels::Backend> backend, std::vector<codec::NamedTensor> tensors);
+  // Builds a base one weight file at a time: each file's tensors (decoder
+  // state-dict names, F32, F16 or BF16 as the files hold them) are rounded
+  // into the working dtype of `precision`, uploaded to `backend` and freed
+  // before the next file is read, so the host holds one file at a time
+  // whatever the base's size. The base owns the backend (its memory must be
+  // readable by the jobs' backends: the host for the CPU, one device for
+  // CUDA). The rotary inv_freq buffers some Llama checkpoints carry are
+  // dropped, and a tied model's lm_head.weight is taken only when it equals
+  // the embedding, as DecoderModel::CanonicalNames does. InvalidArgument
+  // naming config.base_model and the tensor for a dtype other than those,
+  // a tensor given twice, a value that is inf or NaN or that overflows the
+  // working dtype.
+  class Loader {
+   public:
+    Loader(std::string name, const ModelSpec& spec, Precision precision,
+           std::unique_ptr<kernels::Backend> backend);
+    ~Loader();
+    absl::Status Add(std::vector<codec::NamedTensor> tensors);
+    // The base, named by `digest` (Identity); the Loader is spent.
+    absl::StatusOr<std::shared_ptr<const FrozenBase>> Finish(std::string digest);
+
+   private:
+    std::shared_ptr<FrozenBase> base_;
+    const bool tied_;
+    // A tied model's head as the files give it, converted (Finish compares it).
+    std::string head_;
+    kernels::Shape head_shape_;
+    bool has_head_ = false;
+  };
   ~FrozenBase();
 
   const Identity& identity() const { return identity_; }
