@@ -15,6 +15,7 @@ save_pretrained; LoRA jobs name one as their base_model.
   adapters and the base's digest, not the base), and a base whose files
   changed since leaves the job failed, saying why.
 """
+import concurrent.futures
 import json
 import os
 import shutil
@@ -203,6 +204,25 @@ def test_shared_base_jobs_step_as_their_own_base_would(models_dir, start_ampd):
         seq = [1, 2, 3] + list(completion.tokens)
         trained = shared[0].logprobs([seq[:len(seq)]])[0][2:]
         assert np.asarray(completion.logprobs, np.float32).tobytes() == trained.tobytes()
+
+
+def test_jobs_created_at_once_load_their_base_once(models_dir, start_ampd):
+    server = start_ampd("--models-dir=%s" % models_dir, "--worker-threads=4")
+    probe = tokens(1, SMALL["vocab_size"])
+    with ampd.Client(server.address) as client:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            jobs = list(pool.map(
+                lambda i: client.create_job(base_model="Org/small", lora=LORA, precision="bf16",
+                                            seed=7), range(8)))
+        assert server.log().count("base model Org/small loaded (bf16") == 1, server.log()
+        logprobs = {job.evaluate(*probe, return_logprobs=True).logprobs[0].tobytes()
+                    for job in jobs}
+        assert len(logprobs) == 1
+        for job in jobs:
+            job.delete()
+        # The last job took the base: the next job loads it again.
+        client.create_job(base_model="Org/small", lora=LORA, precision="bf16")
+        assert server.log().count("base model Org/small loaded (bf16") == 2
 
 
 def test_a_sharded_16_bit_base_is_read_as_from_pretrained_reads_it(models_dir, start_ampd,

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -198,6 +199,9 @@ absl::StatusOr<std::shared_ptr<const model::FrozenBase>> BaseModels::Acquire(
   // main.cc sets, so kept in the arenas): give them back, or the server
   // would hold a second base's worth of idle memory per base loaded.
   malloc_trim(0);
+  std::fprintf(stderr, "ampd: base model %s loaded (%s, %s, %lld bytes, %s)\n", name.c_str(),
+               std::string(model::PrecisionName(precision)).c_str(), device.c_str(),
+               static_cast<long long>(base->bytes()), base->identity().digest.c_str());
   absl::MutexLock lock(&mu_);
   entry->loaded = base;
   return base;
