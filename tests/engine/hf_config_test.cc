@@ -34,6 +34,16 @@ constexpr char kLlama31[] = R"({
                    "original_max_position_embeddings": 8192, "rope_type": "llama3"},
   "tie_word_embeddings": true, "vocab_size": 128256})";
 
+// Qwen3-0.6B's (transformers 5.x: rope_parameters, layer_types).
+constexpr char kQwen3[] = R"({
+  "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "attention_bias": false,
+  "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024, "intermediate_size": 3072,
+  "layer_types": ["full_attention", "full_attention"], "max_position_embeddings": 40960,
+  "num_attention_heads": 16, "num_hidden_layers": 2, "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06, "rope_parameters": {"rope_theta": 1000000, "rope_type": "default"},
+  "sliding_window": null, "tie_word_embeddings": true, "use_sliding_window": false,
+  "vocab_size": 151936})";
+
 constexpr char kGpt2[] = R"({"model_type": "gpt2", "activation_function": "gelu_new",
   "n_embd": 768, "n_head": 12, "n_inner": null, "n_layer": 12, "n_positions": 1024,
   "layer_norm_epsilon": 1e-05, "vocab_size": 50257, "scale_attn_weights": true})";
@@ -97,6 +107,24 @@ TEST(HfConfig, Llama31ScalesRopeInEitherKeyStyle) {
   EXPECT_TRUE(biased->decoder->qkv_bias && biased->decoder->o_bias);
 }
 
+TEST(HfConfig, Qwen3NormsEachQAndKHead) {
+  absl::StatusOr<ModelSpec> spec = ModelSpecOfHfConfig(kQwen3);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const DecoderSpec& d = *spec->decoder;
+  EXPECT_TRUE(d.qk_norm);
+  EXPECT_EQ(d.head_dim, 128);
+  EXPECT_FALSE(d.qkv_bias || d.o_bias);
+  EXPECT_EQ(d.rope_theta, 1000000.0f);
+  EXPECT_TRUE(ValidateModelSpec(*spec).ok()) << ValidateModelSpec(*spec);
+  // Qwen3Config's head_dim defaults to 128, not hidden / heads.
+  absl::StatusOr<ModelSpec> unset =
+      ModelSpecOfHfConfig(absl::StrReplaceAll(kQwen3, {{R"("head_dim": 128,)", ""}}));
+  ASSERT_TRUE(unset.ok()) << unset.status();
+  EXPECT_EQ(unset->decoder->head_dim, 128);
+  // Qwen2 and Llama norm no head.
+  EXPECT_FALSE(ModelSpecOfHfConfig(kQwen2)->decoder->qk_norm);
+}
+
 TEST(HfConfig, Gpt2IsAGpt) {
   absl::StatusOr<ModelSpec> spec = ModelSpecOfHfConfig(kGpt2);
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -120,6 +148,10 @@ TEST(HfConfig, WhatWouldComputeDifferentlyIsRefusedNamingTheKey) {
       {kQwen2, R"("use_sliding_window": false)", R"("use_sliding_window": true)",
        "config.json: use_sliding_window"},
       {kLlama31, R"("mlp_bias": false)", R"("mlp_bias": true)", "config.json: mlp_bias"},
+      {kQwen3, R"(["full_attention", "full_attention"])",
+       R"(["full_attention", "sliding_attention"])", "config.json: layer_types"},
+      {kQwen3, R"("use_sliding_window": false)", R"("use_sliding_window": true)",
+       "config.json: use_sliding_window"},
       {kLlama31, R"("rope_type": "llama3")", R"("rope_type": "yarn")",
        "config.json: rope_scaling.rope_type"},
       {kLlama31, R"("factor": 32.0,)", "", "config.json: rope_scaling.factor"},

@@ -421,14 +421,14 @@ TEST_F(JobConfigCodecRefuses, WrongTypesAndRanges) {
 
 TEST_F(JobConfigCodecRefuses, OtherFormatVersions) {
   ExpectError(Edited("\"format_version\":1", "\"format_version\":0"), absl::StatusCode::kDataLoss,
-              "ampd.config: format_version: 0 is not a version this ampd reads (1 to 10); the "
+              "ampd.config: format_version: 0 is not a version this ampd reads (1 to 11); the "
               "checkpoint was written by another ampd");
   ExpectError(Edited("\"format_version\":1,", ""), absl::StatusCode::kDataLoss,
               "ampd.config: format_version: missing");
   // A later format may change any key: the version is checked before them.
-  ExpectError(Edited("\"format_version\":1,", "\"format_version\":11,\"new\":{},"),
+  ExpectError(Edited("\"format_version\":1,", "\"format_version\":12,\"new\":{},"),
               absl::StatusCode::kDataLoss,
-              "ampd.config: format_version: 11 is not a version this ampd reads (1 to 10); the "
+              "ampd.config: format_version: 12 is not a version this ampd reads (1 to 11); the "
               "checkpoint was written by a newer ampd");
 }
 
@@ -776,14 +776,14 @@ TEST(JobConfigCodec, BatchInvariantJobsAreVersionEight) {
   EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
 }
 
-// Version 10: "base_model" last, written only for a job made from a base
+// Version 11: "base_model" last, written only for a job made from a base
 // model; every other config keeps its version and bytes.
-TEST(JobConfigCodec, BaseModelJobsAreVersionTen) {
+TEST(JobConfigCodec, BaseModelJobsAreVersionEleven) {
   JobConfig config = SmallDecoderConfig();
   const std::string plain = EncodeJobConfig(config, "");
   config.base_model = "Qwen/Qwen2.5-0.5B";
   const std::string json = EncodeJobConfig(config, "");
-  EXPECT_TRUE(absl::StartsWith(json, "{\"format_version\":10,")) << json;
+  EXPECT_TRUE(absl::StartsWith(json, "{\"format_version\":11,")) << json;
   EXPECT_TRUE(absl::EndsWith(json, ",\"base_model\":\"Qwen/Qwen2.5-0.5B\"}")) << json;
   absl::StatusOr<DecodedJobConfig> decoded = DecodeJobConfig(json);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
@@ -792,9 +792,9 @@ TEST(JobConfigCodec, BaseModelJobsAreVersionTen) {
   EXPECT_FALSE(absl::StrContains(plain, "base_model")) << plain;
 
   decoded = DecodeJobConfig(
-      absl::StrReplaceAll(json, {{"\"format_version\":10", "\"format_version\":9"}}));
+      absl::StrReplaceAll(json, {{"\"format_version\":11", "\"format_version\":10"}}));
   ASSERT_FALSE(decoded.ok());
-  EXPECT_EQ(decoded.status().message(), "ampd.config: base_model: not a key of format_version 9");
+  EXPECT_EQ(decoded.status().message(), "ampd.config: base_model: not a key of format_version 10");
   // A name that escapes the models dir is refused on the way in as out.
   decoded = DecodeJobConfig(absl::StrReplaceAll(json, {{"Qwen/Qwen2.5", "../Qwen2.5"}}));
   ASSERT_FALSE(decoded.ok());

@@ -218,19 +218,41 @@ absl::Status Rope(const JsonValue& c, DecoderSpec& d) {
   return absl::OkStatus();
 }
 
+// transformers 5.x's per-layer attention kinds: every layer full attention.
+absl::Status CheckLayerTypes(const JsonValue& c) {
+  const JsonValue* types = Get(c, "layer_types");
+  if (types == nullptr) return absl::OkStatus();
+  if (types->type != JsonValue::Type::kArray) return Refused("layer_types", "must be a list");
+  for (const JsonValue& t : types->items) {
+    if (t.type != JsonValue::Type::kString || t.text != "full_attention") {
+      return Refused("layer_types", "every layer must be full_attention (no sliding window)");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The decoder families (client/python/ampd/families/llama.py, qwen2.py,
+// qwen3.py over _decoder.py): their refusals first (hidden_act for all;
+// llama's mlp_bias; qwen2's and qwen3's sliding window), then RoPE, the
+// shared keys, and the parts each family's keys set.
 absl::StatusOr<ModelSpec> Decoder(const JsonValue& c, const std::string& model_type) {
   DecoderSpec d;
-  AMPD_RETURN_IF_ERROR(Rope(c, d));
   if (const JsonValue* act = Get(c, "hidden_act"); act != nullptr) {
     AMPD_ASSIGN_OR_RETURN(const std::string name, StringOf(act, "hidden_act"));
-    if (name != "silu")
+    if (name != "silu") {
       return Refused("hidden_act", absl::StrCat("\"", name, "\": the MLP is SwiGLU (silu)"));
+    }
   }
-  if (Truthy(Get(c, "mlp_bias")))
+  if (model_type == "llama" && Truthy(Get(c, "mlp_bias"))) {
     return Refused("mlp_bias", "the MLP's projections have no biases here");
-  if (model_type == "qwen2" && Truthy(Get(c, "use_sliding_window"))) {
-    return Refused("use_sliding_window", "sliding-window attention is not supported");
   }
+  if (model_type != "llama") {
+    if (Truthy(Get(c, "use_sliding_window"))) {
+      return Refused("use_sliding_window", "sliding-window attention is not supported");
+    }
+    AMPD_RETURN_IF_ERROR(CheckLayerTypes(c));
+  }
+  AMPD_RETURN_IF_ERROR(Rope(c, d));
   AMPD_ASSIGN_OR_RETURN(d.vocab_size, RequiredInt(c, "vocab_size"));
   AMPD_ASSIGN_OR_RETURN(d.hidden_size, RequiredInt(c, "hidden_size"));
   AMPD_ASSIGN_OR_RETURN(d.intermediate_size, RequiredInt(c, "intermediate_size"));
@@ -254,16 +276,23 @@ absl::StatusOr<ModelSpec> Decoder(const JsonValue& c, const std::string& model_t
   if (const JsonValue* v = Get(c, "initializer_range"); v != nullptr) {
     AMPD_ASSIGN_OR_RETURN(d.initializer_range, FloatOf(v, "initializer_range"));
   }
-  if (model_type == "llama") {
+  if (model_type == "qwen2") {
+    d.qkv_bias = true;
+    d.o_bias = false;
+  } else {
+    // llama and qwen3: attention_bias biases q, k, v and o_proj alike.
     bool bias = false;
     if (const JsonValue* v = Get(c, "attention_bias"); v != nullptr) {
       AMPD_ASSIGN_OR_RETURN(bias, BoolOf(v, "attention_bias"));
     }
     d.qkv_bias = bias;
     d.o_bias = bias;
-  } else {
-    d.qkv_bias = true;
-    d.o_bias = false;
+  }
+  if (model_type == "qwen3") {
+    // Each q and k head RMSNorm-ed before RoPE; Qwen3Config's head_dim
+    // defaults to 128, not hidden / heads.
+    d.qk_norm = true;
+    if (d.head_dim == 0) d.head_dim = 128;
   }
   ModelSpec spec;
   spec.decoder = d;
@@ -284,8 +313,11 @@ absl::StatusOr<ModelSpec> ModelSpecOfHfConfig(absl::string_view config_json) {
   if (type == nullptr) return Refused("model_type", "missing");
   AMPD_ASSIGN_OR_RETURN(const std::string model_type, StringOf(type, "model_type"));
   if (model_type == "gpt2") return Gpt2(c);
-  if (model_type == "llama" || model_type == "qwen2") return Decoder(c, model_type);
-  return Refused("model_type", absl::StrCat("\"", model_type, "\": one of gpt2, llama, qwen2"));
+  if (model_type == "llama" || model_type == "qwen2" || model_type == "qwen3") {
+    return Decoder(c, model_type);
+  }
+  return Refused("model_type",
+                 absl::StrCat("\"", model_type, "\": one of gpt2, llama, qwen2, qwen3"));
 }
 
 }  // namespace ampd::engine::model
