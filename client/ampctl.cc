@@ -1,6 +1,7 @@
 // ampctl: the command-line client of ampd.
 //   ampctl [--server=HOST:PORT] health
 //   ampctl jobs create|list|get ID|delete ID
+//   ampctl models
 //   ampctl train --steps=N [--precision=fp16] [--scaler=pytorch --init-scale=..] [--json]
 //   ampctl train --batches=FILE --layers=SPEC [--loss=mse|cross_entropy] --steps=N ...
 //   ampctl train --layers=gpt:VOCAB:CONTEXT:DMODEL:NLAYER:NHEAD [--batch-size=B --seq-len=T]
@@ -59,6 +60,10 @@ ABSL_FLAG(bool, partial, false,
           "checkpoint), loaded one by one; nothing else changes");
 // Job creation (jobs create, train).
 ABSL_FLAG(std::string, name, "", "Display name of the job");
+ABSL_FLAG(
+    std::string, base_model, "",
+    "jobs create: a base model of the server's --models-dir (ampctl models lists them) "
+    "instead of --layers; with --lora-rank a LoRA job sharing the base with the others on it");
 ABSL_FLAG(std::string, layers, "",
           "The job's model, comma-separated: linear:IN:OUT[:nobias], relu, gelu, tanh, "
           "layer_norm:N, embedding:VOCAB:DIM (first only); or a GPT, "
@@ -158,6 +163,17 @@ std::string ToJson(const google::protobuf::Message& message) {
 // (whose targets are regression targets, so only mse fits it).
 absl::StatusOr<std::optional<ampd::v1::ModelSpec>> ModelFromFlags() {
   const std::string layers = absl::GetFlag(FLAGS_layers);
+  if (!absl::GetFlag(FLAGS_base_model).empty()) {
+    // The base's config.json is the model: only the adapters are ours.
+    if (!layers.empty()) return Fail("--layers, --base-model: give one");
+    ampd::v1::ModelSpec spec;
+    if (const std::optional<int64_t> rank = absl::GetFlag(FLAGS_lora_rank)) {
+      spec.mutable_decoder();
+      AMPD_RETURN_IF_ERROR(ampd::ApplyLoraFlags(*rank, absl::GetFlag(FLAGS_lora_alpha),
+                                                absl::GetFlag(FLAGS_lora_targets), spec));
+    }
+    return spec;
+  }
   const std::optional<std::string> loss = absl::GetFlag(FLAGS_loss);
   if (layers.empty()) {
     if (absl::GetFlag(FLAGS_lora_rank).has_value()) {
@@ -190,6 +206,7 @@ absl::StatusOr<ampd::v1::CreateJobRequest> BuildCreateRequest(const ampd::v1::Mo
   ampd::v1::JobConfig* config = request.mutable_config();
   config->set_display_name(absl::GetFlag(FLAGS_name));
   config->set_seed(absl::GetFlag(FLAGS_seed));
+  config->set_base_model(absl::GetFlag(FLAGS_base_model));
   *config->mutable_model() = model;
   if (auto m = absl::GetFlag(FLAGS_loss_multiplier))
     config->mutable_model()->set_loss_multiplier(*m);
@@ -301,6 +318,11 @@ struct TrainData {
 };
 
 absl::StatusOr<TrainData> PrepareTrainData() {
+  if (!absl::GetFlag(FLAGS_base_model).empty()) {
+    // Its batches' layout comes from the server's config.json, which
+    // ampctl does not read: create the job, then drive it from a client.
+    return Fail("--base-model: taken by `ampctl jobs create` only");
+  }
   AMPD_ASSIGN_OR_RETURN(std::optional<ampd::v1::ModelSpec> spec, ModelFromFlags());
   TrainData data;
   const std::string path = absl::GetFlag(FLAGS_batches);
@@ -676,6 +698,13 @@ absl::Status Jobs(ampd::Client& client, const std::vector<char*>& args) {
   return Fail("usage: ampctl jobs create|list|get ID|delete ID");
 }
 
+// The base models of the server's --models-dir, one a line.
+absl::Status Models(ampd::Client& client) {
+  AMPD_ASSIGN_OR_RETURN(std::vector<std::string> models, client.ListModels());
+  for (const std::string& name : models) std::printf("%s\n", name.c_str());
+  return absl::OkStatus();
+}
+
 absl::Status State(ampd::Client& client, const std::vector<char*>& args) {
   const std::string verb = args.size() > 2 ? args[2] : "";
   if (verb == "export") {
@@ -738,7 +767,9 @@ int main(int argc, char** argv) {
       "ampctl: command-line client of ampd.\n"
       "  ampctl [--server=HOST:PORT] [--token=T] [--tls-ca=PEM [--tls-cert=PEM --tls-key=PEM]]"
       " health\n"
-      "  ampctl jobs create [--layers=SPEC --loss=mse|cross_entropy]|list|get ID|delete ID\n"
+      "  ampctl jobs create [--layers=SPEC --loss=mse|cross_entropy | --base-model=NAME "
+      "[--lora-rank=R]]|list|get ID|delete ID\n"
+      "  ampctl models\n"
       "  ampctl train --steps=N [--precision=fp16|bf16|fp32] [--scaler=pytorch --init-scale=..]"
       " [--loss-multiplier=X] [--json]\n"
       "  ampctl train --batches=FILE --layers=SPEC [--loss=mse|cross_entropy] --steps=N ...\n"
@@ -810,6 +841,8 @@ int main(int argc, char** argv) {
     status = Health(*client);
   else if (command == "jobs")
     status = Jobs(*client, args);
+  else if (command == "models")
+    status = Models(*client);
   else if (command == "train")
     status = Train(*client, options);
   else if (command == "state")
@@ -817,8 +850,9 @@ int main(int argc, char** argv) {
   else if (command == "eval")
     status = Eval(*client, args);
   else
-    status =
-        Fail("usage: ampctl health | jobs ... | train ... | eval ... | state ... (see --help)");
+    status = Fail(
+        "usage: ampctl health | jobs ... | models | train ... | eval ... | state ... (see "
+        "--help)");
   if (!status.ok()) {
     std::fprintf(stderr, "ampctl: %s\n", ampd::DescribeError(status).c_str());
     return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;

@@ -194,6 +194,15 @@ absl::StatusOr<std::vector<v1::Job>> Client::ListAllJobs() {
   return jobs;
 }
 
+absl::StatusOr<std::vector<std::string>> Client::ListModels() {
+  v1::ListModelsResponse response;
+  grpc::Status s = WithRetries([&](grpc::ClientContext& context) {
+    return stub_->ListModels(&context, v1::ListModelsRequest(), &response);
+  });
+  if (!s.ok()) return FromGrpcStatus(s);
+  return std::vector<std::string>(response.models().begin(), response.models().end());
+}
+
 absl::Status Client::DeleteJob(const std::string& job_id) {
   v1::DeleteJobRequest request;
   request.set_job_id(job_id);

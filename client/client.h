@@ -88,6 +88,8 @@ class Client {
   // Every page.
   absl::StatusOr<std::vector<v1::Job>> ListAllJobs();
   absl::Status DeleteJob(const std::string& job_id);
+  // The base models of the server's --models-dir (ListModels).
+  absl::StatusOr<std::vector<std::string>> ListModels();
   absl::StatusOr<v1::StepResponse> Step(const v1::StepRequest& request);
   // A step in two halves: calls accumulate gradients (sequence and index
   // make a resend exactly-once), an OptimStep applies them (its sequence,

@@ -65,6 +65,9 @@ ABSL_FLAG(bool, metrics_tenant_labels, true,
           "Label per-job series with the job id and the tenant. false: no tenant label, and the "
           "job label is a pseudonym of the id, so a scraper learns no tenant's names or job ids "
           "(use it on a node tenants share)");
+ABSL_FLAG(std::string, models_dir, "",
+          "A folder of Hugging Face model folders (config.json + safetensors) that jobs name as "
+          "their base_model, relative to it; LoRA jobs on one base share its weights");
 ABSL_FLAG(std::string, state_dir, "",
           "Directory of job checkpoints (one safetensors file per job); jobs found there are "
           "restored at start. Empty: no checkpoints");
@@ -297,6 +300,7 @@ absl::StatusOr<ampd::engine::RegistryOptions> RegistryOptionsFromFlags(
   options.checkpoint_sync = absl::GetFlag(FLAGS_checkpoint_sync);
   options.grad_histogram_every = absl::GetFlag(FLAGS_grad_histogram_every);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  options.models_dir = absl::GetFlag(FLAGS_models_dir);
   const int threads = absl::GetFlag(FLAGS_worker_threads);
   options.worker_threads =
       threads > 0 ? threads : std::max(2, static_cast<int>(std::thread::hardware_concurrency()));

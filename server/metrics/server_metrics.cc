@@ -309,6 +309,16 @@ ServerMetrics::ServerMetrics(const MetricsOptions& options)
                                .Help("Device memory in total, in bytes.")
                                .Register(*registry_)
                                .Add({})),
+      shared_bases_(BuildGauge()
+                        .Name("ampd_shared_bases")
+                        .Help("Base models of --models-dir held once and shared by LoRA jobs.")
+                        .Register(*registry_)
+                        .Add({})),
+      shared_base_bytes_(BuildGauge()
+                             .Name("ampd_shared_base_bytes")
+                             .Help("Device bytes of the shared base models (each counted once).")
+                             .Register(*registry_)
+                             .Add({})),
       rpc_requests_(BuildCounter()
                         .Name("ampd_rpc_requests_total")
                         .Help("Finished RPCs by method and gRPC status code.")
@@ -636,6 +646,11 @@ void ServerMetrics::RecordRpc(absl::string_view method, absl::string_view code, 
   }
   requests->Increment();
   duration->Observe(std::isfinite(seconds) ? std::max(seconds, 0.0) : 0.0);
+}
+
+void ServerMetrics::OnSharedBases(int64_t count, int64_t bytes) {
+  shared_bases_.Set(static_cast<double>(count));
+  shared_base_bytes_.Set(static_cast<double>(bytes));
 }
 
 void ServerMetrics::SetDeviceMemory(int64_t in_use_bytes, int64_t total_bytes) {

@@ -88,6 +88,8 @@ class ServerMetrics final : public engine::JobObserver {
   // Sets ampd_sampler_snapshots and ampd_sampler_snapshot_bytes; like
   // OnStep, creates the series of a job not announced.
   void OnSamplerSnapshots(const std::string& job_id, int64_t count, int64_t bytes) override;
+  // Sets ampd_shared_bases and ampd_shared_base_bytes (server-wide).
+  void OnSharedBases(int64_t count, int64_t bytes) override;
   // Counts the formation by copied_state. A job not announced gets its
   // series here (as in OnEvaluate), with the distributed phases but without
   // rank and world size, which only its config carries.
@@ -156,6 +158,8 @@ class ServerMetrics final : public engine::JobObserver {
   prometheus::Gauge& jobs_;
   prometheus::Gauge& device_memory_used_;
   prometheus::Gauge& device_memory_total_;
+  prometheus::Gauge& shared_bases_;
+  prometheus::Gauge& shared_base_bytes_;
   prometheus::Family<prometheus::Counter>& rpc_requests_;
   prometheus::Family<prometheus::Histogram>& rpc_duration_;
 

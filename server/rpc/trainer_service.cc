@@ -613,6 +613,19 @@ grpc::ServerUnaryReactor* TrainerService::SaveSamplerSnapshot(
   return reactor;
 }
 
+grpc::ServerUnaryReactor* TrainerService::ListModels(grpc::CallbackServerContext* context,
+                                                     const v1::ListModelsRequest* /*request*/,
+                                                     v1::ListModelsResponse* response) {
+  const absl::Time start = absl::Now();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::StatusOr<std::string> tenant = Authenticate(*context);
+  if (tenant.ok()) {
+    for (std::string& name : registry_->ListModels()) response->add_models(std::move(name));
+  }
+  FinishUnary(reactor, "ListModels", start, tenant.status());
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* TrainerService::ListSamplerSnapshots(
     grpc::CallbackServerContext* context, const v1::ListSamplerSnapshotsRequest* request,
     v1::ListSamplerSnapshotsResponse* response) {

@@ -118,6 +118,9 @@ class TrainerService final : public v1::Trainer::CallbackService {
   grpc::ServerUnaryReactor* SaveSamplerSnapshot(grpc::CallbackServerContext* context,
                                                 const v1::SaveSamplerSnapshotRequest* request,
                                                 v1::SaveSamplerSnapshotResponse* response) override;
+  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
+                                       const v1::ListModelsRequest* request,
+                                       v1::ListModelsResponse* response) override;
   grpc::ServerUnaryReactor* ListSamplerSnapshots(
       grpc::CallbackServerContext* context, const v1::ListSamplerSnapshotsRequest* request,
       v1::ListSamplerSnapshotsResponse* response) override;

@@ -5,6 +5,7 @@
 #include <optional>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -213,6 +214,27 @@ absl::Status ScalerFromProto(const v1::ScalerConfig& p, amp::ScalerConfig* c) {
   return absl::OkStatus();
 }
 
+// A create with base_model: the model is config.json's, so the request
+// may set only the LoRA adapters and the loss multiplier; anything else
+// it sets would be silently replaced, and is refused naming it.
+absl::Status CheckBaseModelRequest(const v1::ModelSpec& model) {
+  if (model.layers_size() > 0 || model.has_gpt()) {
+    return FieldError(model.has_gpt() ? "config.model.gpt" : "config.model.layers",
+                      "set by base_model's config.json; send only decoder.lora");
+  }
+  if (model.loss() != v1::LOSS_UNSPECIFIED) {
+    return FieldError("config.model.loss", "set by base_model's config.json; leave it unset");
+  }
+  if (!model.has_decoder()) return absl::OkStatus();
+  v1::Decoder rest = model.decoder();
+  rest.clear_lora();
+  if (rest.ByteSizeLong() == 0) return absl::OkStatus();
+  std::vector<const google::protobuf::FieldDescriptor*> set;
+  rest.GetReflection()->ListFields(rest, &set);
+  return FieldError(absl::StrCat("config.model.decoder.", set.front()->name()),
+                    "set by base_model's config.json; send only decoder.lora");
+}
+
 }  // namespace
 
 absl::StatusOr<JobConfig> JobConfigFromProto(const v1::JobConfig& proto) {
@@ -223,6 +245,8 @@ absl::StatusOr<JobConfig> JobConfigFromProto(const v1::JobConfig& proto) {
   config.display_name = proto.display_name();
   config.seed = proto.seed();
   config.batch_invariant = proto.batch_invariant();
+  config.base_model = proto.base_model();
+  if (!config.base_model.empty()) AMPD_RETURN_IF_ERROR(CheckBaseModelRequest(proto.model()));
   AMPD_RETURN_IF_ERROR(ModelSpecFromProto(proto.model(), "config.model", &config.model));
   AMPD_RETURN_IF_ERROR(OptimizerFromProto(proto.optimizer(), &config.optimizer));
   AMPD_RETURN_IF_ERROR(ScalerFromProto(proto.scaler(), &config.scaler));
@@ -245,6 +269,7 @@ v1::JobConfig JobConfigToProto(const JobConfig& config) {
   proto.set_display_name(config.display_name);
   proto.set_seed(config.seed);
   proto.set_batch_invariant(config.batch_invariant);
+  proto.set_base_model(config.base_model);
   proto.set_precision(PrecisionToProto(config.precision));
   *proto.mutable_model() = ModelSpecToProto(config.model);
   if (config.distributed.enabled()) {

@@ -421,14 +421,14 @@ TEST_F(JobConfigCodecRefuses, WrongTypesAndRanges) {
 
 TEST_F(JobConfigCodecRefuses, OtherFormatVersions) {
   ExpectError(Edited("\"format_version\":1", "\"format_version\":0"), absl::StatusCode::kDataLoss,
-              "ampd.config: format_version: 0 is not a version this ampd reads (1 to 10); the "
+              "ampd.config: format_version: 0 is not a version this ampd reads (1 to 11); the "
               "checkpoint was written by another ampd");
   ExpectError(Edited("\"format_version\":1,", ""), absl::StatusCode::kDataLoss,
               "ampd.config: format_version: missing");
   // A later format may change any key: the version is checked before them.
-  ExpectError(Edited("\"format_version\":1,", "\"format_version\":11,\"new\":{},"),
+  ExpectError(Edited("\"format_version\":1,", "\"format_version\":12,\"new\":{},"),
               absl::StatusCode::kDataLoss,
-              "ampd.config: format_version: 11 is not a version this ampd reads (1 to 10); the "
+              "ampd.config: format_version: 12 is not a version this ampd reads (1 to 11); the "
               "checkpoint was written by a newer ampd");
 }
 
@@ -774,6 +774,32 @@ TEST(JobConfigCodec, BatchInvariantJobsAreVersionEight) {
   decoded = DecodeJobConfig(absl::StrReplaceAll(json, {{":true}", ":1}"}}));
   ASSERT_FALSE(decoded.ok());
   EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+}
+
+// Version 11: "base_model" last, written only for a job made from a base
+// model; every other config keeps its version and bytes.
+TEST(JobConfigCodec, BaseModelJobsAreVersionEleven) {
+  JobConfig config = SmallDecoderConfig();
+  const std::string plain = EncodeJobConfig(config, "");
+  config.base_model = "Qwen/Qwen2.5-0.5B";
+  const std::string json = EncodeJobConfig(config, "");
+  EXPECT_TRUE(absl::StartsWith(json, "{\"format_version\":11,")) << json;
+  EXPECT_TRUE(absl::EndsWith(json, ",\"base_model\":\"Qwen/Qwen2.5-0.5B\"}")) << json;
+  absl::StatusOr<DecodedJobConfig> decoded = DecodeJobConfig(json);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->config.get().base_model, "Qwen/Qwen2.5-0.5B");
+  EXPECT_EQ(EncodeJobConfig(decoded->config.get(), ""), json);
+  EXPECT_FALSE(absl::StrContains(plain, "base_model")) << plain;
+
+  decoded = DecodeJobConfig(
+      absl::StrReplaceAll(json, {{"\"format_version\":11", "\"format_version\":10"}}));
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_EQ(decoded.status().message(), "ampd.config: base_model: not a key of format_version 10");
+  // A name that escapes the models dir is refused on the way in as out.
+  decoded = DecodeJobConfig(absl::StrReplaceAll(json, {{"Qwen/Qwen2.5", "../Qwen2.5"}}));
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_TRUE(absl::StrContains(decoded.status().message(), "base_model: the component"))
+      << decoded.status();
 }
 
 // Version 9: a decoder's RoPE scaling after "o_bias", written only when its

@@ -442,6 +442,17 @@ TEST_F(ServerMetricsTest, SamplerSnapshotsFollowTheJobAndGoWithIt) {
   EXPECT_EQ(Scrape().find("ampd_sampler_snapshot"), std::string::npos);
 }
 
+TEST_F(ServerMetricsTest, SharedBasesAreServerWide) {
+  EXPECT_EQ(Value("ampd_shared_bases"), 0);
+  EXPECT_EQ(Value("ampd_shared_base_bytes"), 0);
+  observer().OnSharedBases(2, 96 << 20);
+  EXPECT_EQ(Value("ampd_shared_bases"), 2);
+  EXPECT_EQ(Value("ampd_shared_base_bytes"), 96 << 20);
+  observer().OnSharedBases(0, 0);  // the last job on each went
+  EXPECT_EQ(Value("ampd_shared_bases"), 0);
+  EXPECT_EQ(Value("ampd_shared_base_bytes"), 0);
+}
+
 TEST_F(ServerMetricsTest, StepOfAnUnannouncedJobCreatesItsSeries) {
   observer().OnStep("restored", OverflowStep(7, 6, 1024));
   EXPECT_EQ(Value(R"(ampd_loss_scale{job="restored"})"), 512);
@@ -624,6 +635,7 @@ TEST_F(ServerMetricsTest, PromtoolAcceptsTheExposition) {
   observer().OnStep("job-a", report);
   observer().OnStep("job-a", OverflowStep(2, 1, 65536));
   observer().OnSamplerSnapshots("job-a", 2, 7168);
+  observer().OnSharedBases(1, 1 << 26);
   observer().OnJobCreated("job-d", "team-a", DistributedConfig(0, 2));
   observer().OnGroupFormed("job-d", {.round = 0, .copied_state = false, .source_rank = 0});
   observer().OnStep("job-d", DistributedStep(1, 0.002, 0.001));

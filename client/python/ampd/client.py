@@ -322,12 +322,19 @@ class Client:
 
     # ---- jobs ------------------------------------------------------------------
 
-    def create_job(self, model, precision="fp16", optimizer=None, scaler=None, seed=0,
-                   display_name="", request_id=None, batch_invariant=False):
+    def create_job(self, model=None, precision="fp16", optimizer=None, scaler=None, seed=0,
+                   display_name="", request_id=None, batch_invariant=False, base_model=None,
+                   lora=None):
         """Create a job; returns its Job.
 
         model: an ampd.Model (or a pb.ModelSpec), or ampd.from_pretrained(DIR)
-        (a Hugging Face folder, whose weights are loaded before this returns); optimizer: ampd.SGD / Adam /
+        (a Hugging Face folder, whose weights are loaded before this returns).
+        base_model: instead of model, a folder of the server's --models-dir
+        (Client.models() lists them), whose config.json is the model and
+        whose weights the server loads itself; with lora (an ampd.LoRA) a
+        LoRA job whose base the server shares, read-only, with every other
+        LoRA job on it (same precision); without, a full job with its own
+        copy. optimizer: ampd.SGD / Adam /
         AdamW (default AdamW with PyTorch's defaults); scaler: ampd.Scaler
         (default the pytorch policy's defaults for fp16, a static scale of 1
         for bf16/fp32). request_id makes a retried create return the same job;
@@ -335,11 +342,22 @@ class Client:
         batch_invariant: kernels whose every row's bits do not depend on the
         batch, so Job.sample's log-probs equal the trainer's bit for bit.
         """
+        if base_model is not None:
+            if model is not None:
+                raise ValueError("model and base_model: give one (the base's config.json is "
+                                 "the model)")
+            model = pb.ModelSpec()
+            if lora is not None:
+                model.decoder.lora.CopyFrom(lora.to_proto() if hasattr(lora, "to_proto") else lora)
+        elif lora is not None:
+            raise ValueError("lora: with base_model only (else give it in the model's spec)")
+        elif model is None:
+            raise ValueError("model: required (or base_model)")
         config = pb.JobConfig(
             display_name=display_name,
             model=model.to_proto() if hasattr(model, "to_proto") else model,
             precision=spec.precision_proto(precision), seed=seed,
-            batch_invariant=batch_invariant)
+            batch_invariant=batch_invariant, base_model=base_model or "")
         if optimizer is not None:
             config.optimizer.CopyFrom(optimizer.to_proto() if hasattr(optimizer, "to_proto") else optimizer)
         if scaler is not None:
@@ -366,6 +384,13 @@ class Client:
                 if not self._sleep_before_retry(attempt, deadline):
                     raise
                 attempt += 1
+
+    def models(self):
+        """The base models of the server's --models-dir (ListModels): the
+        names create_job(base_model=...) takes, sorted."""
+        response = self._call(
+            lambda md, t: self._stub.ListModels(pb.ListModelsRequest(), metadata=md, timeout=t))
+        return list(response.models)
 
     def job(self, job_id):
         """The Job with this id (GetJob); its next sequence is the server's step + 1."""

@@ -334,3 +334,65 @@ def test_what_ampd_cannot_compute_is_refused_naming_the_key(tmp_path, key, value
     config[key] = value
     with pytest.raises(ValueError, match=match):
         ampd.Decoder.from_hf_config(config)
+
+
+# ---- the server reads the same folders (--models-dir, base_model) -------------
+
+def _server_of_folders(start_ampd, root, families):
+    for family in families:
+        make_folder(family, root / family)
+    return start_ampd("--models-dir=%s" % root)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_server_reads_a_folder_as_the_client_does(start_ampd, tmp_path, family):
+    """base_model: the server's own config.json mapping (model/hf_config.cc)
+    makes the model ampd.from_pretrained makes, and its own load of the
+    weights the same job, bit for bit; a LoRA job on the shared base starts
+    as transformers' model computes."""
+    root = tmp_path / "models"
+    server = _server_of_folders(start_ampd, root, [family])
+    model = load_hf(str(root / family))
+    ids, targets = batch(family, 0)
+    with ampd.Client(server.address) as client:
+        ours = client.create_job(base_model=family, precision="fp32", seed=1)
+        theirs = create(client, str(root / family), seed=1)
+        mine = ours.config.model
+        assert mine == theirs.config.model, (mine, theirs.config.model)
+        assert ampd_logprobs(ours, ids).tobytes() == ampd_logprobs(theirs, ids).tobytes()
+        if family == "gpt2":
+            with pytest.raises(ampd.InvalidArgument, match="LoRA adapters are a decoder's"):
+                client.create_job(base_model=family, lora=ampd.LoRA(rank=4, alpha=8.0))
+            return
+        lora = client.create_job(base_model=family, lora=ampd.LoRA(rank=4, alpha=8.0),
+                                 precision="fp32")
+        hf, _ = hf_logprobs_and_loss(model, ids, targets)
+        assert_close("%s shared base log-probs" % family, ampd_logprobs(lora, ids), hf)
+
+
+@pytest.mark.parametrize("key, value", [
+    ("hidden_act", "gelu"), ("mlp_bias", True), ("partial_rotary_factor", 0.5),
+    ("rope_parameters", {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}),
+    ("rope_parameters", {"rope_type": "llama3", "rope_theta": 1e4, "factor": 4.0}),
+    ("rope_parameters", {"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0,
+                         "attention_factor": 2.0}),
+])
+def test_the_server_refuses_what_the_client_refuses(start_ampd, tmp_path, key, value):
+    root = tmp_path / "models"
+    make_folder("llama3", root / "base")
+    with open(root / "base" / "config.json") as f:
+        config = json.load(f)
+    config[key] = value
+    with open(root / "base" / "config.json", "w") as f:
+        json.dump(config, f)
+    with pytest.raises(ValueError) as client_side:
+        ampd.Decoder.from_hf_config(config)
+    server = start_ampd("--models-dir=%s" % root)
+    with ampd.Client(server.address) as client:
+        with pytest.raises(ampd.InvalidArgument) as server_side:
+            client.create_job(base_model="base", lora=ampd.LoRA(rank=4, alpha=8.0))
+    assert server_side.value.field == "config.base_model"
+    # Both name the same key first.
+    named = str(client_side.value).split(":")[0].split(" ")[0]
+    assert "config.json: %s" % named in server_side.value.message, \
+        (str(client_side.value), server_side.value.message)

@@ -3,6 +3,7 @@
 #include "server/engine/config/job_config.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/checked_math.h"
 #include "common/status_macros.h"
 
@@ -30,6 +31,7 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
     default:
       return absl::InvalidArgumentError("precision: unknown precision");
   }
+  if (!config.base_model.empty()) AMPD_RETURN_IF_ERROR(CheckBaseModelName(config.base_model));
   AMPD_RETURN_IF_ERROR(Prefixed("model", model::ValidateModelSpec(config.model)));
   AMPD_RETURN_IF_ERROR(Prefixed("optimizer", optim::ValidateOptimizerSpec(config.optimizer)));
   AMPD_RETURN_IF_ERROR(Prefixed("scaler", config.scaler.Validate()));
@@ -76,7 +78,40 @@ int64_t EstimateJobBytes(const JobConfig& config) {
   // (Not params - frozen: either count may have saturated.)
   const int64_t trainable = frozen > 0 ? model::LoraParameterCount(*config.model.decoder) : params;
   return SaturatingAdd(SaturatingMul(trainable, 4 + 2 * working + optimizer),
-                       SaturatingMul(frozen, working));
+                       SharesBase(config) ? 0 : SaturatingMul(frozen, working));
+}
+
+bool SharesBase(const JobConfig& config) {
+  return !config.base_model.empty() && model::FrozenParameterCount(config.model) > 0;
+}
+
+int64_t SharedBaseBytes(const JobConfig& config) {
+  if (!SharesBase(config)) return 0;
+  const auto working = static_cast<int64_t>(codec::SizeOf(model::WorkingDType(config.precision)));
+  return SaturatingMul(model::FrozenParameterCount(config.model), working);
+}
+
+absl::Status CheckBaseModelName(absl::string_view name) {
+  if (name.empty() || name.size() > kMaxBaseModelNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "base_model: must be 1 to ", kMaxBaseModelNameBytes, " bytes, got ", name.size()));
+  }
+  if (name.front() == '/') {
+    return absl::InvalidArgumentError(
+        "base_model: an absolute path; name a folder relative to the server's --models-dir");
+  }
+  if (name.find('\\') != absl::string_view::npos || name.find('\0') != absl::string_view::npos) {
+    return absl::InvalidArgumentError("base_model: a backslash or NUL is no part of a folder name");
+  }
+  for (absl::string_view part : absl::StrSplit(name, '/')) {
+    if (part.empty() || part == "." || part == "..") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "base_model: the component \"", part,
+          "\" is not a folder's name (no empty, \".\" or \"..\" components: the base must lie "
+          "inside --models-dir)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 JobConfig DefaultJobConfig(model::Precision precision, amp::ScalerPolicy policy,

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "server/engine/config/distributed_spec.h"
 #include "server/engine/config/model_spec.h"
 #include "server/engine/config/optimizer_spec.h"
@@ -32,7 +33,31 @@ struct JobConfig {
   // bits never depend on the batch it is computed in, so sampled log-probs
   // equal trained ones bit for bit.
   bool batch_invariant = false;
+  // A base model of the server's --models-dir (a folder's name relative to
+  // it, "Qwen/Qwen2.5-0.5B"): the model is the one its config.json
+  // describes and its weights are the folder's. A LoRA job on it shares
+  // the base's frozen weights, loaded once, with every other LoRA job on
+  // the same base, precision and device; a full job gets its own copy.
+  // Empty: the model and seed alone make the job.
+  std::string base_model;
 };
+
+// The most bytes of a base_model name.
+inline constexpr size_t kMaxBaseModelNameBytes = 256;
+
+// base_model's own syntax (InvalidArgument naming "base_model"): 1 to
+// kMaxBaseModelNameBytes bytes of '/'-separated components, none empty,
+// "." or "..", not absolute, no backslash or NUL. Whether the folder
+// exists, and stays inside --models-dir, is the registry's to check.
+absl::Status CheckBaseModelName(absl::string_view name);
+
+// Whether the job's frozen base is a shared base model's (base_model with
+// LoRA): those bytes are held once for every job on that base.
+bool SharesBase(const JobConfig& config);
+
+// The bytes a shared base holds (its frozen parameters in the working
+// dtype); 0 unless SharesBase.
+int64_t SharedBaseBytes(const JobConfig& config);
 
 // The defaults of a job of this precision, scaler policy and optimizer: the
 // optimizer's PyTorch defaults (optim::DefaultOptimizerSpec), and the scaler
@@ -68,7 +93,8 @@ class ValidJobConfig {
 // parameters x (4 for the fp32 master + 2 x the working dtype's size for the
 // working copy and the gradient + the optimizer's fp32 state: 8 for
 // Adam/AdamW's two moments, 4 for SGD momentum, 0 for plain SGD), except
-// the frozen ones of a LoRA job, which hold their working copy alone; an upper
+// the frozen ones of a LoRA job, which hold their working copy alone (and
+// nothing when the base is shared: SharedBaseBytes, counted once); an upper
 // bound for fp32 jobs, whose forward reads the master directly. Activations
 // and buffers depend on the batch: model::WorkspaceBytes counts those, per
 // step. Computed with saturating arithmetic, so a spec whose count overflows

@@ -835,6 +835,7 @@ std::string EncodeJobConfig(const JobConfig& config, absl::string_view request_i
     version = 9;
   }
   if (config.model.decoder.has_value() && config.model.decoder->qk_norm) version = 10;
+  if (!config.base_model.empty()) version = 11;
   w.Int("format_version", version);
   w.String("display_name", config.display_name);
   if (!request_id.empty()) w.String("request_id", request_id);
@@ -845,6 +846,7 @@ std::string EncodeJobConfig(const JobConfig& config, absl::string_view request_i
   w.Raw("scaler", ScalerJson(config.scaler));
   if (config.distributed.enabled()) w.Raw("distributed", DistributedJson(config.distributed));
   if (config.batch_invariant) w.Raw("batch_invariant", "true");
+  if (!config.base_model.empty()) w.String("base_model", config.base_model);
   w.Close();
   return out;
 }
@@ -894,6 +896,13 @@ absl::StatusOr<DecodedJobConfig> DecodeJobConfig(absl::string_view json) {
       return Corrupt("batch_invariant", absl::StrCat("not a key of format_version ", version));
     }
     AMPD_ASSIGN_OR_RETURN(config.batch_invariant, f.Bool("batch_invariant"));
+  }
+  // Absent in configs of jobs without a base model.
+  if (f.Has("base_model")) {
+    if (version < 11) {
+      return Corrupt("base_model", absl::StrCat("not a key of format_version ", version));
+    }
+    AMPD_ASSIGN_OR_RETURN(config.base_model, f.String("base_model"));
   }
   AMPD_RETURN_IF_ERROR(f.Done());
   absl::StatusOr<ValidJobConfig> valid = ValidJobConfig::Check(std::move(record.config));

@@ -10,6 +10,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -21,6 +22,7 @@
 #include "server/engine/checkpoint/state_dict.h"
 #include "server/engine/config/job_config_codec.h"
 #include "server/engine/jobs/allocation_guard.h"
+#include "server/engine/jobs/base_models.h"
 
 namespace ampd::engine {
 
@@ -324,10 +326,57 @@ absl::Status Job::Initialize(const std::string& device) {
   return AllocationGuard("CreateJob", [&] { return InitializeUnguarded(device); });
 }
 
-absl::Status Job::InitializeUnguarded(const std::string& device) {
+absl::StatusOr<std::unique_ptr<Trainer>> Job::CreateTrainer(const std::string& device,
+                                                            int64_t* capacity) {
   AMPD_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, kernels::CreateBackend(device));
-  const int64_t capacity = backend->MemoryCapacityBytes();
-  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(config_, std::move(backend));
+  *capacity = backend->MemoryCapacityBytes();
+  std::shared_ptr<const model::FrozenBase> base;
+  if (SharesBase(config_.get())) {
+    if (context_->bases == nullptr) {
+      return absl::FailedPreconditionError(
+          "config.base_model: this ampd has no --models-dir, so no base model");
+    }
+    const JobConfig& c = config_.get();
+    AMPD_ASSIGN_OR_RETURN(
+        base, context_->bases->Acquire(c.base_model, c.model, c.precision, backend->name()));
+  }
+  return Trainer::Create(config_, std::move(backend), std::move(base));
+}
+
+absl::Status Job::LoadBaseWeights() {
+  if (context_->bases == nullptr) {
+    return absl::FailedPreconditionError(
+        "config.base_model: this ampd has no --models-dir, so no base model");
+  }
+  // What ampd.from_pretrained sends: each weight file in turn, its weights
+  // widened to F32, as a partial load (each weight replaced, the optimizer
+  // fresh).
+  absl::Status loaded =
+      context_->bases
+          ->ForEachWeightFile(config_.get().base_model,
+                              [&](std::vector<codec::NamedTensor> tensors) -> absl::Status {
+                                checkpoint::StateDict state;
+                                state.metadata["format"] = "pt";
+                                for (codec::NamedTensor& t : tensors) {
+                                  AMPD_ASSIGN_OR_RETURN(HostTensor widened,
+                                                        model::WidenedToF32(t.name, t.tensor));
+                                  t.tensor = HostTensor();
+                                  state.tensors.push_back({std::move(t.name), std::move(widened)});
+                                }
+                                return trainer_->LoadState(state, Trainer::StepCount::kKeep,
+                                                           Trainer::Coverage::kPartial);
+                              })
+          .status();
+  if (!loaded.ok() && !absl::StartsWith(loaded.message(), "config.base_model")) {
+    return absl::Status(loaded.code(), absl::StrCat("config.base_model: ", config_.get().base_model,
+                                                    ": ", loaded.message()));
+  }
+  return loaded;
+}
+
+absl::Status Job::InitializeUnguarded(const std::string& device) {
+  int64_t capacity = 0;
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer = CreateTrainer(device, &capacity);
   // Weights that fit the device yet could not be allocated: memory pressure
   // from other jobs' cached workspaces, which idle jobs give up, then one
   // more try. (Weights larger than the device are refused before any
@@ -335,8 +384,7 @@ absl::Status Job::InitializeUnguarded(const std::string& device) {
   if (!trainer.ok() && trainer.status().code() == absl::StatusCode::kResourceExhausted &&
       (capacity == 0 || estimated_bytes_ <= capacity) && context_->release_idle_workspaces &&
       context_->release_idle_workspaces(this) > 0) {
-    AMPD_ASSIGN_OR_RETURN(backend, kernels::CreateBackend(device));
-    trainer = Trainer::Create(config_, std::move(backend));
+    trainer = CreateTrainer(device, &capacity);
   }
   AMPD_RETURN_IF_ERROR(trainer.status());
   (*trainer)->SetMemoryPressureHandler([this] {
@@ -347,6 +395,11 @@ absl::Status Job::InitializeUnguarded(const std::string& device) {
     trainer_ = *std::move(trainer);
   }
   initial_state_ = true;
+  if (!config_.get().base_model.empty() && !SharesBase(config_.get())) {
+    // Its own copy of the base: its state is no longer its config and seed.
+    AMPD_RETURN_IF_ERROR(LoadBaseWeights());
+    initial_state_ = false;
+  }
   bytes_in_use_.store(trainer_->backend().BytesInUse(), std::memory_order_relaxed);
   absl::MutexLock lock(&mu_);
   RefreshSnapshot();
@@ -357,7 +410,20 @@ absl::Status Job::Restore(const std::string& device, const checkpoint::StateDict
   if (state.metadata.contains(kMetaInitialState)) {
     // Checked before anything is built: a file that fails is left as it is.
     AMPD_RETURN_IF_ERROR(CheckSeedOnly(state));
-    return Initialize(device);
+    AMPD_RETURN_IF_ERROR(Initialize(device));
+    // A shared base's job at step 0 is its config, seed and base: the
+    // base's files must be the ones it was made on.
+    auto digest = state.metadata.find(kMetaBaseDigest);
+    const model::FrozenBase* base = trainer_->frozen_base();
+    if (base != nullptr &&
+        (digest == state.metadata.end() || digest->second != base->identity().digest)) {
+      return absl::DataLossError(absl::StrCat(
+          kMetaBaseDigest, ": the job was made on base_model ", base->identity().name,
+          digest == state.metadata.end() ? " (no digest recorded)"
+                                         : absl::StrCat(" with files of digest ", digest->second),
+          "; its files now have ", base->identity().digest, " (they changed since)"));
+    }
+    return absl::OkStatus();
   }
   AMPD_RETURN_IF_ERROR(Initialize(device));
   initial_state_ = false;
@@ -736,6 +802,10 @@ absl::StatusOr<checkpoint::StateDict> Job::CheckpointState() const {
     state.metadata[kMetaInitialState] = kSeededInitialisation;
     state.metadata[kMetaConfigDigest] = ConfigDigest(config_json_);
     state.metadata.emplace(kMetaStep, "0");  // not = "0": GCC 12 -Wrestrict misfires on it
+    if (const model::FrozenBase* base = trainer_->frozen_base(); base != nullptr) {
+      state.metadata[kMetaBaseModel] = base->identity().name;
+      state.metadata[kMetaBaseDigest] = base->identity().digest;
+    }
   } else {
     AMPD_ASSIGN_OR_RETURN(state, trainer_->ExportState());
   }

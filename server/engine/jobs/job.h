@@ -64,6 +64,8 @@ class WorkspaceReservation {
   std::function<void()> release_;
 };
 
+class BaseModels;
+
 // Shared by every job of a registry; outlives them.
 struct JobContext {
   WorkerPool* pool = nullptr;
@@ -98,6 +100,9 @@ struct JobContext {
   // those processes' progress depends on. nullptr: this ampd takes no
   // distributed jobs.
   WorkerPool* distributed_pool = nullptr;
+  // The --models-dir a job made from a base_model reads (and, for a LoRA
+  // job, shares) its base from; nullptr: none.
+  BaseModels* bases = nullptr;
   // The host this ampd's --peer-address names: the Gloo transport binds
   // there. And how to reach a group's meeting point.
   std::string peer_host;
@@ -164,6 +169,7 @@ class Job : public std::enable_shared_from_this<Job> {
   const std::string& owner() const { return owner_; }
   const std::string& request_id() const { return request_id_; }
   const dist::DistributedSpec& distributed_spec() const { return config_.get().distributed; }
+  const JobConfig& config() const { return config_.get(); }
   JobSnapshot Snapshot() const;
   int64_t estimated_bytes() const { return estimated_bytes_; }
   // Backend bytes in use, refreshed by the worker after each task.
@@ -192,7 +198,9 @@ class Job : public std::enable_shared_from_this<Job> {
   int64_t ReleaseWorkspacesIfIdle();
 
   // ---- strand-only (call from a posted task) ----------------------------------
-  // Builds the Trainer on a new backend for `device` from the job's config.
+  // Builds the Trainer on a new backend for `device` from the job's config:
+  // a LoRA job on a base_model over the shared base (BaseModels::Acquire),
+  // a full job on one with the base's weights loaded into its own.
   absl::Status Initialize(const std::string& device);
   // Initialize, then load a checkpoint and continue its step sequence. A
   // seed-only checkpoint (kMetaInitialState) loads nothing: Initialize
@@ -335,6 +343,12 @@ class Job : public std::enable_shared_from_this<Job> {
   // The bodies of the public calls of the same names, which run them under
   // an allocation guard (job.cc).
   absl::Status InitializeUnguarded(const std::string& device);
+  // The Trainer on a new backend for `device` (its memory into *capacity),
+  // over the shared base when the job has one.
+  absl::StatusOr<std::unique_ptr<Trainer>> CreateTrainer(const std::string& device,
+                                                         int64_t* capacity);
+  // A full job made from a base_model: the base's weights into its own.
+  absl::Status LoadBaseWeights();
   absl::StatusOr<checkpoint::EncodedSafetensors> ExportSafetensorsUnguarded(StateView view) const;
   absl::StatusOr<int64_t> ImportSafetensorsUnguarded(checkpoint::StateDict state, bool partial);
   absl::Status CheckpointUnguarded();

@@ -4,7 +4,9 @@
 // for it while it runs; and the idle jobs' cached workspaces given up under
 // memory pressure.
 #include <memory>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -55,7 +57,7 @@ absl::Status JobRegistry::CheckAdmission(const std::string& owner, const JobConf
                       reason::kJobLimit, {{"max_jobs", absl::StrCat(options_.max_jobs)}});
   }
   if (options_.max_memory_bytes > 0) {
-    const int64_t need = EstimateJobBytes(config);
+    const int64_t need = NewJobBytes(config, nullptr);
     if (SaturatingAdd(MemoryHeld(nullptr), need) > options_.max_memory_bytes) {
       return WithReason(
           absl::ResourceExhaustedError(absl::StrCat(
@@ -81,7 +83,7 @@ absl::Status JobRegistry::CheckAdmission(const std::string& owner, const JobConf
   }
   if (quota->max_memory_bytes > 0) {
     const int64_t used = MemoryHeld(nullptr, &owner);
-    const int64_t need = EstimateJobBytes(config);
+    const int64_t need = NewJobBytes(config, &owner);
     if (SaturatingAdd(used, need) > quota->max_memory_bytes) {
       return WithReason(absl::ResourceExhaustedError(absl::StrCat(
                             "config.model: the job needs an estimated ", need,
@@ -98,8 +100,14 @@ absl::Status JobRegistry::CheckAdmission(const std::string& owner, const JobConf
 
 int64_t JobRegistry::MemoryHeld(const Job* except, const std::string* owner) const {
   int64_t used = 0;
+  // A base shared by LoRA jobs counts once, however many jobs are on it.
+  std::set<std::pair<std::string, model::Precision>> bases;
   for (const auto& [id, job] : jobs_) {
     if (owner != nullptr && job->owner() != *owner) continue;
+    const JobConfig& config = job->config();
+    if (SharesBase(config) && bases.emplace(config.base_model, config.precision).second) {
+      used = SaturatingAdd(used, SharedBaseBytes(config));
+    }
     used = SaturatingAdd(used, SaturatingAdd(job->estimated_bytes(), job->snapshot_bytes()));
     if (job.get() == except) continue;
     // A step's reservation stands in for the job's cached workspace, which

@@ -36,6 +36,12 @@ class JobObserver {
     (void)count;
     (void)bytes;
   }
+  // The base models LoRA jobs share now (BaseModels) and their bytes,
+  // after each change of the jobs (a create, a delete, a restore).
+  virtual void OnSharedBases(int64_t count, int64_t bytes) {
+    (void)count;
+    (void)bytes;
+  }
   // A distributed job's rank formed its group (before the step that needed
   // it). Most observers have no use for it.
   virtual void OnGroupFormed(const std::string& job_id, const GroupFormation& formation) {

@@ -13,10 +13,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/blocking_counter.h"
+#include "common/checked_math.h"
 #include "common/error_reason.h"
 #include "common/status_macros.h"
 #include "kernels/backend_factory.h"
 #include "server/engine/checkpoint/state_directory.h"
+#include "server/engine/jobs/base_models.h"
 #include "server/engine/jobs/checkpoint_writer.h"
 #include "server/engine/jobs/job.h"
 
@@ -62,6 +64,8 @@ JobRegistry::JobRegistry(RegistryOptions options)
 
 absl::StatusOr<std::unique_ptr<JobRegistry>> JobRegistry::Create(RegistryOptions options) {
   auto registry = std::unique_ptr<JobRegistry>(new JobRegistry(std::move(options)));
+  registry->bases_ = std::make_unique<BaseModels>(registry->options_.models_dir);
+  registry->context_->bases = registry->bases_.get();
   if (!registry->options_.state_dir.empty()) {
     AMPD_ASSIGN_OR_RETURN(checkpoint::StateDirectory dir,
                           checkpoint::StateDirectory::Open(registry->options_.state_dir));
@@ -134,8 +138,10 @@ void JobRegistry::Remove(const std::string& job_id) {
 }
 
 void JobRegistry::ReportMemory() const {
+  const BaseModels::Held bases = bases_->held();
+  if (options_.observer != nullptr) options_.observer->OnSharedBases(bases.count, bases.bytes);
   if (!options_.on_device_memory) return;
-  int64_t total = 0;
+  int64_t total = bases.bytes;
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [id, job] : jobs_) total += job->bytes_in_use();
@@ -143,8 +149,54 @@ void JobRegistry::ReportMemory() const {
   options_.on_device_memory(total);
 }
 
+std::vector<std::string> JobRegistry::ListModels() const { return bases_->List(); }
+
+absl::Status JobRegistry::ApplyBaseModel(JobConfig& config) const {
+  if (absl::Status s = CheckBaseModelName(config.base_model); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("config.", s.message()));
+  }
+  model::ModelSpec& request = config.model;
+  if (!request.layers.empty() || request.gpt.has_value()) {
+    return absl::InvalidArgumentError(
+        "config.model: set by base_model's config.json; send only decoder.lora (and "
+        "loss_multiplier)");
+  }
+  AMPD_ASSIGN_OR_RETURN(model::ModelSpec spec, bases_->Spec(config.base_model));
+  std::optional<model::LoraSpec> lora;
+  if (request.decoder.has_value()) lora = request.decoder->lora;
+  if (lora.has_value() && !spec.decoder.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.model.decoder.lora: base_model ", config.base_model,
+                     " is a GPT-2; LoRA adapters are a decoder's (llama, qwen2)"));
+  }
+  if (spec.decoder.has_value()) spec.decoder->lora = std::move(lora);
+  spec.loss_multiplier = request.loss_multiplier;
+  config.model = std::move(spec);
+  return absl::OkStatus();
+}
+
+int64_t JobRegistry::NewJobBytes(const JobConfig& config, const std::string* owner) const {
+  int64_t need = EstimateJobBytes(config);
+  if (!SharesBase(config)) return need;
+  for (const auto& [id, job] : jobs_) {
+    if (owner != nullptr && job->owner() != *owner) continue;
+    const JobConfig& held = job->config();
+    if (SharesBase(held) && held.base_model == config.base_model &&
+        held.precision == config.precision) {
+      return need;
+    }
+  }
+  return SaturatingAdd(need, SharedBaseBytes(config));
+}
+
 void JobRegistry::CreateJob(const std::string& owner, JobConfig config, std::string request_id,
                             std::function<void(absl::StatusOr<JobSnapshot>)> done) {
+  if (!config.base_model.empty()) {
+    if (absl::Status s = ApplyBaseModel(config); !s.ok()) {
+      done(s);
+      return;
+    }
+  }
   // The one validation of a create: the Job and its Trainer take the proof.
   absl::StatusOr<ValidJobConfig> valid = ValidJobConfig::Check(std::move(config));
   if (!valid.ok()) {
@@ -154,11 +206,10 @@ void JobRegistry::CreateJob(const std::string& owner, JobConfig config, std::str
   // Memory pressure: when the memory limits alone would refuse the job,
   // the idle jobs first give up their cached workspaces, and the admission
   // below decides on what is left.
-  const int64_t need = EstimateJobBytes(valid->get());
   bool refused = false;
   {
     absl::MutexLock lock(&mu_);
-    refused = MemoryRefuses(owner, need);
+    refused = MemoryRefuses(owner, NewJobBytes(valid->get(), &owner));
   }
   if (refused) (void)ReleaseIdleWorkspaces(nullptr);
   std::shared_ptr<Job> job;

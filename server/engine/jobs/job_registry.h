@@ -41,6 +41,7 @@ namespace ampd::engine {
 namespace checkpoint {
 class StateDirectory;
 }  // namespace checkpoint
+class BaseModels;
 class CheckpointWriter;
 class Job;
 struct JobContext;
@@ -96,6 +97,9 @@ struct RegistryOptions {
   // (JobContext::distributed_pool), since it blocks while it waits for its
   // peers.
   int max_distributed_jobs = 4;
+  // --models-dir: the Hugging Face folders jobs name as their base_model
+  // (BaseModels); empty: none.
+  std::string models_dir;
 };
 
 // Reads the ampd.create_request (a serialized CreateJobRequest, the bytes
@@ -229,7 +233,20 @@ class JobRegistry {
 
   int64_t job_count() const;
 
+  // The base models of --models-dir (BaseModels::List): folder names.
+  std::vector<std::string> ListModels() const;
+
  private:
+  // A create's config with base_model: its model replaced by the one the
+  // base's config.json describes, keeping the request's LoRA adapters and
+  // loss_multiplier (the only model fields a base_model create may set).
+  // InvalidArgument naming config.base_model or config.model.*.
+  absl::Status ApplyBaseModel(JobConfig& config) const;
+  // The bytes a new job of `config` adds to what the jobs (of `owner`
+  // only, when given) hold: its own estimate, and its shared base's when no
+  // job of theirs holds that base yet.
+  int64_t NewJobBytes(const JobConfig& config, const std::string* owner) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   explicit JobRegistry(RegistryOptions options);
   // nullptr when there is no such job or it is not `owner`'s.
   std::shared_ptr<Job> Find(const std::string& owner, const std::string& job_id) const;
@@ -299,6 +316,8 @@ class JobRegistry {
   static void LogEvent(const std::string& line);
 
   const RegistryOptions options_;
+  // Before the pool: a job's last task may still release a shared base.
+  std::unique_ptr<BaseModels> bases_;
   std::unique_ptr<checkpoint::StateDirectory> state_dir_;  // nullptr: no state dir
   std::unique_ptr<WorkerPool> pool_;
   std::unique_ptr<WorkerPool> distributed_pool_;  // nullptr: no distributed jobs

@@ -4,8 +4,10 @@
 #include "server/engine/model/network.h"
 
 #include <algorithm>
+#include <set>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/checked_math.h"
 #include "common/status_macros.h"
 #include "server/engine/model/decoder/decoder_model.h"
@@ -62,15 +64,20 @@ kernels::ScratchExtents StepScratchExtents(const ModelSpec& spec, Precision prec
 }
 
 absl::StatusOr<std::unique_ptr<Network>> CreateNetwork(const ModelSpec& spec, Precision precision,
-                                                       uint64_t seed, kernels::Backend& backend) {
+                                                       uint64_t seed, kernels::Backend& backend,
+                                                       std::shared_ptr<const FrozenBase> base) {
+  if (base != nullptr && !(spec.decoder.has_value() && spec.decoder->lora.has_value())) {
+    return absl::InvalidArgumentError("base_model: only a LoRA decoder shares a base's weights");
+  }
   if (spec.gpt.has_value()) {
     AMPD_ASSIGN_OR_RETURN(std::unique_ptr<GptModel> gpt,
                           GptModel::Create(spec, precision, seed, backend));
     return std::unique_ptr<Network>(std::move(gpt));
   }
   if (spec.decoder.has_value()) {
-    AMPD_ASSIGN_OR_RETURN(std::unique_ptr<DecoderModel> decoder,
-                          DecoderModel::Create(spec, precision, seed, backend));
+    AMPD_ASSIGN_OR_RETURN(
+        std::unique_ptr<DecoderModel> decoder,
+        DecoderModel::Create(spec, precision, seed, backend, kLmHeadChunkBytes, std::move(base)));
     return std::unique_ptr<Network>(std::move(decoder));
   }
   AMPD_ASSIGN_OR_RETURN(std::unique_ptr<Model> stack,
@@ -83,6 +90,10 @@ Network::Network(const ModelSpec& spec, Precision precision, kernels::Backend& b
       spec_(spec),
       precision_(precision),
       working_dtype_(WorkingDType(precision)) {}
+
+Network::~Network() {
+  if (frozen_base_ != nullptr) (void)backend_.Synchronize();
+}
 
 absl::StatusOr<int> Network::AddParameter(std::string name, const kernels::Shape& shape,
                                           ParamInit init, bool plus_equal) {
@@ -115,6 +126,18 @@ absl::StatusOr<int> Network::AddFrozenParameter(std::string name, const kernels:
   Parameter p;
   p.name = std::move(name);
   p.frozen = true;
+  if (frozen_base_ != nullptr) {
+    if (frozen_base_->precision() != precision_) {
+      return absl::InternalError("base_model: the shared base is held in another precision");
+    }
+    AMPD_ASSIGN_OR_RETURN(kernels::Tensor view, frozen_base_->View(p.name, shape));
+    (working_dtype_ == DType::kF32 ? p.master : p.working) = std::move(view);
+    p.shared = true;
+    parameter_count_ += p.held().numel();
+    const auto index = static_cast<int>(params_.size());
+    params_.push_back(std::move(p));
+    return index;
+  }
   // Drawn in F32 as a trainable parameter's master is; a 16-bit job keeps
   // the rounded copy only (the F32 draw is freed on return).
   AMPD_ASSIGN_OR_RETURN(kernels::Tensor drawn, backend_.Allocate(DType::kF32, shape));
@@ -136,6 +159,22 @@ absl::StatusOr<int> Network::AddFrozenParameter(std::string name, const kernels:
   const auto index = static_cast<int>(params_.size());
   params_.push_back(std::move(p));
   return index;
+}
+
+absl::Status Network::CheckFrozenBaseUsed() const {
+  if (frozen_base_ == nullptr) return absl::OkStatus();
+  std::set<std::string> viewed;
+  for (const Parameter& p : params_) {
+    if (p.shared) viewed.insert(p.name);
+  }
+  for (const std::string& name : frozen_base_->names()) {
+    if (!viewed.contains(name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.base_model: ", frozen_base_->identity().name, ": ", name,
+                       ": not a weight of the model its config.json describes"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Network::CastWorking() {

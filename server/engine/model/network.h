@@ -24,6 +24,7 @@
 #include "server/engine/api.h"
 #include "server/engine/config/model_spec.h"
 #include "server/engine/host_tensor.h"
+#include "server/engine/model/frozen_base.h"
 
 namespace ampd::engine::model {
 
@@ -40,6 +41,9 @@ struct Parameter {
   kernels::Tensor grad;     // working dtype (F32 for fp32), accumulated over
                             // micro-batches; empty when frozen
   bool frozen = false;
+  // Frozen and a view of a base model's tensor shared with other jobs
+  // (frozen_base.h): never written, exported or loaded by this job.
+  bool shared = false;
 
   // The tensor forward/backward read: the working copy, or the master in fp32.
   const kernels::Tensor& value() const { return working.empty() ? master : working; }
@@ -125,7 +129,10 @@ kernels::ScratchExtents StepScratchExtents(const ModelSpec& spec, Precision prec
 
 class Network {
  public:
-  virtual ~Network() = default;
+  // With a shared base: waits for this network's queued work first, which
+  // may still read the base's tensors that the last job's end frees (on
+  // the base's own stream).
+  virtual ~Network();
   Network(const Network&) = delete;
   Network& operator=(const Network&) = delete;
 
@@ -283,6 +290,9 @@ class Network {
   virtual float AdapterScale() const { return 0.0f; }
   // PEFT's adapter_config.json for the adapters ("" without any).
   virtual std::string AdapterConfigJson() const { return ""; }
+  // The shared base whose tensors the frozen parameters view (nullptr: the
+  // job holds its own).
+  const FrozenBase* frozen_base() const { return frozen_base_.get(); }
 
   // Per-layer loss scales (amp/grad_scaler.h): the layer group of each
   // parameter in params() order, groups numbered from 0 in forward order
@@ -314,9 +324,17 @@ class Network {
                                    bool plus_equal);
   // A frozen parameter (see Parameter), drawn as AddParameter would draw it
   // (the same Philox stream for the same index, so a LoRA job's base equals
-  // the full job's of the same seed) and held in the working dtype only.
+  // the full job's of the same seed) and held in the working dtype only;
+  // with a shared base (UseFrozenBase), a view of its tensor of that name
+  // instead (nothing drawn or allocated).
   absl::StatusOr<int> AddFrozenParameter(std::string name, const kernels::Shape& shape,
                                          ParamInit init);
+  // The frozen parameters added from now on view `base`'s tensors; set
+  // before the first of them. The network keeps it alive.
+  void UseFrozenBase(std::shared_ptr<const FrozenBase> base) { frozen_base_ = std::move(base); }
+  // With a shared base: InvalidArgument naming a tensor of the base that
+  // no parameter views (the files hold a weight the model does not have).
+  absl::Status CheckFrozenBaseUsed() const;
 
   // SetGroupScales' check: InvalidArgument unless there is one scale per
   // layer group (LayerScaleGroups of the spec).
@@ -370,12 +388,16 @@ class Network {
   };
   std::map<kernels::Shape, Cached> workspaces_;
   int64_t cached_workspace_bytes_ = 0;
+  std::shared_ptr<const FrozenBase> frozen_base_;
 };
 
 // Builds the model a validated spec describes (layer stack or GPT) on
-// backend, its masters drawn from seed, the working copy cast.
-absl::StatusOr<std::unique_ptr<Network>> CreateNetwork(const ModelSpec& spec, Precision precision,
-                                                       uint64_t seed, kernels::Backend& backend);
+// backend, its masters drawn from seed, the working copy cast. `base`
+// (a LoRA decoder's only): its frozen parameters are views of that shared
+// base's tensors.
+absl::StatusOr<std::unique_ptr<Network>> CreateNetwork(
+    const ModelSpec& spec, Precision precision, uint64_t seed, kernels::Backend& backend,
+    std::shared_ptr<const FrozenBase> base = nullptr);
 
 // Reallocates t when its dtype or shape differs from the wanted one: a
 // workspace's ids, labels and targets follow the client's I32/I64 (and

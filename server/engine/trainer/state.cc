@@ -75,7 +75,10 @@ std::vector<std::pair<std::string, Tensor*>> StateTensors(model::Network& model,
   const auto& buffer_names = optimizer.buffer_names();
   std::vector<std::pair<std::string, Tensor*>> tensors;
   tensors.reserve(params.size() + model.trainable().size() * buffer_names.size());
-  for (model::Parameter& p : params) tensors.emplace_back(p.name, &p.held());
+  for (model::Parameter& p : params) {
+    // A shared base is the base model's files, not this job's state.
+    if (!p.shared) tensors.emplace_back(p.name, &p.held());
+  }
   for (size_t slot = 0; slot < model.trainable().size(); ++slot) {
     const std::string& name = params[static_cast<size_t>(model.trainable()[slot])].name;
     for (size_t i = 0; i < buffer_names.size(); ++i) {
@@ -190,6 +193,10 @@ void Trainer::AddStateMetadata(const amp::GradScaler& scaler, int64_t opt_step, 
   }
   state.metadata[kMetaOptimizerStep] = absl::StrCat(opt_step);
   state.metadata[kMetaStep] = absl::StrCat(steps_run);
+  if (const model::FrozenBase* base = impl_->model->frozen_base(); base != nullptr) {
+    state.metadata[kMetaBaseModel] = base->identity().name;
+    state.metadata[kMetaBaseDigest] = base->identity().digest;
+  }
   impl_->model->AnnotateExport(state);
 }
 
@@ -299,6 +306,18 @@ absl::StatusOr<Trainer::LoadPlan> Trainer::PlanLoad(const checkpoint::StateDict&
     }
   }
 
+  // A shared base's job takes states of its own base only: the adapters
+  // trained on other weights would be wrong on these.
+  if (const model::FrozenBase* base = m.model->frozen_base(); base != nullptr) {
+    auto digest = state.metadata.find(kMetaBaseDigest);
+    if (digest != state.metadata.end() && digest->second != base->identity().digest) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "metadata ", kMetaBaseDigest, ": the state was trained on a base whose files' digest is ",
+          digest->second, "; base_model ", base->identity().name, "'s files now have ",
+          base->identity().digest, " (they changed since)"));
+    }
+  }
+
   // 1. Every expected tensor present with the right dtype, shape and bytes;
   //    nothing unexpected (a state saved for another model or optimizer).
   LoadPlan plan{StateTensors(*m.model, m.optimizer), {}, {}, m.scaler, 0, m.steps_run};
@@ -338,7 +357,18 @@ absl::StatusOr<Trainer::LoadPlan> Trainer::PlanLoad(const checkpoint::StateDict&
   }
   absl::flat_hash_set<absl::string_view> known;
   for (const auto& target : plan.targets) known.insert(target.first);
+  absl::flat_hash_set<absl::string_view> shared;
+  for (const model::Parameter& p : m.model->params()) {
+    if (p.shared) shared.insert(p.name);
+  }
   for (size_t i = 0; i < state.tensors.size(); ++i) {
+    if (!names[i].empty() && shared.contains(names[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          state.tensors[i].name, ": a frozen weight of base_model ",
+          m.model->frozen_base()->identity().name,
+          ", which this job shares read-only with the other jobs on it; load its adapters "
+          "alone"));
+    }
     if (!names[i].empty() && !known.contains(names[i])) {
       return absl::InvalidArgumentError(
           absl::StrCat(state.tensors[i].name, ": not a tensor of this job's model or optimizer"));

@@ -38,9 +38,14 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
-    const ValidJobConfig& valid, std::unique_ptr<kernels::Backend> backend) {
+    const ValidJobConfig& valid, std::unique_ptr<kernels::Backend> backend,
+    std::shared_ptr<const model::FrozenBase> base) {
   if (backend == nullptr) return absl::InvalidArgumentError("backend: null");
   const JobConfig& config = valid.get();
+  if ((base != nullptr) != SharesBase(config)) {
+    return absl::InvalidArgumentError(
+        "base_model: a LoRA job on a base model is built on its shared base, and no other job");
+  }
   // Validation has kept per-layer scales to layer stacks of at most
   // kMaxLayerScaleGroups groups.
   const int64_t layer_groups =
@@ -50,7 +55,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   // Refused before any allocation when the weights alone cannot fit: the
   // backend's allocator would fail (or, with overcommit, succeed and let the
   // kernel kill the process when the pages are touched).
-  const int64_t need = EstimateJobBytes(config);
+  const int64_t need = SaturatingAdd(EstimateJobBytes(config), SharedBaseBytes(config));
   const int64_t capacity = backend->MemoryCapacityBytes();
   if (capacity > 0 && need > capacity) {
     return absl::ResourceExhaustedError(
@@ -67,8 +72,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   auto impl = std::make_unique<Impl>(config, std::move(backend), std::move(scaler));
   kernels::Backend& b = *impl->backend;
 
-  AMPD_ASSIGN_OR_RETURN(impl->model,
-                        model::CreateNetwork(config.model, config.precision, config.seed, b));
+  AMPD_ASSIGN_OR_RETURN(impl->model, model::CreateNetwork(config.model, config.precision,
+                                                          config.seed, b, std::move(base)));
 
   // The optimizer, the scaler's checks and the update cover the trainable
   // parameters alone (a LoRA job's frozen base has no master, gradient or
@@ -160,5 +165,6 @@ void Trainer::SetMemoryPressureHandler(std::function<void()> relieve) {
 }
 int64_t Trainer::parameter_count() const { return impl_->model->parameter_count(); }
 kernels::Backend& Trainer::backend() { return *impl_->backend; }
+const model::FrozenBase* Trainer::frozen_base() const { return impl_->model->frozen_base(); }
 
 }  // namespace ampd::engine

@@ -18,6 +18,7 @@
 #include "server/engine/checkpoint/state_dict.h"
 #include "server/engine/config/job_config.h"
 #include "server/engine/dist/gradient_all_reduce.h"
+#include "server/engine/model/frozen_base.h"
 
 namespace ampd::engine {
 
@@ -30,6 +31,10 @@ class GradScaler;
 // The Trainer owns both; a Job reads them from it.
 inline constexpr char kMetaOptimizerStep[] = "optimizer.step";
 inline constexpr char kMetaStep[] = "ampd.step";
+// A shared-base job's state names the base it was trained on: the
+// base_model and the digest of its files (model::FrozenBase::Identity).
+inline constexpr char kMetaBaseModel[] = "ampd.base_model";
+inline constexpr char kMetaBaseDigest[] = "ampd.base_digest";
 
 // What a rank of a distributed job adds to its step (docs/DISTRIBUTED.md):
 // the micro-batch count of the step over every rank, which divides each
@@ -89,9 +94,15 @@ class Trainer {
   // config.seed (PyTorch's default distributions), casts the working copy.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const JobConfig& config,
                                                          std::unique_ptr<kernels::Backend> backend);
-  // The same for a config validated before (no second check).
-  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const ValidJobConfig& config,
-                                                         std::unique_ptr<kernels::Backend> backend);
+  // The same for a config validated before (no second check). `base`: the
+  // shared base of a LoRA job on a base model (SharesBase), whose tensors
+  // its frozen parameters view; such a job's state (ExportState, its
+  // checkpoints) holds its adapters alone, with the base's name and digest
+  // in the metadata (kMetaBaseModel, kMetaBaseDigest), and a state of a
+  // base with another digest is refused (LoadState).
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(
+      const ValidJobConfig& config, std::unique_ptr<kernels::Backend> backend,
+      std::shared_ptr<const model::FrozenBase> base = nullptr);
   ~Trainer();
 
   // One optimizer step over the micro-batches, checked before (bad shapes
@@ -317,6 +328,8 @@ class Trainer {
   ScalerSnapshot scaler() const;
   int64_t parameter_count() const;
   kernels::Backend& backend();
+  // The shared base the job's frozen parameters view (nullptr: none).
+  const model::FrozenBase* frozen_base() const;
 
  private:
   struct Impl;

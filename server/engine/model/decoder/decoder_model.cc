@@ -196,11 +196,9 @@ absl::Status DecoderModel::SetGroupScales(absl::Span<const float> scales) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Create(const ModelSpec& spec,
-                                                                   Precision precision,
-                                                                   uint64_t seed,
-                                                                   kernels::Backend& backend,
-                                                                   int64_t lm_head_chunk_bytes) {
+absl::StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Create(
+    const ModelSpec& spec, Precision precision, uint64_t seed, kernels::Backend& backend,
+    int64_t lm_head_chunk_bytes, std::shared_ptr<const FrozenBase> base) {
   AMPD_RETURN_IF_ERROR(ValidateModelSpec(spec));
   if (!spec.decoder.has_value()) return absl::InvalidArgumentError("decoder: not set");
   if (lm_head_chunk_bytes < 1) {
@@ -209,6 +207,12 @@ absl::StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Create(const ModelSp
   }
   std::unique_ptr<DecoderModel> m(new DecoderModel(spec, precision, backend, lm_head_chunk_bytes));
   const DecoderSpec& s = *spec.decoder;
+  if (base != nullptr) {
+    if (!s.lora.has_value()) {
+      return absl::InvalidArgumentError("base_model: only a LoRA decoder shares a base's weights");
+    }
+    m->UseFrozenBase(std::move(base));
+  }
   const Widths wd(s);
   const ParamInit normal{true, NormalInit(seed, 0, s.initializer_range)};
   ParamInit zeros;
@@ -269,6 +273,7 @@ absl::StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Create(const ModelSp
   if (!s.tie_word_embeddings) {
     AMPD_ASSIGN_OR_RETURN(m->lm_head_, add("lm_head.weight", {wd.v, wd.c}, normal, kPlusEqual));
   }
+  AMPD_RETURN_IF_ERROR(m->CheckFrozenBaseUsed());
   if (frozen) {
     const LoraSpec& adapters = *s.lora;
     m->lora_scale_ = adapters.alpha / static_cast<float>(adapters.rank);

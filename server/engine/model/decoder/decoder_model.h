@@ -121,10 +121,15 @@ kernels::ScratchExtents DecoderScratchExtents(const ModelSpec& spec, Precision p
 class DecoderModel final : public Network {
  public:
   // Builds the parameters of a validated decoder spec and initialises them
-  // from seed (see above), then casts the working copy.
+  // from seed (see above), then casts the working copy. `base` (LoRA only):
+  // the frozen parameters are views of that shared base's tensors, every
+  // one of which must be a parameter of the spec; the adapters are drawn
+  // from the seed as always (their streams are their indices, the same
+  // either way).
   static absl::StatusOr<std::unique_ptr<DecoderModel>> Create(
       const ModelSpec& spec, Precision precision, uint64_t seed, kernels::Backend& backend,
-      int64_t lm_head_chunk_bytes = kLmHeadChunkBytes);
+      int64_t lm_head_chunk_bytes = kLmHeadChunkBytes,
+      std::shared_ptr<const FrozenBase> base = nullptr);
 
   using Network::LoadBatch;
   absl::Status LoadBatch(const HostTensor& inputs, const HostTensor& targets,

@@ -1,0 +1,185 @@
+// model::ModelSpecOfHfConfig: config.json files as transformers writes
+// them for Qwen2, Llama 3.1 (RoPE llama3 scaling, in 4.x's and 5.x's
+// keys) and GPT-2, the specs they give, and each key the server refuses,
+// named in the message as the Python client's from_hf_config names it.
+#include "server/engine/model/hf_config.h"
+
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_replace.h"
+#include "gtest/gtest.h"
+
+namespace ampd::engine::model {
+namespace {
+
+// Qwen2.5-0.5B's config.json (transformers 4.x), abridged of keys ampd
+// ignores as transformers' own model does at training time.
+constexpr char kQwen2[] = R"({
+  "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+  "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896,
+  "initializer_range": 0.02, "intermediate_size": 4864, "max_position_embeddings": 32768,
+  "max_window_layers": 24, "model_type": "qwen2", "num_attention_heads": 14,
+  "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+  "rope_scaling": null, "rope_theta": 1000000.0, "sliding_window": 32768,
+  "tie_word_embeddings": true, "torch_dtype": "bfloat16", "use_cache": true,
+  "use_sliding_window": false, "vocab_size": 151936})";
+
+constexpr char kLlama31[] = R"({
+  "model_type": "llama", "hidden_act": "silu", "hidden_size": 2048,
+  "intermediate_size": 8192, "max_position_embeddings": 131072, "num_attention_heads": 32,
+  "num_hidden_layers": 16, "num_key_value_heads": 8, "head_dim": 64, "rms_norm_eps": 1e-05,
+  "rope_theta": 500000.0, "attention_bias": false, "mlp_bias": false,
+  "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "tie_word_embeddings": true, "vocab_size": 128256})";
+
+// Qwen3-0.6B's (transformers 5.x: rope_parameters, layer_types).
+constexpr char kQwen3[] = R"({
+  "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "attention_bias": false,
+  "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024, "intermediate_size": 3072,
+  "layer_types": ["full_attention", "full_attention"], "max_position_embeddings": 40960,
+  "num_attention_heads": 16, "num_hidden_layers": 2, "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06, "rope_parameters": {"rope_theta": 1000000, "rope_type": "default"},
+  "sliding_window": null, "tie_word_embeddings": true, "use_sliding_window": false,
+  "vocab_size": 151936})";
+
+constexpr char kGpt2[] = R"({"model_type": "gpt2", "activation_function": "gelu_new",
+  "n_embd": 768, "n_head": 12, "n_inner": null, "n_layer": 12, "n_positions": 1024,
+  "layer_norm_epsilon": 1e-05, "vocab_size": 50257, "scale_attn_weights": true})";
+
+std::string Refusal(const std::string& json) {
+  absl::StatusOr<ModelSpec> spec = ModelSpecOfHfConfig(json);
+  EXPECT_FALSE(spec.ok()) << json;
+  if (spec.ok()) return "";
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  return std::string(spec.status().message());
+}
+
+TEST(HfConfig, Qwen2IsADecoderWithQkvBiases) {
+  absl::StatusOr<ModelSpec> spec = ModelSpecOfHfConfig(kQwen2);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_TRUE(spec->decoder.has_value());
+  const DecoderSpec& d = *spec->decoder;
+  EXPECT_EQ(d.vocab_size, 151936);
+  EXPECT_EQ(d.hidden_size, 896);
+  EXPECT_EQ(d.intermediate_size, 4864);
+  EXPECT_EQ(d.num_hidden_layers, 24);
+  EXPECT_EQ(d.num_attention_heads, 14);
+  EXPECT_EQ(d.num_key_value_heads, 2);
+  EXPECT_EQ(d.head_dim, 0);  // hidden / heads
+  EXPECT_EQ(d.max_position_embeddings, 32768);
+  EXPECT_EQ(d.rms_norm_eps, 1e-06f);
+  EXPECT_EQ(d.rope_theta, 1000000.0f);
+  EXPECT_EQ(d.rope_scaling.type, RopeType::kDefault);
+  EXPECT_TRUE(d.tie_word_embeddings);
+  EXPECT_TRUE(d.qkv_bias);
+  EXPECT_FALSE(d.o_bias);
+  EXPECT_FALSE(d.lora.has_value());
+  EXPECT_EQ(spec->loss, LossKind::kCrossEntropy);
+  EXPECT_TRUE(ValidateModelSpec(*spec).ok()) << ValidateModelSpec(*spec);
+}
+
+TEST(HfConfig, Llama31ScalesRopeInEitherKeyStyle) {
+  for (const std::string& json :
+       {std::string(kLlama31),
+        // transformers 5.x: rope_parameters holds rope_theta and the scaling.
+        absl::StrReplaceAll(kLlama31, {{R"("rope_theta": 500000.0,)", ""},
+                                       {R"("rope_scaling": {)",
+                                        R"("rope_parameters": {"rope_theta": 500000.0, )"}})}) {
+    absl::StatusOr<ModelSpec> spec = ModelSpecOfHfConfig(json);
+    ASSERT_TRUE(spec.ok()) << spec.status() << json;
+    const DecoderSpec& d = *spec->decoder;
+    EXPECT_EQ(d.head_dim, 64);
+    EXPECT_EQ(d.rope_theta, 500000.0f);
+    EXPECT_EQ(d.rope_scaling.type, RopeType::kLlama3);
+    EXPECT_EQ(d.rope_scaling.factor, 32.0f);
+    EXPECT_EQ(d.rope_scaling.low_freq_factor, 1.0f);
+    EXPECT_EQ(d.rope_scaling.high_freq_factor, 4.0f);
+    EXPECT_EQ(d.rope_scaling.original_max_position_embeddings, 8192);
+    EXPECT_FALSE(d.qkv_bias);
+    EXPECT_FALSE(d.o_bias);
+    EXPECT_TRUE(ValidateModelSpec(*spec).ok()) << ValidateModelSpec(*spec);
+  }
+  absl::StatusOr<ModelSpec> biased = ModelSpecOfHfConfig(
+      absl::StrReplaceAll(kLlama31, {{R"("attention_bias": false)", R"("attention_bias": true)"}}));
+  ASSERT_TRUE(biased.ok()) << biased.status();
+  EXPECT_TRUE(biased->decoder->qkv_bias && biased->decoder->o_bias);
+}
+
+TEST(HfConfig, Qwen3NormsEachQAndKHead) {
+  absl::StatusOr<ModelSpec> spec = ModelSpecOfHfConfig(kQwen3);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const DecoderSpec& d = *spec->decoder;
+  EXPECT_TRUE(d.qk_norm);
+  EXPECT_EQ(d.head_dim, 128);
+  EXPECT_FALSE(d.qkv_bias || d.o_bias);
+  EXPECT_EQ(d.rope_theta, 1000000.0f);
+  EXPECT_TRUE(ValidateModelSpec(*spec).ok()) << ValidateModelSpec(*spec);
+  // Qwen3Config's head_dim defaults to 128, not hidden / heads.
+  absl::StatusOr<ModelSpec> unset =
+      ModelSpecOfHfConfig(absl::StrReplaceAll(kQwen3, {{R"("head_dim": 128,)", ""}}));
+  ASSERT_TRUE(unset.ok()) << unset.status();
+  EXPECT_EQ(unset->decoder->head_dim, 128);
+  // Qwen2 and Llama norm no head.
+  EXPECT_FALSE(ModelSpecOfHfConfig(kQwen2)->decoder->qk_norm);
+}
+
+TEST(HfConfig, Gpt2IsAGpt) {
+  absl::StatusOr<ModelSpec> spec = ModelSpecOfHfConfig(kGpt2);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_TRUE(spec->gpt.has_value());
+  EXPECT_EQ(spec->gpt->d_model, 768);
+  EXPECT_EQ(spec->gpt->context_length, 1024);
+  EXPECT_EQ(spec->gpt->mlp_ratio, 4);  // n_inner null: 4 n_embd
+  EXPECT_TRUE(spec->gpt->tie_embeddings);
+  EXPECT_TRUE(ValidateModelSpec(*spec).ok());
+}
+
+TEST(HfConfig, WhatWouldComputeDifferentlyIsRefusedNamingTheKey) {
+  const struct {
+    const char* base;
+    const char* from;
+    const char* to;
+    const char* key;
+  } cases[] = {
+      {kQwen2, R"("model_type": "qwen2")", R"("model_type": "mistral")", "config.json: model_type"},
+      {kQwen2, R"("hidden_act": "silu")", R"("hidden_act": "gelu")", "config.json: hidden_act"},
+      {kQwen2, R"("use_sliding_window": false)", R"("use_sliding_window": true)",
+       "config.json: use_sliding_window"},
+      {kLlama31, R"("mlp_bias": false)", R"("mlp_bias": true)", "config.json: mlp_bias"},
+      {kQwen3, R"(["full_attention", "full_attention"])",
+       R"(["full_attention", "sliding_attention"])", "config.json: layer_types"},
+      {kQwen3, R"("use_sliding_window": false)", R"("use_sliding_window": true)",
+       "config.json: use_sliding_window"},
+      {kLlama31, R"("rope_type": "llama3")", R"("rope_type": "yarn")",
+       "config.json: rope_scaling.rope_type"},
+      {kLlama31, R"("factor": 32.0,)", "", "config.json: rope_scaling.factor"},
+      {kLlama31, R"("rope_type": "llama3")", R"("rope_type": "linear")",
+       "config.json: rope_scaling.high_freq_factor"},
+      {kQwen2, R"("rope_scaling": null)", R"("partial_rotary_factor": 0.5)",
+       "config.json: partial_rotary_factor"},
+      {kQwen2, R"("hidden_size": 896)", R"("hidden_size": 896.5)", "config.json: hidden_size"},
+      {kQwen2, R"("hidden_size": 896,)", "", "config.json: hidden_size: missing"},
+      {kQwen2, R"("tie_word_embeddings": true)", R"("tie_word_embeddings": 1)",
+       "config.json: tie_word_embeddings"},
+      {kGpt2, R"("activation_function": "gelu_new")", R"("activation_function": "relu")",
+       "config.json: activation_function"},
+      {kGpt2, R"("n_inner": null)", R"("n_inner": 1000)", "config.json: n_inner"},
+      {kGpt2, R"("scale_attn_weights": true)", R"("scale_attn_weights": false)",
+       "config.json: scale_attn_weights"},
+  };
+  for (const auto& c : cases) {
+    const std::string json = absl::StrReplaceAll(c.base, {{c.from, c.to}});
+    ASSERT_NE(json, c.base) << c.from;
+    const std::string message = Refusal(json);
+    EXPECT_TRUE(absl::StartsWith(message, c.key)) << c.key << " vs " << message;
+  }
+  EXPECT_TRUE(absl::StartsWith(Refusal("[1, 2]"), "config.json: ")) << Refusal("[1, 2]");
+  EXPECT_TRUE(
+      absl::StrContains(Refusal(R"({"model_type": "qwen2", "model_type": "llama"})"), "twice"));
+  EXPECT_TRUE(absl::StrContains(Refusal("{\"model_type\": \"qwen2\"} x"), "after the value"));
+}
+
+}  // namespace
+}  // namespace ampd::engine::model
