@@ -204,8 +204,11 @@ struct AttentionKernelConfig {
 // for the step).
 absl::Status ConfigureAttentionForward(const AttentionKernelConfig& config);
 absl::Status ConfigureAttentionBackward(const AttentionKernelConfig& config);
+// options: the score scale and sliding window (kernels/attention_params.h);
+// a windowed call takes the generic kernels.
 absl::Status LaunchAttentionForward(const void* qkv, DType dtype, int64_t batch, int64_t seq,
-                                    int64_t channels, int64_t heads, void* out, float* lse,
+                                    int64_t channels, int64_t heads,
+                                    const AttentionOptions& options, void* out, float* lse,
                                     const AttentionKernelConfig& config, cudaStream_t stream);
 // The decode step against a KV cache (attention_decode.cu): q and out
 // (seqs, heads head_dim), k_cache and v_cache (seqs, t_max, kv_heads
@@ -216,28 +219,33 @@ absl::Status LaunchAttentionForward(const void* qkv, DType dtype, int64_t batch,
 absl::Status LaunchAttentionDecode(const void* q, const void* k_cache, const void* v_cache,
                                    const void* positions, DType dtype, DType pos_dtype,
                                    int64_t seqs, int64_t t_max, int64_t heads, int64_t kv_heads,
-                                   int64_t head_dim, void* out, const AttentionKernelConfig& config,
-                                   cudaStream_t stream);
+                                   int64_t head_dim, const AttentionOptions& options, void* out,
+                                   const AttentionKernelConfig& config, cudaStream_t stream);
 // delta: batch * heads * seq floats of scratch (Delta of the contract).
 absl::Status LaunchAttentionBackward(const void* qkv, const void* out, const void* dout,
                                      const float* lse, DType dtype, int64_t batch, int64_t seq,
-                                     int64_t channels, int64_t heads, void* dqkv, float* delta,
+                                     int64_t channels, int64_t heads,
+                                     const AttentionOptions& options, void* dqkv, float* delta,
                                      const AttentionKernelConfig& config, cudaStream_t stream);
 
 // LayerNorm, or RMSNorm where mean is nullptr (no centring, no beta).
-absl::Status LaunchLayerNormForward(const void* x, DType dtype, const void* gamma, const void* beta,
-                                    DType param_dtype, int64_t rows, int64_t cols, float eps,
-                                    void* y, float* mean, float* rstd, cudaStream_t stream);
+// gamma_offset: the scale is gamma_offset + gamma in fp32 (Gemma's RMSNorm:
+// 1); 0 uses gamma itself.
+absl::Status LaunchLayerNormForward(const void* x, DType dtype, const void* gamma,
+                                    float gamma_offset, const void* beta, DType param_dtype,
+                                    int64_t rows, int64_t cols, float eps, void* y, float* mean,
+                                    float* rstd, cudaStream_t stream);
 // partials: 2 * ColumnSumSlabs(rows, cols) * cols floats of scratch when
 // that count is > 1 and dgamma or dbeta is given, else unused. mean nullptr:
 // RMSNorm's backward (mean 0, no sum(g) term; dbeta nullptr). dgamma and
 // dbeta both nullptr: only the dx kernel runs (a frozen RMSNorm weight, a
 // LayerNorm without affine).
 absl::Status LaunchLayerNormBackward(const void* x, DType dtype, const void* gamma,
-                                     DType gamma_dtype, const float* mean, const float* rstd,
-                                     const void* dy, void* dx, void* dgamma, DType dgamma_dtype,
-                                     void* dbeta, DType dbeta_dtype, int64_t rows, int64_t cols,
-                                     float* partials, cudaStream_t stream);
+                                     DType gamma_dtype, float gamma_offset, const float* mean,
+                                     const float* rstd, const void* dy, void* dx, void* dgamma,
+                                     DType dgamma_dtype, void* dbeta, DType dbeta_dtype,
+                                     int64_t rows, int64_t cols, float* partials,
+                                     cudaStream_t stream);
 
 // src and dst: the first byte of the block in row 0 of each; rows of
 // src_stride and dst_stride bytes; block_bytes copied per row (all
@@ -272,10 +280,12 @@ absl::Status LaunchRope(void* x, DType dtype, int64_t batch, int64_t seq, int64_
                         int64_t heads, int64_t head_dim, const float* inv_freq,
                         const void* positions, DType position_dtype, bool inverse,
                         cudaStream_t stream);
-absl::Status LaunchSiluMulForward(const void* gate, const void* up, void* y, DType dtype, int64_t n,
-                                  cudaStream_t stream);
-absl::Status LaunchSiluMulBackward(const void* gate, const void* up, const void* dy, void* dgate,
-                                   void* dup, DType dtype, int64_t n, cudaStream_t stream);
+// The gated MLP's act(gate) * up and its backward (gated_mul.cu).
+absl::Status LaunchGatedMulForward(GluActivation act, const void* gate, const void* up, void* y,
+                                   DType dtype, int64_t n, cudaStream_t stream);
+absl::Status LaunchGatedMulBackward(GluActivation act, const void* gate, const void* up,
+                                    const void* dy, void* dgate, void* dup, DType dtype, int64_t n,
+                                    cudaStream_t stream);
 
 absl::Status LaunchEmbeddingForward(const void* ids, DType id_dtype, int64_t n, const void* table,
                                     DType dtype, int64_t vocab, int64_t cols, void* out,
