@@ -580,6 +580,35 @@ class Backend {
                                const Tensor& dy, Tensor& dx, Tensor* dweight) {
     return RmsNormBackward(x, weight, 0.0f, rstd, dy, dx, dweight);
   }
+  // RMSNorm per head (Qwen3's q_norm and k_norm, Gemma 3's with the offset
+  // 1): RmsNormForward's arithmetic over each of `heads` consecutive heads
+  // of D = weight.dim(0) columns starting at column `col` of every row of x
+  // (R, W): head h of row r is the columns [col + h D, col + (h + 1) D),
+  // normalised on its own, every head by the same weight (D) with
+  // RmsNormForward's weight_offset. y (R, W), x's dtype and shape, may be
+  // x; only those columns of y are written. rstd (R, heads) F32 for the
+  // backward. (The q and k heads of a fused q|k|v row: one call for the q
+  // heads with q_norm, one for the k heads with k_norm.)
+  virtual absl::Status HeadRmsNormForward(const Tensor& x, int64_t col, int64_t heads,
+                                          const Tensor& weight, float eps, float weight_offset,
+                                          Tensor& y, Tensor& rstd) = 0;
+  absl::Status HeadRmsNormForward(const Tensor& x, int64_t col, int64_t heads, const Tensor& weight,
+                                  float eps, Tensor& y, Tensor& rstd) {
+    return HeadRmsNormForward(x, col, heads, weight, eps, 0.0f, y, rstd);
+  }
+  // RmsNormBackward's arithmetic per head over the same columns: dx's
+  // columns of those heads overwritten (dx may be dy, in place; its other
+  // columns untouched), dweight (D) += the sum over every row's heads of
+  // dy * xhat, in fp32, rounded once; nullptr: frozen, dx alone.
+  virtual absl::Status HeadRmsNormBackward(const Tensor& x, int64_t col, int64_t heads,
+                                           const Tensor& weight, float weight_offset,
+                                           const Tensor& rstd, const Tensor& dy, Tensor& dx,
+                                           Tensor* dweight) = 0;
+  absl::Status HeadRmsNormBackward(const Tensor& x, int64_t col, int64_t heads,
+                                   const Tensor& weight, const Tensor& rstd, const Tensor& dy,
+                                   Tensor& dx, Tensor* dweight) {
+    return HeadRmsNormBackward(x, col, heads, weight, 0.0f, rstd, dy, dx, dweight);
+  }
 
   // ---- rotary position embeddings (Llama/Qwen2 families) --------------------
   // In place on x (B, T, W): the first `heads` heads of head_dim (D, even)

@@ -939,6 +939,52 @@ absl::Status ValidateRmsNormBackward(const Tensor& x, const Tensor& weight, cons
   return CheckParamGrad(kOp, "dweight", dweight, x);
 }
 
+namespace {
+
+// The columns of a per-head norm: x (R, W) float; weight (D) x's dtype,
+// D >= 1; heads >= 1 heads of D from column col, inside W; rstd (R, heads)
+// F32. The products are formed only once each factor is known to fit.
+absl::Status CheckHeadNorm(absl::string_view op, const Tensor& x, int64_t col, int64_t heads,
+                           const Tensor& weight, const Tensor& rstd) {
+  AMPD_RETURN_IF_ERROR(CheckFloat(op, "x", x));
+  AMPD_RETURN_IF_ERROR(CheckRank(op, "x", x, 2));
+  AMPD_RETURN_IF_ERROR(CheckSameDType(op, "weight", weight, "x", x));
+  AMPD_RETURN_IF_ERROR(CheckHasMemory(op, "weight", weight));
+  if (weight.rank() != 1 || weight.dim(0) < 1) {
+    return Expected(op, "weight", weight, "(D) with D >= 1, one head's width");
+  }
+  const int64_t width = x.dim(1);
+  const int64_t d = weight.dim(0);
+  if (col < 0 || col > width || heads < 1 || heads > (width - col) / d) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", heads, " heads of ", d, " from column ", col, " do not fit in x ",
+                     x.DebugString(), "; expected heads >= 1 and col + heads * D <= W"));
+  }
+  AMPD_RETURN_IF_ERROR(CheckDType(op, "rstd", rstd, DType::kF32));
+  return CheckShapeIs(op, "rstd", rstd, {x.dim(0), heads}, "(R, heads)");
+}
+
+}  // namespace
+
+absl::Status ValidateHeadRmsNormForward(const Tensor& x, int64_t col, int64_t heads,
+                                        const Tensor& weight, const Tensor& y, const Tensor& rstd) {
+  constexpr absl::string_view kOp = "HeadRmsNormForward";
+  AMPD_RETURN_IF_ERROR(CheckHeadNorm(kOp, x, col, heads, weight, rstd));
+  return CheckLike(kOp, "y", y, "x", x);
+}
+
+absl::Status ValidateHeadRmsNormBackward(const Tensor& x, int64_t col, int64_t heads,
+                                         const Tensor& weight, const Tensor& rstd, const Tensor& dy,
+                                         const Tensor& dx, const Tensor* dweight) {
+  constexpr absl::string_view kOp = "HeadRmsNormBackward";
+  AMPD_RETURN_IF_ERROR(CheckHeadNorm(kOp, x, col, heads, weight, rstd));
+  AMPD_RETURN_IF_ERROR(CheckLike(kOp, "dy", dy, "x", x));
+  AMPD_RETURN_IF_ERROR(CheckLike(kOp, "dx", dx, "x", x));
+  if (dweight == nullptr) return absl::OkStatus();
+  AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "dweight", *dweight));
+  return CheckShapeIs(kOp, "dweight", *dweight, weight.shape(), "(D), weight's shape");
+}
+
 absl::Status ValidateRope(const Tensor& x, int64_t heads, int64_t head_dim, const Tensor& inv_freq,
                           const Tensor* positions) {
   constexpr absl::string_view kOp = "Rope";

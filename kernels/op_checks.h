@@ -156,6 +156,16 @@ absl::Status ValidateRmsNormBackward(const Tensor& x, const Tensor& weight, cons
                                      const Tensor& dy, const Tensor& dx, const Tensor* dweight);
 // The (offset + w) scale's offset: finite.
 absl::Status ValidateRmsNormOffset(float weight_offset, const char* op);
+// x float (R, W); weight (D) x's dtype, D >= 1; heads >= 1 with
+// col >= 0 and col + heads * D <= W; y x's dtype and shape (may be x);
+// rstd (R, heads) F32.
+absl::Status ValidateHeadRmsNormForward(const Tensor& x, int64_t col, int64_t heads,
+                                        const Tensor& weight, const Tensor& y, const Tensor& rstd);
+// The forward's checks with dy and dx x's dtype and shape (dx may be x or
+// dy); dweight, when given, (D) any float.
+absl::Status ValidateHeadRmsNormBackward(const Tensor& x, int64_t col, int64_t heads,
+                                         const Tensor& weight, const Tensor& rstd, const Tensor& dy,
+                                         const Tensor& dx, const Tensor* dweight);
 
 // ---- rotary position embeddings
 // x float (B, T, W); heads >= 0, head_dim even >= 2, heads * head_dim <= W;

@@ -309,6 +309,18 @@ class CpuBackend final : public Backend {
                                Tensor* dweight) override {
     return cpu::RmsNormBackward(x, weight, weight_offset, rstd, dy, dx, dweight);
   }
+  using Backend::HeadRmsNormBackward;
+  using Backend::HeadRmsNormForward;
+  absl::Status HeadRmsNormForward(const Tensor& x, int64_t col, int64_t heads, const Tensor& weight,
+                                  float eps, float weight_offset, Tensor& y,
+                                  Tensor& rstd) override {
+    return cpu::HeadRmsNormForward(x, col, heads, weight, eps, weight_offset, y, rstd);
+  }
+  absl::Status HeadRmsNormBackward(const Tensor& x, int64_t col, int64_t heads,
+                                   const Tensor& weight, float weight_offset, const Tensor& rstd,
+                                   const Tensor& dy, Tensor& dx, Tensor* dweight) override {
+    return cpu::HeadRmsNormBackward(x, col, heads, weight, weight_offset, rstd, dy, dx, dweight);
+  }
 
   absl::Status ExpandKvHeads(const Tensor& src, int64_t heads, int64_t kv_heads,
                              Tensor& dst) override {

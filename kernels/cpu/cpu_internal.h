@@ -218,6 +218,31 @@ absl::Status RmsNormForward(const Tensor& x, const Tensor& weight, float eps, fl
                             Tensor& y, Tensor& rstd);
 absl::Status RmsNormBackward(const Tensor& x, const Tensor& weight, float weight_offset,
                              const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor* dweight);
+// RMSNorm per head, the same code over the heads' columns (NormRows).
+absl::Status HeadRmsNormForward(const Tensor& x, int64_t col, int64_t heads, const Tensor& weight,
+                                float eps, float weight_offset, Tensor& y, Tensor& rstd);
+absl::Status HeadRmsNormBackward(const Tensor& x, int64_t col, int64_t heads, const Tensor& weight,
+                                 float weight_offset, const Tensor& rstd, const Tensor& dy,
+                                 Tensor& dx, Tensor* dweight);
+
+// The rows the norms normalise, `count` rows of `width` elements each:
+// row i starts at element (i / per_row) * stride + offset + (i % per_row)
+// * width of x (and of y, dy, dx alike), and its statistics sit at index
+// i. A plain (N, C) tensor is N rows of C, per_row 1, stride C, offset 0;
+// the heads of a per-head norm are per_row heads of D from column offset
+// of rows of stride W, their statistics (R, heads).
+struct NormRows {
+  int64_t count = 0;
+  int64_t width = 0;
+  int64_t per_row = 1;
+  int64_t stride = 0;
+  int64_t offset = 0;
+  static NormRows Plain(const Tensor& x) { return {x.dim(0), x.dim(1), 1, x.dim(1), 0}; }
+  static NormRows Heads(const Tensor& x, int64_t col, int64_t heads, int64_t head_dim) {
+    return {x.dim(0) * heads, head_dim, heads, x.dim(1), col};
+  }
+  int64_t Start(int64_t i) const { return (i / per_row) * stride + offset + (i % per_row) * width; }
+};
 // kv_heads.cc
 absl::Status ExpandKvHeads(ThreadPool& pool, const Tensor& src, int64_t heads, int64_t kv_heads,
                            Tensor& dst);

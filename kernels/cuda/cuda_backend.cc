@@ -591,7 +591,8 @@ class CudaBackend final : public Backend {
     AMPD_ENTER_DEVICE();
     return LaunchLayerNormForward(x.data(), x.dtype(), gamma ? gamma->data() : nullptr, 0.0f,
                                   beta ? beta->data() : nullptr, x.dtype(), x.dim(0), x.dim(1), eps,
-                                  y.data(), mean.data_as<float>(), rstd.data_as<float>(), stream());
+                                  y.data(), mean.data_as<float>(), rstd.data_as<float>(), stream(),
+                                  NormRows::Plain(x.dim(1)));
   }
 
   absl::Status LayerNormBackward(const Tensor& x, const Tensor* gamma, const Tensor& mean,
@@ -611,7 +612,7 @@ class CudaBackend final : public Backend {
         mean.data_as<float>(), rstd.data_as<float>(), dy.data(), dx.data(),
         dgamma ? dgamma->data() : nullptr, dgamma ? dgamma->dtype() : DType::kF32,
         dbeta ? dbeta->data() : nullptr, dbeta ? dbeta->dtype() : DType::kF32, x.dim(0), x.dim(1),
-        partials, stream());
+        partials, stream(), NormRows::Plain(x.dim(1)));
   }
 
   using Backend::RmsNormBackward;
@@ -623,7 +624,7 @@ class CudaBackend final : public Backend {
     AMPD_ENTER_DEVICE();
     return LaunchLayerNormForward(x.data(), x.dtype(), weight.data(), weight_offset, nullptr,
                                   x.dtype(), x.dim(0), x.dim(1), eps, y.data(), nullptr,
-                                  rstd.data_as<float>(), stream());
+                                  rstd.data_as<float>(), stream(), NormRows::Plain(x.dim(1)));
   }
 
   absl::Status RmsNormBackward(const Tensor& x, const Tensor& weight, float weight_offset,
@@ -641,11 +642,48 @@ class CudaBackend final : public Backend {
                             Scratch(static_cast<size_t>(2 * slabs * x.dim(1)) * sizeof(float)));
       partials = static_cast<float*>(scratch);
     }
+    return LaunchLayerNormBackward(
+        x.data(), x.dtype(), weight.data(), x.dtype(), weight_offset, nullptr,
+        rstd.data_as<float>(), dy.data(), dx.data(), dweight ? dweight->data() : nullptr,
+        dweight ? dweight->dtype() : DType::kF32, nullptr, DType::kF32, x.dim(0), x.dim(1),
+        partials, stream(), NormRows::Plain(x.dim(1)));
+  }
+
+  // The RMSNorm kernels over each head's columns: R x heads rows of D.
+  using Backend::HeadRmsNormBackward;
+  using Backend::HeadRmsNormForward;
+  absl::Status HeadRmsNormForward(const Tensor& x, int64_t col, int64_t heads, const Tensor& weight,
+                                  float eps, float weight_offset, Tensor& y,
+                                  Tensor& rstd) override {
+    AMPD_RETURN_IF_ERROR(ValidateHeadRmsNormForward(x, col, heads, weight, y, rstd));
+    AMPD_RETURN_IF_ERROR(ValidateRmsNormOffset(weight_offset, "HeadRmsNormForward"));
+    AMPD_ENTER_DEVICE();
+    const int64_t d = weight.dim(0);
+    return LaunchLayerNormForward(x.data(), x.dtype(), weight.data(), weight_offset, nullptr,
+                                  x.dtype(), x.dim(0) * heads, d, eps, y.data(), nullptr,
+                                  rstd.data_as<float>(), stream(), NormRows{heads, x.dim(1), col});
+  }
+
+  absl::Status HeadRmsNormBackward(const Tensor& x, int64_t col, int64_t heads,
+                                   const Tensor& weight, float weight_offset, const Tensor& rstd,
+                                   const Tensor& dy, Tensor& dx, Tensor* dweight) override {
+    AMPD_RETURN_IF_ERROR(ValidateHeadRmsNormBackward(x, col, heads, weight, rstd, dy, dx, dweight));
+    AMPD_RETURN_IF_ERROR(ValidateRmsNormOffset(weight_offset, "HeadRmsNormBackward"));
+    AMPD_ENTER_DEVICE();
+    const int64_t rows = x.dim(0) * heads;
+    const int64_t d = weight.dim(0);
+    const int64_t slabs = ColumnSumSlabs(rows, d);
+    float* partials = nullptr;  // (2, slabs, D): dweight's sums (the second half unused)
+    if (slabs > 1 && dweight != nullptr) {
+      AMPD_ASSIGN_OR_RETURN(void* scratch,
+                            Scratch(static_cast<size_t>(2 * slabs * d) * sizeof(float)));
+      partials = static_cast<float*>(scratch);
+    }
     return LaunchLayerNormBackward(x.data(), x.dtype(), weight.data(), x.dtype(), weight_offset,
                                    nullptr, rstd.data_as<float>(), dy.data(), dx.data(),
                                    dweight ? dweight->data() : nullptr,
                                    dweight ? dweight->dtype() : DType::kF32, nullptr, DType::kF32,
-                                   x.dim(0), x.dim(1), partials, stream());
+                                   rows, d, partials, stream(), NormRows{heads, x.dim(1), col});
   }
 
   // ---- grouped-query K/V heads --------------------------------------------------

@@ -228,24 +228,52 @@ absl::Status LaunchAttentionBackward(const void* qkv, const void* out, const voi
                                      const AttentionOptions& options, void* dqkv, float* delta,
                                      const AttentionKernelConfig& config, cudaStream_t stream);
 
-// LayerNorm, or RMSNorm where mean is nullptr (no centring, no beta).
+#if defined(__CUDACC__)
+#define AMPD_NORM_ROWS_HD __host__ __device__
+#else
+#define AMPD_NORM_ROWS_HD
+#endif
+// Where the norms' rows of `cols` elements lie in x (and y, dy, dx alike):
+// row i starts at element (i / per_row) * stride + offset + (i % per_row)
+// * cols; its statistics sit at index i. A plain (rows, cols) tensor is
+// Plain(cols); the heads of a per-head RMSNorm (HeadRmsNorm) are per_row
+// heads of D = cols columns from column offset of rows of stride W, their
+// statistics (R, heads).
+struct NormRows {
+  int64_t per_row = 1;
+  int64_t stride = 0;
+  int64_t offset = 0;
+  static NormRows Plain(int64_t cols) { return {1, cols, 0}; }
+  AMPD_NORM_ROWS_HD int64_t Start(int64_t i, int64_t cols) const {
+    // A plain tensor's rows skip the 64-bit division (the column-sum
+    // kernels ask once per row per thread).
+    if (per_row == 1) return i * stride + offset;
+    return (i / per_row) * stride + offset + (i % per_row) * cols;
+  }
+  // Every row starts at a multiple of n elements (given cols % n == 0).
+  bool StartsAligned(int64_t n) const { return stride % n == 0 && offset % n == 0; }
+};
+#undef AMPD_NORM_ROWS_HD
+
+// LayerNorm, or RMSNorm where mean is nullptr (no centring, no beta), over
+// `rows` rows of `cols` at `at`.
 // gamma_offset: the scale is gamma_offset + gamma in fp32 (Gemma's RMSNorm:
 // 1); 0 uses gamma itself.
 absl::Status LaunchLayerNormForward(const void* x, DType dtype, const void* gamma,
                                     float gamma_offset, const void* beta, DType param_dtype,
                                     int64_t rows, int64_t cols, float eps, void* y, float* mean,
-                                    float* rstd, cudaStream_t stream);
+                                    float* rstd, cudaStream_t stream, NormRows at);
 // partials: 2 * ColumnSumSlabs(rows, cols) * cols floats of scratch when
 // that count is > 1 and dgamma or dbeta is given, else unused. mean nullptr:
 // RMSNorm's backward (mean 0, no sum(g) term; dbeta nullptr). dgamma and
 // dbeta both nullptr: only the dx kernel runs (a frozen RMSNorm weight, a
-// LayerNorm without affine).
+// LayerNorm without affine). Rows at `at`, as the forward's.
 absl::Status LaunchLayerNormBackward(const void* x, DType dtype, const void* gamma,
                                      DType gamma_dtype, float gamma_offset, const float* mean,
                                      const float* rstd, const void* dy, void* dx, void* dgamma,
                                      DType dgamma_dtype, void* dbeta, DType dbeta_dtype,
                                      int64_t rows, int64_t cols, float* partials,
-                                     cudaStream_t stream);
+                                     cudaStream_t stream, NormRows at);
 
 // src and dst: the first byte of the block in row 0 of each; rows of
 // src_stride and dst_stride bytes; block_bytes copied per row (all

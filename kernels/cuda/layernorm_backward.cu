@@ -14,7 +14,9 @@
 // kernels run before the dx kernel, so dx may alias x or dy. Templates per dtype; rows of a
 // multiple of the vector width move 16 bytes per access, in orders of addition that give the
 // element-by-element loops' bits (ForEachOwnColumn, and each column's rows
-// in the same order).
+// in the same order). The rows lie where NormRows says (launchers.h): a
+// plain tensor's, or the heads of fused q|k|v rows for the per-head
+// RMSNorm, whose weight gradient sums every row's heads as rows.
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/launchers.h"
@@ -36,8 +38,8 @@ template <typename T>
 __global__ void layernorm_backward_dx_kernel(const T* x, const T* gamma, float gamma_offset,
                                              const float* mean, const float* rstd, const T* dy,
                                              T* dx, int64_t rows, int64_t cols, float inv_cols,
-                                             bool vectorized) {
-  // x, dy, dx: (rows, cols); gamma: (cols) or nullptr; mean, rstd: (rows).
+                                             bool vectorized, NormRows at) {
+  // x, dy, dx: rows of cols at `at`; gamma: (cols) or nullptr; mean, rstd: (rows).
   // The row sums go through ForEachOwnColumn (each lane's order of
   // additions kept, 16-byte loads when vectorized); the output is
   // elementwise.
@@ -47,9 +49,9 @@ __global__ void layernorm_backward_dx_kernel(const T* x, const T* gamma, float g
   const int warp = threadIdx.x >> 5;
   const int64_t row = blockIdx.x * int64_t{kWarpsPerBlock} + warp;
   if (row >= rows) return;  // the whole warp: rows are per warp
-  const T* xr = x + row * cols;
-  const T* dyr = dy + row * cols;
-  T* dxr = dx + row * cols;
+  const T* xr = x + at.Start(row, cols);
+  const T* dyr = dy + at.Start(row, cols);
+  T* dxr = dx + at.Start(row, cols);
   const bool centre = mean != nullptr;  // false: RMSNorm
   const float mu = centre ? mean[row] : 0.0f;
   const float rs = rstd[row];
@@ -105,7 +107,8 @@ template <typename T, int N>
 __global__ void layernorm_backward_params_kernel(const T* x, const float* mean, const float* rstd,
                                                  const T* dy, int64_t rows_per_slab, void* dgamma,
                                                  DType dgamma_dtype, void* dbeta, DType dbeta_dtype,
-                                                 int64_t rows, int64_t cols, float* partials) {
+                                                 int64_t rows, int64_t cols, float* partials,
+                                                 NormRows at) {
   // partials (2, gridDim.y, cols) when gridDim.y > 1: dgamma's slabs, then dbeta's
   __shared__ float partial_gamma[kRowSplit][N][kColsPerBlock];  // [y][column in group][x]
   __shared__ float partial_beta[kRowSplit][N][kColsPerBlock];
@@ -116,8 +119,8 @@ __global__ void layernorm_backward_params_kernel(const T* x, const float* mean, 
   float sum_beta[N] = {};
   if (c0 < cols) {
     for (int64_t r = r_begin + threadIdx.y; r < r_end; r += kRowSplit) {
-      const Vec<T, N> gs = LoadVec<N>(dy, r * cols + c0);
-      const Vec<T, N> xs = LoadVec<N>(x, r * cols + c0);
+      const Vec<T, N> gs = LoadVec<N>(dy, at.Start(r, cols) + c0);
+      const Vec<T, N> xs = LoadVec<N>(x, at.Start(r, cols) + c0);
       const float mu = mean != nullptr ? mean[r] : 0.0f;
       const float rs = rstd[r];
 #pragma unroll
@@ -177,13 +180,13 @@ template <typename T, int N>
 absl::Status LaunchParams(const T* x, const float* mean, const float* rstd, const T* dy,
                           int64_t rows_per_slab, int64_t slabs, void* dgamma, DType dgamma_dtype,
                           void* dbeta, DType dbeta_dtype, int64_t rows, int64_t cols,
-                          float* partials, cudaStream_t stream) {
+                          float* partials, cudaStream_t stream, NormRows at) {
   const int64_t groups = (cols + N - 1) / N;
   const dim3 grid(static_cast<unsigned>((groups + kColsPerBlock - 1) / kColsPerBlock),
                   static_cast<unsigned>(slabs));
   layernorm_backward_params_kernel<T, N><<<grid, dim3(kColsPerBlock, kRowSplit), 0, stream>>>(
       x, mean, rstd, dy, rows_per_slab, dgamma, dgamma_dtype, dbeta, dbeta_dtype, rows, cols,
-      partials);
+      partials, at);
   AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }
@@ -195,7 +198,7 @@ absl::Status LaunchLayerNormBackward(const void* x, DType dtype, const void* gam
                                      const float* rstd, const void* dy, void* dx, void* dgamma,
                                      DType dgamma_dtype, void* dbeta, DType dbeta_dtype,
                                      int64_t rows, int64_t cols, float* partials,
-                                     cudaStream_t stream) {
+                                     cudaStream_t stream, NormRows at) {
   if (rows == 0 || cols == 0) return absl::OkStatus();
   if (gamma != nullptr && gamma_dtype != dtype) {
     return absl::InternalError("LaunchLayerNormBackward: gamma must have x's dtype");
@@ -213,12 +216,12 @@ absl::Status LaunchLayerNormBackward(const void* x, DType dtype, const void* gam
       constexpr int N = VecWidth<T>();
       const T* xt = static_cast<const T*>(x);
       const T* dyt = static_cast<const T*>(dy);
-      if (cols % N == 0 && VecAligned<N>(xt) && VecAligned<N>(dyt)) {
+      if (cols % N == 0 && at.StartsAligned(N) && VecAligned<N>(xt) && VecAligned<N>(dyt)) {
         return LaunchParams<T, N>(xt, mean, rstd, dyt, rows_per_slab, slabs, dgamma, dgamma_dtype,
-                                  dbeta, dbeta_dtype, rows, cols, partials, stream);
+                                  dbeta, dbeta_dtype, rows, cols, partials, stream, at);
       }
       return LaunchParams<T, 1>(xt, mean, rstd, dyt, rows_per_slab, slabs, dgamma, dgamma_dtype,
-                                dbeta, dbeta_dtype, rows, cols, partials, stream);
+                                dbeta, dbeta_dtype, rows, cols, partials, stream, at);
     });
     if (!summed.ok()) return summed;
     if (slabs > 1) {
@@ -237,10 +240,10 @@ absl::Status LaunchLayerNormBackward(const void* x, DType dtype, const void* gam
     const T* gt = static_cast<const T*>(gamma);
     const T* dyt = static_cast<const T*>(dy);
     T* dxt = static_cast<T*>(dx);
-    const bool vectorized = cols % N == 0 && VecAligned<N>(xt) && VecAligned<N>(gt) &&
-                            VecAligned<N>(dyt) && VecAligned<N>(dxt);
+    const bool vectorized = cols % N == 0 && at.StartsAligned(N) && VecAligned<N>(xt) &&
+                            VecAligned<N>(gt) && VecAligned<N>(dyt) && VecAligned<N>(dxt);
     layernorm_backward_dx_kernel<T><<<row_grid, kThreads, 0, stream>>>(
-        xt, gt, gamma_offset, mean, rstd, dyt, dxt, rows, cols, inv_cols, vectorized);
+        xt, gt, gamma_offset, mean, rstd, dyt, dxt, rows, cols, inv_cols, vectorized, at);
     AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();
     return absl::OkStatus();
   });

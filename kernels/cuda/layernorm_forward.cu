@@ -6,7 +6,9 @@
 //   y = (x - mean) * rstd * gamma + beta
 // (gamma_offset + gamma where an RMSNorm has an offset: Gemma's 1 + w)
 // RMSNorm (mean == nullptr) skips the first pass: mean 0, no beta, so the
-// second pass sums x^2, as the CPU oracle does.
+// second pass sums x^2, as the CPU oracle does. The rows lie where NormRows
+// says (launchers.h): a plain tensor's, or each head of a fused q|k|v row
+// for the per-head RMSNorm (Qwen3's q_norm, k_norm), the same kernel.
 // A template per dtype. Rows whose length is a multiple of the vector width
 // (and aligned operands) move 16 bytes per access: the sums through
 // ForEachOwnColumn, which keeps each lane's order of additions, so the
@@ -39,16 +41,16 @@ __device__ __forceinline__ float Normalise(float x, float mu, float rs, const T*
 template <typename T>
 __global__ void layernorm_forward_kernel(const T* x, const T* gamma, float gamma_offset,
                                          const T* beta, int64_t rows, int64_t cols, float eps, T* y,
-                                         float* mean, float* rstd, bool vectorized) {
-  // x, y: (rows, cols); gamma, beta: (cols) or nullptr; mean, rstd: (rows)
+                                         float* mean, float* rstd, bool vectorized, NormRows at) {
+  // x, y: rows of cols at `at`; gamma, beta: (cols) or nullptr; mean, rstd: (rows)
   constexpr int N = VecWidth<T>();
   __shared__ float stage[kWarpsPerBlock][32 * N];
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int64_t row = blockIdx.x * int64_t{kWarpsPerBlock} + warp;
   if (row >= rows) return;  // the whole warp: rows are per warp
-  const T* xr = x + row * cols;
-  T* yr = y + row * cols;
+  const T* xr = x + at.Start(row, cols);
+  T* yr = y + at.Start(row, cols);
   float mu = 0.0f;        // RMSNorm: no centring
   if (mean != nullptr) {  // the same for the whole warp
     float sum = 0.0f;
@@ -96,7 +98,7 @@ __global__ void layernorm_forward_kernel(const T* x, const T* gamma, float gamma
 absl::Status LaunchLayerNormForward(const void* x, DType dtype, const void* gamma,
                                     float gamma_offset, const void* beta, DType param_dtype,
                                     int64_t rows, int64_t cols, float eps, void* y, float* mean,
-                                    float* rstd, cudaStream_t stream) {
+                                    float* rstd, cudaStream_t stream, NormRows at) {
   if (rows == 0) return absl::OkStatus();
   if ((gamma != nullptr || beta != nullptr) && param_dtype != dtype) {
     return absl::InternalError("LaunchLayerNormForward: gamma and beta must have x's dtype");
@@ -109,10 +111,10 @@ absl::Status LaunchLayerNormForward(const void* x, DType dtype, const void* gamm
     const T* gt = static_cast<const T*>(gamma);
     const T* bt = static_cast<const T*>(beta);
     T* yt = static_cast<T*>(y);
-    const bool vectorized = cols % N == 0 && VecAligned<N>(xt) && VecAligned<N>(gt) &&
-                            VecAligned<N>(bt) && VecAligned<N>(yt);
+    const bool vectorized = cols % N == 0 && at.StartsAligned(N) && VecAligned<N>(xt) &&
+                            VecAligned<N>(gt) && VecAligned<N>(bt) && VecAligned<N>(yt);
     layernorm_forward_kernel<T><<<grid, kThreads, 0, stream>>>(xt, gt, gamma_offset, bt, rows, cols,
-                                                               eps, yt, mean, rstd, vectorized);
+                                                               eps, yt, mean, rstd, vectorized, at);
     AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();
     return absl::OkStatus();
   });

@@ -1568,6 +1568,156 @@ void AddRmsNormCases(std::vector<OpCase>& cases) {
   }
 }
 
+// ---- RMSNorm per head (Qwen3's q_norm / k_norm) ----
+// Fused rows (R, W) whose heads [col, col + heads D) are normalised each on
+// its own: the q heads of a q|k|v row from column 0 (D 24, whose 16-byte
+// vectors CUDA loads), and k heads from an odd column (D 20 from column
+// 100 of rows of 150: no vector fits). in_place: y is x (the decoder's
+// use); otherwise y starts as NaN and every column outside the heads must
+// stay so. The backward writes dx over dy, whose other columns must keep
+// their values.
+void AddHeadRmsNormCases(std::vector<OpCase>& cases) {
+  struct Layout {
+    const char* name;
+    int64_t rows, width, col, heads, d;
+    float offset;  // Gemma 3's q_norm and k_norm scale by 1 + w
+  };
+  const Layout layouts[] = {{"q_heads", 37, 192, 0, 4, 24, 0.0f},
+                            {"k_heads_odd", 29, 150, 100, 2, 20, 0.0f},
+                            {"k_heads_offset1", 29, 150, 100, 2, 20, 1.0f}};
+  const float eps = 1e-6f;
+  for (const Layout& at : layouts) {
+    for (DType dt : kFloatDTypes) {
+      const std::string variant = absl::StrCat(at.name, "_", Lower(dt));
+      const int64_t rows = at.rows, width = at.width, col = at.col, heads = at.heads, d = at.d;
+      const float offset = at.offset;
+      const double w_lo = offset != 0.0f ? -0.5 : 0.5, w_hi = offset != 0.0f ? 0.5 : 1.5;
+      // (R, heads) in double from x.
+      auto ref_rstd = [=](const HostTensor& x) {
+        std::vector<double> rstd;
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t h = 0; h < heads; ++h) {
+            double sq = 0;
+            for (int64_t c = 0; c < d; ++c) {
+              const double v = x.values[static_cast<size_t>(r * width + col + h * d + c)];
+              sq += v * v;
+            }
+            rstd.push_back(1.0 / std::sqrt(sq / static_cast<double>(d) + eps));
+          }
+        }
+        return rstd;
+      };
+      for (bool in_place : {true, false}) {
+        cases.push_back(
+            {"HeadRmsNormForward", in_place ? variant + "_in_place" : variant, [=] {
+               const HostTensor x = Random(dt, {rows, width}, 64, -2, 2);
+               const HostTensor w = Random(dt, {d}, 65, w_lo, w_hi);
+               CaseFns f;
+               f.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+                 Io io(be);
+                 AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(x));
+                 AMPD_ASSIGN_OR_RETURN(Tensor tw, io.Upload(w));
+                 AMPD_ASSIGN_OR_RETURN(Tensor ty, io.Unwritten(dt, x.shape));
+                 AMPD_ASSIGN_OR_RETURN(Tensor tr, io.Unwritten(DType::kF32, {rows, heads}));
+                 AMPD_RETURN_IF_ERROR(be.HeadRmsNormForward(tx, col, heads, tw, eps, offset,
+                                                            in_place ? tx : ty, tr));
+                 AMPD_RETURN_IF_ERROR(io.Read("rstd", tr, {1e-5, 1e-6}));
+                 AMPD_RETURN_IF_ERROR(
+                     io.Read("y", in_place ? tx : ty, DeviceElementwise(dt) + Tol{0, 1e-5}));
+                 return io.Take();
+               };
+               f.reference = [=] {
+                 const std::vector<double> rstd = ref_rstd(x);
+                 std::vector<double> y(in_place ? x.values
+                                                : std::vector<double>(x.values.size(), NAN));
+                 for (int64_t r = 0; r < rows; ++r) {
+                   for (int64_t h = 0; h < heads; ++h) {
+                     for (int64_t c = 0; c < d; ++c) {
+                       const auto i = static_cast<size_t>(r * width + col + h * d + c);
+                       y[i] = x.values[i] * rstd[static_cast<size_t>(r * heads + h)] *
+                              (offset + w.values[static_cast<size_t>(c)]);
+                     }
+                   }
+                 }
+                 // As RmsNormForward's, over sums of D squares.
+                 return Outputs{{"rstd", rstd, Tol{2e-5, 0}},
+                                {"y", y, Ulps(dt, 1) + Tol{2e-5, 4e-5}}};
+               };
+               return f;
+             }});
+      }
+      // frozen: dweight nullptr (a LoRA job's frozen q_norm), dx alone.
+      for (bool frozen : {false, true}) {
+        cases.push_back(
+            {"HeadRmsNormBackward", frozen ? variant + "_frozen" : variant, [=] {
+               const HostTensor x = Random(dt, {rows, width}, 64, -2, 2);
+               const HostTensor w = Random(dt, {d}, 65, w_lo, w_hi);
+               const HostTensor dy = Random(dt, {rows, width}, 66, -1, 1);
+               const HostTensor pw = Random(dt, {d}, 67, -1, 1);
+               HostTensor rstd{DType::kF32, {rows, heads}, {}};
+               for (double v : ref_rstd(x)) rstd.values.push_back(F32(v));
+               CaseFns b;
+               b.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+                 Io io(be);
+                 AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(x));
+                 AMPD_ASSIGN_OR_RETURN(Tensor tw, io.Upload(w));
+                 AMPD_ASSIGN_OR_RETURN(Tensor tr, io.Upload(rstd));
+                 AMPD_ASSIGN_OR_RETURN(Tensor tdy, io.Upload(dy));  // dx in place
+                 AMPD_ASSIGN_OR_RETURN(Tensor tdw, io.Upload(pw));
+                 AMPD_RETURN_IF_ERROR(be.HeadRmsNormBackward(tx, col, heads, tw, offset, tr, tdy,
+                                                             tdy, frozen ? nullptr : &tdw));
+                 const Tol tol = DeviceElementwise(dt) + Tol{0, 1e-5 + rows * heads * 1e-6};
+                 AMPD_RETURN_IF_ERROR(io.Read("dx", tdy, tol));
+                 if (!frozen) {
+                   AMPD_RETURN_IF_ERROR(io.Read("dweight", tdw, tol));
+                 } else {
+                   // dx does not depend on whether dweight is formed.
+                   AMPD_ASSIGN_OR_RETURN(Tensor again, io.Upload(dy));
+                   AMPD_RETURN_IF_ERROR(
+                       be.HeadRmsNormBackward(tx, col, heads, tw, offset, tr, again, again, &tdw));
+                   AMPD_ASSIGN_OR_RETURN(std::vector<double> without, io.Values(tdy));
+                   AMPD_ASSIGN_OR_RETURN(std::vector<double> with, io.Values(again));
+                   io.Add("dx the same with dweight", {without == with ? 1.0 : 0.0}, kBitwise);
+                 }
+                 return io.Take();
+               };
+               b.reference = [=] {
+                 std::vector<double> dx(dy.values), dw(pw.values);
+                 for (int64_t r = 0; r < rows; ++r) {
+                   for (int64_t h = 0; h < heads; ++h) {
+                     const double rs = rstd.values[static_cast<size_t>(r * heads + h)];
+                     const int64_t start = r * width + col + h * d;
+                     double sum_gx = 0;
+                     for (int64_t c = 0; c < d; ++c) {
+                       const auto i = static_cast<size_t>(start + c);
+                       const double xhat = x.values[i] * rs;
+                       sum_gx += dy.values[i] * (offset + w.values[static_cast<size_t>(c)]) * xhat;
+                       dw[static_cast<size_t>(c)] += dy.values[i] * xhat;
+                     }
+                     for (int64_t c = 0; c < d; ++c) {
+                       const auto i = static_cast<size_t>(start + c);
+                       const double g = dy.values[i] * (offset + w.values[static_cast<size_t>(c)]);
+                       dx[i] = rs * (g - x.values[i] * rs * sum_gx / static_cast<double>(d));
+                     }
+                   }
+                 }
+                 // As RmsNormBackward's: dweight sums R x heads terms below 2.
+                 Outputs out{{"dx", dx, Ulps(dt, 1) + Tol{16 * kU32, 1e-5}}};
+                 if (!frozen) {
+                   out.push_back(
+                       {"dweight", dw, Ulps(dt, 1) + Tol{0, 8 * 2 * rows * heads * kU32}});
+                 } else {
+                   out.push_back({"dx the same with dweight", {1.0}, kBitwise});
+                 }
+                 return out;
+               };
+               return b;
+             }});
+      }
+    }
+  }
+}
+
 // ---- grouped-query K/V heads ----
 void AddKvHeadsCases(std::vector<OpCase>& cases) {
   // 6 query heads sharing 2 K/V heads (groups of 3) of 5 channels.
@@ -2848,6 +2998,7 @@ const std::vector<OpCase>& AllCases() {
     AddActivationCases(*all);
     AddLayerNormCases(*all);
     AddRmsNormCases(*all);
+    AddHeadRmsNormCases(*all);
     AddKvHeadsCases(*all);
     AddRopeCases(*all);
     AddGatedMulCases(*all);

@@ -265,6 +265,20 @@ TEST_F(CpuDecoderOpsTest, RefusesBadOperandsNamingThem) {
   ExpectInvalidNaming(be_->RmsNormBackward(x, w_bad, r, x, y, nullptr), "weight");
   ExpectInvalidNaming(be_->RmsNormBackward(x, w, r_bad, x, y, nullptr), "rstd");
 
+  // The per-head norm: heads of (4) in rows of 8, from column col.
+  Tensor hw = Filled(DType::kF16, {4}, 1);
+  Tensor hr = Filled(DType::kF32, {4, 2}, 0);
+  EXPECT_TRUE(be_->HeadRmsNormForward(x, 0, 2, hw, 1e-6f, x, hr).ok());              // in place
+  ExpectInvalidNaming(be_->HeadRmsNormForward(x, 2, 2, hw, 1e-6f, y, hr), "heads");  // 2 + 8 > 8
+  ExpectInvalidNaming(be_->HeadRmsNormForward(x, 0, 0, hw, 1e-6f, y, hr), "heads");
+  ExpectInvalidNaming(be_->HeadRmsNormForward(x, -1, 1, hw, 1e-6f, y, hr), "column");
+  ExpectInvalidNaming(be_->HeadRmsNormForward(x, 0, 2, w_f32, 1e-6f, y, hr), "weight");
+  ExpectInvalidNaming(be_->HeadRmsNormForward(x, 0, 2, hw, 1e-6f, y, r),
+                      "rstd");  // (4), not (4, 2)
+  ExpectInvalidNaming(be_->HeadRmsNormForward(x, 0, 2, hw, 1e-6f, w, hr), "y");
+  ExpectInvalidNaming(be_->HeadRmsNormBackward(x, 0, 2, hw, hr, x, y, &dw_bad), "dweight");
+  ExpectInvalidNaming(be_->HeadRmsNormBackward(x, 0, 2, hw, hr, w, y, nullptr), "dy");
+
   Tensor q = Filled(DType::kBF16, {2, 3, 12}, 1);
   Tensor f = Filled(DType::kF32, {2}, 1);
   Tensor f_bad = Filled(DType::kF32, {3}, 1);
