@@ -149,6 +149,7 @@ absl::Status DecoderFromProto(const v1::Decoder& proto, absl::string_view field_
   d->tie_word_embeddings = proto.tie_word_embeddings();
   d->qkv_bias = proto.qkv_bias();
   d->o_bias = proto.o_bias();
+  d->qk_norm = proto.qk_norm();
   if (proto.has_rope_scaling()) {
     AMPD_RETURN_IF_ERROR(
         RopeScalingFromProto(proto.rope_scaling(), field_prefix, &d->rope_scaling));
@@ -327,6 +328,7 @@ v1::ModelSpec ModelSpecToProto(const model::ModelSpec& spec) {
     out->set_initializer_range(d.initializer_range);
     out->set_qkv_bias(d.qkv_bias);
     out->set_o_bias(d.o_bias);
+    out->set_qk_norm(d.qk_norm);
     if (d.rope_scaling.type != model::RopeType::kDefault) {
       v1::RopeScaling* r = out->mutable_rope_scaling();
       r->set_rope_type(d.rope_scaling.type == model::RopeType::kLinear ? v1::ROPE_TYPE_LINEAR

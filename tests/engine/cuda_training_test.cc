@@ -81,6 +81,17 @@ JobConfig DecoderJob(model::Precision precision) {
   return config;
 }
 
+// A Qwen3-style decoder: the per-head q/k norm (HeadRmsNorm on the fused
+// rows, forward and backward), heads of 32 where hidden / heads is 16, no
+// biases.
+JobConfig Qwen3DecoderJob(model::Precision precision) {
+  JobConfig config = DecoderJob(precision);
+  config.model.decoder->qkv_bias = false;
+  config.model.decoder->qk_norm = true;
+  config.model.decoder->head_dim = 32;
+  return config;
+}
+
 // The decoder above fine-tuned through LoRA adapters on every projection
 // (the stacked q|k|v adapters' block-diagonal B among them), its base
 // frozen in the working dtype and drawn wide enough (std 0.3) that the
@@ -223,6 +234,23 @@ TEST_P(CudaTraining, DecoderLossCurveMatchesTheCpuBackend) {
   EXPECT_LT(cpu.loss.back(), 0.7f * cpu.loss.front());
 }
 
+// The Qwen3-style decoder on CUDA against the CPU oracle, step by step: the
+// per-head norms of q and k and their weights' gradients.
+TEST_P(CudaTraining, Qwen3DecoderLossCurveMatchesTheCpuBackend) {
+  const JobConfig config = Qwen3DecoderJob(GetParam());
+  const int kSteps = 30;
+  const Curve cpu = Train("cpu", config, kSteps);
+  const Curve gpu = Train("cuda:0", config, kSteps);
+  ASSERT_EQ(cpu.loss.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(gpu.loss.size(), static_cast<size_t>(kSteps));
+  for (int s = 0; s < kSteps; ++s) {
+    EXPECT_EQ(cpu.skipped[s], gpu.skipped[s]) << "step " << s + 1;
+    EXPECT_NEAR(gpu.loss[s], cpu.loss[s], Tolerance(GetParam()) * std::fabs(cpu.loss[s]))
+        << "step " << s + 1;
+  }
+  EXPECT_LT(cpu.loss.back(), 0.7f * cpu.loss.front());
+}
+
 // A LoRA job on CUDA against the CPU oracle, step by step: the adapters'
 // GEMMs, the column-block copies of the stacked q|k|v adapters, the
 // frozen RMSNorms' backward without a weight gradient.
@@ -246,6 +274,7 @@ TEST_P(CudaTraining, LoraDecoderLossCurveMatchesTheCpuBackend) {
 // sit at different positions), 8 new tokens each.
 const char* ModelName(const JobConfig& config) {
   if (config.model.gpt.has_value()) return "gpt";
+  if (config.model.decoder->qk_norm) return "qwen3 decoder";
   return config.model.decoder->lora.has_value() ? "LoRA decoder" : "decoder";
 }
 
@@ -275,8 +304,8 @@ SampleInput MixedPrompts() {
 // within the precision's tolerance, not bit for bit; the test after this
 // one turns them on and asks for the bits.
 TEST_P(CudaTraining, SampledLogprobsAgreeWithTheTrainingForward) {
-  for (const JobConfig& config :
-       {GptJob(GetParam()), DecoderJob(GetParam()), LoraDecoderJob(GetParam())}) {
+  for (const JobConfig& config : {GptJob(GetParam()), DecoderJob(GetParam()),
+                                  LoraDecoderJob(GetParam()), Qwen3DecoderJob(GetParam())}) {
     SCOPED_TRACE(ModelName(config));
     absl::StatusOr<std::unique_ptr<Trainer>> trainer = CudaTrainer(config);
     ASSERT_TRUE(trainer.ok()) << trainer.status();
@@ -326,8 +355,8 @@ uint32_t Bits(float f) {
 // engine/sample_test.cc asks the same of the CPU backend). Temperature 1,
 // so the completions, not only the greedy argmax, must agree.
 TEST_P(CudaTraining, BatchInvariantSampledLogprobsEqualTheTrainingForwardBitForBit) {
-  for (JobConfig config :
-       {GptJob(GetParam()), DecoderJob(GetParam()), LoraDecoderJob(GetParam())}) {
+  for (JobConfig config : {GptJob(GetParam()), DecoderJob(GetParam()), LoraDecoderJob(GetParam()),
+                           Qwen3DecoderJob(GetParam())}) {
     config.batch_invariant = true;
     SCOPED_TRACE(ModelName(config));
     absl::StatusOr<std::unique_ptr<Trainer>> trainer = CudaTrainer(config);
@@ -471,8 +500,8 @@ void ExpectWarmStepAllocatesNothing(const JobConfig& config) {
 // order, never atomically; an atomicAdd made the last bits depend on which
 // block finished first).
 TEST_P(CudaTraining, StepLossIsTheSameBitsFromRunToRun) {
-  for (const JobConfig& config :
-       {GptJob(GetParam()), DecoderJob(GetParam()), LoraDecoderJob(GetParam())}) {
+  for (const JobConfig& config : {GptJob(GetParam()), DecoderJob(GetParam()),
+                                  LoraDecoderJob(GetParam()), Qwen3DecoderJob(GetParam())}) {
     SCOPED_TRACE(ModelName(config));
     std::vector<std::vector<uint32_t>> runs;
     for (int run = 0; run < 2; ++run) {
@@ -495,8 +524,8 @@ TEST_P(CudaTraining, StepLossIsTheSameBitsFromRunToRun) {
 }
 
 TEST_P(CudaTraining, WarmGptAndDecoderStepsAllocateNothing) {
-  for (const JobConfig& config :
-       {GptJob(GetParam()), DecoderJob(GetParam()), LoraDecoderJob(GetParam())}) {
+  for (const JobConfig& config : {GptJob(GetParam()), DecoderJob(GetParam()),
+                                  LoraDecoderJob(GetParam()), Qwen3DecoderJob(GetParam())}) {
     SCOPED_TRACE(config.model.gpt.has_value()             ? "gpt"
                  : config.model.decoder->lora.has_value() ? "LoRA decoder"
                                                           : "decoder");

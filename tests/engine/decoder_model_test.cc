@@ -1,7 +1,7 @@
-// The Llama/Qwen2 decoder on the CPU backend against real references: its
-// fp32 loss vs a float64 re-implementation written here from Hugging Face's
-// definition (RMSNorm, rotate-half RoPE, grouped K/V heads, SwiGLU; tied
-// and untied heads, both bias families), its gradients vs central
+// The Llama/Qwen2/Qwen3 decoder on the CPU backend against real references:
+// its fp32 loss vs a float64 re-implementation written here from Hugging
+// Face's definition (RMSNorm, rotate-half RoPE, grouped K/V heads, SwiGLU;
+// tied and untied heads, both bias families, Qwen3's per-head q/k norm), its gradients vs central
 // differences of that float64 loss for a sample of every parameter,
 // gradients accumulated over micro-batches, the initialisation, the
 // workspace's byte count, Hugging Face state-dict names, fp16 / bf16
@@ -111,7 +111,8 @@ std::vector<double> RmsNorm(const std::vector<double>& x, int64_t c, const std::
 }
 
 // The decoder's loss in float64 from Hugging Face's LlamaForCausalLM /
-// Qwen2ForCausalLM forward: mean cross-entropy over targets other than -100.
+// Qwen2ForCausalLM / Qwen3ForCausalLM forward: mean cross-entropy over
+// targets other than -100.
 double ReferenceLoss(const model::ModelSpec& spec, const Weights& w,
                      const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
                      int64_t batch, int64_t seq) {
@@ -161,6 +162,11 @@ double ReferenceLoss(const model::ModelSpec& spec, const Weights& w,
                                    maybe(p + "self_attn.k_proj.bias"));
     const std::vector<double> v = Linear(a, n, c, at(p + "self_attn.v_proj.weight"), kv_w,
                                          maybe(p + "self_attn.v_proj.bias"));
+    // Qwen3: q_norm(q_proj(a).view(..., D)): every (row, head) a row of D.
+    if (const std::vector<double>* q_norm = maybe(p + "self_attn.q_norm.weight")) {
+      q = RmsNorm(q, d, *q_norm, eps);
+      k = RmsNorm(k, d, at(p + "self_attn.k_norm.weight"), eps);
+    }
     rope(q, q_w, h_q);
     rope(k, kv_w, h_kv);
     std::vector<double> y(static_cast<size_t>(n * q_w), 0.0);
@@ -281,7 +287,17 @@ class DecoderNet {
   kernels::Tensor loss_;
 };
 
-// The three families the conformance tests cover.
+// A Qwen3-style decoder: per-head q/k norm, grouped K/V heads, heads wider
+// than hidden / heads (6, not 4), no biases, untied.
+model::ModelSpec TinyQwen3() {
+  model::ModelSpec spec = TinyDecoder(11, 16, 4, 2, 2);
+  spec.decoder->qkv_bias = false;
+  spec.decoder->qk_norm = true;
+  spec.decoder->head_dim = 6;
+  return spec;
+}
+
+// The families the conformance tests cover.
 std::vector<std::pair<std::string, model::ModelSpec>> Families() {
   model::ModelSpec qwen2 = TinyDecoder();
   model::ModelSpec llama = TinyDecoder(11, 16, 2, 2, 2);
@@ -292,7 +308,7 @@ std::vector<std::pair<std::string, model::ModelSpec>> Families() {
   tied.decoder->qkv_bias = false;
   tied.decoder->tie_word_embeddings = true;
   tied.loss_multiplier = 1.5f;
-  return {{"qwen2", qwen2}, {"llama", llama}, {"tied", tied}};
+  return {{"qwen2", qwen2}, {"llama", llama}, {"tied", tied}, {"qwen3", TinyQwen3()}};
 }
 
 TEST(DecoderForward, Fp32LossMatchesFloat64Reference) {
@@ -348,30 +364,31 @@ TEST(DecoderBackward, GradientsMatchCentralDifferencesOfTheFloat64Loss) {
 // Two micro-batches accumulate what each gives alone: the stacked q|k|v
 // gradient starts from the parameters' on the second.
 TEST(DecoderBackward, MicroBatchesAccumulate) {
-  const model::ModelSpec spec = TinyDecoder();
-  DecoderNet m(spec, model::Precision::kFp32, 3);
-  Jitter(m.backend(), m.net(), 5, 0.2f);
-  const Batch one = RandomBatch(2, 6, 11, 7);
-  const Batch two = RandomBatch(2, 6, 11, 8);
-  std::map<std::string, std::vector<float>> alone[2];
-  for (int i = 0; i < 2; ++i) {
+  for (const model::ModelSpec& spec : {TinyDecoder(), TinyQwen3()}) {
+    DecoderNet m(spec, model::Precision::kFp32, 3);
+    Jitter(m.backend(), m.net(), 5, 0.2f);
+    const Batch one = RandomBatch(2, 6, 11, 7);
+    const Batch two = RandomBatch(2, 6, 11, 8);
+    std::map<std::string, std::vector<float>> alone[2];
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE(m.net().ZeroGrads().ok());
+      ASSERT_TRUE(m.Load(i == 0 ? one : two).ok());
+      ASSERT_TRUE(m.Loss().ok());
+      ASSERT_TRUE(m.Backward(true).ok());
+      alone[i] = m.Grads();
+    }
     ASSERT_TRUE(m.net().ZeroGrads().ok());
-    ASSERT_TRUE(m.Load(i == 0 ? one : two).ok());
+    ASSERT_TRUE(m.Load(one).ok());
     ASSERT_TRUE(m.Loss().ok());
     ASSERT_TRUE(m.Backward(true).ok());
-    alone[i] = m.Grads();
-  }
-  ASSERT_TRUE(m.net().ZeroGrads().ok());
-  ASSERT_TRUE(m.Load(one).ok());
-  ASSERT_TRUE(m.Loss().ok());
-  ASSERT_TRUE(m.Backward(true).ok());
-  ASSERT_TRUE(m.Load(two).ok());
-  ASSERT_TRUE(m.Loss().ok());
-  ASSERT_TRUE(m.Backward(false).ok());
-  for (const auto& [name, g] : m.Grads()) {
-    for (size_t i = 0; i < g.size(); ++i) {
-      const double want = static_cast<double>(alone[0][name][i]) + alone[1][name][i];
-      ASSERT_NEAR(g[i], want, 1e-6 + 1e-5 * std::fabs(want)) << name << "[" << i << "]";
+    ASSERT_TRUE(m.Load(two).ok());
+    ASSERT_TRUE(m.Loss().ok());
+    ASSERT_TRUE(m.Backward(false).ok());
+    for (const auto& [name, g] : m.Grads()) {
+      for (size_t i = 0; i < g.size(); ++i) {
+        const double want = static_cast<double>(alone[0][name][i]) + alone[1][name][i];
+        ASSERT_NEAR(g[i], want, 1e-6 + 1e-5 * std::fabs(want)) << name << "[" << i << "]";
+      }
     }
   }
 }
@@ -412,6 +429,35 @@ TEST(DecoderInit, HuggingFaceDistributionsAndNamesFromTheSeed) {
   EXPECT_EQ(groups[1], 0);
   EXPECT_EQ(groups[13], 1);
   EXPECT_EQ(groups.back(), 2);
+}
+
+// Qwen3's q_norm and k_norm: (head_dim) each after o_proj in every block,
+// initialised to 1, in their block's scale group, counted, and only with
+// qk_norm.
+TEST(DecoderInit, QkNormWeightsFollowOProjInTheirBlock) {
+  model::ModelSpec spec = TinyQwen3();
+  DecoderNet a(spec, model::Precision::kBf16, 42);
+  const Weights w = ReadWeights(a.backend(), a.net());
+  // Per block: 2 norms, q/k/v, o, q_norm, k_norm, gate, up, down.
+  ASSERT_EQ(a.net().params().size(), 1u + 2u * 11u + 2u);
+  EXPECT_EQ(a.net().params()[5].name, "model.layers.0.self_attn.o_proj.weight");
+  EXPECT_EQ(a.net().params()[6].name, "model.layers.0.self_attn.q_norm.weight");
+  EXPECT_EQ(a.net().params()[7].name, "model.layers.0.self_attn.k_norm.weight");
+  EXPECT_EQ(a.net().params()[8].name, "model.layers.0.post_attention_layernorm.weight");
+  EXPECT_EQ(a.net().params()[6].master.shape(), (kernels::Shape{6}));
+  EXPECT_EQ(a.net().params()[18].name, "model.layers.1.self_attn.k_norm.weight");
+  EXPECT_EQ(a.net().parameter_count(), model::ParameterCount(spec));
+  spec.decoder->qk_norm = false;
+  EXPECT_EQ(a.net().parameter_count(), model::ParameterCount(spec) + 2 * 2 * 6);
+  for (const char* name :
+       {"model.layers.0.self_attn.q_norm.weight", "model.layers.1.self_attn.k_norm.weight"}) {
+    for (double x : w.at(name)) EXPECT_EQ(x, 1.0) << name;
+  }
+  const std::vector<int> groups = a.net().ParamScaleGroups();
+  EXPECT_EQ(groups[6], 0);
+  EXPECT_EQ(groups[7], 0);
+  EXPECT_EQ(groups[17], 1);
+  EXPECT_EQ(groups[18], 1);
 }
 
 TEST(DecoderSpec, ValidationNamesTheField) {
@@ -458,8 +504,10 @@ TEST(DecoderWorkspace, BytesBoundTheAllocationAndOverflowIsRefused) {
   some_adapters.decoder->lora = model::LoraSpec{2, 4.0f, {"k_proj", "o_proj", "down_proj"}};
   model::ModelSpec all_adapters = TinyDecoder(11, 16, 4, 4, 2);
   all_adapters.decoder->lora = model::LoraSpec{3, 3.0f, kAllModules};
-  for (const model::ModelSpec& spec :
-       {TinyDecoder(), TinyDecoder(11, 16, 4, 4, 2), some_adapters, all_adapters}) {
+  model::ModelSpec qwen3_adapters = TinyQwen3();
+  qwen3_adapters.decoder->lora = model::LoraSpec{2, 4.0f, {"q_proj", "k_proj"}};
+  for (const model::ModelSpec& spec : {TinyDecoder(), TinyDecoder(11, 16, 4, 4, 2), some_adapters,
+                                       all_adapters, TinyQwen3(), qwen3_adapters}) {
     DecoderNet m(spec, model::Precision::kBf16, 1, /*lm_head_chunk_bytes=*/7 * 11 * 2);
     const int64_t before = m.backend().BytesInUse();
     ASSERT_TRUE(m.Load(RandomBatch(3, 10, 11, 5)).ok());

@@ -82,6 +82,7 @@ void ExpectSameConfig(const JobConfig& a, const JobConfig& b) {
     EXPECT_TRUE(SameBits(x.initializer_range, y.initializer_range));
     EXPECT_EQ(x.qkv_bias, y.qkv_bias);
     EXPECT_EQ(x.o_bias, y.o_bias);
+    EXPECT_EQ(x.qk_norm, y.qk_norm);
     EXPECT_EQ(x.rope_scaling.type, y.rope_scaling.type);
     EXPECT_TRUE(SameBits(x.rope_scaling.factor, y.rope_scaling.factor));
     EXPECT_TRUE(SameBits(x.rope_scaling.low_freq_factor, y.rope_scaling.low_freq_factor));
@@ -420,14 +421,14 @@ TEST_F(JobConfigCodecRefuses, WrongTypesAndRanges) {
 
 TEST_F(JobConfigCodecRefuses, OtherFormatVersions) {
   ExpectError(Edited("\"format_version\":1", "\"format_version\":0"), absl::StatusCode::kDataLoss,
-              "ampd.config: format_version: 0 is not a version this ampd reads (1 to 9); the "
+              "ampd.config: format_version: 0 is not a version this ampd reads (1 to 10); the "
               "checkpoint was written by another ampd");
   ExpectError(Edited("\"format_version\":1,", ""), absl::StatusCode::kDataLoss,
               "ampd.config: format_version: missing");
   // A later format may change any key: the version is checked before them.
-  ExpectError(Edited("\"format_version\":1,", "\"format_version\":10,\"new\":{},"),
+  ExpectError(Edited("\"format_version\":1,", "\"format_version\":11,\"new\":{},"),
               absl::StatusCode::kDataLoss,
-              "ampd.config: format_version: 10 is not a version this ampd reads (1 to 9); the "
+              "ampd.config: format_version: 11 is not a version this ampd reads (1 to 10); the "
               "checkpoint was written by a newer ampd");
 }
 
@@ -807,6 +808,41 @@ TEST(JobConfigCodec, RopeScaledDecodersAreVersionNine) {
       << decoded.status();
 
   config.model.decoder->rope_scaling = {model::RopeType::kLinear, 2.0f, 0.0f, 0.0f, 0};
+  decoded = DecodeJobConfig(EncodeJobConfig(config, ""));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  ExpectSameConfig(config, decoded->config.get());
+}
+
+// Version 10: a decoder's per-head q/k norm (Qwen3) as "qk_norm":true right
+// after "o_bias", written only when on; every other decoder keeps its
+// version and bytes, and an older version naming the key is refused.
+TEST(JobConfigCodec, QkNormDecodersAreVersionTen) {
+  JobConfig config = SmallDecoderConfig();
+  const std::string plain = EncodeJobConfig(config, "");
+  EXPECT_FALSE(absl::StrContains(plain, "qk_norm")) << plain;
+  config.model.decoder->qk_norm = true;
+  config.model.decoder->head_dim = 16;  // Qwen3's explicit head_dim, not hidden / heads (8)
+  ASSERT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
+  const std::string json = EncodeJobConfig(config, "");
+  EXPECT_TRUE(absl::StartsWith(json, "{\"format_version\":10,")) << json;
+  EXPECT_TRUE(absl::StrContains(json, "\"o_bias\":false,\"qk_norm\":true}")) << json;
+  absl::StatusOr<DecodedJobConfig> decoded = DecodeJobConfig(json);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  ExpectSameConfig(config, decoded->config.get());
+  EXPECT_TRUE(decoded->config.get().model.decoder->qk_norm);
+
+  decoded = DecodeJobConfig(
+      absl::StrReplaceAll(json, {{"\"format_version\":10", "\"format_version\":9"}}));
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_EQ(decoded.status().message(),
+            "ampd.config: model.decoder.qk_norm: not a key of format_version 9");
+  decoded = DecodeJobConfig(absl::StrReplaceAll(json, {{"\"qk_norm\":true", "\"qk_norm\":1"}}));
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+
+  // With RoPE scaling and LoRA too: each key in its place, read back.
+  config.model.decoder->rope_scaling = {model::RopeType::kLinear, 2.0f, 0.0f, 0.0f, 0};
+  config.model.decoder->lora = model::LoraSpec{4, 8.0f, {"q_proj", "k_proj"}};
   decoded = DecodeJobConfig(EncodeJobConfig(config, ""));
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   ExpectSameConfig(config, decoded->config.get());

@@ -46,7 +46,9 @@ JobConfig Gpt(model::Precision precision) {
   return config;
 }
 
-JobConfig Decoder(model::Precision precision, bool lora) {
+// qk_norm: Qwen3's shape (per-head q/k norm, head_dim 16 where hidden /
+// heads is 8, no biases).
+JobConfig Decoder(model::Precision precision, bool lora, bool qk_norm = false) {
   JobConfig config = DefaultJobConfig(precision);
   model::DecoderSpec d;
   d.vocab_size = kVocab;
@@ -57,7 +59,11 @@ JobConfig Decoder(model::Precision precision, bool lora) {
   d.num_key_value_heads = 2;
   d.max_position_embeddings = 32;
   d.rope_theta = 10000.0f;
-  d.qkv_bias = true;
+  d.qkv_bias = !qk_norm;
+  if (qk_norm) {
+    d.qk_norm = true;
+    d.head_dim = 16;
+  }
   if (lora) {
     d.lora = model::LoraSpec{4, 8.0f, {"q_proj", "v_proj", "o_proj", "up_proj", "down_proj"}};
   }
@@ -213,6 +219,8 @@ std::vector<Case> Cases() {
     cases.push_back({"gpt " + suffix, Gpt(p)});
     cases.push_back({"decoder " + suffix, Decoder(p, false)});
     cases.push_back({"decoder LoRA " + suffix, Decoder(p, true)});
+    cases.push_back({"qwen3 " + suffix, Decoder(p, false, true)});
+    cases.push_back({"qwen3 LoRA " + suffix, Decoder(p, true, true)});
   }
   for (Case& c : cases) c.config.batch_invariant = true;
   return cases;
@@ -339,8 +347,7 @@ TEST_P(SampleInvariance, AStepOnTheSamplesReportsNoMismatch) {
 INSTANTIATE_TEST_SUITE_P(Backends, SampleInvariance,
                          ::testing::Values(std::string("cpu"), std::string("cuda:0")),
                          [](const ::testing::TestParamInfo<std::string>& param) {
-                           return param.param == "cpu" ? std::string("cpu")
-                                                       : std::string("cuda0");
+                           return param.param == "cpu" ? std::string("cpu") : std::string("cuda0");
                          });
 
 TEST(Sample, TheSameRequestDrawsTheSameTokensAndTemperatureZeroIsGreedy) {

@@ -18,12 +18,10 @@ from typing import Optional
 
 import numpy as np
 
-from ampd import safetensors, spec
-from ampd.v1 import trainer_pb2 as pb
+from ampd import families, safetensors, spec
 
 _INDEX = "model.safetensors.index.json"
 _SINGLE = "model.safetensors"
-_DECODER_TYPES = ("llama", "qwen2")
 
 
 def _weight_files(directory):
@@ -127,83 +125,33 @@ def _load_widened(job, path):
 
 def from_pretrained(directory, *, lora=None, adapter=None, **overrides):
     """A model to pass to Client.create_job, read from a folder that
-    transformers' save_pretrained wrote: config.json gives the spec (GPT-2:
-    GPT.from_hf_config; Llama, Qwen2: Decoder.from_hf_config, which name what
-    they refuse), and create_job loads the folder's weights into the new job.
-    lora: an ampd.LoRA to fine-tune with fresh adapters; adapter: a PEFT
-    adapter folder (adapter_config.json + adapter_model.safetensors) to go on
-    training. overrides: spec fields by keyword (max_position_embeddings=...)."""
+    transformers' save_pretrained wrote: config.json gives the spec through
+    its family (ampd.families, by model_type: gpt2, llama, qwen2, qwen3,
+    each naming what it refuses), and create_job loads the folder's weights
+    into the new job. lora: an ampd.LoRA to fine-tune with fresh adapters;
+    adapter: a PEFT adapter folder (adapter_config.json +
+    adapter_model.safetensors) to go on training. overrides: spec fields by
+    keyword (max_position_embeddings=...)."""
     config = spec._read_config(os.path.join(directory, "config.json"))
-    model_type = config.get("model_type")
+    family = families.of_config(config)
     if adapter is not None:
         if lora is not None:
             raise ValueError("lora and adapter: give one (the adapter carries its LoRA config)")
         lora = lora_of_peft_config(os.path.join(adapter, "adapter_config.json"),
                                    config.get("num_hidden_layers"))
-    if model_type == "gpt2":
-        if lora is not None:
-            raise ValueError("lora: LoRA adapters are a decoder's (llama, qwen2), not GPT-2's")
-        model = spec.GPT.from_hf_config(config, **overrides)
-    elif model_type in _DECODER_TYPES:
-        if lora is not None:
-            overrides["lora"] = lora
-        model = spec.Decoder.from_hf_config(config, **overrides)
-    else:
-        raise ValueError("model_type %r: one of gpt2, %s" % (model_type, ", ".join(_DECODER_TYPES)))
+    if lora is not None:
+        if not family.lora:
+            raise ValueError("lora: LoRA adapters are a decoder's, not %s's" % family.model_type)
+        overrides["lora"] = lora
+    model = family.spec_of_config(config, overrides)
     return Pretrained(model, os.path.abspath(directory),
                       os.path.abspath(adapter) if adapter is not None else None)
 
 
-def _decoder_config(d):
-    """transformers' config.json of a pb.Decoder: qwen2 when only q/k/v are
-    biased, else llama (attention_bias biases all four). RoPE in 4.x's
-    keys (rope_theta, rope_scaling), which 5.x reads too."""
-    if d.qkv_bias and not d.o_bias:
-        config = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
-                  "use_sliding_window": False}
-    elif d.qkv_bias == d.o_bias:
-        config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"],
-                  "attention_bias": bool(d.qkv_bias), "mlp_bias": False}
-    else:
-        raise ValueError("a decoder with o_proj biased and q/k/v not is no transformers family")
-    config.update(vocab_size=d.vocab_size, hidden_size=d.hidden_size,
-                  intermediate_size=d.intermediate_size, num_hidden_layers=d.num_hidden_layers,
-                  num_attention_heads=d.num_attention_heads,
-                  num_key_value_heads=d.num_key_value_heads, head_dim=d.head_dim,
-                  rms_norm_eps=d.rms_norm_eps, rope_theta=d.rope_theta,
-                  max_position_embeddings=d.max_position_embeddings,
-                  tie_word_embeddings=d.tie_word_embeddings,
-                  initializer_range=d.initializer_range, hidden_act="silu",
-                  torch_dtype="float32")
-    if d.HasField("rope_scaling") and d.rope_scaling.rope_type != pb.ROPE_TYPE_DEFAULT:
-        r = d.rope_scaling
-        if r.rope_type == pb.ROPE_TYPE_LINEAR:
-            config["rope_scaling"] = {"rope_type": "linear", "factor": r.factor}
-        else:
-            config["rope_scaling"] = {
-                "rope_type": "llama3", "factor": r.factor, "low_freq_factor": r.low_freq_factor,
-                "high_freq_factor": r.high_freq_factor,
-                "original_max_position_embeddings": r.original_max_position_embeddings}
-    return config
-
-
-def _gpt_config(g):
-    return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
-            "vocab_size": g.vocab_size, "n_positions": g.context_length, "n_embd": g.d_model,
-            "n_layer": g.n_layer, "n_head": g.n_head, "n_inner": g.mlp_ratio * g.d_model,
-            "layer_norm_epsilon": g.layer_norm_eps, "tie_word_embeddings": g.tie_embeddings,
-            "activation_function": "gelu_new", "resid_pdrop": 0.0, "embd_pdrop": 0.0,
-            "attn_pdrop": 0.0, "torch_dtype": "float32"}
-
-
 def hf_config(model_spec):
-    """transformers' config.json (a dict) of a job's effective pb.ModelSpec."""
-    kind = model_spec.WhichOneof("architecture")
-    if kind == "decoder":
-        return _decoder_config(model_spec.decoder)
-    if kind == "gpt":
-        return _gpt_config(model_spec.gpt)
-    raise ValueError("a layer stack has no Hugging Face config: only GPT-2 and decoder jobs")
+    """transformers' config.json (a dict) of a job's effective pb.ModelSpec:
+    that of the family whose parts it has."""
+    return families.of_spec(model_spec).config_of_spec(model_spec)
 
 
 def save_pretrained(job, directory):

@@ -8,6 +8,7 @@ CreateJob returns the effective config.
 from dataclasses import KW_ONLY, dataclass, fields
 from typing import Optional, Sequence, Tuple
 
+from ampd import families
 from ampd.v1 import trainer_pb2 as pb
 
 
@@ -105,6 +106,18 @@ def _read_config(config):
         return json.load(f)
 
 
+def _spec_of_hf_config(cls, config, overrides):
+    """cls's spec of a config.json by its family (ampd.families), which must
+    be one that makes a cls."""
+    config = _read_config(config)
+    family = families.of_config(config)
+    model = family.spec_of_config(config, overrides)
+    if not isinstance(model, cls):
+        raise ValueError("model_type %r: a %s, not a %s" % (config.get("model_type"),
+                                                            type(model).__name__, cls.__name__))
+    return model
+
+
 @dataclass(frozen=True)
 class GPT:
     """A GPT-2-style decoder-only transformer (the fields of GPT2Config).
@@ -133,32 +146,9 @@ class GPT:
     def from_hf_config(cls, config, **overrides):
         """The spec of a Hugging Face GPT-2 config.json (a path, or its dict):
         n_positions, n_embd, n_layer, n_head, n_inner, layer_norm_epsilon,
-        tie_word_embeddings. Refused, naming the key: an activation other
-        than gelu_new (the tanh GELU), n_inner not a multiple of n_embd,
-        unscaled or layer-scaled attention, cross-attention. Dropout is a
-        training-time choice ampd does not make (it trains without)."""
-        config = _read_config(config)
-        if config.get("model_type") != "gpt2":
-            raise ValueError("model_type must be gpt2, not %r" % (config.get("model_type"),))
-        act = config.get("activation_function", "gelu_new")
-        if act not in ("gelu_new", "gelu_pytorch_tanh"):
-            raise ValueError("activation_function %r: the MLP's GELU is the tanh approximation "
-                             "(gelu_new)" % (act,))
-        for key, wanted in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
-                            ("add_cross_attention", False)):
-            if config.get(key, wanted) != wanted:
-                raise ValueError("%s %r: only %r is supported" % (key, config[key], wanted))
-        d_model = config["n_embd"]
-        inner = config.get("n_inner") or 4 * d_model
-        if inner % d_model:
-            raise ValueError("n_inner %d: must be a multiple of n_embd %d" % (inner, d_model))
-        values = dict(vocab_size=config["vocab_size"], context_length=config["n_positions"],
-                      d_model=d_model, n_layer=config["n_layer"], n_head=config["n_head"],
-                      mlp_ratio=inner // d_model,
-                      layer_norm_eps=config.get("layer_norm_epsilon", 1e-5),
-                      tie_embeddings=bool(config.get("tie_word_embeddings", True)))
-        values.update(overrides)
-        return cls(**values)
+        tie_word_embeddings. What it refuses, naming the key, is the gpt2
+        family's (ampd/families/gpt2.py)."""
+        return _spec_of_hf_config(cls, config, overrides)
 
     def to_proto(self):
         gpt = _set(pb.Gpt(vocab_size=self.vocab_size, context_length=self.context_length,
@@ -191,7 +181,6 @@ class LoRA:
 
 _ROPE_TYPES = {"default": pb.ROPE_TYPE_DEFAULT, "linear": pb.ROPE_TYPE_LINEAR,
                "llama3": pb.ROPE_TYPE_LLAMA3}
-_LLAMA3_KEYS = ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
 @dataclass(frozen=True)
@@ -215,49 +204,10 @@ class RopeScaling:
                     original_max_position_embeddings=self.original_max_position_embeddings)
 
 
-def _rope_of_hf_config(config):
-    """(rope_theta or None, RopeScaling or None) of a Hugging Face config in
-    either style: transformers 4.x's rope_theta + rope_scaling, or 5.x's
-    rope_parameters (which holds rope_theta). What ampd would compute
-    differently is refused, naming the key."""
-    if config.get("rope_parameters") is not None:
-        key, params = "rope_parameters", dict(config["rope_parameters"])
-        if any(isinstance(v, dict) for v in params.values()):
-            raise ValueError("rope_parameters: one set for every layer is supported, not one per "
-                             "layer type (%s)" % sorted(params))
-        theta = params.pop("rope_theta", config.get("rope_theta"))
-    else:
-        key, params = "rope_scaling", dict(config.get("rope_scaling") or {})
-        theta = config.get("rope_theta")
-    partial = params.pop("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
-    if partial not in (None, 1, 1.0):
-        raise ValueError("partial_rotary_factor %r: RoPE rotates the whole head here" % (partial,))
-    rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
-    params.pop("type", None)
-    if rope_type not in _ROPE_TYPES:
-        raise ValueError("%s.rope_type %r: ampd computes default, linear and llama3 RoPE"
-                         % (key, rope_type))
-    known = {"default": (), "linear": ("factor",), "llama3": ("factor",) + _LLAMA3_KEYS}[rope_type]
-    for name in sorted(params):
-        if name not in known and params[name] is not None:
-            raise ValueError("%s.%s: not read by rope_type %s, and ampd would compute without it"
-                             % (key, name, rope_type))
-    if rope_type == "default":
-        return theta, None
-    values = {name: params.get(name) for name in known}
-    if rope_type == "llama3" and values["original_max_position_embeddings"] is None:
-        # transformers' own fallback (standardize_rope_params).
-        values["original_max_position_embeddings"] = config.get("max_position_embeddings")
-    for name, value in values.items():
-        if value is None:
-            raise ValueError("%s.%s: rope_type %s needs it" % (key, name, rope_type))
-    return theta, RopeScaling(rope_type, **values)
-
-
 @dataclass(frozen=True)
 class Decoder:
-    """A Llama/Qwen2-family decoder-only transformer (the fields of Hugging
-    Face's LlamaConfig / Qwen2Config).
+    """A Llama/Qwen2/Qwen3-family decoder-only transformer (the fields of
+    Hugging Face's LlamaConfig / Qwen2Config / Qwen3Config), as parts.
 
     Token embeddings, pre-RMSNorm blocks (causal self-attention with rotary
     position embeddings and num_key_value_heads K/V heads shared by the
@@ -266,8 +216,11 @@ class Decoder:
     Batches as a GPT's: (B, T) token ids, T <= max_position_embeddings,
     targets -100 ignored. The state dict uses Hugging Face's names
     (model.embed_tokens.weight, model.layers.{i}.self_attn.q_proj.weight,
-    ...). Biases: qkv_bias on q/k/v_proj (Qwen2 always; Llama's
-    attention_bias), o_bias on o_proj (Llama's attention_bias). lora: a
+    ...). Biases: qkv_bias on q/k/v_proj (Qwen2 always; Llama's and
+    Qwen3's attention_bias), o_bias on o_proj (Llama's and Qwen3's
+    attention_bias). qk_norm: each q and k head RMSNorm-ed before RoPE
+    (Qwen3's q_norm, k_norm; model.layers.{i}.self_attn.q_norm.weight and
+    k_norm.weight of head_dim each). lora: a
     LoRA fine-tune (LoRA). Unset (None) fields take the server's defaults
     (Hugging Face's).
     """
@@ -288,50 +241,25 @@ class Decoder:
     loss_multiplier: Optional[float] = None
     lora: Optional[LoRA] = None
     rope_scaling: Optional[RopeScaling] = None
-
-    # The config.json keys this spec takes (the rest are checked or ignored:
-    # see from_hf_config).
-    _HF_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                "num_attention_heads", "max_position_embeddings", "num_key_value_heads",
-                "head_dim", "rms_norm_eps", "tie_word_embeddings", "initializer_range")
+    qk_norm: Optional[bool] = None
 
     @classmethod
     def from_hf_config(cls, config, max_position_embeddings=None, **overrides):
-        """The spec of a Hugging Face config.json (a path, or its dict):
-        model_type "llama" (attention_bias biases q, k, v and o_proj) or
-        "qwen2" (q, k, v biased, o_proj not). RoPE in either key style
+        """The spec of a Hugging Face config.json (a path, or its dict) of a
+        decoder family (ampd/families: llama, qwen2, qwen3), by its
+        model_type: the keys each family maps onto the parts (llama's and
+        qwen3's attention_bias on q, k, v and o_proj; qwen2's q/k/v biases;
+        qwen3's per-head q/k norm and head_dim), RoPE in either key style
         (transformers 4.x's rope_theta and rope_scaling, 5.x's
         rope_parameters), of rope_type default, linear or llama3. What the
         model would compute differently is refused, naming the key: another
         rope_type, partial_rotary_factor, a hidden_act other than silu,
-        Llama's mlp_bias, Qwen2's sliding window. max_position_embeddings
-        (and any field, by keyword) may be lowered for training on shorter
-        sequences."""
-        config = _read_config(config)
-        model_type = config.get("model_type")
-        if model_type not in ("llama", "qwen2"):
-            raise ValueError("model_type must be llama or qwen2, not %r" % (model_type,))
-        rope_theta, rope_scaling = _rope_of_hf_config(config)
-        if config.get("hidden_act", "silu") != "silu":
-            raise ValueError("hidden_act %r: the MLP is SwiGLU (silu)" % (config["hidden_act"],))
-        if config.get("mlp_bias"):
-            raise ValueError("mlp_bias: the MLP's projections have no biases here")
-        if model_type == "qwen2" and config.get("use_sliding_window"):
-            raise ValueError("use_sliding_window: sliding-window attention is not supported")
-        values = {key: config[key] for key in cls._HF_KEYS if config.get(key) is not None}
-        if rope_theta is not None:
-            values["rope_theta"] = rope_theta
-        if rope_scaling is not None:
-            values["rope_scaling"] = rope_scaling
-        if model_type == "llama":
-            bias = bool(config.get("attention_bias", False))
-            values.update(qkv_bias=bias, o_bias=bias)
-        else:
-            values.update(qkv_bias=True, o_bias=False)
+        Llama's mlp_bias, Qwen2's and Qwen3's sliding window.
+        max_position_embeddings (and any field, by keyword) may be lowered
+        for training on shorter sequences."""
         if max_position_embeddings is not None:
-            values["max_position_embeddings"] = max_position_embeddings
-        values.update(overrides)
-        return cls(**values)
+            overrides["max_position_embeddings"] = max_position_embeddings
+        return _spec_of_hf_config(cls, config, overrides)
 
     def to_proto(self):
         decoder = _set(pb.Decoder(vocab_size=self.vocab_size, hidden_size=self.hidden_size,
@@ -343,7 +271,7 @@ class Decoder:
                        rms_norm_eps=self.rms_norm_eps, rope_theta=self.rope_theta,
                        tie_word_embeddings=self.tie_word_embeddings,
                        initializer_range=self.initializer_range, qkv_bias=self.qkv_bias,
-                       o_bias=self.o_bias)
+                       o_bias=self.o_bias, qk_norm=self.qk_norm)
         if self.lora is not None:
             decoder.lora.CopyFrom(self.lora.to_proto())
         if self.rope_scaling is not None:

@@ -1,5 +1,5 @@
 """A Llama/Qwen2-family decoder trained through the real ampd against the same
-decoder in PyTorch.
+decoder in PyTorch (and the families' reading of config.json, Qwen3's too).
 
 For three tiny decoders in fp32 (Qwen2-style: fewer K/V heads than query
 heads, q/k/v biases, untied head; Llama with attention_bias: q/k/v and o
@@ -134,6 +134,60 @@ def test_from_hf_config_reads_both_families(tmp_path):
                        (dict(qwen2, use_sliding_window=True), "sliding")):
         with pytest.raises(ValueError, match=match):
             ampd.Decoder.from_hf_config(bad)
+
+
+# Qwen3-0.6B's config.json as transformers 4.x wrote it (head_dim 128 where
+# hidden / heads is 64).
+QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+         "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+         "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+         "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+         "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+         "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000,
+         "sliding_window": None, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+         "transformers_version": "4.51.0", "use_cache": True, "use_sliding_window": False,
+         "vocab_size": 151936}
+
+
+def test_families_are_files_found_by_model_type():
+    """Each family is one file of ampd/families, found by its model_type;
+    Qwen3's keys become parts (qk_norm, its own head_dim, attention_bias on
+    all four projections) and its export's config.json names qwen3 again,
+    whichever family wrote the spec; what it cannot compute is refused by
+    key."""
+    assert ampd.families.model_types() == ["gpt2", "llama", "qwen2", "qwen3"]
+    spec = ampd.Decoder.from_hf_config(QWEN3, max_position_embeddings=2048)
+    assert (spec.qk_norm, spec.head_dim, spec.qkv_bias, spec.o_bias) == (True, 128, False, False)
+    assert (spec.num_key_value_heads, spec.rope_theta, spec.max_position_embeddings) == (8, 1e6,
+                                                                                         2048)
+    # Qwen3Config's head_dim defaults to 128, not hidden / heads.
+    assert ampd.Decoder.from_hf_config({k: v for k, v in QWEN3.items()
+                                        if k != "head_dim"}).head_dim == 128
+    biased = ampd.Decoder.from_hf_config(dict(QWEN3, attention_bias=True))
+    assert biased.qkv_bias and biased.o_bias and biased.qk_norm
+    for bad, match in ((dict(QWEN3, use_sliding_window=True), "use_sliding_window"),
+                       (dict(QWEN3, layer_types=["sliding_attention"] * 28), "layer_types"),
+                       (dict(QWEN3, hidden_act="gelu"), "hidden_act"),
+                       (dict(QWEN3, rope_scaling={"rope_type": "yarn", "factor": 4.0}),
+                        "rope_scaling.rope_type 'yarn'")):
+        with pytest.raises(ValueError, match=match):
+            ampd.Decoder.from_hf_config(bad)
+    with pytest.raises(ValueError, match="model_type 'qwen3': a Decoder, not a GPT"):
+        ampd.GPT.from_hf_config(QWEN3)
+    with pytest.raises(ValueError, match="model_type 'mistral': ampd reads gpt2, llama"):
+        ampd.Decoder.from_hf_config(dict(QWEN3, model_type="mistral"))
+
+    # The export's config.json: the family whose parts the spec has.
+    config = ampd.hf.hf_config(spec.to_proto())
+    assert (config["model_type"], config["architectures"], config["head_dim"],
+            config["attention_bias"]) == ("qwen3", ["Qwen3ForCausalLM"], 128, False)
+    for parts, family in ((dict(qkv_bias=True, o_bias=False), "qwen2"),
+                          (dict(qkv_bias=True, o_bias=True), "llama"),
+                          (dict(qkv_bias=True, o_bias=True, qk_norm=True), "qwen3")):
+        d = dataclasses.replace(spec, **dict(dict(qk_norm=None), **parts))
+        assert ampd.hf.hf_config(d.to_proto())["model_type"] == family, parts
+    with pytest.raises(ValueError, match="no Hugging Face family"):
+        ampd.hf.hf_config(dataclasses.replace(spec, qkv_bias=False, o_bias=True).to_proto())
 
 
 LLAMA32 = {"model_type": "llama", "vocab_size": VOCAB, "hidden_size": HIDDEN,

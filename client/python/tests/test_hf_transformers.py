@@ -2,10 +2,11 @@
 scripts/requirements-hf.txt, run by CTest under scripts/python-env.sh's
 environment): for GPT-2, Llama 3.x (GQA and llama3 RoPE scaling over a
 context longer than its original one, untied and tied, config keys in
-transformers 5.x's and 4.x's styles; also linear scaling) and Qwen2.5 (q/k/v
-biases, tied), a model transformers builds from a small config (random
-weights, nothing downloaded) and writes with save_pretrained loads into a
-real ampd through ampd.from_pretrained, and in fp32:
+transformers 5.x's and 4.x's styles; also linear scaling), Qwen2.5 (q/k/v
+biases, tied) and Qwen3 (per-head q/k norm, head_dim other than hidden /
+heads, GQA; untied, and tied with attention_bias in 4.x's keys), a model
+transformers builds from a small config (random weights, nothing
+downloaded) and writes with save_pretrained loads into a real ampd through ampd.from_pretrained, and in fp32:
 - its log-probabilities over the whole vocabulary (the logits up to each
   row's constant: what ampd's Evaluate returns) and its loss equal
   transformers' forward and loss function to 1e-5 relative;
@@ -63,6 +64,14 @@ FAMILIES = {
     "qwen2.5": (transformers.Qwen2Config,
                 dict(DECODER, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
                      tie_word_embeddings=True, rms_norm_eps=1e-6)),
+    # hidden / heads is 16: head_dim 24 and 8 are Qwen3's own.
+    "qwen3": (transformers.Qwen3Config,
+              dict(DECODER, head_dim=24, tie_word_embeddings=False, rms_norm_eps=1e-6,
+                   rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    "qwen3_tied": (transformers.Qwen3Config,
+                   dict(DECODER, head_dim=8, num_key_value_heads=1, tie_word_embeddings=True,
+                        attention_bias=True,
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
 }
 SEQ = {"gpt2": 48}  # tokens per sequence (decoders 48 of their 64)
 
@@ -74,14 +83,14 @@ def seq_len(family):
 def make_folder(family, directory, seed=0):
     """transformers' model of the family from its config, random weights,
     written with save_pretrained (llama3's in shards with their index); the
-    llama3_tied folder's config.json is rewritten in transformers 4.x's keys
-    (rope_theta + rope_scaling)."""
+    llama3_tied and qwen3_tied folders' config.json are rewritten in
+    transformers 4.x's keys (rope_theta + rope_scaling)."""
     config_class, values = FAMILIES[family]
     torch.manual_seed(seed)
     config = config_class(**values)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     model.save_pretrained(directory, max_shard_size="100KB" if family == "llama3" else "1GB")
-    if family == "llama3_tied":
+    if family in ("llama3_tied", "qwen3_tied"):
         path = os.path.join(directory, "config.json")
         with open(path) as f:
             saved = json.load(f)
@@ -218,6 +227,28 @@ def test_llama3_scaling_matters_and_both_key_styles_read_alike(tmp_path):
         transformers.LlamaConfig(**FAMILIES["llama3"][1]), "cpu")[0]
     plain = 1.0 / (10000.0 ** (torch.arange(0, 16, 2).float() / 16))
     assert not torch.allclose(scaled, plain, rtol=1e-3)
+
+
+def test_qwen3_folder_gives_its_parts_and_what_it_refuses_is_named(tmp_path):
+    """Qwen3's keys become parts (the per-head q/k norm, its own head_dim,
+    attention_bias on all four projections); a sliding window, in either
+    key, and another activation are refused by name."""
+    make_folder("qwen3", tmp_path / "a")
+    spec = ampd.from_pretrained(str(tmp_path / "a")).model
+    assert (spec.qk_norm, spec.head_dim, spec.qkv_bias, spec.o_bias) == (True, 24, False, False)
+    make_folder("qwen3_tied", tmp_path / "b")
+    tied = ampd.from_pretrained(str(tmp_path / "b")).model
+    assert (tied.qk_norm, tied.head_dim, tied.qkv_bias, tied.o_bias) == (True, 8, True, True)
+    assert tied.tie_word_embeddings and tied.rope_theta == 10000.0
+    with open(tmp_path / "a" / "config.json") as f:
+        config = json.load(f)
+    for key, value in (("use_sliding_window", True),
+                       ("layer_types", ["sliding_attention", "full_attention"]),
+                       ("hidden_act", "gelu")):
+        with pytest.raises(ValueError, match=key):
+            ampd.Decoder.from_hf_config(dict(config, **{key: value}))
+    with pytest.raises(ValueError, match="model_type 'qwen3': a Decoder, not a GPT"):
+        ampd.GPT.from_hf_config(config)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

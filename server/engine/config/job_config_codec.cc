@@ -411,6 +411,8 @@ std::string DecoderJson(const model::DecoderSpec& d) {
   w.Float("initializer_range", d.initializer_range);
   w.Bool("qkv_bias", d.qkv_bias);
   w.Bool("o_bias", d.o_bias);
+  // Version 10, and only when set: every other decoder keeps its bytes.
+  if (d.qk_norm) w.Bool("qk_norm", true);
   // Version 9, and only when scaled: every other decoder keeps its bytes.
   if (d.rope_scaling.type != model::RopeType::kDefault) {
     std::string rope;
@@ -639,6 +641,13 @@ absl::StatusOr<model::DecoderSpec> DecoderFromJson(const Json& v, int64_t versio
   AMPD_ASSIGN_OR_RETURN(d.initializer_range, f.Float("initializer_range"));
   AMPD_ASSIGN_OR_RETURN(d.qkv_bias, f.Bool("qkv_bias"));
   AMPD_ASSIGN_OR_RETURN(d.o_bias, f.Bool("o_bias"));
+  if (f.Has("qk_norm")) {
+    if (version < 10) {
+      return Corrupt("model.decoder.qk_norm",
+                     absl::StrCat("not a key of format_version ", version));
+    }
+    AMPD_ASSIGN_OR_RETURN(d.qk_norm, f.Bool("qk_norm"));
+  }
   if (f.Has("rope_scaling")) {
     if (version < 9) {
       return Corrupt("model.decoder.rope_scaling",
@@ -825,6 +834,7 @@ std::string EncodeJobConfig(const JobConfig& config, absl::string_view request_i
       config.model.decoder->rope_scaling.type != model::RopeType::kDefault) {
     version = 9;
   }
+  if (config.model.decoder.has_value() && config.model.decoder->qk_norm) version = 10;
   w.Int("format_version", version);
   w.String("display_name", config.display_name);
   if (!request_id.empty()) w.String("request_id", request_id);

@@ -396,12 +396,14 @@ int64_t DecoderParameterCount(const DecoderSpec& d) {
   const int64_t kv = SaturatingMul(d.num_key_value_heads, head_dim);
   const int64_t qkv = SaturatingAdd(q, SaturatingMul(2, kv));
   // input_layernorm, post_attention_layernorm (C each); q/k/v (qkv x C, + qkv
-  // biased); o (C x q, + C biased); gate, up, down (3 x I x C).
+  // biased); o (C x q, + C biased); q_norm, k_norm (D each, with qk_norm);
+  // gate, up, down (3 x I x C).
   int64_t block = SaturatingMul(2, c);
   block = SaturatingAdd(block, SaturatingMul(qkv, c));
   if (d.qkv_bias) block = SaturatingAdd(block, qkv);
   block = SaturatingAdd(block, SaturatingMul(c, q));
   if (d.o_bias) block = SaturatingAdd(block, c);
+  if (d.qk_norm) block = SaturatingAdd(block, SaturatingMul(2, head_dim));  // q_norm, k_norm (D)
   block = SaturatingAdd(block, SaturatingMul(3, SaturatingMul(d.intermediate_size, c)));
   int64_t total = SaturatingMul(d.vocab_size, c);  // embed_tokens
   total = SaturatingAdd(total, SaturatingMul(d.num_hidden_layers, block));

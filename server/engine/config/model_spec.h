@@ -108,15 +108,17 @@ std::string LoraModuleOfPeftTarget(absl::string_view target);
 // kLoraModules (PEFT leaves out the LM head).
 inline constexpr const char* kLoraAllLinear = "all-linear";
 
-// A Llama/Qwen2-family decoder-only transformer, with the fields of Hugging
-// Face's LlamaConfig / Qwen2Config: token embeddings (no position table),
+// A Llama/Qwen2/Qwen3-family decoder-only transformer, with the fields of
+// Hugging Face's LlamaConfig / Qwen2Config / Qwen3Config: token embeddings (no position table),
 // num_hidden_layers pre-RMSNorm blocks (input_layernorm, causal self-attention
 // with rotary position embeddings and num_key_value_heads K/V heads shared by
 // the query heads, residual; post_attention_layernorm, the SwiGLU MLP
 // down(silu(gate(x)) * up(x)) without biases, residual), a final RMSNorm and
 // the LM head. Its loss is the mean token cross-entropy over targets other
-// than kIgnoreIndex. The biases as each family has them: Llama's
-// attention_bias sets both qkv_bias and o_bias; Qwen2 has qkv_bias only.
+// than kIgnoreIndex. The block is assembled from parts, never from a family
+// name: the biases as each family has them (Llama's and Qwen3's
+// attention_bias sets both qkv_bias and o_bias; Qwen2 has qkv_bias only) and
+// Qwen3's per-head q/k norm (qk_norm).
 struct DecoderSpec {
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
@@ -135,6 +137,10 @@ struct DecoderSpec {
   float initializer_range = 0.02f;      // every Linear's and the embedding's N(0, this^2)
   bool qkv_bias = false;                // q_proj, k_proj, v_proj have biases
   bool o_bias = false;                  // o_proj has a bias
+  // Qwen3's q_norm and k_norm: each q and each k head RMSNorm-ed on its own
+  // (weights (head_dim) each, eps rms_norm_eps) after the projection and
+  // before RoPE.
+  bool qk_norm = false;
   // Set: a LoRA fine-tune of this decoder (base weights frozen).
   std::optional<LoraSpec> lora;
 };
@@ -212,7 +218,8 @@ absl::Status ValidateModelSpec(const ModelSpec& spec);
 // untied, the LM head; saturates at INT64_MAX when the count overflows.
 int64_t GptParameterCount(const GptSpec& gpt);
 // The same for a decoder: embeddings, blocks (two RMSNorms, q/k/v/o with
-// their biases, gate/up/down), the final RMSNorm and an untied head.
+// their biases, q_norm and k_norm, gate/up/down), the final RMSNorm and an
+// untied head.
 int64_t DecoderParameterCount(const DecoderSpec& decoder);
 
 // Parameter count of the model (weights and biases, and a LoRA decoder's

@@ -9,7 +9,10 @@
 // group's scale, as the GPT's does. A LoRA job forms no gradient of its
 // frozen base: the activations' gradients flow through the frozen weights,
 // and each adapter adds its weights' gradients and its share of dx
-// (decoder_adapters.cc).
+// (decoder_adapters.cc). With qk_norm, the per-head norms' backward runs
+// after RoPE's, in place on dq and dk, from the rows the forward saved
+// before the norm; their weights' gradients accumulate as the other
+// RMSNorms' do.
 #include "common/status_macros.h"
 #include "server/engine/model/decoder/decoder_lora.h"
 #include "server/engine/model/decoder/decoder_model.h"
@@ -114,6 +117,7 @@ absl::Status DecoderModel::BackwardAttention(DecoderWorkspace& ws, size_t l, boo
   // RoPE is a rotation: its backward is the inverse rotation of dq, dk.
   AMPD_RETURN_IF_ERROR(
       b.Rope(d_qkv, heads + kv_heads, head_dim, ws.inv_freq, /*positions=*/nullptr, true));
+  AMPD_RETURN_IF_ERROR(QkNormBackward(p, sv, ws.d_qkv));
   // The stacked projection's gradient: later micro-batches start from
   // the parameters' gradients so that the GEMM's beta = 1 sum rounds
   // each element once, as every other weight gradient is.
@@ -145,6 +149,19 @@ absl::Status DecoderModel::BackwardAttention(DecoderWorkspace& ws, size_t l, boo
   AMPD_RETURN_IF_ERROR(b.RmsNormBackward(ws.x[l], value(p.input_norm), sv.rstd_1, ws.d_ln, ws.d_tmp,
                                          GradOrNull(p.input_norm)));
   return absl::OkStatus();
+}
+
+absl::Status DecoderModel::QkNormBackward(const BlockParams& p, const DecoderBlockBuffers& sv,
+                                          Tensor& d_qkv) {
+  if (p.q_norm < 0) return absl::OkStatus();
+  kernels::Backend& b = backend_;
+  const DecoderSpec& s = decoder();
+  const DecoderWidths wd(s);
+  AMPD_RETURN_IF_ERROR(b.HeadRmsNormBackward(sv.qkv_pre, 0, s.num_attention_heads,
+                                             params()[p.q_norm].value(), sv.rstd_q, d_qkv, d_qkv,
+                                             GradOrNull(p.q_norm)));
+  return b.HeadRmsNormBackward(sv.qkv_pre, wd.q, s.num_key_value_heads, params()[p.k_norm].value(),
+                               sv.rstd_k, d_qkv, d_qkv, GradOrNull(p.k_norm));
 }
 
 absl::Status DecoderModel::Backward(Workspace& any, bool first_micro_batch,

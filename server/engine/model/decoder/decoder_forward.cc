@@ -5,7 +5,13 @@
 // so that the GPT's fused causal attention runs unchanged. The LM head
 // runs in Loss (decoder_lm_head.cc), fused with the cross-entropy. A LoRA
 // job's adapters add their terms to their projections' outputs
-// (decoder_adapters.cc), before RoPE, the residual adds and the SwiGLU.
+// (decoder_adapters.cc), before the q/k norm, RoPE, the residual adds and
+// the SwiGLU. With qk_norm (Qwen3) each q and k head of the fused rows is
+// RMSNorm-ed in place before RoPE, by one call per weight.
+//
+// The order is Hugging Face's (Qwen3Attention.forward): q_norm(q_proj(x))
+// then RoPE; the norm computes in fp32 and rounds once (HF rounds x *
+// rstd to the dtype before the weight multiply: the same in fp32).
 //
 // BlockForward is one block's code, shared by Forward and the sampler's
 // decode step (decoder_sampling.cc): only the attention differs (over the
@@ -38,6 +44,7 @@ absl::Status DecoderModel::BlockForward(size_t l, const Tensor& x, DecoderBlockB
     AMPD_RETURN_IF_ERROR(
         LoraForward(b, lora_scale_, sv.ln_1, stack.lora_a, stack.lora_b, sv.lora_u_qkv, sv.qkv));
   }
+  AMPD_RETURN_IF_ERROR(QkNormForward(p, sv));
   AMPD_RETURN_IF_ERROR(attend(sv));
   const Tensor* o_bias = p.o_bias >= 0 ? &value(p.o_bias) : nullptr;
   AMPD_RETURN_IF_ERROR(b.GemmBiasActivation(false, true, sv.attn_y, value(p.o_weight), o_bias,
@@ -65,6 +72,20 @@ absl::Status DecoderModel::BlockForward(size_t l, const Tensor& x, DecoderBlockB
     AMPD_RETURN_IF_ERROR(AdapterForward(p.lora[kDown], sv.act, sv.lora_u[kDown - kO], x_next));
   }
   return b.Add(sv.resid, x_next);
+}
+
+absl::Status DecoderModel::QkNormForward(const BlockParams& p, DecoderBlockBuffers& sv) {
+  if (p.q_norm < 0) return absl::OkStatus();
+  kernels::Backend& b = backend_;
+  const DecoderSpec& s = decoder();
+  const DecoderWidths wd(s);
+  if (!sv.qkv_pre.empty()) AMPD_RETURN_IF_ERROR(b.Copy(sv.qkv, sv.qkv_pre));
+  // The q heads open each row, the k heads follow from column Q.
+  AMPD_RETURN_IF_ERROR(b.HeadRmsNormForward(sv.qkv, 0, s.num_attention_heads,
+                                            params()[p.q_norm].value(), s.rms_norm_eps, sv.qkv,
+                                            sv.rstd_q));
+  return b.HeadRmsNormForward(sv.qkv, wd.q, s.num_key_value_heads, params()[p.k_norm].value(),
+                              s.rms_norm_eps, sv.qkv, sv.rstd_k);
 }
 
 absl::Status DecoderModel::Forward(Workspace& any) {

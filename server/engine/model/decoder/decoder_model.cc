@@ -72,12 +72,15 @@ absl::StatusOr<int64_t> DecoderWorkspaceBytes(const ModelSpec& spec, Precision p
   const int64_t chunk_rows = LmHeadChunkRows(s.vocab_size, precision, n, lm_head_chunk_bytes);
   const bool head_sum = w != 4 && chunk_rows < n;
   // Per block: ln_1, resid, ln_2 (3 N C); qkv, its expansion, attn_y; gate,
-  // up, act (3 N I); lse (B, H, T) and two rstd (N), F32.
+  // up, act (3 N I); lse (B, H, T) and two rstd (N), F32; with qk_norm,
+  // qkv_pre and the norms' rstd (N, H + K) F32.
+  const int64_t qk_heads = s.num_attention_heads + s.num_key_value_heads;
   int64_t block = 0;
   for (int64_t part :
        {product({3, n, wd.c, w}), product({n, wd.qkv, w}), grouped ? product({3, n, wd.q, w}) : 0,
         product({n, wd.q, w}), product({3, n, wd.i, w}), product({b, s.num_attention_heads, t, 4}),
-        product({2, n, 4})}) {
+        product({2, n, 4}), s.qk_norm ? product({n, wd.qkv, w}) : 0,
+        s.qk_norm ? product({n, qk_heads, 4}) : 0}) {
     ok = ok && CheckedAdd(block, part, &block);
   }
   // LoRA: each block's u of its targets (N r each), the stacked q|k|v
@@ -145,7 +148,7 @@ kernels::ScratchExtents DecoderScratchExtents(const ModelSpec& spec, Precision p
 std::vector<int> DecoderModel::BlockParams::All() const {
   std::vector<int> all;
   for (const int i : {input_norm, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, o_weight,
-                      o_bias, post_norm, gate, up, down}) {
+                      o_bias, q_norm, k_norm, post_norm, gate, up, down}) {
     if (i >= 0) all.push_back(i);
   }
   for (const Adapter& adapter : lora) {
@@ -212,7 +215,7 @@ absl::StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Create(const ModelSp
   ParamInit ones;
   ones.value = 1.0f;
   // Gradients that only accumulate (+=): the embedding (scatter-add, and a
-  // tied head), the RMSNorm weights and an untied LM head (gpt_lm_head.cc's
+  // tied head), the RMSNorm weights (q_norm and k_norm too) and an untied LM head (gpt_lm_head.cc's
   // contract); every projection's GEMM writes its own on the first
   // micro-batch.
   const bool kPlusEqual = true;
@@ -250,6 +253,10 @@ absl::StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Create(const ModelSp
                           add(p + "self_attn.o_proj.weight", {wd.c, wd.q}, normal, kGemm));
     if (s.o_bias) {
       AMPD_ASSIGN_OR_RETURN(b.o_bias, add(p + "self_attn.o_proj.bias", {wd.c}, zeros, kGemm));
+    }
+    if (s.qk_norm) {
+      AMPD_ASSIGN_OR_RETURN(b.q_norm, add(p + "self_attn.q_norm.weight", {wd.d}, ones, kPlusEqual));
+      AMPD_ASSIGN_OR_RETURN(b.k_norm, add(p + "self_attn.k_norm.weight", {wd.d}, ones, kPlusEqual));
     }
     AMPD_ASSIGN_OR_RETURN(b.post_norm,
                           add(p + "post_attention_layernorm.weight", {wd.c}, ones, kPlusEqual));
@@ -326,6 +333,11 @@ absl::StatusOr<std::unique_ptr<Workspace>> DecoderModel::NewWorkspace(
     AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, b.ln_1));
     AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n}, b.rstd_1));
     AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.qkv}, b.qkv));
+    if (s.qk_norm) {
+      AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.qkv}, b.qkv_pre));
+      AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n, s.num_attention_heads}, b.rstd_q));
+      AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n, s.num_key_value_heads}, b.rstd_k));
+    }
     if (grouped) AMPD_RETURN_IF_ERROR(alloc(w, {n, 3 * wd.q}, b.qkv_x));
     AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {ws.batch, s.num_attention_heads, ws.seq}, b.lse));
     AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.q}, b.attn_y));

@@ -9,6 +9,9 @@
 //   x_0 = embed_tokens[ids]
 //   per block l:  a = rmsnorm(x_l) input_layernorm.weight
 //                 qkv (N, Q + 2 KV) = a [Wq; Wk; Wv]^T + [bq; bk; bv]
+//                 with qk_norm (Qwen3): each q head rmsnorm(.) q_norm.weight
+//                   and each k head rmsnorm(.) k_norm.weight, over its D
+//                   columns (Backend::HeadRmsNormForward)
 //                 RoPE (rotate-half, position t, inv_freq from rope_theta
 //                   and rope_scaling: rope_frequencies.h)
 //                   on the H + K q and k heads at the start of each row
@@ -31,7 +34,7 @@
 // the GPT's is (model/lm_head.h, LmHeadChunkRows).
 //
 // State-dict names and layouts are Hugging Face's (LlamaForCausalLM,
-// Qwen2ForCausalLM), in this order, which is also params()' and that of the
+// Qwen2ForCausalLM, Qwen3ForCausalLM), in this order, which is also params()' and that of the
 // Philox streams that initialise them:
 //   model.embed_tokens.weight (V, C),
 //   model.layers.{i}.input_layernorm.weight (C),
@@ -39,12 +42,15 @@
 //   model.layers.{i}.self_attn.k_proj.weight (KV, C) [.bias (KV)],
 //   model.layers.{i}.self_attn.v_proj.weight (KV, C) [.bias (KV)],
 //   model.layers.{i}.self_attn.o_proj.weight (C, Q) [.bias (C) with o_bias],
+//   [model.layers.{i}.self_attn.q_norm.weight (D), .k_norm.weight (D) with
+//    qk_norm],
 //   model.layers.{i}.post_attention_layernorm.weight (C),
 //   model.layers.{i}.mlp.gate_proj.weight (I, C), .up_proj.weight (I, C),
 //   model.layers.{i}.mlp.down_proj.weight (C, I),
 //   model.norm.weight (C), lm_head.weight (V, C) when untied.
 // Initialisation is Hugging Face's _init_weights: every Linear weight and
-// the embedding N(0, initializer_range^2), biases 0, RMSNorm weights 1.
+// the embedding N(0, initializer_range^2), biases 0, RMSNorm weights (the
+// per-head q_norm and k_norm too) 1.
 //
 // With LoRA (DecoderSpec::lora), every parameter above is frozen (held in
 // the working dtype only, network.h's Parameter) and drawn as the full
@@ -87,7 +93,9 @@ struct QkvStack;
 // activations (the two RMSNorm outputs and r_l: 3 N C; the fused q|k|v
 // N (Q + 2 KV), its K/V-expanded copy N 3Q when K < H, the attention
 // output N Q, gate, up and their SwiGLU product 3 N I, all working dtype;
-// the attention's log-sum-exp B H T and two RMSNorm rstd N, F32), the
+// the attention's log-sum-exp B H T and two RMSNorm rstd N, F32; with
+// qk_norm the q|k|v rows before the norm N (Q + 2 KV) and its rstd
+// N (H + K) F32), the
 // residual stream x_0..x_L and the final norm's output ((L + 2) N C, its
 // rstd N F32), the backward's scratch (3 N C, N Q, N (Q + 2 KV), N 3Q when
 // K < H, 3 N I), the stacked q/k/v weight and its gradient (2 (Q + 2 KV) C,
@@ -179,6 +187,7 @@ class DecoderModel final : public Network {
     int k_weight = -1, k_bias = -1;
     int v_weight = -1, v_bias = -1;
     int o_weight = -1, o_bias = -1;
+    int q_norm = -1, k_norm = -1;  // -1 without qk_norm
     int post_norm = -1;
     int gate = -1, up = -1, down = -1;
     std::array<Adapter, kModules> lora;
@@ -222,12 +231,18 @@ class DecoderModel final : public Network {
                                const kernels::Tensor& x, const kernels::Tensor& u,
                                const kernels::Tensor& dy, float beta, kernels::Tensor& dx);
   // One block's attention (decoder_forward.cc): from its q|k|v rows
-  // (sv.qkv, before RoPE) to sv.attn_y.
+  // (sv.qkv, after the q/k norm and before RoPE) to sv.attn_y.
   using Attend = std::function<absl::Status(DecoderBlockBuffers& sv)>;
   // Block l's forward on sv's rows from x to x_next, `attend` running its
   // attention: Forward's code and the sampler's decode step's.
   absl::Status BlockForward(size_t l, const kernels::Tensor& x, DecoderBlockBuffers& sv,
                             QkvStack& stack, const Attend& attend, kernels::Tensor& x_next);
+  // With qk_norm: block p's per-head RMSNorm of sv.qkv's q and k heads in
+  // place (saving the rows before it in sv.qkv_pre when that is allocated),
+  // and its backward on d_qkv (N, Q + 2 KV), in place. Nothing without.
+  absl::Status QkNormForward(const BlockParams& p, DecoderBlockBuffers& sv);
+  absl::Status QkNormBackward(const BlockParams& p, const DecoderBlockBuffers& sv,
+                              kernels::Tensor& d_qkv);
   // A frozen parameter's gradient is nullptr; a trainable one's its own.
   kernels::Tensor* GradOrNull(int index);
   bool lora() const { return decoder().lora.has_value(); }

@@ -58,12 +58,16 @@ absl::StatusOr<int64_t> DecoderModel::DecodeStateBytes(int64_t sequences, int64_
     return ok ? p : 0;
   };
   const int64_t n = sequences;
+  // With qk_norm, the per-head norms' statistics (S, H + K) F32.
+  const int64_t qk_rstd =
+      s.qk_norm ? product({n, s.num_attention_heads + s.num_key_value_heads, 4}) : 0;
   int64_t total = 0;
   for (int64_t part : {
            product({2, s.num_hidden_layers, n, max_len, wd.kv, w}),  // the K and V caches
            product({2, n, wd.c, w}),                                 // x, twice
            product({3, n, wd.c, w}),                                 // ln_1, resid, ln_2
            product({3, n, 4}),                                       // rstd_1, rstd_2, rstd_f
+           qk_rstd,                                                  // rstd_q, rstd_k
            product({n, wd.qkv, w}), product({2, n, wd.q, w}),        // qkv; attn_y, q
            product({3, n, wd.i, w}),                                 // gate, up, act
            product({n, rank, targets.qkv + targets.others, w}),      // LoRA's u
@@ -105,6 +109,10 @@ absl::StatusOr<std::unique_ptr<DecodeState>> DecoderModel::MakeDecodeState(int64
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, r.ln_1));
   AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n}, r.rstd_1));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.qkv}, r.qkv));
+  if (s.qk_norm) {  // no qkv_pre: a decode step has no backward
+    AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n, s.num_attention_heads}, r.rstd_q));
+    AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n, s.num_key_value_heads}, r.rstd_k));
+  }
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.q}, r.attn_y));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, r.resid));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, r.ln_2));

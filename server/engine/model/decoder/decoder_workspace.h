@@ -64,7 +64,13 @@ struct QkvStack {
 // step's buffers for its S rows (one, reused by every block).
 struct DecoderBlockBuffers {
   kernels::Tensor ln_1, rstd_1;  // (N, C) working; (N) F32
-  kernels::Tensor qkv;           // (N, Q + 2 KV) after RoPE
+  kernels::Tensor qkv;           // (N, Q + 2 KV) after the q/k norm and RoPE
+  // With qk_norm: qkv as the projection wrote it, before the per-head
+  // norm, whose backward reads it (empty in a sampler's decode step, which
+  // has no backward, and without qk_norm); the norms' statistics, (N, H)
+  // and (N, K) F32.
+  kernels::Tensor qkv_pre;
+  kernels::Tensor rstd_q, rstd_k;
   // (N, 3 Q): qkv with the K/V heads expanded to H; empty when K == H,
   // where qkv already has that layout.
   kernels::Tensor qkv_x;
