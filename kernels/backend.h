@@ -651,10 +651,25 @@ class Backend {
 
   // ---- embedding ----------------------------------------------------------
   // ids (N) I32 or I64, each in [0, V); table (V, C); out (N, C) table's dtype.
-  // An out-of-range id is InvalidArgument.
-  virtual absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out) = 0;
-  // dtable (V, C) += scatter of dout (N, C) by ids.
-  virtual absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable) = 0;
+  // An out-of-range id is InvalidArgument. out = table[ids] * scale, the
+  // product in fp32 rounded once to the dtype (scale 1: the rows' bytes;
+  // Gemma scales by sqrt(hidden_size), which the caller rounds to the
+  // working dtype first, as Gemma3TextScaledWordEmbedding does). scale
+  // finite, else InvalidArgument.
+  virtual absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, float scale,
+                                        Tensor& out) = 0;
+  absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out) {
+    return EmbeddingForward(ids, table, 1.0f, out);
+  }
+  // dtable (V, C) += scatter of dout (N, C) * scale by ids: each row's
+  // contribution round(dout * scale) (the product's gradient in dout's
+  // dtype, as the forward's multiply has it; dout itself at scale 1),
+  // summed in fp32 in batch order, added to the old value, rounded once.
+  virtual absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, float scale,
+                                         Tensor& dtable) = 0;
+  absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
+    return EmbeddingBackward(ids, dout, 1.0f, dtable);
+  }
 
   // ---- losses (computed in fp32) ------------------------------------------
   // loss (1) F32 = mean((pred - target)^2) over all elements, times multiplier.

@@ -671,6 +671,13 @@ absl::Status ValidateRmsNormOffset(float weight_offset, const char* op) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateEmbeddingScale(float scale, const char* op) {
+  if (!std::isfinite(scale)) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": scale is ", scale, "; expected finite"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateGluActivation(GluActivation act, const char* op) {
   switch (act) {
     case GluActivation::kSiLU:

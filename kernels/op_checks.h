@@ -184,6 +184,8 @@ absl::Status ValidateGatedMulBackward(const Tensor& gate, const Tensor& up, cons
 absl::Status ValidateGluActivation(GluActivation act, const char* op);
 
 // ---- embedding (the ids' range is the backend's to check)
+// The rows' scale: finite.
+absl::Status ValidateEmbeddingScale(float scale, const char* op);
 absl::Status ValidateEmbeddingForward(const Tensor& ids, const Tensor& table, const Tensor& out);
 absl::Status ValidateEmbeddingBackward(const Tensor& ids, const Tensor& dout, const Tensor& dtable);
 

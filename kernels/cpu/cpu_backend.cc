@@ -345,11 +345,15 @@ class CpuBackend final : public Backend {
     return cpu::GatedMulBackward(pool_, act, gate, up, dy, dgate, dup);
   }
 
-  absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out) override {
-    return cpu::EmbeddingForward(ids, table, out);
+  using Backend::EmbeddingBackward;
+  using Backend::EmbeddingForward;
+  absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, float scale,
+                                Tensor& out) override {
+    return cpu::EmbeddingForward(ids, table, scale, out);
   }
-  absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable) override {
-    return cpu::EmbeddingBackward(ids, dout, dtable);
+  absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, float scale,
+                                 Tensor& dtable) override {
+    return cpu::EmbeddingBackward(ids, dout, scale, dtable);
   }
 
   absl::Status MseLoss(const Tensor& pred, const Tensor& target, float multiplier, float grad_scale,

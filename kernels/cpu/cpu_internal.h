@@ -257,8 +257,8 @@ absl::Status GatedMulForward(ThreadPool& pool, GluActivation act, const Tensor& 
 absl::Status GatedMulBackward(ThreadPool& pool, GluActivation act, const Tensor& gate,
                               const Tensor& up, const Tensor& dy, Tensor& dgate, Tensor& dup);
 // embedding.cc
-absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out);
-absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable);
+absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, float scale, Tensor& out);
+absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, float scale, Tensor& dtable);
 // mse_loss.cc
 absl::Status MseLoss(const Tensor& pred, const Tensor& target, float multiplier, float grad_scale,
                      Tensor& loss, Tensor& dpred);

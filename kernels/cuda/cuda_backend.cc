@@ -733,18 +733,24 @@ class CudaBackend final : public Backend {
   }
 
   // ---- embedding ------------------------------------------------------------
-  absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out) override {
+  using Backend::EmbeddingBackward;
+  using Backend::EmbeddingForward;
+  absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, float scale,
+                                Tensor& out) override {
     // Ids outside [0, V) are caught on the device (the error word), not
     // here: that would need the ids on the host.
     AMPD_RETURN_IF_ERROR(ValidateEmbeddingForward(ids, table, out));
+    AMPD_RETURN_IF_ERROR(ValidateEmbeddingScale(scale, "EmbeddingForward"));
     AMPD_ENTER_DEVICE();
     return LaunchEmbeddingForward(ids.data(), ids.dtype(), ids.dim(0), table.data(), table.dtype(),
-                                  table.dim(0), table.dim(1), out.data(),
+                                  table.dim(0), table.dim(1), scale, out.data(),
                                   error_word_.data_as<int>(), stream());
   }
 
-  absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable) override {
+  absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, float scale,
+                                 Tensor& dtable) override {
     AMPD_RETURN_IF_ERROR(ValidateEmbeddingBackward(ids, dout, dtable));
+    AMPD_RETURN_IF_ERROR(ValidateEmbeddingScale(scale, "EmbeddingBackward"));
     if (ids.dim(0) == 0) return absl::OkStatus();  // nothing to scatter
     AMPD_ENTER_DEVICE();
     // Scratch for the deterministic sort-and-segment scatter (embedding.cu);
@@ -757,8 +763,9 @@ class CudaBackend final : public Backend {
       AMPD_ASSIGN_OR_RETURN(scratch, Scratch(scratch_bytes));
     }
     return LaunchEmbeddingBackward(ids.data(), ids.dtype(), ids.dim(0), dout.data(), dout.dtype(),
-                                   dtable.data(), dtable.dtype(), dtable.dim(0), dtable.dim(1),
-                                   scratch, scratch_bytes, error_word_.data_as<int>(), stream());
+                                   scale, dtable.data(), dtable.dtype(), dtable.dim(0),
+                                   dtable.dim(1), scratch, scratch_bytes,
+                                   error_word_.data_as<int>(), stream());
   }
 
   // ---- losses ---------------------------------------------------------------

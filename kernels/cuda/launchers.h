@@ -315,17 +315,19 @@ absl::Status LaunchGatedMulBackward(GluActivation act, const void* gate, const v
                                     const void* dy, void* dgate, void* dup, DType dtype, int64_t n,
                                     cudaStream_t stream);
 
+// out = table[ids] * scale (scale 1: the bytes; else in fp32, rounded once).
 absl::Status LaunchEmbeddingForward(const void* ids, DType id_dtype, int64_t n, const void* table,
-                                    DType dtype, int64_t vocab, int64_t cols, void* out,
-                                    int* error_flags, cudaStream_t stream);
-// dtable (vocab, cols) += scatter of dout (n, cols), deterministic: each
-// touched row becomes round(old + (c1 + c2 + ...)) with its contributions
-// summed in fp32 in batch order, as the CPU oracle does. Needs `scratch` of
+                                    DType dtype, int64_t vocab, int64_t cols, float scale,
+                                    void* out, int* error_flags, cudaStream_t stream);
+// dtable (vocab, cols) += scatter of dout (n, cols) * scale, deterministic:
+// each touched row becomes round(old + (c1 + c2 + ...)) with its
+// contributions (round(dout * scale) in dout's dtype) summed in fp32 in
+// batch order, as the CPU oracle does. Needs `scratch` of
 // EmbeddingBackwardScratchBytes(n, vocab) bytes (256-byte aligned).
 absl::Status EmbeddingBackwardScratchBytes(int64_t n, int64_t vocab, size_t* bytes);
 absl::Status LaunchEmbeddingBackward(const void* ids, DType id_dtype, int64_t n, const void* dout,
-                                     DType dout_dtype, void* dtable, DType dtable_dtype,
-                                     int64_t vocab, int64_t cols, void* scratch,
+                                     DType dout_dtype, float scale, void* dtable,
+                                     DType dtable_dtype, int64_t vocab, int64_t cols, void* scratch,
                                      size_t scratch_bytes, int* error_flags, cudaStream_t stream);
 
 // partials: kMaxReductionBlocks floats of scratch.

@@ -1942,71 +1942,79 @@ void AddGatedMulCases(std::vector<OpCase>& cases) {
 // ---- embedding ----
 void AddEmbeddingCases(std::vector<OpCase>& cases) {
   const int64_t vocab = 50, cols = 40, n = 500;  // n >> vocab: ids repeat
-  for (DType dt : kFloatDTypes) {
-    for (DType idt : kIdDTypes) {
-      const std::string variant = absl::StrCat(Lower(dt), "_ids_", Lower(idt));
+  // scale 1: a lookup; 6.3125 (sqrt(40) to bf16's 8 bits, exact in every
+  // dtype): Gemma's sqrt(hidden_size), one rounding of the product.
+  for (const float scale : {1.0f, 6.3125f}) {
+    for (DType dt : kFloatDTypes) {
+      for (DType idt : kIdDTypes) {
+        const std::string variant =
+            absl::StrCat(Lower(dt), "_ids_", Lower(idt), scale != 1.0f ? "_scaled" : "");
 
-      auto forward = [=] {
-        const HostTensor table = Random(dt, {vocab, cols}, 60, -1, 1);
-        const HostTensor ids = Ids(idt, n, 62, vocab);
-        CaseFns f;
-        f.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
-          Io io(be);
-          AMPD_ASSIGN_OR_RETURN(Tensor tid, io.Upload(ids));
-          AMPD_ASSIGN_OR_RETURN(Tensor tt, io.Upload(table));
-          AMPD_ASSIGN_OR_RETURN(Tensor to, io.Unwritten(dt, {n, cols}));
-          AMPD_RETURN_IF_ERROR(be.EmbeddingForward(tid, tt, to));
-          AMPD_RETURN_IF_ERROR(io.Read("out", to, kBitwise));
-          return io.Take();
-        };
-        f.reference = [=] {
-          std::vector<double> want;
-          for (double id : ids.values) {
-            for (int64_t c = 0; c < cols; ++c) {
-              want.push_back(
-                  table.values[static_cast<size_t>(static_cast<int64_t>(id) * cols + c)]);
+        auto forward = [=] {
+          const HostTensor table = Random(dt, {vocab, cols}, 60, -1, 1);
+          const HostTensor ids = Ids(idt, n, 62, vocab);
+          CaseFns f;
+          f.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+            Io io(be);
+            AMPD_ASSIGN_OR_RETURN(Tensor tid, io.Upload(ids));
+            AMPD_ASSIGN_OR_RETURN(Tensor tt, io.Upload(table));
+            AMPD_ASSIGN_OR_RETURN(Tensor to, io.Unwritten(dt, {n, cols}));
+            AMPD_RETURN_IF_ERROR(be.EmbeddingForward(tid, tt, scale, to));
+            AMPD_RETURN_IF_ERROR(io.Read("out", to, kBitwise));
+            return io.Take();
+          };
+          f.reference = [=] {
+            std::vector<double> want;
+            for (double id : ids.values) {
+              for (int64_t c = 0; c < cols; ++c) {
+                want.push_back(kt::RefStore(
+                    dt, table.values[static_cast<size_t>(static_cast<int64_t>(id) * cols + c)] *
+                            scale));
+              }
             }
-          }
-          return Outputs{{"out", want, kBitwise}};
+            return Outputs{{"out", want, kBitwise}};
+          };
+          return f;
         };
-        return f;
-      };
-      cases.push_back({"EmbeddingForward", variant, forward});
+        cases.push_back({"EmbeddingForward", variant, forward});
 
-      auto backward = [=] {
-        const HostTensor table = Random(dt, {vocab, cols}, 60, -1, 1);
-        const HostTensor dout = Random(dt, {n, cols}, 61, -1, 1);
-        const HostTensor ids = Ids(idt, n, 62, vocab);
-        CaseFns b;
-        b.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
-          Io io(be);
-          AMPD_ASSIGN_OR_RETURN(Tensor tid, io.Upload(ids));
-          AMPD_ASSIGN_OR_RETURN(Tensor tt, io.Upload(table));
-          AMPD_ASSIGN_OR_RETURN(Tensor tdo, io.Upload(dout));
-          AMPD_RETURN_IF_ERROR(be.EmbeddingBackward(tid, tdo, tt));
-          // The same fp32 adds in the same (batch) order per row.
-          AMPD_RETURN_IF_ERROR(io.Read("dtable", tt, kBitwise));
-          return io.Take();
-        };
-        b.reference = [=] {
-          std::vector<double> want(table.values);
-          std::vector<int> hits(static_cast<size_t>(vocab), 0);
-          for (int64_t i = 0; i < n; ++i) {
-            const int64_t id = static_cast<int64_t>(ids.values[static_cast<size_t>(i)]);
-            ++hits[static_cast<size_t>(id)];
-            for (int64_t c = 0; c < cols; ++c) {
-              want[static_cast<size_t>(id * cols + c)] +=
-                  dout.values[static_cast<size_t>(i * cols + c)];
+        auto backward = [=] {
+          const HostTensor table = Random(dt, {vocab, cols}, 60, -1, 1);
+          const HostTensor dout = Random(dt, {n, cols}, 61, -1, 1);
+          const HostTensor ids = Ids(idt, n, 62, vocab);
+          CaseFns b;
+          b.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+            Io io(be);
+            AMPD_ASSIGN_OR_RETURN(Tensor tid, io.Upload(ids));
+            AMPD_ASSIGN_OR_RETURN(Tensor tt, io.Upload(table));
+            AMPD_ASSIGN_OR_RETURN(Tensor tdo, io.Upload(dout));
+            AMPD_RETURN_IF_ERROR(be.EmbeddingBackward(tid, tdo, scale, tt));
+            // The same fp32 adds in the same (batch) order per row.
+            AMPD_RETURN_IF_ERROR(io.Read("dtable", tt, kBitwise));
+            return io.Take();
+          };
+          b.reference = [=] {
+            std::vector<double> want(table.values);
+            std::vector<int> hits(static_cast<size_t>(vocab), 0);
+            for (int64_t i = 0; i < n; ++i) {
+              const int64_t id = static_cast<int64_t>(ids.values[static_cast<size_t>(i)]);
+              ++hits[static_cast<size_t>(id)];
+              for (int64_t c = 0; c < cols; ++c) {
+                want[static_cast<size_t>(id * cols + c)] +=
+                    kt::RefStore(dt, dout.values[static_cast<size_t>(i * cols + c)] * scale);
+              }
             }
-          }
-          // Each row: an fp32 sum of its hits (terms below 1), added to a
-          // value below 1: one rounding of a partial sum below `hits` per hit.
-          const int most = *std::max_element(hits.begin(), hits.end());
-          return Outputs{{"dtable", want, Ulps(dt, 1) + Tol{0, (most + 1) * most * kU32}}};
+            // Each row: an fp32 sum of its hits (terms below scale), added to
+            // a value below 1: one rounding of a partial sum below `hits`
+            // scale per hit.
+            const int most = *std::max_element(hits.begin(), hits.end());
+            return Outputs{
+                {"dtable", want, Ulps(dt, 1) + Tol{0, (most + 1) * most * scale * kU32}}};
+          };
+          return b;
         };
-        return b;
-      };
-      cases.push_back({"EmbeddingBackward", variant, backward});
+        cases.push_back({"EmbeddingBackward", variant, backward});
+      }
     }
   }
 }
