@@ -160,7 +160,7 @@ struct DecoderSpec {
   // Layer i attends to its last sliding_window keys when sliding_layers[i],
   // its RoPE then of base rope_local_theta without scaling; empty: no layer
   // slides.
-  std::vector<bool> sliding_layers;
+  std::vector<bool> sliding_layers = {};
   int64_t sliding_window = 0;
   float rope_local_theta = 10000.0f;
   // Set: a LoRA fine-tune of this decoder (base weights frozen).
