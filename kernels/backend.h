@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "common/grad_histogram.h"
+#include "kernels/attention_params.h"
 #include "kernels/tensor.h"
 #include "kernels/token_loss.h"
 
@@ -35,6 +36,10 @@ enum class Activation : uint8_t { kReLU, kGELU, kTanh, kGELUTanh };
 // GemmActivationBackward): nothing, or GELU's tanh form (GPT-2's MLP; the
 // formula of Activation::kGELUTanh).
 enum class GemmActivation : uint8_t { kNone, kGELUTanh };
+
+// The gate's activation of a gated MLP (GatedMulForward): SiLU (SwiGLU,
+// Llama/Qwen) or GELU's tanh form (GeGLU, Gemma's gelu_pytorch_tanh).
+enum class GluActivation : uint8_t { kSiLU, kGELUTanh };
 
 // The operand of a weight-gradient GEMM that holds the output gradient dy,
 // whose sum over K is the bias gradient (GemmBiasGrad).
@@ -372,19 +377,26 @@ class Backend {
   virtual absl::Status ActivationBackward(Activation act, const Tensor& x, const Tensor& dy,
                                           Tensor& dx) = 0;
 
-  // ---- causal self-attention (GPT) ------------------------------------------
+  // ---- causal self-attention --------------------------------------------------
   // Fused ("flash") attention: nothing of size T x T is ever stored. With
-  // C = qkv.dim(2) / 3, D = C / n_head (n_head must divide C) and
-  // scale = AttentionScale(D) (kernels/attention_params.h), each query row
-  // t of head h (batch row b) is computed as follows; every step is fixed,
-  // so a backend is reproducible bit for bit run to run, and backends
-  // differ only in the order of fp32 sums (the dot products, the sums
-  // inside one key block) and in exp/log's last bits.
+  // C = qkv.dim(2) / 3, D = C / n_head (n_head must divide C), scale =
+  // AttentionScaleOf(options, D) and the window W = options.window
+  // (kernels/attention_params.h: 0, or a sliding window of W keys), query
+  // t sees keys first(t) .. t with first(t) = AttentionFirstKey(t, W) (0
+  // without a window). Each query row t of head h (batch row b) is
+  // computed as follows; every step is fixed, so a backend is reproducible
+  // bit for bit run to run, and backends differ only in the order of fp32
+  // sums (the dot products, the sums inside one key block) and in exp/log's
+  // last bits.
   //   Keys are visited in blocks of kAttentionKeyBlock (Bk) keys whose
   //   boundaries are absolute positions (block j holds keys [j Bk, (j+1) Bk)),
-  //   in increasing j, up to and including the query's own block t / Bk;
-  //   keys after the query inside that block are masked (they add nothing).
-  //   Blocks after the query's are never visited.
+  //   in increasing j, from the block of the first visible key, first(t) /
+  //   Bk, up to and including the query's own block t / Bk; keys outside
+  //   first(t) .. t inside those blocks are masked (they add nothing).
+  //   Blocks before the first's or after the query's are never visited (a
+  //   backend that runs a whole tile of queries through a block one of them
+  //   does not see adds exact zeros for that row and leaves its m, l and
+  //   acc as they were).
   //   Per block, in fp32 (nothing below is rounded to the working dtype
   //   unless said):
   //     S_s   = (q_t . k_s) * scale            the dot product in fp32, not rounded
@@ -403,8 +415,8 @@ class Backend {
   //   four partial sums over interleaved keys (keys j with j / 2 % 4 = i,
   //   in order), added (0 + 1) + (2 + 3).) Then, once:
   //     out_t,d = acc_d / l  rounded to the working dtype;  lse_t = m + log(l).
-  // A row's result depends only on q_t and keys 0 .. t: not on T, B, the
-  // other rows, nor how many queries a call holds. The first t rows of a
+  // A row's result depends only on q_t and keys first(t) .. t: not on T, B,
+  // the other rows, nor how many queries a call holds. The first t rows of a
   // call at sequence length t are, bit for bit, rows 0 .. t-1 of a call at
   // any longer T with the same prefix (what a KV-cached decode relies on),
   // up to the sign of an exactly zero output. A non-finite v of a key
@@ -416,12 +428,19 @@ class Backend {
   // out (B, T, C) qkv's dtype, written: head h in columns h*D ...
   // lse (B, n_head, T) F32, written: each row's log-sum-exp of S, saved for
   //   the backward.
-  // out and lse must not overlap qkv or each other.
-  virtual absl::Status AttentionForward(const Tensor& qkv, int64_t n_head, Tensor& out,
+  // out and lse must not overlap qkv or each other. options.window >= 0 and
+  // a set options.scale finite and > 0, else InvalidArgument.
+  virtual absl::Status AttentionForward(const Tensor& qkv, int64_t n_head,
+                                        const AttentionOptions& options, Tensor& out,
                                         Tensor& lse) = 0;
+  // Plain causal attention with the scale 1/sqrt(D) (GPT-2, Llama, Qwen).
+  absl::Status AttentionForward(const Tensor& qkv, int64_t n_head, Tensor& out, Tensor& lse) {
+    return AttentionForward(qkv, n_head, AttentionOptions{}, out, lse);
+  }
   // The backward of that forward, recomputing P from lse (no T x T input
-  // or scratch). qkv, out and lse as AttentionForward read and wrote them;
-  // dout (B, T, C). Per (b, h), in fp32, over the same causal pairs s <= t:
+  // or scratch). qkv, out and lse as AttentionForward read and wrote them
+  // with the same options; dout (B, T, C). Per (b, h), in fp32, over the
+  // same pairs first(t) <= s <= t:
   //   Delta_t = sum_d dout_t,d * out_t,d      (fp32 over the stored values)
   //   S_ts    = (q_t . k_s) * scale           as in the forward
   //   P_ts    = exp(S_ts - lse_t)
@@ -439,7 +458,12 @@ class Backend {
   // bits run to run. Scratch (Delta, (B, n_head, T) F32) is the backend's.
   // dqkv must not overlap an input.
   virtual absl::Status AttentionBackward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
-                                         const Tensor& lse, int64_t n_head, Tensor& dqkv) = 0;
+                                         const Tensor& lse, int64_t n_head,
+                                         const AttentionOptions& options, Tensor& dqkv) = 0;
+  absl::Status AttentionBackward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
+                                 const Tensor& lse, int64_t n_head, Tensor& dqkv) {
+    return AttentionBackward(qkv, out, dout, lse, n_head, AttentionOptions{}, dqkv);
+  }
 
   // The decode step of sampling with a KV cache: one new query row per
   // sequence against that sequence's cached keys and values.
@@ -447,7 +471,8 @@ class Backend {
   //   model uses RoPE), head h in columns h D .. h D + D - 1.
   // k_cache, v_cache (S, T_max, Hkv D): sequence s's keys and values at
   //   positions 0 .. positions[s], the current token's included; positions
-  //   after positions[s] are never read (they may hold anything).
+  //   after positions[s] are never read (they may hold anything), nor,
+  //   under a window, blocks wholly before the first visible key's.
   // positions (S) I32 or I64, on the backend's device: row s's query
   //   position t = positions[s], 0 <= t < T_max.
   // heads H >= 1, kv_heads Hkv dividing H: query head h reads kv head
@@ -457,7 +482,8 @@ class Backend {
   // Contract: out[s, head h] is, bit for bit, the row t = positions[s] of
   // head h that AttentionForward on this backend writes when that row's q
   // is q[s, h] and its keys and values 0 .. t are the cache's (the kv heads
-  // expanded to H as ExpandKvHeads does): the same key blocks at absolute
+  // expanded to H as ExpandKvHeads does), with the same options (scale and
+  // window, first(t) .. t visible): the same key blocks at absolute
   // positions and the same sums in the same order. The CPU backend shares
   // the row's code with its forward. The CUDA backend runs, for each call,
   // the decode twin of the forward kernel the same dtype, D and alignment
@@ -474,7 +500,14 @@ class Backend {
   // cache row for it) rather than report an error.
   virtual absl::Status AttentionDecode(const Tensor& q, const Tensor& k_cache,
                                        const Tensor& v_cache, const Tensor& positions,
-                                       int64_t heads, int64_t kv_heads, Tensor& out) = 0;
+                                       int64_t heads, int64_t kv_heads,
+                                       const AttentionOptions& options, Tensor& out) = 0;
+  absl::Status AttentionDecode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                               const Tensor& positions, int64_t heads, int64_t kv_heads,
+                               Tensor& out) {
+    return AttentionDecode(q, k_cache, v_cache, positions, heads, kv_heads, AttentionOptions{},
+                           out);
+  }
 
   // The decode step's new keys and values into a KV cache, every sequence
   // at its own position, one call per layer: rows (S, R) the layer's fused
@@ -520,39 +553,62 @@ class Backend {
 
   // RMSNorm (Llama/Qwen2 families), LayerNorm without the centring and the
   // bias: in fp32, rstd = 1 / sqrt(sum(x^2) / C + eps) (exact sqrt and
-  // division), y = x * rstd * weight rounded once. x, y: (N, C) working
-  // dtype; weight (C) x's dtype; rstd (N) F32 saved for the backward. (Hugging
-  // Face's LlamaRMSNorm rounds x * rstd to the dtype before multiplying by
-  // the weight, a second rounding in fp16/bf16 that ampd does not make; in
-  // fp32 the two agree to the order of the sum.)
-  virtual absl::Status RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
-                                      Tensor& rstd) = 0;
-  // xhat = x * rstd, g = dy * weight, in fp32:
+  // division), y = x * rstd * (weight_offset + weight) rounded once. x, y:
+  // (N, C) working dtype; weight (C) x's dtype; rstd (N) F32 saved for the
+  // backward. weight_offset is 0 for Llama's RMSNorm (the sum is then the
+  // weight, bit for bit) and 1 for Gemma's, whose checkpoints store w with
+  // the scale 1 + w (Gemma3RMSNorm, also in fp32). (Hugging Face's
+  // LlamaRMSNorm rounds x * rstd to the dtype before multiplying by the
+  // weight, a second rounding in fp16/bf16 that ampd does not make; in fp32
+  // the two agree to the order of the sum.)
+  virtual absl::Status RmsNormForward(const Tensor& x, const Tensor& weight, float eps,
+                                      float weight_offset, Tensor& y, Tensor& rstd) = 0;
+  absl::Status RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
+                              Tensor& rstd) {
+    return RmsNormForward(x, weight, eps, 0.0f, y, rstd);
+  }
+  // xhat = x * rstd, g = dy * (weight_offset + weight), in fp32:
   //   dx = rstd * (g - xhat * (sum(g * xhat) * (1/C)))   overwritten
   //   dweight += sum over rows of dy * xhat               fp32, rounded once
-  // dweight nullptr: the weight is frozen (a LoRA fine-tune's base), no
-  // weight gradient is formed and only dx is written, with the same bits
-  // as with a dweight.
-  virtual absl::Status RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                                       const Tensor& dy, Tensor& dx, Tensor* dweight) = 0;
-  // RMSNorm per head (Qwen3's q_norm and k_norm): RmsNormForward's
-  // arithmetic over each of `heads` consecutive heads of D = weight.dim(0)
-  // columns starting at column `col` of every row of x (R, W): head h of
-  // row r is the columns [col + h D, col + (h + 1) D), normalised on its
-  // own, every head by the same weight (D). y (R, W), x's dtype and shape,
-  // may be x; only those columns of y are written. rstd (R, heads) F32 for
-  // the backward. (The q and k heads of a fused q|k|v row: one call for
-  // the q heads with q_norm, one for the k heads with k_norm.)
+  // (the offset is a constant: d(offset + w)/dw = 1). dweight nullptr: the
+  // weight is frozen (a LoRA fine-tune's base), no weight gradient is
+  // formed and only dx is written, with the same bits as with a dweight.
+  virtual absl::Status RmsNormBackward(const Tensor& x, const Tensor& weight, float weight_offset,
+                                       const Tensor& rstd, const Tensor& dy, Tensor& dx,
+                                       Tensor* dweight) = 0;
+  absl::Status RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                               const Tensor& dy, Tensor& dx, Tensor* dweight) {
+    return RmsNormBackward(x, weight, 0.0f, rstd, dy, dx, dweight);
+  }
+  // RMSNorm per head (Qwen3's q_norm and k_norm, Gemma 3's with the offset
+  // 1): RmsNormForward's arithmetic over each of `heads` consecutive heads
+  // of D = weight.dim(0) columns starting at column `col` of every row of x
+  // (R, W): head h of row r is the columns [col + h D, col + (h + 1) D),
+  // normalised on its own, every head by the same weight (D) with
+  // RmsNormForward's weight_offset. y (R, W), x's dtype and shape, may be
+  // x; only those columns of y are written. rstd (R, heads) F32 for the
+  // backward. (The q and k heads of a fused q|k|v row: one call for the q
+  // heads with q_norm, one for the k heads with k_norm.)
   virtual absl::Status HeadRmsNormForward(const Tensor& x, int64_t col, int64_t heads,
-                                          const Tensor& weight, float eps, Tensor& y,
-                                          Tensor& rstd) = 0;
+                                          const Tensor& weight, float eps, float weight_offset,
+                                          Tensor& y, Tensor& rstd) = 0;
+  absl::Status HeadRmsNormForward(const Tensor& x, int64_t col, int64_t heads, const Tensor& weight,
+                                  float eps, Tensor& y, Tensor& rstd) {
+    return HeadRmsNormForward(x, col, heads, weight, eps, 0.0f, y, rstd);
+  }
   // RmsNormBackward's arithmetic per head over the same columns: dx's
   // columns of those heads overwritten (dx may be dy, in place; its other
   // columns untouched), dweight (D) += the sum over every row's heads of
   // dy * xhat, in fp32, rounded once; nullptr: frozen, dx alone.
   virtual absl::Status HeadRmsNormBackward(const Tensor& x, int64_t col, int64_t heads,
-                                           const Tensor& weight, const Tensor& rstd,
-                                           const Tensor& dy, Tensor& dx, Tensor* dweight) = 0;
+                                           const Tensor& weight, float weight_offset,
+                                           const Tensor& rstd, const Tensor& dy, Tensor& dx,
+                                           Tensor* dweight) = 0;
+  absl::Status HeadRmsNormBackward(const Tensor& x, int64_t col, int64_t heads,
+                                   const Tensor& weight, const Tensor& rstd, const Tensor& dy,
+                                   Tensor& dx, Tensor* dweight) {
+    return HeadRmsNormBackward(x, col, heads, weight, 0.0f, rstd, dy, dx, dweight);
+  }
 
   // ---- rotary position embeddings (Llama/Qwen2 families) --------------------
   // In place on x (B, T, W): the first `heads` heads of head_dim (D, even)
@@ -570,23 +626,50 @@ class Backend {
   virtual absl::Status Rope(Tensor& x, int64_t heads, int64_t head_dim, const Tensor& inv_freq,
                             const Tensor* positions, bool inverse) = 0;
 
-  // ---- SwiGLU (Llama/Qwen2 MLP) ---------------------------------------------
-  // y = silu(gate) * up, in fp32, rounded once: silu(g) = g * s with
-  // s = 1 / (1 + exp(-g)). gate, up, y: the same float dtype and shape; y
-  // may be gate or up. (Hugging Face rounds silu(gate) to the dtype before
-  // the product; ampd rounds once.)
-  virtual absl::Status SiluMulForward(const Tensor& gate, const Tensor& up, Tensor& y) = 0;
-  // dgate = (dy * up) * (s * (1 + g * (1 - s))), dup = dy * (g * s), each
-  // in fp32 and rounded once; dgate and dup overlap no input.
-  virtual absl::Status SiluMulBackward(const Tensor& gate, const Tensor& up, const Tensor& dy,
-                                       Tensor& dgate, Tensor& dup) = 0;
+  // ---- gated MLP: SwiGLU (Llama/Qwen) and GeGLU (Gemma) ----------------------
+  // y = act(gate) * up, in fp32, rounded once. gate, up, y: the same float
+  // dtype and shape; y may be gate or up. (Hugging Face rounds act(gate) to
+  // the dtype before the product; ampd rounds once.)
+  //   kSiLU:     act(g) = g * s with s = 1 / (1 + exp(-g))
+  //   kGELUTanh: act(g) = GELUTanh's formula (ActivationForward's, in its
+  //              operation order)
+  virtual absl::Status GatedMulForward(GluActivation act, const Tensor& gate, const Tensor& up,
+                                       Tensor& y) = 0;
+  // dgate = (dy * up) * act'(g), dup = dy * act(g), each in fp32 and
+  // rounded once; dgate and dup overlap no input.
+  //   kSiLU:     act'(g) = s * (1 + g * (1 - s))
+  //   kGELUTanh: act'(g) = ActivationBackward's exact derivative
+  virtual absl::Status GatedMulBackward(GluActivation act, const Tensor& gate, const Tensor& up,
+                                        const Tensor& dy, Tensor& dgate, Tensor& dup) = 0;
+  absl::Status SiluMulForward(const Tensor& gate, const Tensor& up, Tensor& y) {
+    return GatedMulForward(GluActivation::kSiLU, gate, up, y);
+  }
+  absl::Status SiluMulBackward(const Tensor& gate, const Tensor& up, const Tensor& dy,
+                               Tensor& dgate, Tensor& dup) {
+    return GatedMulBackward(GluActivation::kSiLU, gate, up, dy, dgate, dup);
+  }
 
   // ---- embedding ----------------------------------------------------------
   // ids (N) I32 or I64, each in [0, V); table (V, C); out (N, C) table's dtype.
-  // An out-of-range id is InvalidArgument.
-  virtual absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out) = 0;
-  // dtable (V, C) += scatter of dout (N, C) by ids.
-  virtual absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable) = 0;
+  // An out-of-range id is InvalidArgument. out = table[ids] * scale, the
+  // product in fp32 rounded once to the dtype (scale 1: the rows' bytes;
+  // Gemma scales by sqrt(hidden_size), which the caller rounds to the
+  // working dtype first, as Gemma3TextScaledWordEmbedding does). scale
+  // finite, else InvalidArgument.
+  virtual absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, float scale,
+                                        Tensor& out) = 0;
+  absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out) {
+    return EmbeddingForward(ids, table, 1.0f, out);
+  }
+  // dtable (V, C) += scatter of dout (N, C) * scale by ids: each row's
+  // contribution round(dout * scale) (the product's gradient in dout's
+  // dtype, as the forward's multiply has it; dout itself at scale 1),
+  // summed in fp32 in batch order, added to the old value, rounded once.
+  virtual absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, float scale,
+                                         Tensor& dtable) = 0;
+  absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
+    return EmbeddingBackward(ids, dout, 1.0f, dtable);
+  }
 
   // ---- losses (computed in fp32) ------------------------------------------
   // loss (1) F32 = mean((pred - target)^2) over all elements, times multiplier.

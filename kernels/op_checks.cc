@@ -651,6 +651,43 @@ absl::Status ValidateActivationBackward(Activation act, const Tensor& x, const T
 
 // ---- causal self-attention --------------------------------------------------------
 
+absl::Status ValidateAttentionOptions(const AttentionOptions& options, const char* op) {
+  if (options.window < 0 || options.window > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": window is ", options.window,
+                                                   "; expected 0 (none) or 1 .. 2^31 - 1 keys"));
+  }
+  if (options.scale.has_value() && !(std::isfinite(*options.scale) && *options.scale > 0.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": scale is ", *options.scale, "; expected finite and > 0"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateRmsNormOffset(float weight_offset, const char* op) {
+  if (!std::isfinite(weight_offset)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": weight_offset is ", weight_offset, "; expected finite"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateEmbeddingScale(float scale, const char* op) {
+  if (!std::isfinite(scale)) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": scale is ", scale, "; expected finite"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateGluActivation(GluActivation act, const char* op) {
+  switch (act) {
+    case GluActivation::kSiLU:
+    case GluActivation::kGELUTanh:
+      return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(op, ": unknown gate activation ", static_cast<int>(act)));
+}
+
 absl::Status ValidateAttentionForward(const Tensor& qkv, int64_t n_head, const Tensor& out,
                                       const Tensor& lse) {
   constexpr absl::string_view kOp = "AttentionForward";
@@ -980,8 +1017,8 @@ absl::Status ValidateRope(const Tensor& x, int64_t heads, int64_t head_dim, cons
   return absl::OkStatus();
 }
 
-absl::Status ValidateSiluMulForward(const Tensor& gate, const Tensor& up, const Tensor& y) {
-  constexpr absl::string_view kOp = "SiluMulForward";
+absl::Status ValidateGatedMulForward(const Tensor& gate, const Tensor& up, const Tensor& y) {
+  constexpr absl::string_view kOp = "GatedMulForward";
   AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "gate", gate));
   AMPD_RETURN_IF_ERROR(CheckLike(kOp, "up", up, "gate", gate));
   AMPD_RETURN_IF_ERROR(CheckSameDType(kOp, "y", y, "gate", gate));
@@ -989,9 +1026,9 @@ absl::Status ValidateSiluMulForward(const Tensor& gate, const Tensor& up, const 
   return CheckHasMemory(kOp, "y", y);
 }
 
-absl::Status ValidateSiluMulBackward(const Tensor& gate, const Tensor& up, const Tensor& dy,
-                                     const Tensor& dgate, const Tensor& dup) {
-  constexpr absl::string_view kOp = "SiluMulBackward";
+absl::Status ValidateGatedMulBackward(const Tensor& gate, const Tensor& up, const Tensor& dy,
+                                      const Tensor& dgate, const Tensor& dup) {
+  constexpr absl::string_view kOp = "GatedMulBackward";
   AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "gate", gate));
   const std::pair<absl::string_view, const Tensor*> same[] = {
       {"up", &up}, {"dy", &dy}, {"dgate", &dgate}, {"dup", &dup}};

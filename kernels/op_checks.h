@@ -108,6 +108,9 @@ absl::Status ValidateAttentionForward(const Tensor& qkv, int64_t n_head, const T
 // dtype; lse (B, n_head, T) F32; dqkv overlaps no other operand.
 absl::Status ValidateAttentionBackward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
                                        const Tensor& lse, int64_t n_head, const Tensor& dqkv);
+// options.window >= 0 (within int: the kernels' positions are ints) and a
+// set options.scale finite and > 0.
+absl::Status ValidateAttentionOptions(const AttentionOptions& options, const char* op);
 
 // q float (S, H D) with D >= 1 and H D within int; kv_heads >= 1 dividing
 // heads >= 1 (both at most 2^20); k_cache and v_cache q's dtype and
@@ -151,6 +154,8 @@ absl::Status ValidateRmsNormForward(const Tensor& x, const Tensor& weight, const
 // (C) any float.
 absl::Status ValidateRmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
                                      const Tensor& dy, const Tensor& dx, const Tensor* dweight);
+// The (offset + w) scale's offset: finite.
+absl::Status ValidateRmsNormOffset(float weight_offset, const char* op);
 // x float (R, W); weight (D) x's dtype, D >= 1; heads >= 1 with
 // col >= 0 and col + heads * D <= W; y x's dtype and shape (may be x);
 // rstd (R, heads) F32.
@@ -168,15 +173,19 @@ absl::Status ValidateHeadRmsNormBackward(const Tensor& x, int64_t col, int64_t h
 absl::Status ValidateRope(const Tensor& x, int64_t heads, int64_t head_dim, const Tensor& inv_freq,
                           const Tensor* positions);
 
-// ---- SwiGLU
+// ---- the gated MLP (SwiGLU, GeGLU)
 // gate, up, y one float dtype and shape.
-absl::Status ValidateSiluMulForward(const Tensor& gate, const Tensor& up, const Tensor& y);
+absl::Status ValidateGatedMulForward(const Tensor& gate, const Tensor& up, const Tensor& y);
 // dy, dgate, dup gate's dtype and shape; dgate and dup overlap no input or
 // each other.
-absl::Status ValidateSiluMulBackward(const Tensor& gate, const Tensor& up, const Tensor& dy,
-                                     const Tensor& dgate, const Tensor& dup);
+absl::Status ValidateGatedMulBackward(const Tensor& gate, const Tensor& up, const Tensor& dy,
+                                      const Tensor& dgate, const Tensor& dup);
+// act one of GluActivation's values.
+absl::Status ValidateGluActivation(GluActivation act, const char* op);
 
 // ---- embedding (the ids' range is the backend's to check)
+// The rows' scale: finite.
+absl::Status ValidateEmbeddingScale(float scale, const char* op);
 absl::Status ValidateEmbeddingForward(const Tensor& ids, const Tensor& table, const Tensor& out);
 absl::Status ValidateEmbeddingBackward(const Tensor& ids, const Tensor& dout, const Tensor& dtable);
 

@@ -3,7 +3,10 @@
 // fp16), forward and backward, for the default register-tile kernels and
 // the earlier wmma ones (CudaBackendOptions::attention_wmma), with the
 // TFLOP/s of the causal products (forward 2 x 2 B H T^2 D / 2, backward
-// 2.5 times that, as flash-attention counts them).
+// 2.5 times that, as flash-attention counts them). Then the same shape
+// with a sliding window of 256 keys (Gemma 3's local layers, at a quarter
+// of T), which takes the generic kernels: the figure its tensor-core path
+// will be measured against.
 //
 // Usage: ampd_bench_cuda_attention [runs=20]
 // Prints the median of `runs` calls, timed with device events on the
@@ -113,6 +116,34 @@ int main(int argc, char** argv) {
           static_cast<long long>(head_dim), dt == DType::kBF16 ? "bf16" : "fp16",
           wmma ? "wmma" : "register-tile", fwd, fwd_flop / fwd / 1e9, bwd,
           2.5 * fwd_flop / bwd / 1e9);
+    }
+  }
+  {
+    absl::StatusOr<std::unique_ptr<Backend>> be = ampd::kernels::cuda::CreateCudaBackend(0, {});
+    Check(be.status(), "CreateCudaBackend");
+    Backend& b = **be;
+    ampd::kernels::AttentionOptions window;
+    window.window = 256;
+    for (const DType dt : {DType::kBF16, DType::kF16}) {
+      Tensor qkv = Random(b, dt, {batch, seq, 3 * c}, 1);
+      Tensor dout = Random(b, dt, {batch, seq, c}, 2);
+      absl::StatusOr<Tensor> out = b.Allocate(dt, {batch, seq, c});
+      absl::StatusOr<Tensor> lse = b.Allocate(DType::kF32, {batch, heads, seq});
+      absl::StatusOr<Tensor> dqkv = b.Allocate(dt, {batch, seq, 3 * c});
+      Check(out.status(), "Allocate");
+      Check(lse.status(), "Allocate");
+      Check(dqkv.status(), "Allocate");
+      const double fwd =
+          DeviceMs(b, runs, [&] { return b.AttentionForward(qkv, heads, window, *out, *lse); });
+      const double bwd = DeviceMs(b, runs, [&] {
+        return b.AttentionBackward(qkv, *out, dout, *lse, heads, window, *dqkv);
+      });
+      std::printf(
+          "attention B=%lld T=%lld H=%lld D=%lld %s, sliding window %lld (generic kernels): "
+          "forward %.3f ms, backward %.3f ms\n",
+          static_cast<long long>(batch), static_cast<long long>(seq), static_cast<long long>(heads),
+          static_cast<long long>(head_dim), dt == DType::kBF16 ? "bf16" : "fp16",
+          static_cast<long long>(window.window), fwd, bwd);
     }
   }
   return 0;

@@ -18,7 +18,9 @@
 // order inside each), and dk and dv accumulate over the queries in order
 // in fp32 scratch (the query blocks in increasing order), so every sum has
 // a fixed sequential order; the inner loops run over contiguous keys or
-// channels (vectorised, nothing reassociated).
+// channels (vectorised, nothing reassociated). Under a sliding window
+// (options.window) query t's pairs are its keys first(t) .. t alone: the
+// others are skipped, as the forward skipped them.
 #include <cmath>
 #include <vector>
 
@@ -54,7 +56,7 @@ template <typename Tag>
 void BackwardHead(const typename Tag::Storage* qkv, const typename Tag::Storage* out,
                   const typename Tag::Storage* dout, const float* lse, typename Tag::Storage* dqkv,
                   int64_t b, int64_t h, int64_t heads, int64_t seq, int64_t channels,
-                  int64_t head_dim, float scale) {
+                  int64_t head_dim, float scale, int64_t window) {
   using Storage = typename Tag::Storage;
   const int64_t t_len = seq;
   const int64_t d_len = head_dim;
@@ -104,7 +106,8 @@ void BackwardHead(const typename Tag::Storage* qkv, const typename Tag::Storage*
   Storage* grad_base = dqkv + b * t_len * stride + h * d_len;
   for (int64_t t = 0; t < t_len; ++t) {
     const int64_t keys = t + 1;
-    for (int64_t j = 0; j < keys; ++j) {
+    const int64_t first = AttentionFirstKey(t, window);  // keys first .. t
+    for (int64_t j = first; j < keys; ++j) {
       p[j] = 0.0f;
       ds[j] = 0.0f;
     }
@@ -114,14 +117,14 @@ void BackwardHead(const typename Tag::Storage* qkv, const typename Tag::Storage*
       const float gd = go[t * d_len + d];
       const float* kd = kt + d * t_len;
       const float* vd = vt + d * t_len;
-      for (int64_t j = 0; j < keys; ++j) {
+      for (int64_t j = first; j < keys; ++j) {
         p[j] += qd * kd[j];
         ds[j] += gd * vd[j];
       }
     }
     const float lse_t = lse_row[t];
     const float delta_t = delta[t];
-    for (int64_t j = 0; j < keys; ++j) {
+    for (int64_t j = first; j < keys; ++j) {
       const float pj = std::exp(p[j] * scale - lse_t);
       // dS from the fp32 P, then both rounded as the products read them.
       ds[j] = Tag::Load(Tag::Store(pj * (ds[j] - delta_t)));
@@ -130,14 +133,14 @@ void BackwardHead(const typename Tag::Storage* qkv, const typename Tag::Storage*
 
     // dq[t] = scale * sum_j dS[t, j] k[j], keys in order.
     for (int64_t d = 0; d < d_len; ++d) acc[d] = 0.0f;
-    AccumulateRows(ds, k, keys, d_len, acc);
+    AccumulateRows(ds + first, k + first * d_len, keys - first, d_len, acc);
     Storage* dq = grad_base + t * stride;
     for (int64_t d = 0; d < d_len; ++d) dq[d] = Tag::Store(acc[d] * scale);
 
     // dk[j] += dS[t, j] q[t]; dv[j] += P[t, j] dout[t]: queries in order.
     const float* qt = q + t * d_len;
     const float* gt = go + t * d_len;
-    for (int64_t j = 0; j < keys; ++j) {
+    for (int64_t j = first; j < keys; ++j) {
       const float w = ds[j];
       const float pj = p[j];
       float* dkj = dk + j * d_len;
@@ -159,13 +162,15 @@ void BackwardHead(const typename Tag::Storage* qkv, const typename Tag::Storage*
 
 absl::Status AttentionBackward(ThreadPool& pool, const Tensor& qkv, const Tensor& out,
                                const Tensor& dout, const Tensor& lse, int64_t n_head,
-                               Tensor& dqkv) {
+                               const AttentionOptions& options, Tensor& dqkv) {
   AMPD_RETURN_IF_ERROR(ValidateAttentionBackward(qkv, out, dout, lse, n_head, dqkv));
+  AMPD_RETURN_IF_ERROR(ValidateAttentionOptions(options, "AttentionBackward"));
   const int64_t batch = qkv.dim(0);
   const int64_t seq = qkv.dim(1);
   const int64_t channels = qkv.dim(2) / 3;
   const int64_t head_dim = channels / n_head;
-  const float scale = AttentionScale(head_dim);
+  const float scale = AttentionScaleOf(options, head_dim);
+  const int64_t window = options.window;
   return VisitFloat(qkv.dtype(), [&](auto tag) {
     using Tag = decltype(tag);
     const auto* in = Ptr<Tag>(qkv);
@@ -175,7 +180,7 @@ absl::Status AttentionBackward(ThreadPool& pool, const Tensor& qkv, const Tensor
     auto* grad = Ptr<Tag>(dqkv);
     pool.ForEachChunk(batch * n_head, [&](int64_t bh) {
       BackwardHead<Tag>(in, o, g, l, grad, bh / n_head, bh % n_head, n_head, seq, channels,
-                        head_dim, scale);
+                        head_dim, scale, window);
     });
     return absl::OkStatus();
   });

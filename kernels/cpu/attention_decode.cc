@@ -1,7 +1,8 @@
 // The decode step of causal attention against a KV cache (the contract in
 // kernels/backend.h): sequence s's one new query row at position
 // t = positions[s], per head h, over the cached keys and values 0 .. t of
-// kv head h / (H / Hkv). The row's arithmetic is AttentionRow
+// kv head h / (H / Hkv) (first(t) .. t under a sliding window; blocks wholly
+// before first(t)'s are not read). The row's arithmetic is AttentionRow
 // (attention_row.h), the same code AttentionForward runs for its row t, so
 // the two agree bit for bit: key blocks at absolute positions, each score
 // a sequential sum over the channels in order, the same softmax and
@@ -45,6 +46,7 @@ struct DecodeShape {
   int64_t t_max = 0;     // T_max
   int64_t kv_width = 0;  // Hkv D: one cache row
   float scale = 0.0f;
+  int64_t window = 0;  // options.window
 };
 
 template <typename Tag>
@@ -82,16 +84,18 @@ void DecodeHead(const typename Tag::Storage* q_in, const typename Tag::Storage* 
     return AttentionKeyBlock{kt, kBlock, v};
   };
   Storage* o = out + (s * g.heads + h) * d_len;
-  AttentionRow<Tag>(q, t, d_len, g.scale, key_block, sc.p.data(), sc.acc.data(), o);
+  AttentionRow<Tag>(q, t, AttentionFirstKey(t, g.window), d_len, g.scale, key_block, sc.p.data(),
+                    sc.acc.data(), o);
 }
 
 }  // namespace
 
 absl::Status AttentionDecode(ThreadPool& pool, const Tensor& q, const Tensor& k_cache,
                              const Tensor& v_cache, const Tensor& positions, int64_t heads,
-                             int64_t kv_heads, Tensor& out) {
+                             int64_t kv_heads, const AttentionOptions& options, Tensor& out) {
   AMPD_RETURN_IF_ERROR(
       ValidateAttentionDecode(q, k_cache, v_cache, positions, heads, kv_heads, out));
+  AMPD_RETURN_IF_ERROR(ValidateAttentionOptions(options, "AttentionDecode"));
   const int64_t seqs = q.dim(0);
   DecodeShape g;
   g.heads = heads;
@@ -99,7 +103,8 @@ absl::Status AttentionDecode(ThreadPool& pool, const Tensor& q, const Tensor& k_
   g.head_dim = q.dim(1) / heads;
   g.t_max = k_cache.dim(1);
   g.kv_width = k_cache.dim(2);
-  g.scale = AttentionScale(g.head_dim);
+  g.scale = AttentionScaleOf(options, g.head_dim);
+  g.window = options.window;
   // The positions, checked before anything is written.
   std::vector<int64_t> pos(static_cast<size_t>(seqs));
   for (int64_t s = 0; s < seqs; ++s) {

@@ -12,8 +12,10 @@
 // acc = acc * alpha followed by the block's round(P) v products added in
 // key order. out = acc / l rounded once; lse = m + log(l).
 //
-// A query's computation reads only its own q and keys 0 .. t, and keys
-// after the query are skipped (not multiplied by 0), so row t's bits do not
+// A sliding window (options.window = W) starts each row at its first
+// visible key's block and skips the keys before it, as it skips those after
+// the query. A query's computation reads only its own q and keys first .. t,
+// and the keys outside are skipped (not multiplied by 0), so row t's bits do not
 // depend on T or on the other rows: the KV-cache prefix property holds
 // exactly here.
 //
@@ -49,7 +51,7 @@ HeadScratch& Scratch() {
 template <typename Tag>
 void ForwardHead(const typename Tag::Storage* qkv, typename Tag::Storage* out, float* lse,
                  int64_t b, int64_t h, int64_t heads, int64_t seq, int64_t channels,
-                 int64_t head_dim, float scale) {
+                 int64_t head_dim, float scale, int64_t window) {
   using Storage = typename Tag::Storage;
   constexpr int64_t kBlock = kAttentionKeyBlock;
   const int64_t t_len = seq;
@@ -81,7 +83,7 @@ void ForwardHead(const typename Tag::Storage* qkv, typename Tag::Storage* out, f
   for (int64_t t = 0; t < t_len; ++t) {
     Storage* o = out + (b * t_len + t) * channels + h * d_len;
     lse_row[t] = AttentionRow<Tag>(
-        q + t * d_len, t, d_len, scale,
+        q + t * d_len, t, AttentionFirstKey(t, window), d_len, scale,
         [&](int64_t k0, int64_t /*n*/) {
           return AttentionKeyBlock{kt + k0, t_len, v + k0 * d_len};
         },
@@ -91,21 +93,24 @@ void ForwardHead(const typename Tag::Storage* qkv, typename Tag::Storage* out, f
 
 }  // namespace
 
-absl::Status AttentionForward(ThreadPool& pool, const Tensor& qkv, int64_t n_head, Tensor& out,
-                              Tensor& lse) {
+absl::Status AttentionForward(ThreadPool& pool, const Tensor& qkv, int64_t n_head,
+                              const AttentionOptions& options, Tensor& out, Tensor& lse) {
   AMPD_RETURN_IF_ERROR(ValidateAttentionForward(qkv, n_head, out, lse));
+  AMPD_RETURN_IF_ERROR(ValidateAttentionOptions(options, "AttentionForward"));
   const int64_t batch = qkv.dim(0);
   const int64_t seq = qkv.dim(1);
   const int64_t channels = qkv.dim(2) / 3;
   const int64_t head_dim = channels / n_head;
-  const float scale = AttentionScale(head_dim);
+  const float scale = AttentionScaleOf(options, head_dim);
+  const int64_t window = options.window;
   return VisitFloat(qkv.dtype(), [&](auto tag) {
     using Tag = decltype(tag);
     const auto* in = Ptr<Tag>(qkv);
     auto* o = Ptr<Tag>(out);
     float* l = lse.data_as<float>();
     pool.ForEachChunk(batch * n_head, [&](int64_t bh) {
-      ForwardHead<Tag>(in, o, l, bh / n_head, bh % n_head, n_head, seq, channels, head_dim, scale);
+      ForwardHead<Tag>(in, o, l, bh / n_head, bh % n_head, n_head, seq, channels, head_dim, scale,
+                       window);
     });
     return absl::OkStatus();
   });

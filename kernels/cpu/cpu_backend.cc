@@ -252,18 +252,23 @@ class CpuBackend final : public Backend {
     return cpu::ActivationBackward(pool_, act, x, dy, dx);
   }
 
-  absl::Status AttentionForward(const Tensor& qkv, int64_t n_head, Tensor& out,
-                                Tensor& lse) override {
-    return cpu::AttentionForward(pool_, qkv, n_head, out, lse);
+  using Backend::AttentionBackward;
+  using Backend::AttentionDecode;
+  using Backend::AttentionForward;
+  absl::Status AttentionForward(const Tensor& qkv, int64_t n_head, const AttentionOptions& options,
+                                Tensor& out, Tensor& lse) override {
+    return cpu::AttentionForward(pool_, qkv, n_head, options, out, lse);
   }
   absl::Status AttentionBackward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
-                                 const Tensor& lse, int64_t n_head, Tensor& dqkv) override {
-    return cpu::AttentionBackward(pool_, qkv, out, dout, lse, n_head, dqkv);
+                                 const Tensor& lse, int64_t n_head, const AttentionOptions& options,
+                                 Tensor& dqkv) override {
+    return cpu::AttentionBackward(pool_, qkv, out, dout, lse, n_head, options, dqkv);
   }
   absl::Status AttentionDecode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                const Tensor& positions, int64_t heads, int64_t kv_heads,
-                               Tensor& out) override {
-    return cpu::AttentionDecode(pool_, q, k_cache, v_cache, positions, heads, kv_heads, out);
+                               const AttentionOptions& options, Tensor& out) override {
+    return cpu::AttentionDecode(pool_, q, k_cache, v_cache, positions, heads, kv_heads, options,
+                                out);
   }
 
   absl::Status WriteKvRows(const Tensor& rows, int64_t k_col, int64_t v_col,
@@ -293,22 +298,28 @@ class CpuBackend final : public Backend {
     return cpu::LayerNormBackward(x, gamma, mean, rstd, dy, dx, dgamma, dbeta);
   }
 
-  absl::Status RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
-                              Tensor& rstd) override {
-    return cpu::RmsNormForward(x, weight, eps, y, rstd);
+  using Backend::RmsNormBackward;
+  using Backend::RmsNormForward;
+  absl::Status RmsNormForward(const Tensor& x, const Tensor& weight, float eps, float weight_offset,
+                              Tensor& y, Tensor& rstd) override {
+    return cpu::RmsNormForward(x, weight, eps, weight_offset, y, rstd);
   }
-  absl::Status RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                               const Tensor& dy, Tensor& dx, Tensor* dweight) override {
-    return cpu::RmsNormBackward(x, weight, rstd, dy, dx, dweight);
+  absl::Status RmsNormBackward(const Tensor& x, const Tensor& weight, float weight_offset,
+                               const Tensor& rstd, const Tensor& dy, Tensor& dx,
+                               Tensor* dweight) override {
+    return cpu::RmsNormBackward(x, weight, weight_offset, rstd, dy, dx, dweight);
   }
+  using Backend::HeadRmsNormBackward;
+  using Backend::HeadRmsNormForward;
   absl::Status HeadRmsNormForward(const Tensor& x, int64_t col, int64_t heads, const Tensor& weight,
-                                  float eps, Tensor& y, Tensor& rstd) override {
-    return cpu::HeadRmsNormForward(x, col, heads, weight, eps, y, rstd);
+                                  float eps, float weight_offset, Tensor& y,
+                                  Tensor& rstd) override {
+    return cpu::HeadRmsNormForward(x, col, heads, weight, eps, weight_offset, y, rstd);
   }
   absl::Status HeadRmsNormBackward(const Tensor& x, int64_t col, int64_t heads,
-                                   const Tensor& weight, const Tensor& rstd, const Tensor& dy,
-                                   Tensor& dx, Tensor* dweight) override {
-    return cpu::HeadRmsNormBackward(x, col, heads, weight, rstd, dy, dx, dweight);
+                                   const Tensor& weight, float weight_offset, const Tensor& rstd,
+                                   const Tensor& dy, Tensor& dx, Tensor* dweight) override {
+    return cpu::HeadRmsNormBackward(x, col, heads, weight, weight_offset, rstd, dy, dx, dweight);
   }
 
   absl::Status ExpandKvHeads(const Tensor& src, int64_t heads, int64_t kv_heads,
@@ -325,19 +336,24 @@ class CpuBackend final : public Backend {
     return cpu::Rope(pool_, x, heads, head_dim, inv_freq, positions, inverse);
   }
 
-  absl::Status SiluMulForward(const Tensor& gate, const Tensor& up, Tensor& y) override {
-    return cpu::SiluMulForward(pool_, gate, up, y);
+  absl::Status GatedMulForward(GluActivation act, const Tensor& gate, const Tensor& up,
+                               Tensor& y) override {
+    return cpu::GatedMulForward(pool_, act, gate, up, y);
   }
-  absl::Status SiluMulBackward(const Tensor& gate, const Tensor& up, const Tensor& dy,
-                               Tensor& dgate, Tensor& dup) override {
-    return cpu::SiluMulBackward(pool_, gate, up, dy, dgate, dup);
+  absl::Status GatedMulBackward(GluActivation act, const Tensor& gate, const Tensor& up,
+                                const Tensor& dy, Tensor& dgate, Tensor& dup) override {
+    return cpu::GatedMulBackward(pool_, act, gate, up, dy, dgate, dup);
   }
 
-  absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out) override {
-    return cpu::EmbeddingForward(ids, table, out);
+  using Backend::EmbeddingBackward;
+  using Backend::EmbeddingForward;
+  absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, float scale,
+                                Tensor& out) override {
+    return cpu::EmbeddingForward(ids, table, scale, out);
   }
-  absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable) override {
-    return cpu::EmbeddingBackward(ids, dout, dtable);
+  absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, float scale,
+                                 Tensor& dtable) override {
+    return cpu::EmbeddingBackward(ids, dout, scale, dtable);
   }
 
   absl::Status MseLoss(const Tensor& pred, const Tensor& target, float multiplier, float grad_scale,

@@ -188,21 +188,25 @@ absl::Status ActivationForward(ThreadPool& pool, Activation act, const Tensor& x
 absl::Status ActivationBackward(ThreadPool& pool, Activation act, const Tensor& x, const Tensor& dy,
                                 Tensor& dx);
 // attention_forward.cc
-absl::Status AttentionForward(ThreadPool& pool, const Tensor& qkv, int64_t n_head, Tensor& out,
-                              Tensor& lse);
+absl::Status AttentionForward(ThreadPool& pool, const Tensor& qkv, int64_t n_head,
+                              const AttentionOptions& options, Tensor& out, Tensor& lse);
 // attention_backward.cc
 absl::Status AttentionBackward(ThreadPool& pool, const Tensor& qkv, const Tensor& out,
-                               const Tensor& dout, const Tensor& lse, int64_t n_head, Tensor& dqkv);
+                               const Tensor& dout, const Tensor& lse, int64_t n_head,
+                               const AttentionOptions& options, Tensor& dqkv);
 // attention_decode.cc
 absl::Status AttentionDecode(ThreadPool& pool, const Tensor& q, const Tensor& k_cache,
                              const Tensor& v_cache, const Tensor& positions, int64_t heads,
-                             int64_t kv_heads, Tensor& out);
+                             int64_t kv_heads, const AttentionOptions& options, Tensor& out);
 // write_kv_rows.cc
 absl::Status WriteKvRows(const Tensor& rows, int64_t k_col, int64_t v_col, const Tensor& positions,
                          Tensor& k_cache, Tensor& v_cache);
 // sample_tokens.cc
 absl::Status SampleTokens(ThreadPool& pool, const Tensor& logits, const Tensor& live,
                           const SampleParams& params, Tensor& tokens);
+// An RMSNorm's scale offset + w in fp32; w itself without an offset (0 + -0
+// would be +0, a sign of zero the plain norms never changed).
+inline float OffsetWeight(float offset, float w) { return offset == 0.0f ? w : offset + w; }
 // layernorm_forward.cc (LayerNorm and RMSNorm)
 absl::Status LayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps,
                               Tensor& y, Tensor& mean, Tensor& rstd);
@@ -210,15 +214,16 @@ absl::Status LayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor
 absl::Status LayerNormBackward(const Tensor& x, const Tensor* gamma, const Tensor& mean,
                                const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor* dgamma,
                                Tensor* dbeta);
-absl::Status RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
-                            Tensor& rstd);
-absl::Status RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                             const Tensor& dy, Tensor& dx, Tensor* dweight);
+absl::Status RmsNormForward(const Tensor& x, const Tensor& weight, float eps, float weight_offset,
+                            Tensor& y, Tensor& rstd);
+absl::Status RmsNormBackward(const Tensor& x, const Tensor& weight, float weight_offset,
+                             const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor* dweight);
 // RMSNorm per head, the same code over the heads' columns (NormRows).
 absl::Status HeadRmsNormForward(const Tensor& x, int64_t col, int64_t heads, const Tensor& weight,
-                                float eps, Tensor& y, Tensor& rstd);
+                                float eps, float weight_offset, Tensor& y, Tensor& rstd);
 absl::Status HeadRmsNormBackward(const Tensor& x, int64_t col, int64_t heads, const Tensor& weight,
-                                 const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor* dweight);
+                                 float weight_offset, const Tensor& rstd, const Tensor& dy,
+                                 Tensor& dx, Tensor* dweight);
 
 // The rows the norms normalise, `count` rows of `width` elements each:
 // row i starts at element (i / per_row) * stride + offset + (i % per_row)
@@ -246,13 +251,14 @@ absl::Status ReduceKvHeads(ThreadPool& pool, const Tensor& dexpanded, int64_t he
 // rope.cc
 absl::Status Rope(ThreadPool& pool, Tensor& x, int64_t heads, int64_t head_dim,
                   const Tensor& inv_freq, const Tensor* positions, bool inverse);
-// silu_mul.cc
-absl::Status SiluMulForward(ThreadPool& pool, const Tensor& gate, const Tensor& up, Tensor& y);
-absl::Status SiluMulBackward(ThreadPool& pool, const Tensor& gate, const Tensor& up,
-                             const Tensor& dy, Tensor& dgate, Tensor& dup);
+// gated_mul.cc
+absl::Status GatedMulForward(ThreadPool& pool, GluActivation act, const Tensor& gate,
+                             const Tensor& up, Tensor& y);
+absl::Status GatedMulBackward(ThreadPool& pool, GluActivation act, const Tensor& gate,
+                              const Tensor& up, const Tensor& dy, Tensor& dgate, Tensor& dup);
 // embedding.cc
-absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out);
-absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable);
+absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, float scale, Tensor& out);
+absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, float scale, Tensor& dtable);
 // mse_loss.cc
 absl::Status MseLoss(const Tensor& pred, const Tensor& target, float multiplier, float grad_scale,
                      Tensor& loss, Tensor& dpred);

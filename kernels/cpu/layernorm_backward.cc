@@ -4,9 +4,11 @@
 // RMSNorm weight is not frozen) get the column sums of the batch added in
 // fp32 and rounded once to their dtype; dx does not depend on whether they
 // are formed. RMSNorm is the same code with mean 0 and without the
-// mean(dxhat) term (subtracting an exact 0 changes no bit), and the
-// per-head RMSNorm the same again over each head's columns (NormRows,
-// cpu_internal.h): its weight gradient sums over every row's heads.
+// mean(dxhat) term (subtracting an exact 0 changes no bit), and its scale
+// offset + w (dxhat = dy * (offset + w); the weight's gradient is the same
+// sum, the offset being a constant); the per-head RMSNorm the same again
+// over each head's columns (NormRows, cpu_internal.h): its weight gradient
+// sums over every row's heads.
 #include <vector>
 
 #include "common/status_macros.h"
@@ -27,9 +29,9 @@ void AccumulateInto(const std::vector<float>& acc, Tensor& p) {
 
 // mean == nullptr: RMSNorm. The rows `at` of x, dy and dx, of C =
 // at.width each.
-absl::Status NormBackward(const Tensor& x, const Tensor* gamma, const Tensor* mean,
-                          const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor* dgamma,
-                          Tensor* dbeta, const NormRows& at) {
+absl::Status NormBackward(const Tensor& x, const Tensor* gamma, float gamma_offset,
+                          const Tensor* mean, const Tensor& rstd, const Tensor& dy, Tensor& dx,
+                          Tensor* dgamma, Tensor* dbeta, const NormRows& at) {
   const int64_t rows = at.count;  // N
   const int64_t cols = at.width;  // C
   // (C) each, empty when that gradient is not asked for.
@@ -58,7 +60,7 @@ absl::Status NormBackward(const Tensor& x, const Tensor* gamma, const Tensor* me
         const size_t ci = static_cast<size_t>(c);
         const float d = Tag::Load(dyr[c]);
         xhat[ci] = (Tag::Load(xr[c]) - (mu != nullptr ? mu[n] : 0.0f)) * rs[n];
-        dxhat[ci] = g != nullptr ? d * Tag::Load(g[c]) : d;
+        dxhat[ci] = g != nullptr ? d * OffsetWeight(gamma_offset, Tag::Load(g[c])) : d;
         sum_dxhat += dxhat[ci];
         sum_dxhat_xhat += dxhat[ci] * xhat[ci];
         if (sum_dgamma) dgamma_acc[ci] += d * xhat[ci];
@@ -87,20 +89,23 @@ absl::Status LayerNormBackward(const Tensor& x, const Tensor* gamma, const Tenso
                                const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor* dgamma,
                                Tensor* dbeta) {
   AMPD_RETURN_IF_ERROR(ValidateLayerNormBackward(x, gamma, mean, rstd, dy, dx, dgamma, dbeta));
-  return NormBackward(x, gamma, &mean, rstd, dy, dx, dgamma, dbeta, NormRows::Plain(x));
+  return NormBackward(x, gamma, 0.0f, &mean, rstd, dy, dx, dgamma, dbeta, NormRows::Plain(x));
 }
 
-absl::Status RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                             const Tensor& dy, Tensor& dx, Tensor* dweight) {
+absl::Status RmsNormBackward(const Tensor& x, const Tensor& weight, float weight_offset,
+                             const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor* dweight) {
   AMPD_RETURN_IF_ERROR(ValidateRmsNormBackward(x, weight, rstd, dy, dx, dweight));
-  return NormBackward(x, &weight, nullptr, rstd, dy, dx, dweight, nullptr, NormRows::Plain(x));
+  AMPD_RETURN_IF_ERROR(ValidateRmsNormOffset(weight_offset, "RmsNormBackward"));
+  return NormBackward(x, &weight, weight_offset, nullptr, rstd, dy, dx, dweight, nullptr,
+                      NormRows::Plain(x));
 }
 
 absl::Status HeadRmsNormBackward(const Tensor& x, int64_t col, int64_t heads, const Tensor& weight,
-                                 const Tensor& rstd, const Tensor& dy, Tensor& dx,
-                                 Tensor* dweight) {
+                                 float weight_offset, const Tensor& rstd, const Tensor& dy,
+                                 Tensor& dx, Tensor* dweight) {
   AMPD_RETURN_IF_ERROR(ValidateHeadRmsNormBackward(x, col, heads, weight, rstd, dy, dx, dweight));
-  return NormBackward(x, &weight, nullptr, rstd, dy, dx, dweight, nullptr,
+  AMPD_RETURN_IF_ERROR(ValidateRmsNormOffset(weight_offset, "HeadRmsNormBackward"));
+  return NormBackward(x, &weight, weight_offset, nullptr, rstd, dy, dx, dweight, nullptr,
                       NormRows::Heads(x, col, heads, weight.dim(0)));
 }
 

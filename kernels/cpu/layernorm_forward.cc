@@ -3,9 +3,11 @@
 // rstd * gamma + beta, with fp32 statistics in two passes (the mean first,
 // then the squared deviations, which avoids E[x^2] - E[x]^2 cancellation).
 // RMSNorm is the same code without the centring (mean 0, so the second pass
-// sums x^2) and without beta, and the per-head RMSNorm the same again over
-// each head's columns of a fused row (NormRows, cpu_internal.h). Statistics
-// are saved for the backward pass; every stored element is rounded once.
+// sums x^2) and without beta, its scale offset + w in fp32 (offset 1:
+// Gemma's (1 + w); 0 + w is w bit for bit), and the per-head RMSNorm the
+// same again over each head's columns of a fused row (NormRows,
+// cpu_internal.h). Statistics are saved for the backward pass; every
+// stored element is rounded once.
 #include <cmath>
 #include <vector>
 
@@ -18,8 +20,9 @@ namespace {
 
 // mean == nullptr: RMSNorm (no centring, nothing saved but rstd). The
 // rows `at` of x and y, of C = at.width each.
-absl::Status NormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps,
-                         Tensor& y, Tensor* mean, Tensor& rstd, const NormRows& at) {
+absl::Status NormForward(const Tensor& x, const Tensor* gamma, float gamma_offset,
+                         const Tensor* beta, float eps, Tensor& y, Tensor* mean, Tensor& rstd,
+                         const NormRows& at) {
   const int64_t rows = at.count;  // N
   const int64_t cols = at.width;  // C
   return VisitFloat(x.dtype(), [&](auto tag) {
@@ -51,7 +54,7 @@ absl::Status NormForward(const Tensor& x, const Tensor* gamma, const Tensor* bet
       auto* yr = out + at.Start(n);
       for (int64_t c = 0; c < cols; ++c) {
         float v = (row[static_cast<size_t>(c)] - mu) * rs;
-        if (g != nullptr) v *= Tag::Load(g[c]);
+        if (g != nullptr) v *= OffsetWeight(gamma_offset, Tag::Load(g[c]));
         if (b != nullptr) v += Tag::Load(b[c]);
         yr[c] = Tag::Store(v);
       }
@@ -65,19 +68,21 @@ absl::Status NormForward(const Tensor& x, const Tensor* gamma, const Tensor* bet
 absl::Status LayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps,
                               Tensor& y, Tensor& mean, Tensor& rstd) {
   AMPD_RETURN_IF_ERROR(ValidateLayerNormForward(x, gamma, beta, y, mean, rstd));
-  return NormForward(x, gamma, beta, eps, y, &mean, rstd, NormRows::Plain(x));
+  return NormForward(x, gamma, 0.0f, beta, eps, y, &mean, rstd, NormRows::Plain(x));
 }
 
-absl::Status RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
-                            Tensor& rstd) {
+absl::Status RmsNormForward(const Tensor& x, const Tensor& weight, float eps, float weight_offset,
+                            Tensor& y, Tensor& rstd) {
   AMPD_RETURN_IF_ERROR(ValidateRmsNormForward(x, weight, y, rstd));
-  return NormForward(x, &weight, nullptr, eps, y, nullptr, rstd, NormRows::Plain(x));
+  AMPD_RETURN_IF_ERROR(ValidateRmsNormOffset(weight_offset, "RmsNormForward"));
+  return NormForward(x, &weight, weight_offset, nullptr, eps, y, nullptr, rstd, NormRows::Plain(x));
 }
 
 absl::Status HeadRmsNormForward(const Tensor& x, int64_t col, int64_t heads, const Tensor& weight,
-                                float eps, Tensor& y, Tensor& rstd) {
+                                float eps, float weight_offset, Tensor& y, Tensor& rstd) {
   AMPD_RETURN_IF_ERROR(ValidateHeadRmsNormForward(x, col, heads, weight, y, rstd));
-  return NormForward(x, &weight, nullptr, eps, y, nullptr, rstd,
+  AMPD_RETURN_IF_ERROR(ValidateRmsNormOffset(weight_offset, "HeadRmsNormForward"));
+  return NormForward(x, &weight, weight_offset, nullptr, eps, y, nullptr, rstd,
                      NormRows::Heads(x, col, heads, weight.dim(0)));
 }
 

@@ -18,6 +18,9 @@
 // - dQ: a warp per query t; per key block up to its own, lanes compute dS
 //   for two keys each, and add round(dS) k onto their channels, keys in
 //   order.
+// A sliding window (g.window) takes the generic passes whatever the dtype:
+// dK/dV's queries stop at the key's last viewer (QueryEnd), dQ's keys start
+// at the query's first (FirstKey), and the pairs outside are masked.
 // Both generic passes take channels in slices of 128 per grid z index (4
 // per lane), recomputing the scores per slice, so any D works; each sum
 // has the CPU oracle's order, so they differ from it only in expf's bits.
@@ -95,12 +98,13 @@ __global__ void __launch_bounds__(32 * kAttnGenericWarps)
       float dk[kAttnGenericChannels], dv[kAttnGenericChannels];
 #pragma unroll
       for (int c = 0; c < kAttnGenericChannels; ++c) dk[c] = dv[c] = 0.0f;
-      for (int i0 = s / kAttnTile * kAttnTile; i0 < g.t; i0 += kAttnTile) {
+      const int i_end = g.QueryEnd(s);  // queries s .. i_end - 1 see key s
+      for (int i0 = s / kAttnTile * kAttnTile; i0 < i_end; i0 += kAttnTile) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int i = i0 + lane + 32 * e;
           float pi = 0.0f, dsi = 0.0f;
-          if (i >= s && i < g.t) {
+          if (i >= s && i < i_end) {
             dsi = GenericDs(base + i * ld, k, gbase + i * g.c, v, lse_bh[i], delta_bh[i], g, &pi);
           }
           p[lane + 32 * e] = pi;
@@ -108,7 +112,7 @@ __global__ void __launch_bounds__(32 * kAttnGenericWarps)
         }
         __syncwarp();
         const int first = max(s, i0);
-        const int last = min(g.t, i0 + kAttnTile);
+        const int last = min(i_end, i0 + kAttnTile);
         for (int i = first; i < last; ++i) {
           const float w = dsw[i - i0];
           const float pi = p[i - i0];
@@ -165,18 +169,20 @@ __global__ void __launch_bounds__(32 * kAttnGenericWarps)
       float dq[kAttnGenericChannels];
 #pragma unroll
       for (int c = 0; c < kAttnGenericChannels; ++c) dq[c] = 0.0f;
-      for (int k0 = 0; k0 <= t; k0 += kAttnTile) {
-        const int n = min(kAttnTile, t + 1 - k0);  // visible keys
+      const int first = g.FirstKey(t);
+      for (int k0 = first / kAttnTile * kAttnTile; k0 <= t; k0 += kAttnTile) {
+        const int n = min(kAttnTile, t + 1 - k0);  // keys up to t
+        const int j0 = max(first - k0, 0);         // keys before k0 + j0: outside the window
         for (int j = lane; j < kAttnTile; j += 32) {
           float dsj = 0.0f, unused_p;
-          if (j < n) {
+          if (j >= j0 && j < n) {
             dsj = GenericDs(q, base + g.c + (k0 + j) * ld, go, base + 2 * g.c + (k0 + j) * ld,
                             lse_t, delta_t, g, &unused_p);
           }
           dsw[j] = dsj;
         }
         __syncwarp();
-        for (int j = 0; j < n; ++j) {
+        for (int j = j0; j < n; ++j) {
           const float w = dsw[j];
           const T* k = base + g.c + (k0 + j) * ld;
 #pragma unroll
@@ -231,12 +237,13 @@ absl::Status Backward(const void* qkv, const void* out, const void* dout, const 
                       const AttentionKernelConfig& config, cudaStream_t stream) {
   // The register-tile passes compute Delta themselves (in their dQ pass).
   const bool sixteen = dtype == DType::kF16 || dtype == DType::kBF16;
-  if (sixteen && !config.wmma_kernels && Aligned16(qkv) && Aligned16(out) && Aligned16(dout) &&
-      Aligned16(dqkv) && AttentionFlashBackwardApplies(g.d, config)) {
+  const bool windowed = g.window > 0;  // the tensor-core passes know only the diagonal
+  if (sixteen && !windowed && !config.wmma_kernels && Aligned16(qkv) && Aligned16(out) &&
+      Aligned16(dout) && Aligned16(dqkv) && AttentionFlashBackwardApplies(g.d, config)) {
     return LaunchAttentionBackwardFlash(qkv, out, dout, lse, dtype, g, dqkv, delta, stream);
   }
   AMPD_RETURN_IF_ERROR(LaunchDelta<T>(out, dout, delta, g, batch, stream));
-  if (AttentionBackwardMmaApplies(dtype, g, qkv, dout, dqkv, config)) {
+  if (!windowed && AttentionBackwardMmaApplies(dtype, g, qkv, dout, dqkv, config)) {
     return LaunchAttentionBackwardMma(qkv, dout, lse, delta, dtype, g, dqkv, stream);
   }
   return LaunchGeneric<T>(qkv, dout, lse, delta, dqkv, g, stream);
@@ -251,10 +258,11 @@ absl::Status ConfigureAttentionBackward(const AttentionKernelConfig& config) {
 
 absl::Status LaunchAttentionBackward(const void* qkv, const void* out, const void* dout,
                                      const float* lse, DType dtype, int64_t batch, int64_t seq,
-                                     int64_t channels, int64_t heads, void* dqkv, float* delta,
+                                     int64_t channels, int64_t heads,
+                                     const AttentionOptions& options, void* dqkv, float* delta,
                                      const AttentionKernelConfig& config, cudaStream_t stream) {
   if (batch == 0 || seq == 0) return absl::OkStatus();
-  const AttnShape g = MakeAttnShape(batch, seq, channels, heads);
+  const AttnShape g = MakeAttnShape(batch, seq, channels, heads, options);
   switch (dtype) {
     case DType::kF16:
       return Backward<__half>(qkv, out, dout, lse, dtype, batch, g, dqkv, delta, config, stream);

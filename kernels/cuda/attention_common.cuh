@@ -50,21 +50,32 @@ struct AttnShape {
   int heads = 0;    // n_head
   int64_t c = 0;    // C
   int64_t bh = 0;   // B * n_head
-  float scale = 0;  // AttentionScale(D)
+  float scale = 0;  // AttentionScaleOf(options, D)
+  int window = 0;   // options.window: 0, or query t sees keys t - window < s <= t
 
   // Row of token s of batch row b in a (B, T, X) tensor.
   __host__ __device__ int64_t Token(int64_t b, int64_t s) const { return b * t + s; }
   __host__ __device__ int Tiles() const { return (t + kAttnTile - 1) / kAttnTile; }
+  // The first key query q sees (AttentionFirstKey).
+  __host__ __device__ int FirstKey(int q) const {
+    return window > 0 && q >= window ? q - window + 1 : 0;
+  }
+  // One past the last query that sees key s (T without a window).
+  __host__ __device__ int QueryEnd(int s) const {
+    return window > 0 && s < t - window ? s + window : t;
+  }
 };
 
-inline AttnShape MakeAttnShape(int64_t batch, int64_t seq, int64_t channels, int64_t heads) {
+inline AttnShape MakeAttnShape(int64_t batch, int64_t seq, int64_t channels, int64_t heads,
+                               const AttentionOptions& options) {
   AttnShape g;
   g.t = static_cast<int>(seq);
   g.d = static_cast<int>(channels / heads);
   g.heads = static_cast<int>(heads);
   g.c = channels;
   g.bh = batch * heads;
-  g.scale = AttentionScale(channels / heads);
+  g.scale = AttentionScaleOf(options, channels / heads);
+  g.window = static_cast<int>(options.window);
   return g;
 }
 

@@ -24,7 +24,8 @@
 // sequence's later keys: both are masked to P = 0 exactly, so only the
 // sign of an exactly zero output can differ.
 //
-// Generic twin (everything else): a warp per (s, h) running the generic
+// Generic twin (everything else, and every sliding-window call, as the
+// forward takes its generic kernel for those): a warp per (s, h) running the generic
 // forward's GenericAttentionRowSlice (attention_generic_row.cuh) over the
 // cache rows, slice by slice of 128 channels.
 //
@@ -56,7 +57,8 @@ struct DecodeShape {
   int d = 0;          // D
   int t_max = 0;      // T_max
   int64_t kv_ld = 0;  // Hkv D: one cache row
-  float scale = 0;    // AttentionScale(D)
+  float scale = 0;    // AttentionScaleOf(options, D)
+  int window = 0;     // options.window
   DType pos_dtype = DType::kI32;
 };
 
@@ -172,8 +174,9 @@ __global__ void __launch_bounds__(32 * kAttnGenericWarps)
   for (int d0 = 0; d0 < g.d; d0 += kAttnGenericSlice) {
     float acc[kAttnGenericChannels];
     float m, l;
-    GenericAttentionRowSlice(q_row, k_seq, v_seq, g.kv_ld, t, d0, g.d, g.scale, p_sh[warp], lane,
-                             acc, m, l);
+    const int first = g.window > 0 && t >= g.window ? t - g.window + 1 : 0;
+    GenericAttentionRowSlice(q_row, k_seq, v_seq, g.kv_ld, t, first, d0, g.d, g.scale, p_sh[warp],
+                             lane, acc, m, l);
 #pragma unroll
     for (int c = 0; c < kAttnGenericChannels; ++c) {
       const int d = d0 + lane + 32 * c;
@@ -222,7 +225,8 @@ template <typename T>
 absl::Status Launch16(const void* q, const void* k_cache, const void* v_cache,
                       const void* positions, void* out, const DecodeShape& g,
                       const AttentionKernelConfig& config, cudaStream_t stream) {
-  const bool aligned = Aligned16(q) && Aligned16(k_cache) && Aligned16(v_cache) && Aligned16(out);
+  const bool aligned =
+      Aligned16(q) && Aligned16(k_cache) && Aligned16(v_cache) && Aligned16(out) && g.window == 0;
   if (aligned && AttentionFlashForwardApplies(g.d, config)) {
     // With attention_wmma the forward takes its wmma kernel, which has no
     // decode twin: the register-tile order is the nearer (tensor cores).
@@ -237,8 +241,8 @@ absl::Status Launch16(const void* q, const void* k_cache, const void* v_cache,
 absl::Status LaunchAttentionDecode(const void* q, const void* k_cache, const void* v_cache,
                                    const void* positions, DType dtype, DType pos_dtype,
                                    int64_t seqs, int64_t t_max, int64_t heads, int64_t kv_heads,
-                                   int64_t head_dim, void* out, const AttentionKernelConfig& config,
-                                   cudaStream_t stream) {
+                                   int64_t head_dim, const AttentionOptions& options, void* out,
+                                   const AttentionKernelConfig& config, cudaStream_t stream) {
   if (seqs == 0) return absl::OkStatus();
   DecodeShape g;
   g.seqs = seqs;
@@ -248,7 +252,8 @@ absl::Status LaunchAttentionDecode(const void* q, const void* k_cache, const voi
   g.d = static_cast<int>(head_dim);
   g.t_max = static_cast<int>(t_max);
   g.kv_ld = kv_heads * head_dim;
-  g.scale = AttentionScale(head_dim);
+  g.scale = AttentionScaleOf(options, head_dim);
+  g.window = static_cast<int>(options.window);
   g.pos_dtype = pos_dtype;
   switch (dtype) {
     case DType::kF16:

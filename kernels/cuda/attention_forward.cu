@@ -17,7 +17,8 @@
 // heaviest first (the last query tile has the most key blocks).
 //
 // Generic kernel (fp32, other head sizes, unaligned views, devices with
-// too little shared memory): a warp per query row, lanes over the block's
+// too little shared memory, and every sliding-window call: the tensor-core
+// kernels' tiles know only the causal diagonal): a warp per query row, lanes over the block's
 // 64 keys (two each) for the scores and over channels (4 each, a slice of
 // 128 per grid z) for the output, each dot product and sum in the CPU
 // oracle's order; the row's arithmetic is GenericAttentionRowSlice
@@ -208,8 +209,8 @@ __global__ void __launch_bounds__(32 * kAttnGenericWarps)
          d0 += static_cast<int>(gridDim.z) * kAttnGenericSlice) {
       float acc[kAttnGenericChannels];
       float m, l;
-      GenericAttentionRowSlice(q, base + g.c, base + 2 * g.c, ld, t, d0, g.d, g.scale, p, lane, acc,
-                               m, l);
+      GenericAttentionRowSlice(q, base + g.c, base + 2 * g.c, ld, t, g.FirstKey(t), d0, g.d,
+                               g.scale, p, lane, acc, m, l);
       T* o = out + g.Token(b, t) * g.c + h * g.d;
 #pragma unroll
       for (int c = 0; c < kAttnGenericChannels; ++c) {
@@ -256,11 +257,11 @@ absl::Status LaunchGeneric(const void* qkv, void* out, float* lse, const AttnSha
 // A tensor-core kernel for D in {64, 128}, when the device gave it its
 // shared memory and the tensors allow 16-byte access: the register-tile
 // one (attention_flash_forward.cu) unless the config asks for the wmma one
-// here; else the generic one.
+// here; else (and for a sliding window) the generic one.
 template <typename T>
 absl::Status Launch16(const void* qkv, DType dtype, void* out, float* lse, const AttnShape& g,
                       const AttentionKernelConfig& config, cudaStream_t stream) {
-  const bool aligned = Aligned16(qkv) && Aligned16(out);
+  const bool aligned = Aligned16(qkv) && Aligned16(out) && g.window == 0;
   if (aligned && !config.wmma_kernels && AttentionFlashForwardApplies(g.d, config)) {
     return LaunchAttentionForwardFlash(qkv, dtype, g, out, lse, stream);
   }
@@ -286,10 +287,11 @@ absl::Status ConfigureAttentionForward(const AttentionKernelConfig& config) {
 }
 
 absl::Status LaunchAttentionForward(const void* qkv, DType dtype, int64_t batch, int64_t seq,
-                                    int64_t channels, int64_t heads, void* out, float* lse,
+                                    int64_t channels, int64_t heads,
+                                    const AttentionOptions& options, void* out, float* lse,
                                     const AttentionKernelConfig& config, cudaStream_t stream) {
   if (batch == 0 || seq == 0) return absl::OkStatus();
-  const AttnShape g = MakeAttnShape(batch, seq, channels, heads);
+  const AttnShape g = MakeAttnShape(batch, seq, channels, heads, options);
   switch (dtype) {
     case DType::kF16:
       return Launch16<__half>(qkv, dtype, out, lse, g, config, stream);

@@ -30,25 +30,29 @@ __device__ __forceinline__ float GenericScore(const T* q, const T* k, bool visib
   return dot * scale;
 }
 
-// Query row t (q: its D = d_len values) against keys 0 .. t, key j's row at
+// Query row t (q: its D = d_len values) against keys first .. t (first =
+// AttentionFirstKey(t, window): key blocks from first's, the keys before it
+// masked as the keys after t are), key j's row at
 // k + j * ld and its value row at v + j * ld, for the lane's channels
 // d0 + lane + 32 c (c < kAttnGenericChannels, those < d_len): acc (the
 // unnormalised output), the running max m and sum l, all set here. p: the
 // warp's kAttnTile floats of shared memory. Every lane of the warp calls it.
 template <typename T>
 __device__ __forceinline__ void GenericAttentionRowSlice(const T* q, const T* k, const T* v,
-                                                         int64_t ld, int t, int d0, int d_len,
-                                                         float scale, float* p, int lane,
+                                                         int64_t ld, int t, int first, int d0,
+                                                         int d_len, float scale, float* p, int lane,
                                                          float (&acc)[kAttnGenericChannels],
                                                          float& m, float& l) {
 #pragma unroll
   for (int c = 0; c < kAttnGenericChannels; ++c) acc[c] = 0.0f;
   m = -INFINITY;
   l = 0.0f;
-  for (int k0 = 0; k0 <= t; k0 += kAttnTile) {
-    const int n = min(kAttnTile, t + 1 - k0);  // visible keys
-    const float s0 = GenericScore(q, k + (k0 + lane) * ld, lane < n, d_len, scale);
-    const float s1 = GenericScore(q, k + (k0 + lane + 32) * ld, lane + 32 < n, d_len, scale);
+  for (int k0 = first / kAttnTile * kAttnTile; k0 <= t; k0 += kAttnTile) {
+    const int n = min(kAttnTile, t + 1 - k0);  // keys up to t
+    const int j0 = max(first - k0, 0);         // keys before k0 + j0: outside the window
+    const float s0 = GenericScore(q, k + (k0 + lane) * ld, lane >= j0 && lane < n, d_len, scale);
+    const float s1 =
+        GenericScore(q, k + (k0 + lane + 32) * ld, lane + 32 >= j0 && lane + 32 < n, d_len, scale);
     const float m_new = fmaxf(m, WarpMax(fmaxf(s0, s1)));
     const float alpha = expf(m - m_new);
     p[lane] = expf(s0 - m_new);
@@ -62,7 +66,7 @@ __device__ __forceinline__ void GenericAttentionRowSlice(const T* q, const T* k,
     m = m_new;
 #pragma unroll
     for (int c = 0; c < kAttnGenericChannels; ++c) acc[c] *= alpha;
-    for (int j = 0; j < n; ++j) {
+    for (int j = j0; j < n; ++j) {
       const float pj = ToFloat(FromFloat<T>(p[j]));  // the MMA operand's rounding
       const T* vj = v + (k0 + j) * ld;
 #pragma unroll

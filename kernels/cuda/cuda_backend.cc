@@ -589,7 +589,7 @@ class CudaBackend final : public Backend {
                                 Tensor& y, Tensor& mean, Tensor& rstd) override {
     AMPD_RETURN_IF_ERROR(ValidateLayerNormForward(x, gamma, beta, y, mean, rstd));
     AMPD_ENTER_DEVICE();
-    return LaunchLayerNormForward(x.data(), x.dtype(), gamma ? gamma->data() : nullptr,
+    return LaunchLayerNormForward(x.data(), x.dtype(), gamma ? gamma->data() : nullptr, 0.0f,
                                   beta ? beta->data() : nullptr, x.dtype(), x.dim(0), x.dim(1), eps,
                                   y.data(), mean.data_as<float>(), rstd.data_as<float>(), stream(),
                                   NormRows::Plain(x.dim(1)));
@@ -608,25 +608,30 @@ class CudaBackend final : public Backend {
       partials = static_cast<float*>(scratch);
     }
     return LaunchLayerNormBackward(
-        x.data(), x.dtype(), gamma ? gamma->data() : nullptr, x.dtype(), mean.data_as<float>(),
-        rstd.data_as<float>(), dy.data(), dx.data(), dgamma ? dgamma->data() : nullptr,
-        dgamma ? dgamma->dtype() : DType::kF32, dbeta ? dbeta->data() : nullptr,
-        dbeta ? dbeta->dtype() : DType::kF32, x.dim(0), x.dim(1), partials, stream(),
-        NormRows::Plain(x.dim(1)));
+        x.data(), x.dtype(), gamma ? gamma->data() : nullptr, x.dtype(), 0.0f,
+        mean.data_as<float>(), rstd.data_as<float>(), dy.data(), dx.data(),
+        dgamma ? dgamma->data() : nullptr, dgamma ? dgamma->dtype() : DType::kF32,
+        dbeta ? dbeta->data() : nullptr, dbeta ? dbeta->dtype() : DType::kF32, x.dim(0), x.dim(1),
+        partials, stream(), NormRows::Plain(x.dim(1)));
   }
 
-  absl::Status RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
-                              Tensor& rstd) override {
+  using Backend::RmsNormBackward;
+  using Backend::RmsNormForward;
+  absl::Status RmsNormForward(const Tensor& x, const Tensor& weight, float eps, float weight_offset,
+                              Tensor& y, Tensor& rstd) override {
     AMPD_RETURN_IF_ERROR(ValidateRmsNormForward(x, weight, y, rstd));
+    AMPD_RETURN_IF_ERROR(ValidateRmsNormOffset(weight_offset, "RmsNormForward"));
     AMPD_ENTER_DEVICE();
-    return LaunchLayerNormForward(x.data(), x.dtype(), weight.data(), nullptr, x.dtype(), x.dim(0),
-                                  x.dim(1), eps, y.data(), nullptr, rstd.data_as<float>(), stream(),
-                                  NormRows::Plain(x.dim(1)));
+    return LaunchLayerNormForward(x.data(), x.dtype(), weight.data(), weight_offset, nullptr,
+                                  x.dtype(), x.dim(0), x.dim(1), eps, y.data(), nullptr,
+                                  rstd.data_as<float>(), stream(), NormRows::Plain(x.dim(1)));
   }
 
-  absl::Status RmsNormBackward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                               const Tensor& dy, Tensor& dx, Tensor* dweight) override {
+  absl::Status RmsNormBackward(const Tensor& x, const Tensor& weight, float weight_offset,
+                               const Tensor& rstd, const Tensor& dy, Tensor& dx,
+                               Tensor* dweight) override {
     AMPD_RETURN_IF_ERROR(ValidateRmsNormBackward(x, weight, rstd, dy, dx, dweight));
+    AMPD_RETURN_IF_ERROR(ValidateRmsNormOffset(weight_offset, "RmsNormBackward"));
     AMPD_ENTER_DEVICE();
     const int64_t slabs = ColumnSumSlabs(x.dim(0), x.dim(1));
     float* partials = nullptr;  // (2, slabs, C): dweight's sums (the second half unused)
@@ -638,26 +643,32 @@ class CudaBackend final : public Backend {
       partials = static_cast<float*>(scratch);
     }
     return LaunchLayerNormBackward(
-        x.data(), x.dtype(), weight.data(), x.dtype(), nullptr, rstd.data_as<float>(), dy.data(),
-        dx.data(), dweight ? dweight->data() : nullptr, dweight ? dweight->dtype() : DType::kF32,
-        nullptr, DType::kF32, x.dim(0), x.dim(1), partials, stream(), NormRows::Plain(x.dim(1)));
+        x.data(), x.dtype(), weight.data(), x.dtype(), weight_offset, nullptr,
+        rstd.data_as<float>(), dy.data(), dx.data(), dweight ? dweight->data() : nullptr,
+        dweight ? dweight->dtype() : DType::kF32, nullptr, DType::kF32, x.dim(0), x.dim(1),
+        partials, stream(), NormRows::Plain(x.dim(1)));
   }
 
   // The RMSNorm kernels over each head's columns: R x heads rows of D.
+  using Backend::HeadRmsNormBackward;
+  using Backend::HeadRmsNormForward;
   absl::Status HeadRmsNormForward(const Tensor& x, int64_t col, int64_t heads, const Tensor& weight,
-                                  float eps, Tensor& y, Tensor& rstd) override {
+                                  float eps, float weight_offset, Tensor& y,
+                                  Tensor& rstd) override {
     AMPD_RETURN_IF_ERROR(ValidateHeadRmsNormForward(x, col, heads, weight, y, rstd));
+    AMPD_RETURN_IF_ERROR(ValidateRmsNormOffset(weight_offset, "HeadRmsNormForward"));
     AMPD_ENTER_DEVICE();
     const int64_t d = weight.dim(0);
-    return LaunchLayerNormForward(x.data(), x.dtype(), weight.data(), nullptr, x.dtype(),
-                                  x.dim(0) * heads, d, eps, y.data(), nullptr,
+    return LaunchLayerNormForward(x.data(), x.dtype(), weight.data(), weight_offset, nullptr,
+                                  x.dtype(), x.dim(0) * heads, d, eps, y.data(), nullptr,
                                   rstd.data_as<float>(), stream(), NormRows{heads, x.dim(1), col});
   }
 
   absl::Status HeadRmsNormBackward(const Tensor& x, int64_t col, int64_t heads,
-                                   const Tensor& weight, const Tensor& rstd, const Tensor& dy,
-                                   Tensor& dx, Tensor* dweight) override {
+                                   const Tensor& weight, float weight_offset, const Tensor& rstd,
+                                   const Tensor& dy, Tensor& dx, Tensor* dweight) override {
     AMPD_RETURN_IF_ERROR(ValidateHeadRmsNormBackward(x, col, heads, weight, rstd, dy, dx, dweight));
+    AMPD_RETURN_IF_ERROR(ValidateRmsNormOffset(weight_offset, "HeadRmsNormBackward"));
     AMPD_ENTER_DEVICE();
     const int64_t rows = x.dim(0) * heads;
     const int64_t d = weight.dim(0);
@@ -668,10 +679,11 @@ class CudaBackend final : public Backend {
                             Scratch(static_cast<size_t>(2 * slabs * d) * sizeof(float)));
       partials = static_cast<float*>(scratch);
     }
-    return LaunchLayerNormBackward(
-        x.data(), x.dtype(), weight.data(), x.dtype(), nullptr, rstd.data_as<float>(), dy.data(),
-        dx.data(), dweight ? dweight->data() : nullptr, dweight ? dweight->dtype() : DType::kF32,
-        nullptr, DType::kF32, rows, d, partials, stream(), NormRows{heads, x.dim(1), col});
+    return LaunchLayerNormBackward(x.data(), x.dtype(), weight.data(), x.dtype(), weight_offset,
+                                   nullptr, rstd.data_as<float>(), dy.data(), dx.data(),
+                                   dweight ? dweight->data() : nullptr,
+                                   dweight ? dweight->dtype() : DType::kF32, nullptr, DType::kF32,
+                                   rows, d, partials, stream(), NormRows{heads, x.dim(1), col});
   }
 
   // ---- grouped-query K/V heads --------------------------------------------------
@@ -702,34 +714,43 @@ class CudaBackend final : public Backend {
                       positions ? positions->dtype() : DType::kI64, inverse, stream());
   }
 
-  absl::Status SiluMulForward(const Tensor& gate, const Tensor& up, Tensor& y) override {
-    AMPD_RETURN_IF_ERROR(ValidateSiluMulForward(gate, up, y));
+  absl::Status GatedMulForward(GluActivation act, const Tensor& gate, const Tensor& up,
+                               Tensor& y) override {
+    AMPD_RETURN_IF_ERROR(ValidateGluActivation(act, "GatedMulForward"));
+    AMPD_RETURN_IF_ERROR(ValidateGatedMulForward(gate, up, y));
     AMPD_ENTER_DEVICE();
-    return LaunchSiluMulForward(gate.data(), up.data(), y.data(), gate.dtype(), gate.numel(),
-                                stream());
+    return LaunchGatedMulForward(act, gate.data(), up.data(), y.data(), gate.dtype(), gate.numel(),
+                                 stream());
   }
 
-  absl::Status SiluMulBackward(const Tensor& gate, const Tensor& up, const Tensor& dy,
-                               Tensor& dgate, Tensor& dup) override {
-    AMPD_RETURN_IF_ERROR(ValidateSiluMulBackward(gate, up, dy, dgate, dup));
+  absl::Status GatedMulBackward(GluActivation act, const Tensor& gate, const Tensor& up,
+                                const Tensor& dy, Tensor& dgate, Tensor& dup) override {
+    AMPD_RETURN_IF_ERROR(ValidateGluActivation(act, "GatedMulBackward"));
+    AMPD_RETURN_IF_ERROR(ValidateGatedMulBackward(gate, up, dy, dgate, dup));
     AMPD_ENTER_DEVICE();
-    return LaunchSiluMulBackward(gate.data(), up.data(), dy.data(), dgate.data(), dup.data(),
-                                 gate.dtype(), gate.numel(), stream());
+    return LaunchGatedMulBackward(act, gate.data(), up.data(), dy.data(), dgate.data(), dup.data(),
+                                  gate.dtype(), gate.numel(), stream());
   }
 
   // ---- embedding ------------------------------------------------------------
-  absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, Tensor& out) override {
+  using Backend::EmbeddingBackward;
+  using Backend::EmbeddingForward;
+  absl::Status EmbeddingForward(const Tensor& ids, const Tensor& table, float scale,
+                                Tensor& out) override {
     // Ids outside [0, V) are caught on the device (the error word), not
     // here: that would need the ids on the host.
     AMPD_RETURN_IF_ERROR(ValidateEmbeddingForward(ids, table, out));
+    AMPD_RETURN_IF_ERROR(ValidateEmbeddingScale(scale, "EmbeddingForward"));
     AMPD_ENTER_DEVICE();
     return LaunchEmbeddingForward(ids.data(), ids.dtype(), ids.dim(0), table.data(), table.dtype(),
-                                  table.dim(0), table.dim(1), out.data(),
+                                  table.dim(0), table.dim(1), scale, out.data(),
                                   error_word_.data_as<int>(), stream());
   }
 
-  absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, Tensor& dtable) override {
+  absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, float scale,
+                                 Tensor& dtable) override {
     AMPD_RETURN_IF_ERROR(ValidateEmbeddingBackward(ids, dout, dtable));
+    AMPD_RETURN_IF_ERROR(ValidateEmbeddingScale(scale, "EmbeddingBackward"));
     if (ids.dim(0) == 0) return absl::OkStatus();  // nothing to scatter
     AMPD_ENTER_DEVICE();
     // Scratch for the deterministic sort-and-segment scatter (embedding.cu);
@@ -742,8 +763,9 @@ class CudaBackend final : public Backend {
       AMPD_ASSIGN_OR_RETURN(scratch, Scratch(scratch_bytes));
     }
     return LaunchEmbeddingBackward(ids.data(), ids.dtype(), ids.dim(0), dout.data(), dout.dtype(),
-                                   dtable.data(), dtable.dtype(), dtable.dim(0), dtable.dim(1),
-                                   scratch, scratch_bytes, error_word_.data_as<int>(), stream());
+                                   scale, dtable.data(), dtable.dtype(), dtable.dim(0),
+                                   dtable.dim(1), scratch, scratch_bytes,
+                                   error_word_.data_as<int>(), stream());
   }
 
   // ---- losses ---------------------------------------------------------------
@@ -783,12 +805,17 @@ class CudaBackend final : public Backend {
   // ---- causal self-attention ----------------------------------------------------
   // Fused kernels, one launch forward, two or three backward; the
   // backward's Delta (B, H, T) F32 lives in the grow-only scratch.
-  absl::Status AttentionForward(const Tensor& qkv, int64_t n_head, Tensor& out,
-                                Tensor& lse) override {
+  using Backend::AttentionBackward;
+  using Backend::AttentionDecode;
+  using Backend::AttentionForward;
+  absl::Status AttentionForward(const Tensor& qkv, int64_t n_head, const AttentionOptions& options,
+                                Tensor& out, Tensor& lse) override {
     AMPD_RETURN_IF_ERROR(ValidateAttentionForward(qkv, n_head, out, lse));
+    AMPD_RETURN_IF_ERROR(ValidateAttentionOptions(options, "AttentionForward"));
     AMPD_ENTER_DEVICE();
     return LaunchAttentionForward(qkv.data(), qkv.dtype(), qkv.dim(0), qkv.dim(1), qkv.dim(2) / 3,
-                                  n_head, out.data(), lse.data_as<float>(), attention_, stream());
+                                  n_head, options, out.data(), lse.data_as<float>(), attention_,
+                                  stream());
   }
 
   absl::Status WriteKvRows(const Tensor& rows, int64_t k_col, int64_t v_col,
@@ -815,19 +842,23 @@ class CudaBackend final : public Backend {
 
   absl::Status AttentionDecode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                const Tensor& positions, int64_t heads, int64_t kv_heads,
-                               Tensor& out) override {
+                               const AttentionOptions& options, Tensor& out) override {
     AMPD_RETURN_IF_ERROR(
         ValidateAttentionDecode(q, k_cache, v_cache, positions, heads, kv_heads, out));
+    AMPD_RETURN_IF_ERROR(ValidateAttentionOptions(options, "AttentionDecode"));
     AMPD_ENTER_DEVICE();
     // positions stay on the device (no sync to check them here): the
     // kernel turns one out of range into NaN rows, never a stray read.
     return LaunchAttentionDecode(q.data(), k_cache.data(), v_cache.data(), positions.data(),
                                  q.dtype(), positions.dtype(), q.dim(0), k_cache.dim(1), heads,
-                                 kv_heads, q.dim(1) / heads, out.data(), attention_, stream());
+                                 kv_heads, q.dim(1) / heads, options, out.data(), attention_,
+                                 stream());
   }
   absl::Status AttentionBackward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
-                                 const Tensor& lse, int64_t n_head, Tensor& dqkv) override {
+                                 const Tensor& lse, int64_t n_head, const AttentionOptions& options,
+                                 Tensor& dqkv) override {
     AMPD_RETURN_IF_ERROR(ValidateAttentionBackward(qkv, out, dout, lse, n_head, dqkv));
+    AMPD_RETURN_IF_ERROR(ValidateAttentionOptions(options, "AttentionBackward"));
     AMPD_ENTER_DEVICE();
     float* delta = nullptr;  // (B, n_head, T)
     if (lse.numel() > 0) {
@@ -837,7 +868,7 @@ class CudaBackend final : public Backend {
     }
     return LaunchAttentionBackward(qkv.data(), out.data(), dout.data(), lse.data_as<float>(),
                                    qkv.dtype(), qkv.dim(0), qkv.dim(1), qkv.dim(2) / 3, n_head,
-                                   dqkv.data(), delta, attention_, stream());
+                                   options, dqkv.data(), delta, attention_, stream());
   }
 
   // ---- loss scaling and the optimizer -----------------------------------------

@@ -60,6 +60,18 @@ __device__ __forceinline__ float LoadAs(const void* p, int64_t i, DType dtype) {
   }
 }
 
+// v rounded to dtype and widened back (identity for F32).
+__device__ __forceinline__ float RoundAs(float v, DType dtype) {
+  switch (dtype) {
+    case DType::kF16:
+      return __half2float(__float2half_rn(v));
+    case DType::kBF16:
+      return __bfloat162float(__float2bfloat16_rn(v));
+    default:
+      return v;
+  }
+}
+
 __device__ __forceinline__ void StoreAs(void* p, int64_t i, DType dtype, float v) {
   switch (dtype) {
     case DType::kF16:

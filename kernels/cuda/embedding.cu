@@ -62,6 +62,27 @@ __global__ void embedding_forward_kernel(const void* ids, DType id_dtype, int64_
   }
 }
 
+// The same lookup with every element times scale in fp32, rounded once.
+__global__ void embedding_forward_scaled_kernel(const void* ids, DType id_dtype, int64_t n,
+                                                const void* table, DType dtype, int64_t vocab,
+                                                int64_t cols, float scale, void* out,
+                                                int* error_flags) {
+  // ids (n); table (vocab, cols); out (n, cols)
+  const int64_t total = n * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t row = i / cols;
+    const int64_t c = i - row * cols;
+    const int64_t id = LoadIndex(ids, row, id_dtype);
+    if (id < 0 || id >= vocab) {
+      if (c == 0) RaiseFlag(error_flags, kErrorEmbeddingId);
+      StoreAs(out, i, dtype, 0.0f);
+      continue;
+    }
+    StoreAs(out, i, dtype, LoadAs(table, id * cols + c, dtype) * scale);
+  }
+}
+
 template <typename T>
 absl::Status Forward(const void* ids, DType id_dtype, int64_t n, const void* table, int64_t vocab,
                      int64_t cols, void* out, int* error_flags, cudaStream_t stream) {
@@ -149,8 +170,8 @@ __global__ void embedding_accumulate_kernel(const Key* sorted_keys,
                                             const Position* sorted_positions,
                                             const Position* run_heads, const int64_t* num_runs,
                                             int64_t n, const void* dout, DType dout_dtype,
-                                            void* dtable, DType dtable_dtype, int64_t vocab,
-                                            int64_t cols) {
+                                            float scale, void* dtable, DType dtable_dtype,
+                                            int64_t vocab, int64_t cols) {
   // Block (x, y): runs x, x + gridDim.x, ...; columns of chunk y, y + gridDim.y, ...
   const int64_t runs = *num_runs;
   for (int64_t r = blockIdx.x; r < runs; r += gridDim.x) {
@@ -163,7 +184,9 @@ __global__ void embedding_accumulate_kernel(const Key* sorted_keys,
          c += int64_t{gridDim.y} * kColumnThreads) {
       float sum = 0.0f;  // batch order: the sort is stable
       for (int64_t j = begin; j < end; ++j) {
-        sum += LoadAs(dout, sorted_positions[j] * cols + c, dout_dtype);
+        // The multiply's gradient in dout's dtype (exact at scale 1).
+        sum +=
+            RoundAs(LoadAs(dout, sorted_positions[j] * cols + c, dout_dtype) * scale, dout_dtype);
       }
       StoreAs(dtable, row + c, dtable_dtype, LoadAs(dtable, row + c, dtable_dtype) + sum);
     }
@@ -173,9 +196,15 @@ __global__ void embedding_accumulate_kernel(const Key* sorted_keys,
 }  // namespace
 
 absl::Status LaunchEmbeddingForward(const void* ids, DType id_dtype, int64_t n, const void* table,
-                                    DType dtype, int64_t vocab, int64_t cols, void* out,
-                                    int* error_flags, cudaStream_t stream) {
+                                    DType dtype, int64_t vocab, int64_t cols, float scale,
+                                    void* out, int* error_flags, cudaStream_t stream) {
   if (n == 0 || cols == 0) return absl::OkStatus();
+  if (scale != 1.0f) {
+    embedding_forward_scaled_kernel<<<GridFor(n * cols), kThreads, 0, stream>>>(
+        ids, id_dtype, n, table, dtype, vocab, cols, scale, out, error_flags);
+    AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();
+    return absl::OkStatus();
+  }
   if (SizeOf(dtype) == 2) {
     return Forward<uint16_t>(ids, id_dtype, n, table, vocab, cols, out, error_flags, stream);
   }
@@ -190,8 +219,8 @@ absl::Status EmbeddingBackwardScratchBytes(int64_t n, int64_t vocab, size_t* byt
 }
 
 absl::Status LaunchEmbeddingBackward(const void* ids, DType id_dtype, int64_t n, const void* dout,
-                                     DType dout_dtype, void* dtable, DType dtable_dtype,
-                                     int64_t vocab, int64_t cols, void* scratch,
+                                     DType dout_dtype, float scale, void* dtable,
+                                     DType dtable_dtype, int64_t vocab, int64_t cols, void* scratch,
                                      size_t scratch_bytes, int* error_flags, cudaStream_t stream) {
   if (n == 0) return absl::OkStatus();
   ScratchLayout layout;
@@ -236,8 +265,8 @@ absl::Status LaunchEmbeddingBackward(const void* ids, DType id_dtype, int64_t n,
       std::max<int64_t>(1, std::min(max_runs, std::max<int64_t>(1, 32768 / y_blocks)));
   const dim3 grid(static_cast<unsigned>(x_blocks), static_cast<unsigned>(y_blocks));
   embedding_accumulate_kernel<<<grid, kColumnThreads, 0, stream>>>(
-      keys_out, positions_out, run_heads, num_runs, n, dout, dout_dtype, dtable, dtable_dtype,
-      vocab, cols);
+      keys_out, positions_out, run_heads, num_runs, n, dout, dout_dtype, scale, dtable,
+      dtable_dtype, vocab, cols);
   AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }

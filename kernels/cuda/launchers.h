@@ -204,8 +204,11 @@ struct AttentionKernelConfig {
 // for the step).
 absl::Status ConfigureAttentionForward(const AttentionKernelConfig& config);
 absl::Status ConfigureAttentionBackward(const AttentionKernelConfig& config);
+// options: the score scale and sliding window (kernels/attention_params.h);
+// a windowed call takes the generic kernels.
 absl::Status LaunchAttentionForward(const void* qkv, DType dtype, int64_t batch, int64_t seq,
-                                    int64_t channels, int64_t heads, void* out, float* lse,
+                                    int64_t channels, int64_t heads,
+                                    const AttentionOptions& options, void* out, float* lse,
                                     const AttentionKernelConfig& config, cudaStream_t stream);
 // The decode step against a KV cache (attention_decode.cu): q and out
 // (seqs, heads head_dim), k_cache and v_cache (seqs, t_max, kv_heads
@@ -216,12 +219,13 @@ absl::Status LaunchAttentionForward(const void* qkv, DType dtype, int64_t batch,
 absl::Status LaunchAttentionDecode(const void* q, const void* k_cache, const void* v_cache,
                                    const void* positions, DType dtype, DType pos_dtype,
                                    int64_t seqs, int64_t t_max, int64_t heads, int64_t kv_heads,
-                                   int64_t head_dim, void* out, const AttentionKernelConfig& config,
-                                   cudaStream_t stream);
+                                   int64_t head_dim, const AttentionOptions& options, void* out,
+                                   const AttentionKernelConfig& config, cudaStream_t stream);
 // delta: batch * heads * seq floats of scratch (Delta of the contract).
 absl::Status LaunchAttentionBackward(const void* qkv, const void* out, const void* dout,
                                      const float* lse, DType dtype, int64_t batch, int64_t seq,
-                                     int64_t channels, int64_t heads, void* dqkv, float* delta,
+                                     int64_t channels, int64_t heads,
+                                     const AttentionOptions& options, void* dqkv, float* delta,
                                      const AttentionKernelConfig& config, cudaStream_t stream);
 
 #if defined(__CUDACC__)
@@ -253,20 +257,23 @@ struct NormRows {
 
 // LayerNorm, or RMSNorm where mean is nullptr (no centring, no beta), over
 // `rows` rows of `cols` at `at`.
-absl::Status LaunchLayerNormForward(const void* x, DType dtype, const void* gamma, const void* beta,
-                                    DType param_dtype, int64_t rows, int64_t cols, float eps,
-                                    void* y, float* mean, float* rstd, cudaStream_t stream,
-                                    NormRows at);
+// gamma_offset: the scale is gamma_offset + gamma in fp32 (Gemma's RMSNorm:
+// 1); 0 uses gamma itself.
+absl::Status LaunchLayerNormForward(const void* x, DType dtype, const void* gamma,
+                                    float gamma_offset, const void* beta, DType param_dtype,
+                                    int64_t rows, int64_t cols, float eps, void* y, float* mean,
+                                    float* rstd, cudaStream_t stream, NormRows at);
 // partials: 2 * ColumnSumSlabs(rows, cols) * cols floats of scratch when
 // that count is > 1 and dgamma or dbeta is given, else unused. mean nullptr:
 // RMSNorm's backward (mean 0, no sum(g) term; dbeta nullptr). dgamma and
 // dbeta both nullptr: only the dx kernel runs (a frozen RMSNorm weight, a
 // LayerNorm without affine). Rows at `at`, as the forward's.
 absl::Status LaunchLayerNormBackward(const void* x, DType dtype, const void* gamma,
-                                     DType gamma_dtype, const float* mean, const float* rstd,
-                                     const void* dy, void* dx, void* dgamma, DType dgamma_dtype,
-                                     void* dbeta, DType dbeta_dtype, int64_t rows, int64_t cols,
-                                     float* partials, cudaStream_t stream, NormRows at);
+                                     DType gamma_dtype, float gamma_offset, const float* mean,
+                                     const float* rstd, const void* dy, void* dx, void* dgamma,
+                                     DType dgamma_dtype, void* dbeta, DType dbeta_dtype,
+                                     int64_t rows, int64_t cols, float* partials,
+                                     cudaStream_t stream, NormRows at);
 
 // src and dst: the first byte of the block in row 0 of each; rows of
 // src_stride and dst_stride bytes; block_bytes copied per row (all
@@ -301,22 +308,26 @@ absl::Status LaunchRope(void* x, DType dtype, int64_t batch, int64_t seq, int64_
                         int64_t heads, int64_t head_dim, const float* inv_freq,
                         const void* positions, DType position_dtype, bool inverse,
                         cudaStream_t stream);
-absl::Status LaunchSiluMulForward(const void* gate, const void* up, void* y, DType dtype, int64_t n,
-                                  cudaStream_t stream);
-absl::Status LaunchSiluMulBackward(const void* gate, const void* up, const void* dy, void* dgate,
-                                   void* dup, DType dtype, int64_t n, cudaStream_t stream);
+// The gated MLP's act(gate) * up and its backward (gated_mul.cu).
+absl::Status LaunchGatedMulForward(GluActivation act, const void* gate, const void* up, void* y,
+                                   DType dtype, int64_t n, cudaStream_t stream);
+absl::Status LaunchGatedMulBackward(GluActivation act, const void* gate, const void* up,
+                                    const void* dy, void* dgate, void* dup, DType dtype, int64_t n,
+                                    cudaStream_t stream);
 
+// out = table[ids] * scale (scale 1: the bytes; else in fp32, rounded once).
 absl::Status LaunchEmbeddingForward(const void* ids, DType id_dtype, int64_t n, const void* table,
-                                    DType dtype, int64_t vocab, int64_t cols, void* out,
-                                    int* error_flags, cudaStream_t stream);
-// dtable (vocab, cols) += scatter of dout (n, cols), deterministic: each
-// touched row becomes round(old + (c1 + c2 + ...)) with its contributions
-// summed in fp32 in batch order, as the CPU oracle does. Needs `scratch` of
+                                    DType dtype, int64_t vocab, int64_t cols, float scale,
+                                    void* out, int* error_flags, cudaStream_t stream);
+// dtable (vocab, cols) += scatter of dout (n, cols) * scale, deterministic:
+// each touched row becomes round(old + (c1 + c2 + ...)) with its
+// contributions (round(dout * scale) in dout's dtype) summed in fp32 in
+// batch order, as the CPU oracle does. Needs `scratch` of
 // EmbeddingBackwardScratchBytes(n, vocab) bytes (256-byte aligned).
 absl::Status EmbeddingBackwardScratchBytes(int64_t n, int64_t vocab, size_t* bytes);
 absl::Status LaunchEmbeddingBackward(const void* ids, DType id_dtype, int64_t n, const void* dout,
-                                     DType dout_dtype, void* dtable, DType dtable_dtype,
-                                     int64_t vocab, int64_t cols, void* scratch,
+                                     DType dout_dtype, float scale, void* dtable,
+                                     DType dtable_dtype, int64_t vocab, int64_t cols, void* scratch,
                                      size_t scratch_bytes, int* error_flags, cudaStream_t stream);
 
 // partials: kMaxReductionBlocks floats of scratch.

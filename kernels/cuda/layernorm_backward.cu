@@ -1,5 +1,6 @@
 // LayerNorm and RMSNorm backward (PyTorch's LayerNorm formula), with xhat = (x - mean) * rstd and
-// g = dy * gamma (dy when not affine):
+// g = dy * gamma (dy when not affine; dy * (gamma_offset + gamma) for an
+// RMSNorm with an offset, Gemma's 1 + w, whose dgamma is the same sum):
 //   dx     = rstd * (g - sum(g) * (1/C) - xhat * (sum(g * xhat) * (1/C)))
 //                                                             one warp per row
 //   dgamma += sum over rows of dy * xhat                      column kernel
@@ -27,11 +28,17 @@ constexpr int kWarpsPerBlock = kThreads / 32;
 constexpr int kColsPerBlock = static_cast<int>(kColumnSumColsPerBlock);
 constexpr int kRowSplit = 16;
 
+// The scale gamma_offset + gamma in fp32 (Gemma's RMSNorm: 1 + w); gamma
+// itself without an offset, as the CPU oracle (OffsetWeight) forms it.
+__device__ __forceinline__ float OffsetGamma(float offset, float gamma) {
+  return offset == 0.0f ? gamma : offset + gamma;
+}
+
 template <typename T>
-__global__ void layernorm_backward_dx_kernel(const T* x, const T* gamma, const float* mean,
-                                             const float* rstd, const T* dy, T* dx, int64_t rows,
-                                             int64_t cols, float inv_cols, bool vectorized,
-                                             NormRows at) {
+__global__ void layernorm_backward_dx_kernel(const T* x, const T* gamma, float gamma_offset,
+                                             const float* mean, const float* rstd, const T* dy,
+                                             T* dx, int64_t rows, int64_t cols, float inv_cols,
+                                             bool vectorized, NormRows at) {
   // x, dy, dx: rows of cols at `at`; gamma: (cols) or nullptr; mean, rstd: (rows).
   // The row sums go through ForEachOwnColumn (each lane's order of
   // additions kept, 16-byte loads when vectorized); the output is
@@ -53,7 +60,7 @@ __global__ void layernorm_backward_dx_kernel(const T* x, const T* gamma, const f
   ForEachOwnColumn<N>(xr, dyr, cols, vectorized, stage[warp], [&](int64_t c, float xv, float gv) {
     const float xhat = (xv - mu) * rs;
     float g = gv;
-    if (gamma != nullptr) g = g * ToFloat(gamma[c]);
+    if (gamma != nullptr) g = g * OffsetGamma(gamma_offset, ToFloat(gamma[c]));
     sum_g += g;
     sum_gx += g * xhat;
   });
@@ -73,7 +80,7 @@ __global__ void layernorm_backward_dx_kernel(const T* x, const T* gamma, const f
       for (int j = 0; j < N; ++j) {
         const float xhat = (ToFloat(xs.v[j]) - mu) * rs;
         float g = ToFloat(gs.v[j]);
-        if (gamma != nullptr) g = g * ToFloat(gamma_v.v[j]);
+        if (gamma != nullptr) g = g * OffsetGamma(gamma_offset, ToFloat(gamma_v.v[j]));
         out.v[j] = FromFloat<T>(rs * (g - mean_g - xhat * mean_gx));
       }
       StoreVec<N>(dxr, c, out);
@@ -82,7 +89,7 @@ __global__ void layernorm_backward_dx_kernel(const T* x, const T* gamma, const f
     for (int64_t c = lane; c < cols; c += 32) {
       const float xhat = (ToFloat(xr[c]) - mu) * rs;
       float g = ToFloat(dyr[c]);
-      if (gamma != nullptr) g = g * ToFloat(gamma[c]);
+      if (gamma != nullptr) g = g * OffsetGamma(gamma_offset, ToFloat(gamma[c]));
       dxr[c] = FromFloat<T>(rs * (g - mean_g - xhat * mean_gx));
     }
   }
@@ -187,10 +194,11 @@ absl::Status LaunchParams(const T* x, const float* mean, const float* rstd, cons
 }  // namespace
 
 absl::Status LaunchLayerNormBackward(const void* x, DType dtype, const void* gamma,
-                                     DType gamma_dtype, const float* mean, const float* rstd,
-                                     const void* dy, void* dx, void* dgamma, DType dgamma_dtype,
-                                     void* dbeta, DType dbeta_dtype, int64_t rows, int64_t cols,
-                                     float* partials, cudaStream_t stream, NormRows at) {
+                                     DType gamma_dtype, float gamma_offset, const float* mean,
+                                     const float* rstd, const void* dy, void* dx, void* dgamma,
+                                     DType dgamma_dtype, void* dbeta, DType dbeta_dtype,
+                                     int64_t rows, int64_t cols, float* partials,
+                                     cudaStream_t stream, NormRows at) {
   if (rows == 0 || cols == 0) return absl::OkStatus();
   if (gamma != nullptr && gamma_dtype != dtype) {
     return absl::InternalError("LaunchLayerNormBackward: gamma must have x's dtype");
@@ -235,7 +243,7 @@ absl::Status LaunchLayerNormBackward(const void* x, DType dtype, const void* gam
     const bool vectorized = cols % N == 0 && at.StartsAligned(N) && VecAligned<N>(xt) &&
                             VecAligned<N>(gt) && VecAligned<N>(dyt) && VecAligned<N>(dxt);
     layernorm_backward_dx_kernel<T><<<row_grid, kThreads, 0, stream>>>(
-        xt, gt, mean, rstd, dyt, dxt, rows, cols, inv_cols, vectorized, at);
+        xt, gt, gamma_offset, mean, rstd, dyt, dxt, rows, cols, inv_cols, vectorized, at);
     AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();
     return absl::OkStatus();
   });

@@ -4,6 +4,7 @@
 //   mean = sum(x) / C,  var = sum((x - mean)^2) / C  (biased, as PyTorch)
 //   rstd = 1 / sqrt(var + eps)   (exact sqrt and division, not rsqrtf)
 //   y = (x - mean) * rstd * gamma + beta
+// (gamma_offset + gamma where an RMSNorm has an offset: Gemma's 1 + w)
 // RMSNorm (mean == nullptr) skips the first pass: mean 0, no beta, so the
 // second pass sums x^2, as the CPU oracle does. The rows lie where NormRows
 // says (launchers.h): a plain tensor's, or each head of a fused q|k|v row
@@ -22,19 +23,25 @@ namespace {
 
 constexpr int kWarpsPerBlock = kThreads / 32;
 
+// The scale gamma_offset + gamma in fp32 (Gemma's RMSNorm: 1 + w); gamma
+// itself without an offset, as the CPU oracle (OffsetWeight) forms it.
+__device__ __forceinline__ float OffsetGamma(float offset, float gamma) {
+  return offset == 0.0f ? gamma : offset + gamma;
+}
+
 template <typename T>
 __device__ __forceinline__ float Normalise(float x, float mu, float rs, const T* gamma,
-                                           const T* beta, int64_t c) {
+                                           float gamma_offset, const T* beta, int64_t c) {
   float v = (x - mu) * rs;
-  if (gamma != nullptr) v = v * ToFloat(gamma[c]);
+  if (gamma != nullptr) v = v * OffsetGamma(gamma_offset, ToFloat(gamma[c]));
   if (beta != nullptr) v = v + ToFloat(beta[c]);
   return v;
 }
 
 template <typename T>
-__global__ void layernorm_forward_kernel(const T* x, const T* gamma, const T* beta, int64_t rows,
-                                         int64_t cols, float eps, T* y, float* mean, float* rstd,
-                                         bool vectorized, NormRows at) {
+__global__ void layernorm_forward_kernel(const T* x, const T* gamma, float gamma_offset,
+                                         const T* beta, int64_t rows, int64_t cols, float eps, T* y,
+                                         float* mean, float* rstd, bool vectorized, NormRows at) {
   // x, y: rows of cols at `at`; gamma, beta: (cols) or nullptr; mean, rstd: (rows)
   constexpr int N = VecWidth<T>();
   __shared__ float stage[kWarpsPerBlock][32 * N];
@@ -69,7 +76,7 @@ __global__ void layernorm_forward_kernel(const T* x, const T* gamma, const T* be
 #pragma unroll
       for (int j = 0; j < N; ++j) {
         float v = (ToFloat(in.v[j]) - mu) * rs;
-        if (gamma != nullptr) v = v * ToFloat(g.v[j]);
+        if (gamma != nullptr) v = v * OffsetGamma(gamma_offset, ToFloat(g.v[j]));
         if (beta != nullptr) v = v + ToFloat(b.v[j]);
         out.v[j] = FromFloat<T>(v);
       }
@@ -77,7 +84,7 @@ __global__ void layernorm_forward_kernel(const T* x, const T* gamma, const T* be
     }
   } else {
     for (int64_t c = lane; c < cols; c += 32) {
-      yr[c] = FromFloat<T>(Normalise(ToFloat(xr[c]), mu, rs, gamma, beta, c));
+      yr[c] = FromFloat<T>(Normalise(ToFloat(xr[c]), mu, rs, gamma, gamma_offset, beta, c));
     }
   }
   if (lane == 0) {
@@ -88,10 +95,10 @@ __global__ void layernorm_forward_kernel(const T* x, const T* gamma, const T* be
 
 }  // namespace
 
-absl::Status LaunchLayerNormForward(const void* x, DType dtype, const void* gamma, const void* beta,
-                                    DType param_dtype, int64_t rows, int64_t cols, float eps,
-                                    void* y, float* mean, float* rstd, cudaStream_t stream,
-                                    NormRows at) {
+absl::Status LaunchLayerNormForward(const void* x, DType dtype, const void* gamma,
+                                    float gamma_offset, const void* beta, DType param_dtype,
+                                    int64_t rows, int64_t cols, float eps, void* y, float* mean,
+                                    float* rstd, cudaStream_t stream, NormRows at) {
   if (rows == 0) return absl::OkStatus();
   if ((gamma != nullptr || beta != nullptr) && param_dtype != dtype) {
     return absl::InternalError("LaunchLayerNormForward: gamma and beta must have x's dtype");
@@ -106,8 +113,8 @@ absl::Status LaunchLayerNormForward(const void* x, DType dtype, const void* gamm
     T* yt = static_cast<T*>(y);
     const bool vectorized = cols % N == 0 && at.StartsAligned(N) && VecAligned<N>(xt) &&
                             VecAligned<N>(gt) && VecAligned<N>(bt) && VecAligned<N>(yt);
-    layernorm_forward_kernel<T><<<grid, kThreads, 0, stream>>>(xt, gt, bt, rows, cols, eps, yt,
-                                                               mean, rstd, vectorized, at);
+    layernorm_forward_kernel<T><<<grid, kThreads, 0, stream>>>(xt, gt, gamma_offset, bt, rows, cols,
+                                                               eps, yt, mean, rstd, vectorized, at);
     AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();
     return absl::OkStatus();
   });

@@ -150,6 +150,33 @@ absl::Status DecoderFromProto(const v1::Decoder& proto, absl::string_view field_
   d->qkv_bias = proto.qkv_bias();
   d->o_bias = proto.o_bias();
   d->qk_norm = proto.qk_norm();
+  d->norm_unit_offset = proto.norm_unit_offset();
+  switch (proto.mlp_activation()) {
+    case v1::MLP_ACTIVATION_SILU:
+      d->mlp_activation = model::MlpActivation::kSilu;
+      break;
+    case v1::MLP_ACTIVATION_GELU_TANH:
+      d->mlp_activation = model::MlpActivation::kGeluTanh;
+      break;
+    default:
+      return FieldError(absl::StrCat(field_prefix, ".decoder.mlp_activation"),
+                        absl::StrCat("unknown value ", proto.mlp_activation()));
+  }
+  d->sandwich_norms = proto.sandwich_norms();
+  d->scale_embeddings = proto.scale_embeddings();
+  for (const auto& [set, field] :
+       {std::pair{proto.has_query_pre_attn_scalar(),
+                  std::pair{"query_pre_attn_scalar", proto.query_pre_attn_scalar()}},
+        std::pair{proto.has_rope_local_theta(),
+                  std::pair{"rope_local_theta", proto.rope_local_theta()}}}) {
+    if (!set) continue;
+    AMPD_RETURN_IF_ERROR(
+        CheckFinite(absl::StrCat(field_prefix, ".decoder.", field.first), field.second));
+  }
+  d->query_pre_attn_scalar = proto.query_pre_attn_scalar();
+  if (proto.has_rope_local_theta()) d->rope_local_theta = proto.rope_local_theta();
+  d->sliding_layers.assign(proto.sliding_layers().begin(), proto.sliding_layers().end());
+  d->sliding_window = proto.sliding_window();
   if (proto.has_rope_scaling()) {
     AMPD_RETURN_IF_ERROR(
         RopeScalingFromProto(proto.rope_scaling(), field_prefix, &d->rope_scaling));
@@ -329,6 +356,16 @@ v1::ModelSpec ModelSpecToProto(const model::ModelSpec& spec) {
     out->set_qkv_bias(d.qkv_bias);
     out->set_o_bias(d.o_bias);
     out->set_qk_norm(d.qk_norm);
+    out->set_norm_unit_offset(d.norm_unit_offset);
+    out->set_mlp_activation(d.mlp_activation == model::MlpActivation::kGeluTanh
+                                ? v1::MLP_ACTIVATION_GELU_TANH
+                                : v1::MLP_ACTIVATION_SILU);
+    out->set_sandwich_norms(d.sandwich_norms);
+    out->set_scale_embeddings(d.scale_embeddings);
+    if (d.query_pre_attn_scalar > 0.0f) out->set_query_pre_attn_scalar(d.query_pre_attn_scalar);
+    for (const bool slides : d.sliding_layers) out->add_sliding_layers(slides);
+    out->set_sliding_window(d.sliding_window);
+    out->set_rope_local_theta(d.rope_local_theta);
     if (d.rope_scaling.type != model::RopeType::kDefault) {
       v1::RopeScaling* r = out->mutable_rope_scaling();
       r->set_rope_type(d.rope_scaling.type == model::RopeType::kLinear ? v1::ROPE_TYPE_LINEAR

@@ -8,6 +8,7 @@
 //   32 query heads: two 16-row strips per kv head); D = 16 and fp32 run the
 //   generic forward and its twin. Tensors from Allocate are 16-byte
 //   aligned, so both sides take the same kernel family;
+// - so does a sliding-window call (both sides generic);
 // - a position outside [0, T_max) gives that sequence NaN rows and leaves
 //   the other sequences' rows as they would be (the CUDA backend cannot
 //   refuse device data without a sync).
@@ -37,6 +38,23 @@ TEST_P(CudaDTypeTest, AttentionDecodeRowsAreTheForwardsBits) {
     SCOPED_TRACE(::testing::Message()
                  << "H=" << g.heads << " Hkv=" << g.kv_heads << " D=" << g.head_dim);
     EXPECT_TRUE(DecodeRowsAreTheForwardsBits(*gpu_, dt, g, seed++));
+  }
+}
+
+// Sliding windows with a set scale (Gemma 3's local layers): the forward
+// and the decode take their generic kernels whatever the dtype and D, and
+// the rows agree bit for bit; the cache rows outside each window are NaN.
+TEST_P(CudaDTypeTest, AttentionDecodeWindowedRowsAreTheForwardsBits) {
+  const DType dt = GetParam();
+  uint64_t seed = 9200;
+  for (const int64_t window : {1, 37, 64, 100}) {
+    for (const int64_t head_dim : {64, 128}) {
+      SCOPED_TRACE(::testing::Message() << "window=" << window << " D=" << head_dim);
+      DecodeDims dims{4, 2, head_dim, 150};
+      dims.options.window = window;
+      dims.options.scale = 0.0625f;
+      EXPECT_TRUE(DecodeRowsAreTheForwardsBits(*gpu_, dt, dims, seed++));
+    }
   }
 }
 

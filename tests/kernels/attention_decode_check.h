@@ -10,7 +10,9 @@
 // and with NaN after it (a decode that reads a later position, or
 // multiplies one by a zero weight, writes NaN); positions alternate
 // between I32 and I64, and out starts as NaN bytes, so a row left
-// unwritten fails too.
+// unwritten fails too. With a sliding window (dims.options), the cache rows
+// before each query's first visible key are NaN as well: a decode that
+// weighs a key outside its window, even by zero, writes NaN.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -30,11 +32,12 @@
 namespace ampd::kernels::testing {
 
 struct DecodeDims {
-  int64_t heads;     // H
-  int64_t kv_heads;  // Hkv
-  int64_t head_dim;  // D
-  int64_t seq;       // T: positions 0 .. T - 1 are decoded
-  int64_t seqs = 3;  // S: sequences per call
+  int64_t heads;                  // H
+  int64_t kv_heads;               // Hkv
+  int64_t head_dim;               // D
+  int64_t seq;                    // T: positions 0 .. T - 1 are decoded
+  int64_t seqs = 3;               // S: sequences per call
+  AttentionOptions options = {};  // the scale and window of both calls
 };
 
 inline ::testing::AssertionResult DecodeRowsAreTheForwardsBits(Backend& be, DType dt,
@@ -52,7 +55,7 @@ inline ::testing::AssertionResult DecodeRowsAreTheForwardsBits(Backend& be, DTyp
   absl::StatusOr<Tensor> lse = be.Allocate(DType::kF32, {s_len, h, t_len});
   if (!qkv.ok() || !fwd.ok() || !lse.ok()) return ::testing::AssertionFailure() << "allocation";
   absl::Status st = be.ExpandKvHeads(src, h, hkv, *qkv);
-  if (st.ok()) st = be.AttentionForward(*qkv, h, *fwd, *lse);
+  if (st.ok()) st = be.AttentionForward(*qkv, h, g.options, *fwd, *lse);
   if (!st.ok()) return ::testing::AssertionFailure() << "forward: " << st;
   const std::vector<unsigned char> fwd_bytes = RawBytes(be, *fwd);  // (S, T, H D)
   const std::vector<unsigned char> src_bytes = RawBytes(be, src);   // (S, T, fused)
@@ -85,7 +88,7 @@ inline ::testing::AssertionResult DecodeRowsAreTheForwardsBits(Backend& be, DTyp
       p64[static_cast<size_t>(s)] = t;
       const unsigned char* seq = src_bytes.data() + static_cast<size_t>(s * t_len) * row;
       std::memcpy(q_bytes.data() + static_cast<size_t>(s) * q_row, seq + t * row, q_row);
-      for (int64_t p = 0; p <= t; ++p) {
+      for (int64_t p = AttentionFirstKey(t, g.options.window); p <= t; ++p) {
         const size_t dst = static_cast<size_t>(s * t_max + p) * kv_row;
         std::memcpy(k_bytes.data() + dst, seq + p * row + q_row, kv_row);
         std::memcpy(v_bytes.data() + dst, seq + p * row + q_row + kv_row, kv_row);
@@ -99,7 +102,8 @@ inline ::testing::AssertionResult DecodeRowsAreTheForwardsBits(Backend& be, DTyp
     if (st.ok()) st = be.CopyFromHost(k_bytes.data(), k_bytes.size(), *k_cache);
     if (st.ok()) st = be.CopyFromHost(v_bytes.data(), v_bytes.size(), *v_cache);
     if (st.ok()) st = be.CopyFromHost(nan_out.data(), nan_out.size(), *out);
-    if (st.ok()) st = be.AttentionDecode(*q, *k_cache, *v_cache, positions, h, hkv, *out);
+    if (st.ok())
+      st = be.AttentionDecode(*q, *k_cache, *v_cache, positions, h, hkv, g.options, *out);
     if (!st.ok()) return ::testing::AssertionFailure() << "decode call " << call << ": " << st;
     const std::vector<unsigned char> got = RawBytes(be, *out);
     for (int64_t s = 0; s < s_len; ++s) {

@@ -1446,117 +1446,124 @@ void AddLayerNormCases(std::vector<OpCase>& cases) {
 void AddRmsNormCases(std::vector<OpCase>& cases) {
   const int64_t rows = 67, cols = 320;
   const float eps = 1e-6f;
-  for (DType dt : kFloatDTypes) {
-    const std::string variant = Lower(dt);
-    auto ref_rstd = [=](const HostTensor& x) {
-      std::vector<double> rstd;
-      for (int64_t r = 0; r < rows; ++r) {
-        double sq = 0;
-        for (int64_t c = 0; c < cols; ++c) {
-          const double v = x.values[static_cast<size_t>(r * cols + c)];
-          sq += v * v;
+  // offset 0: Llama's RMSNorm (scale w); 1: Gemma's (scale 1 + w, the
+  // checkpoint's w near 0).
+  for (const float offset : {0.0f, 1.0f}) {
+    for (DType dt : kFloatDTypes) {
+      const std::string variant = absl::StrCat(Lower(dt), offset != 0.0f ? "_offset1" : "");
+      const double w_lo = offset != 0.0f ? -0.5 : 0.5, w_hi = offset != 0.0f ? 0.5 : 1.5;
+      auto ref_rstd = [=](const HostTensor& x) {
+        std::vector<double> rstd;
+        for (int64_t r = 0; r < rows; ++r) {
+          double sq = 0;
+          for (int64_t c = 0; c < cols; ++c) {
+            const double v = x.values[static_cast<size_t>(r * cols + c)];
+            sq += v * v;
+          }
+          rstd.push_back(1.0 / std::sqrt(sq / static_cast<double>(cols) + eps));
         }
-        rstd.push_back(1.0 / std::sqrt(sq / static_cast<double>(cols) + eps));
-      }
-      return rstd;
-    };
-    cases.push_back(
-        {"RmsNormForward", variant, [=] {
-           const HostTensor x = Random(dt, {rows, cols}, 60, -2, 2);
-           const HostTensor w = Random(dt, {cols}, 61, 0.5, 1.5);
-           CaseFns f;
-           f.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
-             Io io(be);
-             AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(x));
-             AMPD_ASSIGN_OR_RETURN(Tensor tw, io.Upload(w));
-             AMPD_ASSIGN_OR_RETURN(Tensor ty, io.Unwritten(dt, x.shape));
-             AMPD_ASSIGN_OR_RETURN(Tensor tr, io.Unwritten(DType::kF32, {rows}));
-             AMPD_RETURN_IF_ERROR(be.RmsNormForward(tx, tw, eps, ty, tr));
-             AMPD_RETURN_IF_ERROR(io.Read("rstd", tr, {1e-5, 1e-6}));
-             AMPD_RETURN_IF_ERROR(io.Read("y", ty, DeviceElementwise(dt) + Tol{0, 1e-5}));
-             return io.Take();
-           };
-           f.reference = [=] {
-             const std::vector<double> rstd = ref_rstd(x);
-             std::vector<double> y;
-             for (int64_t r = 0; r < rows; ++r) {
-               for (int64_t c = 0; c < cols; ++c) {
-                 y.push_back(x.values[static_cast<size_t>(r * cols + c)] *
-                             rstd[static_cast<size_t>(r)] * w.values[static_cast<size_t>(c)]);
-               }
-             }
-             // The fp32 sum of 320 squares (relative error near
-             // sqrt(320) u by a random walk; 2e-5 allows 60 times
-             // that) and y's rounding to the dtype.
-             return Outputs{{"rstd", rstd, Tol{2e-5, 0}}, {"y", y, Ulps(dt, 1) + Tol{2e-5, 4e-5}}};
-           };
-           return f;
-         }});
-    // frozen: dweight nullptr (a LoRA fine-tune's base weight), dx alone.
-    for (bool frozen : {false, true}) {
+        return rstd;
+      };
       cases.push_back(
-          {"RmsNormBackward", frozen ? variant + "_frozen" : variant, [=] {
+          {"RmsNormForward", variant, [=] {
              const HostTensor x = Random(dt, {rows, cols}, 60, -2, 2);
-             const HostTensor w = Random(dt, {cols}, 61, 0.5, 1.5);
-             const HostTensor dy = Random(dt, {rows, cols}, 62, -1, 1);
-             const HostTensor pw = Random(dt, {cols}, 63, -1, 1);
-             HostTensor rstd{DType::kF32, {rows}, {}};
-             for (double v : ref_rstd(x)) rstd.values.push_back(F32(v));
-             CaseFns b;
-             b.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+             const HostTensor w = Random(dt, {cols}, 61, w_lo, w_hi);
+             CaseFns f;
+             f.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
                Io io(be);
                AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(x));
                AMPD_ASSIGN_OR_RETURN(Tensor tw, io.Upload(w));
-               AMPD_ASSIGN_OR_RETURN(Tensor tr, io.Upload(rstd));
-               AMPD_ASSIGN_OR_RETURN(Tensor tdy, io.Upload(dy));
-               AMPD_ASSIGN_OR_RETURN(Tensor tdx, io.Unwritten(dt, x.shape));
-               AMPD_ASSIGN_OR_RETURN(Tensor tdw, io.Upload(pw));
-               AMPD_RETURN_IF_ERROR(
-                   be.RmsNormBackward(tx, tw, tr, tdy, tdx, frozen ? nullptr : &tdw));
-               const Tol tol = DeviceElementwise(dt) + Tol{0, 1e-5 + rows * 1e-6};
-               AMPD_RETURN_IF_ERROR(io.Read("dx", tdx, tol));
-               if (!frozen) {
-                 AMPD_RETURN_IF_ERROR(io.Read("dweight", tdw, tol));
-               } else {
-                 // On every backend dx must not depend on whether dweight
-                 // is formed: the same bits with it as without.
-                 AMPD_ASSIGN_OR_RETURN(Tensor tdx2, io.Unwritten(dt, x.shape));
-                 AMPD_RETURN_IF_ERROR(be.RmsNormBackward(tx, tw, tr, tdy, tdx2, &tdw));
-                 AMPD_ASSIGN_OR_RETURN(std::vector<double> without, io.Values(tdx));
-                 AMPD_ASSIGN_OR_RETURN(std::vector<double> with, io.Values(tdx2));
-                 io.Add("dx the same with dweight", {without == with ? 1.0 : 0.0}, kBitwise);
-               }
+               AMPD_ASSIGN_OR_RETURN(Tensor ty, io.Unwritten(dt, x.shape));
+               AMPD_ASSIGN_OR_RETURN(Tensor tr, io.Unwritten(DType::kF32, {rows}));
+               AMPD_RETURN_IF_ERROR(be.RmsNormForward(tx, tw, eps, offset, ty, tr));
+               AMPD_RETURN_IF_ERROR(io.Read("rstd", tr, {1e-5, 1e-6}));
+               AMPD_RETURN_IF_ERROR(io.Read("y", ty, DeviceElementwise(dt) + Tol{0, 1e-5}));
                return io.Take();
              };
-             b.reference = [=] {
-               std::vector<double> dx, dw(pw.values);
+             f.reference = [=] {
+               const std::vector<double> rstd = ref_rstd(x);
+               std::vector<double> y;
                for (int64_t r = 0; r < rows; ++r) {
-                 const double rs = rstd.values[static_cast<size_t>(r)];
-                 double sum_gx = 0;
                  for (int64_t c = 0; c < cols; ++c) {
-                   const size_t i = static_cast<size_t>(r * cols + c);
-                   const double xhat = x.values[i] * rs;
-                   sum_gx += dy.values[i] * w.values[static_cast<size_t>(c)] * xhat;
-                   dw[static_cast<size_t>(c)] += dy.values[i] * xhat;
-                 }
-                 for (int64_t c = 0; c < cols; ++c) {
-                   const size_t i = static_cast<size_t>(r * cols + c);
-                   const double g = dy.values[i] * w.values[static_cast<size_t>(c)];
-                   dx.push_back(rs * (g - x.values[i] * rs * sum_gx / cols));
+                   y.push_back(x.values[static_cast<size_t>(r * cols + c)] *
+                               rstd[static_cast<size_t>(r)] *
+                               (offset + w.values[static_cast<size_t>(c)]));
                  }
                }
-               // As LayerNorm's: a row sum of 320 terms below 3 and
-               // column sums of 67 terms below 2 in fp32.
-               Outputs out{{"dx", dx, Ulps(dt, 1) + Tol{16 * kU32, 1e-5}}};
-               if (!frozen) {
-                 out.push_back({"dweight", dw, Ulps(dt, 1) + Tol{0, 8 * 2 * rows * kU32}});
-               } else {
-                 out.push_back({"dx the same with dweight", {1.0}, kBitwise});
-               }
-               return out;
+               // The fp32 sum of 320 squares (relative error near
+               // sqrt(320) u by a random walk; 2e-5 allows 60 times
+               // that) and y's rounding to the dtype.
+               return Outputs{{"rstd", rstd, Tol{2e-5, 0}},
+                              {"y", y, Ulps(dt, 1) + Tol{2e-5, 4e-5}}};
              };
-             return b;
+             return f;
            }});
+      // frozen: dweight nullptr (a LoRA fine-tune's base weight), dx alone.
+      for (bool frozen : {false, true}) {
+        cases.push_back(
+            {"RmsNormBackward", frozen ? variant + "_frozen" : variant, [=] {
+               const HostTensor x = Random(dt, {rows, cols}, 60, -2, 2);
+               const HostTensor w = Random(dt, {cols}, 61, w_lo, w_hi);
+               const HostTensor dy = Random(dt, {rows, cols}, 62, -1, 1);
+               const HostTensor pw = Random(dt, {cols}, 63, -1, 1);
+               HostTensor rstd{DType::kF32, {rows}, {}};
+               for (double v : ref_rstd(x)) rstd.values.push_back(F32(v));
+               CaseFns b;
+               b.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+                 Io io(be);
+                 AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(x));
+                 AMPD_ASSIGN_OR_RETURN(Tensor tw, io.Upload(w));
+                 AMPD_ASSIGN_OR_RETURN(Tensor tr, io.Upload(rstd));
+                 AMPD_ASSIGN_OR_RETURN(Tensor tdy, io.Upload(dy));
+                 AMPD_ASSIGN_OR_RETURN(Tensor tdx, io.Unwritten(dt, x.shape));
+                 AMPD_ASSIGN_OR_RETURN(Tensor tdw, io.Upload(pw));
+                 AMPD_RETURN_IF_ERROR(
+                     be.RmsNormBackward(tx, tw, offset, tr, tdy, tdx, frozen ? nullptr : &tdw));
+                 const Tol tol = DeviceElementwise(dt) + Tol{0, 1e-5 + rows * 1e-6};
+                 AMPD_RETURN_IF_ERROR(io.Read("dx", tdx, tol));
+                 if (!frozen) {
+                   AMPD_RETURN_IF_ERROR(io.Read("dweight", tdw, tol));
+                 } else {
+                   // On every backend dx must not depend on whether dweight
+                   // is formed: the same bits with it as without.
+                   AMPD_ASSIGN_OR_RETURN(Tensor tdx2, io.Unwritten(dt, x.shape));
+                   AMPD_RETURN_IF_ERROR(be.RmsNormBackward(tx, tw, offset, tr, tdy, tdx2, &tdw));
+                   AMPD_ASSIGN_OR_RETURN(std::vector<double> without, io.Values(tdx));
+                   AMPD_ASSIGN_OR_RETURN(std::vector<double> with, io.Values(tdx2));
+                   io.Add("dx the same with dweight", {without == with ? 1.0 : 0.0}, kBitwise);
+                 }
+                 return io.Take();
+               };
+               b.reference = [=] {
+                 std::vector<double> dx, dw(pw.values);
+                 for (int64_t r = 0; r < rows; ++r) {
+                   const double rs = rstd.values[static_cast<size_t>(r)];
+                   double sum_gx = 0;
+                   for (int64_t c = 0; c < cols; ++c) {
+                     const size_t i = static_cast<size_t>(r * cols + c);
+                     const double xhat = x.values[i] * rs;
+                     sum_gx += dy.values[i] * (offset + w.values[static_cast<size_t>(c)]) * xhat;
+                     dw[static_cast<size_t>(c)] += dy.values[i] * xhat;
+                   }
+                   for (int64_t c = 0; c < cols; ++c) {
+                     const size_t i = static_cast<size_t>(r * cols + c);
+                     const double g = dy.values[i] * (offset + w.values[static_cast<size_t>(c)]);
+                     dx.push_back(rs * (g - x.values[i] * rs * sum_gx / cols));
+                   }
+                 }
+                 // As LayerNorm's: a row sum of 320 terms below 3 and
+                 // column sums of 67 terms below 2 in fp32.
+                 Outputs out{{"dx", dx, Ulps(dt, 1) + Tol{16 * kU32, 1e-5}}};
+                 if (!frozen) {
+                   out.push_back({"dweight", dw, Ulps(dt, 1) + Tol{0, 8 * 2 * rows * kU32}});
+                 } else {
+                   out.push_back({"dx the same with dweight", {1.0}, kBitwise});
+                 }
+                 return out;
+               };
+               return b;
+             }});
+      }
     }
   }
 }
@@ -1573,13 +1580,18 @@ void AddHeadRmsNormCases(std::vector<OpCase>& cases) {
   struct Layout {
     const char* name;
     int64_t rows, width, col, heads, d;
+    float offset;  // Gemma 3's q_norm and k_norm scale by 1 + w
   };
-  const Layout layouts[] = {{"q_heads", 37, 192, 0, 4, 24}, {"k_heads_odd", 29, 150, 100, 2, 20}};
+  const Layout layouts[] = {{"q_heads", 37, 192, 0, 4, 24, 0.0f},
+                            {"k_heads_odd", 29, 150, 100, 2, 20, 0.0f},
+                            {"k_heads_offset1", 29, 150, 100, 2, 20, 1.0f}};
   const float eps = 1e-6f;
   for (const Layout& at : layouts) {
     for (DType dt : kFloatDTypes) {
       const std::string variant = absl::StrCat(at.name, "_", Lower(dt));
       const int64_t rows = at.rows, width = at.width, col = at.col, heads = at.heads, d = at.d;
+      const float offset = at.offset;
+      const double w_lo = offset != 0.0f ? -0.5 : 0.5, w_hi = offset != 0.0f ? 0.5 : 1.5;
       // (R, heads) in double from x.
       auto ref_rstd = [=](const HostTensor& x) {
         std::vector<double> rstd;
@@ -1599,7 +1611,7 @@ void AddHeadRmsNormCases(std::vector<OpCase>& cases) {
         cases.push_back(
             {"HeadRmsNormForward", in_place ? variant + "_in_place" : variant, [=] {
                const HostTensor x = Random(dt, {rows, width}, 64, -2, 2);
-               const HostTensor w = Random(dt, {d}, 65, 0.5, 1.5);
+               const HostTensor w = Random(dt, {d}, 65, w_lo, w_hi);
                CaseFns f;
                f.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
                  Io io(be);
@@ -1607,8 +1619,8 @@ void AddHeadRmsNormCases(std::vector<OpCase>& cases) {
                  AMPD_ASSIGN_OR_RETURN(Tensor tw, io.Upload(w));
                  AMPD_ASSIGN_OR_RETURN(Tensor ty, io.Unwritten(dt, x.shape));
                  AMPD_ASSIGN_OR_RETURN(Tensor tr, io.Unwritten(DType::kF32, {rows, heads}));
-                 AMPD_RETURN_IF_ERROR(
-                     be.HeadRmsNormForward(tx, col, heads, tw, eps, in_place ? tx : ty, tr));
+                 AMPD_RETURN_IF_ERROR(be.HeadRmsNormForward(tx, col, heads, tw, eps, offset,
+                                                            in_place ? tx : ty, tr));
                  AMPD_RETURN_IF_ERROR(io.Read("rstd", tr, {1e-5, 1e-6}));
                  AMPD_RETURN_IF_ERROR(
                      io.Read("y", in_place ? tx : ty, DeviceElementwise(dt) + Tol{0, 1e-5}));
@@ -1623,7 +1635,7 @@ void AddHeadRmsNormCases(std::vector<OpCase>& cases) {
                      for (int64_t c = 0; c < d; ++c) {
                        const auto i = static_cast<size_t>(r * width + col + h * d + c);
                        y[i] = x.values[i] * rstd[static_cast<size_t>(r * heads + h)] *
-                              w.values[static_cast<size_t>(c)];
+                              (offset + w.values[static_cast<size_t>(c)]);
                      }
                    }
                  }
@@ -1639,7 +1651,7 @@ void AddHeadRmsNormCases(std::vector<OpCase>& cases) {
         cases.push_back(
             {"HeadRmsNormBackward", frozen ? variant + "_frozen" : variant, [=] {
                const HostTensor x = Random(dt, {rows, width}, 64, -2, 2);
-               const HostTensor w = Random(dt, {d}, 65, 0.5, 1.5);
+               const HostTensor w = Random(dt, {d}, 65, w_lo, w_hi);
                const HostTensor dy = Random(dt, {rows, width}, 66, -1, 1);
                const HostTensor pw = Random(dt, {d}, 67, -1, 1);
                HostTensor rstd{DType::kF32, {rows, heads}, {}};
@@ -1652,8 +1664,8 @@ void AddHeadRmsNormCases(std::vector<OpCase>& cases) {
                  AMPD_ASSIGN_OR_RETURN(Tensor tr, io.Upload(rstd));
                  AMPD_ASSIGN_OR_RETURN(Tensor tdy, io.Upload(dy));  // dx in place
                  AMPD_ASSIGN_OR_RETURN(Tensor tdw, io.Upload(pw));
-                 AMPD_RETURN_IF_ERROR(be.HeadRmsNormBackward(tx, col, heads, tw, tr, tdy, tdy,
-                                                             frozen ? nullptr : &tdw));
+                 AMPD_RETURN_IF_ERROR(be.HeadRmsNormBackward(tx, col, heads, tw, offset, tr, tdy,
+                                                             tdy, frozen ? nullptr : &tdw));
                  const Tol tol = DeviceElementwise(dt) + Tol{0, 1e-5 + rows * heads * 1e-6};
                  AMPD_RETURN_IF_ERROR(io.Read("dx", tdy, tol));
                  if (!frozen) {
@@ -1662,7 +1674,7 @@ void AddHeadRmsNormCases(std::vector<OpCase>& cases) {
                    // dx does not depend on whether dweight is formed.
                    AMPD_ASSIGN_OR_RETURN(Tensor again, io.Upload(dy));
                    AMPD_RETURN_IF_ERROR(
-                       be.HeadRmsNormBackward(tx, col, heads, tw, tr, again, again, &tdw));
+                       be.HeadRmsNormBackward(tx, col, heads, tw, offset, tr, again, again, &tdw));
                    AMPD_ASSIGN_OR_RETURN(std::vector<double> without, io.Values(tdy));
                    AMPD_ASSIGN_OR_RETURN(std::vector<double> with, io.Values(again));
                    io.Add("dx the same with dweight", {without == with ? 1.0 : 0.0}, kBitwise);
@@ -1679,12 +1691,12 @@ void AddHeadRmsNormCases(std::vector<OpCase>& cases) {
                      for (int64_t c = 0; c < d; ++c) {
                        const auto i = static_cast<size_t>(start + c);
                        const double xhat = x.values[i] * rs;
-                       sum_gx += dy.values[i] * w.values[static_cast<size_t>(c)] * xhat;
+                       sum_gx += dy.values[i] * (offset + w.values[static_cast<size_t>(c)]) * xhat;
                        dw[static_cast<size_t>(c)] += dy.values[i] * xhat;
                      }
                      for (int64_t c = 0; c < d; ++c) {
                        const auto i = static_cast<size_t>(start + c);
-                       const double g = dy.values[i] * w.values[static_cast<size_t>(c)];
+                       const double g = dy.values[i] * (offset + w.values[static_cast<size_t>(c)]);
                        dx[i] = rs * (g - x.values[i] * rs * sum_gx / static_cast<double>(d));
                      }
                    }
@@ -1845,140 +1857,164 @@ void AddRopeCases(std::vector<OpCase>& cases) {
   }
 }
 
-// ---- SwiGLU ----
-void AddSiluMulCases(std::vector<OpCase>& cases) {
+// ---- the gated MLP: SwiGLU and GeGLU ----
+void AddGatedMulCases(std::vector<OpCase>& cases) {
   const Shape shape{29, 67};  // odd: the vector tails too
-  for (DType dt : kFloatDTypes) {
-    auto silu = [](double g) { return g / (1.0 + std::exp(-g)); };
-    cases.push_back({"SiluMulForward", Lower(dt), [=] {
-                       const HostTensor g = Random(dt, shape, 80, -8, 8);
-                       const HostTensor u = Random(dt, shape, 81, -3, 3);
-                       CaseFns f;
-                       f.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
-                         Io io(be);
-                         AMPD_ASSIGN_OR_RETURN(Tensor tg, io.Upload(g));
-                         AMPD_ASSIGN_OR_RETURN(Tensor tu, io.Upload(u));
-                         AMPD_ASSIGN_OR_RETURN(Tensor ty, io.Unwritten(dt, shape));
-                         AMPD_RETURN_IF_ERROR(be.SiluMulForward(tg, tu, ty));
-                         AMPD_RETURN_IF_ERROR(io.Read("y", ty, DeviceElementwise(dt)));
-                         return io.Take();
-                       };
-                       f.reference = [=] {
-                         std::vector<double> y;
-                         for (size_t i = 0; i < g.values.size(); ++i) {
-                           y.push_back(silu(g.values[i]) * u.values[i]);
-                         }
-                         // exp, the sum, the quotient and two products in fp32.
-                         return Outputs{{"y", y, Ulps(dt, 1) + Tol{12 * kU32, DenormMin(dt)}}};
-                       };
-                       return f;
-                     }});
-    cases.push_back(
-        {"SiluMulBackward", Lower(dt), [=] {
-           const HostTensor g = Random(dt, shape, 80, -8, 8);
-           const HostTensor u = Random(dt, shape, 81, -3, 3);
-           const HostTensor dy = Random(dt, shape, 82, -1, 1);
-           CaseFns f;
-           f.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
-             Io io(be);
-             AMPD_ASSIGN_OR_RETURN(Tensor tg, io.Upload(g));
-             AMPD_ASSIGN_OR_RETURN(Tensor tu, io.Upload(u));
-             AMPD_ASSIGN_OR_RETURN(Tensor tdy, io.Upload(dy));
-             AMPD_ASSIGN_OR_RETURN(Tensor tdg, io.Unwritten(dt, shape));
-             AMPD_ASSIGN_OR_RETURN(Tensor tdu, io.Unwritten(dt, shape));
-             AMPD_RETURN_IF_ERROR(be.SiluMulBackward(tg, tu, tdy, tdg, tdu));
-             // 1 - s and 1 + g (1 - s) cancel for large |g|: an
-             // absolute floor of a few fp32 ulps of |dy u|.
-             AMPD_RETURN_IF_ERROR(io.Read("dgate", tdg, DeviceElementwise(dt) + Tol{0, 3e-6}));
-             AMPD_RETURN_IF_ERROR(io.Read("dup", tdu, DeviceElementwise(dt)));
-             return io.Take();
-           };
-           f.reference = [=] {
-             std::vector<double> dg, du;
-             for (size_t i = 0; i < g.values.size(); ++i) {
-               const double gv = g.values[i];
-               const double sg = 1.0 / (1.0 + std::exp(-gv));
-               dg.push_back(dy.values[i] * u.values[i] * sg * (1.0 + gv * (1.0 - sg)));
-               du.push_back(dy.values[i] * gv * sg);
-             }
-             // |dy u| <= 3 times the derivative's few fp32 roundings,
-             // 1 - s absolute near u32 where s is near 1 (times |g| <= 8).
-             return Outputs{{"dgate", dg, Ulps(dt, 1) + Tol{16 * kU32, 3 * 8 * 4 * kU32}},
-                            {"dup", du, Ulps(dt, 1) + Tol{12 * kU32, DenormMin(dt)}}};
-           };
-           return f;
-         }});
+  for (GluActivation act : {GluActivation::kSiLU, GluActivation::kGELUTanh}) {
+    const bool silu = act == GluActivation::kSiLU;
+    const std::string name = silu ? "silu" : "gelu_tanh";
+    // act(g) and act'(g) in double.
+    auto ref_act = [=](double g) { return silu ? g / (1.0 + std::exp(-g)) : RefGeluTanh(g); };
+    auto ref_grad = [=](double g) {
+      if (!silu) return RefGeluTanhGrad(g);
+      const double sg = 1.0 / (1.0 + std::exp(-g));
+      return sg * (1.0 + g * (1.0 - sg));
+    };
+    // SiLU: exp, the sum, the quotient and two products in fp32 (12 u);
+    // act' = s (1 + g (1 - s)) cancels in 1 - s near u32 where s is near 1,
+    // times |g| <= 8 and |dy u| <= 3. GELU-tanh: the activation tests'
+    // bounds (64 u absolute on act and act', the argument's few roundings
+    // moving tanh before tanh' damps them), times |u| <= 3 and |dy u| <= 3.
+    const Tol act_tol = silu ? Tol{12 * kU32, 0} : Tol{16 * kU32, 3 * 64 * kU32};
+    const Tol grad_tol = silu ? Tol{16 * kU32, 3 * 8 * 4 * kU32} : Tol{16 * kU32, 3 * 64 * kU32};
+    // CUDA against the CPU on dgate: as the pointwise activations' (an H100
+    // showed 6 u between tanhf and glibc's tanh through GELU-tanh's
+    // derivative), times |dy u| <= 3.
+    const Tol dev_grad_floor = silu ? Tol{0, 3e-6} : Tol{0, 3 * 128 * kU32};
+    for (DType dt : kFloatDTypes) {
+      const std::string variant = absl::StrCat(name, "_", Lower(dt));
+      cases.push_back({"GatedMulForward", variant, [=] {
+                         const HostTensor g = Random(dt, shape, 80, -8, 8);
+                         const HostTensor u = Random(dt, shape, 81, -3, 3);
+                         CaseFns f;
+                         f.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+                           Io io(be);
+                           AMPD_ASSIGN_OR_RETURN(Tensor tg, io.Upload(g));
+                           AMPD_ASSIGN_OR_RETURN(Tensor tu, io.Upload(u));
+                           AMPD_ASSIGN_OR_RETURN(Tensor ty, io.Unwritten(dt, shape));
+                           AMPD_RETURN_IF_ERROR(be.GatedMulForward(act, tg, tu, ty));
+                           AMPD_RETURN_IF_ERROR(io.Read("y", ty, DeviceElementwise(dt)));
+                           return io.Take();
+                         };
+                         f.reference = [=] {
+                           std::vector<double> y;
+                           for (size_t i = 0; i < g.values.size(); ++i) {
+                             y.push_back(ref_act(g.values[i]) * u.values[i]);
+                           }
+                           return Outputs{{"y", y, Ulps(dt, 1) + act_tol + Tol{0, DenormMin(dt)}}};
+                         };
+                         return f;
+                       }});
+      cases.push_back(
+          {"GatedMulBackward", variant, [=] {
+             const HostTensor g = Random(dt, shape, 80, -8, 8);
+             const HostTensor u = Random(dt, shape, 81, -3, 3);
+             const HostTensor dy = Random(dt, shape, 82, -1, 1);
+             CaseFns f;
+             f.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+               Io io(be);
+               AMPD_ASSIGN_OR_RETURN(Tensor tg, io.Upload(g));
+               AMPD_ASSIGN_OR_RETURN(Tensor tu, io.Upload(u));
+               AMPD_ASSIGN_OR_RETURN(Tensor tdy, io.Upload(dy));
+               AMPD_ASSIGN_OR_RETURN(Tensor tdg, io.Unwritten(dt, shape));
+               AMPD_ASSIGN_OR_RETURN(Tensor tdu, io.Unwritten(dt, shape));
+               AMPD_RETURN_IF_ERROR(be.GatedMulBackward(act, tg, tu, tdy, tdg, tdu));
+               AMPD_RETURN_IF_ERROR(io.Read("dgate", tdg, DeviceElementwise(dt) + dev_grad_floor));
+               AMPD_RETURN_IF_ERROR(io.Read("dup", tdu, DeviceElementwise(dt)));
+               return io.Take();
+             };
+             f.reference = [=] {
+               std::vector<double> dg, du;
+               for (size_t i = 0; i < g.values.size(); ++i) {
+                 const double gv = g.values[i];
+                 dg.push_back(dy.values[i] * u.values[i] * ref_grad(gv));
+                 du.push_back(dy.values[i] * ref_act(gv));
+               }
+               return Outputs{{"dgate", dg, Ulps(dt, 1) + grad_tol},
+                              {"dup", du, Ulps(dt, 1) + act_tol + Tol{0, DenormMin(dt)}}};
+             };
+             return f;
+           }});
+    }
   }
 }
 
 // ---- embedding ----
 void AddEmbeddingCases(std::vector<OpCase>& cases) {
   const int64_t vocab = 50, cols = 40, n = 500;  // n >> vocab: ids repeat
-  for (DType dt : kFloatDTypes) {
-    for (DType idt : kIdDTypes) {
-      const std::string variant = absl::StrCat(Lower(dt), "_ids_", Lower(idt));
+  // scale 1: a lookup; 6.3125 (sqrt(40) to bf16's 8 bits, exact in every
+  // dtype): Gemma's sqrt(hidden_size), one rounding of the product.
+  for (const float scale : {1.0f, 6.3125f}) {
+    for (DType dt : kFloatDTypes) {
+      for (DType idt : kIdDTypes) {
+        const std::string variant =
+            absl::StrCat(Lower(dt), "_ids_", Lower(idt), scale != 1.0f ? "_scaled" : "");
 
-      auto forward = [=] {
-        const HostTensor table = Random(dt, {vocab, cols}, 60, -1, 1);
-        const HostTensor ids = Ids(idt, n, 62, vocab);
-        CaseFns f;
-        f.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
-          Io io(be);
-          AMPD_ASSIGN_OR_RETURN(Tensor tid, io.Upload(ids));
-          AMPD_ASSIGN_OR_RETURN(Tensor tt, io.Upload(table));
-          AMPD_ASSIGN_OR_RETURN(Tensor to, io.Unwritten(dt, {n, cols}));
-          AMPD_RETURN_IF_ERROR(be.EmbeddingForward(tid, tt, to));
-          AMPD_RETURN_IF_ERROR(io.Read("out", to, kBitwise));
-          return io.Take();
-        };
-        f.reference = [=] {
-          std::vector<double> want;
-          for (double id : ids.values) {
-            for (int64_t c = 0; c < cols; ++c) {
-              want.push_back(
-                  table.values[static_cast<size_t>(static_cast<int64_t>(id) * cols + c)]);
+        auto forward = [=] {
+          const HostTensor table = Random(dt, {vocab, cols}, 60, -1, 1);
+          const HostTensor ids = Ids(idt, n, 62, vocab);
+          CaseFns f;
+          f.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+            Io io(be);
+            AMPD_ASSIGN_OR_RETURN(Tensor tid, io.Upload(ids));
+            AMPD_ASSIGN_OR_RETURN(Tensor tt, io.Upload(table));
+            AMPD_ASSIGN_OR_RETURN(Tensor to, io.Unwritten(dt, {n, cols}));
+            AMPD_RETURN_IF_ERROR(be.EmbeddingForward(tid, tt, scale, to));
+            AMPD_RETURN_IF_ERROR(io.Read("out", to, kBitwise));
+            return io.Take();
+          };
+          f.reference = [=] {
+            std::vector<double> want;
+            for (double id : ids.values) {
+              for (int64_t c = 0; c < cols; ++c) {
+                want.push_back(kt::RefStore(
+                    dt, table.values[static_cast<size_t>(static_cast<int64_t>(id) * cols + c)] *
+                            scale));
+              }
             }
-          }
-          return Outputs{{"out", want, kBitwise}};
+            return Outputs{{"out", want, kBitwise}};
+          };
+          return f;
         };
-        return f;
-      };
-      cases.push_back({"EmbeddingForward", variant, forward});
+        cases.push_back({"EmbeddingForward", variant, forward});
 
-      auto backward = [=] {
-        const HostTensor table = Random(dt, {vocab, cols}, 60, -1, 1);
-        const HostTensor dout = Random(dt, {n, cols}, 61, -1, 1);
-        const HostTensor ids = Ids(idt, n, 62, vocab);
-        CaseFns b;
-        b.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
-          Io io(be);
-          AMPD_ASSIGN_OR_RETURN(Tensor tid, io.Upload(ids));
-          AMPD_ASSIGN_OR_RETURN(Tensor tt, io.Upload(table));
-          AMPD_ASSIGN_OR_RETURN(Tensor tdo, io.Upload(dout));
-          AMPD_RETURN_IF_ERROR(be.EmbeddingBackward(tid, tdo, tt));
-          // The same fp32 adds in the same (batch) order per row.
-          AMPD_RETURN_IF_ERROR(io.Read("dtable", tt, kBitwise));
-          return io.Take();
-        };
-        b.reference = [=] {
-          std::vector<double> want(table.values);
-          std::vector<int> hits(static_cast<size_t>(vocab), 0);
-          for (int64_t i = 0; i < n; ++i) {
-            const int64_t id = static_cast<int64_t>(ids.values[static_cast<size_t>(i)]);
-            ++hits[static_cast<size_t>(id)];
-            for (int64_t c = 0; c < cols; ++c) {
-              want[static_cast<size_t>(id * cols + c)] +=
-                  dout.values[static_cast<size_t>(i * cols + c)];
+        auto backward = [=] {
+          const HostTensor table = Random(dt, {vocab, cols}, 60, -1, 1);
+          const HostTensor dout = Random(dt, {n, cols}, 61, -1, 1);
+          const HostTensor ids = Ids(idt, n, 62, vocab);
+          CaseFns b;
+          b.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+            Io io(be);
+            AMPD_ASSIGN_OR_RETURN(Tensor tid, io.Upload(ids));
+            AMPD_ASSIGN_OR_RETURN(Tensor tt, io.Upload(table));
+            AMPD_ASSIGN_OR_RETURN(Tensor tdo, io.Upload(dout));
+            AMPD_RETURN_IF_ERROR(be.EmbeddingBackward(tid, tdo, scale, tt));
+            // The same fp32 adds in the same (batch) order per row.
+            AMPD_RETURN_IF_ERROR(io.Read("dtable", tt, kBitwise));
+            return io.Take();
+          };
+          b.reference = [=] {
+            std::vector<double> want(table.values);
+            std::vector<int> hits(static_cast<size_t>(vocab), 0);
+            for (int64_t i = 0; i < n; ++i) {
+              const int64_t id = static_cast<int64_t>(ids.values[static_cast<size_t>(i)]);
+              ++hits[static_cast<size_t>(id)];
+              for (int64_t c = 0; c < cols; ++c) {
+                want[static_cast<size_t>(id * cols + c)] +=
+                    kt::RefStore(dt, dout.values[static_cast<size_t>(i * cols + c)] * scale);
+              }
             }
-          }
-          // Each row: an fp32 sum of its hits (terms below 1), added to a
-          // value below 1: one rounding of a partial sum below `hits` per hit.
-          const int most = *std::max_element(hits.begin(), hits.end());
-          return Outputs{{"dtable", want, Ulps(dt, 1) + Tol{0, (most + 1) * most * kU32}}};
+            // Each row: an fp32 sum of its hits (terms below scale), added to
+            // a value below 1: one rounding of a partial sum below `hits`
+            // scale per hit.
+            const int most = *std::max_element(hits.begin(), hits.end());
+            return Outputs{
+                {"dtable", want, Ulps(dt, 1) + Tol{0, (most + 1) * most * scale * kU32}}};
+          };
+          return b;
         };
-        return b;
-      };
-      cases.push_back({"EmbeddingBackward", variant, backward});
+        cases.push_back({"EmbeddingBackward", variant, backward});
+      }
     }
   }
 }
@@ -2083,9 +2119,34 @@ using kt::AttnDims;
 using kt::AttnForwardRef;
 using kt::RefAttnBackward;
 using kt::RefAttnForward;
-constexpr AttnDims kAttnDims[] = {{2, 1, 12, 3},    {2, 7, 16, 4},   {3, 13, 24, 4},
-                                  {1, 37, 64, 1},   {2, 64, 128, 2}, {2, 130, 128, 2},
-                                  {2, 100, 256, 2}, {2, 70, 32, 2},  {1, 67, 320, 2}};
+constexpr AttnDims kAttnDims[] = {{2, 1, 12, 3},
+                                  {2, 7, 16, 4},
+                                  {3, 13, 24, 4},
+                                  {1, 37, 64, 1},
+                                  {2, 64, 128, 2},
+                                  {2, 130, 128, 2},
+                                  {2, 100, 256, 2},
+                                  {2, 70, 32, 2},
+                                  {1, 67, 320, 2},
+                                  // Sliding windows (Gemma 3's local layers) and
+                                  // set scales (its query_pre_attn_scalar^-1/2):
+                                  // windows inside, at and across key blocks, of
+                                  // one key (the query alone), and one longer
+                                  // than T (every key, as without).
+                                  {2, 130, 128, 2, 50},
+                                  {1, 150, 64, 1, 64, 0.3f},
+                                  {2, 70, 32, 2, 1},
+                                  {2, 100, 256, 2, 37, 0.125f},
+                                  {1, 67, 320, 2, 0, 0.2f},
+                                  {2, 40, 24, 3, 100}};
+
+// What AttentionOptions a case's dims ask for.
+AttentionOptions AttnOptionsOf(const AttnDims& s) {
+  AttentionOptions o;
+  o.window = s.window;
+  if (s.scale > 0.0f) o.scale = s.scale;
+  return o;
+}
 
 // The largest bound of a reference (absolute); another backend may be twice
 // that from the oracle (each within the bound of the same reference).
@@ -2099,8 +2160,10 @@ void AddAttentionCases(std::vector<OpCase>& cases) {
   uint64_t seed = 300;
   for (DType dt : kFloatDTypes) {
     for (const AttnDims& s : kAttnDims) {
-      const std::string variant =
-          absl::StrCat(Lower(dt), "_b", s.b, "_t", s.t, "_c", s.c, "_h", s.heads);
+      std::string variant = absl::StrCat(Lower(dt), "_b", s.b, "_t", s.t, "_c", s.c, "_h", s.heads);
+      if (s.window > 0) absl::StrAppend(&variant, "_w", s.window);
+      if (s.scale > 0.0f) absl::StrAppend(&variant, "_scaled");
+      const AttentionOptions options = AttnOptionsOf(s);
       const Shape qkv_shape = {s.b, s.t, 3 * s.c};
       const Shape lse_shape = {s.b, s.heads, s.t};
       const Shape out_shape = {s.b, s.t, s.c};
@@ -2115,7 +2178,7 @@ void AddAttentionCases(std::vector<OpCase>& cases) {
           AMPD_ASSIGN_OR_RETURN(Tensor tq, io.Upload(qkv));
           AMPD_ASSIGN_OR_RETURN(Tensor to, io.Unwritten(dt, out_shape));
           AMPD_ASSIGN_OR_RETURN(Tensor tl, io.Unwritten(DType::kF32, lse_shape));
-          AMPD_RETURN_IF_ERROR(be.AttentionForward(tq, s.heads, to, tl));
+          AMPD_RETURN_IF_ERROR(be.AttentionForward(tq, s.heads, options, to, tl));
           AMPD_RETURN_IF_ERROR(io.Read("out", to, Twice(ToleranceOf(ref.out))));
           AMPD_RETURN_IF_ERROR(io.Read("lse", tl, Twice(ToleranceOf(ref.lse))));
           return io.Take();
@@ -2148,7 +2211,7 @@ void AddAttentionCases(std::vector<OpCase>& cases) {
           AMPD_ASSIGN_OR_RETURN(Tensor tl, io.Upload(lse));
           AMPD_ASSIGN_OR_RETURN(Tensor tg, io.Upload(dout));
           AMPD_ASSIGN_OR_RETURN(Tensor tdq, io.Unwritten(dt, qkv_shape));
-          AMPD_RETURN_IF_ERROR(be.AttentionBackward(tq, to, tg, tl, s.heads, tdq));
+          AMPD_RETURN_IF_ERROR(be.AttentionBackward(tq, to, tg, tl, s.heads, options, tdq));
           AMPD_RETURN_IF_ERROR(io.Read("dqkv", tdq, Twice(ToleranceOf(ref.dqkv))));
           return io.Take();
         };
@@ -2175,21 +2238,28 @@ void AddAttentionCases(std::vector<OpCase>& cases) {
 struct DecodeDimsCase {
   int64_t s, t_max, heads, kv_heads, d;
   std::vector<int64_t> positions;
+  int64_t window = 0;  // > 0: a sliding window
+  float scale = 0.0f;  // > 0: a set score scale
 };
 
 void AddAttentionDecodeCases(std::vector<OpCase>& cases) {
-  const std::vector<DecodeDimsCase> dims = {{3, 150, 4, 2, 64, {0, 63, 149}},
-                                            {2, 70, 4, 4, 128, {64, 69}},
-                                            {3, 40, 6, 2, 16, {1, 17, 39}},
-                                            {2, 130, 4, 1, 160, {128, 100}},
-                                            {2, 90, 32, 1, 64, {70, 89}}};
+  const std::vector<DecodeDimsCase> dims = {
+      {3, 150, 4, 2, 64, {0, 63, 149}},    {2, 70, 4, 4, 128, {64, 69}},
+      {3, 40, 6, 2, 16, {1, 17, 39}},      {2, 130, 4, 1, 160, {128, 100}},
+      {2, 90, 32, 1, 64, {70, 89}},        {3, 150, 4, 2, 64, {0, 70, 149}, 50, 0.2f},
+      {2, 130, 4, 1, 160, {128, 100}, 64}, {2, 40, 6, 2, 16, {1, 39}, 1}};
   uint64_t seed = 350;
   for (DType dt : kFloatDTypes) {
     for (size_t i = 0; i < dims.size(); ++i) {
       const DecodeDimsCase g = dims[i];
       const DType idt = kIdDTypes[i % 2];
-      const std::string variant = absl::StrCat(Lower(dt), "_s", g.s, "_t", g.t_max, "_h", g.heads,
-                                               "_kv", g.kv_heads, "_d", g.d, "_", Lower(idt));
+      std::string variant = absl::StrCat(Lower(dt), "_s", g.s, "_t", g.t_max, "_h", g.heads, "_kv",
+                                         g.kv_heads, "_d", g.d, "_", Lower(idt));
+      if (g.window > 0) absl::StrAppend(&variant, "_w", g.window);
+      if (g.scale > 0.0f) absl::StrAppend(&variant, "_scaled");
+      AttentionOptions options;
+      options.window = g.window;
+      if (g.scale > 0.0f) options.scale = g.scale;
       const uint64_t case_seed = seed++;
       auto build = [=] {
         const int64_t q_width = g.heads * g.d, kv_width = g.kv_heads * g.d;
@@ -2226,7 +2296,8 @@ void AddAttentionDecodeCases(std::vector<OpCase>& cases) {
                 }
               }
             }
-            const AttnForwardRef ref = RefAttnForward(dt, {1, t + 1, q_width, g.heads}, qkv);
+            const AttnForwardRef ref =
+                RefAttnForward(dt, {1, t + 1, q_width, g.heads, g.window, g.scale}, qkv);
             for (int64_t c = 0; c < q_width; ++c) {
               const size_t at = static_cast<size_t>(t * q_width + c);
               want->push_back(ref.out.want[at]);
@@ -2245,7 +2316,8 @@ void AddAttentionDecodeCases(std::vector<OpCase>& cases) {
           AMPD_ASSIGN_OR_RETURN(Tensor tv, io.Upload(v));
           AMPD_ASSIGN_OR_RETURN(Tensor tp, io.Upload(pos));
           AMPD_ASSIGN_OR_RETURN(Tensor to, io.Unwritten(dt, {g.s, q_width}));
-          AMPD_RETURN_IF_ERROR(be.AttentionDecode(tq, tk, tv, tp, g.heads, g.kv_heads, to));
+          AMPD_RETURN_IF_ERROR(
+              be.AttentionDecode(tq, tk, tv, tp, g.heads, g.kv_heads, options, to));
           AMPD_RETURN_IF_ERROR(io.Read("out", to, Twice(Tol{0.0, bound})));
           return io.Take();
         };
@@ -2937,7 +3009,7 @@ const std::vector<OpCase>& AllCases() {
     AddHeadRmsNormCases(*all);
     AddKvHeadsCases(*all);
     AddRopeCases(*all);
-    AddSiluMulCases(*all);
+    AddGatedMulCases(*all);
     AddEmbeddingCases(*all);
     AddLossCases(*all);
     AddAttentionCases(*all);

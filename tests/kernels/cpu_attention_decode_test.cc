@@ -47,6 +47,24 @@ TEST(CpuAttentionDecodeTest, RowsAreTheForwardsBitsAtOtherShapes) {
   EXPECT_TRUE(DecodeRowsAreTheForwardsBits(*be, DType::kF32, {3, 3, 8, 130, 1}, 7201));
 }
 
+// Sliding windows (Gemma 3's local layers, with its set scale): inside a
+// key block, exactly one block, across blocks, and of one key. The keys
+// outside each query's window are NaN in the cache, so none is read into
+// the row.
+TEST(CpuAttentionDecodeTest, WindowedRowsAreTheForwardsBits) {
+  std::unique_ptr<Backend> be = CreateCpuBackend();
+  uint64_t seed = 7400;
+  for (const DType dt : kFloatTypes) {
+    for (const int64_t window : {1, 37, 64, 100}) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(dt) << " window=" << window);
+      DecodeDims dims{4, 2, 64, 150};
+      dims.options.window = window;
+      dims.options.scale = 0.0625f;
+      EXPECT_TRUE(DecodeRowsAreTheForwardsBits(*be, dt, dims, seed++));
+    }
+  }
+}
+
 // The thread count does not change the bits (one (s, h) per chunk).
 TEST(CpuAttentionDecodeTest, RowsAreTheForwardsBitsOnOneThread) {
   std::unique_ptr<Backend> be = CreateCpuBackend(1);

@@ -207,7 +207,7 @@ TEST_F(CpuGptOpsTest, AttentionOfOneTokenCopiesV) {
                  static_cast<float>(qkv[static_cast<size_t>(b * 18 + 6 + h * 3 + d)]);
         }
         EXPECT_EQ(got_lse[static_cast<size_t>(b * 2 + h)],
-                  dot * static_cast<float>(testing::AttnScale(6, 2)));
+                  dot * static_cast<float>(testing::AttnScale(testing::AttnDims{1, 1, 6, 2})));
       }
     }
     Tensor dout = MakeTensor(*be_, dt, {2, 1, 6}, RandomValues(rng_, dt, 12, -1.0, 1.0));

@@ -32,14 +32,24 @@ inline double RefGeluTanhGrad(double x) {
                                (1.0 + 3.0 * 0.044715 * x * x);
 }
 
-// Causal self-attention over qkv (B, T, 3C) with n_head heads.
+// Causal self-attention over qkv (B, T, 3C) with n_head heads; window > 0:
+// query t sees keys t - window < j <= t; scale > 0: the score scale
+// (else 1/sqrt(D)).
 struct AttnDims {
   int64_t b, t, c, heads;
+  int64_t window = 0;
+  float scale = 0.0f;
 };
 
-// 1/sqrt(D) as the ops compute it (a float).
-inline double AttnScale(int64_t c, int64_t heads) {
-  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(c / heads)));
+// The score scale as the ops compute it (a float): 1/sqrt(D) unless set.
+inline double AttnScale(const AttnDims& s) {
+  if (s.scale > 0.0f) return s.scale;
+  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.c / s.heads)));
+}
+
+// The first key query t sees.
+inline int64_t AttnFirstKey(const AttnDims& s, int64_t t) {
+  return s.window > 0 && t >= s.window ? t - s.window + 1 : 0;
 }
 
 // A reference output with a bound per element: how far a correct
@@ -73,7 +83,7 @@ struct AttnForwardRef {
 inline AttnForwardRef RefAttnForward(DType dt, const AttnDims& s, const std::vector<double>& qkv) {
   const int64_t dd = s.c / s.heads;
   const int64_t bk = kAttentionKeyBlock;
-  const double scale = AttnScale(s.c, s.heads), eps = Eps(dt);
+  const double scale = AttnScale(s), eps = Eps(dt);
   AttnForwardRef r;
   r.out.want.assign(static_cast<size_t>(s.b * s.t * s.c), 0.0);
   r.out.bound.assign(r.out.want.size(), 0.0);
@@ -85,10 +95,13 @@ inline AttnForwardRef RefAttnForward(DType dt, const AttnDims& s, const std::vec
   for (int64_t b = 0; b < s.b; ++b) {
     for (int64_t h = 0; h < s.heads; ++h) {
       for (int64_t t = 0; t < s.t; ++t) {
+        // Keys first .. t; score and weight stay indexed by absolute key
+        // (the entries before first unused).
+        const int64_t first = AttnFirstKey(s, t);
         const size_t n = static_cast<size_t>(t + 1);
-        std::vector<double> score(n), weight(n);
+        std::vector<double> score(n), weight(n, 0.0);
         double score_err = 0, lo = INFINITY, hi = -INFINITY;
-        for (int64_t j = 0; j <= t; ++j) {
+        for (int64_t j = first; j <= t; ++j) {
           double dot = 0, abs_dot = 0;
           for (int64_t d = 0; d < dd; ++d) {
             const double p = at(b, t, h * dd + d) * at(b, j, s.c + h * dd + d);
@@ -104,16 +117,17 @@ inline AttnForwardRef RefAttnForward(DType dt, const AttnDims& s, const std::vec
         // (its rounded P times the later blocks' alphas).
         double m = -INFINITY, l = 0;
         std::vector<double> acc(static_cast<size_t>(dd), 0.0);
-        const int64_t blocks = t / bk + 1;
-        for (int64_t k0 = 0; k0 <= t; k0 += bk) {
+        const int64_t blocks = t / bk - first / bk + 1;
+        for (int64_t k0 = first / bk * bk; k0 <= t; k0 += bk) {
           const int64_t k1 = std::min(k0 + bk, t + 1);
+          const int64_t j0 = std::max(k0, first);
           double m_new = m;
-          for (int64_t j = k0; j < k1; ++j) m_new = std::max(m_new, score[j]);
+          for (int64_t j = j0; j < k1; ++j) m_new = std::max(m_new, score[j]);
           const double alpha = std::exp(m - m_new);
           l *= alpha;
           for (double& a : acc) a *= alpha;
-          for (int64_t j = 0; j < k0; ++j) weight[j] *= alpha;
-          for (int64_t j = k0; j < k1; ++j) {
+          for (int64_t j = first; j < j0; ++j) weight[j] *= alpha;
+          for (int64_t j = j0; j < k1; ++j) {
             const double p = std::exp(score[j] - m_new);
             l += p;
             weight[j] = RefStore(dt, p);
@@ -132,7 +146,7 @@ inline AttnForwardRef RefAttnForward(DType dt, const AttnDims& s, const std::vec
             score_err + eps_row + sum_err + 2 * kU32 * (std::fabs(m) + std::log(l) + 2.0);
         for (int64_t d = 0; d < dd; ++d) {
           double abs_sum = 0;
-          for (int64_t j = 0; j <= t; ++j) {
+          for (int64_t j = first; j <= t; ++j) {
             abs_sum += (weight[j] + DenormMin(dt)) * std::fabs(at(b, j, 2 * s.c + h * dd + d));
           }
           const size_t o = static_cast<size_t>((b * s.t + t) * s.c + h * dd + d);
@@ -162,7 +176,7 @@ inline AttnBackwardRef RefAttnBackward(DType dt, const AttnDims& s, const std::v
                                        const std::vector<double>& lse,
                                        const std::vector<double>& dout) {
   const int64_t dd = s.c / s.heads;
-  const double scale = AttnScale(s.c, s.heads), eps = Eps(dt);
+  const double scale = AttnScale(s), eps = Eps(dt);
   AttnBackwardRef r;
   // Per element of dqkv: the exact sum, the sum of |terms|, the terms' bounds.
   struct Sums {
@@ -186,7 +200,7 @@ inline AttnBackwardRef RefAttnBackward(DType dt, const AttnDims& s, const std::v
         }
         const double delta_err = (dd + 2) * kU32 * delta_abs;
         const double lse_t = lse[static_cast<size_t>((b * s.heads + h) * s.t + t)];
-        for (int64_t j = 0; j <= t; ++j) {
+        for (int64_t j = AttnFirstKey(s, t); j <= t; ++j) {
           double dot = 0, abs_dot = 0, dp = 0, dp_abs = 0;
           for (int64_t d = 0; d < dd; ++d) {
             const double sq = qkv[idx(b, t, h * dd + d)] * qkv[idx(b, j, s.c + h * dd + d)];

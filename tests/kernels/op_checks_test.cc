@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -51,6 +52,32 @@ TEST_F(OpChecksTest, HostCopiesRefuseANullHostPointerOnlyWhenThereAreBytes) {
                 "CopyFromHost: dst is F32(2) (8 bytes) but 4 bytes were given");
   // Through the CPU backend too: refused, not a memcpy from null.
   ExpectMessage(be_->CopyFromHost(nullptr, 8, t), "CopyFromHost: src is null");
+}
+
+// Gemma 3's parts: a window and scale, an RMSNorm offset, a gate
+// activation; refused through the CPU backend before anything is written.
+TEST_F(OpChecksTest, AttentionOptionsNormOffsetAndGateActivationAreChecked) {
+  AttentionOptions options;
+  EXPECT_TRUE(ValidateAttentionOptions(options, "AttentionForward").ok());
+  options.window = -1;
+  ExpectMessage(ValidateAttentionOptions(options, "AttentionForward"),
+                "AttentionForward: window is -1; expected 0 (none) or 1 .. 2^31 - 1 keys");
+  options.window = 4;
+  options.scale = 0.0f;
+  ExpectMessage(ValidateAttentionOptions(options, "AttentionDecode"),
+                "AttentionDecode: scale is 0; expected finite and > 0");
+  Tensor qkv = Make(DType::kF32, {1, 4, 12});
+  Tensor out = Make(DType::kF32, {1, 4, 4});
+  Tensor lse = Make(DType::kF32, {1, 2, 4});
+  EXPECT_EQ(be_->AttentionForward(qkv, 2, options, out, lse).code(),
+            absl::StatusCode::kInvalidArgument);
+  ExpectMessage(ValidateRmsNormOffset(INFINITY, "RmsNormForward"),
+                "RmsNormForward: weight_offset is inf; expected finite");
+  ExpectMessage(ValidateGluActivation(static_cast<GluActivation>(7), "GatedMulForward"),
+                "GatedMulForward: unknown gate activation 7");
+  Tensor g = Make(DType::kF32, {3});
+  EXPECT_EQ(be_->GatedMulForward(static_cast<GluActivation>(7), g, g, g).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(OpChecksTest, CopyChecksDTypeAndCountBeforeMemory) {

@@ -106,6 +106,9 @@ def _read_config(config):
         return json.load(f)
 
 
+_MLP_ACTIVATIONS = {"silu": pb.MLP_ACTIVATION_SILU, "gelu_tanh": pb.MLP_ACTIVATION_GELU_TANH}
+
+
 def _spec_of_hf_config(cls, config, overrides):
     """cls's spec of a config.json by its family (ampd.families), which must
     be one that makes a cls."""
@@ -220,7 +223,13 @@ class Decoder:
     Qwen3's attention_bias), o_bias on o_proj (Llama's and Qwen3's
     attention_bias). qk_norm: each q and k head RMSNorm-ed before RoPE
     (Qwen3's q_norm, k_norm; model.layers.{i}.self_attn.q_norm.weight and
-    k_norm.weight of head_dim each). lora: a
+    k_norm.weight of head_dim each). Gemma 3's parts: norm_unit_offset
+    (every RMSNorm scales by 1 + w), mlp_activation "gelu_tanh" (GeGLU;
+    default "silu"), sandwich_norms (post_attention_layernorm on the
+    attention's output, pre_ and post_feedforward_layernorm around the MLP),
+    scale_embeddings (x_0 times sqrt(hidden_size)), query_pre_attn_scalar
+    (the attention scale's), sliding_layers (one bool per layer: it sees its
+    last sliding_window keys, with RoPE base rope_local_theta). lora: a
     LoRA fine-tune (LoRA). Unset (None) fields take the server's defaults
     (Hugging Face's).
     """
@@ -242,19 +251,29 @@ class Decoder:
     lora: Optional[LoRA] = None
     rope_scaling: Optional[RopeScaling] = None
     qk_norm: Optional[bool] = None
+    norm_unit_offset: Optional[bool] = None
+    mlp_activation: Optional[str] = None  # "silu" (default) or "gelu_tanh"
+    sandwich_norms: Optional[bool] = None
+    scale_embeddings: Optional[bool] = None
+    query_pre_attn_scalar: Optional[float] = None
+    sliding_layers: Optional[tuple] = None  # of bool, one per layer
+    sliding_window: Optional[int] = None
+    rope_local_theta: Optional[float] = None
 
     @classmethod
     def from_hf_config(cls, config, max_position_embeddings=None, **overrides):
         """The spec of a Hugging Face config.json (a path, or its dict) of a
-        decoder family (ampd/families: llama, qwen2, qwen3), by its
+        decoder family (ampd/families: llama, qwen2, qwen3, gemma3_text), by its
         model_type: the keys each family maps onto the parts (llama's and
         qwen3's attention_bias on q, k, v and o_proj; qwen2's q/k/v biases;
-        qwen3's per-head q/k norm and head_dim), RoPE in either key style
+        qwen3's per-head q/k norm and head_dim; gemma3_text's parts, with
+        RoPE per layer type), RoPE in either key style
         (transformers 4.x's rope_theta and rope_scaling, 5.x's
         rope_parameters), of rope_type default, linear or llama3. What the
         model would compute differently is refused, naming the key: another
         rope_type, partial_rotary_factor, a hidden_act other than silu,
-        Llama's mlp_bias, Qwen2's and Qwen3's sliding window.
+        Llama's mlp_bias, Qwen2's and Qwen3's sliding window, Gemma 3's
+        soft-capping and bidirectional attention.
         max_position_embeddings (and any field, by keyword) may be lowered
         for training on shorter sequences."""
         if max_position_embeddings is not None:
@@ -271,7 +290,18 @@ class Decoder:
                        rms_norm_eps=self.rms_norm_eps, rope_theta=self.rope_theta,
                        tie_word_embeddings=self.tie_word_embeddings,
                        initializer_range=self.initializer_range, qkv_bias=self.qkv_bias,
-                       o_bias=self.o_bias, qk_norm=self.qk_norm)
+                       o_bias=self.o_bias, qk_norm=self.qk_norm,
+                       norm_unit_offset=self.norm_unit_offset,
+                       sandwich_norms=self.sandwich_norms, scale_embeddings=self.scale_embeddings,
+                       query_pre_attn_scalar=self.query_pre_attn_scalar,
+                       sliding_window=self.sliding_window, rope_local_theta=self.rope_local_theta)
+        if self.mlp_activation is not None:
+            if self.mlp_activation not in _MLP_ACTIVATIONS:
+                raise ValueError("mlp_activation %r: one of %s"
+                                 % (self.mlp_activation, ", ".join(sorted(_MLP_ACTIVATIONS))))
+            decoder.mlp_activation = _MLP_ACTIVATIONS[self.mlp_activation]
+        if self.sliding_layers is not None:
+            decoder.sliding_layers.extend(bool(v) for v in self.sliding_layers)
         if self.lora is not None:
             decoder.lora.CopyFrom(self.lora.to_proto())
         if self.rope_scaling is not None:

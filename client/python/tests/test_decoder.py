@@ -155,7 +155,7 @@ def test_families_are_files_found_by_model_type():
     all four projections) and its export's config.json names qwen3 again,
     whichever family wrote the spec; what it cannot compute is refused by
     key."""
-    assert ampd.families.model_types() == ["gpt2", "llama", "qwen2", "qwen3"]
+    assert ampd.families.model_types() == ["gemma3_text", "gpt2", "llama", "qwen2", "qwen3"]
     spec = ampd.Decoder.from_hf_config(QWEN3, max_position_embeddings=2048)
     assert (spec.qk_norm, spec.head_dim, spec.qkv_bias, spec.o_bias) == (True, 128, False, False)
     assert (spec.num_key_value_heads, spec.rope_theta, spec.max_position_embeddings) == (8, 1e6,
@@ -174,7 +174,7 @@ def test_families_are_files_found_by_model_type():
             ampd.Decoder.from_hf_config(bad)
     with pytest.raises(ValueError, match="model_type 'qwen3': a Decoder, not a GPT"):
         ampd.GPT.from_hf_config(QWEN3)
-    with pytest.raises(ValueError, match="model_type 'mistral': ampd reads gpt2, llama"):
+    with pytest.raises(ValueError, match="model_type 'mistral': ampd reads gemma3_text, gpt2, llama"):
         ampd.Decoder.from_hf_config(dict(QWEN3, model_type="mistral"))
 
     # The export's config.json: the family whose parts the spec has.

@@ -1,7 +1,8 @@
 """ampd's LoRA against PEFT itself (the pinned versions of
 scripts/requirements-hf.txt, under scripts/python-env.sh's environment): a
-Llama 3.x base (and a Qwen3 one, whose q and k adapters feed the per-head
-q/k norm) written by transformers' save_pretrained and a PEFT adapter
+Llama 3.x base (a Qwen3 one, whose q and k adapters feed the per-head
+q/k norm, and a Gemma 3 text one, with its sandwich norms and sliding
+layers) written by transformers' save_pretrained and a PEFT adapter
 (LoraConfig, random A and B so that it changes the model from the start)
 written by PEFT's save_pretrained load into one ampd LoRA job through
 ampd.from_pretrained(base, adapter=...), for target_modules in PEFT's forms
@@ -68,7 +69,8 @@ def adapter_weights(adapted):
 
 
 @pytest.mark.parametrize("family,which", [(FAMILY, which) for which in sorted(TARGETS)]
-                         + [("qwen3", "all-linear"), ("qwen3", "names")])
+                         + [("qwen3", "all-linear"), ("qwen3", "names"),
+                            ("gemma3", "all-linear"), ("gemma3", "names")])
 def test_lora_trains_as_peft_and_goes_back_to_it(server, tmp_path, family, which):
     base, adapter, adapted = peft_folders(tmp_path, TARGETS[which], family)
     saved = json.load(open(os.path.join(adapter, "adapter_config.json")))

@@ -72,6 +72,19 @@ FAMILIES = {
                    dict(DECODER, head_dim=8, num_key_value_heads=1, tie_word_embeddings=True,
                         attention_bias=True,
                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    # Four layers, two of each type; a 20-key window over 48-token
+    # sequences; head_dim 24 (not hidden / heads) and a query_pre_attn_scalar
+    # of its own; the full layers' RoPE linearly scaled, the local ones' not.
+    "gemma3": (transformers.Gemma3TextConfig,
+               dict(DECODER, num_hidden_layers=4, head_dim=24, query_pre_attn_scalar=32,
+                    sliding_window=20, tie_word_embeddings=True, rms_norm_eps=1e-6,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention",
+                                 "full_attention"],
+                    rope_parameters={"sliding_attention": {"rope_type": "default",
+                                                           "rope_theta": 10000.0},
+                                     "full_attention": {"rope_type": "linear",
+                                                        "rope_theta": 1000000.0,
+                                                        "factor": 2.0}})),
 }
 SEQ = {"gpt2": 48}  # tokens per sequence (decoders 48 of their 64)
 
@@ -89,6 +102,13 @@ def make_folder(family, directory, seed=0):
     torch.manual_seed(seed)
     config = config_class(**values)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    if family == "gemma3":
+        # Gemma3RMSNorm's weights start at 0 (scale 1 + 0): random ones, so
+        # that each norm's scale shows in the logits.
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.normal_(0.0, 0.5)
     model.save_pretrained(directory, max_shard_size="100KB" if family == "llama3" else "1GB")
     if family in ("llama3_tied", "qwen3_tied"):
         path = os.path.join(directory, "config.json")
@@ -249,6 +269,46 @@ def test_qwen3_folder_gives_its_parts_and_what_it_refuses_is_named(tmp_path):
             ampd.Decoder.from_hf_config(dict(config, **{key: value}))
     with pytest.raises(ValueError, match="model_type 'qwen3': a Decoder, not a GPT"):
         ampd.GPT.from_hf_config(config)
+
+
+def test_gemma3_folder_gives_its_parts_and_what_it_refuses_is_named(tmp_path):
+    """Gemma 3's keys become parts (every norm by 1 + w, the sandwich norms,
+    GeGLU, the embedding scale, query_pre_attn_scalar, the sliding layers
+    with their window and local RoPE base beside the full layers' scaled
+    RoPE); transformers 4.x's keys (rope_theta, rope_local_base_freq,
+    rope_scaling, sliding_window_pattern) give the same spec; soft-capping,
+    bidirectional attention and another activation are refused by name. And
+    the window matters over these sequences: transformers' logits change
+    without it."""
+    model = make_folder("gemma3", tmp_path / "a")
+    spec = ampd.from_pretrained(str(tmp_path / "a")).model
+    assert (spec.qk_norm, spec.norm_unit_offset, spec.sandwich_norms, spec.scale_embeddings,
+            spec.mlp_activation) == (True, True, True, True, "gelu_tanh")
+    assert (spec.sliding_layers, spec.sliding_window, spec.rope_local_theta,
+            spec.rope_theta, spec.query_pre_attn_scalar) == ((True, False, True, False), 20,
+                                                             10000.0, 1000000.0, 32.0)
+    assert spec.rope_scaling == ampd.RopeScaling("linear", 2.0)
+    with open(tmp_path / "a" / "config.json") as f:
+        config = json.load(f)
+    rope = config.pop("rope_parameters")
+    full = dict(rope["full_attention"])
+    old = dict(config, rope_theta=full.pop("rope_theta"),
+               rope_local_base_freq=rope["sliding_attention"]["rope_theta"], rope_scaling=full)
+    old.pop("layer_types")
+    old["sliding_window_pattern"] = 2  # layers 1 and 3 full, 0 and 2 sliding
+    assert ampd.Decoder.from_hf_config(old) == spec
+    for key, value in (("final_logit_softcapping", 30.0), ("attn_logit_softcapping", 50.0),
+                       ("use_bidirectional_attention", True), ("hidden_activation", "gelu")):
+        with pytest.raises(ValueError, match=key):
+            ampd.Decoder.from_hf_config(dict(config, rope_parameters=rope, **{key: value}))
+    ids, targets = batch("gemma3", 0)
+    windowed, _ = hf_logprobs_and_loss(model, ids, targets)
+    model.config.sliding_window = 64
+    for layer in model.model.layers:
+        if layer.self_attn.sliding_window is not None:
+            layer.self_attn.sliding_window = 64
+    unwindowed, _ = hf_logprobs_and_loss(model, ids, targets)
+    assert np.abs(windowed - unwindowed).max() > 1e-3
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

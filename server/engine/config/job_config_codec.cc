@@ -394,6 +394,13 @@ std::string GptJson(const model::GptSpec& gpt) {
   return out;
 }
 
+// Whether a decoder has one of Gemma 3's parts (format version 12).
+bool HasGemmaParts(const model::DecoderSpec& d) {
+  return d.norm_unit_offset || d.mlp_activation != model::MlpActivation::kSilu ||
+         d.sandwich_norms || d.scale_embeddings || d.query_pre_attn_scalar != 0.0f ||
+         !d.sliding_layers.empty() || d.sliding_window != 0 || d.rope_local_theta != 10000.0f;
+}
+
 std::string DecoderJson(const model::DecoderSpec& d) {
   std::string out;
   ObjectWriter w(&out);
@@ -413,6 +420,24 @@ std::string DecoderJson(const model::DecoderSpec& d) {
   w.Bool("o_bias", d.o_bias);
   // Version 10, and only when set: every other decoder keeps its bytes.
   if (d.qk_norm) w.Bool("qk_norm", true);
+  // Version 11, and only with one of Gemma 3's parts.
+  if (HasGemmaParts(d)) {
+    std::string parts;
+    ObjectWriter g(&parts);
+    g.Bool("norm_unit_offset", d.norm_unit_offset);
+    g.String("mlp_activation",
+             d.mlp_activation == model::MlpActivation::kGeluTanh ? "gelu_tanh" : "silu");
+    g.Bool("sandwich_norms", d.sandwich_norms);
+    g.Bool("scale_embeddings", d.scale_embeddings);
+    g.Float("query_pre_attn_scalar", d.query_pre_attn_scalar);
+    std::string layers;
+    for (const bool slides : d.sliding_layers) layers.push_back(slides ? '1' : '0');
+    g.String("sliding_layers", layers);
+    g.Int("sliding_window", d.sliding_window);
+    g.Float("rope_local_theta", d.rope_local_theta);
+    g.Close();
+    w.Raw("gemma", parts);
+  }
   // Version 9, and only when scaled: every other decoder keeps its bytes.
   if (d.rope_scaling.type != model::RopeType::kDefault) {
     std::string rope;
@@ -624,6 +649,29 @@ absl::StatusOr<model::RopeScaling> RopeScalingFromJson(const Json& v) {
   return r;
 }
 
+absl::Status GemmaPartsFromJson(const Json& v, model::DecoderSpec& d) {
+  AMPD_ASSIGN_OR_RETURN(Fields f, Fields::Of(v, "model.decoder.gemma"));
+  AMPD_ASSIGN_OR_RETURN(d.norm_unit_offset, f.Bool("norm_unit_offset"));
+  AMPD_ASSIGN_OR_RETURN(const std::string act, f.String("mlp_activation"));
+  if (act != "silu" && act != "gelu_tanh") {
+    return Corrupt(f.PathOf("mlp_activation"), absl::StrCat("unknown value \"", act, "\""));
+  }
+  d.mlp_activation = act == "silu" ? model::MlpActivation::kSilu : model::MlpActivation::kGeluTanh;
+  AMPD_ASSIGN_OR_RETURN(d.sandwich_norms, f.Bool("sandwich_norms"));
+  AMPD_ASSIGN_OR_RETURN(d.scale_embeddings, f.Bool("scale_embeddings"));
+  AMPD_ASSIGN_OR_RETURN(d.query_pre_attn_scalar, f.Float("query_pre_attn_scalar"));
+  AMPD_ASSIGN_OR_RETURN(const std::string layers, f.String("sliding_layers"));
+  for (const char c : layers) {
+    if (c != '0' && c != '1') {
+      return Corrupt(f.PathOf("sliding_layers"), "expected one \"0\" or \"1\" per layer");
+    }
+    d.sliding_layers.push_back(c == '1');
+  }
+  AMPD_ASSIGN_OR_RETURN(d.sliding_window, f.Integer<int64_t>("sliding_window"));
+  AMPD_ASSIGN_OR_RETURN(d.rope_local_theta, f.Float("rope_local_theta"));
+  return f.Done();
+}
+
 absl::StatusOr<model::DecoderSpec> DecoderFromJson(const Json& v, int64_t version) {
   AMPD_ASSIGN_OR_RETURN(Fields f, Fields::Of(v, "model.decoder"));
   model::DecoderSpec d;
@@ -647,6 +695,13 @@ absl::StatusOr<model::DecoderSpec> DecoderFromJson(const Json& v, int64_t versio
                      absl::StrCat("not a key of format_version ", version));
     }
     AMPD_ASSIGN_OR_RETURN(d.qk_norm, f.Bool("qk_norm"));
+  }
+  if (f.Has("gemma")) {
+    if (version < 12) {
+      return Corrupt("model.decoder.gemma", absl::StrCat("not a key of format_version ", version));
+    }
+    AMPD_ASSIGN_OR_RETURN(const Json* gemma, f.Get("gemma"));
+    AMPD_RETURN_IF_ERROR(GemmaPartsFromJson(*gemma, d));
   }
   if (f.Has("rope_scaling")) {
     if (version < 9) {
@@ -836,6 +891,7 @@ std::string EncodeJobConfig(const JobConfig& config, absl::string_view request_i
   }
   if (config.model.decoder.has_value() && config.model.decoder->qk_norm) version = 10;
   if (!config.base_model.empty()) version = 11;
+  if (config.model.decoder.has_value() && HasGemmaParts(*config.model.decoder)) version = 12;
   w.Int("format_version", version);
   w.String("display_name", config.display_name);
   if (!request_id.empty()) w.String("request_id", request_id);

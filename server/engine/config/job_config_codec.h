@@ -48,7 +48,12 @@
 // 10 adds a decoder's per-head q/k norm ("qk_norm":true right after
 // "o_bias"), written only when it is on. Version 11 adds
 // "base_model":"NAME" last, written only for a job made from a base model
-// of --models-dir. A layer
+// of --models-dir. Version 12 adds Gemma 3's parts
+// ("gemma":{"norm_unit_offset","mlp_activation" ("silu" or "gelu_tanh"),
+// "sandwich_norms","scale_embeddings","query_pre_attn_scalar",
+// "sliding_layers" (one "0" or "1" per layer, "" for none),
+// "sliding_window","rope_local_theta"} after "qk_norm"'s place), written
+// only when one of them differs from the Llama default. A layer
 // carries the fields of its kind only (linear: in_features, out_features,
 // bias; layer_norm: normalized_shape, eps, elementwise_affine; embedding:
 // num_embeddings, embedding_dim); the optimizer those of its kind (sgd: lr,
@@ -72,12 +77,13 @@
 namespace ampd::engine {
 
 // The newest format_version: EncodeJobConfig writes the oldest version that
-// holds a config (11 for a job on a base model, 10 for a decoder with qk_norm, 9 for one with RoPE
+// holds a config (12 for a decoder with Gemma 3's parts, 11 for a job on a base model, 10 for a
+// decoder with qk_norm, 9 for one with RoPE
 // scaling, 8 batch-invariant, 7 for a decoder with LoRA, 6 for a decoder,
 // 5 with per-layer loss scales, 4 for a distributed job, else 3 with an lr
 // schedule or a GPT, else 2 for adaptive-scaler configs, else 1),
 // DecodeJobConfig reads 1 to it.
-inline constexpr int kJobConfigFormatVersion = 11;
+inline constexpr int kJobConfigFormatVersion = 12;
 
 // A job's config and the request_id it was created with ("" when none), as
 // an older checkpoint's create request decodes (not yet validated).

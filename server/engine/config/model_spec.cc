@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <iterator>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -295,6 +296,25 @@ absl::Status ValidateDecoderSpec(const ModelSpec& spec) {
       absl::StrCat("must be <= ", kMaxInitializerRange, " (the init's standard deviation)"),
       absl::StrCat(d.initializer_range)));
   AMPD_RETURN_IF_ERROR(ValidateRopeScaling(d.rope_scaling));
+  AMPD_RETURN_IF_ERROR(
+      DecoderField(std::isfinite(d.query_pre_attn_scalar) && d.query_pre_attn_scalar >= 0.0f,
+                   "query_pre_attn_scalar", "must be finite and > 0 when set",
+                   absl::StrCat(d.query_pre_attn_scalar)));
+  AMPD_RETURN_IF_ERROR(DecoderField(std::isfinite(d.rope_local_theta) && d.rope_local_theta > 0.0f,
+                                    "rope_local_theta", "must be finite and > 0",
+                                    absl::StrCat(d.rope_local_theta)));
+  if (!d.sliding_layers.empty()) {
+    AMPD_RETURN_IF_ERROR(DecoderField(
+        static_cast<int64_t>(d.sliding_layers.size()) == d.num_hidden_layers, "sliding_layers",
+        absl::StrCat("must have one entry per layer (", d.num_hidden_layers, ") or none"),
+        absl::StrCat(d.sliding_layers.size(), " entries")));
+  }
+  const bool slides = SlidingLayers(d);
+  AMPD_RETURN_IF_ERROR(DecoderField(
+      slides ? d.sliding_window > 0 && d.sliding_window <= std::numeric_limits<int>::max()
+             : d.sliding_window >= 0,
+      "sliding_window", slides ? "must be in 1 .. 2^31 - 1 when a layer slides" : "must be >= 0",
+      absl::StrCat(d.sliding_window)));
   struct Derived {
     std::initializer_list<int64_t> factors;
     absl::string_view field, what;
@@ -404,6 +424,7 @@ int64_t DecoderParameterCount(const DecoderSpec& d) {
   block = SaturatingAdd(block, SaturatingMul(c, q));
   if (d.o_bias) block = SaturatingAdd(block, c);
   if (d.qk_norm) block = SaturatingAdd(block, SaturatingMul(2, head_dim));  // q_norm, k_norm (D)
+  if (d.sandwich_norms) block = SaturatingAdd(block, SaturatingMul(2, c));  // post_*, pre_ff (C)
   block = SaturatingAdd(block, SaturatingMul(3, SaturatingMul(d.intermediate_size, c)));
   int64_t total = SaturatingMul(d.vocab_size, c);  // embed_tokens
   total = SaturatingAdd(total, SaturatingMul(d.num_hidden_layers, block));

@@ -87,6 +87,9 @@ inline constexpr const char* kLoraModules[] = {"q_proj",    "k_proj",  "v_proj",
 // in between. Neither scales the attention (attention_factor 1).
 enum class RopeType { kDefault, kLinear, kLlama3 };
 
+// The gated MLP's gate activation: SwiGLU's silu, GeGLU's tanh-form gelu.
+enum class MlpActivation { kSilu, kGeluTanh };
+
 struct RopeScaling {
   RopeType type = RopeType::kDefault;
   float factor = 1.0f;                           // linear, llama3: finite and >= 1
@@ -141,6 +144,25 @@ struct DecoderSpec {
   // (weights (head_dim) each, eps rms_norm_eps) after the projection and
   // before RoPE.
   bool qk_norm = false;
+  // Gemma 3's parts. norm_unit_offset: every RMSNorm scales by 1 + w
+  // (Gemma3RMSNorm, weights initialised to 0).
+  bool norm_unit_offset = false;
+  // The gated MLP's gate: silu (SwiGLU) or gelu's tanh form (GeGLU).
+  MlpActivation mlp_activation = MlpActivation::kSilu;
+  // The attention's and the MLP's outputs RMSNorm-ed before their residual
+  // adds (post_attention_layernorm, post_feedforward_layernorm); the MLP's
+  // input norm is then named pre_feedforward_layernorm.
+  bool sandwich_norms = false;
+  // x_0 = embed_tokens[ids] * sqrt(hidden_size) (in the working dtype).
+  bool scale_embeddings = false;
+  // The attention scale query_pre_attn_scalar^-1/2; 0: head_dim^-1/2.
+  float query_pre_attn_scalar = 0.0f;
+  // Layer i attends to its last sliding_window keys when sliding_layers[i],
+  // its RoPE then of base rope_local_theta without scaling; empty: no layer
+  // slides.
+  std::vector<bool> sliding_layers = {};
+  int64_t sliding_window = 0;
+  float rope_local_theta = 10000.0f;
   // Set: a LoRA fine-tune of this decoder (base weights frozen).
   std::optional<LoraSpec> lora;
 };
@@ -153,6 +175,20 @@ std::pair<int64_t, int64_t> DecoderProjectionShape(const DecoderSpec& decoder,
 // The adapters' parameters of a decoder with LoRA: per block and target,
 // rank x (in + out); 0 without LoRA. Saturates at INT64_MAX.
 int64_t LoraParameterCount(const DecoderSpec& decoder);
+
+// Whether decoder layer l attends through a sliding window.
+inline bool DecoderLayerSlides(const DecoderSpec& d, size_t l) {
+  return l < d.sliding_layers.size() && d.sliding_layers[l];
+}
+// Whether any decoder layer slides.
+inline bool SlidingLayers(const DecoderSpec& d) {
+  for (const bool slides : d.sliding_layers) {
+    if (slides) return true;
+  }
+  return false;
+}
+// The RMSNorms' weight offset: 1 for (1 + w), else 0.
+inline float DecoderNormOffset(const DecoderSpec& d) { return d.norm_unit_offset ? 1.0f : 0.0f; }
 
 // A decoder's head width: head_dim, or hidden_size / num_attention_heads
 // when it is 0.

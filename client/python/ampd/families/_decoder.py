@@ -92,6 +92,14 @@ def _rope_config(d):
     return config
 
 
+def has_gemma_parts(d):
+    """Whether a pb.Decoder has one of Gemma 3's parts (families/gemma3.py
+    owns those; the Llama-style families none of them)."""
+    return (d.norm_unit_offset or d.sandwich_norms or d.scale_embeddings
+            or d.mlp_activation != pb.MLP_ACTIVATION_SILU or len(d.sliding_layers) > 0
+            or d.HasField("query_pre_attn_scalar"))
+
+
 def family(model_type, architecture, parts, owns, exported, refused=()):
     """A decoder Family. parts(config): the spec.Decoder fields the family's
     own keys set (biases, qk_norm); owns(decoder): whether a pb.Decoder has
@@ -131,6 +139,7 @@ def family(model_type, architecture, parts, owns, exported, refused=()):
         return config
 
     def owns_spec(model_spec):
-        return model_spec.WhichOneof("architecture") == "decoder" and owns(model_spec.decoder)
+        return (model_spec.WhichOneof("architecture") == "decoder"
+                and not has_gemma_parts(model_spec.decoder) and owns(model_spec.decoder))
 
     return Family(model_type, architecture, spec_of_config, owns_spec, config_of_spec)

@@ -12,7 +12,8 @@
 // (decoder_adapters.cc). With qk_norm, the per-head norms' backward runs
 // after RoPE's, in place on dq and dk, from the rows the forward saved
 // before the norm; their weights' gradients accumulate as the other
-// RMSNorms' do.
+// RMSNorms' do. With sandwich norms each branch's output norm runs back
+// first (into d_branch), and the embedding's gradient carries x_0's scale.
 #include "common/status_macros.h"
 #include "server/engine/model/decoder/decoder_lora.h"
 #include "server/engine/model/decoder/decoder_model.h"
@@ -38,16 +39,21 @@ absl::Status DecoderModel::BackwardMlp(DecoderWorkspace& ws, size_t l, float bet
   const BlockParams& p = blocks_[l];
   DecoderWorkspace::Block& sv = ws.blocks[l];
   const bool frozen = lora();
-  // MLP branch; d_res = dL/dx_{l+1}.
+  const DecoderSpec& s = decoder();
+  // MLP branch; d_res = dL/dx_{l+1}, dm = dL/d(down's output).
+  if (s.sandwich_norms) {
+    AMPD_RETURN_IF_ERROR(NormBackward(sv.mlp_o, p.mlp_out_norm, sv.rstd_mo, ws.d_res, ws.d_branch));
+  }
+  const Tensor& dm = s.sandwich_norms ? ws.d_branch : ws.d_res;
   if (!frozen) {
-    AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, ws.d_res, sv.act, beta, grad(p.down)));
+    AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, dm, sv.act, beta, grad(p.down)));
   }
-  AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, ws.d_res, value(p.down), 0.0f, ws.d_act));
+  AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, dm, value(p.down), 0.0f, ws.d_act));
   if (p.lora[kDown].present()) {
-    AMPD_RETURN_IF_ERROR(AdapterBackward(p.lora[kDown], ws, sv.act, sv.lora_u[kDown - kO], ws.d_res,
-                                         beta, ws.d_act));
+    AMPD_RETURN_IF_ERROR(
+        AdapterBackward(p.lora[kDown], ws, sv.act, sv.lora_u[kDown - kO], dm, beta, ws.d_act));
   }
-  AMPD_RETURN_IF_ERROR(b.SiluMulBackward(sv.gate, sv.up, ws.d_act, ws.d_gate, ws.d_up));
+  AMPD_RETURN_IF_ERROR(b.GatedMulBackward(GateOf(s), sv.gate, sv.up, ws.d_act, ws.d_gate, ws.d_up));
   if (!frozen) {
     AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, ws.d_gate, sv.ln_2, beta, grad(p.gate)));
     AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, ws.d_up, sv.ln_2, beta, grad(p.up)));
@@ -62,8 +68,7 @@ absl::Status DecoderModel::BackwardMlp(DecoderWorkspace& ws, size_t l, float bet
     AMPD_RETURN_IF_ERROR(
         AdapterBackward(p.lora[kUp], ws, sv.ln_2, sv.lora_u[kUp - kO], ws.d_up, beta, ws.d_ln));
   }
-  AMPD_RETURN_IF_ERROR(b.RmsNormBackward(sv.resid, value(p.post_norm), sv.rstd_2, ws.d_ln, ws.d_tmp,
-                                         GradOrNull(p.post_norm)));
+  AMPD_RETURN_IF_ERROR(NormBackward(sv.resid, p.post_norm, sv.rstd_2, ws.d_ln, ws.d_tmp));
   AMPD_RETURN_IF_ERROR(b.Add(ws.d_tmp, ws.d_res));
   return absl::OkStatus();
 }
@@ -84,19 +89,24 @@ absl::Status DecoderModel::BackwardAttention(DecoderWorkspace& ws, size_t l, boo
   const int64_t head_dim = DecoderHeadDim(s);
   Tensor* qkv_bias_grad = ws.db_qkv.empty() ? nullptr : &ws.db_qkv;
   const bool frozen = lora();
-  // Attention branch; d_res = dL/dr_l.
+  // Attention branch; d_res = dL/dr_l, d_o = dL/d(o_proj's output).
+  if (s.sandwich_norms) {
+    AMPD_RETURN_IF_ERROR(
+        NormBackward(sv.attn_o, p.attn_out_norm, sv.rstd_ao, ws.d_res, ws.d_branch));
+  }
+  const Tensor& d_o = s.sandwich_norms ? ws.d_branch : ws.d_res;
   if (frozen) {
     // No weight gradient of the frozen o_proj.
   } else if (p.o_bias >= 0) {
-    AMPD_RETURN_IF_ERROR(b.GemmBiasGrad(true, false, ws.d_res, sv.attn_y, beta, grad(p.o_weight),
-                                        kOfA, grad(p.o_bias)));
+    AMPD_RETURN_IF_ERROR(
+        b.GemmBiasGrad(true, false, d_o, sv.attn_y, beta, grad(p.o_weight), kOfA, grad(p.o_bias)));
   } else {
-    AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, ws.d_res, sv.attn_y, beta, grad(p.o_weight)));
+    AMPD_RETURN_IF_ERROR(b.Gemm(true, false, 1.0f, d_o, sv.attn_y, beta, grad(p.o_weight)));
   }
-  AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, ws.d_res, value(p.o_weight), 0.0f, ws.d_attn));
+  AMPD_RETURN_IF_ERROR(b.Gemm(false, false, 1.0f, d_o, value(p.o_weight), 0.0f, ws.d_attn));
   if (p.lora[kO].present()) {
     AMPD_RETURN_IF_ERROR(
-        AdapterBackward(p.lora[kO], ws, sv.attn_y, sv.lora_u[kO - kO], ws.d_res, beta, ws.d_attn));
+        AdapterBackward(p.lora[kO], ws, sv.attn_y, sv.lora_u[kO - kO], d_o, beta, ws.d_attn));
   }
   const Tensor& attention_in = sv.attention_input();
   AMPD_ASSIGN_OR_RETURN(const Tensor fused,
@@ -106,17 +116,20 @@ absl::Status DecoderModel::BackwardAttention(DecoderWorkspace& ws, size_t l, boo
   AMPD_ASSIGN_OR_RETURN(const Tensor d_attn,
                         ws.d_attn.View(0, {ws.batch, ws.seq, ws.d_attn.dim(1)}));
   AMPD_ASSIGN_OR_RETURN(Tensor d_qkv, ws.d_qkv.View(0, {ws.batch, ws.seq, ws.d_qkv.dim(1)}));
+  const kernels::AttentionOptions options = AttentionOptionsOf(l);
   if (ws.d_qkv_x.empty()) {
-    AMPD_RETURN_IF_ERROR(b.AttentionBackward(fused, attn_y, d_attn, sv.lse, heads, d_qkv));
+    AMPD_RETURN_IF_ERROR(b.AttentionBackward(fused, attn_y, d_attn, sv.lse, heads, options, d_qkv));
   } else {
     AMPD_ASSIGN_OR_RETURN(Tensor d_expanded,
                           ws.d_qkv_x.View(0, {ws.batch, ws.seq, ws.d_qkv_x.dim(1)}));
-    AMPD_RETURN_IF_ERROR(b.AttentionBackward(fused, attn_y, d_attn, sv.lse, heads, d_expanded));
+    AMPD_RETURN_IF_ERROR(
+        b.AttentionBackward(fused, attn_y, d_attn, sv.lse, heads, options, d_expanded));
     AMPD_RETURN_IF_ERROR(b.ReduceKvHeads(d_expanded, heads, kv_heads, d_qkv));
   }
   // RoPE is a rotation: its backward is the inverse rotation of dq, dk.
-  AMPD_RETURN_IF_ERROR(
-      b.Rope(d_qkv, heads + kv_heads, head_dim, ws.inv_freq, /*positions=*/nullptr, true));
+  AMPD_RETURN_IF_ERROR(b.Rope(d_qkv, heads + kv_heads, head_dim,
+                              InvFreqOf(l, ws.inv_freq, ws.inv_freq_local), /*positions=*/nullptr,
+                              true));
   AMPD_RETURN_IF_ERROR(QkNormBackward(p, sv, ws.d_qkv));
   // The stacked projection's gradient: later micro-batches start from
   // the parameters' gradients so that the GEMM's beta = 1 sum rounds
@@ -146,8 +159,7 @@ absl::Status DecoderModel::BackwardAttention(DecoderWorkspace& ws, size_t l, boo
                                       ws.lora_db_qkv, ws.d_ln));
     AMPD_RETURN_IF_ERROR(CopyQkvAdapterGrads(p, kToParams, ws));
   }
-  AMPD_RETURN_IF_ERROR(b.RmsNormBackward(ws.x[l], value(p.input_norm), sv.rstd_1, ws.d_ln, ws.d_tmp,
-                                         GradOrNull(p.input_norm)));
+  AMPD_RETURN_IF_ERROR(NormBackward(ws.x[l], p.input_norm, sv.rstd_1, ws.d_ln, ws.d_tmp));
   return absl::OkStatus();
 }
 
@@ -157,11 +169,12 @@ absl::Status DecoderModel::QkNormBackward(const BlockParams& p, const DecoderBlo
   kernels::Backend& b = backend_;
   const DecoderSpec& s = decoder();
   const DecoderWidths wd(s);
+  const float offset = DecoderNormOffset(s);
   AMPD_RETURN_IF_ERROR(b.HeadRmsNormBackward(sv.qkv_pre, 0, s.num_attention_heads,
-                                             params()[p.q_norm].value(), sv.rstd_q, d_qkv, d_qkv,
-                                             GradOrNull(p.q_norm)));
+                                             params()[p.q_norm].value(), offset, sv.rstd_q, d_qkv,
+                                             d_qkv, GradOrNull(p.q_norm)));
   return b.HeadRmsNormBackward(sv.qkv_pre, wd.q, s.num_key_value_heads, params()[p.k_norm].value(),
-                               sv.rstd_k, d_qkv, d_qkv, GradOrNull(p.k_norm));
+                               offset, sv.rstd_k, d_qkv, d_qkv, GradOrNull(p.k_norm));
 }
 
 absl::Status DecoderModel::Backward(Workspace& any, bool first_micro_batch,
@@ -171,7 +184,6 @@ absl::Status DecoderModel::Backward(Workspace& any, bool first_micro_batch,
   kernels::Backend& b = backend_;
   const float beta = first_micro_batch ? 0.0f : 1.0f;
   std::vector<Parameter>& ps = params();
-  auto value = [&ps](int index) -> const Tensor& { return ps[index].value(); };
   auto grad = [&ps](int index) -> Tensor& { return ps[index].grad; };
   const GradsReady& ready = hooks.grads_ready;
   if (hooks.group_entry) {
@@ -179,8 +191,7 @@ absl::Status DecoderModel::Backward(Workspace& any, bool first_micro_batch,
   }
 
   // The final norm: d_res = dL/dx_L.
-  AMPD_RETURN_IF_ERROR(b.RmsNormBackward(ws.x.back(), value(norm_), ws.rstd_f, ws.d_ln, ws.d_res,
-                                         GradOrNull(norm_)));
+  AMPD_RETURN_IF_ERROR(NormBackward(ws.x.back(), norm_, ws.rstd_f, ws.d_ln, ws.d_res));
   if (ready) {
     const int done[2] = {norm_, lm_head_};
     AMPD_RETURN_IF_ERROR(ready(absl::MakeConstSpan(done, lm_head_ >= 0 ? 2 : 1)));
@@ -196,7 +207,9 @@ absl::Status DecoderModel::Backward(Workspace& any, bool first_micro_batch,
     if (ready) AMPD_RETURN_IF_ERROR(ready(p.All()));
   }
   // A frozen embedding needs nothing of d_res.
-  if (!lora()) AMPD_RETURN_IF_ERROR(b.EmbeddingBackward(ws.ids, ws.d_res, grad(embed_)));
+  if (!lora()) {
+    AMPD_RETURN_IF_ERROR(b.EmbeddingBackward(ws.ids, ws.d_res, embed_scale_, grad(embed_)));
+  }
   if (ready) {
     const int done[1] = {embed_};
     AMPD_RETURN_IF_ERROR(ready(done));

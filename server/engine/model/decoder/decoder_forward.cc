@@ -13,6 +13,12 @@
 // then RoPE; the norm computes in fp32 and rounds once (HF rounds x *
 // rstd to the dtype before the weight multiply: the same in fp32).
 //
+// Gemma 3's parts (decoder_model.h): every RMSNorm by 1 + w (Norm), the
+// GeGLU gate, the sandwich norms on the attention's and the MLP's outputs
+// before their residual adds, x_0 scaled by sqrt(hidden_size), and each
+// layer's attention options and RoPE frequencies (a sliding layer's window
+// and local base).
+//
 // BlockForward is one block's code, shared by Forward and the sampler's
 // decode step (decoder_sampling.cc): only the attention differs (over the
 // whole sequence here, over the KV cache there).
@@ -30,12 +36,12 @@ absl::Status DecoderModel::BlockForward(size_t l, const Tensor& x, DecoderBlockB
                                         QkvStack& stack, const Attend& attend, Tensor& x_next) {
   kernels::Backend& b = backend_;
   const DecoderSpec& s = decoder();
-  const float eps = s.rms_norm_eps;
   auto value = [this](int index) -> const Tensor& { return params()[index].value(); };
   const BlockParams& p = blocks_[l];
   Tensor* qkv_bias = stack.b.empty() ? nullptr : &stack.b;
-  // Attention branch: r_l = x_l + o_proj(attention(rope(qkv(rmsnorm(x_l))))).
-  AMPD_RETURN_IF_ERROR(b.RmsNormForward(x, value(p.input_norm), eps, sv.ln_1, sv.rstd_1));
+  // Attention branch: r_l = x_l + o_proj(attention(rope(qkv(rmsnorm(x_l))))),
+  // o_proj's output RMSNorm-ed first with sandwich norms.
+  AMPD_RETURN_IF_ERROR(Norm(x, p.input_norm, sv.ln_1, sv.rstd_1));
   AMPD_RETURN_IF_ERROR(CopyQkv(p, /*grads=*/false, /*to_params=*/false, stack.w, qkv_bias));
   AMPD_RETURN_IF_ERROR(
       b.GemmBiasActivation(false, true, sv.ln_1, stack.w, qkv_bias, kNone, sv.qkv, nullptr));
@@ -45,16 +51,20 @@ absl::Status DecoderModel::BlockForward(size_t l, const Tensor& x, DecoderBlockB
         LoraForward(b, lora_scale_, sv.ln_1, stack.lora_a, stack.lora_b, sv.lora_u_qkv, sv.qkv));
   }
   AMPD_RETURN_IF_ERROR(QkNormForward(p, sv));
-  AMPD_RETURN_IF_ERROR(attend(sv));
+  AMPD_RETURN_IF_ERROR(attend(l, sv));
   const Tensor* o_bias = p.o_bias >= 0 ? &value(p.o_bias) : nullptr;
-  AMPD_RETURN_IF_ERROR(b.GemmBiasActivation(false, true, sv.attn_y, value(p.o_weight), o_bias,
-                                            kNone, sv.resid, nullptr));
+  Tensor& o = s.sandwich_norms ? sv.attn_o : sv.resid;
+  AMPD_RETURN_IF_ERROR(
+      b.GemmBiasActivation(false, true, sv.attn_y, value(p.o_weight), o_bias, kNone, o, nullptr));
   if (p.lora[kO].present()) {
-    AMPD_RETURN_IF_ERROR(AdapterForward(p.lora[kO], sv.attn_y, sv.lora_u[kO - kO], sv.resid));
+    AMPD_RETURN_IF_ERROR(AdapterForward(p.lora[kO], sv.attn_y, sv.lora_u[kO - kO], o));
   }
+  if (s.sandwich_norms)
+    AMPD_RETURN_IF_ERROR(Norm(sv.attn_o, p.attn_out_norm, sv.resid, sv.rstd_ao));
   AMPD_RETURN_IF_ERROR(b.Add(x, sv.resid));
-  // MLP branch: x_{l+1} = r_l + down(silu(gate(m)) * up(m)), m = rmsnorm(r_l).
-  AMPD_RETURN_IF_ERROR(b.RmsNormForward(sv.resid, value(p.post_norm), eps, sv.ln_2, sv.rstd_2));
+  // MLP branch: x_{l+1} = r_l + down(act(gate(m)) * up(m)), m = rmsnorm(r_l),
+  // down's output RMSNorm-ed first with sandwich norms.
+  AMPD_RETURN_IF_ERROR(Norm(sv.resid, p.post_norm, sv.ln_2, sv.rstd_2));
   AMPD_RETURN_IF_ERROR(
       b.GemmBiasActivation(false, true, sv.ln_2, value(p.gate), nullptr, kNone, sv.gate, nullptr));
   AMPD_RETURN_IF_ERROR(
@@ -65,12 +75,14 @@ absl::Status DecoderModel::BlockForward(size_t l, const Tensor& x, DecoderBlockB
   if (p.lora[kUp].present()) {
     AMPD_RETURN_IF_ERROR(AdapterForward(p.lora[kUp], sv.ln_2, sv.lora_u[kUp - kO], sv.up));
   }
-  AMPD_RETURN_IF_ERROR(b.SiluMulForward(sv.gate, sv.up, sv.act));
+  AMPD_RETURN_IF_ERROR(b.GatedMulForward(GateOf(s), sv.gate, sv.up, sv.act));
+  Tensor& m = s.sandwich_norms ? sv.mlp_o : x_next;
   AMPD_RETURN_IF_ERROR(
-      b.GemmBiasActivation(false, true, sv.act, value(p.down), nullptr, kNone, x_next, nullptr));
+      b.GemmBiasActivation(false, true, sv.act, value(p.down), nullptr, kNone, m, nullptr));
   if (p.lora[kDown].present()) {
-    AMPD_RETURN_IF_ERROR(AdapterForward(p.lora[kDown], sv.act, sv.lora_u[kDown - kO], x_next));
+    AMPD_RETURN_IF_ERROR(AdapterForward(p.lora[kDown], sv.act, sv.lora_u[kDown - kO], m));
   }
+  if (s.sandwich_norms) AMPD_RETURN_IF_ERROR(Norm(sv.mlp_o, p.mlp_out_norm, x_next, sv.rstd_mo));
   return b.Add(sv.resid, x_next);
 }
 
@@ -81,11 +93,12 @@ absl::Status DecoderModel::QkNormForward(const BlockParams& p, DecoderBlockBuffe
   const DecoderWidths wd(s);
   if (!sv.qkv_pre.empty()) AMPD_RETURN_IF_ERROR(b.Copy(sv.qkv, sv.qkv_pre));
   // The q heads open each row, the k heads follow from column Q.
+  const float offset = DecoderNormOffset(s);
   AMPD_RETURN_IF_ERROR(b.HeadRmsNormForward(sv.qkv, 0, s.num_attention_heads,
-                                            params()[p.q_norm].value(), s.rms_norm_eps, sv.qkv,
-                                            sv.rstd_q));
+                                            params()[p.q_norm].value(), s.rms_norm_eps, offset,
+                                            sv.qkv, sv.rstd_q));
   return b.HeadRmsNormForward(sv.qkv, wd.q, s.num_key_value_heads, params()[p.k_norm].value(),
-                              s.rms_norm_eps, sv.qkv, sv.rstd_k);
+                              s.rms_norm_eps, offset, sv.qkv, sv.rstd_k);
 }
 
 absl::Status DecoderModel::Forward(Workspace& any) {
@@ -97,11 +110,12 @@ absl::Status DecoderModel::Forward(Workspace& any) {
   const int64_t kv_heads = s.num_key_value_heads;
   const int64_t head_dim = DecoderHeadDim(s);
   // The whole sequence's causal attention, its log-sum-exp saved.
-  const Attend attend = [&](DecoderBlockBuffers& sv) -> absl::Status {
+  const Attend attend = [&](size_t l, DecoderBlockBuffers& sv) -> absl::Status {
     AMPD_ASSIGN_OR_RETURN(Tensor qkv, sv.qkv.View(0, {ws.batch, ws.seq, sv.qkv.dim(1)}));
     // The q heads and then the k heads open each row: one call rotates both.
-    AMPD_RETURN_IF_ERROR(
-        b.Rope(qkv, heads + kv_heads, head_dim, ws.inv_freq, /*positions=*/nullptr, false));
+    AMPD_RETURN_IF_ERROR(b.Rope(qkv, heads + kv_heads, head_dim,
+                                InvFreqOf(l, ws.inv_freq, ws.inv_freq_local),
+                                /*positions=*/nullptr, false));
     if (!sv.qkv_x.empty()) {
       AMPD_ASSIGN_OR_RETURN(Tensor expanded, sv.qkv_x.View(0, {ws.batch, ws.seq, sv.qkv_x.dim(1)}));
       AMPD_RETURN_IF_ERROR(b.ExpandKvHeads(qkv, heads, kv_heads, expanded));
@@ -110,14 +124,14 @@ absl::Status DecoderModel::Forward(Workspace& any) {
     AMPD_ASSIGN_OR_RETURN(const Tensor fused,
                           attention_in.View(0, {ws.batch, ws.seq, attention_in.dim(1)}));
     AMPD_ASSIGN_OR_RETURN(Tensor attn_y, sv.attn_y.View(0, {ws.batch, ws.seq, sv.attn_y.dim(1)}));
-    return b.AttentionForward(fused, heads, attn_y, sv.lse);
+    return b.AttentionForward(fused, heads, AttentionOptionsOf(l), attn_y, sv.lse);
   };
   auto value = [this](int index) -> const Tensor& { return params()[index].value(); };
-  AMPD_RETURN_IF_ERROR(b.EmbeddingForward(ws.ids, value(embed_), ws.x[0]));
+  AMPD_RETURN_IF_ERROR(b.EmbeddingForward(ws.ids, value(embed_), embed_scale_, ws.x[0]));
   for (size_t l = 0; l < blocks_.size(); ++l) {
     AMPD_RETURN_IF_ERROR(BlockForward(l, ws.x[l], ws.blocks[l], ws.stack, attend, ws.x[l + 1]));
   }
-  return b.RmsNormForward(ws.x.back(), value(norm_), s.rms_norm_eps, ws.ln_f, ws.rstd_f);
+  return Norm(ws.x.back(), norm_, ws.ln_f, ws.rstd_f);
 }
 
 }  // namespace ampd::engine::model

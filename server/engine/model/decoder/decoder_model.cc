@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/checked_math.h"
 #include "common/status_macros.h"
+#include "kernels/float16.h"
 #include "server/engine/model/decoder/decoder_workspace.h"
 #include "server/engine/model/decoder/rope_frequencies.h"
 #include "server/engine/model/init.h"
@@ -80,7 +81,9 @@ absl::StatusOr<int64_t> DecoderWorkspaceBytes(const ModelSpec& spec, Precision p
        {product({3, n, wd.c, w}), product({n, wd.qkv, w}), grouped ? product({3, n, wd.q, w}) : 0,
         product({n, wd.q, w}), product({3, n, wd.i, w}), product({b, s.num_attention_heads, t, 4}),
         product({2, n, 4}), s.qk_norm ? product({n, wd.qkv, w}) : 0,
-        s.qk_norm ? product({n, qk_heads, 4}) : 0}) {
+        s.qk_norm ? product({n, qk_heads, 4}) : 0,
+        s.sandwich_norms ? product({2, n, wd.c, w}) : 0,  // attn_o, mlp_o
+        s.sandwich_norms ? product({2, n, 4}) : 0}) {     // their rstd
     ok = ok && CheckedAdd(block, part, &block);
   }
   // LoRA: each block's u of its targets (N r each), the stacked q|k|v
@@ -96,18 +99,18 @@ absl::StatusOr<int64_t> DecoderWorkspaceBytes(const ModelSpec& spec, Precision p
   const int64_t qkv_bias = s.qkv_bias ? wd.qkv : 0;
   const int64_t stacked_rank = product({targets.qkv, rank});
   for (int64_t part : {
-           product({s.num_hidden_layers + 2, n, wd.c, w}),  // x_0..x_L and the final norm's
-           product({n, 4}),                                 // its rstd
-           product({3, n, wd.c, w}),                        // d_res, d_tmp, d_ln
-           product({n, wd.q, w}),                           // d_attn
-           product({n, wd.qkv, w}),                         // d_qkv
-           grouped ? product({3, n, wd.q, w}) : 0,          // d_qkv_x
-           product({3, n, wd.i, w}),                        // d_act, d_gate, d_up
-           product({frozen ? 1 : 2, wd.qkv, wd.c, w}),      // w_qkv, dw_qkv
-           product({frozen ? 1 : 2, qkv_bias, w}),          // b_qkv, db_qkv
-           product({2, stacked_rank, wd.c + wd.qkv, w}),    // LoRA's stacked A, B, dA, dB
+           product({s.num_hidden_layers + 2, n, wd.c, w}),   // x_0..x_L and the final norm's
+           product({n, 4}),                                  // its rstd
+           product({s.sandwich_norms ? 4 : 3, n, wd.c, w}),  // d_res, d_tmp, d_ln, d_branch
+           product({n, wd.q, w}),                            // d_attn
+           product({n, wd.qkv, w}),                          // d_qkv
+           grouped ? product({3, n, wd.q, w}) : 0,           // d_qkv_x
+           product({3, n, wd.i, w}),                         // d_act, d_gate, d_up
+           product({frozen ? 1 : 2, wd.qkv, wd.c, w}),       // w_qkv, dw_qkv
+           product({frozen ? 1 : 2, qkv_bias, w}),           // b_qkv, db_qkv
+           product({2, stacked_rank, wd.c + wd.qkv, w}),     // LoRA's stacked A, B, dA, dB
            frozen ? product({n, std::max<int64_t>(stacked_rank, rank), w}) : 0,  // lora_du
-           product({wd.d / 2, 4}),                                               // inv_freq
+           product({SlidingLayers(s) ? 2 : 1, wd.d / 2, 4}),    // inv_freq, inv_freq_local
            product({chunk_rows, wd.v, w}),                      // one chunk of logits
            head_sum && !frozen ? product({wd.v, wd.c, 4}) : 0,  // the LM head's F32 gradient sum
            product({2, n, 8}),                                  // ids and targets, I64 at most
@@ -147,8 +150,9 @@ kernels::ScratchExtents DecoderScratchExtents(const ModelSpec& spec, Precision p
 
 std::vector<int> DecoderModel::BlockParams::All() const {
   std::vector<int> all;
-  for (const int i : {input_norm, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, o_weight,
-                      o_bias, q_norm, k_norm, post_norm, gate, up, down}) {
+  for (const int i :
+       {input_norm, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, o_weight, o_bias, q_norm,
+        k_norm, attn_out_norm, post_norm, gate, up, down, mlp_out_norm}) {
     if (i >= 0) all.push_back(i);
   }
   for (const Adapter& adapter : lora) {
@@ -168,7 +172,54 @@ DecoderModel::DecoderModel(const ModelSpec& spec, Precision precision, kernels::
   for (int64_t l = 0; l < layers; ++l) {
     block_group_.push_back(static_cast<int>(GptBlockScaleGroup(l, layers)));
   }
-  inv_freq_ = RopeInverseFrequencies(*spec.decoder);
+  const DecoderSpec& s = *spec.decoder;
+  inv_freq_ = RopeInverseFrequencies(s);
+  if (SlidingLayers(s)) {
+    // The sliding layers' RoPE: rope_local_theta, unscaled (Gemma 3's
+    // rope_parameters["sliding_attention"], rope_local_base_freq in 4.x).
+    DecoderSpec local = s;
+    local.rope_theta = s.rope_local_theta;
+    local.rope_scaling = RopeScaling{};
+    inv_freq_local_ = RopeInverseFrequencies(local);
+  }
+  if (s.scale_embeddings) {
+    // torch.tensor(hidden_size**0.5) (fp32), then .to(the weights' dtype).
+    const auto scale = static_cast<float>(std::sqrt(static_cast<double>(s.hidden_size)));
+    switch (WorkingDType(precision)) {
+      case DType::kF16:
+        embed_scale_ = kernels::RoundToHalf(scale);
+        break;
+      case DType::kBF16:
+        embed_scale_ = kernels::RoundToBf16(scale);
+        break;
+      default:
+        embed_scale_ = scale;
+    }
+  }
+}
+
+kernels::AttentionOptions DecoderModel::AttentionOptionsOf(size_t l) const {
+  const DecoderSpec& s = decoder();
+  kernels::AttentionOptions options;
+  if (s.query_pre_attn_scalar > 0.0f) {
+    // Python's query_pre_attn_scalar**-0.5 in double, a float32 operand.
+    options.scale =
+        static_cast<float>(std::pow(static_cast<double>(s.query_pre_attn_scalar), -0.5));
+  }
+  if (DecoderLayerSlides(s, l)) options.window = s.sliding_window;
+  return options;
+}
+
+absl::Status DecoderModel::Norm(const Tensor& x, int weight, Tensor& y, Tensor& rstd) {
+  const DecoderSpec& s = decoder();
+  return backend_.RmsNormForward(x, params()[static_cast<size_t>(weight)].value(), s.rms_norm_eps,
+                                 DecoderNormOffset(s), y, rstd);
+}
+
+absl::Status DecoderModel::NormBackward(const Tensor& x, int weight, const Tensor& rstd,
+                                        const Tensor& dy, Tensor& dx) {
+  return backend_.RmsNormBackward(x, params()[static_cast<size_t>(weight)].value(),
+                                  DecoderNormOffset(decoder()), rstd, dy, dx, GradOrNull(weight));
 }
 
 std::vector<int> DecoderModel::ParamScaleGroups() const {
@@ -216,8 +267,10 @@ absl::StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Create(
   const Widths wd(s);
   const ParamInit normal{true, NormalInit(seed, 0, s.initializer_range)};
   ParamInit zeros;
-  ParamInit ones;
-  ones.value = 1.0f;
+  // RMSNorm weights start at 1, or at 0 where the norm scales by 1 + w
+  // (Gemma3RMSNorm's zeros): the identity scale either way.
+  ParamInit norm_init;
+  norm_init.value = s.norm_unit_offset ? 0.0f : 1.0f;
   // Gradients that only accumulate (+=): the embedding (scatter-add, and a
   // tied head), the RMSNorm weights (q_norm and k_norm too) and an untied LM head (gpt_lm_head.cc's
   // contract); every projection's GEMM writes its own on the first
@@ -237,7 +290,7 @@ absl::StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Create(
     const std::string p = absl::StrCat("model.layers.", l, ".");
     BlockParams b;
     AMPD_ASSIGN_OR_RETURN(b.input_norm,
-                          add(p + "input_layernorm.weight", {wd.c}, ones, kPlusEqual));
+                          add(p + "input_layernorm.weight", {wd.c}, norm_init, kPlusEqual));
     const struct {
       const char* name;
       int64_t rows;
@@ -259,17 +312,29 @@ absl::StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Create(
       AMPD_ASSIGN_OR_RETURN(b.o_bias, add(p + "self_attn.o_proj.bias", {wd.c}, zeros, kGemm));
     }
     if (s.qk_norm) {
-      AMPD_ASSIGN_OR_RETURN(b.q_norm, add(p + "self_attn.q_norm.weight", {wd.d}, ones, kPlusEqual));
-      AMPD_ASSIGN_OR_RETURN(b.k_norm, add(p + "self_attn.k_norm.weight", {wd.d}, ones, kPlusEqual));
+      AMPD_ASSIGN_OR_RETURN(b.q_norm,
+                            add(p + "self_attn.q_norm.weight", {wd.d}, norm_init, kPlusEqual));
+      AMPD_ASSIGN_OR_RETURN(b.k_norm,
+                            add(p + "self_attn.k_norm.weight", {wd.d}, norm_init, kPlusEqual));
+    }
+    if (s.sandwich_norms) {
+      AMPD_ASSIGN_OR_RETURN(b.attn_out_norm, add(p + "post_attention_layernorm.weight", {wd.c},
+                                                 norm_init, kPlusEqual));
     }
     AMPD_ASSIGN_OR_RETURN(b.post_norm,
-                          add(p + "post_attention_layernorm.weight", {wd.c}, ones, kPlusEqual));
+                          add(p + (s.sandwich_norms ? "pre_feedforward_layernorm.weight"
+                                                    : "post_attention_layernorm.weight"),
+                              {wd.c}, norm_init, kPlusEqual));
     AMPD_ASSIGN_OR_RETURN(b.gate, add(p + "mlp.gate_proj.weight", {wd.i, wd.c}, normal, kGemm));
     AMPD_ASSIGN_OR_RETURN(b.up, add(p + "mlp.up_proj.weight", {wd.i, wd.c}, normal, kGemm));
     AMPD_ASSIGN_OR_RETURN(b.down, add(p + "mlp.down_proj.weight", {wd.c, wd.i}, normal, kGemm));
+    if (s.sandwich_norms) {
+      AMPD_ASSIGN_OR_RETURN(b.mlp_out_norm, add(p + "post_feedforward_layernorm.weight", {wd.c},
+                                                norm_init, kPlusEqual));
+    }
     m->blocks_.push_back(b);
   }
-  AMPD_ASSIGN_OR_RETURN(m->norm_, add("model.norm.weight", {wd.c}, ones, kPlusEqual));
+  AMPD_ASSIGN_OR_RETURN(m->norm_, add("model.norm.weight", {wd.c}, norm_init, kPlusEqual));
   if (!s.tie_word_embeddings) {
     AMPD_ASSIGN_OR_RETURN(m->lm_head_, add("lm_head.weight", {wd.v, wd.c}, normal, kPlusEqual));
   }
@@ -331,6 +396,11 @@ absl::StatusOr<std::unique_ptr<Workspace>> DecoderModel::NewWorkspace(
   AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {wd.d / 2}, ws.inv_freq));
   AMPD_RETURN_IF_ERROR(
       backend_.CopyFromHost(inv_freq_.data(), inv_freq_.size() * sizeof(float), ws.inv_freq));
+  if (!inv_freq_local_.empty()) {
+    AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {wd.d / 2}, ws.inv_freq_local));
+    AMPD_RETURN_IF_ERROR(backend_.CopyFromHost(
+        inv_freq_local_.data(), inv_freq_local_.size() * sizeof(float), ws.inv_freq_local));
+  }
   ws.x.resize(static_cast<size_t>(s.num_hidden_layers + 1));
   for (Tensor& t : ws.x) AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, t));
   ws.blocks.resize(static_cast<size_t>(s.num_hidden_layers));
@@ -346,6 +416,12 @@ absl::StatusOr<std::unique_ptr<Workspace>> DecoderModel::NewWorkspace(
     if (grouped) AMPD_RETURN_IF_ERROR(alloc(w, {n, 3 * wd.q}, b.qkv_x));
     AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {ws.batch, s.num_attention_heads, ws.seq}, b.lse));
     AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.q}, b.attn_y));
+    if (s.sandwich_norms) {
+      AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, b.attn_o));
+      AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n}, b.rstd_ao));
+      AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, b.mlp_o));
+      AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n}, b.rstd_mo));
+    }
     AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, b.resid));
     AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, b.ln_2));
     AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n}, b.rstd_2));
@@ -386,6 +462,7 @@ absl::StatusOr<std::unique_ptr<Workspace>> DecoderModel::NewWorkspace(
   }
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, ws.d_res));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, ws.d_tmp));
+  if (s.sandwich_norms) AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, ws.d_branch));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, ws.d_ln));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.q}, ws.d_attn));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.qkv}, ws.d_qkv));

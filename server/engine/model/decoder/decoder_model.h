@@ -21,6 +21,15 @@
 //                 x_{l+1} = r_l + (silu(m Wg^T) * (m Wu^T)) Wd^T
 //   h = rmsnorm(x_L) model.norm.weight; logits = h W_head^T, W_head =
 //   embed_tokens (tied) or lm_head.weight.
+// Gemma 3's parts change it as its DecoderSpec fields say: every rmsnorm
+// scales by 1 + w (norm_unit_offset); silu becomes gelu's tanh form
+// (mlp_activation); with sandwich_norms y Wo^T and the MLP's output pass
+// through post_attention_layernorm and post_feedforward_layernorm before
+// their residual adds, and m's norm is pre_feedforward_layernorm; x_0 is
+// scaled by sqrt(C) in the working dtype (scale_embeddings); the attention
+// scale is query_pre_attn_scalar^-1/2 when set; a sliding layer
+// (sliding_layers) sees keys t - sliding_window < s <= t, its RoPE of base
+// rope_local_theta unscaled.
 // The q, k and v projections are three parameters (Hugging Face's names and
 // shapes) whose rows, stacked, are one (Q + 2 KV, C) matrix: the forward
 // copies them into one workspace matrix (and the biases into one vector) so
@@ -45,12 +54,14 @@
 //   [model.layers.{i}.self_attn.q_norm.weight (D), .k_norm.weight (D) with
 //    qk_norm],
 //   model.layers.{i}.post_attention_layernorm.weight (C),
+//   [model.layers.{i}.pre_feedforward_layernorm.weight (C) with sandwich_norms]
 //   model.layers.{i}.mlp.gate_proj.weight (I, C), .up_proj.weight (I, C),
 //   model.layers.{i}.mlp.down_proj.weight (C, I),
+//   [model.layers.{i}.post_feedforward_layernorm.weight (C) with sandwich_norms],
 //   model.norm.weight (C), lm_head.weight (V, C) when untied.
 // Initialisation is Hugging Face's _init_weights: every Linear weight and
 // the embedding N(0, initializer_range^2), biases 0, RMSNorm weights (the
-// per-head q_norm and k_norm too) 1.
+// per-head q_norm and k_norm too) 1, or 0 where they scale by 1 + w.
 //
 // With LoRA (DecoderSpec::lora), every parameter above is frozen (held in
 // the working dtype only, network.h's Parameter) and drawn as the full
@@ -193,6 +204,11 @@ class DecoderModel final : public Network {
     int v_weight = -1, v_bias = -1;
     int o_weight = -1, o_bias = -1;
     int q_norm = -1, k_norm = -1;  // -1 without qk_norm
+    // With sandwich_norms, the attention output's norm
+    // (post_attention_layernorm) and the MLP output's
+    // (post_feedforward_layernorm); post_norm is then the MLP's input norm,
+    // pre_feedforward_layernorm.
+    int attn_out_norm = -1, mlp_out_norm = -1;
     int post_norm = -1;
     int gate = -1, up = -1, down = -1;
     std::array<Adapter, kModules> lora;
@@ -235,9 +251,28 @@ class DecoderModel final : public Network {
   absl::Status AdapterBackward(const Adapter& adapter, DecoderWorkspace& ws,
                                const kernels::Tensor& x, const kernels::Tensor& u,
                                const kernels::Tensor& dy, float beta, kernels::Tensor& dx);
-  // One block's attention (decoder_forward.cc): from its q|k|v rows
+  // Block l's attention (decoder_forward.cc): from its q|k|v rows
   // (sv.qkv, after the q/k norm and before RoPE) to sv.attn_y.
-  using Attend = std::function<absl::Status(DecoderBlockBuffers& sv)>;
+  using Attend = std::function<absl::Status(size_t l, DecoderBlockBuffers& sv)>;
+  // Layer l's attention: the scale (query_pre_attn_scalar's, or the
+  // default) and its sliding window, if it slides.
+  kernels::AttentionOptions AttentionOptionsOf(size_t l) const;
+  // The MLP's gate activation as the kernels name it.
+  static kernels::GluActivation GateOf(const DecoderSpec& s) {
+    return s.mlp_activation == MlpActivation::kGeluTanh ? kernels::GluActivation::kGELUTanh
+                                                        : kernels::GluActivation::kSiLU;
+  }
+  // Layer l's RoPE frequencies among a workspace's two (the sliding
+  // layers' local ones, or the global).
+  const kernels::Tensor& InvFreqOf(size_t l, const kernels::Tensor& global,
+                                   const kernels::Tensor& local) const {
+    return DecoderLayerSlides(decoder(), l) ? local : global;
+  }
+  // An RMSNorm of this decoder (its weight offset, eps), forward and back.
+  absl::Status Norm(const kernels::Tensor& x, int weight, kernels::Tensor& y,
+                    kernels::Tensor& rstd);
+  absl::Status NormBackward(const kernels::Tensor& x, int weight, const kernels::Tensor& rstd,
+                            const kernels::Tensor& dy, kernels::Tensor& dx);
   // Block l's forward on sv's rows from x to x_next, `attend` running its
   // attention: Forward's code and the sampler's decode step's.
   absl::Status BlockForward(size_t l, const kernels::Tensor& x, DecoderBlockBuffers& sv,
@@ -256,6 +291,11 @@ class DecoderModel final : public Network {
   // RoPE's inv_freq (D/2) as Hugging Face computes it (RopeInverseFrequencies);
   // each workspace copies it to the backend.
   std::vector<float> inv_freq_;
+  // The sliding layers' (rope_local_theta, no scaling); empty when none slides.
+  std::vector<float> inv_freq_local_;
+  // x_0's scale: sqrt(hidden_size) rounded to the working dtype with
+  // scale_embeddings (Gemma3TextScaledWordEmbedding), else 1.
+  float embed_scale_ = 1.0f;
   int embed_ = -1;
   std::vector<BlockParams> blocks_;
   // LoRA: alpha / r, and the targeted modules among q, k, v in order (their

@@ -25,6 +25,7 @@ using kernels::Tensor;
 // its S rows (widths as decoder_model.h's).
 struct DecoderDecodeState : DecodeState {
   Tensor inv_freq;           // (D/2) F32, RoPE's frequencies
+  Tensor inv_freq_local;     // (D/2) F32, the sliding layers'; empty without them
   KvCache cache;             // per layer (S, max_len, KV)
   std::array<Tensor, 2> x;   // (S, C) the residual stream, in turn
   DecoderBlockBuffers rows;  // one block's buffers, reused by every block
@@ -61,6 +62,9 @@ absl::StatusOr<int64_t> DecoderModel::DecodeStateBytes(int64_t sequences, int64_
   // With qk_norm, the per-head norms' statistics (S, H + K) F32.
   const int64_t qk_rstd =
       s.qk_norm ? product({n, s.num_attention_heads + s.num_key_value_heads, 4}) : 0;
+  // With sandwich norms, the branch outputs before their norms and their
+  // statistics; the sliding layers' frequencies.
+  const int64_t sandwich = s.sandwich_norms ? product({2, n, wd.c, w}) + product({2, n, 4}) : 0;
   int64_t total = 0;
   for (int64_t part : {
            product({2, s.num_hidden_layers, n, max_len, wd.kv, w}),  // the K and V caches
@@ -68,6 +72,7 @@ absl::StatusOr<int64_t> DecoderModel::DecodeStateBytes(int64_t sequences, int64_
            product({3, n, wd.c, w}),                                 // ln_1, resid, ln_2
            product({3, n, 4}),                                       // rstd_1, rstd_2, rstd_f
            qk_rstd,                                                  // rstd_q, rstd_k
+           sandwich,                                                 // attn_o, mlp_o and their rstd
            product({n, wd.qkv, w}), product({2, n, wd.q, w}),        // qkv; attn_y, q
            product({3, n, wd.i, w}),                                 // gate, up, act
            product({n, rank, targets.qkv + targets.others, w}),      // LoRA's u
@@ -75,7 +80,7 @@ absl::StatusOr<int64_t> DecoderModel::DecodeStateBytes(int64_t sequences, int64_
            product({2, n, 8}),                                       // positions, tokens
            product({wd.qkv, wd.c + 1, w}),                           // stacked weight, bias
            product({rank, targets.qkv, wd.c + wd.qkv, w}),           // stacked adapters
-           product({wd.d / 2, 4}),                                   // inv_freq
+           product({SlidingLayers(s) ? 2 : 1, wd.d / 2, 4}),         // inv_freq, inv_freq_local
        }) {
     ok = ok && CheckedAdd(total, part, &total);
   }
@@ -101,6 +106,11 @@ absl::StatusOr<std::unique_ptr<DecodeState>> DecoderModel::MakeDecodeState(int64
   AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {wd.d / 2}, st.inv_freq));
   AMPD_RETURN_IF_ERROR(
       backend_.CopyFromHost(inv_freq_.data(), inv_freq_.size() * sizeof(float), st.inv_freq));
+  if (!inv_freq_local_.empty()) {
+    AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {wd.d / 2}, st.inv_freq_local));
+    AMPD_RETURN_IF_ERROR(backend_.CopyFromHost(
+        inv_freq_local_.data(), inv_freq_local_.size() * sizeof(float), st.inv_freq_local));
+  }
   // Keys and values follow the q heads in a fused row.
   AMPD_RETURN_IF_ERROR(
       st.cache.Allocate(backend_, w, s.num_hidden_layers, n, max_len, wd.kv, wd.q, wd.q + wd.kv));
@@ -114,6 +124,12 @@ absl::StatusOr<std::unique_ptr<DecodeState>> DecoderModel::MakeDecodeState(int64
     AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n, s.num_key_value_heads}, r.rstd_k));
   }
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.q}, r.attn_y));
+  if (s.sandwich_norms) {
+    AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, r.attn_o));
+    AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n}, r.rstd_ao));
+    AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, r.mlp_o));
+    AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n}, r.rstd_mo));
+  }
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, r.resid));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, r.ln_2));
   AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n}, r.rstd_2));
@@ -167,27 +183,27 @@ absl::Status DecoderModel::DecodeStep(absl::Span<const int64_t> tokens,
   AMPD_RETURN_IF_ERROR(LoadDecodeStep(b, tokens, positions, s.vocab_size, st));
   const int64_t heads = s.num_attention_heads;
   const int64_t kv_heads = s.num_key_value_heads;
-  size_t layer = 0;
   // Each row's new query over its cached keys: RoPE at the row's own
-  // position, its K/V written into the cache, then the cached attention.
-  const Attend attend = [&](DecoderBlockBuffers& sv) -> absl::Status {
+  // position, its K/V written into the cache, then the cached attention
+  // (the layer's window and scale, as the forward's).
+  const Attend attend = [&](size_t layer, DecoderBlockBuffers& sv) -> absl::Status {
     AMPD_ASSIGN_OR_RETURN(Tensor qkv, sv.qkv.View(0, {n, 1, wd.qkv}));
     AMPD_ASSIGN_OR_RETURN(const Tensor at, st.positions.View(0, {n, 1}));
-    AMPD_RETURN_IF_ERROR(b.Rope(qkv, heads + kv_heads, wd.d, st.inv_freq, &at, false));
+    AMPD_RETURN_IF_ERROR(b.Rope(qkv, heads + kv_heads, wd.d,
+                                InvFreqOf(layer, st.inv_freq, st.inv_freq_local), &at, false));
     AMPD_RETURN_IF_ERROR(st.cache.Write(b, layer, sv.qkv, st.positions));
     AMPD_RETURN_IF_ERROR(b.CopyColumns(sv.qkv, 0, wd.q, st.q, 0));
     return b.AttentionDecode(st.q, st.cache.k[layer], st.cache.v[layer], st.positions, heads,
-                             kv_heads, sv.attn_y);
+                             kv_heads, AttentionOptionsOf(layer), sv.attn_y);
   };
-  AMPD_RETURN_IF_ERROR(
-      b.EmbeddingForward(st.tokens, params()[static_cast<size_t>(embed_)].value(), st.x[0]));
-  for (layer = 0; layer < blocks_.size(); ++layer) {
+  AMPD_RETURN_IF_ERROR(b.EmbeddingForward(st.tokens, params()[static_cast<size_t>(embed_)].value(),
+                                          embed_scale_, st.x[0]));
+  for (size_t layer = 0; layer < blocks_.size(); ++layer) {
     Tensor& in = st.x[layer % 2];
     Tensor& out = st.x[(layer + 1) % 2];
     AMPD_RETURN_IF_ERROR(BlockForward(layer, in, st.rows, st.stack, attend, out));
   }
-  return b.RmsNormForward(st.x[blocks_.size() % 2], params()[static_cast<size_t>(norm_)].value(),
-                          s.rms_norm_eps, st.hidden, st.rstd_f);
+  return Norm(st.x[blocks_.size() % 2], norm_, st.hidden, st.rstd_f);
 }
 
 }  // namespace ampd::engine::model

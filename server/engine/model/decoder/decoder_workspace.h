@@ -74,8 +74,13 @@ struct DecoderBlockBuffers {
   // (N, 3 Q): qkv with the K/V heads expanded to H; empty when K == H,
   // where qkv already has that layout.
   kernels::Tensor qkv_x;
-  kernels::Tensor lse;            // (B, H, T) F32 attention log-sum-exp
-  kernels::Tensor attn_y;         // (N, Q) attention output, o_proj's input
+  kernels::Tensor lse;     // (B, H, T) F32 attention log-sum-exp
+  kernels::Tensor attn_y;  // (N, Q) attention output, o_proj's input
+  // With sandwich_norms: o_proj's output and the MLP's (down_proj's) before
+  // their norms (post_attention_layernorm, post_feedforward_layernorm),
+  // which the backward reads, and those norms' statistics (N) F32.
+  kernels::Tensor attn_o, rstd_ao;
+  kernels::Tensor mlp_o, rstd_mo;
   kernels::Tensor resid;          // (N, C) r_l = x_l + attention branch
   kernels::Tensor ln_2, rstd_2;   // (N, C); (N) F32
   kernels::Tensor gate, up, act;  // (N, I) gate_proj, up_proj, silu(gate) * up
@@ -90,7 +95,8 @@ struct DecoderBlockBuffers {
 // The batch, the final norm's output ln_f, its gradient d_ln and the head's
 // buffers are LmWorkspace's (lm_head.h).
 struct DecoderWorkspace : LmWorkspace {
-  kernels::Tensor inv_freq;  // (D/2) F32, RoPE's frequencies
+  kernels::Tensor inv_freq;        // (D/2) F32, RoPE's frequencies
+  kernels::Tensor inv_freq_local;  // (D/2) F32, the sliding layers'; empty without them
 
   // What forward saves for backward, per block.
   using Block = DecoderBlockBuffers;
@@ -108,14 +114,15 @@ struct DecoderWorkspace : LmWorkspace {
   kernels::Tensor lora_du;
 
   // Backward scratch, reused by every block.
-  kernels::Tensor d_res;    // (N, C) gradient of the residual stream
-  kernels::Tensor d_tmp;    // (N, C) an RMSNorm's dx
-  kernels::Tensor d_attn;   // (N, Q) gradient of the attention output
-  kernels::Tensor d_qkv_x;  // (N, 3 Q) expanded q|k|v gradient; empty when K == H
-  kernels::Tensor d_qkv;    // (N, Q + 2 KV)
-  kernels::Tensor d_act;    // (N, I) gradient of silu(gate) * up
-  kernels::Tensor d_gate;   // (N, I)
-  kernels::Tensor d_up;     // (N, I)
+  kernels::Tensor d_res;     // (N, C) gradient of the residual stream
+  kernels::Tensor d_tmp;     // (N, C) an RMSNorm's dx
+  kernels::Tensor d_branch;  // (N, C) with sandwich_norms: a branch output's gradient
+  kernels::Tensor d_attn;    // (N, Q) gradient of the attention output
+  kernels::Tensor d_qkv_x;   // (N, 3 Q) expanded q|k|v gradient; empty when K == H
+  kernels::Tensor d_qkv;     // (N, Q + 2 KV)
+  kernels::Tensor d_act;     // (N, I) gradient of silu(gate) * up
+  kernels::Tensor d_gate;    // (N, I)
+  kernels::Tensor d_up;      // (N, I)
 };
 
 }  // namespace ampd::engine::model
