@@ -7,20 +7,22 @@ policy must continue it; a completion's reward is the fraction of its tokens
 that are the previous token + 1 mod 10. Every iteration:
 
   1. job.sample(): num_samples completions of each prompt from the current
-     weights, each token with its log-prob q (the trainer's own kernels);
+     weights at --temperature, each token with q, its log-prob under the
+     distribution it was drawn from (sampling_logprobs: the trainer's own
+     kernels at that temperature);
   2. rewards, and advantages A = reward - the mean reward of its prompt's
      group (GRPO's baseline);
   3. job.step(loss_fn="importance_sampling") with per-token advantages and
-     sampling log-probs: -sum exp(logp - q) A over the completion tokens
-     (Tinker's definition; the prompt's targets are -100), fp16 with the
-     job's dynamic loss scaler;
+     sampling log-probs at the same temperature: -sum exp(logp - q) A over
+     the completion tokens (Tinker's definition; the prompt's targets are
+     -100), fp16 with the job's dynamic loss scaler;
   4. the mismatch: the step reports max |logp - q| over the completion
      tokens, logp from the training forward it trains on (the weights the
      samples came from); on a batch_invariant job it is exactly 0.
 
 Prints reward, skipped steps, the loss scale and the mismatch per iteration.
 
-  python3 examples/rl_fp16.py --server=127.0.0.1:50051 [--iterations=60]
+  python3 examples/rl_fp16.py --server=127.0.0.1:50051 [--iterations=60] [--temperature=0.8]
           [--check]   (exit 1 unless the reward at least doubles, or reaches
                        0.8, and the mismatch is 0 on every iteration)
 
@@ -61,6 +63,8 @@ def main():
     parser.add_argument("--tokens", type=int, default=4, help="tokens per completion")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--temperature", type=float, default=1.0,
+                        help="the sampler's, and the loss's")
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
 
@@ -76,7 +80,7 @@ def main():
         for it in range(args.iterations):
             batch = prompts(rng, args.prompts)
             groups = job.sample(batch, num_samples=args.group, max_tokens=args.tokens,
-                                temperature=1.0, seed=args.seed * 100003 + it)
+                                temperature=args.temperature, seed=args.seed * 100003 + it)
             sequences, advantages, sampled, scores = [], [], [], []
             for prompt, completions in zip(batch, groups):
                 r = np.array([reward(prompt, c.tokens) for c in completions])
@@ -84,7 +88,7 @@ def main():
                 for c, a in zip(completions, r - r.mean()):
                     sequences.append(prompt + list(c.tokens))
                     advantages.append(a)
-                    sampled.append(c.logprobs)
+                    sampled.append(c.sampling_logprobs)
             # One micro-batch: inputs seq[:-1], targets seq[1:]; the prompt's
             # targets are -100 (not the policy's tokens: no loss, and outside
             # the mismatch).
@@ -98,7 +102,7 @@ def main():
                 adv[i, p - 1:] = a
                 q[i, p - 1:] = lp
             result = job.step(inputs, targets, loss_fn="importance_sampling", advantages=adv,
-                              sampling_logprobs=q)
+                              sampling_logprobs=q, temperature=args.temperature)
             mismatch = result.logprob_mismatch
             worst_mismatch = float(np.maximum(worst_mismatch, mismatch))  # keeps a NaN
             skipped += int(result.skipped)

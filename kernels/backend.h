@@ -74,7 +74,13 @@ struct TokenLossTerms {
   // <= 1 <= clip_high; kCispo: 0 <= clip_low <= clip_high; both finite).
   float clip_low = 0.8f;
   float clip_high = 1.2f;
-  float beta = 0.05f;          // kDro: the quadratic penalty's weight, finite and >= 0
+  float beta = 0.05f;  // kDro: the quadratic penalty's weight, finite and >= 0
+  // Finite and > 0: every kept row's logp is log_softmax(logits / temperature)
+  // (each logit divided in fp32, as PyTorch's logits / T), a sampler's
+  // log-probs at its temperature; the gradient carries the 1 / temperature
+  // of the division. 1 (the default) divides nothing: the bits of a call
+  // without it.
+  float temperature = 1.0f;
   Tensor* logprobs = nullptr;  // optional output (N) F32: each kept row's logp, 0 when ignored
   // Optional output (N) F32: what each kept row adds to loss (loss_scale *
   // its term), 0 when ignored.
@@ -149,6 +155,9 @@ struct SampleParams {
   // (each read as the uint64 of its bits), so that a row's draws need not
   // depend on its position in the call.
   const Tensor* keys = nullptr;
+  // Or nullptr: (S) F32 on the device, each row's log of the kept mass
+  // (Backend::SampleTokens).
+  Tensor* log_kept = nullptr;
 };
 
 // What a step's ops run on beyond their tensors, for Backend::ScratchBytes
@@ -725,6 +734,10 @@ class Backend {
   //     given: the very value added to loss.
   // Plain cross-entropy is the default terms (weight 1: term_i is the row
   // loss and coef_i 1, so the bits are those of the call without terms).
+  // With terms.temperature T != 1 every row above reads logits_i / T (each
+  // element divided once in fp32) in place of logits_i, and dlogits_i =
+  // ((grad_scale * coef_i) / T) * (softmax(logits_i / T) - onehot): the
+  // chain rule's 1 / T folded into the row's scale, one rounding as before.
   virtual absl::Status CrossEntropyChunk(const Tensor& logits, const Tensor& labels,
                                          int64_t ignore_index, const TokenLossTerms& terms,
                                          float loss_scale, float grad_scale, Tensor& loss,
@@ -735,6 +748,16 @@ class Backend {
     return CrossEntropyChunk(logits, labels, ignore_index, TokenLossTerms{}, loss_scale, grad_scale,
                              loss, dlogits);
   }
+
+  // logprobs (N) F32 = what CrossEntropyChunk writes to terms.logprobs for
+  // the same logits, labels, ignore_index and terms.temperature, bit for
+  // bit (the same row code), with no loss and no gradient: logits are only
+  // read. For a sampler, which needs its drawn tokens' log-probs at
+  // temperature 1 and at its own temperature from one set of logits.
+  // temperature finite and > 0; labels as CrossEntropyChunk's (a bad one is
+  // InvalidArgument; CUDA: reported at the next ReadBack, its row 0).
+  virtual absl::Status LabelLogprobs(const Tensor& logits, const Tensor& labels,
+                                     int64_t ignore_index, float temperature, Tensor& logprobs) = 0;
 
   // ---- sampling --------------------------------------------------------------
   // One token per row of logits (S, V) (F32, F16 or BF16) drawn on the
@@ -761,9 +784,16 @@ class Backend {
   // rounding of a cumulative boundary (in theory about 1e-15 of draws) or
   // where exp differs by its last bit in the same place; temperature 0
   // agrees exactly. NaN logits give an unspecified (in-range) token.
+  // params.log_kept, when given, (S) F32 gets each live row's log of the
+  // probability mass softmax(logits / temperature) puts on the tokens the
+  // draw kept: log(nucleus's sum(w) / the whole row's sum(w)) in float64,
+  // rounded once; exactly 0 where nothing is truncated (untruncated, or a
+  // nucleus of the whole row) and at temperature 0; 0 for rows not live. The drawn
+  // token's probability under the distribution it was drawn from is its
+  // softmax(logits / temperature) probability over exp(log_kept).
   // Refused: temperature < 0 or not finite, top_k < 0, top_p outside
-  // (0, 1], keys not (S, 2) I64, mismatched shapes or dtypes, tokens
-  // overlapping an input.
+  // (0, 1], keys not (S, 2) I64, log_kept not (S) F32, mismatched shapes or
+  // dtypes, tokens or log_kept overlapping an input or each other.
   virtual absl::Status SampleTokens(const Tensor& logits, const Tensor& live,
                                     const SampleParams& params, Tensor& tokens) = 0;
   // Bytes SampleTokens holds beside its tensors for (rows, vocab) logits

@@ -790,6 +790,18 @@ absl::Status ValidateSampleTokens(const Tensor& logits, const Tensor& live,
     AMPD_RETURN_IF_ERROR(CheckShapeIs(kOp, "keys", *params.keys, {seqs, 2}, "(S, 2)"));
     AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "tokens", tokens, "keys", *params.keys));
   }
+  if (params.log_kept != nullptr) {
+    const Tensor& kept = *params.log_kept;
+    AMPD_RETURN_IF_ERROR(CheckDType(kOp, "log_kept", kept, DType::kF32));
+    AMPD_RETURN_IF_ERROR(CheckShapeIs(kOp, "log_kept", kept, {seqs}, "(S)"));
+    AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "log_kept", kept));
+    AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "log_kept", kept, "logits", logits));
+    AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "log_kept", kept, "live", live));
+    AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "log_kept", kept, "tokens", tokens));
+    if (params.keys != nullptr) {
+      AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "log_kept", kept, "keys", *params.keys));
+    }
+  }
   if (!std::isfinite(params.temperature) || params.temperature < 0.0f) {
     return absl::InvalidArgumentError(
         absl::StrCat(kOp, ": temperature is ", params.temperature, "; expected finite and >= 0"));
@@ -1186,6 +1198,10 @@ absl::Status CheckTokenLossTerms(absl::string_view op, const Tensor& logits,
                      "clip_high, got ",
                      terms.clip_low, " and ", terms.clip_high));
   }
+  if (!(std::isfinite(terms.temperature) && terms.temperature > 0.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": terms.temperature must be finite and > 0, got ", terms.temperature));
+  }
   if (terms.kind == TokenLossKind::kDro && !(std::isfinite(terms.beta) && terms.beta >= 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat(op, ": terms.beta must be finite and >= 0, got ", terms.beta));
@@ -1231,6 +1247,29 @@ absl::Status ValidateCrossEntropyChunk(const Tensor& logits, const Tensor& label
   if (terms.logprobs != nullptr && terms.token_losses != nullptr) {
     AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "terms.token_losses", *terms.token_losses,
                                         "terms.logprobs", *terms.logprobs));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateLabelLogprobs(const Tensor& logits, const Tensor& labels, float temperature,
+                                   const Tensor& logprobs) {
+  constexpr absl::string_view kOp = "LabelLogprobs";
+  AMPD_RETURN_IF_ERROR(CheckFloat(kOp, "logits", logits));
+  AMPD_RETURN_IF_ERROR(CheckRank(kOp, "logits", logits, 2));
+  if (logits.dim(1) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": logits is ", logits.DebugString(), "; need at least one class"));
+  }
+  AMPD_RETURN_IF_ERROR(CheckIndex(kOp, "labels", labels));
+  AMPD_RETURN_IF_ERROR(CheckShapeIs(kOp, "labels", labels, {logits.dim(0)}, "(N)"));
+  AMPD_RETURN_IF_ERROR(CheckDType(kOp, "logprobs", logprobs, DType::kF32));
+  AMPD_RETURN_IF_ERROR(CheckShapeIs(kOp, "logprobs", logprobs, {logits.dim(0)}, "(N)"));
+  AMPD_RETURN_IF_ERROR(CheckHasMemory(kOp, "logprobs", logprobs));
+  AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "logprobs", logprobs, "logits", logits));
+  AMPD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "logprobs", logprobs, "labels", labels));
+  if (!(std::isfinite(temperature) && temperature > 0.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": temperature is ", temperature, "; expected finite and > 0"));
   }
   return absl::OkStatus();
 }

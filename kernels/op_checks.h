@@ -128,8 +128,9 @@ absl::Status ValidateWriteKvRows(const Tensor& rows, int64_t k_col, int64_t v_co
                                  const Tensor& positions, const Tensor& k_cache,
                                  const Tensor& v_cache);
 // logits float (S, V) with V >= 1 and V < 2^31; live I64 (S); tokens I64
-// (S) overlapping neither input; temperature finite and >= 0, top_k >= 0,
-// top_p in (0, 1].
+// (S) overlapping neither input; log_kept (when given) F32 (S) overlapping
+// no other operand; temperature finite and >= 0, top_k >= 0, top_p in
+// (0, 1].
 absl::Status ValidateSampleTokens(const Tensor& logits, const Tensor& live,
                                   const SampleParams& params, const Tensor& tokens);
 
@@ -200,6 +201,10 @@ absl::Status ValidateCrossEntropyLoss(const Tensor& logits, const Tensor& labels
 absl::Status ValidateCrossEntropyChunk(const Tensor& logits, const Tensor& labels,
                                        const TokenLossTerms& terms, const Tensor& loss,
                                        const Tensor& dlogits);
+// logits (N, V) float with V >= 1; labels (N) I32 or I64; logprobs (N) F32
+// overlapping neither; temperature finite and > 0.
+absl::Status ValidateLabelLogprobs(const Tensor& logits, const Tensor& labels, float temperature,
+                                   const Tensor& logprobs);
 
 // ---- loss scaling and the optimizer
 absl::Status ValidateUnscaleAndCheck(absl::Span<Tensor* const> grads, const Tensor& found_inf,

@@ -372,6 +372,10 @@ class CpuBackend final : public Backend {
     return cpu::CrossEntropyChunk(pool_, logits, labels, ignore_index, terms, loss_scale,
                                   grad_scale, loss, dlogits);
   }
+  absl::Status LabelLogprobs(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
+                             float temperature, Tensor& logprobs) override {
+    return cpu::LabelLogprobs(pool_, logits, labels, ignore_index, temperature, logprobs);
+  }
 
   using Backend::UnscaleAndCheck;
   absl::Status UnscaleAndCheck(absl::Span<Tensor* const> grads, float inv_scale, bool in_place,

@@ -269,6 +269,8 @@ absl::Status CrossEntropyLoss(const Tensor& logits, const Tensor& labels, float 
 absl::Status CrossEntropyChunk(ThreadPool& pool, const Tensor& logits, const Tensor& labels,
                                int64_t ignore_index, const TokenLossTerms& terms, float loss_scale,
                                float grad_scale, Tensor& loss, Tensor& dlogits);
+absl::Status LabelLogprobs(ThreadPool& pool, const Tensor& logits, const Tensor& labels,
+                           int64_t ignore_index, float temperature, Tensor& logprobs);
 // unscale_check.cc
 absl::Status UnscaleAndCheck(absl::Span<Tensor* const> grads, float inv_scale, bool in_place,
                              Tensor& found_inf, Tensor* norm_sq, Tensor* max_abs);

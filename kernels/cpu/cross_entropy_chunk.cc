@@ -15,6 +15,11 @@
 // (grad_scale * coef) * (softmax - onehot), one rounding. terms.token_losses,
 // when given, gets each row's loss_scale * term: the value added to loss.
 //
+// With terms.temperature T != 1 the row is z / T (each element divided in
+// fp32) and the gradient's scale is (grad_scale * coef) / T. LabelLogprobs
+// runs the same row code (RowLogprob) without the loss or the gradient, so
+// its log-probs are CrossEntropyChunk's bits.
+//
 // Labels are all checked before anything is written, so a bad batch leaves
 // loss and dlogits untouched. Rows are split over the thread pool; each
 // row's loss lands in its own slot and the slots are added in row order, so
@@ -37,6 +42,44 @@ float RowOr(const Tensor* t, int64_t n, float absent) {
   return t == nullptr ? absent : t->data_as<float>()[n];
 }
 
+// One kept row's log-softmax at its label, of z / temperature: row (V)
+// gets exp(z / temperature - max) and *sum their ChunkedSum (the gradient's
+// softmax reads both); returns nll = log(sum) - (z[label] / temperature -
+// max), minus the label's log-prob.
+template <typename Storage, typename Load>
+float RowLogprob(const Storage* zr, int64_t classes, int64_t label, float temperature, Load load,
+                 float* row, float* sum) {
+  float max = -INFINITY;
+  for (int64_t v = 0; v < classes; ++v) row[v] = load(zr[v]);
+  if (temperature != 1.0f) {
+    for (int64_t v = 0; v < classes; ++v) row[v] = row[v] / temperature;
+  }
+  for (int64_t v = 0; v < classes; ++v) max = std::fmax(max, row[v]);
+  const float label_logit = row[label];
+  ChunkedSum sum_exp;
+  for (int64_t v = 0; v < classes; ++v) {
+    row[v] = std::exp(row[v] - max);
+    sum_exp.Add(row[v]);
+  }
+  *sum = sum_exp.Total();
+  // log(sum) - (z[label] - max), not (max + log(sum)) - z[label],
+  // which cancels when the logits are large.
+  return std::log(*sum) - (label_logit - max);
+}
+
+absl::Status CheckLabels(absl::string_view op, const Tensor& labels, int64_t classes,
+                         int64_t ignore_index) {
+  for (int64_t n = 0; n < labels.dim(0); ++n) {
+    const int64_t label = LoadIndex(labels, n);
+    if (label != ignore_index && (label < 0 || label >= classes)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": labels[", n, "] = ", label, " is outside [0, ", classes,
+                       ") and is not ignore_index (", ignore_index, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status CrossEntropyChunk(ThreadPool& pool, const Tensor& logits, const Tensor& labels,
@@ -46,14 +89,7 @@ absl::Status CrossEntropyChunk(ThreadPool& pool, const Tensor& logits, const Ten
   AMPD_RETURN_IF_ERROR(ValidateCrossEntropyChunk(logits, labels, terms, loss, dlogits));
   const int64_t rows = logits.dim(0);     // N
   const int64_t classes = logits.dim(1);  // V
-  for (int64_t n = 0; n < rows; ++n) {
-    const int64_t label = LoadIndex(labels, n);
-    if (label != ignore_index && (label < 0 || label >= classes)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(kOp, ": labels[", n, "] = ", label, " is outside [0, ", classes,
-                       ") and is not ignore_index (", ignore_index, ")"));
-    }
-  }
+  AMPD_RETURN_IF_ERROR(CheckLabels(kOp, labels, classes, ignore_index));
   if (rows == 0) return absl::OkStatus();
 
   thread_local std::vector<float> row_loss;  // (N): each kept row's loss_scale * term, 0 ignored
@@ -77,29 +113,17 @@ absl::Status CrossEntropyChunk(ThreadPool& pool, const Tensor& logits, const Ten
           if (terms.token_losses != nullptr) terms.token_losses->data_as<float>()[n] = 0.0f;
           continue;
         }
-        const auto* zr = z + n * classes;
-        float max = -INFINITY;
-        for (int64_t v = 0; v < classes; ++v) {
-          row[v] = Tag::Load(zr[v]);
-          max = std::fmax(max, row[v]);
-        }
-        const float label_logit = row[label];
-        ChunkedSum sum_exp;
-        for (int64_t v = 0; v < classes; ++v) {
-          row[v] = std::exp(row[v] - max);
-          sum_exp.Add(row[v]);
-        }
-        const float sum = sum_exp.Total();
-        // log(sum) - (z[label] - max), not (max + log(sum)) - z[label],
-        // which cancels when the logits are large.
-        const float nll = std::log(sum) - (label_logit - max);
+        float sum = 0.0f;
+        const float nll =
+            RowLogprob(z + n * classes, classes, label, terms.temperature, Tag::Load, row, &sum);
         const TokenTerm t = TokenLossTerm(
             terms.kind, -nll, RowOr(terms.weights, n, 1.0f), RowOr(terms.advantages, n, 0.0f),
             RowOr(terms.sampling_logprobs, n, 0.0f), terms.clip_low, terms.clip_high, terms.beta);
         row_losses[n] = loss_scale * t.term;
         if (terms.logprobs != nullptr) terms.logprobs->data_as<float>()[n] = -nll;
         if (terms.token_losses != nullptr) terms.token_losses->data_as<float>()[n] = row_losses[n];
-        const float row_scale = grad_scale * t.coef;
+        float row_scale = grad_scale * t.coef;
+        if (terms.temperature != 1.0f) row_scale = row_scale / terms.temperature;
         const float inv_sum = 1.0f / sum;
         for (int64_t v = 0; v < classes; ++v) {
           const float softmax = row[v] * inv_sum;
@@ -115,6 +139,35 @@ absl::Status CrossEntropyChunk(ThreadPool& pool, const Tensor& logits, const Ten
   }
   loss.data_as<float>()[0] = total;
   return absl::OkStatus();
+}
+
+absl::Status LabelLogprobs(ThreadPool& pool, const Tensor& logits, const Tensor& labels,
+                           int64_t ignore_index, float temperature, Tensor& logprobs) {
+  AMPD_RETURN_IF_ERROR(ValidateLabelLogprobs(logits, labels, temperature, logprobs));
+  const int64_t rows = logits.dim(0);     // N
+  const int64_t classes = logits.dim(1);  // V
+  AMPD_RETURN_IF_ERROR(CheckLabels("LabelLogprobs", labels, classes, ignore_index));
+  auto* out = logprobs.data_as<float>();  // (N)
+  const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / classes);
+  return VisitFloat(logits.dtype(), [&](auto tag) {
+    using Tag = decltype(tag);
+    const auto* z = Ptr<Tag>(logits);  // (N, V)
+    pool.ParallelFor(rows, grain, [&](int64_t begin, int64_t end) {
+      thread_local std::vector<float> scratch;  // (V): widened logits, then exp
+      scratch.resize(static_cast<size_t>(classes));
+      for (int64_t n = begin; n < end; ++n) {
+        const int64_t label = LoadIndex(labels, n);
+        if (label == ignore_index) {
+          out[n] = 0.0f;
+          continue;
+        }
+        float sum = 0.0f;
+        out[n] = -RowLogprob(z + n * classes, classes, label, temperature, Tag::Load,
+                             scratch.data(), &sum);
+      }
+    });
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace ampd::kernels::cpu

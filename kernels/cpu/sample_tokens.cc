@@ -5,12 +5,12 @@
 // nothing is truncated (no sort; top_k >= V truncates nothing either),
 // else a partial sort of the top_k most likely (all when top_k is 0), the
 // nucleus cut from them, and the inverse CDF over the nucleus in that
-// order. Row r's uniform comes from its own (key, stream) when the caller
-// gives them (params.keys), else from (seed, r). Each sum runs sequentially in the
-// order it names. Rows are split over the thread pool; each row's draw
-// depends on that row alone, so the tokens do not depend on the thread
-// count. Scratch per thread: the row widened to float, its order and its
-// weights (Backend::SampleScratchBytes counts them).
+// order. With params.log_kept, a truncated draw also sums the whole row's
+// weights (in id order) for the kept mass. Row r's uniform comes from its own (key, stream) when
+// the caller gives them (params.keys), else from (seed, r). Each sum runs sequentially in the order
+// it names. Rows are split over the thread pool; each row's draw depends on that row alone, so the
+// tokens do not depend on the thread count. Scratch per thread: the row widened to float, its order
+// and its weights (Backend::SampleScratchBytes counts them).
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -25,9 +25,12 @@ namespace ampd::kernels::cpu {
 namespace {
 
 // The token drawn from one row of logits with u in [0, 1) (the contract's
-// formulas; temperature 0: the most likely, the lowest id among ties).
+// formulas; temperature 0: the most likely, the lowest id among ties), and
+// in *log_kept the log of the mass the draw kept (0 when it kept the whole
+// row).
 int64_t Draw(const float* logits, int64_t vocab, const SampleParams& in, double u,
-             std::vector<int64_t>& order, std::vector<double>& weights) {
+             std::vector<int64_t>& order, std::vector<double>& weights, double* log_kept) {
+  *log_kept = 0.0;
   if (in.temperature == 0.0f) {
     return std::max_element(logits, logits + vocab) - logits;
   }
@@ -81,6 +84,14 @@ int64_t Draw(const float* logits, int64_t vocab, const SampleParams& in, double 
   }
   double in_nucleus = 0.0;
   for (int64_t i = 0; i < nucleus; ++i) in_nucleus += weights[static_cast<size_t>(i)];
+  if (nucleus < vocab && in.log_kept != nullptr) {
+    // The whole row's mass, of which the nucleus is a part.
+    double all = 0.0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      all += std::exp(static_cast<double>(logits[i]) * inv_t - top);
+    }
+    *log_kept = std::log(in_nucleus / all);
+  }
   const double target = u * in_nucleus;
   double cumulative = 0.0;
   for (int64_t i = 0; i < nucleus; ++i) {
@@ -101,6 +112,8 @@ absl::Status SampleTokens(ThreadPool& pool, const Tensor& logits, const Tensor& 
   auto* out = tokens.data_as<int64_t>();        // (S)
   // (S, 2) each row's Philox key and stream, or none: (seed, r).
   const int64_t* keys = params.keys != nullptr ? params.keys->data_as<int64_t>() : nullptr;
+  // (S) each row's log of the kept mass, or none.
+  float* log_kept = params.log_kept != nullptr ? params.log_kept->data_as<float>() : nullptr;
   return VisitFloat(logits.dtype(), [&](auto tag) -> absl::Status {
     using Tag = decltype(tag);
     const auto* z = Ptr<Tag>(logits);  // (S, V)
@@ -112,6 +125,7 @@ absl::Status SampleTokens(ThreadPool& pool, const Tensor& logits, const Tensor& 
       for (int64_t r = begin; r < end; ++r) {
         if (alive[r] == 0) {
           out[r] = params.ignore_index;
+          if (log_kept != nullptr) log_kept[r] = 0.0f;
           continue;
         }
         const auto* zr = z + r * vocab;
@@ -121,7 +135,9 @@ absl::Status SampleTokens(ThreadPool& pool, const Tensor& logits, const Tensor& 
             keys != nullptr ? static_cast<uint64_t>(keys[2 * r + 1]) : static_cast<uint64_t>(r);
         const philox::Block b = philox::StreamBlock(key, stream, params.step);
         const double u = philox::Unit53(b.v[0], b.v[1]);
-        out[r] = Draw(row.data(), vocab, params, u, order, weights);
+        double kept = 0.0;
+        out[r] = Draw(row.data(), vocab, params, u, order, weights, &kept);
+        if (log_kept != nullptr) log_kept[r] = static_cast<float>(kept);
       }
     });
     return absl::OkStatus();

@@ -32,6 +32,7 @@ absl::Status LaunchCrossEntropy(const void* logits, DType dtype, const void* lab
   args.rows = rows;
   args.vocab = vocab;
   args.coef = multiplier * inv_rows;
+  args.temperature = 1.0f;  // the mean loss reads the logits as they are
   args.grad_scale = grad_scale;
   args.loss = partials;
   args.error_flags = error_flags;

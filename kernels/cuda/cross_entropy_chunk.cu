@@ -16,6 +16,8 @@
 // term (kernels/token_loss.h) replaces its loss and its coefficient joins
 // grad_scale, in the row engine, which also writes each row's log-prob and
 // what it added to loss when asked (terms.logprobs, terms.token_losses).
+// At terms.temperature the row engine reads logits / T. LabelLogprobs is
+// the same row engine with no dlogits: the log-probs alone, the same bits.
 #include "kernels/cuda/cross_entropy_rows.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_common.cuh"
@@ -52,6 +54,7 @@ absl::Status LaunchCrossEntropyChunk(const void* logits, DType dtype, const void
   args.clip_low = terms.clip_low;
   args.clip_high = terms.clip_high;
   args.beta = terms.beta;
+  args.temperature = terms.temperature;
   auto row_output = [](Tensor* t) -> float* {
     return t == nullptr ? nullptr : t->data_as<float>();
   };
@@ -62,6 +65,31 @@ absl::Status LaunchCrossEntropyChunk(const void* logits, DType dtype, const void
   });
   AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();
   accumulate_loss_kernel<><<<1, kThreads, 0, stream>>>(partials, blocks, loss);
+  AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status LaunchLabelLogprobs(const void* logits, DType dtype, const void* labels,
+                                 DType label_dtype, int64_t rows, int64_t vocab,
+                                 int64_t ignore_index, float temperature, float* logprobs,
+                                 float* partials, int* error_flags, cudaStream_t stream) {
+  if (rows == 0) return absl::OkStatus();
+  xent::RowArgs args{};
+  args.logits = logits;
+  args.dlogits = nullptr;  // no gradient
+  args.labels = labels;
+  args.label_dtype = label_dtype;
+  args.rows = rows;
+  args.vocab = vocab;
+  args.ignore_index = ignore_index;
+  args.loss = partials;  // written, never added anywhere
+  args.error_flags = error_flags;
+  args.token_kind = TokenLossKind::kCrossEntropy;
+  args.temperature = temperature;
+  args.logprobs = logprobs;
+  DispatchFloat(dtype, [&](auto tag) {
+    return xent::LaunchRows<decltype(tag), /*kChunk=*/true>(args, kMaxReductionBlocks, stream);
+  });
   AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }

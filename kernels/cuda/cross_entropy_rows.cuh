@@ -32,6 +32,12 @@
 // are those of the vector path; the missing elements of the last group are
 // -inf, which changes neither the max nor the sum (exp(-inf - max) adds 0).
 //
+// The chunk kernel's rows may be read at a temperature T (a sampler's):
+// each element is z / T, divided once in fp32 (the CPU's division), and
+// the gradient's scale carries 1 / T; at T = 1 nothing is divided. Its
+// dlogits may be null (LabelLogprobs): the row's log-prob alone, the same
+// arithmetic, nothing stored but logprobs.
+//
 // dlogits may be logits (in place): every element of a row is read, and the
 // label logit with it, before the row's threads synchronise for the sum;
 // all stores come after, and a re-read tile element is read only by the
@@ -72,6 +78,7 @@ struct RowArgs {
   float clip_low;
   float clip_high;
   float beta;
+  float temperature;    // the chunk's (1: logits as they are); the mean loss's is 1
   float* logprobs;      // out: each kept row's logp, 0 for ignored rows
   float* token_losses;  // out: each kept row's loss_scale * term, 0 for ignored rows
   bool vectorized;      // vocab % W == 0 and both pointers 16-byte aligned
@@ -126,6 +133,12 @@ template <typename T>
 __device__ __forceinline__ float Element(const Words& g, int e) {
   constexpr int kPer = Bits<T>::kPerWord;
   return Bits<T>::Get(g.v[e / kPer], e % kPer);
+}
+
+// A logit as the row reads it: z / temperature (fp32, correctly rounded
+// as nvcc's default division is), z itself at temperature 1.
+__device__ __forceinline__ float AtTemperature(float z, float temperature) {
+  return temperature == 1.0f ? z : z / temperature;
 }
 
 // Group g of a row: elements [g W, g W + W), -inf past the row's end; one
@@ -261,7 +274,8 @@ __device__ __forceinline__ float ProcessRow(const RowArgs& a, const T* z, T* dz,
   const int64_t tiles = (groups + kTileGroups - 1) / kTileGroups;
   // Read before the row's first store (in place, another thread may own
   // its group); one broadcast load per warp.
-  const float label_logit = ToFloat(z[label]);
+  const float t = a.temperature;
+  const float label_logit = AtTemperature(ToFloat(z[label]), t);
 
   Words d[kSlots];      // the tile: d[j] is group tile * kTileGroups + j kRowThreads + rt
   float m = -INFINITY;  // the running row max (the same in every thread of the row)
@@ -278,7 +292,9 @@ __device__ __forceinline__ float ProcessRow(const RowArgs& a, const T* z, T* dz,
     for (int j = 0; j < kSlots; ++j) {
       if (j < n) {
 #pragma unroll
-        for (int e = 0; e < W; ++e) tile_max = fmaxf(tile_max, Element<T>(d[j], e));
+        for (int e = 0; e < W; ++e) {
+          tile_max = fmaxf(tile_max, AtTemperature(Element<T>(d[j], e), t));
+        }
       }
     }
     const float new_m = fmaxf(m, RowMax<kRowThreads>(tile_max));
@@ -293,7 +309,7 @@ __device__ __forceinline__ float ProcessRow(const RowArgs& a, const T* z, T* dz,
       for (int j = 0; j < kSlots; ++j) {
         if (j < n) {
 #pragma unroll
-          for (int e = 0; e < W; ++e) s += expf(Element<T>(d[j], e) - m);
+          for (int e = 0; e < W; ++e) s += expf(AtTemperature(Element<T>(d[j], e), t) - m);
         }
       }
     }
@@ -306,9 +322,12 @@ __device__ __forceinline__ float ProcessRow(const RowArgs& a, const T* z, T* dz,
   float row_scale = a.grad_scale;
   float row_loss = nll;
   if constexpr (kChunk) {
-    const TokenTerm t = ChunkRowTerm(a, row, nll);
-    row_scale = a.grad_scale * t.coef;
-    row_loss = t.term;
+    const TokenTerm term = ChunkRowTerm(a, row, nll);
+    row_scale = a.grad_scale * term.coef;
+    if (t != 1.0f) row_scale = row_scale / t;
+    row_loss = term.term;
+    if (a.logprobs != nullptr && rt == 0) a.logprobs[row] = -nll;
+    if (dz == nullptr) return row_loss;  // LabelLogprobs: no gradient
   }
 
   // The gradient: the last tile from the registers, the others re-read.
@@ -328,8 +347,9 @@ __device__ __forceinline__ float ProcessRow(const RowArgs& a, const T* z, T* dz,
         // softmax everywhere, the label's element included (fixed below).
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          const float lo = expf(Bits<T>::Get(d[j].v[k], 0) - m) * inv_sum;
-          const float hi = kPer == 2 ? expf(Bits<T>::Get(d[j].v[k], 1) - m) * inv_sum : 0.0f;
+          const float lo = expf(AtTemperature(Bits<T>::Get(d[j].v[k], 0), t) - m) * inv_sum;
+          const float hi =
+              kPer == 2 ? expf(AtTemperature(Bits<T>::Get(d[j].v[k], 1), t) - m) * inv_sum : 0.0f;
           d[j].v[k] =
               Bits<T>::Put(Gradient<kChunk>(a, row_scale, lo), Gradient<kChunk>(a, row_scale, hi));
         }
@@ -342,9 +362,6 @@ __device__ __forceinline__ float ProcessRow(const RowArgs& a, const T* z, T* dz,
   if (rt == (label / W) % kRowThreads) {
     dz[label] =
         FromFloat<T>(Gradient<kChunk>(a, row_scale, expf(label_logit - m) * inv_sum - 1.0f));
-  }
-  if constexpr (kChunk) {
-    if (a.logprobs != nullptr && rt == 0) a.logprobs[row] = -nll;
   }
   return row_loss;
 }
@@ -372,7 +389,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1024 / kBlockThreads)
        row += int64_t{gridDim.x} * kRowsPerBlock) {
     const int64_t label = LoadIndex(a.labels, row, a.label_dtype);
     const T* z = logits + row * a.vocab;
-    T* dz = dlogits + row * a.vocab;
+    T* dz = dlogits == nullptr ? nullptr : dlogits + row * a.vocab;
     const bool ignored = kChunk && label == a.ignore_index;
     if (ignored || label < 0 || label >= a.vocab) {  // uniform over the row's threads
       if (!ignored && rt == 0) {
@@ -380,7 +397,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1024 / kBlockThreads)
       }
       if (kChunk && a.logprobs != nullptr && rt == 0) a.logprobs[row] = 0.0f;
       if (kChunk && a.token_losses != nullptr && rt == 0) a.token_losses[row] = 0.0f;
-      ZeroRow<kRowThreads>(dz, groups, a.vocab, a.vectorized, rt);
+      if (dz != nullptr) ZeroRow<kRowThreads>(dz, groups, a.vocab, a.vectorized, rt);
       continue;  // counted 0
     }
     const float row_loss = ProcessRow<T, kRowThreads, kSlots, kChunk>(a, z, dz, row, label, rt);

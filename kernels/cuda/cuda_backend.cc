@@ -801,6 +801,15 @@ class CudaBackend final : public Backend {
         ignore_index, terms, loss_scale, grad_scale, loss.data_as<float>(), dlogits.data(),
         partials_.data_as<float>(), error_word_.data_as<int>(), stream());
   }
+  absl::Status LabelLogprobs(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
+                             float temperature, Tensor& logprobs) override {
+    AMPD_RETURN_IF_ERROR(ValidateLabelLogprobs(logits, labels, temperature, logprobs));
+    AMPD_ENTER_DEVICE();
+    return LaunchLabelLogprobs(logits.data(), logits.dtype(), labels.data(), labels.dtype(),
+                               logits.dim(0), logits.dim(1), ignore_index, temperature,
+                               logprobs.data_as<float>(), partials_.data_as<float>(),
+                               error_word_.data_as<int>(), stream());
+  }
 
   // ---- causal self-attention ----------------------------------------------------
   // Fused kernels, one launch forward, two or three backward; the
@@ -835,9 +844,10 @@ class CudaBackend final : public Backend {
     AMPD_RETURN_IF_ERROR(ValidateSampleTokens(logits, live, params, tokens));
     AMPD_ENTER_DEVICE();
     const int64_t* keys = params.keys != nullptr ? params.keys->data_as<int64_t>() : nullptr;
+    float* log_kept = params.log_kept != nullptr ? params.log_kept->data_as<float>() : nullptr;
     return LaunchSampleTokens(logits.data(), logits.dtype(), logits.dim(0), logits.dim(1),
                               live.data_as<int64_t>(), keys, params, tokens.data_as<int64_t>(),
-                              stream());
+                              log_kept, stream());
   }
 
   absl::Status AttentionDecode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,

@@ -293,11 +293,13 @@ absl::Status LaunchWriteKvRows(const void* rows, int64_t row_bytes, int64_t k_by
                                void* v_cache, cudaStream_t stream);
 // One token per row of logits (rows, vocab) of dtype (SampleTokens): live
 // and tokens (rows) I64 on the device, keys (rows, 2) I64 on the device or
-// nullptr (params.keys' data; params.keys itself is not read); one block
+// nullptr (params.keys' data; params.keys itself is not read), log_kept
+// (rows) F32 on the device or nullptr (params.log_kept's data); one block
 // per row.
 absl::Status LaunchSampleTokens(const void* logits, DType dtype, int64_t rows, int64_t vocab,
                                 const int64_t* live, const int64_t* keys,
-                                const SampleParams& params, int64_t* tokens, cudaStream_t stream);
+                                const SampleParams& params, int64_t* tokens, float* log_kept,
+                                cudaStream_t stream);
 // expand: in (rows, (heads + 2 kv_heads) head_dim) -> out (rows, 3 heads
 // head_dim); else the reduction from out's shape back to in's.
 absl::Status LaunchKvHeads(bool expand, const void* in, void* out, DType dtype, int64_t rows,
@@ -350,6 +352,14 @@ absl::Status LaunchCrossEntropyChunk(const void* logits, DType dtype, const void
                                      int64_t ignore_index, const TokenLossTerms& terms,
                                      float loss_scale, float grad_scale, float* loss, void* dlogits,
                                      float* partials, int* error_flags, cudaStream_t stream);
+// logprobs (rows) F32 = the log-probs LaunchCrossEntropyChunk writes to
+// terms.logprobs at `temperature` (the same row engine, no gradient, no
+// loss; partials as above, scratch); a bad label sets
+// kErrorCrossEntropyChunkLabel and its row gets 0.
+absl::Status LaunchLabelLogprobs(const void* logits, DType dtype, const void* labels,
+                                 DType label_dtype, int64_t rows, int64_t vocab,
+                                 int64_t ignore_index, float temperature, float* logprobs,
+                                 float* partials, int* error_flags, cudaStream_t stream);
 
 // norm_sq (if not null) += sum of (g * inv_scale)^2, two-stage: each block
 // writes its partial to `partials` (UnscaleAndCheckBlocks(grads, count)

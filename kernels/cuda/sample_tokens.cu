@@ -32,6 +32,10 @@
 // bytes of the row in a fixed assignment, loaded as one vector where the
 // row is aligned and element by element otherwise, in the same order.
 //
+// log_kept (when asked): 0 untruncated and at temperature 0; a truncated
+// draw's log(nucleus mass / the row's mass), the row's mass one more
+// MassAtLeast pass (threshold 0: every key) where top_k drops tokens.
+//
 // Cost: the untruncated draw reads the row three times (max, sums, walk);
 // a truncated one reads it 8 times for a top_k select and once per probe of
 // each binary search (at most 64 each, about 40 + log2 V typical).
@@ -187,13 +191,15 @@ template <typename T>
 __global__ void __launch_bounds__(kSampleThreads)
     sample_tokens_kernel(const T* __restrict__ logits, int vocab, const int64_t* __restrict__ live,
                          const int64_t* __restrict__ keys, SampleParams params,
-                         int64_t* __restrict__ tokens) {
+                         int64_t* __restrict__ tokens, float* __restrict__ log_kept) {
   __shared__ double dslots[kWarps];
   __shared__ uint64_t kslots[kWarps];
   __shared__ int hist[256];
   __shared__ uint64_t chosen[2];
   __shared__ int first_hit;
   const int r = blockIdx.x;
+  // Nothing truncated until the truncated draw says otherwise.
+  if (log_kept != nullptr && threadIdx.x == 0) log_kept[r] = 0.0f;
   if (live[r] == 0) {  // uniform over the block: no barrier is skipped by part of it
     if (threadIdx.x == 0) tokens[r] = params.ignore_index;
     return;
@@ -290,6 +296,12 @@ __global__ void __launch_bounds__(kSampleThreads)
         row, vocab, kept_from, total, max_key, inv_t, top, dslots,
         [=](double mass) { return mass / total >= top_p; }, &in_nucleus);
   }
+  if (log_kept != nullptr && nucleus_from != ~BlockMaxKey(worst_flipped, kslots)) {
+    // Some key is below the nucleus: the kept share of the whole row.
+    const double all =
+        keep == vocab ? total : MassAtLeast(row, vocab, uint64_t{0}, inv_t, top, dslots);
+    if (threadIdx.x == 0) log_kept[r] = static_cast<float>(log(in_nucleus / all));
+  }
   const double target = __dmul_rn(u, in_nucleus);
   double unused = 0.0;
   const uint64_t drawn = SearchKey(
@@ -302,13 +314,15 @@ __global__ void __launch_bounds__(kSampleThreads)
 
 absl::Status LaunchSampleTokens(const void* logits, DType dtype, int64_t rows, int64_t vocab,
                                 const int64_t* live, const int64_t* keys,
-                                const SampleParams& params, int64_t* tokens, cudaStream_t stream) {
+                                const SampleParams& params, int64_t* tokens, float* log_kept,
+                                cudaStream_t stream) {
   if (rows == 0) return absl::OkStatus();
   if (rows > 0x7fffffff) return absl::InvalidArgumentError("SampleTokens: more than 2^31 rows");
   return DispatchFloat(dtype, [&](auto tag) -> absl::Status {
     using T = decltype(tag);
     sample_tokens_kernel<T><<<static_cast<unsigned>(rows), kSampleThreads, 0, stream>>>(
-        static_cast<const T*>(logits), static_cast<int>(vocab), live, keys, params, tokens);
+        static_cast<const T*>(logits), static_cast<int>(vocab), live, keys, params, tokens,
+        log_kept);
     AMPD_CUDA_RETURN_IF_LAUNCH_FAILED();
     return absl::OkStatus();
   });

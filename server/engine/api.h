@@ -98,6 +98,12 @@ struct LossFn {
   std::optional<float> cispo_clip_high;
   // kDro: the quadratic penalty's weight, finite and >= 0 (default 0.05).
   std::optional<float> dro_beta;
+  // Every loss of a language model: logp is log_softmax(logits / temperature),
+  // the log-prob a sampler at that temperature (top_k 0, top_p 1) reports
+  // as its sampling log-prob, bit for bit on a batch-invariant job; the
+  // reported log-probs and the model's own loss are then at it too. Finite
+  // and > 0; absent: 1 (the logits as they are).
+  std::optional<float> temperature;
 
   static constexpr float kPpoClipLow = 0.8f;
   static constexpr float kPpoClipHigh = 1.2f;
@@ -118,10 +124,12 @@ struct LossFn {
     return 0.0f;
   }
   float beta() const { return kind == LossFnKind::kDro ? dro_beta.value_or(kDroBeta) : 0.0f; }
+  float logit_temperature() const { return temperature.value_or(1.0f); }
 };
 
 // A LossFn's parameters: only those its kind reads, each in the range
-// above. InvalidArgument naming the field ("ppo_clip_low", "dro_beta", ...).
+// above. InvalidArgument naming the field ("ppo_clip_low", "dro_beta",
+// "temperature", ...).
 absl::Status CheckLossFn(const LossFn& fn);
 
 struct StepInput {
@@ -298,9 +306,13 @@ struct EvaluateInput {
   // A language model's per-token log-probs back (EvaluateReport::logprobs),
   // what Tinker calls compute_logprobs.
   bool return_logprobs = false;
+  // As LossFn::temperature: the log-probs (and the loss) of
+  // softmax(logits / temperature); absent: 1.
+  std::optional<float> temperature{};
 };
 
-// At least one micro-batch; InvalidArgument naming "micro_batches".
+// At least one micro-batch, a temperature (when given) finite and > 0;
+// InvalidArgument naming "micro_batches" or "temperature".
 absl::Status CheckEvaluateInput(const EvaluateInput& input);
 
 // An EvaluateInput that passed CheckEvaluateInput, as ValidStepInput is for
@@ -385,6 +397,14 @@ struct Completion {
   // on a batch-invariant job (JobConfig::batch_invariant) the value a Step
   // or Evaluate computes for that token, bit for bit.
   std::vector<float> logprobs;
+  // sampling_logprobs[i]: the log-prob of tokens[i] under the distribution
+  // it was drawn from: log_softmax(logits / temperature) at the token (the
+  // training forward's kernels, as a loss with that temperature computes
+  // it: bit for bit on a batch-invariant job), minus the log of the mass
+  // top_k and top_p kept (0 when they keep every token: then exactly a
+  // temperature loss's logp). Temperature 0 draws the most likely token
+  // with certainty: 0.
+  std::vector<float> sampling_logprobs{};
   StopReason stop = StopReason::kLength;
 };
 

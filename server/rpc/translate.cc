@@ -445,6 +445,7 @@ absl::StatusOr<engine::StepInput> BatchFromProto(Request* request) {
   if (request->has_cispo_clip_low()) input.loss_fn.cispo_clip_low = request->cispo_clip_low();
   if (request->has_cispo_clip_high()) input.loss_fn.cispo_clip_high = request->cispo_clip_high();
   if (request->has_dro_beta()) input.loss_fn.dro_beta = request->dro_beta();
+  if (request->has_temperature()) input.loss_fn.temperature = request->temperature();
   // Which of them the loss reads (a parameter another loss does not read
   // is refused, as an unread per-token input is) and their ranges are the
   // engine's to say (CheckLossFn, with the rest of the step's input).
@@ -551,6 +552,7 @@ absl::StatusOr<engine::EvaluateInput> EvaluateInputFromProto(v1::EvaluateRequest
   // Whether there is a micro-batch is the engine's to say
   // (CheckEvaluateInput, before the evaluation is queued).
   input.return_logprobs = request->return_logprobs();
+  if (request->has_temperature()) input.temperature = request->temperature();
   return input;
 }
 
@@ -640,6 +642,8 @@ void SampleReportToProto(const engine::SampleReport& report, v1::SampleResponse*
       v1::Completion* completion = out->add_completions();
       completion->mutable_tokens()->Assign(c.tokens.begin(), c.tokens.end());
       completion->mutable_logprobs()->Assign(c.logprobs.begin(), c.logprobs.end());
+      completion->mutable_sampling_logprobs()->Assign(c.sampling_logprobs.begin(),
+                                                      c.sampling_logprobs.end());
       completion->set_stop_reason(c.stop == engine::StopReason::kStopToken
                                       ? v1::STOP_REASON_STOP_TOKEN
                                       : v1::STOP_REASON_LENGTH);

@@ -9,6 +9,10 @@
 // K/V heads; LoRA off and on), in fp32, fp16 and bf16, after a few
 // training steps (so that the adapters are not zero); on the CPU backend,
 // and on cuda:0 where a device is visible (skipped, saying so, elsewhere).
+// The same at a temperature: a draw at temperature 0.7 reports as its
+// sampling log-probs bit for bit what Evaluate and a token loss at
+// temperature 0.7 compute (and a step on them no mismatch), while its
+// temperature-1 log-probs stay the policy's.
 // Also: the same
 // request draws the same tokens, temperature 0 takes the most likely
 // token, stop tokens end a completion, and the input checks.
@@ -17,6 +21,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -121,7 +126,8 @@ uint32_t Bits(float f) {
 struct Sampled {
   std::vector<int64_t> sequence;  // prompt + completion
   size_t prompt_len = 0;
-  std::vector<float> logprobs;  // the completion's, as Sample reported them
+  std::vector<float> logprobs;           // the completion's, as Sample reported them
+  std::vector<float> sampling_logprobs;  // the drawn distribution's, as Sample reported them
 };
 
 // One micro-batch of the sequences in `group`: row r holds sequence
@@ -152,11 +158,14 @@ MicroBatch Padded(const std::vector<Sampled>& all, const std::vector<size_t>& gr
 
 // Every sequence's completion log-probs against Evaluate's, bit for bit:
 // `groups` lists which sequences share an evaluation micro-batch (padded to
-// its longest with targets -100).
+// its longest with targets -100). With a temperature, Evaluate's at it
+// against the sampling log-probs.
 void ExpectEvaluateAgrees(Trainer& trainer, const std::vector<Sampled>& all,
-                          const std::vector<std::vector<size_t>>& groups, const std::string& how) {
+                          const std::vector<std::vector<size_t>>& groups, const std::string& how,
+                          std::optional<float> temperature = std::nullopt) {
   EvaluateInput input;
   input.return_logprobs = true;
+  input.temperature = temperature;
   for (const std::vector<size_t>& group : groups) {
     input.micro_batches.push_back(Padded(all, group, /*completions_only=*/false));
   }
@@ -167,24 +176,27 @@ void ExpectEvaluateAgrees(Trainer& trainer, const std::vector<Sampled>& all,
     const int64_t cols = r->logprobs[g].shape[1];
     for (size_t row = 0; row < groups[g].size(); ++row) {
       const Sampled& s = all[groups[g][row]];
-      for (size_t k = 0; k < s.logprobs.size(); ++k) {
+      const std::vector<float>& sampled =
+          temperature.has_value() ? s.sampling_logprobs : s.logprobs;
+      for (size_t k = 0; k < sampled.size(); ++k) {
         // Completion token k sits at position prompt_len + k, predicted at
         // row position prompt_len + k - 1.
         const float trained = lp[row * cols + (s.prompt_len + k - 1)];
-        ASSERT_EQ(Bits(s.logprobs[k]), Bits(trained))
+        ASSERT_EQ(Bits(sampled[k]), Bits(trained))
             << how << ": sequence " << groups[g][row] << " token " << k << ": sampled "
-            << s.logprobs[k] << ", trained " << trained;
+            << sampled[k] << ", trained " << trained;
       }
     }
   }
 }
 
 std::vector<Sampled> SampleAll(Trainer& trainer, const std::vector<std::vector<int64_t>>& prompts,
-                               uint64_t seed) {
+                               uint64_t seed, float temperature = 1.0f, float top_p = 1.0f) {
   SampleInput input;
   input.prompts = prompts;
   input.max_tokens = 6;
-  input.temperature = 1.0f;
+  input.temperature = temperature;
+  input.top_p = top_p;
   input.seed = seed;
   absl::StatusOr<SampleReport> r = trainer.Sample(input);
   EXPECT_TRUE(r.ok()) << r.status();
@@ -200,7 +212,16 @@ std::vector<Sampled> SampleAll(Trainer& trainer, const std::vector<std::vector<i
     s.prompt_len = prompts[p].size();
     s.sequence.insert(s.sequence.end(), c.tokens.begin(), c.tokens.end());
     s.logprobs = c.logprobs;
+    s.sampling_logprobs = c.sampling_logprobs;
+    EXPECT_EQ(c.sampling_logprobs.size(), c.tokens.size());
     for (float lp : c.logprobs) EXPECT_TRUE(std::isfinite(lp) && lp <= 0.0f) << lp;
+    for (float lp : c.sampling_logprobs) EXPECT_TRUE(std::isfinite(lp) && lp <= 0.0f) << lp;
+    // At temperature 1 with nothing truncated the two are one value.
+    if (temperature == 1.0f && top_p == 1.0f) {
+      for (size_t k = 0; k < c.logprobs.size(); ++k) {
+        EXPECT_EQ(Bits(c.logprobs[k]), Bits(c.sampling_logprobs[k])) << "token " << k;
+      }
+    }
     out.push_back(std::move(s));
   }
   return out;
@@ -272,17 +293,20 @@ TEST_P(SampleInvariance, LogprobsEqualTheTrainingForwardBitForBit) {
 
 // The sampled sequences as token-loss micro-batches (`groups` as in
 // ExpectEvaluateAgrees): the prompt's targets -100, each completion token's
-// sampling_logprob its Sample log-prob and an advantage of 1.
+// sampling_logprob its Sample sampling log-prob and an advantage of 1; the
+// loss at the draw's temperature, when given.
 StepInput ImportanceSamplingStep(const std::vector<Sampled>& all,
-                                 const std::vector<std::vector<size_t>>& groups) {
+                                 const std::vector<std::vector<size_t>>& groups,
+                                 std::optional<float> temperature = std::nullopt) {
   StepInput input;
   input.loss_fn.kind = LossFnKind::kImportanceSampling;
+  input.loss_fn.temperature = temperature;
   input.return_logprobs = true;
   for (const std::vector<size_t>& group : groups) {
     std::vector<float> q, advantages;
     MicroBatch mb =
         Padded(all, group, /*completions_only=*/true, [&](const Sampled& s, size_t t, bool kept) {
-          q.push_back(kept ? s.logprobs[t + 1 - s.prompt_len] : 0.0f);
+          q.push_back(kept ? s.sampling_logprobs[t + 1 - s.prompt_len] : 0.0f);
           advantages.push_back(1.0f);
         });
     mb.sampling_logprobs = F32(mb.targets.shape, q);
@@ -341,6 +365,88 @@ TEST_P(SampleInvariance, AStepOnTheSamplesReportsNoMismatch) {
         EXPECT_GT(*second->logprob_mismatch, 0.0f);
       }
     }
+  }
+}
+
+// At temperature 0.7 (top_p 1) a draw's sampling log-probs are the
+// distribution's it came from, log_softmax(logits / 0.7), and equal bit for
+// bit what Evaluate at temperature 0.7 computes (alone and in one padded
+// batch) and what an importance-sampling step at temperature 0.7 computes
+// for them (no mismatch, every ratio 1); its temperature-1 log-probs are
+// still the policy's (Evaluate without a temperature), other values.
+TEST_P(SampleInvariance, TemperatureLogprobsEqualATemperatureLossBitForBit) {
+  constexpr float kTemperature = 0.7f;
+  for (const Case& c : Cases()) {
+    SCOPED_TRACE(c.name);
+    std::unique_ptr<Trainer> trainer = Make(c.config);
+    ASSERT_TRUE(trainer);
+    Train(*trainer);
+    std::vector<Sampled> all = SampleAll(*trainer, Prompts(12, 31), 17, kTemperature);
+    ASSERT_EQ(all.size(), 12u);
+    for (const Sampled& s : SampleAll(*trainer, {Prompts(12, 31)[4]}, 18, kTemperature)) {
+      all.push_back(s);
+    }
+    bool differ = false;
+    for (const Sampled& s : all) {
+      for (size_t k = 0; k < s.logprobs.size(); ++k) {
+        differ = differ || s.logprobs[k] != s.sampling_logprobs[k];
+      }
+    }
+    EXPECT_TRUE(differ) << "temperature 0.7 reported the temperature-1 log-probs";
+    std::vector<std::vector<size_t>> alone;
+    std::vector<size_t> everything;
+    for (size_t i = 0; i < all.size(); ++i) {
+      alone.push_back({i});
+      everything.push_back(i);
+    }
+    ExpectEvaluateAgrees(*trainer, all, alone, "alone", kTemperature);
+    ExpectEvaluateAgrees(*trainer, all, {everything}, "one batch", kTemperature);
+    ExpectEvaluateAgrees(*trainer, all, {everything}, "policy");
+    const StepInput input = ImportanceSamplingStep(all, {everything}, kTemperature);
+    absl::StatusOr<StepReport> step = trainer->Step(input);
+    ASSERT_TRUE(step.ok()) << step.status();
+    ASSERT_TRUE(step->logprob_mismatch.has_value());
+    EXPECT_EQ(Bits(*step->logprob_mismatch), Bits(0.0f));
+    const std::vector<float> lp = ToFloats(step->logprobs[0]);
+    const std::vector<float> q = ToFloats(*input.micro_batches[0].sampling_logprobs);
+    ASSERT_EQ(lp.size(), q.size());
+    for (size_t i = 0; i < lp.size(); ++i) ASSERT_EQ(Bits(lp[i]), Bits(q[i])) << "token " << i;
+  }
+}
+
+// top_p below 1 renormalises over the nucleus: each sampling log-prob is
+// the temperature's log-prob minus the log of the kept mass, so at least
+// the temperature's (and, where the nucleus cut anything, above it); a
+// greedy draw is certain: 0.
+TEST_P(SampleInvariance, ANucleusRaisesTheSamplingLogprobAndGreedyIsCertain) {
+  const Case c = Cases()[0];
+  std::unique_ptr<Trainer> trainer = Make(c.config);
+  ASSERT_TRUE(trainer);
+  Train(*trainer);
+  const std::vector<Sampled> all = SampleAll(*trainer, Prompts(8, 41), 3, 0.7f, 0.5f);
+  ASSERT_EQ(all.size(), 8u);
+  std::vector<std::vector<size_t>> alone;
+  for (size_t i = 0; i < all.size(); ++i) alone.push_back({i});
+  EvaluateInput input;
+  input.return_logprobs = true;
+  input.temperature = 0.7f;
+  bool raised = false;
+  for (size_t i = 0; i < all.size(); ++i) {
+    input.micro_batches = {Padded(all, {i}, false)};
+    absl::StatusOr<EvaluateReport> r = trainer->Evaluate(input);
+    ASSERT_TRUE(r.ok()) << r.status();
+    const std::vector<float> lp = ToFloats(r->logprobs[0]);
+    const Sampled& s = all[i];
+    for (size_t k = 0; k < s.sampling_logprobs.size(); ++k) {
+      const float tempered = lp[s.prompt_len + k - 1];
+      EXPECT_GE(s.sampling_logprobs[k], tempered) << "sequence " << i << " token " << k;
+      raised = raised || s.sampling_logprobs[k] > tempered + 1e-3f;
+    }
+  }
+  EXPECT_TRUE(raised) << "top_p 0.5 cut nothing from any draw";
+  for (const Sampled& s : SampleAll(*trainer, Prompts(4, 42), 3, 0.0f)) {
+    for (float q : s.sampling_logprobs) EXPECT_EQ(Bits(q), Bits(0.0f));
+    for (float lp : s.logprobs) EXPECT_LT(lp, 0.0f);
   }
 }
 

@@ -2418,7 +2418,9 @@ void AddCrossEntropyChunkCases(std::vector<OpCase>& cases) {
 // cross_entropy with weights, importance_sampling, ppo, cispo and dro
 // (kernels/token_loss.h) with the logprobs and token_losses outputs, in
 // place. The sampler's log-probs sit within 0.3 of the model's, so ratios
-// straddle the clip range.
+// straddle the clip range. Also at temperature 0.7 (logits / 0.7, the
+// gradient with its 1 / T), with LabelLogprobs' log-probs beside the
+// chunk's.
 void AddTokenLossCases(std::vector<OpCase>& cases) {
   constexpr int64_t kIgnore = -100;
   const struct { int64_t rows, vocab; } kSizes[] = {{37, 50}, {24, 1000}, {3, 5000}};
@@ -2428,131 +2430,150 @@ void AddTokenLossCases(std::vector<OpCase>& cases) {
   for (DType dt : kFloatDTypes) {
     for (const TokenLossKind kind : kKinds) {
       for (const auto& size : kSizes) {
-        const int64_t rows = size.rows, vocab = size.vocab;
-        const uint64_t case_seed = seed++;
-        auto build = [=] {
-          const HostTensor logits = Random(dt, {rows, vocab}, case_seed, -6, 6);
-          HostTensor labels = Ids(DType::kI64, rows, case_seed + 1, vocab);
-          for (int64_t r = 2; r < rows; r += 5) labels.values[static_cast<size_t>(r)] = kIgnore;
-          // Each kept row's log-prob in double, for q and the reference.
-          std::vector<double> logp(static_cast<size_t>(rows), 0.0);
-          for (int64_t r = 0; r < rows; ++r) {
-            const int64_t label = static_cast<int64_t>(labels.values[static_cast<size_t>(r)]);
-            if (label == kIgnore) continue;
-            const double* z = &logits.values[static_cast<size_t>(r * vocab)];
-            const double mx = *std::max_element(z, z + vocab);
-            double sum = 0;
-            for (int64_t v = 0; v < vocab; ++v) sum += std::exp(z[v] - mx);
-            logp[static_cast<size_t>(r)] = z[label] - mx - std::log(sum);
-          }
-          const HostTensor weights = Random(DType::kF32, {rows}, case_seed + 2, 0, 2);
-          const HostTensor advantages = Random(DType::kF32, {rows}, case_seed + 3, -2, 2);
-          HostTensor sampled = Random(DType::kF32, {rows}, case_seed + 4, -0.3, 0.3);
-          for (int64_t r = 0; r < rows; ++r) {
-            double& q = sampled.values[static_cast<size_t>(r)];
-            q = static_cast<float>(logp[static_cast<size_t>(r)] + q);
-          }
-          const float lo = 0.9f, hi = 1.1f, beta = 0.5f, grad_scale = 32.0f;
-          const double sum_err = ChunkedSumBound(vocab) + 4 * kU32;
-          CaseFns c;
-          c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
-            Io io(be);
-            AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(logits));
-            AMPD_ASSIGN_OR_RETURN(Tensor ty, io.Upload(labels));
-            AMPD_ASSIGN_OR_RETURN(Tensor tw, io.Upload(weights));
-            AMPD_ASSIGN_OR_RETURN(Tensor ta, io.Upload(advantages));
-            AMPD_ASSIGN_OR_RETURN(Tensor tq, io.Upload(sampled));
-            AMPD_ASSIGN_OR_RETURN(Tensor tl, io.Scalar(0.5f));
-            AMPD_ASSIGN_OR_RETURN(Tensor tp, io.Unwritten(DType::kF32, {rows}));
-            AMPD_ASSIGN_OR_RETURN(Tensor tt, io.Unwritten(DType::kF32, {rows}));
-            TokenLossTerms terms;
-            terms.kind = kind;
-            terms.clip_low = lo;
-            terms.clip_high = hi;
-            terms.beta = beta;
-            if (kind == TokenLossKind::kCrossEntropy) {
-              terms.weights = &tw;
-            } else {
-              terms.advantages = &ta;
-              terms.sampling_logprobs = &tq;
-            }
-            terms.logprobs = &tp;
-            terms.token_losses = &tt;
-            AMPD_RETURN_IF_ERROR(
-                be.CrossEntropyChunk(tx, ty, kIgnore, terms, 1.0f, grad_scale, tl, tx));
-            AMPD_RETURN_IF_ERROR(io.Read("loss", tl, {1e-5, 1e-5}));
-            AMPD_RETURN_IF_ERROR(io.Read("logprobs", tp, {1e-6, 1e-5}));
-            AMPD_RETURN_IF_ERROR(io.Read("token_losses", tt, {1e-6, 1e-5}));
-            AMPD_RETURN_IF_ERROR(
-                io.Read("dlogits", tx, DeviceElementwise(dt) + Tol{0, grad_scale * 4e-6}));
-            return io.Take();
-          };
-          c.reference = [=] {
-            double total = 0;
-            std::vector<double> grad;
-            std::vector<double> token_terms(static_cast<size_t>(rows), 0.0);
+        for (const double temperature : {1.0, 0.7}) {
+          if (temperature != 1.0 && size.vocab == 1000) continue;
+          const int64_t rows = size.rows, vocab = size.vocab;
+          const uint64_t case_seed = seed++;
+          auto build = [=] {
+            const HostTensor logits = Random(dt, {rows, vocab}, case_seed, -6, 6);
+            HostTensor labels = Ids(DType::kI64, rows, case_seed + 1, vocab);
+            for (int64_t r = 2; r < rows; r += 5) labels.values[static_cast<size_t>(r)] = kIgnore;
+            // Each kept row's log-prob in double, for q and the reference.
+            std::vector<double> logp(static_cast<size_t>(rows), 0.0);
             for (int64_t r = 0; r < rows; ++r) {
-              const auto i = static_cast<size_t>(r);
-              const int64_t label = static_cast<int64_t>(labels.values[i]);
-              if (label == kIgnore) {
-                grad.insert(grad.end(), static_cast<size_t>(vocab), 0.0);
-                continue;
-              }
-              // The term and -d term / d logp by the definitions; PPO's
-              // tie splits the gradient (torch.minimum), clamp passes it
-              // inside [lo, hi].
-              const double ratio = std::exp(logp[i] - sampled.values[i]);
-              const double a = advantages.values[i];
-              double term = 0, coef = 0;
-              if (kind == TokenLossKind::kCrossEntropy) {
-                term = -weights.values[i] * logp[i];
-                coef = weights.values[i];
-              } else if (kind == TokenLossKind::kImportanceSampling) {
-                term = -ratio * a;
-                coef = ratio * a;
-              } else if (kind == TokenLossKind::kCispo) {
-                // The clipped ratio is a constant (stop-gradient).
-                const double clipped = std::clamp(ratio, double{lo}, double{hi});
-                term = -(clipped * logp[i] * a);
-                coef = clipped * a;
-              } else if (kind == TokenLossKind::kDro) {
-                const double delta = logp[i] - sampled.values[i];
-                term = -(logp[i] * a - 0.5 * beta * delta * delta);
-                coef = a - beta * delta;
-              } else {
-                const double unclipped = ratio * a;
-                const double clipped = std::clamp(ratio, double{lo}, double{hi}) * a;
-                const double inside = ratio >= lo && ratio <= hi ? 1.0 : 0.0;
-                term = -std::min(unclipped, clipped);
-                coef = unclipped * (unclipped < clipped   ? 1.0
-                                    : unclipped > clipped ? inside
-                                                          : 0.5 * (1.0 + inside));
-              }
-              total += term;
-              token_terms[i] = term;
-              const double* z = &logits.values[static_cast<size_t>(r * vocab)];
-              const double mx = *std::max_element(z, z + vocab);
+              const int64_t label = static_cast<int64_t>(labels.values[static_cast<size_t>(r)]);
+              if (label == kIgnore) continue;
+              std::vector<double> z(logits.values.begin() + r * vocab,
+                                    logits.values.begin() + (r + 1) * vocab);
+              for (double& x : z) x /= temperature;
+              const double mx = *std::max_element(z.begin(), z.end());
               double sum = 0;
               for (int64_t v = 0; v < vocab; ++v) sum += std::exp(z[v] - mx);
-              for (int64_t v = 0; v < vocab; ++v) {
-                const double softmax = std::exp(z[v] - mx) / sum;
-                grad.push_back(grad_scale * coef * (softmax - (v == label ? 1.0 : 0.0)));
-              }
+              logp[static_cast<size_t>(r)] = z[label] - mx - std::log(sum);
             }
-            return Outputs{{"loss", {0.5 + total}, {1e-5, 1e-5 * static_cast<double>(rows)}},
-                           {"logprobs", logp, {1e-6, sum_err * 4 + 1e-6}},
-                           {"token_losses", token_terms, {1e-5, sum_err * 8 + 1e-6}},
-                           {"dlogits", grad, Ulps(dt, 1) + Tol{1e-5, sum_err * grad_scale * 8}}};
+            const HostTensor weights = Random(DType::kF32, {rows}, case_seed + 2, 0, 2);
+            const HostTensor advantages = Random(DType::kF32, {rows}, case_seed + 3, -2, 2);
+            HostTensor sampled = Random(DType::kF32, {rows}, case_seed + 4, -0.3, 0.3);
+            for (int64_t r = 0; r < rows; ++r) {
+              double& q = sampled.values[static_cast<size_t>(r)];
+              q = static_cast<float>(logp[static_cast<size_t>(r)] + q);
+            }
+            const float lo = 0.9f, hi = 1.1f, beta = 0.5f, grad_scale = 32.0f;
+            const double sum_err = ChunkedSumBound(vocab) + 4 * kU32;
+            // At a temperature each z / T is one more fp32 rounding (half an
+            // ulp of logits up to 6 / 0.7), in the label's logit and the max.
+            const double t_err = temperature == 1.0 ? 0.0 : 2e-6;
+            CaseFns c;
+            c.run = [=](Backend& be) -> absl::StatusOr<Outputs> {
+              Io io(be);
+              AMPD_ASSIGN_OR_RETURN(Tensor tx, io.Upload(logits));
+              AMPD_ASSIGN_OR_RETURN(Tensor ty, io.Upload(labels));
+              AMPD_ASSIGN_OR_RETURN(Tensor tw, io.Upload(weights));
+              AMPD_ASSIGN_OR_RETURN(Tensor ta, io.Upload(advantages));
+              AMPD_ASSIGN_OR_RETURN(Tensor tq, io.Upload(sampled));
+              AMPD_ASSIGN_OR_RETURN(Tensor tl, io.Scalar(0.5f));
+              AMPD_ASSIGN_OR_RETURN(Tensor tp, io.Unwritten(DType::kF32, {rows}));
+              AMPD_ASSIGN_OR_RETURN(Tensor tt, io.Unwritten(DType::kF32, {rows}));
+              AMPD_ASSIGN_OR_RETURN(Tensor tlp, io.Unwritten(DType::kF32, {rows}));
+              AMPD_RETURN_IF_ERROR(
+                  be.LabelLogprobs(tx, ty, kIgnore, static_cast<float>(temperature), tlp));
+              TokenLossTerms terms;
+              terms.kind = kind;
+              terms.temperature = static_cast<float>(temperature);
+              terms.clip_low = lo;
+              terms.clip_high = hi;
+              terms.beta = beta;
+              if (kind == TokenLossKind::kCrossEntropy) {
+                terms.weights = &tw;
+              } else {
+                terms.advantages = &ta;
+                terms.sampling_logprobs = &tq;
+              }
+              terms.logprobs = &tp;
+              terms.token_losses = &tt;
+              AMPD_RETURN_IF_ERROR(
+                  be.CrossEntropyChunk(tx, ty, kIgnore, terms, 1.0f, grad_scale, tl, tx));
+              AMPD_RETURN_IF_ERROR(io.Read("loss", tl, {1e-5, 1e-5}));
+              AMPD_RETURN_IF_ERROR(io.Read("logprobs", tp, {1e-6, 1e-5}));
+              AMPD_RETURN_IF_ERROR(io.Read("label_logprobs", tlp, {1e-6, 1e-5}));
+              AMPD_RETURN_IF_ERROR(io.Read("token_losses", tt, {1e-6, 1e-5}));
+              AMPD_RETURN_IF_ERROR(
+                  io.Read("dlogits", tx, DeviceElementwise(dt) + Tol{0, grad_scale * 4e-6}));
+              return io.Take();
+            };
+            c.reference = [=] {
+              double total = 0;
+              std::vector<double> grad;
+              std::vector<double> token_terms(static_cast<size_t>(rows), 0.0);
+              for (int64_t r = 0; r < rows; ++r) {
+                const auto i = static_cast<size_t>(r);
+                const int64_t label = static_cast<int64_t>(labels.values[i]);
+                if (label == kIgnore) {
+                  grad.insert(grad.end(), static_cast<size_t>(vocab), 0.0);
+                  continue;
+                }
+                // The term and -d term / d logp by the definitions; PPO's
+                // tie splits the gradient (torch.minimum), clamp passes it
+                // inside [lo, hi].
+                const double ratio = std::exp(logp[i] - sampled.values[i]);
+                const double a = advantages.values[i];
+                double term = 0, coef = 0;
+                if (kind == TokenLossKind::kCrossEntropy) {
+                  term = -weights.values[i] * logp[i];
+                  coef = weights.values[i];
+                } else if (kind == TokenLossKind::kImportanceSampling) {
+                  term = -ratio * a;
+                  coef = ratio * a;
+                } else if (kind == TokenLossKind::kCispo) {
+                  // The clipped ratio is a constant (stop-gradient).
+                  const double clipped = std::clamp(ratio, double{lo}, double{hi});
+                  term = -(clipped * logp[i] * a);
+                  coef = clipped * a;
+                } else if (kind == TokenLossKind::kDro) {
+                  const double delta = logp[i] - sampled.values[i];
+                  term = -(logp[i] * a - 0.5 * beta * delta * delta);
+                  coef = a - beta * delta;
+                } else {
+                  const double unclipped = ratio * a;
+                  const double clipped = std::clamp(ratio, double{lo}, double{hi}) * a;
+                  const double inside = ratio >= lo && ratio <= hi ? 1.0 : 0.0;
+                  term = -std::min(unclipped, clipped);
+                  coef = unclipped * (unclipped < clipped   ? 1.0
+                                      : unclipped > clipped ? inside
+                                                            : 0.5 * (1.0 + inside));
+                }
+                total += term;
+                token_terms[i] = term;
+                std::vector<double> z(logits.values.begin() + r * vocab,
+                                      logits.values.begin() + (r + 1) * vocab);
+                for (double& x : z) x /= temperature;
+                const double mx = *std::max_element(z.begin(), z.end());
+                double sum = 0;
+                for (int64_t v = 0; v < vocab; ++v) sum += std::exp(z[v] - mx);
+                for (int64_t v = 0; v < vocab; ++v) {
+                  const double softmax = std::exp(z[v] - mx) / sum;
+                  grad.push_back(grad_scale * coef / temperature *
+                                 (softmax - (v == label ? 1.0 : 0.0)));
+                }
+              }
+              return Outputs{{"loss", {0.5 + total}, {1e-5, 1e-5 * static_cast<double>(rows)}},
+                             {"logprobs", logp, {1e-6, sum_err * 4 + 1e-6 + t_err}},
+                             {"label_logprobs", logp, {1e-6, sum_err * 4 + 1e-6 + t_err}},
+                             {"token_losses", token_terms, {1e-5, sum_err * 8 + 1e-6 + 8 * t_err}},
+                             {"dlogits", grad, Ulps(dt, 1) + Tol{1e-5, sum_err * grad_scale * 8}}};
+            };
+            return c;
           };
-          return c;
-        };
-        const char* name = kind == TokenLossKind::kCrossEntropy         ? "cross_entropy"
-                           : kind == TokenLossKind::kImportanceSampling ? "importance_sampling"
-                           : kind == TokenLossKind::kPpo                ? "ppo"
-                           : kind == TokenLossKind::kCispo              ? "cispo"
-                                                                        : "dro";
-        cases.push_back({"CrossEntropyChunkTokenLoss",
-                         absl::StrCat(Lower(dt), "_", name, "_n", rows, "_v", vocab), build});
+          const char* name = kind == TokenLossKind::kCrossEntropy         ? "cross_entropy"
+                             : kind == TokenLossKind::kImportanceSampling ? "importance_sampling"
+                             : kind == TokenLossKind::kPpo                ? "ppo"
+                             : kind == TokenLossKind::kCispo              ? "cispo"
+                                                                          : "dro";
+          cases.push_back({"CrossEntropyChunkTokenLoss",
+                           absl::StrCat(Lower(dt), "_", name, "_n", rows, "_v", vocab,
+                                        temperature == 1.0 ? "" : "_t07"),
+                           build});
+        }
       }
     }
   }

@@ -4,7 +4,10 @@
 // TokenLossTerm), the kernel's gradient against central finite differences
 // of that reference's loss (cispo's clipped ratio held at its unperturbed
 // value: the stop-gradient), the logprobs and token_losses outputs, the
-// default terms giving the bits of the plain call, and the refusals. The
+// default terms giving the bits of the plain call, and the refusals; all
+// of it at temperature 1 and at 0.7 (logp the log-softmax of z / 0.7, the
+// gradient by the same differences, so with its 1 / T). LabelLogprobs
+// gives CrossEntropyChunk's log-probs bit for bit, in every dtype. The
 // CUDA backend is compared with this oracle in backend_ops_test.
 #include <gtest/gtest.h>
 
@@ -15,6 +18,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
@@ -41,6 +45,7 @@ struct Case {
 struct Params {
   double lo = 0.9, hi = 1.1;  // ppo, cispo: narrow, so some rows are clipped
   double beta = 0.5;          // dro
+  double temperature = 1.0;   // every kind: logp of z / temperature
 };
 
 // Each kept row's term by the definitions, in double (0 for ignored rows):
@@ -51,8 +56,10 @@ struct Params {
 std::vector<double> RefTerms(TokenLossKind kind, const Case& c, const std::vector<double>& z,
                              const Params& p, const std::vector<double>* detached = nullptr) {
   auto logp_of = [&](const std::vector<double>& logits, int64_t n) {
-    const double* row = &logits[static_cast<size_t>(n * c.classes)];
-    const double max = *std::max_element(row, row + c.classes);
+    const double* raw = &logits[static_cast<size_t>(n * c.classes)];
+    std::vector<double> row(raw, raw + c.classes);
+    for (double& v : row) v /= p.temperature;
+    const double max = *std::max_element(row.begin(), row.end());
     double sum = 0.0;
     for (int64_t v = 0; v < c.classes; ++v) sum += std::exp(row[v] - max);
     return row[c.labels[n]] - max - std::log(sum);
@@ -112,7 +119,7 @@ Case RandomCase(std::mt19937_64& rng, int64_t rows, int64_t classes) {
   return c;
 }
 
-class CpuTokenLossTest : public ::testing::TestWithParam<TokenLossKind> {
+class CpuTokenLossTest : public ::testing::TestWithParam<std::tuple<TokenLossKind, double>> {
  protected:
   Tensor Rows(const std::vector<double>& v) {
     return MakeTensor(*be_, DType::kF32, {static_cast<int64_t>(v.size())}, v);
@@ -132,9 +139,10 @@ class CpuTokenLossTest : public ::testing::TestWithParam<TokenLossKind> {
 // token_losses output against each row's term times loss_scale, summing to
 // what the call added to loss.
 TEST_P(CpuTokenLossTest, LossAndGradientMatchTheDefinitions) {
-  const TokenLossKind kind = GetParam();
+  const TokenLossKind kind = std::get<0>(GetParam());
   const Case c = RandomCase(rng_, 23, 11);
-  const Params p;
+  Params p;
+  p.temperature = std::get<1>(GetParam());
   Tensor z = MakeTensor(*be_, DType::kF32, {c.rows, c.classes}, c.z);
   Tensor labels = Labels(c.labels);
   Tensor weights = Rows(c.weights), advantages = Rows(c.advantages), sampling = Rows(c.sampling);
@@ -145,6 +153,7 @@ TEST_P(CpuTokenLossTest, LossAndGradientMatchTheDefinitions) {
   terms.clip_low = static_cast<float>(p.lo);
   terms.clip_high = static_cast<float>(p.hi);
   terms.beta = static_cast<float>(p.beta);
+  terms.temperature = static_cast<float>(p.temperature);
   if (kind == TokenLossKind::kCrossEntropy) {
     terms.weights = &weights;
   } else {
@@ -197,33 +206,81 @@ TEST_P(CpuTokenLossTest, LossAndGradientMatchTheDefinitions) {
       EXPECT_EQ(lp[n], 0.0) << n;
       continue;
     }
-    const double* row = &c.z[static_cast<size_t>(n * c.classes)];
-    const double max = *std::max_element(row, row + c.classes);
+    const double* raw = &c.z[static_cast<size_t>(n * c.classes)];
+    std::vector<double> row(raw, raw + c.classes);
+    for (double& v : row) v /= p.temperature;
+    const double max = *std::max_element(row.begin(), row.end());
     double sum = 0.0;
     for (int64_t v = 0; v < c.classes; ++v) sum += std::exp(row[v] - max);
     EXPECT_NEAR(lp[n], row[c.labels[n]] - max - std::log(sum), 1e-6) << n;
   }
+  // LabelLogprobs: the same log-probs, bit for bit.
+  Tensor alone = Rows(std::vector<double>(static_cast<size_t>(c.rows), 7.0));
+  ASSERT_TRUE(be_->LabelLogprobs(z, labels, kIgnore, terms.temperature, alone).ok());
+  EXPECT_EQ(testing::RawBytes(*be_, alone), testing::RawBytes(*be_, logprobs));
 }
 
-INSTANTIATE_TEST_SUITE_P(Kinds, CpuTokenLossTest,
-                         ::testing::Values(TokenLossKind::kCrossEntropy,
-                                           TokenLossKind::kImportanceSampling, TokenLossKind::kPpo,
-                                           TokenLossKind::kCispo, TokenLossKind::kDro),
-                         [](const ::testing::TestParamInfo<TokenLossKind>& kind_info) {
-                           switch (kind_info.param) {
-                             case TokenLossKind::kCrossEntropy:
-                               return std::string("CrossEntropy");
-                             case TokenLossKind::kImportanceSampling:
-                               return std::string("ImportanceSampling");
-                             case TokenLossKind::kPpo:
-                               return std::string("Ppo");
-                             case TokenLossKind::kCispo:
-                               return std::string("Cispo");
-                             case TokenLossKind::kDro:
-                               return std::string("Dro");
-                           }
-                           return std::string("Unknown");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Kinds, CpuTokenLossTest,
+    ::testing::Combine(::testing::Values(TokenLossKind::kCrossEntropy,
+                                         TokenLossKind::kImportanceSampling, TokenLossKind::kPpo,
+                                         TokenLossKind::kCispo, TokenLossKind::kDro),
+                       ::testing::Values(1.0, 0.7)),
+    [](const ::testing::TestParamInfo<std::tuple<TokenLossKind, double>>& kind_info) {
+      const std::string at = std::get<1>(kind_info.param) == 1.0 ? "" : "AtTemperature07";
+      switch (std::get<0>(kind_info.param)) {
+        case TokenLossKind::kCrossEntropy:
+          return "CrossEntropy" + at;
+        case TokenLossKind::kImportanceSampling:
+          return "ImportanceSampling" + at;
+        case TokenLossKind::kPpo:
+          return "Ppo" + at;
+        case TokenLossKind::kCispo:
+          return "Cispo" + at;
+        case TokenLossKind::kDro:
+          return "Dro" + at;
+      }
+      return "Unknown" + at;
+    });
+
+// LabelLogprobs is CrossEntropyChunk's log-prob output, bit for bit, in
+// every dtype and at any temperature, with the logits left as they were;
+// ignored rows get 0; a bad label and a temperature <= 0 are refused.
+TEST(CpuLabelLogprobs, EqualTheChunksLogprobsBitForBit) {
+  std::unique_ptr<Backend> be = CreateCpuBackend();
+  std::mt19937_64 rng(11);
+  for (const DType dt : testing::kFloatTypes) {
+    for (const float t : {1.0f, 0.7f, 1.9f}) {
+      const std::vector<double> z = RandomValues(rng, dt, 9 * 13, -5.0, 5.0);
+      Tensor lt = MakeTensor(*be, DType::kI64, {9}, {3, kIgnore, 0, 12, 5, 5, kIgnore, 1, 2});
+      Tensor za = MakeTensor(*be, dt, {9, 13}, z), zb = MakeTensor(*be, dt, {9, 13}, z);
+      Tensor loss = MakeTensor(*be, DType::kF32, {1}, {0.0});
+      Tensor chunk = MakeTensor(*be, DType::kF32, {9}, std::vector<double>(9, 7.0));
+      Tensor alone = MakeTensor(*be, DType::kF32, {9}, std::vector<double>(9, 7.0));
+      TokenLossTerms terms;
+      terms.temperature = t;
+      terms.logprobs = &chunk;
+      ASSERT_TRUE(be->CrossEntropyChunk(za, lt, kIgnore, terms, 1.0f, 1.0f, loss, za).ok());
+      const std::vector<unsigned char> before = testing::RawBytes(*be, zb);
+      ASSERT_TRUE(be->LabelLogprobs(zb, lt, kIgnore, t, alone).ok());
+      EXPECT_EQ(testing::RawBytes(*be, alone), testing::RawBytes(*be, chunk))
+          << DTypeName(dt) << " at " << t;
+      EXPECT_EQ(testing::RawBytes(*be, zb), before) << "the logits were written";
+      EXPECT_EQ(ReadTensor(*be, alone)[1], 0.0);
+    }
+  }
+  Tensor z = MakeTensor(*be, DType::kF32, {2, 3}, std::vector<double>(6, 0.5));
+  Tensor out = MakeTensor(*be, DType::kF32, {2}, {0.0, 0.0});
+  Tensor bad = MakeTensor(*be, DType::kI32, {2}, {0, 3});
+  EXPECT_EQ(be->LabelLogprobs(z, bad, kIgnore, 1.0f, out).code(),
+            absl::StatusCode::kInvalidArgument);
+  Tensor good = MakeTensor(*be, DType::kI32, {2}, {0, 2});
+  for (const float t : {0.0f, -1.0f, std::numeric_limits<float>::infinity()}) {
+    const absl::Status s = be->LabelLogprobs(z, good, kIgnore, t, out);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << t;
+    EXPECT_NE(std::string(s.message()).find("temperature"), std::string::npos) << s;
+  }
+}
 
 // Default terms are plain cross-entropy: the same bits as the call without
 // terms, in every dtype (the GPT's own loss is unchanged by token losses).
@@ -289,6 +346,9 @@ TEST(CpuTokenLossRefusals, BadTermsAreNamed) {
   dro.beta = 0.5f;
   dro.weights = &two;
   expect(dro, "weights");  // not read by dro
+  dro.weights = nullptr;
+  dro.temperature = 0.0f;
+  expect(dro, "temperature");
   TokenLossTerms ce;
   ce.logprobs = &three;
   expect(ce, "logprobs");

@@ -9,6 +9,10 @@
 //   (kernels/cuda/sample_tokens.cu), which changes a token only where u
 //   lands within a float64 rounding of a cumulative boundary; on these
 //   inputs that never happens, so it is held to equality too.
+// - SampleTokens' log_kept, the log of the mass a draw kept, against a
+//   float64 softmax over the whole row, sorted and cut by top_k and top_p
+//   as the contract says: exactly 0 where nothing is cut, at temperature 0
+//   and for stopped rows.
 // - WriteKvRows against the per-sequence CopyColumns it replaced: every
 //   byte of both caches (the untouched rows included), aligned and
 //   unaligned widths, I32 and I64 positions.
@@ -27,6 +31,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
 #include "kernels/backend_factory.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -200,6 +205,100 @@ TEST_P(SampleOpsTest, SampleTokensEqualsTheHostDraw) {
     }
   }
   EXPECT_GT(draws, 1000);
+}
+
+// The log of the probability mass softmax(z / t) puts on the tokens a draw
+// at (t, top_k, top_p) keeps, by the contract's definition (0 when nothing
+// is cut), written apart from the draw's code.
+double ReferenceLogKept(const float* z, int64_t vocab, const DrawInput& in) {
+  if (in.temperature == 0.0f) return 0.0;
+  const double t = static_cast<double>(in.temperature);
+  std::vector<int64_t> order(static_cast<size_t>(vocab));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::stable_sort(order.begin(), order.end(), [z](int64_t a, int64_t b) { return z[a] > z[b]; });
+  const double top = static_cast<double>(z[order[0]]) / t;
+  std::vector<double> p(static_cast<size_t>(vocab));  // in `order`
+  double all = 0.0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    p[i] = std::exp(static_cast<double>(z[order[i]]) / t - top);
+    all += p[i];
+  }
+  const int64_t keep = in.top_k > 0 && in.top_k < vocab ? in.top_k : vocab;
+  double kept = 0.0;
+  for (int64_t i = 0; i < keep; ++i) kept += p[static_cast<size_t>(i)];
+  int64_t nucleus = keep;
+  double mass = 0.0;
+  for (int64_t i = 0; i < keep && in.top_p < 1.0f; ++i) {
+    mass += p[static_cast<size_t>(i)] / kept;
+    if (mass >= static_cast<double>(in.top_p)) {
+      nucleus = i + 1;
+      break;
+    }
+  }
+  if (nucleus == vocab) return 0.0;
+  double in_nucleus = 0.0;
+  for (int64_t i = 0; i < nucleus; ++i) in_nucleus += p[static_cast<size_t>(i)];
+  return std::log(in_nucleus / all);
+}
+
+// log_kept against the reference: to float32 precision where something is
+// cut, exactly 0 where nothing is (untruncated, top_k >= V, temperature 0)
+// and for stopped rows; the tokens are those of the call without it.
+TEST_P(SampleOpsTest, SampleTokensReportsTheLogOfTheKeptMass) {
+  constexpr int64_t kRows = 6;
+  struct Truncation {
+    int64_t top_k;
+    float top_p;
+  };
+  const Truncation truncations[] = {{0, 1.0f}, {1, 1.0f},  {5, 1.0f},    {0, 0.9f},
+                                    {0, 0.3f}, {40, 0.8f}, {5000, 1.0f}, {5000, 0.95f}};
+  std::mt19937_64 rng(17);
+  int cut = 0;
+  for (DType dtype : testing::kFloatTypes) {
+    for (int64_t vocab : {1000, 4099}) {
+      const std::vector<double> z = Logits(rng, dtype, kRows, vocab, 3.0);
+      const Tensor logits = MakeTensor(*be_, dtype, {kRows, vocab}, z);
+      const std::vector<double> flags = {1, 1, 1, 0, 1, 1};  // row 3 stopped
+      const Tensor live = MakeTensor(*be_, DType::kI64, {kRows}, flags);
+      const std::vector<float> zf(z.begin(), z.end());
+      for (float t : {0.0f, 0.7f, 1.0f}) {
+        for (const Truncation& tr : truncations) {
+          SampleParams p;
+          p.temperature = t;
+          p.top_k = tr.top_k;
+          p.top_p = tr.top_p;
+          p.seed = 99;
+          absl::StatusOr<Tensor> plain = be_->Allocate(DType::kI64, {kRows});
+          absl::StatusOr<Tensor> tokens = be_->Allocate(DType::kI64, {kRows});
+          ASSERT_TRUE(plain.ok() && tokens.ok());
+          Tensor log_kept = MakeTensor(*be_, DType::kF32, {kRows}, std::vector<double>(kRows, 7));
+          ASSERT_TRUE(be_->SampleTokens(logits, live, p, *plain).ok());
+          p.log_kept = &log_kept;
+          ASSERT_TRUE(be_->SampleTokens(logits, live, p, *tokens).ok());
+          EXPECT_EQ(RawBytes(*be_, *tokens), RawBytes(*be_, *plain));
+          const std::vector<double> got = testing::ReadTensor(*be_, log_kept);
+          for (int64_t r = 0; r < kRows; ++r) {
+            const double want = flags[static_cast<size_t>(r)] == 0
+                                    ? 0.0
+                                    : ReferenceLogKept(zf.data() + r * vocab, vocab,
+                                                       DrawInput{t, tr.top_k, tr.top_p});
+            const std::string where =
+                absl::StrCat(GetParam(), " ", DTypeName(dtype), " V ", vocab, " T ", t, " top_k ",
+                             tr.top_k, " top_p ", tr.top_p, " row ", r);
+            if (want == 0.0) {
+              EXPECT_EQ(got[static_cast<size_t>(r)], 0.0) << where;
+            } else {
+              EXPECT_NEAR(got[static_cast<size_t>(r)], want, 1e-6 * (1.0 + std::fabs(want)))
+                  << where;
+              EXPECT_LT(got[static_cast<size_t>(r)], 0.0) << where;
+              ++cut;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(cut, 100);
 }
 
 // Rows whose weights are NaN: all -inf (exp(-inf - -inf)) and one +inf

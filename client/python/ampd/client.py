@@ -219,7 +219,7 @@ def _per_micro_batch(values, count, name):
 
 
 def _set_token_loss(request, micro_batches, loss_fn, weights, advantages, sampling_logprobs,
-                    ppo_clip, cispo_clip=None, dro_beta=None):
+                    ppo_clip, cispo_clip=None, dro_beta=None, temperature=None):
     """step()'s token loss into the request (the server checks the rest,
     refusing a parameter the loss does not read)."""
     if loss_fn is not None:
@@ -233,6 +233,8 @@ def _set_token_loss(request, micro_batches, loss_fn, weights, advantages, sampli
         request.cispo_clip_low, request.cispo_clip_high = (float(v) for v in cispo_clip)
     if dro_beta is not None:
         request.dro_beta = float(dro_beta)
+    if temperature is not None:
+        request.temperature = float(temperature)
     count = len(micro_batches)
     for name, values in (("weights", weights), ("advantages", advantages),
                          ("sampling_logprobs", sampling_logprobs)):
@@ -417,8 +419,12 @@ class Client:
 
 
 # One completion of Job.sample: its tokens, each token's log-prob (float32,
-# temperature 1, the trainer's) and why it ended ("length" or "stop").
-Completion = collections.namedtuple("Completion", ["tokens", "logprobs", "stop_reason"])
+# temperature 1, the trainer's), why it ended ("length" or "stop"), and each
+# token's log-prob under the distribution it was drawn from (float32: at the
+# call's temperature, renormalised over what top_k and top_p kept; 0 at
+# temperature 0), what a token loss takes as sampling_logprobs.
+Completion = collections.namedtuple("Completion",
+                                    ["tokens", "logprobs", "stop_reason", "sampling_logprobs"])
 # A sampler snapshot of a job (Job.sampler_snapshots): step is the job's step
 # count when it was taken, bytes what it holds on the device.
 SamplerSnapshot = collections.namedtuple("SamplerSnapshot",
@@ -474,7 +480,8 @@ class Job:
 
     def step(self, inputs=None, targets=None, *, micro_batches=None, learning_rate=None,
              loss_fn=None, weights=None, advantages=None, sampling_logprobs=None,
-             ppo_clip=None, cispo_clip=None, dro_beta=None, return_logprobs=False):
+             ppo_clip=None, cispo_clip=None, dro_beta=None, return_logprobs=False,
+             temperature=None):
         """Train one step; returns a StepResult.
 
         job.step(inputs, targets) with NumPy arrays or torch tensors, or
@@ -499,6 +506,11 @@ class Job:
         result's logprobs (and ratios, with sampling_logprobs; and
         token_losses, each token's share of loss, with a loss_fn) per
         micro-batch, from this step's forward.
+        temperature (a GPT or decoder, any loss): logp is
+        log_softmax(logits / temperature), as job.sample(temperature=...)
+        computes its sampling_logprobs (bit for bit on a batch_invariant
+        job when top_k and top_p keep every token); the gradient carries
+        the 1 / temperature. None: 1.
         """
         micro_batches = _micro_batches(inputs, targets, micro_batches, "step")
         request = pb.StepRequest(
@@ -509,7 +521,7 @@ class Job:
             request.learning_rate = learning_rate
         request.return_logprobs = bool(return_logprobs)
         _set_token_loss(request, micro_batches, loss_fn, weights, advantages,
-                        sampling_logprobs, ppo_clip, cispo_clip, dro_beta)
+                        sampling_logprobs, ppo_clip, cispo_clip, dro_beta, temperature)
         stub = self._client._stub
         try:
             response = self._client._call(
@@ -526,12 +538,12 @@ class Job:
     def forward_backward(self, inputs=None, targets=None, *, micro_batches=None, loss_fn=None,
                          weights=None, advantages=None, sampling_logprobs=None, ppo_clip=None,
                          cispo_clip=None, dro_beta=None, return_logprobs=False,
-                         micro_batches_in_update=0):
+                         micro_batches_in_update=0, temperature=None):
         """Forward and backward only: the gradients are added to those the
         job holds for its next update, applied by optim_step(); returns a
         ForwardBackwardResult.
 
-        Takes step()'s batch and token-loss arguments. Several calls, then
+        Takes step()'s batch and token-loss arguments (temperature too). Several calls, then
         one optim_step(), train exactly as one step() over all their
         micro-batches (in order) does. The model's own loss is a mean over
         micro-batches: pass micro_batches_in_update, the number of
@@ -549,7 +561,7 @@ class Job:
             return_logprobs=bool(return_logprobs),
             micro_batches_in_update=int(micro_batches_in_update))
         _set_token_loss(request, micro_batches, loss_fn, weights, advantages,
-                        sampling_logprobs, ppo_clip, cispo_clip, dro_beta)
+                        sampling_logprobs, ppo_clip, cispo_clip, dro_beta, temperature)
         stub = self._client._stub
         # Safe to resend: the server answers a resent last call from its record.
         r = self._accumulating_call(
@@ -609,29 +621,35 @@ class Job:
         self.layer_scales = list(response.layer_scales_after)
         return StepResult.from_proto(response)
 
-    def evaluate(self, inputs=None, targets=None, *, micro_batches=None, return_logprobs=False):
+    def evaluate(self, inputs=None, targets=None, *, micro_batches=None, return_logprobs=False,
+                 temperature=None):
         """Forward and loss only (a validation loss); returns an EvaluateResult.
 
         Takes what step() takes. The job's weights, optimizer, loss scale and
         step sequence are unchanged; it runs after the steps sent before it.
         return_logprobs (a GPT or decoder): each target token's log-prob too.
+        temperature (a GPT or decoder): the log-probs and the loss of
+        softmax(logits / temperature), as step()'s; None: 1.
         """
         request = pb.EvaluateRequest(job_id=self.job_id, return_logprobs=return_logprobs,
                                      micro_batches=[
             pb.MicroBatch(inputs=to_tensor(x), targets=to_tensor(y))
             for x, y in _micro_batches(inputs, targets, micro_batches, "evaluate")])
+        if temperature is not None:
+            request.temperature = float(temperature)
         stub = self._client._stub
         response = self._client._call(
             lambda md, t: stub.Evaluate(request, metadata=md, timeout=t))
         logprobs = [_f32_array(t) for t in response.logprobs] if return_logprobs else None
         return EvaluateResult(response.loss, response.samples, response.seconds, logprobs)
 
-    def logprobs(self, sequences):
+    def logprobs(self, sequences, temperature=None):
         """Per-token log-probs of token sequences under the job's weights,
         without training (Tinker's compute_logprobs): one float32 array per
         sequence of length len - 1, whose entry i is the log-prob of token
         i + 1 given tokens 0..i. Sequences may differ in length (each is its
-        own micro-batch of one) and need at least two tokens."""
+        own micro-batch of one) and need at least two tokens. temperature:
+        those of softmax(logits / temperature) (None: 1)."""
         batches = []
         for i, sequence in enumerate(sequences):
             ids = np.asarray(sequence, dtype=np.int64).reshape(-1)
@@ -640,16 +658,23 @@ class Job:
             batches.append((ids[None, :-1], ids[None, 1:]))
         if not batches:
             raise ValueError("logprobs takes at least one sequence")
-        result = self.evaluate(micro_batches=batches, return_logprobs=True)
+        result = self.evaluate(micro_batches=batches, return_logprobs=True,
+                               temperature=temperature)
         return [values[0] for values in result.logprobs]
 
     def sample(self, prompts, num_samples=1, max_tokens=16, temperature=1.0, top_k=0, top_p=1.0,
                stop=(), seed=0, seeds=None, snapshot=None):
         """Completions of token-id prompts from the job's current weights (the
         Sample RPC, after the steps sent before it): per prompt, a list of
-        num_samples Completion(tokens, logprobs, stop_reason), logprobs[i]
-        being the log-prob of tokens[i] at temperature 1 as the trainer
-        computes it (bit for bit on a batch_invariant job). temperature 0
+        num_samples Completion(tokens, logprobs, stop_reason,
+        sampling_logprobs), logprobs[i] being the log-prob of tokens[i] at
+        temperature 1 as the trainer computes it (bit for bit on a
+        batch_invariant job), sampling_logprobs[i] its log-prob under the
+        distribution it was drawn from: at the temperature, over the tokens
+        top_k and top_p kept (what a token loss's sampling_logprobs are;
+        when top_k and top_p keep every token, bit for bit on a
+        batch_invariant job what step(..., temperature=temperature)
+        computes; 0 at temperature 0, the certain greedy draw). temperature 0
         takes the most likely token; top_k 0 (or >= the vocabulary) keeps
         every token; stop: token ids that end a completion (kept, at most
         64); max_tokens >= 1. seed: the same request gives the same tokens
@@ -679,7 +704,8 @@ class Job:
         stub = self._client._stub
         response = self._client._call(lambda md, t: stub.Sample(request, metadata=md, timeout=t))
         return [[Completion(list(c.tokens), np.asarray(c.logprobs, dtype=np.float32),
-                            "stop" if c.stop_reason == pb.STOP_REASON_STOP_TOKEN else "length")
+                            "stop" if c.stop_reason == pb.STOP_REASON_STOP_TOKEN else "length",
+                            np.asarray(c.sampling_logprobs, dtype=np.float32))
                  for c in prompt.completions]
                 for prompt in response.prompts]
 

@@ -125,11 +125,11 @@ class DataParallelJob:
 
     def step(self, inputs, targets, *, micro_batches_per_rank=1, learning_rate=None,
              loss_fn=None, weights=None, advantages=None, sampling_logprobs=None,
-             ppo_clip=None, cispo_clip=None, dro_beta=None):
+             ppo_clip=None, cispo_clip=None, dro_beta=None, temperature=None):
         """Train one step on the whole batch (NumPy arrays or torch tensors),
         its rows split evenly across the ranks (and within a rank into
         micro_batches_per_rank micro-batches). learning_rate, loss_fn and
-        its parameters (ppo_clip, cispo_clip, dro_beta) as Job.step's, the
+        its parameters (ppo_clip, cispo_clip, dro_beta, temperature) as Job.step's, the
         same on every rank; weights, advantages
         and sampling_logprobs are the whole batch's (the targets' shape),
         split with its rows. A token loss's loss is the sum over every
@@ -154,7 +154,7 @@ class DataParallelJob:
                 return None if parts_of is None else [parts_of[i] for i in share]
 
             _set_token_loss(request, share, loss_fn, mine(ws), mine(advs), mine(qs), ppo_clip,
-                            cispo_clip, dro_beta)
+                            cispo_clip, dro_beta, temperature)
             c = self._clients[rank]
             return c._stub.Step(request, metadata=c._metadata(), timeout=c.timeout)
 

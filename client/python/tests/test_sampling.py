@@ -3,9 +3,13 @@
 On batch-invariant jobs (a GPT, a grouped-query decoder, a LoRA decoder;
 fp16), every sampled token's log-prob equals bit for bit the one
 Job.logprobs (the training forward, Evaluate) computes for the finished
-sequence; the same request draws the same tokens; bad requests are refused
-with INVALID_ARGUMENT naming the field; and examples/rl_fp16.py, a GRPO
-loop in fp16, at least doubles its reward with a mismatch of exactly 0."""
+sequence; at temperature 0.7 each token's sampling log-prob (the drawn
+distribution's) equals bit for bit what Job.logprobs and a token loss at
+temperature 0.7 compute (fp32 and fp16), while its log-prob stays the
+policy's; greedy draws are certain (0); the same request draws the same
+tokens; bad requests are refused with INVALID_ARGUMENT naming the field;
+and examples/rl_fp16.py, a GRPO loop in fp16, at least doubles its reward
+with a mismatch of exactly 0."""
 import os
 import subprocess
 import sys
@@ -27,8 +31,8 @@ MODELS = {
 }
 
 
-def trained_job(client, which):
-    job = client.create_job(model=MODELS[which], precision="fp16", seed=3,
+def trained_job(client, which, precision="fp16"):
+    job = client.create_job(model=MODELS[which], precision=precision, seed=3,
                             optimizer=ampd.AdamW(lr=1e-2), batch_invariant=True)
     rng = np.random.default_rng(5)
     for _ in range(3):
@@ -138,6 +142,79 @@ def test_a_sample_over_the_memory_limit_names_samples_field(start_ampd):
         assert "num_samples: " in message, message
 
 
+def bits(values):
+    return np.asarray(values, dtype=np.float32).view(np.uint32).tolist()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("which", ["gpt", "decoder"])
+def test_sampling_logprobs_at_a_temperature_are_a_temperature_losss_bit_for_bit(
+        server, which, precision):
+    with ampd.Client(server.address) as client:
+        job = trained_job(client, which, precision)
+        rng = np.random.default_rng(19)
+        prompts = [rng.integers(0, VOCAB, size=n).tolist() for n in (1, 4, 7, 2, 9, 3)]
+        groups = job.sample(prompts, num_samples=2, max_tokens=5, temperature=0.7, seed=23)
+        sequences, policy, sampled, starts = [], [], [], []
+        for prompt, group in zip(prompts, groups):
+            for c in group:
+                assert c.sampling_logprobs.dtype == np.float32
+                assert len(c.sampling_logprobs) == len(c.tokens) == 5
+                sequences.append(prompt + c.tokens)
+                policy.append(c.logprobs)
+                sampled.append(c.sampling_logprobs)
+                starts.append(len(prompt) - 1)
+        # Fed back as sampling log-probs, the temperature-1 ones would be
+        # off-policy by this much.
+        gap = max(float(np.max(np.abs(p - q))) for p, q in zip(policy, sampled))
+        assert gap > 0.05, gap
+        # The training forward at temperature 0.7, and at 1.
+        tempered = job.logprobs(sequences, temperature=0.7)
+        plain = job.logprobs(sequences)
+        for seq, t, p, q, lp, start in zip(sequences, tempered, plain, sampled, policy, starts):
+            assert bits(t[start:]) == bits(q), seq
+            assert bits(p[start:]) == bits(lp), seq
+        # A token loss at temperature 0.7 on them: no mismatch at all.
+        width = max(len(s) for s in sequences) - 1
+        ids = np.zeros((len(sequences), width), dtype=np.int64)
+        targets = np.full((len(sequences), width), -100, dtype=np.int64)
+        q = np.zeros(targets.shape, dtype=np.float32)
+        for i, (seq, s, start) in enumerate(zip(sequences, sampled, starts)):
+            ids[i, :len(seq) - 1] = seq[:-1]
+            targets[i, start:len(seq) - 1] = seq[start + 1:]
+            q[i, start:len(seq) - 1] = s
+        result = job.step(ids, targets, loss_fn="importance_sampling",
+                          advantages=np.ones(targets.shape, dtype=np.float32),
+                          sampling_logprobs=q, temperature=0.7, return_logprobs=True)
+        assert result.logprob_mismatch == 0.0
+        keep = targets != -100
+        assert bits(result.logprobs[0][keep]) == bits(q[keep])
+
+
+def test_greedy_draws_are_certain_and_a_nucleus_renormalises(server):
+    with ampd.Client(server.address) as client:
+        job = trained_job(client, "decoder", "fp32")
+        prompts = [[1, 2, 3], [4], [5, 6]]
+        for group in job.sample(prompts, max_tokens=4, temperature=0.0):
+            for c in group:
+                assert bits(c.sampling_logprobs) == [0] * 4
+                assert np.all(c.logprobs < 0)
+        groups = job.sample(prompts, num_samples=3, max_tokens=4, temperature=0.7, top_p=0.5,
+                            seed=3)
+        sequences, sampled, starts = [], [], []
+        for prompt, group in zip(prompts, groups):
+            for c in group:
+                sequences.append(prompt + c.tokens)
+                sampled.append(c.sampling_logprobs)
+                starts.append(len(prompt) - 1)
+        raised = False
+        for t, q, start in zip(job.logprobs(sequences, temperature=0.7), sampled, starts):
+            # Over the nucleus's mass (<= 1): never below the temperature's.
+            assert np.all(q >= t[start:]) and np.all(q <= 0)
+            raised = raised or bool(np.any(q > t[start:] + 1e-3))
+        assert raised
+
+
 def test_bad_requests_name_the_field(server):
     with ampd.Client(server.address) as client:
         job = trained_job(client, "decoder")
@@ -154,6 +231,20 @@ def test_bad_requests_name_the_field(server):
                                       precision="fp32")
         with pytest.raises(ampd.InvalidArgument, match="language model"):
             layer_job.sample([[1]])
+        # A loss's or an evaluation's temperature: finite and > 0, a language
+        # model's only.
+        ids = np.array([[1, 2, 3]], dtype=np.int64)
+        for t in (0.0, -0.5, float("inf")):
+            with pytest.raises(ampd.InvalidArgument, match="temperature") as refused:
+                job.step(ids, ids, loss_fn="cross_entropy", temperature=t)
+            assert refused.value.field == "temperature"
+            with pytest.raises(ampd.InvalidArgument, match="temperature") as refused:
+                job.evaluate(ids, ids, temperature=t)
+            assert refused.value.field == "temperature"
+        x = np.ones((2, 4), dtype=np.float32)
+        with pytest.raises(ampd.InvalidArgument, match="temperature") as refused:
+            layer_job.evaluate(x, x, temperature=0.7)
+        assert refused.value.field == "temperature"
 
 
 def test_rl_example_doubles_its_reward_with_no_mismatch(server):

@@ -11,7 +11,9 @@ reported loss must be PyTorch's sum over the target tokens to 1e-5 relative,
 each token's loss (token_losses) PyTorch's elementwise loss. Also: the
 defaults of cispo and dro are Tinker's, fp16 and bf16 jobs agree with
 PyTorch to their precision, a sum over two micro-batches is the sum over one
-batch of both, and the refusals name the field. Skipped, saying so, where
+batch of both, and the refusals name the field. Each loss also at a
+sampling temperature (temperature=0.7: logp the log-softmax of logits / 0.7
+on both sides, so the gradients carry its 1 / T). Skipped, saying so, where
 torch is not importable."""
 import os
 import sys
@@ -58,10 +60,13 @@ PARAMS = {"ppo": {"ppo_clip": CLIP}, "cispo": {"cispo_clip": CISPO_CLIP},
 
 
 def torch_token_terms(model, ids, targets, loss_fn, weights, advantages, sampling,
-                      cispo_clip=CISPO_CLIP, dro_beta=DRO_BETA):
+                      cispo_clip=CISPO_CLIP, dro_beta=DRO_BETA, temperature=None):
     """Tinker's definitions (tinker-docs.thinkingmachines.ai/losses), each
-    target token's elementwise loss (0 where the target is -100), and logp."""
+    target token's elementwise loss (0 where the target is -100), and logp
+    (of logits / temperature when given)."""
     logits = model.logits(torch.from_numpy(ids)).float()
+    if temperature is not None:
+        logits = logits / temperature
     targets = torch.from_numpy(targets)
     keep = targets != -100
     logp = F.log_softmax(logits, dim=-1).gather(-1, targets.clamp(min=0).unsqueeze(-1))
@@ -102,9 +107,11 @@ def definition(loss_fn, logp, weights, advantages, sampling, cispo_clip=CISPO_CL
     return -(logp * a - 0.5 * dro_beta * (logp - q) ** 2)
 
 
-def torch_token_loss(model, ids, targets, loss_fn, weights, advantages, sampling):
+def torch_token_loss(model, ids, targets, loss_fn, weights, advantages, sampling,
+                     temperature=None):
     """Tinker's definitions, summed over the target tokens (-100 adds nothing)."""
-    terms, logp = torch_token_terms(model, ids, targets, loss_fn, weights, advantages, sampling)
+    terms, logp = torch_token_terms(model, ids, targets, loss_fn, weights, advantages, sampling,
+                                    temperature=temperature)
     return terms.sum(), logp
 
 
@@ -118,26 +125,33 @@ def batch(step, size=3):
     return ids, targets, weights, advantages, rng
 
 
+@pytest.mark.parametrize("temperature", [None, 0.7])
 @pytest.mark.parametrize("kind", ["gpt", "decoder"])
 @pytest.mark.parametrize("loss_fn", ["cross_entropy", "importance_sampling", "ppo", "cispo",
                                      "dro"])
-def test_token_loss_and_gradients_equal_pytorch(server, loss_fn, kind):
+def test_token_loss_and_gradients_equal_pytorch(server, loss_fn, kind, temperature):
     spec, peer, export = models(kind)
+    # log_softmax(z / T)'s curvature in z is 1 / T^2 times the untempered
+    # one: the learning rate scaled by T^2 keeps the steps as stable, so
+    # that fp32's rounding grows no faster over the 4 steps than at T = 1
+    # (dro at 0.7 with LR itself: 3.7e-7 of the weights' scale apart after
+    # one step, 7.7e-4 after four; with LR T^2: 2.4e-5).
+    lr = LR * (temperature or 1.0) ** 2
     with ampd.Client(server.address) as client:
         job = client.create_job(model=spec, precision="fp32", seed=4,
-                                optimizer=ampd.SGD(lr=LR))
+                                optimizer=ampd.SGD(lr=lr))
         model = peer()
         model.load_state_dict(export(job), strict=True)
-        opt = torch.optim.SGD(model.parameters(), lr=LR)
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
         for step in range(4):
             ids, targets, weights, advantages, rng = batch(step)
             # The sampler's log-probs: the model's own, moved by up to 0.3,
             # so PPO's ratios straddle its clip range.
             with torch.no_grad():
                 _, logp = torch_token_loss(model, ids, targets, "cross_entropy", weights,
-                                           None, None)
+                                           None, None, temperature=temperature)
             sampling = (logp.numpy() + rng.uniform(-0.3, 0.3, size=ids.shape)).astype(np.float32)
-            kwargs = {"loss_fn": loss_fn}
+            kwargs = {"loss_fn": loss_fn, "temperature": temperature}
             if loss_fn == "cross_entropy":
                 kwargs["weights"] = weights
             else:
@@ -147,7 +161,8 @@ def test_token_loss_and_gradients_equal_pytorch(server, loss_fn, kind):
             ours = result.loss
             opt.zero_grad()
             their_terms, their_logp = torch_token_terms(model, ids, targets, loss_fn, weights,
-                                                        advantages, sampling)
+                                                        advantages, sampling,
+                                                        temperature=temperature)
             theirs = their_terms.sum()
             theirs.backward()
             opt.step()

@@ -45,7 +45,7 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kHeaderSequence = 0;
 constexpr size_t kHeaderMicroBatches = 1;
 constexpr size_t kHeaderInputOk = 2;
-constexpr size_t kHeaderLossFn = 3;        // LossFnKind
+constexpr size_t kHeaderLossFn = 3;        // LossKindWord
 constexpr size_t kHeaderLossParams = 4;    // LossParamsWord
 constexpr size_t kHeaderLearningRate = 5;  // LearningRateWord
 constexpr size_t kHeaderSize = 6;
@@ -89,9 +89,25 @@ int64_t LossParamsWord(const LossFn& fn) {
   return 0;
 }
 
+// A step's loss kind and temperature as one int64: the temperature's bits
+// (1 when absent: a rank that sent 1 agrees with one that sent none) << 32
+// | the kind.
+int64_t LossKindWord(const LossFn& fn) {
+  const float t = fn.logit_temperature();
+  uint32_t bits = 0;
+  std::memcpy(&bits, &t, sizeof(bits));
+  return static_cast<int64_t>((static_cast<uint64_t>(bits) << 32) | static_cast<uint32_t>(fn.kind));
+}
+
 // One rank's loss function as its header carries it, for an error.
 std::string LossFnText(const int64_t* header) {
-  const auto kind = static_cast<LossFnKind>(header[kHeaderLossFn]);
+  const auto kind_word = static_cast<uint64_t>(header[kHeaderLossFn]);
+  const auto kind = static_cast<LossFnKind>(static_cast<uint32_t>(kind_word));
+  const auto temperature_bits = static_cast<uint32_t>(kind_word >> 32);
+  float temperature = 1.0f;
+  std::memcpy(&temperature, &temperature_bits, sizeof(temperature));
+  const std::string at =
+      temperature == 1.0f ? std::string() : absl::StrCat(" at temperature ", temperature);
   const auto word = static_cast<uint64_t>(header[kHeaderLossParams]);
   auto value = [](uint32_t bits) {
     float v = 0;
@@ -101,10 +117,10 @@ std::string LossFnText(const int64_t* header) {
   const float low = value(static_cast<uint32_t>(word));
   const float high = value(static_cast<uint32_t>(word >> 32));
   if (kind == LossFnKind::kPpo || kind == LossFnKind::kCispo) {
-    return absl::StrCat(LossFnName(kind), " (clip ", low, ", ", high, ")");
+    return absl::StrCat(LossFnName(kind), " (clip ", low, ", ", high, ")", at);
   }
-  if (kind == LossFnKind::kDro) return absl::StrCat("dro (beta ", low, ")");
-  return std::string(LossFnName(kind));
+  if (kind == LossFnKind::kDro) return absl::StrCat("dro (beta ", low, ")", at);
+  return absl::StrCat(LossFnName(kind), at);
 }
 
 std::string Sha256(absl::string_view bytes) {
@@ -286,7 +302,7 @@ absl::StatusOr<StepReport> Job::DistributedStep(int64_t sequence, ValidStepInput
   const int64_t header[kHeaderSize] = {sequence,
                                        micro_batches,
                                        fitted.ok() ? 1 : 0,
-                                       static_cast<int64_t>(loss_fn.kind),
+                                       LossKindWord(loss_fn),
                                        LossParamsWord(loss_fn),
                                        LearningRateWord(learning_rate)};
   const Clock::time_point wait_start = Clock::now();

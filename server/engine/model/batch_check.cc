@@ -79,10 +79,15 @@ absl::Status CheckTokenLossInputs(const ModelSpec& spec, const LossFn& fn, const
                                   absl::string_view prefix) {
   const bool ce = fn.kind == LossFnKind::kCrossEntropy;
   const bool policy = ReadsSamplingLogprobs(fn.kind);
-  if ((ce || policy) && !spec.gpt.has_value() && !spec.decoder.has_value()) {
+  const bool lm = spec.gpt.has_value() || spec.decoder.has_value();
+  if ((ce || policy) && !lm) {
     return absl::InvalidArgumentError(
         absl::StrCat("loss_fn: ", LossFnName(fn.kind),
                      " is a token loss, which needs a language model (gpt or decoder)"));
+  }
+  if (fn.temperature.has_value() && !lm) {
+    return absl::InvalidArgumentError(
+        "temperature: divides a language model's logits (gpt or decoder); send none");
   }
   const absl::string_view loss_name = LossFnName(fn.kind);
   AMPD_RETURN_IF_ERROR(CheckTokenInput(mb.weights, ce, false, mb, prefix, "weights", loss_name));

@@ -61,6 +61,7 @@ absl::StatusOr<kernels::TokenLossTerms> TokenLossState::ChunkTerms(int64_t start
     terms.clip_high = loss_fn.clip_high();
   }
   terms.beta = loss_fn.beta();
+  terms.temperature = loss_fn.logit_temperature();
   // The chunk's view of a row this batch carries (null otherwise).
   auto view = [&](Row& row) -> absl::StatusOr<Tensor*> {
     if (!row.live) return nullptr;

@@ -26,7 +26,9 @@ absl::Status CheckEvaluateInput(const EvaluateInput& input) {
   if (input.micro_batches.empty()) {
     return absl::InvalidArgumentError("micro_batches: at least one micro-batch is required");
   }
-  return absl::OkStatus();
+  LossFn fn;
+  fn.temperature = input.temperature;
+  return CheckLossFn(fn);
 }
 
 absl::StatusOr<ValidEvaluateInput> ValidEvaluateInput::Check(EvaluateInput input) {
@@ -54,7 +56,10 @@ absl::StatusOr<EvaluateReport> Trainer::EvaluateChecked(
   const Clock::time_point start = Clock::now();
   Impl& m = *impl_;
   // The one check that needs the model; CheckEvaluateInput ran before.
-  AMPD_RETURN_IF_ERROR(CheckMicroBatchesFitModel(m.config.model, LossFn{}, input.micro_batches));
+  // The model's own loss, at the input's temperature.
+  LossFn loss_fn;
+  loss_fn.temperature = input.temperature;
+  AMPD_RETURN_IF_ERROR(CheckMicroBatchesFitModel(m.config.model, loss_fn, input.micro_batches));
   AMPD_RETURN_IF_ERROR(CheckLogprobsWanted(m.config.model, input.return_logprobs));
   kernels::Backend& b = *m.backend;
   model::Network& net = *m.model;
@@ -65,6 +70,7 @@ absl::StatusOr<EvaluateReport> Trainer::EvaluateChecked(
   const auto k = static_cast<int64_t>(input.micro_batches.size());
   AMPD_RETURN_IF_ERROR(b.Fill(m.loss_sum, 0.0f));
   model::TokenLossInputs tokens;
+  tokens.fn = loss_fn;
   tokens.logprobs = input.return_logprobs;
   for (int64_t i = 0; i < k; ++i) {
     AMPD_RETURN_IF_ERROR(

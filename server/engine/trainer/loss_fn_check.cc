@@ -32,6 +32,10 @@ absl::Status CheckLossFn(const LossFn& fn) {
   AMPD_RETURN_IF_ERROR(
       RefuseUnread(fn.cispo_clip_high, "cispo_clip_high", LossFnKind::kCispo, fn.kind));
   AMPD_RETURN_IF_ERROR(RefuseUnread(fn.dro_beta, "dro_beta", LossFnKind::kDro, fn.kind));
+  if (fn.temperature.has_value() && !(std::isfinite(*fn.temperature) && *fn.temperature > 0.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("temperature: must be finite and > 0, got ", *fn.temperature));
+  }
   const float low = fn.clip_low();
   const float high = fn.clip_high();
   const bool finite = std::isfinite(low) && std::isfinite(high);

@@ -9,12 +9,17 @@
 //   per token the LM head's GEMM over the S rows (LmLogits, the loss's),
 //             then each live sequence's token drawn on the device
 //             (Backend::SampleTokens: Philox under each sequence's own
-//             key and stream, SampleStreamOf, one block per token), which
-//             serve as the labels of the head's CrossEntropyChunk that
-//             gives each token's log-prob (the kernel Step and Evaluate
-//             take theirs from, at temperature 1); one read brings the
-//             tokens and their log-probs back (the host needs them for
-//             stop tokens and the reply); then Network::DecodeStep feeds
+//             key and stream, SampleStreamOf, one block per token, with
+//             the log of the mass top_k and top_p kept), which serve as
+//             the labels of LabelLogprobs, the row code of the loss's
+//             CrossEntropyChunk, for each token's log-prob at temperature
+//             1 (the policy's) and at the call's temperature (what a loss
+//             at that temperature computes); one read brings the tokens,
+//             log-probs and kept masses back (the host needs them for stop
+//             tokens and the reply) and the host forms each drawn
+//             distribution's log-prob, the temperature's minus the log of
+//             the kept mass (0 at temperature 0: the most likely token is
+//             certain); then Network::DecodeStep feeds
 //             the drawn tokens, each layer's new keys and values written
 //             into the cache in one op.
 // The caller's CallToken is checked before the prefill and before every
@@ -23,7 +28,8 @@
 // position (its rows are never read again): the S rows stay one batch.
 // With batch-invariant kernels every row's bits are those of the same
 // sequence trained alone, so each reported log-prob is the training
-// forward's (tests/engine/sample_test.cc checks it bit for bit).
+// forward's, at temperature 1 or the call's (tests/engine/sample_test.cc
+// checks both bit for bit).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -166,9 +172,9 @@ absl::StatusOr<SampleReport> Trainer::Sample(const SampleInput& input,
   // Admission before any allocation: the prompts' workspace and scratch,
   // the KV cache and decode buffers, the head's logits (S, V) in the
   // working dtype and what SampleTokens holds beside them, the per-token
-  // tensors and their host copies (tokens, live flags, log-probs and the
-  // rows' Philox keys: 80 bytes a sequence, rounded up), and the prompts'
-  // host ids and targets.
+  // tensors and their host copies (tokens, live flags, the two log-probs,
+  // the kept masses and the rows' Philox keys: 112 bytes a sequence,
+  // rounded up), and the prompts' host ids and targets.
   AMPD_ASSIGN_OR_RETURN(const int64_t state_bytes, net.DecodeStateBytes(n, max_len));
   const auto w = static_cast<int64_t>(kernels::SizeOf(net.working_dtype()));
   int64_t extra = state_bytes;
@@ -177,13 +183,13 @@ absl::StatusOr<SampleReport> Trainer::Sample(const SampleInput& input,
   if (!CheckedMul(n, vocab, &logits_bytes) || !CheckedMul(logits_bytes, w, &logits_bytes) ||
       !CheckedAdd(extra, logits_bytes, &extra) ||
       !CheckedAdd(extra, b.SampleScratchBytes(n, vocab), &extra) ||
-      !CheckedAdd(extra, n * 80, &extra) || !CheckedMul(n, prompt_len, &prompt_bytes) ||
+      !CheckedAdd(extra, n * 112, &extra) || !CheckedMul(n, prompt_len, &prompt_bytes) ||
       !CheckedMul(prompt_bytes, 16, &prompt_bytes) || !CheckedAdd(extra, prompt_bytes, &extra)) {
     return absl::InvalidArgumentError(
         "num_samples: the sampler's buffers need more than 2^63 bytes");
   }
-  AMPD_RETURN_IF_ERROR(m.AdmitWorkspaces({prefill}, admit, "sampling", /*backward=*/false, extra,
-                                         kSampleMemory));
+  AMPD_RETURN_IF_ERROR(
+      m.AdmitWorkspaces({prefill}, admit, "sampling", /*backward=*/false, extra, kSampleMemory));
 
   for (HostTensor* t : {&prefill.inputs, &prefill.targets}) {
     t->data.assign(static_cast<size_t>(n * prompt_len) * sizeof(int64_t), '\0');
@@ -214,7 +220,12 @@ absl::StatusOr<SampleReport> Trainer::Sample(const SampleInput& input,
   // cross-entropy's labels as they are.
   AMPD_ASSIGN_OR_RETURN(Tensor labels, b.Allocate(DType::kI64, {n}));
   AMPD_ASSIGN_OR_RETURN(Tensor live, b.Allocate(DType::kI64, {n}));      // (S) 1 until stopped
-  AMPD_ASSIGN_OR_RETURN(Tensor logprobs, b.Allocate(DType::kF32, {n}));  // (S)
+  AMPD_ASSIGN_OR_RETURN(Tensor logprobs, b.Allocate(DType::kF32, {n}));  // (S) at temperature 1
+  // (S) at the call's temperature, when it is neither 0 nor 1.
+  const float temperature = input.temperature;
+  const bool tempered = temperature != 0.0f && temperature != 1.0f;
+  AMPD_ASSIGN_OR_RETURN(Tensor tempered_logprobs, b.Allocate(DType::kF32, {n}));
+  AMPD_ASSIGN_OR_RETURN(Tensor log_kept, b.Allocate(DType::kF32, {n}));  // (S)
   // (S, 2) each sequence's Philox key and stream, fixed for the call.
   AMPD_ASSIGN_OR_RETURN(Tensor keys, b.Allocate(DType::kI64, {n, 2}));
   std::vector<int64_t> host_keys(static_cast<size_t>(2 * n));
@@ -224,14 +235,13 @@ absl::StatusOr<SampleReport> Trainer::Sample(const SampleInput& input,
     host_keys[static_cast<size_t>(2 * s + 1)] = static_cast<int64_t>(k.stream);
   }
   AMPD_RETURN_IF_ERROR(b.CopyFromHost(host_keys.data(), host_keys.size() * sizeof(int64_t), keys));
-  kernels::TokenLossTerms terms;
-  terms.logprobs = &logprobs;
   kernels::SampleParams draw;
   draw.temperature = input.temperature;
   draw.top_k = input.top_k;
   draw.top_p = input.top_p;
   draw.keys = &keys;
   draw.ignore_index = model::kIgnoreIndex;
+  draw.log_kept = &log_kept;
 
   SampleReport report;
   report.completions.resize(input.prompts.size());
@@ -247,16 +257,24 @@ absl::StatusOr<SampleReport> Trainer::Sample(const SampleInput& input,
   std::vector<int64_t> drawn(static_cast<size_t>(n), model::kIgnoreIndex);
   std::vector<int64_t> positions(static_cast<size_t>(n), 0);
   std::vector<float> host_logprobs(static_cast<size_t>(n), 0.0f);
-  // The step's one read: the drawn tokens and their log-probs together.
+  std::vector<float> host_tempered(static_cast<size_t>(n), 0.0f);
+  std::vector<float> host_kept(static_cast<size_t>(n), 0.0f);
+  // The step's one read: the drawn tokens, their log-probs and kept masses
+  // together.
   const kernels::HostCopy copies[] = {
       {&labels, drawn.data(), drawn.size() * sizeof(int64_t)},
-      {&logprobs, host_logprobs.data(), host_logprobs.size() * sizeof(float)}};
+      {&logprobs, host_logprobs.data(), host_logprobs.size() * sizeof(float)},
+      {&log_kept, host_kept.data(), host_kept.size() * sizeof(float)},
+      {&tempered_logprobs, host_tempered.data(), host_tempered.size() * sizeof(float)}};
+  const absl::Span<const kernels::HostCopy> step_copies(copies, tempered ? 4 : 3);
   AMPD_RETURN_IF_ERROR(
       b.CopyFromHost(live_flags.data(), live_flags.size() * sizeof(int64_t), live));
   // One read before the loop, of defined bytes, so that a backend sizes its
   // landing area for these copies here and never inside the loop.
   AMPD_RETURN_IF_ERROR(b.CopyFromHost(drawn.data(), drawn.size() * sizeof(int64_t), labels));
-  AMPD_RETURN_IF_ERROR(b.Fill(logprobs, 0.0f));
+  for (Tensor* t : {&logprobs, &tempered_logprobs, &log_kept}) {
+    AMPD_RETURN_IF_ERROR(b.Fill(*t, 0.0f));
+  }
   AMPD_RETURN_IF_ERROR(b.ReadBack({}, {}, copies));
   for (int64_t step = 0; step < input.max_tokens; ++step) {
     // A caller gone (its deadline passed, it cancelled, the server drains)
@@ -266,12 +284,14 @@ absl::StatusOr<SampleReport> Trainer::Sample(const SampleInput& input,
     AMPD_RETURN_IF_ERROR(model::LmLogits(b, state->hidden, *head, logits));
     draw.step = static_cast<uint64_t>(step);
     AMPD_RETURN_IF_ERROR(b.SampleTokens(logits, live, draw, labels));
-    // Each drawn token's log-prob from the loss's own kernel. The logits
-    // were drawn from already: its (unused) gradient overwrites them.
-    AMPD_RETURN_IF_ERROR(b.Fill(m.loss, 0.0f));
-    AMPD_RETURN_IF_ERROR(b.CrossEntropyChunk(logits, labels, model::kIgnoreIndex, terms, 0.0f, 0.0f,
-                                             m.loss, logits));
-    AMPD_RETURN_IF_ERROR(b.ReadBack({}, {}, copies));
+    // Each drawn token's log-prob from the loss's own row code: the
+    // policy's, and a tempered draw's at its temperature.
+    AMPD_RETURN_IF_ERROR(b.LabelLogprobs(logits, labels, model::kIgnoreIndex, 1.0f, logprobs));
+    if (tempered) {
+      AMPD_RETURN_IF_ERROR(
+          b.LabelLogprobs(logits, labels, model::kIgnoreIndex, temperature, tempered_logprobs));
+    }
+    AMPD_RETURN_IF_ERROR(b.ReadBack({}, {}, step_copies));
     bool all_done = true;
     bool stopped = false;
     for (int64_t s = 0; s < n; ++s) {
@@ -280,6 +300,11 @@ absl::StatusOr<SampleReport> Trainer::Sample(const SampleInput& input,
         Completion& c = completion(s);
         c.tokens.push_back(drawn[i]);
         c.logprobs.push_back(host_logprobs[i]);
+        // The drawn distribution's: certain at temperature 0; else the
+        // token's at the temperature over the mass kept (log_kept is 0,
+        // and the difference the temperature's bits, when nothing was cut).
+        const float at_temperature = tempered ? host_tempered[i] : host_logprobs[i];
+        c.sampling_logprobs.push_back(temperature == 0.0f ? 0.0f : at_temperature - host_kept[i]);
         ++report.tokens;
         tokens[i] = drawn[i];
         positions[i] = lengths[i] + step;
