@@ -1,10 +1,11 @@
 // model::ModelSpecOfHfConfig: config.json files as transformers writes
 // them for Qwen2, Llama 3.1 (RoPE llama3 scaling, in 4.x's and 5.x's
-// keys) and GPT-2, the specs they give, and each key the server refuses,
+// keys), Qwen3, Gemma 3 and GPT-2, the specs they give, and each key the server refuses,
 // named in the message as the Python client's from_hf_config names it.
 #include "server/engine/model/hf_config.h"
 
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_replace.h"
@@ -43,6 +44,22 @@ constexpr char kQwen3[] = R"({
   "rms_norm_eps": 1e-06, "rope_parameters": {"rope_theta": 1000000, "rope_type": "default"},
   "sliding_window": null, "tie_word_embeddings": true, "use_sliding_window": false,
   "vocab_size": 151936})";
+
+// Gemma 3 1B's shape (transformers 5.x: rope_parameters per layer type,
+// layer_types), six layers: five sliding, one full.
+constexpr char kGemma3[] = R"({
+  "model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], "attention_bias": false,
+  "attn_logit_softcapping": null, "final_logit_softcapping": null, "head_dim": 256,
+  "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152, "intermediate_size": 6912,
+  "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention",
+                  "sliding_attention", "sliding_attention", "full_attention"],
+  "max_position_embeddings": 32768, "num_attention_heads": 4, "num_hidden_layers": 6,
+  "num_key_value_heads": 1, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+  "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0,
+                                         "rope_theta": 1000000.0},
+                      "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+  "sliding_window": 512, "tie_word_embeddings": true, "use_bidirectional_attention": false,
+  "vocab_size": 262144})";
 
 constexpr char kGpt2[] = R"({"model_type": "gpt2", "activation_function": "gelu_new",
   "n_embd": 768, "n_head": 12, "n_inner": null, "n_layer": 12, "n_positions": 1024,
@@ -125,6 +142,39 @@ TEST(HfConfig, Qwen3NormsEachQAndKHead) {
   EXPECT_FALSE(ModelSpecOfHfConfig(kQwen2)->decoder->qk_norm);
 }
 
+TEST(HfConfig, Gemma3IsADecoderWithGemmasParts) {
+  absl::StatusOr<ModelSpec> spec = ModelSpecOfHfConfig(kGemma3);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const DecoderSpec& d = *spec->decoder;
+  EXPECT_TRUE(d.qk_norm && d.norm_unit_offset && d.sandwich_norms && d.scale_embeddings);
+  EXPECT_EQ(d.mlp_activation, MlpActivation::kGeluTanh);
+  EXPECT_EQ(d.head_dim, 256);
+  EXPECT_EQ(d.query_pre_attn_scalar, 256.0f);
+  EXPECT_EQ(d.sliding_window, 512);
+  EXPECT_EQ(d.sliding_layers, (std::vector<bool>{true, true, true, true, true, false}));
+  // The full layers' RoPE carries the scaling, the sliding layers' base is their own.
+  EXPECT_EQ(d.rope_theta, 1000000.0f);
+  EXPECT_EQ(d.rope_scaling.type, RopeType::kLinear);
+  EXPECT_EQ(d.rope_scaling.factor, 8.0f);
+  EXPECT_EQ(d.rope_local_theta, 10000.0f);
+  EXPECT_TRUE(ValidateModelSpec(*spec).ok()) << ValidateModelSpec(*spec);
+  // 4.x keys: rope_theta, rope_local_base_freq and sliding_window_pattern.
+  absl::StatusOr<ModelSpec> old = ModelSpecOfHfConfig(absl::StrReplaceAll(
+      kGemma3,
+      {{R"("layer_types": ["sliding_attention", "sliding_attention", "sliding_attention",
+                  "sliding_attention", "sliding_attention", "full_attention"],)",
+        R"("sliding_window_pattern": 3,)"},
+       {R"("rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0,
+                                         "rope_theta": 1000000.0},
+                      "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},)",
+        R"("rope_theta": 1000000.0, "rope_local_base_freq": 5000.0, "rope_scaling": null,)"}}));
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ(old->decoder->sliding_layers,
+            (std::vector<bool>{true, true, false, true, true, false}));
+  EXPECT_EQ(old->decoder->rope_scaling.type, RopeType::kDefault);
+  EXPECT_EQ(old->decoder->rope_local_theta, 5000.0f);
+}
+
 TEST(HfConfig, Gpt2IsAGpt) {
   absl::StatusOr<ModelSpec> spec = ModelSpecOfHfConfig(kGpt2);
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -163,6 +213,18 @@ TEST(HfConfig, WhatWouldComputeDifferentlyIsRefusedNamingTheKey) {
       {kQwen2, R"("hidden_size": 896,)", "", "config.json: hidden_size: missing"},
       {kQwen2, R"("tie_word_embeddings": true)", R"("tie_word_embeddings": 1)",
        "config.json: tie_word_embeddings"},
+      {kGemma3, R"("final_logit_softcapping": null)", R"("final_logit_softcapping": 30.0)",
+       "config.json: final_logit_softcapping"},
+      {kGemma3, R"("attn_logit_softcapping": null)", R"("attn_logit_softcapping": 50.0)",
+       "config.json: attn_logit_softcapping"},
+      {kGemma3, R"("use_bidirectional_attention": false)", R"("use_bidirectional_attention": true)",
+       "config.json: use_bidirectional_attention"},
+      {kGemma3, R"("hidden_activation": "gelu_pytorch_tanh")", R"("hidden_activation": "silu")",
+       "config.json: hidden_activation"},
+      {kGemma3, R"("full_attention"])", R"("chunked_attention"])", "config.json: layer_types"},
+      {kGemma3, R"("rope_type": "default", "rope_theta": 10000.0)",
+       R"("rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0)",
+       "config.json: rope_parameters.sliding_attention."},
       {kGpt2, R"("activation_function": "gelu_new")", R"("activation_function": "relu")",
        "config.json: activation_function"},
       {kGpt2, R"("n_inner": null)", R"("n_inner": 1000)", "config.json: n_inner"},

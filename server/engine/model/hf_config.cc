@@ -1,5 +1,5 @@
 // ModelSpecOfHfConfig: config.json's keys onto a GptSpec or a DecoderSpec,
-// key by key as client/python/ampd/spec.py maps them.
+// key by key as client/python/ampd/families/ maps them.
 #include "server/engine/model/hf_config.h"
 
 #include <algorithm>
@@ -231,28 +231,9 @@ absl::Status CheckLayerTypes(const JsonValue& c) {
   return absl::OkStatus();
 }
 
-// The decoder families (client/python/ampd/families/llama.py, qwen2.py,
-// qwen3.py over _decoder.py): their refusals first (hidden_act for all;
-// llama's mlp_bias; qwen2's and qwen3's sliding window), then RoPE, the
-// shared keys, and the parts each family's keys set.
-absl::StatusOr<ModelSpec> Decoder(const JsonValue& c, const std::string& model_type) {
-  DecoderSpec d;
-  if (const JsonValue* act = Get(c, "hidden_act"); act != nullptr) {
-    AMPD_ASSIGN_OR_RETURN(const std::string name, StringOf(act, "hidden_act"));
-    if (name != "silu") {
-      return Refused("hidden_act", absl::StrCat("\"", name, "\": the MLP is SwiGLU (silu)"));
-    }
-  }
-  if (model_type == "llama" && Truthy(Get(c, "mlp_bias"))) {
-    return Refused("mlp_bias", "the MLP's projections have no biases here");
-  }
-  if (model_type != "llama") {
-    if (Truthy(Get(c, "use_sliding_window"))) {
-      return Refused("use_sliding_window", "sliding-window attention is not supported");
-    }
-    AMPD_RETURN_IF_ERROR(CheckLayerTypes(c));
-  }
-  AMPD_RETURN_IF_ERROR(Rope(c, d));
+// The keys every decoder family reads alike (families/_decoder.py's _KEYS),
+// over what d holds already (a family's defaults).
+absl::Status SharedKeys(const JsonValue& c, DecoderSpec& d) {
   AMPD_ASSIGN_OR_RETURN(d.vocab_size, RequiredInt(c, "vocab_size"));
   AMPD_ASSIGN_OR_RETURN(d.hidden_size, RequiredInt(c, "hidden_size"));
   AMPD_ASSIGN_OR_RETURN(d.intermediate_size, RequiredInt(c, "intermediate_size"));
@@ -276,6 +257,32 @@ absl::StatusOr<ModelSpec> Decoder(const JsonValue& c, const std::string& model_t
   if (const JsonValue* v = Get(c, "initializer_range"); v != nullptr) {
     AMPD_ASSIGN_OR_RETURN(d.initializer_range, FloatOf(v, "initializer_range"));
   }
+  return absl::OkStatus();
+}
+
+// The decoder families (client/python/ampd/families/llama.py, qwen2.py,
+// qwen3.py over _decoder.py): their refusals first (hidden_act for all;
+// llama's mlp_bias; qwen2's and qwen3's sliding window), then RoPE, the
+// shared keys, and the parts each family's keys set.
+absl::StatusOr<ModelSpec> Decoder(const JsonValue& c, const std::string& model_type) {
+  DecoderSpec d;
+  if (const JsonValue* act = Get(c, "hidden_act"); act != nullptr) {
+    AMPD_ASSIGN_OR_RETURN(const std::string name, StringOf(act, "hidden_act"));
+    if (name != "silu") {
+      return Refused("hidden_act", absl::StrCat("\"", name, "\": the MLP is SwiGLU (silu)"));
+    }
+  }
+  if (model_type == "llama" && Truthy(Get(c, "mlp_bias"))) {
+    return Refused("mlp_bias", "the MLP's projections have no biases here");
+  }
+  if (model_type != "llama") {
+    if (Truthy(Get(c, "use_sliding_window"))) {
+      return Refused("use_sliding_window", "sliding-window attention is not supported");
+    }
+    AMPD_RETURN_IF_ERROR(CheckLayerTypes(c));
+  }
+  AMPD_RETURN_IF_ERROR(Rope(c, d));
+  AMPD_RETURN_IF_ERROR(SharedKeys(c, d));
   if (model_type == "qwen2") {
     d.qkv_bias = true;
     d.o_bias = false;
@@ -300,6 +307,167 @@ absl::StatusOr<ModelSpec> Decoder(const JsonValue& c, const std::string& model_t
   return spec;
 }
 
+// A copy of object o with key set to value where o lacks it.
+JsonValue WithDefault(const JsonValue& o, const std::string& key, const JsonValue* value) {
+  JsonValue out = o;
+  if (Get(out, key) == nullptr && value != nullptr) {
+    out.members.erase(std::remove_if(out.members.begin(), out.members.end(),
+                                     [&](const auto& m) { return m.first == key; }),
+                      out.members.end());
+    out.members.emplace_back(key, *value);
+  }
+  return out;
+}
+
+JsonValue Number(double v) {
+  JsonValue out;
+  out.type = JsonValue::Type::kNumber;
+  out.text = absl::StrCat(v);
+  return out;
+}
+
+JsonValue Object() {
+  JsonValue out;
+  out.type = JsonValue::Type::kObject;
+  return out;
+}
+
+// Gemma 3 text (families/gemma3.py): its refusals, Gemma3TextConfig's
+// defaults for the keys a config.json leaves out, the shared keys, RoPE per
+// layer type (5.x's rope_parameters keyed by sliding_attention and
+// full_attention, or 4.x's rope_theta, rope_local_base_freq and
+// rope_scaling, the scaling for the full layers only), the layer types
+// (layer_types, or 4.x's sliding_window_pattern) and Gemma's parts.
+absl::StatusOr<ModelSpec> Gemma3(const JsonValue& c) {
+  if (const JsonValue* act = Get(c, "hidden_activation"); act != nullptr) {
+    AMPD_ASSIGN_OR_RETURN(const std::string name, StringOf(act, "hidden_activation"));
+    if (name != "gelu_pytorch_tanh") {
+      return Refused(
+          "hidden_activation",
+          absl::StrCat("\"", name,
+                       "\": the MLP is GeGLU with gelu's tanh form (gelu_pytorch_tanh)"));
+    }
+  }
+  if (Get(c, "attn_logit_softcapping") != nullptr) {
+    return Refused("attn_logit_softcapping", "attention-score soft-capping is not supported");
+  }
+  if (Get(c, "final_logit_softcapping") != nullptr) {
+    return Refused("final_logit_softcapping", "logit soft-capping is not supported");
+  }
+  if (Truthy(Get(c, "use_bidirectional_attention"))) {
+    return Refused("use_bidirectional_attention", "attention is causal here");
+  }
+  DecoderSpec d;
+  d.head_dim = 256;
+  d.tie_word_embeddings = true;
+  d.rms_norm_eps = 1e-6f;
+  AMPD_RETURN_IF_ERROR(SharedKeys(c, d));
+
+  // RoPE: the full layers' set through Rope(), the sliding layers' default
+  // RoPE of their own base.
+  const JsonValue global_theta = Number(1000000.0);
+  const JsonValue local_theta_default = Number(10000.0);
+  const JsonValue* theta = Get(c, "rope_theta");
+  const JsonValue* local_base = Get(c, "rope_local_base_freq");
+  const JsonValue* params = Get(c, "rope_parameters");
+  bool per_type = false;
+  if (params != nullptr && params->type == JsonValue::Type::kObject) {
+    for (const auto& [name, value] : params->members) {
+      per_type = per_type || value.type == JsonValue::Type::kObject;
+    }
+  }
+  JsonValue full = Object(), local = Object();
+  if (per_type) {
+    if (const JsonValue* f = Get(*params, "full_attention"); f != nullptr) full = *f;
+    if (const JsonValue* l = Get(*params, "sliding_attention"); l != nullptr) local = *l;
+    if (full.type != JsonValue::Type::kObject) {
+      return Refused("rope_parameters.full_attention", "must be an object");
+    }
+    if (local.type != JsonValue::Type::kObject) {
+      return Refused("rope_parameters.sliding_attention", "must be an object");
+    }
+    full = WithDefault(full, "rope_theta", theta != nullptr ? theta : &global_theta);
+    local =
+        WithDefault(local, "rope_theta", local_base != nullptr ? local_base : &local_theta_default);
+  } else {
+    const JsonValue* flat = params != nullptr ? params : Get(c, "rope_scaling");
+    if (flat != nullptr) full = *flat;
+    if (full.type != JsonValue::Type::kObject) {
+      return Refused(params != nullptr ? "rope_parameters" : "rope_scaling", "must be an object");
+    }
+    full = WithDefault(full, "rope_theta", theta != nullptr ? theta : &global_theta);
+    local =
+        WithDefault(local, "rope_theta", local_base != nullptr ? local_base : &local_theta_default);
+  }
+  JsonValue full_config = Object();
+  full_config.members.emplace_back("rope_parameters", full);
+  if (const JsonValue* m = Get(c, "max_position_embeddings"); m != nullptr) {
+    full_config.members.emplace_back("max_position_embeddings", *m);
+  }
+  AMPD_RETURN_IF_ERROR(Rope(full_config, d));
+  for (const auto& [name, value] : local.members) {
+    if (value.is_null()) continue;
+    if (name == "rope_type" || name == "type") {
+      AMPD_ASSIGN_OR_RETURN(
+          const std::string t,
+          StringOf(&value, absl::StrCat("rope_parameters.sliding_attention.", name)));
+      if (t.empty() || t == "default") continue;
+    } else if (name == "rope_theta") {
+      continue;
+    }
+    return Refused(absl::StrCat("rope_parameters.sliding_attention.", name),
+                   "the sliding layers' RoPE is the default here");
+  }
+  AMPD_ASSIGN_OR_RETURN(
+      d.rope_local_theta,
+      FloatOf(Get(local, "rope_theta"), "rope_parameters.sliding_attention.rope_theta"));
+
+  // Layer types.
+  const size_t layers = static_cast<size_t>(std::max<int64_t>(d.num_hidden_layers, 0));
+  if (const JsonValue* types = Get(c, "layer_types"); types != nullptr) {
+    if (types->type != JsonValue::Type::kArray) return Refused("layer_types", "must be a list");
+    for (const JsonValue& t : types->items) {
+      if (t.type != JsonValue::Type::kString ||
+          (t.text != "sliding_attention" && t.text != "full_attention")) {
+        return Refused("layer_types", "ampd computes sliding_attention and full_attention");
+      }
+      d.sliding_layers.push_back(t.text == "sliding_attention");
+    }
+  } else {
+    int64_t pattern = 6;
+    if (const JsonValue* v = Get(c, "sliding_window_pattern"); v != nullptr) {
+      AMPD_ASSIGN_OR_RETURN(pattern, IntOf(v, "sliding_window_pattern"));
+      if (pattern <= 0) return Refused("sliding_window_pattern", "must be > 0");
+    }
+    for (size_t i = 0; i < layers; ++i) {
+      d.sliding_layers.push_back((static_cast<int64_t>(i) + 1) % pattern != 0);
+    }
+  }
+  d.sliding_window = 4096;
+  if (const JsonValue* v = Get(c, "sliding_window"); v != nullptr) {
+    AMPD_ASSIGN_OR_RETURN(d.sliding_window, IntOf(v, "sliding_window"));
+  }
+  d.query_pre_attn_scalar = 256.0f;
+  if (const JsonValue* v = Get(c, "query_pre_attn_scalar"); v != nullptr) {
+    AMPD_ASSIGN_OR_RETURN(d.query_pre_attn_scalar, FloatOf(v, "query_pre_attn_scalar"));
+  }
+  bool bias = false;
+  if (const JsonValue* v = Get(c, "attention_bias"); v != nullptr) {
+    AMPD_ASSIGN_OR_RETURN(bias, BoolOf(v, "attention_bias"));
+  }
+  d.qkv_bias = bias;
+  d.o_bias = bias;
+  d.qk_norm = true;
+  d.norm_unit_offset = true;
+  d.mlp_activation = MlpActivation::kGeluTanh;
+  d.sandwich_norms = true;
+  d.scale_embeddings = true;
+  ModelSpec spec;
+  spec.decoder = d;
+  spec.loss = LossKind::kCrossEntropy;
+  return spec;
+}
+
 }  // namespace
 
 absl::StatusOr<ModelSpec> ModelSpecOfHfConfig(absl::string_view config_json) {
@@ -316,8 +484,9 @@ absl::StatusOr<ModelSpec> ModelSpecOfHfConfig(absl::string_view config_json) {
   if (model_type == "llama" || model_type == "qwen2" || model_type == "qwen3") {
     return Decoder(c, model_type);
   }
-  return Refused("model_type",
-                 absl::StrCat("\"", model_type, "\": one of gpt2, llama, qwen2, qwen3"));
+  if (model_type == "gemma3_text") return Gemma3(c);
+  return Refused("model_type", absl::StrCat("\"", model_type,
+                                            "\": one of gpt2, llama, qwen2, qwen3, gemma3_text"));
 }
 
 }  // namespace ampd::engine::model
