@@ -27,6 +27,16 @@ struct JsonValue {
   // In document order; keys unique.
   std::vector<std::pair<std::string, JsonValue>> members;
 
+  // Declared here and defaulted in json_value.cc, where JsonValue is
+  // complete: members' pair<string, JsonValue> needs it (libstdc++ under
+  // clang checks at the implicit members' point of definition).
+  JsonValue();
+  ~JsonValue();
+  JsonValue(const JsonValue&);
+  JsonValue(JsonValue&&) noexcept;
+  JsonValue& operator=(const JsonValue&);
+  JsonValue& operator=(JsonValue&&) noexcept;
+
   // The member named key of an object; nullptr when absent or not an object.
   const JsonValue* Find(absl::string_view key) const;
   bool is_null() const { return type == Type::kNull; }
