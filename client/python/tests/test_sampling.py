@@ -247,6 +247,24 @@ def test_bad_requests_name_the_field(server):
         assert refused.value.field == "temperature"
 
 
+def test_weights_that_give_nan_logits_are_refused_not_sampled(server):
+    """An fp16 job whose masters are past fp16's range (a diverged run) has
+    NaN logits: Sample says so, nothing comes back, and the job still
+    samples once its weights are sane again."""
+    with ampd.Client(server.address) as client:
+        job = trained_job(client, "gpt")
+        sane = {name: t for name, t in job.state_dict().items()
+                if not name.startswith("optimizer.")}
+        wild = {name: np.full_like(t, 1e6) if name.endswith(".weight") else t
+                for name, t in sane.items()}
+        job.load_state_dict(wild, partial=True)
+        with pytest.raises(ampd.FailedPrecondition, match="not finite"):
+            job.sample([[1, 2, 3]], max_tokens=4, seed=1)
+        job.load_state_dict(sane, partial=True)
+        (group,) = job.sample([[1, 2, 3]], max_tokens=4, seed=1)
+        assert np.isfinite(group[0].logprobs).all()
+
+
 def test_rl_example_doubles_its_reward_with_no_mismatch(server):
     example = os.path.join(os.environ["AMPD_SOURCE_DIR"], "examples", "rl_fp16.py")
     result = subprocess.run([sys.executable, example, "--server=" + server.address,

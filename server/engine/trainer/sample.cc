@@ -297,6 +297,14 @@ absl::StatusOr<SampleReport> Trainer::Sample(const SampleInput& input,
     for (int64_t s = 0; s < n; ++s) {
       const size_t i = static_cast<size_t>(s);
       if (!done[i]) {
+        // Logits that are NaN (weights past the working dtype's range, a
+        // diverged run) draw no token worth returning: say so instead.
+        if (std::isnan(host_logprobs[i])) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "Sample: the logits of completion ", s, " are not finite at decode step ", step,
+              ": the weights give NaN (have they diverged, or left the working dtype's "
+              "range?); nothing was sampled"));
+        }
         Completion& c = completion(s);
         c.tokens.push_back(drawn[i]);
         c.logprobs.push_back(host_logprobs[i]);
