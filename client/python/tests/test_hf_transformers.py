@@ -15,6 +15,13 @@ downloaded) and writes with save_pretrained loads into a real ampd through ampd.
 - greedy Sample gives transformers' greedy generate token for token;
 - job.save_pretrained writes a folder AutoModelForCausalLM.from_pretrained
   opens, with ampd's log-probabilities.
+And in fp16 (the job's default dynamic loss scaling) and bf16, against
+transformers' fp32 model run under torch.autocast("cpu", dtype) (with
+torch.amp.GradScaler for fp16 training), each side measured against the
+fp32 reference: ampd's log-probs, loss and 5-step AdamW losses are no
+further from fp32 than 2x autocast's own error plus 4 ulps of the dtype at
+1, and within a bound derived from the dtype's rounding (see the comment
+above DTYPES; docs/BENCHMARKS.md tables the measured errors).
 Each test prints its largest differences (pytest -s shows them).
 
 Outside CI these skip, saying so, where transformers is not importable (run
@@ -456,3 +463,143 @@ def test_the_server_refuses_what_the_client_refuses(start_ampd, tmp_path, key, v
     named = str(client_side.value).split(":")[0].split(" ")[0]
     assert "config.json: %s" % named in server_side.value.message, \
         (str(client_side.value), server_side.value.message)
+
+
+# ---- fp16 and bf16 against transformers under torch.autocast ------------------
+#
+# Neither side computes the fp32 values, so the two are not compared with each
+# other directly: each is measured against the fp32 reference (transformers'
+# fp32 forward, and fp32 training), and ampd's error must be of autocast's own
+# size: at most AUTOCAST_FACTOR times autocast's error plus a floor of
+# FLOOR_ULPS units in the last place of the dtype at 1 (FLOOR_ULPS * eps;
+# so that an autocast error that happens to be tiny does not make the bound
+# tighter than rounding allows). Both sides keep fp32 master weights and
+# round the matmul operands to the dtype; they differ in which other
+# operations they round (ampd stores activations in the dtype, autocast keeps
+# norms, softmax and the loss in fp32), which the factor covers.
+#
+# An absolute bound, independent of autocast, too: the logits leave the last
+# matmul rounded to the dtype (relative error eps / 2 each) after a chain of
+# roundings of about ROUNDINGS_PER_LAYER per layer (norm, q/k/v, scores,
+# probabilities, context, o, residual, norm, up/gate, activation, down,
+# residual) plus the embedding and the head; to first order each adds eps / 2
+# of the activations' scale, and a log-prob is a logit less the logsumexp of
+# them all (twice a logit's error at most). So |log-prob error| <=
+# 2 * (ROUNDINGS_PER_LAYER * layers + 2) * eps / 2 * max |logit|, with
+# max |logit| <= max |fp32 log-prob|.
+DTYPES = {"fp16": (torch.float16, 2.0 ** -10), "bf16": (torch.bfloat16, 2.0 ** -7)}
+AUTOCAST_FACTOR = 2.0
+FLOOR_ULPS = 4
+ROUNDINGS_PER_LAYER = 12
+MIXED_STEPS = 5
+
+
+def _layers(family):
+    values = FAMILIES[family][1]
+    return values.get("n_layer", values.get("num_hidden_layers"))
+
+
+def assert_no_worse_than_autocast(what, ours, autocast, reference, eps, absolute):
+    """ours and autocast measured against reference (all float64 arrays):
+    ours' largest error within AUTOCAST_FACTOR x autocast's plus FLOOR_ULPS
+    ulps of the dtype at 1, and within `absolute`."""
+    ours, autocast, reference = (np.asarray(a, np.float64) for a in (ours, autocast, reference))
+    ours_err = np.abs(ours - reference).max()
+    autocast_err = np.abs(autocast - reference).max()
+    floor = FLOOR_ULPS * eps
+    bound = AUTOCAST_FACTOR * autocast_err + floor
+    print("%s: ampd max err vs fp32 %.3g, autocast max err vs fp32 %.3g "
+          "(bound %.3g, absolute bound %.3g)" % (what, ours_err, autocast_err, bound, absolute))
+    assert ours_err <= bound, (what, ours_err, autocast_err, bound)
+    assert ours_err <= absolute, (what, ours_err, absolute)
+    return ours_err, autocast_err
+
+
+def _autocast(dtype):
+    return torch.autocast("cpu", dtype=dtype)
+
+
+@pytest.mark.parametrize("precision", sorted(DTYPES))
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_mixed_precision_forward_as_autocast(server, tmp_path, family, precision):
+    """An fp16 / bf16 job's log-probs and loss are as far from transformers'
+    fp32 forward as transformers' own forward under torch.autocast is (the
+    model's weights fp32, the matmuls in the dtype)."""
+    dtype, eps = DTYPES[precision]
+    model = make_folder(family, tmp_path / "hf")
+    ids, targets = batch(family, 0)
+    reference, ref_loss = hf_logprobs_and_loss(model, ids, targets)
+    with _autocast(dtype):
+        autocast, ac_loss = hf_logprobs_and_loss(model, ids, targets)
+    with ampd.Client(server.address) as client:
+        job = client.create_job(model=ampd.from_pretrained(str(tmp_path / "hf")),
+                                precision=precision)
+        ours = ampd_logprobs(job, ids)
+        ours_loss = job.evaluate(ids, targets).loss
+    roundings = ROUNDINGS_PER_LAYER * _layers(family) + 2
+    absolute = 2 * roundings * eps / 2 * np.abs(reference).max()
+    assert_no_worse_than_autocast("%s %s log-probs" % (family, precision), ours, autocast,
+                                  reference, eps, absolute)
+    # The loss is a mean of log-probs: their bound holds for it.
+    assert_no_worse_than_autocast("%s %s loss" % (family, precision), ours_loss,
+                                  ac_loss.item(), ref_loss.item(), eps, absolute)
+
+
+@pytest.mark.parametrize("precision", sorted(DTYPES))
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_mixed_precision_adamw_steps_as_autocast(server, tmp_path, family, precision):
+    """5 AdamW steps of an fp16 / bf16 job (fp16 with the job's default
+    dynamic loss scaling, PyTorch's GradScaler's policy) stay as close to
+    fp32 training in transformers as transformers + AdamW under autocast
+    (with torch.amp.GradScaler for fp16) does."""
+    dtype, eps = DTYPES[precision]
+    reference_model = make_folder(family, tmp_path / "hf").train()
+    autocast_model = load_hf(str(tmp_path / "hf")).train()
+    ref_opt = torch.optim.AdamW(reference_model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    ac_opt = torch.optim.AdamW(autocast_model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    scaler = torch.amp.GradScaler("cpu", enabled=precision == "fp16")
+    with ampd.Client(server.address) as client:
+        job = client.create_job(model=ampd.from_pretrained(str(tmp_path / "hf")),
+                                precision=precision,
+                                optimizer=ampd.AdamW(lr=LR, weight_decay=WEIGHT_DECAY))
+        # The fp32 model's losses on the same batches untrained: training
+        # must move the curve by far more than ampd's error, so that close
+        # curves say something about the updates.
+        untrained = [hf_logprobs_and_loss(reference_model, *batch(family, step))[1].item()
+                     for step in range(MIXED_STEPS)]
+        ours, reference, autocast = [], [], []
+        for step in range(MIXED_STEPS):
+            ids, targets = batch(family, step)
+            ours.append(job.step(ids, targets).loss)
+            ref_opt.zero_grad()
+            _, loss = hf_logprobs_and_loss(reference_model, ids, targets, grad=True)
+            loss.backward()
+            ref_opt.step()
+            reference.append(loss.item())
+            ac_opt.zero_grad()
+            with _autocast(dtype):
+                _, loss = hf_logprobs_and_loss(autocast_model, ids, targets, grad=True)
+            scaler.scale(loss).backward()
+            scaler.step(ac_opt)
+            scaler.update()
+            autocast.append(loss.item())
+        applied = job.applied_steps
+    # Every step applied on both sides (no overflow skipped one), so the
+    # curves compare the same updates.
+    assert applied == MIXED_STEPS
+    if precision == "fp16":
+        assert scaler.get_scale() == torch.amp.GradScaler("cpu").get_scale()
+    print("%s %s losses: ampd %s, autocast %s, fp32 %s (ampd applied %s)"
+          % (family, precision, np.round(ours, 5), np.round(autocast, 5), np.round(reference, 5),
+             applied))
+    # Each step's loss is a forward's: the forward's absolute bound, for the
+    # weights after up to 4 updates (Adam moves each by about lr a step
+    # whatever the gradient's rounding, so the weights stay within a few lr).
+    roundings = ROUNDINGS_PER_LAYER * _layers(family) + 2
+    absolute = 2 * roundings * eps / 2 * max(np.abs(reference).max(), 1.0)
+    ours_err, _ = assert_no_worse_than_autocast(
+        "%s %s %d-step losses" % (family, precision, MIXED_STEPS), ours, autocast, reference,
+        eps, absolute)
+    moved = np.abs(np.subtract(reference, untrained)).max()
+    print("%s %s: training moved the losses by %.3g" % (family, precision, moved))
+    assert moved > 10 * ours_err
