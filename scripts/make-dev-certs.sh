@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes a development CA and the certificates and tenants file that
-# deploy/docker-compose.secure.yml and deploy/k8s/secure expect, under DIR
+# deploy/docker-compose.secure.yml and deploy/secure/k8s expect, under DIR
 # (default deploy/secrets, which git ignores):
 #   ca.crt ca.key        the CA: signs the server's and the clients' certificates
 #   server.crt/.key      the server, named ampd, localhost and 127.0.0.1

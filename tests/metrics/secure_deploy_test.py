@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Runs the secured deployments' own command lines against the real ampd.
 
-deploy/docker-compose.secure.yml and deploy/k8s/secure/deployment-tls.yaml
+deploy/docker-compose.secure.yml and deploy/secure/k8s/deployment-tls.yaml
 name files (compose secrets, Kubernetes Secret mounts), give ampd flags and
 probe it with ampctl. This test makes the files with scripts/make-dev-certs.sh,
 lays them out where each manifest expects them (under a temporary root), and
@@ -159,13 +159,13 @@ def compose_case(deploy_dir, dockerfile, secrets, work):
 
 
 def k8s_case(deploy_dir, secrets, work):
-    secure = os.path.join(deploy_dir, "k8s", "secure")
+    secure = os.path.join(deploy_dir, "secure", "k8s")
     (kustomization,) = [d for d in yaml.safe_load_all(open(
         os.path.join(secure, "kustomization.yaml"), encoding="utf-8")) if d]
-    check("../" in kustomization.get("resources", []) or ".." in kustomization.get("resources", []),
-          "k8s/secure: must build on the base deploy/k8s")
+    check("../../k8s" in kustomization.get("resources", []),
+          "secure/k8s: must build on the base deploy/k8s")
     patch_paths = [p["path"] for p in kustomization.get("patches", [])]
-    check(patch_paths == ["deployment-tls.yaml"], "k8s/secure: patches %s" % patch_paths)
+    check(patch_paths == ["deployment-tls.yaml"], "secure/k8s: patches %s" % patch_paths)
     (patch,) = [d for d in yaml.safe_load_all(open(
         os.path.join(secure, "deployment-tls.yaml"), encoding="utf-8")) if d]
     spec = patch["spec"]["template"]["spec"]
@@ -182,9 +182,9 @@ def k8s_case(deploy_dir, secrets, work):
     mounts = {}
     for m in container.get("volumeMounts", []):
         secret = volumes.get(m["name"])
-        if not check(secret in secret_files, "k8s/secure: mount %s is no known Secret" % m["name"]):
+        if not check(secret in secret_files, "secure/k8s: mount %s is no known Secret" % m["name"]):
             continue
-        check(m.get("readOnly") is True, "k8s/secure: mount %s must be readOnly" % m["name"])
+        check(m.get("readOnly") is True, "secure/k8s: mount %s must be readOnly" % m["name"])
         target = os.path.join(root, m["mountPath"].lstrip("/"))
         os.makedirs(target)
         for key, source in secret_files[secret].items():
@@ -199,16 +199,16 @@ def k8s_case(deploy_dir, secrets, work):
     flags = [rooted(a) for a in container["args"]]
     for a in flags:
         if "=/etc/" in a:
-            problems.append("k8s/secure: %s names a file no Secret mount provides" % a)
+            problems.append("secure/k8s: %s names a file no Secret mount provides" % a)
     probes = {}
     for name in ["startupProbe", "livenessProbe", "readinessProbe"]:
         probe = container.get(name, {})
         # A strategic merge keeps the base's grpc probe unless it is nulled.
         check("grpc" in probe and probe["grpc"] is None,
-              "k8s/secure: %s must null the base's grpc probe (grpc: null)" % name)
+              "secure/k8s: %s must null the base's grpc probe (grpc: null)" % name)
         probes[name] = [rooted(a) for a in probe.get("exec", {}).get("command", [])]
     check(probes["startupProbe"] == probes["livenessProbe"] == probes["readinessProbe"],
-          "k8s/secure: the three probes should run the same command")
+          "secure/k8s: the three probes should run the same command")
     return flags, probes["livenessProbe"]
 
 

@@ -21,6 +21,10 @@
   reaches ampd on the pod's loopback, probes /healthz on its port, shares
   the state volume and mounts the models read-only; its Dockerfile runs
   `python -m ampd_tinker` on the port the manifests use.
+- Every kustomization (k8s/, k8s/distributed/, secure/k8s/, tinker/k8s/)
+  builds with `kubectl kustomize` where kubectl is installed (an overlay
+  inside its own base is a cycle kustomize refuses); without kubectl this
+  part says it did not run.
 
 Exits non-zero with every problem listed.
 """
@@ -29,6 +33,7 @@ import json
 import os
 import re
 import select
+import shutil
 import subprocess
 import sys
 import urllib.request
@@ -488,6 +493,22 @@ def check_dockerfile(path):
           "Dockerfile: multi-stage on nvidia/cuda images")
 
 
+KUSTOMIZATIONS = (("k8s",), ("k8s", "distributed"), ("secure", "k8s"), ("tinker", "k8s"))
+
+
+def check_kustomize_builds(deploy_dir):
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        print("kustomize builds: not checked (no kubectl on PATH)")
+        return
+    for parts in KUSTOMIZATIONS:
+        folder = os.path.join(deploy_dir, *parts)
+        built = subprocess.run([kubectl, "kustomize", folder], capture_output=True, text=True,
+                               timeout=120)
+        check(built.returncode == 0 and "kind:" in built.stdout,
+              "%s: kubectl kustomize failed: %s" % ("/".join(parts), built.stderr.strip()[-400:]))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--deploy-dir", required=True)
@@ -518,6 +539,7 @@ def main():
     check_compose_distributed(args.deploy_dir, args.dockerfile)
     check_dockerfile(args.dockerfile)
     check_tinker(args.deploy_dir)
+    check_kustomize_builds(args.deploy_dir)
 
     if problems:
         for p in problems:
