@@ -18,17 +18,7 @@ import numpy as np
 import pytest
 
 import ampd
-
-VOCAB = 23
-MODELS = {
-    "gpt": ampd.GPT(vocab_size=VOCAB, context_length=24, d_model=32, n_layer=2, n_head=4),
-    "decoder": ampd.Decoder(vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
-                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                            max_position_embeddings=24),
-    "lora": ampd.Decoder(vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=24, lora=ampd.LoRA(rank=4, alpha=8.0)),
-}
+from small_lms import MODELS, VOCAB
 
 
 def trained_job(client, which, precision="fp16"):
