@@ -249,8 +249,9 @@ trap 'stop_ampd; rm -rf "$svc_dir"' EXIT
 # With a state directory, as a service runs: CreateJob writes its creation
 # checkpoint there.
 : >"$svc_dir/ampd.out"  # exists before the forked child opens it
+mkdir -p "$svc_dir/models"  # the shared base of service_remote_rl is written there
 "$bin/server/ampd" --listen=127.0.0.1:0 --metrics-listen= --device="$device" \
-  --state-dir="$svc_dir/state" \
+  --state-dir="$svc_dir/state" --models-dir="$svc_dir/models" \
   >"$svc_dir/ampd.out" 2>"$logs/ampd_server.log" &
 ampd_pid=$!
 port=""
@@ -400,6 +401,21 @@ part hf_sample_gpt 150 "${py[@]}" bench/pytorch/hf_generate.py --device "$torch_
 part hf_sample_decoder 180 "${py[@]}" bench/pytorch/hf_generate.py --device "$torch_device" \
   --model decoder --precisions bf16,fp16 "${sample_run[@]}" "${sample_decoder_shape[@]}" \
   "${threads[@]}"
+
+# ---- 6b. remote RL: accumulated updates and LoRA jobs on one shared base ---------------
+# The Qwen2.5-0.5B-shaped decoder: 4 ForwardBackward calls (2 x 512 tokens
+# each) and an OptimStep beside one Step over the same micro-batches, full
+# and LoRA rank 16, bf16 and fp16 (their losses must agree); then 16 LoRA
+# jobs on one bf16 base of the server's --models-dir: the server's device
+# memory against one base plus 16 adapter jobs, and a step of each.
+if [ "$quick" -eq 1 ]; then
+  remote_rl_shape=(--vocab 512 --hidden 64 --intermediate 128 --layers 2 --heads 4 --kv-heads 2
+                   --seq 32 --updates 2)
+else
+  remote_rl_shape=()
+fi
+client_part service_remote_rl 150 bench/service/remote_rl_bench.py --device="$device" \
+  --models-dir="$svc_dir/models" --server-pid="$ampd_pid" "${remote_rl_shape[@]}"
 
 # ---- 7. the rest: the reference MLP, the token model, the service's own costs ------------
 part engine_mlp 60 "$bin/bench/engine/ampd_bench_engine" --device="$device" \

@@ -277,6 +277,21 @@ def main() -> int:
             if isinstance(a, float) and isinstance(b, float):
                 rows.append((f"{label} Sample, {p}: batch_invariant's tokens/s over the plain "
                              f"job's", sample_cell(b), "", f"{b / a:.2f}x"))
+    # Remote RL: accumulated updates against the fused Step (no PyTorch peer:
+    # the ratio is ampd's Step time over its own accumulated update's), and
+    # the memory of LoRA jobs on one shared base.
+    remote = read(out, "service_remote_rl")
+    for p, kind, fused, split in re.findall(
+            r"^accumulate (\w+)\s+(full|lora r\d+)\s*: Step ([\d.]+) s, \d+ x ForwardBackward "
+            r"\+ OptimStep ([\d.]+) s", remote, re.M):
+        rows.append((f"decoder {kind} update, {p}: ForwardBackward calls + OptimStep vs one Step",
+                     fmt(float(split), " s", 4), f"Step {fmt(float(fused), ' s', 4)}",
+                     ratio(1 / float(split), 1 / float(fused))))
+    m = re.search(r"^shared_base: (\d+) LoRA jobs .*?grew ([\d.]+) MiB against ([\d.]+) MiB.*?"
+                  r"ratio ([\d.]+)", remote, re.M)
+    if m:
+        rows.append((f"{m[1]} LoRA jobs on one shared base: memory vs one base + adapters",
+                     f"{m[2]} MiB", f"expected {m[3]} MiB", f"{m[4]}x"))
     # Token model through the service.
     svc_text = read(out, "service_token") + read(out, "service_token_bf16_fp32")
     svc, torch_tok = token_service(svc_text), token_torch(read(out, "torch_token"))
