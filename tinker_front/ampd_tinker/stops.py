@@ -12,8 +12,9 @@ reads a response ended by EOS without its stop string).
 
 ampd's Sample stops on token ids only, so for stop strings it samples to
 max_tokens (or EOS) and the sequence is cut here: the tokens kept are
-exactly those a server stopping on the spot would return, since completion
-j draws token i from its own Philox stream whatever follows. The text is
+exactly those a server stopping on the spot would return, since a
+completion's first k tokens are the same whatever max_tokens is (its draws
+come from its own seeded stream, in order). The text is
 decoded with the base model's tokenizer.json (the `tokenizers` package),
 special tokens included, so a stop string may also name one.
 """
