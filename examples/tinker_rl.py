@@ -4,7 +4,7 @@ them, centre the rewards within each group (the advantages), train with the
 importance_sampling loss on the sampler's own log-probs, take an optim_step,
 and make a new sampler from the updated weights: every iteration.
 
-The toy task: completions of up to --max-tokens characters are rewarded for
+The toy task: completions of --max-tokens characters are rewarded for
 the share of them that are the --target character. Pointed at ampd-tinker
 (fp16, batch_invariant jobs), the trainer's log-probs of the sampled tokens
 equal the sampler's, so the printed mismatch (max |trainer - sampler| over
@@ -53,8 +53,10 @@ def main():
     rewards, mismatches = [], []
     for iteration in range(args.iterations):
         sampler = resolved(trainer.save_weights_and_get_sampling_client())
+        # stop=[]: every completion is --max-tokens long (None would end
+        # one at the model's EOS as well).
         params = types.SamplingParams(max_tokens=args.max_tokens, temperature=1.0,
-                                      seed=1000 + iteration)
+                                      seed=1000 + iteration, stop=[])
         futures = [sampler.sample(types.ModelInput.from_ints(prompt), args.group_size, params)
                    for prompt in prompts]
         data, sampled, group_rewards = [], [], []

@@ -40,6 +40,7 @@
 #include "common/status_macros.h"
 #include "server/engine/dist/rendezvous_table.h"
 #include "server/engine/jobs/job_registry.h"
+#include "server/metrics/rpc_in_flight.h"
 #include "server/metrics/server_metrics.h"
 #include "server/rpc/auth.h"
 #include "server/rpc/peer_client.h"
@@ -339,10 +340,19 @@ absl::StatusOr<ampd::engine::dist::RendezvousTable::Limits> PeerLimitsFromFlags(
   return limits;
 }
 
+// ampd_rpc_in_flight's interceptor on a port's builder, when /metrics is served.
+void CountCallsInFlight(grpc::ServerBuilder& builder, ampd::metrics::ServerMetrics* metrics) {
+  if (metrics == nullptr) return;
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
+  creators.push_back(ampd::metrics::RpcInFlightInterceptors(metrics));
+  builder.experimental().SetInterceptorCreators(std::move(creators));
+}
+
 // The meeting point of distributed jobs' ranks when --peer-address is set
 // (else nullptr), and what the registry needs to reach it.
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartPeerServer(
-    ampd::rpc::PeerService& peer_service, ampd::engine::RegistryOptions& options) {
+    ampd::rpc::PeerService& peer_service, ampd::engine::RegistryOptions& options,
+    ampd::metrics::ServerMetrics* metrics) {
   const std::string peer = absl::GetFlag(FLAGS_peer_address);
   if (peer.empty()) return nullptr;
   const std::string peer_host = HostOf(peer);
@@ -357,6 +367,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartPeerServer(
   int peer_port = 0;
   peer_builder.AddListeningPort(peer, grpc::InsecureServerCredentials(), &peer_port);
   peer_builder.RegisterService(&peer_service);
+  CountCallsInFlight(peer_builder, metrics);
   // Join and Get hold a thread while they wait: bound the threads and the
   // message size, so peers that flood the meeting point cannot exhaust
   // the process (the table bounds what it keeps).
@@ -403,7 +414,7 @@ absl::StatusOr<ampd::rpc::ServiceOptions> ServiceOptionsFromFlags(
 // health service; *port is the port it listens on.
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartTrainerServer(
     ampd::rpc::TrainerService& service, const ampd::rpc::Authenticator& authenticator,
-    std::string* listen, int* port) {
+    ampd::metrics::ServerMetrics* metrics, std::string* listen, int* port) {
   const int32_t reload_interval = absl::GetFlag(FLAGS_tls_reload_interval_s);
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       ampd::rpc::MakeServerCredentials(
@@ -431,6 +442,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartTrainerServer(
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(std::min<int64_t>(std::max<int64_t>(max_receive, 1), INT32_MAX)));
   builder.RegisterService(&service);
+  CountCallsInFlight(builder, metrics);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || *port == 0) {
     return StartupError(absl::StrCat("--listen: cannot listen on ", *listen));
@@ -499,7 +511,7 @@ absl::Status Run() {
   });
   ampd::rpc::PeerService peer_service(&rendezvous_table);
   AMPD_ASSIGN_OR_RETURN(std::unique_ptr<grpc::Server> peer_server,
-                        StartPeerServer(peer_service, options));
+                        StartPeerServer(peer_service, options, metrics.get()));
 
   absl::StatusOr<std::unique_ptr<ampd::engine::JobRegistry>> registry =
       ampd::engine::JobRegistry::Create(options);
@@ -529,7 +541,7 @@ absl::Status Run() {
   std::string listen;
   int port = 0;
   AMPD_ASSIGN_OR_RETURN(std::unique_ptr<grpc::Server> server,
-                        StartTrainerServer(service, authenticator, &listen, &port));
+                        StartTrainerServer(service, authenticator, metrics.get(), &listen, &port));
   std::printf("ampd: listening on %s:%d\n", HostOf(listen).c_str(), port);
   std::fflush(stdout);
   const bool tls = !absl::GetFlag(FLAGS_tls_cert).empty();

@@ -326,7 +326,11 @@ ServerMetrics::ServerMetrics(const MetricsOptions& options)
       rpc_duration_(BuildHistogram()
                         .Name("ampd_rpc_duration_seconds")
                         .Help("Server-side RPC latency by method.")
-                        .Register(*registry_)) {}
+                        .Register(*registry_)),
+      rpc_in_flight_(BuildGauge()
+                         .Name("ampd_rpc_in_flight")
+                         .Help("RPCs received and not yet answered, by method.")
+                         .Register(*registry_)) {}
 
 ServerMetrics::~ServerMetrics() = default;
 
@@ -646,6 +650,18 @@ void ServerMetrics::RecordRpc(absl::string_view method, absl::string_view code, 
   }
   requests->Increment();
   duration->Observe(std::isfinite(seconds) ? std::max(seconds, 0.0) : 0.0);
+}
+
+prometheus::Gauge& ServerMetrics::RpcInFlight(absl::string_view method) {
+  absl::MutexLock lock(&rpc_mu_);
+  auto it = rpc_in_flight_series_.find(method);
+  if (it != rpc_in_flight_series_.end()) return *it->second;
+  // A method name comes from the client's request line: bound the labels.
+  const std::string label =
+      rpc_in_flight_series_.size() < kMaxInFlightMethods ? std::string(method) : "other";
+  prometheus::Gauge& gauge = rpc_in_flight_.Add({{"method", label}});
+  rpc_in_flight_series_.emplace(label, &gauge);
+  return gauge;
 }
 
 void ServerMetrics::OnSharedBases(int64_t count, int64_t bytes) {

@@ -98,6 +98,12 @@ class ServerMetrics final : public engine::JobObserver {
   // One finished RPC, e.g. ("Step", "OK", 0.004); code is the gRPC status
   // code's canonical name.
   void RecordRpc(absl::string_view method, absl::string_view code, double seconds);
+  // The gauge ampd_rpc_in_flight{method}: the method's calls received and
+  // not yet answered, moved by rpc_in_flight.h's interceptor. The handle
+  // lives as long as this object; past kMaxInFlightMethods distinct methods,
+  // every further one shares method="other".
+  prometheus::Gauge& RpcInFlight(absl::string_view method);
+  static constexpr size_t kMaxInFlightMethods = 64;
   void SetDeviceMemory(int64_t in_use_bytes, int64_t total_bytes);
 
  private:
@@ -162,12 +168,15 @@ class ServerMetrics final : public engine::JobObserver {
   prometheus::Gauge& shared_base_bytes_;
   prometheus::Family<prometheus::Counter>& rpc_requests_;
   prometheus::Family<prometheus::Histogram>& rpc_duration_;
+  prometheus::Family<prometheus::Gauge>& rpc_in_flight_;
 
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<JobSeries>> jobs_by_id_ ABSL_GUARDED_BY(mu_);
   absl::Mutex rpc_mu_;
   // Keyed by method + '\n' + code; RPC series live as long as the server.
   absl::flat_hash_map<std::string, RpcSeries> rpc_series_ ABSL_GUARDED_BY(rpc_mu_);
+  absl::flat_hash_map<std::string, prometheus::Gauge*> rpc_in_flight_series_
+      ABSL_GUARDED_BY(rpc_mu_);
 
   // Declared last so it is destroyed first: no scrape may read the registry
   // while the families above are being torn down.

@@ -34,6 +34,7 @@
 #include "gtest/gtest.h"
 #include "server/engine/dist/peer_auth.h"
 #include "tests/support/ampd_process.h"
+#include "tests/support/metric_wait.h"
 #include "tests/support/subprocess.h"
 #include "tests/support/temp_dir.h"
 
@@ -816,7 +817,8 @@ TEST_F(DataParallelTest, AnotherTenantCannotCreateJoinOrReadAGroupUnderItsName) 
       }
     }
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // his Join waits
+  // His Join waits at the meeting point.
+  EXPECT_TRUE(test_support::WaitForCallsInFlight(replicas[0].process->metrics_port(), "Join"));
   ClientOptions alice_options;
   alice_options.token = kAliceToken;
   std::unique_ptr<Client> c0 = Client::Connect(replicas[0].address(), alice_options);
@@ -906,11 +908,13 @@ TEST_F(DataParallelTest, ATenantTakesAtMostItsShareOfTheMeetingPointsWaits) {
       }
     });
   }
-  // Refusals come at once; what is not refused waits.
-  for (int i = 0; i < 100 && refused.load() < kGets / 2; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // Refusals come at once; what is not refused waits: every Get has been
+  // answered or is held by the server.
+  const std::string waiting = test_support::InFlightSeries("Get");
+  EXPECT_TRUE(test_support::WaitForMetrics(
+      replicas[0].process->metrics_port(), [&](const test_support::Samples& samples) {
+        return refused.load() + test_support::ValueOf(samples, waiting) == kGets;
+      }));
   EXPECT_EQ(refused.load(), kGets - 96);
   EXPECT_EQ(refused_for_tenant.load(), refused.load());
 

@@ -224,6 +224,10 @@ TEST_F(LiveMetricsTest, OverflowBackoffAndJobSeriesFollowTheServer) {
   EXPECT_EQ(after("ampd_jobs"), 2);
   EXPECT_EQ(after(R"(ampd_rpc_requests_total{code="OK",method="Step"})"), kGoodSteps + 1);
   EXPECT_EQ(after(R"(ampd_rpc_requests_total{code="OK",method="CreateJob"})"), 2);
+  // Each call counted in flight while it ran (the gauge exists) and no
+  // more once answered (the scrape itself is HTTP, not a call).
+  EXPECT_EQ(after(R"(ampd_rpc_in_flight{method="Step"})"), 0);
+  EXPECT_EQ(after(R"(ampd_rpc_in_flight{method="CreateJob"})"), 0);
 
   // A refused step (out of sequence) is an RPC error, not a training step.
   absl::StatusOr<v1::StepResponse> refused = Step(a.job_id(), kGoodSteps + 5);

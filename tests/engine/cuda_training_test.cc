@@ -92,6 +92,34 @@ JobConfig Qwen3DecoderJob(model::Precision precision) {
   return config;
 }
 
+// A Gemma 3-style decoder, the parts Gemma 3 brings: every RMSNorm scales
+// by 1 + w (weights from 0), the sandwich norms after attention and MLP,
+// GeGLU, embeddings times sqrt(hidden), the per-head q/k norm, heads of 32
+// scaled by query_pre_attn_scalar^-1/2 (24, not head_dim), one K/V head for
+// four query heads (Gemma 3 1B's), a tied head, and layer 0 sliding: it
+// attends to its last 8 keys with RoPE of the local base while layer 1 is
+// global with its own (the training sequences of 20 and 32 tokens and the
+// sampled ones of up to 20 are longer than the window).
+JobConfig Gemma3DecoderJob(model::Precision precision) {
+  JobConfig config = DecoderJob(precision);
+  model::DecoderSpec& d = *config.model.decoder;
+  d.num_key_value_heads = 1;
+  d.qkv_bias = false;
+  d.qk_norm = true;
+  d.head_dim = 32;
+  d.norm_unit_offset = true;
+  d.mlp_activation = model::MlpActivation::kGeluTanh;
+  d.sandwich_norms = true;
+  d.scale_embeddings = true;
+  d.query_pre_attn_scalar = 24.0f;
+  d.tie_word_embeddings = true;
+  d.rope_theta = 1000000.0f;
+  d.sliding_layers = {true, false};
+  d.sliding_window = 8;
+  d.rope_local_theta = 10000.0f;
+  return config;
+}
+
 // The decoder above fine-tuned through LoRA adapters on every projection
 // (the stacked q|k|v adapters' block-diagonal B among them), its base
 // frozen in the working dtype and drawn wide enough (std 0.3) that the
@@ -251,6 +279,25 @@ TEST_P(CudaTraining, Qwen3DecoderLossCurveMatchesTheCpuBackend) {
   EXPECT_LT(cpu.loss.back(), 0.7f * cpu.loss.front());
 }
 
+// The Gemma 3-style decoder on CUDA against the CPU oracle, step by step:
+// the (1 + w) norms and the sandwich norms, GeGLU's gate and its backward,
+// the scaled embedding, and the sliding layer's window and local RoPE.
+TEST_P(CudaTraining, Gemma3DecoderLossCurveMatchesTheCpuBackend) {
+  const JobConfig config = Gemma3DecoderJob(GetParam());
+  ASSERT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
+  const int kSteps = 30;
+  const Curve cpu = Train("cpu", config, kSteps);
+  const Curve gpu = Train("cuda:0", config, kSteps);
+  ASSERT_EQ(cpu.loss.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(gpu.loss.size(), static_cast<size_t>(kSteps));
+  for (int s = 0; s < kSteps; ++s) {
+    EXPECT_EQ(cpu.skipped[s], gpu.skipped[s]) << "step " << s + 1;
+    EXPECT_NEAR(gpu.loss[s], cpu.loss[s], Tolerance(GetParam()) * std::fabs(cpu.loss[s]))
+        << "step " << s + 1;
+  }
+  EXPECT_LT(cpu.loss.back(), 0.7f * cpu.loss.front());
+}
+
 // A LoRA job on CUDA against the CPU oracle, step by step: the adapters'
 // GEMMs, the column-block copies of the stacked q|k|v adapters, the
 // frozen RMSNorms' backward without a weight gradient.
@@ -274,6 +321,7 @@ TEST_P(CudaTraining, LoraDecoderLossCurveMatchesTheCpuBackend) {
 // sit at different positions), 8 new tokens each.
 const char* ModelName(const JobConfig& config) {
   if (config.model.gpt.has_value()) return "gpt";
+  if (config.model.decoder->norm_unit_offset) return "gemma3 decoder";
   if (config.model.decoder->qk_norm) return "qwen3 decoder";
   return config.model.decoder->lora.has_value() ? "LoRA decoder" : "decoder";
 }
@@ -304,8 +352,9 @@ SampleInput MixedPrompts() {
 // within the precision's tolerance, not bit for bit; the test after this
 // one turns them on and asks for the bits.
 TEST_P(CudaTraining, SampledLogprobsAgreeWithTheTrainingForward) {
-  for (const JobConfig& config : {GptJob(GetParam()), DecoderJob(GetParam()),
-                                  LoraDecoderJob(GetParam()), Qwen3DecoderJob(GetParam())}) {
+  for (const JobConfig& config :
+       {GptJob(GetParam()), DecoderJob(GetParam()), LoraDecoderJob(GetParam()),
+        Qwen3DecoderJob(GetParam()), Gemma3DecoderJob(GetParam())}) {
     SCOPED_TRACE(ModelName(config));
     absl::StatusOr<std::unique_ptr<Trainer>> trainer = CudaTrainer(config);
     ASSERT_TRUE(trainer.ok()) << trainer.status();
@@ -356,7 +405,7 @@ uint32_t Bits(float f) {
 // so the completions, not only the greedy argmax, must agree.
 TEST_P(CudaTraining, BatchInvariantSampledLogprobsEqualTheTrainingForwardBitForBit) {
   for (JobConfig config : {GptJob(GetParam()), DecoderJob(GetParam()), LoraDecoderJob(GetParam()),
-                           Qwen3DecoderJob(GetParam())}) {
+                           Qwen3DecoderJob(GetParam()), Gemma3DecoderJob(GetParam())}) {
     config.batch_invariant = true;
     SCOPED_TRACE(ModelName(config));
     absl::StatusOr<std::unique_ptr<Trainer>> trainer = CudaTrainer(config);
@@ -500,8 +549,9 @@ void ExpectWarmStepAllocatesNothing(const JobConfig& config) {
 // order, never atomically; an atomicAdd made the last bits depend on which
 // block finished first).
 TEST_P(CudaTraining, StepLossIsTheSameBitsFromRunToRun) {
-  for (const JobConfig& config : {GptJob(GetParam()), DecoderJob(GetParam()),
-                                  LoraDecoderJob(GetParam()), Qwen3DecoderJob(GetParam())}) {
+  for (const JobConfig& config :
+       {GptJob(GetParam()), DecoderJob(GetParam()), LoraDecoderJob(GetParam()),
+        Qwen3DecoderJob(GetParam()), Gemma3DecoderJob(GetParam())}) {
     SCOPED_TRACE(ModelName(config));
     std::vector<std::vector<uint32_t>> runs;
     for (int run = 0; run < 2; ++run) {
@@ -524,11 +574,10 @@ TEST_P(CudaTraining, StepLossIsTheSameBitsFromRunToRun) {
 }
 
 TEST_P(CudaTraining, WarmGptAndDecoderStepsAllocateNothing) {
-  for (const JobConfig& config : {GptJob(GetParam()), DecoderJob(GetParam()),
-                                  LoraDecoderJob(GetParam()), Qwen3DecoderJob(GetParam())}) {
-    SCOPED_TRACE(config.model.gpt.has_value()             ? "gpt"
-                 : config.model.decoder->lora.has_value() ? "LoRA decoder"
-                                                          : "decoder");
+  for (const JobConfig& config :
+       {GptJob(GetParam()), DecoderJob(GetParam()), LoraDecoderJob(GetParam()),
+        Qwen3DecoderJob(GetParam()), Gemma3DecoderJob(GetParam())}) {
+    SCOPED_TRACE(ModelName(config));
     ExpectWarmStepAllocatesNothing(config);
   }
 }

@@ -90,6 +90,7 @@ int main(int argc, char** argv) {
   metrics.OnStep("dist-job", step);
 
   metrics.RecordRpc("Step", "OK", 0.009);
+  metrics.RpcInFlight("Sample").Increment();
   metrics.SetDeviceMemory(int64_t{1} << 30, int64_t{80} << 30);
 
   std::cout << metrics.port() << std::endl;  // endl: the reader waits for this line

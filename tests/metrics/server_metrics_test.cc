@@ -13,7 +13,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "prometheus/gauge.h"
 #include "server/engine/api.h"
 #include "server/engine/jobs/job_observer.h"
 #include "tests/support/exposition.h"
@@ -590,6 +593,32 @@ TEST_F(ServerMetricsTest, RpcsAndDeviceMemory) {
   EXPECT_EQ(s.at("ampd_device_memory_total_bytes"), 80.0 * (1 << 30));
 }
 
+TEST_F(ServerMetricsTest, RpcsInFlightByMethodWithBoundedLabels) {
+  prometheus::Gauge& sample = metrics_->RpcInFlight("Sample");
+  sample.Increment();
+  sample.Increment();
+  metrics_->RpcInFlight("Join").Increment();
+  EXPECT_EQ(&metrics_->RpcInFlight("Sample"), &sample);  // one series a method
+  sample.Decrement();
+  auto s = ParseSamples(Scrape());
+  EXPECT_EQ(s.at(R"(ampd_rpc_in_flight{method="Sample"})"), 1);
+  EXPECT_EQ(s.at(R"(ampd_rpc_in_flight{method="Join"})"), 1);
+
+  // Method names past the bound share one series.
+  for (size_t i = 0; i < ServerMetrics::kMaxInFlightMethods + 10; ++i) {
+    metrics_->RpcInFlight(absl::StrCat("M", i)).Increment();
+  }
+  s = ParseSamples(Scrape());
+  size_t series = 0;
+  for (const auto& [name, value] : s) {
+    series += absl::StartsWith(name, "ampd_rpc_in_flight{") ? 1 : 0;
+  }
+  EXPECT_EQ(series, ServerMetrics::kMaxInFlightMethods + 1);
+  // The two above, then M0..M61 alone; M62 onwards (12 of them) are "other".
+  EXPECT_EQ(s.at(R"(ampd_rpc_in_flight{method="other"})"), 12);
+  EXPECT_EQ(s.at(R"(ampd_rpc_in_flight{method="M61"})"), 1);
+}
+
 TEST_F(ServerMetricsTest, ConcurrentJobsCountExactly) {
   constexpr int kJobs = 4;
   constexpr int kSteps = 500;
@@ -640,6 +669,7 @@ TEST_F(ServerMetricsTest, PromtoolAcceptsTheExposition) {
   observer().OnGroupFormed("job-d", {.round = 0, .copied_state = false, .source_rank = 0});
   observer().OnStep("job-d", DistributedStep(1, 0.002, 0.001));
   metrics_->RecordRpc("Step", "OK", 0.004);
+  metrics_->RpcInFlight("Sample").Increment();
   metrics_->SetDeviceMemory(1 << 20, 1 << 30);
   const std::string text = Scrape();
   ASSERT_FALSE(text.empty());

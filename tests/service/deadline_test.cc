@@ -32,6 +32,7 @@
 #include "tests/support/ampd_process.h"
 #include "tests/support/exposition.h"
 #include "tests/support/http_get.h"
+#include "tests/support/metric_wait.h"
 #include "tests/support/temp_dir.h"
 
 namespace ampd {
@@ -285,7 +286,8 @@ TEST_F(DeadlineTest, ACancelledSampleStopsAndItsJobIsServedAgain) {
     cancelled =
         client_->stub().Sample(&context, SampleRequest(job, completions, kMaxTokens), &response);
   });
-  std::this_thread::sleep_for(std::chrono::seconds(1));
+  // Cancelled once the server runs it (it has minutes of work).
+  EXPECT_TRUE(test_support::WaitForCallsInFlight(server_->metrics_port(), "Sample"));
   context.TryCancel();
   call.join();
   ASSERT_EQ(cancelled.error_code(), grpc::StatusCode::CANCELLED) << cancelled.error_message();
@@ -317,7 +319,15 @@ TEST_F(DeadlineTest, LongSamplesLeaveAWorkerForAnotherJobsStep) {
           SampleRequest(i % 2 == 0 ? a : b, completions, kMaxTokens), &response);
     });
   }
-  std::this_thread::sleep_for(std::chrono::seconds(1));
+  // All four taken by the server (the two abandoned ones may have ended).
+  const std::string in_flight = test_support::InFlightSeries("Sample");
+  const std::string abandoned = RpcSeries("Sample", "DEADLINE_EXCEEDED");
+  EXPECT_TRUE(test_support::WaitForMetrics(server_->metrics_port(),
+                                           [&](const test_support::Samples& samples) {
+                                             return test_support::ValueOf(samples, in_flight) +
+                                                        test_support::ValueOf(samples, abandoned) >=
+                                                    4;
+                                           }));
 
   // The other job's Step is served while they run.
   SyntheticTask task(SyntheticTaskOptions{});
@@ -387,7 +397,7 @@ TEST_F(DeadlineTest, SigtermDuringALongSampleEndsWithinTheShutdownTimeout) {
   std::thread call([&] {
     sampled = Sample(SampleRequest(job, completions, kMaxTokens), std::chrono::seconds(600));
   });
-  std::this_thread::sleep_for(std::chrono::seconds(1));
+  EXPECT_TRUE(test_support::WaitForCallsInFlight(server_->metrics_port(), "Sample"));
   const Clock::time_point start = Clock::now();
   server_->Signal(SIGTERM);
   const test_support::ExitStatus exit = server_->Wait(std::chrono::seconds(120));
@@ -419,7 +429,7 @@ TEST_F(DeadlineTest, SigtermCancelsALongStepAtTheShutdownTimeout) {
     v1::StepResponse response;
     stepped = GptStep(job, 3, micro_batches, std::chrono::seconds(600), &response);
   });
-  std::this_thread::sleep_for(std::chrono::seconds(1));
+  EXPECT_TRUE(test_support::WaitForCallsInFlight(server_->metrics_port(), "Step"));
   const Clock::time_point start = Clock::now();
   server_->Signal(SIGTERM);
   const test_support::ExitStatus exit = server_->Wait(std::chrono::seconds(120));

@@ -1,12 +1,14 @@
 """asample's JSON body, checked into what Engine.sample takes: the prompt's
-tokens (encoded_text chunks only), num_samples and the sampling parameters
-ampd serves (max_tokens, seed, temperature, top_k, top_p, stop as token
-ids); what it does not serve (stop strings, top-k or target prompt
-log-probs, prompt_logprobs_last_n) is refused by name."""
+tokens (encoded_text chunks only), num_samples, the sampling parameters
+ampd serves (max_tokens, seed, temperature, top_k, top_p, stop as token ids
+or strings: stops.py) and the prompt's log-probs (all of them, or the last
+prompt_logprobs_last_n); what it does not serve (top-k or target prompt
+log-probs, top-k sample log-probs, prompt draws) is refused by name."""
 import hashlib
 import math
 import time
 
+from ampd_tinker import stops
 from ampd_tinker.errors import UserError
 
 
@@ -24,7 +26,9 @@ def _is_number(value):
 
 
 def parse(body):
-    """asample's body, checked: {tokens, num_samples, sampling_params, prompt_logprobs}."""
+    """asample's body, checked: {tokens, num_samples, sampling_params,
+    prompt_logprobs, prompt_logprobs_last_n}; sampling_params' stop_ids and
+    stop_strings are stops.parse's."""
     prompt = body.get("prompt")
     if not isinstance(prompt, dict):
         raise UserError("prompt: a ModelInput object")
@@ -51,16 +55,17 @@ def parse(body):
     for key in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
         if body.get(key):
             raise UserError("%s: not served by ampd" % key)
-    if body.get("target_prompt_logprobs") is not None or body.get("prompt_logprobs_last_n"):
-        raise UserError("target_prompt_logprobs and prompt_logprobs_last_n: not served by ampd")
-    stop = params.get("stop")
-    if stop is None:
-        stop = []
-    elif not isinstance(stop, list):
-        stop = [stop]
-    if not all(_is_int(s) and 0 <= s < 1 << 31 for s in stop) or len(stop) > 64:
-        raise UserError("sampling_params.stop: at most 64 token ids (ampd does not match "
-                        "stop strings)")
+    if body.get("target_prompt_logprobs") is not None:
+        raise UserError("target_prompt_logprobs: not served by ampd")
+    prompt_logprobs = bool(body.get("prompt_logprobs"))
+    last_n = body.get("prompt_logprobs_last_n")
+    if last_n is not None:
+        # As Tinker's: only with prompt_logprobs, 1..len(prompt) - 1.
+        if not prompt_logprobs:
+            raise UserError("prompt_logprobs_last_n: only with prompt_logprobs")
+        if not _is_int(last_n) or not 1 <= last_n <= len(tokens) - 1:
+            raise UserError("prompt_logprobs_last_n: 1..len(prompt) - 1 (%d)" % (len(tokens) - 1))
+    stop_ids, stop_strings = stops.parse(params.get("stop"))
     max_tokens = params.get("max_tokens")
     max_tokens = 16 if max_tokens is None else max_tokens
     seed = params.get("seed")
@@ -79,8 +84,9 @@ def parse(body):
             or not 0 <= temperature <= 100 or not 0 < top_p <= 1:
         raise UserError("sampling_params: max_tokens 1..65536, seed in [0, 2^64), top_k >= -1, "
                         "temperature in [0, 100], top_p in (0, 1]")
-    return {"tokens": tokens, "num_samples": num_samples, "prompt_logprobs":
-            bool(body.get("prompt_logprobs")),
+    return {"tokens": tokens, "num_samples": num_samples, "prompt_logprobs": prompt_logprobs,
+            "prompt_logprobs_last_n": last_n,
             "sampling_params": {"max_tokens": max_tokens, "seed": seed,
                                 "temperature": float(temperature),
-                                "top_k": max(0, top_k), "top_p": float(top_p), "stop": stop}}
+                                "top_k": max(0, top_k), "top_p": float(top_p),
+                                "stop_ids": stop_ids, "stop_strings": stop_strings}}

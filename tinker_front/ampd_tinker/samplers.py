@@ -21,6 +21,7 @@ import threading
 import numpy as np
 
 import ampd
+from ampd_tinker import stops
 from ampd_tinker.errors import NotFound, UserError
 
 
@@ -32,6 +33,7 @@ class Samplers:
         self._create_lock = threading.Lock()  # one load at a time; the next finds it
         self._samplers = collections.OrderedDict()  # (adapter, version) or base -> ampd.Job
         self.sessions = collections.OrderedDict()  # ids made since start (for metrics)
+        self.stops = stops.Stops()  # base models' EOS ids and tokenizers
 
     def create_session(self, owner, model_path=None, base_model=None):
         """A session id that spells what it samples (the checkpoint's path
@@ -134,9 +136,15 @@ class Samplers:
                             "make a new sampling client")
         prompt = request["tokens"]
         params = request["sampling_params"]
+        directory = self._engine.base_dir(base_model)
+        stop_strings = params["stop_strings"]
+        tokenizer = self.stops.tokenizer(directory) if stop_strings else None
+        stop_ids = params["stop_ids"]
+        if stop_ids is None:  # stop None or strings: the model's EOS ends a sequence too
+            stop_ids = self.stops.eos_ids(directory)
         sample_args = dict(num_samples=request["num_samples"], max_tokens=params["max_tokens"],
                            temperature=params["temperature"], top_k=params["top_k"],
-                           top_p=params["top_p"], stop=params["stop"], seed=params["seed"])
+                           top_p=params["top_p"], stop=stop_ids, seed=params["seed"])
         prompt_logprobs = None
         if request["prompt_logprobs"]:
             # ampd's snapshots serve Sample alone: the prompt's log-probs
@@ -157,6 +165,11 @@ class Samplers:
             completions = self._job(owner, base_model, adapter, version).sample(
                 [prompt], **sample_args)
         sequences = [(c.tokens, c.logprobs, c.stop_reason) for c in completions[0]]
+        if stop_strings:
+            for i, (tokens, logprobs, reason) in enumerate(sequences):
+                end = stops.cut(tokenizer, tokens, stop_strings)
+                if end is not None:
+                    sequences[i] = (tokens[:end], logprobs[:end], "stop")
         # Diverged weights (an fp16 forward past 65504) give NaN logits, from
         # which ampd draws the last token with a NaN log-prob: an RL loop
         # would train on garbage. Say so instead.
@@ -165,4 +178,9 @@ class Samplers:
             raise UserError("the sampler's forward is not finite (NaN or infinite log-probs): "
                             "the weights have diverged in %s; lower the learning rate, or "
                             "load an earlier state" % self._engine.precision)
+        last_n = request["prompt_logprobs_last_n"]
+        if prompt_logprobs is not None and last_n is not None:
+            # The whole prompt is the context either way; only the last N
+            # are answered (the earlier ones NaN: None to the SDK).
+            prompt_logprobs[:len(prompt) - last_n] = np.nan
         return sequences, prompt_logprobs

@@ -186,7 +186,11 @@ def test_bad_sample_requests(api, model_id):
                    {"prompt": {"chunks": [{"type": "image", "data": "x"}]}},
                    {"prompt": {"chunks": [{"tokens": [-1]}]}},
                    {"sampling_params": {"max_tokens": 0}},
-                   {"sampling_params": {"stop": ["</s>"]}},
+                   {"sampling_params": {"stop": [3, "</s>"]}},
+                   {"sampling_params": {"stop": [""]}},
+                   {"sampling_params": {"stop": ["x"] * 65}},
+                   {"prompt_logprobs_last_n": 1},
+                   {"prompt_logprobs": True, "prompt_logprobs_last_n": 2},
                    {"sampling_params": {"temperature": "hot"}},
                    {"model_path": "tinker://../../etc/weights/x"},
                    {"model_path": "http://x"}, {"topk_prompt_logprobs": 5}):

@@ -272,6 +272,100 @@ def test_named_sampler_weights_and_a_sampling_client_of_them(service, trainer, t
     # transformers, which finds no tiny/qwen2-chars offline: see docs/TINKER.md.)
 
 
+def first_stop(tokenizer, tokens, strings):
+    """The number of tokens a server stopping on strings returns: up to the
+    first token whose decoded prefix holds one of them (the text decoded
+    here by the SDK's own tokenizer, linearly)."""
+    for k in range(1, len(tokens) + 1):
+        if any(s in tokenizer.decode(tokens[:k]) for s in strings):
+            return k
+    return None
+
+
+def test_stop_strings_cut_where_the_text_holds_them(trainer, tokenizer):
+    sampler = resolved(trainer.save_weights_and_get_sampling_client())
+    prompt = types.ModelInput.from_ints(tokenizer.encode("5+"))
+    free = types.SamplingParams(max_tokens=40, seed=21, temperature=1.0, stop=[])
+    unstopped = sampler.sample(prompt, 4, free).result().sequences
+    assert all(len(s.tokens) == 40 and s.stop_reason == "length" for s in unstopped)
+    eos = tokenizer.eos_token_id
+    # Two characters sampled in the middle of the first sequence: a stop
+    # string of two tokens (the tokenizer has one a character), found where
+    # it first appears in each sequence, or nowhere.
+    text = tokenizer.decode(unstopped[0].tokens[10:12])
+    assert len(text) == 2
+    for stop in (text, [text, "zz?"]):
+        params = types.SamplingParams(max_tokens=40, seed=21, temperature=1.0, stop=stop)
+        stopped = sampler.sample(prompt, 4, params).result().sequences
+        cut_somewhere = False
+        for ours, full in zip(stopped, unstopped):
+            ends = [k for k in (first_stop(tokenizer, full.tokens, [text]),
+                                full.tokens.index(eos) + 1 if eos in full.tokens else None)
+                    if k is not None]
+            k = min(ends) if ends else len(full.tokens)
+            cut_somewhere |= bool(ends)
+            assert ours.tokens == full.tokens[:k]
+            np.testing.assert_array_equal(np.asarray(ours.logprobs, dtype=np.float32),
+                                          np.asarray(full.logprobs, dtype=np.float32)[:k])
+            assert ours.stop_reason == ("stop" if ends else "length")
+        assert cut_somewhere
+        # The text decoded from the returned tokens ends with the stop string
+        # (the cookbook's renderers split on it).
+        assert tokenizer.decode(stopped[0].tokens).endswith(text)
+    # A string the tokenizer cannot spell ('!') never stops; EOS still does.
+    never = sampler.sample(prompt, 1, types.SamplingParams(
+        max_tokens=40, seed=21, temperature=1.0, stop="!")).result().sequences[0]
+    full = unstopped[0].tokens
+    assert never.tokens == (full[:full.index(eos) + 1] if eos in full else full)
+    # The cut sequence is what a server that stopped on the spot samples:
+    # the same tokens as max_tokens set to its length.
+    k = len(stopped[0].tokens)
+    short = sampler.sample(prompt, 4, types.SamplingParams(max_tokens=k, seed=21,
+                                                           temperature=1.0, stop=[])).result()
+    assert short.sequences[0].tokens == stopped[0].tokens
+
+
+def test_stop_none_ends_at_the_models_eos_and_an_empty_list_does_not(trainer, tokenizer):
+    sampler = resolved(trainer.save_weights_and_get_sampling_client())
+    prompt = types.ModelInput.from_ints(tokenizer.encode("1"))
+    eos = tokenizer.eos_token_id  # config.json's eos_token_id, 0 in the tiny base
+    # A hot temperature spreads the draws over the whole vocabulary, so that
+    # some of these sequences draw EOS.
+    free = sampler.sample(prompt, 8, types.SamplingParams(
+        max_tokens=200, seed=5, temperature=50.0, stop=[])).result().sequences
+    assert all(len(s.tokens) == 200 for s in free)
+    assert any(eos in s.tokens for s in free)
+    implicit = sampler.sample(prompt, 8, types.SamplingParams(
+        max_tokens=200, seed=5, temperature=50.0)).result().sequences
+    for ours, full in zip(implicit, free):
+        if eos in full.tokens:
+            end = full.tokens.index(eos) + 1
+            assert ours.tokens == full.tokens[:end] and ours.stop_reason == "stop"
+        else:
+            assert ours.tokens == full.tokens and ours.stop_reason == "length"
+
+
+def test_prompt_logprobs_of_the_last_n_prompt_tokens(trainer, tokenizer):
+    import inspect
+    sampler = resolved(trainer.save_weights_and_get_sampling_client())
+    if "prompt_logprobs_last_n" not in inspect.signature(sampler.sample).parameters:
+        pytest.skip("this SDK has no prompt_logprobs_last_n")
+    prompt = tokenizer.encode("12+34=46")
+    whole = sampler.compute_logprobs(types.ModelInput.from_ints(prompt)).result()
+    result = sampler.sample(types.ModelInput.from_ints(prompt), 1,
+                            types.SamplingParams(max_tokens=1, seed=1),
+                            include_prompt_logprobs=True, prompt_logprobs_last_n=3).result()
+    scored = result.prompt_logprobs
+    assert len(scored) == len(prompt)
+    assert scored[:-3] == [None] * (len(prompt) - 3)
+    np.testing.assert_array_equal(np.asarray(scored[-3:], dtype=np.float32),
+                                  np.asarray(whole[-3:], dtype=np.float32))
+    with pytest.raises(Exception, match="prompt_logprobs_last_n"):
+        sampler.sample(types.ModelInput.from_ints(prompt), 1,
+                       types.SamplingParams(max_tokens=1, seed=1), include_prompt_logprobs=True,
+                       prompt_logprobs_last_n=len(prompt)).result()
+
+
 def test_an_unknown_base_model_is_refused_naming_it(service):
     with pytest.raises(Exception, match="not served here"):
         resolved(service.create_lora_training_client(base_model="no/such-model", rank=4))
