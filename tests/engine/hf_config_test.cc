@@ -10,8 +10,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "codec/json_value.h"
 #include "absl/strings/str_replace.h"
+#include "codec/json_value.h"
 #include "gtest/gtest.h"
 
 namespace ampd::engine::model {
@@ -251,8 +251,8 @@ TEST(HfConfig, WhatWouldComputeDifferentlyIsRefusedNamingTheKey) {
 std::string Fields(const ModelSpec& spec) {
   if (spec.gpt.has_value()) {
     const GptSpec& g = *spec.gpt;
-    return absl::StrCat("gpt ", g.vocab_size, " ", g.context_length, " ", g.d_model, " ",
-                        g.n_layer, " ", g.n_head, " ", g.mlp_ratio, " ", g.layer_norm_eps, " ",
+    return absl::StrCat("gpt ", g.vocab_size, " ", g.context_length, " ", g.d_model, " ", g.n_layer,
+                        " ", g.n_head, " ", g.mlp_ratio, " ", g.layer_norm_eps, " ",
                         g.tie_embeddings);
   }
   const DecoderSpec& d = *spec.decoder;
@@ -261,13 +261,13 @@ std::string Fields(const ModelSpec& spec) {
   const RopeScaling& r = d.rope_scaling;
   return absl::StrCat(
       "decoder vocab ", d.vocab_size, " hidden ", d.hidden_size, " inter ", d.intermediate_size,
-      " layers ", d.num_hidden_layers, " heads ", d.num_attention_heads, "/",
-      d.num_key_value_heads, " head_dim ", DecoderHeadDim(d), " eps ", d.rms_norm_eps, " theta ",
-      d.rope_theta, " rope ", RopeTypeName(r.type), " ", r.factor, " ", r.low_freq_factor, " ",
-      r.high_freq_factor, " ", r.original_max_position_embeddings, " max_pos ",
-      d.max_position_embeddings, " tied ", d.tie_word_embeddings, " init ", d.initializer_range,
-      " bias ", d.qkv_bias, d.o_bias, " qk_norm ", d.qk_norm, " offset ", d.norm_unit_offset,
-      " act ", static_cast<int>(d.mlp_activation), " sandwich ", d.sandwich_norms, " scale ",
+      " layers ", d.num_hidden_layers, " heads ", d.num_attention_heads, "/", d.num_key_value_heads,
+      " head_dim ", DecoderHeadDim(d), " eps ", d.rms_norm_eps, " theta ", d.rope_theta, " rope ",
+      RopeTypeName(r.type), " ", r.factor, " ", r.low_freq_factor, " ", r.high_freq_factor, " ",
+      r.original_max_position_embeddings, " max_pos ", d.max_position_embeddings, " tied ",
+      d.tie_word_embeddings, " init ", d.initializer_range, " bias ", d.qkv_bias, d.o_bias,
+      " qk_norm ", d.qk_norm, " offset ", d.norm_unit_offset, " act ",
+      static_cast<int>(d.mlp_activation), " sandwich ", d.sandwich_norms, " scale ",
       d.scale_embeddings, " qpas ", d.query_pre_attn_scalar, " sliding ", sliding, " window ",
       d.sliding_window, " local ", d.rope_local_theta);
 }

@@ -98,11 +98,12 @@ JsonValue RopeScalingObject(const RopeScaling& r) {
     case RopeType::kLinear:
       return Object({{"rope_type", Str("linear")}, {"factor", Float(r.factor)}});
     case RopeType::kLlama3:
-      return Object({{"rope_type", Str("llama3")},
-                     {"factor", Float(r.factor)},
-                     {"low_freq_factor", Float(r.low_freq_factor)},
-                     {"high_freq_factor", Float(r.high_freq_factor)},
-                     {"original_max_position_embeddings", Int(r.original_max_position_embeddings)}});
+      return Object(
+          {{"rope_type", Str("llama3")},
+           {"factor", Float(r.factor)},
+           {"low_freq_factor", Float(r.low_freq_factor)},
+           {"high_freq_factor", Float(r.high_freq_factor)},
+           {"original_max_position_embeddings", Int(r.original_max_position_embeddings)}});
   }
   return Object({});
 }
@@ -242,12 +243,13 @@ JsonValue Gemma3Config(const ModelSpec& spec) {
                                  }),
                   c.members.end());
   JsonValue full = Object({{"rope_type", Str("default")}, {"rope_theta", Float(d.rope_theta)}});
-  for (const auto& [name, value] : RopeScalingObject(d.rope_scaling).members) Set(full, name, value);
+  for (const auto& [name, value] : RopeScalingObject(d.rope_scaling).members)
+    Set(full, name, value);
   JsonValue layer_types;
   layer_types.type = JsonValue::Type::kArray;
   for (int64_t l = 0; l < d.num_hidden_layers; ++l) {
-    layer_types.items.push_back(
-        Str(DecoderLayerSlides(d, static_cast<size_t>(l)) ? "sliding_attention" : "full_attention"));
+    layer_types.items.push_back(Str(
+        DecoderLayerSlides(d, static_cast<size_t>(l)) ? "sliding_attention" : "full_attention"));
   }
   Set(c, "hidden_activation", Str("gelu_pytorch_tanh"));
   Set(c, "attention_bias", Bool(d.qkv_bias));
