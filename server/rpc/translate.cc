@@ -244,7 +244,8 @@ constexpr size_t kMaxHfConfigBytes = size_t{1} << 20;
 // The model of a create with hf_config_json: config.json mapped by the
 // server's one mapping (model/hf_config.h), as the wire's effective model,
 // with the fields the request's model sets over it (a proto merge: a set
-// field replaces config.json's; sliding_layers, when sent, all of them).
+// field replaces config.json's; sliding_layers and rope_scaling, when sent,
+// whole).
 absl::StatusOr<v1::ModelSpec> ModelOfHfConfig(const v1::JobConfig& proto) {
   if (!proto.base_model().empty()) {
     return FieldError("config.hf_config_json", "give base_model or hf_config_json, not both");
@@ -268,8 +269,14 @@ absl::StatusOr<v1::ModelSpec> ModelOfHfConfig(const v1::JobConfig& proto) {
         request.has_gpt() ? "config.model.gpt" : "config.model.decoder",
         absl::StrCat("hf_config_json's config.json describes a ", decoder ? "decoder" : "GPT"));
   }
+  // A list or a message sent replaces config.json's whole (RoPE's scaling
+  // is one value: a linear factor over llama3's would keep llama3's
+  // fields).
   if (request.has_decoder() && request.decoder().sliding_layers_size() > 0) {
     model.mutable_decoder()->clear_sliding_layers();
+  }
+  if (request.has_decoder() && request.decoder().has_rope_scaling()) {
+    model.mutable_decoder()->clear_rope_scaling();
   }
   model.MergeFrom(request);
   return model;
