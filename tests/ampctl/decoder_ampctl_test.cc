@@ -87,8 +87,8 @@ TEST(DecoderFlagTest, Qwen3AndGemma3PresetsGiveTheirFamilysParts) {
   absl::StatusOr<v1::ModelSpec> gemma3 = ParseModelFlags("gemma3:256:64:128:2:4:1:64", "");
   ASSERT_TRUE(gemma3.ok()) << gemma3.status();
   const v1::Decoder& g = gemma3->decoder();
-  EXPECT_TRUE(g.qk_norm() && g.norm_unit_offset() && g.sandwich_norms() &&
-              g.scale_embeddings() && g.tie_word_embeddings());
+  EXPECT_TRUE(g.qk_norm() && g.norm_unit_offset() && g.sandwich_norms() && g.scale_embeddings() &&
+              g.tie_word_embeddings());
   EXPECT_EQ(g.mlp_activation(), v1::MLP_ACTIVATION_GELU_TANH);
   EXPECT_EQ(g.sliding_layers_size(), 0);
   for (const v1::ModelSpec* spec : {&*qwen3, &*gemma3}) {
