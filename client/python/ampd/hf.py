@@ -167,10 +167,11 @@ def _overrides_proto(model_type, overrides):
         model.loss_multiplier = overrides.pop("loss_multiplier")
     if not overrides:
         return model
-    target = model.gpt if model_type == "gpt2" else model.decoder
     for name, value in overrides.items():
         if value is None:
             continue
+        # LoRA is a decoder's: on a GPT-2 folder the server refuses it, saying so.
+        target = model.gpt if model_type == "gpt2" and name != "lora" else model.decoder
         if name not in target.DESCRIPTOR.fields_by_name:
             raise ValueError("%s: not a field of %s's spec" % (name, type(target).__name__))
         if hasattr(value, "to_proto"):  # LoRA, RopeScaling

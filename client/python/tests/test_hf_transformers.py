@@ -459,6 +459,10 @@ def test_a_base_model_is_the_job_from_pretrained_makes(start_ampd, tmp_path, fam
         if family == "gpt2":
             with pytest.raises(ampd.InvalidArgument, match="LoRA adapters are a decoder's"):
                 client.create_job(base_model=family, lora=ampd.LoRA(rank=4, alpha=8.0))
+            with pytest.raises(ampd.InvalidArgument,
+                               match="config.model.decoder: .* describes a GPT"):
+                client.create_job(model=ampd.from_pretrained(str(root / family),
+                                                             lora=ampd.LoRA(rank=4, alpha=8.0)))
             return
         lora = client.create_job(base_model=family, lora=ampd.LoRA(rank=4, alpha=8.0),
                                  precision="fp32")
