@@ -25,6 +25,7 @@
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -32,8 +33,11 @@
 #include "client/batch_file.h"
 #include "client/client.h"
 #include "client/data_parallel.h"
+#include "client/hf_folder.h"
 #include "client/sequence_task.h"
 #include "client/synthetic_task.h"
+#include "codec/json_value.h"
+#include "codec/safetensors.h"
 #include "codec/tensor_proto.h"
 #include "common/dashed_flags.h"
 #include "common/status_macros.h"
@@ -64,6 +68,20 @@ ABSL_FLAG(
     std::string, base_model, "",
     "jobs create: a base model of the server's --models-dir (ampctl models lists them) "
     "instead of --layers; with --lora-rank a LoRA job sharing the base with the others on it");
+ABSL_FLAG(std::string, from_hf, "",
+          "A Hugging Face folder (config.json, model.safetensors or its shards with "
+          "model.safetensors.index.json) to create the job from, its weights loaded file by file "
+          "(train, jobs create); the server maps config.json");
+ABSL_FLAG(std::string, adapter, "",
+          "With --from-hf: a PEFT adapter folder (adapter_config.json, "
+          "adapter_model.safetensors) loaded into a LoRA job over the folder's weights");
+ABSL_FLAG(std::string, hf_dir, "",
+          "state export: write the job as a Hugging Face folder here (config.json, "
+          "generation_config.json, the merged weights) instead of --out");
+ABSL_FLAG(std::string, max_shard_size, "50GB",
+          "state export --hf-dir: the most tensor bytes a weight file holds before the export is "
+          "sharded with model.safetensors.index.json (transformers' max_shard_size: 5GB, 100KB, "
+          "2GiB or bytes)");
 ABSL_FLAG(std::string, layers, "",
           "The job's model, comma-separated: linear:IN:OUT[:nobias], relu, gelu, tanh, "
           "layer_norm:N, embedding:VOCAB:DIM (first only); or a GPT, "
@@ -159,10 +177,52 @@ std::string ToJson(const google::protobuf::Message& message) {
   return json;
 }
 
+// config.json's num_hidden_layers (0 when absent): the layers a PEFT
+// adapter's full-path target_modules must each list.
+absl::StatusOr<int64_t> NumHiddenLayers(const std::string& config_json) {
+  absl::StatusOr<ampd::codec::JsonValue> parsed = ampd::codec::ParseJson(config_json);
+  if (!parsed.ok())
+    return Fail(absl::StrCat("--from-hf: config.json: ", parsed.status().message()));
+  const ampd::codec::JsonValue* n = parsed->Find("num_hidden_layers");
+  int64_t layers = 0;
+  if (n != nullptr && !absl::SimpleAtoi(n->text, &layers)) {
+    return Fail("--from-hf: config.json: num_hidden_layers: not an integer");
+  }
+  return layers;
+}
+
 // The model --layers/--loss give, or nullopt for the synthetic task's own
 // (whose targets are regression targets, so only mse fits it).
 absl::StatusOr<std::optional<ampd::v1::ModelSpec>> ModelFromFlags() {
   const std::string layers = absl::GetFlag(FLAGS_layers);
+  const std::string from_hf = absl::GetFlag(FLAGS_from_hf);
+  const std::string adapter = absl::GetFlag(FLAGS_adapter);
+  if (!from_hf.empty()) {
+    // The folder's config.json is the model (mapped by the server): only
+    // the adapters are ours.
+    if (!layers.empty() || !absl::GetFlag(FLAGS_base_model).empty()) {
+      return Fail("--from-hf, --layers, --base-model: give one");
+    }
+    ampd::v1::ModelSpec spec;
+    if (!adapter.empty()) {
+      if (absl::GetFlag(FLAGS_lora_rank).has_value()) {
+        return Fail("--adapter, --lora-rank: give one (the adapter carries its LoRA config)");
+      }
+      AMPD_ASSIGN_OR_RETURN(const std::string config,
+                            ampd::hf::ReadFile("--from-hf", from_hf + "/config.json"));
+      AMPD_ASSIGN_OR_RETURN(const std::string adapter_config,
+                            ampd::hf::ReadFile("--adapter", adapter + "/adapter_config.json"));
+      AMPD_ASSIGN_OR_RETURN(const int64_t layers_count, NumHiddenLayers(config));
+      AMPD_ASSIGN_OR_RETURN(*spec.mutable_decoder()->mutable_lora(),
+                            ampd::hf::LoraOfPeftConfig(adapter_config, layers_count));
+    } else if (const std::optional<int64_t> rank = absl::GetFlag(FLAGS_lora_rank)) {
+      spec.mutable_decoder();
+      AMPD_RETURN_IF_ERROR(ampd::ApplyLoraFlags(*rank, absl::GetFlag(FLAGS_lora_alpha),
+                                                absl::GetFlag(FLAGS_lora_targets), spec));
+    }
+    return spec;
+  }
+  if (!adapter.empty()) return Fail("--adapter: give the base's folder as --from-hf too");
   if (!absl::GetFlag(FLAGS_base_model).empty()) {
     // The base's config.json is the model: only the adapters are ours.
     if (!layers.empty()) return Fail("--layers, --base-model: give one");
@@ -207,6 +267,10 @@ absl::StatusOr<ampd::v1::CreateJobRequest> BuildCreateRequest(const ampd::v1::Mo
   config->set_display_name(absl::GetFlag(FLAGS_name));
   config->set_seed(absl::GetFlag(FLAGS_seed));
   config->set_base_model(absl::GetFlag(FLAGS_base_model));
+  if (const std::string dir = absl::GetFlag(FLAGS_from_hf); !dir.empty()) {
+    AMPD_ASSIGN_OR_RETURN(*config->mutable_hf_config_json(),
+                          ampd::hf::ReadFile("--from-hf", dir + "/config.json"));
+  }
   *config->mutable_model() = model;
   if (auto m = absl::GetFlag(FLAGS_loss_multiplier))
     config->mutable_model()->set_loss_multiplier(*m);
@@ -317,13 +381,18 @@ struct TrainData {
   }
 };
 
-absl::StatusOr<TrainData> PrepareTrainData() {
-  if (!absl::GetFlag(FLAGS_base_model).empty()) {
-    // Its batches' layout comes from the server's config.json, which
-    // ampctl does not read: create the job, then drive it from a client.
-    return Fail("--base-model: taken by `ampctl jobs create` only");
+// created: the effective model of a job made already (--from-hf, whose
+// model is the server's reading of config.json), instead of the flags'.
+absl::StatusOr<TrainData> PrepareTrainData(std::optional<ampd::v1::ModelSpec> created) {
+  std::optional<ampd::v1::ModelSpec> spec = std::move(created);
+  if (!spec.has_value()) {
+    if (!absl::GetFlag(FLAGS_base_model).empty()) {
+      // Its batches' layout comes from the server's config.json, which
+      // ampctl does not read: create the job, then drive it from a client.
+      return Fail("--base-model: taken by `ampctl jobs create` only");
+    }
+    AMPD_ASSIGN_OR_RETURN(spec, ModelFromFlags());
   }
-  AMPD_ASSIGN_OR_RETURN(std::optional<ampd::v1::ModelSpec> spec, ModelFromFlags());
   TrainData data;
   const std::string path = absl::GetFlag(FLAGS_batches);
   if (!path.empty()) {
@@ -526,32 +595,98 @@ absl::Status InitFrom(ampd::Client& client, const std::string& job_id,
   return absl::OkStatus();
 }
 
+// A job made for this run alone and never trained is deleted when what
+// follows its creation fails (none is left counted against --max-jobs or
+// a quota); failed says why.
+absl::Status DeleteAfter(ampd::Client& client, const std::string& job_id, absl::Status failed) {
+  if (absl::Status deleted = client.DeleteJob(job_id); !deleted.ok()) {
+    return absl::Status(failed.code(), absl::StrCat(failed.message(), "; deleting job ", job_id,
+                                                    " failed too: ", deleted.message()));
+  }
+  return absl::Status(failed.code(), absl::StrCat(failed.message(), " (job ", job_id, " deleted)"));
+}
+
+// --from-hf's weights into the job, one file at a time (each shard read,
+// widened to F32 where it is F16 or BF16, and sent as a partial load before
+// the next is read), then --adapter's.
+absl::Status LoadHfWeights(ampd::Client& client, const std::string& job_id, bool json) {
+  const std::string dir = absl::GetFlag(FLAGS_from_hf);
+  AMPD_ASSIGN_OR_RETURN(std::vector<std::string> files, ampd::hf::WeightFiles(dir));
+  if (const std::string adapter = absl::GetFlag(FLAGS_adapter); !adapter.empty()) {
+    files.push_back(adapter + "/adapter_model.safetensors");
+  }
+  for (const std::string& path : files) {
+    AMPD_ASSIGN_OR_RETURN(std::string bytes, ampd::hf::ReadFile("--from-hf", path));
+    absl::StatusOr<std::string> widened = ampd::hf::WidenToF32(std::move(bytes));
+    if (!widened.ok()) {
+      return Fail(absl::StrCat("--from-hf ", path, ": ", widened.status().message()));
+    }
+    absl::StatusOr<ampd::v1::LoadStateDictResponse> r =
+        client.LoadStateDict(job_id, *widened, /*partial=*/true);
+    if (!r.ok()) {
+      return absl::Status(r.status().code(),
+                          absl::StrCat("--from-hf ", path, ": ", r.status().message()));
+    }
+    if (!json) {
+      std::printf("job %s: loaded %lld tensors from %s\n", job_id.c_str(),
+                  static_cast<long long>(r->tensors()), path.c_str());
+    }
+  }
+  return absl::OkStatus();
+}
+
+// CreateJob, then --from-hf's weights when it is given (the job deleted if
+// they do not load).
+absl::StatusOr<ampd::v1::Job> CreateJob(ampd::Client& client,
+                                        const ampd::v1::CreateJobRequest& request, bool json) {
+  AMPD_ASSIGN_OR_RETURN(ampd::v1::Job job, client.CreateJob(request));
+  if (absl::GetFlag(FLAGS_from_hf).empty()) return job;
+  if (absl::Status loaded = LoadHfWeights(client, job.job_id(), json); !loaded.ok()) {
+    return DeleteAfter(client, job.job_id(), loaded);
+  }
+  return job;
+}
+
 absl::Status Train(ampd::Client& client, const ampd::ClientOptions& client_options) {
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   if (steps < 0) return Fail("--steps: must be >= 0");
-  AMPD_ASSIGN_OR_RETURN(TrainData data, PrepareTrainData());
-  AMPD_ASSIGN_OR_RETURN(ampd::v1::CreateJobRequest request, BuildCreateRequest(data.model));
-  if (absl::GetFlag(FLAGS_world_size) < 1) return Fail("--world_size: must be >= 1");
-  if (absl::GetFlag(FLAGS_world_size) > 1) {
-    if (!absl::GetFlag(FLAGS_init_from).empty()) {
-      return Fail("--init-from: loads one job; not available with --world-size > 1");
-    }
-    return TrainDistributed(client_options, data, request, steps);
-  }
-  AMPD_ASSIGN_OR_RETURN(const std::vector<std::string> init_paths,
-                        InitFromPaths(absl::GetFlag(FLAGS_init_from)));
-  AMPD_ASSIGN_OR_RETURN(ampd::v1::Job job, client.CreateJob(request));
   const bool json = absl::GetFlag(FLAGS_json);
-  if (absl::Status loaded = InitFrom(client, job.job_id(), init_paths, json); !loaded.ok()) {
-    // The job was created for this run alone and never trained: a failed
-    // load leaves none behind (none counted against --max-jobs or a quota).
-    if (absl::Status deleted = client.DeleteJob(job.job_id()); !deleted.ok()) {
-      return absl::Status(loaded.code(),
-                          absl::StrCat(loaded.message(), "; deleting job ", job.job_id(),
-                                       " failed too: ", deleted.message()));
+  if (absl::GetFlag(FLAGS_world_size) < 1) return Fail("--world_size: must be >= 1");
+  const bool from_hf = !absl::GetFlag(FLAGS_from_hf).empty();
+  TrainData data;
+  ampd::v1::Job job;
+  if (from_hf) {
+    // The model is the server's reading of config.json: the job first,
+    // then the batches of its effective model.
+    if (absl::GetFlag(FLAGS_world_size) > 1) {
+      return Fail("--from-hf: loads one job; not available with --world-size > 1");
     }
-    return absl::Status(loaded.code(),
-                        absl::StrCat(loaded.message(), " (job ", job.job_id(), " deleted)"));
+    AMPD_ASSIGN_OR_RETURN(std::optional<ampd::v1::ModelSpec> spec, ModelFromFlags());
+    AMPD_ASSIGN_OR_RETURN(ampd::v1::CreateJobRequest request, BuildCreateRequest(*spec));
+    AMPD_ASSIGN_OR_RETURN(const std::vector<std::string> init_paths,
+                          InitFromPaths(absl::GetFlag(FLAGS_init_from)));
+    AMPD_ASSIGN_OR_RETURN(job, CreateJob(client, request, json));
+    absl::StatusOr<TrainData> prepared = PrepareTrainData(job.config().model());
+    if (!prepared.ok()) return DeleteAfter(client, job.job_id(), prepared.status());
+    data = *std::move(prepared);
+    if (absl::Status loaded = InitFrom(client, job.job_id(), init_paths, json); !loaded.ok()) {
+      return DeleteAfter(client, job.job_id(), loaded);
+    }
+  } else {
+    AMPD_ASSIGN_OR_RETURN(data, PrepareTrainData(std::nullopt));
+    AMPD_ASSIGN_OR_RETURN(ampd::v1::CreateJobRequest request, BuildCreateRequest(data.model));
+    if (absl::GetFlag(FLAGS_world_size) > 1) {
+      if (!absl::GetFlag(FLAGS_init_from).empty()) {
+        return Fail("--init-from: loads one job; not available with --world-size > 1");
+      }
+      return TrainDistributed(client_options, data, request, steps);
+    }
+    AMPD_ASSIGN_OR_RETURN(const std::vector<std::string> init_paths,
+                          InitFromPaths(absl::GetFlag(FLAGS_init_from)));
+    AMPD_ASSIGN_OR_RETURN(job, client.CreateJob(request));
+    if (absl::Status loaded = InitFrom(client, job.job_id(), init_paths, json); !loaded.ok()) {
+      return DeleteAfter(client, job.job_id(), loaded);
+    }
   }
   const ampd::v1::ScalerConfig& sc = job.config().scaler();
   if (!json) {
@@ -668,7 +803,8 @@ absl::Status Jobs(ampd::Client& client, const std::vector<char*>& args) {
     AMPD_ASSIGN_OR_RETURN(std::optional<ampd::v1::ModelSpec> spec, ModelFromFlags());
     AMPD_ASSIGN_OR_RETURN(ampd::v1::CreateJobRequest request,
                           BuildCreateRequest(spec.has_value() ? *spec : MakeTask().Model()));
-    AMPD_ASSIGN_OR_RETURN(ampd::v1::Job job, client.CreateJob(request));
+    AMPD_ASSIGN_OR_RETURN(ampd::v1::Job job,
+                          CreateJob(client, request, /*json=*/true));  // prints the id alone
     std::printf("%s\n", absl::GetFlag(FLAGS_json) ? ToJson(job).c_str() : job.job_id().c_str());
     return absl::OkStatus();
   }
@@ -705,8 +841,45 @@ absl::Status Models(ampd::Client& client) {
   return absl::OkStatus();
 }
 
+// state export --hf-dir: the job as a folder AutoModelForCausalLM opens:
+// the config.json the server writes for its model (Job.hf_config_json),
+// generation_config.json, and the merged view's weights, sharded past
+// --max-shard-size.
+absl::Status ExportHf(ampd::Client& client, const std::string& id, const std::string& dir) {
+  if (!absl::GetFlag(FLAGS_out).empty()) return Fail("--hf-dir, --out: give one");
+  if (absl::GetFlag(FLAGS_view) != "full" && absl::GetFlag(FLAGS_view) != "merged") {
+    return Fail("--hf-dir: the folder holds the merged view; leave --view out");
+  }
+  AMPD_ASSIGN_OR_RETURN(const uint64_t shard_bytes,
+                        ampd::hf::ParseShardSize(absl::GetFlag(FLAGS_max_shard_size)));
+  AMPD_ASSIGN_OR_RETURN(const ampd::v1::Job job, client.GetJob(id));
+  if (job.hf_config_json().empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--hf-dir: job ", id,
+                     "'s model is no Hugging Face family (gpt2, llama, qwen2, qwen3, "
+                     "gemma3_text); export its state dict with --out"));
+  }
+  AMPD_ASSIGN_OR_RETURN(std::string bytes, client.GetStateDict(id, ampd::v1::STATE_VIEW_MERGED));
+  absl::StatusOr<ampd::codec::StateDict> state = ampd::codec::DecodeSafetensors(bytes);
+  if (!state.ok())
+    return absl::InternalError(absl::StrCat("the merged view: ", state.status().message()));
+  bytes.clear();
+  bytes.shrink_to_fit();
+  AMPD_ASSIGN_OR_RETURN(
+      const std::vector<std::string> files,
+      ampd::hf::WriteFolder(dir, job.hf_config_json(), *std::move(state), shard_bytes));
+  std::printf("wrote job %s to %s: config.json, generation_config.json, %s%s\n", id.c_str(),
+              dir.c_str(), absl::StrJoin(files, ", ").c_str(),
+              files.size() > 1 ? ", model.safetensors.index.json" : "");
+  return absl::OkStatus();
+}
+
 absl::Status State(ampd::Client& client, const std::vector<char*>& args) {
   const std::string verb = args.size() > 2 ? args[2] : "";
+  if (verb == "export" && !absl::GetFlag(FLAGS_hf_dir).empty()) {
+    AMPD_ASSIGN_OR_RETURN(std::string id, JobArg(args, 99));
+    return ExportHf(client, id, absl::GetFlag(FLAGS_hf_dir));
+  }
   if (verb == "export") {
     AMPD_ASSIGN_OR_RETURN(std::string id, JobArg(args, 99));
     std::string out = absl::GetFlag(FLAGS_out);
@@ -747,7 +920,9 @@ absl::Status State(ampd::Client& client, const std::vector<char*>& args) {
     }
     return absl::OkStatus();
   }
-  return Fail("usage: ampctl state export --job=ID --out=FILE | state import --job=ID FILE");
+  return Fail(
+      "usage: ampctl state export --job=ID --out=FILE | state export --job=ID --hf-dir=DIR | "
+      "state import --job=ID FILE");
 }
 
 absl::Status Health(ampd::Client& client) {
@@ -768,7 +943,7 @@ int main(int argc, char** argv) {
       "  ampctl [--server=HOST:PORT] [--token=T] [--tls-ca=PEM [--tls-cert=PEM --tls-key=PEM]]"
       " health\n"
       "  ampctl jobs create [--layers=SPEC --loss=mse|cross_entropy | --base-model=NAME "
-      "[--lora-rank=R]]|list|get ID|delete ID\n"
+      "[--lora-rank=R] | --from-hf=DIR [--adapter=DIR]]|list|get ID|delete ID\n"
       "  ampctl models\n"
       "  ampctl train --steps=N [--precision=fp16|bf16|fp32] [--scaler=pytorch --init-scale=..]"
       " [--loss-multiplier=X] [--json]\n"
@@ -778,11 +953,14 @@ int main(int argc, char** argv) {
       "  ampctl eval --job=ID [--batches=FILE | --batch-size=N --seed=S] [--json]\n"
       "  ampctl train --layers=gpt:VOCAB:CONTEXT:DMODEL:NLAYER:NHEAD [--batch-size=B]"
       " [--seq-len=T] [--batches=FILE] ...\n"
-      "  ampctl train --layers=llama|qwen2:VOCAB:HIDDEN:INTER:LAYERS:HEADS:KV_HEADS[:CONTEXT]"
+      "  ampctl train --layers=llama|qwen2|qwen3|gemma3:VOCAB:HIDDEN:INTER:LAYERS:HEADS:KV_HEADS"
+      "[:CONTEXT]"
       " [--batch-size=B] [--seq-len=T] ...\n"
       "  ampctl train --world-size=N --server=HOST:PORT,... --rendezvous=HOST:PORT"
       " [--micro-batches=M] ...\n"
+      "  ampctl train --from-hf=DIR [--adapter=PEFT_DIR | --lora-rank=R] [--batches=FILE] ...\n"
       "  ampctl state export --job=ID --out=FILE [--view=full|adapter|merged]\n"
+      "  ampctl state export --job=ID --hf-dir=DIR [--max-shard-size=50GB]\n"
       "  ampctl state import --job=ID FILE | --partial FILE...  (the shards of a checkpoint)\n"
       "\n"
       "train runs the built-in synthetic regression task unless --batches names a safetensors\n"
@@ -809,7 +987,11 @@ int main(int argc, char** argv) {
       "--layers=llama:VOCAB:HIDDEN:INTER:LAYERS:HEADS:KV_HEADS[:CONTEXT] trains a Llama-family\n"
       "decoder (RMSNorm, rotary positions, KV_HEADS K/V heads shared by the HEADS query heads,\n"
       "SwiGLU MLP of width INTER; CONTEXT default 2048) on the same sequences; qwen2:... gives\n"
-      "q, k and v their biases as Qwen2 does.\n"
+      "q, k and v their biases as Qwen2 does, qwen3:... each q and k head its RMSNorm, and\n"
+      "gemma3:... Gemma 3's parts (every layer global).\n"
+      "--from-hf=DIR creates the job from a Hugging Face folder (the server maps config.json;\n"
+      "the weights load shard by shard), with --adapter=DIR a PEFT adapter over it; state\n"
+      "export --hf-dir=DIR writes the job back as a folder transformers opens.\n"
       "Exit status: 0 on success, 2 for invalid arguments (flags, batch file), 1 otherwise.");
 
   std::vector<std::string> arg_storage;

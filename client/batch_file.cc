@@ -140,10 +140,12 @@ absl::StatusOr<v1::ModelSpec> ParseGpt(absl::string_view item, absl::string_view
   return spec;
 }
 
-// "llama:VOCAB:HIDDEN:INTER:LAYERS:HEADS:KV_HEADS[:CONTEXT]" (no biases) or
-// "qwen2:..." (q, k and v biased): a Llama/Qwen2-family decoder with
-// Hugging Face's other defaults, CONTEXT (max_position_embeddings) 2048
-// unless given.
+// "llama:VOCAB:HIDDEN:INTER:LAYERS:HEADS:KV_HEADS[:CONTEXT]" (no biases),
+// "qwen2:..." (q, k and v biased), "qwen3:..." (the per-head q/k norm) or
+// "gemma3:..." (Gemma 3's parts: (1 + w) norms, sandwich norms, q/k norm,
+// GeGLU, scaled embeddings, a tied head; every layer global): a decoder of
+// that family's parts with Hugging Face's other defaults, CONTEXT
+// (max_position_embeddings) 2048 unless given.
 absl::StatusOr<v1::ModelSpec> ParseDecoder(absl::string_view item, absl::string_view loss) {
   const std::vector<absl::string_view> parts = absl::StrSplit(item, ':');
   const std::string family = absl::AsciiStrToLower(parts[0]);
@@ -176,6 +178,14 @@ absl::StatusOr<v1::ModelSpec> ParseDecoder(absl::string_view item, absl::string_
   d->set_num_key_value_heads(kv_heads);
   d->set_max_position_embeddings(context);
   d->set_qkv_bias(family == "qwen2");
+  if (family == "qwen3" || family == "gemma3") d->set_qk_norm(true);
+  if (family == "gemma3") {
+    d->set_norm_unit_offset(true);
+    d->set_sandwich_norms(true);
+    d->set_scale_embeddings(true);
+    d->set_mlp_activation(v1::MLP_ACTIVATION_GELU_TANH);
+    d->set_tie_word_embeddings(true);
+  }
   spec.set_loss(v1::LOSS_CROSS_ENTROPY);
   return spec;
 }
@@ -210,9 +220,10 @@ absl::StatusOr<v1::ModelSpec> ParseModelFlags(absl::string_view layers, absl::st
   if (absl::StartsWithIgnoreCase(absl::StripAsciiWhitespace(layers), "gpt:")) {
     return ParseGpt(absl::StripAsciiWhitespace(layers), loss);
   }
-  if (absl::StartsWithIgnoreCase(absl::StripAsciiWhitespace(layers), "llama:") ||
-      absl::StartsWithIgnoreCase(absl::StripAsciiWhitespace(layers), "qwen2:")) {
-    return ParseDecoder(absl::StripAsciiWhitespace(layers), loss);
+  for (const char* family : {"llama:", "qwen2:", "qwen3:", "gemma3:"}) {
+    if (absl::StartsWithIgnoreCase(absl::StripAsciiWhitespace(layers), family)) {
+      return ParseDecoder(absl::StripAsciiWhitespace(layers), loss);
+    }
   }
   for (absl::string_view item : absl::StrSplit(layers, ',')) {
     item = absl::StripAsciiWhitespace(item);

@@ -33,8 +33,10 @@ namespace ampd {
 // other GPT fields take the server's defaults; --loss may only be
 // cross_entropy or empty), or a Llama/Qwen2 decoder:
 // llama:VOCAB:HIDDEN:INTER:LAYERS:HEADS:KV_HEADS[:CONTEXT] without biases,
-// qwen2:... with q/k/v biases (CONTEXT, max_position_embeddings, 2048 when
-// not given; the rest the server's defaults).
+// qwen2:... with q/k/v biases, qwen3:... with the per-head q/k norm,
+// gemma3:... with Gemma 3's parts (every layer global) (CONTEXT,
+// max_position_embeddings, 2048 when not given; the rest the server's
+// defaults).
 // --loss: "mse" or "cross_entropy" ("cross-entropy" and "ce" too).
 // Fields the flags do not give (eps, loss_multiplier) stay unset, for the
 // server's defaults. InvalidArgument naming the flag and the offending item

@@ -1,14 +1,17 @@
 // Protobuf <-> engine translation (see translate.h).
 #include "server/rpc/translate.h"
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "server/engine/model/hf_config.h"
 
 namespace ampd::rpc {
 
@@ -235,6 +238,50 @@ absl::Status CheckBaseModelRequest(const v1::ModelSpec& model) {
                     "set by base_model's config.json; send only decoder.lora");
 }
 
+// The largest config.json a create may carry: a real one is a few KiB.
+constexpr size_t kMaxHfConfigBytes = size_t{1} << 20;
+
+// The model of a create with hf_config_json: config.json mapped by the
+// server's one mapping (model/hf_config.h), as the wire's effective model,
+// with the fields the request's model sets over it (a proto merge: a set
+// field replaces config.json's; sliding_layers and rope_scaling, when sent,
+// whole).
+absl::StatusOr<v1::ModelSpec> ModelOfHfConfig(const v1::JobConfig& proto) {
+  if (!proto.base_model().empty()) {
+    return FieldError("config.hf_config_json", "give base_model or hf_config_json, not both");
+  }
+  if (proto.hf_config_json().size() > kMaxHfConfigBytes) {
+    return FieldError(
+        "config.hf_config_json",
+        absl::StrCat("at most ", kMaxHfConfigBytes, " bytes, got ", proto.hf_config_json().size()));
+  }
+  absl::StatusOr<engine::model::ModelSpec> mapped =
+      engine::model::ModelSpecOfHfConfig(proto.hf_config_json());
+  if (!mapped.ok()) return FieldError("config.hf_config_json", mapped.status().message());
+  v1::ModelSpec model = ModelSpecToProto(*mapped);
+  const v1::ModelSpec& request = proto.model();
+  if (request.layers_size() > 0) {
+    return FieldError("config.model.layers", "set by hf_config_json's config.json");
+  }
+  const bool decoder = model.has_decoder();
+  if ((decoder && request.has_gpt()) || (!decoder && request.has_decoder())) {
+    return FieldError(
+        request.has_gpt() ? "config.model.gpt" : "config.model.decoder",
+        absl::StrCat("hf_config_json's config.json describes a ", decoder ? "decoder" : "GPT"));
+  }
+  // A list or a message sent replaces config.json's whole (RoPE's scaling
+  // is one value: a linear factor over llama3's would keep llama3's
+  // fields).
+  if (request.has_decoder() && request.decoder().sliding_layers_size() > 0) {
+    model.mutable_decoder()->clear_sliding_layers();
+  }
+  if (request.has_decoder() && request.decoder().has_rope_scaling()) {
+    model.mutable_decoder()->clear_rope_scaling();
+  }
+  model.MergeFrom(request);
+  return model;
+}
+
 }  // namespace
 
 absl::StatusOr<JobConfig> JobConfigFromProto(const v1::JobConfig& proto) {
@@ -247,7 +294,12 @@ absl::StatusOr<JobConfig> JobConfigFromProto(const v1::JobConfig& proto) {
   config.batch_invariant = proto.batch_invariant();
   config.base_model = proto.base_model();
   if (!config.base_model.empty()) AMPD_RETURN_IF_ERROR(CheckBaseModelRequest(proto.model()));
-  AMPD_RETURN_IF_ERROR(ModelSpecFromProto(proto.model(), "config.model", &config.model));
+  if (!proto.hf_config_json().empty()) {
+    AMPD_ASSIGN_OR_RETURN(const v1::ModelSpec model, ModelOfHfConfig(proto));
+    AMPD_RETURN_IF_ERROR(ModelSpecFromProto(model, "config.model", &config.model));
+  } else {
+    AMPD_RETURN_IF_ERROR(ModelSpecFromProto(proto.model(), "config.model", &config.model));
+  }
   AMPD_RETURN_IF_ERROR(OptimizerFromProto(proto.optimizer(), &config.optimizer));
   AMPD_RETURN_IF_ERROR(ScalerFromProto(proto.scaler(), &config.scaler));
   if (proto.has_distributed()) {
@@ -352,6 +404,11 @@ v1::Job JobToProto(const engine::JobSnapshot& snapshot) {
   job.set_estimated_bytes(snapshot.estimated_bytes);
   job.set_request_id(snapshot.request_id);
   if (snapshot.grad_norm.has_value()) job.set_grad_norm(*snapshot.grad_norm);
+  // Empty where no family writes the model (a layer stack).
+  if (absl::StatusOr<std::string> hf = engine::model::HfConfigOfModelSpec(snapshot.config.model);
+      hf.ok()) {
+    job.set_hf_config_json(*std::move(hf));
+  }
   switch (snapshot.state) {
     case engine::JobState::kActive:
       job.set_state(v1::JOB_STATE_ACTIVE);

@@ -1,4 +1,5 @@
-// ampctl's decoder front: the --layers=llama:... / qwen2:... flag and its
+// ampctl's decoder front: the --layers=llama:... / qwen2:... / qwen3:... /
+// gemma3:... flag and its
 // wire form through the server's translation (defaults filled in, effective
 // config read back), checked without a server; and end to end, the real
 // ampctl against the real ampd (--device=cpu): a small Qwen2-style decoder
@@ -72,6 +73,32 @@ TEST(DecoderFlagTest, ParsesTheSizesAndTheFamilysBiases) {
     EXPECT_TRUE(absl::StrContains(spec.status().message(), message)) << spec.status();
   }
   EXPECT_FALSE(ParseModelFlags("llama:256:64:128:2:4:2", "mse").ok());
+}
+
+// qwen3:... and gemma3:... give their families' parts (the per-head q/k
+// norm; Gemma 3's norms, GeGLU, embedding scale and tied head), which the
+// server takes as a valid decoder.
+TEST(DecoderFlagTest, Qwen3AndGemma3PresetsGiveTheirFamilysParts) {
+  absl::StatusOr<v1::ModelSpec> qwen3 = ParseModelFlags("qwen3:256:64:128:2:4:2:64", "");
+  ASSERT_TRUE(qwen3.ok()) << qwen3.status();
+  EXPECT_TRUE(qwen3->decoder().qk_norm());
+  EXPECT_FALSE(qwen3->decoder().qkv_bias());
+  EXPECT_FALSE(qwen3->decoder().norm_unit_offset());
+  absl::StatusOr<v1::ModelSpec> gemma3 = ParseModelFlags("gemma3:256:64:128:2:4:1:64", "");
+  ASSERT_TRUE(gemma3.ok()) << gemma3.status();
+  const v1::Decoder& g = gemma3->decoder();
+  EXPECT_TRUE(g.qk_norm() && g.norm_unit_offset() && g.sandwich_norms() && g.scale_embeddings() &&
+              g.tie_word_embeddings());
+  EXPECT_EQ(g.mlp_activation(), v1::MLP_ACTIVATION_GELU_TANH);
+  EXPECT_EQ(g.sliding_layers_size(), 0);
+  for (const v1::ModelSpec* spec : {&*qwen3, &*gemma3}) {
+    engine::model::ModelSpec engine_spec;
+    ASSERT_TRUE(rpc::ModelSpecFromProto(*spec, "config.model", &engine_spec).ok());
+    EXPECT_TRUE(engine::model::ValidateModelSpec(engine_spec).ok())
+        << engine::model::ValidateModelSpec(engine_spec);
+  }
+  EXPECT_TRUE(absl::StrContains(ParseModelFlags("qwen3:256:64", "").status().message(),
+                                "expected qwen3:VOCAB"));
 }
 
 // The wire form the server receives becomes the engine's spec with Hugging

@@ -1,14 +1,17 @@
 // model::ModelSpecOfHfConfig: config.json files as transformers writes
 // them for Qwen2, Llama 3.1 (RoPE llama3 scaling, in 4.x's and 5.x's
 // keys), Qwen3, Gemma 3 and GPT-2, the specs they give, and each key the server refuses,
-// named in the message as the Python client's from_hf_config names it.
+// named in the message; and model::HfConfigOfModelSpec, each family's
+// config.json of a spec, which reads back as the same spec.
 #include "server/engine/model/hf_config.h"
 
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "codec/json_value.h"
 #include "gtest/gtest.h"
 
 namespace ampd::engine::model {
@@ -241,6 +244,88 @@ TEST(HfConfig, WhatWouldComputeDifferentlyIsRefusedNamingTheKey) {
   EXPECT_TRUE(
       absl::StrContains(Refusal(R"({"model_type": "qwen2", "model_type": "llama"})"), "twice"));
   EXPECT_TRUE(absl::StrContains(Refusal("{\"model_type\": \"qwen2\"} x"), "after the value"));
+}
+
+// Every field of a spec the config.json carries, as text, so that two
+// specs compare field by field in a failure's message.
+std::string Fields(const ModelSpec& spec) {
+  if (spec.gpt.has_value()) {
+    const GptSpec& g = *spec.gpt;
+    return absl::StrCat("gpt ", g.vocab_size, " ", g.context_length, " ", g.d_model, " ", g.n_layer,
+                        " ", g.n_head, " ", g.mlp_ratio, " ", g.layer_norm_eps, " ",
+                        g.tie_embeddings);
+  }
+  const DecoderSpec& d = *spec.decoder;
+  std::string sliding;
+  for (const bool s : d.sliding_layers) sliding += s ? "s" : "f";
+  const RopeScaling& r = d.rope_scaling;
+  return absl::StrCat(
+      "decoder vocab ", d.vocab_size, " hidden ", d.hidden_size, " inter ", d.intermediate_size,
+      " layers ", d.num_hidden_layers, " heads ", d.num_attention_heads, "/", d.num_key_value_heads,
+      " head_dim ", DecoderHeadDim(d), " eps ", d.rms_norm_eps, " theta ", d.rope_theta, " rope ",
+      RopeTypeName(r.type), " ", r.factor, " ", r.low_freq_factor, " ", r.high_freq_factor, " ",
+      r.original_max_position_embeddings, " max_pos ", d.max_position_embeddings, " tied ",
+      d.tie_word_embeddings, " init ", d.initializer_range, " bias ", d.qkv_bias, d.o_bias,
+      " qk_norm ", d.qk_norm, " offset ", d.norm_unit_offset, " act ",
+      static_cast<int>(d.mlp_activation), " sandwich ", d.sandwich_norms, " scale ",
+      d.scale_embeddings, " qpas ", d.query_pre_attn_scalar, " sliding ", sliding, " window ",
+      d.sliding_window, " local ", d.rope_local_theta);
+}
+
+TEST(HfConfig, EachFamilyWritesAConfigThatReadsBackAsTheSameSpec) {
+  const struct {
+    std::string json;
+    const char* model_type;
+  } cases[] = {
+      {kQwen2, "qwen2"},
+      {kLlama31, "llama"},
+      {absl::StrReplaceAll(kLlama31, {{R"("attention_bias": false)", R"("attention_bias": true)"}}),
+       "llama"},
+      {absl::StrReplaceAll(kLlama31, {{R"("rope_type": "llama3")", R"("rope_type": "linear")"},
+                                      {R"("high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                   "original_max_position_embeddings": 8192,)",
+                                       ""}}),
+       "llama"},
+      {kQwen3, "qwen3"},
+      {absl::StrReplaceAll(kQwen3, {{R"("attention_bias": false)", R"("attention_bias": true)"}}),
+       "qwen3"},
+      {kGemma3, "gemma3_text"},
+      {kGpt2, "gpt2"},
+  };
+  for (const auto& c : cases) {
+    absl::StatusOr<ModelSpec> spec = ModelSpecOfHfConfig(c.json);
+    ASSERT_TRUE(spec.ok()) << spec.status() << c.json;
+    absl::StatusOr<std::string> written = HfConfigOfModelSpec(*spec);
+    ASSERT_TRUE(written.ok()) << written.status();
+    absl::StatusOr<codec::JsonValue> parsed = codec::ParseJson(*written);
+    ASSERT_TRUE(parsed.ok()) << parsed.status() << *written;
+    ASSERT_NE(parsed->Find("model_type"), nullptr) << *written;
+    EXPECT_EQ(parsed->Find("model_type")->text, c.model_type) << *written;
+    absl::StatusOr<ModelSpec> again = ModelSpecOfHfConfig(*written);
+    ASSERT_TRUE(again.ok()) << again.status() << *written;
+    EXPECT_EQ(Fields(*again), Fields(*spec)) << *written;
+  }
+}
+
+TEST(HfConfig, TheWriterKeepsFloatsShortAndExact) {
+  absl::StatusOr<ModelSpec> spec = ModelSpecOfHfConfig(kQwen2);
+  ASSERT_TRUE(spec.ok());
+  absl::StatusOr<std::string> written = HfConfigOfModelSpec(*spec);
+  ASSERT_TRUE(written.ok());
+  // The float32 1e-6 as its shortest literal, a whole float with ".0".
+  EXPECT_TRUE(absl::StrContains(*written, R"("rms_norm_eps": 1e-06,)")) << *written;
+  EXPECT_TRUE(absl::StrContains(*written, R"("rope_theta": 1000000.0)")) << *written;
+}
+
+TEST(HfConfig, WhatNoFamilyOwnsIsNotWritten) {
+  ModelSpec stack;
+  stack.layers.push_back(LayerSpec{});
+  EXPECT_EQ(HfConfigOfModelSpec(stack).status().code(), absl::StatusCode::kFailedPrecondition);
+  // A decoder with o_proj biased and q/k/v not: no family has those biases.
+  absl::StatusOr<ModelSpec> spec = ModelSpecOfHfConfig(kLlama31);
+  ASSERT_TRUE(spec.ok());
+  spec->decoder->o_bias = true;
+  EXPECT_EQ(HfConfigOfModelSpec(*spec).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -20,7 +20,8 @@
                                      rendezvous="ampd-0:50052", model=..., precision="fp16")
     r = dp.step(x, y)
 
-    # A Hugging Face folder (GPT-2, Llama 2/3.x, Qwen2/2.5), weights and all.
+    # A Hugging Face folder (GPT-2, Llama 2/3.x, Qwen2/2.5, Qwen3, Gemma 3), weights
+    # and all: the server maps its config.json.
     job = client.create_job(model=ampd.from_pretrained("Llama-3.2-1B"), precision="bf16")
     job.save_pretrained("out")  # AutoModelForCausalLM.from_pretrained("out") opens it
 
@@ -38,7 +39,7 @@ from ampd.errors import (AccumulationLost, AccumulationPending, Aborted, Already
                          SequenceMismatch, ServerDraining, SnapshotExists, SnapshotLimit,
                          SnapshotNotFound, StepResponseLost, StepsLost, Unauthenticated,
                          Unavailable)
-from ampd.hf import from_pretrained
+from ampd.hf import from_hf_config, from_pretrained
 from ampd.safetensors import StateDict
 from ampd.spec import (GELU, GPT, SGD, Adam, AdamW, Decoder, Embedding, LayerNorm, Linear, LoRA,
                        Model, ReLU, RopeScaling, Scaler, Tanh)
@@ -49,7 +50,7 @@ __all__ = [
     "Client", "Job", "DataParallelJob", "StepResult", "ForwardBackwardResult", "EvaluateResult",
     "Completion", "SamplerSnapshot", "Timings",
     "StateDict", "to_tensor",
-    "from_pretrained", "RopeScaling",
+    "from_pretrained", "from_hf_config", "RopeScaling",
     "Model", "GPT", "Decoder", "LoRA", "Linear", "ReLU", "GELU", "Tanh", "LayerNorm", "Embedding",
     "SGD", "Adam", "AdamW", "Scaler",
     "AmpdError", "InvalidArgument", "InvalidField", "InvalidStateDict", "NotFound",

@@ -359,7 +359,8 @@ class Client:
             display_name=display_name,
             model=model.to_proto() if hasattr(model, "to_proto") else model,
             precision=spec.precision_proto(precision), seed=seed,
-            batch_invariant=batch_invariant, base_model=base_model or "")
+            batch_invariant=batch_invariant, base_model=base_model or "",
+            hf_config_json=getattr(model, "hf_config_json", ""))
         if optimizer is not None:
             config.optimizer.CopyFrom(optimizer.to_proto() if hasattr(optimizer, "to_proto") else optimizer)
         if scaler is not None:
@@ -852,12 +853,14 @@ class Job:
             f.write(safetensors.dumps(state, {"format": "pt"}, getattr(state, "dtypes", {})))
         return directory
 
-    def save_pretrained(self, directory):
-        """Write the job's weights as a Hugging Face folder (config.json and
-        model.safetensors, a LoRA job's adapters merged in) that
+    def save_pretrained(self, directory, max_shard_size="50GB"):
+        """Write the job's weights as a Hugging Face folder (the config.json
+        the server writes for its model, generation_config.json, and
+        model.safetensors, or shards of at most max_shard_size with their
+        index; a LoRA job's adapters merged in) that
         transformers.AutoModelForCausalLM.from_pretrained opens (ampd.hf)."""
         from ampd import hf
-        return hf.save_pretrained(self, directory)
+        return hf.save_pretrained(self, directory, max_shard_size)
 
     def load(self, path, partial=False):
         """Load a safetensors file written by export() (or ampctl) into this job;

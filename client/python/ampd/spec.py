@@ -8,7 +8,6 @@ CreateJob returns the effective config.
 from dataclasses import KW_ONLY, dataclass, fields
 from typing import Optional, Sequence, Tuple
 
-from ampd import families
 from ampd.v1 import trainer_pb2 as pb
 
 
@@ -97,28 +96,7 @@ _LR_SCHEDULES = {"constant": pb.LR_SCHEDULE_CONSTANT,
                  "warmup_cosine": pb.LR_SCHEDULE_WARMUP_COSINE}
 
 
-def _read_config(config):
-    """A config.json's dict: config itself, or the file at that path."""
-    if isinstance(config, dict):
-        return config
-    import json
-    with open(config) as f:
-        return json.load(f)
-
-
 _MLP_ACTIVATIONS = {"silu": pb.MLP_ACTIVATION_SILU, "gelu_tanh": pb.MLP_ACTIVATION_GELU_TANH}
-
-
-def _spec_of_hf_config(cls, config, overrides):
-    """cls's spec of a config.json by its family (ampd.families), which must
-    be one that makes a cls."""
-    config = _read_config(config)
-    family = families.of_config(config)
-    model = family.spec_of_config(config, overrides)
-    if not isinstance(model, cls):
-        raise ValueError("model_type %r: a %s, not a %s" % (config.get("model_type"),
-                                                            type(model).__name__, cls.__name__))
-    return model
 
 
 @dataclass(frozen=True)
@@ -144,14 +122,6 @@ class GPT:
     layer_norm_eps: Optional[float] = None
     tie_embeddings: Optional[bool] = None
     loss_multiplier: Optional[float] = None
-
-    @classmethod
-    def from_hf_config(cls, config, **overrides):
-        """The spec of a Hugging Face GPT-2 config.json (a path, or its dict):
-        n_positions, n_embd, n_layer, n_head, n_inner, layer_norm_epsilon,
-        tie_word_embeddings. What it refuses, naming the key, is the gpt2
-        family's (ampd/families/gpt2.py)."""
-        return _spec_of_hf_config(cls, config, overrides)
 
     def to_proto(self):
         gpt = _set(pb.Gpt(vocab_size=self.vocab_size, context_length=self.context_length,
@@ -259,26 +229,6 @@ class Decoder:
     sliding_layers: Optional[tuple] = None  # of bool, one per layer
     sliding_window: Optional[int] = None
     rope_local_theta: Optional[float] = None
-
-    @classmethod
-    def from_hf_config(cls, config, max_position_embeddings=None, **overrides):
-        """The spec of a Hugging Face config.json (a path, or its dict) of a
-        decoder family (ampd/families: llama, qwen2, qwen3, gemma3_text), by its
-        model_type: the keys each family maps onto the parts (llama's and
-        qwen3's attention_bias on q, k, v and o_proj; qwen2's q/k/v biases;
-        qwen3's per-head q/k norm and head_dim; gemma3_text's parts, with
-        RoPE per layer type), RoPE in either key style
-        (transformers 4.x's rope_theta and rope_scaling, 5.x's
-        rope_parameters), of rope_type default, linear or llama3. What the
-        model would compute differently is refused, naming the key: another
-        rope_type, partial_rotary_factor, a hidden_act other than silu,
-        Llama's mlp_bias, Qwen2's and Qwen3's sliding window, Gemma 3's
-        soft-capping and bidirectional attention.
-        max_position_embeddings (and any field, by keyword) may be lowered
-        for training on shorter sequences."""
-        if max_position_embeddings is not None:
-            overrides["max_position_embeddings"] = max_position_embeddings
-        return _spec_of_hf_config(cls, config, overrides)
 
     def to_proto(self):
         decoder = _set(pb.Decoder(vocab_size=self.vocab_size, hidden_size=self.hidden_size,

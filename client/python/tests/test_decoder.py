@@ -1,5 +1,5 @@
 """A Llama/Qwen2-family decoder trained through the real ampd against the same
-decoder in PyTorch (and the families' reading of config.json, Qwen3's too).
+decoder in PyTorch (and the server's reading of config.json, Qwen3's too).
 
 For three tiny decoders in fp32 (Qwen2-style: fewer K/V heads than query
 heads, q/k/v biases, untied head; Llama with attention_bias: q/k/v and o
@@ -11,7 +11,8 @@ batches (some targets -100) must give the same loss curve to 1e-5 relative.
 A state dict written by that PyTorch model in Hugging Face's layout, sharded
 into two safetensors files (with the index.json transformers writes), loads
 into a fresh job file by file, and the next step's loss is PyTorch's. Also:
-the spec's wire form, Decoder.from_hf_config, the initialisation, and the
+the spec's wire form, the server's mapping of config.json (ampd.from_hf_config:
+its keys, refusals and export), the initialisation, and the
 benchmark peer on the CPU.
 
 Skipped, saying so, where torch is not importable."""
@@ -102,92 +103,125 @@ def test_values_a_job_could_never_train_with_are_refused_naming_the_field(server
         assert len(list(client.jobs())) == 1
 
 
-def test_from_hf_config_reads_both_families(tmp_path):
-    llama = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 2048,
-             "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
-             "num_key_value_heads": 8, "head_dim": 64, "rms_norm_eps": 1e-5,
-             "rope_theta": 500000.0, "max_position_embeddings": 131072,
-             "tie_word_embeddings": True, "initializer_range": 0.02, "attention_bias": False,
-             "hidden_act": "silu", "mlp_bias": False, "rope_scaling": None,
-             "torch_dtype": "bfloat16"}
+def mapped(client, config, **overrides):
+    """The effective pb.Decoder the server makes of a config.json (a job
+    created from it, its weights drawn from the seed)."""
+    return client.create_job(model=ampd.from_hf_config(config, **overrides),
+                             precision="fp32").config.model.decoder
+
+
+def refused(client, config, match):
+    """create_job of config.json is refused naming the key (field
+    config.hf_config_json), and leaves no job behind."""
+    before = len(client.jobs())
+    with pytest.raises(ampd.InvalidArgument, match=match) as error:
+        client.create_job(model=ampd.from_hf_config(config), precision="fp32")
+    assert error.value.field == "config.hf_config_json", error.value.field
+    assert len(client.jobs()) == before
+
+
+# Llama 3.2's config.json keys, at this test's sizes.
+LLAMA = {"model_type": "llama", "vocab_size": VOCAB, "hidden_size": HIDDEN,
+         "intermediate_size": INTER, "num_hidden_layers": LAYERS, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-5,
+         "rope_theta": 500000.0, "max_position_embeddings": CONTEXT,
+         "tie_word_embeddings": True, "initializer_range": 0.02, "attention_bias": False,
+         "hidden_act": "silu", "mlp_bias": False, "rope_scaling": None,
+         "torch_dtype": "bfloat16"}
+QWEN2 = {"model_type": "qwen2", "vocab_size": VOCAB, "hidden_size": HIDDEN,
+         "intermediate_size": INTER, "num_hidden_layers": LAYERS, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+         "max_position_embeddings": CONTEXT, "tie_word_embeddings": True,
+         "use_sliding_window": False, "sliding_window": 32768, "hidden_act": "silu"}
+
+
+def test_the_server_maps_both_families_config_json(server, tmp_path):
+    """config.json is the server's to map (the client sends its text): its
+    keys become the job's parts, overrides go over them, and what ampd
+    cannot compute is refused naming the key."""
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(llama))
-    spec = ampd.Decoder.from_hf_config(str(path), max_position_embeddings=4096)
-    assert (spec.num_key_value_heads, spec.head_dim, spec.max_position_embeddings) == (8, 64, 4096)
-    assert spec.tie_word_embeddings and not spec.qkv_bias and not spec.o_bias
-    biased = ampd.Decoder.from_hf_config(dict(llama, attention_bias=True))
-    assert biased.qkv_bias and biased.o_bias
-    qwen2 = {"model_type": "qwen2", "vocab_size": 151936, "hidden_size": 896,
-             "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
-             "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
-             "max_position_embeddings": 32768, "tie_word_embeddings": True,
-             "use_sliding_window": False, "sliding_window": 32768, "hidden_act": "silu"}
-    spec = ampd.Decoder.from_hf_config(qwen2)
-    assert spec.qkv_bias and not spec.o_bias and spec.head_dim is None
-    assert spec.to_proto().decoder.rope_theta == 1000000.0
-    for bad, match in ((dict(llama, rope_scaling={"rope_type": "yarn", "factor": 4.0}),
-                        "rope_scaling.rope_type 'yarn'"),
-                       (dict(llama, rope_scaling={"rope_type": "llama3"}),
-                        "rope_scaling.factor"),
-                       (dict(llama, model_type="mistral"), "model_type"),
-                       (dict(llama, hidden_act="gelu"), "hidden_act"),
-                       (dict(qwen2, use_sliding_window=True), "sliding")):
-        with pytest.raises(ValueError, match=match):
-            ampd.Decoder.from_hf_config(bad)
+    path.write_text(json.dumps(LLAMA))
+    with ampd.Client(server.address) as client:
+        d = mapped(client, str(path), max_position_embeddings=CONTEXT // 2)
+        assert (d.num_key_value_heads, d.head_dim, d.max_position_embeddings) == (2, 16,
+                                                                                  CONTEXT // 2)
+        assert d.tie_word_embeddings and not d.qkv_bias and not d.o_bias
+        assert d.rms_norm_eps == np.float32(1e-5) and d.rope_theta == 500000.0
+        biased = mapped(client, dict(LLAMA, attention_bias=True))
+        assert biased.qkv_bias and biased.o_bias
+        d = mapped(client, QWEN2)
+        assert d.qkv_bias and not d.o_bias and d.head_dim == HIDDEN // 4
+        assert d.rope_theta == 1000000.0
+        for bad, match in ((dict(LLAMA, rope_scaling={"rope_type": "yarn", "factor": 4.0}),
+                            "rope_scaling.rope_type"),
+                           (dict(LLAMA, rope_scaling={"rope_type": "llama3"}),
+                            "rope_scaling.factor"),
+                           (dict(LLAMA, model_type="mistral"), "model_type"),
+                           (dict(LLAMA, hidden_act="gelu"), "hidden_act"),
+                           (dict(QWEN2, use_sliding_window=True), "use_sliding_window")):
+            refused(client, bad, "config.json: " + match)
 
 
 # Qwen3-0.6B's config.json as transformers 4.x wrote it (head_dim 128 where
-# hidden / heads is 64).
+# hidden / heads is 64), at this test's sizes.
 QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
          "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
-         "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
-         "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
-         "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+         "hidden_size": HIDDEN, "initializer_range": 0.02, "intermediate_size": INTER,
+         "max_position_embeddings": CONTEXT, "max_window_layers": 28, "model_type": "qwen3",
+         "num_attention_heads": 4, "num_hidden_layers": LAYERS, "num_key_value_heads": 2,
          "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000,
          "sliding_window": None, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
          "transformers_version": "4.51.0", "use_cache": True, "use_sliding_window": False,
-         "vocab_size": 151936}
+         "vocab_size": VOCAB}
 
 
-def test_families_are_files_found_by_model_type():
-    """Each family is one file of ampd/families, found by its model_type;
-    Qwen3's keys become parts (qk_norm, its own head_dim, attention_bias on
-    all four projections) and its export's config.json names qwen3 again,
-    whichever family wrote the spec; what it cannot compute is refused by
-    key."""
-    assert ampd.families.model_types() == ["gemma3_text", "gpt2", "llama", "qwen2", "qwen3"]
-    spec = ampd.Decoder.from_hf_config(QWEN3, max_position_embeddings=2048)
-    assert (spec.qk_norm, spec.head_dim, spec.qkv_bias, spec.o_bias) == (True, 128, False, False)
-    assert (spec.num_key_value_heads, spec.rope_theta, spec.max_position_embeddings) == (8, 1e6,
-                                                                                         2048)
-    # Qwen3Config's head_dim defaults to 128, not hidden / heads.
-    assert ampd.Decoder.from_hf_config({k: v for k, v in QWEN3.items()
-                                        if k != "head_dim"}).head_dim == 128
-    biased = ampd.Decoder.from_hf_config(dict(QWEN3, attention_bias=True))
-    assert biased.qkv_bias and biased.o_bias and biased.qk_norm
-    for bad, match in ((dict(QWEN3, use_sliding_window=True), "use_sliding_window"),
-                       (dict(QWEN3, layer_types=["sliding_attention"] * 28), "layer_types"),
-                       (dict(QWEN3, hidden_act="gelu"), "hidden_act"),
-                       (dict(QWEN3, rope_scaling={"rope_type": "yarn", "factor": 4.0}),
-                        "rope_scaling.rope_type 'yarn'")):
-        with pytest.raises(ValueError, match=match):
-            ampd.Decoder.from_hf_config(bad)
-    with pytest.raises(ValueError, match="model_type 'qwen3': a Decoder, not a GPT"):
-        ampd.GPT.from_hf_config(QWEN3)
-    with pytest.raises(ValueError, match="model_type 'mistral': ampd reads gemma3_text, gpt2, llama"):
-        ampd.Decoder.from_hf_config(dict(QWEN3, model_type="mistral"))
+def test_qwen3_keys_become_parts_and_its_export_names_qwen3(server):
+    """Qwen3's keys become parts (qk_norm, its own head_dim, attention_bias
+    on all four projections); what it cannot compute is refused by key; and
+    a job's export config.json (Job.hf_config_json, the server's writing)
+    names the family whose parts the job has, whoever made the spec."""
+    with ampd.Client(server.address) as client:
+        d = mapped(client, QWEN3)
+        assert (d.qk_norm, d.head_dim, d.qkv_bias, d.o_bias) == (True, 128, False, False)
+        assert (d.num_key_value_heads, d.rope_theta) == (2, 1e6)
+        # Qwen3Config's head_dim defaults to 128, not hidden / heads.
+        assert mapped(client, {k: v for k, v in QWEN3.items() if k != "head_dim"}).head_dim == 128
+        biased = mapped(client, dict(QWEN3, attention_bias=True))
+        assert biased.qkv_bias and biased.o_bias and biased.qk_norm
+        for bad, match in ((dict(QWEN3, use_sliding_window=True), "use_sliding_window"),
+                           (dict(QWEN3, layer_types=["sliding_attention"] * LAYERS),
+                            "layer_types"),
+                           (dict(QWEN3, hidden_act="gelu"), "hidden_act"),
+                           (dict(QWEN3, rope_scaling={"rope_type": "yarn", "factor": 4.0}),
+                            "rope_scaling.rope_type"),
+                           (dict(QWEN3, model_type="mistral"),
+                            'model_type: "mistral": one of gpt2, llama, qwen2, qwen3')):
+            refused(client, bad, "config.json: " + match)
+        with pytest.raises(ValueError, match="n_layer: not a field of Decoder"):
+            ampd.from_hf_config(QWEN3, n_layer=1)
+        with pytest.raises(ampd.InvalidArgument, match="config.model.gpt: .* describes a decoder"):
+            client.create_job(model=ampd.hf.HfConfig(json.dumps(QWEN3),
+                                                     pb.ModelSpec(gpt=pb.Gpt(n_layer=1))),
+                              precision="fp32")
 
-    # The export's config.json: the family whose parts the spec has.
-    config = ampd.hf.hf_config(spec.to_proto())
-    assert (config["model_type"], config["architectures"], config["head_dim"],
-            config["attention_bias"]) == ("qwen3", ["Qwen3ForCausalLM"], 128, False)
-    for parts, family in ((dict(qkv_bias=True, o_bias=False), "qwen2"),
-                          (dict(qkv_bias=True, o_bias=True), "llama"),
-                          (dict(qkv_bias=True, o_bias=True, qk_norm=True), "qwen3")):
-        d = dataclasses.replace(spec, **dict(dict(qk_norm=None), **parts))
-        assert ampd.hf.hf_config(d.to_proto())["model_type"] == family, parts
-    with pytest.raises(ValueError, match="no Hugging Face family"):
-        ampd.hf.hf_config(dataclasses.replace(spec, qkv_bias=False, o_bias=True).to_proto())
+        job = client.create_job(model=ampd.from_hf_config(QWEN3), precision="fp32")
+        config = json.loads(job.proto.hf_config_json)
+        assert (config["model_type"], config["architectures"], config["head_dim"],
+                config["attention_bias"]) == ("qwen3", ["Qwen3ForCausalLM"], 128, False)
+        spec = ampd.Decoder(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER,
+                            num_hidden_layers=LAYERS, num_attention_heads=4,
+                            max_position_embeddings=CONTEXT)
+        for parts, family in ((dict(qkv_bias=True, o_bias=False), "qwen2"),
+                              (dict(qkv_bias=True, o_bias=True), "llama"),
+                              (dict(qkv_bias=True, o_bias=True, qk_norm=True), "qwen3")):
+            job = client.create_job(model=dataclasses.replace(spec, **parts), precision="fp32")
+            assert json.loads(job.proto.hf_config_json)["model_type"] == family, parts
+        # o_proj biased and q/k/v not: no family has those parts.
+        job = client.create_job(model=dataclasses.replace(spec, qkv_bias=False, o_bias=True),
+                                precision="fp32")
+        assert job.proto.hf_config_json == ""
+        with pytest.raises(ValueError, match="no Hugging Face family"):
+            job.save_pretrained("unused")
 
 
 LLAMA32 = {"model_type": "llama", "vocab_size": VOCAB, "hidden_size": HIDDEN,
@@ -200,35 +234,27 @@ LLAMA32 = {"model_type": "llama", "vocab_size": VOCAB, "hidden_size": HIDDEN,
 
 def test_llama3_rope_scaling_in_both_key_styles_reaches_the_job(server):
     """transformers 4.x's rope_theta + rope_scaling and 5.x's rope_parameters
-    give one spec; CreateJob keeps it in the effective config and refuses a
-    bad field by name."""
-    old = ampd.Decoder.from_hf_config(LLAMA32)
+    give one model; CreateJob keeps it in the effective config and refuses a
+    bad field set over it by name."""
     new_style = {k: v for k, v in LLAMA32.items() if k not in ("rope_theta", "rope_scaling")}
     new_style["rope_parameters"] = dict(LLAMA32["rope_scaling"], rope_theta=500000.0)
-    assert ampd.Decoder.from_hf_config(new_style) == old
-    assert old.rope_theta == 500000.0
-    assert old.rope_scaling == ampd.RopeScaling("llama3", 32.0, 1.0, 4.0, 8192)
-    linear = ampd.Decoder.from_hf_config(dict(LLAMA32, rope_scaling={"type": "linear",
-                                                                     "factor": 2.0}))
-    assert linear.rope_scaling == ampd.RopeScaling("linear", 2.0)
     with ampd.Client(server.address) as client:
-        job = client.create_job(model=old, precision="fp32", seed=1)
-        r = job.config.model.decoder.rope_scaling
+        old = mapped(client, LLAMA32)
+        assert mapped(client, new_style) == old
+        assert old.rope_theta == 500000.0
+        r = old.rope_scaling
         assert (r.rope_type, r.factor, r.low_freq_factor, r.high_freq_factor,
                 r.original_max_position_embeddings) == (pb.ROPE_TYPE_LLAMA3, 32.0, 1.0, 4.0, 8192)
-        job = client.create_job(model=linear, precision="fp32", seed=1)
-        r = job.config.model.decoder.rope_scaling
+        r = mapped(client, dict(LLAMA32, rope_scaling={"type": "linear", "factor": 2.0})
+                   ).rope_scaling
         assert (r.rope_type, r.factor, r.HasField("low_freq_factor")) == (pb.ROPE_TYPE_LINEAR, 2.0,
                                                                           False)
         for scaling, field in ((ampd.RopeScaling("linear", 0.5), "decoder.rope_scaling.factor"),
                                (ampd.RopeScaling("llama3", 8.0, 4.0, 1.0, 8192),
-                                "decoder.rope_scaling.high_freq_factor"),
-                               (ampd.RopeScaling("llama3", 8.0), "rope_scaling.low_freq_factor"),
-                               (ampd.RopeScaling("linear", 2.0, low_freq_factor=1.0),
-                                "rope_scaling.low_freq_factor")):
-            bad = dataclasses.replace(old, rope_scaling=scaling)
+                                "decoder.rope_scaling.high_freq_factor")):
             with pytest.raises(ampd.InvalidArgument, match=field):
-                client.create_job(model=bad, precision="fp32", seed=1)
+                client.create_job(model=ampd.from_hf_config(LLAMA32, rope_scaling=scaling),
+                                  precision="fp32", seed=1)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

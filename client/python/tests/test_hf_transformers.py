@@ -39,6 +39,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 import ampd  # noqa: E402
+from ampd.v1 import trainer_pb2 as pb  # noqa: E402
 
 torch.use_deterministic_algorithms(True)
 VOCAB = 96
@@ -237,18 +238,38 @@ def test_a_bf16_folder_loads_widened(server, tmp_path, precision):
         assert len(client.jobs()) == before
 
 
-def test_llama3_scaling_matters_and_both_key_styles_read_alike(tmp_path):
+def mapped(client, model):
+    """The effective pb.ModelSpec the server makes of from_pretrained's or
+    from_hf_config's config.json (a job created from it)."""
+    return client.create_job(model=model, precision="fp32").config.model
+
+
+def refused(client, config, match):
+    """The server refuses config.json naming the key (field
+    config.hf_config_json); no job is left behind."""
+    before = len(client.jobs())
+    with pytest.raises(ampd.InvalidArgument, match=match) as error:
+        client.create_job(model=ampd.from_hf_config(config), precision="fp32")
+    assert error.value.field == "config.hf_config_json"
+    assert len(client.jobs()) == before
+    return error.value
+
+
+def test_llama3_scaling_matters_and_both_key_styles_read_alike(server, tmp_path):
     """The llama3 folder's RoPE is not the default's over these positions
     (so the test above checks the scaling), and 4.x's keys give 5.x's spec."""
     make_folder("llama3", tmp_path / "a")
-    spec = ampd.from_pretrained(str(tmp_path / "a")).model
-    assert spec.rope_scaling == ampd.RopeScaling("llama3", 8.0, 1.0, 4.0, 16)
-    assert spec.rope_theta == 10000.0
-    with open(tmp_path / "a" / "config.json") as f:
-        config = json.load(f)
-    rope = dict(config.pop("rope_parameters"))
-    old = dict(config, rope_theta=rope.pop("rope_theta"), rope_scaling=rope)
-    assert ampd.Decoder.from_hf_config(old) == spec
+    with ampd.Client(server.address) as client:
+        spec = mapped(client, ampd.from_pretrained(str(tmp_path / "a"))).decoder
+        r = spec.rope_scaling
+        assert (r.rope_type, r.factor, r.low_freq_factor, r.high_freq_factor,
+                r.original_max_position_embeddings) == (pb.ROPE_TYPE_LLAMA3, 8.0, 1.0, 4.0, 16)
+        assert spec.rope_theta == 10000.0
+        with open(tmp_path / "a" / "config.json") as f:
+            config = json.load(f)
+        rope = dict(config.pop("rope_parameters"))
+        old = dict(config, rope_theta=rope.pop("rope_theta"), rope_scaling=rope)
+        assert mapped(client, ampd.from_hf_config(old)).decoder == spec
     # transformers' own frequencies differ from the unscaled ones.
     scaled = transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS["llama3"](
         transformers.LlamaConfig(**FAMILIES["llama3"][1]), "cpu")[0]
@@ -256,29 +277,28 @@ def test_llama3_scaling_matters_and_both_key_styles_read_alike(tmp_path):
     assert not torch.allclose(scaled, plain, rtol=1e-3)
 
 
-def test_qwen3_folder_gives_its_parts_and_what_it_refuses_is_named(tmp_path):
+def test_qwen3_folder_gives_its_parts_and_what_it_refuses_is_named(server, tmp_path):
     """Qwen3's keys become parts (the per-head q/k norm, its own head_dim,
     attention_bias on all four projections); a sliding window, in either
     key, and another activation are refused by name."""
     make_folder("qwen3", tmp_path / "a")
-    spec = ampd.from_pretrained(str(tmp_path / "a")).model
-    assert (spec.qk_norm, spec.head_dim, spec.qkv_bias, spec.o_bias) == (True, 24, False, False)
     make_folder("qwen3_tied", tmp_path / "b")
-    tied = ampd.from_pretrained(str(tmp_path / "b")).model
-    assert (tied.qk_norm, tied.head_dim, tied.qkv_bias, tied.o_bias) == (True, 8, True, True)
-    assert tied.tie_word_embeddings and tied.rope_theta == 10000.0
-    with open(tmp_path / "a" / "config.json") as f:
-        config = json.load(f)
-    for key, value in (("use_sliding_window", True),
-                       ("layer_types", ["sliding_attention", "full_attention"]),
-                       ("hidden_act", "gelu")):
-        with pytest.raises(ValueError, match=key):
-            ampd.Decoder.from_hf_config(dict(config, **{key: value}))
-    with pytest.raises(ValueError, match="model_type 'qwen3': a Decoder, not a GPT"):
-        ampd.GPT.from_hf_config(config)
+    with ampd.Client(server.address) as client:
+        spec = mapped(client, ampd.from_pretrained(str(tmp_path / "a"))).decoder
+        assert (spec.qk_norm, spec.head_dim, spec.qkv_bias, spec.o_bias) == (True, 24, False,
+                                                                             False)
+        tied = mapped(client, ampd.from_pretrained(str(tmp_path / "b"))).decoder
+        assert (tied.qk_norm, tied.head_dim, tied.qkv_bias, tied.o_bias) == (True, 8, True, True)
+        assert tied.tie_word_embeddings and tied.rope_theta == 10000.0
+        with open(tmp_path / "a" / "config.json") as f:
+            config = json.load(f)
+        for key, value in (("use_sliding_window", True),
+                           ("layer_types", ["sliding_attention", "full_attention"]),
+                           ("hidden_act", "gelu")):
+            refused(client, dict(config, **{key: value}), "config.json: " + key)
 
 
-def test_gemma3_folder_gives_its_parts_and_what_it_refuses_is_named(tmp_path):
+def test_gemma3_folder_gives_its_parts_and_what_it_refuses_is_named(server, tmp_path):
     """Gemma 3's keys become parts (every norm by 1 + w, the sandwich norms,
     GeGLU, the embedding scale, query_pre_attn_scalar, the sliding layers
     with their window and local RoPE base beside the full layers' scaled
@@ -288,26 +308,29 @@ def test_gemma3_folder_gives_its_parts_and_what_it_refuses_is_named(tmp_path):
     the window matters over these sequences: transformers' logits change
     without it."""
     model = make_folder("gemma3", tmp_path / "a")
-    spec = ampd.from_pretrained(str(tmp_path / "a")).model
-    assert (spec.qk_norm, spec.norm_unit_offset, spec.sandwich_norms, spec.scale_embeddings,
-            spec.mlp_activation) == (True, True, True, True, "gelu_tanh")
-    assert (spec.sliding_layers, spec.sliding_window, spec.rope_local_theta,
-            spec.rope_theta, spec.query_pre_attn_scalar) == ((True, False, True, False), 20,
-                                                             10000.0, 1000000.0, 32.0)
-    assert spec.rope_scaling == ampd.RopeScaling("linear", 2.0)
-    with open(tmp_path / "a" / "config.json") as f:
-        config = json.load(f)
-    rope = config.pop("rope_parameters")
-    full = dict(rope["full_attention"])
-    old = dict(config, rope_theta=full.pop("rope_theta"),
-               rope_local_base_freq=rope["sliding_attention"]["rope_theta"], rope_scaling=full)
-    old.pop("layer_types")
-    old["sliding_window_pattern"] = 2  # layers 1 and 3 full, 0 and 2 sliding
-    assert ampd.Decoder.from_hf_config(old) == spec
-    for key, value in (("final_logit_softcapping", 30.0), ("attn_logit_softcapping", 50.0),
-                       ("use_bidirectional_attention", True), ("hidden_activation", "gelu")):
-        with pytest.raises(ValueError, match=key):
-            ampd.Decoder.from_hf_config(dict(config, rope_parameters=rope, **{key: value}))
+    with ampd.Client(server.address) as client:
+        spec = mapped(client, ampd.from_pretrained(str(tmp_path / "a"))).decoder
+        assert (spec.qk_norm, spec.norm_unit_offset, spec.sandwich_norms, spec.scale_embeddings,
+                spec.mlp_activation) == (True, True, True, True, pb.MLP_ACTIVATION_GELU_TANH)
+        assert (list(spec.sliding_layers), spec.sliding_window, spec.rope_local_theta,
+                spec.rope_theta, spec.query_pre_attn_scalar) == ([True, False, True, False], 20,
+                                                                 10000.0, 1000000.0, 32.0)
+        assert (spec.rope_scaling.rope_type, spec.rope_scaling.factor) == (pb.ROPE_TYPE_LINEAR,
+                                                                           2.0)
+        with open(tmp_path / "a" / "config.json") as f:
+            config = json.load(f)
+        rope = config.pop("rope_parameters")
+        full = dict(rope["full_attention"])
+        old = dict(config, rope_theta=full.pop("rope_theta"),
+                   rope_local_base_freq=rope["sliding_attention"]["rope_theta"],
+                   rope_scaling=full)
+        old.pop("layer_types")
+        old["sliding_window_pattern"] = 2  # layers 1 and 3 full, 0 and 2 sliding
+        assert mapped(client, ampd.from_hf_config(old)).decoder == spec
+        for key, value in (("final_logit_softcapping", 30.0), ("attn_logit_softcapping", 50.0),
+                           ("use_bidirectional_attention", True), ("hidden_activation", "gelu")):
+            refused(client, dict(config, rope_parameters=rope, **{key: value}),
+                    "config.json: " + key)
     ids, targets = batch("gemma3", 0)
     windowed, _ = hf_logprobs_and_loss(model, ids, targets)
     model.config.sliding_window = 64
@@ -373,7 +396,12 @@ def test_export_loads_back_into_transformers(server, tmp_path, family):
         job = create(client, str(tmp_path / "hf"))
         for step in range(3):  # weights of ampd's own, not the folder's
             job.step(*batch(family, step))
-        job.save_pretrained(str(tmp_path / "out"))
+        # llama3's in shards with their index, as transformers shards.
+        job.save_pretrained(str(tmp_path / "out"),
+                            max_shard_size="100KB" if family == "llama3" else "50GB")
+        files = os.listdir(tmp_path / "out")
+        assert ("model.safetensors.index.json" in files) == (family == "llama3"), files
+        assert "generation_config.json" in files
         model = load_hf(str(tmp_path / "out"))
         assert model.config.model_type == FAMILIES[family][0].model_type
         ids, targets = batch(family, 5)
@@ -384,23 +412,23 @@ def test_export_loads_back_into_transformers(server, tmp_path, family):
 
 @pytest.mark.parametrize("key,value,match", [
     ("rope_parameters", {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0},
-     r"rope_parameters.rope_type 'yarn'"),
+     r'rope_parameters.rope_type: "yarn"'),
     ("rope_parameters", {"rope_type": "llama3", "rope_theta": 1e4, "factor": 4.0},
      r"rope_parameters.low_freq_factor"),
     ("rope_parameters", {"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0,
                          "attention_factor": 2.0}, r"rope_parameters.attention_factor"),
-    ("rope_scaling", {"type": "dynamic", "factor": 2.0}, r"rope_scaling.rope_type 'dynamic'"),
+    ("rope_scaling", {"type": "dynamic", "factor": 2.0}, r'rope_scaling.rope_type: "dynamic"'),
     ("partial_rotary_factor", 0.5, r"partial_rotary_factor"),
 ])
-def test_what_ampd_cannot_compute_is_refused_naming_the_key(tmp_path, key, value, match):
+def test_what_ampd_cannot_compute_is_refused_naming_the_key(server, tmp_path, key, value, match):
     make_folder("llama3", tmp_path)
     with open(tmp_path / "config.json") as f:
         config = json.load(f)
     if key == "rope_scaling":
         config.pop("rope_parameters")
     config[key] = value
-    with pytest.raises(ValueError, match=match):
-        ampd.Decoder.from_hf_config(config)
+    with ampd.Client(server.address) as client:
+        refused(client, config, "config.json: " + match)
 
 
 # ---- the server reads the same folders (--models-dir, base_model) -------------
@@ -412,11 +440,12 @@ def _server_of_folders(start_ampd, root, families):
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_the_server_reads_a_folder_as_the_client_does(start_ampd, tmp_path, family):
-    """base_model: the server's own config.json mapping (model/hf_config.cc)
-    makes the model ampd.from_pretrained makes, and its own load of the
-    weights the same job, bit for bit; a LoRA job on the shared base starts
-    as transformers' model computes."""
+def test_a_base_model_is_the_job_from_pretrained_makes(start_ampd, tmp_path, family):
+    """base_model: the server's config.json mapping (model/hf_config.cc),
+    which ampd.from_pretrained's config.json goes through too, makes the
+    same model, and the server's own load of the weights the same job, bit
+    for bit; a LoRA job on the shared base starts as transformers' model
+    computes."""
     root = tmp_path / "models"
     server = _server_of_folders(start_ampd, root, [family])
     model = load_hf(str(root / family))
@@ -430,6 +459,10 @@ def test_the_server_reads_a_folder_as_the_client_does(start_ampd, tmp_path, fami
         if family == "gpt2":
             with pytest.raises(ampd.InvalidArgument, match="LoRA adapters are a decoder's"):
                 client.create_job(base_model=family, lora=ampd.LoRA(rank=4, alpha=8.0))
+            with pytest.raises(ampd.InvalidArgument,
+                               match="config.model.decoder: .* describes a GPT"):
+                client.create_job(model=ampd.from_pretrained(str(root / family),
+                                                             lora=ampd.LoRA(rank=4, alpha=8.0)))
             return
         lora = client.create_job(base_model=family, lora=ampd.LoRA(rank=4, alpha=8.0),
                                  precision="fp32")
@@ -444,7 +477,7 @@ def test_the_server_reads_a_folder_as_the_client_does(start_ampd, tmp_path, fami
     ("rope_parameters", {"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0,
                          "attention_factor": 2.0}),
 ])
-def test_the_server_refuses_what_the_client_refuses(start_ampd, tmp_path, key, value):
+def test_a_base_model_is_refused_as_a_folder_is(start_ampd, tmp_path, key, value):
     root = tmp_path / "models"
     make_folder("llama3", root / "base")
     with open(root / "base" / "config.json") as f:
@@ -452,17 +485,15 @@ def test_the_server_refuses_what_the_client_refuses(start_ampd, tmp_path, key, v
     config[key] = value
     with open(root / "base" / "config.json", "w") as f:
         json.dump(config, f)
-    with pytest.raises(ValueError) as client_side:
-        ampd.Decoder.from_hf_config(config)
     server = start_ampd("--models-dir=%s" % root)
     with ampd.Client(server.address) as client:
-        with pytest.raises(ampd.InvalidArgument) as server_side:
+        folder = refused(client, config, "config.json: ")
+        with pytest.raises(ampd.InvalidArgument) as base:
             client.create_job(base_model="base", lora=ampd.LoRA(rank=4, alpha=8.0))
-    assert server_side.value.field == "config.base_model"
-    # Both name the same key first.
-    named = str(client_side.value).split(":")[0].split(" ")[0]
-    assert "config.json: %s" % named in server_side.value.message, \
-        (str(client_side.value), server_side.value.message)
+    assert base.value.field == "config.base_model"
+    # Both name the same key, in the same words.
+    assert folder.message.split("config.json: ")[1] == base.value.message.split("config.json: ")[1]
+    assert key in folder.message
 
 
 # ---- fp16 and bf16 against transformers under torch.autocast ------------------

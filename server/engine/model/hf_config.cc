@@ -1,5 +1,6 @@
 // ModelSpecOfHfConfig: config.json's keys onto a GptSpec or a DecoderSpec,
-// key by key as client/python/ampd/families/ maps them.
+// family by family, and the family table that pairs each reader with its
+// writer (HfConfigOfModelSpec).
 #include "server/engine/model/hf_config.h"
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "codec/json_value.h"
 #include "common/status_macros.h"
+#include "server/engine/model/hf_config_writer.h"
 
 namespace ampd::engine::model {
 namespace {
@@ -137,7 +139,8 @@ absl::StatusOr<ModelSpec> Gpt2(const JsonValue& c) {
   return spec;
 }
 
-// RoPE in either style (spec.py's _rope_of_hf_config): rope_theta and the
+// RoPE in either style (4.x's rope_theta + rope_scaling, 5.x's
+// rope_parameters): rope_theta and the
 // scaling into d.
 absl::Status Rope(const JsonValue& c, DecoderSpec& d) {
   const JsonValue* params = Get(c, "rope_parameters");
@@ -231,7 +234,7 @@ absl::Status CheckLayerTypes(const JsonValue& c) {
   return absl::OkStatus();
 }
 
-// The keys every decoder family reads alike (families/_decoder.py's _KEYS),
+// The keys every decoder family reads alike under their own names,
 // over what d holds already (a family's defaults).
 absl::Status SharedKeys(const JsonValue& c, DecoderSpec& d) {
   AMPD_ASSIGN_OR_RETURN(d.vocab_size, RequiredInt(c, "vocab_size"));
@@ -260,8 +263,7 @@ absl::Status SharedKeys(const JsonValue& c, DecoderSpec& d) {
   return absl::OkStatus();
 }
 
-// The decoder families (client/python/ampd/families/llama.py, qwen2.py,
-// qwen3.py over _decoder.py): their refusals first (hidden_act for all;
+// The Llama-style decoder families (llama, qwen2, qwen3): their refusals first (hidden_act for all;
 // llama's mlp_bias; qwen2's and qwen3's sliding window), then RoPE, the
 // shared keys, and the parts each family's keys set.
 absl::StatusOr<ModelSpec> Decoder(const JsonValue& c, const std::string& model_type) {
@@ -332,7 +334,7 @@ JsonValue Object() {
   return out;
 }
 
-// Gemma 3 text (families/gemma3.py): its refusals, Gemma3TextConfig's
+// Gemma 3 text: its refusals, Gemma3TextConfig's
 // defaults for the keys a config.json leaves out, the shared keys, RoPE per
 // layer type (5.x's rope_parameters keyed by sliding_attention and
 // full_attention, or 4.x's rope_theta, rope_local_base_freq and
@@ -468,6 +470,69 @@ absl::StatusOr<ModelSpec> Gemma3(const JsonValue& c) {
   return spec;
 }
 
+bool HasGemmaParts(const DecoderSpec& d) {
+  return d.norm_unit_offset || d.sandwich_norms || d.scale_embeddings ||
+         d.mlp_activation != MlpActivation::kSilu || SlidingLayers(d) ||
+         d.query_pre_attn_scalar != 0.0f;
+}
+
+// Whether spec is a decoder of the Llama-style parts (none of Gemma's)
+// whose biases and q/k norm are as a family has them.
+bool LlamaStyle(const ModelSpec& spec) {
+  return spec.decoder.has_value() && !HasGemmaParts(*spec.decoder);
+}
+bool OwnsLlama(const ModelSpec& s) {
+  return LlamaStyle(s) && !s.decoder->qk_norm && s.decoder->qkv_bias == s.decoder->o_bias;
+}
+bool OwnsQwen2(const ModelSpec& s) {
+  return LlamaStyle(s) && !s.decoder->qk_norm && s.decoder->qkv_bias && !s.decoder->o_bias;
+}
+bool OwnsQwen3(const ModelSpec& s) {
+  return LlamaStyle(s) && s.decoder->qk_norm && s.decoder->qkv_bias == s.decoder->o_bias;
+}
+bool OwnsGemma3(const ModelSpec& s) {
+  if (!s.decoder.has_value()) return false;
+  const DecoderSpec& d = *s.decoder;
+  return d.norm_unit_offset && d.sandwich_norms && d.scale_embeddings && d.qk_norm &&
+         d.mlp_activation == MlpActivation::kGeluTanh && d.qkv_bias == d.o_bias;
+}
+bool OwnsGpt2(const ModelSpec& s) { return s.gpt.has_value(); }
+absl::StatusOr<ModelSpec> ReadLlama(const JsonValue& c) { return Decoder(c, "llama"); }
+absl::StatusOr<ModelSpec> ReadQwen2(const JsonValue& c) { return Decoder(c, "qwen2"); }
+absl::StatusOr<ModelSpec> ReadQwen3(const JsonValue& c) { return Decoder(c, "qwen3"); }
+
+// The families, one entry each: the model_type, how its config.json reads
+// (the functions above), which specs are its own (at most one family owns
+// a spec), and the config.json an export of such a spec writes
+// (hf_config_writer.cc).
+struct Family {
+  const char* model_type;
+  absl::StatusOr<ModelSpec> (*read)(const JsonValue& config);
+  bool (*owns)(const ModelSpec& spec);
+  JsonValue (*write)(const ModelSpec& spec);
+};
+
+constexpr Family kFamilies[] = {
+    {"gpt2", Gpt2, OwnsGpt2, hf::Gpt2Config},
+    {"llama", ReadLlama, OwnsLlama, hf::LlamaConfig},
+    {"qwen2", ReadQwen2, OwnsQwen2, hf::Qwen2Config},
+    {"qwen3", ReadQwen3, OwnsQwen3, hf::Qwen3Config},
+    {"gemma3_text", Gemma3, OwnsGemma3, hf::Gemma3Config},
+};
+
+const Family* FamilyOf(absl::string_view model_type) {
+  for (const Family& f : kFamilies) {
+    if (model_type == f.model_type) return &f;
+  }
+  return nullptr;
+}
+
+std::string ModelTypes() {
+  std::string out;
+  for (const Family& f : kFamilies) absl::StrAppend(&out, out.empty() ? "" : ", ", f.model_type);
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<ModelSpec> ModelSpecOfHfConfig(absl::string_view config_json) {
@@ -480,13 +545,18 @@ absl::StatusOr<ModelSpec> ModelSpecOfHfConfig(absl::string_view config_json) {
   const JsonValue* type = Get(c, "model_type");
   if (type == nullptr) return Refused("model_type", "missing");
   AMPD_ASSIGN_OR_RETURN(const std::string model_type, StringOf(type, "model_type"));
-  if (model_type == "gpt2") return Gpt2(c);
-  if (model_type == "llama" || model_type == "qwen2" || model_type == "qwen3") {
-    return Decoder(c, model_type);
+  if (const Family* f = FamilyOf(model_type); f != nullptr) return f->read(c);
+  return Refused("model_type", absl::StrCat("\"", model_type, "\": one of ", ModelTypes()));
+}
+
+absl::StatusOr<std::string> HfConfigOfModelSpec(const ModelSpec& spec) {
+  for (const Family& f : kFamilies) {
+    if (f.owns(spec)) return hf::JsonText(f.write(spec));
   }
-  if (model_type == "gemma3_text") return Gemma3(c);
-  return Refused("model_type", absl::StrCat("\"", model_type,
-                                            "\": one of gpt2, llama, qwen2, qwen3, gemma3_text"));
+  return absl::FailedPreconditionError(absl::StrCat(
+      spec.gpt.has_value() || spec.decoder.has_value() ? "a transformer with these parts"
+                                                       : "a layer stack",
+      " is no Hugging Face family ampd writes (", ModelTypes(), ")"));
 }
 
 }  // namespace ampd::engine::model

@@ -1,13 +1,16 @@
-// The server's one reading of a Hugging Face config.json (what
-// transformers' save_pretrained writes beside the weights) as a ModelSpec,
-// for jobs made from a base model of --models-dir. It maps the keys the
-// Python client's families map (client/python/ampd/families/: gpt2.py, and
-// llama.py, qwen2.py, qwen3.py over _decoder.py, gemma3.py), with the same defaults
-// and the same refusals, so that a base_model job is the model
-// ampd.from_pretrained makes of the same folder; a family added to one
-// belongs in the other (tests/engine/hf_config_test.cc, and
-// test_hf_transformers.py's server tests, which hold them to each other).
+// The server's one mapping between a Hugging Face config.json (what
+// transformers' save_pretrained writes beside the weights) and a ModelSpec,
+// both ways: read for a job made from a folder (JobConfig.hf_config_json,
+// the Python client's ampd.from_pretrained and ampctl train --from-hf send
+// the file's text) and for a base model of --models-dir; written for an
+// export (Job.hf_config_json, which job.save_pretrained and ampctl state
+// export --hf-dir put beside the weights). Each family is one entry of
+// hf_config.cc's table: its model_type, its reader (the keys it maps and
+// the ones it refuses), which specs it owns, and its writer
+// (hf_config_writer.cc). The rpc layer sees this header (the engine's face).
 #pragma once
+
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -33,5 +36,13 @@ namespace ampd::engine::model {
 // of the wrong type.
 // The spec is not yet validated (ValidateModelSpec).
 absl::StatusOr<ModelSpec> ModelSpecOfHfConfig(absl::string_view config_json);
+
+// The config.json (its text) of spec's family: gpt2 for a GPT; for a
+// decoder, the family whose parts it has (llama: no q/k norm, q/k/v and o
+// biased alike; qwen2: q/k/v biased, o not; qwen3: the q/k norm;
+// gemma3_text: Gemma's parts), in the keys ModelSpecOfHfConfig reads back
+// as spec (LoRA aside: an export's weights are the merged view).
+// FailedPrecondition for a layer stack or a decoder no family owns.
+absl::StatusOr<std::string> HfConfigOfModelSpec(const ModelSpec& spec);
 
 }  // namespace ampd::engine::model
