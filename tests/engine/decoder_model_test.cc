@@ -8,7 +8,7 @@
 // training through the Trainer with the loss scaler at work, and LoRA jobs:
 // the frozen base held once in the working dtype, only the adapters
 // training, the adapter and merged views, and loading the frozen base.
-#include "server/engine/model/decoder/decoder_model.h"
+#include "server/engine/model/transformer/transformer_model.h"
 
 #include <algorithm>
 #include <cmath>
@@ -245,7 +245,7 @@ class DecoderNet {
     auto backend = kernels::CreateBackend("cpu");
     EXPECT_TRUE(backend.ok()) << backend.status();
     backend_ = *std::move(backend);
-    auto net = model::DecoderModel::Create(spec, precision, seed, *backend_, lm_head_chunk_bytes);
+    auto net = model::TransformerModel::Create(spec, precision, seed, *backend_, lm_head_chunk_bytes);
     EXPECT_TRUE(net.ok()) << net.status();
     net_ = *std::move(net);
     auto loss = backend_->Allocate(DType::kF32, {1, 1});
@@ -499,7 +499,7 @@ TEST(DecoderSpec, ValidationNamesTheField) {
   EXPECT_TRUE(absl::StartsWith(error(s), "decoder.lora.rank")) << error(s);
 }
 
-TEST(DecoderWorkspace, BytesBoundTheAllocationAndOverflowIsRefused) {
+TEST(TransformerWorkspace, BytesBoundTheAllocationAndOverflowIsRefused) {
   model::ModelSpec some_adapters = TinyDecoder();
   some_adapters.decoder->lora = model::LoraSpec{2, 4.0f, {"k_proj", "o_proj", "down_proj"}};
   model::ModelSpec all_adapters = TinyDecoder(11, 16, 4, 4, 2);
@@ -513,7 +513,7 @@ TEST(DecoderWorkspace, BytesBoundTheAllocationAndOverflowIsRefused) {
     ASSERT_TRUE(m.Load(RandomBatch(3, 10, 11, 5)).ok());
     const int64_t used = m.backend().BytesInUse() - before;
     absl::StatusOr<int64_t> bytes =
-        model::DecoderWorkspaceBytes(spec, model::Precision::kBf16, {3, 10}, 7 * 11 * 2);
+        model::TransformerWorkspaceBytes(spec, model::Precision::kBf16, {3, 10}, 7 * 11 * 2);
     ASSERT_TRUE(bytes.ok()) << bytes.status();
     // ids and targets are I32 here, counted as I64.
     // The token loss's five (N) F32 buffers (three inputs, the log-probs,

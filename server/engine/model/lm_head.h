@@ -101,7 +101,7 @@ struct TokenLossState {
 };
 
 // What every language model's workspace holds for its batch and its head
-// (GptWorkspace and DecoderWorkspace derive from it): row-major (N, width)
+// (GptWorkspace and TransformerWorkspace derive from it): row-major (N, width)
 // tensors, N = B*T.
 struct LmWorkspace : Workspace {
   int64_t batch = 0;        // B

@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/checked_math.h"
 #include "common/status_macros.h"
-#include "server/engine/model/decoder/decoder_model.h"
+#include "server/engine/model/transformer/transformer_model.h"
 #include "server/engine/model/gpt/gpt_model.h"
 #include "server/engine/model/layers.h"
 
@@ -21,7 +21,7 @@ using kernels::DType;
 absl::StatusOr<int64_t> WorkspaceBytes(const ModelSpec& spec, Precision precision,
                                        const kernels::Shape& input_shape) {
   if (spec.gpt.has_value()) return GptWorkspaceBytes(spec, precision, input_shape);
-  if (spec.decoder.has_value()) return DecoderWorkspaceBytes(spec, precision, input_shape);
+  if (spec.decoder.has_value()) return TransformerWorkspaceBytes(spec, precision, input_shape);
   if (input_shape.empty()) {
     return absl::InvalidArgumentError("inputs: a batch needs at least one dimension");
   }
@@ -32,7 +32,7 @@ kernels::ScratchExtents StepScratchExtents(const ModelSpec& spec, Precision prec
                                            const kernels::Shape& input_shape, bool backward) {
   if (spec.gpt.has_value()) return GptScratchExtents(spec, precision, input_shape, backward);
   if (spec.decoder.has_value()) {
-    return DecoderScratchExtents(spec, precision, input_shape, backward);
+    return TransformerScratchExtents(spec, precision, input_shape, backward);
   }
   kernels::ScratchExtents e;
   e.dtype = WorkingDType(precision);
@@ -76,8 +76,8 @@ absl::StatusOr<std::unique_ptr<Network>> CreateNetwork(const ModelSpec& spec, Pr
   }
   if (spec.decoder.has_value()) {
     AMPD_ASSIGN_OR_RETURN(
-        std::unique_ptr<DecoderModel> decoder,
-        DecoderModel::Create(spec, precision, seed, backend, kLmHeadChunkBytes, std::move(base)));
+        std::unique_ptr<TransformerModel> decoder,
+        TransformerModel::Create(spec, precision, seed, backend, kLmHeadChunkBytes, std::move(base)));
     return std::unique_ptr<Network>(std::move(decoder));
   }
   AMPD_ASSIGN_OR_RETURN(std::unique_ptr<Model> stack,

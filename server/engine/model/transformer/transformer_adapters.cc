@@ -1,11 +1,11 @@
-// DecoderModel's LoRA adapters in its passes: one adapter's forward and
-// backward term (decoder_lora.h), and the q/k/v adapters stacked as one
+// TransformerModel's LoRA adapters in its passes: one adapter's forward and
+// backward term (lora.h), and the q/k/v adapters stacked as one
 // A and a block-diagonal B so that the fused q|k|v rows take all their
 // terms in one GEMM, their gradients copied out of the stacked ones.
 #include "common/status_macros.h"
-#include "server/engine/model/decoder/decoder_lora.h"
-#include "server/engine/model/decoder/decoder_model.h"
-#include "server/engine/model/decoder/decoder_workspace.h"
+#include "server/engine/model/transformer/lora.h"
+#include "server/engine/model/transformer/transformer_model.h"
+#include "server/engine/model/transformer/transformer_workspace.h"
 
 namespace ampd::engine::model {
 
@@ -22,14 +22,14 @@ struct QkvBlock {
 
 }  // namespace
 
-absl::Status DecoderModel::AdapterForward(const Adapter& adapter, const Tensor& x, Tensor& u,
+absl::Status TransformerModel::AdapterForward(const Adapter& adapter, const Tensor& x, Tensor& u,
                                           Tensor& y) {
   const std::vector<Parameter>& ps = params();
   return LoraForward(backend_, lora_scale_, x, ps[static_cast<size_t>(adapter.a)].value(),
                      ps[static_cast<size_t>(adapter.b)].value(), u, y);
 }
 
-absl::Status DecoderModel::AdapterBackward(const Adapter& adapter, DecoderWorkspace& ws,
+absl::Status TransformerModel::AdapterBackward(const Adapter& adapter, TransformerWorkspace& ws,
                                            const Tensor& x, const Tensor& u, const Tensor& dy,
                                            float beta, Tensor& dx) {
   std::vector<Parameter>& ps = params();
@@ -40,7 +40,7 @@ absl::Status DecoderModel::AdapterBackward(const Adapter& adapter, DecoderWorksp
                       b.grad, dx);
 }
 
-absl::Status DecoderModel::ForEachStackedAdapter(const BlockParams& p, StackedAdapterFn fn) const {
+absl::Status TransformerModel::ForEachStackedAdapter(const BlockParams& p, StackedAdapterFn fn) const {
   const DecoderSpec& s = decoder();
   const int64_t rank = s.lora->rank;
   const int64_t q = s.num_attention_heads * DecoderHeadDim(s);
@@ -55,7 +55,7 @@ absl::Status DecoderModel::ForEachStackedAdapter(const BlockParams& p, StackedAd
   return absl::OkStatus();
 }
 
-absl::Status DecoderModel::StackQkvAdapters(const BlockParams& p, QkvStack& stack) {
+absl::Status TransformerModel::StackQkvAdapters(const BlockParams& p, QkvStack& stack) {
   const int64_t c = decoder().hidden_size;
   const int64_t rank = decoder().lora->rank;
   const int64_t stacked = stack.lora_b.dim(1);
@@ -70,8 +70,8 @@ absl::Status DecoderModel::StackQkvAdapters(const BlockParams& p, QkvStack& stac
       });
 }
 
-absl::Status DecoderModel::CopyQkvAdapterGrads(const BlockParams& p, bool to_params,
-                                               DecoderWorkspace& ws) {
+absl::Status TransformerModel::CopyQkvAdapterGrads(const BlockParams& p, bool to_params,
+                                               TransformerWorkspace& ws) {
   const int64_t c = decoder().hidden_size;
   const int64_t rank = decoder().lora->rank;
   const int64_t stacked = ws.lora_db_qkv.dim(1);

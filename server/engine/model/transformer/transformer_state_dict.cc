@@ -1,4 +1,4 @@
-// DecoderModel's state-dict names beside Hugging Face's: what a Llama or
+// TransformerModel's state-dict names beside Hugging Face's: what a Llama or
 // Qwen2 model.safetensors may carry that this model's own names do not,
 // dropped before the Trainer checks the state against its parameters.
 #include <string>
@@ -8,7 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "server/engine/model/decoder/decoder_model.h"
+#include "server/engine/model/transformer/transformer_model.h"
 
 namespace ampd::engine::model {
 
@@ -26,7 +26,7 @@ bool IsRotaryBuffer(absl::string_view name) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<std::string>> DecoderModel::CanonicalNames(
+absl::StatusOr<std::vector<std::string>> TransformerModel::CanonicalNames(
     const codec::StateDict& state) const {
   std::vector<std::string> names;
   names.reserve(state.tensors.size());
@@ -57,11 +57,11 @@ absl::StatusOr<std::vector<std::string>> DecoderModel::CanonicalNames(
   return names;
 }
 
-void DecoderModel::AnnotateExport(codec::StateDict& state) const {
+void TransformerModel::AnnotateExport(codec::StateDict& state) const {
   state.metadata["format"] = "pt";
 }
 
-std::vector<Network::AdapterRef> DecoderModel::Adapters() const {
+std::vector<Network::AdapterRef> TransformerModel::Adapters() const {
   std::vector<AdapterRef> adapters;
   for (const BlockParams& p : blocks_) {
     const int weights[kModules] = {p.q_weight, p.k_weight, p.v_weight, p.o_weight,
@@ -74,7 +74,7 @@ std::vector<Network::AdapterRef> DecoderModel::Adapters() const {
   return adapters;
 }
 
-std::string DecoderModel::AdapterConfigJson() const {
+std::string TransformerModel::AdapterConfigJson() const {
   if (!lora()) return "";
   const LoraSpec& spec = *decoder().lora;
   // The module names are kLoraModules' (validated): no escaping needed.

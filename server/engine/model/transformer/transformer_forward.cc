@@ -1,11 +1,11 @@
-// DecoderModel::Forward: the embedding, the blocks and the final RMSNorm,
-// saving what the backward pass reads (decoder_workspace.h). The q|k|v
-// projection is one GEMM over the stacked weight (decoder_model.h); RoPE
+// TransformerModel::Forward: the embedding, the blocks and the final RMSNorm,
+// saving what the backward pass reads (transformer_workspace.h). The q|k|v
+// projection is one GEMM over the stacked weight (transformer_model.h); RoPE
 // rotates its q and k heads in place, and grouped K/V heads are expanded
 // so that the GPT's fused causal attention runs unchanged. The LM head
-// runs in Loss (decoder_lm_head.cc), fused with the cross-entropy. A LoRA
+// runs in Loss (transformer_lm_head.cc), fused with the cross-entropy. A LoRA
 // job's adapters add their terms to their projections' outputs
-// (decoder_adapters.cc), before the q/k norm, RoPE, the residual adds and
+// (transformer_adapters.cc), before the q/k norm, RoPE, the residual adds and
 // the SwiGLU. With qk_norm (Qwen3) each q and k head of the fused rows is
 // RMSNorm-ed in place before RoPE, by one call per weight.
 //
@@ -13,26 +13,26 @@
 // then RoPE; the norm computes in fp32 and rounds once (HF rounds x *
 // rstd to the dtype before the weight multiply: the same in fp32).
 //
-// Gemma 3's parts (decoder_model.h): every RMSNorm by 1 + w (Norm), the
+// Gemma 3's parts (transformer_model.h): every RMSNorm by 1 + w (Norm), the
 // GeGLU gate, the sandwich norms on the attention's and the MLP's outputs
 // before their residual adds, x_0 scaled by sqrt(hidden_size), and each
 // layer's attention options and RoPE frequencies (a sliding layer's window
 // and local base).
 //
 // BlockForward is one block's code, shared by Forward and the sampler's
-// decode step (decoder_sampling.cc): only the attention differs (over the
+// decode step (transformer_sampling.cc): only the attention differs (over the
 // whole sequence here, over the KV cache there).
 #include "common/status_macros.h"
-#include "server/engine/model/decoder/decoder_lora.h"
-#include "server/engine/model/decoder/decoder_model.h"
-#include "server/engine/model/decoder/decoder_workspace.h"
+#include "server/engine/model/transformer/lora.h"
+#include "server/engine/model/transformer/transformer_model.h"
+#include "server/engine/model/transformer/transformer_workspace.h"
 
 namespace ampd::engine::model {
 
 using kernels::Tensor;
 constexpr kernels::GemmActivation kNone = kernels::GemmActivation::kNone;
 
-absl::Status DecoderModel::BlockForward(size_t l, const Tensor& x, DecoderBlockBuffers& sv,
+absl::Status TransformerModel::BlockForward(size_t l, const Tensor& x, BlockBuffers& sv,
                                         QkvStack& stack, const Attend& attend, Tensor& x_next) {
   kernels::Backend& b = backend_;
   const DecoderSpec& s = decoder();
@@ -86,7 +86,7 @@ absl::Status DecoderModel::BlockForward(size_t l, const Tensor& x, DecoderBlockB
   return b.Add(sv.resid, x_next);
 }
 
-absl::Status DecoderModel::QkNormForward(const BlockParams& p, DecoderBlockBuffers& sv) {
+absl::Status TransformerModel::QkNormForward(const BlockParams& p, BlockBuffers& sv) {
   if (p.q_norm < 0) return absl::OkStatus();
   kernels::Backend& b = backend_;
   const DecoderSpec& s = decoder();
@@ -101,16 +101,16 @@ absl::Status DecoderModel::QkNormForward(const BlockParams& p, DecoderBlockBuffe
                               s.rms_norm_eps, offset, sv.qkv, sv.rstd_k);
 }
 
-absl::Status DecoderModel::Forward(Workspace& any) {
-  AMPD_ASSIGN_OR_RETURN(DecoderWorkspace * own, Own<DecoderWorkspace>(any));
-  DecoderWorkspace& ws = *own;
+absl::Status TransformerModel::Forward(Workspace& any) {
+  AMPD_ASSIGN_OR_RETURN(TransformerWorkspace * own, Own<TransformerWorkspace>(any));
+  TransformerWorkspace& ws = *own;
   kernels::Backend& b = backend_;
   const DecoderSpec& s = decoder();
   const int64_t heads = s.num_attention_heads;
   const int64_t kv_heads = s.num_key_value_heads;
   const int64_t head_dim = DecoderHeadDim(s);
   // The whole sequence's causal attention, its log-sum-exp saved.
-  const Attend attend = [&](size_t l, DecoderBlockBuffers& sv) -> absl::Status {
+  const Attend attend = [&](size_t l, BlockBuffers& sv) -> absl::Status {
     AMPD_ASSIGN_OR_RETURN(Tensor qkv, sv.qkv.View(0, {ws.batch, ws.seq, sv.qkv.dim(1)}));
     // The q heads and then the k heads open each row: one call rotates both.
     AMPD_RETURN_IF_ERROR(b.Rope(qkv, heads + kv_heads, head_dim,

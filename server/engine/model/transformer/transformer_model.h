@@ -1,4 +1,4 @@
-// DecoderModel: a Llama/Qwen2-family decoder-only transformer (DecoderSpec)
+// TransformerModel: a Llama/Qwen2-family decoder-only transformer (DecoderSpec)
 // as a Network.
 //
 // Forward, per micro-batch of B sequences of T tokens (N = B*T rows, C =
@@ -66,7 +66,7 @@
 // With LoRA (DecoderSpec::lora), every parameter above is frozen (held in
 // the working dtype only, network.h's Parameter) and drawn as the full
 // model's, so a seed gives the same base either way; after them come the
-// adapters of each block's targets (decoder_lora.h), in kLoraModules order,
+// adapters of each block's targets (lora.h), in kLoraModules order,
 // in PEFT's names and shapes:
 //   base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight (r, C),
 //   ....lora_B.weight (Q, r), likewise k, v, o_proj and mlp.{gate,up,down}_proj;
@@ -95,9 +95,9 @@
 
 namespace ampd::engine::model {
 
-struct DecoderWorkspace;
-struct DecoderBlockBuffers;
-struct DecoderDecodeState;
+struct TransformerWorkspace;
+struct BlockBuffers;
+struct TransformerDecodeState;
 struct QkvStack;
 
 // WorkspaceBytes of a decoder for inputs (B, T): per block the saved
@@ -115,7 +115,7 @@ struct QkvStack;
 // than one chunk) and the ids and targets. Overflow-checked; InvalidArgument
 // when it overflows or the shape is not (B, T) with 1 <= T <=
 // max_position_embeddings.
-absl::StatusOr<int64_t> DecoderWorkspaceBytes(const ModelSpec& spec, Precision precision,
+absl::StatusOr<int64_t> TransformerWorkspaceBytes(const ModelSpec& spec, Precision precision,
                                               const kernels::Shape& input_shape,
                                               int64_t lm_head_chunk_bytes = kLmHeadChunkBytes);
 
@@ -124,12 +124,12 @@ absl::StatusOr<int64_t> DecoderWorkspaceBytes(const ModelSpec& spec, Precision p
 // C Q and I C weights), the LM head's chunks and weight (AddLmHeadExtents),
 // the attention over T with head size D, the cross-entropy over V; without
 // `backward`, the forward's alone.
-kernels::ScratchExtents DecoderScratchExtents(const ModelSpec& spec, Precision precision,
+kernels::ScratchExtents TransformerScratchExtents(const ModelSpec& spec, Precision precision,
                                               const kernels::Shape& input_shape,
                                               bool backward = true,
                                               int64_t lm_head_chunk_bytes = kLmHeadChunkBytes);
 
-class DecoderModel final : public Network {
+class TransformerModel final : public Network {
  public:
   // Builds the parameters of a validated decoder spec and initialises them
   // from seed (see above), then casts the working copy. `base` (LoRA only):
@@ -137,7 +137,7 @@ class DecoderModel final : public Network {
   // one of which must be a parameter of the spec; the adapters are drawn
   // from the seed as always (their streams are their indices, the same
   // either way).
-  static absl::StatusOr<std::unique_ptr<DecoderModel>> Create(
+  static absl::StatusOr<std::unique_ptr<TransformerModel>> Create(
       const ModelSpec& spec, Precision precision, uint64_t seed, kernels::Backend& backend,
       int64_t lm_head_chunk_bytes = kLmHeadChunkBytes,
       std::shared_ptr<const FrozenBase> base = nullptr);
@@ -166,7 +166,7 @@ class DecoderModel final : public Network {
   void AnnotateExport(codec::StateDict& state) const override;
   std::vector<AdapterRef> Adapters() const override;
 
-  // Sampling (decoder_sampling.cc; network.h): a KV cache of each layer's
+  // Sampling (transformer_sampling.cc; network.h): a KV cache of each layer's
   // K/V heads, (S, max_len, KV) each.
   absl::StatusOr<int64_t> DecodeStateBytes(int64_t sequences, int64_t max_len) const override;
   absl::Status Prefill(Workspace& ws, absl::Span<const int64_t> lengths,
@@ -216,14 +216,14 @@ class DecoderModel final : public Network {
     std::vector<int> All() const;
   };
 
-  DecoderModel(const ModelSpec& spec, Precision precision, kernels::Backend& backend,
+  TransformerModel(const ModelSpec& spec, Precision precision, kernels::Backend& backend,
                int64_t lm_head_chunk_bytes);
   const DecoderSpec& decoder() const { return *spec().decoder; }
   int head_weight() const { return decoder().tie_word_embeddings ? embed_ : lm_head_; }
   absl::Status HeadLoss(Workspace& ws, float grad_scale, bool with_grad, kernels::Tensor& loss);
-  // Backward's two branches of block l (decoder_backward.cc).
-  absl::Status BackwardMlp(DecoderWorkspace& ws, size_t l, float beta);
-  absl::Status BackwardAttention(DecoderWorkspace& ws, size_t l, bool first_micro_batch,
+  // Backward's two branches of block l (transformer_backward.cc).
+  absl::Status BackwardMlp(TransformerWorkspace& ws, size_t l, float beta);
+  absl::Status BackwardAttention(TransformerWorkspace& ws, size_t l, bool first_micro_batch,
                                  float beta);
   // Copies block p's q, k and v weights and biases (their values, or their
   // gradients when grads) into the stacked (Q + 2 KV, C) matrix and
@@ -231,8 +231,8 @@ class DecoderModel final : public Network {
   // back into the gradients.
   absl::Status CopyQkv(const BlockParams& p, bool grads, bool to_params, kernels::Tensor& weight,
                        kernels::Tensor* bias);
-  // LoRA (decoder_adapters.cc): block p's q/k/v adapters as the stacked A
-  // (t r, C) and block-diagonal B (Q + 2 KV, t r) of decoder_lora.h, into
+  // LoRA (transformer_adapters.cc): block p's q/k/v adapters as the stacked A
+  // (t r, C) and block-diagonal B (Q + 2 KV, t r) of lora.h, into
   // stack; their gradients from the parameters' into ws's stacked scratch
   // (to_params false) or back.
   absl::Status StackQkvAdapters(const BlockParams& p, QkvStack& stack);
@@ -243,17 +243,17 @@ class DecoderModel final : public Network {
   using StackedAdapterFn = absl::FunctionRef<absl::Status(const Adapter& adapter, int64_t first,
                                                           int64_t offset, int64_t width)>;
   absl::Status ForEachStackedAdapter(const BlockParams& p, StackedAdapterFn fn) const;
-  absl::Status CopyQkvAdapterGrads(const BlockParams& p, bool to_params, DecoderWorkspace& ws);
-  // y += the adapter's term of `module` (decoder_lora.h), saving its u.
+  absl::Status CopyQkvAdapterGrads(const BlockParams& p, bool to_params, TransformerWorkspace& ws);
+  // y += the adapter's term of `module` (lora.h), saving its u.
   absl::Status AdapterForward(const Adapter& adapter, const kernels::Tensor& x, kernels::Tensor& u,
                               kernels::Tensor& y);
   // The adapter's gradients (beta) and its share of dx.
-  absl::Status AdapterBackward(const Adapter& adapter, DecoderWorkspace& ws,
+  absl::Status AdapterBackward(const Adapter& adapter, TransformerWorkspace& ws,
                                const kernels::Tensor& x, const kernels::Tensor& u,
                                const kernels::Tensor& dy, float beta, kernels::Tensor& dx);
-  // Block l's attention (decoder_forward.cc): from its q|k|v rows
+  // Block l's attention (transformer_forward.cc): from its q|k|v rows
   // (sv.qkv, after the q/k norm and before RoPE) to sv.attn_y.
-  using Attend = std::function<absl::Status(size_t l, DecoderBlockBuffers& sv)>;
+  using Attend = std::function<absl::Status(size_t l, BlockBuffers& sv)>;
   // Layer l's attention: the scale (query_pre_attn_scalar's, or the
   // default) and its sliding window, if it slides.
   kernels::AttentionOptions AttentionOptionsOf(size_t l) const;
@@ -275,13 +275,13 @@ class DecoderModel final : public Network {
                             const kernels::Tensor& dy, kernels::Tensor& dx);
   // Block l's forward on sv's rows from x to x_next, `attend` running its
   // attention: Forward's code and the sampler's decode step's.
-  absl::Status BlockForward(size_t l, const kernels::Tensor& x, DecoderBlockBuffers& sv,
+  absl::Status BlockForward(size_t l, const kernels::Tensor& x, BlockBuffers& sv,
                             QkvStack& stack, const Attend& attend, kernels::Tensor& x_next);
   // With qk_norm: block p's per-head RMSNorm of sv.qkv's q and k heads in
   // place (saving the rows before it in sv.qkv_pre when that is allocated),
   // and its backward on d_qkv (N, Q + 2 KV), in place. Nothing without.
-  absl::Status QkNormForward(const BlockParams& p, DecoderBlockBuffers& sv);
-  absl::Status QkNormBackward(const BlockParams& p, const DecoderBlockBuffers& sv,
+  absl::Status QkNormForward(const BlockParams& p, BlockBuffers& sv);
+  absl::Status QkNormBackward(const BlockParams& p, const BlockBuffers& sv,
                               kernels::Tensor& d_qkv);
   // A frozen parameter's gradient is nullptr; a trainable one's its own.
   kernels::Tensor* GradOrNull(int index);

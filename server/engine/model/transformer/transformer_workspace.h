@@ -1,9 +1,9 @@
-// DecoderWorkspace: the buffers of one decoder micro-batch shape (B, T),
-// shared by the DecoderModel's files (decoder_model.cc allocates them,
-// decoder_forward.cc, decoder_lm_head.cc and decoder_backward.cc use them).
+// TransformerWorkspace: the buffers of one decoder micro-batch shape (B, T),
+// shared by the TransformerModel's files (transformer_model.cc allocates them,
+// transformer_forward.cc, transformer_lm_head.cc and transformer_backward.cc use them).
 // Private to decoder/. Row-major 2-D (N, width) tensors, N = B*T; the
 // attention, RoPE and K/V ops take 3-D views of them. Widths as in
-// decoder_model.h: C hidden, Q = H D query, KV = K D key/value, I
+// transformer_model.h: C hidden, Q = H D query, KV = K D key/value, I
 // intermediate.
 #pragma once
 
@@ -19,7 +19,7 @@
 
 namespace ampd::engine::model {
 
-// The widths of decoder_model.h: C hidden, D head, Q = H D, KV = K D,
+// The widths of transformer_model.h: C hidden, D head, Q = H D, KV = K D,
 // Q + 2 KV, I intermediate, V vocabulary; all validated to fit.
 struct DecoderWidths {
   int64_t c, d, q, kv, qkv, i, v;
@@ -48,10 +48,10 @@ inline LoraTargets LoraTargetsOf(const DecoderSpec& d) {
   return t;
 }
 
-// The stacked q|k|v projection a block's forward reads (decoder_model.h):
+// The stacked q|k|v projection a block's forward reads (transformer_model.h):
 // its weight w (Q + 2 KV, C) and bias b (Q + 2 KV, empty without
 // qkv_bias) copied from a block's parameters, and LoRA's stacked q|k|v
-// adapters (decoder_lora.h): lora_a (t r, C) and the block-diagonal
+// adapters (lora.h): lora_a (t r, C) and the block-diagonal
 // lora_b (Q + 2 KV, t r; its off-diagonal blocks stay zero), empty
 // without q, k or v targets. Rebuilt for each block in each pass; a
 // training workspace and a sampler's decode state hold one each.
@@ -60,9 +60,9 @@ struct QkvStack {
 };
 
 // One block's activations over N rows: what a training forward saves for
-// the backward (one per block in DecoderWorkspace), or a sampler's decode
+// the backward (one per block in TransformerWorkspace), or a sampler's decode
 // step's buffers for its S rows (one, reused by every block).
-struct DecoderBlockBuffers {
+struct BlockBuffers {
   kernels::Tensor ln_1, rstd_1;  // (N, C) working; (N) F32
   kernels::Tensor qkv;           // (N, Q + 2 KV) after the q/k norm and RoPE
   // With qk_norm: qkv as the projection wrote it, before the per-head
@@ -84,7 +84,7 @@ struct DecoderBlockBuffers {
   kernels::Tensor resid;          // (N, C) r_l = x_l + attention branch
   kernels::Tensor ln_2, rstd_2;   // (N, C); (N) F32
   kernels::Tensor gate, up, act;  // (N, I) gate_proj, up_proj, silu(gate) * up
-  // LoRA's u = x A^T (decoder_lora.h) of the block's targets: the stacked
+  // LoRA's u = x A^T (lora.h) of the block's targets: the stacked
   // q|k|v adapters' (N, t r), and o, gate, up, down's (N, r) each (by
   // module - kO); empty where there is no such target.
   kernels::Tensor lora_u_qkv;
@@ -94,12 +94,12 @@ struct DecoderBlockBuffers {
 
 // The batch, the final norm's output ln_f, its gradient d_ln and the head's
 // buffers are LmWorkspace's (lm_head.h).
-struct DecoderWorkspace : LmWorkspace {
+struct TransformerWorkspace : LmWorkspace {
   kernels::Tensor inv_freq;        // (D/2) F32, RoPE's frequencies
   kernels::Tensor inv_freq_local;  // (D/2) F32, the sliding layers'; empty without them
 
   // What forward saves for backward, per block.
-  using Block = DecoderBlockBuffers;
+  using Block = BlockBuffers;
   std::vector<kernels::Tensor> x;  // x_0..x_L (N, C): the residual stream into each block
   std::vector<Block> blocks;
   kernels::Tensor rstd_f;  // the final norm's statistic, (N) F32

@@ -1,23 +1,23 @@
-// DecoderModel::Backward: from dh (ws.d_ln, written by Loss) back through
+// TransformerModel::Backward: from dh (ws.d_ln, written by Loss) back through
 // the final RMSNorm, the blocks in reverse and the embedding. d_res carries
 // the residual stream's gradient; each branch adds its RMSNorm's dx into
 // it. Linear weights W (out, in) with y = x W^T: dW = dy^T x (beta 0 on the
 // first micro-batch, 1 after; the bias gradient in the same GEMM), dx = dy
 // W. The stacked q|k|v weight's gradient is formed in the workspace and
-// copied into the three parameters' (decoder_model.h). With per-layer
+// copied into the three parameters' (transformer_model.h). With per-layer
 // scales, block l's last residual add also moves d_res to block l - 1's
 // group's scale, as the GPT's does. A LoRA job forms no gradient of its
 // frozen base: the activations' gradients flow through the frozen weights,
 // and each adapter adds its weights' gradients and its share of dx
-// (decoder_adapters.cc). With qk_norm, the per-head norms' backward runs
+// (transformer_adapters.cc). With qk_norm, the per-head norms' backward runs
 // after RoPE's, in place on dq and dk, from the rows the forward saved
 // before the norm; their weights' gradients accumulate as the other
 // RMSNorms' do. With sandwich norms each branch's output norm runs back
 // first (into d_branch), and the embedding's gradient carries x_0's scale.
 #include "common/status_macros.h"
-#include "server/engine/model/decoder/decoder_lora.h"
-#include "server/engine/model/decoder/decoder_model.h"
-#include "server/engine/model/decoder/decoder_workspace.h"
+#include "server/engine/model/transformer/lora.h"
+#include "server/engine/model/transformer/transformer_model.h"
+#include "server/engine/model/transformer/transformer_workspace.h"
 
 namespace ampd::engine::model {
 
@@ -31,13 +31,13 @@ constexpr bool kToParams = true;
 
 // Block l's MLP branch: d_res (dL/dx_{l+1}) gains the branch's RMSNorm
 // dx; the branch's weight gradients with `beta`.
-absl::Status DecoderModel::BackwardMlp(DecoderWorkspace& ws, size_t l, float beta) {
+absl::Status TransformerModel::BackwardMlp(TransformerWorkspace& ws, size_t l, float beta) {
   kernels::Backend& b = backend_;
   std::vector<Parameter>& ps = params();
   auto value = [&ps](int index) -> const Tensor& { return ps[index].value(); };
   auto grad = [&ps](int index) -> Tensor& { return ps[index].grad; };
   const BlockParams& p = blocks_[l];
-  DecoderWorkspace::Block& sv = ws.blocks[l];
+  TransformerWorkspace::Block& sv = ws.blocks[l];
   const bool frozen = lora();
   const DecoderSpec& s = decoder();
   // MLP branch; d_res = dL/dx_{l+1}, dm = dL/d(down's output).
@@ -75,14 +75,14 @@ absl::Status DecoderModel::BackwardMlp(DecoderWorkspace& ws, size_t l, float bet
 
 // Block l's attention branch: from d_res (dL/dr_l) to input_norm's dx in
 // d_tmp, the stacked q|k|v gradient copied into the three parameters'.
-absl::Status DecoderModel::BackwardAttention(DecoderWorkspace& ws, size_t l, bool first_micro_batch,
+absl::Status TransformerModel::BackwardAttention(TransformerWorkspace& ws, size_t l, bool first_micro_batch,
                                              float beta) {
   kernels::Backend& b = backend_;
   std::vector<Parameter>& ps = params();
   auto value = [&ps](int index) -> const Tensor& { return ps[index].value(); };
   auto grad = [&ps](int index) -> Tensor& { return ps[index].grad; };
   const BlockParams& p = blocks_[l];
-  DecoderWorkspace::Block& sv = ws.blocks[l];
+  TransformerWorkspace::Block& sv = ws.blocks[l];
   const DecoderSpec& s = decoder();
   const int64_t heads = s.num_attention_heads;
   const int64_t kv_heads = s.num_key_value_heads;
@@ -163,7 +163,7 @@ absl::Status DecoderModel::BackwardAttention(DecoderWorkspace& ws, size_t l, boo
   return absl::OkStatus();
 }
 
-absl::Status DecoderModel::QkNormBackward(const BlockParams& p, const DecoderBlockBuffers& sv,
+absl::Status TransformerModel::QkNormBackward(const BlockParams& p, const BlockBuffers& sv,
                                           Tensor& d_qkv) {
   if (p.q_norm < 0) return absl::OkStatus();
   kernels::Backend& b = backend_;
@@ -177,10 +177,10 @@ absl::Status DecoderModel::QkNormBackward(const BlockParams& p, const DecoderBlo
                                offset, sv.rstd_k, d_qkv, d_qkv, GradOrNull(p.k_norm));
 }
 
-absl::Status DecoderModel::Backward(Workspace& any, bool first_micro_batch,
+absl::Status TransformerModel::Backward(Workspace& any, bool first_micro_batch,
                                     const BackwardHooks& hooks) {
-  AMPD_ASSIGN_OR_RETURN(DecoderWorkspace * own, Own<DecoderWorkspace>(any));
-  DecoderWorkspace& ws = *own;
+  AMPD_ASSIGN_OR_RETURN(TransformerWorkspace * own, Own<TransformerWorkspace>(any));
+  TransformerWorkspace& ws = *own;
   kernels::Backend& b = backend_;
   const float beta = first_micro_batch ? 0.0f : 1.0f;
   std::vector<Parameter>& ps = params();

@@ -1,4 +1,4 @@
-// DecoderModel's sampling (network.h): the KV cache of every layer's K/V
+// TransformerModel's sampling (network.h): the KV cache of every layer's K/V
 // heads, filled from the prompts' training forward (Prefill) and by each
 // decode step, whose rows run BlockForward, the code Forward runs, with the
 // attention of each row's new query over its cached keys.
@@ -12,8 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/checked_math.h"
 #include "common/status_macros.h"
-#include "server/engine/model/decoder/decoder_model.h"
-#include "server/engine/model/decoder/decoder_workspace.h"
+#include "server/engine/model/transformer/transformer_model.h"
+#include "server/engine/model/transformer/transformer_workspace.h"
 #include "server/engine/model/kv_cache.h"
 
 namespace ampd::engine::model {
@@ -22,13 +22,13 @@ using kernels::DType;
 using kernels::Tensor;
 
 // A decoder's DecodeState: the cache and one decode step's buffers over
-// its S rows (widths as decoder_model.h's).
-struct DecoderDecodeState : DecodeState {
+// its S rows (widths as transformer_model.h's).
+struct TransformerDecodeState : DecodeState {
   Tensor inv_freq;           // (D/2) F32, RoPE's frequencies
   Tensor inv_freq_local;     // (D/2) F32, the sliding layers'; empty without them
   KvCache cache;             // per layer (S, max_len, KV)
   std::array<Tensor, 2> x;   // (S, C) the residual stream, in turn
-  DecoderBlockBuffers rows;  // one block's buffers, reused by every block
+  BlockBuffers rows;  // one block's buffers, reused by every block
   Tensor q;                  // (S, Q) the query heads, contiguous
   Tensor rstd_f;             // (S) F32, the final norm's statistic
   QkvStack stack;            // the stacked q|k|v weight and adapters
@@ -40,7 +40,7 @@ using Widths = DecoderWidths;
 
 }  // namespace
 
-absl::StatusOr<int64_t> DecoderModel::DecodeStateBytes(int64_t sequences, int64_t max_len) const {
+absl::StatusOr<int64_t> TransformerModel::DecodeStateBytes(int64_t sequences, int64_t max_len) const {
   const DecoderSpec& s = decoder();
   if (sequences < 1 || max_len < 1 || max_len > s.max_position_embeddings) {
     return absl::InvalidArgumentError(
@@ -91,14 +91,14 @@ absl::StatusOr<int64_t> DecoderModel::DecodeStateBytes(int64_t sequences, int64_
   return total;
 }
 
-absl::StatusOr<std::unique_ptr<DecodeState>> DecoderModel::MakeDecodeState(int64_t sequences,
+absl::StatusOr<std::unique_ptr<DecodeState>> TransformerModel::MakeDecodeState(int64_t sequences,
                                                                            int64_t max_len) {
   const DecoderSpec& s = decoder();
   const Widths wd(s);
   const DType w = working_dtype();
   const int64_t n = sequences;
-  auto owned = std::make_unique<DecoderDecodeState>();
-  DecoderDecodeState& st = *owned;
+  auto owned = std::make_unique<TransformerDecodeState>();
+  TransformerDecodeState& st = *owned;
   auto alloc = [&](DType dtype, const kernels::Shape& shape, Tensor& t) -> absl::Status {
     AMPD_ASSIGN_OR_RETURN(t, backend_.Allocate(dtype, shape));
     return absl::OkStatus();
@@ -115,7 +115,7 @@ absl::StatusOr<std::unique_ptr<DecodeState>> DecoderModel::MakeDecodeState(int64
   AMPD_RETURN_IF_ERROR(
       st.cache.Allocate(backend_, w, s.num_hidden_layers, n, max_len, wd.kv, wd.q, wd.q + wd.kv));
   for (Tensor& t : st.x) AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, t));
-  DecoderBlockBuffers& r = st.rows;
+  BlockBuffers& r = st.rows;
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, r.ln_1));
   AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n}, r.rstd_1));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.qkv}, r.qkv));
@@ -161,21 +161,21 @@ absl::StatusOr<std::unique_ptr<DecodeState>> DecoderModel::MakeDecodeState(int64
   return std::unique_ptr<DecodeState>(std::move(owned));
 }
 
-absl::Status DecoderModel::Prefill(Workspace& any, absl::Span<const int64_t> lengths,
+absl::Status TransformerModel::Prefill(Workspace& any, absl::Span<const int64_t> lengths,
                                    DecodeState& state) {
-  AMPD_ASSIGN_OR_RETURN(DecoderWorkspace * ws, Own<DecoderWorkspace>(any));
-  AMPD_ASSIGN_OR_RETURN(DecoderDecodeState * st, OwnState<DecoderDecodeState>(state));
+  AMPD_ASSIGN_OR_RETURN(TransformerWorkspace * ws, Own<TransformerWorkspace>(any));
+  AMPD_ASSIGN_OR_RETURN(TransformerDecodeState * st, OwnState<TransformerDecodeState>(state));
   AMPD_RETURN_IF_ERROR(CheckPrefill(lengths, ws->batch, ws->seq, *st));
   std::vector<const Tensor*> rows;  // each layer's fused q|k|v rows, after RoPE
-  for (const DecoderBlockBuffers& b : ws->blocks) rows.push_back(&b.qkv);
+  for (const BlockBuffers& b : ws->blocks) rows.push_back(&b.qkv);
   AMPD_RETURN_IF_ERROR(st->cache.Prefill(backend_, rows, ws->seq, lengths));
   return KeepLastRows(backend_, ws->ln_f, ws->seq, lengths, st->hidden);
 }
 
-absl::Status DecoderModel::DecodeStep(absl::Span<const int64_t> tokens,
+absl::Status TransformerModel::DecodeStep(absl::Span<const int64_t> tokens,
                                       absl::Span<const int64_t> positions, DecodeState& state) {
-  AMPD_ASSIGN_OR_RETURN(DecoderDecodeState * own, OwnState<DecoderDecodeState>(state));
-  DecoderDecodeState& st = *own;
+  AMPD_ASSIGN_OR_RETURN(TransformerDecodeState * own, OwnState<TransformerDecodeState>(state));
+  TransformerDecodeState& st = *own;
   kernels::Backend& b = backend_;
   const DecoderSpec& s = decoder();
   const Widths wd(s);
@@ -186,7 +186,7 @@ absl::Status DecoderModel::DecodeStep(absl::Span<const int64_t> tokens,
   // Each row's new query over its cached keys: RoPE at the row's own
   // position, its K/V written into the cache, then the cached attention
   // (the layer's window and scale, as the forward's).
-  const Attend attend = [&](size_t layer, DecoderBlockBuffers& sv) -> absl::Status {
+  const Attend attend = [&](size_t layer, BlockBuffers& sv) -> absl::Status {
     AMPD_ASSIGN_OR_RETURN(Tensor qkv, sv.qkv.View(0, {n, 1, wd.qkv}));
     AMPD_ASSIGN_OR_RETURN(const Tensor at, st.positions.View(0, {n, 1}));
     AMPD_RETURN_IF_ERROR(b.Rope(qkv, heads + kv_heads, wd.d,

@@ -1,6 +1,6 @@
-// DecoderModel: its parameters and their initialisation, the workspace of
+// TransformerModel: its parameters and their initialisation, the workspace of
 // one (B, T) shape and its byte count, and loading a micro-batch.
-#include "server/engine/model/decoder/decoder_model.h"
+#include "server/engine/model/transformer/transformer_model.h"
 
 #include <algorithm>
 #include <cmath>
@@ -13,8 +13,8 @@
 #include "common/checked_math.h"
 #include "common/status_macros.h"
 #include "kernels/float16.h"
-#include "server/engine/model/decoder/decoder_workspace.h"
-#include "server/engine/model/decoder/rope_frequencies.h"
+#include "server/engine/model/transformer/transformer_workspace.h"
+#include "server/engine/model/transformer/rope_frequencies.h"
 #include "server/engine/model/init.h"
 #include "server/engine/model/lm_head.h"
 
@@ -51,7 +51,7 @@ std::string AdapterName(int64_t l, int module, const char* matrix) {
 
 }  // namespace
 
-absl::StatusOr<int64_t> DecoderWorkspaceBytes(const ModelSpec& spec, Precision precision,
+absl::StatusOr<int64_t> TransformerWorkspaceBytes(const ModelSpec& spec, Precision precision,
                                               const kernels::Shape& input_shape,
                                               int64_t lm_head_chunk_bytes) {
   AMPD_RETURN_IF_ERROR(ValidateModelSpec(spec));
@@ -126,7 +126,7 @@ absl::StatusOr<int64_t> DecoderWorkspaceBytes(const ModelSpec& spec, Precision p
   return total;
 }
 
-kernels::ScratchExtents DecoderScratchExtents(const ModelSpec& spec, Precision precision,
+kernels::ScratchExtents TransformerScratchExtents(const ModelSpec& spec, Precision precision,
                                               const kernels::Shape& input_shape, bool backward,
                                               int64_t lm_head_chunk_bytes) {
   const DecoderSpec& s = *spec.decoder;
@@ -148,7 +148,7 @@ kernels::ScratchExtents DecoderScratchExtents(const ModelSpec& spec, Precision p
   return e;
 }
 
-std::vector<int> DecoderModel::BlockParams::All() const {
+std::vector<int> TransformerModel::BlockParams::All() const {
   std::vector<int> all;
   for (const int i :
        {input_norm, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, o_weight, o_bias, q_norm,
@@ -163,7 +163,7 @@ std::vector<int> DecoderModel::BlockParams::All() const {
   return all;
 }
 
-DecoderModel::DecoderModel(const ModelSpec& spec, Precision precision, kernels::Backend& backend,
+TransformerModel::TransformerModel(const ModelSpec& spec, Precision precision, kernels::Backend& backend,
                            int64_t lm_head_chunk_bytes)
     : Network(spec, precision, backend),
       lm_head_chunk_bytes_(lm_head_chunk_bytes),
@@ -198,7 +198,7 @@ DecoderModel::DecoderModel(const ModelSpec& spec, Precision precision, kernels::
   }
 }
 
-kernels::AttentionOptions DecoderModel::AttentionOptionsOf(size_t l) const {
+kernels::AttentionOptions TransformerModel::AttentionOptionsOf(size_t l) const {
   const DecoderSpec& s = decoder();
   kernels::AttentionOptions options;
   if (s.query_pre_attn_scalar > 0.0f) {
@@ -210,19 +210,19 @@ kernels::AttentionOptions DecoderModel::AttentionOptionsOf(size_t l) const {
   return options;
 }
 
-absl::Status DecoderModel::Norm(const Tensor& x, int weight, Tensor& y, Tensor& rstd) {
+absl::Status TransformerModel::Norm(const Tensor& x, int weight, Tensor& y, Tensor& rstd) {
   const DecoderSpec& s = decoder();
   return backend_.RmsNormForward(x, params()[static_cast<size_t>(weight)].value(), s.rms_norm_eps,
                                  DecoderNormOffset(s), y, rstd);
 }
 
-absl::Status DecoderModel::NormBackward(const Tensor& x, int weight, const Tensor& rstd,
+absl::Status TransformerModel::NormBackward(const Tensor& x, int weight, const Tensor& rstd,
                                         const Tensor& dy, Tensor& dx) {
   return backend_.RmsNormBackward(x, params()[static_cast<size_t>(weight)].value(),
                                   DecoderNormOffset(decoder()), rstd, dy, dx, GradOrNull(weight));
 }
 
-std::vector<int> DecoderModel::ParamScaleGroups() const {
+std::vector<int> TransformerModel::ParamScaleGroups() const {
   const int last = block_group_.back();
   std::vector<int> groups(params().size(), last);  // the final norm, an untied head
   groups[static_cast<size_t>(embed_)] = 0;
@@ -232,7 +232,7 @@ std::vector<int> DecoderModel::ParamScaleGroups() const {
   return groups;
 }
 
-absl::Status DecoderModel::SetGroupScales(absl::Span<const float> scales) {
+absl::Status TransformerModel::SetGroupScales(absl::Span<const float> scales) {
   AMPD_RETURN_IF_ERROR(CheckGroupScaleCount(scales));
   // Ratios of powers of two: exact (GptModel::SetGroupScales).
   auto ratio = [](float to, float from) {
@@ -247,7 +247,7 @@ absl::Status DecoderModel::SetGroupScales(absl::Span<const float> scales) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Create(
+absl::StatusOr<std::unique_ptr<TransformerModel>> TransformerModel::Create(
     const ModelSpec& spec, Precision precision, uint64_t seed, kernels::Backend& backend,
     int64_t lm_head_chunk_bytes, std::shared_ptr<const FrozenBase> base) {
   AMPD_RETURN_IF_ERROR(ValidateModelSpec(spec));
@@ -256,7 +256,7 @@ absl::StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("lm_head_chunk_bytes: must be >= 1, got ", lm_head_chunk_bytes));
   }
-  std::unique_ptr<DecoderModel> m(new DecoderModel(spec, precision, backend, lm_head_chunk_bytes));
+  std::unique_ptr<TransformerModel> m(new TransformerModel(spec, precision, backend, lm_head_chunk_bytes));
   const DecoderSpec& s = *spec.decoder;
   if (base != nullptr) {
     if (!s.lora.has_value()) {
@@ -371,18 +371,18 @@ absl::StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Create(
   return m;
 }
 
-absl::StatusOr<int64_t> DecoderModel::BytesFor(const kernels::Shape& input_shape) const {
-  return DecoderWorkspaceBytes(spec(), precision(), input_shape, lm_head_chunk_bytes_);
+absl::StatusOr<int64_t> TransformerModel::BytesFor(const kernels::Shape& input_shape) const {
+  return TransformerWorkspaceBytes(spec(), precision(), input_shape, lm_head_chunk_bytes_);
 }
 
-absl::StatusOr<std::unique_ptr<Workspace>> DecoderModel::NewWorkspace(
+absl::StatusOr<std::unique_ptr<Workspace>> TransformerModel::NewWorkspace(
     const kernels::Shape& input_shape) {
   const DecoderSpec& s = decoder();
   AMPD_RETURN_IF_ERROR(CheckInputShape(s, input_shape));
   const Widths wd(s);
   const bool grouped = s.num_key_value_heads < s.num_attention_heads;
-  auto owned = std::make_unique<DecoderWorkspace>();
-  DecoderWorkspace& ws = *owned;
+  auto owned = std::make_unique<TransformerWorkspace>();
+  TransformerWorkspace& ws = *owned;
   ws.batch = input_shape[0];
   ws.seq = input_shape[1];
   ws.rows = ws.batch * ws.seq;  // BytesFor checked every product first
@@ -404,7 +404,7 @@ absl::StatusOr<std::unique_ptr<Workspace>> DecoderModel::NewWorkspace(
   ws.x.resize(static_cast<size_t>(s.num_hidden_layers + 1));
   for (Tensor& t : ws.x) AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, t));
   ws.blocks.resize(static_cast<size_t>(s.num_hidden_layers));
-  for (DecoderWorkspace::Block& b : ws.blocks) {
+  for (TransformerWorkspace::Block& b : ws.blocks) {
     AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, b.ln_1));
     AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n}, b.rstd_1));
     AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.qkv}, b.qkv));
@@ -477,18 +477,18 @@ absl::StatusOr<std::unique_ptr<Workspace>> DecoderModel::NewWorkspace(
   return std::unique_ptr<Workspace>(std::move(owned));
 }
 
-absl::Status DecoderModel::LoadBatch(const HostTensor& inputs, const HostTensor& targets,
+absl::Status TransformerModel::LoadBatch(const HostTensor& inputs, const HostTensor& targets,
                                      const TokenLossInputs& tokens, Workspace& any) {
-  AMPD_ASSIGN_OR_RETURN(DecoderWorkspace * ws, Own<DecoderWorkspace>(any));
+  AMPD_ASSIGN_OR_RETURN(TransformerWorkspace * ws, Own<TransformerWorkspace>(any));
   return LoadTokenBatch(backend_, inputs, targets, tokens, *ws);
 }
 
-Tensor* DecoderModel::GradOrNull(int index) {
+Tensor* TransformerModel::GradOrNull(int index) {
   Parameter& p = params()[static_cast<size_t>(index)];
   return p.frozen ? nullptr : &p.grad;
 }
 
-absl::Status DecoderModel::CopyQkv(const BlockParams& p, bool grads, bool to_params, Tensor& weight,
+absl::Status TransformerModel::CopyQkv(const BlockParams& p, bool grads, bool to_params, Tensor& weight,
                                    Tensor* bias) {
   const Widths wd(decoder());
   const int64_t offsets[] = {0, wd.q, wd.q + wd.kv};
