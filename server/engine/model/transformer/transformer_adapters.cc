@@ -1,4 +1,4 @@
-// TransformerModel's LoRA adapters in its passes: one adapter's forward and
+// TransformerModel's LoRA adapters (a decoder's) in its passes: one adapter's forward and
 // backward term (lora.h), and the q/k/v adapters stacked as one
 // A and a block-diagonal B so that the fused q|k|v rows take all their
 // terms in one GEMM, their gradients copied out of the stacked ones.
@@ -41,10 +41,9 @@ absl::Status TransformerModel::AdapterBackward(const Adapter& adapter, Transform
 }
 
 absl::Status TransformerModel::ForEachStackedAdapter(const BlockParams& p, StackedAdapterFn fn) const {
-  const DecoderSpec& s = decoder();
-  const int64_t rank = s.lora->rank;
-  const int64_t q = s.num_attention_heads * DecoderHeadDim(s);
-  const int64_t kv = s.num_key_value_heads * DecoderHeadDim(s);
+  const int64_t rank = parts_.lora->rank;
+  const int64_t q = parts_.q_width();
+  const int64_t kv = parts_.kv_width();
   const QkvBlock blocks[] = {{0, q}, {q, kv}, {q + kv, kv}};
   for (size_t slot = 0; slot < qkv_targets_.size(); ++slot) {
     const Module m = qkv_targets_[slot];
@@ -56,8 +55,8 @@ absl::Status TransformerModel::ForEachStackedAdapter(const BlockParams& p, Stack
 }
 
 absl::Status TransformerModel::StackQkvAdapters(const BlockParams& p, QkvStack& stack) {
-  const int64_t c = decoder().hidden_size;
-  const int64_t rank = decoder().lora->rank;
+  const int64_t c = parts_.hidden;
+  const int64_t rank = parts_.lora->rank;
   const int64_t stacked = stack.lora_b.dim(1);
   return ForEachStackedAdapter(
       p, [&](const Adapter& adapter, int64_t first, int64_t offset, int64_t width) -> absl::Status {
@@ -72,8 +71,8 @@ absl::Status TransformerModel::StackQkvAdapters(const BlockParams& p, QkvStack& 
 
 absl::Status TransformerModel::CopyQkvAdapterGrads(const BlockParams& p, bool to_params,
                                                TransformerWorkspace& ws) {
-  const int64_t c = decoder().hidden_size;
-  const int64_t rank = decoder().lora->rank;
+  const int64_t c = parts_.hidden;
+  const int64_t rank = parts_.lora->rank;
   const int64_t stacked = ws.lora_db_qkv.dim(1);
   return ForEachStackedAdapter(
       p, [&](const Adapter& adapter, int64_t first, int64_t offset, int64_t width) -> absl::Status {

@@ -1,73 +1,65 @@
-// TransformerModel: a Llama/Qwen2-family decoder-only transformer (DecoderSpec)
-// as a Network.
+// TransformerModel: the one decoder-only transformer, assembled from the
+// parts a family gives it (parts.h; model/families/: GPT-2, and the Hugging
+// Face decoders Llama, Qwen2, Qwen3 and Gemma 3), as a Network.
 //
 // Forward, per micro-batch of B sequences of T tokens (N = B*T rows, C =
-// hidden_size, H query heads and K K/V heads of D = head_dim columns, Q =
-// H D, KV = K D, I = intermediate_size, V = vocab_size), in the working
-// dtype with fp32 accumulation. Linear weights are Hugging Face's (out, in):
-// y = x W^T + b.
-//   x_0 = embed_tokens[ids]
-//   per block l:  a = rmsnorm(x_l) input_layernorm.weight
-//                 qkv (N, Q + 2 KV) = a [Wq; Wk; Wv]^T + [bq; bk; bv]
-//                 with qk_norm (Qwen3): each q head rmsnorm(.) q_norm.weight
-//                   and each k head rmsnorm(.) k_norm.weight, over its D
-//                   columns (Backend::HeadRmsNormForward)
-//                 RoPE (rotate-half, position t, inv_freq from rope_theta
-//                   and rope_scaling: rope_frequencies.h)
-//                   on the H + K q and k heads at the start of each row
-//                 expand the K/V heads to H (repeat_kv; skipped when K == H)
-//                 y = causal attention (scale 1/sqrt(D)); r_l = x_l + y Wo^T (+ bo)
-//                 m = rmsnorm(r_l) post_attention_layernorm.weight
-//                 x_{l+1} = r_l + (silu(m Wg^T) * (m Wu^T)) Wd^T
-//   h = rmsnorm(x_L) model.norm.weight; logits = h W_head^T, W_head =
-//   embed_tokens (tied) or lm_head.weight.
-// Gemma 3's parts change it as its DecoderSpec fields say: every rmsnorm
-// scales by 1 + w (norm_unit_offset); silu becomes gelu's tanh form
-// (mlp_activation); with sandwich_norms y Wo^T and the MLP's output pass
-// through post_attention_layernorm and post_feedforward_layernorm before
-// their residual adds, and m's norm is pre_feedforward_layernorm; x_0 is
-// scaled by sqrt(C) in the working dtype (scale_embeddings); the attention
-// scale is query_pre_attn_scalar^-1/2 when set; a sliding layer
-// (sliding_layers) sees keys t - sliding_window < s <= t, its RoPE of base
-// rope_local_theta unscaled.
-// The q, k and v projections are three parameters (Hugging Face's names and
-// shapes) whose rows, stacked, are one (Q + 2 KV, C) matrix: the forward
-// copies them into one workspace matrix (and the biases into one vector) so
-// that a single GEMM writes the fused q|k|v rows the RoPE, K/V expansion
-// and attention ops read; the backward forms the stacked weight gradient
-// in one GEMM into a workspace matrix (starting from the parameters'
-// gradients on later micro-batches, so each element is still rounded once
-// per micro-batch) and copies its row blocks back. The copies cost
-// (Q + 2 KV) C elements per block and pass, against the GEMMs' N times that.
-// The LM head is fused with the cross-entropy in Loss, over row chunks, as
-// the GPT's is (model/lm_head.h, LmHeadChunkRows).
+// hidden, H query heads and K K/V heads of D columns, Q = H D, KV = K D, I
+// the MLP's width, V vocabulary), in the working dtype with fp32
+// accumulation. A projection's weight is Linear's (out, in), y = x W^T + b,
+// or Conv1D's (in, out), y = x W + b (GPT-2): the GEMMs transpose as the
+// layout says, nothing is copied.
+//   x_0 = embed[ids] (* sqrt(C) with scale_embeddings) (+ wpe[0..T) with
+//         learned positions: one bias of T*C over (B, T*C))
+//   per block l:  a = norm(x_l)   (LayerNorm with bias, RMSNorm, or RMSNorm
+//                                  by 1 + w)
+//                 qkv (N, Q + 2 KV) = a W_qkv (+ b): one GEMM
+//                 with qk_norm (Qwen3): each q and k head RMSNorm-ed over
+//                   its D columns (Backend::HeadRmsNormForward)
+//                 with RoPE: rotate-half on the H + K q and k heads
+//                   (inv_freq from rope_frequencies.h; a sliding layer's
+//                   from its local base)
+//                 expand the K/V heads to H (skipped when K == H)
+//                 y = causal attention (scale 1/sqrt(D), or
+//                   query_pre_attn_scalar^-1/2; a sliding layer sees keys
+//                   t - sliding_window < s <= t)
+//                 r_l = x_l + y W_o (+ b_o)   (y W_o normed first with
+//                                              sandwich norms)
+//                 m = norm(r_l)
+//                 gated MLP:  x_{l+1} = r_l + (act(m W_g) * (m W_u)) W_d
+//                   (act silu or gelu_tanh; its output normed first with
+//                   sandwich norms)
+//                 GELU MLP:   x_{l+1} = r_l + gelu_tanh(m W_u + b) W_d + b
+//                   (bias and GELU in the GEMM's epilogue)
+//   h = norm(x_L); logits = h W_head^T, W_head = embed (tied) or lm_head.
+// The q|k|v projection is one GEMM: GPT-2's c_attn is one parameter; the
+// decoders' q, k and v are three (Hugging Face's names and shapes) whose
+// rows, stacked, are one (Q + 2 KV, C) matrix, which the forward copies into
+// one workspace matrix (and the biases into one vector); the backward forms
+// the stacked weight gradient in one GEMM into a workspace matrix (starting
+// from the parameters' gradients on later micro-batches, so each element is
+// still rounded once per micro-batch) and copies its row blocks back. The
+// copies cost (Q + 2 KV) C elements per block and pass, against the GEMMs'
+// N times that.
+// The LM head is fused with the cross-entropy in Loss (model/lm_head.h):
+// per chunk of rows, logits -> (in place) dlogits -> dh and dW_head. The
+// (N, V) logits are one chunk while they fit kLmHeadChunkBytes (the head's
+// weight gradient is then one GEMM, read and written once), and are split
+// into equal row chunks beyond it, so that the head's memory never grows
+// with B x T x V.
 //
-// State-dict names and layouts are Hugging Face's (LlamaForCausalLM,
-// Qwen2ForCausalLM, Qwen3ForCausalLM), in this order, which is also params()' and that of the
-// Philox streams that initialise them:
-//   model.embed_tokens.weight (V, C),
-//   model.layers.{i}.input_layernorm.weight (C),
-//   model.layers.{i}.self_attn.q_proj.weight (Q, C) [.bias (Q) with qkv_bias],
-//   model.layers.{i}.self_attn.k_proj.weight (KV, C) [.bias (KV)],
-//   model.layers.{i}.self_attn.v_proj.weight (KV, C) [.bias (KV)],
-//   model.layers.{i}.self_attn.o_proj.weight (C, Q) [.bias (C) with o_bias],
-//   [model.layers.{i}.self_attn.q_norm.weight (D), .k_norm.weight (D) with
-//    qk_norm],
-//   model.layers.{i}.post_attention_layernorm.weight (C),
-//   [model.layers.{i}.pre_feedforward_layernorm.weight (C) with sandwich_norms]
-//   model.layers.{i}.mlp.gate_proj.weight (I, C), .up_proj.weight (I, C),
-//   model.layers.{i}.mlp.down_proj.weight (C, I),
-//   [model.layers.{i}.post_feedforward_layernorm.weight (C) with sandwich_norms],
-//   model.norm.weight (C), lm_head.weight (V, C) when untied.
-// Initialisation is Hugging Face's _init_weights: every Linear weight and
-// the embedding N(0, initializer_range^2), biases 0, RMSNorm weights (the
-// per-head q_norm and k_norm too) 1, or 0 where they scale by 1 + w.
+// State-dict names, shapes and order are the family's (Hugging Face's):
+// the embedding, the position table, per block its input norm (weight,
+// bias), q|k|v or q, k, v (each weight then its bias), o, the q/k norms,
+// the sandwich norms around the MLP's input norm, the MLP (gate, up, down,
+// each weight then bias), then the final norm and an untied head. That is
+// also params()' order and that of the Philox streams that initialise them
+// (TransformerParts' init).
 //
-// With LoRA (DecoderSpec::lora), every parameter above is frozen (held in
-// the working dtype only, network.h's Parameter) and drawn as the full
-// model's, so a seed gives the same base either way; after them come the
-// adapters of each block's targets (lora.h), in kLoraModules order,
-// in PEFT's names and shapes:
+// With LoRA (a decoder's), every parameter above is frozen (held in the
+// working dtype only, network.h's Parameter) and drawn as the full model's,
+// so a seed gives the same base either way; after them come the adapters
+// of each block's targets (lora.h), in kLoraModules order, in PEFT's names
+// and shapes:
 //   base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight (r, C),
 //   ....lora_B.weight (Q, r), likewise k, v, o_proj and mlp.{gate,up,down}_proj;
 // A as PEFT initialises it (kaiming_uniform_(a=sqrt(5)): U(+-1/sqrt(in))),
@@ -75,8 +67,16 @@
 // masters, gradients and optimizer state; the backward forms the
 // activations' gradients through the frozen weights and no weight gradient
 // of theirs.
-// Per-layer loss scales as the GPT's: block l in group GptBlockScaleGroup(l),
-// the embedding in group 0, the final norm and an untied head in the last.
+//
+// Per-layer loss scales: block l is layer group g(l) = GptBlockScaleGroup
+// (l itself up to 32 blocks; deeper models share a group between
+// consecutive blocks), the embeddings join group 0 and the final norm and
+// an untied LM head the last group. Where backward leaves block l for block
+// l - 1, the residual add that ends block l's backward also moves the
+// residual gradient from S_g(l) to S_g(l-1) (AddScaled: scaled in fp32
+// before its one rounding, no extra pass); a tied head's weight gradient,
+// formed at the last group's scale in Loss, is moved to group 0's by its
+// GEMM's alpha.
 #pragma once
 
 #include <array>
@@ -90,8 +90,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
-#include "server/engine/model/gpt/gpt_model.h"
+#include "server/engine/model/lm_head.h"
 #include "server/engine/model/network.h"
+#include "server/engine/model/transformer/parts.h"
 
 namespace ampd::engine::model {
 
@@ -100,38 +101,42 @@ struct BlockBuffers;
 struct TransformerDecodeState;
 struct QkvStack;
 
-// WorkspaceBytes of a decoder for inputs (B, T): per block the saved
-// activations (the two RMSNorm outputs and r_l: 3 N C; the fused q|k|v
+// WorkspaceBytes of a transformer for inputs (B, T): per block the saved
+// activations (the two norm outputs and r_l: 3 N C; the fused q|k|v
 // N (Q + 2 KV), its K/V-expanded copy N 3Q when K < H, the attention
-// output N Q, gate, up and their SwiGLU product 3 N I, all working dtype;
-// the attention's log-sum-exp B H T and two RMSNorm rstd N, F32; with
-// qk_norm the q|k|v rows before the norm N (Q + 2 KV) and its rstd
-// N (H + K) F32), the
-// residual stream x_0..x_L and the final norm's output ((L + 2) N C, its
-// rstd N F32), the backward's scratch (3 N C, N Q, N (Q + 2 KV), N 3Q when
-// K < H, 3 N I), the stacked q/k/v weight and its gradient (2 (Q + 2 KV) C,
-// and 2 (Q + 2 KV) for biases), RoPE's inv_freq (D/2 F32), one LM-head
-// chunk of logits, the head's F32 gradient sum (fp16/bf16 heads of more
-// than one chunk) and the ids and targets. Overflow-checked; InvalidArgument
-// when it overflows or the shape is not (B, T) with 1 <= T <=
-// max_position_embeddings.
+// output N Q; the MLP's gate, up and their product 3 N I (gated) or its
+// pre- and post-GELU 2 N I; all working dtype; the attention's
+// log-sum-exp B H T and the norms' statistics, F32 (rstd N each, and mean
+// N each for a LayerNorm); with qk_norm the q|k|v rows before the norm
+// N (Q + 2 KV) and its rstd N (H + K) F32; with sandwich norms the branch
+// outputs before them), the residual stream x_0..x_L and the final norm's
+// output ((L + 2) N C, its statistics), the backward's scratch (3 N C, N Q,
+// N (Q + 2 KV), N 3Q when K < H, 3 N I gated or N I), the stacked q/k/v
+// weight and its gradient (2 (Q + 2 KV) C, and 2 (Q + 2 KV) for biases;
+// none for a fused q|k|v parameter), RoPE's inv_freq (D/2 F32), one
+// LM-head chunk of logits, the head's F32 gradient sum (fp16/bf16 heads of
+// more than one chunk) and the ids and targets. Overflow-checked;
+// InvalidArgument when it overflows or the shape is not (B, T) with 1 <= T
+// <= the longest sequence (context_length, max_position_embeddings).
 absl::StatusOr<int64_t> TransformerWorkspaceBytes(const ModelSpec& spec, Precision precision,
-                                              const kernels::Shape& input_shape,
-                                              int64_t lm_head_chunk_bytes = kLmHeadChunkBytes);
+                                                  const kernels::Shape& input_shape,
+                                                  int64_t lm_head_chunk_bytes = kLmHeadChunkBytes);
 
-// StepScratchExtents of a decoder for inputs (B, T): the largest operands
-// of its projections (N x max(Q + 2 KV, 3Q, I, C) activations, (Q + 2 KV) C,
-// C Q and I C weights), the LM head's chunks and weight (AddLmHeadExtents),
-// the attention over T with head size D, the cross-entropy over V; without
-// `backward`, the forward's alone.
+// StepScratchExtents of a transformer for inputs (B, T): the largest
+// operands of its projections (N x max(Q + 2 KV, 3Q, I, C) activations,
+// (Q + 2 KV) C, C Q and I C weights), the GELU MLP's activation backward
+// (N I), the LM head's chunks and weight (AddLmHeadExtents), the attention
+// over T with head size D, the cross-entropy over V; without `backward`,
+// the forward's alone.
 kernels::ScratchExtents TransformerScratchExtents(const ModelSpec& spec, Precision precision,
-                                              const kernels::Shape& input_shape,
-                                              bool backward = true,
-                                              int64_t lm_head_chunk_bytes = kLmHeadChunkBytes);
+                                                  const kernels::Shape& input_shape,
+                                                  bool backward = true,
+                                                  int64_t lm_head_chunk_bytes = kLmHeadChunkBytes);
 
 class TransformerModel final : public Network {
  public:
-  // Builds the parameters of a validated decoder spec and initialises them
+  // Builds the parameters of a validated transformer spec (a GPT or a
+  // decoder, as its family's parts) and initialises them
   // from seed (see above), then casts the working copy. `base` (LoRA only):
   // the frozen parameters are views of that shared base's tensors, every
   // one of which must be a parameter of the spec; the adapters are drawn
@@ -148,7 +153,10 @@ class TransformerModel final : public Network {
   absl::Status Forward(Workspace& ws) override;
   absl::StatusOr<const kernels::Tensor*> TokenLogprobs(Workspace& ws) override;
   absl::StatusOr<const kernels::Tensor*> TokenLosses(Workspace& ws) override;
-  // The fused LM head and cross-entropy, as GptModel::Loss.
+  // The fused LM head and cross-entropy (transformer_lm_head.cc): loss =
+  // multiplier * mean over kept targets; dh (the gradient into the final
+  // norm's output) and the head weight's gradient (+=, one rounding per
+  // micro-batch) times grad_scale.
   absl::Status Loss(Workspace& ws, float grad_scale, kernels::Tensor& loss) override;
   absl::Status EvalLoss(Workspace& ws, kernels::Tensor& loss) override;
   using Network::Backward;
@@ -157,9 +165,10 @@ class TransformerModel final : public Network {
   std::vector<int> ParamScaleGroups() const override;
   absl::Status SetGroupScales(absl::Span<const float> scales) override;
 
-  // Drops the rotary inv_freq buffers some Llama checkpoints carry
-  // (model.layers.{i}.self_attn.rotary_emb.inv_freq) and, for a tied model,
-  // lm_head.weight when it equals model.embed_tokens.weight.
+  // Drops the buffers the family's checkpoints may carry (GPT-2's
+  // attn.bias / attn.masked_bias, Llama's rotary_emb.inv_freq), adds the
+  // prefix a family's name may lack ("transformer.") and, for a tied model,
+  // drops lm_head.weight when it equals the embedding.
   absl::StatusOr<std::vector<std::string>> CanonicalNames(
       const codec::StateDict& state) const override;
   // {"format": "pt"}: transformers' from_pretrained requires it.
@@ -196,9 +205,15 @@ class TransformerModel final : public Network {
     int a = -1, b = -1;
     bool present() const { return a >= 0; }
   };
-  // Indices into params() of one block's parameters; -1 for an absent bias.
+  // A norm's weight and bias (-1: RMSNorm has none).
+  struct NormParams {
+    int weight = -1, bias = -1;
+  };
+  // Indices into params() of one block's parameters; -1 for an absent one.
   struct BlockParams {
-    int input_norm = -1;
+    NormParams input_norm;
+    // With fused_qkv, q_weight and q_bias are the fused q|k|v's, and k and
+    // v are -1.
     int q_weight = -1, q_bias = -1;
     int k_weight = -1, k_bias = -1;
     int v_weight = -1, v_bias = -1;
@@ -209,26 +224,40 @@ class TransformerModel final : public Network {
     // (post_feedforward_layernorm); post_norm is then the MLP's input norm,
     // pre_feedforward_layernorm.
     int attn_out_norm = -1, mlp_out_norm = -1;
-    int post_norm = -1;
-    int gate = -1, up = -1, down = -1;
+    NormParams post_norm;
+    int gate = -1;  // the gated MLP's
+    int up = -1, up_bias = -1;
+    int down = -1, down_bias = -1;
     std::array<Adapter, kModules> lora;
-    // The present ones, base then adapters.
+    // The present ones in params()' order, base then adapters.
     std::vector<int> All() const;
   };
 
-  TransformerModel(const ModelSpec& spec, Precision precision, kernels::Backend& backend,
-               int64_t lm_head_chunk_bytes);
-  const DecoderSpec& decoder() const { return *spec().decoder; }
-  int head_weight() const { return decoder().tie_word_embeddings ? embed_ : lm_head_; }
+  TransformerModel(const ModelSpec& spec, TransformerParts parts, Precision precision,
+                   kernels::Backend& backend, int64_t lm_head_chunk_bytes);
+  int head_weight() const { return parts_.tied_head ? embed_ : lm_head_; }
   absl::Status HeadLoss(Workspace& ws, float grad_scale, bool with_grad, kernels::Tensor& loss);
   // Backward's two branches of block l (transformer_backward.cc).
   absl::Status BackwardMlp(TransformerWorkspace& ws, size_t l, float beta);
   absl::Status BackwardAttention(TransformerWorkspace& ws, size_t l, bool first_micro_batch,
                                  float beta);
+  // A projection y (N, out) = x W (+ b) (its layout's transpose), `act`
+  // in the GEMM's epilogue with pre_act its input (GELU's); its weight
+  // gradient (with the bias's, beta) from dy and x when it trains; and dx
+  // (N, in) = dy W^T (through act's derivative at pre_act when act is
+  // set) times alpha, + beta_dx dx.
+  absl::Status Project(const kernels::Tensor& x, const kernels::Tensor& weight,
+                       const kernels::Tensor* bias, kernels::GemmActivation act,
+                       kernels::Tensor& y, kernels::Tensor* pre_act);
+  absl::Status ProjectionWeightGrad(const kernels::Tensor& x, const kernels::Tensor& dy,
+                                    float beta, kernels::Tensor& weight_grad,
+                                    kernels::Tensor* bias_grad);
+  absl::Status ProjectionInputGrad(const kernels::Tensor& dy, const kernels::Tensor& weight,
+                                   float beta, kernels::Tensor& dx);
   // Copies block p's q, k and v weights and biases (their values, or their
   // gradients when grads) into the stacked (Q + 2 KV, C) matrix and
   // (Q + 2 KV) vector (bias nullptr: none), or, to_params, the stacked ones
-  // back into the gradients.
+  // back into the gradients. Three separate q, k, v only.
   absl::Status CopyQkv(const BlockParams& p, bool grads, bool to_params, kernels::Tensor& weight,
                        kernels::Tensor* bias);
   // LoRA (transformer_adapters.cc): block p's q/k/v adapters as the stacked A
@@ -257,26 +286,26 @@ class TransformerModel final : public Network {
   // Layer l's attention: the scale (query_pre_attn_scalar's, or the
   // default) and its sliding window, if it slides.
   kernels::AttentionOptions AttentionOptionsOf(size_t l) const;
-  // The MLP's gate activation as the kernels name it.
-  static kernels::GluActivation GateOf(const DecoderSpec& s) {
-    return s.mlp_activation == MlpActivation::kGeluTanh ? kernels::GluActivation::kGELUTanh
-                                                        : kernels::GluActivation::kSiLU;
-  }
   // Layer l's RoPE frequencies among a workspace's two (the sliding
   // layers' local ones, or the global).
   const kernels::Tensor& InvFreqOf(size_t l, const kernels::Tensor& global,
                                    const kernels::Tensor& local) const {
-    return DecoderLayerSlides(decoder(), l) ? local : global;
+    return parts_.layer_slides(l) ? local : global;
   }
-  // An RMSNorm of this decoder (its weight offset, eps), forward and back.
-  absl::Status Norm(const kernels::Tensor& x, int weight, kernels::Tensor& y,
-                    kernels::Tensor& rstd);
-  absl::Status NormBackward(const kernels::Tensor& x, int weight, const kernels::Tensor& rstd,
-                            const kernels::Tensor& dy, kernels::Tensor& dx);
+  // A norm of this model (LayerNorm or RMSNorm, its eps and weight offset),
+  // forward and back; mean is a LayerNorm's only.
+  absl::Status Norm(const kernels::Tensor& x, NormParams norm, kernels::Tensor& y,
+                    kernels::Tensor& mean, kernels::Tensor& rstd);
+  absl::Status NormBackward(const kernels::Tensor& x, NormParams norm, const kernels::Tensor& mean,
+                            const kernels::Tensor& rstd, const kernels::Tensor& dy,
+                            kernels::Tensor& dx);
   // Block l's forward on sv's rows from x to x_next, `attend` running its
   // attention: Forward's code and the sampler's decode step's.
   absl::Status BlockForward(size_t l, const kernels::Tensor& x, BlockBuffers& sv,
                             QkvStack& stack, const Attend& attend, kernels::Tensor& x_next);
+  // The q|k|v projection of block p on sv.ln_1 into sv.qkv: the fused
+  // parameter, or the three stacked into stack (and LoRA's terms).
+  absl::Status QkvForward(const BlockParams& p, BlockBuffers& sv, QkvStack& stack);
   // With qk_norm: block p's per-head RMSNorm of sv.qkv's q and k heads in
   // place (saving the rows before it in sv.qkv_pre when that is allocated),
   // and its backward on d_qkv (N, Q + 2 KV), in place. Nothing without.
@@ -285,26 +314,30 @@ class TransformerModel final : public Network {
                               kernels::Tensor& d_qkv);
   // A frozen parameter's gradient is nullptr; a trainable one's its own.
   kernels::Tensor* GradOrNull(int index);
-  bool lora() const { return decoder().lora.has_value(); }
+  const kernels::Tensor* ValueOrNull(int index) const {
+    return index < 0 ? nullptr : &params()[static_cast<size_t>(index)].value();
+  }
+  bool lora() const { return parts_.lora.has_value(); }
 
+  const TransformerParts parts_;
   const int64_t lm_head_chunk_bytes_;
-  // RoPE's inv_freq (D/2) as Hugging Face computes it (RopeInverseFrequencies);
-  // each workspace copies it to the backend.
-  std::vector<float> inv_freq_;
-  // The sliding layers' (rope_local_theta, no scaling); empty when none slides.
-  std::vector<float> inv_freq_local_;
   // x_0's scale: sqrt(hidden_size) rounded to the working dtype with
   // scale_embeddings (Gemma3TextScaledWordEmbedding), else 1.
   float embed_scale_ = 1.0f;
   int embed_ = -1;
+  int positions_ = -1;  // the learned position table; -1 with RoPE
   std::vector<BlockParams> blocks_;
   // LoRA: alpha / r, and the targeted modules among q, k, v in order (their
   // slot in the stacked adapters).
   float lora_scale_ = 0.0f;
   std::vector<Module> qkv_targets_;
-  int norm_ = -1;
+  NormParams norm_;
   int lm_head_ = -1;  // -1 when tied
-  // Per-layer scales, as GptModel's.
+  // Per-layer scales: each block's group (GptBlockScaleGroup); the scale of
+  // the residual add that ends block l's backward, S_g(l-1) / S_g(l) (1 for
+  // block 0, within a group and without per-layer scales), and the alpha of
+  // the LM head's weight-gradient GEMM, S_0 / S_{G-1} when tied (that
+  // gradient is the embedding's, in group 0).
   std::vector<int> block_group_;
   std::vector<float> residual_grad_scale_;
   float head_grad_alpha_ = 1.0f;

@@ -24,29 +24,25 @@ using kernels::Tensor;
 // A decoder's DecodeState: the cache and one decode step's buffers over
 // its S rows (widths as transformer_model.h's).
 struct TransformerDecodeState : DecodeState {
-  Tensor inv_freq;           // (D/2) F32, RoPE's frequencies
-  Tensor inv_freq_local;     // (D/2) F32, the sliding layers'; empty without them
-  KvCache cache;             // per layer (S, max_len, KV)
-  std::array<Tensor, 2> x;   // (S, C) the residual stream, in turn
-  BlockBuffers rows;  // one block's buffers, reused by every block
-  Tensor q;                  // (S, Q) the query heads, contiguous
-  Tensor rstd_f;             // (S) F32, the final norm's statistic
-  QkvStack stack;            // the stacked q|k|v weight and adapters
+  Tensor inv_freq;          // (D/2) F32, RoPE's frequencies; empty for learned positions
+  Tensor inv_freq_local;    // (D/2) F32, the sliding layers'; empty without them
+  KvCache cache;            // per layer (S, max_len, KV)
+  std::array<Tensor, 2> x;  // (S, C) the residual stream, in turn
+  Tensor position_rows;     // (S, C) wpe[positions] (learned positions)
+  BlockBuffers rows;        // one block's buffers, reused by every block
+  Tensor q;                 // (S, Q) the query heads, contiguous
+  Tensor mean_f, rstd_f;    // (S) F32, the final norm's statistics (mean_f a LayerNorm's)
+  QkvStack stack;           // the stacked q|k|v weight and adapters (three q, k, v)
 };
 
-namespace {
-
-using Widths = DecoderWidths;
-
-}  // namespace
-
-absl::StatusOr<int64_t> TransformerModel::DecodeStateBytes(int64_t sequences, int64_t max_len) const {
-  const DecoderSpec& s = decoder();
-  if (sequences < 1 || max_len < 1 || max_len > s.max_position_embeddings) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sampling: ", sequences, " sequences of up to ", max_len,
-                     " tokens; a decoder samples >= 1 sequences of 1 to max_position_embeddings (",
-                     s.max_position_embeddings, ") tokens"));
+absl::StatusOr<int64_t> TransformerModel::DecodeStateBytes(int64_t sequences,
+                                                           int64_t max_len) const {
+  const TransformerParts& s = parts_;
+  if (sequences < 1 || max_len < 1 || max_len > s.max_positions) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sampling: ", sequences, " sequences of up to ", max_len,
+        " tokens; a transformer samples >= 1 sequences of 1 to ", s.names.max_positions_field,
+        " (", s.max_positions, ") tokens"));
   }
   const Widths wd(s);
   const auto w = static_cast<int64_t>(kernels::SizeOf(working_dtype()));
@@ -60,27 +56,27 @@ absl::StatusOr<int64_t> TransformerModel::DecodeStateBytes(int64_t sequences, in
   };
   const int64_t n = sequences;
   // With qk_norm, the per-head norms' statistics (S, H + K) F32.
-  const int64_t qk_rstd =
-      s.qk_norm ? product({n, s.num_attention_heads + s.num_key_value_heads, 4}) : 0;
+  const int64_t qk_rstd = s.qk_norm ? product({n, s.heads + s.kv_heads, 4}) : 0;
   // With sandwich norms, the branch outputs before their norms and their
-  // statistics; the sliding layers' frequencies.
+  // statistics.
   const int64_t sandwich = s.sandwich_norms ? product({2, n, wd.c, w}) + product({2, n, 4}) : 0;
+  const int64_t stats = s.layer_norm() ? 2 : 1;  // rstd, and a LayerNorm's mean
   int64_t total = 0;
   for (int64_t part : {
-           product({2, s.num_hidden_layers, n, max_len, wd.kv, w}),  // the K and V caches
-           product({2, n, wd.c, w}),                                 // x, twice
-           product({3, n, wd.c, w}),                                 // ln_1, resid, ln_2
-           product({3, n, 4}),                                       // rstd_1, rstd_2, rstd_f
-           qk_rstd,                                                  // rstd_q, rstd_k
-           sandwich,                                                 // attn_o, mlp_o and their rstd
-           product({n, wd.qkv, w}), product({2, n, wd.q, w}),        // qkv; attn_y, q
-           product({3, n, wd.i, w}),                                 // gate, up, act
-           product({n, rank, targets.qkv + targets.others, w}),      // LoRA's u
-           product({n, wd.c, w}),                                    // hidden
-           product({2, n, 8}),                                       // positions, tokens
-           product({wd.qkv, wd.c + 1, w}),                           // stacked weight, bias
-           product({rank, targets.qkv, wd.c + wd.qkv, w}),           // stacked adapters
-           product({SlidingLayers(s) ? 2 : 1, wd.d / 2, 4}),         // inv_freq, inv_freq_local
+           product({2, s.layers, n, max_len, wd.kv, w}),          // the K and V caches
+           product({s.learned_positions() ? 3 : 2, n, wd.c, w}),  // x twice, position rows
+           product({3, n, wd.c, w}),                              // ln_1, resid, ln_2
+           product({3, stats, n, 4}),                             // the norms' statistics
+           qk_rstd,                                               // rstd_q, rstd_k
+           sandwich,                                              // attn_o, mlp_o and their rstd
+           product({n, wd.qkv, w}), product({2, n, wd.q, w}),     // qkv; attn_y, q
+           product({s.gated() ? 3 : 2, n, wd.i, w}),              // gate, (up,) act
+           product({n, rank, targets.qkv + targets.others, w}),   // LoRA's u
+           product({n, wd.c, w}),                                 // hidden
+           product({2, n, 8}),                                    // positions, tokens
+           s.fused_qkv ? 0 : product({wd.qkv, wd.c + 1, w}),      // stacked weight, bias
+           product({rank, targets.qkv, wd.c + wd.qkv, w}),        // stacked adapters
+           product({s.any_slides() ? 2 : 1, static_cast<int64_t>(s.inv_freq.size()), 4}),
        }) {
     ok = ok && CheckedAdd(total, part, &total);
   }
@@ -92,8 +88,8 @@ absl::StatusOr<int64_t> TransformerModel::DecodeStateBytes(int64_t sequences, in
 }
 
 absl::StatusOr<std::unique_ptr<DecodeState>> TransformerModel::MakeDecodeState(int64_t sequences,
-                                                                           int64_t max_len) {
-  const DecoderSpec& s = decoder();
+                                                                               int64_t max_len) {
+  const TransformerParts& s = parts_;
   const Widths wd(s);
   const DType w = working_dtype();
   const int64_t n = sequences;
@@ -103,25 +99,29 @@ absl::StatusOr<std::unique_ptr<DecodeState>> TransformerModel::MakeDecodeState(i
     AMPD_ASSIGN_OR_RETURN(t, backend_.Allocate(dtype, shape));
     return absl::OkStatus();
   };
-  AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {wd.d / 2}, st.inv_freq));
-  AMPD_RETURN_IF_ERROR(
-      backend_.CopyFromHost(inv_freq_.data(), inv_freq_.size() * sizeof(float), st.inv_freq));
-  if (!inv_freq_local_.empty()) {
-    AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {wd.d / 2}, st.inv_freq_local));
-    AMPD_RETURN_IF_ERROR(backend_.CopyFromHost(
-        inv_freq_local_.data(), inv_freq_local_.size() * sizeof(float), st.inv_freq_local));
-  }
+  auto alloc_stats = [&](Tensor& mean, Tensor& rstd) -> absl::Status {
+    if (s.layer_norm()) AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n}, mean));
+    return alloc(DType::kF32, {n}, rstd);
+  };
+  auto upload = [&](const std::vector<float>& host, Tensor& t) -> absl::Status {
+    if (host.empty()) return absl::OkStatus();
+    AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {static_cast<int64_t>(host.size())}, t));
+    return backend_.CopyFromHost(host.data(), host.size() * sizeof(float), t);
+  };
+  AMPD_RETURN_IF_ERROR(upload(s.inv_freq, st.inv_freq));
+  AMPD_RETURN_IF_ERROR(upload(s.inv_freq_local, st.inv_freq_local));
   // Keys and values follow the q heads in a fused row.
   AMPD_RETURN_IF_ERROR(
-      st.cache.Allocate(backend_, w, s.num_hidden_layers, n, max_len, wd.kv, wd.q, wd.q + wd.kv));
+      st.cache.Allocate(backend_, w, s.layers, n, max_len, wd.kv, wd.q, wd.q + wd.kv));
   for (Tensor& t : st.x) AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, t));
+  if (s.learned_positions()) AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, st.position_rows));
   BlockBuffers& r = st.rows;
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, r.ln_1));
-  AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n}, r.rstd_1));
+  AMPD_RETURN_IF_ERROR(alloc_stats(r.mean_1, r.rstd_1));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.qkv}, r.qkv));
   if (s.qk_norm) {  // no qkv_pre: a decode step has no backward
-    AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n, s.num_attention_heads}, r.rstd_q));
-    AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n, s.num_key_value_heads}, r.rstd_k));
+    AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n, s.heads}, r.rstd_q));
+    AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n, s.kv_heads}, r.rstd_k));
   }
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.q}, r.attn_y));
   if (s.sandwich_norms) {
@@ -132,17 +132,19 @@ absl::StatusOr<std::unique_ptr<DecodeState>> TransformerModel::MakeDecodeState(i
   }
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, r.resid));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, r.ln_2));
-  AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n}, r.rstd_2));
+  AMPD_RETURN_IF_ERROR(alloc_stats(r.mean_2, r.rstd_2));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.i}, r.gate));
-  AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.i}, r.up));
+  if (s.gated()) AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.i}, r.up));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.i}, r.act));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.q}, st.q));
-  AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n}, st.rstd_f));
+  AMPD_RETURN_IF_ERROR(alloc_stats(st.mean_f, st.rstd_f));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, st.hidden));
   AMPD_RETURN_IF_ERROR(alloc(DType::kI64, {n}, st.positions));
   AMPD_RETURN_IF_ERROR(alloc(DType::kI64, {n}, st.tokens));
-  AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv, wd.c}, st.stack.w));
-  if (s.qkv_bias) AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv}, st.stack.b));
+  if (!s.fused_qkv) {
+    AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv, wd.c}, st.stack.w));
+    if (s.qkv_bias) AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv}, st.stack.b));
+  }
   if (lora()) {
     const int64_t rank = s.lora->rank;
     const int64_t stacked = static_cast<int64_t>(qkv_targets_.size()) * rank;
@@ -173,37 +175,43 @@ absl::Status TransformerModel::Prefill(Workspace& any, absl::Span<const int64_t>
 }
 
 absl::Status TransformerModel::DecodeStep(absl::Span<const int64_t> tokens,
-                                      absl::Span<const int64_t> positions, DecodeState& state) {
+                                          absl::Span<const int64_t> positions,
+                                          DecodeState& state) {
   AMPD_ASSIGN_OR_RETURN(TransformerDecodeState * own, OwnState<TransformerDecodeState>(state));
   TransformerDecodeState& st = *own;
   kernels::Backend& b = backend_;
-  const DecoderSpec& s = decoder();
+  const TransformerParts& s = parts_;
   const Widths wd(s);
   const int64_t n = st.sequences();
-  AMPD_RETURN_IF_ERROR(LoadDecodeStep(b, tokens, positions, s.vocab_size, st));
-  const int64_t heads = s.num_attention_heads;
-  const int64_t kv_heads = s.num_key_value_heads;
+  AMPD_RETURN_IF_ERROR(LoadDecodeStep(b, tokens, positions, s.vocab, st));
   // Each row's new query over its cached keys: RoPE at the row's own
   // position, its K/V written into the cache, then the cached attention
   // (the layer's window and scale, as the forward's).
   const Attend attend = [&](size_t layer, BlockBuffers& sv) -> absl::Status {
-    AMPD_ASSIGN_OR_RETURN(Tensor qkv, sv.qkv.View(0, {n, 1, wd.qkv}));
-    AMPD_ASSIGN_OR_RETURN(const Tensor at, st.positions.View(0, {n, 1}));
-    AMPD_RETURN_IF_ERROR(b.Rope(qkv, heads + kv_heads, wd.d,
-                                InvFreqOf(layer, st.inv_freq, st.inv_freq_local), &at, false));
+    if (!s.learned_positions()) {
+      AMPD_ASSIGN_OR_RETURN(Tensor qkv, sv.qkv.View(0, {n, 1, wd.qkv}));
+      AMPD_ASSIGN_OR_RETURN(const Tensor at, st.positions.View(0, {n, 1}));
+      AMPD_RETURN_IF_ERROR(b.Rope(qkv, s.heads + s.kv_heads, wd.d,
+                                  InvFreqOf(layer, st.inv_freq, st.inv_freq_local), &at, false));
+    }
     AMPD_RETURN_IF_ERROR(st.cache.Write(b, layer, sv.qkv, st.positions));
     AMPD_RETURN_IF_ERROR(b.CopyColumns(sv.qkv, 0, wd.q, st.q, 0));
-    return b.AttentionDecode(st.q, st.cache.k[layer], st.cache.v[layer], st.positions, heads,
-                             kv_heads, AttentionOptionsOf(layer), sv.attn_y);
+    return b.AttentionDecode(st.q, st.cache.k[layer], st.cache.v[layer], st.positions, s.heads,
+                             s.kv_heads, AttentionOptionsOf(layer), sv.attn_y);
   };
-  AMPD_RETURN_IF_ERROR(b.EmbeddingForward(st.tokens, params()[static_cast<size_t>(embed_)].value(),
-                                          embed_scale_, st.x[0]));
+  auto value = [this](int index) -> const Tensor& { return params()[index].value(); };
+  AMPD_RETURN_IF_ERROR(b.EmbeddingForward(st.tokens, value(embed_), embed_scale_, st.x[0]));
+  if (positions_ >= 0) {
+    // x_0 += wpe[position]: Forward's sum of the same two rows.
+    AMPD_RETURN_IF_ERROR(b.EmbeddingForward(st.positions, value(positions_), st.position_rows));
+    AMPD_RETURN_IF_ERROR(b.Add(st.position_rows, st.x[0]));
+  }
   for (size_t layer = 0; layer < blocks_.size(); ++layer) {
     Tensor& in = st.x[layer % 2];
     Tensor& out = st.x[(layer + 1) % 2];
     AMPD_RETURN_IF_ERROR(BlockForward(layer, in, st.rows, st.stack, attend, out));
   }
-  return Norm(st.x[blocks_.size() % 2], norm_, st.hidden, st.rstd_f);
+  return Norm(st.x[blocks_.size() % 2], norm_, st.hidden, st.mean_f, st.rstd_f);
 }
 
 }  // namespace ampd::engine::model

@@ -1,7 +1,7 @@
-// TransformerWorkspace: the buffers of one decoder micro-batch shape (B, T),
-// shared by the TransformerModel's files (transformer_model.cc allocates them,
-// transformer_forward.cc, transformer_lm_head.cc and transformer_backward.cc use them).
-// Private to decoder/. Row-major 2-D (N, width) tensors, N = B*T; the
+// TransformerWorkspace: the buffers of one transformer micro-batch shape
+// (B, T), shared by the TransformerModel's files (transformer_model.cc
+// allocates them, transformer_forward.cc, transformer_lm_head.cc and
+// transformer_backward.cc use them). Private to transformer/. Row-major 2-D (N, width) tensors, N = B*T; the
 // attention, RoPE and K/V ops take 3-D views of them. Widths as in
 // transformer_model.h: C hidden, Q = H D query, KV = K D key/value, I
 // intermediate.
@@ -14,23 +14,24 @@
 
 #include "kernels/tensor.h"
 #include "server/engine/config/model_spec.h"
+#include "server/engine/model/transformer/parts.h"
 #include "server/engine/model/lm_head.h"
 #include "server/engine/model/network.h"
 
 namespace ampd::engine::model {
 
 // The widths of transformer_model.h: C hidden, D head, Q = H D, KV = K D,
-// Q + 2 KV, I intermediate, V vocabulary; all validated to fit.
-struct DecoderWidths {
+// Q + 2 KV, I the MLP's, V vocabulary; all validated to fit.
+struct Widths {
   int64_t c, d, q, kv, qkv, i, v;
-  explicit DecoderWidths(const DecoderSpec& s)
-      : c(s.hidden_size),
-        d(DecoderHeadDim(s)),
-        q(s.num_attention_heads * d),
-        kv(s.num_key_value_heads * d),
-        qkv(q + 2 * kv),
-        i(s.intermediate_size),
-        v(s.vocab_size) {}
+  explicit Widths(const TransformerParts& p)
+      : c(p.hidden),
+        d(p.head_dim),
+        q(p.q_width()),
+        kv(p.kv_width()),
+        qkv(p.qkv_width()),
+        i(p.intermediate),
+        v(p.vocab) {}
 };
 
 // How many of a LoRA spec's targets are among q, k, v (the stacked
@@ -39,10 +40,10 @@ struct LoraTargets {
   int64_t qkv = 0;
   int64_t others = 0;
 };
-inline LoraTargets LoraTargetsOf(const DecoderSpec& d) {
+inline LoraTargets LoraTargetsOf(const TransformerParts& p) {
   LoraTargets t;
-  if (!d.lora.has_value()) return t;
-  for (const std::string& m : d.lora->target_modules) {
+  if (!p.lora.has_value()) return t;
+  for (const std::string& m : p.lora->target_modules) {
     (m == "q_proj" || m == "k_proj" || m == "v_proj" ? t.qkv : t.others) += 1;
   }
   return t;
@@ -63,7 +64,8 @@ struct QkvStack {
 // the backward (one per block in TransformerWorkspace), or a sampler's decode
 // step's buffers for its S rows (one, reused by every block).
 struct BlockBuffers {
-  kernels::Tensor ln_1, rstd_1;  // (N, C) working; (N) F32
+  // (N, C) working; (N) F32; mean_1 a LayerNorm's only (empty for RMSNorm).
+  kernels::Tensor ln_1, mean_1, rstd_1;
   kernels::Tensor qkv;           // (N, Q + 2 KV) after the q/k norm and RoPE
   // With qk_norm: qkv as the projection wrote it, before the per-head
   // norm, whose backward reads it (empty in a sampler's decode step, which
@@ -82,8 +84,11 @@ struct BlockBuffers {
   kernels::Tensor attn_o, rstd_ao;
   kernels::Tensor mlp_o, rstd_mo;
   kernels::Tensor resid;          // (N, C) r_l = x_l + attention branch
-  kernels::Tensor ln_2, rstd_2;   // (N, C); (N) F32
-  kernels::Tensor gate, up, act;  // (N, I) gate_proj, up_proj, silu(gate) * up
+  kernels::Tensor ln_2, mean_2, rstd_2;  // (N, C); (N) F32 (mean_2 as mean_1)
+  // (N, I): gated, gate_proj's and up_proj's outputs and act(gate) * up;
+  // the GELU MLP's c_fc output before the GELU in gate, after it in act
+  // (up empty).
+  kernels::Tensor gate, up, act;
   // LoRA's u = x A^T (lora.h) of the block's targets: the stacked
   // q|k|v adapters' (N, t r), and o, gate, up, down's (N, r) each (by
   // module - kO); empty where there is no such target.
@@ -95,14 +100,14 @@ struct BlockBuffers {
 // The batch, the final norm's output ln_f, its gradient d_ln and the head's
 // buffers are LmWorkspace's (lm_head.h).
 struct TransformerWorkspace : LmWorkspace {
-  kernels::Tensor inv_freq;        // (D/2) F32, RoPE's frequencies
+  kernels::Tensor inv_freq;        // (D/2) F32, RoPE's frequencies; empty for learned positions
   kernels::Tensor inv_freq_local;  // (D/2) F32, the sliding layers'; empty without them
 
   // What forward saves for backward, per block.
   using Block = BlockBuffers;
   std::vector<kernels::Tensor> x;  // x_0..x_L (N, C): the residual stream into each block
   std::vector<Block> blocks;
-  kernels::Tensor rstd_f;  // the final norm's statistic, (N) F32
+  kernels::Tensor mean_f, rstd_f;  // the final norm's statistics, (N) F32 (mean_f a LayerNorm's)
 
   QkvStack stack;
   // The gradients of the stacked q|k|v weight and bias before they are
@@ -115,14 +120,14 @@ struct TransformerWorkspace : LmWorkspace {
 
   // Backward scratch, reused by every block.
   kernels::Tensor d_res;     // (N, C) gradient of the residual stream
-  kernels::Tensor d_tmp;     // (N, C) an RMSNorm's dx
+  kernels::Tensor d_tmp;     // (N, C) a norm's dx
   kernels::Tensor d_branch;  // (N, C) with sandwich_norms: a branch output's gradient
   kernels::Tensor d_attn;    // (N, Q) gradient of the attention output
   kernels::Tensor d_qkv_x;   // (N, 3 Q) expanded q|k|v gradient; empty when K == H
   kernels::Tensor d_qkv;     // (N, Q + 2 KV)
-  kernels::Tensor d_act;     // (N, I) gradient of silu(gate) * up
-  kernels::Tensor d_gate;    // (N, I)
-  kernels::Tensor d_up;      // (N, I)
+  kernels::Tensor d_act;     // (N, I) gradient of act(gate) * up (gated only)
+  kernels::Tensor d_gate;    // (N, I) gate's gradient (the GELU MLP's: its input's)
+  kernels::Tensor d_up;      // (N, I) (gated only)
 };
 
 }  // namespace ampd::engine::model
