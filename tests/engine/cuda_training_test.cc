@@ -14,7 +14,7 @@
 #include "gtest/gtest.h"
 #include "kernels/backend_factory.h"
 #include "kernels/cuda/memory_pool.h"
-#include "server/engine/model/gpt/gpt_model.h"
+#include "server/engine/model/transformer/transformer_model.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace ampd::engine {
@@ -605,7 +605,7 @@ TEST_P(CudaTraining, LmHeadInOneChunkAndInSeveralAgreeWithinOneRounding) {
     auto backend = kernels::CreateBackend(device);
     EXPECT_TRUE(backend.ok()) << backend.status();
     if (!backend.ok()) return out;
-    auto net = model::GptModel::Create(spec, precision, 5, **backend, chunk_bytes);
+    auto net = model::TransformerModel::Create(spec, precision, 5, **backend, chunk_bytes);
     EXPECT_TRUE(net.ok()) << net.status();
     if (!net.ok()) return out;
     auto loss = (*backend)->Allocate(kernels::DType::kF32, {1, 1});

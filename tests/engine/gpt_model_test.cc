@@ -4,7 +4,7 @@
 // gradients vs central differences of its own loss for a sample of every
 // parameter kind, the initialisation's distributions, and fp16 / bf16
 // training through the Trainer with the loss scaler at work.
-#include "server/engine/model/gpt/gpt_model.h"
+#include "server/engine/model/transformer/transformer_model.h"
 
 #include <algorithm>
 #include <cmath>
@@ -221,7 +221,7 @@ class GptNet {
     auto backend = kernels::CreateBackend("cpu");
     EXPECT_TRUE(backend.ok()) << backend.status();
     backend_ = *std::move(backend);
-    auto net = model::GptModel::Create(spec, precision, seed, *backend_, lm_head_chunk_bytes);
+    auto net = model::TransformerModel::Create(spec, precision, seed, *backend_, lm_head_chunk_bytes);
     EXPECT_TRUE(net.ok()) << net.status();
     net_ = *std::move(net);
     auto loss = backend_->Allocate(DType::kF32, {1, 1});
@@ -722,7 +722,7 @@ TEST(GptWorkspace, BytesBoundTheAllocationAndOverflowIsRefused) {
     ASSERT_TRUE(m.Load(data).ok());
     const int64_t used = m.backend().BytesInUse() - before;
     absl::StatusOr<int64_t> bytes =
-        model::GptWorkspaceBytes(spec, model::Precision::kBf16, {3, 10}, chunk_bytes);
+        model::TransformerWorkspaceBytes(spec, model::Precision::kBf16, {3, 10}, chunk_bytes);
     ASSERT_TRUE(bytes.ok()) << bytes.status();
     // ids and targets are I32 here, counted as I64: 2 x 30 x 4 bytes of slack.
     // The token loss's five (N) F32 buffers (three inputs, the log-probs,
@@ -733,7 +733,7 @@ TEST(GptWorkspace, BytesBoundTheAllocationAndOverflowIsRefused) {
   }
   // What admission counts is the default chunking's.
   EXPECT_EQ(model::WorkspaceBytes(spec, model::Precision::kBf16, {3, 10}).value(),
-            model::GptWorkspaceBytes(spec, model::Precision::kBf16, {3, 10}).value());
+            model::TransformerWorkspaceBytes(spec, model::Precision::kBf16, {3, 10}).value());
 
   EXPECT_EQ(model::WorkspaceBytes(spec, model::Precision::kBf16, {3, 17}).status().code(),
             absl::StatusCode::kInvalidArgument);
