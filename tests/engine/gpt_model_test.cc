@@ -4,8 +4,6 @@
 // gradients vs central differences of its own loss for a sample of every
 // parameter kind, the initialisation's distributions, and fp16 / bf16
 // training through the Trainer with the loss scaler at work.
-#include "server/engine/model/transformer/transformer_model.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -20,6 +18,7 @@
 #include "common/status_macros.h"
 #include "engine_test_util.h"
 #include "server/engine/model/network.h"
+#include "server/engine/model/transformer/transformer_model.h"
 
 namespace ampd::engine {
 namespace {
@@ -221,7 +220,8 @@ class GptNet {
     auto backend = kernels::CreateBackend("cpu");
     EXPECT_TRUE(backend.ok()) << backend.status();
     backend_ = *std::move(backend);
-    auto net = model::TransformerModel::Create(spec, precision, seed, *backend_, lm_head_chunk_bytes);
+    auto net =
+        model::TransformerModel::Create(spec, precision, seed, *backend_, lm_head_chunk_bytes);
     EXPECT_TRUE(net.ok()) << net.status();
     net_ = *std::move(net);
     auto loss = backend_->Allocate(DType::kF32, {1, 1});

@@ -28,7 +28,8 @@ absl::StatusOr<int64_t> WorkspaceBytes(const ModelSpec& spec, Precision precisio
 
 kernels::ScratchExtents StepScratchExtents(const ModelSpec& spec, Precision precision,
                                            const kernels::Shape& input_shape, bool backward) {
-  if (IsSequenceModel(spec)) return TransformerScratchExtents(spec, precision, input_shape, backward);
+  if (IsSequenceModel(spec))
+    return TransformerScratchExtents(spec, precision, input_shape, backward);
   kernels::ScratchExtents e;
   e.dtype = WorkingDType(precision);
   const int64_t rows = input_shape.empty() ? 0 : input_shape[0];

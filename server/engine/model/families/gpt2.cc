@@ -59,8 +59,8 @@ TransformerParts Gpt2Parts(const GptSpec& g) {
   p.mlp = MlpKind::kGelu;
   p.tied_head = g.tie_embeddings;
   p.init_std = kInitStddev;
-  p.residual_init_std = static_cast<float>(
-      kInitStddev / std::sqrt(2.0 * static_cast<double>(g.n_layer)));
+  p.residual_init_std =
+      static_cast<float>(kInitStddev / std::sqrt(2.0 * static_cast<double>(g.n_layer)));
   TransformerNames& n = p.names;
   n.embed = "transformer.wte";
   n.positions = "transformer.wpe";

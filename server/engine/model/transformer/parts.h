@@ -80,7 +80,7 @@ struct TransformerParts {
   bool sandwich_norms = false;
   MlpKind mlp = MlpKind::kGated;
   kernels::GluActivation gate = kernels::GluActivation::kSiLU;  // kGated only
-  bool scale_embeddings = false;  // x_0 scaled by sqrt(C) in the working dtype
+  bool scale_embeddings = false;       // x_0 scaled by sqrt(C) in the working dtype
   float query_pre_attn_scalar = 0.0f;  // 0: scale D^-1/2
   std::vector<bool> sliding_layers;
   int64_t sliding_window = 0;

@@ -23,15 +23,15 @@ struct QkvBlock {
 }  // namespace
 
 absl::Status TransformerModel::AdapterForward(const Adapter& adapter, const Tensor& x, Tensor& u,
-                                          Tensor& y) {
+                                              Tensor& y) {
   const std::vector<Parameter>& ps = params();
   return LoraForward(backend_, lora_scale_, x, ps[static_cast<size_t>(adapter.a)].value(),
                      ps[static_cast<size_t>(adapter.b)].value(), u, y);
 }
 
 absl::Status TransformerModel::AdapterBackward(const Adapter& adapter, TransformerWorkspace& ws,
-                                           const Tensor& x, const Tensor& u, const Tensor& dy,
-                                           float beta, Tensor& dx) {
+                                               const Tensor& x, const Tensor& u, const Tensor& dy,
+                                               float beta, Tensor& dx) {
   std::vector<Parameter>& ps = params();
   Parameter& a = ps[static_cast<size_t>(adapter.a)];
   Parameter& b = ps[static_cast<size_t>(adapter.b)];
@@ -40,7 +40,8 @@ absl::Status TransformerModel::AdapterBackward(const Adapter& adapter, Transform
                       b.grad, dx);
 }
 
-absl::Status TransformerModel::ForEachStackedAdapter(const BlockParams& p, StackedAdapterFn fn) const {
+absl::Status TransformerModel::ForEachStackedAdapter(const BlockParams& p,
+                                                     StackedAdapterFn fn) const {
   const int64_t rank = parts_.lora->rank;
   const int64_t q = parts_.q_width();
   const int64_t kv = parts_.kv_width();
@@ -70,7 +71,7 @@ absl::Status TransformerModel::StackQkvAdapters(const BlockParams& p, QkvStack& 
 }
 
 absl::Status TransformerModel::CopyQkvAdapterGrads(const BlockParams& p, bool to_params,
-                                               TransformerWorkspace& ws) {
+                                                   TransformerWorkspace& ws) {
   const int64_t c = parts_.hidden;
   const int64_t rank = parts_.lora->rank;
   const int64_t stacked = ws.lora_db_qkv.dim(1);

@@ -42,8 +42,7 @@ absl::Status TransformerModel::ProjectionWeightGrad(const Tensor& x, const Tenso
   }
   // dW (out, in) = dy^T x; dy is the GEMM's a.
   if (bias_grad == nullptr) return b.Gemm(true, false, 1.0f, dy, x, beta, weight_grad);
-  return b.GemmBiasGrad(true, false, dy, x, beta, weight_grad, kernels::BiasGradOf::kA,
-                        *bias_grad);
+  return b.GemmBiasGrad(true, false, dy, x, beta, weight_grad, kernels::BiasGradOf::kA, *bias_grad);
 }
 
 absl::Status TransformerModel::ProjectionInputGrad(const Tensor& dy, const Tensor& weight,
@@ -57,49 +56,45 @@ absl::Status TransformerModel::ProjectionInputGrad(const Tensor& dy, const Tenso
 // the branch's weight gradients with `beta`.
 absl::Status TransformerModel::BackwardMlp(TransformerWorkspace& ws, size_t l, float beta) {
   kernels::Backend& b = backend_;
-  std::vector<Parameter>& ps = params();
-  auto value = [&ps](int index) -> const Tensor& { return ps[index].value(); };
-  auto grad = [&ps](int index) -> Tensor& { return ps[index].grad; };
   const BlockParams& p = blocks_[l];
   TransformerWorkspace::Block& sv = ws.blocks[l];
   const bool frozen = lora();
   const TransformerParts& s = parts_;
   // d_res = dL/dx_{l+1}, dm = dL/d(down's output).
   if (s.sandwich_norms) {
-    AMPD_RETURN_IF_ERROR(NormBackward(sv.mlp_o, {p.mlp_out_norm}, sv.mean_2, sv.rstd_mo, ws.d_res,
-                                      ws.d_branch));
+    AMPD_RETURN_IF_ERROR(
+        NormBackward(sv.mlp_o, {p.mlp_out_norm}, sv.mean_2, sv.rstd_mo, ws.d_res, ws.d_branch));
   }
   const Tensor& dm = s.sandwich_norms ? ws.d_branch : ws.d_res;
   if (!frozen) {
-    AMPD_RETURN_IF_ERROR(ProjectionWeightGrad(sv.act, dm, beta, grad(p.down),
-                                              p.down_bias >= 0 ? &grad(p.down_bias) : nullptr));
+    AMPD_RETURN_IF_ERROR(ProjectionWeightGrad(sv.act, dm, beta, Grad(p.down),
+                                              p.down_bias >= 0 ? &Grad(p.down_bias) : nullptr));
   }
   if (!s.gated()) {
     // d_gate = (dm W_d^T) * gelu_tanh'(c_fc's output): the derivative in
     // the GEMM's epilogue, on its fp32 sums.
-    AMPD_RETURN_IF_ERROR(b.GemmActivationBackward(
-        false, s.layout == WeightLayout::kConv1D, 1.0f, dm, value(p.down),
-        kernels::GemmActivation::kGELUTanh, &sv.gate, ws.d_gate));
+    AMPD_RETURN_IF_ERROR(
+        b.GemmActivationBackward(false, s.layout == WeightLayout::kConv1D, 1.0f, dm, Value(p.down),
+                                 kernels::GemmActivation::kGELUTanh, &sv.gate, ws.d_gate));
     if (!frozen) {
-      AMPD_RETURN_IF_ERROR(ProjectionWeightGrad(sv.ln_2, ws.d_gate, beta, grad(p.up),
-                                                p.up_bias >= 0 ? &grad(p.up_bias) : nullptr));
+      AMPD_RETURN_IF_ERROR(ProjectionWeightGrad(sv.ln_2, ws.d_gate, beta, Grad(p.up),
+                                                p.up_bias >= 0 ? &Grad(p.up_bias) : nullptr));
     }
-    AMPD_RETURN_IF_ERROR(ProjectionInputGrad(ws.d_gate, value(p.up), 0.0f, ws.d_ln));
+    AMPD_RETURN_IF_ERROR(ProjectionInputGrad(ws.d_gate, Value(p.up), 0.0f, ws.d_ln));
   } else {
-    AMPD_RETURN_IF_ERROR(ProjectionInputGrad(dm, value(p.down), 0.0f, ws.d_act));
+    AMPD_RETURN_IF_ERROR(ProjectionInputGrad(dm, Value(p.down), 0.0f, ws.d_act));
     if (p.lora[kDown].present()) {
       AMPD_RETURN_IF_ERROR(
           AdapterBackward(p.lora[kDown], ws, sv.act, sv.lora_u[kDown - kO], dm, beta, ws.d_act));
     }
-    AMPD_RETURN_IF_ERROR(
-        b.GatedMulBackward(s.gate, sv.gate, sv.up, ws.d_act, ws.d_gate, ws.d_up));
+    AMPD_RETURN_IF_ERROR(b.GatedMulBackward(s.gate, sv.gate, sv.up, ws.d_act, ws.d_gate, ws.d_up));
     if (!frozen) {
-      AMPD_RETURN_IF_ERROR(ProjectionWeightGrad(sv.ln_2, ws.d_gate, beta, grad(p.gate), nullptr));
-      AMPD_RETURN_IF_ERROR(ProjectionWeightGrad(sv.ln_2, ws.d_up, beta, grad(p.up),
-                                                p.up_bias >= 0 ? &grad(p.up_bias) : nullptr));
+      AMPD_RETURN_IF_ERROR(ProjectionWeightGrad(sv.ln_2, ws.d_gate, beta, Grad(p.gate), nullptr));
+      AMPD_RETURN_IF_ERROR(ProjectionWeightGrad(sv.ln_2, ws.d_up, beta, Grad(p.up),
+                                                p.up_bias >= 0 ? &Grad(p.up_bias) : nullptr));
     }
-    AMPD_RETURN_IF_ERROR(ProjectionInputGrad(ws.d_gate, value(p.gate), 0.0f, ws.d_ln));
-    AMPD_RETURN_IF_ERROR(ProjectionInputGrad(ws.d_up, value(p.up), 1.0f, ws.d_ln));
+    AMPD_RETURN_IF_ERROR(ProjectionInputGrad(ws.d_gate, Value(p.gate), 0.0f, ws.d_ln));
+    AMPD_RETURN_IF_ERROR(ProjectionInputGrad(ws.d_up, Value(p.up), 1.0f, ws.d_ln));
     if (p.lora[kGate].present()) {
       AMPD_RETURN_IF_ERROR(AdapterBackward(p.lora[kGate], ws, sv.ln_2, sv.lora_u[kGate - kO],
                                            ws.d_gate, beta, ws.d_ln));
@@ -119,24 +114,21 @@ absl::Status TransformerModel::BackwardMlp(TransformerWorkspace& ws, size_t l, f
 absl::Status TransformerModel::BackwardAttention(TransformerWorkspace& ws, size_t l,
                                                  bool first_micro_batch, float beta) {
   kernels::Backend& b = backend_;
-  std::vector<Parameter>& ps = params();
-  auto value = [&ps](int index) -> const Tensor& { return ps[index].value(); };
-  auto grad = [&ps](int index) -> Tensor& { return ps[index].grad; };
   const BlockParams& p = blocks_[l];
   TransformerWorkspace::Block& sv = ws.blocks[l];
   const TransformerParts& s = parts_;
   const bool frozen = lora();
   // d_res = dL/dr_l, d_o = dL/d(o's output).
   if (s.sandwich_norms) {
-    AMPD_RETURN_IF_ERROR(NormBackward(sv.attn_o, {p.attn_out_norm}, sv.mean_2, sv.rstd_ao,
-                                      ws.d_res, ws.d_branch));
+    AMPD_RETURN_IF_ERROR(
+        NormBackward(sv.attn_o, {p.attn_out_norm}, sv.mean_2, sv.rstd_ao, ws.d_res, ws.d_branch));
   }
   const Tensor& d_o = s.sandwich_norms ? ws.d_branch : ws.d_res;
   if (!frozen) {
-    AMPD_RETURN_IF_ERROR(ProjectionWeightGrad(sv.attn_y, d_o, beta, grad(p.o_weight),
-                                              p.o_bias >= 0 ? &grad(p.o_bias) : nullptr));
+    AMPD_RETURN_IF_ERROR(ProjectionWeightGrad(sv.attn_y, d_o, beta, Grad(p.o_weight),
+                                              p.o_bias >= 0 ? &Grad(p.o_bias) : nullptr));
   }
-  AMPD_RETURN_IF_ERROR(ProjectionInputGrad(d_o, value(p.o_weight), 0.0f, ws.d_attn));
+  AMPD_RETURN_IF_ERROR(ProjectionInputGrad(d_o, Value(p.o_weight), 0.0f, ws.d_attn));
   if (p.lora[kO].present()) {
     AMPD_RETURN_IF_ERROR(
         AdapterBackward(p.lora[kO], ws, sv.attn_y, sv.lora_u[kO - kO], d_o, beta, ws.d_attn));
@@ -170,10 +162,10 @@ absl::Status TransformerModel::BackwardAttention(TransformerWorkspace& ws, size_
   if (s.fused_qkv) {
     // One parameter: its gradient directly, as every other projection's.
     if (!frozen) {
-      AMPD_RETURN_IF_ERROR(ProjectionWeightGrad(sv.ln_1, ws.d_qkv, beta, grad(p.q_weight),
-                                                p.q_bias >= 0 ? &grad(p.q_bias) : nullptr));
+      AMPD_RETURN_IF_ERROR(ProjectionWeightGrad(sv.ln_1, ws.d_qkv, beta, Grad(p.q_weight),
+                                                p.q_bias >= 0 ? &Grad(p.q_bias) : nullptr));
     }
-    AMPD_RETURN_IF_ERROR(ProjectionInputGrad(ws.d_qkv, value(p.q_weight), 0.0f, ws.d_ln));
+    AMPD_RETURN_IF_ERROR(ProjectionInputGrad(ws.d_qkv, Value(p.q_weight), 0.0f, ws.d_ln));
   } else {
     // The stacked projection's gradient: later micro-batches start from
     // the parameters' gradients so that the GEMM's beta = 1 sum rounds
@@ -208,11 +200,10 @@ absl::Status TransformerModel::QkNormBackward(const BlockParams& p, const BlockB
   if (p.q_norm < 0) return absl::OkStatus();
   kernels::Backend& b = backend_;
   const TransformerParts& s = parts_;
-  AMPD_RETURN_IF_ERROR(b.HeadRmsNormBackward(sv.qkv_pre, 0, s.heads, params()[p.q_norm].value(),
-                                             s.norm_offset, sv.rstd_q, d_qkv, d_qkv,
-                                             GradOrNull(p.q_norm)));
-  return b.HeadRmsNormBackward(sv.qkv_pre, s.q_width(), s.kv_heads, params()[p.k_norm].value(),
-                               s.norm_offset, sv.rstd_k, d_qkv, d_qkv, GradOrNull(p.k_norm));
+  AMPD_RETURN_IF_ERROR(b.HeadRmsNormBackward(sv.qkv_pre, 0, s.heads, Value(p.q_norm), s.norm_offset,
+                                             sv.rstd_q, d_qkv, d_qkv, GradOrNull(p.q_norm)));
+  return b.HeadRmsNormBackward(sv.qkv_pre, s.q_width(), s.kv_heads, Value(p.k_norm), s.norm_offset,
+                               sv.rstd_k, d_qkv, d_qkv, GradOrNull(p.k_norm));
 }
 
 absl::Status TransformerModel::Backward(Workspace& any, bool first_micro_batch,
@@ -221,8 +212,6 @@ absl::Status TransformerModel::Backward(Workspace& any, bool first_micro_batch,
   TransformerWorkspace& ws = *own;
   kernels::Backend& b = backend_;
   const float beta = first_micro_batch ? 0.0f : 1.0f;
-  std::vector<Parameter>& ps = params();
-  auto grad = [&ps](int index) -> Tensor& { return ps[index].grad; };
   const GradsReady& ready = hooks.grads_ready;
   // (N, C) dh, the loss gradient, enters the last group.
   if (hooks.group_entry) {
@@ -256,11 +245,11 @@ absl::Status TransformerModel::Backward(Workspace& any, bool first_micro_batch,
   // positions, summed over the batch into the table's first T rows (both
   // accumulate; ZeroGrads cleared them). A frozen embedding needs nothing.
   if (!lora()) {
-    AMPD_RETURN_IF_ERROR(b.EmbeddingBackward(ws.ids, ws.d_res, embed_scale_, grad(embed_)));
+    AMPD_RETURN_IF_ERROR(b.EmbeddingBackward(ws.ids, ws.d_res, embed_scale_, Grad(embed_)));
     if (positions_ >= 0) {
       const int64_t c = parts_.hidden;
       AMPD_ASSIGN_OR_RETURN(const Tensor d_rows, ws.d_res.View(0, {ws.batch, ws.seq * c}));
-      AMPD_ASSIGN_OR_RETURN(Tensor d_positions, grad(positions_).View(0, {ws.seq * c}));
+      AMPD_ASSIGN_OR_RETURN(Tensor d_positions, Grad(positions_).View(0, {ws.seq * c}));
       AMPD_RETURN_IF_ERROR(b.BiasGrad(d_rows, 1.0f, d_positions));
     }
   }

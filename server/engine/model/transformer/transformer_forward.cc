@@ -43,11 +43,9 @@ absl::Status TransformerModel::Project(const Tensor& x, const Tensor& weight, co
   return backend_.GemmBiasActivation(false, transpose, x, weight, bias, act, y, pre_act);
 }
 
-absl::Status TransformerModel::QkvForward(const BlockParams& p, BlockBuffers& sv,
-                                          QkvStack& stack) {
+absl::Status TransformerModel::QkvForward(const BlockParams& p, BlockBuffers& sv, QkvStack& stack) {
   if (parts_.fused_qkv) {
-    return Project(sv.ln_1, params()[static_cast<size_t>(p.q_weight)].value(),
-                   ValueOrNull(p.q_bias), kNone, sv.qkv, nullptr);
+    return Project(sv.ln_1, Value(p.q_weight), ValueOrNull(p.q_bias), kNone, sv.qkv, nullptr);
   }
   Tensor* qkv_bias = stack.b.empty() ? nullptr : &stack.b;
   AMPD_RETURN_IF_ERROR(CopyQkv(p, /*grads=*/false, /*to_params=*/false, stack.w, qkv_bias));
@@ -59,11 +57,9 @@ absl::Status TransformerModel::QkvForward(const BlockParams& p, BlockBuffers& sv
 }
 
 absl::Status TransformerModel::BlockForward(size_t l, const Tensor& x, BlockBuffers& sv,
-                                            QkvStack& stack, const Attend& attend,
-                                            Tensor& x_next) {
+                                            QkvStack& stack, const Attend& attend, Tensor& x_next) {
   kernels::Backend& b = backend_;
   const TransformerParts& s = parts_;
-  auto value = [this](int index) -> const Tensor& { return params()[index].value(); };
   const BlockParams& p = blocks_[l];
   // Attention branch: r_l = x_l + o(attention(positions(qkv(norm(x_l))))),
   // o's output normed first with sandwich norms.
@@ -72,8 +68,8 @@ absl::Status TransformerModel::BlockForward(size_t l, const Tensor& x, BlockBuff
   AMPD_RETURN_IF_ERROR(QkNormForward(p, sv));
   AMPD_RETURN_IF_ERROR(attend(l, sv));
   Tensor& o = s.sandwich_norms ? sv.attn_o : sv.resid;
-  AMPD_RETURN_IF_ERROR(Project(sv.attn_y, value(p.o_weight), ValueOrNull(p.o_bias), kNone, o,
-                               nullptr));
+  AMPD_RETURN_IF_ERROR(
+      Project(sv.attn_y, Value(p.o_weight), ValueOrNull(p.o_bias), kNone, o, nullptr));
   if (p.lora[kO].present()) {
     AMPD_RETURN_IF_ERROR(AdapterForward(p.lora[kO], sv.attn_y, sv.lora_u[kO - kO], o));
   }
@@ -87,9 +83,9 @@ absl::Status TransformerModel::BlockForward(size_t l, const Tensor& x, BlockBuff
   // from up's GEMM epilogue on the fp32 sums.
   AMPD_RETURN_IF_ERROR(Norm(sv.resid, p.post_norm, sv.ln_2, sv.mean_2, sv.rstd_2));
   if (s.gated()) {
-    AMPD_RETURN_IF_ERROR(Project(sv.ln_2, value(p.gate), nullptr, kNone, sv.gate, nullptr));
+    AMPD_RETURN_IF_ERROR(Project(sv.ln_2, Value(p.gate), nullptr, kNone, sv.gate, nullptr));
     AMPD_RETURN_IF_ERROR(
-        Project(sv.ln_2, value(p.up), ValueOrNull(p.up_bias), kNone, sv.up, nullptr));
+        Project(sv.ln_2, Value(p.up), ValueOrNull(p.up_bias), kNone, sv.up, nullptr));
     if (p.lora[kGate].present()) {
       AMPD_RETURN_IF_ERROR(AdapterForward(p.lora[kGate], sv.ln_2, sv.lora_u[kGate - kO], sv.gate));
     }
@@ -99,11 +95,10 @@ absl::Status TransformerModel::BlockForward(size_t l, const Tensor& x, BlockBuff
     AMPD_RETURN_IF_ERROR(b.GatedMulForward(s.gate, sv.gate, sv.up, sv.act));
   } else {
     AMPD_RETURN_IF_ERROR(
-        Project(sv.ln_2, value(p.up), ValueOrNull(p.up_bias), kGELUTanh, sv.act, &sv.gate));
+        Project(sv.ln_2, Value(p.up), ValueOrNull(p.up_bias), kGELUTanh, sv.act, &sv.gate));
   }
   Tensor& m = s.sandwich_norms ? sv.mlp_o : x_next;
-  AMPD_RETURN_IF_ERROR(
-      Project(sv.act, value(p.down), ValueOrNull(p.down_bias), kNone, m, nullptr));
+  AMPD_RETURN_IF_ERROR(Project(sv.act, Value(p.down), ValueOrNull(p.down_bias), kNone, m, nullptr));
   if (p.lora[kDown].present()) {
     AMPD_RETURN_IF_ERROR(AdapterForward(p.lora[kDown], sv.act, sv.lora_u[kDown - kO], m));
   }
@@ -119,10 +114,10 @@ absl::Status TransformerModel::QkNormForward(const BlockParams& p, BlockBuffers&
   const TransformerParts& s = parts_;
   if (!sv.qkv_pre.empty()) AMPD_RETURN_IF_ERROR(b.Copy(sv.qkv, sv.qkv_pre));
   // The q heads open each row, the k heads follow from column Q.
-  AMPD_RETURN_IF_ERROR(b.HeadRmsNormForward(sv.qkv, 0, s.heads, params()[p.q_norm].value(),
-                                            s.norm_eps, s.norm_offset, sv.qkv, sv.rstd_q));
-  return b.HeadRmsNormForward(sv.qkv, s.q_width(), s.kv_heads, params()[p.k_norm].value(),
-                              s.norm_eps, s.norm_offset, sv.qkv, sv.rstd_k);
+  AMPD_RETURN_IF_ERROR(b.HeadRmsNormForward(sv.qkv, 0, s.heads, Value(p.q_norm), s.norm_eps,
+                                            s.norm_offset, sv.qkv, sv.rstd_q));
+  return b.HeadRmsNormForward(sv.qkv, s.q_width(), s.kv_heads, Value(p.k_norm), s.norm_eps,
+                              s.norm_offset, sv.qkv, sv.rstd_k);
 }
 
 absl::Status TransformerModel::Forward(Workspace& any) {
@@ -149,12 +144,11 @@ absl::Status TransformerModel::Forward(Workspace& any) {
     AMPD_ASSIGN_OR_RETURN(Tensor attn_y, sv.attn_y.View(0, {ws.batch, ws.seq, sv.attn_y.dim(1)}));
     return b.AttentionForward(fused, s.heads, AttentionOptionsOf(l), attn_y, sv.lse);
   };
-  auto value = [this](int index) -> const Tensor& { return params()[index].value(); };
-  AMPD_RETURN_IF_ERROR(b.EmbeddingForward(ws.ids, value(embed_), embed_scale_, ws.x[0]));
+  AMPD_RETURN_IF_ERROR(b.EmbeddingForward(ws.ids, Value(embed_), embed_scale_, ws.x[0]));
   if (positions_ >= 0) {
     // + the position table's first T rows, broadcast over the batch as one
     // bias of T*C over (B, T*C).
-    AMPD_ASSIGN_OR_RETURN(const Tensor rows, value(positions_).View(0, {ws.seq * s.hidden}));
+    AMPD_ASSIGN_OR_RETURN(const Tensor rows, Value(positions_).View(0, {ws.seq * s.hidden}));
     AMPD_ASSIGN_OR_RETURN(Tensor x0_rows, ws.x[0].View(0, {ws.batch, ws.seq * s.hidden}));
     AMPD_RETURN_IF_ERROR(b.AddBias(rows, x0_rows));
   }

@@ -3,9 +3,9 @@
 // rounding of the head's gradient per micro-batch whatever the chunk count.
 // EvalLoss runs the logits and the loss only.
 #include "common/status_macros.h"
+#include "server/engine/model/lm_head.h"
 #include "server/engine/model/transformer/transformer_model.h"
 #include "server/engine/model/transformer/transformer_workspace.h"
-#include "server/engine/model/lm_head.h"
 
 namespace ampd::engine::model {
 
@@ -20,7 +20,7 @@ absl::Status TransformerModel::EvalLoss(Workspace& ws, Tensor& loss) {
 }
 
 absl::Status TransformerModel::HeadLoss(Workspace& any, float grad_scale, bool with_grad,
-                                    Tensor& loss) {
+                                        Tensor& loss) {
   AMPD_ASSIGN_OR_RETURN(TransformerWorkspace * ws, Own<TransformerWorkspace>(any));
   return LmHeadLoss(backend_, *ws, params()[static_cast<size_t>(head_weight())], head_grad_alpha_,
                     spec().loss_multiplier, grad_scale, with_grad, loss);

@@ -32,9 +32,8 @@ absl::Status CheckInputShape(const TransformerParts& p, const kernels::Shape& sh
                      kernels::ShapeToString(shape)));
   }
   if (shape[1] > p.max_positions) {
-    return absl::InvalidArgumentError(absl::StrCat("inputs: T = ", shape[1], " exceeds ",
-                                                   p.names.max_positions_field, " ",
-                                                   p.max_positions));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "inputs: T = ", shape[1], " exceeds ", p.names.max_positions_field, " ", p.max_positions));
   }
   return absl::OkStatus();
 }
@@ -133,8 +132,8 @@ absl::StatusOr<int64_t> TransformerWorkspaceBytes(const ModelSpec& spec, Precisi
 }
 
 kernels::ScratchExtents TransformerScratchExtents(const ModelSpec& spec, Precision precision,
-                                                  const kernels::Shape& input_shape,
-                                                  bool backward, int64_t lm_head_chunk_bytes) {
+                                                  const kernels::Shape& input_shape, bool backward,
+                                                  int64_t lm_head_chunk_bytes) {
   const TransformerParts s = *TransformerPartsOf(spec);
   const Widths wd(s);
   kernels::ScratchExtents e;
@@ -158,9 +157,26 @@ kernels::ScratchExtents TransformerScratchExtents(const ModelSpec& spec, Precisi
 
 std::vector<int> TransformerModel::BlockParams::All() const {
   std::vector<int> all;
-  for (const int i : {input_norm.weight, input_norm.bias, q_weight, q_bias, k_weight, k_bias,
-                      v_weight, v_bias, o_weight, o_bias, q_norm, k_norm, attn_out_norm,
-                      post_norm.weight, post_norm.bias, gate, up, up_bias, down, down_bias,
+  for (const int i : {input_norm.weight,
+                      input_norm.bias,
+                      q_weight,
+                      q_bias,
+                      k_weight,
+                      k_bias,
+                      v_weight,
+                      v_bias,
+                      o_weight,
+                      o_bias,
+                      q_norm,
+                      k_norm,
+                      attn_out_norm,
+                      post_norm.weight,
+                      post_norm.bias,
+                      gate,
+                      up,
+                      up_bias,
+                      down,
+                      down_bias,
                       mlp_out_norm}) {
     if (i >= 0) all.push_back(i);
   }
@@ -211,7 +227,7 @@ kernels::AttentionOptions TransformerModel::AttentionOptionsOf(size_t l) const {
 
 absl::Status TransformerModel::Norm(const Tensor& x, NormParams norm, Tensor& y, Tensor& mean,
                                     Tensor& rstd) {
-  const Tensor& weight = params()[static_cast<size_t>(norm.weight)].value();
+  const Tensor& weight = Value(norm.weight);
   if (parts_.layer_norm()) {
     return backend_.LayerNormForward(x, &weight, ValueOrNull(norm.bias), parts_.norm_eps, y, mean,
                                      rstd);
@@ -221,7 +237,7 @@ absl::Status TransformerModel::Norm(const Tensor& x, NormParams norm, Tensor& y,
 
 absl::Status TransformerModel::NormBackward(const Tensor& x, NormParams norm, const Tensor& mean,
                                             const Tensor& rstd, const Tensor& dy, Tensor& dx) {
-  const Tensor& weight = params()[static_cast<size_t>(norm.weight)].value();
+  const Tensor& weight = Value(norm.weight);
   if (parts_.layer_norm()) {
     return backend_.LayerNormBackward(x, &weight, mean, rstd, dy, dx, GradOrNull(norm.weight),
                                       norm.bias >= 0 ? GradOrNull(norm.bias) : nullptr);
@@ -319,16 +335,16 @@ absl::StatusOr<std::unique_ptr<TransformerModel>> TransformerModel::Create(
   };
   AMPD_ASSIGN_OR_RETURN(m->embed_, add(names.embed + ".weight", {wd.v, wd.c}, normal, kPlusEqual));
   if (s.learned_positions()) {
-    AMPD_ASSIGN_OR_RETURN(m->positions_, add(names.positions + ".weight",
-                                             {s.max_positions, wd.c}, normal, kPlusEqual));
+    AMPD_ASSIGN_OR_RETURN(m->positions_, add(names.positions + ".weight", {s.max_positions, wd.c},
+                                             normal, kPlusEqual));
   }
   for (int64_t l = 0; l < s.layers; ++l) {
     const std::string p = absl::StrCat(names.layer, l, ".");
     BlockParams b;
     AMPD_RETURN_IF_ERROR(add_norm(p + names.input_norm, b.input_norm));
     if (s.fused_qkv) {
-      AMPD_RETURN_IF_ERROR(add_projection(p + names.qkv, wd.qkv, wd.c, normal, s.qkv_bias,
-                                          b.q_weight, b.q_bias));
+      AMPD_RETURN_IF_ERROR(
+          add_projection(p + names.qkv, wd.qkv, wd.c, normal, s.qkv_bias, b.q_weight, b.q_bias));
     } else {
       AMPD_RETURN_IF_ERROR(
           add_projection(p + names.q, wd.q, wd.c, normal, s.qkv_bias, b.q_weight, b.q_bias));
@@ -346,8 +362,8 @@ absl::StatusOr<std::unique_ptr<TransformerModel>> TransformerModel::Create(
                             add(p + names.k_norm + ".weight", {wd.d}, norm_init, kPlusEqual));
     }
     if (s.sandwich_norms) {
-      AMPD_ASSIGN_OR_RETURN(b.attn_out_norm, add(p + names.attn_out_norm + ".weight", {wd.c},
-                                                 norm_init, kPlusEqual));
+      AMPD_ASSIGN_OR_RETURN(
+          b.attn_out_norm, add(p + names.attn_out_norm + ".weight", {wd.c}, norm_init, kPlusEqual));
     }
     AMPD_RETURN_IF_ERROR(add_norm(p + names.post_norm, b.post_norm));
     int no_bias = -1;
@@ -360,8 +376,8 @@ absl::StatusOr<std::unique_ptr<TransformerModel>> TransformerModel::Create(
     AMPD_RETURN_IF_ERROR(
         add_projection(p + names.down, wd.c, wd.i, residual, s.mlp_bias, b.down, b.down_bias));
     if (s.sandwich_norms) {
-      AMPD_ASSIGN_OR_RETURN(b.mlp_out_norm, add(p + names.mlp_out_norm + ".weight", {wd.c},
-                                                norm_init, kPlusEqual));
+      AMPD_ASSIGN_OR_RETURN(b.mlp_out_norm,
+                            add(p + names.mlp_out_norm + ".weight", {wd.c}, norm_init, kPlusEqual));
     }
     m->blocks_.push_back(b);
   }
@@ -425,28 +441,15 @@ absl::StatusOr<std::unique_ptr<Workspace>> TransformerModel::NewWorkspace(
   ws.chunk_rows = LmHeadChunkRows(s.vocab, precision(), ws.rows, lm_head_chunk_bytes_);
   const int64_t n = ws.rows;
   const DType w = working_dtype();
-  auto alloc = [&](DType dtype, const kernels::Shape& shape, Tensor& t) -> absl::Status {
-    AMPD_ASSIGN_OR_RETURN(t, backend_.Allocate(dtype, shape));
-    return absl::OkStatus();
-  };
-  // A norm's statistics over n rows: rstd, and a LayerNorm's mean.
-  auto alloc_stats = [&](Tensor& mean, Tensor& rstd) -> absl::Status {
-    if (s.layer_norm()) AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n}, mean));
-    return alloc(DType::kF32, {n}, rstd);
-  };
-  auto upload = [&](const std::vector<float>& host, Tensor& t) -> absl::Status {
-    if (host.empty()) return absl::OkStatus();
-    AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {static_cast<int64_t>(host.size())}, t));
-    return backend_.CopyFromHost(host.data(), host.size() * sizeof(float), t);
-  };
-  AMPD_RETURN_IF_ERROR(upload(s.inv_freq, ws.inv_freq));
-  AMPD_RETURN_IF_ERROR(upload(s.inv_freq_local, ws.inv_freq_local));
+  const RowAllocator alloc{backend_, s, n};
+  AMPD_RETURN_IF_ERROR(alloc.Upload(s.inv_freq, ws.inv_freq));
+  AMPD_RETURN_IF_ERROR(alloc.Upload(s.inv_freq_local, ws.inv_freq_local));
   ws.x.resize(static_cast<size_t>(s.layers + 1));
   for (Tensor& t : ws.x) AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, t));
   ws.blocks.resize(static_cast<size_t>(s.layers));
   for (TransformerWorkspace::Block& b : ws.blocks) {
     AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, b.ln_1));
-    AMPD_RETURN_IF_ERROR(alloc_stats(b.mean_1, b.rstd_1));
+    AMPD_RETURN_IF_ERROR(alloc.Stats(b.mean_1, b.rstd_1));
     AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.qkv}, b.qkv));
     if (s.qk_norm) {
       AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.qkv}, b.qkv_pre));
@@ -464,7 +467,7 @@ absl::StatusOr<std::unique_ptr<Workspace>> TransformerModel::NewWorkspace(
     }
     AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, b.resid));
     AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, b.ln_2));
-    AMPD_RETURN_IF_ERROR(alloc_stats(b.mean_2, b.rstd_2));
+    AMPD_RETURN_IF_ERROR(alloc.Stats(b.mean_2, b.rstd_2));
     AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.i}, b.gate));
     if (s.gated()) AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.i}, b.up));
     AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.i}, b.act));
@@ -493,7 +496,7 @@ absl::StatusOr<std::unique_ptr<Workspace>> TransformerModel::NewWorkspace(
     AMPD_RETURN_IF_ERROR(alloc(w, {n, std::max(stacked, rank)}, ws.lora_du));
   }
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, ws.ln_f));
-  AMPD_RETURN_IF_ERROR(alloc_stats(ws.mean_f, ws.rstd_f));
+  AMPD_RETURN_IF_ERROR(alloc.Stats(ws.mean_f, ws.rstd_f));
   if (!s.fused_qkv) {
     AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv, wd.c}, ws.stack.w));
     if (!lora()) AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv, wd.c}, ws.dw_qkv));
@@ -522,7 +525,7 @@ absl::StatusOr<std::unique_ptr<Workspace>> TransformerModel::NewWorkspace(
 }
 
 absl::Status TransformerModel::LoadBatch(const HostTensor& inputs, const HostTensor& targets,
-                                     const TokenLossInputs& tokens, Workspace& any) {
+                                         const TokenLossInputs& tokens, Workspace& any) {
   AMPD_ASSIGN_OR_RETURN(TransformerWorkspace * ws, Own<TransformerWorkspace>(any));
   return LoadTokenBatch(backend_, inputs, targets, tokens, *ws);
 }
@@ -532,8 +535,8 @@ Tensor* TransformerModel::GradOrNull(int index) {
   return p.frozen ? nullptr : &p.grad;
 }
 
-absl::Status TransformerModel::CopyQkv(const BlockParams& p, bool grads, bool to_params, Tensor& weight,
-                                   Tensor* bias) {
+absl::Status TransformerModel::CopyQkv(const BlockParams& p, bool grads, bool to_params,
+                                       Tensor& weight, Tensor* bias) {
   const Widths wd(parts_);
   const int64_t offsets[] = {0, wd.q, wd.q + wd.kv};
   const int64_t rows[] = {wd.q, wd.kv, wd.kv};

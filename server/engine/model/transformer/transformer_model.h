@@ -247,11 +247,10 @@ class TransformerModel final : public Network {
   // (N, in) = dy W^T (through act's derivative at pre_act when act is
   // set) times alpha, + beta_dx dx.
   absl::Status Project(const kernels::Tensor& x, const kernels::Tensor& weight,
-                       const kernels::Tensor* bias, kernels::GemmActivation act,
-                       kernels::Tensor& y, kernels::Tensor* pre_act);
-  absl::Status ProjectionWeightGrad(const kernels::Tensor& x, const kernels::Tensor& dy,
-                                    float beta, kernels::Tensor& weight_grad,
-                                    kernels::Tensor* bias_grad);
+                       const kernels::Tensor* bias, kernels::GemmActivation act, kernels::Tensor& y,
+                       kernels::Tensor* pre_act);
+  absl::Status ProjectionWeightGrad(const kernels::Tensor& x, const kernels::Tensor& dy, float beta,
+                                    kernels::Tensor& weight_grad, kernels::Tensor* bias_grad);
   absl::Status ProjectionInputGrad(const kernels::Tensor& dy, const kernels::Tensor& weight,
                                    float beta, kernels::Tensor& dx);
   // Copies block p's q, k and v weights and biases (their values, or their
@@ -301,8 +300,8 @@ class TransformerModel final : public Network {
                             kernels::Tensor& dx);
   // Block l's forward on sv's rows from x to x_next, `attend` running its
   // attention: Forward's code and the sampler's decode step's.
-  absl::Status BlockForward(size_t l, const kernels::Tensor& x, BlockBuffers& sv,
-                            QkvStack& stack, const Attend& attend, kernels::Tensor& x_next);
+  absl::Status BlockForward(size_t l, const kernels::Tensor& x, BlockBuffers& sv, QkvStack& stack,
+                            const Attend& attend, kernels::Tensor& x_next);
   // The q|k|v projection of block p on sv.ln_1 into sv.qkv: the fused
   // parameter, or the three stacked into stack (and LoRA's terms).
   absl::Status QkvForward(const BlockParams& p, BlockBuffers& sv, QkvStack& stack);
@@ -310,8 +309,12 @@ class TransformerModel final : public Network {
   // place (saving the rows before it in sv.qkv_pre when that is allocated),
   // and its backward on d_qkv (N, Q + 2 KV), in place. Nothing without.
   absl::Status QkNormForward(const BlockParams& p, BlockBuffers& sv);
-  absl::Status QkNormBackward(const BlockParams& p, const BlockBuffers& sv,
-                              kernels::Tensor& d_qkv);
+  absl::Status QkNormBackward(const BlockParams& p, const BlockBuffers& sv, kernels::Tensor& d_qkv);
+  // Parameter index's working value and gradient.
+  const kernels::Tensor& Value(int index) const {
+    return params()[static_cast<size_t>(index)].value();
+  }
+  kernels::Tensor& Grad(int index) { return params()[static_cast<size_t>(index)].grad; }
   // A frozen parameter's gradient is nullptr; a trainable one's its own.
   kernels::Tensor* GradOrNull(int index);
   const kernels::Tensor* ValueOrNull(int index) const {

@@ -12,9 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/checked_math.h"
 #include "common/status_macros.h"
+#include "server/engine/model/kv_cache.h"
 #include "server/engine/model/transformer/transformer_model.h"
 #include "server/engine/model/transformer/transformer_workspace.h"
-#include "server/engine/model/kv_cache.h"
 
 namespace ampd::engine::model {
 
@@ -39,10 +39,10 @@ absl::StatusOr<int64_t> TransformerModel::DecodeStateBytes(int64_t sequences,
                                                            int64_t max_len) const {
   const TransformerParts& s = parts_;
   if (sequences < 1 || max_len < 1 || max_len > s.max_positions) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "sampling: ", sequences, " sequences of up to ", max_len,
-        " tokens; a transformer samples >= 1 sequences of 1 to ", s.names.max_positions_field,
-        " (", s.max_positions, ") tokens"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling: ", sequences, " sequences of up to ", max_len,
+                     " tokens; a transformer samples >= 1 sequences of 1 to ",
+                     s.names.max_positions_field, " (", s.max_positions, ") tokens"));
   }
   const Widths wd(s);
   const auto w = static_cast<int64_t>(kernels::SizeOf(working_dtype()));
@@ -69,13 +69,14 @@ absl::StatusOr<int64_t> TransformerModel::DecodeStateBytes(int64_t sequences,
            product({3, stats, n, 4}),                             // the norms' statistics
            qk_rstd,                                               // rstd_q, rstd_k
            sandwich,                                              // attn_o, mlp_o and their rstd
-           product({n, wd.qkv, w}), product({2, n, wd.q, w}),     // qkv; attn_y, q
-           product({s.gated() ? 3 : 2, n, wd.i, w}),              // gate, (up,) act
-           product({n, rank, targets.qkv + targets.others, w}),   // LoRA's u
-           product({n, wd.c, w}),                                 // hidden
-           product({2, n, 8}),                                    // positions, tokens
-           s.fused_qkv ? 0 : product({wd.qkv, wd.c + 1, w}),      // stacked weight, bias
-           product({rank, targets.qkv, wd.c + wd.qkv, w}),        // stacked adapters
+           product({n, wd.qkv, w}),
+           product({2, n, wd.q, w}),                             // qkv; attn_y, q
+           product({s.gated() ? 3 : 2, n, wd.i, w}),             // gate, (up,) act
+           product({n, rank, targets.qkv + targets.others, w}),  // LoRA's u
+           product({n, wd.c, w}),                                // hidden
+           product({2, n, 8}),                                   // positions, tokens
+           s.fused_qkv ? 0 : product({wd.qkv, wd.c + 1, w}),     // stacked weight, bias
+           product({rank, targets.qkv, wd.c + wd.qkv, w}),       // stacked adapters
            product({s.any_slides() ? 2 : 1, static_cast<int64_t>(s.inv_freq.size()), 4}),
        }) {
     ok = ok && CheckedAdd(total, part, &total);
@@ -95,21 +96,9 @@ absl::StatusOr<std::unique_ptr<DecodeState>> TransformerModel::MakeDecodeState(i
   const int64_t n = sequences;
   auto owned = std::make_unique<TransformerDecodeState>();
   TransformerDecodeState& st = *owned;
-  auto alloc = [&](DType dtype, const kernels::Shape& shape, Tensor& t) -> absl::Status {
-    AMPD_ASSIGN_OR_RETURN(t, backend_.Allocate(dtype, shape));
-    return absl::OkStatus();
-  };
-  auto alloc_stats = [&](Tensor& mean, Tensor& rstd) -> absl::Status {
-    if (s.layer_norm()) AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n}, mean));
-    return alloc(DType::kF32, {n}, rstd);
-  };
-  auto upload = [&](const std::vector<float>& host, Tensor& t) -> absl::Status {
-    if (host.empty()) return absl::OkStatus();
-    AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {static_cast<int64_t>(host.size())}, t));
-    return backend_.CopyFromHost(host.data(), host.size() * sizeof(float), t);
-  };
-  AMPD_RETURN_IF_ERROR(upload(s.inv_freq, st.inv_freq));
-  AMPD_RETURN_IF_ERROR(upload(s.inv_freq_local, st.inv_freq_local));
+  const RowAllocator alloc{backend_, s, n};
+  AMPD_RETURN_IF_ERROR(alloc.Upload(s.inv_freq, st.inv_freq));
+  AMPD_RETURN_IF_ERROR(alloc.Upload(s.inv_freq_local, st.inv_freq_local));
   // Keys and values follow the q heads in a fused row.
   AMPD_RETURN_IF_ERROR(
       st.cache.Allocate(backend_, w, s.layers, n, max_len, wd.kv, wd.q, wd.q + wd.kv));
@@ -117,7 +106,7 @@ absl::StatusOr<std::unique_ptr<DecodeState>> TransformerModel::MakeDecodeState(i
   if (s.learned_positions()) AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, st.position_rows));
   BlockBuffers& r = st.rows;
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, r.ln_1));
-  AMPD_RETURN_IF_ERROR(alloc_stats(r.mean_1, r.rstd_1));
+  AMPD_RETURN_IF_ERROR(alloc.Stats(r.mean_1, r.rstd_1));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.qkv}, r.qkv));
   if (s.qk_norm) {  // no qkv_pre: a decode step has no backward
     AMPD_RETURN_IF_ERROR(alloc(DType::kF32, {n, s.heads}, r.rstd_q));
@@ -132,12 +121,12 @@ absl::StatusOr<std::unique_ptr<DecodeState>> TransformerModel::MakeDecodeState(i
   }
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, r.resid));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, r.ln_2));
-  AMPD_RETURN_IF_ERROR(alloc_stats(r.mean_2, r.rstd_2));
+  AMPD_RETURN_IF_ERROR(alloc.Stats(r.mean_2, r.rstd_2));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.i}, r.gate));
   if (s.gated()) AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.i}, r.up));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.i}, r.act));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.q}, st.q));
-  AMPD_RETURN_IF_ERROR(alloc_stats(st.mean_f, st.rstd_f));
+  AMPD_RETURN_IF_ERROR(alloc.Stats(st.mean_f, st.rstd_f));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, st.hidden));
   AMPD_RETURN_IF_ERROR(alloc(DType::kI64, {n}, st.positions));
   AMPD_RETURN_IF_ERROR(alloc(DType::kI64, {n}, st.tokens));
@@ -164,7 +153,7 @@ absl::StatusOr<std::unique_ptr<DecodeState>> TransformerModel::MakeDecodeState(i
 }
 
 absl::Status TransformerModel::Prefill(Workspace& any, absl::Span<const int64_t> lengths,
-                                   DecodeState& state) {
+                                       DecodeState& state) {
   AMPD_ASSIGN_OR_RETURN(TransformerWorkspace * ws, Own<TransformerWorkspace>(any));
   AMPD_ASSIGN_OR_RETURN(TransformerDecodeState * st, OwnState<TransformerDecodeState>(state));
   AMPD_RETURN_IF_ERROR(CheckPrefill(lengths, ws->batch, ws->seq, *st));
@@ -175,8 +164,7 @@ absl::Status TransformerModel::Prefill(Workspace& any, absl::Span<const int64_t>
 }
 
 absl::Status TransformerModel::DecodeStep(absl::Span<const int64_t> tokens,
-                                          absl::Span<const int64_t> positions,
-                                          DecodeState& state) {
+                                          absl::Span<const int64_t> positions, DecodeState& state) {
   AMPD_ASSIGN_OR_RETURN(TransformerDecodeState * own, OwnState<TransformerDecodeState>(state));
   TransformerDecodeState& st = *own;
   kernels::Backend& b = backend_;
@@ -199,11 +187,10 @@ absl::Status TransformerModel::DecodeStep(absl::Span<const int64_t> tokens,
     return b.AttentionDecode(st.q, st.cache.k[layer], st.cache.v[layer], st.positions, s.heads,
                              s.kv_heads, AttentionOptionsOf(layer), sv.attn_y);
   };
-  auto value = [this](int index) -> const Tensor& { return params()[index].value(); };
-  AMPD_RETURN_IF_ERROR(b.EmbeddingForward(st.tokens, value(embed_), embed_scale_, st.x[0]));
+  AMPD_RETURN_IF_ERROR(b.EmbeddingForward(st.tokens, Value(embed_), embed_scale_, st.x[0]));
   if (positions_ >= 0) {
     // x_0 += wpe[position]: Forward's sum of the same two rows.
-    AMPD_RETURN_IF_ERROR(b.EmbeddingForward(st.positions, value(positions_), st.position_rows));
+    AMPD_RETURN_IF_ERROR(b.EmbeddingForward(st.positions, Value(positions_), st.position_rows));
     AMPD_RETURN_IF_ERROR(b.Add(st.position_rows, st.x[0]));
   }
   for (size_t layer = 0; layer < blocks_.size(); ++layer) {

@@ -1,22 +1,25 @@
 // TransformerWorkspace: the buffers of one transformer micro-batch shape
 // (B, T), shared by the TransformerModel's files (transformer_model.cc
 // allocates them, transformer_forward.cc, transformer_lm_head.cc and
-// transformer_backward.cc use them). Private to transformer/. Row-major 2-D (N, width) tensors, N = B*T; the
-// attention, RoPE and K/V ops take 3-D views of them. Widths as in
-// transformer_model.h: C hidden, Q = H D query, KV = K D key/value, I
-// intermediate.
+// transformer_backward.cc use them). Private to transformer/. Row-major 2-D (N, width) tensors, N =
+// B*T; the attention, RoPE and K/V ops take 3-D views of them. Widths as in transformer_model.h: C
+// hidden, Q = H D query, KV = K D key/value, I intermediate.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
 #include "kernels/tensor.h"
 #include "server/engine/config/model_spec.h"
-#include "server/engine/model/transformer/parts.h"
 #include "server/engine/model/lm_head.h"
 #include "server/engine/model/network.h"
+#include "server/engine/model/transformer/parts.h"
 
 namespace ampd::engine::model {
 
@@ -32,6 +35,36 @@ struct Widths {
         qkv(p.qkv_width()),
         i(p.intermediate),
         v(p.vocab) {}
+};
+
+// Allocates a training workspace's or a decode state's buffers over n
+// rows: alloc(dtype, shape, t); a norm's statistics (rstd, and a
+// LayerNorm's mean) of n rows; RoPE's host frequencies uploaded (nothing
+// for an empty vector).
+struct RowAllocator {
+  kernels::Backend& backend;
+  const TransformerParts& parts;
+  int64_t n;
+  absl::Status operator()(kernels::DType dtype, const kernels::Shape& shape,
+                          kernels::Tensor& t) const {
+    absl::StatusOr<kernels::Tensor> allocated = backend.Allocate(dtype, shape);
+    if (!allocated.ok()) return allocated.status();
+    t = *std::move(allocated);
+    return absl::OkStatus();
+  }
+  absl::Status Stats(kernels::Tensor& mean, kernels::Tensor& rstd) const {
+    if (parts.layer_norm()) {
+      absl::Status status = (*this)(kernels::DType::kF32, {n}, mean);
+      if (!status.ok()) return status;
+    }
+    return (*this)(kernels::DType::kF32, {n}, rstd);
+  }
+  absl::Status Upload(const std::vector<float>& host, kernels::Tensor& t) const {
+    if (host.empty()) return absl::OkStatus();
+    absl::Status status = (*this)(kernels::DType::kF32, {static_cast<int64_t>(host.size())}, t);
+    if (!status.ok()) return status;
+    return backend.CopyFromHost(host.data(), host.size() * sizeof(float), t);
+  }
 };
 
 // How many of a LoRA spec's targets are among q, k, v (the stacked
@@ -66,7 +99,7 @@ struct QkvStack {
 struct BlockBuffers {
   // (N, C) working; (N) F32; mean_1 a LayerNorm's only (empty for RMSNorm).
   kernels::Tensor ln_1, mean_1, rstd_1;
-  kernels::Tensor qkv;           // (N, Q + 2 KV) after the q/k norm and RoPE
+  kernels::Tensor qkv;  // (N, Q + 2 KV) after the q/k norm and RoPE
   // With qk_norm: qkv as the projection wrote it, before the per-head
   // norm, whose backward reads it (empty in a sampler's decode step, which
   // has no backward, and without qk_norm); the norms' statistics, (N, H)
@@ -83,7 +116,7 @@ struct BlockBuffers {
   // which the backward reads, and those norms' statistics (N) F32.
   kernels::Tensor attn_o, rstd_ao;
   kernels::Tensor mlp_o, rstd_mo;
-  kernels::Tensor resid;          // (N, C) r_l = x_l + attention branch
+  kernels::Tensor resid;                 // (N, C) r_l = x_l + attention branch
   kernels::Tensor ln_2, mean_2, rstd_2;  // (N, C); (N) F32 (mean_2 as mean_1)
   // (N, I): gated, gate_proj's and up_proj's outputs and act(gate) * up;
   // the GELU MLP's c_fc output before the GELU in gate, after it in act
