@@ -62,7 +62,7 @@ kernels::ScratchExtents StepScratchExtents(const ModelSpec& spec, Precision prec
 absl::StatusOr<std::unique_ptr<Network>> CreateNetwork(const ModelSpec& spec, Precision precision,
                                                        uint64_t seed, kernels::Backend& backend,
                                                        std::shared_ptr<const FrozenBase> base) {
-  if (base != nullptr && !(spec.decoder.has_value() && spec.decoder->lora.has_value())) {
+  if (base != nullptr && LoraOf(spec) == nullptr) {
     return absl::InvalidArgumentError("base_model: only a LoRA decoder shares a base's weights");
   }
   if (IsSequenceModel(spec)) {

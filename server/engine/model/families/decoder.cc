@@ -16,9 +16,10 @@
 //   model.layers.{i}.self_attn.o_proj.weight (C, Q) [.bias (C) with o_bias],
 //   [model.layers.{i}.self_attn.q_norm.weight (D), .k_norm.weight (D) with
 //    qk_norm],
-//   [model.layers.{i}.post_attention_layernorm.weight (C) with sandwich_norms]
-//   model.layers.{i}.post_attention_layernorm.weight (C) (with sandwich_norms:
-//     pre_feedforward_layernorm),
+//   [model.layers.{i}.post_attention_layernorm.weight (C): the attention
+//    output's norm, with sandwich_norms]
+//   model.layers.{i}.post_attention_layernorm.weight (C): the MLP's input
+//     norm (with sandwich_norms named pre_feedforward_layernorm),
 //   model.layers.{i}.mlp.gate_proj.weight (I, C), .up_proj.weight (I, C),
 //   model.layers.{i}.mlp.down_proj.weight (C, I),
 //   [model.layers.{i}.post_feedforward_layernorm.weight (C) with sandwich_norms],
