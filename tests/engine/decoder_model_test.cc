@@ -487,9 +487,6 @@ TEST(DecoderSpec, ValidationNamesTheField) {
   s.decoder()->head_dim = 2;
   EXPECT_TRUE(absl::StartsWith(error(s), "decoder.hidden_size")) << error(s);
   s = TinyDecoder();
-  s.kind = model::GptSpec{};
-  EXPECT_TRUE(absl::StartsWith(error(s), "decoder:")) << error(s);
-  s = TinyDecoder();
   s.loss = model::LossKind::kMse;
   EXPECT_TRUE(absl::StartsWith(error(s), "loss")) << error(s);
   s = TinyDecoder();
