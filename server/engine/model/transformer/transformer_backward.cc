@@ -52,6 +52,23 @@ absl::Status TransformerModel::ProjectionInputGrad(const Tensor& dy, const Tenso
   return backend_.Gemm(false, transpose, 1.0f, dy, weight, beta, dx);
 }
 
+absl::StatusOr<const Tensor*> TransformerModel::OutputBackward(TransformerWorkspace& ws,
+                                                               const Tensor& pre_norm, int out_norm,
+                                                               const Tensor& rstd, const Tensor& x,
+                                                               int weight, int bias, float beta) {
+  const Tensor* dy = &ws.d_res;
+  if (parts_.sandwich_norms) {
+    // RMSNorm only (no mean): the sandwich norms are Gemma's.
+    AMPD_RETURN_IF_ERROR(NormBackward(pre_norm, {out_norm}, rstd, rstd, ws.d_res, ws.d_branch));
+    dy = &ws.d_branch;
+  }
+  if (!lora()) {
+    AMPD_RETURN_IF_ERROR(
+        ProjectionWeightGrad(x, *dy, beta, Grad(weight), bias >= 0 ? &Grad(bias) : nullptr));
+  }
+  return dy;
+}
+
 // Block l's MLP branch: d_res (dL/dx_{l+1}) gains the branch's norm's dx;
 // the branch's weight gradients with `beta`.
 absl::Status TransformerModel::BackwardMlp(TransformerWorkspace& ws, size_t l, float beta) {
@@ -61,15 +78,10 @@ absl::Status TransformerModel::BackwardMlp(TransformerWorkspace& ws, size_t l, f
   const bool frozen = lora();
   const TransformerParts& s = parts_;
   // d_res = dL/dx_{l+1}, dm = dL/d(down's output).
-  if (s.sandwich_norms) {
-    AMPD_RETURN_IF_ERROR(
-        NormBackward(sv.mlp_o, {p.mlp_out_norm}, sv.mean_2, sv.rstd_mo, ws.d_res, ws.d_branch));
-  }
-  const Tensor& dm = s.sandwich_norms ? ws.d_branch : ws.d_res;
-  if (!frozen) {
-    AMPD_RETURN_IF_ERROR(ProjectionWeightGrad(sv.act, dm, beta, Grad(p.down),
-                                              p.down_bias >= 0 ? &Grad(p.down_bias) : nullptr));
-  }
+  AMPD_ASSIGN_OR_RETURN(
+      const Tensor* dm_ptr,
+      OutputBackward(ws, sv.mlp_o, p.mlp_out_norm, sv.rstd_mo, sv.act, p.down, p.down_bias, beta));
+  const Tensor& dm = *dm_ptr;
   if (!s.gated()) {
     // d_gate = (dm W_d^T) * gelu_tanh'(c_fc's output): the derivative in
     // the GEMM's epilogue, on its fp32 sums.
@@ -119,15 +131,10 @@ absl::Status TransformerModel::BackwardAttention(TransformerWorkspace& ws, size_
   const TransformerParts& s = parts_;
   const bool frozen = lora();
   // d_res = dL/dr_l, d_o = dL/d(o's output).
-  if (s.sandwich_norms) {
-    AMPD_RETURN_IF_ERROR(
-        NormBackward(sv.attn_o, {p.attn_out_norm}, sv.mean_2, sv.rstd_ao, ws.d_res, ws.d_branch));
-  }
-  const Tensor& d_o = s.sandwich_norms ? ws.d_branch : ws.d_res;
-  if (!frozen) {
-    AMPD_RETURN_IF_ERROR(ProjectionWeightGrad(sv.attn_y, d_o, beta, Grad(p.o_weight),
-                                              p.o_bias >= 0 ? &Grad(p.o_bias) : nullptr));
-  }
+  AMPD_ASSIGN_OR_RETURN(const Tensor* d_o_ptr,
+                        OutputBackward(ws, sv.attn_o, p.attn_out_norm, sv.rstd_ao, sv.attn_y,
+                                       p.o_weight, p.o_bias, beta));
+  const Tensor& d_o = *d_o_ptr;
   AMPD_RETURN_IF_ERROR(ProjectionInputGrad(d_o, Value(p.o_weight), 0.0f, ws.d_attn));
   if (p.lora[kO].present()) {
     AMPD_RETURN_IF_ERROR(

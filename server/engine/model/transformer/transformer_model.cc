@@ -287,6 +287,10 @@ absl::StatusOr<std::unique_ptr<TransformerModel>> TransformerModel::Create(
       new TransformerModel(spec, *std::move(parts), precision, backend, lm_head_chunk_bytes));
   const TransformerParts& s = m->parts_;
   const TransformerNames& names = s.names;
+  if (s.sandwich_norms && s.layer_norm()) {
+    // The output norms keep an rstd only (transformer_workspace.h).
+    return absl::UnimplementedError("transformer: sandwich norms are RMSNorms");
+  }
   if (base != nullptr) {
     if (!s.lora.has_value()) {
       return absl::InvalidArgumentError("base_model: only a LoRA decoder shares a base's weights");

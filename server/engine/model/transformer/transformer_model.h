@@ -253,6 +253,16 @@ class TransformerModel final : public Network {
                                     kernels::Tensor& weight_grad, kernels::Tensor* bias_grad);
   absl::Status ProjectionInputGrad(const kernels::Tensor& dy, const kernels::Tensor& weight,
                                    float beta, kernels::Tensor& dx);
+  // A branch's output projection (o, or the MLP's down) backward from
+  // d_res: with sandwich norms its output norm's (weight out_norm, input
+  // pre_norm, statistic rstd) first, into d_branch; then, unless frozen, its
+  // weight's and bias's gradients from its input x. Returns dL/d(its
+  // output): d_res or d_branch.
+  absl::StatusOr<const kernels::Tensor*> OutputBackward(TransformerWorkspace& ws,
+                                                        const kernels::Tensor& pre_norm,
+                                                        int out_norm, const kernels::Tensor& rstd,
+                                                        const kernels::Tensor& x, int weight,
+                                                        int bias, float beta);
   // Copies block p's q, k and v weights and biases (their values, or their
   // gradients when grads) into the stacked (Q + 2 KV, C) matrix and
   // (Q + 2 KV) vector (bias nullptr: none), or, to_params, the stacked ones
