@@ -694,6 +694,18 @@ TEST(JobConfigCodec, DecoderConfigsAreVersionSix) {
   decoded = DecodeJobConfig(absl::StrReplaceAll(json, {{",\"o_bias\":false", ""}}));
   ASSERT_FALSE(decoded.ok());
   EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+  // A model is one kind: a file that names a GPT beside the decoder is
+  // not a config this codec wrote.
+  decoded = DecodeJobConfig(
+      absl::StrReplaceAll(json, {{"\"decoder\":{",
+                                  "\"gpt\":{\"vocab_size\":8,\"context_length\":4,\"d_model\":4,"
+                                  "\"n_layer\":1,\"n_head\":1,\"mlp_ratio\":4,"
+                                  "\"layer_norm_eps\":9.99999975e-06,\"tie_embeddings\":true},"
+                                  "\"decoder\":{"}}));
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss) << decoded.status();
+  EXPECT_EQ(decoded.status().message(),
+            "ampd.config: model.decoder: a model is a GPT or a decoder, not both");
 }
 
 // A small Llama-shaped decoder config (fp32, like a LoRA conformance job).
