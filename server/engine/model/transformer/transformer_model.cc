@@ -107,7 +107,7 @@ absl::StatusOr<int64_t> TransformerWorkspaceBytes(const ModelSpec& spec, Precisi
            product({s.layers + 2, n, wd.c, w}),              // x_0..x_L and the final norm's
            product({stats, n, 4}),                           // its statistics
            product({s.sandwich_norms ? 4 : 3, n, wd.c, w}),  // d_res, d_tmp, d_ln, d_branch
-           product({n, wd.q, w}),                            // d_attn
+           wd.q == wd.c ? 0 : product({n, wd.q, w}),         // d_attn, unless d_tmp holds it
            product({n, wd.qkv, w}),                          // d_qkv
            grouped ? product({3, n, wd.q, w}) : 0,           // d_qkv_x
            product({s.gated() ? 3 : 1, n, wd.i, w}),         // d_gate (d_act, d_up)
@@ -513,7 +513,12 @@ absl::StatusOr<std::unique_ptr<Workspace>> TransformerModel::NewWorkspace(
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, ws.d_tmp));
   if (s.sandwich_norms) AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, ws.d_branch));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, ws.d_ln));
-  AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.q}, ws.d_attn));
+  if (wd.q == wd.c) {
+    // The attention output's gradient lives in d_tmp (transformer_workspace.h).
+    AMPD_ASSIGN_OR_RETURN(ws.d_attn, ws.d_tmp.View(0, {n, wd.q}));
+  } else {
+    AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.q}, ws.d_attn));
+  }
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.qkv}, ws.d_qkv));
   if (grouped) AMPD_RETURN_IF_ERROR(alloc(w, {n, 3 * wd.q}, ws.d_qkv_x));
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.i}, ws.d_gate));

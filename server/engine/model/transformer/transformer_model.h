@@ -110,8 +110,9 @@ struct QkvStack;
 // N each for a LayerNorm); with qk_norm the q|k|v rows before the norm
 // N (Q + 2 KV) and its rstd N (H + K) F32; with sandwich norms the branch
 // outputs before them), the residual stream x_0..x_L and the final norm's
-// output ((L + 2) N C, its statistics), the backward's scratch (3 N C, N Q,
-// N (Q + 2 KV), N 3Q when K < H, 3 N I gated or N I), the stacked q/k/v
+// output ((L + 2) N C, its statistics), the backward's scratch (3 N C, N Q
+// unless Q == C (d_tmp holds it then), N (Q + 2 KV), N 3Q when K < H, 3 N I
+// gated or N I), the stacked q/k/v
 // weight and its gradient (2 (Q + 2 KV) C, and 2 (Q + 2 KV) for biases;
 // none for a fused q|k|v parameter), RoPE's inv_freq (D/2 F32), one
 // LM-head chunk of logits, the head's F32 gradient sum (fp16/bf16 heads of

@@ -155,12 +155,14 @@ struct TransformerWorkspace : LmWorkspace {
   kernels::Tensor d_res;     // (N, C) gradient of the residual stream
   kernels::Tensor d_tmp;     // (N, C) a norm's dx
   kernels::Tensor d_branch;  // (N, C) with sandwich_norms: a branch output's gradient
-  kernels::Tensor d_attn;    // (N, Q) gradient of the attention output
-  kernels::Tensor d_qkv_x;   // (N, 3 Q) expanded q|k|v gradient; empty when K == H
-  kernels::Tensor d_qkv;     // (N, Q + 2 KV)
-  kernels::Tensor d_act;     // (N, I) gradient of act(gate) * up (gated only)
-  kernels::Tensor d_gate;    // (N, I) gate's gradient (the GELU MLP's: its input's)
-  kernels::Tensor d_up;      // (N, I) (gated only)
+  // (N, Q) gradient of the attention output: a view of d_tmp when Q == C
+  // (the input norm's dx overwrites it only after the attention's backward).
+  kernels::Tensor d_attn;
+  kernels::Tensor d_qkv_x;  // (N, 3 Q) expanded q|k|v gradient; empty when K == H
+  kernels::Tensor d_qkv;    // (N, Q + 2 KV)
+  kernels::Tensor d_act;    // (N, I) gradient of act(gate) * up (gated only)
+  kernels::Tensor d_gate;   // (N, I) gate's gradient (the GELU MLP's: its input's)
+  kernels::Tensor d_up;     // (N, I) (gated only)
 };
 
 }  // namespace ampd::engine::model
