@@ -260,7 +260,7 @@ int BenchGpt(const std::string& device, const GptBench& g, int warmup, int steps
   namespace m = ampd::engine::model;
   const int64_t t = g.seq_len > 0 ? g.seq_len : g.spec.context_length;
   SequenceBench sb;
-  sb.model.gpt = g.spec;
+  sb.model.kind = g.spec;
   sb.model.loss = m::LossKind::kCrossEntropy;
   sb.vocab = g.spec.vocab_size;
   sb.batch = g.batch;
@@ -310,12 +310,12 @@ int BenchDecoder(const std::string& device, const DecoderBench& d, const GptBenc
   namespace m = ampd::engine::model;
   const int64_t t = g.seq_len > 0 ? g.seq_len : d.spec.max_position_embeddings;
   SequenceBench sb;
-  sb.model.decoder = d.spec;
-  sb.model.decoder->max_position_embeddings = std::max(t, d.spec.max_position_embeddings);
+  sb.model.kind = d.spec;
+  sb.model.decoder()->max_position_embeddings = std::max(t, d.spec.max_position_embeddings);
   if (d.lora_rank > 0) {
-    sb.model.decoder->lora = m::LoraSpec{.rank = d.lora_rank,
-                                         .alpha = 2.0f * static_cast<float>(d.lora_rank),
-                                         .target_modules = d.lora_targets};
+    sb.model.decoder()->lora = m::LoraSpec{.rank = d.lora_rank,
+                                           .alpha = 2.0f * static_cast<float>(d.lora_rank),
+                                           .target_modules = d.lora_targets};
   }
   sb.model.loss = m::LossKind::kCrossEntropy;
   sb.vocab = d.spec.vocab_size;
@@ -329,7 +329,7 @@ int BenchDecoder(const std::string& device, const DecoderBench& d, const GptBenc
   if (d.lora_rank > 0) {
     // The frozen base computes its forward and the gradients of its inputs
     // (the adapters below it need them) but no weight gradients.
-    sb.flop_params = m::LoraParameterCount(*sb.model.decoder);
+    sb.flop_params = m::LoraParameterCount(*sb.model.decoder());
     sb.frozen_flop_params = base;
   } else {
     sb.flop_params = base;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/overloaded.h"
 #include "common/status_macros.h"
 
 namespace ampd::rpc {
@@ -211,7 +212,7 @@ absl::Status ModelSpecFromProto(const v1::ModelSpec& proto, absl::string_view fi
     }
     model::DecoderSpec decoder;
     AMPD_RETURN_IF_ERROR(DecoderFromProto(proto.decoder(), field_prefix, &decoder));
-    spec->decoder = decoder;
+    spec->kind = decoder;
     spec->loss = model::LossKind::kCrossEntropy;
   }
   if (proto.has_gpt()) {
@@ -228,7 +229,7 @@ absl::Status ModelSpecFromProto(const v1::ModelSpec& proto, absl::string_view fi
     }
     model::GptSpec gpt;
     AMPD_RETURN_IF_ERROR(GptFromProto(proto.gpt(), field_prefix, &gpt));
-    spec->gpt = gpt;
+    spec->kind = gpt;
     spec->loss = model::LossKind::kCrossEntropy;
   }
   for (int i = 0; i < proto.layers_size(); ++i) {
@@ -297,6 +298,67 @@ absl::Status ModelSpecFromProto(const v1::ModelSpec& proto, absl::string_view fi
   return absl::OkStatus();
 }
 
+namespace {
+
+// A GPT's and a decoder's fields into their proto messages.
+void GptToProto(const model::GptSpec& g, v1::Gpt* gpt) {
+  gpt->set_vocab_size(g.vocab_size);
+  gpt->set_context_length(g.context_length);
+  gpt->set_d_model(g.d_model);
+  gpt->set_n_layer(g.n_layer);
+  gpt->set_n_head(g.n_head);
+  gpt->set_mlp_ratio(g.mlp_ratio);
+  gpt->set_layer_norm_eps(g.layer_norm_eps);
+  gpt->set_tie_embeddings(g.tie_embeddings);
+}
+
+void DecoderToProto(const model::DecoderSpec& d, v1::Decoder* out) {
+  out->set_vocab_size(d.vocab_size);
+  out->set_hidden_size(d.hidden_size);
+  out->set_intermediate_size(d.intermediate_size);
+  out->set_num_hidden_layers(d.num_hidden_layers);
+  out->set_num_attention_heads(d.num_attention_heads);
+  out->set_num_key_value_heads(d.num_key_value_heads);
+  out->set_head_dim(model::DecoderHeadDim(d));  // the effective width, default filled in
+  out->set_rms_norm_eps(d.rms_norm_eps);
+  out->set_rope_theta(d.rope_theta);
+  out->set_max_position_embeddings(d.max_position_embeddings);
+  out->set_tie_word_embeddings(d.tie_word_embeddings);
+  out->set_initializer_range(d.initializer_range);
+  out->set_qkv_bias(d.qkv_bias);
+  out->set_o_bias(d.o_bias);
+  out->set_qk_norm(d.qk_norm);
+  out->set_norm_unit_offset(d.norm_unit_offset);
+  out->set_mlp_activation(d.mlp_activation == model::MlpActivation::kGeluTanh
+                              ? v1::MLP_ACTIVATION_GELU_TANH
+                              : v1::MLP_ACTIVATION_SILU);
+  out->set_sandwich_norms(d.sandwich_norms);
+  out->set_scale_embeddings(d.scale_embeddings);
+  if (d.query_pre_attn_scalar > 0.0f) out->set_query_pre_attn_scalar(d.query_pre_attn_scalar);
+  for (const bool slides : d.sliding_layers) out->add_sliding_layers(slides);
+  out->set_sliding_window(d.sliding_window);
+  out->set_rope_local_theta(d.rope_local_theta);
+  if (d.rope_scaling.type != model::RopeType::kDefault) {
+    v1::RopeScaling* r = out->mutable_rope_scaling();
+    r->set_rope_type(d.rope_scaling.type == model::RopeType::kLinear ? v1::ROPE_TYPE_LINEAR
+                                                                     : v1::ROPE_TYPE_LLAMA3);
+    r->set_factor(d.rope_scaling.factor);
+    if (d.rope_scaling.type == model::RopeType::kLlama3) {
+      r->set_low_freq_factor(d.rope_scaling.low_freq_factor);
+      r->set_high_freq_factor(d.rope_scaling.high_freq_factor);
+      r->set_original_max_position_embeddings(d.rope_scaling.original_max_position_embeddings);
+    }
+  }
+  if (d.lora.has_value()) {
+    v1::LoRA* lora = out->mutable_lora();
+    lora->set_rank(d.lora->rank);
+    lora->set_alpha(d.lora->alpha);
+    for (const std::string& module : d.lora->target_modules) lora->add_target_modules(module);
+  }
+}
+
+}  // namespace
+
 v1::ModelSpec ModelSpecToProto(const model::ModelSpec& spec) {
   v1::ModelSpec proto;
   for (const model::LayerSpec& l : spec.layers) {
@@ -327,63 +389,12 @@ v1::ModelSpec ModelSpecToProto(const model::ModelSpec& spec) {
         break;
     }
   }
-  if (spec.gpt.has_value()) {
-    v1::Gpt* gpt = proto.mutable_gpt();
-    gpt->set_vocab_size(spec.gpt->vocab_size);
-    gpt->set_context_length(spec.gpt->context_length);
-    gpt->set_d_model(spec.gpt->d_model);
-    gpt->set_n_layer(spec.gpt->n_layer);
-    gpt->set_n_head(spec.gpt->n_head);
-    gpt->set_mlp_ratio(spec.gpt->mlp_ratio);
-    gpt->set_layer_norm_eps(spec.gpt->layer_norm_eps);
-    gpt->set_tie_embeddings(spec.gpt->tie_embeddings);
-  }
-  if (spec.decoder.has_value()) {
-    const model::DecoderSpec& d = *spec.decoder;
-    v1::Decoder* out = proto.mutable_decoder();
-    out->set_vocab_size(d.vocab_size);
-    out->set_hidden_size(d.hidden_size);
-    out->set_intermediate_size(d.intermediate_size);
-    out->set_num_hidden_layers(d.num_hidden_layers);
-    out->set_num_attention_heads(d.num_attention_heads);
-    out->set_num_key_value_heads(d.num_key_value_heads);
-    out->set_head_dim(model::DecoderHeadDim(d));  // the effective width, default filled in
-    out->set_rms_norm_eps(d.rms_norm_eps);
-    out->set_rope_theta(d.rope_theta);
-    out->set_max_position_embeddings(d.max_position_embeddings);
-    out->set_tie_word_embeddings(d.tie_word_embeddings);
-    out->set_initializer_range(d.initializer_range);
-    out->set_qkv_bias(d.qkv_bias);
-    out->set_o_bias(d.o_bias);
-    out->set_qk_norm(d.qk_norm);
-    out->set_norm_unit_offset(d.norm_unit_offset);
-    out->set_mlp_activation(d.mlp_activation == model::MlpActivation::kGeluTanh
-                                ? v1::MLP_ACTIVATION_GELU_TANH
-                                : v1::MLP_ACTIVATION_SILU);
-    out->set_sandwich_norms(d.sandwich_norms);
-    out->set_scale_embeddings(d.scale_embeddings);
-    if (d.query_pre_attn_scalar > 0.0f) out->set_query_pre_attn_scalar(d.query_pre_attn_scalar);
-    for (const bool slides : d.sliding_layers) out->add_sliding_layers(slides);
-    out->set_sliding_window(d.sliding_window);
-    out->set_rope_local_theta(d.rope_local_theta);
-    if (d.rope_scaling.type != model::RopeType::kDefault) {
-      v1::RopeScaling* r = out->mutable_rope_scaling();
-      r->set_rope_type(d.rope_scaling.type == model::RopeType::kLinear ? v1::ROPE_TYPE_LINEAR
-                                                                       : v1::ROPE_TYPE_LLAMA3);
-      r->set_factor(d.rope_scaling.factor);
-      if (d.rope_scaling.type == model::RopeType::kLlama3) {
-        r->set_low_freq_factor(d.rope_scaling.low_freq_factor);
-        r->set_high_freq_factor(d.rope_scaling.high_freq_factor);
-        r->set_original_max_position_embeddings(d.rope_scaling.original_max_position_embeddings);
-      }
-    }
-    if (d.lora.has_value()) {
-      v1::LoRA* lora = out->mutable_lora();
-      lora->set_rank(d.lora->rank);
-      lora->set_alpha(d.lora->alpha);
-      for (const std::string& module : d.lora->target_modules) lora->add_target_modules(module);
-    }
-  }
+  std::visit(Overloaded{[](const model::LayerStack&) {},
+                        [&proto](const model::GptSpec& g) { GptToProto(g, proto.mutable_gpt()); },
+                        [&proto](const model::DecoderSpec& d) {
+                          DecoderToProto(d, proto.mutable_decoder());
+                        }},
+             spec.kind);
   proto.set_loss(spec.loss == model::LossKind::kCrossEntropy ? v1::LOSS_CROSS_ENTROPY
                                                              : v1::LOSS_MSE);
   proto.set_loss_multiplier(spec.loss_multiplier);

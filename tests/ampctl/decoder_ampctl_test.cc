@@ -108,15 +108,15 @@ TEST(DecoderWireTest, DefaultsFillInAndTheEffectiveSpecRoundTrips) {
   ASSERT_TRUE(proto.ok());
   engine::model::ModelSpec spec;
   ASSERT_TRUE(rpc::ModelSpecFromProto(*proto, "model", &spec).ok());
-  ASSERT_TRUE(spec.decoder.has_value());
+  ASSERT_TRUE(spec.decoder() != nullptr);
   EXPECT_EQ(spec.loss, engine::model::LossKind::kCrossEntropy);
-  EXPECT_EQ(spec.decoder->head_dim, 0);
-  EXPECT_EQ(spec.decoder->rms_norm_eps, 1e-6f);
-  EXPECT_EQ(spec.decoder->rope_theta, 10000.0f);
-  EXPECT_EQ(spec.decoder->initializer_range, 0.02f);
-  EXPECT_FALSE(spec.decoder->tie_word_embeddings);
-  EXPECT_TRUE(spec.decoder->qkv_bias);
-  EXPECT_FALSE(spec.decoder->o_bias);
+  EXPECT_EQ(spec.decoder()->head_dim, 0);
+  EXPECT_EQ(spec.decoder()->rms_norm_eps, 1e-6f);
+  EXPECT_EQ(spec.decoder()->rope_theta, 10000.0f);
+  EXPECT_EQ(spec.decoder()->initializer_range, 0.02f);
+  EXPECT_FALSE(spec.decoder()->tie_word_embeddings);
+  EXPECT_TRUE(spec.decoder()->qkv_bias);
+  EXPECT_FALSE(spec.decoder()->o_bias);
   const v1::ModelSpec effective = rpc::ModelSpecToProto(spec);
   EXPECT_EQ(effective.decoder().head_dim(), 16);
   EXPECT_TRUE(effective.decoder().has_rope_theta());
@@ -128,7 +128,7 @@ TEST(DecoderWireTest, DefaultsFillInAndTheEffectiveSpecRoundTrips) {
   v1::ModelSpec mha = *proto;
   mha.mutable_decoder()->clear_num_key_value_heads();
   ASSERT_TRUE(rpc::ModelSpecFromProto(mha, "model", &spec).ok());
-  EXPECT_EQ(spec.decoder->num_key_value_heads, 4);
+  EXPECT_EQ(spec.decoder()->num_key_value_heads, 4);
   // A layer stack beside it, another loss, a non-finite eps: named.
   v1::ModelSpec both = *proto;
   both.add_layers()->mutable_relu();
@@ -168,18 +168,18 @@ TEST(DecoderWireTest, LoraRoundTripsWithTheDefaultTargets) {
   ASSERT_TRUE(proto.ok());
   engine::model::ModelSpec spec;
   ASSERT_TRUE(rpc::ModelSpecFromProto(*proto, "model", &spec).ok());
-  EXPECT_FALSE(spec.decoder->lora.has_value());
+  EXPECT_FALSE(spec.decoder()->lora.has_value());
   EXPECT_FALSE(rpc::ModelSpecToProto(spec).decoder().has_lora());
 
   v1::LoRA* lora = proto->mutable_decoder()->mutable_lora();
   lora->set_rank(8);
   lora->set_alpha(16.0f);
   ASSERT_TRUE(rpc::ModelSpecFromProto(*proto, "model", &spec).ok());
-  ASSERT_TRUE(spec.decoder->lora.has_value());
-  EXPECT_EQ(spec.decoder->lora->rank, 8);
-  EXPECT_EQ(spec.decoder->lora->alpha, 16.0f);
+  ASSERT_TRUE(spec.decoder()->lora.has_value());
+  EXPECT_EQ(spec.decoder()->lora->rank, 8);
+  EXPECT_EQ(spec.decoder()->lora->alpha, 16.0f);
   // None named: PEFT's Llama default, the attention's four.
-  EXPECT_EQ(spec.decoder->lora->target_modules,
+  EXPECT_EQ(spec.decoder()->lora->target_modules,
             (std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj"}));
   const v1::ModelSpec effective = rpc::ModelSpecToProto(spec);
   EXPECT_EQ(effective.decoder().lora().target_modules_size(), 4);
@@ -190,7 +190,7 @@ TEST(DecoderWireTest, LoraRoundTripsWithTheDefaultTargets) {
   lora->add_target_modules("gate_proj");
   lora->add_target_modules("down_proj");
   ASSERT_TRUE(rpc::ModelSpecFromProto(*proto, "model", &spec).ok());
-  EXPECT_EQ(spec.decoder->lora->target_modules,
+  EXPECT_EQ(spec.decoder()->lora->target_modules,
             (std::vector<std::string>{"gate_proj", "down_proj"}));
   lora->set_alpha(std::nanf(""));
   EXPECT_TRUE(absl::StrContains(rpc::ModelSpecFromProto(*proto, "model", &spec).message(),

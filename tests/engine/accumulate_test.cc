@@ -39,7 +39,7 @@ JobConfig TinyDecoderJob(model::Precision precision, bool lora) {
   d.rms_norm_eps = 1e-5f;
   d.qkv_bias = true;
   if (lora) d.lora = model::LoraSpec{4, 8.0f, {"q_proj", "v_proj", "down_proj"}};
-  spec.decoder = d;
+  spec.kind = d;
   config.model = spec;
   config.optimizer.adam.lr = 3e-3f;
   config.optimizer.max_grad_norm = 1.0f;

@@ -128,7 +128,7 @@ TEST(CallToken, EvaluateAndSampleStopAtTheirFirstUnit) {
   g.d_model = 16;
   g.n_layer = 1;
   g.n_head = 2;
-  gpt.model.gpt = g;
+  gpt.model.kind = g;
   gpt.model.loss = model::LossKind::kCrossEntropy;
   std::unique_ptr<Trainer> lm = testing::MakeTrainer(gpt);
   ASSERT_NE(lm, nullptr);

@@ -14,7 +14,7 @@
 #include "gtest/gtest.h"
 #include "kernels/backend_factory.h"
 #include "kernels/cuda/memory_pool.h"
-#include "server/engine/model/gpt/gpt_model.h"
+#include "server/engine/model/transformer/transformer_model.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace ampd::engine {
@@ -55,7 +55,7 @@ JobConfig GptJob(model::Precision precision) {
   gpt.d_model = 64;
   gpt.n_layer = 2;
   gpt.n_head = 4;
-  config.model.gpt = gpt;
+  config.model.kind = gpt;
   config.model.loss = model::LossKind::kCrossEntropy;
   config.optimizer.adam.lr = 3e-3f;
   config.seed = 7;
@@ -67,7 +67,7 @@ JobConfig GptJob(model::Precision precision) {
 // an untied head.
 JobConfig DecoderJob(model::Precision precision) {
   JobConfig config = GptJob(precision);
-  config.model.gpt.reset();
+  config.model.kind = model::LayerStack{};
   model::DecoderSpec d;
   d.vocab_size = 64;
   d.hidden_size = 64;
@@ -77,7 +77,7 @@ JobConfig DecoderJob(model::Precision precision) {
   d.num_key_value_heads = 2;
   d.max_position_embeddings = 32;
   d.qkv_bias = true;
-  config.model.decoder = d;
+  config.model.kind = d;
   return config;
 }
 
@@ -86,9 +86,9 @@ JobConfig DecoderJob(model::Precision precision) {
 // biases.
 JobConfig Qwen3DecoderJob(model::Precision precision) {
   JobConfig config = DecoderJob(precision);
-  config.model.decoder->qkv_bias = false;
-  config.model.decoder->qk_norm = true;
-  config.model.decoder->head_dim = 32;
+  config.model.decoder()->qkv_bias = false;
+  config.model.decoder()->qk_norm = true;
+  config.model.decoder()->head_dim = 32;
   return config;
 }
 
@@ -102,7 +102,7 @@ JobConfig Qwen3DecoderJob(model::Precision precision) {
 // sampled ones of up to 20 are longer than the window).
 JobConfig Gemma3DecoderJob(model::Precision precision) {
   JobConfig config = DecoderJob(precision);
-  model::DecoderSpec& d = *config.model.decoder;
+  model::DecoderSpec& d = *config.model.decoder();
   d.num_key_value_heads = 1;
   d.qkv_bias = false;
   d.qk_norm = true;
@@ -126,8 +126,8 @@ JobConfig Gemma3DecoderJob(model::Precision precision) {
 // frozen head lets the loss fall far.
 JobConfig LoraDecoderJob(model::Precision precision) {
   JobConfig config = DecoderJob(precision);
-  config.model.decoder->initializer_range = 0.3f;
-  config.model.decoder->lora = model::LoraSpec{
+  config.model.decoder()->initializer_range = 0.3f;
+  config.model.decoder()->lora = model::LoraSpec{
       8, 16.0f, {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}};
   config.optimizer.adam.lr = 1e-2f;
   return config;
@@ -320,10 +320,10 @@ TEST_P(CudaTraining, LoraDecoderLossCurveMatchesTheCpuBackend) {
 // it, and four prompts of mixed lengths (1, 7, 3, 12 tokens, so decode rows
 // sit at different positions), 8 new tokens each.
 const char* ModelName(const JobConfig& config) {
-  if (config.model.gpt.has_value()) return "gpt";
-  if (config.model.decoder->norm_unit_offset) return "gemma3 decoder";
-  if (config.model.decoder->qk_norm) return "qwen3 decoder";
-  return config.model.decoder->lora.has_value() ? "LoRA decoder" : "decoder";
+  if (config.model.gpt() != nullptr) return "gpt";
+  if (config.model.decoder()->norm_unit_offset) return "gemma3 decoder";
+  if (config.model.decoder()->qk_norm) return "qwen3 decoder";
+  return config.model.decoder()->lora.has_value() ? "LoRA decoder" : "decoder";
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> CudaTrainer(const JobConfig& config) {
@@ -492,9 +492,9 @@ class CudaPerLayerScales : public ::testing::Test {
 TEST_F(CudaPerLayerScales, LayerStackAndGptMatchTheCpuBackend) {
   for (JobConfig config : {MlpJob(model::Precision::kFp16, 65536.0, 100.0f),
                            GptJob(model::Precision::kFp16), DecoderJob(model::Precision::kFp16)}) {
-    SCOPED_TRACE(config.model.gpt.has_value()       ? "gpt"
-                 : config.model.decoder.has_value() ? "decoder"
-                                                    : "layer stack");
+    SCOPED_TRACE(config.model.gpt() != nullptr       ? "gpt"
+                 : config.model.decoder() != nullptr ? "decoder"
+                                                     : "layer stack");
     config.scaler = amp::ScalerConfig::Defaults(amp::ScalerPolicy::kAdaptive);
     config.scaler.growth_interval = 5;
     config.scaler.per_layer_scales = true;
@@ -591,13 +591,13 @@ TEST_P(CudaTraining, WarmGptAndDecoderStepsAllocateNothing) {
 TEST_P(CudaTraining, LmHeadInOneChunkAndInSeveralAgreeWithinOneRounding) {
   const model::Precision precision = GetParam();
   JobConfig config = GptJob(precision);
-  config.model.gpt->tie_embeddings = false;
+  config.model.gpt()->tie_embeddings = false;
   const model::ModelSpec& spec = config.model;
   const kernels::DType dtype = model::WorkingDType(precision);
-  const int64_t vocab = spec.gpt->vocab_size, rows = 4 * 32;
+  const int64_t vocab = spec.gpt()->vocab_size, rows = 4 * 32;
   // Room for 40 rows of 16-bit logits: four chunks of 32 (eight in fp32).
   const int64_t split_bytes = 40 * vocab * 2;
-  ASSERT_LT(model::LmHeadChunkRows(spec.gpt->vocab_size, precision, rows, split_bytes), rows);
+  ASSERT_LT(model::LmHeadChunkRows(spec.gpt()->vocab_size, precision, rows, split_bytes), rows);
   DataRng rng(13);
   const MicroBatch mb = Sequences(rng, 4, 32);
   auto head_grad = [&](const std::string& device, int64_t chunk_bytes) {
@@ -605,7 +605,7 @@ TEST_P(CudaTraining, LmHeadInOneChunkAndInSeveralAgreeWithinOneRounding) {
     auto backend = kernels::CreateBackend(device);
     EXPECT_TRUE(backend.ok()) << backend.status();
     if (!backend.ok()) return out;
-    auto net = model::GptModel::Create(spec, precision, 5, **backend, chunk_bytes);
+    auto net = model::TransformerModel::Create(spec, precision, 5, **backend, chunk_bytes);
     EXPECT_TRUE(net.ok()) << net.status();
     if (!net.ok()) return out;
     auto loss = (*backend)->Allocate(kernels::DType::kF32, {1, 1});
@@ -633,7 +633,7 @@ TEST_P(CudaTraining, LmHeadInOneChunkAndInSeveralAgreeWithinOneRounding) {
   const std::vector<float> split = head_grad("cuda:0", split_bytes);
   const std::vector<float> cpu_one = head_grad("cpu", model::kLmHeadChunkBytes);
   const std::vector<float> cpu_split = head_grad("cpu", split_bytes);
-  ASSERT_EQ(one.size(), static_cast<size_t>(vocab * spec.gpt->d_model));
+  ASSERT_EQ(one.size(), static_cast<size_t>(vocab * spec.gpt()->d_model));
   ASSERT_EQ(split.size(), one.size());
   double largest = 0;
   for (float g : cpu_one) largest = std::max(largest, std::fabs(static_cast<double>(g)));

@@ -152,7 +152,7 @@ JobConfig GptConfig(model::Precision precision = model::Precision::kFp32,
   g.n_layer = 2;
   g.n_head = 4;
   config.model.loss = model::LossKind::kCrossEntropy;
-  config.model.gpt = g;
+  config.model.kind = g;
   config.optimizer.sgd.lr = 0.02f;
   config.seed = 5;
   return config;

@@ -3,7 +3,7 @@
 // output, dA, dB and dx against central differences of a loss through it,
 // beta 0 overwriting and beta 1 accumulating the gradients, and the shape
 // checks.
-#include "server/engine/model/decoder/decoder_lora.h"
+#include "server/engine/model/transformer/lora.h"
 
 #include <cmath>
 #include <cstdint>

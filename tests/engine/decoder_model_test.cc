@@ -8,8 +8,6 @@
 // training through the Trainer with the loss scaler at work, and LoRA jobs:
 // the frozen base held once in the working dtype, only the adapters
 // training, the adapter and merged views, and loading the frozen base.
-#include "server/engine/model/decoder/decoder_model.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -24,6 +22,7 @@
 #include "engine_test_util.h"
 #include "kernels/float16.h"
 #include "server/engine/model/network.h"
+#include "server/engine/model/transformer/transformer_model.h"
 
 namespace ampd::engine {
 namespace {
@@ -48,7 +47,7 @@ model::ModelSpec TinyDecoder(int64_t vocab = 11, int64_t hidden = 16, int64_t he
   d.rope_theta = 1000.0f;
   d.rms_norm_eps = 1e-5f;
   d.qkv_bias = true;
-  spec.decoder = d;
+  spec.kind = d;
   return spec;
 }
 
@@ -116,7 +115,7 @@ std::vector<double> RmsNorm(const std::vector<double>& x, int64_t c, const std::
 double ReferenceLoss(const model::ModelSpec& spec, const Weights& w,
                      const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
                      int64_t batch, int64_t seq) {
-  const model::DecoderSpec& s = *spec.decoder;
+  const model::DecoderSpec& s = *spec.decoder();
   const int64_t c = s.hidden_size, n = batch * seq, h_q = s.num_attention_heads;
   const int64_t h_kv = s.num_key_value_heads, d = model::DecoderHeadDim(s);
   const int64_t q_w = h_q * d, kv_w = h_kv * d, inter = s.intermediate_size;
@@ -245,7 +244,8 @@ class DecoderNet {
     auto backend = kernels::CreateBackend("cpu");
     EXPECT_TRUE(backend.ok()) << backend.status();
     backend_ = *std::move(backend);
-    auto net = model::DecoderModel::Create(spec, precision, seed, *backend_, lm_head_chunk_bytes);
+    auto net =
+        model::TransformerModel::Create(spec, precision, seed, *backend_, lm_head_chunk_bytes);
     EXPECT_TRUE(net.ok()) << net.status();
     net_ = *std::move(net);
     auto loss = backend_->Allocate(DType::kF32, {1, 1});
@@ -291,9 +291,9 @@ class DecoderNet {
 // than hidden / heads (6, not 4), no biases, untied.
 model::ModelSpec TinyQwen3() {
   model::ModelSpec spec = TinyDecoder(11, 16, 4, 2, 2);
-  spec.decoder->qkv_bias = false;
-  spec.decoder->qk_norm = true;
-  spec.decoder->head_dim = 6;
+  spec.decoder()->qkv_bias = false;
+  spec.decoder()->qk_norm = true;
+  spec.decoder()->head_dim = 6;
   return spec;
 }
 
@@ -301,12 +301,12 @@ model::ModelSpec TinyQwen3() {
 std::vector<std::pair<std::string, model::ModelSpec>> Families() {
   model::ModelSpec qwen2 = TinyDecoder();
   model::ModelSpec llama = TinyDecoder(11, 16, 2, 2, 2);
-  llama.decoder->qkv_bias = true;
-  llama.decoder->o_bias = true;
-  llama.decoder->head_dim = 6;  // wider heads than hidden / heads
+  llama.decoder()->qkv_bias = true;
+  llama.decoder()->o_bias = true;
+  llama.decoder()->head_dim = 6;  // wider heads than hidden / heads
   model::ModelSpec tied = TinyDecoder(11, 16, 4, 1, 1);
-  tied.decoder->qkv_bias = false;
-  tied.decoder->tie_word_embeddings = true;
+  tied.decoder()->qkv_bias = false;
+  tied.decoder()->tie_word_embeddings = true;
   tied.loss_multiplier = 1.5f;
   return {{"qwen2", qwen2}, {"llama", llama}, {"tied", tied}, {"qwen3", TinyQwen3()}};
 }
@@ -316,7 +316,7 @@ TEST(DecoderForward, Fp32LossMatchesFloat64Reference) {
     SCOPED_TRACE(name);
     DecoderNet m(spec, model::Precision::kFp32, 5);
     Jitter(m.backend(), m.net(), 17, 0.1f);
-    const Batch data = RandomBatch(3, 7, spec.decoder->vocab_size, 1);
+    const Batch data = RandomBatch(3, 7, spec.decoder()->vocab_size, 1);
     ASSERT_TRUE(m.Load(data).ok());
     absl::StatusOr<float> loss = m.Loss();
     ASSERT_TRUE(loss.ok()) << loss.status();
@@ -331,7 +331,7 @@ TEST(DecoderBackward, GradientsMatchCentralDifferencesOfTheFloat64Loss) {
     SCOPED_TRACE(name);
     DecoderNet m(spec, model::Precision::kFp32, 9);
     Jitter(m.backend(), m.net(), 23, 0.3f);
-    const Batch data = RandomBatch(2, 5, spec.decoder->vocab_size, 4);
+    const Batch data = RandomBatch(2, 5, spec.decoder()->vocab_size, 4);
     ASSERT_TRUE(m.Load(data).ok());
     ASSERT_TRUE(m.net().ZeroGrads().ok());
     ASSERT_TRUE(m.Loss().ok());
@@ -395,8 +395,8 @@ TEST(DecoderBackward, MicroBatchesAccumulate) {
 
 TEST(DecoderInit, HuggingFaceDistributionsAndNamesFromTheSeed) {
   model::ModelSpec spec = TinyDecoder(256, 64, 4, 2, 3);
-  spec.decoder->intermediate_size = 128;
-  spec.decoder->initializer_range = 0.05f;
+  spec.decoder()->intermediate_size = 128;
+  spec.decoder()->initializer_range = 0.05f;
   DecoderNet a(spec, model::Precision::kBf16, 42);
   DecoderNet same(spec, model::Precision::kBf16, 42);
   const Weights w = ReadWeights(a.backend(), a.net());
@@ -447,7 +447,7 @@ TEST(DecoderInit, QkNormWeightsFollowOProjInTheirBlock) {
   EXPECT_EQ(a.net().params()[6].master.shape(), (kernels::Shape{6}));
   EXPECT_EQ(a.net().params()[18].name, "model.layers.1.self_attn.k_norm.weight");
   EXPECT_EQ(a.net().parameter_count(), model::ParameterCount(spec));
-  spec.decoder->qk_norm = false;
+  spec.decoder()->qk_norm = false;
   EXPECT_EQ(a.net().parameter_count(), model::ParameterCount(spec) + 2 * 2 * 6);
   for (const char* name :
        {"model.layers.0.self_attn.q_norm.weight", "model.layers.1.self_attn.k_norm.weight"}) {
@@ -466,46 +466,43 @@ TEST(DecoderSpec, ValidationNamesTheField) {
   };
   EXPECT_TRUE(model::ValidateModelSpec(TinyDecoder()).ok());
   model::ModelSpec s = TinyDecoder();
-  s.decoder->num_key_value_heads = 3;
+  s.decoder()->num_key_value_heads = 3;
   EXPECT_TRUE(absl::StartsWith(error(s), "decoder.num_key_value_heads")) << error(s);
   s = TinyDecoder();
-  s.decoder->head_dim = 5;
+  s.decoder()->head_dim = 5;
   EXPECT_TRUE(absl::StartsWith(error(s), "decoder.head_dim")) << error(s);
   s = TinyDecoder(11, 18, 4, 2);
   EXPECT_TRUE(absl::StartsWith(error(s), "decoder.num_attention_heads")) << error(s);
   s = TinyDecoder();
-  s.decoder->rope_theta = std::nanf("");
+  s.decoder()->rope_theta = std::nanf("");
   EXPECT_TRUE(absl::StartsWith(error(s), "decoder.rope_theta")) << error(s);
   s = TinyDecoder();
-  s.decoder->intermediate_size = 0;
+  s.decoder()->intermediate_size = 0;
   EXPECT_TRUE(absl::StartsWith(error(s), "decoder.intermediate_size")) << error(s);
   s = TinyDecoder();
-  s.decoder->vocab_size = int64_t{1} << 60;
+  s.decoder()->vocab_size = int64_t{1} << 60;
   EXPECT_TRUE(absl::StartsWith(error(s), "decoder.vocab_size")) << error(s);
   s = TinyDecoder();
-  s.decoder->hidden_size = int64_t{1} << 53;
-  s.decoder->head_dim = 2;
+  s.decoder()->hidden_size = int64_t{1} << 53;
+  s.decoder()->head_dim = 2;
   EXPECT_TRUE(absl::StartsWith(error(s), "decoder.hidden_size")) << error(s);
-  s = TinyDecoder();
-  s.gpt = model::GptSpec{};
-  EXPECT_TRUE(absl::StartsWith(error(s), "decoder:")) << error(s);
   s = TinyDecoder();
   s.loss = model::LossKind::kMse;
   EXPECT_TRUE(absl::StartsWith(error(s), "loss")) << error(s);
   s = TinyDecoder();
-  s.decoder->lora = model::LoraSpec{2, 4.0f, {"q_proj", "up_proj", "k_proj"}};
+  s.decoder()->lora = model::LoraSpec{2, 4.0f, {"q_proj", "up_proj", "k_proj"}};
   EXPECT_TRUE(model::ValidateModelSpec(s).ok()) << error(s);
-  s.decoder->lora->rank = 100;
+  s.decoder()->lora->rank = 100;
   EXPECT_TRUE(absl::StartsWith(error(s), "decoder.lora.rank")) << error(s);
 }
 
-TEST(DecoderWorkspace, BytesBoundTheAllocationAndOverflowIsRefused) {
+TEST(TransformerWorkspace, BytesBoundTheAllocationAndOverflowIsRefused) {
   model::ModelSpec some_adapters = TinyDecoder();
-  some_adapters.decoder->lora = model::LoraSpec{2, 4.0f, {"k_proj", "o_proj", "down_proj"}};
+  some_adapters.decoder()->lora = model::LoraSpec{2, 4.0f, {"k_proj", "o_proj", "down_proj"}};
   model::ModelSpec all_adapters = TinyDecoder(11, 16, 4, 4, 2);
-  all_adapters.decoder->lora = model::LoraSpec{3, 3.0f, kAllModules};
+  all_adapters.decoder()->lora = model::LoraSpec{3, 3.0f, kAllModules};
   model::ModelSpec qwen3_adapters = TinyQwen3();
-  qwen3_adapters.decoder->lora = model::LoraSpec{2, 4.0f, {"q_proj", "k_proj"}};
+  qwen3_adapters.decoder()->lora = model::LoraSpec{2, 4.0f, {"q_proj", "k_proj"}};
   for (const model::ModelSpec& spec : {TinyDecoder(), TinyDecoder(11, 16, 4, 4, 2), some_adapters,
                                        all_adapters, TinyQwen3(), qwen3_adapters}) {
     DecoderNet m(spec, model::Precision::kBf16, 1, /*lm_head_chunk_bytes=*/7 * 11 * 2);
@@ -513,7 +510,7 @@ TEST(DecoderWorkspace, BytesBoundTheAllocationAndOverflowIsRefused) {
     ASSERT_TRUE(m.Load(RandomBatch(3, 10, 11, 5)).ok());
     const int64_t used = m.backend().BytesInUse() - before;
     absl::StatusOr<int64_t> bytes =
-        model::DecoderWorkspaceBytes(spec, model::Precision::kBf16, {3, 10}, 7 * 11 * 2);
+        model::TransformerWorkspaceBytes(spec, model::Precision::kBf16, {3, 10}, 7 * 11 * 2);
     ASSERT_TRUE(bytes.ok()) << bytes.status();
     // ids and targets are I32 here, counted as I64.
     // The token loss's five (N) F32 buffers (three inputs, the log-probs,
@@ -535,7 +532,7 @@ TEST(DecoderWorkspace, BytesBoundTheAllocationAndOverflowIsRefused) {
 // refused.
 TEST(DecoderState, HuggingFaceNamesLoad) {
   model::ModelSpec spec = TinyDecoder();
-  spec.decoder->tie_word_embeddings = true;
+  spec.decoder()->tie_word_embeddings = true;
   JobConfig config = DefaultJobConfig(model::Precision::kFp32);
   config.model = spec;
   std::unique_ptr<Trainer> source = MakeTrainer(config);
@@ -665,7 +662,7 @@ TEST(DecoderTraining, Bf16AndFp16LossFallsWithTheScalerAtWork) {
     SCOPED_TRACE(model::PrecisionName(precision));
     JobConfig config = DefaultJobConfig(precision);
     config.model = TinyDecoder(32, 32, 4, 2, 2);
-    config.model.decoder->intermediate_size = 64;
+    config.model.decoder()->intermediate_size = 64;
     config.optimizer.adam.lr = 3e-3f;
     config.seed = 3;
     if (precision == model::Precision::kFp16) config.scaler.init_scale = 0x1p40;
@@ -704,7 +701,7 @@ TEST(DecoderTraining, AWarmStepAllocatesNothing) {
       SCOPED_TRACE(absl::StrCat(model::PrecisionName(precision), lora ? " LoRA" : ""));
       JobConfig config = DefaultJobConfig(precision);
       config.model = TinyDecoder(32, 32, 4, 2, 2);
-      if (lora) config.model.decoder->lora = model::LoraSpec{4, 8.0f, kAllModules};
+      if (lora) config.model.decoder()->lora = model::LoraSpec{4, 8.0f, kAllModules};
       auto trainer = MakeTrainer(config);
       ASSERT_TRUE(trainer);
       DataRng rng(8);
@@ -726,8 +723,8 @@ TEST(DecoderTraining, AWarmStepAllocatesNothing) {
 JobConfig LoraJob(model::Precision precision, std::vector<std::string> targets, int64_t rank = 4) {
   JobConfig config = DefaultJobConfig(precision);
   config.model = TinyDecoder(32, 32, 4, 2, 2);
-  config.model.decoder->intermediate_size = 64;
-  config.model.decoder->lora = model::LoraSpec{rank, 2.0f * static_cast<float>(rank), targets};
+  config.model.decoder()->intermediate_size = 64;
+  config.model.decoder()->lora = model::LoraSpec{rank, 2.0f * static_cast<float>(rank), targets};
   config.optimizer.adam.lr = 1e-2f;
   config.seed = 3;
   return config;
@@ -745,9 +742,9 @@ TEST(DecoderLora, FrozenBaseIsHeldInTheWorkingDtypeOnly) {
   std::unique_ptr<Trainer> trainer = MakeTrainer(config);
   ASSERT_TRUE(trainer);
   JobConfig full = config;
-  full.model.decoder->lora.reset();
+  full.model.decoder()->lora.reset();
   const int64_t base = model::ParameterCount(full.model);
-  const int64_t adapters = model::LoraParameterCount(*config.model.decoder);
+  const int64_t adapters = model::LoraParameterCount(*config.model.decoder());
   EXPECT_EQ(adapters, 2 * 4 * ((32 + 32) + (32 + 16) + (64 + 32)));
   EXPECT_EQ(trainer->parameter_count(), base + adapters);
   EXPECT_EQ(EstimateJobBytes(config), 2 * base + (4 + 2 + 2 + 8) * adapters);
@@ -797,7 +794,7 @@ TEST(DecoderLora, OnlyTheAdaptersTrainAndTheLossFalls) {
       // The head is frozen: drawn with std 0.02 its logits stay within about
       // +-0.6 whatever the adapters do, and the loss cannot fall below ~2.8.
       // A wider base lets the adapters show what they learn.
-      config.model.decoder->initializer_range = 0.3f;
+      config.model.decoder()->initializer_range = 0.3f;
       // fp16: a scale that overflows at first, so the scaler backs off.
       int skipped = 0;
       if (precision == model::Precision::kFp16) config.scaler.init_scale = 0x1p24;
@@ -904,7 +901,7 @@ TEST(DecoderLora, AdapterAndMergedViews) {
   EXPECT_EQ(checked, 2 * 3);
   // A job without adapters has no adapter view.
   JobConfig plain = config;
-  plain.model.decoder->lora.reset();
+  plain.model.decoder()->lora.reset();
   std::unique_ptr<Trainer> full_trainer = MakeTrainer(plain);
   ASSERT_TRUE(full_trainer);
   const absl::Status refused = full_trainer->ExportView(StateView::kAdapter).status();
@@ -918,7 +915,7 @@ TEST(DecoderLora, AdapterAndMergedViews) {
 TEST(DecoderLora, FrozenBaseLoadsFromF32RoundedAndRefusesOverflow) {
   JobConfig config = LoraJob(model::Precision::kFp16, {"q_proj"});
   JobConfig full = config;
-  full.model.decoder->lora.reset();
+  full.model.decoder()->lora.reset();
   full.seed = 17;
   std::unique_ptr<Trainer> source = MakeTrainer(full);
   std::unique_ptr<Trainer> trainer = MakeTrainer(config);

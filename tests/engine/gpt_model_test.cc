@@ -4,8 +4,6 @@
 // gradients vs central differences of its own loss for a sample of every
 // parameter kind, the initialisation's distributions, and fp16 / bf16
 // training through the Trainer with the loss scaler at work.
-#include "server/engine/model/gpt/gpt_model.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -20,6 +18,7 @@
 #include "common/status_macros.h"
 #include "engine_test_util.h"
 #include "server/engine/model/network.h"
+#include "server/engine/model/transformer/transformer_model.h"
 
 namespace ampd::engine {
 namespace {
@@ -38,7 +37,7 @@ model::ModelSpec TinyGpt(int64_t vocab, int64_t context, int64_t d_model, int64_
   g.n_layer = n_layer;
   g.n_head = n_head;
   g.tie_embeddings = tied;
-  spec.gpt = g;
+  spec.kind = g;
   return spec;
 }
 
@@ -112,7 +111,7 @@ std::vector<double> LayerNormRef(const std::vector<double>& x, int64_t c,
 double ReferenceLoss(const model::ModelSpec& spec, const Weights& w,
                      const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
                      int64_t batch, int64_t seq) {
-  const model::GptSpec& g = *spec.gpt;
+  const model::GptSpec& g = *spec.gpt();
   const int64_t c = g.d_model, n = batch * seq, heads = g.n_head, d = c / heads;
   const int64_t hidden = g.mlp_ratio * c;
   const double eps = g.layer_norm_eps;
@@ -221,7 +220,8 @@ class GptNet {
     auto backend = kernels::CreateBackend("cpu");
     EXPECT_TRUE(backend.ok()) << backend.status();
     backend_ = *std::move(backend);
-    auto net = model::GptModel::Create(spec, precision, seed, *backend_, lm_head_chunk_bytes);
+    auto net =
+        model::TransformerModel::Create(spec, precision, seed, *backend_, lm_head_chunk_bytes);
     EXPECT_TRUE(net.ok()) << net.status();
     net_ = *std::move(net);
     auto loss = backend_->Allocate(DType::kF32, {1, 1});
@@ -280,8 +280,8 @@ TEST(GptForward, Fp32LossMatchesFloat64Reference) {
   ExpectForwardMatchesReference(spec, RandomBatch(3, 7, 13, 1));
   // Untied head, a shorter sequence, another MLP ratio and eps.
   model::ModelSpec untied = TinyGpt(13, 8, 16, 3, 2, /*tied=*/false);
-  untied.gpt->mlp_ratio = 3;
-  untied.gpt->layer_norm_eps = 1e-3f;
+  untied.gpt()->mlp_ratio = 3;
+  untied.gpt()->layer_norm_eps = 1e-3f;
   ExpectForwardMatchesReference(untied, RandomBatch(2, 4, 13, 2));
 }
 
@@ -295,8 +295,8 @@ TEST(GptForward, ChunkedLmHeadMatchesReference) {
   const int64_t vocab = 29;
   const model::ModelSpec spec = TinyGpt(vocab, 6, 8, 1, 2);
   const int64_t chunk_bytes = LogitBytes(3, vocab, 4);
-  ASSERT_EQ(model::LmHeadChunkRows(spec.gpt->vocab_size, model::Precision::kFp32, 10, chunk_bytes),
-            3);
+  ASSERT_EQ(
+      model::LmHeadChunkRows(spec.gpt()->vocab_size, model::Precision::kFp32, 10, chunk_bytes), 3);
   ExpectForwardMatchesReference(spec, RandomBatch(2, 5, vocab, 3), chunk_bytes);
 }
 
@@ -304,7 +304,7 @@ TEST(GptForward, ChunkedLmHeadMatchesReference) {
 // they can be, each within the bytes (at least a row each).
 TEST(GptForward, LmHeadChunkRowsTakeTheFewestEvenChunks) {
   const model::ModelSpec spec = TinyGpt(100, 6, 8, 1, 2);
-  const model::GptSpec& g = *spec.gpt;
+  const model::GptSpec& g = *spec.gpt();
   const model::Precision bf16 = model::Precision::kBf16;
   const model::Precision fp32 = model::Precision::kFp32;
   EXPECT_EQ(model::LmHeadChunkRows(g.vocab_size, bf16, 8192), 8192);  // 1.6 MB: one chunk
@@ -317,13 +317,13 @@ TEST(GptForward, LmHeadChunkRowsTakeTheFewestEvenChunks) {
   // GPT-2 small's 8 x 1024 tokens: four chunks in bf16 (823 MB), seven in
   // fp32 (1.65 GB), never more than 256 MiB of logits whatever the batch.
   const model::ModelSpec gpt2 = TinyGpt(50257, 1024, 768, 12, 12);
-  EXPECT_EQ(model::LmHeadChunkRows(gpt2.gpt->vocab_size, bf16, 8192), 2048);
-  EXPECT_EQ(model::LmHeadChunkRows(gpt2.gpt->vocab_size, fp32, 8192), 1171);
-  EXPECT_EQ(model::LmHeadChunkRows(gpt2.gpt->vocab_size, bf16, 32768), 2521);  // 13 chunks
+  EXPECT_EQ(model::LmHeadChunkRows(gpt2.gpt()->vocab_size, bf16, 8192), 2048);
+  EXPECT_EQ(model::LmHeadChunkRows(gpt2.gpt()->vocab_size, fp32, 8192), 1171);
+  EXPECT_EQ(model::LmHeadChunkRows(gpt2.gpt()->vocab_size, bf16, 32768), 2521);  // 13 chunks
   // A 32k vocabulary, 64 x 256 tokens in fp16 (1 GiB): four chunks.
   EXPECT_EQ(model::LmHeadChunkRows(32000, model::Precision::kFp16, 64 * 256), 4096);
   for (const int64_t rows : {int64_t{1}, int64_t{8192}, int64_t{1} << 20}) {
-    EXPECT_LE(model::LmHeadChunkRows(gpt2.gpt->vocab_size, bf16, rows) * 50257 * 2,
+    EXPECT_LE(model::LmHeadChunkRows(gpt2.gpt()->vocab_size, bf16, rows) * 50257 * 2,
               model::kLmHeadChunkBytes);
   }
 }
@@ -440,8 +440,8 @@ TEST(GptBackward, ChunkedHeadGradientInBf16AgreesWithFp32) {
   const int64_t vocab = 97;
   const model::ModelSpec spec = TinyGpt(vocab, 20, 8, 1, 2);
   const int64_t chunk_bytes = LogitBytes(15, vocab, 2);
-  ASSERT_EQ(model::LmHeadChunkRows(spec.gpt->vocab_size, model::Precision::kBf16, 40, chunk_bytes),
-            14);
+  ASSERT_EQ(
+      model::LmHeadChunkRows(spec.gpt()->vocab_size, model::Precision::kBf16, 40, chunk_bytes), 14);
   const Batch data = RandomBatch(2, 20, vocab, 6);
   std::vector<float> grads[2];
   Weights weights;
@@ -528,9 +528,9 @@ TEST(GptBackward, HeadGradientOfOneChunkAndOfSeveralAgreeWithinOneRounding) {
     const DType dtype = model::WorkingDType(precision);
     const auto w = static_cast<int64_t>(kernels::SizeOf(dtype));
     const int64_t split_rows =
-        model::LmHeadChunkRows(spec.gpt->vocab_size, precision, rows, split_bytes);
+        model::LmHeadChunkRows(spec.gpt()->vocab_size, precision, rows, split_bytes);
     ASSERT_LT(split_rows, rows);
-    ASSERT_EQ(model::LmHeadChunkRows(spec.gpt->vocab_size, precision, rows), rows);
+    ASSERT_EQ(model::LmHeadChunkRows(spec.gpt()->vocab_size, precision, rows), rows);
     std::vector<float> grads[2];
     float losses[2] = {};
     int64_t workspace[2] = {};
@@ -722,7 +722,7 @@ TEST(GptWorkspace, BytesBoundTheAllocationAndOverflowIsRefused) {
     ASSERT_TRUE(m.Load(data).ok());
     const int64_t used = m.backend().BytesInUse() - before;
     absl::StatusOr<int64_t> bytes =
-        model::GptWorkspaceBytes(spec, model::Precision::kBf16, {3, 10}, chunk_bytes);
+        model::TransformerWorkspaceBytes(spec, model::Precision::kBf16, {3, 10}, chunk_bytes);
     ASSERT_TRUE(bytes.ok()) << bytes.status();
     // ids and targets are I32 here, counted as I64: 2 x 30 x 4 bytes of slack.
     // The token loss's five (N) F32 buffers (three inputs, the log-probs,
@@ -733,7 +733,7 @@ TEST(GptWorkspace, BytesBoundTheAllocationAndOverflowIsRefused) {
   }
   // What admission counts is the default chunking's.
   EXPECT_EQ(model::WorkspaceBytes(spec, model::Precision::kBf16, {3, 10}).value(),
-            model::GptWorkspaceBytes(spec, model::Precision::kBf16, {3, 10}).value());
+            model::TransformerWorkspaceBytes(spec, model::Precision::kBf16, {3, 10}).value());
 
   EXPECT_EQ(model::WorkspaceBytes(spec, model::Precision::kBf16, {3, 17}).status().code(),
             absl::StatusCode::kInvalidArgument);

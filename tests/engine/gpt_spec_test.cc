@@ -24,7 +24,7 @@ ModelSpec Gpt(int64_t vocab, int64_t context, int64_t d_model, int64_t n_layer, 
   g.d_model = d_model;
   g.n_layer = n_layer;
   g.n_head = n_head;
-  spec.gpt = g;
+  spec.kind = g;
   return spec;
 }
 
@@ -42,7 +42,7 @@ TEST(GptSpec, ParameterCountIsGpt2s) {
   EXPECT_EQ(ParameterCount(small), 124439808);
   EXPECT_EQ(ParameterCount(Gpt(50257, 1024, 1024, 24, 16)), 354823168);
   // Untied: lm_head.weight (V, C) on top.
-  small.gpt->tie_embeddings = false;
+  small.gpt()->tie_embeddings = false;
   EXPECT_EQ(ParameterCount(small), 124439808 + 50257 * 768);
 }
 
@@ -50,25 +50,25 @@ TEST(GptSpec, RefusesBadFieldsNamingThem) {
   ModelSpec s = Gpt(256, 64, 128, 2, 4);
   ASSERT_TRUE(ValidateModelSpec(s).ok());
   ModelSpec bad = s;
-  bad.gpt->n_head = 3;
+  bad.gpt()->n_head = 3;
   ExpectInvalid(bad, "gpt.n_head: must divide d_model 128, got 3");
   bad = s;
-  bad.gpt->vocab_size = 0;
+  bad.gpt()->vocab_size = 0;
   ExpectInvalid(bad, "gpt.vocab_size: must be > 0, got 0");
   bad = s;
-  bad.gpt->context_length = -1;
+  bad.gpt()->context_length = -1;
   ExpectInvalid(bad, "gpt.context_length: must be > 0");
   bad = s;
-  bad.gpt->n_layer = 0;
+  bad.gpt()->n_layer = 0;
   ExpectInvalid(bad, "gpt.n_layer: must be > 0");
   bad = s;
-  bad.gpt->mlp_ratio = 0;
+  bad.gpt()->mlp_ratio = 0;
   ExpectInvalid(bad, "gpt.mlp_ratio: must be > 0");
   bad = s;
-  bad.gpt->layer_norm_eps = std::numeric_limits<float>::quiet_NaN();
+  bad.gpt()->layer_norm_eps = std::numeric_limits<float>::quiet_NaN();
   ExpectInvalid(bad, "gpt.layer_norm_eps: must be finite and > 0");
   bad = s;
-  bad.gpt->layer_norm_eps = 0.0f;
+  bad.gpt()->layer_norm_eps = 0.0f;
   ExpectInvalid(bad, "gpt.layer_norm_eps: must be finite and > 0");
   bad = s;
   bad.layers.push_back(LayerSpec{});
@@ -83,11 +83,11 @@ TEST(GptSpec, RefusesBadFieldsNamingThem) {
 
 TEST(GptSpec, RefusesSizesThatOverflow) {
   ModelSpec wide = Gpt(256, 64, 128, 1, 1);
-  wide.gpt->mlp_ratio = int64_t{1} << 60;
+  wide.gpt()->mlp_ratio = int64_t{1} << 60;
   ExpectInvalid(wide, "gpt.mlp_ratio: gives the MLP's hidden width");
   // c_attn alone (3 C^2 = 3 x 2^54) fits; the MLP's 8 C^2 does not.
   ModelSpec s = Gpt(256, 64, int64_t{1} << 27, 1, 1);
-  s.gpt->mlp_ratio = 8;
+  s.gpt()->mlp_ratio = 8;
   ExpectInvalid(s, "gpt.mlp_ratio: gives the MLP's weights");
   // A d_model too large by itself is d_model's fault, whatever mlp_ratio.
   for (const int64_t d_model : {int64_t{1} << 28, int64_t{1} << 31, int64_t{1} << 40}) {

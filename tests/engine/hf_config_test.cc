@@ -79,8 +79,8 @@ std::string Refusal(const std::string& json) {
 TEST(HfConfig, Qwen2IsADecoderWithQkvBiases) {
   absl::StatusOr<ModelSpec> spec = ModelSpecOfHfConfig(kQwen2);
   ASSERT_TRUE(spec.ok()) << spec.status();
-  ASSERT_TRUE(spec->decoder.has_value());
-  const DecoderSpec& d = *spec->decoder;
+  ASSERT_TRUE(spec->decoder() != nullptr);
+  const DecoderSpec& d = *spec->decoder();
   EXPECT_EQ(d.vocab_size, 151936);
   EXPECT_EQ(d.hidden_size, 896);
   EXPECT_EQ(d.intermediate_size, 4864);
@@ -109,7 +109,7 @@ TEST(HfConfig, Llama31ScalesRopeInEitherKeyStyle) {
                                         R"("rope_parameters": {"rope_theta": 500000.0, )"}})}) {
     absl::StatusOr<ModelSpec> spec = ModelSpecOfHfConfig(json);
     ASSERT_TRUE(spec.ok()) << spec.status() << json;
-    const DecoderSpec& d = *spec->decoder;
+    const DecoderSpec& d = *spec->decoder();
     EXPECT_EQ(d.head_dim, 64);
     EXPECT_EQ(d.rope_theta, 500000.0f);
     EXPECT_EQ(d.rope_scaling.type, RopeType::kLlama3);
@@ -124,13 +124,13 @@ TEST(HfConfig, Llama31ScalesRopeInEitherKeyStyle) {
   absl::StatusOr<ModelSpec> biased = ModelSpecOfHfConfig(
       absl::StrReplaceAll(kLlama31, {{R"("attention_bias": false)", R"("attention_bias": true)"}}));
   ASSERT_TRUE(biased.ok()) << biased.status();
-  EXPECT_TRUE(biased->decoder->qkv_bias && biased->decoder->o_bias);
+  EXPECT_TRUE(biased->decoder()->qkv_bias && biased->decoder()->o_bias);
 }
 
 TEST(HfConfig, Qwen3NormsEachQAndKHead) {
   absl::StatusOr<ModelSpec> spec = ModelSpecOfHfConfig(kQwen3);
   ASSERT_TRUE(spec.ok()) << spec.status();
-  const DecoderSpec& d = *spec->decoder;
+  const DecoderSpec& d = *spec->decoder();
   EXPECT_TRUE(d.qk_norm);
   EXPECT_EQ(d.head_dim, 128);
   EXPECT_FALSE(d.qkv_bias || d.o_bias);
@@ -140,15 +140,15 @@ TEST(HfConfig, Qwen3NormsEachQAndKHead) {
   absl::StatusOr<ModelSpec> unset =
       ModelSpecOfHfConfig(absl::StrReplaceAll(kQwen3, {{R"("head_dim": 128,)", ""}}));
   ASSERT_TRUE(unset.ok()) << unset.status();
-  EXPECT_EQ(unset->decoder->head_dim, 128);
+  EXPECT_EQ(unset->decoder()->head_dim, 128);
   // Qwen2 and Llama norm no head.
-  EXPECT_FALSE(ModelSpecOfHfConfig(kQwen2)->decoder->qk_norm);
+  EXPECT_FALSE(ModelSpecOfHfConfig(kQwen2)->decoder()->qk_norm);
 }
 
 TEST(HfConfig, Gemma3IsADecoderWithGemmasParts) {
   absl::StatusOr<ModelSpec> spec = ModelSpecOfHfConfig(kGemma3);
   ASSERT_TRUE(spec.ok()) << spec.status();
-  const DecoderSpec& d = *spec->decoder;
+  const DecoderSpec& d = *spec->decoder();
   EXPECT_TRUE(d.qk_norm && d.norm_unit_offset && d.sandwich_norms && d.scale_embeddings);
   EXPECT_EQ(d.mlp_activation, MlpActivation::kGeluTanh);
   EXPECT_EQ(d.head_dim, 256);
@@ -172,20 +172,20 @@ TEST(HfConfig, Gemma3IsADecoderWithGemmasParts) {
                       "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},)",
         R"("rope_theta": 1000000.0, "rope_local_base_freq": 5000.0, "rope_scaling": null,)"}}));
   ASSERT_TRUE(old.ok()) << old.status();
-  EXPECT_EQ(old->decoder->sliding_layers,
+  EXPECT_EQ(old->decoder()->sliding_layers,
             (std::vector<bool>{true, true, false, true, true, false}));
-  EXPECT_EQ(old->decoder->rope_scaling.type, RopeType::kDefault);
-  EXPECT_EQ(old->decoder->rope_local_theta, 5000.0f);
+  EXPECT_EQ(old->decoder()->rope_scaling.type, RopeType::kDefault);
+  EXPECT_EQ(old->decoder()->rope_local_theta, 5000.0f);
 }
 
 TEST(HfConfig, Gpt2IsAGpt) {
   absl::StatusOr<ModelSpec> spec = ModelSpecOfHfConfig(kGpt2);
   ASSERT_TRUE(spec.ok()) << spec.status();
-  ASSERT_TRUE(spec->gpt.has_value());
-  EXPECT_EQ(spec->gpt->d_model, 768);
-  EXPECT_EQ(spec->gpt->context_length, 1024);
-  EXPECT_EQ(spec->gpt->mlp_ratio, 4);  // n_inner null: 4 n_embd
-  EXPECT_TRUE(spec->gpt->tie_embeddings);
+  ASSERT_TRUE(spec->gpt() != nullptr);
+  EXPECT_EQ(spec->gpt()->d_model, 768);
+  EXPECT_EQ(spec->gpt()->context_length, 1024);
+  EXPECT_EQ(spec->gpt()->mlp_ratio, 4);  // n_inner null: 4 n_embd
+  EXPECT_TRUE(spec->gpt()->tie_embeddings);
   EXPECT_TRUE(ValidateModelSpec(*spec).ok());
 }
 
@@ -249,13 +249,13 @@ TEST(HfConfig, WhatWouldComputeDifferentlyIsRefusedNamingTheKey) {
 // Every field of a spec the config.json carries, as text, so that two
 // specs compare field by field in a failure's message.
 std::string Fields(const ModelSpec& spec) {
-  if (spec.gpt.has_value()) {
-    const GptSpec& g = *spec.gpt;
+  if (spec.gpt() != nullptr) {
+    const GptSpec& g = *spec.gpt();
     return absl::StrCat("gpt ", g.vocab_size, " ", g.context_length, " ", g.d_model, " ", g.n_layer,
                         " ", g.n_head, " ", g.mlp_ratio, " ", g.layer_norm_eps, " ",
                         g.tie_embeddings);
   }
-  const DecoderSpec& d = *spec.decoder;
+  const DecoderSpec& d = *spec.decoder();
   std::string sliding;
   for (const bool s : d.sliding_layers) sliding += s ? "s" : "f";
   const RopeScaling& r = d.rope_scaling;
@@ -324,7 +324,7 @@ TEST(HfConfig, WhatNoFamilyOwnsIsNotWritten) {
   // A decoder with o_proj biased and q/k/v not: no family has those biases.
   absl::StatusOr<ModelSpec> spec = ModelSpecOfHfConfig(kLlama31);
   ASSERT_TRUE(spec.ok());
-  spec->decoder->o_bias = true;
+  spec->decoder()->o_bias = true;
   EXPECT_EQ(HfConfigOfModelSpec(*spec).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 

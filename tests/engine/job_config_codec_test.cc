@@ -51,10 +51,10 @@ void ExpectSameConfig(const JobConfig& a, const JobConfig& b) {
     EXPECT_EQ(x.num_embeddings, y.num_embeddings);
     EXPECT_EQ(x.embedding_dim, y.embedding_dim);
   }
-  ASSERT_EQ(a.model.gpt.has_value(), b.model.gpt.has_value());
-  if (a.model.gpt.has_value()) {
-    const model::GptSpec& x = *a.model.gpt;
-    const model::GptSpec& y = *b.model.gpt;
+  ASSERT_EQ(a.model.gpt() != nullptr, b.model.gpt() != nullptr);
+  if (a.model.gpt() != nullptr) {
+    const model::GptSpec& x = *a.model.gpt();
+    const model::GptSpec& y = *b.model.gpt();
     EXPECT_EQ(x.vocab_size, y.vocab_size);
     EXPECT_EQ(x.context_length, y.context_length);
     EXPECT_EQ(x.d_model, y.d_model);
@@ -64,10 +64,10 @@ void ExpectSameConfig(const JobConfig& a, const JobConfig& b) {
     EXPECT_TRUE(SameBits(x.layer_norm_eps, y.layer_norm_eps));
     EXPECT_EQ(x.tie_embeddings, y.tie_embeddings);
   }
-  ASSERT_EQ(a.model.decoder.has_value(), b.model.decoder.has_value());
-  if (a.model.decoder.has_value()) {
-    const model::DecoderSpec& x = *a.model.decoder;
-    const model::DecoderSpec& y = *b.model.decoder;
+  ASSERT_EQ(a.model.decoder() != nullptr, b.model.decoder() != nullptr);
+  if (a.model.decoder() != nullptr) {
+    const model::DecoderSpec& x = *a.model.decoder();
+    const model::DecoderSpec& y = *b.model.decoder();
     EXPECT_EQ(x.vocab_size, y.vocab_size);
     EXPECT_EQ(x.hidden_size, y.hidden_size);
     EXPECT_EQ(x.intermediate_size, y.intermediate_size);
@@ -620,7 +620,7 @@ TEST(JobConfigCodec, GptConfigsAreVersionThree) {
   gpt.mlp_ratio = 3;
   gpt.layer_norm_eps = 1e-6f;
   gpt.tie_embeddings = false;
-  config.model.gpt = gpt;
+  config.model.kind = gpt;
   ASSERT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
   const std::string json = EncodeJobConfig(config, "");
   EXPECT_TRUE(absl::StartsWith(json, "{\"format_version\":3,")) << json;
@@ -668,7 +668,7 @@ TEST(JobConfigCodec, DecoderConfigsAreVersionSix) {
   d.tie_word_embeddings = true;
   d.initializer_range = 0.02f;
   d.qkv_bias = true;
-  config.model.decoder = d;
+  config.model.kind = d;
   ASSERT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
   const std::string json = EncodeJobConfig(config, "");
   EXPECT_TRUE(absl::StartsWith(json, "{\"format_version\":6,")) << json;
@@ -694,6 +694,18 @@ TEST(JobConfigCodec, DecoderConfigsAreVersionSix) {
   decoded = DecodeJobConfig(absl::StrReplaceAll(json, {{",\"o_bias\":false", ""}}));
   ASSERT_FALSE(decoded.ok());
   EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+  // A model is one kind: a file that names a GPT beside the decoder is
+  // not a config this codec wrote.
+  decoded = DecodeJobConfig(
+      absl::StrReplaceAll(json, {{"\"decoder\":{",
+                                  "\"gpt\":{\"vocab_size\":8,\"context_length\":4,\"d_model\":4,"
+                                  "\"n_layer\":1,\"n_head\":1,\"mlp_ratio\":4,"
+                                  "\"layer_norm_eps\":9.99999975e-06,\"tie_embeddings\":true},"
+                                  "\"decoder\":{"}}));
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss) << decoded.status();
+  EXPECT_EQ(decoded.status().message(),
+            "ampd.config: model.decoder: a model is a GPT or a decoder, not both");
 }
 
 // A small Llama-shaped decoder config (fp32, like a LoRA conformance job).
@@ -708,7 +720,7 @@ JobConfig SmallDecoderConfig() {
   d.num_attention_heads = 4;
   d.num_key_value_heads = 2;
   d.max_position_embeddings = 16;
-  config.model.decoder = d;
+  config.model.kind = d;
   return config;
 }
 
@@ -722,7 +734,7 @@ TEST(JobConfigCodec, LoraConfigsAreVersionSevenAndOthersKeepTheirBytes) {
   lora.rank = 4;
   lora.alpha = 8.0f;
   lora.target_modules = {"q_proj", "v_proj", "down_proj"};
-  config.model.decoder->lora = lora;
+  config.model.decoder()->lora = lora;
   ASSERT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
   const std::string json = EncodeJobConfig(config, "");
   EXPECT_TRUE(absl::StartsWith(json, "{\"format_version\":7,")) << json;
@@ -817,7 +829,7 @@ TEST(JobConfigCodec, BaseModelJobsAreVersionEleven) {
 TEST(JobConfigCodec, RopeScaledDecodersAreVersionNine) {
   JobConfig config = SmallDecoderConfig();
   const std::string plain = EncodeJobConfig(config, "");
-  config.model.decoder->rope_scaling = {model::RopeType::kLlama3, 8.0f, 1.0f, 4.0f, 8192};
+  config.model.decoder()->rope_scaling = {model::RopeType::kLlama3, 8.0f, 1.0f, 4.0f, 8192};
   ASSERT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
   const std::string json = EncodeJobConfig(config, "");
   EXPECT_TRUE(absl::StartsWith(json, "{\"format_version\":9,")) << json;
@@ -843,7 +855,7 @@ TEST(JobConfigCodec, RopeScaledDecodersAreVersionNine) {
   EXPECT_TRUE(absl::StrContains(decoded.status().message(), "model.decoder.rope_scaling.rope_type"))
       << decoded.status();
 
-  config.model.decoder->rope_scaling = {model::RopeType::kLinear, 2.0f, 0.0f, 0.0f, 0};
+  config.model.decoder()->rope_scaling = {model::RopeType::kLinear, 2.0f, 0.0f, 0.0f, 0};
   decoded = DecodeJobConfig(EncodeJobConfig(config, ""));
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   ExpectSameConfig(config, decoded->config.get());
@@ -856,8 +868,8 @@ TEST(JobConfigCodec, QkNormDecodersAreVersionTen) {
   JobConfig config = SmallDecoderConfig();
   const std::string plain = EncodeJobConfig(config, "");
   EXPECT_FALSE(absl::StrContains(plain, "qk_norm")) << plain;
-  config.model.decoder->qk_norm = true;
-  config.model.decoder->head_dim = 16;  // Qwen3's explicit head_dim, not hidden / heads (8)
+  config.model.decoder()->qk_norm = true;
+  config.model.decoder()->head_dim = 16;  // Qwen3's explicit head_dim, not hidden / heads (8)
   ASSERT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
   const std::string json = EncodeJobConfig(config, "");
   EXPECT_TRUE(absl::StartsWith(json, "{\"format_version\":10,")) << json;
@@ -865,7 +877,7 @@ TEST(JobConfigCodec, QkNormDecodersAreVersionTen) {
   absl::StatusOr<DecodedJobConfig> decoded = DecodeJobConfig(json);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   ExpectSameConfig(config, decoded->config.get());
-  EXPECT_TRUE(decoded->config.get().model.decoder->qk_norm);
+  EXPECT_TRUE(decoded->config.get().model.decoder()->qk_norm);
 
   decoded = DecodeJobConfig(
       absl::StrReplaceAll(json, {{"\"format_version\":10", "\"format_version\":9"}}));
@@ -877,8 +889,8 @@ TEST(JobConfigCodec, QkNormDecodersAreVersionTen) {
   EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
 
   // With RoPE scaling and LoRA too: each key in its place, read back.
-  config.model.decoder->rope_scaling = {model::RopeType::kLinear, 2.0f, 0.0f, 0.0f, 0};
-  config.model.decoder->lora = model::LoraSpec{4, 8.0f, {"q_proj", "k_proj"}};
+  config.model.decoder()->rope_scaling = {model::RopeType::kLinear, 2.0f, 0.0f, 0.0f, 0};
+  config.model.decoder()->lora = model::LoraSpec{4, 8.0f, {"q_proj", "k_proj"}};
   decoded = DecodeJobConfig(EncodeJobConfig(config, ""));
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   ExpectSameConfig(config, decoded->config.get());
@@ -903,7 +915,7 @@ TEST(JobConfigCodec, RopeScalingValidationNamesTheField) {
   };
   for (const Case& c : cases) {
     JobConfig config = SmallDecoderConfig();
-    config.model.decoder->rope_scaling = c.rope;
+    config.model.decoder()->rope_scaling = c.rope;
     const absl::Status s = ValidateJobConfig(config);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.error;
     EXPECT_TRUE(absl::StrContains(s.message(), c.error)) << s;
@@ -934,16 +946,16 @@ TEST(JobConfigCodec, LoraValidationNamesTheField) {
   };
   for (const Case& c : cases) {
     JobConfig config = SmallDecoderConfig();
-    config.model.decoder->lora = model::LoraSpec{c.rank, c.alpha, c.modules};
+    config.model.decoder()->lora = model::LoraSpec{c.rank, c.alpha, c.modules};
     const absl::Status s = ValidateJobConfig(config);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.error;
     EXPECT_TRUE(absl::StrContains(s.message(), c.error)) << s;
   }
   JobConfig config = SmallDecoderConfig();
-  config.model.decoder->lora = model::LoraSpec{16, 32.0f, {"q_proj", "k_proj", "gate_proj"}};
+  config.model.decoder()->lora = model::LoraSpec{16, 32.0f, {"q_proj", "k_proj", "gate_proj"}};
   EXPECT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
   // Per block: q (32 + 32) r, k (32 + 16) r, gate (32 + 48) r; two blocks.
-  EXPECT_EQ(model::LoraParameterCount(*config.model.decoder), 2 * 16 * (64 + 48 + 80));
+  EXPECT_EQ(model::LoraParameterCount(*config.model.decoder()), 2 * 16 * (64 + 48 + 80));
 }
 
 TEST(JobConfigCodec, DistributedConfigsAreVersionFourAndRoundTrip) {
@@ -1042,7 +1054,7 @@ TEST(JobConfigCodec, GemmaDecodersAreVersionTwelve) {
   JobConfig config = SmallDecoderConfig();
   const std::string plain = EncodeJobConfig(config, "");
   EXPECT_FALSE(absl::StrContains(plain, "gemma")) << plain;
-  model::DecoderSpec& d = *config.model.decoder;
+  model::DecoderSpec& d = *config.model.decoder();
   d.qk_norm = true;
   d.norm_unit_offset = true;
   d.mlp_activation = model::MlpActivation::kGeluTanh;

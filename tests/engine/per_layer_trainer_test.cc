@@ -336,12 +336,12 @@ JobConfig GptConfig(model::Precision precision, bool per_layer, bool tied) {
   JobConfig c = Config(precision, per_layer);
   c.model.layers.clear();
   c.model.loss = model::LossKind::kCrossEntropy;
-  c.model.gpt = model::GptSpec{.vocab_size = 48,
-                               .context_length = 16,
-                               .d_model = 32,
-                               .n_layer = 3,
-                               .n_head = 4,
-                               .tie_embeddings = tied};
+  c.model.kind = model::GptSpec{.vocab_size = 48,
+                                .context_length = 16,
+                                .d_model = 32,
+                                .n_layer = 3,
+                                .n_head = 4,
+                                .tie_embeddings = tied};
   return c;
 }
 
@@ -435,7 +435,7 @@ TEST(PerLayerGpt, BeyondThirtyTwoBlocksConsecutiveBlocksShareAScale) {
   }
 
   JobConfig single_config = GptConfig(model::Precision::kFp32, false, true);
-  single_config.model.gpt = model::GptSpec{
+  single_config.model.kind = model::GptSpec{
       .vocab_size = 48, .context_length = 16, .d_model = 8, .n_layer = 34, .n_head = 2};
   JobConfig layered_config = single_config;
   layered_config.scaler.per_layer_scales = true;
@@ -498,7 +498,7 @@ TEST(PerLayerConfig, RefusedOutsideAdaptiveJobsOfOneAmpdAndBeyond32LinearGroups)
   JobConfig gpt = ok;
   gpt.model.layers.clear();
   gpt.model.loss = model::LossKind::kCrossEntropy;
-  gpt.model.gpt = model::GptSpec{
+  gpt.model.kind = model::GptSpec{
       .vocab_size = 64, .context_length = 16, .d_model = 32, .n_layer = 48, .n_head = 4};
   ASSERT_TRUE(ValidateJobConfig(gpt).ok()) << ValidateJobConfig(gpt);
   EXPECT_EQ(model::LayerScaleGroups(gpt.model), 32);

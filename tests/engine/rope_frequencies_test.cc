@@ -2,7 +2,7 @@
 // frequencies equal transformers' to the bit, and each rope type keeps to
 // its definition (linear divides every default frequency; llama3 keeps the
 // high ones, divides the low ones and blends the band between).
-#include "server/engine/model/decoder/rope_frequencies.h"
+#include "server/engine/model/transformer/rope_frequencies.h"
 
 #include <cmath>
 #include <cstdint>

@@ -46,7 +46,7 @@ JobConfig Gpt(model::Precision precision) {
   g.d_model = 32;
   g.n_layer = 2;
   g.n_head = 4;
-  config.model.gpt = g;
+  config.model.kind = g;
   config.model.loss = model::LossKind::kCrossEntropy;
   return config;
 }
@@ -72,7 +72,7 @@ JobConfig Decoder(model::Precision precision, bool lora, bool qk_norm = false) {
   if (lora) {
     d.lora = model::LoraSpec{4, 8.0f, {"q_proj", "v_proj", "o_proj", "up_proj", "down_proj"}};
   }
-  config.model.decoder = d;
+  config.model.kind = d;
   config.model.loss = model::LossKind::kCrossEntropy;
   return config;
 }

@@ -30,7 +30,7 @@ JobConfig Gpt(model::Precision precision) {
   g.d_model = 32;
   g.n_layer = 2;
   g.n_head = 4;
-  config.model.gpt = g;
+  config.model.kind = g;
   config.model.loss = model::LossKind::kCrossEntropy;
   return config;
 }
@@ -47,7 +47,7 @@ JobConfig Decoder(model::Precision precision, bool lora) {
   d.max_position_embeddings = 32;
   d.rope_theta = 10000.0f;
   if (lora) d.lora = model::LoraSpec{4, 8.0f, {"q_proj", "v_proj", "o_proj", "down_proj"}};
-  config.model.decoder = d;
+  config.model.kind = d;
   config.model.loss = model::LossKind::kCrossEntropy;
   return config;
 }
@@ -211,7 +211,7 @@ TEST_P(SamplerSnapshot, SamplesTheTrainingForwardOfItsStepWhileTheJobTrainsOn) {
 
     // A copy holds the trainable weights' working copies only.
     int64_t expected = 0;
-    const bool lora = c.config.model.decoder.has_value() && c.config.model.decoder->lora;
+    const bool lora = c.config.model.decoder() != nullptr && c.config.model.decoder()->lora;
     for (const codec::NamedTensor& t : host->tensors) {
       expected += static_cast<int64_t>(t.tensor.data.size());
       EXPECT_EQ(t.tensor.dtype,

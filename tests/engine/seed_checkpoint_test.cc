@@ -84,7 +84,7 @@ JobConfig GptConfig(uint64_t seed) {
   g.d_model = 16;
   g.n_layer = 2;
   g.n_head = 2;
-  config.model.gpt = g;
+  config.model.kind = g;
   config.model.loss = model::LossKind::kCrossEntropy;
   config.seed = seed;
   return config;
@@ -144,7 +144,7 @@ TEST_F(SeedCheckpoint, CreationWritesTheConfigAndSeedAlone) {
 // weights, moments, scaler state and counts, for a layer stack and a GPT.
 TEST_F(SeedCheckpoint, RestoresTheCreatedStateBitForBit) {
   for (const JobConfig& config : {LayersConfig(5), GptConfig(11)}) {
-    SCOPED_TRACE(config.model.gpt.has_value() ? "gpt" : "layers");
+    SCOPED_TRACE(config.model.gpt() != nullptr ? "gpt" : "layers");
     std::string created;
     const std::string id = CreateAndDrop(config, &created);
     ASSERT_FALSE(created.empty());

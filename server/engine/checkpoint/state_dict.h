@@ -6,7 +6,7 @@
 //   model.{i}.weight, model.{i}.bias            F32 master weights, layer i
 //   transformer.wte.weight, transformer.h.{i}.attn.c_attn.weight, ...
 //                                               a GPT's, Hugging Face GPT-2's
-//                                               names (model/gpt/gpt_model.h)
+//                                               names (model/families/gpt2.cc)
 //   optimizer.{param}.exp_avg / .exp_avg_sq     Adam/AdamW moments (F32)
 //   optimizer.{param}.momentum_buffer           SGD momentum (F32)
 // and metadata:

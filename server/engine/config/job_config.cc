@@ -76,7 +76,8 @@ int64_t EstimateJobBytes(const JobConfig& config) {
   // Frozen (a LoRA job's base): the working copy alone.
   const int64_t frozen = model::FrozenParameterCount(config.model);
   // (Not params - frozen: either count may have saturated.)
-  const int64_t trainable = frozen > 0 ? model::LoraParameterCount(*config.model.decoder) : params;
+  const int64_t trainable =
+      frozen > 0 ? model::LoraParameterCount(*config.model.decoder()) : params;
   return SaturatingAdd(SaturatingMul(trainable, 4 + 2 * working + optimizer),
                        SharesBase(config) ? 0 : SaturatingMul(frozen, working));
 }

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "codec/json_text.h"
+#include "common/overloaded.h"
 #include "common/status_macros.h"
 
 namespace ampd::engine {
@@ -495,8 +496,10 @@ std::string ModelJson(const model::ModelSpec& spec) {
   ObjectWriter w(&out);
   w.Raw("layers", layers);
   // Only when set: a layer-stack config encodes as it always has.
-  if (spec.gpt.has_value()) w.Raw("gpt", GptJson(*spec.gpt));
-  if (spec.decoder.has_value()) w.Raw("decoder", DecoderJson(*spec.decoder));
+  std::visit(Overloaded{[](const model::LayerStack&) {},
+                        [&w](const model::GptSpec& g) { w.Raw("gpt", GptJson(g)); },
+                        [&w](const model::DecoderSpec& d) { w.Raw("decoder", DecoderJson(d)); }},
+             spec.kind);
   w.String("loss", LossName(spec.loss));
   w.Float("loss_multiplier", spec.loss_multiplier);
   w.Close();
@@ -736,14 +739,17 @@ absl::StatusOr<model::ModelSpec> ModelFromJson(const Json& v, int64_t version) {
   if (f.Has("gpt")) {
     if (version < 3) return Corrupt("model.gpt", "not a key of format_version 1 or 2");
     AMPD_ASSIGN_OR_RETURN(const Json* gpt, f.Get("gpt"));
-    AMPD_ASSIGN_OR_RETURN(spec.gpt, GptFromJson(*gpt));
+    AMPD_ASSIGN_OR_RETURN(spec.kind, GptFromJson(*gpt));
   }
   if (f.Has("decoder")) {
     if (version < 6) {
       return Corrupt("model.decoder", absl::StrCat("not a key of format_version ", version));
     }
+    if (spec.gpt() != nullptr) {
+      return Corrupt("model.decoder", "a model is a GPT or a decoder, not both");
+    }
     AMPD_ASSIGN_OR_RETURN(const Json* decoder, f.Get("decoder"));
-    AMPD_ASSIGN_OR_RETURN(spec.decoder, DecoderFromJson(*decoder, version));
+    AMPD_ASSIGN_OR_RETURN(spec.kind, DecoderFromJson(*decoder, version));
   }
   AMPD_ASSIGN_OR_RETURN(const std::string loss, f.String("loss"));
   AMPD_ASSIGN_OR_RETURN(
@@ -879,19 +885,17 @@ std::string EncodeJobConfig(const JobConfig& config, absl::string_view request_i
   int64_t version = 1;
   if (config.scaler.policy == amp::ScalerPolicy::kAdaptive) version = 2;
   if (config.optimizer.lr_schedule.kind != optim::LrScheduleKind::kConstant) version = 3;
-  if (config.model.gpt.has_value()) version = 3;
+  const model::DecoderSpec* decoder = config.model.decoder();
+  if (config.model.gpt() != nullptr) version = 3;
   if (config.distributed.enabled()) version = 4;
   if (config.scaler.per_layer_scales) version = 5;
-  if (config.model.decoder.has_value()) version = 6;
-  if (config.model.decoder.has_value() && config.model.decoder->lora.has_value()) version = 7;
+  if (decoder != nullptr) version = 6;
+  if (decoder != nullptr && decoder->lora.has_value()) version = 7;
   if (config.batch_invariant) version = 8;
-  if (config.model.decoder.has_value() &&
-      config.model.decoder->rope_scaling.type != model::RopeType::kDefault) {
-    version = 9;
-  }
-  if (config.model.decoder.has_value() && config.model.decoder->qk_norm) version = 10;
+  if (decoder != nullptr && decoder->rope_scaling.type != model::RopeType::kDefault) version = 9;
+  if (decoder != nullptr && decoder->qk_norm) version = 10;
   if (!config.base_model.empty()) version = 11;
-  if (config.model.decoder.has_value() && HasGemmaParts(*config.model.decoder)) version = 12;
+  if (decoder != nullptr && HasGemmaParts(*decoder)) version = 12;
   w.Int("format_version", version);
   w.String("display_name", config.display_name);
   if (!request_id.empty()) w.String("request_id", request_id);

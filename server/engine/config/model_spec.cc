@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/checked_math.h"
+#include "common/overloaded.h"
 #include "common/status_macros.h"
 
 namespace ampd::engine::model {
@@ -132,8 +133,7 @@ absl::Status GptSize(bool ok, int64_t value, absl::string_view field, absl::stri
   return absl::OkStatus();
 }
 
-absl::Status ValidateGptSpec(const ModelSpec& spec) {
-  const GptSpec& g = *spec.gpt;
+absl::Status ValidateGptSpec(const ModelSpec& spec, const GptSpec& g) {
   if (!spec.layers.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("layers: must be empty when gpt is set, got ", spec.layers.size(), " layers"));
@@ -244,11 +244,7 @@ absl::Status ValidateRopeScaling(const RopeScaling& r) {
                       absl::StrCat(r.original_max_position_embeddings));
 }
 
-absl::Status ValidateDecoderSpec(const ModelSpec& spec) {
-  const DecoderSpec& d = *spec.decoder;
-  if (spec.gpt.has_value()) {
-    return absl::InvalidArgumentError("decoder: a model is a GPT or a decoder, not both");
-  }
+absl::Status ValidateDecoderSpec(const ModelSpec& spec, const DecoderSpec& d) {
   if (!spec.layers.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "layers: must be empty when decoder is set, got ", spec.layers.size(), " layers"));
@@ -434,7 +430,23 @@ int64_t DecoderParameterCount(const DecoderSpec& d) {
 }
 
 bool IsSequenceModel(const ModelSpec& spec) {
-  return spec.gpt.has_value() || spec.decoder.has_value();
+  return !std::holds_alternative<LayerStack>(spec.kind);
+}
+
+TokenShape TokenShapeOf(const ModelSpec& spec) {
+  return std::visit(Overloaded{[](const LayerStack&) { return TokenShape{}; },
+                               [](const GptSpec& g) {
+                                 return TokenShape{g.vocab_size, g.context_length};
+                               },
+                               [](const DecoderSpec& d) {
+                                 return TokenShape{d.vocab_size, d.max_position_embeddings};
+                               }},
+                    spec.kind);
+}
+
+const LoraSpec* LoraOf(const ModelSpec& spec) {
+  const DecoderSpec* d = spec.decoder();
+  return d != nullptr && d->lora.has_value() ? &*d->lora : nullptr;
 }
 
 int64_t GptParameterCount(const GptSpec& g) {
@@ -456,9 +468,8 @@ int64_t GptParameterCount(const GptSpec& g) {
   return total;
 }
 
-absl::Status ValidateModelSpec(const ModelSpec& spec) {
-  if (spec.decoder.has_value()) return ValidateDecoderSpec(spec);
-  if (spec.gpt.has_value()) return ValidateGptSpec(spec);
+// ValidateModelSpec of a layer stack.
+static absl::Status ValidateLayerStack(const ModelSpec& spec) {
   if (spec.layers.empty()) return absl::InvalidArgumentError("layers: the model has no layers");
   int64_t width = 0;  // 0 until a sized layer fixes it
   bool sized = false;
@@ -543,20 +554,23 @@ int64_t OutputFeatures(const ModelSpec& spec) {
 }
 
 int64_t ParameterCount(const ModelSpec& spec) {
-  if (spec.gpt.has_value()) return GptParameterCount(*spec.gpt);
-  if (spec.decoder.has_value()) {
-    return SaturatingAdd(DecoderParameterCount(*spec.decoder), LoraParameterCount(*spec.decoder));
-  }
-  int64_t count = 0;
-  for (const LayerSpec& layer : spec.layers) {
-    count = SaturatingAdd(count, LayerParameterCount(layer));
-  }
-  return count;
+  return std::visit(Overloaded{[&spec](const LayerStack&) {
+                                 int64_t count = 0;
+                                 for (const LayerSpec& layer : spec.layers) {
+                                   count = SaturatingAdd(count, LayerParameterCount(layer));
+                                 }
+                                 return count;
+                               },
+                               [](const GptSpec& g) { return GptParameterCount(g); },
+                               [](const DecoderSpec& d) {
+                                 return SaturatingAdd(DecoderParameterCount(d),
+                                                      LoraParameterCount(d));
+                               }},
+                    spec.kind);
 }
 
 int64_t FrozenParameterCount(const ModelSpec& spec) {
-  const bool lora = spec.decoder.has_value() && spec.decoder->lora.has_value();
-  return lora ? DecoderParameterCount(*spec.decoder) : 0;
+  return LoraOf(spec) != nullptr ? DecoderParameterCount(*spec.decoder()) : 0;
 }
 
 int64_t GptBlockScaleGroup(int64_t block, int64_t n_layer) {
@@ -565,13 +579,26 @@ int64_t GptBlockScaleGroup(int64_t block, int64_t n_layer) {
 }
 
 int64_t LayerScaleGroups(const ModelSpec& spec) {
-  if (spec.gpt.has_value()) return std::min(spec.gpt->n_layer, kMaxGptScaleGroups);
-  if (spec.decoder.has_value()) {
-    return std::min(spec.decoder->num_hidden_layers, kMaxGptScaleGroups);
-  }
-  int64_t linears = 0;
-  for (const LayerSpec& l : spec.layers) linears += l.kind == LayerKind::kLinear ? 1 : 0;
-  return std::max<int64_t>(1, linears);
+  return std::visit(
+      Overloaded{
+          [&spec](const LayerStack&) {
+            int64_t linears = 0;
+            for (const LayerSpec& l : spec.layers) {
+              linears += l.kind == LayerKind::kLinear ? 1 : 0;
+            }
+            return std::max<int64_t>(1, linears);
+          },
+          [](const GptSpec& g) { return std::min(g.n_layer, kMaxGptScaleGroups); },
+          [](const DecoderSpec& d) { return std::min(d.num_hidden_layers, kMaxGptScaleGroups); }},
+      spec.kind);
+}
+
+absl::Status ValidateModelSpec(const ModelSpec& spec) {
+  return std::visit(
+      Overloaded{[&spec](const LayerStack&) { return ValidateLayerStack(spec); },
+                 [&spec](const GptSpec& g) { return ValidateGptSpec(spec, g); },
+                 [&spec](const DecoderSpec& d) { return ValidateDecoderSpec(spec, d); }},
+      spec.kind);
 }
 
 }  // namespace ampd::engine::model

@@ -1,13 +1,16 @@
 // The declarative model a job trains: a sequence of layers and a loss, a
-// GPT-2-style transformer or a Llama/Qwen2-family decoder, sent by the client (translated from
-// protobuf by server/rpc) and validated here. No code is ever loaded from a client; weights come
-// from the job's seed or a state dict.
+// GPT-2-style transformer or a Llama/Qwen/Gemma-family decoder (one variant,
+// ModelSpec::kind), sent by the client (translated from protobuf by
+// server/rpc) and validated here. No code is ever loaded from a client;
+// weights come from the job's seed or a state dict. Both transformers are
+// one model (model/transformer/), each spec a family of its parts.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -197,19 +200,39 @@ int64_t DecoderHeadDim(const DecoderSpec& decoder);
 // The target value whose position carries no loss (PyTorch's ignore_index).
 inline constexpr int64_t kIgnoreIndex = codec::kIgnoreTarget;
 
+// A layer stack: ModelSpec's layers and loss (it has no fields of its own).
+struct LayerStack {};
+
 struct ModelSpec {
-  // The layer stack; empty when gpt or decoder is set.
+  // The layer stack; empty for a GPT or a decoder.
   std::vector<LayerSpec> layers;
   // The layer stack's loss; always kCrossEntropy for a GPT or a decoder.
   LossKind loss = LossKind::kMse;
-  // Set: this transformer instead of a layer stack.
-  std::optional<GptSpec> gpt;
-  // Set: this decoder instead of a layer stack (never with gpt).
-  std::optional<DecoderSpec> decoder;
+  // Which model: the layer stack above, a GPT, or a decoder. Code that
+  // depends on the kind visits this (or asks IsSequenceModel and the
+  // helpers below); nothing else says which kind a spec is.
+  std::variant<LayerStack, GptSpec, DecoderSpec> kind;
   // The job's own constant factor on the loss, applied before scaling (e.g.
   // 100, which on top of a scale of 65536 overflows fp16 gradients).
   float loss_multiplier = 1.0f;
+
+  // The kind's own spec; nullptr when the spec is of another kind.
+  const GptSpec* gpt() const { return std::get_if<GptSpec>(&kind); }
+  GptSpec* gpt() { return std::get_if<GptSpec>(&kind); }
+  const DecoderSpec* decoder() const { return std::get_if<DecoderSpec>(&kind); }
+  DecoderSpec* decoder() { return std::get_if<DecoderSpec>(&kind); }
 };
+
+// A transformer's token shapes: its vocabulary and longest sequence
+// (context_length, max_position_embeddings); zeros for a layer stack.
+struct TokenShape {
+  int64_t vocab_size = 0;
+  int64_t max_positions = 0;
+};
+TokenShape TokenShapeOf(const ModelSpec& spec);
+
+// A LoRA decoder's adapters; nullptr for any other model.
+const LoraSpec* LoraOf(const ModelSpec& spec);
 
 // The most parameters a model may have, per layer and in all: the backends'
 // own cap on one tensor's elements, and small enough that every byte count

@@ -156,20 +156,20 @@ absl::Status JobRegistry::ApplyBaseModel(JobConfig& config) const {
     return absl::Status(s.code(), absl::StrCat("config.", s.message()));
   }
   model::ModelSpec& request = config.model;
-  if (!request.layers.empty() || request.gpt.has_value()) {
+  if (!request.layers.empty() || request.gpt() != nullptr) {
     return absl::InvalidArgumentError(
         "config.model: set by base_model's config.json; send only decoder.lora (and "
         "loss_multiplier)");
   }
   AMPD_ASSIGN_OR_RETURN(model::ModelSpec spec, bases_->Spec(config.base_model));
   std::optional<model::LoraSpec> lora;
-  if (request.decoder.has_value()) lora = request.decoder->lora;
-  if (lora.has_value() && !spec.decoder.has_value()) {
+  if (const model::LoraSpec* requested = model::LoraOf(request)) lora = *requested;
+  if (lora.has_value() && spec.decoder() == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("config.model.decoder.lora: base_model ", config.base_model,
                      " is a GPT-2; LoRA adapters are a decoder's (llama, qwen2)"));
   }
-  if (spec.decoder.has_value()) spec.decoder->lora = std::move(lora);
+  if (model::DecoderSpec* decoder = spec.decoder()) decoder->lora = std::move(lora);
   spec.loss_multiplier = request.loss_multiplier;
   config.model = std::move(spec);
   return absl::OkStatus();

@@ -13,12 +13,12 @@
 namespace ampd::engine::model {
 
 codec::BatchLayout LayoutOf(const ModelSpec& spec) {
-  if (spec.gpt.has_value() || spec.decoder.has_value()) {
+  if (IsSequenceModel(spec)) {
+    const TokenShape tokens = TokenShapeOf(spec);
     codec::BatchLayout layout;
     layout.sequences = true;
-    layout.context_length =
-        spec.gpt.has_value() ? spec.gpt->context_length : spec.decoder->max_position_embeddings;
-    layout.num_embeddings = spec.gpt.has_value() ? spec.gpt->vocab_size : spec.decoder->vocab_size;
+    layout.context_length = tokens.max_positions;
+    layout.num_embeddings = tokens.vocab_size;
     layout.outputs = layout.num_embeddings;
     return layout;
   }
@@ -79,7 +79,7 @@ absl::Status CheckTokenLossInputs(const ModelSpec& spec, const LossFn& fn, const
                                   absl::string_view prefix) {
   const bool ce = fn.kind == LossFnKind::kCrossEntropy;
   const bool policy = ReadsSamplingLogprobs(fn.kind);
-  const bool lm = spec.gpt.has_value() || spec.decoder.has_value();
+  const bool lm = IsSequenceModel(spec);
   if ((ce || policy) && !lm) {
     return absl::InvalidArgumentError(
         absl::StrCat("loss_fn: ", LossFnName(fn.kind),

@@ -92,7 +92,7 @@ FrozenBase::~FrozenBase() = default;
 FrozenBase::Loader::Loader(std::string name, const ModelSpec& spec, Precision precision,
                            std::unique_ptr<kernels::Backend> backend)
     : base_(new FrozenBase()),
-      tied_(spec.decoder.has_value() && spec.decoder->tie_word_embeddings) {
+      tied_(spec.decoder() != nullptr && spec.decoder()->tie_word_embeddings) {
   base_->identity_.name = std::move(name);
   base_->precision_ = precision;
   base_->backend_ = std::move(backend);

@@ -1,7 +1,7 @@
 // FrozenBase: a base model's weights held once, read-only, in a job's
 // working dtype, for every LoRA job on that base (server/engine/jobs/
 // base_models.h loads and shares them). A LoRA decoder built over one
-// (DecoderModel::Create's `base`) holds each frozen parameter as a view of
+// (TransformerModel::Create's `base`) holds each frozen parameter as a view of
 // the base's tensor rather than a copy of its own, and keeps the base alive
 // (a shared_ptr) for as long as it lives: the last job's end frees it.
 //
@@ -47,7 +47,7 @@ class FrozenBase {
   // readable by the jobs' backends: the host for the CPU, one device for
   // CUDA). The rotary inv_freq buffers some Llama checkpoints carry are
   // dropped, and a tied model's lm_head.weight is taken only when it equals
-  // the embedding, as DecoderModel::CanonicalNames does. InvalidArgument
+  // the embedding, as TransformerModel::CanonicalNames does. InvalidArgument
   // naming config.base_model and the tensor for a dtype other than those,
   // a tensor given twice, a value that is inf or NaN or that overflows the
   // working dtype.

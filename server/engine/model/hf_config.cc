@@ -134,7 +134,7 @@ absl::StatusOr<ModelSpec> Gpt2(const JsonValue& c) {
     AMPD_ASSIGN_OR_RETURN(g.tie_embeddings, BoolOf(v, "tie_word_embeddings"));
   }
   ModelSpec spec;
-  spec.gpt = g;
+  spec.kind = g;
   spec.loss = LossKind::kCrossEntropy;
   return spec;
 }
@@ -304,7 +304,7 @@ absl::StatusOr<ModelSpec> Decoder(const JsonValue& c, const std::string& model_t
     if (d.head_dim == 0) d.head_dim = 128;
   }
   ModelSpec spec;
-  spec.decoder = d;
+  spec.kind = d;
   spec.loss = LossKind::kCrossEntropy;
   return spec;
 }
@@ -465,7 +465,7 @@ absl::StatusOr<ModelSpec> Gemma3(const JsonValue& c) {
   d.sandwich_norms = true;
   d.scale_embeddings = true;
   ModelSpec spec;
-  spec.decoder = d;
+  spec.kind = d;
   spec.loss = LossKind::kCrossEntropy;
   return spec;
 }
@@ -479,24 +479,24 @@ bool HasGemmaParts(const DecoderSpec& d) {
 // Whether spec is a decoder of the Llama-style parts (none of Gemma's)
 // whose biases and q/k norm are as a family has them.
 bool LlamaStyle(const ModelSpec& spec) {
-  return spec.decoder.has_value() && !HasGemmaParts(*spec.decoder);
+  return spec.decoder() != nullptr && !HasGemmaParts(*spec.decoder());
 }
 bool OwnsLlama(const ModelSpec& s) {
-  return LlamaStyle(s) && !s.decoder->qk_norm && s.decoder->qkv_bias == s.decoder->o_bias;
+  return LlamaStyle(s) && !s.decoder()->qk_norm && s.decoder()->qkv_bias == s.decoder()->o_bias;
 }
 bool OwnsQwen2(const ModelSpec& s) {
-  return LlamaStyle(s) && !s.decoder->qk_norm && s.decoder->qkv_bias && !s.decoder->o_bias;
+  return LlamaStyle(s) && !s.decoder()->qk_norm && s.decoder()->qkv_bias && !s.decoder()->o_bias;
 }
 bool OwnsQwen3(const ModelSpec& s) {
-  return LlamaStyle(s) && s.decoder->qk_norm && s.decoder->qkv_bias == s.decoder->o_bias;
+  return LlamaStyle(s) && s.decoder()->qk_norm && s.decoder()->qkv_bias == s.decoder()->o_bias;
 }
 bool OwnsGemma3(const ModelSpec& s) {
-  if (!s.decoder.has_value()) return false;
-  const DecoderSpec& d = *s.decoder;
+  if (s.decoder() == nullptr) return false;
+  const DecoderSpec& d = *s.decoder();
   return d.norm_unit_offset && d.sandwich_norms && d.scale_embeddings && d.qk_norm &&
          d.mlp_activation == MlpActivation::kGeluTanh && d.qkv_bias == d.o_bias;
 }
-bool OwnsGpt2(const ModelSpec& s) { return s.gpt.has_value(); }
+bool OwnsGpt2(const ModelSpec& s) { return s.gpt() != nullptr; }
 absl::StatusOr<ModelSpec> ReadLlama(const JsonValue& c) { return Decoder(c, "llama"); }
 absl::StatusOr<ModelSpec> ReadQwen2(const JsonValue& c) { return Decoder(c, "qwen2"); }
 absl::StatusOr<ModelSpec> ReadQwen3(const JsonValue& c) { return Decoder(c, "qwen3"); }
@@ -553,10 +553,9 @@ absl::StatusOr<std::string> HfConfigOfModelSpec(const ModelSpec& spec) {
   for (const Family& f : kFamilies) {
     if (f.owns(spec)) return hf::JsonText(f.write(spec));
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      spec.gpt.has_value() || spec.decoder.has_value() ? "a transformer with these parts"
-                                                       : "a layer stack",
-      " is no Hugging Face family ampd writes (", ModelTypes(), ")"));
+  return absl::FailedPreconditionError(
+      absl::StrCat(IsSequenceModel(spec) ? "a transformer with these parts" : "a layer stack",
+                   " is no Hugging Face family ampd writes (", ModelTypes(), ")"));
 }
 
 }  // namespace ampd::engine::model

@@ -188,7 +188,7 @@ void AppendValue(const JsonValue& v, int depth, std::string* out) {
 }  // namespace
 
 JsonValue Gpt2Config(const ModelSpec& spec) {
-  const GptSpec& g = *spec.gpt;
+  const GptSpec& g = *spec.gpt();
   JsonValue architectures;
   architectures.type = JsonValue::Type::kArray;
   architectures.items.push_back(Str("GPT2LMHeadModel"));
@@ -211,27 +211,27 @@ JsonValue Gpt2Config(const ModelSpec& spec) {
 }
 
 JsonValue LlamaConfig(const ModelSpec& spec) {
-  JsonValue c = DecoderConfig(*spec.decoder, "llama", "LlamaForCausalLM");
-  Set(c, "attention_bias", Bool(spec.decoder->qkv_bias));
+  JsonValue c = DecoderConfig(*spec.decoder(), "llama", "LlamaForCausalLM");
+  Set(c, "attention_bias", Bool(spec.decoder()->qkv_bias));
   Set(c, "mlp_bias", Bool(false));
   return c;
 }
 
 JsonValue Qwen2Config(const ModelSpec& spec) {
-  JsonValue c = DecoderConfig(*spec.decoder, "qwen2", "Qwen2ForCausalLM");
+  JsonValue c = DecoderConfig(*spec.decoder(), "qwen2", "Qwen2ForCausalLM");
   Set(c, "use_sliding_window", Bool(false));
   return c;
 }
 
 JsonValue Qwen3Config(const ModelSpec& spec) {
-  JsonValue c = DecoderConfig(*spec.decoder, "qwen3", "Qwen3ForCausalLM");
-  Set(c, "attention_bias", Bool(spec.decoder->qkv_bias));
+  JsonValue c = DecoderConfig(*spec.decoder(), "qwen3", "Qwen3ForCausalLM");
+  Set(c, "attention_bias", Bool(spec.decoder()->qkv_bias));
   Set(c, "use_sliding_window", Bool(false));
   return c;
 }
 
 JsonValue Gemma3Config(const ModelSpec& spec) {
-  const DecoderSpec& d = *spec.decoder;
+  const DecoderSpec& d = *spec.decoder();
   const int64_t head_dim = DecoderHeadDim(d);
   JsonValue c = DecoderConfig(d, "gemma3_text", "Gemma3ForCausalLM");
   // Gemma's own names and RoPE per layer type (5.x's rope_parameters: 4.x's

@@ -1,6 +1,6 @@
 // KvCache: a language model's keys and values of every layer for a
 // sampler's S sequences (network.h's DecodeState), and the host side of a
-// decode step that the GPT and the decoder share: checking and uploading
+// decode step of every transformer family: checking and uploading
 // the step's tokens and positions, and keeping each prompt's last row.
 #pragma once
 

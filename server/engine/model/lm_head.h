@@ -1,6 +1,6 @@
-// The LM head fused with the token loss, shared by the language models
-// (the GPT, the decoder): over row chunks of the final norm's output h
-// (N, C), with W the head (V, C),
+// The LM head fused with the token loss of the language models (the
+// transformer's, every family's): over row chunks of the final norm's
+// output h (N, C), with W the head (V, C),
 //   logits (r, V) = h W^T
 //   CrossEntropyChunk: loss += the chunk's terms; logits <- dlogits (in place)
 //   dh (r, C) = dlogits W
@@ -101,8 +101,8 @@ struct TokenLossState {
 };
 
 // What every language model's workspace holds for its batch and its head
-// (GptWorkspace and DecoderWorkspace derive from it): row-major (N, width)
-// tensors, N = B*T.
+// (TransformerWorkspace derives from it): row-major (N, width) tensors,
+// N = B*T.
 struct LmWorkspace : Workspace {
   int64_t batch = 0;        // B
   int64_t seq = 0;          // T

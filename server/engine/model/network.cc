@@ -10,9 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/checked_math.h"
 #include "common/status_macros.h"
-#include "server/engine/model/decoder/decoder_model.h"
-#include "server/engine/model/gpt/gpt_model.h"
 #include "server/engine/model/layers.h"
+#include "server/engine/model/transformer/transformer_model.h"
 
 namespace ampd::engine::model {
 
@@ -20,8 +19,7 @@ using kernels::DType;
 
 absl::StatusOr<int64_t> WorkspaceBytes(const ModelSpec& spec, Precision precision,
                                        const kernels::Shape& input_shape) {
-  if (spec.gpt.has_value()) return GptWorkspaceBytes(spec, precision, input_shape);
-  if (spec.decoder.has_value()) return DecoderWorkspaceBytes(spec, precision, input_shape);
+  if (IsSequenceModel(spec)) return TransformerWorkspaceBytes(spec, precision, input_shape);
   if (input_shape.empty()) {
     return absl::InvalidArgumentError("inputs: a batch needs at least one dimension");
   }
@@ -30,10 +28,8 @@ absl::StatusOr<int64_t> WorkspaceBytes(const ModelSpec& spec, Precision precisio
 
 kernels::ScratchExtents StepScratchExtents(const ModelSpec& spec, Precision precision,
                                            const kernels::Shape& input_shape, bool backward) {
-  if (spec.gpt.has_value()) return GptScratchExtents(spec, precision, input_shape, backward);
-  if (spec.decoder.has_value()) {
-    return DecoderScratchExtents(spec, precision, input_shape, backward);
-  }
+  if (IsSequenceModel(spec))
+    return TransformerScratchExtents(spec, precision, input_shape, backward);
   kernels::ScratchExtents e;
   e.dtype = WorkingDType(precision);
   const int64_t rows = input_shape.empty() ? 0 : input_shape[0];
@@ -66,19 +62,14 @@ kernels::ScratchExtents StepScratchExtents(const ModelSpec& spec, Precision prec
 absl::StatusOr<std::unique_ptr<Network>> CreateNetwork(const ModelSpec& spec, Precision precision,
                                                        uint64_t seed, kernels::Backend& backend,
                                                        std::shared_ptr<const FrozenBase> base) {
-  if (base != nullptr && !(spec.decoder.has_value() && spec.decoder->lora.has_value())) {
+  if (base != nullptr && LoraOf(spec) == nullptr) {
     return absl::InvalidArgumentError("base_model: only a LoRA decoder shares a base's weights");
   }
-  if (spec.gpt.has_value()) {
-    AMPD_ASSIGN_OR_RETURN(std::unique_ptr<GptModel> gpt,
-                          GptModel::Create(spec, precision, seed, backend));
-    return std::unique_ptr<Network>(std::move(gpt));
-  }
-  if (spec.decoder.has_value()) {
-    AMPD_ASSIGN_OR_RETURN(
-        std::unique_ptr<DecoderModel> decoder,
-        DecoderModel::Create(spec, precision, seed, backend, kLmHeadChunkBytes, std::move(base)));
-    return std::unique_ptr<Network>(std::move(decoder));
+  if (IsSequenceModel(spec)) {
+    AMPD_ASSIGN_OR_RETURN(std::unique_ptr<TransformerModel> transformer,
+                          TransformerModel::Create(spec, precision, seed, backend,
+                                                   kLmHeadChunkBytes, std::move(base)));
+    return std::unique_ptr<Network>(std::move(transformer));
   }
   AMPD_ASSIGN_OR_RETURN(std::unique_ptr<Model> stack,
                         Model::Create(spec, precision, seed, backend));

@@ -1,6 +1,6 @@
 // Network: what the Trainer needs of a model, whatever its kind (the layer
-// stack of layers.h, the GPT of gpt/gpt_model.h, the decoder of
-// decoder/decoder_model.h): its parameters (fp32
+// stack of layers.h, or the one transformer of
+// transformer/transformer_model.h, a GPT or a decoder): its parameters (fp32
 // master, working copy, gradient), per-batch-shape buffers whose size is
 // known before they are allocated, and the passes of the mixed-precision
 // step. A step calls, per micro-batch, GetWorkspace(inputs.shape),
@@ -35,7 +35,7 @@ namespace ampd::engine::model {
 // that is what makes a LoRA job cost about 2 bytes per base parameter in
 // fp16/bf16 instead of 16.
 struct Parameter {
-  std::string name;         // its state-dict name (state_dict.h, gpt/gpt_model.h)
+  std::string name;         // its state-dict name (state_dict.h, model/families/)
   kernels::Tensor master;   // F32, what the optimizer updates; empty when frozen in 16 bits
   kernels::Tensor working;  // F16/BF16 copy the GEMMs read; empty for fp32 jobs
   kernels::Tensor grad;     // working dtype (F32 for fp32), accumulated over
@@ -277,7 +277,7 @@ class Network {
   // model without one.
   virtual const Parameter* LmHead() const { return nullptr; }
 
-  // LoRA (a decoder's, decoder/decoder_lora.h): each adapter as indices
+  // LoRA (a decoder's, transformer/lora.h): each adapter as indices
   // into params() of the frozen weight W (out, in) it adapts and of its A
   // (r, in) and B (out, r), in params()' order of the A's; empty for a model
   // without adapters. The adapted weight is W + scale B A.

@@ -129,8 +129,7 @@ absl::StatusOr<SampleReport> Trainer::Sample(const SampleInput& input,
   }
   const model::ModelSpec& spec = m.config.model;
   const int64_t vocab = head->value().dim(0);
-  const int64_t context =
-      spec.gpt.has_value() ? spec.gpt->context_length : spec.decoder->max_position_embeddings;
+  const int64_t context = model::TokenShapeOf(spec).max_positions;
   // Every completion, recomputed by a trainer as inputs = sequence[:-1],
   // must fit the context: prompt + max_tokens - 1 positions.
   int64_t prompt_len = 0;

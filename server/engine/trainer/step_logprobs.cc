@@ -35,7 +35,7 @@ HostTensor F32Tensor(const kernels::Shape& shape, const float* values, int64_t n
 }  // namespace
 
 absl::Status CheckLogprobsWanted(const model::ModelSpec& spec, bool return_logprobs) {
-  if (return_logprobs && !spec.gpt.has_value() && !spec.decoder.has_value()) {
+  if (return_logprobs && !model::IsSequenceModel(spec)) {
     return absl::InvalidArgumentError(
         "return_logprobs: per-token log-probs need a language model (gpt or decoder)");
   }

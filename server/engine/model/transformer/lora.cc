@@ -1,6 +1,6 @@
-// LoraForward and LoraBackward: GEMMs (decoder_lora.h has the
+// LoraForward and LoraBackward: GEMMs (lora.h has the
 // algebra), their operands' shapes checked first.
-#include "server/engine/model/decoder/decoder_lora.h"
+#include "server/engine/model/transformer/lora.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"

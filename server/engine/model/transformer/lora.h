@@ -16,7 +16,7 @@
 // (LoraBackward): four GEMMs of N r (in + out) multiply-adds against the
 // base's N in out, and no (out, in) weight gradient at all.
 //
-// The decoder's stacked q|k|v projection (decoder_model.h) runs the same
+// The decoder's stacked q|k|v projection (transformer_model.h) runs the same
 // functions on stacked operands: A = [A_q; A_k; A_v] (t r, in) and a
 // block-diagonal B (Q + 2 KV, t r) whose block j holds target j's B_j, so
 // one GEMM adds every target's term to its column block of the fused rows.

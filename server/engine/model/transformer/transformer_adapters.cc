@@ -1,11 +1,11 @@
-// DecoderModel's LoRA adapters in its passes: one adapter's forward and
-// backward term (decoder_lora.h), and the q/k/v adapters stacked as one
+// TransformerModel's LoRA adapters (a decoder's) in its passes: one adapter's forward and
+// backward term (lora.h), and the q/k/v adapters stacked as one
 // A and a block-diagonal B so that the fused q|k|v rows take all their
 // terms in one GEMM, their gradients copied out of the stacked ones.
 #include "common/status_macros.h"
-#include "server/engine/model/decoder/decoder_lora.h"
-#include "server/engine/model/decoder/decoder_model.h"
-#include "server/engine/model/decoder/decoder_workspace.h"
+#include "server/engine/model/transformer/lora.h"
+#include "server/engine/model/transformer/transformer_model.h"
+#include "server/engine/model/transformer/transformer_workspace.h"
 
 namespace ampd::engine::model {
 
@@ -22,16 +22,16 @@ struct QkvBlock {
 
 }  // namespace
 
-absl::Status DecoderModel::AdapterForward(const Adapter& adapter, const Tensor& x, Tensor& u,
-                                          Tensor& y) {
+absl::Status TransformerModel::AdapterForward(const Adapter& adapter, const Tensor& x, Tensor& u,
+                                              Tensor& y) {
   const std::vector<Parameter>& ps = params();
   return LoraForward(backend_, lora_scale_, x, ps[static_cast<size_t>(adapter.a)].value(),
                      ps[static_cast<size_t>(adapter.b)].value(), u, y);
 }
 
-absl::Status DecoderModel::AdapterBackward(const Adapter& adapter, DecoderWorkspace& ws,
-                                           const Tensor& x, const Tensor& u, const Tensor& dy,
-                                           float beta, Tensor& dx) {
+absl::Status TransformerModel::AdapterBackward(const Adapter& adapter, TransformerWorkspace& ws,
+                                               const Tensor& x, const Tensor& u, const Tensor& dy,
+                                               float beta, Tensor& dx) {
   std::vector<Parameter>& ps = params();
   Parameter& a = ps[static_cast<size_t>(adapter.a)];
   Parameter& b = ps[static_cast<size_t>(adapter.b)];
@@ -40,11 +40,11 @@ absl::Status DecoderModel::AdapterBackward(const Adapter& adapter, DecoderWorksp
                       b.grad, dx);
 }
 
-absl::Status DecoderModel::ForEachStackedAdapter(const BlockParams& p, StackedAdapterFn fn) const {
-  const DecoderSpec& s = decoder();
-  const int64_t rank = s.lora->rank;
-  const int64_t q = s.num_attention_heads * DecoderHeadDim(s);
-  const int64_t kv = s.num_key_value_heads * DecoderHeadDim(s);
+absl::Status TransformerModel::ForEachStackedAdapter(const BlockParams& p,
+                                                     StackedAdapterFn fn) const {
+  const int64_t rank = parts_.lora->rank;
+  const int64_t q = parts_.q_width();
+  const int64_t kv = parts_.kv_width();
   const QkvBlock blocks[] = {{0, q}, {q, kv}, {q + kv, kv}};
   for (size_t slot = 0; slot < qkv_targets_.size(); ++slot) {
     const Module m = qkv_targets_[slot];
@@ -55,9 +55,9 @@ absl::Status DecoderModel::ForEachStackedAdapter(const BlockParams& p, StackedAd
   return absl::OkStatus();
 }
 
-absl::Status DecoderModel::StackQkvAdapters(const BlockParams& p, QkvStack& stack) {
-  const int64_t c = decoder().hidden_size;
-  const int64_t rank = decoder().lora->rank;
+absl::Status TransformerModel::StackQkvAdapters(const BlockParams& p, QkvStack& stack) {
+  const int64_t c = parts_.hidden;
+  const int64_t rank = parts_.lora->rank;
   const int64_t stacked = stack.lora_b.dim(1);
   return ForEachStackedAdapter(
       p, [&](const Adapter& adapter, int64_t first, int64_t offset, int64_t width) -> absl::Status {
@@ -70,10 +70,10 @@ absl::Status DecoderModel::StackQkvAdapters(const BlockParams& p, QkvStack& stac
       });
 }
 
-absl::Status DecoderModel::CopyQkvAdapterGrads(const BlockParams& p, bool to_params,
-                                               DecoderWorkspace& ws) {
-  const int64_t c = decoder().hidden_size;
-  const int64_t rank = decoder().lora->rank;
+absl::Status TransformerModel::CopyQkvAdapterGrads(const BlockParams& p, bool to_params,
+                                                   TransformerWorkspace& ws) {
+  const int64_t c = parts_.hidden;
+  const int64_t rank = parts_.lora->rank;
   const int64_t stacked = ws.lora_db_qkv.dim(1);
   return ForEachStackedAdapter(
       p, [&](const Adapter& adapter, int64_t first, int64_t offset, int64_t width) -> absl::Status {

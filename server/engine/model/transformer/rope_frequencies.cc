@@ -3,7 +3,7 @@
 // (modeling_rope_utils.py), step by step in fp32 as torch evaluates them on
 // float32 tensors with Python-float scalars (a scalar takes the tensor's
 // dtype), so the frequencies match to the last bit or nearly.
-#include "server/engine/model/decoder/rope_frequencies.h"
+#include "server/engine/model/transformer/rope_frequencies.h"
 
 #include <cmath>
 #include <cstdint>
