@@ -286,8 +286,9 @@ class Job : public std::enable_shared_from_this<Job> {
   // with a state directory, written to its own file before this returns.
   // An empty name is "step-N" (N the job's step count; "step-N-2", ... when
   // that name holds other weights). A name the job holds for exactly its
-  // weights now (no update or load since) returns that snapshot: a resend
-  // makes nothing. Otherwise a name held is AlreadyExists SNAPSHOT_EXISTS,
+  // weights now (no update or load since; or restored at start, at the
+  // job's step and with its bits) returns that snapshot: a resend, after a
+  // restart too, makes nothing. Otherwise a name held is AlreadyExists SNAPSHOT_EXISTS,
   // and the job's kMaxSamplerSnapshots-th is ResourceExhausted
   // SNAPSHOT_LIMIT.
   absl::StatusOr<SamplerSnapshotInfo> SaveSamplerSnapshot(const std::string& name);
@@ -398,6 +399,11 @@ class Job : public std::enable_shared_from_this<Job> {
   // KeepUnrestored: before the Trainer whose backend holds them), and
   // their files too when `remove_files`.
   absl::StatusOr<SamplerWeights*> FindSnapshot(absl::string_view field, const std::string& name);
+  // Whether `stored` holds the weights Sample reads now: taken since the
+  // last change of them, or restored at start and equal to them (the
+  // resend of a save whose answer a restart lost).
+  struct StoredSnapshot;
+  bool HoldsWeightsNow(StoredSnapshot& stored);
   absl::StatusOr<const checkpoint::StateDirectory*> SnapshotDirectory();
   absl::Status AdmitSnapshot(int64_t bytes);
   void SnapshotsChanged();

@@ -73,12 +73,30 @@ std::vector<SamplerSnapshotInfo> Job::SamplerSnapshots() const {
   return snapshot_infos_;
 }
 
+bool Job::HoldsWeightsNow(StoredSnapshot& stored) {
+  if (stored.version == weights_version_) return true;
+  // A snapshot restored at start (version -1) is the resend's when the job
+  // came back at its step with nothing run or loaded since, and its bits
+  // are the weights' (a load between the save and the restart keeps the
+  // step count but not the weights): the client's save whose answer the
+  // restart lost is answered as it was.
+  if (stored.version != -1 || weights_version_ != 0 || stored.info.step != trainer_->steps_run() ||
+      stored.info.applied_steps != trainer_->applied_steps()) {
+    return false;
+  }
+  absl::StatusOr<bool> same = AllocationGuard(
+      "SaveSamplerSnapshot", [&] { return trainer_->HoldsSamplerWeights(stored.weights); });
+  if (!same.ok() || !*same) return false;
+  stored.version = weights_version_;  // the next resend needs no read
+  return true;
+}
+
 absl::StatusOr<SamplerSnapshotInfo> Job::SaveSamplerSnapshot(const std::string& name) {
   if (trainer_ == nullptr) return NotOpen();
   // A name held for exactly the weights now is this call's resend.
   auto same_weights = [&](const std::string& n) {
     auto it = snapshots_.find(n);
-    return it != snapshots_.end() && it->second.version == weights_version_;
+    return it != snapshots_.end() && HoldsWeightsNow(it->second);
   };
   std::string chosen = name;
   if (chosen.empty()) {

@@ -117,6 +117,26 @@ absl::StatusOr<checkpoint::StateDict> Trainer::ExportSamplerWeights(const Sample
   return state;
 }
 
+absl::StatusOr<bool> Trainer::HoldsSamplerWeights(const SamplerWeights& weights) {
+  Impl& m = *impl_;
+  const std::vector<int>& trainable = m.model->trainable();
+  if (weights.owner_ != this || weights.tensors_.size() != trainable.size()) return false;
+  std::vector<std::pair<std::string, Tensor*>> sources;
+  sources.reserve(2 * trainable.size());
+  for (size_t k = 0; k < trainable.size(); ++k) {
+    model::Parameter& p = m.model->params()[static_cast<size_t>(trainable[k])];
+    // ReadHostTensors only reads them.
+    sources.emplace_back(p.name, const_cast<Tensor*>(&p.value()));
+    sources.emplace_back(p.name, const_cast<Tensor*>(&weights.tensors_[k]));
+  }
+  AMPD_ASSIGN_OR_RETURN(const std::vector<codec::NamedTensor> read,
+                        ReadHostTensors(*m.backend, sources));
+  for (size_t k = 0; k + 1 < read.size(); k += 2) {
+    if (read[k].tensor.data != read[k + 1].tensor.data) return false;
+  }
+  return true;
+}
+
 absl::StatusOr<SamplerWeights> Trainer::LoadSamplerWeights(const checkpoint::StateDict& state) {
   Impl& m = *impl_;
   std::map<std::string, const HostTensor*> by_name;

@@ -231,6 +231,10 @@ class Trainer {
   // dtype and shape and nothing else (DataLoss naming the tensor).
   absl::StatusOr<checkpoint::StateDict> ExportSamplerWeights(const SamplerWeights& weights);
   absl::StatusOr<SamplerWeights> LoadSamplerWeights(const checkpoint::StateDict& state);
+  // Whether the weights Sample reads now are `weights`, bit for bit (a
+  // restored snapshot's resend is told from a save of other weights by
+  // it). Reads both back to the host: for the rare resend only.
+  absl::StatusOr<bool> HoldsSamplerWeights(const SamplerWeights& weights);
 
   // Workspace bytes cached now (model::WorkspaceBytes of each, plus the
   // backend's scratch for them, kernels::Backend::ScratchBytes, and the
