@@ -91,8 +91,10 @@ bool Job::HoldsWeightsNow(StoredSnapshot& stored) {
   return true;
 }
 
-absl::StatusOr<SamplerSnapshotInfo> Job::SaveSamplerSnapshot(const std::string& name) {
+absl::StatusOr<SamplerSnapshotInfo> Job::Run(Valid<SaveSamplerSnapshotRequest> request,
+                                             const CallToken& /*call*/) {
   if (trainer_ == nullptr) return NotOpen();
+  const std::string& name = request->name;
   // A name held for exactly the weights now is this call's resend.
   auto same_weights = [&](const std::string& n) {
     auto it = snapshots_.find(n);
@@ -157,8 +159,10 @@ absl::StatusOr<SamplerSnapshotInfo> Job::SaveSamplerSnapshot(const std::string& 
   return saved;
 }
 
-absl::Status Job::DeleteSamplerSnapshot(const std::string& name) {
+absl::StatusOr<NoReport> Job::Run(Valid<DeleteSamplerSnapshotRequest> request,
+                                  const CallToken& /*call*/) {
   if (trainer_ == nullptr) return NotOpen();
+  const std::string& name = request->name;
   auto it = snapshots_.find(name);
   if (it == snapshots_.end()) return SnapshotNotFound("snapshot", name);
   AMPD_ASSIGN_OR_RETURN(const checkpoint::StateDirectory* dir, SnapshotDirectory());
@@ -168,7 +172,7 @@ absl::Status Job::DeleteSamplerSnapshot(const std::string& name) {
   HoldSnapshotBytes(-it->second.info.bytes);
   snapshots_.erase(it);
   SnapshotsChanged();
-  return absl::OkStatus();
+  return NoReport{};
 }
 
 absl::Status Job::DropSnapshots(bool remove_files) {
