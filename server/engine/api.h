@@ -1,11 +1,11 @@
 // The engine's face: the plain types every layer around it (rpc, metrics,
-// main, and the tests of those) reads and writes, with a job's
-// config (config/job_config.h and the specs it holds) and, for those that
-// run jobs, JobRegistry (jobs/job_registry.h) and JobObserver
-// (jobs/job_observer.h). One step's input and report, what a job and its
-// scaler look like from outside, and the gradient histogram's bins. No
-// Backend, Trainer or checkpoint internals: those stay behind JobRegistry,
-// the one handle the outer layers hold.
+// main, and the tests of those) reads and writes, with a job's config
+// (config/job_config.h) and, for those that run jobs, JobRegistry
+// (jobs/job_registry.h) and JobObserver (jobs/job_observer.h): each job
+// call's request and report, the one checked form of a request
+// (Valid<Request>), what a job and its scaler look like from outside. The
+// checks declared here are defined beside it (api_checks.cc). No Backend,
+// Trainer or checkpoint internals.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +17,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "codec/safetensors.h"
+#include "codec/state_dict.h"
 #include "common/grad_histogram.h"
 #include "server/engine/config/job_config.h"
 #include "server/engine/host_tensor.h"
@@ -83,7 +85,7 @@ inline bool ReadsSamplingLogprobs(LossFnKind kind) {
 }
 
 // A token loss's parameters: each is read by one kind only, and given to
-// another kind it is refused (CheckStepInput), as a per-token input the
+// another kind it is refused (CheckLossFn), as a per-token input the
 // loss does not read is; absent, Tinker's default.
 struct LossFn {
   LossFnKind kind = LossFnKind::kModel;
@@ -149,27 +151,6 @@ struct StepInput {
 // naming the field ("micro_batches", "learning_rate", "ppo_clip_low",
 // "cispo_clip_high", "dro_beta", ...).
 absl::Status CheckStepInput(const StepInput& input);
-
-// A StepInput that passed CheckStepInput. Only Check makes one, so what
-// takes a ValidStepInput (a job's step, the Trainer's) never runs unchecked
-// input and never checks it again. The registry checks a step where it
-// accepts it, so a malformed request is refused before it waits behind
-// other work (and before its sequence number is looked at); the Trainer
-// adds the checks against its model (Trainer::CheckInput).
-class ValidStepInput {
- public:
-  // CheckStepInput's error, or the input.
-  static absl::StatusOr<ValidStepInput> Check(StepInput input);
-
-  const StepInput& get() const { return input_; }
-  // Which steps sample the histogram is the job's choice (every
-  // --grad-histogram-every steps), and no check covers it.
-  void set_sample_grad_histogram(bool sample) { input_.sample_grad_histogram = sample; }
-
- private:
-  explicit ValidStepInput(StepInput input) : input_(std::move(input)) {}
-  StepInput input_;
-};
 
 struct PhaseSeconds {
   double forward = 0;
@@ -315,20 +296,6 @@ struct EvaluateInput {
 // InvalidArgument naming "micro_batches" or "temperature".
 absl::Status CheckEvaluateInput(const EvaluateInput& input);
 
-// An EvaluateInput that passed CheckEvaluateInput, as ValidStepInput is for
-// a step: checked once, where the registry accepts the call.
-class ValidEvaluateInput {
- public:
-  // CheckEvaluateInput's error, or the input.
-  static absl::StatusOr<ValidEvaluateInput> Check(EvaluateInput input);
-
-  const EvaluateInput& get() const { return input_; }
-
- private:
-  explicit ValidEvaluateInput(EvaluateInput input) : input_(std::move(input)) {}
-  EvaluateInput input_;
-};
-
 struct EvaluateReport {
   float loss = 0;       // mean over micro-batches, unscaled fp32 (multiplier included)
   int64_t samples = 0;  // rows over all micro-batches
@@ -445,6 +412,118 @@ using ::ampd::kGradHistogramBins;
 using ::ampd::kGradHistogramMaxLog2;
 using ::ampd::kGradHistogramMinLog2;
 
+// ---- job calls: one request type each, checked once ----------------------------
+
+// Every call a job serves on its strand is one request type: what it
+// carries, where it sits in the job's order (an update's sequence number,
+// a call's index, a snapshot's name), and its Report. The registry takes
+// them all by one path (JobRegistry::Submit): the request is checked where
+// it is accepted, before it waits behind other work, into a
+// Valid<Request>; the job's strand and the Trainer take that proof and
+// never check the same fields again; the checks against the job's model
+// run on the strand, once. A new call is a request type here, its
+// CheckRequest (api_checks.cc), its Job::Run (server/engine/jobs/) and its
+// work in the Trainer.
+struct StepRequest {
+  using Report = StepReport;
+  static constexpr absl::string_view kName = "step";
+  int64_t sequence = 0;  // exactly once: the job's next (Job::Run's rules)
+  StepInput input;
+};
+struct ForwardBackwardRequest {
+  using Report = ForwardBackwardReport;
+  static constexpr absl::string_view kName = "forward_backward";
+  int64_t sequence = 0;  // the update its gradients go into
+  int64_t index = 0;     // its 1-based position among the update's calls
+  ForwardBackwardInput input;
+};
+struct OptimStepRequest {
+  using Report = StepReport;
+  static constexpr absl::string_view kName = "optim_step";
+  int64_t sequence = 0;
+  OptimStepInput input;
+};
+struct EvaluateRequest {
+  using Report = EvaluateReport;
+  static constexpr absl::string_view kName = "evaluate";
+  EvaluateInput input;
+};
+struct SampleRequest {
+  using Report = SampleReport;
+  static constexpr absl::string_view kName = "sample";
+  SampleInput input;
+};
+struct SaveSamplerSnapshotRequest {
+  using Report = SamplerSnapshotInfo;
+  static constexpr absl::string_view kName = "sampler snapshot";
+  std::string name;  // empty: "step-N" (Job::Run's naming)
+};
+// What a call that answers nothing but its status reports.
+struct NoReport {};
+struct DeleteSamplerSnapshotRequest {
+  using Report = NoReport;
+  static constexpr absl::string_view kName = "delete sampler snapshot";
+  std::string name;
+};
+
+// The job's state as a safetensors file (header and host tensors), or a
+// view of it (StateView, below); and a decoded file loaded into the job
+// (partial: some of the model's weights only). Nothing to check before the
+// strand: the view is an enum, the file was checked as it arrived.
+enum class StateView;
+struct ExportStateRequest {
+  using Report = codec::EncodedSafetensors;
+  static constexpr absl::string_view kName = "export";
+  StateView view{};
+};
+struct ImportStateRequest {
+  using Report = int64_t;  // the tensors loaded
+  static constexpr absl::string_view kName = "import";
+  codec::StateDict state;
+  bool partial = false;
+};
+
+// Each request's checks that need no model (InvalidArgument naming the
+// field): its input's (CheckStepInput, CheckSampleInput, ...) and its own
+// (a ForwardBackward call's index >= 1, a snapshot's name).
+absl::Status CheckRequest(const StepRequest& request);
+absl::Status CheckRequest(const ForwardBackwardRequest& request);
+absl::Status CheckRequest(const OptimStepRequest& request);
+absl::Status CheckRequest(const EvaluateRequest& request);
+absl::Status CheckRequest(const SampleRequest& request);
+absl::Status CheckRequest(const SaveSamplerSnapshotRequest& request);
+absl::Status CheckRequest(const DeleteSamplerSnapshotRequest& request);
+inline absl::Status CheckRequest(const ExportStateRequest&) { return absl::OkStatus(); }
+inline absl::Status CheckRequest(const ImportStateRequest&) { return absl::OkStatus(); }
+
+// A request that passed CheckRequest. Only Check makes one, so what takes
+// a Valid<Request> never runs unchecked input and never checks it again.
+template <typename Request>
+class Valid {
+ public:
+  // CheckRequest's error, or the request.
+  static absl::StatusOr<Valid> Check(Request request) {
+    if (absl::Status s = CheckRequest(request); !s.ok()) return s;
+    return Valid(std::move(request));
+  }
+
+  const Request& get() const { return request_; }
+  const Request* operator->() const { return &request_; }
+  // The request moved out by its last reader (a load taking the file's
+  // buffers): the proof ends with it.
+  Request Take() && { return std::move(request_); }
+  // Which updates sample the gradient histogram is the job's choice
+  // (every --grad-histogram-every steps), and no check covers it.
+  void set_sample_grad_histogram(bool sample) requires requires(Request r) {
+    r.input.sample_grad_histogram;
+  }
+  { request_.input.sample_grad_histogram = sample; }
+
+ private:
+  explicit Valid(Request request) : request_(std::move(request)) {}
+  Request request_;
+};
+
 // ---- a job from outside ---------------------------------------------------------
 
 // Where a job's loss scaler stands before its next step.
@@ -467,7 +546,7 @@ struct ScalerSnapshot {
 // weights they adapt (W + (alpha/r) B A): a plain model that transformers
 // loads without PEFT, or that a partial load puts under another job (a
 // pretrained base for a LoRA job).
-enum class StateView { kFull, kAdapter, kMerged };
+enum class StateView { kFull, kAdapter, kMerged };  // declared above, for ExportStateRequest
 
 enum class JobState { kActive, kFailed };
 

@@ -45,8 +45,8 @@ class StateDictWriter final : public grpc::ServerWriteReactor<v1::StateDictChunk
       Done(ToGrpcStatus(state_view.status()));
       return;
     }
-    registry->ExportState(
-        tenant, job_id, *state_view,
+    registry->Submit(
+        tenant, job_id, engine::ExportStateRequest{*state_view},
         [this, job_id](absl::StatusOr<codec::EncodedSafetensors> file) {
           if (!file.ok()) {
             Done(ToGrpcStatus(file.status()));
@@ -143,7 +143,7 @@ class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRe
     StartRead(&request_);
   }
 
-  // A load not made yet is not made (JobRegistry::ImportState).
+  // A load not made yet is not made (JobRegistry::Submit).
   void OnCancel() override { StopCancelledCall(call_); }
 
   void OnReadDone(bool ok) override {
@@ -163,8 +163,8 @@ class StateDictReader final : public grpc::ServerReadReactor<v1::LoadStateDictRe
       }
       const auto size = static_cast<int64_t>(receiver_.received_bytes());
       const absl::Time received = absl::Now();
-      registry_->ImportState(
-          tenant_, job_id_, *std::move(state), partial_,
+      registry_->Submit(
+          tenant_, job_id_, engine::ImportStateRequest{*std::move(state), partial_},
           [this, size, received](absl::StatusOr<int64_t> n) {
             if (n.ok()) {
               response_->set_bytes(size);
@@ -312,6 +312,56 @@ class RefusedStream final : public Reactor {
   void OnDone() override { delete this; }
 };
 
+// Whether a call's work stops when gRPC cancels it (its deadline, its
+// client gone): the long ones. The others run to their end once started.
+enum class Stoppable { kNo, kYes };
+
+// Every job call's handler: the tenant, the job id's length, the request
+// decoded into the engine's (translate.h: `decode`, after the tenant is
+// known), the registry's one hand-off (JobRegistry::Submit) and the
+// response from its report (`encode`). A stoppable call's reactor hands
+// the engine its CallToken.
+template <typename Decode, typename Encode>
+grpc::ServerUnaryReactor* ServeJobCall(const TrainerService& service, engine::JobRegistry& registry,
+                                       grpc::CallbackServerContext* context,
+                                       absl::string_view method, Stoppable stoppable,
+                                       const std::string& job_id, Decode decode, Encode encode) {
+  const absl::Time start = absl::Now();
+  engine::CallToken call;
+  grpc::ServerUnaryReactor* reactor = nullptr;
+  if (stoppable == Stoppable::kYes) {
+    auto* stoppable_reactor = new StoppableUnaryReactor(*context);
+    call = stoppable_reactor->call();
+    reactor = stoppable_reactor;
+  } else {
+    reactor = context->DefaultReactor();
+  }
+  absl::StatusOr<std::string> tenant = service.Authenticate(*context);
+  absl::Status refused = tenant.status();
+  if (refused.ok()) refused = CheckLength("job_id", job_id);
+  using Decoded = decltype(decode());  // absl::StatusOr<the engine's request>
+  Decoded request = refused.ok() ? decode() : Decoded(refused);
+  if (!request.ok()) {
+    service.FinishUnary(reactor, method, start, request.status());
+    return reactor;
+  }
+  using Report = typename Decoded::value_type::Report;
+  registry.Submit(
+      *tenant, job_id, *std::move(request),
+      [&service, reactor, method, start, encode](absl::StatusOr<Report> report) {
+        if (report.ok()) encode(*report);
+        service.FinishUnary(reactor, method, start, report.status());
+      },
+      call);
+  return reactor;
+}
+
+// A decoded request that cannot fail, as the template above takes it.
+template <typename Request>
+absl::StatusOr<Request> Decoded(Request request) {
+  return request;
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> TrainerService::Authenticate(
@@ -444,173 +494,77 @@ grpc::ServerUnaryReactor* TrainerService::DeleteJob(grpc::CallbackServerContext*
   return reactor;
 }
 
+// The requests of Step, ForwardBackward and Evaluate are this service's
+// own (step_messages_, ...: OwnedMessages), not const objects: decoding
+// moves the batch bytes out of them rather than copying.
+
 grpc::ServerUnaryReactor* TrainerService::Step(grpc::CallbackServerContext* context,
                                                const v1::StepRequest* request,
                                                v1::StepResponse* response) {
-  const absl::Time start = absl::Now();
-  auto* reactor = new StoppableUnaryReactor(*context);
-  const absl::StatusOr<std::string> tenant = Authenticate(*context);
-  if (!tenant.ok()) {
-    FinishUnary(reactor, "Step", start, tenant.status());
-    return reactor;
-  }
-  if (absl::Status s = CheckLength("job_id", request->job_id()); !s.ok()) {
-    FinishUnary(reactor, "Step", start, s);
-    return reactor;
-  }
-  // The request is this service's own (step_messages_), not a const
-  // object: decoding moves the batch bytes out of it rather than copying.
-  absl::StatusOr<engine::StepInput> input =
-      StepInputFromProto(const_cast<v1::StepRequest*>(request));
-  if (!input.ok()) {
-    FinishUnary(reactor, "Step", start, input.status());
-    return reactor;
-  }
-  registry_->Step(
-      *tenant, request->job_id(), request->sequence(), *std::move(input),
-      [this, reactor, response, start](absl::StatusOr<engine::StepReport> report) {
-        if (report.ok()) StepReportToProto(*report, response);
-        FinishUnary(reactor, "Step", start, report.status());
-      },
-      reactor->call());
-  return reactor;
+  return ServeJobCall(
+      *this, *registry_, context, "Step", Stoppable::kYes, request->job_id(),
+      [request] { return StepRequestFromProto(const_cast<v1::StepRequest*>(request)); },
+      [response](const engine::StepReport& r) { StepReportToProto(r, response); });
 }
 
 grpc::ServerUnaryReactor* TrainerService::ForwardBackward(grpc::CallbackServerContext* context,
                                                           const v1::ForwardBackwardRequest* request,
                                                           v1::ForwardBackwardResponse* response) {
-  const absl::Time start = absl::Now();
-  auto* reactor = new StoppableUnaryReactor(*context);
-  const absl::StatusOr<std::string> tenant = Authenticate(*context);
-  if (!tenant.ok()) {
-    FinishUnary(reactor, "ForwardBackward", start, tenant.status());
-    return reactor;
-  }
-  if (absl::Status s = CheckLength("job_id", request->job_id()); !s.ok()) {
-    FinishUnary(reactor, "ForwardBackward", start, s);
-    return reactor;
-  }
-  // Ours too (forward_backward_messages_): the bytes are moved, as Step's.
-  absl::StatusOr<engine::ForwardBackwardInput> input =
-      ForwardBackwardInputFromProto(const_cast<v1::ForwardBackwardRequest*>(request));
-  if (!input.ok()) {
-    FinishUnary(reactor, "ForwardBackward", start, input.status());
-    return reactor;
-  }
-  registry_->ForwardBackward(
-      *tenant, request->job_id(), request->sequence(), request->index(), *std::move(input),
-      [this, reactor, response, start](absl::StatusOr<engine::ForwardBackwardReport> report) {
-        if (report.ok()) ForwardBackwardReportToProto(*report, response);
-        FinishUnary(reactor, "ForwardBackward", start, report.status());
+  return ServeJobCall(
+      *this, *registry_, context, "ForwardBackward", Stoppable::kYes, request->job_id(),
+      [request] {
+        return ForwardBackwardRequestFromProto(const_cast<v1::ForwardBackwardRequest*>(request));
       },
-      reactor->call());
-  return reactor;
+      [response](const engine::ForwardBackwardReport& r) {
+        ForwardBackwardReportToProto(r, response);
+      });
 }
 
 grpc::ServerUnaryReactor* TrainerService::OptimStep(grpc::CallbackServerContext* context,
                                                     const v1::OptimStepRequest* request,
                                                     v1::StepResponse* response) {
-  const absl::Time start = absl::Now();
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const absl::StatusOr<std::string> tenant = Authenticate(*context);
-  if (!tenant.ok()) {
-    FinishUnary(reactor, "OptimStep", start, tenant.status());
-    return reactor;
-  }
-  if (absl::Status s = CheckLength("job_id", request->job_id()); !s.ok()) {
-    FinishUnary(reactor, "OptimStep", start, s);
-    return reactor;
-  }
-  registry_->OptimStep(*tenant, request->job_id(), request->sequence(),
-                       OptimStepInputFromProto(*request),
-                       [this, reactor, response, start](absl::StatusOr<engine::StepReport> report) {
-                         if (report.ok()) StepReportToProto(*report, response);
-                         FinishUnary(reactor, "OptimStep", start, report.status());
-                       });
-  return reactor;
+  return ServeJobCall(
+      *this, *registry_, context, "OptimStep", Stoppable::kNo, request->job_id(),
+      [request] { return Decoded(OptimStepRequestFromProto(*request)); },
+      [response](const engine::StepReport& r) { StepReportToProto(r, response); });
 }
 
 grpc::ServerUnaryReactor* TrainerService::Evaluate(grpc::CallbackServerContext* context,
                                                    const v1::EvaluateRequest* request,
                                                    v1::EvaluateResponse* response) {
-  const absl::Time start = absl::Now();
-  auto* reactor = new StoppableUnaryReactor(*context);
-  const absl::StatusOr<std::string> tenant = Authenticate(*context);
-  if (!tenant.ok()) {
-    FinishUnary(reactor, "Evaluate", start, tenant.status());
-    return reactor;
-  }
-  if (absl::Status s = CheckLength("job_id", request->job_id()); !s.ok()) {
-    FinishUnary(reactor, "Evaluate", start, s);
-    return reactor;
-  }
-  // Ours too (evaluate_messages_): the bytes are moved, as Step's.
-  absl::StatusOr<engine::EvaluateInput> input =
-      EvaluateInputFromProto(const_cast<v1::EvaluateRequest*>(request));
-  if (!input.ok()) {
-    FinishUnary(reactor, "Evaluate", start, input.status());
-    return reactor;
-  }
-  registry_->Evaluate(
-      *tenant, request->job_id(), *std::move(input),
-      [this, reactor, response, start](absl::StatusOr<engine::EvaluateReport> report) {
-        if (report.ok()) EvaluateReportToProto(*report, response);
-        FinishUnary(reactor, "Evaluate", start, report.status());
-      },
-      reactor->call());
-  return reactor;
+  return ServeJobCall(
+      *this, *registry_, context, "Evaluate", Stoppable::kYes, request->job_id(),
+      [request] { return EvaluateRequestFromProto(const_cast<v1::EvaluateRequest*>(request)); },
+      [response](const engine::EvaluateReport& r) { EvaluateReportToProto(r, response); });
 }
 
 grpc::ServerUnaryReactor* TrainerService::Sample(grpc::CallbackServerContext* context,
                                                  const v1::SampleRequest* request,
                                                  v1::SampleResponse* response) {
-  const absl::Time start = absl::Now();
-  auto* reactor = new StoppableUnaryReactor(*context);
-  const absl::StatusOr<std::string> tenant = Authenticate(*context);
-  if (!tenant.ok()) {
-    FinishUnary(reactor, "Sample", start, tenant.status());
-    return reactor;
-  }
-  if (absl::Status s = CheckLength("job_id", request->job_id()); !s.ok()) {
-    FinishUnary(reactor, "Sample", start, s);
-    return reactor;
-  }
-  absl::StatusOr<engine::SampleInput> input = SampleInputFromProto(*request);
-  if (!input.ok()) {
-    FinishUnary(reactor, "Sample", start, input.status());
-    return reactor;
-  }
-  registry_->Sample(
-      *tenant, request->job_id(), *std::move(input),
-      [this, reactor, response, start](absl::StatusOr<engine::SampleReport> report) {
-        if (report.ok()) SampleReportToProto(*report, response);
-        FinishUnary(reactor, "Sample", start, report.status());
-      },
-      reactor->call());
-  return reactor;
+  return ServeJobCall(
+      *this, *registry_, context, "Sample", Stoppable::kYes, request->job_id(),
+      [request] { return Decoded(SampleRequestFromProto(*request)); },
+      [response](const engine::SampleReport& r) { SampleReportToProto(r, response); });
 }
 
 grpc::ServerUnaryReactor* TrainerService::SaveSamplerSnapshot(
     grpc::CallbackServerContext* context, const v1::SaveSamplerSnapshotRequest* request,
     v1::SaveSamplerSnapshotResponse* response) {
-  const absl::Time start = absl::Now();
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const absl::StatusOr<std::string> tenant = Authenticate(*context);
-  if (!tenant.ok()) {
-    FinishUnary(reactor, "SaveSamplerSnapshot", start, tenant.status());
-    return reactor;
-  }
-  if (absl::Status s = CheckLength("job_id", request->job_id()); !s.ok()) {
-    FinishUnary(reactor, "SaveSamplerSnapshot", start, s);
-    return reactor;
-  }
-  registry_->SaveSamplerSnapshot(
-      *tenant, request->job_id(), request->snapshot(),
-      [this, reactor, response, start](absl::StatusOr<engine::SamplerSnapshotInfo> saved) {
-        if (saved.ok()) *response->mutable_snapshot() = SamplerSnapshotToProto(*saved);
-        FinishUnary(reactor, "SaveSamplerSnapshot", start, saved.status());
+  return ServeJobCall(
+      *this, *registry_, context, "SaveSamplerSnapshot", Stoppable::kNo, request->job_id(),
+      [request] { return Decoded(engine::SaveSamplerSnapshotRequest{request->snapshot()}); },
+      [response](const engine::SamplerSnapshotInfo& saved) {
+        *response->mutable_snapshot() = SamplerSnapshotToProto(saved);
       });
-  return reactor;
+}
+
+grpc::ServerUnaryReactor* TrainerService::DeleteSamplerSnapshot(
+    grpc::CallbackServerContext* context, const v1::DeleteSamplerSnapshotRequest* request,
+    v1::DeleteSamplerSnapshotResponse* /*response*/) {
+  return ServeJobCall(
+      *this, *registry_, context, "DeleteSamplerSnapshot", Stoppable::kNo, request->job_id(),
+      [request] { return Decoded(engine::DeleteSamplerSnapshotRequest{request->snapshot()}); },
+      [](const engine::NoReport&) {});
 }
 
 grpc::ServerUnaryReactor* TrainerService::ListModels(grpc::CallbackServerContext* context,
@@ -648,27 +602,6 @@ grpc::ServerUnaryReactor* TrainerService::ListSamplerSnapshots(
     }
   }
   FinishUnary(reactor, "ListSamplerSnapshots", start, listed.status());
-  return reactor;
-}
-
-grpc::ServerUnaryReactor* TrainerService::DeleteSamplerSnapshot(
-    grpc::CallbackServerContext* context, const v1::DeleteSamplerSnapshotRequest* request,
-    v1::DeleteSamplerSnapshotResponse* /*response*/) {
-  const absl::Time start = absl::Now();
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const absl::StatusOr<std::string> tenant = Authenticate(*context);
-  if (!tenant.ok()) {
-    FinishUnary(reactor, "DeleteSamplerSnapshot", start, tenant.status());
-    return reactor;
-  }
-  if (absl::Status s = CheckLength("job_id", request->job_id()); !s.ok()) {
-    FinishUnary(reactor, "DeleteSamplerSnapshot", start, s);
-    return reactor;
-  }
-  registry_->DeleteSamplerSnapshot(*tenant, request->job_id(), request->snapshot(),
-                                   [this, reactor, start](absl::Status s) {
-                                     FinishUnary(reactor, "DeleteSamplerSnapshot", start, s);
-                                   });
   return reactor;
 }
 

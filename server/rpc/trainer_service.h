@@ -1,7 +1,9 @@
 // TrainerService: the ampd.v1.Trainer gRPC service on the callback API. Each
-// handler decodes and validates its request, hands the work to the
-// JobRegistry (which runs it on the job's ordered worker) and finishes the
-// call from the completion; no reaction ever trains, checkpoints or waits.
+// job call's handler is one path (ServeJobCall, trainer_service.cc): the
+// tenant, the request decoded into the engine's (translate.h), the
+// registry's one hand-off (JobRegistry::Submit, which checks it and runs it
+// on the job's ordered worker), the call finished from the completion; no
+// reaction ever trains, checkpoints or waits.
 // The long calls (Step, Evaluate, Sample, the state dict streams) hand the
 // engine a CallToken of their deadline, stopped when gRPC cancels the call
 // (call_stop.h), so work nobody waits for ends at its next unit.

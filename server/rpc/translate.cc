@@ -522,20 +522,22 @@ void PhaseSecondsToProto(const engine::PhaseSeconds& s, v1::PhaseTimings* t) {
 
 }  // namespace
 
-absl::StatusOr<engine::StepInput> StepInputFromProto(v1::StepRequest* request) {
-  AMPD_ASSIGN_OR_RETURN(engine::StepInput input, BatchFromProto(request));
-  // Whether there is a micro-batch and the learning rate is usable is the
-  // engine's to say (CheckStepInput, before the step is queued).
-  if (request->has_learning_rate()) input.learning_rate = request->learning_rate();
-  return input;
+absl::StatusOr<engine::StepRequest> StepRequestFromProto(v1::StepRequest* request) {
+  engine::StepRequest step;
+  step.sequence = request->sequence();
+  AMPD_ASSIGN_OR_RETURN(step.input, BatchFromProto(request));
+  if (request->has_learning_rate()) step.input.learning_rate = request->learning_rate();
+  return step;
 }
 
-absl::StatusOr<engine::ForwardBackwardInput> ForwardBackwardInputFromProto(
+absl::StatusOr<engine::ForwardBackwardRequest> ForwardBackwardRequestFromProto(
     v1::ForwardBackwardRequest* request) {
-  engine::ForwardBackwardInput input;
-  AMPD_ASSIGN_OR_RETURN(input.batch, BatchFromProto(request));
-  input.micro_batches_in_update = request->micro_batches_in_update();
-  return input;
+  engine::ForwardBackwardRequest call;
+  call.sequence = request->sequence();
+  call.index = request->index();
+  AMPD_ASSIGN_OR_RETURN(call.input.batch, BatchFromProto(request));
+  call.input.micro_batches_in_update = request->micro_batches_in_update();
+  return call;
 }
 
 void ForwardBackwardReportToProto(const engine::ForwardBackwardReport& r,
@@ -559,8 +561,10 @@ void ForwardBackwardReportToProto(const engine::ForwardBackwardReport& r,
   }
 }
 
-engine::OptimStepInput OptimStepInputFromProto(const v1::OptimStepRequest& request) {
-  engine::OptimStepInput input;
+engine::OptimStepRequest OptimStepRequestFromProto(const v1::OptimStepRequest& request) {
+  engine::OptimStepRequest update;
+  update.sequence = request.sequence();
+  engine::OptimStepInput& input = update.input;
   input.forward_backward_calls = request.forward_backward_calls();
   if (request.has_learning_rate()) input.learning_rate = request.learning_rate();
   if (request.has_beta1()) input.beta1 = request.beta1();
@@ -568,7 +572,7 @@ engine::OptimStepInput OptimStepInputFromProto(const v1::OptimStepRequest& reque
   if (request.has_eps()) input.eps = request.eps();
   if (request.has_weight_decay()) input.weight_decay = request.weight_decay();
   if (request.has_max_grad_norm()) input.max_grad_norm = request.max_grad_norm();
-  return input;
+  return update;
 }
 
 void StepReportToProto(const engine::StepReport& r, v1::StepResponse* response) {
@@ -602,15 +606,14 @@ void StepReportToProto(const engine::StepReport& r, v1::StepResponse* response) 
   if (r.logprob_mismatch.has_value()) response->set_logprob_mismatch(*r.logprob_mismatch);
 }
 
-absl::StatusOr<engine::EvaluateInput> EvaluateInputFromProto(v1::EvaluateRequest* request) {
-  engine::EvaluateInput input;
+absl::StatusOr<engine::EvaluateRequest> EvaluateRequestFromProto(v1::EvaluateRequest* request) {
+  engine::EvaluateRequest evaluate;
+  engine::EvaluateInput& input = evaluate.input;
   AMPD_ASSIGN_OR_RETURN(input.micro_batches,
                         MicroBatchesFromProto(request->mutable_micro_batches()));
-  // Whether there is a micro-batch is the engine's to say
-  // (CheckEvaluateInput, before the evaluation is queued).
   input.return_logprobs = request->return_logprobs();
   if (request->has_temperature()) input.temperature = request->temperature();
-  return input;
+  return evaluate;
 }
 
 void EvaluateReportToProto(const engine::EvaluateReport& r, v1::EvaluateResponse* response) {
@@ -645,14 +648,9 @@ absl::StatusOr<engine::StateView> StateViewFromProto(int view) {
   }
 }
 
-absl::StatusOr<engine::SampleInput> SampleInputFromProto(const v1::SampleRequest& request) {
-  engine::SampleInput input;
-  // The counts first, so that an oversized request is refused before any
-  // of its prompts is copied.
-  if (request.prompts_size() > engine::kMaxSamplePrompts) {
-    return absl::InvalidArgumentError(absl::StrCat("prompts: 1 to ", engine::kMaxSamplePrompts,
-                                                   " prompts, got ", request.prompts_size()));
-  }
+engine::SampleRequest SampleRequestFromProto(const v1::SampleRequest& request) {
+  engine::SampleRequest sample;
+  engine::SampleInput& input = sample.input;
   input.prompts.reserve(static_cast<size_t>(request.prompts_size()));
   bool any_seed = false;
   for (const v1::TokenSequence& prompt : request.prompts()) {
@@ -672,15 +670,10 @@ absl::StatusOr<engine::SampleInput> SampleInputFromProto(const v1::SampleRequest
   if (request.has_temperature()) input.temperature = request.temperature();
   input.top_k = request.top_k();
   if (request.has_top_p()) input.top_p = request.top_p();
-  if (request.stop_token_ids_size() > engine::kMaxStopTokens) {
-    return absl::InvalidArgumentError(absl::StrCat("stop_token_ids: at most ",
-                                                   engine::kMaxStopTokens, ", got ",
-                                                   request.stop_token_ids_size()));
-  }
   input.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
   input.seed = request.seed();
   input.snapshot = request.snapshot();
-  return input;
+  return sample;
 }
 
 v1::SamplerSnapshot SamplerSnapshotToProto(const engine::SamplerSnapshotInfo& info) {

@@ -1,10 +1,11 @@
-// Protobuf <-> engine translation: the rpc layer's whole vocabulary. Input
-// checks that only the wire can get wrong (unset enums, NaN in an optional
-// field, a tensor's byte length) happen here and name the request field
-// ("config.optimizer.lr", "micro_batches[1].targets"); everything else is the
-// engine's validation (the registry checks a request's own fields; the job
-// checks its batches against the model), its field names prefixed with
-// "config.".
+// Protobuf <-> engine translation: the rpc layer's whole vocabulary. What
+// only the wire can get wrong (an enum value the proto does not define, NaN
+// in a config's optional field, a tensor's byte length) is refused here,
+// naming the request's field ("config.optimizer.lr",
+// "micro_batches[1].targets"); the values are the engine's to check: a job
+// call's request where the registry accepts it (api.h CheckRequest), its
+// batches against the model on the job's strand, a config at CreateJob
+// (its field names prefixed with "config.").
 #pragma once
 
 #include <string>
@@ -30,26 +31,24 @@ v1::Job JobToProto(const engine::JobSnapshot& snapshot);
 
 // The micro-batches' tensor bytes are moved out of *request (a batch is
 // megabytes; the request is not read again).
-absl::StatusOr<engine::StepInput> StepInputFromProto(v1::StepRequest* request);
+absl::StatusOr<engine::StepRequest> StepRequestFromProto(v1::StepRequest* request);
 void StepReportToProto(const engine::StepReport& report, v1::StepResponse* response);
 
-// Moves the tensor bytes out of *request, as StepInputFromProto; the engine
-// checks the values (engine::CheckForwardBackwardInput).
-absl::StatusOr<engine::ForwardBackwardInput> ForwardBackwardInputFromProto(
+// Moves the tensor bytes out of *request, as StepRequestFromProto.
+absl::StatusOr<engine::ForwardBackwardRequest> ForwardBackwardRequestFromProto(
     v1::ForwardBackwardRequest* request);
 void ForwardBackwardReportToProto(const engine::ForwardBackwardReport& report,
                                   v1::ForwardBackwardResponse* response);
-// Every field as sent; the engine checks them (engine::CheckOptimStepInput).
-engine::OptimStepInput OptimStepInputFromProto(const v1::OptimStepRequest& request);
+// Every field as sent.
+engine::OptimStepRequest OptimStepRequestFromProto(const v1::OptimStepRequest& request);
 
-// Moves the tensor bytes out of *request, as StepInputFromProto.
-absl::StatusOr<engine::EvaluateInput> EvaluateInputFromProto(v1::EvaluateRequest* request);
+// Moves the tensor bytes out of *request, as StepRequestFromProto.
+absl::StatusOr<engine::EvaluateRequest> EvaluateRequestFromProto(v1::EvaluateRequest* request);
 void EvaluateReportToProto(const engine::EvaluateReport& report, v1::EvaluateResponse* response);
 
 // SampleRequest's fields with their defaults (num_samples 1, max_tokens 16,
-// temperature 1, top_p 1); the engine checks the values
-// (engine::CheckSampleInput).
-absl::StatusOr<engine::SampleInput> SampleInputFromProto(const v1::SampleRequest& request);
+// temperature 1, top_p 1).
+engine::SampleRequest SampleRequestFromProto(const v1::SampleRequest& request);
 void SampleReportToProto(const engine::SampleReport& report, v1::SampleResponse* response);
 v1::SamplerSnapshot SamplerSnapshotToProto(const engine::SamplerSnapshotInfo& info);
 

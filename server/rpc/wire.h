@@ -28,10 +28,13 @@ absl::Status CheckLength(absl::string_view field, absl::string_view value);
 // false both ways).
 absl::Status CheckFinite(absl::string_view field, double value);
 
-// Appends proto's layers to *spec and sets its loss, or sets its GPT (with
-// mlp_ratio 4, layer_norm_eps 1e-5 and tie_embeddings true where unset;
-// layers must then be empty and the loss unset or cross-entropy); field_prefix prefixes the
-// names in errors (field_prefix "config.model" -> "config.model.layers[2]: no layer kind set").
+// One of the model's kinds into *spec: a layer stack (proto's layers
+// appended, and its loss), a GPT (mlp_ratio 4, layer_norm_eps 1e-5 and
+// tie_embeddings true where unset) or a decoder of the Llama/Qwen/Gemma
+// families (its parts and LoRA adapters); for a GPT or a decoder the layers
+// must be empty and the loss unset or cross-entropy. field_prefix prefixes
+// the names in errors ("config.model" -> "config.model.layers[2]: no layer
+// kind set").
 absl::Status ModelSpecFromProto(const v1::ModelSpec& proto, absl::string_view field_prefix,
                                 engine::model::ModelSpec* spec);
 // Every field set, defaults included (the effective model).

@@ -308,8 +308,8 @@ TEST(Admission, RegistryCountsStepWorkspaceAgainstMaxMemoryBytes) {
 
   auto step = [&](int64_t sequence, int64_t rows) {
     std::promise<absl::StatusOr<StepReport>> done;
-    (*registry)->Step("", job->job_id, sequence, One(Batch(rows, 2, 2)),
-                      [&](absl::StatusOr<StepReport> r) { done.set_value(std::move(r)); });
+    (*registry)->Submit("", job->job_id, StepRequest{sequence, One(Batch(rows, 2, 2))},
+                        [&](absl::StatusOr<StepReport> r) { done.set_value(std::move(r)); });
     return done.get_future().get();
   };
   ASSERT_TRUE(step(1, 256).ok());
@@ -368,8 +368,8 @@ TEST(Admission, MemoryPressureReleasesAnIdleJobsWorkspace) {
   };
   auto step = [&](const std::string& job_id, int64_t sequence) {
     std::promise<absl::StatusOr<StepReport>> done;
-    (*registry)->Step("", job_id, sequence, One(Batch(rows, 2, 2)),
-                      [&](absl::StatusOr<StepReport> r) { done.set_value(std::move(r)); });
+    (*registry)->Submit("", job_id, StepRequest{sequence, One(Batch(rows, 2, 2))},
+                        [&](absl::StatusOr<StepReport> r) { done.set_value(std::move(r)); });
     return done.get_future().get();
   };
   absl::StatusOr<JobSnapshot> a = create();
@@ -427,7 +427,9 @@ TEST(Admission, MemoryPressureReleasesAnIdleJobsWorkspace) {
 // it keeps it (ReleaseWorkspacesIfIdle returns 0 at once and touches
 // nothing); idle, it frees it and stops counting it; closed, it holds none.
 // A Job takes its input as the registry hands it over: checked.
-ValidStepInput Valid(StepInput input) { return ValidStepInput::Check(std::move(input)).value(); }
+Valid<StepRequest> Checked(int64_t sequence, StepInput input) {
+  return Valid<StepRequest>::Check(StepRequest{sequence, std::move(input)}).value();
+}
 
 TEST(Admission, OnlyAnIdleJobGivesUpItsWorkspace) {
   WorkerPool pool(1);
@@ -457,7 +459,7 @@ TEST(Admission, OnlyAnIdleJobGivesUpItsWorkspace) {
     done.get_future().wait();
   };
   run([&] { ASSERT_TRUE(job->Initialize("cpu").ok()); });
-  run([&] { ASSERT_TRUE(job->Step(1, Valid(One(Batch(4096, 2, 2)))).ok()); });
+  run([&] { ASSERT_TRUE(job->Run(Checked(1, One(Batch(4096, 2, 2)))).ok()); });
   const int64_t workspace = job->workspace_bytes();
   const int64_t tensors =
       model::WorkspaceBytes(Mlp(2, 64, 2).model, Precision::kFp16, 4096).value();
@@ -465,7 +467,7 @@ TEST(Admission, OnlyAnIdleJobGivesUpItsWorkspace) {
 
   std::promise<void> stepped;
   job->Post([&] {
-    EXPECT_TRUE(job->Step(2, Valid(One(Batch(4096, 2, 2)))).ok());
+    EXPECT_TRUE(job->Run(Checked(2, One(Batch(4096, 2, 2)))).ok());
     stepped.set_value();
   });
   admitting.get_future().wait();
@@ -479,7 +481,7 @@ TEST(Admission, OnlyAnIdleJobGivesUpItsWorkspace) {
   EXPECT_EQ(job->workspace_bytes(), 0);
   EXPECT_EQ(job->ReleaseWorkspacesIfIdle(), 0);  // nothing left
   // The next step allocates afresh.
-  run([&] { ASSERT_TRUE(job->Step(3, Valid(One(Batch(4096, 2, 2)))).ok()); });
+  run([&] { ASSERT_TRUE(job->Run(Checked(3, One(Batch(4096, 2, 2)))).ok()); });
   EXPECT_EQ(job->workspace_bytes(), workspace);
   run([&] { ASSERT_TRUE(job->Close(/*remove_checkpoint=*/false).ok()); });
   EXPECT_EQ(job->workspace_bytes(), 0);
@@ -504,8 +506,8 @@ TEST(Admission, TenantMemoryQuotaBoundsItsStepsOnly) {
   };
   auto step = [&](const std::string& owner, const std::string& job_id, int64_t rows) {
     std::promise<absl::StatusOr<StepReport>> done;
-    (*registry)->Step(owner, job_id, 1, One(Batch(rows, 2, 2)),
-                      [&](absl::StatusOr<StepReport> r) { done.set_value(std::move(r)); });
+    (*registry)->Submit(owner, job_id, StepRequest{1, One(Batch(rows, 2, 2))},
+                        [&](absl::StatusOr<StepReport> r) { done.set_value(std::move(r)); });
     return done.get_future().get();
   };
   absl::StatusOr<JobSnapshot> alices = create("alice");

@@ -172,9 +172,10 @@ class CheckpointBytes : public LegacyCheckpoint {
   static absl::StatusOr<checkpoint::EncodedSafetensors> Export(JobRegistry& registry,
                                                                const std::string& job_id) {
     std::promise<absl::StatusOr<checkpoint::EncodedSafetensors>> exported;
-    registry.ExportState("", job_id, [&](absl::StatusOr<checkpoint::EncodedSafetensors> file) {
-      exported.set_value(std::move(file));
-    });
+    registry.Submit("", job_id, ExportStateRequest{StateView::kFull},
+                    [&](absl::StatusOr<checkpoint::EncodedSafetensors> file) {
+                      exported.set_value(std::move(file));
+                    });
     return exported.get_future().get();
   }
 };
@@ -201,8 +202,8 @@ TEST_F(CheckpointBytes, ImportKeepsTheJobsSequenceAndCheckpointsTheRecordedBytes
       checkpoint::DecodeSafetensors(test_support::ReadFile(file_));
   ASSERT_TRUE(file.ok()) << file.status();
   std::promise<absl::StatusOr<int64_t>> imported;
-  (*registry)->ImportState("", job->job_id, *std::move(file), /*partial=*/false,
-                           [&](absl::StatusOr<int64_t> n) { imported.set_value(std::move(n)); });
+  (*registry)->Submit("", job->job_id, ImportStateRequest{*std::move(file), /*partial=*/false},
+                      [&](absl::StatusOr<int64_t> n) { imported.set_value(std::move(n)); });
   absl::StatusOr<int64_t> tensors = imported.get_future().get();
   ASSERT_TRUE(tensors.ok()) << tensors.status();
   EXPECT_EQ(*tensors, 12);  // 2 Linear layers x (weight, bias) x (master, exp_avg, exp_avg_sq)

@@ -107,8 +107,9 @@ class RestoreProperty : public ::testing::TestWithParam<Case> {
   absl::StatusOr<StepReport> Step(bool overflow) {
     const int64_t sequence = live_->GetJob("", id_)->step + 1;
     return Wait<absl::StatusOr<StepReport>>([&](auto done) {
-      live_->Step("", id_, sequence, Batch(static_cast<uint64_t>(sequence), overflow),
-                  std::move(done));
+      live_->Submit("", id_,
+                    StepRequest{sequence, Batch(static_cast<uint64_t>(sequence), overflow)},
+                    std::move(done));
     });
   }
 
@@ -131,8 +132,9 @@ class RestoreProperty : public ::testing::TestWithParam<Case> {
   // one's).
   void LoadScalerState(const std::map<std::string, std::string>& values) {
     absl::StatusOr<checkpoint::EncodedSafetensors> exported =
-        Wait<absl::StatusOr<checkpoint::EncodedSafetensors>>(
-            [&](auto done) { live_->ExportState("", id_, std::move(done)); });
+        Wait<absl::StatusOr<checkpoint::EncodedSafetensors>>([&](auto done) {
+          live_->Submit("", id_, ExportStateRequest{StateView::kFull}, std::move(done));
+        });
     ASSERT_TRUE(exported.ok()) << exported.status();
     checkpoint::StateDict state = std::move(exported->state);
     for (const auto& [key, value] : values) {
@@ -146,7 +148,8 @@ class RestoreProperty : public ::testing::TestWithParam<Case> {
       }
     }
     absl::StatusOr<int64_t> loaded = Wait<absl::StatusOr<int64_t>>([&](auto done) {
-      live_->ImportState("", id_, std::move(state), /*partial=*/false, std::move(done));
+      live_->Submit("", id_, ImportStateRequest{std::move(state), /*partial=*/false},
+                    std::move(done));
     });
     ASSERT_TRUE(loaded.ok()) << loaded.status();
   }

@@ -71,6 +71,11 @@ void TrainStep(Trainer& trainer, uint64_t seed) {
   ASSERT_TRUE(r.ok()) << r.status();
 }
 
+// SampleFrom takes the request as the registry hands it over: checked.
+Valid<SampleRequest> Checked(SampleInput input) {
+  return Valid<SampleRequest>::Check(SampleRequest{std::move(input)}).value();
+}
+
 SampleInput Request() {
   SampleInput input;
   input.prompts = {{3, 1, 4}, {1}, {5, 9, 2, 6, 5}};
@@ -187,7 +192,7 @@ TEST_P(SamplerSnapshot, SamplesTheTrainingForwardOfItsStepWhileTheJobTrainsOn) {
       TrainStep(*trainer, s);
       const absl::StatusOr<SampleReport> live_before = trainer->Sample(request);
       ASSERT_TRUE(live_before.ok()) << live_before.status();
-      absl::StatusOr<SampleReport> from = trainer->SampleFrom(*snapshot, request, nullptr);
+      absl::StatusOr<SampleReport> from = trainer->SampleFrom(*snapshot, Checked(request), nullptr);
       ASSERT_TRUE(from.ok()) << from.status();
       // The snapshot's step, bit for bit: its draws and the training
       // forward's log-probs then.
@@ -205,7 +210,8 @@ TEST_P(SamplerSnapshot, SamplesTheTrainingForwardOfItsStepWhileTheJobTrainsOn) {
     ASSERT_TRUE(host.ok()) << host.status();
     absl::StatusOr<SamplerWeights> loaded = trainer->LoadSamplerWeights(*host);
     ASSERT_TRUE(loaded.ok()) << loaded.status();
-    absl::StatusOr<SampleReport> from_loaded = trainer->SampleFrom(*loaded, request, nullptr);
+    absl::StatusOr<SampleReport> from_loaded =
+        trainer->SampleFrom(*loaded, Checked(request), nullptr);
     ASSERT_TRUE(from_loaded.ok()) << from_loaded.status();
     EXPECT_EQ(Flatten(*from_loaded), Flatten(*at_step));
 
@@ -254,7 +260,7 @@ TEST_P(SamplerSnapshot, AFileOfOtherWeightsIsRefusedByName) {
   // Weights of another Trainer are not sampled from.
   std::unique_ptr<Trainer> other = MakeTrainer(Decoder(model::Precision::kFp16, true), GetParam());
   ASSERT_TRUE(other);
-  EXPECT_EQ(other->SampleFrom(*snapshot, Request(), nullptr).status().code(),
+  EXPECT_EQ(other->SampleFrom(*snapshot, Checked(Request()), nullptr).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 

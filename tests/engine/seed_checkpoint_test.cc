@@ -47,9 +47,10 @@ absl::StatusOr<JobSnapshot> Create(JobRegistry& registry, const JobConfig& confi
 // The job's state as GetStateDict sends it: every byte of the file.
 std::string Export(JobRegistry& registry, const std::string& job_id) {
   std::promise<absl::StatusOr<checkpoint::EncodedSafetensors>> exported;
-  registry.ExportState("", job_id, [&](absl::StatusOr<checkpoint::EncodedSafetensors> file) {
-    exported.set_value(std::move(file));
-  });
+  registry.Submit("", job_id, ExportStateRequest{StateView::kFull},
+                  [&](absl::StatusOr<checkpoint::EncodedSafetensors> file) {
+                    exported.set_value(std::move(file));
+                  });
   absl::StatusOr<checkpoint::EncodedSafetensors> file = exported.get_future().get();
   EXPECT_TRUE(file.ok()) << file.status();
   if (!file.ok()) return "";
@@ -61,8 +62,8 @@ std::string Export(JobRegistry& registry, const std::string& job_id) {
 absl::StatusOr<StepReport> Step(JobRegistry& registry, const std::string& job_id, int64_t sequence,
                                 StepInput input) {
   std::promise<absl::StatusOr<StepReport>> stepped;
-  registry.Step("", job_id, sequence, std::move(input),
-                [&](absl::StatusOr<StepReport> r) { stepped.set_value(std::move(r)); });
+  registry.Submit("", job_id, StepRequest{sequence, std::move(input)},
+                  [&](absl::StatusOr<StepReport> r) { stepped.set_value(std::move(r)); });
   return stepped.get_future().get();
 }
 
@@ -174,8 +175,9 @@ TEST_F(SeedCheckpoint, CheckpointsAreFullOnceTheJobHasChanged) {
       checkpoint::DecodeSafetensors(Export(**registry, stepped->job_id));
   ASSERT_TRUE(other.ok()) << other.status();
   std::promise<absl::StatusOr<int64_t>> loaded;
-  (*registry)->ImportState("", imported->job_id, *std::move(other), /*partial=*/false,
-                           [&](absl::StatusOr<int64_t> n) { loaded.set_value(std::move(n)); });
+  (*registry)->Submit("", imported->job_id,
+                      ImportStateRequest{*std::move(other), /*partial=*/false},
+                      [&](absl::StatusOr<int64_t> n) { loaded.set_value(std::move(n)); });
   ASSERT_TRUE(loaded.get_future().get().ok());
   // The import is checkpointed before it is acknowledged.
   const checkpoint::StateDict after_import = ReadCheckpoint(imported->job_id);

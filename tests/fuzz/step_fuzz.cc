@@ -30,8 +30,9 @@ constexpr int64_t kMaxRows = 4096;
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ampd::v1::StepRequest request;
   if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
-  absl::StatusOr<ampd::engine::StepInput> input = ampd::rpc::StepInputFromProto(&request);
-  if (!input.ok()) return 0;
+  absl::StatusOr<ampd::engine::StepRequest> step = ampd::rpc::StepRequestFromProto(&request);
+  if (!step.ok()) return 0;
+  const ampd::engine::StepInput* input = &step->input;
   int64_t rows = 0;
   for (const auto& batch : input->micro_batches) {
     rows += batch.inputs.shape.empty() ? 0 : batch.inputs.shape[0];

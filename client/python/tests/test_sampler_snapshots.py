@@ -217,6 +217,45 @@ def test_a_persisted_snapshot_survives_sigkill_with_its_bits(start_ampd, workdir
     assert not os.listdir(os.path.join(workdir, "state", "snapshots"))
 
 
+def test_a_save_resent_after_sigkill_answers_as_the_original(start_ampd, workdir):
+    """The client's save whose answer a restart lost is resent: the server
+    answers it as it answered the original (the snapshot restored from its
+    file, the job back at the same step with the same weights), while a
+    save under that name of another step is still SNAPSHOT_EXISTS."""
+    state = os.path.join(workdir, "state")
+    server = start_ampd("--state-dir=" + state, "--checkpoint-every=1", "--checkpoint-sync")
+    with ampd.Client(server.address) as client:
+        job = make_job(client, "lora")
+        assert job.save_sampler_snapshot("policy") == "policy"
+        assert job.save_sampler_snapshot() == "step-3"
+        job_id = job.job_id
+    server.kill()
+    server.restart()
+    with ampd.Client(server.address) as client:
+        job = client.job(job_id)
+        assert job.step_count == 3
+        # The same saves again: the same answers, no second copy.
+        assert job.save_sampler_snapshot("policy") == "policy"
+        assert job.save_sampler_snapshot() == "step-3"
+        assert [(s.name, s.step) for s in job.sampler_snapshots()] == [("policy", 3),
+                                                                       ("step-3", 3)]
+        rule_step(job, 3)
+        with pytest.raises(ampd.SnapshotExists) as exists:
+            job.save_sampler_snapshot("policy")
+        assert exists.value.snapshot == "policy"
+        assert job.save_sampler_snapshot() == "step-4"
+    server.kill()
+    # Restored at step 4, the job's name "policy" holds step 3's weights:
+    # a save under it is another save, refused.
+    server.restart()
+    with ampd.Client(server.address) as client:
+        job = client.job(job_id)
+        assert job.step_count == 4
+        with pytest.raises(ampd.SnapshotExists):
+            job.save_sampler_snapshot("policy")
+        assert job.save_sampler_snapshot("step-4") == "step-4"
+
+
 def test_another_tenant_can_neither_see_nor_use_a_jobs_snapshots(start_ampd, workdir):
     tenants = os.path.join(workdir, "tenants")
     with open(tenants, "w", encoding="utf-8") as f:

@@ -1,75 +1,16 @@
 // GradScaler: dynamic loss scaling as PyTorch, Paddle, DeepSpeed and
 // Megatron each do it, so that a job moved from one of them sees the same
 // scale trace step for step (policies pytorch, paddle, deepspeed, megatron),
-// with the min/max/static/enabled knobs every policy takes. Plain C++: it
-// sees one found_inf per optimizer step and nothing of tensors or devices,
-// which is what lets a data-parallel job reduce found_inf across ranks first
-// and feed every rank's scaler the same answer.
-//
-// How the engine builds one:
-//   fp16 job:        GradScaler::Create(ScalerConfig::Defaults(policy)), then
-//                    override the fields the job sets.
-//   bf16/fp32 job:   GradScaler::Create(ScalerConfig::ForPrecisionDefault(dtype,
-//                    policy)): a static scale of 1 that still detects
-//                    non-finite gradients and skips those steps.
-// Each step: multiply the loss by scale(), run backward, unscale with
-// inv_scale = float(1.0 / double(scale())), reduce found_inf, call
-// Update(found_inf) and apply the optimizer step only when !skipped.
-//
-// Choices this file makes where the frameworks differ or leave room (all
-// deliberate):
-//  - Arithmetic per policy follows each framework's own code so traces match
-//    bit for bit: pytorch rounds a double product to float32
-//    (_amp_update_scale_ does float*double then static_cast<float>); paddle
-//    and megatron multiply in float32 by float32(factor) (Paddle's scale op
-//    has a float attribute; a float32 torch tensor times a Python scalar
-//    computes in float32); deepspeed divides/multiplies in double (a Python
-//    float) and stores the result as float32. With power-of-two factors all
-//    four agree.
-//  - deepspeed has a single scale_factor for both directions: on overflow it
-//    divides by growth_factor and ignores backoff_factor, exactly as
-//    DeepSpeed's DynamicLossScaler does (its state has no backoff key).
-//  - PyTorch's guard against growth to inf (_amp_update_scale_ keeps the
-//    old scale when the grown one is not finite) applies to every
-//    policy: an inf scale makes every later step non-finite and backing off
-//    from inf stays inf, so the job could never recover. When growth is
-//    refused the counters still reset exactly as if it had grown.
-//  - max_scale caps growth (min(grown, max_scale)) before that guard, so a
-//    scaler with a cap climbs to the cap rather than stopping short of it.
-//  - min_scale floors every backoff (max(backed_off, min_scale)); bounds are
-//    compared as float32 values, as Megatron's min_scale tensor is.
-//  - init_scale outside [min_scale, max_scale] is rejected, not clamped, and
-//    so is a loaded scale outside them: a silent clamp would hide a config
-//    mistake.
-//  - A loaded scale must be > 0 as a float32, and a state carrying 0 is
-//    refused. No policy reaches 0 at run time: a scale is usable while its
-//    inverse float(1.0 / double(S)) is a finite float32 (S >= about
-//    2^-128); below it g * inv_scale is never finite, so every later step
-//    would be skipped (PyTorch's scale underflows to 0 there and skips
-//    forever). A backoff that would leave no usable scale fails the job
-//    instead (FailedPrecondition, the state as it was), whatever
-//    raise_at_min_scale says, for every policy and every layer group; so
-//    every state a scaler reaches loads again.
-//  - raise_at_min_scale applies to every policy with a min_scale: an
-//    overflow due to back off while the scale is at min_scale fails the
-//    job (DeepSpeed's error); without the flag the scale stays at
-//    min_scale and only the step is skipped (Megatron's and Apex's floor).
-//    Defaults: true for deepspeed (DeepSpeed's raise_error_at_min_scale)
-//    and adaptive; false for pytorch, paddle and megatron, whose frameworks
-//    have no such error (Megatron floors at min_loss_scale and trains on),
-//    so that the effective config says what a job does.
-//  - dynamic=false freezes the whole state (scale and counters): Paddle's
-//    update() returns at once when use_dynamic_loss_scaling is false.
-//  - LoadStateDict rejects keys the policy does not name, so that a state
-//    saved under another policy fails loudly instead of half loading.
-//
-// A fifth policy, adaptive (server/engine/amp/adaptive_policy.h has its
-// rules), goes beyond the frameworks: it starts from a scale calibrated on
-// the job's own gradients, takes a growth only when the step's max|g| says
-// the grown scale cannot overflow, and grows early when the sampled
-// gradient histogram shows elements underflowing. It is the only policy
-// that reads more than found_inf (Update(const StepGradStats&)); the other
-// four ignore the extra statistics and stay bit-identical to their framework.
+// with the min/max/static/enabled knobs every policy takes, and a fifth
+// policy, adaptive (adaptive_policy.h), that goes beyond them.
+// docs/SCALER.md states every policy's rules, defaults, state keys and the
+// choices made where the frameworks differ or leave room (each arithmetic
+// as its framework rounds it, the growth guard for every policy, refused
+// rather than clamped bounds, a job failed rather than left without a
+// usable scale). Plain C++: it sees one found_inf per optimizer step (and,
+// for adaptive, max|g| and the underflow fraction) and nothing of tensors
+// or devices, which is what lets a data-parallel job reduce found_inf
+// across ranks first and feed every rank's scaler the same answer.
 //
 // Per-layer scales (adaptive's opt-in, per_layer_scales): the model's
 // parameters fall into G layer groups (for a layer stack, each Linear with

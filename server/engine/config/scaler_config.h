@@ -3,8 +3,7 @@
 // its knobs with each framework's names, their defaults and validation, and
 // the plain records a scaler reports (its counters, one update). The scaler
 // itself, its rules and its state dict are server/engine/amp/grad_scaler.h;
-// docs/DESIGN.md (its notes on the scalers) and that header's comment say
-// what every knob means.
+// docs/SCALER.md says what every policy and knob does.
 #pragma once
 
 #include <cstdint>

@@ -301,12 +301,6 @@ void Job::RecordWorkspace() {
                          std::memory_order_relaxed);
 }
 
-absl::Status Job::AdmitWorkspace(int64_t bytes, WorkspaceReservation* reservation) {
-  if (!context_->admit_step) return absl::OkStatus();
-  AMPD_ASSIGN_OR_RETURN(*reservation, context_->admit_step(*this, bytes));
-  return absl::OkStatus();
-}
-
 void Job::SetFailure(std::string failure) {
   absl::MutexLock lock(&mu_);
   snapshot_.state = failure.empty() ? JobState::kActive : JobState::kFailed;
@@ -466,12 +460,12 @@ WorkerPool& Job::Pool() const {
                                                                 : *context_->pool;
 }
 
-absl::StatusOr<StepReport> Job::Step(int64_t sequence, ValidStepInput input,
-                                     const CallToken& call) {
+absl::StatusOr<StepReport> Job::Run(Valid<StepRequest> request, const CallToken& call) {
   if (trainer_ == nullptr) return NotOpen();
+  const int64_t sequence = request->sequence;
   const int64_t every = context_->grad_histogram_every;
-  input.set_sample_grad_histogram(every > 0 && sequence % every == 0);
-  if (distributed()) return DistributedStep(sequence, std::move(input));
+  request.set_sample_grad_histogram(every > 0 && sequence % every == 0);
+  if (distributed()) return DistributedStep(request);
   AMPD_ASSIGN_OR_RETURN(std::optional<StepReport> recorded, CheckSequence(sequence));
   if (recorded.has_value()) return *std::move(recorded);
   if (const int64_t pending = trainer_->pending_forward_backward(); pending > 0) {
@@ -482,7 +476,7 @@ absl::StatusOr<StepReport> Job::Step(int64_t sequence, ValidStepInput input,
             "; apply them with OptimStep before a Step")),
         reason::kAccumulationPending, {{"pending", absl::StrCat(pending)}});
   }
-  AMPD_ASSIGN_OR_RETURN(const FittedStepInput fitted, trainer_->CheckInput(std::move(input)));
+  AMPD_ASSIGN_OR_RETURN(const FittedStepInput fitted, trainer_->CheckInput(request));
   return RunStep(sequence, fitted, nullptr, call);
 }
 
@@ -528,27 +522,11 @@ absl::StatusOr<StepReport> Job::RunUpdate(
     const std::function<absl::StatusOr<StepReport>(const std::function<absl::Status(int64_t)>&)>&
         run,
     const DataParallelStep* data_parallel) {
-  WorkspaceReservation reservation;
-  const std::function<absl::Status(int64_t)> admit = [this, &reservation](int64_t bytes) {
-    return AdmitWorkspace(bytes, &reservation);
-  };
   // Whatever the step's outcome, the state may no longer be the seed's;
   // except a step of its own stopped by its caller, which changed nothing.
   const bool initial_before = initial_state_;
   initial_state_ = false;
-  absl::StatusOr<StepReport> report;
-  {
-    // The Trainer's workspaces are in use: memory pressure leaves them be.
-    absl::MutexLock lock(&workspace_mu_);
-    report = AllocationGuard(what, [&]() -> absl::StatusOr<StepReport> { return run(admit); });
-    // What stays cached is what the job holds until its next step, counted
-    // for admission (in place of the step's reservation, dropped once it is
-    // recorded) and, already in the memory report the step's caller makes,
-    // for the metrics.
-    RecordWorkspace();
-    reservation.Reset();
-    bytes_in_use_.store(trainer_->backend().BytesInUse(), std::memory_order_relaxed);
-  }
+  absl::StatusOr<StepReport> report = WithWorkspace(what, run);
   if (!report.ok()) {
     if (data_parallel == nullptr && StoppedByCaller(report.status())) {
       initial_state_ = initial_before;
@@ -595,50 +573,44 @@ absl::StatusOr<StepReport> Job::RunUpdate(
   return report;
 }
 
-absl::StatusOr<EvaluateReport> Job::Evaluate(const ValidEvaluateInput& input,
-                                             const CallToken& call) {
+absl::StatusOr<EvaluateReport> Job::Run(Valid<EvaluateRequest> request, const CallToken& call) {
   if (trainer_ == nullptr) return NotOpen();
-  WorkspaceReservation reservation;
-  const std::function<absl::Status(int64_t)> admit = [this, &reservation](int64_t bytes) {
-    return AdmitWorkspace(bytes, &reservation);
-  };
-  absl::StatusOr<EvaluateReport> report;
-  {
-    absl::MutexLock lock(&workspace_mu_);
-    report = AllocationGuard("Evaluate", [&]() -> absl::StatusOr<EvaluateReport> {
-      return trainer_->Evaluate(input, admit, call);
-    });
-    RecordWorkspace();
-    reservation.Reset();
-    bytes_in_use_.store(trainer_->backend().BytesInUse(), std::memory_order_relaxed);
-  }
+  absl::StatusOr<EvaluateReport> report =
+      WithWorkspace("Evaluate", [&](const std::function<absl::Status(int64_t)>& admit) {
+        return trainer_->Evaluate(request, admit, call);
+      });
   if (report.ok() && context_->observer != nullptr) context_->observer->OnEvaluate(id_, *report);
   return report;
 }
 
-absl::StatusOr<SampleReport> Job::Sample(const SampleInput& input, const CallToken& call) {
+absl::StatusOr<SampleReport> Job::Run(Valid<SampleRequest> request, const CallToken& call) {
   if (trainer_ == nullptr) return NotOpen();
   SamplerWeights* snapshot = nullptr;
-  if (!input.snapshot.empty()) {
-    AMPD_ASSIGN_OR_RETURN(snapshot, FindSnapshot("snapshot", input.snapshot));
+  if (!request->input.snapshot.empty()) {
+    AMPD_ASSIGN_OR_RETURN(snapshot, FindSnapshot("snapshot", request->input.snapshot));
   }
-  WorkspaceReservation reservation;
-  const std::function<absl::Status(int64_t)> admit = [this, &reservation](int64_t bytes) {
-    return AdmitWorkspace(bytes, &reservation);
-  };
-  absl::StatusOr<SampleReport> report;
-  {
-    absl::MutexLock lock(&workspace_mu_);
-    report = AllocationGuard("Sample", [&]() -> absl::StatusOr<SampleReport> {
-      return snapshot != nullptr ? trainer_->SampleFrom(*snapshot, input, admit, call)
-                                 : trainer_->Sample(input, admit, call);
-    });
-    RecordWorkspace();
-    reservation.Reset();
-    bytes_in_use_.store(trainer_->backend().BytesInUse(), std::memory_order_relaxed);
-  }
+  absl::StatusOr<SampleReport> report =
+      WithWorkspace("Sample", [&](const std::function<absl::Status(int64_t)>& admit) {
+        return snapshot != nullptr ? trainer_->SampleFrom(*snapshot, request, admit, call)
+                                   : trainer_->Sample(request, admit, call);
+      });
   if (report.ok() && context_->observer != nullptr) context_->observer->OnSample(id_, *report);
   return report;
+}
+
+absl::StatusOr<checkpoint::EncodedSafetensors> Job::Run(Valid<ExportStateRequest> request,
+                                                        const CallToken& /*call*/) {
+  // The read of the state is one unit; its chunks are streamed by the
+  // caller, which stops when its client does.
+  return ExportSafetensors(request->view);
+}
+
+absl::StatusOr<int64_t> Job::Run(Valid<ImportStateRequest> request, const CallToken& /*call*/) {
+  const bool partial = request->partial;
+  // The file's buffers move into the job, not copied.
+  absl::StatusOr<int64_t> tensors = ImportSafetensors(std::move(request).Take().state, partial);
+  if (tensors.ok()) std::fprintf(stderr, "ampd: job %s state loaded\n", id_.c_str());
+  return tensors;
 }
 
 absl::StatusOr<checkpoint::EncodedSafetensors> Job::ExportSafetensors(StateView view) const {
@@ -709,31 +681,7 @@ absl::StatusOr<int64_t> Job::ImportSafetensorsUnguarded(checkpoint::StateDict st
   // A background write of an older state must not land after this one.
   if (context_->writer != nullptr) context_->writer->Cancel(id_);
   absl::StatusOr<std::string> temp = absl::InternalError("checkpoint: not written");
-  absl::StatusOr<Trainer::ReplacedState> replaced = absl::InternalError("not loaded");
-  double write_seconds = 0.0;
-  double upload_seconds = 0.0;
-  {
-    // Both only read *arranged; the thread is joined before it is touched.
-    std::jthread write([&] {
-      const auto start = std::chrono::steady_clock::now();
-      temp = AllocationGuard("checkpoint",
-                             [&] { return context_->state_dir->WriteTemp(id_, *arranged); });
-      write_seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    });
-    // Guarded here: out of memory is an error to clean up after, not an
-    // exception past the temp file.
-    const auto start = std::chrono::steady_clock::now();
-    replaced = AllocationGuard("LoadStateDict", [&]() -> absl::StatusOr<Trainer::ReplacedState> {
-      return trainer_->ReplaceState(*arranged, Trainer::StepCount::kKeep);
-    });
-    upload_seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
-  // Which of the two bounds an import: the device's upload or the disk.
-  std::fprintf(stderr,
-               "ampd: job %s import: upload %.3f s, checkpoint written in %.3f s beside it\n",
-               id_.c_str(), upload_seconds, write_seconds);
+  absl::StatusOr<Trainer::ReplacedState> replaced = UploadBesideCheckpoint(*arranged, &temp);
   if (!replaced.ok()) {
     if (temp.ok()) context_->state_dir->Discard(*temp);
     return refused(replaced.status());
@@ -764,6 +712,36 @@ absl::StatusOr<int64_t> Job::ImportSafetensorsUnguarded(checkpoint::StateDict st
   std::fprintf(stderr, "ampd: job %s checkpointed at step %s\n", id_.c_str(),
                arranged->metadata.at(kMetaStep).c_str());
   return tensors;
+}
+
+absl::StatusOr<Trainer::ReplacedState> Job::UploadBesideCheckpoint(
+    const checkpoint::StateDict& arranged, absl::StatusOr<std::string>* temp) {
+  absl::StatusOr<Trainer::ReplacedState> replaced = absl::InternalError("not loaded");
+  double write_seconds = 0.0;
+  double upload_seconds = 0.0;
+  {
+    // Both only read `arranged`; the thread is joined before it is touched.
+    std::jthread write([&] {
+      const auto start = std::chrono::steady_clock::now();
+      *temp = AllocationGuard("checkpoint",
+                              [&] { return context_->state_dir->WriteTemp(id_, arranged); });
+      write_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    });
+    // Guarded here: out of memory is an error to clean up after, not an
+    // exception past the temp file.
+    const auto start = std::chrono::steady_clock::now();
+    replaced = AllocationGuard("LoadStateDict", [&]() -> absl::StatusOr<Trainer::ReplacedState> {
+      return trainer_->ReplaceState(arranged, Trainer::StepCount::kKeep);
+    });
+    upload_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  // Which of the two bounds an import: the device's upload or the disk.
+  std::fprintf(stderr,
+               "ampd: job %s import: upload %.3f s, checkpoint written in %.3f s beside it\n",
+               id_.c_str(), upload_seconds, write_seconds);
+  return replaced;
 }
 
 void Job::AfterImport() {

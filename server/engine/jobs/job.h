@@ -29,6 +29,7 @@
 #include "server/engine/dist/gradient_all_reduce.h"
 #include "server/engine/dist/process_group.h"
 #include "server/engine/dist/rendezvous.h"
+#include "server/engine/jobs/allocation_guard.h"
 #include "server/engine/jobs/checkpoint_writer.h"
 #include "server/engine/jobs/job_observer.h"
 #include "server/engine/trainer/trainer.h"
@@ -215,7 +216,12 @@ class Job : public std::enable_shared_from_this<Job> {
   // which builds the job from its config on `device` and makes it active;
   // DeleteJob removes it.
   void KeepUnrestored(std::string device, std::string why);
-  // Exactly-once: sequence == step()+1 trains; sequence == step() returns the
+  // ---- the job's calls: one Run per request type (api.h), each given its
+  // request as JobRegistry::Submit checked it (Valid<>) and the caller's
+  // CallToken; each call that runs the model hands it to the Trainer
+  // through WithWorkspace.
+  //
+  // Step. Exactly-once: sequence == step()+1 trains; sequence == step() returns the
   // recorded report; anything else is FailedPrecondition SEQUENCE_MISMATCH
   // naming the expected one. A scaler that gives up fails the job
   // (SCALER_AT_MIN_SCALE, checkpointed as failed); a failed job answers
@@ -230,7 +236,7 @@ class Job : public std::enable_shared_from_this<Job> {
   // ranks' configs or states disagree, InvalidArgument on every rank when
   // one rank's share is invalid.
   //
-  // `input` was checked where the step was accepted (ValidStepInput); its
+  // `request` was checked where the step was accepted (Valid<>); its
   // batches are checked against the model here, once (Trainer::CheckInput):
   // after the sequence rules for a job of its own, before the ranks agree
   // for a distributed one.
@@ -239,8 +245,7 @@ class Job : public std::enable_shared_from_this<Job> {
   // (Trainer::Step): nothing is applied, the sequence does not advance and
   // the same sequence may be sent again. A distributed step is not stopped
   // once it has started.
-  absl::StatusOr<StepReport> Step(int64_t sequence, ValidStepInput input,
-                                  const CallToken& call = CallToken());
+  absl::StatusOr<StepReport> Run(Valid<StepRequest> request, const CallToken& call = CallToken());
   // Accumulate, then apply (job_accumulate.cc). A ForwardBackward call
   // names the update its gradients go into (`sequence`, the job's next
   // sequence number, the one its OptimStep carries) and its 1-based
@@ -254,15 +259,15 @@ class Job : public std::enable_shared_from_this<Job> {
   // distributed jobs (Unimplemented).
   // `call` stops it between micro-batches (Trainer::ForwardBackward): the
   // accumulated calls are then dropped, as after any failed call.
-  absl::StatusOr<ForwardBackwardReport> ForwardBackward(int64_t sequence, int64_t index,
-                                                        const ForwardBackwardInput& input,
-                                                        const CallToken& call = CallToken());
+  absl::StatusOr<ForwardBackwardReport> Run(Valid<ForwardBackwardRequest> request,
+                                            const CallToken& call = CallToken());
   // The update (Trainer::OptimStep) of sequence number `sequence`, under
   // Step's exactly-once rules (it shares the job's sequence and recorded
   // report with Step). forward_backward_calls must be the calls pending:
   // more, after calls were dropped, is ACCUMULATION_LOST (pending_lost =
   // the difference); any other difference is SEQUENCE_MISMATCH.
-  absl::StatusOr<StepReport> OptimStep(int64_t sequence, OptimStepInput input);
+  absl::StatusOr<StepReport> Run(Valid<OptimStepRequest> request,
+                                 const CallToken& call = CallToken());
   // ForwardBackward calls accumulated and not applied (0 without a Trainer).
   int64_t pending_forward_backward() const;
 
@@ -271,14 +276,14 @@ class Job : public std::enable_shared_from_this<Job> {
   // step's workspaces are (JobContext::admit_step), and reported to the
   // observer. Neither the step sequence nor the recorded report changes.
   // `call` stops it between micro-batches.
-  absl::StatusOr<EvaluateReport> Evaluate(const ValidEvaluateInput& input,
-                                          const CallToken& call = CallToken());
+  absl::StatusOr<EvaluateReport> Run(Valid<EvaluateRequest> request,
+                                     const CallToken& call = CallToken());
   // Trainer::Sample on the job's weights (or on its sampler snapshot
   // input.snapshot: NotFound SNAPSHOT_NOT_FOUND when it holds none of that
   // name), admitted and reported as Evaluate is; `call` stops it between
   // decode steps.
-  absl::StatusOr<SampleReport> Sample(const SampleInput& input,
-                                      const CallToken& call = CallToken());
+  absl::StatusOr<SampleReport> Run(Valid<SampleRequest> request,
+                                   const CallToken& call = CallToken());
 
   // ---- sampler snapshots (job_snapshots.cc) ----
   // A named copy of the weights Sample reads now (Trainer::
@@ -286,13 +291,16 @@ class Job : public std::enable_shared_from_this<Job> {
   // with a state directory, written to its own file before this returns.
   // An empty name is "step-N" (N the job's step count; "step-N-2", ... when
   // that name holds other weights). A name the job holds for exactly its
-  // weights now (no update or load since) returns that snapshot: a resend
-  // makes nothing. Otherwise a name held is AlreadyExists SNAPSHOT_EXISTS,
+  // weights now (no update or load since; or restored at start, at the
+  // job's step and with its bits) returns that snapshot: a resend, after a
+  // restart too, makes nothing. Otherwise a name held is AlreadyExists SNAPSHOT_EXISTS,
   // and the job's kMaxSamplerSnapshots-th is ResourceExhausted
   // SNAPSHOT_LIMIT.
-  absl::StatusOr<SamplerSnapshotInfo> SaveSamplerSnapshot(const std::string& name);
+  absl::StatusOr<SamplerSnapshotInfo> Run(Valid<SaveSamplerSnapshotRequest> request,
+                                          const CallToken& call = CallToken());
   // Frees the snapshot and removes its file; NotFound SNAPSHOT_NOT_FOUND.
-  absl::Status DeleteSamplerSnapshot(const std::string& name);
+  absl::StatusOr<NoReport> Run(Valid<DeleteSamplerSnapshotRequest> request,
+                               const CallToken& call = CallToken());
   // After Restore: the snapshots of the job's sub-directory, each admitted
   // and loaded; one that cannot be (a bad file, no memory) is logged and
   // its file left on disk.
@@ -318,6 +326,12 @@ class Job : public std::enable_shared_from_this<Job> {
   // holds some of the model's weights (one file of a sharded checkpoint),
   // which replace theirs and nothing else (Trainer::Coverage::kPartial).
   absl::StatusOr<int64_t> ImportSafetensors(checkpoint::StateDict state, bool partial = false);
+  // ExportSafetensors and ImportSafetensors as the registry's calls
+  // (ExportStateRequest, ImportStateRequest: job_registry.h).
+  absl::StatusOr<checkpoint::EncodedSafetensors> Run(Valid<ExportStateRequest> request,
+                                                     const CallToken& call = CallToken());
+  absl::StatusOr<int64_t> Run(Valid<ImportStateRequest> request,
+                              const CallToken& call = CallToken());
   // Writes the checkpoint when there is a state directory (no-op otherwise)
   // and returns once it is on disk. A background write of this job still
   // queued is dropped (this one is newer) and one in flight is waited for,
@@ -352,6 +366,10 @@ class Job : public std::enable_shared_from_this<Job> {
   absl::StatusOr<checkpoint::EncodedSafetensors> ExportSafetensorsUnguarded(StateView view) const;
   absl::StatusOr<int64_t> ImportSafetensorsUnguarded(checkpoint::StateDict state, bool partial);
   absl::Status CheckpointUnguarded();
+  // An import's upload of `arranged` into the Trainer, with its checkpoint
+  // written to a temporary file (*temp) beside it on another thread.
+  absl::StatusOr<Trainer::ReplacedState> UploadBesideCheckpoint(
+      const checkpoint::StateDict& arranged, absl::StatusOr<std::string>* temp);
   // What a successful import does to the job beside its Trainer: no longer
   // seed-only, no recorded response, no group, active.
   void AfterImport();
@@ -364,9 +382,15 @@ class Job : public std::enable_shared_from_this<Job> {
   // workspace_bytes() := what the Trainer keeps cached now (0 without one):
   // its one writer. Called holding workspace_mu_.
   void RecordWorkspace();
-  // The admit callback of a Trainer's Step or Evaluate: JobContext::
-  // admit_step, its reservation kept in *reservation.
-  absl::Status AdmitWorkspace(int64_t bytes, WorkspaceReservation* reservation);
+  // The one hand-off to the Trainer of every call that runs the model
+  // (Step, ForwardBackward, OptimStep, Evaluate, Sample): `work(admit)`
+  // with the Trainer's workspaces held (memory pressure leaves them be:
+  // ReleaseWorkspacesIfIdle), its admission (JobContext::admit_step) kept
+  // until the workspace it leaves cached is recorded, and an allocation
+  // failure its ResourceExhausted (AllocationGuard, naming `what`).
+  template <typename Work>
+  auto WithWorkspace(absl::string_view what, Work&& work)
+      -> decltype(work(std::function<absl::Status(int64_t)>()));
   absl::Status NotOpen() const;
   void SetFailure(std::string failure);
   // The exactly-once rules for `sequence` (job.cc): the recorded report of
@@ -398,6 +422,11 @@ class Job : public std::enable_shared_from_this<Job> {
   // KeepUnrestored: before the Trainer whose backend holds them), and
   // their files too when `remove_files`.
   absl::StatusOr<SamplerWeights*> FindSnapshot(absl::string_view field, const std::string& name);
+  // Whether `stored` holds the weights Sample reads now: taken since the
+  // last change of them, or restored at start and equal to them (the
+  // resend of a save whose answer a restart lost).
+  struct StoredSnapshot;
+  bool HoldsWeightsNow(StoredSnapshot& stored);
   absl::StatusOr<const checkpoint::StateDirectory*> SnapshotDirectory();
   absl::Status AdmitSnapshot(int64_t bytes);
   void SnapshotsChanged();
@@ -405,7 +434,7 @@ class Job : public std::enable_shared_from_this<Job> {
 
   // ---- distributed jobs (job_distributed.cc) ----
   bool distributed() const { return config_.get().distributed.enabled(); }
-  absl::StatusOr<StepReport> DistributedStep(int64_t sequence, ValidStepInput input);
+  absl::StatusOr<StepReport> DistributedStep(const Valid<StepRequest>& request);
   // Forms the group when there is none: meet, connect, bring every rank to
   // the most advanced rank's state, make the gradient all-reduce.
   absl::Status EnsureGroup();
@@ -488,6 +517,28 @@ class Job : public std::enable_shared_from_this<Job> {
   std::vector<SamplerSnapshotInfo> snapshot_infos_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
+
+template <typename Work>
+auto Job::WithWorkspace(absl::string_view what, Work&& work)
+    -> decltype(work(std::function<absl::Status(int64_t)>())) {
+  WorkspaceReservation reservation;
+  const std::function<absl::Status(int64_t)> admit = [this, &reservation](int64_t bytes) {
+    if (!context_->admit_step) return absl::OkStatus();
+    absl::StatusOr<WorkspaceReservation> admitted = context_->admit_step(*this, bytes);
+    if (admitted.ok()) reservation = *std::move(admitted);
+    return admitted.status();
+  };
+  absl::MutexLock lock(&workspace_mu_);
+  auto result = AllocationGuard(what, [&] { return work(admit); });
+  // What stays cached is what the job holds until its next call, counted
+  // for admission in place of the reservation, dropped once recorded.
+  RecordWorkspace();
+  reservation.Reset();
+  if (trainer_ != nullptr) {
+    bytes_in_use_.store(trainer_->backend().BytesInUse(), std::memory_order_relaxed);
+  }
+  return result;
+}
 
 // Text form of a StepReport for checkpoint metadata (exact: floats as hex).
 std::string EncodeStepReport(const StepReport& report);

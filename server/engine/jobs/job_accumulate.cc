@@ -1,4 +1,4 @@
-// Job::ForwardBackward and Job::OptimStep: the exactly-once rules of
+// Job::Run of ForwardBackward calls and OptimStep: the exactly-once rules of
 // accumulated calls around the Trainer's two halves of a step. An update
 // shares the job's sequence with Step (OptimStep is numbered as a Step
 // would be, and its recorded report is the one a resend gets); its calls
@@ -83,31 +83,22 @@ absl::StatusOr<std::optional<ForwardBackwardReport>> Job::CheckAccumulation(int6
       {{"expected_sequence", absl::StrCat(next)}, {"expected_index", absl::StrCat(pending + 1)}});
 }
 
-absl::StatusOr<ForwardBackwardReport> Job::ForwardBackward(int64_t sequence, int64_t index,
-                                                           const ForwardBackwardInput& input,
-                                                           const CallToken& call) {
+absl::StatusOr<ForwardBackwardReport> Job::Run(Valid<ForwardBackwardRequest> request,
+                                               const CallToken& call) {
   if (trainer_ == nullptr) return NotOpen();
+  const int64_t sequence = request->sequence;
+  const int64_t index = request->index;
   if (distributed()) return NotDistributed("ForwardBackward");
   AMPD_ASSIGN_OR_RETURN(std::optional<ForwardBackwardReport> recorded,
                         CheckAccumulation(sequence, index));
   if (recorded.has_value()) return *std::move(recorded);
-  WorkspaceReservation reservation;
-  const std::function<absl::Status(int64_t)> admit = [this, &reservation](int64_t bytes) {
-    return AdmitWorkspace(bytes, &reservation);
-  };
   // An adaptive scaler's calibration may move the scale: not the seed's.
   initial_state_ = false;
   const int64_t pending_before = trainer_->pending_forward_backward();
-  absl::StatusOr<ForwardBackwardReport> report;
-  {
-    absl::MutexLock lock(&workspace_mu_);
-    report = AllocationGuard("ForwardBackward", [&]() -> absl::StatusOr<ForwardBackwardReport> {
-      return trainer_->ForwardBackward(input, admit, call);
-    });
-    RecordWorkspace();
-    reservation.Reset();
-    bytes_in_use_.store(trainer_->backend().BytesInUse(), std::memory_order_relaxed);
-  }
+  absl::StatusOr<ForwardBackwardReport> report =
+      WithWorkspace("ForwardBackward", [&](const std::function<absl::Status(int64_t)>& admit) {
+        return trainer_->ForwardBackward(request, admit, call);
+      });
   if (!report.ok()) {
     // Dropped by the Trainer when the call failed after admission.
     if (trainer_->pending_forward_backward() == 0) {
@@ -129,15 +120,16 @@ absl::StatusOr<ForwardBackwardReport> Job::ForwardBackward(int64_t sequence, int
   return report;
 }
 
-absl::StatusOr<StepReport> Job::OptimStep(int64_t sequence, OptimStepInput input) {
+absl::StatusOr<StepReport> Job::Run(Valid<OptimStepRequest> request, const CallToken& /*call*/) {
   if (trainer_ == nullptr) return NotOpen();
   if (distributed()) return NotDistributed("OptimStep");
+  const int64_t sequence = request->sequence;
   const int64_t every = context_->grad_histogram_every;
-  input.sample_grad_histogram = every > 0 && sequence % every == 0;
+  request.set_sample_grad_histogram(every > 0 && sequence % every == 0);
   AMPD_ASSIGN_OR_RETURN(std::optional<StepReport> recorded, CheckSequence(sequence));
   if (recorded.has_value()) return *std::move(recorded);
   const int64_t pending = trainer_->pending_forward_backward();
-  const int64_t sent = input.forward_backward_calls;
+  const int64_t sent = request->input.forward_backward_calls;
   if (sent > pending && (accumulation_dropped_ || pending == 0)) {
     return Lost(absl::StrCat("forward_backward_calls: update ", sequence, " applies ", sent,
                              " call(s), but the job holds ", pending, ": the gradients of calls ",
@@ -156,7 +148,7 @@ absl::StatusOr<StepReport> Job::OptimStep(int64_t sequence, OptimStepInput input
   }
   absl::StatusOr<StepReport> report = RunUpdate(
       sequence, "OptimStep",
-      [&](const std::function<absl::Status(int64_t)>&) { return trainer_->OptimStep(input); },
+      [&](const std::function<absl::Status(int64_t)>&) { return trainer_->OptimStep(request); },
       nullptr);
   if (trainer_ != nullptr && trainer_->pending_forward_backward() == 0) last_call_.reset();
   if (report.ok()) accumulation_dropped_ = false;

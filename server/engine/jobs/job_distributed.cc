@@ -147,6 +147,72 @@ std::string Fingerprint(const JobConfig& config, const std::string& owner) {
   return Sha256(absl::StrCat(EncodeJobConfig(shared, ""), "\n", owner));
 }
 
+// The ranks' headers (`all`, kHeaderSize words each) agree on the step:
+// every share valid, the same sequence, loss and learning rate. The step's
+// micro-batches over every rank, or the refusal every rank answers.
+absl::StatusOr<int64_t> AgreedMicroBatches(const std::vector<int64_t>& all, int64_t sequence,
+                                           const dist::DistributedSpec& spec) {
+  int64_t global_micro_batches = 0;
+  std::vector<std::string> refused;
+  bool same_sequence = true;
+  bool same_loss_fn = true;
+  bool same_learning_rate = true;
+  for (int32_t r = 0; r < spec.world_size; ++r) {
+    const int64_t* h = all.data() + static_cast<size_t>(r) * kHeaderSize;
+    global_micro_batches += h[kHeaderMicroBatches];
+    if (h[kHeaderInputOk] == 0) refused.push_back(absl::StrCat(r));
+    if (h[kHeaderSequence] != sequence) same_sequence = false;
+    if (h[kHeaderLossFn] != all[kHeaderLossFn] || h[kHeaderLossParams] != all[kHeaderLossParams]) {
+      same_loss_fn = false;
+    }
+    if (h[kHeaderLearningRate] != all[kHeaderLearningRate]) same_learning_rate = false;
+  }
+  if (!refused.empty()) {
+    return WithReason(absl::InvalidArgumentError(absl::StrCat(
+                          "micro_batches: the share of rank(s) ", absl::StrJoin(refused, ", "),
+                          " of group ", spec.group, " is invalid, so no rank ran this step")),
+                      reason::kReplicasDiffer, {{"group", spec.group}});
+  }
+  if (!same_sequence) {
+    // Spelled out only for the error, not on every step.
+    std::vector<std::string> sequences;
+    for (int32_t r = 0; r < spec.world_size; ++r) {
+      sequences.push_back(absl::StrCat(
+          "rank ", r, ": ", all[static_cast<size_t>(r) * kHeaderSize + kHeaderSequence]));
+    }
+    return WithReason(
+        absl::FailedPreconditionError(absl::StrCat(
+            "sequence: the ranks of group ", spec.group, " were sent different sequences (",
+            absl::StrJoin(sequences, ", "), "); send every rank the same step")),
+        reason::kReplicasDiffer, {{"group", spec.group}});
+  }
+  if (!same_loss_fn) {
+    std::vector<std::string> loss_fns;
+    for (int32_t r = 0; r < spec.world_size; ++r) {
+      loss_fns.push_back(absl::StrCat(
+          "rank ", r, ": ", LossFnText(all.data() + static_cast<size_t>(r) * kHeaderSize)));
+    }
+    return WithReason(
+        absl::FailedPreconditionError(absl::StrCat(
+            "loss_fn: the ranks of group ", spec.group, " were sent different loss functions (",
+            absl::StrJoin(loss_fns, ", "), "); send every rank the same loss_fn")),
+        reason::kReplicasDiffer, {{"group", spec.group}, {"field", "loss_fn"}});
+  }
+  if (!same_learning_rate) {
+    std::vector<std::string> rates;
+    for (int32_t r = 0; r < spec.world_size; ++r) {
+      rates.push_back(absl::StrCat(
+          "rank ", r, ": ", LearningRateText(all.data() + static_cast<size_t>(r) * kHeaderSize)));
+    }
+    return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                          "learning_rate: the ranks of group ", spec.group,
+                          " were sent different learning rates (", absl::StrJoin(rates, ", "),
+                          "); send every rank the same learning_rate")),
+                      reason::kReplicasDiffer, {{"group", spec.group}, {"field", "learning_rate"}});
+  }
+  return global_micro_batches;
+}
+
 }  // namespace
 
 absl::Status Job::PeerUnavailable(absl::string_view what) const {
@@ -291,14 +357,15 @@ absl::Status Job::SyncState(dist::ProcessGroup& group, bool* copied, int32_t* so
   return absl::OkStatus();
 }
 
-absl::StatusOr<StepReport> Job::DistributedStep(int64_t sequence, ValidStepInput input) {
+absl::StatusOr<StepReport> Job::DistributedStep(const Valid<StepRequest>& request) {
   AMPD_RETURN_IF_ERROR(EnsureGroup());
   const dist::DistributedSpec& spec = config_.get().distributed;
-  const auto micro_batches = static_cast<int64_t>(input.get().micro_batches.size());
-  const LossFn loss_fn = input.get().loss_fn;
-  const std::optional<float> learning_rate = input.get().learning_rate;
+  const int64_t sequence = request->sequence;
+  const auto micro_batches = static_cast<int64_t>(request->input.micro_batches.size());
+  const LossFn loss_fn = request->input.loss_fn;
+  const std::optional<float> learning_rate = request->input.learning_rate;
   // The share's one check against the model: the ranks agree on it below.
-  const absl::StatusOr<FittedStepInput> fitted = trainer_->CheckInput(std::move(input));
+  const absl::StatusOr<FittedStepInput> fitted = trainer_->CheckInput(request);
   const int64_t header[kHeaderSize] = {sequence,
                                        micro_batches,
                                        fitted.ok() ? 1 : 0,
@@ -313,66 +380,9 @@ absl::StatusOr<StepReport> Job::DistributedStep(int64_t sequence, ValidStepInput
     return PeerUnavailable(
         absl::StrCat("the ranks did not all come to this step: ", all.status().message()));
   }
-  int64_t global_micro_batches = 0;
-  std::vector<std::string> refused;
-  bool same_sequence = true;
-  bool same_loss_fn = true;
-  bool same_learning_rate = true;
-  for (int32_t r = 0; r < spec.world_size; ++r) {
-    const int64_t* h = all->data() + static_cast<size_t>(r) * kHeaderSize;
-    global_micro_batches += h[kHeaderMicroBatches];
-    if (h[kHeaderInputOk] == 0) refused.push_back(absl::StrCat(r));
-    if (h[kHeaderSequence] != sequence) same_sequence = false;
-    if (h[kHeaderLossFn] != (*all)[kHeaderLossFn] ||
-        h[kHeaderLossParams] != (*all)[kHeaderLossParams]) {
-      same_loss_fn = false;
-    }
-    if (h[kHeaderLearningRate] != (*all)[kHeaderLearningRate]) same_learning_rate = false;
-  }
   if (!fitted.ok()) return fitted.status();
-  if (!refused.empty()) {
-    return WithReason(absl::InvalidArgumentError(absl::StrCat(
-                          "micro_batches: the share of rank(s) ", absl::StrJoin(refused, ", "),
-                          " of group ", spec.group, " is invalid, so no rank ran this step")),
-                      reason::kReplicasDiffer, {{"group", spec.group}});
-  }
-  if (!same_sequence) {
-    // Spelled out only for the error, not on every step.
-    std::vector<std::string> sequences;
-    for (int32_t r = 0; r < spec.world_size; ++r) {
-      sequences.push_back(absl::StrCat(
-          "rank ", r, ": ", (*all)[static_cast<size_t>(r) * kHeaderSize + kHeaderSequence]));
-    }
-    return WithReason(
-        absl::FailedPreconditionError(absl::StrCat(
-            "sequence: the ranks of group ", spec.group, " were sent different sequences (",
-            absl::StrJoin(sequences, ", "), "); send every rank the same step")),
-        reason::kReplicasDiffer, {{"group", spec.group}});
-  }
-  if (!same_loss_fn) {
-    std::vector<std::string> loss_fns;
-    for (int32_t r = 0; r < spec.world_size; ++r) {
-      loss_fns.push_back(absl::StrCat(
-          "rank ", r, ": ", LossFnText(all->data() + static_cast<size_t>(r) * kHeaderSize)));
-    }
-    return WithReason(
-        absl::FailedPreconditionError(absl::StrCat(
-            "loss_fn: the ranks of group ", spec.group, " were sent different loss functions (",
-            absl::StrJoin(loss_fns, ", "), "); send every rank the same loss_fn")),
-        reason::kReplicasDiffer, {{"group", spec.group}, {"field", "loss_fn"}});
-  }
-  if (!same_learning_rate) {
-    std::vector<std::string> rates;
-    for (int32_t r = 0; r < spec.world_size; ++r) {
-      rates.push_back(absl::StrCat(
-          "rank ", r, ": ", LearningRateText(all->data() + static_cast<size_t>(r) * kHeaderSize)));
-    }
-    return WithReason(absl::FailedPreconditionError(absl::StrCat(
-                          "learning_rate: the ranks of group ", spec.group,
-                          " were sent different learning rates (", absl::StrJoin(rates, ", "),
-                          "); send every rank the same learning_rate")),
-                      reason::kReplicasDiffer, {{"group", spec.group}, {"field", "learning_rate"}});
-  }
+  AMPD_ASSIGN_OR_RETURN(const int64_t global_micro_batches,
+                        AgreedMicroBatches(*all, sequence, spec));
   // Every rank holds the same state, so every rank decides alike.
   AMPD_ASSIGN_OR_RETURN(std::optional<StepReport> recorded, CheckSequence(sequence));
   if (recorded.has_value()) return *std::move(recorded);

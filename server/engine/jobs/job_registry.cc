@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -329,9 +330,10 @@ void JobRegistry::DeleteJob(const std::string& owner, const std::string& job_id,
 
 absl::StatusOr<std::shared_ptr<Job>> JobRegistry::AcceptWork(const absl::Status& input_check,
                                                              const std::string& owner,
-                                                             const std::string& job_id) const {
+                                                             const std::string& job_id,
+                                                             bool drain_refuses) const {
   AMPD_RETURN_IF_ERROR(input_check);
-  {
+  if (drain_refuses) {
     absl::MutexLock lock(&mu_);
     if (draining_) return Draining();
   }
@@ -340,160 +342,103 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::AcceptWork(const absl::Status&
   return job;
 }
 
-void JobRegistry::AfterUpdateCall(const Job& job, absl::string_view what, int64_t sequence,
-                                  const absl::Status& status) {
+void JobRegistry::AfterCall(const Job& job, absl::string_view what, int64_t sequence,
+                            bool long_call, const absl::Status& status) {
   const std::optional<ErrorReason> why = GetErrorReason(status);
   if (status.ok()) {
     ReportMemory();
-  } else if (StoppedByCaller(status)) {
+  } else if (StoppedByCaller(status) ||
+             (long_call && status.code() == absl::StatusCode::kUnavailable)) {
     LogEvent(absl::StrCat("job ", job.id(), " ", what, " stopped: ", status.ToString()));
   } else if (why.has_value() && why->reason == reason::kScalerAtMinScale) {
     LogEvent(absl::StrCat("job ", job.id(), " failed at step ", sequence, ": ", status.message()));
   } else if (status.code() != absl::StatusCode::kInvalidArgument &&
              status.code() != absl::StatusCode::kFailedPrecondition &&
-             status.code() != absl::StatusCode::kNotFound) {
+             status.code() != absl::StatusCode::kNotFound &&
+             status.code() != absl::StatusCode::kAlreadyExists) {
     // Refusals of what the client sent are the client's to read, not the log's.
     LogEvent(absl::StrCat("job ", job.id(), " ", what, " failed: ", status.ToString()));
   }
 }
 
-void JobRegistry::Step(const std::string& owner, const std::string& job_id, int64_t sequence,
-                       StepInput input, std::function<void(absl::StatusOr<StepReport>)> done,
-                       CallToken call) {
-  // A malformed request is refused before it is queued, whatever the job's
-  // state or sequence: the one check of the input's own fields (the job
-  // checks the batches against the model).
-  absl::StatusOr<ValidStepInput> valid = ValidStepInput::Check(std::move(input));
-  absl::StatusOr<std::shared_ptr<Job>> found = AcceptWork(valid.status(), owner, job_id);
-  if (!found.ok()) {
-    done(found.status());
-    return;
-  }
-  std::shared_ptr<Job> job = *std::move(found);
-  auto shared_input = std::make_shared<ValidStepInput>(*std::move(valid));
-  job->Post([this, job, sequence, shared_input, call, done = std::move(done)] {
-    if (absl::Status s = NotStarted(call); !s.ok()) {
-      done(s);
-      return;
-    }
-    absl::StatusOr<StepReport> report = job->Step(sequence, std::move(*shared_input), call);
-    AfterUpdateCall(*job, absl::StrCat("step ", sequence), sequence, report.status());
-    done(std::move(report));
-  });
+namespace {
+
+// A Sample is a long call: its length is set by max_tokens, not by the
+// request's size (WorkerPool::Lane::kLong), and a drain stops it.
+template <typename Request>
+constexpr bool kLongCall = std::is_same_v<Request, SampleRequest>;
+// A drain lets a state's export and import in (it checkpoints every job
+// itself; a client may still read or put its state); every other call is
+// refused while the server drains.
+template <typename Request>
+constexpr bool kDrainRefuses =
+    !std::is_same_v<Request, ExportStateRequest> && !std::is_same_v<Request, ImportStateRequest>;
+
+// The call as the log names it: "step 3", "forward_backward 3.1", "sample".
+template <typename Request>
+std::string Describe(const Request& request) {
+  std::string what(Request::kName);
+  if constexpr (requires { request.sequence; }) absl::StrAppend(&what, " ", request.sequence);
+  if constexpr (requires { request.index; }) absl::StrAppend(&what, ".", request.index);
+  return what;
 }
 
-void JobRegistry::ForwardBackward(const std::string& owner, const std::string& job_id,
-                                  int64_t sequence, int64_t index, ForwardBackwardInput input,
-                                  std::function<void(absl::StatusOr<ForwardBackwardReport>)> done,
-                                  CallToken call) {
-  absl::Status check = CheckForwardBackwardInput(input);
-  if (check.ok() && index < 1) {
-    check = absl::InvalidArgumentError(absl::StrCat(
-        "index: a ForwardBackward call's 1-based position in its update, got ", index));
-  }
-  absl::StatusOr<std::shared_ptr<Job>> found = AcceptWork(check, owner, job_id);
-  if (!found.ok()) {
-    done(found.status());
-    return;
-  }
-  std::shared_ptr<Job> job = *std::move(found);
-  auto shared_input = std::make_shared<ForwardBackwardInput>(std::move(input));
-  job->Post([this, job, sequence, index, shared_input, call, done = std::move(done)] {
-    if (absl::Status s = NotStarted(call); !s.ok()) {
-      done(s);
-      return;
-    }
-    absl::StatusOr<ForwardBackwardReport> report =
-        job->ForwardBackward(sequence, index, *shared_input, call);
-    AfterUpdateCall(*job, absl::StrCat("forward_backward ", sequence, ".", index), sequence,
-                    report.status());
-    done(std::move(report));
-  });
-}
+}  // namespace
 
-void JobRegistry::OptimStep(const std::string& owner, const std::string& job_id, int64_t sequence,
-                            OptimStepInput input,
-                            std::function<void(absl::StatusOr<StepReport>)> done) {
+template <typename Request>
+void JobRegistry::Submit(const std::string& owner, const std::string& job_id, Request request,
+                         Done<Request> done, CallToken call) {
+  using Report = typename Request::Report;
+  const std::string what = Describe(request);
+  int64_t sequence = 0;
+  if constexpr (requires { request.sequence; }) sequence = request.sequence;
+  absl::StatusOr<Valid<Request>> valid = Valid<Request>::Check(std::move(request));
   absl::StatusOr<std::shared_ptr<Job>> found =
-      AcceptWork(CheckOptimStepInput(input), owner, job_id);
-  if (!found.ok()) {
-    done(found.status());
-    return;
-  }
-  std::shared_ptr<Job> job = *std::move(found);
-  job->Post([this, job, sequence, input, done = std::move(done)] {
-    absl::StatusOr<StepReport> report = job->OptimStep(sequence, input);
-    AfterUpdateCall(*job, absl::StrCat("optim_step ", sequence), sequence, report.status());
-    done(std::move(report));
-  });
-}
-
-void JobRegistry::Evaluate(const std::string& owner, const std::string& job_id, EvaluateInput input,
-                           std::function<void(absl::StatusOr<EvaluateReport>)> done,
-                           CallToken call) {
-  absl::StatusOr<ValidEvaluateInput> valid = ValidEvaluateInput::Check(std::move(input));
-  absl::StatusOr<std::shared_ptr<Job>> found = AcceptWork(valid.status(), owner, job_id);
-  if (!found.ok()) {
-    done(found.status());
-    return;
-  }
-  std::shared_ptr<Job> job = *std::move(found);
-  auto shared_input = std::make_shared<ValidEvaluateInput>(*std::move(valid));
-  job->Post([this, job, shared_input, call, done = std::move(done)] {
-    if (absl::Status s = NotStarted(call); !s.ok()) {
-      done(s);
-      return;
-    }
-    absl::StatusOr<EvaluateReport> report = job->Evaluate(*shared_input, call);
-    if (report.ok()) {
-      ReportMemory();
-    } else if (StoppedByCaller(report.status())) {
-      LogEvent(absl::StrCat("job ", job->id(), " evaluate stopped: ", report.status().ToString()));
-    } else if (report.status().code() != absl::StatusCode::kInvalidArgument &&
-               report.status().code() != absl::StatusCode::kNotFound) {
-      LogEvent(absl::StrCat("job ", job->id(), " evaluate failed: ", report.status().ToString()));
-    }
-    done(std::move(report));
-  });
-}
-
-void JobRegistry::Sample(const std::string& owner, const std::string& job_id, SampleInput input,
-                         std::function<void(absl::StatusOr<SampleReport>)> done, CallToken call) {
-  absl::Status check = CheckSampleInput(input);
-  if (check.ok() && !input.snapshot.empty()) check = CheckSnapshotName("snapshot", input.snapshot);
-  absl::StatusOr<std::shared_ptr<Job>> found = AcceptWork(check, owner, job_id);
+      AcceptWork(valid.status(), owner, job_id, kDrainRefuses<Request>);
   if (!found.ok()) {
     done(found.status());
     return;
   }
   uint64_t long_call = 0;
-  if (!AddLongCall(&long_call, call)) {
+  if (kLongCall<Request> && !AddLongCall(&long_call, call)) {
     done(Draining());
     return;
   }
   std::shared_ptr<Job> job = *std::move(found);
-  auto shared_input = std::make_shared<SampleInput>(std::move(input));
+  auto shared = std::make_shared<Valid<Request>>(*std::move(valid));
   job->Post(
-      [this, job, shared_input, call, long_call, done = std::move(done)] {
+      [this, job, shared, call, long_call, what, sequence, done = std::move(done)] {
         const absl::Status not_started = NotStarted(call);
-        absl::StatusOr<SampleReport> report = not_started.ok()
-                                                  ? job->Sample(*shared_input, call)
-                                                  : absl::StatusOr<SampleReport>(not_started);
-        RemoveLongCall(long_call);
-        if (report.ok()) {
-          ReportMemory();
-        } else if (StoppedByCaller(report.status()) ||
-                   report.status().code() == absl::StatusCode::kUnavailable) {
-          LogEvent(
-              absl::StrCat("job ", job->id(), " sample stopped: ", report.status().ToString()));
-        } else if (report.status().code() != absl::StatusCode::kInvalidArgument &&
-                   report.status().code() != absl::StatusCode::kNotFound) {
-          LogEvent(absl::StrCat("job ", job->id(), " sample failed: ", report.status().ToString()));
-        }
+        absl::StatusOr<Report> report = not_started.ok() ? job->Run(std::move(*shared), call)
+                                                         : absl::StatusOr<Report>(not_started);
+        if (kLongCall<Request>) RemoveLongCall(long_call);
+        AfterCall(*job, what, sequence, kLongCall<Request>, report.status());
         done(std::move(report));
       },
-      WorkerPool::Lane::kLong);
+      kLongCall<Request> ? WorkerPool::Lane::kLong : WorkerPool::Lane::kShort);
 }
+
+// The calls the registry takes (api.h), each run by its Job::Run.
+template void JobRegistry::Submit(const std::string&, const std::string&, StepRequest,
+                                  Done<StepRequest>, CallToken);
+template void JobRegistry::Submit(const std::string&, const std::string&, ForwardBackwardRequest,
+                                  Done<ForwardBackwardRequest>, CallToken);
+template void JobRegistry::Submit(const std::string&, const std::string&, OptimStepRequest,
+                                  Done<OptimStepRequest>, CallToken);
+template void JobRegistry::Submit(const std::string&, const std::string&, EvaluateRequest,
+                                  Done<EvaluateRequest>, CallToken);
+template void JobRegistry::Submit(const std::string&, const std::string&, SampleRequest,
+                                  Done<SampleRequest>, CallToken);
+template void JobRegistry::Submit(const std::string&, const std::string&,
+                                  SaveSamplerSnapshotRequest, Done<SaveSamplerSnapshotRequest>,
+                                  CallToken);
+template void JobRegistry::Submit(const std::string&, const std::string&,
+                                  DeleteSamplerSnapshotRequest, Done<DeleteSamplerSnapshotRequest>,
+                                  CallToken);
+template void JobRegistry::Submit(const std::string&, const std::string&, ExportStateRequest,
+                                  Done<ExportStateRequest>, CallToken);
+template void JobRegistry::Submit(const std::string&, const std::string&, ImportStateRequest,
+                                  Done<ImportStateRequest>, CallToken);
 
 bool JobRegistry::AddLongCall(uint64_t* id, const CallToken& call) {
   absl::MutexLock lock(&mu_);
@@ -508,99 +453,11 @@ void JobRegistry::RemoveLongCall(uint64_t id) {
   long_calls_.erase(id);
 }
 
-void JobRegistry::SaveSamplerSnapshot(
-    const std::string& owner, const std::string& job_id, std::string name,
-    std::function<void(absl::StatusOr<SamplerSnapshotInfo>)> done) {
-  absl::StatusOr<std::shared_ptr<Job>> found = AcceptWork(
-      name.empty() ? absl::OkStatus() : CheckSnapshotName("snapshot", name), owner, job_id);
-  if (!found.ok()) {
-    done(found.status());
-    return;
-  }
-  std::shared_ptr<Job> job = *std::move(found);
-  job->Post([this, job, name = std::move(name), done = std::move(done)] {
-    absl::StatusOr<SamplerSnapshotInfo> saved = job->SaveSamplerSnapshot(name);
-    if (saved.ok()) {
-      ReportMemory();
-    } else if (saved.status().code() != absl::StatusCode::kResourceExhausted &&
-               saved.status().code() != absl::StatusCode::kAlreadyExists &&
-               saved.status().code() != absl::StatusCode::kNotFound &&
-               saved.status().code() != absl::StatusCode::kFailedPrecondition) {
-      LogEvent(
-          absl::StrCat("job ", job->id(), " sampler snapshot failed: ", saved.status().ToString()));
-    }
-    done(std::move(saved));
-  });
-}
-
 absl::StatusOr<std::vector<SamplerSnapshotInfo>> JobRegistry::ListSamplerSnapshots(
     const std::string& owner, const std::string& job_id) const {
   std::shared_ptr<Job> job = Find(owner, job_id);
   if (job == nullptr) return JobNotFound(job_id);
   return job->SamplerSnapshots();
-}
-
-void JobRegistry::DeleteSamplerSnapshot(const std::string& owner, const std::string& job_id,
-                                        std::string name, std::function<void(absl::Status)> done) {
-  absl::StatusOr<std::shared_ptr<Job>> found =
-      AcceptWork(CheckSnapshotName("snapshot", name), owner, job_id);
-  if (!found.ok()) {
-    done(found.status());
-    return;
-  }
-  std::shared_ptr<Job> job = *std::move(found);
-  job->Post([this, job, name = std::move(name), done = std::move(done)] {
-    absl::Status s = job->DeleteSamplerSnapshot(name);
-    if (s.ok()) ReportMemory();
-    done(s);
-  });
-}
-
-void JobRegistry::ExportState(
-    const std::string& owner, const std::string& job_id,
-    std::function<void(absl::StatusOr<checkpoint::EncodedSafetensors>)> done) {
-  ExportState(owner, job_id, StateView::kFull, std::move(done));
-}
-
-void JobRegistry::ExportState(
-    const std::string& owner, const std::string& job_id, StateView view,
-    std::function<void(absl::StatusOr<checkpoint::EncodedSafetensors>)> done, CallToken call) {
-  std::shared_ptr<Job> job = Find(owner, job_id);
-  if (job == nullptr) {
-    done(JobNotFound(job_id));
-    return;
-  }
-  // The read of the state is one unit; its chunks are streamed by the
-  // caller, which stops when its client does.
-  job->Post([job, view, call, done = std::move(done)] {
-    if (absl::Status s = NotStarted(call); !s.ok()) {
-      done(s);
-      return;
-    }
-    done(job->ExportSafetensors(view));
-  });
-}
-
-void JobRegistry::ImportState(const std::string& owner, const std::string& job_id,
-                              checkpoint::StateDict state, bool partial,
-                              std::function<void(absl::StatusOr<int64_t>)> done, CallToken call) {
-  std::shared_ptr<Job> job = Find(owner, job_id);
-  if (job == nullptr) {
-    done(JobNotFound(job_id));
-    return;
-  }
-  auto shared_state = std::make_shared<checkpoint::StateDict>(std::move(state));
-  job->Post([job, shared_state, partial, call, done = std::move(done)] {
-    // A load nobody waits for is not made: its client was never told it
-    // was, and the job stays as it was.
-    if (absl::Status s = NotStarted(call); !s.ok()) {
-      done(s);
-      return;
-    }
-    absl::StatusOr<int64_t> tensors = job->ImportSafetensors(std::move(*shared_state), partial);
-    if (tensors.ok()) LogEvent(absl::StrCat("job ", job->id(), " state loaded"));
-    done(std::move(tensors));
-  });
 }
 
 void JobRegistry::StartDraining() {

@@ -3,12 +3,10 @@
 // tenants' quotas), lookup, paging, deletion, restore from the state
 // directory at start, and the final checkpoint at shutdown. Every job belongs
 // to the tenant (owner) that created it, and every call names its caller's
-// tenant: another tenant's job answers exactly as a job that does not exist. Asynchronous calls
-// take a completion that runs on the job's strand, so the caller (a gRPC reaction) never blocks on
-// training. The long ones (Step, Evaluate, Sample, ExportState, ImportState) take the caller's
-// CallToken too: a call whose token has stopped by the time its turn on the strand comes is
-// answered with the token's status without being started, and one in progress stops at its next
-// unit of work (a micro-batch, a decode step), leaving the job as it was.
+// tenant: another tenant's job answers exactly as a job that does not exist. Every job call
+// (Submit) takes a completion that runs on the job's strand, so the caller (a gRPC reaction)
+// never blocks on training, and the caller's CallToken: one in progress stops at its next unit
+// of work (a micro-batch, a decode step), leaving the job as it was.
 #pragma once
 
 #include <cstdint>
@@ -153,60 +151,31 @@ class JobRegistry {
   // Runs after the job's queued work; removes its checkpoint.
   void DeleteJob(const std::string& owner, const std::string& job_id,
                  std::function<void(absl::Status)> done);
-  // CheckStepInput's error first, before the job is looked up: the input
-  // is checked once, here (ValidStepInput); the checks against the model
-  // and the step run on the job's strand (Job::Step).
-  void Step(const std::string& owner, const std::string& job_id, int64_t sequence, StepInput input,
-            std::function<void(absl::StatusOr<StepReport>)> done, CallToken call = CallToken());
-  // CheckForwardBackwardInput's (or CheckOptimStepInput's) error and an
-  // index < 1 first, then the job's strand (Job::ForwardBackward,
-  // Job::OptimStep), in order with its steps.
-  void ForwardBackward(const std::string& owner, const std::string& job_id, int64_t sequence,
-                       int64_t index, ForwardBackwardInput input,
-                       std::function<void(absl::StatusOr<ForwardBackwardReport>)> done,
-                       CallToken call = CallToken());
-  void OptimStep(const std::string& owner, const std::string& job_id, int64_t sequence,
-                 OptimStepInput input, std::function<void(absl::StatusOr<StepReport>)> done);
-  // CheckEvaluateInput's error first, then the job's strand (Job::Evaluate),
-  // after its queued steps: an evaluation sees the weights of every step
-  // sent before it. Refused with Unavailable while draining, as a step is.
-  void Evaluate(const std::string& owner, const std::string& job_id, EvaluateInput input,
-                std::function<void(absl::StatusOr<EvaluateReport>)> done,
-                CallToken call = CallToken());
-  // CheckSampleInput's error first, then the job's strand (Job::Sample),
-  // after its queued steps: completions of the weights every step sent
-  // before it trained. Refused with Unavailable while draining. A Sample
-  // is a long task (WorkerPool::Lane::kLong): its length is set by
-  // max_tokens, not by the request's size, so Samples take at most
-  // worker_threads - 1 of the worker threads at once and the other calls
-  // of every job are served meanwhile. StartDraining stops the Samples in
-  // progress (Unavailable, SERVER_DRAINING).
-  void Sample(const std::string& owner, const std::string& job_id, SampleInput input,
-              std::function<void(absl::StatusOr<SampleReport>)> done, CallToken call = CallToken());
-  // Sampler snapshots (Job::SaveSamplerSnapshot): a name (when given)
-  // checked first (CheckSnapshotName), then the job's strand, in order with
-  // its steps: the snapshot holds the weights of every step sent before
-  // it. Its bytes are admitted against --max-memory-bytes and the owner's
-  // quota (AdmitSnapshot) and held until it is deleted.
-  void SaveSamplerSnapshot(const std::string& owner, const std::string& job_id, std::string name,
-                           std::function<void(absl::StatusOr<SamplerSnapshotInfo>)> done);
-  // The job's snapshots now, sorted by name (no wait for its strand).
+  // Every job call, by one path (api.h's request types): the request
+  // checked first (Valid<Request>::Check, CheckRequest's error before the
+  // job is looked up, whatever its state or sequence), then Unavailable
+  // while the server drains (a state's export and import excepted) and
+  // NOT_FOUND for a job this owner does not have, all before it is queued;
+  // then Job::Run on the job's strand, after every call sent before it (a
+  // step's, an evaluation's, a sample's weights are those of every step
+  // sent before it), `done` with its report there. `call` stops it: a
+  // call whose token has stopped by its turn is answered with the token's
+  // status without being started. A Sample is a long call
+  // (WorkerPool::Lane::kLong): its length is set by max_tokens, not by the
+  // request's size, so Samples take at most worker_threads - 1 of the
+  // worker threads at once and the other calls of every job are served
+  // meanwhile; StartDraining stops those queued or in progress
+  // (Unavailable, SERVER_DRAINING). A sampler snapshot's bytes are admitted
+  // against --max-memory-bytes and the owner's quota (AdmitSnapshot) and
+  // held until it is deleted. Defined for the request types of api.h (job_registry.cc).
+  template <typename Request>
+  using Done = std::function<void(absl::StatusOr<typename Request::Report>)>;
+  template <typename Request>
+  void Submit(const std::string& owner, const std::string& job_id, Request request,
+              Done<Request> done, CallToken call = CallToken());
+  // The job's sampler snapshots now, sorted by name (no wait for its strand).
   absl::StatusOr<std::vector<SamplerSnapshotInfo>> ListSamplerSnapshots(
       const std::string& owner, const std::string& job_id) const;
-  void DeleteSamplerSnapshot(const std::string& owner, const std::string& job_id, std::string name,
-                             std::function<void(absl::Status)> done);
-  void ExportState(const std::string& owner, const std::string& job_id,
-                   std::function<void(absl::StatusOr<codec::EncodedSafetensors>)> done);
-  // A view of it (api.h StateView): a LoRA job's adapters or merged model.
-  void ExportState(const std::string& owner, const std::string& job_id, StateView view,
-                   std::function<void(absl::StatusOr<codec::EncodedSafetensors>)> done,
-                   CallToken call = CallToken());
-  // `state`: the safetensors file, decoded as it arrived
-  // (codec::SafetensorsReceiver); loaded on the job's strand. partial: it
-  // holds some of the model's weights (Job::ImportSafetensors).
-  void ImportState(const std::string& owner, const std::string& job_id, codec::StateDict state,
-                   bool partial, std::function<void(absl::StatusOr<int64_t>)> done,
-                   CallToken call = CallToken());
 
   // The secrets and owners of the distributed jobs held here that are rank
   // 0 of `group`: the meeting point this ampd hosts (dist::RendezvousTable)
@@ -250,19 +219,21 @@ class JobRegistry {
   explicit JobRegistry(RegistryOptions options);
   // nullptr when there is no such job or it is not `owner`'s.
   std::shared_ptr<Job> Find(const std::string& owner, const std::string& job_id) const;
-  // The job a queued call (Step, Evaluate) runs on, refusing before it is
-  // queued: input_check when it failed (a malformed request, whatever the
-  // job's state), Unavailable while the server drains, NotFound for a job
-  // this owner does not have.
+  // The job a queued call runs on, refusing before it is queued:
+  // input_check when it failed (a malformed request, whatever the job's
+  // state), Unavailable while the server drains (when `drain_refuses`),
+  // NotFound for a job this owner does not have.
   absl::StatusOr<std::shared_ptr<Job>> AcceptWork(const absl::Status& input_check,
                                                   const std::string& owner,
-                                                  const std::string& job_id) const;
-  // After a Step, ForwardBackward or OptimStep (`what`, e.g. "step 3") on
-  // the job's strand: the memory report when it ran, else a log line for a
-  // call stopped by its caller, a job failed at its minimum scale, or an
-  // error that is not a refusal of the request.
-  void AfterUpdateCall(const Job& job, absl::string_view what, int64_t sequence,
-                       const absl::Status& status);
+                                                  const std::string& job_id,
+                                                  bool drain_refuses = true) const;
+  // After any job call (`what`, e.g. "step 3", "sample") on the job's
+  // strand: the memory report when it ran, else a log line for a call
+  // stopped (by its caller, or by a drain when `long_call`), a job failed
+  // at its minimum scale (at step `sequence`), or an error that is not a
+  // refusal of the request.
+  void AfterCall(const Job& job, absl::string_view what, int64_t sequence, bool long_call,
+                 const absl::Status& status);
   // The server-wide limits, then `owner`'s quota.
   absl::Status CheckAdmission(const std::string& owner, const JobConfig& config) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

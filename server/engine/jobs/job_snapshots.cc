@@ -73,12 +73,32 @@ std::vector<SamplerSnapshotInfo> Job::SamplerSnapshots() const {
   return snapshot_infos_;
 }
 
-absl::StatusOr<SamplerSnapshotInfo> Job::SaveSamplerSnapshot(const std::string& name) {
+bool Job::HoldsWeightsNow(StoredSnapshot& stored) {
+  if (stored.version == weights_version_) return true;
+  // A snapshot restored at start (version -1) is the resend's when the job
+  // came back at its step with nothing run or loaded since, and its bits
+  // are the weights' (a load between the save and the restart keeps the
+  // step count but not the weights): the client's save whose answer the
+  // restart lost is answered as it was.
+  if (stored.version != -1 || weights_version_ != 0 || stored.info.step != trainer_->steps_run() ||
+      stored.info.applied_steps != trainer_->applied_steps()) {
+    return false;
+  }
+  absl::StatusOr<bool> same = AllocationGuard(
+      "SaveSamplerSnapshot", [&] { return trainer_->HoldsSamplerWeights(stored.weights); });
+  if (!same.ok() || !*same) return false;
+  stored.version = weights_version_;  // the next resend needs no read
+  return true;
+}
+
+absl::StatusOr<SamplerSnapshotInfo> Job::Run(Valid<SaveSamplerSnapshotRequest> request,
+                                             const CallToken& /*call*/) {
   if (trainer_ == nullptr) return NotOpen();
+  const std::string& name = request->name;
   // A name held for exactly the weights now is this call's resend.
   auto same_weights = [&](const std::string& n) {
     auto it = snapshots_.find(n);
-    return it != snapshots_.end() && it->second.version == weights_version_;
+    return it != snapshots_.end() && HoldsWeightsNow(it->second);
   };
   std::string chosen = name;
   if (chosen.empty()) {
@@ -139,8 +159,10 @@ absl::StatusOr<SamplerSnapshotInfo> Job::SaveSamplerSnapshot(const std::string& 
   return saved;
 }
 
-absl::Status Job::DeleteSamplerSnapshot(const std::string& name) {
+absl::StatusOr<NoReport> Job::Run(Valid<DeleteSamplerSnapshotRequest> request,
+                                  const CallToken& /*call*/) {
   if (trainer_ == nullptr) return NotOpen();
+  const std::string& name = request->name;
   auto it = snapshots_.find(name);
   if (it == snapshots_.end()) return SnapshotNotFound("snapshot", name);
   AMPD_ASSIGN_OR_RETURN(const checkpoint::StateDirectory* dir, SnapshotDirectory());
@@ -150,7 +172,7 @@ absl::Status Job::DeleteSamplerSnapshot(const std::string& name) {
   HoldSnapshotBytes(-it->second.info.bytes);
   snapshots_.erase(it);
   SnapshotsChanged();
-  return absl::OkStatus();
+  return NoReport{};
 }
 
 absl::Status Job::DropSnapshots(bool remove_files) {

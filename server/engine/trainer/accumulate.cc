@@ -26,53 +26,7 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-absl::Status CheckHyperparameter(absl::string_view field, const std::optional<float>& value,
-                                 bool ok, absl::string_view rule) {
-  if (!value.has_value() || ok) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(field, ": must be ", rule, ", got ", *value));
-}
-
 }  // namespace
-
-absl::Status CheckForwardBackwardInput(const ForwardBackwardInput& input) {
-  AMPD_RETURN_IF_ERROR(CheckStepInput(input.batch));
-  if (input.batch.learning_rate.has_value()) {
-    return absl::InvalidArgumentError(
-        "learning_rate: a ForwardBackward call applies nothing; OptimStep carries the learning "
-        "rate");
-  }
-  if (input.micro_batches_in_update < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("micro_batches_in_update: must be >= 0, got ", input.micro_batches_in_update));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckOptimStepInput(const OptimStepInput& input) {
-  if (input.forward_backward_calls < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("forward_backward_calls: the ForwardBackward calls this update applies, "
-                     "must be >= 1, got ",
-                     input.forward_backward_calls));
-  }
-  auto finite = [](const std::optional<float>& v) { return v.has_value() && std::isfinite(*v); };
-  const auto& in = input;
-  AMPD_RETURN_IF_ERROR(CheckHyperparameter("learning_rate", in.learning_rate,
-                                           finite(in.learning_rate) && *in.learning_rate >= 0.0f,
-                                           "finite and >= 0"));
-  AMPD_RETURN_IF_ERROR(CheckHyperparameter(
-      "beta1", in.beta1, finite(in.beta1) && *in.beta1 >= 0.0f && *in.beta1 < 1.0f, "in [0, 1)"));
-  AMPD_RETURN_IF_ERROR(CheckHyperparameter(
-      "beta2", in.beta2, finite(in.beta2) && *in.beta2 >= 0.0f && *in.beta2 < 1.0f, "in [0, 1)"));
-  AMPD_RETURN_IF_ERROR(
-      CheckHyperparameter("eps", in.eps, finite(in.eps) && *in.eps > 0.0f, "finite and > 0"));
-  AMPD_RETURN_IF_ERROR(CheckHyperparameter("weight_decay", in.weight_decay,
-                                           finite(in.weight_decay) && *in.weight_decay >= 0.0f,
-                                           "finite and >= 0"));
-  AMPD_RETURN_IF_ERROR(CheckHyperparameter("max_grad_norm", in.max_grad_norm,
-                                           finite(in.max_grad_norm), "finite (<= 0: no clipping)"));
-  return absl::OkStatus();
-}
 
 int64_t Trainer::pending_forward_backward() const { return impl_->accumulation.calls; }
 
@@ -98,9 +52,22 @@ absl::Status Trainer::Impl::ReadCall(const StepInput& input, const StepPlan& pla
 }
 
 absl::StatusOr<ForwardBackwardReport> Trainer::ForwardBackward(
+    const Valid<ForwardBackwardRequest>& request, const std::function<absl::Status(int64_t)>& admit,
+    const CallToken& call) {
+  return ForwardBackwardChecked(request->input, admit, call);
+}
+
+absl::StatusOr<ForwardBackwardReport> Trainer::ForwardBackward(
     const ForwardBackwardInput& input, const std::function<absl::Status(int64_t)>& admit,
     const CallToken& call) {
   AMPD_RETURN_IF_ERROR(CheckForwardBackwardInput(input));
+  return ForwardBackwardChecked(input, admit, call);
+}
+
+absl::StatusOr<ForwardBackwardReport> Trainer::ForwardBackwardChecked(
+    const ForwardBackwardInput& input, const std::function<absl::Status(int64_t)>& admit,
+    const CallToken& call) {
+  // The checks against the model; CheckForwardBackwardInput's ran before.
   AMPD_RETURN_IF_ERROR(CheckMicroBatchesFitModel(impl_->config.model, input.batch.loss_fn,
                                                  input.batch.micro_batches));
   AMPD_RETURN_IF_ERROR(CheckLogprobsWanted(impl_->config.model, input.batch.return_logprobs));
@@ -137,8 +104,16 @@ absl::StatusOr<ForwardBackwardReport> Trainer::ForwardBackward(
   return report;
 }
 
+absl::StatusOr<StepReport> Trainer::OptimStep(const Valid<OptimStepRequest>& request) {
+  return OptimStepChecked(request->input);
+}
+
 absl::StatusOr<StepReport> Trainer::OptimStep(const OptimStepInput& input) {
   AMPD_RETURN_IF_ERROR(CheckOptimStepInput(input));
+  return OptimStepChecked(input);
+}
+
+absl::StatusOr<StepReport> Trainer::OptimStepChecked(const OptimStepInput& input) {
   Impl& m = *impl_;
   const optim::OptimizerSpec& spec = m.config.optimizer;
   if (spec.kind == optim::OptimizerKind::kSgd &&

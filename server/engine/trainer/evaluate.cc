@@ -22,24 +22,10 @@
 
 namespace ampd::engine {
 
-absl::Status CheckEvaluateInput(const EvaluateInput& input) {
-  if (input.micro_batches.empty()) {
-    return absl::InvalidArgumentError("micro_batches: at least one micro-batch is required");
-  }
-  LossFn fn;
-  fn.temperature = input.temperature;
-  return CheckLossFn(fn);
-}
-
-absl::StatusOr<ValidEvaluateInput> ValidEvaluateInput::Check(EvaluateInput input) {
-  AMPD_RETURN_IF_ERROR(CheckEvaluateInput(input));
-  return ValidEvaluateInput(std::move(input));
-}
-
-absl::StatusOr<EvaluateReport> Trainer::Evaluate(const ValidEvaluateInput& input,
+absl::StatusOr<EvaluateReport> Trainer::Evaluate(const Valid<EvaluateRequest>& request,
                                                  const std::function<absl::Status(int64_t)>& admit,
                                                  const CallToken& call) {
-  return EvaluateChecked(input.get(), admit, call);
+  return EvaluateChecked(request->input, admit, call);
 }
 
 absl::StatusOr<EvaluateReport> Trainer::Evaluate(const EvaluateInput& input,

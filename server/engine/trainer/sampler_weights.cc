@@ -23,19 +23,6 @@ SamplerWeights::~SamplerWeights() = default;
 SamplerWeights::SamplerWeights(SamplerWeights&&) noexcept = default;
 SamplerWeights& SamplerWeights::operator=(SamplerWeights&&) noexcept = default;
 
-absl::Status CheckSnapshotName(absl::string_view field, absl::string_view name) {
-  const bool safe = std::all_of(name.begin(), name.end(), [](char c) {
-    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' ||
-           c == '-';
-  });
-  if (name.empty() || name.size() > kMaxSnapshotNameBytes || !safe) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": a snapshot name is 1 to ", kMaxSnapshotNameBytes,
-        " bytes of [A-Za-z0-9_-], got \"", name.substr(0, kMaxSnapshotNameBytes), "\""));
-  }
-  return absl::OkStatus();
-}
-
 int64_t Trainer::sampler_weights_bytes() const {
   const model::Network& net = *impl_->model;
   int64_t bytes = 0;
@@ -89,14 +76,15 @@ class SwappedIn {
 
 }  // namespace
 
-absl::StatusOr<SampleReport> Trainer::SampleFrom(SamplerWeights& weights, const SampleInput& input,
+absl::StatusOr<SampleReport> Trainer::SampleFrom(SamplerWeights& weights,
+                                                 const Valid<SampleRequest>& request,
                                                  const std::function<absl::Status(int64_t)>& admit,
                                                  const CallToken& call) {
   if (weights.owner_ != this || weights.tensors_.size() != impl_->model->trainable().size()) {
     return absl::InvalidArgumentError("snapshot: its weights belong to another model");
   }
   SwappedIn swapped(*impl_->model, weights.tensors_);
-  return Sample(input, admit, call);
+  return Sample(request, admit, call);
 }
 
 absl::StatusOr<checkpoint::StateDict> Trainer::ExportSamplerWeights(const SamplerWeights& weights) {
@@ -115,6 +103,26 @@ absl::StatusOr<checkpoint::StateDict> Trainer::ExportSamplerWeights(const Sample
   checkpoint::StateDict state;
   AMPD_ASSIGN_OR_RETURN(state.tensors, ReadHostTensors(*m.backend, sources));
   return state;
+}
+
+absl::StatusOr<bool> Trainer::HoldsSamplerWeights(const SamplerWeights& weights) {
+  Impl& m = *impl_;
+  const std::vector<int>& trainable = m.model->trainable();
+  if (weights.owner_ != this || weights.tensors_.size() != trainable.size()) return false;
+  std::vector<std::pair<std::string, Tensor*>> sources;
+  sources.reserve(2 * trainable.size());
+  for (size_t k = 0; k < trainable.size(); ++k) {
+    model::Parameter& p = m.model->params()[static_cast<size_t>(trainable[k])];
+    // ReadHostTensors only reads them.
+    sources.emplace_back(p.name, const_cast<Tensor*>(&p.value()));
+    sources.emplace_back(p.name, const_cast<Tensor*>(&weights.tensors_[k]));
+  }
+  AMPD_ASSIGN_OR_RETURN(const std::vector<codec::NamedTensor> read,
+                        ReadHostTensors(*m.backend, sources));
+  for (size_t k = 0; k + 1 < read.size(); k += 2) {
+    if (read[k].tensor.data != read[k + 1].tensor.data) return false;
+  }
+  return true;
 }
 
 absl::StatusOr<SamplerWeights> Trainer::LoadSamplerWeights(const checkpoint::StateDict& state) {

@@ -184,6 +184,91 @@ absl::StatusOr<std::vector<Tensor>> StageTensors(
   return fresh;
 }
 
+// PlanLoad's parts. Each tensor's index by the model's own name for it
+// ("" names a tensor the model ignores); a name given twice is refused.
+absl::StatusOr<absl::flat_hash_map<std::string, int64_t>> IndexByName(
+    const checkpoint::StateDict& state, const std::vector<std::string>& names) {
+  absl::flat_hash_map<std::string, int64_t> by_name;
+  for (size_t i = 0; i < state.tensors.size(); ++i) {
+    if (names[i].empty()) continue;
+    if (!by_name.emplace(names[i], static_cast<int64_t>(i)).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(state.tensors[i].name, ": ", names[i], " is given twice"));
+    }
+  }
+  return by_name;
+}
+
+// No tensor the load has no target for (a state saved for another model or
+// optimizer), and none of a shared base's frozen weights.
+absl::Status CheckNoStrangers(const checkpoint::StateDict& state,
+                              const std::vector<std::string>& names,
+                              const std::vector<std::pair<std::string, Tensor*>>& targets,
+                              const model::Network& model) {
+  absl::flat_hash_set<absl::string_view> known;
+  for (const auto& target : targets) known.insert(target.first);
+  absl::flat_hash_set<absl::string_view> shared;
+  for (const model::Parameter& p : model.params()) {
+    if (p.shared) shared.insert(p.name);
+  }
+  for (size_t i = 0; i < state.tensors.size(); ++i) {
+    if (!names[i].empty() && shared.contains(names[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          state.tensors[i].name, ": a frozen weight of base_model ",
+          model.frozen_base()->identity().name,
+          ", which this job shares read-only with the other jobs on it; load its adapters "
+          "alone"));
+    }
+    if (!names[i].empty() && !known.contains(names[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(state.tensors[i].name, ": not a tensor of this job's model or optimizer"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A partial load's metadata names no optimizer or scaler state, and a
+// shared base's job takes states of its own base only: the adapters
+// trained on other weights would be wrong on these.
+absl::Status CheckLoadMetadata(const checkpoint::StateDict& state, bool partial,
+                               const model::FrozenBase* base) {
+  if (partial) {
+    for (const auto& [key, value] : state.metadata) {
+      if (key == kMetaOptimizerStep || absl::StartsWith(key, "scaler.")) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("metadata ", key,
+                         ": a partial load replaces model weights only; load the whole "
+                         "state to restore the optimizer or the scaler"));
+      }
+    }
+  }
+  if (base == nullptr) return absl::OkStatus();
+  auto digest = state.metadata.find(kMetaBaseDigest);
+  if (digest != state.metadata.end() && digest->second != base->identity().digest) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metadata ", kMetaBaseDigest, ": the state was trained on a base whose files' digest is ",
+        digest->second, "; base_model ", base->identity().name, "'s files now have ",
+        base->identity().digest, " (they changed since)"));
+  }
+  return absl::OkStatus();
+}
+
+// The state's scaler.* metadata into `scaler` (the plan's copy).
+absl::Status LoadScalerState(const checkpoint::StateDict& state, amp::GradScaler& scaler) {
+  amp::ScalerState scaler_state;
+  for (const auto& [key, text] : state.metadata) {
+    if (!absl::StartsWith(key, "scaler.")) continue;
+    absl::StatusOr<double> v = amp::ParseStateNumber(key, text);
+    if (!v.ok())
+      return absl::Status(v.status().code(), absl::StrCat("metadata ", v.status().message()));
+    scaler_state[key.substr(7)] = *v;
+  }
+  if (absl::Status s = scaler.LoadStateDict(scaler_state); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("metadata scaler.", s.message()));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void Trainer::AddStateMetadata(const amp::GradScaler& scaler, int64_t opt_step, int64_t steps_run,
@@ -281,42 +366,14 @@ absl::StatusOr<Trainer::LoadPlan> Trainer::PlanLoad(const checkpoint::StateDict&
   // 0. The model's own names for what the file calls its tensors (a GPT
   //    takes Hugging Face's variants); "" drops a tensor the model ignores.
   AMPD_ASSIGN_OR_RETURN(const std::vector<std::string> names, m.model->CanonicalNames(state));
-  absl::flat_hash_map<std::string, int64_t> by_name;
-  for (size_t i = 0; i < state.tensors.size(); ++i) {
-    if (names[i].empty()) continue;
-    if (!by_name.emplace(names[i], static_cast<int64_t>(i)).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(state.tensors[i].name, ": ", names[i], " is given twice"));
-    }
-  }
+  AMPD_ASSIGN_OR_RETURN(const auto by_name, IndexByName(state, names));
   bool has_optimizer = state.metadata.contains(kMetaOptimizerStep);
   for (const auto& [name, index] : by_name) {
     has_optimizer = has_optimizer || absl::StartsWith(name, "optimizer.");
   }
   const bool weights_only = !has_optimizer && step_count == StepCount::kKeep;
   const bool partial = coverage == Coverage::kPartial;
-  if (partial) {
-    for (const auto& [key, value] : state.metadata) {
-      if (key == kMetaOptimizerStep || absl::StartsWith(key, "scaler.")) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("metadata ", key,
-                         ": a partial load replaces model weights only; load the whole "
-                         "state to restore the optimizer or the scaler"));
-      }
-    }
-  }
-
-  // A shared base's job takes states of its own base only: the adapters
-  // trained on other weights would be wrong on these.
-  if (const model::FrozenBase* base = m.model->frozen_base(); base != nullptr) {
-    auto digest = state.metadata.find(kMetaBaseDigest);
-    if (digest != state.metadata.end() && digest->second != base->identity().digest) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "metadata ", kMetaBaseDigest, ": the state was trained on a base whose files' digest is ",
-          digest->second, "; base_model ", base->identity().name, "'s files now have ",
-          base->identity().digest, " (they changed since)"));
-    }
-  }
+  AMPD_RETURN_IF_ERROR(CheckLoadMetadata(state, partial, m.model->frozen_base()));
 
   // 1. Every expected tensor present with the right dtype, shape and bytes;
   //    nothing unexpected (a state saved for another model or optimizer).
@@ -355,25 +412,7 @@ absl::StatusOr<Trainer::LoadPlan> Trainer::PlanLoad(const checkpoint::StateDict&
     }
     plan.sources.push_back(found->second);
   }
-  absl::flat_hash_set<absl::string_view> known;
-  for (const auto& target : plan.targets) known.insert(target.first);
-  absl::flat_hash_set<absl::string_view> shared;
-  for (const model::Parameter& p : m.model->params()) {
-    if (p.shared) shared.insert(p.name);
-  }
-  for (size_t i = 0; i < state.tensors.size(); ++i) {
-    if (!names[i].empty() && shared.contains(names[i])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          state.tensors[i].name, ": a frozen weight of base_model ",
-          m.model->frozen_base()->identity().name,
-          ", which this job shares read-only with the other jobs on it; load its adapters "
-          "alone"));
-    }
-    if (!names[i].empty() && !known.contains(names[i])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(state.tensors[i].name, ": not a tensor of this job's model or optimizer"));
-    }
-  }
+  AMPD_RETURN_IF_ERROR(CheckNoStrangers(state, names, plan.targets, *m.model));
   // 2. Counters and the scaler, into the plan's copies (weights alone keep
   //    the scaler and the job's count; the optimizer has applied nothing,
   //    or, partial, what it had).
@@ -389,17 +428,7 @@ absl::StatusOr<Trainer::LoadPlan> Trainer::PlanLoad(const checkpoint::StateDict&
   if (weights_only) return plan;
   AMPD_ASSIGN_OR_RETURN(plan.opt_step, ParseCount(state, kMetaOptimizerStep));
   AMPD_ASSIGN_OR_RETURN(const int64_t job_step, ParseCount(state, kMetaStep));
-  amp::ScalerState scaler_state;
-  for (const auto& [key, text] : state.metadata) {
-    if (!absl::StartsWith(key, "scaler.")) continue;
-    absl::StatusOr<double> v = amp::ParseStateNumber(key, text);
-    if (!v.ok())
-      return absl::Status(v.status().code(), absl::StrCat("metadata ", v.status().message()));
-    scaler_state[key.substr(7)] = *v;
-  }
-  if (absl::Status s = plan.scaler.LoadStateDict(scaler_state); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("metadata scaler.", s.message()));
-  }
+  AMPD_RETURN_IF_ERROR(LoadScalerState(state, plan.scaler));
   if (step_count == StepCount::kFromState) plan.steps_run = job_step;
   return plan;
 }

@@ -1,93 +1,48 @@
-// Trainer::Step: one mixed-precision training step on a Backend, and the
-// checks of its input (ValidStepInput's, then Trainer::CheckInput's against
-// the model), each run once per step. Its phases are also the two halves
-// accumulate.cc runs as separate calls (ForwardBackward, then OptimStep's
-// Apply): a Step is the update whose only forward and backward is its own.
-//
-// Step, in device order:
-//   zero the += gradients (LayerNorm, Embedding, a GPT's position table and
-//     LM head) in one FillTensors; Linear grads are written by the first
-//     micro-batch with beta = 0; zero found_inf and loss_sum
-//   per micro-batch k of K: upload, forward (working dtype, fp32 GEMM
-//     accumulation), loss with grad_scale = S / K (so K accumulated
-//     micro-batches give one big batch's gradient, times S), Add it into
-//     loss_sum on the device, backward accumulating into the grads
-//     (beta = 1: an inf survives accumulation)
-//   [optional] GradLog2Histogram over the scaled grads
-//   UnscaleAndCheck over ALL grads, in_place = false (found_inf and norm_sq,
-//     the norm on every step since the pass reads every gradient anyway and
-//     the report carries it): 16-bit grads must not be unscaled in 16 bits, and for
-//     fp32 grads leaving the unscale to the fused update saves a write pass
-//   fused Adam/SGD update with GradTransform{1/S, found_inf, norm_sq} at
-//     the schedule's lr for the updates applied so far (a host computation:
-//     optim::ScheduledLearningRate) or the input's override; the device
-//     skips it entirely on found_inf and it recasts the working copy
-//   ONE ReadBack of [loss_sum, found_inf, norm_sq, max_abs] (and the
-//     histogram when sampled, and every token's log-prob when the report
-//     returns them or the loss reads sampling_logprobs, and a token loss's
-//     per-token losses when the report returns them: each micro-batch's
-//     copied on the device after its loss into one buffer), then scaler.Update with found_inf,
-//     max|g| of the unscaled grads (the check pass computes it in the same read) and, when sampled,
-//     the histogram's fp16 underflow fraction.
-// A rank of a distributed job (DataParallelStep) sums the gradients across
-// the ranks right after the backward loop (so the histogram, the check,
-// the norm and max|g| are the whole batch's, identical on every rank) and
-// the loss sum with found_inf right after the check pass; K is then every
-// rank's micro-batches. Both sums come before the update, so a rank that
-// dies mid-step leaves the others with nothing applied. On CUDA the sums
-// are NCCL kernels on the job's stream: still no host wait before ReadBack.
-// Per-layer scales (adaptive's opt-in; amp/grad_scaler.h): the loss
-// gradient carries the last layer group's S, the model's backward moves the
-// upstream gradient to each group's own S_g where it crosses into it (a
-// GEMM's alpha in a layer stack, the residual add's scale in a GPT: no
-// extra pass), and the histogram, the check pass and the
-// update run once per group with that group's 1 / S_g: found_inf and the
-// norm shared (the norm is the global one clipping needs), max|g| and the
-// histogram per group, all still in the one ReadBack. The bytes per
-// parameter below are unchanged: each gradient is still read once by the
-// check and once by the update. Each micro-batch's backward also hands
-// every group's entry gradient (the loss gradient, or what the next group
-// passed down) to the group's check as it completes (GroupEntryCheck, a
-// Backward hook): one read of those activations, so that a group's max|g|,
-// from which its scale is calibrated and grown, bounds what flows through
-// the group too.
-// The caller's CallToken is checked before the step, before each
-// micro-batch (the calibration pass's too) and after the check pass, the
-// last point before the update: a stopped step returns there with nothing
-// applied (the scaler a calibration pass set is put back; the gradients it
-// accumulated are zeroed by the next step). A distributed share is checked
-// only before it starts.
-// An adaptive-scaler job's first step (and its first after a state without
-// scaler keys was loaded) first runs CalibrateLossScale (calibrate.cc): one
-// extra forward and backward at S = 1 and one small read, so that the step
-// itself starts at the calibrated scale instead of skipping while it backs
-// off.
-// The four scalars stay on the device, each in its own (1, 1) F32 tensor,
-// until the end: ReadBack waits for the device once and copies all four
-// together, so the step makes one device->host round trip, not one per
-// micro-batch (the losses are summed on the device with Add) or per scalar.
-// Keeping them in separate tensors also means a non-finite loss can never
-// reach found_inf: the scaler skips on bad gradients, not on a bad loss.
-//
-// Bytes per parameter (AdamW, fp16 or bf16 grads; m, v, master F32):
-//   check pass (UnscaleAndCheck, not in place)        read grad 2           =  2 B
-//   fused update  read grad 2 + master 4 + m 4 + v 4,
-//                 write master 4 + m 4 + v 4 + working copy 2               = 28 B
-//   total 30 B/param against the 28 B minimum (grad once, master/m/v read
-//   and written, working copy written): the check pass's extra read of the
-//   2 B grad is the only overhead, +7%. It is what lets a skipped step write
-//   nothing at all: found_inf is known before the update touches anything.
-//   A skipped step moves 2 B/param (the check) plus the update's read of
-//   found_inf. Gradient zeroing costs nothing for Linear weights (beta = 0
-//   on the first micro-batch); LayerNorm/Embedding grads are zeroed (2 B).
-//   fp32 jobs: 4 B check + 4 + 12 + 12 update = 32 B against 28 B; SGD with
-//   momentum in fp16: 2 + (2 + 4 + 4 read, 4 + 4 + 2 write) = 22 B vs 20 B.
-//
-// Timing: PhaseSeconds are steady_clock intervals around the host calls. On
-// the CPU backend ops run synchronously, so they are the phases' real cost;
-// on CUDA forward/backward/unscale/optimizer are host-side launch times
-// (adding a sync per phase would stall the stream) and only `total`, which
-// ends after the ReadScalars that waits for the device, is wall time.
+// Trainer::Step: one mixed-precision training step on a Backend, as phases
+// (trainer_impl.h lists them in order: Admit, ForwardBackward, then Apply's
+// CheckGradients, Update and Finish), which accumulate.cc also runs as two
+// calls: a Step is the update whose only forward and backward is its own,
+// which is why the two forms train the same bits. Why the phases are what
+// they are:
+// - One device->host round trip per step. The loss sum, found_inf, norm^2
+//   and each group's max|g| stay on the device, each in its own (1, 1) F32
+//   tensor (a non-finite loss never reaches found_inf: the scaler skips on
+//   bad gradients, not a bad loss), and Finish's one ReadBack brings them
+//   with the sampled histograms and the kept per-token log-probs and losses.
+// - The check pass (UnscaleAndCheck) reads every gradient, not in place:
+//   16-bit gradients must not be unscaled in 16 bits, and for fp32 ones the
+//   fused update's own unscale saves a write pass. Since it reads them all,
+//   it also gives the norm every step reports, and max|g|. The fused update
+//   reads found_inf on the device and writes nothing on a skipped step.
+// - Micro-batch k's loss gradient carries S / K (S for a token loss, a
+//   sum), so K micro-batches give one big batch's gradient times S; Linear
+//   gradients are written (beta = 0) by the first and added to by the rest
+//   (beta = 1: an inf survives accumulation), the others zeroed once.
+// - A distributed rank sums the gradients as backward finishes them (the
+//   sums overlap the rest of the backward) and the loss with found_inf
+//   after the check pass: both before the update, so a rank that dies
+//   mid-step leaves the others with nothing applied. On CUDA the sums are
+//   NCCL kernels on the job's stream: still no host wait before the read.
+// - Per-layer scales (amp/grad_scaler.h): the backward moves the upstream
+//   gradient to each group's S_g as it crosses into it (no extra pass); each
+//   group is checked and updated with its own 1 / S_g, found_inf and the
+//   norm shared, and its entry gradient checked as it completes
+//   (GroupEntryCheck), so its max|g| bounds what flows through it.
+// - The CallToken is checked before the step, before each micro-batch (a
+//   calibration pass's too) and before the update, the last point where a
+//   stopped step returns with nothing applied; a distributed share only
+//   before it starts (leaving the collectives part-way would fail the
+//   others). An adaptive scaler's first step calibrates first
+//   (calibrate.cc), so the step starts at the calibrated scale.
+// Bytes per parameter (AdamW, fp16 or bf16 grads; m, v, master F32): the
+// check reads the grad (2 B); the update reads grad, master, m, v (14 B)
+// and writes master, m, v and the working copy (14 B): 30 B against the
+// 28 B minimum, +7%, the price of knowing found_inf before anything is
+// written (a skipped step moves 2 B). fp32: 32 B against 28 B; SGD with
+// momentum in fp16: 22 B against 20 B.
+// Timing: PhaseSeconds are steady_clock intervals around the host calls:
+// real on the CPU backend; on CUDA, launch times, but `total`, which ends
+// after the read that waits for the device, is wall time.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -253,30 +208,14 @@ model::Network::GroupEntry Trainer::Impl::GroupEntryCheck() {
   };
 }
 
-absl::Status CheckStepInput(const StepInput& input) {
-  if (input.micro_batches.empty()) {
-    return absl::InvalidArgumentError("micro_batches: at least one micro-batch is required");
-  }
-  if (input.learning_rate.has_value() &&
-      !(std::isfinite(*input.learning_rate) && *input.learning_rate >= 0.0f)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("learning_rate: must be finite and >= 0, got ", *input.learning_rate));
-  }
-  return CheckLossFn(input.loss_fn);
-}
-
-absl::StatusOr<ValidStepInput> ValidStepInput::Check(StepInput input) {
-  AMPD_RETURN_IF_ERROR(CheckStepInput(input));
-  return ValidStepInput(std::move(input));
-}
-
 std::vector<Tensor*> Trainer::gradient_tensors() { return impl_->grads; }
 
-absl::StatusOr<FittedStepInput> Trainer::CheckInput(ValidStepInput input) const {
-  AMPD_RETURN_IF_ERROR(CheckMicroBatchesFitModel(impl_->config.model, input.get().loss_fn,
-                                                 input.get().micro_batches));
-  AMPD_RETURN_IF_ERROR(CheckLogprobsWanted(impl_->config.model, input.get().return_logprobs));
-  return FittedStepInput(std::move(input), this);
+absl::StatusOr<FittedStepInput> Trainer::CheckInput(const Valid<StepRequest>& request) const {
+  const StepInput& input = request->input;
+  AMPD_RETURN_IF_ERROR(
+      CheckMicroBatchesFitModel(impl_->config.model, input.loss_fn, input.micro_batches));
+  AMPD_RETURN_IF_ERROR(CheckLogprobsWanted(impl_->config.model, input.return_logprobs));
+  return FittedStepInput(&input, this);
 }
 
 absl::StatusOr<Trainer::Impl::StepPlan> Trainer::Impl::Admit(
@@ -364,16 +303,7 @@ absl::Status Trainer::Impl::ForwardBackward(const StepInput& input, const StepPl
                                             const CallToken& call, StepReport& report) {
   kernels::Backend& b = *backend;
   model::Network& net = *model;
-  if (plan.first) {
-    // The update starts: what earlier calls accumulated is applied or
-    // dropped by now.
-    AMPD_RETURN_IF_ERROR(net.ZeroGrads());
-    AMPD_RETURN_IF_ERROR(b.Fill(found_inf, 0.0f));
-    AMPD_RETURN_IF_ERROR(b.Fill(norm_sq, 0.0f));
-    for (ScaleGroup& g : groups) AMPD_RETURN_IF_ERROR(b.Fill(g.max_abs, 0.0f));
-    if (plan.accumulate) AMPD_RETURN_IF_ERROR(b.Fill(accum_loss, 0.0f));
-  }
-  AMPD_RETURN_IF_ERROR(b.Fill(loss_sum, 0.0f));
+  AMPD_RETURN_IF_ERROR(ZeroScalars(plan));
 
   // A distributed step starts summing each parameter's gradient as the last
   // micro-batch's backward finishes it, so the sums overlap the rest of the
@@ -388,19 +318,7 @@ absl::Status Trainer::Impl::ForwardBackward(const StepInput& input, const StepPl
   model::Network::BackwardHooks hooks;
   if (plan.per_layer) hooks.group_entry = GroupEntryCheck();
   model::Network::BackwardHooks last_hooks = hooks;
-  if (all_reduce != nullptr) {
-    std::fill(grad_started.begin(), grad_started.end(), 0);
-    last_hooks.grads_ready = [this, all_reduce](absl::Span<const int> params) -> absl::Status {
-      ready_grads.clear();
-      for (const int p : params) {
-        const int slot = slot_of[static_cast<size_t>(p)];  // -1: frozen, nothing to sum
-        if (slot < 0 || grad_started[static_cast<size_t>(slot)] != 0) continue;
-        grad_started[static_cast<size_t>(slot)] = 1;
-        ready_grads.push_back(grads[static_cast<size_t>(slot)]);
-      }
-      return all_reduce->Start(ready_grads);
-    };
-  }
+  if (all_reduce != nullptr) last_hooks.grads_ready = SumWhenReady(*all_reduce);
 
   int64_t logprobs_at = 0;  // where the next micro-batch's log-probs go in step_logprobs
   for (int64_t i = 0; i < plan.local_k; ++i) {
@@ -420,21 +338,7 @@ absl::Status Trainer::Impl::ForwardBackward(const StepInput& input, const StepPl
     AMPD_RETURN_IF_ERROR(net.Loss(*ws, plan.grad_scale, loss));
     AMPD_RETURN_IF_ERROR(b.Add(loss, loss_sum));
     if (plan.accumulate) AMPD_RETURN_IF_ERROR(b.Add(loss, accum_loss));
-    if (plan.keep_logprobs) {
-      // A later micro-batch of this shape reuses the workspace: its
-      // log-probs (and losses, plan.tokens further on) move to the step's
-      // buffer now, on the device.
-      AMPD_ASSIGN_OR_RETURN(const Tensor* logprobs, net.TokenLogprobs(*ws));
-      AMPD_ASSIGN_OR_RETURN(Tensor slot, step_logprobs.View(logprobs_at, {logprobs->numel()}));
-      AMPD_RETURN_IF_ERROR(b.Copy(*logprobs, slot));
-      if (plan.keep_losses) {
-        AMPD_ASSIGN_OR_RETURN(const Tensor* losses, net.TokenLosses(*ws));
-        AMPD_ASSIGN_OR_RETURN(Tensor loss_slot,
-                              step_logprobs.View(plan.tokens + logprobs_at, {losses->numel()}));
-        AMPD_RETURN_IF_ERROR(b.Copy(*losses, loss_slot));
-      }
-      logprobs_at += logprobs->numel();
-    }
+    if (plan.keep_logprobs) AMPD_RETURN_IF_ERROR(KeepTokenValues(*ws, plan, &logprobs_at));
     const Clock::time_point t1 = Clock::now();
     const bool last = i == plan.local_k - 1;
     // Linear grads are written (beta = 0) by the update's first micro-batch
@@ -457,6 +361,52 @@ absl::Status Trainer::Impl::ForwardBackward(const StepInput& input, const StepPl
     AMPD_RETURN_IF_ERROR(in_flight.Finish());
     report.seconds.allreduce += Seconds(t0, Clock::now());
   }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Impl::ZeroScalars(const StepPlan& plan) {
+  kernels::Backend& b = *backend;
+  if (plan.first) {
+    // The update starts: what earlier calls accumulated is applied or
+    // dropped by now.
+    AMPD_RETURN_IF_ERROR(model->ZeroGrads());
+    AMPD_RETURN_IF_ERROR(b.Fill(found_inf, 0.0f));
+    AMPD_RETURN_IF_ERROR(b.Fill(norm_sq, 0.0f));
+    for (ScaleGroup& g : groups) AMPD_RETURN_IF_ERROR(b.Fill(g.max_abs, 0.0f));
+    if (plan.accumulate) AMPD_RETURN_IF_ERROR(b.Fill(accum_loss, 0.0f));
+  }
+  return b.Fill(loss_sum, 0.0f);
+}
+
+model::Network::GradsReady Trainer::Impl::SumWhenReady(dist::GradientAllReduce& all_reduce) {
+  std::fill(grad_started.begin(), grad_started.end(), 0);
+  return [this, &all_reduce](absl::Span<const int> params) -> absl::Status {
+    ready_grads.clear();
+    for (const int p : params) {
+      const int slot = slot_of[static_cast<size_t>(p)];  // -1: frozen, nothing to sum
+      if (slot < 0 || grad_started[static_cast<size_t>(slot)] != 0) continue;
+      grad_started[static_cast<size_t>(slot)] = 1;
+      ready_grads.push_back(grads[static_cast<size_t>(slot)]);
+    }
+    return all_reduce.Start(ready_grads);
+  };
+}
+
+absl::Status Trainer::Impl::KeepTokenValues(model::Workspace& ws, const StepPlan& plan,
+                                            int64_t* at) {
+  // A later micro-batch of this shape reuses the workspace: its log-probs
+  // (and losses, plan.tokens further on) move to the step's buffer now, on
+  // the device.
+  AMPD_ASSIGN_OR_RETURN(const Tensor* logprobs, model->TokenLogprobs(ws));
+  AMPD_ASSIGN_OR_RETURN(Tensor slot, step_logprobs.View(*at, {logprobs->numel()}));
+  AMPD_RETURN_IF_ERROR(backend->Copy(*logprobs, slot));
+  if (plan.keep_losses) {
+    AMPD_ASSIGN_OR_RETURN(const Tensor* losses, model->TokenLosses(ws));
+    AMPD_ASSIGN_OR_RETURN(Tensor loss_slot,
+                          step_logprobs.View(plan.tokens + *at, {losses->numel()}));
+    AMPD_RETURN_IF_ERROR(backend->Copy(*losses, loss_slot));
+  }
+  *at += logprobs->numel();
   return absl::OkStatus();
 }
 

@@ -51,19 +51,19 @@ struct DataParallelStep {
 
 class Trainer;
 
-// A ValidStepInput whose batches fit one Trainer's model too (shapes and
-// dtypes, Trainer::CheckInput): what Trainer::Step runs, checked once per
-// step. Only CheckInput makes one; Step refuses one made by another
-// Trainer.
+// A Valid<StepRequest>'s input whose batches fit one Trainer's model too
+// (shapes and dtypes, Trainer::CheckInput): what Trainer::Step runs,
+// checked once per step. Only CheckInput makes one; Step refuses one made
+// by another Trainer. It refers to the request's input, which outlives it.
 class FittedStepInput {
  public:
-  const StepInput& get() const { return input_.get(); }
+  const StepInput& get() const { return *input_; }
 
  private:
   friend class Trainer;
-  FittedStepInput(ValidStepInput input, const Trainer* trainer)
-      : input_(std::move(input)), trainer_(trainer) {}
-  ValidStepInput input_;
+  FittedStepInput(const StepInput* input, const Trainer* trainer)
+      : input_(input), trainer_(trainer) {}
+  const StepInput* input_;
   const Trainer* trainer_;  // whose model the batches fit
 };
 
@@ -153,7 +153,7 @@ class Trainer {
   // micro_batches[i].inputs or .targets), without running it: a job runs
   // them once per step, and a distributed job's ranks agree on a step only
   // when every rank's share passes them.
-  absl::StatusOr<FittedStepInput> CheckInput(ValidStepInput input) const;
+  absl::StatusOr<FittedStepInput> CheckInput(const Valid<StepRequest>& request) const;
   // The gradient tensors a distributed job's GradientAllReduce sums.
   std::vector<kernels::Tensor*> gradient_tensors();
 
@@ -166,6 +166,11 @@ class Trainer {
   // `call` is checked before each micro-batch, as a Step's is: a stopped
   // call, like any error after admission, drops the accumulated calls.
   absl::StatusOr<ForwardBackwardReport> ForwardBackward(
+      const Valid<ForwardBackwardRequest>& request,
+      const std::function<absl::Status(int64_t)>& admit = nullptr,
+      const CallToken& call = CallToken());
+  // CheckForwardBackwardInput, then the call above (tests, benchmarks).
+  absl::StatusOr<ForwardBackwardReport> ForwardBackward(
       const ForwardBackwardInput& input,
       const std::function<absl::Status(int64_t)>& admit = nullptr,
       const CallToken& call = CallToken());
@@ -176,6 +181,8 @@ class Trainer {
   // FailedPrecondition when no call is accumulated and, as Step's, when the
   // scaler gives up. The report's loss is the update's as Step would report
   // it (the first call's kind of loss and micro_batches_in_update).
+  absl::StatusOr<StepReport> OptimStep(const Valid<OptimStepRequest>& request);
+  // CheckOptimStepInput, then the update above (tests, benchmarks).
   absl::StatusOr<StepReport> OptimStep(const OptimStepInput& input);
   // ForwardBackward calls accumulated and not yet applied.
   int64_t pending_forward_backward() const;
@@ -189,7 +196,8 @@ class Trainer {
   // included; the gradient buffers are not touched. `call` is checked
   // before each micro-batch.
   absl::StatusOr<EvaluateReport> Evaluate(
-      const ValidEvaluateInput& input, const std::function<absl::Status(int64_t)>& admit = nullptr,
+      const Valid<EvaluateRequest>& request,
+      const std::function<absl::Status(int64_t)>& admit = nullptr,
       const CallToken& call = CallToken());
   // CheckEvaluateInput, then the Evaluate above (tests, benchmarks).
   absl::StatusOr<EvaluateReport> Evaluate(
@@ -201,12 +209,17 @@ class Trainer {
   // completion at a time against a KV cache, every row through the training
   // forward's code (model/network.h). CheckSampleInput's errors, then the
   // model's (InvalidArgument naming "prompts[i]" for a token outside the
-  // vocabulary or a prompt plus max_tokens beyond the context), then the
+  // vocabulary or a prompt plus max_tokens beyond the context: the checks
+  // against the model; CheckRequest's ran before), then the
   // admission of the prompts' workspace and the cache (`admit`, as Step's),
   // all before anything is allocated. Weights, optimizer, scaler and counts
   // are left as they are. `call` is checked before the prompts' forward
   // and before each decode step: a stopped call returns its status and no
   // completion.
+  absl::StatusOr<SampleReport> Sample(const Valid<SampleRequest>& request,
+                                      const std::function<absl::Status(int64_t)>& admit = nullptr,
+                                      const CallToken& call = CallToken());
+  // CheckSampleInput, then the Sample above (tests, benchmarks).
   absl::StatusOr<SampleReport> Sample(const SampleInput& input,
                                       const std::function<absl::Status(int64_t)>& admit = nullptr,
                                       const CallToken& call = CallToken());
@@ -222,7 +235,8 @@ class Trainer {
   // swapped into the parameters for the call and swapped back before it
   // returns, whatever it returns (the job's strand runs nothing else
   // meanwhile). InvalidArgument for weights of another Trainer.
-  absl::StatusOr<SampleReport> SampleFrom(SamplerWeights& weights, const SampleInput& input,
+  absl::StatusOr<SampleReport> SampleFrom(SamplerWeights& weights,
+                                          const Valid<SampleRequest>& request,
                                           const std::function<absl::Status(int64_t)>& admit,
                                           const CallToken& call = CallToken());
   // `weights` read into host tensors under the parameters' state-dict
@@ -231,6 +245,10 @@ class Trainer {
   // dtype and shape and nothing else (DataLoss naming the tensor).
   absl::StatusOr<checkpoint::StateDict> ExportSamplerWeights(const SamplerWeights& weights);
   absl::StatusOr<SamplerWeights> LoadSamplerWeights(const checkpoint::StateDict& state);
+  // Whether the weights Sample reads now are `weights`, bit for bit (a
+  // restored snapshot's resend is told from a save of other weights by
+  // it). Reads both back to the host: for the rare resend only.
+  absl::StatusOr<bool> HoldsSamplerWeights(const SamplerWeights& weights);
 
   // Workspace bytes cached now (model::WorkspaceBytes of each, plus the
   // backend's scratch for them, kernels::Backend::ScratchBytes, and the
@@ -334,7 +352,8 @@ class Trainer {
  private:
   struct Impl;
   explicit Trainer(std::unique_ptr<Impl> impl);
-  // Step and Evaluate on input their public callers checked.
+  // The calls on input their public callers checked (CheckRequest's
+  // checks: a Valid<Request>'s, or a test's raw input checked there).
   absl::StatusOr<StepReport> StepChecked(const StepInput& input,
                                          const std::function<absl::Status(int64_t)>& admit,
                                          const DataParallelStep* data_parallel,
@@ -342,6 +361,13 @@ class Trainer {
   absl::StatusOr<EvaluateReport> EvaluateChecked(const EvaluateInput& input,
                                                  const std::function<absl::Status(int64_t)>& admit,
                                                  const CallToken& call);
+  absl::StatusOr<ForwardBackwardReport> ForwardBackwardChecked(
+      const ForwardBackwardInput& input, const std::function<absl::Status(int64_t)>& admit,
+      const CallToken& call);
+  absl::StatusOr<StepReport> OptimStepChecked(const OptimStepInput& input);
+  absl::StatusOr<SampleReport> SampleChecked(const SampleInput& input,
+                                             const std::function<absl::Status(int64_t)>& admit,
+                                             const CallToken& call);
   struct LoadPlan;
   absl::StatusOr<LoadPlan> PlanLoad(const checkpoint::StateDict& state, StepCount step_count,
                                     Coverage coverage) const;

@@ -27,6 +27,16 @@ struct MemoryField {
 };
 inline constexpr MemoryField kStepMemory{"micro_batches", "send smaller micro-batches"};
 
+// sample.cc: what Trainer::Sample's checks against the model fix for the
+// call (Impl::PlanSample).
+struct SamplePlan {
+  const model::Parameter* head = nullptr;  // the LM head
+  int64_t vocab = 0;
+  int64_t n = 0;           // S = prompts x num_samples sequences, one row each
+  int64_t prompt_len = 0;  // P: the longest prompt (the others right-padded)
+  int64_t max_len = 0;     // the cache's positions: a prompt + max_tokens - 1, at most
+};
+
 struct Trainer::Impl {
   Impl(const JobConfig& c, std::unique_ptr<kernels::Backend> b, amp::GradScaler s)
       : config(c), backend(std::move(b)), scaler(std::move(s)) {}
@@ -153,6 +163,14 @@ struct Trainer::Impl {
   absl::Status ForwardBackward(const StepInput& input, const StepPlan& plan,
                                const DataParallelStep* data_parallel, const CallToken& call,
                                StepReport& report);
+  // ForwardBackward's parts: the update's gradients and scalars zeroed on
+  // its first call, and the call's loss sum always; the backward hook that
+  // starts summing each gradient across the ranks as the last
+  // micro-batch's backward finishes it; a micro-batch's per-token
+  // log-probs (and losses) copied into step_logprobs at *at.
+  absl::Status ZeroScalars(const StepPlan& plan);
+  model::Network::GradsReady SumWhenReady(dist::GradientAllReduce& all_reduce);
+  absl::Status KeepTokenValues(model::Workspace& ws, const StepPlan& plan, int64_t* at);
   // The update from the gradients the forward and backward passes left:
   // CheckGradients, Update and Finish, as a Step and an OptimStep run them.
   // `logprobs_of`: the Step whose kept log-probs the one read brings back
@@ -177,6 +195,18 @@ struct Trainer::Impl {
   // read brought into step_logprobs_host: plan.read_rows() values, the
   // log-probs and then (plan.keep_losses) the losses.
   void ReportKeptLogprobs(const StepInput& input, const StepPlan& plan, StepReport& report) const;
+
+  // ---- sample.cc: Trainer::Sample's phases before its decode loop --------------
+  // The checks against the model and the admission of everything the call
+  // allocates (the prompts' workspace, the KV cache, the decode buffers).
+  absl::StatusOr<SamplePlan> PlanSample(const SampleInput& input,
+                                        const std::function<absl::Status(int64_t)>& admit);
+  // The prompts' forward into a new cache; each sequence's prompt length
+  // into `lengths`. `call` is checked before it.
+  absl::StatusOr<std::unique_ptr<model::DecodeState>> Prefill(const SampleInput& input,
+                                                              const SamplePlan& plan,
+                                                              const CallToken& call,
+                                                              std::vector<int64_t>& lengths);
 
   // calibrate.cc: the adaptive scaler's calibrated start, run by Step
   // before the step proper when the scaler NeedsCalibration().
