@@ -171,9 +171,17 @@ class Network {
   virtual absl::Status Forward(Workspace& ws) = 0;
   // loss (1, 1) F32 = loss_multiplier * the micro-batch's mean loss, and its
   // gradient times grad_scale into ws, where Backward starts. A kind whose
-  // loss reads parameters directly (the GPT's LM head) also accumulates their
-  // gradient here; ZeroGrads clears those.
-  virtual absl::Status Loss(Workspace& ws, float grad_scale, kernels::Tensor& loss) = 0;
+  // loss reads parameters directly (a transformer's LM head) also forms
+  // their gradient here: on the update's first micro-batch
+  // (first_micro_batch, as Backward's) it writes it (GEMM beta = 0: the
+  // values of adding to the zeros ZeroGrads left, without reading them),
+  // on a later one it adds to it; ZeroGrads clears those.
+  virtual absl::Status Loss(Workspace& ws, float grad_scale, bool first_micro_batch,
+                            kernels::Tensor& loss) = 0;
+  // Loss adding to the gradients whatever they hold (a later micro-batch's).
+  absl::Status Loss(Workspace& ws, float grad_scale, kernels::Tensor& loss) {
+    return Loss(ws, grad_scale, /*first_micro_batch=*/false, loss);
+  }
   // The same loss for an evaluation, leaving every parameter's gradient as
   // it was. By default Loss with grad_scale 1, whose dL/dpred stays in ws
   // only; a kind whose Loss touches parameter gradients overrides it.

@@ -335,7 +335,10 @@ absl::Status Trainer::Impl::ForwardBackward(const StepInput& input, const StepPl
     tokens.token_losses = plan.keep_losses;
     AMPD_RETURN_IF_ERROR(net.LoadBatch(mb.inputs, mb.targets, tokens, *ws));
     AMPD_RETURN_IF_ERROR(net.Forward(*ws));
-    AMPD_RETURN_IF_ERROR(net.Loss(*ws, plan.grad_scale, loss));
+    // The head's gradient, like Backward's Linear ones, is written by the
+    // update's first micro-batch and added to by the rest.
+    AMPD_RETURN_IF_ERROR(
+        net.Loss(*ws, plan.grad_scale, /*first_micro_batch=*/plan.first && i == 0, loss));
     AMPD_RETURN_IF_ERROR(b.Add(loss, loss_sum));
     if (plan.accumulate) AMPD_RETURN_IF_ERROR(b.Add(loss, accum_loss));
     if (plan.keep_logprobs) AMPD_RETURN_IF_ERROR(KeepTokenValues(*ws, plan, &logprobs_at));
