@@ -32,11 +32,11 @@ using kernels::DType;
 using kernels::ScratchExtents;
 using namespace ampd::engine::testing;
 
-model::ModelSpec Gpt(bool tied) {
+model::ModelSpec Gpt(bool tied, int64_t vocab = 40) {
   model::ModelSpec spec;
   spec.loss = model::LossKind::kCrossEntropy;
   model::GptSpec g;
-  g.vocab_size = 40;
+  g.vocab_size = vocab;
   g.context_length = 16;
   g.d_model = 32;
   g.n_layer = 2;
@@ -118,6 +118,11 @@ std::vector<Case> Cases() {
       {"qwen3 bf16", Qwen3(), model::Precision::kBf16, whole},
       {"gemma3 bf16", Gemma3(), model::Precision::kBf16, whole},
       {"gemma3 fp32", Gemma3(), model::Precision::kFp32, whole},
+      // A vocabulary wider than the blocks' activations in chunks of 2 rows:
+      // fewer than a sampler's 3 sequences, whose decode steps' head is one
+      // (S, V) GEMM.
+      {"gpt tied bf16 wide vocabulary, 2-row head chunks", Gpt(true, 2000), model::Precision::kBf16,
+       2 * 2000 * 2},
   };
 }
 
@@ -214,8 +219,8 @@ TEST(ScratchExtents, TrainingPassesStayWithinTheDeclaredExtents) {
 }
 
 // A sampler's admission prices the prompts' (S, P) forward without a
-// backward (Trainer::PlanSample); the decode steps' ops run on S rows.
-TEST(ScratchExtents, SamplingStaysWithinThePrefillsExtents) {
+// backward and the decode steps' head over S rows (Trainer::PlanSample).
+TEST(ScratchExtents, SamplingStaysWithinThePrefillsAndTheDecodeStepsExtents) {
   for (const Case& c : Cases()) {
     SCOPED_TRACE(c.name);
     Harness h(c);
@@ -241,8 +246,10 @@ TEST(ScratchExtents, SamplingStaysWithinThePrefillsExtents) {
       ASSERT_TRUE(h.net().DecodeStep(tokens, positions, **state).ok());
       for (int64_t& p : positions) ++p;
     }
-    ExpectCovered(h.recording().seen(), h.Declared(sequences, prompt, /*backward=*/false),
-                  "prefill and decode");
+    // What Trainer::Sample admits: the prefill's and the decode steps'.
+    ScratchExtents declared = h.Declared(sequences, prompt, /*backward=*/false);
+    model::WidenExtents(model::DecodeScratchExtents(c.spec, c.precision, sequences), declared);
+    ExpectCovered(h.recording().seen(), declared, "prefill and decode");
   }
 }
 

@@ -127,6 +127,19 @@ absl::StatusOr<int64_t> WorkspaceBytes(const ModelSpec& spec, Precision precisio
 kernels::ScratchExtents StepScratchExtents(const ModelSpec& spec, Precision precision,
                                            const kernels::Shape& input_shape, bool backward = true);
 
+// What a sampler's decode steps run for `sequences` rows beyond the
+// prompts' forward (StepScratchExtents of (S, P) without backward), whose
+// blocks' ops on S <= S P rows it covers: the head over all S rows at once
+// (Trainer::Sample's (S, V) logits, one GEMM however many chunks the
+// prefill's head took) and the draw's and log-probs' rows over V. A
+// language model's; empty extents for a layer stack.
+kernels::ScratchExtents DecodeScratchExtents(const ModelSpec& spec, Precision precision,
+                                             int64_t sequences);
+
+// Widens each of `into`'s extents to e's where e's is larger (the dtype is
+// left as it is): the scratch a backend reuses across a call's ops.
+void WidenExtents(const kernels::ScratchExtents& e, kernels::ScratchExtents& into);
+
 class Network {
  public:
   // With a shared base: waits for this network's queued work first, which
