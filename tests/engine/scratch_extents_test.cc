@@ -5,7 +5,8 @@
 // RecordingBackend over the CPU oracle, and every operand it records must
 // fit the extents the model declares for that shape. The extents are what
 // admission prices and what a backend may size its scratch by, and the
-// CUDA backend runs these same calls, so a gap here is a gap there.
+// CUDA backend runs these same calls, so a gap here is a gap there. And a
+// decode state allocates no more than the DecodeStateBytes admitted for it.
 //
 // The families: GPT-2 (tied and untied, Conv1D layouts, the fused c_attn
 // and GELU epilogues, the head in one chunk and in several), a Qwen2-style
@@ -250,6 +251,27 @@ TEST(ScratchExtents, SamplingStaysWithinThePrefillsAndTheDecodeStepsExtents) {
     ScratchExtents declared = h.Declared(sequences, prompt, /*backward=*/false);
     model::WidenExtents(model::DecodeScratchExtents(c.spec, c.precision, sequences), declared);
     ExpectCovered(h.recording().seen(), declared, "prefill and decode");
+  }
+}
+
+// A sampler's decode state (its KV cache and one step's buffers) is
+// admitted at DecodeStateBytes before it is allocated: what it allocates
+// must not exceed that.
+TEST(ScratchExtents, ADecodeStateAllocatesAtMostItsDeclaredBytes) {
+  for (const Case& c : Cases()) {
+    SCOPED_TRACE(c.name);
+    Harness h(c);
+    for (const auto& [sequences, max_len] :
+         std::vector<std::pair<int64_t, int64_t>>{{3, 9}, {1, 16}}) {
+      const int64_t before = h.recording().BytesInUse();
+      auto state = h.net().NewDecodeState(sequences, max_len);
+      ASSERT_TRUE(state.ok()) << state.status();
+      const int64_t allocated = h.recording().BytesInUse() - before;
+      auto declared = h.net().DecodeStateBytes(sequences, max_len);
+      ASSERT_TRUE(declared.ok()) << declared.status();
+      EXPECT_LE(allocated, *declared) << sequences << " sequences of " << max_len;
+      EXPECT_GT(allocated, 0);
+    }
   }
 }
 
