@@ -26,6 +26,7 @@
 #include "server/engine/jobs/job.h"
 #include "server/engine/jobs/job_registry.h"
 #include "server/engine/model/layers.h"
+#include "server/engine/model/lm_head.h"
 
 namespace ampd::engine {
 namespace {
@@ -179,6 +180,60 @@ TEST(Admission, WorkspaceEstimateIsWhatAStepAllocates) {
   // Rows whose byte count overflows int64 are refused by the estimate.
   EXPECT_EQ(model::WorkspaceBytes(config.model, config.precision, kInt64Max / 4).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// A sampler's estimate counts its decode steps' head, one (S, V) GEMM over
+// every sequence, beside the prompts' forward, whose head runs in chunks of
+// fewer rows once the (S P, V) logits pass kLmHeadChunkBytes: here 3000
+// sequences of a 50000-token vocabulary in bf16 (300 MB of decode logits;
+// the prefill's chunks are 2000 rows). The call is refused at admission, so
+// nothing of that size is allocated.
+TEST(Admission, ASamplersEstimateCountsItsDecodeStepsHead) {
+  JobConfig config = DefaultJobConfig(Precision::kBf16);
+  model::GptSpec g;
+  g.vocab_size = 50000;
+  g.context_length = 8;
+  g.d_model = 32;
+  g.n_layer = 1;
+  g.n_head = 4;
+  config.model.kind = g;
+  config.model.loss = model::LossKind::kCrossEntropy;
+  auto t = MakeTrainer(config);
+  ASSERT_TRUE(t);
+  SampleInput in;
+  in.prompts.assign(1000, {1, 2});
+  in.num_samples = 3;
+  in.max_tokens = 2;
+  const int64_t n = 3000, prompt = 2, max_len = 3;
+  int64_t admitted = 0;
+  const auto refuse = [&admitted](int64_t need) {
+    admitted = need;
+    return absl::ResourceExhaustedError("measured");
+  };
+  ASSERT_EQ(t->Sample(in, refuse).status().code(), absl::StatusCode::kResourceExhausted);
+
+  // The estimate as the sampler forms it: the prefill's workspace and the
+  // scratch of its ops and the decode steps', the decode state, the (S, V)
+  // logits and the draw's scratch, 112 bytes a sequence and the prompts'
+  // host ids and targets.
+  kernels::Backend& b = t->backend();
+  auto ws = model::WorkspaceBytes(config.model, config.precision, {n, prompt});
+  ASSERT_TRUE(ws.ok()) << ws.status();
+  kernels::ScratchExtents prefill =
+      model::StepScratchExtents(config.model, config.precision, {n, prompt}, /*backward=*/false);
+  ASSERT_LT(model::LmHeadChunkRows(g.vocab_size, config.precision, n * prompt), n);
+  kernels::ScratchExtents extents = prefill;
+  model::WidenExtents(model::DecodeScratchExtents(config.model, config.precision, n), extents);
+  ASSERT_GT(b.ScratchBytes(extents, *ws), b.ScratchBytes(prefill, *ws));
+  auto cpu = kernels::CreateBackend("cpu");
+  ASSERT_TRUE(cpu.ok());
+  auto net = model::CreateNetwork(config.model, config.precision, 1, **cpu);
+  ASSERT_TRUE(net.ok()) << net.status();
+  auto state = (*net)->DecodeStateBytes(n, max_len);
+  ASSERT_TRUE(state.ok()) << state.status();
+  const int64_t extra = *state + n * g.vocab_size * 2 + b.SampleScratchBytes(n, g.vocab_size) +
+                        n * 112 + n * prompt * 16;
+  EXPECT_EQ(admitted, *ws + b.ScratchBytes(extents, *ws) + extra);
 }
 
 // A step's buffers stay cached for the next step of the same sizes, however

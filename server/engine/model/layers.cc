@@ -209,8 +209,9 @@ absl::StatusOr<Workspace*> Model::GetWorkspace(int64_t rows) {
 absl::Status Model::LoadBatch(const HostTensor& inputs, const HostTensor& targets,
                               const TokenLossInputs& tokens, Workspace& any) {
   if (tokens.fn.kind != LossFnKind::kModel) {
-    return absl::InvalidArgumentError(absl::StrCat("loss_fn: ", LossFnName(tokens.fn.kind),
-                                                   " is a token loss, which needs a language model (gpt or decoder)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("loss_fn: ", LossFnName(tokens.fn.kind),
+                     " is a token loss, which needs a language model (gpt or decoder)"));
   }
   AMPD_ASSIGN_OR_RETURN(LayerWorkspace * own, Own<LayerWorkspace>(any));
   LayerWorkspace& ws = *own;
@@ -263,7 +264,8 @@ absl::Status Model::Forward(Workspace& any) {
   return absl::OkStatus();
 }
 
-absl::Status Model::Loss(Workspace& any, float grad_scale, Tensor& loss) {
+absl::Status Model::Loss(Workspace& any, float grad_scale, bool /*first_micro_batch*/,
+                         Tensor& loss) {
   AMPD_ASSIGN_OR_RETURN(LayerWorkspace * own, Own<LayerWorkspace>(any));
   LayerWorkspace& ws = *own;
   const Tensor& pred = ws.acts.back();  // (N, out)

@@ -68,8 +68,11 @@ class Model final : public Network {
   absl::Status LoadBatch(const HostTensor& inputs, const HostTensor& targets,
                          const TokenLossInputs& tokens, Workspace& ws) override;
   absl::Status Forward(Workspace& ws) override;
-  // dL/dpred * grad_scale into grads.back().
-  absl::Status Loss(Workspace& ws, float grad_scale, kernels::Tensor& loss) override;
+  // dL/dpred * grad_scale into grads.back() (no parameter's gradient, so
+  // first_micro_batch changes nothing).
+  using Network::Loss;
+  absl::Status Loss(Workspace& ws, float grad_scale, bool first_micro_batch,
+                    kernels::Tensor& loss) override;
   // Linear gradients by GEMM with beta = 0 on the first micro-batch;
   // LayerNorm and Embedding gradients always accumulate (+=).
   // With group scales set, a Linear that starts group g >= 1 writes its dx

@@ -148,7 +148,7 @@ absl::Status LmLogits(kernels::Backend& b, const Tensor& h, const Parameter& hea
 
 absl::Status LmHeadLoss(kernels::Backend& b, LmWorkspace& ws, Parameter& head,
                         float head_grad_alpha, float multiplier, float grad_scale, bool with_grad,
-                        Tensor& loss) {
+                        bool first_micro_batch, Tensor& loss) {
   if (ws.kept <= 0) {
     return absl::FailedPreconditionError("targets: no target to average over (LoadBatch first)");
   }
@@ -162,11 +162,14 @@ absl::Status LmHeadLoss(kernels::Backend& b, LmWorkspace& ws, Parameter& head,
   const auto logit_grad_scale = static_cast<float>(static_cast<double>(grad_scale) * per_target);
   AMPD_RETURN_IF_ERROR(b.Fill(loss, 0.0f));
   // The F32 sum (several 16-bit chunks) starts afresh at the first chunk;
-  // without it the chunk, or the fp32 chunks, add straight into the
-  // gradient, which ZeroGrads cleared at the step's start.
+  // without it the chunk, or the fp32 chunks, go straight into the
+  // gradient: the first of them writes it on the update's first
+  // micro-batch (it holds ZeroGrads' zeros, so beta = 0 gives the values
+  // beta = 1 would without reading them) and every other adds to it.
   const bool summed_head = !ws.head_grad.empty();
   Tensor& head_sum = summed_head ? ws.head_grad : head.grad;
-  auto sum_beta = [summed_head](int64_t start) { return !summed_head || start > 0 ? 1.0f : 0.0f; };
+  const bool fresh = summed_head || first_micro_batch;
+  auto sum_beta = [fresh](int64_t start) { return fresh && start == 0 ? 0.0f : 1.0f; };
   for (int64_t start = 0; start < ws.rows; start += ws.chunk_rows) {
     const int64_t r = std::min(ws.chunk_rows, ws.rows - start);
     AMPD_ASSIGN_OR_RETURN(const Tensor h, ws.ln_f.View(start * c, {r, c}));

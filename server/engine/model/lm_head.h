@@ -12,11 +12,17 @@
 // multiplier, grad_scale = S * multiplier) with each chunk's per-token
 // inputs. The rounding contract of dW is one rounding per micro-batch, as
 // every other weight gradient gets, however many chunks the head takes:
-//   one chunk (the usual case), any dtype: one GEMM with beta = 1 into the
-//     gradient, which forms alpha * sum + grad in fp32 and rounds once;
+//   one chunk (the usual case), any dtype: one GEMM into the gradient,
+//     which forms alpha * sum (+ grad in fp32 with beta = 1) and rounds
+//     once;
 //   several chunks in fp16/bf16: each chunk's GEMM adds into an F32 sum
 //     (beta = 0 for the first), which one Add puts into the gradient;
 //   several chunks in fp32: each chunk's GEMM adds into the gradient.
+// On the update's first micro-batch the gradient holds the zeros ZeroGrads
+// left (a tied head's embedding gradient is added after, by the backward),
+// so the first GEMM into it writes with beta = 0 instead of reading them:
+// the same values without a (V, C) read, as the Linear weights' first
+// micro-batch does.
 // The two 16-bit forms differ only in how the fp32 sum over the rows is
 // associated, so they agree to within the one rounding (a tested bound).
 #pragma once
@@ -140,11 +146,12 @@ absl::Status LmLogits(kernels::Backend& b, const kernels::Tensor& h, const Param
                       kernels::Tensor& logits);
 
 // loss (1) F32 = the micro-batch's loss (times multiplier); with_grad: dh
-// into ws.d_ln and the head's gradient as above (an evaluation leaves every
-// gradient).
+// into ws.d_ln and the head's gradient as above, written when
+// first_micro_batch (the update's first, its gradient just zeroed) and
+// added to otherwise (an evaluation leaves every gradient).
 absl::Status LmHeadLoss(kernels::Backend& b, LmWorkspace& ws, Parameter& head,
                         float head_grad_alpha, float multiplier, float grad_scale, bool with_grad,
-                        kernels::Tensor& loss);
+                        bool first_micro_batch, kernels::Tensor& loss);
 
 // Network::TokenLogprobs of a language model: the (N) F32 log-probs the last
 // head wrote, when LoadTokenBatch asked for them.

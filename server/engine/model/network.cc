@@ -4,6 +4,8 @@
 #include "server/engine/model/network.h"
 
 #include <algorithm>
+#include <limits>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -57,6 +59,30 @@ kernels::ScratchExtents StepScratchExtents(const ModelSpec& spec, Precision prec
     e.rows = rows;
   }
   return e;
+}
+
+kernels::ScratchExtents DecodeScratchExtents(const ModelSpec& spec, Precision precision,
+                                             int64_t sequences) {
+  kernels::ScratchExtents e;
+  e.dtype = WorkingDType(precision);
+  const std::optional<TransformerParts> parts = TransformerPartsOf(spec);
+  if (!parts.has_value()) return e;
+  // One chunk of all S rows: the sampler's logits are not split.
+  AddLmHeadExtents(parts->vocab, parts->hidden, precision, sequences,
+                   std::numeric_limits<int64_t>::max(), /*with_grad=*/false, e);
+  return e;
+}
+
+void WidenExtents(const kernels::ScratchExtents& e, kernels::ScratchExtents& into) {
+  into.gemm_a = std::max(into.gemm_a, e.gemm_a);
+  into.gemm_b = std::max(into.gemm_b, e.gemm_b);
+  into.gemm_c = std::max(into.gemm_c, e.gemm_c);
+  into.bias_activation_c = std::max(into.bias_activation_c, e.bias_activation_c);
+  into.activation_backward_c = std::max(into.activation_backward_c, e.activation_backward_c);
+  into.attention_seq = std::max(into.attention_seq, e.attention_seq);
+  into.head_dim = std::max(into.head_dim, e.head_dim);
+  into.classes = std::max(into.classes, e.classes);
+  into.rows = std::max(into.rows, e.rows);
 }
 
 absl::StatusOr<std::unique_ptr<Network>> CreateNetwork(const ModelSpec& spec, Precision precision,

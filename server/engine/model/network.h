@@ -127,6 +127,19 @@ absl::StatusOr<int64_t> WorkspaceBytes(const ModelSpec& spec, Precision precisio
 kernels::ScratchExtents StepScratchExtents(const ModelSpec& spec, Precision precision,
                                            const kernels::Shape& input_shape, bool backward = true);
 
+// What a sampler's decode steps run for `sequences` rows beyond the
+// prompts' forward (StepScratchExtents of (S, P) without backward), whose
+// blocks' ops on S <= S P rows it covers: the head over all S rows at once
+// (Trainer::Sample's (S, V) logits, one GEMM however many chunks the
+// prefill's head took) and the draw's and log-probs' rows over V. A
+// language model's; empty extents for a layer stack.
+kernels::ScratchExtents DecodeScratchExtents(const ModelSpec& spec, Precision precision,
+                                             int64_t sequences);
+
+// Widens each of `into`'s extents to e's where e's is larger (the dtype is
+// left as it is): the scratch a backend reuses across a call's ops.
+void WidenExtents(const kernels::ScratchExtents& e, kernels::ScratchExtents& into);
+
 class Network {
  public:
   // With a shared base: waits for this network's queued work first, which
@@ -171,9 +184,17 @@ class Network {
   virtual absl::Status Forward(Workspace& ws) = 0;
   // loss (1, 1) F32 = loss_multiplier * the micro-batch's mean loss, and its
   // gradient times grad_scale into ws, where Backward starts. A kind whose
-  // loss reads parameters directly (the GPT's LM head) also accumulates their
-  // gradient here; ZeroGrads clears those.
-  virtual absl::Status Loss(Workspace& ws, float grad_scale, kernels::Tensor& loss) = 0;
+  // loss reads parameters directly (a transformer's LM head) also forms
+  // their gradient here: on the update's first micro-batch
+  // (first_micro_batch, as Backward's) it writes it (GEMM beta = 0: the
+  // values of adding to the zeros ZeroGrads left, without reading them),
+  // on a later one it adds to it; ZeroGrads clears those.
+  virtual absl::Status Loss(Workspace& ws, float grad_scale, bool first_micro_batch,
+                            kernels::Tensor& loss) = 0;
+  // Loss adding to the gradients whatever they hold (a later micro-batch's).
+  absl::Status Loss(Workspace& ws, float grad_scale, kernels::Tensor& loss) {
+    return Loss(ws, grad_scale, /*first_micro_batch=*/false, loss);
+  }
   // The same loss for an evaluation, leaving every parameter's gradient as
   // it was. By default Loss with grad_scale 1, whose dL/dpred stays in ws
   // only; a kind whose Loss touches parameter gradients overrides it.

@@ -61,7 +61,7 @@ absl::Status Trainer::Impl::CalibrateLossScale(const StepInput& input,
     // model's loss averages over the micro-batches).
     const float grad_scale =
         input.loss_fn.kind != LossFnKind::kModel ? 1.0f : 1.0f / static_cast<float>(global_k);
-    AMPD_RETURN_IF_ERROR(model->Loss(*ws, grad_scale, loss));
+    AMPD_RETURN_IF_ERROR(model->Loss(*ws, grad_scale, /*first_micro_batch=*/i == 0, loss));
     AMPD_RETURN_IF_ERROR(model->Backward(*ws, /*first_micro_batch=*/i == 0, hooks));
   }
   if (data_parallel != nullptr) AMPD_RETURN_IF_ERROR(data_parallel->all_reduce->Sum(grads));

@@ -318,8 +318,9 @@ absl::StatusOr<SamplePlan> Trainer::Impl::PlanSample(
     t->dtype = DType::kI64;
     t->shape = {n, plan.prompt_len};
   }
-  AMPD_RETURN_IF_ERROR(
-      AdmitWorkspaces({prefill}, admit, "sampling", /*backward=*/false, extra, kSampleMemory));
+  AMPD_RETURN_IF_ERROR(AdmitWorkspaces({prefill}, admit, "sampling", /*backward=*/false, extra,
+                                       kSampleMemory,
+                                       model::DecodeScratchExtents(spec, config.precision, n)));
   return plan;
 }
 

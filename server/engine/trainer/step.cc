@@ -129,7 +129,8 @@ absl::Status NamedFor(const absl::Status& refused, MemoryField names) {
 absl::Status Trainer::Impl::AdmitWorkspaces(const std::vector<MicroBatch>& micro_batches,
                                             const std::function<absl::Status(int64_t)>& admit,
                                             absl::string_view what, bool backward,
-                                            int64_t extra_bytes, MemoryField names) {
+                                            int64_t extra_bytes, MemoryField names,
+                                            const kernels::ScratchExtents& also) {
   kernels::Backend& b = *backend;
   model::Network& net = *model;
   // The workspace of every distinct batch shape, whether cached already or
@@ -142,25 +143,16 @@ absl::Status Trainer::Impl::AdmitWorkspaces(const std::vector<MicroBatch>& micro
   }
   net.KeepWorkspaces(shapes);
   int64_t need = 0;
-  // The backend's scratch is reused by every size: the largest extents.
-  kernels::ScratchExtents extents;
+  // The backend's scratch is reused by every size: the largest extents,
+  // and those of what the call runs beside the micro-batches.
+  kernels::ScratchExtents extents = also;
+  extents.dtype = model::WorkingDType(config.precision);
   for (const kernels::Shape& shape : shapes) {
     AMPD_ASSIGN_OR_RETURN(const int64_t bytes,
                           model::WorkspaceBytes(config.model, config.precision, shape));
     need = SaturatingAdd(need, bytes);
-    const kernels::ScratchExtents e =
-        model::StepScratchExtents(config.model, config.precision, shape, backward);
-    extents.dtype = e.dtype;
-    extents.gemm_a = std::max(extents.gemm_a, e.gemm_a);
-    extents.gemm_b = std::max(extents.gemm_b, e.gemm_b);
-    extents.gemm_c = std::max(extents.gemm_c, e.gemm_c);
-    extents.bias_activation_c = std::max(extents.bias_activation_c, e.bias_activation_c);
-    extents.activation_backward_c =
-        std::max(extents.activation_backward_c, e.activation_backward_c);
-    extents.attention_seq = std::max(extents.attention_seq, e.attention_seq);
-    extents.head_dim = std::max(extents.head_dim, e.head_dim);
-    extents.classes = std::max(extents.classes, e.classes);
-    extents.rows = std::max(extents.rows, e.rows);
+    model::WidenExtents(model::StepScratchExtents(config.model, config.precision, shape, backward),
+                        extents);
   }
   // What the ops hold beside the workspace tensors (fp32 staging, per-thread
   // rows, the allocator's rounding): counted, or a step admitted at its
@@ -335,7 +327,10 @@ absl::Status Trainer::Impl::ForwardBackward(const StepInput& input, const StepPl
     tokens.token_losses = plan.keep_losses;
     AMPD_RETURN_IF_ERROR(net.LoadBatch(mb.inputs, mb.targets, tokens, *ws));
     AMPD_RETURN_IF_ERROR(net.Forward(*ws));
-    AMPD_RETURN_IF_ERROR(net.Loss(*ws, plan.grad_scale, loss));
+    // The head's gradient, like Backward's Linear ones, is written by the
+    // update's first micro-batch and added to by the rest.
+    AMPD_RETURN_IF_ERROR(
+        net.Loss(*ws, plan.grad_scale, /*first_micro_batch=*/plan.first && i == 0, loss));
     AMPD_RETURN_IF_ERROR(b.Add(loss, loss_sum));
     if (plan.accumulate) AMPD_RETURN_IF_ERROR(b.Add(loss, accum_loss));
     if (plan.keep_logprobs) AMPD_RETURN_IF_ERROR(KeepTokenValues(*ws, plan, &logprobs_at));

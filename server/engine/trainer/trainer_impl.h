@@ -231,12 +231,15 @@ struct Trainer::Impl {
   // backward: whether the call runs a backward (a step) or the forward
   // alone (an evaluation, a sampler's prefill), whose ops need less
   // scratch. extra_bytes: what the call allocates beside the workspaces (a
-  // sampler's KV cache), admitted with them. A refusal (the device's, or
-  // admit's) names `names.field`, the request's own.
+  // sampler's KV cache), admitted with them, and `also` the extents of the
+  // ops it runs beside the micro-batches' (a sampler's decode steps). A
+  // refusal (the device's, or admit's) names `names.field`, the request's
+  // own.
   absl::Status AdmitWorkspaces(const std::vector<MicroBatch>& micro_batches,
                                const std::function<absl::Status(int64_t)>& admit,
                                absl::string_view what, bool backward, int64_t extra_bytes = 0,
-                               MemoryField names = kStepMemory);
+                               MemoryField names = kStepMemory,
+                               const kernels::ScratchExtents& also = {});
   // The backend's scratch (kernels::Backend::ScratchBytes) for the last
   // admitted sizes: held with the cached workspaces, counted with them
   // (Trainer::workspace_bytes) and released with them.

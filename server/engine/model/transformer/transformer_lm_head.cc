@@ -11,19 +11,20 @@ namespace ampd::engine::model {
 
 using kernels::Tensor;
 
-absl::Status TransformerModel::Loss(Workspace& ws, float grad_scale, Tensor& loss) {
-  return HeadLoss(ws, grad_scale, /*with_grad=*/true, loss);
+absl::Status TransformerModel::Loss(Workspace& ws, float grad_scale, bool first_micro_batch,
+                                    Tensor& loss) {
+  return HeadLoss(ws, grad_scale, /*with_grad=*/true, first_micro_batch, loss);
 }
 
 absl::Status TransformerModel::EvalLoss(Workspace& ws, Tensor& loss) {
-  return HeadLoss(ws, 0.0f, /*with_grad=*/false, loss);
+  return HeadLoss(ws, 0.0f, /*with_grad=*/false, /*first_micro_batch=*/false, loss);
 }
 
 absl::Status TransformerModel::HeadLoss(Workspace& any, float grad_scale, bool with_grad,
-                                        Tensor& loss) {
+                                        bool first_micro_batch, Tensor& loss) {
   AMPD_ASSIGN_OR_RETURN(TransformerWorkspace * ws, Own<TransformerWorkspace>(any));
   return LmHeadLoss(backend_, *ws, params()[static_cast<size_t>(head_weight())], head_grad_alpha_,
-                    spec().loss_multiplier, grad_scale, with_grad, loss);
+                    spec().loss_multiplier, grad_scale, with_grad, first_micro_batch, loss);
 }
 
 absl::StatusOr<const Tensor*> TransformerModel::TokenLogprobs(Workspace& any) {

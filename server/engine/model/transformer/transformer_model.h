@@ -156,9 +156,11 @@ class TransformerModel final : public Network {
   absl::StatusOr<const kernels::Tensor*> TokenLosses(Workspace& ws) override;
   // The fused LM head and cross-entropy (transformer_lm_head.cc): loss =
   // multiplier * mean over kept targets; dh (the gradient into the final
-  // norm's output) and the head weight's gradient (+=, one rounding per
-  // micro-batch) times grad_scale.
-  absl::Status Loss(Workspace& ws, float grad_scale, kernels::Tensor& loss) override;
+  // norm's output) and the head weight's gradient (written on the first
+  // micro-batch, += after; one rounding per micro-batch) times grad_scale.
+  using Network::Loss;
+  absl::Status Loss(Workspace& ws, float grad_scale, bool first_micro_batch,
+                    kernels::Tensor& loss) override;
   absl::Status EvalLoss(Workspace& ws, kernels::Tensor& loss) override;
   using Network::Backward;
   absl::Status Backward(Workspace& ws, bool first_micro_batch, const BackwardHooks& hooks) override;
@@ -237,7 +239,8 @@ class TransformerModel final : public Network {
   TransformerModel(const ModelSpec& spec, TransformerParts parts, Precision precision,
                    kernels::Backend& backend, int64_t lm_head_chunk_bytes);
   int head_weight() const { return parts_.tied_head ? embed_ : lm_head_; }
-  absl::Status HeadLoss(Workspace& ws, float grad_scale, bool with_grad, kernels::Tensor& loss);
+  absl::Status HeadLoss(Workspace& ws, float grad_scale, bool with_grad, bool first_micro_batch,
+                        kernels::Tensor& loss);
   // Backward's two branches of block l (transformer_backward.cc).
   absl::Status BackwardMlp(TransformerWorkspace& ws, size_t l, float beta);
   absl::Status BackwardAttention(TransformerWorkspace& ws, size_t l, bool first_micro_batch,
