@@ -1,0 +1,161 @@
+"""Hostile Hugging Face inputs against a real ampd: config.json text sent
+in CreateJob (JobConfig.hf_config_json) and the folders of --models-dir
+(JobConfig.base_model). Each is refused with INVALID_ARGUMENT naming the
+request field, quickly, and the server goes on serving."""
+import json
+import os
+import shutil
+import time
+
+import numpy as np
+import pytest
+
+import ampd
+import ampd.safetensors
+from ampd.hf import HfConfig
+
+LLAMA = {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 16}
+GEMMA = dict(LLAMA, model_type="gemma3_text", head_dim=8)
+SMALL = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+             qkv_bias=True, o_bias=False)
+LORA = ampd.LoRA(rank=4, alpha=8.0)
+
+
+def refused(client, text, match, seconds=5.0):
+    """create_job of config.json `text` is INVALID_ARGUMENT on
+    config.hf_config_json matching `match`, within `seconds`."""
+    start = time.monotonic()
+    with pytest.raises(ampd.InvalidArgument, match=match) as error:
+        client.create_job(model=HfConfig(text), precision="fp32")
+    elapsed = time.monotonic() - start
+    assert error.value.field == "config.hf_config_json", (match, error.value)
+    assert elapsed < seconds, (match, elapsed)
+
+
+def test_an_object_of_many_keys_is_read_in_linear_time(server):
+    """Duplicate keys are found by hash, not by a scan per key: ~95k keys
+    under the 1 MiB cap took the server 12 s of one request's CPU."""
+    many = "{" + ",".join('"%d":0' % i for i in range(95000)) + "}"
+    assert len(many) < 1 << 20
+    with ampd.Client(server.address) as client:
+        refused(client, many, "model_type: missing", seconds=3.0)
+        refused(client, many[:-1] + ',"94999":1}', 'the key "94999" twice', seconds=3.0)
+
+
+def test_layer_counts_are_capped_before_any_per_layer_list(server):
+    """Gemma's sliding-layer list was built from num_hidden_layers before
+    any size check: 1e9 layers took seconds and a gigabit, 1e12 the host's
+    memory. Every family refuses a layer count above 65536 by key."""
+    with ampd.Client(server.address) as client:
+        refused(client, json.dumps(dict(GEMMA, num_hidden_layers=10 ** 9)),
+                "num_hidden_layers: 1000000000: at most 65536", seconds=3.0)
+        refused(client, json.dumps(dict(LLAMA, num_hidden_layers=10 ** 12)),
+                "num_hidden_layers: .*at most 65536")
+        gpt2 = {"model_type": "gpt2", "vocab_size": 64, "n_positions": 16, "n_embd": 32,
+                "n_layer": 70000, "n_head": 4}
+        refused(client, json.dumps(gpt2), "n_layer: 70000: at most 65536")
+        # The largest allowed count maps, and admission then sizes it.
+        with pytest.raises(ampd.ResourceExhausted):
+            client.create_job(model=HfConfig(json.dumps(dict(GEMMA, num_hidden_layers=65536,
+                                                             hidden_size=4096, head_dim=128,
+                                                             num_attention_heads=32,
+                                                             intermediate_size=16384,
+                                                             vocab_size=262144))),
+                              precision="fp32")
+        assert client.create_job(model=HfConfig(json.dumps(GEMMA)), precision="fp32")
+
+
+def test_numbers_out_of_range_name_their_key(server):
+    """A float finite for Python but infinite as float32 is config.json's
+    error (its key), not the mapped model's; integers out of int64, NaN,
+    wrong types and zero sizes are refused by key too."""
+    with ampd.Client(server.address) as client:
+        refused(client, json.dumps(dict(LLAMA, rope_theta=1e39)),
+                "rope_theta: 1e\\+39: beyond float32's range")
+        refused(client, json.dumps(dict(LLAMA, rms_norm_eps=-1e300)),
+                "rms_norm_eps: .*beyond float32's range")
+        refused(client, json.dumps(dict(LLAMA, vocab_size=2 ** 64)), "vocab_size: must be an integer")
+        refused(client, json.dumps(LLAMA).replace('"vocab_size": 64', '"vocab_size": 1e400'),
+                "vocab_size: must be an integer")
+        refused(client, json.dumps(dict(LLAMA, rms_norm_eps=float("nan"))), "a value expected")
+        refused(client, json.dumps(dict(LLAMA, vocab_size="64")), "vocab_size: must be an integer")
+        refused(client, json.dumps(dict(LLAMA, head_dim=0)), "head_dim: must be > 0")
+        refused(client, "[" * 100000 + "]" * 100000, "nested too deep")
+        refused(client, '{"model_type": "llama", "model_type": "qwen2"}', '"model_type" twice')
+        refused(client, " " * (2 << 20) + "{}", "at most 1048576 bytes")
+        # A model far beyond --max-memory-bytes: admission, before allocating.
+        with pytest.raises(ampd.ResourceExhausted):
+            client.create_job(model=HfConfig(json.dumps(dict(LLAMA, vocab_size=2 ** 40))),
+                              precision="fp32")
+        assert client.create_job(model=HfConfig(json.dumps(LLAMA)), precision="fp32")
+
+
+@pytest.fixture
+def hostile_models(workdir, start_ampd, tmp_path):
+    """A models dir of one good base (ok) and a folder per hostile variant
+    of it, and a server over it."""
+    root = tmp_path / "models"
+    writer = start_ampd()
+    with ampd.Client(writer.address) as client:
+        job = client.create_job(model=ampd.Decoder(**SMALL), precision="fp32", seed=3,
+                                optimizer=ampd.SGD(lr=0.0))
+        job.save_pretrained(str(root / "ok"))
+    writer.stop()
+    ok = root / "ok"
+    with open(ok / "model.safetensors", "rb") as f:
+        weights = f.read()
+    state = ampd.safetensors.loads(weights)
+    config = (ok / "config.json").read_text()
+
+    def variant(name, files):
+        folder = root / name
+        folder.mkdir()
+        (folder / "config.json").write_text(config)
+        for file, data in files.items():
+            (folder / file).write_bytes(data if isinstance(data, bytes) else data.encode())
+        return name
+
+    (tmp_path / "secret.safetensors").write_bytes(weights)
+    index = lambda file: json.dumps({"metadata": {}, "weight_map": {n: file for n in state}})
+    names = {
+        variant("escape_index", {"model.safetensors.index.json": index("../../secret.safetensors")}):
+            "weight_map.*not a file name of the folder",
+        variant("absolute_index",
+                {"model.safetensors.index.json": index(str(tmp_path / "secret.safetensors"))}):
+            "weight_map.*not a file name of the folder",
+        variant("missing_shard", {"model.safetensors.index.json": index("shard.safetensors")}):
+            "shard.safetensors: missing",
+        variant("truncated", {"model.safetensors": weights[:len(weights) - 100]}):
+            "model.safetensors",
+        variant("wrong_shape", {"model.safetensors": ampd.safetensors.dumps(
+            dict(state, **{"model.norm.weight": np.zeros(7, np.float32)}), {"format": "pt"})}):
+            "model.norm.weight",
+        variant("wrong_dtype", {"model.safetensors": ampd.safetensors.dumps(
+            dict(state, **{"model.norm.weight": np.zeros(32, np.int32)}), {"format": "pt"})}):
+            "model.norm.weight",
+    }
+    bad_utf8 = root / "bad_utf8"
+    bad_utf8.mkdir()
+    (bad_utf8 / "config.json").write_bytes(config.replace('"qwen2"', '"qwen\xff"').encode("latin-1"))
+    shutil.copy(ok / "model.safetensors", bad_utf8 / "model.safetensors")
+    names["bad_utf8"] = "not UTF-8"
+    os.symlink(str(tmp_path / "secret.safetensors"), str(root / "ok" / "linked.safetensors"))
+    link = root / "linked_shard"
+    shutil.copytree(ok, link, symlinks=True)
+    (link / "model.safetensors.index.json").write_text(index("linked.safetensors"))
+    names["linked_shard"] = "linked.safetensors: a symlink out of --models-dir"
+    os.unlink(str(root / "ok" / "linked.safetensors"))
+    return start_ampd("--models-dir=%s" % root), names
+
+
+def test_hostile_base_folders_are_refused_naming_base_model(hostile_models):
+    server, names = hostile_models
+    with ampd.Client(server.address) as client:
+        for name, says in names.items():
+            with pytest.raises(ampd.InvalidArgument, match=says) as e:
+                client.create_job(base_model=name, lora=LORA, precision="fp32")
+            assert e.value.field == "config.base_model", (name, e.value)
+        job = client.create_job(base_model="ok", lora=LORA, precision="fp32")
+        assert job.state_dict()
