@@ -5,6 +5,7 @@ request field, quickly, and the server goes on serving."""
 import json
 import os
 import shutil
+import subprocess
 import time
 
 import numpy as np
@@ -159,3 +160,53 @@ def test_hostile_base_folders_are_refused_naming_base_model(hostile_models):
             assert e.value.field == "config.base_model", (name, e.value)
         job = client.create_job(base_model="ok", lora=LORA, precision="fp32")
         assert job.state_dict()
+
+
+def ampctl(server, *args):
+    """ampctl against `server`: the finished process."""
+    binary = os.environ["AMPCTL_BINARY"]
+    return subprocess.run([binary, "--server=%s" % server.address, *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_ampctl_refuses_hostile_folders_with_a_clear_error(server, tmp_path):
+    """ampctl train --from-hf / --adapter over hostile folders: exit 2 and
+    a message naming the file and key, never a crash nor a job."""
+    with ampd.Client(server.address) as client:
+        job = client.create_job(model=ampd.Decoder(**SMALL), precision="fp32", seed=3)
+        job.save_pretrained(str(tmp_path / "ok"))
+        job.delete()
+        before = len(client.jobs())
+    ok = tmp_path / "ok"
+    config = (ok / "config.json").read_text()
+
+    def folder(name, files):
+        path = tmp_path / name
+        shutil.copytree(ok, path)
+        for file, data in files.items():
+            (path / file).write_bytes(data if isinstance(data, bytes) else data.encode())
+        return str(path)
+
+    adapter = lambda **c: {"adapter_config.json": json.dumps(dict(
+        {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]}, **c))}
+    cases = [
+        (["--from-hf=%s" % folder("escape", {"model.safetensors.index.json": json.dumps(
+            {"weight_map": {"model.norm.weight": "../../etc/passwd"}})})], "not a file name"),
+        (["--from-hf=%s" % folder("bad_utf8", {"config.json": config.replace(
+            '"qwen2"', '"qwen\xff"').encode("latin-1")})], "not UTF-8"),
+        (["--from-hf=%s" % folder("deep", {"config.json": "[" * 10000})], "nested too deep"),
+        (["--from-hf=%s" % (tmp_path / "nothing")], "cannot read"),
+        (["--from-hf=%s" % ok, "--adapter=%s" % folder("rank_text", adapter(r="4"))],
+         "adapter_config.json: r: missing or not an integer"),
+        (["--from-hf=%s" % ok, "--adapter=%s" % folder("alpha_text", adapter(lora_alpha="8"))],
+         "adapter_config.json: lora_alpha: missing or not a number"),
+        (["--from-hf=%s" % ok, "--adapter=%s" % folder("peft_list", adapter(peft_type=["LORA"]))],
+         "adapter_config.json: peft_type"),
+        (["--from-hf=%s" % ok, "--adapter=%s" % folder("not_json", {"adapter_config.json": "{"})],
+         "adapter_config.json: not a JSON document"),
+    ]
+    for args, says in cases:
+        done = ampctl(server, "train", "--precision=fp32", "--steps=0", *args)
+        assert done.returncode == 2 and says in done.stderr, (args, done.returncode, done.stderr)
+    with ampd.Client(server.address) as client:
+        assert len(client.jobs()) == before
