@@ -83,6 +83,14 @@ def test_numbers_out_of_range_name_their_key(server):
         refused(client, json.dumps(dict(LLAMA, rms_norm_eps=float("nan"))), "a value expected")
         refused(client, json.dumps(dict(LLAMA, vocab_size="64")), "vocab_size: must be an integer")
         refused(client, json.dumps(dict(LLAMA, head_dim=0)), "head_dim: must be > 0")
+        # A config.json that maps onto a model the server refuses names the
+        # file, not a config.model.* field the request never sent.
+        refused(client, json.dumps(dict(LLAMA, num_attention_heads=-4)),
+                "config.json: decoder.num_attention_heads: must be > 0")
+        refused(client, json.dumps(dict(LLAMA, rope_scaling={"rope_type": "linear", "factor": 0})),
+                "config.json: decoder.rope_scaling.factor: must be finite and >= 1")
+        refused(client, json.dumps(dict(LLAMA, rms_norm_eps=1e-50)),
+                "config.json: decoder.rms_norm_eps: must be finite and > 0")
         refused(client, "[" * 100000 + "]" * 100000, "nested too deep")
         refused(client, '{"model_type": "llama", "model_type": "qwen2"}', '"model_type" twice')
         refused(client, " " * (2 << 20) + "{}", "at most 1048576 bytes")
@@ -142,6 +150,11 @@ def hostile_models(workdir, start_ampd, tmp_path):
     (bad_utf8 / "config.json").write_bytes(config.replace('"qwen2"', '"qwen\xff"').encode("latin-1"))
     shutil.copy(ok / "model.safetensors", bad_utf8 / "model.safetensors")
     names["bad_utf8"] = "not UTF-8"
+    odd_heads = root / "odd_heads"
+    shutil.copytree(ok, odd_heads)
+    (odd_heads / "config.json").write_text(
+        json.dumps(dict(json.loads(config), head_dim=7, num_attention_heads=4)))
+    names["odd_heads"] = "config.json: decoder.head_dim: must be even"
     os.symlink(str(tmp_path / "secret.safetensors"), str(root / "ok" / "linked.safetensors"))
     link = root / "linked_shard"
     shutil.copytree(ok, link, symlinks=True)

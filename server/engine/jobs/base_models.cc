@@ -101,6 +101,11 @@ absl::StatusOr<model::ModelSpec> BaseModels::Spec(const std::string& name) const
                         ReadInside(name, folder + "/config.json", kMaxJsonBytes));
   absl::StatusOr<model::ModelSpec> spec = model::ModelSpecOfHfConfig(config);
   if (!spec.ok()) return Invalid(name, spec.status().message());
+  // A model the server refuses is config.json's error, not that of the
+  // config.model.* field a later check would name (the request sent none).
+  if (absl::Status valid = model::ValidateModelSpec(*spec); !valid.ok()) {
+    return Invalid(name, absl::StrCat("config.json: ", valid.message()));
+  }
   return spec;
 }
 

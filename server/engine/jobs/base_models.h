@@ -34,7 +34,8 @@ class BaseModels {
   // The model of base `name`'s config.json. InvalidArgument naming
   // config.base_model for a name that is malformed, escapes the directory
   // (.., an absolute path, a symlink out of it), is no folder with a
-  // config.json, or whose config.json ampd cannot map (naming its key);
+  // config.json, or whose config.json ampd cannot map (naming its key) or
+  // maps onto a model ValidateModelSpec refuses (naming its field);
   // FailedPrecondition without a models dir.
   absl::StatusOr<model::ModelSpec> Spec(const std::string& name) const;
 
