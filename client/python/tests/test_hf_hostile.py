@@ -223,3 +223,24 @@ def test_ampctl_refuses_hostile_folders_with_a_clear_error(server, tmp_path):
         assert done.returncode == 2 and says in done.stderr, (args, done.returncode, done.stderr)
     with ampd.Client(server.address) as client:
         assert len(client.jobs()) == before
+
+
+def test_a_config_beyond_max_memory_bytes_is_refused_before_allocating(start_ampd):
+    """A config.json of a model far beyond --max-memory-bytes is
+    RESOURCE_EXHAUSTED (MEMORY_LIMIT) at admission, in no time and without
+    the server's memory growing; a small one still fits."""
+    server = start_ampd("--max-memory-bytes=100000000")
+    big = dict(LLAMA, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+               num_attention_heads=64, num_key_value_heads=8, vocab_size=128256)
+    def rss():
+        with open("/proc/%d/status" % server.proc.pid) as f:
+            return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS:"))
+
+    with ampd.Client(server.address) as client:
+        before = rss()
+        start = time.monotonic()
+        with pytest.raises(ampd.MemoryLimit):
+            client.create_job(model=HfConfig(json.dumps(big)), precision="fp32")
+        assert time.monotonic() - start < 3.0
+        assert rss() < before + (64 << 20), (before, rss())
+        assert client.create_job(model=HfConfig(json.dumps(LLAMA)), precision="fp32")
