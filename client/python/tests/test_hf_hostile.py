@@ -155,6 +155,13 @@ def hostile_models(workdir, start_ampd, tmp_path):
     (odd_heads / "config.json").write_text(
         json.dumps(dict(json.loads(config), head_dim=7, num_attention_heads=4)))
     names["odd_heads"] = "config.json: decoder.head_dim: must be even"
+    # A weight file far larger than config.json's model: refused before it is
+    # read whole into the server's memory.
+    padded = root / "padded"
+    shutil.copytree(ok, padded)
+    with open(padded / "model.safetensors", "ab") as f:
+        f.truncate(len(weights) + (80 << 20))
+    names["padded"] = "model.safetensors: .* bytes, more than"
     os.symlink(str(tmp_path / "secret.safetensors"), str(root / "ok" / "linked.safetensors"))
     link = root / "linked_shard"
     shutil.copytree(ok, link, symlinks=True)

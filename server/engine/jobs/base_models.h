@@ -45,7 +45,9 @@ class BaseModels {
   // digest of the folder's files ("sha256:" and the hex of SHA-256 over
   // config.json and each weight file, each named and sized): what a
   // checkpoint of a job on the base is tied to. A tensor in two files is
-  // refused.
+  // refused, and so are files of more bytes in all than 8 a parameter of
+  // config.json's model and 64 MiB (F32 weights, a tied head's copy and
+  // headers), before they are read.
   using WeightFileFn = absl::FunctionRef<absl::Status(std::vector<codec::NamedTensor> tensors)>;
   absl::StatusOr<std::string> ForEachWeightFile(const std::string& name, WeightFileFn each) const;
 
