@@ -209,9 +209,9 @@ absl::StatusOr<std::optional<ampd::v1::ModelSpec>> ModelFromFlags() {
         return Fail("--adapter, --lora-rank: give one (the adapter carries its LoRA config)");
       }
       AMPD_ASSIGN_OR_RETURN(const std::string config,
-                            ampd::hf::ReadFile("--from-hf", from_hf + "/config.json"));
+                            ampd::hf::ReadJsonFile("--from-hf", from_hf + "/config.json"));
       AMPD_ASSIGN_OR_RETURN(const std::string adapter_config,
-                            ampd::hf::ReadFile("--adapter", adapter + "/adapter_config.json"));
+                            ampd::hf::ReadJsonFile("--adapter", adapter + "/adapter_config.json"));
       AMPD_ASSIGN_OR_RETURN(const int64_t layers_count, NumHiddenLayers(config));
       AMPD_ASSIGN_OR_RETURN(*spec.mutable_decoder()->mutable_lora(),
                             ampd::hf::LoraOfPeftConfig(adapter_config, layers_count));
@@ -269,7 +269,7 @@ absl::StatusOr<ampd::v1::CreateJobRequest> BuildCreateRequest(const ampd::v1::Mo
   config->set_base_model(absl::GetFlag(FLAGS_base_model));
   if (const std::string dir = absl::GetFlag(FLAGS_from_hf); !dir.empty()) {
     AMPD_ASSIGN_OR_RETURN(*config->mutable_hf_config_json(),
-                          ampd::hf::ReadFile("--from-hf", dir + "/config.json"));
+                          ampd::hf::ReadJsonFile("--from-hf", dir + "/config.json"));
   }
   *config->mutable_model() = model;
   if (auto m = absl::GetFlag(FLAGS_loss_multiplier))

@@ -165,10 +165,28 @@ absl::StatusOr<std::string> ReadFile(absl::string_view what, const std::string& 
   return buffer.str();
 }
 
+absl::StatusOr<std::string> ReadJsonFile(absl::string_view what, const std::string& path) {
+  std::error_code error;
+  if (std::filesystem::is_regular_file(path, error)) {
+    const uintmax_t size = std::filesystem::file_size(path, error);
+    if (!error && size > kMaxJsonFileBytes) {
+      return Invalid(
+          absl::StrCat(what, ": ", path, ": ", size, " bytes, more than ", kMaxJsonFileBytes));
+    }
+  } else if (std::filesystem::exists(path, error)) {
+    return Invalid(absl::StrCat(what, ": ", path, ": not a file"));
+  }
+  AMPD_ASSIGN_OR_RETURN(std::string text, ReadFile(what, path));
+  if (absl::StatusOr<JsonValue> parsed = codec::ParseJson(text); !parsed.ok()) {
+    return Invalid(absl::StrCat(what, ": ", path, ": ", parsed.status().message()));
+  }
+  return text;
+}
+
 absl::StatusOr<std::vector<std::string>> WeightFiles(const std::string& directory) {
   const std::string index = Join(directory, kIndex);
   if (std::filesystem::exists(index)) {
-    AMPD_ASSIGN_OR_RETURN(const std::string text, ReadFile(kIndex, index));
+    AMPD_ASSIGN_OR_RETURN(const std::string text, ReadJsonFile(kIndex, index));
     absl::StatusOr<JsonValue> parsed = codec::ParseJson(text);
     if (!parsed.ok()) return Invalid(absl::StrCat(index, ": ", parsed.status().message()));
     const JsonValue* map = parsed->Find("weight_map");
@@ -213,11 +231,14 @@ absl::StatusOr<v1::LoRA> LoraOfPeftConfig(absl::string_view adapter_config_json,
   }
   const JsonValue& c = *parsed;
   if (c.type != JsonValue::Type::kObject) return Invalid("adapter_config.json: not an object");
-  if (const JsonValue* t = Get(c, "peft_type"); t != nullptr && t->text != "LORA") {
+  // Strings and numbers by type: "8" is no rank, nor ["LORA"] a peft_type.
+  if (const JsonValue* t = Get(c, "peft_type");
+      t != nullptr && (t->type != JsonValue::Type::kString || t->text != "LORA")) {
     return Invalid(
         absl::StrCat("adapter_config.json: peft_type \"", t->text, "\": only LORA adapters"));
   }
-  if (const JsonValue* b = Get(c, "bias"); b != nullptr && b->text != "none") {
+  if (const JsonValue* b = Get(c, "bias");
+      b != nullptr && (b->type != JsonValue::Type::kString || b->text != "none")) {
     return Invalid(absl::StrCat("adapter_config.json: bias \"", b->text,
                                 "\": ampd trains LoRA without biases (\"none\")"));
   }
@@ -233,10 +254,11 @@ absl::StatusOr<v1::LoRA> LoraOfPeftConfig(absl::string_view adapter_config_json,
   const JsonValue* alpha = Get(c, "lora_alpha");
   int64_t rank = 0;
   double a = 0;
-  if (r == nullptr || !absl::SimpleAtoi(r->text, &rank)) {
+  if (r == nullptr || r->type != JsonValue::Type::kNumber || !absl::SimpleAtoi(r->text, &rank)) {
     return Invalid("adapter_config.json: r: missing or not an integer");
   }
-  if (alpha == nullptr || !absl::SimpleAtod(alpha->text, &a)) {
+  if (alpha == nullptr || alpha->type != JsonValue::Type::kNumber ||
+      !absl::SimpleAtod(alpha->text, &a)) {
     return Invalid("adapter_config.json: lora_alpha: missing or not a number");
   }
   lora.set_rank(rank);

@@ -26,6 +26,16 @@ inline constexpr uint64_t kDefaultMaxShardBytes = 50'000'000'000;
 // A file's bytes; InvalidArgument naming `what` and the path when unreadable.
 absl::StatusOr<std::string> ReadFile(absl::string_view what, const std::string& path);
 
+// config.json and adapter_config.json are small; a larger file is not one.
+inline constexpr uint64_t kMaxJsonFileBytes = uint64_t{16} << 20;
+
+// A JSON file's text (config.json, adapter_config.json), checked to be one
+// JSON document of at most kMaxJsonFileBytes before it is sent or read:
+// InvalidArgument naming `what`, the path and the problem otherwise (text
+// that is not UTF-8 above all, which a request's string field cannot carry:
+// the request would not even serialize).
+absl::StatusOr<std::string> ReadJsonFile(absl::string_view what, const std::string& path);
+
 // The folder's weight files in load order: the shards its
 // model.safetensors.index.json names (each once, sorted), or
 // model.safetensors. InvalidArgument when it has neither or the index is

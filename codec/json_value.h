@@ -1,9 +1,9 @@
 // JsonValue: a JSON document read whole into a tree, for the files ampd
 // reads but does not write (a Hugging Face config.json, an index of sharded
 // weights). Strict where a silent guess would change what is read: a
-// duplicate key, trailing text or nesting deeper than kMaxJsonDepth is an
-// error; numbers keep their literal so that an integer field is read
-// exactly. String literals are json_text.h's.
+// duplicate key, trailing text, bytes that are not UTF-8 or nesting deeper
+// than kMaxJsonDepth is an error (found in time linear in the text's size); numbers keep their
+// literal so that an integer field is read exactly. String literals are json_text.h's.
 #pragma once
 
 #include <cstdint>

@@ -5,9 +5,9 @@
 #   scripts/fuzz.sh TARGET [SECONDS]   one target for SECONDS (default: until
 #                                      Ctrl-C), growing its corpus in
 #                                      build/fuzz/tests/fuzz/corpus/TARGET
-# Targets: safetensors, create_job, step, load_state, scaler_state, peer. A
-# crash leaves the input in the working directory as crash-<sha1>; rerun it
-# with
+# Targets: safetensors, create_job, step, load_state, scaler_state, peer,
+# json_value, hf_config. A crash leaves the input in the working directory
+# as crash-<sha1>; rerun it with
 #   build/fuzz/tests/fuzz/ampd_fuzz_TARGET crash-<sha1>
 set -euo pipefail
 cd "$(dirname "$0")/.."

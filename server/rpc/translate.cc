@@ -258,6 +258,11 @@ absl::StatusOr<v1::ModelSpec> ModelOfHfConfig(const v1::JobConfig& proto) {
   absl::StatusOr<engine::model::ModelSpec> mapped =
       engine::model::ModelSpecOfHfConfig(proto.hf_config_json());
   if (!mapped.ok()) return FieldError("config.hf_config_json", mapped.status().message());
+  // A config.json that maps onto a model the server refuses is the file's
+  // error: the config.model.* field a later check would name was never sent.
+  if (absl::Status valid = engine::model::ValidateModelSpec(*mapped); !valid.ok()) {
+    return FieldError("config.hf_config_json", absl::StrCat("config.json: ", valid.message()));
+  }
   v1::ModelSpec model = ModelSpecToProto(*mapped);
   const v1::ModelSpec& request = proto.model();
   if (request.layers_size() > 0) {

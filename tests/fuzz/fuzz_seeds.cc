@@ -10,6 +10,7 @@
 #include <fstream>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "ampd/v1/peer.pb.h"
 #include "codec/safetensors.h"
@@ -166,5 +167,53 @@ int main(int argc, char** argv) {
   get.set_timeout_ms(25000);
   ok &= Write(peer, "get_signed", peer_input(ampd::fuzz::kPeerGet | ampd::fuzz::kPeerSigned, get));
   ok &= Write(peer, "get", peer_input(ampd::fuzz::kPeerGet, get));
+
+  // config.json: one of each family (what an export writes), and the
+  // documents and keys that once stalled the server or built a per-layer
+  // list of a claimed size. Both the JSON reader and the mapping start
+  // from them.
+  const std::string llama =
+      R"({"model_type": "llama", "vocab_size": 64, "hidden_size": 32, )"
+      R"("intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, )"
+      R"("num_key_value_heads": 2, "max_position_embeddings": 16, "rope_theta": 500000.0, )"
+      R"("rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, )"
+      R"("high_freq_factor": 4.0, "original_max_position_embeddings": 8}})";
+  const std::string qwen3 =
+      R"({"model_type": "qwen3", "vocab_size": 64, "hidden_size": 32, )"
+      R"("intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, )"
+      R"("head_dim": 8, "max_position_embeddings": 16, "attention_bias": true, )"
+      R"("layer_types": ["full_attention", "full_attention"]})";
+  const std::string gemma =
+      R"({"model_type": "gemma3_text", "vocab_size": 64, "hidden_size": 32, )"
+      R"("intermediate_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4, )"
+      R"("head_dim": 8, "max_position_embeddings": 16, "sliding_window": 4, )"
+      R"("rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0}, )"
+      R"("sliding_attention": {"rope_theta": 10000.0}}, )"
+      R"("layer_types": ["sliding_attention", "sliding_attention", "full_attention"]})";
+  const std::string gpt2 =
+      R"({"model_type": "gpt2", "vocab_size": 64, "n_positions": 16, "n_embd": 32, )"
+      R"("n_layer": 2, "n_head": 4, "n_inner": null, "activation_function": "gelu_new", )"
+      R"("layer_norm_epsilon": 1e-05, "tie_word_embeddings": true})";
+  std::string many_keys = "{";
+  for (int i = 0; i < 2000; ++i) many_keys += "\"" + std::to_string(i) + "\": 0, ";
+  many_keys += "\"model_type\": \"llama\"}";
+  const std::pair<const char*, std::string> configs[] = {
+      {"llama", llama},
+      {"qwen3", qwen3},
+      {"gemma3", gemma},
+      {"gpt2", gpt2},
+      {"layers_1e12", std::string(R"({"model_type": "gemma3_text", "vocab_size": 64, )"
+                                  R"("hidden_size": 32, "intermediate_size": 64, )"
+                                  R"("num_hidden_layers": 1e12, "num_attention_heads": 4, )"
+                                  R"("max_position_embeddings": 16})")},
+      {"float_overflow", llama.substr(0, llama.size() - 1) + R"(, "rms_norm_eps": 1e39})"},
+      {"deep", std::string(100, '[') + std::string(100, ']')},
+      {"many_keys", many_keys},
+      {"escapes", R"({"model_type": "\u006c\u006cama", "k\ud83d\ude00": "\n\t\""})"},
+  };
+  for (const auto& [name, text] : configs) {
+    ok &= Write(root / "json_value", name, text);
+    ok &= Write(root / "hf_config", name, text);
+  }
   return ok ? 0 : 1;
 }

@@ -32,9 +32,12 @@ constexpr char kIndex[] = "model.safetensors.index.json";
 constexpr char kSingle[] = "model.safetensors";
 // config.json and the index are small; anything larger is not one.
 constexpr size_t kMaxJsonBytes = size_t{16} << 20;
-// A weight file: whatever the disk holds (the backend's allocation bounds
-// what is loaded).
+// A weight file at most (a folder's files are bounded further by the size
+// of config.json's model; the backend's allocation bounds what is loaded).
 constexpr size_t kMaxWeightFileBytes = size_t{1} << 40;
+// Beyond 8 bytes a parameter: the headers and buffers a folder's weight
+// files may hold besides the weights.
+constexpr size_t kWeightSlackBytes = size_t{64} << 20;
 
 absl::Status Invalid(absl::string_view name, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(kField, ": ", name, ": ", what));
@@ -101,6 +104,11 @@ absl::StatusOr<model::ModelSpec> BaseModels::Spec(const std::string& name) const
                         ReadInside(name, folder + "/config.json", kMaxJsonBytes));
   absl::StatusOr<model::ModelSpec> spec = model::ModelSpecOfHfConfig(config);
   if (!spec.ok()) return Invalid(name, spec.status().message());
+  // A model the server refuses is config.json's error, not that of the
+  // config.model.* field a later check would name (the request sent none).
+  if (absl::Status valid = model::ValidateModelSpec(*spec); !valid.ok()) {
+    return Invalid(name, absl::StrCat("config.json: ", valid.message()));
+  }
   return spec;
 }
 
@@ -143,10 +151,18 @@ absl::StatusOr<std::string> BaseModels::ForEachWeightFile(const std::string& nam
   } else {
     files.push_back(kSingle);
   }
+  // The files hold the model's weights, at most in F32, and a tied head's
+  // copy of the embedding at most as large again (buffers such as inv_freq
+  // and the headers within the slack): each file is read whole into host
+  // memory, so a folder of more bytes than that is refused before it is.
+  AMPD_ASSIGN_OR_RETURN(const model::ModelSpec spec, Spec(name));
+  size_t budget = std::min<size_t>(
+      kMaxWeightFileBytes,
+      size_t{8} * static_cast<size_t>(model::ParameterCount(spec)) + kWeightSlackBytes);
   std::set<std::string> seen;
   for (const std::string& file : files) {
-    AMPD_ASSIGN_OR_RETURN(std::string bytes,
-                          ReadInside(name, folder + "/" + file, kMaxWeightFileBytes));
+    AMPD_ASSIGN_OR_RETURN(std::string bytes, ReadInside(name, folder + "/" + file, budget));
+    budget -= bytes.size();
     digest_part(file, bytes);
     absl::StatusOr<codec::StateDict> state = codec::DecodeSafetensors(bytes);
     if (!state.ok()) return Invalid(name, absl::StrCat(file, ": ", state.status().message()));

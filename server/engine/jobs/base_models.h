@@ -34,7 +34,8 @@ class BaseModels {
   // The model of base `name`'s config.json. InvalidArgument naming
   // config.base_model for a name that is malformed, escapes the directory
   // (.., an absolute path, a symlink out of it), is no folder with a
-  // config.json, or whose config.json ampd cannot map (naming its key);
+  // config.json, or whose config.json ampd cannot map (naming its key) or
+  // maps onto a model ValidateModelSpec refuses (naming its field);
   // FailedPrecondition without a models dir.
   absl::StatusOr<model::ModelSpec> Spec(const std::string& name) const;
 
@@ -44,7 +45,9 @@ class BaseModels {
   // digest of the folder's files ("sha256:" and the hex of SHA-256 over
   // config.json and each weight file, each named and sized): what a
   // checkpoint of a job on the base is tied to. A tensor in two files is
-  // refused.
+  // refused, and so are files of more bytes in all than 8 a parameter of
+  // config.json's model and 64 MiB (F32 weights, a tied head's copy and
+  // headers), before they are read.
   using WeightFileFn = absl::FunctionRef<absl::Status(std::vector<codec::NamedTensor> tensors)>;
   absl::StatusOr<std::string> ForEachWeightFile(const std::string& name, WeightFileFn each) const;
 

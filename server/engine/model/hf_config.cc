@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,10 @@ absl::StatusOr<float> FloatOf(const JsonValue* v, absl::string_view key) {
   double d = 0;
   if (v->type != JsonValue::Type::kNumber || !absl::SimpleAtod(v->text, &d) || !std::isfinite(d)) {
     return Refused(key, "must be a finite number");
+  }
+  // 1e39 is finite as Python's float and infinite as the proto's.
+  if (std::fabs(d) > std::numeric_limits<float>::max()) {
+    return Refused(key, absl::StrCat(v->text, ": beyond float32's range"));
   }
   return static_cast<float>(d);
 }
@@ -117,6 +122,9 @@ absl::StatusOr<ModelSpec> Gpt2(const JsonValue& c) {
   AMPD_ASSIGN_OR_RETURN(g.context_length, RequiredInt(c, "n_positions"));
   AMPD_ASSIGN_OR_RETURN(g.d_model, RequiredInt(c, "n_embd"));
   AMPD_ASSIGN_OR_RETURN(g.n_layer, RequiredInt(c, "n_layer"));
+  if (g.n_layer > kMaxHfConfigLayers) {
+    return Refused("n_layer", absl::StrCat(g.n_layer, ": at most ", kMaxHfConfigLayers));
+  }
   AMPD_ASSIGN_OR_RETURN(g.n_head, RequiredInt(c, "n_head"));
   int64_t inner = 0;
   if (const JsonValue* v = Get(c, "n_inner"); v != nullptr) {
@@ -241,6 +249,12 @@ absl::Status SharedKeys(const JsonValue& c, DecoderSpec& d) {
   AMPD_ASSIGN_OR_RETURN(d.hidden_size, RequiredInt(c, "hidden_size"));
   AMPD_ASSIGN_OR_RETURN(d.intermediate_size, RequiredInt(c, "intermediate_size"));
   AMPD_ASSIGN_OR_RETURN(d.num_hidden_layers, RequiredInt(c, "num_hidden_layers"));
+  // Refused here, not by admission later: a family's per-layer lists
+  // (Gemma's sliding layers) are built from it before any size check.
+  if (d.num_hidden_layers > kMaxHfConfigLayers) {
+    return Refused("num_hidden_layers",
+                   absl::StrCat(d.num_hidden_layers, ": at most ", kMaxHfConfigLayers));
+  }
   AMPD_ASSIGN_OR_RETURN(d.num_attention_heads, RequiredInt(c, "num_attention_heads"));
   AMPD_ASSIGN_OR_RETURN(d.max_position_embeddings, RequiredInt(c, "max_position_embeddings"));
   d.num_key_value_heads = d.num_attention_heads;

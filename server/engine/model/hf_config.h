@@ -10,6 +10,7 @@
 // (hf_config_writer.cc). The rpc layer sees this header (the engine's face).
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -17,6 +18,10 @@
 #include "server/engine/config/model_spec.h"
 
 namespace ampd::engine::model {
+
+// The most layers a config.json may name: far above any released model
+// (hundreds), and low enough that a per-layer list is small.
+inline constexpr int64_t kMaxHfConfigLayers = 65536;
 
 // model_type "gpt2" (GptSpec: n_embd, n_layer, n_head, n_positions,
 // vocab_size, n_inner, layer_norm_epsilon, tie_word_embeddings), "llama",
@@ -34,6 +39,8 @@ namespace ampd::engine::model {
 // qwen3's sliding window (use_sliding_window, layer_types), partial
 // rotary factors, a rope_type other than default, linear and llama3, a key
 // of the wrong type.
+// The layer count (num_hidden_layers, gpt2's n_layer) is refused above
+// kMaxHfConfigLayers; a float key beyond float32's range is refused too.
 // The spec is not yet validated (ValidateModelSpec).
 absl::StatusOr<ModelSpec> ModelSpecOfHfConfig(absl::string_view config_json);
 
