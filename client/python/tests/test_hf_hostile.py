@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 
 import numpy as np
 import pytest
@@ -24,25 +23,23 @@ SMALL = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_lay
 LORA = ampd.LoRA(rank=4, alpha=8.0)
 
 
-def refused(client, text, match, seconds=5.0):
+def refused(client, text, match):
     """create_job of config.json `text` is INVALID_ARGUMENT on
-    config.hf_config_json matching `match`, within `seconds`."""
-    start = time.monotonic()
+    config.hf_config_json matching `match`."""
     with pytest.raises(ampd.InvalidArgument, match=match) as error:
         client.create_job(model=HfConfig(text), precision="fp32")
-    elapsed = time.monotonic() - start
     assert error.value.field == "config.hf_config_json", (match, error.value)
-    assert elapsed < seconds, (match, elapsed)
 
 
 def test_an_object_of_many_keys_is_read_in_linear_time(server):
-    """Duplicate keys are found by hash, not by a scan per key: ~95k keys
-    under the 1 MiB cap took the server 12 s of one request's CPU."""
+    """~95k keys under the 1 MiB cap (a scan per key took the server 12 s of
+    one request's CPU; JsonValueTest.AnObjectOfManyKeysTakesLinearTime holds
+    the reader to linear time): both refusals name the field."""
     many = "{" + ",".join('"%d":0' % i for i in range(95000)) + "}"
     assert len(many) < 1 << 20
     with ampd.Client(server.address) as client:
-        refused(client, many, "model_type: missing", seconds=3.0)
-        refused(client, many[:-1] + ',"94999":1}', 'the key "94999" twice', seconds=3.0)
+        refused(client, many, "model_type: missing")
+        refused(client, many[:-1] + ',"94999":1}', 'the key "94999" twice')
 
 
 def test_layer_counts_are_capped_before_any_per_layer_list(server):
@@ -51,7 +48,7 @@ def test_layer_counts_are_capped_before_any_per_layer_list(server):
     memory. Every family refuses a layer count above 65536 by key."""
     with ampd.Client(server.address) as client:
         refused(client, json.dumps(dict(GEMMA, num_hidden_layers=10 ** 9)),
-                "num_hidden_layers: 1000000000: at most 65536", seconds=3.0)
+                "num_hidden_layers: 1000000000: at most 65536")
         refused(client, json.dumps(dict(LLAMA, num_hidden_layers=10 ** 12)),
                 "num_hidden_layers: .*at most 65536")
         gpt2 = {"model_type": "gpt2", "vocab_size": 64, "n_positions": 16, "n_embd": 32,
@@ -234,7 +231,7 @@ def test_ampctl_refuses_hostile_folders_with_a_clear_error(server, tmp_path):
 
 def test_a_config_beyond_max_memory_bytes_is_refused_before_allocating(start_ampd):
     """A config.json of a model far beyond --max-memory-bytes is
-    RESOURCE_EXHAUSTED (MEMORY_LIMIT) at admission, in no time and without
+    RESOURCE_EXHAUSTED (MEMORY_LIMIT) at admission, without
     the server's memory growing; a small one still fits."""
     server = start_ampd("--max-memory-bytes=100000000")
     big = dict(LLAMA, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
@@ -245,9 +242,7 @@ def test_a_config_beyond_max_memory_bytes_is_refused_before_allocating(start_amp
 
     with ampd.Client(server.address) as client:
         before = rss()
-        start = time.monotonic()
         with pytest.raises(ampd.MemoryLimit):
             client.create_job(model=HfConfig(json.dumps(big)), precision="fp32")
-        assert time.monotonic() - start < 3.0
         assert rss() < before + (64 << 20), (before, rss())
         assert client.create_job(model=HfConfig(json.dumps(LLAMA)), precision="fp32")
