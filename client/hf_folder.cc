@@ -26,6 +26,7 @@
 namespace ampd::hf {
 namespace {
 
+using codec::JsonTruthy;
 using codec::JsonValue;
 
 constexpr char kIndex[] = "model.safetensors.index.json";
@@ -87,29 +88,6 @@ void Widen(codec::HostTensor& t) {
 const JsonValue* Get(const JsonValue& object, absl::string_view key) {
   const JsonValue* v = object.Find(key);
   return v == nullptr || v->is_null() ? nullptr : v;
-}
-
-// Python's truthiness, for the PEFT keys whose "not set" is None, false,
-// {} or [] alike.
-bool Truthy(const JsonValue* v) {
-  if (v == nullptr) return false;
-  switch (v->type) {
-    case JsonValue::Type::kBool:
-      return v->boolean;
-    case JsonValue::Type::kNumber: {
-      double d = 0;
-      return !absl::SimpleAtod(v->text, &d) || d != 0;
-    }
-    case JsonValue::Type::kString:
-      return !v->text.empty();
-    case JsonValue::Type::kArray:
-      return !v->items.empty();
-    case JsonValue::Type::kObject:
-      return !v->members.empty();
-    case JsonValue::Type::kNull:
-      return false;
-  }
-  return false;
 }
 
 // The full paths PEFT saves (model.layers.{i}.MODULE.PROJ) as their module
@@ -244,7 +222,7 @@ absl::StatusOr<v1::LoRA> LoraOfPeftConfig(absl::string_view adapter_config_json,
   }
   for (const char* key : {"use_rslora", "use_dora", "rank_pattern", "alpha_pattern",
                           "layers_to_transform", "modules_to_save", "lora_bias"}) {
-    if (Truthy(Get(c, key))) {
+    if (JsonTruthy(Get(c, key))) {
       return Invalid(
           absl::StrCat("adapter_config.json: ", key, ": set; ampd trains LoRA without it"));
     }

@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "codec/json_text.h"
 
@@ -183,5 +184,26 @@ const JsonValue* JsonValue::Find(absl::string_view key) const {
 }
 
 absl::StatusOr<JsonValue> ParseJson(absl::string_view text) { return Parser(text).Document(); }
+
+bool JsonTruthy(const JsonValue* v) {
+  if (v == nullptr) return false;
+  switch (v->type) {
+    case JsonValue::Type::kBool:
+      return v->boolean;
+    case JsonValue::Type::kNumber: {
+      double d = 0;
+      return !absl::SimpleAtod(v->text, &d) || d != 0;
+    }
+    case JsonValue::Type::kString:
+      return !v->text.empty();
+    case JsonValue::Type::kArray:
+      return !v->items.empty();
+    case JsonValue::Type::kObject:
+      return !v->members.empty();
+    case JsonValue::Type::kNull:
+      return false;
+  }
+  return false;
+}
 
 }  // namespace ampd::codec

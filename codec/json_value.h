@@ -42,6 +42,11 @@ struct JsonValue {
   bool is_null() const { return type == Type::kNull; }
 };
 
+// Python's truthiness of a value that may be absent (nullptr): how the
+// Hugging Face and PEFT readers test a key written as `if config.key`, whose
+// "not set" may be null, false, 0, "", [] or {} alike.
+bool JsonTruthy(const JsonValue* v);
+
 // InvalidArgument naming the problem and its byte offset.
 absl::StatusOr<JsonValue> ParseJson(absl::string_view text);
 

@@ -70,5 +70,20 @@ TEST(JsonValueTest, AnObjectOfManyKeysTakesLinearTime) {
   EXPECT_LT(seconds, 2.0);
 }
 
+TEST(JsonValueTest, TruthyIsPythons) {
+  // Absent, null, false, 0, "", [] and {} are "not set"; anything else is.
+  EXPECT_FALSE(JsonTruthy(nullptr));
+  for (const char* text : {"null", "false", "0", "0.0", "-0", "\"\"", "[]", "{}"}) {
+    absl::StatusOr<JsonValue> v = ParseJson(text);
+    ASSERT_TRUE(v.ok()) << text;
+    EXPECT_FALSE(JsonTruthy(&*v)) << text;
+  }
+  for (const char* text : {"true", "1", "-2.5", "1e-300", "\"x\"", "[0]", "{\"a\": null}"}) {
+    absl::StatusOr<JsonValue> v = ParseJson(text);
+    ASSERT_TRUE(v.ok()) << text;
+    EXPECT_TRUE(JsonTruthy(&*v)) << text;
+  }
+}
+
 }  // namespace
 }  // namespace ampd::codec

@@ -19,6 +19,7 @@
 namespace ampd::engine::model {
 namespace {
 
+using codec::JsonTruthy;
 using codec::JsonValue;
 
 absl::Status Refused(absl::string_view key, absl::string_view why) {
@@ -68,28 +69,6 @@ absl::StatusOr<float> FloatOf(const JsonValue* v, absl::string_view key) {
 absl::StatusOr<bool> BoolOf(const JsonValue* v, absl::string_view key) {
   if (v->type != JsonValue::Type::kBool) return Refused(key, "must be true or false");
   return v->boolean;
-}
-
-// Python's truthiness of a value (for keys the client reads as `if value`).
-bool Truthy(const JsonValue* v) {
-  if (v == nullptr) return false;
-  switch (v->type) {
-    case JsonValue::Type::kBool:
-      return v->boolean;
-    case JsonValue::Type::kNumber: {
-      double d = 0;
-      return !absl::SimpleAtod(v->text, &d) || d != 0;
-    }
-    case JsonValue::Type::kString:
-      return !v->text.empty();
-    case JsonValue::Type::kArray:
-      return !v->items.empty();
-    case JsonValue::Type::kObject:
-      return !v->members.empty();
-    case JsonValue::Type::kNull:
-      return false;
-  }
-  return false;
 }
 
 absl::StatusOr<std::string> StringOf(const JsonValue* v, absl::string_view key) {
@@ -288,11 +267,11 @@ absl::StatusOr<ModelSpec> Decoder(const JsonValue& c, const std::string& model_t
       return Refused("hidden_act", absl::StrCat("\"", name, "\": the MLP is SwiGLU (silu)"));
     }
   }
-  if (model_type == "llama" && Truthy(Get(c, "mlp_bias"))) {
+  if (model_type == "llama" && JsonTruthy(Get(c, "mlp_bias"))) {
     return Refused("mlp_bias", "the MLP's projections have no biases here");
   }
   if (model_type != "llama") {
-    if (Truthy(Get(c, "use_sliding_window"))) {
+    if (JsonTruthy(Get(c, "use_sliding_window"))) {
       return Refused("use_sliding_window", "sliding-window attention is not supported");
     }
     AMPD_RETURN_IF_ERROR(CheckLayerTypes(c));
@@ -370,7 +349,7 @@ absl::StatusOr<ModelSpec> Gemma3(const JsonValue& c) {
   if (Get(c, "final_logit_softcapping") != nullptr) {
     return Refused("final_logit_softcapping", "logit soft-capping is not supported");
   }
-  if (Truthy(Get(c, "use_bidirectional_attention"))) {
+  if (JsonTruthy(Get(c, "use_bidirectional_attention"))) {
     return Refused("use_bidirectional_attention", "attention is causal here");
   }
   DecoderSpec d;
