@@ -315,10 +315,16 @@ class TransformerModel final : public Network {
   // Block l's forward on sv's rows from x to x_next, `attend` running its
   // attention: Forward's code and the sampler's decode step's.
   absl::Status BlockForward(size_t l, const kernels::Tensor& x, BlockBuffers& sv, QkvStack& stack,
-                            const Attend& attend, kernels::Tensor& x_next);
+                            bool restack, const Attend& attend, kernels::Tensor& x_next);
   // The q|k|v projection of block p on sv.ln_1 into sv.qkv: the fused
-  // parameter, or the three stacked into stack (and LoRA's terms).
-  absl::Status QkvForward(const BlockParams& p, BlockBuffers& sv, QkvStack& stack);
+  // parameter, or the three stacked in stack (and LoRA's terms). restack
+  // copies block p's weights and adapters into stack first (Forward's one
+  // stack serves every block); without it stack already holds them (a
+  // decode state's per-block stacks, filled at Prefill).
+  absl::Status QkvForward(const BlockParams& p, BlockBuffers& sv, QkvStack& stack, bool restack);
+  // Fills each of a decode state's per-block stacks from the blocks'
+  // current weights (the Sample's: the job's, or a snapshot's swapped in).
+  absl::Status StackDecodeWeights(std::vector<QkvStack>& stacks);
   // With qk_norm: block p's per-head RMSNorm of sv.qkv's q and k heads in
   // place (saving the rows before it in sv.qkv_pre when that is allocated),
   // and its backward on d_qkv (N, Q + 2 KV), in place. Nothing without.
