@@ -39,7 +39,9 @@
 // from the parameters' gradients on later micro-batches, so each element is
 // still rounded once per micro-batch) and copies its row blocks back. The
 // copies cost (Q + 2 KV) C elements per block and pass, against the GEMMs'
-// N times that.
+// N times that. A sampler's decode step, whose N is its S sequences, would
+// pay them per token: its decode state holds every block's stack instead,
+// copied once at Prefill (transformer_sampling.cc).
 // The LM head is fused with the cross-entropy in Loss (model/lm_head.h):
 // per chunk of rows, logits -> (in place) dlogits -> dh and dW_head. The
 // (N, V) logits are one chunk while they fit kLmHeadChunkBytes (the head's
