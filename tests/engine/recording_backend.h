@@ -1,10 +1,10 @@
 // RecordingBackend: a Backend that runs every op on another one (the CPU
 // oracle in the tests) and records, per kind of op, the largest operands
 // the model asked for, in the terms of kernels::ScratchExtents, and every
-// GEMM's output and beta. A test runs a model's passes through it and
-// checks that the extents the model declares (model::StepScratchExtents,
-// which admission prices and a backend sizes its scratch by) cover what its
-// ops request, on any backend: the CUDA backend runs the same calls.
+// GEMM's output and beta, and every device-to-device copy's source. A test runs a model's passes
+// through it and checks that the extents the model declares (model::StepScratchExtents, which
+// admission prices and a backend sizes its scratch by) cover what its ops request, on any backend:
+// the CUDA backend runs the same calls.
 #pragma once
 
 #include <algorithm>
@@ -47,14 +47,23 @@ class RecordingBackend final : public kernels::Backend {
     float beta = 0.0f;
   };
 
+  // One Copy or CopyColumns: its source's memory and element count.
+  struct CopyCall {
+    std::string op;
+    const void* src = nullptr;
+    int64_t src_elements = 0;
+  };
+
   explicit RecordingBackend(kernels::Backend& inner) : inner_(inner) {}
 
   // The largest operands seen since the last Clear (dtype unset).
   const ScratchExtents& seen() const { return seen_; }
   const std::vector<GemmCall>& gemms() const { return gemms_; }
+  const std::vector<CopyCall>& copies() const { return copies_; }
   void Clear() {
     seen_ = ScratchExtents();
     gemms_.clear();
+    copies_.clear();
   }
 
   using Backend::ActivationBackward;
@@ -124,9 +133,13 @@ class RecordingBackend final : public kernels::Backend {
   absl::Status CopyToHost(const Tensor& src, void* dst, size_t bytes) override {
     return inner_.CopyToHost(src, dst, bytes);
   }
-  absl::Status Copy(const Tensor& src, Tensor& dst) override { return inner_.Copy(src, dst); }
+  absl::Status Copy(const Tensor& src, Tensor& dst) override {
+    copies_.push_back({"Copy", src.data(), src.numel()});
+    return inner_.Copy(src, dst);
+  }
   absl::Status CopyColumns(const Tensor& src, int64_t src_col, int64_t cols, Tensor& dst,
                            int64_t dst_col) override {
+    copies_.push_back({"CopyColumns", src.data(), src.numel()});
     return inner_.CopyColumns(src, src_col, cols, dst, dst_col);
   }
   absl::Status Fill(Tensor& dst, float value) override { return inner_.Fill(dst, value); }
@@ -363,6 +376,7 @@ class RecordingBackend final : public kernels::Backend {
   kernels::Backend& inner_;
   ScratchExtents seen_;
   std::vector<GemmCall> gemms_;
+  std::vector<CopyCall> copies_;
 };
 
 }  // namespace ampd::engine::testing

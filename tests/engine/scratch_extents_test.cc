@@ -6,7 +6,8 @@
 // fit the extents the model declares for that shape. The extents are what
 // admission prices and what a backend may size its scratch by, and the
 // CUDA backend runs these same calls, so a gap here is a gap there. And a
-// decode state allocates no more than the DecodeStateBytes admitted for it.
+// decode state allocates no more than the DecodeStateBytes admitted for it,
+// and its decode steps copy no weight (the stacked q|k|v are its own).
 //
 // The families: GPT-2 (tied and untied, Conv1D layouts, the fused c_attn
 // and GELU epilogues, the head in one chunk and in several), a Qwen2-style
@@ -15,6 +16,7 @@
 // Gemma 3's sandwich norms, GeGLU and a sliding layer.
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -252,6 +254,65 @@ TEST(ScratchExtents, SamplingStaysWithinThePrefillsAndTheDecodeStepsExtents) {
     model::WidenExtents(model::DecodeScratchExtents(c.spec, c.precision, sequences), declared);
     ExpectCovered(h.recording().seen(), declared, "prefill and decode");
   }
+}
+
+// How many of the recorded copies read a parameter's value (its master or
+// working copy).
+int64_t ParameterCopies(model::Network& net, const RecordingBackend& recording) {
+  std::set<const void*> values;
+  for (const model::Parameter& p : net.params()) {
+    for (const kernels::Tensor* t : {&p.master, &p.working}) {
+      if (!t->empty()) values.insert(t->data());
+    }
+  }
+  int64_t n = 0;
+  for (const RecordingBackend::CopyCall& copy : recording.copies()) {
+    n += values.count(copy.src) > 0 ? 1 : 0;
+  }
+  return n;
+}
+
+// A decoder's separate q, k and v weights (and LoRA's q/k/v adapters) are
+// stacked into its decode state's per-block stacks once, at Prefill: a
+// decode step, once per generated token, copies no weight. The training
+// forward still stacks them per block per pass (its weights change between
+// steps), which shows the recording sees such copies.
+TEST(ScratchExtents, ADecodeStepCopiesNoWeight) {
+  for (const Case& c : Cases()) {
+    SCOPED_TRACE(c.name);
+    Harness h(c);
+    const bool stacked = c.spec.decoder() != nullptr;  // GPT-2's c_attn is fused
+    const int64_t sequences = 3;
+    const int64_t prompt = 5;
+    absl::StatusOr<model::Workspace*> ws = h.Load(sequences, prompt);
+    ASSERT_TRUE(ws.ok()) << ws.status();
+    h.recording().Clear();
+    ASSERT_TRUE(h.net().Forward(**ws).ok());
+    EXPECT_EQ(ParameterCopies(h.net(), h.recording()) > 0, stacked) << "the training forward";
+    auto state = h.net().NewDecodeState(sequences, 9);
+    ASSERT_TRUE(state.ok()) << state.status();
+    const std::vector<int64_t> lengths = {5, 3, 4};
+    ASSERT_TRUE(h.net().Prefill(**ws, lengths, **state).ok());
+    std::vector<int64_t> tokens = {1, 2, 3};
+    std::vector<int64_t> positions = lengths;
+    for (int64_t step = 0; step < 3; ++step) {
+      h.recording().Clear();
+      ASSERT_TRUE(h.net().DecodeStep(tokens, positions, **state).ok());
+      EXPECT_EQ(ParameterCopies(h.net(), h.recording()), 0) << "decode step " << step;
+      for (int64_t& p : positions) ++p;
+    }
+  }
+}
+
+// A decode step before its state's Prefill is refused: its stacked
+// weights are not there yet.
+TEST(ScratchExtents, ADecodeStepBeforePrefillIsRefused) {
+  const Case c{"qwen2 bf16", Qwen2(), model::Precision::kBf16, model::kLmHeadChunkBytes};
+  Harness h(c);
+  auto state = h.net().NewDecodeState(1, 4);
+  ASSERT_TRUE(state.ok()) << state.status();
+  const absl::Status status = h.net().DecodeStep({1}, {0}, **state);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
 }
 
 // A sampler's decode state (its KV cache and one step's buffers) is

@@ -24,7 +24,10 @@
 //
 // BlockForward is one block's code, shared by Forward and the sampler's
 // decode step (transformer_sampling.cc): only the attention differs (over
-// the whole sequence here, over the KV cache there).
+// the whole sequence here, over the KV cache there), and where the stacked
+// q|k|v weight comes from: Forward copies each block's into the
+// workspace's one stack (the weights change between steps), a decode step
+// reads its state's per-block stacks, filled once at Prefill.
 #include "common/status_macros.h"
 #include "server/engine/model/transformer/lora.h"
 #include "server/engine/model/transformer/transformer_model.h"
@@ -43,28 +46,32 @@ absl::Status TransformerModel::Project(const Tensor& x, const Tensor& weight, co
   return backend_.GemmBiasActivation(false, transpose, x, weight, bias, act, y, pre_act);
 }
 
-absl::Status TransformerModel::QkvForward(const BlockParams& p, BlockBuffers& sv, QkvStack& stack) {
+absl::Status TransformerModel::QkvForward(const BlockParams& p, BlockBuffers& sv, QkvStack& stack,
+                                          bool restack) {
   if (parts_.fused_qkv) {
     return Project(sv.ln_1, Value(p.q_weight), ValueOrNull(p.q_bias), kNone, sv.qkv, nullptr);
   }
   Tensor* qkv_bias = stack.b.empty() ? nullptr : &stack.b;
-  AMPD_RETURN_IF_ERROR(CopyQkv(p, /*grads=*/false, /*to_params=*/false, stack.w, qkv_bias));
+  if (restack) {
+    AMPD_RETURN_IF_ERROR(CopyQkv(p, /*grads=*/false, /*to_params=*/false, stack.w, qkv_bias));
+  }
   AMPD_RETURN_IF_ERROR(Project(sv.ln_1, stack.w, qkv_bias, kNone, sv.qkv, nullptr));
   if (qkv_targets_.empty()) return absl::OkStatus();
-  AMPD_RETURN_IF_ERROR(StackQkvAdapters(p, stack));
+  if (restack) AMPD_RETURN_IF_ERROR(StackQkvAdapters(p, stack));
   return LoraForward(backend_, lora_scale_, sv.ln_1, stack.lora_a, stack.lora_b, sv.lora_u_qkv,
                      sv.qkv);
 }
 
 absl::Status TransformerModel::BlockForward(size_t l, const Tensor& x, BlockBuffers& sv,
-                                            QkvStack& stack, const Attend& attend, Tensor& x_next) {
+                                            QkvStack& stack, bool restack, const Attend& attend,
+                                            Tensor& x_next) {
   kernels::Backend& b = backend_;
   const TransformerParts& s = parts_;
   const BlockParams& p = blocks_[l];
   // Attention branch: r_l = x_l + o(attention(positions(qkv(norm(x_l))))),
   // o's output normed first with sandwich norms.
   AMPD_RETURN_IF_ERROR(Norm(x, p.input_norm, sv.ln_1, sv.mean_1, sv.rstd_1));
-  AMPD_RETURN_IF_ERROR(QkvForward(p, sv, stack));
+  AMPD_RETURN_IF_ERROR(QkvForward(p, sv, stack, restack));
   AMPD_RETURN_IF_ERROR(QkNormForward(p, sv));
   AMPD_RETURN_IF_ERROR(attend(l, sv));
   Tensor& o = s.sandwich_norms ? sv.attn_o : sv.resid;
@@ -153,7 +160,8 @@ absl::Status TransformerModel::Forward(Workspace& any) {
     AMPD_RETURN_IF_ERROR(b.AddBias(rows, x0_rows));
   }
   for (size_t l = 0; l < blocks_.size(); ++l) {
-    AMPD_RETURN_IF_ERROR(BlockForward(l, ws.x[l], ws.blocks[l], ws.stack, attend, ws.x[l + 1]));
+    AMPD_RETURN_IF_ERROR(
+        BlockForward(l, ws.x[l], ws.blocks[l], ws.stack, /*restack=*/true, attend, ws.x[l + 1]));
   }
   return Norm(ws.x.back(), norm_, ws.ln_f, ws.mean_f, ws.rstd_f);
 }

@@ -39,7 +39,9 @@
 // from the parameters' gradients on later micro-batches, so each element is
 // still rounded once per micro-batch) and copies its row blocks back. The
 // copies cost (Q + 2 KV) C elements per block and pass, against the GEMMs'
-// N times that.
+// N times that. A sampler's decode step, whose N is its S sequences, would
+// pay them per token: its decode state holds every block's stack instead,
+// copied once at Prefill (transformer_sampling.cc).
 // The LM head is fused with the cross-entropy in Loss (model/lm_head.h):
 // per chunk of rows, logits -> (in place) dlogits -> dh and dW_head. The
 // (N, V) logits are one chunk while they fit kLmHeadChunkBytes (the head's
@@ -315,10 +317,16 @@ class TransformerModel final : public Network {
   // Block l's forward on sv's rows from x to x_next, `attend` running its
   // attention: Forward's code and the sampler's decode step's.
   absl::Status BlockForward(size_t l, const kernels::Tensor& x, BlockBuffers& sv, QkvStack& stack,
-                            const Attend& attend, kernels::Tensor& x_next);
+                            bool restack, const Attend& attend, kernels::Tensor& x_next);
   // The q|k|v projection of block p on sv.ln_1 into sv.qkv: the fused
-  // parameter, or the three stacked into stack (and LoRA's terms).
-  absl::Status QkvForward(const BlockParams& p, BlockBuffers& sv, QkvStack& stack);
+  // parameter, or the three stacked in stack (and LoRA's terms). restack
+  // copies block p's weights and adapters into stack first (Forward's one
+  // stack serves every block); without it stack already holds them (a
+  // decode state's per-block stacks, filled at Prefill).
+  absl::Status QkvForward(const BlockParams& p, BlockBuffers& sv, QkvStack& stack, bool restack);
+  // Fills each of a decode state's per-block stacks from the blocks'
+  // current weights (the Sample's: the job's, or a snapshot's swapped in).
+  absl::Status StackDecodeWeights(std::vector<QkvStack>& stacks);
   // With qk_norm: block p's per-head RMSNorm of sv.qkv's q and k heads in
   // place (saving the rows before it in sv.qkv_pre when that is allocated),
   // and its backward on d_qkv (N, Q + 2 KV), in place. Nothing without.

@@ -1,7 +1,11 @@
 // TransformerModel's sampling (network.h): the KV cache of every layer's K/V
 // heads, filled from the prompts' training forward (Prefill) and by each
 // decode step, whose rows run BlockForward, the code Forward runs, with the
-// attention of each row's new query over its cached keys.
+// attention of each row's new query over its cached keys. A decoder's
+// separate q, k and v weights (and LoRA's q/k/v adapters) are stacked once
+// per block at Prefill, not per block per token: the weights a Sample reads
+// (the job's, or a snapshot's swapped in for the whole call) cannot change
+// between its prefill and its last decode step.
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -32,7 +36,11 @@ struct TransformerDecodeState : DecodeState {
   BlockBuffers rows;        // one block's buffers, reused by every block
   Tensor q;                 // (S, Q) the query heads, contiguous
   Tensor mean_f, rstd_f;    // (S) F32, the final norm's statistics (mean_f a LayerNorm's)
-  QkvStack stack;           // the stacked q|k|v weight and adapters (three q, k, v)
+  // Per block, its stacked q|k|v weight, bias and adapters (three q, k, v;
+  // empty for GPT-2's fused c_attn without q/k/v adapters), filled at
+  // Prefill.
+  std::vector<QkvStack> stacks;
+  bool stacked = false;  // Prefill filled stacks
 };
 
 absl::StatusOr<int64_t> TransformerModel::DecodeStateBytes(int64_t sequences,
@@ -75,8 +83,9 @@ absl::StatusOr<int64_t> TransformerModel::DecodeStateBytes(int64_t sequences,
            product({n, rank, targets.qkv + targets.others, w}),  // LoRA's u
            product({n, wd.c, w}),                                // hidden
            product({2, n, 8}),                                   // positions, tokens
-           s.fused_qkv ? 0 : product({wd.qkv, wd.c + 1, w}),     // stacked weight, bias
-           product({rank, targets.qkv, wd.c + wd.qkv, w}),       // stacked adapters
+           // Each block's stacked weight, bias and adapters.
+           s.fused_qkv ? 0 : product({s.layers, wd.qkv, wd.c + 1, w}),
+           product({s.layers, rank, targets.qkv, wd.c + wd.qkv, w}),
            product({s.any_slides() ? 2 : 1, static_cast<int64_t>(s.inv_freq.size()), 4}),
        }) {
     ok = ok && CheckedAdd(total, part, &total);
@@ -130,19 +139,24 @@ absl::StatusOr<std::unique_ptr<DecodeState>> TransformerModel::MakeDecodeState(i
   AMPD_RETURN_IF_ERROR(alloc(w, {n, wd.c}, st.hidden));
   AMPD_RETURN_IF_ERROR(alloc(DType::kI64, {n}, st.positions));
   AMPD_RETURN_IF_ERROR(alloc(DType::kI64, {n}, st.tokens));
+  st.stacks.resize(blocks_.size());
   if (!s.fused_qkv) {
-    AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv, wd.c}, st.stack.w));
-    if (s.qkv_bias) AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv}, st.stack.b));
+    for (QkvStack& stack : st.stacks) {
+      AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv, wd.c}, stack.w));
+      if (s.qkv_bias) AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv}, stack.b));
+    }
   }
   if (lora()) {
     const int64_t rank = s.lora->rank;
     const int64_t stacked = static_cast<int64_t>(qkv_targets_.size()) * rank;
     if (stacked > 0) {
       AMPD_RETURN_IF_ERROR(alloc(w, {n, stacked}, r.lora_u_qkv));
-      AMPD_RETURN_IF_ERROR(alloc(w, {stacked, wd.c}, st.stack.lora_a));
-      AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv, stacked}, st.stack.lora_b));
-      // Only the diagonal blocks are ever written (StackQkvAdapters).
-      AMPD_RETURN_IF_ERROR(backend_.Fill(st.stack.lora_b, 0.0f));
+      for (QkvStack& stack : st.stacks) {
+        AMPD_RETURN_IF_ERROR(alloc(w, {stacked, wd.c}, stack.lora_a));
+        AMPD_RETURN_IF_ERROR(alloc(w, {wd.qkv, stacked}, stack.lora_b));
+        // Only the diagonal blocks are ever written (StackQkvAdapters).
+        AMPD_RETURN_IF_ERROR(backend_.Fill(stack.lora_b, 0.0f));
+      }
     }
     for (int module = kO; module < kModules; ++module) {
       if (!blocks_.front().lora[static_cast<size_t>(module)].present()) continue;
@@ -160,7 +174,22 @@ absl::Status TransformerModel::Prefill(Workspace& any, absl::Span<const int64_t>
   std::vector<const Tensor*> rows;  // each layer's fused q|k|v rows, after RoPE
   for (const BlockBuffers& b : ws->blocks) rows.push_back(&b.qkv);
   AMPD_RETURN_IF_ERROR(st->cache.Prefill(backend_, rows, ws->seq, lengths));
+  AMPD_RETURN_IF_ERROR(StackDecodeWeights(st->stacks));
+  st->stacked = true;
   return KeepLastRows(backend_, ws->ln_f, ws->seq, lengths, st->hidden);
+}
+
+absl::Status TransformerModel::StackDecodeWeights(std::vector<QkvStack>& stacks) {
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    QkvStack& stack = stacks[l];
+    if (!parts_.fused_qkv) {
+      Tensor* bias = stack.b.empty() ? nullptr : &stack.b;
+      AMPD_RETURN_IF_ERROR(
+          CopyQkv(blocks_[l], /*grads=*/false, /*to_params=*/false, stack.w, bias));
+    }
+    if (!stack.lora_b.empty()) AMPD_RETURN_IF_ERROR(StackQkvAdapters(blocks_[l], stack));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status TransformerModel::DecodeStep(absl::Span<const int64_t> tokens,
@@ -171,6 +200,9 @@ absl::Status TransformerModel::DecodeStep(absl::Span<const int64_t> tokens,
   const TransformerParts& s = parts_;
   const Widths wd(s);
   const int64_t n = st.sequences();
+  if (!st.stacked) {
+    return absl::FailedPreconditionError("sampling: a decode step before its state's Prefill");
+  }
   AMPD_RETURN_IF_ERROR(LoadDecodeStep(b, tokens, positions, s.vocab, st));
   // Each row's new query over its cached keys: RoPE at the row's own
   // position, its K/V written into the cache, then the cached attention
@@ -196,7 +228,8 @@ absl::Status TransformerModel::DecodeStep(absl::Span<const int64_t> tokens,
   for (size_t layer = 0; layer < blocks_.size(); ++layer) {
     Tensor& in = st.x[layer % 2];
     Tensor& out = st.x[(layer + 1) % 2];
-    AMPD_RETURN_IF_ERROR(BlockForward(layer, in, st.rows, st.stack, attend, out));
+    AMPD_RETURN_IF_ERROR(
+        BlockForward(layer, in, st.rows, st.stacks[layer], /*restack=*/false, attend, out));
   }
   return Norm(st.x[blocks_.size() % 2], norm_, st.hidden, st.mean_f, st.rstd_f);
 }

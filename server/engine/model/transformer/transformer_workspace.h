@@ -87,8 +87,10 @@ inline LoraTargets LoraTargetsOf(const TransformerParts& p) {
 // qkv_bias) copied from a block's parameters, and LoRA's stacked q|k|v
 // adapters (lora.h): lora_a (t r, C) and the block-diagonal
 // lora_b (Q + 2 KV, t r; its off-diagonal blocks stay zero), empty
-// without q, k or v targets. Rebuilt for each block in each pass; a
-// training workspace and a sampler's decode state hold one each.
+// without q, k or v targets. A training workspace holds one, rebuilt for
+// each block in each pass (the weights change between steps); a sampler's
+// decode state holds one per block, filled once at Prefill (the weights
+// cannot change during one Sample), so a decode step copies no weight.
 struct QkvStack {
   kernels::Tensor w, b, lora_a, lora_b;
 };
