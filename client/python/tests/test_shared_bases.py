@@ -306,6 +306,9 @@ def test_hostile_and_unmappable_bases_are_refused(models_dir, start_ampd, tmp_pa
         with ampd.Client(server.address) as client:
             for name, says in (("../models", "component"), ("Org/../../etc", "component"),
                                ("/etc", "absolute"), ("Org//small", "component"),
+                               ("Org/small\nampd: forged log line", "control character 0xa"),
+                               ("Org/\x1b[31msmall", "control character 0x1b"),
+                               ("Org\\small", "backslash"),
                                ("escape", "symlink out of --models-dir"),
                                ("nothing", "no such folder"), ("Org", "config.json: missing"),
                                ("odd", "hidden_act"),

@@ -101,8 +101,17 @@ absl::Status CheckBaseModelName(absl::string_view name) {
     return absl::InvalidArgumentError(
         "base_model: an absolute path; name a folder relative to the server's --models-dir");
   }
-  if (name.find('\\') != absl::string_view::npos || name.find('\0') != absl::string_view::npos) {
-    return absl::InvalidArgumentError("base_model: a backslash or NUL is no part of a folder name");
+  if (name.find('\\') != absl::string_view::npos) {
+    return absl::InvalidArgumentError("base_model: a backslash is no part of a folder name");
+  }
+  // Control characters (NUL, newlines, escapes) name no folder anyone made
+  // on purpose, and would reach the server's log as they are.
+  for (const char c : name) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      return absl::InvalidArgumentError(absl::StrCat("base_model: the control character 0x",
+                                                     absl::Hex(static_cast<unsigned char>(c)),
+                                                     " is no part of a folder name"));
+    }
   }
   for (absl::string_view part : absl::StrSplit(name, '/')) {
     if (part.empty() || part == "." || part == "..") {
