@@ -13,6 +13,20 @@ async def run_blocking(work):
     work()
 
 
+async def until(condition, timeout=30.0):
+    """Wait for condition() on the event loop, failing after timeout s."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def let_the_loop_run():
+    """Yield to the runner's task until it has nothing left it could do now."""
+    for _ in range(50):
+        await asyncio.sleep(0)
+
+
 def submit_all(runner, ran, seqs, digest="d"):
     return [runner.submit(s, digest + str(s), "future-%s" % s, lambda s=s: ran.append(s))
             for s in seqs]
@@ -22,10 +36,10 @@ def test_in_seq_id_order_and_replays():
     async def main():
         runner, ran = Runner(run_blocking), []
         submit_all(runner, ran, [3, 2, 5, 4])
-        await asyncio.sleep(0.05)
+        await let_the_loop_run()
         assert ran == []  # 1 has not come: nothing runs
         submit_all(runner, ran, [1])
-        await asyncio.sleep(0.05)
+        await until(lambda: len(ran) == 5)
         assert ran == [1, 2, 3, 4, 5]
         assert runner.submit(3, "d3", "again", lambda: ran.append("x")) == "future-3"
         with pytest.raises(Replay):
@@ -41,9 +55,9 @@ def test_a_restarted_runner_and_a_gap():
     async def main():
         runner, ran = Runner(run_blocking, gap_timeout=0.3, next_seq=None), []
         submit_all(runner, ran, [8, 7, 10])
-        await asyncio.sleep(Runner.RESTART_GRACE_S + 0.1)
-        assert ran == [7, 8]  # 9 never comes
-        await asyncio.sleep(1.5)
+        await until(lambda: len(ran) >= 2)
+        assert ran == [7, 8]  # 9 never comes: 10 waits for the gap's timeout
+        await until(lambda: len(ran) >= 3)
         assert ran == [7, 8, 10]
         assert runner.close() == []
     asyncio.run(main())
