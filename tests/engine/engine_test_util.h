@@ -94,6 +94,39 @@ inline model::LayerSpec Embedding(int64_t v, int64_t c) {
   return l;
 }
 
+// A small GPT-2 (vocab 40 unless given, context 16, 32 wide, 2 layers of 4
+// heads) with the cross-entropy loss.
+inline model::ModelSpec SmallGptSpec(bool tied, int64_t vocab = 40) {
+  model::ModelSpec spec;
+  spec.loss = model::LossKind::kCrossEntropy;
+  model::GptSpec g;
+  g.vocab_size = vocab;
+  g.context_length = 16;
+  g.d_model = 32;
+  g.n_layer = 2;
+  g.n_head = 4;
+  g.tie_embeddings = tied;
+  spec.kind = g;
+  return spec;
+}
+
+// A small untied Llama/Qwen2-style decoder of the same size: Linear layouts,
+// 4 query heads over 2 K/V heads, intermediate 48, no biases.
+inline model::ModelSpec SmallDecoderSpec() {
+  model::ModelSpec spec;
+  spec.loss = model::LossKind::kCrossEntropy;
+  model::DecoderSpec d;
+  d.vocab_size = 40;
+  d.hidden_size = 32;
+  d.intermediate_size = 48;
+  d.num_hidden_layers = 2;
+  d.num_attention_heads = 4;
+  d.num_key_value_heads = 2;
+  d.max_position_embeddings = 16;
+  spec.kind = d;
+  return spec;
+}
+
 inline std::unique_ptr<Trainer> MakeTrainer(const JobConfig& config,
                                             const std::string& device = "cpu") {
   auto backend = kernels::CreateBackend(device);

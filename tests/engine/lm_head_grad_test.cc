@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine_test_util.h"
 #include "kernels/backend_factory.h"
-#include "recording_backend.h"
+#include "recorded_transformer.h"
 #include "server/engine/model/lm_head.h"
 #include "server/engine/model/network.h"
 #include "server/engine/model/transformer/transformer_model.h"
@@ -25,36 +25,6 @@ namespace {
 
 using kernels::DType;
 using namespace ampd::engine::testing;
-
-model::ModelSpec Gpt(bool tied) {
-  model::ModelSpec spec;
-  spec.loss = model::LossKind::kCrossEntropy;
-  model::GptSpec g;
-  g.vocab_size = 40;
-  g.context_length = 16;
-  g.d_model = 32;
-  g.n_layer = 2;
-  g.n_head = 4;
-  g.tie_embeddings = tied;
-  spec.kind = g;
-  return spec;
-}
-
-// An untied Qwen2-style decoder: Linear layouts, grouped K/V heads.
-model::ModelSpec Decoder() {
-  model::ModelSpec spec;
-  spec.loss = model::LossKind::kCrossEntropy;
-  model::DecoderSpec d;
-  d.vocab_size = 40;
-  d.hidden_size = 32;
-  d.intermediate_size = 48;
-  d.num_hidden_layers = 2;
-  d.num_attention_heads = 4;
-  d.num_key_value_heads = 2;
-  d.max_position_embeddings = 16;
-  spec.kind = d;
-  return spec;
-}
 
 struct Case {
   std::string name;
@@ -70,68 +40,41 @@ constexpr int64_t kChunked = 5 * 40 * 2;
 std::vector<Case> Cases() {
   const int64_t whole = model::kLmHeadChunkBytes;
   return {
-      {"gpt tied bf16", Gpt(true), model::Precision::kBf16, whole},
-      {"gpt untied fp16", Gpt(false), model::Precision::kFp16, whole},
-      {"gpt tied fp32", Gpt(true), model::Precision::kFp32, whole},
-      {"gpt untied fp32 chunked", Gpt(false), model::Precision::kFp32, kChunked},
-      {"gpt tied bf16 chunked", Gpt(true), model::Precision::kBf16, kChunked},
-      {"decoder bf16", Decoder(), model::Precision::kBf16, whole},
+      {"gpt tied bf16", SmallGptSpec(true), model::Precision::kBf16, whole},
+      {"gpt untied fp16", SmallGptSpec(false), model::Precision::kFp16, whole},
+      {"gpt tied fp32", SmallGptSpec(true), model::Precision::kFp32, whole},
+      {"gpt untied fp32 chunked", SmallGptSpec(false), model::Precision::kFp32, kChunked},
+      {"gpt tied bf16 chunked", SmallGptSpec(true), model::Precision::kBf16, kChunked},
+      {"decoder bf16", SmallDecoderSpec(), model::Precision::kBf16, whole},
   };
 }
 
-class Net {
+class Net : public RecordedTransformer {
  public:
-  explicit Net(const Case& c) {
-    auto cpu = kernels::CreateBackend("cpu");
-    EXPECT_TRUE(cpu.ok()) << cpu.status();
-    cpu_ = *std::move(cpu);
-    recording_ = std::make_unique<RecordingBackend>(*cpu_);
-    auto net = model::TransformerModel::Create(c.spec, c.precision, 11, *recording_,
-                                               c.lm_head_chunk_bytes);
-    EXPECT_TRUE(net.ok()) << net.status();
-    net_ = *std::move(net);
-    auto loss = recording_->Allocate(DType::kF32, {1, 1});
-    EXPECT_TRUE(loss.ok());
-    loss_ = *std::move(loss);
-  }
-  RecordingBackend& recording() { return *recording_; }
-  model::Network& net() { return *net_; }
+  explicit Net(const Case& c)
+      : RecordedTransformer(c.spec, c.precision, 11, c.lm_head_chunk_bytes) {}
 
   // One micro-batch (seed picks its tokens): forward, loss with the head's
   // gradient written (head_writes) or added to, backward.
   absl::Status MicroBatch(uint64_t seed, bool first, bool head_writes) {
-    const int64_t batch = 2, seq = 8;
-    DataRng rng(seed);
-    std::vector<int32_t> ids, targets;
-    for (int64_t i = 0; i < batch * seq; ++i) {
-      ids.push_back(rng.Index(40));
-      targets.push_back(i % 4 == 3 ? -100 : rng.Index(40));
-    }
-    absl::StatusOr<model::Workspace*> ws = net_->GetWorkspace({batch, seq});
+    absl::StatusOr<model::Workspace*> ws = LoadTokens(2, 8, seed, /*ignore_every=*/4);
     if (!ws.ok()) return ws.status();
-    absl::Status s = net_->LoadBatch(I32({batch, seq}, ids), I32({batch, seq}, targets), **ws);
-    if (s.ok()) s = net_->Forward(**ws);
-    if (s.ok()) s = net_->Loss(**ws, 8.0f, head_writes, loss_);
-    if (s.ok()) s = net_->Backward(**ws, first);
+    absl::Status s = net().Forward(**ws);
+    if (s.ok()) s = net().Loss(**ws, 8.0f, head_writes, loss());
+    if (s.ok()) s = net().Backward(**ws, first);
     return s;
   }
 
   // Every gradient's bytes, by name.
   std::map<std::string, std::vector<uint8_t>> Grads() {
     std::map<std::string, std::vector<uint8_t>> grads;
-    for (const model::Parameter& p : net_->params()) {
+    for (const model::Parameter& p : net().params()) {
       std::vector<uint8_t> bytes(p.grad.nbytes());
-      EXPECT_TRUE(recording_->CopyToHost(p.grad, bytes.data(), bytes.size()).ok());
+      EXPECT_TRUE(recording().CopyToHost(p.grad, bytes.data(), bytes.size()).ok());
       grads[p.name] = std::move(bytes);
     }
     return grads;
   }
-
- private:
-  std::unique_ptr<kernels::Backend> cpu_;
-  std::unique_ptr<RecordingBackend> recording_;
-  std::unique_ptr<model::Network> net_;
-  kernels::Tensor loss_;
 };
 
 // The betas of the GEMMs whose result is the head's gradient.

@@ -23,7 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine_test_util.h"
 #include "kernels/backend_factory.h"
-#include "recording_backend.h"
+#include "recorded_transformer.h"
 #include "server/engine/model/lm_head.h"
 #include "server/engine/model/network.h"
 #include "server/engine/model/transformer/transformer_model.h"
@@ -35,33 +35,10 @@ using kernels::DType;
 using kernels::ScratchExtents;
 using namespace ampd::engine::testing;
 
-model::ModelSpec Gpt(bool tied, int64_t vocab = 40) {
-  model::ModelSpec spec;
-  spec.loss = model::LossKind::kCrossEntropy;
-  model::GptSpec g;
-  g.vocab_size = vocab;
-  g.context_length = 16;
-  g.d_model = 32;
-  g.n_layer = 2;
-  g.n_head = 4;
-  g.tie_embeddings = tied;
-  spec.kind = g;
-  return spec;
-}
-
+// The small decoder with q/k/v biases.
 model::ModelSpec Qwen2() {
-  model::ModelSpec spec;
-  spec.loss = model::LossKind::kCrossEntropy;
-  model::DecoderSpec d;
-  d.vocab_size = 40;
-  d.hidden_size = 32;
-  d.intermediate_size = 48;
-  d.num_hidden_layers = 2;
-  d.num_attention_heads = 4;
-  d.num_key_value_heads = 2;
-  d.max_position_embeddings = 16;
-  d.qkv_bias = true;
-  spec.kind = d;
+  model::ModelSpec spec = SmallDecoderSpec();
+  spec.decoder()->qkv_bias = true;
   return spec;
 }
 
@@ -110,10 +87,10 @@ std::vector<Case> Cases() {
   // four chunks (the F32 head-gradient sum), and in fp32 chunks of 2 rows.
   const int64_t chunked = 5 * 40 * 2;
   return {
-      {"gpt tied fp16", Gpt(true), model::Precision::kFp16, whole},
-      {"gpt untied bf16", Gpt(false), model::Precision::kBf16, whole},
-      {"gpt tied bf16 chunked head", Gpt(true), model::Precision::kBf16, chunked},
-      {"gpt untied fp32 chunked head", Gpt(false), model::Precision::kFp32, chunked},
+      {"gpt tied fp16", SmallGptSpec(true), model::Precision::kFp16, whole},
+      {"gpt untied bf16", SmallGptSpec(false), model::Precision::kBf16, whole},
+      {"gpt tied bf16 chunked head", SmallGptSpec(true), model::Precision::kBf16, chunked},
+      {"gpt untied fp32 chunked head", SmallGptSpec(false), model::Precision::kFp32, chunked},
       {"qwen2 fp16", Qwen2(), model::Precision::kFp16, whole},
       {"qwen2 bf16 chunked head", Qwen2(), model::Precision::kBf16, chunked},
       {"lora qwen2 bf16", LoraQwen2(), model::Precision::kBf16, whole},
@@ -124,8 +101,8 @@ std::vector<Case> Cases() {
       // A vocabulary wider than the blocks' activations in chunks of 2 rows:
       // fewer than a sampler's 3 sequences, whose decode steps' head is one
       // (S, V) GEMM.
-      {"gpt tied bf16 wide vocabulary, 2-row head chunks", Gpt(true, 2000), model::Precision::kBf16,
-       2 * 2000 * 2},
+      {"gpt tied bf16 wide vocabulary, 2-row head chunks", SmallGptSpec(true, 2000),
+       model::Precision::kBf16, 2 * 2000 * 2},
   };
 }
 
@@ -145,25 +122,10 @@ void ExpectCovered(const ScratchExtents& seen, const ScratchExtents& declared,
   EXPECT_LE(seen.rows, declared.rows) << "the loss's rows";
 }
 
-class Harness {
+class Harness : public RecordedTransformer {
  public:
-  explicit Harness(const Case& c) : case_(c) {
-    auto cpu = kernels::CreateBackend("cpu");
-    EXPECT_TRUE(cpu.ok()) << cpu.status();
-    cpu_ = *std::move(cpu);
-    recording_ = std::make_unique<RecordingBackend>(*cpu_);
-    auto net =
-        model::TransformerModel::Create(c.spec, c.precision, 3, *recording_, c.lm_head_chunk_bytes);
-    EXPECT_TRUE(net.ok()) << net.status();
-    net_ = *std::move(net);
-    auto loss = recording_->Allocate(DType::kF32, {1, 1});
-    EXPECT_TRUE(loss.ok());
-    loss_ = *std::move(loss);
-  }
-
-  RecordingBackend& recording() { return *recording_; }
-  model::Network& net() { return *net_; }
-  kernels::Tensor& loss() { return loss_; }
+  explicit Harness(const Case& c)
+      : RecordedTransformer(c.spec, c.precision, 3, c.lm_head_chunk_bytes), case_(c) {}
 
   ScratchExtents Declared(int64_t batch, int64_t seq, bool backward) const {
     return model::TransformerScratchExtents(case_.spec, case_.precision, {batch, seq}, backward,
@@ -172,26 +134,11 @@ class Harness {
 
   // A (B, T) batch of tokens with every third target ignored.
   absl::StatusOr<model::Workspace*> Load(int64_t batch, int64_t seq) {
-    const auto vocab = static_cast<int32_t>(net_->LmHead()->value().dim(0));
-    std::vector<int32_t> ids, targets;
-    DataRng rng(static_cast<uint64_t>(batch * 131 + seq));
-    for (int64_t i = 0; i < batch * seq; ++i) {
-      ids.push_back(rng.Index(vocab));
-      targets.push_back(i % 3 == 2 ? -100 : rng.Index(vocab));
-    }
-    absl::StatusOr<model::Workspace*> ws = net_->GetWorkspace({batch, seq});
-    if (!ws.ok()) return ws.status();
-    absl::Status status = net_->LoadBatch(I32({batch, seq}, ids), I32({batch, seq}, targets), **ws);
-    if (!status.ok()) return status;
-    return ws;
+    return LoadTokens(batch, seq, static_cast<uint64_t>(batch * 131 + seq), /*ignore_every=*/3);
   }
 
  private:
   Case case_;
-  std::unique_ptr<kernels::Backend> cpu_;
-  std::unique_ptr<RecordingBackend> recording_;
-  std::unique_ptr<model::Network> net_;
-  kernels::Tensor loss_;
 };
 
 TEST(ScratchExtents, TrainingPassesStayWithinTheDeclaredExtents) {
