@@ -16,7 +16,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -552,15 +551,6 @@ absl::Status TrainDistributed(const ampd::ClientOptions& client_options, TrainDa
   return absl::OkStatus();
 }
 
-// A file's bytes, or InvalidArgument naming `flag` and the path.
-absl::StatusOr<std::string> ReadFile(const std::string& flag, const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) return Fail(absl::StrCat(flag, ": cannot read ", path));
-  std::stringstream buffer;
-  buffer << file.rdbuf();
-  return buffer.str();
-}
-
 // --init-from's paths, each checked readable before the job is created (so
 // that a missing file creates nothing); read one at a time when loaded.
 absl::StatusOr<std::vector<std::string>> InitFromPaths(const std::string& files) {
@@ -575,22 +565,30 @@ absl::StatusOr<std::vector<std::string>> InitFromPaths(const std::string& files)
   return paths;
 }
 
+// One file's tensors into the job as a partial load, said on stdout unless
+// --json; an error names `flag` and the path, keeping the server's code.
+absl::Status LoadPartial(ampd::Client& client, const std::string& job_id, const std::string& flag,
+                         const std::string& path, const std::string& bytes, bool json) {
+  absl::StatusOr<ampd::v1::LoadStateDictResponse> r =
+      client.LoadStateDict(job_id, bytes, /*partial=*/true);
+  if (!r.ok()) {
+    return absl::Status(r.status().code(),
+                        absl::StrCat(flag, " ", path, ": ", r.status().message()));
+  }
+  if (!json) {
+    std::printf("job %s: loaded %lld tensors from %s\n", job_id.c_str(),
+                static_cast<long long>(r->tensors()), path.c_str());
+  }
+  return absl::OkStatus();
+}
+
 // --init-from: each file loaded into the job as a partial load (the
 // weights it holds replace the job's), in order.
 absl::Status InitFrom(ampd::Client& client, const std::string& job_id,
                       const std::vector<std::string>& paths, bool json) {
   for (const std::string& path : paths) {
-    AMPD_ASSIGN_OR_RETURN(std::string bytes, ReadFile("--init-from", path));
-    absl::StatusOr<ampd::v1::LoadStateDictResponse> r =
-        client.LoadStateDict(job_id, bytes, /*partial=*/true);
-    if (!r.ok()) {
-      return absl::Status(r.status().code(),
-                          absl::StrCat("--init-from ", path, ": ", r.status().message()));
-    }
-    if (!json) {
-      std::printf("job %s: loaded %lld tensors from %s\n", job_id.c_str(),
-                  static_cast<long long>(r->tensors()), path.c_str());
-    }
+    AMPD_ASSIGN_OR_RETURN(std::string bytes, ampd::hf::ReadFile("--init-from", path));
+    AMPD_RETURN_IF_ERROR(LoadPartial(client, job_id, "--init-from", path, bytes, json));
   }
   return absl::OkStatus();
 }
@@ -621,16 +619,7 @@ absl::Status LoadHfWeights(ampd::Client& client, const std::string& job_id, bool
     if (!widened.ok()) {
       return Fail(absl::StrCat("--from-hf ", path, ": ", widened.status().message()));
     }
-    absl::StatusOr<ampd::v1::LoadStateDictResponse> r =
-        client.LoadStateDict(job_id, *widened, /*partial=*/true);
-    if (!r.ok()) {
-      return absl::Status(r.status().code(),
-                          absl::StrCat("--from-hf ", path, ": ", r.status().message()));
-    }
-    if (!json) {
-      std::printf("job %s: loaded %lld tensors from %s\n", job_id.c_str(),
-                  static_cast<long long>(r->tensors()), path.c_str());
-    }
+    AMPD_RETURN_IF_ERROR(LoadPartial(client, job_id, "--from-hf", path, *widened, json));
   }
   return absl::OkStatus();
 }
@@ -909,7 +898,7 @@ absl::Status State(ampd::Client& client, const std::vector<char*>& args) {
       return Fail("state import: several files are the shards of one checkpoint: add --partial");
     }
     for (size_t i = 3; i < args.size(); ++i) {
-      AMPD_ASSIGN_OR_RETURN(std::string bytes, ReadFile("state import", args[i]));
+      AMPD_ASSIGN_OR_RETURN(std::string bytes, ampd::hf::ReadFile("state import", args[i]));
       absl::StatusOr<ampd::v1::LoadStateDictResponse> r = client.LoadStateDict(id, bytes, partial);
       if (!r.ok()) {
         return absl::Status(r.status().code(), absl::StrCat(args[i], ": ", r.status().message()));
